@@ -1,0 +1,89 @@
+/* Run configuration: one INI file (parsed by inih), keys named as in arcface_torch's configs so users
+ * can carry theirs over, plus pfcps's cluster keys. `--set key=value` on any command line overrides the
+ * file. Every process of a run uses the same effective config: the rendezvous (server 0) sends its
+ * text to every member in the join reply.
+ *
+ * Sections group keys for readability ([train], [data], [cluster], [server]); a key is looked up by
+ * name in the table of known keys, whatever section it appears in. See docs/configuration.md. */
+#ifndef PFCPS_COMMON_CONFIG_H
+#define PFCPS_COMMON_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CFG_STR 256
+
+typedef struct pf_config {
+    /* --- model / head (arcface_torch names) --- */
+    char network[CFG_STR];          /* r18 r34 r50 r100 r200 mbf, or tiny test nets; default "r50" */
+    int embedding_size;             /* D, default 512 */
+    double sample_rate;             /* Partial FC sample rate r in (0, 1], default 1.0 */
+    double margin_list[3];          /* (m1, m2, m3), default (1.0, 0.5, 0.0) = ArcFace */
+    double scale;                   /* logit scale s, default 64 */
+    double interclass_filtering_threshold; /* 0 = off */
+    char margin_grad[CFG_STR];      /* "exact" (default) or "straight_through" */
+    int fp16;                       /* mixed precision on GPU, default false */
+    char device[CFG_STR];           /* "cpu" (default) or "cuda" */
+    /* --- optimizer / schedule --- */
+    char optimizer[CFG_STR];        /* "sgd" (default) or "adamw" */
+    double lr;                      /* default 0.1 */
+    double momentum;                /* default 0.9 */
+    double weight_decay;            /* default 5e-4 */
+    int batch_size;                 /* per worker, default 128 */
+    int64_t num_classes;            /* C, required (> 0) */
+    int64_t num_image;              /* images in the dataset; 0 = read from the dataset */
+    int num_epoch;                  /* default 20 */
+    double warmup_epoch;            /* default 0 */
+    /* --- data / output --- */
+    char rec[CFG_STR];              /* dataset prefix or directory (train.rec/train.idx), or "synthetic"; required */
+    int frequent;                   /* log every N steps, default 10 */
+    int verbose;                    /* verification every N steps (arcface_torch), default 2000 */
+    char output[CFG_STR];           /* output directory, default "work_dirs/pfcps" */
+    int64_t seed;                   /* default 2048 */
+    int num_workers;                /* data loader threads per worker, default 2 */
+    int resume;                     /* default false */
+    int save_all_states;            /* default false */
+    int skip_bad_records;           /* default false: a bad record stops the loader */
+    /* --- cluster --- */
+    int servers;                    /* S, default 1 */
+    int workers;                    /* W, default 1 */
+    char provider[CFG_STR];         /* libfabric provider: "tcp" (default, means tcp;ofi_rxm), "shm", "verbs" */
+    char rendezvous[CFG_STR];       /* host:port of server 0's control plane, default "127.0.0.1:29500" */
+    char wire_dtype[CFG_STR];       /* "fp32" (default), "fp16", "bf16" */
+    int max_staleness;              /* 0 = BSP (default); k = pulls may run k steps ahead (SSP) */
+    char head_mode[CFG_STR];        /* "global" (default) or "local" */
+    char secret[CFG_STR];           /* shared join secret; default "" = read PFCPS_SECRET from the environment */
+    int ctl_max_frame;              /* control-plane frame limit, bytes, default 1 MiB */
+    double ctl_timeout;             /* control-plane read timeout, seconds, default 30 */
+    /* --- server --- */
+    char snapshot_dir[CFG_STR];     /* default "" = <output>/snapshots */
+    int snapshot_every;             /* steps between snapshots, 0 = off (default) */
+    int apply_threads;              /* server threads applying pushes, default 2 */
+} pf_config;
+
+/* Fills `cfg` with the defaults listed above (num_classes 0 and rec "" still need to be set). */
+void cfg_defaults(pf_config *cfg);
+
+/* Loads `path` (INI; NULL = defaults only), then applies `nset` overrides "key=value" in order, then
+ * validates. Returns 0, or -EINVAL / -ENOENT with pf_errmsg() naming the file, line, key and problem:
+ * unknown key (with a did-you-mean suggestion), wrong type, out of range, missing required key. */
+int cfg_load(pf_config *cfg, const char *path, const char *const *sets, int nset);
+
+/* Sets one key from its text value (the `--set` path). Returns 0 or -EINVAL with a message. */
+int cfg_set(pf_config *cfg, const char *key, const char *value);
+
+/* Checks ranges and required keys. Returns 0 or -EINVAL naming the key. */
+int cfg_validate(const pf_config *cfg);
+
+/* Writes the effective config as INI text (every key, `key = value`), parseable by cfg_load.
+ * Returns the malloc'd text or NULL on out of memory. Used to ship the config in the join reply. */
+char *cfg_to_ini(const pf_config *cfg);
+
+/* Parses config text produced by cfg_to_ini (or any INI text). Same errors as cfg_load. */
+int cfg_load_text(pf_config *cfg, const char *text);
+
+/* Logs the effective config like arcface_torch's startup dump: one `: key<padding>value` per line. */
+void cfg_log(const pf_config *cfg);
+
+#endif

@@ -1,0 +1,82 @@
+/* Control plane: the TCP rendezvous that server rank 0 runs, and its client.
+ *
+ * Wire: length-prefixed frames, `u32 little-endian length` then a protobuf-c message (proto/ctl.proto),
+ * lengths above the configured maximum are refused. Every read has a timeout.
+ * Join: the service sends a random nonce; the member answers with role, rank, its fabric address and
+ * HMAC-SHA256(secret, nonce || role || rank || addr) (OpenSSL libcrypto); the secret never travels.
+ * When all expected members (num_servers servers + num_workers workers) have joined, every member gets
+ * the same join reply: the address book (every member's role, rank and fabric address), the effective
+ * run config text and the shard map (S; class c lives on server c mod S at local row c div S).
+ * A peer that sends garbage, a truncated or oversized frame, a bad secret, a taken rank, or joins
+ * twice gets an error reply where possible and is dropped; the others keep being served.
+ * After the reply the connection stays open for heartbeats and the shutdown broadcast. */
+#ifndef PFCPS_COMMON_CTL_H
+#define PFCPS_COMMON_CTL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CTL_MAX_ADDR 256 /* bytes of an opaque libfabric endpoint name (fi_getname) */
+
+typedef enum { CTL_ROLE_SERVER = 0, CTL_ROLE_WORKER = 1 } ctl_role;
+
+typedef struct ctl_member {
+    ctl_role role;
+    int rank;
+    size_t addr_len;
+    uint8_t addr[CTL_MAX_ADDR]; /* fabric endpoint name, opaque */
+} ctl_member;
+
+typedef struct ctl_book {
+    int num_servers, num_workers;
+    ctl_member *servers; /* [num_servers], index = rank */
+    ctl_member *workers; /* [num_workers], index = rank */
+    char *config_text;   /* effective run config, INI text (cfg_load_text) */
+} ctl_book;
+
+typedef struct ctl_rendezvous ctl_rendezvous;
+typedef struct ctl_session ctl_session;
+
+typedef struct ctl_rendezvous_opts {
+    const char *bind_host;   /* e.g. "127.0.0.1" or "0.0.0.0" */
+    int port;                /* 0 = pick a free port (ctl_rendezvous_port tells which) */
+    int num_servers, num_workers;
+    const char *secret;      /* shared secret, non-empty */
+    size_t max_frame;        /* bytes; frames longer than this are refused */
+    double timeout_s;        /* per-read timeout */
+    const char *config_text; /* sent to every member */
+} ctl_rendezvous_opts;
+
+/* Starts the rendezvous service on its own thread. Returns 0 or -errno (bind failure names host:port). */
+int ctl_rendezvous_start(const ctl_rendezvous_opts *opts, ctl_rendezvous **out);
+
+/* The TCP port actually bound. */
+int ctl_rendezvous_port(const ctl_rendezvous *rv);
+
+/* Sends the shutdown message to every joined member (they see it in ctl_session_wait_shutdown). */
+void ctl_rendezvous_broadcast_shutdown(ctl_rendezvous *rv);
+
+/* Stops the service thread, closes every connection, frees. */
+void ctl_rendezvous_stop(ctl_rendezvous *rv);
+
+/* Joins the run at host:port as (role, rank) with fabric address `addr` and waits (up to timeout_s in
+ * total) for the address book. Returns 0 and a session (whose book stays valid until close), or
+ * -ECONNREFUSED / -ETIMEDOUT / -EACCES (bad secret) / -EEXIST (rank taken or joined twice) / -EPROTO,
+ * with the service's error text in pf_errmsg(). */
+int ctl_join(const char *host, int port, ctl_role role, int rank, const void *addr, size_t addr_len,
+             const char *secret, size_t max_frame, double timeout_s, ctl_session **out);
+
+/* The address book received at join. */
+const ctl_book *ctl_session_book(const ctl_session *s);
+
+/* Waits up to timeout_s (< 0: forever) for the shutdown broadcast; sends heartbeats meanwhile.
+ * Returns 1 on shutdown, 0 on timeout, -errno when the connection broke. */
+int ctl_session_wait_shutdown(ctl_session *s, double timeout_s);
+
+/* Closes the connection and frees the session and its book. */
+void ctl_session_close(ctl_session *s);
+
+/* Splits "host:port" into parts. Returns 0 or -EINVAL. */
+int ctl_parse_hostport(const char *hp, char *host, size_t hostlen, int *port);
+
+#endif

@@ -1,0 +1,114 @@
+#include "common/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+static char log_role[32] = "pfcps";
+static int log_rank = -1;
+static log_level log_min = LOG_INFO;
+static int log_fd = -1;
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static const char *level_name[] = {"DEBUG", "INFO", "WARN", "ERROR"};
+
+int log_parse_level(const char *name, log_level *out)
+{
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(name, level_name[i]) == 0 || (i == 2 && strcasecmp(name, "warning") == 0)) {
+            *out = (log_level)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+void log_init(const char *role, int rank)
+{
+    snprintf(log_role, sizeof log_role, "%s", role ? role : "pfcps");
+    log_rank = rank;
+    const char *env = getenv("PFCPS_LOG_LEVEL");
+    log_level lv;
+    if (env && log_parse_level(env, &lv) == 0)
+        log_min = lv;
+}
+
+void log_set_level(log_level level) { log_min = level; }
+
+int log_open_file(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return -errno;
+    pthread_mutex_lock(&log_lock);
+    if (log_fd >= 0)
+        close(log_fd);
+    log_fd = fd;
+    pthread_mutex_unlock(&log_lock);
+    return 0;
+}
+
+void log_close_file(void)
+{
+    pthread_mutex_lock(&log_lock);
+    if (log_fd >= 0) {
+        fsync(log_fd);
+        close(log_fd);
+    }
+    log_fd = -1;
+    pthread_mutex_unlock(&log_lock);
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+void log_write(log_level level, const char *fmt, ...)
+{
+    if (level < log_min)
+        return;
+    char line[4096];
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    gmtime_r(&tv.tv_sec, &tm);
+    int n = (int)strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (log_rank >= 0)
+        n += snprintf(line + n, sizeof line - (size_t)n, ".%03dZ pid=%d %s[%d] %s ", (int)(tv.tv_usec / 1000),
+                      (int)getpid(), log_role, log_rank, level_name[level]);
+    else
+        n += snprintf(line + n, sizeof line - (size_t)n, ".%03dZ pid=%d %s %s ", (int)(tv.tv_usec / 1000),
+                      (int)getpid(), log_role, level_name[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    if (m < 0)
+        m = 0;
+    n += m;
+    if (n > (int)sizeof line - 2)
+        n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    pthread_mutex_lock(&log_lock);
+    write_all(STDERR_FILENO, line, (size_t)n);
+    if (log_fd >= 0)
+        write_all(log_fd, line, (size_t)n);
+    pthread_mutex_unlock(&log_lock);
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The test command: set-up, build, and every test suite.
+#   1. main build (gcc, -Werror, CUDA device where nvcc exists): every test
+#   2. sanitizer build (address + undefined): the suites tagged 'sanitize'
+#   3. fuzz build (clang, libFuzzer + ASan): each fuzz target for PFCPS_FUZZ_SECONDS (default 45)
+# Ends with one line "N passed, N failed, N skipped" and exits non-zero on any failure.
+# Environment: PFCPS_TEST_BUILD (build root, default build-tests), PFCPS_SKIP_SANITIZE=1,
+# PFCPS_SKIP_FUZZ=1, PFCPS_FUZZ_SECONDS, PFCPS_TEST_ARGS (extra meson test args, e.g. a test name).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+
+deploy/setup-deps.sh || { echo "setup-deps failed"; echo "0 passed, 1 failed"; exit 1; }
+[ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
+
+B=${PFCPS_TEST_BUILD:-build-tests}
+FUZZ_SECONDS=${PFCPS_FUZZ_SECONDS:-45}
+failures=()
+logs=()
+
+# setup_build DIR [meson options...]: configures DIR (reconfigures when it exists).
+setup_build() {
+  local dir=$1; shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson setup --reconfigure "$dir" "$@" >"$dir.setup.log" 2>&1
+  else
+    mkdir -p "$(dirname "$dir")"
+    meson setup "$dir" "$@" >"$dir.setup.log" 2>&1
+  fi
+}
+
+# run_build NAME DIR "meson test args" [meson options...]
+run_build() {
+  local name=$1 dir=$2 targs=$3; shift 3
+  echo "=== $name build ($dir) ==="
+  if ! setup_build "$dir" "$@"; then
+    cat "$dir.setup.log"; failures+=("$name: meson setup"); return
+  fi
+  if ! meson compile -C "$dir" >"$dir.compile.log" 2>&1; then
+    tail -60 "$dir.compile.log"; failures+=("$name: compile"); return
+  fi
+  echo "=== $name tests ==="
+  rm -f "$dir/meson-logs/testlog.json"
+  # shellcheck disable=SC2086
+  meson test -C "$dir" --print-errorlogs --num-processes 2 $targs ${PFCPS_TEST_ARGS:-}
+  logs+=("$name=$dir/meson-logs/testlog.json")
+}
+
+run_build main "$B/main" "" -Dwerror=true
+
+if [ "${PFCPS_SKIP_SANITIZE:-0}" != 1 ]; then
+  run_build sanitize "$B/sanitize" "--suite sanitize --timeout-multiplier 4" \
+    -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbuildtype=debug -Dwerror=true
+fi
+
+if [ "${PFCPS_SKIP_FUZZ:-0}" != 1 ]; then
+  if command -v clang >/dev/null 2>&1; then
+    CC=clang run_build fuzz "$B/fuzz" "--suite fuzz --test-args=-max_total_time=$FUZZ_SECONDS --timeout-multiplier 10" \
+      -Dfuzz=true -Dcuda=disabled -Dwerror=false -Db_lundef=false
+  else
+    echo "fuzz: clang not found, fuzz targets not run"
+  fi
+fi
+
+python3 "$root/tests/summary.py" "${logs[@]}" -- "${failures[@]}"
