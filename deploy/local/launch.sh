@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Local launcher: starts S pfcps-server and W pfcps-worker daemons on this machine (127.0.0.1),
+# waits for the workers to finish, then stops the servers with SIGTERM. Ctrl-C (SIGINT) or SIGTERM
+# is passed on to every daemon; none is left behind.
+#
+# usage: deploy/local/launch.sh -c CONFIG [-b BUILD_DIR] [--set key=value ...]
+#   servers/workers counts come from the config (keys `servers`, `workers`) or --set overrides.
+#   Logs: <output>/logs/server<r>.log and worker<r>.log (output from the config / --set).
+set -uo pipefail
+
+build=build
+config=
+sets=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -c|--config) config=$2; shift 2 ;;
+    -b|--build) build=$2; shift 2 ;;
+    --set) sets+=("--set" "$2"); shift 2 ;;
+    --set=*) sets+=("--set" "${1#--set=}"); shift ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "launch: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[ -n "$config" ] || { echo "launch: -c CONFIG is required" >&2; exit 2; }
+[ -f "$config" ] || { echo "launch: config '$config' not found" >&2; exit 2; }
+
+server_bin=$build/server/pfcps-server
+worker_bin=$build/worker/pfcps-worker
+for b in "$server_bin" "$worker_bin"; do
+  [ -x "$b" ] || { echo "launch: $b not built (meson compile -C $build)" >&2; exit 2; }
+done
+
+# Effective values of the keys the launcher itself needs: the last --set wins over the file.
+value_of() {
+  local key=$1 v
+  v=$(sed -n "s/^[[:space:]]*$key[[:space:]]*=[[:space:]]*\\([^#;]*\\).*/\\1/p" "$config" | tail -n 1)
+  for ((i = 1; i < ${#sets[@]}; i += 2)); do
+    case "${sets[$i]}" in "$key="*) v=${sets[$i]#"$key="} ;; esac
+  done
+  echo "$v" | sed 's/[[:space:]]*$//'
+}
+S=$(value_of servers); S=${S:-1}
+W=$(value_of workers); W=${W:-1}
+out=$(value_of output); out=${out:-work_dirs/pfcps}
+mkdir -p "$out/logs"
+
+pids=()
+stop_all() {
+  local sig=$1
+  for p in "${pids[@]}"; do kill "-$sig" "$p" 2>/dev/null; done
+}
+on_signal() {
+  echo "launch: signal received, stopping ${#pids[@]} daemons" >&2
+  stop_all TERM
+  sleep 5
+  stop_all KILL
+  wait 2>/dev/null
+  exit 130
+}
+trap on_signal INT TERM
+
+echo "launch: $S servers + $W workers, config $config, logs in $out/logs"
+server_pids=()
+for ((r = 0; r < S; r++)); do
+  "$server_bin" --config "$config" --rank "$r" "${sets[@]}" >"$out/logs/server$r.log" 2>&1 &
+  pids+=($!); server_pids+=($!)
+done
+worker_pids=()
+for ((r = 0; r < W; r++)); do
+  if [ "$r" -eq 0 ]; then
+    "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" 2>&1 | tee "$out/logs/worker$r.log" &
+  else
+    "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" >"$out/logs/worker$r.log" 2>&1 &
+  fi
+  pids+=($!); worker_pids+=($!)
+done
+
+rc=0
+for p in "${worker_pids[@]}"; do
+  wait "$p" || rc=$?
+done
+# Workers are done (or one failed): stop the servers cleanly and collect their exit codes.
+for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+for p in "${server_pids[@]}"; do
+  src=0
+  wait "$p" || src=$?
+  if [ "$src" -ne 0 ]; then
+    echo "launch: a server exited with status $src (see $out/logs)" >&2
+    [ "$rc" -eq 0 ] && rc=$src
+  fi
+done
+if [ "$rc" -ne 0 ]; then
+  echo "launch: failed with status $rc; logs in $out/logs" >&2
+  for f in "$out"/logs/*.log; do echo "--- tail $f" >&2; tail -5 "$f" >&2; done
+fi
+exit "$rc"
