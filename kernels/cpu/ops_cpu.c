@@ -1,0 +1,727 @@
+/* CPU device: the backbone layers of kernels/ops.h on oneDNN (convolution, batch normalization),
+ * OpenBLAS (Linear) and plain C (PReLU, add, dropout).
+ *
+ * oneDNN primitives are created once per shape and kept in the context. Activations and weights
+ * stay in plain NCHW / OIHW in the caller's buffers; each convolution primitive is created with
+ * format `any` so oneDNN picks its fastest (blocked) layout, and the context reorders into and out
+ * of it around each call (what PyTorch's mkldnn path does too). */
+#include "kernels/ops.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <oneapi/dnnl/dnnl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+
+#define DN(call)                                                                        \
+    do {                                                                                \
+        dnnl_status_t st_ = (call);                                                     \
+        if (st_ != dnnl_success)                                                        \
+            return pf_err(-EIO, "oneDNN call %s failed (status %d)", #call, (int)st_);  \
+    } while (0)
+
+int ops_conv_shape_init(ops_conv_shape *s, int B, int C, int H, int W, int OC, int K, int stride,
+                        int pad, int groups)
+{
+    if (B <= 0 || C <= 0 || H <= 0 || W <= 0 || OC <= 0 || K <= 0 || stride <= 0 || pad < 0 ||
+        groups <= 0)
+        return pf_err(-EINVAL, "conv shape B=%d C=%d H=%d W=%d OC=%d K=%d stride=%d pad=%d "
+                      "groups=%d: sizes must be positive", B, C, H, W, OC, K, stride, pad, groups);
+    if (C % groups || OC % groups)
+        return pf_err(-EINVAL, "conv groups %d does not divide C=%d and OC=%d", groups, C, OC);
+    if (H + 2 * pad < K || W + 2 * pad < K)
+        return pf_err(-EINVAL, "conv kernel %d larger than padded input %dx%d", K, H, W);
+    memset(s, 0, sizeof *s);
+    s->B = B; s->C = C; s->H = H; s->W = W; s->OC = OC; s->K = K; s->stride = stride;
+    s->pad = pad; s->groups = groups;
+    s->OH = (H + 2 * pad - K) / stride + 1;
+    s->OW = (W + 2 * pad - K) / stride + 1;
+    return 0;
+}
+
+/* A primitive argument: the caller's plain buffer (user) and, when oneDNN chose another layout,
+ * a library-allocated buffer in that layout plus the reorder between the two. */
+typedef struct slot {
+    dnnl_memory_t user;
+    dnnl_memory_t prim; /* == user when the layouts agree */
+    dnnl_primitive_t reorder;
+} slot;
+
+typedef struct conv_entry {
+    ops_conv_shape s;
+    dnnl_primitive_desc_t fwd_pd;
+    dnnl_primitive_t fwd, bwd_data, bwd_w;
+    slot f_src, f_wei, f_dst;
+    slot d_dsrc, d_wei, d_ddst;
+    slot w_src, w_dwei, w_ddst;
+    int has_bwd;
+} conv_entry;
+
+typedef struct bn_entry {
+    int B, C, HW;
+    dnnl_primitive_desc_t fwd_pd;
+    dnnl_primitive_t fwd_train, fwd_eval, bwd;
+    dnnl_memory_t src, dst, scale, shift, mean, var, dsrc, ddst, dscale, dshift;
+} bn_entry;
+
+struct ops_ctx {
+    dnnl_engine_t eng;
+    dnnl_stream_t stream;
+    conv_entry **conv;
+    int nconv, capconv;
+    bn_entry **bn;
+    int nbn, capbn;
+    float *scratch; /* for accumulating outputs of libraries that overwrite */
+    size_t scratch_cap;
+    float *cscratch; /* per-channel scratch: C floats x 2 */
+    size_t cscratch_cap;
+};
+
+static float *scratch(ops_ctx *c, float **buf, size_t *cap, size_t n)
+{
+    if (n > *cap) {
+        free(*buf);
+        *buf = aligned_alloc(64, ((n * sizeof(float) + 63) / 64) * 64);
+        *cap = *buf ? n : 0;
+    }
+    (void)c;
+    return *buf;
+}
+
+static void add_into(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+static int exec(ops_ctx *c, dnnl_primitive_t p, int nargs, const dnnl_exec_arg_t *args)
+{
+    DN(dnnl_primitive_execute(p, c->stream, nargs, args));
+    return 0;
+}
+
+static int slot_make(ops_ctx *c, slot *s, const dnnl_memory_desc_t *umd,
+                     const dnnl_memory_desc_t *pmd, int output)
+{
+    DN(dnnl_memory_create(&s->user, umd, c->eng, DNNL_MEMORY_NONE));
+    if (dnnl_memory_desc_equal(umd, pmd)) {
+        s->prim = s->user;
+        s->reorder = NULL;
+        return 0;
+    }
+    DN(dnnl_memory_create(&s->prim, pmd, c->eng, DNNL_MEMORY_ALLOCATE));
+    dnnl_primitive_desc_t rpd;
+    if (output)
+        DN(dnnl_reorder_primitive_desc_create(&rpd, pmd, c->eng, umd, c->eng, NULL));
+    else
+        DN(dnnl_reorder_primitive_desc_create(&rpd, umd, c->eng, pmd, c->eng, NULL));
+    dnnl_status_t st = dnnl_primitive_create(&s->reorder, rpd);
+    dnnl_primitive_desc_destroy(rpd);
+    DN(st);
+    return 0;
+}
+
+static void slot_free(slot *s)
+{
+    if (s->reorder)
+        dnnl_primitive_destroy(s->reorder);
+    if (s->prim && s->prim != s->user)
+        dnnl_memory_destroy(s->prim);
+    if (s->user)
+        dnnl_memory_destroy(s->user);
+    memset(s, 0, sizeof *s);
+}
+
+/* Binds the caller's buffer; for an input, converts it into the primitive's layout. */
+static int slot_in(ops_ctx *c, slot *s, const void *p)
+{
+    DN(dnnl_memory_set_data_handle(s->user, (void *)p));
+    if (s->reorder) {
+        dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, s->user}, {DNNL_ARG_TO, s->prim}};
+        return exec(c, s->reorder, 2, a);
+    }
+    return 0;
+}
+
+static int slot_bind(slot *s, void *p)
+{
+    DN(dnnl_memory_set_data_handle(s->user, p));
+    return 0;
+}
+
+/* After the primitive ran: converts an output from the primitive's layout to the caller's. */
+static int slot_out(ops_ctx *c, slot *s)
+{
+    if (s->reorder) {
+        dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, s->prim}, {DNNL_ARG_TO, s->user}};
+        return exec(c, s->reorder, 2, a);
+    }
+    return 0;
+}
+
+static void conv_mds(const ops_conv_shape *s, dnnl_memory_desc_t *src, dnnl_memory_desc_t *wei,
+                     dnnl_memory_desc_t *dst, int any)
+{
+    dnnl_dims_t sd = {s->B, s->C, s->H, s->W};
+    dnnl_dims_t dd = {s->B, s->OC, s->OH, s->OW};
+    dnnl_format_tag_t t4 = any ? dnnl_format_tag_any : dnnl_nchw;
+    dnnl_memory_desc_init_by_tag(src, 4, sd, dnnl_f32, t4);
+    dnnl_memory_desc_init_by_tag(dst, 4, dd, dnnl_f32, t4);
+    if (s->groups == 1) {
+        dnnl_dims_t wd = {s->OC, s->C, s->K, s->K};
+        dnnl_memory_desc_init_by_tag(wei, 4, wd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw);
+    } else {
+        int g = s->groups;
+        dnnl_dims_t wd = {g, s->OC / g, s->C / g, s->K, s->K};
+        dnnl_memory_desc_init_by_tag(wei, 5, wd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_goihw);
+    }
+}
+
+static void conv_entry_free(conv_entry *e)
+{
+    if (!e)
+        return;
+    slot *slots[] = {&e->f_src, &e->f_wei, &e->f_dst, &e->d_dsrc, &e->d_wei, &e->d_ddst,
+                     &e->w_src, &e->w_dwei, &e->w_ddst};
+    for (size_t i = 0; i < sizeof slots / sizeof *slots; i++)
+        slot_free(slots[i]);
+    if (e->fwd) dnnl_primitive_destroy(e->fwd);
+    if (e->bwd_data) dnnl_primitive_destroy(e->bwd_data);
+    if (e->bwd_w) dnnl_primitive_destroy(e->bwd_w);
+    if (e->fwd_pd) dnnl_primitive_desc_destroy(e->fwd_pd);
+    free(e);
+}
+
+#define QMD(pd, what) dnnl_primitive_desc_query_md((pd), (what), 0)
+
+static int conv_build_fwd(ops_ctx *c, conv_entry *e)
+{
+    const ops_conv_shape *s = &e->s;
+    dnnl_memory_desc_t su, wu, du, sa, wa, da;
+    conv_mds(s, &su, &wu, &du, 0);
+    conv_mds(s, &sa, &wa, &da, 1);
+    dnnl_dims_t strides = {s->stride, s->stride}, pad = {s->pad, s->pad};
+    /* Right padding so that the output size is exactly OH (PyTorch drops the remainder). */
+    dnnl_dims_t padr = {(s->OH - 1) * s->stride + s->K - s->H - s->pad,
+                        (s->OW - 1) * s->stride + s->K - s->W - s->pad};
+    dnnl_convolution_desc_t cd;
+    DN(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct,
+                                          &sa, &wa, NULL, &da, strides, pad, padr));
+    DN(dnnl_primitive_desc_create(&e->fwd_pd, &cd, NULL, c->eng, NULL));
+    DN(dnnl_primitive_create(&e->fwd, e->fwd_pd));
+    int rc;
+    if ((rc = slot_make(c, &e->f_src, &su, QMD(e->fwd_pd, dnnl_query_src_md), 0)) ||
+        (rc = slot_make(c, &e->f_wei, &wu, QMD(e->fwd_pd, dnnl_query_weights_md), 0)) ||
+        (rc = slot_make(c, &e->f_dst, &du, QMD(e->fwd_pd, dnnl_query_dst_md), 1)))
+        return rc;
+    return 0;
+}
+
+static int conv_build_bwd(ops_ctx *c, conv_entry *e)
+{
+    const ops_conv_shape *s = &e->s;
+    dnnl_memory_desc_t su, wu, du, sa, wa, da;
+    conv_mds(s, &su, &wu, &du, 0);
+    conv_mds(s, &sa, &wa, &da, 1);
+    dnnl_dims_t strides = {s->stride, s->stride}, pad = {s->pad, s->pad};
+    dnnl_dims_t padr = {(s->OH - 1) * s->stride + s->K - s->H - s->pad,
+                        (s->OW - 1) * s->stride + s->K - s->W - s->pad};
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_desc_t pd;
+    int rc;
+
+    DN(dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &sa, &wa, &da,
+                                                strides, pad, padr));
+    DN(dnnl_primitive_desc_create(&pd, &cd, NULL, c->eng, e->fwd_pd));
+    dnnl_status_t st = dnnl_primitive_create(&e->bwd_data, pd);
+    if (st == dnnl_success &&
+        !(rc = slot_make(c, &e->d_dsrc, &su, QMD(pd, dnnl_query_diff_src_md), 1)) &&
+        !(rc = slot_make(c, &e->d_wei, &wu, QMD(pd, dnnl_query_weights_md), 0)))
+        rc = slot_make(c, &e->d_ddst, &du, QMD(pd, dnnl_query_diff_dst_md), 0);
+    else if (st != dnnl_success)
+        rc = pf_err(-EIO, "oneDNN convolution backward-data primitive: status %d", (int)st);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc)
+        return rc;
+
+    DN(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &sa, &wa, NULL,
+                                                   &da, strides, pad, padr));
+    DN(dnnl_primitive_desc_create(&pd, &cd, NULL, c->eng, e->fwd_pd));
+    st = dnnl_primitive_create(&e->bwd_w, pd);
+    if (st == dnnl_success &&
+        !(rc = slot_make(c, &e->w_src, &su, QMD(pd, dnnl_query_src_md), 0)) &&
+        !(rc = slot_make(c, &e->w_dwei, &wu, QMD(pd, dnnl_query_diff_weights_md), 1)))
+        rc = slot_make(c, &e->w_ddst, &du, QMD(pd, dnnl_query_diff_dst_md), 0);
+    else if (st != dnnl_success)
+        rc = pf_err(-EIO, "oneDNN convolution backward-weights primitive: status %d", (int)st);
+    dnnl_primitive_desc_destroy(pd);
+    if (rc)
+        return rc;
+    e->has_bwd = 1;
+    return 0;
+}
+
+static int conv_get(ops_ctx *c, const ops_conv_shape *s, int need_bwd, conv_entry **out)
+{
+    for (int i = 0; i < c->nconv; i++) {
+        if (!memcmp(&c->conv[i]->s, s, sizeof *s)) {
+            conv_entry *e = c->conv[i];
+            if (need_bwd && !e->has_bwd) {
+                int rc = conv_build_bwd(c, e);
+                if (rc)
+                    return rc;
+            }
+            *out = e;
+            return 0;
+        }
+    }
+    ops_conv_shape chk;
+    int rc = ops_conv_shape_init(&chk, s->B, s->C, s->H, s->W, s->OC, s->K, s->stride, s->pad,
+                                 s->groups);
+    if (rc)
+        return rc;
+    if (chk.OH != s->OH || chk.OW != s->OW)
+        return pf_err(-EINVAL, "conv shape: OH/OW not derived (use ops_conv_shape_init)");
+    if (c->nconv == c->capconv) {
+        int cap = c->capconv ? 2 * c->capconv : 32;
+        conv_entry **n = realloc(c->conv, (size_t)cap * sizeof *n);
+        if (!n)
+            return pf_err(-ENOMEM, "conv cache: out of memory");
+        c->conv = n;
+        c->capconv = cap;
+    }
+    conv_entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return pf_err(-ENOMEM, "conv cache: out of memory");
+    e->s = *s;
+    if ((rc = conv_build_fwd(c, e)) || (need_bwd && (rc = conv_build_bwd(c, e)))) {
+        conv_entry_free(e);
+        return pf_err_wrap(rc, "conv B=%d C=%d %dx%d OC=%d K=%d stride %d groups %d", s->B, s->C,
+                           s->H, s->W, s->OC, s->K, s->stride, s->groups);
+    }
+    c->conv[c->nconv++] = e;
+    *out = e;
+    return 0;
+}
+
+static int cpu_conv_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
+                            const ops_conv_shape *s)
+{
+    conv_entry *e;
+    int rc = conv_get(c, s, 0, &e);
+    if (rc)
+        return rc;
+    if ((rc = slot_in(c, &e->f_src, inp)) || (rc = slot_in(c, &e->f_wei, weight)) ||
+        (rc = slot_bind(&e->f_dst, out)))
+        return rc;
+    dnnl_exec_arg_t a[3] = {{DNNL_ARG_SRC, e->f_src.prim},
+                            {DNNL_ARG_WEIGHTS, e->f_wei.prim},
+                            {DNNL_ARG_DST, e->f_dst.prim}};
+    if ((rc = exec(c, e->fwd, 3, a)) || (rc = slot_out(c, &e->f_dst)))
+        return rc;
+    DN(dnnl_stream_wait(c->stream));
+    return 0;
+}
+
+static int cpu_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, const float *dout,
+                             const float *inp, const float *weight, const ops_conv_shape *s)
+{
+    conv_entry *e;
+    int rc = conv_get(c, s, 1, &e);
+    if (rc)
+        return rc;
+    if (dinp) {
+        size_t n = (size_t)s->B * s->C * s->H * s->W;
+        float *dst = dinp;
+        if (acc && !(dst = scratch(c, &c->scratch, &c->scratch_cap, n)))
+            return pf_err(-ENOMEM, "conv backward: out of memory for %zu floats", n);
+        if ((rc = slot_in(c, &e->d_ddst, dout)) || (rc = slot_in(c, &e->d_wei, weight)) ||
+            (rc = slot_bind(&e->d_dsrc, dst)))
+            return rc;
+        dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, e->d_ddst.prim},
+                                {DNNL_ARG_WEIGHTS, e->d_wei.prim},
+                                {DNNL_ARG_DIFF_SRC, e->d_dsrc.prim}};
+        if ((rc = exec(c, e->bwd_data, 3, a)) || (rc = slot_out(c, &e->d_dsrc)))
+            return rc;
+        DN(dnnl_stream_wait(c->stream));
+        if (acc)
+            add_into(dinp, dst, n);
+    }
+    if (dweight) {
+        size_t n = (size_t)s->OC * (s->C / s->groups) * s->K * s->K;
+        float *dst = scratch(c, &c->scratch, &c->scratch_cap, n);
+        if (!dst)
+            return pf_err(-ENOMEM, "conv backward: out of memory for %zu floats", n);
+        if ((rc = slot_in(c, &e->w_ddst, dout)) || (rc = slot_in(c, &e->w_src, inp)) ||
+            (rc = slot_bind(&e->w_dwei, dst)))
+            return rc;
+        dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, e->w_ddst.prim},
+                                {DNNL_ARG_SRC, e->w_src.prim},
+                                {DNNL_ARG_DIFF_WEIGHTS, e->w_dwei.prim}};
+        if ((rc = exec(c, e->bwd_w, 3, a)) || (rc = slot_out(c, &e->w_dwei)))
+            return rc;
+        DN(dnnl_stream_wait(c->stream));
+        add_into(dweight, dst, n);
+    }
+    return 0;
+}
+
+/* ---- batch normalization ---- */
+
+static void bn_entry_free(bn_entry *e)
+{
+    if (!e)
+        return;
+    dnnl_memory_t *m[] = {&e->src, &e->dst, &e->scale, &e->shift, &e->mean, &e->var,
+                          &e->dsrc, &e->ddst, &e->dscale, &e->dshift};
+    for (size_t i = 0; i < sizeof m / sizeof *m; i++)
+        if (*m[i])
+            dnnl_memory_destroy(*m[i]);
+    if (e->fwd_train) dnnl_primitive_destroy(e->fwd_train);
+    if (e->fwd_eval) dnnl_primitive_destroy(e->fwd_eval);
+    if (e->bwd) dnnl_primitive_destroy(e->bwd);
+    if (e->fwd_pd) dnnl_primitive_desc_destroy(e->fwd_pd);
+    free(e);
+}
+
+static int bn_build(ops_ctx *c, bn_entry *e, float eps)
+{
+    dnnl_dims_t d = {e->B, e->C, e->HW, 1}, dc = {e->C};
+    dnnl_memory_desc_t md, cmd;
+    DN(dnnl_memory_desc_init_by_tag(&md, 4, d, dnnl_f32, dnnl_nchw));
+    DN(dnnl_memory_desc_init_by_tag(&cmd, 1, dc, dnnl_f32, dnnl_a));
+    unsigned flags = dnnl_use_scale | dnnl_use_shift;
+    dnnl_batch_normalization_desc_t bd;
+    dnnl_primitive_desc_t pd;
+
+    DN(dnnl_batch_normalization_forward_desc_init(&bd, dnnl_forward_training, &md, eps, flags));
+    DN(dnnl_primitive_desc_create(&e->fwd_pd, &bd, NULL, c->eng, NULL));
+    DN(dnnl_primitive_create(&e->fwd_train, e->fwd_pd));
+
+    DN(dnnl_batch_normalization_forward_desc_init(&bd, dnnl_forward_inference, &md, eps,
+                                                  flags | dnnl_use_global_stats));
+    DN(dnnl_primitive_desc_create(&pd, &bd, NULL, c->eng, NULL));
+    dnnl_status_t st = dnnl_primitive_create(&e->fwd_eval, pd);
+    dnnl_primitive_desc_destroy(pd);
+    DN(st);
+
+    DN(dnnl_batch_normalization_backward_desc_init(&bd, dnnl_backward, &md, &md, eps, flags));
+    DN(dnnl_primitive_desc_create(&pd, &bd, NULL, c->eng, e->fwd_pd));
+    st = dnnl_primitive_create(&e->bwd, pd);
+    dnnl_primitive_desc_destroy(pd);
+    DN(st);
+
+    dnnl_memory_t *dm[] = {&e->src, &e->dst, &e->dsrc, &e->ddst};
+    for (int i = 0; i < 4; i++)
+        DN(dnnl_memory_create(dm[i], &md, c->eng, DNNL_MEMORY_NONE));
+    dnnl_memory_t *cm[] = {&e->scale, &e->shift, &e->mean, &e->var, &e->dscale, &e->dshift};
+    for (int i = 0; i < 6; i++)
+        DN(dnnl_memory_create(cm[i], &cmd, c->eng, DNNL_MEMORY_NONE));
+    return 0;
+}
+
+static int bn_get(ops_ctx *c, int B, int C, int HW, float eps, bn_entry **out)
+{
+    if (B <= 0 || C <= 0 || HW <= 0)
+        return pf_err(-EINVAL, "batchnorm shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
+    for (int i = 0; i < c->nbn; i++) {
+        bn_entry *e = c->bn[i];
+        if (e->B == B && e->C == C && e->HW == HW) {
+            *out = e;
+            return 0;
+        }
+    }
+    if (c->nbn == c->capbn) {
+        int cap = c->capbn ? 2 * c->capbn : 32;
+        bn_entry **n = realloc(c->bn, (size_t)cap * sizeof *n);
+        if (!n)
+            return pf_err(-ENOMEM, "batchnorm cache: out of memory");
+        c->bn = n;
+        c->capbn = cap;
+    }
+    bn_entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return pf_err(-ENOMEM, "batchnorm cache: out of memory");
+    e->B = B; e->C = C; e->HW = HW;
+    int rc = bn_build(c, e, eps);
+    if (rc) {
+        bn_entry_free(e);
+        return pf_err_wrap(rc, "batchnorm B=%d C=%d HW=%d", B, C, HW);
+    }
+    c->bn[c->nbn++] = e;
+    *out = e;
+    return 0;
+}
+
+/* Note: the eps of the first call for a shape is baked into the cached primitive; pfcps uses
+ * 1e-5 everywhere. */
+static int cpu_bn_forward(ops_ctx *c, float *out, float *save_mean, float *save_var,
+                          const float *inp, const float *weight, const float *bias,
+                          float *running_mean, float *running_var, int B, int C, int HW,
+                          float eps, float momentum, int train)
+{
+    bn_entry *e;
+    int rc = bn_get(c, B, C, HW, eps, &e);
+    if (rc)
+        return rc;
+    DN(dnnl_memory_set_data_handle(e->src, (void *)inp));
+    DN(dnnl_memory_set_data_handle(e->dst, out));
+    DN(dnnl_memory_set_data_handle(e->scale, (void *)weight));
+    DN(dnnl_memory_set_data_handle(e->shift, (void *)bias));
+    if (train) {
+        if (!save_mean || !save_var)
+            return pf_err(-EINVAL, "batchnorm training forward needs save_mean and save_var");
+        DN(dnnl_memory_set_data_handle(e->mean, save_mean));
+        DN(dnnl_memory_set_data_handle(e->var, save_var));
+    } else {
+        DN(dnnl_memory_set_data_handle(e->mean, running_mean));
+        DN(dnnl_memory_set_data_handle(e->var, running_var));
+    }
+    dnnl_exec_arg_t a[6] = {{DNNL_ARG_SRC, e->src},     {DNNL_ARG_DST, e->dst},
+                            {DNNL_ARG_SCALE, e->scale}, {DNNL_ARG_SHIFT, e->shift},
+                            {DNNL_ARG_MEAN, e->mean},   {DNNL_ARG_VARIANCE, e->var}};
+    if ((rc = exec(c, train ? e->fwd_train : e->fwd_eval, 6, a)))
+        return rc;
+    DN(dnnl_stream_wait(c->stream));
+    if (train && running_mean && running_var) {
+        double n = (double)B * HW;
+        double unbias = n > 1 ? n / (n - 1) : 1.0;
+        for (int i = 0; i < C; i++) {
+            running_mean[i] = (1.0f - momentum) * running_mean[i] + momentum * save_mean[i];
+            running_var[i] = (float)((1.0 - momentum) * running_var[i] +
+                                     momentum * save_var[i] * unbias);
+        }
+    }
+    return 0;
+}
+
+static int cpu_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
+                           const float *dout, const float *inp, const float *weight,
+                           const float *save_mean, const float *save_var, int B, int C, int HW,
+                           float eps)
+{
+    bn_entry *e;
+    int rc = bn_get(c, B, C, HW, eps, &e);
+    if (rc)
+        return rc;
+    size_t n = (size_t)B * C * HW;
+    float *cs = scratch(c, &c->cscratch, &c->cscratch_cap, 2 * (size_t)C);
+    if (!cs)
+        return pf_err(-ENOMEM, "batchnorm backward: out of memory");
+    float *dst = dinp;
+    if (!dinp || acc) {
+        if (!(dst = scratch(c, &c->scratch, &c->scratch_cap, n)))
+            return pf_err(-ENOMEM, "batchnorm backward: out of memory for %zu floats", n);
+    }
+    DN(dnnl_memory_set_data_handle(e->src, (void *)inp));
+    DN(dnnl_memory_set_data_handle(e->ddst, (void *)dout));
+    DN(dnnl_memory_set_data_handle(e->dsrc, dst));
+    DN(dnnl_memory_set_data_handle(e->scale, (void *)weight));
+    DN(dnnl_memory_set_data_handle(e->mean, (void *)save_mean));
+    DN(dnnl_memory_set_data_handle(e->var, (void *)save_var));
+    DN(dnnl_memory_set_data_handle(e->dscale, cs));
+    DN(dnnl_memory_set_data_handle(e->dshift, cs + C));
+    dnnl_exec_arg_t a[8] = {{DNNL_ARG_SRC, e->src},           {DNNL_ARG_DIFF_DST, e->ddst},
+                            {DNNL_ARG_SCALE, e->scale},       {DNNL_ARG_MEAN, e->mean},
+                            {DNNL_ARG_VARIANCE, e->var},      {DNNL_ARG_DIFF_SRC, e->dsrc},
+                            {DNNL_ARG_DIFF_SCALE, e->dscale}, {DNNL_ARG_DIFF_SHIFT, e->dshift}};
+    if ((rc = exec(c, e->bwd, 8, a)))
+        return rc;
+    DN(dnnl_stream_wait(c->stream));
+    if (dinp && acc)
+        add_into(dinp, dst, n);
+    if (dweight)
+        add_into(dweight, cs, (size_t)C);
+    if (dbias)
+        add_into(dbias, cs + C, (size_t)C);
+    return 0;
+}
+
+/* ---- plain C layers ---- */
+
+static int cpu_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B,
+                             int C, int HW)
+{
+    (void)c;
+    for (int b = 0; b < B; b++)
+        for (int ch = 0; ch < C; ch++) {
+            size_t o = ((size_t)b * C + ch) * HW;
+            float a = alpha[ch];
+            for (int i = 0; i < HW; i++) {
+                float x = inp[o + i];
+                out[o + i] = x > 0.0f ? x : a * x;
+            }
+        }
+    return 0;
+}
+
+static int cpu_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, const float *dout,
+                              const float *inp, const float *alpha, int B, int C, int HW)
+{
+    (void)c;
+    for (int ch = 0; ch < C; ch++) {
+        float a = alpha[ch];
+        double da = 0.0;
+        for (int b = 0; b < B; b++) {
+            size_t o = ((size_t)b * C + ch) * HW;
+            float s = 0.0f;
+            for (int i = 0; i < HW; i++) {
+                float x = inp[o + i], g = dout[o + i];
+                float d = x > 0.0f ? g : a * g;
+                s += x > 0.0f ? 0.0f : g * x;
+                if (dinp) {
+                    if (acc)
+                        dinp[o + i] += d;
+                    else
+                        dinp[o + i] = d;
+                }
+            }
+            da += s;
+        }
+        if (dalpha)
+            dalpha[ch] += (float)da;
+    }
+    return 0;
+}
+
+static int cpu_linear_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
+                              const float *bias, int B, int IN, int OUT)
+{
+    (void)c;
+    if (B <= 0 || IN <= 0 || OUT <= 0)
+        return pf_err(-EINVAL, "linear shape B=%d IN=%d OUT=%d: sizes must be positive", B, IN, OUT);
+    if (bias) {
+        for (int b = 0; b < B; b++)
+            memcpy(out + (size_t)b * OUT, bias, (size_t)OUT * sizeof(float));
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B, OUT, IN, 1.0f, inp, IN, weight, IN,
+                bias ? 1.0f : 0.0f, out, OUT);
+    return 0;
+}
+
+static int cpu_linear_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight, int B,
+                               int IN, int OUT)
+{
+    (void)c;
+    if (B <= 0 || IN <= 0 || OUT <= 0)
+        return pf_err(-EINVAL, "linear shape B=%d IN=%d OUT=%d: sizes must be positive", B, IN, OUT);
+    if (dinp)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, IN, OUT, 1.0f, dout, OUT,
+                    weight, IN, acc ? 1.0f : 0.0f, dinp, IN);
+    if (dweight)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OUT, IN, B, 1.0f, dout, OUT, inp,
+                    IN, 1.0f, dweight, IN);
+    if (dbias)
+        for (int b = 0; b < B; b++)
+            add_into(dbias, dout + (size_t)b * OUT, (size_t)OUT);
+    return 0;
+}
+
+static int cpu_add_forward(ops_ctx *c, float *out, const float *a, const float *b, size_t n)
+{
+    (void)c;
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+    return 0;
+}
+
+static int cpu_acc(ops_ctx *c, float *dst, int acc, const float *src, size_t n)
+{
+    (void)c;
+    if (acc)
+        add_into(dst, src, n);
+    else if (dst != src)
+        memmove(dst, src, n * sizeof(float));
+    return 0;
+}
+
+/* splitmix64: a counter-based generator, so mask i depends on (seed, i) only. */
+static uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static int cpu_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n,
+                               float p, uint64_t seed)
+{
+    (void)c;
+    if (!(p >= 0.0f && p < 1.0f))
+        return pf_err(-EINVAL, "dropout p=%g outside [0, 1)", (double)p);
+    float keep = 1.0f / (1.0f - p);
+    for (size_t i = 0; i < n; i++) {
+        double u = (double)(splitmix64(seed * 0x100000001B3ull + i) >> 11) * 0x1.0p-53;
+        mask[i] = u < (double)p ? 0.0f : keep;
+        out[i] = inp[i] * mask[i];
+    }
+    return 0;
+}
+
+static int cpu_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout,
+                                const float *mask, size_t n)
+{
+    (void)c;
+    for (size_t i = 0; i < n; i++) {
+        float d = dout[i] * mask[i];
+        dinp[i] = acc ? dinp[i] + d : d;
+    }
+    return 0;
+}
+
+static void cpu_ctx_destroy(ops_ctx *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->nconv; i++)
+        conv_entry_free(c->conv[i]);
+    for (int i = 0; i < c->nbn; i++)
+        bn_entry_free(c->bn[i]);
+    free(c->conv);
+    free(c->bn);
+    free(c->scratch);
+    free(c->cscratch);
+    if (c->stream)
+        dnnl_stream_destroy(c->stream);
+    if (c->eng)
+        dnnl_engine_destroy(c->eng);
+    free(c);
+}
+
+static int cpu_ctx_create(ops_ctx **out)
+{
+    ops_ctx *c = calloc(1, sizeof *c);
+    if (!c)
+        return pf_err(-ENOMEM, "ops context: out of memory");
+    dnnl_status_t st = dnnl_engine_create(&c->eng, dnnl_cpu, 0);
+    if (st == dnnl_success)
+        st = dnnl_stream_create(&c->stream, c->eng, dnnl_stream_default_flags);
+    if (st != dnnl_success) {
+        cpu_ctx_destroy(c);
+        return pf_err(-EIO, "oneDNN CPU engine/stream creation failed (status %d)", (int)st);
+    }
+    *out = c;
+    return 0;
+}
+
+const ops_device ops_cpu = {
+    .name = "cpu",
+    .ctx_create = cpu_ctx_create,
+    .ctx_destroy = cpu_ctx_destroy,
+    .conv_forward = cpu_conv_forward,
+    .conv_backward = cpu_conv_backward,
+    .bn_forward = cpu_bn_forward,
+    .bn_backward = cpu_bn_backward,
+    .prelu_forward = cpu_prelu_forward,
+    .prelu_backward = cpu_prelu_backward,
+    .linear_forward = cpu_linear_forward,
+    .linear_backward = cpu_linear_backward,
+    .add_forward = cpu_add_forward,
+    .acc = cpu_acc,
+    .dropout_forward = cpu_dropout_forward,
+    .dropout_backward = cpu_dropout_backward,
+};

@@ -1,0 +1,108 @@
+/* Device layer interface: the backbone's layers as forward/backward pairs (llm.c style).
+ *
+ * A device (CPU today: oneDNN + OpenBLAS + plain C; CUDA later: cuDNN + cuBLAS) fills one
+ * `ops_device` table; worker/model calls layers only through it, so the same network description
+ * runs on any device. All tensors are fp32, contiguous, NCHW (activations) / OIHW (weights), in
+ * the device's memory (host memory for the CPU device).
+ *
+ * Conventions (all functions):
+ * - Parameter gradients (dweight, dbias, dalpha) are ACCUMULATED (+=) into buffers the caller
+ *   zeroes once per step.
+ * - Input gradients (dinp) are overwritten, or accumulated (+=) when `acc` is non-zero (a tensor
+ *   read by two layers, e.g. a residual block input, gets the second gradient added).
+ * - dinp may be NULL when the input gradient is not needed (first layer): it is then skipped.
+ * - Return 0, or a negative errno code with the reason in pf_errmsg() (-EINVAL bad shape,
+ *   -ENOMEM, -EIO when the device library fails).
+ * Math: PyTorch's torch.nn.Conv2d, BatchNorm2d/1d, PReLU, Linear, Dropout (same definitions,
+ * eps inside the square root, running variance unbiased, momentum as PyTorch's).
+ */
+#ifndef PFCPS_KERNELS_OPS_H
+#define PFCPS_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Per-device state: library handles, primitive caches (created once per shape), scratch. */
+typedef struct ops_ctx ops_ctx;
+
+/* Convolution shape. Input (B,C,H,W), weight (OC, C/groups, K, K), output (B,OC,OH,OW) with
+ * OH = (H + 2*pad - K)/stride + 1 (same for OW). No bias, no dilation. */
+typedef struct ops_conv_shape {
+    int B, C, H, W;
+    int OC, K, stride, pad, groups;
+    int OH, OW; /* derived: set by ops_conv_shape_init */
+} ops_conv_shape;
+
+/* Fills s (OH, OW included). Returns 0, or -EINVAL when a size is not positive, groups does not
+ * divide C and OC, or the kernel does not fit the padded input. */
+int ops_conv_shape_init(ops_conv_shape *s, int B, int C, int H, int W, int OC, int K, int stride,
+                        int pad, int groups);
+
+typedef struct ops_device {
+    const char *name;
+
+    /* Creates / frees the device context. */
+    int (*ctx_create)(ops_ctx **out);
+    void (*ctx_destroy)(ops_ctx *ctx);
+
+    /* inp (B,C,H,W), weight (OC,C/groups,K,K) -> out (B,OC,OH,OW). torch.nn.functional.conv2d. */
+    int (*conv_forward)(ops_ctx *ctx, float *out, const float *inp, const float *weight,
+                        const ops_conv_shape *s);
+    /* dout (B,OC,OH,OW) -> dinp (B,C,H,W) (= or += per acc; skipped when NULL),
+     * dweight (OC,C/groups,K,K) += (skipped when NULL). */
+    int (*conv_backward)(ops_ctx *ctx, float *dinp, int acc, float *dweight, const float *dout,
+                         const float *inp, const float *weight, const ops_conv_shape *s);
+
+    /* Batch normalization over (B,C,HW) (BatchNorm2d with HW = H*W; BatchNorm1d with HW = 1).
+     * train != 0: normalize with the batch mean and biased variance, write them to save_mean and
+     * save_var (C each; backward reads them), and update running_mean/running_var in place:
+     * r = (1-momentum)*r + momentum*batch_stat, the variance unbiased (times n/(n-1), n = B*HW).
+     * train == 0: normalize with running_mean/running_var (save_* unused, may be NULL).
+     * out = (inp - mean) / sqrt(var + eps) * weight + bias. inp, out (B,C,HW); weight, bias (C). */
+    int (*bn_forward)(ops_ctx *ctx, float *out, float *save_mean, float *save_var,
+                      const float *inp, const float *weight, const float *bias,
+                      float *running_mean, float *running_var, int B, int C, int HW, float eps,
+                      float momentum, int train);
+    /* Training-mode backward: dout (B,C,HW) -> dinp (B,C,HW) (= or +=), dweight, dbias (C) +=
+     * (each skipped when NULL: a fixed weight passes dweight NULL). */
+    int (*bn_backward)(ops_ctx *ctx, float *dinp, int acc, float *dweight, float *dbias,
+                       const float *dout, const float *inp, const float *weight,
+                       const float *save_mean, const float *save_var, int B, int C, int HW,
+                       float eps);
+
+    /* PReLU with one slope per channel: out = inp > 0 ? inp : alpha[c]*inp. inp, out (B,C,HW),
+     * alpha (C). Backward: dinp (= or +=), dalpha (C) += sum over inp <= 0 of dout*inp. */
+    int (*prelu_forward)(ops_ctx *ctx, float *out, const float *inp, const float *alpha, int B,
+                         int C, int HW);
+    int (*prelu_backward)(ops_ctx *ctx, float *dinp, int acc, float *dalpha, const float *dout,
+                          const float *inp, const float *alpha, int B, int C, int HW);
+
+    /* Linear: inp (B,IN), weight (OUT,IN), bias (OUT) or NULL -> out (B,OUT) = inp W^T + b.
+     * Backward: dinp (B,IN) (= or +=), dweight (OUT,IN) +=, dbias (OUT) += (NULL skips). */
+    int (*linear_forward)(ops_ctx *ctx, float *out, const float *inp, const float *weight,
+                          const float *bias, int B, int IN, int OUT);
+    int (*linear_backward)(ops_ctx *ctx, float *dinp, int acc, float *dweight, float *dbias,
+                           const float *dout, const float *inp, const float *weight, int B,
+                           int IN, int OUT);
+
+    /* out (n) = a + b (residual add; in place on a or b allowed). Backward is dinp = dout for
+     * both inputs: ops_acc does it. */
+    int (*add_forward)(ops_ctx *ctx, float *out, const float *a, const float *b, size_t n);
+    /* dst (n) = src (acc == 0) or dst += src (acc != 0). */
+    int (*acc)(ops_ctx *ctx, float *dst, int acc, const float *src, size_t n);
+
+    /* Inverted dropout (torch.nn.Dropout, training): mask[i] = keep ? 1/(1-p) : 0 drawn from
+     * (seed, i); out = inp * mask. p == 0 is the identity (mask all 1). 0 <= p < 1.
+     * Backward: dinp = dout * mask (= or +=). */
+    int (*dropout_forward)(ops_ctx *ctx, float *out, float *mask, const float *inp, size_t n,
+                           float p, uint64_t seed);
+    int (*dropout_backward)(ops_ctx *ctx, float *dinp, int acc, const float *dout,
+                            const float *mask, size_t n);
+} ops_device;
+
+/* The CPU device (kernels/cpu/ops_cpu.c): oneDNN 2.x for convolution and batch normalization
+ * (primitives created once per shape and cached in the context), OpenBLAS sgemm for Linear,
+ * plain C for the rest. Threads: oneDNN's OpenMP runtime (OMP_NUM_THREADS) and OpenBLAS's. */
+extern const ops_device ops_cpu;
+
+#endif
