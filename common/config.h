@@ -83,7 +83,22 @@ char *cfg_to_ini(const pf_config *cfg);
 /* Parses config text produced by cfg_to_ini (or any INI text). Same errors as cfg_load. */
 int cfg_load_text(pf_config *cfg, const char *text);
 
-/* Logs the effective config like arcface_torch's startup dump: one `: key<padding>value` per line. */
+/* Logs the effective config like arcface_torch's startup dump: one `: key<padding>value` per line
+ * (key padded to 25 columns, as train.py does). The secret is shown only as "(set)". */
 void cfg_log(const pf_config *cfg);
+
+/* cfg_load with `check_required` = 0: ranges are checked but num_classes/rec may stay unset (a member
+ * that takes the run config from the rendezvous only needs the cluster keys from its own file). */
+int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int nset, int check_required);
+
+/* cfg_validate without the required-key checks. */
+int cfg_validate_ranges(const pf_config *cfg);
+
+/* The join secret: cfg->secret when set, else $PFCPS_SECRET, else NULL. */
+const char *cfg_secret(const pf_config *cfg);
+
+/* The known keys, in table order (for docs and tests): count, and name of key i (NULL out of range). */
+int cfg_key_count(void);
+const char *cfg_key_name(int i);
 
 #endif

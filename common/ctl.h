@@ -32,6 +32,7 @@ typedef struct ctl_book {
     ctl_member *servers; /* [num_servers], index = rank */
     ctl_member *workers; /* [num_workers], index = rank */
     char *config_text;   /* effective run config, INI text (cfg_load_text) */
+    int64_t num_classes; /* C of the shard map (class c on server c mod S at local row c div S) */
 } ctl_book;
 
 typedef struct ctl_rendezvous ctl_rendezvous;
@@ -45,6 +46,7 @@ typedef struct ctl_rendezvous_opts {
     size_t max_frame;        /* bytes; frames longer than this are refused */
     double timeout_s;        /* per-read timeout */
     const char *config_text; /* sent to every member */
+    int64_t num_classes;     /* shard map's C, sent in the join reply (0 = unknown) */
 } ctl_rendezvous_opts;
 
 /* Starts the rendezvous service on its own thread. Returns 0 or -errno (bind failure names host:port). */
@@ -53,6 +55,9 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *opts, ctl_rendezvous **out);
 /* The TCP port actually bound. */
 int ctl_rendezvous_port(const ctl_rendezvous *rv);
 
+/* Members currently joined (0 .. num_servers + num_workers); for progress logs and tests. */
+int ctl_rendezvous_joined(const ctl_rendezvous *rv);
+
 /* Sends the shutdown message to every joined member (they see it in ctl_session_wait_shutdown). */
 void ctl_rendezvous_broadcast_shutdown(ctl_rendezvous *rv);
 
@@ -60,8 +65,9 @@ void ctl_rendezvous_broadcast_shutdown(ctl_rendezvous *rv);
 void ctl_rendezvous_stop(ctl_rendezvous *rv);
 
 /* Joins the run at host:port as (role, rank) with fabric address `addr` and waits (up to timeout_s in
- * total) for the address book. Returns 0 and a session (whose book stays valid until close), or
- * -ECONNREFUSED / -ETIMEDOUT / -EACCES (bad secret) / -EEXIST (rank taken or joined twice) / -EPROTO,
+ * total) for the address book; a refused connection is retried every 100 ms until then. Returns 0 and
+ * a session (whose book stays valid until close), or -ECONNREFUSED / -ETIMEDOUT / -EACCES (bad secret)
+ * / -EEXIST (rank taken or joined twice) / -ERANGE (rank outside the run) / -EPROTO / -EMSGSIZE,
  * with the service's error text in pf_errmsg(). */
 int ctl_join(const char *host, int port, ctl_role role, int rank, const void *addr, size_t addr_len,
              const char *secret, size_t max_frame, double timeout_s, ctl_session **out);

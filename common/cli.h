@@ -1,0 +1,25 @@
+/* The command-line options every pfcps daemon and tool shares: `-c/--config FILE`, repeated
+ * `--set key=value` (also `-s`), `--help`. Parsing them here keeps one behaviour everywhere. */
+#ifndef PFCPS_COMMON_CLI_H
+#define PFCPS_COMMON_CLI_H
+
+#include "common/config.h"
+
+#define CLI_HELP 1                /* cli_parse_common printed the help: exit 0 */
+#define CLI_CONFIG_OPTIONAL 0x1   /* do not require num_classes / rec (a member taking the run config
+                                     from the rendezvous); ranges are still checked */
+
+/* Parses the shared options out of argv, loads the config (cfg_load: defaults, then FILE, then every
+ * --set in order, then validation) into `cfg`, and compacts argv in place to argv[0] followed by the
+ * arguments it did not consume, in order (e.g. `--rank 2`), NULL-terminated; *rest_argc is their count
+ * including argv[0]. `usage` is the program-specific part printed by --help (may be NULL).
+ * Options: `-c FILE`, `--config FILE`, `--config=FILE`, `--set k=v`, `--set=k=v`, `-s k=v`; `--` ends
+ * option parsing (it and what follows are left in place).
+ * Returns 0, CLI_HELP when --help/-h was given (help printed to stdout), or a negative code with
+ * pf_errmsg() naming the problem (missing option argument, more than one --config, config errors). */
+int cli_parse_common(int argc, char **argv, pf_config *cfg, const char *usage, int flags, int *rest_argc);
+
+/* Prints the shared options' help to `f` ("  -c, --config FILE ..."). */
+void cli_print_common_help(FILE *f);
+
+#endif

@@ -1,0 +1,615 @@
+/* Run configuration: the table of known keys, inih parsing, `--set` overrides, validation, the INI
+ * writer and arcface_torch's startup dump. See common/config.h and docs/configuration.md. */
+#include "common/config.h"
+
+#include "common/ctl.h"
+#include "common/err.h"
+#include "common/log.h"
+
+#include <ini.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+typedef enum { K_INT, K_I64, K_DOUBLE, K_BOOL, K_STR, K_F3 } key_type;
+
+/* A range on a number: lo/hi inclusive unless the *_open flag says exclusive. */
+typedef struct key_def {
+    const char *name;
+    const char *section;
+    key_type type;
+    size_t off;
+    const char *def;          /* default as text, parsed by the same code as a file value */
+    double lo, hi;            /* numeric range (for K_F3: each element) */
+    int lo_open, hi_open;
+    const char *choices;      /* K_STR: space-separated allowed values, NULL = any */
+    int required;             /* must be set (num_classes > 0, rec non-empty) */
+    int nonempty;             /* K_STR: "" not allowed */
+} key_def;
+
+#define OFF(f) offsetof(pf_config, f)
+#define BIG 1e18
+
+/* The known keys, in the order cfg_to_ini and cfg_log write them. Help text lives in
+ * docs/configuration.md. */
+static const key_def keys[] = {
+    /* [train] */
+    {"network", "train", K_STR, OFF(network), "r50", 0, 0, 0, 0, NULL, 0, 1},
+    {"embedding_size", "train", K_INT, OFF(embedding_size), "512", 1, 65536, 0, 0, NULL, 0, 0},
+    {"sample_rate", "train", K_DOUBLE, OFF(sample_rate), "1.0", 0, 1, 1, 0, NULL, 0, 0},
+    {"margin_list", "train", K_F3, OFF(margin_list), "1.0, 0.5, 0.0", -10, 10, 0, 0, NULL, 0, 0},
+    {"scale", "train", K_DOUBLE, OFF(scale), "64", 0, 1e6, 1, 0, NULL, 0, 0},
+    {"interclass_filtering_threshold", "train", K_DOUBLE, OFF(interclass_filtering_threshold), "0", 0, 1, 0, 1,
+     NULL, 0, 0},
+    {"margin_grad", "train", K_STR, OFF(margin_grad), "exact", 0, 0, 0, 0, "exact straight_through", 0, 1},
+    {"fp16", "train", K_BOOL, OFF(fp16), "false", 0, 1, 0, 0, NULL, 0, 0},
+    {"device", "train", K_STR, OFF(device), "cpu", 0, 0, 0, 0, "cpu cuda", 0, 1},
+    {"optimizer", "train", K_STR, OFF(optimizer), "sgd", 0, 0, 0, 0, "sgd adamw", 0, 1},
+    {"lr", "train", K_DOUBLE, OFF(lr), "0.1", 0, 1e3, 1, 0, NULL, 0, 0},
+    {"momentum", "train", K_DOUBLE, OFF(momentum), "0.9", 0, 1, 0, 1, NULL, 0, 0},
+    {"weight_decay", "train", K_DOUBLE, OFF(weight_decay), "5e-4", 0, 1, 0, 0, NULL, 0, 0},
+    {"batch_size", "train", K_INT, OFF(batch_size), "128", 1, 1 << 20, 0, 0, NULL, 0, 0},
+    {"num_classes", "train", K_I64, OFF(num_classes), "0", 0, 1e15, 0, 0, NULL, 1, 0},
+    {"num_image", "train", K_I64, OFF(num_image), "0", 0, 1e15, 0, 0, NULL, 0, 0},
+    {"num_epoch", "train", K_INT, OFF(num_epoch), "20", 1, 1e6, 0, 0, NULL, 0, 0},
+    {"warmup_epoch", "train", K_DOUBLE, OFF(warmup_epoch), "0", 0, 1e6, 0, 0, NULL, 0, 0},
+    /* [data] */
+    {"rec", "data", K_STR, OFF(rec), "", 0, 0, 0, 0, NULL, 1, 0},
+    {"frequent", "data", K_INT, OFF(frequent), "10", 1, INT_MAX, 0, 0, NULL, 0, 0},
+    {"verbose", "data", K_INT, OFF(verbose), "2000", 1, INT_MAX, 0, 0, NULL, 0, 0},
+    {"output", "data", K_STR, OFF(output), "work_dirs/pfcps", 0, 0, 0, 0, NULL, 0, 1},
+    {"seed", "data", K_I64, OFF(seed), "2048", 0, 9.2e18, 0, 0, NULL, 0, 0},
+    {"num_workers", "data", K_INT, OFF(num_workers), "2", 0, 256, 0, 0, NULL, 0, 0},
+    {"resume", "data", K_BOOL, OFF(resume), "false", 0, 1, 0, 0, NULL, 0, 0},
+    {"save_all_states", "data", K_BOOL, OFF(save_all_states), "false", 0, 1, 0, 0, NULL, 0, 0},
+    {"skip_bad_records", "data", K_BOOL, OFF(skip_bad_records), "false", 0, 1, 0, 0, NULL, 0, 0},
+    /* [cluster] */
+    {"servers", "cluster", K_INT, OFF(servers), "1", 1, 65536, 0, 0, NULL, 0, 0},
+    {"workers", "cluster", K_INT, OFF(workers), "1", 1, 65536, 0, 0, NULL, 0, 0},
+    {"provider", "cluster", K_STR, OFF(provider), "tcp", 0, 0, 0, 0, "tcp shm verbs", 0, 1},
+    {"rendezvous", "cluster", K_STR, OFF(rendezvous), "127.0.0.1:29500", 0, 0, 0, 0, NULL, 0, 1},
+    {"wire_dtype", "cluster", K_STR, OFF(wire_dtype), "fp32", 0, 0, 0, 0, "fp32 fp16 bf16", 0, 1},
+    {"max_staleness", "cluster", K_INT, OFF(max_staleness), "0", 0, 1e6, 0, 0, NULL, 0, 0},
+    {"head_mode", "cluster", K_STR, OFF(head_mode), "global", 0, 0, 0, 0, "global local", 0, 1},
+    {"secret", "cluster", K_STR, OFF(secret), "", 0, 0, 0, 0, NULL, 0, 0},
+    {"ctl_max_frame", "cluster", K_INT, OFF(ctl_max_frame), "1048576", 1024, 1 << 30, 0, 0, NULL, 0, 0},
+    {"ctl_timeout", "cluster", K_DOUBLE, OFF(ctl_timeout), "30", 0, 86400, 1, 0, NULL, 0, 0},
+    /* [server] */
+    {"snapshot_dir", "server", K_STR, OFF(snapshot_dir), "", 0, 0, 0, 0, NULL, 0, 0},
+    {"snapshot_every", "server", K_INT, OFF(snapshot_every), "0", 0, INT_MAX, 0, 0, NULL, 0, 0},
+    {"apply_threads", "server", K_INT, OFF(apply_threads), "2", 1, 1024, 0, 0, NULL, 0, 0},
+};
+#define NKEYS ((int)(sizeof keys / sizeof keys[0]))
+
+static const key_def *find_key(const char *name)
+{
+    for (int i = 0; i < NKEYS; i++)
+        if (strcmp(keys[i].name, name) == 0)
+            return &keys[i];
+    return NULL;
+}
+
+/* Levenshtein distance (two-row dynamic programme), capped at 64 characters per word. */
+static int edit_distance(const char *a, const char *b)
+{
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 64 || m > 64)
+        return 1000;
+    int prev[65], cur[65];
+    for (size_t j = 0; j <= m; j++)
+        prev[j] = (int)j;
+    for (size_t i = 1; i <= n; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= m; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof(int) * (m + 1));
+    }
+    return prev[m];
+}
+
+/* The closest known key within distance max(2, len/3), or NULL. */
+static const char *did_you_mean(const char *name)
+{
+    int best = 1000;
+    const char *best_name = NULL;
+    for (int i = 0; i < NKEYS; i++) {
+        int d = edit_distance(name, keys[i].name);
+        if (d < best) {
+            best = d;
+            best_name = keys[i].name;
+        }
+    }
+    int limit = (int)strlen(name) / 3;
+    if (limit < 2)
+        limit = 2;
+    return best <= limit ? best_name : NULL;
+}
+
+static int in_range(const key_def *k, double v)
+{
+    if (k->lo_open ? !(v > k->lo) : !(v >= k->lo))
+        return 0;
+    if (k->hi_open ? !(v < k->hi) : !(v <= k->hi))
+        return 0;
+    return 1;
+}
+
+static int range_err(const key_def *k, const char *text)
+{
+    return pf_err(-ERANGE, "key '%s': value %s is out of range: must be in %c%.17g, %.17g%c", k->name, text,
+                  k->lo_open ? '(' : '[', k->lo, k->hi, k->hi_open ? ')' : ']');
+}
+
+/* Copies `s` without surrounding blanks into `out` (size `cap`); 0 or -1 when it does not fit. */
+static int trim_copy(const char *s, size_t n, char *out, size_t cap)
+{
+    while (n > 0 && (*s == ' ' || *s == '\t')) {
+        s++;
+        n--;
+    }
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r' || s[n - 1] == '\n'))
+        n--;
+    if (n + 1 > cap)
+        return -1;
+    memcpy(out, s, n);
+    out[n] = '\0';
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    if (!*s)
+        return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end || errno == ERANGE || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_i64(const char *s, long long *out)
+{
+    if (!*s)
+        return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*end || errno == ERANGE)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_bool(const char *s, int *out)
+{
+    static const char *yes[] = {"1", "true", "yes", "on"}, *no[] = {"0", "false", "no", "off"};
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(s, yes[i]) == 0) {
+            *out = 1;
+            return 0;
+        }
+        if (strcasecmp(s, no[i]) == 0) {
+            *out = 0;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Is `v` one of the space-separated words in `choices`? */
+static int is_choice(const char *choices, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *p = choices; *p;) {
+        const char *e = strchr(p, ' ');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, v, n) == 0)
+            return 1;
+        p += len + (e ? 1 : 0);
+    }
+    return 0;
+}
+
+/* Range and choice checks of one key on the value stored in `cfg` (shared by set and validate). */
+static int check_key(const pf_config *cfg, const key_def *k, int check_required)
+{
+    const char *base = (const char *)cfg + k->off;
+    char text[64];
+    switch (k->type) {
+    case K_INT: {
+        int v = *(const int *)(const void *)base;
+        snprintf(text, sizeof text, "%d", v);
+        if (check_required && k->required && v <= 0)
+            return pf_err(-EINVAL, "missing required key '%s' (must be set to a positive value)", k->name);
+        if (!in_range(k, v))
+            return range_err(k, text);
+        break;
+    }
+    case K_I64: {
+        int64_t v = *(const int64_t *)(const void *)base;
+        snprintf(text, sizeof text, "%lld", (long long)v);
+        if (k->required && v <= 0) {
+            if (check_required)
+                return pf_err(-EINVAL, "missing required key '%s' (must be set to a positive value)", k->name);
+            if (v < 0)
+                return range_err(k, text);
+            break;
+        }
+        if (!in_range(k, (double)v))
+            return range_err(k, text);
+        break;
+    }
+    case K_DOUBLE: {
+        double v = *(const double *)(const void *)base;
+        snprintf(text, sizeof text, "%.17g", v);
+        if (!in_range(k, v))
+            return range_err(k, text);
+        break;
+    }
+    case K_BOOL:
+        break;
+    case K_F3: {
+        const double *v = (const double *)(const void *)base;
+        for (int i = 0; i < 3; i++) {
+            snprintf(text, sizeof text, "%.17g", v[i]);
+            if (!isfinite(v[i]) || !in_range(k, v[i]))
+                return pf_err(-ERANGE, "key '%s': element %d value %s is out of range: must be in [%g, %g]",
+                              k->name, i + 1, text, k->lo, k->hi);
+        }
+        break;
+    }
+    case K_STR: {
+        const char *s = base;
+        if (check_required && k->required && !*s)
+            return pf_err(-EINVAL, "missing required key '%s' (must be set, e.g. --set %s=...)", k->name,
+                          k->name);
+        if (k->nonempty && !*s)
+            return pf_err(-EINVAL, "key '%s': value must not be empty", k->name);
+        if (k->choices && !is_choice(k->choices, s))
+            return pf_err(-EINVAL, "key '%s': value '%s' is not one of: %s", k->name, s, k->choices);
+        if (strcmp(k->name, "rendezvous") == 0) {
+            char host[CFG_STR];
+            int port;
+            if (ctl_parse_hostport(s, host, sizeof host, &port) < 0)
+                return pf_err(-EINVAL, "key 'rendezvous': value '%s' is not host:port with port 1-65535", s);
+        }
+        break;
+    }
+    }
+    return 0;
+}
+
+int cfg_set(pf_config *cfg, const char *key, const char *value)
+{
+    char kname[CFG_STR];
+    if (trim_copy(key, strlen(key), kname, sizeof kname) < 0 || !*kname)
+        return pf_err(-EINVAL, "empty or overlong key name");
+    const key_def *k = find_key(kname);
+    if (!k) {
+        const char *s = did_you_mean(kname);
+        if (s)
+            return pf_err(-EINVAL, "unknown key '%s' (did you mean '%s'?)", kname, s);
+        return pf_err(-EINVAL, "unknown key '%s'", kname);
+    }
+    char v[CFG_STR];
+    if (trim_copy(value, strlen(value), v, sizeof v) < 0)
+        return pf_err(-EINVAL, "key '%s': value is longer than %d characters", k->name, CFG_STR - 1);
+    char *base = (char *)cfg + k->off;
+    switch (k->type) {
+    case K_INT:
+    case K_I64: {
+        long long x;
+        if (parse_i64(v, &x) < 0)
+            return pf_err(-EINVAL, "key '%s': '%s' is not an integer", k->name, v);
+        if (k->type == K_INT) {
+            if (x < INT_MIN || x > INT_MAX)
+                return range_err(k, v);
+            int old = *(int *)(void *)base;
+            *(int *)(void *)base = (int)x;
+            int rc = check_key(cfg, k, 0);
+            if (rc < 0)
+                *(int *)(void *)base = old;
+            return rc;
+        }
+        int64_t old = *(int64_t *)(void *)base;
+        *(int64_t *)(void *)base = (int64_t)x;
+        int rc = check_key(cfg, k, 0);
+        if (rc < 0)
+            *(int64_t *)(void *)base = old;
+        return rc;
+    }
+    case K_DOUBLE: {
+        double x;
+        if (parse_double(v, &x) < 0)
+            return pf_err(-EINVAL, "key '%s': '%s' is not a (finite) number", k->name, v);
+        double old = *(double *)(void *)base;
+        *(double *)(void *)base = x;
+        int rc = check_key(cfg, k, 0);
+        if (rc < 0)
+            *(double *)(void *)base = old;
+        return rc;
+    }
+    case K_BOOL: {
+        int b;
+        if (parse_bool(v, &b) < 0)
+            return pf_err(-EINVAL, "key '%s': '%s' is not a boolean (true/false, 1/0, yes/no, on/off)", k->name, v);
+        *(int *)(void *)base = b;
+        return 0;
+    }
+    case K_F3: {
+        /* "1.0, 0.5, 0.0", optionally in () or [] as in arcface_torch's Python configs. */
+        char buf[CFG_STR];
+        size_t n = strlen(v);
+        const char *s = v;
+        if (n >= 2 && ((v[0] == '(' && v[n - 1] == ')') || (v[0] == '[' && v[n - 1] == ']'))) {
+            s = v + 1;
+            n -= 2;
+        }
+        memcpy(buf, s, n);
+        buf[n] = '\0';
+        double x[3];
+        int cnt = 0;
+        char *save = NULL;
+        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            char t[CFG_STR];
+            trim_copy(tok, strlen(tok), t, sizeof t);
+            if (cnt >= 3) {
+                cnt++;
+                break;
+            }
+            if (parse_double(t, &x[cnt]) < 0)
+                return pf_err(-EINVAL, "key '%s': element '%s' of '%s' is not a number (expected 3 numbers "
+                              "like '1.0, 0.5, 0.0')", k->name, t, v);
+            cnt++;
+        }
+        if (cnt != 3)
+            return pf_err(-EINVAL, "key '%s': '%s' is not a list of exactly 3 numbers (like '1.0, 0.5, 0.0')",
+                          k->name, v);
+        double old[3];
+        memcpy(old, base, sizeof old);
+        memcpy(base, x, sizeof x);
+        int rc = check_key(cfg, k, 0);
+        if (rc < 0)
+            memcpy(base, old, sizeof old);
+        return rc;
+    }
+    case K_STR: {
+        /* One pair of matching quotes is removed ("r50" as in a Python config). */
+        size_t n = strlen(v);
+        char s[CFG_STR];
+        if (n >= 2 && (v[0] == '"' || v[0] == '\'') && v[n - 1] == v[0]) {
+            memcpy(s, v + 1, n - 2);
+            s[n - 2] = '\0';
+        } else {
+            memcpy(s, v, n + 1);
+        }
+        for (const char *p = s; *p; p++)
+            if ((unsigned char)*p < 0x20)
+                return pf_err(-EINVAL, "key '%s': value contains a control character", k->name);
+        char old[CFG_STR];
+        memcpy(old, base, CFG_STR);
+        memcpy(base, s, strlen(s) + 1);
+        int rc = check_key(cfg, k, 0);
+        if (rc < 0)
+            memcpy(base, old, CFG_STR);
+        return rc;
+    }
+    }
+    return pf_err(-EINVAL, "key '%s': unsupported type", k->name);
+}
+
+void cfg_defaults(pf_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    for (int i = 0; i < NKEYS; i++)
+        (void)cfg_set(cfg, keys[i].name, keys[i].def); /* the defaults are in range by construction */
+}
+
+static int validate(const pf_config *cfg, int check_required)
+{
+    for (int i = 0; i < NKEYS; i++) {
+        int rc = check_key(cfg, &keys[i], check_required);
+        if (rc < 0)
+            return rc;
+    }
+    if (cfg->warmup_epoch > cfg->num_epoch)
+        return pf_err(-ERANGE, "key 'warmup_epoch': %g is more than num_epoch %d", cfg->warmup_epoch, cfg->num_epoch);
+    if (check_required && cfg->num_classes > 0 && cfg->num_classes < cfg->servers)
+        return pf_err(-ERANGE, "key 'servers': %d servers for num_classes %lld leaves a shard empty", cfg->servers,
+                      (long long)cfg->num_classes);
+    return 0;
+}
+
+int cfg_validate(const pf_config *cfg) { return validate(cfg, 1); }
+
+int cfg_validate_ranges(const pf_config *cfg) { return validate(cfg, 0); }
+
+/* inih handler state: the first error wins; inih returns its line number. */
+typedef struct parse_state {
+    pf_config *cfg;
+    int rc;
+    char msg[PF_ERRMSG_MAX];
+} parse_state;
+
+static int cfg_ini_handler(void *user, const char *section, const char *name, const char *value)
+{
+    (void)section;
+    parse_state *st = user;
+    if (st->rc < 0)
+        return 1;
+    if (!name) /* a section header alone (inih with INI_CALL_HANDLER_ON_NEW_SECTION) */
+        return 1;
+    int rc = cfg_set(st->cfg, name, value ? value : "");
+    if (rc < 0) {
+        st->rc = rc;
+        snprintf(st->msg, sizeof st->msg, "%s", pf_errmsg());
+        return 0;
+    }
+    return 1;
+}
+
+/* Applies the ini_parse* result `line` to the error message: "<where>:<line>: <problem>". */
+static int finish_parse(parse_state *st, int line, const char *where)
+{
+    if (line == 0)
+        return 0;
+    if (line == -1)
+        return pf_err(-ENOENT, "config file %s: cannot open: %s", where, strerror(errno));
+    if (line == -2)
+        return pf_err(-ENOMEM, "config %s: out of memory while parsing", where);
+    if (st->rc < 0)
+        return pf_err(st->rc, "%s:%d: %s", where, line, st->msg);
+    return pf_err(-EINVAL, "%s:%d: syntax error (expected 'key = value' or '[section]')", where, line);
+}
+
+int cfg_load(pf_config *cfg, const char *path, const char *const *sets, int nset)
+{
+    return cfg_load_ex(cfg, path, sets, nset, 1);
+}
+
+int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int nset, int check_required)
+{
+    cfg_defaults(cfg);
+    if (path) {
+        parse_state st = {cfg, 0, ""};
+        errno = 0;
+        int line = ini_parse(path, cfg_ini_handler, &st);
+        int rc = finish_parse(&st, line, path);
+        if (rc < 0)
+            return rc;
+    }
+    for (int i = 0; i < nset; i++) {
+        const char *eq = strchr(sets[i], '=');
+        if (!eq)
+            return pf_err(-EINVAL, "--set %s: expected key=value", sets[i]);
+        char key[CFG_STR];
+        size_t kl = (size_t)(eq - sets[i]);
+        if (kl >= sizeof key)
+            return pf_err(-EINVAL, "--set %s: key too long", sets[i]);
+        memcpy(key, sets[i], kl);
+        key[kl] = '\0';
+        int rc = cfg_set(cfg, key, eq + 1);
+        if (rc < 0)
+            return pf_err_wrap(rc, "--set %s", sets[i]);
+    }
+    int rc = validate(cfg, check_required);
+    if (rc < 0)
+        return path ? pf_err_wrap(rc, "config %s", path) : rc;
+    return 0;
+}
+
+int cfg_load_text(pf_config *cfg, const char *text)
+{
+    cfg_defaults(cfg);
+    parse_state st = {cfg, 0, ""};
+    int line = ini_parse_string(text, cfg_ini_handler, &st);
+    int rc = finish_parse(&st, line, "<config text>");
+    if (rc < 0)
+        return rc;
+    return validate(cfg, 1);
+}
+
+/* Shortest of %.15g/%.16g/%.17g that parses back to exactly `v` (0.1 prints as 0.1, as in Python). */
+static void fmt_double(char *out, size_t cap, double v)
+{
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(out, cap, "%.*g", prec, v);
+        if (strtod(out, NULL) == v)
+            return;
+    }
+}
+
+/* Formats one key's value as text that cfg_set parses back to the same value. */
+static void format_value(const pf_config *cfg, const key_def *k, char *out, size_t cap)
+{
+    const char *base = (const char *)cfg + k->off;
+    switch (k->type) {
+    case K_INT:
+        snprintf(out, cap, "%d", *(const int *)(const void *)base);
+        break;
+    case K_I64:
+        snprintf(out, cap, "%lld", (long long)*(const int64_t *)(const void *)base);
+        break;
+    case K_DOUBLE:
+        fmt_double(out, cap, *(const double *)(const void *)base);
+        break;
+    case K_BOOL:
+        snprintf(out, cap, "%s", *(const int *)(const void *)base ? "true" : "false");
+        break;
+    case K_F3: {
+        const double *v = (const double *)(const void *)base;
+        char x[3][32];
+        for (int i = 0; i < 3; i++)
+            fmt_double(x[i], sizeof x[i], v[i]);
+        snprintf(out, cap, "%s, %s, %s", x[0], x[1], x[2]);
+        break;
+    }
+    case K_STR: {
+        /* Quote when blanks at the ends or a leading quote would otherwise be lost on parsing. */
+        size_t n = strlen(base);
+        int quote = n > 0 && (base[0] == ' ' || base[0] == '"' || base[0] == '\'' || base[n - 1] == ' ');
+        snprintf(out, cap, quote ? "\"%s\"" : "%s", base);
+        break;
+    }
+    }
+}
+
+char *cfg_to_ini(const pf_config *cfg)
+{
+    size_t cap = 512 + (size_t)NKEYS * (CFG_STR + 80), len = 0;
+    char *text = malloc(cap);
+    if (!text)
+        return NULL;
+    const char *section = "";
+    len += (size_t)snprintf(text + len, cap - len,
+                            "# pfcps effective run config (the shared secret is never written here)\n");
+    for (int i = 0; i < NKEYS; i++) {
+        const key_def *k = &keys[i];
+        if (strcmp(k->name, "secret") == 0)
+            continue;
+        if (strcmp(section, k->section) != 0) {
+            section = k->section;
+            len += (size_t)snprintf(text + len, cap - len, "%s[%s]\n", len > 0 ? "\n" : "", section);
+        }
+        char v[CFG_STR + 8];
+        format_value(cfg, k, v, sizeof v);
+        len += (size_t)snprintf(text + len, cap - len, "%s = %s\n", k->name, v);
+    }
+    return text;
+}
+
+void cfg_log(const pf_config *cfg)
+{
+    /* arcface_torch train.py: logging.info(": " + key + " " * (25 - len(key)) + str(value)). */
+    for (int i = 0; i < NKEYS; i++) {
+        const key_def *k = &keys[i];
+        char v[CFG_STR + 8];
+        if (strcmp(k->name, "secret") == 0)
+            snprintf(v, sizeof v, "%s", cfg->secret[0] ? "(set)" : "(from PFCPS_SECRET)");
+        else
+            format_value(cfg, k, v, sizeof v);
+        int pad = 25 - (int)strlen(k->name);
+        if (pad < 1)
+            pad = 1;
+        log_info(": %s%*s%s", k->name, pad, "", v);
+    }
+}
+
+int cfg_key_count(void) { return NKEYS; }
+
+const char *cfg_key_name(int i) { return i >= 0 && i < NKEYS ? keys[i].name : NULL; }
+
+const char *cfg_secret(const pf_config *cfg)
+{
+    if (cfg->secret[0])
+        return cfg->secret;
+    const char *env = getenv("PFCPS_SECRET");
+    return env && *env ? env : NULL;
+}

@@ -1,0 +1,986 @@
+/* Control plane: the rendezvous service (one poll() loop on its own thread, per-connection buffers
+ * and read deadlines, so one slow or hostile peer never holds up the others) and its client.
+ * Wire format and message checks: common/ctl_frame.c. */
+#include "common/ctl.h"
+
+#include "common/ctl_frame.h"
+#include "common/err.h"
+#include "common/log.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CTL_TICK_MS 100
+#define CTL_MAX_CONNS 1024
+#define CTL_CLOSE_GRACE_S 1.0 /* time to flush an error reply before the socket is closed */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *role_name(int role) { return role == CTL_ROLE_SERVER ? "server" : "worker"; }
+
+static int set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL, 0);
+    return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
+}
+
+int ctl_parse_hostport(const char *hp, char *host, size_t hostlen, int *port)
+{
+    const char *colon = strrchr(hp, ':');
+    if (!colon || colon == hp)
+        return pf_err(-EINVAL, "'%s' is not host:port", hp);
+    const char *h = hp;
+    size_t hl = (size_t)(colon - hp);
+    if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') { /* [::1]:port */
+        h++;
+        hl -= 2;
+    }
+    if (hl == 0 || hl >= hostlen)
+        return pf_err(-EINVAL, "'%s': host part empty or too long", hp);
+    char *end;
+    errno = 0;
+    long p = strtol(colon + 1, &end, 10);
+    if (!colon[1] || *end || errno || p < 1 || p > 65535)
+        return pf_err(-EINVAL, "'%s': port must be a number in 1-65535", hp);
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    *port = (int)p;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Service                                                                                          */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef struct conn {
+    int fd;
+    char peer[64];
+    uint8_t *rbuf;
+    size_t rlen, rcap;
+    uint8_t *wbuf;
+    size_t wlen, wcap;
+    int joined;
+    ctl_role role;
+    int rank;
+    int closing;        /* no more reads; close once wbuf is flushed or close_at passes */
+    int dead;           /* close at the end of this loop iteration */
+    double deadline;    /* read deadline (0 = none): join not finished, or a partial frame pending */
+    double close_at;
+    uint8_t nonce[CTL_NONCE_LEN];
+    size_t addr_len;
+    uint8_t addr[CTL_MAX_ADDR]; /* fabric address given at join */
+} conn;
+
+struct ctl_rendezvous {
+    char *bind_host, *secret, *config_text;
+    int num_servers, num_workers;
+    int64_t num_classes;
+    size_t max_frame;
+    double timeout_s;
+    int lfd, port;
+    int wake[2];
+    pthread_t thread;
+    atomic_int stop, shutdown_req, joined;
+    int shutdown_sent, formed;
+    conn **conns;
+    int nconns;
+    conn **server_slot, **worker_slot;
+};
+
+static conn **slot_of(ctl_rendezvous *rv, int role, int rank)
+{
+    return role == CTL_ROLE_SERVER ? &rv->server_slot[rank] : &rv->worker_slot[rank];
+}
+
+/* Appends `n` bytes to the connection's output; a peer that lets more than two frames pile up unread
+ * is dropped. */
+static void conn_queue(ctl_rendezvous *rv, conn *c, const uint8_t *p, size_t n)
+{
+    if (c->dead)
+        return;
+    if (c->wlen + n > 2 * rv->max_frame + 65536) {
+        log_warn("control plane: dropping %s: it does not read its replies (%zu bytes pending)", c->peer, c->wlen);
+        c->dead = 1;
+        return;
+    }
+    if (c->wlen + n > c->wcap) {
+        size_t cap = c->wcap ? c->wcap : 4096;
+        while (cap < c->wlen + n)
+            cap *= 2;
+        uint8_t *nb = realloc(c->wbuf, cap);
+        if (!nb) {
+            log_error("control plane: out of memory queueing %zu bytes for %s; dropping it", n, c->peer);
+            c->dead = 1;
+            return;
+        }
+        c->wbuf = nb;
+        c->wcap = cap;
+    }
+    memcpy(c->wbuf + c->wlen, p, n);
+    c->wlen += n;
+}
+
+static void conn_send_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
+{
+    uint8_t *frame;
+    size_t len;
+    if (ctl_frame_encode(m, rv->max_frame, &frame, &len) < 0) {
+        log_error("control plane: cannot encode %s for %s: %s", ctl_msg_name(m->body_case), c->peer, pf_errmsg());
+        c->dead = 1;
+        return;
+    }
+    conn_queue(rv, c, frame, len);
+    free(frame);
+}
+
+/* Error reply (code: a positive errno value) and drop: the connection reads nothing more and is closed
+ * once the reply is flushed (or after a short grace period). */
+static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
+{
+    log_warn("control plane: refusing %s: %s", c->peer, msg);
+    Pfcps__Error e = PFCPS__ERROR__INIT;
+    e.code = code;
+    e.message = (char *)msg;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
+    m.error = &e;
+    conn_send_msg(rv, c, &m);
+    c->closing = 1;
+    c->close_at = now_s() + CTL_CLOSE_GRACE_S;
+}
+
+static void conn_close(ctl_rendezvous *rv, conn *c)
+{
+    if (c->joined) {
+        conn **slot = slot_of(rv, c->role, c->rank);
+        if (*slot == c) {
+            *slot = NULL;
+            if (!rv->formed) {
+                atomic_fetch_sub(&rv->joined, 1);
+                log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
+                         role_name(c->role), c->rank, c->peer);
+            } else if (!rv->shutdown_sent) {
+                log_warn("control plane: %s[%d] (%s) disconnected", role_name(c->role), c->rank, c->peer);
+            }
+        }
+    }
+    close(c->fd);
+    free(c->rbuf);
+    free(c->wbuf);
+    free(c);
+}
+
+static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
+{
+    char msg[PF_ERRMSG_MAX];
+    const char *who = role_name((int)j->role);
+    if (j->protocol_version != CTL_PROTOCOL_VERSION) {
+        snprintf(msg, sizeof msg, "protocol version %u, this service speaks %d", j->protocol_version,
+                 CTL_PROTOCOL_VERSION);
+        conn_refuse(rv, c, EPROTO, msg);
+        return;
+    }
+    /* Authenticate first, so an unauthenticated peer learns nothing about the run. */
+    uint8_t mac[CTL_MAC_LEN];
+    if (ctl_join_mac(rv->secret, c->nonce, sizeof c->nonce, (int)j->role, j->rank, j->fabric_addr.data,
+                     j->fabric_addr.len, mac) < 0 ||
+        CRYPTO_memcmp(mac, j->mac.data, CTL_MAC_LEN) != 0) {
+        snprintf(msg, sizeof msg, "join as %s rank %d refused: bad secret (HMAC does not match)", who, j->rank);
+        conn_refuse(rv, c, EACCES, msg);
+        return;
+    }
+    if (c->joined) {
+        snprintf(msg, sizeof msg, "join as %s rank %d refused: this connection already joined as %s rank %d", who,
+                 j->rank, role_name(c->role), c->rank);
+        conn_refuse(rv, c, EEXIST, msg);
+        return;
+    }
+    int limit = j->role == PFCPS__ROLE__SERVER ? rv->num_servers : rv->num_workers;
+    if (j->rank >= limit) {
+        snprintf(msg, sizeof msg, "join refused: %s rank %d is outside [0, %d)", who, j->rank, limit);
+        conn_refuse(rv, c, ERANGE, msg);
+        return;
+    }
+    conn **slot = slot_of(rv, (int)j->role, j->rank);
+    if (rv->formed || *slot) {
+        snprintf(msg, sizeof msg, "join refused: %s rank %d is already taken%s%s", who, j->rank,
+                 *slot ? " by " : " (the run has formed)", *slot ? (*slot)->peer : "");
+        conn_refuse(rv, c, EEXIST, msg);
+        return;
+    }
+    c->joined = 1;
+    c->role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+    c->rank = j->rank;
+    c->addr_len = j->fabric_addr.len;
+    if (c->addr_len)
+        memcpy(c->addr, j->fabric_addr.data, c->addr_len);
+    c->deadline = 0;
+    *slot = c;
+    int n = atomic_fetch_add(&rv->joined, 1) + 1;
+    log_info("control plane: %s[%d] joined from %s (%d/%d)", who, j->rank, c->peer, n,
+             rv->num_servers + rv->num_workers);
+}
+
+static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
+{
+    char msg[PF_ERRMSG_MAX];
+    if (m->body_case == PFCPS__CTL_MESSAGE__BODY_JOIN) {
+        handle_join(rv, c, m->join);
+        return;
+    }
+    if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_HEARTBEAT) {
+        /* Echo, so the member sees the service alive. */
+        conn_send_msg(rv, c, m);
+        return;
+    }
+    snprintf(msg, sizeof msg, "unexpected %s message %s", ctl_msg_name(m->body_case),
+             c->joined ? "from a joined member" : "(expected join)");
+    conn_refuse(rv, c, EPROTO, msg);
+}
+
+/* Reads what is available and handles every complete frame. */
+static void conn_read(ctl_rendezvous *rv, conn *c, double now)
+{
+    uint8_t tmp[65536];
+    ssize_t r = recv(c->fd, tmp, sizeof tmp, 0);
+    if (r < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            log_warn("control plane: read from %s failed: %s", c->peer, strerror(errno));
+            c->dead = 1;
+        }
+        return;
+    }
+    if (r == 0) {
+        if (c->rlen > 0)
+            log_warn("control plane: %s closed the connection in the middle of a frame (truncated, %zu bytes)",
+                     c->peer, c->rlen);
+        else if (!c->joined)
+            log_warn("control plane: %s closed the connection without joining", c->peer);
+        c->dead = 1;
+        return;
+    }
+    if (c->rlen + (size_t)r > c->rcap) {
+        size_t cap = c->rcap ? c->rcap : 4096;
+        while (cap < c->rlen + (size_t)r)
+            cap *= 2;
+        uint8_t *nb = realloc(c->rbuf, cap);
+        if (!nb) {
+            c->dead = 1;
+            return;
+        }
+        c->rbuf = nb;
+        c->rcap = cap;
+    }
+    memcpy(c->rbuf + c->rlen, tmp, (size_t)r);
+    c->rlen += (size_t)r;
+    size_t off = 0;
+    while (!c->closing && !c->dead) {
+        size_t flen;
+        int rc = ctl_frame_peek(c->rbuf + off, c->rlen - off, rv->max_frame, &flen);
+        if (rc < 0) {
+            conn_refuse(rv, c, EMSGSIZE, pf_errmsg());
+            break;
+        }
+        if (rc == 0)
+            break;
+        Pfcps__CtlMessage *m;
+        if (ctl_msg_decode(c->rbuf + off + 4, flen - 4, &m) < 0) {
+            conn_refuse(rv, c, EPROTO, pf_errmsg());
+            break;
+        }
+        handle_msg(rv, c, m);
+        pfcps__ctl_message__free_unpacked(m, NULL);
+        off += flen;
+    }
+    if (off > 0) {
+        memmove(c->rbuf, c->rbuf + off, c->rlen - off);
+        c->rlen -= off;
+    }
+    /* Joined members have no deadline while idle, only while a frame is half received. */
+    if (c->joined && !c->closing) {
+        if (c->rlen == 0)
+            c->deadline = 0;
+        else if (c->deadline == 0)
+            c->deadline = now + rv->timeout_s;
+    }
+}
+
+static void conn_write(conn *c)
+{
+    while (c->wlen > 0) {
+        ssize_t w = send(c->fd, c->wbuf, c->wlen, MSG_NOSIGNAL);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                c->dead = 1;
+            return;
+        }
+        memmove(c->wbuf, c->wbuf + w, c->wlen - (size_t)w);
+        c->wlen -= (size_t)w;
+    }
+}
+
+static void accept_new(ctl_rendezvous *rv, double now)
+{
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        int fd = accept(rv->lfd, (struct sockaddr *)&ss, &sl);
+        if (fd < 0)
+            return;
+        char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?";
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
+        if (rv->nconns >= CTL_MAX_CONNS || set_nonblock(fd) < 0) {
+            log_warn("control plane: refusing connection from %s:%s (%d connections open)", host, serv, rv->nconns);
+            close(fd);
+            continue;
+        }
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        conn *c = calloc(1, sizeof *c);
+        if (!c) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        snprintf(c->peer, sizeof c->peer, "%s:%s", host, serv);
+        c->deadline = now + rv->timeout_s;
+        rv->conns[rv->nconns++] = c;
+        if (RAND_bytes(c->nonce, sizeof c->nonce) != 1) {
+            conn_refuse(rv, c, EIO, "no random nonce available (RAND_bytes failed)");
+            continue;
+        }
+        Pfcps__Hello h = PFCPS__HELLO__INIT;
+        h.nonce.data = c->nonce;
+        h.nonce.len = sizeof c->nonce;
+        h.protocol_version = CTL_PROTOCOL_VERSION;
+        Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+        m.body_case = PFCPS__CTL_MESSAGE__BODY_HELLO;
+        m.hello = &h;
+        conn_send_msg(rv, c, &m);
+    }
+}
+
+/* All expected members are in: the same reply (book, config, shard map) goes to each. */
+static void form_run(ctl_rendezvous *rv)
+{
+    int n = rv->num_servers + rv->num_workers;
+    Pfcps__Member *mem = calloc((size_t)n, sizeof *mem);
+    Pfcps__Member **ptr = calloc((size_t)n, sizeof *ptr);
+    if (!mem || !ptr) {
+        free(mem);
+        free(ptr);
+        log_error("control plane: out of memory building the join reply");
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        conn *c = i < rv->num_servers ? rv->server_slot[i] : rv->worker_slot[i - rv->num_servers];
+        pfcps__member__init(&mem[i]);
+        mem[i].role = i < rv->num_servers ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
+        mem[i].rank = i < rv->num_servers ? i : i - rv->num_servers;
+        mem[i].fabric_addr.data = c->addr;
+        mem[i].fabric_addr.len = c->addr_len;
+        ptr[i] = &mem[i];
+    }
+    Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
+    r.n_members = (size_t)n;
+    r.members = ptr;
+    r.config_text = rv->config_text;
+    r.num_servers = rv->num_servers;
+    r.num_workers = rv->num_workers;
+    r.num_classes = rv->num_classes;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
+    m.join_reply = &r;
+    uint8_t *frame;
+    size_t len;
+    int rc = ctl_frame_encode(&m, rv->max_frame, &frame, &len);
+    rv->formed = 1;
+    for (int i = 0; i < n; i++) {
+        conn *c = i < rv->num_servers ? rv->server_slot[i] : rv->worker_slot[i - rv->num_servers];
+        if (rc < 0)
+            conn_refuse(rv, c, EMSGSIZE, pf_errmsg());
+        else
+            conn_queue(rv, c, frame, len);
+    }
+    if (rc == 0) {
+        free(frame);
+        log_info("control plane: run formed: %d servers + %d workers; address book sent (%zu bytes)",
+                 rv->num_servers, rv->num_workers, len);
+    }
+    free(mem);
+    free(ptr);
+}
+
+static void queue_shutdown(ctl_rendezvous *rv)
+{
+    Pfcps__Shutdown sd = PFCPS__SHUTDOWN__INIT;
+    sd.reason = (char *)"shutdown broadcast by the rendezvous";
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_SHUTDOWN;
+    m.shutdown = &sd;
+    int n = 0;
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *c = rv->conns[i];
+        if (c->joined && !c->closing && !c->dead) {
+            conn_send_msg(rv, c, &m);
+            n++;
+        }
+    }
+    rv->shutdown_sent = 1;
+    log_info("control plane: shutdown sent to %d members", n);
+}
+
+/* Removes dead connections and those whose error reply is flushed (or whose grace period ran out). */
+static void sweep(ctl_rendezvous *rv, double now)
+{
+    int k = 0;
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *c = rv->conns[i];
+        if (c->closing && (c->wlen == 0 || now >= c->close_at))
+            c->dead = 1;
+        if (c->dead)
+            conn_close(rv, c);
+        else
+            rv->conns[k++] = c;
+    }
+    rv->nconns = k;
+}
+
+static void *service_main(void *arg)
+{
+    ctl_rendezvous *rv = arg;
+    struct pollfd *pfd = calloc(CTL_MAX_CONNS + 2, sizeof *pfd);
+    if (!pfd) {
+        log_error("control plane: out of memory; service thread stops");
+        return NULL;
+    }
+    while (!atomic_load(&rv->stop)) {
+        pfd[0] = (struct pollfd){.fd = rv->lfd, .events = POLLIN};
+        pfd[1] = (struct pollfd){.fd = rv->wake[0], .events = POLLIN};
+        int nc = rv->nconns;
+        for (int i = 0; i < nc; i++) {
+            conn *c = rv->conns[i];
+            pfd[2 + i] = (struct pollfd){.fd = c->fd, .events = (short)((c->closing ? 0 : POLLIN) |
+                                                                     (c->wlen ? POLLOUT : 0))};
+        }
+        int pr = poll(pfd, (nfds_t)(2 + nc), CTL_TICK_MS);
+        double now = now_s();
+        if (pr < 0 && errno != EINTR) {
+            log_error("control plane: poll failed: %s", strerror(errno));
+            break;
+        }
+        if (pr > 0 && (pfd[1].revents & POLLIN)) {
+            char b[64];
+            while (read(rv->wake[0], b, sizeof b) > 0) {
+            }
+        }
+        if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
+            queue_shutdown(rv);
+        for (int i = 0; pr > 0 && i < nc; i++) {
+            conn *c = rv->conns[i];
+            short re = pfd[2 + i].revents;
+            if (re & (POLLIN | POLLHUP | POLLERR)) {
+                if (!c->closing)
+                    conn_read(rv, c, now);
+                else if (re & (POLLHUP | POLLERR))
+                    c->dead = 1;
+            }
+            if ((re & POLLOUT) && !c->dead)
+                conn_write(c);
+        }
+        /* New connections after the loop over pfd, whose indices they would shift. */
+        if (pr > 0 && (pfd[0].revents & POLLIN))
+            accept_new(rv, now);
+        for (int i = 0; i < rv->nconns; i++) {
+            conn *c = rv->conns[i];
+            if (!c->closing && !c->dead && c->deadline > 0 && now > c->deadline) {
+                char msg[160];
+                snprintf(msg, sizeof msg, "read timed out after %.3g s (%s)", rv->timeout_s,
+                         c->joined ? "incomplete frame" : c->rlen ? "incomplete frame before join" : "no join");
+                conn_refuse(rv, c, ETIMEDOUT, msg);
+            }
+            if (c->wlen && !c->dead)
+                conn_write(c); /* replies queued in this pass go out now rather than next tick */
+        }
+        sweep(rv, now);
+        if (!rv->formed && atomic_load(&rv->joined) == rv->num_servers + rv->num_workers) {
+            form_run(rv);
+            for (int i = 0; i < rv->nconns; i++)
+                if (rv->conns[i]->wlen)
+                    conn_write(rv->conns[i]);
+        }
+    }
+    /* Stopping: give pending replies (a shutdown broadcast) a moment to leave, then close all. */
+    double until = now_s() + 0.5;
+    for (;;) {
+        int pending = 0;
+        for (int i = 0; i < rv->nconns; i++) {
+            conn *c = rv->conns[i];
+            if (c->wlen && !c->dead) {
+                conn_write(c);
+                pending += c->wlen > 0 && !c->dead;
+            }
+        }
+        if (!pending || now_s() > until)
+            break;
+        poll(NULL, 0, 10);
+    }
+    rv->formed = 1; /* closing members below is not "left before the run formed" */
+    rv->shutdown_sent = 1;
+    for (int i = 0; i < rv->nconns; i++)
+        conn_close(rv, rv->conns[i]);
+    rv->nconns = 0;
+    free(pfd);
+    return NULL;
+}
+
+static void rv_free(ctl_rendezvous *rv)
+{
+    if (rv->lfd >= 0)
+        close(rv->lfd);
+    if (rv->wake[0] >= 0)
+        close(rv->wake[0]);
+    if (rv->wake[1] >= 0)
+        close(rv->wake[1]);
+    free(rv->bind_host);
+    free(rv->secret);
+    free(rv->config_text);
+    free(rv->conns);
+    free(rv->server_slot);
+    free(rv->worker_slot);
+    free(rv);
+}
+
+int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
+{
+    *out = NULL;
+    if (!o->secret || !*o->secret)
+        return pf_err(-EINVAL, "rendezvous: empty secret (set 'secret' in the config or PFCPS_SECRET)");
+    if (o->num_servers < 1 || o->num_servers > CTL_MAX_MEMBERS || o->num_workers < 1 ||
+        o->num_workers > CTL_MAX_MEMBERS)
+        return pf_err(-EINVAL, "rendezvous: %d servers / %d workers outside [1, %d]", o->num_servers,
+                      o->num_workers, CTL_MAX_MEMBERS);
+    if (o->max_frame < 64 || o->max_frame > UINT32_MAX)
+        return pf_err(-EINVAL, "rendezvous: max_frame %zu outside [64, 2^32)", o->max_frame);
+    if (!(o->timeout_s > 0))
+        return pf_err(-EINVAL, "rendezvous: timeout %g s is not positive", o->timeout_s);
+    if (o->port < 0 || o->port > 65535)
+        return pf_err(-EINVAL, "rendezvous: port %d outside 0-65535", o->port);
+    ctl_rendezvous *rv = calloc(1, sizeof *rv);
+    if (!rv)
+        return pf_err(-ENOMEM, "rendezvous: out of memory");
+    rv->lfd = rv->wake[0] = rv->wake[1] = -1;
+    rv->bind_host = strdup(o->bind_host ? o->bind_host : "127.0.0.1");
+    rv->secret = strdup(o->secret);
+    rv->config_text = strdup(o->config_text ? o->config_text : "");
+    rv->conns = calloc(CTL_MAX_CONNS, sizeof *rv->conns);
+    rv->server_slot = calloc((size_t)o->num_servers, sizeof *rv->server_slot);
+    rv->worker_slot = calloc((size_t)o->num_workers, sizeof *rv->worker_slot);
+    if (!rv->bind_host || !rv->secret || !rv->config_text || !rv->conns || !rv->server_slot || !rv->worker_slot) {
+        rv_free(rv);
+        return pf_err(-ENOMEM, "rendezvous: out of memory");
+    }
+    rv->num_servers = o->num_servers;
+    rv->num_workers = o->num_workers;
+    rv->num_classes = o->num_classes;
+    rv->max_frame = o->max_frame;
+    rv->timeout_s = o->timeout_s;
+
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", o->port);
+    int gr = getaddrinfo(rv->bind_host, portstr, &hints, &ai);
+    if (gr != 0) {
+        int rc = pf_err(-EINVAL, "rendezvous: cannot resolve bind host '%s': %s", rv->bind_host, gai_strerror(gr));
+        rv_free(rv);
+        return rc;
+    }
+    int err = 0;
+    for (struct addrinfo *a = ai; a; a = a->ai_next) {
+        int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 128) == 0) {
+            rv->lfd = fd;
+            break;
+        }
+        err = errno;
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    if (rv->lfd < 0) {
+        int rc = pf_err(-err, "rendezvous: cannot bind %s:%d: %s", rv->bind_host, o->port, strerror(err));
+        rv_free(rv);
+        return rc;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(rv->lfd, (struct sockaddr *)&ss, &sl);
+    rv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                              : ((struct sockaddr_in *)&ss)->sin_port);
+    if (set_nonblock(rv->lfd) < 0 || pipe2(rv->wake, O_NONBLOCK | O_CLOEXEC) < 0) {
+        int rc = pf_err(-errno, "rendezvous: socket setup failed: %s", strerror(errno));
+        rv_free(rv);
+        return rc;
+    }
+    int pr = pthread_create(&rv->thread, NULL, service_main, rv);
+    if (pr != 0) {
+        rv_free(rv);
+        return pf_err(-pr, "rendezvous: cannot start the service thread: %s", strerror(pr));
+    }
+    log_info("control plane: rendezvous listening on %s:%d for %d servers + %d workers (max frame %zu bytes, "
+             "read timeout %g s)", rv->bind_host, rv->port, rv->num_servers, rv->num_workers, rv->max_frame,
+             rv->timeout_s);
+    *out = rv;
+    return 0;
+}
+
+int ctl_rendezvous_port(const ctl_rendezvous *rv) { return rv->port; }
+
+int ctl_rendezvous_joined(const ctl_rendezvous *rv) { return atomic_load(&((ctl_rendezvous *)rv)->joined); }
+
+static void rv_wake(ctl_rendezvous *rv)
+{
+    ssize_t w = write(rv->wake[1], "x", 1);
+    (void)w; /* a full pipe already wakes the thread */
+}
+
+void ctl_rendezvous_broadcast_shutdown(ctl_rendezvous *rv)
+{
+    atomic_store(&rv->shutdown_req, 1);
+    rv_wake(rv);
+}
+
+void ctl_rendezvous_stop(ctl_rendezvous *rv)
+{
+    if (!rv)
+        return;
+    atomic_store(&rv->stop, 1);
+    rv_wake(rv);
+    pthread_join(rv->thread, NULL);
+    log_info("control plane: rendezvous on port %d stopped", rv->port);
+    rv_free(rv);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Client                                                                                           */
+/* ------------------------------------------------------------------------------------------------ */
+
+struct ctl_session {
+    int fd;
+    size_t max_frame;
+    uint8_t *rbuf;
+    size_t rlen, rcap;
+    uint64_t hb_seq;
+    ctl_book book;
+};
+
+static int send_all(int fd, const uint8_t *p, size_t n, double deadline)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            double left = deadline - now_s();
+            if (left <= 0)
+                return pf_err(-ETIMEDOUT, "send to the rendezvous timed out");
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            poll(&pfd, 1, (int)(left * 1000) + 1);
+            continue;
+        }
+        return pf_err(-errno, "send to the rendezvous failed: %s", strerror(errno));
+    }
+    return 0;
+}
+
+static int send_msg(ctl_session *s, const Pfcps__CtlMessage *m, double deadline)
+{
+    uint8_t *frame;
+    size_t len;
+    int rc = ctl_frame_encode(m, s->max_frame, &frame, &len);
+    if (rc < 0)
+        return rc;
+    rc = send_all(s->fd, frame, len, deadline);
+    free(frame);
+    return rc;
+}
+
+/* Reads one frame by `deadline`. Returns 0 with *out, -ETIMEDOUT (bytes so far are kept), -ECONNRESET
+ * when the service closed, -EMSGSIZE / -EPROTO for a bad frame. */
+static int recv_msg(ctl_session *s, double deadline, Pfcps__CtlMessage **out)
+{
+    for (;;) {
+        size_t flen;
+        int rc = ctl_frame_peek(s->rbuf, s->rlen, s->max_frame, &flen);
+        if (rc < 0)
+            return rc;
+        if (rc == 1) {
+            rc = ctl_msg_decode(s->rbuf + 4, flen - 4, out);
+            memmove(s->rbuf, s->rbuf + flen, s->rlen - flen);
+            s->rlen -= flen;
+            return rc;
+        }
+        double left = deadline - now_s();
+        if (left <= 0)
+            return pf_err(-ETIMEDOUT, "no message from the rendezvous in time");
+        struct pollfd pfd = {.fd = s->fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno != EINTR)
+            return pf_err(-errno, "poll: %s", strerror(errno));
+        if (pr <= 0)
+            continue;
+        if (s->rcap - s->rlen < 65536) {
+            size_t cap = s->rcap ? s->rcap * 2 : 65536;
+            if (cap > s->max_frame + 4 + 65536)
+                cap = s->max_frame + 4 + 65536;
+            if (cap <= s->rlen)
+                return pf_err(-EMSGSIZE, "receive buffer full");
+            uint8_t *nb = realloc(s->rbuf, cap);
+            if (!nb)
+                return pf_err(-ENOMEM, "out of memory");
+            s->rbuf = nb;
+            s->rcap = cap;
+        }
+        ssize_t r = recv(s->fd, s->rbuf + s->rlen, s->rcap - s->rlen, 0);
+        if (r == 0)
+            return pf_err(-ECONNRESET, "the rendezvous closed the connection");
+        if (r < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                continue;
+            return pf_err(-errno, "read from the rendezvous failed: %s", strerror(errno));
+        }
+        s->rlen += (size_t)r;
+    }
+}
+
+/* Maps the service's Error reply to the negative code callers see. */
+static int error_reply(const Pfcps__Error *e)
+{
+    int code = e->code;
+    switch (code) {
+    case EACCES: case EEXIST: case ERANGE: case EPROTO: case EMSGSIZE: case ETIMEDOUT: case EIO: break;
+    default: code = EPROTO;
+    }
+    return pf_err(-code, "rendezvous refused: %s", e->message);
+}
+
+static int connect_by(const char *host, int port, double deadline, int *out_fd)
+{
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    int last = ECONNREFUSED;
+    for (;;) {
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+        struct addrinfo *ai = NULL;
+        int gr = getaddrinfo(host, portstr, &hints, &ai);
+        if (gr != 0)
+            return pf_err(-EINVAL, "cannot resolve rendezvous host '%s': %s", host, gai_strerror(gr));
+        for (struct addrinfo *a = ai; a; a = a->ai_next) {
+            int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+            if (fd < 0) {
+                last = errno;
+                continue;
+            }
+            int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+            if (rc < 0 && errno == EINPROGRESS) {
+                double left = deadline - now_s();
+                struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+                if (left > 0 && poll(&pfd, 1, (int)(left * 1000) + 1) == 1) {
+                    int e = 0;
+                    socklen_t el = sizeof e;
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el);
+                    rc = e ? -1 : 0;
+                    errno = e;
+                } else {
+                    errno = ETIMEDOUT;
+                }
+            }
+            if (rc == 0) {
+                freeaddrinfo(ai);
+                int one = 1;
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                *out_fd = fd;
+                return 0;
+            }
+            last = errno;
+            close(fd);
+        }
+        freeaddrinfo(ai);
+        if (now_s() + 0.1 > deadline)
+            break;
+        poll(NULL, 0, 100); /* the rendezvous may not be up yet */
+    }
+    return pf_err(-last, "cannot connect to the rendezvous at %s:%d: %s", host, port, strerror(last));
+}
+
+int ctl_join(const char *host, int port, ctl_role role, int rank, const void *addr, size_t addr_len,
+             const char *secret, size_t max_frame, double timeout_s, ctl_session **out)
+{
+    *out = NULL;
+    if (!secret || !*secret)
+        return pf_err(-EINVAL, "join: empty secret (set 'secret' in the config or PFCPS_SECRET)");
+    if (addr_len > CTL_MAX_ADDR)
+        return pf_err(-EINVAL, "join: fabric address of %zu bytes is longer than %d", addr_len, CTL_MAX_ADDR);
+    if ((role != CTL_ROLE_SERVER && role != CTL_ROLE_WORKER) || rank < 0 || rank >= CTL_MAX_MEMBERS)
+        return pf_err(-EINVAL, "join: bad role %d or rank %d", (int)role, rank);
+    if (max_frame < 64 || max_frame > UINT32_MAX)
+        return pf_err(-EINVAL, "join: max_frame %zu outside [64, 2^32)", max_frame);
+    double deadline = now_s() + timeout_s;
+    ctl_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return pf_err(-ENOMEM, "join: out of memory");
+    s->max_frame = max_frame;
+    int rc = connect_by(host, port, deadline, &s->fd);
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
+    Pfcps__CtlMessage *m = NULL;
+    rc = recv_msg(s, deadline, &m);
+    if (rc == 0 && m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR)
+        rc = error_reply(m->error);
+    else if (rc == 0 && m->body_case != PFCPS__CTL_MESSAGE__BODY_HELLO)
+        rc = pf_err(-EPROTO, "expected hello from the rendezvous, got %s", ctl_msg_name(m->body_case));
+    else if (rc == 0 && m->hello->protocol_version != CTL_PROTOCOL_VERSION)
+        rc = pf_err(-EPROTO, "rendezvous speaks protocol %u, this member %d", m->hello->protocol_version,
+                    CTL_PROTOCOL_VERSION);
+    if (rc == 0) {
+        uint8_t mac[CTL_MAC_LEN];
+        rc = ctl_join_mac(secret, m->hello->nonce.data, m->hello->nonce.len, (int)role, rank, addr, addr_len, mac);
+        if (rc == 0) {
+            Pfcps__Join j = PFCPS__JOIN__INIT;
+            j.role = role == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
+            j.rank = rank;
+            j.fabric_addr.data = (uint8_t *)addr;
+            j.fabric_addr.len = addr_len;
+            j.mac.data = mac;
+            j.mac.len = sizeof mac;
+            j.protocol_version = CTL_PROTOCOL_VERSION;
+            Pfcps__CtlMessage jm = PFCPS__CTL_MESSAGE__INIT;
+            jm.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
+            jm.join = &j;
+            rc = send_msg(s, &jm, deadline);
+        }
+    }
+    if (m)
+        pfcps__ctl_message__free_unpacked(m, NULL);
+    /* Wait for the book; heartbeats may come first. */
+    while (rc == 0) {
+        m = NULL;
+        rc = recv_msg(s, deadline, &m);
+        if (rc < 0) {
+            if (rc == -ETIMEDOUT)
+                rc = pf_err(-ETIMEDOUT, "no address book from the rendezvous within %g s (not every member "
+                            "joined?)", timeout_s);
+            break;
+        }
+        if (m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR) {
+            rc = error_reply(m->error);
+        } else if (m->body_case == PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY) {
+            rc = ctl_book_from_reply(m->join_reply, &s->book);
+            if (rc == 0) {
+                const ctl_member *me = role == CTL_ROLE_SERVER
+                                           ? (rank < s->book.num_servers ? &s->book.servers[rank] : NULL)
+                                           : (rank < s->book.num_workers ? &s->book.workers[rank] : NULL);
+                if (!me || me->addr_len != addr_len || (addr_len && memcmp(me->addr, addr, addr_len) != 0))
+                    rc = pf_err(-EPROTO, "the address book does not list this member (%s rank %d) as joined",
+                                role_name(role), rank);
+            }
+            pfcps__ctl_message__free_unpacked(m, NULL);
+            break;
+        } else if (m->body_case == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN) {
+            rc = pf_err(-ECANCELED, "the run was shut down before it formed: %s", m->shutdown->reason);
+        } else if (m->body_case != PFCPS__CTL_MESSAGE__BODY_HEARTBEAT) {
+            rc = pf_err(-EPROTO, "unexpected %s while waiting for the address book", ctl_msg_name(m->body_case));
+        }
+        pfcps__ctl_message__free_unpacked(m, NULL);
+    }
+    if (rc < 0) {
+        ctl_session_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+const ctl_book *ctl_session_book(const ctl_session *s) { return &s->book; }
+
+int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
+{
+    double end = timeout_s < 0 ? 1e300 : now_s() + timeout_s;
+    const double hb_every = 1.0;
+    double next_hb = now_s() + hb_every;
+    for (;;) {
+        double t = now_s();
+        if (t >= end)
+            return 0;
+        if (t >= next_hb) {
+            Pfcps__Heartbeat hb = PFCPS__HEARTBEAT__INIT;
+            hb.seq = ++s->hb_seq;
+            Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+            m.body_case = PFCPS__CTL_MESSAGE__BODY_HEARTBEAT;
+            m.heartbeat = &hb;
+            int rc = send_msg(s, &m, t + 5.0);
+            if (rc < 0)
+                return rc;
+            next_hb = t + hb_every;
+        }
+        Pfcps__CtlMessage *m = NULL;
+        int rc = recv_msg(s, next_hb < end ? next_hb : end, &m);
+        if (rc == -ETIMEDOUT)
+            continue;
+        if (rc < 0)
+            return rc;
+        int kind = m->body_case;
+        if (kind == PFCPS__CTL_MESSAGE__BODY_ERROR)
+            rc = error_reply(m->error);
+        pfcps__ctl_message__free_unpacked(m, NULL);
+        if (kind == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN)
+            return 1;
+        if (rc < 0)
+            return rc;
+    }
+}
+
+void ctl_session_close(ctl_session *s)
+{
+    if (!s)
+        return;
+    if (s->fd >= 0)
+        close(s->fd);
+    ctl_book_free(&s->book);
+    free(s->rbuf);
+    free(s);
+}

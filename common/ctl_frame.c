@@ -1,0 +1,219 @@
+#include "common/ctl_frame.h"
+
+#include "common/err.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *ctl_msg_name(int body_case)
+{
+    switch (body_case) {
+    case PFCPS__CTL_MESSAGE__BODY_HELLO: return "hello";
+    case PFCPS__CTL_MESSAGE__BODY_JOIN: return "join";
+    case PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY: return "join_reply";
+    case PFCPS__CTL_MESSAGE__BODY_HEARTBEAT: return "heartbeat";
+    case PFCPS__CTL_MESSAGE__BODY_SHUTDOWN: return "shutdown";
+    case PFCPS__CTL_MESSAGE__BODY_ERROR: return "error";
+    default: return "empty";
+    }
+}
+
+int ctl_frame_encode(const Pfcps__CtlMessage *msg, size_t max_frame, uint8_t **out, size_t *out_len)
+{
+    size_t n = pfcps__ctl_message__get_packed_size(msg);
+    if (n > max_frame || n > UINT32_MAX)
+        return pf_err(-EMSGSIZE, "control message %s is %zu bytes, above the frame limit %zu",
+                      ctl_msg_name(msg->body_case), n, max_frame);
+    uint8_t *buf = malloc(n + 4);
+    if (!buf)
+        return pf_err(-ENOMEM, "out of memory encoding a %zu-byte control frame", n);
+    buf[0] = (uint8_t)n;
+    buf[1] = (uint8_t)(n >> 8);
+    buf[2] = (uint8_t)(n >> 16);
+    buf[3] = (uint8_t)(n >> 24);
+    pfcps__ctl_message__pack(msg, buf + 4);
+    *out = buf;
+    *out_len = n + 4;
+    return 0;
+}
+
+int ctl_frame_peek(const uint8_t *buf, size_t len, size_t max_frame, size_t *frame_len)
+{
+    if (len < 4)
+        return 0;
+    uint32_t n = (uint32_t)buf[0] | (uint32_t)buf[1] << 8 | (uint32_t)buf[2] << 16 | (uint32_t)buf[3] << 24;
+    if (n > max_frame)
+        return pf_err(-EMSGSIZE, "frame length %u exceeds the maximum %zu bytes", n, max_frame);
+    if (len < 4 + (size_t)n)
+        return 0;
+    *frame_len = 4 + (size_t)n;
+    return 1;
+}
+
+static int check_role_rank(int role, int rank, const char *what)
+{
+    if (role != PFCPS__ROLE__SERVER && role != PFCPS__ROLE__WORKER)
+        return pf_err(-EPROTO, "%s: role %d is neither server (0) nor worker (1)", what, role);
+    if (rank < 0 || rank >= CTL_MAX_MEMBERS)
+        return pf_err(-EPROTO, "%s: rank %d is outside [0, %d)", what, rank, CTL_MAX_MEMBERS);
+    return 0;
+}
+
+int ctl_msg_check(const Pfcps__CtlMessage *m)
+{
+    switch (m->body_case) {
+    case PFCPS__CTL_MESSAGE__BODY_HELLO:
+        if (!m->hello || m->hello->nonce.len != CTL_NONCE_LEN || !m->hello->nonce.data)
+            return pf_err(-EPROTO, "hello: nonce must be %d bytes", CTL_NONCE_LEN);
+        return 0;
+    case PFCPS__CTL_MESSAGE__BODY_JOIN: {
+        const Pfcps__Join *j = m->join;
+        if (!j)
+            return pf_err(-EPROTO, "join: missing body");
+        int rc = check_role_rank((int)j->role, j->rank, "join");
+        if (rc < 0)
+            return rc;
+        if (j->fabric_addr.len > CTL_MAX_ADDR)
+            return pf_err(-EPROTO, "join: fabric address of %zu bytes is longer than %d", j->fabric_addr.len,
+                          CTL_MAX_ADDR);
+        if (j->mac.len != CTL_MAC_LEN)
+            return pf_err(-EPROTO, "join: mac must be %d bytes, got %zu", CTL_MAC_LEN, j->mac.len);
+        return 0;
+    }
+    case PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY: {
+        const Pfcps__JoinReply *r = m->join_reply;
+        if (!r)
+            return pf_err(-EPROTO, "join_reply: missing body");
+        if (r->num_servers < 1 || r->num_servers > CTL_MAX_MEMBERS || r->num_workers < 1 ||
+            r->num_workers > CTL_MAX_MEMBERS)
+            return pf_err(-EPROTO, "join_reply: %d servers / %d workers outside [1, %d]", r->num_servers,
+                          r->num_workers, CTL_MAX_MEMBERS);
+        if (r->num_classes < 0)
+            return pf_err(-EPROTO, "join_reply: negative num_classes %lld", (long long)r->num_classes);
+        if (r->n_members != (size_t)r->num_servers + (size_t)r->num_workers)
+            return pf_err(-EPROTO, "join_reply: %zu members listed for %d servers + %d workers", r->n_members,
+                          r->num_servers, r->num_workers);
+        for (size_t i = 0; i < r->n_members; i++) {
+            const Pfcps__Member *mb = r->members[i];
+            if (!mb)
+                return pf_err(-EPROTO, "join_reply: member %zu missing", i);
+            int rc = check_role_rank((int)mb->role, mb->rank, "join_reply member");
+            if (rc < 0)
+                return rc;
+            if (mb->fabric_addr.len > CTL_MAX_ADDR)
+                return pf_err(-EPROTO, "join_reply: member %zu fabric address of %zu bytes is longer than %d", i,
+                              mb->fabric_addr.len, CTL_MAX_ADDR);
+        }
+        if (!r->config_text)
+            return pf_err(-EPROTO, "join_reply: missing config text");
+        return 0;
+    }
+    case PFCPS__CTL_MESSAGE__BODY_HEARTBEAT:
+        return m->heartbeat ? 0 : pf_err(-EPROTO, "heartbeat: missing body");
+    case PFCPS__CTL_MESSAGE__BODY_SHUTDOWN:
+        return m->shutdown && m->shutdown->reason ? 0 : pf_err(-EPROTO, "shutdown: missing body");
+    case PFCPS__CTL_MESSAGE__BODY_ERROR:
+        return m->error && m->error->message ? 0 : pf_err(-EPROTO, "error: missing body");
+    default:
+        return pf_err(-EPROTO, "message has no body (exactly one of hello/join/join_reply/heartbeat/shutdown/"
+                      "error must be set)");
+    }
+}
+
+int ctl_msg_decode(const uint8_t *payload, size_t len, Pfcps__CtlMessage **out)
+{
+    Pfcps__CtlMessage *m = pfcps__ctl_message__unpack(NULL, len, payload);
+    if (!m)
+        return pf_err(-EPROTO, "undecodable control message (%zu bytes are not a valid protobuf CtlMessage)", len);
+    int rc = ctl_msg_check(m);
+    if (rc < 0) {
+        pfcps__ctl_message__free_unpacked(m, NULL);
+        return rc;
+    }
+    *out = m;
+    return 0;
+}
+
+int ctl_join_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, int role, int rank,
+                 const uint8_t *addr, size_t addr_len, uint8_t mac[CTL_MAC_LEN])
+{
+    size_t n = nonce_len + 8 + addr_len;
+    uint8_t *msg = malloc(n ? n : 1);
+    if (!msg)
+        return pf_err(-ENOMEM, "out of memory computing the join mac");
+    if (nonce_len)
+        memcpy(msg, nonce, nonce_len);
+    uint32_t v[2] = {(uint32_t)role, (uint32_t)rank};
+    for (int k = 0; k < 2; k++)
+        for (int b = 0; b < 4; b++)
+            msg[nonce_len + 4 * (size_t)k + (size_t)b] = (uint8_t)(v[k] >> (8 * b));
+    if (addr_len)
+        memcpy(msg + nonce_len + 8, addr, addr_len);
+    unsigned int maclen = 0;
+    const unsigned char *r = HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, n, mac, &maclen);
+    free(msg);
+    if (!r || maclen != CTL_MAC_LEN)
+        return pf_err(-EIO, "HMAC-SHA256 failed in libcrypto");
+    return 0;
+}
+
+void ctl_book_free(ctl_book *book)
+{
+    free(book->servers);
+    free(book->workers);
+    free(book->config_text);
+    memset(book, 0, sizeof *book);
+}
+
+int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
+{
+    memset(book, 0, sizeof *book);
+    Pfcps__CtlMessage wrap = PFCPS__CTL_MESSAGE__INIT;
+    wrap.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
+    wrap.join_reply = (Pfcps__JoinReply *)r;
+    int rc = ctl_msg_check(&wrap);
+    if (rc < 0)
+        return rc;
+    book->num_servers = r->num_servers;
+    book->num_workers = r->num_workers;
+    book->num_classes = r->num_classes;
+    book->servers = calloc((size_t)r->num_servers, sizeof(ctl_member));
+    book->workers = calloc((size_t)r->num_workers, sizeof(ctl_member));
+    book->config_text = strdup(r->config_text);
+    char *seen = calloc((size_t)r->num_servers + (size_t)r->num_workers, 1);
+    if (!book->servers || !book->workers || !book->config_text || !seen) {
+        free(seen);
+        ctl_book_free(book);
+        return pf_err(-ENOMEM, "out of memory building the address book");
+    }
+    for (size_t i = 0; i < r->n_members; i++) {
+        const Pfcps__Member *mb = r->members[i];
+        int is_server = mb->role == PFCPS__ROLE__SERVER;
+        int limit = is_server ? r->num_servers : r->num_workers;
+        if (mb->rank >= limit) {
+            free(seen);
+            ctl_book_free(book);
+            return pf_err(-EPROTO, "join_reply: %s rank %d is outside [0, %d)", is_server ? "server" : "worker",
+                          mb->rank, limit);
+        }
+        size_t slot = is_server ? (size_t)mb->rank : (size_t)r->num_servers + (size_t)mb->rank;
+        if (seen[slot]) {
+            free(seen);
+            ctl_book_free(book);
+            return pf_err(-EPROTO, "join_reply: %s rank %d listed twice", is_server ? "server" : "worker",
+                          mb->rank);
+        }
+        seen[slot] = 1;
+        ctl_member *dst = is_server ? &book->servers[mb->rank] : &book->workers[mb->rank];
+        dst->role = is_server ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+        dst->rank = mb->rank;
+        dst->addr_len = mb->fabric_addr.len;
+        if (mb->fabric_addr.len)
+            memcpy(dst->addr, mb->fabric_addr.data, mb->fabric_addr.len);
+    }
+    /* n_members == S + W and no slot twice, so every slot is filled. */
+    free(seen);
+    return 0;
+}

@@ -1,0 +1,355 @@
+/* Config: defaults, file + --set overrides, every validation error's message, the INI round trip,
+ * the startup dump format and the shared command-line parser. Expected values are written here by
+ * hand from common/config.h and docs/configuration.md, never read back from the code under test. */
+#include "common/cli.h"
+#include "common/config.h"
+#include "common/err.h"
+#include "common/log.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+
+static const char *write_file(const char *name, const char *text)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    pf_config c;
+    cfg_defaults(&c);
+    assert_string_equal(c.network, "r50");
+    assert_int_equal(c.embedding_size, 512);
+    assert_true(c.sample_rate == 1.0);
+    assert_true(c.margin_list[0] == 1.0 && c.margin_list[1] == 0.5 && c.margin_list[2] == 0.0);
+    assert_true(c.scale == 64.0);
+    assert_true(c.interclass_filtering_threshold == 0.0);
+    assert_string_equal(c.margin_grad, "exact");
+    assert_int_equal(c.fp16, 0);
+    assert_string_equal(c.device, "cpu");
+    assert_string_equal(c.optimizer, "sgd");
+    assert_true(c.lr == 0.1 && c.momentum == 0.9 && c.weight_decay == 5e-4);
+    assert_int_equal(c.batch_size, 128);
+    assert_int_equal(c.num_classes, 0);
+    assert_int_equal(c.num_image, 0);
+    assert_int_equal(c.num_epoch, 20);
+    assert_true(c.warmup_epoch == 0.0);
+    assert_string_equal(c.rec, "");
+    assert_int_equal(c.frequent, 10);
+    assert_int_equal(c.verbose, 2000);
+    assert_string_equal(c.output, "work_dirs/pfcps");
+    assert_int_equal(c.seed, 2048);
+    assert_int_equal(c.num_workers, 2);
+    assert_int_equal(c.resume + c.save_all_states + c.skip_bad_records, 0);
+    assert_int_equal(c.servers, 1);
+    assert_int_equal(c.workers, 1);
+    assert_string_equal(c.provider, "tcp");
+    assert_string_equal(c.rendezvous, "127.0.0.1:29500");
+    assert_string_equal(c.wire_dtype, "fp32");
+    assert_int_equal(c.max_staleness, 0);
+    assert_string_equal(c.head_mode, "global");
+    assert_string_equal(c.secret, "");
+    assert_int_equal(c.ctl_max_frame, 1 << 20);
+    assert_true(c.ctl_timeout == 30.0);
+    assert_string_equal(c.snapshot_dir, "");
+    assert_int_equal(c.snapshot_every, 0);
+    assert_int_equal(c.apply_threads, 2);
+    /* Defaults alone miss the two required keys. */
+    assert_int_equal(cfg_validate(&c), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "num_classes"));
+    assert_int_equal(cfg_validate_ranges(&c), 0);
+}
+
+static void test_file_and_overrides(void **state)
+{
+    (void)state;
+    const char *path = write_file("ok.ini",
+                                  "; an arcface_torch-like config\n"
+                                  "[train]\n"
+                                  "network = \"r100\"\n"
+                                  "embedding_size = 256   ; inline comment\n"
+                                  "margin_list = (1.0, 0.0, 0.4)\n"
+                                  "sample_rate = 0.2\n"
+                                  "fp16 = True\n"
+                                  "num_classes = 93431\n"
+                                  "lr = 0.02\n"
+                                  "[data]\n"
+                                  "rec = /data/ms1m\n"
+                                  "# another comment style\n"
+                                  "[cluster]\n"
+                                  "servers = 4\n"
+                                  "workers = 8\n"
+                                  "wire_dtype = bf16\n"
+                                  "head_mode = local\n");
+    const char *sets[] = {"lr=0.5", " batch_size = 64", "servers=2", "margin_list=1,0.5,0"};
+    pf_config c;
+    assert_int_equal(cfg_load(&c, path, sets, 4), 0);
+    assert_string_equal(c.network, "r100");
+    assert_int_equal(c.embedding_size, 256);
+    assert_true(c.margin_list[0] == 1.0 && c.margin_list[1] == 0.5 && c.margin_list[2] == 0.0);
+    assert_true(c.sample_rate == 0.2);
+    assert_int_equal(c.fp16, 1);
+    assert_int_equal(c.num_classes, 93431);
+    assert_true(c.lr == 0.5);          /* --set wins over the file */
+    assert_int_equal(c.batch_size, 64);
+    assert_string_equal(c.rec, "/data/ms1m");
+    assert_int_equal(c.servers, 2);
+    assert_int_equal(c.workers, 8);
+    assert_string_equal(c.wire_dtype, "bf16");
+    assert_string_equal(c.head_mode, "local");
+    assert_int_equal(c.num_epoch, 20); /* untouched keys keep their defaults */
+
+    /* Only overrides, no file. */
+    const char *sets2[] = {"num_classes=10", "rec=synthetic", "device=cuda"};
+    assert_int_equal(cfg_load(&c, NULL, sets2, 3), 0);
+    assert_int_equal(c.num_classes, 10);
+    assert_string_equal(c.device, "cuda");
+}
+
+typedef struct bad_case {
+    const char *ini;     /* file body, or NULL for a --set case */
+    const char *set;     /* --set value */
+    int code;
+    const char *want[3]; /* substrings the message must contain */
+} bad_case;
+
+#define BASE "num_classes = 100\nrec = synthetic\n"
+
+static const bad_case bad_cases[] = {
+    {BASE "sampel_rate = 0.5\n", NULL, -EINVAL, {"bad.ini:3", "unknown key 'sampel_rate'", "did you mean 'sample_rate'"}},
+    {BASE "[train]\nembeding_size = 5\n", NULL, -EINVAL, {"bad.ini:4", "'embeding_size'", "did you mean 'embedding_size'"}},
+    {BASE "zzqqxx = 1\n", NULL, -EINVAL, {"unknown key 'zzqqxx'", NULL, NULL}},
+    {BASE "embedding_size = abc\n", NULL, -EINVAL, {"embedding_size", "not an integer", NULL}},
+    {BASE "embedding_size = 0\n", NULL, -ERANGE, {"embedding_size", "out of range", NULL}},
+    {BASE "batch_size = 12.5\n", NULL, -EINVAL, {"batch_size", "not an integer", NULL}},
+    {BASE "sample_rate = 0\n", NULL, -ERANGE, {"sample_rate", "out of range", "(0, 1]"}},
+    {BASE "sample_rate = 1.5\n", NULL, -ERANGE, {"sample_rate", "out of range", NULL}},
+    {BASE "lr = fast\n", NULL, -EINVAL, {"lr", "not a (finite) number", NULL}},
+    {BASE "lr = 1e999\n", NULL, -EINVAL, {"lr", "not a (finite) number", NULL}},
+    {BASE "fp16 = maybe\n", NULL, -EINVAL, {"fp16", "not a boolean", NULL}},
+    {BASE "margin_list = 1.0, 0.5\n", NULL, -EINVAL, {"margin_list", "exactly 3 numbers", NULL}},
+    {BASE "margin_list = 1.0, x, 0.0\n", NULL, -EINVAL, {"margin_list", "'x'", "not a number"}},
+    {BASE "margin_list = 1, 0.5, 0, 7\n", NULL, -EINVAL, {"margin_list", "exactly 3", NULL}},
+    {BASE "servers = 0\n", NULL, -ERANGE, {"servers", "out of range", NULL}},
+    {BASE "workers = -1\n", NULL, -ERANGE, {"workers", "out of range", NULL}},
+    {BASE "wire_dtype = fp8\n", NULL, -EINVAL, {"wire_dtype", "'fp8'", "fp32 fp16 bf16"}},
+    {BASE "head_mode = both\n", NULL, -EINVAL, {"head_mode", "global local", NULL}},
+    {BASE "provider = udp\n", NULL, -EINVAL, {"provider", "tcp shm verbs", NULL}},
+    {BASE "optimizer = lamb\n", NULL, -EINVAL, {"optimizer", "sgd adamw", NULL}},
+    {BASE "rendezvous = nohost\n", NULL, -EINVAL, {"rendezvous", "host:port", NULL}},
+    {BASE "rendezvous = h:70000\n", NULL, -EINVAL, {"rendezvous", "host:port", NULL}},
+    {BASE "momentum = 1\n", NULL, -ERANGE, {"momentum", "out of range", NULL}},
+    {BASE "num_classes = -5\n", NULL, -ERANGE, {"num_classes", "out of range", NULL}},
+    {BASE "network =\n", NULL, -EINVAL, {"network", "must not be empty", NULL}},
+    {BASE "this line has no equals sign\n", NULL, -EINVAL, {"bad.ini:3", "syntax error", NULL}},
+    {BASE "num_epoch = 2\nwarmup_epoch = 3\n", NULL, -ERANGE, {"warmup_epoch", "num_epoch", NULL}},
+    {"rec = synthetic\nlr = 0.1\n", NULL, -EINVAL, {"missing required key 'num_classes'", NULL, NULL}},
+    {"num_classes = 7\n", NULL, -EINVAL, {"missing required key 'rec'", NULL, NULL}},
+    {NULL, "embeding_size=5", -EINVAL, {"--set embeding_size=5", "unknown key", "did you mean 'embedding_size'"}},
+    {NULL, "lr", -EINVAL, {"--set lr", "expected key=value", NULL}},
+    {NULL, "sample_rate=2", -ERANGE, {"--set sample_rate=2", "out of range", NULL}},
+    {NULL, "wire_dtype=int8", -EINVAL, {"wire_dtype", "not one of", NULL}},
+};
+
+static void test_validation_errors(void **state)
+{
+    (void)state;
+    int n = (int)(sizeof bad_cases / sizeof bad_cases[0]);
+    for (int i = 0; i < n; i++) {
+        const bad_case *b = &bad_cases[i];
+        pf_config c;
+        pf_err_clear();
+        int rc;
+        if (b->ini) {
+            rc = cfg_load(&c, write_file("bad.ini", b->ini), NULL, 0);
+        } else {
+            const char *sets[] = {"num_classes=3", "rec=synthetic", b->set};
+            rc = cfg_load(&c, NULL, sets, 3);
+        }
+        printf("case %2d: rc %d msg: %s\n", i, rc, pf_errmsg());
+        assert_int_equal(rc, b->code);
+        for (int k = 0; k < 3; k++)
+            if (b->want[k] && !strstr(pf_errmsg(), b->want[k]))
+                fail_msg("case %d: message '%s' lacks '%s'", i, pf_errmsg(), b->want[k]);
+    }
+
+    /* A missing file names the path. */
+    pf_config c;
+    char missing[600];
+    snprintf(missing, sizeof missing, "%s/does-not-exist.ini", tmpdir);
+    assert_int_equal(cfg_load(&c, missing, NULL, 0), -ENOENT);
+    assert_non_null(strstr(pf_errmsg(), "does-not-exist.ini"));
+
+    /* cfg_set refuses without changing the value. */
+    cfg_defaults(&c);
+    assert_int_equal(cfg_set(&c, "embedding_size", "-3"), -ERANGE);
+    assert_int_equal(c.embedding_size, 512);
+    assert_int_equal(cfg_set(&c, "margin_list", "1, 99, 0"), -ERANGE);
+    assert_true(c.margin_list[1] == 0.5);
+}
+
+#define SAME_STR(f) assert_string_equal(a->f, b->f)
+#define SAME_NUM(f) assert_true(a->f == b->f)
+
+static void assert_same_config(const pf_config *a, const pf_config *b)
+{
+    SAME_STR(network); SAME_NUM(embedding_size); SAME_NUM(sample_rate); SAME_NUM(margin_list[0]);
+    SAME_NUM(margin_list[1]); SAME_NUM(margin_list[2]); SAME_NUM(scale); SAME_NUM(interclass_filtering_threshold);
+    SAME_STR(margin_grad); SAME_NUM(fp16); SAME_STR(device); SAME_STR(optimizer); SAME_NUM(lr); SAME_NUM(momentum);
+    SAME_NUM(weight_decay); SAME_NUM(batch_size); SAME_NUM(num_classes); SAME_NUM(num_image); SAME_NUM(num_epoch);
+    SAME_NUM(warmup_epoch); SAME_STR(rec); SAME_NUM(frequent); SAME_NUM(verbose); SAME_STR(output); SAME_NUM(seed);
+    SAME_NUM(num_workers); SAME_NUM(resume); SAME_NUM(save_all_states); SAME_NUM(skip_bad_records);
+    SAME_NUM(servers); SAME_NUM(workers); SAME_STR(provider); SAME_STR(rendezvous); SAME_STR(wire_dtype);
+    SAME_NUM(max_staleness); SAME_STR(head_mode); SAME_NUM(ctl_max_frame); SAME_NUM(ctl_timeout);
+    SAME_STR(snapshot_dir); SAME_NUM(snapshot_every); SAME_NUM(apply_threads);
+}
+
+static void test_round_trip(void **state)
+{
+    (void)state;
+    const char *sets[] = {"num_classes=123456789012", "rec=/data/with space/x", "lr=0.30000000000000004",
+                          "margin_list=1.0, 0.3, 0.2", "sample_rate=0.1", "fp16=1", "output=  \"quoted\"  ",
+                          "wire_dtype=fp16", "seed=9007199254740993", "secret=s3cr3t-value",
+                          "snapshot_dir=/tmp/snap", "ctl_timeout=2.5", "device=cuda", "resume=yes"};
+    pf_config a, b;
+    assert_int_equal(cfg_load(&a, NULL, sets, 14), 0);
+    assert_string_equal(a.output, "quoted");
+    assert_int_equal(a.seed, 9007199254740993LL);
+    char *text = cfg_to_ini(&a);
+    assert_non_null(text);
+    assert_null(strstr(text, "s3cr3t-value")); /* the secret never travels in the config text */
+    assert_non_null(strstr(text, "[cluster]"));
+    assert_int_equal(cfg_load_text(&b, text), 0);
+    assert_same_config(&a, &b);
+    assert_string_equal(b.secret, "");
+    /* The text is also a valid file. */
+    assert_int_equal(cfg_load(&b, write_file("rt.ini", text), NULL, 0), 0);
+    assert_same_config(&a, &b);
+    free(text);
+
+    /* A string with a leading quote survives too. */
+    const char *sets2[] = {"num_classes=1", "rec='odd"};
+    assert_int_equal(cfg_load(&a, NULL, sets2, 2), 0);
+    assert_string_equal(a.rec, "'odd");
+    text = cfg_to_ini(&a);
+    assert_int_equal(cfg_load_text(&b, text), 0);
+    assert_string_equal(b.rec, "'odd");
+    free(text);
+    /* Bad text gives a located error. */
+    assert_int_equal(cfg_load_text(&b, "num_classes = 1\nrec = x\nservers = many\n"), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "<config text>:3"));
+}
+
+static void test_log_format(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/log.txt", tmpdir);
+    pf_config c;
+    cfg_defaults(&c);
+    strcpy(c.secret, "hidden");
+    assert_int_equal(log_open_file(path), 0);
+    cfg_log(&c);
+    log_close_file();
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[1024];
+    int lines = 0, seen_net = 0, seen_emb = 0, seen_long = 0;
+    while (fgets(line, sizeof line, f)) {
+        lines++;
+        assert_null(strstr(line, "hidden"));
+        /* ": " + key + (25 - len(key)) spaces + value, as arcface_torch's train.py prints it. */
+        if (strstr(line, " INFO : network                  r50\n"))
+            seen_net = 1;
+        if (strstr(line, " INFO : embedding_size           512\n"))
+            seen_emb = 1;
+        if (strstr(line, " INFO : interclass_filtering_threshold 0\n"))
+            seen_long = 1;
+    }
+    fclose(f);
+    printf("cfg_log wrote %d lines\n", lines);
+    assert_int_equal(lines, cfg_key_count());
+    assert_true(seen_net && seen_emb && seen_long);
+}
+
+static void test_cli(void **state)
+{
+    (void)state;
+    const char *path = write_file("cli.ini", "num_classes = 50\nrec = synthetic\nlr = 0.2\n");
+    char a0[] = "prog", a1[] = "--rank", a2[] = "2", a3[] = "--config", a5[] = "--set", a6[] = "lr=0.7",
+         a7[] = "-s", a8[] = "batch_size=8", a9[] = "extra", a10[] = "--set=workers=3";
+    char a4[512];
+    snprintf(a4, sizeof a4, "%s", path);
+    char *argv[] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, NULL};
+    pf_config c;
+    int rest = -1;
+    assert_int_equal(cli_parse_common(11, argv, &c, NULL, 0, &rest), 0);
+    assert_int_equal(rest, 4);
+    assert_string_equal(argv[0], "prog");
+    assert_string_equal(argv[1], "--rank");
+    assert_string_equal(argv[2], "2");
+    assert_string_equal(argv[3], "extra");
+    assert_null(argv[4]);
+    assert_true(c.lr == 0.7);
+    assert_int_equal(c.batch_size, 8);
+    assert_int_equal(c.workers, 3);
+    assert_int_equal(c.num_classes, 50);
+
+    char b0[] = "prog", b1[] = "--set";
+    char *argv2[] = {b0, b1, NULL};
+    assert_int_equal(cli_parse_common(2, argv2, &c, NULL, 0, &rest), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "--set needs key=value"));
+
+    char c0[] = "prog", c1[] = "-c", c2[] = "x.ini", c3[] = "--config=y.ini";
+    char *argv3[] = {c0, c1, c2, c3, NULL};
+    assert_int_equal(cli_parse_common(4, argv3, &c, NULL, 0, &rest), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "--config given twice"));
+
+    /* Without required keys: refused, unless the caller takes the config from the rendezvous. */
+    char d0[] = "prog", d1[] = "--set", d2[] = "servers=2";
+    char *argv4[] = {d0, d1, d2, NULL};
+    assert_int_equal(cli_parse_common(3, argv4, &c, NULL, 0, &rest), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "missing required key 'num_classes'"));
+    char *argv5[] = {d0, d1, d2, NULL};
+    assert_int_equal(cli_parse_common(3, argv5, &c, NULL, CLI_CONFIG_OPTIONAL, &rest), 0);
+    assert_int_equal(c.servers, 2);
+    assert_int_equal(rest, 1);
+}
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/pfcps-test-config-XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    log_init("test", -1);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),   cmocka_unit_test(test_file_and_overrides),
+        cmocka_unit_test(test_validation_errors), cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_log_format), cmocka_unit_test(test_cli),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", tmpdir);
+    return rc;
+}
