@@ -1,0 +1,94 @@
+/* The worker's data loader: a RecordIO dataset (rec.h) or synthetic data, decoded and augmented
+ * (image.h) by `num_workers` background threads into a bounded queue of batches.
+ *
+ * Order: each epoch the image list is shuffled with a permutation seeded by (seed, epoch) only, so
+ * every rank computes the same permutation; as PyTorch's DistributedSampler with drop_last, the first
+ * floor(N / (world_size * batch_size)) * world_size * batch_size positions are kept and rank r takes
+ * positions r, r + world_size, r + 2 * world_size, ...: the ranks' slices are disjoint, all ranks get
+ * the same number of full batches, never a ragged one. The flip of an image is seeded by
+ * (seed, epoch, key), so batches are identical whatever num_workers is.
+ *
+ * Labels first: loader_peek_labels() returns the next batch's labels without waiting for its images
+ * (the class-center pull starts from them, DESIGN.md §3.3).
+ *
+ * Bad records: structural damage fails loader_open (rec_open); with skip_bad_records those records are
+ * dropped at open and counted. An image that fails to decode later (a corrupt JPEG body) fails
+ * loader_next with file, key and byte offset, or with skip_bad_records yields a zero image with label
+ * -1 (its label was already published by loader_peek_labels; -1 = ignore, no class) and is counted. */
+#ifndef PFCPS_WORKER_DATA_LOADER_H
+#define PFCPS_WORKER_DATA_LOADER_H
+
+#include <stdint.h>
+
+#include "common/config.h"
+
+typedef struct loader_opts {
+    const char *rec;        /* dataset prefix or directory (train.rec/.idx), or "synthetic" */
+    int64_t num_classes;    /* synthetic: required, 1 .. 2^32; dataset: 0 = from `property` or labels,
+                               > 0 = labels must be below it */
+    int batch_size;         /* per rank, > 0 */
+    int num_workers;        /* decode threads; 0 = decode in the caller's thread */
+    int prefetch;           /* batches decoded ahead (queue depth); 0 = 2 * max(1, num_workers) */
+    uint64_t seed;
+    int rank, world_size;
+    int skip_bad_records;
+    int shuffle;            /* default 1 */
+    int flip;               /* random horizontal flip with p = 0.5, default 1 */
+    int resize;             /* resize images that are not image_size (default 0: error) */
+    int image_size;         /* default 112 */
+    int64_t num_image;      /* synthetic: images per epoch over all ranks (default 1M) */
+} loader_opts;
+
+typedef struct loader_batch {
+    int64_t epoch, index;   /* batch `index` (0-based) of `epoch` on this rank */
+    int n;                  /* batch_size */
+    float *images;          /* (n, 3, image_size, image_size) float32 in [-1, 1] */
+    int64_t *labels;        /* (n) class ids; -1 = a bad image skipped (skip_bad_records) */
+    int64_t *keys;          /* (n) .idx keys of the records (-1 for synthetic) */
+    int slot;               /* internal */
+} loader_batch;
+
+typedef struct loader loader;
+
+/* Defaults: batch_size 128, num_workers 2, seed 2048, rank 0, world_size 1, shuffle 1, flip 1,
+ * image_size 112, num_image 1<<20; rec NULL and num_classes 0 still need to be set. */
+void loader_opts_default(loader_opts *o);
+
+/* Fills opts from the run config (rec, num_classes, batch_size, num_workers, seed, skip_bad_records,
+ * num_image) and the process's rank and world_size. The config must outlive the loader (rec points
+ * into it). */
+void loader_opts_from_config(loader_opts *o, const pf_config *cfg, int rank, int world_size);
+
+/* Opens the dataset and starts the decode threads (idle until loader_start_epoch).
+ * Errors: -EINVAL naming the bad option (batch_size, rank/world_size, num_classes for synthetic,
+ * dataset smaller than one global batch); the errors of rec_open; -ENOMEM. */
+int loader_open(loader **out, const loader_opts *o);
+
+int64_t loader_num_batches(const loader *l);   /* full batches per epoch on each rank */
+int64_t loader_num_images(const loader *l);    /* usable images in the dataset (all ranks) */
+int64_t loader_num_classes(const loader *l);
+int64_t loader_skipped(const loader *l);       /* bad records dropped at open + images skipped since */
+
+/* Starts epoch `epoch` (>= 0): computes the order and lets the threads decode ahead. Any batch still
+ * held by the caller is taken back. Returns 0 or -ENOMEM. */
+int loader_start_epoch(loader *l, int64_t epoch);
+
+/* The labels of the batch the next loader_next() will return, without waiting for its images:
+ * labels is (batch_size). Returns 1, or 0 when the epoch has no more batches. */
+int loader_peek_labels(loader *l, int64_t *labels);
+
+/* Waits for the next batch of the epoch, in order. Returns 1 with *out (hand it back with
+ * loader_release before the slot is needed again), 0 at the end of the epoch, or a negative code with
+ * pf_errmsg() naming file, key and byte offset of a bad record. */
+int loader_next(loader *l, loader_batch **out);
+
+void loader_release(loader *l, loader_batch *b);
+
+/* The dataset image indices (0 .. num_images-1) this rank reads in `epoch`, in order:
+ * num_batches * batch_size entries. For tests and tools; synthetic mode returns global positions. */
+int loader_epoch_order(const loader *l, int64_t epoch, int64_t *indices);
+
+/* Stops the threads and frees everything. */
+void loader_close(loader *l);
+
+#endif
