@@ -1,0 +1,74 @@
+/* Collectives among the workers of a run: allreduce (sum, max), allgather, reduce-scatter (sum),
+ * broadcast, barrier. One interface, several backends:
+ *   - coll_thread.c: W threads of one process share a group (tests, single-host debugging);
+ *   - coll_fabric.c: ring algorithms over the libfabric transport (CPU workers), planned;
+ *   - NCCL (CUDA device) plugs in by filling a pf_coll_ops table.
+ *
+ * Semantics follow MPI / NCCL / torch.distributed: every rank of the group calls the same
+ * collective in the same order with the same counts; buffers are host memory. Results are
+ * identical on every rank (the thread backend reduces in rank order 0..W-1, so bitwise identical).
+ * A call whose counts disagree across ranks returns -EINVAL on every rank (thread backend).
+ * Errors: negative errno code with pf_errmsg() (common/err.h). */
+#ifndef PFCPS_COMMON_COLL_H
+#define PFCPS_COMMON_COLL_H
+
+#include <stddef.h>
+
+typedef enum { COLL_F32 = 0, COLL_F64 = 1 } coll_dtype;
+typedef enum { COLL_SUM = 0, COLL_MAX = 1 } coll_op;
+
+typedef struct pf_coll pf_coll;
+
+typedef struct pf_coll_ops {
+    /* In place: buf (count elements of dt) becomes the elementwise op over all ranks. */
+    int (*allreduce)(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op);
+    /* recv (world_size * bytes) receives rank r's `bytes` of send at offset r * bytes. */
+    int (*allgather)(pf_coll *c, const void *send, void *recv, size_t bytes);
+    /* send holds world_size blocks of count elements; rank r receives in recv (count elements)
+     * the sum over all ranks of their block r (torch.distributed.reduce_scatter, op SUM). */
+    int (*reduce_scatter)(pf_coll *c, const void *send, void *recv, size_t count, coll_dtype dt);
+    /* buf (bytes) of rank `root` is copied to every rank's buf. */
+    int (*broadcast)(pf_coll *c, void *buf, size_t bytes, int root);
+    /* Returns when every rank has entered. */
+    int (*barrier)(pf_coll *c);
+    /* Releases this rank's handle (not the group). */
+    void (*destroy)(pf_coll *c);
+} pf_coll_ops;
+
+/* One rank's handle. `impl` is the backend's state. */
+struct pf_coll {
+    const pf_coll_ops *ops;
+    int rank;
+    int world_size;
+    void *impl;
+};
+
+/* Size in bytes of one element of dt. */
+static inline size_t coll_dtype_size(coll_dtype dt) { return dt == COLL_F64 ? 8 : 4; }
+
+static inline int coll_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
+{ return c->ops->allreduce(c, buf, count, dt, op); }
+static inline int coll_allgather(pf_coll *c, const void *send, void *recv, size_t bytes)
+{ return c->ops->allgather(c, send, recv, bytes); }
+static inline int coll_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t count, coll_dtype dt)
+{ return c->ops->reduce_scatter(c, send, recv, count, dt); }
+static inline int coll_broadcast(pf_coll *c, void *buf, size_t bytes, int root)
+{ return c->ops->broadcast(c, buf, bytes, root); }
+static inline int coll_barrier(pf_coll *c) { return c->ops->barrier(c); }
+static inline void coll_destroy(pf_coll *c) { if (c && c->ops) c->ops->destroy(c); }
+
+/* ---- thread backend (coll_thread.c) ---- */
+
+typedef struct coll_thread_group coll_thread_group;
+
+/* Creates a group for `world_size` threads (1..1024). Returns 0 or -EINVAL / -ENOMEM. */
+int coll_thread_group_create(int world_size, coll_thread_group **out);
+
+/* Fills `out` with the handle of `rank` in the group (each of the world_size threads takes its own
+ * rank and calls the collectives with it). Returns 0 or -EINVAL for a rank outside [0, world_size). */
+int coll_thread_get(coll_thread_group *g, int rank, pf_coll *out);
+
+/* Frees the group after every thread has stopped using it. */
+void coll_thread_group_destroy(coll_thread_group *g);
+
+#endif

@@ -1,0 +1,92 @@
+/* Partial FC margin-softmax head (ArcFace / CosFace / combined margin), forward and backward, on the
+ * CPU with BLAS. DESIGN.md §3 step 5.
+ *
+ * Math (ArcFace paper, Deng et al. 2019, eq. 3 and the combined margin of eq. 4; arcface_torch
+ * CombinedMarginLoss + PartialFC_V2 / DistCrossEntropyFunc):
+ *   en_i = e_i / max(|e_i|, 1e-12)        wn_j = w_j / max(|w_j|, 1e-12)      (F.normalize)
+ *   c_ij = clamp(en_i . wn_j, -1, 1)
+ *   target (j == label_i): t = clamp(c, -1+1e-7, 1-1e-7), theta = acos(t),
+ *                          v = cos(m1*theta + m2) - m3
+ *   interclass filtering (threshold tau > 0, non-target only): c > tau -> v = 0, no gradient
+ *   otherwise v = c;  logits z_ij = s * v_ij
+ *   softmax over all columns of all workers (global mode: row max and row sum of exp allreduced),
+ *   loss = (1/N) sum_i -log p_i,label_i computed as log-softmax (z_t - max - log sum), the float64
+ *   reference's value; a row whose target is on no worker counts -log(1e-30) = 69.0776 (arcface_torch's
+ *   floor). With clamp_loss set, every row is floored like arcface_torch's clamp_min(1e-30) (loss of a
+ *   row at most 69.0776; the reference cases N8_K50_D16 have rows beyond it, so it is off by default).
+ *   dL/dz = (p - onehot) / N; margin derivative `exact` (d v/d c = m1 sin(m1 theta + m2)/sqrt(1-t^2),
+ *   zero outside the clamp ranges as torch.clamp's backward) or `straight_through` (d v/d c = 1,
+ *   arcface_torch since 2022); then back through both normalizations:
+ *   de_i = (g_i - en_i (en_i . g_i)) / max(|e_i|, 1e-12) where g_i = dL/d en_i.
+ */
+#ifndef PFCPS_WORKER_HEAD_HEAD_H
+#define PFCPS_WORKER_HEAD_HEAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/coll.h"
+
+typedef enum { HEAD_MARGIN_GRAD_EXACT = 0, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH = 1 } head_margin_grad;
+
+/* HEAD_MODE_GLOBAL: the N rows are the global batch (allgathered embeddings), every worker holds a
+ * slice of the columns, max and sum of exp are allreduced: one softmax over all workers' columns.
+ * HEAD_MODE_LOCAL: the N rows are this worker's own batch and its own softmax; the gradients are
+ * scaled by 1/(N * world_size) so that the sum of all workers' gradients is the gradient of the
+ * global mean loss (mean over workers of the per-worker mean losses, equal batch sizes). */
+typedef enum { HEAD_MODE_GLOBAL = 0, HEAD_MODE_LOCAL = 1 } head_mode;
+
+typedef struct head_params {
+    double s;                               /* logit scale, 64 */
+    double m1, m2, m3;                      /* combined margin: ArcFace (1, 0.5, 0), CosFace (1, 0, 0.4) */
+    double interclass_filtering_threshold;  /* 0 = off */
+    head_margin_grad margin_grad;
+    head_mode mode;
+    int clamp_loss;                         /* 1: floor p_target at 1e-30 in the loss value (arcface_torch) */
+} head_params;
+
+/* Parses "exact" / "straight_through" (config key margin_grad) and "global" / "local" (head_mode).
+ * Return 0 or -EINVAL naming the value. */
+int head_parse_margin_grad(const char *name, head_margin_grad *out);
+int head_parse_mode(const char *name, head_mode *out);
+
+/* Workspace reused across steps (no allocation on the hot path). Sized for at most n_max rows,
+ * k_max columns, d features: n_max*k_max + (n_max + k_max)*d floats plus 4*n_max + k_max doubles. */
+typedef struct head_ws {
+    int64_t n_max, k_max, d;
+    float *cos;      /* (n_max, k_max): raw cosines, then dL/dcos in place */
+    float *en;       /* (n_max, d) normalized embeddings */
+    float *wn;       /* (k_max, d) normalized class centers */
+    double *inv_e;   /* (n_max) 1 / max(|e_i|, 1e-12) */
+    double *inv_w;   /* (k_max) */
+    float *row_max;  /* (n_max) */
+    double *row_red; /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
+} head_ws;
+
+/* Allocates the workspace. Returns 0, -EINVAL (non-positive n_max/d, negative k_max), -ENOMEM. */
+int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d);
+void head_ws_free(head_ws *ws);
+
+/* One head step on this worker.
+ *   embeddings (n, d): global batch in global mode (rank-major, as allgathered), own batch in local
+ *   centers    (k, d): this worker's pulled class centers (k may be 0)
+ *   labels     (n):    column of the target in `centers`, or -1 when it lives on another worker
+ *   coll:              the workers' collectives; NULL = single process (world_size 1)
+ * Outputs (each may be NULL to skip):
+ *   loss: global mean loss (same value on every rank; in local mode the mean over ranks)
+ *   logits (n, k): z = s * margin-applied cosines (what the softmax sees)
+ *   grad_embeddings (n, d): this worker's part of dL/d embeddings, overwritten; in global mode the
+ *     caller sums it over workers (reduce-scatter) so that each worker gets dL/d its own B rows.
+ *     This is the gradient of the global mean loss: a caller that averages backbone gradients over
+ *     workers afterwards must scale by world_size (arcface_torch's AllGather backward does `*= W`).
+ *   grad_centers (k, d): dL/d centers, overwritten.
+ * With both grad pointers NULL only the forward runs (loss, logits).
+ * Errors: -EINVAL (n, k, d outside the workspace, bad params), -ERANGE (a label outside [-1, k),
+ * message names the row) — both before any collective, so a caller with a group must abort the group;
+ * or the collective's error. */
+int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
+                          const float *embeddings, int64_t n, const float *centers, int64_t k, int64_t d,
+                          const int64_t *labels, double *loss, float *logits,
+                          float *grad_embeddings, float *grad_centers);
+
+#endif

@@ -1,0 +1,64 @@
+/* Optimizers on flat float arrays (llm.c style: all parameters in one allocation), gradient-norm
+ * clipping and arcface_torch's learning-rate schedule.
+ *
+ * SGD and AdamW match PyTorch's torch.optim.SGD (dampening 0, no Nesterov) and torch.optim.AdamW
+ * (amsgrad off) update rules exactly, in float32 with the same operation order. */
+#ifndef PFCPS_WORKER_HEAD_OPTIM_H
+#define PFCPS_WORKER_HEAD_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* torch.optim.SGD step on n parameters (weight decay applies to every parameter, momentum honoured):
+ *   d = grad + weight_decay * w;  mom = momentum * mom + d  (momentum > 0);  w -= lr * mom
+ * With momentum == 0, w -= lr * d and `mom` is not touched (may be NULL). Start with mom zeroed
+ * (PyTorch's first step buf = d is the same as 0 * momentum + d). */
+void optim_sgd_step(float *w, const float *grad, float *mom, size_t n, float lr, float momentum,
+                    float weight_decay);
+
+typedef struct adamw_params {
+    double lr;            /* PyTorch default 1e-3 */
+    double beta1, beta2;  /* 0.9, 0.999 */
+    double eps;           /* 1e-8 */
+    double weight_decay;  /* 1e-2 */
+} adamw_params;
+
+/* Fills PyTorch's AdamW defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2). */
+void optim_adamw_defaults(adamw_params *p);
+
+/* torch.optim.AdamW step number `step` (1-based, counted per parameter set) on n parameters:
+ *   w *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *   w -= (lr / (1 - b1^step)) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
+ * (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", Algorithm 2, as PyTorch implements it.)
+ * m and v start zeroed. Returns 0 or -EINVAL for step < 1. */
+int optim_adamw_step(float *w, const float *grad, float *m, float *v, size_t n, const adamw_params *p,
+                     int64_t step);
+
+/* torch.nn.utils.clip_grad_norm_(params, max_norm) with norm_type 2 over one flat array: computes
+ * total = ||grad||_2 (double accumulation) and, when max_norm / (total + 1e-6) < 1, scales grad by that
+ * factor. Returns total (the norm before clipping). Non-finite totals leave grad untouched and are
+ * returned as is (the caller decides; torch's error_if_nonfinite defaults to false). */
+double optim_clip_grad_norm(float *grad, size_t n, double max_norm);
+
+/* Same over several arrays (grads[i] has counts[i] elements), as one global norm. */
+double optim_clip_grad_norm_multi(float *const *grads, const size_t *counts, int narrays, double max_norm);
+
+/* arcface_torch's schedule lengths (train_v2.py):
+ *   warmup_steps = floor(num_image / total_batch) * warmup_epoch,  total_steps = floor(num_image /
+ *   total_batch) * num_epoch  (warmup_epoch may be fractional: like Python, warmup_steps is then a
+ *   fractional number of steps and stays a double)
+ * Returns 0 or -EINVAL (num_image, total_batch, num_epoch not positive, warmup_epoch negative,
+ * warmup_steps >= total_steps while warmup is on). */
+int optim_schedule_steps(int64_t num_image, int64_t total_batch, int num_epoch, double warmup_epoch,
+                         double *warmup_steps, int64_t *total_steps);
+
+/* arcface_torch PolyScheduler.get_lr() at last_epoch = t (t >= 0): linear warmup then polynomial decay
+ * with power 2:
+ *   t < warmup:  base_lr * t / warmup
+ *   else:        base_lr * (1 - (t - warmup) / (total - warmup))^2,   0 for t >= total
+ * In arcface_torch the lr used by optimizer step g (1-based) is get_lr(max(g - 2, 0)) (the scheduler's
+ * constructor sets get_lr(0) and step() is called after each optimizer step), and the logged lr at
+ * global step g is get_lr(g - 1). pfcps uses lr(t = g - 1) for step g: the value arcface_torch logs. */
+double optim_poly_lr(double base_lr, int64_t t, double warmup_steps, int64_t total_steps);
+
+#endif

@@ -1,0 +1,203 @@
+/* Class-center sampling: see sample.h. */
+#include "worker/head/sample.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+
+__extension__ typedef unsigned __int128 u128;
+
+/* splitmix64 finalizer (Steele, Lea, Flood 2014). */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t sample_key(uint64_t seed, int64_t step, int rank)
+{
+    uint64_t k = mix64(seed + 0x9e3779b97f4a7c15ULL);
+    k = mix64(k ^ ((uint64_t)step + 0x632be59bd9b4e019ULL));
+    k = mix64(k ^ ((uint64_t)(uint32_t)rank + 0x85157af5ULL));
+    return k;
+}
+
+uint64_t sample_bits(uint64_t key, uint64_t counter)
+{
+    return mix64(key + (counter + 1) * 0x9e3779b97f4a7c15ULL);
+}
+
+/* Uniform integer in [0, bound) (bound > 0), Lemire's multiply-shift with rejection; advances *ctr. */
+static uint64_t uniform_below(uint64_t key, uint64_t *ctr, uint64_t bound)
+{
+    u128 m = (u128)sample_bits(key, (*ctr)++) * bound;
+    uint64_t lo = (uint64_t)m;
+    if (lo < bound) {
+        uint64_t thresh = (0 - bound) % bound;
+        while (lo < thresh) {
+            m = (u128)sample_bits(key, (*ctr)++) * bound;
+            lo = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+
+int64_t sample_partition_size(int64_t num_classes, int world_size, int rank)
+{
+    if (num_classes <= 0 || world_size < 1 || rank < 0 || rank >= num_classes) return 0;
+    return (num_classes - rank + world_size - 1) / world_size;
+}
+
+int64_t sample_count(double sample_rate, int64_t partition)
+{
+    if (partition <= 0 || !(sample_rate > 0)) return 0;
+    if (sample_rate >= 1.0) return partition;
+    double x = sample_rate * (double)partition;
+    int64_t k = (int64_t)x;
+    if (x - (double)k > 1e-9) k++;
+    return k > partition ? partition : k;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Open-addressing set of int64 >= 0 (empty slot = -1), capacity a power of two. */
+typedef struct iset {
+    int64_t *slot;
+    uint64_t mask;
+} iset;
+
+static int iset_init(iset *s, int64_t n)
+{
+    uint64_t cap = 16;
+    while (cap < (uint64_t)n * 2) cap <<= 1;
+    s->slot = malloc(cap * sizeof(int64_t));
+    if (!s->slot) return -ENOMEM;
+    memset(s->slot, 0xff, cap * sizeof(int64_t));
+    s->mask = cap - 1;
+    return 0;
+}
+
+/* Inserts x; returns 1 if newly inserted, 0 if present. */
+static int iset_insert(iset *s, int64_t x)
+{
+    uint64_t h = mix64((uint64_t)x) & s->mask;
+    for (;;) {
+        if (s->slot[h] == x) return 0;
+        if (s->slot[h] < 0) {
+            s->slot[h] = x;
+            return 1;
+        }
+        h = (h + 1) & s->mask;
+    }
+}
+
+/* Position of x in the sorted array a[0..n), or -1. */
+static int64_t find_sorted(const int64_t *a, int64_t n, int64_t x)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return (lo < n && a[lo] == x) ? lo : -1;
+}
+
+int sample_classes(const sample_args *a, const int64_t *labels, int64_t n,
+                   int64_t **ids_out, int64_t *k_out, int64_t *labels_local)
+{
+    *ids_out = NULL;
+    *k_out = 0;
+    if (!a || (!labels && n > 0) || n < 0) return pf_err(-EINVAL, "sample: NULL argument or negative n");
+    if (a->num_classes <= 0) return pf_err(-EINVAL, "sample: num_classes %lld is not positive", (long long)a->num_classes);
+    if (a->world_size < 1 || a->rank < 0 || a->rank >= a->world_size)
+        return pf_err(-EINVAL, "sample: rank %d outside [0, world_size %d)", a->rank, a->world_size);
+    if (!(a->sample_rate > 0 && a->sample_rate <= 1.0))
+        return pf_err(-EINVAL, "sample: sample_rate %g outside (0, 1]", a->sample_rate);
+    if (a->step < 0) return pf_err(-EINVAL, "sample: step %lld is negative", (long long)a->step);
+    for (int64_t i = 0; i < n; i++)
+        if (labels[i] < 0 || labels[i] >= a->num_classes)
+            return pf_err(-ERANGE, "sample: label %lld of row %lld outside [0, num_classes %lld)",
+                          (long long)labels[i], (long long)i, (long long)a->num_classes);
+
+    int global = a->mode == SAMPLE_GLOBAL;
+    int64_t stride = global ? a->world_size : 1, offset = global ? a->rank : 0;
+    int64_t part = global ? sample_partition_size(a->num_classes, a->world_size, a->rank) : a->num_classes;
+
+    /* Positives as local indices (c div W) in this partition, sorted and unique. */
+    int64_t *pos = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (!pos) return pf_err(-ENOMEM, "sample: out of memory");
+    int64_t np = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (labels[i] % stride == offset) pos[np++] = labels[i] / stride;
+    qsort(pos, (size_t)np, sizeof(int64_t), cmp_i64);
+    int64_t u = 0;
+    for (int64_t i = 0; i < np; i++)
+        if (u == 0 || pos[i] != pos[u - 1]) pos[u++] = pos[i];
+    np = u;
+
+    int64_t k = sample_count(a->sample_rate, part);
+    if (k < np) k = np;
+    int64_t m = k - np;            /* negatives to draw */
+    int64_t pool = part - np;      /* non-positive ids available */
+    int64_t *ids = malloc((size_t)(k > 0 ? k : 1) * sizeof(int64_t));
+    int64_t *neg = malloc((size_t)(m > 0 ? m : 1) * sizeof(int64_t));
+    if (!ids || !neg) {
+        free(pos);
+        free(ids);
+        free(neg);
+        return pf_err(-ENOMEM, "sample: out of memory for %lld ids", (long long)k);
+    }
+
+    /* Negatives: indices r in [0, pool) of the non-positive ids, mapped to local ids by skipping the
+     * positives: the r-th non-positive is r + #{j : pos[j] - j <= r} (pos[j] - j is non-decreasing). */
+    if (m == pool) {
+        for (int64_t r = 0; r < m; r++) neg[r] = r;
+    } else if (m > 0) {
+        /* Floyd's algorithm: a uniform m-subset of [0, pool) in m draws. */
+        iset set;
+        if (iset_init(&set, m) < 0) {
+            free(pos);
+            free(ids);
+            free(neg);
+            return pf_err(-ENOMEM, "sample: out of memory for the hash set of %lld ids", (long long)m);
+        }
+        uint64_t key = sample_key(a->seed, a->step, a->rank), ctr = 0;
+        int64_t cnt = 0;
+        for (int64_t j = pool - m; j < pool; j++) {
+            int64_t t = (int64_t)uniform_below(key, &ctr, (uint64_t)j + 1);
+            int64_t pick = iset_insert(&set, t) ? t : (iset_insert(&set, j), j);
+            neg[cnt++] = pick;
+        }
+        free(set.slot);
+        qsort(neg, (size_t)m, sizeof(int64_t), cmp_i64);
+    }
+    /* Map to local ids (neg is sorted, so a forward walk over pos suffices). */
+    int64_t pj = 0;
+    for (int64_t r = 0; r < m; r++) {
+        while (pj < np && pos[pj] - pj <= neg[r]) pj++;
+        neg[r] += pj;
+    }
+    /* Merge positives and negatives (both sorted, disjoint) into global ids. */
+    int64_t ia = 0, ib = 0;
+    for (int64_t o = 0; o < k; o++) {
+        int64_t loc = (ib >= m || (ia < np && pos[ia] < neg[ib])) ? pos[ia++] : neg[ib++];
+        ids[o] = loc * stride + offset;
+    }
+    free(pos);
+    free(neg);
+
+    if (labels_local)
+        for (int64_t i = 0; i < n; i++)
+            labels_local[i] = (labels[i] % stride == offset) ? find_sorted(ids, k, labels[i]) : -1;
+    *ids_out = ids;
+    *k_out = k;
+    return 0;
+}
