@@ -1,0 +1,289 @@
+/* Control-plane frames and messages: the join MAC against RFC 4231's HMAC-SHA256 test vector (laid
+ * out so the vector's message is exactly nonce || u32le(role) || u32le(rank) || addr), frame round
+ * trip, partial frames, the size limit, and each malformed message the decoder must refuse.
+ *
+ * `test_ctl_frame --write-corpus DIR` writes the fuzz seed corpus (tests/fuzz/ctl_corpus). */
+#include "common/ctl_frame.h"
+#include "common/err.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void test_mac_rfc4231(void **state)
+{
+    (void)state;
+    /* RFC 4231 test case 2: key "Jefe", data "what do ya want for nothing?". */
+    const char *data = "what do ya want for nothing?";
+    const uint8_t want[32] = {0x5b, 0xdc, 0xc1, 0x46, 0xbf, 0x60, 0x75, 0x4e, 0x6a, 0x04, 0x24,
+                              0x26, 0x08, 0x95, 0x75, 0xc7, 0x5a, 0x00, 0x3f, 0x08, 0x9d, 0x27,
+                              0x39, 0x83, 0x9d, 0xec, 0x58, 0xb9, 0x64, 0xec, 0x38, 0x43};
+    /* nonce = bytes 0..15, role = bytes 16..19 little-endian, rank = 20..23, addr = 24..27. */
+    const uint8_t *d = (const uint8_t *)data;
+    int role = (int)((uint32_t)d[16] | (uint32_t)d[17] << 8 | (uint32_t)d[18] << 16 | (uint32_t)d[19] << 24);
+    int rank = (int)((uint32_t)d[20] | (uint32_t)d[21] << 8 | (uint32_t)d[22] << 16 | (uint32_t)d[23] << 24);
+    uint8_t mac[CTL_MAC_LEN];
+    assert_int_equal(ctl_join_mac("Jefe", d, 16, role, rank, d + 24, 4, mac), 0);
+    assert_memory_equal(mac, want, 32);
+    /* Any change of rank changes the mac. */
+    uint8_t mac2[CTL_MAC_LEN];
+    assert_int_equal(ctl_join_mac("Jefe", d, 16, role, rank + 1, d + 24, 4, mac2), 0);
+    assert_memory_not_equal(mac, mac2, 32);
+}
+
+static Pfcps__CtlMessage *make_join(Pfcps__CtlMessage *m, Pfcps__Join *j, uint8_t *mac, size_t maclen,
+                                    const char *addr)
+{
+    pfcps__ctl_message__init(m);
+    pfcps__join__init(j);
+    j->role = PFCPS__ROLE__WORKER;
+    j->rank = 3;
+    j->fabric_addr.data = (uint8_t *)addr;
+    j->fabric_addr.len = strlen(addr);
+    j->mac.data = mac;
+    j->mac.len = maclen;
+    j->protocol_version = CTL_PROTOCOL_VERSION;
+    m->body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
+    m->join = j;
+    return m;
+}
+
+static void test_round_trip_and_partial(void **state)
+{
+    (void)state;
+    uint8_t mac[32];
+    memset(mac, 0xab, sizeof mac);
+    Pfcps__CtlMessage m;
+    Pfcps__Join j;
+    make_join(&m, &j, mac, 32, "some-fabric-address");
+    uint8_t *frame;
+    size_t len;
+    assert_int_equal(ctl_frame_encode(&m, 4096, &frame, &len), 0);
+    /* The length prefix is the payload size, little-endian. */
+    size_t payload = len - 4;
+    assert_int_equal(frame[0] | frame[1] << 8 | frame[2] << 16 | frame[3] << 24, (int)payload);
+    size_t flen = 0;
+    for (size_t k = 0; k < len; k++)
+        assert_int_equal(ctl_frame_peek(frame, k, 4096, &flen), 0);
+    assert_int_equal(ctl_frame_peek(frame, len, 4096, &flen), 1);
+    assert_int_equal(flen, len);
+    /* Exactly at the limit is fine, one byte above is not. */
+    assert_int_equal(ctl_frame_peek(frame, len, payload, &flen), 1);
+    assert_int_equal(ctl_frame_peek(frame, len, payload - 1, &flen), -EMSGSIZE);
+    assert_non_null(strstr(pf_errmsg(), "exceeds the maximum"));
+    uint8_t *none = NULL;
+    assert_int_equal(ctl_frame_encode(&m, payload - 1, &none, &flen), -EMSGSIZE);
+    assert_null(none);
+    Pfcps__CtlMessage *d;
+    assert_int_equal(ctl_msg_decode(frame + 4, payload, &d), 0);
+    assert_int_equal(d->body_case, PFCPS__CTL_MESSAGE__BODY_JOIN);
+    assert_int_equal(d->join->rank, 3);
+    assert_int_equal(d->join->role, PFCPS__ROLE__WORKER);
+    assert_int_equal(d->join->fabric_addr.len, strlen("some-fabric-address"));
+    assert_memory_equal(d->join->fabric_addr.data, "some-fabric-address", d->join->fabric_addr.len);
+    assert_memory_equal(d->join->mac.data, mac, 32);
+    pfcps__ctl_message__free_unpacked(d, NULL);
+    /* A 4 GiB - 1 announced length is refused without waiting for the bytes. */
+    const uint8_t huge[4] = {0xff, 0xff, 0xff, 0xff};
+    assert_int_equal(ctl_frame_peek(huge, 4, 1 << 20, &flen), -EMSGSIZE);
+    free(frame);
+}
+
+static void expect_proto(const uint8_t *p, size_t n, const char *want)
+{
+    Pfcps__CtlMessage *d = NULL;
+    pf_err_clear();
+    int rc = ctl_msg_decode(p, n, &d);
+    printf("decode of %zu bytes: rc %d: %s\n", n, rc, pf_errmsg());
+    assert_int_equal(rc, -EPROTO);
+    assert_null(d);
+    assert_non_null(strstr(pf_errmsg(), want));
+}
+
+static void expect_msg_proto(const Pfcps__CtlMessage *m, const char *want)
+{
+    size_t n = pfcps__ctl_message__get_packed_size(m);
+    uint8_t *buf = malloc(n + 1);
+    pfcps__ctl_message__pack(m, buf);
+    expect_proto(buf, n, want);
+    free(buf);
+}
+
+static void test_bad_messages(void **state)
+{
+    (void)state;
+    const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x12, 0x99};
+    expect_proto(garbage, sizeof garbage, "undecodable");
+    expect_proto(garbage, 0, "no body"); /* empty payload: a message with no body */
+    const uint8_t truncated_field[] = {0x12, 0x20, 0x08}; /* field 2 (join), length 32, one byte */
+    expect_proto(truncated_field, sizeof truncated_field, "undecodable");
+
+    uint8_t mac[32] = {0};
+    Pfcps__CtlMessage m;
+    Pfcps__Join j;
+    make_join(&m, &j, mac, 5, "a");
+    expect_msg_proto(&m, "mac must be 32 bytes");
+    make_join(&m, &j, mac, 32, "a");
+    j.role = 7;
+    expect_msg_proto(&m, "role 7");
+    make_join(&m, &j, mac, 32, "a");
+    j.rank = -1;
+    expect_msg_proto(&m, "rank -1");
+    char big[CTL_MAX_ADDR + 2];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    make_join(&m, &j, mac, 32, big);
+    expect_msg_proto(&m, "fabric address");
+
+    Pfcps__Hello h = PFCPS__HELLO__INIT;
+    h.nonce.data = mac;
+    h.nonce.len = 8;
+    pfcps__ctl_message__init(&m);
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_HELLO;
+    m.hello = &h;
+    expect_msg_proto(&m, "nonce must be 32 bytes");
+}
+
+static void test_book_from_reply(void **state)
+{
+    (void)state;
+    Pfcps__Member mem[3], *ptr[3];
+    const char *addrs[3] = {"s0", "w0", "w1"};
+    for (int i = 0; i < 3; i++) {
+        pfcps__member__init(&mem[i]);
+        mem[i].role = i == 0 ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
+        mem[i].rank = i == 0 ? 0 : i - 1;
+        mem[i].fabric_addr.data = (uint8_t *)addrs[i];
+        mem[i].fabric_addr.len = 2;
+        ptr[i] = &mem[i];
+    }
+    /* Listed out of order: the book is indexed by rank. */
+    Pfcps__Member *shuffled[3] = {ptr[2], ptr[0], ptr[1]};
+    Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
+    r.n_members = 3;
+    r.members = shuffled;
+    r.num_servers = 1;
+    r.num_workers = 2;
+    r.num_classes = 77;
+    r.config_text = (char *)"num_classes = 77\n";
+    ctl_book b;
+    assert_int_equal(ctl_book_from_reply(&r, &b), 0);
+    assert_int_equal(b.num_servers, 1);
+    assert_int_equal(b.num_workers, 2);
+    assert_int_equal(b.num_classes, 77);
+    assert_memory_equal(b.servers[0].addr, "s0", 2);
+    assert_memory_equal(b.workers[0].addr, "w0", 2);
+    assert_memory_equal(b.workers[1].addr, "w1", 2);
+    assert_int_equal(b.workers[1].rank, 1);
+    assert_string_equal(b.config_text, "num_classes = 77\n");
+    ctl_book_free(&b);
+
+    mem[2].rank = 0; /* worker 0 twice, worker 1 missing */
+    assert_int_equal(ctl_book_from_reply(&r, &b), -EPROTO);
+    assert_non_null(strstr(pf_errmsg(), "listed twice"));
+    mem[2].rank = 2; /* outside [0, 2) */
+    assert_int_equal(ctl_book_from_reply(&r, &b), -EPROTO);
+    assert_non_null(strstr(pf_errmsg(), "outside [0, 2)"));
+    mem[2].rank = 1;
+    r.n_members = 2;
+    assert_int_equal(ctl_book_from_reply(&r, &b), -EPROTO);
+    assert_non_null(strstr(pf_errmsg(), "2 members listed"));
+}
+
+/* Seed corpus for tests/fuzz/fuzz_ctl_frame.c: one valid frame of each kind, and a few bad ones. */
+static int write_seed(const char *dir, const char *name, const Pfcps__CtlMessage *m)
+{
+    uint8_t *frame;
+    size_t len;
+    if (ctl_frame_encode(m, 1 << 20, &frame, &len) < 0)
+        return -1;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(frame);
+        return -1;
+    }
+    fwrite(frame, 1, len, f);
+    fclose(f);
+    free(frame);
+    return 0;
+}
+
+static int write_corpus(const char *dir)
+{
+    uint8_t nonce[32], mac[32];
+    for (int i = 0; i < 32; i++)
+        nonce[i] = (uint8_t)(i * 7 + 1), mac[i] = (uint8_t)(255 - i);
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    Pfcps__Hello h = PFCPS__HELLO__INIT;
+    h.nonce.data = nonce;
+    h.nonce.len = 32;
+    h.protocol_version = CTL_PROTOCOL_VERSION;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_HELLO;
+    m.hello = &h;
+    int rc = write_seed(dir, "hello", &m);
+    Pfcps__Join j;
+    make_join(&m, &j, mac, 32, "fabric-addr-0123456789");
+    rc |= write_seed(dir, "join", &m);
+    Pfcps__Member mem[3], *ptr[3];
+    for (int i = 0; i < 3; i++) {
+        pfcps__member__init(&mem[i]);
+        mem[i].role = i < 2 ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
+        mem[i].rank = i < 2 ? i : 0;
+        mem[i].fabric_addr.data = nonce;
+        mem[i].fabric_addr.len = (size_t)(8 + i);
+        ptr[i] = &mem[i];
+    }
+    Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
+    r.n_members = 3;
+    r.members = ptr;
+    r.num_servers = 2;
+    r.num_workers = 1;
+    r.num_classes = 1000;
+    r.config_text = (char *)"[train]\nnum_classes = 1000\n[data]\nrec = synthetic\n";
+    pfcps__ctl_message__init(&m);
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
+    m.join_reply = &r;
+    rc |= write_seed(dir, "join_reply", &m);
+    Pfcps__Heartbeat hb = PFCPS__HEARTBEAT__INIT;
+    hb.seq = 42;
+    pfcps__ctl_message__init(&m);
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_HEARTBEAT;
+    m.heartbeat = &hb;
+    rc |= write_seed(dir, "heartbeat", &m);
+    Pfcps__Shutdown sd = PFCPS__SHUTDOWN__INIT;
+    sd.reason = (char *)"done";
+    pfcps__ctl_message__init(&m);
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_SHUTDOWN;
+    m.shutdown = &sd;
+    rc |= write_seed(dir, "shutdown", &m);
+    Pfcps__Error e = PFCPS__ERROR__INIT;
+    e.code = 13;
+    e.message = (char *)"bad secret";
+    pfcps__ctl_message__init(&m);
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
+    m.error = &e;
+    rc |= write_seed(dir, "error", &m);
+    printf("wrote seed corpus to %s (rc %d)\n", dir, rc);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0)
+        return write_corpus(argv[2]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mac_rfc4231),
+        cmocka_unit_test(test_round_trip_and_partial),
+        cmocka_unit_test(test_bad_messages),
+        cmocka_unit_test(test_book_from_reply),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
