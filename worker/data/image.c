@@ -59,6 +59,15 @@ static int decode_png(img_decoder *d, const uint8_t *data, size_t len, int *w, i
     return 0;
 }
 
+/* TurboJPEG 2.1.5 carries state from a failed header read or decompression into the next call (a valid
+ * JPEG then fails with the previous message): after any failure start over with a fresh handle. */
+static int reset_tj(img_decoder *d, int rc)
+{
+    tjDestroy(d->tj);
+    d->tj = tjInitDecompress();
+    return rc;
+}
+
 int img_decode_rgb(img_decoder *d, const uint8_t *data, size_t len, int *w, int *h, uint8_t **rgb)
 {
     static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
@@ -66,15 +75,17 @@ int img_decode_rgb(img_decoder *d, const uint8_t *data, size_t len, int *w, int 
     if (len < 3 || data[0] != 0xFF || data[1] != 0xD8)
         return pf_err(-EPROTO, "image of %zu bytes is not a JPEG or PNG", len);
     int iw, ih, ss, cs;
+    if (!d->tj) return pf_err(-ENOMEM, "TurboJPEG: no decompressor");
     if (tjDecompressHeader3(d->tj, data, (unsigned long)len, &iw, &ih, &ss, &cs) != 0)
-        return pf_err(-EPROTO, "JPEG: %s", tjGetErrorStr2(d->tj));
+        return reset_tj(d, pf_err(-EPROTO, "JPEG: %s", tjGetErrorStr2(d->tj)));
     if (iw <= 0 || ih <= 0 || iw > IMG_MAX_SIDE || ih > IMG_MAX_SIDE)
         return pf_err(-E2BIG, "JPEG: %dx%d image is outside 1..%d per side", iw, ih, IMG_MAX_SIDE);
     int rc = grow(&d->rgb, &d->rgb_cap, (size_t)iw * (size_t)ih * 3);
     if (rc < 0) return rc;
     /* STOPONWARNING: a truncated or corrupt stream is an error, not a half-grey image. */
-    if (tjDecompress2(d->tj, data, (unsigned long)len, d->rgb, iw, 0, ih, TJPF_RGB, TJFLAG_STOPONWARNING) != 0)
-        return pf_err(-EPROTO, "JPEG: %s", tjGetErrorStr2(d->tj));
+    if (tjDecompress2(d->tj, data, (unsigned long)len, d->rgb, iw, 0, ih, TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
+        return reset_tj(d, pf_err(-EPROTO, "JPEG: %s", tjGetErrorStr2(d->tj)));
+    }
     *w = iw;
     *h = ih;
     *rgb = d->rgb;
