@@ -333,6 +333,31 @@ static void test_cli(void **state)
     assert_int_equal(rest, 1);
 }
 
+/* docs/configuration.md has a table row for every known key. */
+static void test_docs_list_every_key(void **state)
+{
+    (void)state;
+    const char *src = getenv("PFCPS_SOURCE");
+    if (!src)
+        skip();
+    char path[600];
+    snprintf(path, sizeof path, "%s/docs/configuration.md", src);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char *doc = NULL;
+    size_t cap = 0;
+    assert_true(getdelim(&doc, &cap, '\0', f) > 0);
+    fclose(f);
+    for (int i = 0; i < cfg_key_count(); i++) {
+        char row[128];
+        snprintf(row, sizeof row, "| `%s` |", cfg_key_name(i));
+        if (!strstr(doc, row))
+            fail_msg("docs/configuration.md has no row for key '%s'", cfg_key_name(i));
+    }
+    printf("docs/configuration.md documents all %d keys\n", cfg_key_count());
+    free(doc);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/pfcps-test-config-XXXXXX");
@@ -344,7 +369,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults),   cmocka_unit_test(test_file_and_overrides),
         cmocka_unit_test(test_validation_errors), cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_log_format), cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_log_format), cmocka_unit_test(test_cli), cmocka_unit_test(test_docs_list_every_key),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];
