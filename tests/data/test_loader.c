@@ -1,0 +1,316 @@
+/* Loader: determinism (same seed -> same batches, whatever num_workers), rank slices disjoint and
+ * covering the kept part of the epoch with equal batch counts, labels-first (peek == batch labels ==
+ * the class of each key, computed here from the ORL folder sizes), normalization and flip checked
+ * against an independent TurboJPEG decode in float64, synthetic labels uniform in [0, C) up to 2^32,
+ * and bad options. */
+#include "fixture.h"
+
+#include "common/err.h"
+#include "worker/data/loader.h"
+#include "worker/data/pack.h"
+#include "worker/data/rec.h"
+
+#include <inttypes.h>
+#include <math.h>
+
+static char dir[256], prefix[300];
+enum { W = 3, B = 16, S = 112, IMGF = 3 * S * S };
+
+/* Class of ORL pack key k (keys 1..398 in folder order; s8 and s9 have 9 images, the rest 10). */
+static int64_t orl_class_of_key(int64_t key)
+{
+    int64_t k = key - 1;
+    for (int c = 0; c < 40; c++) {
+        int n = (c == 7 || c == 8) ? 9 : 10;
+        if (k < n) return c;
+        k -= n;
+    }
+    return -1;
+}
+
+static loader *open_loader(int rank, int workers, uint64_t seed)
+{
+    loader_opts o;
+    loader_opts_default(&o);
+    o.rec = prefix;
+    o.batch_size = B;
+    o.num_workers = workers;
+    o.seed = seed;
+    o.rank = rank;
+    o.world_size = W;
+    loader *l;
+    int rc = loader_open(&l, &o);
+    CHECK(rc == 0, "loader_open rank %d: %s", rank, pf_errmsg());
+    return rc == 0 ? l : NULL;
+}
+
+static void test_slices(void)
+{
+    int64_t nb = -1;
+    int64_t *seen = calloc(398, sizeof *seen);
+    int64_t total = 0;
+    int64_t order0[W][8 * B];
+    for (int r = 0; r < W; r++) {
+        loader *l = open_loader(r, 1, 7);
+        if (!l) return;
+        if (nb < 0) nb = loader_num_batches(l);
+        CHECK(loader_num_batches(l) == 8 && loader_num_batches(l) == nb, "rank %d: %" PRId64 " batches, want 8 (398 / 48)", r,
+              loader_num_batches(l));
+        loader_epoch_order(l, 0, order0[r]);
+        for (int k = 0; k < 8 * B; k++) {
+            int64_t i = order0[r][k];
+            CHECK(i >= 0 && i < 398, "index %" PRId64, i);
+            if (i >= 0 && i < 398) seen[i]++;
+            total++;
+        }
+        /* Another epoch gives another order; the same epoch again gives the same one. */
+        int64_t again[8 * B], e1[8 * B];
+        loader_epoch_order(l, 0, again);
+        loader_epoch_order(l, 1, e1);
+        CHECK(memcmp(again, order0[r], sizeof again) == 0, "rank %d: epoch 0 order not reproducible", r);
+        CHECK(memcmp(e1, order0[r], sizeof e1) != 0, "rank %d: epoch 1 has epoch 0's order", r);
+        loader_close(l);
+    }
+    int64_t dup = 0, covered = 0;
+    for (int i = 0; i < 398; i++) {
+        dup += seen[i] > 1;
+        covered += seen[i] == 1;
+    }
+    CHECK(total == 384 && dup == 0 && covered == 384, "slices: %" PRId64 " samples, %" PRId64 " duplicates, %" PRId64 " covered",
+          total, dup, covered);
+    printf("slices: 3 ranks x 8 batches x 16 = %" PRId64 " samples, %" PRId64 " distinct images, %" PRId64
+           " shared, 14 dropped (drop_last)\n", total, covered, dup);
+    /* A different seed permutes differently. */
+    loader *l = open_loader(0, 1, 8);
+    if (l) {
+        int64_t o8[8 * B];
+        loader_epoch_order(l, 0, o8);
+        CHECK(memcmp(o8, order0[0], sizeof o8) != 0, "seed 8 gave seed 7's order");
+        loader_close(l);
+    }
+    free(seen);
+}
+
+/* Reads every batch of `epoch` from rank 1; returns a malloc'd copy of images, labels, keys. */
+static int read_epoch(int workers, int64_t epoch, float **imgs, int64_t **labels, int64_t **keys)
+{
+    loader *l = open_loader(1, workers, 7);
+    if (!l) return -1;
+    int64_t nb = loader_num_batches(l);
+    *imgs = malloc((size_t)nb * B * IMGF * sizeof(float));
+    *labels = malloc((size_t)nb * B * sizeof(int64_t));
+    *keys = malloc((size_t)nb * B * sizeof(int64_t));
+    loader_start_epoch(l, epoch);
+    int64_t got = 0, peek[B];
+    int peek_ok = 1, class_ok = 1;
+    for (;;) {
+        int has = loader_peek_labels(l, peek);
+        loader_batch *b;
+        int rc = loader_next(l, &b);
+        CHECK(rc >= 0, "loader_next: %s", pf_errmsg());
+        CHECK(has == rc, "peek says %d, next says %d", has, rc);
+        if (rc <= 0) break;
+        CHECK(b->index == got && b->epoch == epoch && b->n == B, "batch %" PRId64 " index %" PRId64, got, b->index);
+        for (int i = 0; i < B; i++) {
+            peek_ok &= peek[i] == b->labels[i];
+            class_ok &= b->labels[i] == orl_class_of_key(b->keys[i]);
+        }
+        memcpy(*imgs + (size_t)got * B * IMGF, b->images, (size_t)B * IMGF * sizeof(float));
+        memcpy(*labels + got * B, b->labels, B * sizeof(int64_t));
+        memcpy(*keys + got * B, b->keys, B * sizeof(int64_t));
+        loader_release(l, b);
+        got++;
+    }
+    CHECK(got == nb && got == 8, "%" PRId64 " batches, want 8", got);
+    CHECK(peek_ok, "peeked labels differ from the batch labels");
+    CHECK(class_ok, "a label differs from the class of its key");
+    loader_close(l);
+    return 0;
+}
+
+static void test_determinism_and_values(void)
+{
+    float *ia, *ib;
+    int64_t *la, *lb, *ka, *kb;
+    if (read_epoch(2, 0, &ia, &la, &ka) < 0 || read_epoch(0, 0, &ib, &lb, &kb) < 0) return;
+    size_t n = 8 * B;
+    CHECK(memcmp(ka, kb, n * sizeof *ka) == 0 && memcmp(la, lb, n * sizeof *la) == 0 &&
+          memcmp(ia, ib, n * IMGF * sizeof *ia) == 0, "2 threads and 0 threads gave different batches");
+    printf("determinism: 8 batches of rank 1 identical with 2 decode threads and with none (keys, labels, pixels)\n");
+
+    /* Each image against an independent decode: (v/255 - 0.5)/0.5 in float64, flipped or not. */
+    rec_file *rf;
+    if (rec_open(&rf, prefix, 0, 0) < 0) { CHECK(0, "rec_open: %s", pf_errmsg()); return; }
+    rec_buf s = {0};
+    int flips = 0, matched = 0;
+    double worst = 0;
+    for (size_t k = 0; k < n; k++) {
+        rec_payload p;
+        int64_t key = ka[k];
+        if (rec_get(rf, key - 1, &s, &p) < 0 || rf->images[key - 1].key != key) { CHECK(0, "key %" PRId64, key); continue; }
+        int w, h;
+        uint8_t *rgb = fx_decode(p.image, p.image_len, &w, &h);
+        if (!rgb || w != S || h != S) { CHECK(0, "decode key %" PRId64, key); free(rgb); continue; }
+        double err[2] = {0, 0};
+        const float *img = ia + k * IMGF;
+        for (int c = 0; c < 3; c++)
+            for (int y = 0; y < S; y++)
+                for (int x = 0; x < S; x++) {
+                    double got = img[((size_t)c * S + y) * S + x];
+                    double plain = ((double)rgb[((size_t)y * S + x) * 3 + c] / 255.0 - 0.5) / 0.5;
+                    double flip = ((double)rgb[((size_t)y * S + (S - 1 - x)) * 3 + c] / 255.0 - 0.5) / 0.5;
+                    err[0] = fmax(err[0], fabs(got - plain));
+                    err[1] = fmax(err[1], fabs(got - flip));
+                }
+        int f = err[1] < err[0];
+        flips += f;
+        matched += err[f] < 1e-6;
+        worst = fmax(worst, err[f]);
+        free(rgb);
+    }
+    CHECK(matched == (int)n, "%d of %zu images match the float64 normalization", matched, n);
+    CHECK(flips >= 40 && flips <= 88, "%d of %zu flipped (p = 0.5; 4 sd is 40..88)", flips, n);
+    printf("normalize: %d/%zu images within 1e-6 of (v/255-0.5)/0.5 in float64 (max |err| %.3g), %d flipped\n", matched, n,
+           worst, flips);
+    rec_buf_free(&s);
+    rec_close(rf);
+
+    /* Epoch 1 from a fresh loader: a different order and different flips. */
+    float *ic;
+    int64_t *lc, *kc;
+    if (read_epoch(2, 1, &ic, &lc, &kc) == 0) {
+        CHECK(memcmp(ka, kc, n * sizeof *ka) != 0, "epoch 1 has epoch 0's keys");
+        free(ic); free(lc); free(kc);
+    }
+    free(ia); free(ib); free(la); free(lb); free(ka); free(kb);
+}
+
+static void test_synthetic(void)
+{
+    const int64_t classes[3] = {INT64_C(1) << 32, 100000007, 10};
+    for (int t = 0; t < 3; t++) {
+        int64_t C = classes[t];
+        loader_opts o;
+        loader_opts_default(&o);
+        o.rec = "synthetic";
+        o.num_classes = C;
+        o.batch_size = 64;
+        o.world_size = 2;
+        o.rank = 1;
+        o.num_workers = 2;
+        o.num_image = 64 * 2 * 50;
+        o.image_size = 16;      /* small random images: labels are what is tested here */
+        loader *l;
+        int rc = loader_open(&l, &o);
+        CHECK(rc == 0, "synthetic open: %s", pf_errmsg());
+        if (rc < 0) return;
+        loader_start_epoch(l, 3);
+        int64_t peek[64], n = 0, count[10] = {0}, maxl = 0, bad = 0;
+        double mean = 0;
+        float lo = 0, hi = 0;
+        loader_batch *b;
+        while (loader_peek_labels(l, peek) == 1 && loader_next(l, &b) == 1) {
+            for (int i = 0; i < 64; i++) {
+                int64_t v = b->labels[i];
+                bad += v < 0 || v >= C || v != peek[i];
+                mean += (double)v / (double)C;
+                if (v > maxl) maxl = v;
+                if (C == 10 && v >= 0 && v < 10) count[v]++;
+                n++;
+            }
+            for (int k = 0; k < 64 * 3 * 16 * 16; k++) {
+                lo = fminf(lo, b->images[k]);
+                hi = fmaxf(hi, b->images[k]);
+            }
+            loader_release(l, b);
+        }
+        mean /= (double)n;
+        CHECK(n == 3200 && bad == 0, "C %" PRId64 ": %" PRId64 " labels, %" PRId64 " out of range or not as peeked", C, n, bad);
+        double want = (double)(C - 1) / (2.0 * (double)C);   /* mean of c / C for c uniform in 0..C-1 */
+        CHECK(fabs(mean - want) < 0.025, "C %" PRId64 ": mean label / C = %.4f, want %.4f (sd 0.005)", C, mean, want);
+        CHECK(lo >= -1.0f && hi <= 1.0f && hi - lo > 1.9f, "images in [%.3f, %.3f]", (double)lo, (double)hi);
+        if (C == (INT64_C(1) << 32)) CHECK(maxl > (INT64_C(1) << 31), "max label %" PRId64 " never above 2^31", maxl);
+        double chi2 = 0;
+        if (C == 10) {
+            for (int c = 0; c < 10; c++) chi2 += (count[c] - 320.0) * (count[c] - 320.0) / 320.0;
+            CHECK(chi2 < 27.88, "C 10: chi-square %.2f over 9 dof (p = 0.001 bound 27.88)", chi2);
+        }
+        printf("synthetic C = %" PRId64 ": %" PRId64 " labels in range, mean/C %.4f (want %.4f), max %" PRId64 "\n", C, n,
+               mean, want, maxl);
+        if (C == 10) printf("synthetic C = 10: chi-square %.2f (9 dof, bound 27.88)\n", chi2);
+        loader_close(l);
+    }
+}
+
+static void test_bad_options(void)
+{
+    loader_opts o;
+    loader *l;
+    loader_opts_default(&o);
+    o.rec = "synthetic";
+    int rc = loader_open(&l, &o);
+    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "num_classes in 1..2^32"), "synthetic without C: %s", pf_errmsg());
+    o.num_classes = (INT64_C(1) << 32) + 1;
+    rc = loader_open(&l, &o);
+    CHECK(rc == -EINVAL, "synthetic C 2^32+1 accepted");
+    loader_opts_default(&o);
+    o.rec = prefix;
+    o.batch_size = 200;
+    o.world_size = 2;
+    rc = loader_open(&l, &o);
+    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "398 images is less than one global batch (world_size 2 x batch_size 200)"),
+          "too small: %s", pf_errmsg());
+    o.batch_size = 8;
+    o.rank = 2;
+    rc = loader_open(&l, &o);
+    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "rank 2 is outside world_size 2"), "rank: %s", pf_errmsg());
+    o.rank = 0;
+    o.rec = "";
+    rc = loader_open(&l, &o);
+    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "rec is not set"), "rec: %s", pf_errmsg());
+    /* Holding every batch and asking for one more is refused, not a deadlock. */
+    o.rec = prefix;
+    o.num_workers = 1;
+    o.prefetch = 2;
+    if (loader_open(&l, &o) == 0) {
+        loader_batch *a, *b, *c;
+        loader_start_epoch(l, 0);
+        loader_next(l, &a);
+        loader_next(l, &b);
+        rc = loader_next(l, &c);
+        CHECK(rc == -EBUSY && fx_contains(pf_errmsg(), "loader_release"), "held batches: rc %d %s", rc, pf_errmsg());
+        loader_release(l, a);
+        rc = loader_next(l, &c);
+        CHECK(rc == 1 && c->index == 2, "after release: rc %d", rc);
+        loader_close(l);
+    }
+    printf("bad options: synthetic without num_classes, C > 2^32, dataset < one global batch, rank >= world_size, "
+           "no rec, too many held batches: refused\n");
+}
+
+int main(void)
+{
+    char ob[300];
+    const char *orl = fx_orl(ob, sizeof ob);
+    if (!orl) {
+        printf("SKIP: ORL faces not found under PFCPS_SOURCE/data/orl\n");
+        return 77;
+    }
+    if (!fx_tmpdir(dir, sizeof dir)) { perror("mkdtemp"); return 1; }
+    snprintf(prefix, sizeof prefix, "%s/orl/train", dir);
+    pack_opts po;
+    pack_opts_default(&po);
+    pack_stats st;
+    if (pack_dir(orl, prefix, &po, &st) < 0) {
+        printf("FAIL: pack ORL: %s\n", pf_errmsg());
+        fx_rmdir(dir);
+        return 1;
+    }
+    test_slices();
+    test_determinism_and_values();
+    test_synthetic();
+    test_bad_options();
+    fx_rmdir(dir);
+    printf("%s: %d failures\n", fx_failures ? "FAIL" : "PASS", fx_failures);
+    return fx_failures ? 1 : 0;
+}
