@@ -531,7 +531,10 @@ static void *service_main(void *arg)
                     conn_write(rv->conns[i]);
         }
     }
-    /* Stopping: give pending replies (a shutdown broadcast) a moment to leave, then close all. */
+    /* Stopping: a shutdown requested just before the stop still goes out; give pending replies a
+     * moment to leave, then close all. */
+    if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
+        queue_shutdown(rv);
     double until = now_s() + 0.5;
     for (;;) {
         int pending = 0;
@@ -698,6 +701,7 @@ struct ctl_session {
     uint8_t *rbuf;
     size_t rlen, rcap;
     uint64_t hb_seq;
+    double next_hb; /* when the next heartbeat is due (kept across short wait calls) */
     ctl_book book;
 };
 
@@ -941,12 +945,13 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
 {
     double end = timeout_s < 0 ? 1e300 : now_s() + timeout_s;
     const double hb_every = 1.0;
-    double next_hb = now_s() + hb_every;
+    if (s->next_hb == 0)
+        s->next_hb = now_s() + hb_every;
     for (;;) {
         double t = now_s();
         if (t >= end)
             return 0;
-        if (t >= next_hb) {
+        if (t >= s->next_hb) {
             Pfcps__Heartbeat hb = PFCPS__HEARTBEAT__INIT;
             hb.seq = ++s->hb_seq;
             Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
@@ -955,10 +960,10 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
             int rc = send_msg(s, &m, t + 5.0);
             if (rc < 0)
                 return rc;
-            next_hb = t + hb_every;
+            s->next_hb = t + hb_every;
         }
         Pfcps__CtlMessage *m = NULL;
-        int rc = recv_msg(s, next_hb < end ? next_hb : end, &m);
+        int rc = recv_msg(s, s->next_hb < end ? s->next_hb : end, &m);
         if (rc == -ETIMEDOUT)
             continue;
         if (rc < 0)

@@ -52,7 +52,8 @@ typedef struct honest {
     int rank;
     char addr[32];
     pthread_t th;
-    int join_rc, shutdown_rc;
+    int join_rc, idle_rc, shutdown_rc;
+    volatile int idle_done;
     char *dump;
     char err[PF_ERRMSG_MAX];
 } honest;
@@ -67,6 +68,9 @@ static void *honest_main(void *arg)
         return NULL;
     }
     h->dump = book_dump(ctl_session_book(s));
+    /* 1.5 s with no shutdown: returns 0, and one heartbeat went out and was echoed meanwhile. */
+    h->idle_rc = ctl_session_wait_shutdown(s, 1.5);
+    __atomic_store_n(&h->idle_done, 1, __ATOMIC_SEQ_CST);
     h->shutdown_rc = ctl_session_wait_shutdown(s, 20.0);
     ctl_session_close(s);
     return NULL;
@@ -311,9 +315,23 @@ int main(void)
         usleep(5000);
     CHECK(ctl_rendezvous_joined(rv) == 1, "double joiner's rank not freed (%d joined)", ctl_rendezvous_joined(rv));
 
+    /* A joined member that stalls in the middle of a frame: dropped at the read deadline, rank freed. */
+    fd = raw_hello(nonce);
+    send_join(fd, nonce, SECRET, 1, 1, "stalling-member", CTL_PROTOCOL_VERSION);
+    end = now_s() + 5;
+    while (ctl_rendezvous_joined(rv) < 2 && now_s() < end)
+        usleep(5000);
+    CHECK(ctl_rendezvous_joined(rv) == 2, "stalling member's join not counted");
+    raw_send(fd, trunc, sizeof trunc);
+    expect_error_and_drop("joined member, half frame", fd, e_time, 1, "incomplete frame");
+    end = now_s() + 5;
+    while (ctl_rendezvous_joined(rv) != 1 && now_s() < end)
+        usleep(5000);
+    CHECK(ctl_rendezvous_joined(rv) == 1, "stalling member's rank not freed (%d joined)", ctl_rendezvous_joined(rv));
+
     /* The silent connection was dropped at its deadline with an error reply. */
     expect_error_and_drop("silent connection", silent, e_time, 1, "no join");
-    printf("silent connection dropped after %.2f s\n", now_s() - silent_since);
+    printf("silent connection: its error reply was read %.2f s after it connected (deadline 1 s)\n", now_s() - silent_since);
 
     /* The honest workers join; all three members must get the expected book. */
     honest_start(&hs[1], CTL_ROLE_WORKER, 0);
@@ -339,13 +357,20 @@ int main(void)
     printf("%-28s -> rc %d: %s\n", "join after formation", rc, pf_errmsg());
     CHECK(rc == -EEXIST, "join after formation: rc %d", rc);
 
+    end = now_s() + 10;
+    for (int i = 0; i < 3; i++)
+        while (hs[i].join_rc == 0 && !__atomic_load_n(&hs[i].idle_done, __ATOMIC_SEQ_CST) && now_s() < end)
+            usleep(5000);
+    /* Shutdown immediately followed by stop: the broadcast must still reach everyone. */
     ctl_rendezvous_broadcast_shutdown(rv);
+    ctl_rendezvous_stop(rv);
     for (int i = 0; i < 3; i++) {
         pthread_join(hs[i].th, NULL);
+        CHECK(hs[i].idle_rc == 0, "honest member %d: idle wait returned %d (want 0: timeout)", i, hs[i].idle_rc);
         CHECK(hs[i].shutdown_rc == 1, "honest member %d: wait_shutdown returned %d", i, hs[i].shutdown_rc);
         free(hs[i].dump);
     }
-    ctl_rendezvous_stop(rv);
+    printf("idle wait timed out cleanly and the shutdown broadcast reached all 3 members\n");
     printf("test_ctl_badpeer: %d failures\n", failures);
     return failures ? 1 : 0;
 }
