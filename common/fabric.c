@@ -1,0 +1,268 @@
+/* libfabric wrapper: see fabric.h. */
+#include "common/fabric.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include "common/err.h"
+
+#define FAB_BACKLOG 4096
+
+struct fab_ctx {
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_ep *ep;
+    struct fid_cq *cq;
+    struct fid_av *av;
+    uint64_t next_key;
+    pthread_mutex_t lock; /* guards the backlog and next_key */
+    fab_comp backlog[FAB_BACKLOG];
+    int bl_head, bl_count;
+};
+
+/* libfabric returns negative FI_E* codes; the small ones equal errno values, the rest become -EIO. */
+static int fab_fail(int rc, const char *call) {
+    int e = rc < 0 ? -rc : rc;
+    int code = (e > 0 && e < 256) ? -e : -EIO;
+    return pf_err(code, "%s: %s", call, fi_strerror(e));
+}
+
+static const char *map_provider(const char *p) {
+    if (!strcmp(p, "tcp")) return "tcp;ofi_rxm";
+    if (!strcmp(p, "verbs")) return "verbs;ofi_rxm";
+    if (!strcmp(p, "shm")) return "shm";
+    if (!strcmp(p, "tcp;ofi_rxm") || !strcmp(p, "verbs;ofi_rxm")) return p;
+    return NULL;
+}
+
+int fab_open(const char *provider, fab_ctx **out) {
+    *out = NULL;
+    const char *prov = map_provider(provider ? provider : "tcp");
+    if (!prov) return pf_err(-EINVAL, "unknown provider '%s' (use tcp, shm or verbs)", provider);
+    fab_ctx *f = calloc(1, sizeof(*f));
+    if (!f) return pf_err(-ENOMEM, "fab_open: out of memory");
+    pthread_mutex_init(&f->lock, NULL);
+    f->next_key = 1;
+
+    struct fi_info *hints = fi_allocinfo();
+    if (!hints) { free(f); return pf_err(-ENOMEM, "fi_allocinfo failed"); }
+    hints->caps = FI_MSG | FI_RMA;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->fabric_attr->prov_name = strdup(prov);
+    /* Every registration mode this wrapper knows how to honour; the provider keeps the ones it needs. */
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+    hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    hints->mode = 0;
+    hints->addr_format = FI_FORMAT_UNSPEC;
+
+    int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &f->info);
+    fi_freeinfo(hints);
+    if (rc) {
+        int code = pf_err(-ENODATA, "fi_getinfo(provider %s, FI_EP_RDM, FI_MSG|FI_RMA): %s", prov,
+                          fi_strerror(-rc));
+        free(f);
+        return code;
+    }
+    if ((rc = fi_fabric(f->info->fabric_attr, &f->fabric, NULL))) { rc = fab_fail(rc, "fi_fabric"); goto fail; }
+    if ((rc = fi_domain(f->fabric, f->info, &f->domain, NULL))) { rc = fab_fail(rc, "fi_domain"); goto fail; }
+    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE, .size = 0};
+    if ((rc = fi_cq_open(f->domain, &cq_attr, &f->cq, NULL))) { rc = fab_fail(rc, "fi_cq_open"); goto fail; }
+    struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
+    if ((rc = fi_av_open(f->domain, &av_attr, &f->av, NULL))) { rc = fab_fail(rc, "fi_av_open"); goto fail; }
+    if ((rc = fi_endpoint(f->domain, f->info, &f->ep, NULL))) { rc = fab_fail(rc, "fi_endpoint"); goto fail; }
+    if ((rc = fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV))) { rc = fab_fail(rc, "fi_ep_bind(cq)"); goto fail; }
+    if ((rc = fi_ep_bind(f->ep, &f->av->fid, 0))) { rc = fab_fail(rc, "fi_ep_bind(av)"); goto fail; }
+    if ((rc = fi_enable(f->ep))) { rc = fab_fail(rc, "fi_enable"); goto fail; }
+    *out = f;
+    return 0;
+fail:
+    fab_close(f);
+    return rc;
+}
+
+void fab_close(fab_ctx *f) {
+    if (!f) return;
+    if (f->ep) fi_close(&f->ep->fid);
+    if (f->av) fi_close(&f->av->fid);
+    if (f->cq) fi_close(&f->cq->fid);
+    if (f->domain) fi_close(&f->domain->fid);
+    if (f->fabric) fi_close(&f->fabric->fid);
+    if (f->info) fi_freeinfo(f->info);
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}
+
+const char *fab_provider(const fab_ctx *f) { return f->info->fabric_attr->prov_name; }
+
+uint64_t fab_mr_mode(const fab_ctx *f) { return (uint64_t)f->info->domain_attr->mr_mode; }
+
+void fab_mr_mode_str(uint64_t mode, char *buf, size_t len) {
+    static const struct { uint64_t bit; const char *name; } bits[] = {
+        {FI_MR_LOCAL, "FI_MR_LOCAL"},         {FI_MR_RAW, "FI_MR_RAW"},
+        {FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR"}, {FI_MR_ALLOCATED, "FI_MR_ALLOCATED"},
+        {FI_MR_PROV_KEY, "FI_MR_PROV_KEY"},   {FI_MR_MMU_NOTIFY, "FI_MR_MMU_NOTIFY"},
+        {FI_MR_RMA_EVENT, "FI_MR_RMA_EVENT"}, {FI_MR_ENDPOINT, "FI_MR_ENDPOINT"},
+        {FI_MR_HMEM, "FI_MR_HMEM"},
+    };
+    size_t used = 0;
+    if (len) buf[0] = 0;
+    for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); i++) {
+        if (!(mode & bits[i].bit)) continue;
+        int n = snprintf(buf + used, len > used ? len - used : 0, "%s%s", used ? "|" : "", bits[i].name);
+        if (n > 0) used += (size_t)n;
+    }
+    if (used == 0) snprintf(buf, len, "none");
+}
+
+int fab_getname(fab_ctx *f, void *addr, size_t *len) {
+    size_t cap = *len;
+    int rc = fi_getname(&f->ep->fid, addr, len);
+    if (rc == -FI_ETOOSMALL) return pf_err(-ENOSPC, "fi_getname: name needs %zu bytes, have %zu", *len, cap);
+    if (rc) return fab_fail(rc, "fi_getname");
+    return 0;
+}
+
+int fab_av_insert(fab_ctx *f, const void *addr, size_t len, fi_addr_t *out) {
+    if (len == 0 || len > FAB_MAX_ADDR) return pf_err(-EINVAL, "fabric address of %zu bytes is invalid", len);
+    int n = fi_av_insert(f->av, addr, 1, out, 0, NULL);
+    if (n != 1) return pf_err(-EINVAL, "fi_av_insert: provider %s rejected a %zu-byte address (%s)",
+                              fab_provider(f), len, n < 0 ? fi_strerror(-n) : "0 inserted");
+    return 0;
+}
+
+int fab_mr_reg(fab_ctx *f, void *buf, size_t len, uint64_t access, fab_mr *out) {
+    memset(out, 0, sizeof(*out));
+    uint64_t mode = fab_mr_mode(f);
+    pthread_mutex_lock(&f->lock);
+    uint64_t key = f->next_key++;
+    pthread_mutex_unlock(&f->lock);
+    int rc = fi_mr_reg(f->domain, buf, len, access, 0, key, 0, &out->mr, NULL);
+    if (rc) return pf_err_wrap(fab_fail(rc, "fi_mr_reg"), "registering %zu bytes", len);
+    if (mode & FI_MR_ENDPOINT) {
+        if ((rc = fi_mr_bind(out->mr, &f->ep->fid, 0)) || (rc = fi_mr_enable(out->mr))) {
+            fi_close(&out->mr->fid);
+            out->mr = NULL;
+            return fab_fail(rc, "fi_mr_bind/fi_mr_enable");
+        }
+    }
+    out->desc = fi_mr_desc(out->mr);
+    out->key = fi_mr_key(out->mr);
+    out->buf = buf;
+    out->len = len;
+    out->virt_addr = (mode & FI_MR_VIRT_ADDR) != 0;
+    return 0;
+}
+
+void fab_mr_close(fab_mr *mr) {
+    if (mr && mr->mr) fi_close(&mr->mr->fid);
+    if (mr) memset(mr, 0, sizeof(*mr));
+}
+
+void fab_mr_remote(const fab_mr *mr, size_t offset, uint64_t *raddr, uint64_t *rkey) {
+    *raddr = mr->virt_addr ? (uint64_t)(uintptr_t)mr->buf + offset : (uint64_t)offset;
+    *rkey = mr->key;
+}
+
+/* Reads completions from the CQ into out (max n), translating errors. Returns count or negative. */
+static int cq_read(fab_ctx *f, fab_comp *out, int n) {
+    struct fi_cq_data_entry e[64];
+    if (n > 64) n = 64;
+    ssize_t got = fi_cq_read(f->cq, e, (size_t)n);
+    if (got > 0) {
+        for (ssize_t i = 0; i < got; i++) {
+            out[i] = (fab_comp){.context = e[i].op_context, .flags = e[i].flags, .len = e[i].len,
+                                .data = e[i].data, .err = 0};
+        }
+        return (int)got;
+    }
+    if (got == -FI_EAGAIN) return 0;
+    if (got == -FI_EAVAIL) {
+        struct fi_cq_err_entry ee;
+        memset(&ee, 0, sizeof(ee));
+        ssize_t r = fi_cq_readerr(f->cq, &ee, 0);
+        if (r < 0) return r == -FI_EAGAIN ? 0 : fab_fail((int)r, "fi_cq_readerr");
+        out[0] = (fab_comp){.context = ee.op_context, .flags = ee.flags, .len = ee.len, .data = ee.data,
+                            .err = ee.err ? -(int)ee.err : -EIO};
+        return 1;
+    }
+    return fab_fail((int)got, "fi_cq_read");
+}
+
+/* Called when a post meets -FI_EAGAIN: makes progress, parking completions in the backlog. */
+static int make_progress(fab_ctx *f) {
+    pthread_mutex_lock(&f->lock);
+    int room = FAB_BACKLOG - f->bl_count;
+    int rc = 0;
+    if (room > 0) {
+        fab_comp tmp[64];
+        rc = cq_read(f, tmp, room < 64 ? room : 64);
+        for (int i = 0; i < rc; i++) f->backlog[(f->bl_head + f->bl_count++) % FAB_BACKLOG] = tmp[i];
+    } else {
+        /* Backlog full: still drive the provider so the post can eventually go. */
+        fi_cq_read(f->cq, NULL, 0);
+    }
+    pthread_mutex_unlock(&f->lock);
+    return rc < 0 ? rc : 0;
+}
+
+/* Retries a posting expression until it stops returning -FI_EAGAIN (bounded only by progress). */
+#define FAB_RETRY(call, name)                                     \
+    do {                                                          \
+        ssize_t rc_;                                              \
+        for (;;) {                                                \
+            rc_ = (call);                                         \
+            if (rc_ != -FI_EAGAIN) break;                         \
+            int p_ = make_progress(f);                            \
+            if (p_ < 0) return p_;                                \
+        }                                                         \
+        if (rc_) return fab_fail((int)rc_, name);                 \
+        return 0;                                                 \
+    } while (0)
+
+int fab_send(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, void *ctx) {
+    FAB_RETRY(fi_send(f->ep, buf, len, mr ? mr->desc : NULL, dest, ctx), "fi_send");
+}
+
+int fab_recv(fab_ctx *f, void *buf, size_t len, const fab_mr *mr, void *ctx) {
+    FAB_RETRY(fi_recv(f->ep, buf, len, mr ? mr->desc : NULL, FI_ADDR_UNSPEC, ctx), "fi_recv");
+}
+
+int fab_write(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
+              uint64_t rkey, void *ctx) {
+    FAB_RETRY(fi_write(f->ep, buf, len, mr ? mr->desc : NULL, dest, raddr, rkey, ctx), "fi_write");
+}
+
+int fab_read(fab_ctx *f, fi_addr_t dest, void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
+             uint64_t rkey, void *ctx) {
+    FAB_RETRY(fi_read(f->ep, buf, len, mr ? mr->desc : NULL, dest, raddr, rkey, ctx), "fi_read");
+}
+
+int fab_poll(fab_ctx *f, fab_comp *out, int max) {
+    if (max <= 0) return 0;
+    int n = 0;
+    pthread_mutex_lock(&f->lock);
+    while (n < max && f->bl_count > 0) {
+        out[n++] = f->backlog[f->bl_head];
+        f->bl_head = (f->bl_head + 1) % FAB_BACKLOG;
+        f->bl_count--;
+    }
+    pthread_mutex_unlock(&f->lock);
+    if (n < max) {
+        int rc = cq_read(f, out + n, max - n);
+        if (rc < 0) return n > 0 ? n : rc;
+        n += rc;
+    }
+    return n;
+}

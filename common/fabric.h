@@ -1,0 +1,111 @@
+/* Data-plane transport: a thin wrapper over libfabric reliable datagram endpoints (FI_EP_RDM) with
+ * FI_MSG | FI_RMA, used by the parameter server, its client library and the workers' CPU collectives.
+ *
+ * Provider: the config value is mapped to an exact libfabric provider name, so fi_getinfo never picks
+ * another one (libfabric 1.17 would otherwise offer the experimental `net`):
+ *   "tcp"   -> "tcp;ofi_rxm"    (default; what the loopback tests use)
+ *   "shm"   -> "shm"            (one host)
+ *   "verbs" -> "verbs;ofi_rxm"  (InfiniBand / RoCE; see docs/deploy-verbs.md)
+ * Memory registration honours whatever mr_mode bits the chosen provider asks for (FI_MR_LOCAL,
+ * FI_MR_VIRT_ADDR, FI_MR_PROV_KEY, FI_MR_ALLOCATED, FI_MR_ENDPOINT): callers always pass the fab_mr of a
+ * buffer to every data call and always address remote memory through fab_mr_remote().
+ *
+ * Progress is manual (FI_PROGRESS_MANUAL): nothing moves unless someone calls fab_poll(). The parameter
+ * server runs a progress thread that polls its CQ continuously (even when it expects nothing); clients
+ * progress inside their wait calls. A posting call that meets -FI_EAGAIN drains the CQ into an internal
+ * backlog (returned by later fab_poll calls, in order) and retries, so posts never fail for lack of
+ * progress. The domain is opened FI_THREAD_SAFE; the backlog is mutex-protected.
+ *
+ * Errors: negative errno codes, pf_errmsg() names the libfabric call and its fi_strerror text. */
+#ifndef PFCPS_COMMON_FABRIC_H
+#define PFCPS_COMMON_FABRIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <rdma/fabric.h>
+
+#define FAB_MAX_ADDR 256 /* bytes; an endpoint name from fab_getname fits (same as CTL_MAX_ADDR) */
+
+typedef struct fab_ctx fab_ctx;
+
+/* A registered buffer. `desc` goes into local data calls (needed under FI_MR_LOCAL); a peer addresses it
+ * with the (addr, key) pair from fab_mr_remote(). */
+typedef struct fab_mr {
+    struct fid_mr *mr;
+    void *desc;
+    void *buf;
+    size_t len;
+    uint64_t key;
+    int virt_addr; /* 1 when the provider wants virtual addresses (FI_MR_VIRT_ADDR), else offsets */
+} fab_mr;
+
+/* One completion. `err` is 0 or a negative errno (e.g. -ECANCELED, -ETRUNC from fi_cq_readerr);
+ * `context` is what was passed to the posting call; `len` is bytes received (receives only);
+ * `flags` the libfabric completion flags (FI_SEND, FI_RECV, FI_READ, FI_WRITE, ...). */
+typedef struct fab_comp {
+    void *context;
+    uint64_t flags;
+    size_t len;
+    uint64_t data;
+    int err;
+} fab_comp;
+
+/* Opens fabric, domain, endpoint, a CQ and an AV (FI_AV_TABLE) for `provider` ("tcp", "shm", "verbs",
+ * or an exact libfabric provider string such as "tcp;ofi_rxm"). Returns 0 and *out, or -ENODATA when
+ * the provider is not available (message names it and the fi_getinfo error), -EINVAL for an unknown
+ * name, other negative codes naming the failing fi_* call. */
+int fab_open(const char *provider, fab_ctx **out);
+
+/* Closes everything fab_open opened. Registered buffers must be closed first. NULL is a no-op. */
+void fab_close(fab_ctx *f);
+
+/* The exact provider name in use ("tcp;ofi_rxm", "shm", ...). */
+const char *fab_provider(const fab_ctx *f);
+
+/* The mr_mode bits the provider asked for. */
+uint64_t fab_mr_mode(const fab_ctx *f);
+
+/* Writes the names of the set mr_mode bits ("FI_MR_LOCAL|FI_MR_VIRT_ADDR", or "none") into buf. */
+void fab_mr_mode_str(uint64_t mode, char *buf, size_t len);
+
+/* This endpoint's name (opaque bytes, at most FAB_MAX_ADDR) for the address book.
+ * *len is the capacity in, bytes written out. Returns 0 or -ENOSPC / -EIO. */
+int fab_getname(fab_ctx *f, void *addr, size_t *len);
+
+/* Inserts a peer's endpoint name into the AV; *out is the fi_addr to use in data calls.
+ * Returns 0 or -EINVAL (the provider rejected the address). */
+int fab_av_insert(fab_ctx *f, const void *addr, size_t len, fi_addr_t *out);
+
+/* Registers `len` bytes at `buf` (which the caller allocated and keeps alive) with `access` bits
+ * (FI_SEND | FI_RECV | FI_READ | FI_WRITE for local use; FI_REMOTE_READ / FI_REMOTE_WRITE to expose it
+ * to peers). Binds and enables the MR when the provider wants FI_MR_ENDPOINT. Returns 0 or -errno. */
+int fab_mr_reg(fab_ctx *f, void *buf, size_t len, uint64_t access, fab_mr *out);
+
+/* Releases a registration made by fab_mr_reg. Zeroed / never-registered fab_mr is a no-op. */
+void fab_mr_close(fab_mr *mr);
+
+/* The (remote address, key) a peer must use to reach byte `offset` of `mr` with fab_read/fab_write. */
+void fab_mr_remote(const fab_mr *mr, size_t offset, uint64_t *raddr, uint64_t *rkey);
+
+/* Posts a send of `len` bytes at `buf` (inside `mr`) to `dest`; completion carries `ctx`.
+ * Returns 0 or -errno naming fi_send. */
+int fab_send(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, void *ctx);
+
+/* Posts a receive buffer (any source). A message longer than `len` completes with err = -ETRUNC. */
+int fab_recv(fab_ctx *f, void *buf, size_t len, const fab_mr *mr, void *ctx);
+
+/* One-sided write of `len` local bytes to the peer's (raddr, rkey) (from its fab_mr_remote). */
+int fab_write(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
+              uint64_t rkey, void *ctx);
+
+/* One-sided read of `len` bytes from the peer's (raddr, rkey) into local `buf`. */
+int fab_read(fab_ctx *f, fi_addr_t dest, void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
+             uint64_t rkey, void *ctx);
+
+/* Drives progress and returns up to `max` completions (0 when none; never blocks).
+ * Failed operations come back as completions with err < 0; the return value is negative only when the
+ * CQ itself failed. */
+int fab_poll(fab_ctx *f, fab_comp *out, int max);
+
+#endif

@@ -1,0 +1,212 @@
+/* pfcps-server: one shard of the class-center table, served over the fabric.
+ *
+ *   pfcps-server --config FILE --rank s [--set key=value ...]
+ *
+ * Start-up: open the fabric endpoint (provider from the config), rank 0 starts the rendezvous at
+ * `rendezvous` (after checking that its shard fits in memory), every rank joins as (server, s, fabric
+ * address) and gets the address book and the run config; then the shard is allocated and initialised,
+ * every worker's address goes into the AV, and the progress + apply threads start.
+ * SIGTERM / SIGINT (or the rendezvous' shutdown broadcast): stop accepting requests, finish the apply in
+ * progress, log the counters, exit 0. Exit 1 on a start-up error (message on stderr). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/cli.h"
+#include "common/config.h"
+#include "common/ctl.h"
+#include "common/err.h"
+#include "common/fabric.h"
+#include "common/log.h"
+#include "server/ps_server.h"
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+static const char usage[] =
+    "usage: pfcps-server --config FILE --rank S [--set key=value ...]\n"
+    "  --rank S   this server's rank in [0, servers); rank 0 runs the rendezvous\n";
+
+static int parse_dtype(const char *s) {
+    if (!strcmp(s, "fp32")) return PS_DT_FP32;
+    if (!strcmp(s, "fp16")) return PS_DT_FP16;
+    if (!strcmp(s, "bf16")) return PS_DT_BF16;
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    pf_config cfg;
+    int rest = 0;
+    log_init("server", -1);
+    int rc = cli_parse_common(argc, argv, &cfg, usage, CLI_CONFIG_OPTIONAL, &rest);
+    if (rc == CLI_HELP) return 0;
+    if (rc < 0) {
+        log_error("%s", pf_errmsg());
+        return 1;
+    }
+    int rank = -1;
+    for (int i = 1; i < rest; i++) {
+        if (!strcmp(argv[i], "--rank") && i + 1 < rest) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 0 || v > 1000000) {
+                log_error("--rank '%s' is not a non-negative integer", argv[i]);
+                return 1;
+            }
+            rank = (int)v;
+        } else {
+            log_error("unknown argument '%s'\n%s", argv[i], usage);
+            return 1;
+        }
+    }
+    if (rank < 0) {
+        log_error("--rank is required\n%s", usage);
+        return 1;
+    }
+    log_init("server", rank);
+    if (rank >= cfg.servers) {
+        log_error("--rank %d is outside [0, servers = %d)", rank, cfg.servers);
+        return 1;
+    }
+    const char *secret = cfg_secret(&cfg);
+    if (!secret || !*secret) {
+        log_error("no join secret: set 'secret' in the config or PFCPS_SECRET in the environment");
+        return 1;
+    }
+    char host[256];
+    int port;
+    if (ctl_parse_hostport(cfg.rendezvous, host, sizeof(host), &port) < 0) {
+        log_error("rendezvous '%s' is not host:port", cfg.rendezvous);
+        return 1;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    ctl_rendezvous *rv = NULL;
+    ctl_session *sess = NULL;
+    fab_ctx *fab = NULL;
+    ps_server *srv = NULL;
+    char *ini = NULL;
+    int exit_code = 1;
+
+    if (rank == 0) {
+        if (cfg_validate(&cfg) < 0) {
+            log_error("%s", pf_errmsg());
+            goto out;
+        }
+        /* Refuse before anyone joins when the shard cannot fit. */
+        if (shard_check_fit(cfg.num_classes, cfg.servers, 0, cfg.embedding_size) < 0) {
+            log_error("refusing to start: %s", pf_errmsg());
+            goto out;
+        }
+    }
+    if (fab_open(cfg.provider, &fab) < 0) {
+        log_error("%s", pf_errmsg());
+        goto out;
+    }
+    uint8_t addr[FAB_MAX_ADDR];
+    size_t alen = sizeof(addr);
+    if (fab_getname(fab, addr, &alen) < 0) {
+        log_error("%s", pf_errmsg());
+        goto out;
+    }
+    if (rank == 0) {
+        ini = cfg_to_ini(&cfg);
+        ctl_rendezvous_opts ro = {.bind_host = host, .port = port, .num_servers = cfg.servers,
+                                  .num_workers = cfg.workers, .secret = secret,
+                                  .max_frame = (size_t)cfg.ctl_max_frame, .timeout_s = cfg.ctl_timeout,
+                                  .config_text = ini, .num_classes = cfg.num_classes};
+        if (!ini || ctl_rendezvous_start(&ro, &rv) < 0) {
+            log_error("rendezvous: %s", ini ? pf_errmsg() : "out of memory");
+            goto out;
+        }
+        log_info("rendezvous listening on %s:%d for %d servers and %d workers", host, ctl_rendezvous_port(rv),
+                 cfg.servers, cfg.workers);
+    }
+    /* Join (retrying through the whole ctl_timeout) and take the run config from the book. */
+    double join_timeout = cfg.ctl_timeout > 0 ? cfg.ctl_timeout : 30;
+    if (ctl_join(host, port, CTL_ROLE_SERVER, rank, addr, alen, secret, (size_t)cfg.ctl_max_frame, join_timeout,
+                 &sess) < 0) {
+        log_error("join: %s", pf_errmsg());
+        goto out;
+    }
+    const ctl_book *book = ctl_session_book(sess);
+    pf_config run;
+    cfg_defaults(&run);
+    if (cfg_load_text(&run, book->config_text) < 0) {
+        log_error("run config from the rendezvous: %s", pf_errmsg());
+        goto out;
+    }
+    int dtype = parse_dtype(run.wire_dtype);
+    if (dtype < 0 || book->num_servers != run.servers || book->num_workers != run.workers) {
+        log_error("inconsistent run config: wire_dtype '%s', book %d/%d vs servers %d workers %d", run.wire_dtype,
+                  book->num_servers, book->num_workers, run.servers, run.workers);
+        goto out;
+    }
+    ps_server_opts so = {.provider = run.provider, .rank = rank, .servers = run.servers, .workers = run.workers,
+                         .dim = run.embedding_size, .num_classes = run.num_classes, .seed = (uint64_t)run.seed,
+                         .momentum = run.momentum, .weight_decay = run.weight_decay,
+                         .max_staleness = run.max_staleness, .apply_threads = cfg.apply_threads, .fab = fab};
+    fab = NULL; /* owned by the server from here on */
+    if (ps_server_create(&so, &srv) < 0) {
+        log_error("refusing to start: %s", pf_errmsg());
+        goto out;
+    }
+    for (int w = 0; w < book->num_workers; w++) {
+        if (ps_server_add_worker(srv, w, book->workers[w].addr, book->workers[w].addr_len) < 0) {
+            log_error("%s", pf_errmsg());
+            goto out;
+        }
+    }
+    if (ps_server_start(srv) < 0) {
+        log_error("%s", pf_errmsg());
+        goto out;
+    }
+    log_info("serving shard %d/%d to %d workers (max_staleness %d, %d apply threads)", rank, run.servers,
+             run.workers, run.max_staleness, cfg.apply_threads);
+
+    int ctl_ok = 1;
+    while (!g_stop) {
+        if (ctl_ok) {
+            int r = ctl_session_wait_shutdown(sess, 0.2);
+            if (r == 1) {
+                log_info("shutdown broadcast received");
+                break;
+            }
+            if (r < 0) {
+                log_warn("control connection lost (%s); serving until SIGTERM", pf_errmsg());
+                ctl_ok = 0;
+            }
+        } else {
+            struct timespec ts = {0, 200000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    log_info("stopping: no new requests; finishing the apply in progress");
+    ps_server_stop(srv);
+    ps_stat st;
+    ps_server_stat(srv, &st);
+    log_info("stopped: %lld steps done, %lld pushes applied, %lld row updates, %lld bad requests",
+             (long long)st.steps_done, (long long)st.pushes_applied, (long long)st.rows_applied,
+             (long long)st.bad_requests);
+    exit_code = 0;
+out:
+    if (rv) ctl_rendezvous_broadcast_shutdown(rv);
+    ps_server_destroy(srv);
+    fab_close(fab);
+    if (sess) ctl_session_close(sess);
+    if (rv) ctl_rendezvous_stop(rv);
+    free(ini);
+    return exit_code;
+}

@@ -1,0 +1,575 @@
+/* Parameter-server client library: see ps_client.h. */
+#include "server/ps_client.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "common/fabric.h"
+
+enum { MB_SEND = 1, MB_RECV = 2 };
+enum { RQ_PULL = 1, RQ_PUSH = 2, RQ_STAT = 3, RQ_CHECKSUM = 4, RQ_RAW = 5 };
+
+#define SLAB 16
+
+/* A registered message buffer; its address is the completion context. */
+typedef struct mbuf {
+    int kind;
+    uint8_t *data;
+    fab_mr *mr;
+    struct mbuf *next_free;
+} mbuf;
+
+typedef struct slab {
+    struct slab *next;
+    fab_mr mr;
+    uint8_t *mem;
+    mbuf bufs[SLAB];
+} slab;
+
+/* An outstanding message: which request it belongs to and where its rows go. */
+typedef struct slot {
+    ps_req *req;
+    uint32_t gen;
+    int in_use;
+    size_t off; /* pull: index into req->order of the message's first row */
+    uint32_t n;
+} slot;
+
+struct ps_req {
+    struct ps_req *next; /* in the client's list of requests with messages still to send */
+    int op;
+    int status;
+    char err[PF_ERRMSG_MAX];
+    int64_t step;
+    float lr;
+    size_t n;
+    int64_t *sorted_ids; /* ids sorted by (server, id) */
+    size_t *order;       /* order[k] = original index of sorted_ids[k] */
+    float *grads;        /* push: copy of the gradients, original order */
+    float *out;          /* pull destination */
+    void *result;        /* stat / checksum destination */
+    size_t *srv_off;     /* [S + 1] start of each server's ids in sorted_ids */
+    int *next_chunk;     /* [S] next message to send per server */
+    int *nchunks;        /* [S] messages per server */
+    int to_send;         /* messages not yet sent */
+    int remaining;       /* messages not yet answered */
+    int queued;
+    int raw_server;
+    uint8_t *raw;
+    size_t raw_len;
+};
+
+struct ps_client {
+    ps_client_opts o;
+    fab_ctx *fab;
+    fi_addr_t *srv_addr;
+    uint8_t *srv_known;
+    size_t msg_bytes;
+    uint32_t rpm; /* rows per message */
+    slab *slabs;
+    mbuf *free_bufs;
+    slot *slots;
+    size_t nslots;
+    uint32_t *free_slots;
+    size_t nfree_slots;
+    int inflight;
+    ps_req *sendq_head, *sendq_tail;
+};
+
+static mbuf *get_buf(ps_client *c) {
+    if (!c->free_bufs) {
+        slab *s = calloc(1, sizeof(*s));
+        if (!s) return NULL;
+        s->mem = aligned_alloc(4096, (c->msg_bytes * SLAB + 4095) / 4096 * 4096);
+        if (!s->mem || fab_mr_reg(c->fab, s->mem, c->msg_bytes * SLAB, FI_SEND | FI_RECV, &s->mr) < 0) {
+            free(s->mem);
+            free(s);
+            return NULL;
+        }
+        for (int i = 0; i < SLAB; i++) {
+            s->bufs[i] = (mbuf){0, s->mem + (size_t)i * c->msg_bytes, &s->mr, c->free_bufs};
+            c->free_bufs = &s->bufs[i];
+        }
+        s->next = c->slabs;
+        c->slabs = s;
+    }
+    mbuf *b = c->free_bufs;
+    c->free_bufs = b->next_free;
+    return b;
+}
+
+static void put_buf(ps_client *c, mbuf *b) {
+    b->next_free = c->free_bufs;
+    c->free_bufs = b;
+}
+
+static int get_slot(ps_client *c, uint32_t *idx) {
+    if (c->nfree_slots == 0) {
+        size_t old = c->nslots, nn = old ? old * 2 : 64;
+        slot *ns = realloc(c->slots, nn * sizeof(slot));
+        if (!ns) return -ENOMEM;
+        c->slots = ns;
+        uint32_t *nf = realloc(c->free_slots, nn * sizeof(uint32_t));
+        if (!nf) return -ENOMEM;
+        c->free_slots = nf;
+        for (size_t i = old; i < nn; i++) {
+            memset(&c->slots[i], 0, sizeof(slot));
+            c->free_slots[c->nfree_slots++] = (uint32_t)(nn - 1 - (i - old));
+        }
+        c->nslots = nn;
+    }
+    *idx = c->free_slots[--c->nfree_slots];
+    return 0;
+}
+
+int ps_client_create(const ps_client_opts *opts, ps_client **out) {
+    *out = NULL;
+    if (opts->servers <= 0) return pf_err(-EINVAL, "servers %d must be positive", opts->servers);
+    if (opts->dim <= 0 || opts->dim > 65536) return pf_err(-EINVAL, "embedding_size %d out of range", opts->dim);
+    if (opts->num_classes <= 0) return pf_err(-EINVAL, "num_classes must be positive");
+    if (!ps_dtype_valid(opts->dtype)) return pf_err(-EINVAL, "wire dtype %d invalid", (int)opts->dtype);
+    ps_client *c = calloc(1, sizeof(*c));
+    if (!c) return pf_err(-ENOMEM, "out of memory");
+    c->o = *opts;
+    if (c->o.window <= 0) c->o.window = 8 * opts->servers < 64 ? 8 * opts->servers : 64;
+    c->msg_bytes = ps_wire_msg_bytes((uint32_t)opts->dim);
+    c->rpm = ps_wire_rows_per_msg((uint32_t)opts->dim, opts->dtype);
+    c->srv_addr = calloc(opts->servers, sizeof(fi_addr_t));
+    c->srv_known = calloc(opts->servers, 1);
+    int rc = (!c->srv_addr || !c->srv_known) ? pf_err(-ENOMEM, "out of memory") : fab_open(opts->provider, &c->fab);
+    if (rc < 0) {
+        ps_client_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int ps_client_getname(ps_client *c, void *addr, size_t *len) { return fab_getname(c->fab, addr, len); }
+
+int ps_client_add_server(ps_client *c, int s, const void *addr, size_t len) {
+    if (s < 0 || s >= c->o.servers) return pf_err(-ERANGE, "server rank %d out of range (%d servers)", s, c->o.servers);
+    int rc = fab_av_insert(c->fab, addr, len, &c->srv_addr[s]);
+    if (rc < 0) return pf_err_wrap(rc, "server %d", s);
+    c->srv_known[s] = 1;
+    return 0;
+}
+
+static void req_free(ps_req *r) {
+    if (!r) return;
+    free(r->sorted_ids);
+    free(r->order);
+    free(r->grads);
+    free(r->srv_off);
+    free(r->next_chunk);
+    free(r->nchunks);
+    free(r->raw);
+    free(r);
+}
+
+static void req_fail(ps_req *r, int code, const char *msg) {
+    if (r->status == 0) {
+        r->status = code;
+        snprintf(r->err, sizeof(r->err), "%s", msg);
+    }
+}
+
+/* Builds and sends one message of request r for server s; posts the receive for its reply. */
+static int send_one(ps_client *c, ps_req *r, int s) {
+    mbuf *sb = get_buf(c), *rb = sb ? get_buf(c) : NULL;
+    uint32_t si;
+    if (!sb || !rb || get_slot(c, &si) < 0) {
+        if (sb) put_buf(c, sb);
+        if (rb) put_buf(c, rb);
+        return pf_err(-ENOMEM, "out of memory for message buffers");
+    }
+    slot *sl = &c->slots[si];
+    sl->in_use = 1;
+    sl->gen++;
+    sl->req = r;
+    ps_hdr h = {.magic = PS_MAGIC, .version = PS_VERSION, .client = c->o.rank, .step = r->step,
+                .dim = (uint32_t)c->o.dim, .dtype = (uint32_t)c->o.dtype, .lr = r->lr};
+    h.req_id = ((uint64_t)sl->gen << 32) | si;
+    size_t len = sizeof(ps_hdr);
+    const size_t D = (size_t)c->o.dim;
+    if (r->op == RQ_PULL || r->op == RQ_PUSH) {
+        int k = r->next_chunk[s]++;
+        size_t lo = r->srv_off[s] + (size_t)k * c->rpm, hi = lo + c->rpm;
+        if (hi > r->srv_off[s + 1]) hi = r->srv_off[s + 1];
+        h.op = r->op == RQ_PULL ? PS_OP_PULL : PS_OP_PUSH;
+        h.n = (uint32_t)(hi - lo);
+        h.chunk = (uint16_t)k;
+        h.nchunks = (uint16_t)r->nchunks[s];
+        h.row_off = (uint32_t)(lo - r->srv_off[s]);
+        sl->off = lo;
+        sl->n = h.n;
+        memcpy(sb->data + len, r->sorted_ids + lo, (size_t)h.n * sizeof(int64_t));
+        len += (size_t)h.n * sizeof(int64_t);
+        if (r->op == RQ_PUSH) {
+            for (size_t i = lo; i < hi; i++) {
+                const float *g = r->grads + r->order[i] * D;
+                if (c->o.dtype == PS_DT_FP32) memcpy(sb->data + len, g, D * sizeof(float));
+                else {
+                    uint16_t *dst = (uint16_t *)(sb->data + len);
+                    for (size_t j = 0; j < D; j++)
+                        dst[j] = c->o.dtype == PS_DT_FP16 ? ps_f32_to_f16(g[j]) : ps_f32_to_bf16(g[j]);
+                }
+                len += D * ps_dtype_size(c->o.dtype);
+            }
+        }
+        memcpy(sb->data, &h, sizeof(h));
+    } else if (r->op == RQ_RAW) {
+        len = r->raw_len < c->msg_bytes ? r->raw_len : c->msg_bytes;
+        memcpy(sb->data, r->raw, len);
+        if (len >= 24) memcpy(sb->data + 16, &h.req_id, 8);
+        r->next_chunk[s]++;
+    } else {
+        h.op = r->op == RQ_STAT ? PS_OP_STAT : PS_OP_CHECKSUM;
+        memcpy(sb->data, &h, sizeof(h));
+        r->next_chunk[s]++;
+    }
+    sb->kind = MB_SEND;
+    rb->kind = MB_RECV;
+    int rc = fab_recv(c->fab, rb->data, c->msg_bytes, rb->mr, rb);
+    if (rc == 0) rc = fab_send(c->fab, c->srv_addr[s], sb->data, len, sb->mr, sb);
+    if (rc < 0) {
+        sl->in_use = 0;
+        c->free_slots[c->nfree_slots++] = si;
+        put_buf(c, sb);
+        return rc;
+    }
+    c->inflight++;
+    r->to_send--;
+    return 0;
+}
+
+/* Sends queued messages while the window allows. */
+static void pump(ps_client *c) {
+    while (c->sendq_head && c->inflight < c->o.window) {
+        ps_req *r = c->sendq_head;
+        int sent = 0;
+        for (int s = 0; s < c->o.servers && c->inflight < c->o.window; s++) {
+            if (r->next_chunk[s] >= r->nchunks[s]) continue;
+            int rc = send_one(c, r, s);
+            if (rc < 0) {
+                /* Account the unsent messages as failed so the request completes with the error. */
+                req_fail(r, rc, pf_errmsg());
+                int left = r->nchunks[s] - r->next_chunk[s];
+                r->next_chunk[s] = r->nchunks[s];
+                r->to_send -= left;
+                r->remaining -= left;
+            }
+            sent = 1;
+        }
+        if (r->to_send <= 0) {
+            c->sendq_head = r->next;
+            if (!c->sendq_head) c->sendq_tail = NULL;
+            r->queued = 0;
+        } else if (!sent) {
+            break;
+        }
+    }
+}
+
+static void handle_reply(ps_client *c, const uint8_t *buf, size_t len) {
+    ps_hdr h;
+    if (len < sizeof(h)) return;
+    memcpy(&h, buf, sizeof(h));
+    uint32_t si = (uint32_t)(h.req_id & 0xffffffffu), gen = (uint32_t)(h.req_id >> 32);
+    if (h.magic != PS_MAGIC || h.op != PS_OP_REPLY || si >= c->nslots || !c->slots[si].in_use ||
+        c->slots[si].gen != gen)
+        return; /* stale or foreign: ignore */
+    slot *sl = &c->slots[si];
+    ps_req *r = sl->req;
+    const uint8_t *p = buf + sizeof(h);
+    size_t plen = len - sizeof(h);
+    if (h.status != 0) {
+        char msg[PF_ERRMSG_MAX];
+        size_t ml = plen < sizeof(msg) - 1 ? plen : sizeof(msg) - 1;
+        memcpy(msg, p, ml);
+        msg[ml] = 0;
+        req_fail(r, h.status < 0 ? h.status : -EPROTO, msg);
+    } else if (r->op == RQ_PULL) {
+        const size_t D = (size_t)c->o.dim, dts = ps_dtype_size(c->o.dtype);
+        if (h.n != sl->n || plen != (size_t)h.n * D * dts) {
+            req_fail(r, -EPROTO, "pull reply has the wrong size");
+        } else {
+            for (uint32_t i = 0; i < h.n; i++) {
+                float *dst = r->out + r->order[sl->off + i] * D;
+                const uint8_t *src = p + (size_t)i * D * dts;
+                if (c->o.dtype == PS_DT_FP32) memcpy(dst, src, D * sizeof(float));
+                else {
+                    for (size_t j = 0; j < D; j++) {
+                        uint16_t x;
+                        memcpy(&x, src + 2 * j, 2);
+                        dst[j] = c->o.dtype == PS_DT_FP16 ? ps_f16_to_f32(x) : ps_bf16_to_f32(x);
+                    }
+                }
+            }
+        }
+    } else if (r->op == RQ_STAT && r->result) {
+        if (plen >= sizeof(ps_stat)) memcpy(r->result, p, sizeof(ps_stat));
+        else req_fail(r, -EPROTO, "short stat reply");
+    } else if (r->op == RQ_CHECKSUM && r->result) {
+        if (plen >= sizeof(uint64_t)) memcpy(r->result, p, sizeof(uint64_t));
+        else req_fail(r, -EPROTO, "short checksum reply");
+    }
+    sl->in_use = 0;
+    c->free_slots[c->nfree_slots++] = si;
+    c->inflight--;
+    r->remaining--;
+}
+
+static int progress(ps_client *c) {
+    fab_comp comps[32];
+    int n = fab_poll(c->fab, comps, 32);
+    if (n < 0) return n;
+    for (int i = 0; i < n; i++) {
+        mbuf *b = comps[i].context;
+        if (!b) continue;
+        if (b->kind == MB_RECV && comps[i].err == 0) handle_reply(c, b->data, comps[i].len);
+        put_buf(c, b);
+    }
+    pump(c);
+    return n;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void enqueue_req(ps_client *c, ps_req *r) {
+    r->queued = 1;
+    r->next = NULL;
+    if (c->sendq_tail) c->sendq_tail->next = r;
+    else c->sendq_head = r;
+    c->sendq_tail = r;
+    pump(c);
+}
+
+static ps_req *req_alloc(ps_client *c, int op, int64_t step) {
+    ps_req *r = calloc(1, sizeof(*r));
+    if (!r) return NULL;
+    r->op = op;
+    r->step = step;
+    r->srv_off = calloc((size_t)c->o.servers + 1, sizeof(size_t));
+    r->next_chunk = calloc(c->o.servers, sizeof(int));
+    r->nchunks = calloc(c->o.servers, sizeof(int));
+    if (!r->srv_off || !r->next_chunk || !r->nchunks) {
+        req_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+typedef struct sort_key {
+    int64_t id;
+    size_t idx;
+} sort_key;
+
+static int S_for_sort; /* servers count for the comparator (single-threaded use per call) */
+
+static int cmp_key(const void *pa, const void *pb) {
+    const sort_key *a = pa, *b = pb;
+    int64_t sa = a->id % S_for_sort, sb = b->id % S_for_sort;
+    if (sa != sb) return sa < sb ? -1 : 1;
+    if (a->id != b->id) return a->id < b->id ? -1 : 1;
+    return a->idx < b->idx ? -1 : a->idx > b->idx;
+}
+
+/* Sorts ids by (server, id) and fills the request's shard split. */
+static int split_ids(ps_client *c, ps_req *r, const int64_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->o.num_classes)
+            return pf_err(-ERANGE, "id %lld at index %zu is outside [0, %lld)", (long long)ids[i], i,
+                          (long long)c->o.num_classes);
+    sort_key *k = malloc(sizeof(sort_key) * (n ? n : 1));
+    r->sorted_ids = malloc(sizeof(int64_t) * (n ? n : 1));
+    r->order = malloc(sizeof(size_t) * (n ? n : 1));
+    if (!k || !r->sorted_ids || !r->order) {
+        free(k);
+        return pf_err(-ENOMEM, "out of memory splitting %zu ids", n);
+    }
+    for (size_t i = 0; i < n; i++) k[i] = (sort_key){ids[i], i};
+    S_for_sort = c->o.servers;
+    qsort(k, n, sizeof(sort_key), cmp_key);
+    for (size_t i = 0; i < n; i++) {
+        r->sorted_ids[i] = k[i].id;
+        r->order[i] = k[i].idx;
+        r->srv_off[k[i].id % c->o.servers + 1]++;
+    }
+    free(k);
+    for (int s = 0; s < c->o.servers; s++) r->srv_off[s + 1] += r->srv_off[s];
+    r->n = n;
+    return 0;
+}
+
+static int check_servers(ps_client *c) {
+    for (int s = 0; s < c->o.servers; s++)
+        if (!c->srv_known[s]) return pf_err(-ENOTCONN, "server %d's address was never added", s);
+    return 0;
+}
+
+int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step, ps_req **req) {
+    *req = NULL;
+    int rc = check_servers(c);
+    if (rc < 0) return rc;
+    if (step < 0) return pf_err(-EINVAL, "step %lld is negative", (long long)step);
+    ps_req *r = req_alloc(c, RQ_PULL, step);
+    if (!r) return pf_err(-ENOMEM, "out of memory");
+    if ((rc = split_ids(c, r, ids, n)) < 0) {
+        req_free(r);
+        return rc;
+    }
+    r->out = out;
+    for (int s = 0; s < c->o.servers; s++) {
+        size_t cnt = r->srv_off[s + 1] - r->srv_off[s];
+        r->nchunks[s] = (int)((cnt + c->rpm - 1) / c->rpm);
+        r->to_send += r->nchunks[s];
+    }
+    r->remaining = r->to_send;
+    *req = r;
+    if (r->to_send) enqueue_req(c, r);
+    return 0;
+}
+
+int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step, ps_req **req) {
+    *req = NULL;
+    int rc = check_servers(c);
+    if (rc < 0) return rc;
+    if (step < 0) return pf_err(-EINVAL, "step %lld is negative", (long long)step);
+    if (!isfinite(lr) || lr < 0) return pf_err(-EINVAL, "learning rate %g is invalid", (double)lr);
+    ps_req *r = req_alloc(c, RQ_PUSH, step);
+    if (!r) return pf_err(-ENOMEM, "out of memory");
+    if ((rc = split_ids(c, r, ids, n)) < 0) {
+        req_free(r);
+        return rc;
+    }
+    size_t bytes = n * (size_t)c->o.dim * sizeof(float);
+    r->grads = malloc(bytes ? bytes : 1);
+    if (!r->grads) {
+        req_free(r);
+        return pf_err(-ENOMEM, "out of memory copying %zu gradient bytes", bytes);
+    }
+    if (bytes) memcpy(r->grads, grads, bytes);
+    r->lr = lr;
+    for (int s = 0; s < c->o.servers; s++) {
+        size_t cnt = r->srv_off[s + 1] - r->srv_off[s];
+        size_t k = (cnt + c->rpm - 1) / c->rpm;
+        if (k == 0) k = 1; /* every server gets one push per step, possibly empty */
+        if (k > 65535) {
+            req_free(r);
+            return pf_err(-E2BIG, "push of %zu rows to server %d needs %zu messages (max 65535)", cnt, s, k);
+        }
+        r->nchunks[s] = (int)k;
+        r->to_send += (int)k;
+    }
+    r->remaining = r->to_send;
+    *req = r;
+    enqueue_req(c, r);
+    return 0;
+}
+
+int ps_test(ps_client *c, ps_req *r) {
+    progress(c);
+    return r->remaining <= 0;
+}
+
+int ps_wait(ps_client *c, ps_req *r, double timeout_s) {
+    double t0 = now_s();
+    int idle = 0;
+    while (r->remaining > 0) {
+        int n = progress(c);
+        if (n < 0) {
+            /* CQ failure: the request cannot complete. */
+            int rc = n;
+            if (r->queued) return rc; /* still referenced by the send queue; leave it */
+            req_free(r);
+            return rc;
+        }
+        if (n == 0 && ++idle > 1000) {
+            if (timeout_s >= 0 && now_s() - t0 > timeout_s)
+                return pf_err(-ETIMEDOUT, "no reply from the servers within %.1f s (%d messages outstanding)",
+                              timeout_s, r->remaining);
+            idle = 0;
+        }
+    }
+    int rc = r->status;
+    if (rc < 0) pf_err(rc, "%s", r->err);
+    req_free(r);
+    return rc;
+}
+
+static int simple_op(ps_client *c, int s, int op, void *result, const void *raw, size_t raw_len, double timeout_s) {
+    if (s < 0 || s >= c->o.servers || !c->srv_known[s]) return pf_err(-ERANGE, "server %d unknown", s);
+    ps_req *r = req_alloc(c, op, 0);
+    if (!r) return pf_err(-ENOMEM, "out of memory");
+    r->result = result;
+    if (raw) {
+        r->raw = malloc(raw_len ? raw_len : 1);
+        if (!r->raw) {
+            req_free(r);
+            return pf_err(-ENOMEM, "out of memory");
+        }
+        memcpy(r->raw, raw, raw_len);
+        r->raw_len = raw_len;
+    }
+    r->nchunks[s] = 1;
+    r->to_send = r->remaining = 1;
+    enqueue_req(c, r);
+    return ps_wait(c, r, timeout_s);
+}
+
+int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s) {
+    return simple_op(c, s, RQ_STAT, out, NULL, 0, timeout_s);
+}
+
+int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s) {
+    return simple_op(c, s, RQ_CHECKSUM, out, NULL, 0, timeout_s);
+}
+
+int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s) {
+    return simple_op(c, s, RQ_RAW, NULL, msg, len, timeout_s);
+}
+
+int ps_client_warmup(ps_client *c, double timeout_s) {
+    for (int s = 0; s < c->o.servers; s++) {
+        ps_stat st;
+        int rc = ps_stat_get(c, s, &st, timeout_s);
+        if (rc < 0) return pf_err_wrap(rc, "warming up server %d", s);
+        if (st.dim != c->o.dim || st.num_classes != c->o.num_classes || st.servers != c->o.servers)
+            return pf_err(-EINVAL, "server %d has C=%lld D=%d S=%d, client expects C=%lld D=%d S=%d", s,
+                          (long long)st.num_classes, st.dim, st.servers, (long long)c->o.num_classes, c->o.dim,
+                          c->o.servers);
+    }
+    return 0;
+}
+
+void ps_client_destroy(ps_client *c) {
+    if (!c) return;
+    for (ps_req *r = c->sendq_head; r;) {
+        ps_req *nx = r->next;
+        req_free(r);
+        r = nx;
+    }
+    /* Close the endpoint before freeing the buffers it may still write into. */
+    for (slab *s = c->slabs; s; s = s->next) fab_mr_close(&s->mr);
+    fab_close(c->fab);
+    for (slab *s = c->slabs; s;) {
+        slab *nx = s->next;
+        free(s->mem);
+        free(s);
+        s = nx;
+    }
+    free(c->slots);
+    free(c->free_slots);
+    free(c->srv_addr);
+    free(c->srv_known);
+    free(c);
+}

@@ -1,0 +1,83 @@
+/* Parameter-server client library (linked by workers through ps_client_dep).
+ *
+ * A ps_client is one worker's fabric endpoint towards the S servers. Requests are asynchronous: ps_pull /
+ * ps_push split the ids by shard (class c lives on server c mod S), sort each server's ids, cut them into
+ * messages of at most ps_wire_rows_per_msg rows and send to all servers concurrently; the returned handle is
+ * completed by ps_wait (or polled with ps_test), so a worker overlaps a pull with its backbone forward.
+ * Progress is manual: the library only moves data inside ps_wait / ps_test / ps_stat / ps_checksum / ps_raw
+ * calls. A client is not thread-safe: use it from one thread.
+ *
+ * Step protocol (ps_server.h): a worker pulls rows tagged with its current step t and pushes exactly one
+ * push per step, tagged t, to every server (ps_push does that, sending an empty push to servers without
+ * rows). Under BSP the pull of step t+1 completes only after all W workers pushed step t.
+ *
+ * Errors: negative errno codes; pf_errmsg() has the text (for server-side errors, the server's message:
+ * "server 1: id 99 at index 3 is >= num_classes 50"). */
+#ifndef PFCPS_SERVER_PS_CLIENT_H
+#define PFCPS_SERVER_PS_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/ps_wire.h"
+
+typedef struct ps_client ps_client;
+typedef struct ps_req ps_req;
+
+typedef struct ps_client_opts {
+    const char *provider; /* "tcp", "shm", "verbs" */
+    int rank;             /* this worker's rank (in [0, W)) */
+    int servers;          /* S */
+    int64_t num_classes;  /* C */
+    int dim;              /* D */
+    ps_dtype dtype;       /* wire dtype for pulled rows and pushed gradients */
+    int window;           /* max messages in flight; 0 = min(64, 8 * S) */
+} ps_client_opts;
+
+/* Opens the endpoint. Returns 0 or a negative code (fabric errors name the libfabric call). */
+int ps_client_create(const ps_client_opts *opts, ps_client **out);
+
+/* This client's fabric address for the address book. *len: capacity in, bytes out. */
+int ps_client_getname(ps_client *c, void *addr, size_t *len);
+
+/* Inserts server s's fabric address. Returns 0, -ERANGE (s), -EINVAL (address). */
+int ps_client_add_server(ps_client *c, int s, const void *addr, size_t len);
+
+/* Opens the connection to every server (a stat round trip each) so the first step does not pay for it.
+ * Returns 0 or the first error (-ETIMEDOUT after timeout_s seconds). */
+int ps_client_warmup(ps_client *c, double timeout_s);
+
+/* Starts pulling rows ids[0..n) into out (n x D floats, row i of out = class ids[i]; converted from the
+ * wire dtype). ids may be in any order and may repeat; each must be in [0, C) (else -ERANGE, nothing
+ * sent). ids and out must stay valid until ps_wait returns. step: the worker's current step (>= 0).
+ * Returns 0 and *req, or a negative code. */
+int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step, ps_req **req);
+
+/* Starts pushing row gradients grads (n x D floats, row i for class ids[i]) with learning rate lr for step
+ * `step`; sends a (possibly empty) push to every server. The inputs are copied before ps_push returns.
+ * Returns 0 and *req, -ERANGE for a bad id, or another negative code. */
+int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step, ps_req **req);
+
+/* Waits up to timeout_s seconds (< 0: forever) for req. Returns 0 when every server answered OK, the first
+ * server error (pf_errmsg has the server's text), or -ETIMEDOUT (req stays valid: wait again). Any
+ * return other than -ETIMEDOUT frees req. */
+int ps_wait(ps_client *c, ps_req *req, double timeout_s);
+
+/* Makes progress; returns 1 when req is complete (then call ps_wait to collect it), 0 if not yet. */
+int ps_test(ps_client *c, ps_req *req);
+
+/* Server s's counters (ps_stat in ps_wire.h). Returns 0 or a negative code. */
+int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s);
+
+/* Server s's table checksum (shard_checksum over weights then momentum). */
+int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s);
+
+/* Test hook: sends the raw bytes msg[0..len) to server s as one message (the client overwrites bytes 16..23,
+ * the req_id, when len >= 24) and waits for the reply. Returns the reply's status (0 or the server's negative
+ * code, with its message in pf_errmsg) or -ETIMEDOUT when no reply came (e.g. a message too short to answer). */
+int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s);
+
+/* Closes the endpoint and frees everything (outstanding requests included). NULL is a no-op. */
+void ps_client_destroy(ps_client *c);
+
+#endif

@@ -1,0 +1,686 @@
+/* Parameter-server service: progress thread, request validation, step clock, multi-threaded apply.
+ * See ps_server.h for the semantics and ps_wire.h for the messages. */
+#include "server/ps_server.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "common/fabric.h"
+#include "common/log.h"
+
+enum { CTX_RECV = 1, CTX_SEND = 2 };
+
+typedef struct buf_ctx {
+    int kind;
+    int idx;
+} buf_ctx;
+
+/* One received push message, copied out of the receive buffer (ids then fp32 grads). */
+typedef struct chunk {
+    struct chunk *next;
+    uint32_t n;
+    int64_t *ids;
+    float *grads;
+} chunk;
+
+/* One worker's push for one step, possibly still missing chunks. */
+typedef struct push {
+    struct push *next;
+    int client;
+    int64_t step;
+    float lr;
+    uint16_t nchunks, got;
+    uint8_t *have; /* [nchunks] */
+    chunk *chunks;
+} push;
+
+/* A reply waiting to be sent: pulls wait for their step; everything waits for a free send buffer. */
+typedef struct pending {
+    struct pending *next;
+    ps_hdr req;
+    int32_t status;
+    char msg[256];
+    int64_t *ids;        /* pull: req.n ids */
+    uint8_t payload[64]; /* stat / checksum */
+    size_t payload_len;
+} pending;
+
+/* One row segment to update: entries [lo, hi) of the sorted entry array. */
+typedef struct entry {
+    int64_t lrow;
+    int32_t client;
+    uint32_t seq;
+    const float *g;
+    float lr;
+} entry;
+
+struct ps_server {
+    ps_server_opts o;
+    shard sh;
+    fab_ctx *fab;
+    fab_mr mr_table, mr_recv, mr_send;
+    size_t msg_bytes;
+    int nrecv, nsend;
+    uint8_t *recv_mem, *send_mem;
+    buf_ctx *recv_ctx, *send_ctx;
+    int *send_free, nsend_free;
+    fi_addr_t *worker_addr;
+    uint8_t *worker_known;
+    int64_t *next_push; /* per worker: steps pushed completely */
+    push **partial;     /* per worker: push being received */
+    push *complete;     /* complete pushes waiting for their step */
+    int64_t steps_done;
+    pending *pq_head, *pq_tail;
+    atomic_llong st_pushes, st_rows, st_bad;
+    pthread_t progress;
+    int started;
+    atomic_int stop;
+    /* apply pool */
+    pthread_mutex_t am;
+    pthread_cond_t a_go, a_done;
+    pthread_t *athreads;
+    int nathreads;
+    uint64_t agen;
+    int aremaining, aquit;
+    entry *ae;
+    size_t *aseg, anseg;
+};
+
+/* ---------- apply pool ---------- */
+
+typedef struct apply_arg {
+    ps_server *srv;
+    int idx;
+} apply_arg;
+
+static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g) {
+    const int D = S->sh.dim;
+    for (size_t s = s_lo; s < s_hi; s++) {
+        size_t lo = S->aseg[s], hi = S->aseg[s + 1];
+        for (int j = 0; j < D; j++) g[j] = 0;
+        for (size_t e = lo; e < hi; e++)
+            for (int j = 0; j < D; j++) g[j] += (double)S->ae[e].g[j];
+        size_t off = (size_t)S->ae[lo].lrow * (size_t)D;
+        shard_sgd_row(S->sh.weight + off, S->sh.momentum + off, g, D, S->ae[lo].lr, S->o.momentum,
+                      S->o.weight_decay);
+    }
+}
+
+static void *apply_main(void *arg) {
+    apply_arg *a = arg;
+    ps_server *S = a->srv;
+    double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&S->am);
+    for (;;) {
+        while (!S->aquit && S->agen == seen) pthread_cond_wait(&S->a_go, &S->am);
+        if (S->aquit) break;
+        seen = S->agen;
+        size_t n = S->anseg, T = (size_t)S->nathreads;
+        pthread_mutex_unlock(&S->am);
+        if (g) apply_segments(S, n * (size_t)a->idx / T, n * ((size_t)a->idx + 1) / T, g);
+        pthread_mutex_lock(&S->am);
+        if (--S->aremaining == 0) pthread_cond_signal(&S->a_done);
+    }
+    pthread_mutex_unlock(&S->am);
+    free(g);
+    free(a);
+    return NULL;
+}
+
+static int cmp_entry(const void *pa, const void *pb) {
+    const entry *a = pa, *b = pb;
+    if (a->lrow != b->lrow) return a->lrow < b->lrow ? -1 : 1;
+    if (a->client != b->client) return a->client < b->client ? -1 : 1;
+    return a->seq < b->seq ? -1 : a->seq > b->seq;
+}
+
+/* Applies every complete step whose W pushes are in. Runs on the progress thread. */
+static void try_apply(ps_server *S) {
+    for (;;) {
+        int64_t t = S->steps_done;
+        int count = 0;
+        size_t nrows = 0;
+        for (push *p = S->complete; p; p = p->next)
+            if (p->step == t) {
+                count++;
+                for (chunk *c = p->chunks; c; c = c->next) nrows += c->n;
+            }
+        if (count < S->o.workers) return;
+        entry *e = malloc(sizeof(entry) * (nrows ? nrows : 1));
+        size_t *seg = malloc(sizeof(size_t) * (nrows + 1));
+        if (!e || !seg) {
+            /* Out of memory: leave the step pending; the next message retries. */
+            log_error("apply of step %lld: out of memory for %zu rows", (long long)t, nrows);
+            free(e), free(seg);
+            return;
+        }
+        size_t k = 0;
+        uint32_t seq = 0;
+        for (push *p = S->complete; p; p = p->next) {
+            if (p->step != t) continue;
+            for (chunk *c = p->chunks; c; c = c->next)
+                for (uint32_t i = 0; i < c->n; i++)
+                    e[k++] = (entry){c->ids[i] / S->sh.servers, p->client, seq++,
+                                     c->grads + (size_t)i * S->sh.dim, p->lr};
+        }
+        qsort(e, nrows, sizeof(entry), cmp_entry);
+        size_t nseg = 0;
+        for (size_t i = 0; i < nrows; i++)
+            if (i == 0 || e[i].lrow != e[i - 1].lrow) seg[nseg++] = i;
+        seg[nseg] = nrows;
+        pthread_mutex_lock(&S->am);
+        S->ae = e;
+        S->aseg = seg;
+        S->anseg = nseg;
+        S->aremaining = S->nathreads;
+        S->agen++;
+        pthread_cond_broadcast(&S->a_go);
+        while (S->aremaining > 0) pthread_cond_wait(&S->a_done, &S->am);
+        pthread_mutex_unlock(&S->am);
+        free(e);
+        free(seg);
+        /* Free the applied pushes. */
+        push **pp = &S->complete;
+        while (*pp) {
+            push *p = *pp;
+            if (p->step == t) {
+                *pp = p->next;
+                for (chunk *c = p->chunks; c;) {
+                    chunk *nx = c->next;
+                    free(c);
+                    c = nx;
+                }
+                free(p->have);
+                free(p);
+                S->st_pushes++;
+            } else {
+                pp = &p->next;
+            }
+        }
+        S->st_rows += (long long)nseg;
+        S->steps_done = t + 1;
+        log_debug("step %lld applied: %zu rows from %d pushes", (long long)t, nseg, count);
+    }
+}
+
+/* ---------- replies ---------- */
+
+static void enqueue(ps_server *S, pending *p) {
+    p->next = NULL;
+    if (S->pq_tail) S->pq_tail->next = p;
+    else S->pq_head = p;
+    S->pq_tail = p;
+}
+
+static void reply_error(ps_server *S, const ps_hdr *h, int code, const char *msg) {
+    S->st_bad++;
+    log_warn("bad request from worker %d (op %u, step %lld): %s", h->client, h->op, (long long)h->step, msg);
+    pending *p = calloc(1, sizeof(*p));
+    if (!p) return;
+    p->req = *h;
+    p->status = code;
+    snprintf(p->msg, sizeof(p->msg), "server %d: %s", S->o.rank, msg);
+    enqueue(S, p);
+}
+
+static void free_push(push *p) {
+    if (!p) return;
+    for (chunk *c = p->chunks; c;) {
+        chunk *nx = c->next;
+        free(c);
+        c = nx;
+    }
+    free(p->have);
+    free(p);
+}
+
+/* Sends every ready reply while send buffers are free. */
+static void serve_pending(ps_server *S) {
+    pending **pp = &S->pq_head, *prev = NULL;
+    while (*pp && S->nsend_free > 0) {
+        pending *p = *pp;
+        if (p->status == 0 && p->req.op == PS_OP_PULL && p->req.step - S->o.max_staleness > S->steps_done) {
+            prev = p;
+            pp = &p->next;
+            continue; /* waits for its step */
+        }
+        int b = S->send_free[--S->nsend_free];
+        uint8_t *buf = S->send_mem + (size_t)b * S->msg_bytes;
+        ps_hdr h = p->req;
+        h.op = PS_OP_REPLY;
+        h.status = p->status;
+        size_t len = sizeof(ps_hdr);
+        if (p->status != 0) {
+            size_t ml = strlen(p->msg) + 1;
+            memcpy(buf + len, p->msg, ml);
+            len += ml;
+            h.n = 0;
+        } else if (p->req.op == PS_OP_PULL) {
+            shard_gather(&S->sh, p->ids, p->req.n, p->req.dtype, buf + len);
+            len += (size_t)p->req.n * S->sh.dim * ps_dtype_size(p->req.dtype);
+        } else {
+            memcpy(buf + len, p->payload, p->payload_len);
+            len += p->payload_len;
+        }
+        memcpy(buf, &h, sizeof(h));
+        int rc = fab_send(S->fab, S->worker_addr[p->req.client], buf, len, &S->mr_send, &S->send_ctx[b]);
+        if (rc < 0) {
+            log_error("reply to worker %d: %s", p->req.client, pf_errmsg());
+            S->send_free[S->nsend_free++] = b;
+        }
+        *pp = p->next;
+        if (S->pq_tail == p) S->pq_tail = prev;
+        free(p->ids);
+        free(p);
+    }
+}
+
+/* ---------- request handling ---------- */
+
+static void handle_pull(ps_server *S, const ps_hdr *h, const uint8_t *payload, size_t plen) {
+    char msg[256];
+    if (plen != (size_t)h->n * sizeof(int64_t)) {
+        snprintf(msg, sizeof(msg), "pull of %u ids needs %zu payload bytes, got %zu (truncated or padded)", h->n,
+                 (size_t)h->n * sizeof(int64_t), plen);
+        return reply_error(S, h, -EPROTO, msg);
+    }
+    if (h->step < 0 || h->step > S->next_push[h->client]) {
+        snprintf(msg, sizeof(msg), "pull for step %lld is from the future: worker %d has pushed steps 0..%lld",
+                 (long long)h->step, h->client, (long long)S->next_push[h->client] - 1);
+        return reply_error(S, h, -ERANGE, msg);
+    }
+    pending *p = calloc(1, sizeof(*p));
+    int64_t *ids = malloc(plen ? plen : 1);
+    if (!p || !ids) {
+        free(p), free(ids);
+        return reply_error(S, h, -ENOMEM, "out of memory queueing a pull");
+    }
+    memcpy(ids, payload, plen);
+    if (shard_check_ids(&S->sh, ids, h->n) < 0) {
+        snprintf(msg, sizeof(msg), "%s", pf_errmsg());
+        free(p), free(ids);
+        return reply_error(S, h, -ERANGE, msg);
+    }
+    p->req = *h;
+    p->ids = ids;
+    enqueue(S, p);
+}
+
+static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, size_t plen) {
+    char msg[256];
+    const int w = h->client;
+    const size_t D = (size_t)S->sh.dim, dts = ps_dtype_size(h->dtype);
+    push *cur = S->partial[w];
+    size_t need = (size_t)h->n * (sizeof(int64_t) + D * dts);
+    int code = 0;
+    if (plen != need) {
+        code = -EPROTO;
+        snprintf(msg, sizeof(msg), "push of %u rows (D=%zu, %zu-byte elements) needs %zu payload bytes, got %zu",
+                 h->n, D, dts, need, plen);
+    } else if (h->nchunks == 0 || h->chunk >= h->nchunks) {
+        code = -EPROTO;
+        snprintf(msg, sizeof(msg), "push chunk %u of %u is invalid", h->chunk, h->nchunks);
+    } else if (!isfinite(h->lr) || h->lr < 0) {
+        code = -EINVAL;
+        snprintf(msg, sizeof(msg), "learning rate %g is not a finite non-negative number", (double)h->lr);
+    } else if (h->step != S->next_push[w]) {
+        code = -ERANGE;
+        snprintf(msg, sizeof(msg), "push for step %lld but worker %d's next step is %lld (%s)", (long long)h->step,
+                 w, (long long)S->next_push[w], h->step > S->next_push[w] ? "step from the future" : "already pushed");
+    } else if (h->step > S->steps_done + S->o.max_staleness) {
+        code = -ERANGE;
+        snprintf(msg, sizeof(msg), "push for step %lld is from the future: %lld steps done, max_staleness %d",
+                 (long long)h->step, (long long)S->steps_done, S->o.max_staleness);
+    } else if (cur && (cur->step != h->step || cur->nchunks != h->nchunks || cur->have[h->chunk])) {
+        code = -EPROTO;
+        snprintf(msg, sizeof(msg), "push chunk %u/%u of step %lld does not match the push in progress", h->chunk,
+                 h->nchunks, (long long)h->step);
+    } else if (cur && cur->lr != h->lr) {
+        code = -EINVAL;
+        snprintf(msg, sizeof(msg), "push chunks of one step carry different learning rates");
+    }
+    chunk *c = NULL;
+    if (!code) {
+        c = malloc(sizeof(chunk) + (size_t)h->n * (sizeof(int64_t) + D * sizeof(float)));
+        if (!c) {
+            code = -ENOMEM;
+            snprintf(msg, sizeof(msg), "out of memory for a push of %u rows", h->n);
+        }
+    }
+    if (!code) {
+        c->n = h->n;
+        c->ids = (int64_t *)(c + 1);
+        c->grads = (float *)(c->ids + h->n);
+        memcpy(c->ids, payload, (size_t)h->n * sizeof(int64_t));
+        if (shard_check_ids(&S->sh, c->ids, h->n) < 0) {
+            code = -ERANGE;
+            snprintf(msg, sizeof(msg), "%s", pf_errmsg());
+        }
+    }
+    if (code) {
+        free(c);
+        /* A bad chunk discards the whole push of that step: nothing of it is ever applied. */
+        if (cur && cur->step == h->step) {
+            free_push(cur);
+            S->partial[w] = NULL;
+        }
+        return reply_error(S, h, code, msg);
+    }
+    const uint8_t *gsrc = payload + (size_t)h->n * sizeof(int64_t);
+    size_t ne = (size_t)h->n * D;
+    if (h->dtype == PS_DT_FP32) memcpy(c->grads, gsrc, ne * sizeof(float));
+    else {
+        for (size_t i = 0; i < ne; i++) {
+            uint16_t x;
+            memcpy(&x, gsrc + 2 * i, 2);
+            c->grads[i] = h->dtype == PS_DT_FP16 ? ps_f16_to_f32(x) : ps_bf16_to_f32(x);
+        }
+    }
+    if (!cur) {
+        cur = calloc(1, sizeof(*cur));
+        uint8_t *have = cur ? calloc(h->nchunks, 1) : NULL;
+        if (!cur || !have) {
+            free(cur), free(have), free(c);
+            return reply_error(S, h, -ENOMEM, "out of memory starting a push");
+        }
+        cur->client = w;
+        cur->step = h->step;
+        cur->lr = h->lr;
+        cur->nchunks = h->nchunks;
+        cur->have = have;
+        S->partial[w] = cur;
+    }
+    c->next = cur->chunks;
+    cur->chunks = c;
+    cur->have[h->chunk] = 1;
+    cur->got++;
+    pending *ack = calloc(1, sizeof(*ack));
+    if (ack) {
+        ack->req = *h;
+        enqueue(S, ack);
+    }
+    if (cur->got == cur->nchunks) {
+        S->partial[w] = NULL;
+        cur->next = S->complete;
+        S->complete = cur;
+        S->next_push[w]++;
+        try_apply(S);
+    }
+}
+
+static void handle_msg(ps_server *S, const uint8_t *buf, size_t len) {
+    ps_hdr h;
+    if (len < sizeof(ps_hdr)) {
+        S->st_bad++;
+        log_warn("dropped a %zu-byte message: shorter than the %zu-byte header", len, sizeof(ps_hdr));
+        return;
+    }
+    memcpy(&h, buf, sizeof(h));
+    if (h.client < 0 || h.client >= S->o.workers || !S->worker_known[h.client]) {
+        S->st_bad++;
+        log_warn("dropped a message from unknown worker rank %d (%d workers)", h.client, S->o.workers);
+        return;
+    }
+    char msg[256];
+    const uint8_t *payload = buf + sizeof(ps_hdr);
+    size_t plen = len - sizeof(ps_hdr);
+    if (h.magic != PS_MAGIC || h.version != PS_VERSION) {
+        snprintf(msg, sizeof(msg), "bad magic 0x%08x / version %u (want 0x%08x / %u)", h.magic, h.version, PS_MAGIC,
+                 PS_VERSION);
+        return reply_error(S, &h, -EPROTO, msg);
+    }
+    if (h.op == PS_OP_STAT || h.op == PS_OP_CHECKSUM) {
+        pending *p = calloc(1, sizeof(*p));
+        if (!p) return;
+        p->req = h;
+        if (h.op == PS_OP_STAT) {
+            ps_stat st;
+            ps_server_stat(S, &st);
+            memcpy(p->payload, &st, sizeof(st));
+            p->payload_len = sizeof(st);
+        } else {
+            uint64_t sum = shard_checksum(&S->sh);
+            memcpy(p->payload, &sum, sizeof(sum));
+            p->payload_len = sizeof(sum);
+        }
+        p->req.n = 0;
+        return enqueue(S, p);
+    }
+    if (h.op != PS_OP_PULL && h.op != PS_OP_PUSH) {
+        snprintf(msg, sizeof(msg), "unknown op %u", h.op);
+        return reply_error(S, &h, -EPROTO, msg);
+    }
+    if (h.dim != (uint32_t)S->sh.dim) {
+        snprintf(msg, sizeof(msg), "dimension mismatch: request has D=%u, table has D=%d", h.dim, S->sh.dim);
+        return reply_error(S, &h, -EINVAL, msg);
+    }
+    if (!ps_dtype_valid(h.dtype)) {
+        snprintf(msg, sizeof(msg), "wire dtype %u is not fp32 (0), fp16 (1) or bf16 (2)", h.dtype);
+        return reply_error(S, &h, -EINVAL, msg);
+    }
+    if (h.n > ps_wire_rows_per_msg(h.dim, h.dtype)) {
+        snprintf(msg, sizeof(msg), "%u rows in one message exceed the limit %u", h.n,
+                 ps_wire_rows_per_msg(h.dim, h.dtype));
+        return reply_error(S, &h, -EINVAL, msg);
+    }
+    if (h.op == PS_OP_PULL) handle_pull(S, &h, payload, plen);
+    else handle_push(S, &h, payload, plen);
+}
+
+static void *progress_main(void *arg) {
+    ps_server *S = arg;
+    fab_comp comps[32];
+    int idle = 0;
+    while (!atomic_load(&S->stop)) {
+        int n = fab_poll(S->fab, comps, 32);
+        if (n < 0) {
+            log_error("progress: %s", pf_errmsg());
+            n = 0;
+        }
+        for (int i = 0; i < n; i++) {
+            buf_ctx *bc = comps[i].context;
+            if (!bc) continue;
+            if (bc->kind == CTX_SEND) {
+                if (comps[i].err) log_warn("reply send failed: %s", fi_strerror(-comps[i].err));
+                S->send_free[S->nsend_free++] = bc->idx;
+                continue;
+            }
+            uint8_t *buf = S->recv_mem + (size_t)bc->idx * S->msg_bytes;
+            if (comps[i].err) {
+                S->st_bad++;
+                log_warn("receive failed (%s): message dropped", fi_strerror(-comps[i].err));
+            } else {
+                handle_msg(S, buf, comps[i].len);
+            }
+            if (fab_recv(S->fab, buf, S->msg_bytes, &S->mr_recv, bc) < 0)
+                log_error("reposting a receive: %s", pf_errmsg());
+        }
+        serve_pending(S);
+        if (n == 0) {
+            if (++idle > 2000) {
+                struct timespec ts = {0, 20000};
+                nanosleep(&ts, NULL);
+            }
+        } else {
+            idle = 0;
+        }
+    }
+    return NULL;
+}
+
+/* ---------- lifecycle ---------- */
+
+int ps_server_create(const ps_server_opts *opts, ps_server **out) {
+    *out = NULL;
+    if (opts->workers <= 0) return pf_err(-EINVAL, "workers %d must be positive", opts->workers);
+    if (opts->max_staleness < 0) return pf_err(-EINVAL, "max_staleness %d must be >= 0", opts->max_staleness);
+    ps_server *S = calloc(1, sizeof(*S));
+    if (!S) return pf_err(-ENOMEM, "out of memory");
+    S->o = *opts;
+    if (S->o.apply_threads < 1) S->o.apply_threads = 1;
+    if (S->o.recv_bufs <= 0) S->o.recv_bufs = 64;
+    pthread_mutex_init(&S->am, NULL);
+    pthread_cond_init(&S->a_go, NULL);
+    pthread_cond_init(&S->a_done, NULL);
+    S->fab = opts->fab;
+    S->o.fab = NULL;
+    int rc = shard_create(&S->sh, opts->num_classes, opts->servers, opts->rank, opts->dim, opts->seed,
+                          S->o.apply_threads);
+    if (rc < 0) {
+        fab_close(S->fab);
+        free(S);
+        return rc;
+    }
+    log_info("shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum), %.3f GiB "
+             "total (page-aligned)",
+             opts->rank, opts->servers, (long long)S->sh.rows, (long long)opts->num_classes, opts->dim,
+             8 * opts->dim, (double)S->sh.bytes / (1 << 30));
+    if (!S->fab && (rc = fab_open(opts->provider, &S->fab)) < 0) goto fail;
+    char modes[256];
+    fab_mr_mode_str(fab_mr_mode(S->fab), modes, sizeof(modes));
+    log_info("fabric provider %s, mr_mode %s", fab_provider(S->fab), modes);
+    /* The table is registered for local access only: no peer can write (or read) it remotely; rows
+     * change only through the push path. */
+    if ((rc = fab_mr_reg(S->fab, S->sh.base, S->sh.bytes, FI_SEND | FI_RECV, &S->mr_table)) < 0) goto fail;
+    S->msg_bytes = ps_wire_msg_bytes((uint32_t)opts->dim);
+    S->nrecv = S->o.recv_bufs;
+    S->nsend = S->o.recv_bufs;
+    S->recv_mem = aligned_alloc(4096, (S->msg_bytes * S->nrecv + 4095) / 4096 * 4096);
+    S->send_mem = aligned_alloc(4096, (S->msg_bytes * S->nsend + 4095) / 4096 * 4096);
+    S->recv_ctx = calloc(S->nrecv, sizeof(buf_ctx));
+    S->send_ctx = calloc(S->nsend, sizeof(buf_ctx));
+    S->send_free = calloc(S->nsend, sizeof(int));
+    S->worker_addr = calloc(opts->workers, sizeof(fi_addr_t));
+    S->worker_known = calloc(opts->workers, 1);
+    S->next_push = calloc(opts->workers, sizeof(int64_t));
+    S->partial = calloc(opts->workers, sizeof(push *));
+    if (!S->recv_mem || !S->send_mem || !S->recv_ctx || !S->send_ctx || !S->send_free || !S->worker_addr ||
+        !S->worker_known || !S->next_push || !S->partial) {
+        rc = pf_err(-ENOMEM, "out of memory for message buffers");
+        goto fail;
+    }
+    if ((rc = fab_mr_reg(S->fab, S->recv_mem, S->msg_bytes * S->nrecv, FI_RECV, &S->mr_recv)) < 0) goto fail;
+    if ((rc = fab_mr_reg(S->fab, S->send_mem, S->msg_bytes * S->nsend, FI_SEND, &S->mr_send)) < 0) goto fail;
+    for (int i = 0; i < S->nsend; i++) {
+        S->send_ctx[i] = (buf_ctx){CTX_SEND, i};
+        S->send_free[S->nsend_free++] = i;
+    }
+    for (int i = 0; i < S->nrecv; i++) {
+        S->recv_ctx[i] = (buf_ctx){CTX_RECV, i};
+        if ((rc = fab_recv(S->fab, S->recv_mem + (size_t)i * S->msg_bytes, S->msg_bytes, &S->mr_recv,
+                           &S->recv_ctx[i])) < 0)
+            goto fail;
+    }
+    *out = S;
+    return 0;
+fail:
+    ps_server_destroy(S);
+    return rc;
+}
+
+int ps_server_getname(ps_server *srv, void *addr, size_t *len) { return fab_getname(srv->fab, addr, len); }
+
+int ps_server_add_worker(ps_server *srv, int rank, const void *addr, size_t len) {
+    if (rank < 0 || rank >= srv->o.workers)
+        return pf_err(-ERANGE, "worker rank %d out of range (%d workers)", rank, srv->o.workers);
+    int rc = fab_av_insert(srv->fab, addr, len, &srv->worker_addr[rank]);
+    if (rc < 0) return pf_err_wrap(rc, "worker %d", rank);
+    srv->worker_known[rank] = 1;
+    return 0;
+}
+
+int ps_server_start(ps_server *srv) {
+    srv->athreads = calloc(srv->o.apply_threads, sizeof(pthread_t));
+    if (!srv->athreads) return pf_err(-ENOMEM, "out of memory");
+    for (int i = 0; i < srv->o.apply_threads; i++) {
+        apply_arg *a = malloc(sizeof(*a));
+        if (!a) break;
+        *a = (apply_arg){srv, i};
+        if (pthread_create(&srv->athreads[i], NULL, apply_main, a) != 0) {
+            free(a);
+            break;
+        }
+        srv->nathreads++;
+    }
+    if (srv->nathreads == 0) return pf_err(-EAGAIN, "could not start any apply thread");
+    if (pthread_create(&srv->progress, NULL, progress_main, srv) != 0)
+        return pf_err(-EAGAIN, "could not start the progress thread");
+    srv->started = 1;
+    return 0;
+}
+
+void ps_server_stop(ps_server *srv) {
+    if (!srv) return;
+    atomic_store(&srv->stop, 1);
+    if (srv->started) {
+        pthread_join(srv->progress, NULL);
+        srv->started = 0;
+    }
+    pthread_mutex_lock(&srv->am);
+    srv->aquit = 1;
+    pthread_cond_broadcast(&srv->a_go);
+    pthread_mutex_unlock(&srv->am);
+    for (int i = 0; i < srv->nathreads; i++) pthread_join(srv->athreads[i], NULL);
+    srv->nathreads = 0;
+}
+
+void ps_server_destroy(ps_server *S) {
+    if (!S) return;
+    ps_server_stop(S);
+    fab_mr_close(&S->mr_recv);
+    fab_mr_close(&S->mr_send);
+    fab_mr_close(&S->mr_table);
+    fab_close(S->fab);
+    for (pending *p = S->pq_head; p;) {
+        pending *nx = p->next;
+        free(p->ids);
+        free(p);
+        p = nx;
+    }
+    for (push *p = S->complete; p;) {
+        push *nx = p->next;
+        free_push(p);
+        p = nx;
+    }
+    if (S->partial)
+        for (int w = 0; w < S->o.workers; w++) free_push(S->partial[w]);
+    free(S->recv_mem);
+    free(S->send_mem);
+    free(S->recv_ctx);
+    free(S->send_ctx);
+    free(S->send_free);
+    free(S->worker_addr);
+    free(S->worker_known);
+    free(S->next_push);
+    free(S->partial);
+    free(S->athreads);
+    shard_destroy(&S->sh);
+    pthread_mutex_destroy(&S->am);
+    pthread_cond_destroy(&S->a_go);
+    pthread_cond_destroy(&S->a_done);
+    free(S);
+}
+
+const shard *ps_server_shard(const ps_server *srv) { return &srv->sh; }
+
+void ps_server_stat(ps_server *S, ps_stat *st) {
+    memset(st, 0, sizeof(*st));
+    st->steps_done = S->steps_done;
+    st->num_classes = S->sh.num_classes;
+    st->rank = S->o.rank;
+    st->servers = S->o.servers;
+    st->dim = S->sh.dim;
+    st->workers = S->o.workers;
+    st->local_rows = S->sh.rows;
+    st->pushes_applied = S->st_pushes;
+    st->rows_applied = S->st_rows;
+    st->bad_requests = S->st_bad;
+    st->table_bytes = (int64_t)S->sh.bytes;
+}

@@ -1,0 +1,73 @@
+/* Parameter-server service: one shard of the class-center table served over the fabric (ps_wire.h).
+ *
+ * Threads: one progress thread owns the endpoint; it polls the CQ continuously (manual progress, even
+ * when idle, with a short sleep after a run of empty polls), validates every message, answers pulls,
+ * collects pushes and, when all W pushes of the oldest open step are in, has `apply_threads` apply
+ * threads update the rows (it waits for them: a step's apply is never torn by a concurrent gather).
+ *
+ * Step clock (DESIGN.md §3): steps_done = number of steps whose W pushes have all been applied.
+ *   pull tagged t: answered once steps_done >= t - max_staleness (BSP when max_staleness = 0: a pull for
+ *                  step t+1 waits for every push of step t); error if the worker has not yet pushed
+ *                  steps 0..t-1 (a step from the future).
+ *   push tagged t: must be the worker's next step (one push per worker and step, in order) and
+ *                  t <= steps_done + max_staleness; otherwise error. Gradients that several pushes of one
+ *                  step send for the same row are summed (in worker-rank order, in double) and the row gets
+ *                  one SGD update: v = mu*v + (g + wd*w); w -= lr*v (torch.optim.SGD, dampening 0).
+ * A push is applied only after all its chunks arrived; a bad chunk discards the whole push. A bad request
+ * gets an error reply naming the problem and changes nothing. */
+#ifndef PFCPS_SERVER_PS_SERVER_H
+#define PFCPS_SERVER_PS_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "server/ps_wire.h"
+#include "server/shard.h"
+
+typedef struct ps_server ps_server;
+
+typedef struct ps_server_opts {
+    const char *provider;  /* "tcp", "shm", "verbs" (fabric.h) */
+    int rank, servers;     /* s, S */
+    int workers;           /* W: pushes per step */
+    int dim;               /* D */
+    int64_t num_classes;   /* C */
+    uint64_t seed;         /* init generator key */
+    double momentum;       /* mu */
+    double weight_decay;   /* wd */
+    int max_staleness;     /* k >= 0 */
+    int apply_threads;     /* >= 1 */
+    int recv_bufs;         /* receive buffers posted; 0 = 64 */
+    struct fab_ctx *fab;   /* an endpoint opened already (its address went into the address book), or
+                              NULL to open one for `provider`; the server owns it either way */
+} ps_server_opts;
+
+/* Allocates and initialises the shard (logs bytes per identity and total; -ENOMEM when it would not fit),
+ * opens the fabric endpoint and registers the table and message buffers. Returns 0 or a negative code
+ * with pf_errmsg(). */
+int ps_server_create(const ps_server_opts *opts, ps_server **out);
+
+/* The server's fabric address for the address book. *len: capacity in, bytes out. */
+int ps_server_getname(ps_server *srv, void *addr, size_t *len);
+
+/* Inserts worker `rank`'s fabric address; requests carrying that rank are answered there.
+ * Call for every worker before ps_server_start. Returns 0, -ERANGE (rank), -EINVAL (address). */
+int ps_server_add_worker(ps_server *srv, int rank, const void *addr, size_t len);
+
+/* Starts the progress thread and the apply threads. Returns 0 or -errno. */
+int ps_server_start(ps_server *srv);
+
+/* Stops accepting requests: the progress thread finishes the message (and any apply) it is handling and
+ * exits; apply threads are joined. Idempotent; safe before start. */
+void ps_server_stop(ps_server *srv);
+
+/* Stops if needed and frees everything. NULL is a no-op. */
+void ps_server_destroy(ps_server *srv);
+
+/* The shard (read it only while the server is stopped, or for sizes). */
+const shard *ps_server_shard(const ps_server *srv);
+
+/* Counters (approximate while running). */
+void ps_server_stat(ps_server *srv, ps_stat *out);
+
+#endif

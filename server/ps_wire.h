@@ -1,0 +1,129 @@
+/* Parameter-server wire protocol: fixed 64-byte little-endian binary header + raw payload, carried in
+ * libfabric messages (fab_send / fab_recv). Never protobuf on this path.
+ *
+ * Requests (worker -> server s). Ids are global class ids c with c mod S == s.
+ *   PS_OP_PULL      payload: n x int64 ids                         -> reply payload: n x D rows in `dtype`
+ *   PS_OP_PUSH      payload: n x int64 ids, then n x D grads in `dtype`  -> reply payload: empty
+ *                   one push per (worker, step) may span `nchunks` messages (chunk = 0..nchunks-1); it is
+ *                   applied only once every chunk has arrived, so a worker that dies mid-push changes
+ *                   nothing. Each worker sends exactly one push per step to every server (n may be 0).
+ *   PS_OP_STAT      payload: empty -> reply payload: ps_stat
+ *   PS_OP_CHECKSUM  payload: empty -> reply payload: uint64 FNV-1a over the shard's weights then momentum
+ * Replies: op = PS_OP_REPLY, same req_id, chunk and row_off as the request, status 0 or a negative errno;
+ * on error the payload is a NUL-terminated message naming the problem.
+ *
+ * Large requests are split by the client into messages of at most ps_wire_rows_per_msg(D, dtype) rows,
+ * so every message fits the receive buffers both sides post (ps_wire_msg_bytes). */
+#ifndef PFCPS_SERVER_PS_WIRE_H
+#define PFCPS_SERVER_PS_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PS_MAGIC 0x53504650u /* "PFPS" */
+#define PS_VERSION 1
+#define PS_MSG_PAYLOAD_MAX (1u << 20) /* bytes of rows (or grads) per message */
+
+enum { PS_OP_PULL = 1, PS_OP_PUSH = 2, PS_OP_STAT = 3, PS_OP_CHECKSUM = 4, PS_OP_REPLY = 16 };
+
+/* Element types of rows and gradients on the wire. */
+typedef enum { PS_DT_FP32 = 0, PS_DT_FP16 = 1, PS_DT_BF16 = 2 } ps_dtype;
+
+typedef struct ps_hdr {
+    uint32_t magic;   /* PS_MAGIC */
+    uint16_t version; /* PS_VERSION */
+    uint16_t op;      /* PS_OP_* */
+    int32_t client;   /* worker rank of the requester */
+    int32_t status;   /* replies: 0 or -errno */
+    uint64_t req_id;  /* chosen by the client, echoed */
+    int64_t step;     /* step clock tag */
+    uint32_t n;       /* rows in this message */
+    uint32_t dim;     /* D */
+    uint32_t dtype;   /* ps_dtype of rows / grads */
+    uint16_t chunk;   /* push: index of this message within the push */
+    uint16_t nchunks; /* push: messages in the push */
+    float lr;         /* push: learning rate */
+    uint32_t row_off; /* client bookkeeping: first row of this chunk in the request, echoed */
+    uint64_t reserved;
+} ps_hdr;
+
+_Static_assert(sizeof(ps_hdr) == 64, "ps_hdr must stay 64 bytes");
+
+typedef struct ps_stat {
+    int64_t steps_done;     /* steps fully applied (all W pushes of steps 0..steps_done-1) */
+    int64_t num_classes;    /* C */
+    int32_t rank, servers;  /* s, S */
+    int32_t dim, workers;   /* D, W */
+    int64_t local_rows;     /* rows of this shard */
+    int64_t pushes_applied; /* pushes applied since start */
+    int64_t rows_applied;   /* distinct row updates since start */
+    int64_t bad_requests;   /* requests answered with an error */
+    int64_t table_bytes;    /* bytes mapped for weights + momentum */
+} ps_stat;
+
+static inline size_t ps_dtype_size(uint32_t dt) { return dt == PS_DT_FP32 ? 4 : 2; }
+
+static inline int ps_dtype_valid(uint32_t dt) { return dt <= PS_DT_BF16; }
+
+/* Rows per message for D and dtype: as many as fit PS_MSG_PAYLOAD_MAX, at least 1. */
+static inline uint32_t ps_wire_rows_per_msg(uint32_t dim, uint32_t dtype) {
+    size_t row = (size_t)dim * ps_dtype_size(dtype) + sizeof(int64_t);
+    size_t r = PS_MSG_PAYLOAD_MAX / (row ? row : 1);
+    if (r > 65535u * 16u) r = 65535u * 16u;
+    return r ? (uint32_t)r : 1;
+}
+
+/* Bytes of the largest message (request or reply) for D: header + rows-per-message x (id + fp32 row),
+ * and at least 4 KiB for stat and error replies. Both sides post receive buffers of this size. */
+static inline size_t ps_wire_msg_bytes(uint32_t dim) {
+    size_t rows = ps_wire_rows_per_msg(dim, PS_DT_FP32);
+    size_t b = sizeof(ps_hdr) + rows * ((size_t)dim * 4 + sizeof(int64_t));
+    return b < 4096 ? 4096 : b;
+}
+
+/* fp32 <-> fp16 (IEEE binary16, round to nearest even) and bf16 (round to nearest even). */
+static inline uint16_t ps_f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {.f = f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
+    uint32_t round = 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)((v.u + round) >> 16);
+}
+static inline float ps_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+static inline uint16_t ps_f32_to_f16(float f) {
+    union { float f; uint32_t u; } v = {.f = f};
+    uint32_t x = v.u, sign = (x >> 16) & 0x8000u;
+    int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t mant = x & 0x7fffffu;
+    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0)); /* inf/NaN */
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
+    if (exp <= 0) {                                  /* subnormal or zero */
+        if (exp < -10) return (uint16_t)sign;
+        mant |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - exp);
+        uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* may carry into exponent: correct */
+    return (uint16_t)(sign | h);
+}
+static inline float ps_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
+    if (exp == 0) {
+        if (mant == 0) x = sign;
+        else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400u)) { mant <<= 1; exp--; }
+            x = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+        }
+    } else if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
+    else x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    union { uint32_t u; float f; } v = {.u = x};
+    return v.f;
+}
+
+#endif

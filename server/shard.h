@@ -1,0 +1,68 @@
+/* Shard table: the class centers a server owns, with their SGD momentum, in host memory.
+ *
+ * Interleaved sharding (DESIGN.md §1): server s of S owns class c iff c mod S == s, at local row c div S.
+ * Shard s holds ceil((C - s) / S) rows. Weights and momentum are fp32, (rows x D) each, in one
+ * page-aligned anonymous mapping (weights first, momentum after, each page-aligned), so memory per
+ * identity is exactly 8 * D bytes plus page rounding.
+ *
+ * Initial weights: N(0, 0.01^2) drawn by a counter-based generator keyed by (seed, c), so the content
+ * of row c does not depend on S. For row c, with splitmix64(x) the standard SplitMix64 finaliser
+ * (z = x + 0x9E3779B97F4A7C15; z = (z ^ z>>30) * 0xBF58476D1CE4E5B9; z = (z ^ z>>27) * 0x94D049BB133111EB;
+ * z ^ z>>31):
+ *   k = splitmix64(splitmix64(seed) ^ c);  for pair p = 0 .. ceil(D/2)-1:
+ *   a = splitmix64(k + 2p), b = splitmix64(k + 2p + 1), u1 = ((a >> 11) + 1) * 2^-53, u2 = (b >> 11) * 2^-53,
+ *   r = sqrt(-2 ln u1); w[2p] = 0.01 r cos(2 pi u2); w[2p+1] = 0.01 r sin(2 pi u2)   (Box-Muller, in double,
+ *   rounded to float). Momentum starts at 0. */
+#ifndef PFCPS_SERVER_SHARD_H
+#define PFCPS_SERVER_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct shard {
+    int64_t num_classes; /* C */
+    int servers, rank;   /* S, s */
+    int dim;             /* D */
+    int64_t rows;        /* local rows */
+    float *weight;       /* rows x D */
+    float *momentum;     /* rows x D */
+    void *base;          /* the mapping */
+    size_t bytes;        /* mapping length */
+} shard;
+
+/* Local rows of shard s: ceil((C - s) / S), 0 when s >= C. */
+int64_t shard_local_rows(int64_t num_classes, int servers, int rank);
+
+/* Bytes the shard will map: 2 page-rounded regions of rows x D x 4 bytes. */
+size_t shard_bytes(int64_t num_classes, int servers, int rank, int dim);
+
+/* Allocates and initialises shard `rank` of `servers` for C classes of dimension D, filling weights with
+ * `threads` threads. Refuses with -ENOMEM and a message (bytes needed vs MemAvailable) when the shard
+ * plus a safety margin (1/16 + 256 MiB) would not fit in MemAvailable; -EINVAL for bad sizes. */
+int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim, uint64_t seed, int threads);
+
+void shard_destroy(shard *sh);
+
+/* The fit check shard_create does, alone: 0, or -ENOMEM with the message (bytes needed, MemAvailable). */
+int shard_check_fit(int64_t num_classes, int servers, int rank, int dim);
+
+/* The initial value of row c (D floats) per the formula above. */
+void shard_init_row(uint64_t seed, int64_t c, int dim, float *row);
+
+/* Checks that every id is a class of this shard. Returns 0, or -ERANGE naming the first bad id (negative,
+ * >= C, or c mod S != s) and its index. */
+int shard_check_ids(const shard *sh, const int64_t *ids, size_t n);
+
+/* Copies rows of classes ids[0..n) into out (n x D) in wire dtype `dtype` (ps_dtype). Ids must be valid. */
+void shard_gather(const shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out);
+
+/* One PyTorch SGD step (torch.optim.SGD, momentum mu, weight_decay wd, dampening 0, no nesterov) on one
+ * row of D elements, computed in double and stored as float:
+ *   v = mu * v + (g + wd * w);  w = w - lr * v */
+void shard_sgd_row(float *w, float *v, const double *g, int dim, double lr, double mu, double wd);
+
+/* 64-bit FNV-1a-style hash over the weights then the momentum, 8 bytes at a time
+ * (h = (h ^ word) * 0x100000001b3, h0 = 0xcbf29ce484222325). */
+uint64_t shard_checksum(const shard *sh);
+
+#endif
