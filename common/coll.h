@@ -71,4 +71,28 @@ int coll_thread_get(coll_thread_group *g, int rank, pf_coll *out);
 /* Frees the group after every thread has stopped using it. */
 void coll_thread_group_destroy(coll_thread_group *g);
 
+/* ---- ring backend over the libfabric transport (coll_fabric.c) ---- */
+
+typedef struct fab_ctx fab_ctx;
+
+typedef struct coll_fabric_opts {
+    size_t chunk_bytes;  /* payload bytes per message, default 256 KiB (0 = default) */
+    double timeout_s;    /* wait for one message at most this long, default 60 s (0 = default) */
+} coll_fabric_opts;
+
+/* Creates this rank's handle of a ring over `f`, an endpoint opened with fab_open and dedicated to the
+ * collectives (no other receives may be posted on it: ring messages are matched in arrival order).
+ * addrs[i] / addr_lens[i] are the endpoint names (fab_getname) of ranks 0..world_size-1; only the right
+ * neighbour's is inserted. Two registered staging buffers of chunk_bytes + 16 are allocated.
+ * Algorithms (Patarasuk & Yuan 2009, as NCCL/Gloo/Horovod): allreduce = ring reduce-scatter + ring
+ * allgather (2 (W-1)/W of the data sent per rank), reduce_scatter and allgather = one ring phase,
+ * broadcast = chain from the root, barrier = allreduce of one float. Results are bitwise identical on
+ * all ranks (each segment is reduced once, then copied). Every message carries (collective number, step,
+ * length): a peer out of step gives -EPROTO naming both; no message within timeout_s gives -ETIMEDOUT;
+ * a failed completion -EIO. After an error the group is unusable (close it and abort the run).
+ * Returns 0 or -EINVAL (rank/world/addresses), -ENOMEM, or the fabric error. coll_destroy(out) releases
+ * the buffers (not `f`). */
+int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *addrs, const size_t *addr_lens,
+                       const coll_fabric_opts *opts, pf_coll *out);
+
 #endif

@@ -1,0 +1,67 @@
+/* Head benchmark: one margin-softmax forward+backward (global batch N, K sampled centers, D) against
+ * its ceiling measured in the same run: the three SGEMMs the head cannot avoid (cos = en wn^T,
+ * dEn = dcos wn, dWn = dcos^T en), timed alone on the same shapes with the same BLAS.
+ * ratio = gemm-only time / head time (1.0 = the head costs no more than its GEMMs).
+ * Usage: bench_head [N K D reps]   (default 256 8192 512 5) */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "worker/head/head.h"
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+int main(int argc, char **argv)
+{
+    int64_t n = argc > 1 ? atoll(argv[1]) : 256, k = argc > 2 ? atoll(argv[2]) : 8192, d = argc > 3 ? atoll(argv[3]) : 512;
+    int reps = argc > 4 ? atoi(argv[4]) : 5;
+    if (n <= 0 || k <= 0 || d <= 0 || reps <= 0) {
+        fprintf(stderr, "usage: bench_head [N K D reps] (all positive)\n");
+        return 2;
+    }
+    float *e = malloc((size_t)(n * d) * sizeof(float)), *w = malloc((size_t)(k * d) * sizeof(float));
+    float *ge = malloc((size_t)(n * d) * sizeof(float)), *gw = malloc((size_t)(k * d) * sizeof(float));
+    float *c = malloc((size_t)(n * k) * sizeof(float));
+    int64_t *lab = malloc((size_t)n * sizeof(int64_t));
+    unsigned st = 1;
+    for (int64_t i = 0; i < n * d; i++) st = st * 1664525u + 1013904223u, e[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
+    for (int64_t i = 0; i < k * d; i++) st = st * 1664525u + 1013904223u, w[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
+    for (int64_t i = 0; i < n; i++) lab[i] = (i * 7919) % k;
+    head_params p = {.s = 64, .m1 = 1, .m2 = 0.5, .m3 = 0, .margin_grad = HEAD_MARGIN_GRAD_EXACT};
+    head_ws ws;
+    if (head_ws_init(&ws, n, k, d) < 0) {
+        fprintf(stderr, "%s\n", pf_errmsg());
+        return 1;
+    }
+    double loss, best_head = 1e30, best_gemm = 1e30;
+    for (int r = 0; r < reps + 1; r++) {
+        double t0 = now();
+        if (head_forward_backward(&p, &ws, NULL, e, n, w, k, d, lab, &loss, NULL, ge, gw) < 0) {
+            fprintf(stderr, "%s\n", pf_errmsg());
+            return 1;
+        }
+        double t1 = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)d, 1.0f, e, (int)d, w, (int)d, 0.0f, c, (int)k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, c, (int)k, w, (int)d, 0.0f, ge, (int)d);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, (int)d, (int)n, 1.0f, c, (int)k, e, (int)d, 0.0f, gw, (int)d);
+        double t2 = now();
+        if (r == 0) continue; /* warm-up */
+        if (t1 - t0 < best_head) best_head = t1 - t0;
+        if (t2 - t1 < best_gemm) best_gemm = t2 - t1;
+    }
+    double flops = 6.0 * (double)n * (double)k * (double)d;
+    printf("head N=%lld K=%lld D=%lld: %.2f ms (%.1f GFLOP/s, loss %.3f); 3 SGEMMs alone %.2f ms (%.1f GFLOP/s); "
+           "ratio gemm/head %.2f\n", (long long)n, (long long)k, (long long)d, best_head * 1e3, flops / best_head / 1e9,
+           loss, best_gemm * 1e3, flops / best_gemm / 1e9, best_gemm / best_head);
+    head_ws_free(&ws);
+    free(e); free(w); free(ge); free(gw); free(c); free(lab);
+    return 0;
+}
