@@ -9,6 +9,8 @@
 #include <ini.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -455,6 +457,39 @@ static int cfg_ini_handler(void *user, const char *section, const char *name, co
     return 1;
 }
 
+/* inih as Debian builds it keeps its line buffer on the stack, 200 bytes, and splits longer lines
+ * silently; Debian's libinih exposes its compile-time switches as globals, so the parser is set once
+ * to a growing heap buffer (a 255-character value fits on a line, as cfg_to_ini writes it), and
+ * indented lines are read as ordinary `key = value` lines rather than continuations. */
+#define CFG_MAX_LINE 4096
+#define CFG_MAX_FILE (4 << 20)
+static pthread_once_t inih_once = PTHREAD_ONCE_INIT;
+
+static void inih_setup(void)
+{
+    ini_use_stack = false;
+    ini_allow_realloc = true;
+    ini_initial_alloc = 512;
+    ini_max_line = CFG_MAX_LINE + 3;
+    ini_allow_multiline = false;
+}
+
+/* Refuses text whose lines the parser would split. Returns 0 or -EINVAL naming the line. */
+static int check_lines(const char *text, const char *where)
+{
+    int line = 1;
+    size_t len = 0;
+    for (const char *p = text; *p; p++) {
+        if (*p == '\n') {
+            line++;
+            len = 0;
+        } else if (++len > CFG_MAX_LINE) {
+            return pf_err(-EINVAL, "%s:%d: line longer than %d characters", where, line, CFG_MAX_LINE);
+        }
+    }
+    return 0;
+}
+
 /* Applies the ini_parse* result `line` to the error message: "<where>:<line>: <problem>". */
 static int finish_parse(parse_state *st, int line, const char *where)
 {
@@ -478,10 +513,33 @@ int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int n
 {
     cfg_defaults(cfg);
     if (path) {
-        parse_state st = {cfg, 0, ""};
-        errno = 0;
-        int line = ini_parse(path, cfg_ini_handler, &st);
-        int rc = finish_parse(&st, line, path);
+        FILE *f = fopen(path, "rb");
+        if (!f)
+            return pf_err(errno == ENOENT ? -ENOENT : -EIO, "config file %s: cannot open: %s", path,
+                          strerror(errno));
+        char *text = malloc(CFG_MAX_FILE + 1);
+        size_t n = text ? fread(text, 1, CFG_MAX_FILE + 1, f) : 0;
+        int read_err = ferror(f);
+        fclose(f);
+        if (!text)
+            return pf_err(-ENOMEM, "config file %s: out of memory", path);
+        if (read_err || n > CFG_MAX_FILE) {
+            free(text);
+            return pf_err(-EIO, "config file %s: %s", path,
+                          read_err ? "read error (is it a regular file?)" : "larger than 4 MiB");
+        }
+        text[n] = '\0';
+        if (strlen(text) != n) {
+            free(text);
+            return pf_err(-EINVAL, "config file %s: contains a NUL byte (not a text file?)", path);
+        }
+        int rc = check_lines(text, path);
+        if (rc == 0) {
+            pthread_once(&inih_once, inih_setup);
+            parse_state st = {cfg, 0, ""};
+            rc = finish_parse(&st, ini_parse_string(text, cfg_ini_handler, &st), path);
+        }
+        free(text);
         if (rc < 0)
             return rc;
     }
@@ -508,9 +566,13 @@ int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int n
 int cfg_load_text(pf_config *cfg, const char *text)
 {
     cfg_defaults(cfg);
+    int rc = check_lines(text, "<config text>");
+    if (rc < 0)
+        return rc;
+    pthread_once(&inih_once, inih_setup);
     parse_state st = {cfg, 0, ""};
     int line = ini_parse_string(text, cfg_ini_handler, &st);
-    int rc = finish_parse(&st, line, "<config text>");
+    rc = finish_parse(&st, line, "<config text>");
     if (rc < 0)
         return rc;
     return validate(cfg, 1);

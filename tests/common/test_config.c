@@ -197,6 +197,16 @@ static void test_validation_errors(void **state)
     assert_int_equal(cfg_load(&c, missing, NULL, 0), -ENOENT);
     assert_non_null(strstr(pf_errmsg(), "does-not-exist.ini"));
 
+    /* A line the parser would have to split is refused with its number. */
+    char *huge = malloc(6000);
+    strcpy(huge, "num_classes = 1\nrec = x\n; ");
+    size_t hl = strlen(huge);
+    memset(huge + hl, 'z', 5000);
+    strcpy(huge + hl + 5000, "\n");
+    assert_int_equal(cfg_load(&c, write_file("huge.ini", huge), NULL, 0), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "huge.ini:3: line longer than"));
+    free(huge);
+
     /* cfg_set refuses without changing the value. */
     cfg_defaults(&c);
     assert_int_equal(cfg_set(&c, "embedding_size", "-3"), -ERANGE);
@@ -252,6 +262,32 @@ static void test_round_trip(void **state)
     assert_int_equal(cfg_load_text(&b, text), 0);
     assert_string_equal(b.rec, "'odd");
     free(text);
+    /* A 250-character value (above inih's default 200-byte line) survives the file and the text. */
+    char longrec[300] = "rec=/";
+    memset(longrec + 5, 'p', 249);
+    longrec[254] = '\0';
+    const char *sets3[] = {"num_classes=1", longrec};
+    assert_int_equal(cfg_load(&a, NULL, sets3, 2), 0);
+    assert_int_equal(strlen(a.rec), 250);
+    text = cfg_to_ini(&a);
+    assert_int_equal(cfg_load_text(&b, text), 0);
+    assert_string_equal(b.rec, a.rec);
+    assert_int_equal(cfg_load(&b, write_file("long.ini", text), NULL, 0), 0);
+    assert_string_equal(b.rec, a.rec);
+    free(text);
+    /* A value over CFG_STR - 1 characters is refused, naming the key. */
+    char toolong[400] = "rec=";
+    memset(toolong + 4, 'q', 300);
+    toolong[304] = '\0';
+    const char *sets4[] = {"num_classes=1", toolong};
+    assert_int_equal(cfg_load(&a, NULL, sets4, 2), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "key 'rec': value is longer than 255"));
+    /* Indented lines are ordinary keys (not continuations of the previous value). */
+    assert_int_equal(cfg_load(&b, write_file("indent.ini", "[train]\n  num_classes = 9\n  lr = 0.25\n"
+                                                           "[data]\n\trec = x\n"), NULL, 0), 0);
+    assert_int_equal(b.num_classes, 9);
+    assert_true(b.lr == 0.25);
+    assert_string_equal(b.rec, "x");
     /* Bad text gives a located error. */
     assert_int_equal(cfg_load_text(&b, "num_classes = 1\nrec = x\nservers = many\n"), -EINVAL);
     assert_non_null(strstr(pf_errmsg(), "<config text>:3"));
