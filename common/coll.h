@@ -1,7 +1,7 @@
 /* Collectives among the workers of a run: allreduce (sum, max), allgather, reduce-scatter (sum),
  * broadcast, barrier. One interface, several backends:
  *   - coll_thread.c: W threads of one process share a group (tests, single-host debugging);
- *   - coll_fabric.c: ring algorithms over the libfabric transport (CPU workers), planned;
+ *   - coll_fabric.c: ring algorithms over the libfabric transport (CPU workers, one dedicated endpoint);
  *   - NCCL (CUDA device) plugs in by filling a pf_coll_ops table.
  *
  * Semantics follow MPI / NCCL / torch.distributed: every rank of the group calls the same
