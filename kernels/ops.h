@@ -55,11 +55,11 @@ typedef struct ops_device {
 
     /* Batch normalization over (B,C,HW) (BatchNorm2d with HW = H*W; BatchNorm1d with HW = 1).
      * train != 0: normalize with the batch mean and biased variance, write them to save_mean and
-     * save_var (C each; backward reads them), and update running_mean/running_var in place:
+     * save_var (C each, float64: the backward needs them exact; it reads them), and update running_mean/running_var in place:
      * r = (1-momentum)*r + momentum*batch_stat, the variance unbiased (times n/(n-1), n = B*HW).
      * train == 0: normalize with running_mean/running_var (save_* unused, may be NULL).
      * out = (inp - mean) / sqrt(var + eps) * weight + bias. inp, out (B,C,HW); weight, bias (C). */
-    int (*bn_forward)(ops_ctx *ctx, float *out, float *save_mean, float *save_var,
+    int (*bn_forward)(ops_ctx *ctx, float *out, double *save_mean, double *save_var,
                       const float *inp, const float *weight, const float *bias,
                       float *running_mean, float *running_var, int B, int C, int HW, float eps,
                       float momentum, int train);
@@ -67,7 +67,7 @@ typedef struct ops_device {
      * (each skipped when NULL: a fixed weight passes dweight NULL). */
     int (*bn_backward)(ops_ctx *ctx, float *dinp, int acc, float *dweight, float *dbias,
                        const float *dout, const float *inp, const float *weight,
-                       const float *save_mean, const float *save_var, int B, int C, int HW,
+                       const double *save_mean, const double *save_var, int B, int C, int HW,
                        float eps);
 
     /* PReLU with one slope per channel: out = inp > 0 ? inp : alpha[c]*inp. inp, out (B,C,HW),

@@ -1,0 +1,194 @@
+/* Plain-C float64 versions of the backbone layers, written from PyTorch's definitions, for the
+ * tests: naive loops, no library. They check the device layers (finite differences and direct
+ * comparison) and run whole networks in float64. Backward functions ACCUMULATE (+=) into every
+ * gradient they are given (NULL skips). */
+#ifndef PFCPS_TESTS_MODEL_REF64_H
+#define PFCPS_TESTS_MODEL_REF64_H
+
+#include <math.h>
+#include <stddef.h>
+
+/* conv2d without bias: inp (B,C,H,W), w (OC,C/g,K,K) -> out (B,OC,OH,OW) */
+static inline void conv64_forward(double *out, const double *inp, const double *w, int B, int C,
+                                  int H, int W, int OC, int K, int stride, int pad, int g)
+{
+    int OH = (H + 2 * pad - K) / stride + 1, OW = (W + 2 * pad - K) / stride + 1;
+    int cg = C / g, og = OC / g;
+    for (int b = 0; b < B; b++)
+        for (int oc = 0; oc < OC; oc++) {
+            int gi = oc / og;
+            for (int oh = 0; oh < OH; oh++)
+                for (int ow = 0; ow < OW; ow++) {
+                    double s = 0.0;
+                    for (int ci = 0; ci < cg; ci++) {
+                        int c = gi * cg + ci;
+                        for (int kh = 0; kh < K; kh++) {
+                            int ih = oh * stride - pad + kh;
+                            if (ih < 0 || ih >= H)
+                                continue;
+                            for (int kw = 0; kw < K; kw++) {
+                                int iw = ow * stride - pad + kw;
+                                if (iw < 0 || iw >= W)
+                                    continue;
+                                s += inp[(((size_t)b * C + c) * H + ih) * W + iw] *
+                                     w[(((size_t)oc * cg + ci) * K + kh) * K + kw];
+                            }
+                        }
+                    }
+                    out[(((size_t)b * OC + oc) * OH + oh) * OW + ow] = s;
+                }
+        }
+}
+
+static inline void conv64_backward(double *dinp, double *dw, const double *dout,
+                                   const double *inp, const double *w, int B, int C, int H, int W,
+                                   int OC, int K, int stride, int pad, int g)
+{
+    int OH = (H + 2 * pad - K) / stride + 1, OW = (W + 2 * pad - K) / stride + 1;
+    int cg = C / g, og = OC / g;
+    for (int b = 0; b < B; b++)
+        for (int oc = 0; oc < OC; oc++) {
+            int gi = oc / og;
+            for (int oh = 0; oh < OH; oh++)
+                for (int ow = 0; ow < OW; ow++) {
+                    double d = dout[(((size_t)b * OC + oc) * OH + oh) * OW + ow];
+                    if (d == 0.0)
+                        continue;
+                    for (int ci = 0; ci < cg; ci++) {
+                        int c = gi * cg + ci;
+                        for (int kh = 0; kh < K; kh++) {
+                            int ih = oh * stride - pad + kh;
+                            if (ih < 0 || ih >= H)
+                                continue;
+                            for (int kw = 0; kw < K; kw++) {
+                                int iw = ow * stride - pad + kw;
+                                if (iw < 0 || iw >= W)
+                                    continue;
+                                size_t ii = (((size_t)b * C + c) * H + ih) * W + iw;
+                                size_t wi = (((size_t)oc * cg + ci) * K + kh) * K + kw;
+                                if (dinp)
+                                    dinp[ii] += d * w[wi];
+                                if (dw)
+                                    dw[wi] += d * inp[ii];
+                            }
+                        }
+                    }
+                }
+        }
+}
+
+/* BatchNorm (training mode): batch mean, biased var -> mean/var (C); inp, out (B,C,HW) */
+static inline void bn64_forward(double *out, double *mean, double *var, const double *inp,
+                                const double *w, const double *bias, int B, int C, int HW,
+                                double eps)
+{
+    double n = (double)B * HW;
+    for (int c = 0; c < C; c++) {
+        double s = 0.0, s2 = 0.0;
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < HW; i++)
+                s += inp[((size_t)b * C + c) * HW + i];
+        double mu = s / n;
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < HW; i++) {
+                double d = inp[((size_t)b * C + c) * HW + i] - mu;
+                s2 += d * d;
+            }
+        mean[c] = mu;
+        var[c] = s2 / n;
+        double r = 1.0 / sqrt(var[c] + eps);
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < HW; i++) {
+                size_t k = ((size_t)b * C + c) * HW + i;
+                out[k] = (inp[k] - mu) * r * w[c] + bias[c];
+            }
+    }
+}
+
+static inline void bn64_backward(double *dinp, double *dw, double *db, const double *dout,
+                                 const double *inp, const double *w, const double *mean,
+                                 const double *var, int B, int C, int HW, double eps)
+{
+    double n = (double)B * HW;
+    for (int c = 0; c < C; c++) {
+        double r = 1.0 / sqrt(var[c] + eps), sdy = 0.0, sdyx = 0.0;
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < HW; i++) {
+                size_t k = ((size_t)b * C + c) * HW + i;
+                sdy += dout[k];
+                sdyx += dout[k] * (inp[k] - mean[c]) * r;
+            }
+        if (dw)
+            dw[c] += sdyx;
+        if (db)
+            db[c] += sdy;
+        if (dinp)
+            for (int b = 0; b < B; b++)
+                for (int i = 0; i < HW; i++) {
+                    size_t k = ((size_t)b * C + c) * HW + i;
+                    double xh = (inp[k] - mean[c]) * r;
+                    dinp[k] += w[c] * r * (dout[k] - sdy / n - xh * sdyx / n);
+                }
+    }
+}
+
+/* PReLU; pos (optional) forces the branch per element (1: x > 0 branch, 0: slope branch). */
+static inline void prelu64_forward(double *out, const double *inp, const double *a, int B, int C,
+                                   int HW, const signed char *pos)
+{
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < HW; i++) {
+                size_t k = ((size_t)b * C + c) * HW + i;
+                int p = pos ? pos[k] : inp[k] > 0.0;
+                out[k] = p ? inp[k] : a[c] * inp[k];
+            }
+}
+
+static inline void prelu64_backward(double *dinp, double *da, const double *dout,
+                                    const double *inp, const double *a, int B, int C, int HW,
+                                    const signed char *pos)
+{
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < HW; i++) {
+                size_t k = ((size_t)b * C + c) * HW + i;
+                int p = pos ? pos[k] : inp[k] > 0.0;
+                if (dinp)
+                    dinp[k] += p ? dout[k] : a[c] * dout[k];
+                if (da && !p)
+                    da[c] += dout[k] * inp[k];
+            }
+}
+
+/* Linear: inp (B,IN), w (OUT,IN), bias (OUT) or NULL -> out (B,OUT) */
+static inline void linear64_forward(double *out, const double *inp, const double *w,
+                                    const double *bias, int B, int IN, int OUT)
+{
+    for (int b = 0; b < B; b++)
+        for (int o = 0; o < OUT; o++) {
+            double s = bias ? bias[o] : 0.0;
+            for (int i = 0; i < IN; i++)
+                s += inp[(size_t)b * IN + i] * w[(size_t)o * IN + i];
+            out[(size_t)b * OUT + o] = s;
+        }
+}
+
+static inline void linear64_backward(double *dinp, double *dw, double *db, const double *dout,
+                                     const double *inp, const double *w, int B, int IN, int OUT)
+{
+    for (int b = 0; b < B; b++)
+        for (int o = 0; o < OUT; o++) {
+            double d = dout[(size_t)b * OUT + o];
+            if (db)
+                db[o] += d;
+            for (int i = 0; i < IN; i++) {
+                if (dinp)
+                    dinp[(size_t)b * IN + i] += d * w[(size_t)o * IN + i];
+                if (dw)
+                    dw[(size_t)o * IN + i] += d * inp[(size_t)b * IN + i];
+            }
+        }
+}
+
+#endif

@@ -1,0 +1,460 @@
+/* Backbone against the float64 PyTorch references in $PFCPS_REFERENCE/backbone/<case>:
+ * load the initial parameters by name, one training-mode forward and backward with grad_output,
+ * compare output, grad_input, every parameter gradient, every BN running statistic, and an
+ * eval-mode forward. Prints the relative error ||x - ref|| / ||ref|| and max |x - ref| per
+ * tensor; fails above 1e-4 relative.
+ *
+ * The same network is also run in float64 (tests/model/ref64.h, plain C, walking the model's
+ * layer list) and held to the PyTorch reference. Gradients are not continuous at PReLU's kink: an
+ * activation within float32 rounding of 0 can take the other branch in float32 than in float64,
+ * and that one element moves every upstream gradient by up to ~1e-3. The float64 run detects such
+ * kink flips (sign of the float32 vs float64 PReLU input). When there are none, the float32
+ * gradients are held to PyTorch directly; when there are, they are held (same 1e-4) to the
+ * float64 run that takes the float32 branches, and the flips are printed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "tests/model/ref64.h"
+#include "tests/npy.h"
+#include "worker/model/model_internal.h"
+
+#define TOL 1e-4
+#define EPS 1e-5
+
+static double worst = 0.0;
+
+/* Parses `"key": [a, b, c, d]` (4 ints). */
+static int json_int4(const char *json, const char *key, int out[4])
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    const char *p = strstr(json, pat);
+    if (!p || !(p = strchr(p, '[')))
+        return -1;
+    p++;
+    for (int i = 0; i < 4; i++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            return -1;
+        out[i] = (int)v;
+        p = end;
+        while (*p == ',' || *p == ' ' || *p == '\n')
+            p++;
+    }
+    return 0;
+}
+
+/* got: float (f32) or double (f64) values; ref float64. Returns 1 on failure. */
+static int check(const char *what, const float *f32, const double *f64, const double *r, size_t n)
+{
+    double num = 0.0, den = 0.0, mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double g = f32 ? (double)f32[i] : f64[i], d = fabs(g - r[i]);
+        num += d * d;
+        den += r[i] * r[i];
+        if (d > mx)
+            mx = d;
+    }
+    double rms = sqrt(den / (double)n);
+    /* Some tensors are zero in exact arithmetic (the bias gradient of a BN whose output feeds
+     * another BN, the running mean of a BN fed by zero-mean BN outputs): the float64 reference
+     * holds rounding noise (~1e-15) there, so a relative error is meaningless. Those are held to
+     * an absolute bound instead, small against the O(0.1-10) gradients around them. */
+    if (rms < 1e-9) {
+        int bad = !(mx <= TOL);
+        printf("  %-36s ref is 0 (rms %.1e): max_abs %.3e  %s\n", what, rms, mx,
+               bad ? "FAIL" : "ok");
+        return bad;
+    }
+    double rel = sqrt(num) / sqrt(den);
+    int bad = !(rel <= TOL);
+    printf("  %-36s rel %.3e  max_abs %.3e  %s\n", what, rel, mx, bad ? "FAIL" : "ok");
+    if (rel > worst)
+        worst = rel;
+    return bad;
+}
+
+typedef struct refset {
+    double *out, *gin, *eval_out;
+    double **grads;   /* per parameter tensor (NULL for fixed ones) */
+    double **running; /* per buffer tensor */
+} refset;
+
+/* Float64 run of m's layer list with m's current parameters. force: take the PReLU branch of the
+ * float32 activations kept in m (after a float32 training forward). Fills emb (B,D), gin (input),
+ * grads (n_params), running (n_buffer_floats, from the initial values 0/1); counts flips. */
+static int run64(model *m, int B, const float *x, const float *gout, int force, double *emb,
+                 double *gin, double *grads, double *running, const float *running0, int *flips)
+{
+    int rc = 0;
+    double *p = malloc(m->n_params * sizeof *p);
+    double **act = calloc((size_t)m->n_acts, sizeof *act), **grd = calloc((size_t)m->n_acts, sizeof *grd);
+    double **st = calloc((size_t)m->n_layers, sizeof *st);
+    signed char **pos = calloc((size_t)m->n_layers, sizeof *pos);
+    if (!p || !act || !grd || !st || !pos)
+        return -1;
+    for (size_t i = 0; i < m->n_params; i++)
+        p[i] = m->params[i];
+    for (int t = 0; t < m->n_acts; t++) {
+        size_t n = (size_t)B * m->acts[t].per_sample;
+        act[t] = calloc(n, sizeof(double));
+        grd[t] = calloc(n, sizeof(double));
+        if (!act[t] || !grd[t])
+            return -1;
+    }
+    for (size_t i = 0; i < (size_t)B * m->acts[0].per_sample; i++)
+        act[0][i] = x[i];
+    *flips = 0;
+    for (int li = 0; li < m->n_layers; li++) {
+        mlayer *l = &m->layers[li];
+        mact *a = &m->acts[l->in];
+        double *W = l->w >= 0 ? p + m->tensors[l->w].offset : NULL;
+        double *Bi = l->b >= 0 ? p + m->tensors[l->b].offset : NULL;
+        size_t n = (size_t)B * a->per_sample;
+        switch (l->kind) {
+        case LK_CONV:
+            conv64_forward(act[l->out], act[l->in], W, B, a->C, a->H, a->W, l->OC, l->K,
+                           l->stride, l->pad, l->groups);
+            break;
+        case LK_BN:
+            st[li] = malloc(2 * (size_t)a->C * sizeof(double));
+            bn64_forward(act[l->out], st[li], st[li] + a->C, act[l->in], W, Bi, B, a->C,
+                         a->H * a->W, EPS);
+            for (int c = 0; c < a->C; c++) {
+                size_t om = m->buffers_t[l->rm].offset + c, ov = m->buffers_t[l->rv].offset + c;
+                double nn = (double)B * a->H * a->W;
+                running[om] = 0.9 * running0[om] + 0.1 * st[li][c];
+                running[ov] = 0.9 * running0[ov] + 0.1 * st[li][a->C + c] * nn / (nn - 1.0);
+            }
+            break;
+        case LK_PRELU: {
+            pos[li] = malloc(n);
+            const float *x32 = a->data;
+            for (size_t k = 0; k < n; k++) {
+                signed char p64 = act[l->in][k] > 0.0, p32 = x32[k] > 0.0f;
+                if (p64 != p32) {
+                    (*flips)++;
+                    printf("    kink flip: layer %d (PReLU %s) element %zu: float64 %.3e, "
+                           "float32 %.3e\n", li, m->tensors[l->w].name, k, act[l->in][k],
+                           (double)x32[k]);
+                }
+                pos[li][k] = force ? p32 : p64;
+            }
+            prelu64_forward(act[l->out], act[l->in], W, B, a->C, a->H * a->W, pos[li]);
+            break;
+        }
+        case LK_ADD:
+            for (size_t k = 0; k < n; k++)
+                act[l->out][k] = act[l->in][k] + act[l->in2][k];
+            break;
+        case LK_LINEAR:
+            linear64_forward(act[l->out], act[l->in], W, Bi, B, (int)a->per_sample, l->OC);
+            break;
+        default:
+            printf("run64: layer kind %d not supported\n", l->kind);
+            rc = -1;
+        }
+    }
+    size_t D = m->acts[m->out_act].per_sample;
+    memcpy(emb, act[m->out_act], (size_t)B * D * sizeof(double));
+    for (size_t k = 0; k < (size_t)B * D; k++)
+        grd[m->out_act][k] = gout[k];
+    memset(grads, 0, m->n_params * sizeof(double));
+    for (int li = m->n_layers - 1; li >= 0; li--) {
+        mlayer *l = &m->layers[li];
+        mact *a = &m->acts[l->in];
+        double *W = l->w >= 0 ? p + m->tensors[l->w].offset : NULL;
+        double *dW = l->w >= 0 ? grads + m->tensors[l->w].offset : NULL;
+        double *dB = l->b >= 0 ? grads + m->tensors[l->b].offset : NULL;
+        size_t n = (size_t)B * a->per_sample;
+        switch (l->kind) {
+        case LK_CONV:
+            conv64_backward(grd[l->in], dW, grd[l->out], act[l->in], W, B, a->C, a->H, a->W,
+                            l->OC, l->K, l->stride, l->pad, l->groups);
+            break;
+        case LK_BN:
+            bn64_backward(grd[l->in], l->fixed_weight ? NULL : dW, dB, grd[l->out], act[l->in],
+                          W, st[li], st[li] + a->C, B, a->C, a->H * a->W, EPS);
+            break;
+        case LK_PRELU:
+            prelu64_backward(grd[l->in], dW, grd[l->out], act[l->in], W, B, a->C, a->H * a->W,
+                             pos[li]);
+            break;
+        case LK_ADD:
+            for (size_t k = 0; k < n; k++) {
+                grd[l->in][k] += grd[l->out][k];
+                grd[l->in2][k] += grd[l->out][k];
+            }
+            break;
+        case LK_LINEAR:
+            linear64_backward(grd[l->in], dW, dB, grd[l->out], act[l->in], W, B,
+                              (int)a->per_sample, l->OC);
+            break;
+        }
+    }
+    memcpy(gin, grd[0], (size_t)B * m->acts[0].per_sample * sizeof(double));
+    for (int t = 0; t < m->n_acts; t++) {
+        free(act[t]);
+        free(grd[t]);
+    }
+    for (int li = 0; li < m->n_layers; li++) {
+        free(st[li]);
+        free(pos[li]);
+    }
+    free(act); free(grd); free(st); free(pos); free(p);
+    return rc;
+}
+
+static double *load64(const char *dir, const char *name, size_t expect)
+{
+    npy_array a;
+    if (npy_load2(dir, name, &a)) {
+        printf("FAIL: %s\n", pf_errmsg());
+        return NULL;
+    }
+    double *d = NULL;
+    if (a.count != expect)
+        printf("FAIL: %s/%s has %zu values, expected %zu\n", dir, name, a.count, expect);
+    else
+        d = npy_to_f64(&a);
+    npy_free(&a);
+    return d;
+}
+
+/* Compares the parameter gradients and running statistics of one run against a reference. */
+static int check_grads(model *m, const char *tag, const float *g32, const double *g64,
+                       const float *r32, const double *r64, const refset *ref, const double *gin_ref,
+                       const float *gin32, const double *gin64, size_t nin)
+{
+    int fail = 0;
+    char lab[160];
+    printf(" %s\n", tag);
+    fail |= check("grad_input", gin32, gin64, gin_ref, nin);
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        snprintf(lab, sizeof lab, "grad %s", t->name);
+        if (!ref->grads[i]) {
+            int nz = 0;
+            for (size_t k = 0; k < t->count; k++)
+                nz |= g32 ? g32[t->offset + k] != 0.0f : g64[t->offset + k] != 0.0;
+            printf("  %-36s fixed weight: gradient stays 0: %s\n", lab, nz ? "FAIL" : "ok");
+            fail |= nz;
+            continue;
+        }
+        fail |= check(lab, g32 ? g32 + t->offset : NULL, g64 ? g64 + t->offset : NULL,
+                      ref->grads[i], t->count);
+    }
+    for (int i = 0; i < m->n_buffers; i++) {
+        const model_tensor *t = &m->buffers_t[i];
+        fail |= check(t->name, r32 ? r32 + t->offset : NULL, r64 ? r64 + t->offset : NULL,
+                      ref->running[i], t->count);
+    }
+    return fail;
+}
+
+static int run_case(const char *root, const char *name)
+{
+    char dir[1024], sub[1100];
+    snprintf(dir, sizeof dir, "%s/backbone/%s", root, name);
+    char *meta = npy_read_text(dir, "meta.json");
+    if (!meta) {
+        printf("SKIP: %s/meta.json not readable\n", dir);
+        return 77;
+    }
+    model_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = MODEL_IRESNET;
+    snprintf(d.name, sizeof d.name, "%.31s", name);
+    d.embedding_size = (int)npy_json_number(meta, "num_features", 0);
+    int B = (int)npy_json_number(meta, "batch", 0);
+    if (json_int4(meta, "layers", d.layers) || json_int4(meta, "widths", d.widths) ||
+        d.embedding_size <= 0 || B <= 0) {
+        printf("FAIL: %s/meta.json: layers/widths/num_features/batch not found\n", dir);
+        free(meta);
+        return 1;
+    }
+    printf("case %s: layers %d,%d,%d,%d widths %d,%d,%d,%d D=%d B=%d\n", name, d.layers[0],
+           d.layers[1], d.layers[2], d.layers[3], d.widths[0], d.widths[1], d.widths[2],
+           d.widths[3], d.embedding_size, B);
+    model *m;
+    if (model_create_desc(&m, &d, B, NULL)) {
+        printf("FAIL: model_create: %s\n", pf_errmsg());
+        free(meta);
+        return 1;
+    }
+    int fail = 0, nt = m->n_tensors, nb = m->n_buffers;
+    size_t D = (size_t)d.embedding_size, nin = (size_t)B * 3 * 112 * 112;
+    /* The model's tensor order must be PyTorch's param_order. */
+    const char *po = strstr(meta, "\"param_order\"");
+    for (int i = 0; i < nt && po; i++) {
+        char q[128];
+        snprintf(q, sizeof q, "\"%s\"", m->tensors[i].name);
+        const char *at = strstr(po, q);
+        if (!at) {
+            printf("FAIL: tensor %s not in param_order (or out of order)\n", m->tensors[i].name);
+            fail = 1;
+        }
+        po = at ? at + strlen(q) : po;
+    }
+    printf("  %d parameter tensors, %zu floats, PyTorch names in PyTorch order: %s\n", nt,
+           m->n_params, fail ? "NO" : "yes");
+
+    refset ref = {0};
+    ref.grads = calloc((size_t)nt, sizeof *ref.grads);
+    ref.running = calloc((size_t)nb, sizeof *ref.running);
+    float *x = NULL, *g = NULL;
+    {
+        npy_array a;
+        snprintf(sub, sizeof sub, "%s/params", dir);
+        for (int i = 0; i < nt && !fail; i++) {
+            char fn[160];
+            snprintf(fn, sizeof fn, "%s.npy", m->tensors[i].name);
+            double *v = load64(sub, fn, m->tensors[i].count);
+            if (!v) {
+                fail = 1;
+                break;
+            }
+            for (size_t k = 0; k < m->tensors[i].count; k++)
+                m->params[m->tensors[i].offset + k] = (float)v[k];
+            free(v);
+        }
+        snprintf(sub, sizeof sub, "%s/grads", dir);
+        for (int i = 0; i < nt && !fail; i++) {
+            char fn[160];
+            if (m->tensors[i].flags & MODEL_TENSOR_FIXED)
+                continue;
+            snprintf(fn, sizeof fn, "%s.npy", m->tensors[i].name);
+            fail |= !(ref.grads[i] = load64(sub, fn, m->tensors[i].count));
+        }
+        snprintf(sub, sizeof sub, "%s/running", dir);
+        for (int i = 0; i < nb && !fail; i++) {
+            char fn[160];
+            snprintf(fn, sizeof fn, "%s.npy", m->buffers_t[i].name);
+            fail |= !(ref.running[i] = load64(sub, fn, m->buffers_t[i].count));
+        }
+        if (!fail) {
+            fail |= !(ref.out = load64(dir, "output.npy", (size_t)B * D));
+            fail |= !(ref.eval_out = load64(dir, "eval_output.npy", (size_t)B * D));
+            fail |= !(ref.gin = load64(dir, "grad_input.npy", nin));
+        }
+        if (!fail && !npy_load2(dir, "input.npy", &a)) {
+            x = a.count == nin ? npy_to_f32(&a) : NULL;
+            npy_free(&a);
+        }
+        if (!fail && !npy_load2(dir, "grad_output.npy", &a)) {
+            g = a.count == (size_t)B * D ? npy_to_f32(&a) : NULL;
+            npy_free(&a);
+        }
+        if (!x || !g)
+            fail = 1;
+    }
+    if (fail) {
+        printf("FAIL: could not load the reference case\n");
+        goto done;
+    }
+
+    float *running0 = malloc(m->n_buffer_floats * sizeof(float));
+    memcpy(running0, m->bufs, m->n_buffer_floats * sizeof(float));
+    float *gin32 = calloc(nin, sizeof(float)), *emb32 = malloc((size_t)B * D * sizeof(float));
+    const float *emb;
+    model_zero_grad(m);
+    if (model_forward(m, x, B, 1, &emb) || model_backward(m, g, gin32)) {
+        printf("FAIL: %s\n", pf_errmsg());
+        fail = 1;
+        goto done2;
+    }
+    memcpy(emb32, emb, (size_t)B * D * sizeof(float));
+
+    double *emb64 = malloc((size_t)B * D * sizeof(double)), *gin64 = malloc(nin * sizeof(double));
+    double *grads64 = malloc(m->n_params * sizeof(double));
+    double *run64v = malloc(m->n_buffer_floats * sizeof(double));
+    int flips = 0;
+    printf(" float64 plain-C run of the same layer list vs PyTorch:\n");
+    if (run64(m, B, x, g, 0, emb64, gin64, grads64, run64v, running0, &flips)) {
+        printf("FAIL: float64 run\n");
+        fail = 1;
+    } else {
+        fail |= check("output", NULL, emb64, ref.out, (size_t)B * D);
+        fail |= check_grads(m, "float64 gradients vs PyTorch:", NULL, grads64, NULL, run64v, &ref,
+                            ref.gin, NULL, gin64, nin);
+    }
+    printf(" pfcps float32 (CPU device) vs PyTorch:\n");
+    fail |= check("output", emb32, NULL, ref.out, (size_t)B * D);
+    if (flips == 0) {
+        printf(" no PReLU kink flips between float32 and float64\n");
+        fail |= check_grads(m, "float32 gradients vs PyTorch:", m->grads, NULL, m->bufs, NULL,
+                            &ref, ref.gin, gin32, NULL, nin);
+    } else {
+        printf(" %d PReLU kink flip(s) (above): float32 gradients vs PyTorch, for information:\n",
+               flips);
+        double w0 = worst;
+        (void)check_grads(m, "(information only)", m->grads, NULL, m->bufs, NULL, &ref, ref.gin,
+                          gin32, NULL, nin);
+        worst = w0;
+        /* Reference with the float32 branches: float64 run forced to them. */
+        refset forced = ref;
+        double *fg = malloc(m->n_params * sizeof(double));
+        forced.grads = calloc((size_t)nt, sizeof *forced.grads);
+        double *fgin = malloc(nin * sizeof(double)), *femb = malloc((size_t)B * D * sizeof(double));
+        int fl2;
+        if (run64(m, B, x, g, 1, femb, fgin, fg, run64v, running0, &fl2)) {
+            fail = 1;
+        } else {
+            for (int i = 0; i < nt; i++)
+                forced.grads[i] = ref.grads[i] ? fg + m->tensors[i].offset : NULL;
+            fail |= check_grads(m, "float32 gradients vs float64 run with the float32 branches:",
+                                m->grads, NULL, m->bufs, NULL, &forced, fgin, gin32, NULL, nin);
+        }
+        free(forced.grads);
+        free(fg);
+        free(fgin);
+        free(femb);
+    }
+    if (model_forward(m, x, B, 0, &emb)) {
+        printf("FAIL: eval forward: %s\n", pf_errmsg());
+        fail = 1;
+    } else {
+        fail |= check("eval_output", emb, NULL, ref.eval_out, (size_t)B * D);
+    }
+    free(emb64); free(gin64); free(grads64); free(run64v);
+done2:
+    free(running0); free(gin32); free(emb32);
+done:
+    free(x); free(g);
+    for (int i = 0; i < nt; i++)
+        free(ref.grads[i]);
+    for (int i = 0; i < nb; i++)
+        free(ref.running[i]);
+    free(ref.grads); free(ref.running); free(ref.out); free(ref.gin); free(ref.eval_out);
+    model_free(m);
+    free(meta);
+    printf("case %s: %s\n", name, fail ? "FAIL" : "ok");
+    return fail;
+}
+
+int main(int argc, char **argv)
+{
+    const char *root = getenv("PFCPS_REFERENCE");
+    if (!root) {
+        printf("SKIP: PFCPS_REFERENCE not set\n");
+        return 77;
+    }
+    const char *def[] = {"iresnet_tiny_1111_w8", "iresnet_small_2222_w16"};
+    int n = argc > 1 ? argc - 1 : 2;
+    int rc = 0, skipped = 0;
+    for (int i = 0; i < n; i++) {
+        int r = run_case(root, argc > 1 ? argv[i + 1] : def[i]);
+        if (r == 77)
+            skipped++;
+        else
+            rc |= r;
+    }
+    if (skipped == n)
+        return 77;
+    printf("worst relative error %.3e (tolerance %.0e): %s\n", worst, TOL, rc ? "FAIL" : "PASS");
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,814 @@
+/* Backbone network: description -> layer list -> flat params/grads, forward and backward.
+ * See model.h for the networks and the memory layout. */
+#include "worker/model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "worker/model/model_internal.h"
+
+#define BN_EPS 1e-5f
+#define BN_MOMENTUM 0.1f
+#define IMG 112
+
+/* ---- description ---- */
+
+int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
+{
+    static const struct { const char *name; int layers[4]; } ires[] = {
+        {"r18", {2, 2, 2, 2}},   {"r34", {3, 4, 6, 3}},    {"r50", {3, 4, 14, 3}},
+        {"r100", {3, 13, 30, 3}}, {"r200", {6, 26, 60, 6}},
+    };
+    if (!network)
+        return pf_err(-EINVAL, "network name missing");
+    if (embedding_size <= 0)
+        return pf_err(-EINVAL, "embedding_size %d is not positive", embedding_size);
+    memset(d, 0, sizeof *d);
+    d->embedding_size = embedding_size;
+    char alias[32];
+    const char *n = network;
+    if (!strncmp(n, "iresnet", 7)) { /* "iresnet50" -> "r50" */
+        snprintf(alias, sizeof alias, "r%s", network + 7);
+        n = alias;
+    }
+    for (size_t i = 0; i < sizeof ires / sizeof *ires; i++) {
+        if (!strcmp(n, ires[i].name)) {
+            d->kind = MODEL_IRESNET;
+            snprintf(d->name, sizeof d->name, "%s", ires[i].name);
+            memcpy(d->layers, ires[i].layers, sizeof d->layers);
+            int w[4] = {64, 128, 256, 512};
+            memcpy(d->widths, w, sizeof w);
+            return 0;
+        }
+    }
+    if (!strcmp(network, "mbf") || !strcmp(network, "mobilefacenet")) {
+        d->kind = MODEL_MBF;
+        snprintf(d->name, sizeof d->name, "mbf");
+        int l[4] = {1, 4, 6, 2};
+        memcpy(d->layers, l, sizeof l);
+        d->mbf_scale = 2;
+        return 0;
+    }
+    return pf_err(-EINVAL, "unknown network '%s' (known: r18 r34 r50 r100 r200 mbf)", network);
+}
+
+/* ---- building ---- */
+
+static int grow(void **arr, int *cap, int n, size_t elem)
+{
+    if (n < *cap)
+        return 0;
+    int nc = *cap ? *cap * 2 : 64;
+    void *p = realloc(*arr, (size_t)nc * elem);
+    if (!p)
+        return pf_err(-ENOMEM, "model description: out of memory");
+    memset((char *)p + (size_t)*cap * elem, 0, (size_t)(nc - *cap) * elem);
+    *arr = p;
+    *cap = nc;
+    return 0;
+}
+
+/* New activation tensor of (C,H,W) per sample; returns its id or a negative error. */
+static int new_act(model *m, int C, int H, int W)
+{
+    int rc = grow((void **)&m->acts, &m->cap_acts, m->n_acts, sizeof *m->acts);
+    if (rc)
+        return rc;
+    mact *a = &m->acts[m->n_acts];
+    a->C = C; a->H = H; a->W = W;
+    a->per_sample = (size_t)C * H * W;
+    a->grad_buf = -1;
+    return m->n_acts++;
+}
+
+static int new_tensor(model_tensor **tab, mtinit **inits, int *n, int *cap, size_t *total,
+                      const char *name, int ndim, const int *shape, unsigned flags, mtinit init)
+{
+    int cap0 = *cap;
+    int rc = grow((void **)tab, cap, *n, sizeof **tab);
+    if (rc)
+        return rc;
+    if (inits) {
+        int c2 = cap0;
+        if ((rc = grow((void **)inits, &c2, *n, sizeof **inits)))
+            return rc;
+    }
+    model_tensor *t = &(*tab)[*n];
+    if (strlen(name) >= sizeof t->name)
+        return pf_err(-EINVAL, "tensor name too long: %s", name);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ndim = ndim;
+    t->count = 1;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->count *= (size_t)shape[i];
+    }
+    t->offset = *total;
+    t->flags = flags;
+    *total += t->count;
+    if (inits)
+        (*inits)[*n] = init;
+    return (*n)++;
+}
+
+static int add_param(model *m, const char *prefix, const char *suffix, int ndim, const int *shape,
+                     unsigned flags, mtinit init)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s%s%s", prefix, *prefix ? "." : "", suffix);
+    return new_tensor(&m->tensors, &m->inits, &m->n_tensors, &m->cap_tensors, &m->n_params, name,
+                      ndim, shape, flags, init);
+}
+
+static int add_buffer(model *m, const char *prefix, const char *suffix, int C, float fill)
+{
+    char name[128];
+    snprintf(name, sizeof name, "%s.%s", prefix, suffix);
+    mtinit init = {INIT_CONST, fill};
+    int shape[1] = {C};
+    int cap = m->cap_buffers;
+    int rc = new_tensor(&m->buffers_t, NULL, &m->n_buffers, &m->cap_buffers, &m->n_buffer_floats,
+                        name, 1, shape, 0, init);
+    if (rc < 0)
+        return rc;
+    /* buffer inits are constants: keep them in a parallel array */
+    int c2 = cap;
+    if ((rc = grow((void **)&m->buffer_fill, &c2, m->n_buffers - 1, sizeof *m->buffer_fill)) < 0)
+        return rc;
+    m->buffer_fill[m->n_buffers - 1] = fill;
+    return m->n_buffers - 1;
+}
+
+static int add_layer(model *m, mlayer **out)
+{
+    int rc = grow((void **)&m->layers, &m->cap_layers, m->n_layers, sizeof *m->layers);
+    if (rc)
+        return rc;
+    mlayer *l = &m->layers[m->n_layers++];
+    memset(l, 0, sizeof *l);
+    l->in2 = -1; l->w = -1; l->b = -1; l->rm = -1; l->rv = -1;
+    *out = l;
+    return 0;
+}
+
+#define TRY(x)                  \
+    do {                        \
+        int rc_ = (x);          \
+        if (rc_ < 0)            \
+            return rc_;         \
+    } while (0)
+
+/* conv (no bias): returns the output activation id */
+static int b_conv(model *m, const char *name, int in, int OC, int K, int stride, int pad,
+                  int groups, mtinit init)
+{
+    mact a = m->acts[in];
+    if (a.C % groups || OC % groups)
+        return pf_err(-EINVAL, "%s: groups %d does not divide %d and %d", name, groups, a.C, OC);
+    int OH = (a.H + 2 * pad - K) / stride + 1, OW = (a.W + 2 * pad - K) / stride + 1;
+    if (OH <= 0 || OW <= 0)
+        return pf_err(-EINVAL, "%s: kernel %d does not fit input %dx%d", name, K, a.H, a.W);
+    int shape[4] = {OC, a.C / groups, K, K};
+    if (init.kind == INIT_KAIMING_FAN_OUT)
+        init.v = sqrtf(2.0f / (float)(OC * K * K));
+    int w = add_param(m, name, "weight", 4, shape, 0, init);
+    TRY(w);
+    int out = new_act(m, OC, OH, OW);
+    TRY(out);
+    mlayer *l;
+    TRY(add_layer(m, &l));
+    l->kind = LK_CONV; l->in = in; l->out = out; l->w = w;
+    l->OC = OC; l->K = K; l->stride = stride; l->pad = pad; l->groups = groups;
+    return out;
+}
+
+static int b_bn(model *m, const char *name, int in, int fixed_weight)
+{
+    int C = m->acts[in].C;
+    int shape[1] = {C};
+    mtinit one = {INIT_CONST, 1.0f}, zero = {INIT_CONST, 0.0f};
+    int w = add_param(m, name, "weight", 1, shape, fixed_weight ? MODEL_TENSOR_FIXED : 0, one);
+    TRY(w);
+    int b = add_param(m, name, "bias", 1, shape, 0, zero);
+    TRY(b);
+    int rm = add_buffer(m, name, "running_mean", C, 0.0f);
+    TRY(rm);
+    int rv = add_buffer(m, name, "running_var", C, 1.0f);
+    TRY(rv);
+    int out = new_act(m, C, m->acts[in].H, m->acts[in].W);
+    TRY(out);
+    mlayer *l;
+    TRY(add_layer(m, &l));
+    l->kind = LK_BN; l->in = in; l->out = out; l->w = w; l->b = b; l->rm = rm; l->rv = rv;
+    l->fixed_weight = fixed_weight;
+    l->stat_off = m->n_stats;
+    m->n_stats += 2 * (size_t)C;
+    return out;
+}
+
+static int b_prelu(model *m, const char *name, int in)
+{
+    int shape[1] = {m->acts[in].C};
+    mtinit q = {INIT_CONST, 0.25f};
+    int w = add_param(m, name, "weight", 1, shape, 0, q);
+    TRY(w);
+    int out = new_act(m, m->acts[in].C, m->acts[in].H, m->acts[in].W);
+    TRY(out);
+    mlayer *l;
+    TRY(add_layer(m, &l));
+    l->kind = LK_PRELU; l->in = in; l->out = out; l->w = w;
+    return out;
+}
+
+static int b_add(model *m, int a, int b)
+{
+    if (m->acts[a].per_sample != m->acts[b].per_sample)
+        return pf_err(-EINVAL, "residual add of tensors with different sizes");
+    int out = new_act(m, m->acts[a].C, m->acts[a].H, m->acts[a].W);
+    TRY(out);
+    mlayer *l;
+    TRY(add_layer(m, &l));
+    l->kind = LK_ADD; l->in = a; l->in2 = b; l->out = out;
+    return out;
+}
+
+static int b_linear(model *m, const char *name, int in, int OUT, int bias, mtinit winit)
+{
+    int IN = (int)m->acts[in].per_sample;
+    int ws[2] = {OUT, IN}, bs[1] = {OUT};
+    float bound = 1.0f / sqrtf((float)IN);
+    if (winit.kind == INIT_KAIMING_FAN_OUT)
+        winit.v = sqrtf(2.0f / (float)OUT);
+    else if (winit.kind == INIT_UNIFORM)
+        winit.v = bound;
+    int w = add_param(m, name, "weight", 2, ws, 0, winit);
+    TRY(w);
+    int b = -1;
+    if (bias) {
+        mtinit bi = {INIT_UNIFORM, bound};
+        b = add_param(m, name, "bias", 1, bs, 0, bi);
+        TRY(b);
+    }
+    int out = new_act(m, OUT, 1, 1);
+    TRY(out);
+    mlayer *l;
+    TRY(add_layer(m, &l));
+    l->kind = LK_LINEAR; l->in = in; l->out = out; l->w = w; l->b = b; l->OC = OUT;
+    return out;
+}
+
+static int b_dropout(model *m, int in, float p)
+{
+    if (!(p >= 0.0f && p < 1.0f))
+        return pf_err(-EINVAL, "dropout p=%g outside [0, 1)", (double)p);
+    if (p == 0.0f)
+        return in; /* identity: no layer */
+    int out = new_act(m, m->acts[in].C, m->acts[in].H, m->acts[in].W);
+    TRY(out);
+    mlayer *l;
+    TRY(add_layer(m, &l));
+    l->kind = LK_DROPOUT; l->in = in; l->out = out; l->p = p;
+    l->stat_off = m->n_masks;
+    m->n_masks += m->acts[in].per_sample;
+    return out;
+}
+
+static int build_iresnet(model *m)
+{
+    const model_desc *d = &m->desc;
+    mtinit cinit = {INIT_NORMAL, 0.1f};
+    char p[96];
+    int x = b_conv(m, "conv1", 0, d->widths[0], 3, 1, 1, 1, cinit);
+    TRY(x);
+    TRY(x = b_bn(m, "bn1", x, 0));
+    TRY(x = b_prelu(m, "prelu", x));
+    int inplanes = d->widths[0];
+    for (int s = 0; s < 4; s++) {
+        int planes = d->widths[s];
+        for (int b = 0; b < d->layers[s]; b++) {
+            int stride = b == 0 ? 2 : 1;
+            int in = x, y;
+            snprintf(p, sizeof p, "layer%d.%d.bn1", s + 1, b);
+            TRY(y = b_bn(m, p, in, 0));
+            snprintf(p, sizeof p, "layer%d.%d.conv1", s + 1, b);
+            TRY(y = b_conv(m, p, y, planes, 3, 1, 1, 1, cinit));
+            snprintf(p, sizeof p, "layer%d.%d.bn2", s + 1, b);
+            TRY(y = b_bn(m, p, y, 0));
+            snprintf(p, sizeof p, "layer%d.%d.prelu", s + 1, b);
+            TRY(y = b_prelu(m, p, y));
+            snprintf(p, sizeof p, "layer%d.%d.conv2", s + 1, b);
+            TRY(y = b_conv(m, p, y, planes, 3, stride, 1, 1, cinit));
+            snprintf(p, sizeof p, "layer%d.%d.bn3", s + 1, b);
+            TRY(y = b_bn(m, p, y, 0));
+            int sc = in;
+            if (stride != 1 || inplanes != planes) {
+                snprintf(p, sizeof p, "layer%d.%d.downsample.0", s + 1, b);
+                TRY(sc = b_conv(m, p, in, planes, 1, stride, 0, 1, cinit));
+                snprintf(p, sizeof p, "layer%d.%d.downsample.1", s + 1, b);
+                TRY(sc = b_bn(m, p, sc, 0));
+            }
+            TRY(x = b_add(m, y, sc));
+            inplanes = planes;
+        }
+    }
+    if (m->acts[x].H != 7 || m->acts[x].W != 7)
+        return pf_err(-EINVAL, "iresnet: last stage is %dx%d, expected 7x7", m->acts[x].H,
+                      m->acts[x].W);
+    TRY(x = b_bn(m, "bn2", x, 0));
+    TRY(x = b_dropout(m, x, d->dropout));
+    mtinit lin = {INIT_UNIFORM, 0.0f};
+    TRY(x = b_linear(m, "fc", x, d->embedding_size, 1, lin));
+    TRY(x = b_bn(m, "features", x, 1));
+    return x;
+}
+
+static int mbf_convblock(model *m, const char *prefix, int in, int out_c, int K, int stride,
+                         int pad, int groups, int prelu)
+{
+    mtinit ki = {INIT_KAIMING_FAN_OUT, 0.0f};
+    char p[128];
+    int x;
+    snprintf(p, sizeof p, "%s.layers.0", prefix);
+    TRY(x = b_conv(m, p, in, out_c, K, stride, pad, groups, ki));
+    snprintf(p, sizeof p, "%s.layers.1", prefix);
+    TRY(x = b_bn(m, p, x, 0));
+    if (prelu) {
+        snprintf(p, sizeof p, "%s.layers.2", prefix);
+        TRY(x = b_prelu(m, p, x));
+    }
+    return x;
+}
+
+static int mbf_depthwise(model *m, const char *prefix, int in, int out_c, int residual,
+                         int stride, int groups)
+{
+    char p[128];
+    int x;
+    snprintf(p, sizeof p, "%s.layers.0", prefix);
+    TRY(x = mbf_convblock(m, p, in, groups, 1, 1, 0, 1, 1));
+    snprintf(p, sizeof p, "%s.layers.1", prefix);
+    TRY(x = mbf_convblock(m, p, x, groups, 3, stride, 1, groups, 1));
+    snprintf(p, sizeof p, "%s.layers.2", prefix);
+    TRY(x = mbf_convblock(m, p, x, out_c, 1, 1, 0, 1, 0));
+    if (residual)
+        TRY(x = b_add(m, in, x));
+    return x;
+}
+
+static int mbf_residual(model *m, const char *prefix, int in, int c, int n, int groups)
+{
+    char p[128];
+    int x = in;
+    for (int k = 0; k < n; k++) {
+        snprintf(p, sizeof p, "%s.layers.%d", prefix, k);
+        TRY(x = mbf_depthwise(m, p, x, c, 1, 1, groups));
+    }
+    return x;
+}
+
+static int build_mbf(model *m)
+{
+    const model_desc *d = &m->desc;
+    int s = d->mbf_scale, x;
+    TRY(x = mbf_convblock(m, "layers.0", 0, 64 * s, 3, 2, 1, 1, 1));
+    if (d->layers[0] == 1)
+        TRY(x = mbf_convblock(m, "layers.1", x, 64 * s, 3, 1, 1, 64, 1));
+    else
+        TRY(x = mbf_residual(m, "layers.1", x, 64 * s, d->layers[0], 128));
+    TRY(x = mbf_depthwise(m, "layers.2", x, 64 * s, 0, 2, 128));
+    TRY(x = mbf_residual(m, "layers.3", x, 64 * s, d->layers[1], 128));
+    TRY(x = mbf_depthwise(m, "layers.4", x, 128 * s, 0, 2, 256));
+    TRY(x = mbf_residual(m, "layers.5", x, 128 * s, d->layers[2], 256));
+    TRY(x = mbf_depthwise(m, "layers.6", x, 128 * s, 0, 2, 512));
+    TRY(x = mbf_residual(m, "layers.7", x, 128 * s, d->layers[3], 256));
+    TRY(x = mbf_convblock(m, "conv_sep", x, 512, 1, 1, 0, 1, 1));
+    if (m->acts[x].H != 7)
+        return pf_err(-EINVAL, "mbf: last stage is %dx%d, expected 7x7", m->acts[x].H,
+                      m->acts[x].W);
+    TRY(x = mbf_convblock(m, "features.layers.0", x, 512, 7, 1, 0, 512, 0));
+    mtinit ki = {INIT_KAIMING_FAN_OUT, 0.0f};
+    TRY(x = b_linear(m, "features.layers.2", x, d->embedding_size, 0, ki));
+    TRY(x = b_bn(m, "features.layers.3", x, 0));
+    return x;
+}
+
+typedef struct pool_plan {
+    size_t *cap;
+    int *is_free;
+    int n, capn;
+} pool_plan;
+
+/* Best fit: the smallest free buffer that is large enough, else the largest free one (grown),
+ * else a new one. Returns its index or -ENOMEM. */
+static int pool_get(pool_plan *p, size_t need)
+{
+    int best = -1;
+    for (int k = 0; k < p->n; k++)
+        if (p->is_free[k] && p->cap[k] >= need && (best < 0 || p->cap[k] < p->cap[best]))
+            best = k;
+    if (best < 0)
+        for (int k = 0; k < p->n; k++)
+            if (p->is_free[k] && (best < 0 || p->cap[k] > p->cap[best]))
+                best = k;
+    if (best < 0) {
+        if (p->n == p->capn) {
+            int nc = p->capn ? 2 * p->capn : 16;
+            size_t *c = realloc(p->cap, (size_t)nc * sizeof *c);
+            if (!c)
+                return pf_err(-ENOMEM, "model: out of memory");
+            p->cap = c;
+            int *f = realloc(p->is_free, (size_t)nc * sizeof *f);
+            if (!f)
+                return pf_err(-ENOMEM, "model: out of memory");
+            p->is_free = f;
+            p->capn = nc;
+        }
+        best = p->n++;
+        p->cap[best] = 0;
+    }
+    if (p->cap[best] < need)
+        p->cap[best] = need;
+    p->is_free[best] = 0;
+    return best;
+}
+
+/* Assigns activation-gradient buffers by liveness over the backward order: the gradient of a
+ * tensor lives from its first write (by its last consumer) to its read (by its producer). Also
+ * decides per layer input whether the backward overwrites (first writer) or accumulates. */
+static int plan_grads(model *m)
+{
+    pool_plan p = {0};
+    int rc = 0;
+    int *written = calloc((size_t)m->n_acts, sizeof *written);
+    if (!written)
+        return pf_err(-ENOMEM, "model: out of memory");
+    int outt = m->out_act;
+    if ((rc = pool_get(&p, m->acts[outt].per_sample)) < 0)
+        goto out;
+    m->acts[outt].grad_buf = rc;
+    written[outt] = 1;
+    for (int i = m->n_layers - 1; i >= 0; i--) {
+        mlayer *l = &m->layers[i];
+        int ins[2] = {l->in, l->in2};
+        int *accs[2] = {&l->acc_in, &l->acc_in2};
+        for (int j = 0; j < 2; j++) {
+            int t = ins[j];
+            if (t < 0)
+                continue;
+            *accs[j] = written[t];
+            if (!written[t] && t != 0) { /* t == 0: the caller's grad_input buffer */
+                if ((rc = pool_get(&p, m->acts[t].per_sample)) < 0)
+                    goto out;
+                m->acts[t].grad_buf = rc;
+            }
+            written[t] = 1;
+        }
+        if (m->acts[l->out].grad_buf >= 0)
+            p.is_free[m->acts[l->out].grad_buf] = 1;
+    }
+    rc = 0;
+    m->n_pool = p.n;
+    m->pool_cap = p.cap;
+    p.cap = NULL;
+out:
+    free(p.cap);
+    free(p.is_free);
+    free(written);
+    return rc;
+}
+
+static void *xalloc(size_t nfloats)
+{
+    size_t bytes = ((nfloats ? nfloats : 1) * sizeof(float) + 63) / 64 * 64;
+    void *p = aligned_alloc(64, bytes);
+    if (p)
+        memset(p, 0, bytes);
+    return p;
+}
+
+int model_create_desc(model **out, const model_desc *d, int batch_capacity, const ops_device *dev)
+{
+    if (!d || d->embedding_size <= 0)
+        return pf_err(-EINVAL, "model: embedding_size must be positive");
+    if (batch_capacity <= 0)
+        return pf_err(-EINVAL, "model: batch capacity %d is not positive", batch_capacity);
+    if (d->kind == MODEL_IRESNET) {
+        for (int s = 0; s < 4; s++)
+            if (d->layers[s] <= 0 || d->widths[s] <= 0)
+                return pf_err(-EINVAL, "iresnet: stage %d has %d blocks of width %d", s,
+                              d->layers[s], d->widths[s]);
+    } else if (d->kind == MODEL_MBF) {
+        if (d->mbf_scale <= 0 || d->layers[0] <= 0 || d->layers[1] <= 0 || d->layers[2] <= 0 ||
+            d->layers[3] <= 0)
+            return pf_err(-EINVAL, "mbf: blocks and scale must be positive");
+    } else {
+        return pf_err(-EINVAL, "model: unknown network kind %d", (int)d->kind);
+    }
+    model *m = calloc(1, sizeof *m);
+    if (!m)
+        return pf_err(-ENOMEM, "model: out of memory");
+    m->desc = *d;
+    m->B_cap = batch_capacity;
+    m->dev = dev ? dev : &ops_cpu;
+    int rc = new_act(m, 3, IMG, IMG);
+    if (rc >= 0)
+        rc = d->kind == MODEL_IRESNET ? build_iresnet(m) : build_mbf(m);
+    if (rc < 0)
+        goto fail;
+    m->out_act = rc;
+    if ((rc = plan_grads(m)) < 0)
+        goto fail;
+
+    rc = -ENOMEM;
+    m->params = xalloc(m->n_params);
+    m->grads = xalloc(m->n_params);
+    m->bufs = xalloc(m->n_buffer_floats);
+    m->stats = calloc(m->n_stats ? m->n_stats : 1, sizeof(double));
+    m->masks = xalloc(m->n_masks * (size_t)m->B_cap);
+    m->pool = calloc((size_t)m->n_pool, sizeof *m->pool);
+    if (!m->params || !m->grads || !m->bufs || !m->stats || !m->masks || !m->pool)
+        goto nomem;
+    for (int k = 0; k < m->n_pool; k++)
+        if (!(m->pool[k] = xalloc(m->pool_cap[k] * (size_t)m->B_cap)))
+            goto nomem;
+    for (int t = 0; t < m->n_acts; t++)
+        if (!(m->acts[t].data = xalloc(m->acts[t].per_sample * (size_t)m->B_cap)))
+            goto nomem;
+    for (int i = 0; i < m->n_buffers; i++)
+        for (size_t j = 0; j < m->buffers_t[i].count; j++)
+            m->bufs[m->buffers_t[i].offset + j] = m->buffer_fill[i];
+    if ((rc = m->dev->ctx_create(&m->ctx)) < 0)
+        goto fail;
+    *out = m;
+    return 0;
+nomem:
+    rc = pf_err(-ENOMEM, "model %s: out of memory (batch %d)", d->name, batch_capacity);
+fail:
+    model_free(m);
+    return rc;
+}
+
+int model_create(model **out, const char *network, int embedding_size, int batch_capacity)
+{
+    model_desc d;
+    int rc = model_desc_from_name(&d, network, embedding_size);
+    if (rc)
+        return rc;
+    return model_create_desc(out, &d, batch_capacity, NULL);
+}
+
+void model_free(model *m)
+{
+    if (!m)
+        return;
+    if (m->ctx)
+        m->dev->ctx_destroy(m->ctx);
+    for (int t = 0; t < m->n_acts; t++)
+        free(m->acts[t].data);
+    for (int k = 0; m->pool && k < m->n_pool; k++)
+        free(m->pool[k]);
+    free(m->pool);
+    free(m->pool_cap);
+    free(m->acts);
+    free(m->layers);
+    free(m->tensors);
+    free(m->inits);
+    free(m->buffers_t);
+    free(m->buffer_fill);
+    free(m->params);
+    free(m->grads);
+    free(m->bufs);
+    free(m->stats);
+    free(m->masks);
+    free(m);
+}
+
+/* ---- init ---- */
+
+static uint64_t sm64(uint64_t *s)
+{
+    uint64_t x = (*s += 0x9E3779B97F4A7C15ull);
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static double unif01(uint64_t *s) /* (0, 1) */
+{
+    return ((double)(sm64(s) >> 11) + 0.5) * 0x1.0p-53;
+}
+
+void model_init(model *m, uint64_t seed)
+{
+    uint64_t s = seed ^ 0x5043465053ull;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const model_tensor *t = &m->tensors[i];
+        mtinit in = m->inits[i];
+        float *p = m->params + t->offset;
+        for (size_t j = 0; j < t->count; j++) {
+            switch (in.kind) {
+            case INIT_CONST:
+                p[j] = in.v;
+                break;
+            case INIT_UNIFORM:
+                p[j] = (float)((2.0 * unif01(&s) - 1.0) * in.v);
+                break;
+            case INIT_NORMAL:
+            case INIT_KAIMING_FAN_OUT: {
+                double u1 = unif01(&s), u2 = unif01(&s);
+                p[j] = (float)(in.v * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+                break;
+            }
+            }
+        }
+    }
+    for (int i = 0; i < m->n_buffers; i++)
+        for (size_t j = 0; j < m->buffers_t[i].count; j++)
+            m->bufs[m->buffers_t[i].offset + j] = m->buffer_fill[i];
+    model_zero_grad(m);
+}
+
+/* ---- forward / backward ---- */
+
+int model_forward(model *m, const float *input, int B, int train, const float **embeddings)
+{
+    if (B <= 0 || B > m->B_cap)
+        return pf_err(-EINVAL, "model_forward: batch %d outside [1, %d]", B, m->B_cap);
+    const ops_device *dv = m->dev;
+    memcpy(m->acts[0].data, input, (size_t)B * m->acts[0].per_sample * sizeof(float));
+    int rc = 0;
+    for (int i = 0; i < m->n_layers && !rc; i++) {
+        mlayer *l = &m->layers[i];
+        mact *a = &m->acts[l->in], *o = &m->acts[l->out];
+        float *W = l->w >= 0 ? m->params + m->tensors[l->w].offset : NULL;
+        float *Bi = l->b >= 0 ? m->params + m->tensors[l->b].offset : NULL;
+        switch (l->kind) {
+        case LK_CONV: {
+            ops_conv_shape s;
+            rc = ops_conv_shape_init(&s, B, a->C, a->H, a->W, l->OC, l->K, l->stride, l->pad,
+                                     l->groups);
+            if (!rc)
+                rc = dv->conv_forward(m->ctx, o->data, a->data, W, &s);
+            break;
+        }
+        case LK_BN: {
+            double *st = m->stats + l->stat_off;
+            rc = dv->bn_forward(m->ctx, o->data, st, st + a->C, a->data, W, Bi,
+                                m->bufs + m->buffers_t[l->rm].offset,
+                                m->bufs + m->buffers_t[l->rv].offset, B, a->C, a->H * a->W,
+                                BN_EPS, BN_MOMENTUM, train);
+            break;
+        }
+        case LK_PRELU:
+            rc = dv->prelu_forward(m->ctx, o->data, a->data, W, B, a->C, a->H * a->W);
+            break;
+        case LK_ADD:
+            rc = dv->add_forward(m->ctx, o->data, a->data, m->acts[l->in2].data,
+                                 (size_t)B * a->per_sample);
+            break;
+        case LK_LINEAR:
+            rc = dv->linear_forward(m->ctx, o->data, a->data, W, Bi, B, (int)a->per_sample, l->OC);
+            break;
+        case LK_DROPOUT:
+            rc = dv->dropout_forward(m->ctx, o->data, m->masks + l->stat_off * (size_t)m->B_cap,
+                                     a->data, (size_t)B * a->per_sample, train ? l->p : 0.0f,
+                                     m->dropout_seed++);
+            break;
+        }
+        if (rc)
+            rc = pf_err_wrap(rc, "forward layer %d", i);
+    }
+    if (rc)
+        return rc;
+    m->last_B = B;
+    m->last_train = train;
+    *embeddings = m->acts[m->out_act].data;
+    return 0;
+}
+
+int model_backward(model *m, const float *grad_embeddings, float *grad_input)
+{
+    int B = m->last_B;
+    if (!B || !m->last_train)
+        return pf_err(-EINVAL, "model_backward: no training-mode forward before it");
+    const ops_device *dv = m->dev;
+    for (int t = 1; t < m->n_acts; t++)
+        m->acts[t].grad = m->acts[t].grad_buf >= 0 ? m->pool[m->acts[t].grad_buf] : NULL;
+    m->acts[0].grad = grad_input;
+    mact *o = &m->acts[m->out_act];
+    memcpy(o->grad, grad_embeddings, (size_t)B * o->per_sample * sizeof(float));
+    int rc = 0;
+    for (int i = m->n_layers - 1; i >= 0 && !rc; i--) {
+        mlayer *l = &m->layers[i];
+        mact *a = &m->acts[l->in];
+        o = &m->acts[l->out];
+        size_t wo = l->w >= 0 ? m->tensors[l->w].offset : 0;
+        float *W = l->w >= 0 ? m->params + wo : NULL;
+        float *dW = l->w >= 0 ? m->grads + wo : NULL;
+        float *dB = l->b >= 0 ? m->grads + m->tensors[l->b].offset : NULL;
+        switch (l->kind) {
+        case LK_CONV: {
+            ops_conv_shape s;
+            rc = ops_conv_shape_init(&s, B, a->C, a->H, a->W, l->OC, l->K, l->stride, l->pad,
+                                     l->groups);
+            if (!rc)
+                rc = dv->conv_backward(m->ctx, a->grad, l->acc_in, dW, o->grad, a->data, W, &s);
+            break;
+        }
+        case LK_BN: {
+            double *st = m->stats + l->stat_off;
+            rc = dv->bn_backward(m->ctx, a->grad, l->acc_in, l->fixed_weight ? NULL : dW, dB,
+                                 o->grad, a->data, W, st, st + a->C, B, a->C, a->H * a->W,
+                                 BN_EPS);
+            break;
+        }
+        case LK_PRELU:
+            rc = dv->prelu_backward(m->ctx, a->grad, l->acc_in, dW, o->grad, a->data, W, B, a->C,
+                                    a->H * a->W);
+            break;
+        case LK_ADD: {
+            size_t n = (size_t)B * a->per_sample;
+            if (a->grad)
+                rc = dv->acc(m->ctx, a->grad, l->acc_in, o->grad, n);
+            mact *a2 = &m->acts[l->in2];
+            if (!rc && a2->grad)
+                rc = dv->acc(m->ctx, a2->grad, l->acc_in2, o->grad, n);
+            break;
+        }
+        case LK_LINEAR:
+            rc = dv->linear_backward(m->ctx, a->grad, l->acc_in, dW, dB, o->grad, a->data, W, B,
+                                     (int)a->per_sample, l->OC);
+            break;
+        case LK_DROPOUT:
+            if (a->grad)
+                rc = dv->dropout_backward(m->ctx, a->grad, l->acc_in, o->grad,
+                                          m->masks + l->stat_off * (size_t)m->B_cap,
+                                          (size_t)B * a->per_sample);
+            break;
+        }
+        if (rc)
+            rc = pf_err_wrap(rc, "backward layer %d", i);
+    }
+    return rc;
+}
+
+void model_zero_grad(model *m)
+{
+    memset(m->grads, 0, m->n_params * sizeof(float));
+}
+
+/* ---- accessors ---- */
+
+const model_desc *model_get_desc(const model *m) { return &m->desc; }
+size_t model_num_params(const model *m) { return m->n_params; }
+float *model_params(model *m) { return m->params; }
+float *model_grads(model *m) { return m->grads; }
+int model_num_tensors(const model *m) { return m->n_tensors; }
+size_t model_num_buffer_floats(const model *m) { return m->n_buffer_floats; }
+float *model_buffers(model *m) { return m->bufs; }
+int model_num_buffer_tensors(const model *m) { return m->n_buffers; }
+
+const model_tensor *model_tensor_at(const model *m, int i)
+{
+    return i >= 0 && i < m->n_tensors ? &m->tensors[i] : NULL;
+}
+
+const model_tensor *model_buffer_tensor_at(const model *m, int i)
+{
+    return i >= 0 && i < m->n_buffers ? &m->buffers_t[i] : NULL;
+}
+
+static const model_tensor *find(const model_tensor *tab, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(tab[i].name, name))
+            return &tab[i];
+    return NULL;
+}
+
+float *model_param(model *m, const char *name, size_t *count)
+{
+    const model_tensor *t = find(m->tensors, m->n_tensors, name);
+    if (t && count)
+        *count = t->count;
+    return t ? m->params + t->offset : NULL;
+}
+
+float *model_grad(model *m, const char *name, size_t *count)
+{
+    const model_tensor *t = find(m->tensors, m->n_tensors, name);
+    if (t && count)
+        *count = t->count;
+    return t ? m->grads + t->offset : NULL;
+}
+
+float *model_buffer(model *m, const char *name, size_t *count)
+{
+    const model_tensor *t = find(m->buffers_t, m->n_buffers, name);
+    if (t && count)
+        *count = t->count;
+    return t ? m->bufs + t->offset : NULL;
+}

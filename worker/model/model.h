@@ -1,0 +1,123 @@
+/* The worker's backbone: one network description (iresnet 18/34/50/100/200, mobilefacenet, or
+ * custom widths) from which the layer list, the flat parameter/gradient layout (PyTorch names, in
+ * PyTorch's module order) and the checkpoint layout are derived. Layers run through a device table
+ * (kernels/ops.h); model_create uses the CPU device.
+ *
+ * Networks follow insightface's arcface_torch (backbones/iresnet.py, mobilefacenet.py):
+ * - iresnet: conv3x3(3->w0) BN PReLU; 4 stages of IBasicBlock (BN, conv3x3, BN, PReLU, conv3x3
+ *   stride s, BN; shortcut conv1x1 stride s + BN where stride or width changes, identity
+ *   otherwise; no activation after the add), first block of each stage stride 2; head BN2d,
+ *   flatten (w3*7*7), dropout (p=0 default), Linear(w3*49 -> D, bias), BatchNorm1d(D) with weight
+ *   fixed at 1 ("features.weight", flagged MODEL_TENSOR_FIXED).
+ * - mbf: MobileFaceNet(blocks=(1,4,6,2), scale=2): ConvBlock / DepthWise / Residual, conv_sep,
+ *   GDC head (7x7 depthwise LinearBlock, Linear(512 -> D, no bias), BatchNorm1d(D)).
+ *
+ * Memory: params and grads are one allocation each (model_params / model_grads, num_params
+ * floats, tensors at model_tensor.offset); BN running statistics are a third flat array
+ * (model_buffers). Every activation of the forward is kept for the backward (B_cap samples);
+ * activation gradients share a small pool reused by liveness. */
+#ifndef PFCPS_WORKER_MODEL_H
+#define PFCPS_WORKER_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+
+typedef enum model_kind { MODEL_IRESNET = 1, MODEL_MBF = 2 } model_kind;
+
+/* The network description. */
+typedef struct model_desc {
+    model_kind kind;
+    char name[32];      /* "r50", "mbf", or a custom name (written into checkpoints) */
+    int layers[4];      /* blocks per stage (mbf: the blocks tuple) */
+    int widths[4];      /* iresnet stage widths (stem width = widths[0]); unused for mbf */
+    int mbf_scale;      /* mbf width multiplier (arcface_torch: 2) */
+    int embedding_size; /* D */
+    float dropout;      /* iresnet head dropout p, 0 <= p < 1 (arcface_torch default 0) */
+} model_desc;
+
+/* Fills d for a network name as arcface_torch's config spells it: r18 r34 r50 r100 r200 (also
+ * iresnet18 ...) and mbf. Returns 0, or -EINVAL for an unknown name or embedding_size <= 0. */
+int model_desc_from_name(model_desc *d, const char *network, int embedding_size);
+
+#define MODEL_TENSOR_FIXED 1u /* not trained: the optimizer and weight decay must skip it */
+
+/* One named tensor of the flat parameter (or buffer) array. */
+typedef struct model_tensor {
+    char name[96];  /* PyTorch state_dict name, e.g. "layer1.0.conv1.weight" */
+    int ndim;
+    int shape[5];
+    size_t offset;  /* in floats, into model_params/model_grads (or model_buffers) */
+    size_t count;   /* floats */
+    unsigned flags; /* MODEL_TENSOR_FIXED */
+} model_tensor;
+
+typedef struct model model;
+
+/* Creates the network `network` (model_desc_from_name) with embedding size D on the CPU device,
+ * able to run batches of up to batch_capacity samples of (3,112,112). Parameters are zero until
+ * model_init or model_load. Returns 0, -EINVAL (bad name/size), -ENOMEM, -EIO (oneDNN). */
+int model_create(model **out, const char *network, int embedding_size, int batch_capacity);
+
+/* Same from a description, on a given device (NULL: CPU). */
+int model_create_desc(model **out, const model_desc *d, int batch_capacity,
+                      const ops_device *dev);
+
+void model_free(model *m);
+
+/* arcface_torch's initialization from a seed (deterministic). iresnet: conv ~ N(0, 0.1), BN
+ * weight 1 bias 0, PReLU 0.25, fc as torch.nn.Linear's default (U(+-1/sqrt(fan_in)) for weight
+ * and bias), features weight 1 bias 0. mbf: conv and Linear kaiming_normal(fan_out, relu), BN 1/0,
+ * PReLU 0.25. Running mean 0, running var 1. Grads zeroed. */
+void model_init(model *m, uint64_t seed);
+
+/* input (B,3,112,112) NCHW fp32, 1 <= B <= batch_capacity. train != 0: BN uses batch statistics
+ * and updates running statistics (momentum 0.1), dropout active; train == 0: eval mode.
+ * On success *embeddings points to the model's (B,D) output (valid until the next forward).
+ * Returns 0, -EINVAL (bad B), or a device error. */
+int model_forward(model *m, const float *input, int B, int train, const float **embeddings);
+
+/* Backward of the last training-mode forward: grad_embeddings (B,D) = dLoss/dembeddings.
+ * Parameter gradients are accumulated (+=) into model_grads; grad_input (B,3,112,112) receives
+ * dLoss/dinput when not NULL. Returns 0, -EINVAL (no training forward before), device errors. */
+int model_backward(model *m, const float *grad_embeddings, float *grad_input);
+
+/* Zeroes all parameter gradients (once per step). */
+void model_zero_grad(model *m);
+
+const model_desc *model_get_desc(const model *m);
+size_t model_num_params(const model *m); /* floats in model_params (fixed tensors included) */
+float *model_params(model *m);
+float *model_grads(model *m);
+int model_num_tensors(const model *m);
+const model_tensor *model_tensor_at(const model *m, int i);
+/* Parameter / gradient of a named tensor (NULL when absent); *count gets its size if count. */
+float *model_param(model *m, const char *name, size_t *count);
+float *model_grad(model *m, const char *name, size_t *count);
+
+/* BN running statistics: "<bn>.running_mean" / "<bn>.running_var". */
+size_t model_num_buffer_floats(const model *m);
+float *model_buffers(model *m);
+int model_num_buffer_tensors(const model *m);
+const model_tensor *model_buffer_tensor_at(const model *m, int i);
+float *model_buffer(model *m, const char *name, size_t *count);
+
+/* Checkpoint of parameters + running statistics, written to path.tmp, fsync'd, renamed.
+ * Layout (little-endian):
+ *   magic "PFCPSBB1" (8) | u32 version=1 | u32 embedding_size | u32 n_tensors | u32 reserved 0
+ *   | char network[32] (NUL-padded) | u64 payload_bytes | u64 checksum
+ *   | n_tensors x { u16 name_len, name, u8 dtype (0 = f32), u8 ndim, u32 shape[ndim],
+ *                   u64 payload_offset (bytes) }
+ *   | payload (parameters in model order, then running statistics).
+ * checksum = FNV-1a 64 over everything after the checksum field (tensor table and payload).
+ * Returns 0, -EIO (write failed, errno text in pf_errmsg). */
+int model_save(const model *m, const char *path);
+
+/* Loads a checkpoint written by model_save into m. The whole file is read and verified (magic,
+ * version, network name, D, every tensor name/shape/dtype against m's layout, sizes, checksum)
+ * before anything in m changes: a corrupt or mismatched file is refused with -EINVAL (layout
+ * mismatch), -EPROTO (bad magic, truncated, checksum) or -EIO/-ENOENT, m untouched. */
+int model_load(model *m, const char *path);
+
+#endif
