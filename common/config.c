@@ -392,9 +392,13 @@ int cfg_set(pf_config *cfg, const char *key, const char *value)
         } else {
             memcpy(s, v, n + 1);
         }
-        for (const char *p = s; *p; p++)
-            if ((unsigned char)*p < 0x20)
+        for (const char *p = s; *p; p++) {
+            if ((unsigned char)*p < 0x20 || *p == 0x7f)
                 return pf_err(-EINVAL, "key '%s': value contains a control character", k->name);
+            /* inih reads " ;" as the start of a comment: such a value cannot be written back. */
+            if (*p == ';' && p > s && (p[-1] == ' ' || p[-1] == '\t'))
+                return pf_err(-EINVAL, "key '%s': value contains ' ;', which INI reads as a comment", k->name);
+        }
         char old[CFG_STR];
         memcpy(old, base, CFG_STR);
         memcpy(base, s, strlen(s) + 1);
@@ -616,7 +620,8 @@ static void format_value(const pf_config *cfg, const key_def *k, char *out, size
     case K_STR: {
         /* Quote when blanks at the ends or a leading quote would otherwise be lost on parsing. */
         size_t n = strlen(base);
-        int quote = n > 0 && (base[0] == ' ' || base[0] == '"' || base[0] == '\'' || base[n - 1] == ' ');
+        int quote = n > 0 && (base[0] == ' ' || base[0] == '"' || base[0] == '\'' || base[0] == ';' ||
+                              base[n - 1] == ' ');
         snprintf(out, cap, quote ? "\"%s\"" : "%s", base);
         break;
     }

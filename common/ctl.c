@@ -55,6 +55,12 @@ int ctl_parse_hostport(const char *hp, char *host, size_t hostlen, int *port)
     }
     if (hl == 0 || hl >= hostlen)
         return pf_err(-EINVAL, "'%s': host part empty or too long", hp);
+    for (size_t i = 0; i < hl; i++) {
+        char ch = h[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+              ch == '-' || ch == '_' || ch == ':' || ch == '%'))
+            return pf_err(-EINVAL, "'%s': host contains '%c' (a host name, IPv4 or [IPv6] address expected)", hp, ch);
+    }
     char *end;
     errno = 0;
     long p = strtol(colon + 1, &end, 10);

@@ -282,6 +282,19 @@ static void test_round_trip(void **state)
     const char *sets4[] = {"num_classes=1", toolong};
     assert_int_equal(cfg_load(&a, NULL, sets4, 2), -EINVAL);
     assert_non_null(strstr(pf_errmsg(), "key 'rec': value is longer than 255"));
+    /* Found by fuzz_ctl_config: a value starting with ';' was written bare and read back as a comment;
+     * a rendezvous host of ";[:" was accepted. */
+    const char *sets5[] = {"num_classes=1", "rec=;x", "output=a;b"};
+    assert_int_equal(cfg_load(&a, NULL, sets5, 3), 0);
+    text = cfg_to_ini(&a);
+    assert_int_equal(cfg_load_text(&b, text), 0);
+    assert_string_equal(b.rec, ";x");
+    assert_string_equal(b.output, "a;b");
+    free(text);
+    assert_int_equal(cfg_load_text(&b, "num_classes = 5\nrec = x\nrendezvous =;[::1\n"), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "rendezvous"));
+    assert_int_equal(cfg_set(&a, "rec", "a ;b"), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "comment"));
     /* Indented lines are ordinary keys (not continuations of the previous value). */
     assert_int_equal(cfg_load(&b, write_file("indent.ini", "[train]\n  num_classes = 9\n  lr = 0.25\n"
                                                            "[data]\n\trec = x\n"), NULL, 0), 0);
