@@ -167,19 +167,21 @@ static void init_lut(void)
 void img_to_chw(const uint8_t *rgb, int w, int h, int flip, float *out)
 {
     init_lut();
+    const float *restrict lut = norm_lut;
     size_t plane = (size_t)w * h;
+    /* Pixel-major: sequential loads, three sequential store streams (fastest of the layouts tried). */
     for (int y = 0; y < h; y++) {
-        const uint8_t *row = rgb + (size_t)y * w * 3;
-        float *r = out + (size_t)y * w, *g = r + plane, *b = g + plane;
+        const uint8_t *restrict row = rgb + (size_t)y * w * 3;
+        float *restrict r = out + (size_t)y * w, *restrict g = r + plane, *restrict b = g + plane;
         if (flip) {
             for (int x = 0; x < w; x++) {
                 const uint8_t *p = row + (size_t)(w - 1 - x) * 3;
-                r[x] = norm_lut[p[0]]; g[x] = norm_lut[p[1]]; b[x] = norm_lut[p[2]];
+                r[x] = lut[p[0]]; g[x] = lut[p[1]]; b[x] = lut[p[2]];
             }
         } else {
             for (int x = 0; x < w; x++) {
                 const uint8_t *p = row + (size_t)x * 3;
-                r[x] = norm_lut[p[0]]; g[x] = norm_lut[p[1]]; b[x] = norm_lut[p[2]];
+                r[x] = lut[p[0]]; g[x] = lut[p[1]]; b[x] = lut[p[2]];
             }
         }
     }
