@@ -19,12 +19,13 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #define CTL_TICK_MS 100
-#define CTL_MAX_CONNS 1024
+#define CTL_SPARE_CONNS 256 /* connections beyond one per member (joins in progress, strays) */
 #define CTL_CLOSE_GRACE_S 1.0 /* time to flush an error reply before the socket is closed */
 
 static double now_s(void)
@@ -107,7 +108,7 @@ struct ctl_rendezvous {
     atomic_int stop, shutdown_req, joined;
     int shutdown_sent, formed;
     conn **conns;
-    int nconns;
+    int nconns, max_conns;
     conn **server_slot, **worker_slot;
 };
 
@@ -355,7 +356,7 @@ static void accept_new(ctl_rendezvous *rv, double now)
             return;
         char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?";
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
-        if (rv->nconns >= CTL_MAX_CONNS || set_nonblock(fd) < 0) {
+        if (rv->nconns >= rv->max_conns || set_nonblock(fd) < 0) {
             log_warn("control plane: refusing connection from %s:%s (%d connections open)", host, serv, rv->nconns);
             close(fd);
             continue;
@@ -476,7 +477,7 @@ static void sweep(ctl_rendezvous *rv, double now)
 static void *service_main(void *arg)
 {
     ctl_rendezvous *rv = arg;
-    struct pollfd *pfd = calloc(CTL_MAX_CONNS + 2, sizeof *pfd);
+    struct pollfd *pfd = calloc((size_t)rv->max_conns + 2, sizeof *pfd);
     if (!pfd) {
         log_error("control plane: out of memory; service thread stops");
         return NULL;
@@ -603,7 +604,17 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->bind_host = strdup(o->bind_host ? o->bind_host : "127.0.0.1");
     rv->secret = strdup(o->secret);
     rv->config_text = strdup(o->config_text ? o->config_text : "");
-    rv->conns = calloc(CTL_MAX_CONNS, sizeof *rv->conns);
+    rv->max_conns = o->num_servers + o->num_workers + CTL_SPARE_CONNS;
+    /* One descriptor per member: raise the soft limit when a large run needs it. */
+    struct rlimit rl;
+    rlim_t need = (rlim_t)rv->max_conns + 64;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < need)
+            log_warn("control plane: open-file limit %llu is below the %llu this run needs (raise ulimit -n)",
+                     (unsigned long long)rl.rlim_cur, (unsigned long long)need);
+    }
+    rv->conns = calloc((size_t)rv->max_conns, sizeof *rv->conns);
     rv->server_slot = calloc((size_t)o->num_servers, sizeof *rv->server_slot);
     rv->worker_slot = calloc((size_t)o->num_workers, sizeof *rv->worker_slot);
     if (!rv->bind_host || !rv->secret || !rv->config_text || !rv->conns || !rv->server_slot || !rv->worker_slot) {
