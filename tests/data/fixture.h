@@ -49,7 +49,7 @@ static inline void fx_f32(fx_bytes *b, float f)
 
 static inline void fx_raw(fx_bytes *b, const void *p, size_t n)
 {
-    memcpy(b->d + b->n, p, n);
+    if (n) memcpy(b->d + b->n, p, n);
     b->n += n;
 }
 

@@ -74,7 +74,7 @@ int img_decode_rgb(img_decoder *d, const uint8_t *data, size_t len, int *w, int 
     if (len >= 8 && memcmp(data, png_sig, 8) == 0) return decode_png(d, data, len, w, h, rgb);
     if (len < 3 || data[0] != 0xFF || data[1] != 0xD8)
         return pf_err(-EPROTO, "image of %zu bytes is not a JPEG or PNG", len);
-    int iw, ih, ss, cs;
+    int iw = 0, ih = 0, ss = 0, cs = 0;   /* a tables-only stream leaves them unset */
     if (!d->tj) return pf_err(-ENOMEM, "TurboJPEG: no decompressor");
     if (tjDecompressHeader3(d->tj, data, (unsigned long)len, &iw, &ih, &ss, &cs) != 0)
         return reset_tj(d, pf_err(-EPROTO, "JPEG: %s", tjGetErrorStr2(d->tj)));

@@ -80,7 +80,7 @@ static int list_dir(const char *dir, int want_dirs, name_list *out)
             if ((rc = names_add(out, e->d_name)) < 0) break;
     }
     closedir(d);
-    if (rc == 0) qsort(out->v, out->n, sizeof *out->v, cmp_natural);
+    if (rc == 0 && out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_natural);
     return rc;
 }
 
