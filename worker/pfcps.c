@@ -1,5 +1,5 @@
 /* pfcps: the command-line tool. One entry per subcommand in `commands` below; add yours there.
- *   pfcps pack [--resize] [--first-class N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX
+ *   pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX
  *   pfcps rec-info [--skip-bad] PREFIX */
 #include "common/err.h"
 #include "common/log.h"
@@ -44,6 +44,9 @@ static int cmd_pack(int argc, char **argv)
         else if (strcmp(argv[i], "--quiet") == 0) o.progress = 0;
         else if (strcmp(argv[i], "--first-class") == 0 && i + 1 < argc && parse_i64(argv[i + 1], &v) == 0) {
             o.first_class = v;
+            i++;
+        } else if (strcmp(argv[i], "--identities") == 0 && i + 1 < argc && parse_i64(argv[i + 1], &v) == 0 && v > 0) {
+            o.max_identities = v;
             i++;
         } else if (strcmp(argv[i], "--quality") == 0 && i + 1 < argc && parse_i64(argv[i + 1], &v) == 0) {
             o.quality = (int)v;
@@ -131,8 +134,8 @@ static int cmd_rec_info(int argc, char **argv)
 
 static const pfcps_command commands[] = {
     {"pack", cmd_pack,
-     "pack [--pad|--resize] [--first-class N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX\n"
-     "        one subfolder per identity -> OUT_PREFIX.rec/.idx + property"},
+     "pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX\n"
+     "        one subfolder per identity -> OUT_PREFIX.rec/.idx + property; --identities N: first N only"},
     {"rec-info", cmd_rec_info, "rec-info [--skip-bad] PREFIX\n        images, classes, label range, layout, keys"},
 };
 

@@ -248,6 +248,18 @@ static void test_orl(const char *orl)
     tjDestroy(tj);
     rec_buf_free(&s);
     rec_close(rf);
+
+    /* Training split: the first 30 identities (s1..s30; s8 and s9 have 9 images) = 298 images. */
+    snprintf(out, sizeof out, "%s/orl30/train", dir);
+    po.max_identities = 30;
+    rc = pack_dir(orl, out, &po, &st);
+    CHECK(rc == 0 && st.images == 298 && st.classes == 30, "ORL s1..s30: rc %d images %" PRId64 " classes %" PRId64, rc,
+          st.images, st.classes);
+    if (rec_open(&rf, out, 0, 0) == 0) {
+        CHECK(rf->num_images == 298 && rf->num_classes == 30 && rf->max_class == 29, "s1..s30 pack reads %" PRId64, rf->num_images);
+        printf("ORL s1..s30 (--identities 30): %" PRId64 " records, %" PRId64 " classes\n", rf->num_images, rf->num_classes);
+        rec_close(rf);
+    }
 }
 
 /* The pfcps binary itself. */

@@ -224,6 +224,14 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
         names_free(&ids);
         return pf_err(-EINVAL, "%s: no identity folders (expected one subfolder of images per identity)", image_dir);
     }
+    if (o->max_identities < 0) {
+        names_free(&ids);
+        return pf_err(-EINVAL, "max_identities %" PRId64 " is negative", o->max_identities);
+    }
+    if (o->max_identities > 0 && (size_t)o->max_identities < ids.n) {
+        for (size_t i = (size_t)o->max_identities; i < ids.n; i++) free(ids.v[i]);
+        ids.n = (size_t)o->max_identities;
+    }
     if ((uint64_t)o->first_class + ids.n - 1 > REC_ID2_CLASS_MASK) {
         names_free(&ids);
         return pf_err(-EINVAL, "first_class %" PRId64 " + %zu identities exceeds 2^48", o->first_class, ids.n);

@@ -21,6 +21,7 @@ typedef struct pack_opts {
     int64_t first_class;    /* class id of the first identity (default 0), < 2^48 */
     int quality;            /* JPEG quality of converted images, default 95 */
     int progress;           /* progress bar with rate and ETA on stderr */
+    int64_t max_identities; /* pack only the first N identity folders (natural order); 0 = all */
 } pack_opts;
 
 typedef struct pack_stats {
