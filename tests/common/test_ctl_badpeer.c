@@ -207,6 +207,81 @@ static void watchdog(int sig)
     _exit(1);
 }
 
+/* Many slow clients at once (deadline 10 s, so they stay connected): 40 silent connections and one
+ * sending its join a byte every 20 ms. Two honest members joining meanwhile must get their book
+ * within 3 s: the service never waits on one client. */
+static void slow_clients_phase(void)
+{
+    ctl_rendezvous_opts o = {.bind_host = "127.0.0.1", .port = 0, .num_servers = 1, .num_workers = 1,
+                             .secret = SECRET, .max_frame = MAXF, .timeout_s = 10.0, .config_text = CONFIG,
+                             .num_classes = 30};
+    ctl_rendezvous *rv;
+    if (ctl_rendezvous_start(&o, &rv) < 0) {
+        CHECK(0, "second rendezvous: %s", pf_errmsg());
+        return;
+    }
+    int saved_port = port;
+    port = ctl_rendezvous_port(rv);
+    enum { NSILENT = 40 };
+    int silent[NSILENT];
+    for (int i = 0; i < NSILENT; i++)
+        silent[i] = raw_connect();
+    uint8_t nonce[CTL_NONCE_LEN];
+    int slow = raw_hello(nonce);
+    /* The slow joiner's frame: a join as worker 0 that would be valid, trickled out. */
+    uint8_t mac[CTL_MAC_LEN];
+    ctl_join_mac(SECRET, nonce, CTL_NONCE_LEN, 1, 0, (const uint8_t *)"slow", 4, mac);
+    Pfcps__Join j = PFCPS__JOIN__INIT;
+    j.role = PFCPS__ROLE__WORKER;
+    j.fabric_addr.data = (uint8_t *)"slow";
+    j.fabric_addr.len = 4;
+    j.mac.data = mac;
+    j.mac.len = sizeof mac;
+    j.protocol_version = CTL_PROTOCOL_VERSION;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
+    m.join = &j;
+    uint8_t *frame;
+    size_t flen;
+    ctl_frame_encode(&m, MAXF, &frame, &flen);
+
+    size_t sent = 0;
+    for (; sent < 10; sent++) { /* the first 10 bytes, 20 ms apart, before the honest members come */
+        raw_send(slow, frame + sent, 1);
+        usleep(20000);
+    }
+    double t0 = now_s();
+    honest hs[2] = {0};
+    honest_start(&hs[0], CTL_ROLE_SERVER, 0);
+    /* Worker 0 is what the slow joiner is asking for; the honest one takes it first. */
+    honest_start(&hs[1], CTL_ROLE_WORKER, 0);
+    while ((!hs[0].dump || !hs[1].dump) && hs[0].join_rc == 0 && hs[1].join_rc == 0 && now_s() < t0 + 3.0) {
+        if (sent < flen / 2) /* half the frame: it is still in progress when the run forms */
+            raw_send(slow, frame + sent++, 1);
+        usleep(20000);
+    }
+    double took = now_s() - t0;
+    free(frame);
+    printf("with %d silent clients and a slow joiner (%zu of %zu bytes sent), 2 honest members got the book "
+           "in %.3f s\n", NSILENT, sent, flen, took);
+    CHECK(hs[0].dump && hs[1].dump && took < 3.0, "honest members held up by slow clients (%.3f s)", took);
+    CHECK(ctl_rendezvous_joined(rv) == 2, "joined %d, want 2", ctl_rendezvous_joined(rv));
+    double end = now_s() + 10;
+    for (int i = 0; i < 2; i++)
+        while (hs[i].join_rc == 0 && !__atomic_load_n(&hs[i].idle_done, __ATOMIC_SEQ_CST) && now_s() < end)
+            usleep(5000);
+    ctl_rendezvous_broadcast_shutdown(rv);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(hs[i].th, NULL);
+        free(hs[i].dump);
+    }
+    ctl_rendezvous_stop(rv);
+    for (int i = 0; i < NSILENT; i++)
+        close(silent[i]);
+    close(slow);
+    port = saved_port;
+}
+
 int main(void)
 {
     log_init("test", -1);
@@ -371,6 +446,7 @@ int main(void)
         free(hs[i].dump);
     }
     printf("idle wait timed out cleanly and the shutdown broadcast reached all 3 members\n");
+    slow_clients_phase();
     printf("test_ctl_badpeer: %d failures\n", failures);
     return failures ? 1 : 0;
 }
