@@ -358,6 +358,20 @@ static void accept_new(ctl_rendezvous *rv, double now)
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
         if (rv->nconns >= rv->max_conns || set_nonblock(fd) < 0) {
             log_warn("control plane: refusing connection from %s:%s (%d connections open)", host, serv, rv->nconns);
+            /* Best effort error reply (a fresh socket's buffer takes it without blocking), then close. */
+            Pfcps__Error e = PFCPS__ERROR__INIT;
+            e.code = EBUSY;
+            e.message = (char *)"too many connections to the rendezvous";
+            Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+            m.body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
+            m.error = &e;
+            uint8_t *frame;
+            size_t len;
+            if (ctl_frame_encode(&m, rv->max_frame, &frame, &len) == 0) {
+                ssize_t w = send(fd, frame, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+                (void)w;
+                free(frame);
+            }
             close(fd);
             continue;
         }
@@ -811,7 +825,7 @@ static int error_reply(const Pfcps__Error *e)
 {
     int code = e->code;
     switch (code) {
-    case EACCES: case EEXIST: case ERANGE: case EPROTO: case EMSGSIZE: case ETIMEDOUT: case EIO: break;
+    case EACCES: case EEXIST: case ERANGE: case EPROTO: case EMSGSIZE: case ETIMEDOUT: case EIO: case EBUSY: break;
     default: code = EPROTO;
     }
     return pf_err(-code, "rendezvous refused: %s", e->message);

@@ -9,7 +9,9 @@
  * run config text and the shard map (S; class c lives on server c mod S at local row c div S).
  * A peer that sends garbage, a truncated or oversized frame, a bad secret, a taken rank, or joins
  * twice gets an error reply where possible and is dropped; the others keep being served.
- * After the reply the connection stays open for heartbeats and the shutdown broadcast. */
+ * After the reply the connection stays open for heartbeats and the shutdown broadcast.
+ * A member that leaves before the run formed frees its rank (a restarted process can take it); once
+ * the run formed, every further join is refused (-EEXIST): the book already went out. */
 #ifndef PFCPS_COMMON_CTL_H
 #define PFCPS_COMMON_CTL_H
 

@@ -266,6 +266,29 @@ static void slow_clients_phase(void)
            "in %.3f s\n", NSILENT, sent, flen, took);
     CHECK(hs[0].dump && hs[1].dump && took < 3.0, "honest members held up by slow clients (%.3f s)", took);
     CHECK(ctl_rendezvous_joined(rv) == 2, "joined %d, want 2", ctl_rendezvous_joined(rv));
+
+    /* The service holds S + W + 256 = 258 connections; 43 are open. Of 220 more, the ones past the cap
+     * get an EBUSY error reply and are closed, the others their hello. */
+    enum { NEXTRA = 220 };
+    int extra[NEXTRA], busy = 0, hellos = 0;
+    for (int i = 0; i < NEXTRA; i++) {
+        extra[i] = raw_connect();
+        usleep(1000); /* in order, so the refused ones are the last */
+    }
+    for (int i = 0; i < NEXTRA; i++) {
+        int eof;
+        Pfcps__CtlMessage *r = raw_recv(extra[i], 3.0, &eof);
+        if (r && r->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR && r->error->code == EBUSY)
+            busy++;
+        else if (r && r->body_case == PFCPS__CTL_MESSAGE__BODY_HELLO)
+            hellos++;
+        if (r)
+            pfcps__ctl_message__free_unpacked(r, NULL);
+        close(extra[i]);
+    }
+    printf("connection cap: %d of %d extra connections got a hello, %d an EBUSY error\n", hellos, NEXTRA, busy);
+    CHECK(hellos == 258 - 43 && busy == NEXTRA - hellos, "cap: %d hellos (want %d), %d busy (want %d)", hellos,
+          258 - 43, busy, NEXTRA - (258 - 43));
     double end = now_s() + 10;
     for (int i = 0; i < 2; i++)
         while (hs[i].join_rc == 0 && !__atomic_load_n(&hs[i].idle_done, __ATOMIC_SEQ_CST) && now_s() < end)
