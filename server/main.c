@@ -20,6 +20,7 @@
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
+#include "common/member_addr.h"
 #include "server/ps_server.h"
 
 static volatile sig_atomic_t g_stop;
@@ -158,13 +159,20 @@ int main(int argc, char **argv) {
                          .dim = run.embedding_size, .num_classes = run.num_classes, .seed = (uint64_t)run.seed,
                          .momentum = run.momentum, .weight_decay = run.weight_decay,
                          .max_staleness = run.max_staleness, .apply_threads = cfg.apply_threads, .fab = fab};
+    /* PFCPS_PREFAULT=1 backs every page of the table before serving (no config key for it yet). */
+    const char *pf = getenv("PFCPS_PREFAULT");
+    so.prefault = pf && *pf == '1';
     fab = NULL; /* owned by the server from here on */
     if (ps_server_create(&so, &srv) < 0) {
         log_error("refusing to start: %s", pf_errmsg());
         goto out;
     }
     for (int w = 0; w < book->num_workers; w++) {
-        if (ps_server_add_worker(srv, w, book->workers[w].addr, book->workers[w].addr_len) < 0) {
+        /* A worker's entry packs two endpoint names (common/member_addr.h): part 0 talks to servers. */
+        const void *waddr = NULL;
+        size_t wlen = 0;
+        if (member_addr_part(book->workers[w].addr, book->workers[w].addr_len, 0, &waddr, &wlen) < 0 ||
+            ps_server_add_worker(srv, w, waddr, wlen) < 0) {
             log_error("%s", pf_errmsg());
             goto out;
         }

@@ -493,10 +493,14 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s) {
             req_free(r);
             return rc;
         }
-        if (n == 0 && ++idle > 1000) {
+        if (n == 0 && ++idle > 100) {
             if (timeout_s >= 0 && now_s() - t0 > timeout_s)
                 return pf_err(-ETIMEDOUT, "no reply from the servers within %.1f s (%d messages outstanding)",
                               timeout_s, r->remaining);
+            /* Nothing for a while: give the core away briefly (servers may share it). */
+            struct timespec ts = {0, 5000};
+            nanosleep(&ts, NULL);
+        } else if (n > 0) {
             idle = 0;
         }
     }

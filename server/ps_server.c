@@ -47,7 +47,7 @@ typedef struct pending {
     int32_t status;
     char msg[256];
     int64_t *ids;        /* pull: req.n ids */
-    uint8_t payload[64]; /* stat / checksum */
+    uint8_t payload[128]; /* stat / checksum */
     size_t payload_len;
 } pending;
 
@@ -106,8 +106,9 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g) {
         for (int j = 0; j < D; j++) g[j] = 0;
         for (size_t e = lo; e < hi; e++)
             for (int j = 0; j < D; j++) g[j] += (double)S->ae[e].g[j];
-        size_t off = (size_t)S->ae[lo].lrow * (size_t)D;
-        shard_sgd_row(S->sh.weight + off, S->sh.momentum + off, g, D, S->ae[lo].lr, S->o.momentum,
+        float *w = shard_row(&S->sh, S->ae[lo].lrow);
+        float *v = S->sh.momentum + (w - S->sh.weight);
+        shard_sgd_row(w, v, g, D, S->ae[lo].lr, S->o.momentum,
                       S->o.weight_decay);
     }
 }
@@ -334,7 +335,9 @@ static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
         code = -ERANGE;
         snprintf(msg, sizeof(msg), "push for step %lld but worker %d's next step is %lld (%s)", (long long)h->step,
                  w, (long long)S->next_push[w], h->step > S->next_push[w] ? "step from the future" : "already pushed");
-    } else if (h->step > S->steps_done + S->o.max_staleness) {
+    } else if (h->step > S->steps_done + S->o.max_staleness + 1) {
+        /* A worker may push step t+1 before this server has applied step t (it synchronised on another
+         * server's pull), but never further ahead than that plus max_staleness. */
         code = -ERANGE;
         snprintf(msg, sizeof(msg), "push for step %lld is from the future: %lld steps done, max_staleness %d",
                  (long long)h->step, (long long)S->steps_done, S->o.max_staleness);
@@ -504,8 +507,9 @@ static void *progress_main(void *arg) {
         }
         serve_pending(S);
         if (n == 0) {
-            if (++idle > 2000) {
-                struct timespec ts = {0, 20000};
+            /* Keep polling (manual progress) but yield the core after a short spin: the box may be shared. */
+            if (++idle > 200) {
+                struct timespec ts = {0, 10000};
                 nanosleep(&ts, NULL);
             }
         } else {
@@ -532,7 +536,7 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out) {
     S->fab = opts->fab;
     S->o.fab = NULL;
     int rc = shard_create(&S->sh, opts->num_classes, opts->servers, opts->rank, opts->dim, opts->seed,
-                          S->o.apply_threads);
+                          S->o.apply_threads, opts->prefault);
     if (rc < 0) {
         fab_close(S->fab);
         free(S);

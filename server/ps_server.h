@@ -10,7 +10,9 @@
  *                  step t+1 waits for every push of step t); error if the worker has not yet pushed
  *                  steps 0..t-1 (a step from the future).
  *   push tagged t: must be the worker's next step (one push per worker and step, in order) and
- *                  t <= steps_done + max_staleness; otherwise error. Gradients that several pushes of one
+ *                  t <= steps_done + max_staleness + 1 (a worker that synchronised on another server's
+ *                  pull may run one step ahead of this server); otherwise error. Pushes of future steps
+ *                  are held until their step's turn. Gradients that several pushes of one
  *                  step send for the same row are summed (in worker-rank order, in double) and the row gets
  *                  one SGD update: v = mu*v + (g + wd*w); w -= lr*v (torch.optim.SGD, dampening 0).
  * A push is applied only after all its chunks arrived; a bad chunk discards the whole push. A bad request
@@ -38,6 +40,7 @@ typedef struct ps_server_opts {
     int max_staleness;     /* k >= 0 */
     int apply_threads;     /* >= 1 */
     int recv_bufs;         /* receive buffers posted; 0 = 64 */
+    int prefault;          /* back every page of the table at start (shard_create) */
     struct fab_ctx *fab;   /* an endpoint opened already (its address went into the address book), or
                               NULL to open one for `provider`; the server owns it either way */
 } ps_server_opts;

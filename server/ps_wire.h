@@ -49,6 +49,7 @@ typedef struct ps_hdr {
 
 _Static_assert(sizeof(ps_hdr) == 64, "ps_hdr must stay 64 bytes");
 
+/* Reply payload of PS_OP_STAT (at most 128 bytes). */
 typedef struct ps_stat {
     int64_t steps_done;     /* steps fully applied (all W pushes of steps 0..steps_done-1) */
     int64_t num_classes;    /* C */
@@ -60,6 +61,8 @@ typedef struct ps_stat {
     int64_t bad_requests;   /* requests answered with an error */
     int64_t table_bytes;    /* bytes mapped for weights + momentum */
 } ps_stat;
+
+_Static_assert(sizeof(ps_stat) <= 128, "ps_stat must fit the 128-byte stat payload");
 
 static inline size_t ps_dtype_size(uint32_t dt) { return dt == PS_DT_FP32 ? 4 : 2; }
 

@@ -4,6 +4,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -57,22 +58,29 @@ void shard_init_row(uint64_t seed, int64_t c, int dim, float *row) {
     }
 }
 
-typedef struct init_job {
-    shard *sh;
-    uint64_t seed;
-    int64_t lo, hi;
-} init_job;
+typedef struct touch_job {
+    char *p;
+    size_t lo, hi;
+} touch_job;
 
-static void *init_thread(void *arg) {
-    init_job *j = arg;
-    const shard *sh = j->sh;
-    for (int64_t r = j->lo; r < j->hi; r++) {
-        shard_init_row(j->seed, r * sh->servers + sh->rank, sh->dim, sh->weight + (size_t)r * sh->dim);
-    }
+/* Writes one byte per page so the kernel backs the whole mapping now (huge pages where it can). */
+static void *touch_thread(void *arg) {
+    touch_job *j = arg;
+    for (size_t o = j->lo; o < j->hi; o += 4096) j->p[o] = 0;
     return NULL;
 }
 
-int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim, uint64_t seed, int threads) {
+float *shard_row(shard *sh, int64_t lrow) {
+    float *w = sh->weight + (size_t)lrow * (size_t)sh->dim;
+    if (!sh->ready[lrow]) {
+        shard_init_row(sh->seed, lrow * sh->servers + sh->rank, sh->dim, w);
+        sh->ready[lrow] = 1;
+    }
+    return w;
+}
+
+int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim, uint64_t seed, int threads,
+                 int prefault) {
     memset(sh, 0, sizeof(*sh));
     if (num_classes <= 0) return pf_err(-EINVAL, "num_classes %lld must be positive", (long long)num_classes);
     if (servers <= 0 || rank < 0 || rank >= servers)
@@ -82,10 +90,11 @@ int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim,
     int rc = shard_check_fit(num_classes, servers, rank, dim);
     if (rc < 0) return rc;
     size_t bytes = shard_bytes(num_classes, servers, rank, dim);
-    void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return pf_err(-ENOMEM, "mmap of %zu bytes for the shard failed", bytes);
-    /* Transparent huge pages where available: fewer TLB misses on random row gathers. */
-    madvise(base, bytes, MADV_HUGEPAGE);
+    /* Transparent huge pages only when every page is backed now: fewer TLB misses on random gathers. Backed
+     * lazily, a random row access would fault in (and zero) a whole 2 MiB page. */
+    if (prefault) madvise(base, bytes, MADV_HUGEPAGE);
     sh->num_classes = num_classes;
     sh->servers = servers;
     sh->rank = rank;
@@ -96,17 +105,29 @@ int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim,
     sh->weight = base;
     sh->momentum = (float *)((char *)base + bytes / 2); /* anonymous memory is zero: momentum starts at 0 */
 
-    if (threads < 1) threads = 1;
-    if (threads > 64) threads = 64;
-    pthread_t tid[64];
-    int ok[64] = {0};
-    init_job jobs[64];
-    for (int t = 0; t < threads; t++) jobs[t] = (init_job){sh, seed, rows * t / threads, rows * (t + 1) / threads};
-    for (int t = 1; t < threads; t++) ok[t] = pthread_create(&tid[t], NULL, init_thread, &jobs[t]) == 0;
-    init_thread(&jobs[0]);
-    for (int t = 1; t < threads; t++) {
-        if (ok[t]) pthread_join(tid[t], NULL);
-        else init_thread(&jobs[t]); /* no thread: do that part here */
+    sh->seed = seed;
+    sh->ready = calloc((size_t)(rows ? rows : 1), 1);
+    if (!sh->ready) {
+        munmap(base, bytes);
+        memset(sh, 0, sizeof(*sh));
+        return pf_err(-ENOMEM, "out of memory for the row map");
+    }
+    if (prefault) {
+        if (threads < 1) threads = 1;
+        if (threads > 64) threads = 64;
+        pthread_t tid[64];
+        int ok[64] = {0};
+        touch_job jobs[64];
+        size_t pages = bytes / 4096;
+        for (int t = 0; t < threads; t++)
+            jobs[t] = (touch_job){base, pages * (size_t)t / (size_t)threads * 4096,
+                                  pages * (size_t)(t + 1) / (size_t)threads * 4096};
+        for (int t = 1; t < threads; t++) ok[t] = pthread_create(&tid[t], NULL, touch_thread, &jobs[t]) == 0;
+        touch_thread(&jobs[0]);
+        for (int t = 1; t < threads; t++) {
+            if (ok[t]) pthread_join(tid[t], NULL);
+            else touch_thread(&jobs[t]); /* no thread: do that part here */
+        }
     }
     return 0;
 }
@@ -128,6 +149,7 @@ int shard_check_fit(int64_t num_classes, int servers, int rank, int dim) {
 
 void shard_destroy(shard *sh) {
     if (sh->base) munmap(sh->base, sh->bytes);
+    free(sh->ready);
     memset(sh, 0, sizeof(*sh));
 }
 
@@ -145,10 +167,10 @@ int shard_check_ids(const shard *sh, const int64_t *ids, size_t n) {
     return 0;
 }
 
-void shard_gather(const shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out) {
+void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out) {
     const size_t D = (size_t)sh->dim;
     for (size_t i = 0; i < n; i++) {
-        const float *src = sh->weight + (size_t)(ids[i] / sh->servers) * D;
+        const float *src = shard_row(sh, ids[i] / sh->servers);
         if (dtype == PS_DT_FP32) {
             memcpy((float *)out + i * D, src, D * sizeof(float));
         } else if (dtype == PS_DT_FP16) {
@@ -170,7 +192,8 @@ void shard_sgd_row(float *w, float *v, const double *g, int dim, double lr, doub
     }
 }
 
-uint64_t shard_checksum(const shard *sh) {
+uint64_t shard_checksum(shard *sh) {
+    for (int64_t r = 0; r < sh->rows; r++) shard_row(sh, r);
     uint64_t h = 0xcbf29ce484222325ull;
     size_t words = (size_t)sh->rows * (size_t)sh->dim / 2; /* 2 floats per 8-byte word */
     const float *parts[2] = {sh->weight, sh->momentum};

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/member_addr.h"
 #include "common/ctl.h"
 #include "common/err.h"
 
@@ -141,11 +142,17 @@ ps_client *pst_join(pst_cluster *cl, int rank, ps_dtype dt) {
         printf("FAIL: client %d: %s\n", rank, pf_errmsg());
         return NULL;
     }
-    uint8_t addr[CTL_MAX_ADDR];
-    size_t alen = sizeof(addr);
+    uint8_t raw[CTL_MAX_ADDR], addr[CTL_MAX_ADDR];
+    size_t rlen = sizeof(raw);
+    int alen = -1;
     ctl_session *sess = NULL;
-    if (ps_client_getname(c, addr, &alen) < 0 ||
-        ctl_join("127.0.0.1", cl->port, CTL_ROLE_WORKER, rank, addr, alen, SECRET, 1 << 20, 20.0, &sess) < 0) {
+    /* A worker's book entry packs its endpoint names (common/member_addr.h); part 0 is the PS one. */
+    if (ps_client_getname(c, raw, &rlen) == 0) {
+        const void *parts[1] = {raw};
+        alen = member_addr_pack(addr, sizeof(addr), 1, parts, &rlen);
+    }
+    if (alen < 0 ||
+        ctl_join("127.0.0.1", cl->port, CTL_ROLE_WORKER, rank, addr, (size_t)alen, SECRET, 1 << 20, 20.0, &sess) < 0) {
         printf("FAIL: worker %d join: %s\n", rank, pf_errmsg());
         ps_client_destroy(c);
         return NULL;

@@ -610,7 +610,7 @@ static int t_scale(void) {
     double per_id = (double)st.table_bytes / (double)st.local_rows;
     printf("table %.3f GiB, %.2f bytes per identity (limit 8*D + 16 = %d, + page rounding)\n",
            (double)st.table_bytes / (1 << 30), per_id, 8 * D + 16);
-    CHECK(st.local_rows == C && per_id <= 8 * D + 16 + 8192.0 / (double)C, "bytes per identity %g", per_id);
+    CHECK(st.local_rows == C && per_id >= 8 * D && per_id <= 8 * D + 16 + 8192.0 / (double)C, "bytes per identity %g", per_id);
     int64_t ids[1000];
     for (int i = 0; i < 1000; i++) ids[i] = (int64_t)(mix(99 + i) % C);
     ids[0] = C - 1;
