@@ -1,0 +1,56 @@
+/* The training loop of one pfcps worker (DESIGN.md §3, one step):
+ *
+ *   labels of the next batch (loader_peek_labels)
+ *   -> pfc_sample: allgather labels, sample this worker's partition (positives + negatives)
+ *   -> ps_pull of the sampled class centers, overlapped with
+ *   -> backbone forward of the batch
+ *   -> pfc_step: allgather embeddings, margin softmax over all workers' columns, reduce-scatter of
+ *      the embedding gradients
+ *   -> ps_push of the row gradients with this step's lr (the servers apply SGD while we go on)
+ *   -> backbone backward, allreduce (mean) of the backbone gradients, clip at 5, optimizer step
+ *   -> wait for the push (read-your-writes before the next pull)
+ *
+ * Everything a step needs is created by train_open from the run config and the address book, so the
+ * same code runs the daemon (worker/main.c) and the tests. */
+#ifndef PFCPS_WORKER_TRAIN_H
+#define PFCPS_WORKER_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/config.h"
+#include "common/ctl.h"
+
+typedef struct trainer trainer;
+
+typedef struct train_opts {
+    int rank;                 /* worker rank in [0, workers) */
+    const char *trace_path;   /* optional: every step's loss (%.17g) and lr appended here, one line per step */
+    const char *dump_centers; /* optional: at the end, write this worker's partition of the class-center
+                                 table (pulled after the last step) to <dump_centers>.rank<r> as raw
+                                 (u64 class id, D floats) records, for tests */
+    int64_t max_steps;        /* > 0: stop after this many global steps (tests); 0: num_epoch epochs */
+    volatile int *stop_flag;  /* set by the signal handler: stop after the current step (all ranks agree) */
+} train_opts;
+
+/* Opens a worker's endpoints (one towards the servers, one for the ring collectives). The packed fabric
+ * address to join the run with (common/member_addr.h) is written to addr / *addr_len (capacity in).
+ * Returns 0 or a negative code (fabric errors). */
+int train_open_endpoints(trainer **out, const pf_config *local, int rank, uint8_t *addr, size_t *addr_len);
+
+/* Sets up everything from the run config (from the rendezvous) and the address book: server addresses,
+ * collectives ring, data loader, backbone, head, optimizer state; logs what it loaded.
+ * Fails (negative code, message) on a dataset whose labels exceed num_classes, an unknown network, a
+ * server that does not answer. */
+int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const train_opts *opts);
+
+/* Runs the epochs (or max_steps). Rank 0 logs the arcface_torch line every `frequent` steps, writes
+ * <output>/training.log and saves the backbone to <output>/model.ckpt at each epoch end.
+ * Returns 0, or a negative code: -EDOM for a NaN/inf loss (message names the step), -EPROTO for a loss
+ * stuck at ln(1e30) = 69.0776 (no target ever matched: a label/sampling fault), or a component's error. */
+int train_run(trainer *t);
+
+/* Frees everything. NULL is a no-op. */
+void train_close(trainer *t);
+
+#endif
