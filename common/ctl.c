@@ -158,6 +158,8 @@ static void conn_send_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *
     free(frame);
 }
 
+static void release_slot(ctl_rendezvous *rv, conn *c);
+
 /* Error reply (code: a positive errno value) and drop: the connection reads nothing more and is closed
  * once the reply is flushed (or after a short grace period). */
 static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
@@ -172,23 +174,33 @@ static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
     conn_send_msg(rv, c, &m);
     c->closing = 1;
     c->close_at = now_s() + CTL_CLOSE_GRACE_S;
+    /* A dropped member stops counting now, not when its socket is finally closed: the run must not
+     * form with it. */
+    release_slot(rv, c);
+}
+
+/* A member leaving (dropped or disconnected): before the run formed its rank is free again. */
+static void release_slot(ctl_rendezvous *rv, conn *c)
+{
+    if (!c->joined)
+        return;
+    conn **slot = slot_of(rv, c->role, c->rank);
+    if (*slot == c) {
+        *slot = NULL;
+        if (!rv->formed) {
+            atomic_fetch_sub(&rv->joined, 1);
+            log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
+                     role_name(c->role), c->rank, c->peer);
+        } else if (!rv->shutdown_sent) {
+            log_warn("control plane: %s[%d] (%s) disconnected", role_name(c->role), c->rank, c->peer);
+        }
+    }
+    c->joined = 0;
 }
 
 static void conn_close(ctl_rendezvous *rv, conn *c)
 {
-    if (c->joined) {
-        conn **slot = slot_of(rv, c->role, c->rank);
-        if (*slot == c) {
-            *slot = NULL;
-            if (!rv->formed) {
-                atomic_fetch_sub(&rv->joined, 1);
-                log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
-                         role_name(c->role), c->rank, c->peer);
-            } else if (!rv->shutdown_sent) {
-                log_warn("control plane: %s[%d] (%s) disconnected", role_name(c->role), c->rank, c->peer);
-            }
-        }
-    }
+    release_slot(rv, c);
     close(c->fd);
     free(c->rbuf);
     free(c->wbuf);
