@@ -480,13 +480,32 @@ out:
     return rc;
 }
 
+/* Zeroed (calloc: untouched pages stay unmapped until written). */
 static void *xalloc(size_t nfloats)
 {
-    size_t bytes = ((nfloats ? nfloats : 1) * sizeof(float) + 63) / 64 * 64;
-    void *p = aligned_alloc(64, bytes);
-    if (p)
-        memset(p, 0, bytes);
-    return p;
+    return calloc(nfloats ? nfloats : 1, sizeof(float));
+}
+
+/* Activation and gradient-pool buffers (B_cap samples), allocated at the first forward so that
+ * a model used only for its layout (parameter counts, checkpoints) costs no activation memory. */
+static int alloc_acts(model *m)
+{
+    if (m->acts_ready)
+        return 0;
+    m->pool = calloc((size_t)(m->n_pool ? m->n_pool : 1), sizeof *m->pool);
+    if (!m->pool)
+        goto nomem;
+    for (int k = 0; k < m->n_pool; k++)
+        if (!(m->pool[k] = malloc(m->pool_cap[k] * (size_t)m->B_cap * sizeof(float))))
+            goto nomem;
+    for (int t = 0; t < m->n_acts; t++)
+        if (!(m->acts[t].data = malloc(m->acts[t].per_sample * (size_t)m->B_cap * sizeof(float))))
+            goto nomem;
+    m->acts_ready = 1;
+    return 0;
+nomem:
+    return pf_err(-ENOMEM, "model %s: out of memory for activations (batch %d)", m->desc.name,
+                  m->B_cap);
 }
 
 int model_create_desc(model **out, const model_desc *d, int batch_capacity, const ops_device *dev)
@@ -528,15 +547,8 @@ int model_create_desc(model **out, const model_desc *d, int batch_capacity, cons
     m->bufs = xalloc(m->n_buffer_floats);
     m->stats = calloc(m->n_stats ? m->n_stats : 1, sizeof(double));
     m->masks = xalloc(m->n_masks * (size_t)m->B_cap);
-    m->pool = calloc((size_t)m->n_pool, sizeof *m->pool);
-    if (!m->params || !m->grads || !m->bufs || !m->stats || !m->masks || !m->pool)
+    if (!m->params || !m->grads || !m->bufs || !m->stats || !m->masks)
         goto nomem;
-    for (int k = 0; k < m->n_pool; k++)
-        if (!(m->pool[k] = xalloc(m->pool_cap[k] * (size_t)m->B_cap)))
-            goto nomem;
-    for (int t = 0; t < m->n_acts; t++)
-        if (!(m->acts[t].data = xalloc(m->acts[t].per_sample * (size_t)m->B_cap)))
-            goto nomem;
     for (int i = 0; i < m->n_buffers; i++)
         for (size_t j = 0; j < m->buffers_t[i].count; j++)
             m->bufs[m->buffers_t[i].offset + j] = m->buffer_fill[i];
@@ -638,8 +650,10 @@ int model_forward(model *m, const float *input, int B, int train, const float **
     if (B <= 0 || B > m->B_cap)
         return pf_err(-EINVAL, "model_forward: batch %d outside [1, %d]", B, m->B_cap);
     const ops_device *dv = m->dev;
+    int rc = alloc_acts(m);
+    if (rc)
+        return rc;
     memcpy(m->acts[0].data, input, (size_t)B * m->acts[0].per_sample * sizeof(float));
-    int rc = 0;
     for (int i = 0; i < m->n_layers && !rc; i++) {
         mlayer *l = &m->layers[i];
         mact *a = &m->acts[l->in], *o = &m->acts[l->out];

@@ -61,6 +61,7 @@ struct model {
     float **pool;
     size_t *pool_cap;
     int n_pool;
+    int acts_ready;
 
     int last_B, last_train;
     uint64_t dropout_seed;
