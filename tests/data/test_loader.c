@@ -12,6 +12,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <png.h>
 
 static char dir[256], prefix[300];
 enum { W = 3, B = 16, S = 112, IMGF = 3 * S * S };
@@ -242,6 +243,77 @@ static void test_synthetic(void)
     }
 }
 
+/* A pack holding a real PNG (written here with libpng) and a JPEG: no flip, no shuffle; the batch must
+ * equal (v/255 - 0.5)/0.5 of the source pixels (PNG: exact source; JPEG: independent TurboJPEG decode). */
+static void test_png_record(const char *orl)
+{
+    size_t jn;
+    uint8_t *jpg = fx_orl_jpeg(orl, 5, 5, S, S, 90, &jn);
+    int w, h;
+    uint8_t *src = jpg ? fx_decode(jpg, jn, &w, &h) : NULL;
+    if (!src) { CHECK(0, "fixture JPEG"); free(jpg); return; }
+    for (size_t i = 0; i < (size_t)S * S * 3; i += 3) src[i] = (uint8_t)(255 - src[i]);   /* distinct channels */
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    im.width = S;
+    im.height = S;
+    im.format = PNG_FORMAT_RGB;
+    png_alloc_size_t pn = 0;
+    png_image_write_to_memory(&im, NULL, &pn, 0, src, 0, NULL);
+    uint8_t *png = malloc(pn);
+    int ok = png && png_image_write_to_memory(&im, png, &pn, 0, src, 0, NULL);
+    CHECK(ok, "PNG encode: %s", im.message);
+    fx_bytes *b = calloc(1, sizeof *b);
+    size_t o0 = fx_record0(b, 3.0f, 0, 0, png, pn), o1 = fx_record0(b, 4.0f, 1, 0, jpg, jn);
+    char p[400], idx[64], pre[300];
+    snprintf(pre, sizeof pre, "%s/png", dir);
+    snprintf(p, sizeof p, "%s.rec", pre);
+    fx_write(p, b->d, b->n);
+    snprintf(p, sizeof p, "%s.idx", pre);
+    snprintf(idx, sizeof idx, "0\t%zu\n1\t%zu\n", o0, o1);
+    fx_write_text(p, idx);
+    loader_opts o;
+    loader_opts_default(&o);
+    o.rec = pre;
+    o.batch_size = 2;
+    o.num_workers = 1;
+    o.shuffle = 0;
+    o.flip = 0;
+    loader *l;
+    loader_batch *bt;
+    int rc = loader_open(&l, &o);
+    CHECK(rc == 0, "open: %s", pf_errmsg());
+    if (rc == 0) {
+        loader_start_epoch(l, 0);
+        rc = loader_next(l, &bt);
+        CHECK(rc == 1, "next: %s", pf_errmsg());
+        if (rc == 1) {
+            uint8_t *jd = fx_decode(jpg, jn, &w, &h);
+            double err[2] = {0, 0};
+            for (int k = 0; k < 2; k++) {
+                const uint8_t *px = k == 0 ? src : jd;
+                for (int c = 0; c < 3; c++)
+                    for (int i = 0; i < S * S; i++) {
+                        double want = ((double)px[(size_t)i * 3 + c] / 255.0 - 0.5) / 0.5;
+                        err[k] = fmax(err[k], fabs(bt->images[(size_t)k * IMGF + (size_t)c * S * S + i] - want));
+                    }
+            }
+            CHECK(bt->labels[0] == 3 && bt->labels[1] == 4 && err[0] < 1e-6 && err[1] < 1e-6,
+                  "PNG/JPEG record: labels %" PRId64 " %" PRId64 ", max err %.3g %.3g", bt->labels[0], bt->labels[1], err[0],
+                  err[1]);
+            printf("PNG record: max |err| %.3g vs source pixels; JPEG record %.3g vs independent decode\n", err[0], err[1]);
+            free(jd);
+            loader_release(l, bt);
+        }
+        loader_close(l);
+    }
+    free(b);
+    free(png);
+    free(src);
+    free(jpg);
+}
+
 static void test_bad_options(void)
 {
     loader_opts o;
@@ -309,6 +381,7 @@ int main(void)
     test_slices();
     test_determinism_and_values();
     test_synthetic();
+    test_png_record(orl);
     test_bad_options();
     fx_rmdir(dir);
     printf("%s: %d failures\n", fx_failures ? "FAIL" : "PASS", fx_failures);
