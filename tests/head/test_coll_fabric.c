@@ -169,7 +169,11 @@ static int child(int rank, int W, int up, int down)
         CHECK(rc == -EPROTO && strstr(pf_errmsg(), "expected collective"), "mismatch: rc %d '%s'", rc, pf_errmsg());
         if (rc == -EPROTO) printf("ok   W=%d count mismatch seen by rank 1: %s\n", W, pf_errmsg());
     }
-    /* After an error the group is unusable: stop here (other ranks time out or finish; no more calls). */
+    /* After an error the group is unusable: stop here (the other ranks time out after 2 s). No rank may
+     * close its endpoint while another may still send to it (a send to a closed peer retries the
+     * connection inside fi_send), so all ranks meet at the parent before closing. */
+    char tok = 'd';
+    if (write_full(up, &tok, 1) || read_full(down, &tok, 1)) CHECK(0, "close barrier with the parent");
 
     free(a); free(rs); free(out); free(gs); free(gr); free(bc);
     coll_destroy(&c);
@@ -209,6 +213,13 @@ static int run(int W)
     for (int r = 0; r < W && result == 0; r++)
         for (int q = 0; q < W; q++)
             if (write_full(down[r][1], &lens[q], sizeof lens[q]) || write_full(down[r][1], names[q], lens[q])) result = -1;
+    /* Close barrier: every rank reports it is done with the ring, then all may close. */
+    for (int r = 0; r < W && result == 0; r++) {
+        char tok;
+        if (read_full(up[r][0], &tok, 1)) result = -1;
+    }
+    for (int r = 0; r < W && result == 0; r++)
+        if (write_full(down[r][1], "g", 1)) result = -1;
     for (int r = 0; r < W; r++) {
         close(up[r][0]);
         close(down[r][1]);
@@ -246,6 +257,7 @@ static int run(int W)
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGPIPE, SIG_IGN); /* a child that died early must not kill the parent through its pipe */
     int r2 = run(2);
     if (r2 == 77) {
         printf("SKIP: libfabric tcp provider not available\n");
