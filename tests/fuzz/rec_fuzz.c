@@ -21,13 +21,28 @@ static char tmpdir[64];
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+static void cleanup(void)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/t.idx", tmpdir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/t.rec", tmpdir);
+    unlink(p);
+    rmdir(tmpdir);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     log_set_level(LOG_ERROR);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/pfcps-rec-fuzz-XXXXXX");
-    if (!mkdtemp(tmpdir)) abort();
+    /* Memory-backed when possible: two small files are written per input. */
+    snprintf(tmpdir, sizeof tmpdir, "/dev/shm/pfcps-rec-fuzz-XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        snprintf(tmpdir, sizeof tmpdir, "/tmp/pfcps-rec-fuzz-XXXXXX");
+        if (!mkdtemp(tmpdir)) abort();
+    }
+    atexit(cleanup);
     return 0;
 }
 
