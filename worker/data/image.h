@@ -19,6 +19,7 @@ typedef struct img_decoder {
 
 /* Returns 0 or -ENOMEM. */
 int img_decoder_init(img_decoder *d);
+/* Releases the TurboJPEG handle and scratch buffers. */
 void img_decoder_free(img_decoder *d);
 
 /* Decodes a JPEG or PNG (detected by its signature) to packed RGB, row-major (h, w, 3) uint8; grey

@@ -82,6 +82,7 @@ int loader_peek_labels(loader *l, int64_t *labels);
  * pf_errmsg() naming file, key and byte offset of a bad record. */
 int loader_next(loader *l, loader_batch **out);
 
+/* Hands a batch from loader_next back so its slot can be refilled (NULL is fine). */
 void loader_release(loader *l, loader_batch *b);
 
 /* The dataset image indices (0 .. num_images-1) this rank reads in `epoch`, in order:

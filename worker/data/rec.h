@@ -35,6 +35,7 @@ typedef struct rec_buf {
     size_t len, cap;
 } rec_buf;
 
+/* Frees the buffer's memory and empties it (safe on a zeroed or already freed buffer). */
 void rec_buf_free(rec_buf *b);
 
 /* Parsed payload of one record; pointers alias the record data (mmap or the rec_buf). */
@@ -108,6 +109,7 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
  * multi-chunk records (one per thread). Errors as rec_read_record, prefixed with file, key, offset. */
 int rec_get(const rec_file *rf, int64_t i, rec_buf *scratch, rec_payload *out);
 
+/* Unmaps the .rec and frees the index (NULL is fine). */
 void rec_close(rec_file *rf);
 
 /* --- writer (used by `pfcps pack`) --- */
