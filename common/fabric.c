@@ -194,7 +194,7 @@ static int cq_read(fab_ctx *f, fab_comp *out, int n) {
         ssize_t r = fi_cq_readerr(f->cq, &ee, 0);
         if (r < 0) return r == -FI_EAGAIN ? 0 : fab_fail((int)r, "fi_cq_readerr");
         out[0] = (fab_comp){.context = ee.op_context, .flags = ee.flags, .len = ee.len, .data = ee.data,
-                            .err = ee.err ? -(int)ee.err : -EIO};
+                            .err = ee.err ? -abs((int)ee.err) : -EIO}; /* providers differ in sign */
         return 1;
     }
     return fab_fail((int)got, "fi_cq_read");
@@ -241,7 +241,14 @@ int fab_recv(fab_ctx *f, void *buf, size_t len, const fab_mr *mr, void *ctx) {
 
 int fab_write(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
               uint64_t rkey, void *ctx) {
-    FAB_RETRY(fi_write(f->ep, buf, len, mr ? mr->desc : NULL, dest, raddr, rkey, ctx), "fi_write");
+    /* FI_DELIVERY_COMPLETE: the completion means the data is in the target's memory, not merely sent
+     * (tcp;ofi_rxm reports plain writes as soon as they left), so a collective can signal the peer next. */
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    void *desc = mr ? mr->desc : NULL;
+    struct fi_rma_iov riov = {.addr = raddr, .len = len, .key = rkey};
+    struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = dest, .rma_iov = &riov,
+                             .rma_iov_count = 1, .context = ctx};
+    FAB_RETRY(fi_writemsg(f->ep, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION), "fi_writemsg");
 }
 
 int fab_read(fab_ctx *f, fi_addr_t dest, void *buf, size_t len, const fab_mr *mr, uint64_t raddr,

@@ -95,7 +95,8 @@ int fab_send(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_
 /* Posts a receive buffer (any source). A message longer than `len` completes with err = -ETRUNC. */
 int fab_recv(fab_ctx *f, void *buf, size_t len, const fab_mr *mr, void *ctx);
 
-/* One-sided write of `len` local bytes to the peer's (raddr, rkey) (from its fab_mr_remote). */
+/* One-sided write of `len` local bytes to the peer's (raddr, rkey) (from its fab_mr_remote). Posted with
+ * FI_DELIVERY_COMPLETE: its completion means the bytes are in the peer's memory. */
 int fab_write(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
               uint64_t rkey, void *ctx);
 
