@@ -76,7 +76,7 @@ void coll_thread_group_destroy(coll_thread_group *g);
 typedef struct fab_ctx fab_ctx;
 
 typedef struct coll_fabric_opts {
-    size_t chunk_bytes;  /* payload bytes per message, default 256 KiB (0 = default) */
+    size_t chunk_bytes;  /* payload bytes per message, default 1 MiB (0 = default) */
     double timeout_s;    /* wait for one message at most this long, default 60 s (0 = default) */
 } coll_fabric_opts;
 

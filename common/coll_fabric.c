@@ -18,7 +18,7 @@
 
 #define RING_MAGIC 0x52434650u /* "PFCR" */
 #define HDR 16
-#define DEFAULT_CHUNK (256u * 1024u)
+#define DEFAULT_CHUNK (1024u * 1024u)
 #define DEFAULT_TIMEOUT 60.0
 
 typedef struct ring {
