@@ -1,6 +1,6 @@
 /* pfcps: the command-line tool. One entry per subcommand in `commands` below; add yours there.
  *   pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX
- *   pfcps rec-info [--skip-bad] PREFIX */
+ *   pfcps rec-info [--skip-bad] [--decode] PREFIX */
 #include "common/err.h"
 #include "common/log.h"
 #include "worker/data/image.h"
@@ -79,10 +79,11 @@ static int cmp_i64(const void *a, const void *b)
 
 static int cmd_rec_info(int argc, char **argv)
 {
-    int skip = 0;
+    int skip = 0, decode = 0;
     const char *prefix = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--skip-bad") == 0) skip = 1;
+        else if (strcmp(argv[i], "--decode") == 0) decode = 1;
         else if (argv[i][0] == '-' || prefix) {
             fprintf(stderr, "pfcps rec-info: unexpected argument '%s'\n", argv[i]);
             return 2;
@@ -127,16 +128,45 @@ static int cmd_rec_info(int argc, char **argv)
         else printf("first image %zu bytes\n", p.image_len);
         if (tj) tjDestroy(tj);
     }
+    /* --decode: decode every image (as training would) and report the ones that fail. */
+    int64_t bad = 0, sizes = 0;
+    if (decode) {
+        img_decoder dec;
+        if (img_decoder_init(&dec) < 0) {
+            fprintf(stderr, "pfcps rec-info: %s\n", pf_errmsg());
+            rec_buf_free(&buf);
+            rec_close(rf);
+            return 1;
+        }
+        for (int64_t i = 0; i < rf->num_images; i++) {
+            int w, h;
+            uint8_t *rgb;
+            int rc = rec_get(rf, i, &buf, &p);
+            if (rc == 0) rc = img_decode_rgb(&dec, p.image, p.image_len, &w, &h, &rgb);
+            if (rc == 0 && (w != IMG_SIZE || h != IMG_SIZE)) {
+                if (sizes++ < 10)
+                    printf("size        key %" PRId64 " at byte %" PRIu64 ": %dx%d, not %dx%d\n", rf->images[i].key,
+                           rf->images[i].offset, w, h, IMG_SIZE, IMG_SIZE);
+            } else if (rc < 0 && bad++ < 10)
+                printf("bad image   %s: key %" PRId64 " at byte %" PRIu64 ": %s\n", rf->rec_path, rf->images[i].key,
+                       rf->images[i].offset, pf_errmsg());
+        }
+        img_decoder_free(&dec);
+        printf("decoded     %" PRId64 " images: %" PRId64 " fail to decode, %" PRId64 " not %dx%d\n", rf->num_images, bad,
+               sizes, IMG_SIZE, IMG_SIZE);
+    }
     rec_buf_free(&buf);
     rec_close(rf);
-    return 0;
+    return bad || sizes ? 1 : 0;
 }
 
 static const pfcps_command commands[] = {
     {"pack", cmd_pack,
      "pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX\n"
      "        one subfolder per identity -> OUT_PREFIX.rec/.idx + property; --identities N: first N only"},
-    {"rec-info", cmd_rec_info, "rec-info [--skip-bad] PREFIX\n        images, classes, label range, layout, keys"},
+    {"rec-info", cmd_rec_info,
+     "rec-info [--skip-bad] [--decode] PREFIX\n"
+     "        images, classes, label range, layout, keys; --decode: decode every image, exit 1 if any fails"},
 };
 
 static void usage(FILE *f)

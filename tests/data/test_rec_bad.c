@@ -11,6 +11,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <sys/wait.h>
 
 static char dir[256];
 static const uint8_t IMG[] = {0xFF, 0xD8, 0xFF, 0xE0, 0x10, 0x20, 0x30};
@@ -208,6 +209,29 @@ static void test_decode(const char *orl)
     CHECK(loader_skipped(l) == 2, "skipped %" PRId64 " want 2", loader_skipped(l));
     printf("corrupt JPEG   skip_bad_records: labels -1 at samples 2 and 4, %" PRId64 " skipped\n", loader_skipped(l));
     loader_close(l);
+
+    /* `pfcps rec-info --decode` finds the same records and exits 1. */
+    const char *build = getenv("PFCPS_BUILD");
+    if (build) {
+        char cmd[1200], line[512], k2[64], k4[64];
+        snprintf(cmd, sizeof cmd, "'%s/worker/data/pfcps' rec-info --decode '%s' 2>&1", build, prefix);
+        snprintf(k2, sizeof k2, "key 2 at byte %zu: JPEG: Premature end", off[2]);
+        snprintf(k4, sizeof k4, "key 4 at byte %zu: JPEG:", off[4]);
+        FILE *f = popen(cmd, "r");
+        int seen = 0;
+        while (f && fgets(line, sizeof line, f)) {
+            seen += strstr(line, k2) != NULL;
+            seen += strstr(line, k4) != NULL;
+            seen += strstr(line, "100x100, not 112x112") != NULL;
+            seen += strstr(line, "decoded     6 images: 2 fail to decode, 1 not 112x112") != NULL;
+        }
+        int st = f ? pclose(f) : -1;
+        CHECK(st != 0 && seen == 4, "pfcps rec-info --decode: status %d, %d of 4 expected lines", st, seen);
+        printf("rec-info --decode: 2 corrupt and 1 wrong-size image reported with key and offset, exit status %d\n",
+               WEXITSTATUS(st));
+    } else {
+        printf("PFCPS_BUILD not set: pfcps rec-info --decode not tested\n");
+    }
 
     /* Wrong size without resize: a clear error naming the size (a pack of keys 0 and 3 only). */
     snprintf(p, sizeof p, "%s.idx", prefix);
