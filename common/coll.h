@@ -89,8 +89,8 @@ typedef struct coll_fabric_opts {
  * broadcast = chain from the root, barrier = allreduce of one float. Results are bitwise identical on
  * all ranks (each segment is reduced once, then copied). Every message carries (collective number, step,
  * length): a peer out of step gives -EPROTO naming both; no message within timeout_s gives -ETIMEDOUT;
- * a failed completion -EIO. After an error the group is unusable: abort the run, and fab_close(f)
- * before coll_destroy (a receive into the ring's staging buffer may still be posted). A rank must not
+ * a failed completion -EIO. After an error the group is unusable: coll_destroy, fab_close, end the run
+ * (a staging buffer with an operation still posted is then left allocated, not freed). A rank must not
  * close its endpoint while a peer may still send to it (libfabric's tcp provider then retries the
  * connection inside fi_send): end a run with a barrier.
  * Returns 0 or -EINVAL (rank/world/addresses), -ENOMEM, or the fabric error. coll_destroy(out) releases

@@ -32,6 +32,7 @@ typedef struct ring {
     uint32_t seq;   /* collective number, same on every rank */
     uint32_t step;  /* message number within the collective */
     int sctx, rctx; /* their addresses tell send and receive completions apart */
+    int send_out, recv_out; /* a send / receive posted and not completed (after an error) */
 } ring;
 
 static ring *ring_of(pf_coll *c) { return (ring *)c->impl; }
@@ -64,8 +65,8 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
                 return pf_err(-EIO, "ring rank %d: %s %s rank %d failed: %s", c->rank, is_send ? "send to" : "receive from",
                               is_send ? "right" : "left", is_send ? (c->rank + 1) % c->world_size : r->left,
                               strerror(-comp[i].err));
-            if (is_send) need_send = 0;
-            else need_recv = 0;
+            if (is_send) need_send = 0, r->send_out = 0;
+            else need_recv = 0, r->recv_out = 0;
         }
         if (n == 0) {
             if (now_s() > deadline)
@@ -81,7 +82,9 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
 static int post_recv(pf_coll *c)
 {
     ring *r = ring_of(c);
-    return fab_recv(r->f, r->rbuf, HDR + r->chunk, &r->rmr, &r->rctx);
+    int rc = fab_recv(r->f, r->rbuf, HDR + r->chunk, &r->rmr, &r->rctx);
+    if (rc == 0) r->recv_out = 1;
+    return rc;
 }
 
 static int post_send(pf_coll *c, const void *data, size_t len)
@@ -92,7 +95,9 @@ static int post_send(pf_coll *c, const void *data, size_t len)
     put32(r->sbuf + 8, r->step);
     put32(r->sbuf + 12, (uint32_t)len);
     if (len) memcpy(r->sbuf + HDR, data, len);
-    return fab_send(r->f, r->right, r->sbuf, HDR + len, &r->smr, &r->sctx);
+    int rc = fab_send(r->f, r->right, r->sbuf, HDR + len, &r->smr, &r->sctx);
+    if (rc == 0) r->send_out = 1;
+    return rc;
 }
 
 /* Checks the received header against (seq, step, len); returns the payload. */
@@ -279,8 +284,10 @@ static void f_destroy(pf_coll *c)
     if (!r) return;
     fab_mr_close(&r->smr);
     fab_mr_close(&r->rmr);
-    free(r->sbuf);
-    free(r->rbuf);
+    /* After an error a posted operation may still reference a staging buffer until the endpoint closes:
+     * leave that buffer allocated (once, in a run that is ending) rather than risk a write into freed memory. */
+    if (!r->send_out) free(r->sbuf);
+    if (!r->recv_out) free(r->rbuf);
     free(r);
     c->impl = NULL;
 }
