@@ -213,6 +213,13 @@ static void test_orl(const char *orl)
     rc = rec_open(&rf, out, 0, 0);
     CHECK(rc == 0, "open ORL pack: %s", pf_errmsg());
     if (rc < 0) return;
+    /* `rec` may name the folder: <dir>/train is opened. */
+    char folder[400];
+    snprintf(folder, sizeof folder, "%s/orl", dir);
+    rec_file *rf2;
+    int rc2 = rec_open(&rf2, folder, 0, 0);
+    CHECK(rc2 == 0 && rf2->num_images == 398, "open by folder: %s", pf_errmsg());
+    if (rc2 == 0) rec_close(rf2);
     int count[40] = {0}, sized = 0, grey = 0;
     rec_buf s = {0};
     tjhandle tj = tjInitDecompress();
