@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/config.h"
 #include "common/err.h"
 
 #define NORM_EPS 1e-12
@@ -30,6 +31,19 @@ int head_parse_mode(const char *name, head_mode *out)
     if (name && strcmp(name, "global") == 0) { *out = HEAD_MODE_GLOBAL; return 0; }
     if (name && strcmp(name, "local") == 0) { *out = HEAD_MODE_LOCAL; return 0; }
     return pf_err(-EINVAL, "head_mode '%s' is neither 'global' nor 'local'", name ? name : "(null)");
+}
+
+int head_params_from_config(const pf_config *cfg, head_params *out)
+{
+    head_params p = {.s = cfg->scale, .m1 = cfg->margin_list[0], .m2 = cfg->margin_list[1],
+                     .m3 = cfg->margin_list[2], .interclass_filtering_threshold = cfg->interclass_filtering_threshold};
+    int rc;
+    if ((rc = head_parse_margin_grad(cfg->margin_grad, &p.margin_grad)) < 0) return rc;
+    if ((rc = head_parse_mode(cfg->head_mode, &p.mode)) < 0) return rc;
+    if (!(p.s > 0) || !isfinite(p.m1) || !isfinite(p.m2) || !isfinite(p.m3))
+        return pf_err(-EINVAL, "head: scale %g must be > 0 and margin_list (%g, %g, %g) finite", p.s, p.m1, p.m2, p.m3);
+    *out = p;
+    return 0;
 }
 
 void head_ws_free(head_ws *ws)

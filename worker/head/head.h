@@ -50,6 +50,12 @@ typedef struct head_params {
 int head_parse_margin_grad(const char *name, head_margin_grad *out);
 int head_parse_mode(const char *name, head_mode *out);
 
+struct pf_config;
+
+/* Fills `out` from the run config (common/config.h): scale, margin_list, interclass_filtering_threshold,
+ * margin_grad, head_mode; clamp_loss off. Returns 0 or -EINVAL naming the bad value. */
+int head_params_from_config(const struct pf_config *cfg, head_params *out);
+
 /* Workspace reused across steps (no allocation on the hot path). Sized for at most n_max rows,
  * k_max columns, d features: n_max*k_max + (n_max + k_max)*d floats plus 4*n_max + k_max doubles. */
 typedef struct head_ws {
