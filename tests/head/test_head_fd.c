@@ -218,6 +218,12 @@ static void test_missing_target_and_bad_input(void)
     CHECK(fabs(loss - expect) < 1e-9, "missing-target loss %.10f, expected %.10f", loss, expect);
     printf("ok   row with no target anywhere counts -log(1e-30): loss %.8f (expected %.8f)\n", loss, expect);
 
+    /* No columns at all (a worker whose partition is empty, alone): every row counts 69.0776, and the
+     * embedding gradient is zero. */
+    int64_t none[2] = {-1, -1};
+    CHECK(head_forward_backward(&p, &ws, NULL, e, 2, NULL, 0, 3, none, &loss, NULL, ge, NULL) == 0 &&
+              fabs(loss - 69.07755278982137) < 1e-12 && ge[0] == 0 && ge[5] == 0,
+          "k = 0: loss %.8f", loss);
     lab[1] = 2;
     int rc = head_forward_backward(&p, &ws, NULL, e, 2, w, 2, 3, lab, &loss, NULL, ge, gw);
     CHECK(rc == -ERANGE && strstr(pf_errmsg(), "label 2 of row 1"), "label 2 of k=2: rc %d '%s'", rc, pf_errmsg());

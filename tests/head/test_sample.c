@@ -205,6 +205,13 @@ static void test_bad_input(void)
               sample_count(0.3, 10) == 3,
           "sample_count: %lld %lld %lld %lld", (long long)sample_count(0.1, 30), (long long)sample_count(0.1, 31),
           (long long)sample_count(1.0, 7), (long long)sample_count(0.3, 10));
+    /* More workers than classes: rank 2 of 3 over 2 classes owns nothing and samples nothing. */
+    int64_t two[2] = {0, 1}, loc2[2];
+    sample_args e = {.num_classes = 2, .world_size = 3, .rank = 2, .sample_rate = 1.0, .seed = 1, .step = 0,
+                     .mode = SAMPLE_GLOBAL};
+    rc = sample_classes(&e, two, 2, &ids, &k, loc2);
+    CHECK(rc == 0 && k == 0 && loc2[0] == -1 && loc2[1] == -1, "empty partition: rc %d k %lld", rc, (long long)k);
+    free(ids);
     CHECK(sample_partition_size(10, 3, 0) == 4 && sample_partition_size(10, 3, 1) == 3 &&
               sample_partition_size(10, 3, 2) == 3 && sample_partition_size(2, 3, 2) == 0,
           "partition sizes");
