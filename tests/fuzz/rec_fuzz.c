@@ -5,9 +5,13 @@
  *   odd:  the rest is `.idx text` NUL `.rec bytes`, written to a private temp folder and opened with
  *         rec_open (index parsing, layout detection, header record, per-record checks), with and
  *         without skip_bad_records, then every image record is read back.
+ *   2:    the rest is an encoded image: img_load (JPEG/PNG sniffing, TurboJPEG and libpng through
+ *         pfcps's wrappers, size checks, resize, flip, normalize), twice on one decoder, so state left
+ *         by a failed decode is exercised too.
  * Any crash, sanitizer report or leak is a bug: bad input must only produce error codes. */
 #include "common/err.h"
 #include "common/log.h"
+#include "worker/data/image.h"
 #include "worker/data/rec.h"
 
 #include <stdint.h>
@@ -102,10 +106,25 @@ static void pack(const uint8_t *data, size_t size)
     }
 }
 
+static img_decoder dec;
+static float out[3 * IMG_SIZE * IMG_SIZE];
+
+static void image(const uint8_t *data, size_t size)
+{
+    if (!dec.tj && img_decoder_init(&dec) < 0) abort();
+    for (int k = 0; k < 2; k++) {
+        int rc = img_load(&dec, data, size, IMG_SIZE, k, k, out);
+        if (rc == 0)
+            for (size_t i = 0; i < sizeof out / sizeof *out; i++)
+                if (!(out[i] >= -1.0f && out[i] <= 1.0f)) abort();   /* normalized values stay in [-1, 1] */
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
-    if (data[0] & 1) pack(data + 1, size - 1);
+    if (data[0] == 2) image(data + 1, size - 1);
+    else if (data[0] & 1) pack(data + 1, size - 1);
     else records(data + 1, size - 1);
     return 0;
 }
