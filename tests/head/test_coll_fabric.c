@@ -15,6 +15,7 @@
 #include "common/coll.h"
 #include "common/err.h"
 #include "common/fabric.h"
+#include "tests/head/mp_ring.h"
 
 static int fails;
 
@@ -29,28 +30,6 @@ static int fails;
         }                                                         \
     } while (0)
 
-static int read_full(int fd, void *buf, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)buf + got, n - got);
-        if (r <= 0) return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
-
-static int write_full(int fd, const void *buf, size_t n)
-{
-    size_t put = 0;
-    while (put < n) {
-        ssize_t r = write(fd, (const char *)buf + put, n - put);
-        if (r <= 0) return -1;
-        put += (size_t)r;
-    }
-    return 0;
-}
-
 static double elapsed(const struct timespec *t0)
 {
     struct timespec t;
@@ -61,34 +40,13 @@ static double elapsed(const struct timespec *t0)
 /* Value of element i on rank r: small integers, so float sums are exact. */
 static float val(int r, size_t i) { return (float)((i * 7 + (size_t)r * 13) % 101); }
 
-static int child(int rank, int W, int up, int down)
+static int child(mp_rank *mr, void *arg)
 {
-    fab_ctx *f;
-    int rc = fab_open("tcp", &f);
-    if (rc == -ENODATA) {
-        printf("SKIP rank %d: %s\n", rank, pf_errmsg());
-        return 77;
-    }
-    if (rc) {
-        printf("FAIL rank %d: fab_open: %s\n", rank, pf_errmsg());
-        return 1;
-    }
-    uint8_t name[FAB_MAX_ADDR];
-    size_t nl = sizeof name;
-    if (fab_getname(f, name, &nl) || write_full(up, &nl, sizeof nl) || write_full(up, name, nl)) {
-        printf("FAIL rank %d: publishing the address: %s\n", rank, pf_errmsg());
-        return 1;
-    }
-    uint8_t book[3][FAB_MAX_ADDR];
-    size_t lens[3];
-    const void *addrs[3];
-    for (int r = 0; r < W; r++) {
-        if (read_full(down, &lens[r], sizeof lens[r]) || lens[r] > FAB_MAX_ADDR || read_full(down, book[r], lens[r])) {
-            printf("FAIL rank %d: reading the address book\n", rank);
-            return 1;
-        }
-        addrs[r] = book[r];
-    }
+    (void)arg;
+    int rank = mr->rank, W = mr->world, rc;
+    fab_ctx *f = mr->f;
+    const void *const *addrs = mr->addrs;
+    const size_t *lens = mr->lens;
     pf_coll c;
     coll_fabric_opts o = {.chunk_bytes = 64 * 1024, .timeout_s = 20};
     if ((rc = coll_fabric_create(f, rank, W, addrs, lens, &o, &c)) < 0) {
@@ -169,101 +127,25 @@ static int child(int rank, int W, int up, int down)
         CHECK(rc == -EPROTO && strstr(pf_errmsg(), "expected collective"), "mismatch: rc %d '%s'", rc, pf_errmsg());
         if (rc == -EPROTO) printf("ok   W=%d count mismatch seen by rank 1: %s\n", W, pf_errmsg());
     }
-    /* After an error the group is unusable: stop here (the other ranks time out after 2 s). No rank may
-     * close its endpoint while another may still send to it (a send to a closed peer retries the
-     * connection inside fi_send), so all ranks meet at the parent before closing. */
-    char tok = 'd';
-    if (write_full(up, &tok, 1) || read_full(down, &tok, 1)) CHECK(0, "close barrier with the parent");
+    /* After an error the group is unusable: stop here (the other ranks time out after 2 s; mp_ring_run
+     * keeps every endpoint open until all ranks are done). */
 
     free(a); free(rs); free(out); free(gs); free(gr); free(bc);
     coll_destroy(&c);
-    fab_close(f);
     if (rank == 0 && fails == 0) printf("ok   W=%d allreduce max, reduce_scatter, allgather, broadcast, barrier exact\n", W);
     fflush(stdout);
     return fails ? 1 : 0;
 }
 
-/* Runs W ranks; returns 0 pass, 1 fail, 77 skip. */
-static int run(int W)
-{
-    pid_t pids[3] = {0};
-    int up[3][2], down[3][2];
-    for (int r = 0; r < W; r++) {
-        if (pipe(up[r]) || pipe(down[r])) return 1;
-        pid_t p = fork();
-        if (p == 0) {
-            alarm(60); /* a stuck child dies even if the parent is gone */
-            close(up[r][0]);
-            close(down[r][1]);
-            int rc = child(r, W, up[r][1], down[r][0]);
-            fflush(stdout);
-            _exit(rc);
-        }
-        pids[r] = p;
-        close(up[r][1]);
-        close(down[r][0]);
-    }
-    int result = 0;
-    uint8_t names[3][FAB_MAX_ADDR];
-    size_t lens[3];
-    for (int r = 0; r < W && result == 0; r++)
-        if (read_full(up[r][0], &lens[r], sizeof lens[r]) || lens[r] > FAB_MAX_ADDR ||
-            read_full(up[r][0], names[r], lens[r]))
-            result = -1; /* the child exited early (skip or failure): its exit code tells */
-    for (int r = 0; r < W && result == 0; r++)
-        for (int q = 0; q < W; q++)
-            if (write_full(down[r][1], &lens[q], sizeof lens[q]) || write_full(down[r][1], names[q], lens[q])) result = -1;
-    /* Close barrier: every rank reports it is done with the ring, then all may close. */
-    for (int r = 0; r < W && result == 0; r++) {
-        char tok;
-        if (read_full(up[r][0], &tok, 1)) result = -1;
-    }
-    for (int r = 0; r < W && result == 0; r++)
-        if (write_full(down[r][1], "g", 1)) result = -1;
-    for (int r = 0; r < W; r++) {
-        close(up[r][0]);
-        close(down[r][1]);
-    }
-    /* Wait up to 60 s for all; kill the rest. The mismatch test leaves ranks other than 1 waiting up to
-     * their 20 s receive timeout or finishing: both are fine, only the exit code of each counts. */
-    int status[3] = {0}, done[3] = {0}, ndone = 0;
-    for (int it = 0; it < 6000 && ndone < W; it++) {
-        for (int r = 0; r < W; r++) {
-            if (done[r]) continue;
-            if (waitpid(pids[r], &status[r], WNOHANG) == pids[r]) done[r] = 1, ndone++;
-        }
-        if (ndone < W) usleep(10000);
-    }
-    for (int r = 0; r < W; r++)
-        if (!done[r]) {
-            kill(pids[r], SIGKILL);
-            waitpid(pids[r], &status[r], 0);
-            printf("FAIL W=%d rank %d did not finish in 60 s (killed)\n", W, r);
-            return 1;
-        }
-    int skip = 0;
-    for (int r = 0; r < W; r++) {
-        int code = WIFEXITED(status[r]) ? WEXITSTATUS(status[r]) : 128 + WTERMSIG(status[r]);
-        if (code == 77) skip = 1;
-        else if (code != 0) {
-            printf("FAIL W=%d rank %d exited %d\n", W, r, code);
-            result = 1;
-        }
-    }
-    if (result == 1) return 1;
-    return skip ? 77 : 0;
-}
-
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    signal(SIGPIPE, SIG_IGN); /* a child that died early must not kill the parent through its pipe */
-    int r2 = run(2);
+    int r2 = mp_ring_run(2, child, NULL, 60);
     if (r2 == 77) {
         printf("SKIP: libfabric tcp provider not available\n");
         return 77;
     }
-    int r3 = run(3);
+    int r3 = mp_ring_run(3, child, NULL, 60);
     printf("%s: ring collectives over tcp;ofi_rxm, W=2 %s, W=3 %s\n", (r2 || r3) ? "FAIL" : "PASS", r2 ? "FAIL" : "ok",
            r3 ? "FAIL" : "ok");
     return (r2 || r3) ? 1 : 0;
