@@ -6,6 +6,7 @@
  *   ideal = 2 (W-1)/W * bytes / shift_bandwidth,   ratio = ideal / allreduce time  (1.0 = at the link's speed).
  * Usage: bench_coll [W floats chunk_bytes reps provider]   (default 2 4194304 1048576 3 tcp) */
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +173,7 @@ int main(int argc, char **argv)
         pid[r] = fork();
         if (pid[r] == 0) {
             alarm(300);
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* and at once when the parent dies */
             close(up[r][0]);
             close(down[r][1]);
             int rc = child(r, W, count, chunk, reps, prov, up[r][1], down[r][0]);

@@ -7,6 +7,7 @@
 #define PFCPS_TESTS_HEAD_MP_RING_H
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +100,7 @@ static int mp_ring_run(int W, int (*body)(mp_rank *, void *), void *arg, double 
         pid_t p = fork();
         if (p == 0) {
             alarm((unsigned)timeout_s + 5); /* a stuck child dies even if the parent is gone */
+            prctl(PR_SET_PDEATHSIG, SIGKILL); /* and at once when the parent dies */
             close(up[r][0]);
             close(down[r][1]);
             int rc = mp_child(r, W, up[r][1], down[r][0], body, arg);
