@@ -2,8 +2,9 @@
  *
  * A device (CPU today: oneDNN + OpenBLAS + plain C; CUDA later: cuDNN + cuBLAS) fills one
  * `ops_device` table; worker/model calls layers only through it, so the same network description
- * runs on any device. All tensors are fp32, contiguous, NCHW (activations) / OIHW (weights), in
- * the device's memory (host memory for the CPU device).
+ * runs on any device. All tensors are fp32, contiguous, in the device's memory (host memory for
+ * the CPU device); weights OIHW, activations (B,C,H,W) in the device's activation layout
+ * (act_block below; shapes are always written as logical NCHW).
  *
  * Conventions (all functions):
  * - Parameter gradients (dweight, dbias, dalpha) are ACCUMULATED (+=) into buffers the caller
@@ -90,6 +91,17 @@ typedef struct ops_device {
     int (*add_forward)(ops_ctx *ctx, float *out, const float *a, const float *b, size_t n);
     /* dst (n) = src (acc == 0) or dst += src (acc != 0). */
     int (*acc)(ops_ctx *ctx, float *dst, int acc, const float *src, size_t n);
+
+    /* Activation layout. Activations (B,C,H,W) live in the device's layout: channel blocks of
+     * act_block(C) channels innermost, element (b,c,hw) at
+     * ((b*(C/bs) + c/bs)*HW + hw)*bs + c%bs with bs = act_block(C) (bs = 1: plain NCHW; the
+     * CPU device uses bs = 8, oneDNN's nChw8c, when 8 divides C). Conv, BN and PReLU take and
+     * return activations in this layout; weights are always PyTorch's OIHW. With HW = 1 every
+     * layout equals NCHW. to_plain: device layout -> NCHW; from_plain: NCHW -> device layout
+     * (= or += per acc). Not in place. */
+    int (*act_block)(int C);
+    int (*to_plain)(ops_ctx *ctx, float *dst, const float *src, int B, int C, int HW);
+    int (*from_plain)(ops_ctx *ctx, float *dst, int acc, const float *src, int B, int C, int HW);
 
     /* Inverted dropout (torch.nn.Dropout, training): mask[i] = keep ? 1/(1-p) : 0 drawn from
      * (seed, i); out = inp * mask. p == 0 is the identity (mask all 1). 0 <= p < 1.

@@ -3,10 +3,10 @@
  *
  * Batch normalization is plain C with float64 statistics and sums (see bn_batch_stats for why
  * oneDNN 2.6's batch normalization is not used).
- * oneDNN primitives are created once per shape and kept in the context. Activations and weights
- * stay in plain NCHW / OIHW in the caller's buffers; each convolution primitive is created with
- * format `any` so oneDNN picks its fastest (blocked) layout, and the context reorders into and out
- * of it around each call (what PyTorch's mkldnn path does too). */
+ * oneDNN primitives are created once per shape and kept in the context. Activations are kept in
+ * the layout oneDNN's AVX2 convolutions use (nChw8c, see cpu_act_block); weights stay OIHW (the
+ * PyTorch layout of the flat parameter array) and are reordered around each call, as is any
+ * activation whose layout oneDNN would still pick differently (created with format `any`). */
 #include "kernels/ops.h"
 
 #include <cblas.h>
@@ -154,14 +154,17 @@ static int slot_out(ops_ctx *c, slot *s)
     return 0;
 }
 
+static int cpu_act_block(int C);
+
 static void conv_mds(const ops_conv_shape *s, dnnl_memory_desc_t *src, dnnl_memory_desc_t *wei,
                      dnnl_memory_desc_t *dst, int any)
 {
     dnnl_dims_t sd = {s->B, s->C, s->H, s->W};
     dnnl_dims_t dd = {s->B, s->OC, s->OH, s->OW};
-    dnnl_format_tag_t t4 = any ? dnnl_format_tag_any : dnnl_nchw;
-    dnnl_memory_desc_init_by_tag(src, 4, sd, dnnl_f32, t4);
-    dnnl_memory_desc_init_by_tag(dst, 4, dd, dnnl_f32, t4);
+    dnnl_format_tag_t ts = any ? dnnl_format_tag_any : cpu_act_block(s->C) == 8 ? dnnl_aBcd8b : dnnl_nchw;
+    dnnl_format_tag_t td = any ? dnnl_format_tag_any : cpu_act_block(s->OC) == 8 ? dnnl_aBcd8b : dnnl_nchw;
+    dnnl_memory_desc_init_by_tag(src, 4, sd, dnnl_f32, ts);
+    dnnl_memory_desc_init_by_tag(dst, 4, dd, dnnl_f32, td);
     if (s->groups == 1) {
         dnnl_dims_t wd = {s->OC, s->C, s->K, s->K};
         dnnl_memory_desc_init_by_tag(wei, 4, wd, dnnl_f32, any ? dnnl_format_tag_any : dnnl_oihw);
@@ -363,37 +366,96 @@ static int cpu_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, c
 
 /* ---- batch normalization ---- */
 
-/* Per-channel batch mean and biased variance of inp (B,C,HW), two passes in float64.
- * oneDNN 2.6's training-mode batch norm sums in float32: on 112x112 maps its statistics are
- * off by ~1e-6 relative, enough to move activations across PReLU kinks and to put the network
- * gradients 1e-3 away from PyTorch float64. Exact sums keep them within ~1e-5. */
+/* ---- activation layout ----
+ * The CPU device keeps an activation (B,C,H,W) with C % 8 == 0 in oneDNN's nChw8c layout
+ * ((B, C/8, H, W, 8): element (b,c,hw) at ((b*C/8 + c/8)*HW + hw)*8 + c%8), the layout its AVX2
+ * convolutions compute in, so that no reorder runs around any convolution; other activations
+ * (the 3-channel input) are plain NCHW. With HW = 1 both layouts are the same. */
+static int cpu_act_block(int C)
+{
+    return C % 8 == 0 ? 8 : 1;
+}
+
+static int cpu_to_plain(ops_ctx *c, float *dst, const float *src, int B, int C, int HW)
+{
+    (void)c;
+    int bs = cpu_act_block(C), nb = C / bs;
+    if (bs == 1 || HW == 1) {
+        if (dst != src)
+            memcpy(dst, src, (size_t)B * C * HW * sizeof(float));
+        return 0;
+    }
+#pragma omp parallel for schedule(static)
+    for (int bc = 0; bc < B * nb; bc++) {
+        const float *p = src + (size_t)bc * HW * bs;
+        float *q = dst + (size_t)bc * HW * bs; /* channel block cb of sample b, plain */
+        for (int hw = 0; hw < HW; hw++)
+            for (int l = 0; l < bs; l++)
+                q[(size_t)l * HW + hw] = p[(size_t)hw * bs + l];
+    }
+    return 0;
+}
+
+static int cpu_from_plain(ops_ctx *c, float *dst, int acc, const float *src, int B, int C, int HW)
+{
+    (void)c;
+    int bs = cpu_act_block(C), nb = C / bs;
+    if (bs == 1 || HW == 1) {
+        size_t n = (size_t)B * C * HW;
+        if (acc)
+            add_into(dst, src, n);
+        else if (dst != src)
+            memcpy(dst, src, n * sizeof(float));
+        return 0;
+    }
+#pragma omp parallel for schedule(static)
+    for (int bc = 0; bc < B * nb; bc++) {
+        const float *q = src + (size_t)bc * HW * bs;
+        float *p = dst + (size_t)bc * HW * bs;
+        for (int hw = 0; hw < HW; hw++)
+            for (int l = 0; l < bs; l++)
+                p[(size_t)hw * bs + l] = (acc ? p[(size_t)hw * bs + l] : 0.0f) + q[(size_t)l * HW + hw];
+    }
+    return 0;
+}
+
+/* Per-channel batch mean and biased variance of inp (B,C,HW) (device layout), two passes in
+ * float64. oneDNN 2.6's training-mode batch norm sums in float32: on 112x112 maps its statistics
+ * are off by ~1e-6 relative, enough to move activations across PReLU kinks and to put the
+ * network gradients 1e-3 away from PyTorch float64. Exact sums keep them within ~1e-5. */
 static void bn_batch_stats(double *mean, double *var, const float *inp, int B, int C, int HW)
 {
+    const int bs = cpu_act_block(C), nb = C / bs;
     const double n = (double)B * HW;
 #pragma omp parallel for schedule(static)
-    for (int ch = 0; ch < C; ch++) {
-        double s = 0.0;
+    for (int cb = 0; cb < nb; cb++) {
+        double s[8] = {0}, s2[8] = {0}, mu[8];
         for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * C + ch) * HW;
-            for (int i = 0; i < HW; i++)
-                s += x[i];
+            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+            for (int hw = 0; hw < HW; hw++)
+                for (int l = 0; l < bs; l++)
+                    s[l] += x[(size_t)hw * bs + l];
         }
-        const double mu = s / n;
-        double s2 = 0.0;
+        for (int l = 0; l < bs; l++)
+            mu[l] = s[l] / n;
         for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * C + ch) * HW;
-            for (int i = 0; i < HW; i++) {
-                double d = (double)x[i] - mu;
-                s2 += d * d;
-            }
+            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+            for (int hw = 0; hw < HW; hw++)
+                for (int l = 0; l < bs; l++) {
+                    double d = (double)x[(size_t)hw * bs + l] - mu[l];
+                    s2[l] += d * d;
+                }
         }
-        mean[ch] = mu;
-        var[ch] = s2 / n;
+        for (int l = 0; l < bs; l++) {
+            mean[cb * bs + l] = mu[l];
+            var[cb * bs + l] = s2[l] / n;
+        }
     }
 }
 
 /* Batch-norm forward in plain C: float64 statistics (bn_batch_stats), then per channel
- * out = (x - mean)*k + bias with k = weight/sqrt(var+eps), in float64. */
+ * out = (x - mean)*k + bias with k = weight/sqrt(var+eps), in float64 so that outputs near 0
+ * (PReLU's kink follows) carry no cancellation error. */
 static int cpu_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var,
                           const float *inp, const float *weight, const float *bias,
                           float *running_mean, float *running_var, int B, int C, int HW,
@@ -408,17 +470,24 @@ static int cpu_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sav
         return pf_err(-EINVAL, "batchnorm eval forward needs running statistics");
     if (train)
         bn_batch_stats(save_mean, save_var, inp, B, C, HW);
+    const int bs = cpu_act_block(C), nb = C / bs;
 #pragma omp parallel for schedule(static)
-    for (int ch = 0; ch < C; ch++) {
-        const double mean = train ? save_mean[ch] : running_mean[ch];
-        const double var = train ? save_var[ch] : running_var[ch];
-        /* float64 so that outputs near 0 (PReLU's kink follows) carry no cancellation error */
-        const double k = (double)weight[ch] / sqrt(var + (double)eps), q = bias[ch];
+    for (int cb = 0; cb < nb; cb++) {
+        double mean[8], k[8], q[8];
+        for (int l = 0; l < bs; l++) {
+            int ch = cb * bs + l;
+            mean[l] = train ? save_mean[ch] : running_mean[ch];
+            double var = train ? save_var[ch] : running_var[ch];
+            k[l] = (double)weight[ch] / sqrt(var + (double)eps);
+            q[l] = bias[ch];
+        }
         for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * C + ch) * HW;
-            float *y = out + ((size_t)b * C + ch) * HW;
-            for (int i = 0; i < HW; i++)
-                y[i] = (float)(((double)x[i] - mean) * k + q);
+            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+            float *y = out + ((size_t)b * nb + cb) * HW * bs;
+            for (int hw = 0; hw < HW; hw++)
+                for (int l = 0; l < bs; l++)
+                    y[(size_t)hw * bs + l] =
+                        (float)(((double)x[(size_t)hw * bs + l] - mean[l]) * k[l] + q[l]);
         }
     }
     if (train && running_mean && running_var) {
@@ -434,9 +503,11 @@ static int cpu_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sav
 }
 
 /* Batch-norm backward in plain C with float64 per-channel sums. oneDNN 2.6's backward sums
- * diff_dst in float32, which loses ~1e-3 relative on 112x112 maps where the terms cancel; the
- * float64 sums keep the whole network within 1e-5 of PyTorch float64. Same math:
- * dbias = sum dy, dweight = sum dy*xhat, dx = weight*rstd*(dy - dbias/n - xhat*dweight/n). */
+ * diff_dst in float32, which loses ~1e-3 relative on 112x112 maps where the terms cancel.
+ * Same math as PyTorch: dbias = sum dy, dweight = sum dy*xhat,
+ * dx = weight*rstd*(dy - dbias/n - xhat*dweight/n), evaluated in float64: with few samples per
+ * channel (BatchNorm1d on a small batch) the three terms nearly cancel (for n = 2 the result
+ * scales with eps/(var+eps)). */
 static int cpu_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
                            const float *dout, const float *inp, const float *weight,
                            const double *save_mean, const double *save_var, int B, int C, int HW,
@@ -446,43 +517,47 @@ static int cpu_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, flo
     if (B <= 0 || C <= 0 || HW <= 0)
         return pf_err(-EINVAL, "batchnorm shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
     const double n = (double)B * HW;
+    const int bs = cpu_act_block(C), nb = C / bs;
 #pragma omp parallel for schedule(static)
-    for (int ch = 0; ch < C; ch++) {
-        const double mean = save_mean[ch];
-        const double rstd = 1.0 / sqrt(save_var[ch] + (double)eps);
-        double sdy = 0.0, sdyx = 0.0;
-        for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * C + ch) * HW;
-            const float *dy = dout + ((size_t)b * C + ch) * HW;
-            double s1 = 0.0, s2 = 0.0;
-            for (int i = 0; i < HW; i++) {
-                s1 += dy[i];
-                s2 += (double)dy[i] * ((double)x[i] - mean);
-            }
-            sdy += s1;
-            sdyx += s2;
+    for (int cb = 0; cb < nb; cb++) {
+        double mean[8], rstd[8], sdy[8] = {0}, sdyx[8] = {0}, k[8], mdy[8], kx[8];
+        for (int l = 0; l < bs; l++) {
+            mean[l] = save_mean[cb * bs + l];
+            rstd[l] = 1.0 / sqrt(save_var[cb * bs + l] + (double)eps);
         }
-        sdyx *= rstd; /* sum dy * xhat */
-        if (dbias)
-            dbias[ch] += (float)sdy;
-        if (dweight)
-            dweight[ch] += (float)sdyx;
+        for (int b = 0; b < B; b++) {
+            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+            const float *dy = dout + ((size_t)b * nb + cb) * HW * bs;
+            for (int hw = 0; hw < HW; hw++)
+                for (int l = 0; l < bs; l++) {
+                    size_t o = (size_t)hw * bs + l;
+                    sdy[l] += dy[o];
+                    sdyx[l] += (double)dy[o] * ((double)x[o] - mean[l]);
+                }
+        }
+        for (int l = 0; l < bs; l++) {
+            int ch = cb * bs + l;
+            sdyx[l] *= rstd[l]; /* sum dy * xhat */
+            if (dbias)
+                dbias[ch] += (float)sdy[l];
+            if (dweight)
+                dweight[ch] += (float)sdyx[l];
+            k[l] = (double)weight[ch] * rstd[l];
+            mdy[l] = sdy[l] / n;
+            kx[l] = rstd[l] * (sdyx[l] / n);
+        }
         if (!dinp)
             continue;
-        /* In float64: with few samples per channel (BatchNorm1d on a small batch) the three
-         * terms nearly cancel (for n = 2 the result scales with eps/(var+eps)). */
-        const double k = (double)weight[ch] * rstd;
-        const double mdy = sdy / n, kx = rstd * (sdyx / n);
         for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * C + ch) * HW;
-            const float *dy = dout + ((size_t)b * C + ch) * HW;
-            float *dx = dinp + ((size_t)b * C + ch) * HW;
-            if (acc)
-                for (int i = 0; i < HW; i++)
-                    dx[i] += (float)(k * ((double)dy[i] - mdy - ((double)x[i] - mean) * kx));
-            else
-                for (int i = 0; i < HW; i++)
-                    dx[i] = (float)(k * ((double)dy[i] - mdy - ((double)x[i] - mean) * kx));
+            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+            const float *dy = dout + ((size_t)b * nb + cb) * HW * bs;
+            float *dx = dinp + ((size_t)b * nb + cb) * HW * bs;
+            for (int hw = 0; hw < HW; hw++)
+                for (int l = 0; l < bs; l++) {
+                    size_t o = (size_t)hw * bs + l;
+                    float v = (float)(k[l] * ((double)dy[o] - mdy[l] - ((double)x[o] - mean[l]) * kx[l]));
+                    dx[o] = acc ? dx[o] + v : v;
+                }
         }
     }
     return 0;
@@ -494,15 +569,21 @@ static int cpu_prelu_forward(ops_ctx *c, float *out, const float *inp, const flo
                              int C, int HW)
 {
     (void)c;
-    for (int b = 0; b < B; b++)
-        for (int ch = 0; ch < C; ch++) {
-            size_t o = ((size_t)b * C + ch) * HW;
-            float a = alpha[ch];
-            for (int i = 0; i < HW; i++) {
-                float x = inp[o + i];
-                out[o + i] = x > 0.0f ? x : a * x;
+    const int bs = cpu_act_block(C), nb = C / bs;
+#pragma omp parallel for schedule(static)
+    for (int bc = 0; bc < B * nb; bc++) {
+        const int cb = bc % nb;
+        const float *x = inp + (size_t)bc * HW * bs;
+        float *y = out + (size_t)bc * HW * bs;
+        float a[8];
+        for (int l = 0; l < bs; l++)
+            a[l] = alpha[cb * bs + l];
+        for (int hw = 0; hw < HW; hw++)
+            for (int l = 0; l < bs; l++) {
+                float v = x[(size_t)hw * bs + l];
+                y[(size_t)hw * bs + l] = v > 0.0f ? v : a[l] * v;
             }
-        }
+    }
     return 0;
 }
 
@@ -510,27 +591,31 @@ static int cpu_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, c
                               const float *inp, const float *alpha, int B, int C, int HW)
 {
     (void)c;
-    for (int ch = 0; ch < C; ch++) {
-        float a = alpha[ch];
-        double da = 0.0;
+    const int bs = cpu_act_block(C), nb = C / bs;
+#pragma omp parallel for schedule(static)
+    for (int cb = 0; cb < nb; cb++) {
+        float a[8];
+        double da[8] = {0};
+        for (int l = 0; l < bs; l++)
+            a[l] = alpha[cb * bs + l];
         for (int b = 0; b < B; b++) {
-            size_t o = ((size_t)b * C + ch) * HW;
-            float s = 0.0f;
-            for (int i = 0; i < HW; i++) {
-                float x = inp[o + i], g = dout[o + i];
-                float d = x > 0.0f ? g : a * g;
-                s += x > 0.0f ? 0.0f : g * x;
-                if (dinp) {
-                    if (acc)
-                        dinp[o + i] += d;
-                    else
-                        dinp[o + i] = d;
+            size_t base = ((size_t)b * nb + cb) * HW * bs;
+            const float *x = inp + base, *g = dout + base;
+            float s[8] = {0};
+            for (int hw = 0; hw < HW; hw++)
+                for (int l = 0; l < bs; l++) {
+                    size_t o = (size_t)hw * bs + l;
+                    float d = x[o] > 0.0f ? g[o] : a[l] * g[o];
+                    s[l] += x[o] > 0.0f ? 0.0f : g[o] * x[o];
+                    if (dinp)
+                        dinp[base + o] = acc ? dinp[base + o] + d : d;
                 }
-            }
-            da += s;
+            for (int l = 0; l < bs; l++)
+                da[l] += s[l];
         }
         if (dalpha)
-            dalpha[ch] += (float)da;
+            for (int l = 0; l < bs; l++)
+                dalpha[cb * bs + l] += (float)da[l];
     }
     return 0;
 }
@@ -668,6 +753,9 @@ const ops_device ops_cpu = {
     .linear_backward = cpu_linear_backward,
     .add_forward = cpu_add_forward,
     .acc = cpu_acc,
+    .act_block = cpu_act_block,
+    .to_plain = cpu_to_plain,
+    .from_plain = cpu_from_plain,
     .dropout_forward = cpu_dropout_forward,
     .dropout_backward = cpu_dropout_backward,
 };

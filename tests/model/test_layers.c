@@ -61,6 +61,20 @@ static void expect_rel(const char *what, double r, double tol)
     failures += bad;
 }
 
+/* Activations go to the device in its layout (ops.h act_block) and come back as NCHW. */
+static ops_ctx *g_ctx;
+static float *dev_in(const float *plain, int B, int C, int HW)
+{
+    size_t n = (size_t)B * C * HW;
+    float *d = malloc(n * sizeof *d);
+    ops_cpu.from_plain(g_ctx, d, 0, plain, B, C, HW);
+    return d;
+}
+static void dev_out(float *plain, const float *dev, int B, int C, int HW)
+{
+    ops_cpu.to_plain(g_ctx, plain, dev, B, C, HW);
+}
+
 /* ---- finite differences over a float64 forward ---- */
 
 typedef struct fcase {
@@ -143,9 +157,14 @@ static void test_conv(ops_ctx *ctx, int B, int C, int H, int OC, int K, int stri
            *dw64 = calloc(nw, sizeof *dw64);
     conv64_forward(y64, f.x, f.w, B, C, H, H, OC, K, stride, pad, g);
     conv64_backward(dx64, dw64, f.g, f.x, f.w, B, C, H, H, OC, K, stride, pad, g);
-    int rc = ops_cpu.conv_forward(ctx, y, x, w, &s);
+    int HWi = H * H, HWo = s.OH * s.OW;
+    float *xd = dev_in(x, B, C, HWi), *gd = dev_in(gy, B, OC, HWo);
+    float *yd = malloc(ny * sizeof *yd), *dxd = calloc(nx, sizeof *dxd);
+    int rc = ops_cpu.conv_forward(ctx, yd, xd, w, &s);
     if (!rc)
-        rc = ops_cpu.conv_backward(ctx, dx, 0, dw, gy, x, w, &s);
+        rc = ops_cpu.conv_backward(ctx, dxd, 0, dw, gd, xd, w, &s);
+    dev_out(y, yd, B, OC, HWo);
+    dev_out(dx, dxd, B, C, HWi);
     if (rc) {
         printf("FAIL: %s\n", pf_errmsg());
         failures++;
@@ -156,7 +175,8 @@ static void test_conv(ops_ctx *ctx, int B, int C, int H, int OC, int K, int stri
         fd_check("dinp", &f, f.x, nx, dx);
         fd_check("dweight", &f, f.w, nw, dw);
         /* += contract: a second backward with acc adds the same again */
-        rc = ops_cpu.conv_backward(ctx, dx, 1, dw, gy, x, w, &s);
+        rc = ops_cpu.conv_backward(ctx, dxd, 1, dw, gd, xd, w, &s);
+        dev_out(dx, dxd, B, C, HWi);
         for (size_t i = 0; i < nx; i++)
             dx64[i] *= 2;
         for (size_t i = 0; i < nw; i++)
@@ -164,7 +184,7 @@ static void test_conv(ops_ctx *ctx, int B, int C, int H, int OC, int K, int stri
         expect_rel("second backward accumulates (dinp, acc)", rc ? 1 : rel(dx, dx64, nx), 1e-5);
         expect_rel("second backward accumulates (dweight)", rc ? 1 : rel(dw, dw64, nw), 1e-5);
     }
-    free(x); free(w); free(gy); free(y); free(dx); free(dw);
+    free(x); free(w); free(gy); free(y); free(dx); free(dw); free(xd); free(gd); free(yd); free(dxd);
     free(f.x); free(f.w); free(f.g); free(y64); free(dx64); free(dw64);
 }
 
@@ -192,10 +212,14 @@ static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
            *db64 = calloc((size_t)C, sizeof *db64);
     bn64_forward(y64, mv, mv + C, f.x, f.w, f.b, B, C, HW, 1e-5);
     bn64_backward(dx64, dw64, db64, f.g, f.x, f.w, mv, mv + C, B, C, HW, 1e-5);
-    int rc = ops_cpu.bn_forward(ctx, y, sm, sv, x, w, b, rm, rv, B, C, HW, 1e-5f, 0.1f, 1);
+    float *xd = dev_in(x, B, C, HW), *gd = dev_in(gy, B, C, HW), *yd = malloc(n * sizeof *yd),
+          *dxd = malloc(n * sizeof *dxd);
+    int rc = ops_cpu.bn_forward(ctx, yd, sm, sv, xd, w, b, rm, rv, B, C, HW, 1e-5f, 0.1f, 1);
     if (!rc)
-        rc = ops_cpu.bn_backward(ctx, dx, 0, fixed ? NULL : dw, db, gy, x, w, sm, sv, B, C, HW,
+        rc = ops_cpu.bn_backward(ctx, dxd, 0, fixed ? NULL : dw, db, gd, xd, w, sm, sv, B, C, HW,
                                  1e-5f);
+    dev_out(y, yd, B, C, HW);
+    dev_out(dx, dxd, B, C, HW);
     if (rc) {
         printf("FAIL: %s\n", pf_errmsg());
         failures++;
@@ -226,7 +250,8 @@ static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
             fd_check("dweight", &f, f.w, (size_t)C, dw);
         }
         /* eval mode: normalize with the running statistics */
-        rc = ops_cpu.bn_forward(ctx, y, NULL, NULL, x, w, b, rm, rv, B, C, HW, 1e-5f, 0.1f, 0);
+        rc = ops_cpu.bn_forward(ctx, yd, NULL, NULL, xd, w, b, rm, rv, B, C, HW, 1e-5f, 0.1f, 0);
+        dev_out(y, yd, B, C, HW);
         for (size_t k = 0; k < n; k++) {
             int c = (int)((k / (size_t)HW) % (size_t)C);
             y64[k] = ((double)x[k] - rm[c]) / sqrt((double)rv[c] + 1e-5) * w[c] + b[c];
@@ -234,7 +259,7 @@ static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
         expect_rel("eval forward (running statistics)", rc ? 1 : rel(y, y64, n), 1e-6);
     }
     free(x); free(gy); free(w); free(b); free(y); free(dx); free(dw); free(db); free(rm);
-    free(rv); free(sm); free(sv); free(f.x); free(f.w); free(f.b); free(f.g); free(y64); free(mv);
+    free(rv); free(sm); free(sv); free(xd); free(gd); free(yd); free(dxd); free(f.x); free(f.w); free(f.b); free(f.g); free(y64); free(mv);
     free(dx64); free(dw64); free(db64);
 }
 
@@ -252,9 +277,14 @@ static void test_prelu(ops_ctx *ctx, int B, int C, int HW)
     double *y64 = malloc(n * sizeof *y64), *dx64 = calloc(n, 8), *da64 = calloc((size_t)C, 8);
     prelu64_forward(y64, f.x, f.w, B, C, HW, NULL);
     prelu64_backward(dx64, da64, f.g, f.x, f.w, B, C, HW, NULL);
-    int rc = ops_cpu.prelu_forward(ctx, y, x, a, B, C, HW);
+    float *xd = dev_in(x, B, C, HW), *gd = dev_in(gy, B, C, HW), *yd = malloc(n * sizeof *yd),
+          *dxd = malloc(n * sizeof *dxd);
+    int rc = ops_cpu.prelu_forward(ctx, yd, xd, a, B, C, HW);
     if (!rc)
-        rc = ops_cpu.prelu_backward(ctx, dx, 0, da, gy, x, a, B, C, HW);
+        rc = ops_cpu.prelu_backward(ctx, dxd, 0, da, gd, xd, a, B, C, HW);
+    dev_out(y, yd, B, C, HW);
+    dev_out(dx, dxd, B, C, HW);
+    free(xd); free(gd); free(yd); free(dxd);
     expect_rel("forward vs float64", rc ? 1 : rel(y, y64, n), 1e-6);
     expect_rel("dinp vs float64 backward", rc ? 1 : rel(dx, dx64, n), 1e-6);
     expect_rel("dalpha vs float64 backward", rc ? 1 : rel(da, da64, (size_t)C), 1e-5);
@@ -331,6 +361,31 @@ static void test_add_dropout(ops_ctx *ctx)
     free(a); free(b); free(o); free(mask); free(d); free(e);
 }
 
+/* The layout conversion itself, against the index formula written out here. */
+static void test_layout(ops_ctx *ctx)
+{
+    int B = 2, C = 16, HW = 6, bs = ops_cpu.act_block(C);
+    size_t n = (size_t)B * C * HW;
+    float *p = randf(n, 1.0), *d = malloc(n * 4), *q = malloc(n * 4);
+    ops_cpu.from_plain(ctx, d, 0, p, B, C, HW);
+    int bad = 0;
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < HW; i++)
+                bad += d[(((size_t)b * (C / bs) + c / bs) * HW + i) * bs + c % bs] !=
+                       p[((size_t)b * C + c) * HW + i];
+    ops_cpu.to_plain(ctx, q, d, B, C, HW);
+    bad += memcmp(p, q, n * 4) != 0;
+    ops_cpu.from_plain(ctx, d, 1, p, B, C, HW); /* += : doubles */
+    ops_cpu.to_plain(ctx, q, d, B, C, HW);
+    for (size_t i = 0; i < n; i++)
+        bad += q[i] != 2 * p[i];
+    printf("layout: act_block(16) = %d, act_block(3) = %d, NCHW <-> device round trip, +=: %s\n",
+           bs, ops_cpu.act_block(3), bad ? "FAIL" : "ok");
+    failures += bad != 0 || ops_cpu.act_block(3) != 1;
+    free(p); free(d); free(q);
+}
+
 int main(void)
 {
     ops_ctx *ctx;
@@ -338,6 +393,7 @@ int main(void)
         printf("FAIL: %s\n", pf_errmsg());
         return 1;
     }
+    g_ctx = ctx;
     test_conv(ctx, 2, 3, 12, 8, 3, 1, 1, 1);     /* stem */
     test_conv(ctx, 2, 8, 10, 16, 3, 2, 1, 1);    /* iresnet conv2, stride 2 */
     test_conv(ctx, 2, 8, 10, 16, 1, 2, 0, 1);    /* downsample 1x1 stride 2 */
@@ -345,9 +401,12 @@ int main(void)
     test_conv(ctx, 2, 16, 8, 16, 3, 2, 1, 16);   /* depthwise stride 2 */
     test_conv(ctx, 3, 16, 7, 16, 7, 1, 0, 16);   /* GDC 7x7 depthwise */
     test_bn(ctx, 3, 5, 49, 0);
+    test_bn(ctx, 2, 16, 25, 0);                  /* blocked layout (nChw8c) */
     test_bn(ctx, 2, 6, 1, 0);                    /* BatchNorm1d, batch 2 */
     test_bn(ctx, 4, 6, 1, 1);                    /* features: BatchNorm1d, weight fixed */
     test_prelu(ctx, 2, 4, 30);
+    test_prelu(ctx, 2, 16, 9);                   /* blocked layout */
+    test_layout(ctx);
     test_linear(ctx, 3, 50, 7, 1);
     test_linear(ctx, 2, 40, 6, 0);
     test_add_dropout(ctx);

@@ -133,7 +133,8 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
             break;
         case LK_PRELU: {
             pos[li] = malloc(n);
-            const float *x32 = a->data;
+            float *x32 = malloc(n * sizeof *x32); /* the float32 input, device layout -> NCHW */
+            m->dev->to_plain(m->ctx, x32, a->data, B, a->C, a->H * a->W);
             for (size_t k = 0; k < n; k++) {
                 signed char p64 = act[l->in][k] > 0.0, p32 = x32[k] > 0.0f;
                 if (p64 != p32) {
@@ -144,12 +145,16 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
                 }
                 pos[li][k] = force ? p32 : p64;
             }
+            free(x32);
             prelu64_forward(act[l->out], act[l->in], W, B, a->C, a->H * a->W, pos[li]);
             break;
         }
         case LK_ADD:
             for (size_t k = 0; k < n; k++)
                 act[l->out][k] = act[l->in][k] + act[l->in2][k];
+            break;
+        case LK_FLATTEN: /* float64 activations are NCHW throughout: a copy */
+            memcpy(act[l->out], act[l->in], n * sizeof(double));
             break;
         case LK_LINEAR:
             linear64_forward(act[l->out], act[l->in], W, Bi, B, (int)a->per_sample, l->OC);
@@ -189,6 +194,10 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
                 grd[l->in][k] += grd[l->out][k];
                 grd[l->in2][k] += grd[l->out][k];
             }
+            break;
+        case LK_FLATTEN:
+            for (size_t k = 0; k < n; k++)
+                grd[l->in][k] += grd[l->out][k];
             break;
         case LK_LINEAR:
             linear64_backward(grd[l->in], dW, dB, grd[l->out], act[l->in], W, B,

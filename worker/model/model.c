@@ -34,12 +34,27 @@ int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
         snprintf(alias, sizeof alias, "r%s", network + 7);
         n = alias;
     }
+    /* "r18_w16": r18's blocks with stage widths 16, 32, 64, 128 (a narrow iresnet for CPU runs and the
+     * quick start; the width must be even and at most 512). */
+    char base[32];
+    int w0 = 64;
+    snprintf(base, sizeof base, "%s", n);
+    char *wsuf = strstr(base, "_w");
+    if (wsuf) {
+        char *end;
+        long v = strtol(wsuf + 2, &end, 10);
+        if (*end || v < 2 || v > 512 || v % 2)
+            return pf_err(-EINVAL, "network '%s': width suffix _w%s is not an even number in [2, 512]", network,
+                          wsuf + 2);
+        w0 = (int)v;
+        *wsuf = '\0';
+    }
     for (size_t i = 0; i < sizeof ires / sizeof *ires; i++) {
-        if (!strcmp(n, ires[i].name)) {
+        if (!strcmp(base, ires[i].name)) {
             d->kind = MODEL_IRESNET;
-            snprintf(d->name, sizeof d->name, "%s", ires[i].name);
+            snprintf(d->name, sizeof d->name, "%s", network);
             memcpy(d->layers, ires[i].layers, sizeof d->layers);
-            int w[4] = {64, 128, 256, 512};
+            int w[4] = {w0, 2 * w0, 4 * w0, 8 * w0};
             memcpy(d->widths, w, sizeof w);
             return 0;
         }
@@ -52,7 +67,7 @@ int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
         d->mbf_scale = 2;
         return 0;
     }
-    return pf_err(-EINVAL, "unknown network '%s' (known: r18 r34 r50 r100 r200 mbf)", network);
+    return pf_err(-EINVAL, "unknown network '%s' (known: r18 r34 r50 r100 r200, each optionally with a width suffix such as r18_w16, and mbf)", network);
 }
 
 /* ---- building ---- */
@@ -235,8 +250,24 @@ static int b_add(model *m, int a, int b)
     return out;
 }
 
+/* (C,H,W) -> (C*H*W,1,1) in PyTorch's flatten order: converts from the device's activation
+ * layout to NCHW (a copy; none needed when H*W == 1, where the layouts agree). */
+static int b_flatten(model *m, int in)
+{
+    mact a = m->acts[in];
+    if (a.H * a.W == 1)
+        return in;
+    int out = new_act(m, (int)a.per_sample, 1, 1);
+    TRY(out);
+    mlayer *l;
+    TRY(add_layer(m, &l));
+    l->kind = LK_FLATTEN; l->in = in; l->out = out;
+    return out;
+}
+
 static int b_linear(model *m, const char *name, int in, int OUT, int bias, mtinit winit)
 {
+    TRY(in = b_flatten(m, in));
     int IN = (int)m->acts[in].per_sample;
     int ws[2] = {OUT, IN}, bs[1] = {OUT};
     float bound = 1.0f / sqrtf((float)IN);
@@ -686,6 +717,9 @@ int model_forward(model *m, const float *input, int B, int train, const float **
         case LK_LINEAR:
             rc = dv->linear_forward(m->ctx, o->data, a->data, W, Bi, B, (int)a->per_sample, l->OC);
             break;
+        case LK_FLATTEN:
+            rc = dv->to_plain(m->ctx, o->data, a->data, B, a->C, a->H * a->W);
+            break;
         case LK_DROPOUT:
             rc = dv->dropout_forward(m->ctx, o->data, m->masks + l->stat_off * (size_t)m->B_cap,
                                      a->data, (size_t)B * a->per_sample, train ? l->p : 0.0f,
@@ -755,6 +789,10 @@ int model_backward(model *m, const float *grad_embeddings, float *grad_input)
         case LK_LINEAR:
             rc = dv->linear_backward(m->ctx, a->grad, l->acc_in, dW, dB, o->grad, a->data, W, B,
                                      (int)a->per_sample, l->OC);
+            break;
+        case LK_FLATTEN:
+            if (a->grad)
+                rc = dv->from_plain(m->ctx, a->grad, l->acc_in, o->grad, B, a->C, a->H * a->W);
             break;
         case LK_DROPOUT:
             if (a->grad)

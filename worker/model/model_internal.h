@@ -10,7 +10,7 @@ typedef struct mtinit {
     float v; /* constant, std, or uniform bound */
 } mtinit;
 
-enum { LK_CONV = 1, LK_BN, LK_PRELU, LK_ADD, LK_LINEAR, LK_DROPOUT };
+enum { LK_CONV = 1, LK_BN, LK_PRELU, LK_ADD, LK_LINEAR, LK_DROPOUT, LK_FLATTEN };
 
 /* An activation tensor: (C,H,W) per sample, B_cap samples. */
 typedef struct mact {
