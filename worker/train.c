@@ -41,6 +41,7 @@ struct trainer {
     FILE *trace;
     double warmup_steps;
     int64_t total_steps, steps_per_epoch;
+    double wait_s; /* longest wait for a server's answer before the run is declared broken */
 };
 
 static double now_s(void)
@@ -142,6 +143,8 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     t->opts = *opts;
     t->W = run->workers;
     t->S = run->servers;
+    /* Under BSP a pull waits for the slowest worker's push, so allow several control timeouts. */
+    t->wait_s = 4 * (run->ctl_timeout > 0 ? run->ctl_timeout : 30);
     if (book->num_workers != t->W || book->num_servers != t->S)
         return pf_err(-EPROTO, "address book has %d servers / %d workers, run config says %d / %d",
                       book->num_servers, book->num_workers, t->S, t->W);
@@ -310,7 +313,7 @@ static int dump_partition(trainer *t, int64_t step)
         ps_req *req;
         rc = ps_pull(t->ps, ids, (size_t)n, rows, step, &req);
         if (rc == 0)
-            rc = ps_wait(t->ps, req, -1);
+            rc = ps_wait(t->ps, req, t->wait_s);
         for (int i = 0; rc == 0 && i < n; i++) {
             uint64_t id = (uint64_t)ids[i];
             if (fwrite(&id, 8, 1, f) != 1 || fwrite(rows + (size_t)i * D, sizeof(float), (size_t)D, f) != (size_t)D)
@@ -370,14 +373,14 @@ int train_run(trainer *t)
             int got = loader_next(t->ld, &b);
             if (got <= 0) {
                 rc = got < 0 ? got : pf_err(-EPROTO, "loader ended a batch after announcing its labels");
-                ps_wait(t->ps, pull, -1);
+                ps_wait(t->ps, pull, t->wait_s);
                 break;
             }
             /* 4: backbone forward. */
             const float *emb;
             model_zero_grad(t->m);
             rc = model_forward(t->m, b->images, B, 1, &emb);
-            int wrc = ps_wait(t->ps, pull, -1);
+            int wrc = ps_wait(t->ps, pull, t->wait_s);
             if (rc == 0)
                 rc = wrc;
             /* 5: the head over every worker's sampled columns. */
@@ -407,7 +410,7 @@ int train_run(trainer *t)
             }
             loader_release(t->ld, b);
             if (push) {
-                wrc = ps_wait(t->ps, push, -1);
+                wrc = ps_wait(t->ps, push, t->wait_s);
                 if (rc == 0)
                     rc = wrc;
             }
@@ -457,6 +460,12 @@ int train_run(trainer *t)
         }
     }
 done:
+    if (rc == 0 && t->rank == 0 && t->opts.max_steps > 0) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/model.ckpt", run->output);
+        if ((rc = mkdir_p(run->output)) == 0 && (rc = model_save(t->m, path)) == 0)
+            log_info("backbone saved to %s after %lld steps", path, (long long)step);
+    }
     if (rc == 0 && t->opts.dump_centers)
         rc = dump_partition(t, step);
     if (t->trace)
