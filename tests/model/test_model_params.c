@@ -125,6 +125,11 @@ int main(void)
     EXPECT(rc == -EINVAL && strstr(pf_errmsg(), "dropout"), "dropout 1 accepted");
     EXPECT(model_desc_from_name(&d, "iresnet50", 512) == 0 && !strcmp(d.name, "r50"),
            "iresnet50 alias");
+    EXPECT(model_desc_from_name(&d, "r18_w16", 512) == 0 && d.widths[0] == 16 &&
+           d.widths[3] == 128 && !strcmp(d.name, "r18_w16"), "r18_w16 narrow iresnet");
+    rc = model_desc_from_name(&d, "r18_w3", 512);
+    printf("r18_w3: %d '%s'\n", rc, pf_errmsg());
+    EXPECT(rc == -EINVAL && strstr(pf_errmsg(), "_w3"), "odd width suffix accepted");
 
     /* Initialization: conv ~ N(0, 0.1), BN 1/0, PReLU 0.25, fc U(+-1/sqrt(25088)), features
      * weight fixed at 1; forward with B beyond capacity refused. */

@@ -52,7 +52,7 @@ int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
     for (size_t i = 0; i < sizeof ires / sizeof *ires; i++) {
         if (!strcmp(base, ires[i].name)) {
             d->kind = MODEL_IRESNET;
-            snprintf(d->name, sizeof d->name, "%s", network);
+            snprintf(d->name, sizeof d->name, "%s", n); /* canonical: "iresnet50" -> "r50" */
             memcpy(d->layers, ires[i].layers, sizeof d->layers);
             int w[4] = {w0, 2 * w0, 4 * w0, 8 * w0};
             memcpy(d->widths, w, sizeof w);
