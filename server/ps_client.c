@@ -373,11 +373,10 @@ typedef struct sort_key {
     size_t idx;
 } sort_key;
 
-static int S_for_sort; /* servers count for the comparator (single-threaded use per call) */
-
-static int cmp_key(const void *pa, const void *pb) {
+static int cmp_key(const void *pa, const void *pb, void *arg) {
     const sort_key *a = pa, *b = pb;
-    int64_t sa = a->id % S_for_sort, sb = b->id % S_for_sort;
+    const int64_t S = *(const int *)arg;
+    int64_t sa = a->id % S, sb = b->id % S;
     if (sa != sb) return sa < sb ? -1 : 1;
     if (a->id != b->id) return a->id < b->id ? -1 : 1;
     return a->idx < b->idx ? -1 : a->idx > b->idx;
@@ -397,8 +396,7 @@ static int split_ids(ps_client *c, ps_req *r, const int64_t *ids, size_t n) {
         return pf_err(-ENOMEM, "out of memory splitting %zu ids", n);
     }
     for (size_t i = 0; i < n; i++) k[i] = (sort_key){ids[i], i};
-    S_for_sort = c->o.servers;
-    qsort(k, n, sizeof(sort_key), cmp_key);
+    qsort_r(k, n, sizeof(sort_key), cmp_key, &c->o.servers);
     for (size_t i = 0; i < n; i++) {
         r->sorted_ids[i] = k[i].id;
         r->order[i] = k[i].idx;
