@@ -2,7 +2,9 @@
  * its ceiling measured in the same run: the three SGEMMs the head cannot avoid (cos = en wn^T,
  * dEn = dcos wn, dWn = dcos^T en), timed alone on the same shapes with the same BLAS.
  * ratio = gemm-only time / head time (1.0 = the head costs no more than its GEMMs).
- * Usage: bench_head [N K D reps]   (default 256 8192 512 5) */
+ * Times are CPU seconds of the process (CLOCK_PROCESS_CPUTIME_ID), best of reps, with OpenBLAS on
+ * `threads` threads (default 1: CPU time is then stable on a loaded machine).
+ * Usage: bench_head [N K D reps threads]   (default 256 8192 512 5 1) */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,18 +17,19 @@
 static double now(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 int main(int argc, char **argv)
 {
     int64_t n = argc > 1 ? atoll(argv[1]) : 256, k = argc > 2 ? atoll(argv[2]) : 8192, d = argc > 3 ? atoll(argv[3]) : 512;
-    int reps = argc > 4 ? atoi(argv[4]) : 5;
-    if (n <= 0 || k <= 0 || d <= 0 || reps <= 0) {
-        fprintf(stderr, "usage: bench_head [N K D reps] (all positive)\n");
+    int reps = argc > 4 ? atoi(argv[4]) : 5, threads = argc > 5 ? atoi(argv[5]) : 1;
+    if (n <= 0 || k <= 0 || d <= 0 || reps <= 0 || threads <= 0) {
+        fprintf(stderr, "usage: bench_head [N K D reps threads] (all positive)\n");
         return 2;
     }
+    openblas_set_num_threads(threads);
     float *e = malloc((size_t)(n * d) * sizeof(float)), *w = malloc((size_t)(k * d) * sizeof(float));
     float *ge = malloc((size_t)(n * d) * sizeof(float)), *gw = malloc((size_t)(k * d) * sizeof(float));
     float *c = malloc((size_t)(n * k) * sizeof(float));
@@ -58,8 +61,8 @@ int main(int argc, char **argv)
         if (t2 - t1 < best_gemm) best_gemm = t2 - t1;
     }
     double flops = 6.0 * (double)n * (double)k * (double)d;
-    printf("head N=%lld K=%lld D=%lld: %.2f ms (%.1f GFLOP/s, loss %.3f); 3 SGEMMs alone %.2f ms (%.1f GFLOP/s); "
-           "ratio gemm/head %.2f\n", (long long)n, (long long)k, (long long)d, best_head * 1e3, flops / best_head / 1e9,
+    printf("head N=%lld K=%lld D=%lld, %d BLAS thread(s), CPU time: %.2f ms (%.1f GFLOP/s, loss %.3f); 3 SGEMMs alone %.2f ms (%.1f GFLOP/s); "
+           "ratio gemm/head %.2f\n", (long long)n, (long long)k, (long long)d, threads, best_head * 1e3, flops / best_head / 1e9,
            loss, best_gemm * 1e3, flops / best_gemm / 1e9, best_gemm / best_head);
     head_ws_free(&ws);
     free(e); free(w); free(ge); free(gw); free(c); free(lab);

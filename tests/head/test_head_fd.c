@@ -215,7 +215,7 @@ static void test_missing_target_and_bad_input(void)
     /* Row 0: target cos 1 is clamped to t = 1 - 1e-7 (m = 0: v = t), z = (t, 0): loss log(1 + exp(-t));
      * row 1: 69.07755278982137. */
     double expect = 0.5 * (log(1 + exp(-(1 - 1e-7))) + 69.07755278982137);
-    CHECK(fabs(loss - expect) < 1e-9, "missing-target loss %.10f, expected %.10f", loss, expect);
+    CHECK(fabs(loss - expect) < 1e-7, "missing-target loss %.10f, expected %.10f", loss, expect);
     printf("ok   row with no target anywhere counts -log(1e-30): loss %.8f (expected %.8f)\n", loss, expect);
 
     /* No columns at all (a worker whose partition is empty, alone): every row counts 69.0776, and the

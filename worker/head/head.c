@@ -56,6 +56,7 @@ void head_ws_free(head_ws *ws)
     free(ws->inv_w);
     free(ws->row_max);
     free(ws->row_red);
+    free(ws->tcos);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -74,7 +75,8 @@ int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d)
     ws->inv_w = malloc(k1 * sizeof(double));
     ws->row_max = malloc(n * sizeof(float));
     ws->row_red = malloc(3 * n * sizeof(double));
-    if (!ws->cos || !ws->en || !ws->wn || !ws->inv_e || !ws->inv_w || !ws->row_max || !ws->row_red) {
+    ws->tcos = malloc(n * sizeof(float));
+    if (!ws->cos || !ws->en || !ws->wn || !ws->inv_e || !ws->inv_w || !ws->row_max || !ws->row_red || !ws->tcos) {
         head_ws_free(ws);
         return pf_err(-ENOMEM, "head workspace: out of memory for n %lld x k %lld x d %lld",
                       (long long)n_max, (long long)k_max, (long long)d);
@@ -151,6 +153,20 @@ static inline float other_value(const head_params *p, float c, float *dv)
     return cc;
 }
 
+/* Sum over columns [from, to) of row ci of exp(z - mx) for non-target columns, z = s * v(c); each
+ * cosine is replaced by e = exp(z - mx), or by -1 - e where dv/dc is 0 (clamped or filtered). */
+static double row_exp(const head_params *p, float *ci, int64_t from, int64_t to, float s, float mx)
+{
+    double sum = 0.0;
+    for (int64_t j = from; j < to; j++) {
+        float dv;
+        float e = expf(s * other_value(p, ci[j], &dv) - mx);
+        sum += e;
+        ci[j] = dv != 0.0f ? e : -1.0f - e;
+    }
+    return sum;
+}
+
 int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
                           const float *embeddings, int64_t n, const float *centers, int64_t k, int64_t d,
                           const int64_t *labels, double *loss, float *logits,
@@ -197,20 +213,23 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
     if (global && (rc = coll_allreduce(coll, ws->row_max, (size_t)n, COLL_F32, COLL_MAX)) < 0)
         return pf_err_wrap(rc, "head: allreduce of row max");
 
-    /* Pass 2: row sums of exp(z - max) and the target's z - max. */
+    /* Pass 2: row sums of exp(z - max) and the target's z - max. The cosine buffer keeps, for the
+     * backward, e = exp(z - max) of each non-target element (or -1 - e where its gradient is masked:
+     * clamped or filtered); the target's raw cosine moves to tcos[i]. */
     for (int64_t i = 0; i < n; i++) {
-        const float *ci = cosm + i * k;
-        double mx = ws->row_max[i], sum = 0.0, zt = 0.0, has = 0.0;
-        float dv;
-        for (int64_t j = 0; j < k; j++) {
-            if (j == labels[i]) {
-                double z = p->s * target_value(p, ci[j], NULL);
-                sum += exp(z - mx);
-                zt = z - mx;
-                has = 1.0;
-            } else {
-                sum += exp((double)(s * other_value(p, ci[j], &dv)) - mx);
-            }
+        float *ci = cosm + i * k;
+        int64_t li = labels[i];
+        double mx = ws->row_max[i], zt = 0.0, has = 0.0;
+        double sum = row_exp(p, ci, 0, li < 0 ? k : li, s, ws->row_max[i]);
+        if (li >= 0) {
+            double z = p->s * target_value(p, ci[li], NULL);
+            double e = exp(z - mx);
+            ws->tcos[i] = ci[li];
+            ci[li] = (float)e;
+            sum += e;
+            zt = z - mx;
+            has = 1.0;
+            sum += row_exp(p, ci, li + 1, k, s, ws->row_max[i]);
         }
         ws->row_red[3 * i] = sum;
         ws->row_red[3 * i + 1] = zt;
@@ -241,19 +260,15 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
     double g = 1.0 / ((double)n * (p->mode == HEAD_MODE_LOCAL ? world : 1));
     for (int64_t i = 0; i < n; i++) {
         float *ci = cosm + i * k;
+        int64_t li = labels[i];
         double mx = ws->row_max[i], inv_sum = 1.0 / ws->row_red[3 * i];
-        for (int64_t j = 0; j < k; j++) {
-            if (j == labels[i]) {
-                double dv;
-                double z = p->s * target_value(p, ci[j], &dv);
-                double pr = exp(z - mx) * inv_sum;
-                ci[j] = (float)(p->s * (pr - 1.0) * g * dv);
-            } else {
-                float dv;
-                float z = s * other_value(p, ci[j], &dv);
-                double pr = exp((double)z - mx) * inv_sum;
-                ci[j] = (float)(p->s * pr * g * dv);
-            }
+        float scale = (float)(p->s * g * inv_sum);
+        for (int64_t j = 0; j < k; j++) ci[j] = ci[j] >= 0.0f ? ci[j] * scale : 0.0f;
+        if (li >= 0) {
+            double dv;
+            double z = p->s * target_value(p, ws->tcos[i], &dv);
+            double pr = exp(z - mx) * inv_sum;
+            ci[li] = (float)(p->s * (pr - 1.0) * g * dv);
         }
     }
 

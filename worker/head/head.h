@@ -57,7 +57,7 @@ struct pf_config;
 int head_params_from_config(const struct pf_config *cfg, head_params *out);
 
 /* Workspace reused across steps (no allocation on the hot path). Sized for at most n_max rows,
- * k_max columns, d features: n_max*k_max + (n_max + k_max)*d floats plus 4*n_max + k_max doubles. */
+ * k_max columns, d features: n_max*k_max + (n_max + k_max)*d + 2*n_max floats plus 4*n_max + k_max doubles. */
 typedef struct head_ws {
     int64_t n_max, k_max, d;
     float *cos;      /* (n_max, k_max): raw cosines, then dL/dcos in place */
@@ -67,6 +67,7 @@ typedef struct head_ws {
     double *inv_w;   /* (k_max) */
     float *row_max;  /* (n_max) */
     double *row_red; /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
+    float *tcos;     /* (n_max) raw target cosine of each row */
 } head_ws;
 
 /* Allocates the workspace. Returns 0, -EINVAL (non-positive n_max/d, negative k_max), -ENOMEM. */
