@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# A worker given a dataset whose labels exceed num_classes fails at start-up with a message naming the
+# label and the record; it trains nothing. (3 ORL identities have labels 0..2; the run says 2 classes.)
+set -uo pipefail
+SERVER=$1 WORKER=$2 PFCPS=$3 SRC=$4
+TMP=$(mktemp -d)
+source "$(dirname "$0")/cluster.sh"
+mkdir -p "$TMP/stage"
+for i in 1 2 3; do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
+"$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || fail "pack"
+port=$(free_port)
+cat >"$TMP/run.ini" <<INI
+[train]
+network = r18_w8
+embedding_size = 16
+batch_size = 4
+output = $TMP/out
+[data]
+rec = $TMP/train
+num_classes = 2
+[cluster]
+servers = 1
+workers = 1
+rendezvous = 127.0.0.1:$port
+secret = bad-labels-secret
+INI
+start_cluster "$TMP/run.ini" 1 1 --trace "$TMP/trace"
+rc=0; wait "${WPIDS[0]}" || rc=$?
+stop_servers
+cat "$TMP/worker0.log" | tail -3
+[ "$rc" -ne 0 ] || fail "the worker exited 0 on labels >= num_classes"
+grep -Eq "(label|class) 2 >= num_classes 2" "$TMP/worker0.log" || fail "message does not name label 2"
+grep -Eq "key [0-9]+|record [0-9]+" "$TMP/worker0.log" || fail "message does not name the record"
+[ ! -s "$TMP/trace" ] || fail "the worker trained steps before failing"
+echo "PASS"
