@@ -197,6 +197,30 @@ int main(void)
     printf("%s step without a successful sample: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
     fails += !ok;
     pfc_free(&x);
+
+    /* A NaN embedding: the step reports the loss as nan, naming the step. */
+    float e2[B * D], gcen[C * D], gemb[B * D];
+    memcpy(e2, emb, sizeof e2);
+    e2[3] = NAN;
+    int64_t good[B] = {0, 1, 2, 3, 4};
+    const int64_t *ids;
+    int64_t k;
+    rc = pfc_init(&x, &p, NULL, C, 1.0, 1, B, D);
+    if (rc == 0) rc = pfc_sample(&x, 3, good, &ids, &k);
+    double loss;
+    if (rc == 0) rc = pfc_step(&x, e2, table, &loss, gemb, gcen);
+    ok = rc == -ERANGE && strstr(pf_errmsg(), "nan at step 3");
+    printf("%s NaN embedding: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
+    fails += !ok;
+    /* A row whose label was not found in the sample (simulated by unmapping it): a sampling fault, and
+     * that row's loss is the floor 69.0776. */
+    rc = pfc_sample(&x, 4, good, &ids, &k);
+    x.labels_local[2] = -1;
+    if (rc == 0) rc = pfc_step(&x, emb, table, &loss, gemb, gcen);
+    ok = rc == -EPROTO && strstr(pf_errmsg(), "step 4: 1 of 5 rows") && loss > 69.0776 / B;
+    printf("%s row without a target: %s (loss %.4f)\n", ok ? "ok  " : "FAIL", pf_errmsg(), loss);
+    fails += !ok;
+    pfc_free(&x);
     ok = pfc_init(&x, &p, NULL, C, 0.0, 1, B, D) == -EINVAL;
     printf("%s sample_rate 0: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
     fails += !ok;

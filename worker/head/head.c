@@ -239,8 +239,10 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
         return pf_err_wrap(rc, "head: allreduce of row sums");
 
     double total = 0.0;
+    ws->no_target = 0;
     for (int64_t i = 0; i < n; i++) {
         double li = LOSS_CAP;
+        ws->no_target += !(ws->row_red[3 * i + 2] > 0);
         if (ws->row_red[3 * i + 2] > 0) {
             li = -(ws->row_red[3 * i + 1] - log(ws->row_red[3 * i]));
             if (p->clamp_loss && li > LOSS_CAP) li = LOSS_CAP;

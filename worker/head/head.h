@@ -68,6 +68,7 @@ typedef struct head_ws {
     float *row_max;  /* (n_max) */
     double *row_red; /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
     float *tcos;     /* (n_max) raw target cosine of each row */
+    int64_t no_target; /* set by each head_forward_backward: rows whose target is on no worker */
 } head_ws;
 
 /* Allocates the workspace. Returns 0, -EINVAL (non-positive n_max/d, negative k_max), -ENOMEM. */

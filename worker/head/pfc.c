@@ -1,6 +1,7 @@
 /* Partial FC step glue: see pfc.h. */
 #include "worker/head/pfc.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,6 +83,7 @@ int pfc_sample(pfc *x, int64_t step, const int64_t *labels, const int64_t **ids,
     if (x->k > x->k_max)
         return pf_err(-EPROTO, "pfc: sampled %lld ids, more than the %lld planned", (long long)x->k, (long long)x->k_max);
     x->sampled = 1;
+    x->step = step;
     if (ids) *ids = x->ids;
     if (k) *k = x->k;
     return 0;
@@ -106,6 +108,8 @@ int pfc_step(pfc *x, const float *embeddings, const float *centers, double *loss
                                NULL, want_grad ? gall : NULL, grad_centers);
     if (rc < 0) return rc;
     x->sampled = 0;
+    /* In global mode the row sums include every worker's columns: every rank sees the same count. */
+    int64_t orphans = x->ws.no_target;
     if (global && want_grad) {
         /* Row block r of grad_all belongs to rank r's embeddings: sum it over workers onto rank r. */
         if (grad_embeddings) {
@@ -120,5 +124,11 @@ int pfc_step(pfc *x, const float *embeddings, const float *centers, double *loss
             if (rc < 0) return pf_err_wrap(rc, "pfc: reduce-scatter of the embedding gradients");
         }
     }
+    if (loss && !isfinite(*loss))
+        return pf_err(-ERANGE, "pfc: loss is %s at step %lld", isnan(*loss) ? "nan" : "inf", (long long)x->step);
+    if (orphans > 0)
+        return pf_err(-EPROTO, "pfc: step %lld: %lld of %lld rows have their target class on no worker "
+                      "(label or sampling fault; each counts -log(1e-30) = 69.0776)", (long long)x->step,
+                      (long long)orphans, (long long)x->n);
     return 0;
 }

@@ -40,6 +40,7 @@ typedef struct pfc {
     float *grad_all;       /* (n, d) global mode: this worker's part of the gradient before reduce-scatter */
     head_ws ws;
     int sampled;
+    int64_t step;          /* of the last pfc_sample */
 } pfc;
 
 /* Sets up a worker's Partial FC state: params (head_params.mode chooses global/local), the group
@@ -57,8 +58,11 @@ int pfc_sample(pfc *x, int64_t step, const int64_t *labels, const int64_t **ids,
 
 /* Steps 4-5-7: embeddings (B, D) of this worker, centers (k, D) pulled for the ids of pfc_sample, in the
  * same order. Outputs (may be NULL): loss (global mean, same on all ranks), grad_embeddings (B, D) and
- * grad_centers (k, D), overwritten. Returns 0, -EINVAL (no pfc_sample before), or the head's / a
- * collective's error. */
+ * grad_centers (k, D), overwritten. Returns 0, -EINVAL (no pfc_sample before), the head's / a
+ * collective's error, or (same verdict on every rank, after all collectives of the step) -ERANGE when
+ * the loss is NaN or infinite ("loss is nan at step 12") and -EPROTO when a row of the global batch
+ * found its target class on no worker (a label or sampling fault: such a row would count 69.0776, the
+ * value of a loss stuck at -log(1e-30)); the outputs are still written. */
 int pfc_step(pfc *x, const float *embeddings, const float *centers, double *loss, float *grad_embeddings,
              float *grad_centers);
 
