@@ -33,6 +33,7 @@ typedef struct ring {
     uint32_t step;  /* message number within the collective */
     int sctx, rctx; /* their addresses tell send and receive completions apart */
     int send_out, recv_out; /* a send / receive posted and not completed (after an error) */
+    size_t recv_len;        /* bytes of the last completed receive */
 } ring;
 
 static ring *ring_of(pf_coll *c) { return (ring *)c->impl; }
@@ -52,6 +53,7 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
 {
     ring *r = ring_of(c);
     double deadline = now_s() + r->timeout_s;
+    unsigned idle = 0;
     while (need_send || need_recv) {
         fab_comp comp[4];
         int n = fab_poll(r->f, comp, 4);
@@ -66,14 +68,24 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
                               is_send ? "right" : "left", is_send ? (c->rank + 1) % c->world_size : r->left,
                               strerror(-comp[i].err));
             if (is_send) need_send = 0, r->send_out = 0;
-            else need_recv = 0, r->recv_out = 0;
+            else need_recv = 0, r->recv_out = 0, r->recv_len = comp[i].len;
         }
         if (n == 0) {
             if (now_s() > deadline)
                 return pf_err(-ETIMEDOUT, "ring rank %d: collective %u step %u: no %s within %.0f s (peer rank %d)",
                               c->rank, r->seq, r->step, need_recv ? "message from the left" : "send completion",
                               r->timeout_s, need_recv ? r->left : (c->rank + 1) % c->world_size);
-            sched_yield();
+            /* A peer may still be computing (backward pass) for a long time: spin briefly, then sleep
+             * between polls so this rank does not take the core from the computing processes that share
+             * the machine (sched_yield alone keeps it busy under CFS). */
+            if (++idle > 200) {
+                struct timespec ts = {0, idle > 2000 ? 200000 : 10000};
+                nanosleep(&ts, NULL);
+            } else {
+                sched_yield();
+            }
+        } else {
+            idle = 0;
         }
     }
     return 0;
@@ -104,6 +116,9 @@ static int post_send(pf_coll *c, const void *data, size_t len)
 static int check_recv(pf_coll *c, size_t len, const uint8_t **payload)
 {
     ring *r = ring_of(c);
+    if (r->recv_len != HDR + len)
+        return pf_err(-EPROTO, "ring rank %d: collective %u step %u: a %zu-byte message from rank %d, expected %zu "
+                      "(16-byte header + %zu)", c->rank, r->seq, r->step, r->recv_len, r->left, HDR + len, len);
     uint32_t magic = get32(r->rbuf), seq = get32(r->rbuf + 4), step = get32(r->rbuf + 8), n = get32(r->rbuf + 12);
     if (magic != RING_MAGIC || seq != r->seq || step != r->step || n != len)
         return pf_err(-EPROTO, "ring rank %d: expected collective %u step %u (%zu bytes) from rank %d, got magic %08x "
