@@ -1,6 +1,7 @@
 /* Ring collectives over libfabric (tcp;ofi_rxm on 127.0.0.1), W = 2 and 3 processes: allreduce sum
  * and max (several chunks), reduce_scatter, allgather, broadcast, barrier, against values computed by
- * formula in each process; a count mismatch gives -EPROTO on the ranks that see it.
+ * formula in each process; a count mismatch (W=3) and a hostile 7-byte message (W=2) give -EPROTO
+ * naming the sender on the rank that receives them.
  * The parent forks the ranks, passes the endpoint names through pipes, and kills every child on every
  * exit path (timeout 60 s). Exits 77 when the tcp provider is not available. */
 #include <math.h>
@@ -122,10 +123,32 @@ static int child(mp_rank *mr, void *arg)
     coll_fabric_opts o2 = {.chunk_bytes = 4096, .timeout_s = 2};
     CHECK(coll_fabric_create(f, rank, W, addrs, lens, &o2, &c) == 0, "second ring: %s", pf_errmsg());
     float m[6] = {1, 1, 1, 1, 1, 1};
-    rc = coll_allreduce(&c, m, rank == 0 ? 5 : 6, COLL_F32, COLL_SUM);
-    if (rank == 1) {
-        CHECK(rc == -EPROTO && strstr(pf_errmsg(), "expected collective"), "mismatch: rc %d '%s'", rc, pf_errmsg());
-        if (rc == -EPROTO) printf("ok   W=%d count mismatch seen by rank 1: %s\n", W, pf_errmsg());
+    if (W == 3) {
+        rc = coll_allreduce(&c, m, rank == 0 ? 5 : 6, COLL_F32, COLL_SUM);
+        if (rank == 1) {
+            CHECK(rc == -EPROTO && strstr(pf_errmsg(), "from rank 0"), "mismatch: rc %d '%s'", rc, pf_errmsg());
+            if (rc == -EPROTO) printf("ok   W=%d count mismatch seen by rank 1: %s\n", W, pf_errmsg());
+        }
+    } else {
+        /* A hostile message: rank 1 sends 7 bytes of garbage straight to rank 0's endpoint before the
+         * allreduce; rank 0 must reject it by its length, not read stale header bytes. */
+        if (rank == 1) {
+            static uint8_t junk[7] = {'P', 'F', 'C', 'R', 0, 0, 0};
+            fab_mr jmr;
+            fi_addr_t to;
+            int jc = 0;
+            CHECK(fab_mr_reg(f, junk, sizeof junk, FI_SEND, &jmr) == 0 && fab_av_insert(f, addrs[0], lens[0], &to) == 0 &&
+                      fab_send(f, to, junk, sizeof junk, &jmr, &jc) == 0,
+                  "sending junk: %s", pf_errmsg());
+            fab_comp comp;
+            for (int it = 0; it < 200000 && fab_poll(f, &comp, 1) == 0; it++) usleep(10);
+            fab_mr_close(&jmr);
+        }
+        rc = coll_allreduce(&c, m, 6, COLL_F32, COLL_SUM);
+        if (rank == 0) {
+            CHECK(rc == -EPROTO && strstr(pf_errmsg(), "7-byte message"), "junk: rc %d '%s'", rc, pf_errmsg());
+            if (rc == -EPROTO) printf("ok   W=%d hostile 7-byte message rejected by rank 0: %s\n", W, pf_errmsg());
+        }
     }
     /* After an error the group is unusable: stop here (the other ranks time out after 2 s; mp_ring_run
      * keeps every endpoint open until all ranks are done). */
