@@ -52,8 +52,10 @@
 
 enum { S_SERVERS = 2, NB = 12, D = 16, C = 30, STEPS = 20, MAXW = 3 };
 #define TOL 1e-4
-#define MOMENTUM 0.9 /* what pst_start writes into the servers' config */
+/* The servers' SGD, stated in their config (appended after pst_start's own lines, which say the same). */
+#define MOMENTUM 0.9
 #define WEIGHT_DECAY 5e-4
+#define SERVER_EXTRA "[train]\nmomentum = 0.9\nweight_decay = 0.0005\nmax_staleness = 0\n"
 #define SEED 4242u
 
 /* One worker's findings, written into a shared mapping for the parent. */
@@ -417,7 +419,7 @@ static int run_case(int W, head_margin_grad mg, double *worst)
 {
     const char *mgname = mg == HEAD_MARGIN_GRAD_EXACT ? "exact" : "straight_through";
     pst_cluster cl;
-    int rc = pst_start(&cl, S_SERVERS, W, C, D, NULL, 240);
+    int rc = pst_start(&cl, S_SERVERS, W, C, D, SERVER_EXTRA, 240);
     if (rc == 77) return 77;
     if (rc != 0) return 1;
     char secret[256];
