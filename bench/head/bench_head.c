@@ -2,14 +2,18 @@
  * its ceiling measured in the same run: the three SGEMMs the head cannot avoid (cos = en wn^T,
  * dEn = dcos wn, dWn = dcos^T en), timed alone on the same shapes with the same BLAS.
  * ratio = gemm-only time / head time (1.0 = the head costs no more than its GEMMs).
- * Times are CPU seconds of the process (CLOCK_PROCESS_CPUTIME_ID), best of reps, with OpenBLAS on
- * `threads` threads (default 1: CPU time is then stable on a loaded machine).
+ * Times are CPU seconds of the process (CLOCK_PROCESS_CPUTIME_ID), best of reps, with OpenBLAS and the
+ * head's OpenMP row passes on `threads` threads (default 1: CPU time is then stable on a loaded machine).
  * Usage: bench_head [N K D reps threads]   (default 256 8192 512 5 1) */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "common/err.h"
 #include "worker/head/head.h"
@@ -30,6 +34,9 @@ int main(int argc, char **argv)
         return 2;
     }
     openblas_set_num_threads(threads);
+#ifdef _OPENMP
+    omp_set_num_threads(threads); /* the head's row passes */
+#endif
     float *e = malloc((size_t)(n * d) * sizeof(float)), *w = malloc((size_t)(k * d) * sizeof(float));
     float *ge = malloc((size_t)(n * d) * sizeof(float)), *gw = malloc((size_t)(k * d) * sizeof(float));
     float *c = malloc((size_t)(n * k) * sizeof(float));

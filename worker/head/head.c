@@ -14,6 +14,13 @@
 #include "common/config.h"
 #include "common/err.h"
 
+/* Rows are independent in every elementwise pass: split them over OpenMP threads where available. */
+#ifdef _OPENMP
+#define PARALLEL_ROWS _Pragma("omp parallel for schedule(static)")
+#else
+#define PARALLEL_ROWS
+#endif
+
 #define NORM_EPS 1e-12
 #define TARGET_CLAMP 1e-7
 /* -log(1e-30): the loss of a row whose target probability is floored (arcface_torch clamp_min). */
@@ -90,6 +97,7 @@ int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d)
 /* out (rows, d) = in / max(|in|, eps) row by row; inv[r] = 1 / max(|in_r|, eps). */
 static void normalize_rows(float *out, double *inv, const float *in, int64_t rows, int64_t d)
 {
+    PARALLEL_ROWS
     for (int64_t r = 0; r < rows; r++) {
         const float *x = in + r * d;
         double ss = 0.0;
@@ -107,6 +115,7 @@ static void normalize_rows(float *out, double *inv, const float *in, int64_t row
 static void normalize_rows_backward(float *g, const float *y, const double *inv, const float *x,
                                     int64_t rows, int64_t d)
 {
+    PARALLEL_ROWS
     for (int64_t r = 0; r < rows; r++) {
         float *gr = g + r * d;
         const float *yr = y + r * d;
@@ -200,6 +209,7 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
     }
 
     /* Pass 1: logits and row max. */
+    PARALLEL_ROWS
     for (int64_t i = 0; i < n; i++) {
         const float *ci = cosm + i * k;
         float mx = -INFINITY, dv;
@@ -216,6 +226,7 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
     /* Pass 2: row sums of exp(z - max) and the target's z - max. The cosine buffer keeps, for the
      * backward, e = exp(z - max) of each non-target element (or -1 - e where its gradient is masked:
      * clamped or filtered); the target's raw cosine moves to tcos[i]. */
+    PARALLEL_ROWS
     for (int64_t i = 0; i < n; i++) {
         float *ci = cosm + i * k;
         int64_t li = labels[i];
@@ -260,6 +271,7 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
 
     /* Backward: cos buffer <- dL/dcos = s * (p - onehot) * g * dv/dc, g = 1/N (global) or 1/(N W) (local). */
     double g = 1.0 / ((double)n * (p->mode == HEAD_MODE_LOCAL ? world : 1));
+    PARALLEL_ROWS
     for (int64_t i = 0; i < n; i++) {
         float *ci = cosm + i * k;
         int64_t li = labels[i];
