@@ -58,6 +58,8 @@ struct ps_req {
     int to_send;         /* messages not yet sent */
     int remaining;       /* messages not yet answered */
     int queued;
+    int abandoned;             /* timed out inside a library call: freed when its replies are in */
+    struct ps_req *next_ab;
     int raw_server;
     uint8_t *raw;
     size_t raw_len;
@@ -78,6 +80,7 @@ struct ps_client {
     size_t nfree_slots;
     int inflight;
     ps_req *sendq_head, *sendq_tail;
+    ps_req *abandoned; /* requests given up by stat/checksum/raw after a timeout */
 };
 
 static mbuf *get_buf(ps_client *c) {
@@ -322,6 +325,14 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len) {
     c->free_slots[c->nfree_slots++] = si;
     c->inflight--;
     r->remaining--;
+    if (r->abandoned && r->remaining <= 0 && !r->queued) {
+        for (ps_req **pp = &c->abandoned; *pp; pp = &(*pp)->next_ab)
+            if (*pp == r) {
+                *pp = r->next_ab;
+                break;
+            }
+        req_free(r);
+    }
 }
 
 static int progress(ps_client *c) {
@@ -525,7 +536,16 @@ static int simple_op(ps_client *c, int s, int op, void *result, const void *raw,
     r->nchunks[s] = 1;
     r->to_send = r->remaining = 1;
     enqueue_req(c, r);
-    return ps_wait(c, r, timeout_s);
+    int rc = ps_wait(c, r, timeout_s);
+    if (rc == -ETIMEDOUT) {
+        /* The reply may still come: never write to the caller's result then; free it when it does (or at
+         * ps_client_destroy). */
+        r->result = NULL;
+        r->abandoned = 1;
+        r->next_ab = c->abandoned;
+        c->abandoned = r;
+    }
+    return rc;
 }
 
 int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s) {
@@ -555,6 +575,11 @@ int ps_client_warmup(ps_client *c, double timeout_s) {
 
 void ps_client_destroy(ps_client *c) {
     if (!c) return;
+    for (ps_req *r = c->abandoned; r;) {
+        ps_req *nx = r->next_ab;
+        if (!r->queued) req_free(r); /* queued ones are freed with the send queue below */
+        r = nx;
+    }
     for (ps_req *r = c->sendq_head; r;) {
         ps_req *nx = r->next;
         req_free(r);

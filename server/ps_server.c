@@ -176,15 +176,22 @@ static void try_apply(ps_server *S) {
         for (size_t i = 0; i < nrows; i++)
             if (i == 0 || e[i].lrow != e[i - 1].lrow) seg[nseg++] = i;
         seg[nseg] = nrows;
-        pthread_mutex_lock(&S->am);
         S->ae = e;
         S->aseg = seg;
         S->anseg = nseg;
-        S->aremaining = S->nathreads;
-        S->agen++;
-        pthread_cond_broadcast(&S->a_go);
-        while (S->aremaining > 0) pthread_cond_wait(&S->a_done, &S->am);
-        pthread_mutex_unlock(&S->am);
+        if (S->nathreads == 0) {
+            /* Not started (ps_server_inject): apply on this thread. */
+            double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
+            if (g) apply_segments(S, 0, nseg, g);
+            free(g);
+        } else {
+            pthread_mutex_lock(&S->am);
+            S->aremaining = S->nathreads;
+            S->agen++;
+            pthread_cond_broadcast(&S->a_go);
+            while (S->aremaining > 0) pthread_cond_wait(&S->a_done, &S->am);
+            pthread_mutex_unlock(&S->am);
+        }
         free(e);
         free(seg);
         /* Free the applied pushes. */
@@ -675,6 +682,32 @@ void ps_server_destroy(ps_server *S) {
 }
 
 const shard *ps_server_shard(const ps_server *srv) { return &srv->sh; }
+
+int ps_server_inject(ps_server *S, const void *msg, size_t len) {
+    if (S->started) return pf_err(-EBUSY, "ps_server_inject on a started server");
+    handle_msg(S, msg, len);
+    int replies = 0;
+    pending **pp = &S->pq_head, *prev = NULL;
+    while (*pp) {
+        pending *p = *pp;
+        if (p->status == 0 && p->req.op == PS_OP_PULL && p->req.step - S->o.max_staleness > S->steps_done) {
+            prev = p;
+            pp = &p->next;
+            continue;
+        }
+        if (p->status == 0 && p->req.op == PS_OP_PULL) {
+            void *out = malloc((size_t)p->req.n * S->sh.dim * ps_dtype_size(p->req.dtype) + 1);
+            if (out) shard_gather(&S->sh, p->ids, p->req.n, p->req.dtype, out);
+            free(out);
+        }
+        *pp = p->next;
+        if (S->pq_tail == p) S->pq_tail = prev;
+        free(p->ids);
+        free(p);
+        replies++;
+    }
+    return replies;
+}
 
 void ps_server_stat(ps_server *S, ps_stat *st) {
     memset(st, 0, sizeof(*st));
