@@ -1,17 +1,104 @@
 /* CUDA device ops (host-callable wrappers). Built only where nvcc is found (meson option `cuda`).
- * Every wrapper checks the CUDA return codes and the launch, and returns 0 or a negative code with
- * the CUDA error string in pf_errmsg(). Pointers are device pointers unless named host_. */
+ * Every wrapper checks the CUDA / cuBLAS / cuDNN return codes and the launch, and returns 0 or a
+ * negative code with the library's error string in pf_errmsg() (-EIO library failure, -EINVAL bad
+ * shape or argument, -ENOMEM device allocation failed, -ERANGE a label / index out of range).
+ * Pointers are device pointers unless named host_. All work is queued on CUDA's legacy default
+ * stream, in order; the wrappers do not synchronize unless they say so (a failing kernel then
+ * surfaces at the next synchronizing call: cuda_sync()).
+ *
+ * Pieces:
+ *  - memory helpers (tests, drivers): cuda_malloc / cuda_free / cuda_h2d / cuda_d2h / cuda_fill_f32
+ *  - ops_cuda: the kernels/ops.h device table (cuDNN convolution and batch norm, cuBLAS Linear,
+ *    own kernels for PReLU, add, dropout), activations plain NCHW (act_block = 1)
+ *  - the margin-softmax head (mirror of worker/head/head.h, single process), row gather/scatter,
+ *    SGD / AdamW (mirror of worker/head/optim.h), fp16 / bf16 conversion. */
 #ifndef PFCPS_KERNELS_CUDA_OPS_H
 #define PFCPS_KERNELS_CUDA_OPS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+#include "kernels/ops.h"
+
 /* Number of CUDA devices visible (0 when there is no GPU or no driver; never an error). */
 int cuda_device_count(void);
+
+/* ---- memory helpers ---- */
+
+/* *p = cudaMalloc(bytes) (bytes 0 allocates 1). Returns 0 or -ENOMEM with CUDA's message. */
+int cuda_malloc(void **p, size_t bytes);
+/* cudaFree (NULL allowed; errors ignored: used on cleanup paths). */
+void cuda_free(void *p);
+/* Synchronous copies host -> device and device -> host. Return 0 or -EIO. */
+int cuda_h2d(void *dst, const void *host_src, size_t bytes);
+int cuda_d2h(void *host_dst, const void *src, size_t bytes);
+/* p[i] = v for i < n (used to poison outputs with NaN before a test). Returns 0 or -EIO. */
+int cuda_fill_f32(float *p, float v, size_t n);
+/* cudaDeviceSynchronize; returns 0 or -EIO with the first pending error of a kernel. */
+int cuda_sync(void);
+
+/* ---- the device table ---- */
+
+/* The CUDA device (kernels/cuda/ops_cuda.cu), name "cuda". All tensors in device memory.
+ * Convolution: cuDNN legacy API, algorithms found once per shape (cudnnFind*, first result that
+ *   succeeded in plain fp32 FMA math, i.e. no TF32, unless the environment sets PFCPS_CUDA_TF32=1),
+ *   cached in the context with the descriptors; one workspace grown to the largest need when a
+ *   new shape is first seen.
+ * Batch norm: cuDNN spatial mode (BatchNorm1d as HW = 1). Statistics are summed by cuDNN in fp32
+ *   (the CPU device sums in float64). save_mean / save_var are device buffers of C doubles as on
+ *   the CPU device and hold the same values (batch mean, biased batch variance), converted from
+ *   cuDNN's fp32 mean and inverse standard deviation; bn_backward converts them back.
+ * Linear: cublasSgemm (fp32, default math: no TF32). PReLU, add, acc, dropout: own kernels; the
+ *   dropout mask is the CPU device's (same splitmix64 draw of (seed, i)), so both devices agree
+ *   bit for bit. act_block is 1 (plain NCHW): to_plain / from_plain are copies (or adds).
+ * ctx_create fails with -ENODEV when no CUDA device is present. */
+extern const ops_device ops_cuda;
+
+/* ---- margin-softmax head (kernels/cuda/head.cu) ----
+ * Same math as worker/head/head.h (ArcFace combined margin, arcface_torch), for one process:
+ * en = F.normalize(embeddings), wn = F.normalize(centers), cos = en wn^T (cublasSgemm),
+ * target z = s (cos(m1 acos(clamp(c, -1+1e-7, 1-1e-7)) + m2) - m3) (computed in double), other
+ * columns z = s clamp(c, -1, 1) (0 with no gradient when tau > 0 and c > tau), one block per row
+ * computes the row max and sum of exp(z - max) in a single online pass over the cosines, then
+ * writes dL/dcos in place; two GEMMs and the normalization backward give the gradients. */
+typedef struct cuda_head_params {
+    double s;              /* logit scale (64) */
+    double m1, m2, m3;     /* combined margin */
+    double tau;            /* interclass filtering threshold, 0 = off */
+    int straight_through;  /* margin derivative: 0 exact, 1 straight_through (dv/dc = 1) */
+    int clamp_loss;        /* 1: a row's loss is at most -log(1e-30) = 69.0776 */
+} cuda_head_params;
+
+/* Device workspace for at most n_max rows, k_max columns, d features (float cos (n_max,k_max),
+ * en (n_max,d), wn (k_max,d), inverse norms, per-row losses) plus a cuBLAS handle. */
+typedef struct cuda_head_ws {
+    int n_max, k_max, d;
+    float *cos, *en, *wn;
+    double *inv_e, *inv_w; /* 1 / max(|row|, 1e-12) */
+    double *row_loss;      /* (n_max) device */
+    double *host_row_loss; /* (n_max) host copy */
+    void *cublas;          /* cublasHandle_t */
+} cuda_head_ws;
+
+/* Returns 0, -EINVAL (n_max <= 0, k_max < 0, d <= 0), -ENOMEM, -EIO (cuBLAS), -ENODEV (no GPU). */
+int cuda_head_ws_init(cuda_head_ws *ws, int n_max, int k_max, int d);
+void cuda_head_ws_free(cuda_head_ws *ws);
+
+/* One head step. embeddings (n,d), centers (k,d) (k may be 0), labels (n) int64 device: column of
+ * the target or -1 (no target here: row loss 69.0776 as on the CPU head). grad_scale multiplies
+ * dL/dz (0 means 1/n, the mean loss; 1/(n W) gives the CPU head's local mode). Outputs, each may be
+ * NULL: host_loss (mean over rows of the row losses, host double), logits (n,k),
+ * grad_embeddings (n,d), grad_centers (k,d) (overwritten). Synchronizes once (the row losses are
+ * copied back). Errors: -EINVAL (shapes outside the workspace, s <= 0, margins not finite),
+ * -ERANGE (a label outside [-1, k); names the row; no gradient written), -EIO. */
+int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_ws *ws, const float *embeddings,
+                               int n, const float *centers, int k, const int64_t *labels,
+                               double grad_scale, double *host_loss, float *logits,
+                               float *grad_embeddings, float *grad_centers);
 
 /* out[i,:] = x[i,:] / max(||x[i,:]||_2, eps) for rows i < n, x and out (n, d) fp32 on the device,
  * in place allowed. Matches torch.nn.functional.normalize(x, dim=1, eps=eps).
@@ -20,6 +107,31 @@ int cuda_l2_normalize_rows(float *out, const float *x, int n, int d, float eps);
 
 /* Host-buffer convenience for tests: copies (n, d) host rows to the device, normalizes, copies back. */
 int cuda_l2_normalize_rows_host(float *host_out, const float *host_x, int n, int d, float eps);
+
+/* out[i,:] = table[idx[i],:] for i < k (rows of d floats); idx (k) int64 device, each in
+ * [0, rows). Out-of-range indices are not read: the row is filled with NaN and the call returns
+ * -ERANGE naming the first one (it synchronizes to check). */
+int cuda_gather_rows(float *out, const float *table, int64_t rows, const int64_t *idx, int64_t k,
+                     int d);
+/* table[idx[i],:] = src[i,:] (add != 0: += with atomicAdd, duplicates summed). Indices must be in
+ * [0, rows); out-of-range ones are skipped and reported as -ERANGE (synchronizes to check). */
+int cuda_scatter_rows(float *table, int64_t rows, const float *src, const int64_t *idx, int64_t k,
+                      int d, int add);
+
+/* torch.optim.SGD step, same float32 operation order as optim_sgd_step (worker/head/optim.h),
+ * without FMA contraction (bit-identical to the CPU). mom may be NULL when momentum == 0. */
+int cuda_sgd_step(float *w, const float *grad, float *mom, size_t n, float lr, float momentum,
+                  float weight_decay);
+/* torch.optim.AdamW step `step` (>= 1), the operation order of optim_adamw_step; lr, betas, eps,
+ * weight_decay as in adamw_params. Returns 0, -EINVAL (step < 1), -EIO. */
+int cuda_adamw_step(float *w, const float *grad, float *m, float *v, size_t n, double lr,
+                    double beta1, double beta2, double eps, double weight_decay, int64_t step);
+
+/* fp32 <-> fp16 (IEEE binary16) and bf16, round to nearest even, stored as uint16_t. */
+int cuda_f32_to_f16(uint16_t *out, const float *in, size_t n);
+int cuda_f16_to_f32(float *out, const uint16_t *in, size_t n);
+int cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n);
+int cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,666 @@
+// CUDA device: the backbone layers of kernels/ops.h on cuDNN 9 (convolution, batch norm; legacy
+// API), cuBLAS (Linear) and own kernels (PReLU, add, dropout). See cuda_ops.h for the contract and
+// the differences from the CPU device (fp32 batch-norm sums; algorithms without TF32).
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_check.h"
+
+#include <cublas_v2.h>
+#include <cudnn.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One convolution shape: descriptors, the algorithms found for it, their workspace needs. */
+struct conv_entry {
+    ops_conv_shape s;
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t cf, cbd, cbf; /* per direction: each carries its algorithm's math type */
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    int has_bwd;
+};
+
+struct ops_ctx {
+    cudnnHandle_t dnn;
+    cublasHandle_t blas;
+    cudnnTensorDescriptor_t bn_x, bn_p; /* reset per batch-norm call */
+    conv_entry **conv;
+    int nconv, capconv;
+    void *ws; /* convolution workspace, grown when a new shape needs more */
+    size_t ws_size;
+    float *scr; /* scratch for outputs a caller does not want (dinp NULL in BN backward) */
+    size_t scr_cap;
+    float *cscr; /* per-channel scratch: 4*C floats */
+    size_t cscr_cap;
+    int tf32; /* PFCPS_CUDA_TF32=1: allow tensor-op (TF32) convolution algorithms */
+};
+
+static int grow(float **buf, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return 0;
+    cudaFree(*buf);
+    *buf = NULL;
+    *cap = 0;
+    cudaError_t e = cudaMalloc((void **)buf, n * sizeof(float));
+    if (e != cudaSuccess) {
+        *buf = NULL;
+        return pf_err(-ENOMEM, "CUDA scratch of %zu floats: %s", n, cudaGetErrorString(e));
+    }
+    *cap = n;
+    return 0;
+}
+
+static int ws_need(ops_ctx *c, size_t bytes)
+{
+    if (bytes <= c->ws_size)
+        return 0;
+    cudaFree(c->ws);
+    c->ws = NULL;
+    c->ws_size = 0;
+    cudaError_t e = cudaMalloc(&c->ws, bytes);
+    if (e != cudaSuccess) {
+        c->ws = NULL;
+        return pf_err(-ENOMEM, "cuDNN workspace of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    }
+    c->ws_size = bytes;
+    return 0;
+}
+
+/* ---- convolution ---- */
+
+static void conv_entry_free(conv_entry *e)
+{
+    if (!e)
+        return;
+    if (e->x) cudnnDestroyTensorDescriptor(e->x);
+    if (e->y) cudnnDestroyTensorDescriptor(e->y);
+    if (e->w) cudnnDestroyFilterDescriptor(e->w);
+    if (e->cf) cudnnDestroyConvolutionDescriptor(e->cf);
+    if (e->cbd) cudnnDestroyConvolutionDescriptor(e->cbd);
+    if (e->cbf) cudnnDestroyConvolutionDescriptor(e->cbf);
+    free(e);
+}
+
+static int conv_desc(cudnnConvolutionDescriptor_t *d, const ops_conv_shape *s, int tf32)
+{
+    CUDNN_TRY(cudnnCreateConvolutionDescriptor(d));
+    CUDNN_TRY(cudnnSetConvolution2dDescriptor(*d, s->pad, s->pad, s->stride, s->stride, 1, 1,
+                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_TRY(cudnnSetConvolutionGroupCount(*d, s->groups));
+    CUDNN_TRY(cudnnSetConvolutionMathType(*d, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
+    return 0;
+}
+
+/* Index of the perf result to use: the fastest that succeeded in FMA math (no TF32), or with
+ * tf32 the fastest that succeeded. -1 when none. */
+template <typename P> static int pick(const P *perf, int n, int tf32)
+{
+    for (int i = 0; i < n; i++)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && (tf32 || perf[i].mathType == CUDNN_FMA_MATH))
+            return i;
+    return -1;
+}
+
+static int conv_build_fwd(ops_ctx *c, conv_entry *e)
+{
+    const ops_conv_shape *s = &e->s;
+    CUDNN_TRY(cudnnCreateTensorDescriptor(&e->x));
+    CUDNN_TRY(cudnnCreateTensorDescriptor(&e->y));
+    CUDNN_TRY(cudnnCreateFilterDescriptor(&e->w));
+    CUDNN_TRY(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->B, s->C, s->H, s->W));
+    CUDNN_TRY(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->B, s->OC, s->OH, s->OW));
+    CUDNN_TRY(cudnnSetFilter4dDescriptor(e->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->OC,
+                                         s->C / s->groups, s->K, s->K));
+    int rc;
+    if ((rc = conv_desc(&e->cf, s, c->tf32)) || (rc = conv_desc(&e->cbd, s, c->tf32)) ||
+        (rc = conv_desc(&e->cbf, s, c->tf32)))
+        return rc;
+    int n, oh, ow, oc;
+    CUDNN_TRY(cudnnGetConvolution2dForwardOutputDim(e->cf, e->x, e->w, &n, &oc, &oh, &ow));
+    if (n != s->B || oc != s->OC || oh != s->OH || ow != s->OW)
+        return pf_err(-EINVAL, "cuDNN output %dx%dx%dx%d differs from the shape's %dx%dx%dx%d", n, oc,
+                      oh, ow, s->B, s->OC, s->OH, s->OW);
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int got = 0;
+    CUDNN_TRY(cudnnFindConvolutionForwardAlgorithm(c->dnn, e->x, e->w, e->cf, e->y,
+                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
+    int i = pick(perf, got, c->tf32);
+    if (i < 0)
+        return pf_err(-EIO, "cuDNN: no forward convolution algorithm in %s math",
+                      c->tf32 ? "any" : "FMA (fp32)");
+    e->fwd = perf[i].algo;
+    CUDNN_TRY(cudnnSetConvolutionMathType(e->cf, perf[i].mathType));
+    size_t bytes = 0;
+    CUDNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(c->dnn, e->x, e->w, e->cf, e->y, e->fwd, &bytes));
+    return ws_need(c, bytes);
+}
+
+static int conv_build_bwd(ops_ctx *c, conv_entry *e)
+{
+    cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t pf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int got = 0;
+    CUDNN_TRY(cudnnFindConvolutionBackwardDataAlgorithm(c->dnn, e->w, e->y, e->cbd, e->x,
+                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, pd));
+    int i = pick(pd, got, c->tf32);
+    if (i < 0)
+        return pf_err(-EIO, "cuDNN: no backward-data convolution algorithm in %s math",
+                      c->tf32 ? "any" : "FMA (fp32)");
+    e->bwd_data = pd[i].algo;
+    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbd, pd[i].mathType));
+    CUDNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithm(c->dnn, e->x, e->y, e->cbf, e->w,
+                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, pf));
+    i = pick(pf, got, c->tf32);
+    if (i < 0)
+        return pf_err(-EIO, "cuDNN: no backward-filter convolution algorithm in %s math",
+                      c->tf32 ? "any" : "FMA (fp32)");
+    e->bwd_filter = pf[i].algo;
+    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbf, pf[i].mathType));
+    size_t b1 = 0, b2 = 0;
+    CUDNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, e->w, e->y, e->cbd, e->x,
+                                                           e->bwd_data, &b1));
+    CUDNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, e->x, e->y, e->cbf, e->w,
+                                                             e->bwd_filter, &b2));
+    int rc = ws_need(c, b1 > b2 ? b1 : b2);
+    if (rc)
+        return rc;
+    e->has_bwd = 1;
+    return 0;
+}
+
+static int conv_get(ops_ctx *c, const ops_conv_shape *s, int need_bwd, conv_entry **out)
+{
+    for (int i = 0; i < c->nconv; i++) {
+        if (!memcmp(&c->conv[i]->s, s, sizeof *s)) {
+            conv_entry *e = c->conv[i];
+            if (need_bwd && !e->has_bwd) {
+                int rc = conv_build_bwd(c, e);
+                if (rc)
+                    return rc;
+            }
+            *out = e;
+            return 0;
+        }
+    }
+    ops_conv_shape chk;
+    int rc = ops_conv_shape_init(&chk, s->B, s->C, s->H, s->W, s->OC, s->K, s->stride, s->pad,
+                                 s->groups);
+    if (rc)
+        return rc;
+    if (chk.OH != s->OH || chk.OW != s->OW)
+        return pf_err(-EINVAL, "conv shape: OH/OW not derived (use ops_conv_shape_init)");
+    if (c->nconv == c->capconv) {
+        int cap = c->capconv ? 2 * c->capconv : 32;
+        conv_entry **n = (conv_entry **)realloc(c->conv, (size_t)cap * sizeof *n);
+        if (!n)
+            return pf_err(-ENOMEM, "conv cache: out of memory");
+        c->conv = n;
+        c->capconv = cap;
+    }
+    conv_entry *e = (conv_entry *)calloc(1, sizeof *e);
+    if (!e)
+        return pf_err(-ENOMEM, "conv cache: out of memory");
+    e->s = *s;
+    if ((rc = conv_build_fwd(c, e)) || (need_bwd && (rc = conv_build_bwd(c, e)))) {
+        conv_entry_free(e);
+        return pf_err_wrap(rc, "cuDNN conv B=%d C=%d %dx%d OC=%d K=%d stride %d groups %d", s->B,
+                           s->C, s->H, s->W, s->OC, s->K, s->stride, s->groups);
+    }
+    c->conv[c->nconv++] = e;
+    *out = e;
+    return 0;
+}
+
+static int cuda_conv_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
+                             const ops_conv_shape *s)
+{
+    conv_entry *e = NULL;
+    int rc = conv_get(c, s, 0, &e);
+    if (rc)
+        return rc;
+    const float one = 1.0f, zero = 0.0f;
+    CUDNN_TRY(cudnnConvolutionForward(c->dnn, &one, e->x, inp, e->w, weight, e->cf, e->fwd, c->ws,
+                                      c->ws_size, &zero, e->y, out));
+    return 0;
+}
+
+static int cuda_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, const float *dout,
+                              const float *inp, const float *weight, const ops_conv_shape *s)
+{
+    conv_entry *e = NULL;
+    int rc = conv_get(c, s, 1, &e);
+    if (rc)
+        return rc;
+    const float one = 1.0f, zero = 0.0f;
+    if (dinp)
+        CUDNN_TRY(cudnnConvolutionBackwardData(c->dnn, &one, e->w, weight, e->y, dout, e->cbd,
+                                               e->bwd_data, c->ws, c->ws_size, acc ? &one : &zero,
+                                               e->x, dinp));
+    if (dweight)
+        CUDNN_TRY(cudnnConvolutionBackwardFilter(c->dnn, &one, e->x, inp, e->y, dout, e->cbf,
+                                                 e->bwd_filter, c->ws, c->ws_size, &one, e->w,
+                                                 dweight));
+    return 0;
+}
+
+/* ---- batch normalization ---- */
+
+static int bn_descs(ops_ctx *c, int B, int C, int HW)
+{
+    if (B <= 0 || C <= 0 || HW <= 0)
+        return pf_err(-EINVAL, "batchnorm shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
+    CUDNN_TRY(cudnnSetTensor4dDescriptor(c->bn_x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, C, HW, 1));
+    CUDNN_TRY(cudnnDeriveBNTensorDescriptor(c->bn_p, c->bn_x, CUDNN_BATCHNORM_SPATIAL));
+    return 0;
+}
+
+/* cuDNN's fp32 saved mean / inverse std -> the interface's float64 mean / biased variance. */
+static __global__ void bn_save_to_f64(double *mean, double *var, const float *fm, const float *finv,
+                                      int C, double eps)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < C) {
+        double inv = finv[i];
+        mean[i] = fm[i];
+        var[i] = 1.0 / (inv * inv) - eps;
+    }
+}
+
+static __global__ void bn_save_from_f64(float *fm, float *finv, const double *mean,
+                                        const double *var, int C, double eps)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < C) {
+        fm[i] = (float)mean[i];
+        finv[i] = (float)(1.0 / sqrt(var[i] + eps));
+    }
+}
+
+static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var,
+                           const float *inp, const float *weight, const float *bias,
+                           float *running_mean, float *running_var, int B, int C, int HW, float eps,
+                           float momentum, int train)
+{
+    int rc = bn_descs(c, B, C, HW);
+    if (rc)
+        return rc;
+    if (train && (!save_mean || !save_var))
+        return pf_err(-EINVAL, "batchnorm training forward needs save_mean and save_var");
+    if (!train && (!running_mean || !running_var))
+        return pf_err(-EINVAL, "batchnorm eval forward needs running statistics");
+    if (!(eps > 0.0f))
+        return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    const float one = 1.0f, zero = 0.0f;
+    if (!train) {
+        CUDNN_TRY(cudnnBatchNormalizationForwardInference(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                          c->bn_x, inp, c->bn_x, out, c->bn_p, weight,
+                                                          bias, running_mean, running_var, (double)eps));
+        return 0;
+    }
+    if ((rc = grow(&c->cscr, &c->cscr_cap, 4 * (size_t)C)))
+        return rc;
+    float *fm = c->cscr, *finv = c->cscr + C;
+    CUDNN_TRY(cudnnBatchNormalizationForwardTraining(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                     c->bn_x, inp, c->bn_x, out, c->bn_p, weight, bias,
+                                                     (double)momentum, running_mean, running_var,
+                                                     (double)eps, fm, finv));
+    bn_save_to_f64<<<(C + 255) / 256, 256>>>(save_mean, save_var, fm, finv, C, (double)eps);
+    LAUNCH_CHECK("bn_save_to_f64");
+    return 0;
+}
+
+static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight,
+                            const double *save_mean, const double *save_var, int B, int C, int HW,
+                            float eps)
+{
+    int rc = bn_descs(c, B, C, HW);
+    if (rc)
+        return rc;
+    if (!dinp && !dweight && !dbias)
+        return 0;
+    if (!(eps > 0.0f))
+        return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    if ((rc = grow(&c->cscr, &c->cscr_cap, 4 * (size_t)C)))
+        return rc;
+    float *fm = c->cscr, *finv = c->cscr + C, *dw = dweight, *db = dbias;
+    float *dx = dinp;
+    if (!dx) {
+        if ((rc = grow(&c->scr, &c->scr_cap, (size_t)B * C * HW)))
+            return rc;
+        dx = c->scr;
+    }
+    /* cuDNN writes both parameter gradients: a NULL one goes to scratch (accumulated there and
+     * discarded). */
+    if (!dw)
+        dw = c->cscr + 2 * C;
+    if (!db)
+        db = c->cscr + 3 * C;
+    bn_save_from_f64<<<(C + 255) / 256, 256>>>(fm, finv, save_mean, save_var, C, (double)eps);
+    LAUNCH_CHECK("bn_save_from_f64");
+    const float one = 1.0f, zero = 0.0f;
+    CUDNN_TRY(cudnnBatchNormalizationBackward(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one,
+                                              (dinp && acc) ? &one : &zero, &one, &one, c->bn_x, inp,
+                                              c->bn_x, dout, c->bn_x, dx, c->bn_p, weight, dw, db,
+                                              (double)eps, fm, finv));
+    return 0;
+}
+
+/* ---- own kernels: PReLU, add, acc, dropout, bias ---- */
+
+static __global__ void prelu_fwd_k(float *out, const float *inp, const float *alpha, int C, int HW,
+                                   size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = inp[i];
+        int ch = (int)((i / (size_t)HW) % (size_t)C);
+        out[i] = v > 0.0f ? v : alpha[ch] * v;
+    }
+}
+
+static __global__ void prelu_bwd_dinp_k(float *dinp, int acc, const float *dout, const float *inp,
+                                        const float *alpha, int C, int HW, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int ch = (int)((i / (size_t)HW) % (size_t)C);
+        float d = inp[i] > 0.0f ? dout[i] : alpha[ch] * dout[i];
+        dinp[i] = acc ? dinp[i] + d : d;
+    }
+}
+
+/* Block-wide sum of v (blockDim.x a multiple of 32, at most 1024); result valid in thread 0. */
+static __device__ float block_sum(float v)
+{
+    __shared__ float part[32];
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, off);
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+    if (threadIdx.x < 32)
+        for (int off = 16; off > 0; off >>= 1)
+            v += __shfl_down_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* dalpha[c] += sum over (b, hw) with inp <= 0 of dout * inp. Grid (C, splits of the batch). */
+static __global__ void prelu_bwd_dalpha_k(float *dalpha, const float *dout, const float *inp, int B,
+                                          int C, int HW)
+{
+    int ch = blockIdx.x;
+    float s = 0.0f;
+    for (int b = blockIdx.y; b < B; b += gridDim.y) {
+        size_t base = ((size_t)b * C + ch) * HW;
+        for (int hw = threadIdx.x; hw < HW; hw += blockDim.x) {
+            float x = inp[base + hw];
+            s += x > 0.0f ? 0.0f : dout[base + hw] * x;
+        }
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0)
+        atomicAdd(dalpha + ch, s);
+}
+
+static __global__ void add_k(float *out, const float *a, const float *b, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+static __global__ void acc_k(float *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] += src[i];
+}
+
+/* splitmix64, as the CPU device (kernels/cpu/ops_cpu.c): mask i depends on (seed, i) only. */
+static __device__ uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static __global__ void dropout_fwd_k(float *out, float *mask, const float *inp, size_t n, float p,
+                                     float keep, uint64_t seed)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        double u = (double)(splitmix64(seed * 0x100000001B3ull + i) >> 11) * 0x1.0p-53;
+        float m = u < (double)p ? 0.0f : keep;
+        mask[i] = m;
+        out[i] = __fmul_rn(inp[i], m);
+    }
+}
+
+static __global__ void dropout_bwd_k(float *dinp, int acc, const float *dout, const float *mask, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float d = __fmul_rn(dout[i], mask[i]);
+        dinp[i] = acc ? dinp[i] + d : d;
+    }
+}
+
+static __global__ void bias_fill_k(float *out, const float *bias, int B, int OUT)
+{
+    size_t n = (size_t)B * OUT;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = bias[i % (size_t)OUT];
+}
+
+/* dbias[o] += sum_b dout[b, o]: one thread per column (coalesced across o). */
+static __global__ void bias_grad_k(float *dbias, const float *dout, int B, int OUT)
+{
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= OUT)
+        return;
+    float s = 0.0f;
+    for (int b = 0; b < B; b++)
+        s += dout[(size_t)b * OUT + o];
+    dbias[o] += s;
+}
+
+static int cuda_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B,
+                              int C, int HW)
+{
+    (void)c;
+    if (B <= 0 || C <= 0 || HW <= 0)
+        return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
+    size_t n = (size_t)B * C * HW;
+    prelu_fwd_k<<<grid_for(n), 256>>>(out, inp, alpha, C, HW, n);
+    LAUNCH_CHECK("prelu_fwd");
+    return 0;
+}
+
+static int cuda_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, const float *dout,
+                               const float *inp, const float *alpha, int B, int C, int HW)
+{
+    (void)c;
+    if (B <= 0 || C <= 0 || HW <= 0)
+        return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
+    size_t n = (size_t)B * C * HW;
+    if (dinp) {
+        prelu_bwd_dinp_k<<<grid_for(n), 256>>>(dinp, acc, dout, inp, alpha, C, HW, n);
+        LAUNCH_CHECK("prelu_bwd_dinp");
+    }
+    if (dalpha) {
+        dim3 grid((unsigned)C, (unsigned)(B < 32 ? B : 32));
+        prelu_bwd_dalpha_k<<<grid, 256>>>(dalpha, dout, inp, B, C, HW);
+        LAUNCH_CHECK("prelu_bwd_dalpha");
+    }
+    return 0;
+}
+
+/* Row-major out (B,OUT) = inp (B,IN) W^T: column-major out^T (OUT,B) = W^T' inp^T where W (OUT,IN)
+ * row-major is the column-major (IN,OUT) matrix Wc: out^T = Wc^T inp^T -> gemm(T, N). */
+static int cuda_linear_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
+                               const float *bias, int B, int IN, int OUT)
+{
+    if (B <= 0 || IN <= 0 || OUT <= 0)
+        return pf_err(-EINVAL, "linear shape B=%d IN=%d OUT=%d: sizes must be positive", B, IN, OUT);
+    if (bias) {
+        bias_fill_k<<<grid_for((size_t)B * OUT), 256>>>(out, bias, B, OUT);
+        LAUNCH_CHECK("bias_fill");
+    }
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, OUT, B, IN, &one, weight, IN, inp, IN,
+                           bias ? &one : &zero, out, OUT));
+    return 0;
+}
+
+static int cuda_linear_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
+                                const float *dout, const float *inp, const float *weight, int B,
+                                int IN, int OUT)
+{
+    if (B <= 0 || IN <= 0 || OUT <= 0)
+        return pf_err(-EINVAL, "linear shape B=%d IN=%d OUT=%d: sizes must be positive", B, IN, OUT);
+    const float one = 1.0f, zero = 0.0f;
+    if (dinp) /* dinp^T (IN,B) = Wc (IN,OUT) dout^T (OUT,B) */
+        CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, IN, B, OUT, &one, weight, IN, dout,
+                               OUT, acc ? &one : &zero, dinp, IN));
+    if (dweight) /* dweight^T (IN,OUT) += inp^T (IN,B) dout (B,OUT) */
+        CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, IN, OUT, B, &one, inp, IN, dout,
+                               OUT, &one, dweight, IN));
+    if (dbias) {
+        bias_grad_k<<<(OUT + 255) / 256, 256>>>(dbias, dout, B, OUT);
+        LAUNCH_CHECK("bias_grad");
+    }
+    return 0;
+}
+
+static int cuda_add_forward(ops_ctx *c, float *out, const float *a, const float *b, size_t n)
+{
+    (void)c;
+    if (!n)
+        return 0;
+    add_k<<<grid_for(n), 256>>>(out, a, b, n);
+    LAUNCH_CHECK("add");
+    return 0;
+}
+
+static int cuda_acc(ops_ctx *c, float *dst, int acc, const float *src, size_t n)
+{
+    (void)c;
+    if (!n)
+        return 0;
+    if (acc) {
+        acc_k<<<grid_for(n), 256>>>(dst, src, n);
+        LAUNCH_CHECK("acc");
+    } else if (dst != src) {
+        CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, 0));
+    }
+    return 0;
+}
+
+static int cuda_act_block(int C)
+{
+    (void)C;
+    return 1;
+}
+
+static int cuda_to_plain(ops_ctx *c, float *dst, const float *src, int B, int C, int HW)
+{
+    return cuda_acc(c, dst, 0, src, (size_t)B * C * HW);
+}
+
+static int cuda_from_plain(ops_ctx *c, float *dst, int acc, const float *src, int B, int C, int HW)
+{
+    return cuda_acc(c, dst, acc, src, (size_t)B * C * HW);
+}
+
+static int cuda_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n,
+                                float p, uint64_t seed)
+{
+    (void)c;
+    if (!(p >= 0.0f && p < 1.0f))
+        return pf_err(-EINVAL, "dropout p=%g outside [0, 1)", (double)p);
+    if (!n)
+        return 0;
+    dropout_fwd_k<<<grid_for(n), 256>>>(out, mask, inp, n, p, 1.0f / (1.0f - p), seed);
+    LAUNCH_CHECK("dropout_fwd");
+    return 0;
+}
+
+static int cuda_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout,
+                                 const float *mask, size_t n)
+{
+    (void)c;
+    if (!n)
+        return 0;
+    dropout_bwd_k<<<grid_for(n), 256>>>(dinp, acc, dout, mask, n);
+    LAUNCH_CHECK("dropout_bwd");
+    return 0;
+}
+
+/* ---- context ---- */
+
+static void cuda_ctx_destroy(ops_ctx *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->nconv; i++)
+        conv_entry_free(c->conv[i]);
+    free(c->conv);
+    cudaFree(c->ws);
+    cudaFree(c->scr);
+    cudaFree(c->cscr);
+    if (c->bn_x) cudnnDestroyTensorDescriptor(c->bn_x);
+    if (c->bn_p) cudnnDestroyTensorDescriptor(c->bn_p);
+    if (c->blas) cublasDestroy(c->blas);
+    if (c->dnn) cudnnDestroy(c->dnn);
+    free(c);
+}
+
+static int ctx_init(ops_ctx *c)
+{
+    CUDNN_TRY(cudnnCreate(&c->dnn));
+    CUBLAS_TRY(cublasCreate(&c->blas));
+    /* Plain fp32 GEMMs (no TF32) unless asked: the CPU device is the reference. */
+    CUBLAS_TRY(cublasSetMathMode(c->blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    CUDNN_TRY(cudnnCreateTensorDescriptor(&c->bn_x));
+    CUDNN_TRY(cudnnCreateTensorDescriptor(&c->bn_p));
+    return 0;
+}
+
+static int cuda_ctx_create(ops_ctx **out)
+{
+    if (cuda_device_count() == 0)
+        return pf_err(-ENODEV, "CUDA device: no GPU visible (cudaGetDeviceCount is 0)");
+    ops_ctx *c = (ops_ctx *)calloc(1, sizeof *c);
+    if (!c)
+        return pf_err(-ENOMEM, "CUDA ops context: out of memory");
+    const char *t = getenv("PFCPS_CUDA_TF32");
+    c->tf32 = t && strcmp(t, "1") == 0;
+    int rc = ctx_init(c);
+    if (rc) {
+        cuda_ctx_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+extern "C" const ops_device ops_cuda = {
+    .name = "cuda",
+    .ctx_create = cuda_ctx_create,
+    .ctx_destroy = cuda_ctx_destroy,
+    .conv_forward = cuda_conv_forward,
+    .conv_backward = cuda_conv_backward,
+    .bn_forward = cuda_bn_forward,
+    .bn_backward = cuda_bn_backward,
+    .prelu_forward = cuda_prelu_forward,
+    .prelu_backward = cuda_prelu_backward,
+    .linear_forward = cuda_linear_forward,
+    .linear_backward = cuda_linear_backward,
+    .add_forward = cuda_add_forward,
+    .acc = cuda_acc,
+    .act_block = cuda_act_block,
+    .to_plain = cuda_to_plain,
+    .from_plain = cuda_from_plain,
+    .dropout_forward = cuda_dropout_forward,
+    .dropout_backward = cuda_dropout_backward,
+};
