@@ -390,12 +390,12 @@ int train_run(trainer *t)
             /* 6: push the row gradients now; the servers apply them during our backward. */
             if (rc == 0)
                 rc = ps_push(t->ps, ids, (size_t)k, t->grad_centers, (float)lr, step, &push);
-            /* 7: backbone backward. arcface_torch scales the embedding gradient by W (AllGather backward)
-             * and DDP averages the backbone gradients over W: the mean of the W scaled gradients. */
+            /* 7: backbone backward. grad_emb is d(global mean loss)/d(my embeddings) in both head modes;
+             * arcface_torch scales it by W (AllGather backward) and DDP averages the backbone gradients
+             * over W, so the mean of the W scaled gradients is the gradient of the global mean loss. */
             if (rc == 0) {
-                if (strcmp(run->head_mode, "global") == 0)
-                    for (size_t i = 0; i < (size_t)B * D; i++)
-                        t->grad_emb[i] *= (float)t->W;
+                for (size_t i = 0; i < (size_t)B * D; i++)
+                    t->grad_emb[i] *= (float)t->W;
                 rc = model_backward(t->m, t->grad_emb, NULL);
             }
             if (rc == 0)
