@@ -162,6 +162,7 @@ int main(int argc, char **argv) {
     /* PFCPS_PREFAULT=1 backs every page of the table before serving (no config key for it yet). */
     const char *pf = getenv("PFCPS_PREFAULT");
     so.prefault = pf && *pf == '1';
+    so.global_mode = strcmp(run.head_mode, "local") != 0;
     fab = NULL; /* owned by the server from here on */
     if (ps_server_create(&so, &srv) < 0) {
         log_error("refusing to start: %s", pf_errmsg());
@@ -181,8 +182,10 @@ int main(int argc, char **argv) {
         log_error("%s", pf_errmsg());
         goto out;
     }
-    log_info("serving shard %d/%d to %d workers (max_staleness %d, %d apply threads)", rank, run.servers,
-             run.workers, run.max_staleness, cfg.apply_threads);
+    log_info("serving shard %d/%d to %d workers (head_mode %s: %s, max_staleness %d, %d apply threads)", rank,
+             run.servers, run.workers, run.head_mode,
+             so.global_mode ? "pushes applied on arrival, read-your-writes pulls" : "BSP/SSP step clock",
+             run.max_staleness, cfg.apply_threads);
 
     int ctl_ok = 1;
     while (!g_stop) {

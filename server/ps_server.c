@@ -142,79 +142,94 @@ static int cmp_entry(const void *pa, const void *pb) {
     return a->seq < b->seq ? -1 : a->seq > b->seq;
 }
 
-/* Applies every complete step whose W pushes are in. Runs on the progress thread. */
+/* Applies every push of step t held in S->complete (summing gradients per row, in worker order) and frees
+ * those pushes. Returns the number of rows updated, or -ENOMEM (nothing applied, pushes kept). */
+static long apply_step(ps_server *S, int64_t t) {
+    size_t nrows = 0;
+    for (push *p = S->complete; p; p = p->next)
+        if (p->step == t)
+            for (chunk *c = p->chunks; c; c = c->next) nrows += c->n;
+    entry *e = malloc(sizeof(entry) * (nrows ? nrows : 1));
+    size_t *seg = malloc(sizeof(size_t) * (nrows + 1));
+    if (!e || !seg) {
+        log_error("apply of step %lld: out of memory for %zu rows", (long long)t, nrows);
+        free(e), free(seg);
+        return -ENOMEM;
+    }
+    size_t k = 0;
+    uint32_t seq = 0;
+    for (push *p = S->complete; p; p = p->next) {
+        if (p->step != t) continue;
+        for (chunk *c = p->chunks; c; c = c->next)
+            for (uint32_t i = 0; i < c->n; i++)
+                e[k++] = (entry){c->ids[i] / S->sh.servers, p->client, seq++, c->grads + (size_t)i * S->sh.dim, p->lr};
+    }
+    qsort(e, nrows, sizeof(entry), cmp_entry);
+    size_t nseg = 0;
+    for (size_t i = 0; i < nrows; i++)
+        if (i == 0 || e[i].lrow != e[i - 1].lrow) seg[nseg++] = i;
+    seg[nseg] = nrows;
+    S->ae = e;
+    S->aseg = seg;
+    S->anseg = nseg;
+    if (S->nathreads == 0) {
+        /* Not started (ps_server_inject): apply on this thread. */
+        double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
+        if (g) apply_segments(S, 0, nseg, g);
+        free(g);
+    } else {
+        pthread_mutex_lock(&S->am);
+        S->aremaining = S->nathreads;
+        S->agen++;
+        pthread_cond_broadcast(&S->a_go);
+        while (S->aremaining > 0) pthread_cond_wait(&S->a_done, &S->am);
+        pthread_mutex_unlock(&S->am);
+    }
+    free(e);
+    free(seg);
+    push **pp = &S->complete;
+    while (*pp) {
+        push *p = *pp;
+        if (p->step == t) {
+            *pp = p->next;
+            for (chunk *c = p->chunks; c;) {
+                chunk *nx = c->next;
+                free(c);
+                c = nx;
+            }
+            free(p->have);
+            free(p);
+            S->st_pushes++;
+        } else {
+            pp = &p->next;
+        }
+    }
+    S->st_rows += (long long)nseg;
+    return (long)nseg;
+}
+
+/* Called when a push became complete. Local mode (BSP/SSP): applies every step whose W pushes are all in,
+ * oldest first. Global mode: applies the push at once (each row has one owner), and steps_done is the
+ * slowest worker's count of pushed steps. Runs on the progress thread. */
 static void try_apply(ps_server *S) {
+    if (S->o.global_mode) {
+        int64_t t = S->complete ? S->complete->step : 0;
+        if (S->complete && apply_step(S, t) < 0) return;
+        int64_t m = S->next_push[0];
+        for (int w = 1; w < S->o.workers; w++)
+            if (S->next_push[w] < m) m = S->next_push[w];
+        S->steps_done = m;
+        return;
+    }
     for (;;) {
         int64_t t = S->steps_done;
         int count = 0;
-        size_t nrows = 0;
-        for (push *p = S->complete; p; p = p->next)
-            if (p->step == t) {
-                count++;
-                for (chunk *c = p->chunks; c; c = c->next) nrows += c->n;
-            }
+        for (push *p = S->complete; p; p = p->next) count += p->step == t;
         if (count < S->o.workers) return;
-        entry *e = malloc(sizeof(entry) * (nrows ? nrows : 1));
-        size_t *seg = malloc(sizeof(size_t) * (nrows + 1));
-        if (!e || !seg) {
-            /* Out of memory: leave the step pending; the next message retries. */
-            log_error("apply of step %lld: out of memory for %zu rows", (long long)t, nrows);
-            free(e), free(seg);
-            return;
-        }
-        size_t k = 0;
-        uint32_t seq = 0;
-        for (push *p = S->complete; p; p = p->next) {
-            if (p->step != t) continue;
-            for (chunk *c = p->chunks; c; c = c->next)
-                for (uint32_t i = 0; i < c->n; i++)
-                    e[k++] = (entry){c->ids[i] / S->sh.servers, p->client, seq++,
-                                     c->grads + (size_t)i * S->sh.dim, p->lr};
-        }
-        qsort(e, nrows, sizeof(entry), cmp_entry);
-        size_t nseg = 0;
-        for (size_t i = 0; i < nrows; i++)
-            if (i == 0 || e[i].lrow != e[i - 1].lrow) seg[nseg++] = i;
-        seg[nseg] = nrows;
-        S->ae = e;
-        S->aseg = seg;
-        S->anseg = nseg;
-        if (S->nathreads == 0) {
-            /* Not started (ps_server_inject): apply on this thread. */
-            double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
-            if (g) apply_segments(S, 0, nseg, g);
-            free(g);
-        } else {
-            pthread_mutex_lock(&S->am);
-            S->aremaining = S->nathreads;
-            S->agen++;
-            pthread_cond_broadcast(&S->a_go);
-            while (S->aremaining > 0) pthread_cond_wait(&S->a_done, &S->am);
-            pthread_mutex_unlock(&S->am);
-        }
-        free(e);
-        free(seg);
-        /* Free the applied pushes. */
-        push **pp = &S->complete;
-        while (*pp) {
-            push *p = *pp;
-            if (p->step == t) {
-                *pp = p->next;
-                for (chunk *c = p->chunks; c;) {
-                    chunk *nx = c->next;
-                    free(c);
-                    c = nx;
-                }
-                free(p->have);
-                free(p);
-                S->st_pushes++;
-            } else {
-                pp = &p->next;
-            }
-        }
-        S->st_rows += (long long)nseg;
+        long rows = apply_step(S, t);
+        if (rows < 0) return; /* out of memory: the step stays pending; the next message retries */
         S->steps_done = t + 1;
-        log_debug("step %lld applied: %zu rows from %d pushes", (long long)t, nseg, count);
+        log_debug("step %lld applied: %ld rows from %d pushes", (long long)t, rows, count);
     }
 }
 
@@ -254,7 +269,8 @@ static void serve_pending(ps_server *S) {
     pending **pp = &S->pq_head, *prev = NULL;
     while (*pp && S->nsend_free > 0) {
         pending *p = *pp;
-        if (p->status == 0 && p->req.op == PS_OP_PULL && p->req.step - S->o.max_staleness > S->steps_done) {
+        if (p->status == 0 && p->req.op == PS_OP_PULL && !S->o.global_mode &&
+            p->req.step - S->o.max_staleness > S->steps_done) {
             prev = p;
             pp = &p->next;
             continue; /* waits for its step */
@@ -342,7 +358,7 @@ static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
         code = -ERANGE;
         snprintf(msg, sizeof(msg), "push for step %lld but worker %d's next step is %lld (%s)", (long long)h->step,
                  w, (long long)S->next_push[w], h->step > S->next_push[w] ? "step from the future" : "already pushed");
-    } else if (h->step > S->steps_done + S->o.max_staleness + 1) {
+    } else if (!S->o.global_mode && h->step > S->steps_done + S->o.max_staleness + 1) {
         /* A worker may push step t+1 before this server has applied step t (it synchronised on another
          * server's pull), but never further ahead than that plus max_staleness. */
         code = -ERANGE;
@@ -690,7 +706,8 @@ int ps_server_inject(ps_server *S, const void *msg, size_t len) {
     pending **pp = &S->pq_head, *prev = NULL;
     while (*pp) {
         pending *p = *pp;
-        if (p->status == 0 && p->req.op == PS_OP_PULL && p->req.step - S->o.max_staleness > S->steps_done) {
+        if (p->status == 0 && p->req.op == PS_OP_PULL && !S->o.global_mode &&
+            p->req.step - S->o.max_staleness > S->steps_done) {
             prev = p;
             pp = &p->next;
             continue;

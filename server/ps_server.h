@@ -15,6 +15,9 @@
  *                  are held until their step's turn. Gradients that several pushes of one
  *                  step send for the same row are summed (in worker-rank order, in double) and the row gets
  *                  one SGD update: v = mu*v + (g + wd*w); w -= lr*v (torch.optim.SGD, dampening 0).
+ * Global head mode (opts.global_mode, DESIGN.md §3.8): every class has one owning worker, so a push is
+ * applied as soon as it is complete and a pull of step t is answered at once (the worker's own pushes of
+ * steps < t are applied, since they arrived first); steps_done is then the slowest worker's pushed steps.
  * A push is applied only after all its chunks arrived; a bad chunk discards the whole push. A bad request
  * gets an error reply naming the problem and changes nothing. */
 #ifndef PFCPS_SERVER_PS_SERVER_H
@@ -41,6 +44,8 @@ typedef struct ps_server_opts {
     int apply_threads;     /* >= 1 */
     int recv_bufs;         /* receive buffers posted; 0 = 64 */
     int prefault;          /* back every page of the table at start (shard_create) */
+    int global_mode;       /* head_mode = global: each row has one owner, pushes apply on arrival and a
+                              pull waits only for the same worker's earlier pushes (read-your-writes) */
     struct fab_ctx *fab;   /* an endpoint opened already (its address went into the address book), or
                               NULL to open one for `provider`; the server owns it either way */
 } ps_server_opts;

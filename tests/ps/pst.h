@@ -22,8 +22,9 @@ typedef struct pst_cluster {
     char log_path[PST_MAX][256];
 } pst_cluster;
 
-/* Starts S servers for W workers with C classes of dimension D; `extra` is appended to the config
- * (e.g. "max_staleness = 2\n"), may be NULL. Returns 0, or 77 (skip) when the server binary is missing,
+/* Starts S servers for W workers with C classes of dimension D, head_mode = local (BSP/SSP step clock);
+ * `extra` is appended to the config (e.g. "max_staleness = 2\n" or "head_mode = global\n": a later key
+ * overrides), may be NULL. Returns 0, or 77 (skip) when the server binary is missing,
  * or -1. Arms a `seconds` alarm that kills everything. */
 int pst_start(pst_cluster *cl, int S, int W, int64_t C, int D, const char *extra, int seconds);
 

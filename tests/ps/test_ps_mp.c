@@ -408,6 +408,47 @@ static int t_ssp(void) {
     return finish(&cl, 0);
 }
 
+/* --- global head mode: pushes apply on arrival, a pull waits only for the same worker's pushes --- */
+static int t_global(void) {
+    pst_cluster cl;
+    int rc = pst_start(&cl, 2, 2, 100, 8, "[cluster]\nhead_mode = global\n", 60);
+    if (rc) return rc;
+    ps_client *c[2];
+    int ranks[2] = {0, 1};
+    if (pst_join_many(&cl, 2, ranks, PS_DT_FP32, c) < 0) return finish(&cl, 1);
+    /* Worker 0 owns even classes, worker 1 odd ones (as a worker's virtual partition would). */
+    int64_t ids0[2] = {2, 4};
+    float g[16], out[16];
+    for (int i = 0; i < 16; i++) g[i] = 0.01f;
+    for (int t = 0; t < 3; t++) {
+        if (push_wait(c[0], ids0, 2, g, 0.1f, t)) return finish(&cl, 1);
+        double t0 = pst_now();
+        if (pull_wait(c[0], ids0, 2, out, t + 1)) return finish(&cl, 1);
+        printf("global mode: worker 0 pull of step %d answered in %.3f s while worker 1 is still at step 0\n", t + 1,
+               pst_now() - t0);
+    }
+    /* Three SGD steps applied in order on row 2 (g = 0.01 each time, v starts at 0). */
+    double w0[8];
+    pst_init_row(SEED, 2, 8, w0);
+    double w = (float)w0[0], v = 0;
+    for (int t = 0; t < 3; t++) {
+        v = MU * v + (0.01 + WD * w);
+        w = w - 0.1 * v;
+    }
+    printf("row 2 after 3 of worker 0's pushes: %.9f, float64 %.9f\n", out[0], w);
+    CHECK(fabs(out[0] - w) < 1e-8, "global-mode updates");
+    ps_stat st;
+    CHECK(ps_stat_get(c[1], 0, &st, 10) == 0 && st.steps_done == 0, "steps_done should be the slowest worker's (0), got %lld",
+          (long long)st.steps_done);
+    int64_t ids1[1] = {3};
+    if (push_wait(c[1], ids1, 1, g, 0.1f, 0)) return finish(&cl, 1);
+    CHECK(ps_stat_get(c[1], 1, &st, 10) == 0 && st.steps_done == 1, "steps_done after worker 1's push: %lld",
+          (long long)st.steps_done);
+    ps_client_destroy(c[0]);
+    ps_client_destroy(c[1]);
+    return finish(&cl, 0);
+}
+
 /* --- bad requests: error reply, checksum unchanged, the other client still served --- */
 static int t_bad(void) {
     const int D = 8;
@@ -656,7 +697,7 @@ static int t_refuse(void) {
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) {
-        printf("usage: test_ps_mp init|sgd_ref|same_row|random|bsp|ssp|bad|kill|scale|refuse\n");
+        printf("usage: test_ps_mp init|sgd_ref|same_row|random|bsp|ssp|global|bad|kill|scale|refuse\n");
         return 1;
     }
     const char *t = argv[1];
@@ -666,6 +707,7 @@ int main(int argc, char **argv) {
     if (!strcmp(t, "random")) return t_random();
     if (!strcmp(t, "bsp")) return t_bsp();
     if (!strcmp(t, "ssp")) return t_ssp();
+    if (!strcmp(t, "global")) return t_global();
     if (!strcmp(t, "bad")) return t_bad();
     if (!strcmp(t, "kill")) return t_kill();
     if (!strcmp(t, "scale")) return t_scale();
