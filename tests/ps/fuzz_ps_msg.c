@@ -14,14 +14,14 @@
 #include "common/log.h"
 #include "server/ps_server.h"
 
-static ps_server *srv;
+static ps_server *srvs[2]; /* [0] local head mode (BSP/SSP clock), [1] global head mode */
 static int uses;
-static int64_t last_steps;
+static int64_t last_steps[2];
 
-static ps_server *make(void) {
+static ps_server *make(int global) {
     ps_server_opts o = {.provider = "tcp", .rank = 0, .servers = 2, .workers = 2, .dim = 4, .num_classes = 64,
                         .seed = 1, .momentum = 0.9, .weight_decay = 1e-3, .max_staleness = 1, .apply_threads = 1,
-                        .recv_bufs = 2};
+                        .recv_bufs = 2, .global_mode = global};
     ps_server *s = NULL;
     if (ps_server_create(&o, &s) < 0) abort();
     uint8_t a[FAB_MAX_ADDR];
@@ -33,15 +33,23 @@ static ps_server *make(void) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (!srv) {
+    if (!srvs[0]) {
         log_set_level(LOG_ERROR); /* bad requests log a warning each */
-        srv = make();
+        srvs[0] = make(0);
+        srvs[1] = make(1);
     }
     if (++uses % 500 == 0) {
-        ps_server_destroy(srv);
-        srv = make();
-        last_steps = 0;
+        for (int m = 0; m < 2; m++) {
+            ps_server_destroy(srvs[m]);
+            srvs[m] = make(m);
+            last_steps[m] = 0;
+        }
     }
+    /* The first byte picks the head mode; the rest is the message sequence. */
+    if (size < 1) return 0;
+    const int mode = data[0] & 1;
+    ps_server *srv = srvs[mode];
+    data++, size--;
     size_t off = 0;
     uint8_t *msg = malloc(65536);
     while (off + 2 <= size) {
@@ -55,7 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(msg);
     ps_stat st;
     ps_server_stat(srv, &st);
-    if (st.steps_done < last_steps) abort();
-    last_steps = st.steps_done;
+    if (st.steps_done < last_steps[mode]) abort();
+    last_steps[mode] = st.steps_done;
     return 0;
 }
