@@ -567,10 +567,10 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out) {
         free(S);
         return rc;
     }
-    log_info("shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum), %.3f GiB "
-             "total (page-aligned)",
+    log_info("shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum + 1-byte "
+             "row map), %.3f GiB total (page-aligned)",
              opts->rank, opts->servers, (long long)S->sh.rows, (long long)opts->num_classes, opts->dim,
-             8 * opts->dim, (double)S->sh.bytes / (1 << 30));
+             8 * opts->dim + 1, (double)(S->sh.bytes + (size_t)S->sh.rows) / (1 << 30));
     if (!S->fab && (rc = fab_open(opts->provider, &S->fab)) < 0) goto fail;
     char modes[256];
     fab_mr_mode_str(fab_mr_mode(S->fab), modes, sizeof(modes));
@@ -738,5 +738,5 @@ void ps_server_stat(ps_server *S, ps_stat *st) {
     st->pushes_applied = S->st_pushes;
     st->rows_applied = S->st_rows;
     st->bad_requests = S->st_bad;
-    st->table_bytes = (int64_t)S->sh.bytes;
+    st->table_bytes = (int64_t)S->sh.bytes + S->sh.rows; /* + the row map */
 }

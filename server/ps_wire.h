@@ -66,7 +66,7 @@ typedef struct ps_stat {
     int64_t pushes_applied; /* pushes applied since start */
     int64_t rows_applied;   /* distinct row updates since start */
     int64_t bad_requests;   /* requests answered with an error */
-    int64_t table_bytes;    /* bytes mapped for weights + momentum */
+    int64_t table_bytes;    /* bytes of weights + momentum (page-rounded) + the 1-byte-per-row init map */
 } ps_stat;
 
 _Static_assert(sizeof(ps_stat) <= 128, "ps_stat must fit the 128-byte stat payload");

@@ -138,12 +138,13 @@ int shard_check_fit(int64_t num_classes, int servers, int rank, int dim) {
         return pf_err(-ENOMEM, "shard of %lld rows x D=%d overflows", (long long)rows, dim);
     size_t bytes = shard_bytes(num_classes, servers, rank, dim);
     size_t avail = mem_available();
-    size_t need = bytes + bytes / 16 + (256u << 20);
+    size_t need = bytes + (size_t)rows + bytes / 16 + (256u << 20);
     if (avail && need > avail)
         return pf_err(-ENOMEM,
-                      "shard %d/%d needs %.2f GiB (%lld rows x D=%d x 8 bytes) + margin, but MemAvailable is "
+                      "shard %d/%d needs %.2f GiB (%lld rows x (D=%d x 8 + 1) bytes) + margin, but MemAvailable is "
                       "%.2f GiB: use more servers or a smaller num_classes",
-                      rank, servers, (double)bytes / (1 << 30), (long long)rows, dim, (double)avail / (1 << 30));
+                      rank, servers, (double)(bytes + (size_t)rows) / (1 << 30), (long long)rows, dim,
+                      (double)avail / (1 << 30));
     return 0;
 }
 

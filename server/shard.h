@@ -2,8 +2,8 @@
  *
  * Interleaved sharding (DESIGN.md §1): server s of S owns class c iff c mod S == s, at local row c div S.
  * Shard s holds ceil((C - s) / S) rows. Weights and momentum are fp32, (rows x D) each, in one
- * page-aligned anonymous mapping (weights first, momentum after, each page-aligned), so memory per
- * identity is exactly 8 * D bytes plus page rounding.
+ * page-aligned anonymous mapping (weights first, momentum after, each page-aligned), plus one byte per
+ * row (the init map below): memory per identity is 8 * D + 1 bytes plus page rounding.
  *
  * Initial weights: N(0, 0.01^2) drawn by a counter-based generator keyed by (seed, c), so the content
  * of row c does not depend on S. For row c, with splitmix64(x) the standard SplitMix64 finaliser
