@@ -40,6 +40,8 @@ int cuda_d2h(void *host_dst, const void *src, size_t bytes);
 int cuda_fill_f32(float *p, float v, size_t n);
 /* cudaDeviceSynchronize; returns 0 or -EIO with the first pending error of a kernel. */
 int cuda_sync(void);
+/* Free and total memory of the current device in bytes (cudaMemGetInfo). Returns 0 or -EIO. */
+int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
 /* ---- the device table ---- */
 

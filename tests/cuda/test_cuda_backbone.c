@@ -245,7 +245,8 @@ int main(int argc, char **argv)
             nets++;
         }
     closedir(dp);
-    printf("%d networks, %d tensors compared, %d failed, worst error %.3e (tolerance %.0e)\n", nets, checks,
-           failures, worst, TOL);
+    printf("%d networks on %s, %d tensors compared, %d failed, worst relative error %.3e (tolerance %.0e; "
+           "gradients of a network with a near-kink PReLU input %.0e)\n", nets, dev->name, checks, failures, worst,
+           TOL, GRAD_TOL_KINK);
     return failures || nets == 0 ? 1 : 0;
 }
