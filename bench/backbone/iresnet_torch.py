@@ -5,8 +5,10 @@ head BN2d, flatten, dropout(0), Linear(512*49 -> D), BatchNorm1d(D) with fixed w
 Usage: iresnet_torch.py NETWORK BATCH ITERS THREADS -> prints samples/s of forward+backward."""
 import sys
 import time
+import warnings
 
-import torch
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+import torch  # noqa: E402
 from torch import nn
 
 LAYERS = {"r18": [2, 2, 2, 2], "r34": [3, 4, 6, 3], "r50": [3, 4, 14, 3],

@@ -13,9 +13,14 @@
  *   GDC head (7x7 depthwise LinearBlock, Linear(512 -> D, no bias), BatchNorm1d(D)).
  *
  * Memory: params and grads are one allocation each (model_params / model_grads, num_params
- * floats, tensors at model_tensor.offset); BN running statistics are a third flat array
- * (model_buffers). Every activation of the forward is kept for the backward (B_cap samples);
- * activation gradients share a small pool reused by liveness. */
+ * floats, tensors at model_tensor.offset, PyTorch layouts: conv OIHW, linear (out,in)); BN running
+ * statistics are a third flat array (model_buffers). Every activation of the forward is kept for
+ * the backward (B_cap samples, in the device's activation layout, allocated at the first
+ * forward); activation gradients share a small pool reused by liveness (a few buffers of the
+ * largest activation size). Input, grad_input and embeddings are plain NCHW / (B,D).
+ *
+ * Numerics: float32 throughout; batch-norm statistics and sums in float64 (see
+ * kernels/cpu/ops_cpu.c). Tested against PyTorch float64 (tests/model/test_model_reference.c). */
 #ifndef PFCPS_WORKER_MODEL_H
 #define PFCPS_WORKER_MODEL_H
 
@@ -38,7 +43,9 @@ typedef struct model_desc {
 } model_desc;
 
 /* Fills d for a network name as arcface_torch's config spells it: r18 r34 r50 r100 r200 (also
- * iresnet18 ...) and mbf. Returns 0, or -EINVAL for an unknown name or embedding_size <= 0. */
+ * iresnet18 ...) and mbf; an iresnet name may carry a width suffix "_wN" (r18_w16: stage widths
+ * N, 2N, 4N, 8N; N even, 2..512) for narrow CPU runs. Returns 0, or -EINVAL for an unknown name,
+ * a bad suffix or embedding_size <= 0. */
 int model_desc_from_name(model_desc *d, const char *network, int embedding_size);
 
 #define MODEL_TENSOR_FIXED 1u /* not trained: the optimizer and weight decay must skip it */
