@@ -2,11 +2,12 @@
  * same run.
  *
  *   ps_bench [--provider tcp|shm] [--servers S] [--clients W] [--rows R] [--dim D] [--dtype fp32|fp16|bf16]
- *            [--classes C] [--iters N] [--rounds K]
+ *            [--classes C] [--iters N] [--rounds K] [--head-mode local|global]
  *
  * Servers (ps_server, each with its progress + apply threads) and clients (one thread each) run in this
  * process over the chosen libfabric provider. Each client does N pulls of R random rows (step 0), then N
- * pushes of R random rows (steps 0..N-1; max_staleness is set high so clients do not wait for each other).
+ * pushes of R random rows (steps 0..N-1; max_staleness is set high so clients do not wait for each other;
+ * local head mode sums each step's W pushes before applying, global mode applies each push on arrival).
  * Ceiling: one core gathering the same number of random fp32 rows from a C x D host table with memcpy.
  * K rounds of (ceiling, pull, push) are interleaved; the best and median of each are printed with
  * rows/s, GB/s (wire bytes) and ratio = achieved rows/s / ceiling rows/s. */
@@ -80,7 +81,7 @@ static double run_phase(ps_client **cl, int W, int rows, int dim, int iters, int
 
 int main(int argc, char **argv) {
     const char *prov = "tcp", *dts = "fp32";
-    int S = 2, W = 2, R = 4096, D = 128, N = 10, rounds = 5;
+    int S = 2, W = 2, R = 4096, D = 128, N = 10, rounds = 5, global = 0;
     int64_t C = 262144;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--provider")) prov = argv[i + 1];
@@ -92,6 +93,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--classes")) C = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--iters")) N = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--head-mode")) global = !strcmp(argv[i + 1], "global");
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -107,7 +109,7 @@ int main(int argc, char **argv) {
     for (int s = 0; s < S; s++) {
         ps_server_opts o = {.provider = prov, .rank = s, .servers = S, .workers = W, .dim = D, .num_classes = C,
                             .seed = 1, .momentum = 0.9, .weight_decay = 5e-4, .max_staleness = 1 << 30,
-                            .apply_threads = 1, .prefault = 1};
+                            .apply_threads = 1, .prefault = 1, .global_mode = global};
         if (ps_server_create(&o, &srv[s]) < 0) {
             fprintf(stderr, "server %d: %s\n", s, pf_errmsg());
             return 1;
@@ -200,8 +202,9 @@ int main(int argc, char **argv) {
         best[m] = v[rounds - 1];
         med[m] = v[rounds / 2];
     }
-    printf("config: provider=%s servers=%d clients=%d rows/request=%d D=%d dtype=%s classes=%lld iters=%d rounds=%d\n",
-           prov, S, W, R, D, dts, (long long)C, N, rounds);
+    printf("config: provider=%s servers=%d clients=%d rows/request=%d D=%d dtype=%s classes=%lld iters=%d rounds=%d "
+           "head_mode=%s\n",
+           prov, S, W, R, D, dts, (long long)C, N, rounds, global ? "global" : "local");
     printf("ceiling (memcpy gather, 1 core): best %.3g rows/s (%.2f GB/s fp32), median %.3g\n", best[0],
            best[0] * D * 4 / 1e9, med[0]);
     printf("pull: best %.3g rows/s, %.2f GB/s on the wire, median %.3g; ratio = %.3f (median %.3f)\n", best[1],
