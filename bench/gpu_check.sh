@@ -38,7 +38,8 @@ timeout 300 ninja -C "$BUILD" -j"$JOBS" $TARGETS || { echo "gpu_check: build fai
 # 2. correctness: the cuda suite (SKIPs here mean no GPU was visible: reported, never counted as a pass)
 RC_TESTS=0
 if [ "${PFCPS_GPU_SKIP_TESTS:-0}" = 0 ]; then
-    stamp "meson test --suite cuda"
+    stamp "meson test --suite cuda (NVIDIA_TF32_OVERRIDE=0: fp32 everywhere)"
+    export NVIDIA_TF32_OVERRIDE=0
     timeout 240 meson test -C "$BUILD" --no-rebuild --suite cuda --print-errorlogs || RC_TESTS=1
     grep -hE '^(FAIL|SKIP)|kink' "$BUILD/meson-logs/testlog.txt" | head -60
     grep -hE 'checks failed|networks,' "$BUILD/meson-logs/testlog.txt"
