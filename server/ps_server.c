@@ -739,4 +739,6 @@ void ps_server_stat(ps_server *S, ps_stat *st) {
     st->rows_applied = S->st_rows;
     st->bad_requests = S->st_bad;
     st->table_bytes = (int64_t)S->sh.bytes + S->sh.rows; /* + the row map */
+    for (int w = 0; S->partial && w < S->o.workers; w++)
+        if (S->partial[w]) st->partial_chunks += S->partial[w]->got;
 }

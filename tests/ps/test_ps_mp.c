@@ -583,10 +583,22 @@ static int kill_trial(int wait_for_ack, double delay_s) {
     if (push_wait(c, &none, 0, NULL, 0.5f, 0)) return finish(&cl, 1);
     char b = 0;
     if (read(pfd[0], &b, 1) != 1 || b != 's') return finish(&cl, 1);
+    int mid = 0;
     if (wait_for_ack) {
         if (read(pfd[0], &b, 1) != 1 || b != 'a') return finish(&cl, 1);
     } else {
-        usleep((useconds_t)(delay_s * 1e6));
+        /* Kill as soon as a server holds part of the push (some chunks in, not all): really mid-push. */
+        double t0 = pst_now();
+        while (pst_now() - t0 < 10 && !mid) {
+            ps_stat st;
+            for (int s = 0; s < 2 && !mid; s++)
+                if (ps_stat_get(c, s, &st, 5) == 0 && st.partial_chunks > 0) {
+                    mid = 1;
+                    printf("server %d holds %lld chunks of the victim's push at +%.3f s: kill -9 now\n", s,
+                           (long long)st.partial_chunks, pst_now() - t0);
+                }
+        }
+        if (!mid) usleep((useconds_t)(delay_s * 1e6));
     }
     kill(victim, SIGKILL);
     waitpid(victim, NULL, 0);
@@ -621,6 +633,7 @@ static int kill_trial(int wait_for_ack, double delay_s) {
         CHECK(other[s] == 0 && (untouched[s] == 0 || updated[s] == 0), "server %d: torn push", s);
         CHECK((updated[s] > 0) == (st.steps_done == 1), "server %d: rows vs step clock", s);
         if (wait_for_ack) CHECK(updated[s] > 0, "acknowledged push not applied on server %d", s);
+        if (wait_for_ack) CHECK(st.partial_chunks == 0, "server %d still holds chunks", s);
     }
     free(ids);
     free(got);
@@ -629,7 +642,7 @@ static int kill_trial(int wait_for_ack, double delay_s) {
 }
 
 static int t_kill(void) {
-    int a = kill_trial(0, 0.05);
+    int a = kill_trial(0, 0.02);
     if (a == 77) return 77;
     int b = kill_trial(1, 0);
     return a || b;
