@@ -531,3 +531,31 @@ extern "C" int cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n)
     LAUNCH_CHECK("bf16_to_f32");
     return 0;
 }
+
+/* ---- loss scaling: unscale + non-finite check ---- */
+
+static __device__ int g_found_inf;
+
+static __global__ void unscale_check_k(float *g, size_t n, float inv_scale)
+{
+    int bad = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = g[i];
+        bad |= !isfinite(v);
+        g[i] = v * inv_scale;
+    }
+    if (bad)
+        g_found_inf = 1;
+}
+
+extern "C" int cuda_unscale_check(float *grads, size_t n, float inv_scale, int *host_found_inf)
+{
+    int zero = 0;
+    CUDA_TRY(cudaMemcpyToSymbol(g_found_inf, &zero, sizeof zero));
+    if (n) {
+        unscale_check_k<<<grid_for(n), 256>>>(grads, n, inv_scale);
+        LAUNCH_CHECK("unscale_check");
+    }
+    CUDA_TRY(cudaMemcpyFromSymbol(host_found_inf, g_found_inf, sizeof *host_found_inf));
+    return 0;
+}

@@ -93,12 +93,16 @@ static int conv_desc(cudnnConvolutionDescriptor_t *d, const ops_conv_shape *s, i
     return 0;
 }
 
-/* Index of the perf result to use: the fastest that succeeded in FMA math (no TF32), or with
- * tf32 the fastest that succeeded. -1 when none. */
+/* Index of the perf result to use: with tf32 the fastest that succeeded; otherwise the fastest that
+ * succeeded in FMA math (plain fp32), else one reported in default math (cuDNN may label an fp32
+ * algorithm so; NVIDIA_TF32_OVERRIDE=0 then rules TF32 out), never tensor-op math. -1 when none. */
 template <typename P> static int pick(const P *perf, int n, int tf32)
 {
     for (int i = 0; i < n; i++)
         if (perf[i].status == CUDNN_STATUS_SUCCESS && (tf32 || perf[i].mathType == CUDNN_FMA_MATH))
+            return i;
+    for (int i = 0; i < n; i++)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_DEFAULT_MATH)
             return i;
     return -1;
 }

@@ -5,7 +5,8 @@
  *  - SGD vs sgd_rows_* (rel <= 1e-6), AdamW vs optim_adamw_step on random data (rel <= 1e-6,
  *    three steps), gather / scatter / scatter-add of rows vs a host loop (exact), out-of-range
  *    index -> -ERANGE;
- *  - fp16 / bf16: known bit patterns and the round trip of random values within half an ulp.
+ *  - fp16 / bf16: known bit patterns and the round trip of random values within half an ulp;
+ *  - loss-scaling unscale + non-finite check (exact scaling by 1/4, inf and NaN found).
  * Without a GPU: "SKIP: no CUDA device" and exit 77. */
 #include <dirent.h>
 #include <math.h>
@@ -332,6 +333,36 @@ static void convert_case(void)
     free(x);
 }
 
+/* cuda_unscale_check: grads times 1/scale (powers of two: exact), found_inf iff a non-finite value. */
+static void unscale_case(void)
+{
+    size_t n = 10000 + rnd() % 1000;
+    float *g = malloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        g[i] = frand(-1000, 1000);
+    float *dg = dup_dev(g, n * 4);
+    int found = -1;
+    if (cuda_unscale_check(dg, n, 0.25f, &found))
+        DIE("unscale");
+    float *o = dl(dg, n);
+    int exact = 1;
+    for (size_t i = 0; i < n; i++)
+        exact &= o[i] == g[i] * 0.25f;
+    check(found == 0 && exact, "unscale_check of %zu finite grads by 1/4: found_inf %d, all exact %d", n, found, exact);
+    size_t bad = rnd() % n;
+    g[bad] = INFINITY;
+    if (cuda_h2d(dg, g, n * 4) || cuda_unscale_check(dg, n, 0.25f, &found))
+        DIE("unscale");
+    check(found == 1, "unscale_check with inf at %zu: found_inf %d", bad, found);
+    g[bad] = NAN;
+    if (cuda_h2d(dg, g, n * 4) || cuda_unscale_check(dg, n, 0.25f, &found))
+        DIE("unscale");
+    check(found == 1, "unscale_check with NaN at %zu: found_inf %d", bad, found);
+    cuda_free(dg);
+    free(g);
+    free(o);
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -370,6 +401,7 @@ int main(void)
     adamw_case();
     rows_case();
     convert_case();
+    unscale_case();
     printf("%d of %d checks failed\n", failures, checks);
     return failures ? 1 : 0;
 }
