@@ -92,9 +92,15 @@ fail:
     return rc;
 }
 
+void fab_shutdown(fab_ctx *f) {
+    if (!f || !f->ep) return;
+    fi_close(&f->ep->fid);
+    f->ep = NULL;
+}
+
 void fab_close(fab_ctx *f) {
     if (!f) return;
-    if (f->ep) fi_close(&f->ep->fid);
+    fab_shutdown(f);
     if (f->av) fi_close(&f->av->fid);
     if (f->cq) fi_close(&f->cq->fid);
     if (f->domain) fi_close(&f->domain->fid);

@@ -57,7 +57,12 @@ typedef struct fab_comp {
  * name, other negative codes naming the failing fi_* call. */
 int fab_open(const char *provider, fab_ctx **out);
 
-/* Closes everything fab_open opened. Registered buffers must be closed first. NULL is a no-op. */
+/* Closes the endpoint only (posted receives and operations are cancelled; no more completions), so that
+ * registered buffers can then be closed safely before fab_close. Idempotent; NULL is a no-op. */
+void fab_shutdown(fab_ctx *f);
+
+/* Closes everything fab_open opened (the endpoint first if fab_shutdown was not called). Registered buffers
+ * must be closed before (after fab_shutdown when receives may still be posted). NULL is a no-op. */
 void fab_close(fab_ctx *f);
 
 /* The exact provider name in use ("tcp;ofi_rxm", "shm", ...). */

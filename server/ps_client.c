@@ -585,7 +585,8 @@ void ps_client_destroy(ps_client *c) {
         req_free(r);
         r = nx;
     }
-    /* Close the endpoint before freeing the buffers it may still write into. */
+    /* Close the endpoint (cancelling posted receives) before deregistering and freeing their buffers. */
+    fab_shutdown(c->fab);
     for (slab *s = c->slabs; s; s = s->next) fab_mr_close(&s->mr);
     fab_close(c->fab);
     for (slab *s = c->slabs; s;) {

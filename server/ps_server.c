@@ -663,6 +663,7 @@ void ps_server_stop(ps_server *srv) {
 void ps_server_destroy(ps_server *S) {
     if (!S) return;
     ps_server_stop(S);
+    fab_shutdown(S->fab); /* cancel the posted receives before their buffers are deregistered */
     fab_mr_close(&S->mr_recv);
     fab_mr_close(&S->mr_send);
     fab_mr_close(&S->mr_table);
