@@ -31,7 +31,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dbuildtype=release >"$BUILD.setup.log" 2>&1 || {
         tail -30 "$BUILD.setup.log"; echo "gpu_check: meson setup failed"; exit 1; }
 fi
-TARGETS="bench/gpu/bench_gpu tests/cuda/test_cuda_ops tests/cuda/test_cuda_head tests/cuda/test_cuda_table tests/cuda/test_cuda_backbone tests/common/test_cuda_l2norm"
+TARGETS="bench/gpu/bench_gpu tests/cuda/test_cuda_ops tests/cuda/test_cuda_head tests/cuda/test_cuda_table tests/cuda/test_cuda_backbone tests/cuda/test_loss_scale tests/cuda/test_cuda_nccl tests/common/test_cuda_l2norm"
 stamp "building $TARGETS"
 timeout 300 ninja -C "$BUILD" -j"$JOBS" $TARGETS || { echo "gpu_check: build failed"; exit 1; }
 

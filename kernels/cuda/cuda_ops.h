@@ -160,6 +160,22 @@ int cuda_loss_scaler_update(cuda_loss_scaler *s, int found_inf);
  * before (else 0) (torch's _amp_foreach_non_finite_check_and_unscale_). Synchronizes. 0 or -EIO. */
 int cuda_unscale_check(float *grads, size_t n, float inv_scale, int *host_found_inf);
 
+/* ---- NCCL collectives (kernels/cuda/coll_nccl.c; built when libnccl is found: PFCPS_HAVE_NCCL) ----
+ * A common/coll.h backend for workers on the CUDA device: the same pf_coll calls (allreduce sum/max,
+ * allgather, reduce_scatter, broadcast, barrier), but every buffer is DEVICE memory; each call returns
+ * after the NCCL operation completed (default stream synchronized). The 128-byte unique id is made
+ * by rank 0 (coll_nccl_unique_id) and handed to every rank through the rendezvous; each rank then
+ * calls coll_nccl_create with its current CUDA device set (cudaSetDevice). coll_destroy releases. */
+#define CUDA_NCCL_ID_BYTES 128
+struct pf_coll;
+/* Returns 0 or -EIO (NCCL's error string). */
+int coll_nccl_unique_id(uint8_t id[CUDA_NCCL_ID_BYTES]);
+/* Returns 0, -EINVAL (rank/world), -ENODEV (no GPU), -ENOMEM, -EIO (NCCL init failed). Blocks
+ * until all world_size ranks joined (ncclCommInitRank). */
+int coll_nccl_create(const uint8_t id[CUDA_NCCL_ID_BYTES], int rank, int world_size, struct pf_coll *out);
+/* Selects the CUDA device of this thread (cudaSetDevice). Returns 0 or -EIO. */
+int cuda_set_device(int device);
+
 #ifdef __cplusplus
 }
 #endif

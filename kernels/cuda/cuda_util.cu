@@ -57,3 +57,9 @@ extern "C" int cuda_mem_info(size_t *free_bytes, size_t *total_bytes)
     CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
     return 0;
 }
+
+extern "C" int cuda_set_device(int device)
+{
+    CUDA_TRY(cudaSetDevice(device));
+    return 0;
+}

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/coll.h"
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -58,6 +59,18 @@ int main(void)
         if (hrc == 0)
             cuda_head_ws_free(&ws);
     }
+#ifdef PFCPS_HAVE_NCCL
+    {
+        uint8_t id[CUDA_NCCL_ID_BYTES] = {0};
+        pf_coll c;
+        int nrc = coll_nccl_create(id, 2, 2, &c);
+        check(nrc == -EINVAL, "coll_nccl_create rank 2 of 2 -> -EINVAL", pf_errmsg());
+        if (n == 0) {
+            nrc = coll_nccl_create(id, 0, 1, &c);
+            check(nrc == -ENODEV, "coll_nccl_create without a GPU -> -ENODEV", pf_errmsg());
+        }
+    }
+#endif
     hrc = cuda_head_ws_init(&ws, 0, 10, 8);
     check(hrc == -EINVAL, "cuda_head_ws_init n_max 0 -> -EINVAL", pf_errmsg());
     return failures ? 1 : 0;
