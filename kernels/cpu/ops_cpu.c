@@ -68,10 +68,9 @@ struct ops_ctx {
     int nconv, capconv;
     float *scratch; /* for accumulating outputs of libraries that overwrite */
     size_t scratch_cap;
-    float *cscratch; /* per-channel scratch: C floats x 2 */
-    size_t cscratch_cap;
 };
 
+/* The context's scratch buffer, grown to n floats (NULL when out of memory). */
 static float *scratch(ops_ctx *c, float **buf, size_t *cap, size_t n)
 {
     if (n > *cap) {
@@ -715,7 +714,6 @@ static void cpu_ctx_destroy(ops_ctx *c)
         conv_entry_free(c->conv[i]);
     free(c->conv);
     free(c->scratch);
-    free(c->cscratch);
     if (c->stream)
         dnnl_stream_destroy(c->stream);
     if (c->eng)

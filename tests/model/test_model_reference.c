@@ -25,6 +25,7 @@
 #define EPS 1e-5
 
 static double worst = 0.0;
+static double tol = TOL; /* per case: TOL for the PyTorch references */
 
 /* Parses `"key": [a, b, c, d]` (4 ints). */
 static int json_int4(const char *json, const char *key, int out[4])
@@ -65,13 +66,13 @@ static int check(const char *what, const float *f32, const double *f64, const do
      * holds rounding noise (~1e-15) there, so a relative error is meaningless. Those are held to
      * an absolute bound instead, small against the O(0.1-10) gradients around them. */
     if (rms < 1e-9) {
-        int bad = !(mx <= TOL);
+        int bad = !(mx <= tol);
         printf("  %-36s ref is 0 (rms %.1e): max_abs %.3e  %s\n", what, rms, mx,
                bad ? "FAIL" : "ok");
         return bad;
     }
     double rel = sqrt(num) / sqrt(den);
-    int bad = !(rel <= TOL);
+    int bad = !(rel <= tol);
     printf("  %-36s rel %.3e  max_abs %.3e  %s\n", what, rel, mx, bad ? "FAIL" : "ok");
     if (rel > worst)
         worst = rel;
@@ -445,8 +446,75 @@ done:
     return fail;
 }
 
+/* Networks without a PyTorch reference here (mbf: grouped and depthwise convolutions, residual
+ * adds without downsample, GDC head, Linear without bias, trainable BatchNorm1d): the float32
+ * device run held to the float64 plain-C run of the same layer list (1e-4, branches forced to
+ * the float32 ones where PReLU kinks flip). The structure itself is checked by
+ * test_model_params (parameter counts by hand). */
+static int self_case(const char *net, int D, int B)
+{
+    /* 1e-3 here, not the 1e-4 of the PyTorch cases: mbf's ~50 conv/BN layers in float32 leave
+     * the forward ~3e-5 relative from float64 (BN over channels of small variance amplifies
+     * the rounding; PReLU inputs are off by up to ~5e-6 absolute), and the gradients at the end
+     * of the backward chain (early layers, grad_input) end up to ~3e-4 away (printed). */
+    tol = 1e-3;
+    model *m;
+    if (model_create(&m, net, D, B)) {
+        printf("FAIL: %s\n", pf_errmsg());
+        return 1;
+    }
+    model_init(m, 5);
+    printf("case %s D=%d B=%d (float32 vs float64 plain C, same layer list)\n", net, D, B);
+    size_t nin = (size_t)B * 3 * 112 * 112, nd = (size_t)B * D;
+    float *x = malloc(nin * sizeof *x), *g = malloc(nd * sizeof *g), *gin = malloc(nin * 4);
+    for (size_t i = 0; i < nin; i++)
+        x[i] = sinf(0.013f * (float)i) * cosf(0.0007f * (float)i);
+    for (size_t i = 0; i < nd; i++)
+        g[i] = cosf(0.3f * (float)i);
+    float *running0 = malloc(m->n_buffer_floats * sizeof(float));
+    memcpy(running0, m->bufs, m->n_buffer_floats * sizeof(float));
+    const float *emb;
+    int fail = 0, flips = 0;
+    model_zero_grad(m);
+    if (model_forward(m, x, B, 1, &emb) || model_backward(m, g, gin)) {
+        printf("FAIL: %s\n", pf_errmsg());
+        fail = 1;
+    }
+    double *emb64 = malloc(nd * 8), *gin64 = malloc(nin * 8), *gr64 = malloc(m->n_params * 8),
+           *run64v = malloc(m->n_buffer_floats * 8);
+    if (!fail && run64(m, B, x, g, 0, emb64, gin64, gr64, run64v, running0, &flips))
+        fail = 1;
+    if (!fail && flips)
+        fail |= run64(m, B, x, g, 1, emb64, gin64, gr64, run64v, running0, &flips) != 0;
+    if (!fail) {
+        refset ref = {0};
+        ref.grads = calloc((size_t)m->n_tensors, sizeof *ref.grads);
+        ref.running = calloc((size_t)m->n_buffers, sizeof *ref.running);
+        for (int i = 0; i < m->n_tensors; i++)
+            ref.grads[i] = m->tensors[i].flags & MODEL_TENSOR_FIXED ? NULL : gr64 + m->tensors[i].offset;
+        for (int i = 0; i < m->n_buffers; i++)
+            ref.running[i] = run64v + m->buffers_t[i].offset;
+        fail |= check("output", emb, NULL, emb64, nd);
+        fail |= check_grads(m, flips ? "float32 vs float64 (float32 branches):" : "float32 vs float64:",
+                            m->grads, NULL, m->bufs, NULL, &ref, gin64, gin, NULL, nin);
+        free(ref.grads);
+        free(ref.running);
+    }
+    free(x); free(g); free(gin); free(running0); free(emb64); free(gin64); free(gr64); free(run64v);
+    model_free(m);
+    printf("case %s: %s\n", net, fail ? "FAIL" : "ok");
+    return fail;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--mbf")) {
+        /* B = 3: with B = 2 the trainable BatchNorm1d's input gradient scales with eps/var,
+         * an ill-conditioned quantity float32 cannot reproduce. */
+        int r = self_case("mbf", 64, 3);
+        printf("worst relative error %.3e (tolerance %.0e): %s\n", worst, tol, r ? "FAIL" : "PASS");
+        return r;
+    }
     const char *root = getenv("PFCPS_REFERENCE");
     if (!root) {
         printf("SKIP: PFCPS_REFERENCE not set\n");
