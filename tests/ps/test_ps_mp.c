@@ -683,6 +683,57 @@ static int t_scale(void) {
     return finish(&cl, 0);
 }
 
+/* --- SIGTERM while pushes stream in: the server finishes the apply in progress and exits 0 --- */
+static int t_sigterm(void) {
+    pst_cluster cl;
+    int rc = pst_start(&cl, 1, 1, 100000, 64, NULL, 60);
+    if (rc) return rc;
+    ps_client *c = pst_join(&cl, 0, PS_DT_FP32);
+    if (!c) return finish(&cl, 1);
+    const int N = 20000;
+    int64_t *ids = malloc(sizeof(int64_t) * N);
+    float *g = malloc(sizeof(float) * N * 64), row[64];
+    for (int i = 0; i < N; i++) ids[i] = 5 * i;
+    for (int i = 0; i < N * 64; i++) g[i] = 1e-4f;
+    double t0 = pst_now();
+    int sent = 0, killed = 0, status = 0;
+    pid_t r = 0;
+    for (int t = 0; pst_now() - t0 < 8; t++) {
+        if (!killed && pst_now() - t0 > 0.3) {
+            kill(cl.pids[0], SIGTERM);
+            killed = 1;
+            printf("SIGTERM sent after %d acknowledged pushes\n", sent);
+        }
+        ps_req *pr;
+        if (ps_push(c, ids, N, g, 0.01f, t, &pr) || ps_wait(c, pr, killed ? 1.0 : 10.0)) break;
+        sent++;
+        if (!killed && pull_wait(c, ids, 1, row, t + 1)) break;
+    }
+    double t_kill = pst_now();
+    while ((r = waitpid(cl.pids[0], &status, WNOHANG)) == 0 && pst_now() - t_kill < 10) usleep(10000);
+    printf("server exit: %s status %d, %.2f s after the last request\n", r ? "exited" : "still running",
+           r && WIFEXITED(status) ? WEXITSTATUS(status) : -1, pst_now() - t_kill);
+    CHECK(r == cl.pids[0] && WIFEXITED(status) && WEXITSTATUS(status) == 0, "server did not exit 0 on SIGTERM");
+    if (r == cl.pids[0]) cl.pids[0] = 0;
+    FILE *f = fopen(cl.log_path[0], "r");
+    char line[1024];
+    int stopped = 0;
+    long long steps = -1;
+    while (f && fgets(line, sizeof(line), f))
+        if (strstr(line, "stopped:")) {
+            printf("server said: %s", strstr(line, "stopped:"));
+            stopped = sscanf(strstr(line, "stopped:"), "stopped: %lld steps done", &steps) == 1;
+        }
+    if (f) fclose(f);
+    /* Every acknowledged push was applied (W = 1: a push is acknowledged after its step's apply), and at
+     * most the one in flight more. */
+    printf("acknowledged pushes %d, steps applied at exit %lld\n", sent, steps);
+    CHECK(stopped && steps >= sent && steps <= sent + 1, "shutdown log: steps %lld vs %d acknowledged", steps, sent);
+    free(ids), free(g);
+    ps_client_destroy(c);
+    return finish(&cl, 0);
+}
+
 /* --- a shard that cannot fit is refused at start-up with a clear error --- */
 static int t_refuse(void) {
     pst_cluster cl;
@@ -710,7 +761,7 @@ static int t_refuse(void) {
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) {
-        printf("usage: test_ps_mp init|sgd_ref|same_row|random|bsp|ssp|global|bad|kill|scale|refuse\n");
+        printf("usage: test_ps_mp init|sgd_ref|same_row|random|bsp|ssp|global|bad|kill|sigterm|scale|refuse\n");
         return 1;
     }
     const char *t = argv[1];
@@ -721,6 +772,7 @@ int main(int argc, char **argv) {
     if (!strcmp(t, "bsp")) return t_bsp();
     if (!strcmp(t, "ssp")) return t_ssp();
     if (!strcmp(t, "global")) return t_global();
+    if (!strcmp(t, "sigterm")) return t_sigterm();
     if (!strcmp(t, "bad")) return t_bad();
     if (!strcmp(t, "kill")) return t_kill();
     if (!strcmp(t, "scale")) return t_scale();
