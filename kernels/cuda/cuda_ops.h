@@ -50,10 +50,12 @@ int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
  *   succeeded in plain fp32 FMA math, i.e. no TF32, unless the environment sets PFCPS_CUDA_TF32=1),
  *   cached in the context with the descriptors; one workspace grown to the largest need when a
  *   new shape is first seen.
- * Batch norm: cuDNN spatial mode (BatchNorm1d as HW = 1). Statistics are summed by cuDNN in fp32
- *   (the CPU device sums in float64). save_mean / save_var are device buffers of C doubles as on
- *   the CPU device and hold the same values (batch mean, biased batch variance), converted from
- *   cuDNN's fp32 mean and inverse standard deviation; bn_backward converts them back.
+ * Batch norm: BatchNorm2d (HW > 1) through cuDNN spatial mode, statistics summed by cuDNN in fp32
+ *   (the CPU device sums in float64); BatchNorm1d (HW == 1) in own kernels with float64 sums as
+ *   on the CPU (with few samples per channel the backward cancels: fp32 loses most digits).
+ *   save_mean / save_var are device buffers of C doubles as on the CPU device and hold the same
+ *   values (batch mean, biased batch variance), for cuDNN converted from its fp32 mean and inverse
+ *   standard deviation; bn_backward converts them back.
  * Linear: cublasSgemm (fp32, default math: no TF32). PReLU, add, acc, dropout: own kernels; the
  *   dropout mask is the CPU device's (same splitmix64 draw of (seed, i)), so both devices agree
  *   bit for bit. act_block is 1 (plain NCHW): to_plain / from_plain are copies (or adds).

@@ -282,6 +282,71 @@ static __global__ void bn_save_from_f64(float *fm, float *finv, const double *me
     }
 }
 
+/* BatchNorm1d (HW == 1): own kernels, one thread per channel, float64 sums as the CPU device
+ * (kernels/cpu/ops_cpu.c). With few samples per channel the backward's three terms nearly cancel
+ * (for B = 2 the result scales with eps/(var+eps)): cuDNN's fp32 sums would lose most digits there. */
+static __global__ void bn1d_fwd_k(float *out, double *save_mean, double *save_var, const float *inp,
+                                  const float *weight, const float *bias, float *running_mean,
+                                  float *running_var, int B, int C, double eps, double momentum, int train)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= C)
+        return;
+    double mean, var;
+    if (train) {
+        double s = 0.0, s2 = 0.0;
+        for (int b = 0; b < B; b++)
+            s += inp[(size_t)b * C + ch];
+        mean = s / B;
+        for (int b = 0; b < B; b++) {
+            double d = (double)inp[(size_t)b * C + ch] - mean;
+            s2 += d * d;
+        }
+        var = s2 / B;
+        save_mean[ch] = mean;
+        save_var[ch] = var;
+        if (running_mean && running_var) {
+            double unbias = B > 1 ? (double)B / (B - 1) : 1.0;
+            running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mean);
+            running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * var * unbias);
+        }
+    } else {
+        mean = running_mean[ch];
+        var = running_var[ch];
+    }
+    double k = (double)weight[ch] / sqrt(var + eps), q = bias[ch];
+    for (int b = 0; b < B; b++)
+        out[(size_t)b * C + ch] = (float)(((double)inp[(size_t)b * C + ch] - mean) * k + q);
+}
+
+static __global__ void bn1d_bwd_k(float *dinp, int acc, float *dweight, float *dbias, const float *dout,
+                                  const float *inp, const float *weight, const double *save_mean,
+                                  const double *save_var, int B, int C, double eps)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= C)
+        return;
+    double mean = save_mean[ch], rstd = 1.0 / sqrt(save_var[ch] + eps), sdy = 0.0, sdyx = 0.0;
+    for (int b = 0; b < B; b++) {
+        size_t o = (size_t)b * C + ch;
+        sdy += dout[o];
+        sdyx += (double)dout[o] * ((double)inp[o] - mean);
+    }
+    sdyx *= rstd;
+    if (dbias)
+        dbias[ch] += (float)sdy;
+    if (dweight)
+        dweight[ch] += (float)sdyx;
+    if (!dinp)
+        return;
+    double k = (double)weight[ch] * rstd, mdy = sdy / B, kx = rstd * (sdyx / B);
+    for (int b = 0; b < B; b++) {
+        size_t o = (size_t)b * C + ch;
+        float v = (float)(k * ((double)dout[o] - mdy - ((double)inp[o] - mean) * kx));
+        dinp[o] = acc ? dinp[o] + v : v;
+    }
+}
+
 static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var,
                            const float *inp, const float *weight, const float *bias,
                            float *running_mean, float *running_var, int B, int C, int HW, float eps,
@@ -296,6 +361,12 @@ static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sa
         return pf_err(-EINVAL, "batchnorm eval forward needs running statistics");
     if (!(eps > 0.0f))
         return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    if (HW == 1) {
+        bn1d_fwd_k<<<(C + 127) / 128, 128>>>(out, save_mean, save_var, inp, weight, bias, running_mean,
+                                              running_var, B, C, (double)eps, (double)momentum, train);
+        LAUNCH_CHECK("bn1d_fwd");
+        return 0;
+    }
     const float one = 1.0f, zero = 0.0f;
     if (!train) {
         CUDNN_TRY(cudnnBatchNormalizationForwardInference(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
@@ -327,6 +398,12 @@ static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, fl
         return 0;
     if (!(eps > 0.0f))
         return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    if (HW == 1) {
+        bn1d_bwd_k<<<(C + 127) / 128, 128>>>(dinp, acc, dweight, dbias, dout, inp, weight, save_mean,
+                                              save_var, B, C, (double)eps);
+        LAUNCH_CHECK("bn1d_bwd");
+        return 0;
+    }
     if ((rc = grow(&c->cscr, &c->cscr_cap, 4 * (size_t)C)))
         return rc;
     float *fm = c->cscr, *finv = c->cscr + C, *dw = dweight, *db = dbias;
