@@ -8,35 +8,50 @@
 #include <math.h>
 #include <stddef.h>
 
-/* conv2d without bias: inp (B,C,H,W), w (OC,C/g,K,K) -> out (B,OC,OH,OW) */
+/* Output rows o in [lo, hi) whose input row o*stride - pad + k lies in [0, n). */
+static inline void conv64_range(int n, int on, int k, int stride, int pad, int *lo, int *hi)
+{
+    int a = pad - k; /* o*stride >= a */
+    *lo = a <= 0 ? 0 : (a + stride - 1) / stride;
+    int b = n - 1 + pad - k; /* o*stride <= b */
+    *hi = b < 0 ? 0 : b / stride + 1;
+    if (*hi > on)
+        *hi = on;
+    if (*lo > *hi)
+        *lo = *hi;
+}
+
+/* conv2d without bias: inp (B,C,H,W), w (OC,C/g,K,K) -> out (B,OC,OH,OW); the direct sum over
+ * (ci, kh, kw) of w * shifted input, zero padding outside. */
 static inline void conv64_forward(double *out, const double *inp, const double *w, int B, int C,
                                   int H, int W, int OC, int K, int stride, int pad, int g)
 {
     int OH = (H + 2 * pad - K) / stride + 1, OW = (W + 2 * pad - K) / stride + 1;
     int cg = C / g, og = OC / g;
+    for (size_t i = 0; i < (size_t)B * OC * OH * OW; i++)
+        out[i] = 0.0;
     for (int b = 0; b < B; b++)
         for (int oc = 0; oc < OC; oc++) {
             int gi = oc / og;
-            for (int oh = 0; oh < OH; oh++)
-                for (int ow = 0; ow < OW; ow++) {
-                    double s = 0.0;
-                    for (int ci = 0; ci < cg; ci++) {
-                        int c = gi * cg + ci;
-                        for (int kh = 0; kh < K; kh++) {
-                            int ih = oh * stride - pad + kh;
-                            if (ih < 0 || ih >= H)
-                                continue;
-                            for (int kw = 0; kw < K; kw++) {
-                                int iw = ow * stride - pad + kw;
-                                if (iw < 0 || iw >= W)
-                                    continue;
-                                s += inp[(((size_t)b * C + c) * H + ih) * W + iw] *
-                                     w[(((size_t)oc * cg + ci) * K + kh) * K + kw];
-                            }
+            double *o = out + ((size_t)b * OC + oc) * OH * OW;
+            for (int ci = 0; ci < cg; ci++) {
+                const double *x = inp + ((size_t)b * C + gi * cg + ci) * H * W;
+                for (int kh = 0; kh < K; kh++) {
+                    int h0, h1;
+                    conv64_range(H, OH, kh, stride, pad, &h0, &h1);
+                    for (int kw = 0; kw < K; kw++) {
+                        int w0, w1;
+                        conv64_range(W, OW, kw, stride, pad, &w0, &w1);
+                        double wv = w[(((size_t)oc * cg + ci) * K + kh) * K + kw];
+                        for (int oh = h0; oh < h1; oh++) {
+                            const double *xr = x + (size_t)(oh * stride - pad + kh) * W - pad + kw;
+                            double *orow = o + (size_t)oh * OW;
+                            for (int ow = w0; ow < w1; ow++)
+                                orow[ow] += wv * xr[ow * stride];
                         }
                     }
-                    out[(((size_t)b * OC + oc) * OH + oh) * OW + ow] = s;
                 }
+            }
         }
 }
 
@@ -49,31 +64,31 @@ static inline void conv64_backward(double *dinp, double *dw, const double *dout,
     for (int b = 0; b < B; b++)
         for (int oc = 0; oc < OC; oc++) {
             int gi = oc / og;
-            for (int oh = 0; oh < OH; oh++)
-                for (int ow = 0; ow < OW; ow++) {
-                    double d = dout[(((size_t)b * OC + oc) * OH + oh) * OW + ow];
-                    if (d == 0.0)
-                        continue;
-                    for (int ci = 0; ci < cg; ci++) {
-                        int c = gi * cg + ci;
-                        for (int kh = 0; kh < K; kh++) {
-                            int ih = oh * stride - pad + kh;
-                            if (ih < 0 || ih >= H)
-                                continue;
-                            for (int kw = 0; kw < K; kw++) {
-                                int iw = ow * stride - pad + kw;
-                                if (iw < 0 || iw >= W)
-                                    continue;
-                                size_t ii = (((size_t)b * C + c) * H + ih) * W + iw;
-                                size_t wi = (((size_t)oc * cg + ci) * K + kh) * K + kw;
+            const double *d = dout + ((size_t)b * OC + oc) * OH * OW;
+            for (int ci = 0; ci < cg; ci++) {
+                size_t xo = ((size_t)b * C + gi * cg + ci) * H * W;
+                for (int kh = 0; kh < K; kh++) {
+                    int h0, h1;
+                    conv64_range(H, OH, kh, stride, pad, &h0, &h1);
+                    for (int kw = 0; kw < K; kw++) {
+                        int w0, w1;
+                        conv64_range(W, OW, kw, stride, pad, &w0, &w1);
+                        size_t wi = (((size_t)oc * cg + ci) * K + kh) * K + kw;
+                        double wv = w[wi], s = 0.0;
+                        for (int oh = h0; oh < h1; oh++) {
+                            size_t r = xo + (size_t)(oh * stride - pad + kh) * W - pad + kw;
+                            const double *drow = d + (size_t)oh * OW;
+                            for (int ow = w0; ow < w1; ow++) {
                                 if (dinp)
-                                    dinp[ii] += d * w[wi];
-                                if (dw)
-                                    dw[wi] += d * inp[ii];
+                                    dinp[r + (size_t)ow * stride] += drow[ow] * wv;
+                                s += drow[ow] * inp[r + (size_t)ow * stride];
                             }
                         }
+                        if (dw)
+                            dw[wi] += s;
                     }
                 }
+            }
         }
 }
 
