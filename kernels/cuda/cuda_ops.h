@@ -51,8 +51,10 @@ int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
  *   cached in the context with the descriptors; one workspace grown to the largest need when a
  *   new shape is first seen.
  * Batch norm: BatchNorm2d (HW > 1) through cuDNN spatial mode, statistics summed by cuDNN in fp32
- *   (the CPU device sums in float64); BatchNorm1d (HW == 1) in own kernels with float64 sums as
- *   on the CPU (with few samples per channel the backward cancels: fp32 loses most digits).
+ *   (the CPU device sums in float64), or with PFCPS_CUDA_BN=exact (read at ctx_create) in own
+ *   kernels with the CPU device's float64 math (two-pass statistics; slower; for verification and
+ *   runs that must follow the CPU device); BatchNorm1d (HW == 1) always in own kernels with float64
+ *   sums (with few samples per channel the backward cancels: fp32 loses most digits).
  *   save_mean / save_var are device buffers of C doubles as on the CPU device and hold the same
  *   values (batch mean, biased batch variance), for cuDNN converted from its fp32 mean and inverse
  *   standard deviation; bn_backward converts them back.

@@ -34,6 +34,9 @@ struct ops_ctx {
     float *cscr; /* per-channel scratch: 4*C floats */
     size_t cscr_cap;
     int tf32; /* PFCPS_CUDA_TF32=1: allow tensor-op (TF32) convolution algorithms */
+    int bn_exact; /* PFCPS_CUDA_BN=exact: BatchNorm2d in own float64-sum kernels, not cuDNN */
+    double *dscr; /* per-channel float64 scratch for the exact batch norm */
+    size_t dscr_cap;
 };
 
 static int grow(float **buf, size_t *cap, size_t n)
@@ -347,6 +350,207 @@ static __global__ void bn1d_bwd_k(float *dinp, int acc, float *dweight, float *d
     }
 }
 
+/* ---- exact BatchNorm2d (PFCPS_CUDA_BN=exact): the CPU device's float64 math on the GPU ----
+ * Per channel: two-pass float64 statistics (partial sums over grid (C, S) blocks, then one thread
+ * per channel finishes them), per-element output in float64 then rounded; backward likewise. */
+#define BN_SPLIT 32
+
+static __device__ double block_sum_d256(double v)
+{
+    __shared__ double part[8];
+    __shared__ double total;
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, off);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+            t += part[w];
+        total = t;
+    }
+    __syncthreads();
+    double r = total;
+    __syncthreads();
+    return r;
+}
+
+/* part[c*S + s] = sum over this block's share of channel c of x (mean == NULL) or (x - mean[c])^2;
+ * with dy != NULL: part[...] = sum dy, part2[...] = sum dy * (x - mean[c]). */
+static __global__ void bnx_partial_k(double *part, double *part2, const float *x, const float *dy,
+                                     const double *mean, int B, int C, int HW)
+{
+    int ch = blockIdx.x, s = blockIdx.y, S = gridDim.y;
+    double m = mean ? mean[ch] : 0.0, a1 = 0.0, a2 = 0.0;
+    for (int b = s; b < B; b += S) {
+        size_t base = ((size_t)b * C + ch) * HW;
+        for (int hw = threadIdx.x; hw < HW; hw += blockDim.x) {
+            double v = x[base + hw];
+            if (dy) {
+                double g = dy[base + hw];
+                a1 += g;
+                a2 += g * (v - m);
+            } else if (mean) {
+                a1 += (v - m) * (v - m);
+            } else {
+                a1 += v;
+            }
+        }
+    }
+    a1 = block_sum_d256(a1);
+    if (dy)
+        a2 = block_sum_d256(a2);
+    if (threadIdx.x == 0) {
+        part[ch * S + s] = a1;
+        if (dy)
+            part2[ch * S + s] = a2;
+    }
+}
+
+/* stage 0: mean[c] = sum/n; stage 1: var[c] = sum/n, running statistics updated as the CPU device. */
+static __global__ void bnx_finish_k(double *mean, double *var, const double *part, int C, int S, double n,
+                                    int stage, float *running_mean, float *running_var, double momentum)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= C)
+        return;
+    double t = 0.0;
+    for (int s = 0; s < S; s++)
+        t += part[ch * S + s];
+    if (stage == 0) {
+        mean[ch] = t / n;
+        return;
+    }
+    var[ch] = t / n;
+    if (running_mean && running_var) {
+        double unbias = n > 1 ? n / (n - 1) : 1.0;
+        running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mean[ch]);
+        running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * var[ch] * unbias);
+    }
+}
+
+/* out = (x - mean) * weight / sqrt(var + eps) + bias, float64 per element (mean/var: double or the
+ * float running statistics). */
+static __global__ void bnx_apply_k(float *out, const float *x, const double *mean_d, const double *var_d,
+                                   const float *mean_f, const float *var_f, const float *weight,
+                                   const float *bias, int C, int HW, size_t n, double eps)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int ch = (int)((i / (size_t)HW) % (size_t)C);
+        double m = mean_d ? mean_d[ch] : (double)mean_f[ch];
+        double v = var_d ? var_d[ch] : (double)var_f[ch];
+        double k = (double)weight[ch] / sqrt(v + eps);
+        out[i] = (float)(((double)x[i] - m) * k + (double)bias[ch]);
+    }
+}
+
+/* Backward finish, one thread per channel: dbias += sum dy, dweight += sum dy*xhat; coef[3c..] =
+ * (k, mean dy, kx) for the element pass. */
+static __global__ void bnx_bwd_finish_k(double *coef, float *dweight, float *dbias, const double *part,
+                                        const double *part2, const float *weight, const double *save_mean,
+                                        const double *save_var, int C, int S, double n, double eps)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= C)
+        return;
+    double sdy = 0.0, sdyx = 0.0;
+    for (int s = 0; s < S; s++) {
+        sdy += part[ch * S + s];
+        sdyx += part2[ch * S + s];
+    }
+    double rstd = 1.0 / sqrt(save_var[ch] + eps);
+    sdyx *= rstd;
+    if (dbias)
+        dbias[ch] += (float)sdy;
+    if (dweight)
+        dweight[ch] += (float)sdyx;
+    coef[3 * ch] = (double)weight[ch] * rstd;
+    coef[3 * ch + 1] = sdy / n;
+    coef[3 * ch + 2] = rstd * (sdyx / n);
+    (void)save_mean;
+}
+
+static __global__ void bnx_dx_k(float *dinp, int acc, const float *dy, const float *x, const double *coef,
+                                const double *save_mean, int C, int HW, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int ch = (int)((i / (size_t)HW) % (size_t)C);
+        double k = coef[3 * ch], mdy = coef[3 * ch + 1], kx = coef[3 * ch + 2];
+        float v = (float)(k * ((double)dy[i] - mdy - ((double)x[i] - save_mean[ch]) * kx));
+        dinp[i] = acc ? dinp[i] + v : v;
+    }
+}
+
+static int dgrow(ops_ctx *c, size_t n)
+{
+    if (n <= c->dscr_cap)
+        return 0;
+    cudaFree(c->dscr);
+    c->dscr = NULL;
+    c->dscr_cap = 0;
+    cudaError_t e = cudaMalloc((void **)&c->dscr, n * sizeof(double));
+    if (e != cudaSuccess) {
+        c->dscr = NULL;
+        return pf_err(-ENOMEM, "CUDA batch-norm scratch of %zu doubles: %s", n, cudaGetErrorString(e));
+    }
+    c->dscr_cap = n;
+    return 0;
+}
+
+static int bnx_forward(ops_ctx *c, float *out, double *save_mean, double *save_var, const float *inp,
+                       const float *weight, const float *bias, float *running_mean, float *running_var,
+                       int B, int C, int HW, float eps, float momentum, int train)
+{
+    size_t n = (size_t)B * C * HW;
+    if (!train) {
+        bnx_apply_k<<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight, bias, C,
+                                          HW, n, (double)eps);
+        LAUNCH_CHECK("bn exact apply (eval)");
+        return 0;
+    }
+    int S = B < BN_SPLIT ? B : BN_SPLIT, rc;
+    if ((rc = dgrow(c, (size_t)C * S)))
+        return rc;
+    dim3 grid((unsigned)C, (unsigned)S);
+    double cnt = (double)B * HW;
+    bnx_partial_k<<<grid, 256>>>(c->dscr, NULL, inp, NULL, NULL, B, C, HW);
+    LAUNCH_CHECK("bn exact sum");
+    bnx_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 0, NULL, NULL, 0.0);
+    LAUNCH_CHECK("bn exact mean");
+    bnx_partial_k<<<grid, 256>>>(c->dscr, NULL, inp, NULL, save_mean, B, C, HW);
+    LAUNCH_CHECK("bn exact sum of squares");
+    bnx_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 1, running_mean,
+                                           running_var, (double)momentum);
+    LAUNCH_CHECK("bn exact variance");
+    bnx_apply_k<<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C, HW, n,
+                                      (double)eps);
+    LAUNCH_CHECK("bn exact apply");
+    return 0;
+}
+
+static int bnx_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const double *save_mean,
+                        const double *save_var, int B, int C, int HW, float eps)
+{
+    int S = B < BN_SPLIT ? B : BN_SPLIT, rc;
+    if ((rc = dgrow(c, (size_t)C * (2 * S + 3))))
+        return rc;
+    double *p1 = c->dscr, *p2 = c->dscr + (size_t)C * S, *coef = c->dscr + (size_t)2 * C * S;
+    dim3 grid((unsigned)C, (unsigned)S);
+    bnx_partial_k<<<grid, 256>>>(p1, p2, inp, dout, save_mean, B, C, HW);
+    LAUNCH_CHECK("bn exact backward sums");
+    bnx_bwd_finish_k<<<(C + 127) / 128, 128>>>(coef, dweight, dbias, p1, p2, weight, save_mean, save_var, C,
+                                               S, (double)B * HW, (double)eps);
+    LAUNCH_CHECK("bn exact backward finish");
+    if (dinp) {
+        size_t n = (size_t)B * C * HW;
+        bnx_dx_k<<<grid_for(n), 256>>>(dinp, acc, dout, inp, coef, save_mean, C, HW, n);
+        LAUNCH_CHECK("bn exact dx");
+    }
+    return 0;
+}
+
 static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var,
                            const float *inp, const float *weight, const float *bias,
                            float *running_mean, float *running_var, int B, int C, int HW, float eps,
@@ -361,6 +565,9 @@ static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sa
         return pf_err(-EINVAL, "batchnorm eval forward needs running statistics");
     if (!(eps > 0.0f))
         return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    if (c->bn_exact && HW > 1)
+        return bnx_forward(c, out, save_mean, save_var, inp, weight, bias, running_mean, running_var, B, C,
+                           HW, eps, momentum, train);
     if (HW == 1) {
         bn1d_fwd_k<<<(C + 127) / 128, 128>>>(out, save_mean, save_var, inp, weight, bias, running_mean,
                                               running_var, B, C, (double)eps, (double)momentum, train);
@@ -398,6 +605,9 @@ static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, fl
         return 0;
     if (!(eps > 0.0f))
         return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    if (c->bn_exact && HW > 1)
+        return bnx_backward(c, dinp, acc, dweight, dbias, dout, inp, weight, save_mean, save_var, B, C, HW,
+                            eps);
     if (HW == 1) {
         bn1d_bwd_k<<<(C + 127) / 128, 128>>>(dinp, acc, dweight, dbias, dout, inp, weight, save_mean,
                                               save_var, B, C, (double)eps);
@@ -689,6 +899,7 @@ static void cuda_ctx_destroy(ops_ctx *c)
     cudaFree(c->ws);
     cudaFree(c->scr);
     cudaFree(c->cscr);
+    cudaFree(c->dscr);
     if (c->bn_x) cudnnDestroyTensorDescriptor(c->bn_x);
     if (c->bn_p) cudnnDestroyTensorDescriptor(c->bn_p);
     if (c->blas) cublasDestroy(c->blas);
@@ -716,6 +927,8 @@ static int cuda_ctx_create(ops_ctx **out)
         return pf_err(-ENOMEM, "CUDA ops context: out of memory");
     const char *t = getenv("PFCPS_CUDA_TF32");
     c->tf32 = t && strcmp(t, "1") == 0;
+    const char *bm = getenv("PFCPS_CUDA_BN");
+    c->bn_exact = bm && strcmp(bm, "exact") == 0;
     int rc = ctx_init(c);
     if (rc) {
         cuda_ctx_destroy(c);

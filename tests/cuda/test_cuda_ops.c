@@ -1,6 +1,6 @@
 /* CUDA device (ops_cuda) vs the CPU device (ops_cpu, the reference) for every layer of
  * kernels/ops.h: convolution fwd/bwd (groups, strides, 1x1 and 3x3), batch norm train/eval fwd and
- * bwd (2d and HW = 1), PReLU, Linear (with and without bias), add, acc, layout conversions,
+ * bwd (2d and HW = 1; cuDNN and PFCPS_CUDA_BN=exact), PReLU, Linear (with and without bias), add, acc, layout conversions,
  * dropout. Random shapes and inputs drawn from a fresh seed each run (printed; PFCPS_TEST_SEED
  * replays one). Every CUDA output is poisoned with NaN before the call and every element is
  * checked (a NaN left anywhere fails). fp32: relative error ||cuda - cpu|| / ||cpu|| <= 1e-4 per
@@ -420,6 +420,17 @@ int main(void)
     test_bn(0);
     test_bn(0);
     test_bn(1);
+    /* the same with the exact (float64-sum) batch norm */
+    ops_ctx *cudnn_ctx = gpu;
+    setenv("PFCPS_CUDA_BN", "exact", 1);
+    if (ops_cuda.ctx_create(&gpu))
+        DIE("exact-BN context creation");
+    unsetenv("PFCPS_CUDA_BN");
+    printf("-- PFCPS_CUDA_BN=exact --\n");
+    test_bn(0);
+    test_bn(0);
+    ops_cuda.ctx_destroy(gpu);
+    gpu = cudnn_ctx;
     test_prelu();
     test_prelu();
     test_linear(1);
