@@ -43,6 +43,21 @@ int cuda_sync(void);
 /* Free and total memory of the current device in bytes (cudaMemGetInfo). Returns 0 or -EIO. */
 int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
+/* ---- pinned host buffers, side stream (class-center rows pulled from the parameter servers) ----
+ * Rows are pulled into pinned host memory (register it with the fabric), copied to the GPU on a
+ * side stream while the backbone forward runs on the default stream, and the default stream is
+ * made to wait for the copy before the head reads the rows:
+ *   cuda_h2d_async(dev_rows, pinned, bytes, side); ... forward ...; cuda_default_stream_wait(side);
+ * cudaHostAlloc / cudaStreamCreateWithFlags(NonBlocking) / cudaMemcpyAsync / event + StreamWaitEvent.
+ * Return 0, -ENOMEM (pinned allocation), or -EIO. A pinned buffer must stay alive until its copy is done. */
+int cuda_host_pinned_alloc(void **p, size_t bytes);
+void cuda_host_pinned_free(void *p);
+int cuda_side_stream_create(void **stream);
+void cuda_side_stream_destroy(void *stream);
+int cuda_h2d_async(void *dst, const void *host_src, size_t bytes, void *stream);
+/* Work queued on the default stream from now on starts after everything queued on `stream` so far. */
+int cuda_default_stream_wait(void *stream);
+
 /* ---- the device table ---- */
 
 /* The CUDA device (kernels/cuda/ops_cuda.cu), name "cuda". All tensors in device memory.

@@ -63,3 +63,56 @@ extern "C" int cuda_set_device(int device)
     CUDA_TRY(cudaSetDevice(device));
     return 0;
 }
+
+/* ---- pinned host buffers and a side stream for class-center rows ---- */
+
+extern "C" int cuda_host_pinned_alloc(void **p, size_t bytes)
+{
+    *p = NULL;
+    cudaError_t e = cudaHostAlloc(p, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return pf_err(-ENOMEM, "cudaHostAlloc(%zu bytes) failed: %s", bytes, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+extern "C" void cuda_host_pinned_free(void *p)
+{
+    if (p)
+        cudaFreeHost(p);
+}
+
+extern "C" int cuda_side_stream_create(void **stream)
+{
+    cudaStream_t s;
+    *stream = NULL;
+    CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    *stream = s;
+    return 0;
+}
+
+extern "C" void cuda_side_stream_destroy(void *stream)
+{
+    if (stream)
+        cudaStreamDestroy((cudaStream_t)stream);
+}
+
+extern "C" int cuda_h2d_async(void *dst, const void *host_src, size_t bytes, void *stream)
+{
+    CUDA_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)stream));
+    return 0;
+}
+
+extern "C" int cuda_default_stream_wait(void *stream)
+{
+    cudaEvent_t ev;
+    CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, (cudaStream_t)stream);
+    if (e == cudaSuccess)
+        e = cudaStreamWaitEvent(0, ev, 0);
+    cudaEventDestroy(ev); /* released once the recorded work completes */
+    if (e != cudaSuccess)
+        return pf_err(-EIO, "side stream -> default stream dependency failed: %s", cudaGetErrorString(e));
+    return 0;
+}

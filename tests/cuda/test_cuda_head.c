@@ -6,7 +6,8 @@
  *    three steps), gather / scatter / scatter-add of rows vs a host loop (exact), out-of-range
  *    index -> -ERANGE;
  *  - fp16 / bf16: known bit patterns and the round trip of random values within half an ulp;
- *  - loss-scaling unscale + non-finite check (exact scaling by 1/4, inf and NaN found).
+ *  - loss-scaling unscale + non-finite check (exact scaling by 1/4, inf and NaN found);
+ *  - pinned rows copied on a side stream, read by a default-stream kernel after the wait (exact).
  * Without a GPU: "SKIP: no CUDA device" and exit 77. */
 #include <dirent.h>
 #include <math.h>
@@ -363,6 +364,41 @@ static void unscale_case(void)
     free(o);
 }
 
+/* Pinned rows copied on a side stream; a default-stream kernel ordered after them reads them. */
+static void side_stream_case(void)
+{
+    size_t n = 1 << 20;
+    float *pin, *d, *d2;
+    void *side;
+    if (cuda_host_pinned_alloc((void **)&pin, n * 4) || cuda_side_stream_create(&side) ||
+        cuda_malloc((void **)&d, n * 4) || cuda_malloc((void **)&d2, n * 4))
+        DIE("pinned / side stream setup");
+    for (size_t i = 0; i < n; i++)
+        pin[i] = frand(-1, 1);
+    if (cuda_fill_f32(d, NAN, n) || cuda_fill_f32(d2, NAN, n) || cuda_sync() ||
+        cuda_h2d_async(d, pin, n * 4, side) || cuda_default_stream_wait(side))
+        DIE("side stream copy");
+    float *o = NULL;
+    int64_t *idx = malloc(sizeof *idx);
+    idx[0] = 0;
+    int64_t *didx = dup_dev(idx, sizeof *idx);
+    /* gather row 0 of a 1-row table of n floats: runs on the default stream after the wait */
+    if (cuda_gather_rows(d2, d, 1, didx, 1, (int)n))
+        DIE("gather after side stream");
+    o = dl(d2, n);
+    int same = 1;
+    for (size_t i = 0; i < n; i++)
+        same &= o[i] == pin[i];
+    check(same, "pinned rows via side stream, read on the default stream after cuda_default_stream_wait: exact");
+    free(o);
+    free(idx);
+    cuda_free(didx);
+    cuda_free(d);
+    cuda_free(d2);
+    cuda_side_stream_destroy(side);
+    cuda_host_pinned_free(pin);
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -402,6 +438,7 @@ int main(void)
     rows_case();
     convert_case();
     unscale_case();
+    side_stream_case();
     printf("%d of %d checks failed\n", failures, checks);
     return failures ? 1 : 0;
 }
