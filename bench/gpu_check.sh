@@ -26,9 +26,17 @@ command -v nvcc >/dev/null 2>&1 || PATH=$PATH:/usr/local/cuda/bin
 nvcc --version 2>/dev/null | tail -1
 
 # 1. build (only the CUDA pieces: library, its tests, the driver)
+REFOPT=""
+for r in "${PFCPS_REFERENCE:-}" "$ROOT/../shared/reference" "$ROOT/shared/reference"; do
+    if [ -n "$r" ] && [ -d "$r/head" ]; then
+        REFOPT="-Dreference_dir=$(cd "$r" && pwd)"
+        break
+    fi
+done
+[ -n "$REFOPT" ] || echo "gpu_check: no reference folder found (the reference tests will SKIP)"
 if [ ! -f "$BUILD/build.ninja" ]; then
-    stamp "meson setup $BUILD -Dcuda=enabled"
-    meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dbuildtype=release >"$BUILD.setup.log" 2>&1 || {
+    stamp "meson setup $BUILD -Dcuda=enabled $REFOPT"
+    meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dbuildtype=release $REFOPT >"$BUILD.setup.log" 2>&1 || {
         tail -30 "$BUILD.setup.log"; echo "gpu_check: meson setup failed"; exit 1; }
 fi
 TARGETS="bench/gpu/bench_gpu tests/cuda/test_cuda_ops tests/cuda/test_cuda_head tests/cuda/test_cuda_table tests/cuda/test_cuda_backbone tests/cuda/test_loss_scale tests/cuda/test_cuda_nccl tests/common/test_cuda_l2norm"
