@@ -13,17 +13,7 @@
 #include "common/err.h"
 #include "worker/head/head.h"
 
-static int fails;
-
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (!(cond)) {                                    \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
-            printf(__VA_ARGS__);                          \
-            printf("\n");                                 \
-            fails++;                                      \
-        }                                                 \
-    } while (0)
+#include "tests/check.h"
 
 /* Float64 margin-softmax loss (mean over n rows), the definition in the reference README plus
  * arcface_torch's interclass filtering. Labels in [0, k). */

@@ -11,17 +11,7 @@
 #include "tests/npy.h"
 #include "worker/head/optim.h"
 
-static int fails;
-
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (!(cond)) {                                    \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
-            printf(__VA_ARGS__);                          \
-            printf("\n");                                 \
-            fails++;                                      \
-        }                                                 \
-    } while (0)
+#include "tests/check.h"
 
 static int test_sgd_reference(void)
 {

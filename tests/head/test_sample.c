@@ -10,17 +10,7 @@
 #include "common/err.h"
 #include "worker/head/sample.h"
 
-static int fails;
-
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (!(cond)) {                                    \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
-            printf(__VA_ARGS__);                          \
-            printf("\n");                                 \
-            fails++;                                      \
-        }                                                 \
-    } while (0)
+#include "tests/check.h"
 
 /* Checks one sample against its definition; returns 0 when all holds. */
 static int check_sample(const sample_args *a, const int64_t *labels, int64_t n, const int64_t *ids, int64_t k,

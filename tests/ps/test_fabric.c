@@ -10,16 +10,7 @@
 #include "common/err.h"
 #include "common/fabric.h"
 
-static int fails;
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            fails++;                                    \
-        }                                               \
-    } while (0)
+#include "tests/check.h"
 
 static double now(void) {
     struct timespec ts;

@@ -13,16 +13,7 @@
 #include "server/ps_server.h"
 #include "tests/ps/pst.h"
 
-static int fails;
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            fails++;                                    \
-        }                                               \
-    } while (0)
+#include "tests/check.h"
 
 #define S 2
 #define W 3

@@ -19,16 +19,7 @@
 #define MU 0.9
 #define WD 0.0005
 
-static int fails;
-#define CHECK(cond, ...)                         \
-    do {                                         \
-        if (!(cond)) {                           \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                 \
-            printf("\n");                        \
-            fails++;                             \
-        }                                        \
-    } while (0)
+#include "tests/check.h"
 
 static uint64_t mix(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;

@@ -12,16 +12,7 @@
 #include "tests/npy.h"
 #include "tests/ps/pst.h"
 
-static int fails;
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            fails++;                                    \
-        }                                               \
-    } while (0)
+#include "tests/check.h"
 
 static void test_init(void) {
     const int64_t C = 53;
