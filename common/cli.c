@@ -1,4 +1,5 @@
 #include "common/cli.h"
+#include "common/ctl.h"
 
 #include "common/err.h"
 
@@ -77,4 +78,19 @@ int cli_parse_common(int argc, char **argv, pf_config *cfg, const char *usage, i
     }
     free(sets);
     return rc;
+}
+
+int cli_member_check(const pf_config *cfg, long rank, int count, const char *what, char *host, size_t hostlen,
+                     int *port, const char **secret)
+{
+    if (rank < 0)
+        return pf_err(-EINVAL, "--rank is required");
+    if (rank >= count)
+        return pf_err(-EINVAL, "--rank %ld is outside [0, %s = %d)", rank, what, count);
+    *secret = cfg_secret(cfg);
+    if (!*secret || !**secret)
+        return pf_err(-EINVAL, "no join secret: set 'secret' in the config or PFCPS_SECRET in the environment");
+    if (ctl_parse_hostport(cfg->rendezvous, host, hostlen, port) < 0)
+        return pf_err(-EINVAL, "rendezvous '%s' is not host:port", cfg->rendezvous);
+    return 0;
 }

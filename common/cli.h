@@ -22,4 +22,11 @@ int cli_parse_common(int argc, char **argv, pf_config *cfg, const char *usage, i
 /* Prints the shared options' help to `f` ("  -c, --config FILE ..."). */
 void cli_print_common_help(FILE *f);
 
+/* Start-up checks every daemon (server or worker) makes before joining: rank in [0, count) (`what` names
+ * the count's key, "servers" or "workers"), a join secret (config `secret` or PFCPS_SECRET), and a
+ * `rendezvous` of the form host:port. Fills host (hostlen bytes), *port and *secret. Returns 0 or -EINVAL
+ * with pf_errmsg() naming the problem. */
+int cli_member_check(const pf_config *cfg, long rank, int count, const char *what, char *host, size_t hostlen,
+                     int *port, const char **secret);
+
 #endif

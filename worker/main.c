@@ -78,26 +78,14 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    if (rank < 0) {
-        log_error("--rank is required\n%s", usage);
-        return 1;
-    }
     topts.rank = (int)rank;
     topts.max_steps = max_steps;
     log_init("worker", (int)rank);
-    if (rank >= cfg.workers) {
-        log_error("--rank %ld is outside [0, workers = %d)", rank, cfg.workers);
-        return 1;
-    }
-    const char *secret = cfg_secret(&cfg);
-    if (!secret || !*secret) {
-        log_error("no join secret: set 'secret' in the config or PFCPS_SECRET in the environment");
-        return 1;
-    }
+    const char *secret;
     char host[256];
     int port;
-    if (ctl_parse_hostport(cfg.rendezvous, host, sizeof host, &port) < 0) {
-        log_error("rendezvous '%s' is not host:port", cfg.rendezvous);
+    if (cli_member_check(&cfg, rank, cfg.workers, "workers", host, sizeof host, &port, &secret) < 0) {
+        log_error("%s\n%s", pf_errmsg(), usage);
         return 1;
     }
     struct sigaction sa;

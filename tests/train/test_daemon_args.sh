@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Both daemons refuse bad start-up input with exit 1 and a message naming the problem: no --rank, a rank
+# outside the run, no join secret, a rendezvous that is not host:port, an unknown argument, a bad config
+# key. Nothing is started (no port is bound).
+set -uo pipefail
+SERVER=$1 WORKER=$2
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+cat >"$TMP/run.ini" <<INI
+[train]
+embedding_size = 16
+[data]
+rec = synthetic
+num_classes = 10
+[cluster]
+servers = 2
+workers = 3
+rendezvous = 127.0.0.1:1
+INI
+# expect NAME EXPECTED_TEXT COMMAND...: the command exits 1 and prints EXPECTED_TEXT (fixed string).
+expect() {
+  local name=$1 text=$2; shift 2
+  local out rc=0
+  out=$(env -u PFCPS_SECRET "$@" 2>&1) || rc=$?
+  if [ "$rc" -ne 1 ] || ! grep -qF -- "$text" <<<"$out"; then
+    echo "FAIL $name: exit $rc, expected 1 and '$text' in:"; echo "$out" | head -3; fails=$((fails + 1))
+  else
+    echo "ok   $name: $(grep -F -- "$text" <<<"$out" | head -1 | sed 's/^.* ERROR //')"
+  fi
+}
+for d in "$SERVER" "$WORKER"; do
+  n=$(basename "$d")
+  expect "$n no rank" "--rank is required" "$d" --config "$TMP/run.ini" --set secret=x
+  expect "$n unknown argument" "unknown argument '--frobnicate'" "$d" --config "$TMP/run.ini" --rank 0 --frobnicate
+  expect "$n bad key" "embedding_sise" "$d" --config "$TMP/run.ini" --set embedding_sise=3 --rank 0
+  expect "$n no secret" "no join secret" "$d" --config "$TMP/run.ini" --rank 0
+  expect "$n bad rendezvous" "rendezvous" "$d" --config "$TMP/run.ini" --rank 0 --set secret=x --set rendezvous=nohost
+done
+expect "server rank outside" "--rank 2 is outside [0, servers = 2)" "$SERVER" --config "$TMP/run.ini" --rank 2 --set secret=x
+expect "worker rank outside" "--rank 3 is outside [0, workers = 3)" "$WORKER" --config "$TMP/run.ini" --rank 3 --set secret=x
+[ "$fails" -eq 0 ] && echo PASS
+exit "$fails"
