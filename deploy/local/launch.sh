@@ -15,7 +15,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     -c|--config) config=$2; shift 2 ;;
     -b|--build) build=$2; shift 2 ;;
-    --set) sets+=("--set" "$2"); shift 2 ;;
+    --set|-s) sets+=("--set" "$2"); shift 2 ;;
     --set=*) sets+=("--set" "${1#--set=}"); shift ;;
     -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
     *) echo "launch: unknown argument '$1'" >&2; exit 2 ;;
@@ -45,40 +45,52 @@ out=$(value_of output); out=${out:-work_dirs/pfcps}
 mkdir -p "$out/logs"
 
 pids=()
-stop_all() {
-  local sig=$1
-  for p in "${pids[@]}"; do kill "-$sig" "$p" 2>/dev/null; done
+server_pids=()
+worker_pids=()
+# wait_gone SECONDS PIDS...: waits until none of PIDS is alive, at most SECONDS.
+wait_gone() {
+  local n=$(( $1 * 10 )); shift
+  for ((i = 0; i < n; i++)); do
+    local alive=0
+    for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && return 0
+    sleep 0.1
+  done
+  return 1
 }
 on_signal() {
-  echo "launch: signal received, stopping ${#pids[@]} daemons" >&2
-  stop_all TERM
-  sleep 5
-  stop_all KILL
+  echo "launch: signal received, stopping ${#worker_pids[@]} workers, then ${#server_pids[@]} servers" >&2
+  # Workers first: they agree to stop after the step in progress and exit 0. Then the servers they
+  # were talking to. Whatever is still alive 5 s later is killed.
+  for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  wait_gone 5 "${worker_pids[@]}"
+  for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  wait_gone 5 "${server_pids[@]}"
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
   wait 2>/dev/null
   exit 130
 }
 trap on_signal INT TERM
 
 echo "launch: $S servers + $W workers, config $config, logs in $out/logs"
-server_pids=()
 for ((r = 0; r < S; r++)); do
   "$server_bin" --config "$config" --rank "$r" "${sets[@]}" >"$out/logs/server$r.log" 2>&1 &
   pids+=($!); server_pids+=($!)
 done
-worker_pids=()
 for ((r = 0; r < W; r++)); do
-  if [ "$r" -eq 0 ]; then
-    "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" 2>&1 | tee "$out/logs/worker$r.log" &
-  else
-    "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" >"$out/logs/worker$r.log" 2>&1 &
-  fi
+  # Every daemon's own pid is what we signal (never a pipe's): output goes to its log file.
+  "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" >"$out/logs/worker$r.log" 2>&1 &
   pids+=($!); worker_pids+=($!)
 done
+# Show worker 0's log here while it runs (tail ends by itself when worker 0 exits).
+tail -n +1 -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
+tail_pid=$!
 
 rc=0
 for p in "${worker_pids[@]}"; do
   wait "$p" || rc=$?
 done
+wait "$tail_pid" 2>/dev/null
 # Workers are done (or one failed): stop the servers cleanly and collect their exit codes.
 for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
 for p in "${server_pids[@]}"; do
