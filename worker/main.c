@@ -8,7 +8,9 @@
  * trains with the same config: the one server 0 was started with), then train (worker/train.h).
  * SIGTERM / SIGINT: every worker stops after the step in progress (they agree through an allreduce),
  * exit 0. Exit 1 on a start-up or training error, with the message on stderr. */
+#include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,42 @@ static void on_signal(int sig)
 {
     (void)sig;
     g_stop = 1;
+}
+
+/* Watches the control connection while training runs: server 0 broadcasts a shutdown when it stops
+ * (SIGTERM, or a fatal error), and a lost connection means server 0 is gone. Either way the run cannot go
+ * on: ask for a clean stop at the next step boundary, and if the step in progress cannot finish (its
+ * servers are gone) within `grace_s`, leave with an error instead of waiting out the data-plane timeouts. */
+typedef struct ctl_watch {
+    ctl_session *sess;
+    volatile int done;
+    double grace_s;
+} ctl_watch;
+
+static void *ctl_watch_main(void *arg)
+{
+    ctl_watch *w = arg;
+    while (!w->done) {
+        int r = ctl_session_wait_shutdown(w->sess, 0.5);
+        if (r == 0)
+            continue;
+        if (w->done)
+            break;
+        if (r == 1)
+            log_error("the rendezvous (server 0) shut the run down: stopping");
+        else
+            log_error("lost the control connection to server 0 (%s): stopping", pf_errmsg());
+        g_stop = 1;
+        for (int i = 0; i < (int)(w->grace_s * 10) && !w->done; i++)
+            usleep(100000);
+        if (!w->done) {
+            log_error("the step in progress did not finish within %.0f s of the run's shutdown: exiting", w->grace_s);
+            log_close_file();
+            _exit(1);
+        }
+        break;
+    }
+    return NULL;
 }
 
 static const char usage[] =
@@ -120,7 +158,17 @@ int main(int argc, char **argv)
     log_info("joined: %d servers, %d workers", book->num_servers, book->num_workers);
     if (rank == 0)
         cfg_log(&run);
-    if (train_setup(t, &run, book, &topts) < 0 || train_run(t) < 0) {
+    ctl_watch watch = {.sess = sess, .grace_s = 10};
+    pthread_t watcher;
+    int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
+    int rc_train = train_setup(t, &run, book, &topts);
+    if (rc_train == 0)
+        rc_train = train_run(t);
+    if (watching) {
+        watch.done = 1;
+        pthread_join(watcher, NULL);
+    }
+    if (rc_train < 0) {
         log_error("%s", pf_errmsg());
         goto out;
     }

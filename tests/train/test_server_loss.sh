@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# When server 0 (the rendezvous) stops or dies mid-run, the workers notice through the control connection
+# and exit with a message within seconds, instead of waiting out the data-plane timeouts (120 s).
+#   case 1: SIGTERM to server 0 -> it broadcasts the shutdown -> the worker stops (after the step in
+#           progress if it can finish, exit 0; else exit 1) and says why
+#   case 2: SIGKILL to server 0 -> the control connection breaks -> the worker exits 1 naming that
+set -uo pipefail
+SERVER=$1 WORKER=$2
+TMP=$(mktemp -d)
+source "$(dirname "$0")/cluster.sh"
+export OMP_NUM_THREADS=1
+run_case() {
+  local sig=$1 text=$2
+  local port; port=$(free_port)
+  cat >"$TMP/run.ini" <<INI
+[train]
+network = r18_w8
+embedding_size = 16
+batch_size = 4
+num_epoch = 1000
+output = $TMP/out
+[data]
+rec = synthetic
+num_classes = 20
+num_image = 400
+num_workers = 1
+[cluster]
+servers = 1
+workers = 1
+rendezvous = 127.0.0.1:$port
+secret = loss-secret
+INI
+  rm -f "$TMP/trace"
+  start_cluster "$TMP/run.ini" 1 1 --trace "$TMP/trace"
+  for _ in $(seq 1 600); do [ -s "$TMP/trace" ] && break; sleep 0.1; done
+  [ -s "$TMP/trace" ] || { show_logs; fail "$sig: training did not start"; }
+  kill "-$sig" "${SPIDS[0]}"
+  local t0=$SECONDS rc=0
+  for _ in $(seq 1 300); do kill -0 "${WPIDS[0]}" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "${WPIDS[0]}" 2>/dev/null && { show_logs; fail "$sig: the worker still runs 30 s after server 0 went away"; }
+  wait "${WPIDS[0]}" || rc=$?
+  wait "${SPIDS[0]}" 2>/dev/null
+  # A shutdown broadcast is an orderly stop (the worker may finish its step and exit 0); a dead server is not.
+  [ "$sig" = TERM ] || [ "$rc" -ne 0 ] || fail "$sig: the worker exited 0 although server 0 died"
+  grep -q "$text" "$TMP/worker0.log" || { show_logs; fail "$sig: worker log lacks '$text'"; }
+  echo "ok: SIG$sig to server 0: worker exited $rc after $((SECONDS - t0)) s: $(grep -m1 "$text" "$TMP/worker0.log" | sed 's/^.* ERROR //')"
+}
+run_case TERM "shut the run down"
+run_case KILL "lost the control connection"
+echo PASS
