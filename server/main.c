@@ -170,6 +170,9 @@ int main(int argc, char **argv) {
         log_error("%s", pf_errmsg());
         goto out;
     }
+    if (run.snapshot_every > 0)
+        log_warn("snapshot_every = %d: shard snapshots are not implemented yet; the table lives only in this "
+                 "process", run.snapshot_every);
     log_info("serving shard %d/%d to %d workers (head_mode %s: %s, max_staleness %d, %d apply threads)", rank,
              run.servers, run.workers, run.head_mode,
              so.global_mode ? "pushes applied on arrival, read-your-writes pulls" : "BSP/SSP step clock",

@@ -21,6 +21,7 @@
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
+#include "worker/model/model.h"
 #include "worker/train.h"
 
 static volatile int g_stop;
@@ -126,6 +127,13 @@ int main(int argc, char **argv)
         log_error("%s\n%s", pf_errmsg(), usage);
         return 1;
     }
+    /* The network name is checked here, before joining, so a typo stops this worker at once with the key
+     * named instead of after the whole run has formed. */
+    model_desc desc;
+    if (model_desc_from_name(&desc, cfg.network, cfg.embedding_size) < 0) {
+        log_error("config key 'network': %s", pf_errmsg());
+        return 1;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -158,6 +166,23 @@ int main(int argc, char **argv)
     log_info("joined: %d servers, %d workers", book->num_servers, book->num_workers);
     if (rank == 0)
         cfg_log(&run);
+    /* Keys that arcface_torch configs carry but this build does not implement: refuse the ones whose
+     * silent ignoring would do harm, warn about the rest (docs/configuration.md marks them). */
+    if (strcmp(run.device, "cpu") != 0) {
+        log_error("device = %s: the CUDA device is built (kernels/cuda) but not wired into the training loop "
+                  "yet; use device = cpu", run.device);
+        goto out;
+    }
+    if (run.resume) {
+        log_error("resume = true: resuming is not implemented yet (only the backbone is saved, in %s/model.ckpt; "
+                  "optimizer state and class centers are not); refusing to start rather than overwrite it",
+                  run.output);
+        goto out;
+    }
+    if (run.fp16 && rank == 0)
+        log_warn("fp16 = true: mixed precision belongs to the CUDA device; the CPU device trains in fp32");
+    if (run.save_all_states && rank == 0)
+        log_warn("save_all_states = true: not implemented yet; only the backbone is saved");
     ctl_watch watch = {.sess = sess, .grace_s = 10};
     pthread_t watcher;
     int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Keys that arcface_torch configs carry but this build does not implement are never ignored silently:
+# device = cuda and resume = true stop the worker at start (exit 1, message naming the key) before any
+# step; fp16 = true and save_all_states = true train on with a warning; snapshot_every > 0 makes the
+# server warn.
+set -uo pipefail
+SERVER=$1 WORKER=$2
+TMP=$(mktemp -d)
+source "$(dirname "$0")/cluster.sh"
+export OMP_NUM_THREADS=1
+write_cfg() {
+  cat >"$TMP/run.ini" <<INI
+[train]
+network = r18_w8
+embedding_size = 16
+batch_size = 4
+num_epoch = 1
+output = $TMP/out
+$1
+[data]
+rec = synthetic
+num_classes = 10
+num_image = 8
+num_workers = 1
+[cluster]
+servers = 1
+workers = 1
+rendezvous = 127.0.0.1:$(free_port)
+secret = keys-secret
+$2
+INI
+}
+refused() {
+  local line=$1 text=$2 rc=0
+  write_cfg "$line" ""
+  rm -f "$TMP/trace"
+  start_cluster "$TMP/run.ini" 1 1 --trace "$TMP/trace"
+  wait "${WPIDS[0]}" || rc=$?
+  stop_servers
+  [ "$rc" -eq 1 ] || fail "'$line': worker exit $rc, expected 1"
+  grep -q "$text" "$TMP/worker0.log" || { show_logs; fail "'$line': no '$text' in the worker log"; }
+  [ ! -s "$TMP/trace" ] || fail "'$line': the worker trained before refusing"
+  echo "ok refused '$line': $(grep -m1 "$text" "$TMP/worker0.log" | sed 's/^.* ERROR //' | cut -c1-110)"
+}
+warned() {
+  local line=$1 sline=$2 text=$3 who=$4
+  write_cfg "$line" "$sline"
+  start_cluster "$TMP/run.ini" 1 1
+  wait_all "${WPIDS[@]}" || { show_logs; fail "'$line$sline': the worker failed"; }
+  stop_servers
+  grep -q "WARN.*$text" "$TMP/$who.log" || { show_logs; fail "'$line$sline': no warning '$text' in $who.log"; }
+  echo "ok warned '$line$sline': $(grep -m1 "WARN.*$text" "$TMP/$who.log" | sed 's/^.* WARN //' | cut -c1-110)"
+}
+refused "device = cuda" "device = cuda: the CUDA device is built"
+refused "resume = true" "resume = true: resuming is not implemented yet"
+warned "fp16 = true" "" "fp16 = true" worker0
+warned "save_all_states = true" "" "save_all_states = true" worker0
+warned "" "snapshot_every = 5" "snapshot_every = 5" server0
+echo PASS
