@@ -67,6 +67,7 @@ static const key_def keys[] = {
     {"resume", "data", K_BOOL, OFF(resume), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"save_all_states", "data", K_BOOL, OFF(save_all_states), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"skip_bad_records", "data", K_BOOL, OFF(skip_bad_records), "false", 0, 1, 0, 0, NULL, 0, 0},
+    {"resize", "data", K_BOOL, OFF(resize), "false", 0, 1, 0, 0, NULL, 0, 0},
     /* [cluster] */
     {"servers", "cluster", K_INT, OFF(servers), "1", 1, 65536, 0, 0, NULL, 0, 0},
     {"workers", "cluster", K_INT, OFF(workers), "1", 1, 65536, 0, 0, NULL, 0, 0},

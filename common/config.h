@@ -45,6 +45,7 @@ typedef struct pf_config {
     int resume;                     /* default false */
     int save_all_states;            /* default false */
     int skip_bad_records;           /* default false: a bad record stops the loader */
+    int resize;                     /* default false: images not 112x112 are an error; true: resized */
     /* --- cluster --- */
     int servers;                    /* S, default 1 */
     int workers;                    /* W, default 1 */

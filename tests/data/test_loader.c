@@ -314,7 +314,7 @@ static void test_from_config(void)
     pf_config cfg;
     cfg_defaults(&cfg);
     const char *sets[] = {"rec=synthetic", "num_classes=5000000000", "batch_size=32", "num_workers=3", "seed=99",
-                          "skip_bad_records=true", "num_image=4096"};
+                          "skip_bad_records=true", "num_image=4096", "resize=true"};
     int rc = 0;
     for (size_t i = 0; i < sizeof sets / sizeof *sets && rc == 0; i++) {
         char k[64], v[64];
@@ -326,7 +326,7 @@ static void test_from_config(void)
     loader_opts_from_config(&o, &cfg, 2, 4);
     CHECK(strcmp(o.rec, "synthetic") == 0 && o.num_classes == INT64_C(5000000000) && o.batch_size == 32 &&
           o.num_workers == 3 && o.seed == 99 && o.skip_bad_records == 1 && o.num_image == 4096 && o.rank == 2 &&
-          o.world_size == 4, "loader_opts_from_config");
+          o.world_size == 4 && o.resize == 1, "loader_opts_from_config");
     loader *l;
     rc = loader_open(&l, &o);
     CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "num_classes in 1..2^32, got 5000000000"), "C 5e9: %s", pf_errmsg());
@@ -334,7 +334,7 @@ static void test_from_config(void)
     rc = loader_open(&l, &o);
     CHECK(rc == 0 && loader_num_batches(l) == 4096 / (32 * 4), "synthetic from config: %s", pf_errmsg());
     if (rc == 0) loader_close(l);
-    printf("config: rec, num_classes, batch_size, num_workers, seed, skip_bad_records, num_image reach the loader\n");
+    printf("config: rec, num_classes, batch_size, num_workers, seed, skip_bad_records, num_image, resize reach the loader\n");
 }
 
 static void test_bad_options(void)

@@ -195,7 +195,7 @@ int img_load(img_decoder *d, const uint8_t *data, size_t len, int size, int resi
     if (rc < 0) return rc;
     if (w != size || h != size) {
         if (!resize)
-            return pf_err(-EINVAL, "image is %dx%d, expected %dx%d (set resize to convert)", w, h, size, size);
+            return pf_err(-EINVAL, "image is %dx%d, expected %dx%d (set config key resize = true to resize)", w, h, size, size);
         rc = grow(&d->tmp, &d->tmp_cap, (size_t)size * size * 3);
         if (rc < 0) return rc;
         img_resize_rgb(rgb, w, h, d->tmp, size, size);

@@ -41,7 +41,7 @@ int img_pad_rgb(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh
 void img_to_chw(const uint8_t *rgb, int w, int h, int flip, float *out);
 
 /* Decode + size check (or resize when resize != 0) + flip + normalize: out is (3, size, size) float32.
- * Errors: those of img_decode_rgb, and -EINVAL "image is WxH, expected SxS (set resize to convert)". */
+ * Errors: those of img_decode_rgb, and -EINVAL "image is WxH, expected SxS (set config key resize = true to resize)". */
 int img_load(img_decoder *d, const uint8_t *data, size_t len, int size, int resize, int flip, float *out);
 
 /* Seeded randomness shared by the data pipeline: splitmix64 step and a stateless 64-bit hash. */

@@ -65,6 +65,7 @@ void loader_opts_from_config(loader_opts *o, const pf_config *cfg, int rank, int
     o->num_workers = cfg->num_workers;
     o->seed = (uint64_t)cfg->seed;
     o->skip_bad_records = cfg->skip_bad_records;
+    o->resize = cfg->resize;
     if (cfg->num_image > 0) o->num_image = cfg->num_image;
     o->rank = rank;
     o->world_size = world_size;
