@@ -85,6 +85,7 @@ typedef struct conn {
     uint8_t *wbuf;
     size_t wlen, wcap;
     int joined;
+    int left;           /* the member said it leaves (ctl_session_leave): its disconnect is orderly */
     ctl_role role;
     int rank;
     int closing;        /* no more reads; close once wbuf is flushed or close_at passes */
@@ -179,7 +180,10 @@ static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
     release_slot(rv, c);
 }
 
-/* A member leaving (dropped or disconnected): before the run formed its rank is free again. */
+static void queue_member_lost(ctl_rendezvous *rv, const conn *gone);
+
+/* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
+ * member that goes without saying so (crash, kill -9, network) is reported to every other member. */
 static void release_slot(ctl_rendezvous *rv, conn *c)
 {
     if (!c->joined)
@@ -191,8 +195,10 @@ static void release_slot(ctl_rendezvous *rv, conn *c)
             atomic_fetch_sub(&rv->joined, 1);
             log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
                      role_name(c->role), c->rank, c->peer);
-        } else if (!rv->shutdown_sent) {
-            log_warn("control plane: %s[%d] (%s) disconnected", role_name(c->role), c->rank, c->peer);
+        } else if (!rv->shutdown_sent && !c->left) {
+            log_warn("control plane: %s[%d] (%s) disconnected without leaving the run: telling the other members",
+                     role_name(c->role), c->rank, c->peer);
+            queue_member_lost(rv, c);
         }
     }
     c->joined = 0;
@@ -263,6 +269,12 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
     char msg[PF_ERRMSG_MAX];
     if (m->body_case == PFCPS__CTL_MESSAGE__BODY_JOIN) {
         handle_join(rv, c, m->join);
+        return;
+    }
+    if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN) {
+        /* A member's orderly leave (ctl_session_leave): its coming disconnect is not a loss. */
+        c->left = 1;
+        log_info("control plane: %s[%d] left the run", role_name(c->role), c->rank);
         return;
     }
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_HEARTBEAT) {
@@ -482,6 +494,27 @@ static void queue_shutdown(ctl_rendezvous *rv)
     }
     rv->shutdown_sent = 1;
     log_info("control plane: shutdown sent to %d members", n);
+}
+
+/* Tells every other joined member that `gone` disconnected without leaving (Error, code ENOLINK);
+ * ctl_session_wait_shutdown returns -ENOLINK with the text. Workers stop (the run cannot go on);
+ * servers log it and keep serving. */
+static void queue_member_lost(ctl_rendezvous *rv, const conn *gone)
+{
+    char text[160];
+    snprintf(text, sizeof text, "%s[%d] (%s) disconnected without leaving the run", role_name(gone->role),
+             gone->rank, gone->peer);
+    Pfcps__Error e = PFCPS__ERROR__INIT;
+    e.code = ENOLINK;
+    e.message = text;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
+    m.error = &e;
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *c = rv->conns[i];
+        if (c != gone && c->joined && !c->closing && !c->dead)
+            conn_send_msg(rv, c, &m);
+    }
 }
 
 /* Removes dead connections and those whose error reply is flushed (or whose grace period ran out). */
@@ -837,6 +870,7 @@ static int error_reply(const Pfcps__Error *e)
 {
     int code = e->code;
     switch (code) {
+    case ENOLINK: return pf_err(-ENOLINK, "%s", e->message); /* a member lost, not a refusal */
     case EACCES: case EEXIST: case ERANGE: case EPROTO: case EMSGSIZE: case ETIMEDOUT: case EIO: case EBUSY: break;
     default: code = EPROTO;
     }
@@ -1020,6 +1054,16 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
         if (rc < 0)
             return rc;
     }
+}
+
+int ctl_session_leave(ctl_session *s)
+{
+    Pfcps__Shutdown sd = PFCPS__SHUTDOWN__INIT;
+    sd.reason = (char *)"leaving";
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_SHUTDOWN;
+    m.shutdown = &sd;
+    return send_msg(s, &m, now_s() + 5.0);
 }
 
 void ctl_session_close(ctl_session *s)

@@ -78,8 +78,15 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
 const ctl_book *ctl_session_book(const ctl_session *s);
 
 /* Waits up to timeout_s (< 0: forever) for the shutdown broadcast; sends heartbeats meanwhile.
- * Returns 1 on shutdown, 0 on timeout, -errno when the connection broke. */
+ * Returns 1 on shutdown, 0 on timeout, -ENOLINK when another member was lost (ctl_session_leave;
+ * the session stays usable), other -errno when the connection broke. */
 int ctl_session_wait_shutdown(ctl_session *s, double timeout_s);
+
+/* Says this member leaves the run in order (its work is done, or it stops on request), so that its
+ * disconnect is not reported as a loss. A member that disconnects without it after the run formed (a
+ * crash, kill -9) is reported to every other member: their ctl_session_wait_shutdown returns -ENOLINK
+ * with "worker[1] (...) disconnected without leaving the run" in pf_errmsg(). Returns 0 or -errno. */
+int ctl_session_leave(ctl_session *s);
 
 /* Closes the connection and frees the session and its book. */
 void ctl_session_close(ctl_session *s);

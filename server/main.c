@@ -186,7 +186,10 @@ int main(int argc, char **argv) {
                 log_info("shutdown broadcast received");
                 break;
             }
-            if (r < 0) {
+            if (r == -ENOLINK) {
+                /* Another member was lost: its workers stop; this server keeps its shard and serves on. */
+                log_warn("%s; serving on", pf_errmsg());
+            } else if (r < 0) {
                 log_warn("control connection lost (%s); serving until SIGTERM", pf_errmsg());
                 ctl_ok = 0;
             }

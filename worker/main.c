@@ -53,6 +53,8 @@ static void *ctl_watch_main(void *arg)
             break;
         if (r == 1)
             log_error("the rendezvous (server 0) shut the run down: stopping");
+        else if (r == -ENOLINK)
+            log_error("%s: the run cannot go on without it: stopping", pf_errmsg());
         else
             log_error("lost the control connection to server 0 (%s): stopping", pf_errmsg());
         g_stop = 1;
@@ -198,6 +200,8 @@ int main(int argc, char **argv)
         goto out;
     }
     exit_code = 0;
+    /* Done (or stopped on request) in order: say so, so that the rendezvous does not report us lost. */
+    ctl_session_leave(sess);
 out:
     train_close(t);
     if (sess)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# When server 0 (the rendezvous) stops or dies mid-run, the workers notice through the control connection
-# and exit with a message within seconds, instead of waiting out the data-plane timeouts (120 s).
+# When server 0 (the rendezvous) stops or dies mid-run, or a worker dies, the other workers notice through
+# the control connection and exit with a message within seconds, instead of waiting out the data-plane
+# timeouts (120 s).
 #   case 1: SIGTERM to server 0 -> it broadcasts the shutdown -> the worker stops (after the step in
 #           progress if it can finish, exit 0; else exit 1) and says why
 #   case 2: SIGKILL to server 0 -> the control connection breaks -> the worker exits 1 naming that
@@ -47,4 +48,24 @@ INI
 }
 run_case TERM "shut the run down"
 run_case KILL "lost the control connection"
+
+# case 3: kill -9 of worker 1 of 2 -> the rendezvous tells the others -> worker 0 exits 1 naming worker 1
+# within seconds (not after the 120 s ring timeout); the server logs it and keeps serving, then exits 0
+# on SIGTERM.
+port=$(free_port)
+sed -i "s/^workers = .*/workers = 2/; s/^rendezvous = .*/rendezvous = 127.0.0.1:$port/" "$TMP/run.ini"
+rm -f "$TMP/trace0" "$TMP/trace1"
+start_cluster "$TMP/run.ini" 1 2 --trace "$TMP/trace{r}"
+for _ in $(seq 1 600); do [ -s "$TMP/trace0" ] && break; sleep 0.1; done
+[ -s "$TMP/trace0" ] || { show_logs; fail "worker loss: training did not start"; }
+kill -KILL "${WPIDS[1]}"
+t0=$SECONDS
+for _ in $(seq 1 300); do kill -0 "${WPIDS[0]}" 2>/dev/null || break; sleep 0.1; done
+kill -0 "${WPIDS[0]}" 2>/dev/null && { show_logs; fail "worker 0 still runs 30 s after worker 1 died"; }
+rc=0; wait "${WPIDS[0]}" || rc=$?
+[ "$rc" -ne 0 ] || fail "worker 0 exited 0 although worker 1 died"
+grep -q "worker\[1\].*disconnected without leaving the run" "$TMP/worker0.log" || { show_logs; fail "worker 0 does not name worker 1"; }
+kill -0 "${SPIDS[0]}" 2>/dev/null || fail "the server stopped serving when a worker died"
+stop_servers
+echo "ok: SIGKILL to worker 1: worker 0 exited $rc after $((SECONDS - t0)) s: $(grep -m1 "disconnected without" "$TMP/worker0.log" | sed 's/^.* ERROR //')"
 echo PASS
