@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/cli.h"
 #include "common/config.h"
@@ -208,10 +209,18 @@ int main(int argc, char **argv) {
     exit_code = 0;
 out:
     if (rv) ctl_rendezvous_broadcast_shutdown(rv);
-    ps_server_destroy(srv);
-    fab_close(fab);
     if (sess) ctl_session_close(sess);
     if (rv) ctl_rendezvous_stop(rv);
+    if (exit_code == 0 && srv) {
+        /* The shard is stopped and every apply finished; what is left is tearing down the endpoint, which
+         * the process exit does anyway. libfabric 1.17's tcp;ofi_rxm sometimes crashes inside fi_close(ep)
+         * when peers disconnect at the same moment (SIGSEGV in ps_mp_sigterm, ~1 run in 15), which would
+         * turn a clean stop into exit 1: leave without it. */
+        log_close_file();
+        _exit(0);
+    }
+    ps_server_destroy(srv);
+    fab_close(fab);
     free(ini);
     return exit_code;
 }

@@ -705,6 +705,8 @@ static int t_sigterm(void) {
     printf("server exit: %s status %d, %.2f s after the last request\n", r ? "exited" : "still running",
            r && WIFEXITED(status) ? WEXITSTATUS(status) : -1, pst_now() - t_kill);
     CHECK(r == cl.pids[0] && WIFEXITED(status) && WEXITSTATUS(status) == 0, "server did not exit 0 on SIGTERM");
+    if (!(r == cl.pids[0] && WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        pst_dump_logs(&cl);
     if (r == cl.pids[0]) cl.pids[0] = 0;
     FILE *f = fopen(cl.log_path[0], "r");
     char line[1024];
