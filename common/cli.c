@@ -94,3 +94,17 @@ int cli_member_check(const pf_config *cfg, long rank, int count, const char *wha
         return pf_err(-EINVAL, "rendezvous '%s' is not host:port", cfg->rendezvous);
     return 0;
 }
+
+int cli_join_run(const pf_config *cfg, const char *host, int port, int role, int rank, const void *addr,
+                 size_t alen, const char *secret, ctl_session **sess, pf_config *run)
+{
+    int rc = ctl_join(host, port, (ctl_role)role, rank, addr, alen, secret, (size_t)cfg->ctl_max_frame,
+                      cfg->ctl_timeout > 0 ? cfg->ctl_timeout : 30, sess);
+    if (rc < 0)
+        return pf_err_wrap(rc, "join");
+    cfg_defaults(run);
+    rc = cfg_load_text(run, ctl_session_book(*sess)->config_text);
+    if (rc < 0)
+        return pf_err_wrap(rc, "run config from the rendezvous");
+    return 0;
+}

@@ -125,19 +125,12 @@ int main(int argc, char **argv) {
                  cfg.servers, cfg.workers);
     }
     /* Join (retrying through the whole ctl_timeout) and take the run config from the book. */
-    double join_timeout = cfg.ctl_timeout > 0 ? cfg.ctl_timeout : 30;
-    if (ctl_join(host, port, CTL_ROLE_SERVER, rank, addr, alen, secret, (size_t)cfg.ctl_max_frame, join_timeout,
-                 &sess) < 0) {
-        log_error("join: %s", pf_errmsg());
+    pf_config run;
+    if (cli_join_run(&cfg, host, port, CTL_ROLE_SERVER, rank, addr, alen, secret, &sess, &run) < 0) {
+        log_error("%s", pf_errmsg());
         goto out;
     }
     const ctl_book *book = ctl_session_book(sess);
-    pf_config run;
-    cfg_defaults(&run);
-    if (cfg_load_text(&run, book->config_text) < 0) {
-        log_error("run config from the rendezvous: %s", pf_errmsg());
-        goto out;
-    }
     int dtype = parse_dtype(run.wire_dtype);
     if (dtype < 0 || book->num_servers != run.servers || book->num_workers != run.workers) {
         log_error("inconsistent run config: wire_dtype '%s', book %d/%d vs servers %d workers %d", run.wire_dtype,

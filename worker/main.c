@@ -153,18 +153,12 @@ int main(int argc, char **argv)
         goto out;
     }
     log_info("fabric provider %s; joining the run at %s:%d", cfg.provider, host, port);
-    if (ctl_join(host, port, CTL_ROLE_WORKER, (int)rank, addr, alen, secret, (size_t)cfg.ctl_max_frame,
-                 cfg.ctl_timeout > 0 ? cfg.ctl_timeout : 30, &sess) < 0) {
-        log_error("join: %s", pf_errmsg());
+    pf_config run;
+    if (cli_join_run(&cfg, host, port, CTL_ROLE_WORKER, (int)rank, addr, alen, secret, &sess, &run) < 0) {
+        log_error("%s", pf_errmsg());
         goto out;
     }
     const ctl_book *book = ctl_session_book(sess);
-    pf_config run;
-    cfg_defaults(&run);
-    if (cfg_load_text(&run, book->config_text) < 0) {
-        log_error("run config from the rendezvous: %s", pf_errmsg());
-        goto out;
-    }
     log_info("joined: %d servers, %d workers", book->num_servers, book->num_workers);
     if (rank == 0)
         cfg_log(&run);
