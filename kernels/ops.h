@@ -110,7 +110,59 @@ typedef struct ops_device {
                            float p, uint64_t seed);
     int (*dropout_backward)(ops_ctx *ctx, float *dinp, int acc, const float *dout,
                             const float *mask, size_t n);
+
+    /* ---- precision of the body ----
+     * act_bytes: bytes per element of the activations before the flatten (the "body": conv, BN2d,
+     * PReLU, add, and their gradients): 4 = fp32; 2 = fp16 / bf16 (mixed-precision devices). For
+     * such a device the float * activation pointers of the body calls point at 2-byte elements;
+     * to_plain converts body activations to plain fp32 NCHW and from_plain converts back.
+     * Weights, weight gradients, BN parameters and running statistics are always fp32 (master
+     * weights); a half device converts them itself.
+     * plain: the fp32 device that runs every layer after the flatten (dropout, Linear,
+     * BatchNorm1d: arcface_torch keeps fc and features in fp32), or NULL when this device does it
+     * itself. The model creates a separate context for it with plain->ctx_create. */
+    int act_bytes;
+    const struct ops_device *plain;
+
+    /* ---- device memory (worker/model and the training loop allocate through these) ----
+     * Host devices use malloc/memcpy; CUDA uses cudaMalloc / cudaMemcpy. Sizes in bytes.
+     * mem_alloc: *p = zero-filled allocation (bytes 0 allocates 1). Returns 0 or -ENOMEM.
+     * mem_free: NULL allowed, never fails.
+     * mem_h2d / mem_d2h / mem_d2d: copies, complete when they return (synchronous w.r.t. host
+     * memory). mem_zero: p[0..bytes) = 0. Return 0 or -EIO.
+     * sync: waits for all queued work; returns the first pending device error (-EIO). */
+    int (*mem_alloc)(ops_ctx *ctx, void **p, size_t bytes);
+    void (*mem_free)(ops_ctx *ctx, void *p);
+    int (*mem_h2d)(ops_ctx *ctx, void *dst, const void *host_src, size_t bytes);
+    int (*mem_d2h)(ops_ctx *ctx, void *host_dst, const void *src, size_t bytes);
+    int (*mem_d2d)(ops_ctx *ctx, void *dst, const void *src, size_t bytes);
+    int (*mem_zero)(ops_ctx *ctx, void *p, size_t bytes);
+    int (*sync)(ops_ctx *ctx);
+
+    /* ---- optimizer and gradient utilities on device memory (fp32 arrays of n elements) ----
+     * sgd_step: torch.optim.SGD (worker/head/optim.h optim_sgd_step, same float32 operation
+     *   order); mom may be NULL when momentum == 0.
+     * adamw_step: torch.optim.AdamW step number `step` >= 1 (optim_adamw_step); -EINVAL for
+     *   step < 1.
+     * scale: x[i] *= a.
+     * sumsq: *host_out = sum of x[i]^2 accumulated in double (inf or NaN when any x[i] is not
+     *   finite: the caller uses it both for clip_grad_norm and as the loss scaler's found-inf
+     *   check). Synchronizes.
+     * Return 0 or -EIO (device failure). */
+    int (*sgd_step)(ops_ctx *ctx, float *w, const float *grad, float *mom, size_t n, float lr,
+                    float momentum, float weight_decay);
+    int (*adamw_step)(ops_ctx *ctx, float *w, const float *grad, float *m, float *v, size_t n,
+                      double lr, double beta1, double beta2, double eps, double weight_decay,
+                      int64_t step);
+    int (*scale)(ops_ctx *ctx, float *x, size_t n, float a);
+    int (*sumsq)(ops_ctx *ctx, const float *x, size_t n, double *host_out);
 } ops_device;
+
+/* The device table called `name` among those built into this binary: "cpu", "cpu-fenced"
+ * (debugging device, kernels/cpu/ops_fenced.c), "cpu-bf16" (debugging device: body activations
+ * stored as bf16), "cuda", "cuda-fp16", "cuda-bf16" (when built with CUDA). Returns NULL and sets
+ * pf_errmsg() naming the devices that exist when there is no such device. */
+const ops_device *ops_device_by_name(const char *name);
 
 /* The CPU device (kernels/cpu/ops_cpu.c): oneDNN 2.x for convolution and batch normalization
  * (primitives created once per shape and cached in the context), OpenBLAS sgemm for Linear,
