@@ -186,29 +186,83 @@ static void test_decode(const char *orl)
     printf("corrupt JPEG   error: %s\n", pf_errmsg());
     loader_close(l);
 
-    /* With skip_bad_records: the two corrupt images are zero with label -1, counted; the 100x100 one
-     * still fails (wrong size is not corruption) unless resize is set. */
+    /* With skip_bad_records: each corrupt image is replaced by the next record in file order that
+     * decodes, with that record's label (2 -> 3, 4 -> 5), and counted; the peeked labels are the
+     * delivered ones (the class-center sampling must see the labels of the images trained on). The
+     * 100x100 one still fails (wrong size is not corruption) unless resize is set. Both sync and
+     * threaded decode. */
     o.skip_bad_records = 1;
     o.resize = 1;
-    rc = loader_open(&l, &o);
-    CHECK(rc == 0, "loader_open skip: %s", pf_errmsg());
-    if (rc < 0) return;
-    loader_start_epoch(l, 0);
-    rc = loader_next(l, &bt);
-    CHECK(rc == 1, "skip batch: rc %d %s", rc, pf_errmsg());
-    if (rc == 1) {
-        int64_t want[6] = {0, 1, -1, 3, -1, 5};
-        for (int i = 0; i < 6; i++) {
-            CHECK(bt->labels[i] == want[i], "sample %d label %" PRId64 " want %" PRId64, i, bt->labels[i], want[i]);
-            double sum = 0;
-            for (int k = 0; k < 3 * 112 * 112; k++) sum += fabs(bt->images[(size_t)i * 3 * 112 * 112 + k]);
-            CHECK((want[i] < 0) == (sum == 0), "sample %d: image abs sum %.1f", i, sum);
+    for (int nw = 0; nw <= 1; nw++) {
+        o.num_workers = nw;
+        rc = loader_open(&l, &o);
+        CHECK(rc == 0, "loader_open skip: %s", pf_errmsg());
+        if (rc < 0) return;
+        loader_start_epoch(l, 0);
+        int64_t peek[6];
+        int hp = loader_peek_labels(l, peek);
+        rc = loader_next(l, &bt);
+        CHECK(hp == 1 && rc == 1, "skip batch (num_workers %d): peek %d next %d %s", nw, hp, rc, pf_errmsg());
+        if (rc == 1) {
+            int64_t want[6] = {0, 1, 3, 3, 5, 5}, wkey[6] = {0, 1, 3, 3, 5, 5};
+            const size_t fl = 3 * 112 * 112;
+            for (int i = 0; i < 6; i++) {
+                CHECK(bt->labels[i] == want[i] && peek[i] == want[i] && bt->keys[i] == wkey[i],
+                      "sample %d label %" PRId64 " peeked %" PRId64 " key %" PRId64 " want %" PRId64, i, bt->labels[i],
+                      peek[i], bt->keys[i], want[i]);
+                double sum = 0;
+                for (size_t k = 0; k < fl; k++) sum += fabs(bt->images[(size_t)i * fl + k]);
+                CHECK(sum > 0, "sample %d: image is all zero", i);
+            }
+            CHECK(!memcmp(bt->images + 2 * fl, bt->images + 3 * fl, fl * sizeof(float)) &&
+                  !memcmp(bt->images + 4 * fl, bt->images + 5 * fl, fl * sizeof(float)),
+                  "substituted samples 2 and 4 are not the images of records 3 and 5");
+            loader_release(l, bt);
         }
-        loader_release(l, bt);
+        CHECK(loader_skipped(l) == 2, "skipped %" PRId64 " want 2", loader_skipped(l));
+        printf("corrupt JPEG   skip_bad_records (num_workers %d): records 2 and 4 replaced by 3 and 5 with their labels, "
+               "%" PRId64 " skipped\n", nw, loader_skipped(l));
+        loader_close(l);
     }
-    CHECK(loader_skipped(l) == 2, "skipped %" PRId64 " want 2", loader_skipped(l));
-    printf("corrupt JPEG   skip_bad_records: labels -1 at samples 2 and 4, %" PRId64 " skipped\n", loader_skipped(l));
-    loader_close(l);
+    o.num_workers = 1;
+
+    /* A pack where nothing decodes: substitution gives up after 17 records with a clear error, from
+     * the peek (labels are published only for decoded batches) and from loader_next. */
+    {
+        fx_bytes *g = calloc(1, sizeof *g);
+        static const uint8_t junk[] = {0xff, 0xd8, 0xff, 0xe0, 'n', 'o', 't', ' ', 'a', ' ', 'J', 'P', 'E', 'G'};
+        char gidx[256] = "", gp[400], gprefix[300];
+        for (int k = 0; k < 3; k++) {
+            size_t go = fx_record0(g, (float)k, (uint64_t)k, 0, junk, sizeof junk);
+            snprintf(gidx + strlen(gidx), sizeof gidx - strlen(gidx), "%d\t%zu\n", k, go);
+        }
+        snprintf(gprefix, sizeof gprefix, "%s/junk", dir);
+        snprintf(gp, sizeof gp, "%s.rec", gprefix);
+        fx_write(gp, g->d, g->n);
+        snprintf(gp, sizeof gp, "%s.idx", gprefix);
+        fx_write_text(gp, gidx);
+        free(g);
+        loader_opts go;
+        loader_opts_default(&go);
+        go.rec = gprefix;
+        go.batch_size = 3;
+        go.num_workers = 1;
+        go.skip_bad_records = 1;
+        rc = loader_open(&l, &go);
+        CHECK(rc == 0, "loader_open junk: %s", pf_errmsg());
+        if (rc == 0) {
+            loader_start_epoch(l, 0);
+            int64_t pk[3];
+            rc = loader_peek_labels(l, pk);
+            CHECK(rc < 0 && fx_contains(pf_errmsg(), "17 consecutive records") && fx_contains(pf_errmsg(), "junk.rec"),
+                  "nothing decodes: peek rc %d: %s", rc, pf_errmsg());
+            printf("nothing decodes: %s\n", pf_errmsg());
+            rc = loader_next(l, &bt);
+            CHECK(rc < 0 && fx_contains(pf_errmsg(), "17 consecutive records"), "nothing decodes: next rc %d: %s", rc,
+                  pf_errmsg());
+            loader_close(l);
+        }
+    }
 
     /* `pfcps rec-info --decode` finds the same records and exits 1. */
     const char *build = getenv("PFCPS_BUILD");

@@ -13,6 +13,7 @@
 #include <string.h>
 
 enum { SLOT_FREE = 0, SLOT_BUSY, SLOT_READY, SLOT_HELD };
+enum { SUBSTITUTE_TRIES = 16 }; /* records tried in place of one that fails to decode */
 
 typedef struct slot {
     loader_batch b;
@@ -143,23 +144,35 @@ static int produce(loader *l, int64_t bi, slot *s, img_decoder *dec, rec_buf *bu
             }
             continue;
         }
-        const rec_image *im = &l->rf->images[idx];
-        b->keys[i] = im->key;
-        int flip = l->o.flip ? (int)(img_hash64(l->o.seed, (uint64_t)l->epoch, (uint64_t)im->key, 0xf1ull) & 1) : 0;
-        rec_payload p;
-        int rc = rec_get(l->rf, idx, buf, &p);
-        if (rc == 0) {
-            rc = img_load(dec, p.image, p.image_len, S, l->o.resize, flip, img);
-            if (rc < 0)
-                rc = pf_err_wrap(rc, "%s: key %" PRId64 " at byte %" PRIu64, l->rf->rec_path, im->key, im->offset);
-        }
-        if (rc < 0) {
+        /* A record that fails to decode (corrupt JPEG body) is, with skip_bad_records, replaced by the
+         * next record in file order that decodes (at most SUBSTITUTE_TRIES tried): the batch keeps its
+         * size and every sample its true label. The labels are published only once the batch is
+         * produced (loader_peek_labels waits for it), so the class-center sampling sees the labels of
+         * the images actually trained on. */
+        int rc = 0;
+        for (int a = 0; a <= SUBSTITUTE_TRIES; a++) {
+            int64_t j = (idx + a) % l->rf->num_images;
+            const rec_image *im = &l->rf->images[j];
+            int flip = l->o.flip ? (int)(img_hash64(l->o.seed, (uint64_t)l->epoch, (uint64_t)im->key, 0xf1ull) & 1) : 0;
+            rec_payload p;
+            rc = rec_get(l->rf, j, buf, &p);
+            if (rc == 0) {
+                rc = img_load(dec, p.image, p.image_len, S, l->o.resize, flip, img);
+                if (rc < 0)
+                    rc = pf_err_wrap(rc, "%s: key %" PRId64 " at byte %" PRIu64, l->rf->rec_path, im->key, im->offset);
+            }
+            if (rc == 0) {
+                b->keys[i] = im->key;
+                b->labels[i] = im->class_id;
+                break;
+            }
             if (!l->o.skip_bad_records) return rc;
             int64_t n = __atomic_fetch_add(&l->skipped_decode, 1, __ATOMIC_RELAXED);
-            if (n < 10) log_warn("skipping bad image: %s", pf_errmsg());
-            memset(img, 0, l->image_floats * sizeof *img);
-            b->labels[i] = -1;
+            if (n < 10) log_warn("skipping bad image (the next record in file order takes its place): %s", pf_errmsg());
         }
+        if (rc < 0)
+            return pf_err_wrap(rc, "%s: %d consecutive records from key %" PRId64 " fail to decode", l->rf->rec_path,
+                               SUBSTITUTE_TRIES + 1, l->rf->images[idx].key);
     }
     return 0;
 }
@@ -260,7 +273,7 @@ int loader_open(loader **out, const loader_opts *o)
     l->image_floats = (size_t)3 * o->image_size * o->image_size;
     l->depth = o->prefetch > 0 ? o->prefetch : 2 * (o->num_workers > 0 ? o->num_workers : 1);
     if (l->depth < 2) l->depth = 2;   /* the caller holds one batch while the next is decoded */
-    if (o->num_workers == 0) l->depth = 1;
+    if (o->num_workers == 0) l->depth = 2; /* the batch held and the next one, produced by a peek */
     l->slots = calloc((size_t)l->depth, sizeof *l->slots);
     l->order = malloc((size_t)(l->nb * o->batch_size) * sizeof *l->order);
     if (!l->slots || !l->order) { rc = pf_err(-ENOMEM, "out of memory"); goto fail; }
@@ -323,12 +336,52 @@ int loader_start_epoch(loader *l, int64_t epoch)
     return 0;
 }
 
+/* Waits (lock held) until batch bi of the epoch is produced in its slot; returns that slot. */
+static slot *wait_ready(loader *l, int64_t bi)
+{
+    slot *s = &l->slots[bi % l->depth];
+    while (!(s->state == SLOT_READY && s->b.index == bi && s->b.epoch == l->epoch))
+        pthread_cond_wait(&l->cv, &l->mu);
+    return s;
+}
+
+/* Produces batch next_deliver now (num_workers == 0), once: peek and next share the result. */
+static int produce_sync(loader *l, slot *s)
+{
+    int64_t bi = l->next_deliver;
+    if (s->state == SLOT_READY && s->b.index == bi && s->b.epoch == l->epoch) return s->rc;
+    s->rc = produce(l, bi, s, &l->sync_dec, &l->sync_buf);
+    if (s->rc < 0) snprintf(s->msg, sizeof s->msg, "%s", pf_errmsg());
+    s->b.index = bi;
+    s->b.epoch = l->epoch;
+    s->state = SLOT_READY;
+    return s->rc;
+}
+
 int loader_peek_labels(loader *l, int64_t *labels)
 {
     if (l->epoch < 0 || l->next_deliver >= l->nb) return 0;
     int B = l->o.batch_size;
-    for (int i = 0; i < B; i++) labels[i] = sample_label(l, l->epoch, l->order[l->next_deliver * B + i]);
-    return 1;
+    slot *s = &l->slots[l->next_deliver % l->depth];
+    if (l->o.num_workers == 0) {
+        if (s->state == SLOT_HELD) s->state = SLOT_FREE; /* as loader_next: the batch two back is released */
+        if (produce_sync(l, s) < 0) return pf_err(s->rc, "%s", s->msg);
+        memcpy(labels, s->b.labels, (size_t)B * sizeof *labels);
+        return 1;
+    }
+    pthread_mutex_lock(&l->mu);
+    if (s->state == SLOT_HELD) {
+        pthread_mutex_unlock(&l->mu);
+        return pf_err(-EBUSY, "loader: %d batches held; loader_release one before loader_peek_labels", l->depth);
+    }
+    s = wait_ready(l, l->next_deliver);
+    int rc = s->rc;
+    if (rc < 0)
+        pf_err(rc, "%s", s->msg);
+    else
+        memcpy(labels, s->b.labels, (size_t)B * sizeof *labels);
+    pthread_mutex_unlock(&l->mu);
+    return rc < 0 ? rc : 1;
 }
 
 int loader_next(loader *l, loader_batch **out)
@@ -340,8 +393,7 @@ int loader_next(loader *l, loader_batch **out)
     slot *s = &l->slots[bi % l->depth];
     if (l->o.num_workers == 0) {
         if (s->state == SLOT_HELD) s->state = SLOT_FREE;
-        int rc = produce(l, bi, s, &l->sync_dec, &l->sync_buf);
-        if (rc < 0) return rc;
+        if (produce_sync(l, s) < 0) return pf_err(s->rc, "%s", s->msg);
         s->state = SLOT_HELD;
         l->next_deliver++;
         *out = &s->b;
@@ -352,8 +404,7 @@ int loader_next(loader *l, loader_batch **out)
         pthread_mutex_unlock(&l->mu);
         return pf_err(-EBUSY, "loader: %d batches held; loader_release one before loader_next", l->depth);
     }
-    while (!(s->state == SLOT_READY && s->b.index == bi && s->b.epoch == l->epoch))
-        pthread_cond_wait(&l->cv, &l->mu);
+    s = wait_ready(l, bi);
     int rc = s->rc;
     if (rc < 0) {
         /* The batch stays READY with its error: the epoch cannot go on past a bad record. */

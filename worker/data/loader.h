@@ -8,13 +8,17 @@
  * the same number of full batches, never a ragged one. The flip of an image is seeded by
  * (seed, epoch, key), so batches are identical whatever num_workers is.
  *
- * Labels first: loader_peek_labels() returns the next batch's labels without waiting for its images
- * (the class-center pull starts from them, DESIGN.md §3.3).
+ * Labels first: loader_peek_labels() returns the next batch's labels before loader_next() hands the
+ * batch over, so the class-center pull starts from them (DESIGN.md §3.3) while the backbone still
+ * works on the previous batch. It waits until the batch is decoded (the decode threads run ahead by
+ * `prefetch` batches, so in steady state it does not wait): the labels it returns are those of the
+ * images actually delivered.
  *
  * Bad records: structural damage fails loader_open (rec_open); with skip_bad_records those records are
  * dropped at open and counted. An image that fails to decode later (a corrupt JPEG body) fails
- * loader_next with file, key and byte offset, or with skip_bad_records yields a zero image with label
- * -1 (its label was already published by loader_peek_labels; -1 = ignore, no class) and is counted. */
+ * loader_peek_labels / loader_next with file, key and byte offset, or with skip_bad_records is counted
+ * and replaced by the next record in file order that decodes (its image and its label; at most 16
+ * records are tried before the batch fails), so a batch always has batch_size real samples. */
 #ifndef PFCPS_WORKER_DATA_LOADER_H
 #define PFCPS_WORKER_DATA_LOADER_H
 
@@ -43,7 +47,7 @@ typedef struct loader_batch {
     int64_t epoch, index;   /* batch `index` (0-based) of `epoch` on this rank */
     int n;                  /* batch_size */
     float *images;          /* (n, 3, image_size, image_size) float32 in [-1, 1] */
-    int64_t *labels;        /* (n) class ids; -1 = a bad image skipped (skip_bad_records) */
+    int64_t *labels;        /* (n) class ids */
     int64_t *keys;          /* (n) .idx keys of the records (-1 for synthetic) */
     int slot;               /* internal */
 } loader_batch;
@@ -73,8 +77,9 @@ int64_t loader_skipped(const loader *l);       /* bad records dropped at open + 
  * held by the caller is taken back. Returns 0 or -ENOMEM. */
 int loader_start_epoch(loader *l, int64_t epoch);
 
-/* The labels of the batch the next loader_next() will return, without waiting for its images:
- * labels is (batch_size). Returns 1, or 0 when the epoch has no more batches. */
+/* The labels of the batch the next loader_next() will return: labels is (batch_size). Waits until
+ * that batch is decoded. Returns 1, 0 when the epoch has no more batches, or the batch's error (a
+ * record that fails to decode without skip_bad_records; -EBUSY when every slot is held). */
 int loader_peek_labels(loader *l, int64_t *labels);
 
 /* Waits for the next batch of the epoch, in order. Returns 1 with *out (hand it back with
