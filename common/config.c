@@ -47,7 +47,8 @@ static const key_def keys[] = {
      NULL, 0, 0},
     {"margin_grad", "train", K_STR, OFF(margin_grad), "exact", 0, 0, 0, 0, "exact straight_through", 0, 1},
     {"fp16", "train", K_BOOL, OFF(fp16), "false", 0, 1, 0, 0, NULL, 0, 0},
-    {"device", "train", K_STR, OFF(device), "cpu", 0, 0, 0, 0, "cpu cuda", 0, 1},
+    {"bf16", "train", K_BOOL, OFF(bf16), "false", 0, 1, 0, 0, NULL, 0, 0},
+    {"device", "train", K_STR, OFF(device), "cpu", 0, 0, 0, 0, "cpu cuda cpu-fenced cpu-bf16", 0, 1},
     {"optimizer", "train", K_STR, OFF(optimizer), "sgd", 0, 0, 0, 0, "sgd adamw", 0, 1},
     {"lr", "train", K_DOUBLE, OFF(lr), "0.1", 0, 1e3, 1, 0, NULL, 0, 0},
     {"momentum", "train", K_DOUBLE, OFF(momentum), "0.9", 0, 1, 0, 1, NULL, 0, 0},
@@ -426,6 +427,9 @@ static int validate(const pf_config *cfg, int check_required)
         if (rc < 0)
             return rc;
     }
+    if (cfg->fp16 && cfg->bf16)
+        return pf_err(-EINVAL, "keys 'fp16' and 'bf16' are both true: mixed precision is fp16 (with loss scaling) "
+                      "or bf16, set one of them");
     if (cfg->warmup_epoch > cfg->num_epoch)
         return pf_err(-ERANGE, "key 'warmup_epoch': %g is more than num_epoch %d", cfg->warmup_epoch, cfg->num_epoch);
     if (check_required && cfg->num_classes > 0 && cfg->num_classes < cfg->servers)

@@ -23,8 +23,9 @@ typedef struct pf_config {
     double scale;                   /* logit scale s, default 64 */
     double interclass_filtering_threshold; /* 0 = off */
     char margin_grad[CFG_STR];      /* "exact" (default) or "straight_through" */
-    int fp16;                       /* mixed precision on GPU, default false */
-    char device[CFG_STR];           /* "cpu" (default) or "cuda" */
+    int fp16;                       /* mixed precision, fp16 body + dynamic loss scaling, default false */
+    int bf16;                       /* mixed precision, bf16 body, default false (not with fp16) */
+    char device[CFG_STR];           /* "cpu" (default), "cuda"; debugging devices "cpu-fenced", "cpu-bf16" */
     /* --- optimizer / schedule --- */
     char optimizer[CFG_STR];        /* "sgd" (default) or "adamw" */
     double lr;                      /* default 0.1 */

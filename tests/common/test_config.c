@@ -144,6 +144,8 @@ static const bad_case bad_cases[] = {
     {BASE "lr = fast\n", NULL, -EINVAL, {"lr", "not a (finite) number", NULL}},
     {BASE "lr = 1e999\n", NULL, -EINVAL, {"lr", "not a (finite) number", NULL}},
     {BASE "fp16 = maybe\n", NULL, -EINVAL, {"fp16", "not a boolean", NULL}},
+    {BASE "fp16 = true\nbf16 = true\n", NULL, -EINVAL, {"'fp16' and 'bf16' are both true", NULL, NULL}},
+    {BASE "device = gpu\n", NULL, -EINVAL, {"device", "'gpu'", "cpu cuda cpu-fenced cpu-bf16"}},
     {BASE "margin_list = 1.0, 0.5\n", NULL, -EINVAL, {"margin_list", "exactly 3 numbers", NULL}},
     {BASE "margin_list = 1.0, x, 0.0\n", NULL, -EINVAL, {"margin_list", "'x'", "not a number"}},
     {BASE "margin_list = 1, 0.5, 0, 7\n", NULL, -EINVAL, {"margin_list", "exactly 3", NULL}},
@@ -222,7 +224,7 @@ static void assert_same_config(const pf_config *a, const pf_config *b)
 {
     SAME_STR(network); SAME_NUM(embedding_size); SAME_NUM(sample_rate); SAME_NUM(margin_list[0]);
     SAME_NUM(margin_list[1]); SAME_NUM(margin_list[2]); SAME_NUM(scale); SAME_NUM(interclass_filtering_threshold);
-    SAME_STR(margin_grad); SAME_NUM(fp16); SAME_STR(device); SAME_STR(optimizer); SAME_NUM(lr); SAME_NUM(momentum);
+    SAME_STR(margin_grad); SAME_NUM(fp16); SAME_NUM(bf16); SAME_STR(device); SAME_STR(optimizer); SAME_NUM(lr); SAME_NUM(momentum);
     SAME_NUM(weight_decay); SAME_NUM(batch_size); SAME_NUM(num_classes); SAME_NUM(num_image); SAME_NUM(num_epoch);
     SAME_NUM(warmup_epoch); SAME_STR(rec); SAME_NUM(frequent); SAME_NUM(verbose); SAME_STR(output); SAME_NUM(seed);
     SAME_NUM(num_workers); SAME_NUM(resume); SAME_NUM(save_all_states); SAME_NUM(skip_bad_records);
