@@ -92,6 +92,64 @@ fail:
     return rc;
 }
 
+int fab_hmem_cuda_supported(const char *provider) {
+    const char *prov = map_provider(provider ? provider : "tcp");
+    if (!prov) return pf_err(-EINVAL, "unknown provider '%s' (use tcp, shm or verbs)", provider);
+    struct fi_info *hints = fi_allocinfo(), *info = NULL;
+    if (!hints) return pf_err(-ENOMEM, "fi_allocinfo failed");
+    hints->caps = FI_MSG | FI_RMA | FI_HMEM;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->fabric_attr->prov_name = strdup(prov);
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT | FI_MR_HMEM;
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+    hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    hints->mode = 0;
+    hints->addr_format = FI_FORMAT_UNSPEC;
+    int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
+    fi_freeinfo(hints);
+    if (rc == -FI_ENODATA || (rc == 0 && !(info->caps & FI_HMEM))) {
+        if (info) fi_freeinfo(info);
+        pf_err(0, "provider %s does not offer FI_HMEM (libfabric %u.%u): class-center rows go through pinned "
+                  "host buffers", prov, FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
+        return 0;
+    }
+    if (rc) return pf_err(rc == -FI_ENOMEM ? -ENOMEM : -EIO, "fi_getinfo(provider %s, FI_HMEM): %s", prov,
+                          fi_strerror(-rc));
+    struct fid_fabric *fabric = NULL;
+    struct fid_domain *domain = NULL;
+    struct fid_mr *mr = NULL;
+    void *page = NULL;
+    int ret;
+    if ((rc = fi_fabric(info->fabric_attr, &fabric, NULL))) { ret = fab_fail(rc, "fi_fabric (FI_HMEM probe)"); goto out; }
+    if ((rc = fi_domain(fabric, info, &domain, NULL))) { ret = fab_fail(rc, "fi_domain (FI_HMEM probe)"); goto out; }
+    if (!(page = aligned_alloc(4096, 4096))) { ret = pf_err(-ENOMEM, "FI_HMEM probe: out of memory"); goto out; }
+    struct iovec iov = {.iov_base = page, .iov_len = 4096};
+    struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = FI_SEND | FI_RECV, .requested_key = 1,
+                              .iface = FI_HMEM_CUDA};
+    attr.device.cuda = 0;
+    rc = fi_mr_regattr(domain, &attr, 0, &mr);
+    if (rc == 0) {
+        ret = 1;
+        pf_err(0, "provider %s offers FI_HMEM with CUDA (mr_mode %s): class-center rows can go straight to GPU "
+                  "memory", prov, (info->domain_attr->mr_mode & FI_MR_HMEM) ? "FI_MR_HMEM" : "without FI_MR_HMEM");
+    } else {
+        /* -FI_ENOSYS: libfabric's CUDA interface is not initialized (built without CUDA, or no driver/GPU).
+         * Any other refusal: the CUDA path is not usable as probed; the host path always works. */
+        ret = 0;
+        pf_err(0, "provider %s offers FI_HMEM but not for CUDA (fi_mr_regattr with FI_HMEM_CUDA: %s): "
+                  "class-center rows go through pinned host buffers", prov, fi_strerror(-rc));
+    }
+out:
+    if (mr) fi_close(&mr->fid);
+    if (domain) fi_close(&domain->fid);
+    if (fabric) fi_close(&fabric->fid);
+    free(page);
+    fi_freeinfo(info);
+    return ret;
+}
+
 void fab_shutdown(fab_ctx *f) {
     if (!f || !f->ep) return;
     fi_close(&f->ep->fid);

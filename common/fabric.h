@@ -57,6 +57,19 @@ typedef struct fab_comp {
  * name, other negative codes naming the failing fi_* call. */
 int fab_open(const char *provider, fab_ctx **out);
 
+/* Whether `provider` ("tcp", "shm", "verbs" or an exact name, as for fab_open) can move data straight to
+ * and from CUDA device memory (FI_HMEM with iface FI_HMEM_CUDA: a libfabric built with CUDA, a driver and a
+ * GPU present; GPUDirect RDMA on verbs). Asks fi_getinfo for exactly that provider with caps
+ * FI_MSG|FI_RMA|FI_HMEM and the mr_mode bits fab_open honours plus FI_MR_HMEM; when it is offered, opens a
+ * throw-away fabric + domain and registers one host page with iface FI_HMEM_CUDA: libfabric refuses that
+ * with FI_ENOSYS when its CUDA interface is not initialized (a libfabric built without CUDA, as Debian's
+ * 1.17, offers FI_HMEM on shm for other interfaces but has no CUDA).
+ * Returns 1 (offered: rows can go straight to GPU memory), 0 (not: use pinned host buffers), -EINVAL for an
+ * unknown provider name, or another negative code only when libfabric itself fails (out of memory, a broken
+ * fabric/domain open). On 0 and 1, pf_errmsg() holds a one-line reason for the start-up log. Opens no
+ * endpoint; cheap enough to call once at start. */
+int fab_hmem_cuda_supported(const char *provider);
+
 /* Closes the endpoint only (posted receives and operations are cancelled; no more completions), so that
  * registered buffers can then be closed safely before fab_close. Idempotent; NULL is a no-op. */
 void fab_shutdown(fab_ctx *f);
