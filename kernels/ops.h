@@ -169,4 +169,9 @@ const ops_device *ops_device_by_name(const char *name);
  * plain C for the rest. Threads: oneDNN's OpenMP runtime (OMP_NUM_THREADS) and OpenBLAS's. */
 extern const ops_device ops_cpu;
 
+/* Debugging device "cpu-bf16" (kernels/cpu/ops_cpu_bf16.c): ops_cpu with the body activations stored
+ * as bf16 (act_bytes 2, same layout as ops_cpu), each body op computed by ops_cpu in fp32 on
+ * converted inputs and its outputs rounded once to bf16; plain = &ops_cpu. */
+extern const ops_device ops_cpu_bf16;
+
 #endif
