@@ -103,10 +103,20 @@ typedef struct cuda_head_ws {
     double *row_loss;      /* (n_max) device */
     double *host_row_loss; /* (n_max) host copy */
     void *cublas;          /* cublasHandle_t */
+    /* cuda_head_dist (the buffers its collectives see; managed memory when coll_host): */
+    float *row_max;        /* (n_max) */
+    double *row_red;       /* (4 n_max): per row sum of exp(z - max), z_target - max, has-target, bad label */
+    double *scal;          /* (4) local mode: mean loss, no-target rows, bad labels */
+    double *host_row_red;  /* (4 n_max) host copy */
+    int coll_host;         /* 1: row_max, row_red, scal are cudaMallocManaged (host collectives) */
 } cuda_head_ws;
 
 /* Returns 0, -EINVAL (n_max <= 0, k_max < 0, d <= 0), -ENOMEM, -EIO (cuBLAS), -ENODEV (no GPU). */
 int cuda_head_ws_init(cuda_head_ws *ws, int n_max, int k_max, int d);
+/* The same, with coll_host_memory = 1 allocating the buffers cuda_head_dist hands to its pf_coll
+ * (row_max, row_red, scal) with cudaMallocManaged, so that a host-memory backend (coll_thread,
+ * coll_fabric) can read them; cuda_head_ws_init is coll_host_memory = 0 (device memory, NCCL). */
+int cuda_head_ws_init_coll(cuda_head_ws *ws, int n_max, int k_max, int d, int coll_host_memory);
 void cuda_head_ws_free(cuda_head_ws *ws);
 
 /* One head step. embeddings (n,d), centers (k,d) (k may be 0), labels (n) int64 device: column of
@@ -120,6 +130,41 @@ int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_ws *ws, cons
                                int n, const float *centers, int k, const int64_t *labels,
                                double grad_scale, double *host_loss, float *logits,
                                float *grad_embeddings, float *grad_centers);
+
+/* The head of a worker in a group (worker/head/head.h head_forward_backward, exactly its math and
+ * modes), three row kernels instead of one fused pass:
+ *   1. z per column (logits written here when asked), row max -> ws->row_max (n floats);
+ *      global mode: allreduce MAX over the workers;
+ *   2. per row {sum over this worker's columns of exp(z - max) (double), z_target - max, has-target,
+ *      label-outside-[-1,k)} -> ws->row_red (4n doubles); global mode: allreduce SUM (one call);
+ *   3. the row sums come to the host: loss = mean over rows of -(z_t - max - log sum) (69.0776 for a
+ *      row with no target on any worker; clamp_loss floors as head.c); local mode with a group:
+ *      allreduce SUM of {mean, no-target rows, bad labels} and mean / W;
+ *   4. dL/dcos = s (p - onehot) g dv/dc with the global max and sum (g = 1/n global, 1/(n W) local),
+ *      then the GEMMs and normalization backward of cuda_head_forward_backward.
+ * local_mode 0: global (rows = the allgathered batch, columns = this worker's sample; collectives
+ * only when coll != NULL and coll->world_size > 1); 1: local (own rows, own softmax).
+ * coll: NULL = one process; its buffers are device memory (NCCL), or managed when the workspace
+ * was made with coll_host_memory (the device is then synchronized before each collective).
+ * Collective calls per step: 2 (global, W > 1), 1 (local, W > 1), 0 otherwise.
+ * labels (n) int64 device: column of the target or -1. Outputs as cuda_head_forward_backward
+ * (host_loss: global mean, same on every rank); host_no_target (may be NULL): rows whose target is
+ * on no worker (global: counted over the group; local with a group: summed over the ranks).
+ * Errors: -EINVAL (NULL, shapes outside the workspace, s <= 0, margins or tau not finite) before any
+ * collective; -ERANGE when a label on ANY rank is outside [-1, k) (every rank returns it after the
+ * collectives, no gradient written, the message names a row); a collective's error; -EIO. */
+struct pf_coll;
+int cuda_head_dist(const cuda_head_params *p, int local_mode, cuda_head_ws *ws, struct pf_coll *coll,
+                   const float *embeddings, int n, const float *centers, int k, const int64_t *labels,
+                   double *host_loss, int64_t *host_no_target, float *logits, float *grad_embeddings,
+                   float *grad_centers);
+
+/* *p = cudaMallocManaged(bytes, global attach) (bytes 0 allocates 1): memory both the host and the
+ * device may address (free with cuda_free). Returns 0 or -ENOMEM with CUDA's message. */
+int cuda_malloc_managed(void **p, size_t bytes);
+/* 1 when the current device lets the host touch managed memory while kernels run (device attribute
+ * concurrentManagedAccess: ranks sharing one GPU as threads need it), 0 otherwise or without a GPU. */
+int cuda_managed_concurrent(void);
 
 /* out[i,:] = x[i,:] / max(||x[i,:]||_2, eps) for rows i < n, x and out (n, d) fp32 on the device,
  * in place allowed. Matches torch.nn.functional.normalize(x, dim=1, eps=eps).

@@ -4,6 +4,10 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_check.h"
 
+extern "C" {
+#include "common/coll.h"
+}
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -96,11 +100,12 @@ static __device__ double target_value(const cuda_head_params &p, double c, doubl
     return v;
 }
 
-/* Non-target cosine: clamp to [-1, 1]; filtered (tau > 0, c > tau) -> 0 with no gradient. */
-static __device__ float other_value(float c, float tau, float *dv)
+/* Non-target cosine: clamp to [-1, 1]; filtered (tau > 0, c > tau) -> 0 with no gradient. The
+ * comparison with tau is in double, as head.c's (float cc against the double threshold). */
+static __device__ float other_value(float c, double tau, float *dv)
 {
     float cc = c < -1.0f ? -1.0f : (c > 1.0f ? 1.0f : c);
-    if (tau > 0.0f && cc > tau) {
+    if (tau > 0.0 && (double)cc > tau) {
         *dv = 0.0f;
         return 0.0f;
     }
@@ -136,7 +141,8 @@ static __global__ void head_row_k(float *cosm, float *logits, const int64_t *lab
     const int64_t li = labels[i];
     const int bad = li < -1 || li >= k;
     float *ci = cosm + (size_t)i * k;
-    const float s = (float)p.s, tau = (float)p.tau;
+    const float s = (float)p.s;
+    const double tau = p.tau;
     if (threadIdx.x == 0)
         zt_sh = 0.0;
     __syncthreads();
@@ -227,13 +233,48 @@ extern "C" void cuda_head_ws_free(cuda_head_ws *ws)
     cudaFree(ws->inv_w);
     cudaFree(ws->row_loss);
     free(ws->host_row_loss);
+    cudaFree(ws->row_max);
+    cudaFree(ws->row_red);
+    cudaFree(ws->scal);
+    free(ws->host_row_red);
     if (ws->cublas)
         cublasDestroy((cublasHandle_t)ws->cublas);
     memset(ws, 0, sizeof *ws);
 }
 
+extern "C" int cuda_malloc_managed(void **p, size_t bytes)
+{
+    *p = NULL;
+    cudaError_t e = cudaMallocManaged(p, bytes ? bytes : 1, cudaMemAttachGlobal);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        return pf_err(-ENOMEM, "cudaMallocManaged of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+extern "C" int cuda_managed_concurrent(void)
+{
+    if (cuda_device_count() == 0)
+        return 0;
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrConcurrentManagedAccess, dev) != cudaSuccess) {
+        cudaGetLastError(); /* clear: this is a query, not a failure of later calls */
+        return 0;
+    }
+    return v != 0;
+}
+
 extern "C" int cuda_head_ws_init(cuda_head_ws *ws, int n_max, int k_max, int d)
 {
+    return cuda_head_ws_init_coll(ws, n_max, k_max, d, 0);
+}
+
+extern "C" int cuda_head_ws_init_coll(cuda_head_ws *ws, int n_max, int k_max, int d, int coll_host_memory)
+{
+    if (!ws)
+        return pf_err(-EINVAL, "CUDA head workspace: NULL");
     memset(ws, 0, sizeof *ws);
     if (n_max <= 0 || k_max < 0 || d <= 0)
         return pf_err(-EINVAL, "CUDA head workspace: n_max %d, k_max %d, d %d (need n_max > 0, "
@@ -251,8 +292,19 @@ extern "C" int cuda_head_ws_init(cuda_head_ws *ws, int n_max, int k_max, int d)
         cuda_head_ws_free(ws);
         return pf_err_wrap(rc, "CUDA head workspace n %d x k %d x d %d", n_max, k_max, d);
     }
+    /* the buffers cuda_head_dist's collectives see */
+    int (*alloc)(void **, size_t) = coll_host_memory ? cuda_malloc_managed : cuda_malloc;
+    if ((rc = alloc((void **)&ws->row_max, n * sizeof(float))) ||
+        (rc = alloc((void **)&ws->row_red, 4 * n * sizeof(double))) ||
+        (rc = alloc((void **)&ws->scal, 4 * sizeof(double)))) {
+        cuda_head_ws_free(ws);
+        return pf_err_wrap(rc, "CUDA head workspace (row reductions, %s memory) for n %d",
+                           coll_host_memory ? "managed" : "device", n_max);
+    }
+    ws->coll_host = coll_host_memory != 0;
     ws->host_row_loss = (double *)malloc(n * sizeof(double));
-    if (!ws->host_row_loss) {
+    ws->host_row_red = (double *)malloc(4 * n * sizeof(double));
+    if (!ws->host_row_loss || !ws->host_row_red) {
         cuda_head_ws_free(ws);
         return pf_err(-ENOMEM, "CUDA head workspace: out of host memory");
     }
@@ -269,46 +321,32 @@ extern "C" int cuda_head_ws_init(cuda_head_ws *ws, int n_max, int k_max, int d)
     return 0;
 }
 
-extern "C" int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_ws *ws,
-                                          const float *embeddings, int n, const float *centers, int k,
-                                          const int64_t *labels, double grad_scale, double *host_loss,
-                                          float *logits, float *grad_embeddings, float *grad_centers)
+/* Normalized rows and cosines: ws->en, ws->inv_e (n rows), ws->wn, ws->inv_w (k rows),
+ * ws->cos (n,k) = en wn^T (cuBLAS, fp32). */
+static int head_cosines(cuda_head_ws *ws, const float *embeddings, int n, const float *centers, int k)
 {
-    if (!p || !ws || !ws->cublas || !embeddings || (!centers && k > 0) || !labels)
-        return pf_err(-EINVAL, "CUDA head: NULL argument (or workspace not initialized)");
-    if (n <= 0 || n > ws->n_max || k < 0 || k > ws->k_max)
-        return pf_err(-EINVAL, "CUDA head: n %d, k %d do not fit the workspace (n_max %d, k_max %d)",
-                      n, k, ws->n_max, ws->k_max);
-    if (!(p->s > 0) || !isfinite(p->m1) || !isfinite(p->m2) || !isfinite(p->m3))
-        return pf_err(-EINVAL, "CUDA head: scale %g must be > 0 and margins (%g, %g, %g) finite", p->s,
-                      p->m1, p->m2, p->m3);
     const int d = ws->d;
-    cublasHandle_t h = (cublasHandle_t)ws->cublas;
     const float one = 1.0f, zero = 0.0f;
-    double g = grad_scale != 0.0 ? grad_scale : 1.0 / n;
-    int want_grad = grad_embeddings || grad_centers;
-
     normalize_inv_k<<<n, HEAD_THREADS>>>(ws->en, ws->inv_e, embeddings, d);
     LAUNCH_CHECK("normalize_rows (embeddings)");
     if (k > 0) {
         normalize_inv_k<<<k, HEAD_THREADS>>>(ws->wn, ws->inv_w, centers, d);
         LAUNCH_CHECK("normalize_rows (centers)");
         /* cos (n,k) = en (n,d) wn (k,d)^T, row-major; column-major cos^T = wn en^T */
-        CUBLAS_TRY(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, k, n, d, &one, ws->wn, d, ws->en, d, &zero,
-                               ws->cos, k));
+        CUBLAS_TRY(cublasSgemm((cublasHandle_t)ws->cublas, CUBLAS_OP_T, CUBLAS_OP_N, k, n, d, &one, ws->wn,
+                               d, ws->en, d, &zero, ws->cos, k));
     }
-    head_row_k<<<n, HEAD_THREADS>>>(ws->cos, logits, labels, k, *p, g, ws->row_loss, want_grad);
-    LAUNCH_CHECK("head_row (margin softmax)");
-    CUDA_TRY(cudaMemcpy(ws->host_row_loss, ws->row_loss, (size_t)n * sizeof(double),
-                        cudaMemcpyDeviceToHost));
-    double total = 0.0;
-    for (int i = 0; i < n; i++) {
-        if (ws->host_row_loss[i] < 0.0)
-            return pf_err(-ERANGE, "CUDA head: the label of row %d is outside [-1, %d)", i, k);
-        total += ws->host_row_loss[i];
-    }
-    if (host_loss)
-        *host_loss = total / n;
+    return 0;
+}
+
+/* With ws->cos holding dL/dcos (n,k): the two GEMMs and the normalization backward (each output
+ * may be NULL; grad_embeddings is zero when k == 0). */
+static int head_backward(cuda_head_ws *ws, const float *embeddings, int n, const float *centers, int k,
+                         float *grad_embeddings, float *grad_centers)
+{
+    const int d = ws->d;
+    cublasHandle_t h = (cublasHandle_t)ws->cublas;
+    const float one = 1.0f, zero = 0.0f;
     if (grad_embeddings) {
         if (k > 0)
             /* dL/d en (n,d) = dcos (n,k) wn (k,d): column-major en^T = wn^T dcos^T */
@@ -327,6 +365,258 @@ extern "C" int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_w
         LAUNCH_CHECK("normalize_rows backward (centers)");
     }
     return 0;
+}
+
+extern "C" int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_ws *ws,
+                                          const float *embeddings, int n, const float *centers, int k,
+                                          const int64_t *labels, double grad_scale, double *host_loss,
+                                          float *logits, float *grad_embeddings, float *grad_centers)
+{
+    if (!p || !ws || !ws->cublas || !embeddings || (!centers && k > 0) || !labels)
+        return pf_err(-EINVAL, "CUDA head: NULL argument (or workspace not initialized)");
+    if (n <= 0 || n > ws->n_max || k < 0 || k > ws->k_max)
+        return pf_err(-EINVAL, "CUDA head: n %d, k %d do not fit the workspace (n_max %d, k_max %d)",
+                      n, k, ws->n_max, ws->k_max);
+    if (!(p->s > 0) || !isfinite(p->m1) || !isfinite(p->m2) || !isfinite(p->m3))
+        return pf_err(-EINVAL, "CUDA head: scale %g must be > 0 and margins (%g, %g, %g) finite", p->s,
+                      p->m1, p->m2, p->m3);
+    double g = grad_scale != 0.0 ? grad_scale : 1.0 / n;
+    int want_grad = grad_embeddings || grad_centers;
+    int rc;
+
+    if ((rc = head_cosines(ws, embeddings, n, centers, k)) < 0)
+        return rc;
+    head_row_k<<<n, HEAD_THREADS>>>(ws->cos, logits, labels, k, *p, g, ws->row_loss, want_grad);
+    LAUNCH_CHECK("head_row (margin softmax)");
+    CUDA_TRY(cudaMemcpy(ws->host_row_loss, ws->row_loss, (size_t)n * sizeof(double),
+                        cudaMemcpyDeviceToHost));
+    double total = 0.0;
+    for (int i = 0; i < n; i++) {
+        if (ws->host_row_loss[i] < 0.0)
+            return pf_err(-ERANGE, "CUDA head: the label of row %d is outside [-1, %d)", i, k);
+        total += ws->host_row_loss[i];
+    }
+    if (host_loss)
+        *host_loss = total / n;
+    return head_backward(ws, embeddings, n, centers, k, grad_embeddings, grad_centers);
+}
+
+/* ---- the head of a worker in a group (cuda_head_dist): head.c's passes, one block per row ---- */
+
+/* Block-wide float max (blockDim.x == HEAD_THREADS); NaN ignored as head.c's `if (z > mx)` does
+ * (fmaxf returns the other operand). Every thread gets the result. */
+static __device__ float block_max_f(float v)
+{
+    __shared__ float part[HEAD_THREADS / 32];
+    __shared__ float total;
+    for (int off = 16; off > 0; off >>= 1)
+        v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, off));
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float m = -INFINITY;
+        for (int w = 0; w < HEAD_THREADS / 32; w++)
+            m = fmaxf(m, part[w]);
+        total = m;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads();
+    return r;
+}
+
+/* Pass 1 (head.c "logits and row max"): z of every column of row i (target: s * margin value,
+ * computed in double then rounded; others s * clamp/filter in float), logits[i,:] = z when asked,
+ * row_max[i] = max_j z (-inf for k == 0). */
+static __global__ void dist_max_k(const float *cosm, float *logits, const int64_t *labels, int k,
+                                  cuda_head_params p, float *row_max)
+{
+    const int i = blockIdx.x;
+    const int64_t li = labels[i];
+    const float *ci = cosm + (size_t)i * k;
+    const float s = (float)p.s;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        float z;
+        if (j == li) {
+            double dv;
+            z = (float)(p.s * target_value(p, ci[j], &dv));
+        } else {
+            float dv;
+            z = s * other_value(ci[j], p.tau, &dv);
+        }
+        if (logits)
+            logits[(size_t)i * k + j] = z;
+        m = fmaxf(m, z);
+    }
+    m = block_max_f(m);
+    if (threadIdx.x == 0)
+        row_max[i] = m;
+}
+
+/* Pass 2 (head.c "row sums"): with mx = row_max[i] (global after the allreduce),
+ * row_red[4i..4i+3] = {sum_j exp(z_j - mx) over this worker's columns (non-target terms expf in
+ * float as head.c, summed in double; the target's exp in double), z_target - mx (0 without a
+ * target here), 1 if the target is here else 0, 1 if the label is outside [-1, k) else 0}. */
+static __global__ void dist_sum_k(const float *cosm, const int64_t *labels, int k, cuda_head_params p,
+                                  const float *row_max, double *row_red)
+{
+    const int i = blockIdx.x;
+    const int64_t li = labels[i];
+    const float *ci = cosm + (size_t)i * k;
+    const float s = (float)p.s, mx = row_max[i];
+    double sum = 0.0;
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        if (j == li)
+            continue;
+        float dv;
+        float e = expf(s * other_value(ci[j], p.tau, &dv) - mx);
+        sum += e;
+    }
+    sum = block_sum_d(sum);
+    if (threadIdx.x == 0) {
+        double zt = 0.0, has = 0.0;
+        if (li >= 0 && li < k) {
+            double dv;
+            double z = p.s * target_value(p, ci[li], &dv);
+            sum += exp(z - (double)mx);
+            zt = z - (double)mx;
+            has = 1.0;
+        }
+        double *r = row_red + 4 * (size_t)i;
+        r[0] = sum;
+        r[1] = zt;
+        r[2] = has;
+        r[3] = (li < -1 || li >= k) ? 1.0 : 0.0;
+    }
+}
+
+/* Pass 3 (head.c backward): cos[i,:] <- dL/dcos = s * (p - onehot) * g * dv/dc with the global
+ * max and sum: non-target e * (float)(s g / sum) where dv/dc != 0, else 0; target
+ * s (exp(z_t - mx) / sum - 1) g dv/dc in double. Labels are in [-1, k) here (checked on the host). */
+static __global__ void dist_grad_k(float *cosm, const int64_t *labels, int k, cuda_head_params p, double g,
+                                   const float *row_max, const double *row_red)
+{
+    const int i = blockIdx.x;
+    const int64_t li = labels[i];
+    float *ci = cosm + (size_t)i * k;
+    const float s = (float)p.s, mx = row_max[i];
+    const double inv_sum = 1.0 / row_red[4 * (size_t)i];
+    const float scale = (float)(p.s * g * inv_sum);
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        float c = ci[j];
+        if (j == li) {
+            double dv;
+            double z = p.s * target_value(p, c, &dv);
+            double pr = exp(z - (double)mx) * inv_sum;
+            ci[j] = (float)(p.s * (pr - 1.0) * g * dv);
+        } else {
+            float dv;
+            float e = expf(s * other_value(c, p.tau, &dv) - mx);
+            ci[j] = dv != 0.0f ? e * scale : 0.0f;
+        }
+    }
+}
+
+/* Before a collective on workspace buffers: a host backend reads them on the host. */
+static int coll_ready(const cuda_head_ws *ws)
+{
+    if (ws->coll_host)
+        CUDA_TRY(cudaDeviceSynchronize());
+    return 0;
+}
+
+extern "C" int cuda_head_dist(const cuda_head_params *p, int local_mode, cuda_head_ws *ws, pf_coll *coll,
+                              const float *embeddings, int n, const float *centers, int k,
+                              const int64_t *labels, double *host_loss, int64_t *host_no_target,
+                              float *logits, float *grad_embeddings, float *grad_centers)
+{
+    if (!p || !ws || !ws->cublas || !ws->row_red || !embeddings || (!centers && k > 0) || !labels)
+        return pf_err(-EINVAL, "CUDA head: NULL argument (or workspace not initialized)");
+    if (n <= 0 || n > ws->n_max || k < 0 || k > ws->k_max)
+        return pf_err(-EINVAL, "CUDA head: n %d, k %d do not fit the workspace (n_max %d, k_max %d)",
+                      n, k, ws->n_max, ws->k_max);
+    if (!(p->s > 0) || !isfinite(p->m1) || !isfinite(p->m2) || !isfinite(p->m3) || !isfinite(p->tau))
+        return pf_err(-EINVAL, "CUDA head: scale %g must be > 0 and margins (%g, %g, %g), tau %g finite",
+                      p->s, p->m1, p->m2, p->m3, p->tau);
+    if (coll && (!coll->ops || coll->world_size < 1))
+        return pf_err(-EINVAL, "CUDA head: collectives handle not initialized");
+    const int world = coll ? coll->world_size : 1;
+    const int global = !local_mode && world > 1;
+    const int local_group = local_mode && world > 1;
+    const double g = 1.0 / ((double)n * (local_mode ? world : 1));
+    const int want_grad = grad_embeddings || grad_centers;
+    int rc;
+
+    if ((rc = head_cosines(ws, embeddings, n, centers, k)) < 0)
+        return rc;
+    dist_max_k<<<n, HEAD_THREADS>>>(ws->cos, logits, labels, k, *p, ws->row_max);
+    LAUNCH_CHECK("head row max");
+    if (global) {
+        if ((rc = coll_ready(ws)) < 0)
+            return rc;
+        if ((rc = coll_allreduce(coll, ws->row_max, (size_t)n, COLL_F32, COLL_MAX)) < 0)
+            return pf_err_wrap(rc, "CUDA head: allreduce of row max");
+    }
+    dist_sum_k<<<n, HEAD_THREADS>>>(ws->cos, labels, k, *p, ws->row_max, ws->row_red);
+    LAUNCH_CHECK("head row sums");
+    if (global) {
+        if ((rc = coll_ready(ws)) < 0)
+            return rc;
+        if ((rc = coll_allreduce(coll, ws->row_red, (size_t)4 * n, COLL_F64, COLL_SUM)) < 0)
+            return pf_err_wrap(rc, "CUDA head: allreduce of row sums");
+    }
+    CUDA_TRY(cudaMemcpy(ws->host_row_red, ws->row_red, (size_t)4 * n * sizeof(double),
+                        cudaMemcpyDeviceToHost));
+
+    /* head.c's loss: rows in order, log-softmax of the target, 69.0776 without a target anywhere */
+    const double *r = ws->host_row_red;
+    double total = 0.0, bad = 0.0, no_target = 0.0;
+    int bad_row = -1;
+    for (int i = 0; i < n; i++) {
+        double li = LOSS_CAP;
+        if (r[4 * i + 3] > 0) {
+            bad += r[4 * i + 3];
+            if (bad_row < 0)
+                bad_row = i;
+        }
+        no_target += !(r[4 * i + 2] > 0);
+        if (r[4 * i + 2] > 0) {
+            li = -(r[4 * i + 1] - log(r[4 * i]));
+            if (p->clamp_loss && li > LOSS_CAP)
+                li = LOSS_CAP;
+        }
+        total += li;
+    }
+    double mean = total / (double)n;
+    if (local_group) {
+        double sc[4] = {mean, no_target, bad, 0.0};
+        CUDA_TRY(cudaMemcpy(ws->scal, sc, sizeof sc, cudaMemcpyHostToDevice));
+        if ((rc = coll_ready(ws)) < 0)
+            return rc;
+        if ((rc = coll_allreduce(coll, ws->scal, 4, COLL_F64, COLL_SUM)) < 0)
+            return pf_err_wrap(rc, "CUDA head: allreduce of the local losses");
+        CUDA_TRY(cudaMemcpy(sc, ws->scal, sizeof sc, cudaMemcpyDeviceToHost));
+        mean = sc[0] / world;
+        no_target = sc[1];
+        bad = sc[2];
+    }
+    if (bad > 0) {
+        if (bad_row >= 0)
+            return pf_err(-ERANGE, "CUDA head: the label of row %d is outside [-1, %d) (%.0f bad label(s) in "
+                          "the group)", bad_row, k, bad);
+        return pf_err(-ERANGE, "CUDA head: %.0f label(s) outside [-1, k) on another worker of the group", bad);
+    }
+    if (host_loss)
+        *host_loss = mean;
+    if (host_no_target)
+        *host_no_target = (int64_t)no_target;
+    if (!want_grad)
+        return 0;
+    dist_grad_k<<<n, HEAD_THREADS>>>(ws->cos, labels, k, *p, g, ws->row_max, ws->row_red);
+    LAUNCH_CHECK("head dL/dcos");
+    return head_backward(ws, embeddings, n, centers, k, grad_embeddings, grad_centers);
 }
 
 /* ---- gather / scatter of class-center rows ---- */
