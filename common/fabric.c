@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -15,6 +16,8 @@
 #include "common/err.h"
 
 #define FAB_BACKLOG 4096
+#define FAB_SPIN_S 0.01 /* after this long on -FI_EAGAIN a retry loop sleeps FAB_NAP_NS between tries */
+#define FAB_NAP_NS 50000
 
 struct fab_ctx {
     struct fi_info *info;
@@ -24,7 +27,10 @@ struct fab_ctx {
     struct fid_cq *cq;
     struct fid_av *av;
     uint64_t next_key;
-    pthread_mutex_t lock; /* guards the backlog and next_key */
+    double post_timeout;  /* seconds a posting call retries -FI_EAGAIN before giving up */
+    uint8_t *dead;        /* dead[i]: a post to fi_addr i timed out before; later posts to it fail at once */
+    size_t ndead;
+    pthread_mutex_t lock; /* guards the backlog, next_key and dead */
     fab_comp backlog[FAB_BACKLOG];
     int bl_head, bl_count;
 };
@@ -52,6 +58,7 @@ int fab_open(const char *provider, fab_ctx **out) {
     if (!f) return pf_err(-ENOMEM, "fab_open: out of memory");
     pthread_mutex_init(&f->lock, NULL);
     f->next_key = 1;
+    f->post_timeout = FAB_DEFAULT_TIMEOUT_S;
 
     struct fi_info *hints = fi_allocinfo();
     if (!hints) { free(f); return pf_err(-ENOMEM, "fi_allocinfo failed"); }
@@ -165,8 +172,15 @@ void fab_close(fab_ctx *f) {
     if (f->fabric) fi_close(&f->fabric->fid);
     if (f->info) fi_freeinfo(f->info);
     pthread_mutex_destroy(&f->lock);
+    free(f->dead);
     free(f);
 }
+
+void fab_set_timeout(fab_ctx *f, double seconds) {
+    f->post_timeout = seconds > 0 ? seconds : FAB_DEFAULT_TIMEOUT_S;
+}
+
+double fab_timeout(const fab_ctx *f) { return f->post_timeout; }
 
 const char *fab_provider(const fab_ctx *f) { return f->info->fabric_attr->prov_name; }
 
@@ -281,26 +295,101 @@ static int make_progress(fab_ctx *f) {
     return rc < 0 ? rc : 0;
 }
 
-/* Retries a posting expression until it stops returning -FI_EAGAIN (bounded only by progress). */
-#define FAB_RETRY(call, name)                                     \
-    do {                                                          \
-        ssize_t rc_;                                              \
-        for (;;) {                                                \
-            rc_ = (call);                                         \
-            if (rc_ != -FI_EAGAIN) break;                         \
-            int p_ = make_progress(f);                            \
-            if (p_ < 0) return p_;                                \
-        }                                                         \
-        if (rc_) return fab_fail((int)rc_, name);                 \
-        return 0;                                                 \
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* "peer 3 (fi_sockaddr_in://127.0.0.1:4242)" for dest, or "any peer" for FI_ADDR_UNSPEC. */
+static void peer_str(fab_ctx *f, fi_addr_t dest, char *out, size_t len) {
+    if (dest == FI_ADDR_UNSPEC) {
+        snprintf(out, len, "any peer");
+        return;
+    }
+    uint8_t addr[FAB_MAX_ADDR];
+    size_t alen = sizeof(addr);
+    char str[160];
+    size_t slen = sizeof(str);
+    if (fi_av_lookup(f->av, dest, addr, &alen) == 0 && alen <= sizeof(addr) && fi_av_straddr(f->av, addr, str, &slen))
+        snprintf(out, len, "peer %llu (%s)", (unsigned long long)dest, str);
+    else
+        snprintf(out, len, "peer %llu", (unsigned long long)dest);
+}
+
+static int peer_dead(fab_ctx *f, fi_addr_t dest) {
+    if (dest == FI_ADDR_UNSPEC) return 0;
+    pthread_mutex_lock(&f->lock);
+    int d = dest < f->ndead && f->dead[dest];
+    pthread_mutex_unlock(&f->lock);
+    return d;
+}
+
+static void mark_dead(fab_ctx *f, fi_addr_t dest) {
+    if (dest == FI_ADDR_UNSPEC || dest > (1u << 24)) return;
+    pthread_mutex_lock(&f->lock);
+    if (dest >= f->ndead) {
+        size_t n = (size_t)dest + 64;
+        uint8_t *d = realloc(f->dead, n);
+        if (d) {
+            memset(d + f->ndead, 0, n - f->ndead);
+            f->dead = d;
+            f->ndead = n;
+        }
+    }
+    if (dest < f->ndead) f->dead[dest] = 1;
+    pthread_mutex_unlock(&f->lock);
+}
+
+/* Retries a posting expression while it returns -FI_EAGAIN, driving progress in between, for at most the
+ * context's post timeout (fab_set_timeout). A post that cannot go out for that long means the peer's
+ * endpoint is gone or not progressing (libfabric 1.17's tcp;ofi_rxm keeps answering -FI_EAGAIN towards a
+ * killed peer forever): the call fails with -ECOMM naming the peer and the call, and the peer is marked so
+ * later posts to it fail at once instead of stalling the caller again. Posts towards a peer marked dead
+ * fail immediately. */
+#define FAB_RETRY(call, name, dest)                                                 \
+    do {                                                                            \
+        if (peer_dead(f, (dest))) return post_failed(f, (name), (dest), 0, 1);      \
+        ssize_t rc_;                                                                \
+        double t0_ = 0, now_ = 0;                                                   \
+        for (;;) {                                                                  \
+            rc_ = (call);                                                           \
+            if (rc_ != -FI_EAGAIN) break;                                           \
+            int p_ = make_progress(f);                                              \
+            if (p_ < 0) return p_;                                                  \
+            now_ = mono_s();                                                        \
+            if (t0_ == 0) t0_ = now_;                                               \
+            if (now_ - t0_ > f->post_timeout) {                                     \
+                mark_dead(f, (dest));                                               \
+                return post_failed(f, (name), (dest), now_ - t0_, 0);               \
+            }                                                                       \
+            if (now_ - t0_ > FAB_SPIN_S) {                                          \
+                struct timespec nap_ = {0, FAB_NAP_NS};                             \
+                nanosleep(&nap_, NULL);                                             \
+            }                                                                       \
+        }                                                                           \
+        if (rc_) return fab_fail((int)rc_, name);                                   \
+        return 0;                                                                   \
     } while (0)
 
+static int post_failed(fab_ctx *f, const char *call, fi_addr_t dest, double waited, int before) {
+    char peer[256];
+    peer_str(f, dest, peer, sizeof(peer));
+    if (before)
+        return pf_err(-ECOMM, "%s to %s: an earlier post to it could not go out for %.1f s; the peer's endpoint "
+                              "is closed or not progressing",
+                      call, peer, f->post_timeout);
+    return pf_err(-ECOMM, "%s to %s: still -FI_EAGAIN after %.1f s of retries (provider %s); the peer's "
+                          "endpoint is closed or not progressing",
+                  call, peer, waited, fab_provider(f));
+}
+
 int fab_send(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, void *ctx) {
-    FAB_RETRY(fi_send(f->ep, buf, len, mr ? mr->desc : NULL, dest, ctx), "fi_send");
+    FAB_RETRY(fi_send(f->ep, buf, len, mr ? mr->desc : NULL, dest, ctx), "fi_send", dest);
 }
 
 int fab_recv(fab_ctx *f, void *buf, size_t len, const fab_mr *mr, void *ctx) {
-    FAB_RETRY(fi_recv(f->ep, buf, len, mr ? mr->desc : NULL, FI_ADDR_UNSPEC, ctx), "fi_recv");
+    FAB_RETRY(fi_recv(f->ep, buf, len, mr ? mr->desc : NULL, FI_ADDR_UNSPEC, ctx), "fi_recv", FI_ADDR_UNSPEC);
 }
 
 int fab_write(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
@@ -312,12 +401,12 @@ int fab_write(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab
     struct fi_rma_iov riov = {.addr = raddr, .len = len, .key = rkey};
     struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = dest, .rma_iov = &riov,
                              .rma_iov_count = 1, .context = ctx};
-    FAB_RETRY(fi_writemsg(f->ep, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION), "fi_writemsg");
+    FAB_RETRY(fi_writemsg(f->ep, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION), "fi_writemsg", dest);
 }
 
 int fab_read(fab_ctx *f, fi_addr_t dest, void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
              uint64_t rkey, void *ctx) {
-    FAB_RETRY(fi_read(f->ep, buf, len, mr ? mr->desc : NULL, dest, raddr, rkey, ctx), "fi_read");
+    FAB_RETRY(fi_read(f->ep, buf, len, mr ? mr->desc : NULL, dest, raddr, rkey, ctx), "fi_read", dest);
 }
 
 int fab_poll(fab_ctx *f, fab_comp *out, int max) {

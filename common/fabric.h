@@ -14,7 +14,10 @@
  * server runs a progress thread that polls its CQ continuously (even when it expects nothing); clients
  * progress inside their wait calls. A posting call that meets -FI_EAGAIN drains the CQ into an internal
  * backlog (returned by later fab_poll calls, in order) and retries, so posts never fail for lack of
- * progress. The domain is opened FI_THREAD_SAFE; the backlog is mutex-protected.
+ * progress. The retrying is bounded: a post still refused after the context's timeout (fab_set_timeout,
+ * default FAB_DEFAULT_TIMEOUT_S) fails with -ECOMM naming the peer, which is then marked so that later posts
+ * to it fail at once (a killed peer makes libfabric 1.17's tcp;ofi_rxm answer -FI_EAGAIN forever).
+ * The domain is opened FI_THREAD_SAFE; the backlog is mutex-protected.
  *
  * Errors: negative errno codes, pf_errmsg() names the libfabric call and its fi_strerror text. */
 #ifndef PFCPS_COMMON_FABRIC_H
@@ -26,6 +29,7 @@
 #include <rdma/fabric.h>
 
 #define FAB_MAX_ADDR 256 /* bytes; an endpoint name from fab_getname fits (same as CTL_MAX_ADDR) */
+#define FAB_DEFAULT_TIMEOUT_S 30.0 /* post retry bound of a new context (the default ctl_timeout) */
 
 typedef struct fab_ctx fab_ctx;
 
@@ -78,6 +82,13 @@ void fab_shutdown(fab_ctx *f);
  * must be closed before (after fab_shutdown when receives may still be posted). NULL is a no-op. */
 void fab_close(fab_ctx *f);
 
+/* Sets how long a posting call (fab_send, fab_recv, fab_write, fab_read) keeps retrying -FI_EAGAIN before it
+ * fails with -ECOMM; seconds <= 0 restores FAB_DEFAULT_TIMEOUT_S. Daemons pass their ctl_timeout. */
+void fab_set_timeout(fab_ctx *f, double seconds);
+
+/* The post retry bound in seconds (fab_set_timeout). */
+double fab_timeout(const fab_ctx *f);
+
 /* The exact provider name in use ("tcp;ofi_rxm", "shm", ...). */
 const char *fab_provider(const fab_ctx *f);
 
@@ -107,7 +118,9 @@ void fab_mr_close(fab_mr *mr);
 void fab_mr_remote(const fab_mr *mr, size_t offset, uint64_t *raddr, uint64_t *rkey);
 
 /* Posts a send of `len` bytes at `buf` (inside `mr`) to `dest`; completion carries `ctx`.
- * Returns 0 or -errno naming fi_send. */
+ * Returns 0, -ECOMM when the post could not go out within fab_timeout() seconds (or an earlier post to
+ * `dest` timed out: the peer is gone; the message names it), or another -errno naming fi_send.
+ * fab_recv, fab_write and fab_read return errors the same way. */
 int fab_send(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, void *ctx);
 
 /* Posts a receive buffer (any source). A message longer than `len` completes with err = -ETRUNC. */

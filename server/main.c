@@ -105,6 +105,9 @@ int main(int argc, char **argv) {
         log_error("%s", pf_errmsg());
         goto out;
     }
+    /* A reply towards a worker whose endpoint is gone gives up after ctl_timeout instead of stalling the
+     * progress thread (fab_set_timeout); later replies to it fail at once. */
+    fab_set_timeout(fab, cfg.ctl_timeout);
     uint8_t addr[FAB_MAX_ADDR];
     size_t alen = sizeof(addr);
     if (fab_getname(fab, addr, &alen) < 0) {
