@@ -18,7 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CTL_MAX_ADDR 256 /* bytes of an opaque libfabric endpoint name (fi_getname) */
+/* Bytes of a member's opaque address: a server's endpoint name, or a worker's packed parts
+ * (common/member_addr.h: two endpoint names, plus worker 0's 128-byte NCCL unique id on CUDA runs). */
+#define CTL_MAX_ADDR 512
 
 typedef enum { CTL_ROLE_SERVER = 0, CTL_ROLE_WORKER = 1 } ctl_role;
 

@@ -1,7 +1,9 @@
 /* A worker has two fabric endpoints: one towards the parameter servers (ps_client) and one dedicated to
  * the workers' ring collectives (coll_fabric). Both names travel in the one address field of its
  * address-book entry (ctl_member.addr), packed as: u8 count, then per part u8 length + bytes.
- * Servers have a single part (their serving endpoint). */
+ * Servers have a single part (their serving endpoint). On a run with device = cuda and NCCL, worker 0
+ * adds a third part: the 128-byte NCCL unique id (CUDA_NCCL_ID_BYTES) every worker builds its NCCL
+ * communicator from (worker/train.c). */
 #ifndef PFCPS_COMMON_MEMBER_ADDR_H
 #define PFCPS_COMMON_MEMBER_ADDR_H
 
