@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "kernels/cpu/optim_cpu.h"
 
 #define DN(call)                                                                        \
     do {                                                                                \
@@ -737,6 +738,78 @@ static int cpu_ctx_create(ops_ctx **out)
     return 0;
 }
 
+/* ---- memory, optimizer and gradient utilities (host memory) ---- */
+
+static int cpu_mem_alloc(ops_ctx *c, void **p, size_t bytes)
+{
+    (void)c;
+    *p = calloc(1, bytes ? bytes : 1);
+    if (!*p)
+        return pf_err(-ENOMEM, "cpu device: out of memory for %zu bytes", bytes);
+    return 0;
+}
+
+static void cpu_mem_free(ops_ctx *c, void *p)
+{
+    (void)c;
+    free(p);
+}
+
+static int cpu_mem_copy(ops_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    (void)c;
+    if (bytes && dst != src)
+        memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_mem_zero(ops_ctx *c, void *p, size_t bytes)
+{
+    (void)c;
+    if (bytes)
+        memset(p, 0, bytes);
+    return 0;
+}
+
+static int cpu_sync(ops_ctx *c)
+{
+    (void)c;
+    return 0;
+}
+
+static int cpu_sgd_step(ops_ctx *c, float *w, const float *grad, float *mom, size_t n, float lr,
+                        float momentum, float weight_decay)
+{
+    (void)c;
+    optim_cpu_sgd(w, grad, mom, n, lr, momentum, weight_decay);
+    return 0;
+}
+
+static int cpu_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n,
+                          double lr, double beta1, double beta2, double eps, double weight_decay,
+                          int64_t step)
+{
+    (void)c;
+    if (step < 1)
+        return pf_err(-EINVAL, "adamw: step %lld must be >= 1", (long long)step);
+    optim_cpu_adamw(w, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+    return 0;
+}
+
+static int cpu_scale(ops_ctx *c, float *x, size_t n, float a)
+{
+    (void)c;
+    optim_cpu_scale(x, n, a);
+    return 0;
+}
+
+static int cpu_sumsq(ops_ctx *c, const float *x, size_t n, double *host_out)
+{
+    (void)c;
+    *host_out = optim_cpu_sumsq(0.0, x, n);
+    return 0;
+}
+
 const ops_device ops_cpu = {
     .name = "cpu",
     .ctx_create = cpu_ctx_create,
@@ -756,4 +829,17 @@ const ops_device ops_cpu = {
     .from_plain = cpu_from_plain,
     .dropout_forward = cpu_dropout_forward,
     .dropout_backward = cpu_dropout_backward,
+    .act_bytes = 4,
+    .plain = NULL,
+    .mem_alloc = cpu_mem_alloc,
+    .mem_free = cpu_mem_free,
+    .mem_h2d = cpu_mem_copy,
+    .mem_d2h = cpu_mem_copy,
+    .mem_d2d = cpu_mem_copy,
+    .mem_zero = cpu_mem_zero,
+    .sync = cpu_sync,
+    .sgd_step = cpu_sgd_step,
+    .adamw_step = cpu_adamw_step,
+    .scale = cpu_scale,
+    .sumsq = cpu_sumsq,
 };

@@ -43,6 +43,26 @@ int cuda_sync(void);
 /* Free and total memory of the current device in bytes (cudaMemGetInfo). Returns 0 or -EIO. */
 int cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 
+/* ---- device memory and gradient utilities (the kernels/ops.h memory / utility entries of ops_cuda;
+ * exported so that other CUDA devices reuse them; kernels/cuda/cuda_util.cu) ---- */
+
+/* *p = cudaMalloc(bytes) then cudaMemset 0 (bytes 0 allocates 1). Returns 0, -ENOMEM, -EIO. */
+int cuda_malloc_zero(void **p, size_t bytes);
+/* cudaMemcpy device -> device (queued on the default stream). Returns 0 or -EIO. */
+int cuda_d2d(void *dst, const void *src, size_t bytes);
+/* cudaMemset(p, 0, bytes) (queued on the default stream). Returns 0 or -EIO. */
+int cuda_memzero(void *p, size_t bytes);
+/* x[i] *= a for i < n (rounded multiply, no contraction: bit-identical to the CPU). 0 or -EIO. */
+int cuda_scale_f32(float *x, size_t n, float a);
+/* Doubles of device scratch that cuda_sumsq_f32 needs (one partial sum per block). */
+#define CUDA_SUMSQ_PARTIALS 1024
+/* *host_out = sum of x[i]^2 accumulated in double (inf / NaN when an element is not finite):
+ * per-block tree sums into dev_partials (CUDA_SUMSQ_PARTIALS doubles of device memory the caller
+ * owns), added on the host in block order (deterministic; the order differs from the CPU's
+ * sequential sum, so the two agree to double rounding, not bit for bit). Synchronizes.
+ * Returns 0 or -EIO. */
+int cuda_sumsq_f32(const float *x, size_t n, double *dev_partials, double *host_out);
+
 /* ---- pinned host buffers, side stream (class-center rows pulled from the parameter servers) ----
  * Rows are pulled into pinned host memory (register it with the fabric), copied to the GPU on a
  * side stream while the backbone forward runs on the default stream, and the default stream is

@@ -116,3 +116,92 @@ extern "C" int cuda_default_stream_wait(void *stream)
         return pf_err(-EIO, "side stream -> default stream dependency failed: %s", cudaGetErrorString(e));
     return 0;
 }
+
+/* ---- device memory, scale and sum of squares (the ops.h memory / utility entries) ---- */
+
+extern "C" int cuda_malloc_zero(void **p, size_t bytes)
+{
+    int rc = cuda_malloc(p, bytes);
+    if (rc)
+        return rc;
+    cudaError_t e = cudaMemset(*p, 0, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaFree(*p);
+        *p = NULL;
+        return pf_err(-EIO, "cudaMemset(%zu bytes) failed: %s", bytes, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+extern "C" int cuda_d2d(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes || dst == src)
+        return 0;
+    CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    return 0;
+}
+
+extern "C" int cuda_memzero(void *p, size_t bytes)
+{
+    if (!bytes)
+        return 0;
+    CUDA_TRY(cudaMemset(p, 0, bytes));
+    return 0;
+}
+
+static __global__ void scale_k(float *x, size_t n, float a)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], a);
+}
+
+extern "C" int cuda_scale_f32(float *x, size_t n, float a)
+{
+    if (!n)
+        return 0;
+    scale_k<<<grid_for(n), 256>>>(x, n, a);
+    LAUNCH_CHECK("scale_f32");
+    return 0;
+}
+
+/* One partial sum per block: each thread sums x[i]^2 (double) over a grid-stride loop, then a
+ * shared-memory tree reduction (blockDim.x = 256, a power of two) leaves the block's sum in
+ * partials[blockIdx.x]. Inf / NaN propagate through the double additions. */
+static __global__ void sumsq_k(const float *x, size_t n, double *partials)
+{
+    __shared__ double sh[256];
+    double s = 0.0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        double v = (double)x[i];
+        s = __dadd_rn(s, __dmul_rn(v, v));
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned h = blockDim.x / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h)
+            sh[threadIdx.x] = __dadd_rn(sh[threadIdx.x], sh[threadIdx.x + h]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        partials[blockIdx.x] = sh[0];
+}
+
+extern "C" int cuda_sumsq_f32(const float *x, size_t n, double *dev_partials, double *host_out)
+{
+    *host_out = 0.0;
+    if (!n)
+        return 0;
+    size_t blocks = (n + 255) / 256;
+    if (blocks > CUDA_SUMSQ_PARTIALS)
+        blocks = CUDA_SUMSQ_PARTIALS;
+    sumsq_k<<<(unsigned)blocks, 256>>>(x, n, dev_partials);
+    LAUNCH_CHECK("sumsq_f32");
+    double host[CUDA_SUMSQ_PARTIALS];
+    /* cudaMemcpy to pageable host memory waits for the kernel (legacy default stream). */
+    CUDA_TRY(cudaMemcpy(host, dev_partials, blocks * sizeof(double), cudaMemcpyDeviceToHost));
+    double s = 0.0;
+    for (size_t b = 0; b < blocks; b++)
+        s += host[b];
+    *host_out = s;
+    return 0;
+}

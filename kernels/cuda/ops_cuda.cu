@@ -37,6 +37,7 @@ struct ops_ctx {
     int bn_exact; /* PFCPS_CUDA_BN=exact: BatchNorm2d in own float64-sum kernels, not cuDNN */
     double *dscr; /* per-channel float64 scratch for the exact batch norm */
     size_t dscr_cap;
+    double *sumsq_part; /* CUDA_SUMSQ_PARTIALS doubles for sumsq */
 };
 
 static int grow(float **buf, size_t *cap, size_t n)
@@ -900,6 +901,7 @@ static void cuda_ctx_destroy(ops_ctx *c)
     cudaFree(c->scr);
     cudaFree(c->cscr);
     cudaFree(c->dscr);
+    cudaFree(c->sumsq_part);
     if (c->bn_x) cudnnDestroyTensorDescriptor(c->bn_x);
     if (c->bn_p) cudnnDestroyTensorDescriptor(c->bn_p);
     if (c->blas) cublasDestroy(c->blas);
@@ -915,7 +917,7 @@ static int ctx_init(ops_ctx *c)
     CUBLAS_TRY(cublasSetMathMode(c->blas, c->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     CUDNN_TRY(cudnnCreateTensorDescriptor(&c->bn_x));
     CUDNN_TRY(cudnnCreateTensorDescriptor(&c->bn_p));
-    return 0;
+    return cuda_malloc((void **)&c->sumsq_part, CUDA_SUMSQ_PARTIALS * sizeof(double));
 }
 
 static int cuda_ctx_create(ops_ctx **out)
@@ -938,6 +940,77 @@ static int cuda_ctx_create(ops_ctx **out)
     return 0;
 }
 
+/* ---- memory, optimizer and gradient utilities (kernels/ops.h; the work is in cuda_util.cu and
+ * head.cu, shared with the other CUDA devices) ---- */
+
+static int cuda_mem_alloc(ops_ctx *c, void **p, size_t bytes)
+{
+    (void)c;
+    return cuda_malloc_zero(p, bytes);
+}
+
+static void cuda_mem_free(ops_ctx *c, void *p)
+{
+    (void)c;
+    cuda_free(p);
+}
+
+static int cuda_mem_h2d(ops_ctx *c, void *dst, const void *host_src, size_t bytes)
+{
+    (void)c;
+    return bytes ? cuda_h2d(dst, host_src, bytes) : 0;
+}
+
+static int cuda_mem_d2h(ops_ctx *c, void *host_dst, const void *src, size_t bytes)
+{
+    (void)c;
+    return bytes ? cuda_d2h(host_dst, src, bytes) : 0;
+}
+
+static int cuda_mem_d2d(ops_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    (void)c;
+    return cuda_d2d(dst, src, bytes);
+}
+
+static int cuda_mem_zero(ops_ctx *c, void *p, size_t bytes)
+{
+    (void)c;
+    return cuda_memzero(p, bytes);
+}
+
+static int cuda_ctx_sync(ops_ctx *c)
+{
+    (void)c;
+    return cuda_sync();
+}
+
+static int cuda_dev_sgd_step(ops_ctx *c, float *w, const float *grad, float *mom, size_t n, float lr,
+                             float momentum, float weight_decay)
+{
+    (void)c;
+    return cuda_sgd_step(w, grad, mom, n, lr, momentum, weight_decay);
+}
+
+static int cuda_dev_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n,
+                               double lr, double beta1, double beta2, double eps, double weight_decay,
+                               int64_t step)
+{
+    (void)c;
+    return cuda_adamw_step(w, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+static int cuda_dev_scale(ops_ctx *c, float *x, size_t n, float a)
+{
+    (void)c;
+    return cuda_scale_f32(x, n, a);
+}
+
+static int cuda_dev_sumsq(ops_ctx *c, const float *x, size_t n, double *host_out)
+{
+    return cuda_sumsq_f32(x, n, c->sumsq_part, host_out);
+}
+
 extern "C" const ops_device ops_cuda = {
     .name = "cuda",
     .ctx_create = cuda_ctx_create,
@@ -957,4 +1030,17 @@ extern "C" const ops_device ops_cuda = {
     .from_plain = cuda_from_plain,
     .dropout_forward = cuda_dropout_forward,
     .dropout_backward = cuda_dropout_backward,
+    .act_bytes = 4,
+    .plain = NULL,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .mem_h2d = cuda_mem_h2d,
+    .mem_d2h = cuda_mem_d2h,
+    .mem_d2d = cuda_mem_d2d,
+    .mem_zero = cuda_mem_zero,
+    .sync = cuda_ctx_sync,
+    .sgd_step = cuda_dev_sgd_step,
+    .adamw_step = cuda_dev_adamw_step,
+    .scale = cuda_dev_scale,
+    .sumsq = cuda_dev_sumsq,
 };

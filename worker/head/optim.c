@@ -4,19 +4,12 @@
 #include <math.h>
 
 #include "common/err.h"
+#include "kernels/cpu/optim_cpu.h"
 
 void optim_sgd_step(float *w, const float *grad, float *mom, size_t n, float lr, float momentum,
                     float weight_decay)
 {
-    if (momentum != 0.0f && mom) {
-        for (size_t i = 0; i < n; i++) {
-            float d = grad[i] + weight_decay * w[i];
-            mom[i] = momentum * mom[i] + d;
-            w[i] -= lr * mom[i];
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) w[i] -= lr * (grad[i] + weight_decay * w[i]);
-    }
+    optim_cpu_sgd(w, grad, mom, n, lr, momentum, weight_decay);
 }
 
 void optim_adamw_defaults(adamw_params *p)
@@ -32,22 +25,7 @@ int optim_adamw_step(float *w, const float *grad, float *m, float *v, size_t n, 
                      int64_t step)
 {
     if (step < 1) return pf_err(-EINVAL, "adamw: step %lld must be >= 1", (long long)step);
-    /* PyTorch's single-tensor path: bias corrections and step size in double (Python floats). */
-    double bc1 = 1.0 - pow(p->beta1, (double)step);
-    double bc2 = 1.0 - pow(p->beta2, (double)step);
-    float step_size = (float)(p->lr / bc1);
-    float bc2_sqrt = (float)sqrt(bc2);
-    float decay = (float)(1.0 - p->lr * p->weight_decay);
-    /* 1 - beta in double then rounded, as PyTorch passes Python floats (1 - 0.999f in float is off by 1e-5). */
-    float omb1 = (float)(1.0 - p->beta1), b2 = (float)p->beta2, omb2 = (float)(1.0 - p->beta2), eps = (float)p->eps;
-    for (size_t i = 0; i < n; i++) {
-        float g = grad[i];
-        w[i] *= decay;
-        m[i] = m[i] + (g - m[i]) * omb1;   /* torch: exp_avg.lerp_(grad, 1 - beta1) */
-        v[i] = v[i] * b2 + omb2 * g * g;   /* exp_avg_sq.mul_(b2).addcmul_(g, g, 1 - b2) */
-        float denom = sqrtf(v[i]) / bc2_sqrt + eps;
-        w[i] -= step_size * (m[i] / denom);
-    }
+    optim_cpu_adamw(w, grad, m, v, n, p->lr, p->beta1, p->beta2, p->eps, p->weight_decay, step);
     return 0;
 }
 
@@ -55,14 +33,13 @@ double optim_clip_grad_norm_multi(float *const *grads, const size_t *counts, int
 {
     double ss = 0.0;
     for (int a = 0; a < narrays; a++)
-        for (size_t i = 0; i < counts[a]; i++) ss += (double)grads[a][i] * grads[a][i];
+        ss = optim_cpu_sumsq(ss, grads[a], counts[a]);
     double total = sqrt(ss);
     if (!isfinite(total)) return total;
     double coef = max_norm / (total + 1e-6);
     if (coef < 1.0) {
         float c = (float)coef;
-        for (int a = 0; a < narrays; a++)
-            for (size_t i = 0; i < counts[a]; i++) grads[a][i] *= c;
+        for (int a = 0; a < narrays; a++) optim_cpu_scale(grads[a], counts[a], c);
     }
     return total;
 }

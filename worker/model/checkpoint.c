@@ -1,6 +1,7 @@
-/* Backbone checkpoints: parameters + BN running statistics, layout documented in model.h.
- * Written as Redis writes its RDB: temp file, fsync, atomic rename. Loaded whole and verified
- * before the model is touched. */
+/* Backbone checkpoints: parameters + BN running statistics (+ named float64 extras in version 2),
+ * layout documented in model.h. The model's arrays are device memory: saved through a host copy
+ * (model_get_params / model_get_buffers), loaded with mem_h2d per tensor. Written as Redis writes
+ * its RDB: temp file, fsync, atomic rename. Loaded whole and verified before the model is touched. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,7 +13,8 @@
 #include "worker/model/model_internal.h"
 
 #define CK_MAGIC "PFCPSBB1"
-#define CK_VERSION 1u
+#define CK_VERSION 2u /* 1: no extras (still loaded) */
+#define CK_EXTRA_BYTES 40 /* char name[32] + f64 */
 #define CK_FIXED 64 /* magic 8 + 4 u32 + network 32 + ... */
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
@@ -48,16 +50,18 @@ static int put(wbuf *w, const void *src, size_t n)
     return 0;
 }
 
-/* All tensors in checkpoint order: parameters, then running statistics. */
-static const model_tensor *ck_tensor(const model *m, int i, const float **data)
+/* All tensors in checkpoint order: parameters, then running statistics. *data (when data) is
+ * the tensor's place in `params` / `bufs` (host copies or the model's device arrays). */
+static const model_tensor *ck_tensor(const model *m, int i, float *params, float *bufs,
+                                     float **data)
 {
     if (i < m->n_tensors) {
         if (data)
-            *data = m->params + m->tensors[i].offset;
+            *data = params + m->tensors[i].offset;
         return &m->tensors[i];
     }
     if (data)
-        *data = m->bufs + m->buffers_t[i - m->n_tensors].offset;
+        *data = bufs + m->buffers_t[i - m->n_tensors].offset;
     return &m->buffers_t[i - m->n_tensors];
 }
 
@@ -66,7 +70,7 @@ static int build_table(const model *m, wbuf *w, uint64_t *payload_bytes)
     uint64_t off = 0;
     int n = m->n_tensors + m->n_buffers;
     for (int i = 0; i < n; i++) {
-        const model_tensor *t = ck_tensor(m, i, NULL);
+        const model_tensor *t = ck_tensor(m, i, NULL, NULL, NULL);
         uint16_t nl = (uint16_t)strlen(t->name);
         uint8_t dtype = 0, nd = (uint8_t)t->ndim;
         int rc;
@@ -87,57 +91,103 @@ static int build_table(const model *m, wbuf *w, uint64_t *payload_bytes)
 }
 
 static void fixed_header(const model *m, unsigned char hdr[CK_FIXED], uint64_t payload,
-                         uint64_t sum)
+                         uint64_t sum, int n_extras)
 {
     memset(hdr, 0, CK_FIXED);
     memcpy(hdr, CK_MAGIC, 8);
     uint32_t u[4] = {CK_VERSION, (uint32_t)m->desc.embedding_size,
-                     (uint32_t)(m->n_tensors + m->n_buffers), 0};
+                     (uint32_t)(m->n_tensors + m->n_buffers), (uint32_t)n_extras};
     memcpy(hdr + 8, u, 16);
     snprintf((char *)hdr + 24, 32, "%s", m->desc.name);
     memcpy(hdr + 56, &payload, 8);
     (void)sum;
 }
 
+/* Checks an extras table: n in [0, MODEL_EXTRAS_MAX], names NUL-terminated, 1..31 characters,
+ * NUL-padded to 32 bytes when `padded`, unique. */
+static int check_extras(const model_extra *x, int n, int padded, const char *what)
+{
+    if (n < 0 || n > MODEL_EXTRAS_MAX || (n > 0 && !x))
+        return pf_err(-EINVAL, "%s: %d extras (at most %d)", what, n, MODEL_EXTRAS_MAX);
+    for (int i = 0; i < n; i++) {
+        size_t len = strnlen(x[i].name, sizeof x[i].name);
+        if (len == 0 || len >= sizeof x[i].name)
+            return pf_err(-EINVAL, "%s: extra %d has an empty or unterminated name (1..%zu "
+                          "characters)", what, i, sizeof x[i].name - 1);
+        for (size_t k = len; padded && k < sizeof x[i].name; k++)
+            if (x[i].name[k])
+                return pf_err(-EINVAL, "%s: extra '%s' is not NUL-padded", what, x[i].name);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(x[i].name, x[j].name))
+                return pf_err(-EINVAL, "%s: extra '%s' appears twice", what, x[i].name);
+    }
+    return 0;
+}
+
 int model_save(const model *m, const char *path)
 {
-    wbuf table = {0};
-    uint64_t payload = 0;
-    int rc = build_table(m, &table, &payload);
-    if (rc) {
-        free(table.p);
+    return model_save_ex(m, path, NULL, 0);
+}
+
+int model_save_ex(const model *m, const char *path, const model_extra *x, int n_extras)
+{
+    int rc = check_extras(x, n_extras, 0, "model_save_ex");
+    if (rc)
         return rc;
+    /* the extras as written: names NUL-padded, values little-endian f64 */
+    unsigned char ext[MODEL_EXTRAS_MAX * CK_EXTRA_BYTES];
+    memset(ext, 0, sizeof ext);
+    for (int i = 0; i < n_extras; i++) {
+        memcpy(ext + (size_t)i * CK_EXTRA_BYTES, x[i].name, strlen(x[i].name));
+        memcpy(ext + (size_t)i * CK_EXTRA_BYTES + 32, &x[i].value, 8);
     }
+    size_t ext_n = (size_t)n_extras * CK_EXTRA_BYTES;
+    /* host copies of the device arrays */
+    float *hp = malloc((m->n_params ? m->n_params : 1) * sizeof(float));
+    float *hb = malloc((m->n_buffer_floats ? m->n_buffer_floats : 1) * sizeof(float));
+    wbuf table = {0};
+    if (!hp || !hb) {
+        rc = pf_err(-ENOMEM, "checkpoint %s: out of memory for the host copy", path);
+        goto out;
+    }
+    if ((rc = model_get_params(m, hp)) || (rc = model_get_buffers(m, hb))) {
+        rc = pf_err_wrap(rc, "checkpoint %s: reading the model from device %s", path,
+                         m->dev->name);
+        goto out;
+    }
+    uint64_t payload = 0;
+    if ((rc = build_table(m, &table, &payload)))
+        goto out;
     uint64_t sum = fnv1a(FNV_INIT, table.p, table.n);
+    sum = fnv1a(sum, ext, ext_n);
     int n = m->n_tensors + m->n_buffers;
     for (int i = 0; i < n; i++) {
-        const float *d;
-        const model_tensor *t = ck_tensor(m, i, &d);
+        float *d;
+        const model_tensor *t = ck_tensor(m, i, hp, hb, &d);
         sum = fnv1a(sum, d, t->count * sizeof(float));
     }
     unsigned char hdr[CK_FIXED + 8];
-    fixed_header(m, hdr, payload, sum);
+    fixed_header(m, hdr, payload, sum, n_extras);
     memcpy(hdr + CK_FIXED, &sum, 8);
 
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
-        free(table.p);
-        return pf_err(-EINVAL, "checkpoint path too long: %s", path);
+        rc = pf_err(-EINVAL, "checkpoint path too long: %s", path);
+        goto out;
     }
     FILE *f = fopen(tmp, "wb");
     if (!f) {
         rc = pf_err(-EIO, "checkpoint %s: cannot create: %s", tmp, strerror(errno));
-        free(table.p);
-        return rc;
+        goto out;
     }
     int ok = fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr &&
-             fwrite(table.p, 1, table.n, f) == table.n;
+             fwrite(table.p, 1, table.n, f) == table.n &&
+             (ext_n == 0 || fwrite(ext, 1, ext_n, f) == ext_n);
     for (int i = 0; ok && i < n; i++) {
-        const float *d;
-        const model_tensor *t = ck_tensor(m, i, &d);
+        float *d;
+        const model_tensor *t = ck_tensor(m, i, hp, hb, &d);
         ok = fwrite(d, sizeof(float), t->count, f) == t->count;
     }
-    free(table.p);
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
     int err = errno;
     if (fclose(f) != 0 && ok) {
@@ -148,13 +198,26 @@ int model_save(const model *m, const char *path)
         if (ok)
             err = errno;
         unlink(tmp);
-        return pf_err(-EIO, "checkpoint %s: write failed: %s", path, strerror(err));
+        rc = pf_err(-EIO, "checkpoint %s: write failed: %s", path, strerror(err));
     }
-    return 0;
+out:
+    free(table.p);
+    free(hp);
+    free(hb);
+    return rc;
 }
 
 int model_load(model *m, const char *path)
 {
+    return model_load_ex(m, path, NULL, 0, NULL);
+}
+
+int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n_out)
+{
+    if (n_out)
+        *n_out = 0;
+    if (cap < 0 || (cap > 0 && !x))
+        return pf_err(-EINVAL, "model_load_ex: extras capacity %d without a table", cap);
     FILE *f = fopen(path, "rb");
     if (!f)
         return pf_err(errno == ENOENT ? -ENOENT : -EIO, "checkpoint %s: cannot open: %s", path,
@@ -183,8 +246,16 @@ int model_load(model *m, const char *path)
     }
     uint32_t u[4];
     memcpy(u, buf + 8, 16);
-    if (u[0] != CK_VERSION) {
-        rc = pf_err(-EPROTO, "checkpoint %s: version %u, expected %u", path, u[0], CK_VERSION);
+    if (u[0] != 1 && u[0] != CK_VERSION) {
+        rc = pf_err(-EPROTO, "checkpoint %s: version %u, expected 1 or %u", path, u[0],
+                    CK_VERSION);
+        goto out;
+    }
+    /* version 1: the last u32 is reserved (no extras) */
+    uint32_t n_extras = u[0] >= 2 ? u[3] : 0;
+    if (n_extras > MODEL_EXTRAS_MAX) {
+        rc = pf_err(-EPROTO, "checkpoint %s: %u extras (at most %d): corrupt header", path,
+                    n_extras, MODEL_EXTRAS_MAX);
         goto out;
     }
     char net[33] = {0};
@@ -223,9 +294,10 @@ int model_load(model *m, const char *path)
                     "(names, shapes, dtype)", path);
         goto out;
     }
-    if (payload != mine || size != hdr + table.n + payload) {
+    size_t ext_n = (size_t)n_extras * CK_EXTRA_BYTES;
+    if (payload != mine || size != hdr + table.n + ext_n + payload) {
         rc = pf_err(-EPROTO, "checkpoint %s: %zu bytes, expected %zu (truncated or padded)",
-                    path, size, (size_t)(hdr + table.n + mine));
+                    path, size, (size_t)(hdr + table.n + ext_n + mine));
         free(table.p);
         goto out;
     }
@@ -236,14 +308,37 @@ int model_load(model *m, const char *path)
         free(table.p);
         goto out;
     }
-    const unsigned char *pl = buf + hdr + table.n;
+    const unsigned char *ep = buf + hdr + table.n;
+    const unsigned char *pl = ep + ext_n;
     free(table.p);
+    model_extra ex[MODEL_EXTRAS_MAX];
+    memset(ex, 0, sizeof ex);
+    for (uint32_t i = 0; i < n_extras; i++) {
+        memcpy(ex[i].name, ep + (size_t)i * CK_EXTRA_BYTES, 32);
+        memcpy(&ex[i].value, ep + (size_t)i * CK_EXTRA_BYTES + 32, 8);
+    }
+    if ((rc = check_extras(ex, (int)n_extras, 1, "extras"))) {
+        rc = pf_err_wrap(-EPROTO, "checkpoint %s: corrupt extras table", path);
+        goto out;
+    }
+    if (x && (int)n_extras > cap) {
+        rc = pf_err(-EINVAL, "checkpoint %s: %u extras, room for %d", path, n_extras, cap);
+        goto out;
+    }
     for (int i = 0; i < n; i++) {
-        const float *d;
-        const model_tensor *t = ck_tensor(m, i, &d);
-        memcpy((float *)d, pl, t->count * sizeof(float));
+        float *d;
+        const model_tensor *t = ck_tensor(m, i, m->params, m->bufs, &d);
+        if ((rc = m->dev->mem_h2d(m->ctx, d, pl, t->count * sizeof(float)))) {
+            rc = pf_err_wrap(rc, "checkpoint %s: writing tensor %s to device %s", path, t->name,
+                             m->dev->name);
+            goto out;
+        }
         pl += t->count * sizeof(float);
     }
+    if (x)
+        memcpy(x, ex, n_extras * sizeof *x);
+    if (n_out)
+        *n_out = (int)n_extras;
 out:
     free(buf);
     return rc;

@@ -16,7 +16,9 @@ enum { LK_CONV = 1, LK_BN, LK_PRELU, LK_ADD, LK_LINEAR, LK_DROPOUT, LK_FLATTEN }
 typedef struct mact {
     int C, H, W;
     size_t per_sample;
-    float *data;
+    int plain;     /* 1: after the flatten (fp32 plain, plain device); 0: body (act_bytes) */
+    size_t elem;   /* bytes per element: 4 for plain, dev->act_bytes for the body */
+    float *data;   /* device memory */
     int grad_buf;  /* index into the gradient pool, -1 none */
     float *grad;   /* resolved at backward */
 } mact;
@@ -35,9 +37,16 @@ typedef struct mlayer {
 
 struct model {
     model_desc desc;
-    const ops_device *dev;
+    const ops_device *dev;  /* body device */
     ops_ctx *ctx;
+    const ops_device *pdev; /* layers after the flatten: dev->plain or dev */
+    ops_ctx *ctx_plain;     /* pdev's context (== ctx when pdev == dev) */
     int B_cap;
+    int flat_layer;         /* index of the flatten layer: later layers run on pdev */
+    int input_direct;       /* body input is plain fp32: input / grad_input copied straight */
+    float *in_stage;        /* (B_cap,3,112,112) fp32 device staging (when !input_direct) */
+    float *gin_body;        /* body-layout input gradient (when !input_direct), lazily */
+    int pending_rc;         /* device error of a void call (init, zero_grad), reported next */
 
     model_tensor *tensors;
     mtinit *inits;
@@ -56,10 +65,11 @@ struct model {
     int out_act;
 
     size_t n_stats, n_masks;
+    /* all device memory (dev->mem_alloc) */
     float *params, *grads, *bufs, *masks;
     double *stats; /* BN batch mean/var saved for the backward */
-    float **pool;
-    size_t *pool_cap;
+    void **pool;
+    size_t *pool_cap; /* bytes per sample */
     int n_pool;
     int acts_ready;
 
