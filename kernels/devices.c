@@ -17,6 +17,8 @@ static const ops_device *const devices[] = {
     &ops_cpu_bf16,
 #ifdef PFCPS_HAVE_CUDA_OPS
     &ops_cuda,
+    &ops_cuda_fp16,
+    &ops_cuda_bf16,
 #endif
 };
 

@@ -99,6 +99,27 @@ int cuda_default_stream_wait(void *stream);
  * ctx_create fails with -ENODEV when no CUDA device is present. */
 extern const ops_device ops_cuda;
 
+/* The mixed-precision CUDA devices (kernels/cuda/ops_cuda_half.cu), names "cuda-fp16" (__half) and
+ * "cuda-bf16" (__nv_bfloat16): torch.autocast's body. act_bytes 2: the body activations (conv,
+ * BatchNorm2d, PReLU, add, acc inputs/outputs and their gradients) are 2-byte elements behind the
+ * float * pointers, plain NCHW (act_block 1); plain = &ops_cuda runs everything after the flatten
+ * (linear and dropout here return -EINVAL). Weights, weight gradients, BN parameters and running
+ * statistics are fp32; save_mean / save_var float64 as on every device.
+ * Convolution: cuDNN legacy API with half tensors and filters and FLOAT compute type, tensor-op math
+ *   allowed (what autocast does), fastest successful algorithm found once per shape; the fp32 weight
+ *   is converted to a half scratch copy at each call (simple and correct; one extra pass over the
+ *   weights), and the weight gradient is computed by cuDNN into a half scratch and then added into
+ *   the fp32 dweight (+=) by a kernel.
+ * Batch norm: cuda-fp16 through cuDNN spatial mode (half x/y/dx, fp32 scale, bias, statistics: cuDNN's
+ *   mixed-precision mode, fp32 sums), or with PFCPS_CUDA_BN=exact in own kernels; cuda-bf16 always in
+ *   own kernels: the CPU device's float64 two-pass math reading and writing half elements.
+ * PReLU, add, acc, to_plain / from_plain: own kernels, math in fp32 (BN own kernels in float64), one
+ *   rounding to half per output (+= done before the rounding). PReLU's dalpha is summed in fp32.
+ * Memory, optimizer and utility entries: the fp32 CUDA device's helpers (cuda_malloc_zero, cuda_d2d,
+ *   cuda_sgd_step, cuda_sumsq_f32, ...). ctx_create fails with -ENODEV without a GPU. */
+extern const ops_device ops_cuda_fp16;
+extern const ops_device ops_cuda_bf16;
+
 /* ---- margin-softmax head (kernels/cuda/head.cu) ----
  * Same math as worker/head/head.h (ArcFace combined margin, arcface_torch), for one process:
  * en = F.normalize(embeddings), wn = F.normalize(centers), cos = en wn^T (cublasSgemm),

@@ -1,0 +1,1017 @@
+// Mixed-precision CUDA devices "cuda-fp16" (__half) and "cuda-bf16" (__nv_bfloat16): the body of
+// the backbone (conv, BatchNorm2d, PReLU, add and their gradients) with 2-byte activations, fp32
+// master weights, as torch.autocast runs arcface_torch's iresnet. One templated implementation;
+// see cuda_ops.h for the contract. Everything after the flatten runs on the plain fp32 device
+// (plain = &ops_cuda, its own context).
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_check.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cudnn.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- element type ---- */
+
+template <typename T> struct elt;
+template <> struct elt<__half> {
+    static constexpr cudnnDataType_t dnn = CUDNN_DATA_HALF;
+    static constexpr const char *name = "cuda-fp16";
+    static __device__ __forceinline__ float f(__half h) { return __half2float(h); }
+    static __device__ __forceinline__ __half r(float v) { return __float2half_rn(v); }
+    static __device__ __forceinline__ __half rd(double v) { return __double2half(v); }
+};
+template <> struct elt<__nv_bfloat16> {
+    static constexpr cudnnDataType_t dnn = CUDNN_DATA_BFLOAT16;
+    static constexpr const char *name = "cuda-bf16";
+    static __device__ __forceinline__ float f(__nv_bfloat16 h) { return __bfloat162float(h); }
+    static __device__ __forceinline__ __nv_bfloat16 r(float v) { return __float2bfloat16_rn(v); }
+    static __device__ __forceinline__ __nv_bfloat16 rd(double v) { return __double2bfloat16(v); }
+};
+
+/* ---- context (its own type: ops_ctx stays incomplete here, ops_cuda.cu defines that one) ---- */
+
+struct hconv {
+    ops_conv_shape s;
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t cf, cbd, cbf; /* per direction: each carries its algorithm's math type */
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    int has_bwd;
+};
+
+struct hctx {
+    cudnnDataType_t type; /* CUDNN_DATA_HALF or CUDNN_DATA_BFLOAT16: which table created it */
+    cudnnHandle_t dnn;
+    cudnnTensorDescriptor_t bn_x, bn_p;
+    hconv **conv;
+    int nconv, capconv;
+    void *ws; /* cuDNN workspace, grown when a new shape needs more */
+    size_t ws_size;
+    void *wh; /* half copy of a convolution's fp32 weight (converted at each call) */
+    size_t wh_bytes;
+    void *dwh; /* the convolution's half weight gradient, then added into the fp32 dweight */
+    size_t dwh_bytes;
+    void *hscr; /* half scratch: the input gradient cuDNN's BN backward writes when dinp is NULL */
+    size_t hscr_bytes;
+    float *cscr; /* per-channel fp32 scratch: 4*C (cuDNN BN mean, inverse std, discarded dw, db) */
+    size_t cscr_bytes;
+    double *dscr; /* per-channel float64 scratch of the own BN kernels */
+    size_t dscr_bytes;
+    double *sumsq_part; /* CUDA_SUMSQ_PARTIALS doubles for sumsq */
+    int bn_exact; /* own float64 BN kernels (always for bf16; fp16 with PFCPS_CUDA_BN=exact) */
+};
+
+static inline hctx *H(ops_ctx *c)
+{
+    return reinterpret_cast<hctx *>(c);
+}
+
+template <typename T> static int ctx_ok(hctx *c)
+{
+    if (!c || c->type != elt<T>::dnn)
+        return pf_err(-EINVAL, "%s: context not created by this device's ctx_create", elt<T>::name);
+    return 0;
+}
+
+#define CTX(T, c_, c)                                                                              \
+    hctx *c = H(c_);                                                                               \
+    do {                                                                                           \
+        int rc_ = ctx_ok<T>(c);                                                                    \
+        if (rc_)                                                                                   \
+            return rc_;                                                                            \
+    } while (0)
+
+/* *buf grown to at least bytes (contents not kept). */
+static int grow_bytes(void **buf, size_t *cap, size_t bytes, const char *what)
+{
+    if (bytes <= *cap)
+        return 0;
+    cudaFree(*buf);
+    *buf = NULL;
+    *cap = 0;
+    cudaError_t e = cudaMalloc(buf, bytes);
+    if (e != cudaSuccess) {
+        *buf = NULL;
+        return pf_err(-ENOMEM, "%s of %zu bytes: %s", what, bytes, cudaGetErrorString(e));
+    }
+    *cap = bytes;
+    return 0;
+}
+
+/* ---- conversion kernels (math in fp32, one rounding per output) ---- */
+
+template <typename T> static __global__ void f32_to_h_k(T *out, const float *in, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = elt<T>::r(in[i]);
+}
+
+/* dweight (fp32) += the half weight gradient. */
+template <typename T> static __global__ void acc_h_into_f32_k(float *dst, const T *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] += elt<T>::f(src[i]);
+}
+
+template <typename T> static __global__ void to_plain_k(float *dst, const T *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = elt<T>::f(src[i]);
+}
+
+template <typename T> static __global__ void from_plain_k(T *dst, int acc, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = elt<T>::r(acc ? elt<T>::f(dst[i]) + src[i] : src[i]);
+}
+
+template <typename T> static __global__ void add_k(T *out, const T *a, const T *b, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = elt<T>::r(elt<T>::f(a[i]) + elt<T>::f(b[i]));
+}
+
+template <typename T> static __global__ void acc_k(T *dst, const T *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = elt<T>::r(elt<T>::f(dst[i]) + elt<T>::f(src[i]));
+}
+
+/* ---- convolution (cuDNN legacy API: half tensors and filters, FLOAT compute, tensor ops allowed) ---- */
+
+static void hconv_free(hconv *e)
+{
+    if (!e)
+        return;
+    if (e->x) cudnnDestroyTensorDescriptor(e->x);
+    if (e->y) cudnnDestroyTensorDescriptor(e->y);
+    if (e->w) cudnnDestroyFilterDescriptor(e->w);
+    if (e->cf) cudnnDestroyConvolutionDescriptor(e->cf);
+    if (e->cbd) cudnnDestroyConvolutionDescriptor(e->cbd);
+    if (e->cbf) cudnnDestroyConvolutionDescriptor(e->cbf);
+    free(e);
+}
+
+static int hconv_desc(cudnnConvolutionDescriptor_t *d, const ops_conv_shape *s)
+{
+    CUDNN_TRY(cudnnCreateConvolutionDescriptor(d));
+    /* compute type FLOAT with half I/O: cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configuration */
+    CUDNN_TRY(cudnnSetConvolution2dDescriptor(*d, s->pad, s->pad, s->stride, s->stride, 1, 1,
+                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_TRY(cudnnSetConvolutionGroupCount(*d, s->groups));
+    CUDNN_TRY(cudnnSetConvolutionMathType(*d, CUDNN_TENSOR_OP_MATH));
+    return 0;
+}
+
+/* The fastest algorithm that succeeded (cudnnFind* sorts by time), any math type. -1 when none. */
+template <typename P> static int hpick(const P *perf, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS)
+            return i;
+    return -1;
+}
+
+static int hconv_build_fwd(hctx *c, hconv *e)
+{
+    const ops_conv_shape *s = &e->s;
+    CUDNN_TRY(cudnnCreateTensorDescriptor(&e->x));
+    CUDNN_TRY(cudnnCreateTensorDescriptor(&e->y));
+    CUDNN_TRY(cudnnCreateFilterDescriptor(&e->w));
+    CUDNN_TRY(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, c->type, s->B, s->C, s->H, s->W));
+    CUDNN_TRY(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, c->type, s->B, s->OC, s->OH, s->OW));
+    CUDNN_TRY(cudnnSetFilter4dDescriptor(e->w, c->type, CUDNN_TENSOR_NCHW, s->OC, s->C / s->groups,
+                                         s->K, s->K));
+    int rc;
+    if ((rc = hconv_desc(&e->cf, s)) || (rc = hconv_desc(&e->cbd, s)) || (rc = hconv_desc(&e->cbf, s)))
+        return rc;
+    int n, oh, ow, oc;
+    CUDNN_TRY(cudnnGetConvolution2dForwardOutputDim(e->cf, e->x, e->w, &n, &oc, &oh, &ow));
+    if (n != s->B || oc != s->OC || oh != s->OH || ow != s->OW)
+        return pf_err(-EINVAL, "cuDNN output %dx%dx%dx%d differs from the shape's %dx%dx%dx%d", n, oc,
+                      oh, ow, s->B, s->OC, s->OH, s->OW);
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int got = 0;
+    CUDNN_TRY(cudnnFindConvolutionForwardAlgorithm(c->dnn, e->x, e->w, e->cf, e->y,
+                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
+    int i = hpick(perf, got);
+    if (i < 0)
+        return pf_err(-EIO, "cuDNN: no forward convolution algorithm for this half-precision shape");
+    e->fwd = perf[i].algo;
+    CUDNN_TRY(cudnnSetConvolutionMathType(e->cf, perf[i].mathType));
+    size_t bytes = 0;
+    CUDNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(c->dnn, e->x, e->w, e->cf, e->y, e->fwd, &bytes));
+    return grow_bytes(&c->ws, &c->ws_size, bytes, "cuDNN workspace");
+}
+
+static int hconv_build_bwd(hctx *c, hconv *e)
+{
+    cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t pf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int got = 0;
+    CUDNN_TRY(cudnnFindConvolutionBackwardDataAlgorithm(c->dnn, e->w, e->y, e->cbd, e->x,
+                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, pd));
+    int i = hpick(pd, got);
+    if (i < 0)
+        return pf_err(-EIO, "cuDNN: no backward-data convolution algorithm for this half-precision shape");
+    e->bwd_data = pd[i].algo;
+    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbd, pd[i].mathType));
+    got = 0;
+    CUDNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithm(c->dnn, e->x, e->y, e->cbf, e->w,
+                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, pf));
+    i = hpick(pf, got);
+    if (i < 0)
+        return pf_err(-EIO, "cuDNN: no backward-filter convolution algorithm for this half-precision shape");
+    e->bwd_filter = pf[i].algo;
+    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbf, pf[i].mathType));
+    size_t b1 = 0, b2 = 0;
+    CUDNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, e->w, e->y, e->cbd, e->x,
+                                                           e->bwd_data, &b1));
+    CUDNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, e->x, e->y, e->cbf, e->w,
+                                                             e->bwd_filter, &b2));
+    int rc = grow_bytes(&c->ws, &c->ws_size, b1 > b2 ? b1 : b2, "cuDNN workspace");
+    if (rc)
+        return rc;
+    e->has_bwd = 1;
+    return 0;
+}
+
+static int hconv_get(hctx *c, const ops_conv_shape *s, int need_bwd, hconv **out)
+{
+    for (int i = 0; i < c->nconv; i++) {
+        if (!memcmp(&c->conv[i]->s, s, sizeof *s)) {
+            hconv *e = c->conv[i];
+            if (need_bwd && !e->has_bwd) {
+                int rc = hconv_build_bwd(c, e);
+                if (rc)
+                    return rc;
+            }
+            *out = e;
+            return 0;
+        }
+    }
+    ops_conv_shape chk;
+    int rc = ops_conv_shape_init(&chk, s->B, s->C, s->H, s->W, s->OC, s->K, s->stride, s->pad,
+                                 s->groups);
+    if (rc)
+        return rc;
+    if (chk.OH != s->OH || chk.OW != s->OW)
+        return pf_err(-EINVAL, "conv shape: OH/OW not derived (use ops_conv_shape_init)");
+    if (c->nconv == c->capconv) {
+        int cap = c->capconv ? 2 * c->capconv : 32;
+        hconv **n = (hconv **)realloc(c->conv, (size_t)cap * sizeof *n);
+        if (!n)
+            return pf_err(-ENOMEM, "conv cache: out of memory");
+        c->conv = n;
+        c->capconv = cap;
+    }
+    hconv *e = (hconv *)calloc(1, sizeof *e);
+    if (!e)
+        return pf_err(-ENOMEM, "conv cache: out of memory");
+    e->s = *s;
+    if ((rc = hconv_build_fwd(c, e)) || (need_bwd && (rc = hconv_build_bwd(c, e)))) {
+        hconv_free(e);
+        return pf_err_wrap(rc, "cuDNN half conv B=%d C=%d %dx%d OC=%d K=%d stride %d groups %d", s->B,
+                           s->C, s->H, s->W, s->OC, s->K, s->stride, s->groups);
+    }
+    c->conv[c->nconv++] = e;
+    *out = e;
+    return 0;
+}
+
+/* c->wh = the half copy of weight (n elements). */
+template <typename T> static int half_weights(hctx *c, const float *weight, size_t n)
+{
+    int rc = grow_bytes(&c->wh, &c->wh_bytes, n * sizeof(T), "half weight copy");
+    if (rc)
+        return rc;
+    f32_to_h_k<T><<<grid_for(n), 256>>>((T *)c->wh, weight, n);
+    LAUNCH_CHECK("half weight copy");
+    return 0;
+}
+
+template <typename T>
+static int h_conv_forward(ops_ctx *c_, float *out, const float *inp, const float *weight,
+                          const ops_conv_shape *s)
+{
+    CTX(T, c_, c);
+    hconv *e = NULL;
+    int rc = hconv_get(c, s, 0, &e);
+    if (rc)
+        return rc;
+    size_t nw = (size_t)s->OC * (s->C / s->groups) * s->K * s->K;
+    if ((rc = half_weights<T>(c, weight, nw)))
+        return rc;
+    const float one = 1.0f, zero = 0.0f; /* float scaling factors for half tensors (cuDNN) */
+    CUDNN_TRY(cudnnConvolutionForward(c->dnn, &one, e->x, inp, e->w, c->wh, e->cf, e->fwd, c->ws,
+                                      c->ws_size, &zero, e->y, out));
+    return 0;
+}
+
+template <typename T>
+static int h_conv_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, const float *dout,
+                           const float *inp, const float *weight, const ops_conv_shape *s)
+{
+    CTX(T, c_, c);
+    hconv *e = NULL;
+    int rc = hconv_get(c, s, 1, &e);
+    if (rc)
+        return rc;
+    const float one = 1.0f, zero = 0.0f;
+    size_t nw = (size_t)s->OC * (s->C / s->groups) * s->K * s->K;
+    if (dinp) {
+        if ((rc = half_weights<T>(c, weight, nw)))
+            return rc;
+        CUDNN_TRY(cudnnConvolutionBackwardData(c->dnn, &one, e->w, c->wh, e->y, dout, e->cbd,
+                                               e->bwd_data, c->ws, c->ws_size, acc ? &one : &zero,
+                                               e->x, dinp));
+    }
+    if (dweight) {
+        if ((rc = grow_bytes(&c->dwh, &c->dwh_bytes, nw * sizeof(T), "half weight gradient")))
+            return rc;
+        CUDNN_TRY(cudnnConvolutionBackwardFilter(c->dnn, &one, e->x, inp, e->y, dout, e->cbf,
+                                                 e->bwd_filter, c->ws, c->ws_size, &zero, e->w,
+                                                 c->dwh));
+        acc_h_into_f32_k<T><<<grid_for(nw), 256>>>(dweight, (const T *)c->dwh, nw);
+        LAUNCH_CHECK("half weight gradient += into fp32");
+    }
+    return 0;
+}
+
+/* ---- batch normalization ----
+ * fp16: cuDNN spatial batch norm, half x/y/dx with fp32 scale, bias, running and saved statistics
+ * (cuDNN's documented mixed-precision mode; statistics summed by cuDNN in fp32).
+ * bf16 (and fp16 with PFCPS_CUDA_BN=exact): own kernels, the float64 two-pass math of the CPU
+ * device (ops_cuda.cu's exact path) reading and writing half elements. */
+
+static int hbn_check(int B, int C, int HW)
+{
+    if (B <= 0 || C <= 0 || HW <= 0)
+        return pf_err(-EINVAL, "batchnorm shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
+    return 0;
+}
+
+static __global__ void hbn_save_to_f64(double *mean, double *var, const float *fm, const float *finv,
+                                       int C, double eps)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < C) {
+        double inv = finv[i];
+        mean[i] = fm[i];
+        var[i] = 1.0 / (inv * inv) - eps;
+    }
+}
+
+static __global__ void hbn_save_from_f64(float *fm, float *finv, const double *mean,
+                                         const double *var, int C, double eps)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < C) {
+        fm[i] = (float)mean[i];
+        finv[i] = (float)(1.0 / sqrt(var[i] + eps));
+    }
+}
+
+#define HBN_SPLIT 32
+
+/* Sum of v over a block of 256 threads (8 warps); every thread gets the result. */
+static __device__ double hblock_sum_d256(double v)
+{
+    __shared__ double part[8];
+    __shared__ double total;
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, off);
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+            t += part[w];
+        total = t;
+    }
+    __syncthreads();
+    double r = total;
+    __syncthreads(); /* part/total may be rewritten by the next call */
+    return r;
+}
+
+/* Grid (C, S), 256 threads. part[c*S + s] = this block's share of channel c of: x (mean NULL), or
+ * (x - mean[c])^2; with dy: part = sum dy, part2 = sum dy (x - mean[c]). */
+template <typename T>
+static __global__ void hbn_partial_k(double *part, double *part2, const T *x, const T *dy,
+                                     const double *mean, int B, int C, int HW)
+{
+    int ch = blockIdx.x, s = blockIdx.y, S = gridDim.y;
+    double m = mean ? mean[ch] : 0.0, a1 = 0.0, a2 = 0.0;
+    for (int b = s; b < B; b += S) {
+        size_t base = ((size_t)b * C + ch) * HW;
+        for (int hw = threadIdx.x; hw < HW; hw += blockDim.x) {
+            double v = elt<T>::f(x[base + hw]);
+            if (dy) {
+                double g = elt<T>::f(dy[base + hw]);
+                a1 += g;
+                a2 += g * (v - m);
+            } else if (mean) {
+                a1 += (v - m) * (v - m);
+            } else {
+                a1 += v;
+            }
+        }
+    }
+    a1 = hblock_sum_d256(a1);
+    if (dy)
+        a2 = hblock_sum_d256(a2);
+    if (threadIdx.x == 0) {
+        part[ch * S + s] = a1;
+        if (dy)
+            part2[ch * S + s] = a2;
+    }
+}
+
+/* One thread per channel. stage 0: mean = sum / n; stage 1: var = sum / n and the running
+ * statistics (unbiased variance), as the CPU device. */
+static __global__ void hbn_finish_k(double *mean, double *var, const double *part, int C, int S,
+                                    double n, int stage, float *running_mean, float *running_var,
+                                    double momentum)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= C)
+        return;
+    double t = 0.0;
+    for (int s = 0; s < S; s++)
+        t += part[ch * S + s];
+    if (stage == 0) {
+        mean[ch] = t / n;
+        return;
+    }
+    var[ch] = t / n;
+    if (running_mean && running_var) {
+        double unbias = n > 1 ? n / (n - 1) : 1.0;
+        running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mean[ch]);
+        running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * var[ch] * unbias);
+    }
+}
+
+/* out = (x - mean) weight / sqrt(var + eps) + bias in float64, rounded once to half. */
+template <typename T>
+static __global__ void hbn_apply_k(T *out, const T *x, const double *mean_d, const double *var_d,
+                                   const float *mean_f, const float *var_f, const float *weight,
+                                   const float *bias, int C, int HW, size_t n, double eps)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int ch = (int)((i / (size_t)HW) % (size_t)C);
+        double m = mean_d ? mean_d[ch] : (double)mean_f[ch];
+        double v = var_d ? var_d[ch] : (double)var_f[ch];
+        double k = (double)weight[ch] / sqrt(v + eps);
+        out[i] = elt<T>::rd(((double)elt<T>::f(x[i]) - m) * k + (double)bias[ch]);
+    }
+}
+
+/* One thread per channel: dbias += sum dy, dweight += sum dy xhat (fp32 parameters), and
+ * coef[3c..3c+2] = (weight rstd, mean dy, rstd mean(dy xhat)) for the element pass. */
+static __global__ void hbn_bwd_finish_k(double *coef, float *dweight, float *dbias, const double *part,
+                                        const double *part2, const float *weight,
+                                        const double *save_var, int C, int S, double n, double eps)
+{
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= C)
+        return;
+    double sdy = 0.0, sdyx = 0.0;
+    for (int s = 0; s < S; s++) {
+        sdy += part[ch * S + s];
+        sdyx += part2[ch * S + s];
+    }
+    double rstd = 1.0 / sqrt(save_var[ch] + eps);
+    sdyx *= rstd;
+    if (dbias)
+        dbias[ch] += (float)sdy;
+    if (dweight)
+        dweight[ch] += (float)sdyx;
+    coef[3 * ch] = (double)weight[ch] * rstd;
+    coef[3 * ch + 1] = sdy / n;
+    coef[3 * ch + 2] = rstd * (sdyx / n);
+}
+
+/* dx = k (dy - mean dy - (x - mean) kx) in float64; += in float64 too; one rounding. */
+template <typename T>
+static __global__ void hbn_dx_k(T *dinp, int acc, const T *dy, const T *x, const double *coef,
+                                const double *save_mean, int C, int HW, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int ch = (int)((i / (size_t)HW) % (size_t)C);
+        double k = coef[3 * ch], mdy = coef[3 * ch + 1], kx = coef[3 * ch + 2];
+        double v = k * ((double)elt<T>::f(dy[i]) - mdy - ((double)elt<T>::f(x[i]) - save_mean[ch]) * kx);
+        if (acc)
+            v += (double)elt<T>::f(dinp[i]);
+        dinp[i] = elt<T>::rd(v);
+    }
+}
+
+template <typename T>
+static int hbnx_forward(hctx *c, T *out, double *save_mean, double *save_var, const T *inp,
+                        const float *weight, const float *bias, float *running_mean, float *running_var,
+                        int B, int C, int HW, float eps, float momentum, int train)
+{
+    size_t n = (size_t)B * C * HW;
+    if (!train) {
+        hbn_apply_k<T><<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight,
+                                             bias, C, HW, n, (double)eps);
+        LAUNCH_CHECK("half bn apply (eval)");
+        return 0;
+    }
+    int S = B < HBN_SPLIT ? B : HBN_SPLIT, rc;
+    if ((rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes, (size_t)C * S * sizeof(double),
+                         "batch-norm scratch")))
+        return rc;
+    dim3 grid((unsigned)C, (unsigned)S);
+    double cnt = (double)B * HW;
+    hbn_partial_k<T><<<grid, 256>>>(c->dscr, NULL, inp, NULL, NULL, B, C, HW);
+    LAUNCH_CHECK("half bn sum");
+    hbn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 0, NULL, NULL, 0.0);
+    LAUNCH_CHECK("half bn mean");
+    hbn_partial_k<T><<<grid, 256>>>(c->dscr, NULL, inp, NULL, save_mean, B, C, HW);
+    LAUNCH_CHECK("half bn sum of squares");
+    hbn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 1, running_mean,
+                                           running_var, (double)momentum);
+    LAUNCH_CHECK("half bn variance");
+    hbn_apply_k<T><<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C, HW,
+                                         n, (double)eps);
+    LAUNCH_CHECK("half bn apply");
+    return 0;
+}
+
+template <typename T>
+static int hbnx_backward(hctx *c, T *dinp, int acc, float *dweight, float *dbias, const T *dout,
+                         const T *inp, const float *weight, const double *save_mean,
+                         const double *save_var, int B, int C, int HW, float eps)
+{
+    int S = B < HBN_SPLIT ? B : HBN_SPLIT, rc;
+    if ((rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes, (size_t)C * (2 * S + 3) * sizeof(double),
+                         "batch-norm scratch")))
+        return rc;
+    double *p1 = c->dscr, *p2 = c->dscr + (size_t)C * S, *coef = c->dscr + (size_t)2 * C * S;
+    dim3 grid((unsigned)C, (unsigned)S);
+    hbn_partial_k<T><<<grid, 256>>>(p1, p2, inp, dout, save_mean, B, C, HW);
+    LAUNCH_CHECK("half bn backward sums");
+    hbn_bwd_finish_k<<<(C + 127) / 128, 128>>>(coef, dweight, dbias, p1, p2, weight, save_var, C, S,
+                                               (double)B * HW, (double)eps);
+    LAUNCH_CHECK("half bn backward finish");
+    if (dinp) {
+        size_t n = (size_t)B * C * HW;
+        hbn_dx_k<T><<<grid_for(n), 256>>>(dinp, acc, dout, inp, coef, save_mean, C, HW, n);
+        LAUNCH_CHECK("half bn dx");
+    }
+    return 0;
+}
+
+static int hbn_descs(hctx *c, int B, int C, int HW)
+{
+    CUDNN_TRY(cudnnSetTensor4dDescriptor(c->bn_x, CUDNN_TENSOR_NCHW, c->type, B, C, HW, 1));
+    CUDNN_TRY(cudnnDeriveBNTensorDescriptor(c->bn_p, c->bn_x, CUDNN_BATCHNORM_SPATIAL));
+    return 0;
+}
+
+template <typename T>
+static int h_bn_forward(ops_ctx *c_, float *out, double *save_mean, double *save_var, const float *inp,
+                        const float *weight, const float *bias, float *running_mean, float *running_var,
+                        int B, int C, int HW, float eps, float momentum, int train)
+{
+    CTX(T, c_, c);
+    int rc = hbn_check(B, C, HW);
+    if (rc)
+        return rc;
+    if (train && (!save_mean || !save_var))
+        return pf_err(-EINVAL, "batchnorm training forward needs save_mean and save_var");
+    if (!train && (!running_mean || !running_var))
+        return pf_err(-EINVAL, "batchnorm eval forward needs running statistics");
+    if (!(eps > 0.0f))
+        return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    if (c->bn_exact)
+        return hbnx_forward<T>(c, (T *)out, save_mean, save_var, (const T *)inp, weight, bias,
+                               running_mean, running_var, B, C, HW, eps, momentum, train);
+    if ((rc = hbn_descs(c, B, C, HW)))
+        return rc;
+    const float one = 1.0f, zero = 0.0f;
+    if (!train) {
+        CUDNN_TRY(cudnnBatchNormalizationForwardInference(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                          c->bn_x, inp, c->bn_x, out, c->bn_p, weight,
+                                                          bias, running_mean, running_var, (double)eps));
+        return 0;
+    }
+    if ((rc = grow_bytes((void **)&c->cscr, &c->cscr_bytes, 4 * (size_t)C * sizeof(float),
+                         "batch-norm channel scratch")))
+        return rc;
+    float *fm = c->cscr, *finv = c->cscr + C;
+    CUDNN_TRY(cudnnBatchNormalizationForwardTraining(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
+                                                     c->bn_x, inp, c->bn_x, out, c->bn_p, weight, bias,
+                                                     (double)momentum, running_mean, running_var,
+                                                     (double)eps, fm, finv));
+    hbn_save_to_f64<<<(C + 255) / 256, 256>>>(save_mean, save_var, fm, finv, C, (double)eps);
+    LAUNCH_CHECK("half bn save_to_f64");
+    return 0;
+}
+
+template <typename T>
+static int h_bn_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, float *dbias,
+                         const float *dout, const float *inp, const float *weight,
+                         const double *save_mean, const double *save_var, int B, int C, int HW,
+                         float eps)
+{
+    CTX(T, c_, c);
+    int rc = hbn_check(B, C, HW);
+    if (rc)
+        return rc;
+    if (!dinp && !dweight && !dbias)
+        return 0;
+    if (!(eps > 0.0f))
+        return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    if (c->bn_exact)
+        return hbnx_backward<T>(c, (T *)dinp, acc, dweight, dbias, (const T *)dout, (const T *)inp,
+                                weight, save_mean, save_var, B, C, HW, eps);
+    if ((rc = hbn_descs(c, B, C, HW)))
+        return rc;
+    if ((rc = grow_bytes((void **)&c->cscr, &c->cscr_bytes, 4 * (size_t)C * sizeof(float),
+                         "batch-norm channel scratch")))
+        return rc;
+    float *fm = c->cscr, *finv = c->cscr + C, *dw = dweight, *db = dbias;
+    void *dx = dinp;
+    if (!dx) {
+        if ((rc = grow_bytes(&c->hscr, &c->hscr_bytes, (size_t)B * C * HW * sizeof(T),
+                             "batch-norm input-gradient scratch")))
+            return rc;
+        dx = c->hscr;
+    }
+    /* cuDNN writes both parameter gradients: a NULL one goes to scratch (accumulated there and
+     * discarded). */
+    if (!dw)
+        dw = c->cscr + 2 * C;
+    if (!db)
+        db = c->cscr + 3 * C;
+    hbn_save_from_f64<<<(C + 255) / 256, 256>>>(fm, finv, save_mean, save_var, C, (double)eps);
+    LAUNCH_CHECK("half bn save_from_f64");
+    const float one = 1.0f, zero = 0.0f;
+    CUDNN_TRY(cudnnBatchNormalizationBackward(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one,
+                                              (dinp && acc) ? &one : &zero, &one, &one, c->bn_x, inp,
+                                              c->bn_x, dout, c->bn_x, dx, c->bn_p, weight, dw, db,
+                                              (double)eps, fm, finv));
+    return 0;
+}
+
+/* ---- PReLU ---- */
+
+template <typename T>
+static __global__ void hprelu_fwd_k(T *out, const T *inp, const float *alpha, int C, int HW, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = elt<T>::f(inp[i]);
+        int ch = (int)((i / (size_t)HW) % (size_t)C);
+        out[i] = elt<T>::r(v > 0.0f ? v : alpha[ch] * v);
+    }
+}
+
+template <typename T>
+static __global__ void hprelu_bwd_dinp_k(T *dinp, int acc, const T *dout, const T *inp,
+                                         const float *alpha, int C, int HW, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int ch = (int)((i / (size_t)HW) % (size_t)C);
+        float g = elt<T>::f(dout[i]);
+        float d = elt<T>::f(inp[i]) > 0.0f ? g : alpha[ch] * g;
+        dinp[i] = elt<T>::r(acc ? elt<T>::f(dinp[i]) + d : d);
+    }
+}
+
+/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024); valid in thread 0. */
+static __device__ float hblock_sum_f(float v)
+{
+    __shared__ float part[32];
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, off);
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+    if (threadIdx.x < 32)
+        for (int off = 16; off > 0; off >>= 1)
+            v += __shfl_down_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* dalpha[c] += sum over (b, hw) with inp <= 0 of dout * inp, in fp32. Grid (C, batch splits). */
+template <typename T>
+static __global__ void hprelu_bwd_dalpha_k(float *dalpha, const T *dout, const T *inp, int B, int C, int HW)
+{
+    int ch = blockIdx.x;
+    float s = 0.0f;
+    for (int b = blockIdx.y; b < B; b += gridDim.y) {
+        size_t base = ((size_t)b * C + ch) * HW;
+        for (int hw = threadIdx.x; hw < HW; hw += blockDim.x) {
+            float x = elt<T>::f(inp[base + hw]);
+            s += x > 0.0f ? 0.0f : elt<T>::f(dout[base + hw]) * x;
+        }
+    }
+    s = hblock_sum_f(s);
+    if (threadIdx.x == 0)
+        atomicAdd(dalpha + ch, s);
+}
+
+template <typename T>
+static int h_prelu_forward(ops_ctx *c_, float *out, const float *inp, const float *alpha, int B, int C,
+                           int HW)
+{
+    CTX(T, c_, c);
+    (void)c;
+    if (B <= 0 || C <= 0 || HW <= 0)
+        return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
+    size_t n = (size_t)B * C * HW;
+    hprelu_fwd_k<T><<<grid_for(n), 256>>>((T *)out, (const T *)inp, alpha, C, HW, n);
+    LAUNCH_CHECK("half prelu_fwd");
+    return 0;
+}
+
+template <typename T>
+static int h_prelu_backward(ops_ctx *c_, float *dinp, int acc, float *dalpha, const float *dout,
+                            const float *inp, const float *alpha, int B, int C, int HW)
+{
+    CTX(T, c_, c);
+    (void)c;
+    if (B <= 0 || C <= 0 || HW <= 0)
+        return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
+    size_t n = (size_t)B * C * HW;
+    if (dinp) {
+        hprelu_bwd_dinp_k<T><<<grid_for(n), 256>>>((T *)dinp, acc, (const T *)dout, (const T *)inp, alpha,
+                                                   C, HW, n);
+        LAUNCH_CHECK("half prelu_bwd_dinp");
+    }
+    if (dalpha) {
+        dim3 grid((unsigned)C, (unsigned)(B < 32 ? B : 32));
+        hprelu_bwd_dalpha_k<T><<<grid, 256>>>(dalpha, (const T *)dout, (const T *)inp, B, C, HW);
+        LAUNCH_CHECK("half prelu_bwd_dalpha");
+    }
+    return 0;
+}
+
+/* ---- add, acc, layout conversions ---- */
+
+template <typename T>
+static int h_add_forward(ops_ctx *c_, float *out, const float *a, const float *b, size_t n)
+{
+    CTX(T, c_, c);
+    (void)c;
+    if (!n)
+        return 0;
+    add_k<T><<<grid_for(n), 256>>>((T *)out, (const T *)a, (const T *)b, n);
+    LAUNCH_CHECK("half add");
+    return 0;
+}
+
+template <typename T> static int h_acc(ops_ctx *c_, float *dst, int acc, const float *src, size_t n)
+{
+    CTX(T, c_, c);
+    (void)c;
+    if (!n)
+        return 0;
+    if (acc) {
+        acc_k<T><<<grid_for(n), 256>>>((T *)dst, (const T *)src, n);
+        LAUNCH_CHECK("half acc");
+    } else if (dst != src) {
+        CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, 0));
+    }
+    return 0;
+}
+
+static int h_act_block(int C)
+{
+    (void)C;
+    return 1;
+}
+
+template <typename T>
+static int h_to_plain(ops_ctx *c_, float *dst, const float *src, int B, int C, int HW)
+{
+    CTX(T, c_, c);
+    (void)c;
+    if (B <= 0 || C <= 0 || HW <= 0)
+        return pf_err(-EINVAL, "to_plain shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
+    size_t n = (size_t)B * C * HW;
+    to_plain_k<T><<<grid_for(n), 256>>>(dst, (const T *)src, n);
+    LAUNCH_CHECK("half to_plain");
+    return 0;
+}
+
+template <typename T>
+static int h_from_plain(ops_ctx *c_, float *dst, int acc, const float *src, int B, int C, int HW)
+{
+    CTX(T, c_, c);
+    (void)c;
+    if (B <= 0 || C <= 0 || HW <= 0)
+        return pf_err(-EINVAL, "from_plain shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
+    size_t n = (size_t)B * C * HW;
+    from_plain_k<T><<<grid_for(n), 256>>>((T *)dst, acc, src, n);
+    LAUNCH_CHECK("half from_plain");
+    return 0;
+}
+
+/* ---- after the flatten: the plain fp32 device's ---- */
+
+template <typename T>
+static int h_linear_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
+                            const float *bias, int B, int IN, int OUT)
+{
+    (void)c; (void)out; (void)inp; (void)weight; (void)bias; (void)B; (void)IN; (void)OUT;
+    return pf_err(-EINVAL, "%s: linear runs after the flatten, on the plain fp32 device (ops_cuda)",
+                  elt<T>::name);
+}
+
+template <typename T>
+static int h_linear_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
+                             const float *dout, const float *inp, const float *weight, int B, int IN,
+                             int OUT)
+{
+    (void)c; (void)dinp; (void)acc; (void)dweight; (void)dbias; (void)dout; (void)inp; (void)weight;
+    (void)B; (void)IN; (void)OUT;
+    return pf_err(-EINVAL, "%s: linear runs after the flatten, on the plain fp32 device (ops_cuda)",
+                  elt<T>::name);
+}
+
+template <typename T>
+static int h_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n, float p,
+                             uint64_t seed)
+{
+    (void)c; (void)out; (void)mask; (void)inp; (void)n; (void)p; (void)seed;
+    return pf_err(-EINVAL, "%s: dropout runs after the flatten, on the plain fp32 device (ops_cuda)",
+                  elt<T>::name);
+}
+
+template <typename T>
+static int h_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout, const float *mask,
+                              size_t n)
+{
+    (void)c; (void)dinp; (void)acc; (void)dout; (void)mask; (void)n;
+    return pf_err(-EINVAL, "%s: dropout runs after the flatten, on the plain fp32 device (ops_cuda)",
+                  elt<T>::name);
+}
+
+/* ---- memory, optimizer, utilities: the fp32 CUDA device's helpers (cuda_util.cu, head.cu) ---- */
+
+static int h_mem_alloc(ops_ctx *c, void **p, size_t bytes)
+{
+    (void)c;
+    return cuda_malloc_zero(p, bytes);
+}
+
+static void h_mem_free(ops_ctx *c, void *p)
+{
+    (void)c;
+    cuda_free(p);
+}
+
+static int h_mem_h2d(ops_ctx *c, void *dst, const void *host_src, size_t bytes)
+{
+    (void)c;
+    return bytes ? cuda_h2d(dst, host_src, bytes) : 0;
+}
+
+static int h_mem_d2h(ops_ctx *c, void *host_dst, const void *src, size_t bytes)
+{
+    (void)c;
+    return bytes ? cuda_d2h(host_dst, src, bytes) : 0;
+}
+
+static int h_mem_d2d(ops_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    (void)c;
+    return cuda_d2d(dst, src, bytes);
+}
+
+static int h_mem_zero(ops_ctx *c, void *p, size_t bytes)
+{
+    (void)c;
+    return cuda_memzero(p, bytes);
+}
+
+static int h_sync(ops_ctx *c)
+{
+    (void)c;
+    return cuda_sync();
+}
+
+static int h_sgd_step(ops_ctx *c, float *w, const float *grad, float *mom, size_t n, float lr,
+                      float momentum, float weight_decay)
+{
+    (void)c;
+    return cuda_sgd_step(w, grad, mom, n, lr, momentum, weight_decay);
+}
+
+static int h_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n, double lr,
+                        double beta1, double beta2, double eps, double weight_decay, int64_t step)
+{
+    (void)c;
+    return cuda_adamw_step(w, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+static int h_scale(ops_ctx *c, float *x, size_t n, float a)
+{
+    (void)c;
+    return cuda_scale_f32(x, n, a);
+}
+
+static int h_sumsq(ops_ctx *c, const float *x, size_t n, double *host_out)
+{
+    return cuda_sumsq_f32(x, n, H(c)->sumsq_part, host_out);
+}
+
+/* ---- context ---- */
+
+static void h_ctx_destroy(ops_ctx *c_)
+{
+    hctx *c = H(c_);
+    if (!c)
+        return;
+    for (int i = 0; i < c->nconv; i++)
+        hconv_free(c->conv[i]);
+    free(c->conv);
+    cudaFree(c->ws);
+    cudaFree(c->wh);
+    cudaFree(c->dwh);
+    cudaFree(c->hscr);
+    cudaFree(c->cscr);
+    cudaFree(c->dscr);
+    cudaFree(c->sumsq_part);
+    if (c->bn_x) cudnnDestroyTensorDescriptor(c->bn_x);
+    if (c->bn_p) cudnnDestroyTensorDescriptor(c->bn_p);
+    if (c->dnn) cudnnDestroy(c->dnn);
+    free(c);
+}
+
+static int h_ctx_init(hctx *c)
+{
+    CUDNN_TRY(cudnnCreate(&c->dnn));
+    CUDNN_TRY(cudnnCreateTensorDescriptor(&c->bn_x));
+    CUDNN_TRY(cudnnCreateTensorDescriptor(&c->bn_p));
+    return cuda_malloc((void **)&c->sumsq_part, CUDA_SUMSQ_PARTIALS * sizeof(double));
+}
+
+template <typename T> static int h_ctx_create(ops_ctx **out)
+{
+    *out = NULL;
+    if (cuda_device_count() == 0)
+        return pf_err(-ENODEV, "%s device: no GPU visible (cudaGetDeviceCount is 0)", elt<T>::name);
+    hctx *c = (hctx *)calloc(1, sizeof *c);
+    if (!c)
+        return pf_err(-ENOMEM, "%s context: out of memory", elt<T>::name);
+    c->type = elt<T>::dnn;
+    const char *bm = getenv("PFCPS_CUDA_BN");
+    c->bn_exact = c->type == CUDNN_DATA_BFLOAT16 || (bm && strcmp(bm, "exact") == 0);
+    int rc = h_ctx_init(c);
+    if (rc) {
+        h_ctx_destroy(reinterpret_cast<ops_ctx *>(c));
+        return pf_err_wrap(rc, "%s context", elt<T>::name);
+    }
+    *out = reinterpret_cast<ops_ctx *>(c);
+    return 0;
+}
+
+#define HALF_TABLE(T, NAME)                                                                        \
+    {                                                                                              \
+        .name = NAME,                                                                              \
+        .ctx_create = h_ctx_create<T>,                                                             \
+        .ctx_destroy = h_ctx_destroy,                                                              \
+        .conv_forward = h_conv_forward<T>,                                                         \
+        .conv_backward = h_conv_backward<T>,                                                       \
+        .bn_forward = h_bn_forward<T>,                                                             \
+        .bn_backward = h_bn_backward<T>,                                                           \
+        .prelu_forward = h_prelu_forward<T>,                                                       \
+        .prelu_backward = h_prelu_backward<T>,                                                     \
+        .linear_forward = h_linear_forward<T>,                                                     \
+        .linear_backward = h_linear_backward<T>,                                                   \
+        .add_forward = h_add_forward<T>,                                                           \
+        .acc = h_acc<T>,                                                                           \
+        .act_block = h_act_block,                                                                  \
+        .to_plain = h_to_plain<T>,                                                                 \
+        .from_plain = h_from_plain<T>,                                                             \
+        .dropout_forward = h_dropout_forward<T>,                                                   \
+        .dropout_backward = h_dropout_backward<T>,                                                 \
+        .act_bytes = 2,                                                                            \
+        .plain = &ops_cuda,                                                                        \
+        .mem_alloc = h_mem_alloc,                                                                  \
+        .mem_free = h_mem_free,                                                                    \
+        .mem_h2d = h_mem_h2d,                                                                      \
+        .mem_d2h = h_mem_d2h,                                                                      \
+        .mem_d2d = h_mem_d2d,                                                                      \
+        .mem_zero = h_mem_zero,                                                                    \
+        .sync = h_sync,                                                                            \
+        .sgd_step = h_sgd_step,                                                                    \
+        .adamw_step = h_adamw_step,                                                                \
+        .scale = h_scale,                                                                          \
+        .sumsq = h_sumsq,                                                                          \
+    }
+
+extern "C" const ops_device ops_cuda_fp16 = HALF_TABLE(__half, "cuda-fp16");
+extern "C" const ops_device ops_cuda_bf16 = HALF_TABLE(__nv_bfloat16, "cuda-bf16");
