@@ -877,6 +877,33 @@ static int error_reply(const Pfcps__Error *e)
     return pf_err(-code, "rendezvous refused: %s", e->message);
 }
 
+/* ctl_set_interrupt's flag: a joining member stops waiting when it is raised. */
+static const volatile sig_atomic_t *g_join_interrupt;
+
+void ctl_set_interrupt(const volatile sig_atomic_t *flag) { g_join_interrupt = flag; }
+
+static int join_interrupted(void)
+{
+    if (g_join_interrupt && *g_join_interrupt)
+        return pf_err(-EINTR, "interrupted (SIGTERM/SIGINT) while waiting for the run to form");
+    return 0;
+}
+
+/* recv_msg for ctl_join: wakes at least every CTL_TICK_MS to see whether the interrupt flag was raised
+ * (a signal landing just before poll() would otherwise wait out the whole join timeout). */
+static int join_recv(ctl_session *s, double deadline, Pfcps__CtlMessage **out)
+{
+    for (;;) {
+        int rc = join_interrupted();
+        if (rc < 0)
+            return rc;
+        double tick = now_s() + CTL_TICK_MS / 1000.0;
+        rc = recv_msg(s, tick < deadline ? tick : deadline, out);
+        if (rc != -ETIMEDOUT || now_s() >= deadline)
+            return rc;
+    }
+}
+
 static int connect_by(const char *host, int port, double deadline, int *out_fd)
 {
     char portstr[16];
@@ -919,6 +946,9 @@ static int connect_by(const char *host, int port, double deadline, int *out_fd)
             close(fd);
         }
         freeaddrinfo(ai);
+        int irc = join_interrupted();
+        if (irc < 0)
+            return irc;
         if (now_s() + 0.1 > deadline)
             break;
         poll(NULL, 0, 100); /* the rendezvous may not be up yet */
@@ -949,7 +979,7 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
         return rc;
     }
     Pfcps__CtlMessage *m = NULL;
-    rc = recv_msg(s, deadline, &m);
+    rc = join_recv(s, deadline, &m);
     if (rc == 0 && m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR)
         rc = error_reply(m->error);
     else if (rc == 0 && m->body_case != PFCPS__CTL_MESSAGE__BODY_HELLO)
@@ -980,7 +1010,7 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
     /* Wait for the book; heartbeats may come first. */
     while (rc == 0) {
         m = NULL;
-        rc = recv_msg(s, deadline, &m);
+        rc = join_recv(s, deadline, &m);
         if (rc < 0) {
             if (rc == -ETIMEDOUT)
                 rc = pf_err(-ETIMEDOUT, "no address book from the rendezvous within %g s (not every member "

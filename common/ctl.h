@@ -15,6 +15,7 @@
 #ifndef PFCPS_COMMON_CTL_H
 #define PFCPS_COMMON_CTL_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -72,9 +73,16 @@ void ctl_rendezvous_stop(ctl_rendezvous *rv);
  * total) for the address book; a refused connection is retried every 100 ms until then. Returns 0 and
  * a session (whose book stays valid until close), or -ECONNREFUSED / -ETIMEDOUT / -EACCES (bad secret)
  * / -EEXIST (rank taken or joined twice) / -ERANGE (rank outside the run) / -EPROTO / -EMSGSIZE,
- * with the service's error text in pf_errmsg(). */
+ * with the service's error text in pf_errmsg(); -ECANCELED when the rendezvous shut the run down before it
+ * formed; -EINTR within ~0.1 s of the ctl_set_interrupt flag being raised (the connection is closed:
+ * before the run formed the rendezvous frees the rank and logs that the member left). */
 int ctl_join(const char *host, int port, ctl_role role, int rank, const void *addr, size_t addr_len,
              const char *secret, size_t max_frame, double timeout_s, ctl_session **out);
+
+/* Makes every later ctl_join in this process give up with -EINTR once *flag is non-zero (a daemon passes
+ * the flag its SIGTERM/SIGINT handler sets, so a stop request is honoured while the run is still forming
+ * instead of after the whole join timeout). NULL turns it off. Set it once, before joining. */
+void ctl_set_interrupt(const volatile sig_atomic_t *flag);
 
 /* The address book received at join. */
 const ctl_book *ctl_session_book(const ctl_session *s);

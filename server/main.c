@@ -7,7 +7,9 @@
  * address) and gets the address book and the run config; then the shard is allocated and initialised,
  * every worker's address goes into the AV, and the progress + apply threads start.
  * SIGTERM / SIGINT (or the rendezvous' shutdown broadcast): stop accepting requests, finish the apply in
- * progress, log the counters, exit 0. Exit 1 on a start-up error (message on stderr). */
+ * progress, log the counters, exit 0. The same signals while the run is still forming end the wait for the
+ * other members within ~0.1 s (ctl_set_interrupt): rank 0 broadcasts the shutdown to the members that joined,
+ * exit 0. Exit 1 on a start-up error (message on stderr). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +84,7 @@ int main(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    ctl_set_interrupt(&g_stop); /* a stop request ends the wait for the run to form */
 
     ctl_rendezvous *rv = NULL;
     ctl_session *sess = NULL;
@@ -129,8 +132,22 @@ int main(int argc, char **argv) {
     }
     /* Join (retrying through the whole ctl_timeout) and take the run config from the book. */
     pf_config run;
-    if (cli_join_run(&cfg, host, port, CTL_ROLE_SERVER, rank, addr, alen, secret, &sess, &run) < 0) {
-        log_error("%s", pf_errmsg());
+    if ((rc = cli_join_run(&cfg, host, port, CTL_ROLE_SERVER, rank, addr, alen, secret, &sess, &run)) < 0) {
+        if (rc == -EINTR && g_stop) {
+            /* Stopped on request before the run formed: a normal stop. Rank 0 tells the members that joined
+             * (shutdown broadcast below); another rank's closed connection frees its rank at the rendezvous. */
+            log_info("stopping: SIGTERM/SIGINT while waiting for the run to form%s",
+                     rv ? " (telling the members that joined)" : "");
+            log_info("stopped before the run formed");
+            exit_code = 0;
+        } else if (rc == -ECANCELED) {
+            /* Server 0 stopped (shutdown broadcast) before the run formed: a normal stop here too. */
+            log_info("stopping: %s", pf_errmsg());
+            log_info("stopped before the run formed");
+            exit_code = 0;
+        } else {
+            log_error("%s", pf_errmsg());
+        }
         goto out;
     }
     const ctl_book *book = ctl_session_book(sess);

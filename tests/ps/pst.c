@@ -31,6 +31,11 @@ void pst_track_child(pid_t pid) {
     if (g_nchildren < 64) g_children[g_nchildren++] = pid;
 }
 
+void pst_untrack_child(pid_t pid) {
+    for (int i = 0; i < g_nchildren; i++)
+        if (g_children[i] == pid) g_children[i] = 0;
+}
+
 static void kill_all(void) {
     if (getpid() != g_owner) return; /* a forked client must not kill the servers */
     for (int i = 0; i < g_nchildren; i++)

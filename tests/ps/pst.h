@@ -51,4 +51,7 @@ double pst_now(void);
 /* Registers an extra child pid to kill on exit (e.g. a forked client). */
 void pst_track_child(pid_t pid);
 
+/* Forgets a child the test reaped itself (so nothing signals a pid that may be reused). */
+void pst_untrack_child(pid_t pid);
+
 #endif

@@ -727,6 +727,89 @@ static int t_sigterm(void) {
     return finish(&cl, 0);
 }
 
+/* --- SIGTERM while the run is forming (its worker never comes): a prompt, normal stop --- */
+static int log_has(const char *path, const char *a, const char *b) {
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    int found = 0;
+    while (!found && f && fgets(line, sizeof(line), f)) found = strstr(line, a) && (!b || strstr(line, b));
+    if (f) fclose(f);
+    return found;
+}
+
+static int wait_log(const char *path, const char *a, const char *b, double seconds) {
+    double t0 = pst_now();
+    while (!log_has(path, a, b)) {
+        if (pst_now() - t0 > seconds) return 0;
+        usleep(20000);
+    }
+    return 1;
+}
+
+/* Reaps server s within `bound` s; returns the seconds it took (or -1: still running, then killed) and its
+ * exit status in *code (-1 unless it exited). */
+static double reap_server(pst_cluster *cl, int s, double bound, int *code) {
+    double t0 = pst_now();
+    int status = 0;
+    pid_t r;
+    while ((r = waitpid(cl->pids[s], &status, WNOHANG)) == 0 && pst_now() - t0 < bound) usleep(5000);
+    double dt = pst_now() - t0;
+    if (r == 0) {
+        kill(cl->pids[s], SIGKILL);
+        waitpid(cl->pids[s], NULL, 0);
+        dt = -1;
+    }
+    *code = r && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    pst_untrack_child(cl->pids[s]);
+    cl->pids[s] = 0;
+    return dt;
+}
+
+static int t_forming(void) {
+    /* ctl_timeout 60 s: without the fix a server waiting for the run to form ignored SIGTERM that long. */
+    const char *extra = "ctl_timeout = 60\n";
+    for (int first = 1; first >= 0; first--) {
+        pst_cluster cl;
+        int rc = pst_start(&cl, 2, 1, 1000, 16, extra, 40);
+        if (rc) return rc;
+        int ok = wait_log(cl.log_path[0], "joined from", "(2/3)", 15);
+        CHECK(ok, "both servers did not join within 15 s");
+        if (!ok) {
+            pst_dump_logs(&cl);
+            return finish(&cl, 1);
+        }
+        usleep(200000);
+        int code;
+        kill(cl.pids[first], SIGTERM);
+        double dt = reap_server(&cl, first, 10, &code);
+        printf("server %d got SIGTERM with the run forming (1 of 1 workers missing): exit %d after %.2f s\n", first,
+               code, dt);
+        CHECK(dt >= 0 && dt < 2.0 && code == 0, "server %d: exit %d after %.2f s (want 0 within 2 s)", first, code, dt);
+        CHECK(log_has(cl.log_path[first], "stopping: SIGTERM/SIGINT while waiting for the run to form", NULL),
+              "server %d did not log the stop", first);
+        int other = 1 - first;
+        if (first == 1) {
+            /* The rendezvous (server 0) saw it go and freed its rank. */
+            ok = wait_log(cl.log_path[0], "server[1]", "left before the run formed", 2);
+            CHECK(ok, "server 0 did not log that server 1 left");
+            kill(cl.pids[0], SIGTERM);
+            dt = reap_server(&cl, 0, 10, &code);
+            printf("then server 0 (the rendezvous) got SIGTERM: exit %d after %.2f s\n", code, dt);
+            CHECK(dt >= 0 && dt < 2.0 && code == 0, "server 0: exit %d after %.2f s (want 0 within 2 s)", code, dt);
+            CHECK(log_has(cl.log_path[0], "stopped before the run formed", NULL), "server 0 stop line missing");
+        } else {
+            /* Server 0 stopped first: it told server 1, which stops as well, normally. */
+            dt = reap_server(&cl, other, 10, &code);
+            printf("server 1, told by the rendezvous: exit %d after %.2f s\n", code, dt);
+            CHECK(dt >= 0 && dt < 2.0 && code == 0, "server 1: exit %d after %.2f s (want 0 within 2 s)", code, dt);
+            CHECK(log_has(cl.log_path[1], "shut down before it formed", NULL), "server 1 did not log why it stopped");
+        }
+        if (fails) pst_dump_logs(&cl);
+        if ((rc = finish(&cl, 0)) != 0) return rc;
+    }
+    return 0;
+}
+
 /* --- a shard that cannot fit is refused at start-up with a clear error --- */
 static int t_refuse(void) {
     pst_cluster cl;
@@ -754,7 +837,7 @@ static int t_refuse(void) {
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) {
-        printf("usage: test_ps_mp init|sgd_ref|same_row|random|bsp|ssp|global|bad|kill|sigterm|scale|refuse\n");
+        printf("usage: test_ps_mp init|sgd_ref|same_row|random|bsp|ssp|global|bad|kill|sigterm|scale|refuse|forming\n");
         return 1;
     }
     const char *t = argv[1];
@@ -770,6 +853,7 @@ int main(int argc, char **argv) {
     if (!strcmp(t, "kill")) return t_kill();
     if (!strcmp(t, "scale")) return t_scale();
     if (!strcmp(t, "refuse")) return t_refuse();
+    if (!strcmp(t, "forming")) return t_forming();
     printf("unknown test %s\n", t);
     return 1;
 }
