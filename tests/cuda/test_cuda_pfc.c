@@ -14,6 +14,9 @@
  *     rank; forward-only and grad_embeddings = NULL calls; faults: a row whose target is on no
  *     worker -> -EPROTO on every rank (outputs still compared), a NaN embedding -> -ERANGE on every
  *     rank (as pfc_step), a corrupted label column on one rank -> -ERANGE on every rank.
+ *  3. With 2 or more GPUs and NCCL: the production path, one rank per GPU (up to 3), pfc_cuda over
+ *     coll_nccl (device buffers) next to the host pfc over coll_thread, compared with pfc_step as in
+ *     part 2 (clean global and local steps, an orphan row, a bad label column). Not run with one GPU.
  * Without a GPU: "SKIP: no CUDA device" and exit 77. */
 #include <dirent.h>
 #include <math.h>
@@ -320,7 +323,12 @@ typedef struct pcfg {
     head_margin_grad mg;
     double m1, m2, m3, tau, rate;
     int corrupt;
+    int nccl; /* part 3: rank r on GPU r, pfc_cuda over NCCL */
 } pcfg;
+
+#ifdef PFCPS_HAVE_NCCL
+static uint8_t nccl_id[CUDA_NCCL_ID_BYTES];
+#endif
 
 typedef struct prank {
     const pcfg *cfg;
@@ -351,16 +359,26 @@ static void *pfc_rank_main(void *vp)
     pfc cpu;
     pfc_cuda gx;
     memset(&gx, 0, sizeof gx);
-    int rc = pfc_init(&cpu, &hp, cp, PC, c->rate, 1234 + g_seed % 1000, PB, PD);
-    if (rc)
+    memset(&cpu, 0, sizeof cpu);
+    pf_coll ncoll = {0}, *dev_coll = cp;
+    int rc = 0;
+#ifdef PFCPS_HAVE_NCCL
+    if (c->nccl) {
+        if ((rc = cuda_set_device(r)) || (rc = coll_nccl_create(nccl_id, r, W, &ncoll)))
+            snprintf(a->msg, sizeof a->msg, "NCCL rank %d: %s", r, pf_errmsg());
+        dev_coll = &ncoll;
+    }
+#endif
+    if (!rc && (rc = pfc_init(&cpu, &hp, cp, PC, c->rate, 1234 + g_seed % 1000, PB, PD)))
         snprintf(a->msg, sizeof a->msg, "pfc_init: %s", pf_errmsg());
-    else if ((rc = pfc_cuda_create(&gx, &cpu, cp, 1)))
+    else if (!rc && (rc = pfc_cuda_create(&gx, &cpu, dev_coll, !c->nccl)))
         snprintf(a->msg, sizeof a->msg, "pfc_cuda_create: %s", pf_errmsg());
     if (!all_ready(cp, rc == 0)) {
         a->setup_failed = 1;
-        if (!rc)
-            pfc_free(&cpu);
+        pfc_free(&cpu);
         pfc_cuda_free(&gx);
+        if (ncoll.ops)
+            coll_destroy(&ncoll);
         return NULL;
     }
     const size_t bd = (size_t)PB * PD, kd = (size_t)cpu.k_max * PD;
@@ -432,6 +450,8 @@ static void *pfc_rank_main(void *vp)
     cuda_free(demb); cuda_free(dcen); cuda_free(dge); cuda_free(dgc);
     pfc_cuda_free(&gx);
     pfc_free(&cpu);
+    if (ncoll.ops)
+        coll_destroy(&ncoll);
     return NULL;
 }
 
@@ -454,7 +474,7 @@ static void pfc_run(const pcfg *c)
     if (g)
         coll_thread_group_destroy(g);
     char name[160];
-    snprintf(name, sizeof name, "W=%d %s %s%s tau %.2f rate %.1f, %s", W, c->mode == HEAD_MODE_GLOBAL ? "global" : "local",
+    snprintf(name, sizeof name, "%sW=%d %s %s%s tau %.2f rate %.1f, %s", c->nccl ? "NCCL " : "", W, c->mode == HEAD_MODE_GLOBAL ? "global" : "local",
              c->mg == HEAD_MARGIN_GRAD_EXACT ? "exact" : "straight_through", c->m3 != 0 ? " cosface-combined" : "",
              c->tau, c->rate, corrupt_name[c->corrupt]);
     for (int r = 0; r < W; r++)
@@ -553,24 +573,24 @@ int main(void)
 
     /* part 2 */
     const pcfg cfgs[] = {
-        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE},
-        {2, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE},
-        {3, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE},
-        {1, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE},
-        {2, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE},
-        {3, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE},
-        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, 0.9, 0.4, 0.15, 0.05, 1.0, CORRUPT_NONE},
-        {3, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, 0.9, 0.4, 0.15, 0.05, 1.0, CORRUPT_NONE},
-        {2, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, 0.9, 0.4, 0.15, 0.05, 1.0, CORRUPT_NONE},
-        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_ORPHAN},
-        {2, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_ORPHAN},
-        {3, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_ORPHAN},
-        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NAN},
-        {3, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NAN},
-        {2, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NAN},
-        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL},
-        {3, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL},
-        {2, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL},
+        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 0},
+        {2, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 0},
+        {3, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 0},
+        {1, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 0},
+        {2, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 0},
+        {3, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 0},
+        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, 0.9, 0.4, 0.15, 0.05, 1.0, CORRUPT_NONE, 0},
+        {3, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, 0.9, 0.4, 0.15, 0.05, 1.0, CORRUPT_NONE, 0},
+        {2, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, 0.9, 0.4, 0.15, 0.05, 1.0, CORRUPT_NONE, 0},
+        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_ORPHAN, 0},
+        {2, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_ORPHAN, 0},
+        {3, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_ORPHAN, 0},
+        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NAN, 0},
+        {3, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NAN, 0},
+        {2, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NAN, 0},
+        {1, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL, 0},
+        {3, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL, 0},
+        {2, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL, 0},
     };
     int skipped = 0;
     for (size_t i = 0; i < sizeof cfgs / sizeof *cfgs; i++) {
@@ -580,6 +600,34 @@ int main(void)
         }
         pfc_run(&cfgs[i]);
     }
+    /* part 3 */
+    int gpus = cuda_device_count(), nccl_ran = 0;
+#ifdef PFCPS_HAVE_NCCL
+    if (gpus >= 2) {
+        int W = gpus < MAXW ? gpus : MAXW;
+        if (coll_nccl_unique_id(nccl_id))
+            DIE("NCCL unique id");
+        const pcfg ncfgs[] = {
+            {W, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 1},
+            {W, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 1},
+            {W, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, 0.9, 0.4, 0.15, 0.05, 1.0, CORRUPT_ORPHAN, 1},
+            {W, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL, 1},
+            {W, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL, 1},
+        };
+        for (size_t i = 0; i < sizeof ncfgs / sizeof *ncfgs; i++) {
+            /* a fresh NCCL group per configuration: a new unique id each time */
+            if (i && coll_nccl_unique_id(nccl_id))
+                DIE("NCCL unique id");
+            pfc_run(&ncfgs[i]);
+        }
+        nccl_ran = 1;
+        if (cuda_set_device(0))
+            DIE("cuda_set_device(0)");
+    }
+#endif
+    if (!nccl_ran)
+        printf("NOTE: part 3 (pfc_cuda over NCCL, one rank per GPU) needs NCCL and 2 GPUs (%d visible): not run\n",
+               gpus);
     printf("%d failure(s)\n", fails);
     if (fails)
         return 1;
