@@ -1,4 +1,4 @@
-/* pfcps-worker: one training process (one GPU in production; the CPU device here).
+/* pfcps-worker: one training process (one GPU in production: device = cuda; or the CPU device).
  *
  *   pfcps-worker --config FILE --rank W [--set key=value ...] [--max-steps N] [--trace FILE]
  *                [--dump-centers PREFIX]
@@ -136,6 +136,14 @@ int main(int argc, char **argv)
         log_error("config key 'network': %s", pf_errmsg());
         return 1;
     }
+    /* Same for the device: cuda without the CUDA device in this binary or without a GPU stops here. */
+    train_device_info dinfo;
+    if (train_device_resolve(&cfg, &dinfo) < 0) {
+        log_error("%s", pf_errmsg());
+        return 1;
+    }
+    log_info("device %s (config device = %s%s%s), precision %s", dinfo.name, cfg.device, cfg.fp16 ? ", fp16" : "",
+             cfg.bf16 ? ", bf16" : "", dinfo.precision);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
@@ -164,19 +172,12 @@ int main(int argc, char **argv)
         cfg_log(&run);
     /* Keys that arcface_torch configs carry but this build does not implement: refuse the ones whose
      * silent ignoring would do harm, warn about the rest (docs/configuration.md marks them). */
-    if (strcmp(run.device, "cpu") != 0) {
-        log_error("device = %s: the CUDA device is built (kernels/cuda) but not wired into the training loop "
-                  "yet; use device = cpu", run.device);
-        goto out;
-    }
     if (run.resume) {
         log_error("resume = true: resuming is not implemented yet (only the backbone is saved, in %s/model.ckpt; "
                   "optimizer state and class centers are not); refusing to start rather than overwrite it",
                   run.output);
         goto out;
     }
-    if (run.fp16 && rank == 0)
-        log_warn("fp16 = true: mixed precision belongs to the CUDA device; the CPU device trains in fp32");
     if (run.save_all_states && rank == 0)
         log_warn("save_all_states = true: not implemented yet; only the backbone is saved");
     ctl_watch watch = {.sess = sess, .grace_s = 10};
