@@ -3,13 +3,15 @@
 # CUDA device, runs the CUDA tests (CUDA vs CPU device for every layer and the reference networks,
 # head kernels vs ../shared/reference), times the fp32 training step of r50 batch 128 (forward +
 # margin-softmax head over K = 100000 centers + backward + SGD) through the CUDA device and the same
-# step in PyTorch, and prints samples/s, peak GPU memory and the ratio pfcps/PyTorch.
+# step in PyTorch, and prints samples/s, peak GPU memory and the ratio pfcps/PyTorch; then trains end to
+# end (1 server + 1 worker, device = cuda, fp16 = true, 30 steps on ORL) and checks that the loss falls.
 # Meant to finish well inside 10 minutes (each stage has its own timeout).
 #
 # Usage: bench/gpu_check.sh [build-dir]        (from anywhere; default build dir: build-gpu)
 # Env:   PFCPS_GPU_ITERS (timed steps, 20), PFCPS_GPU_K (centers, 100000), PFCPS_GPU_BATCH (128),
 #        PFCPS_TORCH_PYTHON (a python with CUDA torch), PFCPS_GPU_SKIP_TESTS=1 (timing only),
-#        PFCPS_GPU_NO_PIP=1 (never pip install torch), PFCPS_GPU_AMP=1 (also PyTorch fp16, information).
+#        PFCPS_GPU_NO_PIP=1 (never pip install torch), PFCPS_GPU_AMP=1 (also PyTorch fp16, information),
+#        PFCPS_GPU_SKIP_E2E=1 (no end-to-end training run).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build-gpu}
@@ -39,7 +41,7 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dbuildtype=release $REFOPT >"$BUILD.setup.log" 2>&1 || {
         tail -30 "$BUILD.setup.log"; echo "gpu_check: meson setup failed"; exit 1; }
 fi
-TARGETS="bench/gpu/bench_gpu tests/cuda/test_cuda_ops tests/cuda/test_cuda_head tests/cuda/test_cuda_table tests/cuda/test_cuda_backbone tests/cuda/test_loss_scale tests/cuda/test_cuda_nccl tests/common/test_cuda_l2norm"
+TARGETS="bench/gpu/bench_gpu tests/cuda/test_cuda_ops tests/cuda/test_cuda_head tests/cuda/test_cuda_table tests/cuda/test_cuda_backbone tests/cuda/test_loss_scale tests/cuda/test_cuda_nccl tests/common/test_cuda_l2norm tests/cuda/test_cuda_half tests/cuda/test_cuda_pfc_args tests/cuda/test_cuda_pfc server/pfcps-server worker/pfcps-worker worker/data/pfcps"
 stamp "building $TARGETS"
 timeout 300 ninja -C "$BUILD" -j"$JOBS" $TARGETS || { echo "gpu_check: build failed"; exit 1; }
 
@@ -92,5 +94,65 @@ if [ -n "$P" ] && [ -n "$T" ]; then
     R=$(awk -v p="$P" -v t="$T" 'BEGIN { printf "%.3f", p / t }')
     echo "RESULT r50 fp32 batch $BATCH K $K: pfcps $P samples/s, PyTorch $T samples/s, ratio pfcps/PyTorch $R"
 fi
-stamp "done (tests rc $RC_TESTS, pfcps bench rc $RC_P)"
-[ "$RC_TESTS" = 0 ] && [ "$RC_P" = 0 ]
+# 5. end to end: 1 server + 1 worker train with device = cuda, fp16 = true (cuda-fp16, NCCL, GPU head,
+#    pinned class-center rows, dynamic loss scaling) on the 40 ORL identities for 30 steps; the loss must
+#    fall (mean of the last 5 steps below 80% of the first 5); samples/s and peak GPU memory printed.
+RC_E2E=1
+if [ "${PFCPS_GPU_SKIP_E2E:-0}" = 0 ]; then
+    E2E=$(mktemp -d)
+    stamp "end to end: device = cuda, fp16 = true, r50 batch 64, ORL 40 identities, 30 steps (in $E2E)"
+    if "$BUILD/worker/data/pfcps" pack --quiet "$ROOT/data/orl" "$E2E/train" >"$E2E/pack.log" 2>&1; then
+        PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+        cat >"$E2E/run.ini" <<INI
+[train]
+network = r50
+embedding_size = 512
+margin_list = 1.0, 0.0, 0.35
+batch_size = 64
+lr = 0.1
+num_epoch = 6
+frequent = 10
+device = cuda
+fp16 = true
+output = $E2E/out
+[data]
+rec = $E2E/train
+num_classes = 40
+num_workers = 4
+[cluster]
+servers = 1
+workers = 1
+rendezvous = 127.0.0.1:$PORT
+secret = gpu-check-e2e
+INI
+        PEAK_FILE=$E2E/mem
+        ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 >>"$PEAK_FILE"; sleep 0.5; done ) &
+        POLL=$!
+        "$BUILD/server/pfcps-server" --config "$E2E/run.ini" --rank 0 >"$E2E/server.log" 2>&1 &
+        SPID=$!
+        timeout 240 "$BUILD/worker/pfcps-worker" --config "$E2E/run.ini" --rank 0 --max-steps 30 --trace "$E2E/trace" \
+            >"$E2E/worker.log" 2>&1
+        RC_W=$?
+        kill -TERM "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null
+        kill "$POLL" 2>/dev/null; wait "$POLL" 2>/dev/null
+        grep -E "device |class-center rows|backbone collectives|loss scaling|Speed|GPU memory|training done|ERROR" "$E2E/worker.log" | sed 's/^/  /' | cut -c1-220
+        PEAK=$(sort -n "$PEAK_FILE" 2>/dev/null | tail -1)
+        if [ "$RC_W" = 0 ] && [ -s "$E2E/trace" ]; then
+            F5=$(awk '{l[NR]=$2} END {f=0; for(i=1;i<=5;i++) f+=l[i]; print f/5}' "$E2E/trace")
+            L5=$(awk '{l[NR]=$2} END {e=0; for(i=1;i<=5;i++) e+=l[NR-5+i]; print e/5}' "$E2E/trace")
+            SPS=$(sed -n 's/.*Speed \([0-9.]*\) samples\/sec.*Global Step: 30 .*/\1/p' "$E2E/worker.log" | tail -1)
+            echo "RESULT e2e cuda fp16 r50 batch 64: loss $F5 -> $L5 (mean of first / last 5 of 30 steps), steps 21-30 ${SPS:-?} samples/s, peak GPU memory ${PEAK:-?} MiB (nvidia-smi, whole GPU)"
+            awk -v f="$F5" -v l="$L5" 'BEGIN {exit !(l < 0.8 * f)}' && RC_E2E=0 || echo "gpu_check: e2e loss did not fall"
+        else
+            echo "gpu_check: e2e worker failed (exit $RC_W); last lines:"; tail -15 "$E2E/worker.log"; tail -5 "$E2E/server.log"
+        fi
+    else
+        cat "$E2E/pack.log"; echo "gpu_check: packing ORL failed"
+    fi
+    rm -rf "$E2E"
+else
+    RC_E2E=0
+fi
+
+stamp "done (tests rc $RC_TESTS, pfcps bench rc $RC_P, e2e rc $RC_E2E)"
+[ "$RC_TESTS" = 0 ] && [ "$RC_P" = 0 ] && [ "$RC_E2E" = 0 ]

@@ -798,6 +798,12 @@ done:
         rc = dump_partition(t, step);
     if (t->trace)
         fflush(t->trace);
+#ifdef PFCPS_HAVE_CUDA_OPS
+    size_t gfree = 0, gtotal = 0;
+    if (rc == 0 && t->di.cuda && cuda_mem_info(&gfree, &gtotal) == 0)
+        log_info("GPU memory in use at the end (whole device, cudaMemGetInfo): %.0f MiB of %.0f MiB",
+                 (double)(gtotal - gfree) / 1048576.0, (double)gtotal / 1048576.0);
+#endif
     if (rc == 0 && t->rank == 0) {
         double el = now_s() - t_start;
         log_info("training done: %lld steps, first loss %.4f, final loss %.4f, %.2f samples/sec over %.1f s, "
