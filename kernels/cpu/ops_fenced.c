@@ -13,13 +13,13 @@
 
 typedef struct fence_region {
     char *p;
-    size_t len; /* mapped bytes (whole pages) */
+    size_t len;  /* mapped bytes (whole pages) */
+    int n_open;  /* entries in progress that opened it (read-write while > 0) */
 } fence_region;
 
 static pthread_mutex_t fence_mu = PTHREAD_MUTEX_INITIALIZER;
 static fence_region *regions;
 static int n_regions, cap_regions;
-static int open_depth; /* entries in progress (all threads) */
 
 /* Index of the live region holding [p, p + bytes), or -1. Caller holds fence_mu. */
 static int region_of(const void *p, size_t bytes)
@@ -33,43 +33,62 @@ static int region_of(const void *p, size_t bytes)
     return -1;
 }
 
-static int protect_all(int prot)
+static int set_prot(fence_region *r, int prot)
 {
-    for (int i = 0; i < n_regions; i++)
-        if (mprotect(regions[i].p, regions[i].len, prot) != 0)
-            return pf_err(-EIO, "cpu-fenced: mprotect(%p, %zu) failed: %s", (void *)regions[i].p,
-                          regions[i].len, strerror(errno));
+    if (mprotect(r->p, r->len, prot) != 0)
+        return pf_err(-EIO, "cpu-fenced: mprotect(%p, %zu) failed: %s", (void *)r->p, r->len,
+                      strerror(errno));
     return 0;
 }
 
-/* Opens the fence (all allocations read-write) for one entry. */
-static int fence_open(void)
+#define FENCE_MAX_ARGS 8
+
+/* Closes what fence_open opened: bases[i] (region starts, NULL skipped). */
+static int fence_close(char *const *bases, int n)
 {
+    int rc = 0;
     pthread_mutex_lock(&fence_mu);
-    int rc = open_depth++ == 0 ? protect_all(PROT_READ | PROT_WRITE) : 0;
+    for (int i = 0; i < n; i++) {
+        if (!bases[i])
+            continue;
+        int k = region_of(bases[i], 0);
+        if (k >= 0 && --regions[k].n_open == 0 && !rc)
+            rc = set_prot(&regions[k], PROT_NONE);
+    }
+    pthread_mutex_unlock(&fence_mu);
+    return rc;
+}
+
+/* Checks that each non-NULL ptrs[i] lies in a live allocation (with bytes[i] following it when
+ * bytes is not NULL) and opens those allocations (read-write) for one entry; bases receives the
+ * region starts for fence_close. Only the allocations an entry's arguments point into are opened:
+ * an op that touched any other device memory would fault too. */
+static int fence_open(const char *entry, const char *names, const void *const *ptrs,
+                      const size_t *bytes, int n, char **bases)
+{
+    int rc = 0;
+    pthread_mutex_lock(&fence_mu);
+    for (int i = 0; i < n; i++)
+        bases[i] = NULL;
+    for (int i = 0; i < n && !rc; i++) {
+        if (!ptrs[i])
+            continue;
+        int k = region_of(ptrs[i], bytes ? bytes[i] : 0);
+        if (k < 0) {
+            rc = pf_err(-EFAULT, "cpu-fenced: %s: argument %d of (%s) = %p%s is not device memory",
+                        entry, i + 1, names, ptrs[i], bytes ? " (with its byte count)" : "");
+            break;
+        }
+        if (regions[k].n_open++ == 0 && (rc = set_prot(&regions[k], PROT_READ | PROT_WRITE))) {
+            regions[k].n_open--;
+            break;
+        }
+        bases[i] = regions[k].p;
+    }
+    pthread_mutex_unlock(&fence_mu);
     if (rc)
-        open_depth--;
-    pthread_mutex_unlock(&fence_mu);
+        fence_close(bases, n);
     return rc;
-}
-
-static int fence_close(void)
-{
-    pthread_mutex_lock(&fence_mu);
-    int rc = --open_depth == 0 ? protect_all(PROT_NONE) : 0;
-    pthread_mutex_unlock(&fence_mu);
-    return rc;
-}
-
-/* 1 when p is NULL or inside a live allocation (with `bytes` following it). */
-static int is_dev(const void *p, size_t bytes)
-{
-    if (!p)
-        return 1;
-    pthread_mutex_lock(&fence_mu);
-    int r = region_of(p, bytes) >= 0;
-    pthread_mutex_unlock(&fence_mu);
-    return r;
 }
 
 /* 1 when no byte of [p, p + bytes) is device memory. */
@@ -87,22 +106,20 @@ static int is_host(const void *p, size_t bytes)
     return r;
 }
 
-#define DEV(entry, arg)                                                                         \
-    do {                                                                                        \
-        if (!is_dev((arg), 0))                                                                  \
-            return pf_err(-EFAULT, "cpu-fenced: %s: argument %s = %p is not device memory",     \
-                          entry, #arg, (const void *)(arg));                                   \
-    } while (0)
-
-/* Runs `call` (an ops_cpu entry) with the fence open and returns its result (or the fence's). */
-#define FENCED(call)                          \
-    do {                                      \
-        int rc_ = fence_open();               \
-        if (rc_)                              \
-            return rc_;                       \
-        rc_ = (call);                         \
-        int rc2_ = fence_close();             \
-        return rc_ ? rc_ : rc2_;              \
+/* Runs `call` (an ops_cpu entry) with the allocations its device pointer arguments (the list
+ * after it) point into open, and returns its result (or the fence's error). */
+#define FENCED(entry, call, ...)                                                      \
+    do {                                                                              \
+        const void *const p_[] = {__VA_ARGS__};                                       \
+        char *b_[FENCE_MAX_ARGS];                                                     \
+        _Static_assert(sizeof p_ / sizeof *p_ <= FENCE_MAX_ARGS, "too many args");    \
+        int n_ = (int)(sizeof p_ / sizeof *p_);                                       \
+        int rc_ = fence_open(entry, #__VA_ARGS__, p_, NULL, n_, b_);                  \
+        if (rc_)                                                                      \
+            return rc_;                                                               \
+        rc_ = (call);                                                                 \
+        int rc2_ = fence_close(b_, n_);                                               \
+        return rc_ ? rc_ : rc2_;                                                      \
     } while (0)
 
 /* ---- memory ---- */
@@ -125,8 +142,8 @@ static int f_mem_alloc(ops_ctx *c, void **p, size_t bytes)
         regions = r;
         cap_regions = nc;
     }
-    /* Anonymous pages are zero-filled. Open while an entry is in progress (nested use). */
-    void *q = mmap(NULL, len, open_depth ? PROT_READ | PROT_WRITE : PROT_NONE,
+    /* Anonymous pages are zero-filled. */
+    void *q = mmap(NULL, len, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (q == MAP_FAILED) {
         rc = pf_err(-ENOMEM, "cpu-fenced: mmap of %zu bytes failed: %s", len, strerror(errno));
@@ -134,6 +151,7 @@ static int f_mem_alloc(ops_ctx *c, void **p, size_t bytes)
     }
     regions[n_regions].p = q;
     regions[n_regions].len = len;
+    regions[n_regions].n_open = 0;
     n_regions++;
     *p = q;
 out:
@@ -158,42 +176,54 @@ static void f_mem_free(ops_ctx *c, void *p)
     pthread_mutex_unlock(&fence_mu);
 }
 
+/* Copies: the device side's whole byte range must lie in one allocation, the host side none. */
+#define FENCED_RANGE(entry, call, ...)                                                \
+    do {                                                                              \
+        const void *const p_[] = {__VA_ARGS__};                                       \
+        const size_t n_b_[] = {bytes, bytes};                                         \
+        char *b_[FENCE_MAX_ARGS];                                                     \
+        _Static_assert(sizeof p_ / sizeof *p_ <= FENCE_MAX_ARGS, "too many args");    \
+        int n_ = (int)(sizeof p_ / sizeof *p_);                                       \
+        int rc_ = fence_open(entry, #__VA_ARGS__, p_, n_b_, n_, b_);                  \
+        if (rc_)                                                                      \
+            return rc_;                                                               \
+        rc_ = (call);                                                                 \
+        int rc2_ = fence_close(b_, n_);                                               \
+        return rc_ ? rc_ : rc2_;                                                      \
+    } while (0)
+
 static int f_mem_h2d(ops_ctx *c, void *dst, const void *host_src, size_t bytes)
 {
-    if (!is_dev(dst, bytes) || !dst)
-        return pf_err(-EFAULT, "cpu-fenced: mem_h2d: destination %p (+%zu bytes) is not device "
-                      "memory", dst, bytes);
+    if (!dst)
+        return pf_err(-EFAULT, "cpu-fenced: mem_h2d: destination is NULL");
     if (!is_host(host_src, bytes))
         return pf_err(-EFAULT, "cpu-fenced: mem_h2d: source %p is device memory, not host memory",
                       host_src);
-    FENCED(ops_cpu.mem_h2d(c, dst, host_src, bytes));
+    FENCED_RANGE("mem_h2d", ops_cpu.mem_h2d(c, dst, host_src, bytes), dst);
 }
 
 static int f_mem_d2h(ops_ctx *c, void *host_dst, const void *src, size_t bytes)
 {
-    if (!is_dev(src, bytes) || !src)
-        return pf_err(-EFAULT, "cpu-fenced: mem_d2h: source %p (+%zu bytes) is not device memory",
-                      src, bytes);
+    if (!src)
+        return pf_err(-EFAULT, "cpu-fenced: mem_d2h: source is NULL");
     if (!is_host(host_dst, bytes))
         return pf_err(-EFAULT, "cpu-fenced: mem_d2h: destination %p is device memory, not host "
                       "memory", host_dst);
-    FENCED(ops_cpu.mem_d2h(c, host_dst, src, bytes));
+    FENCED_RANGE("mem_d2h", ops_cpu.mem_d2h(c, host_dst, src, bytes), src);
 }
 
 static int f_mem_d2d(ops_ctx *c, void *dst, const void *src, size_t bytes)
 {
-    if (!dst || !src || !is_dev(dst, bytes) || !is_dev(src, bytes))
-        return pf_err(-EFAULT, "cpu-fenced: mem_d2d: %p <- %p (%zu bytes) is not device memory on "
-                      "both sides", dst, src, bytes);
-    FENCED(ops_cpu.mem_d2d(c, dst, src, bytes));
+    if (!dst || !src)
+        return pf_err(-EFAULT, "cpu-fenced: mem_d2d: NULL pointer");
+    FENCED_RANGE("mem_d2d", ops_cpu.mem_d2d(c, dst, src, bytes), dst, src);
 }
 
 static int f_mem_zero(ops_ctx *c, void *p, size_t bytes)
 {
-    if (!p || !is_dev(p, bytes))
-        return pf_err(-EFAULT, "cpu-fenced: mem_zero: %p (+%zu bytes) is not device memory", p,
-                      bytes);
-    FENCED(ops_cpu.mem_zero(c, p, bytes));
+    if (!p)
+        return pf_err(-EFAULT, "cpu-fenced: mem_zero: NULL pointer");
+    FENCED_RANGE("mem_zero", ops_cpu.mem_zero(c, p, bytes), p);
 }
 
 static int f_sync(ops_ctx *c)
@@ -216,16 +246,15 @@ static void f_ctx_destroy(ops_ctx *c)
 static int f_conv_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
                           const ops_conv_shape *s)
 {
-    DEV("conv_forward", out); DEV("conv_forward", inp); DEV("conv_forward", weight);
-    FENCED(ops_cpu.conv_forward(c, out, inp, weight, s));
+    FENCED("conv_forward", ops_cpu.conv_forward(c, out, inp, weight, s),
+           out, inp, weight);
 }
 
 static int f_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, const float *dout,
                            const float *inp, const float *weight, const ops_conv_shape *s)
 {
-    DEV("conv_backward", dinp); DEV("conv_backward", dweight); DEV("conv_backward", dout);
-    DEV("conv_backward", inp); DEV("conv_backward", weight);
-    FENCED(ops_cpu.conv_backward(c, dinp, acc, dweight, dout, inp, weight, s));
+    FENCED("conv_backward", ops_cpu.conv_backward(c, dinp, acc, dweight, dout, inp, weight, s),
+           dinp, dweight, dout, inp, weight);
 }
 
 static int f_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var,
@@ -233,11 +262,9 @@ static int f_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_
                         float *running_mean, float *running_var, int B, int C, int HW, float eps,
                         float momentum, int train)
 {
-    DEV("bn_forward", out); DEV("bn_forward", save_mean); DEV("bn_forward", save_var);
-    DEV("bn_forward", inp); DEV("bn_forward", weight); DEV("bn_forward", bias);
-    DEV("bn_forward", running_mean); DEV("bn_forward", running_var);
-    FENCED(ops_cpu.bn_forward(c, out, save_mean, save_var, inp, weight, bias, running_mean,
-                              running_var, B, C, HW, eps, momentum, train));
+    FENCED("bn_forward", ops_cpu.bn_forward(c, out, save_mean, save_var, inp, weight, bias, running_mean,
+                              running_var, B, C, HW, eps, momentum, train),
+           out, save_mean, save_var, inp, weight, bias, running_mean, running_var);
 }
 
 static int f_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
@@ -245,55 +272,50 @@ static int f_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float
                          const double *save_mean, const double *save_var, int B, int C, int HW,
                          float eps)
 {
-    DEV("bn_backward", dinp); DEV("bn_backward", dweight); DEV("bn_backward", dbias);
-    DEV("bn_backward", dout); DEV("bn_backward", inp); DEV("bn_backward", weight);
-    DEV("bn_backward", save_mean); DEV("bn_backward", save_var);
-    FENCED(ops_cpu.bn_backward(c, dinp, acc, dweight, dbias, dout, inp, weight, save_mean,
-                               save_var, B, C, HW, eps));
+    FENCED("bn_backward", ops_cpu.bn_backward(c, dinp, acc, dweight, dbias, dout, inp, weight, save_mean,
+                               save_var, B, C, HW, eps),
+           dinp, dweight, dbias, dout, inp, weight, save_mean, save_var);
 }
 
 static int f_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B,
                            int C, int HW)
 {
-    DEV("prelu_forward", out); DEV("prelu_forward", inp); DEV("prelu_forward", alpha);
-    FENCED(ops_cpu.prelu_forward(c, out, inp, alpha, B, C, HW));
+    FENCED("prelu_forward", ops_cpu.prelu_forward(c, out, inp, alpha, B, C, HW),
+           out, inp, alpha);
 }
 
 static int f_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, const float *dout,
                             const float *inp, const float *alpha, int B, int C, int HW)
 {
-    DEV("prelu_backward", dinp); DEV("prelu_backward", dalpha); DEV("prelu_backward", dout);
-    DEV("prelu_backward", inp); DEV("prelu_backward", alpha);
-    FENCED(ops_cpu.prelu_backward(c, dinp, acc, dalpha, dout, inp, alpha, B, C, HW));
+    FENCED("prelu_backward", ops_cpu.prelu_backward(c, dinp, acc, dalpha, dout, inp, alpha, B, C, HW),
+           dinp, dalpha, dout, inp, alpha);
 }
 
 static int f_linear_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
                             const float *bias, int B, int IN, int OUT)
 {
-    DEV("linear_forward", out); DEV("linear_forward", inp); DEV("linear_forward", weight);
-    DEV("linear_forward", bias);
-    FENCED(ops_cpu.linear_forward(c, out, inp, weight, bias, B, IN, OUT));
+    FENCED("linear_forward", ops_cpu.linear_forward(c, out, inp, weight, bias, B, IN, OUT),
+           out, inp, weight, bias);
 }
 
 static int f_linear_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
                              const float *dout, const float *inp, const float *weight, int B,
                              int IN, int OUT)
 {
-    DEV("linear_backward", dinp); DEV("linear_backward", dweight); DEV("linear_backward", dbias);
-    DEV("linear_backward", dout); DEV("linear_backward", inp); DEV("linear_backward", weight);
-    FENCED(ops_cpu.linear_backward(c, dinp, acc, dweight, dbias, dout, inp, weight, B, IN, OUT));
+    FENCED("linear_backward", ops_cpu.linear_backward(c, dinp, acc, dweight, dbias, dout, inp, weight, B, IN, OUT),
+           dinp, dweight, dbias, dout, inp, weight);
 }
 
 static int f_add_forward(ops_ctx *c, float *out, const float *a, const float *b, size_t n)
 {
-    DEV("add_forward", out); DEV("add_forward", a); DEV("add_forward", b);
-    FENCED(ops_cpu.add_forward(c, out, a, b, n));
+    FENCED("add_forward", ops_cpu.add_forward(c, out, a, b, n),
+           out, a, b);
 }
 
 static int f_acc(ops_ctx *c, float *dst, int acc, const float *src, size_t n)
 {
-    DEV("acc", dst); DEV("acc", src);
-    FENCED(ops_cpu.acc(c, dst, acc, src, n));
+    FENCED("acc", ops_cpu.acc(c, dst, acc, src, n),
+           dst, src);
 }
 
 static int f_act_block(int C)
@@ -303,28 +325,28 @@ static int f_act_block(int C)
 
 static int f_to_plain(ops_ctx *c, float *dst, const float *src, int B, int C, int HW)
 {
-    DEV("to_plain", dst); DEV("to_plain", src);
-    FENCED(ops_cpu.to_plain(c, dst, src, B, C, HW));
+    FENCED("to_plain", ops_cpu.to_plain(c, dst, src, B, C, HW),
+           dst, src);
 }
 
 static int f_from_plain(ops_ctx *c, float *dst, int acc, const float *src, int B, int C, int HW)
 {
-    DEV("from_plain", dst); DEV("from_plain", src);
-    FENCED(ops_cpu.from_plain(c, dst, acc, src, B, C, HW));
+    FENCED("from_plain", ops_cpu.from_plain(c, dst, acc, src, B, C, HW),
+           dst, src);
 }
 
 static int f_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n,
                              float p, uint64_t seed)
 {
-    DEV("dropout_forward", out); DEV("dropout_forward", mask); DEV("dropout_forward", inp);
-    FENCED(ops_cpu.dropout_forward(c, out, mask, inp, n, p, seed));
+    FENCED("dropout_forward", ops_cpu.dropout_forward(c, out, mask, inp, n, p, seed),
+           out, mask, inp);
 }
 
 static int f_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout,
                               const float *mask, size_t n)
 {
-    DEV("dropout_backward", dinp); DEV("dropout_backward", dout); DEV("dropout_backward", mask);
-    FENCED(ops_cpu.dropout_backward(c, dinp, acc, dout, mask, n));
+    FENCED("dropout_backward", ops_cpu.dropout_backward(c, dinp, acc, dout, mask, n),
+           dinp, dout, mask);
 }
 
 /* ---- optimizer and gradient utilities ---- */
@@ -332,30 +354,30 @@ static int f_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dou
 static int f_sgd_step(ops_ctx *c, float *w, const float *grad, float *mom, size_t n, float lr,
                       float momentum, float weight_decay)
 {
-    DEV("sgd_step", w); DEV("sgd_step", grad); DEV("sgd_step", mom);
-    FENCED(ops_cpu.sgd_step(c, w, grad, mom, n, lr, momentum, weight_decay));
+    FENCED("sgd_step", ops_cpu.sgd_step(c, w, grad, mom, n, lr, momentum, weight_decay),
+           w, grad, mom);
 }
 
 static int f_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n,
                         double lr, double beta1, double beta2, double eps, double weight_decay,
                         int64_t step)
 {
-    DEV("adamw_step", w); DEV("adamw_step", grad); DEV("adamw_step", m); DEV("adamw_step", v);
-    FENCED(ops_cpu.adamw_step(c, w, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step));
+    FENCED("adamw_step", ops_cpu.adamw_step(c, w, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step),
+           w, grad, m, v);
 }
 
 static int f_scale(ops_ctx *c, float *x, size_t n, float a)
 {
-    DEV("scale", x);
-    FENCED(ops_cpu.scale(c, x, n, a));
+    FENCED("scale", ops_cpu.scale(c, x, n, a),
+           x);
 }
 
 static int f_sumsq(ops_ctx *c, const float *x, size_t n, double *host_out)
 {
-    DEV("sumsq", x);
     if (!is_host(host_out, sizeof *host_out))
         return pf_err(-EFAULT, "cpu-fenced: sumsq: host_out %p is device memory", (void *)host_out);
-    FENCED(ops_cpu.sumsq(c, x, n, host_out));
+    FENCED("sumsq", ops_cpu.sumsq(c, x, n, host_out),
+           x);
 }
 
 const ops_device ops_cpu_fenced = {

@@ -1,7 +1,9 @@
 /* Backbone checkpoints: round trip (parameters and running statistics bit-exact, same forward
  * output), and refusal of corrupt or mismatched files with a clear error, leaving the model as
  * it was: bad magic, flipped payload byte (checksum), truncated, trailing garbage, other network,
- * other embedding size, missing file. */
+ * other embedding size, missing file. Version 2 extras (named float64 scalars: the loss scaler's
+ * state): round trip, version 1 files still load, corrupt or oversized extras tables refused. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,44 @@
 #include "worker/model/model.h"
 
 static int failures = 0;
+
+/* FNV-1a 64 written out here (the checkpoint's checksum, model.h) to re-seal crafted files. */
+static uint64_t fnv(const unsigned char *b, size_t n)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001B3ull;
+    }
+    return h;
+}
+
+/* Copies src to dst with `len` bytes at `off` replaced by `bytes`, then (reseal) recomputes the
+ * checksum at offset 64 over bytes 72..end, so only the semantic checks can refuse the file. */
+static int craft(const char *src, const char *dst, long off, const void *bytes, size_t len, int reseal)
+{
+    FILE *f = fopen(src, "rb");
+    if (!f)
+        return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n);
+    size_t got = fread(b, 1, (size_t)n, f);
+    fclose(f);
+    if (got != (size_t)n)
+        return -1;
+    memcpy(b + off, bytes, len);
+    if (reseal) {
+        uint64_t h = fnv(b + 72, (size_t)n - 72);
+        memcpy(b + 64, &h, 8);
+    }
+    f = fopen(dst, "wb");
+    fwrite(b, 1, (size_t)n, f);
+    fclose(f);
+    free(b);
+    return 0;
+}
 
 static long fsize(const char *p)
 {
@@ -158,6 +198,97 @@ int main(void)
     printf("save into a missing directory: rc %d '%s' %s\n", rc, pf_errmsg(),
            rc == -EIO ? "ok" : "FAIL");
     failures += rc != -EIO;
+
+    /* ---- version 2 extras ---- */
+    {
+        /* on a narrow r18 (small files): a, b, path, n, np, before are rebound here */
+        model *sa = a, *sb = b;
+        char plain_path[300];
+        snprintf(plain_path, sizeof plain_path, "%s/w16.ckpt", dir);
+        if (model_create(&a, "r18_w16", 64, 2) || model_create(&b, "r18_w16", 64, 2)) {
+            printf("FAIL: %s\n", pf_errmsg());
+            return 1;
+        }
+        model_init(a, 1);
+        model_init(b, 3);
+        size_t np = model_num_params(b);
+        float *before = malloc(np * sizeof *before);
+        memcpy(before, model_params(b), np * sizeof *before);
+        const char *path = plain_path;
+        rc = model_save(a, path);
+        long n = fsize(path);
+        failures += rc != 0;
+        model_extra x[2] = {{"scale", 65536.0}, {"growth_tracker", 37.0}}, y[4];
+        char xp[300];
+        snprintf(xp, sizeof xp, "%s/x.ckpt", dir);
+        rc = model_save_ex(a, xp, x, 2);
+        long xn = fsize(xp);
+        printf("save_ex with 2 extras: rc %d, %ld bytes (= plain + 2 x 40: %s)\n", rc, xn,
+               xn == n + 80 ? "yes" : "NO");
+        failures += rc != 0 || xn != n + 80;
+        int got = -1;
+        memset(y, 0, sizeof y);
+        model_init(b, 4);
+        rc = model_load_ex(b, xp, y, 4, &got);
+        pe = !memcmp(model_params(a), model_params(b), np * sizeof(float));
+        int xe = got == 2 && !strcmp(y[0].name, "scale") && y[0].value == 65536.0 &&
+                 !strcmp(y[1].name, "growth_tracker") && y[1].value == 37.0;
+        printf("load_ex: rc %d, %d extras (scale %g, growth_tracker %g), params identical: %s  %s\n",
+               rc, got, y[0].value, y[1].value, pe ? "yes" : "NO", rc == 0 && xe && pe ? "ok" : "FAIL");
+        failures += rc != 0 || !xe || !pe;
+        rc = model_load(b, xp);
+        printf("plain model_load of a file with extras: rc %d %s\n", rc, rc ? "FAIL" : "ok");
+        failures += rc != 0;
+        model_init(b, 3);
+        rc = model_load_ex(b, xp, y, 1, &got);
+        int same = !memcmp(model_params(b), before, np * sizeof(float));
+        printf("load_ex with room for 1 of 2 extras: rc %d '%s', model unchanged: %s  %s\n", rc,
+               pf_errmsg(), same ? "yes" : "NO", rc == -EINVAL && same ? "ok" : "FAIL");
+        failures += rc != -EINVAL || !same;
+        /* version 1: the file model_save writes with no extras, version field 2 -> 1 */
+        uint32_t v1 = 1;
+        craft(path, bad, 8, &v1, 4, 0);
+        got = -1;
+        rc = model_load_ex(b, bad, y, 4, &got);
+        pe = !memcmp(model_params(a), model_params(b), np * sizeof(float));
+        printf("version 1 file: rc %d, %d extras, params identical: %s  %s\n", rc, got,
+               pe ? "yes" : "NO", rc == 0 && got == 0 && pe ? "ok" : "FAIL");
+        failures += rc != 0 || got != 0 || !pe;
+        model_init(b, 3);
+        long xoff = xn - (long)((np + model_num_buffer_floats(a)) * sizeof(float)) - 80;
+        copy_mod(xp, bad, xoff + 2, 0x01, -1, 0);
+        expect_refused(b, "extras byte flipped", bad, -EPROTO, "checksum", before, np);
+        char unterminated[32];
+        memset(unterminated, 'A', sizeof unterminated);
+        craft(xp, bad, xoff, unterminated, 32, 1);
+        expect_refused(b, "extras name unterminated", bad, -EPROTO, "extras", before, np);
+        char dup[32] = "scale";
+        craft(xp, bad, xoff + 40, dup, 32, 1); /* second name = first name */
+        expect_refused(b, "extras name repeated", bad, -EPROTO, "twice", before, np);
+        uint32_t many = 1000, one = 1;
+        craft(xp, bad, 20, &many, 4, 1);
+        expect_refused(b, "extras count 1000", bad, -EPROTO, "extras", before, np);
+        craft(xp, bad, 20, &one, 4, 1);
+        expect_refused(b, "extras count 1 of 2", bad, -EPROTO, "bytes", before, np);
+        /* bad tables are refused before anything is written */
+        model_extra e1[2] = {{"", 1.0}, {"a", 2.0}}, e2[2] = {{"a", 1.0}, {"a", 2.0}};
+        char np2[300];
+        snprintf(np2, sizeof np2, "%s/never.ckpt", dir);
+        int r1 = model_save_ex(a, np2, e1, 2), r2 = model_save_ex(a, np2, e2, 2),
+            r3 = model_save_ex(a, np2, x, MODEL_EXTRAS_MAX + 1), r4 = model_save_ex(a, np2, NULL, 1);
+        int none = access(np2, F_OK) != 0;
+        printf("save_ex refuses empty name %d, repeated name %d, %d extras %d, NULL table %d; "
+               "nothing written: %s  %s\n", r1, r2, MODEL_EXTRAS_MAX + 1, r3, r4, none ? "yes" : "NO",
+               r1 == -EINVAL && r2 == -EINVAL && r3 == -EINVAL && r4 == -EINVAL && none ? "ok" : "FAIL");
+        failures += r1 != -EINVAL || r2 != -EINVAL || r3 != -EINVAL || r4 != -EINVAL || !none;
+        unlink(xp);
+        unlink(path);
+        free(before);
+        model_free(a);
+        model_free(b);
+        a = sa;
+        b = sb;
+    }
 
     unlink(path);
     unlink(bad);
