@@ -1,6 +1,11 @@
 /* pfcps: the command-line tool. One entry per subcommand in `commands` below; add yours there.
  *   pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX
- *   pfcps rec-info [--skip-bad] [--decode] PREFIX */
+ *   pfcps rec-info [--skip-bad] [--decode] PREFIX
+ *   pfcps config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]
+ * Every subcommand answers -h / --help (anywhere before `--`) with its usage on stdout and exit 0; `pfcps help
+ * COMMAND` does the same. Usage errors exit 2, failures 1. */
+#include "common/cli.h"
+#include "common/config.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "worker/data/image.h"
@@ -30,6 +35,20 @@ static int parse_i64(const char *s, int64_t *v)
     return 0;
 }
 
+/* The integer value of option argv[*i] (argv[*i + 1], advancing *i), within [lo, hi]. Returns 0, or -1 after
+ * printing "pfcps CMD: OPTION needs an integer in [lo, hi], got 'x'". */
+static int opt_i64(const char *cmd, int argc, char **argv, int *i, int64_t lo, int64_t hi, int64_t *v)
+{
+    const char *opt = argv[*i];
+    if (*i + 1 >= argc || parse_i64(argv[*i + 1], v) < 0 || *v < lo || *v > hi) {
+        fprintf(stderr, "pfcps %s: %s needs an integer in [%" PRId64 ", %" PRId64 "], got %s%s%s\n", cmd, opt, lo,
+                hi, *i + 1 < argc ? "'" : "nothing", *i + 1 < argc ? argv[*i + 1] : "", *i + 1 < argc ? "'" : "");
+        return -1;
+    }
+    (*i)++;
+    return 0;
+}
+
 static int cmd_pack(int argc, char **argv)
 {
     pack_opts o;
@@ -42,15 +61,15 @@ static int cmd_pack(int argc, char **argv)
         if (strcmp(argv[i], "--resize") == 0) o.resize = 1;
         else if (strcmp(argv[i], "--pad") == 0) o.resize = 0;
         else if (strcmp(argv[i], "--quiet") == 0) o.progress = 0;
-        else if (strcmp(argv[i], "--first-class") == 0 && i + 1 < argc && parse_i64(argv[i + 1], &v) == 0) {
+        else if (strcmp(argv[i], "--first-class") == 0) {
+            if (opt_i64("pack", argc, argv, &i, 0, INT64_MAX, &v) < 0) return 2;
             o.first_class = v;
-            i++;
-        } else if (strcmp(argv[i], "--identities") == 0 && i + 1 < argc && parse_i64(argv[i + 1], &v) == 0 && v > 0) {
+        } else if (strcmp(argv[i], "--identities") == 0) {
+            if (opt_i64("pack", argc, argv, &i, 1, INT64_MAX, &v) < 0) return 2;
             o.max_identities = v;
-            i++;
-        } else if (strcmp(argv[i], "--quality") == 0 && i + 1 < argc && parse_i64(argv[i + 1], &v) == 0) {
+        } else if (strcmp(argv[i], "--quality") == 0) {
+            if (opt_i64("pack", argc, argv, &i, 1, 100, &v) < 0) return 2;
             o.quality = (int)v;
-            i++;
         } else if (argv[i][0] == '-' || npos == 2) {
             fprintf(stderr, "pfcps pack: unexpected argument '%s'\n", argv[i]);
             return 2;
@@ -160,6 +179,71 @@ static int cmd_rec_info(int argc, char **argv)
     return bad || sizes ? 1 : 0;
 }
 
+/* The value `key` has in the effective config, as the daemons see it: looked up in cfg_to_ini's text (every
+ * key, formatted so that the parser reads it back to the same value) with the one pair of quotes the parser
+ * strips removed. Returns 0, or -ENOENT for a key cfg_to_ini does not write (the secret). */
+static int config_value(const char *ini, const char *key, char *out, size_t cap)
+{
+    size_t kl = strlen(key);
+    for (const char *l = ini; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, key, kl) != 0 || strncmp(l + kl, " = ", 3) != 0) continue;
+        const char *v = l + kl + 3;
+        size_t n = strcspn(v, "\n");
+        if (n >= 2 && (v[0] == '"' || v[0] == '\'') && v[n - 1] == v[0]) v++, n -= 2;
+        if (n >= cap) n = cap - 1;
+        memcpy(out, v, n);
+        out[n] = 0;
+        return 0;
+    }
+    return -ENOENT;
+}
+
+static const char config_get_usage[] =
+    "usage: pfcps config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]\n"
+    "  Prints each KEY's value, one per line, as the daemons will see it: FILE parsed by the same parser\n"
+    "  (quotes, inline comments, sections, defaults), then every --set in order. The secret is never printed.\n"
+    "  Exit 2 for an unknown key or a config the daemons would refuse (message on stderr).";
+
+static int cmd_config_get(int argc, char **argv)
+{
+    pf_config cfg;
+    int rest = 0;
+    int rc = cli_parse_common(argc, argv, &cfg, config_get_usage, CLI_CONFIG_OPTIONAL, &rest);
+    if (rc == CLI_HELP) return 0;
+    if (rc < 0) {
+        fprintf(stderr, "pfcps config-get: %s\n", pf_errmsg());
+        return 2;
+    }
+    if (rest < 2) {
+        fprintf(stderr, "pfcps config-get: needs at least one KEY\n%s\n", config_get_usage);
+        return 2;
+    }
+    char *ini = cfg_to_ini(&cfg);
+    if (!ini) {
+        fprintf(stderr, "pfcps config-get: out of memory\n");
+        return 1;
+    }
+    char (*vals)[CFG_STR + 8] = calloc((size_t)rest, sizeof *vals);
+    int status = vals ? 0 : 1;
+    for (int i = 1; i < rest && status == 0; i++) {
+        const char *key = argv[i];
+        int known = 0;
+        for (int k = 0; k < cfg_key_count(); k++) known |= strcmp(cfg_key_name(k), key) == 0;
+        if (!known) {
+            fprintf(stderr, "pfcps config-get: unknown key '%s' (docs/configuration.md lists them)\n", key);
+            status = 2;
+        } else if (config_value(ini, key, vals[i], sizeof vals[i]) < 0) {
+            fprintf(stderr, "pfcps config-get: key '%s' is never printed\n", key);
+            status = 2;
+        }
+    }
+    /* All or nothing: a caller reading one line per key never gets a partial answer. */
+    for (int i = 1; i < rest && status == 0; i++) printf("%s\n", vals[i]);
+    free(vals);
+    free(ini);
+    return status;
+}
+
 static const pfcps_command commands[] = {
     {"pack", cmd_pack,
      "pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX\n"
@@ -167,6 +251,9 @@ static const pfcps_command commands[] = {
     {"rec-info", cmd_rec_info,
      "rec-info [--skip-bad] [--decode] PREFIX\n"
      "        images, classes, label range, layout, keys; --decode: decode every image, exit 1 if any fails"},
+    {"config-get", cmd_config_get,
+     "config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]\n"
+     "        each KEY's effective value, one per line, as the daemons parse it (deploy/local/launch.sh uses it)"},
 };
 
 static void usage(FILE *f)
@@ -178,13 +265,26 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
     log_init("pfcps", -1);
-    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    if (argc < 2 || (strcmp(argv[1], "help") == 0 && argc < 3) || strcmp(argv[1], "--help") == 0 ||
+        strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-        if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "pfcps: unknown command '%s'\n", argv[1]);
+    /* `pfcps help COMMAND` and `pfcps COMMAND ... --help|-h ...`: that command's usage, exit 0. */
+    int help = strcmp(argv[1], "help") == 0;
+    const char *name = help ? argv[2] : argv[1];
+    for (int i = 2; !help && i < argc && strcmp(argv[i], "--") != 0; i++)
+        help = strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
+        if (strcmp(name, commands[i].name) != 0) continue;
+        if (help) {
+            printf("usage: pfcps %s\n", commands[i].usage);
+            if (commands[i].run == cmd_config_get) cli_print_common_help(stdout);
+            return 0;
+        }
+        return commands[i].run(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "pfcps: unknown command '%s'\n", name);
     usage(stderr);
     return 2;
 }

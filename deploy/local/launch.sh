@@ -6,6 +6,8 @@
 # usage: deploy/local/launch.sh -c CONFIG [-b BUILD_DIR] [--set key=value ...]
 #   servers/workers counts come from the config (keys `servers`, `workers`) or --set overrides.
 #   Logs: <output>/logs/server<r>.log and worker<r>.log (output from the config / --set).
+#   These values are asked from the daemons' own config parser (`pfcps config-get`), so quoting, inline
+#   comments and sections mean here exactly what they mean to the daemons.
 set -uo pipefail
 
 build=build
@@ -26,23 +28,20 @@ done
 
 server_bin=$build/server/pfcps-server
 worker_bin=$build/worker/pfcps-worker
-for b in "$server_bin" "$worker_bin"; do
+tool_bin=$build/worker/data/pfcps
+for b in "$server_bin" "$worker_bin" "$tool_bin"; do
   [ -x "$b" ] || { echo "launch: $b not built (meson compile -C $build)" >&2; exit 2; }
 done
 
-# Effective values of the keys the launcher itself needs: the last --set wins over the file.
-value_of() {
-  local key=$1 v
-  v=$(sed -n "s/^[[:space:]]*$key[[:space:]]*=[[:space:]]*\\([^#;]*\\).*/\\1/p" "$config" | tail -n 1)
-  for ((i = 1; i < ${#sets[@]}; i += 2)); do
-    case "${sets[$i]}" in "$key="*) v=${sets[$i]#"$key="} ;; esac
-  done
-  echo "$v" | sed 's/[[:space:]]*$//'
-}
-S=$(value_of servers); S=${S:-1}
-W=$(value_of workers); W=${W:-1}
-out=$(value_of output); out=${out:-work_dirs/pfcps}
-mkdir -p "$out/logs"
+# Effective values of the keys the launcher itself needs, from the real parser (file, then every --set in
+# order, defaults for keys not given): one line per key. A config the daemons would refuse stops here.
+if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output); then
+  echo "launch: config '$config' refused (see above)" >&2
+  exit 2
+fi
+mapfile -t v <<<"$vals"
+S=${v[0]}; W=${v[1]}; out=${v[2]}
+mkdir -p "$out/logs" || { echo "launch: cannot create '$out/logs'" >&2; exit 2; }
 
 pids=()
 server_pids=()

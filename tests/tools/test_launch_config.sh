@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# deploy/local/launch.sh reads servers / workers / output through the daemons' own parser (pfcps config-get),
+# so a config in any form that parser accepts starts the right number of daemons with logs in the right place.
+# Session 1's launcher parsed the INI with sed: a quoted `output` became a folder named with the quotes, a
+# `workers: 2` line (inih's ':' delimiter) was not seen. The config has no secret, so every daemon refuses
+# at once and the launcher returns quickly; what is checked is what the launcher did with the values:
+# its announcement and the log files it created. Expected values are written by hand from the config text.
+set -uo pipefail
+SRC=$1 BUILD=$2
+unset PFCPS_SECRET
+TMP=$(mktemp -d)
+lp=
+cleanup() {
+  # The launcher runs in its own process group (setsid): end that group, by id, on every exit path.
+  if [ -n "$lp" ] && kill -0 "$lp" 2>/dev/null; then kill -KILL -- "-$lp" 2>/dev/null; wait "$lp" 2>/dev/null; fi
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# run_launch OUT_FILE ARGS...: runs the launcher (bounded to 60 s), returns its exit status.
+run_launch() {
+  local out=$1; shift
+  # From inside $TMP, so a mis-parsed relative path lands there (and is checked), not in the caller's folder.
+  (cd "$TMP" && exec setsid "$SRC/deploy/local/launch.sh" -b "$BUILD" "$@") >"$out" 2>&1 &
+  lp=$!
+  for _ in $(seq 1 600); do kill -0 "$lp" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$lp" 2>/dev/null; then fail "launcher still running after 60 s"; kill -KILL -- "-$lp"; fi
+  wait "$lp"; local rc=$?
+  lp=
+  return $rc
+}
+
+# logs_are DIR "server0.log ..." : the log folder holds exactly these files.
+logs_are() {
+  local got
+  got=$(cd "$1" 2>/dev/null && ls | sort | tr '\n' ' ')
+  [ "$got" = "$2 " ] || fail "logs in '$1': [$got], want [$2]"
+}
+
+cat >"$TMP/run.ini" <<INI
+# no secret on purpose: the daemons refuse at once
+[train]
+network = "r18_w8"   ; quoted
+[data]
+output = "$TMP/out dir/x y"   ; quoted, blanks inside
+[cluster]
+servers = 3 ; three
+workers: 2
+rendezvous = 127.0.0.1:1
+INI
+run_launch "$TMP/launch1.out" -c "$TMP/run.ini"; rc=$?
+head -1 "$TMP/launch1.out"
+grep -qF "launch: 3 servers + 2 workers, config $TMP/run.ini, logs in $TMP/out dir/x y/logs" "$TMP/launch1.out" ||
+  fail "announcement: $(head -1 "$TMP/launch1.out")"
+logs_are "$TMP/out dir/x y/logs" "server0.log server1.log server2.log worker0.log worker1.log"
+[ "$rc" -ne 0 ] || fail "launcher exit 0 although every daemon refused (no secret)"
+grep -q "no join secret" "$TMP/out dir/x y/logs/worker0.log" || fail "worker 0 did not run with this config"
+[ -z "$(ls -d "$TMP"/\"* 2>/dev/null)" ] || fail "a folder named with quotes was created: $(ls -d "$TMP"/\"*)"
+
+# --set overrides, in order, exactly as the daemons apply them.
+run_launch "$TMP/launch2.out" -c "$TMP/run.ini" --set workers=1 --set "output=$TMP/other" -s servers=2 -s servers=1
+head -1 "$TMP/launch2.out"
+grep -qF "launch: 1 servers + 1 workers, config $TMP/run.ini, logs in $TMP/other/logs" "$TMP/launch2.out" ||
+  fail "announcement with --set: $(head -1 "$TMP/launch2.out")"
+logs_are "$TMP/other/logs" "server0.log worker0.log"
+
+# A config the daemons would refuse is refused by the launcher before it starts anything.
+printf '[cluster]\nworkerz = 2\noutput = %s\n' "$TMP/never" >"$TMP/bad.ini"
+run_launch "$TMP/launch3.out" -c "$TMP/bad.ini"; rc=$?
+cat "$TMP/launch3.out"
+[ "$rc" -eq 2 ] && grep -q "unknown key 'workerz'" "$TMP/launch3.out" || fail "bad config: exit $rc"
+[ ! -e "$TMP/never" ] || fail "bad config: the launcher created the output folder"
+
+if [ "$fails" -ne 0 ]; then echo "FAILED ($fails)"; exit 1; fi
+echo PASS

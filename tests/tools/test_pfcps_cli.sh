@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The pfcps tool's command line: every subcommand answers --help and -h (also `pfcps help CMD`) with its usage
+# on stdout and exit 0 (session 1 refused `pfcps pack --help`); option values out of range are refused naming
+# the option (exit 2); `pfcps config-get` prints the value the daemons' parser gives, for the forms that parser
+# accepts (sections, inline ';' comments, one pair of quotes, blanks around '=', indented keys, defaults,
+# --set in order), and refuses unknown keys, the secret and a config the daemons would refuse.
+# Expected values below are written by hand from the config text, not produced by the tool.
+set -uo pipefail
+PFCPS=$1
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+# Every subcommand the tool lists in its own usage.
+cmds=$("$PFCPS" --help | sed -n 's/^  pfcps \([a-z-]*\).*/\1/p')
+[ -n "$cmds" ] || fail "pfcps --help lists no commands"
+for c in $cmds; do
+  for h in --help -h; do
+    out=$("$PFCPS" "$c" $h 2>"$TMP/err"); rc=$?
+    [ "$rc" -eq 0 ] || fail "pfcps $c $h: exit $rc ($(cat "$TMP/err"))"
+    grep -q "^usage: pfcps $c" <<<"$out" || fail "pfcps $c $h: no usage line on stdout: $out"
+  done
+  # Also after other arguments, and through `pfcps help CMD`.
+  out=$("$PFCPS" "$c" x --help 2>&1); rc=$?
+  [ "$rc" -eq 0 ] && grep -q "^usage: pfcps $c" <<<"$out" || fail "pfcps $c x --help: exit $rc: $out"
+  out=$("$PFCPS" help "$c" 2>&1); rc=$?
+  [ "$rc" -eq 0 ] && grep -q "^usage: pfcps $c" <<<"$out" || fail "pfcps help $c: exit $rc: $out"
+  echo "pfcps $c: --help, -h, help $c -> usage, exit 0"
+done
+for must in pack rec-info config-get; do grep -qx "$must" <<<"$cmds" || fail "pfcps --help does not list $must"; done
+
+# Usage errors name the option (exit 2).
+expect_refusal() { # expected-substring args...
+  local want=$1; shift
+  out=$("$PFCPS" "$@" 2>&1); rc=$?
+  if [ "$rc" -ne 2 ] || ! grep -qF -- "$want" <<<"$out"; then fail "pfcps $*: exit $rc, wanted 2 and '$want': $out"
+  else echo "pfcps $*: refused: $out"; fi
+}
+expect_refusal "--quality needs an integer in [1, 100], got '0'" pack --quality 0 in out
+expect_refusal "--quality needs an integer in [1, 100], got nothing" pack --quality
+expect_refusal "--first-class needs an integer" pack --first-class x in out
+expect_refusal "--identities needs an integer in [1," pack --identities 0 in out
+expect_refusal "unexpected argument '--bogus'" pack --bogus in out
+expect_refusal "unknown key 'serverz'" config-get serverz
+expect_refusal "key 'secret' is never printed" config-get secret
+expect_refusal "needs at least one KEY" config-get
+
+# config-get against the parser's accepted forms.
+cat >"$TMP/run.ini" <<'INI'
+# a comment line
+; another comment line
+[train]
+network = "r18"            ; quoted, inline comment
+embedding_size=64
+[data]
+output = "out dir/with spaces"   ; quoted value with blanks
+  frequent = 7
+[cluster]
+servers = 3 ; three servers
+workers   =   2
+provider = 'shm'
+rendezvous = 127.0.0.1:4242 ; the port
+[server]
+snapshot_dir = /snap;shot
+INI
+check() { # expected key [args...]
+  local want=$1 key=$2; shift 2
+  got=$("$PFCPS" config-get -c "$TMP/run.ini" "$@" "$key" 2>&1); rc=$?
+  if [ "$rc" -ne 0 ] || [ "$got" != "$want" ]; then fail "config-get $key $*: exit $rc, got [$got], want [$want]"
+  else echo "config-get $key $*: [$got]"; fi
+}
+check "r18" network
+check "64" embedding_size
+check "out dir/with spaces" output
+check "7" frequent
+check "3" servers
+check "2" workers
+check "shm" provider
+check "127.0.0.1:4242" rendezvous
+check "/snap;shot" snapshot_dir               # ';' without a blank before it is not a comment
+check "fp32" wire_dtype                       # default
+check "5" workers --set workers=5
+check "4" servers --set servers=5 -s servers=4  # last --set wins
+check "a b" output --set "output=a b"
+# Several keys: one line each, in order.
+got=$("$PFCPS" config-get -c "$TMP/run.ini" servers workers output)
+[ "$got" = $'3\n2\nout dir/with spaces' ] || fail "config-get servers workers output: [$got]"
+# A config the daemons refuse is refused here too (same parser), naming the line.
+printf '[cluster]\nservers = 0\n' >"$TMP/bad.ini"
+expect_refusal "servers" config-get -c "$TMP/bad.ini" servers
+printf '[cluster]\nserverz = 2\n' >"$TMP/bad2.ini"
+expect_refusal "serverz" config-get -c "$TMP/bad2.ini" servers
+
+if [ "$fails" -ne 0 ]; then echo "FAILED ($fails)"; exit 1; fi
+echo PASS
