@@ -428,7 +428,19 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     if (rc < 0)
         return rc;
     if (t->di.loss_scaling) {
-        if ((rc = cuda_loss_scaler_init(&t->scaler, AMP_INIT_SCALE, AMP_GROWTH_INTERVAL)) < 0)
+        /* PFCPS_AMP_INIT_SCALE (tests only): another initial scale, e.g. 2^127 to force overflows. */
+        float init = AMP_INIT_SCALE;
+        const char *env = getenv("PFCPS_AMP_INIT_SCALE");
+        if (env && *env) {
+            char *end;
+            double v = strtod(env, &end);
+            if (*end || !(v > 0) || !isfinite((float)v))
+                return pf_err(-EINVAL, "environment PFCPS_AMP_INIT_SCALE='%s' is not a positive float32 number", env);
+            init = (float)v;
+            log_warn("PFCPS_AMP_INIT_SCALE: initial loss scale %g instead of %g (for tests)", (double)init,
+                     (double)AMP_INIT_SCALE);
+        }
+        if ((rc = cuda_loss_scaler_init(&t->scaler, init, AMP_GROWTH_INTERVAL)) < 0)
             return rc;
         t->loss_scaling = 1;
         log_info("dynamic loss scaling: init scale %g, growth interval %d, growth %g, backoff %g",

@@ -10,6 +10,8 @@
 #    bit for bit (S is a power of two: scaling and unscaling are exact), and the checkpoint's extras hold
 #    GradScaler's state after 30 good steps by torch's rule applied here by hand: growth interval 100,
 #    so scale stays 65536 and growth_tracker is 30.
+#  - the same from an initial scale of 2^127 (PFCPS_AMP_INIT_SCALE, for tests): overflowing steps are
+#    skipped and halve the scale, checked against the rule applied by hand to the logged overflow steps.
 # Bounds, bf16 vs fp32. bf16 keeps 8 significant bits: each stored body activation is off by at most
 # 2^-9 relative (one rounding per layer output). Step 1 runs the same weights on the same batch, so only
 # that rounding differs: through r18_w8's ~20 body layers (BN renormalising) the embeddings move by
@@ -62,6 +64,9 @@ INI
 run fp32 cpu ""
 run bf16 cpu-bf16 ""
 run amp cpu-bf16 "fp16 = true"
+export PFCPS_AMP_INIT_SCALE=1.7014118346046923e38 # 2^127: the scaled gradients overflow float32
+run ovf cpu-bf16 "fp16 = true"
+unset PFCPS_AMP_INIT_SCALE
 read -r first last < <(awk '{l[NR]=$2} END {f=0; e=0; for(i=1;i<=5;i++){f+=l[i]; e+=l[NR-5+i]} print f/5, e/5}' "$TMP/bf16.trace")
 echo "bf16: mean loss of the first 5 steps $first, of the last 5 $last"
 awk -v f="$first" -v l="$last" 'BEGIN {exit !(l < 0.6 * f)}' || fail "bf16: the loss did not fall: $first -> $last"
@@ -103,6 +108,45 @@ steps, interval = 30, 100
 want = {'amp.scale': 65536.0 * 2 ** (steps // interval), 'amp.growth_tracker': float(steps % interval)}
 print('checkpoint extras', ex, 'expected', want)
 assert ex == want, (ex, want)
+PY
+# Overflow: starting at 2^127 the scaled gradients overflow; each such step must be skipped and halve the
+# scale (GradScaler's backoff 0.5, tracker reset), the others count towards growth. The steps that
+# overflowed are read from the log; the scale each of them reports and the final state in the checkpoint
+# are recomputed here by the rule.
+python3 - "$TMP/ovf.log" "$TMP/ovf.out/model.ckpt" "$TMP/ovf.trace" <<'PY' || fail "loss scaler backoff"
+import math, re, struct, sys
+log, ckpt, trace = sys.argv[1:4]
+ovf = {}
+for line in open(log):
+    m = re.search(r'global step (\d+): backbone gradients overflowed at loss scale (\S+): optimizer step skipped, scale now (\S+)', line)
+    if m:
+        ovf[int(m.group(1))] = (float(m.group(2)), float(m.group(3)))
+assert ovf, 'no step overflowed at loss scale 2^127'
+losses = [float(l.split()[1]) for l in open(trace)]
+assert len(losses) == 30 and all(math.isfinite(x) for x in losses), 'losses not finite'
+scale, tracker = 2.0 ** 127, 0
+for step in range(1, 31):
+    if step in ovf:
+        seen, now = ovf[step]
+        assert math.isclose(seen, scale, rel_tol=1e-5), (step, seen, scale)
+        scale *= 0.5; tracker = 0
+        assert math.isclose(now, scale, rel_tol=1e-5), (step, now, scale)
+    else:
+        tracker += 1
+        if tracker == 100:
+            scale *= 2; tracker = 0
+b = open(ckpt, 'rb').read()
+ver, D, nt, nx = struct.unpack_from('<4I', b, 8)
+off = 72
+for _ in range(nt):
+    (nl,) = struct.unpack_from('<H', b, off); off += 2 + nl
+    dtype, ndim = struct.unpack_from('<BB', b, off); off += 2 + 4 * ndim + 8
+ex = {}
+for _ in range(nx):
+    ex[b[off:off + 32].rstrip(b'\0').decode()] = struct.unpack_from('<d', b, off + 32)[0]; off += 40
+print('overflow run: steps %s skipped; scale 2^127 -> 2^%g, tracker %d by the rule; checkpoint %s'
+      % (sorted(ovf), math.log2(scale), tracker, ex))
+assert ex == {'amp.scale': scale, 'amp.growth_tracker': float(tracker)}, (ex, scale, tracker)
 PY
 # The bf16 run without fp16 has no scaler (bf16 has fp32's exponent range): no extras.
 python3 -c "import struct,sys; b=open(sys.argv[1],'rb').read(); sys.exit(struct.unpack_from('<I', b, 20)[0] != 0)" \
