@@ -1,21 +1,24 @@
-/* pfcps training step on the CUDA device, timed: iresnet forward (training mode) + margin-softmax
+/* pfcps training step on the CUDA device, timed: worker/model forward (training mode) + margin-softmax
  * head over K class centers (forward + backward) + backbone backward + SGD on backbone parameters
  * and class centers (momentum 0.9, weight decay 5e-4), all fp32 (no TF32 unless PFCPS_CUDA_TF32=1).
- * The same step in PyTorch is bench/gpu/iresnet_torch_gpu.py; bench/gpu_check.sh prints the ratio.
+ * The backbone is worker/model on ops_device_by_name("cuda"): parameters from model_init (arcface_torch's
+ * initialization), the input batch uploaded from host memory each step (as the training loop does),
+ * the backbone SGD through the device's sgd_step entry. The same step in PyTorch is
+ * bench/gpu/iresnet_torch_gpu.py; bench/gpu_check.sh prints the ratio.
  *
- * Usage: bench_gpu NETWORK BATCH ITERS K    (NETWORK r18 r34 r50 r100; e.g. r50 128 20 100000)
- * Prints: "pfcps cuda r50 batch 128 K 100000: ITERS steps in T s, samples/s X, peak GPU memory M GiB". */
+ * Usage: bench_gpu NETWORK BATCH ITERS K [DEVICE]   (NETWORK as model_desc_from_name: r18 r34 r50 r100
+ *        r200, r18_w16, mbf; e.g. r50 128 20 100000; DEVICE default cuda, e.g. cuda-fp16)
+ * Prints: "pfcps cuda r50 batch 128 K 100000: ITERS steps in T s, samples/s X, peak GPU memory M GiB".
+ * Exits 77 (SKIP) with a message when there is no GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "bench/gpu/iresnet_dev.h"
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
-
-static const devmem devmem_cuda = {cuda_malloc, cuda_free, cuda_h2d, cuda_d2h, cuda_fill_f32, cuda_sync};
+#include "worker/model/model.h"
 
 static double now(void)
 {
@@ -53,51 +56,31 @@ static void sample_mem(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 5) {
-        fprintf(stderr, "usage: %s NETWORK BATCH ITERS K   (e.g. r50 128 20 100000)\n", argv[0]);
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: %s NETWORK BATCH ITERS K [DEVICE]   (e.g. r50 128 20 100000)\n", argv[0]);
         return 2;
     }
-    static const struct { const char *name; int layers[4]; } nets[] = {
-        {"r18", {2, 2, 2, 2}}, {"r34", {3, 4, 6, 3}}, {"r50", {3, 4, 14, 3}}, {"r100", {3, 13, 30, 3}}};
-    const int *layers = NULL;
-    for (size_t i = 0; i < sizeof nets / sizeof *nets; i++)
-        if (!strcmp(argv[1], nets[i].name))
-            layers = nets[i].layers;
+    const int D = 512;
+    model_desc desc;
     int B = atoi(argv[2]), iters = atoi(argv[3]), K = atoi(argv[4]);
-    if (!layers || B < 1 || iters < 1 || K < 1) {
-        fprintf(stderr, "bench_gpu: unknown network '%s' or non-positive BATCH/ITERS/K\n", argv[1]);
+    if (model_desc_from_name(&desc, argv[1], D) || B < 1 || iters < 1 || K < 1) {
+        fprintf(stderr, "bench_gpu: network '%s' (%s) or non-positive BATCH/ITERS/K\n", argv[1], pf_errmsg());
+        return 2;
+    }
+    const ops_device *dev = ops_device_by_name(argc == 6 ? argv[5] : "cuda");
+    if (!dev) {
+        fprintf(stderr, "bench_gpu: %s\n", pf_errmsg());
         return 2;
     }
     if (cuda_device_count() == 0) {
         printf("SKIP: no CUDA device\n");
         return 77;
     }
-    const int widths[4] = {64, 128, 256, 512}, D = 512;
-    inet *n;
-    TRY(inet_create(&n, &ops_cuda, &devmem_cuda, layers, widths, D, B));
-    /* parameters: conv ~ U(+-0.1), BN weight 1 bias 0, PReLU 0.25, fc U(+-1/sqrt(fan_in)) */
-    size_t np = inet_param_floats(n);
-    float *hp = malloc(np * sizeof *hp);
-    for (int i = 0; i < inet_num_params(n); i++) {
-        const inet_tensor *t = inet_param(n, i);
-        const char *nm = t->name;
-        size_t l = strlen(nm);
-        int is_bn = strstr(nm, "bn") || strstr(nm, "downsample.1") || !strncmp(nm, "features", 8);
-        for (size_t j = 0; j < t->count; j++) {
-            float v;
-            if (strstr(nm, "prelu"))
-                v = 0.25f;
-            else if (is_bn)
-                v = !strcmp(nm + l - 6, "weight") ? 1.0f : 0.0f;
-            else if (!strncmp(nm, "fc.", 3))
-                v = frand(-1, 1) / sqrtf(512.0f * 49.0f);
-            else
-                v = frand(-0.1f, 0.1f);
-            hp[t->offset + j] = v;
-        }
-    }
-    TRY(cuda_h2d(inet_params(n), hp, np * sizeof(float)));
-    free(hp);
+    model *m;
+    TRY(model_create_desc(&m, &desc, B, dev));
+    model_init(m, 1);
+    ops_ctx *c = model_ctx(m);
+    size_t np = model_num_params(m);
     size_t nin = (size_t)B * 3 * 112 * 112, nc = (size_t)K * D;
     float *hin = malloc(nin * sizeof *hin), *hc = malloc(nc * sizeof *hc);
     int64_t *hl = malloc((size_t)B * sizeof *hl);
@@ -107,21 +90,17 @@ int main(int argc, char **argv)
         hc[i] = frand(-0.01f, 0.01f);
     for (int i = 0; i < B; i++)
         hl[i] = (int64_t)(frand(0, 1) * (float)(K - 1));
-    float *din, *dc, *dgc, *dge, *pmom, *cmom;
+    float *dc, *dgc, *dge, *pmom, *cmom;
     int64_t *dl;
-    TRY(cuda_malloc((void **)&din, nin * 4));
     TRY(cuda_malloc((void **)&dc, nc * 4));
     TRY(cuda_malloc((void **)&dgc, nc * 4));
     TRY(cuda_malloc((void **)&dge, (size_t)B * D * 4));
-    TRY(cuda_malloc((void **)&pmom, np * 4));
+    TRY(dev->mem_alloc(c, (void **)&pmom, np * 4)); /* zero-filled */
     TRY(cuda_malloc((void **)&cmom, nc * 4));
     TRY(cuda_malloc((void **)&dl, (size_t)B * 8));
-    TRY(cuda_h2d(din, hin, nin * 4));
     TRY(cuda_h2d(dc, hc, nc * 4));
     TRY(cuda_h2d(dl, hl, (size_t)B * 8));
-    TRY(cuda_fill_f32(pmom, 0, np));
     TRY(cuda_fill_f32(cmom, 0, nc));
-    free(hin);
     free(hc);
     free(hl);
     cuda_head_ws ws;
@@ -131,32 +110,34 @@ int main(int argc, char **argv)
     const float lr = 0.1f;
     for (int it = -2; it < iters; it++) { /* two warm-up steps: cuDNN algorithm search */
         if (it == 0) {
-            TRY(cuda_sync());
+            TRY(dev->sync(c));
             t0 = now();
         }
         const float *emb;
-        TRY(inet_zero_grad(n));
-        TRY(inet_forward(n, din, 1, &emb));
+        model_zero_grad(m);
+        TRY(model_forward(m, hin, B, 1, &emb));
         sample_mem();
         TRY(cuda_head_forward_backward(&hp_, &ws, emb, B, dc, K, dl, 0, &loss, NULL, dge, dgc));
-        TRY(inet_backward(n, dge, NULL));
-        TRY(cuda_sgd_step(inet_params(n), inet_grads(n), pmom, np, lr, 0.9f, 5e-4f));
+        TRY(model_backward(m, dge, NULL));
+        TRY(dev->sgd_step(c, model_params(m), model_grads(m), pmom, np, lr, 0.9f, 5e-4f));
         TRY(cuda_sgd_step(dc, dgc, cmom, nc, lr, 0.9f, 5e-4f));
         if (it == -2)
             first = loss;
     }
-    TRY(cuda_sync());
+    TRY(dev->sync(c));
     double dt = now() - t0;
     sample_mem();
-    printf("pfcps cuda %s batch %d K %d: loss %.4f -> %.4f, %d steps in %.3f s, samples/s %.2f, "
-           "peak GPU memory %.2f GiB of %.1f\n", argv[1], B, K, first, loss, iters, dt, iters * B / dt,
+    printf("pfcps %s %s batch %d K %d: loss %.4f -> %.4f, %d steps in %.3f s, samples/s %.2f, "
+           "peak GPU memory %.2f GiB of %.1f\n", dev->name, argv[1], B, K, first, loss, iters, dt, iters * B / dt,
            (double)peak_used / (1 << 30), (double)mem_total / (1 << 30));
     if (!isfinite(loss)) {
         fprintf(stderr, "bench_gpu: loss is not finite\n");
         return 1;
     }
     cuda_head_ws_free(&ws);
-    cuda_free(din); cuda_free(dc); cuda_free(dgc); cuda_free(dge); cuda_free(pmom); cuda_free(cmom); cuda_free(dl);
-    inet_free(n);
+    cuda_free(dc); cuda_free(dgc); cuda_free(dge); cuda_free(cmom); cuda_free(dl);
+    dev->mem_free(c, pmom);
+    free(hin);
+    model_free(m);
     return 0;
 }
