@@ -290,6 +290,33 @@ int main(void)
         b = sb;
     }
 
+    /* The corpus seeds (tests/model/ckpt_corpus): a version 1 file written by the earlier code and the
+     * same file turned into version 2 with two extras by a script (an independent writer of the
+     * format): both load, with the same parameters. */
+    const char *src = getenv("PFCPS_SOURCE");
+    model *w2;
+    if (src && model_create(&w2, "r18_w2", 8, 1) == 0) {
+        char p1[1024], p2[1024];
+        snprintf(p1, sizeof p1, "%s/tests/model/ckpt_corpus/valid_r18_w2_d8.ckpt", src);
+        snprintf(p2, sizeof p2, "%s/tests/model/ckpt_corpus/valid_v2_extras.ckpt", src);
+        size_t n2 = model_num_params(w2);
+        float *q1 = malloc(n2 * 4);
+        model_extra y2[2];
+        int got = -1;
+        int r1 = model_load(w2, p1);
+        memcpy(q1, model_params(w2), n2 * 4);
+        model_init(w2, 9);
+        int r2 = model_load_ex(w2, p2, y2, 2, &got);
+        int eq = !memcmp(q1, model_params(w2), n2 * 4);
+        int ok = r1 == 0 && r2 == 0 && eq && got == 2 && !strcmp(y2[1].name, "growth_tracker") &&
+                 y2[1].value == 37.0 && y2[0].value == 65536.0;
+        printf("corpus seeds: version 1 rc %d, version 2 rc %d with %d extras, same parameters: %s  %s\n", r1,
+               r2, got, eq ? "yes" : "NO", ok ? "ok" : "FAIL");
+        failures += !ok;
+        free(q1);
+        model_free(w2);
+    }
+
     unlink(path);
     unlink(bad);
     rmdir(dir);
