@@ -411,8 +411,7 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
      * makes it so whatever the initialiser does). */
     if ((rc = bb_collective(t, 1)) < 0)
         return pf_err_wrap(rc, "broadcasting the initial parameters");
-    log_info("device %s, precision %s; backbone collectives: %s; head and label/embedding collectives: fabric "
-             "ring on the CPU", t->di.name, t->di.precision, backend);
+    log_info("device %s, precision %s; backbone collectives: %s", t->di.name, t->di.precision, backend);
     log_info("backbone %s: %zu parameters (%.1f MB), embedding_size %d, batch %d", run->network, t->nparams,
              t->nparams * 4.0 / 1e6, run->embedding_size, run->batch_size);
     size_t pbytes = t->nparams * sizeof(float);
@@ -484,6 +483,9 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
             return pf_err_wrap(rc, "the side stream for class-center rows");
     }
 #endif
+    log_info("head on the %s, its collectives on %s; label allgather and sampling on the host (fabric ring)",
+             t->gpu_head ? "GPU (pfc_cuda)" : "CPU (pfc_step, host copies of the embeddings)",
+             t->gpu_head && t->have_nccl ? "NCCL" : t->W == 1 ? "nothing (one worker)" : "the fabric ring");
     log_info("head: %s margin (%.3g, %.3g, %.3g) scale %.3g, %s gradient, %s mode, sample_rate %.3g: up to %lld "
              "of %lld classes per worker per step",
              run->margin_list[1] > 0 ? "arcface" : "combined", run->margin_list[0], run->margin_list[1],
