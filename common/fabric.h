@@ -29,7 +29,10 @@
 #include <rdma/fabric.h>
 
 #define FAB_MAX_ADDR 256 /* bytes; an endpoint name from fab_getname fits (same as CTL_MAX_ADDR) */
-#define FAB_DEFAULT_TIMEOUT_S 30.0 /* post retry bound of a new context (the default ctl_timeout) */
+/* Post retry bound of a new context: 4 x the default ctl_timeout, the bound the workers already put on a
+ * data-plane wait. Large on purpose: a live peer that does not progress for a while (a worker in a long
+ * forward, its pull replies queued) must not be taken for a dead one. */
+#define FAB_DEFAULT_TIMEOUT_S 120.0
 
 typedef struct fab_ctx fab_ctx;
 
@@ -83,7 +86,7 @@ void fab_shutdown(fab_ctx *f);
 void fab_close(fab_ctx *f);
 
 /* Sets how long a posting call (fab_send, fab_recv, fab_write, fab_read) keeps retrying -FI_EAGAIN before it
- * fails with -ECOMM; seconds <= 0 restores FAB_DEFAULT_TIMEOUT_S. Daemons pass their ctl_timeout. */
+ * fails with -ECOMM; seconds <= 0 restores FAB_DEFAULT_TIMEOUT_S. Daemons pass 4 x their ctl_timeout. */
 void fab_set_timeout(fab_ctx *f, double seconds);
 
 /* The post retry bound in seconds (fab_set_timeout). */

@@ -108,9 +108,10 @@ int main(int argc, char **argv) {
         log_error("%s", pf_errmsg());
         goto out;
     }
-    /* A reply towards a worker whose endpoint is gone gives up after ctl_timeout instead of stalling the
-     * progress thread (fab_set_timeout); later replies to it fail at once. */
-    fab_set_timeout(fab, cfg.ctl_timeout);
+    /* A reply towards a worker whose endpoint is gone gives up after 4 x ctl_timeout (the workers' own bound
+     * on a data-plane wait) instead of stalling the progress thread forever; later replies to it fail at
+     * once (fab_set_timeout). */
+    fab_set_timeout(fab, 4 * (cfg.ctl_timeout > 0 ? cfg.ctl_timeout : 30));
     uint8_t addr[FAB_MAX_ADDR];
     size_t alen = sizeof(addr);
     if (fab_getname(fab, addr, &alen) < 0) {
