@@ -107,20 +107,22 @@ static int is_host(const void *p, size_t bytes)
 }
 
 /* Runs `call` (an ops_cpu entry) with the allocations its device pointer arguments (the list
- * after it) point into open, and returns its result (or the fence's error). */
-#define FENCED(entry, call, ...)                                                      \
+ * after it) point into open, and returns its result (or the fence's error). sizes: NULL, or the
+ * byte count that must follow each pointer inside its allocation. */
+#define FENCED_(entry, sizes, call, ...)                                              \
     do {                                                                              \
         const void *const p_[] = {__VA_ARGS__};                                       \
         char *b_[FENCE_MAX_ARGS];                                                     \
         _Static_assert(sizeof p_ / sizeof *p_ <= FENCE_MAX_ARGS, "too many args");    \
         int n_ = (int)(sizeof p_ / sizeof *p_);                                       \
-        int rc_ = fence_open(entry, #__VA_ARGS__, p_, NULL, n_, b_);                  \
+        int rc_ = fence_open(entry, #__VA_ARGS__, p_, sizes, n_, b_);                 \
         if (rc_)                                                                      \
             return rc_;                                                               \
         rc_ = (call);                                                                 \
         int rc2_ = fence_close(b_, n_);                                               \
         return rc_ ? rc_ : rc2_;                                                      \
     } while (0)
+#define FENCED(entry, call, ...) FENCED_(entry, NULL, call, __VA_ARGS__)
 
 /* ---- memory ---- */
 
@@ -176,20 +178,11 @@ static void f_mem_free(ops_ctx *c, void *p)
     pthread_mutex_unlock(&fence_mu);
 }
 
-/* Copies: the device side's whole byte range must lie in one allocation, the host side none. */
-#define FENCED_RANGE(entry, call, ...)                                                \
-    do {                                                                              \
-        const void *const p_[] = {__VA_ARGS__};                                       \
-        const size_t n_b_[] = {bytes, bytes};                                         \
-        char *b_[FENCE_MAX_ARGS];                                                     \
-        _Static_assert(sizeof p_ / sizeof *p_ <= FENCE_MAX_ARGS, "too many args");    \
-        int n_ = (int)(sizeof p_ / sizeof *p_);                                       \
-        int rc_ = fence_open(entry, #__VA_ARGS__, p_, n_b_, n_, b_);                  \
-        if (rc_)                                                                      \
-            return rc_;                                                               \
-        rc_ = (call);                                                                 \
-        int rc2_ = fence_close(b_, n_);                                               \
-        return rc_ ? rc_ : rc2_;                                                      \
+/* Copies: the device side's whole byte range must lie in one allocation (the host side in none). */
+#define FENCED_RANGE(entry, call, ...)                 \
+    do {                                               \
+        const size_t s_[] = {bytes, bytes};            \
+        FENCED_(entry, s_, call, __VA_ARGS__);         \
     } while (0)
 
 static int f_mem_h2d(ops_ctx *c, void *dst, const void *host_src, size_t bytes)

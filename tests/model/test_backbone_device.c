@@ -63,7 +63,7 @@ static void cmp(const char *net, const char *what, const float *got, const doubl
                rms < 1e-9 ? "max abs" : "rel", err, nan ? " (NaN: not written)" : "");
 }
 
-static void die(const char *what)
+_Noreturn static void die(const char *what)
 {
     printf("FAIL: %s: %s\n", what, pf_errmsg());
     exit(1);
@@ -301,7 +301,7 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
     double *rout = load_ref(path, "output.npy", nout, name), *rgi = load_ref(path, "grad_input.npy", nin, name);
     double *reo = load_ref(path, "eval_output.npy", nout, name);
     /* device buffers: the embedding gradient in, the input gradient out (poisoned); gradients poisoned */
-    float *dg, *dgi, *poison = malloc((np > nin ? np : nin) * sizeof(float));
+    float *dg = NULL, *dgi = NULL, *poison = malloc((np > nin ? np : nin) * sizeof(float));
     for (size_t i = 0; i < (np > nin ? np : nin); i++)
         poison[i] = NAN;
     if (dev->mem_alloc(c, (void **)&dg, nout * 4) || dev->mem_alloc(c, (void **)&dgi, nin * 4) ||

@@ -39,6 +39,24 @@ static void test_names(void)
     CHECK(!d && strstr(pf_errmsg(), "gpu9") && strstr(pf_errmsg(), "cpu-fenced"),
           "unknown name not refused clearly: '%s'", pf_errmsg());
     CHECK(!ops_device_by_name(NULL), "NULL name accepted");
+    /* every device built into this binary fills every entry of kernels/ops.h (no GPU needed) */
+    static const char *names[] = {"cpu", "cpu-fenced", "cpu-bf16", "cuda", "cuda-fp16", "cuda-bf16"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const ops_device *t = ops_device_by_name(names[i]);
+        if (!t)
+            continue;
+        int full = t->ctx_create && t->ctx_destroy && t->conv_forward && t->conv_backward &&
+                   t->bn_forward && t->bn_backward && t->prelu_forward && t->prelu_backward &&
+                   t->linear_forward && t->linear_backward && t->add_forward && t->acc &&
+                   t->act_block && t->to_plain && t->from_plain && t->dropout_forward &&
+                   t->dropout_backward && t->mem_alloc && t->mem_free && t->mem_h2d && t->mem_d2h &&
+                   t->mem_d2d && t->mem_zero && t->sync && t->sgd_step && t->adamw_step && t->scale &&
+                   t->sumsq && (t->act_bytes == 4 || t->act_bytes == 2) &&
+                   (!t->plain || t->plain->act_bytes == 4) && (t->act_bytes == 4 || t->plain);
+        printf("device %-10s act_bytes %d plain %-5s every entry filled: %s\n", t->name, t->act_bytes,
+               t->plain ? t->plain->name : "-", full ? "yes" : "NO");
+        CHECK(full, "device %s: kernels/ops.h table incomplete or inconsistent", t->name);
+    }
 }
 
 /* Memory and optimizer entries of one device. */
