@@ -41,7 +41,14 @@ if [ ! -f "$BUILD/build.ninja" ]; then
     meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dbuildtype=release $REFOPT >"$BUILD.setup.log" 2>&1 || {
         tail -30 "$BUILD.setup.log"; echo "gpu_check: meson setup failed"; exit 1; }
 fi
-TARGETS="bench/gpu/bench_gpu tests/cuda/test_cuda_ops tests/cuda/test_cuda_head tests/cuda/test_cuda_table tests/cuda/test_cuda_backbone tests/cuda/test_loss_scale tests/cuda/test_cuda_nccl tests/common/test_cuda_l2norm tests/cuda/test_cuda_half tests/cuda/test_cuda_pfc_args tests/cuda/test_cuda_pfc server/pfcps-server worker/pfcps-worker worker/data/pfcps"
+# Every executable of the cuda suite (asked from meson, so that new CUDA tests are built without listing
+# them here), the bench driver, and the daemons for the end-to-end run.
+CUDA_TESTS=$(cd "$BUILD" && meson introspect --tests . 2>/dev/null | python3 -c '
+import json, os, sys
+b = os.getcwd() + "/"
+print(" ".join(sorted({t["cmd"][0][len(b):] for t in json.load(sys.stdin)
+                       if "pfcps:cuda" in t["suite"] and t["cmd"][0].startswith(b)})))')
+TARGETS="bench/gpu/bench_gpu $CUDA_TESTS server/pfcps-server worker/pfcps-worker worker/data/pfcps"
 stamp "building $TARGETS"
 timeout 300 ninja -C "$BUILD" -j"$JOBS" $TARGETS || { echo "gpu_check: build failed"; exit 1; }
 
