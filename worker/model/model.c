@@ -540,9 +540,20 @@ static int alloc_acts(model *m)
         rc = dalloc(m, &m->acts[t].data, m->acts[t].per_sample * m->acts[t].elem * (size_t)m->B_cap);
     if (!rc && !m->input_direct)
         rc = dalloc(m, &m->in_stage, m->acts[0].per_sample * sizeof(float) * (size_t)m->B_cap);
-    if (rc)
+    if (rc) { /* release what was allocated: a later forward starts over */
+        for (int k = 0; k < m->n_pool; k++)
+            m->dev->mem_free(m->ctx, m->pool[k]);
+        for (int t = 0; t < m->n_acts; t++) {
+            m->dev->mem_free(m->ctx, m->acts[t].data);
+            m->acts[t].data = NULL;
+        }
+        m->dev->mem_free(m->ctx, m->in_stage);
+        m->in_stage = NULL;
+        free(m->pool);
+        m->pool = NULL;
         return pf_err_wrap(rc, "model %s: activations (batch %d) on device %s", m->desc.name,
                            m->B_cap, m->dev->name);
+    }
     m->acts_ready = 1;
     return 0;
 }
