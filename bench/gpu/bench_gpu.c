@@ -2,7 +2,8 @@
  * head over K class centers (forward + backward) + backbone backward + SGD on backbone parameters
  * and class centers (momentum 0.9, weight decay 5e-4), all fp32 (no TF32 unless PFCPS_CUDA_TF32=1).
  * The backbone is worker/model on ops_device_by_name("cuda"): parameters from model_init (arcface_torch's
- * initialization), the input batch uploaded from host memory each step (as the training loop does),
+ * initialization), the input batch uploaded from pinned host memory each step (as the training loop
+ * does; PyTorch's side keeps its batch on the GPU),
  * the backbone SGD through the device's sgd_step entry. The same step in PyTorch is
  * bench/gpu/iresnet_torch_gpu.py; bench/gpu_check.sh prints the ratio.
  *
@@ -82,7 +83,9 @@ int main(int argc, char **argv)
     ops_ctx *c = model_ctx(m);
     size_t np = model_num_params(m);
     size_t nin = (size_t)B * 3 * 112 * 112, nc = (size_t)K * D;
-    float *hin = malloc(nin * sizeof *hin), *hc = malloc(nc * sizeof *hc);
+    /* the input batch in pinned host memory, as a loader would hand it over (fast upload) */
+    float *hin, *hc = malloc(nc * sizeof *hc);
+    TRY(cuda_host_pinned_alloc((void **)&hin, nin * sizeof *hin));
     int64_t *hl = malloc((size_t)B * sizeof *hl);
     for (size_t i = 0; i < nin; i++)
         hin[i] = frand(-1, 1);
@@ -137,7 +140,7 @@ int main(int argc, char **argv)
     cuda_head_ws_free(&ws);
     cuda_free(dc); cuda_free(dgc); cuda_free(dge); cuda_free(cmom); cuda_free(dl);
     dev->mem_free(c, pmom);
-    free(hin);
+    cuda_host_pinned_free(hin);
     model_free(m);
     return 0;
 }
