@@ -9,7 +9,8 @@
  * First the device's memory and optimizer entries against the CPU device (kernels/ops.h): fresh
  * random inputs each run, outputs poisoned with NaN first; sgd_step, adamw_step and scale bit for bit
  * (same float32 operation order), sumsq to 1e-10 relative (the bound n * eps of a 1e5-term sum in
- * any order). Then per network one training forward
+ * any order). Then r18_w16 (and, off the CPU, mbf) against the same network on the CPU device
+ * (compare_to_cpu). Then per network one training forward
  * (output, running statistics), one backward (every parameter gradient but the fixed
  * features.weight, grad_input), one eval forward (eval_output). Each tensor's relative error
  * ||got - ref|| / ||ref|| must be <= 1e-4 (tensors whose reference is rounding noise, rms < 1e-9,
@@ -396,6 +397,80 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
     model_free(m);
 }
 
+/* A network without a PyTorch reference here (mbf: grouped and depthwise convolutions, Linear without
+ * bias, trainable BatchNorm1d), or a narrow iresnet, on the device against the same network on the CPU
+ * device: same initialization, fresh random input and embedding gradient; training forward + backward.
+ * Outputs and running statistics within 1e-3 relative, gradients within 1e-3 (1e-2 when a PReLU input
+ * of the CPU run sits within KINK_REL of the kink, or with cuDNN's fp32 batch-norm statistics). */
+static void compare_to_cpu(const ops_device *dev, const char *net, int D, int B)
+{
+    model_desc d;
+    model *mc, *md;
+    if (model_desc_from_name(&d, net, D) || model_create_desc(&mc, &d, B, &ops_cpu) ||
+        model_create_desc(&md, &d, B, dev))
+        die(net);
+    model_init(mc, 3);
+    model_init(md, 3);
+    size_t nin = (size_t)B * 3 * 112 * 112, ne = (size_t)B * D, np = model_num_params(mc);
+    size_t nb = model_num_buffer_floats(mc);
+    float *x = malloc(nin * 4), *g = malloc(ne * 4), *gin_c = malloc(nin * 4);
+    for (size_t i = 0; i < nin; i++)
+        x[i] = frand();
+    for (size_t i = 0; i < ne; i++)
+        g[i] = frand() / (float)ne;
+    const float *ec, *ed;
+    model_zero_grad(mc);
+    model_zero_grad(md);
+    float *dg, *dgin;
+    ops_ctx *c = model_ctx(md);
+    if (dev->mem_alloc(c, (void **)&dg, ne * 4) || dev->mem_alloc(c, (void **)&dgin, nin * 4) ||
+        dev->mem_h2d(c, dg, g, ne * 4))
+        die("device buffers");
+    if (model_forward(mc, x, B, 1, &ec) || model_backward(mc, g, gin_c))
+        die("cpu run");
+    size_t kinks = near_kink(mc, KINK_REL);
+    if (model_forward(md, x, B, 1, &ed))
+        die("device forward");
+    float *emb = get(md, ed, ne);
+    if (model_backward(md, dg, dgin))
+        die("device backward");
+    float *gin = get(md, dgin, nin), *gr = malloc(np * 4), *run = malloc(nb * 4);
+    if (model_get_grads(md, gr) || model_get_buffers(md, run))
+        die("device get");
+    double gtol = kinks == 0 && !fp32_stats ? 1e-3 : GRAD_TOL_KINK;
+    printf("%s D=%d B=%d on %s vs cpu: %zu PReLU inputs near the kink: gradients held to %.0e\n", net, D, B,
+           dev->name, kinks, gtol);
+    size_t most = np > nin ? np : nin;
+    double *ref = malloc(most * sizeof *ref);
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s-vs-cpu", net);
+    for (size_t i = 0; i < ne; i++)
+        ref[i] = ec[i];
+    cmp(tag, "output", emb, ref, ne, 1e-3);
+    for (size_t i = 0; i < nin; i++)
+        ref[i] = gin_c[i];
+    cmp(tag, "grad_input", gin, ref, nin, gtol);
+    const float *gc = model_grads(mc), *rc = model_buffers(mc);
+    for (int i = 0; i < model_num_tensors(mc); i++) {
+        const model_tensor *t = model_tensor_at(mc, i);
+        if (t->flags & MODEL_TENSOR_FIXED)
+            continue;
+        for (size_t k = 0; k < t->count; k++)
+            ref[k] = gc[t->offset + k];
+        char what[128];
+        snprintf(what, sizeof what, "grad %s", t->name);
+        cmp(tag, what, gr + t->offset, ref, t->count, gtol);
+    }
+    for (size_t i = 0; i < nb; i++)
+        ref[i] = rc[i];
+    cmp(tag, "running statistics", run, ref, nb, 1e-3);
+    free(ref); free(x); free(g); free(gin_c); free(emb); free(gin); free(gr); free(run);
+    dev->mem_free(c, dg);
+    dev->mem_free(c, dgin);
+    model_free(mc);
+    model_free(md);
+}
+
 int main(int argc, char **argv)
 {
     const char *which = argc > 1 ? argv[1] : "cpu-fenced";
@@ -430,6 +505,10 @@ int main(int argc, char **argv)
     printf("utilities seed %llu\n", (unsigned long long)rs);
     check_utilities(dev, c);
     dev->ctx_destroy(c);
+    /* networks against the CPU device (on a CPU device a narrow iresnet only: it is the CPU device) */
+    compare_to_cpu(dev, "r18_w16", 64, 2);
+    if (strncmp(dev->name, "cpu", 3))
+        compare_to_cpu(dev, "mbf", 64, 3);
     const char *ref = getenv("PFCPS_REFERENCE");
     if (!ref) {
         printf("SKIP: PFCPS_REFERENCE not set\n");
