@@ -1,16 +1,17 @@
 #!/bin/sh
 # GPU check for a machine with an NVIDIA GPU (CUDA 12+/13 nvcc, cuDNN 9, cuBLAS): builds pfcps with the
 # CUDA device, runs the CUDA tests (CUDA vs CPU device for every layer and the reference networks,
-# head kernels vs ../shared/reference), times the fp32 training step of r50 batch 128 (forward +
-# margin-softmax head over K = 100000 centers + backward + SGD) through the CUDA device and the same
-# step in PyTorch, and prints samples/s, peak GPU memory and the ratio pfcps/PyTorch; then trains end to
+# head kernels vs ../shared/reference), times the training step of r50 batch 128 (forward +
+# margin-softmax head over K = 100000 centers + backward + SGD) through the CUDA device in fp32 and fp16
+# (cuda-fp16) and the same step in PyTorch (fp32, fp16 autocast + GradScaler), and prints samples/s, peak
+# GPU memory and the ratios pfcps/PyTorch; then trains end to
 # end (1 server + 1 worker, device = cuda, fp16 = true, 30 steps on ORL) and checks that the loss falls.
 # Meant to finish well inside 10 minutes (each stage has its own timeout).
 #
 # Usage: bench/gpu_check.sh [build-dir]        (from anywhere; default build dir: build-gpu)
 # Env:   PFCPS_GPU_ITERS (timed steps, 20), PFCPS_GPU_K (centers, 100000), PFCPS_GPU_BATCH (128),
 #        PFCPS_TORCH_PYTHON (a python with CUDA torch), PFCPS_GPU_SKIP_TESTS=1 (timing only),
-#        PFCPS_GPU_NO_PIP=1 (never pip install torch), PFCPS_GPU_AMP=1 (also PyTorch fp16, information),
+#        PFCPS_GPU_NO_PIP=1 (never pip install torch),
 #        PFCPS_GPU_SKIP_E2E=1 (no end-to-end training run).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -68,6 +69,11 @@ P_LINE=$(timeout 240 "$BUILD/bench/gpu/bench_gpu" r50 "$BATCH" "$ITERS" "$K" 2>&
 RC_P=$?
 echo "$P_LINE"
 P=$(echo "$P_LINE" | sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p')
+stamp "pfcps: r50 batch $BATCH K $K, $ITERS steps, device cuda-fp16 (fp16 body, fp32 master weights)"
+P16_LINE=$(timeout 120 "$BUILD/bench/gpu/bench_gpu" r50 "$BATCH" "$ITERS" "$K" cuda-fp16 2>&1)
+RC_P16=$?
+echo "$P16_LINE"
+P16=$(echo "$P16_LINE" | sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p')
 
 # 4. timing: PyTorch (same step); a python with CUDA torch, or none
 PY=""
@@ -85,14 +91,16 @@ if [ -z "$PY" ] && [ "${PFCPS_GPU_NO_PIP:-0}" = 0 ]; then
         PY=$ROOT/bench/.venv/bin/python
 fi
 T=""
+T16=""
 if [ -n "$PY" ]; then
     stamp "PyTorch ($PY): r50 batch $BATCH K $K, $ITERS steps, fp32 (TF32 off)"
     T_LINE=$(timeout 240 "$PY" "$ROOT/bench/gpu/iresnet_torch_gpu.py" r50 "$BATCH" "$ITERS" "$K" 2>&1 | grep -v Warning | tail -1)
     echo "$T_LINE"
     T=$(echo "$T_LINE" | sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p')
-    if [ -n "${PFCPS_GPU_AMP:-}" ]; then
-        timeout 120 "$PY" "$ROOT/bench/gpu/iresnet_torch_gpu.py" r50 "$BATCH" "$ITERS" "$K" --amp 2>&1 | tail -1
-    fi
+    stamp "PyTorch ($PY): r50 batch $BATCH K $K, $ITERS steps, fp16 autocast + GradScaler"
+    T16_LINE=$(timeout 120 "$PY" "$ROOT/bench/gpu/iresnet_torch_gpu.py" r50 "$BATCH" "$ITERS" "$K" --amp 2>&1 | grep -v Warning | tail -1)
+    echo "$T16_LINE"
+    T16=$(echo "$T16_LINE" | sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p')
 else
     echo "PyTorch with CUDA: not available on this machine (no ratio)"
 fi
@@ -100,6 +108,10 @@ fi
 if [ -n "$P" ] && [ -n "$T" ]; then
     R=$(awk -v p="$P" -v t="$T" 'BEGIN { printf "%.3f", p / t }')
     echo "RESULT r50 fp32 batch $BATCH K $K: pfcps $P samples/s, PyTorch $T samples/s, ratio pfcps/PyTorch $R"
+fi
+if [ -n "$P16" ] && [ -n "$T16" ]; then
+    R16=$(awk -v p="$P16" -v t="$T16" 'BEGIN { printf "%.3f", p / t }')
+    echo "RESULT r50 fp16 batch $BATCH K $K: pfcps $P16 samples/s, PyTorch (amp) $T16 samples/s, ratio pfcps/PyTorch $R16"
 fi
 # 5. end to end: 1 server + 1 worker train with device = cuda, fp16 = true (cuda-fp16, NCCL, GPU head,
 #    pinned class-center rows, dynamic loss scaling) on the 40 ORL identities for 30 steps; the loss must
@@ -161,5 +173,5 @@ else
     RC_E2E=0
 fi
 
-stamp "done (tests rc $RC_TESTS, pfcps bench rc $RC_P, e2e rc $RC_E2E)"
-[ "$RC_TESTS" = 0 ] && [ "$RC_P" = 0 ] && [ "$RC_E2E" = 0 ]
+stamp "done (tests rc $RC_TESTS, pfcps bench rc $RC_P, fp16 $RC_P16, e2e rc $RC_E2E)"
+[ "$RC_TESTS" = 0 ] && [ "$RC_P" = 0 ] && [ "$RC_P16" = 0 ] && [ "$RC_E2E" = 0 ]
