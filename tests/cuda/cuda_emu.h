@@ -34,14 +34,17 @@ static emu_dim threadIdx, blockIdx, blockDim, gridDim;
 #if defined(__x86_64__) && !defined(PFCPS_EMU_UCONTEXT)
 // emu_switch(save, to): pushes the callee-saved registers, stores rsp in *save, loads `to`, pops, ret.
 extern "C" void emu_switch(void **save, void *to);
-__asm__(".text\n"
+__asm__(".pushsection .text\n" // the compiler's current section is restored below
         ".p2align 4\n"
+        ".type emu_switch, @function\n"
         "emu_switch:\n"
         "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
         "  movq %rsp, (%rdi)\n"
         "  movq %rsi, %rsp\n"
         "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
-        "  ret\n");
+        "  ret\n"
+        ".size emu_switch, .-emu_switch\n"
+        ".popsection\n");
 #endif
 
 namespace emu {
