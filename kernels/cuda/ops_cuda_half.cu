@@ -318,7 +318,6 @@ static int hbn_check(int B, int C, int HW)
     return 0;
 }
 
-
 template <typename T>
 static int hbnx_forward(hctx *c, T *out, double *save_mean, double *save_var, const T *inp,
                         const float *weight, const float *bias, float *running_mean, float *running_var,
@@ -470,7 +469,6 @@ static int h_bn_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, floa
 }
 
 /* ---- PReLU ---- */
-
 
 template <typename T>
 static int h_prelu_forward(ops_ctx *c_, float *out, const float *inp, const float *alpha, int B, int C,
