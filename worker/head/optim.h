@@ -2,7 +2,9 @@
  * clipping and arcface_torch's learning-rate schedule.
  *
  * SGD and AdamW match PyTorch's torch.optim.SGD (dampening 0, no Nesterov) and torch.optim.AdamW
- * (amsgrad off) update rules exactly, in float32 with the same operation order. */
+ * (amsgrad off) update rules exactly, in float32 with the same operation order. The loops (and the
+ * clip's sum of squares and scaling) are kernels/cpu/optim_cpu.c, shared with the CPU device's
+ * sgd_step / adamw_step / sumsq / scale entries (kernels/ops.h); these functions work on host memory. */
 #ifndef PFCPS_WORKER_HEAD_OPTIM_H
 #define PFCPS_WORKER_HEAD_OPTIM_H
 
