@@ -24,7 +24,7 @@
 #include "worker/model/model.h"
 #include "worker/train.h"
 
-static volatile int g_stop;
+static volatile sig_atomic_t g_stop; /* int on glibc: also train_opts.stop_flag */
 
 static void on_signal(int sig)
 {
@@ -150,6 +150,7 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    ctl_set_interrupt(&g_stop); /* a stop request ends the wait for the run to form */
 
     trainer *t = NULL;
     ctl_session *sess = NULL;
@@ -162,8 +163,17 @@ int main(int argc, char **argv)
     }
     log_info("fabric provider %s; joining the run at %s:%d", cfg.provider, host, port);
     pf_config run;
-    if (cli_join_run(&cfg, host, port, CTL_ROLE_WORKER, (int)rank, addr, alen, secret, &sess, &run) < 0) {
-        log_error("%s", pf_errmsg());
+    int jrc = cli_join_run(&cfg, host, port, CTL_ROLE_WORKER, (int)rank, addr, alen, secret, &sess, &run);
+    if (jrc < 0) {
+        if ((jrc == -EINTR && g_stop) || jrc == -ECANCELED) {
+            /* Stopped on request (SIGTERM/SIGINT), or server 0 shut the run down, before it formed: a
+             * normal stop, as for the servers. */
+            log_info("stopping: %s", jrc == -EINTR ? "SIGTERM/SIGINT while waiting for the run to form" : pf_errmsg());
+            log_info("stopped before the run formed");
+            exit_code = 0;
+        } else {
+            log_error("%s", pf_errmsg());
+        }
         goto out;
     }
     const ctl_book *book = ctl_session_book(sess);

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A worker that gets SIGTERM/SIGINT while the run is still forming stops at once with exit 0 (a normal
+# stop, as the servers do: tests/ps ps_mp_forming), instead of waiting out ctl_timeout (60 s here):
+#   A: nothing listens at the rendezvous yet (the worker keeps retrying the join): SIGTERM;
+#   B: server 0 is up and the worker has joined, the second worker never comes: SIGINT to the worker,
+#      then the server is stopped with SIGTERM (exit 0 as well).
+set -uo pipefail
+SERVER=$1 WORKER=$2
+TMP=$(mktemp -d)
+. "$(dirname "$0")/cluster.sh"
+PORT=$(free_port)
+cat >"$TMP/run.ini" <<INI
+[train]
+network = r18_w8
+embedding_size = 16
+batch_size = 4
+output = $TMP/out
+[data]
+rec = synthetic
+num_classes = 10
+num_image = 8
+[cluster]
+servers = 1
+workers = 2
+rendezvous = 127.0.0.1:$PORT
+secret = forming-secret
+ctl_timeout = 60
+INI
+# stop_within SIG PID LOG SECONDS: signals PID, which must exit 0 within SECONDS; prints the time taken.
+stop_within() {
+  local sig=$1 pid=$2 log=$3 lim=$4 t0 t1 rc=0
+  t0=$(date +%s.%N)
+  kill -"$sig" "$pid"
+  for ((i = 0; i < lim * 20; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$pid" 2>/dev/null && { tail -5 "$log"; fail "pid $pid still running ${lim} s after SIG$sig"; }
+  wait "$pid" || rc=$?
+  t1=$(date +%s.%N)
+  [ "$rc" -eq 0 ] || { tail -5 "$log"; fail "exit $rc after SIG$sig, expected 0"; }
+  grep -q "stopped before the run formed" "$log" || { tail -5 "$log"; fail "no 'stopped before the run formed' in $log"; }
+  awk -v a="$t0" -v b="$t1" -v s="$sig" 'BEGIN { printf "exit 0 %.2f s after SIG%s\n", b - a, s }'
+}
+
+# A: no rendezvous.
+"$WORKER" --config "$TMP/run.ini" --rank 0 >"$TMP/workerA.log" 2>&1 &
+W=$!; PIDS+=($W)
+for ((i = 0; i < 100; i++)); do grep -q "joining the run" "$TMP/workerA.log" && break; sleep 0.1; done
+sleep 0.5
+echo -n "A (no rendezvous yet): worker "; stop_within TERM "$W" "$TMP/workerA.log" 2
+
+# B: server 0 up, worker 0 joined, worker 1 never comes.
+"$SERVER" --config "$TMP/run.ini" --rank 0 >"$TMP/server.log" 2>&1 &
+S=$!; PIDS+=($S)
+"$WORKER" --config "$TMP/run.ini" --rank 0 >"$TMP/workerB.log" 2>&1 &
+W=$!; PIDS+=($W)
+for ((i = 0; i < 100; i++)); do grep -q "joining the run" "$TMP/workerB.log" && break; sleep 0.1; done
+sleep 1
+echo -n "B (joined, run incomplete): worker "; stop_within INT "$W" "$TMP/workerB.log" 2
+echo -n "B: server "; stop_within TERM "$S" "$TMP/server.log" 2
+echo PASS
