@@ -598,9 +598,45 @@ static void run_device(const ops_device *d, int bn_exact)
     gpu = NULL;
 }
 
+/* Runs without a GPU: both tables complete (every entry set), act_bytes 2, plain = ops_cuda, names,
+ * and without a GPU a clean -ENODEV from ctx_create. */
+static void test_tables(void)
+{
+    const ops_device *ds[2] = {&ops_cuda_fp16, &ops_cuda_bf16};
+    const char *names[2] = {"cuda-fp16", "cuda-bf16"};
+    for (int k = 0; k < 2; k++) {
+        const ops_device *d = ds[k];
+        int missing = !d->ctx_create + !d->ctx_destroy + !d->conv_forward + !d->conv_backward + !d->bn_forward +
+                      !d->bn_backward + !d->prelu_forward + !d->prelu_backward + !d->linear_forward +
+                      !d->linear_backward + !d->add_forward + !d->acc + !d->act_block + !d->to_plain +
+                      !d->from_plain + !d->dropout_forward + !d->dropout_backward + !d->mem_alloc + !d->mem_free +
+                      !d->mem_h2d + !d->mem_d2h + !d->mem_d2d + !d->mem_zero + !d->sync + !d->sgd_step +
+                      !d->adamw_step + !d->scale + !d->sumsq;
+        int ok = missing == 0 && d->name && !strcmp(d->name, names[k]) && d->act_bytes == 2 && d->plain == &ops_cuda &&
+                 d->act_block(64) == 1 && ops_device_by_name(names[k]) == d;
+        if (cuda_device_count() == 0) {
+            ops_ctx *c = NULL;
+            int rc = d->ctx_create(&c);
+            printf("     %s ctx_create without a GPU: %d (%s)\n", names[k], rc, pf_errmsg());
+            ok &= rc == -ENODEV && c == NULL;
+        }
+        checks++;
+        if (!ok)
+            failures++;
+        printf("%-4s %s table: %d entries missing, act_bytes %d, plain %s, by name %s\n", ok ? "ok" : "FAIL",
+               names[k], missing, d->act_bytes, d->plain ? d->plain->name : "NULL",
+               ops_device_by_name(names[k]) == d ? "yes" : "no");
+    }
+}
+
 int main(void)
 {
     test_host_format();
+    test_tables();
+    if (failures) {
+        printf("FAIL: %d of %d checks that need no GPU\n", failures, checks);
+        return 1;
+    }
     if (cuda_device_count() == 0) {
         printf("SKIP: no CUDA device (cudaGetDeviceCount is 0): cuda-fp16 / cuda-bf16 compiled and linked, "
                "not run against the CPU device\n");
