@@ -120,7 +120,9 @@ typedef struct ops_device {
      * weights); a half device converts them itself.
      * plain: the fp32 device that runs every layer after the flatten (dropout, Linear,
      * BatchNorm1d: arcface_torch keeps fc and features in fp32), or NULL when this device does it
-     * itself. The model creates a separate context for it with plain->ctx_create. */
+     * itself. The model creates a separate context for it with plain->ctx_create. The plain device
+     * must share this device's memory space: the model allocates everything with this device's
+     * mem_alloc and hands those buffers to the plain device's layers. */
     int act_bytes;
     const struct ops_device *plain;
 
@@ -128,8 +130,9 @@ typedef struct ops_device {
      * Host devices use malloc/memcpy; CUDA uses cudaMalloc / cudaMemcpy. Sizes in bytes.
      * mem_alloc: *p = zero-filled allocation (bytes 0 allocates 1). Returns 0 or -ENOMEM.
      * mem_free: NULL allowed, never fails.
-     * mem_h2d / mem_d2h / mem_d2d: copies, complete when they return (synchronous w.r.t. host
-     * memory). mem_zero: p[0..bytes) = 0. Return 0 or -EIO.
+     * mem_h2d / mem_d2h: copies, complete when they return (the host buffer may be reused).
+     * mem_d2d / mem_zero: ordered with the device's other work (on CUDA queued on the stream, not
+     * blocking the host). mem_zero: p[0..bytes) = 0. Return 0 or -EIO.
      * sync: waits for all queued work; returns the first pending device error (-EIO). */
     int (*mem_alloc)(ops_ctx *ctx, void **p, size_t bytes);
     void (*mem_free)(ops_ctx *ctx, void *p);
