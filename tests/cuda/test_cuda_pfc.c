@@ -17,7 +17,9 @@
  *  3. With 2 or more GPUs and NCCL: the production path, one rank per GPU (up to 3), pfc_cuda over
  *     coll_nccl (device buffers) next to the host pfc over coll_thread, compared with pfc_step as in
  *     part 2 (clean global and local steps, an orphan row, a bad label column). Not run with one GPU.
- * Without a GPU: "SKIP: no CUDA device" and exit 77. */
+ * Without a GPU: "SKIP: no CUDA device" and exit 77. Built twice: on the CUDA device (cuda_pfc) and on
+ * the emulated device of tests/cuda/cuda_emu_device.cpp (cuda_pfc_emu: the head's host code and kernels
+ * on the CPU, so this whole test also runs in CI; part 3 is not built there). */
 #include <dirent.h>
 #include <math.h>
 #include <pthread.h>
