@@ -16,6 +16,7 @@ extern "C" {
 #include <string.h>
 
 #include "kernels/cuda/head_kernels.cuh"
+#include "kernels/cuda/head_util_kernels.cuh"
 
 extern "C" int cuda_malloc_managed(void **p, size_t bytes)
 {
@@ -94,9 +95,6 @@ static void head_dfree(void *p) { cudaFree(p); }
 
 /* ---- gather / scatter of class-center rows ---- */
 
-/* Smallest i with an index out of range (UINT64_MAX: none). One caller at a time. */
-static __device__ unsigned long long g_bad_row;
-
 static int bad_reset(void)
 {
     unsigned long long none = ~0ull;
@@ -111,39 +109,6 @@ static int bad_check(const char *what, int64_t rows)
     if (bad != ~0ull)
         return pf_err(-ERANGE, "%s: index of row %llu outside [0, %lld)", what, bad, (long long)rows);
     return 0;
-}
-
-static __global__ void gather_k(float *out, const float *table, int64_t rows, const int64_t *idx,
-                                int64_t k, int d)
-{
-    size_t n = (size_t)k * d;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t i = e / d, j = e % d;
-        int64_t r = idx[i];
-        if (r < 0 || r >= rows) {
-            out[e] = NAN;
-            atomicMin(&g_bad_row, (unsigned long long)i);
-        } else {
-            out[e] = table[(size_t)r * d + j];
-        }
-    }
-}
-
-static __global__ void scatter_k(float *table, int64_t rows, const float *src, const int64_t *idx,
-                                 int64_t k, int d, int add)
-{
-    size_t n = (size_t)k * d;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
-        size_t i = e / d, j = e % d;
-        int64_t r = idx[i];
-        if (r < 0 || r >= rows) {
-            atomicMin(&g_bad_row, (unsigned long long)i);
-        } else if (add) {
-            atomicAdd(table + (size_t)r * d + j, src[e]);
-        } else {
-            table[(size_t)r * d + j] = src[e];
-        }
-    }
 }
 
 extern "C" int cuda_gather_rows(float *out, const float *table, int64_t rows, const int64_t *idx,
@@ -180,21 +145,6 @@ extern "C" int cuda_scatter_rows(float *table, int64_t rows, const float *src, c
 
 /* ---- optimizers (no FMA contraction: each operation rounded as on the CPU) ---- */
 
-static __global__ void sgd_k(float *w, const float *grad, float *mom, size_t n, float lr,
-                             float momentum, float wd, int use_mom)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float d = __fadd_rn(grad[i], __fmul_rn(wd, w[i]));
-        if (use_mom) {
-            float m = __fadd_rn(__fmul_rn(momentum, mom[i]), d);
-            mom[i] = m;
-            w[i] = __fsub_rn(w[i], __fmul_rn(lr, m));
-        } else {
-            w[i] = __fsub_rn(w[i], __fmul_rn(lr, d));
-        }
-    }
-}
-
 extern "C" int cuda_sgd_step(float *w, const float *grad, float *mom, size_t n, float lr,
                              float momentum, float weight_decay)
 {
@@ -206,21 +156,6 @@ extern "C" int cuda_sgd_step(float *w, const float *grad, float *mom, size_t n, 
     return 0;
 }
 
-static __global__ void adamw_k(float *w, const float *grad, float *m, float *v, size_t n, float step_size,
-                               float bc2_sqrt, float decay, float omb1, float b2, float omb2, float eps)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float g = grad[i];
-        float wi = __fmul_rn(w[i], decay);
-        float mi = __fadd_rn(m[i], __fmul_rn(__fsub_rn(g, m[i]), omb1));
-        float vi = __fadd_rn(__fmul_rn(v[i], b2), __fmul_rn(__fmul_rn(omb2, g), g));
-        float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
-        w[i] = __fsub_rn(wi, __fmul_rn(step_size, __fdiv_rn(mi, denom)));
-        m[i] = mi;
-        v[i] = vi;
-    }
-}
-
 extern "C" int cuda_adamw_step(float *w, const float *grad, float *m, float *v, size_t n, double lr,
                                double beta1, double beta2, double eps, double weight_decay, int64_t step)
 {
@@ -228,11 +163,8 @@ extern "C" int cuda_adamw_step(float *w, const float *grad, float *m, float *v, 
         return pf_err(-EINVAL, "cuda adamw: step %lld must be >= 1", (long long)step);
     if (!n)
         return 0;
-    double bc1 = 1.0 - pow(beta1, (double)step);
-    double bc2 = 1.0 - pow(beta2, (double)step);
-    adamw_k<<<grid_for(n), 256>>>(w, grad, m, v, n, (float)(lr / bc1), (float)sqrt(bc2),
-                                  (float)(1.0 - lr * weight_decay), (float)(1.0 - beta1), (float)beta2,
-                                  (float)(1.0 - beta2), (float)eps);
+    adamw_consts c = adamw_consts_of(lr, beta1, beta2, eps, weight_decay, step);
+    adamw_k<<<grid_for(n), 256>>>(w, grad, m, v, n, c.step_size, c.bc2_sqrt, c.decay, c.omb1, c.b2, c.omb2, c.eps);
     LAUNCH_CHECK("adamw_step");
     return 0;
 }
@@ -296,20 +228,6 @@ extern "C" int cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n)
 }
 
 /* ---- loss scaling: unscale + non-finite check ---- */
-
-static __device__ int g_found_inf;
-
-static __global__ void unscale_check_k(float *g, size_t n, float inv_scale)
-{
-    int bad = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float v = g[i];
-        bad |= !isfinite(v);
-        g[i] = v * inv_scale;
-    }
-    if (bad)
-        g_found_inf = 1;
-}
 
 extern "C" int cuda_unscale_check(float *grads, size_t n, float inv_scale, int *host_found_inf)
 {
