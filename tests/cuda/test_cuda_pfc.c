@@ -2,7 +2,8 @@
  * W = 1, 2, 3 ranks run as threads of this process on ONE GPU (NCCL refuses two ranks on one
  * device), their collectives through coll_thread over managed memory (the workspaces are made with
  * coll_host_memory = 1; needs concurrent managed access, else the multi-rank parts SKIP).
- *  1. Every ../shared/reference/head case (float64 PyTorch) split over W ranks by columns (column j
+ *  1. Every ../shared/reference/head case (float64 PyTorch) through the fused single-process head
+ *     (cuda_head_forward_backward) and split over W ranks by columns for cuda_head_dist (column j
  *     on rank j mod W): loss (same bits on every rank), logits and center gradients assembled from the
  *     ranks, embedding gradients summed over the ranks, each relative <= 1e-5 vs the reference.
  *     Outputs NaN-poisoned first, so an element not written fails. A label outside [-1, k) on one
@@ -270,6 +271,34 @@ static void ref_run(const refcase *c, int W, int bad_rank)
     free(gc);
     if (g)
         coll_thread_group_destroy(g);
+}
+
+/* The single-process fused head (cuda_head_forward_backward, grad scale 1/n) on the same case. */
+static void fused_run(const refcase *c)
+{
+    const int n = c->n, k = c->k, d = c->d;
+    cuda_head_ws ws;
+    if (cuda_head_ws_init(&ws, n, k, d))
+        DIE("fused head workspace");
+    float *demb = dev_up(c->emb, (size_t)n * d * sizeof(float)), *dcen = dev_up(c->cen, (size_t)k * d * sizeof(float));
+    int64_t *dlab = dev_up(c->lab, (size_t)n * sizeof(int64_t));
+    float *dlog = dev_nan((size_t)n * k), *dge = dev_nan((size_t)n * d), *dgc = dev_nan((size_t)k * d);
+    double loss = NAN;
+    int rc = cuda_head_forward_backward(&c->p, &ws, demb, n, dcen, k, dlab, 0, &loss, dlog, dge, dgc);
+    float *hl = malloc((size_t)n * k * sizeof(float)), *hge = malloc((size_t)n * d * sizeof(float)),
+          *hgc = malloc((size_t)k * d * sizeof(float));
+    down(hl, dlog, (size_t)n * k * sizeof(float));
+    down(hge, dge, (size_t)n * d * sizeof(float));
+    down(hgc, dgc, (size_t)k * d * sizeof(float));
+    double el = fabs(loss - c->rloss) / fabs(c->rloss), elog = rel_fd(hl, c->rlog, (size_t)n * k),
+           ege = rel_fd(hge, c->rge, (size_t)n * d), egc = rel_fd(hgc, c->rgc, (size_t)k * d);
+    int pass = rc == 0 && el <= TOL && elog <= TOL && ege <= TOL && egc <= TOL;
+    printf("%-4s fused %-44s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e%s%s\n",
+           pass ? "ok" : "FAIL", c->name, loss, el, elog, ege, egc, rc ? " " : "", rc ? pf_errmsg() : "");
+    CHECK(pass, "fused %s vs reference", c->name);
+    cuda_head_ws_free(&ws);
+    cuda_free(demb); cuda_free(dcen); cuda_free(dlab); cuda_free(dlog); cuda_free(dge); cuda_free(dgc);
+    free(hl); free(hge); free(hgc);
 }
 
 static int load_case(const char *dir, const char *name, refcase *c)
@@ -564,6 +593,10 @@ int main(void)
             refcase c;
             if (load_case(dir, de->d_name, &c))
                 DIE("%s/%s: cannot load", dir, de->d_name);
+#ifdef __SANITIZE_ADDRESS__
+            if (c.k <= 100)
+#endif
+                fused_run(&c);
             for (int W = 1; W <= maxw; W++) {
 #ifdef PFCPS_CUDA_EMU_DEVICE
                 /* emulated: the large N32_K1000 cases (millions of fiber switches each) at W = 3 only, and
