@@ -152,7 +152,7 @@ extern "C" int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_w
         return rc;
     double total = 0.0;
     for (int i = 0; i < n; i++) {
-        if (ws->host_row_loss[i] < 0.0)
+        if (ws->host_row_loss[i] == -INFINITY) /* head_row_k's mark of a bad label */
             return pf_err(-ERANGE, "CUDA head: the label of row %d is outside [-1, %d)", i, k);
         total += ws->host_row_loss[i];
     }

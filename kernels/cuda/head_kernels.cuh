@@ -129,7 +129,8 @@ static __device__ void merge(float &m, float &s, float m2, float s2)
 }
 
 /* One block per row i of cos (n,k): one pass computing the row's max and sum of exp(z - max) online
- * (z the margin logits), the row loss (row_loss[i] = -1 marks a label outside [-1, k)); then, when
+ * (z the margin logits), the row loss (row_loss[i] = -inf marks a label outside [-1, k): a real row loss
+ * is never -inf, while a row whose target takes all the probability may round a hair below 0); then, when
  * asked, a second sweep writing logits and/or dL/dcos in place of the cosines. */
 static __global__ void head_row_k(float *cosm, float *logits, const int64_t *labels, int k,
                                   cuda_head_params p, double g, double *row_loss, int want_grad)
@@ -184,7 +185,7 @@ static __global__ void head_row_k(float *cosm, float *logits, const int64_t *lab
         s_sh = st;
         double loss;
         if (bad)
-            loss = -1.0;
+            loss = -INFINITY;
         else if (li < 0)
             loss = LOSS_CAP;
         else {

@@ -12,7 +12,8 @@
 //     same loss bits on every rank; outputs NaN-filled first so an element not written fails;
 //  2. a label outside [-1, k) on one rank: the kernel's flag, summed, reaches every rank (row named);
 //  3. interclass filtering (tau 0.2), clamp_loss, a row whose label is -1 everywhere, exact and
-//     straight_through, global (W = 1, 3) and local mode (W = 2) vs the CPU head (worker/head/head.c,
+//     straight_through, global (W = 1 also through the fused kernel, W = 3) and local mode (W = 2, 3)
+//     vs the CPU head (worker/head/head.c,
 //     itself tested against the references) on random data (seed printed; PFCPS_TEST_SEED replays).
 #include "tests/cuda/cuda_emu.h"
 
@@ -144,7 +145,7 @@ static int emu_fused(const cuda_head_params &p, rank_io &r)
     emu_launch(n, HEAD_THREADS, [&] { head_row_k(cosm, lg, lab, k, p, 1.0 / n, rl, 1); });
     double total = 0;
     for (int i = 0; i < n; i++) {
-        if (rl[i] < 0)
+        if (rl[i] == -INFINITY) // head_row_k's mark of a bad label
             return -ERANGE;
         total += rl[i];
     }
@@ -401,6 +402,18 @@ static void cpu_case(int W, int local, int straight, int clamp)
                   egc <= 1e-5,
               "%-86s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e | no-target rows %lld",
               name, R[0].loss, el, elog, ege, egc, (long long)R[0].no_target);
+        if (W == 1) {
+            // the fused single-process kernel on the same data (grad scale 1/n, as head.c without a group)
+            std::vector<rank_io> F = split(emb.data(), cen.data(), lab.data(), n, k, d, 1);
+            rc = emu_fused(p, F[0]);
+            el = fabs(F[0].loss - closs) / fabs(closs);
+            elog = rc ? INFINITY : relf(F[0].logits.data(), clg.data(), clg.size());
+            ege = rc ? INFINITY : relf(F[0].ge.data(), cge.data(), cge.size());
+            egc = rc ? INFINITY : relf(F[0].gc.data(), cgc.data(), cgc.size());
+            check(rc == 0 && el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
+                  "fused %-80s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e (rc %d)", name, F[0].loss, el,
+                  elog, ege, egc, rc);
+        }
     } else {
         // local: rank q has its own rows (a shifted copy of the batch) and all columns; CPU head per rank
         // in one process (g = 1/n) -> expected gradients / W, loss = mean over ranks
@@ -471,6 +484,7 @@ int main()
     closedir(dp);
     check(ncase >= 24, "reference head cases found: %d", ncase);
     cpu_case(1, 0, 0, 0);
+    cpu_case(1, 0, 1, 1);
     cpu_case(3, 0, 1, 1);
     cpu_case(3, 0, 0, 0);
     cpu_case(2, 1, 0, 0);
