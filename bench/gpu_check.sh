@@ -6,13 +6,14 @@
 # (cuda-fp16) and the same step in PyTorch (fp32, fp16 autocast + GradScaler), and prints samples/s, peak
 # GPU memory and the ratios pfcps/PyTorch; then trains end to
 # end (1 server + 1 worker, device = cuda, fp16 = true, 30 steps on ORL) and checks that the loss falls.
-# Meant to finish well inside 10 minutes (each stage has its own timeout).
+# Meant to finish well inside 10 minutes: each stage has its own timeout, cut to what is left of a total
+# budget (PFCPS_GPU_BUDGET seconds, 540); a stage with under 10 s left is skipped and says so.
 #
 # Usage: bench/gpu_check.sh [build-dir]        (from anywhere; default build dir: build-gpu)
 # Env:   PFCPS_GPU_ITERS (timed steps, 20), PFCPS_GPU_K (centers, 100000), PFCPS_GPU_BATCH (128),
 #        PFCPS_TORCH_PYTHON (a python with CUDA torch), PFCPS_GPU_SKIP_TESTS=1 (timing only),
 #        PFCPS_GPU_NO_PIP=1 (never pip install torch),
-#        PFCPS_GPU_SKIP_E2E=1 (no end-to-end training run).
+#        PFCPS_GPU_SKIP_E2E=1 (no end-to-end training run), PFCPS_GPU_BUDGET (total seconds, 540).
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${1:-$ROOT/build-gpu}
@@ -21,7 +22,15 @@ K=${PFCPS_GPU_K:-100000}
 BATCH=${PFCPS_GPU_BATCH:-128}
 JOBS=$(nproc 2>/dev/null || echo 4)
 T0=$(date +%s)
+BUDGET=${PFCPS_GPU_BUDGET:-540}
 stamp() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
+# tmo CAP: seconds for the next stage, min(CAP, what is left of BUDGET); 0 when under 10 s are left.
+tmo() {
+    l=$(( T0 + BUDGET - $(date +%s) ))
+    [ "$1" -lt "$l" ] && l=$1
+    [ "$l" -lt 10 ] && l=0
+    echo "$l"
+}
 
 stamp "machine: $(uname -n); GPUs:"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "  (nvidia-smi not available)"
@@ -39,7 +48,7 @@ done
 [ -n "$REFOPT" ] || echo "gpu_check: no reference folder found (the reference tests will SKIP)"
 if [ ! -f "$BUILD/build.ninja" ]; then
     stamp "meson setup $BUILD -Dcuda=enabled $REFOPT"
-    meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dbuildtype=release $REFOPT >"$BUILD.setup.log" 2>&1 || {
+    timeout "$(tmo 90)" meson setup "$BUILD" "$ROOT" -Dcuda=enabled -Dbuildtype=release $REFOPT >"$BUILD.setup.log" 2>&1 || {
         tail -30 "$BUILD.setup.log"; echo "gpu_check: meson setup failed"; exit 1; }
 fi
 # Every executable of the cuda suite (asked from meson, so that new CUDA tests are built without listing
@@ -51,27 +60,43 @@ print(" ".join(sorted({t["cmd"][0][len(b):] for t in json.load(sys.stdin)
                        if "pfcps:cuda" in t["suite"] and t["cmd"][0].startswith(b)})))')
 TARGETS="bench/gpu/bench_gpu $CUDA_TESTS server/pfcps-server worker/pfcps-worker worker/data/pfcps"
 stamp "building $TARGETS"
-timeout 300 ninja -C "$BUILD" -j"$JOBS" $TARGETS || { echo "gpu_check: build failed"; exit 1; }
+S=$(tmo 240)
+[ "$S" -gt 0 ] && timeout "$S" ninja -C "$BUILD" -j"$JOBS" $TARGETS || { echo "gpu_check: build failed"; exit 1; }
 
 # 2. correctness: the cuda suite (SKIPs here mean no GPU was visible: reported, never counted as a pass)
 RC_TESTS=0
 if [ "${PFCPS_GPU_SKIP_TESTS:-0}" = 0 ]; then
     stamp "meson test --suite cuda (NVIDIA_TF32_OVERRIDE=0: fp32 everywhere)"
     export NVIDIA_TF32_OVERRIDE=0
-    timeout 240 meson test -C "$BUILD" --no-rebuild --suite cuda --print-errorlogs || RC_TESTS=1
+    S=$(tmo 150)
+    if [ "$S" -gt 0 ]; then
+        timeout "$S" meson test -C "$BUILD" --no-rebuild --suite cuda --print-errorlogs || RC_TESTS=1
+    else
+        echo "gpu_check: no time left for the cuda suite"; RC_TESTS=1
+    fi
     grep -hE '^(FAIL|SKIP)|kink' "$BUILD/meson-logs/testlog.txt" | head -60
     grep -hE 'checks failed|networks,' "$BUILD/meson-logs/testlog.txt"
 fi
 
 # 3. timing: pfcps CUDA device
 stamp "pfcps: r50 batch $BATCH K $K, $ITERS steps"
-P_LINE=$(timeout 240 "$BUILD/bench/gpu/bench_gpu" r50 "$BATCH" "$ITERS" "$K" 2>&1)
-RC_P=$?
+S=$(tmo 90)
+if [ "$S" -gt 0 ]; then
+    P_LINE=$(timeout "$S" "$BUILD/bench/gpu/bench_gpu" r50 "$BATCH" "$ITERS" "$K" 2>&1)
+    RC_P=$?
+else
+    P_LINE="gpu_check: no time left for the fp32 bench"; RC_P=1
+fi
 echo "$P_LINE"
 P=$(echo "$P_LINE" | sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p')
 stamp "pfcps: r50 batch $BATCH K $K, $ITERS steps, device cuda-fp16 (fp16 body, fp32 master weights)"
-P16_LINE=$(timeout 120 "$BUILD/bench/gpu/bench_gpu" r50 "$BATCH" "$ITERS" "$K" cuda-fp16 2>&1)
-RC_P16=$?
+S=$(tmo 90)
+if [ "$S" -gt 0 ]; then
+    P16_LINE=$(timeout "$S" "$BUILD/bench/gpu/bench_gpu" r50 "$BATCH" "$ITERS" "$K" cuda-fp16 2>&1)
+    RC_P16=$?
+else
+    P16_LINE="gpu_check: no time left for the fp16 bench"; RC_P16=1
+fi
 echo "$P16_LINE"
 P16=$(echo "$P16_LINE" | sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p')
 
@@ -84,25 +109,27 @@ for cand in "${PFCPS_TORCH_PYTHON:-}" "$ROOT/bench/.venv/bin/python" python3; do
         break
     fi
 done
-if [ -z "$PY" ] && [ "${PFCPS_GPU_NO_PIP:-0}" = 0 ]; then
+if [ -z "$PY" ] && [ "${PFCPS_GPU_NO_PIP:-0}" = 0 ] && [ "$(tmo 60)" -gt 0 ]; then
     stamp "no python with CUDA torch; trying pip install torch into $ROOT/bench/.venv"
-    (python3 -m venv "$ROOT/bench/.venv" && timeout 240 "$ROOT/bench/.venv/bin/pip" install --quiet torch) >/dev/null 2>&1 &&
+    (python3 -m venv "$ROOT/bench/.venv" && timeout "$(tmo 60)" "$ROOT/bench/.venv/bin/pip" install --quiet --timeout 10 --retries 1 torch) >/dev/null 2>&1 &&
         "$ROOT/bench/.venv/bin/python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null &&
         PY=$ROOT/bench/.venv/bin/python
 fi
 T=""
 T16=""
-if [ -n "$PY" ]; then
+T16_LINE=""
+if [ -n "$PY" ] && [ "$(tmo 60)" -gt 0 ]; then
     stamp "PyTorch ($PY): r50 batch $BATCH K $K, $ITERS steps, fp32 (TF32 off)"
-    T_LINE=$(timeout 240 "$PY" "$ROOT/bench/gpu/iresnet_torch_gpu.py" r50 "$BATCH" "$ITERS" "$K" 2>&1 | grep -v Warning | tail -1)
+    T_LINE=$(timeout "$(tmo 90)" "$PY" "$ROOT/bench/gpu/iresnet_torch_gpu.py" r50 "$BATCH" "$ITERS" "$K" 2>&1 | grep -v Warning | tail -1)
     echo "$T_LINE"
     T=$(echo "$T_LINE" | sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p')
     stamp "PyTorch ($PY): r50 batch $BATCH K $K, $ITERS steps, fp16 autocast + GradScaler"
-    T16_LINE=$(timeout 120 "$PY" "$ROOT/bench/gpu/iresnet_torch_gpu.py" r50 "$BATCH" "$ITERS" "$K" --amp 2>&1 | grep -v Warning | tail -1)
+    S=$(tmo 90)
+    [ "$S" -gt 0 ] && T16_LINE=$(timeout "$S" "$PY" "$ROOT/bench/gpu/iresnet_torch_gpu.py" r50 "$BATCH" "$ITERS" "$K" --amp 2>&1 | grep -v Warning | tail -1)
     echo "$T16_LINE"
     T16=$(echo "$T16_LINE" | sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p')
 else
-    echo "PyTorch with CUDA: not available on this machine (no ratio)"
+    echo "PyTorch with CUDA: not available on this machine, or no time left (no ratio)"
 fi
 
 if [ -n "$P" ] && [ -n "$T" ]; then
@@ -117,7 +144,9 @@ fi
 #    pinned class-center rows, dynamic loss scaling) on the 40 ORL identities for 30 steps; the loss must
 #    fall (mean of the last 5 steps below 80% of the first 5); samples/s and peak GPU memory printed.
 RC_E2E=1
-if [ "${PFCPS_GPU_SKIP_E2E:-0}" = 0 ]; then
+if [ "${PFCPS_GPU_SKIP_E2E:-0}" = 0 ] && [ "$(tmo 120)" -lt 30 ]; then
+    echo "gpu_check: no time left for the end-to-end run"
+elif [ "${PFCPS_GPU_SKIP_E2E:-0}" = 0 ]; then
     E2E=$(mktemp -d)
     stamp "end to end: device = cuda, fp16 = true, r50 batch 64, ORL 40 identities, 30 steps (in $E2E)"
     if "$BUILD/worker/data/pfcps" pack --quiet "$ROOT/data/orl" "$E2E/train" >"$E2E/pack.log" 2>&1; then
@@ -149,7 +178,7 @@ INI
         POLL=$!
         "$BUILD/server/pfcps-server" --config "$E2E/run.ini" --rank 0 >"$E2E/server.log" 2>&1 &
         SPID=$!
-        timeout 240 "$BUILD/worker/pfcps-worker" --config "$E2E/run.ini" --rank 0 --max-steps 30 --trace "$E2E/trace" \
+        timeout "$(tmo 120)" "$BUILD/worker/pfcps-worker" --config "$E2E/run.ini" --rank 0 --max-steps 30 --trace "$E2E/trace" \
             >"$E2E/worker.log" 2>&1
         RC_W=$?
         kill -TERM "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null
