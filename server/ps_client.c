@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <rdma/fi_errno.h>
+
 #include "common/err.h"
 #include "common/fabric.h"
 
@@ -14,13 +16,17 @@ enum { MB_SEND = 1, MB_RECV = 2 };
 enum { RQ_PULL = 1, RQ_PUSH = 2, RQ_STAT = 3, RQ_CHECKSUM = 4, RQ_RAW = 5 };
 
 #define SLAB 16
+#define PROBE_AFTER_S 1.0  /* a server silent this long while messages wait for it gets a liveness probe */
+#define CHECK_EVERY_S 0.01 /* how often progress() looks at the servers' silence */
 
-/* A registered message buffer; its address is the completion context. */
+/* A registered message buffer; its address is the completion context. A send buffer remembers the message
+ * (slot index and generation) it carries, so an error completion of the send fails that message. */
 typedef struct mbuf {
     int kind;
     uint8_t *data;
     fab_mr *mr;
     struct mbuf *next_free;
+    uint32_t slot, gen;
 } mbuf;
 
 typedef struct slab {
@@ -35,6 +41,7 @@ typedef struct slot {
     ps_req *req;
     uint32_t gen;
     int in_use;
+    int server; /* the server the message went to */
     size_t off; /* pull: index into req->order of the message's first row */
     uint32_t n;
 } slot;
@@ -58,7 +65,9 @@ struct ps_req {
     int to_send;         /* messages not yet sent */
     int remaining;       /* messages not yet answered */
     int queued;
-    int abandoned;             /* timed out inside a library call: freed when its replies are in */
+    int fatal;                 /* failed on this side (transport, resources): ps_wait returns at once */
+    int probe;                 /* an internal liveness probe (stat) of server raw_server */
+    int abandoned;             /* given up by its caller (timeout, early failure): freed when its replies are in */
     struct ps_req *next_ab;
     int raw_server;
     uint8_t *raw;
@@ -80,8 +89,36 @@ struct ps_client {
     size_t nfree_slots;
     int inflight;
     ps_req *sendq_head, *sendq_tail;
-    ps_req *abandoned; /* requests given up by stat/checksum/raw after a timeout */
+    ps_req *abandoned; /* requests given up by their caller with messages still in flight; probes */
+    int posted_recvs;  /* receives posted and not completed: kept >= inflight (any-source, shared) */
+    double timeout;    /* post retry bound and liveness-probe deadline (ps_client_set_timeout) */
+    double last_check;
+    int new_deaths;    /* a server was marked dead since the send queue was last swept */
+    /* Per server: */
+    uint8_t *srv_dead;  /* unreachable: every later request touching it fails at once */
+    char **srv_why;     /* what failed, for those later errors */
+    int *srv_out;       /* request messages in flight to it (probes not counted) */
+    double *srv_heard;  /* last reply from it (or when messages started waiting for it) */
+    ps_req **srv_probe; /* its probe in flight, or NULL */
+    double *srv_probe_t;
 };
+
+static const char *op_name(const ps_req *r) {
+    if (r->probe) return "liveness probe (stat)";
+    switch (r->op) {
+    case RQ_PULL: return "pull";
+    case RQ_PUSH: return "push";
+    case RQ_STAT: return "stat";
+    case RQ_CHECKSUM: return "checksum";
+    default: return "raw";
+    }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static mbuf *get_buf(ps_client *c) {
     if (!c->free_bufs) {
@@ -94,7 +131,7 @@ static mbuf *get_buf(ps_client *c) {
             return NULL;
         }
         for (int i = 0; i < SLAB; i++) {
-            s->bufs[i] = (mbuf){0, s->mem + (size_t)i * c->msg_bytes, &s->mr, c->free_bufs};
+            s->bufs[i] = (mbuf){0, s->mem + (size_t)i * c->msg_bytes, &s->mr, c->free_bufs, 0, 0};
             c->free_bufs = &s->bufs[i];
         }
         s->next = c->slabs;
@@ -141,15 +178,32 @@ int ps_client_create(const ps_client_opts *opts, ps_client **out) {
     if (c->o.window <= 0) c->o.window = 8 * opts->servers < 64 ? 8 * opts->servers : 64;
     c->msg_bytes = ps_wire_msg_bytes((uint32_t)opts->dim);
     c->rpm = ps_wire_rows_per_msg((uint32_t)opts->dim, opts->dtype);
-    c->srv_addr = calloc(opts->servers, sizeof(fi_addr_t));
-    c->srv_known = calloc(opts->servers, 1);
-    int rc = (!c->srv_addr || !c->srv_known) ? pf_err(-ENOMEM, "out of memory") : fab_open(opts->provider, &c->fab);
+    c->timeout = FAB_DEFAULT_TIMEOUT_S;
+    const size_t S = (size_t)opts->servers;
+    c->srv_addr = calloc(S, sizeof(fi_addr_t));
+    c->srv_known = calloc(S, 1);
+    c->srv_dead = calloc(S, 1);
+    c->srv_why = calloc(S, sizeof(char *));
+    c->srv_out = calloc(S, sizeof(int));
+    c->srv_heard = calloc(S, sizeof(double));
+    c->srv_probe = calloc(S, sizeof(ps_req *));
+    c->srv_probe_t = calloc(S, sizeof(double));
+    int rc = (!c->srv_addr || !c->srv_known || !c->srv_dead || !c->srv_why || !c->srv_out || !c->srv_heard ||
+              !c->srv_probe || !c->srv_probe_t)
+                 ? pf_err(-ENOMEM, "out of memory")
+                 : fab_open(opts->provider, &c->fab);
     if (rc < 0) {
         ps_client_destroy(c);
         return rc;
     }
+    fab_set_timeout(c->fab, c->timeout);
     *out = c;
     return 0;
+}
+
+void ps_client_set_timeout(ps_client *c, double seconds) {
+    c->timeout = seconds > 0 ? seconds : FAB_DEFAULT_TIMEOUT_S;
+    fab_set_timeout(c->fab, c->timeout);
 }
 
 int ps_client_getname(ps_client *c, void *addr, size_t *len) { return fab_getname(c->fab, addr, len); }
@@ -181,26 +235,139 @@ static void req_fail(ps_req *r, int code, const char *msg) {
     }
 }
 
-/* Builds and sends one message of request r for server s; posts the receive for its reply. */
+/* A failure found on this side (the message could not go out, or its server is gone): the request cannot
+ * complete, so ps_wait returns the error without waiting for the other servers' replies. */
+static void req_fail_fatal(ps_req *r, int code, const char *msg) {
+    req_fail(r, code, msg);
+    r->fatal = 1;
+}
+
+/* Takes r out of the send queue, dropping its messages not yet sent. */
+static void unqueue(ps_client *c, ps_req *r) {
+    if (!r->queued) return;
+    ps_req *prev = NULL;
+    for (ps_req *q = c->sendq_head; q; prev = q, q = q->next)
+        if (q == r) {
+            if (prev) prev->next = r->next;
+            else c->sendq_head = r->next;
+            if (c->sendq_tail == r) c->sendq_tail = prev;
+            break;
+        }
+    r->queued = 0;
+    for (int s = 0; s < c->o.servers; s++) {
+        int left = r->nchunks[s] - r->next_chunk[s];
+        r->next_chunk[s] = r->nchunks[s];
+        r->to_send -= left;
+        r->remaining -= left;
+    }
+}
+
+/* The caller gives r up (timeout, early failure): nothing is written to its buffers any more; r is freed now
+ * when no message is in flight, else when the last one is answered or failed (or at ps_client_destroy). */
+static void abandon(ps_client *c, ps_req *r) {
+    unqueue(c, r);
+    r->out = NULL;
+    r->result = NULL;
+    if (r->remaining <= 0) {
+        req_free(r);
+        return;
+    }
+    r->abandoned = 1;
+    r->next_ab = c->abandoned;
+    c->abandoned = r;
+}
+
+/* Message in slot si is finished (answered, or failed for good): releases the slot and accounts it. */
+static void slot_done(ps_client *c, uint32_t si) {
+    slot *sl = &c->slots[si];
+    ps_req *r = sl->req;
+    int s = sl->server;
+    sl->in_use = 0;
+    sl->req = NULL;
+    c->free_slots[c->nfree_slots++] = si;
+    c->inflight--;
+    if (r->probe) {
+        if (c->srv_probe[s] == r) c->srv_probe[s] = NULL;
+    } else {
+        c->srv_out[s]--;
+    }
+    r->remaining--;
+    if (r->abandoned && r->remaining <= 0) {
+        for (ps_req **pp = &c->abandoned; *pp; pp = &(*pp)->next_ab)
+            if (*pp == r) {
+                *pp = r->next_ab;
+                break;
+            }
+        req_free(r);
+    }
+}
+
+/* Server s is unreachable (a send to it failed, or it stopped answering probes): every message in flight to
+ * it fails its request with -ECOMM "server s: <why>", and every later request touching it fails at once. */
+static void server_dead(ps_client *c, int s, const char *why) {
+    if (c->srv_dead[s]) return;
+    c->srv_dead[s] = 1;
+    c->srv_why[s] = strdup(why);
+    c->new_deaths = 1;
+    char msg[PF_ERRMSG_MAX];
+    snprintf(msg, sizeof(msg), "server %d: %s", s, why);
+    for (uint32_t si = 0; si < c->nslots; si++) {
+        slot *sl = &c->slots[si];
+        if (!sl->in_use || sl->server != s) continue;
+        req_fail_fatal(sl->req, -ECOMM, msg);
+        slot_done(c, si);
+    }
+}
+
+/* The error of a request that needs server s after it was found unreachable. */
+static int dead_err(ps_client *c, int s, const char *what) {
+    return pf_err(-ECOMM, "server %d: unreachable since an earlier failure (%s): %s not sent", s,
+                  c->srv_why[s] ? c->srv_why[s] : "out of memory", what);
+}
+
+/* Keeps at least `need` receives posted: replies are any-source, so one posted buffer per message in flight
+ * is what guarantees every reply a place to land (a receive that completes with an error is replaced). */
+static int ensure_recvs(ps_client *c, int need) {
+    while (c->posted_recvs < need) {
+        mbuf *b = get_buf(c);
+        if (!b) return pf_err(-ENOMEM, "out of memory for receive buffers");
+        b->kind = MB_RECV;
+        int rc = fab_recv(c->fab, b->data, c->msg_bytes, b->mr, b);
+        if (rc < 0) {
+            put_buf(c, b);
+            return rc;
+        }
+        c->posted_recvs++;
+    }
+    return 0;
+}
+
+/* Builds and sends one message of request r for server s (a receive for its reply is posted first).
+ * Returns 0 or a negative code with pf_errmsg naming the server. A post that fails with -ECOMM (the fabric's
+ * retry bound ran out, see fab_send) marks the server dead. */
 static int send_one(ps_client *c, ps_req *r, int s) {
-    mbuf *sb = get_buf(c), *rb = sb ? get_buf(c) : NULL;
+    if (c->srv_dead[s]) return dead_err(c, s, op_name(r));
+    mbuf *sb = get_buf(c);
     uint32_t si;
-    if (!sb || !rb || get_slot(c, &si) < 0) {
+    if (!sb || get_slot(c, &si) < 0) {
         if (sb) put_buf(c, sb);
-        if (rb) put_buf(c, rb);
-        return pf_err(-ENOMEM, "out of memory for message buffers");
+        return pf_err(-ENOMEM, "server %d: out of memory for message buffers", s);
+    }
+    int rc = ensure_recvs(c, c->inflight + 1);
+    if (rc < 0) {
+        put_buf(c, sb);
+        c->free_slots[c->nfree_slots++] = si;
+        return pf_err_wrap(rc, "server %d: posting a receive for the %s reply", s, op_name(r));
     }
     slot *sl = &c->slots[si];
-    sl->in_use = 1;
     sl->gen++;
-    sl->req = r;
     ps_hdr h = {.magic = PS_MAGIC, .version = PS_VERSION, .client = c->o.rank, .step = r->step,
                 .dim = (uint32_t)c->o.dim, .dtype = (uint32_t)c->o.dtype, .lr = r->lr};
     h.req_id = ((uint64_t)sl->gen << 32) | si;
     size_t len = sizeof(ps_hdr);
     const size_t D = (size_t)c->o.dim;
+    int k = r->next_chunk[s];
     if (r->op == RQ_PULL || r->op == RQ_PUSH) {
-        int k = r->next_chunk[s]++;
         size_t lo = r->srv_off[s] + (size_t)k * c->rpm, hi = lo + c->rpm;
         if (hi > r->srv_off[s + 1]) hi = r->srv_off[s + 1];
         h.op = r->op == RQ_PULL ? PS_OP_PULL : PS_OP_PUSH;
@@ -229,25 +396,44 @@ static int send_one(ps_client *c, ps_req *r, int s) {
         len = r->raw_len < c->msg_bytes ? r->raw_len : c->msg_bytes;
         memcpy(sb->data, r->raw, len);
         if (len >= 24) memcpy(sb->data + 16, &h.req_id, 8);
-        r->next_chunk[s]++;
     } else {
         h.op = r->op == RQ_STAT ? PS_OP_STAT : PS_OP_CHECKSUM;
         memcpy(sb->data, &h, sizeof(h));
-        r->next_chunk[s]++;
     }
     sb->kind = MB_SEND;
-    rb->kind = MB_RECV;
-    int rc = fab_recv(c->fab, rb->data, c->msg_bytes, rb->mr, rb);
-    if (rc == 0) rc = fab_send(c->fab, c->srv_addr[s], sb->data, len, sb->mr, sb);
+    sb->slot = si;
+    sb->gen = sl->gen;
+    rc = fab_send(c->fab, c->srv_addr[s], sb->data, len, sb->mr, sb);
     if (rc < 0) {
-        sl->in_use = 0;
         c->free_slots[c->nfree_slots++] = si;
         put_buf(c, sb);
-        return rc;
+        char why[PF_ERRMSG_MAX];
+        if (r->probe)
+            snprintf(why, sizeof(why), "no reply for %.1f s while %d request messages waited, and a liveness probe "
+                     "(stat) could not be sent: %s", now_s() - c->srv_heard[s], c->srv_out[s], pf_errmsg());
+        else
+            snprintf(why, sizeof(why), "%s request send failed: %s", op_name(r), pf_errmsg());
+        if (rc == -ECOMM) server_dead(c, s, why);
+        return pf_err(rc, "server %d: %s", s, why);
     }
+    sl->in_use = 1;
+    sl->req = r;
+    sl->server = s;
+    r->next_chunk[s]++;
     c->inflight++;
     r->to_send--;
+    if (!r->probe && c->srv_out[s]++ == 0) c->srv_heard[s] = now_s(); /* its silence counts from now */
     return 0;
+}
+
+/* Fails the messages of request r for server s that were not sent yet (they never will be). */
+static void fail_unsent(ps_req *r, int s, int code, const char *msg) {
+    int left = r->nchunks[s] - r->next_chunk[s];
+    if (left <= 0) return;
+    req_fail_fatal(r, code, msg);
+    r->next_chunk[s] = r->nchunks[s];
+    r->to_send -= left;
+    r->remaining -= left;
 }
 
 /* Sends queued messages while the window allows. */
@@ -258,14 +444,7 @@ static void pump(ps_client *c) {
         for (int s = 0; s < c->o.servers && c->inflight < c->o.window; s++) {
             if (r->next_chunk[s] >= r->nchunks[s]) continue;
             int rc = send_one(c, r, s);
-            if (rc < 0) {
-                /* Account the unsent messages as failed so the request completes with the error. */
-                req_fail(r, rc, pf_errmsg());
-                int left = r->nchunks[s] - r->next_chunk[s];
-                r->next_chunk[s] = r->nchunks[s];
-                r->to_send -= left;
-                r->remaining -= left;
-            }
+            if (rc < 0) fail_unsent(r, s, rc, pf_errmsg()); /* the request completes with the error */
             sent = 1;
         }
         if (r->to_send <= 0) {
@@ -278,16 +457,52 @@ static void pump(ps_client *c) {
     }
 }
 
+/* After a server was marked dead: queued requests fail their unsent messages for it now, not when the window
+ * lets them reach it. */
+static void sweep_queue(ps_client *c) {
+    if (!c->new_deaths) return;
+    c->new_deaths = 0;
+    for (ps_req *r = c->sendq_head; r; r = r->next)
+        for (int s = 0; s < c->o.servers; s++)
+            if (c->srv_dead[s] && r->next_chunk[s] < r->nchunks[s]) {
+                dead_err(c, s, op_name(r));
+                fail_unsent(r, s, -ECOMM, pf_errmsg());
+            }
+    /* Requests with nothing left to send leave the queue (pump only looks at its head). */
+    ps_req *prev = NULL;
+    for (ps_req *r = c->sendq_head; r;) {
+        ps_req *nx = r->next;
+        if (r->to_send <= 0) {
+            if (prev) prev->next = nx;
+            else c->sendq_head = nx;
+            if (c->sendq_tail == r) c->sendq_tail = prev;
+            r->queued = 0;
+        } else {
+            prev = r;
+        }
+        r = nx;
+    }
+}
+
+/* The slot a reply (or a truncated one) names, or NULL when stale or foreign. */
+static slot *reply_slot(ps_client *c, const uint8_t *buf, size_t len, ps_hdr *h, uint32_t *si) {
+    if (len < sizeof(*h)) return NULL;
+    memcpy(h, buf, sizeof(*h));
+    *si = (uint32_t)(h->req_id & 0xffffffffu);
+    uint32_t gen = (uint32_t)(h->req_id >> 32);
+    if (h->magic != PS_MAGIC || h->op != PS_OP_REPLY || *si >= c->nslots || !c->slots[*si].in_use ||
+        c->slots[*si].gen != gen)
+        return NULL;
+    return &c->slots[*si];
+}
+
 static void handle_reply(ps_client *c, const uint8_t *buf, size_t len) {
     ps_hdr h;
-    if (len < sizeof(h)) return;
-    memcpy(&h, buf, sizeof(h));
-    uint32_t si = (uint32_t)(h.req_id & 0xffffffffu), gen = (uint32_t)(h.req_id >> 32);
-    if (h.magic != PS_MAGIC || h.op != PS_OP_REPLY || si >= c->nslots || !c->slots[si].in_use ||
-        c->slots[si].gen != gen)
-        return; /* stale or foreign: ignore */
-    slot *sl = &c->slots[si];
+    uint32_t si;
+    slot *sl = reply_slot(c, buf, len, &h, &si);
+    if (!sl) return; /* stale or foreign: ignore */
     ps_req *r = sl->req;
+    c->srv_heard[sl->server] = now_s();
     const uint8_t *p = buf + sizeof(h);
     size_t plen = len - sizeof(h);
     if (h.status != 0) {
@@ -299,8 +514,10 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len) {
     } else if (r->op == RQ_PULL) {
         const size_t D = (size_t)c->o.dim, dts = ps_dtype_size(c->o.dtype);
         if (h.n != sl->n || plen != (size_t)h.n * D * dts) {
-            req_fail(r, -EPROTO, "pull reply has the wrong size");
-        } else {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "server %d: pull reply has the wrong size", sl->server);
+            req_fail(r, -EPROTO, msg);
+        } else if (r->out) { /* NULL once the caller gave the request up */
             for (uint32_t i = 0; i < h.n; i++) {
                 float *dst = r->out + r->order[sl->off + i] * D;
                 const uint8_t *src = p + (size_t)i * D * dts;
@@ -321,17 +538,56 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len) {
         if (plen >= sizeof(uint64_t)) memcpy(r->result, p, sizeof(uint64_t));
         else req_fail(r, -EPROTO, "short checksum reply");
     }
-    sl->in_use = 0;
-    c->free_slots[c->nfree_slots++] = si;
-    c->inflight--;
-    r->remaining--;
-    if (r->abandoned && r->remaining <= 0 && !r->queued) {
-        for (ps_req **pp = &c->abandoned; *pp; pp = &(*pp)->next_ab)
-            if (*pp == r) {
-                *pp = r->next_ab;
-                break;
+    slot_done(c, si);
+}
+
+/* A receive completed with an error (e.g. -ETRUNC). Receives are any-source, so it names a request only when
+ * enough of a reply header landed; that request fails. The receive itself is replaced by ensure_recvs. */
+static void handle_recv_error(ps_client *c, const uint8_t *buf, size_t len, int err) {
+    ps_hdr h;
+    uint32_t si;
+    slot *sl = reply_slot(c, buf, len, &h, &si);
+    if (!sl) return;
+    char msg[PF_ERRMSG_MAX];
+    snprintf(msg, sizeof(msg), "server %d: receiving the %s reply failed: %s", sl->server, op_name(sl->req),
+             fi_strerror(-err));
+    req_fail_fatal(sl->req, err == -FI_ETRUNC ? -EPROTO : -ECOMM, msg);
+    slot_done(c, si);
+}
+
+/* A send completed with an error: its server's endpoint is closed or unreachable. */
+static void handle_send_error(ps_client *c, const mbuf *b, int err) {
+    if (b->slot >= c->nslots) return;
+    slot *sl = &c->slots[b->slot];
+    if (!sl->in_use || sl->gen != b->gen) return; /* its message was already failed */
+    char why[PF_ERRMSG_MAX];
+    snprintf(why, sizeof(why), "%s request send failed: %s", op_name(sl->req), fi_strerror(-err));
+    server_dead(c, sl->server, why);
+}
+
+/* Sends a liveness probe (a stat request, outside the window) to server s. */
+static void send_probe(ps_client *c, int s, double now);
+
+/* Servers with messages waiting and no reply for PROBE_AFTER_S (capped at a quarter of the timeout) get a
+ * probe; a probe unanswered for the client's timeout marks its server dead. This bounds every wait on a
+ * reply: a server killed after it received a request produces no completion on this side at all. */
+static void check_liveness(ps_client *c) {
+    double now = now_s();
+    if (now - c->last_check < CHECK_EVERY_S) return;
+    c->last_check = now;
+    double after = c->timeout / 4 < PROBE_AFTER_S ? c->timeout / 4 : PROBE_AFTER_S;
+    for (int s = 0; s < c->o.servers; s++) {
+        if (c->srv_dead[s] || !c->srv_known[s]) continue;
+        if (c->srv_probe[s]) {
+            if (now - c->srv_probe_t[s] > c->timeout) {
+                char why[PF_ERRMSG_MAX];
+                snprintf(why, sizeof(why), "no reply to a liveness probe (stat) within %.1f s while %d request "
+                         "messages waited for it", c->timeout, c->srv_out[s]);
+                server_dead(c, s, why);
             }
-        req_free(r);
+        } else if (c->srv_out[s] > 0 && now - c->srv_heard[s] > after) {
+            send_probe(c, s, now);
+        }
     }
 }
 
@@ -342,17 +598,20 @@ static int progress(ps_client *c) {
     for (int i = 0; i < n; i++) {
         mbuf *b = comps[i].context;
         if (!b) continue;
-        if (b->kind == MB_RECV && comps[i].err == 0) handle_reply(c, b->data, comps[i].len);
-        put_buf(c, b);
+        if (b->kind == MB_RECV) {
+            c->posted_recvs--;
+            if (comps[i].err == 0) handle_reply(c, b->data, comps[i].len);
+            else handle_recv_error(c, b->data, comps[i].len, comps[i].err);
+        } else if (comps[i].err != 0) {
+            handle_send_error(c, b, comps[i].err);
+        }
+        put_buf(c, b); /* the provider is done with it */
     }
+    check_liveness(c);
+    sweep_queue(c);
+    ensure_recvs(c, c->inflight); /* on failure the next call tries again */
     pump(c);
     return n;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void enqueue_req(ps_client *c, ps_req *r) {
@@ -377,6 +636,24 @@ static ps_req *req_alloc(ps_client *c, int op, int64_t step) {
         return NULL;
     }
     return r;
+}
+
+static void send_probe(ps_client *c, int s, double now) {
+    ps_req *r = req_alloc(c, RQ_STAT, 0);
+    if (!r) return; /* out of memory: the next check tries again */
+    r->probe = 1;
+    r->raw_server = s;
+    r->nchunks[s] = 1;
+    r->to_send = r->remaining = 1;
+    if (send_one(c, r, s) < 0) { /* -ECOMM marked the server dead; anything else: tried again later */
+        req_free(r);
+        return;
+    }
+    r->abandoned = 1; /* nobody waits for it: freed when answered or failed */
+    r->next_ab = c->abandoned;
+    c->abandoned = r;
+    c->srv_probe[s] = r;
+    c->srv_probe_t[s] = now;
 }
 
 typedef struct sort_key {
@@ -441,6 +718,11 @@ int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step
         size_t cnt = r->srv_off[s + 1] - r->srv_off[s];
         r->nchunks[s] = (int)((cnt + c->rpm - 1) / c->rpm);
         r->to_send += r->nchunks[s];
+        if (r->nchunks[s] && c->srv_dead[s]) {
+            rc = dead_err(c, s, "pull");
+            req_free(r);
+            return rc;
+        }
     }
     r->remaining = r->to_send;
     *req = r;
@@ -478,6 +760,11 @@ int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, floa
         }
         r->nchunks[s] = (int)k;
         r->to_send += (int)k;
+        if (c->srv_dead[s]) {
+            rc = dead_err(c, s, "push");
+            req_free(r);
+            return rc;
+        }
     }
     r->remaining = r->to_send;
     *req = r;
@@ -487,20 +774,18 @@ int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, floa
 
 int ps_test(ps_client *c, ps_req *r) {
     progress(c);
-    return r->remaining <= 0;
+    return r->remaining <= 0 || r->fatal;
 }
 
 int ps_wait(ps_client *c, ps_req *r, double timeout_s) {
     double t0 = now_s();
     int idle = 0;
-    while (r->remaining > 0) {
+    while (r->remaining > 0 && !r->fatal) {
         int n = progress(c);
         if (n < 0) {
-            /* CQ failure: the request cannot complete. */
-            int rc = n;
-            if (r->queued) return rc; /* still referenced by the send queue; leave it */
-            req_free(r);
-            return rc;
+            /* CQ failure: the request cannot complete. Its messages in flight still reference it. */
+            abandon(c, r);
+            return n;
         }
         if (n == 0 && ++idle > 100) {
             if (timeout_s >= 0 && now_s() - t0 > timeout_s)
@@ -513,9 +798,11 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s) {
             idle = 0;
         }
     }
+    /* Done, or failed on this side: the error is returned now, replies still due from live servers are
+     * dropped when they come (abandon). */
     int rc = r->status;
     if (rc < 0) pf_err(rc, "%s", r->err);
-    req_free(r);
+    abandon(c, r);
     return rc;
 }
 
@@ -533,18 +820,18 @@ static int simple_op(ps_client *c, int s, int op, void *result, const void *raw,
         memcpy(r->raw, raw, raw_len);
         r->raw_len = raw_len;
     }
+    if (c->srv_dead[s]) {
+        int rc = dead_err(c, s, op_name(r));
+        req_free(r);
+        return rc;
+    }
     r->nchunks[s] = 1;
     r->to_send = r->remaining = 1;
     enqueue_req(c, r);
     int rc = ps_wait(c, r, timeout_s);
-    if (rc == -ETIMEDOUT) {
-        /* The reply may still come: never write to the caller's result then; free it when it does (or at
-         * ps_client_destroy). */
-        r->result = NULL;
-        r->abandoned = 1;
-        r->next_ab = c->abandoned;
-        c->abandoned = r;
-    }
+    /* The reply may still come: never write to the caller's result then; free it when it does (or at
+     * ps_client_destroy). */
+    if (rc == -ETIMEDOUT) abandon(c, r);
     return rc;
 }
 
@@ -599,5 +886,12 @@ void ps_client_destroy(ps_client *c) {
     free(c->free_slots);
     free(c->srv_addr);
     free(c->srv_known);
+    for (int s = 0; c->srv_why && s < c->o.servers; s++) free(c->srv_why[s]);
+    free(c->srv_why);
+    free(c->srv_dead);
+    free(c->srv_out);
+    free(c->srv_heard);
+    free(c->srv_probe);
+    free(c->srv_probe_t);
     free(c);
 }

@@ -12,7 +12,21 @@
  * rows). Under BSP the pull of step t+1 completes only after all W workers pushed step t.
  *
  * Errors: negative errno codes; pf_errmsg() has the text (for server-side errors, the server's message:
- * "server 1: id 99 at index 3 is >= num_classes 50"). */
+ * "server 1: id 99 at index 3 is >= num_classes 50").
+ *
+ * Dead servers: a server whose endpoint is gone (killed, closed) fails the requests that need it with -ECOMM
+ * and a message naming it and what failed ("server 1: push request send failed: Transport endpoint is not
+ * connected"), promptly, not at the caller's ps_wait timeout. It is found unreachable when a send to it
+ * completes with an error, when a post to it cannot go out within the client's timeout (fab_send's bounded
+ * retry, ps_client_set_timeout), or when it leaves a liveness probe unanswered for that timeout: a server
+ * silent for 1 s (or a quarter of the timeout, if less) while messages wait for it is sent a stat request as
+ * a probe, which also catches a server killed after it received a request (no completion ever comes for that
+ * on this side). With libfabric 1.17's tcp;ofi_rxm, messages in flight when a server dies complete with
+ * errors at once; a request sent just after it died is taken by the dead connection without an error, and
+ * later posts to it stay -FI_EAGAIN, so that case ends after the silence plus the timeout. From then on every
+ * request touching the server fails at once (ps_pull / ps_push / ps_stat_get / ps_checksum / ps_raw return
+ * -ECOMM, nothing sent); requests to the other servers keep working. A client never marks a server alive
+ * again. */
 #ifndef PFCPS_SERVER_PS_CLIENT_H
 #define PFCPS_SERVER_PS_CLIENT_H
 
@@ -50,20 +64,26 @@ int ps_client_warmup(ps_client *c, double timeout_s);
 /* Starts pulling rows ids[0..n) into out (n x D floats, row i of out = class ids[i]; converted from the
  * wire dtype). ids may be in any order and may repeat; each must be in [0, C) (else -ERANGE, nothing
  * sent). ids and out must stay valid until ps_wait returns. step: the worker's current step (>= 0).
- * Returns 0 and *req, or a negative code. */
+ * Returns 0 and *req, or a negative code (-ECOMM, nothing sent, when a server holding one of the ids is known
+ * to be unreachable). */
 int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step, ps_req **req);
 
 /* Starts pushing row gradients grads (n x D floats, row i for class ids[i]) with learning rate lr for step
  * `step`; sends a (possibly empty) push to every server. The inputs are copied before ps_push returns.
- * Returns 0 and *req, -ERANGE for a bad id, or another negative code. */
+ * Returns 0 and *req, -ERANGE for a bad id, -ECOMM (nothing sent) when any server is known to be unreachable,
+ * or another negative code. */
 int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step, ps_req **req);
 
-/* Waits up to timeout_s seconds (< 0: forever) for req. Returns 0 when every server answered OK, the first
- * server error (pf_errmsg has the server's text), or -ETIMEDOUT (req stays valid: wait again). Any
- * return other than -ETIMEDOUT frees req. */
+/* Waits up to timeout_s seconds (< 0: no limit) for req. Returns 0 when every server answered OK, the first
+ * server error (pf_errmsg has the server's text), -ECOMM as soon as a server the request needs is found
+ * unreachable (see "Dead servers" above; so even with no limit a dead server ends the wait within about the
+ * client's timeout, while a live server holding a pull for its step is waited for), another negative code
+ * for a failure on this side, or -ETIMEDOUT (req stays valid: wait again). Any return other than -ETIMEDOUT
+ * releases req: replies still due from other servers are dropped when they come, never written to the
+ * request's buffers, so they may be freed at once. */
 int ps_wait(ps_client *c, ps_req *req, double timeout_s);
 
-/* Makes progress; returns 1 when req is complete (then call ps_wait to collect it), 0 if not yet. */
+/* Makes progress; returns 1 when req is complete or has failed (then call ps_wait to collect it), 0 if not yet. */
 int ps_test(ps_client *c, ps_req *req);
 
 /* Server s's counters (ps_stat in ps_wire.h). Returns 0 or a negative code. */
@@ -76,6 +96,15 @@ int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s);
  * the req_id, when len >= 24) and waits for the reply. Returns the reply's status (0 or the server's negative
  * code, with its message in pf_errmsg) or -ETIMEDOUT when no reply came (e.g. a message too short to answer). */
 int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s);
+
+/* Sets the client's bound, in seconds, on a post to a server that cannot go out (fab_set_timeout of its
+ * endpoint) and on a liveness probe's reply (see "Dead servers" above); seconds <= 0 restores the default,
+ * FAB_DEFAULT_TIMEOUT_S (120 s). Must exceed the longest time a live server may take to answer a stat: its
+ * progress thread answers at once, but a reply waits for one of the server's send buffers, which another
+ * worker that does not progress for a while (a long forward with large pulls outstanding) can hold, and a
+ * checksum of a huge shard blocks the progress thread. A post towards an unreachable server holds the calling
+ * ps_* function for up to this bound (ps_wait may then return -ECOMM later than its own timeout). */
+void ps_client_set_timeout(ps_client *c, double seconds);
 
 /* Closes the endpoint and frees everything (outstanding requests included). NULL is a no-op. */
 void ps_client_destroy(ps_client *c);
