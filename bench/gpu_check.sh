@@ -80,7 +80,7 @@ fi
 
 # 3. timing: pfcps CUDA device
 stamp "pfcps: r50 batch $BATCH K $K, $ITERS steps"
-S=$(tmo 90)
+S=$(tmo 120)
 if [ "$S" -gt 0 ]; then
     P_LINE=$(timeout "$S" "$BUILD/bench/gpu/bench_gpu" r50 "$BATCH" "$ITERS" "$K" 2>&1)
     RC_P=$?
@@ -90,7 +90,7 @@ fi
 echo "$P_LINE"
 P=$(echo "$P_LINE" | sed -n 's/.*samples\/s \([0-9.]*\).*/\1/p')
 stamp "pfcps: r50 batch $BATCH K $K, $ITERS steps, device cuda-fp16 (fp16 body, fp32 master weights)"
-S=$(tmo 90)
+S=$(tmo 120)
 if [ "$S" -gt 0 ]; then
     P16_LINE=$(timeout "$S" "$BUILD/bench/gpu/bench_gpu" r50 "$BATCH" "$ITERS" "$K" cuda-fp16 2>&1)
     RC_P16=$?
