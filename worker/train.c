@@ -303,6 +303,9 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     t->S = run->servers;
     /* Under BSP a pull waits for the slowest worker's push, so allow several control timeouts. */
     t->wait_s = 4 * (run->ctl_timeout > 0 ? run->ctl_timeout : 30);
+    /* A dead server is declared (-ECOMM naming it) once it leaves a send or a liveness probe unanswered for
+     * the same bound (ps_client.h); not less: a live server's reply can wait on another worker's long step. */
+    ps_client_set_timeout(t->ps, t->wait_s);
     if (book->num_workers != t->W || book->num_servers != t->S)
         return pf_err(-EPROTO, "address book has %d servers / %d workers, run config says %d / %d",
                       book->num_servers, book->num_workers, t->S, t->W);
