@@ -121,7 +121,16 @@ int coll_nccl_create(const uint8_t id[CUDA_NCCL_ID_BYTES], int rank, int world_s
         im->comm = NULL;
         cudaFree(im->one);
         free(im);
-        return pf_err(-EIO, "NCCL comm init (rank %d of %d) failed: %s", rank, world_size, ncclGetErrorString(r));
+        /* ncclGetLastError: NCCL's own detail (e.g. "Duplicate GPU detected": NCCL refuses two ranks of one
+         * communicator on the same GPU, so run one worker per GPU) */
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+        const char *detail = ncclGetLastError(NULL);
+#else
+        const char *detail = NULL;
+#endif
+        return pf_err(-EIO, "NCCL comm init (rank %d of %d) failed: %s%s%s%s", rank, world_size,
+                      ncclGetErrorString(r), detail && *detail ? " (" : "", detail && *detail ? detail : "",
+                      detail && *detail ? ")" : "");
     }
     out->ops = &nccl_ops;
     out->rank = rank;
