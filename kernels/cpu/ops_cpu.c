@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "kernels/conv_cache.h"
 #include "kernels/cpu/optim_cpu.h"
 
 #define DN(call)                                                                        \
@@ -59,14 +60,12 @@ typedef struct conv_entry {
     slot f_src, f_wei, f_dst;
     slot d_dsrc, d_wei, d_ddst;
     slot w_src, w_dwei, w_ddst;
-    int has_bwd;
 } conv_entry;
 
 struct ops_ctx {
     dnnl_engine_t eng;
     dnnl_stream_t stream;
-    conv_entry **conv;
-    int nconv, capconv;
+    conv_cache conv;
     float *scratch; /* for accumulating outputs of libraries that overwrite */
     size_t scratch_cap;
 };
@@ -175,10 +174,10 @@ static void conv_mds(const ops_conv_shape *s, dnnl_memory_desc_t *src, dnnl_memo
     }
 }
 
-static void conv_entry_free(conv_entry *e)
+/* Releases what conv_build_fwd/bwd made (conv_cache_fns.release). */
+static void conv_entry_release(void *entry)
 {
-    if (!e)
-        return;
+    conv_entry *e = entry;
     slot *slots[] = {&e->f_src, &e->f_wei, &e->f_dst, &e->d_dsrc, &e->d_wei, &e->d_ddst,
                      &e->w_src, &e->w_dwei, &e->w_ddst};
     for (size_t i = 0; i < sizeof slots / sizeof *slots; i++)
@@ -187,13 +186,15 @@ static void conv_entry_free(conv_entry *e)
     if (e->bwd_data) dnnl_primitive_destroy(e->bwd_data);
     if (e->bwd_w) dnnl_primitive_destroy(e->bwd_w);
     if (e->fwd_pd) dnnl_primitive_desc_destroy(e->fwd_pd);
-    free(e);
 }
 
 #define QMD(pd, what) dnnl_primitive_desc_query_md((pd), (what), 0)
 
-static int conv_build_fwd(ops_ctx *c, conv_entry *e)
+static int conv_build_fwd(void *dev, void *entry, const ops_conv_shape *shape)
 {
+    ops_ctx *c = dev;
+    conv_entry *e = entry;
+    e->s = *shape;
     const ops_conv_shape *s = &e->s;
     dnnl_memory_desc_t su, wu, du, sa, wa, da;
     conv_mds(s, &su, &wu, &du, 0);
@@ -215,8 +216,10 @@ static int conv_build_fwd(ops_ctx *c, conv_entry *e)
     return 0;
 }
 
-static int conv_build_bwd(ops_ctx *c, conv_entry *e)
+static int conv_build_bwd(void *dev, void *entry)
 {
+    ops_ctx *c = dev;
+    conv_entry *e = entry;
     const ops_conv_shape *s = &e->s;
     dnnl_memory_desc_t su, wu, du, sa, wa, da;
     conv_mds(s, &su, &wu, &du, 0);
@@ -253,53 +256,23 @@ static int conv_build_bwd(ops_ctx *c, conv_entry *e)
     else if (st != dnnl_success)
         rc = pf_err(-EIO, "oneDNN convolution backward-weights primitive: status %d", (int)st);
     dnnl_primitive_desc_destroy(pd);
-    if (rc)
-        return rc;
-    e->has_bwd = 1;
-    return 0;
+    return rc;
 }
+
+static const conv_cache_fns conv_fns = {
+    .entry_size = sizeof(conv_entry),
+    .build_fwd = conv_build_fwd,
+    .build_bwd = conv_build_bwd,
+    .release = conv_entry_release,
+    .what = "conv",
+};
 
 static int conv_get(ops_ctx *c, const ops_conv_shape *s, int need_bwd, conv_entry **out)
 {
-    for (int i = 0; i < c->nconv; i++) {
-        if (!memcmp(&c->conv[i]->s, s, sizeof *s)) {
-            conv_entry *e = c->conv[i];
-            if (need_bwd && !e->has_bwd) {
-                int rc = conv_build_bwd(c, e);
-                if (rc)
-                    return rc;
-            }
-            *out = e;
-            return 0;
-        }
-    }
-    ops_conv_shape chk;
-    int rc = ops_conv_shape_init(&chk, s->B, s->C, s->H, s->W, s->OC, s->K, s->stride, s->pad,
-                                 s->groups);
-    if (rc)
-        return rc;
-    if (chk.OH != s->OH || chk.OW != s->OW)
-        return pf_err(-EINVAL, "conv shape: OH/OW not derived (use ops_conv_shape_init)");
-    if (c->nconv == c->capconv) {
-        int cap = c->capconv ? 2 * c->capconv : 32;
-        conv_entry **n = realloc(c->conv, (size_t)cap * sizeof *n);
-        if (!n)
-            return pf_err(-ENOMEM, "conv cache: out of memory");
-        c->conv = n;
-        c->capconv = cap;
-    }
-    conv_entry *e = calloc(1, sizeof *e);
-    if (!e)
-        return pf_err(-ENOMEM, "conv cache: out of memory");
-    e->s = *s;
-    if ((rc = conv_build_fwd(c, e)) || (need_bwd && (rc = conv_build_bwd(c, e)))) {
-        conv_entry_free(e);
-        return pf_err_wrap(rc, "conv B=%d C=%d %dx%d OC=%d K=%d stride %d groups %d", s->B, s->C,
-                           s->H, s->W, s->OC, s->K, s->stride, s->groups);
-    }
-    c->conv[c->nconv++] = e;
+    void *e = NULL;
+    int rc = conv_cache_get(&c->conv, &conv_fns, c, s, need_bwd, &e);
     *out = e;
-    return 0;
+    return rc;
 }
 
 static int cpu_conv_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
@@ -711,9 +684,7 @@ static void cpu_ctx_destroy(ops_ctx *c)
 {
     if (!c)
         return;
-    for (int i = 0; i < c->nconv; i++)
-        conv_entry_free(c->conv[i]);
-    free(c->conv);
+    conv_cache_clear(&c->conv, &conv_fns);
     free(c->scratch);
     if (c->stream)
         dnnl_stream_destroy(c->stream);

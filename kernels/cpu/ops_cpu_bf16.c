@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "kernels/conv_cache.h"
 
 enum { SX, SY, SW, SDX, SDW, NSLOT };
 
@@ -95,18 +96,6 @@ static int check_act(const char *what, int B, int C, int HW)
     return 0;
 }
 
-static int check_conv(const ops_conv_shape *s)
-{
-    ops_conv_shape chk;
-    int rc = ops_conv_shape_init(&chk, s->B, s->C, s->H, s->W, s->OC, s->K, s->stride, s->pad,
-                                 s->groups);
-    if (rc)
-        return rc;
-    if (chk.OH != s->OH || chk.OW != s->OW)
-        return pf_err(-EINVAL, "cpu-bf16 conv shape: OH/OW not derived (use ops_conv_shape_init)");
-    return 0;
-}
-
 /* w (n) = weight rounded to bf16 (autocast's half copy of the fp32 master weight). */
 static void round_weights(float *w, const float *weight, size_t n)
 {
@@ -117,7 +106,7 @@ static void round_weights(float *w, const float *weight, size_t n)
 static int bf_conv_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
                            const ops_conv_shape *s)
 {
-    int rc = check_conv(s);
+    int rc = conv_shape_check(s, "cpu-bf16 ");
     if (rc)
         return rc;
     size_t nin = (size_t)s->B * s->C * s->H * s->W, nout = (size_t)s->B * s->OC * s->OH * s->OW;
@@ -137,7 +126,7 @@ static int bf_conv_forward(ops_ctx *c, float *out, const float *inp, const float
 static int bf_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, const float *dout,
                             const float *inp, const float *weight, const ops_conv_shape *s)
 {
-    int rc = check_conv(s);
+    int rc = conv_shape_check(s, "cpu-bf16 ");
     if (rc)
         return rc;
     if (!dinp && !dweight)
