@@ -457,8 +457,9 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     if ((rc = head_parse_margin_grad(run->margin_grad, &hp.margin_grad)) < 0 ||
         (rc = head_parse_mode(run->head_mode, &hp.mode)) < 0)
         return rc;
-    if ((rc = pfc_init(&t->head, &hp, &t->coll, run->num_classes, run->sample_rate, (uint64_t)run->seed,
-                       run->batch_size, run->embedding_size)) < 0)
+    /* On cuda the head runs on the GPU (pfc_cuda): the host pfc only samples, without the CPU head's workspace. */
+    if ((rc = pfc_init_flags(&t->head, &hp, &t->coll, run->num_classes, run->sample_rate, (uint64_t)run->seed,
+                             run->batch_size, run->embedding_size, t->di.cuda ? PFC_NO_HOST_HEAD : 0)) < 0)
         return rc;
     t->have_head = 1;
     size_t kd = (size_t)t->head.k_max * (size_t)run->embedding_size, bd = (size_t)run->batch_size * run->embedding_size;

@@ -224,6 +224,30 @@ int main(void)
     ok = pfc_init(&x, &p, NULL, C, 0.0, 1, B, D) == -EINVAL;
     printf("%s sample_rate 0: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
     fails += !ok;
+
+    /* PFC_NO_HOST_HEAD (GPU workers): the same sample as a full pfc at a sample rate that leaves
+     * negatives to draw, no host head workspace, and pfc_step refused. */
+    {
+        pfc full, samp;
+        const int64_t *ids_f, *ids_s;
+        int64_t k_f = -1, k_s = -2;
+        int rf = pfc_init(&full, &p, NULL, C, 0.5, 9, B, D);
+        int rs = pfc_init_flags(&samp, &p, NULL, C, 0.5, 9, B, D, PFC_NO_HOST_HEAD);
+        if (rf == 0) rf = pfc_sample(&full, 7, good, &ids_f, &k_f);
+        if (rs == 0) rs = pfc_sample(&samp, 7, good, &ids_s, &k_s);
+        ok = rf == 0 && rs == 0 && k_f == k_s && k_f > B && k_f < C && !memcmp(ids_f, ids_s, (size_t)k_f * sizeof *ids_f) &&
+             !memcmp(full.labels_local, samp.labels_local, B * sizeof(int64_t)) && samp.ws.cos == NULL &&
+             samp.k_max == full.k_max;
+        printf("%s PFC_NO_HOST_HEAD samples as a full pfc (k %lld of %d, no workspace)\n", ok ? "ok  " : "FAIL",
+               (long long)k_s, C);
+        fails += !ok;
+        rs = pfc_step(&samp, emb, table, &loss, gemb, gcen);
+        ok = rs == -EINVAL && strstr(pf_errmsg(), "PFC_NO_HOST_HEAD");
+        printf("%s PFC_NO_HOST_HEAD refuses pfc_step: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
+        fails += !ok;
+        pfc_free(&full);
+        pfc_free(&samp);
+    }
     printf("%s (%d failures)\n", fails ? "FAIL" : "PASS", fails);
     return fails ? 1 : 0;
 }

@@ -22,6 +22,12 @@ void pfc_free(pfc *x)
 int pfc_init(pfc *x, const head_params *params, pf_coll *coll, int64_t num_classes, double sample_rate,
              uint64_t seed, int64_t batch, int64_t d)
 {
+    return pfc_init_flags(x, params, coll, num_classes, sample_rate, seed, batch, d, 0);
+}
+
+int pfc_init_flags(pfc *x, const head_params *params, pf_coll *coll, int64_t num_classes, double sample_rate,
+                   uint64_t seed, int64_t batch, int64_t d, unsigned flags)
+{
     memset(x, 0, sizeof *x);
     if (!params) return pf_err(-EINVAL, "pfc: no head params");
     if (num_classes <= 0) return pf_err(-EINVAL, "pfc: num_classes %lld is not positive", (long long)num_classes);
@@ -43,16 +49,19 @@ int pfc_init(pfc *x, const head_params *params, pf_coll *coll, int64_t num_class
     int64_t part = global ? sample_partition_size(num_classes, x->world_size, x->rank) : num_classes;
     int64_t kmax = sample_count(sample_rate, part), pmax = x->n < part ? x->n : part;
     x->k_max = kmax > pmax ? kmax : pmax;
+    x->host_head = !(flags & PFC_NO_HOST_HEAD);
     x->labels_all = malloc((size_t)x->n * sizeof(int64_t));
     x->labels_local = malloc((size_t)x->n * sizeof(int64_t));
-    if (global) {
+    if (global && x->host_head) {
         x->emb_all = malloc((size_t)(x->n * d) * sizeof(float));
         x->grad_all = malloc((size_t)(x->n * d) * sizeof(float));
     }
-    if (!x->labels_all || !x->labels_local || (global && (!x->emb_all || !x->grad_all))) {
+    if (!x->labels_all || !x->labels_local || (global && x->host_head && (!x->emb_all || !x->grad_all))) {
         pfc_free(x);
         return pf_err(-ENOMEM, "pfc: out of memory for a global batch of %lld x %lld", (long long)batch, (long long)d);
     }
+    if (!x->host_head)
+        return 0;
     int rc = head_ws_init(&x->ws, x->n, x->k_max, d);
     if (rc < 0) {
         pfc_free(x);
@@ -93,6 +102,9 @@ int pfc_step(pfc *x, const float *embeddings, const float *centers, double *loss
              float *grad_centers)
 {
     if (!x->sampled) return pf_err(-EINVAL, "pfc: pfc_step without pfc_sample for this step");
+    if (!x->host_head)
+        return pf_err(-EINVAL, "pfc: created with PFC_NO_HOST_HEAD (sampling only): the head step runs elsewhere "
+                      "(pfc_cuda_step)");
     int rc;
     int global = x->params.mode == HEAD_MODE_GLOBAL && x->world_size > 1;
     size_t bd = (size_t)(x->batch * x->d);

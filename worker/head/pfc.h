@@ -41,6 +41,7 @@ typedef struct pfc {
     head_ws ws;
     int sampled;
     int64_t step;          /* of the last pfc_sample */
+    int host_head;         /* 0: created with PFC_NO_HOST_HEAD (no emb_all, grad_all, ws) */
 } pfc;
 
 /* Sets up a worker's Partial FC state: params (head_params.mode chooses global/local), the group
@@ -50,6 +51,14 @@ typedef struct pfc {
  * Returns 0, -EINVAL naming the bad argument, -ENOMEM. */
 int pfc_init(pfc *x, const head_params *params, pf_coll *coll, int64_t num_classes, double sample_rate,
              uint64_t seed, int64_t batch, int64_t d);
+
+/* pfc_init with flags. PFC_NO_HOST_HEAD: sampling only (pfc_sample, labels_local, k_max), for a worker whose
+ * head runs on the GPU (worker/head/pfc_cuda.h): the host head's workspace (n x k_max floats of cosines,
+ * ~5 GB per worker at 100M classes) and the global-mode embedding buffers are not allocated, and pfc_step
+ * returns -EINVAL. */
+#define PFC_NO_HOST_HEAD 1u
+int pfc_init_flags(pfc *x, const head_params *params, pf_coll *coll, int64_t num_classes, double sample_rate,
+                   uint64_t seed, int64_t batch, int64_t d, unsigned flags);
 
 /* Step 1-2: labels (B) of this worker's batch for global step `step`. Sets *ids (sorted global class ids
  * to pull, owned by x) and *k. Errors: -ERANGE for a label outside [0, C) (message names the row; in
