@@ -39,6 +39,7 @@ static void on_signal(int sig)
 typedef struct ctl_watch {
     ctl_session *sess;
     volatile int done;
+    volatile int broken; /* a member was lost or the control connection broke: the run did not complete */
     double grace_s;
 } ctl_watch;
 
@@ -51,6 +52,8 @@ static void *ctl_watch_main(void *arg)
             continue;
         if (w->done)
             break;
+        if (r != 1)
+            w->broken = 1;
         if (r == 1)
             log_error("the rendezvous (server 0) shut the run down: stopping");
         else if (r == -ENOLINK)
@@ -202,6 +205,12 @@ int main(int argc, char **argv)
     }
     if (rc_train < 0) {
         log_error("%s", pf_errmsg());
+        goto out;
+    }
+    if (watch.broken) {
+        /* The step in progress finished (e.g. a server stopped by SIGTERM answered it first), but a member
+         * is gone: the run stopped short of its end, which is a failure, not a requested stop. */
+        log_error("training stopped early: a member of the run was lost (see above)");
         goto out;
     }
     exit_code = 0;
