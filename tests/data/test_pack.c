@@ -269,6 +269,22 @@ static void test_orl(const char *orl)
     }
 }
 
+/* first_class + identities past 2^48: refused, and the message counts the identities of the folder (it
+ * said "+ 0 identities": the list was freed before the message was formatted). dir/faces has 3. */
+static void test_first_class_limit(void)
+{
+    char in[400], out[400];
+    snprintf(in, sizeof in, "%s/faces", dir);
+    snprintf(out, sizeof out, "%s/limit/train", dir);
+    pack_opts po;
+    pack_opts_default(&po);
+    po.first_class = (INT64_C(1) << 48) - 2;
+    pack_stats st;
+    int rc = pack_dir(in, out, &po, &st);
+    CHECK(rc == -EINVAL && strstr(pf_errmsg(), "first_class 281474976710654 + 3 identities exceeds 2^48"),
+          "first_class 2^48-2 with 3 identities: rc %d, message '%s'", rc, pf_errmsg());
+}
+
 /* The pfcps binary itself. */
 static void test_cli(const char *orl)
 {
@@ -307,6 +323,7 @@ int main(void)
     if (!fx_tmpdir(dir, sizeof dir)) { perror("mkdtemp"); return 1; }
     test_roundtrip(orl);
     test_orl(orl);
+    test_first_class_limit();
     test_cli(orl);
     fx_rmdir(dir);
     printf("%s: %d failures\n", fx_failures ? "FAIL" : "PASS", fx_failures);

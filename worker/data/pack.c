@@ -233,8 +233,9 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
         ids.n = (size_t)o->max_identities;
     }
     if ((uint64_t)o->first_class + ids.n - 1 > REC_ID2_CLASS_MASK) {
+        rc = pf_err(-EINVAL, "first_class %" PRId64 " + %zu identities exceeds 2^48", o->first_class, ids.n);
         names_free(&ids);
-        return pf_err(-EINVAL, "first_class %" PRId64 " + %zu identities exceeds 2^48", o->first_class, ids.n);
+        return rc;
     }
     files = calloc(ids.n, sizeof *files);
     if (!files) { names_free(&ids); return pf_err(-ENOMEM, "out of memory"); }
