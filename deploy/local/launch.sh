@@ -102,6 +102,8 @@ for p in "${server_pids[@]}"; do
 done
 if [ "$rc" -ne 0 ]; then
   echo "launch: failed with status $rc; logs in $out/logs" >&2
-  for f in "$out"/logs/*.log; do echo "--- tail $f" >&2; tail -5 "$f" >&2; done
+  # This run's logs only: the folder may hold more from an earlier run with more servers or workers.
+  for ((r = 0; r < S; r++)); do echo "--- tail $out/logs/server$r.log" >&2; tail -5 "$out/logs/server$r.log" >&2; done
+  for ((r = 0; r < W; r++)); do echo "--- tail $out/logs/worker$r.log" >&2; tail -5 "$out/logs/worker$r.log" >&2; done
 fi
 exit "$rc"

@@ -59,6 +59,14 @@ logs_are "$TMP/out dir/x y/logs" "server0.log server1.log server2.log worker0.lo
 grep -q "no join secret" "$TMP/out dir/x y/logs/worker0.log" || fail "worker 0 did not run with this config"
 [ -z "$(ls -d "$TMP"/\"* 2>/dev/null)" ] || fail "a folder named with quotes was created: $(ls -d "$TMP"/\"*)"
 
+# A failed run shows the tails of its own logs only, not of the server2.log / worker1.log left in the same
+# folder by the 3 + 2 run above.
+run_launch "$TMP/launch4.out" -c "$TMP/run.ini" --set servers=1 --set workers=1; rc=$?
+[ "$rc" -ne 0 ] || fail "launcher exit 0 although every daemon refused (no secret)"
+grep -qF -- "--- tail $TMP/out dir/x y/logs/server0.log" "$TMP/launch4.out" || fail "failure tail lacks server0.log"
+grep -qF -- "--- tail $TMP/out dir/x y/logs/worker0.log" "$TMP/launch4.out" || fail "failure tail lacks worker0.log"
+grep -E -- "--- tail .*(server[12]|worker1)\.log" "$TMP/launch4.out" && fail "failure tail shows an earlier run's logs"
+
 # --set overrides, in order, exactly as the daemons apply them.
 run_launch "$TMP/launch2.out" -c "$TMP/run.ini" --set workers=1 --set "output=$TMP/other" -s servers=2 -s servers=1
 head -1 "$TMP/launch2.out"
