@@ -153,6 +153,43 @@ double npy_json_number(const char *json, const char *key, double dflt)
     return end == p + 1 ? dflt : v;
 }
 
+int npy_json_int4(const char *json, const char *key, int out[4])
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    const char *p = strstr(json, pat);
+    if (!p || !(p = strchr(p, '[')))
+        return -1;
+    p++;
+    for (int i = 0; i < 4; i++) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            return -1;
+        out[i] = (int)v;
+        p = end;
+        while (*p == ',' || *p == ' ' || *p == '\n')
+            p++;
+    }
+    return 0;
+}
+
+double *npy_load_f64(const char *dir, const char *name, size_t expect)
+{
+    npy_array a;
+    if (npy_load2(dir, name, &a)) {
+        printf("FAIL: %s\n", pf_errmsg());
+        return NULL;
+    }
+    double *d = NULL;
+    if (a.count != expect)
+        printf("FAIL: %s/%s has %zu values, expected %zu\n", dir, name, a.count, expect);
+    else
+        d = npy_to_f64(&a);
+    npy_free(&a);
+    return d;
+}
+
 double rel_err_f32_f64(const float *a, const double *b, size_t n)
 {
     double num = 0, den = 0;

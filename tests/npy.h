@@ -35,6 +35,13 @@ char *npy_read_text(const char *dir, const char *name);
 /* Finds `"key": number` in JSON text and returns the number; returns `dflt` when absent. */
 double npy_json_number(const char *json, const char *key, double dflt);
 
+/* Finds `"key": [a, b, c, d]` (4 integers) in JSON text into out: 0, or -1 when absent or malformed. */
+int npy_json_int4(const char *json, const char *key, int out[4]);
+
+/* dir/name as a malloc'd float64 array that must hold `expect` values; NULL, with a "FAIL: ..." line
+ * printed, when it cannot be read or holds another count. */
+double *npy_load_f64(const char *dir, const char *name, size_t expect);
+
 /* Relative error ||a - b||_2 / ||b||_2 (b the reference; returns ||a - b|| when ||b|| == 0). */
 double rel_err_f32_f64(const float *a, const double *b, size_t n);
 

@@ -23,49 +23,7 @@
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
-
-static uint64_t rng_state;
-static int failures, checks;
-
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53); }
-
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        printf("FAIL: " __VA_ARGS__);                                                              \
-        printf(" (%s)\n", pf_errmsg());                                                            \
-        exit(1);                                                                                   \
-    } while (0)
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p)
-        DIE("out of memory");
-    return p;
-}
-
-static float *hrand(size_t n, float lo, float hi)
-{
-    float *p = xmalloc(n * sizeof *p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = frand(lo, hi);
-    return p;
-}
-
-static float *hcopy(const float *s, size_t n)
-{
-    float *p = xmalloc(n * sizeof *p);
-    memcpy(p, s, n * sizeof *p);
-    return p;
-}
+#include "tests/cuda/cuda_testutil.h"
 
 /* ---- the half format under test (host side, the test's own code) ---- */
 
@@ -171,30 +129,6 @@ static float *hdl(const float *d, size_t n)
     return f;
 }
 
-static float *dup_dev(const float *h, size_t n)
-{
-    void *d;
-    if (cuda_malloc(&d, n * sizeof(float)) || cuda_h2d(d, h, n * sizeof(float)))
-        DIE("device upload of %zu floats", n);
-    return d;
-}
-
-static float *nan_dev(size_t n)
-{
-    void *d;
-    if (cuda_malloc(&d, n * sizeof(float)) || cuda_fill_f32(d, NAN, n))
-        DIE("device alloc of %zu floats", n);
-    return d;
-}
-
-static float *dl(const float *d, size_t n)
-{
-    float *h = xmalloc(n * sizeof *h);
-    if (cuda_sync() || cuda_d2h(h, d, n * sizeof(float)))
-        DIE("device download of %zu floats", n);
-    return h;
-}
-
 static void cmp(const char *what, const float *got, const float *ref, size_t n, double tol)
 {
     double num = 0, den = 0, maxabs = 0;
@@ -271,7 +205,7 @@ static void cpu_conv(const ops_conv_shape *s, const float *x, const float *w, co
     size_t nw = (size_t)s->OC * (s->C / s->groups) * s->K * s->K;
     float *cx = cpu_in(x, s->B, s->C, HWi), *cy = xmalloc((size_t)s->B * s->OC * HWo * 4);
     float *cdy = cpu_in(dy, s->B, s->OC, HWo), *cdx = cpu_in(d0, s->B, s->C, HWi);
-    *dw = hcopy(dw0, nw);
+    *dw = fcopy(dw0, nw);
     if (ops_cpu.conv_forward(cpu, cy, cx, w, s) || ops_cpu.conv_backward(cpu, cdx, 1, *dw, cdy, cx, w, s))
         DIE("cpu conv");
     *y = cpu_out(cy, s->B, s->OC, HWo);
@@ -297,8 +231,8 @@ static void test_conv(int round)
     char tag[96], what[200];
     snprintf(tag, sizeof tag, "B%d C%d %dx%d OC%d K%d s%d p%d g%d", B, C, H, W, OC, K, stride, pad, groups);
     size_t ni = (size_t)B * C * H * W, no = (size_t)B * OC * s.OH * s.OW, nw = (size_t)OC * (C / groups) * K * K;
-    float *x = hrand(ni, -1, 1), *w = hrand(nw, -0.5f, 0.5f), *dy = hrand(no, -1, 1);
-    float *d0 = hrand(ni, -1, 1), *dw0 = hrand(nw, -1, 1);
+    float *x = frnd(ni, -1, 1), *w = frnd(nw, -0.5f, 0.5f), *dy = frnd(no, -1, 1);
+    float *d0 = frnd(ni, -1, 1), *dw0 = frnd(nw, -1, 1);
     float *xr = hround_of(x, ni), *wr = hround_of(w, nw), *dyr = hround_of(dy, no), *d0r = hround_of(d0, ni);
     float *ya, *dxa, *dwa, *yb, *dxb, *dwb;
     cpu_conv(&s, xr, wr, dyr, d0r, dw0, &ya, &dxa, &dwa);
@@ -345,10 +279,10 @@ static void cpu_bn(int B, int C, int HW, const float *x, const float *wt, const 
     size_t n = (size_t)B * C * HW;
     float *cx = cpu_in(x, B, C, HW), *cy = xmalloc(n * 4), *cye = xmalloc(n * 4);
     float *cdy = cpu_in(dy, B, C, HW), *cdx = cpu_in(d0, B, C, HW);
-    o->rm = hcopy(rm, C);
-    o->rv = hcopy(rv, C);
-    o->dw = hcopy(dw0, C);
-    o->db = hcopy(db0, C);
+    o->rm = fcopy(rm, C);
+    o->rv = fcopy(rv, C);
+    o->dw = fcopy(dw0, C);
+    o->db = fcopy(db0, C);
     o->sm = xmalloc(C * sizeof(double));
     o->sv = xmalloc(C * sizeof(double));
     if (ops_cpu.bn_forward(cpu, cy, o->sm, o->sv, cx, wt, bi, o->rm, o->rv, B, C, HW, 1e-5f, 0.1f, 1) ||
@@ -374,9 +308,9 @@ static void test_bn(const char *mode)
     size_t n = (size_t)B * C * HW;
     char tag[96], what[200];
     snprintf(tag, sizeof tag, "%s B%d C%d HW%d", mode, B, C, HW);
-    float *x = hrand(n, -2, 3), *wt = hrand(C, 0.5f, 1.5f), *bi = hrand(C, -0.5f, 0.5f);
-    float *rm = hrand(C, -0.1f, 0.1f), *rv = hrand(C, 0.5f, 1.5f), *dy = hrand(n, -1, 1), *d0 = hrand(n, -1, 1);
-    float *dw0 = hrand(C, -1, 1), *db0 = hrand(C, -1, 1);
+    float *x = frnd(n, -2, 3), *wt = frnd(C, 0.5f, 1.5f), *bi = frnd(C, -0.5f, 0.5f);
+    float *rm = frnd(C, -0.1f, 0.1f), *rv = frnd(C, 0.5f, 1.5f), *dy = frnd(n, -1, 1), *d0 = frnd(n, -1, 1);
+    float *dw0 = frnd(C, -1, 1), *db0 = frnd(C, -1, 1);
     float *xr = hround_of(x, n), *dyr = hround_of(dy, n), *d0r = hround_of(d0, n);
     bn_out a, b;
     cpu_bn(B, C, HW, xr, wt, bi, rm, rv, dyr, d0r, dw0, db0, &a);
@@ -433,13 +367,13 @@ static void test_prelu(void)
     size_t n = (size_t)B * C * HW;
     char tag[64], what[160];
     snprintf(tag, sizeof tag, "B%d C%d HW%d", B, C, HW);
-    float *x = hrand(n, -1, 1), *al = hrand(C, 0.1f, 0.4f), *dy = hrand(n, -1, 1), *d0 = hrand(n, -1, 1);
-    float *da0 = hrand(C, -1, 1), *xr = hround_of(x, n), *dyr = hround_of(dy, n), *d0r = hround_of(d0, n);
+    float *x = frnd(n, -1, 1), *al = frnd(C, 0.1f, 0.4f), *dy = frnd(n, -1, 1), *d0 = frnd(n, -1, 1);
+    float *da0 = frnd(C, -1, 1), *xr = hround_of(x, n), *dyr = hround_of(dy, n), *d0r = hround_of(d0, n);
     float *res[2][3]; /* (a), (b): y, dx, dalpha */
     for (int k = 0; k < 2; k++) {
         float *cx = cpu_in(k ? x : xr, B, C, HW), *cy = xmalloc(n * 4), *cdy = cpu_in(k ? dy : dyr, B, C, HW);
         float *cdx = cpu_in(d0r, B, C, HW);
-        res[k][2] = hcopy(da0, C);
+        res[k][2] = fcopy(da0, C);
         if (ops_cpu.prelu_forward(cpu, cy, cx, al, B, C, HW) ||
             ops_cpu.prelu_backward(cpu, cdx, 1, res[k][2], cdy, cx, al, B, C, HW))
             DIE("cpu prelu");
@@ -472,7 +406,7 @@ static void test_elementwise(void)
     size_t n = (size_t)B * C * HW;
     char tag[64], what[160];
     snprintf(tag, sizeof tag, "B%d C%d HW%d", B, C, HW);
-    float *a0 = hrand(n, -3, 3), *b0 = hrand(n, -3, 3), *s = hrand(n, -3, 3);
+    float *a0 = frnd(n, -3, 3), *b0 = frnd(n, -3, 3), *s = frnd(n, -3, 3);
     float *a = hround_of(a0, n), *b = hround_of(b0, n), *want = xmalloc(n * 4);
     float *ga = hup(a, n), *gb = hup(b, n), *go = hnan(n), *h;
     for (size_t i = 0; i < n; i++)

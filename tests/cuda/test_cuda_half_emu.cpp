@@ -72,6 +72,7 @@ static inline float atomicAdd(float *p, float v) /* blocks run one at a time */
 }
 
 #include "kernels/cuda/ops_cuda_half_kernels.cuh"
+#include "tests/testutil.h"
 
 /* 2-D grid launcher (cuda_emu.h's emu_launch is 1-D). */
 template <class F> static void launch2(unsigned gx, unsigned gy, unsigned block, F kernel)
@@ -93,25 +94,6 @@ static unsigned grid_for(size_t n) /* the wrappers' (kernels/cuda/cuda_check.h) 
         g = 65535u * 8u;
     return g ? (unsigned)g : 1u;
 }
-
-static uint64_t rng_state;
-static int failures, checks;
-static uint64_t rnd()
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53); }
-
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        printf("FAIL: " __VA_ARGS__);                                                              \
-        printf(" (%s)\n", pf_errmsg());                                                            \
-        exit(1);                                                                                   \
-    } while (0)
 
 /* n values drawn in [lo, hi) and rounded to bf16: the float copy and the bf16 array. */
 static std::vector<float> vals(size_t n, float lo, float hi, std::vector<ebf> *h = nullptr)

@@ -19,74 +19,9 @@
 
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "tests/cuda/cuda_testutil.h"
 #include "tests/npy.h"
 #include "worker/head/optim.h"
-
-static int failures, checks;
-static uint64_t rng_state;
-
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53); }
-
-#define DIE(...)                                                                            \
-    do {                                                                                    \
-        printf("FAIL: " __VA_ARGS__);                                                       \
-        printf(" (%s)\n", pf_errmsg());                                                     \
-        exit(1);                                                                            \
-    } while (0)
-
-static void *dup_dev(const void *h, size_t bytes)
-{
-    void *d;
-    if (cuda_malloc(&d, bytes) || cuda_h2d(d, h, bytes))
-        DIE("device upload of %zu bytes", bytes);
-    return d;
-}
-
-static float *nan_dev(size_t n)
-{
-    void *d;
-    if (cuda_malloc(&d, n * sizeof(float)) || cuda_fill_f32(d, NAN, n))
-        DIE("device alloc of %zu floats", n);
-    return d;
-}
-
-static float *dl(const float *d, size_t n)
-{
-    float *h = malloc((n ? n : 1) * sizeof *h);
-    if (cuda_sync() || cuda_d2h(h, d, n * sizeof(float)))
-        DIE("device download of %zu floats (%s)", n, pf_errmsg());
-    return h;
-}
-
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%-4s ", ok ? "ok" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    checks++;
-    if (!ok)
-        failures++;
-}
-
-/* relative L2 error vs a float64 reference; any NaN in a -> INFINITY */
-static double rel64(const float *a, const double *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (isnan(a[i]))
-            return INFINITY;
-    return rel_err_f32_f64(a, b, n);
-}
 
 static void head_case(const char *dir, const char *name)
 {
@@ -113,16 +48,16 @@ static void head_case(const char *dir, const char *name)
     cuda_head_ws ws;
     if (cuda_head_ws_init(&ws, n, k, d))
         DIE("head workspace");
-    float *gemb = dup_dev(emb, (size_t)n * d * 4), *gcen = dup_dev(cen, (size_t)k * d * 4);
-    int64_t *glab = dup_dev(lab, (size_t)n * 8);
+    float *gemb = dev_up(emb, (size_t)n * d * 4), *gcen = dev_up(cen, (size_t)k * d * 4);
+    int64_t *glab = dev_up(lab, (size_t)n * 8);
     float *glog = nan_dev((size_t)n * k), *gge = nan_dev((size_t)n * d), *ggc = nan_dev((size_t)k * d);
     double loss = NAN;
     if (cuda_head_forward_backward(&p, &ws, gemb, n, gcen, k, glab, 0, &loss, glog, gge, ggc))
         DIE("%s: cuda head", name);
     float *hl = dl(glog, (size_t)n * k), *hge = dl(gge, (size_t)n * d), *hgc = dl(ggc, (size_t)k * d);
     double el = fabs(loss - rloss[0]) / fabs(rloss[0]);
-    double elog = rel64(hl, rlog, (size_t)n * k), ege = rel64(hge, rge, (size_t)n * d),
-           egc = rel64(hgc, rgc, (size_t)k * d);
+    double elog = rel_l2_f64(hl, rlog, (size_t)n * k), ege = rel_l2_f64(hge, rge, (size_t)n * d),
+           egc = rel_l2_f64(hgc, rgc, (size_t)k * d);
     check(el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
           "%-46s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e", name, loss, el, elog,
           ege, egc);
@@ -164,28 +99,15 @@ static void sgd_case(const char *dir, const char *name)
     size_t n = w.count;
     float *hw = npy_to_f32(&w), *hg = npy_to_f32(&g), *hm = npy_to_f32(&m);
     double *rmo = npy_to_f64(&mo), *rwo = npy_to_f64(&wo);
-    float *dw = dup_dev(hw, n * 4), *dg = dup_dev(hg, n * 4), *dm = dup_dev(hm, n * 4);
+    float *dw = dev_up(hw, n * 4), *dg = dev_up(hg, n * 4), *dm = dev_up(hm, n * 4);
     if (cuda_sgd_step(dw, dg, dm, n, lr, mom, wd))
         DIE("cuda sgd");
     float *ow = dl(dw, n), *om = dl(dm, n);
-    double ew = rel64(ow, rwo, n), em = rel64(om, rmo, n);
+    double ew = rel_l2_f64(ow, rwo, n), em = rel_l2_f64(om, rmo, n);
     check(ew <= 1e-6 && em <= 1e-6, "sgd %-20s weight rel %.2e momentum rel %.2e", name, ew, em);
     cuda_free(dw); cuda_free(dg); cuda_free(dm);
     free(hw); free(hg); free(hm); free(rmo); free(rwo); free(ow); free(om);
     npy_free(&w); npy_free(&g); npy_free(&m); npy_free(&mo); npy_free(&wo);
-}
-
-static double rel32(const float *a, const float *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]))
-            return INFINITY;
-        double e = (double)a[i] - b[i];
-        num += e * e;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 static void adamw_case(void)
@@ -198,7 +120,7 @@ static void adamw_case(void)
     optim_adamw_defaults(&p);
     p.lr = 0.01;
     p.weight_decay = 0.05;
-    float *dw = dup_dev(w, n * 4), *dm = dup_dev(m, n * 4), *dv = dup_dev(v, n * 4), *dg = nan_dev(n);
+    float *dw = dev_up(w, n * 4), *dm = dev_up(m, n * 4), *dv = dev_up(v, n * 4), *dg = nan_dev(n);
     for (int step = 1; step <= 3; step++) {
         for (size_t i = 0; i < n; i++)
             g[i] = frand(-1, 1);
@@ -209,7 +131,7 @@ static void adamw_case(void)
             DIE("cuda adamw");
     }
     float *ow = dl(dw, n), *om = dl(dm, n), *ov = dl(dv, n);
-    double ew = rel32(ow, w, n), em = rel32(om, m, n), ev = rel32(ov, v, n);
+    double ew = rel_l2(ow, w, n), em = rel_l2(om, m, n), ev = rel_l2(ov, v, n);
     check(ew <= 1e-6 && em <= 1e-6 && ev <= 1e-6, "adamw n %zu, 3 steps vs optim_adamw_step: w %.2e m %.2e v %.2e",
           n, ew, em, ev);
     check(cuda_adamw_step(dw, dg, dm, dv, n, 0.1, 0.9, 0.999, 1e-8, 0, 0) == -EINVAL, "adamw step 0 refused: %s",
@@ -229,8 +151,8 @@ static void rows_case(void)
         rows[i] = frand(-1, 1);
     for (int i = 0; i < k; i++)
         idx[i] = (int64_t)(rnd() % (uint64_t)R);
-    float *dt = dup_dev(table, (size_t)R * d * 4), *dr = dup_dev(rows, (size_t)k * d * 4);
-    int64_t *di = dup_dev(idx, (size_t)k * 8);
+    float *dt = dev_up(table, (size_t)R * d * 4), *dr = dev_up(rows, (size_t)k * d * 4);
+    int64_t *di = dev_up(idx, (size_t)k * 8);
     float *dout = nan_dev((size_t)k * d);
     if (cuda_gather_rows(dout, dt, R, di, k, d))
         DIE("gather");
@@ -250,7 +172,7 @@ static void rows_case(void)
     if (cuda_scatter_rows(dt, R, dr, di, k, d, 1))
         DIE("scatter add");
     float *ot = dl(dt, (size_t)R * d);
-    double e = rel64(ot, ref, (size_t)R * d);
+    double e = rel_l2_f64(ot, ref, (size_t)R * d);
     check(e <= 1e-6, "scatter-add %d rows: rel %.2e vs float64 host sum", k, e);
     /* scatter (assignment) of distinct indices */
     for (int i = 0; i < k; i++)
@@ -285,7 +207,7 @@ static void convert_case(void)
     const uint16_t f16[] = {0x3C00, 0xC000, 0x7BFF, 0x7C00, 0x3555, 0x0000, 0x0000, 0x0001};
     const uint16_t bf16[] = {0x3F80, 0xC000, 0x4780, 0x4780, 0x3EAB, 0x322C, 0x0000, 0x3380};
     size_t n = sizeof in / sizeof *in;
-    float *din = dup_dev(in, sizeof in);
+    float *din = dev_up(in, sizeof in);
     uint16_t *dh, hh[8], hb[8];
     if (cuda_malloc((void **)&dh, n * 2))
         DIE("alloc");
@@ -310,7 +232,7 @@ static void convert_case(void)
     float *x = malloc(m * 4);
     for (size_t i = 0; i < m; i++)
         x[i] = frand(-1000, 1000);
-    float *dx = dup_dev(x, m * 4), *dy = nan_dev(m);
+    float *dx = dev_up(x, m * 4), *dy = nan_dev(m);
     uint16_t *dm;
     if (cuda_malloc((void **)&dm, m * 2))
         DIE("alloc");
@@ -341,7 +263,7 @@ static void unscale_case(void)
     float *g = malloc(n * 4);
     for (size_t i = 0; i < n; i++)
         g[i] = frand(-1000, 1000);
-    float *dg = dup_dev(g, n * 4);
+    float *dg = dev_up(g, n * 4);
     int found = -1;
     if (cuda_unscale_check(dg, n, 0.25f, &found))
         DIE("unscale");
@@ -381,7 +303,7 @@ static void side_stream_case(void)
     float *o = NULL;
     int64_t *idx = malloc(sizeof *idx);
     idx[0] = 0;
-    int64_t *didx = dup_dev(idx, sizeof *idx);
+    int64_t *didx = dev_up(idx, sizeof *idx);
     /* gather row 0 of a 1-row table of n floats: runs on the default stream after the wait */
     if (cuda_gather_rows(d2, d, 1, didx, 1, (int)n))
         DIE("gather after side stream");

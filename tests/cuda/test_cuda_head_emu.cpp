@@ -37,50 +37,7 @@ extern "C" {
 #include <string>
 
 #include "kernels/cuda/head_kernels.cuh"
-
-static int failures, checks;
-static uint64_t rng;
-
-static uint64_t rnd()
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53); }
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%-4s ", ok ? "ok" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    checks++;
-    failures += !ok;
-}
-
-// relative L2 error; a NaN in a (an element not written) -> INFINITY
-static double rel(const float *a, const double *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]))
-            return INFINITY;
-        double e = (double)a[i] - b[i];
-        num += e * e;
-        den += b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-static double relf(const float *a, const float *b, size_t n)
-{
-    std::vector<double> bd(b, b + n);
-    return rel(a, bd.data(), n);
-}
+#include "tests/testutil.h"
 
 // One rank's inputs, the "device" buffers and outputs.
 struct rank_io {
@@ -313,8 +270,8 @@ static void reference_case(const char *dir, const char *name)
     std::vector<rank_io> one = split(emb, cen, lab, n, k, d, 1);
     int rc = emu_fused(p, one[0]);
     double el = fabs(one[0].loss - rloss[0]) / fabs(rloss[0]);
-    double elog = rel(one[0].logits.data(), rlog, (size_t)n * k), ege = rel(one[0].ge.data(), rge, (size_t)n * d),
-           egc = rel(one[0].gc.data(), rgc, (size_t)k * d);
+    double elog = rel_l2_f64(one[0].logits.data(), rlog, (size_t)n * k), ege = rel_l2_f64(one[0].ge.data(), rge, (size_t)n * d),
+           egc = rel_l2_f64(one[0].gc.data(), rgc, (size_t)k * d);
     check(rc == 0 && el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
           "fused  W=1 %-44s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e", name, one[0].loss, el,
           elog, ege, egc);
@@ -330,9 +287,9 @@ static void reference_case(const char *dir, const char *name)
         if (rc == 0)
             assemble(R, k, alg, age, agc);
         el = fabs(R[0].loss - rloss[0]) / fabs(rloss[0]);
-        elog = rc ? INFINITY : rel(alg.data(), rlog, (size_t)n * k);
-        ege = rc ? INFINITY : rel(age.data(), rge, (size_t)n * d);
-        egc = rc ? INFINITY : rel(agc.data(), rgc, (size_t)k * d);
+        elog = rc ? INFINITY : rel_l2_f64(alg.data(), rlog, (size_t)n * k);
+        ege = rc ? INFINITY : rel_l2_f64(age.data(), rge, (size_t)n * d);
+        egc = rc ? INFINITY : rel_l2_f64(agc.data(), rgc, (size_t)k * d);
         check(rc == 0 && same && no_orphan && el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
               "dist   W=%d %-44s loss %.6f rel %.2e%s | logits %.2e | grad_emb %.2e | grad_cen %.2e", W, name,
               R[0].loss, el, same ? "" : " (ranks differ)", elog, ege, egc);
@@ -395,9 +352,9 @@ static void cpu_case(int W, int local, int straight, int clamp)
         if (rc == 0)
             assemble(R, k, alg, age, agc);
         double el = fabs(R[0].loss - closs) / fabs(closs);
-        double elog = rc ? INFINITY : relf(alg.data(), clg.data(), clg.size());
-        double ege = rc ? INFINITY : relf(age.data(), cge.data(), cge.size());
-        double egc = rc ? INFINITY : relf(agc.data(), cgc.data(), cgc.size());
+        double elog = rc ? INFINITY : rel_l2(alg.data(), clg.data(), clg.size());
+        double ege = rc ? INFINITY : rel_l2(age.data(), cge.data(), cge.size());
+        double egc = rc ? INFINITY : rel_l2(agc.data(), cgc.data(), cgc.size());
         check(crc == 0 && rc == 0 && R[0].no_target == 1 && cnt == 1 && el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 &&
                   egc <= 1e-5,
               "%-86s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e | no-target rows %lld",
@@ -407,9 +364,9 @@ static void cpu_case(int W, int local, int straight, int clamp)
             std::vector<rank_io> F = split(emb.data(), cen.data(), lab.data(), n, k, d, 1);
             rc = emu_fused(p, F[0]);
             el = fabs(F[0].loss - closs) / fabs(closs);
-            elog = rc ? INFINITY : relf(F[0].logits.data(), clg.data(), clg.size());
-            ege = rc ? INFINITY : relf(F[0].ge.data(), cge.data(), cge.size());
-            egc = rc ? INFINITY : relf(F[0].gc.data(), cgc.data(), cgc.size());
+            elog = rc ? INFINITY : rel_l2(F[0].logits.data(), clg.data(), clg.size());
+            ege = rc ? INFINITY : rel_l2(F[0].ge.data(), cge.data(), cge.size());
+            egc = rc ? INFINITY : rel_l2(F[0].gc.data(), cgc.data(), cgc.size());
             check(rc == 0 && el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
                   "fused %-80s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e (rc %d)", name, F[0].loss, el,
                   elog, ege, egc, rc);
@@ -450,8 +407,8 @@ static void cpu_case(int W, int local, int straight, int clamp)
         double el = fabs(R[0].loss - want_loss) / fabs(want_loss), ege = 0, egc = 0;
         bool same = true;
         for (int q = 0; q < W; q++) {
-            ege = fmax(ege, rc ? INFINITY : relf(R[q].ge.data(), cge[q].data(), cge[q].size()));
-            egc = fmax(egc, rc ? INFINITY : relf(R[q].gc.data(), cgc[q].data(), cgc[q].size()));
+            ege = fmax(ege, rc ? INFINITY : rel_l2(R[q].ge.data(), cge[q].data(), cge[q].size()));
+            egc = fmax(egc, rc ? INFINITY : rel_l2(R[q].gc.data(), cgc[q].data(), cgc[q].size()));
             same &= R[q].loss == R[0].loss;
         }
         check(crc == 0 && rc == 0 && same && R[0].no_target == W && el <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
@@ -464,7 +421,7 @@ int main()
 {
     const char *se = getenv("PFCPS_TEST_SEED");
     uint64_t seed = se ? strtoull(se, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    rng = seed ? seed : 1;
+    rng_state = seed ? seed : 1;
     printf("seed %llu; CUDA head kernels emulated on the CPU, %d threads per block\n", (unsigned long long)seed,
            HEAD_THREADS);
     const char *ref = getenv("PFCPS_REFERENCE");

@@ -44,31 +44,7 @@ extern "C" {
 }
 
 #include "kernels/cuda/head_util_kernels.cuh"
-
-static int failures, checks;
-static uint64_t rng;
-
-static uint64_t rnd()
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53); }
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%-4s ", ok ? "ok" : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    checks++;
-    failures += !ok;
-}
+#include "tests/testutil.h"
 
 static size_t same_bits(const std::vector<float> &a, const std::vector<float> &b)
 {
@@ -231,7 +207,7 @@ int main()
 {
     const char *se = getenv("PFCPS_TEST_SEED");
     uint64_t seed = se ? strtoull(se, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    rng = seed ? seed : 1;
+    rng_state = seed ? seed : 1;
     printf("seed %llu; head.cu's row / optimizer / unscale kernels emulated on the CPU\n", (unsigned long long)seed);
     sgd_case(true);
     sgd_case(false);

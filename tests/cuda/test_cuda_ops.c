@@ -15,69 +15,9 @@
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
+#include "tests/cuda/cuda_testutil.h"
 
 #define TOL 1e-4
-
-static uint64_t rng_state;
-static int failures, checks;
-
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53); }
-
-static float *hrand(size_t n, float lo, float hi)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = frand(lo, hi);
-    return p;
-}
-
-static float *hcopy(const float *s, size_t n)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    memcpy(p, s, n * sizeof *p);
-    return p;
-}
-
-#define DIE(...)                                                                            \
-    do {                                                                                    \
-        printf("FAIL: " __VA_ARGS__);                                                       \
-        printf(" (%s)\n", pf_errmsg());                                                     \
-        exit(1);                                                                            \
-    } while (0)
-
-/* Device copy of a host array (n floats). */
-static float *dup_dev(const float *h, size_t n)
-{
-    void *d;
-    if (cuda_malloc(&d, n * sizeof(float)) || cuda_h2d(d, h, n * sizeof(float)))
-        DIE("device upload of %zu floats", n);
-    return d;
-}
-
-/* Device buffer of n floats, poisoned with NaN. */
-static float *nan_dev(size_t n)
-{
-    void *d;
-    if (cuda_malloc(&d, n * sizeof(float)) || cuda_fill_f32(d, NAN, n))
-        DIE("device alloc of %zu floats", n);
-    return d;
-}
-
-static float *dl(const float *d, size_t n)
-{
-    float *h = malloc((n ? n : 1) * sizeof *h);
-    if (cuda_sync() || cuda_d2h(h, d, n * sizeof(float)))
-        DIE("device download of %zu floats", n);
-    return h;
-}
 
 /* Compares a CUDA result (host copy) with the CPU device's: every element finite where the
  * CPU's is, relative L2 error <= tol. */
@@ -158,11 +98,11 @@ static void test_conv(void)
     snprintf(tag, sizeof tag, "B%d C%d %dx%d OC%d K%d s%d p%d g%d", B, C, H, W, OC, K, stride, pad, groups);
     size_t ni = (size_t)B * C * H * W, no = (size_t)B * OC * s.OH * s.OW;
     size_t nw = (size_t)OC * (C / groups) * K * K;
-    float *x = hrand(ni, -1, 1), *w = hrand(nw, -0.5f, 0.5f), *dy = hrand(no, -1, 1);
-    float *dx0 = hrand(ni, -1, 1), *dw0 = hrand(nw, -1, 1);
+    float *x = frnd(ni, -1, 1), *w = frnd(nw, -0.5f, 0.5f), *dy = frnd(no, -1, 1);
+    float *dx0 = frnd(ni, -1, 1), *dw0 = frnd(nw, -1, 1);
     /* CPU */
     float *cx = cpu_in(x, B, C, H * W), *cy = malloc(no * sizeof(float));
-    float *cdy = cpu_in(dy, B, OC, s.OH * s.OW), *cdx = cpu_in(dx0, B, C, H * W), *cdw = hcopy(dw0, nw);
+    float *cdy = cpu_in(dy, B, OC, s.OH * s.OW), *cdx = cpu_in(dx0, B, C, H * W), *cdw = fcopy(dw0, nw);
     if (ops_cpu.conv_forward(cpu, cy, cx, w, &s) || ops_cpu.conv_backward(cpu, cdx, 1, cdw, cdy, cx, w, &s))
         DIE("cpu conv %s", tag);
     cy = cpu_out(cy, B, OC, s.OH * s.OW);
@@ -200,13 +140,13 @@ static void test_bn(int HW)
     float eps = 1e-5f, mom = 0.1f;
     char tag[96], what[200];
     snprintf(tag, sizeof tag, "B%d C%d HW%d", B, C, HW);
-    float *x = hrand(n, -2, 3), *wt = hrand(C, 0.5f, 1.5f), *bi = hrand(C, -0.5f, 0.5f);
-    float *rm = hrand(C, -0.1f, 0.1f), *rv = hrand(C, 0.5f, 1.5f), *dy = hrand(n, -1, 1), *dx0 = hrand(n, -1, 1);
-    float *dw0 = hrand(C, -1, 1), *db0 = hrand(C, -1, 1);
+    float *x = frnd(n, -2, 3), *wt = frnd(C, 0.5f, 1.5f), *bi = frnd(C, -0.5f, 0.5f);
+    float *rm = frnd(C, -0.1f, 0.1f), *rv = frnd(C, 0.5f, 1.5f), *dy = frnd(n, -1, 1), *dx0 = frnd(n, -1, 1);
+    float *dw0 = frnd(C, -1, 1), *db0 = frnd(C, -1, 1);
     /* CPU */
     float *cx = cpu_in(x, B, C, HW), *cy = malloc(n * sizeof(float)), *cye = malloc(n * sizeof(float));
-    float *crm = hcopy(rm, C), *crv = hcopy(rv, C), *cdy = cpu_in(dy, B, C, HW), *cdx = cpu_in(dx0, B, C, HW);
-    float *cdw = hcopy(dw0, C), *cdb = hcopy(db0, C);
+    float *crm = fcopy(rm, C), *crv = fcopy(rv, C), *cdy = cpu_in(dy, B, C, HW), *cdx = cpu_in(dx0, B, C, HW);
+    float *cdw = fcopy(dw0, C), *cdb = fcopy(db0, C);
     double *smean = malloc(C * sizeof(double)), *svar = malloc(C * sizeof(double));
     if (ops_cpu.bn_forward(cpu, cy, smean, svar, cx, wt, bi, crm, crv, B, C, HW, eps, mom, 1) ||
         ops_cpu.bn_backward(cpu, cdx, 1, cdw, cdb, cdy, cx, wt, smean, svar, B, C, HW, eps) ||
@@ -240,7 +180,7 @@ static void test_bn(int HW)
     snprintf(what, sizeof what, "bn dbias += %s", tag); cmp(what, h = dl(gdb, C), cdb, C, TOL); free(h);
     snprintf(what, sizeof what, "bn eval fwd %s", tag); cmp(what, h = dl(gye, n), cye, n, TOL); free(h);
     /* Backward with dinp overwritten and the weight gradient skipped (features BN: fixed weight). */
-    float *cdx2 = malloc(n * sizeof(float)), *cdb2 = hcopy(db0, C);
+    float *cdx2 = malloc(n * sizeof(float)), *cdb2 = fcopy(db0, C);
     if (ops_cpu.bn_backward(cpu, cdx2, 0, NULL, cdb2, cdy, cx, wt, smean, svar, B, C, HW, eps))
         DIE("cpu bn bwd");
     cdx2 = cpu_out(cdx2, B, C, HW);
@@ -263,10 +203,10 @@ static void test_prelu(void)
     size_t n = (size_t)B * C * HW;
     char tag[96], what[200];
     snprintf(tag, sizeof tag, "B%d C%d HW%d", B, C, HW);
-    float *x = hrand(n, -1, 1), *a = hrand(C, 0, 0.5f), *dy = hrand(n, -1, 1), *dx0 = hrand(n, -1, 1);
-    float *da0 = hrand(C, -1, 1);
+    float *x = frnd(n, -1, 1), *a = frnd(C, 0, 0.5f), *dy = frnd(n, -1, 1), *dx0 = frnd(n, -1, 1);
+    float *da0 = frnd(C, -1, 1);
     float *cx = cpu_in(x, B, C, HW), *cy = malloc(n * sizeof(float)), *cdy = cpu_in(dy, B, C, HW);
-    float *cdx = cpu_in(dx0, B, C, HW), *cda = hcopy(da0, C);
+    float *cdx = cpu_in(dx0, B, C, HW), *cda = fcopy(da0, C);
     if (ops_cpu.prelu_forward(cpu, cy, cx, a, B, C, HW) ||
         ops_cpu.prelu_backward(cpu, cdx, 1, cda, cdy, cx, a, B, C, HW))
         DIE("cpu prelu");
@@ -290,9 +230,9 @@ static void test_linear(int with_bias)
     char tag[96], what[200];
     snprintf(tag, sizeof tag, "B%d IN%d OUT%d%s", B, IN, OUT, with_bias ? " bias" : "");
     size_t ni = (size_t)B * IN, no = (size_t)B * OUT, nw = (size_t)OUT * IN;
-    float *x = hrand(ni, -1, 1), *w = hrand(nw, -1, 1), *b = with_bias ? hrand(OUT, -1, 1) : NULL;
-    float *dy = hrand(no, -1, 1), *dx0 = hrand(ni, -1, 1), *dw0 = hrand(nw, -1, 1), *db0 = hrand(OUT, -1, 1);
-    float *cy = malloc(no * sizeof(float)), *cdx = hcopy(dx0, ni), *cdw = hcopy(dw0, nw), *cdb = hcopy(db0, OUT);
+    float *x = frnd(ni, -1, 1), *w = frnd(nw, -1, 1), *b = with_bias ? frnd(OUT, -1, 1) : NULL;
+    float *dy = frnd(no, -1, 1), *dx0 = frnd(ni, -1, 1), *dw0 = frnd(nw, -1, 1), *db0 = frnd(OUT, -1, 1);
+    float *cy = malloc(no * sizeof(float)), *cdx = fcopy(dx0, ni), *cdw = fcopy(dw0, nw), *cdb = fcopy(db0, OUT);
     float *cdx2 = malloc(ni * sizeof(float));
     if (ops_cpu.linear_forward(cpu, cy, x, w, b, B, IN, OUT) ||
         ops_cpu.linear_backward(cpu, cdx, 1, cdw, with_bias ? cdb : NULL, dy, x, w, B, IN, OUT) ||
@@ -320,7 +260,7 @@ static void test_elementwise(void)
 {
     size_t n = (size_t)irand(1, 100000);
     char what[200];
-    float *a = hrand(n, -1, 1), *b = hrand(n, -1, 1), *h;
+    float *a = frnd(n, -1, 1), *b = frnd(n, -1, 1), *h;
     float *ref = malloc(n * sizeof(float)), *ref2 = malloc(n * sizeof(float));
     if (ops_cpu.add_forward(cpu, ref, a, b, n))
         DIE("cpu add");
@@ -341,7 +281,7 @@ static void test_elementwise(void)
         float p = t ? frand(0.05f, 0.9f) : 0.0f;
         uint64_t seed = rnd();
         float *cm = malloc(n * sizeof(float)), *co = malloc(n * sizeof(float));
-        float *dy = hrand(n, -1, 1), *cdx = malloc(n * sizeof(float));
+        float *dy = frnd(n, -1, 1), *cdx = malloc(n * sizeof(float));
         if (ops_cpu.dropout_forward(cpu, co, cm, a, n, p, seed) || ops_cpu.dropout_backward(cpu, cdx, 0, dy, cm, n))
             DIE("cpu dropout");
         float *gm = nan_dev(n), *gout = nan_dev(n), *gdy = dup_dev(dy, n), *gdx = nan_dev(n);

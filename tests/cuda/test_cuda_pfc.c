@@ -33,6 +33,7 @@
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "tests/check.h"
+#include "tests/cuda/cuda_testutil.h"
 #include "tests/npy.h"
 #include "worker/head/pfc.h"
 #include "worker/head/pfc_cuda.h"
@@ -41,13 +42,6 @@ enum { MAXW = 3 };
 #define TOL 1e-5
 
 static uint64_t g_seed;
-
-#define DIE(...)                                                                            \
-    do {                                                                                    \
-        printf("FAIL: " __VA_ARGS__);                                                       \
-        printf(" (%s)\n", pf_errmsg());                                                     \
-        exit(1);                                                                            \
-    } while (0)
 
 static uint64_t mix(uint64_t x)
 {
@@ -66,45 +60,10 @@ static float sym(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
     return (float)(2.0 * ((h4(a, b, c, d) >> 11) * 0x1.0p-53) - 1.0);
 }
 
-static void *dev_up(const void *h, size_t bytes)
-{
-    void *d;
-    if (cuda_malloc(&d, bytes) || (bytes && cuda_h2d(d, h, bytes)))
-        DIE("device upload of %zu bytes", bytes);
-    return d;
-}
-static float *dev_nan(size_t n)
-{
-    void *d;
-    if (cuda_malloc(&d, n * sizeof(float)) || cuda_fill_f32(d, NAN, n))
-        DIE("device alloc of %zu floats", n);
-    return d;
-}
 static void down(void *h, const void *d, size_t bytes)
 {
     if (cuda_sync() || (bytes && cuda_d2h(h, d, bytes)))
         DIE("device download of %zu bytes", bytes);
-}
-
-/* relative L2 error of a against b; any NaN in a (an element not written) -> INFINITY */
-static double rel_ff(const float *a, const float *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]))
-            return INFINITY;
-        double e = (double)a[i] - b[i];
-        num += e * e;
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-static double rel_fd(const float *a, const double *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (isnan(a[i]))
-            return INFINITY;
-    return rel_err_f32_f64(a, b, n);
 }
 
 /* Agreement on a rank-local setup failure before the first collective (so no rank waits forever):
@@ -176,7 +135,7 @@ static void *ref_rank_main(void *vp)
     float *demb = dev_up(c->emb, (size_t)n * d * sizeof(float));
     float *dcen = dev_up(cen, (size_t)kr * d * sizeof(float));
     int64_t *dlab = dev_up(lab, (size_t)n * sizeof(int64_t));
-    float *dlog = dev_nan((size_t)n * kr), *dge = dev_nan((size_t)n * d), *dgc = dev_nan((size_t)kr * d);
+    float *dlog = nan_dev((size_t)n * kr), *dge = nan_dev((size_t)n * d), *dgc = nan_dev((size_t)kr * d);
     int64_t no_target = -1;
     a->rc = cuda_head_dist(&c->p, 0, &ws, cp, demb, n, dcen, kr, dlab, &a->loss, &no_target, dlog, dge, dgc);
     if (a->rc) {
@@ -256,8 +215,8 @@ static void ref_run(const refcase *c, int W, int bad_rank)
                 ge[i] = (float)s;
             }
             double el = fabs(a[0].loss - c->rloss) / fabs(c->rloss);
-            double elog = rel_fd(logits, c->rlog, (size_t)n * k), ege = rel_fd(ge, c->rge, (size_t)n * d),
-                   egc = rel_fd(gc, c->rgc, (size_t)k * d);
+            double elog = rel_l2_f64(logits, c->rlog, (size_t)n * k), ege = rel_l2_f64(ge, c->rge, (size_t)n * d),
+                   egc = rel_l2_f64(gc, c->rgc, (size_t)k * d);
             int pass = same && el <= TOL && elog <= TOL && ege <= TOL && egc <= TOL;
             printf("%-4s W=%d %-44s loss %.6f rel %.2e%s | logits %.2e | grad_emb %.2e | grad_cen %.2e\n",
                    pass ? "ok" : "FAIL", W, c->name, a[0].loss, el, same ? "" : " (ranks differ)", elog, ege, egc);
@@ -282,7 +241,7 @@ static void fused_run(const refcase *c)
         DIE("fused head workspace");
     float *demb = dev_up(c->emb, (size_t)n * d * sizeof(float)), *dcen = dev_up(c->cen, (size_t)k * d * sizeof(float));
     int64_t *dlab = dev_up(c->lab, (size_t)n * sizeof(int64_t));
-    float *dlog = dev_nan((size_t)n * k), *dge = dev_nan((size_t)n * d), *dgc = dev_nan((size_t)k * d);
+    float *dlog = nan_dev((size_t)n * k), *dge = nan_dev((size_t)n * d), *dgc = nan_dev((size_t)k * d);
     double loss = NAN;
     int rc = cuda_head_forward_backward(&c->p, &ws, demb, n, dcen, k, dlab, 0, &loss, dlog, dge, dgc);
     float *hl = malloc((size_t)n * k * sizeof(float)), *hge = malloc((size_t)n * d * sizeof(float)),
@@ -290,8 +249,8 @@ static void fused_run(const refcase *c)
     down(hl, dlog, (size_t)n * k * sizeof(float));
     down(hge, dge, (size_t)n * d * sizeof(float));
     down(hgc, dgc, (size_t)k * d * sizeof(float));
-    double el = fabs(loss - c->rloss) / fabs(c->rloss), elog = rel_fd(hl, c->rlog, (size_t)n * k),
-           ege = rel_fd(hge, c->rge, (size_t)n * d), egc = rel_fd(hgc, c->rgc, (size_t)k * d);
+    double el = fabs(loss - c->rloss) / fabs(c->rloss), elog = rel_l2_f64(hl, c->rlog, (size_t)n * k),
+           ege = rel_l2_f64(hge, c->rge, (size_t)n * d), egc = rel_l2_f64(hgc, c->rgc, (size_t)k * d);
     int pass = rc == 0 && el <= TOL && elog <= TOL && ege <= TOL && egc <= TOL;
     printf("%-4s fused %-44s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e%s%s\n",
            pass ? "ok" : "FAIL", c->name, loss, el, elog, ege, egc, rc ? " " : "", rc ? pf_errmsg() : "");
@@ -416,7 +375,7 @@ static void *pfc_rank_main(void *vp)
     float *emb = malloc(bd * sizeof(float)), *cen = malloc((kd ? kd : 1) * sizeof(float));
     float *hge = malloc(bd * sizeof(float)), *hgc = malloc((kd ? kd : 1) * sizeof(float));
     float *cge = malloc(bd * sizeof(float)), *cgc = malloc((kd ? kd : 1) * sizeof(float));
-    float *demb = dev_nan(bd), *dcen = dev_nan(kd), *dge = dev_nan(bd), *dgc = dev_nan(kd);
+    float *demb = nan_dev(bd), *dcen = nan_dev(kd), *dge = nan_dev(bd), *dgc = nan_dev(kd);
     int64_t labels[PB];
     for (int step = 0; step < a->steps; step++) {
         for (int i = 0; i < PB; i++) {
@@ -463,7 +422,7 @@ static void *pfc_rank_main(void *vp)
             a->rc_noemb = pfc_cuda_step(&gx, &cpu, demb, dcen, NULL, NULL, dgc);
             float *h2 = malloc((kd ? kd : 1) * sizeof(float));
             down(h2, dgc, (size_t)k * PD * sizeof(float));
-            a->egc_noemb = rel_ff(h2, hgc, (size_t)k * PD);
+            a->egc_noemb = rel_l2(h2, hgc, (size_t)k * PD);
             free(h2);
         }
         if (c->corrupt == CORRUPT_BADLABEL) {
@@ -472,8 +431,8 @@ static void *pfc_rank_main(void *vp)
         }
         a->lc[step] = NAN;
         a->rcc[step] = pfc_step(&cpu, emb, cen, &a->lc[step], cge, cgc);
-        a->ege[step] = rel_ff(hge, cge, bd);
-        a->egc[step] = rel_ff(hgc, cgc, (size_t)k * PD);
+        a->ege[step] = rel_l2(hge, cge, bd);
+        a->egc[step] = rel_l2(hgc, cgc, (size_t)k * PD);
         if (c->corrupt != CORRUPT_NONE)
             break;
     }

@@ -31,47 +31,12 @@
 #include "kernels/ops.h"
 #include "tests/check.h"
 #include "tests/npy.h"
+#include "tests/testutil.h"
 #include "tests/model/ref64.h"
 #include "worker/model/model_internal.h"
 
 #define U 0x1.0p-8 /* bf16 unit roundoff */
 #define U32 0x1.0p-24
-
-static uint64_t rng_state;
-static uint64_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
-static float frand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53); }
-
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-    if (!p) {
-        printf("FAIL: out of memory\n");
-        exit(1);
-    }
-    return p;
-}
-
-static float *frnd(size_t n, float lo, float hi)
-{
-    float *p = xmalloc(n * sizeof *p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = frand(lo, hi);
-    return p;
-}
-
-static float *fcopy(const float *s, size_t n)
-{
-    float *p = xmalloc(n * sizeof *p);
-    memcpy(p, s, n * sizeof *p);
-    return p;
-}
 
 static float *fabs_of(const float *s, size_t n)
 {
@@ -550,43 +515,6 @@ static int net_check(const char *what, const float *got, const double *ref, size
     return bad;
 }
 
-static int json_int4(const char *json, const char *key, int out[4])
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\"", key);
-    const char *p = strstr(json, pat);
-    if (!p || !(p = strchr(p, '[')))
-        return -1;
-    p++;
-    for (int i = 0; i < 4; i++) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p)
-            return -1;
-        out[i] = (int)v;
-        p = end;
-        while (*p == ',' || *p == ' ' || *p == '\n')
-            p++;
-    }
-    return 0;
-}
-
-static double *load64(const char *dir, const char *name, size_t expect)
-{
-    npy_array a;
-    if (npy_load2(dir, name, &a)) {
-        printf("FAIL: %s\n", pf_errmsg());
-        return NULL;
-    }
-    double *d = NULL;
-    if (a.count != expect)
-        printf("FAIL: %s/%s has %zu values, expected %zu\n", dir, name, a.count, expect);
-    else
-        d = npy_to_f64(&a);
-    npy_free(&a);
-    return d;
-}
-
 /* Device buffer with the host contents (n floats; host NULL: zeroed). */
 static float *dev_buf(const ops_device *dev, ops_ctx *ctx, const float *host, size_t n)
 {
@@ -821,7 +749,7 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
     snprintf(d.name, sizeof d.name, "%.31s", name);
     d.embedding_size = (int)npy_json_number(meta, "num_features", 0);
     int B = (int)npy_json_number(meta, "batch", 0);
-    if (json_int4(meta, "layers", d.layers) || json_int4(meta, "widths", d.widths) ||
+    if (npy_json_int4(meta, "layers", d.layers) || npy_json_int4(meta, "widths", d.widths) ||
         d.embedding_size <= 0 || B <= 0) {
         printf("FAIL: %s/meta.json: layers/widths/num_features/batch not found\n", dir);
         free(meta);
@@ -852,7 +780,7 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
         const model_tensor *t = model_tensor_at(m, i);
         char fn[160];
         snprintf(fn, sizeof fn, "%s.npy", t->name);
-        double *v = load64(sub, fn, t->count);
+        double *v = npy_load_f64(sub, fn, t->count);
         if (!v) {
             fail = 1;
             break;
@@ -919,11 +847,11 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
     }
     printf(" %s vs PyTorch float64 (%s):\n", dev->name,
            tol_ref > 0 ? "bounded" : "information: the half-precision error itself, see net_tol");
-    double *r = load64(dir, "output.npy", (size_t)B * D);
+    double *r = npy_load_f64(dir, "output.npy", (size_t)B * D);
     if (r)
         fail |= net_check("output", emb, r, (size_t)B * D, tol_ref);
     free(r);
-    if ((r = load64(dir, "grad_input.npy", nin)))
+    if ((r = npy_load_f64(dir, "grad_input.npy", nin)))
         fail |= net_check("grad_input", gin, r, nin, tol_ref);
     free(r);
     snprintf(sub, sizeof sub, "%s/grads", dir);
@@ -941,7 +869,7 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
             continue;
         }
         snprintf(fn, sizeof fn, "%s.npy", t->name);
-        if ((r = load64(sub, fn, t->count)))
+        if ((r = npy_load_f64(sub, fn, t->count)))
             fail |= net_check(lab, grads + t->offset, r, t->count, tol_ref);
         else
             fail = 1;
@@ -952,7 +880,7 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
         const model_tensor *t = model_buffer_tensor_at(m, i);
         char fn[160];
         snprintf(fn, sizeof fn, "%s.npy", t->name);
-        if ((r = load64(sub, fn, t->count)))
+        if ((r = npy_load_f64(sub, fn, t->count)))
             fail |= net_check(t->name, bufs + t->offset, r, t->count, tol_ref);
         else
             fail = 1;
@@ -960,7 +888,7 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
     }
     RUN(model_forward(m, x, B, 0, &embdev));
     RUN(dev->mem_d2h(ctx, emb, embdev, (size_t)B * D * 4));
-    if ((r = load64(dir, "eval_output.npy", (size_t)B * D)))
+    if ((r = npy_load_f64(dir, "eval_output.npy", (size_t)B * D)))
         fail |= net_check("eval_output", emb, r, (size_t)B * D, tol_eval);
     else
         fail = 1;

@@ -28,28 +28,6 @@ static double worst = 0.0;
 static double tol = TOL; /* per case: TOL for the PyTorch references */
 static int info_only = 0; /* comparisons printed for information, not judged */
 
-/* Parses `"key": [a, b, c, d]` (4 ints). */
-static int json_int4(const char *json, const char *key, int out[4])
-{
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\"", key);
-    const char *p = strstr(json, pat);
-    if (!p || !(p = strchr(p, '[')))
-        return -1;
-    p++;
-    for (int i = 0; i < 4; i++) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p)
-            return -1;
-        out[i] = (int)v;
-        p = end;
-        while (*p == ',' || *p == ' ' || *p == '\n')
-            p++;
-    }
-    return 0;
-}
-
 /* got: float (f32) or double (f64) values; ref float64. Returns 1 on failure. */
 static int check(const char *what, const float *f32, const double *f64, const double *r, size_t n)
 {
@@ -221,22 +199,6 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
     return rc;
 }
 
-static double *load64(const char *dir, const char *name, size_t expect)
-{
-    npy_array a;
-    if (npy_load2(dir, name, &a)) {
-        printf("FAIL: %s\n", pf_errmsg());
-        return NULL;
-    }
-    double *d = NULL;
-    if (a.count != expect)
-        printf("FAIL: %s/%s has %zu values, expected %zu\n", dir, name, a.count, expect);
-    else
-        d = npy_to_f64(&a);
-    npy_free(&a);
-    return d;
-}
-
 /* Compares the parameter gradients and running statistics of one run against a reference. */
 static int check_grads(model *m, const char *tag, const float *g32, const double *g64,
                        const float *r32, const double *r64, const refset *ref, const double *gin_ref,
@@ -283,7 +245,7 @@ static int run_case(const char *root, const char *name)
     snprintf(d.name, sizeof d.name, "%.31s", name);
     d.embedding_size = (int)npy_json_number(meta, "num_features", 0);
     int B = (int)npy_json_number(meta, "batch", 0);
-    if (json_int4(meta, "layers", d.layers) || json_int4(meta, "widths", d.widths) ||
+    if (npy_json_int4(meta, "layers", d.layers) || npy_json_int4(meta, "widths", d.widths) ||
         d.embedding_size <= 0 || B <= 0) {
         printf("FAIL: %s/meta.json: layers/widths/num_features/batch not found\n", dir);
         free(meta);
@@ -325,7 +287,7 @@ static int run_case(const char *root, const char *name)
         for (int i = 0; i < nt && !fail; i++) {
             char fn[160];
             snprintf(fn, sizeof fn, "%s.npy", m->tensors[i].name);
-            double *v = load64(sub, fn, m->tensors[i].count);
+            double *v = npy_load_f64(sub, fn, m->tensors[i].count);
             if (!v) {
                 fail = 1;
                 break;
@@ -340,18 +302,18 @@ static int run_case(const char *root, const char *name)
             if (m->tensors[i].flags & MODEL_TENSOR_FIXED)
                 continue;
             snprintf(fn, sizeof fn, "%s.npy", m->tensors[i].name);
-            fail |= !(ref.grads[i] = load64(sub, fn, m->tensors[i].count));
+            fail |= !(ref.grads[i] = npy_load_f64(sub, fn, m->tensors[i].count));
         }
         snprintf(sub, sizeof sub, "%s/running", dir);
         for (int i = 0; i < nb && !fail; i++) {
             char fn[160];
             snprintf(fn, sizeof fn, "%s.npy", m->buffers_t[i].name);
-            fail |= !(ref.running[i] = load64(sub, fn, m->buffers_t[i].count));
+            fail |= !(ref.running[i] = npy_load_f64(sub, fn, m->buffers_t[i].count));
         }
         if (!fail) {
-            fail |= !(ref.out = load64(dir, "output.npy", (size_t)B * D));
-            fail |= !(ref.eval_out = load64(dir, "eval_output.npy", (size_t)B * D));
-            fail |= !(ref.gin = load64(dir, "grad_input.npy", nin));
+            fail |= !(ref.out = npy_load_f64(dir, "output.npy", (size_t)B * D));
+            fail |= !(ref.eval_out = npy_load_f64(dir, "eval_output.npy", (size_t)B * D));
+            fail |= !(ref.gin = npy_load_f64(dir, "grad_input.npy", nin));
         }
         if (!fail && !npy_load2(dir, "input.npy", &a)) {
             x = a.count == nin ? npy_to_f32(&a) : NULL;
