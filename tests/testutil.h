@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,6 +34,27 @@ static inline uint64_t rnd(void)
 }
 static inline int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
 static inline float frand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53); }
+
+/* The run's seed, PFCPS_TEST_SEED (decimal) or the time, printed ("seed N (PFCPS_TEST_SEED
+ * replays)"); rng_state = the seed mixed (never 0). */
+static inline uint64_t test_seed_mixed(void)
+{
+    const char *e = getenv("PFCPS_TEST_SEED");
+    uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
+    printf("seed %llu (PFCPS_TEST_SEED replays)\n", (unsigned long long)seed);
+    rng_state = seed * 0x9E3779B97F4A7C15ull | 1;
+    return seed;
+}
+
+/* The run's seed, PFCPS_TEST_SEED (strtoull base 0) or the time and clock, not printed; rng_state =
+ * the seed (1 for 0). */
+static inline uint64_t test_seed(void)
+{
+    const char *se = getenv("PFCPS_TEST_SEED");
+    uint64_t seed = se ? strtoull(se, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    rng_state = seed ? seed : 1;
+    return seed;
+}
 
 /* Fatal test failure: prints FAIL, the message and pf_errmsg(), exits 1. */
 #define DIE(...)                                                                                   \

@@ -576,10 +576,7 @@ int main(void)
                "not run against the CPU device\n");
         return 77;
     }
-    const char *e = getenv("PFCPS_TEST_SEED");
-    uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu (PFCPS_TEST_SEED replays)\n", (unsigned long long)seed);
-    rng_state = seed * 0x9E3779B97F4A7C15ull | 1;
+    test_seed_mixed();
     if (ops_cpu.ctx_create(&cpu))
         DIE("cpu ctx");
     run_device(&ops_cuda_fp16, 0);

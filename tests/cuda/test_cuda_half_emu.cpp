@@ -313,10 +313,7 @@ static void test_elementwise()
 
 int main()
 {
-    const char *e = getenv("PFCPS_TEST_SEED");
-    uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu (PFCPS_TEST_SEED replays)\n", (unsigned long long)seed);
-    rng_state = seed * 0x9E3779B97F4A7C15ull | 1;
+    test_seed_mixed();
     if (ops_cpu.ctx_create(&cpu))
         DIE("cpu ctx");
     for (int r = 0; r < 3; r++) {

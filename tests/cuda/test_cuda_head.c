@@ -332,9 +332,7 @@ int main(void)
         printf("SKIP: PFCPS_REFERENCE not set\n");
         return 77;
     }
-    const char *se = getenv("PFCPS_TEST_SEED");
-    uint64_t seed = se ? strtoull(se, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    rng_state = seed ? seed : 1;
+    uint64_t seed = test_seed();
     printf("seed %llu\n", (unsigned long long)seed);
     char dir[1200];
     snprintf(dir, sizeof dir, "%s/head", ref);

@@ -419,9 +419,7 @@ static void cpu_case(int W, int local, int straight, int clamp)
 
 int main()
 {
-    const char *se = getenv("PFCPS_TEST_SEED");
-    uint64_t seed = se ? strtoull(se, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    rng_state = seed ? seed : 1;
+    uint64_t seed = test_seed();
     printf("seed %llu; CUDA head kernels emulated on the CPU, %d threads per block\n", (unsigned long long)seed,
            HEAD_THREADS);
     const char *ref = getenv("PFCPS_REFERENCE");

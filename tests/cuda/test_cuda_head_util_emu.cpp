@@ -205,9 +205,7 @@ static void unscale_case()
 
 int main()
 {
-    const char *se = getenv("PFCPS_TEST_SEED");
-    uint64_t seed = se ? strtoull(se, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    rng_state = seed ? seed : 1;
+    uint64_t seed = test_seed();
     printf("seed %llu; head.cu's row / optimizer / unscale kernels emulated on the CPU\n", (unsigned long long)seed);
     sgd_case(true);
     sgd_case(false);

@@ -349,9 +349,7 @@ int main(void)
         printf("SKIP: no CUDA device (the CUDA device library compiled and linked; CUDA vs CPU not run)\n");
         return 77;
     }
-    const char *se = getenv("PFCPS_TEST_SEED");
-    uint64_t seed = se ? strtoull(se, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    rng_state = seed ? seed : 1;
+    uint64_t seed = test_seed();
     printf("seed %llu (PFCPS_TEST_SEED=%llu replays)\n", (unsigned long long)seed, (unsigned long long)seed);
     if (ops_cpu.ctx_create(&cpu) || ops_cuda.ctx_create(&gpu))
         DIE("context creation");

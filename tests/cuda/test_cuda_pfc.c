@@ -525,8 +525,7 @@ int main(void)
         printf("SKIP: no CUDA device (cuda_head_dist and pfc_cuda compiled and linked; not run)\n");
         return 77;
     }
-    const char *se = getenv("PFCPS_TEST_SEED");
-    g_seed = se ? strtoull(se, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    g_seed = test_seed();
     printf("seed %llu (PFCPS_TEST_SEED replays)\n", (unsigned long long)g_seed);
 #ifdef PFCPS_CUDA_EMU_DEVICE
     printf("EMULATED device (tests/cuda/cuda_emu_device.cpp): the head's host code and kernels on the CPU\n");

@@ -33,6 +33,7 @@
 #include "tests/npy.h"
 #include "tests/testutil.h"
 #include "tests/model/ref64.h"
+#include "tests/model/refcase.h"
 #include "worker/model/model_internal.h"
 
 #define U 0x1.0p-8 /* bf16 unit roundoff */
@@ -737,24 +738,11 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
                     double tol_ref, double tol_eval)
 {
     char dir[1024], sub[1100];
-    snprintf(dir, sizeof dir, "%s/backbone/%s", root, name);
-    char *meta = npy_read_text(dir, "meta.json");
-    if (!meta) {
-        printf("SKIP: %s/meta.json not readable\n", dir);
-        return 77;
-    }
+    char *meta;
     model_desc d;
-    memset(&d, 0, sizeof d);
-    d.kind = MODEL_IRESNET;
-    snprintf(d.name, sizeof d.name, "%.31s", name);
-    d.embedding_size = (int)npy_json_number(meta, "num_features", 0);
-    int B = (int)npy_json_number(meta, "batch", 0);
-    if (npy_json_int4(meta, "layers", d.layers) || npy_json_int4(meta, "widths", d.widths) ||
-        d.embedding_size <= 0 || B <= 0) {
-        printf("FAIL: %s/meta.json: layers/widths/num_features/batch not found\n", dir);
-        free(meta);
-        return 1;
-    }
+    int B, mrc = refcase_meta(dir, sizeof dir, root, name, &d, &B, &meta);
+    if (mrc)
+        return mrc;
     free(meta);
     model *m;
     int rc = model_create_desc(&m, &d, B, dev);
@@ -774,7 +762,6 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
     float *emb = xmalloc(B * D * 4), *gin = xmalloc(nin * 4);
     float *x = NULL, *g = NULL;
     int fail = 0;
-    npy_array a;
     snprintf(sub, sizeof sub, "%s/params", dir);
     for (int i = 0; i < model_num_tensors(m) && !fail; i++) {
         const model_tensor *t = model_tensor_at(m, i);
@@ -789,13 +776,9 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
             params[t->offset + k] = (float)v[k];
         free(v);
     }
-    if (!fail && !npy_load2(dir, "input.npy", &a)) {
-        x = a.count == nin ? npy_to_f32(&a) : NULL;
-        npy_free(&a);
-    }
-    if (!fail && !npy_load2(dir, "grad_output.npy", &a)) {
-        g = a.count == (size_t)B * D ? npy_to_f32(&a) : NULL;
-        npy_free(&a);
+    if (!fail) {
+        x = refcase_f32(dir, "input.npy", nin);
+        g = refcase_f32(dir, "grad_output.npy", (size_t)B * D);
     }
     if (fail || !x || !g) {
         printf("FAIL: could not load the reference case %s\n", dir);
@@ -1055,20 +1038,14 @@ int main(int argc, char **argv)
             printf("FAIL: %s\n", dev ? "not a mixed-precision device" : pf_errmsg());
             return 1;
         }
-        const char *e = getenv("PFCPS_TEST_SEED");
-        uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-        printf("seed %llu (PFCPS_TEST_SEED replays)\n", (unsigned long long)seed);
-        rng_state = seed * 0x9E3779B97F4A7C15ull | 1;
+        uint64_t seed = test_seed_mixed();
         int r = batch_case(dev, seed);
         if (r == 77)
             return 77;
         printf("%s: worst bounded relative error %.3e: %s\n", dev->name, net_worst, r || fails ? "FAIL" : "PASS");
         return r || fails ? 1 : 0;
     }
-    const char *e = getenv("PFCPS_TEST_SEED");
-    uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-    printf("seed %llu (PFCPS_TEST_SEED replays)\n", (unsigned long long)seed);
-    rng_state = seed * 0x9E3779B97F4A7C15ull | 1;
+    test_seed_mixed();
     RUN(ops_cpu.ctx_create(&cpu));
     RUN(ops_cpu_bf16.ctx_create(&bf));
     test_rounding();

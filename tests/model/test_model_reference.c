@@ -18,6 +18,7 @@
 
 #include "common/err.h"
 #include "tests/model/ref64.h"
+#include "tests/model/refcase.h"
 #include "tests/npy.h"
 #include "worker/model/model_internal.h"
 
@@ -233,24 +234,11 @@ static int check_grads(model *m, const char *tag, const float *g32, const double
 static int run_case(const char *root, const char *name)
 {
     char dir[1024], sub[1100];
-    snprintf(dir, sizeof dir, "%s/backbone/%s", root, name);
-    char *meta = npy_read_text(dir, "meta.json");
-    if (!meta) {
-        printf("SKIP: %s/meta.json not readable\n", dir);
-        return 77;
-    }
+    char *meta;
     model_desc d;
-    memset(&d, 0, sizeof d);
-    d.kind = MODEL_IRESNET;
-    snprintf(d.name, sizeof d.name, "%.31s", name);
-    d.embedding_size = (int)npy_json_number(meta, "num_features", 0);
-    int B = (int)npy_json_number(meta, "batch", 0);
-    if (npy_json_int4(meta, "layers", d.layers) || npy_json_int4(meta, "widths", d.widths) ||
-        d.embedding_size <= 0 || B <= 0) {
-        printf("FAIL: %s/meta.json: layers/widths/num_features/batch not found\n", dir);
-        free(meta);
-        return 1;
-    }
+    int B, mrc = refcase_meta(dir, sizeof dir, root, name, &d, &B, &meta);
+    if (mrc)
+        return mrc;
     printf("case %s: layers %d,%d,%d,%d widths %d,%d,%d,%d D=%d B=%d\n", name, d.layers[0],
            d.layers[1], d.layers[2], d.layers[3], d.widths[0], d.widths[1], d.widths[2],
            d.widths[3], d.embedding_size, B);
@@ -282,7 +270,6 @@ static int run_case(const char *root, const char *name)
     ref.running = calloc((size_t)nb, sizeof *ref.running);
     float *x = NULL, *g = NULL;
     {
-        npy_array a;
         snprintf(sub, sizeof sub, "%s/params", dir);
         for (int i = 0; i < nt && !fail; i++) {
             char fn[160];
@@ -315,13 +302,9 @@ static int run_case(const char *root, const char *name)
             fail |= !(ref.eval_out = npy_load_f64(dir, "eval_output.npy", (size_t)B * D));
             fail |= !(ref.gin = npy_load_f64(dir, "grad_input.npy", nin));
         }
-        if (!fail && !npy_load2(dir, "input.npy", &a)) {
-            x = a.count == nin ? npy_to_f32(&a) : NULL;
-            npy_free(&a);
-        }
-        if (!fail && !npy_load2(dir, "grad_output.npy", &a)) {
-            g = a.count == (size_t)B * D ? npy_to_f32(&a) : NULL;
-            npy_free(&a);
+        if (!fail) {
+            x = refcase_f32(dir, "input.npy", nin);
+            g = refcase_f32(dir, "grad_output.npy", (size_t)B * D);
         }
         if (!x || !g)
             fail = 1;
