@@ -20,31 +20,20 @@
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "tests/cuda/cuda_testutil.h"
+#include "tests/cuda/head_refcase.h"
 #include "tests/npy.h"
 #include "worker/head/optim.h"
 
 static void head_case(const char *dir, const char *name)
 {
-    char path[1600];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    char *meta = npy_read_text(path, "meta.json");
-    if (!meta)
-        DIE("%s: cannot read meta.json", path);
-    cuda_head_params p = {.s = npy_json_number(meta, "s", NAN), .m1 = npy_json_number(meta, "m1", NAN),
-                          .m2 = npy_json_number(meta, "m2", NAN), .m3 = npy_json_number(meta, "m3", NAN),
-                          .tau = 0, .straight_through = strstr(meta, "straight_through") != NULL,
-                          .clamp_loss = 0};
-    free(meta);
-    npy_array e, w, l, lo, lg, ge, gc;
-    if (npy_load2(path, "embeddings.npy", &e) || npy_load2(path, "centers.npy", &w) ||
-        npy_load2(path, "labels.npy", &l) || npy_load2(path, "loss.npy", &lo) ||
-        npy_load2(path, "logits.npy", &lg) || npy_load2(path, "grad_embeddings.npy", &ge) ||
-        npy_load2(path, "grad_centers.npy", &gc))
-        DIE("%s", path);
-    int n = (int)e.shape[0], d = (int)e.shape[1], k = (int)w.shape[0];
-    float *emb = npy_to_f32(&e), *cen = npy_to_f32(&w);
-    int64_t *lab = npy_to_i64(&l);
-    double *rloss = npy_to_f64(&lo), *rlog = npy_to_f64(&lg), *rge = npy_to_f64(&ge), *rgc = npy_to_f64(&gc);
+    head_refcase c;
+    if (head_refcase_load(dir, name, &c))
+        DIE("reference case %s", name);
+    cuda_head_params p = c.p;
+    int n = c.n, d = c.d, k = c.k;
+    float *emb = c.emb, *cen = c.cen;
+    int64_t *lab = c.lab;
+    double *rlog = c.rlog, *rge = c.rge, *rgc = c.rgc;
     cuda_head_ws ws;
     if (cuda_head_ws_init(&ws, n, k, d))
         DIE("head workspace");
@@ -55,7 +44,7 @@ static void head_case(const char *dir, const char *name)
     if (cuda_head_forward_backward(&p, &ws, gemb, n, gcen, k, glab, 0, &loss, glog, gge, ggc))
         DIE("%s: cuda head", name);
     float *hl = dl(glog, (size_t)n * k), *hge = dl(gge, (size_t)n * d), *hgc = dl(ggc, (size_t)k * d);
-    double el = fabs(loss - rloss[0]) / fabs(rloss[0]);
+    double el = fabs(loss - c.rloss) / fabs(c.rloss);
     double elog = rel_l2_f64(hl, rlog, (size_t)n * k), ege = rel_l2_f64(hge, rge, (size_t)n * d),
            egc = rel_l2_f64(hgc, rgc, (size_t)k * d);
     check(el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
@@ -77,8 +66,8 @@ static void head_case(const char *dir, const char *name)
     free(bad);
     cuda_head_ws_free(&ws);
     cuda_free(gemb); cuda_free(gcen); cuda_free(glab); cuda_free(glog); cuda_free(gge); cuda_free(ggc);
-    free(emb); free(cen); free(lab); free(rloss); free(rlog); free(rge); free(rgc); free(hl); free(hge); free(hgc);
-    npy_free(&e); npy_free(&w); npy_free(&l); npy_free(&lo); npy_free(&lg); npy_free(&ge); npy_free(&gc);
+    head_refcase_free(&c);
+    free(hl); free(hge); free(hgc);
 }
 
 static void sgd_case(const char *dir, const char *name)

@@ -37,6 +37,7 @@ extern "C" {
 #include <string>
 
 #include "kernels/cuda/head_kernels.cuh"
+#include "tests/cuda/head_refcase.h"
 #include "tests/testutil.h"
 
 // One rank's inputs, the "device" buffers and outputs.
@@ -230,28 +231,16 @@ static void assemble(const std::vector<rank_io> &R, int k, std::vector<float> &l
 
 static void reference_case(const char *dir, const char *name)
 {
-    std::string path = std::string(dir) + "/" + name;
-    char *meta = npy_read_text(path.c_str(), "meta.json");
-    if (!meta) {
-        check(false, "%s: meta.json", name);
-        return;
-    }
-    cuda_head_params p = {npy_json_number(meta, "s", NAN), npy_json_number(meta, "m1", NAN),
-                          npy_json_number(meta, "m2", NAN), npy_json_number(meta, "m3", NAN), 0.0,
-                          strstr(meta, "straight_through") != NULL, 0};
-    free(meta);
-    npy_array e, w, l, lo, lg, ge, gc;
-    if (npy_load2(path.c_str(), "embeddings.npy", &e) || npy_load2(path.c_str(), "centers.npy", &w) ||
-        npy_load2(path.c_str(), "labels.npy", &l) || npy_load2(path.c_str(), "loss.npy", &lo) ||
-        npy_load2(path.c_str(), "logits.npy", &lg) || npy_load2(path.c_str(), "grad_embeddings.npy", &ge) ||
-        npy_load2(path.c_str(), "grad_centers.npy", &gc)) {
+    head_refcase c;
+    if (head_refcase_load(dir, name, &c)) {
         check(false, "%s: %s", name, pf_errmsg());
         return;
     }
-    const int n = (int)e.shape[0], d = (int)e.shape[1], k = (int)w.shape[0];
-    float *emb = npy_to_f32(&e), *cen = npy_to_f32(&w);
-    int64_t *lab = npy_to_i64(&l);
-    double *rloss = npy_to_f64(&lo), *rlog = npy_to_f64(&lg), *rge = npy_to_f64(&ge), *rgc = npy_to_f64(&gc);
+    const cuda_head_params p = c.p;
+    const int n = c.n, d = c.d, k = c.k;
+    float *emb = c.emb, *cen = c.cen;
+    int64_t *lab = c.lab;
+    double *rlog = c.rlog, *rge = c.rge, *rgc = c.rgc;
     const bool big = k > 100;
 #ifdef __SANITIZE_ADDRESS__
     const bool skip_big = true; // ten times slower under the sanitizers
@@ -261,15 +250,14 @@ static void reference_case(const char *dir, const char *name)
     if (big && (skip_big || !strstr(name, "arcface_exact"))) {
         // ~2.5M fiber switches per large case: one (arcface exact) is run, the rest on the GPU only
         printf("--   %s: large case, emulated only for arcface_exact (and not under the sanitizers)\n", name);
-        free(emb); free(cen); free(lab); free(rloss); free(rlog); free(rge); free(rgc);
-        npy_free(&e); npy_free(&w); npy_free(&l); npy_free(&lo); npy_free(&lg); npy_free(&ge); npy_free(&gc);
+        head_refcase_free(&c);
         return;
     }
 
     // the fused single-process kernel
     std::vector<rank_io> one = split(emb, cen, lab, n, k, d, 1);
     int rc = emu_fused(p, one[0]);
-    double el = fabs(one[0].loss - rloss[0]) / fabs(rloss[0]);
+    double el = fabs(one[0].loss - c.rloss) / fabs(c.rloss);
     double elog = rel_l2_f64(one[0].logits.data(), rlog, (size_t)n * k), ege = rel_l2_f64(one[0].ge.data(), rge, (size_t)n * d),
            egc = rel_l2_f64(one[0].gc.data(), rgc, (size_t)k * d);
     check(rc == 0 && el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
@@ -286,7 +274,7 @@ static void reference_case(const char *dir, const char *name)
         std::vector<float> alg, age, agc;
         if (rc == 0)
             assemble(R, k, alg, age, agc);
-        el = fabs(R[0].loss - rloss[0]) / fabs(rloss[0]);
+        el = fabs(R[0].loss - c.rloss) / fabs(c.rloss);
         elog = rc ? INFINITY : rel_l2_f64(alg.data(), rlog, (size_t)n * k);
         ege = rc ? INFINITY : rel_l2_f64(age.data(), rge, (size_t)n * d);
         egc = rc ? INFINITY : rel_l2_f64(agc.data(), rgc, (size_t)k * d);
@@ -308,8 +296,7 @@ static void reference_case(const char *dir, const char *name)
         rc = emu_fused(p, one[0]);
         check(rc == -ERANGE, "fused  W=1 %s: label -2 on row 0 -> rc %d", name, rc);
     }
-    free(emb); free(cen); free(lab); free(rloss); free(rlog); free(rge); free(rgc);
-    npy_free(&e); npy_free(&w); npy_free(&l); npy_free(&lo); npy_free(&lg); npy_free(&ge); npy_free(&gc);
+    head_refcase_free(&c);
 }
 
 // vs the CPU head (head.c): random data, interclass filtering, clamp_loss, a row without any target.

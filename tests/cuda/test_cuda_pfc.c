@@ -34,6 +34,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "tests/check.h"
 #include "tests/cuda/cuda_testutil.h"
+#include "tests/cuda/head_refcase.h"
 #include "tests/npy.h"
 #include "worker/head/pfc.h"
 #include "worker/head/pfc_cuda.h"
@@ -80,17 +81,8 @@ static int all_ready(pf_coll *c, int ok)
 
 /* ---------------- part 1: reference cases split over W ranks ---------------- */
 
-typedef struct refcase {
-    char name[256];
-    int n, k, d;
-    cuda_head_params p;
-    float *emb, *cen;
-    int64_t *lab;
-    double rloss, *rlog, *rge, *rgc;
-} refcase;
-
 typedef struct refrank {
-    const refcase *c;
+    const head_refcase *c;
     coll_thread_group *grp;
     int rank, W, bad;
     int rc;
@@ -104,7 +96,7 @@ typedef struct refrank {
 static void *ref_rank_main(void *vp)
 {
     refrank *a = vp;
-    const refcase *c = a->c;
+    const head_refcase *c = a->c;
     const int W = a->W, r = a->rank, n = c->n, d = c->d, k = c->k;
     pf_coll coll, *cp = NULL;
     if (W > 1) {
@@ -166,7 +158,7 @@ static void *ref_rank_main(void *vp)
     return NULL;
 }
 
-static void ref_run(const refcase *c, int W, int bad_rank)
+static void ref_run(const head_refcase *c, int W, int bad_rank)
 {
     const int n = c->n, k = c->k, d = c->d;
     coll_thread_group *g = NULL;
@@ -233,7 +225,7 @@ static void ref_run(const refcase *c, int W, int bad_rank)
 }
 
 /* The single-process fused head (cuda_head_forward_backward, grad scale 1/n) on the same case. */
-static void fused_run(const refcase *c)
+static void fused_run(const head_refcase *c)
 {
     const int n = c->n, k = c->k, d = c->d;
     cuda_head_ws ws;
@@ -258,47 +250,6 @@ static void fused_run(const refcase *c)
     cuda_head_ws_free(&ws);
     cuda_free(demb); cuda_free(dcen); cuda_free(dlab); cuda_free(dlog); cuda_free(dge); cuda_free(dgc);
     free(hl); free(hge); free(hgc);
-}
-
-static int load_case(const char *dir, const char *name, refcase *c)
-{
-    char path[1600];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    char *meta = npy_read_text(path, "meta.json");
-    if (!meta)
-        return -1;
-    memset(c, 0, sizeof *c);
-    snprintf(c->name, sizeof c->name, "%s", name);
-    c->p = (cuda_head_params){.s = npy_json_number(meta, "s", NAN), .m1 = npy_json_number(meta, "m1", NAN),
-                              .m2 = npy_json_number(meta, "m2", NAN), .m3 = npy_json_number(meta, "m3", NAN),
-                              .tau = 0, .straight_through = strstr(meta, "straight_through") != NULL,
-                              .clamp_loss = 0};
-    free(meta);
-    npy_array e, w, l, lo, lg, ge, gc;
-    if (npy_load2(path, "embeddings.npy", &e) || npy_load2(path, "centers.npy", &w) ||
-        npy_load2(path, "labels.npy", &l) || npy_load2(path, "loss.npy", &lo) ||
-        npy_load2(path, "logits.npy", &lg) || npy_load2(path, "grad_embeddings.npy", &ge) ||
-        npy_load2(path, "grad_centers.npy", &gc))
-        return -1;
-    c->n = (int)e.shape[0];
-    c->d = (int)e.shape[1];
-    c->k = (int)w.shape[0];
-    c->emb = npy_to_f32(&e);
-    c->cen = npy_to_f32(&w);
-    c->lab = npy_to_i64(&l);
-    double *rl = npy_to_f64(&lo);
-    c->rloss = rl[0];
-    free(rl);
-    c->rlog = npy_to_f64(&lg);
-    c->rge = npy_to_f64(&ge);
-    c->rgc = npy_to_f64(&gc);
-    npy_free(&e); npy_free(&w); npy_free(&l); npy_free(&lo); npy_free(&lg); npy_free(&ge); npy_free(&gc);
-    return 0;
-}
-
-static void free_case(refcase *c)
-{
-    free(c->emb); free(c->cen); free(c->lab); free(c->rlog); free(c->rge); free(c->rgc);
 }
 
 /* ---------------- part 2: pfc_cuda_step vs pfc_step ---------------- */
@@ -548,8 +499,8 @@ int main(void)
         while ((de = readdir(dp))) {
             if (strncmp(de->d_name, "head_", 5))
                 continue;
-            refcase c;
-            if (load_case(dir, de->d_name, &c))
+            head_refcase c;
+            if (head_refcase_load(dir, de->d_name, &c))
                 DIE("%s/%s: cannot load", dir, de->d_name);
 #ifdef __SANITIZE_ADDRESS__
             if (c.k <= 100)
@@ -571,7 +522,7 @@ int main(void)
             if (strstr(c.name, "N8_K50"))
                 for (int W = 1; W <= maxw; W++)
                     ref_run(&c, W, W - 1);
-            free_case(&c);
+            head_refcase_free(&c);
             ncase++;
         }
         closedir(dp);
