@@ -10,6 +10,7 @@
  * progress, log the counters, exit 0. The same signals while the run is still forming end the wait for the
  * other members within ~0.1 s (ctl_set_interrupt): rank 0 broadcasts the shutdown to the members that joined,
  * exit 0. Exit 1 on a start-up error (message on stderr). */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,20 @@ static void on_signal(int sig) {
     g_stop = 1;
 }
 
+/* SIGTERM / SIGINT stay blocked from before the shared libraries' constructors run until main() has installed
+ * on_signal: libfabric's psm provider pulls in libinfinipath, whose constructor installs a handler that calls
+ * exit(1) without a word (and, during libcublasLt's constructor, crashed the worker with SIGSEGV). A stop
+ * request in the first few hundred milliseconds now ends in the same orderly stop as a later one. */
+static sigset_t stop_signals;
+static void block_stop_signals(void) {
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+}
+__attribute__((used, section(".preinit_array"))) static void (*const preinit_block_stop_signals)(void) =
+    block_stop_signals;
+
 static const char usage[] =
     "usage: pfcps-server --config FILE --rank S [--set key=value ...]\n"
     "  --rank S   this server's rank in [0, servers); rank 0 runs the rendezvous\n";
@@ -48,6 +63,13 @@ int main(int argc, char **argv) {
     pf_config cfg;
     int rest = 0;
     log_init("server", -1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL); /* a SIGTERM that came during start-up: on_signal now */
     int rc = cli_parse_common(argc, argv, &cfg, usage, CLI_CONFIG_OPTIONAL, &rest);
     if (rc == CLI_HELP) return 0;
     if (rc < 0) {
@@ -78,12 +100,6 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
     ctl_set_interrupt(&g_stop); /* a stop request ends the wait for the run to form */
 
     ctl_rendezvous *rv = NULL;

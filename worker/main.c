@@ -32,6 +32,21 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
+/* SIGTERM / SIGINT stay blocked from before the shared libraries' constructors run until main() has installed
+ * on_signal: libfabric's psm provider pulls in libinfinipath, whose constructor installs a handler that calls
+ * exit(1) without a word (and, during libcublasLt's constructor, crashed the worker with SIGSEGV). A stop
+ * request in the first few hundred milliseconds now ends in the same orderly stop as a later one. */
+static sigset_t stop_signals;
+static void block_stop_signals(void)
+{
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+}
+__attribute__((used, section(".preinit_array"))) static void (*const preinit_block_stop_signals)(void) =
+    block_stop_signals;
+
 /* Watches the control connection while training runs: server 0 broadcasts a shutdown when it stops
  * (SIGTERM, or a fatal error), and a lost connection means server 0 is gone. Either way the run cannot go
  * on: ask for a clean stop at the next step boundary, and if the step in progress cannot finish (its
@@ -95,6 +110,13 @@ int main(int argc, char **argv)
     pf_config cfg;
     int rest = 0;
     log_init("worker", -1);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL); /* a SIGTERM that came during start-up: on_signal now */
     int rc = cli_parse_common(argc, argv, &cfg, usage, CLI_CONFIG_OPTIONAL, &rest);
     if (rc == CLI_HELP)
         return 0;
@@ -147,12 +169,6 @@ int main(int argc, char **argv)
     }
     log_info("device %s (config device = %s%s%s), precision %s", dinfo.name, cfg.device, cfg.fp16 ? ", fp16" : "",
              cfg.bf16 ? ", bf16" : "", dinfo.precision);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
     ctl_set_interrupt(&g_stop); /* a stop request ends the wait for the run to form */
 
     trainer *t = NULL;
