@@ -9,6 +9,22 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
+# Config lines the tests' run files share (expanded in their heredocs):
+# TINY_NET: [train] of the tiny test network (r18_w8, 16-d embeddings, batch 4);
+# TINY_DATA: [data] of a synthetic set of 10 classes, 8 images;
+# ORL_NET: [train] of the ORL training runs (r18_w8, 32-d embeddings, CosFace margin, batch 8, lr 0.1).
+TINY_NET="network = r18_w8
+embedding_size = 16
+batch_size = 4"
+TINY_DATA="rec = synthetic
+num_classes = 10
+num_image = 8"
+ORL_NET="network = r18_w8
+embedding_size = 32
+margin_list = 1.0, 0.0, 0.35
+batch_size = 8
+lr = 0.1"
+
 # free_port: a TCP port nobody listens on (the rendezvous binds it).
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'

@@ -11,9 +11,7 @@ for i in 1 2 3; do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
 port=$(free_port)
 cat >"$TMP/run.ini" <<INI
 [train]
-network = r18_w8
-embedding_size = 16
-batch_size = 4
+$TINY_NET
 output = $TMP/out
 [data]
 rec = $TMP/train

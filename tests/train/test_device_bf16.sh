@@ -35,11 +35,7 @@ run() { # run NAME DEVICE EXTRA_LINE
   local name=$1 dev=$2 extra=$3
   cat >"$TMP/$name.ini" <<INI
 [train]
-network = r18_w8
-embedding_size = 32
-margin_list = 1.0, 0.0, 0.35
-batch_size = 8
-lr = 0.1
+$ORL_NET
 num_epoch = 4
 frequent = 10
 device = $dev

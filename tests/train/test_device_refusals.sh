@@ -9,20 +9,15 @@
 set -uo pipefail
 WORKER=$1
 TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/cluster.sh"
 write_cfg() {
   cat >"$TMP/run.ini" <<INI
 [train]
-network = r18_w8
-embedding_size = 16
-batch_size = 4
+$TINY_NET
 output = $TMP/out
 $1
 [data]
-rec = synthetic
-num_classes = 10
-num_image = 8
+$TINY_DATA
 [cluster]
 servers = 1
 workers = 1

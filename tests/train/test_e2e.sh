@@ -14,11 +14,7 @@ for i in 1 2 3 4 5 6 7 8; do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
 port=$(free_port)
 cat >"$TMP/run.ini" <<INI
 [train]
-network = r18_w8
-embedding_size = 32
-margin_list = 1.0, 0.0, 0.35
-batch_size = 8
-lr = 0.1
+$ORL_NET
 num_epoch = 6
 frequent = 5
 output = $TMP/out

@@ -13,9 +13,7 @@ for S in 1 2 3; do
   port=$(free_port)
   cat >"$TMP/s$S.ini" <<INI
 [train]
-network = r18_w8
-embedding_size = 16
-batch_size = 4
+$TINY_NET
 lr = 0.2
 num_epoch = 100
 output = $TMP/out$S

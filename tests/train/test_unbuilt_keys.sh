@@ -11,16 +11,12 @@ export OMP_NUM_THREADS=1
 write_cfg() {
   cat >"$TMP/run.ini" <<INI
 [train]
-network = r18_w8
-embedding_size = 16
-batch_size = 4
+$TINY_NET
 num_epoch = 1
 output = $TMP/out
 $1
 [data]
-rec = synthetic
-num_classes = 10
-num_image = 8
+$TINY_DATA
 num_workers = 1
 [cluster]
 servers = 1

@@ -11,14 +11,10 @@ TMP=$(mktemp -d)
 PORT=$(free_port)
 cat >"$TMP/run.ini" <<INI
 [train]
-network = r18_w8
-embedding_size = 16
-batch_size = 4
+$TINY_NET
 output = $TMP/out
 [data]
-rec = synthetic
-num_classes = 10
-num_image = 8
+$TINY_DATA
 [cluster]
 servers = 1
 workers = 2
