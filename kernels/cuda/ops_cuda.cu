@@ -3,6 +3,7 @@
 // the differences from the CPU device (fp32 batch-norm sums; algorithms without TF32).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/conv_cache.h"
 
 #include <cublas_v2.h>
 #include <cudnn.h>
@@ -18,15 +19,13 @@ struct conv_entry {
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
-    int has_bwd;
 };
 
 struct ops_ctx {
     cudnnHandle_t dnn;
     cublasHandle_t blas;
     cudnnTensorDescriptor_t bn_x, bn_p; /* reset per batch-norm call */
-    conv_entry **conv;
-    int nconv, capconv;
+    conv_cache conv;
     void *ws; /* convolution workspace, grown when a new shape needs more */
     size_t ws_size;
     float *scr; /* scratch for outputs a caller does not want (dinp NULL in BN backward) */
@@ -74,17 +73,16 @@ static int ws_need(ops_ctx *c, size_t bytes)
 
 /* ---- convolution ---- */
 
-static void conv_entry_free(conv_entry *e)
+/* Releases what conv_build_fwd/bwd made (conv_cache_fns.release). */
+static void conv_entry_release(void *entry)
 {
-    if (!e)
-        return;
+    conv_entry *e = (conv_entry *)entry;
     if (e->x) cudnnDestroyTensorDescriptor(e->x);
     if (e->y) cudnnDestroyTensorDescriptor(e->y);
     if (e->w) cudnnDestroyFilterDescriptor(e->w);
     if (e->cf) cudnnDestroyConvolutionDescriptor(e->cf);
     if (e->cbd) cudnnDestroyConvolutionDescriptor(e->cbd);
     if (e->cbf) cudnnDestroyConvolutionDescriptor(e->cbf);
-    free(e);
 }
 
 static int conv_desc(cudnnConvolutionDescriptor_t *d, const ops_conv_shape *s, int tf32)
@@ -111,8 +109,11 @@ template <typename P> static int pick(const P *perf, int n, int tf32)
     return -1;
 }
 
-static int conv_build_fwd(ops_ctx *c, conv_entry *e)
+static int conv_build_fwd(void *dev, void *entry, const ops_conv_shape *shape)
 {
+    ops_ctx *c = (ops_ctx *)dev;
+    conv_entry *e = (conv_entry *)entry;
+    e->s = *shape;
     const ops_conv_shape *s = &e->s;
     CUDNN_TRY(cudnnCreateTensorDescriptor(&e->x));
     CUDNN_TRY(cudnnCreateTensorDescriptor(&e->y));
@@ -145,8 +146,10 @@ static int conv_build_fwd(ops_ctx *c, conv_entry *e)
     return ws_need(c, bytes);
 }
 
-static int conv_build_bwd(ops_ctx *c, conv_entry *e)
+static int conv_build_bwd(void *dev, void *entry)
 {
+    ops_ctx *c = (ops_ctx *)dev;
+    conv_entry *e = (conv_entry *)entry;
     cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     cudnnConvolutionBwdFilterAlgoPerf_t pf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int got = 0;
@@ -171,54 +174,23 @@ static int conv_build_bwd(ops_ctx *c, conv_entry *e)
                                                            e->bwd_data, &b1));
     CUDNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, e->x, e->y, e->cbf, e->w,
                                                              e->bwd_filter, &b2));
-    int rc = ws_need(c, b1 > b2 ? b1 : b2);
-    if (rc)
-        return rc;
-    e->has_bwd = 1;
-    return 0;
+    return ws_need(c, b1 > b2 ? b1 : b2);
 }
+
+static const conv_cache_fns conv_fns = {
+    .entry_size = sizeof(conv_entry),
+    .build_fwd = conv_build_fwd,
+    .build_bwd = conv_build_bwd,
+    .release = conv_entry_release,
+    .what = "cuDNN conv",
+};
 
 static int conv_get(ops_ctx *c, const ops_conv_shape *s, int need_bwd, conv_entry **out)
 {
-    for (int i = 0; i < c->nconv; i++) {
-        if (!memcmp(&c->conv[i]->s, s, sizeof *s)) {
-            conv_entry *e = c->conv[i];
-            if (need_bwd && !e->has_bwd) {
-                int rc = conv_build_bwd(c, e);
-                if (rc)
-                    return rc;
-            }
-            *out = e;
-            return 0;
-        }
-    }
-    ops_conv_shape chk;
-    int rc = ops_conv_shape_init(&chk, s->B, s->C, s->H, s->W, s->OC, s->K, s->stride, s->pad,
-                                 s->groups);
-    if (rc)
-        return rc;
-    if (chk.OH != s->OH || chk.OW != s->OW)
-        return pf_err(-EINVAL, "conv shape: OH/OW not derived (use ops_conv_shape_init)");
-    if (c->nconv == c->capconv) {
-        int cap = c->capconv ? 2 * c->capconv : 32;
-        conv_entry **n = (conv_entry **)realloc(c->conv, (size_t)cap * sizeof *n);
-        if (!n)
-            return pf_err(-ENOMEM, "conv cache: out of memory");
-        c->conv = n;
-        c->capconv = cap;
-    }
-    conv_entry *e = (conv_entry *)calloc(1, sizeof *e);
-    if (!e)
-        return pf_err(-ENOMEM, "conv cache: out of memory");
-    e->s = *s;
-    if ((rc = conv_build_fwd(c, e)) || (need_bwd && (rc = conv_build_bwd(c, e)))) {
-        conv_entry_free(e);
-        return pf_err_wrap(rc, "cuDNN conv B=%d C=%d %dx%d OC=%d K=%d stride %d groups %d", s->B,
-                           s->C, s->H, s->W, s->OC, s->K, s->stride, s->groups);
-    }
-    c->conv[c->nconv++] = e;
-    *out = e;
-    return 0;
+    void *e = NULL;
+    int rc = conv_cache_get(&c->conv, &conv_fns, c, s, need_bwd, &e);
+    *out = (conv_entry *)e;
+    return rc;
 }
 
 static int cuda_conv_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
@@ -894,9 +866,7 @@ static void cuda_ctx_destroy(ops_ctx *c)
 {
     if (!c)
         return;
-    for (int i = 0; i < c->nconv; i++)
-        conv_entry_free(c->conv[i]);
-    free(c->conv);
+    conv_cache_clear(&c->conv, &conv_fns);
     cudaFree(c->ws);
     cudaFree(c->scr);
     cudaFree(c->cscr);

@@ -5,6 +5,7 @@
 // (plain = &ops_cuda, its own context).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/conv_cache.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -42,15 +43,13 @@ struct hconv {
     cudnnConvolutionFwdAlgo_t fwd;
     cudnnConvolutionBwdDataAlgo_t bwd_data;
     cudnnConvolutionBwdFilterAlgo_t bwd_filter;
-    int has_bwd;
 };
 
 struct hctx {
     cudnnDataType_t type; /* CUDNN_DATA_HALF or CUDNN_DATA_BFLOAT16: which table created it */
     cudnnHandle_t dnn;
     cudnnTensorDescriptor_t bn_x, bn_p;
-    hconv **conv;
-    int nconv, capconv;
+    conv_cache conv;
     void *ws; /* cuDNN workspace, grown when a new shape needs more */
     size_t ws_size;
     void *wh; /* half copy of a convolution's fp32 weight (converted at each call) */
@@ -106,17 +105,16 @@ static int grow_bytes(void **buf, size_t *cap, size_t bytes, const char *what)
 
 /* ---- convolution (cuDNN legacy API: half tensors and filters, FLOAT compute, tensor ops allowed) ---- */
 
-static void hconv_free(hconv *e)
+/* Releases what hconv_build_fwd/bwd made (conv_cache_fns.release). */
+static void hconv_release(void *entry)
 {
-    if (!e)
-        return;
+    hconv *e = (hconv *)entry;
     if (e->x) cudnnDestroyTensorDescriptor(e->x);
     if (e->y) cudnnDestroyTensorDescriptor(e->y);
     if (e->w) cudnnDestroyFilterDescriptor(e->w);
     if (e->cf) cudnnDestroyConvolutionDescriptor(e->cf);
     if (e->cbd) cudnnDestroyConvolutionDescriptor(e->cbd);
     if (e->cbf) cudnnDestroyConvolutionDescriptor(e->cbf);
-    free(e);
 }
 
 static int hconv_desc(cudnnConvolutionDescriptor_t *d, const ops_conv_shape *s)
@@ -139,8 +137,11 @@ template <typename P> static int hpick(const P *perf, int n)
     return -1;
 }
 
-static int hconv_build_fwd(hctx *c, hconv *e)
+static int hconv_build_fwd(void *dev, void *entry, const ops_conv_shape *shape)
 {
+    hctx *c = (hctx *)dev;
+    hconv *e = (hconv *)entry;
+    e->s = *shape;
     const ops_conv_shape *s = &e->s;
     CUDNN_TRY(cudnnCreateTensorDescriptor(&e->x));
     CUDNN_TRY(cudnnCreateTensorDescriptor(&e->y));
@@ -171,8 +172,10 @@ static int hconv_build_fwd(hctx *c, hconv *e)
     return grow_bytes(&c->ws, &c->ws_size, bytes, "cuDNN workspace");
 }
 
-static int hconv_build_bwd(hctx *c, hconv *e)
+static int hconv_build_bwd(void *dev, void *entry)
 {
+    hctx *c = (hctx *)dev;
+    hconv *e = (hconv *)entry;
     cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     cudnnConvolutionBwdFilterAlgoPerf_t pf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int got = 0;
@@ -196,54 +199,23 @@ static int hconv_build_bwd(hctx *c, hconv *e)
                                                            e->bwd_data, &b1));
     CUDNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, e->x, e->y, e->cbf, e->w,
                                                              e->bwd_filter, &b2));
-    int rc = grow_bytes(&c->ws, &c->ws_size, b1 > b2 ? b1 : b2, "cuDNN workspace");
-    if (rc)
-        return rc;
-    e->has_bwd = 1;
-    return 0;
+    return grow_bytes(&c->ws, &c->ws_size, b1 > b2 ? b1 : b2, "cuDNN workspace");
 }
+
+static const conv_cache_fns hconv_fns = {
+    .entry_size = sizeof(hconv),
+    .build_fwd = hconv_build_fwd,
+    .build_bwd = hconv_build_bwd,
+    .release = hconv_release,
+    .what = "cuDNN half conv",
+};
 
 static int hconv_get(hctx *c, const ops_conv_shape *s, int need_bwd, hconv **out)
 {
-    for (int i = 0; i < c->nconv; i++) {
-        if (!memcmp(&c->conv[i]->s, s, sizeof *s)) {
-            hconv *e = c->conv[i];
-            if (need_bwd && !e->has_bwd) {
-                int rc = hconv_build_bwd(c, e);
-                if (rc)
-                    return rc;
-            }
-            *out = e;
-            return 0;
-        }
-    }
-    ops_conv_shape chk;
-    int rc = ops_conv_shape_init(&chk, s->B, s->C, s->H, s->W, s->OC, s->K, s->stride, s->pad,
-                                 s->groups);
-    if (rc)
-        return rc;
-    if (chk.OH != s->OH || chk.OW != s->OW)
-        return pf_err(-EINVAL, "conv shape: OH/OW not derived (use ops_conv_shape_init)");
-    if (c->nconv == c->capconv) {
-        int cap = c->capconv ? 2 * c->capconv : 32;
-        hconv **n = (hconv **)realloc(c->conv, (size_t)cap * sizeof *n);
-        if (!n)
-            return pf_err(-ENOMEM, "conv cache: out of memory");
-        c->conv = n;
-        c->capconv = cap;
-    }
-    hconv *e = (hconv *)calloc(1, sizeof *e);
-    if (!e)
-        return pf_err(-ENOMEM, "conv cache: out of memory");
-    e->s = *s;
-    if ((rc = hconv_build_fwd(c, e)) || (need_bwd && (rc = hconv_build_bwd(c, e)))) {
-        hconv_free(e);
-        return pf_err_wrap(rc, "cuDNN half conv B=%d C=%d %dx%d OC=%d K=%d stride %d groups %d", s->B,
-                           s->C, s->H, s->W, s->OC, s->K, s->stride, s->groups);
-    }
-    c->conv[c->nconv++] = e;
-    *out = e;
-    return 0;
+    void *e = NULL;
+    int rc = conv_cache_get(&c->conv, &hconv_fns, c, s, need_bwd, &e);
+    *out = (hconv *)e;
+    return rc;
 }
 
 /* c->wh = the half copy of weight (n elements). */
@@ -683,9 +655,7 @@ static void h_ctx_destroy(ops_ctx *c_)
     hctx *c = H(c_);
     if (!c)
         return;
-    for (int i = 0; i < c->nconv; i++)
-        hconv_free(c->conv[i]);
-    free(c->conv);
+    conv_cache_clear(&c->conv, &hconv_fns);
     cudaFree(c->ws);
     cudaFree(c->wh);
     cudaFree(c->dwh);
