@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/cuda/block_sum.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
 #define NORM_EPS 1e-12
@@ -20,28 +21,6 @@
 #define HEAD_THREADS 256
 #endif
 
-/* Block-wide double sum (blockDim.x == HEAD_THREADS); every thread gets the result. */
-static __device__ double block_sum_d(double v)
-{
-    __shared__ double part[HEAD_THREADS / 32];
-    __shared__ double total;
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_down_sync(0xffffffffu, v, off);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = 0.0;
-        for (int w = 0; w < HEAD_THREADS / 32; w++)
-            s += part[w];
-        total = s;
-    }
-    __syncthreads();
-    double r = total;
-    __syncthreads(); /* total / part reusable by the next call */
-    return r;
-}
-
 /* One block per row: out = x / max(|x|, eps), inv[row] = 1 / max(|x|, eps) (double sums). */
 static __global__ void normalize_inv_k(float *out, double *inv, const float *x, int d)
 {
@@ -50,7 +29,7 @@ static __global__ void normalize_inv_k(float *out, double *inv, const float *x, 
     double ss = 0.0;
     for (int j = threadIdx.x; j < d; j += blockDim.x)
         ss += (double)r[j] * r[j];
-    ss = block_sum_d(ss);
+    ss = block_sum_d<HEAD_THREADS / 32>(ss);
     double nrm = sqrt(ss);
     double iv = 1.0 / (nrm > NORM_EPS ? nrm : NORM_EPS);
     if (threadIdx.x == 0)
@@ -69,8 +48,8 @@ static __global__ void normalize_bwd_k(float *g, const float *y, const double *i
         ss += (double)x[base + j] * x[base + j];
         dot += (double)y[base + j] * g[base + j];
     }
-    ss = block_sum_d(ss);
-    dot = block_sum_d(dot);
+    ss = block_sum_d<HEAD_THREADS / 32>(ss);
+    dot = block_sum_d<HEAD_THREADS / 32>(dot);
     if (sqrt(ss) <= NORM_EPS)
         dot = 0.0;
     double iv = inv[blockIdx.x];
@@ -296,7 +275,7 @@ static __global__ void dist_sum_k(const float *cosm, const int64_t *labels, int 
         float e = expf(s * other_value(ci[j], p.tau, &dv) - mx);
         sum += e;
     }
-    sum = block_sum_d(sum);
+    sum = block_sum_d<HEAD_THREADS / 32>(sum);
     if (threadIdx.x == 0) {
         double zt = 0.0, has = 0.0;
         if (li >= 0 && li < k) {

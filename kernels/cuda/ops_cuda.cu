@@ -10,6 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/ops_kernels.cuh"
+
+/* The shared kernels (ops_kernels.cuh) on fp32 elements: conversions are the identity. */
+template <> struct elt<float> {
+    static __device__ __forceinline__ float f(float v) { return v; }
+    static __device__ __forceinline__ float r(float v) { return v; }
+    static __device__ __forceinline__ float rd(double v) { return (float)v; }
+};
+
 /* One convolution shape: descriptors, the algorithms found for it, their workspace needs. */
 struct conv_entry {
     ops_conv_shape s;
@@ -236,28 +245,6 @@ static int bn_descs(ops_ctx *c, int B, int C, int HW)
     return 0;
 }
 
-/* cuDNN's fp32 saved mean / inverse std -> the interface's float64 mean / biased variance. */
-static __global__ void bn_save_to_f64(double *mean, double *var, const float *fm, const float *finv,
-                                      int C, double eps)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < C) {
-        double inv = finv[i];
-        mean[i] = fm[i];
-        var[i] = 1.0 / (inv * inv) - eps;
-    }
-}
-
-static __global__ void bn_save_from_f64(float *fm, float *finv, const double *mean,
-                                        const double *var, int C, double eps)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < C) {
-        fm[i] = (float)mean[i];
-        finv[i] = (float)(1.0 / sqrt(var[i] + eps));
-    }
-}
-
 /* BatchNorm1d (HW == 1): own kernels, one thread per channel, float64 sums as the CPU device
  * (kernels/cpu/ops_cpu.c). With few samples per channel the backward's three terms nearly cancel
  * (for B = 2 the result scales with eps/(var+eps)): cuDNN's fp32 sums would lose most digits there. */
@@ -325,125 +312,8 @@ static __global__ void bn1d_bwd_k(float *dinp, int acc, float *dweight, float *d
 
 /* ---- exact BatchNorm2d (PFCPS_CUDA_BN=exact): the CPU device's float64 math on the GPU ----
  * Per channel: two-pass float64 statistics (partial sums over grid (C, S) blocks, then one thread
- * per channel finishes them), per-element output in float64 then rounded; backward likewise. */
-#define BN_SPLIT 32
-
-static __device__ double block_sum_d256(double v)
-{
-    __shared__ double part[8];
-    __shared__ double total;
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_down_sync(0xffffffffu, v, off);
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            t += part[w];
-        total = t;
-    }
-    __syncthreads();
-    double r = total;
-    __syncthreads();
-    return r;
-}
-
-/* part[c*S + s] = sum over this block's share of channel c of x (mean == NULL) or (x - mean[c])^2;
- * with dy != NULL: part[...] = sum dy, part2[...] = sum dy * (x - mean[c]). */
-static __global__ void bnx_partial_k(double *part, double *part2, const float *x, const float *dy,
-                                     const double *mean, int B, int C, int HW)
-{
-    int ch = blockIdx.x, s = blockIdx.y, S = gridDim.y;
-    double m = mean ? mean[ch] : 0.0, a1 = 0.0, a2 = 0.0;
-    for (int b = s; b < B; b += S) {
-        size_t base = ((size_t)b * C + ch) * HW;
-        for (int hw = threadIdx.x; hw < HW; hw += blockDim.x) {
-            double v = x[base + hw];
-            if (dy) {
-                double g = dy[base + hw];
-                a1 += g;
-                a2 += g * (v - m);
-            } else if (mean) {
-                a1 += (v - m) * (v - m);
-            } else {
-                a1 += v;
-            }
-        }
-    }
-    a1 = block_sum_d256(a1);
-    if (dy)
-        a2 = block_sum_d256(a2);
-    if (threadIdx.x == 0) {
-        part[ch * S + s] = a1;
-        if (dy)
-            part2[ch * S + s] = a2;
-    }
-}
-
-/* stage 0: mean[c] = sum/n; stage 1: var[c] = sum/n, running statistics updated as the CPU device. */
-static __global__ void bnx_finish_k(double *mean, double *var, const double *part, int C, int S, double n,
-                                    int stage, float *running_mean, float *running_var, double momentum)
-{
-    int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= C)
-        return;
-    double t = 0.0;
-    for (int s = 0; s < S; s++)
-        t += part[ch * S + s];
-    if (stage == 0) {
-        mean[ch] = t / n;
-        return;
-    }
-    var[ch] = t / n;
-    if (running_mean && running_var) {
-        double unbias = n > 1 ? n / (n - 1) : 1.0;
-        running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mean[ch]);
-        running_var[ch] = (float)((1.0 - momentum) * running_var[ch] + momentum * var[ch] * unbias);
-    }
-}
-
-/* out = (x - mean) * weight / sqrt(var + eps) + bias, float64 per element (mean/var: double or the
- * float running statistics). */
-static __global__ void bnx_apply_k(float *out, const float *x, const double *mean_d, const double *var_d,
-                                   const float *mean_f, const float *var_f, const float *weight,
-                                   const float *bias, int C, int HW, size_t n, double eps)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int ch = (int)((i / (size_t)HW) % (size_t)C);
-        double m = mean_d ? mean_d[ch] : (double)mean_f[ch];
-        double v = var_d ? var_d[ch] : (double)var_f[ch];
-        double k = (double)weight[ch] / sqrt(v + eps);
-        out[i] = (float)(((double)x[i] - m) * k + (double)bias[ch]);
-    }
-}
-
-/* Backward finish, one thread per channel: dbias += sum dy, dweight += sum dy*xhat; coef[3c..] =
- * (k, mean dy, kx) for the element pass. */
-static __global__ void bnx_bwd_finish_k(double *coef, float *dweight, float *dbias, const double *part,
-                                        const double *part2, const float *weight, const double *save_mean,
-                                        const double *save_var, int C, int S, double n, double eps)
-{
-    int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= C)
-        return;
-    double sdy = 0.0, sdyx = 0.0;
-    for (int s = 0; s < S; s++) {
-        sdy += part[ch * S + s];
-        sdyx += part2[ch * S + s];
-    }
-    double rstd = 1.0 / sqrt(save_var[ch] + eps);
-    sdyx *= rstd;
-    if (dbias)
-        dbias[ch] += (float)sdy;
-    if (dweight)
-        dweight[ch] += (float)sdyx;
-    coef[3 * ch] = (double)weight[ch] * rstd;
-    coef[3 * ch + 1] = sdy / n;
-    coef[3 * ch + 2] = rstd * (sdyx / n);
-    (void)save_mean;
-}
-
+ * per channel finishes them), per-element output in float64 then rounded; backward likewise. The
+ * kernels are ops_kernels.cuh's (T = float) but for the input gradient: rounded to fp32, then added. */
 static __global__ void bnx_dx_k(float *dinp, int acc, const float *dy, const float *x, const double *coef,
                                 const double *save_mean, int C, int HW, size_t n)
 {
@@ -477,8 +347,8 @@ static int bnx_forward(ops_ctx *c, float *out, double *save_mean, double *save_v
 {
     size_t n = (size_t)B * C * HW;
     if (!train) {
-        bnx_apply_k<<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight, bias, C,
-                                          HW, n, (double)eps);
+        bn_apply_k<float><<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight,
+                                                bias, C, HW, n, (double)eps);
         LAUNCH_CHECK("bn exact apply (eval)");
         return 0;
     }
@@ -487,17 +357,17 @@ static int bnx_forward(ops_ctx *c, float *out, double *save_mean, double *save_v
         return rc;
     dim3 grid((unsigned)C, (unsigned)S);
     double cnt = (double)B * HW;
-    bnx_partial_k<<<grid, 256>>>(c->dscr, NULL, inp, NULL, NULL, B, C, HW);
+    bn_partial_k<float><<<grid, 256>>>(c->dscr, NULL, inp, NULL, NULL, B, C, HW);
     LAUNCH_CHECK("bn exact sum");
-    bnx_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 0, NULL, NULL, 0.0);
+    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 0, NULL, NULL, 0.0);
     LAUNCH_CHECK("bn exact mean");
-    bnx_partial_k<<<grid, 256>>>(c->dscr, NULL, inp, NULL, save_mean, B, C, HW);
+    bn_partial_k<float><<<grid, 256>>>(c->dscr, NULL, inp, NULL, save_mean, B, C, HW);
     LAUNCH_CHECK("bn exact sum of squares");
-    bnx_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 1, running_mean,
-                                           running_var, (double)momentum);
+    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 1, running_mean,
+                                          running_var, (double)momentum);
     LAUNCH_CHECK("bn exact variance");
-    bnx_apply_k<<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C, HW, n,
-                                      (double)eps);
+    bn_apply_k<float><<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C,
+                                            HW, n, (double)eps);
     LAUNCH_CHECK("bn exact apply");
     return 0;
 }
@@ -511,10 +381,10 @@ static int bnx_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float 
         return rc;
     double *p1 = c->dscr, *p2 = c->dscr + (size_t)C * S, *coef = c->dscr + (size_t)2 * C * S;
     dim3 grid((unsigned)C, (unsigned)S);
-    bnx_partial_k<<<grid, 256>>>(p1, p2, inp, dout, save_mean, B, C, HW);
+    bn_partial_k<float><<<grid, 256>>>(p1, p2, inp, dout, save_mean, B, C, HW);
     LAUNCH_CHECK("bn exact backward sums");
-    bnx_bwd_finish_k<<<(C + 127) / 128, 128>>>(coef, dweight, dbias, p1, p2, weight, save_mean, save_var, C,
-                                               S, (double)B * HW, (double)eps);
+    bn_bwd_finish_k<<<(C + 127) / 128, 128>>>(coef, dweight, dbias, p1, p2, weight, save_var, C,
+                                              S, (double)B * HW, (double)eps);
     LAUNCH_CHECK("bn exact backward finish");
     if (dinp) {
         size_t n = (size_t)B * C * HW;
@@ -614,73 +484,6 @@ static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, fl
 
 /* ---- own kernels: PReLU, add, acc, dropout, bias ---- */
 
-static __global__ void prelu_fwd_k(float *out, const float *inp, const float *alpha, int C, int HW,
-                                   size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float v = inp[i];
-        int ch = (int)((i / (size_t)HW) % (size_t)C);
-        out[i] = v > 0.0f ? v : alpha[ch] * v;
-    }
-}
-
-static __global__ void prelu_bwd_dinp_k(float *dinp, int acc, const float *dout, const float *inp,
-                                        const float *alpha, int C, int HW, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int ch = (int)((i / (size_t)HW) % (size_t)C);
-        float d = inp[i] > 0.0f ? dout[i] : alpha[ch] * dout[i];
-        dinp[i] = acc ? dinp[i] + d : d;
-    }
-}
-
-/* Block-wide sum of v (blockDim.x a multiple of 32, at most 1024); result valid in thread 0. */
-static __device__ float block_sum(float v)
-{
-    __shared__ float part[32];
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_down_sync(0xffffffffu, v, off);
-    __syncthreads(); /* part[] may still be read by a previous call */
-    if ((threadIdx.x & 31) == 0)
-        part[threadIdx.x >> 5] = v;
-    __syncthreads();
-    v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
-    if (threadIdx.x < 32)
-        for (int off = 16; off > 0; off >>= 1)
-            v += __shfl_down_sync(0xffffffffu, v, off);
-    return v;
-}
-
-/* dalpha[c] += sum over (b, hw) with inp <= 0 of dout * inp. Grid (C, splits of the batch). */
-static __global__ void prelu_bwd_dalpha_k(float *dalpha, const float *dout, const float *inp, int B,
-                                          int C, int HW)
-{
-    int ch = blockIdx.x;
-    float s = 0.0f;
-    for (int b = blockIdx.y; b < B; b += gridDim.y) {
-        size_t base = ((size_t)b * C + ch) * HW;
-        for (int hw = threadIdx.x; hw < HW; hw += blockDim.x) {
-            float x = inp[base + hw];
-            s += x > 0.0f ? 0.0f : dout[base + hw] * x;
-        }
-    }
-    s = block_sum(s);
-    if (threadIdx.x == 0)
-        atomicAdd(dalpha + ch, s);
-}
-
-static __global__ void add_k(float *out, const float *a, const float *b, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = a[i] + b[i];
-}
-
-static __global__ void acc_k(float *dst, const float *src, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] += src[i];
-}
-
 /* splitmix64, as the CPU device (kernels/cpu/ops_cpu.c): mask i depends on (seed, i) only. */
 static __device__ uint64_t splitmix64(uint64_t x)
 {
@@ -735,7 +538,7 @@ static int cuda_prelu_forward(ops_ctx *c, float *out, const float *inp, const fl
     if (B <= 0 || C <= 0 || HW <= 0)
         return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
     size_t n = (size_t)B * C * HW;
-    prelu_fwd_k<<<grid_for(n), 256>>>(out, inp, alpha, C, HW, n);
+    prelu_fwd_k<float><<<grid_for(n), 256>>>(out, inp, alpha, C, HW, n);
     LAUNCH_CHECK("prelu_fwd");
     return 0;
 }
@@ -748,12 +551,12 @@ static int cuda_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, 
         return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
     size_t n = (size_t)B * C * HW;
     if (dinp) {
-        prelu_bwd_dinp_k<<<grid_for(n), 256>>>(dinp, acc, dout, inp, alpha, C, HW, n);
+        prelu_bwd_dinp_k<float><<<grid_for(n), 256>>>(dinp, acc, dout, inp, alpha, C, HW, n);
         LAUNCH_CHECK("prelu_bwd_dinp");
     }
     if (dalpha) {
         dim3 grid((unsigned)C, (unsigned)(B < 32 ? B : 32));
-        prelu_bwd_dalpha_k<<<grid, 256>>>(dalpha, dout, inp, B, C, HW);
+        prelu_bwd_dalpha_k<float><<<grid, 256>>>(dalpha, dout, inp, B, C, HW);
         LAUNCH_CHECK("prelu_bwd_dalpha");
     }
     return 0;
@@ -801,7 +604,7 @@ static int cuda_add_forward(ops_ctx *c, float *out, const float *a, const float 
     (void)c;
     if (!n)
         return 0;
-    add_k<<<grid_for(n), 256>>>(out, a, b, n);
+    add_k<float><<<grid_for(n), 256>>>(out, a, b, n);
     LAUNCH_CHECK("add");
     return 0;
 }
@@ -812,7 +615,7 @@ static int cuda_acc(ops_ctx *c, float *dst, int acc, const float *src, size_t n)
     if (!n)
         return 0;
     if (acc) {
-        acc_k<<<grid_for(n), 256>>>(dst, src, n);
+        acc_k<float><<<grid_for(n), 256>>>(dst, src, n);
         LAUNCH_CHECK("acc");
     } else if (dst != src) {
         CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, 0));

@@ -297,28 +297,28 @@ static int hbnx_forward(hctx *c, T *out, double *save_mean, double *save_var, co
 {
     size_t n = (size_t)B * C * HW;
     if (!train) {
-        hbn_apply_k<T><<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight,
-                                             bias, C, HW, n, (double)eps);
+        bn_apply_k<T><<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight,
+                                            bias, C, HW, n, (double)eps);
         LAUNCH_CHECK("half bn apply (eval)");
         return 0;
     }
-    int S = B < HBN_SPLIT ? B : HBN_SPLIT, rc;
+    int S = B < BN_SPLIT ? B : BN_SPLIT, rc;
     if ((rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes, (size_t)C * S * sizeof(double),
                          "batch-norm scratch")))
         return rc;
     dim3 grid((unsigned)C, (unsigned)S);
     double cnt = (double)B * HW;
-    hbn_partial_k<T><<<grid, 256>>>(c->dscr, NULL, inp, NULL, NULL, B, C, HW);
+    bn_partial_k<T><<<grid, 256>>>(c->dscr, NULL, inp, NULL, NULL, B, C, HW);
     LAUNCH_CHECK("half bn sum");
-    hbn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 0, NULL, NULL, 0.0);
+    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 0, NULL, NULL, 0.0);
     LAUNCH_CHECK("half bn mean");
-    hbn_partial_k<T><<<grid, 256>>>(c->dscr, NULL, inp, NULL, save_mean, B, C, HW);
+    bn_partial_k<T><<<grid, 256>>>(c->dscr, NULL, inp, NULL, save_mean, B, C, HW);
     LAUNCH_CHECK("half bn sum of squares");
-    hbn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 1, running_mean,
-                                           running_var, (double)momentum);
+    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 1, running_mean,
+                                          running_var, (double)momentum);
     LAUNCH_CHECK("half bn variance");
-    hbn_apply_k<T><<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C, HW,
-                                         n, (double)eps);
+    bn_apply_k<T><<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C, HW,
+                                        n, (double)eps);
     LAUNCH_CHECK("half bn apply");
     return 0;
 }
@@ -328,16 +328,16 @@ static int hbnx_backward(hctx *c, T *dinp, int acc, float *dweight, float *dbias
                          const T *inp, const float *weight, const double *save_mean,
                          const double *save_var, int B, int C, int HW, float eps)
 {
-    int S = B < HBN_SPLIT ? B : HBN_SPLIT, rc;
+    int S = B < BN_SPLIT ? B : BN_SPLIT, rc;
     if ((rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes, (size_t)C * (2 * S + 3) * sizeof(double),
                          "batch-norm scratch")))
         return rc;
     double *p1 = c->dscr, *p2 = c->dscr + (size_t)C * S, *coef = c->dscr + (size_t)2 * C * S;
     dim3 grid((unsigned)C, (unsigned)S);
-    hbn_partial_k<T><<<grid, 256>>>(p1, p2, inp, dout, save_mean, B, C, HW);
+    bn_partial_k<T><<<grid, 256>>>(p1, p2, inp, dout, save_mean, B, C, HW);
     LAUNCH_CHECK("half bn backward sums");
-    hbn_bwd_finish_k<<<(C + 127) / 128, 128>>>(coef, dweight, dbias, p1, p2, weight, save_var, C, S,
-                                               (double)B * HW, (double)eps);
+    bn_bwd_finish_k<<<(C + 127) / 128, 128>>>(coef, dweight, dbias, p1, p2, weight, save_var, C, S,
+                                              (double)B * HW, (double)eps);
     LAUNCH_CHECK("half bn backward finish");
     if (dinp) {
         size_t n = (size_t)B * C * HW;
@@ -389,7 +389,7 @@ static int h_bn_forward(ops_ctx *c_, float *out, double *save_mean, double *save
                                                      c->bn_x, inp, c->bn_x, out, c->bn_p, weight, bias,
                                                      (double)momentum, running_mean, running_var,
                                                      (double)eps, fm, finv));
-    hbn_save_to_f64<<<(C + 255) / 256, 256>>>(save_mean, save_var, fm, finv, C, (double)eps);
+    bn_save_to_f64<<<(C + 255) / 256, 256>>>(save_mean, save_var, fm, finv, C, (double)eps);
     LAUNCH_CHECK("half bn save_to_f64");
     return 0;
 }
@@ -430,7 +430,7 @@ static int h_bn_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, floa
         dw = c->cscr + 2 * C;
     if (!db)
         db = c->cscr + 3 * C;
-    hbn_save_from_f64<<<(C + 255) / 256, 256>>>(fm, finv, save_mean, save_var, C, (double)eps);
+    bn_save_from_f64<<<(C + 255) / 256, 256>>>(fm, finv, save_mean, save_var, C, (double)eps);
     LAUNCH_CHECK("half bn save_from_f64");
     const float one = 1.0f, zero = 0.0f;
     CUDNN_TRY(cudnnBatchNormalizationBackward(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one,
@@ -451,7 +451,7 @@ static int h_prelu_forward(ops_ctx *c_, float *out, const float *inp, const floa
     if (B <= 0 || C <= 0 || HW <= 0)
         return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
     size_t n = (size_t)B * C * HW;
-    hprelu_fwd_k<T><<<grid_for(n), 256>>>((T *)out, (const T *)inp, alpha, C, HW, n);
+    prelu_fwd_k<T><<<grid_for(n), 256>>>((T *)out, (const T *)inp, alpha, C, HW, n);
     LAUNCH_CHECK("half prelu_fwd");
     return 0;
 }
@@ -466,13 +466,13 @@ static int h_prelu_backward(ops_ctx *c_, float *dinp, int acc, float *dalpha, co
         return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
     size_t n = (size_t)B * C * HW;
     if (dinp) {
-        hprelu_bwd_dinp_k<T><<<grid_for(n), 256>>>((T *)dinp, acc, (const T *)dout, (const T *)inp, alpha,
-                                                   C, HW, n);
+        prelu_bwd_dinp_k<T><<<grid_for(n), 256>>>((T *)dinp, acc, (const T *)dout, (const T *)inp, alpha,
+                                                  C, HW, n);
         LAUNCH_CHECK("half prelu_bwd_dinp");
     }
     if (dalpha) {
         dim3 grid((unsigned)C, (unsigned)(B < 32 ? B : 32));
-        hprelu_bwd_dalpha_k<T><<<grid, 256>>>(dalpha, (const T *)dout, (const T *)inp, B, C, HW);
+        prelu_bwd_dalpha_k<T><<<grid, 256>>>(dalpha, (const T *)dout, (const T *)inp, B, C, HW);
         LAUNCH_CHECK("half prelu_bwd_dalpha");
     }
     return 0;

@@ -190,16 +190,16 @@ static void test_prelu()
         da0[c] = frand(-1, 1);
     }
     std::vector<ebf> y(n, ebf{0x7fc0});
-    launch2(grid_for(n), 1, 256, [&] { hprelu_fwd_k<ebf>(y.data(), xh.data(), al.data(), C, HW, n); });
+    launch2(grid_for(n), 1, 256, [&] { prelu_fwd_k<ebf>(y.data(), xh.data(), al.data(), C, HW, n); });
     std::vector<float> cy(n), cdx = to_lay(d0, B, C, HW), cda = da0, lx = to_lay(x, B, C, HW), ldy = to_lay(dy, B, C, HW);
     if (ops_cpu.prelu_forward(cpu, cy.data(), lx.data(), al.data(), B, C, HW) ||
         ops_cpu.prelu_backward(cpu, cdx.data(), 1, cda.data(), ldy.data(), lx.data(), al.data(), B, C, HW))
         DIE("cpu prelu");
     exact("prelu fwd", y, to_nchw(cy, B, C, HW));
     std::vector<float> da = da0;
-    launch2(grid_for(n), 1, 256, [&] { hprelu_bwd_dinp_k<ebf>(d0h.data(), 1, dyh.data(), xh.data(), al.data(), C, HW, n); });
+    launch2(grid_for(n), 1, 256, [&] { prelu_bwd_dinp_k<ebf>(d0h.data(), 1, dyh.data(), xh.data(), al.data(), C, HW, n); });
     launch2((unsigned)C, (unsigned)(B < 32 ? B : 32), 256,
-            [&] { hprelu_bwd_dalpha_k<ebf>(da.data(), dyh.data(), xh.data(), B, C, HW); });
+            [&] { prelu_bwd_dalpha_k<ebf>(da.data(), dyh.data(), xh.data(), B, C, HW); });
     exact("prelu dinp += (fp32 sum, one rounding)", d0h, to_nchw(cdx, B, C, HW));
     rel("prelu dalpha +=", da.data(), cda.data(), (size_t)C, 1e-5);
 }
@@ -208,7 +208,7 @@ static void test_bn()
 {
     int B = irand(1, 5), C = irand(1, 20), HW = irand(1, 12) * irand(1, 12);
     size_t n = (size_t)B * C * HW;
-    int S = B < HBN_SPLIT ? B : HBN_SPLIT;
+    int S = B < BN_SPLIT ? B : BN_SPLIT;
     double eps = (double)1e-5f, mom = (double)0.1f, cnt = (double)B * HW; /* as the wrappers pass them */
     printf("batchnorm B=%d C=%d HW=%d (grid %d x %d)\n", B, C, HW, C, S);
     std::vector<ebf> xh, dyh, d0h;
@@ -226,22 +226,22 @@ static void test_bn()
     std::vector<double> part((size_t)C * (2 * S + 3)), sm(C), sv(C);
     std::vector<float> rm = rm0, rv = rv0, dw = dw0, db = db0;
     std::vector<ebf> y(n, ebf{0x7fc0}), ye(n, ebf{0x7fc0});
-    launch2((unsigned)C, (unsigned)S, 256, [&] { hbn_partial_k<ebf>(part.data(), NULL, xh.data(), NULL, NULL, B, C, HW); });
+    launch2((unsigned)C, (unsigned)S, 256, [&] { bn_partial_k<ebf>(part.data(), NULL, xh.data(), NULL, NULL, B, C, HW); });
     launch2((unsigned)(C + 127) / 128, 1, 128,
-            [&] { hbn_finish_k(sm.data(), sv.data(), part.data(), C, S, cnt, 0, NULL, NULL, 0.0); });
-    launch2((unsigned)C, (unsigned)S, 256, [&] { hbn_partial_k<ebf>(part.data(), NULL, xh.data(), NULL, sm.data(), B, C, HW); });
+            [&] { bn_finish_k(sm.data(), sv.data(), part.data(), C, S, cnt, 0, NULL, NULL, 0.0); });
+    launch2((unsigned)C, (unsigned)S, 256, [&] { bn_partial_k<ebf>(part.data(), NULL, xh.data(), NULL, sm.data(), B, C, HW); });
     launch2((unsigned)(C + 127) / 128, 1, 128,
-            [&] { hbn_finish_k(sm.data(), sv.data(), part.data(), C, S, cnt, 1, rm.data(), rv.data(), mom); });
+            [&] { bn_finish_k(sm.data(), sv.data(), part.data(), C, S, cnt, 1, rm.data(), rv.data(), mom); });
     launch2(grid_for(n), 1, 256, [&] {
-        hbn_apply_k<ebf>(y.data(), xh.data(), sm.data(), sv.data(), NULL, NULL, w.data(), bi.data(), C, HW, n, eps);
+        bn_apply_k<ebf>(y.data(), xh.data(), sm.data(), sv.data(), NULL, NULL, w.data(), bi.data(), C, HW, n, eps);
     });
     launch2(grid_for(n), 1, 256, [&] {
-        hbn_apply_k<ebf>(ye.data(), xh.data(), NULL, NULL, rm0.data(), rv0.data(), w.data(), bi.data(), C, HW, n, eps);
+        bn_apply_k<ebf>(ye.data(), xh.data(), NULL, NULL, rm0.data(), rv0.data(), w.data(), bi.data(), C, HW, n, eps);
     });
     double *p1 = part.data(), *p2 = p1 + (size_t)C * S, *coef = p1 + (size_t)2 * C * S;
-    launch2((unsigned)C, (unsigned)S, 256, [&] { hbn_partial_k<ebf>(p1, p2, xh.data(), dyh.data(), sm.data(), B, C, HW); });
+    launch2((unsigned)C, (unsigned)S, 256, [&] { bn_partial_k<ebf>(p1, p2, xh.data(), dyh.data(), sm.data(), B, C, HW); });
     launch2((unsigned)(C + 127) / 128, 1, 128, [&] {
-        hbn_bwd_finish_k(coef, dw.data(), db.data(), p1, p2, w.data(), sv.data(), C, S, cnt, eps);
+        bn_bwd_finish_k(coef, dw.data(), db.data(), p1, p2, w.data(), sv.data(), C, S, cnt, eps);
     });
     launch2(grid_for(n), 1, 256, [&] { hbn_dx_k<ebf>(d0h.data(), 1, dyh.data(), xh.data(), coef, sm.data(), C, HW, n); });
     /* the CPU device on the same bf16 values */
@@ -268,8 +268,8 @@ static void test_bn()
      * mean / inverse std -> back; fp32 keeps ~1e-7 relative, the variance loses eps/var more */
     std::vector<float> fm(C), finv(C);
     std::vector<double> bm(C), bv(C);
-    launch2((unsigned)(C + 255) / 256, 1, 256, [&] { hbn_save_from_f64(fm.data(), finv.data(), sm.data(), sv.data(), C, eps); });
-    launch2((unsigned)(C + 255) / 256, 1, 256, [&] { hbn_save_to_f64(bm.data(), bv.data(), fm.data(), finv.data(), C, eps); });
+    launch2((unsigned)(C + 255) / 256, 1, 256, [&] { bn_save_from_f64(fm.data(), finv.data(), sm.data(), sv.data(), C, eps); });
+    launch2((unsigned)(C + 255) / 256, 1, 256, [&] { bn_save_to_f64(bm.data(), bv.data(), fm.data(), finv.data(), C, eps); });
     rel("bn saved statistics fp32 round trip (mean)", bm.data(), sm.data(), (size_t)C, 1e-6);
     rel("bn saved statistics fp32 round trip (var)", bv.data(), sv.data(), (size_t)C, 1e-5);
 }
