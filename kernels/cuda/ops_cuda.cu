@@ -3,7 +3,7 @@
 // the differences from the CPU device (fp32 batch-norm sums; algorithms without TF32).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/conv_cache.h"
+#include "kernels/cuda/cudnn_conv.cuh"
 
 #include <cublas_v2.h>
 #include <cudnn.h>
@@ -17,17 +17,6 @@ template <> struct elt<float> {
     static __device__ __forceinline__ float f(float v) { return v; }
     static __device__ __forceinline__ float r(float v) { return v; }
     static __device__ __forceinline__ float rd(double v) { return (float)v; }
-};
-
-/* One convolution shape: descriptors, the algorithms found for it, their workspace needs. */
-struct conv_entry {
-    ops_conv_shape s;
-    cudnnTensorDescriptor_t x, y;
-    cudnnFilterDescriptor_t w;
-    cudnnConvolutionDescriptor_t cf, cbd, cbf; /* per direction: each carries its algorithm's math type */
-    cudnnConvolutionFwdAlgo_t fwd;
-    cudnnConvolutionBwdDataAlgo_t bwd_data;
-    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
 };
 
 struct ops_ctx {
@@ -64,148 +53,20 @@ static int grow(float **buf, size_t *cap, size_t n)
     return 0;
 }
 
-static int ws_need(ops_ctx *c, size_t bytes)
-{
-    if (bytes <= c->ws_size)
-        return 0;
-    cudaFree(c->ws);
-    c->ws = NULL;
-    c->ws_size = 0;
-    cudaError_t e = cudaMalloc(&c->ws, bytes);
-    if (e != cudaSuccess) {
-        c->ws = NULL;
-        return pf_err(-ENOMEM, "cuDNN workspace of %zu bytes: %s", bytes, cudaGetErrorString(e));
-    }
-    c->ws_size = bytes;
-    return 0;
-}
-
 /* ---- convolution ---- */
 
-/* Releases what conv_build_fwd/bwd made (conv_cache_fns.release). */
-static void conv_entry_release(void *entry)
+/* The plans (kernels/cuda/cudnn_conv.cuh) are fp32, in FMA math unless PFCPS_CUDA_TF32=1. */
+static int conv_get(ops_ctx *c, const ops_conv_shape *s, int need_bwd, cudnn_conv **out)
 {
-    conv_entry *e = (conv_entry *)entry;
-    if (e->x) cudnnDestroyTensorDescriptor(e->x);
-    if (e->y) cudnnDestroyTensorDescriptor(e->y);
-    if (e->w) cudnnDestroyFilterDescriptor(e->w);
-    if (e->cf) cudnnDestroyConvolutionDescriptor(e->cf);
-    if (e->cbd) cudnnDestroyConvolutionDescriptor(e->cbd);
-    if (e->cbf) cudnnDestroyConvolutionDescriptor(e->cbf);
-}
-
-static int conv_desc(cudnnConvolutionDescriptor_t *d, const ops_conv_shape *s, int tf32)
-{
-    CUDNN_TRY(cudnnCreateConvolutionDescriptor(d));
-    CUDNN_TRY(cudnnSetConvolution2dDescriptor(*d, s->pad, s->pad, s->stride, s->stride, 1, 1,
-                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CUDNN_TRY(cudnnSetConvolutionGroupCount(*d, s->groups));
-    CUDNN_TRY(cudnnSetConvolutionMathType(*d, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH));
-    return 0;
-}
-
-/* Index of the perf result to use: with tf32 the fastest that succeeded; otherwise the fastest that
- * succeeded in FMA math (plain fp32), else one reported in default math (cuDNN may label an fp32
- * algorithm so; NVIDIA_TF32_OVERRIDE=0 then rules TF32 out), never tensor-op math. -1 when none. */
-template <typename P> static int pick(const P *perf, int n, int tf32)
-{
-    for (int i = 0; i < n; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS && (tf32 || perf[i].mathType == CUDNN_FMA_MATH))
-            return i;
-    for (int i = 0; i < n; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == CUDNN_DEFAULT_MATH)
-            return i;
-    return -1;
-}
-
-static int conv_build_fwd(void *dev, void *entry, const ops_conv_shape *shape)
-{
-    ops_ctx *c = (ops_ctx *)dev;
-    conv_entry *e = (conv_entry *)entry;
-    e->s = *shape;
-    const ops_conv_shape *s = &e->s;
-    CUDNN_TRY(cudnnCreateTensorDescriptor(&e->x));
-    CUDNN_TRY(cudnnCreateTensorDescriptor(&e->y));
-    CUDNN_TRY(cudnnCreateFilterDescriptor(&e->w));
-    CUDNN_TRY(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->B, s->C, s->H, s->W));
-    CUDNN_TRY(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->B, s->OC, s->OH, s->OW));
-    CUDNN_TRY(cudnnSetFilter4dDescriptor(e->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->OC,
-                                         s->C / s->groups, s->K, s->K));
-    int rc;
-    if ((rc = conv_desc(&e->cf, s, c->tf32)) || (rc = conv_desc(&e->cbd, s, c->tf32)) ||
-        (rc = conv_desc(&e->cbf, s, c->tf32)))
-        return rc;
-    int n, oh, ow, oc;
-    CUDNN_TRY(cudnnGetConvolution2dForwardOutputDim(e->cf, e->x, e->w, &n, &oc, &oh, &ow));
-    if (n != s->B || oc != s->OC || oh != s->OH || ow != s->OW)
-        return pf_err(-EINVAL, "cuDNN output %dx%dx%dx%d differs from the shape's %dx%dx%dx%d", n, oc,
-                      oh, ow, s->B, s->OC, s->OH, s->OW);
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int got = 0;
-    CUDNN_TRY(cudnnFindConvolutionForwardAlgorithm(c->dnn, e->x, e->w, e->cf, e->y,
-                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
-    int i = pick(perf, got, c->tf32);
-    if (i < 0)
-        return pf_err(-EIO, "cuDNN: no forward convolution algorithm in %s math",
-                      c->tf32 ? "any" : "FMA (fp32)");
-    e->fwd = perf[i].algo;
-    CUDNN_TRY(cudnnSetConvolutionMathType(e->cf, perf[i].mathType));
-    size_t bytes = 0;
-    CUDNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(c->dnn, e->x, e->w, e->cf, e->y, e->fwd, &bytes));
-    return ws_need(c, bytes);
-}
-
-static int conv_build_bwd(void *dev, void *entry)
-{
-    ops_ctx *c = (ops_ctx *)dev;
-    conv_entry *e = (conv_entry *)entry;
-    cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    cudnnConvolutionBwdFilterAlgoPerf_t pf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int got = 0;
-    CUDNN_TRY(cudnnFindConvolutionBackwardDataAlgorithm(c->dnn, e->w, e->y, e->cbd, e->x,
-                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, pd));
-    int i = pick(pd, got, c->tf32);
-    if (i < 0)
-        return pf_err(-EIO, "cuDNN: no backward-data convolution algorithm in %s math",
-                      c->tf32 ? "any" : "FMA (fp32)");
-    e->bwd_data = pd[i].algo;
-    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbd, pd[i].mathType));
-    CUDNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithm(c->dnn, e->x, e->y, e->cbf, e->w,
-                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, pf));
-    i = pick(pf, got, c->tf32);
-    if (i < 0)
-        return pf_err(-EIO, "cuDNN: no backward-filter convolution algorithm in %s math",
-                      c->tf32 ? "any" : "FMA (fp32)");
-    e->bwd_filter = pf[i].algo;
-    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbf, pf[i].mathType));
-    size_t b1 = 0, b2 = 0;
-    CUDNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, e->w, e->y, e->cbd, e->x,
-                                                           e->bwd_data, &b1));
-    CUDNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, e->x, e->y, e->cbf, e->w,
-                                                             e->bwd_filter, &b2));
-    return ws_need(c, b1 > b2 ? b1 : b2);
-}
-
-static const conv_cache_fns conv_fns = {
-    .entry_size = sizeof(conv_entry),
-    .build_fwd = conv_build_fwd,
-    .build_bwd = conv_build_bwd,
-    .release = conv_entry_release,
-    .what = "cuDNN conv",
-};
-
-static int conv_get(ops_ctx *c, const ops_conv_shape *s, int need_bwd, conv_entry **out)
-{
-    void *e = NULL;
-    int rc = conv_cache_get(&c->conv, &conv_fns, c, s, need_bwd, &e);
-    *out = (conv_entry *)e;
-    return rc;
+    const cudnn_conv_cfg g = {c->dnn, CUDNN_DATA_FLOAT, c->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH,
+                              c->tf32, c->tf32 ? "in any math" : "in FMA (fp32) math", &c->ws, &c->ws_size};
+    return cudnn_conv_get(&c->conv, &g, "cuDNN conv", s, need_bwd, out);
 }
 
 static int cuda_conv_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
                              const ops_conv_shape *s)
 {
-    conv_entry *e = NULL;
+    cudnn_conv *e = NULL;
     int rc = conv_get(c, s, 0, &e);
     if (rc)
         return rc;
@@ -218,7 +79,7 @@ static int cuda_conv_forward(ops_ctx *c, float *out, const float *inp, const flo
 static int cuda_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, const float *dout,
                               const float *inp, const float *weight, const ops_conv_shape *s)
 {
-    conv_entry *e = NULL;
+    cudnn_conv *e = NULL;
     int rc = conv_get(c, s, 1, &e);
     if (rc)
         return rc;
@@ -669,7 +530,7 @@ static void cuda_ctx_destroy(ops_ctx *c)
 {
     if (!c)
         return;
-    conv_cache_clear(&c->conv, &conv_fns);
+    cudnn_conv_clear(&c->conv);
     cudaFree(c->ws);
     cudaFree(c->scr);
     cudaFree(c->cscr);

@@ -5,7 +5,7 @@
 // (plain = &ops_cuda, its own context).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/conv_cache.h"
+#include "kernels/cuda/cudnn_conv.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -34,16 +34,6 @@ template <> struct elt<__nv_bfloat16> {
 #include "kernels/cuda/ops_cuda_half_kernels.cuh"
 
 /* ---- context (its own type: ops_ctx stays incomplete here, ops_cuda.cu defines that one) ---- */
-
-struct hconv {
-    ops_conv_shape s;
-    cudnnTensorDescriptor_t x, y;
-    cudnnFilterDescriptor_t w;
-    cudnnConvolutionDescriptor_t cf, cbd, cbf; /* per direction: each carries its algorithm's math type */
-    cudnnConvolutionFwdAlgo_t fwd;
-    cudnnConvolutionBwdDataAlgo_t bwd_data;
-    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
-};
 
 struct hctx {
     cudnnDataType_t type; /* CUDNN_DATA_HALF or CUDNN_DATA_BFLOAT16: which table created it */
@@ -105,117 +95,13 @@ static int grow_bytes(void **buf, size_t *cap, size_t bytes, const char *what)
 
 /* ---- convolution (cuDNN legacy API: half tensors and filters, FLOAT compute, tensor ops allowed) ---- */
 
-/* Releases what hconv_build_fwd/bwd made (conv_cache_fns.release). */
-static void hconv_release(void *entry)
+/* The plans (kernels/cuda/cudnn_conv.cuh): half tensors and filters, FLOAT compute, the fastest
+ * algorithm in any math (tensor ops allowed). */
+static int hconv_get(hctx *c, const ops_conv_shape *s, int need_bwd, cudnn_conv **out)
 {
-    hconv *e = (hconv *)entry;
-    if (e->x) cudnnDestroyTensorDescriptor(e->x);
-    if (e->y) cudnnDestroyTensorDescriptor(e->y);
-    if (e->w) cudnnDestroyFilterDescriptor(e->w);
-    if (e->cf) cudnnDestroyConvolutionDescriptor(e->cf);
-    if (e->cbd) cudnnDestroyConvolutionDescriptor(e->cbd);
-    if (e->cbf) cudnnDestroyConvolutionDescriptor(e->cbf);
-}
-
-static int hconv_desc(cudnnConvolutionDescriptor_t *d, const ops_conv_shape *s)
-{
-    CUDNN_TRY(cudnnCreateConvolutionDescriptor(d));
-    /* compute type FLOAT with half I/O: cuDNN's PSEUDO_HALF / PSEUDO_BFLOAT16 configuration */
-    CUDNN_TRY(cudnnSetConvolution2dDescriptor(*d, s->pad, s->pad, s->stride, s->stride, 1, 1,
-                                              CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    CUDNN_TRY(cudnnSetConvolutionGroupCount(*d, s->groups));
-    CUDNN_TRY(cudnnSetConvolutionMathType(*d, CUDNN_TENSOR_OP_MATH));
-    return 0;
-}
-
-/* The fastest algorithm that succeeded (cudnnFind* sorts by time), any math type. -1 when none. */
-template <typename P> static int hpick(const P *perf, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS)
-            return i;
-    return -1;
-}
-
-static int hconv_build_fwd(void *dev, void *entry, const ops_conv_shape *shape)
-{
-    hctx *c = (hctx *)dev;
-    hconv *e = (hconv *)entry;
-    e->s = *shape;
-    const ops_conv_shape *s = &e->s;
-    CUDNN_TRY(cudnnCreateTensorDescriptor(&e->x));
-    CUDNN_TRY(cudnnCreateTensorDescriptor(&e->y));
-    CUDNN_TRY(cudnnCreateFilterDescriptor(&e->w));
-    CUDNN_TRY(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, c->type, s->B, s->C, s->H, s->W));
-    CUDNN_TRY(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, c->type, s->B, s->OC, s->OH, s->OW));
-    CUDNN_TRY(cudnnSetFilter4dDescriptor(e->w, c->type, CUDNN_TENSOR_NCHW, s->OC, s->C / s->groups,
-                                         s->K, s->K));
-    int rc;
-    if ((rc = hconv_desc(&e->cf, s)) || (rc = hconv_desc(&e->cbd, s)) || (rc = hconv_desc(&e->cbf, s)))
-        return rc;
-    int n, oh, ow, oc;
-    CUDNN_TRY(cudnnGetConvolution2dForwardOutputDim(e->cf, e->x, e->w, &n, &oc, &oh, &ow));
-    if (n != s->B || oc != s->OC || oh != s->OH || ow != s->OW)
-        return pf_err(-EINVAL, "cuDNN output %dx%dx%dx%d differs from the shape's %dx%dx%dx%d", n, oc,
-                      oh, ow, s->B, s->OC, s->OH, s->OW);
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int got = 0;
-    CUDNN_TRY(cudnnFindConvolutionForwardAlgorithm(c->dnn, e->x, e->w, e->cf, e->y,
-                                                   CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf));
-    int i = hpick(perf, got);
-    if (i < 0)
-        return pf_err(-EIO, "cuDNN: no forward convolution algorithm for this half-precision shape");
-    e->fwd = perf[i].algo;
-    CUDNN_TRY(cudnnSetConvolutionMathType(e->cf, perf[i].mathType));
-    size_t bytes = 0;
-    CUDNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(c->dnn, e->x, e->w, e->cf, e->y, e->fwd, &bytes));
-    return grow_bytes(&c->ws, &c->ws_size, bytes, "cuDNN workspace");
-}
-
-static int hconv_build_bwd(void *dev, void *entry)
-{
-    hctx *c = (hctx *)dev;
-    hconv *e = (hconv *)entry;
-    cudnnConvolutionBwdDataAlgoPerf_t pd[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    cudnnConvolutionBwdFilterAlgoPerf_t pf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int got = 0;
-    CUDNN_TRY(cudnnFindConvolutionBackwardDataAlgorithm(c->dnn, e->w, e->y, e->cbd, e->x,
-                                                        CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, pd));
-    int i = hpick(pd, got);
-    if (i < 0)
-        return pf_err(-EIO, "cuDNN: no backward-data convolution algorithm for this half-precision shape");
-    e->bwd_data = pd[i].algo;
-    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbd, pd[i].mathType));
-    got = 0;
-    CUDNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithm(c->dnn, e->x, e->y, e->cbf, e->w,
-                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, pf));
-    i = hpick(pf, got);
-    if (i < 0)
-        return pf_err(-EIO, "cuDNN: no backward-filter convolution algorithm for this half-precision shape");
-    e->bwd_filter = pf[i].algo;
-    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbf, pf[i].mathType));
-    size_t b1 = 0, b2 = 0;
-    CUDNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, e->w, e->y, e->cbd, e->x,
-                                                           e->bwd_data, &b1));
-    CUDNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, e->x, e->y, e->cbf, e->w,
-                                                             e->bwd_filter, &b2));
-    return grow_bytes(&c->ws, &c->ws_size, b1 > b2 ? b1 : b2, "cuDNN workspace");
-}
-
-static const conv_cache_fns hconv_fns = {
-    .entry_size = sizeof(hconv),
-    .build_fwd = hconv_build_fwd,
-    .build_bwd = hconv_build_bwd,
-    .release = hconv_release,
-    .what = "cuDNN half conv",
-};
-
-static int hconv_get(hctx *c, const ops_conv_shape *s, int need_bwd, hconv **out)
-{
-    void *e = NULL;
-    int rc = conv_cache_get(&c->conv, &hconv_fns, c, s, need_bwd, &e);
-    *out = (hconv *)e;
-    return rc;
+    const cudnn_conv_cfg g = {c->dnn, c->type, CUDNN_TENSOR_OP_MATH, 1, "for this half-precision shape",
+                              &c->ws, &c->ws_size};
+    return cudnn_conv_get(&c->conv, &g, "cuDNN half conv", s, need_bwd, out);
 }
 
 /* c->wh = the half copy of weight (n elements). */
@@ -234,7 +120,7 @@ static int h_conv_forward(ops_ctx *c_, float *out, const float *inp, const float
                           const ops_conv_shape *s)
 {
     CTX(T, c_, c);
-    hconv *e = NULL;
+    cudnn_conv *e = NULL;
     int rc = hconv_get(c, s, 0, &e);
     if (rc)
         return rc;
@@ -252,7 +138,7 @@ static int h_conv_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, co
                            const float *inp, const float *weight, const ops_conv_shape *s)
 {
     CTX(T, c_, c);
-    hconv *e = NULL;
+    cudnn_conv *e = NULL;
     int rc = hconv_get(c, s, 1, &e);
     if (rc)
         return rc;
@@ -655,7 +541,7 @@ static void h_ctx_destroy(ops_ctx *c_)
     hctx *c = H(c_);
     if (!c)
         return;
-    conv_cache_clear(&c->conv, &hconv_fns);
+    cudnn_conv_clear(&c->conv);
     cudaFree(c->ws);
     cudaFree(c->wh);
     cudaFree(c->dwh);
