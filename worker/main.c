@@ -197,6 +197,8 @@ int main(int argc, char **argv)
     }
     const ctl_book *book = ctl_session_book(sess);
     log_info("joined: %d servers, %d workers", book->num_servers, book->num_workers);
+    /* The secret never travels, so the run config from the book has none: show where this worker's came from. */
+    snprintf(run.secret, sizeof run.secret, "%s", cfg.secret);
     if (rank == 0)
         cfg_log(&run);
     /* Keys that arcface_torch configs carry but this build does not implement: refuse the ones whose
