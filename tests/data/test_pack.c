@@ -285,6 +285,43 @@ static void test_first_class_limit(void)
           "first_class 2^48-2 with 3 identities: rc %d, message '%s'", rc, pf_errmsg());
 }
 
+/* A pack that fails part-way (an image that does not decode, last in file order) leaves the pack already at
+ * that prefix byte for byte as it was and no partial files: it used to truncate train.rec/.idx and leave a
+ * shorter pack without its header record, which read back as a valid im2rec pack. */
+static void test_failed_pack_keeps_old(void)
+{
+    char in[400], out[400], bad[400], p[450];
+    snprintf(in, sizeof in, "%s/faces", dir);
+    snprintf(out, sizeof out, "%s/keep/train", dir);
+    pack_opts po;
+    pack_opts_default(&po);
+    pack_stats st;
+    int rc = pack_dir(in, out, &po, &st);
+    CHECK(rc == 0 && st.images == 6, "first pack: rc %d (%s), %" PRId64 " images", rc, pf_errmsg(), st.images);
+    size_t nrec0 = 0, nidx0 = 0, nrec1 = 0, nidx1 = 0;
+    snprintf(p, sizeof p, "%s.rec", out);
+    uint8_t *rec0 = slurp(p, &nrec0);
+    snprintf(p, sizeof p, "%s.idx", out);
+    uint8_t *idx0 = slurp(p, &nidx0);
+    snprintf(bad, sizeof bad, "%s/faces/id10/zz.jpg", dir); /* after a.jpg, b.pgm: the pack's last image */
+    fx_write(bad, (const uint8_t *)"not a jpeg", 10);
+    rc = pack_dir(in, out, &po, &st);
+    CHECK(rc == -EPROTO && strstr(pf_errmsg(), "zz.jpg"), "pack with an undecodable image: rc %d (%s)", rc, pf_errmsg());
+    snprintf(p, sizeof p, "%s.rec", out);
+    uint8_t *rec1 = slurp(p, &nrec1);
+    snprintf(p, sizeof p, "%s.idx", out);
+    uint8_t *idx1 = slurp(p, &nidx1);
+    CHECK(rec0 && rec1 && nrec1 == nrec0 && !memcmp(rec0, rec1, nrec0), "train.rec changed: %zu -> %zu bytes", nrec0, nrec1);
+    CHECK(idx0 && idx1 && nidx1 == nidx0 && !memcmp(idx0, idx1, nidx0), "train.idx changed: %zu -> %zu bytes", nidx0, nidx1);
+    struct stat sb;
+    snprintf(p, sizeof p, "%s.partial.rec", out);
+    CHECK(stat(p, &sb) != 0, "%s left behind", p);
+    snprintf(p, sizeof p, "%s.partial.idx", out);
+    CHECK(stat(p, &sb) != 0, "%s left behind", p);
+    unlink(bad);
+    free(rec0); free(idx0); free(rec1); free(idx1);
+}
+
 /* The pfcps binary itself. */
 static void test_cli(const char *orl)
 {
@@ -324,6 +361,7 @@ int main(void)
     test_roundtrip(orl);
     test_orl(orl);
     test_first_class_limit();
+    test_failed_pack_keeps_old();
     test_cli(orl);
     fx_rmdir(dir);
     printf("%s: %d failures\n", fx_failures ? "FAIL" : "PASS", fx_failures);

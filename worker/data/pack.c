@@ -258,7 +258,11 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
     if ((rc = img_decoder_init(&p.dec)) < 0) { free(start); goto out; }
     p.tjc = tjInitCompress();
     if (!p.tjc) { rc = pf_err(-ENOMEM, "TurboJPEG: %s", tjGetErrorStr2(NULL)); goto done; }
-    if ((rc = make_parent(out_prefix)) < 0 || (rc = rec_writer_open(&w, out_prefix)) < 0) goto done;
+    /* Written under <out_prefix>.partial.rec/.idx and renamed into place only when complete: a pack that
+     * fails (an image that does not decode, a full disk) leaves an earlier pack at out_prefix as it was. */
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.partial", out_prefix);
+    if ((rc = make_parent(out_prefix)) < 0 || (rc = rec_writer_open(&w, tmp)) < 0) goto done;
     double t0 = now_s();
     int64_t key = 1;
     for (size_t c = 0; c < ids.n && rc == 0; c++) {
@@ -297,6 +301,15 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
     {
         int rc2 = rec_writer_close(&w);
         if (rc == 0) rc = rc2;
+        const char *ext[2] = {"rec", "idx"};
+        char from[4300], to[4300];
+        for (int e = 0; e < 2; e++) {
+            snprintf(from, sizeof from, "%s.%s", tmp, ext[e]);
+            snprintf(to, sizeof to, "%s.%s", out_prefix, ext[e]);
+            if (rc == 0 && rename(from, to) != 0)
+                rc = pf_err(-errno, "%s: cannot rename to %s: %s", from, to, strerror(errno));
+            if (rc < 0) unlink(from);
+        }
     }
     if (rc == 0) {
         char prop[4200];
