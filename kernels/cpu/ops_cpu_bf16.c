@@ -88,6 +88,24 @@ static float *slot(ops_ctx *c, int k, size_t n)
             return -ENOMEM;                                                                        \
     } while (0)
 
+/* A backward's fp32 scratch: *x = inp (nx elements), *dy = dout (ny) converted; *dx = NULL, or with
+ * dinp a slot of nx floats holding dinp when acc. */
+static int bwd_scratch(ops_ctx *c, float **x, float **dy, float **dx, const float *inp,
+                       const float *dout, const float *dinp, int acc, size_t nx, size_t ny)
+{
+    SLOT(*x, SX, nx);
+    SLOT(*dy, SY, ny);
+    load(*x, inp, nx);
+    load(*dy, dout, ny);
+    *dx = NULL;
+    if (dinp) {
+        SLOT(*dx, SDX, nx);
+        if (acc)
+            load(*dx, dinp, nx);
+    }
+    return 0;
+}
+
 static int check_act(const char *what, int B, int C, int HW)
 {
     if (B <= 0 || C <= 0 || HW <= 0)
@@ -133,18 +151,11 @@ static int bf_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, co
         return 0;
     size_t nin = (size_t)s->B * s->C * s->H * s->W, nout = (size_t)s->B * s->OC * s->OH * s->OW;
     size_t nw = (size_t)s->OC * (s->C / s->groups) * s->K * s->K;
-    float *x, *dy, *w, *dx = NULL, *dw = NULL;
-    SLOT(x, SX, nin);
-    SLOT(dy, SY, nout);
+    float *x, *dy, *w, *dx, *dw = NULL;
+    if ((rc = bwd_scratch(c, &x, &dy, &dx, inp, dout, dinp, acc, nin, nout)))
+        return rc;
     SLOT(w, SW, nw);
-    load(x, inp, nin);
-    load(dy, dout, nout);
     round_weights(w, weight, nw);
-    if (dinp) {
-        SLOT(dx, SDX, nin);
-        if (acc)
-            load(dx, dinp, nin);
-    }
     if (dweight) {
         SLOT(dw, SDW, nw);
         memset(dw, 0, nw * sizeof *dw);
@@ -188,16 +199,9 @@ static int bf_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, floa
     if (rc)
         return rc;
     size_t n = (size_t)B * C * HW;
-    float *x, *dy, *dx = NULL;
-    SLOT(x, SX, n);
-    SLOT(dy, SY, n);
-    load(x, inp, n);
-    load(dy, dout, n);
-    if (dinp) {
-        SLOT(dx, SDX, n);
-        if (acc)
-            load(dx, dinp, n);
-    }
+    float *x, *dy, *dx;
+    if ((rc = bwd_scratch(c, &x, &dy, &dx, inp, dout, dinp, acc, n, n)))
+        return rc;
     if ((rc = ops_cpu.bn_backward(c->cpu, dx, acc, dweight, dbias, dy, x, weight, save_mean,
                                   save_var, B, C, HW, eps)))
         return rc;
@@ -230,16 +234,9 @@ static int bf_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, co
     if (rc)
         return rc;
     size_t n = (size_t)B * C * HW;
-    float *x, *dy, *dx = NULL;
-    SLOT(x, SX, n);
-    SLOT(dy, SY, n);
-    load(x, inp, n);
-    load(dy, dout, n);
-    if (dinp) {
-        SLOT(dx, SDX, n);
-        if (acc)
-            load(dx, dinp, n);
-    }
+    float *x, *dy, *dx;
+    if ((rc = bwd_scratch(c, &x, &dy, &dx, inp, dout, dinp, acc, n, n)))
+        return rc;
     if ((rc = ops_cpu.prelu_backward(c->cpu, dx, acc, dalpha, dy, x, alpha, B, C, HW)))
         return rc;
     if (dinp)
