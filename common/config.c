@@ -432,7 +432,9 @@ static int validate(const pf_config *cfg, int check_required)
                       "or bf16, set one of them");
     if (cfg->warmup_epoch > cfg->num_epoch)
         return pf_err(-ERANGE, "key 'warmup_epoch': %g is more than num_epoch %d", cfg->warmup_epoch, cfg->num_epoch);
-    if (check_required && cfg->num_classes > 0 && cfg->num_classes < cfg->servers)
+    /* Whenever num_classes is given (not only where it is required): pfcps config-get, which the local launcher
+     * runs first, then refuses the config at once instead of server 0 alone while the others wait to join. */
+    if (cfg->num_classes > 0 && cfg->num_classes < cfg->servers)
         return pf_err(-ERANGE, "key 'servers': %d servers for num_classes %lld leaves a shard empty", cfg->servers,
                       (long long)cfg->num_classes);
     return 0;

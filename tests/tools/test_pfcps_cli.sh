@@ -91,6 +91,10 @@ printf '[cluster]\nservers = 0\n' >"$TMP/bad.ini"
 expect_refusal "servers" config-get -c "$TMP/bad.ini" servers
 printf '[cluster]\nserverz = 2\n' >"$TMP/bad2.ini"
 expect_refusal "serverz" config-get -c "$TMP/bad2.ini" servers
+# More servers than classes (a shard would be empty): refused here too, not only by server 0 at start-up
+# (the launcher asks config-get first; the other daemons used to wait ctl_timeout for a run that never formed).
+printf '[train]\nnum_classes = 3\n[cluster]\nservers = 5\n' >"$TMP/bad3.ini"
+expect_refusal "5 servers for num_classes 3 leaves a shard empty" config-get -c "$TMP/bad3.ini" servers
 
 if [ "$fails" -ne 0 ]; then echo "FAILED ($fails)"; exit 1; fi
 echo PASS
