@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cuda/cudnn_bn.cuh"
 #include "kernels/cuda/ops_kernels.cuh"
 
 /* The shared kernels (ops_kernels.cuh) on fp32 elements: conversions are the identity. */
@@ -278,23 +279,10 @@ static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sa
         LAUNCH_CHECK("bn1d_fwd");
         return 0;
     }
-    const float one = 1.0f, zero = 0.0f;
-    if (!train) {
-        CUDNN_TRY(cudnnBatchNormalizationForwardInference(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
-                                                          c->bn_x, inp, c->bn_x, out, c->bn_p, weight,
-                                                          bias, running_mean, running_var, (double)eps));
-        return 0;
-    }
-    if ((rc = grow(&c->cscr, &c->cscr_cap, 4 * (size_t)C)))
+    if (train && (rc = grow(&c->cscr, &c->cscr_cap, 4 * (size_t)C)))
         return rc;
-    float *fm = c->cscr, *finv = c->cscr + C;
-    CUDNN_TRY(cudnnBatchNormalizationForwardTraining(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
-                                                     c->bn_x, inp, c->bn_x, out, c->bn_p, weight, bias,
-                                                     (double)momentum, running_mean, running_var,
-                                                     (double)eps, fm, finv));
-    bn_save_to_f64<<<(C + 255) / 256, 256>>>(save_mean, save_var, fm, finv, C, (double)eps);
-    LAUNCH_CHECK("bn_save_to_f64");
-    return 0;
+    return cudnn_bn_forward(c->dnn, c->bn_x, c->bn_p, out, inp, weight, bias, running_mean, running_var,
+                            save_mean, save_var, C, eps, momentum, train, c->cscr);
 }
 
 static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
@@ -320,27 +308,14 @@ static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, fl
     }
     if ((rc = grow(&c->cscr, &c->cscr_cap, 4 * (size_t)C)))
         return rc;
-    float *fm = c->cscr, *finv = c->cscr + C, *dw = dweight, *db = dbias;
     float *dx = dinp;
     if (!dx) {
         if ((rc = grow(&c->scr, &c->scr_cap, (size_t)B * C * HW)))
             return rc;
         dx = c->scr;
     }
-    /* cuDNN writes both parameter gradients: a NULL one goes to scratch (accumulated there and
-     * discarded). */
-    if (!dw)
-        dw = c->cscr + 2 * C;
-    if (!db)
-        db = c->cscr + 3 * C;
-    bn_save_from_f64<<<(C + 255) / 256, 256>>>(fm, finv, save_mean, save_var, C, (double)eps);
-    LAUNCH_CHECK("bn_save_from_f64");
-    const float one = 1.0f, zero = 0.0f;
-    CUDNN_TRY(cudnnBatchNormalizationBackward(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one,
-                                              (dinp && acc) ? &one : &zero, &one, &one, c->bn_x, inp,
-                                              c->bn_x, dout, c->bn_x, dx, c->bn_p, weight, dw, db,
-                                              (double)eps, fm, finv));
-    return 0;
+    return cudnn_bn_backward(c->dnn, c->bn_x, c->bn_p, dx, dinp && acc, dweight, dbias, dout, inp, weight,
+                             save_mean, save_var, C, eps, c->cscr);
 }
 
 /* ---- own kernels: PReLU, add, acc, dropout, bias ---- */

@@ -5,6 +5,7 @@
 // (plain = &ops_cuda, its own context).
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cudnn_bn.cuh"
 #include "kernels/cuda/cudnn_conv.cuh"
 
 #include <cuda_bf16.h>
@@ -260,24 +261,11 @@ static int h_bn_forward(ops_ctx *c_, float *out, double *save_mean, double *save
                                running_mean, running_var, B, C, HW, eps, momentum, train);
     if ((rc = hbn_descs(c, B, C, HW)))
         return rc;
-    const float one = 1.0f, zero = 0.0f;
-    if (!train) {
-        CUDNN_TRY(cudnnBatchNormalizationForwardInference(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
-                                                          c->bn_x, inp, c->bn_x, out, c->bn_p, weight,
-                                                          bias, running_mean, running_var, (double)eps));
-        return 0;
-    }
-    if ((rc = grow_bytes((void **)&c->cscr, &c->cscr_bytes, 4 * (size_t)C * sizeof(float),
-                         "batch-norm channel scratch")))
+    if (train && (rc = grow_bytes((void **)&c->cscr, &c->cscr_bytes, 4 * (size_t)C * sizeof(float),
+                                  "batch-norm channel scratch")))
         return rc;
-    float *fm = c->cscr, *finv = c->cscr + C;
-    CUDNN_TRY(cudnnBatchNormalizationForwardTraining(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one, &zero,
-                                                     c->bn_x, inp, c->bn_x, out, c->bn_p, weight, bias,
-                                                     (double)momentum, running_mean, running_var,
-                                                     (double)eps, fm, finv));
-    bn_save_to_f64<<<(C + 255) / 256, 256>>>(save_mean, save_var, fm, finv, C, (double)eps);
-    LAUNCH_CHECK("half bn save_to_f64");
-    return 0;
+    return cudnn_bn_forward(c->dnn, c->bn_x, c->bn_p, out, inp, weight, bias, running_mean, running_var,
+                            save_mean, save_var, C, eps, momentum, train, c->cscr);
 }
 
 template <typename T>
@@ -302,7 +290,6 @@ static int h_bn_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, floa
     if ((rc = grow_bytes((void **)&c->cscr, &c->cscr_bytes, 4 * (size_t)C * sizeof(float),
                          "batch-norm channel scratch")))
         return rc;
-    float *fm = c->cscr, *finv = c->cscr + C, *dw = dweight, *db = dbias;
     void *dx = dinp;
     if (!dx) {
         if ((rc = grow_bytes(&c->hscr, &c->hscr_bytes, (size_t)B * C * HW * sizeof(T),
@@ -310,20 +297,8 @@ static int h_bn_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, floa
             return rc;
         dx = c->hscr;
     }
-    /* cuDNN writes both parameter gradients: a NULL one goes to scratch (accumulated there and
-     * discarded). */
-    if (!dw)
-        dw = c->cscr + 2 * C;
-    if (!db)
-        db = c->cscr + 3 * C;
-    bn_save_from_f64<<<(C + 255) / 256, 256>>>(fm, finv, save_mean, save_var, C, (double)eps);
-    LAUNCH_CHECK("half bn save_from_f64");
-    const float one = 1.0f, zero = 0.0f;
-    CUDNN_TRY(cudnnBatchNormalizationBackward(c->dnn, CUDNN_BATCHNORM_SPATIAL, &one,
-                                              (dinp && acc) ? &one : &zero, &one, &one, c->bn_x, inp,
-                                              c->bn_x, dout, c->bn_x, dx, c->bn_p, weight, dw, db,
-                                              (double)eps, fm, finv));
-    return 0;
+    return cudnn_bn_backward(c->dnn, c->bn_x, c->bn_p, dx, dinp && acc, dweight, dbias, dout, inp, weight,
+                             save_mean, save_var, C, eps, c->cscr);
 }
 
 /* ---- PReLU ---- */
