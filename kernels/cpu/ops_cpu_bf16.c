@@ -88,6 +88,15 @@ static float *slot(ops_ctx *c, int k, size_t n)
             return -ENOMEM;                                                                        \
     } while (0)
 
+/* A forward's fp32 scratch: *x = inp (nx elements) converted, *y a slot of ny floats for the output. */
+static int fwd_scratch(ops_ctx *c, float **x, float **y, const float *inp, size_t nx, size_t ny)
+{
+    SLOT(*x, SX, nx);
+    SLOT(*y, SY, ny);
+    load(*x, inp, nx);
+    return 0;
+}
+
 /* A backward's fp32 scratch: *x = inp (nx elements), *dy = dout (ny) converted; *dx = NULL, or with
  * dinp a slot of nx floats holding dinp when acc. */
 static int bwd_scratch(ops_ctx *c, float **x, float **dy, float **dx, const float *inp,
@@ -130,10 +139,9 @@ static int bf_conv_forward(ops_ctx *c, float *out, const float *inp, const float
     size_t nin = (size_t)s->B * s->C * s->H * s->W, nout = (size_t)s->B * s->OC * s->OH * s->OW;
     size_t nw = (size_t)s->OC * (s->C / s->groups) * s->K * s->K;
     float *x, *y, *w;
-    SLOT(x, SX, nin);
-    SLOT(y, SY, nout);
+    if ((rc = fwd_scratch(c, &x, &y, inp, nin, nout)))
+        return rc;
     SLOT(w, SW, nw);
-    load(x, inp, nin);
     round_weights(w, weight, nw);
     if ((rc = ops_cpu.conv_forward(c->cpu, y, x, w, s)))
         return rc;
@@ -180,9 +188,8 @@ static int bf_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save
         return rc;
     size_t n = (size_t)B * C * HW;
     float *x, *y;
-    SLOT(x, SX, n);
-    SLOT(y, SY, n);
-    load(x, inp, n);
+    if ((rc = fwd_scratch(c, &x, &y, inp, n, n)))
+        return rc;
     if ((rc = ops_cpu.bn_forward(c->cpu, y, save_mean, save_var, x, weight, bias, running_mean,
                                  running_var, B, C, HW, eps, momentum, train)))
         return rc;
@@ -218,9 +225,8 @@ static int bf_prelu_forward(ops_ctx *c, float *out, const float *inp, const floa
         return rc;
     size_t n = (size_t)B * C * HW;
     float *x, *y;
-    SLOT(x, SX, n);
-    SLOT(y, SY, n);
-    load(x, inp, n);
+    if ((rc = fwd_scratch(c, &x, &y, inp, n, n)))
+        return rc;
     if ((rc = ops_cpu.prelu_forward(c->cpu, y, x, alpha, B, C, HW)))
         return rc;
     store(out, y, n);
