@@ -111,6 +111,7 @@ struct ctl_rendezvous {
     conn **conns;
     int nconns, max_conns;
     conn **server_slot, **worker_slot;
+    unsigned char *ever_joined; /* [num_servers + num_workers]: servers first; for the "never joined" log */
 };
 
 static conn **slot_of(ctl_rendezvous *rv, int role, int rank)
@@ -259,6 +260,7 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         memcpy(c->addr, j->fabric_addr.data, c->addr_len);
     c->deadline = 0;
     *slot = c;
+    rv->ever_joined[(c->role == CTL_ROLE_SERVER ? 0 : rv->num_servers) + c->rank] = 1;
     int n = atomic_fetch_add(&rv->joined, 1) + 1;
     log_info("control plane: %s[%d] joined from %s (%d/%d)", who, j->rank, c->peer, n,
              rv->num_servers + rv->num_workers);
@@ -597,6 +599,25 @@ static void *service_main(void *arg)
                     conn_write(rv->conns[i]);
         }
     }
+    if (!rv->formed) {
+        /* The run never formed: name the members that never joined (the usual cause: not started, wrong
+         * rendezvous address or port, or refused). */
+        char miss[512];
+        size_t o = 0;
+        int n = 0;
+        for (int i = 0; i < rv->num_servers + rv->num_workers; i++) {
+            if (rv->ever_joined[i])
+                continue;
+            int srv = i < rv->num_servers;
+            if (o < sizeof miss)
+                o += (size_t)snprintf(miss + o, sizeof miss - o, "%s%s[%d]", n ? ", " : "", srv ? "server" : "worker",
+                                      srv ? i : i - rv->num_servers);
+            n++;
+        }
+        if (n)
+            log_warn("control plane: the run did not form: %d of %d members never joined: %s", n,
+                     rv->num_servers + rv->num_workers, miss);
+    }
     /* Stopping: a shutdown requested just before the stop still goes out; give pending replies a
      * moment to leave, then close all. */
     if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
@@ -638,6 +659,7 @@ static void rv_free(ctl_rendezvous *rv)
     free(rv->conns);
     free(rv->server_slot);
     free(rv->worker_slot);
+    free(rv->ever_joined);
     free(rv);
 }
 
@@ -676,7 +698,9 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->conns = calloc((size_t)rv->max_conns, sizeof *rv->conns);
     rv->server_slot = calloc((size_t)o->num_servers, sizeof *rv->server_slot);
     rv->worker_slot = calloc((size_t)o->num_workers, sizeof *rv->worker_slot);
-    if (!rv->bind_host || !rv->secret || !rv->config_text || !rv->conns || !rv->server_slot || !rv->worker_slot) {
+    rv->ever_joined = calloc((size_t)o->num_servers + (size_t)o->num_workers, 1);
+    if (!rv->bind_host || !rv->secret || !rv->config_text || !rv->conns || !rv->server_slot || !rv->worker_slot ||
+        !rv->ever_joined) {
         rv_free(rv);
         return pf_err(-ENOMEM, "rendezvous: out of memory");
     }

@@ -238,7 +238,10 @@ int main(int argc, char **argv) {
              (long long)st.bad_requests);
     exit_code = 0;
 out:
-    if (rv) ctl_rendezvous_broadcast_shutdown(rv);
+    /* The shutdown broadcast is an orderly stop: members that get it stop and exit 0. When server 0 fails (its
+     * own join timed out because a member never came, the shard does not fit, ...) the rendezvous just closes,
+     * so that the other members stop with an error instead of reporting a clean stop. */
+    if (rv && exit_code == 0) ctl_rendezvous_broadcast_shutdown(rv);
     if (sess) ctl_session_close(sess);
     if (rv) ctl_rendezvous_stop(rv);
     if (exit_code == 0 && srv) {

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A run that never forms (server 1 is never started): server 0's own join times out after ctl_timeout and it
+# exits 1, naming the member that never joined; the worker that did join must exit 1 as well. It used to get
+# the orderly-stop broadcast and exit 0 ("stopped before the run formed"), as if it had been stopped on
+# request, so a scheduler saw a worker succeed in a run that never trained.
+set -uo pipefail
+SERVER=$1 WORKER=$2
+TMP=$(mktemp -d)
+source "$(dirname "$0")/cluster.sh"
+export OMP_NUM_THREADS=1
+port=$(free_port)
+cat >"$TMP/run.ini" <<INI
+[train]
+network = r18_w8
+embedding_size = 16
+output = $TMP/out
+[data]
+rec = synthetic
+num_classes = 4
+[cluster]
+servers = 2
+workers = 1
+rendezvous = 127.0.0.1:$port
+secret = form-secret
+ctl_timeout = 3
+INI
+start_cluster "$TMP/run.ini" 1 1 # server 0 and worker 0 only
+rc_w=0; wait "${WPIDS[0]}" || rc_w=$?
+rc_s=0; wait "${SPIDS[0]}" || rc_s=$?
+echo "worker exit $rc_w: $(grep -m1 ERROR "$TMP/worker0.log" | sed 's/^.* ERROR //')"
+echo "server 0 exit $rc_s: $(grep -m1 'never joined' "$TMP/server0.log" | sed 's/^.* WARN //')"
+[ "$rc_s" -eq 1 ] || { show_logs; fail "server 0 exited $rc_s, want 1"; }
+[ "$rc_w" -eq 1 ] || { show_logs; fail "the worker exited $rc_w for a run that never formed, want 1"; }
+grep -q "the run did not form: 1 of 3 members never joined: server\[1\]$" "$TMP/server0.log" ||
+  { show_logs; fail "server 0 does not name server[1] as never joined"; }
+echo PASS
