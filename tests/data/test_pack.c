@@ -9,6 +9,7 @@
 #include "fixture.h"
 
 #include "common/err.h"
+#include "common/log.h"
 #include "worker/data/pack.h"
 #include "worker/data/rec.h"
 
@@ -322,6 +323,31 @@ static void test_failed_pack_keeps_old(void)
     free(rec0); free(idx0); free(rec1); free(idx1);
 }
 
+/* num_classes larger than the pack's property file (a typo in the config): the pack opens (labels are in
+ * range) but a warning names both counts. dir/keep/train was packed from dir/faces: 3 identities. */
+static void test_num_classes_vs_property(void)
+{
+    char prefix[400], logp[400];
+    snprintf(prefix, sizeof prefix, "%s/keep/train", dir);
+    snprintf(logp, sizeof logp, "%s/warn.log", dir);
+    CHECK(log_open_file(logp) == 0, "log file");
+    rec_file *rf = NULL;
+    int rc = rec_open(&rf, prefix, 10, 0);
+    CHECK(rc == 0 && rf && rf->num_classes == 10 && rf->property_classes == 3, "open with num_classes 10: %s",
+          pf_errmsg());
+    if (rc == 0) rec_close(rf);
+    rc = rec_open(&rf, prefix, 3, 0); /* equal: no warning */
+    if (rc == 0) rec_close(rf);
+    log_close_file();
+    size_t n = 0;
+    char *text = (char *)slurp(logp, &n);
+    if (text) text[n < (1 << 20) ? n : n - 1] = 0;
+    CHECK(text && strstr(text, "num_classes 10 is more than the 3 classes") &&
+          strstr(text, "class centers 3..9 get no images"), "no num_classes warning: %s", text ? text : "(no log)");
+    CHECK(text && !strstr(text, "num_classes 3 is"), "warning for num_classes equal to the property: %s", text);
+    free(text);
+}
+
 /* The pfcps binary itself. */
 static void test_cli(const char *orl)
 {
@@ -362,6 +388,7 @@ int main(void)
     test_orl(orl);
     test_first_class_limit();
     test_failed_pack_keeps_old();
+    test_num_classes_vs_property();
     test_cli(orl);
     fx_rmdir(dir);
     printf("%s: %d failures\n", fx_failures ? "FAIL" : "PASS", fx_failures);

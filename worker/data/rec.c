@@ -454,6 +454,10 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
     rf->num_classes = num_classes > 0 ? num_classes : rf->property_classes > 0 ? rf->property_classes
                                                                                 : rf->max_class + 1;
     if (rf->skipped) log_warn("%s: skipped %" PRId64 " bad records", rf->rec_path, rf->skipped);
+    if (num_classes > 0 && rf->property_classes > 0 && num_classes > rf->property_classes)
+        log_warn("%s: num_classes %" PRId64 " is more than the %" PRId64 " classes %s gives (class centers %" PRId64
+                 "..%" PRId64 " get no images): is num_classes right?", rf->rec_path, num_classes, rf->property_classes,
+                 prop, rf->property_classes, num_classes - 1);
     free(idx);
     rec_buf_free(&scratch);
     *out = rf;
