@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
                                   .max_frame = (size_t)cfg.ctl_max_frame, .timeout_s = cfg.ctl_timeout,
                                   .config_text = ini, .num_classes = cfg.num_classes};
         if (!ini || ctl_rendezvous_start(&ro, &rv) < 0) {
-            log_error("rendezvous: %s", ini ? pf_errmsg() : "out of memory");
+            log_error("%s", ini ? pf_errmsg() : "rendezvous: out of memory"); /* the message names the rendezvous */
             goto out;
         }
         log_info("rendezvous listening on %s:%d for %d servers and %d workers", host, ctl_rendezvous_port(rv),

@@ -40,5 +40,15 @@ done
 expect "worker unknown network" "config key 'network': unknown network 'r19'" "$WORKER" --config "$TMP/run.ini" --rank 0 --set secret=x --set network=r19
 expect "server rank outside" "--rank 2 is outside [0, servers = 2)" "$SERVER" --config "$TMP/run.ini" --rank 2 --set secret=x
 expect "worker rank outside" "--rank 3 is outside [0, workers = 3)" "$WORKER" --config "$TMP/run.ini" --rank 3 --set secret=x
+# Server 0 on a port that is taken: one clear line (it said "rendezvous: rendezvous: cannot bind ...").
+python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)' >"$TMP/busy" 2>/dev/null &
+holder=$!
+for _ in $(seq 1 50); do [ -s "$TMP/busy" ] && break; sleep 0.1; done
+read -r busy <"$TMP/busy"
+expect "server port taken" "ERROR rendezvous: cannot bind 127.0.0.1:$busy: Address already in use" \
+  "$SERVER" --config "$TMP/run.ini" --rank 0 --set secret=x --set "rendezvous=127.0.0.1:$busy"
+out=$("$SERVER" --config "$TMP/run.ini" --rank 0 --set secret=x --set "rendezvous=127.0.0.1:$busy" 2>&1)
+grep -q "rendezvous: rendezvous:" <<<"$out" && { echo "FAIL server port taken: doubled prefix: $out"; fails=$((fails + 1)); }
+kill "$holder"; wait "$holder" 2>/dev/null
 [ "$fails" -eq 0 ] && echo PASS
 exit "$fails"
