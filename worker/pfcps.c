@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <turbojpeg.h>
 
 typedef struct pfcps_command {
@@ -79,6 +80,19 @@ static int cmd_pack(int argc, char **argv)
         fprintf(stderr, "pfcps pack: needs IMAGE_DIR and OUT_PREFIX\n");
         return 2;
     }
+    /* OUT_PREFIX as `rec` reads it: a folder (an existing one, or any path ending in '/') means <folder>/train.
+     * "pfcps pack imgs out/" wrote the hidden out/.rec and out/.idx, and an existing folder got <folder>.rec
+     * beside it (with ./property), neither of which rec = out finds. */
+    char outp[4200];
+    size_t ol = strlen(pos[1]);
+    struct stat sb;
+    if (ol && pos[1][ol - 1] == '/')
+        snprintf(outp, sizeof outp, "%strain", pos[1]);
+    else if (stat(pos[1], &sb) == 0 && S_ISDIR(sb.st_mode))
+        snprintf(outp, sizeof outp, "%s/train", pos[1]);
+    else
+        snprintf(outp, sizeof outp, "%s", pos[1]);
+    pos[1] = outp;
     pack_stats st;
     int rc = pack_dir(pos[0], pos[1], &o, &st);
     if (rc < 0) {

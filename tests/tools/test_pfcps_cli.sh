@@ -96,5 +96,24 @@ expect_refusal "serverz" config-get -c "$TMP/bad2.ini" servers
 printf '[train]\nnum_classes = 3\n[cluster]\nservers = 5\n' >"$TMP/bad3.ini"
 expect_refusal "5 servers for num_classes 3 leaves a shard empty" config-get -c "$TMP/bad3.ini" servers
 
+# OUT_PREFIX naming a folder (ending in '/', or an existing one) packs <folder>/train.rec/.idx + <folder>/property,
+# what rec = <folder> reads; it wrote the hidden <folder>/.rec and .idx, or <folder>.rec beside an existing one.
+if [ -d "${PFCPS_SOURCE:-}/data/orl/s1" ]; then
+  mkdir -p "$TMP/faces" "$TMP/existing"
+  ln -s "$PFCPS_SOURCE/data/orl/s1" "$TMP/faces/s1"
+  for out in "$TMP/new/" "$TMP/existing"; do
+    dirp=${out%/}
+    "$PFCPS" pack --quiet "$TMP/faces" "$out" >"$TMP/pack.out" 2>&1 || fail "pack into $out: $(cat "$TMP/pack.out")"
+    for f in train.rec train.idx property; do [ -f "$dirp/$f" ] || fail "pack into $out: no $dirp/$f"; done
+    [ ! -e "$dirp/.rec" ] && [ ! -e "$dirp.rec" ] || fail "pack into $out: wrote $dirp/.rec or $dirp.rec"
+    grep -qF "into $dirp/train.rec/.idx" "$TMP/pack.out" || fail "pack into $out: says $(cat "$TMP/pack.out")"
+    info=$("$PFCPS" rec-info "$dirp" 2>&1)
+    grep -q "^images      10$" <<<"$info" || fail "rec-info $dirp after pack into $out: $info"
+    echo "pack into $out -> $dirp/train.rec, rec-info $dirp: 10 images"
+  done
+else
+  fail "ORL faces not found under PFCPS_SOURCE/data/orl"
+fi
+
 if [ "$fails" -ne 0 ]; then echo "FAILED ($fails)"; exit 1; fi
 echo PASS
