@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Local launcher: starts S pfcps-server and W pfcps-worker daemons on this machine (127.0.0.1),
-# waits for the workers to finish, then stops the servers with SIGTERM. Ctrl-C (SIGINT) or SIGTERM
+# waits for the workers to finish, then stops the servers with SIGTERM (a server that exits first makes it stop
+# the workers and fail, naming that server). Ctrl-C (SIGINT) or SIGTERM
 # is passed on to every daemon; none is left behind.
 #
 # usage: deploy/local/launch.sh -c CONFIG [-b BUILD_DIR] [--set key=value ...]
@@ -46,12 +47,14 @@ mkdir -p "$out/logs" || { echo "launch: cannot create '$out/logs'" >&2; exit 2; 
 pids=()
 server_pids=()
 worker_pids=()
+# exited PID: true once PID has exited (a child not yet waited for is a zombie, which kill -0 still finds).
+exited() { local _p _c st; { read -r _p _c st _ <"/proc/$1/stat"; } 2>/dev/null || return 0; [ "$st" = Z ]; }
 # wait_gone SECONDS PIDS...: waits until none of PIDS is alive, at most SECONDS.
 wait_gone() {
   local n=$(( $1 * 10 )); shift
   for ((i = 0; i < n; i++)); do
     local alive=0
-    for p in "$@"; do kill -0 "$p" 2>/dev/null && alive=1; done
+    for p in "$@"; do exited "$p" || alive=1; done
     [ "$alive" -eq 0 ] && return 0
     sleep 0.1
   done
@@ -86,8 +89,26 @@ tail -n +1 -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
 tail_pid=$!
 
 rc=0
+# Wait for the workers. A server that exits first (a start-up refusal such as a shard that does not fit, a
+# crash) leaves a run that cannot form or go on: stop the workers now rather than after their own timeouts.
+while :; do
+  alive=0
+  for p in "${worker_pids[@]}"; do exited "$p" || alive=1; done
+  [ "$alive" -eq 0 ] && break
+  gone=-1
+  for i in "${!server_pids[@]}"; do exited "${server_pids[$i]}" && { gone=$i; break; }; done
+  if [ "$gone" -ge 0 ]; then
+    echo "launch: server $gone exited before the workers finished (see $out/logs/server$gone.log); stopping the workers" >&2
+    for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    wait_gone 15 "${worker_pids[@]}" || for p in "${worker_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+    rc=1
+    break
+  fi
+  sleep 0.2
+done
 for p in "${worker_pids[@]}"; do
-  wait "$p" || rc=$?
+  s=0; wait "$p" || s=$?
+  [ "$s" -ne 0 ] && rc=$s
 done
 wait "$tail_pid" 2>/dev/null
 # Workers are done (or one failed): stop the servers cleanly and collect their exit codes.
