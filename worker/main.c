@@ -26,9 +26,12 @@
 
 static volatile sig_atomic_t g_stop; /* int on glibc: also train_opts.stop_flag */
 
+static volatile sig_atomic_t g_signalled; /* this process got SIGTERM/SIGINT (g_stop is also set by the watcher) */
+
 static void on_signal(int sig)
 {
     (void)sig;
+    g_signalled = 1;
     g_stop = 1;
 }
 
@@ -257,9 +260,10 @@ int main(int argc, char **argv)
         log_error("%s", pf_errmsg());
         goto out;
     }
-    if (watch.broken) {
+    if (watch.broken && !g_signalled) {
         /* The step in progress finished (e.g. a server stopped by SIGTERM answered it first), but a member
-         * is gone: the run stopped short of its end, which is a failure, not a requested stop. */
+         * is gone: the run stopped short of its end, which is a failure, not a requested stop. (When this
+         * worker was itself asked to stop, as when a whole job is stopped at once, it is a requested stop.) */
         log_error("training stopped early: a member of the run was lost (see above)");
         goto out;
     }

@@ -41,4 +41,18 @@ kill -0 "${SPIDS[0]}" 2>/dev/null || fail "server 0 stopped serving when server 
 SPIDS=("${SPIDS[0]}")
 stop_servers
 echo "ok: SIGTERM to server 1: worker exited $rc after $((SECONDS - t0)) s"
+
+# The whole job stopped at once (SIGTERM to the worker and to server 1 together, as systemd or a scheduler
+# does): a requested stop, so the worker exits 0 even though it also hears that server 1 left.
+rm -f "$TMP/trace"
+start_cluster "$TMP/run.ini" 2 1 --trace "$TMP/trace"
+for _ in $(seq 1 600); do [ -s "$TMP/trace" ] && break; sleep 0.1; done
+[ -s "$TMP/trace" ] || { show_logs; fail "training did not start (2)"; }
+kill -TERM "${WPIDS[0]}" "${SPIDS[1]}"
+for _ in $(seq 1 300); do kill -0 "${WPIDS[0]}" 2>/dev/null || break; sleep 0.1; done
+rc=0; wait "${WPIDS[0]}" || rc=$?
+[ "$rc" -eq 0 ] || { show_logs; fail "the worker exited $rc when stopped together with server 1, want 0"; }
+SPIDS=("${SPIDS[0]}")
+stop_servers
+echo "ok: SIGTERM to the worker and server 1 together: worker exited 0"
 echo PASS
