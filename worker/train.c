@@ -679,7 +679,7 @@ int train_run(trainer *t)
     const int B = run->batch_size;
     const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * run->num_epoch;
     int64_t step = 0; /* steps done; the step being run is `step` (0-based), arcface_torch's global_step + 1 */
-    int rc = 0, stuck = 0;
+    int rc = 0, stuck = 0, stopped = 0;
     double loss_sum = 0, last_loss = NAN, first_loss = NAN;
     int loss_n = 0;
     double t_start = now_s(), t_log = t_start;
@@ -697,6 +697,7 @@ int train_run(trainer *t)
                 break;
             if (stop > 0) {
                 log_info("stop requested: finishing after %lld steps", (long long)step);
+                stopped = 1;
                 goto done;
             }
             int have = loader_peek_labels(t->ld, t->labels);
@@ -824,10 +825,13 @@ done:
 #endif
     if (rc == 0 && t->rank == 0) {
         double el = now_s() - t_start;
-        log_info("training done: %lld steps, first loss %.4f, final loss %.4f, %.2f samples/sec over %.1f s, "
-                 "outputs in %s",
-                 (long long)step, first_loss, last_loss, el > 0 ? (double)step * B * t->W / el : 0.0, el,
-                 run->output);
+        if (step == 0)
+            log_info("training stopped before the first step: no loss, outputs in %s", run->output);
+        else
+            log_info("training %s: %lld of %lld steps, first loss %.4f, final loss %.4f, %.2f samples/sec over %.1f s, "
+                     "outputs in %s",
+                     stopped ? "stopped on request" : "done", (long long)step, (long long)total, first_loss,
+                     last_loss, el > 0 ? (double)step * B * t->W / el : 0.0, el, run->output);
     }
     return rc;
 }

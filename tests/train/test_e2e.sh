@@ -41,6 +41,7 @@ awk -v f="$first" -v l="$last" 'BEGIN {exit !(l < 0.6 * f)}' || fail "loss did n
 grep -q "Speed .* samples/sec   Loss .*   LearningRate .*   Epoch: .*   Global Step: 20   Required:" "$TMP/out/training.log" \
   || fail "training.log lacks the arcface_torch log line for step 20"
 [ -s "$TMP/out/model.ckpt" ] || fail "no backbone checkpoint"
+grep -q "training done: 24 of 24 steps" "$TMP/out/training.log" || fail "training.log lacks 'training done: 24 of 24 steps'"
 
 # SIGTERM mid-run: everyone stops after the current step and exits 0.
 port=$(free_port)
@@ -55,4 +56,7 @@ done
 for p in "${WPIDS[@]}"; do kill -TERM "$p"; done
 wait_all "${WPIDS[@]}" || { show_logs; fail "a worker did not exit 0 on SIGTERM"; }
 stop_servers
+# The final line says the run was cut short, not done.
+grep -q "training stopped on request: [0-9]* of 4000 steps" "$TMP/out/training.log" ||
+  { show_logs; fail "the stopped run's log does not say 'training stopped on request: N of 4000 steps (4 per epoch x 1000 epochs)'"; }
 echo "PASS: loss $first -> $last over $n steps; all daemons exited 0 (also on SIGTERM mid-run)"
