@@ -90,7 +90,9 @@ int cfg_load_text(pf_config *cfg, const char *text);
 void cfg_log(const pf_config *cfg);
 
 /* cfg_load with `check_required` = 0: ranges are checked but num_classes/rec may stay unset (a member
- * that takes the run config from the rendezvous only needs the cluster keys from its own file). */
+ * that takes the run config from the rendezvous needs from its own file the cluster keys, plus, for a
+ * worker, the keys its endpoints are opened with before the run config arrives: provider, servers,
+ * embedding_size, wire_dtype, device — worker/train.c refuses a worker whose values differ from the run's). */
 int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int nset, int check_required);
 
 /* cfg_validate without the required-key checks. */

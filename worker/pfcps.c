@@ -63,7 +63,8 @@ static int cmd_pack(int argc, char **argv)
         else if (strcmp(argv[i], "--pad") == 0) o.resize = 0;
         else if (strcmp(argv[i], "--quiet") == 0) o.progress = 0;
         else if (strcmp(argv[i], "--first-class") == 0) {
-            if (opt_i64("pack", argc, argv, &i, 0, INT64_MAX, &v) < 0) return 2;
+            /* class ids are stored exactly up to 2^48 (id2 "PF" marker): first_class + identities must stay below */
+            if (opt_i64("pack", argc, argv, &i, 0, (INT64_C(1) << 48) - 1, &v) < 0) return 2;
             o.first_class = v;
         } else if (strcmp(argv[i], "--identities") == 0) {
             if (opt_i64("pack", argc, argv, &i, 1, INT64_MAX, &v) < 0) return 2;
@@ -101,6 +102,9 @@ static int cmd_pack(int argc, char **argv)
     }
     printf("packed %" PRId64 " images of %" PRId64 " identities into %s.rec/.idx (%" PRId64 " kept as is, %" PRId64
            " converted to 112x112 JPEG)\n", st.images, st.classes, pos[1], st.kept, st.converted);
+    if (o.max_identities > 0 && st.classes < o.max_identities)
+        fprintf(stderr, "pfcps pack: note: --identities %" PRId64 " asked, but %s has only %" PRId64
+                " identity folders: all of them were packed\n", o.max_identities, pos[0], st.classes);
     return 0;
 }
 

@@ -40,6 +40,7 @@ expect_refusal() { # expected-substring args...
 expect_refusal "--quality needs an integer in [1, 100], got '0'" pack --quality 0 in out
 expect_refusal "--quality needs an integer in [1, 100], got nothing" pack --quality
 expect_refusal "--first-class needs an integer" pack --first-class x in out
+expect_refusal "--first-class needs an integer in [0, 281474976710655]" pack --first-class 281474976710656 in out
 expect_refusal "--identities needs an integer in [1," pack --identities 0 in out
 expect_refusal "unexpected argument '--bogus'" pack --bogus in out
 expect_refusal "unknown key 'serverz'" config-get serverz
@@ -111,6 +112,11 @@ if [ -d "${PFCPS_SOURCE:-}/data/orl/s1" ]; then
     grep -q "^images      10$" <<<"$info" || fail "rec-info $dirp after pack into $out: $info"
     echo "pack into $out -> $dirp/train.rec, rec-info $dirp: 10 images"
   done
+  # --identities beyond the folders there: everything packed, and said so (it was silent).
+  "$PFCPS" pack --quiet --identities 99 "$TMP/faces" "$TMP/ids/" >"$TMP/pack.out" 2>&1 || fail "pack --identities 99: $(cat "$TMP/pack.out")"
+  grep -qF -- "--identities 99 asked, but $TMP/faces has only 1 identity folders" "$TMP/pack.out" ||
+    fail "pack --identities 99 with 1 folder: no note, said [$(cat "$TMP/pack.out")]"
+  echo "pack --identities 99 with 1 folder: noted"
 else
   fail "ORL faces not found under PFCPS_SOURCE/data/orl"
 fi
