@@ -144,8 +144,7 @@ int main(int argc, char **argv) {
             log_error("%s", ini ? pf_errmsg() : "rendezvous: out of memory"); /* the message names the rendezvous */
             goto out;
         }
-        log_info("rendezvous listening on %s:%d for %d servers and %d workers", host, ctl_rendezvous_port(rv),
-                 cfg.servers, cfg.workers);
+        /* ctl_rendezvous_start logged what it bound ("control plane: rendezvous listening on ..."). */
     }
     /* Join (retrying through the whole ctl_timeout) and take the run config from the book. */
     pf_config run;
