@@ -54,6 +54,23 @@ int cuda_d2d(void *dst, const void *src, size_t bytes);
 int cuda_memzero(void *p, size_t bytes);
 /* x[i] *= a for i < n (rounded multiply, no contraction: bit-identical to the CPU). 0 or -EIO. */
 int cuda_scale_f32(float *x, size_t n, float a);
+/* The kernels/ops.h memory / optimizer entries every CUDA device table uses (context-free wrappers of
+ * cuda_malloc_zero, cuda_free, cuda_h2d, cuda_d2h, cuda_d2d, cuda_memzero, cuda_sync, cuda_sgd_step,
+ * cuda_adamw_step, cuda_scale_f32; kernels/cuda/cuda_util.cu). sumsq stays per device: it needs the
+ * context's scratch. Same returns as the functions they wrap. */
+int cuda_ops_mem_alloc(ops_ctx *c, void **p, size_t bytes);
+void cuda_ops_mem_free(ops_ctx *c, void *p);
+int cuda_ops_mem_h2d(ops_ctx *c, void *dst, const void *host_src, size_t bytes);
+int cuda_ops_mem_d2h(ops_ctx *c, void *host_dst, const void *src, size_t bytes);
+int cuda_ops_mem_d2d(ops_ctx *c, void *dst, const void *src, size_t bytes);
+int cuda_ops_mem_zero(ops_ctx *c, void *p, size_t bytes);
+int cuda_ops_sync(ops_ctx *c);
+int cuda_ops_sgd_step(ops_ctx *c, float *w, const float *grad, float *mom, size_t n, float lr, float momentum,
+                      float weight_decay);
+int cuda_ops_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n, double lr,
+                        double beta1, double beta2, double eps, double weight_decay, int64_t step);
+int cuda_ops_scale(ops_ctx *c, float *x, size_t n, float a);
+
 /* Doubles of device scratch that cuda_sumsq_f32 needs (one partial sum per block). */
 #define CUDA_SUMSQ_PARTIALS 1024
 /* *host_out = sum of x[i]^2 accumulated in double (inf / NaN when an element is not finite):

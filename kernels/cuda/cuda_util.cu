@@ -205,3 +205,68 @@ extern "C" int cuda_sumsq_f32(const float *x, size_t n, double *dev_partials, do
     *host_out = s;
     return 0;
 }
+
+/* ---- kernels/ops.h memory / optimizer entries shared by every CUDA device table (they need no context:
+ * the work is on the legacy default stream of the current device) ---- */
+
+extern "C" int cuda_ops_mem_alloc(ops_ctx *c, void **p, size_t bytes)
+{
+    (void)c;
+    return cuda_malloc_zero(p, bytes);
+}
+
+extern "C" void cuda_ops_mem_free(ops_ctx *c, void *p)
+{
+    (void)c;
+    cuda_free(p);
+}
+
+extern "C" int cuda_ops_mem_h2d(ops_ctx *c, void *dst, const void *host_src, size_t bytes)
+{
+    (void)c;
+    return bytes ? cuda_h2d(dst, host_src, bytes) : 0;
+}
+
+extern "C" int cuda_ops_mem_d2h(ops_ctx *c, void *host_dst, const void *src, size_t bytes)
+{
+    (void)c;
+    return bytes ? cuda_d2h(host_dst, src, bytes) : 0;
+}
+
+extern "C" int cuda_ops_mem_d2d(ops_ctx *c, void *dst, const void *src, size_t bytes)
+{
+    (void)c;
+    return cuda_d2d(dst, src, bytes);
+}
+
+extern "C" int cuda_ops_mem_zero(ops_ctx *c, void *p, size_t bytes)
+{
+    (void)c;
+    return cuda_memzero(p, bytes);
+}
+
+extern "C" int cuda_ops_sync(ops_ctx *c)
+{
+    (void)c;
+    return cuda_sync();
+}
+
+extern "C" int cuda_ops_sgd_step(ops_ctx *c, float *w, const float *grad, float *mom, size_t n, float lr,
+                                 float momentum, float weight_decay)
+{
+    (void)c;
+    return cuda_sgd_step(w, grad, mom, n, lr, momentum, weight_decay);
+}
+
+extern "C" int cuda_ops_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n, double lr,
+                                   double beta1, double beta2, double eps, double weight_decay, int64_t step)
+{
+    (void)c;
+    return cuda_adamw_step(w, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
+}
+
+extern "C" int cuda_ops_scale(ops_ctx *c, float *x, size_t n, float a)
+{
+    (void)c;
+    return cuda_scale_f32(x, n, a);
+}

@@ -442,67 +442,15 @@ static int h_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dou
 
 /* ---- memory, optimizer, utilities: the fp32 CUDA device's helpers (cuda_util.cu, head.cu) ---- */
 
-static int h_mem_alloc(ops_ctx *c, void **p, size_t bytes)
-{
-    (void)c;
-    return cuda_malloc_zero(p, bytes);
-}
 
-static void h_mem_free(ops_ctx *c, void *p)
-{
-    (void)c;
-    cuda_free(p);
-}
 
-static int h_mem_h2d(ops_ctx *c, void *dst, const void *host_src, size_t bytes)
-{
-    (void)c;
-    return bytes ? cuda_h2d(dst, host_src, bytes) : 0;
-}
 
-static int h_mem_d2h(ops_ctx *c, void *host_dst, const void *src, size_t bytes)
-{
-    (void)c;
-    return bytes ? cuda_d2h(host_dst, src, bytes) : 0;
-}
 
-static int h_mem_d2d(ops_ctx *c, void *dst, const void *src, size_t bytes)
-{
-    (void)c;
-    return cuda_d2d(dst, src, bytes);
-}
 
-static int h_mem_zero(ops_ctx *c, void *p, size_t bytes)
-{
-    (void)c;
-    return cuda_memzero(p, bytes);
-}
 
-static int h_sync(ops_ctx *c)
-{
-    (void)c;
-    return cuda_sync();
-}
 
-static int h_sgd_step(ops_ctx *c, float *w, const float *grad, float *mom, size_t n, float lr,
-                      float momentum, float weight_decay)
-{
-    (void)c;
-    return cuda_sgd_step(w, grad, mom, n, lr, momentum, weight_decay);
-}
 
-static int h_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n, double lr,
-                        double beta1, double beta2, double eps, double weight_decay, int64_t step)
-{
-    (void)c;
-    return cuda_adamw_step(w, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);
-}
 
-static int h_scale(ops_ctx *c, float *x, size_t n, float a)
-{
-    (void)c;
-    return cuda_scale_f32(x, n, a);
-}
 
 static int h_sumsq(ops_ctx *c, const float *x, size_t n, double *host_out)
 {
@@ -580,16 +528,16 @@ template <typename T> static int h_ctx_create(ops_ctx **out)
         .dropout_backward = h_dropout_backward<T>,                                                 \
         .act_bytes = 2,                                                                            \
         .plain = &ops_cuda,                                                                        \
-        .mem_alloc = h_mem_alloc,                                                                  \
-        .mem_free = h_mem_free,                                                                    \
-        .mem_h2d = h_mem_h2d,                                                                      \
-        .mem_d2h = h_mem_d2h,                                                                      \
-        .mem_d2d = h_mem_d2d,                                                                      \
-        .mem_zero = h_mem_zero,                                                                    \
-        .sync = h_sync,                                                                            \
-        .sgd_step = h_sgd_step,                                                                    \
-        .adamw_step = h_adamw_step,                                                                \
-        .scale = h_scale,                                                                          \
+        .mem_alloc = cuda_ops_mem_alloc,                                                           \
+        .mem_free = cuda_ops_mem_free,                                                             \
+        .mem_h2d = cuda_ops_mem_h2d,                                                               \
+        .mem_d2h = cuda_ops_mem_d2h,                                                               \
+        .mem_d2d = cuda_ops_mem_d2d,                                                               \
+        .mem_zero = cuda_ops_mem_zero,                                                             \
+        .sync = cuda_ops_sync,                                                                     \
+        .sgd_step = cuda_ops_sgd_step,                                                             \
+        .adamw_step = cuda_ops_adamw_step,                                                         \
+        .scale = cuda_ops_scale,                                                                   \
         .sumsq = h_sumsq,                                                                          \
     }
 
