@@ -52,13 +52,6 @@ static const char usage[] =
     "usage: pfcps-server --config FILE --rank S [--set key=value ...]\n"
     "  --rank S   this server's rank in [0, servers); rank 0 runs the rendezvous\n";
 
-static int parse_dtype(const char *s) {
-    if (!strcmp(s, "fp32")) return PS_DT_FP32;
-    if (!strcmp(s, "fp16")) return PS_DT_FP16;
-    if (!strcmp(s, "bf16")) return PS_DT_BF16;
-    return -1;
-}
-
 int main(int argc, char **argv) {
     pf_config cfg;
     int rest = 0;
@@ -167,10 +160,14 @@ int main(int argc, char **argv) {
         goto out;
     }
     const ctl_book *book = ctl_session_book(sess);
-    int dtype = parse_dtype(run.wire_dtype);
-    if (dtype < 0 || book->num_servers != run.servers || book->num_workers != run.workers) {
-        log_error("inconsistent run config: wire_dtype '%s', book %d/%d vs servers %d workers %d", run.wire_dtype,
-                  book->num_servers, book->num_workers, run.servers, run.workers);
+    ps_dtype dtype = PS_DT_FP32;
+    if (ps_dtype_parse(run.wire_dtype, &dtype) < 0) {
+        log_error("inconsistent run config: %s", pf_errmsg());
+        goto out;
+    }
+    if (book->num_servers != run.servers || book->num_workers != run.workers) {
+        log_error("inconsistent run config: address book %d/%d vs servers %d workers %d", book->num_servers,
+                  book->num_workers, run.servers, run.workers);
         goto out;
     }
     ps_server_opts so = {.provider = run.provider, .rank = rank, .servers = run.servers, .workers = run.workers,

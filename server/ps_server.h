@@ -26,7 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/ps_wire.h"
+#include "proto/ps_wire.h"
 #include "server/shard.h"
 
 typedef struct ps_server ps_server;

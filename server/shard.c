@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "server/ps_wire.h"
+#include "proto/ps_wire.h"
 
 static inline uint64_t splitmix64(uint64_t x) {
     uint64_t z = x + 0x9E3779B97F4A7C15ull;

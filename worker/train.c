@@ -13,12 +13,12 @@
 #include "common/member_addr.h"
 #include "kernels/cuda/cuda_ops.h" /* cuda_loss_scaler: host code, in every build; CUDA helpers when built */
 #include "kernels/ops.h"
-#include "server/ps_client.h"
 #include "worker/data/loader.h"
 #include "worker/head/optim.h"
 #include "worker/head/pfc.h"
 #include "worker/head/pfc_cuda.h" /* the GPU head, when the CUDA device is built */
 #include "worker/model/model.h"
+#include "worker/ps_client.h"
 
 /* arcface_torch's GradScaler: torch.cuda.amp.GradScaler(growth_interval=100), init scale 2^16. */
 #define AMP_INIT_SCALE 65536.0f
@@ -77,19 +77,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int parse_wire_dtype(const char *s, ps_dtype *out)
-{
-    if (!strcmp(s, "fp32"))
-        *out = PS_DT_FP32;
-    else if (!strcmp(s, "fp16"))
-        *out = PS_DT_FP16;
-    else if (!strcmp(s, "bf16"))
-        *out = PS_DT_BF16;
-    else
-        return pf_err(-EINVAL, "wire_dtype '%s' is not fp32, fp16 or bf16", s);
-    return 0;
 }
 
 static int mkdir_p(const char *path)
@@ -168,7 +155,7 @@ int train_open_endpoints(trainer **out, const pf_config *local, int rank, uint8_
     t->rank = rank;
     t->local = *local;
     ps_dtype dt = PS_DT_FP32;
-    int rc = parse_wire_dtype(local->wire_dtype, &dt);
+    int rc = ps_dtype_parse(local->wire_dtype, &dt);
     ps_client_opts po = {.provider = local->provider, .rank = rank, .servers = local->servers,
                          .num_classes = local->num_classes > 0 ? local->num_classes : 1,
                          .dim = local->embedding_size, .dtype = dt};

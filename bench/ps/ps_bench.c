@@ -19,7 +19,7 @@
 
 #include "common/err.h"
 #include "common/fabric.h"
-#include "server/ps_client.h"
+#include "worker/ps_client.h"
 #include "server/ps_server.h"
 
 static double now(void) {

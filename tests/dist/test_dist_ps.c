@@ -46,7 +46,7 @@
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/member_addr.h"
-#include "server/ps_client.h"
+#include "worker/ps_client.h"
 #include "tests/ps/pst.h"
 #include "worker/head/pfc.h"
 

@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "server/ps_client.h"
+#include "worker/ps_client.h"
 
 #define PST_MAX 16
 

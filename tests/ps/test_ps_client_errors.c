@@ -17,8 +17,8 @@
 
 #include "common/err.h"
 #include "common/fabric.h"
-#include "server/ps_client.h"
-#include "server/ps_wire.h"
+#include "worker/ps_client.h"
+#include "proto/ps_wire.h"
 
 #include "tests/check.h"
 

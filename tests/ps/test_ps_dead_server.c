@@ -35,7 +35,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "server/ps_client.h"
+#include "worker/ps_client.h"
 #include "tests/ps/pst.h"
 
 #include "tests/check.h"

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "server/ps_client.h"
+#include "worker/ps_client.h"
 #include "tests/npy.h"
 #include "tests/ps/pst.h"
 

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "server/ps_wire.h"
+#include "proto/ps_wire.h"
 #include "server/shard.h"
 #include "tests/npy.h"
 #include "tests/ps/pst.h"

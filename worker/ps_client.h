@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/ps_wire.h"
+#include "proto/ps_wire.h"
 
 typedef struct ps_client ps_client;
 typedef struct ps_req ps_req;

@@ -26,6 +26,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+#include "common/err.h"
 
 #define PS_MAGIC 0x53504650u /* "PFPS" */
 #define PS_VERSION 1
@@ -75,6 +78,20 @@ _Static_assert(sizeof(ps_stat) <= 128, "ps_stat must fit the 128-byte stat paylo
 static inline size_t ps_dtype_size(uint32_t dt) { return dt == PS_DT_FP32 ? 4 : 2; }
 
 static inline int ps_dtype_valid(uint32_t dt) { return dt <= PS_DT_BF16; }
+
+/* The wire dtype named by config key `wire_dtype`: "fp32", "fp16" or "bf16" into *out. Returns 0, or -EINVAL
+ * naming the key and the value when it is none of them. The one parser for the server and the worker. */
+static inline int ps_dtype_parse(const char *s, ps_dtype *out) {
+    if (!strcmp(s, "fp32"))
+        *out = PS_DT_FP32;
+    else if (!strcmp(s, "fp16"))
+        *out = PS_DT_FP16;
+    else if (!strcmp(s, "bf16"))
+        *out = PS_DT_BF16;
+    else
+        return pf_err(-EINVAL, "wire_dtype '%s' is not fp32, fp16 or bf16", s);
+    return 0;
+}
 
 /* Rows per message for D and dtype: as many as fit PS_MSG_PAYLOAD_MAX, at least 1. */
 static inline uint32_t ps_wire_rows_per_msg(uint32_t dim, uint32_t dtype) {

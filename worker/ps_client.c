@@ -1,5 +1,5 @@
 /* Parameter-server client library: see ps_client.h. */
-#include "server/ps_client.h"
+#include "worker/ps_client.h"
 
 #include <math.h>
 #include <stdio.h>
