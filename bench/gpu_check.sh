@@ -68,7 +68,7 @@ import json, os, sys
 b = os.getcwd() + "/"
 print(" ".join(sorted({t["cmd"][0][len(b):] for t in json.load(sys.stdin)
                        if "pfcps:cuda" in t["suite"] and t["cmd"][0].startswith(b)})))')
-TARGETS="bench/gpu/bench_gpu $CUDA_TESTS server/pfcps-server worker/pfcps-worker worker/data/pfcps"
+TARGETS="bench/gpu/bench_gpu $CUDA_TESTS server/pfcps-server worker/pfcps-worker tools/pfcps"
 stamp "building $TARGETS"
 S=$(tmo 240)
 [ "$S" -gt 0 ] && timeout "$S" ninja -C "$BUILD" -j"$JOBS" $TARGETS || { echo "gpu_check: build failed"; exit 1; }
@@ -160,7 +160,7 @@ if [ "${PFCPS_GPU_SKIP_E2E:-0}" = 0 ] && [ "$(tmo 120)" -lt 30 ]; then
 elif [ "${PFCPS_GPU_SKIP_E2E:-0}" = 0 ]; then
     E2E=$(mktemp -d)
     stamp "end to end: device = cuda, fp16 = true, r50 batch 64, ORL 40 identities, 30 steps (in $E2E)"
-    if "$BUILD/worker/data/pfcps" pack --quiet "$ROOT/data/orl" "$E2E/train" >"$E2E/pack.log" 2>&1; then
+    if "$BUILD/tools/pfcps" pack --quiet "$ROOT/data/orl" "$E2E/train" >"$E2E/pack.log" 2>&1; then
         PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
         cat >"$E2E/run.ini" <<INI
 [train]

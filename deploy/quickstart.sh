@@ -21,10 +21,10 @@ if [ ! -f "$data.rec" ] || [ ! -f "$data.idx" ]; then
   rm -rf "$stage"; mkdir -p "$stage"
   for i in $(seq 1 30); do ln -s "$(pwd)/data/orl/s$i" "$stage/s$i"; done
   echo "quickstart: packing data/orl s1..s30 into $data.rec"
-  "$build/worker/data/pfcps" pack "$stage" "$data"
+  "$build/tools/pfcps" pack "$stage" "$data"
   rm -rf "$stage"
 fi
-"$build/worker/data/pfcps" rec-info "$data"
+"$build/tools/pfcps" rec-info "$data"
 
 export PFCPS_SECRET=${PFCPS_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
 # Two workers share this machine's cores: one compute thread each.

@@ -29,7 +29,7 @@ done
 
 server_bin=$build/server/pfcps-server
 worker_bin=$build/worker/pfcps-worker
-tool_bin=$build/worker/data/pfcps
+tool_bin=$build/tools/pfcps
 for b in "$server_bin" "$worker_bin" "$tool_bin"; do
   [ -x "$b" ] || { echo "launch: $b not built (meson compile -C $build)" >&2; exit 2; }
 done

@@ -354,8 +354,8 @@ static void test_cli(const char *orl)
     const char *build = getenv("PFCPS_BUILD");
     if (!build) { printf("PFCPS_BUILD not set: CLI not tested\n"); return; }
     char cmd[1200], line[512];
-    snprintf(cmd, sizeof cmd, "'%s/worker/data/pfcps' pack --quiet '%s' '%s/cli/train' >/dev/null 2>&1 && "
-             "'%s/worker/data/pfcps' rec-info '%s/cli/train'", build, orl, dir, build, dir);
+    snprintf(cmd, sizeof cmd, "'%s/tools/pfcps' pack --quiet '%s' '%s/cli/train' >/dev/null 2>&1 && "
+             "'%s/tools/pfcps' rec-info '%s/cli/train'", build, orl, dir, build, dir);
     FILE *f = popen(cmd, "r");
     int seen = 0;
     while (f && fgets(line, sizeof line, f)) {
@@ -367,7 +367,7 @@ static void test_cli(const char *orl)
     }
     int st = f ? pclose(f) : -1;
     CHECK(st == 0 && seen == 4, "pfcps pack + rec-info: status %d, %d of 4 expected lines", st, seen);
-    snprintf(cmd, sizeof cmd, "'%s/worker/data/pfcps' rec-info '%s/nonexistent' 2>&1", build, dir);
+    snprintf(cmd, sizeof cmd, "'%s/tools/pfcps' rec-info '%s/nonexistent' 2>&1", build, dir);
     f = popen(cmd, "r");
     int named = 0;
     while (f && fgets(line, sizeof line, f)) named += strstr(line, "nonexistent.idx: cannot open index") != NULL;

@@ -268,7 +268,7 @@ static void test_decode(const char *orl)
     const char *build = getenv("PFCPS_BUILD");
     if (build) {
         char cmd[1200], line[512], k2[64], k4[64];
-        snprintf(cmd, sizeof cmd, "'%s/worker/data/pfcps' rec-info --decode '%s' 2>&1", build, prefix);
+        snprintf(cmd, sizeof cmd, "'%s/tools/pfcps' rec-info --decode '%s' 2>&1", build, prefix);
         snprintf(k2, sizeof k2, "key 2 at byte %zu: JPEG: Premature end", off[2]);
         snprintf(k4, sizeof k4, "key 4 at byte %zu: JPEG:", off[4]);
         FILE *f = popen(cmd, "r");

@@ -1,0 +1,25 @@
+/* The pfcps tool's subcommands, one per tools/cmd_*.c file, dispatched by tools/pfcps.c (its `commands`
+ * table holds each one's name and usage line). */
+#ifndef PFCPS_TOOLS_COMMANDS_H
+#define PFCPS_TOOLS_COMMANDS_H
+
+/* Each cmd_* runs one subcommand. argv[0] is the subcommand's name, argv[1..argc-1] its arguments; -h / --help
+ * before `--` never reaches it (the dispatcher prints the usage). Returns the process's exit status: 0 on
+ * success, 1 when the work failed, 2 for a usage error; every message goes to stderr as "pfcps CMD: ...". */
+
+/* `pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX`:
+ * packs one subfolder per identity into OUT_PREFIX.rec/.idx + property (worker/data/pack.h); an OUT_PREFIX that
+ * is a folder (existing, or ending in '/') means <folder>/train. Prints a one-line summary on stdout. */
+int cmd_pack(int argc, char **argv);
+
+/* `pfcps rec-info [--skip-bad] [--decode] PREFIX`: prints the dataset's layout, image count, classes, label and
+ * key ranges and the first image's size on stdout; --decode decodes every image and returns 1 if any fails to
+ * decode or is not IMG_SIZE x IMG_SIZE. */
+int cmd_rec_info(int argc, char **argv);
+
+/* `pfcps config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]`: prints each KEY's effective value, one per
+ * line, as the daemons parse the config; all or nothing (2 and no output for an unknown key, the secret, or a
+ * config the daemons would refuse). */
+int cmd_config_get(int argc, char **argv);
+
+#endif
