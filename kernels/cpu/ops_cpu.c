@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/splitmix64.h"
 #include "kernels/conv_cache.h"
 #include "kernels/cpu/optim_cpu.h"
 
@@ -25,25 +26,6 @@
         if (st_ != dnnl_success)                                                        \
             return pf_err(-EIO, "oneDNN call %s failed (status %d)", #call, (int)st_);  \
     } while (0)
-
-int ops_conv_shape_init(ops_conv_shape *s, int B, int C, int H, int W, int OC, int K, int stride,
-                        int pad, int groups)
-{
-    if (B <= 0 || C <= 0 || H <= 0 || W <= 0 || OC <= 0 || K <= 0 || stride <= 0 || pad < 0 ||
-        groups <= 0)
-        return pf_err(-EINVAL, "conv shape B=%d C=%d H=%d W=%d OC=%d K=%d stride=%d pad=%d "
-                      "groups=%d: sizes must be positive", B, C, H, W, OC, K, stride, pad, groups);
-    if (C % groups || OC % groups)
-        return pf_err(-EINVAL, "conv groups %d does not divide C=%d and OC=%d", groups, C, OC);
-    if (H + 2 * pad < K || W + 2 * pad < K)
-        return pf_err(-EINVAL, "conv kernel %d larger than padded input %dx%d", K, H, W);
-    memset(s, 0, sizeof *s);
-    s->B = B; s->C = C; s->H = H; s->W = W; s->OC = OC; s->K = K; s->stride = stride;
-    s->pad = pad; s->groups = groups;
-    s->OH = (H + 2 * pad - K) / stride + 1;
-    s->OW = (W + 2 * pad - K) / stride + 1;
-    return 0;
-}
 
 /* A primitive argument: the caller's plain buffer (user) and, when oneDNN chose another layout,
  * a library-allocated buffer in that layout plus the reorder between the two. */
@@ -645,15 +627,8 @@ static int cpu_acc(ops_ctx *c, float *dst, int acc, const float *src, size_t n)
     return 0;
 }
 
-/* splitmix64: a counter-based generator, so mask i depends on (seed, i) only. */
-static uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
+/* Mask i is drawn by splitmix64 (common/splitmix64.h) from (seed, i) only, the draw the CUDA
+ * devices make too. */
 static int cpu_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n,
                                float p, uint64_t seed)
 {
