@@ -48,7 +48,7 @@ typedef struct model_desc {
     float dropout;      /* iresnet head dropout p, 0 <= p < 1 (arcface_torch default 0) */
 } model_desc;
 
-/* Fills d for a network name as arcface_torch's config spells it: r18 r34 r50 r100 r200 (also
+/* (zoo.c) Fills d for a network name as arcface_torch's config spells it: r18 r34 r50 r100 r200 (also
  * iresnet18 ...) and mbf; an iresnet name may carry a width suffix "_wN" (r18_w16: stage widths
  * N, 2N, 4N, 8N; N even, 2..512) for narrow CPU runs. Returns 0, or -EINVAL for an unknown name,
  * a bad suffix or embedding_size <= 0. */
@@ -160,8 +160,8 @@ int model_save(const model *m, const char *path);
  * -EPROTO (bad magic, truncated, checksum, corrupt extras) or -EIO/-ENOENT, m untouched. */
 int model_load(model *m, const char *path);
 
-/* A named float64 scalar saved with the backbone (the mixed-precision loss scaler's "scale" and
- * "growth_tracker", issue 7). name: 1..31 characters, NUL-terminated. */
+/* A named float64 scalar saved with the backbone (e.g. the mixed-precision loss scaler's "scale" and
+ * "growth_tracker"). name: 1..31 characters, NUL-terminated. */
 #define MODEL_EXTRAS_MAX 64
 typedef struct model_extra {
     char name[32];

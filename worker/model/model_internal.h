@@ -1,4 +1,4 @@
-/* Private layout of struct model, shared by model.c and checkpoint.c only. */
+/* Private layout of struct model, shared by model.c, zoo.c and checkpoint.c only (and read by tests). */
 #ifndef PFCPS_WORKER_MODEL_INTERNAL_H
 #define PFCPS_WORKER_MODEL_INTERNAL_H
 
@@ -76,5 +76,13 @@ struct model {
     int last_B, last_train;
     uint64_t dropout_seed;
 };
+
+/* Builds m's layer list from m->desc (zoo.c): activation 0 is the input (3,112,112), then the
+ * network's layers with their parameter tensors (m->tensors, m->inits, PyTorch module order), BN
+ * running-statistics tensors (m->buffers_t, m->buffer_fill), BN statistic and dropout mask offsets,
+ * and m->flat_layer. Needs m->desc, m->dev and m->flat_layer = -1 set; allocates no device memory.
+ * Returns the output activation's id (>= 0), or -EINVAL (a shape that does not reach 7x7, bad
+ * groups or dropout p) / -ENOMEM with pf_err's message. */
+int model_build_layers(model *m);
 
 #endif
