@@ -10,14 +10,8 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/splitmix64.h"
 #include "proto/ps_wire.h"
-
-static inline uint64_t splitmix64(uint64_t x) {
-    uint64_t z = x + 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 int64_t shard_local_rows(int64_t num_classes, int servers, int rank) {
     if (servers <= 0 || rank < 0 || rank >= servers || num_classes <= rank) return 0;
