@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/splitmix64.h"
 #include "kernels/cuda/cudnn_bn.cuh"
 #include "kernels/cuda/ops_kernels.cuh"
 
@@ -320,15 +321,8 @@ static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, fl
 
 /* ---- own kernels: PReLU, add, acc, dropout, bias ---- */
 
-/* splitmix64, as the CPU device (kernels/cpu/ops_cpu.c): mask i depends on (seed, i) only. */
-static __device__ uint64_t splitmix64(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
+/* Dropout mask i is drawn by splitmix64 (common/splitmix64.h) from (seed, i) only, as on the CPU
+ * device (kernels/cpu/ops_cpu.c). */
 static __global__ void dropout_fwd_k(float *out, float *mask, const float *inp, size_t n, float p,
                                      float keep, uint64_t seed)
 {
