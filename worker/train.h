@@ -10,17 +10,16 @@
  *   -> backbone backward, allreduce (mean) of the backbone gradients, clip at 5, optimizer step
  *   -> wait for the push (read-your-writes before the next pull)
  *
- * Everything a step needs is created by train_open from the run config and the address book, so the
- * same code runs the daemon (worker/main.c) and the tests.
+ * Everything a step needs is created by train_open_endpoints and train_setup from the run config and the
+ * address book, so the same code runs the daemon (worker/main.c) and the tests.
  *
  * Devices (config `device`, kernels/ops.h): the backbone's parameters, gradients, optimizer state and
  * embeddings live in the device's memory and the loop touches them only through the device table
- * (mem_*, sgd_step / adamw_step, scale, sumsq). The head runs on the CPU (worker/head/pfc.h) on host
- * copies of the embeddings; its embedding gradient is uploaded. Backbone collectives: NCCL over device
- * buffers on cuda (the unique id comes from worker 0's address-book entry), else the fabric ring, through
- * host staging buffers unless the device is the plain CPU device. Mixed precision (fp16 = true on a half
- * device): torch.amp.GradScaler's dynamic loss scaling (init 65536, growth interval 100, arcface_torch),
- * state saved with the backbone as "amp.scale" / "amp.growth_tracker". */
+ * (mem_*, sgd_step / adamw_step, scale, sumsq) and worker/device.h (the backbone collective, the head on
+ * the device: the GPU head on cuda, the CPU head on host copies of the embeddings elsewhere). Mixed
+ * precision (fp16 = true on a half device): torch.amp.GradScaler's dynamic loss scaling (worker/loss_scale.h;
+ * init 65536, growth interval 100, arcface_torch), state saved with the backbone as "amp.scale" /
+ * "amp.growth_tracker". */
 #ifndef PFCPS_WORKER_TRAIN_H
 #define PFCPS_WORKER_TRAIN_H
 
@@ -29,26 +28,9 @@
 
 #include "common/config.h"
 #include "common/ctl.h"
+#include "worker/device.h" /* train_device_resolve */
 
 typedef struct trainer trainer;
-
-/* The device a run config asks for (keys device, fp16, bf16), resolved to a kernels/ops.h device. */
-typedef struct train_device_info {
-    char name[32];         /* ops_device_by_name name: cpu cpu-fenced cpu-bf16 cuda cuda-fp16 cuda-bf16 */
-    char precision[160];    /* for the start-up log: "fp32", "fp16 body, fp32 master weights, ..." */
-    int cuda;              /* a CUDA device: NCCL collectives (when built), pinned class-center rows */
-    int loss_scaling;      /* fp16 = true on a half device (cuda-fp16, cpu-bf16): dynamic loss scaling */
-    char warning[256];     /* non-empty: fp16 / bf16 asked for on a device without a half path (log it) */
-} train_device_info;
-
-/* Resolves cfg's device, fp16 and bf16 keys:
- *   cuda + fp16 -> cuda-fp16 with loss scaling; cuda + bf16 -> cuda-bf16; cuda -> cuda;
- *   cpu-bf16 (+ fp16: loss scaling, as on cuda-fp16); cpu / cpu-fenced + fp16 or bf16 -> fp32 with a warning.
- * Checks that the device can run here: -ENODEV naming key 'device' and the cause when this binary was
- * built without the CUDA device (no PFCPS_HAVE_CUDA_OPS) or no GPU is visible (cuda_device_count() == 0),
- * or when ops_device_by_name does not know the resolved name; -EINVAL when fp16 and bf16 are both true or
- * the device is not one of cpu, cuda, cpu-fenced, cpu-bf16 (message lists them). Returns 0 otherwise. */
-int train_device_resolve(const pf_config *cfg, train_device_info *out);
 
 typedef struct train_opts {
     int rank;                 /* worker rank in [0, workers) */

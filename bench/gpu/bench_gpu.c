@@ -26,6 +26,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "worker/head/pfc.h"
 #include "worker/head/pfc_cuda.h"
+#include "worker/loss_scale.h"
 #include "worker/model/model.h"
 
 static double now(void)
@@ -137,8 +138,8 @@ int main(int argc, char **argv)
     TRY(dev->mem_alloc(c, (void **)&dgc, nc * 4));
     TRY(dev->mem_alloc(c, (void **)&dge, bd * 4));
     TRY(dev->mem_alloc(c, (void **)&pmom, np * 4)); /* zero-filled */
-    cuda_loss_scaler scaler;
-    TRY(cuda_loss_scaler_init(&scaler, 65536.0f, 100));
+    loss_scaler scaler;
+    TRY(loss_scaler_init(&scaler, 65536.0f, 100));
     double loss = 0, t0 = 0, first = 0;
     int skipped = 0;
     const float lr = 0.1f;
@@ -168,7 +169,7 @@ int main(int argc, char **argv)
             TRY(dev->scale(c, model_grads(m), np, (float)(1.0 / (double)scale)));
         double ss = 0;
         TRY(dev->sumsq(c, model_grads(m), np, &ss));
-        if (loss_scaling && !cuda_loss_scaler_update(&scaler, !isfinite(ss))) {
+        if (loss_scaling && !loss_scaler_update(&scaler, !isfinite(ss))) {
             skipped++;
         } else {
             double coef = 5.0 / (sqrt(ss) + 1e-6);

@@ -257,27 +257,7 @@ int cuda_f16_to_f32(float *out, const uint16_t *in, size_t n);
 int cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n);
 int cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n);
 
-/* ---- dynamic loss scaling (mixed precision; kernels/cuda/loss_scale.c + head.cu) ----
- * torch.amp.GradScaler's rule (arcface_torch uses growth_interval 100): the loss is multiplied by
- * `scale` before the backward; the gradients are unscaled (times 1/scale) and checked; a step with
- * a non-finite gradient is skipped and the scale multiplied by backoff_factor (0.5), else after
- * growth_interval consecutive good steps the scale is multiplied by growth_factor (2).
- * The struct is the state a checkpoint saves (scale, growth_tracker). */
-typedef struct cuda_loss_scaler {
-    float scale;          /* init 65536 (2^16) */
-    int growth_tracker;   /* consecutive finite steps since the last change */
-    float growth_factor;  /* 2 */
-    float backoff_factor; /* 0.5 */
-    int growth_interval;  /* 2000 in torch, 100 in arcface_torch */
-} cuda_loss_scaler;
-
-/* Fills the torch defaults with the given init scale and growth interval. Returns 0 or -EINVAL
- * (init_scale not finite and > 0, growth_interval < 1). Host only, no GPU needed. */
-int cuda_loss_scaler_init(cuda_loss_scaler *s, float init_scale, int growth_interval);
-/* torch's _amp_update_scale_ after one step: found_inf != 0 -> scale *= backoff, tracker 0;
- * else tracker + 1, and at growth_interval scale *= growth (kept when that is not finite), tracker 0.
- * Returns 1 when the optimizer step should be applied (found_inf == 0), else 0. Host only. */
-int cuda_loss_scaler_update(cuda_loss_scaler *s, int found_inf);
+/* ---- mixed precision: the unscale-and-check kernel (the scaler's host rule: worker/loss_scale.h) ---- */
 /* Device: grads[i] *= inv_scale for i < n, and *host_found_inf = 1 when any grads[i] was inf or NaN
  * before (else 0) (torch's _amp_foreach_non_finite_check_and_unscale_). Synchronizes. 0 or -EIO. */
 int cuda_unscale_check(float *grads, size_t n, float inv_scale, int *host_found_inf);

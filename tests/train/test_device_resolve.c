@@ -1,6 +1,6 @@
-/* train_device_resolve (worker/train.h): config keys device, fp16, bf16 -> the ops device the worker runs,
+/* train_device_resolve (worker/device.h): config keys device, fp16, bf16 -> the ops device the worker runs,
  * whether loss scaling is on, the warning for a half key on the CPU device, and the refusals. The expected
- * table is written here by hand from the rules in worker/train.h and docs/configuration.md. device = cuda
+ * table is written here by hand from the rules in worker/device.h and docs/configuration.md. device = cuda
  * is resolved on every machine: without a GPU (or without the CUDA device in this build) the call must
  * refuse with -ENODEV naming key 'device' and the cause, with the name it would have used still filled in. */
 #include <errno.h>
@@ -9,7 +9,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "tests/check.h"
-#include "worker/train.h"
+#include "worker/device.h"
 #ifdef PFCPS_HAVE_CUDA_OPS
 #include "kernels/cuda/cuda_ops.h"
 #endif

@@ -1,12 +1,11 @@
-/* Host side of dynamic loss scaling: torch.amp.GradScaler's update rule (see cuda_ops.h). Plain C,
- * runs without a GPU. */
-#include "kernels/cuda/cuda_ops.h"
+/* Dynamic loss scaling: torch.amp.GradScaler's update rule (see loss_scale.h). */
+#include "worker/loss_scale.h"
 
 #include <math.h>
 
 #include "common/err.h"
 
-int cuda_loss_scaler_init(cuda_loss_scaler *s, float init_scale, int growth_interval)
+int loss_scaler_init(loss_scaler *s, float init_scale, int growth_interval)
 {
     if (!(isfinite(init_scale) && init_scale > 0.0f) || growth_interval < 1)
         return pf_err(-EINVAL, "loss scaler: init scale %g must be finite and > 0, growth interval %d >= 1",
@@ -19,7 +18,7 @@ int cuda_loss_scaler_init(cuda_loss_scaler *s, float init_scale, int growth_inte
     return 0;
 }
 
-int cuda_loss_scaler_update(cuda_loss_scaler *s, int found_inf)
+int loss_scaler_update(loss_scaler *s, int found_inf)
 {
     if (found_inf) {
         s->scale *= s->backoff_factor;
