@@ -9,6 +9,7 @@
 
 #include <rdma/fi_errno.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/fabric.h"
 
@@ -112,12 +113,6 @@ static const char *op_name(const ps_req *r) {
     case RQ_CHECKSUM: return "checksum";
     default: return "raw";
     }
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static mbuf *get_buf(ps_client *c) {
@@ -410,7 +405,7 @@ static int send_one(ps_client *c, ps_req *r, int s) {
         char why[PF_ERRMSG_MAX];
         if (r->probe)
             snprintf(why, sizeof(why), "no reply for %.1f s while %d request messages waited, and a liveness probe "
-                     "(stat) could not be sent: %s", now_s() - c->srv_heard[s], c->srv_out[s], pf_errmsg());
+                     "(stat) could not be sent: %s", pf_now_s() - c->srv_heard[s], c->srv_out[s], pf_errmsg());
         else
             snprintf(why, sizeof(why), "%s request send failed: %s", op_name(r), pf_errmsg());
         if (rc == -ECOMM) server_dead(c, s, why);
@@ -422,7 +417,7 @@ static int send_one(ps_client *c, ps_req *r, int s) {
     r->next_chunk[s]++;
     c->inflight++;
     r->to_send--;
-    if (!r->probe && c->srv_out[s]++ == 0) c->srv_heard[s] = now_s(); /* its silence counts from now */
+    if (!r->probe && c->srv_out[s]++ == 0) c->srv_heard[s] = pf_now_s(); /* its silence counts from now */
     return 0;
 }
 
@@ -502,7 +497,7 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len) {
     slot *sl = reply_slot(c, buf, len, &h, &si);
     if (!sl) return; /* stale or foreign: ignore */
     ps_req *r = sl->req;
-    c->srv_heard[sl->server] = now_s();
+    c->srv_heard[sl->server] = pf_now_s();
     const uint8_t *p = buf + sizeof(h);
     size_t plen = len - sizeof(h);
     if (h.status != 0) {
@@ -572,7 +567,7 @@ static void send_probe(ps_client *c, int s, double now);
  * probe; a probe unanswered for the client's timeout marks its server dead. This bounds every wait on a
  * reply: a server killed after it received a request produces no completion on this side at all. */
 static void check_liveness(ps_client *c) {
-    double now = now_s();
+    double now = pf_now_s();
     if (now - c->last_check < CHECK_EVERY_S) return;
     c->last_check = now;
     double after = c->timeout / 4 < PROBE_AFTER_S ? c->timeout / 4 : PROBE_AFTER_S;
@@ -778,7 +773,7 @@ int ps_test(ps_client *c, ps_req *r) {
 }
 
 int ps_wait(ps_client *c, ps_req *r, double timeout_s) {
-    double t0 = now_s();
+    double t0 = pf_now_s();
     int idle = 0;
     while (r->remaining > 0 && !r->fatal) {
         int n = progress(c);
@@ -788,7 +783,7 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s) {
             return n;
         }
         if (n == 0 && ++idle > 100) {
-            if (timeout_s >= 0 && now_s() - t0 > timeout_s)
+            if (timeout_s >= 0 && pf_now_s() - t0 > timeout_s)
                 return pf_err(-ETIMEDOUT, "no reply from the servers within %.1f s (%d messages outstanding)",
                               timeout_s, r->remaining);
             /* Nothing for a while: give the core away briefly (servers may share it). */

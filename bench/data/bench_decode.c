@@ -19,7 +19,7 @@
 #include <time.h>
 #include <turbojpeg.h>
 
-static double now_s(void)
+static double thread_cpu_s(void)
 {
     struct timespec ts;
     /* CPU time of this thread: the machine is shared, wall time would count other processes' turns. */
@@ -74,38 +74,38 @@ int main(int argc, char **argv)
     double best_bare = 0, best_aug = 0, best_loader = 0, best_dec = 0;
     int reps = 4;   /* passes over the records per round */
     for (int round = 0; round < rounds; round++) {
-        double t = now_s();
+        double t = thread_cpu_s();
         for (int rep = 0; rep < reps; rep++)
             for (int64_t i = 0; i < n; i++)
                 if (tjDecompress2(tj, img[i], (unsigned long)len[i], rgb, IMG_SIZE, 0, IMG_SIZE, TJPF_RGB, 0) != 0) {
                     fprintf(stderr, "decode %" PRId64 ": %s\n", i, tjGetErrorStr2(tj));
                     return 1;
                 }
-        double bare = (double)(n * reps) / (now_s() - t);
-        t = now_s();
+        double bare = (double)(n * reps) / (thread_cpu_s() - t);
+        t = thread_cpu_s();
         for (int rep = 0; rep < reps; rep++)
             for (int64_t i = 0; i < n; i++)
                 if (img_load(&dec, img[i], len[i], IMG_SIZE, 0, (int)(i & 1), out) < 0) {
                     fprintf(stderr, "%s\n", pf_errmsg());
                     return 1;
                 }
-        double aug = (double)(n * reps) / (now_s() - t);
-        t = now_s();
+        double aug = (double)(n * reps) / (thread_cpu_s() - t);
+        t = thread_cpu_s();
         for (int rep = 0; rep < reps; rep++)
             for (int64_t i = 0; i < n; i++) {
                 int w, h;
                 uint8_t *px;
                 if (img_decode_rgb(&dec, img[i], len[i], &w, &h, &px) < 0) return 1;
             }
-        double dc = (double)(n * reps) / (now_s() - t);
+        double dc = (double)(n * reps) / (thread_cpu_s() - t);
         if (dc > best_dec) best_dec = dc;
-        t = now_s();
+        t = thread_cpu_s();
         for (int rep = 0; rep < reps; rep++) {
             loader_start_epoch(l, round * reps + rep);
             loader_batch *b;
             while (loader_next(l, &b) == 1) loader_release(l, b);
         }
-        double ld = (double)(per_epoch * reps) / (now_s() - t);
+        double ld = (double)(per_epoch * reps) / (thread_cpu_s() - t);
         if (bare > best_bare) best_bare = bare;
         if (aug > best_aug) best_aug = aug;
         if (ld > best_loader) best_loader = ld;

@@ -1,6 +1,7 @@
 /* `pfcps pack`: folder of identities -> RecordIO. Layout and conventions: pack.h, rec.h. */
 #include "worker/data/pack.h"
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "worker/data/image.h"
 #include "worker/data/rec.h"
@@ -185,17 +186,10 @@ static int make_parent(const char *prefix)
     return 0;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void progress(int64_t done, int64_t total, double t0, int final)
 {
     static double last;
-    double t = now_s();
+    double t = pf_now_s();
     if (!final && t - last < 0.25) return;
     last = t;
     double el = t - t0, rate = el > 0 ? (double)done / el : 0;
@@ -263,7 +257,7 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.partial", out_prefix);
     if ((rc = make_parent(out_prefix)) < 0 || (rc = rec_writer_open(&w, tmp)) < 0) goto done;
-    double t0 = now_s();
+    double t0 = pf_now_s();
     int64_t key = 1;
     for (size_t c = 0; c < ids.n && rc == 0; c++) {
         int64_t cls = o->first_class + (int64_t)c;
