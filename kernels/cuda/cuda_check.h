@@ -25,6 +25,16 @@ extern "C" {
             return pf_err(-EIO, "kernel %s launch failed: %s", what, cudaGetErrorString(e_)); \
     } while (0)
 
+/* LAUNCH_CHECK for a kernel named by two strings, prefix then what ("half " "prelu_fwd"): the device
+ * templates of ops_launch.cuh name their kernels after the device that launches them. */
+#define LAUNCH_CHECK_AS(prefix, what)                                                        \
+    do {                                                                                     \
+        cudaError_t e_ = cudaGetLastError();                                                 \
+        if (e_ != cudaSuccess)                                                               \
+            return pf_err(-EIO, "kernel %s%s launch failed: %s", prefix, what,               \
+                          cudaGetErrorString(e_));                                           \
+    } while (0)
+
 #define CUBLAS_TRY(call)                                                                     \
     do {                                                                                     \
         cublasStatus_t s_ = (call);                                                          \

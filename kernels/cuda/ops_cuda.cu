@@ -21,6 +21,8 @@ template <> struct elt<float> {
     static __device__ __forceinline__ float rd(double v) { return (float)v; }
 };
 
+#include "kernels/cuda/ops_launch.cuh"
+
 struct ops_ctx {
     cudnnHandle_t dnn;
     cublasHandle_t blas;
@@ -204,51 +206,29 @@ static int dgrow(ops_ctx *c, size_t n)
     return 0;
 }
 
+/* The launches are ops_launch.cuh's (T = float), shared with the half devices. */
 static int bnx_forward(ops_ctx *c, float *out, double *save_mean, double *save_var, const float *inp,
                        const float *weight, const float *bias, float *running_mean, float *running_var,
                        int B, int C, int HW, float eps, float momentum, int train)
 {
-    size_t n = (size_t)B * C * HW;
-    if (!train) {
-        bn_apply_k<float><<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight,
-                                                bias, C, HW, n, (double)eps);
-        LAUNCH_CHECK("bn exact apply (eval)");
-        return 0;
-    }
-    int S = B < BN_SPLIT ? B : BN_SPLIT, rc;
-    if ((rc = dgrow(c, (size_t)C * S)))
+    int rc;
+    if (train && (rc = dgrow(c, bn_exact_fwd_doubles(B, C))))
         return rc;
-    dim3 grid((unsigned)C, (unsigned)S);
-    double cnt = (double)B * HW;
-    bn_partial_k<float><<<grid, 256>>>(c->dscr, NULL, inp, NULL, NULL, B, C, HW);
-    LAUNCH_CHECK("bn exact sum");
-    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 0, NULL, NULL, 0.0);
-    LAUNCH_CHECK("bn exact mean");
-    bn_partial_k<float><<<grid, 256>>>(c->dscr, NULL, inp, NULL, save_mean, B, C, HW);
-    LAUNCH_CHECK("bn exact sum of squares");
-    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 1, running_mean,
-                                          running_var, (double)momentum);
-    LAUNCH_CHECK("bn exact variance");
-    bn_apply_k<float><<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C,
-                                            HW, n, (double)eps);
-    LAUNCH_CHECK("bn exact apply");
-    return 0;
+    return bn_exact_forward<float>(c->dscr, "bn exact ", out, save_mean, save_var, inp, weight, bias,
+                                   running_mean, running_var, B, C, HW, eps, momentum, train);
 }
 
 static int bnx_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, const double *save_mean,
                         const double *save_var, int B, int C, int HW, float eps)
 {
-    int S = B < BN_SPLIT ? B : BN_SPLIT, rc;
-    if ((rc = dgrow(c, (size_t)C * (2 * S + 3))))
+    int rc;
+    if ((rc = dgrow(c, bn_exact_bwd_doubles(B, C))))
         return rc;
-    double *p1 = c->dscr, *p2 = c->dscr + (size_t)C * S, *coef = c->dscr + (size_t)2 * C * S;
-    dim3 grid((unsigned)C, (unsigned)S);
-    bn_partial_k<float><<<grid, 256>>>(p1, p2, inp, dout, save_mean, B, C, HW);
-    LAUNCH_CHECK("bn exact backward sums");
-    bn_bwd_finish_k<<<(C + 127) / 128, 128>>>(coef, dweight, dbias, p1, p2, weight, save_var, C,
-                                              S, (double)B * HW, (double)eps);
-    LAUNCH_CHECK("bn exact backward finish");
+    const double *coef = NULL;
+    if ((rc = bn_exact_backward_sums<float>(c->dscr, "bn exact ", dweight, dbias, dout, inp, weight,
+                                            save_mean, save_var, B, C, HW, eps, &coef)))
+        return rc;
     if (dinp) {
         size_t n = (size_t)B * C * HW;
         bnx_dx_k<<<grid_for(n), 256>>>(dinp, acc, dout, inp, coef, save_mean, C, HW, n);
@@ -365,31 +345,14 @@ static int cuda_prelu_forward(ops_ctx *c, float *out, const float *inp, const fl
                               int C, int HW)
 {
     (void)c;
-    if (B <= 0 || C <= 0 || HW <= 0)
-        return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
-    size_t n = (size_t)B * C * HW;
-    prelu_fwd_k<float><<<grid_for(n), 256>>>(out, inp, alpha, C, HW, n);
-    LAUNCH_CHECK("prelu_fwd");
-    return 0;
+    return prelu_forward_launch<float>("", out, inp, alpha, B, C, HW);
 }
 
 static int cuda_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, const float *dout,
                                const float *inp, const float *alpha, int B, int C, int HW)
 {
     (void)c;
-    if (B <= 0 || C <= 0 || HW <= 0)
-        return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
-    size_t n = (size_t)B * C * HW;
-    if (dinp) {
-        prelu_bwd_dinp_k<float><<<grid_for(n), 256>>>(dinp, acc, dout, inp, alpha, C, HW, n);
-        LAUNCH_CHECK("prelu_bwd_dinp");
-    }
-    if (dalpha) {
-        dim3 grid((unsigned)C, (unsigned)(B < 32 ? B : 32));
-        prelu_bwd_dalpha_k<float><<<grid, 256>>>(dalpha, dout, inp, B, C, HW);
-        LAUNCH_CHECK("prelu_bwd_dalpha");
-    }
-    return 0;
+    return prelu_backward_launch<float>("", dinp, acc, dalpha, dout, inp, alpha, B, C, HW);
 }
 
 /* Row-major out (B,OUT) = inp (B,IN) W^T: column-major out^T (OUT,B) = W^T' inp^T where W (OUT,IN)
@@ -432,25 +395,13 @@ static int cuda_linear_backward(ops_ctx *c, float *dinp, int acc, float *dweight
 static int cuda_add_forward(ops_ctx *c, float *out, const float *a, const float *b, size_t n)
 {
     (void)c;
-    if (!n)
-        return 0;
-    add_k<float><<<grid_for(n), 256>>>(out, a, b, n);
-    LAUNCH_CHECK("add");
-    return 0;
+    return add_launch<float>("", out, a, b, n);
 }
 
 static int cuda_acc(ops_ctx *c, float *dst, int acc, const float *src, size_t n)
 {
     (void)c;
-    if (!n)
-        return 0;
-    if (acc) {
-        acc_k<float><<<grid_for(n), 256>>>(dst, src, n);
-        LAUNCH_CHECK("acc");
-    } else if (dst != src) {
-        CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, 0));
-    }
-    return 0;
+    return acc_launch<float>("", dst, acc, src, n);
 }
 
 static int cuda_act_block(int C)
@@ -545,16 +496,6 @@ static int cuda_ctx_create(ops_ctx **out)
 
 /* ---- memory, optimizer and gradient utilities (kernels/ops.h; the work is in cuda_util.cu and
  * head.cu, shared with the other CUDA devices) ---- */
-
-
-
-
-
-
-
-
-
-
 
 static int cuda_dev_sumsq(ops_ctx *c, const float *x, size_t n, double *host_out)
 {

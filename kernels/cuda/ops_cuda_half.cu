@@ -33,6 +33,7 @@ template <> struct elt<__nv_bfloat16> {
 };
 
 #include "kernels/cuda/ops_cuda_half_kernels.cuh"
+#include "kernels/cuda/ops_launch.cuh"
 
 /* ---- context (its own type: ops_ctx stays incomplete here, ops_cuda.cu defines that one) ---- */
 
@@ -177,37 +178,19 @@ static int hbn_check(int B, int C, int HW)
     return 0;
 }
 
+/* The launches are ops_launch.cuh's, shared with the fp32 device; the input gradient is hbn_dx_k's
+ * (float64 sum, one rounding to T). */
 template <typename T>
 static int hbnx_forward(hctx *c, T *out, double *save_mean, double *save_var, const T *inp,
                         const float *weight, const float *bias, float *running_mean, float *running_var,
                         int B, int C, int HW, float eps, float momentum, int train)
 {
-    size_t n = (size_t)B * C * HW;
-    if (!train) {
-        bn_apply_k<T><<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight,
-                                            bias, C, HW, n, (double)eps);
-        LAUNCH_CHECK("half bn apply (eval)");
-        return 0;
-    }
-    int S = B < BN_SPLIT ? B : BN_SPLIT, rc;
-    if ((rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes, (size_t)C * S * sizeof(double),
-                         "batch-norm scratch")))
+    int rc;
+    if (train && (rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes,
+                                  bn_exact_fwd_doubles(B, C) * sizeof(double), "batch-norm scratch")))
         return rc;
-    dim3 grid((unsigned)C, (unsigned)S);
-    double cnt = (double)B * HW;
-    bn_partial_k<T><<<grid, 256>>>(c->dscr, NULL, inp, NULL, NULL, B, C, HW);
-    LAUNCH_CHECK("half bn sum");
-    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 0, NULL, NULL, 0.0);
-    LAUNCH_CHECK("half bn mean");
-    bn_partial_k<T><<<grid, 256>>>(c->dscr, NULL, inp, NULL, save_mean, B, C, HW);
-    LAUNCH_CHECK("half bn sum of squares");
-    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, c->dscr, C, S, cnt, 1, running_mean,
-                                          running_var, (double)momentum);
-    LAUNCH_CHECK("half bn variance");
-    bn_apply_k<T><<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C, HW,
-                                        n, (double)eps);
-    LAUNCH_CHECK("half bn apply");
-    return 0;
+    return bn_exact_forward<T>(c->dscr, "half bn ", out, save_mean, save_var, inp, weight, bias,
+                               running_mean, running_var, B, C, HW, eps, momentum, train);
 }
 
 template <typename T>
@@ -215,17 +198,14 @@ static int hbnx_backward(hctx *c, T *dinp, int acc, float *dweight, float *dbias
                          const T *inp, const float *weight, const double *save_mean,
                          const double *save_var, int B, int C, int HW, float eps)
 {
-    int S = B < BN_SPLIT ? B : BN_SPLIT, rc;
-    if ((rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes, (size_t)C * (2 * S + 3) * sizeof(double),
+    int rc;
+    if ((rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes, bn_exact_bwd_doubles(B, C) * sizeof(double),
                          "batch-norm scratch")))
         return rc;
-    double *p1 = c->dscr, *p2 = c->dscr + (size_t)C * S, *coef = c->dscr + (size_t)2 * C * S;
-    dim3 grid((unsigned)C, (unsigned)S);
-    bn_partial_k<T><<<grid, 256>>>(p1, p2, inp, dout, save_mean, B, C, HW);
-    LAUNCH_CHECK("half bn backward sums");
-    bn_bwd_finish_k<<<(C + 127) / 128, 128>>>(coef, dweight, dbias, p1, p2, weight, save_var, C, S,
-                                              (double)B * HW, (double)eps);
-    LAUNCH_CHECK("half bn backward finish");
+    const double *coef = NULL;
+    if ((rc = bn_exact_backward_sums<T>(c->dscr, "half bn ", dweight, dbias, dout, inp, weight, save_mean,
+                                        save_var, B, C, HW, eps, &coef)))
+        return rc;
     if (dinp) {
         size_t n = (size_t)B * C * HW;
         hbn_dx_k<T><<<grid_for(n), 256>>>(dinp, acc, dout, inp, coef, save_mean, C, HW, n);
@@ -309,12 +289,7 @@ static int h_prelu_forward(ops_ctx *c_, float *out, const float *inp, const floa
 {
     CTX(T, c_, c);
     (void)c;
-    if (B <= 0 || C <= 0 || HW <= 0)
-        return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
-    size_t n = (size_t)B * C * HW;
-    prelu_fwd_k<T><<<grid_for(n), 256>>>((T *)out, (const T *)inp, alpha, C, HW, n);
-    LAUNCH_CHECK("half prelu_fwd");
-    return 0;
+    return prelu_forward_launch<T>("half ", (T *)out, (const T *)inp, alpha, B, C, HW);
 }
 
 template <typename T>
@@ -323,20 +298,8 @@ static int h_prelu_backward(ops_ctx *c_, float *dinp, int acc, float *dalpha, co
 {
     CTX(T, c_, c);
     (void)c;
-    if (B <= 0 || C <= 0 || HW <= 0)
-        return pf_err(-EINVAL, "prelu shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
-    size_t n = (size_t)B * C * HW;
-    if (dinp) {
-        prelu_bwd_dinp_k<T><<<grid_for(n), 256>>>((T *)dinp, acc, (const T *)dout, (const T *)inp, alpha,
-                                                  C, HW, n);
-        LAUNCH_CHECK("half prelu_bwd_dinp");
-    }
-    if (dalpha) {
-        dim3 grid((unsigned)C, (unsigned)(B < 32 ? B : 32));
-        prelu_bwd_dalpha_k<T><<<grid, 256>>>(dalpha, (const T *)dout, (const T *)inp, B, C, HW);
-        LAUNCH_CHECK("half prelu_bwd_dalpha");
-    }
-    return 0;
+    return prelu_backward_launch<T>("half ", (T *)dinp, acc, dalpha, (const T *)dout, (const T *)inp,
+                                    alpha, B, C, HW);
 }
 
 /* ---- add, acc, layout conversions ---- */
@@ -346,26 +309,14 @@ static int h_add_forward(ops_ctx *c_, float *out, const float *a, const float *b
 {
     CTX(T, c_, c);
     (void)c;
-    if (!n)
-        return 0;
-    add_k<T><<<grid_for(n), 256>>>((T *)out, (const T *)a, (const T *)b, n);
-    LAUNCH_CHECK("half add");
-    return 0;
+    return add_launch<T>("half ", (T *)out, (const T *)a, (const T *)b, n);
 }
 
 template <typename T> static int h_acc(ops_ctx *c_, float *dst, int acc, const float *src, size_t n)
 {
     CTX(T, c_, c);
     (void)c;
-    if (!n)
-        return 0;
-    if (acc) {
-        acc_k<T><<<grid_for(n), 256>>>((T *)dst, (const T *)src, n);
-        LAUNCH_CHECK("half acc");
-    } else if (dst != src) {
-        CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, 0));
-    }
-    return 0;
+    return acc_launch<T>("half ", (T *)dst, acc, (const T *)src, n);
 }
 
 static int h_act_block(int C)
@@ -441,16 +392,6 @@ static int h_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dou
 }
 
 /* ---- memory, optimizer, utilities: the fp32 CUDA device's helpers (cuda_util.cu, head.cu) ---- */
-
-
-
-
-
-
-
-
-
-
 
 static int h_sumsq(ops_ctx *c, const float *x, size_t n, double *host_out)
 {
