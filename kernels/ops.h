@@ -1,9 +1,10 @@
 /* Device layer interface: the backbone's layers as forward/backward pairs (llm.c style).
  *
- * A device (CPU today: oneDNN + OpenBLAS + plain C; CUDA later: cuDNN + cuBLAS) fills one
+ * A device (CPU: oneDNN + OpenBLAS + plain C; CUDA: cuDNN + cuBLAS + own kernels) fills one
  * `ops_device` table; worker/model calls layers only through it, so the same network description
- * runs on any device. All tensors are fp32, contiguous, in the device's memory (host memory for
- * the CPU device); weights OIHW, activations (B,C,H,W) in the device's activation layout
+ * runs on any device. All tensors are fp32 (but the body activations of a mixed-precision device:
+ * act_bytes below), contiguous, in the device's memory (host memory for the CPU device); weights
+ * OIHW, activations (B,C,H,W) in the device's activation layout
  * (act_block below; shapes are always written as logical NCHW).
  *
  * Conventions (all functions):
@@ -34,8 +35,9 @@ typedef struct ops_conv_shape {
     int OH, OW; /* derived: set by ops_conv_shape_init */
 } ops_conv_shape;
 
-/* Fills s (OH, OW included). Returns 0, or -EINVAL when a size is not positive, groups does not
- * divide C and OC, or the kernel does not fit the padded input. */
+/* Fills s (OH, OW included; kernels/conv_shape.c, shared by every device). Returns 0, or -EINVAL
+ * when a size is not positive, groups does not divide C and OC, or the kernel does not fit the
+ * padded input. */
 int ops_conv_shape_init(ops_conv_shape *s, int B, int C, int H, int W, int OC, int K, int stride,
                         int pad, int groups);
 
@@ -167,9 +169,10 @@ typedef struct ops_device {
  * pf_errmsg() naming the devices that exist when there is no such device. */
 const ops_device *ops_device_by_name(const char *name);
 
-/* The CPU device (kernels/cpu/ops_cpu.c): oneDNN 2.x for convolution and batch normalization
- * (primitives created once per shape and cached in the context), OpenBLAS sgemm for Linear,
- * plain C for the rest. Threads: oneDNN's OpenMP runtime (OMP_NUM_THREADS) and OpenBLAS's. */
+/* The CPU device (kernels/cpu/ops_cpu.c): oneDNN 2.x for convolution (primitives created once per
+ * shape and cached in the context), OpenBLAS sgemm for Linear, plain C for the rest (batch
+ * normalization with float64 statistics and sums, PReLU, add, dropout). Threads: oneDNN's OpenMP
+ * runtime (OMP_NUM_THREADS) and OpenBLAS's. */
 extern const ops_device ops_cpu;
 
 /* Debugging device "cpu-bf16" (kernels/cpu/ops_cpu_bf16.c): ops_cpu with the body activations stored

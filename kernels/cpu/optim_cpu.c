@@ -1,5 +1,5 @@
-/* Optimizer and gradient-utility loops on host memory (see optim_cpu.h). Moved here from
- * worker/head/optim.c unchanged so that the CPU device and the head share one copy. */
+/* Optimizer and gradient-utility loops on host memory (see optim_cpu.h): the one copy the CPU
+ * device and the head (worker/head/optim.c) share. */
 #include "kernels/cpu/optim_cpu.h"
 
 #include <math.h>
