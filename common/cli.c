@@ -1,7 +1,7 @@
 #include "common/cli.h"
-#include "common/ctl.h"
 
 #include "common/err.h"
+#include "common/hostport.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +90,7 @@ int cli_member_check(const pf_config *cfg, long rank, int count, const char *wha
     *secret = cfg_secret(cfg);
     if (!*secret || !**secret)
         return pf_err(-EINVAL, "no join secret: set 'secret' in the config or PFCPS_SECRET in the environment");
-    if (ctl_parse_hostport(cfg->rendezvous, host, hostlen, port) < 0)
+    if (pf_parse_hostport(cfg->rendezvous, host, hostlen, port) < 0)
         return pf_err(-EINVAL, "rendezvous '%s' is not host:port", cfg->rendezvous);
     return 0;
 }

@@ -27,13 +27,13 @@ void cli_print_common_help(FILE *f);
  * the count's key, "servers" or "workers"), a join secret (config `secret` or PFCPS_SECRET), and a
  * `rendezvous` of the form host:port. Fills host (hostlen bytes), *port and *secret. Returns 0 or -EINVAL
  * with pf_errmsg() naming the problem. */
+int cli_member_check(const pf_config *cfg, long rank, int count, const char *what, char *host, size_t hostlen,
+                     int *port, const char **secret);
+
 /* Joins the run at host:port as (role, rank) with fabric address addr (ctl_join, waiting up to
  * cfg->ctl_timeout, default 30 s) and loads the run config the rendezvous sent (server 0's) into *run.
  * Returns 0 with *sess, or a negative code with pf_errmsg() saying which of the two failed. */
 int cli_join_run(const pf_config *cfg, const char *host, int port, int role, int rank, const void *addr,
                  size_t alen, const char *secret, ctl_session **sess, pf_config *run);
-
-int cli_member_check(const pf_config *cfg, long rank, int count, const char *what, char *host, size_t hostlen,
-                     int *port, const char **secret);
 
 #endif

@@ -2,8 +2,8 @@
  * writer and arcface_torch's startup dump. See common/config.h and docs/configuration.md. */
 #include "common/config.h"
 
-#include "common/ctl.h"
 #include "common/err.h"
+#include "common/hostport.h"
 #include "common/log.h"
 
 #include <ini.h>
@@ -281,13 +281,127 @@ static int check_key(const pf_config *cfg, const key_def *k, int check_required)
         if (strcmp(k->name, "rendezvous") == 0) {
             char host[CFG_STR];
             int port;
-            if (ctl_parse_hostport(s, host, sizeof host, &port) < 0)
+            if (pf_parse_hostport(s, host, sizeof host, &port) < 0)
                 return pf_err(-EINVAL, "key 'rendezvous': value '%s' is not host:port with port 1-65535", s);
         }
         break;
     }
     }
     return 0;
+}
+
+/* K_F3 text: "1.0, 0.5, 0.0", optionally in () or [] as in arcface_torch's Python configs, into x[3].
+ * Returns 0 or -EINVAL naming the key. */
+static int parse_f3(const key_def *k, const char *v, double x[3])
+{
+    char buf[CFG_STR];
+    size_t n = strlen(v);
+    const char *s = v;
+    if (n >= 2 && ((v[0] == '(' && v[n - 1] == ')') || (v[0] == '[' && v[n - 1] == ']'))) {
+        s = v + 1;
+        n -= 2;
+    }
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    int cnt = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char t[CFG_STR];
+        trim_copy(tok, strlen(tok), t, sizeof t);
+        if (cnt >= 3) {
+            cnt++;
+            break;
+        }
+        if (parse_double(t, &x[cnt]) < 0)
+            return pf_err(-EINVAL, "key '%s': element '%s' of '%s' is not a number (expected 3 numbers "
+                          "like '1.0, 0.5, 0.0')", k->name, t, v);
+        cnt++;
+    }
+    if (cnt != 3)
+        return pf_err(-EINVAL, "key '%s': '%s' is not a list of exactly 3 numbers (like '1.0, 0.5, 0.0')",
+                      k->name, v);
+    return 0;
+}
+
+/* K_STR text into s[CFG_STR]: one pair of matching quotes is removed ("r50" as in a Python config); control
+ * characters and values INI cannot write back are refused. Returns 0 or -EINVAL naming the key. */
+static int parse_str(const key_def *k, const char *v, char s[CFG_STR])
+{
+    size_t n = strlen(v);
+    if (n >= 2 && (v[0] == '"' || v[0] == '\'') && v[n - 1] == v[0]) {
+        memcpy(s, v + 1, n - 2);
+        s[n - 2] = '\0';
+    } else {
+        memcpy(s, v, n + 1);
+    }
+    for (const char *p = s; *p; p++) {
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return pf_err(-EINVAL, "key '%s': value contains a control character", k->name);
+        /* inih reads " ;" as the start of a comment: such a value cannot be written back. */
+        if (*p == ';' && p > s && (p[-1] == ' ' || p[-1] == '\t'))
+            return pf_err(-EINVAL, "key '%s': value contains ' ;', which INI reads as a comment", k->name);
+    }
+    return 0;
+}
+
+/* Stores `size` bytes of a parsed value into key k's field and checks the key (check_key); on failure the
+ * field gets its old value back. Returns 0 or check_key's error. */
+static int store_checked(pf_config *cfg, const key_def *k, const void *val, size_t size)
+{
+    _Static_assert(CFG_STR >= 3 * sizeof(double), "a field's old value fits the buffer");
+    char *base = (char *)cfg + k->off;
+    char old[CFG_STR];
+    memcpy(old, base, size);
+    memcpy(base, val, size);
+    int rc = check_key(cfg, k, 0);
+    if (rc < 0)
+        memcpy(base, old, size);
+    return rc;
+}
+
+/* Parses the (trimmed) value text v by key k's type and stores it (store_checked; booleans have no range). */
+static int set_typed(pf_config *cfg, const key_def *k, const char *v)
+{
+    switch (k->type) {
+    case K_INT:
+    case K_I64: {
+        long long x;
+        if (parse_i64(v, &x) < 0)
+            return pf_err(-EINVAL, "key '%s': '%s' is not an integer", k->name, v);
+        if (k->type == K_I64) {
+            int64_t y = (int64_t)x;
+            return store_checked(cfg, k, &y, sizeof y);
+        }
+        if (x < INT_MIN || x > INT_MAX)
+            return range_err(k, v);
+        int y = (int)x;
+        return store_checked(cfg, k, &y, sizeof y);
+    }
+    case K_DOUBLE: {
+        double x;
+        if (parse_double(v, &x) < 0)
+            return pf_err(-EINVAL, "key '%s': '%s' is not a (finite) number", k->name, v);
+        return store_checked(cfg, k, &x, sizeof x);
+    }
+    case K_BOOL: {
+        int b;
+        if (parse_bool(v, &b) < 0)
+            return pf_err(-EINVAL, "key '%s': '%s' is not a boolean (true/false, 1/0, yes/no, on/off)", k->name, v);
+        *(int *)(void *)((char *)cfg + k->off) = b;
+        return 0;
+    }
+    case K_F3: {
+        double x[3];
+        int rc = parse_f3(k, v, x);
+        return rc < 0 ? rc : store_checked(cfg, k, x, sizeof x);
+    }
+    case K_STR: {
+        char s[CFG_STR];
+        int rc = parse_str(k, v, s);
+        return rc < 0 ? rc : store_checked(cfg, k, s, strlen(s) + 1);
+    }
+    }
+    return pf_err(-EINVAL, "key '%s': unsupported type", k->name);
 }
 
 int cfg_set(pf_config *cfg, const char *key, const char *value)
@@ -305,112 +419,7 @@ int cfg_set(pf_config *cfg, const char *key, const char *value)
     char v[CFG_STR];
     if (trim_copy(value, strlen(value), v, sizeof v) < 0)
         return pf_err(-EINVAL, "key '%s': value is longer than %d characters", k->name, CFG_STR - 1);
-    char *base = (char *)cfg + k->off;
-    switch (k->type) {
-    case K_INT:
-    case K_I64: {
-        long long x;
-        if (parse_i64(v, &x) < 0)
-            return pf_err(-EINVAL, "key '%s': '%s' is not an integer", k->name, v);
-        if (k->type == K_INT) {
-            if (x < INT_MIN || x > INT_MAX)
-                return range_err(k, v);
-            int old = *(int *)(void *)base;
-            *(int *)(void *)base = (int)x;
-            int rc = check_key(cfg, k, 0);
-            if (rc < 0)
-                *(int *)(void *)base = old;
-            return rc;
-        }
-        int64_t old = *(int64_t *)(void *)base;
-        *(int64_t *)(void *)base = (int64_t)x;
-        int rc = check_key(cfg, k, 0);
-        if (rc < 0)
-            *(int64_t *)(void *)base = old;
-        return rc;
-    }
-    case K_DOUBLE: {
-        double x;
-        if (parse_double(v, &x) < 0)
-            return pf_err(-EINVAL, "key '%s': '%s' is not a (finite) number", k->name, v);
-        double old = *(double *)(void *)base;
-        *(double *)(void *)base = x;
-        int rc = check_key(cfg, k, 0);
-        if (rc < 0)
-            *(double *)(void *)base = old;
-        return rc;
-    }
-    case K_BOOL: {
-        int b;
-        if (parse_bool(v, &b) < 0)
-            return pf_err(-EINVAL, "key '%s': '%s' is not a boolean (true/false, 1/0, yes/no, on/off)", k->name, v);
-        *(int *)(void *)base = b;
-        return 0;
-    }
-    case K_F3: {
-        /* "1.0, 0.5, 0.0", optionally in () or [] as in arcface_torch's Python configs. */
-        char buf[CFG_STR];
-        size_t n = strlen(v);
-        const char *s = v;
-        if (n >= 2 && ((v[0] == '(' && v[n - 1] == ')') || (v[0] == '[' && v[n - 1] == ']'))) {
-            s = v + 1;
-            n -= 2;
-        }
-        memcpy(buf, s, n);
-        buf[n] = '\0';
-        double x[3];
-        int cnt = 0;
-        char *save = NULL;
-        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-            char t[CFG_STR];
-            trim_copy(tok, strlen(tok), t, sizeof t);
-            if (cnt >= 3) {
-                cnt++;
-                break;
-            }
-            if (parse_double(t, &x[cnt]) < 0)
-                return pf_err(-EINVAL, "key '%s': element '%s' of '%s' is not a number (expected 3 numbers "
-                              "like '1.0, 0.5, 0.0')", k->name, t, v);
-            cnt++;
-        }
-        if (cnt != 3)
-            return pf_err(-EINVAL, "key '%s': '%s' is not a list of exactly 3 numbers (like '1.0, 0.5, 0.0')",
-                          k->name, v);
-        double old[3];
-        memcpy(old, base, sizeof old);
-        memcpy(base, x, sizeof x);
-        int rc = check_key(cfg, k, 0);
-        if (rc < 0)
-            memcpy(base, old, sizeof old);
-        return rc;
-    }
-    case K_STR: {
-        /* One pair of matching quotes is removed ("r50" as in a Python config). */
-        size_t n = strlen(v);
-        char s[CFG_STR];
-        if (n >= 2 && (v[0] == '"' || v[0] == '\'') && v[n - 1] == v[0]) {
-            memcpy(s, v + 1, n - 2);
-            s[n - 2] = '\0';
-        } else {
-            memcpy(s, v, n + 1);
-        }
-        for (const char *p = s; *p; p++) {
-            if ((unsigned char)*p < 0x20 || *p == 0x7f)
-                return pf_err(-EINVAL, "key '%s': value contains a control character", k->name);
-            /* inih reads " ;" as the start of a comment: such a value cannot be written back. */
-            if (*p == ';' && p > s && (p[-1] == ' ' || p[-1] == '\t'))
-                return pf_err(-EINVAL, "key '%s': value contains ' ;', which INI reads as a comment", k->name);
-        }
-        char old[CFG_STR];
-        memcpy(old, base, CFG_STR);
-        memcpy(base, s, strlen(s) + 1);
-        int rc = check_key(cfg, k, 0);
-        if (rc < 0)
-            memcpy(base, old, CFG_STR);
-        return rc;
-    }
-    }
-    return pf_err(-EINVAL, "key '%s': unsupported type", k->name);
+    return set_typed(cfg, k, v);
 }
 
 void cfg_defaults(pf_config *cfg)

@@ -1,4 +1,6 @@
-/* Control plane: the TCP rendezvous that server rank 0 runs, and its client.
+/* Control plane: the TCP rendezvous that server rank 0 runs (common/ctl_rendezvous.c), and the session a
+ * member holds with it (common/ctl_session.c). The address book types are in common/ctl_book.h, the frame
+ * and message coding in common/ctl_frame.h.
  *
  * Wire: length-prefixed frames, `u32 little-endian length` then a protobuf-c message (proto/ctl.proto),
  * lengths above the configured maximum are refused. Every read has a timeout.
@@ -15,30 +17,11 @@
 #ifndef PFCPS_COMMON_CTL_H
 #define PFCPS_COMMON_CTL_H
 
+#include "common/ctl_book.h"
+
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
-
-/* Bytes of a member's opaque address: a server's endpoint name, or a worker's packed parts
- * (common/member_addr.h: two endpoint names, plus worker 0's 128-byte NCCL unique id on CUDA runs). */
-#define CTL_MAX_ADDR 512
-
-typedef enum { CTL_ROLE_SERVER = 0, CTL_ROLE_WORKER = 1 } ctl_role;
-
-typedef struct ctl_member {
-    ctl_role role;
-    int rank;
-    size_t addr_len;
-    uint8_t addr[CTL_MAX_ADDR]; /* fabric endpoint name, opaque */
-} ctl_member;
-
-typedef struct ctl_book {
-    int num_servers, num_workers;
-    ctl_member *servers; /* [num_servers], index = rank */
-    ctl_member *workers; /* [num_workers], index = rank */
-    char *config_text;   /* effective run config, INI text (cfg_load_text) */
-    int64_t num_classes; /* C of the shard map (class c on server c mod S at local row c div S) */
-} ctl_book;
 
 typedef struct ctl_rendezvous ctl_rendezvous;
 typedef struct ctl_session ctl_session;
@@ -100,8 +83,5 @@ int ctl_session_leave(ctl_session *s);
 
 /* Closes the connection and frees the session and its book. */
 void ctl_session_close(ctl_session *s);
-
-/* Splits "host:port" into parts. Returns 0 or -EINVAL. */
-int ctl_parse_hostport(const char *hp, char *host, size_t hostlen, int *port);
 
 #endif

@@ -1,4 +1,5 @@
-/* Control-plane frame and message coding, split out of ctl.c so the fuzz target can build it alone.
+/* Control-plane frame and message coding, on its own so that the fuzz target can build it without the
+ * service and session.
  *
  * Frame: `u32 little-endian payload length` then the payload, a protobuf-c CtlMessage
  * (proto/ctl.proto). A payload longer than the configured maximum is refused before it is read.
@@ -8,7 +9,7 @@
 #ifndef PFCPS_COMMON_CTL_FRAME_H
 #define PFCPS_COMMON_CTL_FRAME_H
 
-#include "common/ctl.h"
+#include "common/ctl_book.h"
 #include "ctl.pb-c.h"
 
 #include <stddef.h>

@@ -1,9 +1,11 @@
-/* Control plane: the rendezvous service (one poll() loop on its own thread, per-connection buffers
- * and read deadlines, so one slow or hostile peer never holds up the others) and its client.
+/* Control plane, service side: the rendezvous that server rank 0 runs. One poll() loop on its own thread
+ * with per-connection buffers and read deadlines, so one slow or hostile peer never holds up the others.
  * Wire format and message checks: common/ctl_frame.c. */
 #include "common/ctl.h"
 
+#include "common/clock.h"
 #include "common/ctl_frame.h"
+#include "common/ctl_internal.h"
 #include "common/err.h"
 #include "common/log.h"
 
@@ -21,61 +23,16 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
-#define CTL_TICK_MS 100
 #define CTL_SPARE_CONNS 256 /* connections beyond one per member (joins in progress, strays) */
 #define CTL_CLOSE_GRACE_S 1.0 /* time to flush an error reply before the socket is closed */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static const char *role_name(int role) { return role == CTL_ROLE_SERVER ? "server" : "worker"; }
 
 static int set_nonblock(int fd)
 {
     int fl = fcntl(fd, F_GETFL, 0);
     return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
 }
-
-int ctl_parse_hostport(const char *hp, char *host, size_t hostlen, int *port)
-{
-    const char *colon = strrchr(hp, ':');
-    if (!colon || colon == hp)
-        return pf_err(-EINVAL, "'%s' is not host:port", hp);
-    const char *h = hp;
-    size_t hl = (size_t)(colon - hp);
-    if (h[0] == '[' && hl >= 2 && h[hl - 1] == ']') { /* [::1]:port */
-        h++;
-        hl -= 2;
-    }
-    if (hl == 0 || hl >= hostlen)
-        return pf_err(-EINVAL, "'%s': host part empty or too long", hp);
-    for (size_t i = 0; i < hl; i++) {
-        char ch = h[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-              ch == '-' || ch == '_' || ch == ':' || ch == '%'))
-            return pf_err(-EINVAL, "'%s': host contains '%c' (a host name, IPv4 or [IPv6] address expected)", hp, ch);
-    }
-    char *end;
-    errno = 0;
-    long p = strtol(colon + 1, &end, 10);
-    if (!colon[1] || *end || errno || p < 1 || p > 65535)
-        return pf_err(-EINVAL, "'%s': port must be a number in 1-65535", hp);
-    memcpy(host, h, hl);
-    host[hl] = '\0';
-    *port = (int)p;
-    return 0;
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* Service                                                                                          */
-/* ------------------------------------------------------------------------------------------------ */
 
 typedef struct conn {
     int fd;
@@ -175,7 +132,7 @@ static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
     m.error = &e;
     conn_send_msg(rv, c, &m);
     c->closing = 1;
-    c->close_at = now_s() + CTL_CLOSE_GRACE_S;
+    c->close_at = pf_now_s() + CTL_CLOSE_GRACE_S;
     /* A dropped member stops counting now, not when its socket is finally closed: the run must not
      * form with it. */
     release_slot(rv, c);
@@ -195,10 +152,10 @@ static void release_slot(ctl_rendezvous *rv, conn *c)
         if (!rv->formed) {
             atomic_fetch_sub(&rv->joined, 1);
             log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
-                     role_name(c->role), c->rank, c->peer);
+                     ctl_role_name(c->role), c->rank, c->peer);
         } else if (!rv->shutdown_sent && !c->left) {
             log_warn("control plane: %s[%d] (%s) disconnected without leaving the run: telling the other members",
-                     role_name(c->role), c->rank, c->peer);
+                     ctl_role_name(c->role), c->rank, c->peer);
             queue_member_lost(rv, c);
         }
     }
@@ -217,7 +174,7 @@ static void conn_close(ctl_rendezvous *rv, conn *c)
 static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
 {
     char msg[PF_ERRMSG_MAX];
-    const char *who = role_name((int)j->role);
+    const char *who = ctl_role_name((int)j->role);
     if (j->protocol_version != CTL_PROTOCOL_VERSION) {
         snprintf(msg, sizeof msg, "protocol version %u, this service speaks %d", j->protocol_version,
                  CTL_PROTOCOL_VERSION);
@@ -235,7 +192,7 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     }
     if (c->joined) {
         snprintf(msg, sizeof msg, "join as %s rank %d refused: this connection already joined as %s rank %d", who,
-                 j->rank, role_name(c->role), c->rank);
+                 j->rank, ctl_role_name(c->role), c->rank);
         conn_refuse(rv, c, EEXIST, msg);
         return;
     }
@@ -276,7 +233,7 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN) {
         /* A member's orderly leave (ctl_session_leave): its coming disconnect is not a loss. */
         c->left = 1;
-        log_info("control plane: %s[%d] left the run", role_name(c->role), c->rank);
+        log_info("control plane: %s[%d] left the run", ctl_role_name(c->role), c->rank);
         return;
     }
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_HEARTBEAT) {
@@ -504,7 +461,7 @@ static void queue_shutdown(ctl_rendezvous *rv)
 static void queue_member_lost(ctl_rendezvous *rv, const conn *gone)
 {
     char text[160];
-    snprintf(text, sizeof text, "%s[%d] (%s) disconnected without leaving the run", role_name(gone->role),
+    snprintf(text, sizeof text, "%s[%d] (%s) disconnected without leaving the run", ctl_role_name(gone->role),
              gone->rank, gone->peer);
     Pfcps__Error e = PFCPS__ERROR__INIT;
     e.code = ENOLINK;
@@ -535,94 +492,116 @@ static void sweep(ctl_rendezvous *rv, double now)
     rv->nconns = k;
 }
 
-static void *service_main(void *arg)
+/* Fills pfd: the listening socket, the wake pipe, then one entry per connection (rv->conns order).
+ * Returns the number of connections listed. */
+static int fill_pollfds(ctl_rendezvous *rv, struct pollfd *pfd)
 {
-    ctl_rendezvous *rv = arg;
-    struct pollfd *pfd = calloc((size_t)rv->max_conns + 2, sizeof *pfd);
-    if (!pfd) {
-        log_error("control plane: out of memory; service thread stops");
-        return NULL;
+    pfd[0] = (struct pollfd){.fd = rv->lfd, .events = POLLIN};
+    pfd[1] = (struct pollfd){.fd = rv->wake[0], .events = POLLIN};
+    int nc = rv->nconns;
+    for (int i = 0; i < nc; i++) {
+        conn *c = rv->conns[i];
+        pfd[2 + i] = (struct pollfd){.fd = c->fd, .events = (short)((c->closing ? 0 : POLLIN) |
+                                                                 (c->wlen ? POLLOUT : 0))};
     }
-    while (!atomic_load(&rv->stop)) {
-        pfd[0] = (struct pollfd){.fd = rv->lfd, .events = POLLIN};
-        pfd[1] = (struct pollfd){.fd = rv->wake[0], .events = POLLIN};
-        int nc = rv->nconns;
-        for (int i = 0; i < nc; i++) {
-            conn *c = rv->conns[i];
-            pfd[2 + i] = (struct pollfd){.fd = c->fd, .events = (short)((c->closing ? 0 : POLLIN) |
-                                                                     (c->wlen ? POLLOUT : 0))};
+    return nc;
+}
+
+/* Reads from and writes to the first nc connections as poll() reported them ready. */
+static void serve_ready(ctl_rendezvous *rv, const struct pollfd *pfd, int nc, double now)
+{
+    for (int i = 0; i < nc; i++) {
+        conn *c = rv->conns[i];
+        short re = pfd[2 + i].revents;
+        if (re & (POLLIN | POLLHUP | POLLERR)) {
+            if (!c->closing)
+                conn_read(rv, c, now);
+            else if (re & (POLLHUP | POLLERR))
+                c->dead = 1;
         }
-        int pr = poll(pfd, (nfds_t)(2 + nc), CTL_TICK_MS);
-        double now = now_s();
-        if (pr < 0 && errno != EINTR) {
-            log_error("control plane: poll failed: %s", strerror(errno));
-            break;
+        if ((re & POLLOUT) && !c->dead)
+            conn_write(c);
+    }
+}
+
+/* Refuses the connections whose read deadline passed, and sends what this pass queued. */
+static void expire_and_flush(ctl_rendezvous *rv, double now)
+{
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *c = rv->conns[i];
+        if (!c->closing && !c->dead && c->deadline > 0 && now > c->deadline) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "read timed out after %.3g s (%s)", rv->timeout_s,
+                     c->joined ? "incomplete frame" : c->rlen ? "incomplete frame before join" : "no join");
+            conn_refuse(rv, c, ETIMEDOUT, msg);
         }
-        if (pr > 0 && (pfd[1].revents & POLLIN)) {
-            char b[64];
-            while (read(rv->wake[0], b, sizeof b) > 0) {
-            }
-        }
-        if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
-            queue_shutdown(rv);
-        for (int i = 0; pr > 0 && i < nc; i++) {
-            conn *c = rv->conns[i];
-            short re = pfd[2 + i].revents;
-            if (re & (POLLIN | POLLHUP | POLLERR)) {
-                if (!c->closing)
-                    conn_read(rv, c, now);
-                else if (re & (POLLHUP | POLLERR))
-                    c->dead = 1;
-            }
-            if ((re & POLLOUT) && !c->dead)
-                conn_write(c);
-        }
-        /* New connections after the loop over pfd, whose indices they would shift. */
-        if (pr > 0 && (pfd[0].revents & POLLIN))
-            accept_new(rv, now);
-        for (int i = 0; i < rv->nconns; i++) {
-            conn *c = rv->conns[i];
-            if (!c->closing && !c->dead && c->deadline > 0 && now > c->deadline) {
-                char msg[160];
-                snprintf(msg, sizeof msg, "read timed out after %.3g s (%s)", rv->timeout_s,
-                         c->joined ? "incomplete frame" : c->rlen ? "incomplete frame before join" : "no join");
-                conn_refuse(rv, c, ETIMEDOUT, msg);
-            }
-            if (c->wlen && !c->dead)
-                conn_write(c); /* replies queued in this pass go out now rather than next tick */
-        }
-        sweep(rv, now);
-        if (!rv->formed && atomic_load(&rv->joined) == rv->num_servers + rv->num_workers) {
-            form_run(rv);
-            for (int i = 0; i < rv->nconns; i++)
-                if (rv->conns[i]->wlen)
-                    conn_write(rv->conns[i]);
+        if (c->wlen && !c->dead)
+            conn_write(c); /* replies queued in this pass go out now rather than next tick */
+    }
+}
+
+/* One pass of the service loop: wait up to CTL_TICK_MS for activity, serve it, form the run once every
+ * member is in. Returns 0, or -1 when poll() failed (the service stops). */
+static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
+{
+    int nc = fill_pollfds(rv, pfd);
+    int pr = poll(pfd, (nfds_t)(2 + nc), CTL_TICK_MS);
+    double now = pf_now_s();
+    if (pr < 0 && errno != EINTR) {
+        log_error("control plane: poll failed: %s", strerror(errno));
+        return -1;
+    }
+    if (pr > 0 && (pfd[1].revents & POLLIN)) {
+        char b[64];
+        while (read(rv->wake[0], b, sizeof b) > 0) {
         }
     }
-    if (!rv->formed) {
-        /* The run never formed: name the members that never joined (the usual cause: not started, wrong
-         * rendezvous address or port, or refused). */
-        char miss[512];
-        size_t o = 0;
-        int n = 0;
-        for (int i = 0; i < rv->num_servers + rv->num_workers; i++) {
-            if (rv->ever_joined[i])
-                continue;
-            int srv = i < rv->num_servers;
-            if (o < sizeof miss)
-                o += (size_t)snprintf(miss + o, sizeof miss - o, "%s%s[%d]", n ? ", " : "", srv ? "server" : "worker",
-                                      srv ? i : i - rv->num_servers);
-            n++;
-        }
-        if (n)
-            log_warn("control plane: the run did not form: %d of %d members never joined: %s", n,
-                     rv->num_servers + rv->num_workers, miss);
-    }
-    /* Stopping: a shutdown requested just before the stop still goes out; give pending replies a
-     * moment to leave, then close all. */
     if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
         queue_shutdown(rv);
-    double until = now_s() + 0.5;
+    if (pr > 0)
+        serve_ready(rv, pfd, nc, now);
+    /* New connections after the loop over pfd, whose indices they would shift. */
+    if (pr > 0 && (pfd[0].revents & POLLIN))
+        accept_new(rv, now);
+    expire_and_flush(rv, now);
+    sweep(rv, now);
+    if (!rv->formed && atomic_load(&rv->joined) == rv->num_servers + rv->num_workers) {
+        form_run(rv);
+        for (int i = 0; i < rv->nconns; i++)
+            if (rv->conns[i]->wlen)
+                conn_write(rv->conns[i]);
+    }
+    return 0;
+}
+
+/* The run never formed: name the members that never joined (the usual cause: not started, wrong rendezvous
+ * address or port, or refused). */
+static void log_never_joined(const ctl_rendezvous *rv)
+{
+    char miss[512];
+    size_t o = 0;
+    int n = 0;
+    for (int i = 0; i < rv->num_servers + rv->num_workers; i++) {
+        if (rv->ever_joined[i])
+            continue;
+        int srv = i < rv->num_servers;
+        if (o < sizeof miss)
+            o += (size_t)snprintf(miss + o, sizeof miss - o, "%s%s[%d]", n ? ", " : "", srv ? "server" : "worker",
+                                  srv ? i : i - rv->num_servers);
+        n++;
+    }
+    if (n)
+        log_warn("control plane: the run did not form: %d of %d members never joined: %s", n,
+                 rv->num_servers + rv->num_workers, miss);
+}
+
+/* Stopping: a shutdown requested just before the stop still goes out; pending replies get a moment (0.5 s)
+ * to leave, then every connection is closed. */
+static void service_drain(ctl_rendezvous *rv)
+{
+    if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
+        queue_shutdown(rv);
+    double until = pf_now_s() + 0.5;
     for (;;) {
         int pending = 0;
         for (int i = 0; i < rv->nconns; i++) {
@@ -632,7 +611,7 @@ static void *service_main(void *arg)
                 pending += c->wlen > 0 && !c->dead;
             }
         }
-        if (!pending || now_s() > until)
+        if (!pending || pf_now_s() > until)
             break;
         poll(NULL, 0, 10);
     }
@@ -641,6 +620,23 @@ static void *service_main(void *arg)
     for (int i = 0; i < rv->nconns; i++)
         conn_close(rv, rv->conns[i]);
     rv->nconns = 0;
+}
+
+/* The service thread: passes until ctl_rendezvous_stop, then the drain. */
+static void *service_main(void *arg)
+{
+    ctl_rendezvous *rv = arg;
+    struct pollfd *pfd = calloc((size_t)rv->max_conns + 2, sizeof *pfd);
+    if (!pfd) {
+        log_error("control plane: out of memory; service thread stops");
+        return NULL;
+    }
+    while (!atomic_load(&rv->stop))
+        if (service_pass(rv, pfd) < 0)
+            break;
+    if (!rv->formed)
+        log_never_joined(rv);
+    service_drain(rv);
     free(pfd);
     return NULL;
 }
@@ -663,9 +659,9 @@ static void rv_free(ctl_rendezvous *rv)
     free(rv);
 }
 
-int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
+/* The options ctl_rendezvous_start accepts. Returns 0 or -EINVAL naming the bad one. */
+static int check_opts(const ctl_rendezvous_opts *o)
 {
-    *out = NULL;
     if (!o->secret || !*o->secret)
         return pf_err(-EINVAL, "rendezvous: empty secret (set 'secret' in the config or PFCPS_SECRET)");
     if (o->num_servers < 1 || o->num_servers > CTL_MAX_MEMBERS || o->num_workers < 1 ||
@@ -678,6 +674,26 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
         return pf_err(-EINVAL, "rendezvous: timeout %g s is not positive", o->timeout_s);
     if (o->port < 0 || o->port > 65535)
         return pf_err(-EINVAL, "rendezvous: port %d outside 0-65535", o->port);
+    return 0;
+}
+
+/* One descriptor per member: raises the soft open-file limit to `need` when a large run needs it (a
+ * warning when the hard limit does not allow it). */
+static void raise_fd_limit(rlim_t need)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < need)
+            log_warn("control plane: open-file limit %llu is below the %llu this run needs (raise ulimit -n)",
+                     (unsigned long long)rl.rlim_cur, (unsigned long long)need);
+    }
+}
+
+/* A service for checked options, without its socket and thread. Returns 0 with *out (free with rv_free) or
+ * -ENOMEM. */
+static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
+{
     ctl_rendezvous *rv = calloc(1, sizeof *rv);
     if (!rv)
         return pf_err(-ENOMEM, "rendezvous: out of memory");
@@ -686,15 +702,7 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->secret = strdup(o->secret);
     rv->config_text = strdup(o->config_text ? o->config_text : "");
     rv->max_conns = o->num_servers + o->num_workers + CTL_SPARE_CONNS;
-    /* One descriptor per member: raise the soft limit when a large run needs it. */
-    struct rlimit rl;
-    rlim_t need = (rlim_t)rv->max_conns + 64;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
-        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < need)
-            log_warn("control plane: open-file limit %llu is below the %llu this run needs (raise ulimit -n)",
-                     (unsigned long long)rl.rlim_cur, (unsigned long long)need);
-    }
+    raise_fd_limit((rlim_t)rv->max_conns + 64);
     rv->conns = calloc((size_t)rv->max_conns, sizeof *rv->conns);
     rv->server_slot = calloc((size_t)o->num_servers, sizeof *rv->server_slot);
     rv->worker_slot = calloc((size_t)o->num_workers, sizeof *rv->worker_slot);
@@ -709,17 +717,21 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->num_classes = o->num_classes;
     rv->max_frame = o->max_frame;
     rv->timeout_s = o->timeout_s;
+    *out = rv;
+    return 0;
+}
 
+/* Binds and listens on rv->bind_host:port (0: any free port), learns the port bound (rv->port), and makes
+ * the wake pipe. Returns 0 or a negative code naming host:port. */
+static int rv_listen(ctl_rendezvous *rv, int port)
+{
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
     struct addrinfo *ai = NULL;
     char portstr[16];
-    snprintf(portstr, sizeof portstr, "%d", o->port);
+    snprintf(portstr, sizeof portstr, "%d", port);
     int gr = getaddrinfo(rv->bind_host, portstr, &hints, &ai);
-    if (gr != 0) {
-        int rc = pf_err(-EINVAL, "rendezvous: cannot resolve bind host '%s': %s", rv->bind_host, gai_strerror(gr));
-        rv_free(rv);
-        return rc;
-    }
+    if (gr != 0)
+        return pf_err(-EINVAL, "rendezvous: cannot resolve bind host '%s': %s", rv->bind_host, gai_strerror(gr));
     int err = 0;
     for (struct addrinfo *a = ai; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -737,18 +749,29 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
         close(fd);
     }
     freeaddrinfo(ai);
-    if (rv->lfd < 0) {
-        int rc = pf_err(-err, "rendezvous: cannot bind %s:%d: %s", rv->bind_host, o->port, strerror(err));
-        rv_free(rv);
-        return rc;
-    }
+    if (rv->lfd < 0)
+        return pf_err(-err, "rendezvous: cannot bind %s:%d: %s", rv->bind_host, port, strerror(err));
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     getsockname(rv->lfd, (struct sockaddr *)&ss, &sl);
     rv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                               : ((struct sockaddr_in *)&ss)->sin_port);
-    if (set_nonblock(rv->lfd) < 0 || pipe2(rv->wake, O_NONBLOCK | O_CLOEXEC) < 0) {
-        int rc = pf_err(-errno, "rendezvous: socket setup failed: %s", strerror(errno));
+    if (set_nonblock(rv->lfd) < 0 || pipe2(rv->wake, O_NONBLOCK | O_CLOEXEC) < 0)
+        return pf_err(-errno, "rendezvous: socket setup failed: %s", strerror(errno));
+    return 0;
+}
+
+int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
+{
+    *out = NULL;
+    ctl_rendezvous *rv = NULL;
+    int rc = check_opts(o);
+    if (rc == 0)
+        rc = rv_new(o, &rv);
+    if (rc < 0)
+        return rc;
+    rc = rv_listen(rv, o->port);
+    if (rc < 0) {
         rv_free(rv);
         return rc;
     }
@@ -789,344 +812,4 @@ void ctl_rendezvous_stop(ctl_rendezvous *rv)
     pthread_join(rv->thread, NULL);
     log_info("control plane: rendezvous on port %d stopped", rv->port);
     rv_free(rv);
-}
-
-/* ------------------------------------------------------------------------------------------------ */
-/* Client                                                                                           */
-/* ------------------------------------------------------------------------------------------------ */
-
-struct ctl_session {
-    int fd;
-    size_t max_frame;
-    uint8_t *rbuf;
-    size_t rlen, rcap;
-    uint64_t hb_seq;
-    double next_hb; /* when the next heartbeat is due (kept across short wait calls) */
-    ctl_book book;
-};
-
-static int send_all(int fd, const uint8_t *p, size_t n, double deadline)
-{
-    while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            double left = deadline - now_s();
-            if (left <= 0)
-                return pf_err(-ETIMEDOUT, "send to the rendezvous timed out");
-            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-            poll(&pfd, 1, (int)(left * 1000) + 1);
-            continue;
-        }
-        return pf_err(-errno, "send to the rendezvous failed: %s", strerror(errno));
-    }
-    return 0;
-}
-
-static int send_msg(ctl_session *s, const Pfcps__CtlMessage *m, double deadline)
-{
-    uint8_t *frame;
-    size_t len;
-    int rc = ctl_frame_encode(m, s->max_frame, &frame, &len);
-    if (rc < 0)
-        return rc;
-    rc = send_all(s->fd, frame, len, deadline);
-    free(frame);
-    return rc;
-}
-
-/* Reads one frame by `deadline`. Returns 0 with *out, -ETIMEDOUT (bytes so far are kept), -ECONNRESET
- * when the service closed, -EMSGSIZE / -EPROTO for a bad frame. */
-static int recv_msg(ctl_session *s, double deadline, Pfcps__CtlMessage **out)
-{
-    for (;;) {
-        size_t flen;
-        int rc = ctl_frame_peek(s->rbuf, s->rlen, s->max_frame, &flen);
-        if (rc < 0)
-            return rc;
-        if (rc == 1) {
-            rc = ctl_msg_decode(s->rbuf + 4, flen - 4, out);
-            memmove(s->rbuf, s->rbuf + flen, s->rlen - flen);
-            s->rlen -= flen;
-            return rc;
-        }
-        double left = deadline - now_s();
-        if (left <= 0)
-            return pf_err(-ETIMEDOUT, "no message from the rendezvous in time");
-        struct pollfd pfd = {.fd = s->fd, .events = POLLIN};
-        int pr = poll(&pfd, 1, (int)(left * 1000) + 1);
-        if (pr < 0 && errno != EINTR)
-            return pf_err(-errno, "poll: %s", strerror(errno));
-        if (pr <= 0)
-            continue;
-        if (s->rcap - s->rlen < 65536) {
-            size_t cap = s->rcap ? s->rcap * 2 : 65536;
-            if (cap > s->max_frame + 4 + 65536)
-                cap = s->max_frame + 4 + 65536;
-            if (cap <= s->rlen)
-                return pf_err(-EMSGSIZE, "receive buffer full");
-            uint8_t *nb = realloc(s->rbuf, cap);
-            if (!nb)
-                return pf_err(-ENOMEM, "out of memory");
-            s->rbuf = nb;
-            s->rcap = cap;
-        }
-        ssize_t r = recv(s->fd, s->rbuf + s->rlen, s->rcap - s->rlen, 0);
-        if (r == 0)
-            return pf_err(-ECONNRESET, "the rendezvous closed the connection");
-        if (r < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-                continue;
-            return pf_err(-errno, "read from the rendezvous failed: %s", strerror(errno));
-        }
-        s->rlen += (size_t)r;
-    }
-}
-
-/* Maps the service's Error reply to the negative code callers see. */
-static int error_reply(const Pfcps__Error *e)
-{
-    int code = e->code;
-    switch (code) {
-    case ENOLINK: return pf_err(-ENOLINK, "%s", e->message); /* a member lost, not a refusal */
-    case EACCES: case EEXIST: case ERANGE: case EPROTO: case EMSGSIZE: case ETIMEDOUT: case EIO: case EBUSY: break;
-    default: code = EPROTO;
-    }
-    return pf_err(-code, "rendezvous refused: %s", e->message);
-}
-
-/* ctl_set_interrupt's flag: a joining member stops waiting when it is raised. */
-static const volatile sig_atomic_t *g_join_interrupt;
-
-void ctl_set_interrupt(const volatile sig_atomic_t *flag) { g_join_interrupt = flag; }
-
-static int join_interrupted(void)
-{
-    if (g_join_interrupt && *g_join_interrupt)
-        return pf_err(-EINTR, "interrupted (SIGTERM/SIGINT) while waiting for the run to form");
-    return 0;
-}
-
-/* recv_msg for ctl_join: wakes at least every CTL_TICK_MS to see whether the interrupt flag was raised
- * (a signal landing just before poll() would otherwise wait out the whole join timeout). */
-static int join_recv(ctl_session *s, double deadline, Pfcps__CtlMessage **out)
-{
-    for (;;) {
-        int rc = join_interrupted();
-        if (rc < 0)
-            return rc;
-        double tick = now_s() + CTL_TICK_MS / 1000.0;
-        rc = recv_msg(s, tick < deadline ? tick : deadline, out);
-        if (rc != -ETIMEDOUT || now_s() >= deadline)
-            return rc;
-    }
-}
-
-static int connect_by(const char *host, int port, double deadline, int *out_fd)
-{
-    char portstr[16];
-    snprintf(portstr, sizeof portstr, "%d", port);
-    int last = ECONNREFUSED;
-    for (;;) {
-        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-        struct addrinfo *ai = NULL;
-        int gr = getaddrinfo(host, portstr, &hints, &ai);
-        if (gr != 0)
-            return pf_err(-EINVAL, "cannot resolve rendezvous host '%s': %s", host, gai_strerror(gr));
-        for (struct addrinfo *a = ai; a; a = a->ai_next) {
-            int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
-            if (fd < 0) {
-                last = errno;
-                continue;
-            }
-            int rc = connect(fd, a->ai_addr, a->ai_addrlen);
-            if (rc < 0 && errno == EINPROGRESS) {
-                double left = deadline - now_s();
-                struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-                if (left > 0 && poll(&pfd, 1, (int)(left * 1000) + 1) == 1) {
-                    int e = 0;
-                    socklen_t el = sizeof e;
-                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el);
-                    rc = e ? -1 : 0;
-                    errno = e;
-                } else {
-                    errno = ETIMEDOUT;
-                }
-            }
-            if (rc == 0) {
-                freeaddrinfo(ai);
-                int one = 1;
-                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                *out_fd = fd;
-                return 0;
-            }
-            last = errno;
-            close(fd);
-        }
-        freeaddrinfo(ai);
-        int irc = join_interrupted();
-        if (irc < 0)
-            return irc;
-        if (now_s() + 0.1 > deadline)
-            break;
-        poll(NULL, 0, 100); /* the rendezvous may not be up yet */
-    }
-    return pf_err(-last, "cannot connect to the rendezvous at %s:%d: %s", host, port, strerror(last));
-}
-
-int ctl_join(const char *host, int port, ctl_role role, int rank, const void *addr, size_t addr_len,
-             const char *secret, size_t max_frame, double timeout_s, ctl_session **out)
-{
-    *out = NULL;
-    if (!secret || !*secret)
-        return pf_err(-EINVAL, "join: empty secret (set 'secret' in the config or PFCPS_SECRET)");
-    if (addr_len > CTL_MAX_ADDR)
-        return pf_err(-EINVAL, "join: fabric address of %zu bytes is longer than %d", addr_len, CTL_MAX_ADDR);
-    if ((role != CTL_ROLE_SERVER && role != CTL_ROLE_WORKER) || rank < 0 || rank >= CTL_MAX_MEMBERS)
-        return pf_err(-EINVAL, "join: bad role %d or rank %d", (int)role, rank);
-    if (max_frame < 64 || max_frame > UINT32_MAX)
-        return pf_err(-EINVAL, "join: max_frame %zu outside [64, 2^32)", max_frame);
-    double deadline = now_s() + timeout_s;
-    ctl_session *s = calloc(1, sizeof *s);
-    if (!s)
-        return pf_err(-ENOMEM, "join: out of memory");
-    s->max_frame = max_frame;
-    int rc = connect_by(host, port, deadline, &s->fd);
-    if (rc < 0) {
-        free(s);
-        return rc;
-    }
-    Pfcps__CtlMessage *m = NULL;
-    rc = join_recv(s, deadline, &m);
-    if (rc == 0 && m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR)
-        rc = error_reply(m->error);
-    else if (rc == 0 && m->body_case != PFCPS__CTL_MESSAGE__BODY_HELLO)
-        rc = pf_err(-EPROTO, "expected hello from the rendezvous, got %s", ctl_msg_name(m->body_case));
-    else if (rc == 0 && m->hello->protocol_version != CTL_PROTOCOL_VERSION)
-        rc = pf_err(-EPROTO, "rendezvous speaks protocol %u, this member %d", m->hello->protocol_version,
-                    CTL_PROTOCOL_VERSION);
-    if (rc == 0) {
-        uint8_t mac[CTL_MAC_LEN];
-        rc = ctl_join_mac(secret, m->hello->nonce.data, m->hello->nonce.len, (int)role, rank, addr, addr_len, mac);
-        if (rc == 0) {
-            Pfcps__Join j = PFCPS__JOIN__INIT;
-            j.role = role == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
-            j.rank = rank;
-            j.fabric_addr.data = (uint8_t *)addr;
-            j.fabric_addr.len = addr_len;
-            j.mac.data = mac;
-            j.mac.len = sizeof mac;
-            j.protocol_version = CTL_PROTOCOL_VERSION;
-            Pfcps__CtlMessage jm = PFCPS__CTL_MESSAGE__INIT;
-            jm.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
-            jm.join = &j;
-            rc = send_msg(s, &jm, deadline);
-        }
-    }
-    if (m)
-        pfcps__ctl_message__free_unpacked(m, NULL);
-    /* Wait for the book; heartbeats may come first. */
-    while (rc == 0) {
-        m = NULL;
-        rc = join_recv(s, deadline, &m);
-        if (rc < 0) {
-            if (rc == -ETIMEDOUT)
-                rc = pf_err(-ETIMEDOUT, "no address book from the rendezvous within %g s (not every member "
-                            "joined?)", timeout_s);
-            break;
-        }
-        if (m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR) {
-            rc = error_reply(m->error);
-        } else if (m->body_case == PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY) {
-            rc = ctl_book_from_reply(m->join_reply, &s->book);
-            if (rc == 0) {
-                const ctl_member *me = role == CTL_ROLE_SERVER
-                                           ? (rank < s->book.num_servers ? &s->book.servers[rank] : NULL)
-                                           : (rank < s->book.num_workers ? &s->book.workers[rank] : NULL);
-                if (!me || me->addr_len != addr_len || (addr_len && memcmp(me->addr, addr, addr_len) != 0))
-                    rc = pf_err(-EPROTO, "the address book does not list this member (%s rank %d) as joined",
-                                role_name(role), rank);
-            }
-            pfcps__ctl_message__free_unpacked(m, NULL);
-            break;
-        } else if (m->body_case == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN) {
-            rc = pf_err(-ECANCELED, "the run was shut down before it formed: %s", m->shutdown->reason);
-        } else if (m->body_case != PFCPS__CTL_MESSAGE__BODY_HEARTBEAT) {
-            rc = pf_err(-EPROTO, "unexpected %s while waiting for the address book", ctl_msg_name(m->body_case));
-        }
-        pfcps__ctl_message__free_unpacked(m, NULL);
-    }
-    if (rc < 0) {
-        ctl_session_close(s);
-        return rc;
-    }
-    *out = s;
-    return 0;
-}
-
-const ctl_book *ctl_session_book(const ctl_session *s) { return &s->book; }
-
-int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
-{
-    double end = timeout_s < 0 ? 1e300 : now_s() + timeout_s;
-    const double hb_every = 1.0;
-    if (s->next_hb == 0)
-        s->next_hb = now_s() + hb_every;
-    for (;;) {
-        double t = now_s();
-        if (t >= end)
-            return 0;
-        if (t >= s->next_hb) {
-            Pfcps__Heartbeat hb = PFCPS__HEARTBEAT__INIT;
-            hb.seq = ++s->hb_seq;
-            Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-            m.body_case = PFCPS__CTL_MESSAGE__BODY_HEARTBEAT;
-            m.heartbeat = &hb;
-            int rc = send_msg(s, &m, t + 5.0);
-            if (rc < 0)
-                return rc;
-            s->next_hb = t + hb_every;
-        }
-        Pfcps__CtlMessage *m = NULL;
-        int rc = recv_msg(s, s->next_hb < end ? s->next_hb : end, &m);
-        if (rc == -ETIMEDOUT)
-            continue;
-        if (rc < 0)
-            return rc;
-        int kind = m->body_case;
-        if (kind == PFCPS__CTL_MESSAGE__BODY_ERROR)
-            rc = error_reply(m->error);
-        pfcps__ctl_message__free_unpacked(m, NULL);
-        if (kind == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN)
-            return 1;
-        if (rc < 0)
-            return rc;
-    }
-}
-
-int ctl_session_leave(ctl_session *s)
-{
-    Pfcps__Shutdown sd = PFCPS__SHUTDOWN__INIT;
-    sd.reason = (char *)"leaving";
-    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-    m.body_case = PFCPS__CTL_MESSAGE__BODY_SHUTDOWN;
-    m.shutdown = &sd;
-    return send_msg(s, &m, now_s() + 5.0);
-}
-
-void ctl_session_close(ctl_session *s)
-{
-    if (!s)
-        return;
-    if (s->fd >= 0)
-        close(s->fd);
-    ctl_book_free(&s->book);
-    free(s->rbuf);
-    free(s);
 }

@@ -1,0 +1,31 @@
+/* The control plane's address book: who is in the run (every member's role, rank and fabric address), the
+ * run config and the shard map, as every member receives them when the run forms. The lowest layer of the
+ * control plane: the frame coding (ctl_frame.h) and the service and session API (ctl.h) both build on it. */
+#ifndef PFCPS_COMMON_CTL_BOOK_H
+#define PFCPS_COMMON_CTL_BOOK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Bytes of a member's opaque address: a server's endpoint name, or a worker's packed parts
+ * (common/member_addr.h: two endpoint names, plus worker 0's 128-byte NCCL unique id on CUDA runs). */
+#define CTL_MAX_ADDR 512
+
+typedef enum { CTL_ROLE_SERVER = 0, CTL_ROLE_WORKER = 1 } ctl_role;
+
+typedef struct ctl_member {
+    ctl_role role;
+    int rank;
+    size_t addr_len;
+    uint8_t addr[CTL_MAX_ADDR]; /* fabric endpoint name, opaque */
+} ctl_member;
+
+typedef struct ctl_book {
+    int num_servers, num_workers;
+    ctl_member *servers; /* [num_servers], index = rank */
+    ctl_member *workers; /* [num_workers], index = rank */
+    char *config_text;   /* effective run config, INI text (cfg_load_text) */
+    int64_t num_classes; /* C of the shard map (class c on server c mod S at local row c div S) */
+} ctl_book;
+
+#endif

@@ -1,0 +1,382 @@
+/* Control plane, member side: the session a daemon holds with the rendezvous. ctl_join connects (retrying
+ * while the rendezvous is not up yet), answers the hello's nonce with the join MAC and waits for the address
+ * book; afterwards the connection carries heartbeats, the shutdown broadcast and lost-member reports.
+ * Wire format and message checks: common/ctl_frame.c. */
+#include "common/ctl.h"
+
+#include "common/clock.h"
+#include "common/ctl_frame.h"
+#include "common/ctl_internal.h"
+#include "common/err.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+struct ctl_session {
+    int fd;
+    size_t max_frame;
+    uint8_t *rbuf;
+    size_t rlen, rcap;
+    uint64_t hb_seq;
+    double next_hb; /* when the next heartbeat is due (kept across short wait calls) */
+    ctl_book book;
+};
+
+static int send_all(int fd, const uint8_t *p, size_t n, double deadline)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            double left = deadline - pf_now_s();
+            if (left <= 0)
+                return pf_err(-ETIMEDOUT, "send to the rendezvous timed out");
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            poll(&pfd, 1, (int)(left * 1000) + 1);
+            continue;
+        }
+        return pf_err(-errno, "send to the rendezvous failed: %s", strerror(errno));
+    }
+    return 0;
+}
+
+static int send_msg(ctl_session *s, const Pfcps__CtlMessage *m, double deadline)
+{
+    uint8_t *frame;
+    size_t len;
+    int rc = ctl_frame_encode(m, s->max_frame, &frame, &len);
+    if (rc < 0)
+        return rc;
+    rc = send_all(s->fd, frame, len, deadline);
+    free(frame);
+    return rc;
+}
+
+/* Reads one frame by `deadline`. Returns 0 with *out, -ETIMEDOUT (bytes so far are kept), -ECONNRESET
+ * when the service closed, -EMSGSIZE / -EPROTO for a bad frame. */
+static int recv_msg(ctl_session *s, double deadline, Pfcps__CtlMessage **out)
+{
+    for (;;) {
+        size_t flen;
+        int rc = ctl_frame_peek(s->rbuf, s->rlen, s->max_frame, &flen);
+        if (rc < 0)
+            return rc;
+        if (rc == 1) {
+            rc = ctl_msg_decode(s->rbuf + 4, flen - 4, out);
+            memmove(s->rbuf, s->rbuf + flen, s->rlen - flen);
+            s->rlen -= flen;
+            return rc;
+        }
+        double left = deadline - pf_now_s();
+        if (left <= 0)
+            return pf_err(-ETIMEDOUT, "no message from the rendezvous in time");
+        struct pollfd pfd = {.fd = s->fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno != EINTR)
+            return pf_err(-errno, "poll: %s", strerror(errno));
+        if (pr <= 0)
+            continue;
+        if (s->rcap - s->rlen < 65536) {
+            size_t cap = s->rcap ? s->rcap * 2 : 65536;
+            if (cap > s->max_frame + 4 + 65536)
+                cap = s->max_frame + 4 + 65536;
+            if (cap <= s->rlen)
+                return pf_err(-EMSGSIZE, "receive buffer full");
+            uint8_t *nb = realloc(s->rbuf, cap);
+            if (!nb)
+                return pf_err(-ENOMEM, "out of memory");
+            s->rbuf = nb;
+            s->rcap = cap;
+        }
+        ssize_t r = recv(s->fd, s->rbuf + s->rlen, s->rcap - s->rlen, 0);
+        if (r == 0)
+            return pf_err(-ECONNRESET, "the rendezvous closed the connection");
+        if (r < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+                continue;
+            return pf_err(-errno, "read from the rendezvous failed: %s", strerror(errno));
+        }
+        s->rlen += (size_t)r;
+    }
+}
+
+/* Maps the service's Error reply to the negative code callers see. */
+static int error_reply(const Pfcps__Error *e)
+{
+    int code = e->code;
+    switch (code) {
+    case ENOLINK: return pf_err(-ENOLINK, "%s", e->message); /* a member lost, not a refusal */
+    case EACCES: case EEXIST: case ERANGE: case EPROTO: case EMSGSIZE: case ETIMEDOUT: case EIO: case EBUSY: break;
+    default: code = EPROTO;
+    }
+    return pf_err(-code, "rendezvous refused: %s", e->message);
+}
+
+/* ctl_set_interrupt's flag: a joining member stops waiting when it is raised. */
+static const volatile sig_atomic_t *g_join_interrupt;
+
+void ctl_set_interrupt(const volatile sig_atomic_t *flag) { g_join_interrupt = flag; }
+
+static int join_interrupted(void)
+{
+    if (g_join_interrupt && *g_join_interrupt)
+        return pf_err(-EINTR, "interrupted (SIGTERM/SIGINT) while waiting for the run to form");
+    return 0;
+}
+
+/* recv_msg for ctl_join: wakes at least every CTL_TICK_MS to see whether the interrupt flag was raised
+ * (a signal landing just before poll() would otherwise wait out the whole join timeout). */
+static int join_recv(ctl_session *s, double deadline, Pfcps__CtlMessage **out)
+{
+    for (;;) {
+        int rc = join_interrupted();
+        if (rc < 0)
+            return rc;
+        double tick = pf_now_s() + CTL_TICK_MS / 1000.0;
+        rc = recv_msg(s, tick < deadline ? tick : deadline, out);
+        if (rc != -ETIMEDOUT || pf_now_s() >= deadline)
+            return rc;
+    }
+}
+
+static int connect_by(const char *host, int port, double deadline, int *out_fd)
+{
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    int last = ECONNREFUSED;
+    for (;;) {
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+        struct addrinfo *ai = NULL;
+        int gr = getaddrinfo(host, portstr, &hints, &ai);
+        if (gr != 0)
+            return pf_err(-EINVAL, "cannot resolve rendezvous host '%s': %s", host, gai_strerror(gr));
+        for (struct addrinfo *a = ai; a; a = a->ai_next) {
+            int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+            if (fd < 0) {
+                last = errno;
+                continue;
+            }
+            int rc = connect(fd, a->ai_addr, a->ai_addrlen);
+            if (rc < 0 && errno == EINPROGRESS) {
+                double left = deadline - pf_now_s();
+                struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+                if (left > 0 && poll(&pfd, 1, (int)(left * 1000) + 1) == 1) {
+                    int e = 0;
+                    socklen_t el = sizeof e;
+                    getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el);
+                    rc = e ? -1 : 0;
+                    errno = e;
+                } else {
+                    errno = ETIMEDOUT;
+                }
+            }
+            if (rc == 0) {
+                freeaddrinfo(ai);
+                int one = 1;
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                *out_fd = fd;
+                return 0;
+            }
+            last = errno;
+            close(fd);
+        }
+        freeaddrinfo(ai);
+        int irc = join_interrupted();
+        if (irc < 0)
+            return irc;
+        if (pf_now_s() + 0.1 > deadline)
+            break;
+        poll(NULL, 0, 100); /* the rendezvous may not be up yet */
+    }
+    return pf_err(-last, "cannot connect to the rendezvous at %s:%d: %s", host, port, strerror(last));
+}
+
+/* The first exchange: the service's hello (its nonce and protocol version), answered with this member's
+ * join (role, rank, address and the MAC over the nonce). Returns 0 or a negative code (pf_errmsg()). */
+static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *addr, size_t addr_len,
+                          const char *secret, double deadline)
+{
+    Pfcps__CtlMessage *m = NULL;
+    int rc = join_recv(s, deadline, &m);
+    if (rc == 0 && m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR)
+        rc = error_reply(m->error);
+    else if (rc == 0 && m->body_case != PFCPS__CTL_MESSAGE__BODY_HELLO)
+        rc = pf_err(-EPROTO, "expected hello from the rendezvous, got %s", ctl_msg_name(m->body_case));
+    else if (rc == 0 && m->hello->protocol_version != CTL_PROTOCOL_VERSION)
+        rc = pf_err(-EPROTO, "rendezvous speaks protocol %u, this member %d", m->hello->protocol_version,
+                    CTL_PROTOCOL_VERSION);
+    if (rc == 0) {
+        uint8_t mac[CTL_MAC_LEN];
+        rc = ctl_join_mac(secret, m->hello->nonce.data, m->hello->nonce.len, (int)role, rank, addr, addr_len, mac);
+        if (rc == 0) {
+            Pfcps__Join j = PFCPS__JOIN__INIT;
+            j.role = role == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
+            j.rank = rank;
+            j.fabric_addr.data = (uint8_t *)addr;
+            j.fabric_addr.len = addr_len;
+            j.mac.data = mac;
+            j.mac.len = sizeof mac;
+            j.protocol_version = CTL_PROTOCOL_VERSION;
+            Pfcps__CtlMessage jm = PFCPS__CTL_MESSAGE__INIT;
+            jm.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
+            jm.join = &j;
+            rc = send_msg(s, &jm, deadline);
+        }
+    }
+    if (m)
+        pfcps__ctl_message__free_unpacked(m, NULL);
+    return rc;
+}
+
+/* Takes the join reply's book into s->book and checks that it lists this member with its address.
+ * Returns 0 or -EPROTO / -ENOMEM. */
+static int take_book(ctl_session *s, const Pfcps__JoinReply *reply, ctl_role role, int rank, const void *addr,
+                     size_t addr_len)
+{
+    int rc = ctl_book_from_reply(reply, &s->book);
+    if (rc < 0)
+        return rc;
+    const ctl_member *me = role == CTL_ROLE_SERVER ? (rank < s->book.num_servers ? &s->book.servers[rank] : NULL)
+                                                   : (rank < s->book.num_workers ? &s->book.workers[rank] : NULL);
+    if (!me || me->addr_len != addr_len || (addr_len && memcmp(me->addr, addr, addr_len) != 0))
+        return pf_err(-EPROTO, "the address book does not list this member (%s rank %d) as joined",
+                      ctl_role_name(role), rank);
+    return 0;
+}
+
+/* Waits for the join reply (heartbeats may come first) and takes its book. Returns 0, -ETIMEDOUT when the
+ * run did not form within timeout_s, -ECANCELED when it was shut down first, or another negative code. */
+static int join_wait_book(ctl_session *s, ctl_role role, int rank, const void *addr, size_t addr_len,
+                          double deadline, double timeout_s)
+{
+    for (;;) {
+        Pfcps__CtlMessage *m = NULL;
+        int rc = join_recv(s, deadline, &m);
+        if (rc == -ETIMEDOUT)
+            return pf_err(-ETIMEDOUT, "no address book from the rendezvous within %g s (not every member "
+                          "joined?)", timeout_s);
+        if (rc < 0)
+            return rc;
+        int done = 1;
+        if (m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR)
+            rc = error_reply(m->error);
+        else if (m->body_case == PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY)
+            rc = take_book(s, m->join_reply, role, rank, addr, addr_len);
+        else if (m->body_case == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN)
+            rc = pf_err(-ECANCELED, "the run was shut down before it formed: %s", m->shutdown->reason);
+        else if (m->body_case != PFCPS__CTL_MESSAGE__BODY_HEARTBEAT)
+            rc = pf_err(-EPROTO, "unexpected %s while waiting for the address book", ctl_msg_name(m->body_case));
+        else
+            done = 0;
+        pfcps__ctl_message__free_unpacked(m, NULL);
+        if (done)
+            return rc;
+    }
+}
+
+int ctl_join(const char *host, int port, ctl_role role, int rank, const void *addr, size_t addr_len,
+             const char *secret, size_t max_frame, double timeout_s, ctl_session **out)
+{
+    *out = NULL;
+    if (!secret || !*secret)
+        return pf_err(-EINVAL, "join: empty secret (set 'secret' in the config or PFCPS_SECRET)");
+    if (addr_len > CTL_MAX_ADDR)
+        return pf_err(-EINVAL, "join: fabric address of %zu bytes is longer than %d", addr_len, CTL_MAX_ADDR);
+    if ((role != CTL_ROLE_SERVER && role != CTL_ROLE_WORKER) || rank < 0 || rank >= CTL_MAX_MEMBERS)
+        return pf_err(-EINVAL, "join: bad role %d or rank %d", (int)role, rank);
+    if (max_frame < 64 || max_frame > UINT32_MAX)
+        return pf_err(-EINVAL, "join: max_frame %zu outside [64, 2^32)", max_frame);
+    double deadline = pf_now_s() + timeout_s;
+    ctl_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return pf_err(-ENOMEM, "join: out of memory");
+    s->max_frame = max_frame;
+    int rc = connect_by(host, port, deadline, &s->fd);
+    if (rc < 0) {
+        free(s);
+        return rc;
+    }
+    rc = join_handshake(s, role, rank, addr, addr_len, secret, deadline);
+    if (rc == 0)
+        rc = join_wait_book(s, role, rank, addr, addr_len, deadline, timeout_s);
+    if (rc < 0) {
+        ctl_session_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+const ctl_book *ctl_session_book(const ctl_session *s) { return &s->book; }
+
+int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
+{
+    double end = timeout_s < 0 ? 1e300 : pf_now_s() + timeout_s;
+    const double hb_every = 1.0;
+    if (s->next_hb == 0)
+        s->next_hb = pf_now_s() + hb_every;
+    for (;;) {
+        double t = pf_now_s();
+        if (t >= end)
+            return 0;
+        if (t >= s->next_hb) {
+            Pfcps__Heartbeat hb = PFCPS__HEARTBEAT__INIT;
+            hb.seq = ++s->hb_seq;
+            Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+            m.body_case = PFCPS__CTL_MESSAGE__BODY_HEARTBEAT;
+            m.heartbeat = &hb;
+            int rc = send_msg(s, &m, t + 5.0);
+            if (rc < 0)
+                return rc;
+            s->next_hb = t + hb_every;
+        }
+        Pfcps__CtlMessage *m = NULL;
+        int rc = recv_msg(s, s->next_hb < end ? s->next_hb : end, &m);
+        if (rc == -ETIMEDOUT)
+            continue;
+        if (rc < 0)
+            return rc;
+        int kind = m->body_case;
+        if (kind == PFCPS__CTL_MESSAGE__BODY_ERROR)
+            rc = error_reply(m->error);
+        pfcps__ctl_message__free_unpacked(m, NULL);
+        if (kind == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN)
+            return 1;
+        if (rc < 0)
+            return rc;
+    }
+}
+
+int ctl_session_leave(ctl_session *s)
+{
+    Pfcps__Shutdown sd = PFCPS__SHUTDOWN__INIT;
+    sd.reason = (char *)"leaving";
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_SHUTDOWN;
+    m.shutdown = &sd;
+    return send_msg(s, &m, pf_now_s() + 5.0);
+}
+
+void ctl_session_close(ctl_session *s)
+{
+    if (!s)
+        return;
+    if (s->fd >= 0)
+        close(s->fd);
+    ctl_book_free(&s->book);
+    free(s->rbuf);
+    free(s);
+}
