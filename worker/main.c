@@ -18,37 +18,16 @@
 #include "common/cli.h"
 #include "common/config.h"
 #include "common/ctl.h"
+#include "common/daemon.h"
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
 #include "worker/model/model.h"
 #include "worker/train.h"
 
-static volatile sig_atomic_t g_stop; /* int on glibc: also train_opts.stop_flag */
-
-static volatile sig_atomic_t g_signalled; /* this process got SIGTERM/SIGINT (g_stop is also set by the watcher) */
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_signalled = 1;
-    g_stop = 1;
-}
-
-/* SIGTERM / SIGINT stay blocked from before the shared libraries' constructors run until main() has installed
- * on_signal: libfabric's psm provider pulls in libinfinipath, whose constructor installs a handler that calls
- * exit(1) without a word (and, during libcublasLt's constructor, crashed the worker with SIGSEGV). A stop
- * request in the first few hundred milliseconds now ends in the same orderly stop as a later one. */
-static sigset_t stop_signals;
-static void block_stop_signals(void)
-{
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGTERM);
-    sigaddset(&stop_signals, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-}
-__attribute__((used, section(".preinit_array"))) static void (*const preinit_block_stop_signals)(void) =
-    block_stop_signals;
+/* Set by SIGTERM / SIGINT (daemon_signals_install) and by the control watcher; int on glibc, so it is also
+ * train_opts.stop_flag. */
+static volatile sig_atomic_t g_stop;
 
 /* Watches the control connection while training runs: server 0 broadcasts a shutdown when it stops
  * (SIGTERM, or a fatal error), and a lost connection means server 0 is gone. Either way the run cannot go
@@ -129,6 +108,19 @@ static const char usage[] =
     "  --trace FILE          write every step's loss and learning rate to FILE\n"
     "  --dump-centers PREFIX after training, write this worker's class centers to PREFIX.rank<W>\n";
 
+/* What main's steps share. */
+typedef struct worker_daemon {
+    pf_config cfg;    /* this process' config: file and --set */
+    pf_config run;    /* the run's config, from the address book (server 0's) */
+    long rank;
+    train_opts topts;
+    const char *secret;
+    char host[256];   /* rendezvous host and port */
+    int port;
+    trainer *t;
+    ctl_session *sess;
+} worker_daemon;
+
 static int parse_long(const char *s, long lo, long hi, long *out)
 {
     char *end;
@@ -139,27 +131,20 @@ static int parse_long(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line: the shared options, then this program's; checks the member settings (rank range,
+ * secret, rendezvous address). Returns 0, CLI_HELP, or -1 after logging the error. */
+static int parse_args(int argc, char **argv, worker_daemon *d)
 {
-    pf_config cfg;
     int rest = 0;
-    log_init("worker", -1);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL); /* a SIGTERM that came during start-up: on_signal now */
-    int rc = cli_parse_common(argc, argv, &cfg, usage, CLI_CONFIG_OPTIONAL, &rest);
+    int rc = cli_parse_common(argc, argv, &d->cfg, usage, CLI_CONFIG_OPTIONAL, &rest);
     if (rc == CLI_HELP)
-        return 0;
+        return CLI_HELP;
     if (rc < 0) {
         log_error("%s", pf_errmsg());
-        return 1;
+        return -1;
     }
     long rank = -1, max_steps = 0;
-    train_opts topts = {.stop_flag = &g_stop};
+    d->topts = (train_opts){.stop_flag = &g_stop};
     for (int i = 1; i < rest; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < rest ? argv[i + 1] : NULL;
@@ -168,111 +153,124 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--max-steps") && v && parse_long(v, 1, 1L << 40, &max_steps) == 0) {
             i++;
         } else if (!strcmp(a, "--trace") && v) {
-            topts.trace_path = v;
+            d->topts.trace_path = v;
             i++;
         } else if (!strcmp(a, "--dump-centers") && v) {
-            topts.dump_centers = v;
+            d->topts.dump_centers = v;
             i++;
         } else {
             log_error("bad or unknown argument '%s'%s%s\n%s", a, v ? " " : "", v ? v : "", usage);
-            return 1;
+            return -1;
         }
     }
-    topts.rank = (int)rank;
-    topts.max_steps = max_steps;
+    d->rank = rank;
+    d->topts.rank = (int)rank;
+    d->topts.max_steps = max_steps;
     log_init("worker", (int)rank);
-    const char *secret;
-    char host[256];
-    int port;
-    if (cli_member_check(&cfg, rank, cfg.workers, "workers", host, sizeof host, &port, &secret) < 0) {
+    if (cli_member_check(&d->cfg, rank, d->cfg.workers, "workers", d->host, sizeof d->host, &d->port,
+                         &d->secret) < 0) {
         log_error("%s\n%s", pf_errmsg(), usage);
-        return 1;
+        return -1;
     }
-    /* The network name is checked here, before joining, so a typo stops this worker at once with the key
-     * named instead of after the whole run has formed. */
-    model_desc desc;
-    if (model_desc_from_name(&desc, cfg.network, cfg.embedding_size) < 0) {
-        log_error("config key 'network': %s", pf_errmsg());
-        return 1;
-    }
-    /* Same for the device: cuda without the CUDA device in this binary or without a GPU stops here. */
-    train_device_info dinfo;
-    if (train_device_resolve(&cfg, &dinfo) < 0) {
-        log_error("%s", pf_errmsg());
-        return 1;
-    }
-    log_info("device %s (config device = %s%s%s), precision %s", dinfo.name, cfg.device, cfg.fp16 ? ", fp16" : "",
-             cfg.bf16 ? ", bf16" : "", dinfo.precision);
-    ctl_set_interrupt(&g_stop); /* a stop request ends the wait for the run to form */
+    return 0;
+}
 
-    trainer *t = NULL;
-    ctl_session *sess = NULL;
-    int exit_code = 1;
+/* The network name and the device are checked before joining, so a typo or a missing GPU stops this worker
+ * at once with the key named instead of after the whole run has formed. Returns 0 or -1 after logging. */
+static int check_local(const worker_daemon *d)
+{
+    const pf_config *cfg = &d->cfg;
+    model_desc desc;
+    if (model_desc_from_name(&desc, cfg->network, cfg->embedding_size) < 0) {
+        log_error("config key 'network': %s", pf_errmsg());
+        return -1;
+    }
+    /* device = cuda without the CUDA device in this binary or without a GPU stops here. */
+    train_device_info dinfo;
+    if (train_device_resolve(cfg, &dinfo) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
+    log_info("device %s (config device = %s%s%s), precision %s", dinfo.name, cfg->device, cfg->fp16 ? ", fp16" : "",
+             cfg->bf16 ? ", bf16" : "", dinfo.precision);
+    return 0;
+}
+
+/* Opens the two fabric endpoints and joins the run at the rendezvous (retrying through ctl_timeout), taking
+ * the run config from the address book. Returns 0 joined, 1 stopped before the run formed (a normal stop),
+ * or -1 (logged). */
+static int join_run(worker_daemon *d)
+{
     uint8_t addr[CTL_MAX_ADDR];
     size_t alen = sizeof addr;
-    if (train_open_endpoints(&t, &cfg, (int)rank, addr, &alen) < 0) {
+    if (train_open_endpoints(&d->t, &d->cfg, (int)d->rank, addr, &alen) < 0) {
         log_error("%s", pf_errmsg());
-        goto out;
+        return -1;
     }
-    log_info("fabric provider %s; joining the run at %s:%d", cfg.provider, host, port);
-    pf_config run;
-    int jrc = cli_join_run(&cfg, host, port, CTL_ROLE_WORKER, (int)rank, addr, alen, secret, &sess, &run);
-    if (jrc < 0) {
-        if ((jrc == -EINTR && g_stop) || jrc == -ECANCELED) {
-            /* Stopped on request (SIGTERM/SIGINT), or server 0 shut the run down, before it formed: a
-             * normal stop, as for the servers. */
-            log_info("stopping: %s", jrc == -EINTR ? "SIGTERM/SIGINT while waiting for the run to form" : pf_errmsg());
-            log_info("stopped before the run formed");
-            exit_code = 0;
-        } else {
-            log_error("%s", pf_errmsg());
-        }
-        goto out;
-    }
-    const ctl_book *book = ctl_session_book(sess);
+    log_info("fabric provider %s; joining the run at %s:%d", d->cfg.provider, d->host, d->port);
+    int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_WORKER, (int)d->rank, addr, alen, d->secret, "",
+                         &d->sess, &d->run);
+    return rc < 0 ? -1 : rc;
+}
+
+/* Takes the run config from the book: warns about local keys it overrides, logs it (rank 0), and refuses
+ * keys that arcface_torch configs carry but this build does not implement where ignoring them silently would
+ * do harm (docs/configuration.md marks them). Returns 0 or -1 after logging. */
+static int accept_run_config(worker_daemon *d)
+{
+    const ctl_book *book = ctl_session_book(d->sess);
+    pf_config *run = &d->run;
     log_info("joined: %d servers, %d workers", book->num_servers, book->num_workers);
-    warn_unused_local_keys(&cfg, &run);
+    warn_unused_local_keys(&d->cfg, run);
     /* The secret never travels, so the run config from the book has none: show where this worker's came from. */
-    snprintf(run.secret, sizeof run.secret, "%s", cfg.secret);
-    if (rank == 0)
-        cfg_log(&run);
-    /* Keys that arcface_torch configs carry but this build does not implement: refuse the ones whose
-     * silent ignoring would do harm, warn about the rest (docs/configuration.md marks them). */
-    if (run.resume) {
+    snprintf(run->secret, sizeof run->secret, "%s", d->cfg.secret);
+    if (d->rank == 0)
+        cfg_log(run);
+    if (run->resume) {
         log_error("resume = true: resuming is not implemented yet (only the backbone is saved, in %s/model.ckpt; "
                   "optimizer state and class centers are not); refusing to start rather than overwrite it",
-                  run.output);
-        goto out;
+                  run->output);
+        return -1;
     }
-    if (run.save_all_states && rank == 0)
+    if (run->save_all_states && d->rank == 0)
         log_warn("save_all_states = true: not implemented yet; only the backbone is saved");
-    ctl_watch watch = {.sess = sess, .grace_s = 10};
+    return 0;
+}
+
+/* Trains (worker/train.h) with the control watcher running beside. Returns 0 when the run ended or was
+ * stopped on request, -1 (logged) on a training error or when a member of the run was lost. */
+static int train_watched(worker_daemon *d)
+{
+    ctl_watch watch = {.sess = d->sess, .grace_s = 10};
     pthread_t watcher;
     int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
-    int rc_train = train_setup(t, &run, book, &topts);
+    int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);
     if (rc_train == 0)
-        rc_train = train_run(t);
+        rc_train = train_run(d->t);
     if (watching) {
         watch.done = 1;
         pthread_join(watcher, NULL);
     }
     if (rc_train < 0) {
         log_error("%s", pf_errmsg());
-        goto out;
+        return -1;
     }
-    if (watch.broken && !g_signalled) {
+    if (watch.broken && !daemon_signalled()) {
         /* The step in progress finished (e.g. a server stopped by SIGTERM answered it first), but a member
          * is gone: the run stopped short of its end, which is a failure, not a requested stop. (When this
          * worker was itself asked to stop, as when a whole job is stopped at once, it is a requested stop.) */
         log_error("training stopped early: a member of the run was lost (see above)");
-        goto out;
+        return -1;
     }
-    exit_code = 0;
-    /* Done (or stopped on request) in order: say so, so that the rendezvous does not report us lost. */
-    ctl_session_leave(sess);
-out:
-    if (sess)
-        ctl_session_close(sess);
+    return 0;
+}
+
+/* Closes the control session; after a clean end leaves at once (does not return), else releases the
+ * trainer and returns exit_code. */
+static int finish(worker_daemon *d, int exit_code)
+{
+    if (d->sess)
+        ctl_session_close(d->sess);
     if (exit_code == 0) {
         /* Training is over and its outputs are written; the process exit releases the endpoints. Closing
          * them ourselves risks libfabric 1.17's tcp;ofi_rxm crash in fi_close(ep) while peers disconnect at
@@ -281,7 +279,29 @@ out:
         log_close_file();
         _exit(0);
     }
-    train_close(t);
+    train_close(d->t);
     log_close_file();
     return exit_code;
+}
+
+int main(int argc, char **argv)
+{
+    static worker_daemon d;
+    log_init("worker", -1);
+    daemon_signals_install(&g_stop);
+    int rc = parse_args(argc, argv, &d);
+    if (rc != 0)
+        return rc == CLI_HELP ? 0 : 1;
+    if (check_local(&d) < 0)
+        return 1;
+    int exit_code = 1;
+    rc = join_run(&d);
+    if (rc == 1) {
+        exit_code = 0; /* stopped before the run formed */
+    } else if (rc == 0 && accept_run_config(&d) == 0 && train_watched(&d) == 0) {
+        exit_code = 0;
+        /* Done (or stopped on request) in order: say so, so that the rendezvous does not report us lost. */
+        ctl_session_leave(d.sess);
+    }
+    return finish(&d, exit_code);
 }

@@ -1,0 +1,70 @@
+/* Daemon start-up: the SIGTERM/SIGINT block from before the constructors, the handler, and the join that a
+ * stop request may end (see daemon.h). */
+#include "common/daemon.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "common/cli.h"
+#include "common/err.h"
+#include "common/log.h"
+
+static sigset_t stop_signals;
+static volatile sig_atomic_t *g_stop;
+static volatile sig_atomic_t g_signalled;
+
+/* SIGTERM / SIGINT stay blocked from before the shared libraries' constructors run until
+ * daemon_signals_install has installed on_signal: libfabric's psm provider pulls in libinfinipath, whose
+ * constructor installs a handler that calls exit(1) without a word (and, during libcublasLt's constructor,
+ * can crash the process with SIGSEGV). The .preinit_array entry runs before any constructor; this object
+ * file is linked into a daemon because its main calls daemon_signals_install. */
+static void block_stop_signals(void)
+{
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
+}
+__attribute__((used, section(".preinit_array"))) static void (*const preinit_block_stop_signals)(void) =
+    block_stop_signals;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_signalled = 1;
+    *g_stop = 1;
+}
+
+void daemon_signals_install(volatile sig_atomic_t *stop)
+{
+    g_stop = stop;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    ctl_set_interrupt(stop); /* a stop request ends the wait for the run to form */
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL); /* a SIGTERM that came during start-up: on_signal now */
+}
+
+int daemon_signalled(void) { return g_signalled; }
+
+int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role, int rank, const void *addr,
+                size_t alen, const char *secret, const char *stop_note, ctl_session **sess, pf_config *run)
+{
+    int rc = cli_join_run(cfg, host, port, role, rank, addr, alen, secret, sess, run);
+    if (rc == 0)
+        return 0;
+    if ((rc == -EINTR && g_stop && *g_stop) || rc == -ECANCELED) {
+        /* Stopped on request, or server 0 shut the run down, before it formed: a normal stop. */
+        if (rc == -EINTR)
+            log_info("stopping: SIGTERM/SIGINT while waiting for the run to form%s", stop_note);
+        else
+            log_info("stopping: %s", pf_errmsg());
+        log_info("stopped before the run formed");
+        return 1;
+    }
+    log_error("%s", pf_errmsg());
+    return rc;
+}

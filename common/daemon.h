@@ -1,0 +1,34 @@
+/* Start-up and stop plumbing that both daemons (pfcps-server, pfcps-worker) share: SIGTERM/SIGINT handling
+ * from before main() on, and joining the run with a stop request honoured while it is still forming.
+ *
+ * SIGTERM and SIGINT are blocked from before the shared libraries' constructors run (a .preinit_array entry
+ * in daemon.c, linked into every program that calls daemon_signals_install) until daemon_signals_install has
+ * put the daemon's handler in place, so that a stop request during start-up ends in the same orderly stop as
+ * a later one. */
+#ifndef PFCPS_COMMON_DAEMON_H
+#define PFCPS_COMMON_DAEMON_H
+
+#include <signal.h>
+#include <stddef.h>
+
+#include "common/config.h"
+#include "common/ctl.h"
+
+/* Installs the SIGTERM/SIGINT handler, which sets *stop to 1 (and records that this process was
+ * signalled: daemon_signalled), ignores SIGPIPE, makes ctl_join give up once *stop is set
+ * (ctl_set_interrupt), then unblocks SIGTERM/SIGINT: one that came during start-up is handled now.
+ * Call once, first thing in main. */
+void daemon_signals_install(volatile sig_atomic_t *stop);
+
+/* 1 when this process got SIGTERM or SIGINT (the stop flag may also be raised by the daemon itself). */
+int daemon_signalled(void);
+
+/* Joins the run (cli_join_run: host:port as (role, rank) with fabric address addr, up to ctl_timeout) and
+ * loads the run config into *run. A stop before the run formed, SIGTERM/SIGINT while waiting or the
+ * rendezvous shutting the run down, is a normal stop: it is logged ("stopping: ...", with `stop_note`
+ * appended to the signal case, "" for none; then "stopped before the run formed"). Returns 0 with *sess
+ * joined, 1 after such a stop (exit 0), or a negative code after logging the error (exit 1). */
+int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role, int rank, const void *addr,
+                size_t alen, const char *secret, const char *stop_note, ctl_session **sess, pf_config *run);
+
+#endif
