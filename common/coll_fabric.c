@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/fabric.h"
 
@@ -38,13 +39,6 @@ typedef struct ring {
 
 static ring *ring_of(pf_coll *c) { return (ring *)c->impl; }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
@@ -52,7 +46,7 @@ static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v
 static int ring_wait(pf_coll *c, int need_send, int need_recv)
 {
     ring *r = ring_of(c);
-    double deadline = now_s() + r->timeout_s;
+    double deadline = pf_now_s() + r->timeout_s;
     unsigned idle = 0;
     while (need_send || need_recv) {
         fab_comp comp[4];
@@ -71,7 +65,7 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
             else need_recv = 0, r->recv_out = 0, r->recv_len = comp[i].len;
         }
         if (n == 0) {
-            if (now_s() > deadline)
+            if (pf_now_s() > deadline)
                 return pf_err(-ETIMEDOUT, "ring rank %d: collective %u step %u: no %s within %.0f s: worker %d died, hung or left the run "
                               "(see its log)",
                               c->rank, r->seq, r->step, need_recv ? "message from the left" : "send completion",

@@ -142,6 +142,18 @@ static int cmp_entry(const void *pa, const void *pb) {
     return a->seq < b->seq ? -1 : a->seq > b->seq;
 }
 
+/* Frees a push and its chunks. NULL is a no-op. */
+static void free_push(push *p) {
+    if (!p) return;
+    for (chunk *c = p->chunks; c;) {
+        chunk *nx = c->next;
+        free(c);
+        c = nx;
+    }
+    free(p->have);
+    free(p);
+}
+
 /* Applies every push of step t held in S->complete (summing gradients per row, in worker order) and frees
  * those pushes. Returns the number of rows updated, or -ENOMEM (nothing applied, pushes kept). */
 static long apply_step(ps_server *S, int64_t t) {
@@ -192,13 +204,7 @@ static long apply_step(ps_server *S, int64_t t) {
         push *p = *pp;
         if (p->step == t) {
             *pp = p->next;
-            for (chunk *c = p->chunks; c;) {
-                chunk *nx = c->next;
-                free(c);
-                c = nx;
-            }
-            free(p->have);
-            free(p);
+            free_push(p);
             S->st_pushes++;
         } else {
             pp = &p->next;
@@ -251,17 +257,6 @@ static void reply_error(ps_server *S, const ps_hdr *h, int code, const char *msg
     p->status = code;
     snprintf(p->msg, sizeof(p->msg), "server %d: %s", S->o.rank, msg);
     enqueue(S, p);
-}
-
-static void free_push(push *p) {
-    if (!p) return;
-    for (chunk *c = p->chunks; c;) {
-        chunk *nx = c->next;
-        free(c);
-        c = nx;
-    }
-    free(p->have);
-    free(p);
 }
 
 /* Sends every ready reply while send buffers are free. */
@@ -337,70 +332,77 @@ static void handle_pull(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
     enqueue(S, p);
 }
 
-static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, size_t plen) {
-    char msg[256];
+/* Checks a push chunk's header against the payload size, the worker's step clock and the push in progress
+ * (`cur`, may be NULL). Returns 0, or a negative code with the reason in msg[msglen]. */
+static int push_check(const ps_server *S, const ps_hdr *h, size_t plen, const push *cur, char *msg,
+                      size_t msglen) {
     const int w = h->client;
     const size_t D = (size_t)S->sh.dim, dts = ps_dtype_size(h->dtype);
-    push *cur = S->partial[w];
     size_t need = (size_t)h->n * (sizeof(int64_t) + D * dts);
-    int code = 0;
     if (plen != need) {
-        code = -EPROTO;
-        snprintf(msg, sizeof(msg), "push of %u rows (D=%zu, %zu-byte elements) needs %zu payload bytes, got %zu",
+        snprintf(msg, msglen, "push of %u rows (D=%zu, %zu-byte elements) needs %zu payload bytes, got %zu",
                  h->n, D, dts, need, plen);
-    } else if (h->nchunks == 0 || h->chunk >= h->nchunks) {
-        code = -EPROTO;
-        snprintf(msg, sizeof(msg), "push chunk %u of %u is invalid", h->chunk, h->nchunks);
-    } else if (!isfinite(h->lr) || h->lr < 0) {
-        code = -EINVAL;
-        snprintf(msg, sizeof(msg), "learning rate %g is not a finite non-negative number", (double)h->lr);
-    } else if (h->step != S->next_push[w]) {
-        code = -ERANGE;
-        snprintf(msg, sizeof(msg), "push for step %lld but worker %d's next step is %lld (%s)", (long long)h->step,
+        return -EPROTO;
+    }
+    if (h->nchunks == 0 || h->chunk >= h->nchunks) {
+        snprintf(msg, msglen, "push chunk %u of %u is invalid", h->chunk, h->nchunks);
+        return -EPROTO;
+    }
+    if (!isfinite(h->lr) || h->lr < 0) {
+        snprintf(msg, msglen, "learning rate %g is not a finite non-negative number", (double)h->lr);
+        return -EINVAL;
+    }
+    if (h->step != S->next_push[w]) {
+        snprintf(msg, msglen, "push for step %lld but worker %d's next step is %lld (%s)", (long long)h->step,
                  w, (long long)S->next_push[w], h->step > S->next_push[w] ? "step from the future" : "already pushed");
-    } else if (!S->o.global_mode && h->step > S->steps_done + S->o.max_staleness + 1) {
+        return -ERANGE;
+    }
+    if (!S->o.global_mode && h->step > S->steps_done + S->o.max_staleness + 1) {
         /* A worker may push step t+1 before this server has applied step t (it synchronised on another
          * server's pull), but never further ahead than that plus max_staleness. */
-        code = -ERANGE;
-        snprintf(msg, sizeof(msg), "push for step %lld is from the future: %lld steps done, max_staleness %d",
+        snprintf(msg, msglen, "push for step %lld is from the future: %lld steps done, max_staleness %d",
                  (long long)h->step, (long long)S->steps_done, S->o.max_staleness);
-    } else if (cur && (cur->step != h->step || cur->nchunks != h->nchunks || cur->have[h->chunk])) {
-        code = -EPROTO;
-        snprintf(msg, sizeof(msg), "push chunk %u/%u of step %lld does not match the push in progress", h->chunk,
+        return -ERANGE;
+    }
+    if (cur && (cur->step != h->step || cur->nchunks != h->nchunks || cur->have[h->chunk])) {
+        snprintf(msg, msglen, "push chunk %u/%u of step %lld does not match the push in progress", h->chunk,
                  h->nchunks, (long long)h->step);
-    } else if (cur && cur->lr != h->lr) {
-        code = -EINVAL;
-        snprintf(msg, sizeof(msg), "push chunks of one step carry different learning rates");
+        return -EPROTO;
     }
-    chunk *c = NULL;
-    if (!code) {
-        c = malloc(sizeof(chunk) + (size_t)h->n * (sizeof(int64_t) + D * sizeof(float)));
-        if (!c) {
-            code = -ENOMEM;
-            snprintf(msg, sizeof(msg), "out of memory for a push of %u rows", h->n);
-        }
+    if (cur && cur->lr != h->lr) {
+        snprintf(msg, msglen, "push chunks of one step carry different learning rates");
+        return -EINVAL;
     }
-    if (!code) {
-        c->n = h->n;
-        c->ids = (int64_t *)(c + 1);
-        c->grads = (float *)(c->ids + h->n);
-        memcpy(c->ids, payload, (size_t)h->n * sizeof(int64_t));
-        if (shard_check_ids(&S->sh, c->ids, h->n) < 0) {
-            code = -ERANGE;
-            snprintf(msg, sizeof(msg), "%s", pf_errmsg());
-        }
+    return 0;
+}
+
+/* Copies a checked chunk's ids out of the payload into a new chunk (ids then fp32 grads, one allocation) and
+ * checks them against the shard. Returns 0 with *out, or a negative code with the reason in msg[msglen]. */
+static int chunk_new(const ps_server *S, const ps_hdr *h, const uint8_t *payload, chunk **out, char *msg,
+                     size_t msglen) {
+    const size_t D = (size_t)S->sh.dim;
+    chunk *c = malloc(sizeof(chunk) + (size_t)h->n * (sizeof(int64_t) + D * sizeof(float)));
+    if (!c) {
+        snprintf(msg, msglen, "out of memory for a push of %u rows", h->n);
+        return -ENOMEM;
     }
-    if (code) {
+    c->n = h->n;
+    c->ids = (int64_t *)(c + 1);
+    c->grads = (float *)(c->ids + h->n);
+    memcpy(c->ids, payload, (size_t)h->n * sizeof(int64_t));
+    if (shard_check_ids(&S->sh, c->ids, h->n) < 0) {
+        snprintf(msg, msglen, "%s", pf_errmsg());
         free(c);
-        /* A bad chunk discards the whole push of that step: nothing of it is ever applied. */
-        if (cur && cur->step == h->step) {
-            free_push(cur);
-            S->partial[w] = NULL;
-        }
-        return reply_error(S, h, code, msg);
+        return -ERANGE;
     }
+    *out = c;
+    return 0;
+}
+
+/* Converts the payload's gradients (after the n ids; fp32, fp16 or bf16 as h->dtype says) into c->grads. */
+static void chunk_fill_grads(const ps_server *S, const ps_hdr *h, const uint8_t *payload, chunk *c) {
     const uint8_t *gsrc = payload + (size_t)h->n * sizeof(int64_t);
-    size_t ne = (size_t)h->n * D;
+    size_t ne = (size_t)h->n * (size_t)S->sh.dim;
     if (h->dtype == PS_DT_FP32) memcpy(c->grads, gsrc, ne * sizeof(float));
     else {
         for (size_t i = 0; i < ne; i++) {
@@ -409,20 +411,30 @@ static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
             c->grads[i] = h->dtype == PS_DT_FP16 ? ps_f16_to_f32(x) : ps_bf16_to_f32(x);
         }
     }
-    if (!cur) {
-        cur = calloc(1, sizeof(*cur));
-        uint8_t *have = cur ? calloc(h->nchunks, 1) : NULL;
-        if (!cur || !have) {
-            free(cur), free(have), free(c);
-            return reply_error(S, h, -ENOMEM, "out of memory starting a push");
-        }
-        cur->client = w;
-        cur->step = h->step;
-        cur->lr = h->lr;
-        cur->nchunks = h->nchunks;
-        cur->have = have;
-        S->partial[w] = cur;
+}
+
+/* A new push in progress for the header's worker and step, registered in S->partial. Returns NULL on out of
+ * memory. */
+static push *push_start(ps_server *S, const ps_hdr *h) {
+    push *cur = calloc(1, sizeof(*cur));
+    uint8_t *have = cur ? calloc(h->nchunks, 1) : NULL;
+    if (!cur || !have) {
+        free(cur), free(have);
+        return NULL;
     }
+    cur->client = h->client;
+    cur->step = h->step;
+    cur->lr = h->lr;
+    cur->nchunks = h->nchunks;
+    cur->have = have;
+    S->partial[h->client] = cur;
+    return cur;
+}
+
+/* Adds chunk c to the push in progress, acknowledges it, and when it was the last chunk moves the push to
+ * S->complete and applies what became ready (try_apply). */
+static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c) {
+    const int w = h->client;
     c->next = cur->chunks;
     cur->chunks = c;
     cur->have[h->chunk] = 1;
@@ -439,6 +451,30 @@ static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
         S->next_push[w]++;
         try_apply(S);
     }
+}
+
+/* One push chunk: checked, copied, added to its worker's push in progress. A bad chunk gets an error reply
+ * and discards the whole push of that step: nothing of it is ever applied. */
+static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, size_t plen) {
+    char msg[256];
+    const int w = h->client;
+    push *cur = S->partial[w];
+    chunk *c = NULL;
+    int code = push_check(S, h, plen, cur, msg, sizeof(msg));
+    if (!code) code = chunk_new(S, h, payload, &c, msg, sizeof(msg));
+    if (code) {
+        if (cur && cur->step == h->step) {
+            free_push(cur);
+            S->partial[w] = NULL;
+        }
+        return reply_error(S, h, code, msg);
+    }
+    chunk_fill_grads(S, h, payload, c);
+    if (!cur && !(cur = push_start(S, h))) {
+        free(c);
+        return reply_error(S, h, -ENOMEM, "out of memory starting a push");
+    }
+    push_add_chunk(S, h, cur, c);
 }
 
 static void handle_msg(ps_server *S, const uint8_t *buf, size_t len) {
