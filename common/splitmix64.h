@@ -1,8 +1,9 @@
 /* SplitMix64's output function (Steele, Lea, Flood, "Fast splittable pseudorandom number generators",
  * OOPSLA 2014; the constants of Vigna's splitmix64.c): a counter-based hash, so a value drawn for index i
- * depends on (seed, i) only. The server's row initialiser, the CPU and the CUDA dropout masks and the
- * sampler all draw through this one definition, so that their streams agree bit for bit. Usable from C
- * and from CUDA device code. */
+ * depends on (seed, i) only. The server's row initialiser, the CPU and the CUDA dropout masks, the
+ * model's initialiser and the image augmentation draw through this one definition, so that the devices'
+ * streams agree bit for bit. (The class-center sampler, worker/head/sample.c, mixes with the finaliser
+ * alone.) Usable from C and from CUDA device code. */
 #ifndef PFCPS_COMMON_SPLITMIX64_H
 #define PFCPS_COMMON_SPLITMIX64_H
 

@@ -2,6 +2,7 @@
 #include "worker/data/image.h"
 
 #include "common/err.h"
+#include "common/splitmix64.h"
 
 #include <png.h>
 #include <stdlib.h>
@@ -207,10 +208,9 @@ int img_load(img_decoder *d, const uint8_t *data, size_t len, int size, int resi
 
 uint64_t img_splitmix64(uint64_t *state)
 {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    uint64_t z = splitmix64(*state);
+    *state += 0x9E3779B97F4A7C15ull;
+    return z;
 }
 
 uint64_t img_hash64(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
