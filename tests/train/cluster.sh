@@ -1,7 +1,17 @@
-# Helpers for the multi-process training tests (sourced). Needs SERVER, WORKER, PFCPS (binaries) and
-# TMP (a scratch directory). Every daemon started here is killed on exit, whatever happens.
+# The prologue and helpers of the training tests (tests/train/test_*.sh). Each test starts with
+#   source "$(dirname "$0")/cluster.sh" "$@"
+# with the arguments tests/train/meson.build gives every one of them:
+#   SERVER WORKER PFCPS (the binaries) SRC BUILD (source and build trees).
+# It sets `-uo pipefail`, makes the scratch directory TMP and kills on exit every daemon started here (PIDS)
+# and the process group of a launcher started by start_launcher (LP), then removes TMP.
+set -uo pipefail
+[ $# -ge 5 ] || { echo "usage: $0 SERVER WORKER PFCPS SRC BUILD" >&2; exit 2; }
+SERVER=$1 WORKER=$2 PFCPS=$3 SRC=$4 BUILD=$5
+TMP=$(mktemp -d)
 PIDS=()
+LP=
 cleanup() {
+  if [ -n "$LP" ]; then kill -KILL -- "-$LP" 2>/dev/null; fi
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
   wait 2>/dev/null
   rm -rf "$TMP"
@@ -10,15 +20,33 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 # Config lines the tests' run files share (expanded in their heredocs):
-# TINY_NET: [train] of the tiny test network (r18_w8, 16-d embeddings, batch 4);
+# TINY_BACKBONE: the tiny test network (r18_w8, 16-d embeddings);
+# TINY_NET: [train] of the tiny test network (TINY_BACKBONE, batch 4);
 # TINY_DATA: [data] of a synthetic set of 10 classes, 8 images;
+# ENDLESS_NET / ENDLESS_DATA: [train] (TINY_NET, 1000 epochs) and [data] (synthetic, 20 classes, 400 images,
+#   one loader thread) of a run that trains until it is stopped;
+# ONE_STEP_NET / ONE_STEP_DATA: [train] (TINY_BACKBONE, batch 2) and [data] (synthetic, 4 classes, 8 images,
+#   one loader thread) of the runs that train a single step (--max-steps 1);
 # ORL_NET: [train] of the ORL training runs (r18_w8, 32-d embeddings, CosFace margin, batch 8, lr 0.1).
-TINY_NET="network = r18_w8
-embedding_size = 16
+TINY_BACKBONE="network = r18_w8
+embedding_size = 16"
+TINY_NET="$TINY_BACKBONE
 batch_size = 4"
 TINY_DATA="rec = synthetic
 num_classes = 10
 num_image = 8"
+ENDLESS_NET="$TINY_NET
+num_epoch = 1000"
+ENDLESS_DATA="rec = synthetic
+num_classes = 20
+num_image = 400
+num_workers = 1"
+ONE_STEP_NET="$TINY_BACKBONE
+batch_size = 2"
+ONE_STEP_DATA="rec = synthetic
+num_classes = 4
+num_image = 8
+num_workers = 1"
 ORL_NET="network = r18_w8
 embedding_size = 32
 margin_list = 1.0, 0.0, 0.35
@@ -28,6 +56,31 @@ lr = 0.1"
 # free_port: a TCP port nobody listens on (the rendezvous binds it).
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# run_ini FILE SERVERS WORKERS SECRET [LINE...] < TRAIN_AND_DATA: writes the run file FILE: the [train] and
+# [data] sections read from stdin, then [cluster] with servers and workers (omitted when "-"), a rendezvous
+# on 127.0.0.1 at a free port (also left in PORT), secret (omitted when empty) and each further LINE.
+run_ini() {
+  local file=$1 servers=$2 workers=$3 secret=$4 line; shift 4
+  PORT=$(free_port)
+  {
+    cat
+    echo "[cluster]"
+    [ "$servers" = - ] || echo "servers = $servers"
+    [ "$workers" = - ] || echo "workers = $workers"
+    echo "rendezvous = 127.0.0.1:$PORT"
+    [ -z "$secret" ] || echo "secret = $secret"
+    for line in "$@"; do echo "$line"; done
+  } >"$file"
+}
+
+# pack_orl N: packs the first N ORL identities (data/orl/s1..sN) into $TMP/train.rec/.idx with `pfcps pack`.
+pack_orl() {
+  local i
+  mkdir -p "$TMP/stage"
+  for ((i = 1; i <= $1; i++)); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
+  "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || fail "pack"
 }
 
 # start_cluster CONFIG S W [worker args...]: starts S servers and W workers; pids in SPIDS / WPIDS,
@@ -46,6 +99,46 @@ start_cluster() {
   done
 }
 
+# run_cluster MESSAGE CONFIG S W [worker args...]: start_cluster, then every worker must exit 0 (else the logs
+# are shown and the test fails with MESSAGE), then stop_servers.
+run_cluster() {
+  local msg=$1; shift
+  start_cluster "$@"
+  wait_all "${WPIDS[@]}" || { show_logs; fail "$msg"; }
+  stop_servers
+}
+
+# start_endless S W SECRET MESSAGE: writes $TMP/run.ini for a run on ENDLESS_NET / ENDLESS_DATA with S servers
+# and W workers (output in $TMP/out), starts it with traces in $TMP/trace<r> (old ones removed first) and waits
+# until worker 0 has trained a step; otherwise shows the logs and fails with MESSAGE.
+start_endless() {
+  local servers=$1 workers=$2 secret=$3 msg=$4
+  run_ini "$TMP/run.ini" "$servers" "$workers" "$secret" <<INI
+[train]
+$ENDLESS_NET
+output = $TMP/out
+[data]
+$ENDLESS_DATA
+INI
+  rm -f "$TMP"/trace*
+  start_cluster "$TMP/run.ini" "$servers" "$workers" --trace "$TMP/trace{r}"
+  wait_trace "$TMP/trace0" 1 "$msg"
+}
+
+# start_daemon LOG BINARY ARGS...: starts one daemon with its output in LOG; its pid in DPID (and PIDS).
+start_daemon() {
+  local log=$1; shift
+  "$@" >"$log" 2>&1 &
+  DPID=$!; PIDS+=($!)
+}
+
+# start_launcher CONFIG: starts deploy/local/launch.sh on CONFIG with this build, in a process group of its own
+# (setsid), output in $TMP/launch.out; its pid in LP (the group is killed on exit).
+start_launcher() {
+  setsid "$SRC/deploy/local/launch.sh" -c "$1" -b "$BUILD" >"$TMP/launch.out" 2>&1 &
+  LP=$!
+}
+
 # wait_all PIDS...: waits for each; returns the first non-zero status (0 when all exited 0).
 wait_all() {
   local rc=0 s
@@ -55,6 +148,38 @@ wait_all() {
   done
   return $rc
 }
+
+# wait_exit PID SECONDS: polls (every 0.05 s) until PID has exited, at most SECONDS (whole seconds); returns 1
+# if it still runs. The exit status is left for `wait`.
+wait_exit() {
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+  ! kill -0 "$1" 2>/dev/null
+}
+
+# wait_log FILE PATTERN SECONDS: polls (every 0.1 s) until FILE has a line matching PATTERN (grep), at most
+# SECONDS (whole seconds); returns 1 if none came.
+wait_log() {
+  local i
+  for ((i = 0; i < $3 * 10; i++)); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  grep -q "$2" "$1" 2>/dev/null
+}
+
+# wait_trace FILE STEPS MESSAGE: waits (at most 60 s) until the --trace FILE holds STEPS steps (for 1: is not
+# empty); otherwise shows the logs and fails with MESSAGE.
+wait_trace() {
+  local i
+  for ((i = 0; i < 600; i++)); do trace_has "$1" "$2" && return 0; sleep 0.1; done
+  trace_has "$1" "$2" || { show_logs; fail "$3"; }
+}
+trace_has() { [ -s "$1" ] && { [ "$2" -le 1 ] || [ "$(wc -l <"$1")" -ge "$2" ]; }; }
+
+# loss_means TRACE: prints the mean loss of the first 5 steps of the --trace file TRACE and of its last 5.
+loss_means() {
+  awk '{l[NR]=$2} END {f=0; e=0; for(i=1;i<=5;i++){f+=l[i]; e+=l[NR-5+i]} print f/5, e/5}' "$1"
+}
+# loss_fell FIRST LAST: true when LAST < 0.6 FIRST (the loss fell by a clear margin).
+loss_fell() { awk -v f="$1" -v l="$2" 'BEGIN {exit !(l < 0.6 * f)}'; }
 
 # stop_servers: SIGTERM to every server; each must exit 0.
 stop_servers() {

@@ -1,26 +1,15 @@
 #!/usr/bin/env bash
 # A worker given a dataset whose labels exceed num_classes fails at start-up with a message naming the
 # label and the record; it trains nothing. (3 ORL identities have labels 0..2; the run says 2 classes.)
-set -uo pipefail
-SERVER=$1 WORKER=$2 PFCPS=$3 SRC=$4
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
-mkdir -p "$TMP/stage"
-for i in 1 2 3; do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
-"$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || fail "pack"
-port=$(free_port)
-cat >"$TMP/run.ini" <<INI
+source "$(dirname "$0")/cluster.sh" "$@"
+pack_orl 3
+run_ini "$TMP/run.ini" 1 1 bad-labels-secret <<INI
 [train]
 $TINY_NET
 output = $TMP/out
 [data]
 rec = $TMP/train
 num_classes = 2
-[cluster]
-servers = 1
-workers = 1
-rendezvous = 127.0.0.1:$port
-secret = bad-labels-secret
 INI
 start_cluster "$TMP/run.ini" 1 1 --trace "$TMP/trace"
 rc=0; wait "${WPIDS[0]}" || rc=$?

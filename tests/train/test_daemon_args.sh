@@ -2,10 +2,7 @@
 # Both daemons refuse bad start-up input with exit 1 and a message naming the problem: no --rank, a rank
 # outside the run, no join secret, a rendezvous that is not host:port, an unknown argument, a bad config
 # key. Nothing is started (no port is bound).
-set -uo pipefail
-SERVER=$1 WORKER=$2
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+source "$(dirname "$0")/cluster.sh" "$@"
 fails=0
 cat >"$TMP/run.ini" <<INI
 [train]

@@ -23,17 +23,12 @@
 # step 3, 20% at step 5). What must hold then is that bf16 learns as fp32 does: the mean loss of the
 # last 10 steps of the two runs differs by less than half the fp32 run's mean of its first 5 (measured:
 # 4.4 vs 4.0, first-5 mean 31); a bf16 path that does not learn stays near the start and fails.
-set -uo pipefail
-SERVER=$1 WORKER=$2 PFCPS=$3 SRC=$4
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
+source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
-mkdir -p "$TMP/stage"
-for i in 1 2 3 4 5 6 7 8; do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
-"$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || fail "pack"
+pack_orl 8
 run() { # run NAME DEVICE EXTRA_LINE
   local name=$1 dev=$2 extra=$3
-  cat >"$TMP/$name.ini" <<INI
+  run_ini "$TMP/$name.ini" 1 1 bf16-secret <<INI
 [train]
 $ORL_NET
 num_epoch = 4
@@ -45,15 +40,8 @@ output = $TMP/$name.out
 rec = $TMP/train
 num_classes = 8
 num_workers = 1
-[cluster]
-servers = 1
-workers = 1
-rendezvous = 127.0.0.1:$(free_port)
-secret = bf16-secret
 INI
-  start_cluster "$TMP/$name.ini" 1 1 --trace "$TMP/$name.trace" --max-steps 30
-  wait_all "${WPIDS[@]}" || { show_logs; fail "$name: the worker failed"; }
-  stop_servers
+  run_cluster "$name: the worker failed" "$TMP/$name.ini" 1 1 --trace "$TMP/$name.trace" --max-steps 30
   cp "$TMP/worker0.log" "$TMP/$name.log"
   [ "$(wc -l <"$TMP/$name.trace")" -eq 30 ] || fail "$name: expected 30 steps"
 }
@@ -63,9 +51,9 @@ run amp cpu-bf16 "fp16 = true"
 export PFCPS_AMP_INIT_SCALE=1.7014118346046923e38 # 2^127: the scaled gradients overflow float32
 run ovf cpu-bf16 "fp16 = true"
 unset PFCPS_AMP_INIT_SCALE
-read -r first last < <(awk '{l[NR]=$2} END {f=0; e=0; for(i=1;i<=5;i++){f+=l[i]; e+=l[NR-5+i]} print f/5, e/5}' "$TMP/bf16.trace")
+read -r first last < <(loss_means "$TMP/bf16.trace")
 echo "bf16: mean loss of the first 5 steps $first, of the last 5 $last"
-awk -v f="$first" -v l="$last" 'BEGIN {exit !(l < 0.6 * f)}' || fail "bf16: the loss did not fall: $first -> $last"
+loss_fell "$first" "$last" || fail "bf16: the loss did not fall: $first -> $last"
 paste "$TMP/fp32.trace" "$TMP/bf16.trace" | awk '
   function rel(a, b) { d = (b - a) / a; return d < 0 ? -d : d }
   NR == 1 { r1 = rel($2, $5) }

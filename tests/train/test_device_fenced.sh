@@ -7,17 +7,13 @@
 # backbone checkpoint and the class centers dumped from the servers must be bitwise identical: the fenced
 # run touched device memory only through the device, and staging is exact. Global mode with SGD, local
 # mode with AdamW.
-set -uo pipefail
-SERVER=$1 WORKER=$2
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
+source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
 run() { # run NAME DEVICE HEAD_MODE OPTIMIZER
   local name=$1 dev=$2 mode=$3 opt=$4
-  cat >"$TMP/$name.ini" <<INI
+  run_ini "$TMP/$name.ini" 1 2 fenced-secret "head_mode = $mode" <<INI
 [train]
-network = r18_w8
-embedding_size = 16
+$TINY_BACKBONE
 margin_list = 1.0, 0.5, 0.0
 sample_rate = 0.5
 optimizer = $opt
@@ -31,16 +27,8 @@ rec = synthetic
 num_classes = 24
 num_image = 80
 num_workers = 1
-[cluster]
-servers = 1
-workers = 2
-head_mode = $mode
-rendezvous = 127.0.0.1:$(free_port)
-secret = fenced-secret
 INI
-  start_cluster "$TMP/$name.ini" 1 2 --trace "$TMP/$name.trace{r}" --dump-centers "$TMP/$name.centers" --max-steps 10
-  wait_all "${WPIDS[@]}" || { show_logs; fail "$name: a worker failed"; }
-  stop_servers
+  run_cluster "$name: a worker failed" "$TMP/$name.ini" 1 2 --trace "$TMP/$name.trace{r}" --dump-centers "$TMP/$name.centers" --max-steps 10
   grep -q "device $dev, precision fp32" "$TMP/worker0.log" || { show_logs; fail "$name: no device line for $dev"; }
   cp "$TMP/worker0.log" "$TMP/$name.worker0.txt"
 }

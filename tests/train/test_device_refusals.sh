@@ -6,23 +6,15 @@
 #   fp16 = true and bf16 = true: exit 1 naming both keys;
 #   device = cpu with fp16 = true is not refused (it trains in fp32 with a warning: test_unbuilt_keys.sh).
 # No server is started: a refused worker must stop before it tries to reach the rendezvous.
-set -uo pipefail
-WORKER=$1
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
+source "$(dirname "$0")/cluster.sh" "$@"
 write_cfg() {
-  cat >"$TMP/run.ini" <<INI
+  run_ini "$TMP/run.ini" 1 1 refusal-secret <<INI
 [train]
 $TINY_NET
 output = $TMP/out
 $1
 [data]
 $TINY_DATA
-[cluster]
-servers = 1
-workers = 1
-rendezvous = 127.0.0.1:9
-secret = refusal-secret
 INI
 }
 refused() {

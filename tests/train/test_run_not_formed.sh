@@ -3,26 +3,15 @@
 # exits 1, naming the member that never joined; the worker that did join must exit 1 as well. It used to get
 # the orderly-stop broadcast and exit 0 ("stopped before the run formed"), as if it had been stopped on
 # request, so a scheduler saw a worker succeed in a run that never trained.
-set -uo pipefail
-SERVER=$1 WORKER=$2
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
+source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
-port=$(free_port)
-cat >"$TMP/run.ini" <<INI
+run_ini "$TMP/run.ini" 2 1 form-secret "ctl_timeout = 3" <<INI
 [train]
-network = r18_w8
-embedding_size = 16
+$TINY_BACKBONE
 output = $TMP/out
 [data]
 rec = synthetic
 num_classes = 4
-[cluster]
-servers = 2
-workers = 1
-rendezvous = 127.0.0.1:$port
-secret = form-secret
-ctl_timeout = 3
 INI
 start_cluster "$TMP/run.ini" 1 1 # server 0 and worker 0 only
 rc_w=0; wait "${WPIDS[0]}" || rc_w=$?

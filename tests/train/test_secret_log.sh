@@ -2,31 +2,17 @@
 # Worker 0's startup dump says where the join secret came from. The run config it dumps comes from the
 # rendezvous, which never sends the secret, so it used to say "(from PFCPS_SECRET)" for a secret set in the
 # config file (with PFCPS_SECRET unset). Config secret -> "(set)"; environment -> "(from PFCPS_SECRET)".
-set -uo pipefail
-SERVER=$1 WORKER=$2
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
+source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
-run() { # run SECRET_LINE: one server + one worker, 1 step
-  local port; port=$(free_port)
-  cat >"$TMP/run.ini" <<INI
+run() { # run SECRET_LINE: one server + one worker (servers and workers left at their default, 1), 1 step
+  run_ini "$TMP/run.ini" - - "" "$1" <<INI
 [train]
-network = r18_w8
-embedding_size = 16
-batch_size = 2
+$ONE_STEP_NET
 output = $TMP/out
 [data]
-rec = synthetic
-num_classes = 4
-num_image = 8
-num_workers = 1
-[cluster]
-rendezvous = 127.0.0.1:$port
-$1
+$ONE_STEP_DATA
 INI
-  start_cluster "$TMP/run.ini" 1 1 --max-steps 1
-  wait_all "${WPIDS[@]}" || { show_logs; fail "the worker failed ($1)"; }
-  stop_servers
+  run_cluster "the worker failed ($1)" "$TMP/run.ini" 1 1 --max-steps 1
 }
 unset PFCPS_SECRET
 run "secret = file-secret"

@@ -5,40 +5,14 @@
 #   case 1: SIGTERM to server 0 -> it broadcasts the shutdown -> the worker stops (after the step in
 #           progress if it can finish, exit 0; else exit 1) and says why
 #   case 2: SIGKILL to server 0 -> the control connection breaks -> the worker exits 1 naming that
-set -uo pipefail
-SERVER=$1 WORKER=$2
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
+source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
 run_case() {
   local sig=$1 text=$2
-  local port; port=$(free_port)
-  cat >"$TMP/run.ini" <<INI
-[train]
-network = r18_w8
-embedding_size = 16
-batch_size = 4
-num_epoch = 1000
-output = $TMP/out
-[data]
-rec = synthetic
-num_classes = 20
-num_image = 400
-num_workers = 1
-[cluster]
-servers = 1
-workers = 1
-rendezvous = 127.0.0.1:$port
-secret = loss-secret
-INI
-  rm -f "$TMP/trace"
-  start_cluster "$TMP/run.ini" 1 1 --trace "$TMP/trace"
-  for _ in $(seq 1 600); do [ -s "$TMP/trace" ] && break; sleep 0.1; done
-  [ -s "$TMP/trace" ] || { show_logs; fail "$sig: training did not start"; }
+  start_endless 1 1 loss-secret "$sig: training did not start"
   kill "-$sig" "${SPIDS[0]}"
   local t0=$SECONDS rc=0
-  for _ in $(seq 1 300); do kill -0 "${WPIDS[0]}" 2>/dev/null || break; sleep 0.1; done
-  kill -0 "${WPIDS[0]}" 2>/dev/null && { show_logs; fail "$sig: the worker still runs 30 s after server 0 went away"; }
+  wait_exit "${WPIDS[0]}" 30 || { show_logs; fail "$sig: the worker still runs 30 s after server 0 went away"; }
   wait "${WPIDS[0]}" || rc=$?
   wait "${SPIDS[0]}" 2>/dev/null
   # A shutdown broadcast is an orderly stop (the worker may finish its step and exit 0); a dead server is not.
@@ -52,16 +26,10 @@ run_case KILL "lost the control connection"
 # case 3: kill -9 of worker 1 of 2 -> the rendezvous tells the others -> worker 0 exits 1 naming worker 1
 # within seconds (not after the 120 s ring timeout); the server logs it and keeps serving, then exits 0
 # on SIGTERM.
-port=$(free_port)
-sed -i "s/^workers = .*/workers = 2/; s/^rendezvous = .*/rendezvous = 127.0.0.1:$port/" "$TMP/run.ini"
-rm -f "$TMP/trace0" "$TMP/trace1"
-start_cluster "$TMP/run.ini" 1 2 --trace "$TMP/trace{r}"
-for _ in $(seq 1 600); do [ -s "$TMP/trace0" ] && break; sleep 0.1; done
-[ -s "$TMP/trace0" ] || { show_logs; fail "worker loss: training did not start"; }
+start_endless 1 2 loss-secret "worker loss: training did not start"
 kill -KILL "${WPIDS[1]}"
 t0=$SECONDS
-for _ in $(seq 1 300); do kill -0 "${WPIDS[0]}" 2>/dev/null || break; sleep 0.1; done
-kill -0 "${WPIDS[0]}" 2>/dev/null && { show_logs; fail "worker 0 still runs 30 s after worker 1 died"; }
+wait_exit "${WPIDS[0]}" 30 || { show_logs; fail "worker 0 still runs 30 s after worker 1 died"; }
 rc=0; wait "${WPIDS[0]}" || rc=$?
 [ "$rc" -ne 0 ] || fail "worker 0 exited 0 although worker 1 died"
 grep -q "worker\[1\].*disconnected without leaving the run" "$TMP/worker0.log" || { show_logs; fail "worker 0 does not name worker 1"; }

@@ -3,15 +3,11 @@
 # 20 steps on synthetic data with S = 1, 2 and 3 servers. Every step's loss, the backbone after 20 steps
 # and every class center after 20 steps must agree across S (losses and centers: relative difference
 # <= 1e-6; the backbone checkpoint: bitwise, since sharding only routes rows).
-set -uo pipefail
-SERVER=$1 WORKER=$2
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
+source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
 
 for S in 1 2 3; do
-  port=$(free_port)
-  cat >"$TMP/s$S.ini" <<INI
+  run_ini "$TMP/s$S.ini" "$S" 2 invariance-secret <<INI
 [train]
 $TINY_NET
 lr = 0.2
@@ -23,15 +19,8 @@ rec = synthetic
 num_classes = 50
 num_image = 400
 num_workers = 1
-[cluster]
-servers = $S
-workers = 2
-rendezvous = 127.0.0.1:$port
-secret = invariance-secret
 INI
-  start_cluster "$TMP/s$S.ini" "$S" 2 --max-steps 20 --trace "$TMP/trace$S.{r}" --dump-centers "$TMP/centers$S"
-  wait_all "${WPIDS[@]}" || { show_logs; fail "S=$S: a worker failed"; }
-  stop_servers
+  run_cluster "S=$S: a worker failed" "$TMP/s$S.ini" "$S" 2 --max-steps 20 --trace "$TMP/trace$S.{r}" --dump-centers "$TMP/centers$S"
   [ "$(wc -l <"$TMP/trace$S.0")" -eq 20 ] || fail "S=$S: expected 20 steps"
 done
 

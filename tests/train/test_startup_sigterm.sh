@@ -4,36 +4,25 @@
 # libfabric's psm provider) installs its own SIGTERM handler in its constructor, which made such a stop exit 1
 # without a message (server, worker) or crash the worker with SIGSEGV inside libcublasLt's constructor.
 # Exit 143 is also accepted: the signal came before the process ran any code of its own (killed by it).
-set -uo pipefail
-SERVER=$1 WORKER=$2
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
-port=$(free_port) # nothing listens there: each daemon keeps trying to join until stopped
-cat >"$TMP/run.ini" <<INI
+source "$(dirname "$0")/cluster.sh" "$@"
+# Nothing listens at the rendezvous: each daemon keeps trying to join until stopped.
+run_ini "$TMP/run.ini" 2 1 startup-secret "ctl_timeout = 20" <<INI
 [train]
-network = r18_w8
-embedding_size = 16
+$TINY_BACKBONE
 output = $TMP/out
 [data]
 rec = synthetic
 num_classes = 20
-[cluster]
-servers = 2
-workers = 1
-rendezvous = 127.0.0.1:$port
-secret = startup-secret
-ctl_timeout = 20
 INI
 ok=0
 for who in server worker; do
   for d in 0.03 0.06 0.1 0.15 0.2 0.3 0.5; do
     if [ "$who" = server ]; then bin=$SERVER; else bin=$WORKER; fi
-    "$bin" --config "$TMP/run.ini" --rank 1 --set workers=2 >"$TMP/$who.log" 2>&1 &
-    p=$!; PIDS+=($p)
+    start_daemon "$TMP/$who.log" "$bin" --config "$TMP/run.ini" --rank 1 --set workers=2
+    p=$DPID
     sleep "$d"
     kill -TERM "$p"
-    for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$p" 2>/dev/null && { cat "$TMP/$who.log"; fail "$who: still running 10 s after SIGTERM at $d s"; }
+    wait_exit "$p" 10 || { cat "$TMP/$who.log"; fail "$who: still running 10 s after SIGTERM at $d s"; }
     rc=0; wait "$p" || rc=$?
     if [ "$rc" -eq 0 ]; then
       grep -q "stopped before the run formed" "$TMP/$who.log" || { cat "$TMP/$who.log"; fail "$who: SIGTERM at $d s: exit 0 without saying so"; }

@@ -3,13 +3,10 @@
 # resume = true stops the worker at start (exit 1, message naming the key) before any step; fp16 = true
 # on the CPU device (no half path) and save_all_states = true train on with a warning; snapshot_every > 0
 # makes the server warn. (device = cuda is built: its refusals without a GPU are test_device_refusals.sh.)
-set -uo pipefail
-SERVER=$1 WORKER=$2
-TMP=$(mktemp -d)
-source "$(dirname "$0")/cluster.sh"
+source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
-write_cfg() {
-  cat >"$TMP/run.ini" <<INI
+write_cfg() { # write_cfg TRAIN_LINE CLUSTER_LINE
+  run_ini "$TMP/run.ini" 1 1 keys-secret "$2" <<INI
 [train]
 $TINY_NET
 num_epoch = 1
@@ -18,12 +15,6 @@ $1
 [data]
 $TINY_DATA
 num_workers = 1
-[cluster]
-servers = 1
-workers = 1
-rendezvous = 127.0.0.1:$(free_port)
-secret = keys-secret
-$2
 INI
 }
 refused() {
@@ -41,9 +32,7 @@ refused() {
 warned() {
   local line=$1 sline=$2 text=$3 who=$4
   write_cfg "$line" "$sline"
-  start_cluster "$TMP/run.ini" 1 1
-  wait_all "${WPIDS[@]}" || { show_logs; fail "'$line$sline': the worker failed"; }
-  stop_servers
+  run_cluster "'$line$sline': the worker failed" "$TMP/run.ini" 1 1
   grep -q "WARN.*$text" "$TMP/$who.log" || { show_logs; fail "'$line$sline': no warning '$text' in $who.log"; }
   echo "ok warned '$line$sline': $(grep -m1 "WARN.*$text" "$TMP/$who.log" | sed 's/^.* WARN //' | cut -c1-110)"
 }

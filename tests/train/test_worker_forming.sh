@@ -4,31 +4,20 @@
 #   A: nothing listens at the rendezvous yet (the worker keeps retrying the join): SIGTERM;
 #   B: server 0 is up and the worker has joined, the second worker never comes: SIGINT to the worker,
 #      then the server is stopped with SIGTERM (exit 0 as well).
-set -uo pipefail
-SERVER=$1 WORKER=$2
-TMP=$(mktemp -d)
-. "$(dirname "$0")/cluster.sh"
-PORT=$(free_port)
-cat >"$TMP/run.ini" <<INI
+source "$(dirname "$0")/cluster.sh" "$@"
+run_ini "$TMP/run.ini" 1 2 forming-secret "ctl_timeout = 60" <<INI
 [train]
 $TINY_NET
 output = $TMP/out
 [data]
 $TINY_DATA
-[cluster]
-servers = 1
-workers = 2
-rendezvous = 127.0.0.1:$PORT
-secret = forming-secret
-ctl_timeout = 60
 INI
 # stop_within SIG PID LOG SECONDS: signals PID, which must exit 0 within SECONDS; prints the time taken.
 stop_within() {
   local sig=$1 pid=$2 log=$3 lim=$4 t0 t1 rc=0
   t0=$(date +%s.%N)
   kill -"$sig" "$pid"
-  for ((i = 0; i < lim * 20; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
-  kill -0 "$pid" 2>/dev/null && { tail -5 "$log"; fail "pid $pid still running ${lim} s after SIG$sig"; }
+  wait_exit "$pid" "$lim" || { tail -5 "$log"; fail "pid $pid still running ${lim} s after SIG$sig"; }
   wait "$pid" || rc=$?
   t1=$(date +%s.%N)
   [ "$rc" -eq 0 ] || { tail -5 "$log"; fail "exit $rc after SIG$sig, expected 0"; }
@@ -37,18 +26,18 @@ stop_within() {
 }
 
 # A: no rendezvous.
-"$WORKER" --config "$TMP/run.ini" --rank 0 >"$TMP/workerA.log" 2>&1 &
-W=$!; PIDS+=($W)
-for ((i = 0; i < 100; i++)); do grep -q "joining the run" "$TMP/workerA.log" && break; sleep 0.1; done
+start_daemon "$TMP/workerA.log" "$WORKER" --config "$TMP/run.ini" --rank 0
+W=$DPID
+wait_log "$TMP/workerA.log" "joining the run" 10
 sleep 0.5
 echo -n "A (no rendezvous yet): worker "; stop_within TERM "$W" "$TMP/workerA.log" 2
 
 # B: server 0 up, worker 0 joined, worker 1 never comes.
-"$SERVER" --config "$TMP/run.ini" --rank 0 >"$TMP/server.log" 2>&1 &
-S=$!; PIDS+=($S)
-"$WORKER" --config "$TMP/run.ini" --rank 0 >"$TMP/workerB.log" 2>&1 &
-W=$!; PIDS+=($W)
-for ((i = 0; i < 100; i++)); do grep -q "joining the run" "$TMP/workerB.log" && break; sleep 0.1; done
+start_daemon "$TMP/server.log" "$SERVER" --config "$TMP/run.ini" --rank 0
+S=$DPID
+start_daemon "$TMP/workerB.log" "$WORKER" --config "$TMP/run.ini" --rank 0
+W=$DPID
+wait_log "$TMP/workerB.log" "joining the run" 10
 sleep 1
 echo -n "B (joined, run incomplete): worker "; stop_within INT "$W" "$TMP/workerB.log" 2
 echo -n "B: server "; stop_within TERM "$S" "$TMP/server.log" 2
