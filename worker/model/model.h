@@ -26,7 +26,7 @@
  * (with its own context), else on dev. Weights, gradients and running statistics are fp32.
  *
  * Numerics: float32 throughout; batch-norm statistics and sums in float64 (see
- * kernels/cpu/ops_cpu.c). Tested against PyTorch float64 (tests/model/test_model_reference.c). */
+ * kernels/cpu/ops_cpu.c). Tested against PyTorch float64 (tests/worker/model/test_model_reference.c). */
 #ifndef PFCPS_WORKER_MODEL_H
 #define PFCPS_WORKER_MODEL_H
 

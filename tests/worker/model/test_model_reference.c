@@ -4,7 +4,7 @@
  * eval-mode forward. Prints the relative error ||x - ref|| / ||ref|| and max |x - ref| per
  * tensor; fails above 1e-4 relative.
  *
- * The same network is also run in float64 (tests/model/ref64.h, plain C, walking the model's
+ * The same network is also run in float64 (tests/worker/model/ref64.h, plain C, walking the model's
  * layer list) and held to the PyTorch reference. Gradients are not continuous at PReLU's kink: an
  * activation within float32 rounding of 0 can take the other branch in float32 than in float64,
  * and that one element moves every upstream gradient by up to ~1e-3. The float64 run detects such
@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "tests/model/ref64.h"
-#include "tests/model/refcase.h"
+#include "tests/worker/model/ref64.h"
+#include "tests/worker/model/refcase.h"
 #include "tests/npy.h"
 #include "worker/model/model_internal.h"
 

@@ -349,7 +349,7 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
         die("backward");
     /* Gradients are held to 1e-4 unless an activation sits within KINK_REL rms of a PReLU kink: fp32
      * may then take the other branch than PyTorch's float64 and move upstream gradients by ~1e-3
-     * (tests/model/test_model_reference.c); those networks' gradients are held to GRAD_TOL_KINK.
+     * (tests/worker/model/test_model_reference.c); those networks' gradients are held to GRAD_TOL_KINK.
      * (The activations are still those of the training forward.) */
     size_t kinks = near_kink(m, KINK_REL);
     double gtol = kinks == 0 && !fp32_stats ? TOL : GRAD_TOL_KINK;
@@ -488,7 +488,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (dev->act_bytes != 4) {
-        printf("FAIL: %s is a mixed-precision device (tests/model/test_model_half.c covers those)\n", dev->name);
+        printf("FAIL: %s is a mixed-precision device (tests/worker/model/test_model_half.c covers those)\n", dev->name);
         return 1;
     }
     ops_ctx *c;

@@ -32,8 +32,8 @@
 #include "tests/check.h"
 #include "tests/npy.h"
 #include "tests/testutil.h"
-#include "tests/model/ref64.h"
-#include "tests/model/refcase.h"
+#include "tests/worker/model/ref64.h"
+#include "tests/worker/model/refcase.h"
 #include "worker/model/model_internal.h"
 
 #define U 0x1.0p-8 /* bf16 unit roundoff */

@@ -1,4 +1,4 @@
-/* CPU device layers (kernels/ops.h) against float64 plain C (tests/model/ref64.h) and float64
+/* CPU device layers (kernels/ops.h) against float64 plain C (tests/worker/model/ref64.h) and float64
  * central finite differences: conv (3x3 s1/s2, 1x1 s2, grouped, depthwise, 7x7 GDC), batch norm
  * in training mode (2d, 1d, fixed weight), eval mode and the running-statistic update, PReLU,
  * Linear, residual add, dropout. Also the += contract of the backward functions.
@@ -15,7 +15,7 @@
 
 #include "common/err.h"
 #include "kernels/ops.h"
-#include "tests/model/ref64.h"
+#include "tests/worker/model/ref64.h"
 
 static int failures = 0;
 static uint64_t rng = 88172645463325252ull;
