@@ -11,6 +11,13 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 
 deploy/setup-deps.sh || { echo "setup-deps failed"; echo "0 passed, 1 failed"; exit 1; }
+# The independent references some tests compare against (PyTorch, onnxruntime, safetensors, tensorboard,
+# scikit-learn): tests that need them skip, naming what is missing, when this fails.
+if py=$(tests/pyenv.sh | tail -n 1) && [ -x "$py" ]; then
+  export PFCPS_PYTHON="$py"
+else
+  echo "run.sh: tests/pyenv.sh failed: the tests that compare against Python references will skip"
+fi
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 
 B=${PFCPS_TEST_BUILD:-build-tests}
