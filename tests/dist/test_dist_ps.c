@@ -1,6 +1,6 @@
 /* Distributed == single process, issue 6 test (b): the Partial FC head with the parameter server.
  *
- * S = 2 real pfcps-server daemons (tests/ps/pst.c starts them on 127.0.0.1, tcp provider, BSP,
+ * S = 2 real pfcps-server daemons (tests/server/pst.c starts them on 127.0.0.1, tcp provider, BSP,
  * momentum 0.9, weight_decay 5e-4) and W = 1, 2, 3 forked worker processes. Each worker opens a
  * ps_client and a collectives endpoint, joins the rendezvous with the packed two-part address
  * (common/member_addr.h: part 0 PS endpoint, part 1 collectives endpoint), builds the ring
@@ -47,7 +47,7 @@
 #include "common/fabric.h"
 #include "common/member_addr.h"
 #include "worker/ps_client.h"
-#include "tests/ps/pst.h"
+#include "tests/server/pst.h"
 #include "worker/head/pfc.h"
 
 enum { S_SERVERS = 2, NB = 12, D = 16, C = 30, STEPS = 20, MAXW = 3 };

@@ -1,5 +1,5 @@
 /* Multi-process test harness: see pst.h. */
-#include "tests/ps/pst.h"
+#include "tests/server/pst.h"
 
 #include <arpa/inet.h>
 #include <math.h>

@@ -10,7 +10,7 @@
 #include "proto/ps_wire.h"
 #include "server/shard.h"
 #include "tests/npy.h"
-#include "tests/ps/pst.h"
+#include "tests/server/pst.h"
 
 #include "tests/check.h"
 

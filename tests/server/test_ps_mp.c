@@ -13,7 +13,7 @@
 #include "common/err.h"
 #include "worker/ps_client.h"
 #include "tests/npy.h"
-#include "tests/ps/pst.h"
+#include "tests/server/pst.h"
 
 #define SEED 2048
 #define MU 0.9

@@ -11,7 +11,7 @@
 #include "common/fabric.h"
 #include "worker/ps_client.h"
 #include "server/ps_server.h"
-#include "tests/ps/pst.h"
+#include "tests/server/pst.h"
 
 #include "tests/check.h"
 

@@ -36,7 +36,7 @@
 
 #include "common/err.h"
 #include "worker/ps_client.h"
-#include "tests/ps/pst.h"
+#include "tests/server/pst.h"
 
 #include "tests/check.h"
 
