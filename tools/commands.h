@@ -22,4 +22,14 @@ int cmd_rec_info(int argc, char **argv);
  * config the daemons would refuse). */
 int cmd_config_get(int argc, char **argv);
 
+/* `pfcps embed [--flip] [--pad] [--batch N] [--device NAME] CKPT INPUT OUT.npy`: embeddings (N x D float32,
+ * in input order) of a .bin set, a RecordIO pack, an image folder (recursive, sorted) or a list file
+ * (tools/cmd_embed.c says how INPUT is recognised); --flip adds each flipped image's embedding. */
+int cmd_embed(int argc, char **argv);
+
+/* `pfcps verify [--images DIR] [--folds K] [--no-flip] [--pad] [--batch N] [--device NAME] CKPT SET`:
+ * arcface_torch's verification (worker/eval/set.h) on a .bin set or a pairs file over DIR; prints XNorm,
+ * Accuracy-Flip mean+-std and the best threshold on stdout. */
+int cmd_verify(int argc, char **argv);
+
 #endif

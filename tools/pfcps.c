@@ -30,6 +30,12 @@ static const pfcps_command commands[] = {
     {"config-get", cmd_config_get,
      "config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]\n"
      "        each KEY's effective value, one per line, as the daemons parse it (deploy/local/launch.sh uses it)", 1},
+    {"embed", cmd_embed,
+     "embed [--flip] [--pad] [--batch N] [--device NAME] CKPT INPUT OUT.npy\n"
+     "        .bin set, RecordIO pack, image folder (recursive, sorted) or list file -> N x D float32", 0},
+    {"verify", cmd_verify,
+     "verify [--images DIR] [--folds K] [--no-flip] [--pad] [--batch N] [--device NAME] CKPT SET\n"
+     "        arcface_torch's verification on a .bin set or pairs file: Accuracy-Flip, XNorm, threshold", 0},
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,131 @@
+/* `pfcps verify`: arcface_torch's verification of a backbone checkpoint on a pair set (usage in
+ * tools/commands.h; the set readers and the protocol are worker/eval/set.h). */
+#include "tools/commands.h"
+
+#include "common/clock.h"
+#include "common/err.h"
+#include "worker/eval/set.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int opt_int(int argc, char **argv, int *i, long lo, long hi, int *v)
+{
+    char *end = NULL;
+    long x = 0;
+    if (*i + 1 < argc) {
+        errno = 0;
+        x = strtol(argv[*i + 1], &end, 10);
+    }
+    if (*i + 1 >= argc || errno || end == argv[*i + 1] || *end || x < lo || x > hi) {
+        fprintf(stderr, "pfcps verify: %s needs an integer in [%ld, %ld], got %s%s%s\n", argv[*i], lo, hi,
+                *i + 1 < argc ? "'" : "nothing", *i + 1 < argc ? argv[*i + 1] : "", *i + 1 < argc ? "'" : "");
+        return -1;
+    }
+    *v = (int)x;
+    (*i)++;
+    return 0;
+}
+
+typedef struct progress_state {
+    double t0, last;
+} progress_state;
+
+static void progress(void *arg, int64_t done, int64_t total)
+{
+    progress_state *p = arg;
+    double t = pf_now_s();
+    if (done < total && t - p->last < 2.0)
+        return;
+    p->last = t;
+    fprintf(stderr, "pfcps verify: embedded %" PRId64 "/%" PRId64 " images (%.0f%%)\n", done, total,
+            total ? 100.0 * (double)done / (double)total : 100.0);
+}
+
+int cmd_verify(int argc, char **argv)
+{
+    eval_embed_opts o = {.batch = 32, .flip = 1};
+    const char *device = "cpu", *images = NULL, *pos[2];
+    int npos = 0, folds = 10;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--no-flip") == 0)
+            o.flip = 0;
+        else if (strcmp(argv[i], "--pad") == 0)
+            o.pad = 1;
+        else if (strcmp(argv[i], "--folds") == 0) {
+            if (opt_int(argc, argv, &i, 1, EVAL_MAX_FOLDS, &folds) < 0)
+                return 2;
+        } else if (strcmp(argv[i], "--batch") == 0) {
+            if (opt_int(argc, argv, &i, 1, 1024, &o.batch) < 0)
+                return 2;
+        } else if (strcmp(argv[i], "--images") == 0 || strcmp(argv[i], "--device") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "pfcps verify: %s needs a value\n", argv[i]);
+                return 2;
+            }
+            *(strcmp(argv[i], "--images") == 0 ? &images : &device) = argv[i + 1];
+            i++;
+        } else if ((argv[i][0] == '-' && argv[i][1]) || npos == 2) {
+            fprintf(stderr, "pfcps verify: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        } else
+            pos[npos++] = argv[i];
+    }
+    if (npos != 2) {
+        fprintf(stderr, "pfcps verify: needs CKPT and SET\n");
+        return 2;
+    }
+    const ops_device *dev = ops_device_by_name(device);
+    if (!dev) {
+        fprintf(stderr, "pfcps verify: --device '%s' is not a device of this build\n", device);
+        return 2;
+    }
+    eval_set s;
+    model *m = NULL;
+    int rc = eval_set_open(&s, pos[1], images);
+    if (rc) {
+        fprintf(stderr, "pfcps verify: %s\n", pf_errmsg());
+        return rc == -EINVAL ? 2 : 1;
+    }
+    if (folds > s.n_pairs) {
+        fprintf(stderr, "pfcps verify: --folds %d is more than the set's %" PRId64 " pairs\n", folds,
+                s.n_pairs);
+        eval_set_free(&s);
+        return 2;
+    }
+    if ((rc = eval_model_open(&m, pos[0], o.batch, dev)))
+        goto fail;
+    const model_desc *desc = model_get_desc(m);
+    fprintf(stderr, "pfcps verify: %s: %" PRId64 " pairs (%s), %s (D %d) on %s, %s, %d folds\n", s.name,
+            s.n_pairs, s.is_bin ? ".bin set" : "pairs file", desc->name, desc->embedding_size, dev->name,
+            o.flip ? "image + flip" : "no flip", folds);
+    progress_state ps = {.t0 = pf_now_s()};
+    o.progress = progress;
+    o.progress_arg = &ps;
+    eval_result r;
+    int64_t refit = 0;
+    if ((rc = eval_verify_model(m, &s, &o, folds, &r, &refit)))
+        goto fail;
+    if (refit)
+        printf("[%s] note: %" PRId64 " of %" PRId64 " images were not 112x112 and were %s to 112x112\n",
+               s.name, refit, 2 * s.n_pairs,
+               o.pad ? "padded (scaled down only, aspect kept)" : "resized (bilinear)");
+    printf("[%s] pairs: %" PRId64 " (%d folds)\n", s.name, s.n_pairs, folds);
+    printf("[%s] XNorm: %f\n", s.name, r.xnorm);
+    printf("[%s] %s: %1.5f+-%1.5f\n", s.name, o.flip ? "Accuracy-Flip" : "Accuracy", r.acc_mean, r.acc_std);
+    printf("[%s] Best-Threshold: %.2f (mean over folds; per fold:", s.name, r.threshold_mean);
+    for (int f = 0; f < r.folds; f++)
+        printf(" %.2f", r.fold_threshold[f]);
+    printf(")\n");
+    model_free(m);
+    eval_set_free(&s);
+    return 0;
+fail:
+    fprintf(stderr, "pfcps verify: %s\n", pf_errmsg());
+    model_free(m);
+    eval_set_free(&s);
+    return 1;
+}

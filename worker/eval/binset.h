@@ -1,0 +1,51 @@
+/* arcface_torch's verification sets (lfw.bin, cfp_fp.bin, agedb_30.bin ...): a Python pickle of the
+ * tuple `(bins, issame_list)`, bins a list of 2N encoded images (JPEG bytes; pair i is images 2i and
+ * 2i+1), issame_list a list of N bools (eval/verification.py, load_bin: `pickle.load(f, encoding='bytes')`).
+ *
+ * The reader is a small pickle machine that understands ONLY the opcodes such files use (names as in
+ * CPython's Lib/pickletools.py):
+ *   framing   PROTO (0..5), FRAME, STOP
+ *   values    EMPTY_LIST, MARK, APPEND, APPENDS, EMPTY_TUPLE, TUPLE, TUPLE1, TUPLE2, TUPLE3,
+ *             BINBYTES, SHORT_BINBYTES, BINBYTES8 (Python 3 bytes),
+ *             BINSTRING, SHORT_BINSTRING (Python 2 str, i.e. the sets as written by Python 2),
+ *             NEWTRUE, NEWFALSE, and INT with the text "01" / "00" (protocol 0/1 bools: `I01\n`)
+ *   memo      BINPUT, LONG_BINPUT, MEMOIZE, BINGET, LONG_BINGET (indices must be dense, as every
+ *             pickler writes them: a PUT names an existing slot or the next one)
+ * Every other opcode (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, unicode, ints, floats,
+ * dicts, sets, PERSID ...) is refused with its name and byte offset: nothing is ever constructed or
+ * called. Every length is checked against the bytes left, values are counted against
+ * BINSET_MAX_VALUES (and can never exceed the file's size), so a truncated or hostile file is refused
+ * with -EPROTO and a message, and memory stays O(file size). Bytes objects are not copied: the
+ * images point into the caller's buffer. */
+#ifndef PFCPS_WORKER_EVAL_BINSET_H
+#define PFCPS_WORKER_EVAL_BINSET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Values (pushes, incl. BINGET) one file may create: 2^22 (about 1.4 M pairs). */
+#define BINSET_MAX_VALUES (1u << 22)
+
+typedef struct eval_binset {
+    int64_t n_pairs;     /* N >= 1 */
+    const uint8_t **img; /* 2N pointers into the parsed buffer; pair i = img[2i], img[2i+1] */
+    size_t *img_len;     /* 2N byte counts */
+    uint8_t *issame;     /* N values, 1 = same identity */
+    uint8_t *owned;      /* the file's bytes when loaded by eval_binset_load (else NULL) */
+    size_t owned_len;
+} eval_binset;
+
+/* Parses a .bin pickle held in data[0..size) (borrowed: the images point into it, so it must outlive
+ * s). Returns 0, or -EPROTO with a message such as "pickle opcode GLOBAL ('c') at byte 12 is not
+ * allowed in a verification set", "truncated at byte N (SHORT_BINBYTES needs 200 bytes, 12 left)",
+ * "expected a tuple (list of 2N images, list of N bools), got ...", -ENOMEM. On failure s is empty. */
+int eval_binset_parse(eval_binset *s, const uint8_t *data, size_t size);
+
+/* Reads the whole file at path and parses it (s owns the bytes). Errors: -ENOENT / -EIO naming the
+ * path, and those of eval_binset_parse prefixed with the path. */
+int eval_binset_load(eval_binset *s, const char *path);
+
+/* Frees what s holds (safe on a zeroed or freed set). */
+void eval_binset_free(eval_binset *s);
+
+#endif

@@ -1,0 +1,57 @@
+/* Embeddings of images through a backbone (worker/model) on any kernels/ops.h device, batched, in
+ * eval mode (BatchNorm running statistics, no dropout), with the preprocessing of arcface_torch's
+ * eval/verification.py: decode to RGB, resize to 112x112 when another size, optionally the
+ * horizontally flipped copy, then (x/255 - 0.5)/0.5 in NCHW (worker/data/image.h, img_to_chw: the
+ * normalisation training uses). */
+#ifndef PFCPS_WORKER_EVAL_EMBED_H
+#define PFCPS_WORKER_EVAL_EMBED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+#include "worker/model/model.h"
+
+/* One image: a file (path != NULL; JPEG and PNG through img_decode_rgb, PGM / PPM / BMP through
+ * TurboJPEG's tjLoadImage, grey replicated to RGB, as `pfcps pack` reads them) or encoded JPEG/PNG
+ * bytes (data, len; path NULL). */
+typedef struct eval_image {
+    const char *path;
+    const uint8_t *data;
+    size_t len;
+} eval_image;
+
+/* Image i of a source (0 <= i < n): fills *out; what it points to must stay valid until the next
+ * call. Returns 0 or a negative error code with a message. */
+typedef int (*eval_image_fn)(void *arg, int64_t i, eval_image *out);
+
+typedef struct eval_embed_opts {
+    int batch; /* images per forward; 1 <= batch <= the model's batch capacity (0: 32) */
+    int flip;  /* also embed each image flipped horizontally (into out_flip) */
+    int pad;   /* another size: fit into a black 112x112 canvas like `pfcps pack --pad`
+                * (scaled down only, aspect kept) instead of resizing (bilinear) */
+    /* called after each batch (may be NULL): done of total images */
+    void (*progress)(void *arg, int64_t done, int64_t total);
+    void *progress_arg;
+} eval_embed_opts;
+
+/* Reads the network name and embedding size from a model.ckpt's header (worker/model/model.h
+ * layout), creates that network on dev (NULL: the CPU device) with room for batches of
+ * batch_capacity images, and loads the checkpoint into it. Returns 0 (*out to free with
+ * model_free), -ENOENT / -EIO (file), -EPROTO (not a pfcps checkpoint, truncated, corrupt),
+ * -EINVAL (unknown network name), -ENOMEM, device errors; messages name the path. */
+int eval_model_open(model **out, const char *ckpt_path, int batch_capacity, const ops_device *dev);
+
+/* Embeds n images of the source get(arg, i) through m (eval mode): out (n, D) float32 in source
+ * order; out_flip (n, D), when o->flip, the embeddings of the flipped images (else unused, may be
+ * NULL). *n_refit (may be NULL) gets how many images were not 112x112 and were resized (or padded).
+ * Returns 0, -EINVAL (bad options), the source's error, decode errors (-EPROTO, -E2BIG, -ENOENT,
+ * -EIO) prefixed with the image's index and path, -ENOMEM, or the device's error. */
+int eval_embed(model *m, eval_image_fn get, void *arg, int64_t n, const eval_embed_opts *o, float *out,
+               float *out_flip, int64_t *n_refit);
+
+/* Writes rows x cols float32 (C order) as a NumPy .npy file (format 1.0, '<f4'), through path.tmp
+ * and a rename. Returns 0 or -EIO naming the path. */
+int eval_npy_write_f32(const char *path, const float *data, int64_t rows, int64_t cols);
+
+#endif
