@@ -162,6 +162,8 @@ static int new_cont(pm *m, uint8_t kind, pval *out)
 static int cont_add(pm *m, uint32_t c, const pval *v, size_t n)
 {
     pcont *k = &m->conts[c];
+    if (n == 0)
+        return 0;
     int rc = grow((void **)&k->items, &k->cap, k->n + n, sizeof(pval));
     if (rc)
         return rc;
@@ -351,7 +353,10 @@ static int run(pm *m, pval *top)
             if ((rc = new_cont(m, V_TUPLE, &v)) || (rc = cont_add(m, v.cont, m->stack + from, m->sn - from)))
                 return rc;
             m->sn = from;
-            m->stack[m->sn++] = v; /* replaces what it consumed: not a new value */
+            /* replaces what it consumed (counted above); the stack may be empty (MARK TUPLE) */
+            if ((rc = grow((void **)&m->stack, &m->scap, m->sn + 1, sizeof(pval))))
+                return rc;
+            m->stack[m->sn++] = v;
             break;
         }
         case 'q':

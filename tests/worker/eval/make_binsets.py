@@ -131,6 +131,7 @@ b_("underflow", b"\x80\x02\x86.", "underflow")
 b_("proto9", b"\x80\x09].", "protocol 9")
 b_("empty", b"", "no STOP")
 b_("not_opcode", b"\x80\x02\xff", "not a pickle opcode")
+b_("mark_mark_tuple", b"((t", "no STOP")  # found by fuzz_binset: a TUPLE on an empty stack wrote through NULL
 b_("trailing_stack", b"\x80\x02]].", "STOP")
 w("bad.txt", ("\n".join(bad) + "\n").encode())
 
