@@ -89,7 +89,8 @@ int cli_member_check(const pf_config *cfg, long rank, int count, const char *wha
         return pf_err(-EINVAL, "--rank %ld is outside [0, %s = %d)", rank, what, count);
     *secret = cfg_secret(cfg);
     if (!*secret || !**secret)
-        return pf_err(-EINVAL, "no join secret: set 'secret' in the config or PFCPS_SECRET in the environment");
+        return pf_err(-EINVAL,
+                      "no join secret: set 'secret' in the config or PFCPS_SECRET in the environment");
     if (pf_parse_hostport(cfg->rendezvous, host, hostlen, port) < 0)
         return pf_err(-EINVAL, "rendezvous '%s' is not host:port", cfg->rendezvous);
     return 0;

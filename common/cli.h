@@ -6,9 +6,10 @@
 #include "common/config.h"
 #include "common/ctl.h"
 
-#define CLI_HELP 1                /* cli_parse_common printed the help: exit 0 */
-#define CLI_CONFIG_OPTIONAL 0x1   /* do not require num_classes / rec (a member taking the run config
-                                     from the rendezvous); ranges are still checked */
+#define CLI_HELP 1 /* cli_parse_common printed the help: exit 0 */
+#define CLI_CONFIG_OPTIONAL                                                                                  \
+    0x1 /* do not require num_classes / rec (a member taking the run config                                  \
+           from the rendezvous); ranges are still checked */
 
 /* Parses the shared options out of argv, loads the config (cfg_load: defaults, then FILE, then every
  * --set in order, then validation) into `cfg`, and compacts argv in place to argv[0] followed by the

@@ -44,18 +44,36 @@ struct pf_coll {
 };
 
 /* Size in bytes of one element of dt. */
-static inline size_t coll_dtype_size(coll_dtype dt) { return dt == COLL_F64 ? 8 : 4; }
+static inline size_t coll_dtype_size(coll_dtype dt)
+{
+    return dt == COLL_F64 ? 8 : 4;
+}
 
 static inline int coll_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
-{ return c->ops->allreduce(c, buf, count, dt, op); }
+{
+    return c->ops->allreduce(c, buf, count, dt, op);
+}
 static inline int coll_allgather(pf_coll *c, const void *send, void *recv, size_t bytes)
-{ return c->ops->allgather(c, send, recv, bytes); }
+{
+    return c->ops->allgather(c, send, recv, bytes);
+}
 static inline int coll_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t count, coll_dtype dt)
-{ return c->ops->reduce_scatter(c, send, recv, count, dt); }
+{
+    return c->ops->reduce_scatter(c, send, recv, count, dt);
+}
 static inline int coll_broadcast(pf_coll *c, void *buf, size_t bytes, int root)
-{ return c->ops->broadcast(c, buf, bytes, root); }
-static inline int coll_barrier(pf_coll *c) { return c->ops->barrier(c); }
-static inline void coll_destroy(pf_coll *c) { if (c && c->ops) c->ops->destroy(c); }
+{
+    return c->ops->broadcast(c, buf, bytes, root);
+}
+static inline int coll_barrier(pf_coll *c)
+{
+    return c->ops->barrier(c);
+}
+static inline void coll_destroy(pf_coll *c)
+{
+    if (c && c->ops)
+        c->ops->destroy(c);
+}
 
 /* ---- thread backend (coll_thread.c) ---- */
 
@@ -76,8 +94,8 @@ void coll_thread_group_destroy(coll_thread_group *g);
 typedef struct fab_ctx fab_ctx;
 
 typedef struct coll_fabric_opts {
-    size_t chunk_bytes;  /* payload bytes per message, default 1 MiB (0 = default) */
-    double timeout_s;    /* wait for one message at most this long, default 60 s (0 = default) */
+    size_t chunk_bytes; /* payload bytes per message, default 1 MiB (0 = default) */
+    double timeout_s;   /* wait for one message at most this long, default 60 s (0 = default) */
 } coll_fabric_opts;
 
 /* Creates this rank's handle of a ring over `f`, an endpoint opened with fab_open and dedicated to the
@@ -95,7 +113,7 @@ typedef struct coll_fabric_opts {
  * connection inside fi_send): end a run with a barrier.
  * Returns 0 or -EINVAL (rank/world/addresses), -ENOMEM, or the fabric error. coll_destroy(out) releases
  * the buffers (not `f`). */
-int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *addrs, const size_t *addr_lens,
-                       const coll_fabric_opts *opts, pf_coll *out);
+int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *addrs,
+                       const size_t *addr_lens, const coll_fabric_opts *opts, pf_coll *out);
 
 #endif

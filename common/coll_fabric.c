@@ -17,9 +17,9 @@
 #include "common/err.h"
 #include "common/fabric.h"
 
-#define RING_MAGIC 0x52434650u /* "PFCR" */
-#define HDR 16
-#define DEFAULT_CHUNK (1024u * 1024u)
+#define RING_MAGIC      0x52434650u /* "PFCR" */
+#define HDR             16
+#define DEFAULT_CHUNK   (1024u * 1024u)
 #define DEFAULT_TIMEOUT 60.0
 
 typedef struct ring {
@@ -30,17 +30,28 @@ typedef struct ring {
     double timeout_s;
     uint8_t *sbuf, *rbuf;
     fab_mr smr, rmr;
-    uint32_t seq;   /* collective number, same on every rank */
-    uint32_t step;  /* message number within the collective */
-    int sctx, rctx; /* their addresses tell send and receive completions apart */
+    uint32_t seq;           /* collective number, same on every rank */
+    uint32_t step;          /* message number within the collective */
+    int sctx, rctx;         /* their addresses tell send and receive completions apart */
     int send_out, recv_out; /* a send / receive posted and not completed (after an error) */
     size_t recv_len;        /* bytes of the last completed receive */
 } ring;
 
-static ring *ring_of(pf_coll *c) { return (ring *)c->impl; }
+static ring *ring_of(pf_coll *c)
+{
+    return (ring *)c->impl;
+}
 
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static uint32_t get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static void put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 /* Waits until the posted send (need_send) and receive (need_recv) completed. */
 static int ring_wait(pf_coll *c, int need_send, int need_recv)
@@ -51,25 +62,32 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
     while (need_send || need_recv) {
         fab_comp comp[4];
         int n = fab_poll(r->f, comp, 4);
-        if (n < 0) return pf_err_wrap(n, "ring rank %d: polling the completion queue", c->rank);
+        if (n < 0)
+            return pf_err_wrap(n, "ring rank %d: polling the completion queue", c->rank);
         for (int i = 0; i < n; i++) {
             int is_send = comp[i].context == &r->sctx, is_recv = comp[i].context == &r->rctx;
             if (!is_send && !is_recv)
-                return pf_err(-EPROTO, "ring rank %d: completion with a foreign context (is the endpoint shared?)",
+                return pf_err(-EPROTO,
+                              "ring rank %d: completion with a foreign context (is the endpoint shared?)",
                               c->rank);
             if (comp[i].err)
-                return pf_err(-EIO, "ring rank %d: %s %s rank %d failed: %s", c->rank, is_send ? "send to" : "receive from",
-                              is_send ? "right" : "left", is_send ? (c->rank + 1) % c->world_size : r->left,
-                              strerror(-comp[i].err));
-            if (is_send) need_send = 0, r->send_out = 0;
-            else need_recv = 0, r->recv_out = 0, r->recv_len = comp[i].len;
+                return pf_err(-EIO, "ring rank %d: %s %s rank %d failed: %s", c->rank,
+                              is_send ? "send to" : "receive from", is_send ? "right" : "left",
+                              is_send ? (c->rank + 1) % c->world_size : r->left, strerror(-comp[i].err));
+            if (is_send)
+                need_send = 0, r->send_out = 0;
+            else
+                need_recv = 0, r->recv_out = 0, r->recv_len = comp[i].len;
         }
         if (n == 0) {
             if (pf_now_s() > deadline)
-                return pf_err(-ETIMEDOUT, "ring rank %d: collective %u step %u: no %s within %.0f s: worker %d died, hung or left the run "
+                return pf_err(-ETIMEDOUT,
+                              "ring rank %d: collective %u step %u: no %s within %.0f s: worker %d died, "
+                              "hung or left the run "
                               "(see its log)",
-                              c->rank, r->seq, r->step, need_recv ? "message from the left" : "send completion",
-                              r->timeout_s, need_recv ? r->left : (c->rank + 1) % c->world_size);
+                              c->rank, r->seq, r->step,
+                              need_recv ? "message from the left" : "send completion", r->timeout_s,
+                              need_recv ? r->left : (c->rank + 1) % c->world_size);
             /* A peer may still be computing (backward pass) for a long time: spin briefly, then sleep
              * between polls so this rank does not take the core from the computing processes that share
              * the machine (sched_yield alone keeps it busy under CFS). */
@@ -90,7 +108,8 @@ static int post_recv(pf_coll *c)
 {
     ring *r = ring_of(c);
     int rc = fab_recv(r->f, r->rbuf, HDR + r->chunk, &r->rmr, &r->rctx);
-    if (rc == 0) r->recv_out = 1;
+    if (rc == 0)
+        r->recv_out = 1;
     return rc;
 }
 
@@ -101,9 +120,11 @@ static int post_send(pf_coll *c, const void *data, size_t len)
     put32(r->sbuf + 4, r->seq);
     put32(r->sbuf + 8, r->step);
     put32(r->sbuf + 12, (uint32_t)len);
-    if (len) memcpy(r->sbuf + HDR, data, len);
+    if (len)
+        memcpy(r->sbuf + HDR, data, len);
     int rc = fab_send(r->f, r->right, r->sbuf, HDR + len, &r->smr, &r->sctx);
-    if (rc == 0) r->send_out = 1;
+    if (rc == 0)
+        r->send_out = 1;
     return rc;
 }
 
@@ -112,11 +133,15 @@ static int check_recv(pf_coll *c, size_t len, const uint8_t **payload)
 {
     ring *r = ring_of(c);
     if (r->recv_len != HDR + len)
-        return pf_err(-EPROTO, "ring rank %d: collective %u step %u: a %zu-byte message from rank %d, expected %zu "
-                      "(16-byte header + %zu)", c->rank, r->seq, r->step, r->recv_len, r->left, HDR + len, len);
-    uint32_t magic = get32(r->rbuf), seq = get32(r->rbuf + 4), step = get32(r->rbuf + 8), n = get32(r->rbuf + 12);
+        return pf_err(-EPROTO,
+                      "ring rank %d: collective %u step %u: a %zu-byte message from rank %d, expected %zu "
+                      "(16-byte header + %zu)",
+                      c->rank, r->seq, r->step, r->recv_len, r->left, HDR + len, len);
+    uint32_t magic = get32(r->rbuf), seq = get32(r->rbuf + 4), step = get32(r->rbuf + 8),
+             n = get32(r->rbuf + 12);
     if (magic != RING_MAGIC || seq != r->seq || step != r->step || n != len)
-        return pf_err(-EPROTO, "ring rank %d: expected collective %u step %u (%zu bytes) from rank %d, got magic %08x "
+        return pf_err(-EPROTO,
+                      "ring rank %d: expected collective %u step %u (%zu bytes) from rank %d, got magic %08x "
                       "collective %u step %u (%u bytes): ranks called different collectives or counts",
                       c->rank, r->seq, r->step, len, r->left, magic, seq, step, n);
     *payload = r->rbuf + HDR;
@@ -151,12 +176,16 @@ static void reduce_into(void *dst, const void *src, size_t count, coll_dtype dt,
     }
 }
 
-static inline int mod(int a, int w) { return ((a % w) + w) % w; }
+static inline int mod(int a, int w)
+{
+    return ((a % w) + w) % w;
+}
 
 /* Segment b of a round: elements [start[b] + o, + n) with n = min(len[b] - o, ce) (0 when past the end). */
 static size_t sub_len(const size_t *len, int b, size_t o, size_t ce)
 {
-    if (len[b] <= o) return 0;
+    if (len[b] <= o)
+        return 0;
     size_t n = len[b] - o;
     return n < ce ? n : ce;
 }
@@ -170,23 +199,27 @@ static int phase_reduce_scatter(pf_coll *c, uint8_t *base, const size_t *start, 
         int sb = mod(r - s - 1, W), rb = mod(r - s - 2, W);
         size_t sn = sub_len(len, sb, o, ce), rn = sub_len(len, rb, o, ce);
         const uint8_t *pl;
-        if ((rc = exchange(c, base + (start[sb] + o) * esz, sn * esz, rn * esz, &pl)) < 0) return rc;
-        if (rn) reduce_into(base + (start[rb] + o) * esz, pl, rn, dt, op);
+        if ((rc = exchange(c, base + (start[sb] + o) * esz, sn * esz, rn * esz, &pl)) < 0)
+            return rc;
+        if (rn)
+            reduce_into(base + (start[rb] + o) * esz, pl, rn, dt, op);
     }
     return 0;
 }
 
 /* Ring allgather phase: rank r starts holding segment r, ends holding all. */
-static int phase_allgather(pf_coll *c, uint8_t *base, const size_t *start, const size_t *len, size_t o, size_t ce,
-                           size_t esz)
+static int phase_allgather(pf_coll *c, uint8_t *base, const size_t *start, const size_t *len, size_t o,
+                           size_t ce, size_t esz)
 {
     int W = c->world_size, r = c->rank, rc;
     for (int s = 0; s < W - 1; s++) {
         int sb = mod(r - s, W), rb = mod(r - s - 1, W);
         size_t sn = sub_len(len, sb, o, ce), rn = sub_len(len, rb, o, ce);
         const uint8_t *pl;
-        if ((rc = exchange(c, base + (start[sb] + o) * esz, sn * esz, rn * esz, &pl)) < 0) return rc;
-        if (rn) memcpy(base + (start[rb] + o) * esz, pl, rn * esz);
+        if ((rc = exchange(c, base + (start[sb] + o) * esz, sn * esz, rn * esz, &pl)) < 0)
+            return rc;
+        if (rn)
+            memcpy(base + (start[rb] + o) * esz, pl, rn * esz);
     }
     return 0;
 }
@@ -201,45 +234,56 @@ static int begin(pf_coll *c)
 
 static int f_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
 {
-    if (dt != COLL_F32 && dt != COLL_F64) return pf_err(-EINVAL, "ring allreduce: bad dtype %d", (int)dt);
-    if (op != COLL_SUM && op != COLL_MAX) return pf_err(-EINVAL, "ring allreduce: bad op %d", (int)op);
+    if (dt != COLL_F32 && dt != COLL_F64)
+        return pf_err(-EINVAL, "ring allreduce: bad dtype %d", (int)dt);
+    if (op != COLL_SUM && op != COLL_MAX)
+        return pf_err(-EINVAL, "ring allreduce: bad op %d", (int)op);
     int W = c->world_size;
     begin(c);
-    if (W == 1 || count == 0) return 0;
+    if (W == 1 || count == 0)
+        return 0;
     size_t esz = coll_dtype_size(dt), ce = ring_of(c)->chunk / esz;
     size_t start[W], len[W], base = count / (size_t)W, rem = count % (size_t)W, maxlen = 0;
     for (int b = 0; b < W; b++) {
         start[b] = (size_t)b * base + ((size_t)b < rem ? (size_t)b : rem);
         len[b] = base + ((size_t)b < rem);
-        if (len[b] > maxlen) maxlen = len[b];
+        if (len[b] > maxlen)
+            maxlen = len[b];
     }
     int rc;
     for (size_t o = 0; o < maxlen; o += ce) {
-        if ((rc = phase_reduce_scatter(c, buf, start, len, o, ce, esz, dt, op)) < 0) return rc;
-        if ((rc = phase_allgather(c, buf, start, len, o, ce, esz)) < 0) return rc;
+        if ((rc = phase_reduce_scatter(c, buf, start, len, o, ce, esz, dt, op)) < 0)
+            return rc;
+        if ((rc = phase_allgather(c, buf, start, len, o, ce, esz)) < 0)
+            return rc;
     }
     return 0;
 }
 
 static int f_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t count, coll_dtype dt)
 {
-    if (dt != COLL_F32 && dt != COLL_F64) return pf_err(-EINVAL, "ring reduce_scatter: bad dtype %d", (int)dt);
+    if (dt != COLL_F32 && dt != COLL_F64)
+        return pf_err(-EINVAL, "ring reduce_scatter: bad dtype %d", (int)dt);
     int W = c->world_size;
     size_t esz = coll_dtype_size(dt);
     begin(c);
     if (W == 1 || count == 0) {
-        if (count) memmove(recv, send, count * esz);
+        if (count)
+            memmove(recv, send, count * esz);
         return 0;
     }
     uint8_t *tmp = malloc((size_t)W * count * esz);
-    if (!tmp) return pf_err(-ENOMEM, "ring reduce_scatter: out of memory for %zu bytes", (size_t)W * count * esz);
+    if (!tmp)
+        return pf_err(-ENOMEM, "ring reduce_scatter: out of memory for %zu bytes", (size_t)W * count * esz);
     memcpy(tmp, send, (size_t)W * count * esz);
     size_t start[W], len[W], ce = ring_of(c)->chunk / esz;
-    for (int b = 0; b < W; b++) start[b] = (size_t)b * count, len[b] = count;
+    for (int b = 0; b < W; b++)
+        start[b] = (size_t)b * count, len[b] = count;
     int rc = 0;
     for (size_t o = 0; o < count && rc == 0; o += ce)
         rc = phase_reduce_scatter(c, tmp, start, len, o, ce, esz, dt, COLL_SUM);
-    if (rc == 0) memcpy(recv, tmp + (size_t)c->rank * count * esz, count * esz);
+    if (rc == 0)
+        memcpy(recv, tmp + (size_t)c->rank * count * esz, count * esz);
     free(tmp);
     return rc;
 }
@@ -249,22 +293,28 @@ static int f_allgather(pf_coll *c, const void *send, void *recv, size_t bytes)
     int W = c->world_size;
     begin(c);
     uint8_t *own = (uint8_t *)recv + (size_t)c->rank * bytes;
-    if (bytes && own != send) memmove(own, send, bytes);
-    if (W == 1 || bytes == 0) return 0;
+    if (bytes && own != send)
+        memmove(own, send, bytes);
+    if (W == 1 || bytes == 0)
+        return 0;
     size_t start[W], len[W], ce = ring_of(c)->chunk;
-    for (int b = 0; b < W; b++) start[b] = (size_t)b * bytes, len[b] = bytes;
+    for (int b = 0; b < W; b++)
+        start[b] = (size_t)b * bytes, len[b] = bytes;
     int rc;
     for (size_t o = 0; o < bytes; o += ce)
-        if ((rc = phase_allgather(c, recv, start, len, o, ce, 1)) < 0) return rc;
+        if ((rc = phase_allgather(c, recv, start, len, o, ce, 1)) < 0)
+            return rc;
     return 0;
 }
 
 static int f_broadcast(pf_coll *c, void *buf, size_t bytes, int root)
 {
     int W = c->world_size;
-    if (root < 0 || root >= W) return pf_err(-EINVAL, "ring broadcast: root %d outside [0, %d)", root, W);
+    if (root < 0 || root >= W)
+        return pf_err(-EINVAL, "ring broadcast: root %d outside [0, %d)", root, W);
     begin(c);
-    if (W == 1 || bytes == 0) return 0;
+    if (W == 1 || bytes == 0)
+        return 0;
     ring *r = ring_of(c);
     int pos = mod(c->rank - root, W), rc;
     for (size_t o = 0; o < bytes; o += r->chunk) {
@@ -276,7 +326,8 @@ static int f_broadcast(pf_coll *c, void *buf, size_t bytes, int root)
             memcpy((uint8_t *)buf + o, pl, n);
         }
         if (pos < W - 1)
-            if ((rc = post_send(c, (uint8_t *)buf + o, n)) < 0 || (rc = ring_wait(c, 1, 0)) < 0) return rc;
+            if ((rc = post_send(c, (uint8_t *)buf + o, n)) < 0 || (rc = ring_wait(c, 1, 0)) < 0)
+                return rc;
         r->step++;
     }
     return 0;
@@ -291,13 +342,17 @@ static int f_barrier(pf_coll *c)
 static void f_destroy(pf_coll *c)
 {
     ring *r = ring_of(c);
-    if (!r) return;
+    if (!r)
+        return;
     fab_mr_close(&r->smr);
     fab_mr_close(&r->rmr);
     /* After an error a posted operation may still reference a staging buffer until the endpoint closes:
-     * leave that buffer allocated (once, in a run that is ending) rather than risk a write into freed memory. */
-    if (!r->send_out) free(r->sbuf);
-    if (!r->recv_out) free(r->rbuf);
+     * leave that buffer allocated (once, in a run that is ending) rather than risk a write into freed memory.
+     */
+    if (!r->send_out)
+        free(r->sbuf);
+    if (!r->recv_out)
+        free(r->rbuf);
     free(r);
     c->impl = NULL;
 }
@@ -311,8 +366,8 @@ static const pf_coll_ops fabric_ops = {
     .destroy = f_destroy,
 };
 
-int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *addrs, const size_t *addr_lens,
-                       const coll_fabric_opts *opts, pf_coll *out)
+int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *addrs,
+                       const size_t *addr_lens, const coll_fabric_opts *opts, pf_coll *out)
 {
     memset(out, 0, sizeof *out);
     if (!f || world_size < 1 || world_size > 1024 || rank < 0 || rank >= world_size)
@@ -320,7 +375,8 @@ int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *
     if (world_size > 1 && (!addrs || !addr_lens))
         return pf_err(-EINVAL, "ring: no address book");
     ring *r = calloc(1, sizeof *r);
-    if (!r) return pf_err(-ENOMEM, "ring: out of memory");
+    if (!r)
+        return pf_err(-ENOMEM, "ring: out of memory");
     r->f = f;
     r->chunk = opts && opts->chunk_bytes ? opts->chunk_bytes : DEFAULT_CHUNK;
     r->timeout_s = opts && opts->timeout_s > 0 ? opts->timeout_s : DEFAULT_TIMEOUT;
@@ -333,7 +389,8 @@ int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *
         f_destroy(out);
         return pf_err(-EINVAL, "ring: chunk_bytes %zu outside [16, 4 GiB)", opts->chunk_bytes);
     }
-    if (world_size == 1) return 0;
+    if (world_size == 1)
+        return 0;
     int right = (rank + 1) % world_size, rc;
     r->sbuf = malloc(HDR + r->chunk);
     r->rbuf = malloc(HDR + r->chunk);

@@ -25,9 +25,15 @@ struct coll_thread_group {
 
 enum { K_ALLREDUCE = 1, K_ALLGATHER, K_REDUCE_SCATTER, K_BROADCAST, K_BARRIER };
 
-static coll_thread_group *group_of(pf_coll *c) { return (coll_thread_group *)c->impl; }
+static coll_thread_group *group_of(pf_coll *c)
+{
+    return (coll_thread_group *)c->impl;
+}
 
-static void wait_all(coll_thread_group *g) { pthread_barrier_wait(&g->barrier); }
+static void wait_all(coll_thread_group *g)
+{
+    pthread_barrier_wait(&g->barrier);
+}
 
 /* Publishes this rank's arguments and waits for all ranks; returns 0 when every rank called the
  * same collective with the same arguments, else -EINVAL (the same verdict on every rank). */
@@ -45,8 +51,10 @@ static int publish(pf_coll *c, int kind, const void *ptr, size_t count, int dt, 
     for (int r = 0; r < g->world_size; r++) {
         const coll_slot *o = &g->slots[r];
         if (o->kind != kind || o->count != count || o->dt != dt || o->op != op || o->root != root)
-            return pf_err(-EINVAL, "coll_thread: rank %d called collective %d (count %zu) while rank %d "
-                          "called %d (count %zu)", c->rank, kind, count, r, o->kind, o->count);
+            return pf_err(-EINVAL,
+                          "coll_thread: rank %d called collective %d (count %zu) while rank %d "
+                          "called %d (count %zu)",
+                          c->rank, kind, count, r, o->kind, o->count);
     }
     return 0;
 }
@@ -57,35 +65,44 @@ static void reduce_into(void *dst, const void *src, size_t count, coll_dtype dt,
         float *d = dst;
         const float *s = src;
         if (op == COLL_SUM)
-            for (size_t i = 0; i < count; i++) d[i] += s[i];
+            for (size_t i = 0; i < count; i++)
+                d[i] += s[i];
         else
-            for (size_t i = 0; i < count; i++) d[i] = s[i] > d[i] ? s[i] : d[i];
+            for (size_t i = 0; i < count; i++)
+                d[i] = s[i] > d[i] ? s[i] : d[i];
     } else {
         double *d = dst;
         const double *s = src;
         if (op == COLL_SUM)
-            for (size_t i = 0; i < count; i++) d[i] += s[i];
+            for (size_t i = 0; i < count; i++)
+                d[i] += s[i];
         else
-            for (size_t i = 0; i < count; i++) d[i] = s[i] > d[i] ? s[i] : d[i];
+            for (size_t i = 0; i < count; i++)
+                d[i] = s[i] > d[i] ? s[i] : d[i];
     }
 }
 
 static int t_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
 {
     coll_thread_group *g = group_of(c);
-    if (dt != COLL_F32 && dt != COLL_F64) return pf_err(-EINVAL, "coll allreduce: bad dtype %d", (int)dt);
-    if (op != COLL_SUM && op != COLL_MAX) return pf_err(-EINVAL, "coll allreduce: bad op %d", (int)op);
+    if (dt != COLL_F32 && dt != COLL_F64)
+        return pf_err(-EINVAL, "coll allreduce: bad dtype %d", (int)dt);
+    if (op != COLL_SUM && op != COLL_MAX)
+        return pf_err(-EINVAL, "coll allreduce: bad op %d", (int)op);
     size_t bytes = count * coll_dtype_size(dt);
     void *tmp = bytes ? malloc(bytes) : NULL;
     /* Every rank must enter the barriers even when its malloc failed; the failure is reported after. */
     int rc = publish(c, K_ALLREDUCE, buf, count, dt, op, 0);
     if (rc == 0 && tmp) {
         memcpy(tmp, g->slots[0].ptr, bytes);
-        for (int r = 1; r < g->world_size; r++) reduce_into(tmp, g->slots[r].ptr, count, dt, op);
+        for (int r = 1; r < g->world_size; r++)
+            reduce_into(tmp, g->slots[r].ptr, count, dt, op);
     }
     wait_all(g);
-    if (rc == 0 && bytes && !tmp) rc = pf_err(-ENOMEM, "coll allreduce: out of memory (%zu bytes)", bytes);
-    if (rc == 0 && tmp) memcpy(buf, tmp, bytes);
+    if (rc == 0 && bytes && !tmp)
+        rc = pf_err(-ENOMEM, "coll allreduce: out of memory (%zu bytes)", bytes);
+    if (rc == 0 && tmp)
+        memcpy(buf, tmp, bytes);
     free(tmp);
     return rc;
 }
@@ -97,7 +114,8 @@ static int t_allgather(pf_coll *c, const void *send, void *recv, size_t bytes)
     if (rc == 0)
         for (int r = 0; r < g->world_size; r++) {
             char *dst = (char *)recv + (size_t)r * bytes;
-            if (dst != g->slots[r].ptr) memcpy(dst, g->slots[r].ptr, bytes); /* in-place allgather */
+            if (dst != g->slots[r].ptr)
+                memcpy(dst, g->slots[r].ptr, bytes); /* in-place allgather */
         }
     wait_all(g);
     return rc;
@@ -106,7 +124,8 @@ static int t_allgather(pf_coll *c, const void *send, void *recv, size_t bytes)
 static int t_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t count, coll_dtype dt)
 {
     coll_thread_group *g = group_of(c);
-    if (dt != COLL_F32 && dt != COLL_F64) return pf_err(-EINVAL, "coll reduce_scatter: bad dtype %d", (int)dt);
+    if (dt != COLL_F32 && dt != COLL_F64)
+        return pf_err(-EINVAL, "coll reduce_scatter: bad dtype %d", (int)dt);
     int rc = publish(c, K_REDUCE_SCATTER, send, count, dt, COLL_SUM, 0);
     if (rc == 0) {
         size_t bytes = count * coll_dtype_size(dt), off = (size_t)c->rank * bytes;
@@ -124,7 +143,8 @@ static int t_broadcast(pf_coll *c, void *buf, size_t bytes, int root)
     if (root < 0 || root >= c->world_size)
         return pf_err(-EINVAL, "coll broadcast: root %d outside [0, %d)", root, c->world_size);
     int rc = publish(c, K_BROADCAST, buf, bytes, 0, 0, root);
-    if (rc == 0 && c->rank != root) memcpy(buf, g->slots[root].ptr, bytes);
+    if (rc == 0 && c->rank != root)
+        memcpy(buf, g->slots[root].ptr, bytes);
     wait_all(g);
     return rc;
 }
@@ -136,7 +156,10 @@ static int t_barrier(pf_coll *c)
     return rc;
 }
 
-static void t_destroy(pf_coll *c) { c->impl = NULL; }
+static void t_destroy(pf_coll *c)
+{
+    c->impl = NULL;
+}
 
 static const pf_coll_ops thread_ops = {
     .allreduce = t_allreduce,
@@ -153,7 +176,8 @@ int coll_thread_group_create(int world_size, coll_thread_group **out)
     if (world_size < 1 || world_size > 1024)
         return pf_err(-EINVAL, "coll_thread: world_size %d outside [1, 1024]", world_size);
     coll_thread_group *g = calloc(1, sizeof *g);
-    if (!g) return pf_err(-ENOMEM, "coll_thread: out of memory");
+    if (!g)
+        return pf_err(-ENOMEM, "coll_thread: out of memory");
     g->slots = calloc((size_t)world_size, sizeof *g->slots);
     if (!g->slots) {
         free(g);
@@ -182,7 +206,8 @@ int coll_thread_get(coll_thread_group *g, int rank, pf_coll *out)
 
 void coll_thread_group_destroy(coll_thread_group *g)
 {
-    if (!g) return;
+    if (!g)
+        return;
     pthread_barrier_destroy(&g->barrier);
     free(g->slots);
     free(g);

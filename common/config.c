@@ -23,16 +23,16 @@ typedef struct key_def {
     const char *section;
     key_type type;
     size_t off;
-    const char *def;          /* default as text, parsed by the same code as a file value */
-    double lo, hi;            /* numeric range (for K_F3: each element) */
+    const char *def; /* default as text, parsed by the same code as a file value */
+    double lo, hi;   /* numeric range (for K_F3: each element) */
     int lo_open, hi_open;
-    const char *choices;      /* K_STR: space-separated allowed values, NULL = any */
-    int required;             /* must be set (num_classes > 0, rec non-empty) */
-    int nonempty;             /* K_STR: "" not allowed */
+    const char *choices; /* K_STR: space-separated allowed values, NULL = any */
+    int required;        /* must be set (num_classes > 0, rec non-empty) */
+    int nonempty;        /* K_STR: "" not allowed */
 } key_def;
 
 #define OFF(f) offsetof(pf_config, f)
-#define BIG 1e18
+#define BIG    1e18
 
 /* The known keys, in the order cfg_to_ini and cfg_log write them. Help text lives in
  * docs/configuration.md. */
@@ -43,8 +43,8 @@ static const key_def keys[] = {
     {"sample_rate", "train", K_DOUBLE, OFF(sample_rate), "1.0", 0, 1, 1, 0, NULL, 0, 0},
     {"margin_list", "train", K_F3, OFF(margin_list), "1.0, 0.5, 0.0", -10, 10, 0, 0, NULL, 0, 0},
     {"scale", "train", K_DOUBLE, OFF(scale), "64", 0, 1e6, 1, 0, NULL, 0, 0},
-    {"interclass_filtering_threshold", "train", K_DOUBLE, OFF(interclass_filtering_threshold), "0", 0, 1, 0, 1,
-     NULL, 0, 0},
+    {"interclass_filtering_threshold", "train", K_DOUBLE, OFF(interclass_filtering_threshold), "0", 0, 1, 0,
+     1, NULL, 0, 0},
     {"margin_grad", "train", K_STR, OFF(margin_grad), "exact", 0, 0, 0, 0, "exact straight_through", 0, 1},
     {"fp16", "train", K_BOOL, OFF(fp16), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"bf16", "train", K_BOOL, OFF(bf16), "false", 0, 1, 0, 0, NULL, 0, 0},
@@ -241,7 +241,8 @@ static int check_key(const pf_config *cfg, const key_def *k, int check_required)
         snprintf(text, sizeof text, "%lld", (long long)v);
         if (k->required && v <= 0) {
             if (check_required)
-                return pf_err(-EINVAL, "missing required key '%s' (must be set to a positive value)", k->name);
+                return pf_err(-EINVAL, "missing required key '%s' (must be set to a positive value)",
+                              k->name);
             if (v < 0)
                 return range_err(k, text);
             break;
@@ -257,8 +258,7 @@ static int check_key(const pf_config *cfg, const key_def *k, int check_required)
             return range_err(k, text);
         break;
     }
-    case K_BOOL:
-        break;
+    case K_BOOL: break;
     case K_F3: {
         const double *v = (const double *)(const void *)base;
         for (int i = 0; i < 3; i++) {
@@ -313,8 +313,10 @@ static int parse_f3(const key_def *k, const char *v, double x[3])
             break;
         }
         if (parse_double(t, &x[cnt]) < 0)
-            return pf_err(-EINVAL, "key '%s': element '%s' of '%s' is not a number (expected 3 numbers "
-                          "like '1.0, 0.5, 0.0')", k->name, t, v);
+            return pf_err(-EINVAL,
+                          "key '%s': element '%s' of '%s' is not a number (expected 3 numbers "
+                          "like '1.0, 0.5, 0.0')",
+                          k->name, t, v);
         cnt++;
     }
     if (cnt != 3)
@@ -386,7 +388,8 @@ static int set_typed(pf_config *cfg, const key_def *k, const char *v)
     case K_BOOL: {
         int b;
         if (parse_bool(v, &b) < 0)
-            return pf_err(-EINVAL, "key '%s': '%s' is not a boolean (true/false, 1/0, yes/no, on/off)", k->name, v);
+            return pf_err(-EINVAL, "key '%s': '%s' is not a boolean (true/false, 1/0, yes/no, on/off)",
+                          k->name, v);
         *(int *)(void *)((char *)cfg + k->off) = b;
         return 0;
     }
@@ -437,21 +440,30 @@ static int validate(const pf_config *cfg, int check_required)
             return rc;
     }
     if (cfg->fp16 && cfg->bf16)
-        return pf_err(-EINVAL, "keys 'fp16' and 'bf16' are both true: mixed precision is fp16 (with loss scaling) "
+        return pf_err(-EINVAL,
+                      "keys 'fp16' and 'bf16' are both true: mixed precision is fp16 (with loss scaling) "
                       "or bf16, set one of them");
     if (cfg->warmup_epoch > cfg->num_epoch)
-        return pf_err(-ERANGE, "key 'warmup_epoch': %g is more than num_epoch %d", cfg->warmup_epoch, cfg->num_epoch);
-    /* Whenever num_classes is given (not only where it is required): pfcps config-get, which the local launcher
-     * runs first, then refuses the config at once instead of server 0 alone while the others wait to join. */
+        return pf_err(-ERANGE, "key 'warmup_epoch': %g is more than num_epoch %d", cfg->warmup_epoch,
+                      cfg->num_epoch);
+    /* Whenever num_classes is given (not only where it is required): pfcps config-get, which the local
+     * launcher runs first, then refuses the config at once instead of server 0 alone while the others wait to
+     * join. */
     if (cfg->num_classes > 0 && cfg->num_classes < cfg->servers)
-        return pf_err(-ERANGE, "key 'servers': %d servers for num_classes %lld leaves a shard empty", cfg->servers,
-                      (long long)cfg->num_classes);
+        return pf_err(-ERANGE, "key 'servers': %d servers for num_classes %lld leaves a shard empty",
+                      cfg->servers, (long long)cfg->num_classes);
     return 0;
 }
 
-int cfg_validate(const pf_config *cfg) { return validate(cfg, 1); }
+int cfg_validate(const pf_config *cfg)
+{
+    return validate(cfg, 1);
+}
 
-int cfg_validate_ranges(const pf_config *cfg) { return validate(cfg, 0); }
+int cfg_validate_ranges(const pf_config *cfg)
+{
+    return validate(cfg, 0);
+}
 
 /* inih handler state: the first error wins; inih returns its line number. */
 typedef struct parse_state {
@@ -613,18 +625,10 @@ static void format_value(const pf_config *cfg, const key_def *k, char *out, size
 {
     const char *base = (const char *)cfg + k->off;
     switch (k->type) {
-    case K_INT:
-        snprintf(out, cap, "%d", *(const int *)(const void *)base);
-        break;
-    case K_I64:
-        snprintf(out, cap, "%lld", (long long)*(const int64_t *)(const void *)base);
-        break;
-    case K_DOUBLE:
-        fmt_double(out, cap, *(const double *)(const void *)base);
-        break;
-    case K_BOOL:
-        snprintf(out, cap, "%s", *(const int *)(const void *)base ? "true" : "false");
-        break;
+    case K_INT: snprintf(out, cap, "%d", *(const int *)(const void *)base); break;
+    case K_I64: snprintf(out, cap, "%lld", (long long)*(const int64_t *)(const void *)base); break;
+    case K_DOUBLE: fmt_double(out, cap, *(const double *)(const void *)base); break;
+    case K_BOOL: snprintf(out, cap, "%s", *(const int *)(const void *)base ? "true" : "false"); break;
     case K_F3: {
         const double *v = (const double *)(const void *)base;
         char x[3][32];
@@ -685,9 +689,15 @@ void cfg_log(const pf_config *cfg)
     }
 }
 
-int cfg_key_count(void) { return NKEYS; }
+int cfg_key_count(void)
+{
+    return NKEYS;
+}
 
-const char *cfg_key_name(int i) { return i >= 0 && i < NKEYS ? keys[i].name : NULL; }
+const char *cfg_key_name(int i)
+{
+    return i >= 0 && i < NKEYS ? keys[i].name : NULL;
+}
 
 const char *cfg_secret(const pf_config *cfg)
 {

@@ -16,52 +16,52 @@
 
 typedef struct pf_config {
     /* --- model / head (arcface_torch names) --- */
-    char network[CFG_STR];          /* r18 r34 r50 r100 r200 mbf, or tiny test nets; default "r50" */
-    int embedding_size;             /* D, default 512 */
-    double sample_rate;             /* Partial FC sample rate r in (0, 1], default 1.0 */
-    double margin_list[3];          /* (m1, m2, m3), default (1.0, 0.5, 0.0) = ArcFace */
-    double scale;                   /* logit scale s, default 64 */
+    char network[CFG_STR];                 /* r18 r34 r50 r100 r200 mbf, or tiny test nets; default "r50" */
+    int embedding_size;                    /* D, default 512 */
+    double sample_rate;                    /* Partial FC sample rate r in (0, 1], default 1.0 */
+    double margin_list[3];                 /* (m1, m2, m3), default (1.0, 0.5, 0.0) = ArcFace */
+    double scale;                          /* logit scale s, default 64 */
     double interclass_filtering_threshold; /* 0 = off */
-    char margin_grad[CFG_STR];      /* "exact" (default) or "straight_through" */
-    int fp16;                       /* mixed precision, fp16 body + dynamic loss scaling, default false */
-    int bf16;                       /* mixed precision, bf16 body, default false (not with fp16) */
-    char device[CFG_STR];           /* "cpu" (default), "cuda"; debugging devices "cpu-fenced", "cpu-bf16" */
+    char margin_grad[CFG_STR];             /* "exact" (default) or "straight_through" */
+    int fp16;             /* mixed precision, fp16 body + dynamic loss scaling, default false */
+    int bf16;             /* mixed precision, bf16 body, default false (not with fp16) */
+    char device[CFG_STR]; /* "cpu" (default), "cuda"; debugging devices "cpu-fenced", "cpu-bf16" */
     /* --- optimizer / schedule --- */
-    char optimizer[CFG_STR];        /* "sgd" (default) or "adamw" */
-    double lr;                      /* default 0.1 */
-    double momentum;                /* default 0.9 */
-    double weight_decay;            /* default 5e-4 */
-    int batch_size;                 /* per worker, default 128 */
-    int64_t num_classes;            /* C, required (> 0) */
-    int64_t num_image;              /* images in the dataset; 0 = read from the dataset */
-    int num_epoch;                  /* default 20 */
-    double warmup_epoch;            /* default 0 */
+    char optimizer[CFG_STR]; /* "sgd" (default) or "adamw" */
+    double lr;               /* default 0.1 */
+    double momentum;         /* default 0.9 */
+    double weight_decay;     /* default 5e-4 */
+    int batch_size;          /* per worker, default 128 */
+    int64_t num_classes;     /* C, required (> 0) */
+    int64_t num_image;       /* images in the dataset; 0 = read from the dataset */
+    int num_epoch;           /* default 20 */
+    double warmup_epoch;     /* default 0 */
     /* --- data / output --- */
-    char rec[CFG_STR];              /* dataset prefix or directory (train.rec/train.idx), or "synthetic"; required */
-    int frequent;                   /* log every N steps, default 10 */
-    int verbose;                    /* verification every N steps (arcface_torch), default 2000 */
-    char output[CFG_STR];           /* output directory, default "work_dirs/pfcps" */
-    int64_t seed;                   /* default 2048 */
-    int num_workers;                /* data loader threads per worker, default 2 */
-    int resume;                     /* default false */
-    int save_all_states;            /* default false */
-    int skip_bad_records;           /* default false: a bad record stops the loader */
-    int resize;                     /* default false: images not 112x112 are an error; true: resized */
+    char rec[CFG_STR];    /* dataset prefix or directory (train.rec/train.idx), or "synthetic"; required */
+    int frequent;         /* log every N steps, default 10 */
+    int verbose;          /* verification every N steps (arcface_torch), default 2000 */
+    char output[CFG_STR]; /* output directory, default "work_dirs/pfcps" */
+    int64_t seed;         /* default 2048 */
+    int num_workers;      /* data loader threads per worker, default 2 */
+    int resume;           /* default false */
+    int save_all_states;  /* default false */
+    int skip_bad_records; /* default false: a bad record stops the loader */
+    int resize;           /* default false: images not 112x112 are an error; true: resized */
     /* --- cluster --- */
-    int servers;                    /* S, default 1 */
-    int workers;                    /* W, default 1 */
-    char provider[CFG_STR];         /* libfabric provider: "tcp" (default, means tcp;ofi_rxm), "shm", "verbs" */
-    char rendezvous[CFG_STR];       /* host:port of server 0's control plane, default "127.0.0.1:29500" */
-    char wire_dtype[CFG_STR];       /* "fp32" (default), "fp16", "bf16" */
-    int max_staleness;              /* 0 = BSP (default); k = pulls may run k steps ahead (SSP) */
-    char head_mode[CFG_STR];        /* "global" (default) or "local" */
-    char secret[CFG_STR];           /* shared join secret; default "" = read PFCPS_SECRET from the environment */
-    int ctl_max_frame;              /* control-plane frame limit, bytes, default 1 MiB */
-    double ctl_timeout;             /* control-plane read timeout, seconds, default 30 */
+    int servers;              /* S, default 1 */
+    int workers;              /* W, default 1 */
+    char provider[CFG_STR];   /* libfabric provider: "tcp" (default, means tcp;ofi_rxm), "shm", "verbs" */
+    char rendezvous[CFG_STR]; /* host:port of server 0's control plane, default "127.0.0.1:29500" */
+    char wire_dtype[CFG_STR]; /* "fp32" (default), "fp16", "bf16" */
+    int max_staleness;        /* 0 = BSP (default); k = pulls may run k steps ahead (SSP) */
+    char head_mode[CFG_STR];  /* "global" (default) or "local" */
+    char secret[CFG_STR];     /* shared join secret; default "" = read PFCPS_SECRET from the environment */
+    int ctl_max_frame;        /* control-plane frame limit, bytes, default 1 MiB */
+    double ctl_timeout;       /* control-plane read timeout, seconds, default 30 */
     /* --- server --- */
-    char snapshot_dir[CFG_STR];     /* default "" = <output>/snapshots */
-    int snapshot_every;             /* steps between snapshots, 0 = off (default) */
-    int apply_threads;              /* server threads applying pushes, default 2 */
+    char snapshot_dir[CFG_STR]; /* default "" = <output>/snapshots */
+    int snapshot_every;         /* steps between snapshots, 0 = off (default) */
+    int apply_threads;          /* server threads applying pushes, default 2 */
 } pf_config;
 
 /* Fills `cfg` with the defaults listed above (num_classes 0 and rec "" still need to be set). */
@@ -92,7 +92,8 @@ void cfg_log(const pf_config *cfg);
 /* cfg_load with `check_required` = 0: ranges are checked but num_classes/rec may stay unset (a member
  * that takes the run config from the rendezvous needs from its own file the cluster keys, plus, for a
  * worker, the keys its endpoints are opened with before the run config arrives: provider, servers,
- * embedding_size, wire_dtype, device — worker/train.c refuses a worker whose values differ from the run's). */
+ * embedding_size, wire_dtype, device — worker/train.c refuses a worker whose values differ from the run's).
+ */
 int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int nset, int check_required);
 
 /* cfg_validate without the required-key checks. */

@@ -27,8 +27,8 @@ typedef struct ctl_rendezvous ctl_rendezvous;
 typedef struct ctl_session ctl_session;
 
 typedef struct ctl_rendezvous_opts {
-    const char *bind_host;   /* e.g. "127.0.0.1" or "0.0.0.0" */
-    int port;                /* 0 = pick a free port (ctl_rendezvous_port tells which) */
+    const char *bind_host; /* e.g. "127.0.0.1" or "0.0.0.0" */
+    int port;              /* 0 = pick a free port (ctl_rendezvous_port tells which) */
     int num_servers, num_workers;
     const char *secret;      /* shared secret, non-empty */
     size_t max_frame;        /* bytes; frames longer than this are refused */

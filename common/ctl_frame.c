@@ -103,8 +103,8 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
             if (rc < 0)
                 return rc;
             if (mb->fabric_addr.len > CTL_MAX_ADDR)
-                return pf_err(-EPROTO, "join_reply: member %zu fabric address of %zu bytes is longer than %d", i,
-                              mb->fabric_addr.len, CTL_MAX_ADDR);
+                return pf_err(-EPROTO, "join_reply: member %zu fabric address of %zu bytes is longer than %d",
+                              i, mb->fabric_addr.len, CTL_MAX_ADDR);
         }
         if (!r->config_text)
             return pf_err(-EPROTO, "join_reply: missing config text");
@@ -118,7 +118,7 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
         return m->error && m->error->message ? 0 : pf_err(-EPROTO, "error: missing body");
     default:
         return pf_err(-EPROTO, "message has no body (exactly one of hello/join/join_reply/heartbeat/shutdown/"
-                      "error must be set)");
+                               "error must be set)");
     }
 }
 
@@ -126,7 +126,8 @@ int ctl_msg_decode(const uint8_t *payload, size_t len, Pfcps__CtlMessage **out)
 {
     Pfcps__CtlMessage *m = pfcps__ctl_message__unpack(NULL, len, payload);
     if (!m)
-        return pf_err(-EPROTO, "undecodable control message (%zu bytes are not a valid protobuf CtlMessage)", len);
+        return pf_err(-EPROTO, "undecodable control message (%zu bytes are not a valid protobuf CtlMessage)",
+                      len);
     int rc = ctl_msg_check(m);
     if (rc < 0) {
         pfcps__ctl_message__free_unpacked(m, NULL);
@@ -195,8 +196,8 @@ int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
         if (mb->rank >= limit) {
             free(seen);
             ctl_book_free(book);
-            return pf_err(-EPROTO, "join_reply: %s rank %d is outside [0, %d)", is_server ? "server" : "worker",
-                          mb->rank, limit);
+            return pf_err(-EPROTO, "join_reply: %s rank %d is outside [0, %d)",
+                          is_server ? "server" : "worker", mb->rank, limit);
         }
         size_t slot = is_server ? (size_t)mb->rank : (size_t)r->num_servers + (size_t)mb->rank;
         if (seen[slot]) {

@@ -16,9 +16,9 @@
 #include <stdint.h>
 
 #define CTL_PROTOCOL_VERSION 1
-#define CTL_NONCE_LEN 32     /* bytes of the service's random join nonce */
-#define CTL_MAC_LEN 32       /* HMAC-SHA256 output bytes */
-#define CTL_MAX_MEMBERS 65536 /* per role; matches the config's servers/workers limit */
+#define CTL_NONCE_LEN        32    /* bytes of the service's random join nonce */
+#define CTL_MAC_LEN          32    /* HMAC-SHA256 output bytes */
+#define CTL_MAX_MEMBERS      65536 /* per role; matches the config's servers/workers limit */
 
 /* Packs `msg` into a new malloc'd frame (4-byte LE length + payload) in *out, its size in *out_len.
  * Returns 0, -EMSGSIZE when the payload exceeds max_frame bytes, or -ENOMEM. */

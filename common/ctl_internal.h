@@ -9,6 +9,9 @@
 #define CTL_TICK_MS 100
 
 /* "server" or "worker", for logs and errors. */
-static inline const char *ctl_role_name(int role) { return role == CTL_ROLE_SERVER ? "server" : "worker"; }
+static inline const char *ctl_role_name(int role)
+{
+    return role == CTL_ROLE_SERVER ? "server" : "worker";
+}
 
 #endif

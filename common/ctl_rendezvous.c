@@ -25,7 +25,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define CTL_SPARE_CONNS 256 /* connections beyond one per member (joins in progress, strays) */
+#define CTL_SPARE_CONNS   256 /* connections beyond one per member (joins in progress, strays) */
 #define CTL_CLOSE_GRACE_S 1.0 /* time to flush an error reply before the socket is closed */
 
 static int set_nonblock(int fd)
@@ -42,12 +42,12 @@ typedef struct conn {
     uint8_t *wbuf;
     size_t wlen, wcap;
     int joined;
-    int left;           /* the member said it leaves (ctl_session_leave): its disconnect is orderly */
+    int left; /* the member said it leaves (ctl_session_leave): its disconnect is orderly */
     ctl_role role;
     int rank;
-    int closing;        /* no more reads; close once wbuf is flushed or close_at passes */
-    int dead;           /* close at the end of this loop iteration */
-    double deadline;    /* read deadline (0 = none): join not finished, or a partial frame pending */
+    int closing;     /* no more reads; close once wbuf is flushed or close_at passes */
+    int dead;        /* close at the end of this loop iteration */
+    double deadline; /* read deadline (0 = none): join not finished, or a partial frame pending */
     double close_at;
     uint8_t nonce[CTL_NONCE_LEN];
     size_t addr_len;
@@ -83,7 +83,8 @@ static void conn_queue(ctl_rendezvous *rv, conn *c, const uint8_t *p, size_t n)
     if (c->dead)
         return;
     if (c->wlen + n > 2 * rv->max_frame + 65536) {
-        log_warn("control plane: dropping %s: it does not read its replies (%zu bytes pending)", c->peer, c->wlen);
+        log_warn("control plane: dropping %s: it does not read its replies (%zu bytes pending)", c->peer,
+                 c->wlen);
         c->dead = 1;
         return;
     }
@@ -109,7 +110,8 @@ static void conn_send_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *
     uint8_t *frame;
     size_t len;
     if (ctl_frame_encode(m, rv->max_frame, &frame, &len) < 0) {
-        log_error("control plane: cannot encode %s for %s: %s", ctl_msg_name(m->body_case), c->peer, pf_errmsg());
+        log_error("control plane: cannot encode %s for %s: %s", ctl_msg_name(m->body_case), c->peer,
+                  pf_errmsg());
         c->dead = 1;
         return;
     }
@@ -154,8 +156,9 @@ static void release_slot(ctl_rendezvous *rv, conn *c)
             log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
                      ctl_role_name(c->role), c->rank, c->peer);
         } else if (!rv->shutdown_sent && !c->left) {
-            log_warn("control plane: %s[%d] (%s) disconnected without leaving the run: telling the other members",
-                     ctl_role_name(c->role), c->rank, c->peer);
+            log_warn(
+                "control plane: %s[%d] (%s) disconnected without leaving the run: telling the other members",
+                ctl_role_name(c->role), c->rank, c->peer);
             queue_member_lost(rv, c);
         }
     }
@@ -186,13 +189,14 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     if (ctl_join_mac(rv->secret, c->nonce, sizeof c->nonce, (int)j->role, j->rank, j->fabric_addr.data,
                      j->fabric_addr.len, mac) < 0 ||
         CRYPTO_memcmp(mac, j->mac.data, CTL_MAC_LEN) != 0) {
-        snprintf(msg, sizeof msg, "join as %s rank %d refused: bad secret (HMAC does not match)", who, j->rank);
+        snprintf(msg, sizeof msg, "join as %s rank %d refused: bad secret (HMAC does not match)", who,
+                 j->rank);
         conn_refuse(rv, c, EACCES, msg);
         return;
     }
     if (c->joined) {
-        snprintf(msg, sizeof msg, "join as %s rank %d refused: this connection already joined as %s rank %d", who,
-                 j->rank, ctl_role_name(c->role), c->rank);
+        snprintf(msg, sizeof msg, "join as %s rank %d refused: this connection already joined as %s rank %d",
+                 who, j->rank, ctl_role_name(c->role), c->rank);
         conn_refuse(rv, c, EEXIST, msg);
         return;
     }
@@ -260,8 +264,9 @@ static void conn_read(ctl_rendezvous *rv, conn *c, double now)
     }
     if (r == 0) {
         if (c->rlen > 0)
-            log_warn("control plane: %s closed the connection in the middle of a frame (truncated, %zu bytes)",
-                     c->peer, c->rlen);
+            log_warn(
+                "control plane: %s closed the connection in the middle of a frame (truncated, %zu bytes)",
+                c->peer, c->rlen);
         else if (!c->joined)
             log_warn("control plane: %s closed the connection without joining", c->peer);
         c->dead = 1;
@@ -338,9 +343,11 @@ static void accept_new(ctl_rendezvous *rv, double now)
         if (fd < 0)
             return;
         char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?";
-        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV);
+        getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV);
         if (rv->nconns >= rv->max_conns || set_nonblock(fd) < 0) {
-            log_warn("control plane: refusing connection from %s:%s (%d connections open)", host, serv, rv->nconns);
+            log_warn("control plane: refusing connection from %s:%s (%d connections open)", host, serv,
+                     rv->nconns);
             /* Best effort error reply (a fresh socket's buffer takes it without blocking), then close. */
             Pfcps__Error e = PFCPS__ERROR__INIT;
             e.code = EBUSY;
@@ -501,8 +508,8 @@ static int fill_pollfds(ctl_rendezvous *rv, struct pollfd *pfd)
     int nc = rv->nconns;
     for (int i = 0; i < nc; i++) {
         conn *c = rv->conns[i];
-        pfd[2 + i] = (struct pollfd){.fd = c->fd, .events = (short)((c->closing ? 0 : POLLIN) |
-                                                                 (c->wlen ? POLLOUT : 0))};
+        pfd[2 + i] = (struct pollfd){.fd = c->fd,
+                                     .events = (short)((c->closing ? 0 : POLLIN) | (c->wlen ? POLLOUT : 0))};
     }
     return nc;
 }
@@ -532,7 +539,9 @@ static void expire_and_flush(ctl_rendezvous *rv, double now)
         if (!c->closing && !c->dead && c->deadline > 0 && now > c->deadline) {
             char msg[160];
             snprintf(msg, sizeof msg, "read timed out after %.3g s (%s)", rv->timeout_s,
-                     c->joined ? "incomplete frame" : c->rlen ? "incomplete frame before join" : "no join");
+                     c->joined ? "incomplete frame"
+                     : c->rlen ? "incomplete frame before join"
+                               : "no join");
             conn_refuse(rv, c, ETIMEDOUT, msg);
         }
         if (c->wlen && !c->dead)
@@ -586,8 +595,8 @@ static void log_never_joined(const ctl_rendezvous *rv)
             continue;
         int srv = i < rv->num_servers;
         if (o < sizeof miss)
-            o += (size_t)snprintf(miss + o, sizeof miss - o, "%s%s[%d]", n ? ", " : "", srv ? "server" : "worker",
-                                  srv ? i : i - rv->num_servers);
+            o += (size_t)snprintf(miss + o, sizeof miss - o, "%s%s[%d]", n ? ", " : "",
+                                  srv ? "server" : "worker", srv ? i : i - rv->num_servers);
         n++;
     }
     if (n)
@@ -707,8 +716,8 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->server_slot = calloc((size_t)o->num_servers, sizeof *rv->server_slot);
     rv->worker_slot = calloc((size_t)o->num_workers, sizeof *rv->worker_slot);
     rv->ever_joined = calloc((size_t)o->num_servers + (size_t)o->num_workers, 1);
-    if (!rv->bind_host || !rv->secret || !rv->config_text || !rv->conns || !rv->server_slot || !rv->worker_slot ||
-        !rv->ever_joined) {
+    if (!rv->bind_host || !rv->secret || !rv->config_text || !rv->conns || !rv->server_slot ||
+        !rv->worker_slot || !rv->ever_joined) {
         rv_free(rv);
         return pf_err(-ENOMEM, "rendezvous: out of memory");
     }
@@ -731,7 +740,8 @@ static int rv_listen(ctl_rendezvous *rv, int port)
     snprintf(portstr, sizeof portstr, "%d", port);
     int gr = getaddrinfo(rv->bind_host, portstr, &hints, &ai);
     if (gr != 0)
-        return pf_err(-EINVAL, "rendezvous: cannot resolve bind host '%s': %s", rv->bind_host, gai_strerror(gr));
+        return pf_err(-EINVAL, "rendezvous: cannot resolve bind host '%s': %s", rv->bind_host,
+                      gai_strerror(gr));
     int err = 0;
     for (struct addrinfo *a = ai; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -781,15 +791,21 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
         return pf_err(-pr, "rendezvous: cannot start the service thread: %s", strerror(pr));
     }
     log_info("control plane: rendezvous listening on %s:%d for %d servers + %d workers (max frame %zu bytes, "
-             "read timeout %g s)", rv->bind_host, rv->port, rv->num_servers, rv->num_workers, rv->max_frame,
-             rv->timeout_s);
+             "read timeout %g s)",
+             rv->bind_host, rv->port, rv->num_servers, rv->num_workers, rv->max_frame, rv->timeout_s);
     *out = rv;
     return 0;
 }
 
-int ctl_rendezvous_port(const ctl_rendezvous *rv) { return rv->port; }
+int ctl_rendezvous_port(const ctl_rendezvous *rv)
+{
+    return rv->port;
+}
 
-int ctl_rendezvous_joined(const ctl_rendezvous *rv) { return atomic_load(&((ctl_rendezvous *)rv)->joined); }
+int ctl_rendezvous_joined(const ctl_rendezvous *rv)
+{
+    return atomic_load(&((ctl_rendezvous *)rv)->joined);
+}
 
 static void rv_wake(ctl_rendezvous *rv)
 {

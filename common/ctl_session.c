@@ -119,7 +119,14 @@ static int error_reply(const Pfcps__Error *e)
     int code = e->code;
     switch (code) {
     case ENOLINK: return pf_err(-ENOLINK, "%s", e->message); /* a member lost, not a refusal */
-    case EACCES: case EEXIST: case ERANGE: case EPROTO: case EMSGSIZE: case ETIMEDOUT: case EIO: case EBUSY: break;
+    case EACCES:
+    case EEXIST:
+    case ERANGE:
+    case EPROTO:
+    case EMSGSIZE:
+    case ETIMEDOUT:
+    case EIO:
+    case EBUSY: break;
     default: code = EPROTO;
     }
     return pf_err(-code, "rendezvous refused: %s", e->message);
@@ -128,7 +135,10 @@ static int error_reply(const Pfcps__Error *e)
 /* ctl_set_interrupt's flag: a joining member stops waiting when it is raised. */
 static const volatile sig_atomic_t *g_join_interrupt;
 
-void ctl_set_interrupt(const volatile sig_atomic_t *flag) { g_join_interrupt = flag; }
+void ctl_set_interrupt(const volatile sig_atomic_t *flag)
+{
+    g_join_interrupt = flag;
+}
 
 static int join_interrupted(void)
 {
@@ -220,7 +230,8 @@ static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *a
                     CTL_PROTOCOL_VERSION);
     if (rc == 0) {
         uint8_t mac[CTL_MAC_LEN];
-        rc = ctl_join_mac(secret, m->hello->nonce.data, m->hello->nonce.len, (int)role, rank, addr, addr_len, mac);
+        rc = ctl_join_mac(secret, m->hello->nonce.data, m->hello->nonce.len, (int)role, rank, addr, addr_len,
+                          mac);
         if (rc == 0) {
             Pfcps__Join j = PFCPS__JOIN__INIT;
             j.role = role == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
@@ -249,8 +260,9 @@ static int take_book(ctl_session *s, const Pfcps__JoinReply *reply, ctl_role rol
     int rc = ctl_book_from_reply(reply, &s->book);
     if (rc < 0)
         return rc;
-    const ctl_member *me = role == CTL_ROLE_SERVER ? (rank < s->book.num_servers ? &s->book.servers[rank] : NULL)
-                                                   : (rank < s->book.num_workers ? &s->book.workers[rank] : NULL);
+    const ctl_member *me = role == CTL_ROLE_SERVER
+                               ? (rank < s->book.num_servers ? &s->book.servers[rank] : NULL)
+                               : (rank < s->book.num_workers ? &s->book.workers[rank] : NULL);
     if (!me || me->addr_len != addr_len || (addr_len && memcmp(me->addr, addr, addr_len) != 0))
         return pf_err(-EPROTO, "the address book does not list this member (%s rank %d) as joined",
                       ctl_role_name(role), rank);
@@ -266,8 +278,10 @@ static int join_wait_book(ctl_session *s, ctl_role role, int rank, const void *a
         Pfcps__CtlMessage *m = NULL;
         int rc = join_recv(s, deadline, &m);
         if (rc == -ETIMEDOUT)
-            return pf_err(-ETIMEDOUT, "no address book from the rendezvous within %g s (not every member "
-                          "joined?)", timeout_s);
+            return pf_err(-ETIMEDOUT,
+                          "no address book from the rendezvous within %g s (not every member "
+                          "joined?)",
+                          timeout_s);
         if (rc < 0)
             return rc;
         int done = 1;
@@ -278,7 +292,8 @@ static int join_wait_book(ctl_session *s, ctl_role role, int rank, const void *a
         else if (m->body_case == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN)
             rc = pf_err(-ECANCELED, "the run was shut down before it formed: %s", m->shutdown->reason);
         else if (m->body_case != PFCPS__CTL_MESSAGE__BODY_HEARTBEAT)
-            rc = pf_err(-EPROTO, "unexpected %s while waiting for the address book", ctl_msg_name(m->body_case));
+            rc = pf_err(-EPROTO, "unexpected %s while waiting for the address book",
+                        ctl_msg_name(m->body_case));
         else
             done = 0;
         pfcps__ctl_message__free_unpacked(m, NULL);
@@ -320,7 +335,10 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
     return 0;
 }
 
-const ctl_book *ctl_session_book(const ctl_session *s) { return &s->book; }
+const ctl_book *ctl_session_book(const ctl_session *s)
+{
+    return &s->book;
+}
 
 int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
 {

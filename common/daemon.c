@@ -45,10 +45,14 @@ void daemon_signals_install(volatile sig_atomic_t *stop)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     ctl_set_interrupt(stop); /* a stop request ends the wait for the run to form */
-    pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL); /* a SIGTERM that came during start-up: on_signal now */
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals,
+                    NULL); /* a SIGTERM that came during start-up: on_signal now */
 }
 
-int daemon_signalled(void) { return g_signalled; }
+int daemon_signalled(void)
+{
+    return g_signalled;
+}
 
 int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role, int rank, const void *addr,
                 size_t alen, const char *secret, const char *stop_note, ctl_session **sess, pf_config *run)

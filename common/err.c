@@ -31,6 +31,12 @@ int pf_err_wrap(int code, const char *fmt, ...)
     return code;
 }
 
-const char *pf_errmsg(void) { return errbuf; }
+const char *pf_errmsg(void)
+{
+    return errbuf;
+}
 
-void pf_err_clear(void) { errbuf[0] = '\0'; }
+void pf_err_clear(void)
+{
+    errbuf[0] = '\0';
+}

@@ -16,8 +16,8 @@
 #include "common/err.h"
 
 #define FAB_BACKLOG 4096
-#define FAB_SPIN_S 0.01 /* after this long on -FI_EAGAIN a retry loop sleeps FAB_NAP_NS between tries */
-#define FAB_NAP_NS 50000
+#define FAB_SPIN_S  0.01 /* after this long on -FI_EAGAIN a retry loop sleeps FAB_NAP_NS between tries */
+#define FAB_NAP_NS  50000
 
 struct fab_ctx {
     struct fi_info *info;
@@ -27,8 +27,8 @@ struct fab_ctx {
     struct fid_cq *cq;
     struct fid_av *av;
     uint64_t next_key;
-    double post_timeout;  /* seconds a posting call retries -FI_EAGAIN before giving up */
-    uint8_t *dead;        /* dead[i]: a post to fi_addr i timed out before; later posts to it fail at once */
+    double post_timeout; /* seconds a posting call retries -FI_EAGAIN before giving up */
+    uint8_t *dead;       /* dead[i]: a post to fi_addr i timed out before; later posts to it fail at once */
     size_t ndead;
     pthread_mutex_t lock; /* guards the backlog, next_key and dead */
     fab_comp backlog[FAB_BACKLOG];
@@ -36,32 +36,44 @@ struct fab_ctx {
 };
 
 /* libfabric returns negative FI_E* codes; the small ones equal errno values, the rest become -EIO. */
-static int fab_fail(int rc, const char *call) {
+static int fab_fail(int rc, const char *call)
+{
     int e = rc < 0 ? -rc : rc;
     int code = (e > 0 && e < 256) ? -e : -EIO;
     return pf_err(code, "%s: %s", call, fi_strerror(e));
 }
 
-static const char *map_provider(const char *p) {
-    if (!strcmp(p, "tcp")) return "tcp;ofi_rxm";
-    if (!strcmp(p, "verbs")) return "verbs;ofi_rxm";
-    if (!strcmp(p, "shm")) return "shm";
-    if (!strcmp(p, "tcp;ofi_rxm") || !strcmp(p, "verbs;ofi_rxm")) return p;
+static const char *map_provider(const char *p)
+{
+    if (!strcmp(p, "tcp"))
+        return "tcp;ofi_rxm";
+    if (!strcmp(p, "verbs"))
+        return "verbs;ofi_rxm";
+    if (!strcmp(p, "shm"))
+        return "shm";
+    if (!strcmp(p, "tcp;ofi_rxm") || !strcmp(p, "verbs;ofi_rxm"))
+        return p;
     return NULL;
 }
 
-int fab_open(const char *provider, fab_ctx **out) {
+int fab_open(const char *provider, fab_ctx **out)
+{
     *out = NULL;
     const char *prov = map_provider(provider ? provider : "tcp");
-    if (!prov) return pf_err(-EINVAL, "unknown provider '%s' (use tcp, shm or verbs)", provider);
+    if (!prov)
+        return pf_err(-EINVAL, "unknown provider '%s' (use tcp, shm or verbs)", provider);
     fab_ctx *f = calloc(1, sizeof(*f));
-    if (!f) return pf_err(-ENOMEM, "fab_open: out of memory");
+    if (!f)
+        return pf_err(-ENOMEM, "fab_open: out of memory");
     pthread_mutex_init(&f->lock, NULL);
     f->next_key = 1;
     f->post_timeout = FAB_DEFAULT_TIMEOUT_S;
 
     struct fi_info *hints = fi_allocinfo();
-    if (!hints) { free(f); return pf_err(-ENOMEM, "fi_allocinfo failed"); }
+    if (!hints) {
+        free(f);
+        return pf_err(-ENOMEM, "fi_allocinfo failed");
+    }
     hints->caps = FI_MSG | FI_RMA;
     hints->ep_attr->type = FI_EP_RDM;
     hints->fabric_attr->prov_name = strdup(prov);
@@ -77,21 +89,45 @@ int fab_open(const char *provider, fab_ctx **out) {
     int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &f->info);
     fi_freeinfo(hints);
     if (rc) {
-        int code = pf_err(-ENODATA, "fi_getinfo(provider %s, FI_EP_RDM, FI_MSG|FI_RMA): %s", prov,
-                          fi_strerror(-rc));
+        int code =
+            pf_err(-ENODATA, "fi_getinfo(provider %s, FI_EP_RDM, FI_MSG|FI_RMA): %s", prov, fi_strerror(-rc));
         free(f);
         return code;
     }
-    if ((rc = fi_fabric(f->info->fabric_attr, &f->fabric, NULL))) { rc = fab_fail(rc, "fi_fabric"); goto fail; }
-    if ((rc = fi_domain(f->fabric, f->info, &f->domain, NULL))) { rc = fab_fail(rc, "fi_domain"); goto fail; }
+    if ((rc = fi_fabric(f->info->fabric_attr, &f->fabric, NULL))) {
+        rc = fab_fail(rc, "fi_fabric");
+        goto fail;
+    }
+    if ((rc = fi_domain(f->fabric, f->info, &f->domain, NULL))) {
+        rc = fab_fail(rc, "fi_domain");
+        goto fail;
+    }
     struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE, .size = 0};
-    if ((rc = fi_cq_open(f->domain, &cq_attr, &f->cq, NULL))) { rc = fab_fail(rc, "fi_cq_open"); goto fail; }
+    if ((rc = fi_cq_open(f->domain, &cq_attr, &f->cq, NULL))) {
+        rc = fab_fail(rc, "fi_cq_open");
+        goto fail;
+    }
     struct fi_av_attr av_attr = {.type = FI_AV_TABLE};
-    if ((rc = fi_av_open(f->domain, &av_attr, &f->av, NULL))) { rc = fab_fail(rc, "fi_av_open"); goto fail; }
-    if ((rc = fi_endpoint(f->domain, f->info, &f->ep, NULL))) { rc = fab_fail(rc, "fi_endpoint"); goto fail; }
-    if ((rc = fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV))) { rc = fab_fail(rc, "fi_ep_bind(cq)"); goto fail; }
-    if ((rc = fi_ep_bind(f->ep, &f->av->fid, 0))) { rc = fab_fail(rc, "fi_ep_bind(av)"); goto fail; }
-    if ((rc = fi_enable(f->ep))) { rc = fab_fail(rc, "fi_enable"); goto fail; }
+    if ((rc = fi_av_open(f->domain, &av_attr, &f->av, NULL))) {
+        rc = fab_fail(rc, "fi_av_open");
+        goto fail;
+    }
+    if ((rc = fi_endpoint(f->domain, f->info, &f->ep, NULL))) {
+        rc = fab_fail(rc, "fi_endpoint");
+        goto fail;
+    }
+    if ((rc = fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV))) {
+        rc = fab_fail(rc, "fi_ep_bind(cq)");
+        goto fail;
+    }
+    if ((rc = fi_ep_bind(f->ep, &f->av->fid, 0))) {
+        rc = fab_fail(rc, "fi_ep_bind(av)");
+        goto fail;
+    }
+    if ((rc = fi_enable(f->ep))) {
+        rc = fab_fail(rc, "fi_enable");
+        goto fail;
+    }
     *out = f;
     return 0;
 fail:
@@ -99,11 +135,14 @@ fail:
     return rc;
 }
 
-int fab_hmem_cuda_supported(const char *provider) {
+int fab_hmem_cuda_supported(const char *provider)
+{
     const char *prov = map_provider(provider ? provider : "tcp");
-    if (!prov) return pf_err(-EINVAL, "unknown provider '%s' (use tcp, shm or verbs)", provider);
+    if (!prov)
+        return pf_err(-EINVAL, "unknown provider '%s' (use tcp, shm or verbs)", provider);
     struct fi_info *hints = fi_allocinfo(), *info = NULL;
-    if (!hints) return pf_err(-ENOMEM, "fi_allocinfo failed");
+    if (!hints)
+        return pf_err(-ENOMEM, "fi_allocinfo failed");
     hints->caps = FI_MSG | FI_RMA | FI_HMEM;
     hints->ep_attr->type = FI_EP_RDM;
     hints->fabric_attr->prov_name = strdup(prov);
@@ -117,77 +156,123 @@ int fab_hmem_cuda_supported(const char *provider) {
     int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
     fi_freeinfo(hints);
     if (rc == -FI_ENODATA || (rc == 0 && !(info->caps & FI_HMEM))) {
-        if (info) fi_freeinfo(info);
-        pf_err(0, "provider %s does not offer FI_HMEM (libfabric %u.%u): class-center rows go through pinned "
-                  "host buffers", prov, FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
+        if (info)
+            fi_freeinfo(info);
+        pf_err(0,
+               "provider %s does not offer FI_HMEM (libfabric %u.%u): class-center rows go through pinned "
+               "host buffers",
+               prov, FI_MAJOR(fi_version()), FI_MINOR(fi_version()));
         return 0;
     }
-    if (rc) return pf_err(rc == -FI_ENOMEM ? -ENOMEM : -EIO, "fi_getinfo(provider %s, FI_HMEM): %s", prov,
-                          fi_strerror(-rc));
+    if (rc)
+        return pf_err(rc == -FI_ENOMEM ? -ENOMEM : -EIO, "fi_getinfo(provider %s, FI_HMEM): %s", prov,
+                      fi_strerror(-rc));
     struct fid_fabric *fabric = NULL;
     struct fid_domain *domain = NULL;
     struct fid_mr *mr = NULL;
     void *page = NULL;
     int ret;
-    if ((rc = fi_fabric(info->fabric_attr, &fabric, NULL))) { ret = fab_fail(rc, "fi_fabric (FI_HMEM probe)"); goto out; }
-    if ((rc = fi_domain(fabric, info, &domain, NULL))) { ret = fab_fail(rc, "fi_domain (FI_HMEM probe)"); goto out; }
-    if (!(page = aligned_alloc(4096, 4096))) { ret = pf_err(-ENOMEM, "FI_HMEM probe: out of memory"); goto out; }
+    if ((rc = fi_fabric(info->fabric_attr, &fabric, NULL))) {
+        ret = fab_fail(rc, "fi_fabric (FI_HMEM probe)");
+        goto out;
+    }
+    if ((rc = fi_domain(fabric, info, &domain, NULL))) {
+        ret = fab_fail(rc, "fi_domain (FI_HMEM probe)");
+        goto out;
+    }
+    if (!(page = aligned_alloc(4096, 4096))) {
+        ret = pf_err(-ENOMEM, "FI_HMEM probe: out of memory");
+        goto out;
+    }
     struct iovec iov = {.iov_base = page, .iov_len = 4096};
-    struct fi_mr_attr attr = {.mr_iov = &iov, .iov_count = 1, .access = FI_SEND | FI_RECV, .requested_key = 1,
+    struct fi_mr_attr attr = {.mr_iov = &iov,
+                              .iov_count = 1,
+                              .access = FI_SEND | FI_RECV,
+                              .requested_key = 1,
                               .iface = FI_HMEM_CUDA};
     attr.device.cuda = 0;
     rc = fi_mr_regattr(domain, &attr, 0, &mr);
     if (rc == 0) {
         ret = 1;
-        pf_err(0, "provider %s offers FI_HMEM with CUDA (mr_mode %s): class-center rows can go straight to GPU "
-                  "memory", prov, (info->domain_attr->mr_mode & FI_MR_HMEM) ? "FI_MR_HMEM" : "without FI_MR_HMEM");
+        pf_err(0,
+               "provider %s offers FI_HMEM with CUDA (mr_mode %s): class-center rows can go straight to GPU "
+               "memory",
+               prov, (info->domain_attr->mr_mode & FI_MR_HMEM) ? "FI_MR_HMEM" : "without FI_MR_HMEM");
     } else {
         /* -FI_ENOSYS: libfabric's CUDA interface is not initialized (built without CUDA, or no driver/GPU).
          * Any other refusal: the CUDA path is not usable as probed; the host path always works. */
         ret = 0;
-        pf_err(0, "provider %s offers FI_HMEM but not for CUDA (fi_mr_regattr with FI_HMEM_CUDA: %s): "
-                  "class-center rows go through pinned host buffers", prov, fi_strerror(-rc));
+        pf_err(0,
+               "provider %s offers FI_HMEM but not for CUDA (fi_mr_regattr with FI_HMEM_CUDA: %s): "
+               "class-center rows go through pinned host buffers",
+               prov, fi_strerror(-rc));
     }
 out:
-    if (mr) fi_close(&mr->fid);
-    if (domain) fi_close(&domain->fid);
-    if (fabric) fi_close(&fabric->fid);
+    if (mr)
+        fi_close(&mr->fid);
+    if (domain)
+        fi_close(&domain->fid);
+    if (fabric)
+        fi_close(&fabric->fid);
     free(page);
     fi_freeinfo(info);
     return ret;
 }
 
-void fab_shutdown(fab_ctx *f) {
-    if (!f || !f->ep) return;
+void fab_shutdown(fab_ctx *f)
+{
+    if (!f || !f->ep)
+        return;
     fi_close(&f->ep->fid);
     f->ep = NULL;
 }
 
-void fab_close(fab_ctx *f) {
-    if (!f) return;
+void fab_close(fab_ctx *f)
+{
+    if (!f)
+        return;
     fab_shutdown(f);
-    if (f->av) fi_close(&f->av->fid);
-    if (f->cq) fi_close(&f->cq->fid);
-    if (f->domain) fi_close(&f->domain->fid);
-    if (f->fabric) fi_close(&f->fabric->fid);
-    if (f->info) fi_freeinfo(f->info);
+    if (f->av)
+        fi_close(&f->av->fid);
+    if (f->cq)
+        fi_close(&f->cq->fid);
+    if (f->domain)
+        fi_close(&f->domain->fid);
+    if (f->fabric)
+        fi_close(&f->fabric->fid);
+    if (f->info)
+        fi_freeinfo(f->info);
     pthread_mutex_destroy(&f->lock);
     free(f->dead);
     free(f);
 }
 
-void fab_set_timeout(fab_ctx *f, double seconds) {
+void fab_set_timeout(fab_ctx *f, double seconds)
+{
     f->post_timeout = seconds > 0 ? seconds : FAB_DEFAULT_TIMEOUT_S;
 }
 
-double fab_timeout(const fab_ctx *f) { return f->post_timeout; }
+double fab_timeout(const fab_ctx *f)
+{
+    return f->post_timeout;
+}
 
-const char *fab_provider(const fab_ctx *f) { return f->info->fabric_attr->prov_name; }
+const char *fab_provider(const fab_ctx *f)
+{
+    return f->info->fabric_attr->prov_name;
+}
 
-uint64_t fab_mr_mode(const fab_ctx *f) { return (uint64_t)f->info->domain_attr->mr_mode; }
+uint64_t fab_mr_mode(const fab_ctx *f)
+{
+    return (uint64_t)f->info->domain_attr->mr_mode;
+}
 
-void fab_mr_mode_str(uint64_t mode, char *buf, size_t len) {
-    static const struct { uint64_t bit; const char *name; } bits[] = {
+void fab_mr_mode_str(uint64_t mode, char *buf, size_t len)
+{
+    static const struct {
+        uint64_t bit;
+        const char *name;
+    } bits[] = {
         {FI_MR_LOCAL, "FI_MR_LOCAL"},         {FI_MR_RAW, "FI_MR_RAW"},
         {FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR"}, {FI_MR_ALLOCATED, "FI_MR_ALLOCATED"},
         {FI_MR_PROV_KEY, "FI_MR_PROV_KEY"},   {FI_MR_MMU_NOTIFY, "FI_MR_MMU_NOTIFY"},
@@ -195,39 +280,51 @@ void fab_mr_mode_str(uint64_t mode, char *buf, size_t len) {
         {FI_MR_HMEM, "FI_MR_HMEM"},
     };
     size_t used = 0;
-    if (len) buf[0] = 0;
+    if (len)
+        buf[0] = 0;
     for (size_t i = 0; i < sizeof(bits) / sizeof(bits[0]); i++) {
-        if (!(mode & bits[i].bit)) continue;
+        if (!(mode & bits[i].bit))
+            continue;
         int n = snprintf(buf + used, len > used ? len - used : 0, "%s%s", used ? "|" : "", bits[i].name);
-        if (n > 0) used += (size_t)n;
+        if (n > 0)
+            used += (size_t)n;
     }
-    if (used == 0) snprintf(buf, len, "none");
+    if (used == 0)
+        snprintf(buf, len, "none");
 }
 
-int fab_getname(fab_ctx *f, void *addr, size_t *len) {
+int fab_getname(fab_ctx *f, void *addr, size_t *len)
+{
     size_t cap = *len;
     int rc = fi_getname(&f->ep->fid, addr, len);
-    if (rc == -FI_ETOOSMALL) return pf_err(-ENOSPC, "fi_getname: name needs %zu bytes, have %zu", *len, cap);
-    if (rc) return fab_fail(rc, "fi_getname");
+    if (rc == -FI_ETOOSMALL)
+        return pf_err(-ENOSPC, "fi_getname: name needs %zu bytes, have %zu", *len, cap);
+    if (rc)
+        return fab_fail(rc, "fi_getname");
     return 0;
 }
 
-int fab_av_insert(fab_ctx *f, const void *addr, size_t len, fi_addr_t *out) {
-    if (len == 0 || len > FAB_MAX_ADDR) return pf_err(-EINVAL, "fabric address of %zu bytes is invalid", len);
+int fab_av_insert(fab_ctx *f, const void *addr, size_t len, fi_addr_t *out)
+{
+    if (len == 0 || len > FAB_MAX_ADDR)
+        return pf_err(-EINVAL, "fabric address of %zu bytes is invalid", len);
     int n = fi_av_insert(f->av, addr, 1, out, 0, NULL);
-    if (n != 1) return pf_err(-EINVAL, "fi_av_insert: provider %s rejected a %zu-byte address (%s)",
-                              fab_provider(f), len, n < 0 ? fi_strerror(-n) : "0 inserted");
+    if (n != 1)
+        return pf_err(-EINVAL, "fi_av_insert: provider %s rejected a %zu-byte address (%s)", fab_provider(f),
+                      len, n < 0 ? fi_strerror(-n) : "0 inserted");
     return 0;
 }
 
-int fab_mr_reg(fab_ctx *f, void *buf, size_t len, uint64_t access, fab_mr *out) {
+int fab_mr_reg(fab_ctx *f, void *buf, size_t len, uint64_t access, fab_mr *out)
+{
     memset(out, 0, sizeof(*out));
     uint64_t mode = fab_mr_mode(f);
     pthread_mutex_lock(&f->lock);
     uint64_t key = f->next_key++;
     pthread_mutex_unlock(&f->lock);
     int rc = fi_mr_reg(f->domain, buf, len, access, 0, key, 0, &out->mr, NULL);
-    if (rc) return pf_err_wrap(fab_fail(rc, "fi_mr_reg"), "registering %zu bytes", len);
+    if (rc)
+        return pf_err_wrap(fab_fail(rc, "fi_mr_reg"), "registering %zu bytes", len);
     if (mode & FI_MR_ENDPOINT) {
         if ((rc = fi_mr_bind(out->mr, &f->ep->fid, 0)) || (rc = fi_mr_enable(out->mr))) {
             fi_close(&out->mr->fid);
@@ -243,35 +340,49 @@ int fab_mr_reg(fab_ctx *f, void *buf, size_t len, uint64_t access, fab_mr *out) 
     return 0;
 }
 
-void fab_mr_close(fab_mr *mr) {
-    if (mr && mr->mr) fi_close(&mr->mr->fid);
-    if (mr) memset(mr, 0, sizeof(*mr));
+void fab_mr_close(fab_mr *mr)
+{
+    if (mr && mr->mr)
+        fi_close(&mr->mr->fid);
+    if (mr)
+        memset(mr, 0, sizeof(*mr));
 }
 
-void fab_mr_remote(const fab_mr *mr, size_t offset, uint64_t *raddr, uint64_t *rkey) {
+void fab_mr_remote(const fab_mr *mr, size_t offset, uint64_t *raddr, uint64_t *rkey)
+{
     *raddr = mr->virt_addr ? (uint64_t)(uintptr_t)mr->buf + offset : (uint64_t)offset;
     *rkey = mr->key;
 }
 
 /* Reads completions from the CQ into out (max n), translating errors. Returns count or negative. */
-static int cq_read(fab_ctx *f, fab_comp *out, int n) {
+static int cq_read(fab_ctx *f, fab_comp *out, int n)
+{
     struct fi_cq_data_entry e[64];
-    if (n > 64) n = 64;
+    if (n > 64)
+        n = 64;
     ssize_t got = fi_cq_read(f->cq, e, (size_t)n);
     if (got > 0) {
         for (ssize_t i = 0; i < got; i++) {
-            out[i] = (fab_comp){.context = e[i].op_context, .flags = e[i].flags, .len = e[i].len,
-                                .data = e[i].data, .err = 0};
+            out[i] = (fab_comp){.context = e[i].op_context,
+                                .flags = e[i].flags,
+                                .len = e[i].len,
+                                .data = e[i].data,
+                                .err = 0};
         }
         return (int)got;
     }
-    if (got == -FI_EAGAIN) return 0;
+    if (got == -FI_EAGAIN)
+        return 0;
     if (got == -FI_EAVAIL) {
         struct fi_cq_err_entry ee;
         memset(&ee, 0, sizeof(ee));
         ssize_t r = fi_cq_readerr(f->cq, &ee, 0);
-        if (r < 0) return r == -FI_EAGAIN ? 0 : fab_fail((int)r, "fi_cq_readerr");
-        out[0] = (fab_comp){.context = ee.op_context, .flags = ee.flags, .len = ee.len, .data = ee.data,
+        if (r < 0)
+            return r == -FI_EAGAIN ? 0 : fab_fail((int)r, "fi_cq_readerr");
+        out[0] = (fab_comp){.context = ee.op_context,
+                            .flags = ee.flags,
+                            .len = ee.len,
+                            .data = ee.data,
                             .err = ee.err ? -abs((int)ee.err) : -EIO}; /* providers differ in sign */
         return 1;
     }
@@ -279,14 +390,16 @@ static int cq_read(fab_ctx *f, fab_comp *out, int n) {
 }
 
 /* Called when a post meets -FI_EAGAIN: makes progress, parking completions in the backlog. */
-static int make_progress(fab_ctx *f) {
+static int make_progress(fab_ctx *f)
+{
     pthread_mutex_lock(&f->lock);
     int room = FAB_BACKLOG - f->bl_count;
     int rc = 0;
     if (room > 0) {
         fab_comp tmp[64];
         rc = cq_read(f, tmp, room < 64 ? room : 64);
-        for (int i = 0; i < rc; i++) f->backlog[(f->bl_head + f->bl_count++) % FAB_BACKLOG] = tmp[i];
+        for (int i = 0; i < rc; i++)
+            f->backlog[(f->bl_head + f->bl_count++) % FAB_BACKLOG] = tmp[i];
     } else {
         /* Backlog full: still drive the provider so the post can eventually go. */
         fi_cq_read(f->cq, NULL, 0);
@@ -295,14 +408,16 @@ static int make_progress(fab_ctx *f) {
     return rc < 0 ? rc : 0;
 }
 
-static double mono_s(void) {
+static double mono_s(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* "peer 3 (fi_sockaddr_in://127.0.0.1:4242)" for dest, or "any peer" for FI_ADDR_UNSPEC. */
-static void peer_str(fab_ctx *f, fi_addr_t dest, char *out, size_t len) {
+static void peer_str(fab_ctx *f, fi_addr_t dest, char *out, size_t len)
+{
     if (dest == FI_ADDR_UNSPEC) {
         snprintf(out, len, "any peer");
         return;
@@ -311,22 +426,27 @@ static void peer_str(fab_ctx *f, fi_addr_t dest, char *out, size_t len) {
     size_t alen = sizeof(addr);
     char str[160];
     size_t slen = sizeof(str);
-    if (fi_av_lookup(f->av, dest, addr, &alen) == 0 && alen <= sizeof(addr) && fi_av_straddr(f->av, addr, str, &slen))
+    if (fi_av_lookup(f->av, dest, addr, &alen) == 0 && alen <= sizeof(addr) &&
+        fi_av_straddr(f->av, addr, str, &slen))
         snprintf(out, len, "peer %llu (%s)", (unsigned long long)dest, str);
     else
         snprintf(out, len, "peer %llu", (unsigned long long)dest);
 }
 
-static int peer_dead(fab_ctx *f, fi_addr_t dest) {
-    if (dest == FI_ADDR_UNSPEC) return 0;
+static int peer_dead(fab_ctx *f, fi_addr_t dest)
+{
+    if (dest == FI_ADDR_UNSPEC)
+        return 0;
     pthread_mutex_lock(&f->lock);
     int d = dest < f->ndead && f->dead[dest];
     pthread_mutex_unlock(&f->lock);
     return d;
 }
 
-static void mark_dead(fab_ctx *f, fi_addr_t dest) {
-    if (dest == FI_ADDR_UNSPEC || dest > (1u << 24)) return;
+static void mark_dead(fab_ctx *f, fi_addr_t dest)
+{
+    if (dest == FI_ADDR_UNSPEC || dest > (1u << 24))
+        return;
     pthread_mutex_lock(&f->lock);
     if (dest >= f->ndead) {
         size_t n = (size_t)dest + 64;
@@ -337,7 +457,8 @@ static void mark_dead(fab_ctx *f, fi_addr_t dest) {
             f->ndead = n;
         }
     }
-    if (dest < f->ndead) f->dead[dest] = 1;
+    if (dest < f->ndead)
+        f->dead[dest] = 1;
     pthread_mutex_unlock(&f->lock);
 }
 
@@ -347,70 +468,89 @@ static void mark_dead(fab_ctx *f, fi_addr_t dest) {
  * killed peer forever): the call fails with -ECOMM naming the peer and the call, and the peer is marked so
  * later posts to it fail at once instead of stalling the caller again. Posts towards a peer marked dead
  * fail immediately. */
-#define FAB_RETRY(call, name, dest)                                                 \
-    do {                                                                            \
-        if (peer_dead(f, (dest))) return post_failed(f, (name), (dest), 0, 1);      \
-        ssize_t rc_;                                                                \
-        double t0_ = 0, now_ = 0;                                                   \
-        for (;;) {                                                                  \
-            rc_ = (call);                                                           \
-            if (rc_ != -FI_EAGAIN) break;                                           \
-            int p_ = make_progress(f);                                              \
-            if (p_ < 0) return p_;                                                  \
-            now_ = mono_s();                                                        \
-            if (t0_ == 0) t0_ = now_;                                               \
-            if (now_ - t0_ > f->post_timeout) {                                     \
-                mark_dead(f, (dest));                                               \
-                return post_failed(f, (name), (dest), now_ - t0_, 0);               \
-            }                                                                       \
-            if (now_ - t0_ > FAB_SPIN_S) {                                          \
-                struct timespec nap_ = {0, FAB_NAP_NS};                             \
-                nanosleep(&nap_, NULL);                                             \
-            }                                                                       \
-        }                                                                           \
-        if (rc_) return fab_fail((int)rc_, name);                                   \
-        return 0;                                                                   \
+#define FAB_RETRY(call, name, dest)                                                                          \
+    do {                                                                                                     \
+        if (peer_dead(f, (dest)))                                                                            \
+            return post_failed(f, (name), (dest), 0, 1);                                                     \
+        ssize_t rc_;                                                                                         \
+        double t0_ = 0, now_ = 0;                                                                            \
+        for (;;) {                                                                                           \
+            rc_ = (call);                                                                                    \
+            if (rc_ != -FI_EAGAIN)                                                                           \
+                break;                                                                                       \
+            int p_ = make_progress(f);                                                                       \
+            if (p_ < 0)                                                                                      \
+                return p_;                                                                                   \
+            now_ = mono_s();                                                                                 \
+            if (t0_ == 0)                                                                                    \
+                t0_ = now_;                                                                                  \
+            if (now_ - t0_ > f->post_timeout) {                                                              \
+                mark_dead(f, (dest));                                                                        \
+                return post_failed(f, (name), (dest), now_ - t0_, 0);                                        \
+            }                                                                                                \
+            if (now_ - t0_ > FAB_SPIN_S) {                                                                   \
+                struct timespec nap_ = {0, FAB_NAP_NS};                                                      \
+                nanosleep(&nap_, NULL);                                                                      \
+            }                                                                                                \
+        }                                                                                                    \
+        if (rc_)                                                                                             \
+            return fab_fail((int)rc_, name);                                                                 \
+        return 0;                                                                                            \
     } while (0)
 
-static int post_failed(fab_ctx *f, const char *call, fi_addr_t dest, double waited, int before) {
+static int post_failed(fab_ctx *f, const char *call, fi_addr_t dest, double waited, int before)
+{
     char peer[256];
     peer_str(f, dest, peer, sizeof(peer));
     if (before)
-        return pf_err(-ECOMM, "%s to %s: an earlier post to it could not go out for %.1f s; the peer's endpoint "
-                              "is closed or not progressing",
+        return pf_err(-ECOMM,
+                      "%s to %s: an earlier post to it could not go out for %.1f s; the peer's endpoint "
+                      "is closed or not progressing",
                       call, peer, f->post_timeout);
-    return pf_err(-ECOMM, "%s to %s: still -FI_EAGAIN after %.1f s of retries (provider %s); the peer's "
-                          "endpoint is closed or not progressing",
+    return pf_err(-ECOMM,
+                  "%s to %s: still -FI_EAGAIN after %.1f s of retries (provider %s); the peer's "
+                  "endpoint is closed or not progressing",
                   call, peer, waited, fab_provider(f));
 }
 
-int fab_send(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, void *ctx) {
+int fab_send(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, void *ctx)
+{
     FAB_RETRY(fi_send(f->ep, buf, len, mr ? mr->desc : NULL, dest, ctx), "fi_send", dest);
 }
 
-int fab_recv(fab_ctx *f, void *buf, size_t len, const fab_mr *mr, void *ctx) {
+int fab_recv(fab_ctx *f, void *buf, size_t len, const fab_mr *mr, void *ctx)
+{
     FAB_RETRY(fi_recv(f->ep, buf, len, mr ? mr->desc : NULL, FI_ADDR_UNSPEC, ctx), "fi_recv", FI_ADDR_UNSPEC);
 }
 
 int fab_write(fab_ctx *f, fi_addr_t dest, const void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
-              uint64_t rkey, void *ctx) {
+              uint64_t rkey, void *ctx)
+{
     /* FI_DELIVERY_COMPLETE: the completion means the data is in the target's memory, not merely sent
      * (tcp;ofi_rxm reports plain writes as soon as they left), so a collective can signal the peer next. */
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
     void *desc = mr ? mr->desc : NULL;
     struct fi_rma_iov riov = {.addr = raddr, .len = len, .key = rkey};
-    struct fi_msg_rma msg = {.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = dest, .rma_iov = &riov,
-                             .rma_iov_count = 1, .context = ctx};
+    struct fi_msg_rma msg = {.msg_iov = &iov,
+                             .desc = &desc,
+                             .iov_count = 1,
+                             .addr = dest,
+                             .rma_iov = &riov,
+                             .rma_iov_count = 1,
+                             .context = ctx};
     FAB_RETRY(fi_writemsg(f->ep, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION), "fi_writemsg", dest);
 }
 
 int fab_read(fab_ctx *f, fi_addr_t dest, void *buf, size_t len, const fab_mr *mr, uint64_t raddr,
-             uint64_t rkey, void *ctx) {
+             uint64_t rkey, void *ctx)
+{
     FAB_RETRY(fi_read(f->ep, buf, len, mr ? mr->desc : NULL, dest, raddr, rkey, ctx), "fi_read", dest);
 }
 
-int fab_poll(fab_ctx *f, fab_comp *out, int max) {
-    if (max <= 0) return 0;
+int fab_poll(fab_ctx *f, fab_comp *out, int max)
+{
+    if (max <= 0)
+        return 0;
     int n = 0;
     pthread_mutex_lock(&f->lock);
     while (n < max && f->bl_count > 0) {
@@ -421,7 +561,8 @@ int fab_poll(fab_ctx *f, fab_comp *out, int max) {
     pthread_mutex_unlock(&f->lock);
     if (n < max) {
         int rc = cq_read(f, out + n, max - n);
-        if (rc < 0) return n > 0 ? n : rc;
+        if (rc < 0)
+            return n > 0 ? n : rc;
         n += rc;
     }
     return n;

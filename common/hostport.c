@@ -24,7 +24,8 @@ int pf_parse_hostport(const char *hp, char *host, size_t hostlen, int *port)
         char ch = h[i];
         if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
               ch == '-' || ch == '_' || ch == ':' || ch == '%'))
-            return pf_err(-EINVAL, "'%s': host contains '%c' (a host name, IPv4 or [IPv6] address expected)", hp, ch);
+            return pf_err(-EINVAL, "'%s': host contains '%c' (a host name, IPv4 or [IPv6] address expected)",
+                          hp, ch);
     }
     char *end;
     errno = 0;

@@ -40,7 +40,10 @@ void log_init(const char *role, int rank)
         log_min = lv;
 }
 
-void log_set_level(log_level level) { log_min = level; }
+void log_set_level(log_level level)
+{
+    log_min = level;
+}
 
 int log_open_file(const char *path)
 {

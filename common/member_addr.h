@@ -14,7 +14,8 @@
 #include "common/err.h"
 
 /* Packs n parts into out (capacity cap bytes). Returns the packed length, or -ENOSPC. */
-static inline int member_addr_pack(uint8_t *out, size_t cap, int n, const void *const *parts, const size_t *lens)
+static inline int member_addr_pack(uint8_t *out, size_t cap, int n, const void *const *parts,
+                                   const size_t *lens)
 {
     size_t off = 1;
     if (cap < 1 || n < 0 || n > 255)
@@ -22,7 +23,8 @@ static inline int member_addr_pack(uint8_t *out, size_t cap, int n, const void *
     out[0] = (uint8_t)n;
     for (int i = 0; i < n; i++) {
         if (lens[i] > 255 || off + 1 + lens[i] > cap)
-            return pf_err(-ENOSPC, "member address: part %d (%zu bytes) does not fit in %zu", i, lens[i], cap);
+            return pf_err(-ENOSPC, "member address: part %d (%zu bytes) does not fit in %zu", i, lens[i],
+                          cap);
         out[off++] = (uint8_t)lens[i];
         memcpy(out + off, parts[i], lens[i]);
         off += lens[i];

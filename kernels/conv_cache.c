@@ -9,8 +9,7 @@
 int conv_shape_check(const ops_conv_shape *s, const char *prefix)
 {
     ops_conv_shape chk;
-    int rc = ops_conv_shape_init(&chk, s->B, s->C, s->H, s->W, s->OC, s->K, s->stride, s->pad,
-                                 s->groups);
+    int rc = ops_conv_shape_init(&chk, s->B, s->C, s->H, s->W, s->OC, s->K, s->stride, s->pad, s->groups);
     if (rc)
         return rc;
     if (chk.OH != s->OH || chk.OW != s->OW)
@@ -51,8 +50,8 @@ int conv_cache_get(conv_cache *cc, const conv_cache_fns *fns, void *dev, const o
     if ((rc = fns->build_fwd(dev, e, s)) || (need_bwd && (rc = fns->build_bwd(dev, e)))) {
         fns->release(e);
         free(e);
-        return pf_err_wrap(rc, "%s B=%d C=%d %dx%d OC=%d K=%d stride %d groups %d", fns->what, s->B,
-                           s->C, s->H, s->W, s->OC, s->K, s->stride, s->groups);
+        return pf_err_wrap(rc, "%s B=%d C=%d %dx%d OC=%d K=%d stride %d groups %d", fns->what, s->B, s->C,
+                           s->H, s->W, s->OC, s->K, s->stride, s->groups);
     }
     cc->v[cc->n++] = (conv_cache_slot){.s = *s, .entry = e, .has_bwd = need_bwd != 0};
     *out = e;

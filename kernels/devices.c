@@ -12,13 +12,9 @@
 #endif
 
 static const ops_device *const devices[] = {
-    &ops_cpu,
-    &ops_cpu_fenced,
-    &ops_cpu_bf16,
+    &ops_cpu,  &ops_cpu_fenced, &ops_cpu_bf16,
 #ifdef PFCPS_HAVE_CUDA_OPS
-    &ops_cuda,
-    &ops_cuda_fp16,
-    &ops_cuda_bf16,
+    &ops_cuda, &ops_cuda_fp16,  &ops_cuda_bf16,
 #endif
 };
 
@@ -35,8 +31,7 @@ const ops_device *ops_device_by_name(const char *name)
         if (w > 0 && (size_t)w < sizeof known - len)
             len += (size_t)w;
     }
-    pf_err(-EINVAL, "no device named '%s' in this build (devices: %s%s)", name ? name : "(null)",
-           known,
+    pf_err(-EINVAL, "no device named '%s' in this build (devices: %s%s)", name ? name : "(null)", known,
 #ifdef PFCPS_HAVE_CUDA_OPS
            ""
 #else

@@ -38,8 +38,8 @@ typedef struct ops_conv_shape {
 /* Fills s (OH, OW included; kernels/conv_shape.c, shared by every device). Returns 0, or -EINVAL
  * when a size is not positive, groups does not divide C and OC, or the kernel does not fit the
  * padded input. */
-int ops_conv_shape_init(ops_conv_shape *s, int B, int C, int H, int W, int OC, int K, int stride,
-                        int pad, int groups);
+int ops_conv_shape_init(ops_conv_shape *s, int B, int C, int H, int W, int OC, int K, int stride, int pad,
+                        int groups);
 
 typedef struct ops_device {
     const char *name;
@@ -58,35 +58,32 @@ typedef struct ops_device {
 
     /* Batch normalization over (B,C,HW) (BatchNorm2d with HW = H*W; BatchNorm1d with HW = 1).
      * train != 0: normalize with the batch mean and biased variance, write them to save_mean and
-     * save_var (C each, float64: the backward needs them exact; it reads them), and update running_mean/running_var in place:
-     * r = (1-momentum)*r + momentum*batch_stat, the variance unbiased (times n/(n-1), n = B*HW).
-     * train == 0: normalize with running_mean/running_var (save_* unused, may be NULL).
-     * out = (inp - mean) / sqrt(var + eps) * weight + bias. inp, out (B,C,HW); weight, bias (C). */
-    int (*bn_forward)(ops_ctx *ctx, float *out, double *save_mean, double *save_var,
-                      const float *inp, const float *weight, const float *bias,
-                      float *running_mean, float *running_var, int B, int C, int HW, float eps,
-                      float momentum, int train);
+     * save_var (C each, float64: the backward needs them exact; it reads them), and update
+     * running_mean/running_var in place: r = (1-momentum)*r + momentum*batch_stat, the variance unbiased
+     * (times n/(n-1), n = B*HW). train == 0: normalize with running_mean/running_var (save_* unused, may be
+     * NULL). out = (inp - mean) / sqrt(var + eps) * weight + bias. inp, out (B,C,HW); weight, bias (C). */
+    int (*bn_forward)(ops_ctx *ctx, float *out, double *save_mean, double *save_var, const float *inp,
+                      const float *weight, const float *bias, float *running_mean, float *running_var, int B,
+                      int C, int HW, float eps, float momentum, int train);
     /* Training-mode backward: dout (B,C,HW) -> dinp (B,C,HW) (= or +=), dweight, dbias (C) +=
      * (each skipped when NULL: a fixed weight passes dweight NULL). */
-    int (*bn_backward)(ops_ctx *ctx, float *dinp, int acc, float *dweight, float *dbias,
-                       const float *dout, const float *inp, const float *weight,
-                       const double *save_mean, const double *save_var, int B, int C, int HW,
-                       float eps);
+    int (*bn_backward)(ops_ctx *ctx, float *dinp, int acc, float *dweight, float *dbias, const float *dout,
+                       const float *inp, const float *weight, const double *save_mean, const double *save_var,
+                       int B, int C, int HW, float eps);
 
     /* PReLU with one slope per channel: out = inp > 0 ? inp : alpha[c]*inp. inp, out (B,C,HW),
      * alpha (C). Backward: dinp (= or +=), dalpha (C) += sum over inp <= 0 of dout*inp. */
-    int (*prelu_forward)(ops_ctx *ctx, float *out, const float *inp, const float *alpha, int B,
-                         int C, int HW);
+    int (*prelu_forward)(ops_ctx *ctx, float *out, const float *inp, const float *alpha, int B, int C,
+                         int HW);
     int (*prelu_backward)(ops_ctx *ctx, float *dinp, int acc, float *dalpha, const float *dout,
                           const float *inp, const float *alpha, int B, int C, int HW);
 
     /* Linear: inp (B,IN), weight (OUT,IN), bias (OUT) or NULL -> out (B,OUT) = inp W^T + b.
      * Backward: dinp (B,IN) (= or +=), dweight (OUT,IN) +=, dbias (OUT) += (NULL skips). */
-    int (*linear_forward)(ops_ctx *ctx, float *out, const float *inp, const float *weight,
-                          const float *bias, int B, int IN, int OUT);
+    int (*linear_forward)(ops_ctx *ctx, float *out, const float *inp, const float *weight, const float *bias,
+                          int B, int IN, int OUT);
     int (*linear_backward)(ops_ctx *ctx, float *dinp, int acc, float *dweight, float *dbias,
-                           const float *dout, const float *inp, const float *weight, int B,
-                           int IN, int OUT);
+                           const float *dout, const float *inp, const float *weight, int B, int IN, int OUT);
 
     /* out (n) = a + b (residual add; in place on a or b allowed). Backward is dinp = dout for
      * both inputs: ops_acc does it. */
@@ -108,10 +105,10 @@ typedef struct ops_device {
     /* Inverted dropout (torch.nn.Dropout, training): mask[i] = keep ? 1/(1-p) : 0 drawn from
      * (seed, i); out = inp * mask. p == 0 is the identity (mask all 1). 0 <= p < 1.
      * Backward: dinp = dout * mask (= or +=). */
-    int (*dropout_forward)(ops_ctx *ctx, float *out, float *mask, const float *inp, size_t n,
-                           float p, uint64_t seed);
-    int (*dropout_backward)(ops_ctx *ctx, float *dinp, int acc, const float *dout,
-                            const float *mask, size_t n);
+    int (*dropout_forward)(ops_ctx *ctx, float *out, float *mask, const float *inp, size_t n, float p,
+                           uint64_t seed);
+    int (*dropout_backward)(ops_ctx *ctx, float *dinp, int acc, const float *dout, const float *mask,
+                            size_t n);
 
     /* ---- precision of the body ----
      * act_bytes: bytes per element of the activations before the flatten (the "body": conv, BN2d,
@@ -154,11 +151,10 @@ typedef struct ops_device {
      *   finite: the caller uses it both for clip_grad_norm and as the loss scaler's found-inf
      *   check). Synchronizes.
      * Return 0 or -EIO (device failure). */
-    int (*sgd_step)(ops_ctx *ctx, float *w, const float *grad, float *mom, size_t n, float lr,
-                    float momentum, float weight_decay);
-    int (*adamw_step)(ops_ctx *ctx, float *w, const float *grad, float *m, float *v, size_t n,
-                      double lr, double beta1, double beta2, double eps, double weight_decay,
-                      int64_t step);
+    int (*sgd_step)(ops_ctx *ctx, float *w, const float *grad, float *mom, size_t n, float lr, float momentum,
+                    float weight_decay);
+    int (*adamw_step)(ops_ctx *ctx, float *w, const float *grad, float *m, float *v, size_t n, double lr,
+                      double beta1, double beta2, double eps, double weight_decay, int64_t step);
     int (*scale)(ops_ctx *ctx, float *x, size_t n, float a);
     int (*sumsq)(ops_ctx *ctx, const float *x, size_t n, double *host_out);
 } ops_device;

@@ -30,8 +30,8 @@
 
 #include "common/err.h"
 
-#define PS_MAGIC 0x53504650u /* "PFPS" */
-#define PS_VERSION 1
+#define PS_MAGIC           0x53504650u /* "PFPS" */
+#define PS_VERSION         1
 #define PS_MSG_PAYLOAD_MAX (1u << 20) /* bytes of rows (or grads) per message */
 
 enum { PS_OP_PULL = 1, PS_OP_PUSH = 2, PS_OP_STAT = 3, PS_OP_CHECKSUM = 4, PS_OP_REPLY = 16 };
@@ -75,13 +75,20 @@ typedef struct ps_stat {
 
 _Static_assert(sizeof(ps_stat) <= 128, "ps_stat must fit the 128-byte stat payload");
 
-static inline size_t ps_dtype_size(uint32_t dt) { return dt == PS_DT_FP32 ? 4 : 2; }
+static inline size_t ps_dtype_size(uint32_t dt)
+{
+    return dt == PS_DT_FP32 ? 4 : 2;
+}
 
-static inline int ps_dtype_valid(uint32_t dt) { return dt <= PS_DT_BF16; }
+static inline int ps_dtype_valid(uint32_t dt)
+{
+    return dt <= PS_DT_BF16;
+}
 
 /* The wire dtype named by config key `wire_dtype`: "fp32", "fp16" or "bf16" into *out. Returns 0, or -EINVAL
  * naming the key and the value when it is none of them. The one parser for the server and the worker. */
-static inline int ps_dtype_parse(const char *s, ps_dtype *out) {
+static inline int ps_dtype_parse(const char *s, ps_dtype *out)
+{
     if (!strcmp(s, "fp32"))
         *out = PS_DT_FP32;
     else if (!strcmp(s, "fp16"))
@@ -94,63 +101,94 @@ static inline int ps_dtype_parse(const char *s, ps_dtype *out) {
 }
 
 /* Rows per message for D and dtype: as many as fit PS_MSG_PAYLOAD_MAX, at least 1. */
-static inline uint32_t ps_wire_rows_per_msg(uint32_t dim, uint32_t dtype) {
+static inline uint32_t ps_wire_rows_per_msg(uint32_t dim, uint32_t dtype)
+{
     size_t row = (size_t)dim * ps_dtype_size(dtype) + sizeof(int64_t);
     size_t r = PS_MSG_PAYLOAD_MAX / (row ? row : 1);
-    if (r > 65535u * 16u) r = 65535u * 16u;
+    if (r > 65535u * 16u)
+        r = 65535u * 16u;
     return r ? (uint32_t)r : 1;
 }
 
 /* Bytes of the largest message (request or reply) for D: header + rows-per-message x (id + fp32 row),
  * and at least 4 KiB for stat and error replies. Both sides post receive buffers of this size. */
-static inline size_t ps_wire_msg_bytes(uint32_t dim) {
+static inline size_t ps_wire_msg_bytes(uint32_t dim)
+{
     size_t rows = ps_wire_rows_per_msg(dim, PS_DT_FP32);
     size_t b = sizeof(ps_hdr) + rows * ((size_t)dim * 4 + sizeof(int64_t));
     return b < 4096 ? 4096 : b;
 }
 
 /* fp32 <-> fp16 (IEEE binary16, round to nearest even) and bf16 (round to nearest even). */
-static inline uint16_t ps_f32_to_bf16(float f) {
-    union { float f; uint32_t u; } v = {.f = f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
+static inline uint16_t ps_f32_to_bf16(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
     uint32_t round = 0x7fffu + ((v.u >> 16) & 1u);
     return (uint16_t)((v.u + round) >> 16);
 }
-static inline float ps_bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+static inline float ps_bf16_to_f32(uint16_t h)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
     return v.f;
 }
-static inline uint16_t ps_f32_to_f16(float f) {
-    union { float f; uint32_t u; } v = {.f = f};
+static inline uint16_t ps_f32_to_f16(float f)
+{
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
     uint32_t x = v.u, sign = (x >> 16) & 0x8000u;
     int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
     uint32_t mant = x & 0x7fffffu;
-    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0)); /* inf/NaN */
-    if (exp >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
-    if (exp <= 0) {                                  /* subnormal or zero */
-        if (exp < -10) return (uint16_t)sign;
+    if (((x >> 23) & 0xff) == 0xff)
+        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0)); /* inf/NaN */
+    if (exp >= 31)
+        return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
+    if (exp <= 0) {                        /* subnormal or zero */
+        if (exp < -10)
+            return (uint16_t)sign;
         mant |= 0x800000u;
         uint32_t shift = (uint32_t)(14 - exp);
         uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1u))) h++;
+        if (rem > half || (rem == half && (h & 1u)))
+            h++;
         return (uint16_t)(sign | h);
     }
     uint32_t h = ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* may carry into exponent: correct */
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+        h++; /* may carry into exponent: correct */
     return (uint16_t)(sign | h);
 }
-static inline float ps_f16_to_f32(uint16_t h) {
+static inline float ps_f16_to_f32(uint16_t h)
+{
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
     if (exp == 0) {
-        if (mant == 0) x = sign;
+        if (mant == 0)
+            x = sign;
         else { /* subnormal: normalise */
             exp = 127 - 15 + 1;
-            while (!(mant & 0x400u)) { mant <<= 1; exp--; }
+            while (!(mant & 0x400u)) {
+                mant <<= 1;
+                exp--;
+            }
             x = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
         }
-    } else if (exp == 31) x = sign | 0x7f800000u | (mant << 13);
-    else x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-    union { uint32_t u; float f; } v = {.u = x};
+    } else if (exp == 31)
+        x = sign | 0x7f800000u | (mant << 13);
+    else
+        x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = x};
     return v.f;
 }
 

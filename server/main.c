@@ -29,9 +29,8 @@
 
 static volatile sig_atomic_t g_stop; /* set by SIGTERM / SIGINT (daemon_signals_install) */
 
-static const char usage[] =
-    "usage: pfcps-server --config FILE --rank S [--set key=value ...]\n"
-    "  --rank S   this server's rank in [0, servers); rank 0 runs the rendezvous\n";
+static const char usage[] = "usage: pfcps-server --config FILE --rank S [--set key=value ...]\n"
+                            "  --rank S   this server's rank in [0, servers); rank 0 runs the rendezvous\n";
 
 /* What main's steps share. */
 typedef struct server_daemon {
@@ -41,10 +40,10 @@ typedef struct server_daemon {
     const char *secret;
     char host[256]; /* rendezvous host and port */
     int port;
-    fab_ctx *fab;   /* the endpoint, until ps_server_create takes it */
+    fab_ctx *fab; /* the endpoint, until ps_server_create takes it */
     uint8_t addr[FAB_MAX_ADDR];
     size_t alen;
-    char *ini;      /* rank 0: the config text the rendezvous sends */
+    char *ini;          /* rank 0: the config text the rendezvous sends */
     ctl_rendezvous *rv; /* rank 0 only */
     ctl_session *sess;
     ps_server *srv;
@@ -52,10 +51,12 @@ typedef struct server_daemon {
 
 /* The command line: the shared options, then --rank; checks the member settings (rank range, secret,
  * rendezvous address). Returns 0, CLI_HELP, or -1 after logging the error. */
-static int parse_args(int argc, char **argv, server_daemon *d) {
+static int parse_args(int argc, char **argv, server_daemon *d)
+{
     int rest = 0;
     int rc = cli_parse_common(argc, argv, &d->cfg, usage, CLI_CONFIG_OPTIONAL, &rest);
-    if (rc == CLI_HELP) return CLI_HELP;
+    if (rc == CLI_HELP)
+        return CLI_HELP;
     if (rc < 0) {
         log_error("%s", pf_errmsg());
         return -1;
@@ -86,8 +87,10 @@ static int parse_args(int argc, char **argv, server_daemon *d) {
 
 /* Rank 0 checks the whole config and refuses before anyone joins when its shard cannot fit. Returns 0 or
  * -1 after logging. */
-static int check_run_config(const server_daemon *d) {
-    if (d->rank != 0) return 0;
+static int check_run_config(const server_daemon *d)
+{
+    if (d->rank != 0)
+        return 0;
     if (cfg_validate(&d->cfg) < 0) {
         log_error("%s", pf_errmsg());
         return -1;
@@ -101,7 +104,8 @@ static int check_run_config(const server_daemon *d) {
 
 /* Opens the fabric endpoint (the config's provider) and reads its address for the address book. Returns 0
  * or -1 after logging. */
-static int open_endpoint(server_daemon *d) {
+static int open_endpoint(server_daemon *d)
+{
     if (fab_open(d->cfg.provider, &d->fab) < 0) {
         log_error("%s", pf_errmsg());
         return -1;
@@ -120,16 +124,24 @@ static int open_endpoint(server_daemon *d) {
 
 /* Rank 0 starts the rendezvous at host:port with this process' config as the run's. ctl_rendezvous_start
  * logs what it bound. Returns 0 or -1 after logging. */
-static int start_rendezvous(server_daemon *d) {
-    if (d->rank != 0) return 0;
+static int start_rendezvous(server_daemon *d)
+{
+    if (d->rank != 0)
+        return 0;
     const pf_config *cfg = &d->cfg;
     d->ini = cfg_to_ini(cfg);
-    ctl_rendezvous_opts ro = {.bind_host = d->host, .port = d->port, .num_servers = cfg->servers,
-                              .num_workers = cfg->workers, .secret = d->secret,
-                              .max_frame = (size_t)cfg->ctl_max_frame, .timeout_s = cfg->ctl_timeout,
-                              .config_text = d->ini, .num_classes = cfg->num_classes};
+    ctl_rendezvous_opts ro = {.bind_host = d->host,
+                              .port = d->port,
+                              .num_servers = cfg->servers,
+                              .num_workers = cfg->workers,
+                              .secret = d->secret,
+                              .max_frame = (size_t)cfg->ctl_max_frame,
+                              .timeout_s = cfg->ctl_timeout,
+                              .config_text = d->ini,
+                              .num_classes = cfg->num_classes};
     if (!d->ini || ctl_rendezvous_start(&ro, &d->rv) < 0) {
-        log_error("%s", d->ini ? pf_errmsg() : "rendezvous: out of memory"); /* the message names the rendezvous */
+        log_error("%s",
+                  d->ini ? pf_errmsg() : "rendezvous: out of memory"); /* the message names the rendezvous */
         return -1;
     }
     return 0;
@@ -138,8 +150,10 @@ static int start_rendezvous(server_daemon *d) {
 /* Start-up up to the formed run: checks, endpoint, rendezvous (rank 0), then the join (retrying through the
  * whole ctl_timeout), which takes the run config from the address book. Returns 0 joined, 1 stopped before
  * the run formed (a normal stop; rank 0 tells the members that joined when it stops), or -1 (logged). */
-static int join_run(server_daemon *d) {
-    if (check_run_config(d) < 0 || open_endpoint(d) < 0 || start_rendezvous(d) < 0) return -1;
+static int join_run(server_daemon *d)
+{
+    if (check_run_config(d) < 0 || open_endpoint(d) < 0 || start_rendezvous(d) < 0)
+        return -1;
     int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
                          d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
     return rc < 0 ? -1 : rc;
@@ -147,7 +161,8 @@ static int join_run(server_daemon *d) {
 
 /* Creates this rank's shard service from the run config, gives it every worker's address and starts its
  * threads. Returns 0 or -1 after logging. */
-static int start_serving(server_daemon *d) {
+static int start_serving(server_daemon *d)
+{
     const ctl_book *book = ctl_session_book(d->sess);
     const pf_config *run = &d->run;
     ps_dtype dtype = PS_DT_FP32;
@@ -160,11 +175,18 @@ static int start_serving(server_daemon *d) {
                   book->num_workers, run->servers, run->workers);
         return -1;
     }
-    ps_server_opts so = {.provider = run->provider, .rank = d->rank, .servers = run->servers,
-                         .workers = run->workers, .dim = run->embedding_size, .num_classes = run->num_classes,
-                         .seed = (uint64_t)run->seed, .momentum = run->momentum,
-                         .weight_decay = run->weight_decay, .max_staleness = run->max_staleness,
-                         .apply_threads = d->cfg.apply_threads, .fab = d->fab};
+    ps_server_opts so = {.provider = run->provider,
+                         .rank = d->rank,
+                         .servers = run->servers,
+                         .workers = run->workers,
+                         .dim = run->embedding_size,
+                         .num_classes = run->num_classes,
+                         .seed = (uint64_t)run->seed,
+                         .momentum = run->momentum,
+                         .weight_decay = run->weight_decay,
+                         .max_staleness = run->max_staleness,
+                         .apply_threads = d->cfg.apply_threads,
+                         .fab = d->fab};
     /* PFCPS_PREFAULT=1 backs every page of the table before serving (no config key for it yet). */
     const char *pf = getenv("PFCPS_PREFAULT");
     so.prefault = pf && *pf == '1';
@@ -190,9 +212,10 @@ static int start_serving(server_daemon *d) {
     }
     if (run->snapshot_every > 0)
         log_warn("snapshot_every = %d: shard snapshots are not implemented yet; the table lives only in this "
-                 "process", run->snapshot_every);
-    log_info("serving shard %d/%d to %d workers (head_mode %s: %s, max_staleness %d, %d apply threads)", d->rank,
-             run->servers, run->workers, run->head_mode,
+                 "process",
+                 run->snapshot_every);
+    log_info("serving shard %d/%d to %d workers (head_mode %s: %s, max_staleness %d, %d apply threads)",
+             d->rank, run->servers, run->workers, run->head_mode,
              so.global_mode ? "pushes applied on arrival, read-your-writes pulls" : "BSP/SSP step clock",
              run->max_staleness, d->cfg.apply_threads);
     return 0;
@@ -200,7 +223,8 @@ static int start_serving(server_daemon *d) {
 
 /* Serves until SIGTERM / SIGINT or the rendezvous' shutdown broadcast. A lost member is logged and the shard
  * serves on; a lost control connection leaves only the signals to stop it. */
-static void serve_until_stop(server_daemon *d) {
+static void serve_until_stop(server_daemon *d)
+{
     int ctl_ok = 1;
     while (!g_stop) {
         if (ctl_ok) {
@@ -224,7 +248,8 @@ static void serve_until_stop(server_daemon *d) {
 }
 
 /* Stops taking requests, lets the apply in progress finish, logs the counters. */
-static void stop_serving(server_daemon *d) {
+static void stop_serving(server_daemon *d)
+{
     log_info("stopping: no new requests; finishing the apply in progress");
     ps_server_stop(d->srv);
     ps_stat st;
@@ -236,13 +261,17 @@ static void stop_serving(server_daemon *d) {
 
 /* Leaves the run and releases what start-up took; returns exit_code (does not return after a clean stop of
  * a started shard). */
-static int finish(server_daemon *d, int exit_code) {
-    /* The shutdown broadcast is an orderly stop: members that get it stop and exit 0. When server 0 fails (its
-     * own join timed out because a member never came, the shard does not fit, ...) the rendezvous just closes,
-     * so that the other members stop with an error instead of reporting a clean stop. */
-    if (d->rv && exit_code == 0) ctl_rendezvous_broadcast_shutdown(d->rv);
-    if (d->sess) ctl_session_close(d->sess);
-    if (d->rv) ctl_rendezvous_stop(d->rv);
+static int finish(server_daemon *d, int exit_code)
+{
+    /* The shutdown broadcast is an orderly stop: members that get it stop and exit 0. When server 0 fails
+     * (its own join timed out because a member never came, the shard does not fit, ...) the rendezvous just
+     * closes, so that the other members stop with an error instead of reporting a clean stop. */
+    if (d->rv && exit_code == 0)
+        ctl_rendezvous_broadcast_shutdown(d->rv);
+    if (d->sess)
+        ctl_session_close(d->sess);
+    if (d->rv)
+        ctl_rendezvous_stop(d->rv);
     if (exit_code == 0 && d->srv) {
         /* The shard is stopped and every apply finished; what is left is tearing down the endpoint, which
          * the process exit does anyway. libfabric 1.17's tcp;ofi_rxm sometimes crashes inside fi_close(ep)
@@ -257,12 +286,14 @@ static int finish(server_daemon *d, int exit_code) {
     return exit_code;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
     static server_daemon d;
     log_init("server", -1);
     daemon_signals_install(&g_stop);
     int rc = parse_args(argc, argv, &d);
-    if (rc != 0) return rc == CLI_HELP ? 0 : 1;
+    if (rc != 0)
+        return rc == CLI_HELP ? 0 : 1;
     int exit_code = 1;
     rc = join_run(&d);
     if (rc == 1) {

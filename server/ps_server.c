@@ -46,7 +46,7 @@ typedef struct pending {
     ps_hdr req;
     int32_t status;
     char msg[256];
-    int64_t *ids;        /* pull: req.n ids */
+    int64_t *ids;         /* pull: req.n ids */
     uint8_t payload[128]; /* stat / checksum */
     size_t payload_len;
 } pending;
@@ -99,35 +99,42 @@ typedef struct apply_arg {
     int idx;
 } apply_arg;
 
-static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g) {
+static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
+{
     const int D = S->sh.dim;
     for (size_t s = s_lo; s < s_hi; s++) {
         size_t lo = S->aseg[s], hi = S->aseg[s + 1];
-        for (int j = 0; j < D; j++) g[j] = 0;
+        for (int j = 0; j < D; j++)
+            g[j] = 0;
         for (size_t e = lo; e < hi; e++)
-            for (int j = 0; j < D; j++) g[j] += (double)S->ae[e].g[j];
+            for (int j = 0; j < D; j++)
+                g[j] += (double)S->ae[e].g[j];
         float *w = shard_row(&S->sh, S->ae[lo].lrow);
         float *v = S->sh.momentum + (w - S->sh.weight);
-        shard_sgd_row(w, v, g, D, S->ae[lo].lr, S->o.momentum,
-                      S->o.weight_decay);
+        shard_sgd_row(w, v, g, D, S->ae[lo].lr, S->o.momentum, S->o.weight_decay);
     }
 }
 
-static void *apply_main(void *arg) {
+static void *apply_main(void *arg)
+{
     apply_arg *a = arg;
     ps_server *S = a->srv;
     double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
     uint64_t seen = 0;
     pthread_mutex_lock(&S->am);
     for (;;) {
-        while (!S->aquit && S->agen == seen) pthread_cond_wait(&S->a_go, &S->am);
-        if (S->aquit) break;
+        while (!S->aquit && S->agen == seen)
+            pthread_cond_wait(&S->a_go, &S->am);
+        if (S->aquit)
+            break;
         seen = S->agen;
         size_t n = S->anseg, T = (size_t)S->nathreads;
         pthread_mutex_unlock(&S->am);
-        if (g) apply_segments(S, n * (size_t)a->idx / T, n * ((size_t)a->idx + 1) / T, g);
+        if (g)
+            apply_segments(S, n * (size_t)a->idx / T, n * ((size_t)a->idx + 1) / T, g);
         pthread_mutex_lock(&S->am);
-        if (--S->aremaining == 0) pthread_cond_signal(&S->a_done);
+        if (--S->aremaining == 0)
+            pthread_cond_signal(&S->a_done);
     }
     pthread_mutex_unlock(&S->am);
     free(g);
@@ -135,16 +142,21 @@ static void *apply_main(void *arg) {
     return NULL;
 }
 
-static int cmp_entry(const void *pa, const void *pb) {
+static int cmp_entry(const void *pa, const void *pb)
+{
     const entry *a = pa, *b = pb;
-    if (a->lrow != b->lrow) return a->lrow < b->lrow ? -1 : 1;
-    if (a->client != b->client) return a->client < b->client ? -1 : 1;
+    if (a->lrow != b->lrow)
+        return a->lrow < b->lrow ? -1 : 1;
+    if (a->client != b->client)
+        return a->client < b->client ? -1 : 1;
     return a->seq < b->seq ? -1 : a->seq > b->seq;
 }
 
 /* Frees a push and its chunks. NULL is a no-op. */
-static void free_push(push *p) {
-    if (!p) return;
+static void free_push(push *p)
+{
+    if (!p)
+        return;
     for (chunk *c = p->chunks; c;) {
         chunk *nx = c->next;
         free(c);
@@ -156,11 +168,13 @@ static void free_push(push *p) {
 
 /* Applies every push of step t held in S->complete (summing gradients per row, in worker order) and frees
  * those pushes. Returns the number of rows updated, or -ENOMEM (nothing applied, pushes kept). */
-static long apply_step(ps_server *S, int64_t t) {
+static long apply_step(ps_server *S, int64_t t)
+{
     size_t nrows = 0;
     for (push *p = S->complete; p; p = p->next)
         if (p->step == t)
-            for (chunk *c = p->chunks; c; c = c->next) nrows += c->n;
+            for (chunk *c = p->chunks; c; c = c->next)
+                nrows += c->n;
     entry *e = malloc(sizeof(entry) * (nrows ? nrows : 1));
     size_t *seg = malloc(sizeof(size_t) * (nrows + 1));
     if (!e || !seg) {
@@ -171,15 +185,18 @@ static long apply_step(ps_server *S, int64_t t) {
     size_t k = 0;
     uint32_t seq = 0;
     for (push *p = S->complete; p; p = p->next) {
-        if (p->step != t) continue;
+        if (p->step != t)
+            continue;
         for (chunk *c = p->chunks; c; c = c->next)
             for (uint32_t i = 0; i < c->n; i++)
-                e[k++] = (entry){c->ids[i] / S->sh.servers, p->client, seq++, c->grads + (size_t)i * S->sh.dim, p->lr};
+                e[k++] = (entry){c->ids[i] / S->sh.servers, p->client, seq++,
+                                 c->grads + (size_t)i * S->sh.dim, p->lr};
     }
     qsort(e, nrows, sizeof(entry), cmp_entry);
     size_t nseg = 0;
     for (size_t i = 0; i < nrows; i++)
-        if (i == 0 || e[i].lrow != e[i - 1].lrow) seg[nseg++] = i;
+        if (i == 0 || e[i].lrow != e[i - 1].lrow)
+            seg[nseg++] = i;
     seg[nseg] = nrows;
     S->ae = e;
     S->aseg = seg;
@@ -187,14 +204,16 @@ static long apply_step(ps_server *S, int64_t t) {
     if (S->nathreads == 0) {
         /* Not started (ps_server_inject): apply on this thread. */
         double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
-        if (g) apply_segments(S, 0, nseg, g);
+        if (g)
+            apply_segments(S, 0, nseg, g);
         free(g);
     } else {
         pthread_mutex_lock(&S->am);
         S->aremaining = S->nathreads;
         S->agen++;
         pthread_cond_broadcast(&S->a_go);
-        while (S->aremaining > 0) pthread_cond_wait(&S->a_done, &S->am);
+        while (S->aremaining > 0)
+            pthread_cond_wait(&S->a_done, &S->am);
         pthread_mutex_unlock(&S->am);
     }
     free(e);
@@ -217,23 +236,29 @@ static long apply_step(ps_server *S, int64_t t) {
 /* Called when a push became complete. Local mode (BSP/SSP): applies every step whose W pushes are all in,
  * oldest first. Global mode: applies the push at once (each row has one owner), and steps_done is the
  * slowest worker's count of pushed steps. Runs on the progress thread. */
-static void try_apply(ps_server *S) {
+static void try_apply(ps_server *S)
+{
     if (S->o.global_mode) {
         int64_t t = S->complete ? S->complete->step : 0;
-        if (S->complete && apply_step(S, t) < 0) return;
+        if (S->complete && apply_step(S, t) < 0)
+            return;
         int64_t m = S->next_push[0];
         for (int w = 1; w < S->o.workers; w++)
-            if (S->next_push[w] < m) m = S->next_push[w];
+            if (S->next_push[w] < m)
+                m = S->next_push[w];
         S->steps_done = m;
         return;
     }
     for (;;) {
         int64_t t = S->steps_done;
         int count = 0;
-        for (push *p = S->complete; p; p = p->next) count += p->step == t;
-        if (count < S->o.workers) return;
+        for (push *p = S->complete; p; p = p->next)
+            count += p->step == t;
+        if (count < S->o.workers)
+            return;
         long rows = apply_step(S, t);
-        if (rows < 0) return; /* out of memory: the step stays pending; the next message retries */
+        if (rows < 0)
+            return; /* out of memory: the step stays pending; the next message retries */
         S->steps_done = t + 1;
         log_debug("step %lld applied: %ld rows from %d pushes", (long long)t, rows, count);
     }
@@ -241,18 +266,23 @@ static void try_apply(ps_server *S) {
 
 /* ---------- replies ---------- */
 
-static void enqueue(ps_server *S, pending *p) {
+static void enqueue(ps_server *S, pending *p)
+{
     p->next = NULL;
-    if (S->pq_tail) S->pq_tail->next = p;
-    else S->pq_head = p;
+    if (S->pq_tail)
+        S->pq_tail->next = p;
+    else
+        S->pq_head = p;
     S->pq_tail = p;
 }
 
-static void reply_error(ps_server *S, const ps_hdr *h, int code, const char *msg) {
+static void reply_error(ps_server *S, const ps_hdr *h, int code, const char *msg)
+{
     S->st_bad++;
     log_warn("bad request from worker %d (op %u, step %lld): %s", h->client, h->op, (long long)h->step, msg);
     pending *p = calloc(1, sizeof(*p));
-    if (!p) return;
+    if (!p)
+        return;
     p->req = *h;
     p->status = code;
     snprintf(p->msg, sizeof(p->msg), "server %d: %s", S->o.rank, msg);
@@ -260,7 +290,8 @@ static void reply_error(ps_server *S, const ps_hdr *h, int code, const char *msg
 }
 
 /* Sends every ready reply while send buffers are free. */
-static void serve_pending(ps_server *S) {
+static void serve_pending(ps_server *S)
+{
     pending **pp = &S->pq_head, *prev = NULL;
     while (*pp && S->nsend_free > 0) {
         pending *p = *pp;
@@ -295,7 +326,8 @@ static void serve_pending(ps_server *S) {
             S->send_free[S->nsend_free++] = b;
         }
         *pp = p->next;
-        if (S->pq_tail == p) S->pq_tail = prev;
+        if (S->pq_tail == p)
+            S->pq_tail = prev;
         free(p->ids);
         free(p);
     }
@@ -303,15 +335,17 @@ static void serve_pending(ps_server *S) {
 
 /* ---------- request handling ---------- */
 
-static void handle_pull(ps_server *S, const ps_hdr *h, const uint8_t *payload, size_t plen) {
+static void handle_pull(ps_server *S, const ps_hdr *h, const uint8_t *payload, size_t plen)
+{
     char msg[256];
     if (plen != (size_t)h->n * sizeof(int64_t)) {
-        snprintf(msg, sizeof(msg), "pull of %u ids needs %zu payload bytes, got %zu (truncated or padded)", h->n,
-                 (size_t)h->n * sizeof(int64_t), plen);
+        snprintf(msg, sizeof(msg), "pull of %u ids needs %zu payload bytes, got %zu (truncated or padded)",
+                 h->n, (size_t)h->n * sizeof(int64_t), plen);
         return reply_error(S, h, -EPROTO, msg);
     }
     if (h->step < 0 || h->step > S->next_push[h->client]) {
-        snprintf(msg, sizeof(msg), "pull for step %lld is from the future: worker %d has pushed steps 0..%lld",
+        snprintf(msg, sizeof(msg),
+                 "pull for step %lld is from the future: worker %d has pushed steps 0..%lld",
                  (long long)h->step, h->client, (long long)S->next_push[h->client] - 1);
         return reply_error(S, h, -ERANGE, msg);
     }
@@ -335,7 +369,8 @@ static void handle_pull(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
 /* Checks a push chunk's header against the payload size, the worker's step clock and the push in progress
  * (`cur`, may be NULL). Returns 0, or a negative code with the reason in msg[msglen]. */
 static int push_check(const ps_server *S, const ps_hdr *h, size_t plen, const push *cur, char *msg,
-                      size_t msglen) {
+                      size_t msglen)
+{
     const int w = h->client;
     const size_t D = (size_t)S->sh.dim, dts = ps_dtype_size(h->dtype);
     size_t need = (size_t)h->n * (sizeof(int64_t) + D * dts);
@@ -354,7 +389,8 @@ static int push_check(const ps_server *S, const ps_hdr *h, size_t plen, const pu
     }
     if (h->step != S->next_push[w]) {
         snprintf(msg, msglen, "push for step %lld but worker %d's next step is %lld (%s)", (long long)h->step,
-                 w, (long long)S->next_push[w], h->step > S->next_push[w] ? "step from the future" : "already pushed");
+                 w, (long long)S->next_push[w],
+                 h->step > S->next_push[w] ? "step from the future" : "already pushed");
         return -ERANGE;
     }
     if (!S->o.global_mode && h->step > S->steps_done + S->o.max_staleness + 1) {
@@ -379,7 +415,8 @@ static int push_check(const ps_server *S, const ps_hdr *h, size_t plen, const pu
 /* Copies a checked chunk's ids out of the payload into a new chunk (ids then fp32 grads, one allocation) and
  * checks them against the shard. Returns 0 with *out, or a negative code with the reason in msg[msglen]. */
 static int chunk_new(const ps_server *S, const ps_hdr *h, const uint8_t *payload, chunk **out, char *msg,
-                     size_t msglen) {
+                     size_t msglen)
+{
     const size_t D = (size_t)S->sh.dim;
     chunk *c = malloc(sizeof(chunk) + (size_t)h->n * (sizeof(int64_t) + D * sizeof(float)));
     if (!c) {
@@ -400,10 +437,12 @@ static int chunk_new(const ps_server *S, const ps_hdr *h, const uint8_t *payload
 }
 
 /* Converts the payload's gradients (after the n ids; fp32, fp16 or bf16 as h->dtype says) into c->grads. */
-static void chunk_fill_grads(const ps_server *S, const ps_hdr *h, const uint8_t *payload, chunk *c) {
+static void chunk_fill_grads(const ps_server *S, const ps_hdr *h, const uint8_t *payload, chunk *c)
+{
     const uint8_t *gsrc = payload + (size_t)h->n * sizeof(int64_t);
     size_t ne = (size_t)h->n * (size_t)S->sh.dim;
-    if (h->dtype == PS_DT_FP32) memcpy(c->grads, gsrc, ne * sizeof(float));
+    if (h->dtype == PS_DT_FP32)
+        memcpy(c->grads, gsrc, ne * sizeof(float));
     else {
         for (size_t i = 0; i < ne; i++) {
             uint16_t x;
@@ -415,7 +454,8 @@ static void chunk_fill_grads(const ps_server *S, const ps_hdr *h, const uint8_t 
 
 /* A new push in progress for the header's worker and step, registered in S->partial. Returns NULL on out of
  * memory. */
-static push *push_start(ps_server *S, const ps_hdr *h) {
+static push *push_start(ps_server *S, const ps_hdr *h)
+{
     push *cur = calloc(1, sizeof(*cur));
     uint8_t *have = cur ? calloc(h->nchunks, 1) : NULL;
     if (!cur || !have) {
@@ -433,7 +473,8 @@ static push *push_start(ps_server *S, const ps_hdr *h) {
 
 /* Adds chunk c to the push in progress, acknowledges it, and when it was the last chunk moves the push to
  * S->complete and applies what became ready (try_apply). */
-static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c) {
+static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c)
+{
     const int w = h->client;
     c->next = cur->chunks;
     cur->chunks = c;
@@ -455,13 +496,15 @@ static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c) {
 
 /* One push chunk: checked, copied, added to its worker's push in progress. A bad chunk gets an error reply
  * and discards the whole push of that step: nothing of it is ever applied. */
-static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, size_t plen) {
+static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, size_t plen)
+{
     char msg[256];
     const int w = h->client;
     push *cur = S->partial[w];
     chunk *c = NULL;
     int code = push_check(S, h, plen, cur, msg, sizeof(msg));
-    if (!code) code = chunk_new(S, h, payload, &c, msg, sizeof(msg));
+    if (!code)
+        code = chunk_new(S, h, payload, &c, msg, sizeof(msg));
     if (code) {
         if (cur && cur->step == h->step) {
             free_push(cur);
@@ -477,7 +520,8 @@ static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
     push_add_chunk(S, h, cur, c);
 }
 
-static void handle_msg(ps_server *S, const uint8_t *buf, size_t len) {
+static void handle_msg(ps_server *S, const uint8_t *buf, size_t len)
+{
     ps_hdr h;
     if (len < sizeof(ps_hdr)) {
         S->st_bad++;
@@ -494,13 +538,14 @@ static void handle_msg(ps_server *S, const uint8_t *buf, size_t len) {
     const uint8_t *payload = buf + sizeof(ps_hdr);
     size_t plen = len - sizeof(ps_hdr);
     if (h.magic != PS_MAGIC || h.version != PS_VERSION) {
-        snprintf(msg, sizeof(msg), "bad magic 0x%08x / version %u (want 0x%08x / %u)", h.magic, h.version, PS_MAGIC,
-                 PS_VERSION);
+        snprintf(msg, sizeof(msg), "bad magic 0x%08x / version %u (want 0x%08x / %u)", h.magic, h.version,
+                 PS_MAGIC, PS_VERSION);
         return reply_error(S, &h, -EPROTO, msg);
     }
     if (h.op == PS_OP_STAT || h.op == PS_OP_CHECKSUM) {
         pending *p = calloc(1, sizeof(*p));
-        if (!p) return;
+        if (!p)
+            return;
         p->req = h;
         if (h.op == PS_OP_STAT) {
             ps_stat st;
@@ -532,11 +577,14 @@ static void handle_msg(ps_server *S, const uint8_t *buf, size_t len) {
                  ps_wire_rows_per_msg(h.dim, h.dtype));
         return reply_error(S, &h, -EINVAL, msg);
     }
-    if (h.op == PS_OP_PULL) handle_pull(S, &h, payload, plen);
-    else handle_push(S, &h, payload, plen);
+    if (h.op == PS_OP_PULL)
+        handle_pull(S, &h, payload, plen);
+    else
+        handle_push(S, &h, payload, plen);
 }
 
-static void *progress_main(void *arg) {
+static void *progress_main(void *arg)
+{
     ps_server *S = arg;
     fab_comp comps[32];
     int idle = 0;
@@ -548,9 +596,11 @@ static void *progress_main(void *arg) {
         }
         for (int i = 0; i < n; i++) {
             buf_ctx *bc = comps[i].context;
-            if (!bc) continue;
+            if (!bc)
+                continue;
             if (bc->kind == CTX_SEND) {
-                if (comps[i].err) log_warn("reply send failed: %s", fi_strerror(-comps[i].err));
+                if (comps[i].err)
+                    log_warn("reply send failed: %s", fi_strerror(-comps[i].err));
                 S->send_free[S->nsend_free++] = bc->idx;
                 continue;
             }
@@ -582,15 +632,21 @@ static void *progress_main(void *arg) {
 
 /* ---------- lifecycle ---------- */
 
-int ps_server_create(const ps_server_opts *opts, ps_server **out) {
+int ps_server_create(const ps_server_opts *opts, ps_server **out)
+{
     *out = NULL;
-    if (opts->workers <= 0) return pf_err(-EINVAL, "workers %d must be positive", opts->workers);
-    if (opts->max_staleness < 0) return pf_err(-EINVAL, "max_staleness %d must be >= 0", opts->max_staleness);
+    if (opts->workers <= 0)
+        return pf_err(-EINVAL, "workers %d must be positive", opts->workers);
+    if (opts->max_staleness < 0)
+        return pf_err(-EINVAL, "max_staleness %d must be >= 0", opts->max_staleness);
     ps_server *S = calloc(1, sizeof(*S));
-    if (!S) return pf_err(-ENOMEM, "out of memory");
+    if (!S)
+        return pf_err(-ENOMEM, "out of memory");
     S->o = *opts;
-    if (S->o.apply_threads < 1) S->o.apply_threads = 1;
-    if (S->o.recv_bufs <= 0) S->o.recv_bufs = 64;
+    if (S->o.apply_threads < 1)
+        S->o.apply_threads = 1;
+    if (S->o.recv_bufs <= 0)
+        S->o.recv_bufs = 64;
     pthread_mutex_init(&S->am, NULL);
     pthread_cond_init(&S->a_go, NULL);
     pthread_cond_init(&S->a_done, NULL);
@@ -603,17 +659,20 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out) {
         free(S);
         return rc;
     }
-    log_info("shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum + 1-byte "
-             "row map), %.3f GiB total (page-aligned)",
-             opts->rank, opts->servers, (long long)S->sh.rows, (long long)opts->num_classes, opts->dim,
-             8 * opts->dim + 1, (double)(S->sh.bytes + (size_t)S->sh.rows) / (1 << 30));
-    if (!S->fab && (rc = fab_open(opts->provider, &S->fab)) < 0) goto fail;
+    log_info(
+        "shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum + 1-byte "
+        "row map), %.3f GiB total (page-aligned)",
+        opts->rank, opts->servers, (long long)S->sh.rows, (long long)opts->num_classes, opts->dim,
+        8 * opts->dim + 1, (double)(S->sh.bytes + (size_t)S->sh.rows) / (1 << 30));
+    if (!S->fab && (rc = fab_open(opts->provider, &S->fab)) < 0)
+        goto fail;
     char modes[256];
     fab_mr_mode_str(fab_mr_mode(S->fab), modes, sizeof(modes));
     log_info("fabric provider %s, mr_mode %s", fab_provider(S->fab), modes);
     /* The table is registered for local access only: no peer can write (or read) it remotely; rows
      * change only through the push path. */
-    if ((rc = fab_mr_reg(S->fab, S->sh.base, S->sh.bytes, FI_SEND | FI_RECV, &S->mr_table)) < 0) goto fail;
+    if ((rc = fab_mr_reg(S->fab, S->sh.base, S->sh.bytes, FI_SEND | FI_RECV, &S->mr_table)) < 0)
+        goto fail;
     S->msg_bytes = ps_wire_msg_bytes((uint32_t)opts->dim);
     S->nrecv = S->o.recv_bufs;
     S->nsend = S->o.recv_bufs;
@@ -631,8 +690,10 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out) {
         rc = pf_err(-ENOMEM, "out of memory for message buffers");
         goto fail;
     }
-    if ((rc = fab_mr_reg(S->fab, S->recv_mem, S->msg_bytes * S->nrecv, FI_RECV, &S->mr_recv)) < 0) goto fail;
-    if ((rc = fab_mr_reg(S->fab, S->send_mem, S->msg_bytes * S->nsend, FI_SEND, &S->mr_send)) < 0) goto fail;
+    if ((rc = fab_mr_reg(S->fab, S->recv_mem, S->msg_bytes * S->nrecv, FI_RECV, &S->mr_recv)) < 0)
+        goto fail;
+    if ((rc = fab_mr_reg(S->fab, S->send_mem, S->msg_bytes * S->nsend, FI_SEND, &S->mr_send)) < 0)
+        goto fail;
     for (int i = 0; i < S->nsend; i++) {
         S->send_ctx[i] = (buf_ctx){CTX_SEND, i};
         S->send_free[S->nsend_free++] = i;
@@ -650,23 +711,31 @@ fail:
     return rc;
 }
 
-int ps_server_getname(ps_server *srv, void *addr, size_t *len) { return fab_getname(srv->fab, addr, len); }
+int ps_server_getname(ps_server *srv, void *addr, size_t *len)
+{
+    return fab_getname(srv->fab, addr, len);
+}
 
-int ps_server_add_worker(ps_server *srv, int rank, const void *addr, size_t len) {
+int ps_server_add_worker(ps_server *srv, int rank, const void *addr, size_t len)
+{
     if (rank < 0 || rank >= srv->o.workers)
         return pf_err(-ERANGE, "worker rank %d out of range (%d workers)", rank, srv->o.workers);
     int rc = fab_av_insert(srv->fab, addr, len, &srv->worker_addr[rank]);
-    if (rc < 0) return pf_err_wrap(rc, "worker %d", rank);
+    if (rc < 0)
+        return pf_err_wrap(rc, "worker %d", rank);
     srv->worker_known[rank] = 1;
     return 0;
 }
 
-int ps_server_start(ps_server *srv) {
+int ps_server_start(ps_server *srv)
+{
     srv->athreads = calloc(srv->o.apply_threads, sizeof(pthread_t));
-    if (!srv->athreads) return pf_err(-ENOMEM, "out of memory");
+    if (!srv->athreads)
+        return pf_err(-ENOMEM, "out of memory");
     for (int i = 0; i < srv->o.apply_threads; i++) {
         apply_arg *a = malloc(sizeof(*a));
-        if (!a) break;
+        if (!a)
+            break;
         *a = (apply_arg){srv, i};
         if (pthread_create(&srv->athreads[i], NULL, apply_main, a) != 0) {
             free(a);
@@ -674,15 +743,18 @@ int ps_server_start(ps_server *srv) {
         }
         srv->nathreads++;
     }
-    if (srv->nathreads == 0) return pf_err(-EAGAIN, "could not start any apply thread");
+    if (srv->nathreads == 0)
+        return pf_err(-EAGAIN, "could not start any apply thread");
     if (pthread_create(&srv->progress, NULL, progress_main, srv) != 0)
         return pf_err(-EAGAIN, "could not start the progress thread");
     srv->started = 1;
     return 0;
 }
 
-void ps_server_stop(ps_server *srv) {
-    if (!srv) return;
+void ps_server_stop(ps_server *srv)
+{
+    if (!srv)
+        return;
     atomic_store(&srv->stop, 1);
     if (srv->started) {
         pthread_join(srv->progress, NULL);
@@ -692,12 +764,15 @@ void ps_server_stop(ps_server *srv) {
     srv->aquit = 1;
     pthread_cond_broadcast(&srv->a_go);
     pthread_mutex_unlock(&srv->am);
-    for (int i = 0; i < srv->nathreads; i++) pthread_join(srv->athreads[i], NULL);
+    for (int i = 0; i < srv->nathreads; i++)
+        pthread_join(srv->athreads[i], NULL);
     srv->nathreads = 0;
 }
 
-void ps_server_destroy(ps_server *S) {
-    if (!S) return;
+void ps_server_destroy(ps_server *S)
+{
+    if (!S)
+        return;
     ps_server_stop(S);
     fab_shutdown(S->fab); /* cancel the posted receives before their buffers are deregistered */
     fab_mr_close(&S->mr_recv);
@@ -716,7 +791,8 @@ void ps_server_destroy(ps_server *S) {
         p = nx;
     }
     if (S->partial)
-        for (int w = 0; w < S->o.workers; w++) free_push(S->partial[w]);
+        for (int w = 0; w < S->o.workers; w++)
+            free_push(S->partial[w]);
     free(S->recv_mem);
     free(S->send_mem);
     free(S->recv_ctx);
@@ -734,10 +810,15 @@ void ps_server_destroy(ps_server *S) {
     free(S);
 }
 
-const shard *ps_server_shard(const ps_server *srv) { return &srv->sh; }
+const shard *ps_server_shard(const ps_server *srv)
+{
+    return &srv->sh;
+}
 
-int ps_server_inject(ps_server *S, const void *msg, size_t len) {
-    if (S->started) return pf_err(-EBUSY, "ps_server_inject on a started server");
+int ps_server_inject(ps_server *S, const void *msg, size_t len)
+{
+    if (S->started)
+        return pf_err(-EBUSY, "ps_server_inject on a started server");
     handle_msg(S, msg, len);
     int replies = 0;
     pending **pp = &S->pq_head, *prev = NULL;
@@ -751,11 +832,13 @@ int ps_server_inject(ps_server *S, const void *msg, size_t len) {
         }
         if (p->status == 0 && p->req.op == PS_OP_PULL) {
             void *out = malloc((size_t)p->req.n * S->sh.dim * ps_dtype_size(p->req.dtype) + 1);
-            if (out) shard_gather(&S->sh, p->ids, p->req.n, p->req.dtype, out);
+            if (out)
+                shard_gather(&S->sh, p->ids, p->req.n, p->req.dtype, out);
             free(out);
         }
         *pp = p->next;
-        if (S->pq_tail == p) S->pq_tail = prev;
+        if (S->pq_tail == p)
+            S->pq_tail = prev;
         free(p->ids);
         free(p);
         replies++;
@@ -763,7 +846,8 @@ int ps_server_inject(ps_server *S, const void *msg, size_t len) {
     return replies;
 }
 
-void ps_server_stat(ps_server *S, ps_stat *st) {
+void ps_server_stat(ps_server *S, ps_stat *st)
+{
     memset(st, 0, sizeof(*st));
     st->steps_done = S->steps_done;
     st->num_classes = S->sh.num_classes;
@@ -777,5 +861,6 @@ void ps_server_stat(ps_server *S, ps_stat *st) {
     st->bad_requests = S->st_bad;
     st->table_bytes = (int64_t)S->sh.bytes + S->sh.rows; /* + the row map */
     for (int w = 0; S->partial && w < S->o.workers; w++)
-        if (S->partial[w]) st->partial_chunks += S->partial[w]->got;
+        if (S->partial[w])
+            st->partial_chunks += S->partial[w]->got;
 }

@@ -32,22 +32,22 @@
 typedef struct ps_server ps_server;
 
 typedef struct ps_server_opts {
-    const char *provider;  /* "tcp", "shm", "verbs" (fabric.h) */
-    int rank, servers;     /* s, S */
-    int workers;           /* W: pushes per step */
-    int dim;               /* D */
-    int64_t num_classes;   /* C */
-    uint64_t seed;         /* init generator key */
-    double momentum;       /* mu */
-    double weight_decay;   /* wd */
-    int max_staleness;     /* k >= 0 */
-    int apply_threads;     /* >= 1 */
-    int recv_bufs;         /* receive buffers posted; 0 = 64 */
-    int prefault;          /* back every page of the table at start (shard_create) */
-    int global_mode;       /* head_mode = global: each row has one owner, pushes apply on arrival and a
-                              pull waits only for the same worker's earlier pushes (read-your-writes) */
-    struct fab_ctx *fab;   /* an endpoint opened already (its address went into the address book), or
-                              NULL to open one for `provider`; the server owns it either way */
+    const char *provider; /* "tcp", "shm", "verbs" (fabric.h) */
+    int rank, servers;    /* s, S */
+    int workers;          /* W: pushes per step */
+    int dim;              /* D */
+    int64_t num_classes;  /* C */
+    uint64_t seed;        /* init generator key */
+    double momentum;      /* mu */
+    double weight_decay;  /* wd */
+    int max_staleness;    /* k >= 0 */
+    int apply_threads;    /* >= 1 */
+    int recv_bufs;        /* receive buffers posted; 0 = 64 */
+    int prefault;         /* back every page of the table at start (shard_create) */
+    int global_mode;      /* head_mode = global: each row has one owner, pushes apply on arrival and a
+                             pull waits only for the same worker's earlier pushes (read-your-writes) */
+    struct fab_ctx *fab;  /* an endpoint opened already (its address went into the address book), or
+                             NULL to open one for `provider`; the server owns it either way */
 } ps_server_opts;
 
 /* Allocates and initialises the shard (logs bytes per identity and total; -ENOMEM when it would not fit),

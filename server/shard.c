@@ -13,42 +13,51 @@
 #include "common/splitmix64.h"
 #include "proto/ps_wire.h"
 
-int64_t shard_local_rows(int64_t num_classes, int servers, int rank) {
-    if (servers <= 0 || rank < 0 || rank >= servers || num_classes <= rank) return 0;
+int64_t shard_local_rows(int64_t num_classes, int servers, int rank)
+{
+    if (servers <= 0 || rank < 0 || rank >= servers || num_classes <= rank)
+        return 0;
     return (num_classes - rank + servers - 1) / servers;
 }
 
-static size_t page_round(size_t b) {
+static size_t page_round(size_t b)
+{
     size_t pg = (size_t)sysconf(_SC_PAGESIZE);
     return (b + pg - 1) / pg * pg;
 }
 
-size_t shard_bytes(int64_t num_classes, int servers, int rank, int dim) {
+size_t shard_bytes(int64_t num_classes, int servers, int rank, int dim)
+{
     size_t one = (size_t)shard_local_rows(num_classes, servers, rank) * (size_t)dim * sizeof(float);
     return 2 * page_round(one ? one : 1);
 }
 
 /* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
-static size_t mem_available(void) {
+static size_t mem_available(void)
+{
     FILE *fp = fopen("/proc/meminfo", "r");
-    if (!fp) return 0;
+    if (!fp)
+        return 0;
     char line[256];
     size_t kb = 0;
     while (fgets(line, sizeof(line), fp)) {
-        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1) break;
+        if (sscanf(line, "MemAvailable: %zu kB", &kb) == 1)
+            break;
     }
     fclose(fp);
     return kb * 1024;
 }
 
-void shard_init_row(uint64_t seed, int64_t c, int dim, float *row) {
+void shard_init_row(uint64_t seed, int64_t c, int dim, float *row)
+{
     uint64_t k = splitmix64(splitmix64(seed) ^ (uint64_t)c);
     for (int p = 0; 2 * p < dim; p++) {
         uint64_t a = splitmix64(k + 2 * (uint64_t)p), b = splitmix64(k + 2 * (uint64_t)p + 1);
         double u1 = (double)((a >> 11) + 1) * 0x1.0p-53, u2 = (double)(b >> 11) * 0x1.0p-53;
         double r = sqrt(-2.0 * log(u1));
         row[2 * p] = (float)(0.01 * r * cos(2.0 * M_PI * u2));
-        if (2 * p + 1 < dim) row[2 * p + 1] = (float)(0.01 * r * sin(2.0 * M_PI * u2));
+        if (2 * p + 1 < dim)
+            row[2 * p + 1] = (float)(0.01 * r * sin(2.0 * M_PI * u2));
     }
 }
 
@@ -58,13 +67,16 @@ typedef struct touch_job {
 } touch_job;
 
 /* Writes one byte per page so the kernel backs the whole mapping now (huge pages where it can). */
-static void *touch_thread(void *arg) {
+static void *touch_thread(void *arg)
+{
     touch_job *j = arg;
-    for (size_t o = j->lo; o < j->hi; o += 4096) j->p[o] = 0;
+    for (size_t o = j->lo; o < j->hi; o += 4096)
+        j->p[o] = 0;
     return NULL;
 }
 
-float *shard_row(shard *sh, int64_t lrow) {
+float *shard_row(shard *sh, int64_t lrow)
+{
     float *w = sh->weight + (size_t)lrow * (size_t)sh->dim;
     if (!sh->ready[lrow]) {
         shard_init_row(sh->seed, lrow * sh->servers + sh->rank, sh->dim, w);
@@ -74,21 +86,27 @@ float *shard_row(shard *sh, int64_t lrow) {
 }
 
 int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim, uint64_t seed, int threads,
-                 int prefault) {
+                 int prefault)
+{
     memset(sh, 0, sizeof(*sh));
-    if (num_classes <= 0) return pf_err(-EINVAL, "num_classes %lld must be positive", (long long)num_classes);
+    if (num_classes <= 0)
+        return pf_err(-EINVAL, "num_classes %lld must be positive", (long long)num_classes);
     if (servers <= 0 || rank < 0 || rank >= servers)
         return pf_err(-EINVAL, "server rank %d out of range for %d servers", rank, servers);
-    if (dim <= 0 || dim > 65536) return pf_err(-EINVAL, "embedding_size %d out of range (1..65536)", dim);
+    if (dim <= 0 || dim > 65536)
+        return pf_err(-EINVAL, "embedding_size %d out of range (1..65536)", dim);
     int64_t rows = shard_local_rows(num_classes, servers, rank);
     int rc = shard_check_fit(num_classes, servers, rank, dim);
-    if (rc < 0) return rc;
+    if (rc < 0)
+        return rc;
     size_t bytes = shard_bytes(num_classes, servers, rank, dim);
     void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) return pf_err(-ENOMEM, "mmap of %zu bytes for the shard failed", bytes);
+    if (base == MAP_FAILED)
+        return pf_err(-ENOMEM, "mmap of %zu bytes for the shard failed", bytes);
     /* Transparent huge pages only when every page is backed now: fewer TLB misses on random gathers. Backed
      * lazily, a random row access would fault in (and zero) a whole 2 MiB page. */
-    if (prefault) madvise(base, bytes, MADV_HUGEPAGE);
+    if (prefault)
+        madvise(base, bytes, MADV_HUGEPAGE);
     sh->num_classes = num_classes;
     sh->servers = servers;
     sh->rank = rank;
@@ -107,8 +125,10 @@ int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim,
         return pf_err(-ENOMEM, "out of memory for the row map");
     }
     if (prefault) {
-        if (threads < 1) threads = 1;
-        if (threads > 64) threads = 64;
+        if (threads < 1)
+            threads = 1;
+        if (threads > 64)
+            threads = 64;
         pthread_t tid[64];
         int ok[64] = {0};
         touch_job jobs[64];
@@ -116,17 +136,21 @@ int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim,
         for (int t = 0; t < threads; t++)
             jobs[t] = (touch_job){base, pages * (size_t)t / (size_t)threads * 4096,
                                   pages * (size_t)(t + 1) / (size_t)threads * 4096};
-        for (int t = 1; t < threads; t++) ok[t] = pthread_create(&tid[t], NULL, touch_thread, &jobs[t]) == 0;
+        for (int t = 1; t < threads; t++)
+            ok[t] = pthread_create(&tid[t], NULL, touch_thread, &jobs[t]) == 0;
         touch_thread(&jobs[0]);
         for (int t = 1; t < threads; t++) {
-            if (ok[t]) pthread_join(tid[t], NULL);
-            else touch_thread(&jobs[t]); /* no thread: do that part here */
+            if (ok[t])
+                pthread_join(tid[t], NULL);
+            else
+                touch_thread(&jobs[t]); /* no thread: do that part here */
         }
     }
     return 0;
 }
 
-int shard_check_fit(int64_t num_classes, int servers, int rank, int dim) {
+int shard_check_fit(int64_t num_classes, int servers, int rank, int dim)
+{
     int64_t rows = shard_local_rows(num_classes, servers, rank);
     if (dim <= 0 || rows > (int64_t)(SIZE_MAX / 16 / (size_t)dim))
         return pf_err(-ENOMEM, "shard of %lld rows x D=%d overflows", (long long)rows, dim);
@@ -134,24 +158,29 @@ int shard_check_fit(int64_t num_classes, int servers, int rank, int dim) {
     size_t avail = mem_available();
     size_t need = bytes + (size_t)rows + bytes / 16 + (256u << 20);
     if (avail && need > avail)
-        return pf_err(-ENOMEM,
-                      "shard %d/%d needs %.2f GiB (%lld rows x (D=%d x 8 + 1) bytes) + margin, but MemAvailable is "
-                      "%.2f GiB: use more servers or a smaller num_classes",
-                      rank, servers, (double)(bytes + (size_t)rows) / (1 << 30), (long long)rows, dim,
-                      (double)avail / (1 << 30));
+        return pf_err(
+            -ENOMEM,
+            "shard %d/%d needs %.2f GiB (%lld rows x (D=%d x 8 + 1) bytes) + margin, but MemAvailable is "
+            "%.2f GiB: use more servers or a smaller num_classes",
+            rank, servers, (double)(bytes + (size_t)rows) / (1 << 30), (long long)rows, dim,
+            (double)avail / (1 << 30));
     return 0;
 }
 
-void shard_destroy(shard *sh) {
-    if (sh->base) munmap(sh->base, sh->bytes);
+void shard_destroy(shard *sh)
+{
+    if (sh->base)
+        munmap(sh->base, sh->bytes);
     free(sh->ready);
     memset(sh, 0, sizeof(*sh));
 }
 
-int shard_check_ids(const shard *sh, const int64_t *ids, size_t n) {
+int shard_check_ids(const shard *sh, const int64_t *ids, size_t n)
+{
     for (size_t i = 0; i < n; i++) {
         int64_t c = ids[i];
-        if (c < 0) return pf_err(-ERANGE, "id %lld at index %zu is negative", (long long)c, i);
+        if (c < 0)
+            return pf_err(-ERANGE, "id %lld at index %zu is negative", (long long)c, i);
         if (c >= sh->num_classes)
             return pf_err(-ERANGE, "id %lld at index %zu is >= num_classes %lld", (long long)c, i,
                           (long long)sh->num_classes);
@@ -162,7 +191,8 @@ int shard_check_ids(const shard *sh, const int64_t *ids, size_t n) {
     return 0;
 }
 
-void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out) {
+void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out)
+{
     const size_t D = (size_t)sh->dim;
     for (size_t i = 0; i < n; i++) {
         const float *src = shard_row(sh, ids[i] / sh->servers);
@@ -170,15 +200,18 @@ void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void 
             memcpy((float *)out + i * D, src, D * sizeof(float));
         } else if (dtype == PS_DT_FP16) {
             uint16_t *dst = (uint16_t *)out + i * D;
-            for (size_t j = 0; j < D; j++) dst[j] = ps_f32_to_f16(src[j]);
+            for (size_t j = 0; j < D; j++)
+                dst[j] = ps_f32_to_f16(src[j]);
         } else {
             uint16_t *dst = (uint16_t *)out + i * D;
-            for (size_t j = 0; j < D; j++) dst[j] = ps_f32_to_bf16(src[j]);
+            for (size_t j = 0; j < D; j++)
+                dst[j] = ps_f32_to_bf16(src[j]);
         }
     }
 }
 
-void shard_sgd_row(float *w, float *v, const double *g, int dim, double lr, double mu, double wd) {
+void shard_sgd_row(float *w, float *v, const double *g, int dim, double lr, double mu, double wd)
+{
     for (int j = 0; j < dim; j++) {
         double wj = w[j];
         double vj = mu * (double)v[j] + (g[j] + wd * wj);
@@ -187,14 +220,17 @@ void shard_sgd_row(float *w, float *v, const double *g, int dim, double lr, doub
     }
 }
 
-uint64_t shard_checksum(shard *sh) {
-    for (int64_t r = 0; r < sh->rows; r++) shard_row(sh, r);
+uint64_t shard_checksum(shard *sh)
+{
+    for (int64_t r = 0; r < sh->rows; r++)
+        shard_row(sh, r);
     uint64_t h = 0xcbf29ce484222325ull;
     size_t words = (size_t)sh->rows * (size_t)sh->dim / 2; /* 2 floats per 8-byte word */
     const float *parts[2] = {sh->weight, sh->momentum};
     for (int p = 0; p < 2; p++) {
         const uint64_t *w64 = (const uint64_t *)parts[p];
-        for (size_t i = 0; i < words; i++) h = (h ^ w64[i]) * 0x100000001b3ull;
+        for (size_t i = 0; i < words; i++)
+            h = (h ^ w64[i]) * 0x100000001b3ull;
         if (((size_t)sh->rows * (size_t)sh->dim) & 1) {
             uint32_t last;
             memcpy(&last, parts[p] + (size_t)sh->rows * sh->dim - 1, 4);

@@ -44,8 +44,9 @@ size_t shard_bytes(int64_t num_classes, int servers, int rank, int dim);
 
 /* Allocates shard `rank` of `servers` for C classes of dimension D. With `prefault`, writes every page
  * with `threads` threads so the memory is backed before serving (costly where page faults are slow: 16 s
- * for 4 GiB in this sandbox); without, pages are backed on first touch. Refuses with -ENOMEM and a message (bytes needed vs MemAvailable) when the shard
- * plus a safety margin (1/16 + 256 MiB) would not fit in MemAvailable; -EINVAL for bad sizes. */
+ * for 4 GiB in this sandbox); without, pages are backed on first touch. Refuses with -ENOMEM and a message
+ * (bytes needed vs MemAvailable) when the shard plus a safety margin (1/16 + 256 MiB) would not fit in
+ * MemAvailable; -EINVAL for bad sizes. */
 int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim, uint64_t seed, int threads,
                  int prefault);
 
@@ -72,8 +73,8 @@ void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void 
  *   v = mu * v + (g + wd * w);  w = w - lr * v */
 void shard_sgd_row(float *w, float *v, const double *g, int dim, double lr, double mu, double wd);
 
-/* (Generates every row not yet generated, then) a 64-bit FNV-1a-style hash over the weights then the momentum, 8 bytes at a time
- * (h = (h ^ word) * 0x100000001b3, h0 = 0xcbf29ce484222325). */
+/* (Generates every row not yet generated, then) a 64-bit FNV-1a-style hash over the weights then the
+ * momentum, 8 bytes at a time (h = (h ^ word) * 0x100000001b3, h0 = 0xcbf29ce484222325). */
 uint64_t shard_checksum(shard *sh);
 
 #endif

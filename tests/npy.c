@@ -91,25 +91,30 @@ int npy_load2(const char *dir, const char *name, npy_array *out)
     return npy_load(path, out);
 }
 
-#define CONVERT(T)                                                                     \
-    T *r = malloc(sizeof(T) * (a->count ? a->count : 1));                              \
-    if (!r)                                                                            \
-        return NULL;                                                                   \
-    for (size_t i = 0; i < a->count; i++) {                                            \
-        if (a->dtype == 'f' && a->itemsize == 4)                                       \
-            r[i] = (T)((const float *)a->data)[i];                                     \
-        else if (a->dtype == 'f')                                                      \
-            r[i] = (T)((const double *)a->data)[i];                                    \
-        else if (a->itemsize == 4)                                                     \
-            r[i] = (T)((const int32_t *)a->data)[i];                                   \
-        else                                                                           \
-            r[i] = (T)((const int64_t *)a->data)[i];                                   \
-    }                                                                                  \
+#define CONVERT(T)                                                                                           \
+    T *r = malloc(sizeof(T) * (a->count ? a->count : 1));                                                    \
+    if (!r)                                                                                                  \
+        return NULL;                                                                                         \
+    for (size_t i = 0; i < a->count; i++) {                                                                  \
+        if (a->dtype == 'f' && a->itemsize == 4)                                                             \
+            r[i] = (T)((const float *)a->data)[i];                                                           \
+        else if (a->dtype == 'f')                                                                            \
+            r[i] = (T)((const double *)a->data)[i];                                                          \
+        else if (a->itemsize == 4)                                                                           \
+            r[i] = (T)((const int32_t *)a->data)[i];                                                         \
+        else                                                                                                 \
+            r[i] = (T)((const int64_t *)a->data)[i];                                                         \
+    }                                                                                                        \
     return r;
 
-float *npy_to_f32(const npy_array *a) { CONVERT(float) }
-double *npy_to_f64(const npy_array *a) { CONVERT(double) }
-int64_t *npy_to_i64(const npy_array *a) { CONVERT(int64_t) }
+float *npy_to_f32(const npy_array *a)
+{
+    CONVERT(float)
+}
+double *npy_to_f64(const npy_array *a){CONVERT(double)} int64_t *npy_to_i64(const npy_array *a)
+{
+    CONVERT(int64_t)
+}
 
 void npy_free(npy_array *a)
 {

@@ -7,12 +7,12 @@
 #include <stdint.h>
 
 typedef struct npy_array {
-    char dtype;       /* 'f' float, 'i' int */
-    int itemsize;     /* 4 or 8 */
+    char dtype;   /* 'f' float, 'i' int */
+    int itemsize; /* 4 or 8 */
     int ndim;
     int64_t shape[8];
-    size_t count;     /* product of shape */
-    void *data;       /* raw little-endian values, count * itemsize bytes */
+    size_t count; /* product of shape */
+    void *data;   /* raw little-endian values, count * itemsize bytes */
 } npy_array;
 
 /* Loads `path`. Returns 0, or -ENOENT / -EINVAL (unsupported dtype, fortran order, truncated) with

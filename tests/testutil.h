@@ -32,8 +32,14 @@ static inline uint64_t rnd(void)
     rng_state ^= rng_state << 17;
     return rng_state;
 }
-static inline int irand(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
-static inline float frand(float lo, float hi) { return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53); }
+static inline int irand(int lo, int hi)
+{
+    return lo + (int)(rnd() % (uint64_t)(hi - lo + 1));
+}
+static inline float frand(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((rnd() >> 11) * 0x1.0p-53);
+}
 
 /* The run's seed, PFCPS_TEST_SEED (decimal) or the time, printed ("seed N (PFCPS_TEST_SEED
  * replays)"); rng_state = the seed mixed (never 0). */
@@ -57,11 +63,11 @@ static inline uint64_t test_seed(void)
 }
 
 /* Fatal test failure: prints FAIL, the message and pf_errmsg(), exits 1. */
-#define DIE(...)                                                                                   \
-    do {                                                                                           \
-        printf("FAIL: " __VA_ARGS__);                                                              \
-        printf(" (%s)\n", pf_errmsg());                                                            \
-        exit(1);                                                                                   \
+#define DIE(...)                                                                                             \
+    do {                                                                                                     \
+        printf("FAIL: " __VA_ARGS__);                                                                        \
+        printf(" (%s)\n", pf_errmsg());                                                                      \
+        exit(1);                                                                                             \
     } while (0)
 
 static inline void *xmalloc(size_t bytes)
@@ -118,7 +124,13 @@ static inline double rel_l2_of(const float *a, const float *bf, const double *bd
     }
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
-static inline double rel_l2(const float *a, const float *b, size_t n) { return rel_l2_of(a, b, NULL, n); }
-static inline double rel_l2_f64(const float *a, const double *b, size_t n) { return rel_l2_of(a, NULL, b, n); }
+static inline double rel_l2(const float *a, const float *b, size_t n)
+{
+    return rel_l2_of(a, b, NULL, n);
+}
+static inline double rel_l2_f64(const float *a, const double *b, size_t n)
+{
+    return rel_l2_of(a, NULL, b, n);
+}
 
 #endif

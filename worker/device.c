@@ -16,10 +16,11 @@ _Static_assert(WDEV_ID_BYTES == CUDA_NCCL_ID_BYTES, "the address part is the NCC
 
 #ifdef PFCPS_HAVE_CUDA_OPS
 struct wdev_gpu {
-    pfc_cuda gh;                       /* the GPU head: pfc_step's twin on device buffers */
+    pfc_cuda gh; /* the GPU head: pfc_step's twin on device buffers */
     int have_gh;
-    float *d_centers, *d_grad_centers; /* device (k_max, D): rows uploaded for the GPU head, their gradients */
-    void *side;                        /* side stream for the row upload */
+    float *d_centers,
+        *d_grad_centers; /* device (k_max, D): rows uploaded for the GPU head, their gradients */
+    void *side;          /* side stream for the row upload */
 };
 #endif
 
@@ -35,22 +36,26 @@ int train_device_resolve(const pf_config *cfg, train_device_info *out)
         out->cuda = 1;
         out->loss_scaling = cfg->fp16;
         snprintf(out->precision, sizeof out->precision, "%s",
-                 cfg->fp16   ? "fp16 body (dynamic loss scaling), fp32 master weights, fc and features BN in fp32"
+                 cfg->fp16
+                     ? "fp16 body (dynamic loss scaling), fp32 master weights, fc and features BN in fp32"
                  : cfg->bf16 ? "bf16 body, fp32 master weights, fc and features BN in fp32"
                              : "fp32");
     } else if (!strcmp(d, "cpu-bf16")) {
         name = "cpu-bf16";
         out->loss_scaling = cfg->fp16;
-        snprintf(out->precision, sizeof out->precision, "bf16 body (CPU stand-in of a half device)%s, fp32 master "
-                 "weights, fc and features BN in fp32", cfg->fp16 ? " with fp16's dynamic loss scaling" : "");
+        snprintf(out->precision, sizeof out->precision,
+                 "bf16 body (CPU stand-in of a half device)%s, fp32 master "
+                 "weights, fc and features BN in fp32",
+                 cfg->fp16 ? " with fp16's dynamic loss scaling" : "");
     } else if (!strcmp(d, "cpu") || !strcmp(d, "cpu-fenced")) {
         name = !strcmp(d, "cpu") ? "cpu" : "cpu-fenced";
         snprintf(out->precision, sizeof out->precision, "fp32");
         if (cfg->fp16 || cfg->bf16)
-            snprintf(out->warning, sizeof out->warning,
-                     "%s = true: the CPU device has no half-precision path; training in fp32 (device = cuda for "
-                     "mixed precision; device = cpu-bf16 is the CPU stand-in of a half device, for tests)",
-                     cfg->fp16 ? "fp16" : "bf16");
+            snprintf(
+                out->warning, sizeof out->warning,
+                "%s = true: the CPU device has no half-precision path; training in fp32 (device = cuda for "
+                "mixed precision; device = cpu-bf16 is the CPU stand-in of a half device, for tests)",
+                cfg->fp16 ? "fp16" : "bf16");
     } else {
         return pf_err(-EINVAL, "config key 'device': '%s' is not one of: cpu cuda cpu-fenced cpu-bf16", d);
     }
@@ -59,19 +64,24 @@ int train_device_resolve(const pf_config *cfg, train_device_info *out)
     out->name[nl] = '\0';
     if (out->cuda) {
 #ifndef PFCPS_HAVE_CUDA_OPS
-        return pf_err(-ENODEV, "config key 'device' = cuda: this pfcps-worker was built without the CUDA device "
-                      "(nvcc, cuDNN or cuBLAS were not found at build time: rebuild with -Dcuda=enabled where the "
-                      "CUDA toolkit is installed), or use device = cpu");
+        return pf_err(
+            -ENODEV,
+            "config key 'device' = cuda: this pfcps-worker was built without the CUDA device "
+            "(nvcc, cuDNN or cuBLAS were not found at build time: rebuild with -Dcuda=enabled where the "
+            "CUDA toolkit is installed), or use device = cpu");
 #else
         int n = cuda_device_count();
         if (n <= 0)
-            return pf_err(-ENODEV, "config key 'device' = cuda: no CUDA GPU is visible on this machine "
-                          "(cuda_device_count() = 0: no GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them); "
-                          "use device = cpu");
+            return pf_err(
+                -ENODEV,
+                "config key 'device' = cuda: no CUDA GPU is visible on this machine "
+                "(cuda_device_count() = 0: no GPU, no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them); "
+                "use device = cpu");
 #endif
     }
     if (!ops_device_by_name(out->name))
-        return pf_err_wrap(-ENODEV, "config key 'device' = %s: device '%s' is not in this binary", d, out->name);
+        return pf_err_wrap(-ENODEV, "config key 'device' = %s: device '%s' is not in this binary", d,
+                           out->name);
     return 0;
 }
 
@@ -114,7 +124,8 @@ static int open_nccl(wdev *d, const ctl_book *book)
     size_t idlen = 0;
     if (member_addr_part(book->workers[0].addr, book->workers[0].addr_len, 2, &id, &idlen) < 0 ||
         idlen != CUDA_NCCL_ID_BYTES)
-        return pf_err(-EPROTO, "worker 0's address-book entry carries no NCCL unique id (was worker 0 started "
+        return pf_err(-EPROTO,
+                      "worker 0's address-book entry carries no NCCL unique id (was worker 0 started "
                       "with device = cuda? give every process the same config)");
     int rc = coll_nccl_create((const uint8_t *)id, d->rank, d->W, &d->nccl);
     if (rc < 0)
@@ -137,7 +148,8 @@ int wdev_open(wdev *d, const train_device_info *di, int rank, int W)
     return select_gpu(d);
 }
 
-int wdev_backbone(wdev *d, const ops_device *dev, ops_ctx *ctx, size_t nparams, pf_coll *ring, const ctl_book *book)
+int wdev_backbone(wdev *d, const ops_device *dev, ops_ctx *ctx, size_t nparams, pf_coll *ring,
+                  const ctl_book *book)
 {
     d->dev = dev;
     d->ctx = ctx;
@@ -162,7 +174,8 @@ static int bb_collective(wdev *d, float *buf, int bcast)
         return bcast ? coll_broadcast(c, buf, bytes, 0) : coll_allreduce(c, buf, n, COLL_F32, COLL_SUM);
     int rc = d->dev->mem_d2h(d->ctx, d->h_stage, buf, bytes);
     if (rc == 0)
-        rc = bcast ? coll_broadcast(c, d->h_stage, bytes, 0) : coll_allreduce(c, d->h_stage, n, COLL_F32, COLL_SUM);
+        rc = bcast ? coll_broadcast(c, d->h_stage, bytes, 0)
+                   : coll_allreduce(c, d->h_stage, n, COLL_F32, COLL_SUM);
     if (rc == 0)
         rc = d->dev->mem_h2d(d->ctx, buf, d->h_stage, bytes);
     return rc;
@@ -193,8 +206,8 @@ static void dev_free(wdev *d, void *p)
 
 #ifdef PFCPS_HAVE_CUDA_OPS
 /* cuda: pinned host rows (full-speed asynchronous copies), device rows, the side stream and the GPU head (its
- * collectives on NCCL, or without NCCL on the ring over managed staging buffers). Says which path class-center
- * rows take (FI_HMEM straight to GPU memory is detected, not used: docs/architecture.md). */
+ * collectives on NCCL, or without NCCL on the ring over managed staging buffers). Says which path
+ * class-center rows take (FI_HMEM straight to GPU memory is detected, not used: docs/architecture.md). */
 static int gpu_head_create(wdev *d, pfc *head, size_t kd, const char *provider)
 {
     size_t bytes = (kd ? kd : 1) * sizeof(float);
@@ -216,7 +229,8 @@ static int gpu_head_create(wdev *d, pfc *head, size_t kd, const char *provider)
         log_warn("%s; FI_HMEM detection failed: %s", staging, pf_errmsg());
     else if (h == 1)
         log_info("%s; provider %s offers FI_HMEM for CUDA (%s), but pfcps does not register GPU buffers with "
-                 "the fabric", staging, provider, pf_errmsg());
+                 "the fabric",
+                 staging, provider, pf_errmsg());
     else
         log_info("%s; no FI_HMEM for CUDA on provider %s (%s)", staging, provider, pf_errmsg());
     pf_coll *hc = d->W == 1 ? NULL : d->have_nccl ? &d->nccl : d->ring;
@@ -264,7 +278,9 @@ int wdev_head_create(wdev *d, pfc *head, const char *provider)
         return rc;
     log_info("head on the %s, its collectives on %s; label allgather and sampling on the host (fabric ring)",
              d->gpu_head ? "GPU (pfc_cuda)" : "CPU (pfc_step, host copies of the embeddings)",
-             d->gpu_head && d->have_nccl ? "NCCL" : d->W == 1 ? "nothing (one worker)" : "the fabric ring");
+             d->gpu_head && d->have_nccl ? "NCCL"
+             : d->W == 1                 ? "nothing (one worker)"
+                                         : "the fabric ring");
     return 0;
 }
 

@@ -27,11 +27,11 @@
 
 /* The device a run config asks for (keys device, fp16, bf16), resolved to a kernels/ops.h device. */
 typedef struct train_device_info {
-    char name[32];         /* ops_device_by_name name: cpu cpu-fenced cpu-bf16 cuda cuda-fp16 cuda-bf16 */
-    char precision[160];   /* for the start-up log: "fp32", "fp16 body, fp32 master weights, ..." */
-    int cuda;              /* a CUDA device: NCCL collectives (when built), pinned class-center rows */
-    int loss_scaling;      /* fp16 = true on a half device (cuda-fp16, cpu-bf16): dynamic loss scaling */
-    char warning[256];     /* non-empty: fp16 / bf16 asked for on a device without a half path (log it) */
+    char name[32];       /* ops_device_by_name name: cpu cpu-fenced cpu-bf16 cuda cuda-fp16 cuda-bf16 */
+    char precision[160]; /* for the start-up log: "fp32", "fp16 body, fp32 master weights, ..." */
+    int cuda;            /* a CUDA device: NCCL collectives (when built), pinned class-center rows */
+    int loss_scaling;    /* fp16 = true on a half device (cuda-fp16, cpu-bf16): dynamic loss scaling */
+    char warning[256];   /* non-empty: fp16 / bf16 asked for on a device without a half path (log it) */
 } train_device_info;
 
 /* Resolves cfg's device, fp16 and bf16 keys:
@@ -55,15 +55,15 @@ struct wdev_gpu; /* CUDA-only state (device.c): GPU head, device rows, side stre
 
 typedef struct wdev {
     train_device_info di;
-    const ops_device *dev;   /* the model's device table */
-    ops_ctx *ctx;            /* the model's device context */
+    const ops_device *dev; /* the model's device table */
+    ops_ctx *ctx;          /* the model's device context */
     int rank, W;
-    int direct;              /* device memory is plain host memory host code may touch (device "cpu") */
-    pf_coll *ring;           /* the fabric ring among the workers (host memory) */
-    pf_coll nccl;            /* NCCL over device buffers (cuda, NCCL built) */
+    int direct;    /* device memory is plain host memory host code may touch (device "cpu") */
+    pf_coll *ring; /* the fabric ring among the workers (host memory) */
+    pf_coll nccl;  /* NCCL over device buffers (cuda, NCCL built) */
     int have_nccl;
-    const char *backend;     /* the backbone collective, for the start-up log */
-    float *h_stage;          /* (nparams) host staging for the backbone collectives through the ring */
+    const char *backend; /* the backbone collective, for the start-up log */
+    float *h_stage;      /* (nparams) host staging for the backbone collectives through the ring */
     size_t nparams;
     /* Head buffers (wdev_head_create). */
     float *centers, *grad_centers; /* host (k_max, D), pinned on cuda: pulled rows, their gradients (push) */
@@ -83,7 +83,8 @@ int wdev_open(wdev *d, const train_device_info *di, int rank, int W);
  * NCCL from worker 0's id in `book` on cuda where NCCL is built, else the ring `ring`, with the host staging
  * buffer the ring needs when device memory is not host memory (d->backend says which, for the log).
  * Returns 0, -EPROTO (worker 0's entry carries no NCCL id), -ENOMEM, or an NCCL error. */
-int wdev_backbone(wdev *d, const ops_device *dev, ops_ctx *ctx, size_t nparams, pf_coll *ring, const ctl_book *book);
+int wdev_backbone(wdev *d, const ops_device *dev, ops_ctx *ctx, size_t nparams, pf_coll *ring,
+                  const ctl_book *book);
 
 /* The backbone's collectives over the nparams floats at buf (device memory): broadcast from worker 0, or
  * allreduce (sum). NCCL on device buffers, the ring in place on the CPU device, else the ring on a host copy.
@@ -91,12 +92,12 @@ int wdev_backbone(wdev *d, const ops_device *dev, ops_ctx *ctx, size_t nparams, 
 int wdev_bcast(wdev *d, float *buf);
 int wdev_allreduce(wdev *d, float *buf);
 
-/* Head buffers for head->k_max sampled rows of D floats and a batch of B embeddings (B, D: the sampler's), and
- * the head itself: on cuda
- * the GPU head (pfc_cuda, its collectives on NCCL or, without NCCL, on the ring through managed buffers) over
- * the sampler `head` (pfc_init'ed with PFC_NO_HOST_HEAD), pinned host rows, device rows and a side stream for
- * their upload; elsewhere plain host buffers for the CPU head (pfc_step). Logs where the head runs and, on
- * cuda, which path the class-center rows take. Returns 0, -ENOMEM, or a CUDA error. */
+/* Head buffers for head->k_max sampled rows of D floats and a batch of B embeddings (B, D: the sampler's),
+ * and the head itself: on cuda the GPU head (pfc_cuda, its collectives on NCCL or, without NCCL, on the ring
+ * through managed buffers) over the sampler `head` (pfc_init'ed with PFC_NO_HOST_HEAD), pinned host rows,
+ * device rows and a side stream for their upload; elsewhere plain host buffers for the CPU head (pfc_step).
+ * Logs where the head runs and, on cuda, which path the class-center rows take. Returns 0, -ENOMEM, or a CUDA
+ * error. */
 int wdev_head_create(wdev *d, pfc *head, const char *provider);
 
 /* One head step for the sample in `head` (pfc_sample of this step, k rows pulled into d->centers):

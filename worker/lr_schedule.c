@@ -18,8 +18,8 @@ int lr_schedule_steps(int64_t num_image, int64_t total_batch, int num_epoch, dou
     double w = (double)per_epoch * warmup_epoch;
     int64_t t = per_epoch * num_epoch;
     if (w > 0 && w >= (double)t)
-        return pf_err(-EINVAL, "lr schedule: warmup %g steps is not shorter than the %lld total steps",
-                      w, (long long)t);
+        return pf_err(-EINVAL, "lr schedule: warmup %g steps is not shorter than the %lld total steps", w,
+                      (long long)t);
     *warmup_steps = w;
     *total_steps = t;
     return 0;
@@ -27,9 +27,12 @@ int lr_schedule_steps(int64_t num_image, int64_t total_batch, int num_epoch, dou
 
 double lr_poly(double base_lr, int64_t t, double warmup_steps, int64_t total_steps)
 {
-    if (t < 0) t = 0;
-    if ((double)t < warmup_steps) return base_lr * (double)t / warmup_steps;
-    if (t >= total_steps) return 0.0;
+    if (t < 0)
+        t = 0;
+    if ((double)t < warmup_steps)
+        return base_lr * (double)t / warmup_steps;
+    if (t >= total_steps)
+        return 0.0;
     double a = 1.0 - ((double)t - warmup_steps) / ((double)total_steps - warmup_steps);
     return base_lr * a * a;
 }

@@ -61,7 +61,8 @@ static void *ctl_watch_main(void *arg)
         for (int i = 0; i < (int)(w->grace_s * 10) && !w->done; i++)
             usleep(100000);
         if (!w->done) {
-            log_error("the step in progress did not finish within %.0f s of the run's shutdown: exiting", w->grace_s);
+            log_error("the step in progress did not finish within %.0f s of the run's shutdown: exiting",
+                      w->grace_s);
             log_close_file();
             _exit(1);
         }
@@ -84,18 +85,21 @@ static void warn_unused_local_keys(const pf_config *local, const pf_config *run)
     if (a && b && d) {
         char *sa, *sb, *sd;
         char *la = strtok_r(a, "\n", &sa), *lb = strtok_r(b, "\n", &sb), *ld = strtok_r(d, "\n", &sd);
-        for (; la && lb && ld; la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb),
-                               ld = strtok_r(NULL, "\n", &sd)) {
+        for (; la && lb && ld;
+             la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb), ld = strtok_r(NULL, "\n", &sd)) {
             if (!strcmp(la, lb) || !strcmp(la, ld) || !strncmp(la, "rendezvous ", 11))
                 continue;
             if (o < sizeof msg)
-                o += (size_t)snprintf(msg + o, sizeof msg - o, "%s'%s' (the run has '%s')", n ? ", " : "", la, lb);
+                o += (size_t)snprintf(msg + o, sizeof msg - o, "%s'%s' (the run has '%s')", n ? ", " : "", la,
+                                      lb);
             n++;
         }
     }
     if (n)
-        log_warn("this worker's config sets %d key%s that the run does not use (every process trains with server 0's "
-                 "config): %s", n, n > 1 ? "s" : "", msg);
+        log_warn("this worker's config sets %d key%s that the run does not use (every process trains with "
+                 "server 0's "
+                 "config): %s",
+                 n, n > 1 ? "s" : "", msg);
     free(a);
     free(b);
     free(d);
@@ -110,12 +114,12 @@ static const char usage[] =
 
 /* What main's steps share. */
 typedef struct worker_daemon {
-    pf_config cfg;    /* this process' config: file and --set */
-    pf_config run;    /* the run's config, from the address book (server 0's) */
+    pf_config cfg; /* this process' config: file and --set */
+    pf_config run; /* the run's config, from the address book (server 0's) */
     long rank;
     train_opts topts;
     const char *secret;
-    char host[256];   /* rendezvous host and port */
+    char host[256]; /* rendezvous host and port */
     int port;
     trainer *t;
     ctl_session *sess;
@@ -191,8 +195,8 @@ static int check_local(const worker_daemon *d)
         log_error("%s", pf_errmsg());
         return -1;
     }
-    log_info("device %s (config device = %s%s%s), precision %s", dinfo.name, cfg->device, cfg->fp16 ? ", fp16" : "",
-             cfg->bf16 ? ", bf16" : "", dinfo.precision);
+    log_info("device %s (config device = %s%s%s), precision %s", dinfo.name, cfg->device,
+             cfg->fp16 ? ", fp16" : "", cfg->bf16 ? ", bf16" : "", dinfo.precision);
     return 0;
 }
 
@@ -222,14 +226,16 @@ static int accept_run_config(worker_daemon *d)
     pf_config *run = &d->run;
     log_info("joined: %d servers, %d workers", book->num_servers, book->num_workers);
     warn_unused_local_keys(&d->cfg, run);
-    /* The secret never travels, so the run config from the book has none: show where this worker's came from. */
+    /* The secret never travels, so the run config from the book has none: show where this worker's came from.
+     */
     snprintf(run->secret, sizeof run->secret, "%s", d->cfg.secret);
     if (d->rank == 0)
         cfg_log(run);
     if (run->resume) {
-        log_error("resume = true: resuming is not implemented yet (only the backbone is saved, in %s/model.ckpt; "
-                  "optimizer state and class centers are not); refusing to start rather than overwrite it",
-                  run->output);
+        log_error(
+            "resume = true: resuming is not implemented yet (only the backbone is saved, in %s/model.ckpt; "
+            "optimizer state and class centers are not); refusing to start rather than overwrite it",
+            run->output);
         return -1;
     }
     if (run->save_all_states && d->rank == 0)
@@ -258,7 +264,8 @@ static int train_watched(worker_daemon *d)
     if (watch.broken && !daemon_signalled()) {
         /* The step in progress finished (e.g. a server stopped by SIGTERM answered it first), but a member
          * is gone: the run stopped short of its end, which is a failure, not a requested stop. (When this
-         * worker was itself asked to stop, as when a whole job is stopped at once, it is a requested stop.) */
+         * worker was itself asked to stop, as when a whole job is stopped at once, it is a requested stop.)
+         */
         log_error("training stopped early: a member of the run was lost (see above)");
         return -1;
     }

@@ -16,7 +16,7 @@
 enum { MB_SEND = 1, MB_RECV = 2 };
 enum { RQ_PULL = 1, RQ_PUSH = 2, RQ_STAT = 3, RQ_CHECKSUM = 4, RQ_RAW = 5 };
 
-#define SLAB 16
+#define SLAB          16
 #define PROBE_AFTER_S 1.0  /* a server silent this long while messages wait for it gets a liveness probe */
 #define CHECK_EVERY_S 0.01 /* how often progress() looks at the servers' silence */
 
@@ -66,9 +66,9 @@ struct ps_req {
     int to_send;         /* messages not yet sent */
     int remaining;       /* messages not yet answered */
     int queued;
-    int fatal;                 /* failed on this side (transport, resources): ps_wait returns at once */
-    int probe;                 /* an internal liveness probe (stat) of server raw_server */
-    int abandoned;             /* given up by its caller (timeout, early failure): freed when its replies are in */
+    int fatal;     /* failed on this side (transport, resources): ps_wait returns at once */
+    int probe;     /* an internal liveness probe (stat) of server raw_server */
+    int abandoned; /* given up by its caller (timeout, early failure): freed when its replies are in */
     struct ps_req *next_ab;
     int raw_server;
     uint8_t *raw;
@@ -94,7 +94,7 @@ struct ps_client {
     int posted_recvs;  /* receives posted and not completed: kept >= inflight (any-source, shared) */
     double timeout;    /* post retry bound and liveness-probe deadline (ps_client_set_timeout) */
     double last_check;
-    int new_deaths;    /* a server was marked dead since the send queue was last swept */
+    int new_deaths; /* a server was marked dead since the send queue was last swept */
     /* Per server: */
     uint8_t *srv_dead;  /* unreachable: every later request touching it fails at once */
     char **srv_why;     /* what failed, for those later errors */
@@ -104,8 +104,10 @@ struct ps_client {
     double *srv_probe_t;
 };
 
-static const char *op_name(const ps_req *r) {
-    if (r->probe) return "liveness probe (stat)";
+static const char *op_name(const ps_req *r)
+{
+    if (r->probe)
+        return "liveness probe (stat)";
     switch (r->op) {
     case RQ_PULL: return "pull";
     case RQ_PUSH: return "push";
@@ -115,10 +117,12 @@ static const char *op_name(const ps_req *r) {
     }
 }
 
-static mbuf *get_buf(ps_client *c) {
+static mbuf *get_buf(ps_client *c)
+{
     if (!c->free_bufs) {
         slab *s = calloc(1, sizeof(*s));
-        if (!s) return NULL;
+        if (!s)
+            return NULL;
         s->mem = aligned_alloc(4096, (c->msg_bytes * SLAB + 4095) / 4096 * 4096);
         if (!s->mem || fab_mr_reg(c->fab, s->mem, c->msg_bytes * SLAB, FI_SEND | FI_RECV, &s->mr) < 0) {
             free(s->mem);
@@ -137,19 +141,23 @@ static mbuf *get_buf(ps_client *c) {
     return b;
 }
 
-static void put_buf(ps_client *c, mbuf *b) {
+static void put_buf(ps_client *c, mbuf *b)
+{
     b->next_free = c->free_bufs;
     c->free_bufs = b;
 }
 
-static int get_slot(ps_client *c, uint32_t *idx) {
+static int get_slot(ps_client *c, uint32_t *idx)
+{
     if (c->nfree_slots == 0) {
         size_t old = c->nslots, nn = old ? old * 2 : 64;
         slot *ns = realloc(c->slots, nn * sizeof(slot));
-        if (!ns) return -ENOMEM;
+        if (!ns)
+            return -ENOMEM;
         c->slots = ns;
         uint32_t *nf = realloc(c->free_slots, nn * sizeof(uint32_t));
-        if (!nf) return -ENOMEM;
+        if (!nf)
+            return -ENOMEM;
         c->free_slots = nf;
         for (size_t i = old; i < nn; i++) {
             memset(&c->slots[i], 0, sizeof(slot));
@@ -161,16 +169,23 @@ static int get_slot(ps_client *c, uint32_t *idx) {
     return 0;
 }
 
-int ps_client_create(const ps_client_opts *opts, ps_client **out) {
+int ps_client_create(const ps_client_opts *opts, ps_client **out)
+{
     *out = NULL;
-    if (opts->servers <= 0) return pf_err(-EINVAL, "servers %d must be positive", opts->servers);
-    if (opts->dim <= 0 || opts->dim > 65536) return pf_err(-EINVAL, "embedding_size %d out of range", opts->dim);
-    if (opts->num_classes <= 0) return pf_err(-EINVAL, "num_classes must be positive");
-    if (!ps_dtype_valid(opts->dtype)) return pf_err(-EINVAL, "wire dtype %d invalid", (int)opts->dtype);
+    if (opts->servers <= 0)
+        return pf_err(-EINVAL, "servers %d must be positive", opts->servers);
+    if (opts->dim <= 0 || opts->dim > 65536)
+        return pf_err(-EINVAL, "embedding_size %d out of range", opts->dim);
+    if (opts->num_classes <= 0)
+        return pf_err(-EINVAL, "num_classes must be positive");
+    if (!ps_dtype_valid(opts->dtype))
+        return pf_err(-EINVAL, "wire dtype %d invalid", (int)opts->dtype);
     ps_client *c = calloc(1, sizeof(*c));
-    if (!c) return pf_err(-ENOMEM, "out of memory");
+    if (!c)
+        return pf_err(-ENOMEM, "out of memory");
     c->o = *opts;
-    if (c->o.window <= 0) c->o.window = 8 * opts->servers < 64 ? 8 * opts->servers : 64;
+    if (c->o.window <= 0)
+        c->o.window = 8 * opts->servers < 64 ? 8 * opts->servers : 64;
     c->msg_bytes = ps_wire_msg_bytes((uint32_t)opts->dim);
     c->rpm = ps_wire_rows_per_msg((uint32_t)opts->dim, opts->dtype);
     c->timeout = FAB_DEFAULT_TIMEOUT_S;
@@ -196,23 +211,32 @@ int ps_client_create(const ps_client_opts *opts, ps_client **out) {
     return 0;
 }
 
-void ps_client_set_timeout(ps_client *c, double seconds) {
+void ps_client_set_timeout(ps_client *c, double seconds)
+{
     c->timeout = seconds > 0 ? seconds : FAB_DEFAULT_TIMEOUT_S;
     fab_set_timeout(c->fab, c->timeout);
 }
 
-int ps_client_getname(ps_client *c, void *addr, size_t *len) { return fab_getname(c->fab, addr, len); }
+int ps_client_getname(ps_client *c, void *addr, size_t *len)
+{
+    return fab_getname(c->fab, addr, len);
+}
 
-int ps_client_add_server(ps_client *c, int s, const void *addr, size_t len) {
-    if (s < 0 || s >= c->o.servers) return pf_err(-ERANGE, "server rank %d out of range (%d servers)", s, c->o.servers);
+int ps_client_add_server(ps_client *c, int s, const void *addr, size_t len)
+{
+    if (s < 0 || s >= c->o.servers)
+        return pf_err(-ERANGE, "server rank %d out of range (%d servers)", s, c->o.servers);
     int rc = fab_av_insert(c->fab, addr, len, &c->srv_addr[s]);
-    if (rc < 0) return pf_err_wrap(rc, "server %d", s);
+    if (rc < 0)
+        return pf_err_wrap(rc, "server %d", s);
     c->srv_known[s] = 1;
     return 0;
 }
 
-static void req_free(ps_req *r) {
-    if (!r) return;
+static void req_free(ps_req *r)
+{
+    if (!r)
+        return;
     free(r->sorted_ids);
     free(r->order);
     free(r->grads);
@@ -223,7 +247,8 @@ static void req_free(ps_req *r) {
     free(r);
 }
 
-static void req_fail(ps_req *r, int code, const char *msg) {
+static void req_fail(ps_req *r, int code, const char *msg)
+{
     if (r->status == 0) {
         r->status = code;
         snprintf(r->err, sizeof(r->err), "%s", msg);
@@ -232,20 +257,26 @@ static void req_fail(ps_req *r, int code, const char *msg) {
 
 /* A failure found on this side (the message could not go out, or its server is gone): the request cannot
  * complete, so ps_wait returns the error without waiting for the other servers' replies. */
-static void req_fail_fatal(ps_req *r, int code, const char *msg) {
+static void req_fail_fatal(ps_req *r, int code, const char *msg)
+{
     req_fail(r, code, msg);
     r->fatal = 1;
 }
 
 /* Takes r out of the send queue, dropping its messages not yet sent. */
-static void unqueue(ps_client *c, ps_req *r) {
-    if (!r->queued) return;
+static void unqueue(ps_client *c, ps_req *r)
+{
+    if (!r->queued)
+        return;
     ps_req *prev = NULL;
     for (ps_req *q = c->sendq_head; q; prev = q, q = q->next)
         if (q == r) {
-            if (prev) prev->next = r->next;
-            else c->sendq_head = r->next;
-            if (c->sendq_tail == r) c->sendq_tail = prev;
+            if (prev)
+                prev->next = r->next;
+            else
+                c->sendq_head = r->next;
+            if (c->sendq_tail == r)
+                c->sendq_tail = prev;
             break;
         }
     r->queued = 0;
@@ -259,7 +290,8 @@ static void unqueue(ps_client *c, ps_req *r) {
 
 /* The caller gives r up (timeout, early failure): nothing is written to its buffers any more; r is freed now
  * when no message is in flight, else when the last one is answered or failed (or at ps_client_destroy). */
-static void abandon(ps_client *c, ps_req *r) {
+static void abandon(ps_client *c, ps_req *r)
+{
     unqueue(c, r);
     r->out = NULL;
     r->result = NULL;
@@ -273,7 +305,8 @@ static void abandon(ps_client *c, ps_req *r) {
 }
 
 /* Message in slot si is finished (answered, or failed for good): releases the slot and accounts it. */
-static void slot_done(ps_client *c, uint32_t si) {
+static void slot_done(ps_client *c, uint32_t si)
+{
     slot *sl = &c->slots[si];
     ps_req *r = sl->req;
     int s = sl->server;
@@ -282,7 +315,8 @@ static void slot_done(ps_client *c, uint32_t si) {
     c->free_slots[c->nfree_slots++] = si;
     c->inflight--;
     if (r->probe) {
-        if (c->srv_probe[s] == r) c->srv_probe[s] = NULL;
+        if (c->srv_probe[s] == r)
+            c->srv_probe[s] = NULL;
     } else {
         c->srv_out[s]--;
     }
@@ -299,8 +333,10 @@ static void slot_done(ps_client *c, uint32_t si) {
 
 /* Server s is unreachable (a send to it failed, or it stopped answering probes): every message in flight to
  * it fails its request with -ECOMM "server s: <why>", and every later request touching it fails at once. */
-static void server_dead(ps_client *c, int s, const char *why) {
-    if (c->srv_dead[s]) return;
+static void server_dead(ps_client *c, int s, const char *why)
+{
+    if (c->srv_dead[s])
+        return;
     c->srv_dead[s] = 1;
     c->srv_why[s] = strdup(why);
     c->new_deaths = 1;
@@ -308,24 +344,28 @@ static void server_dead(ps_client *c, int s, const char *why) {
     snprintf(msg, sizeof(msg), "server %d: %s", s, why);
     for (uint32_t si = 0; si < c->nslots; si++) {
         slot *sl = &c->slots[si];
-        if (!sl->in_use || sl->server != s) continue;
+        if (!sl->in_use || sl->server != s)
+            continue;
         req_fail_fatal(sl->req, -ECOMM, msg);
         slot_done(c, si);
     }
 }
 
 /* The error of a request that needs server s after it was found unreachable. */
-static int dead_err(ps_client *c, int s, const char *what) {
+static int dead_err(ps_client *c, int s, const char *what)
+{
     return pf_err(-ECOMM, "server %d: unreachable since an earlier failure (%s): %s not sent", s,
                   c->srv_why[s] ? c->srv_why[s] : "out of memory", what);
 }
 
 /* Keeps at least `need` receives posted: replies are any-source, so one posted buffer per message in flight
  * is what guarantees every reply a place to land (a receive that completes with an error is replaced). */
-static int ensure_recvs(ps_client *c, int need) {
+static int ensure_recvs(ps_client *c, int need)
+{
     while (c->posted_recvs < need) {
         mbuf *b = get_buf(c);
-        if (!b) return pf_err(-ENOMEM, "out of memory for receive buffers");
+        if (!b)
+            return pf_err(-ENOMEM, "out of memory for receive buffers");
         b->kind = MB_RECV;
         int rc = fab_recv(c->fab, b->data, c->msg_bytes, b->mr, b);
         if (rc < 0) {
@@ -340,12 +380,15 @@ static int ensure_recvs(ps_client *c, int need) {
 /* Builds and sends one message of request r for server s (a receive for its reply is posted first).
  * Returns 0 or a negative code with pf_errmsg naming the server. A post that fails with -ECOMM (the fabric's
  * retry bound ran out, see fab_send) marks the server dead. */
-static int send_one(ps_client *c, ps_req *r, int s) {
-    if (c->srv_dead[s]) return dead_err(c, s, op_name(r));
+static int send_one(ps_client *c, ps_req *r, int s)
+{
+    if (c->srv_dead[s])
+        return dead_err(c, s, op_name(r));
     mbuf *sb = get_buf(c);
     uint32_t si;
     if (!sb || get_slot(c, &si) < 0) {
-        if (sb) put_buf(c, sb);
+        if (sb)
+            put_buf(c, sb);
         return pf_err(-ENOMEM, "server %d: out of memory for message buffers", s);
     }
     int rc = ensure_recvs(c, c->inflight + 1);
@@ -356,15 +399,21 @@ static int send_one(ps_client *c, ps_req *r, int s) {
     }
     slot *sl = &c->slots[si];
     sl->gen++;
-    ps_hdr h = {.magic = PS_MAGIC, .version = PS_VERSION, .client = c->o.rank, .step = r->step,
-                .dim = (uint32_t)c->o.dim, .dtype = (uint32_t)c->o.dtype, .lr = r->lr};
+    ps_hdr h = {.magic = PS_MAGIC,
+                .version = PS_VERSION,
+                .client = c->o.rank,
+                .step = r->step,
+                .dim = (uint32_t)c->o.dim,
+                .dtype = (uint32_t)c->o.dtype,
+                .lr = r->lr};
     h.req_id = ((uint64_t)sl->gen << 32) | si;
     size_t len = sizeof(ps_hdr);
     const size_t D = (size_t)c->o.dim;
     int k = r->next_chunk[s];
     if (r->op == RQ_PULL || r->op == RQ_PUSH) {
         size_t lo = r->srv_off[s] + (size_t)k * c->rpm, hi = lo + c->rpm;
-        if (hi > r->srv_off[s + 1]) hi = r->srv_off[s + 1];
+        if (hi > r->srv_off[s + 1])
+            hi = r->srv_off[s + 1];
         h.op = r->op == RQ_PULL ? PS_OP_PULL : PS_OP_PUSH;
         h.n = (uint32_t)(hi - lo);
         h.chunk = (uint16_t)k;
@@ -377,7 +426,8 @@ static int send_one(ps_client *c, ps_req *r, int s) {
         if (r->op == RQ_PUSH) {
             for (size_t i = lo; i < hi; i++) {
                 const float *g = r->grads + r->order[i] * D;
-                if (c->o.dtype == PS_DT_FP32) memcpy(sb->data + len, g, D * sizeof(float));
+                if (c->o.dtype == PS_DT_FP32)
+                    memcpy(sb->data + len, g, D * sizeof(float));
                 else {
                     uint16_t *dst = (uint16_t *)(sb->data + len);
                     for (size_t j = 0; j < D; j++)
@@ -390,7 +440,8 @@ static int send_one(ps_client *c, ps_req *r, int s) {
     } else if (r->op == RQ_RAW) {
         len = r->raw_len < c->msg_bytes ? r->raw_len : c->msg_bytes;
         memcpy(sb->data, r->raw, len);
-        if (len >= 24) memcpy(sb->data + 16, &h.req_id, 8);
+        if (len >= 24)
+            memcpy(sb->data + 16, &h.req_id, 8);
     } else {
         h.op = r->op == RQ_STAT ? PS_OP_STAT : PS_OP_CHECKSUM;
         memcpy(sb->data, &h, sizeof(h));
@@ -404,11 +455,14 @@ static int send_one(ps_client *c, ps_req *r, int s) {
         put_buf(c, sb);
         char why[PF_ERRMSG_MAX];
         if (r->probe)
-            snprintf(why, sizeof(why), "no reply for %.1f s while %d request messages waited, and a liveness probe "
-                     "(stat) could not be sent: %s", pf_now_s() - c->srv_heard[s], c->srv_out[s], pf_errmsg());
+            snprintf(why, sizeof(why),
+                     "no reply for %.1f s while %d request messages waited, and a liveness probe "
+                     "(stat) could not be sent: %s",
+                     pf_now_s() - c->srv_heard[s], c->srv_out[s], pf_errmsg());
         else
             snprintf(why, sizeof(why), "%s request send failed: %s", op_name(r), pf_errmsg());
-        if (rc == -ECOMM) server_dead(c, s, why);
+        if (rc == -ECOMM)
+            server_dead(c, s, why);
         return pf_err(rc, "server %d: %s", s, why);
     }
     sl->in_use = 1;
@@ -417,14 +471,17 @@ static int send_one(ps_client *c, ps_req *r, int s) {
     r->next_chunk[s]++;
     c->inflight++;
     r->to_send--;
-    if (!r->probe && c->srv_out[s]++ == 0) c->srv_heard[s] = pf_now_s(); /* its silence counts from now */
+    if (!r->probe && c->srv_out[s]++ == 0)
+        c->srv_heard[s] = pf_now_s(); /* its silence counts from now */
     return 0;
 }
 
 /* Fails the messages of request r for server s that were not sent yet (they never will be). */
-static void fail_unsent(ps_req *r, int s, int code, const char *msg) {
+static void fail_unsent(ps_req *r, int s, int code, const char *msg)
+{
     int left = r->nchunks[s] - r->next_chunk[s];
-    if (left <= 0) return;
+    if (left <= 0)
+        return;
     req_fail_fatal(r, code, msg);
     r->next_chunk[s] = r->nchunks[s];
     r->to_send -= left;
@@ -432,19 +489,23 @@ static void fail_unsent(ps_req *r, int s, int code, const char *msg) {
 }
 
 /* Sends queued messages while the window allows. */
-static void pump(ps_client *c) {
+static void pump(ps_client *c)
+{
     while (c->sendq_head && c->inflight < c->o.window) {
         ps_req *r = c->sendq_head;
         int sent = 0;
         for (int s = 0; s < c->o.servers && c->inflight < c->o.window; s++) {
-            if (r->next_chunk[s] >= r->nchunks[s]) continue;
+            if (r->next_chunk[s] >= r->nchunks[s])
+                continue;
             int rc = send_one(c, r, s);
-            if (rc < 0) fail_unsent(r, s, rc, pf_errmsg()); /* the request completes with the error */
+            if (rc < 0)
+                fail_unsent(r, s, rc, pf_errmsg()); /* the request completes with the error */
             sent = 1;
         }
         if (r->to_send <= 0) {
             c->sendq_head = r->next;
-            if (!c->sendq_head) c->sendq_tail = NULL;
+            if (!c->sendq_head)
+                c->sendq_tail = NULL;
             r->queued = 0;
         } else if (!sent) {
             break;
@@ -454,8 +515,10 @@ static void pump(ps_client *c) {
 
 /* After a server was marked dead: queued requests fail their unsent messages for it now, not when the window
  * lets them reach it. */
-static void sweep_queue(ps_client *c) {
-    if (!c->new_deaths) return;
+static void sweep_queue(ps_client *c)
+{
+    if (!c->new_deaths)
+        return;
     c->new_deaths = 0;
     for (ps_req *r = c->sendq_head; r; r = r->next)
         for (int s = 0; s < c->o.servers; s++)
@@ -468,9 +531,12 @@ static void sweep_queue(ps_client *c) {
     for (ps_req *r = c->sendq_head; r;) {
         ps_req *nx = r->next;
         if (r->to_send <= 0) {
-            if (prev) prev->next = nx;
-            else c->sendq_head = nx;
-            if (c->sendq_tail == r) c->sendq_tail = prev;
+            if (prev)
+                prev->next = nx;
+            else
+                c->sendq_head = nx;
+            if (c->sendq_tail == r)
+                c->sendq_tail = prev;
             r->queued = 0;
         } else {
             prev = r;
@@ -480,8 +546,10 @@ static void sweep_queue(ps_client *c) {
 }
 
 /* The slot a reply (or a truncated one) names, or NULL when stale or foreign. */
-static slot *reply_slot(ps_client *c, const uint8_t *buf, size_t len, ps_hdr *h, uint32_t *si) {
-    if (len < sizeof(*h)) return NULL;
+static slot *reply_slot(ps_client *c, const uint8_t *buf, size_t len, ps_hdr *h, uint32_t *si)
+{
+    if (len < sizeof(*h))
+        return NULL;
     memcpy(h, buf, sizeof(*h));
     *si = (uint32_t)(h->req_id & 0xffffffffu);
     uint32_t gen = (uint32_t)(h->req_id >> 32);
@@ -491,11 +559,13 @@ static slot *reply_slot(ps_client *c, const uint8_t *buf, size_t len, ps_hdr *h,
     return &c->slots[*si];
 }
 
-static void handle_reply(ps_client *c, const uint8_t *buf, size_t len) {
+static void handle_reply(ps_client *c, const uint8_t *buf, size_t len)
+{
     ps_hdr h;
     uint32_t si;
     slot *sl = reply_slot(c, buf, len, &h, &si);
-    if (!sl) return; /* stale or foreign: ignore */
+    if (!sl)
+        return; /* stale or foreign: ignore */
     ps_req *r = sl->req;
     c->srv_heard[sl->server] = pf_now_s();
     const uint8_t *p = buf + sizeof(h);
@@ -516,7 +586,8 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len) {
             for (uint32_t i = 0; i < h.n; i++) {
                 float *dst = r->out + r->order[sl->off + i] * D;
                 const uint8_t *src = p + (size_t)i * D * dts;
-                if (c->o.dtype == PS_DT_FP32) memcpy(dst, src, D * sizeof(float));
+                if (c->o.dtype == PS_DT_FP32)
+                    memcpy(dst, src, D * sizeof(float));
                 else {
                     for (size_t j = 0; j < D; j++) {
                         uint16_t x;
@@ -527,22 +598,28 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len) {
             }
         }
     } else if (r->op == RQ_STAT && r->result) {
-        if (plen >= sizeof(ps_stat)) memcpy(r->result, p, sizeof(ps_stat));
-        else req_fail(r, -EPROTO, "short stat reply");
+        if (plen >= sizeof(ps_stat))
+            memcpy(r->result, p, sizeof(ps_stat));
+        else
+            req_fail(r, -EPROTO, "short stat reply");
     } else if (r->op == RQ_CHECKSUM && r->result) {
-        if (plen >= sizeof(uint64_t)) memcpy(r->result, p, sizeof(uint64_t));
-        else req_fail(r, -EPROTO, "short checksum reply");
+        if (plen >= sizeof(uint64_t))
+            memcpy(r->result, p, sizeof(uint64_t));
+        else
+            req_fail(r, -EPROTO, "short checksum reply");
     }
     slot_done(c, si);
 }
 
 /* A receive completed with an error (e.g. -ETRUNC). Receives are any-source, so it names a request only when
  * enough of a reply header landed; that request fails. The receive itself is replaced by ensure_recvs. */
-static void handle_recv_error(ps_client *c, const uint8_t *buf, size_t len, int err) {
+static void handle_recv_error(ps_client *c, const uint8_t *buf, size_t len, int err)
+{
     ps_hdr h;
     uint32_t si;
     slot *sl = reply_slot(c, buf, len, &h, &si);
-    if (!sl) return;
+    if (!sl)
+        return;
     char msg[PF_ERRMSG_MAX];
     snprintf(msg, sizeof(msg), "server %d: receiving the %s reply failed: %s", sl->server, op_name(sl->req),
              fi_strerror(-err));
@@ -551,10 +628,13 @@ static void handle_recv_error(ps_client *c, const uint8_t *buf, size_t len, int 
 }
 
 /* A send completed with an error: its server's endpoint is closed or unreachable. */
-static void handle_send_error(ps_client *c, const mbuf *b, int err) {
-    if (b->slot >= c->nslots) return;
+static void handle_send_error(ps_client *c, const mbuf *b, int err)
+{
+    if (b->slot >= c->nslots)
+        return;
     slot *sl = &c->slots[b->slot];
-    if (!sl->in_use || sl->gen != b->gen) return; /* its message was already failed */
+    if (!sl->in_use || sl->gen != b->gen)
+        return; /* its message was already failed */
     char why[PF_ERRMSG_MAX];
     snprintf(why, sizeof(why), "%s request send failed: %s", op_name(sl->req), fi_strerror(-err));
     server_dead(c, sl->server, why);
@@ -566,18 +646,23 @@ static void send_probe(ps_client *c, int s, double now);
 /* Servers with messages waiting and no reply for PROBE_AFTER_S (capped at a quarter of the timeout) get a
  * probe; a probe unanswered for the client's timeout marks its server dead. This bounds every wait on a
  * reply: a server killed after it received a request produces no completion on this side at all. */
-static void check_liveness(ps_client *c) {
+static void check_liveness(ps_client *c)
+{
     double now = pf_now_s();
-    if (now - c->last_check < CHECK_EVERY_S) return;
+    if (now - c->last_check < CHECK_EVERY_S)
+        return;
     c->last_check = now;
     double after = c->timeout / 4 < PROBE_AFTER_S ? c->timeout / 4 : PROBE_AFTER_S;
     for (int s = 0; s < c->o.servers; s++) {
-        if (c->srv_dead[s] || !c->srv_known[s]) continue;
+        if (c->srv_dead[s] || !c->srv_known[s])
+            continue;
         if (c->srv_probe[s]) {
             if (now - c->srv_probe_t[s] > c->timeout) {
                 char why[PF_ERRMSG_MAX];
-                snprintf(why, sizeof(why), "no reply to a liveness probe (stat) within %.1f s while %d request "
-                         "messages waited for it", c->timeout, c->srv_out[s]);
+                snprintf(why, sizeof(why),
+                         "no reply to a liveness probe (stat) within %.1f s while %d request "
+                         "messages waited for it",
+                         c->timeout, c->srv_out[s]);
                 server_dead(c, s, why);
             }
         } else if (c->srv_out[s] > 0 && now - c->srv_heard[s] > after) {
@@ -586,17 +671,22 @@ static void check_liveness(ps_client *c) {
     }
 }
 
-static int progress(ps_client *c) {
+static int progress(ps_client *c)
+{
     fab_comp comps[32];
     int n = fab_poll(c->fab, comps, 32);
-    if (n < 0) return n;
+    if (n < 0)
+        return n;
     for (int i = 0; i < n; i++) {
         mbuf *b = comps[i].context;
-        if (!b) continue;
+        if (!b)
+            continue;
         if (b->kind == MB_RECV) {
             c->posted_recvs--;
-            if (comps[i].err == 0) handle_reply(c, b->data, comps[i].len);
-            else handle_recv_error(c, b->data, comps[i].len, comps[i].err);
+            if (comps[i].err == 0)
+                handle_reply(c, b->data, comps[i].len);
+            else
+                handle_recv_error(c, b->data, comps[i].len, comps[i].err);
         } else if (comps[i].err != 0) {
             handle_send_error(c, b, comps[i].err);
         }
@@ -609,18 +699,23 @@ static int progress(ps_client *c) {
     return n;
 }
 
-static void enqueue_req(ps_client *c, ps_req *r) {
+static void enqueue_req(ps_client *c, ps_req *r)
+{
     r->queued = 1;
     r->next = NULL;
-    if (c->sendq_tail) c->sendq_tail->next = r;
-    else c->sendq_head = r;
+    if (c->sendq_tail)
+        c->sendq_tail->next = r;
+    else
+        c->sendq_head = r;
     c->sendq_tail = r;
     pump(c);
 }
 
-static ps_req *req_alloc(ps_client *c, int op, int64_t step) {
+static ps_req *req_alloc(ps_client *c, int op, int64_t step)
+{
     ps_req *r = calloc(1, sizeof(*r));
-    if (!r) return NULL;
+    if (!r)
+        return NULL;
     r->op = op;
     r->step = step;
     r->srv_off = calloc((size_t)c->o.servers + 1, sizeof(size_t));
@@ -633,9 +728,11 @@ static ps_req *req_alloc(ps_client *c, int op, int64_t step) {
     return r;
 }
 
-static void send_probe(ps_client *c, int s, double now) {
+static void send_probe(ps_client *c, int s, double now)
+{
     ps_req *r = req_alloc(c, RQ_STAT, 0);
-    if (!r) return; /* out of memory: the next check tries again */
+    if (!r)
+        return; /* out of memory: the next check tries again */
     r->probe = 1;
     r->raw_server = s;
     r->nchunks[s] = 1;
@@ -656,17 +753,21 @@ typedef struct sort_key {
     size_t idx;
 } sort_key;
 
-static int cmp_key(const void *pa, const void *pb, void *arg) {
+static int cmp_key(const void *pa, const void *pb, void *arg)
+{
     const sort_key *a = pa, *b = pb;
     const int64_t S = *(const int *)arg;
     int64_t sa = a->id % S, sb = b->id % S;
-    if (sa != sb) return sa < sb ? -1 : 1;
-    if (a->id != b->id) return a->id < b->id ? -1 : 1;
+    if (sa != sb)
+        return sa < sb ? -1 : 1;
+    if (a->id != b->id)
+        return a->id < b->id ? -1 : 1;
     return a->idx < b->idx ? -1 : a->idx > b->idx;
 }
 
 /* Sorts ids by (server, id) and fills the request's shard split. */
-static int split_ids(ps_client *c, ps_req *r, const int64_t *ids, size_t n) {
+static int split_ids(ps_client *c, ps_req *r, const int64_t *ids, size_t n)
+{
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->o.num_classes)
             return pf_err(-ERANGE, "id %lld at index %zu is outside [0, %lld)", (long long)ids[i], i,
@@ -678,7 +779,8 @@ static int split_ids(ps_client *c, ps_req *r, const int64_t *ids, size_t n) {
         free(k);
         return pf_err(-ENOMEM, "out of memory splitting %zu ids", n);
     }
-    for (size_t i = 0; i < n; i++) k[i] = (sort_key){ids[i], i};
+    for (size_t i = 0; i < n; i++)
+        k[i] = (sort_key){ids[i], i};
     qsort_r(k, n, sizeof(sort_key), cmp_key, &c->o.servers);
     for (size_t i = 0; i < n; i++) {
         r->sorted_ids[i] = k[i].id;
@@ -686,24 +788,31 @@ static int split_ids(ps_client *c, ps_req *r, const int64_t *ids, size_t n) {
         r->srv_off[k[i].id % c->o.servers + 1]++;
     }
     free(k);
-    for (int s = 0; s < c->o.servers; s++) r->srv_off[s + 1] += r->srv_off[s];
+    for (int s = 0; s < c->o.servers; s++)
+        r->srv_off[s + 1] += r->srv_off[s];
     r->n = n;
     return 0;
 }
 
-static int check_servers(ps_client *c) {
+static int check_servers(ps_client *c)
+{
     for (int s = 0; s < c->o.servers; s++)
-        if (!c->srv_known[s]) return pf_err(-ENOTCONN, "server %d's address was never added", s);
+        if (!c->srv_known[s])
+            return pf_err(-ENOTCONN, "server %d's address was never added", s);
     return 0;
 }
 
-int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step, ps_req **req) {
+int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step, ps_req **req)
+{
     *req = NULL;
     int rc = check_servers(c);
-    if (rc < 0) return rc;
-    if (step < 0) return pf_err(-EINVAL, "step %lld is negative", (long long)step);
+    if (rc < 0)
+        return rc;
+    if (step < 0)
+        return pf_err(-EINVAL, "step %lld is negative", (long long)step);
     ps_req *r = req_alloc(c, RQ_PULL, step);
-    if (!r) return pf_err(-ENOMEM, "out of memory");
+    if (!r)
+        return pf_err(-ENOMEM, "out of memory");
     if ((rc = split_ids(c, r, ids, n)) < 0) {
         req_free(r);
         return rc;
@@ -721,18 +830,25 @@ int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step
     }
     r->remaining = r->to_send;
     *req = r;
-    if (r->to_send) enqueue_req(c, r);
+    if (r->to_send)
+        enqueue_req(c, r);
     return 0;
 }
 
-int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step, ps_req **req) {
+int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step,
+            ps_req **req)
+{
     *req = NULL;
     int rc = check_servers(c);
-    if (rc < 0) return rc;
-    if (step < 0) return pf_err(-EINVAL, "step %lld is negative", (long long)step);
-    if (!isfinite(lr) || lr < 0) return pf_err(-EINVAL, "learning rate %g is invalid", (double)lr);
+    if (rc < 0)
+        return rc;
+    if (step < 0)
+        return pf_err(-EINVAL, "step %lld is negative", (long long)step);
+    if (!isfinite(lr) || lr < 0)
+        return pf_err(-EINVAL, "learning rate %g is invalid", (double)lr);
     ps_req *r = req_alloc(c, RQ_PUSH, step);
-    if (!r) return pf_err(-ENOMEM, "out of memory");
+    if (!r)
+        return pf_err(-ENOMEM, "out of memory");
     if ((rc = split_ids(c, r, ids, n)) < 0) {
         req_free(r);
         return rc;
@@ -743,12 +859,14 @@ int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, floa
         req_free(r);
         return pf_err(-ENOMEM, "out of memory copying %zu gradient bytes", bytes);
     }
-    if (bytes) memcpy(r->grads, grads, bytes);
+    if (bytes)
+        memcpy(r->grads, grads, bytes);
     r->lr = lr;
     for (int s = 0; s < c->o.servers; s++) {
         size_t cnt = r->srv_off[s + 1] - r->srv_off[s];
         size_t k = (cnt + c->rpm - 1) / c->rpm;
-        if (k == 0) k = 1; /* every server gets one push per step, possibly empty */
+        if (k == 0)
+            k = 1; /* every server gets one push per step, possibly empty */
         if (k > 65535) {
             req_free(r);
             return pf_err(-E2BIG, "push of %zu rows to server %d needs %zu messages (max 65535)", cnt, s, k);
@@ -767,12 +885,14 @@ int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, floa
     return 0;
 }
 
-int ps_test(ps_client *c, ps_req *r) {
+int ps_test(ps_client *c, ps_req *r)
+{
     progress(c);
     return r->remaining <= 0 || r->fatal;
 }
 
-int ps_wait(ps_client *c, ps_req *r, double timeout_s) {
+int ps_wait(ps_client *c, ps_req *r, double timeout_s)
+{
     double t0 = pf_now_s();
     int idle = 0;
     while (r->remaining > 0 && !r->fatal) {
@@ -796,15 +916,20 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s) {
     /* Done, or failed on this side: the error is returned now, replies still due from live servers are
      * dropped when they come (abandon). */
     int rc = r->status;
-    if (rc < 0) pf_err(rc, "%s", r->err);
+    if (rc < 0)
+        pf_err(rc, "%s", r->err);
     abandon(c, r);
     return rc;
 }
 
-static int simple_op(ps_client *c, int s, int op, void *result, const void *raw, size_t raw_len, double timeout_s) {
-    if (s < 0 || s >= c->o.servers || !c->srv_known[s]) return pf_err(-ERANGE, "server %d unknown", s);
+static int simple_op(ps_client *c, int s, int op, void *result, const void *raw, size_t raw_len,
+                     double timeout_s)
+{
+    if (s < 0 || s >= c->o.servers || !c->srv_known[s])
+        return pf_err(-ERANGE, "server %d unknown", s);
     ps_req *r = req_alloc(c, op, 0);
-    if (!r) return pf_err(-ENOMEM, "out of memory");
+    if (!r)
+        return pf_err(-ENOMEM, "out of memory");
     r->result = result;
     if (raw) {
         r->raw = malloc(raw_len ? raw_len : 1);
@@ -826,40 +951,49 @@ static int simple_op(ps_client *c, int s, int op, void *result, const void *raw,
     int rc = ps_wait(c, r, timeout_s);
     /* The reply may still come: never write to the caller's result then; free it when it does (or at
      * ps_client_destroy). */
-    if (rc == -ETIMEDOUT) abandon(c, r);
+    if (rc == -ETIMEDOUT)
+        abandon(c, r);
     return rc;
 }
 
-int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s) {
+int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s)
+{
     return simple_op(c, s, RQ_STAT, out, NULL, 0, timeout_s);
 }
 
-int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s) {
+int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s)
+{
     return simple_op(c, s, RQ_CHECKSUM, out, NULL, 0, timeout_s);
 }
 
-int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s) {
+int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s)
+{
     return simple_op(c, s, RQ_RAW, NULL, msg, len, timeout_s);
 }
 
-int ps_client_warmup(ps_client *c, double timeout_s) {
+int ps_client_warmup(ps_client *c, double timeout_s)
+{
     for (int s = 0; s < c->o.servers; s++) {
         ps_stat st;
         int rc = ps_stat_get(c, s, &st, timeout_s);
-        if (rc < 0) return pf_err_wrap(rc, "warming up server %d", s);
+        if (rc < 0)
+            return pf_err_wrap(rc, "warming up server %d", s);
         if (st.dim != c->o.dim || st.num_classes != c->o.num_classes || st.servers != c->o.servers)
             return pf_err(-EINVAL, "server %d has C=%lld D=%d S=%d, client expects C=%lld D=%d S=%d", s,
-                          (long long)st.num_classes, st.dim, st.servers, (long long)c->o.num_classes, c->o.dim,
-                          c->o.servers);
+                          (long long)st.num_classes, st.dim, st.servers, (long long)c->o.num_classes,
+                          c->o.dim, c->o.servers);
     }
     return 0;
 }
 
-void ps_client_destroy(ps_client *c) {
-    if (!c) return;
+void ps_client_destroy(ps_client *c)
+{
+    if (!c)
+        return;
     for (ps_req *r = c->abandoned; r;) {
         ps_req *nx = r->next_ab;
-        if (!r->queued) req_free(r); /* queued ones are freed with the send queue below */
+        if (!r->queued)
+            req_free(r); /* queued ones are freed with the send queue below */
         r = nx;
     }
     for (ps_req *r = c->sendq_head; r;) {
@@ -869,7 +1003,8 @@ void ps_client_destroy(ps_client *c) {
     }
     /* Close the endpoint (cancelling posted receives) before deregistering and freeing their buffers. */
     fab_shutdown(c->fab);
-    for (slab *s = c->slabs; s; s = s->next) fab_mr_close(&s->mr);
+    for (slab *s = c->slabs; s; s = s->next)
+        fab_mr_close(&s->mr);
     fab_close(c->fab);
     for (slab *s = c->slabs; s;) {
         slab *nx = s->next;
@@ -881,7 +1016,8 @@ void ps_client_destroy(ps_client *c) {
     free(c->free_slots);
     free(c->srv_addr);
     free(c->srv_known);
-    for (int s = 0; c->srv_why && s < c->o.servers; s++) free(c->srv_why[s]);
+    for (int s = 0; c->srv_why && s < c->o.servers; s++)
+        free(c->srv_why[s]);
     free(c->srv_why);
     free(c->srv_dead);
     free(c->srv_out);

@@ -72,7 +72,8 @@ int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step
  * `step`; sends a (possibly empty) push to every server. The inputs are copied before ps_push returns.
  * Returns 0 and *req, -ERANGE for a bad id, -ECOMM (nothing sent) when any server is known to be unreachable,
  * or another negative code. */
-int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step, ps_req **req);
+int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step,
+            ps_req **req);
 
 /* Waits up to timeout_s seconds (< 0: no limit) for req. Returns 0 when every server answered OK, the first
  * server error (pf_errmsg has the server's text), -ECOMM as soon as a server the request needs is found
@@ -83,7 +84,8 @@ int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, floa
  * request's buffers, so they may be freed at once. */
 int ps_wait(ps_client *c, ps_req *req, double timeout_s);
 
-/* Makes progress; returns 1 when req is complete or has failed (then call ps_wait to collect it), 0 if not yet. */
+/* Makes progress; returns 1 when req is complete or has failed (then call ps_wait to collect it), 0 if not
+ * yet. */
 int ps_test(ps_client *c, ps_req *req);
 
 /* Server s's counters (ps_stat in ps_wire.h). Returns 0 or a negative code. */
@@ -94,7 +96,8 @@ int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s);
 
 /* Test hook: sends the raw bytes msg[0..len) to server s as one message (the client overwrites bytes 16..23,
  * the req_id, when len >= 24) and waits for the reply. Returns the reply's status (0 or the server's negative
- * code, with its message in pf_errmsg) or -ETIMEDOUT when no reply came (e.g. a message too short to answer). */
+ * code, with its message in pf_errmsg) or -ETIMEDOUT when no reply came (e.g. a message too short to answer).
+ */
 int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s);
 
 /* Sets the client's bound, in seconds, on a post to a server that cannot go out (fab_set_timeout of its

@@ -24,7 +24,7 @@
 #include "worker/ps_client.h"
 
 /* arcface_torch's GradScaler: torch.cuda.amp.GradScaler(growth_interval=100), init scale 2^16. */
-#define AMP_INIT_SCALE 65536.0f
+#define AMP_INIT_SCALE      65536.0f
 #define AMP_GROWTH_INTERVAL 100
 
 /* ln(1e30): the loss value when p_target is floored at 1e-30 for every row (no target matched). */
@@ -42,8 +42,8 @@ struct trainer {
     uint8_t dev_id[WDEV_ID_BYTES]; /* worker 0 of a cuda run: the NCCL unique id it published */
     loader *ld;
     model *m;
-    wdev wd;                /* the device: backbone collective, head buffers, the head on the device */
-    pfc head;               /* the sampler (and, off the GPU, the CPU head) */
+    wdev wd;  /* the device: backbone collective, head buffers, the head on the device */
+    pfc head; /* the sampler (and, off the GPU, the CPU head) */
     int have_head;
     float *mom;             /* device: SGD momentum (nparams) */
     float *adam_m, *adam_v; /* device: AdamW moments (nparams) */
@@ -51,7 +51,7 @@ struct trainer {
     size_t nparams;
     int loss_scaling;
     loss_scaler scaler;
-    int64_t *labels;        /* (B) the next batch's labels */
+    int64_t *labels; /* (B) the next batch's labels */
     FILE *trace;
     double warmup_steps;
     int64_t total_steps, steps_per_epoch;
@@ -83,9 +83,12 @@ int train_open_endpoints(trainer **out, const pf_config *local, int rank, uint8_
     t->local = *local;
     ps_dtype dt = PS_DT_FP32;
     int rc = ps_dtype_parse(local->wire_dtype, &dt);
-    ps_client_opts po = {.provider = local->provider, .rank = rank, .servers = local->servers,
+    ps_client_opts po = {.provider = local->provider,
+                         .rank = rank,
+                         .servers = local->servers,
                          .num_classes = local->num_classes > 0 ? local->num_classes : 1,
-                         .dim = local->embedding_size, .dtype = dt};
+                         .dim = local->embedding_size,
+                         .dtype = dt};
     if (rc == 0)
         rc = ps_client_create(&po, &t->ps);
     if (rc == 0)
@@ -125,12 +128,13 @@ static int check_client_matches(const pf_config *local, const pf_config *run)
 {
     if (local->servers != run->servers || local->embedding_size != run->embedding_size ||
         strcmp(local->wire_dtype, run->wire_dtype) || strcmp(local->provider, run->provider))
-        return pf_err(-EINVAL,
-                      "this worker's config (servers %d, embedding_size %d, wire_dtype %s, provider %s) differs "
-                      "from the run's (servers %d, embedding_size %d, wire_dtype %s, provider %s): give every "
-                      "process the same config",
-                      local->servers, local->embedding_size, local->wire_dtype, local->provider, run->servers,
-                      run->embedding_size, run->wire_dtype, run->provider);
+        return pf_err(
+            -EINVAL,
+            "this worker's config (servers %d, embedding_size %d, wire_dtype %s, provider %s) differs "
+            "from the run's (servers %d, embedding_size %d, wire_dtype %s, provider %s): give every "
+            "process the same config",
+            local->servers, local->embedding_size, local->wire_dtype, local->provider, run->servers,
+            run->embedding_size, run->wire_dtype, run->provider);
     return 0;
 }
 
@@ -141,7 +145,8 @@ static int setup_servers(trainer *t, const ctl_book *book)
     /* Under BSP a pull waits for the slowest worker's push, so allow several control timeouts. */
     t->wait_s = 4 * (t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30);
     /* A dead server is declared (-ECOMM naming it) once it leaves a send or a liveness probe unanswered for
-     * the same bound (ps_client.h); not less: a live server's reply can wait on another worker's long step. */
+     * the same bound (ps_client.h); not less: a live server's reply can wait on another worker's long step.
+     */
     ps_client_set_timeout(t->ps, t->wait_s);
     if (book->num_workers != t->W || book->num_servers != t->S)
         return pf_err(-EPROTO, "address book has %d servers / %d workers, run config says %d / %d",
@@ -193,14 +198,16 @@ static int setup_data(trainer *t)
     t->steps_per_epoch = loader_num_batches(t->ld);
     int64_t num_image = run->num_image > 0 ? run->num_image : loader_num_images(t->ld);
     if (t->steps_per_epoch <= 0)
-        return pf_err(-EINVAL, "dataset '%s' has %lld images: not one full batch of %d per worker on %d workers",
+        return pf_err(-EINVAL,
+                      "dataset '%s' has %lld images: not one full batch of %d per worker on %d workers",
                       run->rec, (long long)loader_num_images(t->ld), run->batch_size, t->W);
     if ((rc = lr_schedule_steps(num_image, (int64_t)run->batch_size * t->W, run->num_epoch, run->warmup_epoch,
-                                   &t->warmup_steps, &t->total_steps)) < 0)
+                                &t->warmup_steps, &t->total_steps)) < 0)
         return rc;
-    log_info("dataset %s: %lld images, %lld classes, %lld steps per epoch on each of %d workers, %lld skipped",
-             run->rec, (long long)loader_num_images(t->ld), (long long)loader_num_classes(t->ld),
-             (long long)t->steps_per_epoch, t->W, (long long)loader_skipped(t->ld));
+    log_info(
+        "dataset %s: %lld images, %lld classes, %lld steps per epoch on each of %d workers, %lld skipped",
+        run->rec, (long long)loader_num_images(t->ld), (long long)loader_num_classes(t->ld),
+        (long long)t->steps_per_epoch, t->W, (long long)loader_skipped(t->ld));
     return 0;
 }
 
@@ -224,8 +231,8 @@ static int setup_optimizer(trainer *t)
     return pf_err(-EINVAL, "optimizer '%s' is not sgd or adamw", t->run.optimizer);
 }
 
-/* Dynamic loss scaling (fp16 on a half device). PFCPS_AMP_INIT_SCALE (tests only): another initial scale, e.g.
- * 2^127 to force overflows. */
+/* Dynamic loss scaling (fp16 on a half device). PFCPS_AMP_INIT_SCALE (tests only): another initial scale,
+ * e.g. 2^127 to force overflows. */
 static int setup_loss_scaler(trainer *t)
 {
     float init = AMP_INIT_SCALE;
@@ -234,7 +241,8 @@ static int setup_loss_scaler(trainer *t)
         char *end;
         double v = strtod(env, &end);
         if (*end || !(v > 0) || !isfinite((float)v))
-            return pf_err(-EINVAL, "environment PFCPS_AMP_INIT_SCALE='%s' is not a positive float32 number", env);
+            return pf_err(-EINVAL, "environment PFCPS_AMP_INIT_SCALE='%s' is not a positive float32 number",
+                          env);
         init = (float)v;
         log_warn("PFCPS_AMP_INIT_SCALE: initial loss scale %g instead of %g (for tests)", (double)init,
                  (double)AMP_INIT_SCALE);
@@ -259,9 +267,10 @@ static int setup_backbone(trainer *t, const ctl_book *book)
     /* The device was checked at start on this worker's own config (worker/main.c); the run's must be the
      * same, since worker 0 made the NCCL id from its own. */
     if (strcmp(t->local.device, run->device) || t->local.fp16 != run->fp16 || t->local.bf16 != run->bf16)
-        return pf_err(-EINVAL, "this worker's config (device %s, fp16 %d, bf16 %d) differs from the run's (device "
-                      "%s, fp16 %d, bf16 %d): give every process the same config", t->local.device, t->local.fp16,
-                      t->local.bf16, run->device, run->fp16, run->bf16);
+        return pf_err(-EINVAL,
+                      "this worker's config (device %s, fp16 %d, bf16 %d) differs from the run's (device "
+                      "%s, fp16 %d, bf16 %d): give every process the same config",
+                      t->local.device, t->local.fp16, t->local.bf16, run->device, run->fp16, run->bf16);
     if ((rc = train_device_resolve(run, &di)) < 0)
         return rc;
     if (di.warning[0] && t->rank == 0)
@@ -301,7 +310,8 @@ static int setup_head(trainer *t)
     if (rc < 0)
         return rc;
     hp.clamp_loss = 1;
-    /* On cuda the head runs on the GPU (pfc_cuda): the host pfc only samples, without the CPU head's workspace. */
+    /* On cuda the head runs on the GPU (pfc_cuda): the host pfc only samples, without the CPU head's
+     * workspace. */
     if ((rc = pfc_init_flags(&t->head, &hp, &t->coll, run->num_classes, run->sample_rate, (uint64_t)run->seed,
                              run->batch_size, run->embedding_size, t->wd.di.cuda ? PFC_NO_HOST_HEAD : 0)) < 0)
         return rc;
@@ -309,12 +319,14 @@ static int setup_head(trainer *t)
     if ((rc = wdev_head_create(&t->wd, &t->head, run->provider)) < 0)
         return rc;
     if (!(t->labels = malloc((size_t)run->batch_size * sizeof(int64_t))))
-        return pf_err(-ENOMEM, "out of memory for head buffers (batch %d x %d)", run->batch_size, run->embedding_size);
-    log_info("head: %s margin (%.3g, %.3g, %.3g) scale %.3g, %s gradient, %s mode, sample_rate %.3g: up to %lld "
-             "of %lld classes per worker per step",
-             run->margin_list[1] > 0 ? "arcface" : "combined", run->margin_list[0], run->margin_list[1],
-             run->margin_list[2], run->scale, run->margin_grad, run->head_mode, run->sample_rate,
-             (long long)t->head.k_max, (long long)run->num_classes);
+        return pf_err(-ENOMEM, "out of memory for head buffers (batch %d x %d)", run->batch_size,
+                      run->embedding_size);
+    log_info(
+        "head: %s margin (%.3g, %.3g, %.3g) scale %.3g, %s gradient, %s mode, sample_rate %.3g: up to %lld "
+        "of %lld classes per worker per step",
+        run->margin_list[1] > 0 ? "arcface" : "combined", run->margin_list[0], run->margin_list[1],
+        run->margin_list[2], run->scale, run->margin_grad, run->head_mode, run->sample_rate,
+        (long long)t->head.k_max, (long long)run->num_classes);
     return 0;
 }
 
@@ -364,12 +376,12 @@ static int optimizer_step(trainer *t, float lr, int64_t step1)
             continue;
         int rc;
         if (t->mom)
-            rc = t->wd.dev->sgd_step(t->wd.ctx, w + T->offset, g + T->offset, t->mom + T->offset, T->count, lr,
-                                  (float)t->run.momentum, (float)t->run.weight_decay);
+            rc = t->wd.dev->sgd_step(t->wd.ctx, w + T->offset, g + T->offset, t->mom + T->offset, T->count,
+                                     lr, (float)t->run.momentum, (float)t->run.weight_decay);
         else
             rc = t->wd.dev->adamw_step(t->wd.ctx, w + T->offset, g + T->offset, t->adam_m + T->offset,
-                                    t->adam_v + T->offset, T->count, lr, 0.9, 0.999, 1e-8, t->run.weight_decay,
-                                    step1);
+                                       t->adam_v + T->offset, T->count, lr, 0.9, 0.999, 1e-8,
+                                       t->run.weight_decay, step1);
         if (rc < 0)
             return pf_err_wrap(rc, "optimizer step on %s", T->name);
     }
@@ -424,8 +436,10 @@ static int backbone_step(trainer *t, float lr, int64_t step)
         return rc;
     if (t->loss_scaling && !loss_scaler_update(&t->scaler, !isfinite(ss))) {
         if (t->rank == 0)
-            log_info("global step %lld: backbone gradients overflowed at loss scale %g: optimizer step skipped, "
-                     "scale now %g", (long long)step + 1, (double)scale, (double)t->scaler.scale);
+            log_info(
+                "global step %lld: backbone gradients overflowed at loss scale %g: optimizer step skipped, "
+                "scale now %g",
+                (long long)step + 1, (double)scale, (double)t->scaler.scale);
         return 0;
     }
     /* torch.nn.utils.clip_grad_norm_(params, 5): coef = 5 / (norm + 1e-6), applied when below 1. */
@@ -527,7 +541,8 @@ static int dump_partition(trainer *t, int64_t step)
             rc = ps_wait(t->ps, req, t->wait_s);
         for (int i = 0; rc == 0 && i < n; i++) {
             uint64_t id = (uint64_t)ids[i];
-            if (fwrite(&id, 8, 1, f) != 1 || fwrite(rows + (size_t)i * D, sizeof(float), (size_t)D, f) != (size_t)D)
+            if (fwrite(&id, 8, 1, f) != 1 ||
+                fwrite(rows + (size_t)i * D, sizeof(float), (size_t)D, f) != (size_t)D)
                 rc = pf_err(-EIO, "writing '%s'", path);
         }
     }
@@ -539,12 +554,12 @@ static int dump_partition(trainer *t, int64_t step)
 
 /* What the run has seen so far, for the log lines and the final summary. */
 typedef struct progress {
-    double t_start, t_log;   /* seconds (pf_now_s): start of training, last log line */
-    int64_t step_log;        /* global step of the last log line */
-    double loss_sum;         /* losses since the last log line */
+    double t_start, t_log; /* seconds (pf_now_s): start of training, last log line */
+    int64_t step_log;      /* global step of the last log line */
+    double loss_sum;       /* losses since the last log line */
     int loss_n;
     double first_loss, last_loss;
-    int stuck;               /* consecutive steps with the loss at ln(1e30) */
+    int stuck; /* consecutive steps with the loss at ln(1e30) */
 } progress;
 
 /* Every rank agrees on stopping (a signal reaches the ranks at different times): allreduce (max) of the
@@ -566,8 +581,10 @@ static int check_loss(progress *p, double loss, int64_t step, int64_t epoch)
                       (long long)epoch);
     p->stuck = fabs(loss - STUCK_LOSS) < 1e-3 ? p->stuck + 1 : 0;
     if (p->stuck >= 20)
-        return pf_err(-EPROTO, "loss stuck at ln(1e30) = 69.0776 for 20 steps up to global step %lld: no target "
-                      "logit ever matched its class center (label remapping or sampling fault)", (long long)step);
+        return pf_err(-EPROTO,
+                      "loss stuck at ln(1e30) = 69.0776 for 20 steps up to global step %lld: no target "
+                      "logit ever matched its class center (label remapping or sampling fault)",
+                      (long long)step);
     if (isnan(p->first_loss))
         p->first_loss = loss;
     p->last_loss = loss;
@@ -579,7 +596,8 @@ static int check_loss(progress *p, double loss, int64_t step, int64_t epoch)
 /* The trace line of global step `step`, and on rank 0 arcface_torch's log line every `frequent` steps and at
  * the last step (`total`): speed since the last line, mean loss since the last line, lr, epoch, step, the
  * loss scale with fp16, hours left. */
-static void log_step(trainer *t, progress *p, int64_t step, int64_t total, int64_t epoch, double loss, double lr)
+static void log_step(trainer *t, progress *p, int64_t step, int64_t total, int64_t epoch, double loss,
+                     double lr)
 {
     const pf_config *run = &t->run;
     if (t->trace)
@@ -591,10 +609,11 @@ static void log_step(trainer *t, progress *p, int64_t step, int64_t total, int64
     double per_step = (now - p->t_start) / (double)step;
     double hours = per_step * (double)(total - step) / 3600.0;
     if (t->loss_scaling) /* arcface_torch's line with fp16 */
-        log_info("Speed %.2f samples/sec   Loss %.4f   LearningRate %.6f   Epoch: %lld   Global Step: %lld   Fp16 "
-                 "Grad Scale: %2.f   Required: %1.f hours",
-                 speed, p->loss_sum / p->loss_n, lr, (long long)epoch, (long long)step, (double)t->scaler.scale,
-                 hours);
+        log_info(
+            "Speed %.2f samples/sec   Loss %.4f   LearningRate %.6f   Epoch: %lld   Global Step: %lld   Fp16 "
+            "Grad Scale: %2.f   Required: %1.f hours",
+            speed, p->loss_sum / p->loss_n, lr, (long long)epoch, (long long)step, (double)t->scaler.scale,
+            hours);
     else
         log_info("Speed %.2f samples/sec   Loss %.4f   LearningRate %.6f   Epoch: %lld   Global Step: %lld   "
                  "Required: %1.f hours",
@@ -634,7 +653,8 @@ static int finish(trainer *t, const progress *p, int64_t step, int64_t total, in
     if (step == 0)
         log_info("training stopped before the first step: no loss, outputs in %s", run->output);
     else
-        log_info("training %s: %lld of %lld steps, first loss %.4f, final loss %.4f, %.2f samples/sec over %.1f s, "
+        log_info("training %s: %lld of %lld steps, first loss %.4f, final loss %.4f, %.2f samples/sec over "
+                 "%.1f s, "
                  "outputs in %s",
                  stopped ? "stopped on request" : "done", (long long)step, (long long)total, p->first_loss,
                  p->last_loss, el > 0 ? (double)step * run->batch_size * t->W / el : 0.0, el, run->output);
@@ -645,7 +665,8 @@ int train_run(trainer *t)
 {
     const pf_config *run = &t->run;
     const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * run->num_epoch;
-    int64_t step = 0; /* steps done; the step being run is `step` (0-based), arcface_torch's global_step + 1 */
+    int64_t step =
+        0; /* steps done; the step being run is `step` (0-based), arcface_torch's global_step + 1 */
     int rc = 0, stop = 0;
     progress p = {.t_start = pf_now_s(), .first_loss = NAN, .last_loss = NAN};
     p.t_log = p.t_start;

@@ -47,8 +47,7 @@ int main(int argc, char **argv)
         }
     }
     double dt = now() - t0;
-    printf("pfcps %s batch %d: %d steps in %.3f s, samples/s %.2f\n", net, B, iters, dt,
-           iters * B / dt);
+    printf("pfcps %s batch %d: %d steps in %.3f s, samples/s %.2f\n", net, B, iters, dt, iters * B / dt);
     free(x);
     free(g);
     model_free(m);

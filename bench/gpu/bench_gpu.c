@@ -55,12 +55,12 @@ static void sample_mem(void)
     }
 }
 
-#define TRY(x)                                                                                   \
-    do {                                                                                         \
-        if ((x) != 0) {                                                                          \
-            fprintf(stderr, "bench_gpu: %s failed: %s\n", #x, pf_errmsg());                     \
-            return 1;                                                                            \
-        }                                                                                        \
+#define TRY(x)                                                                                               \
+    do {                                                                                                     \
+        if ((x) != 0) {                                                                                      \
+            fprintf(stderr, "bench_gpu: %s failed: %s\n", #x, pf_errmsg());                                  \
+            return 1;                                                                                        \
+        }                                                                                                    \
     } while (0)
 
 /* worker/train.c's optimizer_step: SGD on every trainable tensor (the fixed features-BN weight skipped). */
@@ -109,8 +109,14 @@ int main(int argc, char **argv)
     size_t np = model_num_params(m);
     size_t nin = (size_t)B * 3 * 112 * 112, nc = (size_t)K * D, bd = (size_t)B * D;
     /* the host pfc (sampling state) and the GPU head of worker/train.c, one worker */
-    head_params hp = {.s = 64, .m1 = 1, .m2 = 0.5, .m3 = 0, .interclass_filtering_threshold = 0,
-                      .margin_grad = HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, .mode = HEAD_MODE_GLOBAL, .clamp_loss = 1};
+    head_params hp = {.s = 64,
+                      .m1 = 1,
+                      .m2 = 0.5,
+                      .m3 = 0,
+                      .interclass_filtering_threshold = 0,
+                      .margin_grad = HEAD_MARGIN_GRAD_STRAIGHT_THROUGH,
+                      .mode = HEAD_MODE_GLOBAL,
+                      .clamp_loss = 1};
     pfc host;
     TRY(pfc_init(&host, &hp, NULL, K, 1.0, 1, B, D));
     pfc_cuda gh;
@@ -183,12 +189,14 @@ int main(int argc, char **argv)
     TRY(dev->sync(c));
     double dt = now() - t0;
     sample_mem();
-    printf("pfcps %s %s batch %d K %d (pfc_cuda_step, W=1): loss %.4f -> %.4f, %d steps in %.3f s, samples/s %.2f, "
+    printf("pfcps %s %s batch %d K %d (pfc_cuda_step, W=1): loss %.4f -> %.4f, %d steps in %.3f s, samples/s "
+           "%.2f, "
            "peak GPU memory %.2f GiB of %.1f",
            dev->name, argv[1], B, K, first, loss, iters, dt, iters * B / dt, (double)peak_used / (1 << 30),
            (double)mem_total / (1 << 30));
     if (loss_scaling)
-        printf(", loss scale %g, %d of %d timed steps skipped on overflow", (double)scaler.scale, skipped, iters);
+        printf(", loss scale %g, %d of %d timed steps skipped on overflow", (double)scaler.scale, skipped,
+               iters);
     printf("\n");
     if (!isfinite(loss)) {
         fprintf(stderr, "bench_gpu: loss is not finite\n");

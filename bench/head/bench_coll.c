@@ -1,11 +1,11 @@
 /* Ring allreduce over libfabric (W processes on 127.0.0.1) against a ceiling measured in the same run:
  * twice the time of a ring allgather of the same bytes (the allreduce's data movement without its
  * arithmetic): ratio = 2 t_allgather / t_allreduce (1.0 = the reduction costs nothing).
- * Also printed, for information: the raw shift bandwidth of the same endpoints (every rank streams the same number of bytes to its right
- * neighbour with raw fab_send / fab_recv in messages of chunk_bytes, one in flight each way: the ring's
- * transfers without its headers, copies and sums).
- * A ring allreduce moves 2 (W-1)/W of the buffer through each link.
- * Usage: bench_coll [W floats chunk_bytes reps provider]   (default 2 4194304 1048576 3 tcp) */
+ * Also printed, for information: the raw shift bandwidth of the same endpoints (every rank streams the same
+ * number of bytes to its right neighbour with raw fab_send / fab_recv in messages of chunk_bytes, one in
+ * flight each way: the ring's transfers without its headers, copies and sums). A ring allreduce moves 2
+ * (W-1)/W of the buffer through each link. Usage: bench_coll [W floats chunk_bytes reps provider]   (default
+ * 2 4194304 1048576 3 tcp) */
 #include <signal.h>
 #include <sys/prctl.h>
 #include <stdio.h>
@@ -23,7 +23,8 @@ static int rd(int fd, void *b, size_t n)
 {
     for (size_t g = 0; g < n;) {
         ssize_t r = read(fd, (char *)b + g, n - g);
-        if (r <= 0) return -1;
+        if (r <= 0)
+            return -1;
         g += (size_t)r;
     }
     return 0;
@@ -33,7 +34,8 @@ static int wr(int fd, const void *b, size_t n)
 {
     for (size_t g = 0; g < n;) {
         ssize_t r = write(fd, (const char *)b + g, n - g);
-        if (r <= 0) return -1;
+        if (r <= 0)
+            return -1;
         g += (size_t)r;
     }
     return 0;
@@ -48,8 +50,8 @@ static double now(void)
 
 /* Streams `bytes` to the right neighbour while receiving as many from the left, in messages of `msg`
  * bytes, up to `depth` of each in flight. Returns seconds or < 0. */
-static double shift(fab_ctx *f, fi_addr_t right, uint8_t *sbuf, uint8_t *rbuf, fab_mr *smr, fab_mr *rmr, size_t bytes,
-                    size_t msg, int depth)
+static double shift(fab_ctx *f, fi_addr_t right, uint8_t *sbuf, uint8_t *rbuf, fab_mr *smr, fab_mr *rmr,
+                    size_t bytes, size_t msg, int depth)
 {
     size_t nmsg = (bytes + msg - 1) / msg, sent = 0, recvd = 0, sdone = 0, rdone = 0;
     int ctx_s, ctx_r;
@@ -57,23 +59,30 @@ static double shift(fab_ctx *f, fi_addr_t right, uint8_t *sbuf, uint8_t *rbuf, f
     while (sdone < nmsg || rdone < nmsg) {
         while (recvd < nmsg && recvd - rdone < (size_t)depth) {
             size_t o = (recvd * msg) % (size_t)(depth * (int)msg);
-            if (fab_recv(f, rbuf + o, msg, rmr, &ctx_r) < 0) return -1;
+            if (fab_recv(f, rbuf + o, msg, rmr, &ctx_r) < 0)
+                return -1;
             recvd++;
         }
         while (sent < nmsg && sent - sdone < (size_t)depth) {
             size_t o = (sent * msg) % (size_t)(depth * (int)msg);
-            if (fab_send(f, right, sbuf + o, msg, smr, &ctx_s) < 0) return -1;
+            if (fab_send(f, right, sbuf + o, msg, smr, &ctx_s) < 0)
+                return -1;
             sent++;
         }
         fab_comp c[16];
         int n = fab_poll(f, c, 16);
-        if (n < 0) return -1;
+        if (n < 0)
+            return -1;
         for (int i = 0; i < n; i++) {
-            if (c[i].err) return -1;
-            if (c[i].context == &ctx_s) sdone++;
-            else rdone++;
+            if (c[i].err)
+                return -1;
+            if (c[i].context == &ctx_s)
+                sdone++;
+            else
+                rdone++;
         }
-        if (now() - t0 > 60) return -1;
+        if (now() - t0 > 60)
+            return -1;
     }
     return now() - t0;
 }
@@ -88,9 +97,11 @@ static int child(int rank, int W, size_t count, size_t chunk, int reps, const ch
     uint8_t name[FAB_MAX_ADDR], book[8][FAB_MAX_ADDR];
     size_t nl = sizeof name, lens[8];
     const void *addrs[8];
-    if (fab_getname(f, name, &nl) || wr(up, &nl, sizeof nl) || wr(up, name, nl)) return 1;
+    if (fab_getname(f, name, &nl) || wr(up, &nl, sizeof nl) || wr(up, name, nl))
+        return 1;
     for (int r = 0; r < W; r++) {
-        if (rd(down, &lens[r], sizeof lens[r]) || lens[r] > FAB_MAX_ADDR || rd(down, book[r], lens[r])) return 1;
+        if (rd(down, &lens[r], sizeof lens[r]) || lens[r] > FAB_MAX_ADDR || rd(down, book[r], lens[r]))
+            return 1;
         addrs[r] = book[r];
     }
     /* Ceiling: raw shift of the same bytes per link as the allreduce moves, in messages of the ring's
@@ -108,13 +119,15 @@ static int child(int rank, int W, size_t count, size_t chunk, int reps, const ch
     double best_shift = 1e30, best_ar = 1e30;
     for (int r = 0; r < reps; r++) {
         char tok = 's';
-        if (wr(up, &tok, 1) || rd(down, &tok, 1)) return 1; /* start together */
+        if (wr(up, &tok, 1) || rd(down, &tok, 1))
+            return 1; /* start together */
         double t = shift(f, right, sbuf, rbuf, &smr, &rmr, ring_bytes, msg, depth);
         if (t < 0) {
             fprintf(stderr, "rank %d: shift failed: %s\n", rank, pf_errmsg());
             return 1;
         }
-        if (t < best_shift) best_shift = t;
+        if (t < best_shift)
+            best_shift = t;
     }
     fab_mr_close(&smr);
     fab_mr_close(&rmr);
@@ -132,26 +145,31 @@ static int child(int rank, int W, size_t count, size_t chunk, int reps, const ch
     uint8_t *agin = malloc(per ? per : 1);
     memset(agin, rank, per);
     for (int r = 0; r < reps; r++) {
-        if (coll_barrier(&c) < 0) return 1;
+        if (coll_barrier(&c) < 0)
+            return 1;
         double t0 = now();
         if (coll_allgather(&c, agin, a, per) < 0) {
             fprintf(stderr, "rank %d: %s\n", rank, pf_errmsg());
             return 1;
         }
         double t = now() - t0;
-        if (t < best_ag) best_ag = t;
+        if (t < best_ag)
+            best_ag = t;
     }
     free(agin);
     for (int r = 0; r < reps; r++) {
-        for (size_t i = 0; i < count; i++) a[i] = (float)(i % 7);
-        if (coll_barrier(&c) < 0) return 1;
+        for (size_t i = 0; i < count; i++)
+            a[i] = (float)(i % 7);
+        if (coll_barrier(&c) < 0)
+            return 1;
         double t0 = now();
         if (coll_allreduce(&c, a, count, COLL_F32, COLL_SUM) < 0) {
             fprintf(stderr, "rank %d: %s\n", rank, pf_errmsg());
             return 1;
         }
         double t = now() - t0;
-        if (t < best_ar) best_ar = t;
+        if (t < best_ar)
+            best_ar = t;
         if (a[count - 1] != (float)(W * ((count - 1) % 7))) {
             fprintf(stderr, "rank %d: wrong sum\n", rank);
             return 1;
@@ -159,17 +177,21 @@ static int child(int rank, int W, size_t count, size_t chunk, int reps, const ch
     }
     if (rank == 0) {
         double bw = (double)ring_bytes / best_shift, ideal = 2 * best_ag;
-        printf("ring allreduce W=%d, %zu floats (%.1f MB), chunk %zu B, provider %s: %.1f ms (%.0f MB/s per link); "
+        printf("ring allreduce W=%d, %zu floats (%.1f MB), chunk %zu B, provider %s: %.1f ms (%.0f MB/s per "
+               "link); "
                "ceiling: 2 x ring allgather of the same bytes %.1f ms; ratio ceiling/allreduce %.2f "
                "(raw fab_send shift of the same bytes: %.0f MB/s per link, %.1f ms)\n",
-               W, count, bytes / 1e6, chunk, fab_provider(f), best_ar * 1e3, ring_bytes / best_ar / 1e6, ideal * 1e3,
-               ideal / best_ar, bw / 1e6, best_shift * 1e3);
+               W, count, bytes / 1e6, chunk, fab_provider(f), best_ar * 1e3, ring_bytes / best_ar / 1e6,
+               ideal * 1e3, ideal / best_ar, bw / 1e6, best_shift * 1e3);
     }
     char tok = 'd';
-    if (wr(up, &tok, 1) || rd(down, &tok, 1)) return 1; /* close together */
+    if (wr(up, &tok, 1) || rd(down, &tok, 1))
+        return 1; /* close together */
     coll_destroy(&c);
     fab_close(f);
-    free(a); free(sbuf); free(rbuf);
+    free(a);
+    free(sbuf);
+    free(rbuf);
     return 0;
 }
 
@@ -188,7 +210,8 @@ int main(int argc, char **argv)
     pid_t pid[8];
     int up[8][2], down[8][2];
     for (int r = 0; r < W; r++) {
-        if (pipe(up[r]) || pipe(down[r])) return 1;
+        if (pipe(up[r]) || pipe(down[r]))
+            return 1;
         pid[r] = fork();
         if (pid[r] == 0) {
             alarm(300);
@@ -206,23 +229,29 @@ int main(int argc, char **argv)
     uint8_t names[8][FAB_MAX_ADDR];
     size_t lens[8];
     for (int r = 0; r < W && ok; r++)
-        ok = !rd(up[r][0], &lens[r], sizeof lens[r]) && lens[r] <= FAB_MAX_ADDR && !rd(up[r][0], names[r], lens[r]);
+        ok = !rd(up[r][0], &lens[r], sizeof lens[r]) && lens[r] <= FAB_MAX_ADDR &&
+             !rd(up[r][0], names[r], lens[r]);
     for (int r = 0; r < W && ok; r++)
         for (int q = 0; q < W && ok; q++)
             ok = !wr(down[r][1], &lens[q], sizeof lens[q]) && !wr(down[r][1], names[q], lens[q]);
     /* reps start barriers + one close barrier */
     for (int b = 0; b < reps + 1 && ok; b++) {
         char tok;
-        for (int r = 0; r < W && ok; r++) ok = !rd(up[r][0], &tok, 1);
-        for (int r = 0; r < W && ok; r++) ok = !wr(down[r][1], "g", 1);
+        for (int r = 0; r < W && ok; r++)
+            ok = !rd(up[r][0], &tok, 1);
+        for (int r = 0; r < W && ok; r++)
+            ok = !wr(down[r][1], "g", 1);
     }
-    for (int r = 0; r < W; r++) close(up[r][0]), close(down[r][1]);
+    for (int r = 0; r < W; r++)
+        close(up[r][0]), close(down[r][1]);
     int fail = !ok;
     for (int r = 0; r < W; r++) {
         int st;
-        if (!ok) kill(pid[r], SIGKILL);
+        if (!ok)
+            kill(pid[r], SIGKILL);
         waitpid(pid[r], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail = 1;
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            fail = 1;
     }
     return fail;
 }

@@ -27,7 +27,8 @@ static double now(void)
 
 int main(int argc, char **argv)
 {
-    int64_t n = argc > 1 ? atoll(argv[1]) : 256, k = argc > 2 ? atoll(argv[2]) : 8192, d = argc > 3 ? atoll(argv[3]) : 512;
+    int64_t n = argc > 1 ? atoll(argv[1]) : 256, k = argc > 2 ? atoll(argv[2]) : 8192,
+            d = argc > 3 ? atoll(argv[3]) : 512;
     int reps = argc > 4 ? atoi(argv[4]) : 5, threads = argc > 5 ? atoi(argv[5]) : 1;
     if (n <= 0 || k <= 0 || d <= 0 || reps <= 0 || threads <= 0) {
         fprintf(stderr, "usage: bench_head [N K D reps threads] (all positive)\n");
@@ -42,9 +43,12 @@ int main(int argc, char **argv)
     float *c = malloc((size_t)(n * k) * sizeof(float));
     int64_t *lab = malloc((size_t)n * sizeof(int64_t));
     unsigned st = 1;
-    for (int64_t i = 0; i < n * d; i++) st = st * 1664525u + 1013904223u, e[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
-    for (int64_t i = 0; i < k * d; i++) st = st * 1664525u + 1013904223u, w[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
-    for (int64_t i = 0; i < n; i++) lab[i] = (i * 7919) % k;
+    for (int64_t i = 0; i < n * d; i++)
+        st = st * 1664525u + 1013904223u, e[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
+    for (int64_t i = 0; i < k * d; i++)
+        st = st * 1664525u + 1013904223u, w[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
+    for (int64_t i = 0; i < n; i++)
+        lab[i] = (i * 7919) % k;
     head_params p = {.s = 64, .m1 = 1, .m2 = 0.5, .m3 = 0, .margin_grad = HEAD_MARGIN_GRAD_EXACT};
     head_ws ws;
     if (head_ws_init(&ws, n, k, d) < 0) {
@@ -59,19 +63,32 @@ int main(int argc, char **argv)
             return 1;
         }
         double t1 = now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)d, 1.0f, e, (int)d, w, (int)d, 0.0f, c, (int)k);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, c, (int)k, w, (int)d, 0.0f, ge, (int)d);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, (int)d, (int)n, 1.0f, c, (int)k, e, (int)d, 0.0f, gw, (int)d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)d, 1.0f, e, (int)d, w,
+                    (int)d, 0.0f, c, (int)k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, c, (int)k, w,
+                    (int)d, 0.0f, ge, (int)d);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, (int)d, (int)n, 1.0f, c, (int)k, e,
+                    (int)d, 0.0f, gw, (int)d);
         double t2 = now();
-        if (r == 0) continue; /* warm-up */
-        if (t1 - t0 < best_head) best_head = t1 - t0;
-        if (t2 - t1 < best_gemm) best_gemm = t2 - t1;
+        if (r == 0)
+            continue; /* warm-up */
+        if (t1 - t0 < best_head)
+            best_head = t1 - t0;
+        if (t2 - t1 < best_gemm)
+            best_gemm = t2 - t1;
     }
     double flops = 6.0 * (double)n * (double)k * (double)d;
-    printf("head N=%lld K=%lld D=%lld, %d BLAS thread(s), CPU time: %.2f ms (%.1f GFLOP/s, loss %.3f); 3 SGEMMs alone %.2f ms (%.1f GFLOP/s); "
-           "ratio gemm/head %.2f\n", (long long)n, (long long)k, (long long)d, threads, best_head * 1e3, flops / best_head / 1e9,
-           loss, best_gemm * 1e3, flops / best_gemm / 1e9, best_gemm / best_head);
+    printf("head N=%lld K=%lld D=%lld, %d BLAS thread(s), CPU time: %.2f ms (%.1f GFLOP/s, loss %.3f); 3 "
+           "SGEMMs alone %.2f ms (%.1f GFLOP/s); "
+           "ratio gemm/head %.2f\n",
+           (long long)n, (long long)k, (long long)d, threads, best_head * 1e3, flops / best_head / 1e9, loss,
+           best_gemm * 1e3, flops / best_gemm / 1e9, best_gemm / best_head);
     head_ws_free(&ws);
-    free(e); free(w); free(ge); free(gw); free(c); free(lab);
+    free(e);
+    free(w);
+    free(ge);
+    free(gw);
+    free(c);
+    free(lab);
     return 0;
 }

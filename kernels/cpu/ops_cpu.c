@@ -20,11 +20,11 @@
 #include "kernels/conv_cache.h"
 #include "kernels/cpu/optim_cpu.h"
 
-#define DN(call)                                                                        \
-    do {                                                                                \
-        dnnl_status_t st_ = (call);                                                     \
-        if (st_ != dnnl_success)                                                        \
-            return pf_err(-EIO, "oneDNN call %s failed (status %d)", #call, (int)st_);  \
+#define DN(call)                                                                                             \
+    do {                                                                                                     \
+        dnnl_status_t st_ = (call);                                                                          \
+        if (st_ != dnnl_success)                                                                             \
+            return pf_err(-EIO, "oneDNN call %s failed (status %d)", #call, (int)st_);                       \
     } while (0)
 
 /* A primitive argument: the caller's plain buffer (user) and, when oneDNN chose another layout,
@@ -76,8 +76,8 @@ static int exec(ops_ctx *c, dnnl_primitive_t p, int nargs, const dnnl_exec_arg_t
     return 0;
 }
 
-static int slot_make(ops_ctx *c, slot *s, const dnnl_memory_desc_t *umd,
-                     const dnnl_memory_desc_t *pmd, int output)
+static int slot_make(ops_ctx *c, slot *s, const dnnl_memory_desc_t *umd, const dnnl_memory_desc_t *pmd,
+                     int output)
 {
     DN(dnnl_memory_create(&s->user, umd, c->eng, DNNL_MEMORY_NONE));
     if (dnnl_memory_desc_equal(umd, pmd)) {
@@ -160,14 +160,18 @@ static void conv_mds(const ops_conv_shape *s, dnnl_memory_desc_t *src, dnnl_memo
 static void conv_entry_release(void *entry)
 {
     conv_entry *e = entry;
-    slot *slots[] = {&e->f_src, &e->f_wei, &e->f_dst, &e->d_dsrc, &e->d_wei, &e->d_ddst,
-                     &e->w_src, &e->w_dwei, &e->w_ddst};
+    slot *slots[] = {&e->f_src,  &e->f_wei, &e->f_dst,  &e->d_dsrc, &e->d_wei,
+                     &e->d_ddst, &e->w_src, &e->w_dwei, &e->w_ddst};
     for (size_t i = 0; i < sizeof slots / sizeof *slots; i++)
         slot_free(slots[i]);
-    if (e->fwd) dnnl_primitive_destroy(e->fwd);
-    if (e->bwd_data) dnnl_primitive_destroy(e->bwd_data);
-    if (e->bwd_w) dnnl_primitive_destroy(e->bwd_w);
-    if (e->fwd_pd) dnnl_primitive_desc_destroy(e->fwd_pd);
+    if (e->fwd)
+        dnnl_primitive_destroy(e->fwd);
+    if (e->bwd_data)
+        dnnl_primitive_destroy(e->bwd_data);
+    if (e->bwd_w)
+        dnnl_primitive_destroy(e->bwd_w);
+    if (e->fwd_pd)
+        dnnl_primitive_desc_destroy(e->fwd_pd);
 }
 
 #define QMD(pd, what) dnnl_primitive_desc_query_md((pd), (what), 0)
@@ -186,8 +190,8 @@ static int conv_build_fwd(void *dev, void *entry, const ops_conv_shape *shape)
     dnnl_dims_t padr = {(s->OH - 1) * s->stride + s->K - s->H - s->pad,
                         (s->OW - 1) * s->stride + s->K - s->W - s->pad};
     dnnl_convolution_desc_t cd;
-    DN(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct,
-                                          &sa, &wa, NULL, &da, strides, pad, padr));
+    DN(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &sa, &wa, NULL,
+                                          &da, strides, pad, padr));
     DN(dnnl_primitive_desc_create(&e->fwd_pd, &cd, NULL, c->eng, NULL));
     DN(dnnl_primitive_create(&e->fwd, e->fwd_pd));
     int rc;
@@ -213,12 +217,11 @@ static int conv_build_bwd(void *dev, void *entry)
     dnnl_primitive_desc_t pd;
     int rc;
 
-    DN(dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &sa, &wa, &da,
-                                                strides, pad, padr));
+    DN(dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &sa, &wa, &da, strides, pad,
+                                                padr));
     DN(dnnl_primitive_desc_create(&pd, &cd, NULL, c->eng, e->fwd_pd));
     dnnl_status_t st = dnnl_primitive_create(&e->bwd_data, pd);
-    if (st == dnnl_success &&
-        !(rc = slot_make(c, &e->d_dsrc, &su, QMD(pd, dnnl_query_diff_src_md), 1)) &&
+    if (st == dnnl_success && !(rc = slot_make(c, &e->d_dsrc, &su, QMD(pd, dnnl_query_diff_src_md), 1)) &&
         !(rc = slot_make(c, &e->d_wei, &wu, QMD(pd, dnnl_query_weights_md), 0)))
         rc = slot_make(c, &e->d_ddst, &du, QMD(pd, dnnl_query_diff_dst_md), 0);
     else if (st != dnnl_success)
@@ -227,12 +230,11 @@ static int conv_build_bwd(void *dev, void *entry)
     if (rc)
         return rc;
 
-    DN(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &sa, &wa, NULL,
-                                                   &da, strides, pad, padr));
+    DN(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &sa, &wa, NULL, &da, strides,
+                                                   pad, padr));
     DN(dnnl_primitive_desc_create(&pd, &cd, NULL, c->eng, e->fwd_pd));
     st = dnnl_primitive_create(&e->bwd_w, pd);
-    if (st == dnnl_success &&
-        !(rc = slot_make(c, &e->w_src, &su, QMD(pd, dnnl_query_src_md), 0)) &&
+    if (st == dnnl_success && !(rc = slot_make(c, &e->w_src, &su, QMD(pd, dnnl_query_src_md), 0)) &&
         !(rc = slot_make(c, &e->w_dwei, &wu, QMD(pd, dnnl_query_diff_weights_md), 1)))
         rc = slot_make(c, &e->w_ddst, &du, QMD(pd, dnnl_query_diff_dst_md), 0);
     else if (st != dnnl_success)
@@ -267,9 +269,8 @@ static int cpu_conv_forward(ops_ctx *c, float *out, const float *inp, const floa
     if ((rc = slot_in(c, &e->f_src, inp)) || (rc = slot_in(c, &e->f_wei, weight)) ||
         (rc = slot_bind(&e->f_dst, out)))
         return rc;
-    dnnl_exec_arg_t a[3] = {{DNNL_ARG_SRC, e->f_src.prim},
-                            {DNNL_ARG_WEIGHTS, e->f_wei.prim},
-                            {DNNL_ARG_DST, e->f_dst.prim}};
+    dnnl_exec_arg_t a[3] = {
+        {DNNL_ARG_SRC, e->f_src.prim}, {DNNL_ARG_WEIGHTS, e->f_wei.prim}, {DNNL_ARG_DST, e->f_dst.prim}};
     if ((rc = exec(c, e->fwd, 3, a)) || (rc = slot_out(c, &e->f_dst)))
         return rc;
     DN(dnnl_stream_wait(c->stream));
@@ -411,10 +412,9 @@ static void bn_batch_stats(double *mean, double *var, const float *inp, int B, i
 /* Batch-norm forward in plain C: float64 statistics (bn_batch_stats), then per channel
  * out = (x - mean)*k + bias with k = weight/sqrt(var+eps), in float64 so that outputs near 0
  * (PReLU's kink follows) carry no cancellation error. */
-static int cpu_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var,
-                          const float *inp, const float *weight, const float *bias,
-                          float *running_mean, float *running_var, int B, int C, int HW,
-                          float eps, float momentum, int train)
+static int cpu_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var, const float *inp,
+                          const float *weight, const float *bias, float *running_mean, float *running_var,
+                          int B, int C, int HW, float eps, float momentum, int train)
 {
     (void)c;
     if (B <= 0 || C <= 0 || HW <= 0)
@@ -450,8 +450,7 @@ static int cpu_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sav
         double unbias = n > 1 ? n / (n - 1) : 1.0;
         for (int i = 0; i < C; i++) {
             running_mean[i] = (float)((1.0 - momentum) * running_mean[i] + momentum * save_mean[i]);
-            running_var[i] = (float)((1.0 - momentum) * running_var[i] +
-                                     momentum * save_var[i] * unbias);
+            running_var[i] = (float)((1.0 - momentum) * running_var[i] + momentum * save_var[i] * unbias);
         }
     }
     return 0;
@@ -463,10 +462,9 @@ static int cpu_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sav
  * dx = weight*rstd*(dy - dbias/n - xhat*dweight/n), evaluated in float64: with few samples per
  * channel (BatchNorm1d on a small batch) the three terms nearly cancel (for n = 2 the result
  * scales with eps/(var+eps)). */
-static int cpu_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
-                           const float *dout, const float *inp, const float *weight,
-                           const double *save_mean, const double *save_var, int B, int C, int HW,
-                           float eps)
+static int cpu_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const double *save_mean,
+                           const double *save_var, int B, int C, int HW, float eps)
 {
     (void)c;
     if (B <= 0 || C <= 0 || HW <= 0)
@@ -520,8 +518,8 @@ static int cpu_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, flo
 
 /* ---- plain C layers ---- */
 
-static int cpu_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B,
-                             int C, int HW)
+static int cpu_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B, int C,
+                             int HW)
 {
     (void)c;
     const int bs = cpu_act_block(C), nb = C / bs;
@@ -591,18 +589,18 @@ static int cpu_linear_forward(ops_ctx *c, float *out, const float *inp, const fl
 }
 
 static int cpu_linear_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
-                               const float *dout, const float *inp, const float *weight, int B,
-                               int IN, int OUT)
+                               const float *dout, const float *inp, const float *weight, int B, int IN,
+                               int OUT)
 {
     (void)c;
     if (B <= 0 || IN <= 0 || OUT <= 0)
         return pf_err(-EINVAL, "linear shape B=%d IN=%d OUT=%d: sizes must be positive", B, IN, OUT);
     if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, IN, OUT, 1.0f, dout, OUT,
-                    weight, IN, acc ? 1.0f : 0.0f, dinp, IN);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B, IN, OUT, 1.0f, dout, OUT, weight, IN,
+                    acc ? 1.0f : 0.0f, dinp, IN);
     if (dweight)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OUT, IN, B, 1.0f, dout, OUT, inp,
-                    IN, 1.0f, dweight, IN);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OUT, IN, B, 1.0f, dout, OUT, inp, IN, 1.0f,
+                    dweight, IN);
     if (dbias)
         for (int b = 0; b < B; b++)
             add_into(dbias, dout + (size_t)b * OUT, (size_t)OUT);
@@ -629,8 +627,8 @@ static int cpu_acc(ops_ctx *c, float *dst, int acc, const float *src, size_t n)
 
 /* Mask i is drawn by splitmix64 (common/splitmix64.h) from (seed, i) only, the draw the CUDA
  * devices make too. */
-static int cpu_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n,
-                               float p, uint64_t seed)
+static int cpu_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n, float p,
+                               uint64_t seed)
 {
     (void)c;
     if (!(p >= 0.0f && p < 1.0f))
@@ -644,8 +642,8 @@ static int cpu_dropout_forward(ops_ctx *c, float *out, float *mask, const float 
     return 0;
 }
 
-static int cpu_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout,
-                                const float *mask, size_t n)
+static int cpu_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout, const float *mask,
+                                size_t n)
 {
     (void)c;
     for (size_t i = 0; i < n; i++) {
@@ -731,9 +729,8 @@ static int cpu_sgd_step(ops_ctx *c, float *w, const float *grad, float *mom, siz
     return 0;
 }
 
-static int cpu_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n,
-                          double lr, double beta1, double beta2, double eps, double weight_decay,
-                          int64_t step)
+static int cpu_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n, double lr,
+                          double beta1, double beta2, double eps, double weight_decay, int64_t step)
 {
     (void)c;
     if (step < 1)

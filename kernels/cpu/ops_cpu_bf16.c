@@ -82,10 +82,10 @@ static float *slot(ops_ctx *c, int k, size_t n)
     return c->buf[k];
 }
 
-#define SLOT(var, k, n)                                                                            \
-    do {                                                                                           \
-        if (!((var) = slot(c, (k), (n))))                                                          \
-            return -ENOMEM;                                                                        \
+#define SLOT(var, k, n)                                                                                      \
+    do {                                                                                                     \
+        if (!((var) = slot(c, (k), (n))))                                                                    \
+            return -ENOMEM;                                                                                  \
     } while (0)
 
 /* A forward's fp32 scratch: *x = inp (nx elements) converted, *y a slot of ny floats for the output. */
@@ -99,8 +99,8 @@ static int fwd_scratch(ops_ctx *c, float **x, float **y, const float *inp, size_
 
 /* A backward's fp32 scratch: *x = inp (nx elements), *dy = dout (ny) converted; *dx = NULL, or with
  * dinp a slot of nx floats holding dinp when acc. */
-static int bwd_scratch(ops_ctx *c, float **x, float **dy, float **dx, const float *inp,
-                       const float *dout, const float *dinp, int acc, size_t nx, size_t ny)
+static int bwd_scratch(ops_ctx *c, float **x, float **dy, float **dx, const float *inp, const float *dout,
+                       const float *dinp, int acc, size_t nx, size_t ny)
 {
     SLOT(*x, SX, nx);
     SLOT(*dy, SY, ny);
@@ -118,8 +118,7 @@ static int bwd_scratch(ops_ctx *c, float **x, float **dy, float **dx, const floa
 static int check_act(const char *what, int B, int C, int HW)
 {
     if (B <= 0 || C <= 0 || HW <= 0)
-        return pf_err(-EINVAL, "cpu-bf16 %s shape B=%d C=%d HW=%d: sizes must be positive", what,
-                      B, C, HW);
+        return pf_err(-EINVAL, "cpu-bf16 %s shape B=%d C=%d HW=%d: sizes must be positive", what, B, C, HW);
     return 0;
 }
 
@@ -178,10 +177,9 @@ static int bf_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, co
     return 0;
 }
 
-static int bf_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var,
-                         const float *inp, const float *weight, const float *bias,
-                         float *running_mean, float *running_var, int B, int C, int HW, float eps,
-                         float momentum, int train)
+static int bf_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var, const float *inp,
+                         const float *weight, const float *bias, float *running_mean, float *running_var,
+                         int B, int C, int HW, float eps, float momentum, int train)
 {
     int rc = check_act("batchnorm", B, C, HW);
     if (rc)
@@ -190,17 +188,16 @@ static int bf_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save
     float *x, *y;
     if ((rc = fwd_scratch(c, &x, &y, inp, n, n)))
         return rc;
-    if ((rc = ops_cpu.bn_forward(c->cpu, y, save_mean, save_var, x, weight, bias, running_mean,
-                                 running_var, B, C, HW, eps, momentum, train)))
+    if ((rc = ops_cpu.bn_forward(c->cpu, y, save_mean, save_var, x, weight, bias, running_mean, running_var,
+                                 B, C, HW, eps, momentum, train)))
         return rc;
     store(out, y, n);
     return 0;
 }
 
-static int bf_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
-                          const float *dout, const float *inp, const float *weight,
-                          const double *save_mean, const double *save_var, int B, int C, int HW,
-                          float eps)
+static int bf_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, const double *save_mean,
+                          const double *save_var, int B, int C, int HW, float eps)
 {
     int rc = check_act("batchnorm", B, C, HW);
     if (rc)
@@ -209,16 +206,16 @@ static int bf_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, floa
     float *x, *dy, *dx;
     if ((rc = bwd_scratch(c, &x, &dy, &dx, inp, dout, dinp, acc, n, n)))
         return rc;
-    if ((rc = ops_cpu.bn_backward(c->cpu, dx, acc, dweight, dbias, dy, x, weight, save_mean,
-                                  save_var, B, C, HW, eps)))
+    if ((rc = ops_cpu.bn_backward(c->cpu, dx, acc, dweight, dbias, dy, x, weight, save_mean, save_var, B, C,
+                                  HW, eps)))
         return rc;
     if (dinp)
         store(dinp, dx, n);
     return 0;
 }
 
-static int bf_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B,
-                            int C, int HW)
+static int bf_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B, int C,
+                            int HW)
 {
     int rc = check_act("prelu", B, C, HW);
     if (rc)
@@ -250,22 +247,38 @@ static int bf_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, co
     return 0;
 }
 
-static int bf_linear_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
-                             const float *bias, int B, int IN, int OUT)
+static int bf_linear_forward(ops_ctx *c, float *out, const float *inp, const float *weight, const float *bias,
+                             int B, int IN, int OUT)
 {
-    (void)c; (void)out; (void)inp; (void)weight; (void)bias; (void)B; (void)IN; (void)OUT;
+    (void)c;
+    (void)out;
+    (void)inp;
+    (void)weight;
+    (void)bias;
+    (void)B;
+    (void)IN;
+    (void)OUT;
     return pf_err(-EINVAL, "cpu-bf16: linear runs after the flatten, on the plain fp32 device "
-                  "(ops_cpu_bf16.plain)");
+                           "(ops_cpu_bf16.plain)");
 }
 
 static int bf_linear_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
-                              const float *dout, const float *inp, const float *weight, int B,
-                              int IN, int OUT)
+                              const float *dout, const float *inp, const float *weight, int B, int IN,
+                              int OUT)
 {
-    (void)c; (void)dinp; (void)acc; (void)dweight; (void)dbias; (void)dout; (void)inp;
-    (void)weight; (void)B; (void)IN; (void)OUT;
+    (void)c;
+    (void)dinp;
+    (void)acc;
+    (void)dweight;
+    (void)dbias;
+    (void)dout;
+    (void)inp;
+    (void)weight;
+    (void)B;
+    (void)IN;
+    (void)OUT;
     return pf_err(-EINVAL, "cpu-bf16: linear runs after the flatten, on the plain fp32 device "
-                  "(ops_cpu_bf16.plain)");
+                           "(ops_cpu_bf16.plain)");
 }
 
 /* out = bf16(a + b) with the sum in fp32; in place on a or b is fine (elementwise). */
@@ -328,28 +341,39 @@ static int bf_from_plain(ops_ctx *c, float *dst, int acc, const float *src, int 
     return 0;
 }
 
-static int bf_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n,
-                              float p, uint64_t seed)
+static int bf_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n, float p,
+                              uint64_t seed)
 {
-    (void)c; (void)out; (void)mask; (void)inp; (void)n; (void)p; (void)seed;
+    (void)c;
+    (void)out;
+    (void)mask;
+    (void)inp;
+    (void)n;
+    (void)p;
+    (void)seed;
     return pf_err(-EINVAL, "cpu-bf16: dropout runs after the flatten, on the plain fp32 device "
-                  "(ops_cpu_bf16.plain)");
+                           "(ops_cpu_bf16.plain)");
 }
 
-static int bf_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout,
-                               const float *mask, size_t n)
+static int bf_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout, const float *mask,
+                               size_t n)
 {
-    (void)c; (void)dinp; (void)acc; (void)dout; (void)mask; (void)n;
+    (void)c;
+    (void)dinp;
+    (void)acc;
+    (void)dout;
+    (void)mask;
+    (void)n;
     return pf_err(-EINVAL, "cpu-bf16: dropout runs after the flatten, on the plain fp32 device "
-                  "(ops_cpu_bf16.plain)");
+                           "(ops_cpu_bf16.plain)");
 }
 
 /* ---- memory and optimizer: ops_cpu's, on the wrapped context ---- */
 
-#define NEED(fn)                                                                                   \
-    do {                                                                                           \
-        if (!ops_cpu.fn)                                                                           \
-            return pf_err(-ENOSYS, "cpu-bf16: ops_cpu has no " #fn);                               \
+#define NEED(fn)                                                                                             \
+    do {                                                                                                     \
+        if (!ops_cpu.fn)                                                                                     \
+            return pf_err(-ENOSYS, "cpu-bf16: ops_cpu has no " #fn);                                         \
     } while (0)
 
 static int bf_mem_alloc(ops_ctx *c, void **p, size_t bytes)
@@ -401,9 +425,8 @@ static int bf_sgd_step(ops_ctx *c, float *w, const float *grad, float *mom, size
     return ops_cpu.sgd_step(c->cpu, w, grad, mom, n, lr, momentum, weight_decay);
 }
 
-static int bf_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n,
-                         double lr, double beta1, double beta2, double eps, double weight_decay,
-                         int64_t step)
+static int bf_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n, double lr,
+                         double beta1, double beta2, double eps, double weight_decay, int64_t step)
 {
     NEED(adamw_step);
     return ops_cpu.adamw_step(c->cpu, w, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);

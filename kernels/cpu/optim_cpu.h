@@ -20,8 +20,8 @@ void optim_cpu_sgd(float *w, const float *grad, float *mom, size_t n, float lr, 
  *   w *= 1 - lr*wd; m = m + (g - m)(1 - b1); v = v b2 + (1 - b2) g g;
  *   w -= (lr / (1 - b1^step)) * m / (sqrt(v) / sqrt(1 - b2^step) + eps).
  * The caller checks step >= 1 (both callers return -EINVAL otherwise). */
-void optim_cpu_adamw(float *w, const float *grad, float *m, float *v, size_t n, double lr,
-                     double beta1, double beta2, double eps, double weight_decay, int64_t step);
+void optim_cpu_adamw(float *w, const float *grad, float *m, float *v, size_t n, double lr, double beta1,
+                     double beta2, double eps, double weight_decay, int64_t step);
 
 /* x[i] *= a for i < n. */
 void optim_cpu_scale(float *x, size_t n, float a);

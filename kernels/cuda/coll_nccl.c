@@ -16,11 +16,11 @@ typedef struct nccl_impl {
     float *one; /* device float for the barrier */
 } nccl_impl;
 
-#define NCCL_TRY(call, what)                                                                  \
-    do {                                                                                      \
-        ncclResult_t r_ = (call);                                                             \
-        if (r_ != ncclSuccess)                                                                \
-            return pf_err(-EIO, "NCCL %s failed: %s", what, ncclGetErrorString(r_));          \
+#define NCCL_TRY(call, what)                                                                                 \
+    do {                                                                                                     \
+        ncclResult_t r_ = (call);                                                                            \
+        if (r_ != ncclSuccess)                                                                               \
+            return pf_err(-EIO, "NCCL %s failed: %s", what, ncclGetErrorString(r_));                         \
     } while (0)
 
 static int wait_stream(const char *what)
@@ -31,14 +31,18 @@ static int wait_stream(const char *what)
     return 0;
 }
 
-static ncclComm_t comm_of(pf_coll *c) { return ((nccl_impl *)c->impl)->comm; }
+static ncclComm_t comm_of(pf_coll *c)
+{
+    return ((nccl_impl *)c->impl)->comm;
+}
 
 static int n_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
 {
     if (!count)
         return 0;
     NCCL_TRY(ncclAllReduce(buf, buf, count, dt == COLL_F64 ? ncclFloat64 : ncclFloat32,
-                           op == COLL_MAX ? ncclMax : ncclSum, comm_of(c), 0), "allreduce");
+                           op == COLL_MAX ? ncclMax : ncclSum, comm_of(c), 0),
+             "allreduce");
     return wait_stream("allreduce");
 }
 
@@ -55,7 +59,8 @@ static int n_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t cou
     if (!count)
         return 0;
     NCCL_TRY(ncclReduceScatter(send, recv, count, dt == COLL_F64 ? ncclFloat64 : ncclFloat32, ncclSum,
-                               comm_of(c), 0), "reduce_scatter");
+                               comm_of(c), 0),
+             "reduce_scatter");
     return wait_stream("reduce_scatter");
 }
 
@@ -88,8 +93,8 @@ static void n_destroy(pf_coll *c)
     c->impl = NULL;
 }
 
-static const pf_coll_ops nccl_ops = {n_allreduce, n_allgather, n_reduce_scatter, n_broadcast, n_barrier,
-                                     n_destroy};
+static const pf_coll_ops nccl_ops = {n_allreduce, n_allgather, n_reduce_scatter,
+                                     n_broadcast, n_barrier,   n_destroy};
 
 int coll_nccl_unique_id(uint8_t id[CUDA_NCCL_ID_BYTES])
 {

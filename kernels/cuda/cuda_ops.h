@@ -145,11 +145,11 @@ extern const ops_device ops_cuda_bf16;
  * computes the row max and sum of exp(z - max) in a single online pass over the cosines, then
  * writes dL/dcos in place; two GEMMs and the normalization backward give the gradients. */
 typedef struct cuda_head_params {
-    double s;              /* logit scale (64) */
-    double m1, m2, m3;     /* combined margin */
-    double tau;            /* interclass filtering threshold, 0 = off */
-    int straight_through;  /* margin derivative: 0 exact, 1 straight_through (dv/dc = 1) */
-    int clamp_loss;        /* 1: a row's loss is at most -log(1e-30) = 69.0776 */
+    double s;             /* logit scale (64) */
+    double m1, m2, m3;    /* combined margin */
+    double tau;           /* interclass filtering threshold, 0 = off */
+    int straight_through; /* margin derivative: 0 exact, 1 straight_through (dv/dc = 1) */
+    int clamp_loss;       /* 1: a row's loss is at most -log(1e-30) = 69.0776 */
 } cuda_head_params;
 
 /* Device workspace for at most n_max rows, k_max columns, d features (float cos (n_max,k_max),
@@ -162,11 +162,11 @@ typedef struct cuda_head_ws {
     double *host_row_loss; /* (n_max) host copy */
     void *cublas;          /* cublasHandle_t */
     /* cuda_head_dist (the buffers its collectives see; managed memory when coll_host): */
-    float *row_max;        /* (n_max) */
-    double *row_red;       /* (4 n_max): per row sum of exp(z - max), z_target - max, has-target, bad label */
-    double *scal;          /* (4) local mode: mean loss, no-target rows, bad labels */
-    double *host_row_red;  /* (4 n_max) host copy */
-    int coll_host;         /* 1: row_max, row_red, scal are cudaMallocManaged (host collectives) */
+    float *row_max;       /* (n_max) */
+    double *row_red;      /* (4 n_max): per row sum of exp(z - max), z_target - max, has-target, bad label */
+    double *scal;         /* (4) local mode: mean loss, no-target rows, bad labels */
+    double *host_row_red; /* (4 n_max) host copy */
+    int coll_host;        /* 1: row_max, row_red, scal are cudaMallocManaged (host collectives) */
 } cuda_head_ws;
 
 /* Returns 0, -EINVAL (n_max <= 0, k_max < 0, d <= 0), -ENOMEM, -EIO (cuBLAS), -ENODEV (no GPU). */
@@ -184,10 +184,9 @@ void cuda_head_ws_free(cuda_head_ws *ws);
  * grad_embeddings (n,d), grad_centers (k,d) (overwritten). Synchronizes once (the row losses are
  * copied back). Errors: -EINVAL (shapes outside the workspace, s <= 0, margins not finite),
  * -ERANGE (a label outside [-1, k); names the row; no gradient written), -EIO. */
-int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_ws *ws, const float *embeddings,
-                               int n, const float *centers, int k, const int64_t *labels,
-                               double grad_scale, double *host_loss, float *logits,
-                               float *grad_embeddings, float *grad_centers);
+int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_ws *ws, const float *embeddings, int n,
+                               const float *centers, int k, const int64_t *labels, double grad_scale,
+                               double *host_loss, float *logits, float *grad_embeddings, float *grad_centers);
 
 /* The head of a worker in a group (worker/head/head.h head_forward_backward, exactly its math and
  * modes), three row kernels instead of one fused pass:
@@ -235,12 +234,11 @@ int cuda_l2_normalize_rows_host(float *host_out, const float *host_x, int n, int
 /* out[i,:] = table[idx[i],:] for i < k (rows of d floats); idx (k) int64 device, each in
  * [0, rows). Out-of-range indices are not read: the row is filled with NaN and the call returns
  * -ERANGE naming the first one (it synchronizes to check). */
-int cuda_gather_rows(float *out, const float *table, int64_t rows, const int64_t *idx, int64_t k,
-                     int d);
+int cuda_gather_rows(float *out, const float *table, int64_t rows, const int64_t *idx, int64_t k, int d);
 /* table[idx[i],:] = src[i,:] (add != 0: += with atomicAdd, duplicates summed). Indices must be in
  * [0, rows); out-of-range ones are skipped and reported as -ERANGE (synchronizes to check). */
-int cuda_scatter_rows(float *table, int64_t rows, const float *src, const int64_t *idx, int64_t k,
-                      int d, int add);
+int cuda_scatter_rows(float *table, int64_t rows, const float *src, const int64_t *idx, int64_t k, int d,
+                      int add);
 
 /* torch.optim.SGD step, same float32 operation order as optim_sgd_step (worker/head/optim.h),
  * without FMA contraction (bit-identical to the CPU). mom may be NULL when momentum == 0. */
@@ -248,8 +246,8 @@ int cuda_sgd_step(float *w, const float *grad, float *mom, size_t n, float lr, f
                   float weight_decay);
 /* torch.optim.AdamW step `step` (>= 1), the operation order of optim_adamw_step; lr, betas, eps,
  * weight_decay as in adamw_params. Returns 0, -EINVAL (step < 1), -EIO. */
-int cuda_adamw_step(float *w, const float *grad, float *m, float *v, size_t n, double lr,
-                    double beta1, double beta2, double eps, double weight_decay, int64_t step);
+int cuda_adamw_step(float *w, const float *grad, float *m, float *v, size_t n, double lr, double beta1,
+                    double beta2, double eps, double weight_decay, int64_t step);
 
 /* fp32 <-> fp16 (IEEE binary16) and bf16, round to nearest even, stored as uint16_t. */
 int cuda_f32_to_f16(uint16_t *out, const float *in, size_t n);

@@ -171,7 +171,8 @@ static __global__ void sumsq_k(const float *x, size_t n, double *partials)
 {
     __shared__ double sh[256];
     double s = 0.0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         double v = (double)x[i];
         s = __dadd_rn(s, __dmul_rn(v, v));
     }
@@ -258,8 +259,9 @@ extern "C" int cuda_ops_sgd_step(ops_ctx *c, float *w, const float *grad, float 
     return cuda_sgd_step(w, grad, mom, n, lr, momentum, weight_decay);
 }
 
-extern "C" int cuda_ops_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n, double lr,
-                                   double beta1, double beta2, double eps, double weight_decay, int64_t step)
+extern "C" int cuda_ops_adamw_step(ops_ctx *c, float *w, const float *grad, float *m, float *v, size_t n,
+                                   double lr, double beta1, double beta2, double eps, double weight_decay,
+                                   int64_t step)
 {
     (void)c;
     return cuda_adamw_step(w, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step);

@@ -26,12 +26,12 @@ struct cudnn_conv {
 /* How a device builds its plans (the device context conv_cache_get passes to the callbacks). */
 struct cudnn_conv_cfg {
     cudnnHandle_t dnn;
-    cudnnDataType_t type;  /* of tensors and filters */
-    cudnnMathType_t math;  /* of the descriptors before the search */
-    int any_math;          /* 1: the fastest algorithm in any math; 0: see cudnn_conv_pick */
-    const char *which;     /* says which algorithms were looked for: "cuDNN: no forward convolution
-                            * algorithm <which>" */
-    void **ws;             /* the device's workspace (cudaMalloc'd) and its size, grown as plans need */
+    cudnnDataType_t type; /* of tensors and filters */
+    cudnnMathType_t math; /* of the descriptors before the search */
+    int any_math;         /* 1: the fastest algorithm in any math; 0: see cudnn_conv_pick */
+    const char *which;    /* says which algorithms were looked for: "cuDNN: no forward convolution
+                           * algorithm <which>" */
+    void **ws;            /* the device's workspace (cudaMalloc'd) and its size, grown as plans need */
     size_t *ws_size;
 };
 
@@ -80,12 +80,18 @@ static int cudnn_conv_desc(cudnnConvolutionDescriptor_t *d, const ops_conv_shape
 static void cudnn_conv_release(void *entry)
 {
     cudnn_conv *e = (cudnn_conv *)entry;
-    if (e->x) cudnnDestroyTensorDescriptor(e->x);
-    if (e->y) cudnnDestroyTensorDescriptor(e->y);
-    if (e->w) cudnnDestroyFilterDescriptor(e->w);
-    if (e->cf) cudnnDestroyConvolutionDescriptor(e->cf);
-    if (e->cbd) cudnnDestroyConvolutionDescriptor(e->cbd);
-    if (e->cbf) cudnnDestroyConvolutionDescriptor(e->cbf);
+    if (e->x)
+        cudnnDestroyTensorDescriptor(e->x);
+    if (e->y)
+        cudnnDestroyTensorDescriptor(e->y);
+    if (e->w)
+        cudnnDestroyFilterDescriptor(e->w);
+    if (e->cf)
+        cudnnDestroyConvolutionDescriptor(e->cf);
+    if (e->cbd)
+        cudnnDestroyConvolutionDescriptor(e->cbd);
+    if (e->cbf)
+        cudnnDestroyConvolutionDescriptor(e->cbf);
 }
 
 /* conv_cache_fns.build_fwd: descriptors, forward algorithm, workspace. */
@@ -100,8 +106,8 @@ static int cudnn_conv_build_fwd(void *cfg, void *entry, const ops_conv_shape *sh
     CUDNN_TRY(cudnnCreateFilterDescriptor(&e->w));
     CUDNN_TRY(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, g->type, s->B, s->C, s->H, s->W));
     CUDNN_TRY(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, g->type, s->B, s->OC, s->OH, s->OW));
-    CUDNN_TRY(cudnnSetFilter4dDescriptor(e->w, g->type, CUDNN_TENSOR_NCHW, s->OC, s->C / s->groups,
-                                         s->K, s->K));
+    CUDNN_TRY(
+        cudnnSetFilter4dDescriptor(e->w, g->type, CUDNN_TENSOR_NCHW, s->OC, s->C / s->groups, s->K, s->K));
     int rc;
     if ((rc = cudnn_conv_desc(&e->cf, s, g->math)) || (rc = cudnn_conv_desc(&e->cbd, s, g->math)) ||
         (rc = cudnn_conv_desc(&e->cbf, s, g->math)))
@@ -109,8 +115,8 @@ static int cudnn_conv_build_fwd(void *cfg, void *entry, const ops_conv_shape *sh
     int n, oh, ow, oc;
     CUDNN_TRY(cudnnGetConvolution2dForwardOutputDim(e->cf, e->x, e->w, &n, &oc, &oh, &ow));
     if (n != s->B || oc != s->OC || oh != s->OH || ow != s->OW)
-        return pf_err(-EINVAL, "cuDNN output %dx%dx%dx%d differs from the shape's %dx%dx%dx%d", n, oc,
-                      oh, ow, s->B, s->OC, s->OH, s->OW);
+        return pf_err(-EINVAL, "cuDNN output %dx%dx%dx%d differs from the shape's %dx%dx%dx%d", n, oc, oh, ow,
+                      s->B, s->OC, s->OH, s->OW);
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     int got = 0;
     CUDNN_TRY(cudnnFindConvolutionForwardAlgorithm(g->dnn, e->x, e->w, e->cf, e->y,
@@ -149,10 +155,10 @@ static int cudnn_conv_build_bwd(void *cfg, void *entry)
     e->bwd_filter = pf[i].algo;
     CUDNN_TRY(cudnnSetConvolutionMathType(e->cbf, pf[i].mathType));
     size_t b1 = 0, b2 = 0;
-    CUDNN_TRY(cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, e->w, e->y, e->cbd, e->x,
-                                                           e->bwd_data, &b1));
-    CUDNN_TRY(cudnnGetConvolutionBackwardFilterWorkspaceSize(g->dnn, e->x, e->y, e->cbf, e->w,
-                                                             e->bwd_filter, &b2));
+    CUDNN_TRY(
+        cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, e->w, e->y, e->cbd, e->x, e->bwd_data, &b1));
+    CUDNN_TRY(
+        cudnnGetConvolutionBackwardFilterWorkspaceSize(g->dnn, e->x, e->y, e->cbf, e->w, e->bwd_filter, &b2));
     return cudnn_conv_ws(g, b1 > b2 ? b1 : b2);
 }
 

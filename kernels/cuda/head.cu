@@ -48,19 +48,19 @@ extern "C" int cuda_managed_concurrent(void)
 
 /* ---- the primitives kernels/cuda/head_impl.cuh is written against ---- */
 
-#define HEAD_LAUNCH(what, grid, kernel, ...)                                                  \
-    do {                                                                                      \
-        kernel<<<(grid), HEAD_THREADS>>>(__VA_ARGS__);                                        \
-        LAUNCH_CHECK(what);                                                                   \
+#define HEAD_LAUNCH(what, grid, kernel, ...)                                                                 \
+    do {                                                                                                     \
+        kernel<<<(grid), HEAD_THREADS>>>(__VA_ARGS__);                                                       \
+        LAUNCH_CHECK(what);                                                                                  \
     } while (0)
 
 /* C (m,n) = op(A) op(B), column-major, fp32 (default math: no TF32). */
-static int head_sgemm(void *blas, int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
-                      int ldb, float *C, int ldc)
+static int head_sgemm(void *blas, int ta, int tb, int m, int n, int k, const float *A, int lda,
+                      const float *B, int ldb, float *C, int ldc)
 {
     const float one = 1.0f, zero = 0.0f;
-    CUBLAS_TRY(cublasSgemm((cublasHandle_t)blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m,
-                           n, k, &one, A, lda, B, ldb, &zero, C, ldc));
+    CUBLAS_TRY(cublasSgemm((cublasHandle_t)blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &one, A, lda, B, ldb, &zero, C, ldc));
     return 0;
 }
 static int head_d2h(void *dst, const void *src, size_t bytes)
@@ -92,8 +92,14 @@ static int head_blas_create(void **blas)
     *blas = h;
     return 0;
 }
-static void head_blas_destroy(void *blas) { cublasDestroy((cublasHandle_t)blas); }
-static void head_dfree(void *p) { cudaFree(p); }
+static void head_blas_destroy(void *blas)
+{
+    cublasDestroy((cublasHandle_t)blas);
+}
+static void head_dfree(void *p)
+{
+    cudaFree(p);
+}
 
 #include "kernels/cuda/head_impl.cuh"
 
@@ -115,8 +121,8 @@ static int bad_check(const char *what, int64_t rows)
     return 0;
 }
 
-extern "C" int cuda_gather_rows(float *out, const float *table, int64_t rows, const int64_t *idx,
-                                int64_t k, int d)
+extern "C" int cuda_gather_rows(float *out, const float *table, int64_t rows, const int64_t *idx, int64_t k,
+                                int d)
 {
     if (k < 0 || d <= 0 || rows < 0)
         return pf_err(-EINVAL, "cuda_gather_rows: bad shape k %lld, d %d, rows %lld", (long long)k, d,
@@ -131,8 +137,8 @@ extern "C" int cuda_gather_rows(float *out, const float *table, int64_t rows, co
     return bad_check("cuda_gather_rows", rows);
 }
 
-extern "C" int cuda_scatter_rows(float *table, int64_t rows, const float *src, const int64_t *idx,
-                                 int64_t k, int d, int add)
+extern "C" int cuda_scatter_rows(float *table, int64_t rows, const float *src, const int64_t *idx, int64_t k,
+                                 int d, int add)
 {
     if (k < 0 || d <= 0 || rows < 0)
         return pf_err(-EINVAL, "cuda_scatter_rows: bad shape k %lld, d %d, rows %lld", (long long)k, d,
@@ -149,13 +155,12 @@ extern "C" int cuda_scatter_rows(float *table, int64_t rows, const float *src, c
 
 /* ---- optimizers (no FMA contraction: each operation rounded as on the CPU) ---- */
 
-extern "C" int cuda_sgd_step(float *w, const float *grad, float *mom, size_t n, float lr,
-                             float momentum, float weight_decay)
+extern "C" int cuda_sgd_step(float *w, const float *grad, float *mom, size_t n, float lr, float momentum,
+                             float weight_decay)
 {
     if (!n)
         return 0;
-    sgd_k<<<grid_for(n), 256>>>(w, grad, mom, n, lr, momentum, weight_decay,
-                                momentum != 0.0f && mom != NULL);
+    sgd_k<<<grid_for(n), 256>>>(w, grad, mom, n, lr, momentum, weight_decay, momentum != 0.0f && mom != NULL);
     LAUNCH_CHECK("sgd_step");
     return 0;
 }
@@ -168,7 +173,8 @@ extern "C" int cuda_adamw_step(float *w, const float *grad, float *m, float *v, 
     if (!n)
         return 0;
     adamw_consts c = adamw_consts_of(lr, beta1, beta2, eps, weight_decay, step);
-    adamw_k<<<grid_for(n), 256>>>(w, grad, m, v, n, c.step_size, c.bc2_sqrt, c.decay, c.omb1, c.b2, c.omb2, c.eps);
+    adamw_k<<<grid_for(n), 256>>>(w, grad, m, v, n, c.step_size, c.bc2_sqrt, c.decay, c.omb1, c.b2, c.omb2,
+                                  c.eps);
     LAUNCH_CHECK("adamw_step");
     return 0;
 }
@@ -201,7 +207,8 @@ static __global__ void bf16_to_f32_k(float *out, const uint16_t *in, size_t n)
 
 extern "C" int cuda_f32_to_f16(uint16_t *out, const float *in, size_t n)
 {
-    if (!n) return 0;
+    if (!n)
+        return 0;
     f32_to_f16_k<<<grid_for(n), 256>>>(out, in, n);
     LAUNCH_CHECK("f32_to_f16");
     return 0;
@@ -209,7 +216,8 @@ extern "C" int cuda_f32_to_f16(uint16_t *out, const float *in, size_t n)
 
 extern "C" int cuda_f16_to_f32(float *out, const uint16_t *in, size_t n)
 {
-    if (!n) return 0;
+    if (!n)
+        return 0;
     f16_to_f32_k<<<grid_for(n), 256>>>(out, in, n);
     LAUNCH_CHECK("f16_to_f32");
     return 0;
@@ -217,7 +225,8 @@ extern "C" int cuda_f16_to_f32(float *out, const uint16_t *in, size_t n)
 
 extern "C" int cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n)
 {
-    if (!n) return 0;
+    if (!n)
+        return 0;
     f32_to_bf16_k<<<grid_for(n), 256>>>(out, in, n);
     LAUNCH_CHECK("f32_to_bf16");
     return 0;
@@ -225,7 +234,8 @@ extern "C" int cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n)
 
 extern "C" int cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n)
 {
-    if (!n) return 0;
+    if (!n)
+        return 0;
     bf16_to_f32_k<<<grid_for(n), 256>>>(out, in, n);
     LAUNCH_CHECK("bf16_to_f32");
     return 0;

@@ -42,8 +42,10 @@ extern "C" int cuda_head_ws_init_coll(cuda_head_ws *ws, int n_max, int k_max, in
         return pf_err(-EINVAL, "CUDA head workspace: NULL");
     memset(ws, 0, sizeof *ws);
     if (n_max <= 0 || k_max < 0 || d <= 0)
-        return pf_err(-EINVAL, "CUDA head workspace: n_max %d, k_max %d, d %d (need n_max > 0, "
-                      "k_max >= 0, d > 0)", n_max, k_max, d);
+        return pf_err(-EINVAL,
+                      "CUDA head workspace: n_max %d, k_max %d, d %d (need n_max > 0, "
+                      "k_max >= 0, d > 0)",
+                      n_max, k_max, d);
     if (cuda_device_count() == 0)
         return pf_err(-ENODEV, "CUDA head: no GPU visible");
     size_t n = (size_t)n_max, k1 = k_max ? (size_t)k_max : 1, dd = (size_t)d;
@@ -114,15 +116,15 @@ static int head_backward(cuda_head_ws *ws, const float *embeddings, int n, const
             rc = head_memset0(grad_embeddings, (size_t)n * d * sizeof(float));
         if (rc < 0)
             return rc;
-        HEAD_LAUNCH("normalize_rows backward (embeddings)", n, normalize_bwd_k, grad_embeddings, ws->en, ws->inv_e,
-                    embeddings, d);
+        HEAD_LAUNCH("normalize_rows backward (embeddings)", n, normalize_bwd_k, grad_embeddings, ws->en,
+                    ws->inv_e, embeddings, d);
     }
     if (grad_centers && k > 0) {
         /* dL/d wn (k,d) = dcos^T (k,n) en (n,d): column-major wn^T (d,k) = en^T (d,n) dcos (n,k) */
         if ((rc = head_sgemm(ws->cublas, 0, 1, d, k, n, ws->en, d, ws->cos, k, grad_centers, d)) < 0)
             return rc;
-        HEAD_LAUNCH("normalize_rows backward (centers)", k, normalize_bwd_k, grad_centers, ws->wn, ws->inv_w, centers,
-                    d);
+        HEAD_LAUNCH("normalize_rows backward (centers)", k, normalize_bwd_k, grad_centers, ws->wn, ws->inv_w,
+                    centers, d);
     }
     return 0;
 }
@@ -135,11 +137,11 @@ extern "C" int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_w
     if (!p || !ws || !ws->cublas || !embeddings || (!centers && k > 0) || !labels)
         return pf_err(-EINVAL, "CUDA head: NULL argument (or workspace not initialized)");
     if (n <= 0 || n > ws->n_max || k < 0 || k > ws->k_max)
-        return pf_err(-EINVAL, "CUDA head: n %d, k %d do not fit the workspace (n_max %d, k_max %d)",
-                      n, k, ws->n_max, ws->k_max);
+        return pf_err(-EINVAL, "CUDA head: n %d, k %d do not fit the workspace (n_max %d, k_max %d)", n, k,
+                      ws->n_max, ws->k_max);
     if (!(p->s > 0) || !isfinite(p->m1) || !isfinite(p->m2) || !isfinite(p->m3))
-        return pf_err(-EINVAL, "CUDA head: scale %g must be > 0 and margins (%g, %g, %g) finite", p->s,
-                      p->m1, p->m2, p->m3);
+        return pf_err(-EINVAL, "CUDA head: scale %g must be > 0 and margins (%g, %g, %g) finite", p->s, p->m1,
+                      p->m2, p->m3);
     double g = grad_scale != 0.0 ? grad_scale : 1.0 / n;
     int want_grad = grad_embeddings || grad_centers;
     int rc;
@@ -175,8 +177,8 @@ extern "C" int cuda_head_dist(const cuda_head_params *p, int local_mode, cuda_he
     if (!p || !ws || !ws->cublas || !ws->row_red || !embeddings || (!centers && k > 0) || !labels)
         return pf_err(-EINVAL, "CUDA head: NULL argument (or workspace not initialized)");
     if (n <= 0 || n > ws->n_max || k < 0 || k > ws->k_max)
-        return pf_err(-EINVAL, "CUDA head: n %d, k %d do not fit the workspace (n_max %d, k_max %d)",
-                      n, k, ws->n_max, ws->k_max);
+        return pf_err(-EINVAL, "CUDA head: n %d, k %d do not fit the workspace (n_max %d, k_max %d)", n, k,
+                      ws->n_max, ws->k_max);
     if (!(p->s > 0) || !isfinite(p->m1) || !isfinite(p->m2) || !isfinite(p->m3) || !isfinite(p->tau))
         return pf_err(-EINVAL, "CUDA head: scale %g must be > 0 and margins (%g, %g, %g), tau %g finite",
                       p->s, p->m1, p->m2, p->m3, p->tau);
@@ -229,9 +231,12 @@ extern "C" int cuda_head_dist(const cuda_head_params *p, int local_mode, cuda_he
     }
     if (bad > 0) {
         if (bad_row >= 0)
-            return pf_err(-ERANGE, "CUDA head: the label of row %d is outside [-1, %d) (%.0f bad label(s) in "
-                          "the group)", bad_row, k, bad);
-        return pf_err(-ERANGE, "CUDA head: %.0f label(s) outside [-1, k) on another worker of the group", bad);
+            return pf_err(-ERANGE,
+                          "CUDA head: the label of row %d is outside [-1, %d) (%.0f bad label(s) in "
+                          "the group)",
+                          bad_row, k, bad);
+        return pf_err(-ERANGE, "CUDA head: %.0f label(s) outside [-1, k) on another worker of the group",
+                      bad);
     }
     if (host_loss)
         *host_loss = mean;

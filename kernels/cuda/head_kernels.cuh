@@ -14,9 +14,9 @@
 #include "kernels/cuda/block_sum.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
-#define NORM_EPS 1e-12
+#define NORM_EPS     1e-12
 #define TARGET_CLAMP 1e-7
-#define LOSS_CAP 69.07755278982137 /* -log(1e-30) */
+#define LOSS_CAP     69.07755278982137 /* -log(1e-30) */
 #ifndef HEAD_THREADS
 #define HEAD_THREADS 256
 #endif

@@ -13,11 +13,12 @@
 /* Smallest i with an index out of range (UINT64_MAX: none). One caller at a time. */
 static __device__ unsigned long long g_bad_row;
 
-static __global__ void gather_k(float *out, const float *table, int64_t rows, const int64_t *idx,
-                                int64_t k, int d)
+static __global__ void gather_k(float *out, const float *table, int64_t rows, const int64_t *idx, int64_t k,
+                                int d)
 {
     size_t n = (size_t)k * d;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
         size_t i = e / d, j = e % d;
         int64_t r = idx[i];
         if (r < 0 || r >= rows) {
@@ -29,11 +30,12 @@ static __global__ void gather_k(float *out, const float *table, int64_t rows, co
     }
 }
 
-static __global__ void scatter_k(float *table, int64_t rows, const float *src, const int64_t *idx,
-                                 int64_t k, int d, int add)
+static __global__ void scatter_k(float *table, int64_t rows, const float *src, const int64_t *idx, int64_t k,
+                                 int d, int add)
 {
     size_t n = (size_t)k * d;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x) {
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
         size_t i = e / d, j = e % d;
         int64_t r = idx[i];
         if (r < 0 || r >= rows) {
@@ -46,10 +48,11 @@ static __global__ void scatter_k(float *table, int64_t rows, const float *src, c
     }
 }
 
-static __global__ void sgd_k(float *w, const float *grad, float *mom, size_t n, float lr,
-                             float momentum, float wd, int use_mom)
+static __global__ void sgd_k(float *w, const float *grad, float *mom, size_t n, float lr, float momentum,
+                             float wd, int use_mom)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float d = __fadd_rn(grad[i], __fmul_rn(wd, w[i]));
         if (use_mom) {
             float m = __fadd_rn(__fmul_rn(momentum, mom[i]), d);
@@ -67,20 +70,26 @@ typedef struct adamw_consts {
     float step_size, bc2_sqrt, decay, omb1, b2, omb2, eps;
 } adamw_consts;
 
-static inline adamw_consts adamw_consts_of(double lr, double beta1, double beta2, double eps, double weight_decay,
-                                           int64_t step)
+static inline adamw_consts adamw_consts_of(double lr, double beta1, double beta2, double eps,
+                                           double weight_decay, int64_t step)
 {
     double bc1 = 1.0 - pow(beta1, (double)step);
     double bc2 = 1.0 - pow(beta2, (double)step);
-    adamw_consts c = {(float)(lr / bc1), (float)sqrt(bc2), (float)(1.0 - lr * weight_decay), (float)(1.0 - beta1),
-                      (float)beta2, (float)(1.0 - beta2), (float)eps};
+    adamw_consts c = {(float)(lr / bc1),
+                      (float)sqrt(bc2),
+                      (float)(1.0 - lr * weight_decay),
+                      (float)(1.0 - beta1),
+                      (float)beta2,
+                      (float)(1.0 - beta2),
+                      (float)eps};
     return c;
 }
 
 static __global__ void adamw_k(float *w, const float *grad, float *m, float *v, size_t n, float step_size,
                                float bc2_sqrt, float decay, float omb1, float b2, float omb2, float eps)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float g = grad[i];
         float wi = __fmul_rn(w[i], decay);
         float mi = __fadd_rn(m[i], __fmul_rn(__fsub_rn(g, m[i]), omb1));
@@ -97,7 +106,8 @@ static __device__ int g_found_inf;
 static __global__ void unscale_check_k(float *g, size_t n, float inv_scale)
 {
     int bad = 0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float v = g[i];
         bad |= !isfinite(v);
         g[i] = v * inv_scale;

@@ -6,11 +6,11 @@
 
 extern "C" int pf_err(int code, const char *fmt, ...);
 
-#define CUDA_TRY(call)                                                                       \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess)                                                               \
-            return pf_err(-EIO, "%s failed: %s", #call, cudaGetErrorString(e_));              \
+#define CUDA_TRY(call)                                                                                       \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess)                                                                               \
+            return pf_err(-EIO, "%s failed: %s", #call, cudaGetErrorString(e_));                             \
     } while (0)
 
 static __global__ void l2_normalize_rows_kernel(float *out, const float *x, int d, float eps)

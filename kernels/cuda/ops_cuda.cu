@@ -16,9 +16,18 @@
 
 /* The shared kernels (ops_kernels.cuh) on fp32 elements: conversions are the identity. */
 template <> struct elt<float> {
-    static __device__ __forceinline__ float f(float v) { return v; }
-    static __device__ __forceinline__ float r(float v) { return v; }
-    static __device__ __forceinline__ float rd(double v) { return (float)v; }
+    static __device__ __forceinline__ float f(float v)
+    {
+        return v;
+    }
+    static __device__ __forceinline__ float r(float v)
+    {
+        return v;
+    }
+    static __device__ __forceinline__ float rd(double v)
+    {
+        return (float)v;
+    }
 };
 
 #include "kernels/cuda/ops_launch.cuh"
@@ -34,7 +43,7 @@ struct ops_ctx {
     size_t scr_cap;
     float *cscr; /* per-channel scratch: 4*C floats */
     size_t cscr_cap;
-    int tf32; /* PFCPS_CUDA_TF32=1: allow tensor-op (TF32) convolution algorithms */
+    int tf32;     /* PFCPS_CUDA_TF32=1: allow tensor-op (TF32) convolution algorithms */
     int bn_exact; /* PFCPS_CUDA_BN=exact: BatchNorm2d in own float64-sum kernels, not cuDNN */
     double *dscr; /* per-channel float64 scratch for the exact batch norm */
     size_t dscr_cap;
@@ -62,8 +71,13 @@ static int grow(float **buf, size_t *cap, size_t n)
 /* The plans (kernels/cuda/cudnn_conv.cuh) are fp32, in FMA math unless PFCPS_CUDA_TF32=1. */
 static int conv_get(ops_ctx *c, const ops_conv_shape *s, int need_bwd, cudnn_conv **out)
 {
-    const cudnn_conv_cfg g = {c->dnn, CUDNN_DATA_FLOAT, c->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH,
-                              c->tf32, c->tf32 ? "in any math" : "in FMA (fp32) math", &c->ws, &c->ws_size};
+    const cudnn_conv_cfg g = {c->dnn,
+                              CUDNN_DATA_FLOAT,
+                              c->tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH,
+                              c->tf32,
+                              c->tf32 ? "in any math" : "in FMA (fp32) math",
+                              &c->ws,
+                              &c->ws_size};
     return cudnn_conv_get(&c->conv, &g, "cuDNN conv", s, need_bwd, out);
 }
 
@@ -75,8 +89,8 @@ static int cuda_conv_forward(ops_ctx *c, float *out, const float *inp, const flo
     if (rc)
         return rc;
     const float one = 1.0f, zero = 0.0f;
-    CUDNN_TRY(cudnnConvolutionForward(c->dnn, &one, e->x, inp, e->w, weight, e->cf, e->fwd, c->ws,
-                                      c->ws_size, &zero, e->y, out));
+    CUDNN_TRY(cudnnConvolutionForward(c->dnn, &one, e->x, inp, e->w, weight, e->cf, e->fwd, c->ws, c->ws_size,
+                                      &zero, e->y, out));
     return 0;
 }
 
@@ -89,13 +103,11 @@ static int cuda_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, 
         return rc;
     const float one = 1.0f, zero = 0.0f;
     if (dinp)
-        CUDNN_TRY(cudnnConvolutionBackwardData(c->dnn, &one, e->w, weight, e->y, dout, e->cbd,
-                                               e->bwd_data, c->ws, c->ws_size, acc ? &one : &zero,
-                                               e->x, dinp));
+        CUDNN_TRY(cudnnConvolutionBackwardData(c->dnn, &one, e->w, weight, e->y, dout, e->cbd, e->bwd_data,
+                                               c->ws, c->ws_size, acc ? &one : &zero, e->x, dinp));
     if (dweight)
-        CUDNN_TRY(cudnnConvolutionBackwardFilter(c->dnn, &one, e->x, inp, e->y, dout, e->cbf,
-                                                 e->bwd_filter, c->ws, c->ws_size, &one, e->w,
-                                                 dweight));
+        CUDNN_TRY(cudnnConvolutionBackwardFilter(c->dnn, &one, e->x, inp, e->y, dout, e->cbf, e->bwd_filter,
+                                                 c->ws, c->ws_size, &one, e->w, dweight));
     return 0;
 }
 
@@ -182,7 +194,8 @@ static __global__ void bn1d_bwd_k(float *dinp, int acc, float *dweight, float *d
 static __global__ void bnx_dx_k(float *dinp, int acc, const float *dy, const float *x, const double *coef,
                                 const double *save_mean, int C, int HW, size_t n)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         int ch = (int)((i / (size_t)HW) % (size_t)C);
         double k = coef[3 * ch], mdy = coef[3 * ch + 1], kx = coef[3 * ch + 2];
         float v = (float)(k * ((double)dy[i] - mdy - ((double)x[i] - save_mean[ch]) * kx));
@@ -208,8 +221,8 @@ static int dgrow(ops_ctx *c, size_t n)
 
 /* The launches are ops_launch.cuh's (T = float), shared with the half devices. */
 static int bnx_forward(ops_ctx *c, float *out, double *save_mean, double *save_var, const float *inp,
-                       const float *weight, const float *bias, float *running_mean, float *running_var,
-                       int B, int C, int HW, float eps, float momentum, int train)
+                       const float *weight, const float *bias, float *running_mean, float *running_var, int B,
+                       int C, int HW, float eps, float momentum, int train)
 {
     int rc;
     if (train && (rc = dgrow(c, bn_exact_fwd_doubles(B, C))))
@@ -237,10 +250,9 @@ static int bnx_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float 
     return 0;
 }
 
-static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var,
-                           const float *inp, const float *weight, const float *bias,
-                           float *running_mean, float *running_var, int B, int C, int HW, float eps,
-                           float momentum, int train)
+static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *save_var, const float *inp,
+                           const float *weight, const float *bias, float *running_mean, float *running_var,
+                           int B, int C, int HW, float eps, float momentum, int train)
 {
     int rc = bn_descs(c, B, C, HW);
     if (rc)
@@ -256,7 +268,7 @@ static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sa
                            HW, eps, momentum, train);
     if (HW == 1) {
         bn1d_fwd_k<<<(C + 127) / 128, 128>>>(out, save_mean, save_var, inp, weight, bias, running_mean,
-                                              running_var, B, C, (double)eps, (double)momentum, train);
+                                             running_var, B, C, (double)eps, (double)momentum, train);
         LAUNCH_CHECK("bn1d_fwd");
         return 0;
     }
@@ -266,10 +278,9 @@ static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sa
                             save_mean, save_var, C, eps, momentum, train, c->cscr);
 }
 
-static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight,
-                            const double *save_mean, const double *save_var, int B, int C, int HW,
-                            float eps)
+static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, const double *save_mean,
+                            const double *save_var, int B, int C, int HW, float eps)
 {
     int rc = bn_descs(c, B, C, HW);
     if (rc)
@@ -283,7 +294,7 @@ static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, fl
                             eps);
     if (HW == 1) {
         bn1d_bwd_k<<<(C + 127) / 128, 128>>>(dinp, acc, dweight, dbias, dout, inp, weight, save_mean,
-                                              save_var, B, C, (double)eps);
+                                             save_var, B, C, (double)eps);
         LAUNCH_CHECK("bn1d_bwd");
         return 0;
     }
@@ -303,10 +314,11 @@ static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, fl
 
 /* Dropout mask i is drawn by splitmix64 (common/splitmix64.h) from (seed, i) only, as on the CPU
  * device (kernels/cpu/ops_cpu.c). */
-static __global__ void dropout_fwd_k(float *out, float *mask, const float *inp, size_t n, float p,
-                                     float keep, uint64_t seed)
+static __global__ void dropout_fwd_k(float *out, float *mask, const float *inp, size_t n, float p, float keep,
+                                     uint64_t seed)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         double u = (double)(splitmix64(seed * 0x100000001B3ull + i) >> 11) * 0x1.0p-53;
         float m = u < (double)p ? 0.0f : keep;
         mask[i] = m;
@@ -316,7 +328,8 @@ static __global__ void dropout_fwd_k(float *out, float *mask, const float *inp, 
 
 static __global__ void dropout_bwd_k(float *dinp, int acc, const float *dout, const float *mask, size_t n)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float d = __fmul_rn(dout[i], mask[i]);
         dinp[i] = acc ? dinp[i] + d : d;
     }
@@ -341,8 +354,8 @@ static __global__ void bias_grad_k(float *dbias, const float *dout, int B, int O
     dbias[o] += s;
 }
 
-static int cuda_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B,
-                              int C, int HW)
+static int cuda_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B, int C,
+                              int HW)
 {
     (void)c;
     return prelu_forward_launch<float>("", out, inp, alpha, B, C, HW);
@@ -373,18 +386,18 @@ static int cuda_linear_forward(ops_ctx *c, float *out, const float *inp, const f
 }
 
 static int cuda_linear_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
-                                const float *dout, const float *inp, const float *weight, int B,
-                                int IN, int OUT)
+                                const float *dout, const float *inp, const float *weight, int B, int IN,
+                                int OUT)
 {
     if (B <= 0 || IN <= 0 || OUT <= 0)
         return pf_err(-EINVAL, "linear shape B=%d IN=%d OUT=%d: sizes must be positive", B, IN, OUT);
     const float one = 1.0f, zero = 0.0f;
     if (dinp) /* dinp^T (IN,B) = Wc (IN,OUT) dout^T (OUT,B) */
-        CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, IN, B, OUT, &one, weight, IN, dout,
-                               OUT, acc ? &one : &zero, dinp, IN));
+        CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_N, IN, B, OUT, &one, weight, IN, dout, OUT,
+                               acc ? &one : &zero, dinp, IN));
     if (dweight) /* dweight^T (IN,OUT) += inp^T (IN,B) dout (B,OUT) */
-        CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, IN, OUT, B, &one, inp, IN, dout,
-                               OUT, &one, dweight, IN));
+        CUBLAS_TRY(cublasSgemm(c->blas, CUBLAS_OP_N, CUBLAS_OP_T, IN, OUT, B, &one, inp, IN, dout, OUT, &one,
+                               dweight, IN));
     if (dbias) {
         bias_grad_k<<<(OUT + 255) / 256, 256>>>(dbias, dout, B, OUT);
         LAUNCH_CHECK("bias_grad");
@@ -420,8 +433,8 @@ static int cuda_from_plain(ops_ctx *c, float *dst, int acc, const float *src, in
     return cuda_acc(c, dst, acc, src, (size_t)B * C * HW);
 }
 
-static int cuda_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n,
-                                float p, uint64_t seed)
+static int cuda_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n, float p,
+                                uint64_t seed)
 {
     (void)c;
     if (!(p >= 0.0f && p < 1.0f))
@@ -433,8 +446,8 @@ static int cuda_dropout_forward(ops_ctx *c, float *out, float *mask, const float
     return 0;
 }
 
-static int cuda_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout,
-                                 const float *mask, size_t n)
+static int cuda_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout, const float *mask,
+                                 size_t n)
 {
     (void)c;
     if (!n)
@@ -456,10 +469,14 @@ static void cuda_ctx_destroy(ops_ctx *c)
     cudaFree(c->cscr);
     cudaFree(c->dscr);
     cudaFree(c->sumsq_part);
-    if (c->bn_x) cudnnDestroyTensorDescriptor(c->bn_x);
-    if (c->bn_p) cudnnDestroyTensorDescriptor(c->bn_p);
-    if (c->blas) cublasDestroy(c->blas);
-    if (c->dnn) cudnnDestroy(c->dnn);
+    if (c->bn_x)
+        cudnnDestroyTensorDescriptor(c->bn_x);
+    if (c->bn_p)
+        cudnnDestroyTensorDescriptor(c->bn_p);
+    if (c->blas)
+        cublasDestroy(c->blas);
+    if (c->dnn)
+        cudnnDestroy(c->dnn);
     free(c);
 }
 

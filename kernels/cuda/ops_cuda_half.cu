@@ -20,16 +20,34 @@ template <typename T> struct elt;
 template <> struct elt<__half> {
     static constexpr cudnnDataType_t dnn = CUDNN_DATA_HALF;
     static constexpr const char *name = "cuda-fp16";
-    static __device__ __forceinline__ float f(__half h) { return __half2float(h); }
-    static __device__ __forceinline__ __half r(float v) { return __float2half_rn(v); }
-    static __device__ __forceinline__ __half rd(double v) { return __double2half(v); }
+    static __device__ __forceinline__ float f(__half h)
+    {
+        return __half2float(h);
+    }
+    static __device__ __forceinline__ __half r(float v)
+    {
+        return __float2half_rn(v);
+    }
+    static __device__ __forceinline__ __half rd(double v)
+    {
+        return __double2half(v);
+    }
 };
 template <> struct elt<__nv_bfloat16> {
     static constexpr cudnnDataType_t dnn = CUDNN_DATA_BFLOAT16;
     static constexpr const char *name = "cuda-bf16";
-    static __device__ __forceinline__ float f(__nv_bfloat16 h) { return __bfloat162float(h); }
-    static __device__ __forceinline__ __nv_bfloat16 r(float v) { return __float2bfloat16_rn(v); }
-    static __device__ __forceinline__ __nv_bfloat16 rd(double v) { return __double2bfloat16(v); }
+    static __device__ __forceinline__ float f(__nv_bfloat16 h)
+    {
+        return __bfloat162float(h);
+    }
+    static __device__ __forceinline__ __nv_bfloat16 r(float v)
+    {
+        return __float2bfloat16_rn(v);
+    }
+    static __device__ __forceinline__ __nv_bfloat16 rd(double v)
+    {
+        return __double2bfloat16(v);
+    }
 };
 
 #include "kernels/cuda/ops_cuda_half_kernels.cuh"
@@ -55,7 +73,7 @@ struct hctx {
     double *dscr; /* per-channel float64 scratch of the own BN kernels */
     size_t dscr_bytes;
     double *sumsq_part; /* CUDA_SUMSQ_PARTIALS doubles for sumsq */
-    int bn_exact; /* own float64 BN kernels (always for bf16; fp16 with PFCPS_CUDA_BN=exact) */
+    int bn_exact;       /* own float64 BN kernels (always for bf16; fp16 with PFCPS_CUDA_BN=exact) */
 };
 
 static inline hctx *H(ops_ctx *c)
@@ -70,12 +88,12 @@ template <typename T> static int ctx_ok(hctx *c)
     return 0;
 }
 
-#define CTX(T, c_, c)                                                                              \
-    hctx *c = H(c_);                                                                               \
-    do {                                                                                           \
-        int rc_ = ctx_ok<T>(c);                                                                    \
-        if (rc_)                                                                                   \
-            return rc_;                                                                            \
+#define CTX(T, c_, c)                                                                                        \
+    hctx *c = H(c_);                                                                                         \
+    do {                                                                                                     \
+        int rc_ = ctx_ok<T>(c);                                                                              \
+        if (rc_)                                                                                             \
+            return rc_;                                                                                      \
     } while (0)
 
 /* *buf grown to at least bytes (contents not kept). */
@@ -101,7 +119,7 @@ static int grow_bytes(void **buf, size_t *cap, size_t bytes, const char *what)
  * algorithm in any math (tensor ops allowed). */
 static int hconv_get(hctx *c, const ops_conv_shape *s, int need_bwd, cudnn_conv **out)
 {
-    const cudnn_conv_cfg g = {c->dnn, c->type, CUDNN_TENSOR_OP_MATH, 1, "for this half-precision shape",
+    const cudnn_conv_cfg g = {c->dnn, c->type,    CUDNN_TENSOR_OP_MATH, 1, "for this half-precision shape",
                               &c->ws, &c->ws_size};
     return cudnn_conv_get(&c->conv, &g, "cuDNN half conv", s, need_bwd, out);
 }
@@ -130,8 +148,8 @@ static int h_conv_forward(ops_ctx *c_, float *out, const float *inp, const float
     if ((rc = half_weights<T>(c, weight, nw)))
         return rc;
     const float one = 1.0f, zero = 0.0f; /* float scaling factors for half tensors (cuDNN) */
-    CUDNN_TRY(cudnnConvolutionForward(c->dnn, &one, e->x, inp, e->w, c->wh, e->cf, e->fwd, c->ws,
-                                      c->ws_size, &zero, e->y, out));
+    CUDNN_TRY(cudnnConvolutionForward(c->dnn, &one, e->x, inp, e->w, c->wh, e->cf, e->fwd, c->ws, c->ws_size,
+                                      &zero, e->y, out));
     return 0;
 }
 
@@ -149,16 +167,14 @@ static int h_conv_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, co
     if (dinp) {
         if ((rc = half_weights<T>(c, weight, nw)))
             return rc;
-        CUDNN_TRY(cudnnConvolutionBackwardData(c->dnn, &one, e->w, c->wh, e->y, dout, e->cbd,
-                                               e->bwd_data, c->ws, c->ws_size, acc ? &one : &zero,
-                                               e->x, dinp));
+        CUDNN_TRY(cudnnConvolutionBackwardData(c->dnn, &one, e->w, c->wh, e->y, dout, e->cbd, e->bwd_data,
+                                               c->ws, c->ws_size, acc ? &one : &zero, e->x, dinp));
     }
     if (dweight) {
         if ((rc = grow_bytes(&c->dwh, &c->dwh_bytes, nw * sizeof(T), "half weight gradient")))
             return rc;
-        CUDNN_TRY(cudnnConvolutionBackwardFilter(c->dnn, &one, e->x, inp, e->y, dout, e->cbf,
-                                                 e->bwd_filter, c->ws, c->ws_size, &zero, e->w,
-                                                 c->dwh));
+        CUDNN_TRY(cudnnConvolutionBackwardFilter(c->dnn, &one, e->x, inp, e->y, dout, e->cbf, e->bwd_filter,
+                                                 c->ws, c->ws_size, &zero, e->w, c->dwh));
         acc_h_into_f32_k<T><<<grid_for(nw), 256>>>(dweight, (const T *)c->dwh, nw);
         LAUNCH_CHECK("half weight gradient += into fp32");
     }
@@ -189,14 +205,14 @@ static int hbnx_forward(hctx *c, T *out, double *save_mean, double *save_var, co
     if (train && (rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes,
                                   bn_exact_fwd_doubles(B, C) * sizeof(double), "batch-norm scratch")))
         return rc;
-    return bn_exact_forward<T>(c->dscr, "half bn ", out, save_mean, save_var, inp, weight, bias,
-                               running_mean, running_var, B, C, HW, eps, momentum, train);
+    return bn_exact_forward<T>(c->dscr, "half bn ", out, save_mean, save_var, inp, weight, bias, running_mean,
+                               running_var, B, C, HW, eps, momentum, train);
 }
 
 template <typename T>
-static int hbnx_backward(hctx *c, T *dinp, int acc, float *dweight, float *dbias, const T *dout,
-                         const T *inp, const float *weight, const double *save_mean,
-                         const double *save_var, int B, int C, int HW, float eps)
+static int hbnx_backward(hctx *c, T *dinp, int acc, float *dweight, float *dbias, const T *dout, const T *inp,
+                         const float *weight, const double *save_mean, const double *save_var, int B, int C,
+                         int HW, float eps)
 {
     int rc;
     if ((rc = grow_bytes((void **)&c->dscr, &c->dscr_bytes, bn_exact_bwd_doubles(B, C) * sizeof(double),
@@ -237,8 +253,8 @@ static int h_bn_forward(ops_ctx *c_, float *out, double *save_mean, double *save
     if (!(eps > 0.0f))
         return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
     if (c->bn_exact)
-        return hbnx_forward<T>(c, (T *)out, save_mean, save_var, (const T *)inp, weight, bias,
-                               running_mean, running_var, B, C, HW, eps, momentum, train);
+        return hbnx_forward<T>(c, (T *)out, save_mean, save_var, (const T *)inp, weight, bias, running_mean,
+                               running_var, B, C, HW, eps, momentum, train);
     if ((rc = hbn_descs(c, B, C, HW)))
         return rc;
     if (train && (rc = grow_bytes((void **)&c->cscr, &c->cscr_bytes, 4 * (size_t)C * sizeof(float),
@@ -249,10 +265,9 @@ static int h_bn_forward(ops_ctx *c_, float *out, double *save_mean, double *save
 }
 
 template <typename T>
-static int h_bn_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, float *dbias,
-                         const float *dout, const float *inp, const float *weight,
-                         const double *save_mean, const double *save_var, int B, int C, int HW,
-                         float eps)
+static int h_bn_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, float *dbias, const float *dout,
+                         const float *inp, const float *weight, const double *save_mean,
+                         const double *save_var, int B, int C, int HW, float eps)
 {
     CTX(T, c_, c);
     int rc = hbn_check(B, C, HW);
@@ -263,8 +278,8 @@ static int h_bn_backward(ops_ctx *c_, float *dinp, int acc, float *dweight, floa
     if (!(eps > 0.0f))
         return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
     if (c->bn_exact)
-        return hbnx_backward<T>(c, (T *)dinp, acc, dweight, dbias, (const T *)dout, (const T *)inp,
-                                weight, save_mean, save_var, B, C, HW, eps);
+        return hbnx_backward<T>(c, (T *)dinp, acc, dweight, dbias, (const T *)dout, (const T *)inp, weight,
+                                save_mean, save_var, B, C, HW, eps);
     if ((rc = hbn_descs(c, B, C, HW)))
         return rc;
     if ((rc = grow_bytes((void **)&c->cscr, &c->cscr_bytes, 4 * (size_t)C * sizeof(float),
@@ -298,8 +313,8 @@ static int h_prelu_backward(ops_ctx *c_, float *dinp, int acc, float *dalpha, co
 {
     CTX(T, c_, c);
     (void)c;
-    return prelu_backward_launch<T>("half ", (T *)dinp, acc, dalpha, (const T *)dout, (const T *)inp,
-                                    alpha, B, C, HW);
+    return prelu_backward_launch<T>("half ", (T *)dinp, acc, dalpha, (const T *)dout, (const T *)inp, alpha,
+                                    B, C, HW);
 }
 
 /* ---- add, acc, layout conversions ---- */
@@ -325,8 +340,7 @@ static int h_act_block(int C)
     return 1;
 }
 
-template <typename T>
-static int h_to_plain(ops_ctx *c_, float *dst, const float *src, int B, int C, int HW)
+template <typename T> static int h_to_plain(ops_ctx *c_, float *dst, const float *src, int B, int C, int HW)
 {
     CTX(T, c_, c);
     (void)c;
@@ -354,21 +368,36 @@ static int h_from_plain(ops_ctx *c_, float *dst, int acc, const float *src, int 
 /* ---- after the flatten: the plain fp32 device's ---- */
 
 template <typename T>
-static int h_linear_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
-                            const float *bias, int B, int IN, int OUT)
+static int h_linear_forward(ops_ctx *c, float *out, const float *inp, const float *weight, const float *bias,
+                            int B, int IN, int OUT)
 {
-    (void)c; (void)out; (void)inp; (void)weight; (void)bias; (void)B; (void)IN; (void)OUT;
+    (void)c;
+    (void)out;
+    (void)inp;
+    (void)weight;
+    (void)bias;
+    (void)B;
+    (void)IN;
+    (void)OUT;
     return pf_err(-EINVAL, "%s: linear runs after the flatten, on the plain fp32 device (ops_cuda)",
                   elt<T>::name);
 }
 
 template <typename T>
 static int h_linear_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const float *weight, int B, int IN,
-                             int OUT)
+                             const float *dout, const float *inp, const float *weight, int B, int IN, int OUT)
 {
-    (void)c; (void)dinp; (void)acc; (void)dweight; (void)dbias; (void)dout; (void)inp; (void)weight;
-    (void)B; (void)IN; (void)OUT;
+    (void)c;
+    (void)dinp;
+    (void)acc;
+    (void)dweight;
+    (void)dbias;
+    (void)dout;
+    (void)inp;
+    (void)weight;
+    (void)B;
+    (void)IN;
+    (void)OUT;
     return pf_err(-EINVAL, "%s: linear runs after the flatten, on the plain fp32 device (ops_cuda)",
                   elt<T>::name);
 }
@@ -377,7 +406,13 @@ template <typename T>
 static int h_dropout_forward(ops_ctx *c, float *out, float *mask, const float *inp, size_t n, float p,
                              uint64_t seed)
 {
-    (void)c; (void)out; (void)mask; (void)inp; (void)n; (void)p; (void)seed;
+    (void)c;
+    (void)out;
+    (void)mask;
+    (void)inp;
+    (void)n;
+    (void)p;
+    (void)seed;
     return pf_err(-EINVAL, "%s: dropout runs after the flatten, on the plain fp32 device (ops_cuda)",
                   elt<T>::name);
 }
@@ -386,7 +421,12 @@ template <typename T>
 static int h_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *dout, const float *mask,
                               size_t n)
 {
-    (void)c; (void)dinp; (void)acc; (void)dout; (void)mask; (void)n;
+    (void)c;
+    (void)dinp;
+    (void)acc;
+    (void)dout;
+    (void)mask;
+    (void)n;
     return pf_err(-EINVAL, "%s: dropout runs after the flatten, on the plain fp32 device (ops_cuda)",
                   elt<T>::name);
 }
@@ -413,9 +453,12 @@ static void h_ctx_destroy(ops_ctx *c_)
     cudaFree(c->cscr);
     cudaFree(c->dscr);
     cudaFree(c->sumsq_part);
-    if (c->bn_x) cudnnDestroyTensorDescriptor(c->bn_x);
-    if (c->bn_p) cudnnDestroyTensorDescriptor(c->bn_p);
-    if (c->dnn) cudnnDestroy(c->dnn);
+    if (c->bn_x)
+        cudnnDestroyTensorDescriptor(c->bn_x);
+    if (c->bn_p)
+        cudnnDestroyTensorDescriptor(c->bn_p);
+    if (c->dnn)
+        cudnnDestroy(c->dnn);
     free(c);
 }
 
@@ -447,39 +490,19 @@ template <typename T> static int h_ctx_create(ops_ctx **out)
     return 0;
 }
 
-#define HALF_TABLE(T, NAME)                                                                        \
-    {                                                                                              \
-        .name = NAME,                                                                              \
-        .ctx_create = h_ctx_create<T>,                                                             \
-        .ctx_destroy = h_ctx_destroy,                                                              \
-        .conv_forward = h_conv_forward<T>,                                                         \
-        .conv_backward = h_conv_backward<T>,                                                       \
-        .bn_forward = h_bn_forward<T>,                                                             \
-        .bn_backward = h_bn_backward<T>,                                                           \
-        .prelu_forward = h_prelu_forward<T>,                                                       \
-        .prelu_backward = h_prelu_backward<T>,                                                     \
-        .linear_forward = h_linear_forward<T>,                                                     \
-        .linear_backward = h_linear_backward<T>,                                                   \
-        .add_forward = h_add_forward<T>,                                                           \
-        .acc = h_acc<T>,                                                                           \
-        .act_block = h_act_block,                                                                  \
-        .to_plain = h_to_plain<T>,                                                                 \
-        .from_plain = h_from_plain<T>,                                                             \
-        .dropout_forward = h_dropout_forward<T>,                                                   \
-        .dropout_backward = h_dropout_backward<T>,                                                 \
-        .act_bytes = 2,                                                                            \
-        .plain = &ops_cuda,                                                                        \
-        .mem_alloc = cuda_ops_mem_alloc,                                                           \
-        .mem_free = cuda_ops_mem_free,                                                             \
-        .mem_h2d = cuda_ops_mem_h2d,                                                               \
-        .mem_d2h = cuda_ops_mem_d2h,                                                               \
-        .mem_d2d = cuda_ops_mem_d2d,                                                               \
-        .mem_zero = cuda_ops_mem_zero,                                                             \
-        .sync = cuda_ops_sync,                                                                     \
-        .sgd_step = cuda_ops_sgd_step,                                                             \
-        .adamw_step = cuda_ops_adamw_step,                                                         \
-        .scale = cuda_ops_scale,                                                                   \
-        .sumsq = h_sumsq,                                                                          \
+#define HALF_TABLE(T, NAME)                                                                                  \
+    {                                                                                                        \
+        .name = NAME, .ctx_create = h_ctx_create<T>, .ctx_destroy = h_ctx_destroy,                           \
+        .conv_forward = h_conv_forward<T>, .conv_backward = h_conv_backward<T>,                              \
+        .bn_forward = h_bn_forward<T>, .bn_backward = h_bn_backward<T>, .prelu_forward = h_prelu_forward<T>, \
+        .prelu_backward = h_prelu_backward<T>, .linear_forward = h_linear_forward<T>,                        \
+        .linear_backward = h_linear_backward<T>, .add_forward = h_add_forward<T>, .acc = h_acc<T>,           \
+        .act_block = h_act_block, .to_plain = h_to_plain<T>, .from_plain = h_from_plain<T>,                  \
+        .dropout_forward = h_dropout_forward<T>, .dropout_backward = h_dropout_backward<T>, .act_bytes = 2,  \
+        .plain = &ops_cuda, .mem_alloc = cuda_ops_mem_alloc, .mem_free = cuda_ops_mem_free,                  \
+        .mem_h2d = cuda_ops_mem_h2d, .mem_d2h = cuda_ops_mem_d2h, .mem_d2d = cuda_ops_mem_d2d,               \
+        .mem_zero = cuda_ops_mem_zero, .sync = cuda_ops_sync, .sgd_step = cuda_ops_sgd_step,                 \
+        .adamw_step = cuda_ops_adamw_step, .scale = cuda_ops_scale, .sumsq = h_sumsq,                        \
     }
 
 extern "C" const ops_device ops_cuda_fp16 = HALF_TABLE(__half, "cuda-fp16");

@@ -42,7 +42,8 @@ template <typename T>
 static __global__ void hbn_dx_k(T *dinp, int acc, const T *dy, const T *x, const double *coef,
                                 const double *save_mean, int C, int HW, size_t n)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         int ch = (int)((i / (size_t)HW) % (size_t)C);
         double k = coef[3 * ch], mdy = coef[3 * ch + 1], kx = coef[3 * ch + 2];
         double v = k * ((double)elt<T>::f(dy[i]) - mdy - ((double)elt<T>::f(x[i]) - save_mean[ch]) * kx);

@@ -25,8 +25,8 @@ template <typename T> static __global__ void acc_k(T *dst, const T *src, size_t 
         dst[i] = elt<T>::r(elt<T>::f(dst[i]) + elt<T>::f(src[i]));
 }
 
-static __global__ void bn_save_to_f64(double *mean, double *var, const float *fm, const float *finv,
-                                      int C, double eps)
+static __global__ void bn_save_to_f64(double *mean, double *var, const float *fm, const float *finv, int C,
+                                      double eps)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < C) {
@@ -36,8 +36,8 @@ static __global__ void bn_save_to_f64(double *mean, double *var, const float *fm
     }
 }
 
-static __global__ void bn_save_from_f64(float *fm, float *finv, const double *mean,
-                                        const double *var, int C, double eps)
+static __global__ void bn_save_from_f64(float *fm, float *finv, const double *mean, const double *var, int C,
+                                        double eps)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < C) {
@@ -51,8 +51,8 @@ static __global__ void bn_save_from_f64(float *fm, float *finv, const double *me
 /* Grid (C, S), 256 threads. part[c*S + s] = this block's share of channel c of: x (mean NULL), or
  * (x - mean[c])^2; with dy: part = sum dy, part2 = sum dy (x - mean[c]). */
 template <typename T>
-static __global__ void bn_partial_k(double *part, double *part2, const T *x, const T *dy,
-                                    const double *mean, int B, int C, int HW)
+static __global__ void bn_partial_k(double *part, double *part2, const T *x, const T *dy, const double *mean,
+                                    int B, int C, int HW)
 {
     int ch = blockIdx.x, s = blockIdx.y, S = gridDim.y;
     double m = mean ? mean[ch] : 0.0, a1 = 0.0, a2 = 0.0;
@@ -83,9 +83,8 @@ static __global__ void bn_partial_k(double *part, double *part2, const T *x, con
 
 /* One thread per channel. stage 0: mean = sum / n; stage 1: var = sum / n and the running
  * statistics (unbiased variance), as the CPU device. */
-static __global__ void bn_finish_k(double *mean, double *var, const double *part, int C, int S,
-                                   double n, int stage, float *running_mean, float *running_var,
-                                   double momentum)
+static __global__ void bn_finish_k(double *mean, double *var, const double *part, int C, int S, double n,
+                                   int stage, float *running_mean, float *running_var, double momentum)
 {
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= C)
@@ -111,7 +110,8 @@ static __global__ void bn_apply_k(T *out, const T *x, const double *mean_d, cons
                                   const float *mean_f, const float *var_f, const float *weight,
                                   const float *bias, int C, int HW, size_t n, double eps)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         int ch = (int)((i / (size_t)HW) % (size_t)C);
         double m = mean_d ? mean_d[ch] : (double)mean_f[ch];
         double v = var_d ? var_d[ch] : (double)var_f[ch];
@@ -123,8 +123,8 @@ static __global__ void bn_apply_k(T *out, const T *x, const double *mean_d, cons
 /* One thread per channel: dbias += sum dy, dweight += sum dy xhat (fp32 parameters), and
  * coef[3c..3c+2] = (weight rstd, mean dy, rstd mean(dy xhat)) for the element pass. */
 static __global__ void bn_bwd_finish_k(double *coef, float *dweight, float *dbias, const double *part,
-                                       const double *part2, const float *weight,
-                                       const double *save_var, int C, int S, double n, double eps)
+                                       const double *part2, const float *weight, const double *save_var,
+                                       int C, int S, double n, double eps)
 {
     int ch = blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= C)
@@ -148,7 +148,8 @@ static __global__ void bn_bwd_finish_k(double *coef, float *dweight, float *dbia
 template <typename T>
 static __global__ void prelu_fwd_k(T *out, const T *inp, const float *alpha, int C, int HW, size_t n)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         float v = elt<T>::f(inp[i]);
         int ch = (int)((i / (size_t)HW) % (size_t)C);
         out[i] = elt<T>::r(v > 0.0f ? v : alpha[ch] * v);
@@ -156,10 +157,11 @@ static __global__ void prelu_fwd_k(T *out, const T *inp, const float *alpha, int
 }
 
 template <typename T>
-static __global__ void prelu_bwd_dinp_k(T *dinp, int acc, const T *dout, const T *inp,
-                                        const float *alpha, int C, int HW, size_t n)
+static __global__ void prelu_bwd_dinp_k(T *dinp, int acc, const T *dout, const T *inp, const float *alpha,
+                                        int C, int HW, size_t n)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         int ch = (int)((i / (size_t)HW) % (size_t)C);
         float g = elt<T>::f(dout[i]);
         float d = elt<T>::f(inp[i]) > 0.0f ? g : alpha[ch] * g;

@@ -103,8 +103,8 @@ static int bn_exact_forward(double *scr, const char *what, T *out, double *save_
 {
     size_t n = (size_t)B * C * HW;
     if (!train) {
-        bn_apply_k<T><<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight,
-                                            bias, C, HW, n, (double)eps);
+        bn_apply_k<T><<<grid_for(n), 256>>>(out, inp, NULL, NULL, running_mean, running_var, weight, bias, C,
+                                            HW, n, (double)eps);
         LAUNCH_CHECK_AS(what, "apply (eval)");
         return 0;
     }
@@ -117,11 +117,11 @@ static int bn_exact_forward(double *scr, const char *what, T *out, double *save_
     LAUNCH_CHECK_AS(what, "mean");
     bn_partial_k<T><<<grid, 256>>>(scr, NULL, inp, NULL, save_mean, B, C, HW);
     LAUNCH_CHECK_AS(what, "sum of squares");
-    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, scr, C, S, cnt, 1, running_mean,
-                                          running_var, (double)momentum);
+    bn_finish_k<<<(C + 127) / 128, 128>>>(save_mean, save_var, scr, C, S, cnt, 1, running_mean, running_var,
+                                          (double)momentum);
     LAUNCH_CHECK_AS(what, "variance");
-    bn_apply_k<T><<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C, HW,
-                                        n, (double)eps);
+    bn_apply_k<T><<<grid_for(n), 256>>>(out, inp, save_mean, save_var, NULL, NULL, weight, bias, C, HW, n,
+                                        (double)eps);
     LAUNCH_CHECK_AS(what, "apply");
     return 0;
 }
@@ -130,10 +130,10 @@ static int bn_exact_forward(double *scr, const char *what, T *out, double *save_
  * 3 C coefficients (inside scr) the input-gradient kernel reads. The caller launches that kernel
  * (the devices round the input gradient differently: ops_cuda.cu's bnx_dx_k, hbn_dx_k). */
 template <typename T>
-static int bn_exact_backward_sums(double *scr, const char *what, float *dweight, float *dbias,
-                                  const T *dout, const T *inp, const float *weight,
-                                  const double *save_mean, const double *save_var, int B, int C, int HW,
-                                  float eps, const double **coef)
+static int bn_exact_backward_sums(double *scr, const char *what, float *dweight, float *dbias, const T *dout,
+                                  const T *inp, const float *weight, const double *save_mean,
+                                  const double *save_var, int B, int C, int HW, float eps,
+                                  const double **coef)
 {
     int S = bn_exact_splits(B);
     double *p1 = scr, *p2 = scr + (size_t)C * S, *cf = scr + (size_t)2 * C * S;

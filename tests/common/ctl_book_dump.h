@@ -27,7 +27,8 @@ static inline char *book_dump(const ctl_book *b)
     FILE *f = open_memstream(&buf, &len);
     if (!f)
         return NULL;
-    fprintf(f, "servers %d workers %d classes %lld\n", b->num_servers, b->num_workers, (long long)b->num_classes);
+    fprintf(f, "servers %d workers %d classes %lld\n", b->num_servers, b->num_workers,
+            (long long)b->num_classes);
     for (int i = 0; i < b->num_servers; i++)
         book_dump_member(f, "server", b->servers[i].rank, b->servers[i].addr, b->servers[i].addr_len);
     for (int i = 0; i < b->num_workers; i++)

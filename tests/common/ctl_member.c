@@ -38,7 +38,8 @@ int main(int argc, char **argv)
     double timeout = argc > 8 ? atof(argv[8]) : 10.0;
     log_init(argv[3], rank);
     ctl_session *s;
-    int rc = ctl_join(argv[1], atoi(argv[2]), role, rank, argv[5], strlen(argv[5]), argv[6], 1 << 16, timeout, &s);
+    int rc =
+        ctl_join(argv[1], atoi(argv[2]), role, rank, argv[5], strlen(argv[5]), argv[6], 1 << 16, timeout, &s);
     if (rc < 0) {
         char msg[PF_ERRMSG_MAX + 32];
         snprintf(msg, sizeof msg, "error %d %s\n", rc, pf_errmsg());

@@ -80,24 +80,23 @@ static void test_defaults(void **state)
 static void test_file_and_overrides(void **state)
 {
     (void)state;
-    const char *path = write_file("ok.ini",
-                                  "; an arcface_torch-like config\n"
-                                  "[train]\n"
-                                  "network = \"r100\"\n"
-                                  "embedding_size = 256   ; inline comment\n"
-                                  "margin_list = (1.0, 0.0, 0.4)\n"
-                                  "sample_rate = 0.2\n"
-                                  "fp16 = True\n"
-                                  "num_classes = 93431\n"
-                                  "lr = 0.02\n"
-                                  "[data]\n"
-                                  "rec = /data/ms1m\n"
-                                  "# another comment style\n"
-                                  "[cluster]\n"
-                                  "servers = 4\n"
-                                  "workers = 8\n"
-                                  "wire_dtype = bf16\n"
-                                  "head_mode = local\n");
+    const char *path = write_file("ok.ini", "; an arcface_torch-like config\n"
+                                            "[train]\n"
+                                            "network = \"r100\"\n"
+                                            "embedding_size = 256   ; inline comment\n"
+                                            "margin_list = (1.0, 0.0, 0.4)\n"
+                                            "sample_rate = 0.2\n"
+                                            "fp16 = True\n"
+                                            "num_classes = 93431\n"
+                                            "lr = 0.02\n"
+                                            "[data]\n"
+                                            "rec = /data/ms1m\n"
+                                            "# another comment style\n"
+                                            "[cluster]\n"
+                                            "servers = 4\n"
+                                            "workers = 8\n"
+                                            "wire_dtype = bf16\n"
+                                            "head_mode = local\n");
     const char *sets[] = {"lr=0.5", " batch_size = 64", "servers=2", "margin_list=1,0.5,0"};
     pf_config c;
     assert_int_equal(cfg_load(&c, path, sets, 4), 0);
@@ -107,7 +106,7 @@ static void test_file_and_overrides(void **state)
     assert_true(c.sample_rate == 0.2);
     assert_int_equal(c.fp16, 1);
     assert_int_equal(c.num_classes, 93431);
-    assert_true(c.lr == 0.5);          /* --set wins over the file */
+    assert_true(c.lr == 0.5); /* --set wins over the file */
     assert_int_equal(c.batch_size, 64);
     assert_string_equal(c.rec, "/data/ms1m");
     assert_int_equal(c.servers, 2);
@@ -124,8 +123,8 @@ static void test_file_and_overrides(void **state)
 }
 
 typedef struct bad_case {
-    const char *ini;     /* file body, or NULL for a --set case */
-    const char *set;     /* --set value */
+    const char *ini; /* file body, or NULL for a --set case */
+    const char *set; /* --set value */
     int code;
     const char *want[3]; /* substrings the message must contain */
 } bad_case;
@@ -133,8 +132,14 @@ typedef struct bad_case {
 #define BASE "num_classes = 100\nrec = synthetic\n"
 
 static const bad_case bad_cases[] = {
-    {BASE "sampel_rate = 0.5\n", NULL, -EINVAL, {"bad.ini:3", "unknown key 'sampel_rate'", "did you mean 'sample_rate'"}},
-    {BASE "[train]\nembeding_size = 5\n", NULL, -EINVAL, {"bad.ini:4", "'embeding_size'", "did you mean 'embedding_size'"}},
+    {BASE "sampel_rate = 0.5\n",
+     NULL,
+     -EINVAL,
+     {"bad.ini:3", "unknown key 'sampel_rate'", "did you mean 'sample_rate'"}},
+    {BASE "[train]\nembeding_size = 5\n",
+     NULL,
+     -EINVAL,
+     {"bad.ini:4", "'embeding_size'", "did you mean 'embedding_size'"}},
     {BASE "zzqqxx = 1\n", NULL, -EINVAL, {"unknown key 'zzqqxx'", NULL, NULL}},
     {BASE "embedding_size = abc\n", NULL, -EINVAL, {"embedding_size", "not an integer", NULL}},
     {BASE "embedding_size = 0\n", NULL, -ERANGE, {"embedding_size", "out of range", NULL}},
@@ -164,7 +169,10 @@ static const bad_case bad_cases[] = {
     {BASE "num_epoch = 2\nwarmup_epoch = 3\n", NULL, -ERANGE, {"warmup_epoch", "num_epoch", NULL}},
     {"rec = synthetic\nlr = 0.1\n", NULL, -EINVAL, {"missing required key 'num_classes'", NULL, NULL}},
     {"num_classes = 7\n", NULL, -EINVAL, {"missing required key 'rec'", NULL, NULL}},
-    {NULL, "embeding_size=5", -EINVAL, {"--set embeding_size=5", "unknown key", "did you mean 'embedding_size'"}},
+    {NULL,
+     "embeding_size=5",
+     -EINVAL,
+     {"--set embeding_size=5", "unknown key", "did you mean 'embedding_size'"}},
     {NULL, "lr", -EINVAL, {"--set lr", "expected key=value", NULL}},
     {NULL, "sample_rate=2", -ERANGE, {"--set sample_rate=2", "out of range", NULL}},
     {NULL, "wire_dtype=int8", -EINVAL, {"wire_dtype", "not one of", NULL}},
@@ -222,24 +230,67 @@ static void test_validation_errors(void **state)
 
 static void assert_same_config(const pf_config *a, const pf_config *b)
 {
-    SAME_STR(network); SAME_NUM(embedding_size); SAME_NUM(sample_rate); SAME_NUM(margin_list[0]);
-    SAME_NUM(margin_list[1]); SAME_NUM(margin_list[2]); SAME_NUM(scale); SAME_NUM(interclass_filtering_threshold);
-    SAME_STR(margin_grad); SAME_NUM(fp16); SAME_NUM(bf16); SAME_STR(device); SAME_STR(optimizer); SAME_NUM(lr); SAME_NUM(momentum);
-    SAME_NUM(weight_decay); SAME_NUM(batch_size); SAME_NUM(num_classes); SAME_NUM(num_image); SAME_NUM(num_epoch);
-    SAME_NUM(warmup_epoch); SAME_STR(rec); SAME_NUM(frequent); SAME_NUM(verbose); SAME_STR(output); SAME_NUM(seed);
-    SAME_NUM(num_workers); SAME_NUM(resume); SAME_NUM(save_all_states); SAME_NUM(skip_bad_records);
-    SAME_NUM(servers); SAME_NUM(workers); SAME_STR(provider); SAME_STR(rendezvous); SAME_STR(wire_dtype);
-    SAME_NUM(max_staleness); SAME_STR(head_mode); SAME_NUM(ctl_max_frame); SAME_NUM(ctl_timeout);
-    SAME_STR(snapshot_dir); SAME_NUM(snapshot_every); SAME_NUM(apply_threads);
+    SAME_STR(network);
+    SAME_NUM(embedding_size);
+    SAME_NUM(sample_rate);
+    SAME_NUM(margin_list[0]);
+    SAME_NUM(margin_list[1]);
+    SAME_NUM(margin_list[2]);
+    SAME_NUM(scale);
+    SAME_NUM(interclass_filtering_threshold);
+    SAME_STR(margin_grad);
+    SAME_NUM(fp16);
+    SAME_NUM(bf16);
+    SAME_STR(device);
+    SAME_STR(optimizer);
+    SAME_NUM(lr);
+    SAME_NUM(momentum);
+    SAME_NUM(weight_decay);
+    SAME_NUM(batch_size);
+    SAME_NUM(num_classes);
+    SAME_NUM(num_image);
+    SAME_NUM(num_epoch);
+    SAME_NUM(warmup_epoch);
+    SAME_STR(rec);
+    SAME_NUM(frequent);
+    SAME_NUM(verbose);
+    SAME_STR(output);
+    SAME_NUM(seed);
+    SAME_NUM(num_workers);
+    SAME_NUM(resume);
+    SAME_NUM(save_all_states);
+    SAME_NUM(skip_bad_records);
+    SAME_NUM(servers);
+    SAME_NUM(workers);
+    SAME_STR(provider);
+    SAME_STR(rendezvous);
+    SAME_STR(wire_dtype);
+    SAME_NUM(max_staleness);
+    SAME_STR(head_mode);
+    SAME_NUM(ctl_max_frame);
+    SAME_NUM(ctl_timeout);
+    SAME_STR(snapshot_dir);
+    SAME_NUM(snapshot_every);
+    SAME_NUM(apply_threads);
 }
 
 static void test_round_trip(void **state)
 {
     (void)state;
-    const char *sets[] = {"num_classes=123456789012", "rec=/data/with space/x", "lr=0.30000000000000004",
-                          "margin_list=1.0, 0.3, 0.2", "sample_rate=0.1", "fp16=1", "output=  \"quoted\"  ",
-                          "wire_dtype=fp16", "seed=9007199254740993", "secret=s3cr3t-value",
-                          "snapshot_dir=/tmp/snap", "ctl_timeout=2.5", "device=cuda", "resume=yes"};
+    const char *sets[] = {"num_classes=123456789012",
+                          "rec=/data/with space/x",
+                          "lr=0.30000000000000004",
+                          "margin_list=1.0, 0.3, 0.2",
+                          "sample_rate=0.1",
+                          "fp16=1",
+                          "output=  \"quoted\"  ",
+                          "wire_dtype=fp16",
+                          "seed=9007199254740993",
+                          "secret=s3cr3t-value",
+                          "snapshot_dir=/tmp/snap",
+                          "ctl_timeout=2.5",
+                          "device=cuda",
+                          "resume=yes"};
     pf_config a, b;
     assert_int_equal(cfg_load(&a, NULL, sets, 14), 0);
     assert_string_equal(a.output, "quoted");
@@ -298,8 +349,11 @@ static void test_round_trip(void **state)
     assert_int_equal(cfg_set(&a, "rec", "a ;b"), -EINVAL);
     assert_non_null(strstr(pf_errmsg(), "comment"));
     /* Indented lines are ordinary keys (not continuations of the previous value). */
-    assert_int_equal(cfg_load(&b, write_file("indent.ini", "[train]\n  num_classes = 9\n  lr = 0.25\n"
-                                                           "[data]\n\trec = x\n"), NULL, 0), 0);
+    assert_int_equal(cfg_load(&b,
+                              write_file("indent.ini", "[train]\n  num_classes = 9\n  lr = 0.25\n"
+                                                       "[data]\n\trec = x\n"),
+                              NULL, 0),
+                     0);
     assert_int_equal(b.num_classes, 9);
     assert_true(b.lr == 0.25);
     assert_string_equal(b.rec, "x");
@@ -418,9 +472,13 @@ int main(void)
     }
     log_init("test", -1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults),   cmocka_unit_test(test_file_and_overrides),
-        cmocka_unit_test(test_validation_errors), cmocka_unit_test(test_round_trip),
-        cmocka_unit_test(test_log_format), cmocka_unit_test(test_cli), cmocka_unit_test(test_docs_list_every_key),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_file_and_overrides),
+        cmocka_unit_test(test_validation_errors),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_log_format),
+        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_docs_list_every_key),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];

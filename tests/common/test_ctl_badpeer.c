@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #define SECRET "bad-peer-test-secret"
-#define MAXF 4096
+#define MAXF   4096
 #define CONFIG "[train]\nnum_classes = 30\n[data]\nrec = synthetic\n"
 
 static int port, failures;
@@ -62,7 +62,8 @@ static void *honest_main(void *arg)
 {
     honest *h = arg;
     ctl_session *s;
-    h->join_rc = ctl_join("127.0.0.1", port, h->role, h->rank, h->addr, strlen(h->addr), SECRET, MAXF, 20.0, &s);
+    h->join_rc =
+        ctl_join("127.0.0.1", port, h->role, h->rank, h->addr, strlen(h->addr), SECRET, MAXF, 20.0, &s);
     if (h->join_rc < 0) {
         snprintf(h->err, sizeof h->err, "%s", pf_errmsg());
         return NULL;
@@ -212,8 +213,14 @@ static void watchdog(int sig)
  * within 3 s: the service never waits on one client. */
 static void slow_clients_phase(void)
 {
-    ctl_rendezvous_opts o = {.bind_host = "127.0.0.1", .port = 0, .num_servers = 1, .num_workers = 1,
-                             .secret = SECRET, .max_frame = MAXF, .timeout_s = 10.0, .config_text = CONFIG,
+    ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
+                             .port = 0,
+                             .num_servers = 1,
+                             .num_workers = 1,
+                             .secret = SECRET,
+                             .max_frame = MAXF,
+                             .timeout_s = 10.0,
+                             .config_text = CONFIG,
                              .num_classes = 30};
     ctl_rendezvous *rv;
     if (ctl_rendezvous_start(&o, &rv) < 0) {
@@ -263,7 +270,8 @@ static void slow_clients_phase(void)
     double took = now_s() - t0;
     free(frame);
     printf("with %d silent clients and a slow joiner (%zu of %zu bytes sent), 2 honest members got the book "
-           "in %.3f s\n", NSILENT, sent, flen, took);
+           "in %.3f s\n",
+           NSILENT, sent, flen, took);
     CHECK(hs[0].dump && hs[1].dump && took < 3.0, "honest members held up by slow clients (%.3f s)", took);
     CHECK(ctl_rendezvous_joined(rv) == 2, "joined %d, want 2", ctl_rendezvous_joined(rv));
 
@@ -286,9 +294,10 @@ static void slow_clients_phase(void)
             pfcps__ctl_message__free_unpacked(r, NULL);
         close(extra[i]);
     }
-    printf("connection cap: %d of %d extra connections got a hello, %d an EBUSY error\n", hellos, NEXTRA, busy);
-    CHECK(hellos == 258 - 43 && busy == NEXTRA - hellos, "cap: %d hellos (want %d), %d busy (want %d)", hellos,
-          258 - 43, busy, NEXTRA - (258 - 43));
+    printf("connection cap: %d of %d extra connections got a hello, %d an EBUSY error\n", hellos, NEXTRA,
+           busy);
+    CHECK(hellos == 258 - 43 && busy == NEXTRA - hellos, "cap: %d hellos (want %d), %d busy (want %d)",
+          hellos, 258 - 43, busy, NEXTRA - (258 - 43));
     double end = now_s() + 10;
     for (int i = 0; i < 2; i++)
         while (hs[i].join_rc == 0 && !__atomic_load_n(&hs[i].idle_done, __ATOMIC_SEQ_CST) && now_s() < end)
@@ -310,8 +319,14 @@ int main(void)
     log_init("test", -1);
     signal(SIGALRM, watchdog);
     alarm(60);
-    ctl_rendezvous_opts o = {.bind_host = "127.0.0.1", .port = 0, .num_servers = 1, .num_workers = 2,
-                             .secret = SECRET, .max_frame = MAXF, .timeout_s = 1.0, .config_text = CONFIG,
+    ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
+                             .port = 0,
+                             .num_servers = 1,
+                             .num_workers = 2,
+                             .secret = SECRET,
+                             .max_frame = MAXF,
+                             .timeout_s = 1.0,
+                             .config_text = CONFIG,
                              .num_classes = 30};
     ctl_rendezvous *rv;
     if (ctl_rendezvous_start(&o, &rv) < 0) {
@@ -411,7 +426,8 @@ int main(void)
     end = now_s() + 5;
     while (ctl_rendezvous_joined(rv) != 1 && now_s() < end)
         usleep(5000);
-    CHECK(ctl_rendezvous_joined(rv) == 1, "double joiner's rank not freed (%d joined)", ctl_rendezvous_joined(rv));
+    CHECK(ctl_rendezvous_joined(rv) == 1, "double joiner's rank not freed (%d joined)",
+          ctl_rendezvous_joined(rv));
 
     /* A joined member that stalls in the middle of a frame: dropped at the read deadline, rank freed. */
     fd = raw_hello(nonce);
@@ -425,11 +441,13 @@ int main(void)
     end = now_s() + 5;
     while (ctl_rendezvous_joined(rv) != 1 && now_s() < end)
         usleep(5000);
-    CHECK(ctl_rendezvous_joined(rv) == 1, "stalling member's rank not freed (%d joined)", ctl_rendezvous_joined(rv));
+    CHECK(ctl_rendezvous_joined(rv) == 1, "stalling member's rank not freed (%d joined)",
+          ctl_rendezvous_joined(rv));
 
     /* The silent connection was dropped at its deadline with an error reply. */
     expect_error_and_drop("silent connection", silent, e_time, 1, "no join");
-    printf("silent connection: its error reply was read %.2f s after it connected (deadline 1 s)\n", now_s() - silent_since);
+    printf("silent connection: its error reply was read %.2f s after it connected (deadline 1 s)\n",
+           now_s() - silent_since);
 
     /* The honest workers join; all three members must get the expected book. */
     honest_start(&hs[1], CTL_ROLE_WORKER, 0);
@@ -464,7 +482,8 @@ int main(void)
     ctl_rendezvous_stop(rv);
     for (int i = 0; i < 3; i++) {
         pthread_join(hs[i].th, NULL);
-        CHECK(hs[i].idle_rc == 0, "honest member %d: idle wait returned %d (want 0: timeout)", i, hs[i].idle_rc);
+        CHECK(hs[i].idle_rc == 0, "honest member %d: idle wait returned %d (want 0: timeout)", i,
+              hs[i].idle_rc);
         CHECK(hs[i].shutdown_rc == 1, "honest member %d: wait_shutdown returned %d", i, hs[i].shutdown_rc);
         free(hs[i].dump);
     }

@@ -120,7 +120,7 @@ static void test_bad_messages(void **state)
     (void)state;
     const uint8_t garbage[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x12, 0x99};
     expect_proto(garbage, sizeof garbage, "undecodable");
-    expect_proto(garbage, 0, "no body"); /* empty payload: a message with no body */
+    expect_proto(garbage, 0, "no body");                  /* empty payload: a message with no body */
     const uint8_t truncated_field[] = {0x12, 0x20, 0x08}; /* field 2 (join), length 32, one byte */
     expect_proto(truncated_field, sizeof truncated_field, "undecodable");
 

@@ -22,10 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#define S 4
-#define W 4
+#define S       4
+#define W       4
 #define MAXKIDS 32
-#define SECRET "rendezvous-test-secret"
+#define SECRET  "rendezvous-test-secret"
 
 static pid_t kids[MAXKIDS];
 static int nkids;
@@ -67,7 +67,10 @@ static void addr_of(const char *role, int rank, char *out, size_t cap)
     snprintf(out, cap, "fab-%s-%d-addr", role, rank);
 }
 
-static void out_path(const char *name, char *out, size_t cap) { snprintf(out, cap, "%s/%s.out", dir, name); }
+static void out_path(const char *name, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/%s.out", dir, name);
+}
 
 /* Starts one member; returns its index in kids[]. */
 static int spawn(const char *name, const char *role, int rank, const char *addr, const char *secret)
@@ -82,7 +85,8 @@ static int spawn(const char *name, const char *role, int rank, const char *addr,
         exit(1);
     }
     if (pid == 0) {
-        execl(member_exe, member_exe, "127.0.0.1", portstr, role, rankstr, addr, secret, out, "15", (char *)NULL);
+        execl(member_exe, member_exe, "127.0.0.1", portstr, role, rankstr, addr, secret, out, "15",
+              (char *)NULL);
         perror("execl");
         _exit(127);
     }
@@ -174,9 +178,15 @@ int main(int argc, char **argv)
         return 1;
     }
     char *config_text = cfg_to_ini(&cfg);
-    ctl_rendezvous_opts o = {.bind_host = "127.0.0.1", .port = 0, .num_servers = S, .num_workers = W,
-                             .secret = SECRET, .max_frame = 1 << 16, .timeout_s = 5.0,
-                             .config_text = config_text, .num_classes = cfg.num_classes};
+    ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
+                             .port = 0,
+                             .num_servers = S,
+                             .num_workers = W,
+                             .secret = SECRET,
+                             .max_frame = 1 << 16,
+                             .timeout_s = 5.0,
+                             .config_text = config_text,
+                             .num_classes = cfg.num_classes};
     ctl_rendezvous *rv;
     if (ctl_rendezvous_start(&o, &rv) < 0) {
         fprintf(stderr, "rendezvous: %s\n", pf_errmsg());
@@ -198,7 +208,8 @@ int main(int argc, char **argv)
     double end = now_s() + 15;
     while (ctl_rendezvous_joined(rv) < S + W - 1 && now_s() < end)
         usleep(10000);
-    CHECK(ctl_rendezvous_joined(rv) == S + W - 1, "only %d of %d joined", ctl_rendezvous_joined(rv), S + W - 1);
+    CHECK(ctl_rendezvous_joined(rv) == S + W - 1, "only %d of %d joined", ctl_rendezvous_joined(rv),
+          S + W - 1);
 
     /* Refusals while the run is forming. */
     expect_refused("dup-server2", "server", 2, SECRET, EEXIST, "already taken");
@@ -240,9 +251,10 @@ int main(int argc, char **argv)
         books[i] = read_file(out);
         CHECK(books[i] != NULL, "%s wrote no book", name);
         if (books[i]) {
-            CHECK(strcmp(books[i], want) == 0, "%s's book differs from the expected one:\n%s\n--- want ---\n%s",
-                  name, books[i], want);
-            CHECK(i == 0 || !books[0] || strcmp(books[i], books[0]) == 0, "%s's book differs from server0's", name);
+            CHECK(strcmp(books[i], want) == 0,
+                  "%s's book differs from the expected one:\n%s\n--- want ---\n%s", name, books[i], want);
+            CHECK(i == 0 || !books[0] || strcmp(books[i], books[0]) == 0, "%s's book differs from server0's",
+                  name);
         }
     }
     printf("%d members received identical books (%zu bytes each, %d entries)\n", S + W, wlen, S + W);

@@ -47,10 +47,11 @@ __asm__(".pushsection .text\n" // the compiler's current section is restored bel
         ".popsection\n");
 #endif
 
-namespace emu {
+namespace emu
+{
 enum { MAX_THREADS = 1024, STACK = 64 * 1024 };
 enum { READY = 0, AT_BARRIER = 1, DONE = 2 };
-static std::vector<char> stacks((size_t)MAX_THREADS * STACK + 64);
+static std::vector<char> stacks((size_t)MAX_THREADS *STACK + 64);
 static std::vector<int> state(MAX_THREADS);
 static std::vector<double> slot(MAX_THREADS);
 static unsigned cur;
@@ -59,13 +60,25 @@ static long switches; // fiber resumptions, for the test's report
 #if defined(__x86_64__) && !defined(PFCPS_EMU_UCONTEXT)
 static void *main_sp;
 static std::vector<void *> sp(MAX_THREADS);
-static void to_main() { emu_switch(&sp[cur], main_sp); }
-static void to_fiber(unsigned i) { emu_switch(&main_sp, sp[i]); }
+static void to_main()
+{
+    emu_switch(&sp[cur], main_sp);
+}
+static void to_fiber(unsigned i)
+{
+    emu_switch(&main_sp, sp[i]);
+}
 #else
 static ucontext_t main_ctx;
 static std::vector<ucontext_t> ctx(MAX_THREADS);
-static void to_main() { swapcontext(&ctx[cur], &main_ctx); }
-static void to_fiber(unsigned i) { swapcontext(&main_ctx, &ctx[i]); }
+static void to_main()
+{
+    swapcontext(&ctx[cur], &main_ctx);
+}
+static void to_fiber(unsigned i)
+{
+    swapcontext(&main_ctx, &ctx[i]);
+}
 #endif
 
 static void entry()
@@ -82,10 +95,10 @@ static void start(unsigned i)
 #if defined(__x86_64__) && !defined(PFCPS_EMU_UCONTEXT)
     uintptr_t top = ((uintptr_t)(base + STACK)) & ~(uintptr_t)15;
     void **p = (void **)top;
-    *--p = NULL;           // so that rsp % 16 == 8 at entry's first instruction, as after a call
-    *--p = (void *)entry;  // emu_switch's ret lands here
+    *--p = NULL;          // so that rsp % 16 == 8 at entry's first instruction, as after a call
+    *--p = (void *)entry; // emu_switch's ret lands here
     for (int r = 0; r < 6; r++)
-        *--p = NULL;       // rbp rbx r12 r13 r14 r15
+        *--p = NULL; // rbp rbx r12 r13 r14 r15
     sp[i] = p;
 #else
     getcontext(&ctx[i]);
@@ -119,7 +132,8 @@ static void run_block(unsigned nthreads)
         if (!waiting)
             return;
         if (done) {
-            fprintf(stderr, "emu: block %u: %u threads wait at __syncthreads while %u returned (divergent barrier)\n",
+            fprintf(stderr,
+                    "emu: block %u: %u threads wait at __syncthreads while %u returned (divergent barrier)\n",
                     blockIdx.x, waiting, done);
             abort();
         }
@@ -145,8 +159,14 @@ static inline double emu_shfl_down(double v, int off)
     __syncthreads();
     return r;
 }
-static inline float __shfl_down_sync(unsigned, float v, int off) { return (float)emu_shfl_down(v, off); }
-static inline double __shfl_down_sync(unsigned, double v, int off) { return emu_shfl_down(v, off); }
+static inline float __shfl_down_sync(unsigned, float v, int off)
+{
+    return (float)emu_shfl_down(v, off);
+}
+static inline double __shfl_down_sync(unsigned, double v, int off)
+{
+    return emu_shfl_down(v, off);
+}
 
 // Runs `kernel` (a callable invoking the __global__ function) for grid blocks of `block` threads.
 template <class F> static void emu_launch(unsigned grid, unsigned block, F kernel)

@@ -26,18 +26,18 @@ extern "C" {
 
 static std::mutex emu_lock;
 
-#define HEAD_LAUNCH(what, grid, kernel, ...)                                                  \
-    do {                                                                                      \
-        (void)(what);                                                                         \
-        std::lock_guard<std::mutex> held_(emu_lock);                                          \
-        emu_launch((unsigned)(grid), HEAD_THREADS, [&] { kernel(__VA_ARGS__); });            \
+#define HEAD_LAUNCH(what, grid, kernel, ...)                                                                 \
+    do {                                                                                                     \
+        (void)(what);                                                                                        \
+        std::lock_guard<std::mutex> held_(emu_lock);                                                         \
+        emu_launch((unsigned)(grid), HEAD_THREADS, [&] { kernel(__VA_ARGS__); });                            \
     } while (0)
 
-static int head_sgemm(void *, int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B, int ldb,
-                      float *C, int ldc)
+static int head_sgemm(void *, int ta, int tb, int m, int n, int k, const float *A, int lda, const float *B,
+                      int ldb, float *C, int ldc)
 {
-    cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, A, lda,
-                B, ldb, 0.0f, C, ldc);
+    cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
+                A, lda, B, ldb, 0.0f, C, ldc);
     return 0;
 }
 static int head_d2h(void *dst, const void *src, size_t bytes)
@@ -55,17 +55,28 @@ static int head_memset0(void *p, size_t bytes)
     memset(p, 0, bytes);
     return 0;
 }
-static int head_device_sync(void) { return 0; }
+static int head_device_sync(void)
+{
+    return 0;
+}
 static int head_blas_create(void **blas)
 {
     *blas = (void *)&emu_lock; // any non-NULL handle
     return 0;
 }
-static void head_blas_destroy(void *) {}
-static void head_dfree(void *p) { free(p); }
+static void head_blas_destroy(void *)
+{
+}
+static void head_dfree(void *p)
+{
+    free(p);
+}
 
 extern "C" {
-int cuda_device_count(void) { return 1; }
+int cuda_device_count(void)
+{
+    return 1;
+}
 int cuda_malloc(void **p, size_t bytes)
 {
     *p = malloc(bytes ? bytes : 1);
@@ -74,9 +85,18 @@ int cuda_malloc(void **p, size_t bytes)
     memset(*p, 0xff, bytes ? bytes : 1);
     return 0;
 }
-int cuda_malloc_managed(void **p, size_t bytes) { return cuda_malloc(p, bytes); }
-int cuda_managed_concurrent(void) { return 1; }
-void cuda_free(void *p) { free(p); }
+int cuda_malloc_managed(void **p, size_t bytes)
+{
+    return cuda_malloc(p, bytes);
+}
+int cuda_managed_concurrent(void)
+{
+    return 1;
+}
+void cuda_free(void *p)
+{
+    free(p);
+}
 int cuda_h2d(void *dst, const void *host_src, size_t bytes)
 {
     memcpy(dst, host_src, bytes);
@@ -99,7 +119,10 @@ int cuda_fill_f32(float *p, float v, size_t n)
         p[i] = v;
     return 0;
 }
-int cuda_sync(void) { return 0; }
+int cuda_sync(void)
+{
+    return 0;
+}
 }
 
 #include "kernels/cuda/head_impl.cuh"

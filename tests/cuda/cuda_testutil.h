@@ -16,7 +16,10 @@ static inline void *dev_up(const void *h, size_t bytes)
 }
 
 /* Device copy of a host array (n floats). */
-static inline float *dup_dev(const float *h, size_t n) { return (float *)dev_up(h, n * sizeof(float)); }
+static inline float *dup_dev(const float *h, size_t n)
+{
+    return (float *)dev_up(h, n * sizeof(float));
+}
 
 /* Device buffer of n floats, poisoned with NaN. */
 static inline float *nan_dev(size_t n)

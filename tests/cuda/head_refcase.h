@@ -22,8 +22,8 @@ typedef struct head_refcase {
     char name[256];
     int n, k, d;
     cuda_head_params p;
-    float *emb, *cen;   /* (n, d), (k, d) */
-    int64_t *lab;       /* n */
+    float *emb, *cen;                /* (n, d), (k, d) */
+    int64_t *lab;                    /* n */
     double rloss, *rlog, *rge, *rgc; /* loss, logits (n, k), grad_embeddings (n, d), grad_centers (k, d) */
 } head_refcase;
 
@@ -62,13 +62,24 @@ static inline int head_refcase_load(const char *dir, const char *name, head_refc
     c->rlog = npy_to_f64(&lg);
     c->rge = npy_to_f64(&ge);
     c->rgc = npy_to_f64(&gc);
-    npy_free(&e); npy_free(&w); npy_free(&l); npy_free(&lo); npy_free(&lg); npy_free(&ge); npy_free(&gc);
+    npy_free(&e);
+    npy_free(&w);
+    npy_free(&l);
+    npy_free(&lo);
+    npy_free(&lg);
+    npy_free(&ge);
+    npy_free(&gc);
     return 0;
 }
 
 static inline void head_refcase_free(head_refcase *c)
 {
-    free(c->emb); free(c->cen); free(c->lab); free(c->rlog); free(c->rge); free(c->rgc);
+    free(c->emb);
+    free(c->cen);
+    free(c->lab);
+    free(c->rlog);
+    free(c->rge);
+    free(c->rgc);
 }
 
 #endif

@@ -27,9 +27,9 @@
 
 /* ---- the half format under test (host side, the test's own code) ---- */
 
-static int is_bf16;     /* 0: IEEE binary16, 1: bfloat16 */
-static double U;        /* unit roundoff: 2^-11 / 2^-8 */
-static double TOL_B;    /* bound (b) */
+static int is_bf16;  /* 0: IEEE binary16, 1: bfloat16 */
+static double U;     /* unit roundoff: 2^-11 / 2^-8 */
+static double TOL_B; /* bound (b) */
 
 /* Round to the half format, nearest even (nearbyint in the default mode). fp16: 11 significant
  * bits, subnormal below 2^-14 (quantum 2^-24), overflow to inf above 65504 + half a quantum;
@@ -79,7 +79,9 @@ static float hdec(uint16_t h)
         return f;
     }
     int E = (h >> 10) & 31, mant = h & 1023;
-    double v = E == 0 ? mant * 0x1.0p-24 : E == 31 ? (mant ? NAN : INFINITY) : ldexp(1.0 + mant / 1024.0, E - 15);
+    double v = E == 0    ? mant * 0x1.0p-24
+               : E == 31 ? (mant ? NAN : INFINITY)
+                         : ldexp(1.0 + mant / 1024.0, E - 15);
     return (float)((h & 0x8000u) ? -v : v);
 }
 
@@ -149,8 +151,8 @@ static void cmp(const char *what, const float *got, const float *ref, size_t n, 
     checks++;
     if (!ok)
         failures++;
-    printf("%-4s %-52s n %-7zu rel %.3e (bound %.1e) max abs %.3e%s\n", ok ? "ok" : "FAIL", what, n, rel,
-           tol, maxabs, bad ? " (NaN/inf left: element not written)" : "");
+    printf("%-4s %-52s n %-7zu rel %.3e (bound %.1e) max abs %.3e%s\n", ok ? "ok" : "FAIL", what, n, rel, tol,
+           maxabs, bad ? " (NaN/inf left: element not written)" : "");
 }
 
 static void cmp_d(const char *what, const double *got, const double *ref, size_t n, double tol)
@@ -230,7 +232,8 @@ static void test_conv(int round)
         DIE("conv shape");
     char tag[96], what[200];
     snprintf(tag, sizeof tag, "B%d C%d %dx%d OC%d K%d s%d p%d g%d", B, C, H, W, OC, K, stride, pad, groups);
-    size_t ni = (size_t)B * C * H * W, no = (size_t)B * OC * s.OH * s.OW, nw = (size_t)OC * (C / groups) * K * K;
+    size_t ni = (size_t)B * C * H * W, no = (size_t)B * OC * s.OH * s.OW,
+           nw = (size_t)OC * (C / groups) * K * K;
     float *x = frnd(ni, -1, 1), *w = frnd(nw, -0.5f, 0.5f), *dy = frnd(no, -1, 1);
     float *d0 = frnd(ni, -1, 1), *dw0 = frnd(nw, -1, 1);
     float *xr = hround_of(x, ni), *wr = hround_of(w, nw), *dyr = hround_of(dy, no), *d0r = hround_of(d0, ni);
@@ -242,10 +245,16 @@ static void test_conv(int round)
     if (dev->conv_forward(gpu, gy, gx, gw, &s) || dev->conv_backward(gpu, gdx, 1, gdw, gdy, gx, gw, &s))
         DIE("%s conv %s", dev->name, tag);
     float *h;
-    snprintf(what, sizeof what, "conv fwd (a) %s", tag); cmp(what, h = hdl(gy, no), ya, no, 4 * U);
-    snprintf(what, sizeof what, "conv fwd (b) %s", tag); cmp(what, h, yb, no, TOL_B); free(h);
-    snprintf(what, sizeof what, "conv dinp += (a) %s", tag); cmp(what, h = hdl(gdx, ni), dxa, ni, 4 * U);
-    snprintf(what, sizeof what, "conv dinp += (b) %s", tag); cmp(what, h, dxb, ni, TOL_B); free(h);
+    snprintf(what, sizeof what, "conv fwd (a) %s", tag);
+    cmp(what, h = hdl(gy, no), ya, no, 4 * U);
+    snprintf(what, sizeof what, "conv fwd (b) %s", tag);
+    cmp(what, h, yb, no, TOL_B);
+    free(h);
+    snprintf(what, sizeof what, "conv dinp += (a) %s", tag);
+    cmp(what, h = hdl(gdx, ni), dxa, ni, 4 * U);
+    snprintf(what, sizeof what, "conv dinp += (b) %s", tag);
+    cmp(what, h, dxb, ni, TOL_B);
+    free(h);
     /* dweight: the device's half weight gradient added into dw0 */
     float *gotw = dl(gdw, nw);
     for (size_t i = 0; i < nw; i++) {
@@ -253,17 +262,41 @@ static void test_conv(int round)
         dwa[i] -= dw0[i];
         dwb[i] -= dw0[i];
     }
-    snprintf(what, sizeof what, "conv dweight += (a) %s", tag); cmp(what, gotw, dwa, nw, 4 * U);
-    snprintf(what, sizeof what, "conv dweight += (b) %s", tag); cmp(what, gotw, dwb, nw, TOL_B);
+    snprintf(what, sizeof what, "conv dweight += (a) %s", tag);
+    cmp(what, gotw, dwa, nw, 4 * U);
+    snprintf(what, sizeof what, "conv dweight += (b) %s", tag);
+    cmp(what, gotw, dwb, nw, TOL_B);
     /* dinp overwritten, no weight gradient */
     if (dev->conv_backward(gpu, gdx2, 0, NULL, gdy, gx, gw, &s))
         DIE("%s conv bwd %s", dev->name, tag);
     for (size_t i = 0; i < ni; i++)
         dxa[i] -= d0r[i];
-    snprintf(what, sizeof what, "conv dinp = (a) %s", tag); cmp(what, h = hdl(gdx2, ni), dxa, ni, 4 * U); free(h);
-    free(x); free(w); free(dy); free(d0); free(dw0); free(xr); free(wr); free(dyr); free(d0r);
-    free(ya); free(dxa); free(dwa); free(yb); free(dxb); free(dwb); free(gotw);
-    cuda_free(gx); cuda_free(gdy); cuda_free(gdx); cuda_free(gy); cuda_free(gw); cuda_free(gdw); cuda_free(gdx2);
+    snprintf(what, sizeof what, "conv dinp = (a) %s", tag);
+    cmp(what, h = hdl(gdx2, ni), dxa, ni, 4 * U);
+    free(h);
+    free(x);
+    free(w);
+    free(dy);
+    free(d0);
+    free(dw0);
+    free(xr);
+    free(wr);
+    free(dyr);
+    free(d0r);
+    free(ya);
+    free(dxa);
+    free(dwa);
+    free(yb);
+    free(dxb);
+    free(dwb);
+    free(gotw);
+    cuda_free(gx);
+    cuda_free(gdy);
+    cuda_free(gdx);
+    cuda_free(gy);
+    cuda_free(gw);
+    cuda_free(gdw);
+    cuda_free(gdx2);
 }
 
 /* CPU batch norm train fwd, bwd (dinp += d0, dweight += , dbias +=), eval fwd, on plain arrays. */
@@ -273,8 +306,7 @@ typedef struct bn_out {
 } bn_out;
 
 static void cpu_bn(int B, int C, int HW, const float *x, const float *wt, const float *bi, float *rm,
-                   float *rv, const float *dy, const float *d0, const float *dw0, const float *db0,
-                   bn_out *o)
+                   float *rv, const float *dy, const float *d0, const float *dw0, const float *db0, bn_out *o)
 {
     size_t n = (size_t)B * C * HW;
     float *cx = cpu_in(x, B, C, HW), *cy = xmalloc(n * 4), *cye = xmalloc(n * 4);
@@ -298,8 +330,15 @@ static void cpu_bn(int B, int C, int HW, const float *x, const float *wt, const 
 
 static void bn_free(bn_out *o)
 {
-    free(o->y); free(o->ye); free(o->dx); free(o->dw); free(o->db); free(o->rm); free(o->rv);
-    free(o->sm); free(o->sv);
+    free(o->y);
+    free(o->ye);
+    free(o->dx);
+    free(o->dw);
+    free(o->db);
+    free(o->rm);
+    free(o->rv);
+    free(o->sm);
+    free(o->sv);
 }
 
 static void test_bn(const char *mode)
@@ -329,36 +368,89 @@ static void test_bn(const char *mode)
     if (cuda_sync() || cuda_d2h(hm, gsm, C * 8) || cuda_d2h(hv, gsv, C * 8))
         DIE("download");
     float *h;
-    snprintf(what, sizeof what, "bn train fwd (a) %s", tag); cmp(what, h = hdl(gy, n), a.y, n, 4 * U);
-    snprintf(what, sizeof what, "bn train fwd (b) %s", tag); cmp(what, h, b.y, n, TOL_B); free(h);
-    snprintf(what, sizeof what, "bn save_mean (a) %s", tag); cmp_d(what, hm, a.sm, C, 1e-4);
-    snprintf(what, sizeof what, "bn save_var (a) %s", tag); cmp_d(what, hv, a.sv, C, 1e-4);
-    snprintf(what, sizeof what, "bn running_mean (a) %s", tag); cmp(what, h = dl(grm, C), a.rm, C, 1e-4); free(h);
-    snprintf(what, sizeof what, "bn running_var (a) %s", tag); cmp(what, h = dl(grv, C), a.rv, C, 1e-4); free(h);
-    snprintf(what, sizeof what, "bn dinp += (a) %s", tag); cmp(what, h = hdl(gdx, n), a.dx, n, 4 * U);
-    snprintf(what, sizeof what, "bn dinp += (b) %s", tag); cmp(what, h, b.dx, n, TOL_B); free(h);
-    snprintf(what, sizeof what, "bn dweight += (a) %s", tag); cmp(what, h = dl(gdw, C), a.dw, C, 1e-4);
-    snprintf(what, sizeof what, "bn dweight += (b) %s", tag); cmp(what, h, b.dw, C, TOL_B); free(h);
-    snprintf(what, sizeof what, "bn dbias += (a) %s", tag); cmp(what, h = dl(gdb, C), a.db, C, 1e-4); free(h);
-    snprintf(what, sizeof what, "bn eval fwd (a) %s", tag); cmp(what, h = hdl(gye, n), a.ye, n, 4 * U);
-    snprintf(what, sizeof what, "bn eval fwd (b) %s", tag); cmp(what, h, b.ye, n, TOL_B); free(h);
+    snprintf(what, sizeof what, "bn train fwd (a) %s", tag);
+    cmp(what, h = hdl(gy, n), a.y, n, 4 * U);
+    snprintf(what, sizeof what, "bn train fwd (b) %s", tag);
+    cmp(what, h, b.y, n, TOL_B);
+    free(h);
+    snprintf(what, sizeof what, "bn save_mean (a) %s", tag);
+    cmp_d(what, hm, a.sm, C, 1e-4);
+    snprintf(what, sizeof what, "bn save_var (a) %s", tag);
+    cmp_d(what, hv, a.sv, C, 1e-4);
+    snprintf(what, sizeof what, "bn running_mean (a) %s", tag);
+    cmp(what, h = dl(grm, C), a.rm, C, 1e-4);
+    free(h);
+    snprintf(what, sizeof what, "bn running_var (a) %s", tag);
+    cmp(what, h = dl(grv, C), a.rv, C, 1e-4);
+    free(h);
+    snprintf(what, sizeof what, "bn dinp += (a) %s", tag);
+    cmp(what, h = hdl(gdx, n), a.dx, n, 4 * U);
+    snprintf(what, sizeof what, "bn dinp += (b) %s", tag);
+    cmp(what, h, b.dx, n, TOL_B);
+    free(h);
+    snprintf(what, sizeof what, "bn dweight += (a) %s", tag);
+    cmp(what, h = dl(gdw, C), a.dw, C, 1e-4);
+    snprintf(what, sizeof what, "bn dweight += (b) %s", tag);
+    cmp(what, h, b.dw, C, TOL_B);
+    free(h);
+    snprintf(what, sizeof what, "bn dbias += (a) %s", tag);
+    cmp(what, h = dl(gdb, C), a.db, C, 1e-4);
+    free(h);
+    snprintf(what, sizeof what, "bn eval fwd (a) %s", tag);
+    cmp(what, h = hdl(gye, n), a.ye, n, 4 * U);
+    snprintf(what, sizeof what, "bn eval fwd (b) %s", tag);
+    cmp(what, h, b.ye, n, TOL_B);
+    free(h);
     /* dinp NULL with the parameter gradients only, and dweight NULL with dinp overwritten */
     float *gdw2 = dup_dev(dw0, C), *gdx3 = hnan(n), *gdb3 = dup_dev(db0, C);
     if (dev->bn_backward(gpu, NULL, 0, gdw2, NULL, gdy, gx, gw, gsm, gsv, B, C, HW, 1e-5f) ||
         dev->bn_backward(gpu, gdx3, 0, NULL, gdb3, gdy, gx, gw, gsm, gsv, B, C, HW, 1e-5f))
         DIE("%s bn bwd %s", dev->name, tag);
-    snprintf(what, sizeof what, "bn dweight += (dinp NULL) (a) %s", tag); cmp(what, h = dl(gdw2, C), a.dw, C, 1e-4); free(h);
-    snprintf(what, sizeof what, "bn dbias += (dweight NULL) (a) %s", tag); cmp(what, h = dl(gdb3, C), a.db, C, 1e-4); free(h);
+    snprintf(what, sizeof what, "bn dweight += (dinp NULL) (a) %s", tag);
+    cmp(what, h = dl(gdw2, C), a.dw, C, 1e-4);
+    free(h);
+    snprintf(what, sizeof what, "bn dbias += (dweight NULL) (a) %s", tag);
+    cmp(what, h = dl(gdb3, C), a.db, C, 1e-4);
+    free(h);
     for (size_t i = 0; i < n; i++)
         a.dx[i] -= d0r[i];
-    snprintf(what, sizeof what, "bn dinp = (a) %s", tag); cmp(what, h = hdl(gdx3, n), a.dx, n, 4 * U); free(h);
+    snprintf(what, sizeof what, "bn dinp = (a) %s", tag);
+    cmp(what, h = hdl(gdx3, n), a.dx, n, 4 * U);
+    free(h);
     bn_free(&a);
     bn_free(&b);
-    free(x); free(wt); free(bi); free(rm); free(rv); free(dy); free(d0); free(dw0); free(db0); free(xr);
-    free(dyr); free(d0r); free(hm); free(hv);
-    cuda_free(gx); cuda_free(gdy); cuda_free(gdx); cuda_free(gy); cuda_free(gye); cuda_free(gw); cuda_free(gb);
-    cuda_free(grm); cuda_free(grv); cuda_free(grm0); cuda_free(grv0); cuda_free(gdw); cuda_free(gdb);
-    cuda_free(gsm); cuda_free(gsv); cuda_free(gdw2); cuda_free(gdx3); cuda_free(gdb3);
+    free(x);
+    free(wt);
+    free(bi);
+    free(rm);
+    free(rv);
+    free(dy);
+    free(d0);
+    free(dw0);
+    free(db0);
+    free(xr);
+    free(dyr);
+    free(d0r);
+    free(hm);
+    free(hv);
+    cuda_free(gx);
+    cuda_free(gdy);
+    cuda_free(gdx);
+    cuda_free(gy);
+    cuda_free(gye);
+    cuda_free(gw);
+    cuda_free(gb);
+    cuda_free(grm);
+    cuda_free(grv);
+    cuda_free(grm0);
+    cuda_free(grv0);
+    cuda_free(gdw);
+    cuda_free(gdb);
+    cuda_free(gsm);
+    cuda_free(gsv);
+    cuda_free(gdw2);
+    cuda_free(gdx3);
+    cuda_free(gdb3);
 }
 
 static void test_prelu(void)
@@ -384,19 +476,40 @@ static void test_prelu(void)
     }
     float *gx = hup(xr, n), *gdy = hup(dyr, n), *gdx = hup(d0r, n), *gy = hnan(n), *ga = dup_dev(al, C);
     float *gda = dup_dev(da0, C);
-    if (dev->prelu_forward(gpu, gy, gx, ga, B, C, HW) || dev->prelu_backward(gpu, gdx, 1, gda, gdy, gx, ga, B, C, HW))
+    if (dev->prelu_forward(gpu, gy, gx, ga, B, C, HW) ||
+        dev->prelu_backward(gpu, gdx, 1, gda, gdy, gx, ga, B, C, HW))
         DIE("%s prelu %s", dev->name, tag);
     float *h;
-    snprintf(what, sizeof what, "prelu fwd (a) %s", tag); cmp(what, h = hdl(gy, n), res[0][0], n, 4 * U);
-    snprintf(what, sizeof what, "prelu fwd (b) %s", tag); cmp(what, h, res[1][0], n, TOL_B); free(h);
-    snprintf(what, sizeof what, "prelu dinp += (a) %s", tag); cmp(what, h = hdl(gdx, n), res[0][1], n, 4 * U);
-    snprintf(what, sizeof what, "prelu dinp += (b) %s", tag); cmp(what, h, res[1][1], n, TOL_B); free(h);
-    snprintf(what, sizeof what, "prelu dalpha += (a) %s", tag); cmp(what, h = dl(gda, C), res[0][2], C, 1e-4); free(h);
+    snprintf(what, sizeof what, "prelu fwd (a) %s", tag);
+    cmp(what, h = hdl(gy, n), res[0][0], n, 4 * U);
+    snprintf(what, sizeof what, "prelu fwd (b) %s", tag);
+    cmp(what, h, res[1][0], n, TOL_B);
+    free(h);
+    snprintf(what, sizeof what, "prelu dinp += (a) %s", tag);
+    cmp(what, h = hdl(gdx, n), res[0][1], n, 4 * U);
+    snprintf(what, sizeof what, "prelu dinp += (b) %s", tag);
+    cmp(what, h, res[1][1], n, TOL_B);
+    free(h);
+    snprintf(what, sizeof what, "prelu dalpha += (a) %s", tag);
+    cmp(what, h = dl(gda, C), res[0][2], C, 1e-4);
+    free(h);
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 3; j++)
             free(res[k][j]);
-    free(x); free(al); free(dy); free(d0); free(da0); free(xr); free(dyr); free(d0r);
-    cuda_free(gx); cuda_free(gdy); cuda_free(gdx); cuda_free(gy); cuda_free(ga); cuda_free(gda);
+    free(x);
+    free(al);
+    free(dy);
+    free(d0);
+    free(da0);
+    free(xr);
+    free(dyr);
+    free(d0r);
+    cuda_free(gx);
+    cuda_free(gdy);
+    cuda_free(gdx);
+    cuda_free(gy);
+    cuda_free(ga);
+    cuda_free(gda);
 }
 
 /* add, acc, to_plain, from_plain: exactly the test's own rounding of the fp32 result. */
@@ -413,29 +526,55 @@ static void test_elementwise(void)
         want[i] = hround(a[i] + b[i]);
     if (dev->add_forward(gpu, go, ga, gb, n))
         DIE("%s add", dev->name);
-    snprintf(what, sizeof what, "add %s", tag); exact(what, h = hdl(go, n), want, n); free(h);
+    snprintf(what, sizeof what, "add %s", tag);
+    exact(what, h = hdl(go, n), want, n);
+    free(h);
     if (dev->add_forward(gpu, ga, ga, gb, n)) /* in place on a */
         DIE("%s add in place", dev->name);
-    snprintf(what, sizeof what, "add in place %s", tag); exact(what, h = hdl(ga, n), want, n); free(h);
+    snprintf(what, sizeof what, "add in place %s", tag);
+    exact(what, h = hdl(ga, n), want, n);
+    free(h);
     float *gc = hup(a, n), *gd = hnan(n);
     if (dev->acc(gpu, gc, 1, gb, n) || dev->acc(gpu, gd, 0, gb, n))
         DIE("%s acc", dev->name);
-    snprintf(what, sizeof what, "acc += %s", tag); exact(what, h = hdl(gc, n), want, n); free(h);
-    snprintf(what, sizeof what, "acc = %s", tag); exact(what, h = hdl(gd, n), b, n); free(h);
+    snprintf(what, sizeof what, "acc += %s", tag);
+    exact(what, h = hdl(gc, n), want, n);
+    free(h);
+    snprintf(what, sizeof what, "acc = %s", tag);
+    exact(what, h = hdl(gd, n), b, n);
+    free(h);
     float *gp = nan_dev(n), *gs = dup_dev(s, n), *gf = hnan(n), *gg = hup(b, n);
     if (dev->to_plain(gpu, gp, gb, B, C, HW) || dev->from_plain(gpu, gf, 0, gs, B, C, HW) ||
         dev->from_plain(gpu, gg, 1, gs, B, C, HW))
         DIE("%s to_plain / from_plain", dev->name);
-    snprintf(what, sizeof what, "to_plain (exact) %s", tag); exact(what, h = dl(gp, n), b, n); free(h);
+    snprintf(what, sizeof what, "to_plain (exact) %s", tag);
+    exact(what, h = dl(gp, n), b, n);
+    free(h);
     for (size_t i = 0; i < n; i++)
         want[i] = hround(s[i]);
-    snprintf(what, sizeof what, "from_plain = %s", tag); exact(what, h = hdl(gf, n), want, n); free(h);
+    snprintf(what, sizeof what, "from_plain = %s", tag);
+    exact(what, h = hdl(gf, n), want, n);
+    free(h);
     for (size_t i = 0; i < n; i++)
         want[i] = hround(b[i] + s[i]);
-    snprintf(what, sizeof what, "from_plain += %s", tag); exact(what, h = hdl(gg, n), want, n); free(h);
-    free(a0); free(b0); free(s); free(a); free(b); free(want);
-    cuda_free(ga); cuda_free(gb); cuda_free(go); cuda_free(gc); cuda_free(gd); cuda_free(gp); cuda_free(gs);
-    cuda_free(gf); cuda_free(gg);
+    snprintf(what, sizeof what, "from_plain += %s", tag);
+    exact(what, h = hdl(gg, n), want, n);
+    free(h);
+    free(a0);
+    free(b0);
+    free(s);
+    free(a);
+    free(b);
+    free(want);
+    cuda_free(ga);
+    cuda_free(gb);
+    cuda_free(go);
+    cuda_free(gc);
+    cuda_free(gd);
+    cuda_free(gp);
+    cuda_free(gs);
+    cuda_free(gf);
+    cuda_free(gg);
 }
 
 /* The host encoder / rounding on hand-computed patterns, so that the comparisons above rest on it. */
@@ -443,7 +582,8 @@ static void test_host_format(void)
 {
     /* ties to even at 1 (spacing 2^-10), the largest finite, the first overflow (a tie), the
      * smallest subnormal */
-    const float in[] = {1.0f, 1.0f + 0x1.0p-11f, 1.0f + 3 * 0x1.0p-11f, 65504.0f, 65520.0f, 0x1.0p-24f, -2.0f};
+    const float in[] = {1.0f, 1.0f + 0x1.0p-11f, 1.0f + 3 * 0x1.0p-11f, 65504.0f, 65520.0f, 0x1.0p-24f,
+                        -2.0f};
     const uint16_t f16[] = {0x3c00, 0x3c00, 0x3c02, 0x7bff, 0x7c00, 0x0001, 0xc000};
     const float inb[] = {1.0f, 1.0f + 0x1.0p-8f, 1.0f + 3 * 0x1.0p-8f, 65504.0f, -2.0f};
     const uint16_t bf[] = {0x3f80, 0x3f80, 0x3f82, 0x4780, 0xc000};
@@ -462,7 +602,8 @@ static void test_host_format(void)
     checks++;
     if (bad)
         failures++;
-    printf("%-4s host fp16 / bf16 rounding and encoding on hand-computed bit patterns\n", bad ? "FAIL" : "ok");
+    printf("%-4s host fp16 / bf16 rounding and encoding on hand-computed bit patterns\n",
+           bad ? "FAIL" : "ok");
 }
 
 static void test_refusals(void)
@@ -540,14 +681,14 @@ static void test_tables(void)
     const char *names[2] = {"cuda-fp16", "cuda-bf16"};
     for (int k = 0; k < 2; k++) {
         const ops_device *d = ds[k];
-        int missing = !d->ctx_create + !d->ctx_destroy + !d->conv_forward + !d->conv_backward + !d->bn_forward +
-                      !d->bn_backward + !d->prelu_forward + !d->prelu_backward + !d->linear_forward +
-                      !d->linear_backward + !d->add_forward + !d->acc + !d->act_block + !d->to_plain +
-                      !d->from_plain + !d->dropout_forward + !d->dropout_backward + !d->mem_alloc + !d->mem_free +
-                      !d->mem_h2d + !d->mem_d2h + !d->mem_d2d + !d->mem_zero + !d->sync + !d->sgd_step +
-                      !d->adamw_step + !d->scale + !d->sumsq;
-        int ok = missing == 0 && d->name && !strcmp(d->name, names[k]) && d->act_bytes == 2 && d->plain == &ops_cuda &&
-                 d->act_block(64) == 1 && ops_device_by_name(names[k]) == d;
+        int missing = !d->ctx_create + !d->ctx_destroy + !d->conv_forward + !d->conv_backward +
+                      !d->bn_forward + !d->bn_backward + !d->prelu_forward + !d->prelu_backward +
+                      !d->linear_forward + !d->linear_backward + !d->add_forward + !d->acc + !d->act_block +
+                      !d->to_plain + !d->from_plain + !d->dropout_forward + !d->dropout_backward +
+                      !d->mem_alloc + !d->mem_free + !d->mem_h2d + !d->mem_d2h + !d->mem_d2d + !d->mem_zero +
+                      !d->sync + !d->sgd_step + !d->adamw_step + !d->scale + !d->sumsq;
+        int ok = missing == 0 && d->name && !strcmp(d->name, names[k]) && d->act_bytes == 2 &&
+                 d->plain == &ops_cuda && d->act_block(64) == 1 && ops_device_by_name(names[k]) == d;
         if (cuda_device_count() == 0) {
             ops_ctx *c = NULL;
             int rc = d->ctx_create(&c);

@@ -59,9 +59,18 @@ static float dec(ebf h)
 
 template <typename T> struct elt;
 template <> struct elt<ebf> {
-    static float f(ebf h) { return dec(h); }
-    static ebf r(float v) { return enc(v); }
-    static ebf rd(double v) { return enc(v); }
+    static float f(ebf h)
+    {
+        return dec(h);
+    }
+    static ebf r(float v)
+    {
+        return enc(v);
+    }
+    static ebf rd(double v)
+    {
+        return enc(v);
+    }
 };
 
 static inline float atomicAdd(float *p, float v) /* blocks run one at a time */
@@ -145,7 +154,8 @@ static void near_bf(const char *what, const std::vector<ebf> &got, const std::ve
     report(what, ref.size(), bad, worst, "worst err/bound");
 }
 
-template <typename A, typename B> static void rel(const char *what, const A *got, const B *ref, size_t n, double tol)
+template <typename A, typename B>
+static void rel(const char *what, const A *got, const B *ref, size_t n, double tol)
 {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {
@@ -191,13 +201,15 @@ static void test_prelu()
     }
     std::vector<ebf> y(n, ebf{0x7fc0});
     launch2(grid_for(n), 1, 256, [&] { prelu_fwd_k<ebf>(y.data(), xh.data(), al.data(), C, HW, n); });
-    std::vector<float> cy(n), cdx = to_lay(d0, B, C, HW), cda = da0, lx = to_lay(x, B, C, HW), ldy = to_lay(dy, B, C, HW);
+    std::vector<float> cy(n), cdx = to_lay(d0, B, C, HW), cda = da0, lx = to_lay(x, B, C, HW),
+                              ldy = to_lay(dy, B, C, HW);
     if (ops_cpu.prelu_forward(cpu, cy.data(), lx.data(), al.data(), B, C, HW) ||
         ops_cpu.prelu_backward(cpu, cdx.data(), 1, cda.data(), ldy.data(), lx.data(), al.data(), B, C, HW))
         DIE("cpu prelu");
     exact("prelu fwd", y, to_nchw(cy, B, C, HW));
     std::vector<float> da = da0;
-    launch2(grid_for(n), 1, 256, [&] { prelu_bwd_dinp_k<ebf>(d0h.data(), 1, dyh.data(), xh.data(), al.data(), C, HW, n); });
+    launch2(grid_for(n), 1, 256,
+            [&] { prelu_bwd_dinp_k<ebf>(d0h.data(), 1, dyh.data(), xh.data(), al.data(), C, HW, n); });
     launch2((unsigned)C, (unsigned)(B < 32 ? B : 32), 256,
             [&] { prelu_bwd_dalpha_k<ebf>(da.data(), dyh.data(), xh.data(), B, C, HW); });
     exact("prelu dinp += (fp32 sum, one rounding)", d0h, to_nchw(cdx, B, C, HW));
@@ -226,34 +238,41 @@ static void test_bn()
     std::vector<double> part((size_t)C * (2 * S + 3)), sm(C), sv(C);
     std::vector<float> rm = rm0, rv = rv0, dw = dw0, db = db0;
     std::vector<ebf> y(n, ebf{0x7fc0}), ye(n, ebf{0x7fc0});
-    launch2((unsigned)C, (unsigned)S, 256, [&] { bn_partial_k<ebf>(part.data(), NULL, xh.data(), NULL, NULL, B, C, HW); });
+    launch2((unsigned)C, (unsigned)S, 256,
+            [&] { bn_partial_k<ebf>(part.data(), NULL, xh.data(), NULL, NULL, B, C, HW); });
     launch2((unsigned)(C + 127) / 128, 1, 128,
             [&] { bn_finish_k(sm.data(), sv.data(), part.data(), C, S, cnt, 0, NULL, NULL, 0.0); });
-    launch2((unsigned)C, (unsigned)S, 256, [&] { bn_partial_k<ebf>(part.data(), NULL, xh.data(), NULL, sm.data(), B, C, HW); });
+    launch2((unsigned)C, (unsigned)S, 256,
+            [&] { bn_partial_k<ebf>(part.data(), NULL, xh.data(), NULL, sm.data(), B, C, HW); });
     launch2((unsigned)(C + 127) / 128, 1, 128,
             [&] { bn_finish_k(sm.data(), sv.data(), part.data(), C, S, cnt, 1, rm.data(), rv.data(), mom); });
     launch2(grid_for(n), 1, 256, [&] {
-        bn_apply_k<ebf>(y.data(), xh.data(), sm.data(), sv.data(), NULL, NULL, w.data(), bi.data(), C, HW, n, eps);
+        bn_apply_k<ebf>(y.data(), xh.data(), sm.data(), sv.data(), NULL, NULL, w.data(), bi.data(), C, HW, n,
+                        eps);
     });
     launch2(grid_for(n), 1, 256, [&] {
-        bn_apply_k<ebf>(ye.data(), xh.data(), NULL, NULL, rm0.data(), rv0.data(), w.data(), bi.data(), C, HW, n, eps);
+        bn_apply_k<ebf>(ye.data(), xh.data(), NULL, NULL, rm0.data(), rv0.data(), w.data(), bi.data(), C, HW,
+                        n, eps);
     });
     double *p1 = part.data(), *p2 = p1 + (size_t)C * S, *coef = p1 + (size_t)2 * C * S;
-    launch2((unsigned)C, (unsigned)S, 256, [&] { bn_partial_k<ebf>(p1, p2, xh.data(), dyh.data(), sm.data(), B, C, HW); });
+    launch2((unsigned)C, (unsigned)S, 256,
+            [&] { bn_partial_k<ebf>(p1, p2, xh.data(), dyh.data(), sm.data(), B, C, HW); });
     launch2((unsigned)(C + 127) / 128, 1, 128, [&] {
         bn_bwd_finish_k(coef, dw.data(), db.data(), p1, p2, w.data(), sv.data(), C, S, cnt, eps);
     });
-    launch2(grid_for(n), 1, 256, [&] { hbn_dx_k<ebf>(d0h.data(), 1, dyh.data(), xh.data(), coef, sm.data(), C, HW, n); });
+    launch2(grid_for(n), 1, 256,
+            [&] { hbn_dx_k<ebf>(d0h.data(), 1, dyh.data(), xh.data(), coef, sm.data(), C, HW, n); });
     /* the CPU device on the same bf16 values */
-    std::vector<float> lx = to_lay(x, B, C, HW), ldy = to_lay(dy, B, C, HW), cy(n), cye(n), cdx = to_lay(d0, B, C, HW);
+    std::vector<float> lx = to_lay(x, B, C, HW), ldy = to_lay(dy, B, C, HW), cy(n), cye(n),
+                       cdx = to_lay(d0, B, C, HW);
     std::vector<float> crm = rm0, crv = rv0, cdw = dw0, cdb = db0;
     std::vector<double> csm(C), csv(C);
     if (ops_cpu.bn_forward(cpu, cy.data(), csm.data(), csv.data(), lx.data(), w.data(), bi.data(), crm.data(),
                            crv.data(), B, C, HW, (float)eps, (float)mom, 1) ||
-        ops_cpu.bn_forward(cpu, cye.data(), NULL, NULL, lx.data(), w.data(), bi.data(), rm0.data(), rv0.data(), B, C,
-                           HW, (float)eps, (float)mom, 0) ||
-        ops_cpu.bn_backward(cpu, cdx.data(), 1, cdw.data(), cdb.data(), ldy.data(), lx.data(), w.data(), csm.data(),
-                            csv.data(), B, C, HW, (float)eps))
+        ops_cpu.bn_forward(cpu, cye.data(), NULL, NULL, lx.data(), w.data(), bi.data(), rm0.data(),
+                           rv0.data(), B, C, HW, (float)eps, (float)mom, 0) ||
+        ops_cpu.bn_backward(cpu, cdx.data(), 1, cdw.data(), cdb.data(), ldy.data(), lx.data(), w.data(),
+                            csm.data(), csv.data(), B, C, HW, (float)eps))
         DIE("cpu bn");
     rel("bn save_mean", sm.data(), csm.data(), (size_t)C, 1e-12);
     rel("bn save_var", sv.data(), csv.data(), (size_t)C, 1e-12);
@@ -268,8 +287,10 @@ static void test_bn()
      * mean / inverse std -> back; fp32 keeps ~1e-7 relative, the variance loses eps/var more */
     std::vector<float> fm(C), finv(C);
     std::vector<double> bm(C), bv(C);
-    launch2((unsigned)(C + 255) / 256, 1, 256, [&] { bn_save_from_f64(fm.data(), finv.data(), sm.data(), sv.data(), C, eps); });
-    launch2((unsigned)(C + 255) / 256, 1, 256, [&] { bn_save_to_f64(bm.data(), bv.data(), fm.data(), finv.data(), C, eps); });
+    launch2((unsigned)(C + 255) / 256, 1, 256,
+            [&] { bn_save_from_f64(fm.data(), finv.data(), sm.data(), sv.data(), C, eps); });
+    launch2((unsigned)(C + 255) / 256, 1, 256,
+            [&] { bn_save_to_f64(bm.data(), bv.data(), fm.data(), finv.data(), C, eps); });
     rel("bn saved statistics fp32 round trip (mean)", bm.data(), sm.data(), (size_t)C, 1e-6);
     rel("bn saved statistics fp32 round trip (var)", bv.data(), sv.data(), (size_t)C, 1e-5);
 }
@@ -322,7 +343,7 @@ int main()
         test_elementwise();
     }
     ops_cpu.ctx_destroy(cpu);
-    printf("%d checks, %d failure(s): %s (fiber switches %ld)\n", checks, failures, failures ? "FAIL" : "PASS",
-           emu::switches);
+    printf("%d checks, %d failure(s): %s (fiber switches %ld)\n", checks, failures,
+           failures ? "FAIL" : "PASS", emu::switches);
     return failures ? 1 : 0;
 }

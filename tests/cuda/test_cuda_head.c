@@ -48,8 +48,8 @@ static void head_case(const char *dir, const char *name)
     double elog = rel_l2_f64(hl, rlog, (size_t)n * k), ege = rel_l2_f64(hge, rge, (size_t)n * d),
            egc = rel_l2_f64(hgc, rgc, (size_t)k * d);
     check(el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
-          "%-46s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e", name, loss, el, elog,
-          ege, egc);
+          "%-46s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e", name, loss, el, elog, ege,
+          egc);
     /* forward only, then a bad label */
     double loss2 = NAN;
     if (cuda_head_forward_backward(&p, &ws, gemb, n, gcen, k, glab, 0, &loss2, NULL, NULL, NULL))
@@ -65,9 +65,16 @@ static void head_case(const char *dir, const char *name)
           n - 1, rc, pf_errmsg());
     free(bad);
     cuda_head_ws_free(&ws);
-    cuda_free(gemb); cuda_free(gcen); cuda_free(glab); cuda_free(glog); cuda_free(gge); cuda_free(ggc);
+    cuda_free(gemb);
+    cuda_free(gcen);
+    cuda_free(glab);
+    cuda_free(glog);
+    cuda_free(gge);
+    cuda_free(ggc);
     head_refcase_free(&c);
-    free(hl); free(hge); free(hgc);
+    free(hl);
+    free(hge);
+    free(hgc);
 }
 
 static void sgd_case(const char *dir, const char *name)
@@ -94,9 +101,21 @@ static void sgd_case(const char *dir, const char *name)
     float *ow = dl(dw, n), *om = dl(dm, n);
     double ew = rel_l2_f64(ow, rwo, n), em = rel_l2_f64(om, rmo, n);
     check(ew <= 1e-6 && em <= 1e-6, "sgd %-20s weight rel %.2e momentum rel %.2e", name, ew, em);
-    cuda_free(dw); cuda_free(dg); cuda_free(dm);
-    free(hw); free(hg); free(hm); free(rmo); free(rwo); free(ow); free(om);
-    npy_free(&w); npy_free(&g); npy_free(&m); npy_free(&mo); npy_free(&wo);
+    cuda_free(dw);
+    cuda_free(dg);
+    cuda_free(dm);
+    free(hw);
+    free(hg);
+    free(hm);
+    free(rmo);
+    free(rwo);
+    free(ow);
+    free(om);
+    npy_free(&w);
+    npy_free(&g);
+    npy_free(&m);
+    npy_free(&mo);
+    npy_free(&wo);
 }
 
 static void adamw_case(void)
@@ -121,12 +140,21 @@ static void adamw_case(void)
     }
     float *ow = dl(dw, n), *om = dl(dm, n), *ov = dl(dv, n);
     double ew = rel_l2(ow, w, n), em = rel_l2(om, m, n), ev = rel_l2(ov, v, n);
-    check(ew <= 1e-6 && em <= 1e-6 && ev <= 1e-6, "adamw n %zu, 3 steps vs optim_adamw_step: w %.2e m %.2e v %.2e",
-          n, ew, em, ev);
-    check(cuda_adamw_step(dw, dg, dm, dv, n, 0.1, 0.9, 0.999, 1e-8, 0, 0) == -EINVAL, "adamw step 0 refused: %s",
-          pf_errmsg());
-    cuda_free(dw); cuda_free(dm); cuda_free(dv); cuda_free(dg);
-    free(w); free(m); free(v); free(g); free(ow); free(om); free(ov);
+    check(ew <= 1e-6 && em <= 1e-6 && ev <= 1e-6,
+          "adamw n %zu, 3 steps vs optim_adamw_step: w %.2e m %.2e v %.2e", n, ew, em, ev);
+    check(cuda_adamw_step(dw, dg, dm, dv, n, 0.1, 0.9, 0.999, 1e-8, 0, 0) == -EINVAL,
+          "adamw step 0 refused: %s", pf_errmsg());
+    cuda_free(dw);
+    cuda_free(dm);
+    cuda_free(dv);
+    cuda_free(dg);
+    free(w);
+    free(m);
+    free(v);
+    free(g);
+    free(ow);
+    free(om);
+    free(ov);
 }
 
 static void rows_case(void)
@@ -185,8 +213,16 @@ static void rows_case(void)
     check(rc == -ERANGE, "gather with index %d >= %d rows: rc %d (%s)", R, R, rc, pf_errmsg());
     rc = cuda_scatter_rows(dt, R, dr, di, k, d, 1);
     check(rc == -ERANGE, "scatter with index %d >= %d rows: rc %d (%s)", R, R, rc, pf_errmsg());
-    cuda_free(dt); cuda_free(dr); cuda_free(di); cuda_free(dout);
-    free(table); free(rows); free(idx); free(o); free(ref); free(ot);
+    cuda_free(dt);
+    cuda_free(dr);
+    cuda_free(di);
+    cuda_free(dout);
+    free(table);
+    free(rows);
+    free(idx);
+    free(o);
+    free(ref);
+    free(ot);
 }
 
 static void convert_case(void)
@@ -241,7 +277,11 @@ static void convert_case(void)
               b ? "bf16" : "fp16", m, worst, half_ulp);
         free(y);
     }
-    cuda_free(din); cuda_free(dh); cuda_free(dx); cuda_free(dy); cuda_free(dm);
+    cuda_free(din);
+    cuda_free(dh);
+    cuda_free(dx);
+    cuda_free(dy);
+    cuda_free(dm);
     free(x);
 }
 
@@ -260,7 +300,8 @@ static void unscale_case(void)
     int exact = 1;
     for (size_t i = 0; i < n; i++)
         exact &= o[i] == g[i] * 0.25f;
-    check(found == 0 && exact, "unscale_check of %zu finite grads by 1/4: found_inf %d, all exact %d", n, found, exact);
+    check(found == 0 && exact, "unscale_check of %zu finite grads by 1/4: found_inf %d, all exact %d", n,
+          found, exact);
     size_t bad = rnd() % n;
     g[bad] = INFINITY;
     if (cuda_h2d(dg, g, n * 4) || cuda_unscale_check(dg, n, 0.25f, &found))
@@ -300,7 +341,8 @@ static void side_stream_case(void)
     int same = 1;
     for (size_t i = 0; i < n; i++)
         same &= o[i] == pin[i];
-    check(same, "pinned rows via side stream, read on the default stream after cuda_default_stream_wait: exact");
+    check(same,
+          "pinned rows via side stream, read on the default stream after cuda_default_stream_wait: exact");
     free(o);
     free(idx);
     cuda_free(didx);

@@ -66,7 +66,8 @@ static void cosines(rank_io &r)
     emu_launch(n, HEAD_THREADS, [&] { normalize_inv_k(en, ie, emb, d); });
     if (k > 0) {
         emu_launch(k, HEAD_THREADS, [&] { normalize_inv_k(wn, iw, cen, d); });
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, k, d, 1.0f, en, d, wn, d, 0.0f, r.cos.data(), k);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, k, d, 1.0f, en, d, wn, d, 0.0f, r.cos.data(),
+                    k);
     }
 }
 
@@ -80,12 +81,14 @@ static void backward(rank_io &r)
     const float *emb = r.emb.data(), *cen = r.cen.data();
     double *ie = r.inv_e.data(), *iw = r.inv_w.data();
     if (k > 0)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, k, 1.0f, r.cos.data(), k, wn, d, 0.0f, ge, d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, k, 1.0f, r.cos.data(), k, wn, d, 0.0f,
+                    ge, d);
     else
         std::fill(r.ge.begin(), r.ge.end(), 0.0f);
     emu_launch(n, HEAD_THREADS, [&] { normalize_bwd_k(ge, en, ie, emb, d); });
     if (k > 0) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, d, n, 1.0f, r.cos.data(), k, en, d, 0.0f, gc, d);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, d, n, 1.0f, r.cos.data(), k, en, d, 0.0f, gc,
+                    d);
         emu_launch(k, HEAD_THREADS, [&] { normalize_bwd_k(gc, wn, iw, cen, d); });
     }
 }
@@ -185,7 +188,8 @@ static int emu_dist(const cuda_head_params &p, int local, std::vector<rank_io> &
 }
 
 // Splits (emb n x d, centers k x d, labels) over W ranks by columns: column j on rank j mod W.
-static std::vector<rank_io> split(const float *emb, const float *cen, const int64_t *lab, int n, int k, int d, int W)
+static std::vector<rank_io> split(const float *emb, const float *cen, const int64_t *lab, int n, int k, int d,
+                                  int W)
 {
     std::vector<rank_io> R(W);
     for (int q = 0; q < W; q++) {
@@ -258,11 +262,12 @@ static void reference_case(const char *dir, const char *name)
     std::vector<rank_io> one = split(emb, cen, lab, n, k, d, 1);
     int rc = emu_fused(p, one[0]);
     double el = fabs(one[0].loss - c.rloss) / fabs(c.rloss);
-    double elog = rel_l2_f64(one[0].logits.data(), rlog, (size_t)n * k), ege = rel_l2_f64(one[0].ge.data(), rge, (size_t)n * d),
+    double elog = rel_l2_f64(one[0].logits.data(), rlog, (size_t)n * k),
+           ege = rel_l2_f64(one[0].ge.data(), rge, (size_t)n * d),
            egc = rel_l2_f64(one[0].gc.data(), rgc, (size_t)k * d);
     check(rc == 0 && el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
-          "fused  W=1 %-44s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e", name, one[0].loss, el,
-          elog, ege, egc);
+          "fused  W=1 %-44s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e", name,
+          one[0].loss, el, elog, ege, egc);
 
     for (int W = big ? 3 : 1; W <= 3; W++) {
         std::vector<rank_io> R = split(emb, cen, lab, n, k, d, W);
@@ -288,8 +293,9 @@ static void reference_case(const char *dir, const char *name)
         R[1].lab[n - 1] = R[1].k;
         int bad_row = -2;
         rc = emu_dist(p, 0, R, &bad_row);
-        check(rc == -ERANGE && bad_row == n - 1, "dist   W=2 %s: label %d on rank 1 row %d -> rc %d, row named %d",
-              name, R[1].k, n - 1, rc, bad_row);
+        check(rc == -ERANGE && bad_row == n - 1,
+              "dist   W=2 %s: label %d on rank 1 row %d -> rc %d, row named %d", name, R[1].k, n - 1, rc,
+              bad_row);
         // the fused kernel's flag
         one = split(emb, cen, lab, n, k, d, 1);
         one[0].lab[0] = -2;
@@ -314,13 +320,19 @@ static void cpu_case(int W, int local, int straight, int clamp)
             emb[(size_t)i * d + j] = (near ? 2.0f * cen[(size_t)lab[i] * d + j] : 0.0f) + frand(-1, 1);
     }
     lab[n - 1] = -1; // target on no worker
-    head_params hp = {64, 0.9, 0.4, 0.15, 0.2,
+    head_params hp = {64,
+                      0.9,
+                      0.4,
+                      0.15,
+                      0.2,
                       straight ? HEAD_MARGIN_GRAD_STRAIGHT_THROUGH : HEAD_MARGIN_GRAD_EXACT,
-                      local ? HEAD_MODE_LOCAL : HEAD_MODE_GLOBAL, clamp};
+                      local ? HEAD_MODE_LOCAL : HEAD_MODE_GLOBAL,
+                      clamp};
     cuda_head_params p = {hp.s, hp.m1, hp.m2, hp.m3, hp.interclass_filtering_threshold, straight, clamp};
     char name[160];
-    snprintf(name, sizeof name, "%s W=%d vs head.c: %s, tau 0.2%s, one row without target", local ? "local" : "global",
-             W, straight ? "straight_through" : "exact", clamp ? ", clamp_loss" : "");
+    snprintf(name, sizeof name, "%s W=%d vs head.c: %s, tau 0.2%s, one row without target",
+             local ? "local" : "global", W, straight ? "straight_through" : "exact",
+             clamp ? ", clamp_loss" : "");
     if (!local) {
         // CPU: one process over all k columns (the distributed head equals it)
         head_ws ws;
@@ -342,8 +354,8 @@ static void cpu_case(int W, int local, int straight, int clamp)
         double elog = rc ? INFINITY : rel_l2(alg.data(), clg.data(), clg.size());
         double ege = rc ? INFINITY : rel_l2(age.data(), cge.data(), cge.size());
         double egc = rc ? INFINITY : rel_l2(agc.data(), cgc.data(), cgc.size());
-        check(crc == 0 && rc == 0 && R[0].no_target == 1 && cnt == 1 && el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 &&
-                  egc <= 1e-5,
+        check(crc == 0 && rc == 0 && R[0].no_target == 1 && cnt == 1 && el <= 1e-5 && elog <= 1e-5 &&
+                  ege <= 1e-5 && egc <= 1e-5,
               "%-86s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e | no-target rows %lld",
               name, R[0].loss, el, elog, ege, egc, (long long)R[0].no_target);
         if (W == 1) {
@@ -355,8 +367,8 @@ static void cpu_case(int W, int local, int straight, int clamp)
             ege = rc ? INFINITY : rel_l2(F[0].ge.data(), cge.data(), cge.size());
             egc = rc ? INFINITY : rel_l2(F[0].gc.data(), cgc.data(), cgc.size());
             check(rc == 0 && el <= 1e-5 && elog <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
-                  "fused %-80s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e (rc %d)", name, F[0].loss, el,
-                  elog, ege, egc, rc);
+                  "fused %-80s loss %.6f rel %.2e | logits %.2e | grad_emb %.2e | grad_cen %.2e (rc %d)",
+                  name, F[0].loss, el, elog, ege, egc, rc);
         }
     } else {
         // local: rank q has its own rows (a shifted copy of the batch) and all columns; CPU head per rank
@@ -380,8 +392,8 @@ static void cpu_case(int W, int local, int straight, int clamp)
             cgc[q].resize((size_t)k * d);
             double l = NAN;
             crc |= head_ws_init(&ws, n, k, d);
-            crc |= head_forward_backward(&hl, &ws, NULL, r.emb.data(), n, cen.data(), k, d, lab.data(), &l, NULL,
-                                         cge[q].data(), cgc[q].data());
+            crc |= head_forward_backward(&hl, &ws, NULL, r.emb.data(), n, cen.data(), k, d, lab.data(), &l,
+                                         NULL, cge[q].data(), cgc[q].data());
             head_ws_free(&ws);
             want_loss += l / W;
             for (auto &x : cge[q])
@@ -399,16 +411,16 @@ static void cpu_case(int W, int local, int straight, int clamp)
             same &= R[q].loss == R[0].loss;
         }
         check(crc == 0 && rc == 0 && same && R[0].no_target == W && el <= 1e-5 && ege <= 1e-5 && egc <= 1e-5,
-              "%-86s loss %.6f rel %.2e | grad_emb %.2e | grad_cen %.2e (1/(nW) scale) | no-target rows %lld", name,
-              R[0].loss, el, ege, egc, (long long)R[0].no_target);
+              "%-86s loss %.6f rel %.2e | grad_emb %.2e | grad_cen %.2e (1/(nW) scale) | no-target rows %lld",
+              name, R[0].loss, el, ege, egc, (long long)R[0].no_target);
     }
 }
 
 int main()
 {
     uint64_t seed = test_seed();
-    printf("seed %llu; CUDA head kernels emulated on the CPU, %d threads per block\n", (unsigned long long)seed,
-           HEAD_THREADS);
+    printf("seed %llu; CUDA head kernels emulated on the CPU, %d threads per block\n",
+           (unsigned long long)seed, HEAD_THREADS);
     const char *ref = getenv("PFCPS_REFERENCE");
     std::string dir = std::string(ref ? ref : "") + "/head";
     DIR *dp = ref ? opendir(dir.c_str()) : NULL;

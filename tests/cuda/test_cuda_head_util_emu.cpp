@@ -33,11 +33,26 @@ static inline float atomicAdd(float *p, float v)
     *p = old + v;
     return old;
 }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+static inline float __fadd_rn(float a, float b)
+{
+    return a + b;
+}
+static inline float __fsub_rn(float a, float b)
+{
+    return a - b;
+}
+static inline float __fmul_rn(float a, float b)
+{
+    return a * b;
+}
+static inline float __fdiv_rn(float a, float b)
+{
+    return a / b;
+}
+static inline float __fsqrt_rn(float a)
+{
+    return sqrtf(a);
+}
 
 extern "C" {
 #include "worker/head/optim.h"
@@ -71,8 +86,10 @@ static void sgd_case(bool momentum)
         emu_launch(grid, 64, [&] { sgd_k(pw, pg, pm, n, lr, mom, wd, use_mom); });
     }
     size_t dw = same_bits(w, w2), dm = same_bits(m, m2);
-    check(dw == 0 && dm == 0, "sgd%s n %zu, 3 steps, grid %u x 64: %zu weights and %zu momenta differ in bits from "
-          "optim_sgd_step", momentum ? " momentum 0.9" : " without momentum", n, grid, dw, dm);
+    check(dw == 0 && dm == 0,
+          "sgd%s n %zu, 3 steps, grid %u x 64: %zu weights and %zu momenta differ in bits from "
+          "optim_sgd_step",
+          momentum ? " momentum 0.9" : " without momentum", n, grid, dw, dm);
 }
 
 static void adamw_case()
@@ -95,13 +112,15 @@ static void adamw_case()
         adamw_consts c = adamw_consts_of(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, step);
         float *pw = w2.data(), *pm = m2.data(), *pv = v2.data();
         const float *pg = g.data();
-        emu_launch(grid, 64, [&] { adamw_k(pw, pg, pm, pv, n, c.step_size, c.bc2_sqrt, c.decay, c.omb1, c.b2, c.omb2,
-                                           c.eps); });
+        emu_launch(grid, 64, [&] {
+            adamw_k(pw, pg, pm, pv, n, c.step_size, c.bc2_sqrt, c.decay, c.omb1, c.b2, c.omb2, c.eps);
+        });
     }
     size_t dw = same_bits(w, w2), dm = same_bits(m, m2), dv = same_bits(v, v2);
     check(rc == 0 && dw == 0 && dm == 0 && dv == 0,
-          "adamw n %zu, 3 steps, grid %u x 64: %zu / %zu / %zu of w / m / v differ in bits from optim_adamw_step", n,
-          grid, dw, dm, dv);
+          "adamw n %zu, 3 steps, grid %u x 64: %zu / %zu / %zu of w / m / v differ in bits from "
+          "optim_adamw_step",
+          n, grid, dw, dm, dv);
 }
 
 static void rows_case()
@@ -136,8 +155,8 @@ static void rows_case()
     double num = 0, den = 0;
     for (size_t e = 0; e < table.size(); e++)
         num += (table[e] - ref[e]) * (table[e] - ref[e]), den += ref[e] * ref[e];
-    check(sqrt(num / den) <= 1e-6 && g_bad_row == ~0ull, "scatter-add %d rows: rel %.2e vs float64 host sum", k,
-          sqrt(num / den));
+    check(sqrt(num / den) <= 1e-6 && g_bad_row == ~0ull, "scatter-add %d rows: rel %.2e vs float64 host sum",
+          k, sqrt(num / den));
 
     // scatter (assignment) of distinct rows
     for (int i = 0; i < k; i++)
@@ -159,8 +178,9 @@ static void rows_case()
     bool nan_row = true;
     for (int j = 0; j < d; j++)
         nan_row &= isnan(out[(size_t)d + j]) && isnan(out[(size_t)(k - 1) * d + j]);
-    check(g_bad_row == 1 && nan_row, "gather with indices %d and -1 on rows 1 and %d: bad row %llu, rows NaN %d", R,
-          k - 1, g_bad_row, nan_row);
+    check(g_bad_row == 1 && nan_row,
+          "gather with indices %d and -1 on rows 1 and %d: bad row %llu, rows NaN %d", R, k - 1, g_bad_row,
+          nan_row);
     std::vector<float> before = table;
     g_bad_row = ~0ull;
     emu_launch(grid, 64, [&] { scatter_k(pt, R, pr, pi, k, d, 1); });
@@ -171,9 +191,11 @@ static void rows_case()
             hit[idx[i]] = 1;
     for (int r = 0; r < R; r++)
         if (!hit[r])
-            untouched &= memcmp(&table[(size_t)r * d], &before[(size_t)r * d], (size_t)d * sizeof(float)) == 0;
-    check(g_bad_row == 1 && untouched, "scatter-add with the same bad indices: bad row %llu, other rows unchanged %d",
-          g_bad_row, untouched);
+            untouched &=
+                memcmp(&table[(size_t)r * d], &before[(size_t)r * d], (size_t)d * sizeof(float)) == 0;
+    check(g_bad_row == 1 && untouched,
+          "scatter-add with the same bad indices: bad row %llu, other rows unchanged %d", g_bad_row,
+          untouched);
 }
 
 static void unscale_case()
@@ -190,8 +212,9 @@ static void unscale_case()
     bool exact = true;
     for (size_t i = 0; i < n; i++)
         exact &= o[i] == g[i] * 0.25f;
-    check(g_found_inf == 0 && exact, "unscale of %zu finite values by 1/4, grid %u x 64: found_inf %d, exact %d", n,
-          grid, g_found_inf, exact);
+    check(g_found_inf == 0 && exact,
+          "unscale of %zu finite values by 1/4, grid %u x 64: found_inf %d, exact %d", n, grid, g_found_inf,
+          exact);
     for (int kind = 0; kind < 2; kind++) {
         o = g;
         size_t bad = rnd() % n;
@@ -199,14 +222,16 @@ static void unscale_case()
         po = o.data();
         g_found_inf = 0;
         emu_launch(grid, 64, [&] { unscale_check_k(po, n, 0.25f); });
-        check(g_found_inf == 1, "unscale with %s at %zu: found_inf %d", kind ? "NaN" : "inf", bad, g_found_inf);
+        check(g_found_inf == 1, "unscale with %s at %zu: found_inf %d", kind ? "NaN" : "inf", bad,
+              g_found_inf);
     }
 }
 
 int main()
 {
     uint64_t seed = test_seed();
-    printf("seed %llu; head.cu's row / optimizer / unscale kernels emulated on the CPU\n", (unsigned long long)seed);
+    printf("seed %llu; head.cu's row / optimizer / unscale kernels emulated on the CPU\n",
+           (unsigned long long)seed);
     sgd_case(true);
     sgd_case(false);
     adamw_case();

@@ -16,18 +16,21 @@
 enum { N = 1000 };
 static int W;
 static uint8_t id[CUDA_NCCL_ID_BYTES];
-static double input(int rank, int i) { return sin(0.37 * i + 1.3 * rank) * (1 + rank); }
+static double input(int rank, int i)
+{
+    return sin(0.37 * i + 1.3 * rank) * (1 + rank);
+}
 
 typedef struct rank_arg {
     int rank, failures;
     char msg[512];
 } rank_arg;
 
-#define FAIL(...)                                                                              \
-    do {                                                                                       \
-        snprintf(a->msg, sizeof a->msg, __VA_ARGS__);                                          \
-        a->failures++;                                                                         \
-        goto out;                                                                              \
+#define FAIL(...)                                                                                            \
+    do {                                                                                                     \
+        snprintf(a->msg, sizeof a->msg, __VA_ARGS__);                                                        \
+        a->failures++;                                                                                       \
+        goto out;                                                                                            \
     } while (0)
 
 static void *rank_main(void *p)
@@ -60,7 +63,8 @@ static void *rank_main(void *p)
     double hd[N];
     for (int i = 0; i < N; i++)
         hd[i] = input(r, i);
-    if (cuda_h2d(d, hd, sizeof hd) || coll_allreduce(&c, d, N, COLL_F64, COLL_MAX) || cuda_d2h(hd, d, sizeof hd))
+    if (cuda_h2d(d, hd, sizeof hd) || coll_allreduce(&c, d, N, COLL_F64, COLL_MAX) ||
+        cuda_d2h(hd, d, sizeof hd))
         FAIL("rank %d: allreduce max: %s", r, pf_errmsg());
     for (int i = 0; i < N; i++) {
         double m = -INFINITY;
@@ -107,8 +111,8 @@ static void *rank_main(void *p)
             FAIL("rank %d: broadcast element %d wrong", r, i);
     if (coll_barrier(&c))
         FAIL("rank %d: barrier: %s", r, pf_errmsg());
-    snprintf(a->msg, sizeof a->msg, "rank %d of %d: allreduce sum/max, allgather, reduce_scatter, broadcast, barrier ok",
-             r, W);
+    snprintf(a->msg, sizeof a->msg,
+             "rank %d of %d: allreduce sum/max, allgather, reduce_scatter, broadcast, barrier ok", r, W);
 out:
     cuda_free(d);
     cuda_free(g);

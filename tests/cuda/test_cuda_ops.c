@@ -1,7 +1,7 @@
 /* CUDA device (ops_cuda) vs the CPU device (ops_cpu, the reference) for every layer of
  * kernels/ops.h: convolution fwd/bwd (groups, strides, 1x1 and 3x3), batch norm train/eval fwd and
- * bwd (2d and HW = 1; cuDNN and PFCPS_CUDA_BN=exact), PReLU, Linear (with and without bias), add, acc, layout conversions,
- * dropout. Random shapes and inputs drawn from a fresh seed each run (printed; PFCPS_TEST_SEED
+ * bwd (2d and HW = 1; cuDNN and PFCPS_CUDA_BN=exact), PReLU, Linear (with and without bias), add, acc, layout
+ * conversions, dropout. Random shapes and inputs drawn from a fresh seed each run (printed; PFCPS_TEST_SEED
  * replays one). Every CUDA output is poisoned with NaN before the call and every element is
  * checked (a NaN left anywhere fails). fp32: relative error ||cuda - cpu|| / ||cpu|| <= 1e-4 per
  * output; the dropout mask must be bit-identical. Also: bad shapes / arguments are refused.
@@ -114,21 +114,42 @@ static void test_conv(void)
     /* CUDA */
     float *gx = dup_dev(x, ni), *gw = dup_dev(w, nw), *gdy = dup_dev(dy, no), *gy = nan_dev(no);
     float *gdx = dup_dev(dx0, ni), *gdw = dup_dev(dw0, nw), *gdx2 = nan_dev(ni);
-    if (ops_cuda.conv_forward(gpu, gy, gx, gw, &s) || ops_cuda.conv_backward(gpu, gdx, 1, gdw, gdy, gx, gw, &s) ||
+    if (ops_cuda.conv_forward(gpu, gy, gx, gw, &s) ||
+        ops_cuda.conv_backward(gpu, gdx, 1, gdw, gdy, gx, gw, &s) ||
         ops_cuda.conv_backward(gpu, gdx2, 0, NULL, gdy, gx, gw, &s))
         DIE("cuda conv %s", tag);
     char what[200];
     float *h;
     snprintf(what, sizeof what, "conv fwd %s", tag);
-    cmp(what, h = dl(gy, no), cy, no, TOL); free(h);
+    cmp(what, h = dl(gy, no), cy, no, TOL);
+    free(h);
     snprintf(what, sizeof what, "conv dinp += %s", tag);
-    cmp(what, h = dl(gdx, ni), cdx, ni, TOL); free(h);
+    cmp(what, h = dl(gdx, ni), cdx, ni, TOL);
+    free(h);
     snprintf(what, sizeof what, "conv dinp = %s", tag);
-    cmp(what, h = dl(gdx2, ni), cdx2, ni, TOL); free(h);
+    cmp(what, h = dl(gdx2, ni), cdx2, ni, TOL);
+    free(h);
     snprintf(what, sizeof what, "conv dweight += %s", tag);
-    cmp(what, h = dl(gdw, nw), cdw, nw, TOL); free(h);
-    free(x); free(w); free(dy); free(dx0); free(dw0); free(cx); free(cy); free(cdy); free(cdx); free(cdw); free(cdx2);
-    cuda_free(gx); cuda_free(gw); cuda_free(gdy); cuda_free(gy); cuda_free(gdx); cuda_free(gdw); cuda_free(gdx2);
+    cmp(what, h = dl(gdw, nw), cdw, nw, TOL);
+    free(h);
+    free(x);
+    free(w);
+    free(dy);
+    free(dx0);
+    free(dw0);
+    free(cx);
+    free(cy);
+    free(cdy);
+    free(cdx);
+    free(cdw);
+    free(cdx2);
+    cuda_free(gx);
+    cuda_free(gw);
+    cuda_free(gdy);
+    cuda_free(gy);
+    cuda_free(gdx);
+    cuda_free(gdw);
+    cuda_free(gdx2);
 }
 
 static void test_bn(int HW)
@@ -170,15 +191,31 @@ static void test_bn(int HW)
     double *hm = malloc(C * sizeof(double)), *hv = malloc(C * sizeof(double));
     if (cuda_sync() || cuda_d2h(hm, gsm, C * sizeof(double)) || cuda_d2h(hv, gsv, C * sizeof(double)))
         DIE("download");
-    snprintf(what, sizeof what, "bn train fwd %s", tag); cmp(what, h = dl(gy, n), cy, n, TOL); free(h);
-    snprintf(what, sizeof what, "bn save_mean %s", tag); cmp_d(what, hm, smean, C, TOL);
-    snprintf(what, sizeof what, "bn save_var %s", tag); cmp_d(what, hv, svar, C, TOL);
-    snprintf(what, sizeof what, "bn running_mean %s", tag); cmp(what, h = dl(grm, C), crm, C, TOL); free(h);
-    snprintf(what, sizeof what, "bn running_var %s", tag); cmp(what, h = dl(grv, C), crv, C, TOL); free(h);
-    snprintf(what, sizeof what, "bn dinp += %s", tag); cmp(what, h = dl(gdx, n), cdx, n, TOL); free(h);
-    snprintf(what, sizeof what, "bn dweight += %s", tag); cmp(what, h = dl(gdw, C), cdw, C, TOL); free(h);
-    snprintf(what, sizeof what, "bn dbias += %s", tag); cmp(what, h = dl(gdb, C), cdb, C, TOL); free(h);
-    snprintf(what, sizeof what, "bn eval fwd %s", tag); cmp(what, h = dl(gye, n), cye, n, TOL); free(h);
+    snprintf(what, sizeof what, "bn train fwd %s", tag);
+    cmp(what, h = dl(gy, n), cy, n, TOL);
+    free(h);
+    snprintf(what, sizeof what, "bn save_mean %s", tag);
+    cmp_d(what, hm, smean, C, TOL);
+    snprintf(what, sizeof what, "bn save_var %s", tag);
+    cmp_d(what, hv, svar, C, TOL);
+    snprintf(what, sizeof what, "bn running_mean %s", tag);
+    cmp(what, h = dl(grm, C), crm, C, TOL);
+    free(h);
+    snprintf(what, sizeof what, "bn running_var %s", tag);
+    cmp(what, h = dl(grv, C), crv, C, TOL);
+    free(h);
+    snprintf(what, sizeof what, "bn dinp += %s", tag);
+    cmp(what, h = dl(gdx, n), cdx, n, TOL);
+    free(h);
+    snprintf(what, sizeof what, "bn dweight += %s", tag);
+    cmp(what, h = dl(gdw, C), cdw, C, TOL);
+    free(h);
+    snprintf(what, sizeof what, "bn dbias += %s", tag);
+    cmp(what, h = dl(gdb, C), cdb, C, TOL);
+    free(h);
+    snprintf(what, sizeof what, "bn eval fwd %s", tag);
+    cmp(what, h = dl(gye, n), cye, n, TOL);
+    free(h);
     /* Backward with dinp overwritten and the weight gradient skipped (features BN: fixed weight). */
     float *cdx2 = malloc(n * sizeof(float)), *cdb2 = fcopy(db0, C);
     if (ops_cpu.bn_backward(cpu, cdx2, 0, NULL, cdb2, cdy, cx, wt, smean, svar, B, C, HW, eps))
@@ -187,14 +224,51 @@ static void test_bn(int HW)
     float *gdx2 = nan_dev(n), *gdb2 = dup_dev(db0, C);
     if (ops_cuda.bn_backward(gpu, gdx2, 0, NULL, gdb2, gdy, gx, gw, gsm, gsv, B, C, HW, eps))
         DIE("cuda bn bwd %s", tag);
-    snprintf(what, sizeof what, "bn dinp = (dweight NULL) %s", tag); cmp(what, h = dl(gdx2, n), cdx2, n, TOL); free(h);
-    snprintf(what, sizeof what, "bn dbias += (dweight NULL) %s", tag); cmp(what, h = dl(gdb2, C), cdb2, C, TOL); free(h);
-    free(x); free(wt); free(bi); free(rm); free(rv); free(dy); free(dx0); free(dw0); free(db0);
-    free(cx); free(cy); free(cye); free(crm); free(crv); free(cdy); free(cdx); free(cdw); free(cdb);
-    free(smean); free(svar); free(hm); free(hv); free(cdx2); free(cdb2);
-    cuda_free(gx); cuda_free(gw); cuda_free(gb); cuda_free(grm); cuda_free(grv); cuda_free(gdy);
-    cuda_free(gdx); cuda_free(gdw); cuda_free(gdb); cuda_free(gy); cuda_free(gye); cuda_free(gsm);
-    cuda_free(gsv); cuda_free(gdx2); cuda_free(gdb2);
+    snprintf(what, sizeof what, "bn dinp = (dweight NULL) %s", tag);
+    cmp(what, h = dl(gdx2, n), cdx2, n, TOL);
+    free(h);
+    snprintf(what, sizeof what, "bn dbias += (dweight NULL) %s", tag);
+    cmp(what, h = dl(gdb2, C), cdb2, C, TOL);
+    free(h);
+    free(x);
+    free(wt);
+    free(bi);
+    free(rm);
+    free(rv);
+    free(dy);
+    free(dx0);
+    free(dw0);
+    free(db0);
+    free(cx);
+    free(cy);
+    free(cye);
+    free(crm);
+    free(crv);
+    free(cdy);
+    free(cdx);
+    free(cdw);
+    free(cdb);
+    free(smean);
+    free(svar);
+    free(hm);
+    free(hv);
+    free(cdx2);
+    free(cdb2);
+    cuda_free(gx);
+    cuda_free(gw);
+    cuda_free(gb);
+    cuda_free(grm);
+    cuda_free(grv);
+    cuda_free(gdy);
+    cuda_free(gdx);
+    cuda_free(gdw);
+    cuda_free(gdb);
+    cuda_free(gy);
+    cuda_free(gye);
+    cuda_free(gsm);
+    cuda_free(gsv);
+    cuda_free(gdx2);
+    cuda_free(gdb2);
 }
 
 static void test_prelu(void)
@@ -217,11 +291,31 @@ static void test_prelu(void)
     if (ops_cuda.prelu_forward(gpu, gy, gx, ga, B, C, HW) ||
         ops_cuda.prelu_backward(gpu, gdx, 1, gda, gdy, gx, ga, B, C, HW))
         DIE("cuda prelu %s", tag);
-    snprintf(what, sizeof what, "prelu fwd %s", tag); cmp(what, h = dl(gy, n), cy, n, TOL); free(h);
-    snprintf(what, sizeof what, "prelu dinp += %s", tag); cmp(what, h = dl(gdx, n), cdx, n, TOL); free(h);
-    snprintf(what, sizeof what, "prelu dalpha += %s", tag); cmp(what, h = dl(gda, C), cda, C, TOL); free(h);
-    free(x); free(a); free(dy); free(dx0); free(da0); free(cx); free(cy); free(cdy); free(cdx); free(cda);
-    cuda_free(gx); cuda_free(ga); cuda_free(gdy); cuda_free(gdx); cuda_free(gda); cuda_free(gy);
+    snprintf(what, sizeof what, "prelu fwd %s", tag);
+    cmp(what, h = dl(gy, n), cy, n, TOL);
+    free(h);
+    snprintf(what, sizeof what, "prelu dinp += %s", tag);
+    cmp(what, h = dl(gdx, n), cdx, n, TOL);
+    free(h);
+    snprintf(what, sizeof what, "prelu dalpha += %s", tag);
+    cmp(what, h = dl(gda, C), cda, C, TOL);
+    free(h);
+    free(x);
+    free(a);
+    free(dy);
+    free(dx0);
+    free(da0);
+    free(cx);
+    free(cy);
+    free(cdy);
+    free(cdx);
+    free(cda);
+    cuda_free(gx);
+    cuda_free(ga);
+    cuda_free(gdy);
+    cuda_free(gdx);
+    cuda_free(gda);
+    cuda_free(gy);
 }
 
 static void test_linear(int with_bias)
@@ -232,28 +326,57 @@ static void test_linear(int with_bias)
     size_t ni = (size_t)B * IN, no = (size_t)B * OUT, nw = (size_t)OUT * IN;
     float *x = frnd(ni, -1, 1), *w = frnd(nw, -1, 1), *b = with_bias ? frnd(OUT, -1, 1) : NULL;
     float *dy = frnd(no, -1, 1), *dx0 = frnd(ni, -1, 1), *dw0 = frnd(nw, -1, 1), *db0 = frnd(OUT, -1, 1);
-    float *cy = malloc(no * sizeof(float)), *cdx = fcopy(dx0, ni), *cdw = fcopy(dw0, nw), *cdb = fcopy(db0, OUT);
+    float *cy = malloc(no * sizeof(float)), *cdx = fcopy(dx0, ni), *cdw = fcopy(dw0, nw),
+          *cdb = fcopy(db0, OUT);
     float *cdx2 = malloc(ni * sizeof(float));
     if (ops_cpu.linear_forward(cpu, cy, x, w, b, B, IN, OUT) ||
         ops_cpu.linear_backward(cpu, cdx, 1, cdw, with_bias ? cdb : NULL, dy, x, w, B, IN, OUT) ||
         ops_cpu.linear_backward(cpu, cdx2, 0, NULL, NULL, dy, x, w, B, IN, OUT))
         DIE("cpu linear");
-    float *gx = dup_dev(x, ni), *gw = dup_dev(w, nw), *gb = b ? dup_dev(b, OUT) : NULL, *gdy = dup_dev(dy, no);
+    float *gx = dup_dev(x, ni), *gw = dup_dev(w, nw), *gb = b ? dup_dev(b, OUT) : NULL,
+          *gdy = dup_dev(dy, no);
     float *gdx = dup_dev(dx0, ni), *gdw = dup_dev(dw0, nw), *gdb = dup_dev(db0, OUT), *gy = nan_dev(no);
     float *gdx2 = nan_dev(ni), *h;
     if (ops_cuda.linear_forward(gpu, gy, gx, gw, gb, B, IN, OUT) ||
         ops_cuda.linear_backward(gpu, gdx, 1, gdw, with_bias ? gdb : NULL, gdy, gx, gw, B, IN, OUT) ||
         ops_cuda.linear_backward(gpu, gdx2, 0, NULL, NULL, gdy, gx, gw, B, IN, OUT))
         DIE("cuda linear %s", tag);
-    snprintf(what, sizeof what, "linear fwd %s", tag); cmp(what, h = dl(gy, no), cy, no, TOL); free(h);
-    snprintf(what, sizeof what, "linear dinp += %s", tag); cmp(what, h = dl(gdx, ni), cdx, ni, TOL); free(h);
-    snprintf(what, sizeof what, "linear dinp = %s", tag); cmp(what, h = dl(gdx2, ni), cdx2, ni, TOL); free(h);
-    snprintf(what, sizeof what, "linear dweight += %s", tag); cmp(what, h = dl(gdw, nw), cdw, nw, TOL); free(h);
-    snprintf(what, sizeof what, "linear dbias += %s", tag); cmp(what, h = dl(gdb, OUT), cdb, OUT, TOL); free(h);
-    free(x); free(w); free(b); free(dy); free(dx0); free(dw0); free(db0); free(cy); free(cdx); free(cdw);
-    free(cdb); free(cdx2);
-    cuda_free(gx); cuda_free(gw); cuda_free(gb); cuda_free(gdy); cuda_free(gdx); cuda_free(gdw);
-    cuda_free(gdb); cuda_free(gy); cuda_free(gdx2);
+    snprintf(what, sizeof what, "linear fwd %s", tag);
+    cmp(what, h = dl(gy, no), cy, no, TOL);
+    free(h);
+    snprintf(what, sizeof what, "linear dinp += %s", tag);
+    cmp(what, h = dl(gdx, ni), cdx, ni, TOL);
+    free(h);
+    snprintf(what, sizeof what, "linear dinp = %s", tag);
+    cmp(what, h = dl(gdx2, ni), cdx2, ni, TOL);
+    free(h);
+    snprintf(what, sizeof what, "linear dweight += %s", tag);
+    cmp(what, h = dl(gdw, nw), cdw, nw, TOL);
+    free(h);
+    snprintf(what, sizeof what, "linear dbias += %s", tag);
+    cmp(what, h = dl(gdb, OUT), cdb, OUT, TOL);
+    free(h);
+    free(x);
+    free(w);
+    free(b);
+    free(dy);
+    free(dx0);
+    free(dw0);
+    free(db0);
+    free(cy);
+    free(cdx);
+    free(cdw);
+    free(cdb);
+    free(cdx2);
+    cuda_free(gx);
+    cuda_free(gw);
+    cuda_free(gb);
+    cuda_free(gdy);
+    cuda_free(gdx);
+    cuda_free(gdw);
+    cuda_free(gdb);
+    cuda_free(gy);
+    cuda_free(gdx2);
 }
 
 static void test_elementwise(void)
@@ -267,7 +390,9 @@ static void test_elementwise(void)
     float *ga = dup_dev(a, n), *gb = dup_dev(b, n), *go = nan_dev(n);
     if (ops_cuda.add_forward(gpu, go, ga, gb, n))
         DIE("cuda add");
-    snprintf(what, sizeof what, "add n%zu", n); cmp(what, h = dl(go, n), ref, n, 0); free(h);
+    snprintf(what, sizeof what, "add n%zu", n);
+    cmp(what, h = dl(go, n), ref, n, 0);
+    free(h);
     /* acc: dst = src, then dst += src */
     memcpy(ref2, a, n * sizeof(float));
     if (ops_cpu.acc(cpu, ref2, 1, b, n))
@@ -275,24 +400,39 @@ static void test_elementwise(void)
     float *gd = nan_dev(n);
     if (ops_cuda.acc(gpu, gd, 0, ga, n) || ops_cuda.acc(gpu, gd, 1, gb, n))
         DIE("cuda acc");
-    snprintf(what, sizeof what, "acc = then += n%zu", n); cmp(what, h = dl(gd, n), ref2, n, 0); free(h);
+    snprintf(what, sizeof what, "acc = then += n%zu", n);
+    cmp(what, h = dl(gd, n), ref2, n, 0);
+    free(h);
     /* dropout: p = 0 (identity) and p in (0, 1): same mask bits as the CPU */
     for (int t = 0; t < 2; t++) {
         float p = t ? frand(0.05f, 0.9f) : 0.0f;
         uint64_t seed = rnd();
         float *cm = malloc(n * sizeof(float)), *co = malloc(n * sizeof(float));
         float *dy = frnd(n, -1, 1), *cdx = malloc(n * sizeof(float));
-        if (ops_cpu.dropout_forward(cpu, co, cm, a, n, p, seed) || ops_cpu.dropout_backward(cpu, cdx, 0, dy, cm, n))
+        if (ops_cpu.dropout_forward(cpu, co, cm, a, n, p, seed) ||
+            ops_cpu.dropout_backward(cpu, cdx, 0, dy, cm, n))
             DIE("cpu dropout");
         float *gm = nan_dev(n), *gout = nan_dev(n), *gdy = dup_dev(dy, n), *gdx = nan_dev(n);
         if (ops_cuda.dropout_forward(gpu, gout, gm, ga, n, p, seed) ||
             ops_cuda.dropout_backward(gpu, gdx, 0, gdy, gm, n))
             DIE("cuda dropout");
-        snprintf(what, sizeof what, "dropout mask p=%.3f n%zu (bitwise)", p, n); cmp(what, h = dl(gm, n), cm, n, 0); free(h);
-        snprintf(what, sizeof what, "dropout fwd p=%.3f", p); cmp(what, h = dl(gout, n), co, n, 0); free(h);
-        snprintf(what, sizeof what, "dropout bwd p=%.3f", p); cmp(what, h = dl(gdx, n), cdx, n, 0); free(h);
-        free(cm); free(co); free(dy); free(cdx);
-        cuda_free(gm); cuda_free(gout); cuda_free(gdy); cuda_free(gdx);
+        snprintf(what, sizeof what, "dropout mask p=%.3f n%zu (bitwise)", p, n);
+        cmp(what, h = dl(gm, n), cm, n, 0);
+        free(h);
+        snprintf(what, sizeof what, "dropout fwd p=%.3f", p);
+        cmp(what, h = dl(gout, n), co, n, 0);
+        free(h);
+        snprintf(what, sizeof what, "dropout bwd p=%.3f", p);
+        cmp(what, h = dl(gdx, n), cdx, n, 0);
+        free(h);
+        free(cm);
+        free(co);
+        free(dy);
+        free(cdx);
+        cuda_free(gm);
+        cuda_free(gout);
+        cuda_free(gdy);
+        cuda_free(gdx);
     }
     /* layout: CUDA activations are plain NCHW; to_plain / from_plain copy or add */
     if (ops_cuda.act_block(64) != 1) {
@@ -306,17 +446,35 @@ static void test_elementwise(void)
         DIE("cuda to_plain/from_plain");
     for (size_t i = 0; i < m; i++)
         ref2[i] = a[i] + b[i];
-    snprintf(what, sizeof what, "to_plain then from_plain += n%zu", m); cmp(what, h = dl(gp, m), ref2, m, 0); free(h);
-    free(a); free(b); free(ref); free(ref2);
-    cuda_free(ga); cuda_free(gb); cuda_free(go); cuda_free(gd); cuda_free(gp);
+    snprintf(what, sizeof what, "to_plain then from_plain += n%zu", m);
+    cmp(what, h = dl(gp, m), ref2, m, 0);
+    free(h);
+    free(a);
+    free(b);
+    free(ref);
+    free(ref2);
+    cuda_free(ga);
+    cuda_free(gb);
+    cuda_free(go);
+    cuda_free(gd);
+    cuda_free(gp);
 }
 
 static void test_errors(void)
 {
     ops_conv_shape s;
     memset(&s, 0, sizeof s);
-    s.B = 1; s.C = 6; s.H = 8; s.W = 8; s.OC = 4; s.K = 3; s.stride = 1; s.pad = 1; s.groups = 4;
-    s.OH = 8; s.OW = 8;
+    s.B = 1;
+    s.C = 6;
+    s.H = 8;
+    s.W = 8;
+    s.OC = 4;
+    s.K = 3;
+    s.stride = 1;
+    s.pad = 1;
+    s.groups = 4;
+    s.OH = 8;
+    s.OW = 8;
     int rc = ops_cuda.conv_forward(gpu, NULL, NULL, NULL, &s);
     checks++;
     if (rc != -EINVAL) {

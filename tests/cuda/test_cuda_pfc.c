@@ -152,7 +152,12 @@ static void *ref_rank_main(void *vp)
         free(hgc);
     }
     cuda_head_ws_free(&ws);
-    cuda_free(demb); cuda_free(dcen); cuda_free(dlab); cuda_free(dlog); cuda_free(dge); cuda_free(dgc);
+    cuda_free(demb);
+    cuda_free(dcen);
+    cuda_free(dlab);
+    cuda_free(dlog);
+    cuda_free(dge);
+    cuda_free(dgc);
     free(cen);
     free(lab);
     return NULL;
@@ -172,8 +177,8 @@ static void ref_run(const head_refcase *c, int W, int bad_rank)
     refrank a[MAXW];
     pthread_t th[MAXW];
     for (int r = 0; r < W; r++) {
-        a[r] = (refrank){.c = c, .grp = g, .rank = r, .W = W, .bad = r == bad_rank, .logits_full = logits,
-                         .gc_full = gc};
+        a[r] = (refrank){
+            .c = c, .grp = g, .rank = r, .W = W, .bad = r == bad_rank, .logits_full = logits, .gc_full = gc};
         if (pthread_create(&th[r], NULL, ref_rank_main, &a[r]))
             DIE("pthread_create");
     }
@@ -207,11 +212,12 @@ static void ref_run(const head_refcase *c, int W, int bad_rank)
                 ge[i] = (float)s;
             }
             double el = fabs(a[0].loss - c->rloss) / fabs(c->rloss);
-            double elog = rel_l2_f64(logits, c->rlog, (size_t)n * k), ege = rel_l2_f64(ge, c->rge, (size_t)n * d),
-                   egc = rel_l2_f64(gc, c->rgc, (size_t)k * d);
+            double elog = rel_l2_f64(logits, c->rlog, (size_t)n * k),
+                   ege = rel_l2_f64(ge, c->rge, (size_t)n * d), egc = rel_l2_f64(gc, c->rgc, (size_t)k * d);
             int pass = same && el <= TOL && elog <= TOL && ege <= TOL && egc <= TOL;
             printf("%-4s W=%d %-44s loss %.6f rel %.2e%s | logits %.2e | grad_emb %.2e | grad_cen %.2e\n",
-                   pass ? "ok" : "FAIL", W, c->name, a[0].loss, el, same ? "" : " (ranks differ)", elog, ege, egc);
+                   pass ? "ok" : "FAIL", W, c->name, a[0].loss, el, same ? "" : " (ranks differ)", elog, ege,
+                   egc);
             CHECK(pass, "W=%d %s vs reference", W, c->name);
             free(ge);
         }
@@ -231,7 +237,8 @@ static void fused_run(const head_refcase *c)
     cuda_head_ws ws;
     if (cuda_head_ws_init(&ws, n, k, d))
         DIE("fused head workspace");
-    float *demb = dev_up(c->emb, (size_t)n * d * sizeof(float)), *dcen = dev_up(c->cen, (size_t)k * d * sizeof(float));
+    float *demb = dev_up(c->emb, (size_t)n * d * sizeof(float)),
+          *dcen = dev_up(c->cen, (size_t)k * d * sizeof(float));
     int64_t *dlab = dev_up(c->lab, (size_t)n * sizeof(int64_t));
     float *dlog = nan_dev((size_t)n * k), *dge = nan_dev((size_t)n * d), *dgc = nan_dev((size_t)k * d);
     double loss = NAN;
@@ -248,8 +255,15 @@ static void fused_run(const head_refcase *c)
            pass ? "ok" : "FAIL", c->name, loss, el, elog, ege, egc, rc ? " " : "", rc ? pf_errmsg() : "");
     CHECK(pass, "fused %s vs reference", c->name);
     cuda_head_ws_free(&ws);
-    cuda_free(demb); cuda_free(dcen); cuda_free(dlab); cuda_free(dlog); cuda_free(dge); cuda_free(dgc);
-    free(hl); free(hge); free(hgc);
+    cuda_free(demb);
+    cuda_free(dcen);
+    cuda_free(dlab);
+    cuda_free(dlog);
+    cuda_free(dge);
+    cuda_free(dgc);
+    free(hl);
+    free(hge);
+    free(hgc);
 }
 
 /* ---------------- part 2: pfc_cuda_step vs pfc_step ---------------- */
@@ -283,7 +297,10 @@ typedef struct prank {
     char msg[512];
 } prank;
 
-static float center_value(int64_t id, int j) { return sym(1, (uint64_t)id, (uint64_t)j, 0); }
+static float center_value(int64_t id, int j)
+{
+    return sym(1, (uint64_t)id, (uint64_t)j, 0);
+}
 
 static void *pfc_rank_main(void *vp)
 {
@@ -295,8 +312,14 @@ static void *pfc_rank_main(void *vp)
         coll_thread_get(a->grp, r, &coll);
         cp = &coll;
     }
-    head_params hp = {.s = 64, .m1 = c->m1, .m2 = c->m2, .m3 = c->m3, .interclass_filtering_threshold = c->tau,
-                      .margin_grad = c->mg, .mode = c->mode, .clamp_loss = 0};
+    head_params hp = {.s = 64,
+                      .m1 = c->m1,
+                      .m2 = c->m2,
+                      .m3 = c->m3,
+                      .interclass_filtering_threshold = c->tau,
+                      .margin_grad = c->mg,
+                      .mode = c->mode,
+                      .clamp_loss = 0};
     pfc cpu;
     pfc_cuda gx;
     memset(&gx, 0, sizeof gx);
@@ -355,8 +378,9 @@ static void *pfc_rank_main(void *vp)
             emb[0] = NAN;
         if (c->corrupt == CORRUPT_BADLABEL && r == W - 1)
             cpu.labels_local[0] = k; /* one past the sampled columns, on one rank only */
-        if (cuda_h2d(demb, emb, bd * sizeof(float)) || (k && cuda_h2d(dcen, cen, (size_t)k * PD * sizeof(float))) ||
-            cuda_fill_f32(dge, NAN, bd) || cuda_fill_f32(dgc, NAN, kd))
+        if (cuda_h2d(demb, emb, bd * sizeof(float)) ||
+            (k && cuda_h2d(dcen, cen, (size_t)k * PD * sizeof(float))) || cuda_fill_f32(dge, NAN, bd) ||
+            cuda_fill_f32(dgc, NAN, kd))
             DIE("rank %d: upload", r);
         a->lg[step] = NAN;
         a->rcg[step] = pfc_cuda_step(&gx, &cpu, demb, dcen, &a->lg[step], dge, dgc);
@@ -377,7 +401,8 @@ static void *pfc_rank_main(void *vp)
             free(h2);
         }
         if (c->corrupt == CORRUPT_BADLABEL) {
-            a->rcc[step] = -ERANGE; /* pfc_step would stop this rank before the collectives the others are in */
+            a->rcc[step] =
+                -ERANGE; /* pfc_step would stop this rank before the collectives the others are in */
             break;
         }
         a->lc[step] = NAN;
@@ -387,8 +412,16 @@ static void *pfc_rank_main(void *vp)
         if (c->corrupt != CORRUPT_NONE)
             break;
     }
-    free(emb); free(cen); free(hge); free(hgc); free(cge); free(cgc);
-    cuda_free(demb); cuda_free(dcen); cuda_free(dge); cuda_free(dgc);
+    free(emb);
+    free(cen);
+    free(hge);
+    free(hgc);
+    free(cge);
+    free(cgc);
+    cuda_free(demb);
+    cuda_free(dcen);
+    cuda_free(dge);
+    cuda_free(dgc);
     pfc_cuda_free(&gx);
     pfc_free(&cpu);
     if (ncoll.ops)
@@ -415,9 +448,10 @@ static void pfc_run(const pcfg *c)
     if (g)
         coll_thread_group_destroy(g);
     char name[160];
-    snprintf(name, sizeof name, "%sW=%d %s %s%s tau %.2f rate %.1f, %s", c->nccl ? "NCCL " : "", W, c->mode == HEAD_MODE_GLOBAL ? "global" : "local",
-             c->mg == HEAD_MARGIN_GRAD_EXACT ? "exact" : "straight_through", c->m3 != 0 ? " cosface-combined" : "",
-             c->tau, c->rate, corrupt_name[c->corrupt]);
+    snprintf(name, sizeof name, "%sW=%d %s %s%s tau %.2f rate %.1f, %s", c->nccl ? "NCCL " : "", W,
+             c->mode == HEAD_MODE_GLOBAL ? "global" : "local",
+             c->mg == HEAD_MARGIN_GRAD_EXACT ? "exact" : "straight_through",
+             c->m3 != 0 ? " cosface-combined" : "", c->tau, c->rate, corrupt_name[c->corrupt]);
     for (int r = 0; r < W; r++)
         if (a[r].setup_failed) {
             printf("FAIL %s: rank %d setup: %s\n", name, r, a[r].msg);
@@ -462,8 +496,8 @@ static void pfc_run(const pcfg *c)
     if (c->corrupt == CORRUPT_NONE) {
         int ok = 1;
         for (int r = 0; r < W; r++)
-            ok &= a[r].rc_fwd == 0 && a[r].rc_noemb == 0 && memcmp(&a[r].l_fwd, &a[r].lg[steps - 1], 8) == 0 &&
-                  a[r].egc_noemb <= 1e-6;
+            ok &= a[r].rc_fwd == 0 && a[r].rc_noemb == 0 &&
+                  memcmp(&a[r].l_fwd, &a[r].lg[steps - 1], 8) == 0 && a[r].egc_noemb <= 1e-6;
         printf("%-4s %s: forward-only loss identical %.9f, grad_centers without grad_embeddings rel %.2e\n",
                ok ? "ok" : "FAIL", name, a[0].l_fwd, a[0].egc_noemb);
         CHECK(ok, "%s: forward only / no grad_embeddings", name);
@@ -568,7 +602,8 @@ int main(void)
         const pcfg ncfgs[] = {
             {W, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 1},
             {W, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_NONE, 1},
-            {W, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, 0.9, 0.4, 0.15, 0.05, 1.0, CORRUPT_ORPHAN, 1},
+            {W, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH, 0.9, 0.4, 0.15, 0.05, 1.0,
+             CORRUPT_ORPHAN, 1},
             {W, HEAD_MODE_GLOBAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL, 1},
             {W, HEAD_MODE_LOCAL, HEAD_MARGIN_GRAD_EXACT, 1, 0.5, 0, 0, 0.3, CORRUPT_BADLABEL, 1},
         };
@@ -584,7 +619,8 @@ int main(void)
     }
 #endif
     if (!nccl_ran)
-        printf("NOTE: part 3 (pfc_cuda over NCCL, one rank per GPU) needs NCCL and 2 GPUs (%d visible): not run\n",
+        printf("NOTE: part 3 (pfc_cuda over NCCL, one rank per GPU) needs NCCL and 2 GPUs (%d visible): not "
+               "run\n",
                gpus);
     printf("%d failure(s)\n", fails);
     if (fails)

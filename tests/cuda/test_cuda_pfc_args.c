@@ -34,7 +34,11 @@ int main(void)
 {
     int gpus = cuda_device_count();
     printf("CUDA devices visible: %d\n", gpus);
-    head_params hp = {.s = 64, .m1 = 1, .m2 = 0.5, .m3 = 0, .margin_grad = HEAD_MARGIN_GRAD_EXACT,
+    head_params hp = {.s = 64,
+                      .m1 = 1,
+                      .m2 = 0.5,
+                      .m3 = 0,
+                      .margin_grad = HEAD_MARGIN_GRAD_EXACT,
                       .mode = HEAD_MODE_GLOBAL};
     enum { C = 100, B = 4, D = 8 };
     pfc host1, host2;
@@ -56,10 +60,14 @@ int main(void)
     pfc zero;
     memset(&zero, 0, sizeof zero);
     refused(pfc_cuda_create(&g, &zero, NULL, 0), -EINVAL, "pfc_init", "create: host pfc not initialized");
-    refused(pfc_cuda_create(&g, &host2, NULL, 0), -EINVAL, "needs a device pf_coll", "create: world 2 without coll");
-    refused(pfc_cuda_create(&g, &host2, &c1, 0), -EINVAL, "not the host pfc's group", "create: coll of rank 1 for rank 0");
-    refused(pfc_cuda_create(&g, &host2, &c3, 0), -EINVAL, "not the host pfc's group", "create: coll of 3 for a group of 2");
-    refused(pfc_cuda_create(&g, &host1, &c0, 0), -EINVAL, "not the host pfc's group", "create: coll of 2 for one process");
+    refused(pfc_cuda_create(&g, &host2, NULL, 0), -EINVAL, "needs a device pf_coll",
+            "create: world 2 without coll");
+    refused(pfc_cuda_create(&g, &host2, &c1, 0), -EINVAL, "not the host pfc's group",
+            "create: coll of rank 1 for rank 0");
+    refused(pfc_cuda_create(&g, &host2, &c3, 0), -EINVAL, "not the host pfc's group",
+            "create: coll of 3 for a group of 2");
+    refused(pfc_cuda_create(&g, &host1, &c0, 0), -EINVAL, "not the host pfc's group",
+            "create: coll of 2 for one process");
     pfc bad = host1;
     bad.params.s = 0;
     refused(pfc_cuda_create(&g, &bad, NULL, 0), -EINVAL, "scale", "create: scale 0");
@@ -90,7 +98,8 @@ int main(void)
     double loss = NAN;
     pfc_cuda none;
     memset(&none, 0, sizeof none);
-    refused(pfc_cuda_step(NULL, &host1, &dummy, &dummy, &loss, NULL, NULL), -EINVAL, "not created", "step: NULL state");
+    refused(pfc_cuda_step(NULL, &host1, &dummy, &dummy, &loss, NULL, NULL), -EINVAL, "not created",
+            "step: NULL state");
     refused(pfc_cuda_step(&none, &host1, &dummy, &dummy, &loss, NULL, NULL), -EINVAL, "not created",
             "step: state never created");
     pfc_cuda_free(&none);
@@ -105,10 +114,10 @@ int main(void)
     cuda_head_params cp = {.s = 64, .m1 = 1, .m2 = 0.5, .m3 = 0};
     int64_t lab = 0;
     memset(&ws, 0, sizeof ws);
-    refused(cuda_head_dist(NULL, 0, &ws, NULL, &dummy, 1, &dummy, 1, &lab, &loss, NULL, NULL, NULL, NULL), -EINVAL,
-            "NULL", "head: NULL params");
-    refused(cuda_head_dist(&cp, 0, &ws, NULL, &dummy, 1, &dummy, 1, &lab, &loss, NULL, NULL, NULL, NULL), -EINVAL,
-            "not initialized", "head: workspace not initialized");
+    refused(cuda_head_dist(NULL, 0, &ws, NULL, &dummy, 1, &dummy, 1, &lab, &loss, NULL, NULL, NULL, NULL),
+            -EINVAL, "NULL", "head: NULL params");
+    refused(cuda_head_dist(&cp, 0, &ws, NULL, &dummy, 1, &dummy, 1, &lab, &loss, NULL, NULL, NULL, NULL),
+            -EINVAL, "not initialized", "head: workspace not initialized");
     CHECK(gpus || cuda_managed_concurrent() == 0, "cuda_managed_concurrent() is 0 without a GPU");
 
     if (gpus) {
@@ -130,11 +139,11 @@ int main(void)
                 "step: a host pfc of another shape");
         pfc_free(&other);
         CHECK(cuda_head_ws_init_coll(&ws, 4, 4, 4, 1) == 0, "managed workspace: %s", pf_errmsg());
-        refused(cuda_head_dist(&cp, 0, &ws, NULL, &dummy, 5, &dummy, 1, &lab, &loss, NULL, NULL, NULL, NULL), -EINVAL,
-                "do not fit", "head: n above n_max");
+        refused(cuda_head_dist(&cp, 0, &ws, NULL, &dummy, 5, &dummy, 1, &lab, &loss, NULL, NULL, NULL, NULL),
+                -EINVAL, "do not fit", "head: n above n_max");
         cp.tau = NAN;
-        refused(cuda_head_dist(&cp, 0, &ws, NULL, &dummy, 1, &dummy, 1, &lab, &loss, NULL, NULL, NULL, NULL), -EINVAL,
-                "tau", "head: tau NaN");
+        refused(cuda_head_dist(&cp, 0, &ws, NULL, &dummy, 1, &dummy, 1, &lab, &loss, NULL, NULL, NULL, NULL),
+                -EINVAL, "tau", "head: tau NaN");
         cuda_head_ws_free(&ws);
         pfc_cuda_free(&g);
         CHECK(zeroed(&g), "pfc_cuda_free zeroes the state");

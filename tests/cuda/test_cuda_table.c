@@ -21,14 +21,14 @@ int main(void)
 {
     const ops_device *d = &ops_cuda;
     void (*const entries[])(void) = {
-        (void (*)(void))d->ctx_create,      (void (*)(void))d->ctx_destroy,
-        (void (*)(void))d->conv_forward,    (void (*)(void))d->conv_backward,
-        (void (*)(void))d->bn_forward,      (void (*)(void))d->bn_backward,
-        (void (*)(void))d->prelu_forward,   (void (*)(void))d->prelu_backward,
-        (void (*)(void))d->linear_forward,  (void (*)(void))d->linear_backward,
-        (void (*)(void))d->add_forward,     (void (*)(void))d->acc,
-        (void (*)(void))d->act_block,       (void (*)(void))d->to_plain,
-        (void (*)(void))d->from_plain,      (void (*)(void))d->dropout_forward,
+        (void (*)(void))d->ctx_create,       (void (*)(void))d->ctx_destroy,
+        (void (*)(void))d->conv_forward,     (void (*)(void))d->conv_backward,
+        (void (*)(void))d->bn_forward,       (void (*)(void))d->bn_backward,
+        (void (*)(void))d->prelu_forward,    (void (*)(void))d->prelu_backward,
+        (void (*)(void))d->linear_forward,   (void (*)(void))d->linear_backward,
+        (void (*)(void))d->add_forward,      (void (*)(void))d->acc,
+        (void (*)(void))d->act_block,        (void (*)(void))d->to_plain,
+        (void (*)(void))d->from_plain,       (void (*)(void))d->dropout_forward,
         (void (*)(void))d->dropout_backward,
     };
     int missing = 0;

@@ -38,8 +38,8 @@ typedef struct shared {
     double norm_rel[MP_MAXW], elem_rel[MP_MAXW], spread;
     int mismatch;
     size_t chunk_bytes; /* ring message size, 0 = the default (what training uses) */
-    float *pre;  /* [W][CAP]: each rank's gradient before the allreduce */
-    float *post; /* [W][CAP]: after allreduce + divide */
+    float *pre;         /* [W][CAP]: each rank's gradient before the allreduce */
+    float *post;        /* [W][CAP]: after allreduce + divide */
 } shared;
 
 static uint64_t splitmix(uint64_t *s)
@@ -50,7 +50,10 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static float urand(uint64_t *s) { return (float)(ldexp((double)(splitmix(s) >> 11), -53) * 2.0 - 1.0); }
+static float urand(uint64_t *s)
+{
+    return (float)(ldexp((double)(splitmix(s) >> 11), -53) * 2.0 - 1.0);
+}
 
 static int body(mp_rank *mr, void *arg)
 {
@@ -63,22 +66,27 @@ static int body(mp_rank *mr, void *arg)
     coll_fabric_opts co = {.chunk_bytes = sh->chunk_bytes, .timeout_s = 60};
     int rc = in ? coll_fabric_create(mr->f, rank, W, mr->addrs, mr->lens, &co, &coll) : -ENOMEM;
     have_coll = rc == 0;
-    if (rc == 0) rc = model_create(&m, NETWORK, EMB, BATCH);
+    if (rc == 0)
+        rc = model_create(&m, NETWORK, EMB, BATCH);
     size_t n = 0;
     if (rc == 0) {
         model_init(m, 2048);
         n = model_num_params(m);
         sh->nparams[rank] = n;
-        if (n > CAP) rc = pf_err(-ENOSPC, "%zu parameters do not fit the test's %zu-float slot", n, CAP);
+        if (n > CAP)
+            rc = pf_err(-ENOSPC, "%zu parameters do not fit the test's %zu-float slot", n, CAP);
     }
     if (rc == 0) {
         uint64_t s = 1000 + (uint64_t)rank;
-        for (size_t i = 0; i < (size_t)BATCH * IMG; i++) in[i] = urand(&s);
-        for (int i = 0; i < BATCH * EMB; i++) ge[i] = urand(&s);
+        for (size_t i = 0; i < (size_t)BATCH * IMG; i++)
+            in[i] = urand(&s);
+        for (int i = 0; i < BATCH * EMB; i++)
+            ge[i] = urand(&s);
         const float *emb;
         model_zero_grad(m);
         rc = model_forward(m, in, BATCH, 1, &emb);
-        if (rc == 0) rc = model_backward(m, ge, NULL);
+        if (rc == 0)
+            rc = model_backward(m, ge, NULL);
     }
     float *g = rc == 0 ? model_grads(m) : NULL;
     if (rc == 0) {
@@ -88,14 +96,16 @@ static int body(mp_rank *mr, void *arg)
     }
     if (rc == 0) {
         float inv = 1.f / (float)W;
-        for (size_t i = 0; i < n; i++) g[i] *= inv;
+        for (size_t i = 0; i < n; i++)
+            g[i] *= inv;
         memcpy(sh->post + (size_t)rank * CAP, g, n * sizeof(float));
         rc = coll_barrier(&coll); /* every rank's captures are in place */
     }
     if (rc == 0) {
         for (int r = 0; r < W; r++)
             if (sh->nparams[r] != n) {
-                printf("FAIL W=%d rank %d: rank %d has %zu parameters, I have %zu\n", W, rank, r, sh->nparams[r], n);
+                printf("FAIL W=%d rank %d: rank %d has %zu parameters, I have %zu\n", W, rank, r,
+                       sh->nparams[r], n);
                 fails++;
             }
         double num = 0, den = 0, elem = 0;
@@ -111,8 +121,10 @@ static int body(mp_rank *mr, void *arg)
             double e = fabs((double)g[i] - mean);
             num += e * e;
             den += mean * mean;
-            if (mag > 0) elem = fmax(elem, e / mag);
-            else if (e > 0) elem = INFINITY;
+            if (mag > 0)
+                elem = fmax(elem, e / mag);
+            else if (e > 0)
+                elem = INFINITY;
         }
         sh->norm_rel[rank] = sqrt(num) / fmax(sqrt(den), 1e-300);
         sh->elem_rel[rank] = elem;
@@ -121,7 +133,8 @@ static int body(mp_rank *mr, void *arg)
             fails++;
         }
         if (!(sh->norm_rel[rank] <= TOL) || !(elem <= TOL)) {
-            printf("FAIL W=%d rank %d: allreduced gradient vs float64 mean: norm rel %.3g, elementwise %.3g (tol %.0e)\n",
+            printf("FAIL W=%d rank %d: allreduced gradient vs float64 mean: norm rel %.3g, elementwise %.3g "
+                   "(tol %.0e)\n",
                    W, rank, sh->norm_rel[rank], elem, TOL);
             fails++;
         }
@@ -145,8 +158,9 @@ static int body(mp_rank *mr, void *arg)
             }
             sh->spread = spread;
             if (!(spread > 1e-2)) {
-                printf("FAIL W=%d: per-rank gradients differ by only %.3g: the test cannot tell a mean from a copy\n", W,
-                       spread);
+                printf("FAIL W=%d: per-rank gradients differ by only %.3g: the test cannot tell a mean from "
+                       "a copy\n",
+                       W, spread);
                 fails++;
             }
         }
@@ -157,7 +171,8 @@ static int body(mp_rank *mr, void *arg)
         fails++;
     }
     model_free(m);
-    if (have_coll) coll_destroy(&coll);
+    if (have_coll)
+        coll_destroy(&coll);
     free(in);
     return fails ? 1 : 0;
 }
@@ -168,7 +183,8 @@ int main(void)
     size_t bytes = sizeof(float) * CAP * MP_MAXW;
     shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     float *pre = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    float *post = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    float *post =
+        mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (sh == MAP_FAILED || pre == MAP_FAILED || post == MAP_FAILED) {
         printf("FAIL: mmap\n");
         return 1;
@@ -186,18 +202,24 @@ int main(void)
         sh->post = post;
         sh->chunk_bytes = cases_chunk[ci];
         int rc = mp_ring_run(W, body, sh, 90);
-        if (rc == 77) return 77;
+        if (rc == 77)
+            return 77;
         double nr = 0, er = 0;
-        for (int r = 0; r < W; r++) nr = fmax(nr, sh->norm_rel[r]), er = fmax(er, sh->elem_rel[r]);
-        printf("%s W=%d chunk %-7s %s emb %d batch %d, %zu parameters: allreduce(sum)/W vs float64 mean of the per-rank "
-               "gradients: norm rel %.2e, elementwise (vs mean |g|) %.2e (tol %.0e); ranks' own gradients differ by "
+        for (int r = 0; r < W; r++)
+            nr = fmax(nr, sh->norm_rel[r]), er = fmax(er, sh->elem_rel[r]);
+        printf("%s W=%d chunk %-7s %s emb %d batch %d, %zu parameters: allreduce(sum)/W vs float64 mean of "
+               "the per-rank "
+               "gradients: norm rel %.2e, elementwise (vs mean |g|) %.2e (tol %.0e); ranks' own gradients "
+               "differ by "
                "%.2e\n",
-               rc ? "FAIL" : "ok  ", W, cases_chunk[ci] ? "12 KiB" : "default", NETWORK, EMB, BATCH, sh->nparams[0], nr, er, TOL, sh->spread);
+               rc ? "FAIL" : "ok  ", W, cases_chunk[ci] ? "12 KiB" : "default", NETWORK, EMB, BATCH,
+               sh->nparams[0], nr, er, TOL, sh->spread);
         worst_norm = fmax(worst_norm, nr);
         worst_elem = fmax(worst_elem, er);
         fails += rc != 0;
     }
-    printf("%s: backbone gradient after the ring allreduce == mean of per-worker gradients, W = 2, 3: max norm rel "
+    printf("%s: backbone gradient after the ring allreduce == mean of per-worker gradients, W = 2, 3: max "
+           "norm rel "
            "%.2e, elementwise %.2e (tol %.0e)\n",
            fails ? "FAIL" : "PASS", worst_norm, worst_elem, TOL);
     return fails ? 1 : 0;

@@ -53,10 +53,10 @@
 enum { S_SERVERS = 2, NB = 12, D = 16, C = 30, STEPS = 20, MAXW = 3 };
 #define TOL 1e-4
 /* The servers' SGD, stated in their config (appended after pst_start's own lines, which say the same). */
-#define MOMENTUM 0.9
+#define MOMENTUM     0.9
 #define WEIGHT_DECAY 5e-4
 #define SERVER_EXTRA "[train]\nmomentum = 0.9\nweight_decay = 0.0005\nmax_staleness = 0\n"
-#define SEED 4242u
+#define SEED         4242u
 
 /* One worker's findings, written into a shared mapping for the parent. */
 typedef struct result {
@@ -75,7 +75,10 @@ static uint64_t splitmix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static double unif(uint64_t *s) { return ldexp((double)(splitmix(s) >> 11), -53); }
+static double unif(uint64_t *s)
+{
+    return ldexp((double)(splitmix(s) >> 11), -53);
+}
 
 static double gauss(uint64_t *s)
 {
@@ -114,22 +117,27 @@ static double ref_head(const double *E, const int64_t *y, const double *Wt, doub
     double en[NB][D], ie[NB], wn[C][D], iw[C], dc[NB][C];
     for (int i = 0; i < NB; i++) {
         double n2 = 0;
-        for (int d = 0; d < D; d++) n2 += E[i * D + d] * E[i * D + d];
+        for (int d = 0; d < D; d++)
+            n2 += E[i * D + d] * E[i * D + d];
         ie[i] = 1.0 / fmax(sqrt(n2), 1e-12);
-        for (int d = 0; d < D; d++) en[i][d] = E[i * D + d] * ie[i];
+        for (int d = 0; d < D; d++)
+            en[i][d] = E[i * D + d] * ie[i];
     }
     for (int j = 0; j < C; j++) {
         double n2 = 0;
-        for (int d = 0; d < D; d++) n2 += Wt[j * D + d] * Wt[j * D + d];
+        for (int d = 0; d < D; d++)
+            n2 += Wt[j * D + d] * Wt[j * D + d];
         iw[j] = 1.0 / fmax(sqrt(n2), 1e-12);
-        for (int d = 0; d < D; d++) wn[j][d] = Wt[j * D + d] * iw[j];
+        for (int d = 0; d < D; d++)
+            wn[j][d] = Wt[j * D + d] * iw[j];
     }
     double loss = 0;
     for (int i = 0; i < NB; i++) {
         double z[C], dvdc[C], mx = -INFINITY;
         for (int j = 0; j < C; j++) {
             double c = 0;
-            for (int d = 0; d < D; d++) c += en[i][d] * wn[j][d];
+            for (int d = 0; d < D; d++)
+                c += en[i][d] * wn[j][d];
             c = fmin(1.0, fmax(-1.0, c));
             double v = c;
             dvdc[j] = 1.0;
@@ -137,13 +145,15 @@ static double ref_head(const double *E, const int64_t *y, const double *Wt, doub
                 double t = fmin(1.0 - 1e-7, fmax(-1.0 + 1e-7, c));
                 double th = acos(t);
                 v = cos(m1 * th + m2) - m3;
-                if (exact) dvdc[j] = m1 * sin(m1 * th + m2) / sin(th);
+                if (exact)
+                    dvdc[j] = m1 * sin(m1 * th + m2) / sin(th);
             }
             z[j] = s * v;
             mx = fmax(mx, z[j]);
         }
         double sum = 0;
-        for (int j = 0; j < C; j++) sum += exp(z[j] - mx);
+        for (int j = 0; j < C; j++)
+            sum += exp(z[j] - mx);
         double li = -(z[y[i]] - mx - log(sum));
         loss += fmin(li, -log(1e-30)); /* arcface_torch's floor of p at 1e-30 */
         for (int j = 0; j < C; j++) {
@@ -155,19 +165,23 @@ static double ref_head(const double *E, const int64_t *y, const double *Wt, doub
         double g[D], dot = 0;
         for (int d = 0; d < D; d++) {
             g[d] = 0;
-            for (int j = 0; j < C; j++) g[d] += dc[i][j] * wn[j][d];
+            for (int j = 0; j < C; j++)
+                g[d] += dc[i][j] * wn[j][d];
             dot += g[d] * en[i][d];
         }
-        for (int d = 0; d < D; d++) ge[i * D + d] = (g[d] - en[i][d] * dot) * ie[i];
+        for (int d = 0; d < D; d++)
+            ge[i * D + d] = (g[d] - en[i][d] * dot) * ie[i];
     }
     for (int j = 0; j < C; j++) {
         double g[D], dot = 0;
         for (int d = 0; d < D; d++) {
             g[d] = 0;
-            for (int i = 0; i < NB; i++) g[d] += dc[i][j] * en[i][d];
+            for (int i = 0; i < NB; i++)
+                g[d] += dc[i][j] * en[i][d];
             dot += g[d] * wn[j][d];
         }
-        for (int d = 0; d < D; d++) gw[j * D + d] = (g[d] - wn[j][d] * dot) * iw[j];
+        for (int d = 0; d < D; d++)
+            gw[j * D + d] = (g[d] - wn[j][d] * dot) * iw[j];
     }
     return loss / NB;
 }
@@ -200,7 +214,8 @@ static double row_rel(const float *a, const double *b, int rows, int cols)
 static double rel_dd(const double *a, const double *b, size_t n)
 {
     double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+    for (size_t i = 0; i < n; i++)
+        num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
     return sqrt(num) / fmax(sqrt(den), 1e-300);
 }
 
@@ -217,10 +232,12 @@ typedef struct job {
 static int pull_all(ps_client *ps, int64_t step, float *out)
 {
     int64_t ids[C];
-    for (int c = 0; c < C; c++) ids[c] = c;
+    for (int c = 0; c < C; c++)
+        ids[c] = c;
     ps_req *rq;
     int rc = ps_pull(ps, ids, C, out, step, &rq);
-    if (rc == 0) rc = ps_wait(ps, rq, 30.0);
+    if (rc == 0)
+        rc = ps_wait(ps, rq, 30.0);
     return rc;
 }
 
@@ -237,17 +254,24 @@ static int worker(job *j)
     result *R = j->res;
     float cen[C * D], gcen[C * D], gemb[NB * D], emb[NB * D], pulled[C * D];
     int64_t labels[NB];
-    double Wr[C * D], Vr[C * D], Wm[C * D], Vm[C * D], Ww[C * D], Vw[C * D], E[NB * D], ge[NB * D], ge2[NB * D],
-        gw[C * D];
+    double Wr[C * D], Vr[C * D], Wm[C * D], Vm[C * D], Ww[C * D], Vw[C * D], E[NB * D], ge[NB * D],
+        ge2[NB * D], gw[C * D];
 
-    ps_client_opts po = {.provider = "tcp", .rank = rank, .servers = S_SERVERS, .num_classes = C, .dim = D,
+    ps_client_opts po = {.provider = "tcp",
+                         .rank = rank,
+                         .servers = S_SERVERS,
+                         .num_classes = C,
+                         .dim = D,
                          .dtype = PS_DT_FP32};
     int rc = ps_client_create(&po, &ps);
-    if (rc == 0) rc = fab_open("tcp", &fab);
+    if (rc == 0)
+        rc = fab_open("tcp", &fab);
     uint8_t a0[FAB_MAX_ADDR], a1[FAB_MAX_ADDR], packed[CTL_MAX_ADDR];
     size_t l0 = sizeof a0, l1 = sizeof a1;
-    if (rc == 0) rc = ps_client_getname(ps, a0, &l0);
-    if (rc == 0) rc = fab_getname(fab, a1, &l1);
+    if (rc == 0)
+        rc = ps_client_getname(ps, a0, &l0);
+    if (rc == 0)
+        rc = fab_getname(fab, a1, &l1);
     int plen = -1;
     if (rc == 0) {
         const void *parts[2] = {a0, a1};
@@ -257,12 +281,12 @@ static int worker(job *j)
     }
     if (rc == 0) {
         what = "join";
-        rc = ctl_join("127.0.0.1", j->cl->port, CTL_ROLE_WORKER, rank, packed, (size_t)plen, j->secret, 1 << 20,
-                      30.0, &sess);
+        rc = ctl_join("127.0.0.1", j->cl->port, CTL_ROLE_WORKER, rank, packed, (size_t)plen, j->secret,
+                      1 << 20, 30.0, &sess);
     }
     const ctl_book *book = rc == 0 ? ctl_session_book(sess) : NULL;
-    for (int s = 0; rc == 0 && s < S_SERVERS; s++) rc = ps_client_add_server(ps, s, book->servers[s].addr,
-                                                                            book->servers[s].addr_len);
+    for (int s = 0; rc == 0 && s < S_SERVERS; s++)
+        rc = ps_client_add_server(ps, s, book->servers[s].addr, book->servers[s].addr_len);
     if (rc == 0) {
         what = "warmup";
         rc = ps_client_warmup(ps, 30.0);
@@ -274,10 +298,16 @@ static int worker(job *j)
         for (int w = 0; w < W && rc == 0; w++)
             rc = member_addr_part(book->workers[w].addr, book->workers[w].addr_len, 1, &addrs[w], &lens[w]);
         coll_fabric_opts co = {.timeout_s = 30};
-        if (rc == 0) rc = coll_fabric_create(fab, rank, W, addrs, lens, &co, &coll);
+        if (rc == 0)
+            rc = coll_fabric_create(fab, rank, W, addrs, lens, &co, &coll);
         have_coll = rc == 0;
     }
-    head_params hp = {.s = 64, .m1 = 1, .m2 = 0.5, .m3 = 0, .margin_grad = j->mg, .mode = HEAD_MODE_GLOBAL,
+    head_params hp = {.s = 64,
+                      .m1 = 1,
+                      .m2 = 0.5,
+                      .m3 = 0,
+                      .margin_grad = j->mg,
+                      .mode = HEAD_MODE_GLOBAL,
                       .clamp_loss = 1};
     if (rc == 0) {
         what = "pfc_init";
@@ -290,9 +320,11 @@ static int worker(job *j)
         rc = pull_all(ps, 0, pulled);
     }
     if (rc == 0) {
-        for (int i = 0; i < C * D; i++) Wr[i] = Wm[i] = Ww[i] = pulled[i], Vr[i] = Vm[i] = Vw[i] = 0;
+        for (int i = 0; i < C * D; i++)
+            Wr[i] = Wm[i] = Ww[i] = pulled[i], Vr[i] = Vm[i] = Vw[i] = 0;
         double n0 = 0;
-        for (int i = 0; i < C * D; i++) n0 += Wr[i] * Wr[i];
+        for (int i = 0; i < C * D; i++)
+            n0 += Wr[i] * Wr[i];
         if (!(n0 > 0)) {
             printf("FAIL W=%d rank %d: the servers' initial centers are all zero\n", W, rank);
             fails++;
@@ -312,18 +344,21 @@ static int worker(job *j)
             /* sample_rate 1: exactly my partition, sorted. */
             int64_t want = 0;
             for (int c = rank; c < C; c += W) {
-                if (want >= k || ids[want] != c) break;
+                if (want >= k || ids[want] != c)
+                    break;
                 want++;
             }
             if (want != k || k != (C - rank + W - 1) / W) {
-                printf("FAIL W=%d rank %d step %d: sample of %lld ids is not the partition {c mod %d == %d}\n", W,
-                       rank, step, (long long)k, W, rank);
+                printf(
+                    "FAIL W=%d rank %d step %d: sample of %lld ids is not the partition {c mod %d == %d}\n",
+                    W, rank, step, (long long)k, W, rank);
                 fails++;
             }
             what = "pull";
             rc = ps_pull(ps, ids, (size_t)k, cen, step, &rq);
         }
-        if (rc == 0) rc = ps_wait(ps, rq, 30.0);
+        if (rc == 0)
+            rc = ps_wait(ps, rq, 30.0);
         if (rc == 0) {
             what = "pfc_step";
             rc = pfc_step(&x, emb + (size_t)rank * B * D, cen, &loss, gemb, gcen);
@@ -332,12 +367,15 @@ static int worker(job *j)
             what = "push";
             rc = ps_push(ps, ids, (size_t)k, gcen, (float)lr, step, &rq);
         }
-        if (rc == 0) rc = ps_wait(ps, rq, 30.0);
-        if (rc < 0) break;
+        if (rc == 0)
+            rc = ps_wait(ps, rq, 30.0);
+        if (rc < 0)
+            break;
 
         /* Reference step at the centers before this step's update, then SGD; the two sensitivity
          * references (no momentum, no weight decay) follow their own trajectories. */
-        for (int i = 0; i < NB * D; i++) E[i] = emb[i];
+        for (int i = 0; i < NB * D; i++)
+            E[i] = emb[i];
         double lref = ref_head(E, labels, Wr, 64, 1, 0.5, 0, exact, ge, gw);
         ref_sgd(Wr, Vr, gw, C * D, lr, MOMENTUM, WEIGHT_DECAY);
         ref_head(E, labels, Wm, 64, 1, 0.5, 0, exact, ge2, gw);
@@ -347,16 +385,18 @@ static int worker(job *j)
         double gerr = row_rel(gemb, ge + (size_t)rank * B * D, 1, B * D);
         R->gemb_err = fmax(R->gemb_err, gerr);
         if (!(gerr <= TOL)) {
-            printf("FAIL W=%d rank %d step %d: embedding gradients differ from the reference (rel %.3g)\n", W, rank,
-                   step, gerr);
+            printf("FAIL W=%d rank %d step %d: embedding gradients differ from the reference (rel %.3g)\n", W,
+                   rank, step, gerr);
             fails++;
         }
         double le = fabs(loss - lref) / fabs(lref);
         R->loss_err = fmax(R->loss_err, le);
-        if (step == 0) R->first_loss = lref;
+        if (step == 0)
+            R->first_loss = lref;
         R->last_loss = lref;
         if (!(le <= TOL)) {
-            printf("FAIL W=%d rank %d step %d: loss %.9g, reference %.9g (rel %.3g)\n", W, rank, step, loss, lref, le);
+            printf("FAIL W=%d rank %d step %d: loss %.9g, reference %.9g (rel %.3g)\n", W, rank, step, loss,
+                   lref, le);
             fails++;
         }
     }
@@ -374,8 +414,8 @@ static int worker(job *j)
             R->sens_mom = rel_dd(Wm, Wr, C * D);
             R->sens_wd = rel_dd(Ww, Wr, C * D);
             if (!(R->cent_err <= TOL)) {
-                printf("FAIL W=%d: centers after %d steps differ from the reference (row rel %.3g)\n", W, STEPS,
-                       R->cent_err);
+                printf("FAIL W=%d: centers after %d steps differ from the reference (row rel %.3g)\n", W,
+                       STEPS, R->cent_err);
                 fails++;
             }
             if (!(R->sens_mom > 100 * TOL)) {
@@ -390,11 +430,14 @@ static int worker(job *j)
         printf("FAIL W=%d rank %d closing barrier: %s\n", W, rank, pf_errmsg());
         fails++;
     }
-    if (have_pfc) pfc_free(&x);
-    if (have_coll) coll_destroy(&coll);
+    if (have_pfc)
+        pfc_free(&x);
+    if (have_coll)
+        coll_destroy(&coll);
     fab_close(fab);
     ps_client_destroy(ps);
-    if (sess) ctl_session_close(sess);
+    if (sess)
+        ctl_session_close(sess);
     R->done = 1;
     fflush(stdout);
     return fails ? 1 : 0;
@@ -406,11 +449,13 @@ static int worker(job *j)
 static int read_secret(const char *cfg_path, char *out, size_t cap)
 {
     FILE *f = fopen(cfg_path, "r");
-    if (!f) return -1;
+    if (!f)
+        return -1;
     char line[512];
     int found = -1;
     while (fgets(line, sizeof line, f))
-        if (sscanf(line, " secret = %255s", out) == 1 && strlen(out) < cap) found = 0;
+        if (sscanf(line, " secret = %255s", out) == 1 && strlen(out) < cap)
+            found = 0;
     fclose(f);
     return found;
 }
@@ -420,15 +465,18 @@ static int run_case(int W, head_margin_grad mg, double *worst)
     const char *mgname = mg == HEAD_MARGIN_GRAD_EXACT ? "exact" : "straight_through";
     pst_cluster cl;
     int rc = pst_start(&cl, S_SERVERS, W, C, D, SERVER_EXTRA, 240);
-    if (rc == 77) return 77;
-    if (rc != 0) return 1;
+    if (rc == 77)
+        return 77;
+    if (rc != 0)
+        return 1;
     char secret[256];
     if (read_secret(cl.cfg_path, secret, sizeof secret) < 0) {
         printf("FAIL: no secret in %s\n", cl.cfg_path);
         pst_stop(&cl);
         return 1;
     }
-    result *res = mmap(NULL, sizeof(result) * MAXW, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    result *res =
+        mmap(NULL, sizeof(result) * MAXW, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (res == MAP_FAILED) {
         pst_stop(&cl);
         return 1;
@@ -461,7 +509,8 @@ static int run_case(int W, head_margin_grad mg, double *worst)
         }
         int st = 0;
         pid_t got = 0;
-        while ((got = waitpid(pids[r], &st, WNOHANG)) == 0 && pst_now() - t0 < 80) usleep(10000);
+        while ((got = waitpid(pids[r], &st, WNOHANG)) == 0 && pst_now() - t0 < 80)
+            usleep(10000);
         if (got == 0) {
             printf("FAIL W=%d %s: worker %d did not finish in 80 s (killed)\n", W, mgname, r);
             kill(pids[r], SIGKILL);
@@ -473,10 +522,13 @@ static int run_case(int W, head_margin_grad mg, double *worst)
             fail = 1;
         }
     }
-    if (fail) pst_dump_logs(&cl);
-    if (pst_stop(&cl) != 0) fail = 1;
+    if (fail)
+        pst_dump_logs(&cl);
+    if (pst_stop(&cl) != 0)
+        fail = 1;
     double le = 0, ge = 0;
-    for (int r = 0; r < W; r++) le = fmax(le, res[r].loss_err), ge = fmax(ge, res[r].gemb_err);
+    for (int r = 0; r < W; r++)
+        le = fmax(le, res[r].loss_err), ge = fmax(ge, res[r].gemb_err);
     printf("%s W=%d S=%d margin_grad=%-16s loss %.5f -> %.5f over %d steps | max rel err: loss %.2e, "
            "grad_embeddings %.2e, centers %.2e (tol %.0e) | centers without momentum differ by %.2e, without "
            "weight decay by %.2e\n",
@@ -503,10 +555,12 @@ int main(void)
     for (int m = 0; m < 2; m++)
         for (int W = 1; W <= MAXW; W++) {
             int rc = run_case(W, modes[m], worst);
-            if (rc == 77) return 77;
+            if (rc == 77)
+                return 77;
             fails += rc != 0;
         }
-    printf("%s: head + %d parameter servers over W = 1..%d workers vs float64 full softmax + SGD, %d steps: max rel "
+    printf("%s: head + %d parameter servers over W = 1..%d workers vs float64 full softmax + SGD, %d steps: "
+           "max rel "
            "err loss %.2e, grad_embeddings %.2e, centers %.2e (tol %.0e)\n",
            fails ? "FAIL" : "PASS", S_SERVERS, MAXW, STEPS, worst[0], worst[1], worst[2], TOL);
     return fails ? 1 : 0;

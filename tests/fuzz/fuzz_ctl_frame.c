@@ -1,7 +1,8 @@
 /* libFuzzer target for the control-plane decoder: the input is a byte stream as a peer would send
  * it; every frame in it goes through ctl_frame_peek (length, limit), ctl_msg_decode (protobuf-c unpack
- * + ctl_msg_check), and a join reply also through ctl_book_from_reply, exactly as ctl_rendezvous.c and ctl_session.c do. The
- * frame limit is 4 KiB so oversized lengths are exercised. Built only with -Dfuzz=true (clang). */
+ * + ctl_msg_check), and a join reply also through ctl_book_from_reply, exactly as ctl_rendezvous.c and
+ * ctl_session.c do. The frame limit is 4 KiB so oversized lengths are exercised. Built only with -Dfuzz=true
+ * (clang). */
 #include "common/ctl_frame.h"
 
 #include <stddef.h>

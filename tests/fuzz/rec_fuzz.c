@@ -44,7 +44,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     snprintf(tmpdir, sizeof tmpdir, "/dev/shm/pfcps-rec-fuzz-XXXXXX");
     if (!mkdtemp(tmpdir)) {
         snprintf(tmpdir, sizeof tmpdir, "/tmp/pfcps-rec-fuzz-XXXXXX");
-        if (!mkdtemp(tmpdir)) abort();
+        if (!mkdtemp(tmpdir))
+            abort();
     }
     atexit(cleanup);
     return 0;
@@ -58,18 +59,22 @@ static void records(const uint8_t *data, size_t size)
         const uint8_t *d;
         size_t n;
         uint64_t next;
-        if (rec_read_record(data, size, off, &scratch, &d, &n, &next) < 0) break;
+        if (rec_read_record(data, size, off, &scratch, &d, &n, &next) < 0)
+            break;
         rec_payload p;
         if (rec_parse_payload(d, n, &p) == 0) {
             int64_t c;
             volatile uint8_t sink = 0;
             (void)rec_class_of(&p, 1000, &c);
             (void)rec_class_of(&p, 0, &c);
-            for (size_t k = 0; k < p.image_len; k++) sink ^= p.image[k];
-            for (uint32_t k = 0; k < p.flag; k++) sink ^= (uint8_t)(rec_f32(p.labels + 4 * k) != 0);
+            for (size_t k = 0; k < p.image_len; k++)
+                sink ^= p.image[k];
+            for (uint32_t k = 0; k < p.flag; k++)
+                sink ^= (uint8_t)(rec_f32(p.labels + 4 * k) != 0);
             (void)sink;
         }
-        if (next <= off) abort();   /* the reader must always make progress */
+        if (next <= off)
+            abort(); /* the reader must always make progress */
         off = next;
     }
     rec_buf_free(&scratch);
@@ -84,22 +89,26 @@ static void pack(const uint8_t *data, size_t size)
     char p[128];
     snprintf(p, sizeof p, "%s/t.idx", tmpdir);
     FILE *f = fopen(p, "wb");
-    if (!f) abort();
+    if (!f)
+        abort();
     fwrite(data, 1, ni, f);
     fclose(f);
     snprintf(p, sizeof p, "%s/t.rec", tmpdir);
     f = fopen(p, "wb");
-    if (!f) abort();
+    if (!f)
+        abort();
     fwrite(rec, 1, nr, f);
     fclose(f);
     snprintf(p, sizeof p, "%s/t", tmpdir);
     for (int skip = 0; skip < 2; skip++) {
         rec_file *rf;
-        if (rec_open(&rf, p, skip ? 0 : 100, skip) < 0) continue;
+        if (rec_open(&rf, p, skip ? 0 : 100, skip) < 0)
+            continue;
         rec_buf s = {0};
         for (int64_t i = 0; i < rf->num_images; i++) {
             rec_payload pl;
-            if (rec_get(rf, i, &s, &pl) < 0) abort();  /* validated at open: must read back */
+            if (rec_get(rf, i, &s, &pl) < 0)
+                abort(); /* validated at open: must read back */
         }
         rec_buf_free(&s);
         rec_close(rf);
@@ -111,20 +120,26 @@ static float out[3 * IMG_SIZE * IMG_SIZE];
 
 static void image(const uint8_t *data, size_t size)
 {
-    if (!dec.tj && img_decoder_init(&dec) < 0) abort();
+    if (!dec.tj && img_decoder_init(&dec) < 0)
+        abort();
     for (int k = 0; k < 2; k++) {
         int rc = img_load(&dec, data, size, IMG_SIZE, k, k, out);
         if (rc == 0)
             for (size_t i = 0; i < sizeof out / sizeof *out; i++)
-                if (!(out[i] >= -1.0f && out[i] <= 1.0f)) abort();   /* normalized values stay in [-1, 1] */
+                if (!(out[i] >= -1.0f && out[i] <= 1.0f))
+                    abort(); /* normalized values stay in [-1, 1] */
     }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size < 1) return 0;
-    if (data[0] == 2) image(data + 1, size - 1);
-    else if (data[0] & 1) pack(data + 1, size - 1);
-    else records(data + 1, size - 1);
+    if (size < 1)
+        return 0;
+    if (data[0] == 2)
+        image(data + 1, size - 1);
+    else if (data[0] & 1)
+        pack(data + 1, size - 1);
+    else
+        records(data + 1, size - 1);
     return 0;
 }

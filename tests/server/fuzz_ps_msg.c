@@ -18,21 +18,36 @@ static ps_server *srvs[2]; /* [0] local head mode (BSP/SSP clock), [1] global he
 static int uses;
 static int64_t last_steps[2];
 
-static ps_server *make(int global) {
-    ps_server_opts o = {.provider = "tcp", .rank = 0, .servers = 2, .workers = 2, .dim = 4, .num_classes = 64,
-                        .seed = 1, .momentum = 0.9, .weight_decay = 1e-3, .max_staleness = 1, .apply_threads = 1,
-                        .recv_bufs = 2, .global_mode = global};
+static ps_server *make(int global)
+{
+    ps_server_opts o = {.provider = "tcp",
+                        .rank = 0,
+                        .servers = 2,
+                        .workers = 2,
+                        .dim = 4,
+                        .num_classes = 64,
+                        .seed = 1,
+                        .momentum = 0.9,
+                        .weight_decay = 1e-3,
+                        .max_staleness = 1,
+                        .apply_threads = 1,
+                        .recv_bufs = 2,
+                        .global_mode = global};
     ps_server *s = NULL;
-    if (ps_server_create(&o, &s) < 0) abort();
+    if (ps_server_create(&o, &s) < 0)
+        abort();
     uint8_t a[FAB_MAX_ADDR];
     size_t la = sizeof(a);
-    if (ps_server_getname(s, a, &la) < 0) abort();
+    if (ps_server_getname(s, a, &la) < 0)
+        abort();
     /* Both worker ranks map to the server's own address: replies are never sent anyway. */
-    if (ps_server_add_worker(s, 0, a, la) < 0 || ps_server_add_worker(s, 1, a, la) < 0) abort();
+    if (ps_server_add_worker(s, 0, a, la) < 0 || ps_server_add_worker(s, 1, a, la) < 0)
+        abort();
     return s;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
     if (!srvs[0]) {
         log_set_level(LOG_ERROR); /* bad requests log a warning each */
         srvs[0] = make(0);
@@ -46,7 +61,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     /* The first byte picks the head mode; the rest is the message sequence. */
-    if (size < 1) return 0;
+    if (size < 1)
+        return 0;
     const int mode = data[0] & 1;
     ps_server *srv = srvs[mode];
     data++, size--;
@@ -55,7 +71,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     while (off + 2 <= size) {
         size_t len = (size_t)data[off] | ((size_t)data[off + 1] << 8);
         off += 2;
-        if (len > size - off) len = size - off;
+        if (len > size - off)
+            len = size - off;
         memcpy(msg, data + off, len);
         off += len;
         ps_server_inject(srv, msg, len);
@@ -63,7 +80,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(msg);
     ps_stat st;
     ps_server_stat(srv, &st);
-    if (st.steps_done < last_steps[mode]) abort();
+    if (st.steps_done < last_steps[mode])
+        abort();
     last_steps[mode] = st.steps_done;
     return 0;
 }

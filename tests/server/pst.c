@@ -27,25 +27,34 @@ static ctl_session *g_sessions[PST_MAX];
 static int g_nsessions;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
-void pst_track_child(pid_t pid) {
-    if (g_nchildren < 64) g_children[g_nchildren++] = pid;
+void pst_track_child(pid_t pid)
+{
+    if (g_nchildren < 64)
+        g_children[g_nchildren++] = pid;
 }
 
-void pst_untrack_child(pid_t pid) {
+void pst_untrack_child(pid_t pid)
+{
     for (int i = 0; i < g_nchildren; i++)
-        if (g_children[i] == pid) g_children[i] = 0;
+        if (g_children[i] == pid)
+            g_children[i] = 0;
 }
 
-static void kill_all(void) {
-    if (getpid() != g_owner) return; /* a forked client must not kill the servers */
+static void kill_all(void)
+{
+    if (getpid() != g_owner)
+        return; /* a forked client must not kill the servers */
     for (int i = 0; i < g_nchildren; i++)
-        if (g_children[i] > 0) kill(g_children[i], SIGKILL);
+        if (g_children[i] > 0)
+            kill(g_children[i], SIGKILL);
     for (int i = 0; i < g_nchildren; i++)
-        if (g_children[i] > 0) waitpid(g_children[i], NULL, 0);
+        if (g_children[i] > 0)
+            waitpid(g_children[i], NULL, 0);
     g_nchildren = 0;
 }
 
-static void on_fatal(int sig) {
+static void on_fatal(int sig)
+{
     const char msg[] = "pst: test killed by signal/alarm; killing the servers\n";
     ssize_t r = write(2, msg, sizeof(msg) - 1);
     (void)r;
@@ -53,25 +62,30 @@ static void on_fatal(int sig) {
     _exit(sig == SIGALRM ? 1 : 128 + sig);
 }
 
-double pst_now(void) {
+double pst_now(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int free_port(void) {
+static int free_port(void)
+{
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0};
     socklen_t l = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || getsockname(fd, (struct sockaddr *)&a, &l) < 0) {
-        if (fd >= 0) close(fd);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &l) < 0) {
+        if (fd >= 0)
+            close(fd);
         return -1;
     }
     close(fd);
     return ntohs(a.sin_port);
 }
 
-int pst_start(pst_cluster *cl, int S, int W, int64_t C, int D, const char *extra, int seconds) {
+int pst_start(pst_cluster *cl, int S, int W, int64_t C, int D, const char *extra, int seconds)
+{
     memset(cl, 0, sizeof(*cl));
     cl->S = S;
     cl->W = W;
@@ -102,17 +116,21 @@ int pst_start(pst_cluster *cl, int S, int W, int64_t C, int D, const char *extra
     }
     snprintf(cl->cfg_path, sizeof(cl->cfg_path), "/tmp/pst-%d-%d.ini", (int)getpid(), cl->port);
     FILE *f = fopen(cl->cfg_path, "w");
-    if (!f) return -1;
+    if (!f)
+        return -1;
     fprintf(f,
             "[train]\nnum_classes = %lld\nembedding_size = %d\nrec = synthetic\nseed = 2048\n"
             "momentum = 0.9\nweight_decay = 0.0005\n[cluster]\nservers = %d\nworkers = %d\nprovider = tcp\n"
-            "rendezvous = 127.0.0.1:%d\nsecret = %s\nctl_timeout = 20\nhead_mode = local\n[server]\napply_threads = 2\n%s",
+            "rendezvous = 127.0.0.1:%d\nsecret = %s\nctl_timeout = 20\nhead_mode = "
+            "local\n[server]\napply_threads = 2\n%s",
             (long long)C, D, S, W, cl->port, SECRET, extra ? extra : "");
     fclose(f);
     for (int s = 0; s < S; s++) {
-        snprintf(cl->log_path[s], sizeof(cl->log_path[s]), "/tmp/pst-%d-%d-s%d.log", (int)getpid(), cl->port, s);
+        snprintf(cl->log_path[s], sizeof(cl->log_path[s]), "/tmp/pst-%d-%d-s%d.log", (int)getpid(), cl->port,
+                 s);
         pid_t pid = fork();
-        if (pid < 0) return -1;
+        if (pid < 0)
+            return -1;
         if (pid == 0) {
             FILE *lf = freopen(cl->log_path[s], "w", stderr);
             (void)lf;
@@ -127,21 +145,25 @@ int pst_start(pst_cluster *cl, int S, int W, int64_t C, int D, const char *extra
     return 0;
 }
 
-void pst_dump_logs(pst_cluster *cl) {
+void pst_dump_logs(pst_cluster *cl)
+{
     for (int s = 0; s < cl->S; s++) {
         FILE *f = fopen(cl->log_path[s], "r");
-        if (!f) continue;
+        if (!f)
+            continue;
         printf("--- server %d log ---\n", s);
         char line[1024];
         int n = 0;
-        while (fgets(line, sizeof(line), f) && n++ < 60) fputs(line, stdout);
+        while (fgets(line, sizeof(line), f) && n++ < 60)
+            fputs(line, stdout);
         fclose(f);
     }
 }
 
-ps_client *pst_join(pst_cluster *cl, int rank, ps_dtype dt) {
-    ps_client_opts o = {.provider = "tcp", .rank = rank, .servers = cl->S, .num_classes = cl->C, .dim = cl->D,
-                        .dtype = dt};
+ps_client *pst_join(pst_cluster *cl, int rank, ps_dtype dt)
+{
+    ps_client_opts o = {
+        .provider = "tcp", .rank = rank, .servers = cl->S, .num_classes = cl->C, .dim = cl->D, .dtype = dt};
     ps_client *c = NULL;
     if (ps_client_create(&o, &c) < 0) {
         printf("FAIL: client %d: %s\n", rank, pf_errmsg());
@@ -156,8 +178,8 @@ ps_client *pst_join(pst_cluster *cl, int rank, ps_dtype dt) {
         const void *parts[1] = {raw};
         alen = member_addr_pack(addr, sizeof(addr), 1, parts, &rlen);
     }
-    if (alen < 0 ||
-        ctl_join("127.0.0.1", cl->port, CTL_ROLE_WORKER, rank, addr, (size_t)alen, SECRET, 1 << 20, 20.0, &sess) < 0) {
+    if (alen < 0 || ctl_join("127.0.0.1", cl->port, CTL_ROLE_WORKER, rank, addr, (size_t)alen, SECRET,
+                             1 << 20, 20.0, &sess) < 0) {
         printf("FAIL: worker %d join: %s\n", rank, pf_errmsg());
         ps_client_destroy(c);
         return NULL;
@@ -178,8 +200,10 @@ ps_client *pst_join(pst_cluster *cl, int rank, ps_dtype dt) {
         return NULL;
     }
     pthread_mutex_lock(&g_lock);
-    if (g_nsessions < PST_MAX) g_sessions[g_nsessions++] = sess;
-    else ctl_session_close(sess);
+    if (g_nsessions < PST_MAX)
+        g_sessions[g_nsessions++] = sess;
+    else
+        ctl_session_close(sess);
     pthread_mutex_unlock(&g_lock);
     return c;
 }
@@ -191,13 +215,15 @@ typedef struct join_arg {
     ps_client *out;
 } join_arg;
 
-static void *join_thread(void *p) {
+static void *join_thread(void *p)
+{
     join_arg *a = p;
     a->out = pst_join(a->cl, a->rank, a->dt);
     return NULL;
 }
 
-int pst_join_many(pst_cluster *cl, int n, const int *ranks, ps_dtype dt, ps_client **out) {
+int pst_join_many(pst_cluster *cl, int n, const int *ranks, ps_dtype dt, ps_client **out)
+{
     pthread_t t[PST_MAX];
     join_arg a[PST_MAX];
     for (int i = 0; i < n; i++) {
@@ -208,21 +234,26 @@ int pst_join_many(pst_cluster *cl, int n, const int *ranks, ps_dtype dt, ps_clie
     for (int i = 0; i < n; i++) {
         pthread_join(t[i], NULL);
         out[i] = a[i].out;
-        if (!out[i]) ok = -1;
+        if (!out[i])
+            ok = -1;
     }
     return ok;
 }
 
-int pst_stop(pst_cluster *cl) {
+int pst_stop(pst_cluster *cl)
+{
     int rc = 0;
     for (int s = 0; s < cl->S; s++)
-        if (cl->pids[s] > 0) kill(cl->pids[s], SIGTERM);
+        if (cl->pids[s] > 0)
+            kill(cl->pids[s], SIGTERM);
     for (int s = 0; s < cl->S; s++) {
-        if (cl->pids[s] <= 0) continue;
+        if (cl->pids[s] <= 0)
+            continue;
         int status = 0;
         double t0 = pst_now();
         pid_t r = 0;
-        while ((r = waitpid(cl->pids[s], &status, WNOHANG)) == 0 && pst_now() - t0 < 10) usleep(10000);
+        while ((r = waitpid(cl->pids[s], &status, WNOHANG)) == 0 && pst_now() - t0 < 10)
+            usleep(10000);
         if (r == 0) {
             printf("FAIL: server %d did not exit within 10 s of SIGTERM\n", s);
             kill(cl->pids[s], SIGKILL);
@@ -234,31 +265,38 @@ int pst_stop(pst_cluster *cl) {
             rc = -1;
         }
         for (int i = 0; i < g_nchildren; i++)
-            if (g_children[i] == cl->pids[s]) g_children[i] = 0;
+            if (g_children[i] == cl->pids[s])
+                g_children[i] = 0;
         cl->pids[s] = 0;
     }
-    if (rc) pst_dump_logs(cl);
-    for (int i = 0; i < g_nsessions; i++) ctl_session_close(g_sessions[i]);
+    if (rc)
+        pst_dump_logs(cl);
+    for (int i = 0; i < g_nsessions; i++)
+        ctl_session_close(g_sessions[i]);
     g_nsessions = 0;
     unlink(cl->cfg_path);
-    for (int s = 0; s < cl->S; s++) unlink(cl->log_path[s]);
+    for (int s = 0; s < cl->S; s++)
+        unlink(cl->log_path[s]);
     return rc;
 }
 
-static inline uint64_t splitmix(uint64_t x) {
+static inline uint64_t splitmix(uint64_t x)
+{
     uint64_t z = x + 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return z ^ (z >> 31);
 }
 
-void pst_init_row(uint64_t seed, int64_t c, int dim, double *row) {
+void pst_init_row(uint64_t seed, int64_t c, int dim, double *row)
+{
     uint64_t k = splitmix(splitmix(seed) ^ (uint64_t)c);
     for (int p = 0; 2 * p < dim; p++) {
         uint64_t a = splitmix(k + 2 * (uint64_t)p), b = splitmix(k + 2 * (uint64_t)p + 1);
         double u1 = ldexp((double)((a >> 11) + 1), -53), u2 = ldexp((double)(b >> 11), -53);
         double r = sqrt(-2.0 * log(u1)), th = 2.0 * M_PI * u2;
         row[2 * p] = 0.01 * r * cos(th);
-        if (2 * p + 1 < dim) row[2 * p + 1] = 0.01 * r * sin(th);
+        if (2 * p + 1 < dim)
+            row[2 * p + 1] = 0.01 * r * sin(th);
     }
 }

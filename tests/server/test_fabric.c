@@ -12,7 +12,8 @@
 
 #include "tests/check.h"
 
-static double now(void) {
+static double now(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -27,13 +28,15 @@ static int g_nbc;
 static volatile int g_quit;
 static pthread_mutex_t g_m = PTHREAD_MUTEX_INITIALIZER;
 
-static void *b_progress(void *arg) {
+static void *b_progress(void *arg)
+{
     (void)arg;
     while (!g_quit) {
         fab_comp c[8];
         int n = fab_poll(g_b, c, 8);
         pthread_mutex_lock(&g_m);
-        for (int i = 0; i < n && g_nbc < 256; i++) g_bc[g_nbc++] = c[i];
+        for (int i = 0; i < n && g_nbc < 256; i++)
+            g_bc[g_nbc++] = c[i];
         pthread_mutex_unlock(&g_m);
     }
     return NULL;
@@ -45,12 +48,14 @@ static int g_nac;
 
 /* Waits (5 s bound) for the completion carrying ctx: on b from its thread's stash, on a by polling; a is
  * polled in both cases (some shm protocols need the sender's progress to complete the receive). */
-static int wait_ctx(fab_ctx *who, void *ctx, fab_comp *out) {
+static int wait_ctx(fab_ctx *who, void *ctx, fab_comp *out)
+{
     double t0 = now();
     while (now() - t0 < 5) {
         fab_comp c[8];
         int n = g_nac < 248 ? fab_poll(g_a, c, 8) : 0;
-        for (int i = 0; i < n; i++) g_ac[g_nac++] = c[i];
+        for (int i = 0; i < n; i++)
+            g_ac[g_nac++] = c[i];
         fab_comp *st = who == g_b ? g_bc : g_ac;
         int *nst = who == g_b ? &g_nbc : &g_nac;
         pthread_mutex_lock(&g_m);
@@ -66,7 +71,8 @@ static int wait_ctx(fab_ctx *who, void *ctx, fab_comp *out) {
     return -1;
 }
 
-static void run(const char *prov) {
+static void run(const char *prov)
+{
     fab_ctx *a = NULL, *b = NULL;
     int rc = fab_open(prov, &a);
     if (rc == -ENODATA) {
@@ -75,7 +81,8 @@ static void run(const char *prov) {
     }
     CHECK(rc == 0, "%s open a: %s", prov, pf_errmsg());
     CHECK(fab_open(prov, &b) == 0, "%s open b: %s", prov, pf_errmsg());
-    if (!a || !b) return;
+    if (!a || !b)
+        return;
     char modes[256];
     fab_mr_mode_str(fab_mr_mode(a), modes, sizeof(modes));
     printf("%s: provider %s, mr_mode %s\n", prov, fab_provider(a), modes);
@@ -83,7 +90,8 @@ static void run(const char *prov) {
     size_t la = sizeof(na), lb = sizeof(nb);
     fi_addr_t to_b, to_a;
     CHECK(fab_getname(a, na, &la) == 0 && fab_getname(b, nb, &lb) == 0, "getname");
-    CHECK(fab_av_insert(a, nb, lb, &to_b) == 0 && fab_av_insert(b, na, la, &to_a) == 0, "av insert: %s", pf_errmsg());
+    CHECK(fab_av_insert(a, nb, lb, &to_b) == 0 && fab_av_insert(b, na, la, &to_a) == 0, "av insert: %s",
+          pf_errmsg());
     g_b = b;
     g_a = a;
     g_nac = 0;
@@ -94,7 +102,8 @@ static void run(const char *prov) {
 
     enum { N = 1 << 16 };
     uint8_t *sa = aligned_alloc(4096, N), *rb = aligned_alloc(4096, N);
-    for (int i = 0; i < N; i++) sa[i] = (uint8_t)(i * 7 + 3), rb[i] = 0;
+    for (int i = 0; i < N; i++)
+        sa[i] = (uint8_t)(i * 7 + 3), rb[i] = 0;
     fab_mr ma, mb;
     CHECK(fab_mr_reg(a, sa, N, FI_SEND | FI_RECV | FI_READ | FI_WRITE, &ma) == 0, "reg a: %s", pf_errmsg());
     CHECK(fab_mr_reg(b, rb, N, FI_SEND | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE, &mb) == 0, "reg b: %s",
@@ -104,8 +113,8 @@ static void run(const char *prov) {
     /* Message: 1000 bytes a -> b. */
     CHECK(fab_recv(b, rb, N, &mb, &ctx_r) == 0, "recv: %s", pf_errmsg());
     CHECK(fab_send(a, to_b, sa, 1000, &ma, &ctx_s) == 0, "send: %s", pf_errmsg());
-    CHECK(wait_ctx(b, &ctx_r, &c) == 0 && c.err == 0 && c.len == 1000, "recv completion (err %d len %zu)", c.err,
-          c.len);
+    CHECK(wait_ctx(b, &ctx_r, &c) == 0 && c.err == 0 && c.len == 1000, "recv completion (err %d len %zu)",
+          c.err, c.len);
     CHECK(!memcmp(rb, sa, 1000), "message payload differs");
     CHECK(wait_ctx(a, &ctx_s, &c) == 0 && c.err == 0, "send completion");
     /* RMA write of 40000 bytes into b at offset 1024, then read back 40000 bytes into a's buffer at 20000. */
@@ -115,7 +124,8 @@ static void run(const char *prov) {
     CHECK(fab_write(a, to_b, sa, 40000, &ma, raddr, rkey, &ctx_s) == 0, "write: %s", pf_errmsg());
     CHECK(wait_ctx(a, &ctx_s, &c) == 0 && c.err == 0, "write completion err %d", c.err);
     CHECK(!memcmp(rb + 1024, sa, 40000) && rb[1023] == 0, "RMA write landed wrong");
-    for (int i = 0; i < 40000; i++) rb[1024 + i] ^= 0x5a;
+    for (int i = 0; i < 40000; i++)
+        rb[1024 + i] ^= 0x5a;
     CHECK(fab_read(a, to_b, sa + 20000, 40000, &ma, raddr, rkey, &ctx_s) == 0, "read: %s", pf_errmsg());
     CHECK(wait_ctx(a, &ctx_s, &c) == 0 && c.err == 0, "read completion err %d", c.err);
     CHECK(!memcmp(sa + 20000, rb + 1024, 40000), "RMA read returned wrong bytes");
@@ -138,7 +148,8 @@ static void run(const char *prov) {
     printf("%s: send/recv, RMA write, RMA read OK\n", prov);
 }
 
-int main(void) {
+int main(void)
+{
     setvbuf(stdout, NULL, _IOLBF, 0);
     run("tcp");
     run("shm");
@@ -149,7 +160,8 @@ int main(void) {
     rc = fab_open("verbs", &f);
     printf("provider 'verbs' -> %d: %s\n", rc, rc ? pf_errmsg() : "opened");
     CHECK(rc == -ENODATA || rc == 0, "verbs should be -ENODATA without InfiniBand");
-    if (rc == 0) fab_close(f);
+    if (rc == 0)
+        fab_close(f);
     if (fab_open("tcp", &f) == 0) {
         fi_addr_t x;
         uint8_t junk[4] = {1, 2, 3, 4};

@@ -25,18 +25,21 @@
 enum { MSG = 60000 };
 static volatile pid_t g_child = -1;
 
-static double now(void) {
+static double now(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* libfabric's shm provider names its region /dev/shm/<pid>:<n>:<n>; a killed child cannot remove its own. */
-static void unlink_shm_of(pid_t pid) {
+static void unlink_shm_of(pid_t pid)
+{
     char prefix[32];
     int pl = snprintf(prefix, sizeof prefix, "%d:", (int)pid);
     DIR *d = opendir("/dev/shm");
-    if (!d) return;
+    if (!d)
+        return;
     struct dirent *e;
     while ((e = readdir(d)))
         if (!strncmp(e->d_name, prefix, (size_t)pl)) {
@@ -47,7 +50,8 @@ static void unlink_shm_of(pid_t pid) {
     closedir(d);
 }
 
-static void reap_child(void) {
+static void reap_child(void)
+{
     pid_t c = g_child;
     if (c > 0) {
         kill(c, SIGKILL);
@@ -57,10 +61,12 @@ static void reap_child(void) {
     }
 }
 
-static void on_alarm(int sig) {
+static void on_alarm(int sig)
+{
     (void)sig;
     static const char m[] = "FAIL: a post towards the dead peer still spins after 20 s\n";
-    if (write(1, m, sizeof m - 1) < 0) _exit(1);
+    if (write(1, m, sizeof m - 1) < 0)
+        _exit(1);
     pid_t c = g_child;
     if (c > 0) {
         kill(c, SIGKILL);
@@ -71,36 +77,46 @@ static void on_alarm(int sig) {
 
 /* Child: endpoint with receives posted; sends its name on `out`; on 'c' from `in` closes the endpoint and
  * answers 'k'; otherwise progresses until killed. */
-static void child(const char *prov, int in, int out) {
+static void child(const char *prov, int in, int out)
+{
     fab_ctx *b = NULL;
-    if (fab_open(prov, &b) < 0) _exit(3);
+    if (fab_open(prov, &b) < 0)
+        _exit(3);
     uint8_t name[FAB_MAX_ADDR];
     size_t len = sizeof name;
-    if (fab_getname(b, name, &len) < 0) _exit(3);
+    if (fab_getname(b, name, &len) < 0)
+        _exit(3);
     static uint8_t rb[4][MSG];
     fab_mr mr[4];
     for (int i = 0; i < 4; i++)
-        if (fab_mr_reg(b, rb[i], MSG, FI_RECV, &mr[i]) < 0 || fab_recv(b, rb[i], MSG, &mr[i], &mr[i]) < 0) _exit(3);
-    if (write(out, &len, sizeof len) != sizeof len || write(out, name, len) != (ssize_t)len) _exit(3);
+        if (fab_mr_reg(b, rb[i], MSG, FI_RECV, &mr[i]) < 0 || fab_recv(b, rb[i], MSG, &mr[i], &mr[i]) < 0)
+            _exit(3);
+    if (write(out, &len, sizeof len) != sizeof len || write(out, name, len) != (ssize_t)len)
+        _exit(3);
     fcntl(in, F_SETFL, O_NONBLOCK);
     for (;;) {
         fab_comp c[8];
         int n = b ? fab_poll(b, c, 8) : 0;
         for (int i = 0; i < n; i++) /* repost so the first messages are taken */
-            if (c[i].context) fab_recv(b, ((fab_mr *)c[i].context)->buf, MSG, c[i].context, c[i].context);
+            if (c[i].context)
+                fab_recv(b, ((fab_mr *)c[i].context)->buf, MSG, c[i].context, c[i].context);
         char cmd;
         if (read(in, &cmd, 1) == 1 && cmd == 'c' && b) {
             fab_shutdown(b);
-            for (int i = 0; i < 4; i++) fab_mr_close(&mr[i]);
+            for (int i = 0; i < 4; i++)
+                fab_mr_close(&mr[i]);
             fab_close(b);
             b = NULL;
-            if (write(out, "k", 1) != 1) _exit(3);
+            if (write(out, "k", 1) != 1)
+                _exit(3);
         }
-        if (!b) usleep(1000);
+        if (!b)
+            usleep(1000);
     }
 }
 
-static void run(const char *prov, int kill_it) {
+static void run(const char *prov, int kill_it)
+{
     const char *how = kill_it ? "killed" : "closed its endpoint";
     fab_ctx *a = NULL;
     int rc = fab_open(prov, &a);
@@ -109,13 +125,19 @@ static void run(const char *prov, int kill_it) {
         return;
     }
     CHECK(rc == 0, "%s: open: %s", prov, pf_errmsg());
-    if (rc) return;
+    if (rc)
+        return;
     fab_set_timeout(a, 1.0);
     CHECK(fab_timeout(a) == 1.0, "timeout not set");
     int to_c[2], from_c[2];
-    if (pipe(to_c) || pipe(from_c)) { CHECK(0, "pipe"); fab_close(a); return; }
+    if (pipe(to_c) || pipe(from_c)) {
+        CHECK(0, "pipe");
+        fab_close(a);
+        return;
+    }
     pid_t pid = fork();
-    if (pid == 0) child(prov, to_c[0], from_c[1]);
+    if (pid == 0)
+        child(prov, to_c[0], from_c[1]);
     g_child = pid;
     size_t len = 0;
     uint8_t name[FAB_MAX_ADDR];
@@ -134,7 +156,8 @@ static void run(const char *prov, int kill_it) {
         while (!delivered && now() - t0 < 5) {
             fab_comp c[4];
             int n = fab_poll(a, c, 4);
-            for (int i = 0; i < n; i++) delivered = c[i].err == 0 ? 1 : -1;
+            for (int i = 0; i < n; i++)
+                delivered = c[i].err == 0 ? 1 : -1;
         }
     }
     CHECK(delivered == 1, "%s: first message to the live peer not completed", prov);
@@ -161,7 +184,8 @@ static void run(const char *prov, int kill_it) {
     if (ok && delivered == 1) {
         CHECK(rc == -ECOMM, "%s: expected -ECOMM, got %d", prov, rc);
         CHECK(t_fail >= 0.9 && t_fail < 3.0, "%s: the failing send took %.2f s, bound is 1 s", prov, t_fail);
-        CHECK(strstr(msg, "fi_send") && strstr(msg, "peer 0"), "%s: message does not name call and peer", prov);
+        CHECK(strstr(msg, "fi_send") && strstr(msg, "peer 0"), "%s: message does not name call and peer",
+              prov);
         double t = now();
         int rc2 = fab_send(a, to, sb, 100, &mr, NULL);
         double dt = now() - t;
@@ -174,7 +198,8 @@ static void run(const char *prov, int kill_it) {
     fab_close(a);
 }
 
-int main(void) {
+int main(void)
+{
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGALRM, on_alarm);

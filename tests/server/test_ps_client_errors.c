@@ -6,7 +6,8 @@
  * message (ps_wire_msg_bytes), so the client's receive completes with -FI_ETRUNC. Before the fix ps_client
  * dropped receive error completions: the pull ended only at ps_wait's timeout (20 s here) with -ETIMEDOUT.
  * Now it fails within 2 s with -EPROTO naming server 0 and the truncation; the next pull, answered properly,
- * returns the fake's rows (values set here), and a stat reaches the fake (the server was not taken for dead). */
+ * returns the fake's rows (values set here), and a stat reaches the fake (the server was not taken for dead).
+ */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -35,20 +36,26 @@ typedef struct fake {
     int pulls; /* pull requests seen */
 } fake;
 
-static double now(void) {
+static double now(void)
+{
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Row value the fake serves for class id, element j. */
-static float fake_row(int64_t id, int j) { return (float)(100 * id + j) + 0.25f; }
+static float fake_row(int64_t id, int j)
+{
+    return (float)(100 * id + j) + 0.25f;
+}
 
 /* Answers one request in f->rbuf (len bytes): stat -> a ps_stat for C, D, S = 1; the first pull -> a reply
  * 64 bytes longer than any message; later pulls -> fake_row values. */
-static void answer(fake *k, size_t len) {
+static void answer(fake *k, size_t len)
+{
     ps_hdr h;
-    if (len < sizeof h) return;
+    if (len < sizeof h)
+        return;
     memcpy(&h, k->rbuf, sizeof h);
     size_t out = sizeof h;
     int op = h.op;
@@ -76,25 +83,32 @@ static void answer(fake *k, size_t len) {
         return;
     }
     memcpy(k->sbuf, &h, sizeof h);
-    if (fab_send(k->f, k->client, k->sbuf, out, &k->smr, k->sbuf) < 0) printf("fake: send: %s\n", pf_errmsg());
+    if (fab_send(k->f, k->client, k->sbuf, out, &k->smr, k->sbuf) < 0)
+        printf("fake: send: %s\n", pf_errmsg());
 }
 
-static void *fake_main(void *arg) {
+static void *fake_main(void *arg)
+{
     fake *k = arg;
     while (!atomic_load(&k->stop)) {
         fab_comp comp[4];
         int n = fab_poll(k->f, comp, 4);
         for (int i = 0; i < n; i++) {
-            if (comp[i].context != k->rbuf) continue; /* our send completed */
-            if (comp[i].err == 0) answer(k, comp[i].len);
-            if (fab_recv(k->f, k->rbuf, k->msg_bytes, &k->rmr, k->rbuf) < 0) printf("fake: recv: %s\n", pf_errmsg());
+            if (comp[i].context != k->rbuf)
+                continue; /* our send completed */
+            if (comp[i].err == 0)
+                answer(k, comp[i].len);
+            if (fab_recv(k->f, k->rbuf, k->msg_bytes, &k->rmr, k->rbuf) < 0)
+                printf("fake: recv: %s\n", pf_errmsg());
         }
-        if (n == 0) usleep(100);
+        if (n == 0)
+            usleep(100);
     }
     return NULL;
 }
 
-int main(void) {
+int main(void)
+{
     setvbuf(stdout, NULL, _IOLBF, 0);
     alarm(60);
     fake k = {0};
@@ -106,7 +120,8 @@ int main(void) {
         printf("SKIP: tcp provider not available: %s\n", pf_errmsg());
         return 77;
     }
-    ps_client_opts o = {.provider = "tcp", .rank = 0, .servers = 1, .num_classes = C, .dim = D, .dtype = PS_DT_FP32};
+    ps_client_opts o = {
+        .provider = "tcp", .rank = 0, .servers = 1, .num_classes = C, .dim = D, .dtype = PS_DT_FP32};
     ps_client *c = NULL;
     uint8_t name[FAB_MAX_ADDR];
     size_t nlen = sizeof name;
@@ -128,7 +143,8 @@ int main(void) {
         ps_req *r;
         double t0 = now();
         rc = ps_pull(c, ids, 3, rows, 0, &r);
-        if (rc == 0) rc = ps_wait(c, r, 20);
+        if (rc == 0)
+            rc = ps_wait(c, r, 20);
         double dt = now() - t0;
         printf("pull answered with a reply of %zu bytes (receive buffers hold %zu): rc %d after %.3f s: %s\n",
                k.msg_bytes + 64, k.msg_bytes, rc, dt, pf_errmsg());
@@ -136,25 +152,30 @@ int main(void) {
         CHECK(dt < 2, "the truncated reply took %.2f s to fail the pull (wait allowed 20 s)", dt);
         CHECK(strstr(pf_errmsg(), "server 0") && strstr(pf_errmsg(), "pull reply"),
               "message does not name server 0 and the pull reply: %s", pf_errmsg());
-        /* The receive was replaced and the server is not taken for dead: the next pull gets the fake's rows. */
+        /* The receive was replaced and the server is not taken for dead: the next pull gets the fake's rows.
+         */
         memset(rows, 0, sizeof rows);
         t0 = now();
         rc = ps_pull(c, ids, 3, rows, 0, &r);
-        if (rc == 0) rc = ps_wait(c, r, 20);
+        if (rc == 0)
+            rc = ps_wait(c, r, 20);
         printf("next pull: rc %d after %.3f s\n", rc, now() - t0);
         CHECK(rc == 0, "next pull: %s", pf_errmsg());
         int bad = 0;
         for (int i = 0; i < 3; i++)
-            for (int j = 0; j < D; j++) bad += rows[i * D + j] != fake_row(ids[i], j);
+            for (int j = 0; j < D; j++)
+                bad += rows[i * D + j] != fake_row(ids[i], j);
         CHECK(rc != 0 || bad == 0, "%d values differ from the fake's rows", bad);
         ps_stat st;
         rc = ps_stat_get(c, 0, &st, 10);
-        CHECK(rc == 0 && st.num_classes == C && st.dim == D, "stat after the error: rc %d: %s", rc, pf_errmsg());
+        CHECK(rc == 0 && st.num_classes == C && st.dim == D, "stat after the error: rc %d: %s", rc,
+              pf_errmsg());
         atomic_store(&k.stop, 1);
         pthread_join(th, NULL);
     }
     ps_client_destroy(c);
-    if (k.f) fab_shutdown(k.f);
+    if (k.f)
+        fab_shutdown(k.f);
     fab_mr_close(&k.rmr);
     fab_mr_close(&k.smr);
     fab_close(k.f);

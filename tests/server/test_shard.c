@@ -14,7 +14,8 @@
 
 #include "tests/check.h"
 
-static void test_init(void) {
+static void test_init(void)
+{
     const int64_t C = 53;
     const int D = 7; /* odd D: the last Box-Muller pair is half used */
     shard a, b, one;
@@ -29,11 +30,15 @@ static void test_init(void) {
         double ref[7];
         pst_init_row(42, c, D, ref);
         const float *r1 = shard_row(&one, c);
-        for (int j = 0; j < D; j++) maxrel = fmax(maxrel, fabs(r1[j] - ref[j]) / fabs(ref[j]));
-        if (c % 2 == 1 && memcmp(shard_row(&a, c / 2), r1, sizeof(float) * D)) same = 0;
-        if (c % 3 == 2 && memcmp(shard_row(&b, c / 3), r1, sizeof(float) * D)) same = 0;
+        for (int j = 0; j < D; j++)
+            maxrel = fmax(maxrel, fabs(r1[j] - ref[j]) / fabs(ref[j]));
+        if (c % 2 == 1 && memcmp(shard_row(&a, c / 2), r1, sizeof(float) * D))
+            same = 0;
+        if (c % 3 == 2 && memcmp(shard_row(&b, c / 3), r1, sizeof(float) * D))
+            same = 0;
     }
-    printf("init: max rel err vs float64 generator %.3g; S=1/2/3 rows bit-identical: %s\n", maxrel, same ? "yes" : "NO");
+    printf("init: max rel err vs float64 generator %.3g; S=1/2/3 rows bit-identical: %s\n", maxrel,
+           same ? "yes" : "NO");
     CHECK(maxrel < 6e-8 && same, "init");
     CHECK(one.momentum[0] == 0 && one.momentum[C * D - 1] == 0, "momentum starts at 0");
     /* Statistics over a larger table: N(0, 0.01^2). */
@@ -42,21 +47,25 @@ static void test_init(void) {
     double s = 0, sq = 0;
     for (int64_t r = 0; r < big.rows; r++) {
         const float *w = shard_row(&big, r);
-        for (int j = 0; j < 64; j++) s += w[j], sq += (double)w[j] * w[j];
+        for (int j = 0; j < 64; j++)
+            s += w[j], sq += (double)w[j] * w[j];
     }
     double n = 20000.0 * 64, mean = s / n, sd = sqrt(sq / n - mean * mean);
-    printf("init statistics over %.0f values: mean %.2e (want 0 +- 4e-5), std %.6f (want 0.01 +- 5e-5)\n", n, mean, sd);
+    printf("init statistics over %.0f values: mean %.2e (want 0 +- 4e-5), std %.6f (want 0.01 +- 5e-5)\n", n,
+           mean, sd);
     CHECK(fabs(mean) < 4e-5 && fabs(sd - 0.01) < 5e-5, "init statistics");
     shard_destroy(&a), shard_destroy(&b), shard_destroy(&one), shard_destroy(&big);
 }
 
-static void test_sgd_ref(const char *name) {
+static void test_sgd_ref(const char *name)
+{
     const char *refdir = getenv("PFCPS_REFERENCE");
     char dir[1024];
     snprintf(dir, sizeof(dir), "%s/head/%s", refdir ? refdir : "../shared/reference", name);
     npy_array aw, av, ag, awo, avo;
-    if (npy_load2(dir, "weight.npy", &aw) || npy_load2(dir, "momentum.npy", &av) || npy_load2(dir, "grad.npy", &ag) ||
-        npy_load2(dir, "weight_out.npy", &awo) || npy_load2(dir, "momentum_out.npy", &avo)) {
+    if (npy_load2(dir, "weight.npy", &aw) || npy_load2(dir, "momentum.npy", &av) ||
+        npy_load2(dir, "grad.npy", &ag) || npy_load2(dir, "weight_out.npy", &awo) ||
+        npy_load2(dir, "momentum_out.npy", &avo)) {
         printf("FAIL: reference %s: %s\n", dir, pf_errmsg());
         fails++;
         return;
@@ -69,51 +78,59 @@ static void test_sgd_ref(const char *name) {
     float *w = npy_to_f32(&aw), *v = npy_to_f32(&av), *g = npy_to_f32(&ag);
     double *wo = npy_to_f64(&awo), *vo = npy_to_f64(&avo), *gd = malloc(sizeof(double) * D);
     for (int r = 0; r < R; r++) {
-        for (int j = 0; j < D; j++) gd[j] = g[(size_t)r * D + j];
+        for (int j = 0; j < D; j++)
+            gd[j] = g[(size_t)r * D + j];
         shard_sgd_row(w + (size_t)r * D, v + (size_t)r * D, gd, D, lr, mu, wd);
     }
     double ew = rel_err_f32_f64(w, wo, (size_t)R * D), ev = rel_err_f32_f64(v, vo, (size_t)R * D);
-    printf("%s: shard_sgd_row weight_out rel err %.3g, momentum_out rel err %.3g (tolerance 1e-6)\n", name, ew, ev);
+    printf("%s: shard_sgd_row weight_out rel err %.3g, momentum_out rel err %.3g (tolerance 1e-6)\n", name,
+           ew, ev);
     CHECK(ew <= 1e-6 && ev <= 1e-6, "%s sgd", name);
     free(w), free(v), free(g), free(wo), free(vo), free(gd);
     npy_free(&aw), npy_free(&av), npy_free(&ag), npy_free(&awo), npy_free(&avo);
 }
 
-static void test_convert(void) {
+static void test_convert(void)
+{
     struct {
         float f;
         uint16_t h, b;
     } cases[] = {
-        {1.0f, 0x3c00, 0x3f80},     {-2.5f, 0xc100, 0xc020},   {0.1f, 0x2e66, 0x3dcd},
+        {1.0f, 0x3c00, 0x3f80},     {-2.5f, 0xc100, 0xc020},    {0.1f, 0x2e66, 0x3dcd},
         {65504.0f, 0x7bff, 0x4780}, {65520.0f, 0x7c00, 0x4780}, {5.9604645e-8f, 0x0001, 0x3380},
-        {0.0f, 0x0000, 0x0000},     {-0.0f, 0x8000, 0x8000},   {INFINITY, 0x7c00, 0x7f80},
+        {0.0f, 0x0000, 0x0000},     {-0.0f, 0x8000, 0x8000},    {INFINITY, 0x7c00, 0x7f80},
         {1e-9f, 0x0000, 0x3089},
     };
     int bad = 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         uint16_t h = ps_f32_to_f16(cases[i].f), b = ps_f32_to_bf16(cases[i].f);
         if (h != cases[i].h || b != cases[i].b) {
-            printf("FAIL convert %g: fp16 0x%04x (want 0x%04x), bf16 0x%04x (want 0x%04x)\n", (double)cases[i].f, h,
-                   cases[i].h, b, cases[i].b);
+            printf("FAIL convert %g: fp16 0x%04x (want 0x%04x), bf16 0x%04x (want 0x%04x)\n",
+                   (double)cases[i].f, h, cases[i].h, b, cases[i].b);
             bad++;
         }
     }
-    /* Every finite fp16 value survives fp16 -> fp32 -> fp16 exactly, and fp16 -> fp32 is exact: check value. */
+    /* Every finite fp16 value survives fp16 -> fp32 -> fp16 exactly, and fp16 -> fp32 is exact: check value.
+     */
     for (uint32_t x = 0; x < 0x10000; x++) {
         uint16_t h = (uint16_t)x;
-        if ((h & 0x7c00) == 0x7c00) continue;
+        if ((h & 0x7c00) == 0x7c00)
+            continue;
         float f = ps_f16_to_f32(h);
         int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-        double want = (e ? ldexp(1.0 + m / 1024.0, e - 15) : ldexp(m / 1024.0, -14)) * ((h & 0x8000) ? -1 : 1);
+        double want =
+            (e ? ldexp(1.0 + m / 1024.0, e - 15) : ldexp(m / 1024.0, -14)) * ((h & 0x8000) ? -1 : 1);
         if ((double)f != want || ps_f32_to_f16(f) != h) {
-            if (bad++ < 5) printf("FAIL fp16 0x%04x -> %g (want %g)\n", h, (double)f, want);
+            if (bad++ < 5)
+                printf("FAIL fp16 0x%04x -> %g (want %g)\n", h, (double)f, want);
         }
     }
     printf("fp16/bf16 conversions: %d mismatches (10 hand-computed cases + 63488 fp16 round trips)\n", bad);
     fails += bad != 0;
 }
 
-static void test_checks(void) {
+static void test_checks(void)
+{
     shard sh;
     CHECK(shard_create(&sh, 10, 2, 0, 4, 1, 1, 0) == 0, "create");
     int64_t good[3] = {0, 2, 8}, big[2] = {0, 10}, neg[1] = {-2}, other[2] = {4, 5};
@@ -128,7 +145,8 @@ static void test_checks(void) {
     CHECK(rc == -ERANGE && strstr(pf_errmsg(), "belongs to server 1"), "other shard");
     /* Checksum: FNV-1a over 8-byte words of weights then momentum, computed here independently. */
     uint64_t h = 0xcbf29ce484222325ull;
-    for (int64_t r = 0; r < sh.rows; r++) shard_row(&sh, r);
+    for (int64_t r = 0; r < sh.rows; r++)
+        shard_row(&sh, r);
     const uint8_t *parts[2] = {(const uint8_t *)sh.weight, (const uint8_t *)sh.momentum};
     for (int p = 0; p < 2; p++)
         for (size_t i = 0; i < (size_t)sh.rows * 4 * 4; i += 8) {
@@ -155,7 +173,8 @@ static void test_checks(void) {
     CHECK(rc == -EINVAL, "D=0 accepted");
 }
 
-int main(void) {
+int main(void)
+{
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_init();
     test_sgd_ref("sgd_rows_R10_D16");

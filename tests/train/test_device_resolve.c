@@ -51,15 +51,15 @@ int main(void)
         train_device_info di;
         int rc = train_device_resolve(&cfg, &di);
         int want_rc = c->cuda && gpus == 0 ? -ENODEV : 0;
-        CHECK(rc == want_rc, "%s fp16 %d bf16 %d: rc %d, want %d (%s)", c->device, c->fp16, c->bf16, rc, want_rc,
-              pf_errmsg());
-        CHECK(!strcmp(di.name, c->name), "%s fp16 %d bf16 %d: device '%s', want '%s'", c->device, c->fp16, c->bf16,
-              di.name, c->name);
+        CHECK(rc == want_rc, "%s fp16 %d bf16 %d: rc %d, want %d (%s)", c->device, c->fp16, c->bf16, rc,
+              want_rc, pf_errmsg());
+        CHECK(!strcmp(di.name, c->name), "%s fp16 %d bf16 %d: device '%s', want '%s'", c->device, c->fp16,
+              c->bf16, di.name, c->name);
         CHECK(di.cuda == c->cuda && di.loss_scaling == c->loss_scaling,
               "%s fp16 %d bf16 %d: cuda %d loss_scaling %d, want %d %d", c->device, c->fp16, c->bf16, di.cuda,
               di.loss_scaling, c->cuda, c->loss_scaling);
-        CHECK((di.warning[0] != 0) == c->warns, "%s fp16 %d bf16 %d: warning '%s'", c->device, c->fp16, c->bf16,
-              di.warning);
+        CHECK((di.warning[0] != 0) == c->warns, "%s fp16 %d bf16 %d: warning '%s'", c->device, c->fp16,
+              c->bf16, di.warning);
         if (rc == -ENODEV)
             CHECK(strstr(pf_errmsg(), "config key 'device' = cuda") &&
                       (strstr(pf_errmsg(), "no CUDA GPU is visible") ||

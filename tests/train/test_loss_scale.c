@@ -14,8 +14,8 @@ static void expect(const loss_scaler *s, int applied, int want_applied, float wa
                    const char *what)
 {
     int ok = applied == want_applied && s->scale == want_scale && s->growth_tracker == want_tracker;
-    printf("%-4s %-40s applied %d scale %-10g tracker %d (expected %d %g %d)\n", ok ? "ok" : "FAIL", what, applied,
-           (double)s->scale, s->growth_tracker, want_applied, (double)want_scale, want_tracker);
+    printf("%-4s %-40s applied %d scale %-10g tracker %d (expected %d %g %d)\n", ok ? "ok" : "FAIL", what,
+           applied, (double)s->scale, s->growth_tracker, want_applied, (double)want_scale, want_tracker);
     failures += !ok;
 }
 
@@ -27,16 +27,24 @@ int main(void)
         return 1;
     }
     int a;
-    a = loss_scaler_update(&s, 0); expect(&s, a, 1, 65536.0f, 1, "finite step 1");
-    a = loss_scaler_update(&s, 0); expect(&s, a, 1, 65536.0f, 2, "finite step 2");
-    a = loss_scaler_update(&s, 0); expect(&s, a, 1, 131072.0f, 0, "finite step 3: grow x2");
-    a = loss_scaler_update(&s, 0); expect(&s, a, 1, 131072.0f, 1, "finite step 4");
-    a = loss_scaler_update(&s, 1); expect(&s, a, 0, 65536.0f, 0, "inf: skip, back off x0.5");
-    a = loss_scaler_update(&s, 1); expect(&s, a, 0, 32768.0f, 0, "inf again");
-    a = loss_scaler_update(&s, 0); expect(&s, a, 1, 32768.0f, 1, "finite after inf");
+    a = loss_scaler_update(&s, 0);
+    expect(&s, a, 1, 65536.0f, 1, "finite step 1");
+    a = loss_scaler_update(&s, 0);
+    expect(&s, a, 1, 65536.0f, 2, "finite step 2");
+    a = loss_scaler_update(&s, 0);
+    expect(&s, a, 1, 131072.0f, 0, "finite step 3: grow x2");
+    a = loss_scaler_update(&s, 0);
+    expect(&s, a, 1, 131072.0f, 1, "finite step 4");
+    a = loss_scaler_update(&s, 1);
+    expect(&s, a, 0, 65536.0f, 0, "inf: skip, back off x0.5");
+    a = loss_scaler_update(&s, 1);
+    expect(&s, a, 0, 32768.0f, 0, "inf again");
+    a = loss_scaler_update(&s, 0);
+    expect(&s, a, 1, 32768.0f, 1, "finite after inf");
     loss_scaler big;
     loss_scaler_init(&big, 3e38f, 1);
-    a = loss_scaler_update(&big, 0); expect(&big, a, 1, 3e38f, 0, "growth to inf held back");
+    a = loss_scaler_update(&big, 0);
+    expect(&big, a, 1, 3e38f, 0, "growth to inf held back");
     int rc1 = loss_scaler_init(&big, 0.0f, 100), rc2 = loss_scaler_init(&big, NAN, 100),
         rc3 = loss_scaler_init(&big, 1.0f, 0);
     int ok = rc1 == -EINVAL && rc2 == -EINVAL && rc3 == -EINVAL;

@@ -1,4 +1,5 @@
-/* arcface_torch's PolyScheduler and schedule lengths (worker/lr_schedule.h) against values computed by hand. */
+/* arcface_torch's PolyScheduler and schedule lengths (worker/lr_schedule.h) against values computed by hand.
+ */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -21,8 +22,10 @@ static void test_schedule(void)
     CHECK(lr0 == 0 && fabs(lr39 - 0.05) < 1e-15 && fabs(lr78 - 0.1) < 1e-15 && fabs(lrmid - 0.025) < 1e-15 &&
               lrend == 0 && fabs(lrlast - 0.1 / (1482.0 * 1482.0)) < 1e-18,
           "poly lr: %g %g %g %g %g %g", lr0, lr39, lr78, lrmid, lrend, lrlast);
-    printf("ok   PolyScheduler 10000 img / 128 / 20 ep / 1 warmup: steps %g/%lld, lr(0)=%g lr(39)=%g lr(78)=%g "
-           "lr(819)=%g lr(1559)=%.3e lr(1560)=%g\n", w, (long long)t, lr0, lr39, lr78, lrmid, lrlast, lrend);
+    printf(
+        "ok   PolyScheduler 10000 img / 128 / 20 ep / 1 warmup: steps %g/%lld, lr(0)=%g lr(39)=%g lr(78)=%g "
+        "lr(819)=%g lr(1559)=%.3e lr(1560)=%g\n",
+        w, (long long)t, lr0, lr39, lr78, lrmid, lrlast, lrend);
     /* No warmup: lr(0) = base, halfway (780) = base/4. Fractional warmup 0.5 epoch = 39 steps. */
     CHECK(lr_schedule_steps(10000, 128, 20, 0, &w, &t) == 0 && w == 0, "no warmup");
     CHECK(lr_poly(0.1, 0, w, t) == 0.1 && fabs(lr_poly(0.1, 780, w, t) - 0.025) < 1e-15, "no warmup lr");

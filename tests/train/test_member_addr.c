@@ -30,7 +30,8 @@ static void round_trip(size_t l0, size_t l1)
     size_t lens[3] = {l0, l1, NCCL_ID};
     int n = member_addr_pack(out, sizeof out, 3, parts, lens);
     size_t want_n = 1 + (1 + l0) + (1 + l1) + (1 + NCCL_ID);
-    CHECK(n == (int)want_n, "names %zu + %zu: packed %d bytes, want %zu (%s)", l0, l1, n, want_n, pf_errmsg());
+    CHECK(n == (int)want_n, "names %zu + %zu: packed %d bytes, want %zu (%s)", l0, l1, n, want_n,
+          pf_errmsg());
     if (n != (int)want_n)
         return;
     /* by hand */
@@ -42,7 +43,8 @@ static void round_trip(size_t l0, size_t l1)
     memcpy(want + o, a1, l1), o += l1;
     want[o++] = NCCL_ID;
     memcpy(want + o, id, NCCL_ID), o += NCCL_ID;
-    CHECK(o == want_n && !memcmp(out, want, o), "names %zu + %zu: packed bytes differ from the layout", l0, l1);
+    CHECK(o == want_n && !memcmp(out, want, o), "names %zu + %zu: packed bytes differ from the layout", l0,
+          l1);
     for (int i = 0; i < 3; i++) {
         const void *p;
         size_t pl;
@@ -69,7 +71,8 @@ int main(void)
     uint8_t a[8] = {3, 2, 'a', 'b', 2, 'c', 'd', 0};
     const void *p;
     size_t pl;
-    CHECK(member_addr_part(a, 7, 1, &p, &pl) == 0 && pl == 2 && !memcmp(p, "cd", 2), "part 1 of a good address");
+    CHECK(member_addr_part(a, 7, 1, &p, &pl) == 0 && pl == 2 && !memcmp(p, "cd", 2),
+          "part 1 of a good address");
     CHECK(member_addr_part(a, 7, 2, &p, &pl) == -EPROTO, "part 2 overruns (count 3, two parts present)");
     CHECK(member_addr_part(a, 7, 3, &p, &pl) == -EPROTO, "part 3 beyond the count");
     CHECK(member_addr_part(a, 5, 1, &p, &pl) == -EPROTO, "part 1 cut short");

@@ -13,13 +13,15 @@ int img_decoder_init(img_decoder *d)
 {
     memset(d, 0, sizeof *d);
     d->tj = tjInitDecompress();
-    if (!d->tj) return pf_err(-ENOMEM, "TurboJPEG: %s", tjGetErrorStr2(NULL));
+    if (!d->tj)
+        return pf_err(-ENOMEM, "TurboJPEG: %s", tjGetErrorStr2(NULL));
     return 0;
 }
 
 void img_decoder_free(img_decoder *d)
 {
-    if (d->tj) tjDestroy(d->tj);
+    if (d->tj)
+        tjDestroy(d->tj);
     free(d->rgb);
     free(d->tmp);
     memset(d, 0, sizeof *d);
@@ -27,9 +29,11 @@ void img_decoder_free(img_decoder *d)
 
 static int grow(uint8_t **buf, size_t *cap, size_t need)
 {
-    if (need <= *cap) return 0;
+    if (need <= *cap)
+        return 0;
     uint8_t *b = realloc(*buf, need);
-    if (!b) return pf_err(-ENOMEM, "out of memory for a %zu-byte image", need);
+    if (!b)
+        return pf_err(-ENOMEM, "out of memory for a %zu-byte image", need);
     *buf = b;
     *cap = need;
     return 0;
@@ -44,11 +48,15 @@ static int decode_png(img_decoder *d, const uint8_t *data, size_t len, int *w, i
         return pf_err(-EPROTO, "PNG: %s", im.message);
     if (im.width == 0 || im.height == 0 || im.width > IMG_MAX_SIDE || im.height > IMG_MAX_SIDE) {
         png_image_free(&im);
-        return pf_err(-E2BIG, "PNG: %ux%u image is outside 1..%d per side", im.width, im.height, IMG_MAX_SIDE);
+        return pf_err(-E2BIG, "PNG: %ux%u image is outside 1..%d per side", im.width, im.height,
+                      IMG_MAX_SIDE);
     }
     im.format = PNG_FORMAT_RGB;
     int rc = grow(&d->rgb, &d->rgb_cap, PNG_IMAGE_SIZE(im));
-    if (rc < 0) { png_image_free(&im); return rc; }
+    if (rc < 0) {
+        png_image_free(&im);
+        return rc;
+    }
     if (!png_image_finish_read(&im, NULL, d->rgb, 0, NULL)) {
         rc = pf_err(-EPROTO, "PNG: %s", im.message);
         png_image_free(&im);
@@ -72,19 +80,23 @@ static int reset_tj(img_decoder *d, int rc)
 int img_decode_rgb(img_decoder *d, const uint8_t *data, size_t len, int *w, int *h, uint8_t **rgb)
 {
     static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-    if (len >= 8 && memcmp(data, png_sig, 8) == 0) return decode_png(d, data, len, w, h, rgb);
+    if (len >= 8 && memcmp(data, png_sig, 8) == 0)
+        return decode_png(d, data, len, w, h, rgb);
     if (len < 3 || data[0] != 0xFF || data[1] != 0xD8)
         return pf_err(-EPROTO, "image of %zu bytes is not a JPEG or PNG", len);
-    int iw = 0, ih = 0, ss = 0, cs = 0;   /* a tables-only stream leaves them unset */
-    if (!d->tj) return pf_err(-ENOMEM, "TurboJPEG: no decompressor");
+    int iw = 0, ih = 0, ss = 0, cs = 0; /* a tables-only stream leaves them unset */
+    if (!d->tj)
+        return pf_err(-ENOMEM, "TurboJPEG: no decompressor");
     if (tjDecompressHeader3(d->tj, data, (unsigned long)len, &iw, &ih, &ss, &cs) != 0)
         return reset_tj(d, pf_err(-EPROTO, "JPEG: %s", tjGetErrorStr2(d->tj)));
     if (iw <= 0 || ih <= 0 || iw > IMG_MAX_SIDE || ih > IMG_MAX_SIDE)
         return pf_err(-E2BIG, "JPEG: %dx%d image is outside 1..%d per side", iw, ih, IMG_MAX_SIDE);
     int rc = grow(&d->rgb, &d->rgb_cap, (size_t)iw * (size_t)ih * 3);
-    if (rc < 0) return rc;
+    if (rc < 0)
+        return rc;
     /* STOPONWARNING: a truncated or corrupt stream is an error, not a half-grey image. */
-    if (tjDecompress2(d->tj, data, (unsigned long)len, d->rgb, iw, 0, ih, TJPF_RGB, TJFLAG_STOPONWARNING) != 0) {
+    if (tjDecompress2(d->tj, data, (unsigned long)len, d->rgb, iw, 0, ih, TJPF_RGB, TJFLAG_STOPONWARNING) !=
+        0) {
         return reset_tj(d, pf_err(-EPROTO, "JPEG: %s", tjGetErrorStr2(d->tj)));
     }
     *w = iw;
@@ -98,20 +110,26 @@ void img_resize_rgb(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, in
     float sx = (float)sw / (float)dw, sy = (float)sh / (float)dh;
     for (int y = 0; y < dh; y++) {
         float fy = ((float)y + 0.5f) * sy - 0.5f;
-        if (fy < 0) fy = 0;
+        if (fy < 0)
+            fy = 0;
         int y0 = (int)fy;
-        if (y0 > sh - 1) y0 = sh - 1;
+        if (y0 > sh - 1)
+            y0 = sh - 1;
         int y1 = y0 + 1 < sh ? y0 + 1 : sh - 1;
         float wy = fy - (float)y0;
-        if (wy > 1) wy = 1;
+        if (wy > 1)
+            wy = 1;
         for (int x = 0; x < dw; x++) {
             float fx = ((float)x + 0.5f) * sx - 0.5f;
-            if (fx < 0) fx = 0;
+            if (fx < 0)
+                fx = 0;
             int x0 = (int)fx;
-            if (x0 > sw - 1) x0 = sw - 1;
+            if (x0 > sw - 1)
+                x0 = sw - 1;
             int x1 = x0 + 1 < sw ? x0 + 1 : sw - 1;
             float wx = fx - (float)x0;
-            if (wx > 1) wx = 1;
+            if (wx > 1)
+                wx = 1;
             for (int c = 0; c < 3; c++) {
                 float a = src[((size_t)y0 * sw + x0) * 3 + c], b = src[((size_t)y0 * sw + x1) * 3 + c];
                 float e = src[((size_t)y1 * sw + x0) * 3 + c], f = src[((size_t)y1 * sw + x1) * 3 + c];
@@ -130,12 +148,20 @@ int img_pad_rgb(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh
     int w = sw, h = sh;
     if (sw > dw || sh > dh) {
         /* Scale down so the whole face fits, keeping the aspect ratio. */
-        if ((long)sw * dh >= (long)sh * dw) { w = dw; h = (int)((long)sh * dw / sw); }
-        else { h = dh; w = (int)((long)sw * dh / sh); }
-        if (w < 1) w = 1;
-        if (h < 1) h = 1;
+        if ((long)sw * dh >= (long)sh * dw) {
+            w = dw;
+            h = (int)((long)sh * dw / sw);
+        } else {
+            h = dh;
+            w = (int)((long)sw * dh / sh);
+        }
+        if (w < 1)
+            w = 1;
+        if (h < 1)
+            h = 1;
         scaled = malloc((size_t)w * h * 3);
-        if (!scaled) return pf_err(-ENOMEM, "out of memory");
+        if (!scaled)
+            return pf_err(-ENOMEM, "out of memory");
         img_resize_rgb(src, sw, sh, scaled, w, h);
         s = scaled;
     }
@@ -154,7 +180,8 @@ static int norm_lut_ready;
 
 static void init_lut(void)
 {
-    if (__atomic_load_n(&norm_lut_ready, __ATOMIC_ACQUIRE)) return;
+    if (__atomic_load_n(&norm_lut_ready, __ATOMIC_ACQUIRE))
+        return;
     float t[256];
     for (int v = 0; v < 256; v++) {
         volatile float x = (float)v / 255.0f;
@@ -177,12 +204,16 @@ void img_to_chw(const uint8_t *rgb, int w, int h, int flip, float *out)
         if (flip) {
             for (int x = 0; x < w; x++) {
                 const uint8_t *p = row + (size_t)(w - 1 - x) * 3;
-                r[x] = lut[p[0]]; g[x] = lut[p[1]]; b[x] = lut[p[2]];
+                r[x] = lut[p[0]];
+                g[x] = lut[p[1]];
+                b[x] = lut[p[2]];
             }
         } else {
             for (int x = 0; x < w; x++) {
                 const uint8_t *p = row + (size_t)x * 3;
-                r[x] = lut[p[0]]; g[x] = lut[p[1]]; b[x] = lut[p[2]];
+                r[x] = lut[p[0]];
+                g[x] = lut[p[1]];
+                b[x] = lut[p[2]];
             }
         }
     }
@@ -193,12 +224,15 @@ int img_load(img_decoder *d, const uint8_t *data, size_t len, int size, int resi
     int w, h;
     uint8_t *rgb;
     int rc = img_decode_rgb(d, data, len, &w, &h, &rgb);
-    if (rc < 0) return rc;
+    if (rc < 0)
+        return rc;
     if (w != size || h != size) {
         if (!resize)
-            return pf_err(-EINVAL, "image is %dx%d, expected %dx%d (set config key resize = true to resize)", w, h, size, size);
+            return pf_err(-EINVAL, "image is %dx%d, expected %dx%d (set config key resize = true to resize)",
+                          w, h, size, size);
         rc = grow(&d->tmp, &d->tmp_cap, (size_t)size * size * 3);
-        if (rc < 0) return rc;
+        if (rc < 0)
+            return rc;
         img_resize_rgb(rgb, w, h, d->tmp, size, size);
         rgb = d->tmp;
     }

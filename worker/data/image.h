@@ -7,13 +7,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IMG_SIZE 112            /* face crops are 112 x 112 */
-#define IMG_MAX_SIDE 8192       /* refuse images larger than this on any side */
+#define IMG_SIZE     112  /* face crops are 112 x 112 */
+#define IMG_MAX_SIDE 8192 /* refuse images larger than this on any side */
 
 /* Per-thread decoder state (TurboJPEG handle and scratch buffers). */
 typedef struct img_decoder {
-    void *tj;                   /* tjhandle for decompression */
-    uint8_t *rgb, *tmp;         /* scratch, packed RGB */
+    void *tj;           /* tjhandle for decompression */
+    uint8_t *rgb, *tmp; /* scratch, packed RGB */
     size_t rgb_cap, tmp_cap;
 } img_decoder;
 
@@ -41,7 +41,8 @@ int img_pad_rgb(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh
 void img_to_chw(const uint8_t *rgb, int w, int h, int flip, float *out);
 
 /* Decode + size check (or resize when resize != 0) + flip + normalize: out is (3, size, size) float32.
- * Errors: those of img_decode_rgb, and -EINVAL "image is WxH, expected SxS (set config key resize = true to resize)". */
+ * Errors: those of img_decode_rgb, and -EINVAL "image is WxH, expected SxS (set config key resize = true to
+ * resize)". */
 int img_load(img_decoder *d, const uint8_t *data, size_t len, int size, int resize, int flip, float *out);
 
 /* Seeded randomness shared by the data pipeline: splitmix64 step and a stateless 64-bit hash. */

@@ -18,7 +18,7 @@ enum { SUBSTITUTE_TRIES = 16 }; /* records tried in place of one that fails to d
 typedef struct slot {
     loader_batch b;
     int state;
-    int rc;                       /* error of the batch, 0 when fine */
+    int rc; /* error of the batch, 0 when fine */
     char msg[PF_ERRMSG_MAX];
 } slot;
 
@@ -30,7 +30,7 @@ struct loader {
     size_t image_floats;
     /* epoch state */
     int64_t epoch;
-    int64_t *order;               /* nb * batch_size image indices (or global positions) of this rank */
+    int64_t *order; /* nb * batch_size image indices (or global positions) of this rank */
     int64_t next_claim, next_deliver;
     int active, stop;
     int depth;
@@ -39,9 +39,9 @@ struct loader {
     pthread_cond_t cv;
     pthread_t *threads;
     int nthreads;
-    img_decoder sync_dec;         /* num_workers == 0 */
+    img_decoder sync_dec; /* num_workers == 0 */
     rec_buf sync_buf;
-    int64_t skipped_decode;       /* atomic */
+    int64_t skipped_decode; /* atomic */
 };
 
 void loader_opts_default(loader_opts *o)
@@ -67,14 +67,24 @@ void loader_opts_from_config(loader_opts *o, const pf_config *cfg, int rank, int
     o->seed = (uint64_t)cfg->seed;
     o->skip_bad_records = cfg->skip_bad_records;
     o->resize = cfg->resize;
-    if (cfg->num_image > 0) o->num_image = cfg->num_image;
+    if (cfg->num_image > 0)
+        o->num_image = cfg->num_image;
     o->rank = rank;
     o->world_size = world_size;
 }
 
-int64_t loader_num_batches(const loader *l) { return l->nb; }
-int64_t loader_num_images(const loader *l) { return l->num_images; }
-int64_t loader_num_classes(const loader *l) { return l->num_classes; }
+int64_t loader_num_batches(const loader *l)
+{
+    return l->nb;
+}
+int64_t loader_num_images(const loader *l)
+{
+    return l->num_images;
+}
+int64_t loader_num_classes(const loader *l)
+{
+    return l->num_classes;
+}
 
 int64_t loader_skipped(const loader *l)
 {
@@ -101,23 +111,29 @@ int loader_epoch_order(const loader *l, int64_t epoch, int64_t *indices)
     int64_t total = l->nb * B * W, per_rank = l->nb * B;
     if (l->synthetic) {
         /* Synthetic samples are defined by their global position: no permutation needed. */
-        for (int64_t k = 0; k < per_rank; k++) indices[k] = k * W + l->o.rank;
+        for (int64_t k = 0; k < per_rank; k++)
+            indices[k] = k * W + l->o.rank;
         return 0;
     }
     int64_t *perm = malloc((size_t)N * sizeof *perm);
-    if (!perm) return pf_err(-ENOMEM, "out of memory for a %" PRId64 "-image order", N);
-    for (int64_t i = 0; i < N; i++) perm[i] = i;
+    if (!perm)
+        return pf_err(-ENOMEM, "out of memory for a %" PRId64 "-image order", N);
+    for (int64_t i = 0; i < N; i++)
+        perm[i] = i;
     if (l->o.shuffle) {
         /* Fisher-Yates seeded by (seed, epoch): the same permutation on every rank. */
         uint64_t st = img_hash64(l->o.seed, (uint64_t)epoch, 0x5eedull, 0);
         for (int64_t i = N - 1; i > 0; i--) {
             __extension__ typedef unsigned __int128 u128;
             int64_t j = (int64_t)(((u128)img_splitmix64(&st) * (u128)(uint64_t)(i + 1)) >> 64);
-            int64_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+            int64_t t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
         }
     }
     (void)total;
-    for (int64_t k = 0; k < per_rank; k++) indices[k] = perm[k * W + l->o.rank];
+    for (int64_t k = 0; k < per_rank; k++)
+        indices[k] = perm[k * W + l->o.rank];
     free(perm);
     return 0;
 }
@@ -140,7 +156,8 @@ static int produce(loader *l, int64_t bi, slot *s, img_decoder *dec, rec_buf *bu
             for (size_t k = 0; k < l->image_floats; k += 2) {
                 uint64_t r = img_splitmix64(&st);
                 img[k] = (float)(uint32_t)r * (2.0f / 4294967296.0f) - 1.0f;
-                if (k + 1 < l->image_floats) img[k + 1] = (float)(uint32_t)(r >> 32) * (2.0f / 4294967296.0f) - 1.0f;
+                if (k + 1 < l->image_floats)
+                    img[k + 1] = (float)(uint32_t)(r >> 32) * (2.0f / 4294967296.0f) - 1.0f;
             }
             continue;
         }
@@ -153,26 +170,32 @@ static int produce(loader *l, int64_t bi, slot *s, img_decoder *dec, rec_buf *bu
         for (int a = 0; a <= SUBSTITUTE_TRIES; a++) {
             int64_t j = (idx + a) % l->rf->num_images;
             const rec_image *im = &l->rf->images[j];
-            int flip = l->o.flip ? (int)(img_hash64(l->o.seed, (uint64_t)l->epoch, (uint64_t)im->key, 0xf1ull) & 1) : 0;
+            int flip = l->o.flip
+                           ? (int)(img_hash64(l->o.seed, (uint64_t)l->epoch, (uint64_t)im->key, 0xf1ull) & 1)
+                           : 0;
             rec_payload p;
             rc = rec_get(l->rf, j, buf, &p);
             if (rc == 0) {
                 rc = img_load(dec, p.image, p.image_len, S, l->o.resize, flip, img);
                 if (rc < 0)
-                    rc = pf_err_wrap(rc, "%s: key %" PRId64 " at byte %" PRIu64, l->rf->rec_path, im->key, im->offset);
+                    rc = pf_err_wrap(rc, "%s: key %" PRId64 " at byte %" PRIu64, l->rf->rec_path, im->key,
+                                     im->offset);
             }
             if (rc == 0) {
                 b->keys[i] = im->key;
                 b->labels[i] = im->class_id;
                 break;
             }
-            if (!l->o.skip_bad_records) return rc;
+            if (!l->o.skip_bad_records)
+                return rc;
             int64_t n = __atomic_fetch_add(&l->skipped_decode, 1, __ATOMIC_RELAXED);
-            if (n < 10) log_warn("skipping bad image (the next record in file order takes its place): %s", pf_errmsg());
+            if (n < 10)
+                log_warn("skipping bad image (the next record in file order takes its place): %s",
+                         pf_errmsg());
         }
         if (rc < 0)
-            return pf_err_wrap(rc, "%s: %d consecutive records from key %" PRId64 " fail to decode", l->rf->rec_path,
-                               SUBSTITUTE_TRIES + 1, l->rf->images[idx].key);
+            return pf_err_wrap(rc, "%s: %d consecutive records from key %" PRId64 " fail to decode",
+                               l->rf->rec_path, SUBSTITUTE_TRIES + 1, l->rf->images[idx].key);
     }
     return 0;
 }
@@ -188,7 +211,8 @@ static void *worker_main(void *arg)
         while (!l->stop && (!l->active || l->next_claim >= l->nb ||
                             l->slots[l->next_claim % l->depth].state != SLOT_FREE))
             pthread_cond_wait(&l->cv, &l->mu);
-        if (l->stop) break;
+        if (l->stop)
+            break;
         int64_t bi = l->next_claim++;
         slot *s = &l->slots[bi % l->depth];
         s->state = SLOT_BUSY;
@@ -196,24 +220,28 @@ static void *worker_main(void *arg)
         int rc = ok ? produce(l, bi, s, &dec, &buf) : pf_err(-ENOMEM, "TurboJPEG handle");
         pthread_mutex_lock(&l->mu);
         s->rc = rc;
-        if (rc < 0) snprintf(s->msg, sizeof s->msg, "%s", pf_errmsg());
+        if (rc < 0)
+            snprintf(s->msg, sizeof s->msg, "%s", pf_errmsg());
         s->state = SLOT_READY;
         pthread_cond_broadcast(&l->cv);
     }
     pthread_mutex_unlock(&l->mu);
-    if (ok) img_decoder_free(&dec);
+    if (ok)
+        img_decoder_free(&dec);
     rec_buf_free(&buf);
     return NULL;
 }
 
 void loader_close(loader *l)
 {
-    if (!l) return;
+    if (!l)
+        return;
     pthread_mutex_lock(&l->mu);
     l->stop = 1;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
-    for (int i = 0; i < l->nthreads; i++) pthread_join(l->threads[i], NULL);
+    for (int i = 0; i < l->nthreads; i++)
+        pthread_join(l->threads[i], NULL);
     free(l->threads);
     if (l->slots)
         for (int i = 0; i < l->depth; i++) {
@@ -223,7 +251,8 @@ void loader_close(loader *l)
         }
     free(l->slots);
     free(l->order);
-    if (l->sync_dec.tj) img_decoder_free(&l->sync_dec);
+    if (l->sync_dec.tj)
+        img_decoder_free(&l->sync_dec);
     rec_buf_free(&l->sync_buf);
     rec_close(l->rf);
     pthread_mutex_destroy(&l->mu);
@@ -234,8 +263,10 @@ void loader_close(loader *l)
 int loader_open(loader **out, const loader_opts *o)
 {
     *out = NULL;
-    if (!o->rec || !o->rec[0]) return pf_err(-EINVAL, "loader: rec is not set (a dataset prefix or \"synthetic\")");
-    if (o->batch_size <= 0) return pf_err(-EINVAL, "loader: batch_size %d is not positive", o->batch_size);
+    if (!o->rec || !o->rec[0])
+        return pf_err(-EINVAL, "loader: rec is not set (a dataset prefix or \"synthetic\")");
+    if (o->batch_size <= 0)
+        return pf_err(-EINVAL, "loader: batch_size %d is not positive", o->batch_size);
     if (o->world_size <= 0 || o->rank < 0 || o->rank >= o->world_size)
         return pf_err(-EINVAL, "loader: rank %d is outside world_size %d", o->rank, o->world_size);
     if (o->num_workers < 0 || o->num_workers > 256)
@@ -243,7 +274,8 @@ int loader_open(loader **out, const loader_opts *o)
     if (o->image_size <= 0 || o->image_size > 1024)
         return pf_err(-EINVAL, "loader: image_size %d is outside 1..1024", o->image_size);
     loader *l = calloc(1, sizeof *l);
-    if (!l) return pf_err(-ENOMEM, "out of memory");
+    if (!l)
+        return pf_err(-ENOMEM, "out of memory");
     l->o = *o;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
@@ -251,46 +283,65 @@ int loader_open(loader **out, const loader_opts *o)
     l->synthetic = strcmp(o->rec, "synthetic") == 0;
     if (l->synthetic) {
         if (o->num_classes <= 0 || o->num_classes > (INT64_C(1) << 32)) {
-            rc = pf_err(-EINVAL, "loader: synthetic data needs num_classes in 1..2^32, got %" PRId64, o->num_classes);
+            rc = pf_err(-EINVAL, "loader: synthetic data needs num_classes in 1..2^32, got %" PRId64,
+                        o->num_classes);
             goto fail;
         }
-        if (o->num_image <= 0) { rc = pf_err(-EINVAL, "loader: num_image %" PRId64 " is not positive", o->num_image); goto fail; }
+        if (o->num_image <= 0) {
+            rc = pf_err(-EINVAL, "loader: num_image %" PRId64 " is not positive", o->num_image);
+            goto fail;
+        }
         l->num_images = o->num_image;
         l->num_classes = o->num_classes;
     } else {
         rc = rec_open(&l->rf, o->rec, o->num_classes, o->skip_bad_records);
-        if (rc < 0) goto fail;
+        if (rc < 0)
+            goto fail;
         l->num_images = l->rf->num_images;
         l->num_classes = l->rf->num_classes;
     }
     int64_t global = (int64_t)o->batch_size * o->world_size;
     l->nb = l->num_images / global;
     if (l->nb == 0) {
-        rc = pf_err(-EINVAL, "loader: %" PRId64 " images is less than one global batch (world_size %d x batch_size %d)",
-                    l->num_images, o->world_size, o->batch_size);
+        rc =
+            pf_err(-EINVAL,
+                   "loader: %" PRId64 " images is less than one global batch (world_size %d x batch_size %d)",
+                   l->num_images, o->world_size, o->batch_size);
         goto fail;
     }
     l->image_floats = (size_t)3 * o->image_size * o->image_size;
     l->depth = o->prefetch > 0 ? o->prefetch : 2 * (o->num_workers > 0 ? o->num_workers : 1);
-    if (l->depth < 2) l->depth = 2;   /* the caller holds one batch while the next is decoded */
-    if (o->num_workers == 0) l->depth = 2; /* the batch held and the next one, produced by a peek */
+    if (l->depth < 2)
+        l->depth = 2; /* the caller holds one batch while the next is decoded */
+    if (o->num_workers == 0)
+        l->depth = 2; /* the batch held and the next one, produced by a peek */
     l->slots = calloc((size_t)l->depth, sizeof *l->slots);
     l->order = malloc((size_t)(l->nb * o->batch_size) * sizeof *l->order);
-    if (!l->slots || !l->order) { rc = pf_err(-ENOMEM, "out of memory"); goto fail; }
+    if (!l->slots || !l->order) {
+        rc = pf_err(-ENOMEM, "out of memory");
+        goto fail;
+    }
     for (int i = 0; i < l->depth; i++) {
         slot *s = &l->slots[i];
         s->b.slot = i;
         s->b.images = malloc(l->image_floats * (size_t)o->batch_size * sizeof(float));
         s->b.labels = malloc((size_t)o->batch_size * sizeof(int64_t));
         s->b.keys = malloc((size_t)o->batch_size * sizeof(int64_t));
-        if (!s->b.images || !s->b.labels || !s->b.keys) { rc = pf_err(-ENOMEM, "out of memory for batches"); goto fail; }
+        if (!s->b.images || !s->b.labels || !s->b.keys) {
+            rc = pf_err(-ENOMEM, "out of memory for batches");
+            goto fail;
+        }
     }
     if (o->num_workers == 0) {
         rc = img_decoder_init(&l->sync_dec);
-        if (rc < 0) goto fail;
+        if (rc < 0)
+            goto fail;
     } else {
         l->threads = calloc((size_t)o->num_workers, sizeof *l->threads);
-        if (!l->threads) { rc = pf_err(-ENOMEM, "out of memory"); goto fail; }
+        if (!l->threads) {
+            rc = pf_err(-ENOMEM, "out of memory");
+            goto fail;
+        }
         for (int i = 0; i < o->num_workers; i++) {
             if (pthread_create(&l->threads[i], NULL, worker_main, l) != 0) {
                 rc = pf_err(-EAGAIN, "loader: cannot start decode thread %d", i);
@@ -302,13 +353,12 @@ int loader_open(loader **out, const loader_opts *o)
     l->epoch = -1;
     *out = l;
     return 0;
-fail:
-    {
-        char msg[PF_ERRMSG_MAX];
-        snprintf(msg, sizeof msg, "%s", pf_errmsg());
-        loader_close(l);
-        pf_err(rc, "%s", msg);
-    }
+fail : {
+    char msg[PF_ERRMSG_MAX];
+    snprintf(msg, sizeof msg, "%s", pf_errmsg());
+    loader_close(l);
+    pf_err(rc, "%s", msg);
+}
     return rc;
 }
 
@@ -318,15 +368,19 @@ int loader_start_epoch(loader *l, int64_t epoch)
     l->active = 0;
     for (;;) {
         int busy = 0;
-        for (int i = 0; i < l->depth; i++) busy |= l->slots[i].state == SLOT_BUSY;
-        if (!busy) break;
+        for (int i = 0; i < l->depth; i++)
+            busy |= l->slots[i].state == SLOT_BUSY;
+        if (!busy)
+            break;
         pthread_cond_wait(&l->cv, &l->mu);
     }
-    for (int i = 0; i < l->depth; i++) l->slots[i].state = SLOT_FREE;
+    for (int i = 0; i < l->depth; i++)
+        l->slots[i].state = SLOT_FREE;
     pthread_mutex_unlock(&l->mu);
     /* Threads are idle (inactive): the order can be rewritten without the lock held. */
     int rc = loader_epoch_order(l, epoch, l->order);
-    if (rc < 0) return rc;
+    if (rc < 0)
+        return rc;
     pthread_mutex_lock(&l->mu);
     l->epoch = epoch;
     l->next_claim = l->next_deliver = 0;
@@ -349,9 +403,11 @@ static slot *wait_ready(loader *l, int64_t bi)
 static int produce_sync(loader *l, slot *s)
 {
     int64_t bi = l->next_deliver;
-    if (s->state == SLOT_READY && s->b.index == bi && s->b.epoch == l->epoch) return s->rc;
+    if (s->state == SLOT_READY && s->b.index == bi && s->b.epoch == l->epoch)
+        return s->rc;
     s->rc = produce(l, bi, s, &l->sync_dec, &l->sync_buf);
-    if (s->rc < 0) snprintf(s->msg, sizeof s->msg, "%s", pf_errmsg());
+    if (s->rc < 0)
+        snprintf(s->msg, sizeof s->msg, "%s", pf_errmsg());
     s->b.index = bi;
     s->b.epoch = l->epoch;
     s->state = SLOT_READY;
@@ -360,19 +416,23 @@ static int produce_sync(loader *l, slot *s)
 
 int loader_peek_labels(loader *l, int64_t *labels)
 {
-    if (l->epoch < 0 || l->next_deliver >= l->nb) return 0;
+    if (l->epoch < 0 || l->next_deliver >= l->nb)
+        return 0;
     int B = l->o.batch_size;
     slot *s = &l->slots[l->next_deliver % l->depth];
     if (l->o.num_workers == 0) {
-        if (s->state == SLOT_HELD) s->state = SLOT_FREE; /* as loader_next: the batch two back is released */
-        if (produce_sync(l, s) < 0) return pf_err(s->rc, "%s", s->msg);
+        if (s->state == SLOT_HELD)
+            s->state = SLOT_FREE; /* as loader_next: the batch two back is released */
+        if (produce_sync(l, s) < 0)
+            return pf_err(s->rc, "%s", s->msg);
         memcpy(labels, s->b.labels, (size_t)B * sizeof *labels);
         return 1;
     }
     pthread_mutex_lock(&l->mu);
     if (s->state == SLOT_HELD) {
         pthread_mutex_unlock(&l->mu);
-        return pf_err(-EBUSY, "loader: %d batches held; loader_release one before loader_peek_labels", l->depth);
+        return pf_err(-EBUSY, "loader: %d batches held; loader_release one before loader_peek_labels",
+                      l->depth);
     }
     s = wait_ready(l, l->next_deliver);
     int rc = s->rc;
@@ -387,13 +447,17 @@ int loader_peek_labels(loader *l, int64_t *labels)
 int loader_next(loader *l, loader_batch **out)
 {
     *out = NULL;
-    if (l->epoch < 0) return pf_err(-EINVAL, "loader: loader_start_epoch was not called");
-    if (l->next_deliver >= l->nb) return 0;
+    if (l->epoch < 0)
+        return pf_err(-EINVAL, "loader: loader_start_epoch was not called");
+    if (l->next_deliver >= l->nb)
+        return 0;
     int64_t bi = l->next_deliver;
     slot *s = &l->slots[bi % l->depth];
     if (l->o.num_workers == 0) {
-        if (s->state == SLOT_HELD) s->state = SLOT_FREE;
-        if (produce_sync(l, s) < 0) return pf_err(s->rc, "%s", s->msg);
+        if (s->state == SLOT_HELD)
+            s->state = SLOT_FREE;
+        if (produce_sync(l, s) < 0)
+            return pf_err(s->rc, "%s", s->msg);
         s->state = SLOT_HELD;
         l->next_deliver++;
         *out = &s->b;
@@ -421,10 +485,12 @@ int loader_next(loader *l, loader_batch **out)
 
 void loader_release(loader *l, loader_batch *b)
 {
-    if (!b) return;
+    if (!b)
+        return;
     pthread_mutex_lock(&l->mu);
     slot *s = &l->slots[b->slot];
-    if (s->state == SLOT_HELD) s->state = SLOT_FREE;
+    if (s->state == SLOT_HELD)
+        s->state = SLOT_FREE;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);
 }

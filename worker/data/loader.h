@@ -27,29 +27,29 @@
 #include "common/config.h"
 
 typedef struct loader_opts {
-    const char *rec;        /* dataset prefix or directory (train.rec/.idx), or "synthetic" */
-    int64_t num_classes;    /* synthetic: required, 1 .. 2^32; dataset: 0 = from `property` or labels,
-                               > 0 = labels must be below it */
-    int batch_size;         /* per rank, > 0 */
-    int num_workers;        /* decode threads; 0 = decode in the caller's thread */
-    int prefetch;           /* batches decoded ahead (queue depth); 0 = 2 * max(1, num_workers) */
+    const char *rec;     /* dataset prefix or directory (train.rec/.idx), or "synthetic" */
+    int64_t num_classes; /* synthetic: required, 1 .. 2^32; dataset: 0 = from `property` or labels,
+                            > 0 = labels must be below it */
+    int batch_size;      /* per rank, > 0 */
+    int num_workers;     /* decode threads; 0 = decode in the caller's thread */
+    int prefetch;        /* batches decoded ahead (queue depth); 0 = 2 * max(1, num_workers) */
     uint64_t seed;
     int rank, world_size;
     int skip_bad_records;
-    int shuffle;            /* default 1 */
-    int flip;               /* random horizontal flip with p = 0.5, default 1 */
-    int resize;             /* resize images that are not image_size (default 0: error) */
-    int image_size;         /* default 112 */
-    int64_t num_image;      /* synthetic: images per epoch over all ranks (default 1M) */
+    int shuffle;       /* default 1 */
+    int flip;          /* random horizontal flip with p = 0.5, default 1 */
+    int resize;        /* resize images that are not image_size (default 0: error) */
+    int image_size;    /* default 112 */
+    int64_t num_image; /* synthetic: images per epoch over all ranks (default 1M) */
 } loader_opts;
 
 typedef struct loader_batch {
-    int64_t epoch, index;   /* batch `index` (0-based) of `epoch` on this rank */
-    int n;                  /* batch_size */
-    float *images;          /* (n, 3, image_size, image_size) float32 in [-1, 1] */
-    int64_t *labels;        /* (n) class ids */
-    int64_t *keys;          /* (n) .idx keys of the records (-1 for synthetic) */
-    int slot;               /* internal */
+    int64_t epoch, index; /* batch `index` (0-based) of `epoch` on this rank */
+    int n;                /* batch_size */
+    float *images;        /* (n, 3, image_size, image_size) float32 in [-1, 1] */
+    int64_t *labels;      /* (n) class ids */
+    int64_t *keys;        /* (n) .idx keys of the records (-1 for synthetic) */
+    int slot;             /* internal */
 } loader_batch;
 
 typedef struct loader loader;
@@ -68,10 +68,10 @@ void loader_opts_from_config(loader_opts *o, const pf_config *cfg, int rank, int
  * dataset smaller than one global batch); the errors of rec_open; -ENOMEM. */
 int loader_open(loader **out, const loader_opts *o);
 
-int64_t loader_num_batches(const loader *l);   /* full batches per epoch on each rank */
-int64_t loader_num_images(const loader *l);    /* usable images in the dataset (all ranks) */
+int64_t loader_num_batches(const loader *l); /* full batches per epoch on each rank */
+int64_t loader_num_images(const loader *l);  /* usable images in the dataset (all ranks) */
 int64_t loader_num_classes(const loader *l);
-int64_t loader_skipped(const loader *l);       /* bad records dropped at open + images skipped since */
+int64_t loader_skipped(const loader *l); /* bad records dropped at open + images skipped since */
 
 /* Starts epoch `epoch` (>= 0): computes the order and lets the threads decode ahead. Any batch still
  * held by the caller is taken back. Returns 0 or -ENOMEM. */

@@ -30,7 +30,8 @@ typedef struct name_list {
 
 static void names_free(name_list *l)
 {
-    for (size_t i = 0; i < l->n; i++) free(l->v[i]);
+    for (size_t i = 0; i < l->n; i++)
+        free(l->v[i]);
     free(l->v);
     memset(l, 0, sizeof *l);
 }
@@ -40,11 +41,13 @@ static int names_add(name_list *l, const char *s)
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 64;
         char **v = realloc(l->v, cap * sizeof *v);
-        if (!v) return pf_err(-ENOMEM, "out of memory");
+        if (!v)
+            return pf_err(-ENOMEM, "out of memory");
         l->v = v;
         l->cap = cap;
     }
-    if (!(l->v[l->n] = strdup(s))) return pf_err(-ENOMEM, "out of memory");
+    if (!(l->v[l->n] = strdup(s)))
+        return pf_err(-ENOMEM, "out of memory");
     l->n++;
     return 0;
 }
@@ -58,9 +61,11 @@ static int is_image_name(const char *n)
 {
     static const char *ext[] = {".jpg", ".jpeg", ".png", ".pgm", ".ppm", ".pnm", ".bmp"};
     const char *dot = strrchr(n, '.');
-    if (!dot) return 0;
+    if (!dot)
+        return 0;
     for (size_t i = 0; i < sizeof ext / sizeof *ext; i++)
-        if (strcasecmp(dot, ext[i]) == 0) return 1;
+        if (strcasecmp(dot, ext[i]) == 0)
+            return 1;
     return 0;
 }
 
@@ -68,44 +73,64 @@ static int is_image_name(const char *n)
 static int list_dir(const char *dir, int want_dirs, name_list *out)
 {
     DIR *d = opendir(dir);
-    if (!d) return pf_err(errno == ENOTDIR ? -ENOTDIR : -ENOENT, "%s: cannot open folder: %s", dir, strerror(errno));
+    if (!d)
+        return pf_err(errno == ENOTDIR ? -ENOTDIR : -ENOENT, "%s: cannot open folder: %s", dir,
+                      strerror(errno));
     struct dirent *e;
     int rc = 0;
     char path[4096];
     while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
+        if (e->d_name[0] == '.')
+            continue;
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         struct stat st;
-        if (stat(path, &st) != 0) continue;
+        if (stat(path, &st) != 0)
+            continue;
         if (want_dirs ? S_ISDIR(st.st_mode) : (S_ISREG(st.st_mode) && is_image_name(e->d_name)))
-            if ((rc = names_add(out, e->d_name)) < 0) break;
+            if ((rc = names_add(out, e->d_name)) < 0)
+                break;
     }
     closedir(d);
-    if (rc == 0 && out->n > 1) qsort(out->v, out->n, sizeof *out->v, cmp_natural);
+    if (rc == 0 && out->n > 1)
+        qsort(out->v, out->n, sizeof *out->v, cmp_natural);
     return rc;
 }
 
 static int read_file(const char *path, uint8_t **data, size_t *len)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) return pf_err(-errno, "%s: cannot open: %s", path, strerror(errno));
+    if (!f)
+        return pf_err(-errno, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 1 << 16, n = 0;
     uint8_t *b = malloc(cap);
     int rc = 0;
     while (b) {
         size_t got = fread(b + n, 1, cap - n, f);
         n += got;
-        if (n < cap) break;
-        if (cap >= REC_MAX_RECORD) { rc = pf_err(-EFBIG, "%s: larger than %u bytes", path, REC_MAX_RECORD); break; }
+        if (n < cap)
+            break;
+        if (cap >= REC_MAX_RECORD) {
+            rc = pf_err(-EFBIG, "%s: larger than %u bytes", path, REC_MAX_RECORD);
+            break;
+        }
         uint8_t *nb = realloc(b, cap * 2);
-        if (!nb) { free(b); b = NULL; break; }
+        if (!nb) {
+            free(b);
+            b = NULL;
+            break;
+        }
         b = nb;
         cap *= 2;
     }
-    if (!b) rc = pf_err(-ENOMEM, "out of memory reading %s", path);
-    else if (rc == 0 && ferror(f)) rc = pf_err(-EIO, "%s: read error", path);
+    if (!b)
+        rc = pf_err(-ENOMEM, "out of memory reading %s", path);
+    else if (rc == 0 && ferror(f))
+        rc = pf_err(-EIO, "%s: read error", path);
     fclose(f);
-    if (rc < 0) { free(b); return rc; }
+    if (rc < 0) {
+        free(b);
+        return rc;
+    }
     *data = b;
     *len = n;
     return 0;
@@ -116,18 +141,20 @@ typedef struct packer {
     img_decoder dec;
     tjhandle tjc;
     uint8_t canvas[IMG_SIZE * IMG_SIZE * 3];
-    unsigned char *jpeg;          /* tjAlloc'd */
+    unsigned char *jpeg; /* tjAlloc'd */
     unsigned long jpeg_size;
 } packer;
 
 /* Produces the 112x112 JPEG bytes for one file: *out and *out_len point at the original bytes (kept) or
  * at p->jpeg (converted). *orig must be freed by the caller. */
-static int encode_one(packer *p, const char *path, uint8_t **orig, const uint8_t **out, size_t *out_len, int *kept)
+static int encode_one(packer *p, const char *path, uint8_t **orig, const uint8_t **out, size_t *out_len,
+                      int *kept)
 {
     uint8_t *data = NULL;
     size_t len = 0;
     int rc = read_file(path, &data, &len);
-    if (rc < 0) return rc;
+    if (rc < 0)
+        return rc;
     *orig = data;
     int w = 0, h = 0;
     uint8_t *rgb = NULL, *loaded = NULL;
@@ -135,7 +162,8 @@ static int encode_one(packer *p, const char *path, uint8_t **orig, const uint8_t
     int is_png = len >= 8 && memcmp(data, "\x89PNG\r\n\x1a\n", 8) == 0;
     if (is_jpeg || is_png) {
         rc = img_decode_rgb(&p->dec, data, len, &w, &h, &rgb);
-        if (rc < 0) return pf_err_wrap(rc, "%s", path);
+        if (rc < 0)
+            return pf_err_wrap(rc, "%s", path);
         if (is_jpeg && w == IMG_SIZE && h == IMG_SIZE) {
             *out = data;
             *out_len = len;
@@ -146,20 +174,27 @@ static int encode_one(packer *p, const char *path, uint8_t **orig, const uint8_t
         /* PGM, PPM, BMP: TurboJPEG's loader, converting grey to RGB. */
         int pf = TJPF_RGB;
         loaded = tjLoadImage(path, &w, 1, &h, &pf, 0);
-        if (!loaded) return pf_err(-EPROTO, "%s: cannot load image: %s", path, tjGetErrorStr2(NULL));
+        if (!loaded)
+            return pf_err(-EPROTO, "%s: cannot load image: %s", path, tjGetErrorStr2(NULL));
         if (w <= 0 || h <= 0 || w > IMG_MAX_SIDE || h > IMG_MAX_SIDE) {
             tjFree(loaded);
             return pf_err(-E2BIG, "%s: %dx%d image is outside 1..%d per side", path, w, h, IMG_MAX_SIDE);
         }
         rgb = loaded;
     }
-    if (w == IMG_SIZE && h == IMG_SIZE) memcpy(p->canvas, rgb, sizeof p->canvas);
-    else if (p->o->resize) img_resize_rgb(rgb, w, h, p->canvas, IMG_SIZE, IMG_SIZE);
-    else rc = img_pad_rgb(rgb, w, h, p->canvas, IMG_SIZE, IMG_SIZE);
-    if (loaded) tjFree(loaded);
-    if (rc < 0) return rc;
+    if (w == IMG_SIZE && h == IMG_SIZE)
+        memcpy(p->canvas, rgb, sizeof p->canvas);
+    else if (p->o->resize)
+        img_resize_rgb(rgb, w, h, p->canvas, IMG_SIZE, IMG_SIZE);
+    else
+        rc = img_pad_rgb(rgb, w, h, p->canvas, IMG_SIZE, IMG_SIZE);
+    if (loaded)
+        tjFree(loaded);
+    if (rc < 0)
+        return rc;
     unsigned long sz = p->jpeg_size;
-    if (tjCompress2(p->tjc, p->canvas, IMG_SIZE, 0, IMG_SIZE, TJPF_RGB, &p->jpeg, &sz, TJSAMP_420, p->o->quality, 0) != 0)
+    if (tjCompress2(p->tjc, p->canvas, IMG_SIZE, 0, IMG_SIZE, TJPF_RGB, &p->jpeg, &sz, TJSAMP_420,
+                    p->o->quality, 0) != 0)
         return pf_err(-EIO, "%s: JPEG encode failed: %s", path, tjGetErrorStr2(p->tjc));
     p->jpeg_size = sz > p->jpeg_size ? sz : p->jpeg_size;
     *out = p->jpeg;
@@ -174,15 +209,19 @@ static int make_parent(const char *prefix)
     char d[4096];
     snprintf(d, sizeof d, "%s", prefix);
     char *slash = strrchr(d, '/');
-    if (!slash || slash == d) return 0;
+    if (!slash || slash == d)
+        return 0;
     *slash = 0;
     for (char *q = d + 1; *q; q++) {
-        if (*q != '/') continue;
+        if (*q != '/')
+            continue;
         *q = 0;
-        if (mkdir(d, 0755) != 0 && errno != EEXIST) return pf_err(-errno, "%s: cannot create folder: %s", d, strerror(errno));
+        if (mkdir(d, 0755) != 0 && errno != EEXIST)
+            return pf_err(-errno, "%s: cannot create folder: %s", d, strerror(errno));
         *q = '/';
     }
-    if (mkdir(d, 0755) != 0 && errno != EEXIST) return pf_err(-errno, "%s: cannot create folder: %s", d, strerror(errno));
+    if (mkdir(d, 0755) != 0 && errno != EEXIST)
+        return pf_err(-errno, "%s: cannot create folder: %s", d, strerror(errno));
     return 0;
 }
 
@@ -190,17 +229,19 @@ static void progress(int64_t done, int64_t total, double t0, int final)
 {
     static double last;
     double t = pf_now_s();
-    if (!final && t - last < 0.25) return;
+    if (!final && t - last < 0.25)
+        return;
     last = t;
     double el = t - t0, rate = el > 0 ? (double)done / el : 0;
     double eta = rate > 0 ? (double)(total - done) / rate : 0;
     int width = 30, fill = total ? (int)(width * done / total) : width;
     char bar[64];
-    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    for (int i = 0; i < width; i++)
+        bar[i] = i < fill ? '#' : '.';
     bar[width] = 0;
     int e = (int)(eta + 0.5);
-    fprintf(stderr, "\rpack [%s] %" PRId64 "/%" PRId64 " images  %.0f img/s  ETA %d:%02d:%02d%s", bar, done, total, rate,
-            e / 3600, e / 60 % 60, e % 60, final ? "\n" : "");
+    fprintf(stderr, "\rpack [%s] %" PRId64 "/%" PRId64 " images  %.0f img/s  ETA %d:%02d:%02d%s", bar, done,
+            total, rate, e / 3600, e / 60 % 60, e % 60, final ? "\n" : "");
     fflush(stderr);
 }
 
@@ -209,21 +250,25 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
     memset(st, 0, sizeof *st);
     if (o->first_class < 0 || (uint64_t)o->first_class > REC_ID2_CLASS_MASK)
         return pf_err(-EINVAL, "first_class %" PRId64 " is outside 0..2^48-1", o->first_class);
-    if (o->quality < 1 || o->quality > 100) return pf_err(-EINVAL, "JPEG quality %d is outside 1..100", o->quality);
+    if (o->quality < 1 || o->quality > 100)
+        return pf_err(-EINVAL, "JPEG quality %d is outside 1..100", o->quality);
     name_list ids = {0};
     name_list *files = NULL;
     int rc = list_dir(image_dir, 1, &ids);
-    if (rc < 0) return rc;
+    if (rc < 0)
+        return rc;
     if (ids.n == 0) {
         names_free(&ids);
-        return pf_err(-EINVAL, "%s: no identity folders (expected one subfolder of images per identity)", image_dir);
+        return pf_err(-EINVAL, "%s: no identity folders (expected one subfolder of images per identity)",
+                      image_dir);
     }
     if (o->max_identities < 0) {
         names_free(&ids);
         return pf_err(-EINVAL, "max_identities %" PRId64 " is negative", o->max_identities);
     }
     if (o->max_identities > 0 && (size_t)o->max_identities < ids.n) {
-        for (size_t i = (size_t)o->max_identities; i < ids.n; i++) free(ids.v[i]);
+        for (size_t i = (size_t)o->max_identities; i < ids.n; i++)
+            free(ids.v[i]);
         ids.n = (size_t)o->max_identities;
     }
     if ((uint64_t)o->first_class + ids.n - 1 > REC_ID2_CLASS_MASK) {
@@ -232,14 +277,19 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
         return rc;
     }
     files = calloc(ids.n, sizeof *files);
-    if (!files) { names_free(&ids); return pf_err(-ENOMEM, "out of memory"); }
+    if (!files) {
+        names_free(&ids);
+        return pf_err(-ENOMEM, "out of memory");
+    }
     char path[8192];
     int64_t total = 0;
     for (size_t c = 0; c < ids.n; c++) {
         snprintf(path, sizeof path, "%s/%s", image_dir, ids.v[c]);
-        if ((rc = list_dir(path, 0, &files[c])) < 0) goto out;
+        if ((rc = list_dir(path, 0, &files[c])) < 0)
+            goto out;
         if (files[c].n == 0) {
-            rc = pf_err(-EINVAL, "%s: identity folder has no images (.jpg .jpeg .png .pgm .ppm .pnm .bmp)", path);
+            rc = pf_err(-EINVAL, "%s: identity folder has no images (.jpg .jpeg .png .pgm .ppm .pnm .bmp)",
+                        path);
             goto out;
         }
         total += (int64_t)files[c].n;
@@ -248,15 +298,25 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
     packer p = {.o = o};
     rec_writer w = {0};
     int64_t *start = calloc(ids.n + 1, sizeof *start);
-    if (!start) { rc = pf_err(-ENOMEM, "out of memory"); goto out; }
-    if ((rc = img_decoder_init(&p.dec)) < 0) { free(start); goto out; }
+    if (!start) {
+        rc = pf_err(-ENOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = img_decoder_init(&p.dec)) < 0) {
+        free(start);
+        goto out;
+    }
     p.tjc = tjInitCompress();
-    if (!p.tjc) { rc = pf_err(-ENOMEM, "TurboJPEG: %s", tjGetErrorStr2(NULL)); goto done; }
+    if (!p.tjc) {
+        rc = pf_err(-ENOMEM, "TurboJPEG: %s", tjGetErrorStr2(NULL));
+        goto done;
+    }
     /* Written under <out_prefix>.partial.rec/.idx and renamed into place only when complete: a pack that
      * fails (an image that does not decode, a full disk) leaves an earlier pack at out_prefix as it was. */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.partial", out_prefix);
-    if ((rc = make_parent(out_prefix)) < 0 || (rc = rec_writer_open(&w, tmp)) < 0) goto done;
+    if ((rc = make_parent(out_prefix)) < 0 || (rc = rec_writer_open(&w, tmp)) < 0)
+        goto done;
     double t0 = pf_now_s();
     int64_t key = 1;
     for (size_t c = 0; c < ids.n && rc == 0; c++) {
@@ -270,18 +330,24 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
             int kept = 0;
             rc = encode_one(&p, path, &orig, &img, &ilen, &kept);
             if (rc == 0)
-                rc = rec_writer_put(&w, key, 0, (float)cls, (uint64_t)key, REC_ID2_MARKER | (uint64_t)cls, NULL, img, ilen);
+                rc = rec_writer_put(&w, key, 0, (float)cls, (uint64_t)key, REC_ID2_MARKER | (uint64_t)cls,
+                                    NULL, img, ilen);
             free(orig);
-            if (rc < 0) break;
-            if (kept) st->kept++;
-            else st->converted++;
+            if (rc < 0)
+                break;
+            if (kept)
+                st->kept++;
+            else
+                st->converted++;
             key++;
             st->images++;
-            if (o->progress) progress(st->images, total, t0, 0);
+            if (o->progress)
+                progress(st->images, total, t0, 0);
         }
     }
     start[ids.n] = key;
-    if (o->progress && rc == 0) progress(st->images, total, t0, 1);
+    if (o->progress && rc == 0)
+        progress(st->images, total, t0, 1);
     /* Identity records, then the header at key 0 (last in the file). */
     int64_t first_id = key;
     for (size_t c = 0; c < ids.n && rc == 0; c++) {
@@ -294,7 +360,8 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
     }
     {
         int rc2 = rec_writer_close(&w);
-        if (rc == 0) rc = rc2;
+        if (rc == 0)
+            rc = rc2;
         const char *ext[2] = {"rec", "idx"};
         char from[4300], to[4300];
         for (int e = 0; e < 2; e++) {
@@ -302,29 +369,37 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
             snprintf(to, sizeof to, "%s.%s", out_prefix, ext[e]);
             if (rc == 0 && rename(from, to) != 0)
                 rc = pf_err(-errno, "%s: cannot rename to %s: %s", from, to, strerror(errno));
-            if (rc < 0) unlink(from);
+            if (rc < 0)
+                unlink(from);
         }
     }
     if (rc == 0) {
         char prop[4200];
         const char *slash = strrchr(out_prefix, '/');
-        if (slash) snprintf(prop, sizeof prop, "%.*s/property", (int)(slash - out_prefix), out_prefix);
-        else snprintf(prop, sizeof prop, "property");
+        if (slash)
+            snprintf(prop, sizeof prop, "%.*s/property", (int)(slash - out_prefix), out_prefix);
+        else
+            snprintf(prop, sizeof prop, "property");
         FILE *f = fopen(prop, "w");
-        if (!f) rc = pf_err(-errno, "%s: cannot create: %s", prop, strerror(errno));
+        if (!f)
+            rc = pf_err(-errno, "%s: cannot create: %s", prop, strerror(errno));
         else {
             fprintf(f, "%" PRId64 ",%d,%d\n", o->first_class + (int64_t)ids.n, IMG_SIZE, IMG_SIZE);
-            if (fclose(f) != 0) rc = pf_err(-EIO, "%s: write failed", prop);
+            if (fclose(f) != 0)
+                rc = pf_err(-EIO, "%s: write failed", prop);
         }
     }
     st->classes = (int64_t)ids.n;
 done:
-    if (p.tjc) tjDestroy(p.tjc);
-    if (p.jpeg) tjFree(p.jpeg);
+    if (p.tjc)
+        tjDestroy(p.tjc);
+    if (p.jpeg)
+        tjFree(p.jpeg);
     img_decoder_free(&p.dec);
     free(start);
 out:
-    for (size_t c = 0; c < ids.n; c++) names_free(&files[c]);
+    for (size_t c = 0; c < ids.n; c++)
+        names_free(&files[c]);
     free(files);
     names_free(&ids);
     return rc;

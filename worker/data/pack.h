@@ -26,8 +26,8 @@ typedef struct pack_opts {
 
 typedef struct pack_stats {
     int64_t images, classes;
-    int64_t kept;           /* 112x112 JPEGs stored as their original bytes */
-    int64_t converted;      /* images decoded and re-encoded */
+    int64_t kept;      /* 112x112 JPEGs stored as their original bytes */
+    int64_t converted; /* images decoded and re-encoded */
 } pack_stats;
 
 void pack_opts_default(pack_opts *o);

@@ -20,7 +20,10 @@ static uint32_t le32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static uint64_t le64(const uint8_t *p) { return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32; }
+static uint64_t le64(const uint8_t *p)
+{
+    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
+}
 
 float rec_f32(const uint8_t *p)
 {
@@ -32,10 +35,17 @@ float rec_f32(const uint8_t *p)
 
 static void put32(uint8_t *p, uint32_t v)
 {
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
 }
 
-static void put64(uint8_t *p, uint64_t v) { put32(p, (uint32_t)v); put32(p + 4, (uint32_t)(v >> 32)); }
+static void put64(uint8_t *p, uint64_t v)
+{
+    put32(p, (uint32_t)v);
+    put32(p + 4, (uint32_t)(v >> 32));
+}
 
 void rec_buf_free(rec_buf *b)
 {
@@ -50,19 +60,22 @@ static int buf_append(rec_buf *b, const void *src, size_t n)
         return pf_err(-EFBIG, "record larger than %u bytes", REC_MAX_RECORD);
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n) cap *= 2;
+        while (cap < b->len + n)
+            cap *= 2;
         uint8_t *d = realloc(b->data, cap);
-        if (!d) return pf_err(-ENOMEM, "out of memory joining a record");
+        if (!d)
+            return pf_err(-ENOMEM, "out of memory joining a record");
         b->data = d;
         b->cap = cap;
     }
-    if (n) memcpy(b->data + b->len, src, n);
+    if (n)
+        memcpy(b->data + b->len, src, n);
     b->len += n;
     return 0;
 }
 
-int rec_read_record(const uint8_t *base, size_t size, uint64_t off, rec_buf *scratch,
-                    const uint8_t **data, size_t *len, uint64_t *next)
+int rec_read_record(const uint8_t *base, size_t size, uint64_t off, rec_buf *scratch, const uint8_t **data,
+                    size_t *len, uint64_t *next)
 {
     uint64_t pos = off;
     int first = 1;
@@ -78,41 +91,50 @@ int rec_read_record(const uint8_t *base, size_t size, uint64_t off, rec_buf *scr
         uint32_t lrec = le32(base + pos + 4);
         uint32_t cflag = lrec >> 29, clen = lrec & ((1u << 29) - 1);
         if (clen > size - pos - 8)
-            return pf_err(-EPROTO, "chunk length %u at byte %" PRIu64 " runs past end of file (size %zu): "
-                          "truncated .rec?", clen, pos, size);
+            return pf_err(-EPROTO,
+                          "chunk length %u at byte %" PRIu64 " runs past end of file (size %zu): "
+                          "truncated .rec?",
+                          clen, pos, size);
         if (clen > REC_MAX_RECORD)
             return pf_err(-EFBIG, "chunk length %u at byte %" PRIu64 " exceeds %u bytes", clen, pos,
                           REC_MAX_RECORD);
         const uint8_t *cdata = base + pos + 8;
         uint64_t after = pos + 8 + (((uint64_t)clen + 3) & ~(uint64_t)3);
-        if (after > size) after = size;
+        if (after > size)
+            after = size;
         if (first) {
             if (cflag == 0) {
                 *data = cdata;
                 *len = clen;
-                if (next) *next = after;
+                if (next)
+                    *next = after;
                 return 0;
             }
             if (cflag != 1)
-                return pf_err(-EPROTO, "unexpected cflag %u at byte %" PRIu64 " (a record starts with 0 or 1)",
-                              cflag, pos);
+                return pf_err(-EPROTO,
+                              "unexpected cflag %u at byte %" PRIu64 " (a record starts with 0 or 1)", cflag,
+                              pos);
         } else {
             if (cflag != 2 && cflag != 3)
-                return pf_err(-EPROTO, "unexpected cflag %u at byte %" PRIu64 " (continuation must be 2 or 3)",
-                              cflag, pos);
+                return pf_err(-EPROTO,
+                              "unexpected cflag %u at byte %" PRIu64 " (continuation must be 2 or 3)", cflag,
+                              pos);
             uint8_t m[4];
             put32(m, REC_MAGIC);
             int rc = buf_append(scratch, m, 4);
-            if (rc < 0) return rc;
+            if (rc < 0)
+                return rc;
         }
         int rc = buf_append(scratch, cdata, clen);
-        if (rc < 0) return rc;
+        if (rc < 0)
+            return rc;
         first = 0;
         pos = after;
         if (cflag == 3) {
             *data = scratch->data ? scratch->data : cdata;
             *len = scratch->len;
-            if (next) *next = after;
+            if (next)
+                *next = after;
             return 0;
         }
     }
@@ -122,7 +144,8 @@ int rec_parse_payload(const uint8_t *data, size_t len, rec_payload *out)
 {
     memset(out, 0, sizeof *out);
     if (len < REC_HEADER_BYTES)
-        return pf_err(-EPROTO, "payload of %zu bytes is shorter than the %d-byte header", len, REC_HEADER_BYTES);
+        return pf_err(-EPROTO, "payload of %zu bytes is shorter than the %d-byte header", len,
+                      REC_HEADER_BYTES);
     out->flag = le32(data);
     out->label = rec_f32(data + 4);
     out->id = le64(data + 8);
@@ -152,11 +175,16 @@ int rec_class_of(const rec_payload *p, int64_t num_classes, int64_t *class_id)
         if ((float)c != l)
             return pf_err(-ERANGE, "id2 class %" PRId64 " disagrees with label %.9g", c, (double)l);
     } else {
-        if (isnan(l)) return pf_err(-ERANGE, "label is NaN");
-        if (isinf(l)) return pf_err(-ERANGE, "label is infinite");
-        if (l < 0) return pf_err(-ERANGE, "label %.9g is negative", (double)l);
-        if (floorf(l) != l) return pf_err(-ERANGE, "label %.9g is not an integer", (double)l);
-        if (l >= 9.2e18f) return pf_err(-ERANGE, "label %.9g is too large", (double)l);
+        if (isnan(l))
+            return pf_err(-ERANGE, "label is NaN");
+        if (isinf(l))
+            return pf_err(-ERANGE, "label is infinite");
+        if (l < 0)
+            return pf_err(-ERANGE, "label %.9g is negative", (double)l);
+        if (floorf(l) != l)
+            return pf_err(-ERANGE, "label %.9g is not an integer", (double)l);
+        if (l >= 9.2e18f)
+            return pf_err(-ERANGE, "label %.9g is too large", (double)l);
         c = (int64_t)l;
     }
     if (num_classes > 0 && c >= num_classes)
@@ -183,9 +211,12 @@ static const idx_entry *idx_find(const idx_entry *e, size_t n, int64_t key)
     size_t lo = 0, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (e[mid].key < key) lo = mid + 1;
-        else if (e[mid].key > key) hi = mid;
-        else return &e[mid];
+        if (e[mid].key < key)
+            lo = mid + 1;
+        else if (e[mid].key > key)
+            hi = mid;
+        else
+            return &e[mid];
     }
     return NULL;
 }
@@ -193,11 +224,13 @@ static const idx_entry *idx_find(const idx_entry *e, size_t n, int64_t key)
 static int parse_u64(const char **s, uint64_t *v)
 {
     const char *p = *s;
-    if (!isdigit((unsigned char)*p)) return -1;
+    if (!isdigit((unsigned char)*p))
+        return -1;
     uint64_t x = 0;
     while (isdigit((unsigned char)*p)) {
         unsigned d = (unsigned)(*p - '0');
-        if (x > (UINT64_MAX - d) / 10) return -1;
+        if (x > (UINT64_MAX - d) / 10)
+            return -1;
         x = x * 10 + d;
         p++;
     }
@@ -209,7 +242,8 @@ static int parse_u64(const char **s, uint64_t *v)
 static int read_idx(const char *path, idx_entry **out, size_t *n_out)
 {
     FILE *f = fopen(path, "r");
-    if (!f) return pf_err(-errno, "%s: cannot open index: %s", path, strerror(errno));
+    if (!f)
+        return pf_err(-errno, "%s: cannot open index: %s", path, strerror(errno));
     idx_entry *e = NULL;
     size_t n = 0, cap = 0, lineno = 0;
     char *line = NULL;
@@ -219,37 +253,49 @@ static int read_idx(const char *path, idx_entry **out, size_t *n_out)
     while ((got = getline(&line, &lcap, f)) >= 0) {
         lineno++;
         const char *p = line;
-        while (*p == ' ' || *p == '\r') p++;
-        if (*p == '\n' || *p == '\0') continue;
+        while (*p == ' ' || *p == '\r')
+            p++;
+        if (*p == '\n' || *p == '\0')
+            continue;
         uint64_t key, off;
         if (parse_u64(&p, &key) < 0 || (*p != '\t' && *p != ' ') || key > INT64_MAX) {
-            rc = pf_err(-EPROTO, "%s: line %zu: expected `key<TAB>byte_offset`, got \"%.40s\"", path, lineno, line);
+            rc = pf_err(-EPROTO, "%s: line %zu: expected `key<TAB>byte_offset`, got \"%.40s\"", path, lineno,
+                        line);
             break;
         }
-        while (*p == '\t' || *p == ' ') p++;
+        while (*p == '\t' || *p == ' ')
+            p++;
         if (parse_u64(&p, &off) < 0) {
-            rc = pf_err(-EPROTO, "%s: line %zu: key %" PRIu64 ": bad byte offset \"%.40s\"", path, lineno, key, p);
+            rc = pf_err(-EPROTO, "%s: line %zu: key %" PRIu64 ": bad byte offset \"%.40s\"", path, lineno,
+                        key, p);
             break;
         }
-        while (*p == ' ' || *p == '\r' || *p == '\t') p++;
+        while (*p == ' ' || *p == '\r' || *p == '\t')
+            p++;
         if (*p != '\n' && *p != '\0') {
-            rc = pf_err(-EPROTO, "%s: line %zu: key %" PRIu64 ": trailing text \"%.40s\"", path, lineno, key, p);
+            rc = pf_err(-EPROTO, "%s: line %zu: key %" PRIu64 ": trailing text \"%.40s\"", path, lineno, key,
+                        p);
             break;
         }
         if (n == cap) {
             cap = cap ? cap * 2 : 1024;
             idx_entry *ne = realloc(e, cap * sizeof *e);
-            if (!ne) { rc = pf_err(-ENOMEM, "%s: out of memory", path); break; }
+            if (!ne) {
+                rc = pf_err(-ENOMEM, "%s: out of memory", path);
+                break;
+            }
             e = ne;
         }
         e[n].key = (int64_t)key;
         e[n].offset = off;
         n++;
     }
-    if (rc == 0 && ferror(f)) rc = pf_err(-EIO, "%s: read error", path);
+    if (rc == 0 && ferror(f))
+        rc = pf_err(-EIO, "%s: read error", path);
     free(line);
     fclose(f);
-    if (rc == 0 && n == 0) rc = pf_err(-EPROTO, "%s: index is empty", path);
+    if (rc == 0 && n == 0)
+        rc = pf_err(-EPROTO, "%s: index is empty", path);
     if (rc == 0) {
         qsort(e, n, sizeof *e, cmp_idx);
         for (size_t i = 1; i < n; i++)
@@ -258,7 +304,10 @@ static int read_idx(const char *path, idx_entry **out, size_t *n_out)
                 break;
             }
     }
-    if (rc < 0) { free(e); return rc; }
+    if (rc < 0) {
+        free(e);
+        return rc;
+    }
     *out = e;
     *n_out = n;
     return 0;
@@ -269,7 +318,8 @@ static int read_property(const char *path, int64_t *classes)
 {
     *classes = 0;
     FILE *f = fopen(path, "r");
-    if (!f) return 0;
+    if (!f)
+        return 0;
     char buf[256] = {0};
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
@@ -285,15 +335,19 @@ static int read_property(const char *path, int64_t *classes)
 static int image_magic_ok(const uint8_t *p, size_t n)
 {
     static const uint8_t png[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-    if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) return 1;
-    if (n >= 8 && memcmp(p, png, 8) == 0) return 1;
+    if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF)
+        return 1;
+    if (n >= 8 && memcmp(p, png, 8) == 0)
+        return 1;
     return 0;
 }
 
 void rec_close(rec_file *rf)
 {
-    if (!rf) return;
-    if (rf->map && rf->map != MAP_FAILED) munmap((void *)rf->map, rf->size);
+    if (!rf)
+        return;
+    if (rf->map && rf->map != MAP_FAILED)
+        munmap((void *)rf->map, rf->size);
     free(rf->images);
     free(rf);
 }
@@ -302,23 +356,29 @@ void rec_close(rec_file *rf)
  * naming file, key and offset. */
 static int check_image(rec_file *rf, int64_t key, const idx_entry *e, int64_t bound, rec_buf *scratch)
 {
-    if (!e) return pf_err(-EPROTO, "%s: key %" PRId64 ": missing from the index", rf->idx_path, key);
+    if (!e)
+        return pf_err(-EPROTO, "%s: key %" PRId64 ": missing from the index", rf->idx_path, key);
     const uint8_t *d;
     size_t n;
     rec_payload p;
     int64_t c;
     int rc = rec_read_record(rf->map, rf->size, e->offset, scratch, &d, &n, NULL);
-    if (rc == 0) rc = rec_parse_payload(d, n, &p);
-    if (rc == 0) rc = rec_class_of(&p, bound, &c);
+    if (rc == 0)
+        rc = rec_parse_payload(d, n, &p);
+    if (rc == 0)
+        rc = rec_class_of(&p, bound, &c);
     if (rc == 0 && !image_magic_ok(p.image, p.image_len))
         rc = pf_err(-EPROTO, "image (%zu bytes) is neither JPEG nor PNG", p.image_len);
-    if (rc < 0) return pf_err_wrap(rc, "%s: key %" PRId64 " at byte %" PRIu64, rf->rec_path, key, e->offset);
+    if (rc < 0)
+        return pf_err_wrap(rc, "%s: key %" PRId64 " at byte %" PRIu64, rf->rec_path, key, e->offset);
     rec_image *im = &rf->images[rf->num_images++];
     im->key = key;
     im->offset = e->offset;
     im->class_id = c;
-    if (c < rf->min_class) rf->min_class = c;
-    if (c > rf->max_class) rf->max_class = c;
+    if (c < rf->min_class)
+        rf->min_class = c;
+    if (c > rf->max_class)
+        rf->max_class = c;
     return 0;
 }
 
@@ -326,7 +386,8 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
 {
     *out = NULL;
     rec_file *rf = calloc(1, sizeof *rf);
-    if (!rf) return pf_err(-ENOMEM, "out of memory");
+    if (!rf)
+        return pf_err(-ENOMEM, "out of memory");
     char base[4096];
     struct stat st;
     int rc = 0;
@@ -335,32 +396,49 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
         return pf_err(-ENAMETOOLONG, "dataset path too long");
     }
     size_t bl = strlen(base);
-    if (bl > 4 && (strcmp(base + bl - 4, ".rec") == 0 || strcmp(base + bl - 4, ".idx") == 0)) base[bl - 4] = 0;
+    if (bl > 4 && (strcmp(base + bl - 4, ".rec") == 0 || strcmp(base + bl - 4, ".idx") == 0))
+        base[bl - 4] = 0;
     else if (stat(base, &st) == 0 && S_ISDIR(st.st_mode)) {
-        if (strlen(base) + 7 >= sizeof base) { rec_close(rf); return pf_err(-ENAMETOOLONG, "path too long"); }
+        if (strlen(base) + 7 >= sizeof base) {
+            rec_close(rf);
+            return pf_err(-ENAMETOOLONG, "path too long");
+        }
         strcat(base, "/train");
     }
     snprintf(rf->rec_path, sizeof rf->rec_path, "%.4090s.rec", base);
     snprintf(rf->idx_path, sizeof rf->idx_path, "%.4090s.idx", base);
     char prop[4096];
     const char *slash = strrchr(base, '/');
-    if (slash) snprintf(prop, sizeof prop, "%.*s/property", (int)(slash - base), base);
-    else snprintf(prop, sizeof prop, "property");
+    if (slash)
+        snprintf(prop, sizeof prop, "%.*s/property", (int)(slash - base), base);
+    else
+        snprintf(prop, sizeof prop, "property");
 
     idx_entry *idx = NULL;
     size_t nidx = 0;
     rec_buf scratch = {0};
     int fd = -1;
     rc = read_idx(rf->idx_path, &idx, &nidx);
-    if (rc < 0) goto fail;
+    if (rc < 0)
+        goto fail;
     rc = read_property(prop, &rf->property_classes);
-    if (rc < 0) goto fail;
+    if (rc < 0)
+        goto fail;
 
     fd = open(rf->rec_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) { rc = pf_err(-errno, "%s: cannot open: %s", rf->rec_path, strerror(errno)); goto fail; }
-    if (fstat(fd, &st) < 0) { rc = pf_err(-errno, "%s: fstat: %s", rf->rec_path, strerror(errno)); goto fail; }
+    if (fd < 0) {
+        rc = pf_err(-errno, "%s: cannot open: %s", rf->rec_path, strerror(errno));
+        goto fail;
+    }
+    if (fstat(fd, &st) < 0) {
+        rc = pf_err(-errno, "%s: fstat: %s", rf->rec_path, strerror(errno));
+        goto fail;
+    }
     rf->size = (size_t)st.st_size;
-    if (rf->size == 0) { rc = pf_err(-EPROTO, "%s: file is empty", rf->rec_path); goto fail; }
+    if (rf->size == 0) {
+        rc = pf_err(-EPROTO, "%s: file is empty", rf->rec_path);
+        goto fail;
+    }
     rf->map = mmap(NULL, rf->size, PROT_READ, MAP_SHARED, fd, 0);
     if (rf->map == MAP_FAILED) {
         rf->map = NULL;
@@ -384,20 +462,24 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
         size_t n;
         rec_payload p;
         rc = rec_read_record(rf->map, rf->size, e0->offset, &scratch, &d, &n, NULL);
-        if (rc == 0) rc = rec_parse_payload(d, n, &p);
+        if (rc == 0)
+            rc = rec_parse_payload(d, n, &p);
         if (rc < 0) {
             rc = pf_err_wrap(rc, "%s: key 0 (header record) at byte %" PRIu64, rf->rec_path, e0->offset);
             goto fail;
         }
         if (p.flag > 0 && p.image_len == 0) {
             if (p.flag < 2) {
-                rc = pf_err(-EPROTO, "%s: key 0 (header record) at byte %" PRIu64 ": flag %u, expected 2 labels "
-                            "[first identity key, end key]", rf->rec_path, e0->offset, p.flag);
+                rc = pf_err(-EPROTO,
+                            "%s: key 0 (header record) at byte %" PRIu64 ": flag %u, expected 2 labels "
+                            "[first identity key, end key]",
+                            rf->rec_path, e0->offset, p.flag);
                 goto fail;
             }
             float a = rec_f32(p.labels), b = rec_f32(p.labels + 4);
             if (!(a >= 1) || !(b >= a) || floorf(a) != a || floorf(b) != b || a > 9e15f) {
-                rc = pf_err(-EPROTO, "%s: key 0 (header record) at byte %" PRIu64 ": bad key range [%.9g, %.9g]",
+                rc = pf_err(-EPROTO,
+                            "%s: key 0 (header record) at byte %" PRIu64 ": bad key range [%.9g, %.9g]",
                             rf->rec_path, e0->offset, (double)a, (double)b);
                 goto fail;
             }
@@ -415,9 +497,10 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
         }
     }
     if (rf->layout == REC_LAYOUT_INSIGHTFACE && (uint64_t)(rf->header_end[0] - 1) > nidx) {
-        rc = pf_err(-EPROTO, "%s: key 0 (header record) at byte %" PRIu64 ": header names %" PRId64
-                    " image keys but %s has only %zu entries", rf->rec_path, e0->offset, rf->header_end[0] - 1,
-                    rf->idx_path, nidx);
+        rc = pf_err(-EPROTO,
+                    "%s: key 0 (header record) at byte %" PRIu64 ": header names %" PRId64
+                    " image keys but %s has only %zu entries",
+                    rf->rec_path, e0->offset, rf->header_end[0] - 1, rf->idx_path, nidx);
         goto fail;
     }
     if (rf->layout == REC_LAYOUT_INSIGHTFACE) {
@@ -429,7 +512,10 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
         end_key = 0;
         rf->images = calloc(nidx, sizeof *rf->images);
     }
-    if (!rf->images) { rc = pf_err(-ENOMEM, "out of memory"); goto fail; }
+    if (!rf->images) {
+        rc = pf_err(-ENOMEM, "out of memory");
+        goto fail;
+    }
     rf->min_class = INT64_MAX;
     rf->max_class = -1;
     size_t ncheck = rf->layout == REC_LAYOUT_INSIGHTFACE ? (size_t)(end_key - first_key) : nidx;
@@ -438,8 +524,10 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
         const idx_entry *e = rf->layout == REC_LAYOUT_INSIGHTFACE ? idx_find(idx, nidx, key) : &idx[i];
         rc = check_image(rf, key, e, bound, &scratch);
         if (rc < 0) {
-            if (!skip_bad_records) goto fail;
-            if (rf->skipped < 10) log_warn("skipping bad record: %s", pf_errmsg());
+            if (!skip_bad_records)
+                goto fail;
+            if (rf->skipped < 10)
+                log_warn("skipping bad record: %s", pf_errmsg());
             rf->skipped++;
             rc = 0;
         }
@@ -451,19 +539,23 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
     madvise((void *)rf->map, rf->size, MADV_RANDOM);
     rf->min_key = rf->images[0].key;
     rf->max_key = rf->images[rf->num_images - 1].key;
-    rf->num_classes = num_classes > 0 ? num_classes : rf->property_classes > 0 ? rf->property_classes
-                                                                                : rf->max_class + 1;
-    if (rf->skipped) log_warn("%s: skipped %" PRId64 " bad records", rf->rec_path, rf->skipped);
+    rf->num_classes = num_classes > 0            ? num_classes
+                      : rf->property_classes > 0 ? rf->property_classes
+                                                 : rf->max_class + 1;
+    if (rf->skipped)
+        log_warn("%s: skipped %" PRId64 " bad records", rf->rec_path, rf->skipped);
     if (num_classes > 0 && rf->property_classes > 0 && num_classes > rf->property_classes)
-        log_warn("%s: num_classes %" PRId64 " is more than the %" PRId64 " classes %s gives (class centers %" PRId64
-                 "..%" PRId64 " get no images): is num_classes right?", rf->rec_path, num_classes, rf->property_classes,
-                 prop, rf->property_classes, num_classes - 1);
+        log_warn(
+            "%s: num_classes %" PRId64 " is more than the %" PRId64
+            " classes %s gives (class centers %" PRId64 "..%" PRId64 " get no images): is num_classes right?",
+            rf->rec_path, num_classes, rf->property_classes, prop, rf->property_classes, num_classes - 1);
     free(idx);
     rec_buf_free(&scratch);
     *out = rf;
     return 0;
 fail:
-    if (fd >= 0) close(fd);
+    if (fd >= 0)
+        close(fd);
     free(idx);
     rec_buf_free(&scratch);
     rec_close(rf);
@@ -479,8 +571,10 @@ int rec_get(const rec_file *rf, int64_t i, rec_buf *scratch, rec_payload *out)
     const uint8_t *d;
     size_t n;
     int rc = rec_read_record(rf->map, rf->size, im->offset, scratch, &d, &n, NULL);
-    if (rc == 0) rc = rec_parse_payload(d, n, out);
-    if (rc < 0) return pf_err_wrap(rc, "%s: key %" PRId64 " at byte %" PRIu64, rf->rec_path, im->key, im->offset);
+    if (rc == 0)
+        rc = rec_parse_payload(d, n, out);
+    if (rc < 0)
+        return pf_err_wrap(rc, "%s: key %" PRId64 " at byte %" PRIu64, rf->rec_path, im->key, im->offset);
     return 0;
 }
 
@@ -493,7 +587,8 @@ int rec_writer_open(rec_writer *w, const char *prefix)
     snprintf(w->path, sizeof w->path, "%s", prefix);
     snprintf(p, sizeof p, "%s.rec", prefix);
     FILE *r = fopen(p, "wb");
-    if (!r) return pf_err(-errno, "%s: cannot create: %s", p, strerror(errno));
+    if (!r)
+        return pf_err(-errno, "%s: cannot create: %s", p, strerror(errno));
     snprintf(p, sizeof p, "%s.idx", prefix);
     FILE *x = fopen(p, "w");
     if (!x) {
@@ -522,7 +617,8 @@ static int write_chunk(rec_writer *w, uint32_t cflag, const uint8_t *d, size_t n
 
 int rec_writer_put_raw(rec_writer *w, int64_t key, const uint8_t *data, size_t len)
 {
-    if (len > REC_MAX_RECORD) return pf_err(-EFBIG, "key %" PRId64 ": record of %zu bytes too large", key, len);
+    if (len > REC_MAX_RECORD)
+        return pf_err(-EFBIG, "key %" PRId64 ": record of %zu bytes too large", key, len);
     if (fprintf(w->idx, "%" PRId64 "\t%" PRIu64 "\n", key, w->pos) < 0)
         return pf_err(-EIO, "%s.idx: write failed", w->path);
     /* dmlc-core RecordIOWriter::WriteRecord: split at every 4-byte-aligned occurrence of the magic. */
@@ -531,7 +627,8 @@ int rec_writer_put_raw(rec_writer *w, int64_t key, const uint8_t *data, size_t l
     for (size_t i = 0; i < lower; i += 4) {
         if (le32(data + i) == REC_MAGIC) {
             rc = write_chunk(w, dptr == 0 ? 1u : 2u, data + dptr, i - dptr);
-            if (rc < 0) return rc;
+            if (rc < 0)
+                return rc;
             dptr = i + 4;
         }
     }
@@ -542,9 +639,11 @@ int rec_writer_put(rec_writer *w, int64_t key, uint32_t flag, float label, uint6
                    const float *labels, const uint8_t *image, size_t image_len)
 {
     size_t n = REC_HEADER_BYTES + (size_t)flag * 4 + image_len;
-    if (n > REC_MAX_RECORD) return pf_err(-EFBIG, "key %" PRId64 ": record of %zu bytes too large", key, n);
+    if (n > REC_MAX_RECORD)
+        return pf_err(-EFBIG, "key %" PRId64 ": record of %zu bytes too large", key, n);
     uint8_t *d = malloc(n);
-    if (!d) return pf_err(-ENOMEM, "out of memory");
+    if (!d)
+        return pf_err(-ENOMEM, "out of memory");
     uint32_t lb;
     put32(d, flag);
     memcpy(&lb, &label, 4);
@@ -555,7 +654,8 @@ int rec_writer_put(rec_writer *w, int64_t key, uint32_t flag, float label, uint6
         memcpy(&lb, &labels[i], 4);
         put32(d + REC_HEADER_BYTES + 4 * i, lb);
     }
-    if (image_len) memcpy(d + REC_HEADER_BYTES + (size_t)flag * 4, image, image_len);
+    if (image_len)
+        memcpy(d + REC_HEADER_BYTES + (size_t)flag * 4, image, image_len);
     int rc = rec_writer_put_raw(w, key, d, n);
     free(d);
     return rc;
@@ -564,8 +664,10 @@ int rec_writer_put(rec_writer *w, int64_t key, uint32_t flag, float label, uint6
 int rec_writer_close(rec_writer *w)
 {
     int rc = 0;
-    if (w->rec && fclose(w->rec) != 0) rc = pf_err(-EIO, "%s.rec: close failed", w->path);
-    if (w->idx && fclose(w->idx) != 0) rc = pf_err(-EIO, "%s.idx: close failed", w->path);
+    if (w->rec && fclose(w->rec) != 0)
+        rc = pf_err(-EIO, "%s.rec: close failed", w->path);
+    if (w->idx && fclose(w->idx) != 0)
+        rc = pf_err(-EIO, "%s.idx: close failed", w->path);
     w->rec = w->idx = NULL;
     return rc;
 }

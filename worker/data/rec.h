@@ -23,10 +23,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define REC_MAGIC 0xCED7230Au
-#define REC_HEADER_BYTES 24
-#define REC_MAX_RECORD (64u << 20)            /* refuse records larger than 64 MiB */
-#define REC_ID2_MARKER (0x5046ull << 48)      /* "PF" in the top 16 bits of id2 */
+#define REC_MAGIC          0xCED7230Au
+#define REC_HEADER_BYTES   24
+#define REC_MAX_RECORD     (64u << 20)       /* refuse records larger than 64 MiB */
+#define REC_ID2_MARKER     (0x5046ull << 48) /* "PF" in the top 16 bits of id2 */
 #define REC_ID2_CLASS_MASK ((1ull << 48) - 1)
 
 /* A growable byte buffer used to join multi-chunk records. */
@@ -40,11 +40,11 @@ void rec_buf_free(rec_buf *b);
 
 /* Parsed payload of one record; pointers alias the record data (mmap or the rec_buf). */
 typedef struct rec_payload {
-    uint32_t flag;          /* number of extra float labels */
-    float label;            /* class label as float: header label if flag == 0, else first extra label */
-    const uint8_t *labels;  /* flag little-endian float32 values (unaligned), NULL when flag == 0 */
+    uint32_t flag;         /* number of extra float labels */
+    float label;           /* class label as float: header label if flag == 0, else first extra label */
+    const uint8_t *labels; /* flag little-endian float32 values (unaligned), NULL when flag == 0 */
     uint64_t id, id2;
-    const uint8_t *image;   /* encoded image bytes (may be empty) */
+    const uint8_t *image; /* encoded image bytes (may be empty) */
     size_t image_len;
 } rec_payload;
 
@@ -55,8 +55,8 @@ typedef struct rec_payload {
  * Errors: -EPROTO "truncated chunk header at byte N" / "bad magic 0x... at byte N" / "chunk length L at
  * byte N runs past end of file (size S)" / "unexpected cflag C at byte N"; -EFBIG for a record over
  * REC_MAX_RECORD; -ENOMEM. Messages name the byte offset; callers prefix file and key. */
-int rec_read_record(const uint8_t *base, size_t size, uint64_t off, rec_buf *scratch,
-                    const uint8_t **data, size_t *len, uint64_t *next);
+int rec_read_record(const uint8_t *base, size_t size, uint64_t off, rec_buf *scratch, const uint8_t **data,
+                    size_t *len, uint64_t *next);
 
 /* Splits a record's bytes into header, extra labels and image. Errors: -EPROTO "payload of N bytes is
  * shorter than the 24-byte header" / "flag F needs N label bytes, payload has M". */
@@ -76,22 +76,22 @@ typedef enum { REC_LAYOUT_IM2REC = 0, REC_LAYOUT_INSIGHTFACE = 1 } rec_layout;
 
 typedef struct rec_image {
     int64_t key;
-    uint64_t offset;        /* byte offset of its first chunk in .rec */
+    uint64_t offset; /* byte offset of its first chunk in .rec */
     int64_t class_id;
 } rec_image;
 
 typedef struct rec_file {
     char rec_path[4096], idx_path[4096];
-    const uint8_t *map;     /* the whole .rec, read-only mmap */
+    const uint8_t *map; /* the whole .rec, read-only mmap */
     size_t size;
     rec_layout layout;
-    int64_t header_end[2];  /* InsightFace header label (first identity key, end key), else 0 */
-    rec_image *images;      /* in key order */
+    int64_t header_end[2]; /* InsightFace header label (first identity key, end key), else 0 */
+    rec_image *images;     /* in key order */
     int64_t num_images;
-    int64_t num_classes;    /* from the options, else `property`, else max class + 1 */
+    int64_t num_classes;      /* from the options, else `property`, else max class + 1 */
     int64_t property_classes; /* num_classes in `property` (0 when absent) */
     int64_t min_class, max_class;
-    int64_t skipped;        /* bad records dropped at open (skip_bad_records) */
+    int64_t skipped; /* bad records dropped at open (skip_bad_records) */
     int64_t min_key, max_key;
 } rec_file;
 
@@ -115,7 +115,7 @@ void rec_close(rec_file *rf);
 /* --- writer (used by `pfcps pack`) --- */
 
 typedef struct rec_writer {
-    void *rec, *idx;        /* FILE* */
+    void *rec, *idx; /* FILE* */
     uint64_t pos;
     char path[4096];
 } rec_writer;

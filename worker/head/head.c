@@ -21,41 +21,61 @@
 #define PARALLEL_ROWS
 #endif
 
-#define NORM_EPS 1e-12
+#define NORM_EPS     1e-12
 #define TARGET_CLAMP 1e-7
 /* -log(1e-30): the loss of a row whose target probability is floored (arcface_torch clamp_min). */
 #define LOSS_CAP 69.07755278982137
 
 int head_parse_margin_grad(const char *name, head_margin_grad *out)
 {
-    if (name && strcmp(name, "exact") == 0) { *out = HEAD_MARGIN_GRAD_EXACT; return 0; }
-    if (name && strcmp(name, "straight_through") == 0) { *out = HEAD_MARGIN_GRAD_STRAIGHT_THROUGH; return 0; }
-    return pf_err(-EINVAL, "margin_grad '%s' is neither 'exact' nor 'straight_through'", name ? name : "(null)");
+    if (name && strcmp(name, "exact") == 0) {
+        *out = HEAD_MARGIN_GRAD_EXACT;
+        return 0;
+    }
+    if (name && strcmp(name, "straight_through") == 0) {
+        *out = HEAD_MARGIN_GRAD_STRAIGHT_THROUGH;
+        return 0;
+    }
+    return pf_err(-EINVAL, "margin_grad '%s' is neither 'exact' nor 'straight_through'",
+                  name ? name : "(null)");
 }
 
 int head_parse_mode(const char *name, head_mode *out)
 {
-    if (name && strcmp(name, "global") == 0) { *out = HEAD_MODE_GLOBAL; return 0; }
-    if (name && strcmp(name, "local") == 0) { *out = HEAD_MODE_LOCAL; return 0; }
+    if (name && strcmp(name, "global") == 0) {
+        *out = HEAD_MODE_GLOBAL;
+        return 0;
+    }
+    if (name && strcmp(name, "local") == 0) {
+        *out = HEAD_MODE_LOCAL;
+        return 0;
+    }
     return pf_err(-EINVAL, "head_mode '%s' is neither 'global' nor 'local'", name ? name : "(null)");
 }
 
 int head_params_from_config(const pf_config *cfg, head_params *out)
 {
-    head_params p = {.s = cfg->scale, .m1 = cfg->margin_list[0], .m2 = cfg->margin_list[1],
-                     .m3 = cfg->margin_list[2], .interclass_filtering_threshold = cfg->interclass_filtering_threshold};
+    head_params p = {.s = cfg->scale,
+                     .m1 = cfg->margin_list[0],
+                     .m2 = cfg->margin_list[1],
+                     .m3 = cfg->margin_list[2],
+                     .interclass_filtering_threshold = cfg->interclass_filtering_threshold};
     int rc;
-    if ((rc = head_parse_margin_grad(cfg->margin_grad, &p.margin_grad)) < 0) return rc;
-    if ((rc = head_parse_mode(cfg->head_mode, &p.mode)) < 0) return rc;
+    if ((rc = head_parse_margin_grad(cfg->margin_grad, &p.margin_grad)) < 0)
+        return rc;
+    if ((rc = head_parse_mode(cfg->head_mode, &p.mode)) < 0)
+        return rc;
     if (!(p.s > 0) || !isfinite(p.m1) || !isfinite(p.m2) || !isfinite(p.m3))
-        return pf_err(-EINVAL, "head: scale %g must be > 0 and margin_list (%g, %g, %g) finite", p.s, p.m1, p.m2, p.m3);
+        return pf_err(-EINVAL, "head: scale %g must be > 0 and margin_list (%g, %g, %g) finite", p.s, p.m1,
+                      p.m2, p.m3);
     *out = p;
     return 0;
 }
 
 void head_ws_free(head_ws *ws)
 {
-    if (!ws) return;
+    if (!ws)
+        return;
     free(ws->cos);
     free(ws->en);
     free(ws->wn);
@@ -71,7 +91,8 @@ int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d)
 {
     memset(ws, 0, sizeof *ws);
     if (n_max <= 0 || k_max < 0 || d <= 0)
-        return pf_err(-EINVAL, "head workspace: n_max %lld, k_max %lld, d %lld (need n_max > 0, k_max >= 0, d > 0)",
+        return pf_err(-EINVAL,
+                      "head workspace: n_max %lld, k_max %lld, d %lld (need n_max > 0, k_max >= 0, d > 0)",
                       (long long)n_max, (long long)k_max, (long long)d);
     size_t n = (size_t)n_max, k = (size_t)k_max, dd = (size_t)d;
     size_t k1 = k ? k : 1;
@@ -83,10 +104,11 @@ int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d)
     ws->row_max = malloc(n * sizeof(float));
     ws->row_red = malloc(3 * n * sizeof(double));
     ws->tcos = malloc(n * sizeof(float));
-    if (!ws->cos || !ws->en || !ws->wn || !ws->inv_e || !ws->inv_w || !ws->row_max || !ws->row_red || !ws->tcos) {
+    if (!ws->cos || !ws->en || !ws->wn || !ws->inv_e || !ws->inv_w || !ws->row_max || !ws->row_red ||
+        !ws->tcos) {
         head_ws_free(ws);
-        return pf_err(-ENOMEM, "head workspace: out of memory for n %lld x k %lld x d %lld",
-                      (long long)n_max, (long long)k_max, (long long)d);
+        return pf_err(-ENOMEM, "head workspace: out of memory for n %lld x k %lld x d %lld", (long long)n_max,
+                      (long long)k_max, (long long)d);
     }
     ws->n_max = n_max;
     ws->k_max = k_max;
@@ -101,19 +123,21 @@ static void normalize_rows(float *out, double *inv, const float *in, int64_t row
     for (int64_t r = 0; r < rows; r++) {
         const float *x = in + r * d;
         double ss = 0.0;
-        for (int64_t c = 0; c < d; c++) ss += (double)x[c] * x[c];
+        for (int64_t c = 0; c < d; c++)
+            ss += (double)x[c] * x[c];
         double nrm = sqrt(ss);
         double iv = 1.0 / (nrm > NORM_EPS ? nrm : NORM_EPS);
         inv[r] = iv;
         float *y = out + r * d;
-        for (int64_t c = 0; c < d; c++) y[c] = (float)(x[c] * iv);
+        for (int64_t c = 0; c < d; c++)
+            y[c] = (float)(x[c] * iv);
     }
 }
 
 /* Backward of normalize_rows, in place on g: g_r <- (g_r - y_r (y_r . g_r)) * inv_r, where y is the
  * normalized row. (Below eps the norm is the constant eps and the projection term vanishes.) */
-static void normalize_rows_backward(float *g, const float *y, const double *inv, const float *x,
-                                    int64_t rows, int64_t d)
+static void normalize_rows_backward(float *g, const float *y, const double *inv, const float *x, int64_t rows,
+                                    int64_t d)
 {
     PARALLEL_ROWS
     for (int64_t r = 0; r < rows; r++) {
@@ -124,12 +148,17 @@ static void normalize_rows_backward(float *g, const float *y, const double *inv,
             ss += (double)x[r * d + c] * x[r * d + c];
             dot += (double)yr[c] * gr[c];
         }
-        if (sqrt(ss) <= NORM_EPS) dot = 0.0;
-        for (int64_t c = 0; c < d; c++) gr[c] = (float)((gr[c] - yr[c] * dot) * inv[r]);
+        if (sqrt(ss) <= NORM_EPS)
+            dot = 0.0;
+        for (int64_t c = 0; c < d; c++)
+            gr[c] = (float)((gr[c] - yr[c] * dot) * inv[r]);
     }
 }
 
-static inline double clampd(double x, double lo, double hi) { return x < lo ? lo : (x > hi ? hi : x); }
+static inline double clampd(double x, double lo, double hi)
+{
+    return x < lo ? lo : (x > hi ? hi : x);
+}
 
 /* Margin value v for a target cosine c (raw, before the [-1,1] clamp), and dv/dc in *dv. */
 static double target_value(const head_params *p, double c, double *dv)
@@ -176,19 +205,20 @@ static double row_exp(const head_params *p, float *ci, int64_t from, int64_t to,
     return sum;
 }
 
-int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
-                          const float *embeddings, int64_t n, const float *centers, int64_t k, int64_t d,
-                          const int64_t *labels, double *loss, float *logits,
-                          float *grad_embeddings, float *grad_centers)
+int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, const float *embeddings,
+                          int64_t n, const float *centers, int64_t k, int64_t d, const int64_t *labels,
+                          double *loss, float *logits, float *grad_embeddings, float *grad_centers)
 {
     if (!p || !ws || !embeddings || (!centers && k > 0) || !labels)
         return pf_err(-EINVAL, "head: NULL argument");
     if (n <= 0 || n > ws->n_max || k < 0 || k > ws->k_max || d != ws->d)
-        return pf_err(-EINVAL, "head: n %lld, k %lld, d %lld do not fit the workspace (n_max %lld, k_max %lld, d %lld)",
-                      (long long)n, (long long)k, (long long)d, (long long)ws->n_max, (long long)ws->k_max,
-                      (long long)ws->d);
+        return pf_err(
+            -EINVAL, "head: n %lld, k %lld, d %lld do not fit the workspace (n_max %lld, k_max %lld, d %lld)",
+            (long long)n, (long long)k, (long long)d, (long long)ws->n_max, (long long)ws->k_max,
+            (long long)ws->d);
     if (!(p->s > 0) || !isfinite(p->m1) || !isfinite(p->m2) || !isfinite(p->m3))
-        return pf_err(-EINVAL, "head: scale %g must be > 0 and margins (%g, %g, %g) finite", p->s, p->m1, p->m2, p->m3);
+        return pf_err(-EINVAL, "head: scale %g must be > 0 and margins (%g, %g, %g) finite", p->s, p->m1,
+                      p->m2, p->m3);
     for (int64_t i = 0; i < n; i++)
         if (labels[i] < -1 || labels[i] >= k)
             return pf_err(-ERANGE, "head: label %lld of row %lld outside [-1, %lld)", (long long)labels[i],
@@ -214,9 +244,12 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
         const float *ci = cosm + i * k;
         float mx = -INFINITY, dv;
         for (int64_t j = 0; j < k; j++) {
-            float z = (j == labels[i]) ? (float)(p->s * target_value(p, ci[j], NULL)) : s * other_value(p, ci[j], &dv);
-            if (logits) logits[i * k + j] = z;
-            if (z > mx) mx = z;
+            float z = (j == labels[i]) ? (float)(p->s * target_value(p, ci[j], NULL))
+                                       : s * other_value(p, ci[j], &dv);
+            if (logits)
+                logits[i * k + j] = z;
+            if (z > mx)
+                mx = z;
         }
         ws->row_max[i] = mx;
     }
@@ -256,7 +289,8 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
         ws->no_target += !(ws->row_red[3 * i + 2] > 0);
         if (ws->row_red[3 * i + 2] > 0) {
             li = -(ws->row_red[3 * i + 1] - log(ws->row_red[3 * i]));
-            if (p->clamp_loss && li > LOSS_CAP) li = LOSS_CAP;
+            if (p->clamp_loss && li > LOSS_CAP)
+                li = LOSS_CAP;
         }
         total += li;
     }
@@ -266,8 +300,10 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
             return pf_err_wrap(rc, "head: allreduce of the local losses");
         mean /= world;
     }
-    if (loss) *loss = mean;
-    if (!grad_embeddings && !grad_centers) return 0;
+    if (loss)
+        *loss = mean;
+    if (!grad_embeddings && !grad_centers)
+        return 0;
 
     /* Backward: cos buffer <- dL/dcos = s * (p - onehot) * g * dv/dc, g = 1/N (global) or 1/(N W) (local). */
     double g = 1.0 / ((double)n * (p->mode == HEAD_MODE_LOCAL ? world : 1));
@@ -277,7 +313,8 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
         int64_t li = labels[i];
         double mx = ws->row_max[i], inv_sum = 1.0 / ws->row_red[3 * i];
         float scale = (float)(p->s * g * inv_sum);
-        for (int64_t j = 0; j < k; j++) ci[j] = ci[j] >= 0.0f ? ci[j] * scale : 0.0f;
+        for (int64_t j = 0; j < k; j++)
+            ci[j] = ci[j] >= 0.0f ? ci[j] * scale : 0.0f;
         if (li >= 0) {
             double dv;
             double z = p->s * target_value(p, ws->tcos[i], &dv);

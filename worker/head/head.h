@@ -37,12 +37,12 @@ typedef enum { HEAD_MARGIN_GRAD_EXACT = 0, HEAD_MARGIN_GRAD_STRAIGHT_THROUGH = 1
 typedef enum { HEAD_MODE_GLOBAL = 0, HEAD_MODE_LOCAL = 1 } head_mode;
 
 typedef struct head_params {
-    double s;                               /* logit scale, 64 */
-    double m1, m2, m3;                      /* combined margin: ArcFace (1, 0.5, 0), CosFace (1, 0, 0.4) */
-    double interclass_filtering_threshold;  /* 0 = off */
+    double s;                              /* logit scale, 64 */
+    double m1, m2, m3;                     /* combined margin: ArcFace (1, 0.5, 0), CosFace (1, 0, 0.4) */
+    double interclass_filtering_threshold; /* 0 = off */
     head_margin_grad margin_grad;
     head_mode mode;
-    int clamp_loss;                         /* 1: floor p_target at 1e-30 in the loss value (arcface_torch) */
+    int clamp_loss; /* 1: floor p_target at 1e-30 in the loss value (arcface_torch) */
 } head_params;
 
 /* Parses "exact" / "straight_through" (config key margin_grad) and "global" / "local" (head_mode).
@@ -57,17 +57,18 @@ struct pf_config;
 int head_params_from_config(const struct pf_config *cfg, head_params *out);
 
 /* Workspace reused across steps (no allocation on the hot path). Sized for at most n_max rows,
- * k_max columns, d features: n_max*k_max + (n_max + k_max)*d + 2*n_max floats plus 4*n_max + k_max doubles. */
+ * k_max columns, d features: n_max*k_max + (n_max + k_max)*d + 2*n_max floats plus 4*n_max + k_max doubles.
+ */
 typedef struct head_ws {
     int64_t n_max, k_max, d;
-    float *cos;      /* (n_max, k_max): raw cosines, then dL/dcos in place */
-    float *en;       /* (n_max, d) normalized embeddings */
-    float *wn;       /* (k_max, d) normalized class centers */
-    double *inv_e;   /* (n_max) 1 / max(|e_i|, 1e-12) */
-    double *inv_w;   /* (k_max) */
-    float *row_max;  /* (n_max) */
-    double *row_red; /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
-    float *tcos;     /* (n_max) raw target cosine of each row */
+    float *cos;        /* (n_max, k_max): raw cosines, then dL/dcos in place */
+    float *en;         /* (n_max, d) normalized embeddings */
+    float *wn;         /* (k_max, d) normalized class centers */
+    double *inv_e;     /* (n_max) 1 / max(|e_i|, 1e-12) */
+    double *inv_w;     /* (k_max) */
+    float *row_max;    /* (n_max) */
+    double *row_red;   /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
+    float *tcos;       /* (n_max) raw target cosine of each row */
     int64_t no_target; /* set by each head_forward_backward: rows whose target is on no worker */
 } head_ws;
 
@@ -92,9 +93,8 @@ void head_ws_free(head_ws *ws);
  * Errors: -EINVAL (n, k, d outside the workspace, bad params), -ERANGE (a label outside [-1, k),
  * message names the row) — both before any collective, so a caller with a group must abort the group;
  * or the collective's error. */
-int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll,
-                          const float *embeddings, int64_t n, const float *centers, int64_t k, int64_t d,
-                          const int64_t *labels, double *loss, float *logits,
-                          float *grad_embeddings, float *grad_centers);
+int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, const float *embeddings,
+                          int64_t n, const float *centers, int64_t k, int64_t d, const int64_t *labels,
+                          double *loss, float *logits, float *grad_embeddings, float *grad_centers);
 
 #endif

@@ -24,7 +24,8 @@ void optim_adamw_defaults(adamw_params *p)
 int optim_adamw_step(float *w, const float *grad, float *m, float *v, size_t n, const adamw_params *p,
                      int64_t step)
 {
-    if (step < 1) return pf_err(-EINVAL, "adamw: step %lld must be >= 1", (long long)step);
+    if (step < 1)
+        return pf_err(-EINVAL, "adamw: step %lld must be >= 1", (long long)step);
     optim_cpu_adamw(w, grad, m, v, n, p->lr, p->beta1, p->beta2, p->eps, p->weight_decay, step);
     return 0;
 }
@@ -35,11 +36,13 @@ double optim_clip_grad_norm_multi(float *const *grads, const size_t *counts, int
     for (int a = 0; a < narrays; a++)
         ss = optim_cpu_sumsq(ss, grads[a], counts[a]);
     double total = sqrt(ss);
-    if (!isfinite(total)) return total;
+    if (!isfinite(total))
+        return total;
     double coef = max_norm / (total + 1e-6);
     if (coef < 1.0) {
         float c = (float)coef;
-        for (int a = 0; a < narrays; a++) optim_cpu_scale(grads[a], counts[a], c);
+        for (int a = 0; a < narrays; a++)
+            optim_cpu_scale(grads[a], counts[a], c);
     }
     return total;
 }

@@ -20,10 +20,10 @@ void optim_sgd_step(float *w, const float *grad, float *mom, size_t n, float lr,
                     float weight_decay);
 
 typedef struct adamw_params {
-    double lr;            /* PyTorch default 1e-3 */
-    double beta1, beta2;  /* 0.9, 0.999 */
-    double eps;           /* 1e-8 */
-    double weight_decay;  /* 1e-2 */
+    double lr;           /* PyTorch default 1e-3 */
+    double beta1, beta2; /* 0.9, 0.999 */
+    double eps;          /* 1e-8 */
+    double weight_decay; /* 1e-2 */
 } adamw_params;
 
 /* Fills PyTorch's AdamW defaults (lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2). */

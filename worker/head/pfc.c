@@ -9,7 +9,8 @@
 
 void pfc_free(pfc *x)
 {
-    if (!x) return;
+    if (!x)
+        return;
     free(x->labels_all);
     free(x->labels_local);
     free(x->ids);
@@ -29,12 +30,15 @@ int pfc_init_flags(pfc *x, const head_params *params, pf_coll *coll, int64_t num
                    uint64_t seed, int64_t batch, int64_t d, unsigned flags)
 {
     memset(x, 0, sizeof *x);
-    if (!params) return pf_err(-EINVAL, "pfc: no head params");
-    if (num_classes <= 0) return pf_err(-EINVAL, "pfc: num_classes %lld is not positive", (long long)num_classes);
+    if (!params)
+        return pf_err(-EINVAL, "pfc: no head params");
+    if (num_classes <= 0)
+        return pf_err(-EINVAL, "pfc: num_classes %lld is not positive", (long long)num_classes);
     if (!(sample_rate > 0 && sample_rate <= 1))
         return pf_err(-EINVAL, "pfc: sample_rate %g outside (0, 1]", sample_rate);
     if (batch <= 0 || d <= 0)
-        return pf_err(-EINVAL, "pfc: batch %lld and embedding_size %lld must be positive", (long long)batch, (long long)d);
+        return pf_err(-EINVAL, "pfc: batch %lld and embedding_size %lld must be positive", (long long)batch,
+                      (long long)d);
     x->params = *params;
     x->coll = coll;
     x->world_size = coll ? coll->world_size : 1;
@@ -58,7 +62,8 @@ int pfc_init_flags(pfc *x, const head_params *params, pf_coll *coll, int64_t num
     }
     if (!x->labels_all || !x->labels_local || (global && x->host_head && (!x->emb_all || !x->grad_all))) {
         pfc_free(x);
-        return pf_err(-ENOMEM, "pfc: out of memory for a global batch of %lld x %lld", (long long)batch, (long long)d);
+        return pf_err(-ENOMEM, "pfc: out of memory for a global batch of %lld x %lld", (long long)batch,
+                      (long long)d);
     }
     if (!x->host_head)
         return 0;
@@ -81,8 +86,12 @@ int pfc_sample(pfc *x, int64_t step, const int64_t *labels, const int64_t **ids,
     } else {
         memcpy(x->labels_all, labels, (size_t)x->batch * sizeof(int64_t));
     }
-    sample_args a = {.num_classes = x->num_classes, .world_size = x->world_size, .rank = x->rank,
-                     .sample_rate = x->sample_rate, .seed = x->seed, .step = step,
+    sample_args a = {.num_classes = x->num_classes,
+                     .world_size = x->world_size,
+                     .rank = x->rank,
+                     .sample_rate = x->sample_rate,
+                     .seed = x->seed,
+                     .step = step,
                      .mode = global ? SAMPLE_GLOBAL : SAMPLE_LOCAL};
     free(x->ids);
     x->ids = NULL;
@@ -90,20 +99,25 @@ int pfc_sample(pfc *x, int64_t step, const int64_t *labels, const int64_t **ids,
     if ((rc = sample_classes(&a, x->labels_all, x->n, &x->ids, &x->k, x->labels_local)) < 0)
         return pf_err_wrap(rc, "pfc: step %lld", (long long)step);
     if (x->k > x->k_max)
-        return pf_err(-EPROTO, "pfc: sampled %lld ids, more than the %lld planned", (long long)x->k, (long long)x->k_max);
+        return pf_err(-EPROTO, "pfc: sampled %lld ids, more than the %lld planned", (long long)x->k,
+                      (long long)x->k_max);
     x->sampled = 1;
     x->step = step;
-    if (ids) *ids = x->ids;
-    if (k) *k = x->k;
+    if (ids)
+        *ids = x->ids;
+    if (k)
+        *k = x->k;
     return 0;
 }
 
 int pfc_step(pfc *x, const float *embeddings, const float *centers, double *loss, float *grad_embeddings,
              float *grad_centers)
 {
-    if (!x->sampled) return pf_err(-EINVAL, "pfc: pfc_step without pfc_sample for this step");
+    if (!x->sampled)
+        return pf_err(-EINVAL, "pfc: pfc_step without pfc_sample for this step");
     if (!x->host_head)
-        return pf_err(-EINVAL, "pfc: created with PFC_NO_HOST_HEAD (sampling only): the head step runs elsewhere "
+        return pf_err(-EINVAL,
+                      "pfc: created with PFC_NO_HOST_HEAD (sampling only): the head step runs elsewhere "
                       "(pfc_cuda_step)");
     int rc;
     int global = x->params.mode == HEAD_MODE_GLOBAL && x->world_size > 1;
@@ -116,9 +130,10 @@ int pfc_step(pfc *x, const float *embeddings, const float *centers, double *loss
     }
     int want_grad = grad_embeddings || grad_centers;
     float *gall = global ? x->grad_all : grad_embeddings;
-    rc = head_forward_backward(&x->params, &x->ws, x->coll, emb, x->n, centers, x->k, x->d, x->labels_local, loss,
-                               NULL, want_grad ? gall : NULL, grad_centers);
-    if (rc < 0) return rc;
+    rc = head_forward_backward(&x->params, &x->ws, x->coll, emb, x->n, centers, x->k, x->d, x->labels_local,
+                               loss, NULL, want_grad ? gall : NULL, grad_centers);
+    if (rc < 0)
+        return rc;
     x->sampled = 0;
     /* In global mode the row sums include every worker's columns: every rank sees the same count. */
     int64_t orphans = x->ws.no_target;
@@ -130,17 +145,21 @@ int pfc_step(pfc *x, const float *embeddings, const float *centers, double *loss
         } else {
             /* Every rank must take part in the collective even when it does not want the result. */
             float *tmp = malloc(bd * sizeof(float));
-            if (!tmp) return pf_err(-ENOMEM, "pfc: out of memory");
+            if (!tmp)
+                return pf_err(-ENOMEM, "pfc: out of memory");
             rc = coll_reduce_scatter(x->coll, x->grad_all, tmp, bd, COLL_F32);
             free(tmp);
-            if (rc < 0) return pf_err_wrap(rc, "pfc: reduce-scatter of the embedding gradients");
+            if (rc < 0)
+                return pf_err_wrap(rc, "pfc: reduce-scatter of the embedding gradients");
         }
     }
     if (loss && !isfinite(*loss))
-        return pf_err(-ERANGE, "pfc: loss is %s at step %lld", isnan(*loss) ? "nan" : "inf", (long long)x->step);
+        return pf_err(-ERANGE, "pfc: loss is %s at step %lld", isnan(*loss) ? "nan" : "inf",
+                      (long long)x->step);
     if (orphans > 0)
-        return pf_err(-EPROTO, "pfc: step %lld: %lld of %lld rows have their target class on no worker "
-                      "(label or sampling fault; each counts -log(1e-30) = 69.0776)", (long long)x->step,
-                      (long long)orphans, (long long)x->n);
+        return pf_err(-EPROTO,
+                      "pfc: step %lld: %lld of %lld rows have their target class on no worker "
+                      "(label or sampling fault; each counts -log(1e-30) = 69.0776)",
+                      (long long)x->step, (long long)orphans, (long long)x->n);
     return 0;
 }

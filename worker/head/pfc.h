@@ -23,25 +23,25 @@
 
 typedef struct pfc {
     head_params params;
-    pf_coll *coll;         /* NULL = single process */
+    pf_coll *coll; /* NULL = single process */
     int world_size, rank;
     int64_t num_classes;
     double sample_rate;
     uint64_t seed;
-    int64_t batch;         /* B, rows per worker */
+    int64_t batch; /* B, rows per worker */
     int64_t d;
-    int64_t n;             /* rows the head sees: W*B (global) or B (local) */
+    int64_t n; /* rows the head sees: W*B (global) or B (local) */
     int64_t k_max;
     int64_t *labels_all;   /* (n) labels of the rows the head sees */
     int64_t *labels_local; /* (n) remapped to columns of ids, -1 elsewhere */
     int64_t *ids;          /* (k) sorted sampled class ids (owned; valid until the next pfc_sample) */
     int64_t k;
-    float *emb_all;        /* (n, d) global mode: allgathered embeddings */
-    float *grad_all;       /* (n, d) global mode: this worker's part of the gradient before reduce-scatter */
+    float *emb_all;  /* (n, d) global mode: allgathered embeddings */
+    float *grad_all; /* (n, d) global mode: this worker's part of the gradient before reduce-scatter */
     head_ws ws;
     int sampled;
-    int64_t step;          /* of the last pfc_sample */
-    int host_head;         /* 0: created with PFC_NO_HOST_HEAD (no emb_all, grad_all, ws) */
+    int64_t step;  /* of the last pfc_sample */
+    int host_head; /* 0: created with PFC_NO_HOST_HEAD (no emb_all, grad_all, ws) */
 } pfc;
 
 /* Sets up a worker's Partial FC state: params (head_params.mode chooses global/local), the group

@@ -31,13 +31,15 @@ int pfc_cuda_create(pfc_cuda *x, const pfc *host, pf_coll *coll, int coll_host_m
     if (!x)
         return pf_err(-EINVAL, "pfc_cuda: NULL state");
     memset(x, 0, sizeof *x);
-    if (!host || !host->labels_local || !host->labels_all || host->n <= 0 || host->batch <= 0 || host->d <= 0 ||
-        host->world_size < 1)
+    if (!host || !host->labels_local || !host->labels_all || host->n <= 0 || host->batch <= 0 ||
+        host->d <= 0 || host->world_size < 1)
         return pf_err(-EINVAL, "pfc_cuda: the host pfc is not initialized (pfc_init first)");
     if (host->world_size > 1 && !coll)
-        return pf_err(-EINVAL, "pfc_cuda: world_size %d needs a device pf_coll (NULL given)", host->world_size);
+        return pf_err(-EINVAL, "pfc_cuda: world_size %d needs a device pf_coll (NULL given)",
+                      host->world_size);
     if (coll && (!coll->ops || coll->world_size != host->world_size || coll->rank != host->rank))
-        return pf_err(-EINVAL, "pfc_cuda: the pf_coll (rank %d of %d) is not the host pfc's group (rank %d of %d)",
+        return pf_err(-EINVAL,
+                      "pfc_cuda: the pf_coll (rank %d of %d) is not the host pfc's group (rank %d of %d)",
                       coll->rank, coll->world_size, host->rank, host->world_size);
     if (host->n > INT_MAX || host->k_max > INT_MAX || host->d > INT_MAX || host->k_max < 0)
         return pf_err(-EINVAL, "pfc_cuda: n %lld, k_max %lld, d %lld: the CUDA head takes at most %d of each",
@@ -50,11 +52,15 @@ int pfc_cuda_create(pfc_cuda *x, const pfc *host, pf_coll *coll, int coll_host_m
     int local = hp->mode == HEAD_MODE_LOCAL;
     if (host->n != (local ? host->batch : host->batch * host->world_size))
         return pf_err(-EINVAL, "pfc_cuda: host pfc has n %lld rows for batch %lld, world %d, %s mode",
-                      (long long)host->n, (long long)host->batch, host->world_size, local ? "local" : "global");
+                      (long long)host->n, (long long)host->batch, host->world_size,
+                      local ? "local" : "global");
     if (cuda_device_count() == 0)
         return pf_err(-ENODEV, "pfc_cuda: no CUDA device visible");
 
-    x->params = (cuda_head_params){.s = hp->s, .m1 = hp->m1, .m2 = hp->m2, .m3 = hp->m3,
+    x->params = (cuda_head_params){.s = hp->s,
+                                   .m1 = hp->m1,
+                                   .m2 = hp->m2,
+                                   .m3 = hp->m3,
                                    .tau = hp->interclass_filtering_threshold,
                                    .straight_through = hp->margin_grad == HEAD_MARGIN_GRAD_STRAIGHT_THROUGH,
                                    .clamp_loss = hp->clamp_loss};
@@ -89,8 +95,8 @@ int pfc_cuda_create(pfc_cuda *x, const pfc *host, pf_coll *coll, int coll_host_m
     return 0;
 }
 
-int pfc_cuda_step(pfc_cuda *x, const pfc *h, const float *dev_embeddings, const float *dev_centers, double *loss,
-                  float *dev_grad_embeddings, float *dev_grad_centers)
+int pfc_cuda_step(pfc_cuda *x, const pfc *h, const float *dev_embeddings, const float *dev_centers,
+                  double *loss, float *dev_grad_embeddings, float *dev_grad_centers)
 {
     if (!x || !x->created)
         return pf_err(-EINVAL, "pfc_cuda: step on a state that was not created (pfc_cuda_create)");
@@ -100,9 +106,11 @@ int pfc_cuda_step(pfc_cuda *x, const pfc *h, const float *dev_embeddings, const 
         return pf_err(-EINVAL, "pfc_cuda: step without pfc_sample for this step");
     if (h->n != x->n || h->batch != x->batch || h->d != x->d || h->world_size != x->world_size ||
         h->rank != x->rank || (h->params.mode == HEAD_MODE_LOCAL) != x->local || h->k_max != x->k_max)
-        return pf_err(-EINVAL, "pfc_cuda: the host pfc (n %lld, d %lld, rank %d of %d) is not the one this state "
-                      "was created from (n %lld, d %lld, rank %d of %d)", (long long)h->n, (long long)h->d, h->rank,
-                      h->world_size, (long long)x->n, (long long)x->d, x->rank, x->world_size);
+        return pf_err(-EINVAL,
+                      "pfc_cuda: the host pfc (n %lld, d %lld, rank %d of %d) is not the one this state "
+                      "was created from (n %lld, d %lld, rank %d of %d)",
+                      (long long)h->n, (long long)h->d, h->rank, h->world_size, (long long)x->n,
+                      (long long)x->d, x->rank, x->world_size);
     if (h->k < 0 || h->k > x->k_max || (h->k > 0 && !dev_centers))
         return pf_err(-EINVAL, "pfc_cuda: %lld sampled centers (k_max %lld)%s", (long long)h->k,
                       (long long)x->k_max, h->k > 0 && !dev_centers ? " but no centers given" : "");
@@ -116,7 +124,8 @@ int pfc_cuda_step(pfc_cuda *x, const pfc *h, const float *dev_embeddings, const 
         const float *send = dev_embeddings;
         if (x->coll_host) {
             /* a host backend reads the send buffer on the host: stage the caller's rows in managed memory */
-            if ((rc = cuda_d2d(x->emb_send, dev_embeddings, bd * sizeof(float))) < 0 || (rc = cuda_sync()) < 0)
+            if ((rc = cuda_d2d(x->emb_send, dev_embeddings, bd * sizeof(float))) < 0 ||
+                (rc = cuda_sync()) < 0)
                 return pf_err_wrap(rc, "pfc_cuda: staging the embeddings");
             send = x->emb_send;
         }
@@ -149,9 +158,11 @@ int pfc_cuda_step(pfc_cuda *x, const pfc *h, const float *dev_embeddings, const 
     if (!isfinite(l))
         return pf_err(-ERANGE, "pfc: loss is %s at step %lld", isnan(l) ? "nan" : "inf", (long long)h->step);
     if (orphans > 0)
-        return pf_err(-EPROTO, "pfc: step %lld: %lld of %lld rows have their target class on no worker "
-                      "(label or sampling fault; each counts -log(1e-30) = 69.0776)", (long long)h->step,
-                      (long long)orphans, (long long)(x->local ? x->n * x->world_size : x->n));
+        return pf_err(-EPROTO,
+                      "pfc: step %lld: %lld of %lld rows have their target class on no worker "
+                      "(label or sampling fault; each counts -log(1e-30) = 69.0776)",
+                      (long long)h->step, (long long)orphans,
+                      (long long)(x->local ? x->n * x->world_size : x->n));
     return 0;
 }
 

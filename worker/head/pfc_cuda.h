@@ -48,16 +48,16 @@
 
 typedef struct pfc_cuda {
     cuda_head_params params;
-    int local;                 /* head_mode local (own softmax per worker) */
+    int local; /* head_mode local (own softmax per worker) */
     int world_size, rank;
-    pf_coll *coll;             /* device collectives; NULL for one process */
-    int coll_host;             /* the coll reads host memory: its buffers are managed, synchronized */
-    int64_t batch, d, n, k_max;/* B, D, rows the head sees (W*B global, B local), largest sample */
-    cuda_head_ws ws;           /* head workspace (n, k_max, d) */
-    int64_t *dev_labels;       /* (n) labels_local uploaded each step */
-    float *emb_all, *grad_all; /* (n, d) global mode with W > 1: allgathered rows, their gradient */
-    float *emb_send;           /* (B, d) coll_host: staging copy of the caller's embeddings */
-    float *grad_recv;          /* (B, d) reduce-scatter target when the caller's buffer cannot be used */
+    pf_coll *coll;              /* device collectives; NULL for one process */
+    int coll_host;              /* the coll reads host memory: its buffers are managed, synchronized */
+    int64_t batch, d, n, k_max; /* B, D, rows the head sees (W*B global, B local), largest sample */
+    cuda_head_ws ws;            /* head workspace (n, k_max, d) */
+    int64_t *dev_labels;        /* (n) labels_local uploaded each step */
+    float *emb_all, *grad_all;  /* (n, d) global mode with W > 1: allgathered rows, their gradient */
+    float *emb_send;            /* (B, d) coll_host: staging copy of the caller's embeddings */
+    float *grad_recv;           /* (B, d) reduce-scatter target when the caller's buffer cannot be used */
     int created;
 } pfc_cuda;
 

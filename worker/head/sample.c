@@ -47,17 +47,21 @@ static uint64_t uniform_below(uint64_t key, uint64_t *ctr, uint64_t bound)
 
 int64_t sample_partition_size(int64_t num_classes, int world_size, int rank)
 {
-    if (num_classes <= 0 || world_size < 1 || rank < 0 || rank >= num_classes) return 0;
+    if (num_classes <= 0 || world_size < 1 || rank < 0 || rank >= num_classes)
+        return 0;
     return (num_classes - rank + world_size - 1) / world_size;
 }
 
 int64_t sample_count(double sample_rate, int64_t partition)
 {
-    if (partition <= 0 || !(sample_rate > 0)) return 0;
-    if (sample_rate >= 1.0) return partition;
+    if (partition <= 0 || !(sample_rate > 0))
+        return 0;
+    if (sample_rate >= 1.0)
+        return partition;
     double x = sample_rate * (double)partition;
     int64_t k = (int64_t)x;
-    if (x - (double)k > 1e-9) k++;
+    if (x - (double)k > 1e-9)
+        k++;
     return k > partition ? partition : k;
 }
 
@@ -76,9 +80,11 @@ typedef struct iset {
 static int iset_init(iset *s, int64_t n)
 {
     uint64_t cap = 16;
-    while (cap < (uint64_t)n * 2) cap <<= 1;
+    while (cap < (uint64_t)n * 2)
+        cap <<= 1;
     s->slot = malloc(cap * sizeof(int64_t));
-    if (!s->slot) return -ENOMEM;
+    if (!s->slot)
+        return -ENOMEM;
     memset(s->slot, 0xff, cap * sizeof(int64_t));
     s->mask = cap - 1;
     return 0;
@@ -89,7 +95,8 @@ static int iset_insert(iset *s, int64_t x)
 {
     uint64_t h = mix64((uint64_t)x) & s->mask;
     for (;;) {
-        if (s->slot[h] == x) return 0;
+        if (s->slot[h] == x)
+            return 0;
         if (s->slot[h] < 0) {
             s->slot[h] = x;
             return 1;
@@ -104,24 +111,29 @@ static int64_t find_sorted(const int64_t *a, int64_t n, int64_t x)
     int64_t lo = 0, hi = n;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
-        if (a[mid] < x) lo = mid + 1;
-        else hi = mid;
+        if (a[mid] < x)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return (lo < n && a[lo] == x) ? lo : -1;
 }
 
-int sample_classes(const sample_args *a, const int64_t *labels, int64_t n,
-                   int64_t **ids_out, int64_t *k_out, int64_t *labels_local)
+int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64_t **ids_out, int64_t *k_out,
+                   int64_t *labels_local)
 {
     *ids_out = NULL;
     *k_out = 0;
-    if (!a || (!labels && n > 0) || n < 0) return pf_err(-EINVAL, "sample: NULL argument or negative n");
-    if (a->num_classes <= 0) return pf_err(-EINVAL, "sample: num_classes %lld is not positive", (long long)a->num_classes);
+    if (!a || (!labels && n > 0) || n < 0)
+        return pf_err(-EINVAL, "sample: NULL argument or negative n");
+    if (a->num_classes <= 0)
+        return pf_err(-EINVAL, "sample: num_classes %lld is not positive", (long long)a->num_classes);
     if (a->world_size < 1 || a->rank < 0 || a->rank >= a->world_size)
         return pf_err(-EINVAL, "sample: rank %d outside [0, world_size %d)", a->rank, a->world_size);
     if (!(a->sample_rate > 0 && a->sample_rate <= 1.0))
         return pf_err(-EINVAL, "sample: sample_rate %g outside (0, 1]", a->sample_rate);
-    if (a->step < 0) return pf_err(-EINVAL, "sample: step %lld is negative", (long long)a->step);
+    if (a->step < 0)
+        return pf_err(-EINVAL, "sample: step %lld is negative", (long long)a->step);
     for (int64_t i = 0; i < n; i++)
         if (labels[i] < 0 || labels[i] >= a->num_classes)
             return pf_err(-ERANGE, "sample: label %lld of row %lld outside [0, num_classes %lld)",
@@ -133,20 +145,24 @@ int sample_classes(const sample_args *a, const int64_t *labels, int64_t n,
 
     /* Positives as local indices (c div W) in this partition, sorted and unique. */
     int64_t *pos = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
-    if (!pos) return pf_err(-ENOMEM, "sample: out of memory");
+    if (!pos)
+        return pf_err(-ENOMEM, "sample: out of memory");
     int64_t np = 0;
     for (int64_t i = 0; i < n; i++)
-        if (labels[i] % stride == offset) pos[np++] = labels[i] / stride;
+        if (labels[i] % stride == offset)
+            pos[np++] = labels[i] / stride;
     qsort(pos, (size_t)np, sizeof(int64_t), cmp_i64);
     int64_t u = 0;
     for (int64_t i = 0; i < np; i++)
-        if (u == 0 || pos[i] != pos[u - 1]) pos[u++] = pos[i];
+        if (u == 0 || pos[i] != pos[u - 1])
+            pos[u++] = pos[i];
     np = u;
 
     int64_t k = sample_count(a->sample_rate, part);
-    if (k < np) k = np;
-    int64_t m = k - np;            /* negatives to draw */
-    int64_t pool = part - np;      /* non-positive ids available */
+    if (k < np)
+        k = np;
+    int64_t m = k - np;       /* negatives to draw */
+    int64_t pool = part - np; /* non-positive ids available */
     int64_t *ids = malloc((size_t)(k > 0 ? k : 1) * sizeof(int64_t));
     int64_t *neg = malloc((size_t)(m > 0 ? m : 1) * sizeof(int64_t));
     if (!ids || !neg) {
@@ -159,7 +175,8 @@ int sample_classes(const sample_args *a, const int64_t *labels, int64_t n,
     /* Negatives: indices r in [0, pool) of the non-positive ids, mapped to local ids by skipping the
      * positives: the r-th non-positive is r + #{j : pos[j] - j <= r} (pos[j] - j is non-decreasing). */
     if (m == pool) {
-        for (int64_t r = 0; r < m; r++) neg[r] = r;
+        for (int64_t r = 0; r < m; r++)
+            neg[r] = r;
     } else if (m > 0) {
         /* Floyd's algorithm: a uniform m-subset of [0, pool) in m draws. */
         iset set;
@@ -182,7 +199,8 @@ int sample_classes(const sample_args *a, const int64_t *labels, int64_t n,
     /* Map to local ids (neg is sorted, so a forward walk over pos suffices). */
     int64_t pj = 0;
     for (int64_t r = 0; r < m; r++) {
-        while (pj < np && pos[pj] - pj <= neg[r]) pj++;
+        while (pj < np && pos[pj] - pj <= neg[r])
+            pj++;
         neg[r] += pj;
     }
     /* Merge positives and negatives (both sorted, disjoint) into global ids. */

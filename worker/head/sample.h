@@ -20,10 +20,10 @@
 typedef enum { SAMPLE_GLOBAL = 0, SAMPLE_LOCAL = 1 } sample_mode;
 
 typedef struct sample_args {
-    int64_t num_classes;   /* C > 0 */
-    int world_size;        /* W >= 1 */
-    int rank;              /* [0, W) */
-    double sample_rate;    /* (0, 1]; 1 = the whole partition */
+    int64_t num_classes; /* C > 0 */
+    int world_size;      /* W >= 1 */
+    int rank;            /* [0, W) */
+    double sample_rate;  /* (0, 1]; 1 = the whole partition */
     uint64_t seed;
     int64_t step;
     sample_mode mode;
@@ -45,8 +45,8 @@ int64_t sample_count(double sample_rate, int64_t partition);
  *     worker's partition (global mode); may be NULL.
  * Errors: -EINVAL (bad args: C <= 0, W < 1, rank outside [0, W), rate outside (0, 1], step < 0),
  * -ERANGE (a label outside [0, C): the message names the row and the label), -ENOMEM. */
-int sample_classes(const sample_args *a, const int64_t *labels, int64_t n,
-                   int64_t **ids_out, int64_t *k_out, int64_t *labels_local);
+int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64_t **ids_out, int64_t *k_out,
+                   int64_t *labels_local);
 
 /* The counter-based generator the sampler uses: 64 uniform bits for (key, counter), and the key of
  * (seed, step, rank). Exposed for tests and for other reproducible draws. */

@@ -12,10 +12,10 @@
 #include "common/err.h"
 #include "worker/model/model_internal.h"
 
-#define CK_MAGIC "PFCPSBB1"
-#define CK_VERSION 2u /* 1: no extras (still loaded) */
+#define CK_MAGIC       "PFCPSBB1"
+#define CK_VERSION     2u /* 1: no extras (still loaded) */
 #define CK_EXTRA_BYTES 40 /* char name[32] + f64 */
-#define CK_FIXED 64 /* magic 8 + 4 u32 + network 32 + ... */
+#define CK_FIXED       64 /* magic 8 + 4 u32 + network 32 + ... */
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 {
@@ -52,8 +52,7 @@ static int put(wbuf *w, const void *src, size_t n)
 
 /* All tensors in checkpoint order: parameters, then running statistics. *data (when data) is
  * the tensor's place in `params` / `bufs` (host copies or the model's device arrays). */
-static const model_tensor *ck_tensor(const model *m, int i, float *params, float *bufs,
-                                     float **data)
+static const model_tensor *ck_tensor(const model *m, int i, float *params, float *bufs, float **data)
 {
     if (i < m->n_tensors) {
         if (data)
@@ -90,13 +89,13 @@ static int build_table(const model *m, wbuf *w, uint64_t *payload_bytes)
     return 0;
 }
 
-static void fixed_header(const model *m, unsigned char hdr[CK_FIXED], uint64_t payload,
-                         uint64_t sum, int n_extras)
+static void fixed_header(const model *m, unsigned char hdr[CK_FIXED], uint64_t payload, uint64_t sum,
+                         int n_extras)
 {
     memset(hdr, 0, CK_FIXED);
     memcpy(hdr, CK_MAGIC, 8);
-    uint32_t u[4] = {CK_VERSION, (uint32_t)m->desc.embedding_size,
-                     (uint32_t)(m->n_tensors + m->n_buffers), (uint32_t)n_extras};
+    uint32_t u[4] = {CK_VERSION, (uint32_t)m->desc.embedding_size, (uint32_t)(m->n_tensors + m->n_buffers),
+                     (uint32_t)n_extras};
     memcpy(hdr + 8, u, 16);
     snprintf((char *)hdr + 24, 32, "%s", m->desc.name);
     memcpy(hdr + 56, &payload, 8);
@@ -112,8 +111,10 @@ static int check_extras(const model_extra *x, int n, int padded, const char *wha
     for (int i = 0; i < n; i++) {
         size_t len = strnlen(x[i].name, sizeof x[i].name);
         if (len == 0 || len >= sizeof x[i].name)
-            return pf_err(-EINVAL, "%s: extra %d has an empty or unterminated name (1..%zu "
-                          "characters)", what, i, sizeof x[i].name - 1);
+            return pf_err(-EINVAL,
+                          "%s: extra %d has an empty or unterminated name (1..%zu "
+                          "characters)",
+                          what, i, sizeof x[i].name - 1);
         for (size_t k = len; padded && k < sizeof x[i].name; k++)
             if (x[i].name[k])
                 return pf_err(-EINVAL, "%s: extra '%s' is not NUL-padded", what, x[i].name);
@@ -151,8 +152,7 @@ int model_save_ex(const model *m, const char *path, const model_extra *x, int n_
         goto out;
     }
     if ((rc = model_get_params(m, hp)) || (rc = model_get_buffers(m, hb))) {
-        rc = pf_err_wrap(rc, "checkpoint %s: reading the model from device %s", path,
-                         m->dev->name);
+        rc = pf_err_wrap(rc, "checkpoint %s: reading the model from device %s", path, m->dev->name);
         goto out;
     }
     uint64_t payload = 0;
@@ -180,8 +180,7 @@ int model_save_ex(const model *m, const char *path, const model_extra *x, int n_
         rc = pf_err(-EIO, "checkpoint %s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
-    int ok = fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr &&
-             fwrite(table.p, 1, table.n, f) == table.n &&
+    int ok = fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr && fwrite(table.p, 1, table.n, f) == table.n &&
              (ext_n == 0 || fwrite(ext, 1, ext_n, f) == ext_n);
     for (int i = 0; ok && i < n; i++) {
         float *d;
@@ -247,22 +246,20 @@ int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n_ou
     uint32_t u[4];
     memcpy(u, buf + 8, 16);
     if (u[0] != 1 && u[0] != CK_VERSION) {
-        rc = pf_err(-EPROTO, "checkpoint %s: version %u, expected 1 or %u", path, u[0],
-                    CK_VERSION);
+        rc = pf_err(-EPROTO, "checkpoint %s: version %u, expected 1 or %u", path, u[0], CK_VERSION);
         goto out;
     }
     /* version 1: the last u32 is reserved (no extras) */
     uint32_t n_extras = u[0] >= 2 ? u[3] : 0;
     if (n_extras > MODEL_EXTRAS_MAX) {
-        rc = pf_err(-EPROTO, "checkpoint %s: %u extras (at most %d): corrupt header", path,
-                    n_extras, MODEL_EXTRAS_MAX);
+        rc = pf_err(-EPROTO, "checkpoint %s: %u extras (at most %d): corrupt header", path, n_extras,
+                    MODEL_EXTRAS_MAX);
         goto out;
     }
     char net[33] = {0};
     memcpy(net, buf + 24, 32);
     if (strcmp(net, m->desc.name)) {
-        rc = pf_err(-EINVAL, "checkpoint %s: network '%s', model is '%s'", path, net,
-                    m->desc.name);
+        rc = pf_err(-EINVAL, "checkpoint %s: network '%s', model is '%s'", path, net, m->desc.name);
         goto out;
     }
     if (u[1] != (uint32_t)m->desc.embedding_size) {
@@ -291,20 +288,21 @@ int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n_ou
         free(table.p);
         rc = pf_err(size < hdr + table.n ? -EPROTO : -EINVAL,
                     "checkpoint %s: tensor table truncated or does not match the model layout "
-                    "(names, shapes, dtype)", path);
+                    "(names, shapes, dtype)",
+                    path);
         goto out;
     }
     size_t ext_n = (size_t)n_extras * CK_EXTRA_BYTES;
     if (payload != mine || size != hdr + table.n + ext_n + payload) {
-        rc = pf_err(-EPROTO, "checkpoint %s: %zu bytes, expected %zu (truncated or padded)",
-                    path, size, (size_t)(hdr + table.n + ext_n + mine));
+        rc = pf_err(-EPROTO, "checkpoint %s: %zu bytes, expected %zu (truncated or padded)", path, size,
+                    (size_t)(hdr + table.n + ext_n + mine));
         free(table.p);
         goto out;
     }
     uint64_t calc = fnv1a(FNV_INIT, buf + hdr, size - hdr);
     if (calc != sum) {
-        rc = pf_err(-EPROTO, "checkpoint %s: checksum mismatch (file %016llx, computed %016llx)",
-                    path, (unsigned long long)sum, (unsigned long long)calc);
+        rc = pf_err(-EPROTO, "checkpoint %s: checksum mismatch (file %016llx, computed %016llx)", path,
+                    (unsigned long long)sum, (unsigned long long)calc);
         free(table.p);
         goto out;
     }
@@ -329,8 +327,8 @@ int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n_ou
         float *d;
         const model_tensor *t = ck_tensor(m, i, m->params, m->bufs, &d);
         if ((rc = m->dev->mem_h2d(m->ctx, d, pl, t->count * sizeof(float)))) {
-            rc = pf_err_wrap(rc, "checkpoint %s: writing tensor %s to device %s", path, t->name,
-                             m->dev->name);
+            rc =
+                pf_err_wrap(rc, "checkpoint %s: writing tensor %s to device %s", path, t->name, m->dev->name);
             goto out;
         }
         pl += t->count * sizeof(float);

@@ -11,7 +11,7 @@
 #include "common/splitmix64.h"
 #include "worker/model/model_internal.h"
 
-#define BN_EPS 1e-5f
+#define BN_EPS      1e-5f
 #define BN_MOMENTUM 0.1f
 
 typedef struct pool_plan {
@@ -132,8 +132,8 @@ static int alloc_acts(model *m)
         m->in_stage = NULL;
         free(m->pool);
         m->pool = NULL;
-        return pf_err_wrap(rc, "model %s: activations (batch %d) on device %s", m->desc.name,
-                           m->B_cap, m->dev->name);
+        return pf_err_wrap(rc, "model %s: activations (batch %d) on device %s", m->desc.name, m->B_cap,
+                           m->dev->name);
     }
     m->acts_ready = 1;
     return 0;
@@ -156,16 +156,14 @@ static int fill_buffers(model *m)
 /* The entries worker/model uses; a device table under construction may lack some. */
 static int check_device(const ops_device *d)
 {
-    if (!d->ctx_create || !d->ctx_destroy || !d->conv_forward || !d->conv_backward ||
-        !d->bn_forward || !d->bn_backward || !d->prelu_forward || !d->prelu_backward ||
-        !d->linear_forward || !d->linear_backward || !d->add_forward || !d->acc ||
-        !d->act_block || !d->to_plain || !d->from_plain || !d->dropout_forward ||
-        !d->dropout_backward || !d->mem_alloc || !d->mem_free || !d->mem_h2d || !d->mem_d2h ||
-        !d->mem_d2d || !d->mem_zero || !d->sync)
+    if (!d->ctx_create || !d->ctx_destroy || !d->conv_forward || !d->conv_backward || !d->bn_forward ||
+        !d->bn_backward || !d->prelu_forward || !d->prelu_backward || !d->linear_forward ||
+        !d->linear_backward || !d->add_forward || !d->acc || !d->act_block || !d->to_plain ||
+        !d->from_plain || !d->dropout_forward || !d->dropout_backward || !d->mem_alloc || !d->mem_free ||
+        !d->mem_h2d || !d->mem_d2h || !d->mem_d2d || !d->mem_zero || !d->sync)
         return pf_err(-EINVAL, "model: device '%s' lacks entries of kernels/ops.h", d->name);
     if (d->act_bytes != 2 && d->act_bytes != 4)
-        return pf_err(-EINVAL, "model: device '%s' has act_bytes %d (2 or 4)", d->name,
-                      d->act_bytes);
+        return pf_err(-EINVAL, "model: device '%s' has act_bytes %d (2 or 4)", d->name, d->act_bytes);
     if (d->plain && d->plain->act_bytes != 4)
         return pf_err(-EINVAL, "model: device '%s': its plain device '%s' is not fp32", d->name,
                       d->plain->name);
@@ -181,8 +179,8 @@ int model_create_desc(model **out, const model_desc *d, int batch_capacity, cons
     if (d->kind == MODEL_IRESNET) {
         for (int s = 0; s < 4; s++)
             if (d->layers[s] <= 0 || d->widths[s] <= 0)
-                return pf_err(-EINVAL, "iresnet: stage %d has %d blocks of width %d", s,
-                              d->layers[s], d->widths[s]);
+                return pf_err(-EINVAL, "iresnet: stage %d has %d blocks of width %d", s, d->layers[s],
+                              d->widths[s]);
     } else if (d->kind == MODEL_MBF) {
         if (d->mbf_scale <= 0 || d->layers[0] <= 0 || d->layers[1] <= 0 || d->layers[2] <= 0 ||
             d->layers[3] <= 0)
@@ -229,8 +227,7 @@ int model_create_desc(model **out, const model_desc *d, int batch_capacity, cons
         (rc = dalloc(m, &m->stats, m->n_stats * sizeof(double))) ||
         (rc = dalloc(m, &m->masks, m->n_masks * (size_t)m->B_cap * sizeof(float))) ||
         (rc = fill_buffers(m))) {
-        rc = pf_err_wrap(rc, "model %s (batch %d) on device %s", d->name, batch_capacity,
-                         dev->name);
+        rc = pf_err_wrap(rc, "model %s (batch %d) on device %s", d->name, batch_capacity, dev->name);
         goto fail;
     }
     *out = m;
@@ -302,8 +299,7 @@ void model_init(model *m, uint64_t seed)
     /* The values are drawn on the host (one staging array) and uploaded. */
     float *host = malloc((m->n_params ? m->n_params : 1) * sizeof(float));
     if (!host) {
-        m->pending_rc = pf_err(-ENOMEM, "model_init: out of memory for %zu parameters",
-                               m->n_params);
+        m->pending_rc = pf_err(-ENOMEM, "model_init: out of memory for %zu parameters", m->n_params);
         return;
     }
     uint64_t s = seed ^ 0x5043465053ull;
@@ -313,12 +309,8 @@ void model_init(model *m, uint64_t seed)
         float *p = host + t->offset;
         for (size_t j = 0; j < t->count; j++) {
             switch (in.kind) {
-            case INIT_CONST:
-                p[j] = in.v;
-                break;
-            case INIT_UNIFORM:
-                p[j] = (float)((2.0 * unif01(&s) - 1.0) * in.v);
-                break;
+            case INIT_CONST: p[j] = in.v; break;
+            case INIT_UNIFORM: p[j] = (float)((2.0 * unif01(&s) - 1.0) * in.v); break;
             case INIT_NORMAL:
             case INIT_KAIMING_FAN_OUT: {
                 double u1 = unif01(&s), u2 = unif01(&s);
@@ -387,8 +379,7 @@ int model_forward(model *m, const float *input, int B, int train, const float **
         switch (l->kind) {
         case LK_CONV: {
             ops_conv_shape s;
-            rc = ops_conv_shape_init(&s, B, a->C, a->H, a->W, l->OC, l->K, l->stride, l->pad,
-                                     l->groups);
+            rc = ops_conv_shape_init(&s, B, a->C, a->H, a->W, l->OC, l->K, l->stride, l->pad, l->groups);
             if (!rc)
                 rc = dv->conv_forward(cx, o->data, a->data, W, &s);
             break;
@@ -396,17 +387,13 @@ int model_forward(model *m, const float *input, int B, int train, const float **
         case LK_BN: {
             double *st = m->stats + l->stat_off;
             rc = dv->bn_forward(cx, o->data, st, st + a->C, a->data, W, Bi,
-                                m->bufs + m->buffers_t[l->rm].offset,
-                                m->bufs + m->buffers_t[l->rv].offset, B, a->C, a->H * a->W,
-                                BN_EPS, BN_MOMENTUM, train);
+                                m->bufs + m->buffers_t[l->rm].offset, m->bufs + m->buffers_t[l->rv].offset, B,
+                                a->C, a->H * a->W, BN_EPS, BN_MOMENTUM, train);
             break;
         }
-        case LK_PRELU:
-            rc = dv->prelu_forward(cx, o->data, a->data, W, B, a->C, a->H * a->W);
-            break;
+        case LK_PRELU: rc = dv->prelu_forward(cx, o->data, a->data, W, B, a->C, a->H * a->W); break;
         case LK_ADD:
-            rc = dv->add_forward(cx, o->data, a->data, m->acts[l->in2].data,
-                                 (size_t)B * a->per_sample);
+            rc = dv->add_forward(cx, o->data, a->data, m->acts[l->in2].data, (size_t)B * a->per_sample);
             break;
         case LK_LINEAR:
             rc = dv->linear_forward(cx, o->data, a->data, W, Bi, B, (int)a->per_sample, l->OC);
@@ -415,9 +402,8 @@ int model_forward(model *m, const float *input, int B, int train, const float **
             rc = dv->to_plain(cx, o->data, a->data, B, a->C, a->H * a->W);
             break;
         case LK_DROPOUT:
-            rc = dv->dropout_forward(cx, o->data, m->masks + l->stat_off * (size_t)m->B_cap,
-                                     a->data, (size_t)B * a->per_sample, train ? l->p : 0.0f,
-                                     m->dropout_seed++);
+            rc = dv->dropout_forward(cx, o->data, m->masks + l->stat_off * (size_t)m->B_cap, a->data,
+                                     (size_t)B * a->per_sample, train ? l->p : 0.0f, m->dropout_seed++);
             break;
         }
         if (rc)
@@ -463,22 +449,19 @@ int model_backward(model *m, const float *grad_embeddings, float *grad_input)
         switch (l->kind) {
         case LK_CONV: {
             ops_conv_shape s;
-            rc = ops_conv_shape_init(&s, B, a->C, a->H, a->W, l->OC, l->K, l->stride, l->pad,
-                                     l->groups);
+            rc = ops_conv_shape_init(&s, B, a->C, a->H, a->W, l->OC, l->K, l->stride, l->pad, l->groups);
             if (!rc)
                 rc = dv->conv_backward(cx, a->grad, l->acc_in, dW, o->grad, a->data, W, &s);
             break;
         }
         case LK_BN: {
             double *st = m->stats + l->stat_off;
-            rc = dv->bn_backward(cx, a->grad, l->acc_in, l->fixed_weight ? NULL : dW, dB,
-                                 o->grad, a->data, W, st, st + a->C, B, a->C, a->H * a->W,
-                                 BN_EPS);
+            rc = dv->bn_backward(cx, a->grad, l->acc_in, l->fixed_weight ? NULL : dW, dB, o->grad, a->data, W,
+                                 st, st + a->C, B, a->C, a->H * a->W, BN_EPS);
             break;
         }
         case LK_PRELU:
-            rc = dv->prelu_backward(cx, a->grad, l->acc_in, dW, o->grad, a->data, W, B, a->C,
-                                    a->H * a->W);
+            rc = dv->prelu_backward(cx, a->grad, l->acc_in, dW, o->grad, a->data, W, B, a->C, a->H * a->W);
             break;
         case LK_ADD: {
             size_t n = (size_t)B * a->per_sample;
@@ -522,16 +505,46 @@ void model_zero_grad(model *m)
 
 /* ---- accessors ---- */
 
-const ops_device *model_device(const model *m) { return m->dev; }
-ops_ctx *model_ctx(model *m) { return m->ctx; }
-const model_desc *model_get_desc(const model *m) { return &m->desc; }
-size_t model_num_params(const model *m) { return m->n_params; }
-float *model_params(model *m) { return m->params; }
-float *model_grads(model *m) { return m->grads; }
-int model_num_tensors(const model *m) { return m->n_tensors; }
-size_t model_num_buffer_floats(const model *m) { return m->n_buffer_floats; }
-float *model_buffers(model *m) { return m->bufs; }
-int model_num_buffer_tensors(const model *m) { return m->n_buffers; }
+const ops_device *model_device(const model *m)
+{
+    return m->dev;
+}
+ops_ctx *model_ctx(model *m)
+{
+    return m->ctx;
+}
+const model_desc *model_get_desc(const model *m)
+{
+    return &m->desc;
+}
+size_t model_num_params(const model *m)
+{
+    return m->n_params;
+}
+float *model_params(model *m)
+{
+    return m->params;
+}
+float *model_grads(model *m)
+{
+    return m->grads;
+}
+int model_num_tensors(const model *m)
+{
+    return m->n_tensors;
+}
+size_t model_num_buffer_floats(const model *m)
+{
+    return m->n_buffer_floats;
+}
+float *model_buffers(model *m)
+{
+    return m->bufs;
+}
+int model_num_buffer_tensors(const model *m)
+{
+    return m->n_buffers;
+}
 
 int model_get_params(const model *m, float *host)
 {

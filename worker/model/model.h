@@ -58,7 +58,7 @@ int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
 
 /* One named tensor of the flat parameter (or buffer) array. */
 typedef struct model_tensor {
-    char name[96];  /* PyTorch state_dict name, e.g. "layer1.0.conv1.weight" */
+    char name[96]; /* PyTorch state_dict name, e.g. "layer1.0.conv1.weight" */
     int ndim;
     int shape[5];
     size_t offset;  /* in floats, into model_params/model_grads (or model_buffers) */
@@ -76,8 +76,7 @@ int model_create(model **out, const char *network, int embedding_size, int batch
 /* Same from a description, on a given device (NULL: CPU; see ops_device_by_name). Running
  * statistics are set to mean 0 / var 1. Returns 0, -EINVAL (bad description, or a device table
  * lacking entries worker/model needs), -ENOMEM, or the device's error (-ENODEV: no GPU). */
-int model_create_desc(model **out, const model_desc *d, int batch_capacity,
-                      const ops_device *dev);
+int model_create_desc(model **out, const model_desc *d, int batch_capacity, const ops_device *dev);
 
 void model_free(model *m);
 

@@ -16,37 +16,37 @@ enum { LK_CONV = 1, LK_BN, LK_PRELU, LK_ADD, LK_LINEAR, LK_DROPOUT, LK_FLATTEN }
 typedef struct mact {
     int C, H, W;
     size_t per_sample;
-    int plain;     /* 1: after the flatten (fp32 plain, plain device); 0: body (act_bytes) */
-    size_t elem;   /* bytes per element: 4 for plain, dev->act_bytes for the body */
-    float *data;   /* device memory */
-    int grad_buf;  /* index into the gradient pool, -1 none */
-    float *grad;   /* resolved at backward */
+    int plain;    /* 1: after the flatten (fp32 plain, plain device); 0: body (act_bytes) */
+    size_t elem;  /* bytes per element: 4 for plain, dev->act_bytes for the body */
+    float *data;  /* device memory */
+    int grad_buf; /* index into the gradient pool, -1 none */
+    float *grad;  /* resolved at backward */
 } mact;
 
 typedef struct mlayer {
     int kind;
-    int in, in2, out;       /* activation ids (in2: second add input) */
-    int acc_in, acc_in2;    /* backward accumulates into the input gradient */
-    int w, b;               /* parameter tensor ids, -1 none */
-    int rm, rv;             /* running stats buffer tensor ids */
+    int in, in2, out;    /* activation ids (in2: second add input) */
+    int acc_in, acc_in2; /* backward accumulates into the input gradient */
+    int w, b;            /* parameter tensor ids, -1 none */
+    int rm, rv;          /* running stats buffer tensor ids */
     int fixed_weight;
     int OC, K, stride, pad, groups; /* conv; OC = OUT for linear */
-    float p;                /* dropout */
-    size_t stat_off;        /* BN: offset of (mean, var) in stats; dropout: mask offset/B_cap */
+    float p;                        /* dropout */
+    size_t stat_off;                /* BN: offset of (mean, var) in stats; dropout: mask offset/B_cap */
 } mlayer;
 
 struct model {
     model_desc desc;
-    const ops_device *dev;  /* body device */
+    const ops_device *dev; /* body device */
     ops_ctx *ctx;
     const ops_device *pdev; /* layers after the flatten: dev->plain or dev */
     ops_ctx *ctx_plain;     /* pdev's context (== ctx when pdev == dev) */
     int B_cap;
-    int flat_layer;         /* index of the flatten layer: later layers run on pdev */
-    int input_direct;       /* body input is plain fp32: input / grad_input copied straight */
-    float *in_stage;        /* (B_cap,3,112,112) fp32 device staging (when !input_direct) */
-    float *gin_body;        /* body-layout input gradient (when !input_direct), lazily */
-    int pending_rc;         /* device error of a void call (init, zero_grad), reported next */
+    int flat_layer;   /* index of the flatten layer: later layers run on pdev */
+    int input_direct; /* body input is plain fp32: input / grad_input copied straight */
+    float *in_stage;  /* (B_cap,3,112,112) fp32 device staging (when !input_direct) */
+    float *gin_body;  /* body-layout input gradient (when !input_direct), lazily */
+    int pending_rc;   /* device error of a void call (init, zero_grad), reported next */
 
     model_tensor *tensors;
     mtinit *inits;

@@ -18,8 +18,11 @@
 
 int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
 {
-    static const struct { const char *name; int layers[4]; } ires[] = {
-        {"r18", {2, 2, 2, 2}},   {"r34", {3, 4, 6, 3}},    {"r50", {3, 4, 14, 3}},
+    static const struct {
+        const char *name;
+        int layers[4];
+    } ires[] = {
+        {"r18", {2, 2, 2, 2}},    {"r34", {3, 4, 6, 3}},    {"r50", {3, 4, 14, 3}},
         {"r100", {3, 13, 30, 3}}, {"r200", {6, 26, 60, 6}},
     };
     if (!network)
@@ -44,8 +47,8 @@ int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
         char *end;
         long v = strtol(wsuf + 2, &end, 10);
         if (*end || v < 2 || v > 512 || v % 2)
-            return pf_err(-EINVAL, "network '%s': width suffix _w%s is not an even number in [2, 512]", network,
-                          wsuf + 2);
+            return pf_err(-EINVAL, "network '%s': width suffix _w%s is not an even number in [2, 512]",
+                          network, wsuf + 2);
         w0 = (int)v;
         *wsuf = '\0';
     }
@@ -67,7 +70,10 @@ int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
         d->mbf_scale = 2;
         return 0;
     }
-    return pf_err(-EINVAL, "unknown network '%s' (known: r18 r34 r50 r100 r200, each optionally with a width suffix such as r18_w16, and mbf)", network);
+    return pf_err(-EINVAL,
+                  "unknown network '%s' (known: r18 r34 r50 r100 r200, each optionally with a width suffix "
+                  "such as r18_w16, and mbf)",
+                  network);
 }
 
 /* ---- building ---- */
@@ -93,7 +99,9 @@ static int new_act(model *m, int C, int H, int W)
     if (rc)
         return rc;
     mact *a = &m->acts[m->n_acts];
-    a->C = C; a->H = H; a->W = W;
+    a->C = C;
+    a->H = H;
+    a->W = W;
     a->per_sample = (size_t)C * H * W;
     a->plain = m->flat_layer >= 0; /* created after the flatten */
     a->elem = a->plain ? sizeof(float) : (size_t)m->dev->act_bytes;
@@ -101,8 +109,8 @@ static int new_act(model *m, int C, int H, int W)
     return m->n_acts++;
 }
 
-static int new_tensor(model_tensor **tab, mtinit **inits, int *n, int *cap, size_t *total,
-                      const char *name, int ndim, const int *shape, unsigned flags, mtinit init)
+static int new_tensor(model_tensor **tab, mtinit **inits, int *n, int *cap, size_t *total, const char *name,
+                      int ndim, const int *shape, unsigned flags, mtinit init)
 {
     int cap0 = *cap;
     int rc = grow((void **)tab, cap, *n, sizeof **tab);
@@ -136,8 +144,8 @@ static int add_param(model *m, const char *prefix, const char *suffix, int ndim,
 {
     char name[128];
     snprintf(name, sizeof name, "%s%s%s", prefix, *prefix ? "." : "", suffix);
-    return new_tensor(&m->tensors, &m->inits, &m->n_tensors, &m->cap_tensors, &m->n_params, name,
-                      ndim, shape, flags, init);
+    return new_tensor(&m->tensors, &m->inits, &m->n_tensors, &m->cap_tensors, &m->n_params, name, ndim, shape,
+                      flags, init);
 }
 
 static int add_buffer(model *m, const char *prefix, const char *suffix, int C, float fill)
@@ -147,8 +155,8 @@ static int add_buffer(model *m, const char *prefix, const char *suffix, int C, f
     mtinit init = {INIT_CONST, fill};
     int shape[1] = {C};
     int cap = m->cap_buffers;
-    int rc = new_tensor(&m->buffers_t, NULL, &m->n_buffers, &m->cap_buffers, &m->n_buffer_floats,
-                        name, 1, shape, 0, init);
+    int rc = new_tensor(&m->buffers_t, NULL, &m->n_buffers, &m->cap_buffers, &m->n_buffer_floats, name, 1,
+                        shape, 0, init);
     if (rc < 0)
         return rc;
     /* buffer inits are constants: keep them in a parallel array */
@@ -166,21 +174,25 @@ static int add_layer(model *m, mlayer **out)
         return rc;
     mlayer *l = &m->layers[m->n_layers++];
     memset(l, 0, sizeof *l);
-    l->in2 = -1; l->w = -1; l->b = -1; l->rm = -1; l->rv = -1;
+    l->in2 = -1;
+    l->w = -1;
+    l->b = -1;
+    l->rm = -1;
+    l->rv = -1;
     *out = l;
     return 0;
 }
 
-#define TRY(x)                  \
-    do {                        \
-        int rc_ = (x);          \
-        if (rc_ < 0)            \
-            return rc_;         \
+#define TRY(x)                                                                                               \
+    do {                                                                                                     \
+        int rc_ = (x);                                                                                       \
+        if (rc_ < 0)                                                                                         \
+            return rc_;                                                                                      \
     } while (0)
 
 /* conv (no bias): returns the output activation id */
-static int b_conv(model *m, const char *name, int in, int OC, int K, int stride, int pad,
-                  int groups, mtinit init)
+static int b_conv(model *m, const char *name, int in, int OC, int K, int stride, int pad, int groups,
+                  mtinit init)
 {
     mact a = m->acts[in];
     if (a.C % groups || OC % groups)
@@ -197,8 +209,15 @@ static int b_conv(model *m, const char *name, int in, int OC, int K, int stride,
     TRY(out);
     mlayer *l;
     TRY(add_layer(m, &l));
-    l->kind = LK_CONV; l->in = in; l->out = out; l->w = w;
-    l->OC = OC; l->K = K; l->stride = stride; l->pad = pad; l->groups = groups;
+    l->kind = LK_CONV;
+    l->in = in;
+    l->out = out;
+    l->w = w;
+    l->OC = OC;
+    l->K = K;
+    l->stride = stride;
+    l->pad = pad;
+    l->groups = groups;
     return out;
 }
 
@@ -219,7 +238,13 @@ static int b_bn(model *m, const char *name, int in, int fixed_weight)
     TRY(out);
     mlayer *l;
     TRY(add_layer(m, &l));
-    l->kind = LK_BN; l->in = in; l->out = out; l->w = w; l->b = b; l->rm = rm; l->rv = rv;
+    l->kind = LK_BN;
+    l->in = in;
+    l->out = out;
+    l->w = w;
+    l->b = b;
+    l->rm = rm;
+    l->rv = rv;
     l->fixed_weight = fixed_weight;
     l->stat_off = m->n_stats;
     m->n_stats += 2 * (size_t)C;
@@ -236,7 +261,10 @@ static int b_prelu(model *m, const char *name, int in)
     TRY(out);
     mlayer *l;
     TRY(add_layer(m, &l));
-    l->kind = LK_PRELU; l->in = in; l->out = out; l->w = w;
+    l->kind = LK_PRELU;
+    l->in = in;
+    l->out = out;
+    l->w = w;
     return out;
 }
 
@@ -248,7 +276,10 @@ static int b_add(model *m, int a, int b)
     TRY(out);
     mlayer *l;
     TRY(add_layer(m, &l));
-    l->kind = LK_ADD; l->in = a; l->in2 = b; l->out = out;
+    l->kind = LK_ADD;
+    l->in = a;
+    l->in2 = b;
+    l->out = out;
     return out;
 }
 
@@ -267,7 +298,9 @@ static int b_flatten(model *m, int in)
     TRY(out);
     mlayer *l;
     TRY(add_layer(m, &l));
-    l->kind = LK_FLATTEN; l->in = in; l->out = out;
+    l->kind = LK_FLATTEN;
+    l->in = in;
+    l->out = out;
     return out;
 }
 
@@ -293,7 +326,12 @@ static int b_linear(model *m, const char *name, int in, int OUT, int bias, mtini
     TRY(out);
     mlayer *l;
     TRY(add_layer(m, &l));
-    l->kind = LK_LINEAR; l->in = in; l->out = out; l->w = w; l->b = b; l->OC = OUT;
+    l->kind = LK_LINEAR;
+    l->in = in;
+    l->out = out;
+    l->w = w;
+    l->b = b;
+    l->OC = OUT;
     return out;
 }
 
@@ -307,7 +345,10 @@ static int b_dropout(model *m, int in, float p)
     TRY(out);
     mlayer *l;
     TRY(add_layer(m, &l));
-    l->kind = LK_DROPOUT; l->in = in; l->out = out; l->p = p;
+    l->kind = LK_DROPOUT;
+    l->in = in;
+    l->out = out;
+    l->p = p;
     l->stat_off = m->n_masks;
     m->n_masks += m->acts[in].per_sample;
     return out;
@@ -352,8 +393,7 @@ static int build_iresnet(model *m)
         }
     }
     if (m->acts[x].H != 7 || m->acts[x].W != 7)
-        return pf_err(-EINVAL, "iresnet: last stage is %dx%d, expected 7x7", m->acts[x].H,
-                      m->acts[x].W);
+        return pf_err(-EINVAL, "iresnet: last stage is %dx%d, expected 7x7", m->acts[x].H, m->acts[x].W);
     TRY(x = b_bn(m, "bn2", x, 0));
     TRY(x = b_flatten(m, x)); /* arcface_torch: bn2, flatten, dropout, fc, features */
     TRY(x = b_dropout(m, x, d->dropout));
@@ -363,8 +403,8 @@ static int build_iresnet(model *m)
     return x;
 }
 
-static int mbf_convblock(model *m, const char *prefix, int in, int out_c, int K, int stride,
-                         int pad, int groups, int prelu)
+static int mbf_convblock(model *m, const char *prefix, int in, int out_c, int K, int stride, int pad,
+                         int groups, int prelu)
 {
     mtinit ki = {INIT_KAIMING_FAN_OUT, 0.0f};
     char p[128];
@@ -380,8 +420,8 @@ static int mbf_convblock(model *m, const char *prefix, int in, int out_c, int K,
     return x;
 }
 
-static int mbf_depthwise(model *m, const char *prefix, int in, int out_c, int residual,
-                         int stride, int groups)
+static int mbf_depthwise(model *m, const char *prefix, int in, int out_c, int residual, int stride,
+                         int groups)
 {
     char p[128];
     int x;
@@ -424,8 +464,7 @@ static int build_mbf(model *m)
     TRY(x = mbf_residual(m, "layers.7", x, 128 * s, d->layers[3], 256));
     TRY(x = mbf_convblock(m, "conv_sep", x, 512, 1, 1, 0, 1, 1));
     if (m->acts[x].H != 7)
-        return pf_err(-EINVAL, "mbf: last stage is %dx%d, expected 7x7", m->acts[x].H,
-                      m->acts[x].W);
+        return pf_err(-EINVAL, "mbf: last stage is %dx%d, expected 7x7", m->acts[x].H, m->acts[x].W);
     TRY(x = mbf_convblock(m, "features.layers.0", x, 512, 7, 1, 0, 512, 0));
     mtinit ki = {INIT_KAIMING_FAN_OUT, 0.0f};
     TRY(x = b_linear(m, "features.layers.2", x, d->embedding_size, 0, ki));

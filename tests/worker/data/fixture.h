@@ -13,14 +13,14 @@
 
 static int fx_failures;
 
-#define CHECK(cond, ...)                                                                                   \
-    do {                                                                                                   \
-        if (!(cond)) {                                                                                     \
-            fx_failures++;                                                                                 \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                              \
-            fprintf(stderr, __VA_ARGS__);                                                                  \
-            fprintf(stderr, "\n");                                                                         \
-        }                                                                                                  \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            fx_failures++;                                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fprintf(stderr, "\n");                                                                           \
+        }                                                                                                    \
     } while (0)
 
 /* Byte buffer for hand-written .rec files. */
@@ -31,7 +31,8 @@ typedef struct fx_bytes {
 
 static inline void fx_u32(fx_bytes *b, uint32_t v)
 {
-    for (int i = 0; i < 4; i++) b->d[b->n++] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        b->d[b->n++] = (uint8_t)(v >> (8 * i));
 }
 
 static inline void fx_u64(fx_bytes *b, uint64_t v)
@@ -49,21 +50,24 @@ static inline void fx_f32(fx_bytes *b, float f)
 
 static inline void fx_raw(fx_bytes *b, const void *p, size_t n)
 {
-    if (n) memcpy(b->d + b->n, p, n);
+    if (n)
+        memcpy(b->d + b->n, p, n);
     b->n += n;
 }
 
 static inline void fx_pad4(fx_bytes *b)
 {
-    while (b->n & 3) b->d[b->n++] = 0;
+    while (b->n & 3)
+        b->d[b->n++] = 0;
 }
 
 /* One cflag-0 chunk holding header (flag 0, label) + image. Returns the chunk's offset. */
-static inline size_t fx_record0(fx_bytes *b, float label, uint64_t id, uint64_t id2, const uint8_t *img, size_t n)
+static inline size_t fx_record0(fx_bytes *b, float label, uint64_t id, uint64_t id2, const uint8_t *img,
+                                size_t n)
 {
     size_t off = b->n;
     fx_u32(b, 0xCED7230Au);
-    fx_u32(b, (uint32_t)(24 + n));          /* cflag 0 */
+    fx_u32(b, (uint32_t)(24 + n)); /* cflag 0 */
     fx_u32(b, 0);
     fx_f32(b, label);
     fx_u64(b, id);
@@ -74,8 +78,8 @@ static inline size_t fx_record0(fx_bytes *b, float label, uint64_t id, uint64_t 
 }
 
 /* One cflag-0 chunk with flag = nl extra labels and an image (may be empty). */
-static inline size_t fx_record_labels(fx_bytes *b, const float *labels, uint32_t nl, uint64_t id, uint64_t id2,
-                               const uint8_t *img, size_t n)
+static inline size_t fx_record_labels(fx_bytes *b, const float *labels, uint32_t nl, uint64_t id,
+                                      uint64_t id2, const uint8_t *img, size_t n)
 {
     size_t off = b->n;
     fx_u32(b, 0xCED7230Au);
@@ -84,7 +88,8 @@ static inline size_t fx_record_labels(fx_bytes *b, const float *labels, uint32_t
     fx_f32(b, 0.0f);
     fx_u64(b, id);
     fx_u64(b, id2);
-    for (uint32_t i = 0; i < nl; i++) fx_f32(b, labels[i]);
+    for (uint32_t i = 0; i < nl; i++)
+        fx_f32(b, labels[i]);
     fx_raw(b, img, n);
     fx_pad4(b);
     return off;
@@ -93,13 +98,19 @@ static inline size_t fx_record_labels(fx_bytes *b, const float *labels, uint32_t
 static inline int fx_write(const char *path, const void *d, size_t n)
 {
     FILE *f = fopen(path, "wb");
-    if (!f) { perror(path); return -1; }
+    if (!f) {
+        perror(path);
+        return -1;
+    }
     size_t w = fwrite(d, 1, n, f);
     fclose(f);
     return w == n ? 0 : -1;
 }
 
-static inline int fx_write_text(const char *path, const char *text) { return fx_write(path, text, strlen(text)); }
+static inline int fx_write_text(const char *path, const char *text)
+{
+    return fx_write(path, text, strlen(text));
+}
 
 /* A fresh temp folder; removed by fx_rmdir. */
 static inline char *fx_tmpdir(char *buf, size_t n)
@@ -112,7 +123,8 @@ static inline void fx_rmdir(const char *dir)
 {
     char cmd[4200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "warning: could not remove %s\n", dir);
 }
 
 /* Path of the repository's ORL faces (PFCPS_SOURCE/data/orl), or NULL. */
@@ -132,13 +144,18 @@ static inline uint8_t *fx_orl_jpeg(const char *orl, int id, int img, int w, int 
     snprintf(path, sizeof path, "%s/s%d/%d.pgm", orl, id, img);
     int gw, gh, pf = TJPF_GRAY;
     uint8_t *g = tjLoadImage(path, &gw, 1, &gh, &pf, 0);
-    if (!g) { fprintf(stderr, "%s: %s\n", path, tjGetErrorStr2(NULL)); return NULL; }
+    if (!g) {
+        fprintf(stderr, "%s: %s\n", path, tjGetErrorStr2(NULL));
+        return NULL;
+    }
     uint8_t *rgb = calloc((size_t)w * h * 3, 1);
     for (int y = 0; y < h; y++)
         for (int x = 0; x < w; x++) {
             int sx = x - (w - gw) / 2, sy = y - (h - gh) / 2;
-            if (sx < 0 || sy < 0 || sx >= gw || sy >= gh) continue;
-            for (int c = 0; c < 3; c++) rgb[((size_t)y * w + x) * 3 + c] = g[(size_t)sy * gw + sx];
+            if (sx < 0 || sy < 0 || sx >= gw || sy >= gh)
+                continue;
+            for (int c = 0; c < 3; c++)
+                rgb[((size_t)y * w + x) * 3 + c] = g[(size_t)sy * gw + sx];
         }
     tjFree(g);
     tjhandle tj = tjInitCompress();
@@ -164,12 +181,18 @@ static inline uint8_t *fx_decode(const uint8_t *jpg, size_t len, int *w, int *h)
     uint8_t *rgb = NULL;
     if (tjDecompressHeader3(tj, jpg, (unsigned long)len, w, h, &ss, &cs) == 0) {
         rgb = malloc((size_t)*w * *h * 3);
-        if (tjDecompress2(tj, jpg, (unsigned long)len, rgb, *w, 0, *h, TJPF_RGB, 0) != 0) { free(rgb); rgb = NULL; }
+        if (tjDecompress2(tj, jpg, (unsigned long)len, rgb, *w, 0, *h, TJPF_RGB, 0) != 0) {
+            free(rgb);
+            rgb = NULL;
+        }
     }
     tjDestroy(tj);
     return rgb;
 }
 
-static inline int fx_contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+static inline int fx_contains(const char *hay, const char *needle)
+{
+    return strstr(hay, needle) != NULL;
+}
 
 #endif

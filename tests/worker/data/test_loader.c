@@ -23,7 +23,8 @@ static int64_t orl_class_of_key(int64_t key)
     int64_t k = key - 1;
     for (int c = 0; c < 40; c++) {
         int n = (c == 7 || c == 8) ? 9 : 10;
-        if (k < n) return c;
+        if (k < n)
+            return c;
         k -= n;
     }
     return -1;
@@ -53,15 +54,18 @@ static void test_slices(void)
     int64_t order0[W][8 * B];
     for (int r = 0; r < W; r++) {
         loader *l = open_loader(r, 1, 7);
-        if (!l) return;
-        if (nb < 0) nb = loader_num_batches(l);
-        CHECK(loader_num_batches(l) == 8 && loader_num_batches(l) == nb, "rank %d: %" PRId64 " batches, want 8 (398 / 48)", r,
-              loader_num_batches(l));
+        if (!l)
+            return;
+        if (nb < 0)
+            nb = loader_num_batches(l);
+        CHECK(loader_num_batches(l) == 8 && loader_num_batches(l) == nb,
+              "rank %d: %" PRId64 " batches, want 8 (398 / 48)", r, loader_num_batches(l));
         loader_epoch_order(l, 0, order0[r]);
         for (int k = 0; k < 8 * B; k++) {
             int64_t i = order0[r][k];
             CHECK(i >= 0 && i < 398, "index %" PRId64, i);
-            if (i >= 0 && i < 398) seen[i]++;
+            if (i >= 0 && i < 398)
+                seen[i]++;
             total++;
         }
         /* Another epoch gives another order; the same epoch again gives the same one. */
@@ -77,10 +81,11 @@ static void test_slices(void)
         dup += seen[i] > 1;
         covered += seen[i] == 1;
     }
-    CHECK(total == 384 && dup == 0 && covered == 384, "slices: %" PRId64 " samples, %" PRId64 " duplicates, %" PRId64 " covered",
-          total, dup, covered);
+    CHECK(total == 384 && dup == 0 && covered == 384,
+          "slices: %" PRId64 " samples, %" PRId64 " duplicates, %" PRId64 " covered", total, dup, covered);
     printf("slices: 3 ranks x 8 batches x 16 = %" PRId64 " samples, %" PRId64 " distinct images, %" PRId64
-           " shared, 14 dropped (drop_last)\n", total, covered, dup);
+           " shared, 14 dropped (drop_last)\n",
+           total, covered, dup);
     /* A different seed permutes differently. */
     loader *l = open_loader(0, 1, 8);
     if (l) {
@@ -96,7 +101,8 @@ static void test_slices(void)
 static int read_epoch(int workers, int64_t epoch, float **imgs, int64_t **labels, int64_t **keys)
 {
     loader *l = open_loader(1, workers, 7);
-    if (!l) return -1;
+    if (!l)
+        return -1;
     int64_t nb = loader_num_batches(l);
     *imgs = malloc((size_t)nb * B * IMGF * sizeof(float));
     *labels = malloc((size_t)nb * B * sizeof(int64_t));
@@ -110,8 +116,10 @@ static int read_epoch(int workers, int64_t epoch, float **imgs, int64_t **labels
         int rc = loader_next(l, &b);
         CHECK(rc >= 0, "loader_next: %s", pf_errmsg());
         CHECK(has == rc, "peek says %d, next says %d", has, rc);
-        if (rc <= 0) break;
-        CHECK(b->index == got && b->epoch == epoch && b->n == B, "batch %" PRId64 " index %" PRId64, got, b->index);
+        if (rc <= 0)
+            break;
+        CHECK(b->index == got && b->epoch == epoch && b->n == B, "batch %" PRId64 " index %" PRId64, got,
+              b->index);
         for (int i = 0; i < B; i++) {
             peek_ok &= peek[i] == b->labels[i];
             class_ok &= b->labels[i] == orl_class_of_key(b->keys[i]);
@@ -133,25 +141,38 @@ static void test_determinism_and_values(void)
 {
     float *ia, *ib;
     int64_t *la, *lb, *ka, *kb;
-    if (read_epoch(2, 0, &ia, &la, &ka) < 0 || read_epoch(0, 0, &ib, &lb, &kb) < 0) return;
+    if (read_epoch(2, 0, &ia, &la, &ka) < 0 || read_epoch(0, 0, &ib, &lb, &kb) < 0)
+        return;
     size_t n = 8 * B;
     CHECK(memcmp(ka, kb, n * sizeof *ka) == 0 && memcmp(la, lb, n * sizeof *la) == 0 &&
-          memcmp(ia, ib, n * IMGF * sizeof *ia) == 0, "2 threads and 0 threads gave different batches");
-    printf("determinism: 8 batches of rank 1 identical with 2 decode threads and with none (keys, labels, pixels)\n");
+              memcmp(ia, ib, n * IMGF * sizeof *ia) == 0,
+          "2 threads and 0 threads gave different batches");
+    printf("determinism: 8 batches of rank 1 identical with 2 decode threads and with none (keys, labels, "
+           "pixels)\n");
 
     /* Each image against an independent decode: (v/255 - 0.5)/0.5 in float64, flipped or not. */
     rec_file *rf;
-    if (rec_open(&rf, prefix, 0, 0) < 0) { CHECK(0, "rec_open: %s", pf_errmsg()); return; }
+    if (rec_open(&rf, prefix, 0, 0) < 0) {
+        CHECK(0, "rec_open: %s", pf_errmsg());
+        return;
+    }
     rec_buf s = {0};
     int flips = 0, matched = 0;
     double worst = 0;
     for (size_t k = 0; k < n; k++) {
         rec_payload p;
         int64_t key = ka[k];
-        if (rec_get(rf, key - 1, &s, &p) < 0 || rf->images[key - 1].key != key) { CHECK(0, "key %" PRId64, key); continue; }
+        if (rec_get(rf, key - 1, &s, &p) < 0 || rf->images[key - 1].key != key) {
+            CHECK(0, "key %" PRId64, key);
+            continue;
+        }
         int w, h;
         uint8_t *rgb = fx_decode(p.image, p.image_len, &w, &h);
-        if (!rgb || w != S || h != S) { CHECK(0, "decode key %" PRId64, key); free(rgb); continue; }
+        if (!rgb || w != S || h != S) {
+            CHECK(0, "decode key %" PRId64, key);
+            free(rgb);
+            continue;
+        }
         double err[2] = {0, 0};
         const float *img = ia + k * IMGF;
         for (int c = 0; c < 3; c++)
@@ -171,12 +192,18 @@ static void test_determinism_and_values(void)
     }
     CHECK(matched == (int)n, "%d of %zu images match the float64 normalization", matched, n);
     CHECK(flips >= 40 && flips <= 88, "%d of %zu flipped (p = 0.5; 4 sd is 40..88)", flips, n);
-    printf("normalize: %d/%zu images within 1e-6 of (v/255-0.5)/0.5 in float64 (max |err| %.3g), %d flipped\n", matched, n,
-           worst, flips);
+    printf(
+        "normalize: %d/%zu images within 1e-6 of (v/255-0.5)/0.5 in float64 (max |err| %.3g), %d flipped\n",
+        matched, n, worst, flips);
     rec_buf_free(&s);
     rec_close(rf);
 
-    free(ia); free(ib); free(la); free(lb); free(ka); free(kb);
+    free(ia);
+    free(ib);
+    free(la);
+    free(lb);
+    free(ka);
+    free(kb);
 }
 
 static void test_synthetic(void)
@@ -193,11 +220,12 @@ static void test_synthetic(void)
         o.rank = 1;
         o.num_workers = 2;
         o.num_image = 64 * 2 * 50;
-        o.image_size = 16;      /* small random images: labels are what is tested here */
+        o.image_size = 16; /* small random images: labels are what is tested here */
         loader *l;
         int rc = loader_open(&l, &o);
         CHECK(rc == 0, "synthetic open: %s", pf_errmsg());
-        if (rc < 0) return;
+        if (rc < 0)
+            return;
         loader_start_epoch(l, 3);
         int64_t peek[64], n = 0, count[10] = {0}, maxl = 0, bad = 0;
         double mean = 0;
@@ -208,8 +236,10 @@ static void test_synthetic(void)
                 int64_t v = b->labels[i];
                 bad += v < 0 || v >= C || v != peek[i];
                 mean += (double)v / (double)C;
-                if (v > maxl) maxl = v;
-                if (C == 10 && v >= 0 && v < 10) count[v]++;
+                if (v > maxl)
+                    maxl = v;
+                if (C == 10 && v >= 0 && v < 10)
+                    count[v]++;
                 n++;
             }
             for (int k = 0; k < 64 * 3 * 16 * 16; k++) {
@@ -219,19 +249,25 @@ static void test_synthetic(void)
             loader_release(l, b);
         }
         mean /= (double)n;
-        CHECK(n == 3200 && bad == 0, "C %" PRId64 ": %" PRId64 " labels, %" PRId64 " out of range or not as peeked", C, n, bad);
-        double want = (double)(C - 1) / (2.0 * (double)C);   /* mean of c / C for c uniform in 0..C-1 */
-        CHECK(fabs(mean - want) < 0.025, "C %" PRId64 ": mean label / C = %.4f, want %.4f (sd 0.005)", C, mean, want);
+        CHECK(n == 3200 && bad == 0,
+              "C %" PRId64 ": %" PRId64 " labels, %" PRId64 " out of range or not as peeked", C, n, bad);
+        double want = (double)(C - 1) / (2.0 * (double)C); /* mean of c / C for c uniform in 0..C-1 */
+        CHECK(fabs(mean - want) < 0.025, "C %" PRId64 ": mean label / C = %.4f, want %.4f (sd 0.005)", C,
+              mean, want);
         CHECK(lo >= -1.0f && hi <= 1.0f && hi - lo > 1.9f, "images in [%.3f, %.3f]", (double)lo, (double)hi);
-        if (C == (INT64_C(1) << 32)) CHECK(maxl > (INT64_C(1) << 31), "max label %" PRId64 " never above 2^31", maxl);
+        if (C == (INT64_C(1) << 32))
+            CHECK(maxl > (INT64_C(1) << 31), "max label %" PRId64 " never above 2^31", maxl);
         double chi2 = 0;
         if (C == 10) {
-            for (int c = 0; c < 10; c++) chi2 += (count[c] - 320.0) * (count[c] - 320.0) / 320.0;
+            for (int c = 0; c < 10; c++)
+                chi2 += (count[c] - 320.0) * (count[c] - 320.0) / 320.0;
             CHECK(chi2 < 27.88, "C 10: chi-square %.2f over 9 dof (p = 0.001 bound 27.88)", chi2);
         }
-        printf("synthetic C = %" PRId64 ": %" PRId64 " labels in range, mean/C %.4f (want %.4f), max %" PRId64 "\n", C, n,
-               mean, want, maxl);
-        if (C == 10) printf("synthetic C = 10: chi-square %.2f (9 dof, bound 27.88)\n", chi2);
+        printf("synthetic C = %" PRId64 ": %" PRId64 " labels in range, mean/C %.4f (want %.4f), max %" PRId64
+               "\n",
+               C, n, mean, want, maxl);
+        if (C == 10)
+            printf("synthetic C = 10: chi-square %.2f (9 dof, bound 27.88)\n", chi2);
         loader_close(l);
     }
 }
@@ -244,8 +280,13 @@ static void test_png_record(const char *orl)
     uint8_t *jpg = fx_orl_jpeg(orl, 5, 5, S, S, 90, &jn);
     int w, h;
     uint8_t *src = jpg ? fx_decode(jpg, jn, &w, &h) : NULL;
-    if (!src) { CHECK(0, "fixture JPEG"); free(jpg); return; }
-    for (size_t i = 0; i < (size_t)S * S * 3; i += 3) src[i] = (uint8_t)(255 - src[i]);   /* distinct channels */
+    if (!src) {
+        CHECK(0, "fixture JPEG");
+        free(jpg);
+        return;
+    }
+    for (size_t i = 0; i < (size_t)S * S * 3; i += 3)
+        src[i] = (uint8_t)(255 - src[i]); /* distinct channels */
     png_image im;
     memset(&im, 0, sizeof im);
     im.version = PNG_IMAGE_VERSION;
@@ -289,13 +330,15 @@ static void test_png_record(const char *orl)
                 for (int c = 0; c < 3; c++)
                     for (int i = 0; i < S * S; i++) {
                         double want = ((double)px[(size_t)i * 3 + c] / 255.0 - 0.5) / 0.5;
-                        err[k] = fmax(err[k], fabs(bt->images[(size_t)k * IMGF + (size_t)c * S * S + i] - want));
+                        err[k] =
+                            fmax(err[k], fabs(bt->images[(size_t)k * IMGF + (size_t)c * S * S + i] - want));
                     }
             }
             CHECK(bt->labels[0] == 3 && bt->labels[1] == 4 && err[0] < 1e-6 && err[1] < 1e-6,
-                  "PNG/JPEG record: labels %" PRId64 " %" PRId64 ", max err %.3g %.3g", bt->labels[0], bt->labels[1], err[0],
-                  err[1]);
-            printf("PNG record: max |err| %.3g vs source pixels; JPEG record %.3g vs independent decode\n", err[0], err[1]);
+                  "PNG/JPEG record: labels %" PRId64 " %" PRId64 ", max err %.3g %.3g", bt->labels[0],
+                  bt->labels[1], err[0], err[1]);
+            printf("PNG record: max |err| %.3g vs source pixels; JPEG record %.3g vs independent decode\n",
+                   err[0], err[1]);
             free(jd);
             loader_release(l, bt);
         }
@@ -313,8 +356,8 @@ static void test_from_config(void)
 {
     pf_config cfg;
     cfg_defaults(&cfg);
-    const char *sets[] = {"rec=synthetic", "num_classes=5000000000", "batch_size=32", "num_workers=3", "seed=99",
-                          "skip_bad_records=true", "num_image=4096", "resize=true"};
+    const char *sets[] = {"rec=synthetic", "num_classes=5000000000", "batch_size=32",  "num_workers=3",
+                          "seed=99",       "skip_bad_records=true",  "num_image=4096", "resize=true"};
     int rc = 0;
     for (size_t i = 0; i < sizeof sets / sizeof *sets && rc == 0; i++) {
         char k[64], v[64];
@@ -325,16 +368,20 @@ static void test_from_config(void)
     loader_opts o;
     loader_opts_from_config(&o, &cfg, 2, 4);
     CHECK(strcmp(o.rec, "synthetic") == 0 && o.num_classes == INT64_C(5000000000) && o.batch_size == 32 &&
-          o.num_workers == 3 && o.seed == 99 && o.skip_bad_records == 1 && o.num_image == 4096 && o.rank == 2 &&
-          o.world_size == 4 && o.resize == 1, "loader_opts_from_config");
+              o.num_workers == 3 && o.seed == 99 && o.skip_bad_records == 1 && o.num_image == 4096 &&
+              o.rank == 2 && o.world_size == 4 && o.resize == 1,
+          "loader_opts_from_config");
     loader *l;
     rc = loader_open(&l, &o);
-    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "num_classes in 1..2^32, got 5000000000"), "C 5e9: %s", pf_errmsg());
+    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "num_classes in 1..2^32, got 5000000000"), "C 5e9: %s",
+          pf_errmsg());
     o.num_classes = 1000;
     rc = loader_open(&l, &o);
     CHECK(rc == 0 && loader_num_batches(l) == 4096 / (32 * 4), "synthetic from config: %s", pf_errmsg());
-    if (rc == 0) loader_close(l);
-    printf("config: rec, num_classes, batch_size, num_workers, seed, skip_bad_records, num_image, resize reach the loader\n");
+    if (rc == 0)
+        loader_close(l);
+    printf("config: rec, num_classes, batch_size, num_workers, seed, skip_bad_records, num_image, resize "
+           "reach the loader\n");
 }
 
 static void test_bad_options(void)
@@ -344,7 +391,8 @@ static void test_bad_options(void)
     loader_opts_default(&o);
     o.rec = "synthetic";
     int rc = loader_open(&l, &o);
-    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "num_classes in 1..2^32"), "synthetic without C: %s", pf_errmsg());
+    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "num_classes in 1..2^32"), "synthetic without C: %s",
+          pf_errmsg());
     o.num_classes = (INT64_C(1) << 32) + 1;
     rc = loader_open(&l, &o);
     CHECK(rc == -EINVAL, "synthetic C 2^32+1 accepted");
@@ -353,12 +401,15 @@ static void test_bad_options(void)
     o.batch_size = 200;
     o.world_size = 2;
     rc = loader_open(&l, &o);
-    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "398 images is less than one global batch (world_size 2 x batch_size 200)"),
+    CHECK(rc == -EINVAL &&
+              fx_contains(pf_errmsg(),
+                          "398 images is less than one global batch (world_size 2 x batch_size 200)"),
           "too small: %s", pf_errmsg());
     o.batch_size = 8;
     o.rank = 2;
     rc = loader_open(&l, &o);
-    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "rank 2 is outside world_size 2"), "rank: %s", pf_errmsg());
+    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "rank 2 is outside world_size 2"), "rank: %s",
+          pf_errmsg());
     o.rank = 0;
     o.rec = "";
     rc = loader_open(&l, &o);
@@ -373,13 +424,15 @@ static void test_bad_options(void)
         loader_next(l, &a);
         loader_next(l, &b);
         rc = loader_next(l, &c);
-        CHECK(rc == -EBUSY && fx_contains(pf_errmsg(), "loader_release"), "held batches: rc %d %s", rc, pf_errmsg());
+        CHECK(rc == -EBUSY && fx_contains(pf_errmsg(), "loader_release"), "held batches: rc %d %s", rc,
+              pf_errmsg());
         loader_release(l, a);
         rc = loader_next(l, &c);
         CHECK(rc == 1 && c->index == 2, "after release: rc %d", rc);
         loader_close(l);
     }
-    printf("bad options: synthetic without num_classes, C > 2^32, dataset < one global batch, rank >= world_size, "
+    printf("bad options: synthetic without num_classes, C > 2^32, dataset < one global batch, rank >= "
+           "world_size, "
            "no rec, too many held batches: refused\n");
 }
 
@@ -391,7 +444,10 @@ int main(void)
         printf("SKIP: ORL faces not found under PFCPS_SOURCE/data/orl\n");
         return 77;
     }
-    if (!fx_tmpdir(dir, sizeof dir)) { perror("mkdtemp"); return 1; }
+    if (!fx_tmpdir(dir, sizeof dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
     snprintf(prefix, sizeof prefix, "%s/orl/train", dir);
     pack_opts po;
     pack_opts_default(&po);

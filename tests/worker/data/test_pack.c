@@ -20,13 +20,15 @@
 static char dir[256];
 
 /* Mean |a - b| over a (h, w, 3) region of two RGB images with the given strides (pixels). */
-static double mad(const uint8_t *a, int aw, int ax, int ay, const uint8_t *b, int bw, int bx, int by, int w, int h)
+static double mad(const uint8_t *a, int aw, int ax, int ay, const uint8_t *b, int bw, int bx, int by, int w,
+                  int h)
 {
     double s = 0;
     for (int y = 0; y < h; y++)
         for (int x = 0; x < w; x++)
             for (int c = 0; c < 3; c++)
-                s += fabs((double)a[((size_t)(y + ay) * aw + x + ax) * 3 + c] - (double)b[((size_t)(y + by) * bw + x + bx) * 3 + c]);
+                s += fabs((double)a[((size_t)(y + ay) * aw + x + ax) * 3 + c] -
+                          (double)b[((size_t)(y + by) * bw + x + bx) * 3 + c]);
     return s / (3.0 * w * h);
 }
 
@@ -41,7 +43,8 @@ static uint8_t *orl_rgb(const char *orl, int id, int img, int *w, int *h)
 static uint8_t *slurp(const char *path, size_t *n)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    if (!f)
+        return NULL;
     uint8_t *b = malloc(1 << 20);
     *n = fread(b, 1, 1 << 20, f);
     fclose(f);
@@ -70,12 +73,14 @@ static int make_faces(const char *orl, char files[6][400])
     snprintf(files[5], 400, "%s/faces/id10/b.pgm", dir);
     int src[3][2] = {{1, 1}, {1, 2}, {2, 1}};
     for (int k = 0; k < 3; k++) {
-        if (!(j = fx_orl_jpeg(orl, src[k][0], src[k][1], 112, 112, 92, &n))) return -1;
+        if (!(j = fx_orl_jpeg(orl, src[k][0], src[k][1], 112, 112, 92, &n)))
+            return -1;
         fx_write(files[k], j, n);
         free(j);
     }
     /* PNG 112x112 of s2/2 (grey padded to 112 wide, RGB). */
-    if (!(j = fx_orl_jpeg(orl, 2, 2, 112, 112, 100, &n))) return -1;
+    if (!(j = fx_orl_jpeg(orl, 2, 2, 112, 112, 100, &n)))
+        return -1;
     int w, h;
     uint8_t *rgb = fx_decode(j, n, &w, &h);
     free(j);
@@ -87,14 +92,19 @@ static int make_faces(const char *orl, char files[6][400])
     im.format = PNG_FORMAT_RGB;
     int ok = png_image_write_to_file(&im, files[3], 0, rgb, 0, NULL);
     free(rgb);
-    if (!ok) { fprintf(stderr, "png write: %s\n", im.message); return -1; }
-    if (!(j = fx_orl_jpeg(orl, 3, 1, 92, 112, 95, &n))) return -1;
+    if (!ok) {
+        fprintf(stderr, "png write: %s\n", im.message);
+        return -1;
+    }
+    if (!(j = fx_orl_jpeg(orl, 3, 1, 92, 112, 95, &n)))
+        return -1;
     fx_write(files[4], j, n);
     free(j);
     char src_pgm[400];
     snprintf(src_pgm, sizeof src_pgm, "%s/s3/2.pgm", orl);
     uint8_t *pgm = slurp(src_pgm, &n);
-    if (!pgm) return -1;
+    if (!pgm)
+        return -1;
     fx_write(files[5], pgm, n);
     free(pgm);
     return 0;
@@ -103,7 +113,10 @@ static int make_faces(const char *orl, char files[6][400])
 static void test_roundtrip(const char *orl)
 {
     char files[6][400];
-    if (make_faces(orl, files) < 0) { CHECK(0, "could not make the face folder"); return; }
+    if (make_faces(orl, files) < 0) {
+        CHECK(0, "could not make the face folder");
+        return;
+    }
     char in[400], out[400];
     snprintf(in, sizeof in, "%s/faces", dir);
     snprintf(out, sizeof out, "%s/packed/train", dir);
@@ -116,14 +129,16 @@ static void test_roundtrip(const char *orl)
         int rc = pack_dir(in, out, &po, &st);
         CHECK(rc == 0 && st.images == 6 && st.classes == 3 && st.kept == 3 && st.converted == 3,
               "pack: rc %d (%s) images %" PRId64 " kept %" PRId64, rc, pf_errmsg(), st.images, st.kept);
-        if (rc < 0) return;
+        if (rc < 0)
+            return;
         rec_file *rf;
         rc = rec_open(&rf, out, 0, 0);
         CHECK(rc == 0, "open packed: %s", pf_errmsg());
-        if (rc < 0) return;
-        CHECK(rf->layout == REC_LAYOUT_INSIGHTFACE && rf->num_images == 6 && rf->num_classes == firsts[f] + 3 &&
-              rf->property_classes == firsts[f] + 3, "layout %d images %" PRId64 " classes %" PRId64, rf->layout,
-              rf->num_images, rf->num_classes);
+        if (rc < 0)
+            return;
+        CHECK(rf->layout == REC_LAYOUT_INSIGHTFACE && rf->num_images == 6 &&
+                  rf->num_classes == firsts[f] + 3 && rf->property_classes == firsts[f] + 3,
+              "layout %d images %" PRId64 " classes %" PRId64, rf->layout, rf->num_images, rf->num_classes);
         int64_t want_class[6] = {0, 0, 1, 1, 2, 2};
         rec_buf s = {0};
         int exact = 0, close = 0;
@@ -133,12 +148,13 @@ static void test_roundtrip(const char *orl)
             int64_t c = rf->images[i].class_id;
             CHECK(rc == 0 && c == firsts[f] + want_class[i], "image %d class %" PRId64 " want %" PRId64, i, c,
                   firsts[f] + want_class[i]);
-            CHECK(p.label == (float)(firsts[f] + want_class[i]), "image %d float label %.1f", i, (double)p.label);
+            CHECK(p.label == (float)(firsts[f] + want_class[i]), "image %d float label %.1f", i,
+                  (double)p.label);
             if (i < 3) {
                 size_t n;
                 uint8_t *orig = slurp(files[i], &n);
-                CHECK(orig && p.image_len == n && memcmp(orig, p.image, n) == 0, "image %d: bytes differ from %s", i,
-                      files[i]);
+                CHECK(orig && p.image_len == n && memcmp(orig, p.image, n) == 0,
+                      "image %d: bytes differ from %s", i, files[i]);
                 exact += orig && p.image_len == n && memcmp(orig, p.image, n) == 0;
                 free(orig);
                 continue;
@@ -146,7 +162,10 @@ static void test_roundtrip(const char *orl)
             int w, h;
             uint8_t *got = fx_decode(p.image, p.image_len, &w, &h);
             CHECK(got && w == 112 && h == 112, "image %d decodes to %dx%d", i, w, h);
-            if (!got || w != 112 || h != 112) { free(got); continue; }
+            if (!got || w != 112 || h != 112) {
+                free(got);
+                continue;
+            }
             double d_face, d_border = 0;
             if (i == 3) {
                 /* PNG: same pixels up to JPEG q95 loss. */
@@ -178,22 +197,32 @@ static void test_roundtrip(const char *orl)
                     src = orl_rgb(orl, 3, 2, &sw, &sh);
                 }
                 CHECK(src && sw == 92 && sh == 112, "source %d is %dx%d", i, sw, sh);
-                if (!src) { free(got); continue; }
+                if (!src) {
+                    free(got);
+                    continue;
+                }
                 d_face = mad(got, 112, 10, 0, src, 92, 0, 0, 92, 112);
                 for (int y = 0; y < 112; y++)
                     for (int x = 0; x < 112; x++)
                         if (x < 8 || x >= 104)
-                            for (int c = 0; c < 3; c++) d_border += got[((size_t)y * 112 + x) * 3 + c];
+                            for (int c = 0; c < 3; c++)
+                                d_border += got[((size_t)y * 112 + x) * 3 + c];
                 d_border /= 112.0 * 16 * 3;
-                if (i == 4) free(src);
-                else tjFree(src);
+                if (i == 4)
+                    free(src);
+                else
+                    tjFree(src);
             }
-            CHECK(d_face < 3.0 && d_border < 3.0, "image %d: mean |diff| face %.2f border %.2f", i, d_face, d_border);
+            CHECK(d_face < 3.0 && d_border < 3.0, "image %d: mean |diff| face %.2f border %.2f", i, d_face,
+                  d_border);
             close += d_face < 3.0 && d_border < 3.0;
-            if (f == 0) printf("converted image %d: mean |decoded - source| %.3f, border mean %.3f (want < 3)\n", i, d_face, d_border);
+            if (f == 0)
+                printf("converted image %d: mean |decoded - source| %.3f, border mean %.3f (want < 3)\n", i,
+                       d_face, d_border);
             free(got);
         }
-        printf("first_class %" PRId64 ": 6 images, classes %" PRId64 "..%" PRId64 " exact, %d/3 JPEGs byte-identical, %d/3 converted match\n",
+        printf("first_class %" PRId64 ": 6 images, classes %" PRId64 "..%" PRId64
+               " exact, %d/3 JPEGs byte-identical, %d/3 converted match\n",
                firsts[f], rf->min_class, rf->max_class, exact, close);
         rec_buf_free(&s);
         rec_close(rf);
@@ -208,49 +237,58 @@ static void test_orl(const char *orl)
     pack_opts_default(&po);
     pack_stats st;
     int rc = pack_dir(orl, out, &po, &st);
-    CHECK(rc == 0 && st.images == 398 && st.classes == 40, "ORL pack: rc %d %s images %" PRId64 " classes %" PRId64,
-          rc, pf_errmsg(), st.images, st.classes);
+    CHECK(rc == 0 && st.images == 398 && st.classes == 40,
+          "ORL pack: rc %d %s images %" PRId64 " classes %" PRId64, rc, pf_errmsg(), st.images, st.classes);
     rec_file *rf;
     rc = rec_open(&rf, out, 0, 0);
     CHECK(rc == 0, "open ORL pack: %s", pf_errmsg());
-    if (rc < 0) return;
+    if (rc < 0)
+        return;
     /* `rec` may name the folder: <dir>/train is opened. */
     char folder[400];
     snprintf(folder, sizeof folder, "%s/orl", dir);
     rec_file *rf2;
     int rc2 = rec_open(&rf2, folder, 0, 0);
     CHECK(rc2 == 0 && rf2->num_images == 398, "open by folder: %s", pf_errmsg());
-    if (rc2 == 0) rec_close(rf2);
+    if (rc2 == 0)
+        rec_close(rf2);
     int count[40] = {0}, sized = 0, grey = 0;
     rec_buf s = {0};
     tjhandle tj = tjInitDecompress();
     uint8_t *rgb = malloc(112 * 112 * 3);
     for (int64_t i = 0; i < rf->num_images; i++) {
         rec_payload p;
-        if (rec_get(rf, i, &s, &p) < 0) continue;
+        if (rec_get(rf, i, &s, &p) < 0)
+            continue;
         int64_t c = rf->images[i].class_id;
-        if (c >= 0 && c < 40) count[c]++;
+        if (c >= 0 && c < 40)
+            count[c]++;
         int w = 0, h = 0, ss, cs;
-        if (tjDecompressHeader3(tj, p.image, (unsigned long)p.image_len, &w, &h, &ss, &cs) == 0 && w == 112 && h == 112 &&
+        if (tjDecompressHeader3(tj, p.image, (unsigned long)p.image_len, &w, &h, &ss, &cs) == 0 && w == 112 &&
+            h == 112 &&
             tjDecompress2(tj, p.image, (unsigned long)p.image_len, rgb, 112, 0, 112, TJPF_RGB, 0) == 0) {
             sized++;
             int maxd = 0;
             for (int k = 0; k < 112 * 112; k++) {
                 int d1 = abs(rgb[3 * k] - rgb[3 * k + 1]), d2 = abs(rgb[3 * k] - rgb[3 * k + 2]);
-                if (d1 > maxd) maxd = d1;
-                if (d2 > maxd) maxd = d2;
+                if (d1 > maxd)
+                    maxd = d1;
+                if (d2 > maxd)
+                    maxd = d2;
             }
             grey += maxd <= 2;
         }
     }
     /* s8/10.pgm and s9/8.pgm are missing from the repository copy: classes 7 and 8 have 9 images. */
     int counts_ok = 1;
-    for (int c = 0; c < 40; c++) counts_ok &= count[c] == (c == 7 || c == 8 ? 9 : 10);
+    for (int c = 0; c < 40; c++)
+        counts_ok &= count[c] == (c == 7 || c == 8 ? 9 : 10);
     CHECK(rf->num_images == 398 && rf->num_classes == 40 && rf->min_class == 0 && rf->max_class == 39,
           "ORL: %" PRId64 " images %" PRId64 " classes", rf->num_images, rf->num_classes);
     CHECK(counts_ok, "per-class counts (s1 -> class 0 ... s40 -> class 39; s8, s9 have 9)");
     CHECK(sized == 398 && grey == 398, "ORL: %d of 398 decode to 112x112 RGB, %d grey", sized, grey);
-    printf("ORL pack: %" PRId64 " records, %" PRId64 " classes, %d decode to 112x112 RGB (R=G=B within 2: %d)\n",
+    printf("ORL pack: %" PRId64 " records, %" PRId64
+           " classes, %d decode to 112x112 RGB (R=G=B within 2: %d)\n",
            rf->num_images, rf->num_classes, sized, grey);
     free(rgb);
     tjDestroy(tj);
@@ -261,11 +299,13 @@ static void test_orl(const char *orl)
     snprintf(out, sizeof out, "%s/orl30/train", dir);
     po.max_identities = 30;
     rc = pack_dir(orl, out, &po, &st);
-    CHECK(rc == 0 && st.images == 298 && st.classes == 30, "ORL s1..s30: rc %d images %" PRId64 " classes %" PRId64, rc,
-          st.images, st.classes);
+    CHECK(rc == 0 && st.images == 298 && st.classes == 30,
+          "ORL s1..s30: rc %d images %" PRId64 " classes %" PRId64, rc, st.images, st.classes);
     if (rec_open(&rf, out, 0, 0) == 0) {
-        CHECK(rf->num_images == 298 && rf->num_classes == 30 && rf->max_class == 29, "s1..s30 pack reads %" PRId64, rf->num_images);
-        printf("ORL s1..s30 (--identities 30): %" PRId64 " records, %" PRId64 " classes\n", rf->num_images, rf->num_classes);
+        CHECK(rf->num_images == 298 && rf->num_classes == 30 && rf->max_class == 29,
+              "s1..s30 pack reads %" PRId64, rf->num_images);
+        printf("ORL s1..s30 (--identities 30): %" PRId64 " records, %" PRId64 " classes\n", rf->num_images,
+               rf->num_classes);
         rec_close(rf);
     }
 }
@@ -298,7 +338,8 @@ static void test_failed_pack_keeps_old(void)
     pack_opts_default(&po);
     pack_stats st;
     int rc = pack_dir(in, out, &po, &st);
-    CHECK(rc == 0 && st.images == 6, "first pack: rc %d (%s), %" PRId64 " images", rc, pf_errmsg(), st.images);
+    CHECK(rc == 0 && st.images == 6, "first pack: rc %d (%s), %" PRId64 " images", rc, pf_errmsg(),
+          st.images);
     size_t nrec0 = 0, nidx0 = 0, nrec1 = 0, nidx1 = 0;
     snprintf(p, sizeof p, "%s.rec", out);
     uint8_t *rec0 = slurp(p, &nrec0);
@@ -307,20 +348,26 @@ static void test_failed_pack_keeps_old(void)
     snprintf(bad, sizeof bad, "%s/faces/id10/zz.jpg", dir); /* after a.jpg, b.pgm: the pack's last image */
     fx_write(bad, (const uint8_t *)"not a jpeg", 10);
     rc = pack_dir(in, out, &po, &st);
-    CHECK(rc == -EPROTO && strstr(pf_errmsg(), "zz.jpg"), "pack with an undecodable image: rc %d (%s)", rc, pf_errmsg());
+    CHECK(rc == -EPROTO && strstr(pf_errmsg(), "zz.jpg"), "pack with an undecodable image: rc %d (%s)", rc,
+          pf_errmsg());
     snprintf(p, sizeof p, "%s.rec", out);
     uint8_t *rec1 = slurp(p, &nrec1);
     snprintf(p, sizeof p, "%s.idx", out);
     uint8_t *idx1 = slurp(p, &nidx1);
-    CHECK(rec0 && rec1 && nrec1 == nrec0 && !memcmp(rec0, rec1, nrec0), "train.rec changed: %zu -> %zu bytes", nrec0, nrec1);
-    CHECK(idx0 && idx1 && nidx1 == nidx0 && !memcmp(idx0, idx1, nidx0), "train.idx changed: %zu -> %zu bytes", nidx0, nidx1);
+    CHECK(rec0 && rec1 && nrec1 == nrec0 && !memcmp(rec0, rec1, nrec0), "train.rec changed: %zu -> %zu bytes",
+          nrec0, nrec1);
+    CHECK(idx0 && idx1 && nidx1 == nidx0 && !memcmp(idx0, idx1, nidx0), "train.idx changed: %zu -> %zu bytes",
+          nidx0, nidx1);
     struct stat sb;
     snprintf(p, sizeof p, "%s.partial.rec", out);
     CHECK(stat(p, &sb) != 0, "%s left behind", p);
     snprintf(p, sizeof p, "%s.partial.idx", out);
     CHECK(stat(p, &sb) != 0, "%s left behind", p);
     unlink(bad);
-    free(rec0); free(idx0); free(rec1); free(idx1);
+    free(rec0);
+    free(idx0);
+    free(rec1);
+    free(idx1);
 }
 
 /* num_classes larger than the pack's property file (a typo in the config): the pack opens (labels are in
@@ -335,16 +382,21 @@ static void test_num_classes_vs_property(void)
     int rc = rec_open(&rf, prefix, 10, 0);
     CHECK(rc == 0 && rf && rf->num_classes == 10 && rf->property_classes == 3, "open with num_classes 10: %s",
           pf_errmsg());
-    if (rc == 0) rec_close(rf);
+    if (rc == 0)
+        rec_close(rf);
     rc = rec_open(&rf, prefix, 3, 0); /* equal: no warning */
-    if (rc == 0) rec_close(rf);
+    if (rc == 0)
+        rec_close(rf);
     log_close_file();
     size_t n = 0;
     char *text = (char *)slurp(logp, &n);
-    if (text) text[n < (1 << 20) ? n : n - 1] = 0;
+    if (text)
+        text[n < (1 << 20) ? n : n - 1] = 0;
     CHECK(text && strstr(text, "num_classes 10 is more than the 3 classes") &&
-          strstr(text, "class centers 3..9 get no images"), "no num_classes warning: %s", text ? text : "(no log)");
-    CHECK(text && !strstr(text, "num_classes 3 is"), "warning for num_classes equal to the property: %s", text);
+              strstr(text, "class centers 3..9 get no images"),
+          "no num_classes warning: %s", text ? text : "(no log)");
+    CHECK(text && !strstr(text, "num_classes 3 is"), "warning for num_classes equal to the property: %s",
+          text);
     free(text);
 }
 
@@ -352,10 +404,15 @@ static void test_num_classes_vs_property(void)
 static void test_cli(const char *orl)
 {
     const char *build = getenv("PFCPS_BUILD");
-    if (!build) { printf("PFCPS_BUILD not set: CLI not tested\n"); return; }
+    if (!build) {
+        printf("PFCPS_BUILD not set: CLI not tested\n");
+        return;
+    }
     char cmd[1200], line[512];
-    snprintf(cmd, sizeof cmd, "'%s/tools/pfcps' pack --quiet '%s' '%s/cli/train' >/dev/null 2>&1 && "
-             "'%s/tools/pfcps' rec-info '%s/cli/train'", build, orl, dir, build, dir);
+    snprintf(cmd, sizeof cmd,
+             "'%s/tools/pfcps' pack --quiet '%s' '%s/cli/train' >/dev/null 2>&1 && "
+             "'%s/tools/pfcps' rec-info '%s/cli/train'",
+             build, orl, dir, build, dir);
     FILE *f = popen(cmd, "r");
     int seen = 0;
     while (f && fgets(line, sizeof line, f)) {
@@ -370,7 +427,8 @@ static void test_cli(const char *orl)
     snprintf(cmd, sizeof cmd, "'%s/tools/pfcps' rec-info '%s/nonexistent' 2>&1", build, dir);
     f = popen(cmd, "r");
     int named = 0;
-    while (f && fgets(line, sizeof line, f)) named += strstr(line, "nonexistent.idx: cannot open index") != NULL;
+    while (f && fgets(line, sizeof line, f))
+        named += strstr(line, "nonexistent.idx: cannot open index") != NULL;
     st = f ? pclose(f) : -1;
     CHECK(st != 0 && named, "rec-info of a missing pack: status %d", st);
 }
@@ -383,7 +441,10 @@ int main(void)
         printf("SKIP: ORL faces not found under PFCPS_SOURCE/data/orl\n");
         return 77;
     }
-    if (!fx_tmpdir(dir, sizeof dir)) { perror("mkdtemp"); return 1; }
+    if (!fx_tmpdir(dir, sizeof dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
     test_roundtrip(orl);
     test_orl(orl);
     test_first_class_limit();

@@ -22,10 +22,13 @@ typedef void (*damage_fn)(fx_bytes *b, size_t off[4], char *idx_extra);
 static size_t build(const char *name, damage_fn damage, const float labels[4], size_t off[4])
 {
     fx_bytes *b = calloc(1, sizeof *b);
-    for (int k = 0; k < 4; k++) off[k] = fx_record0(b, labels ? labels[k] : (float)k, (uint64_t)k, 0, IMG, sizeof IMG);
+    for (int k = 0; k < 4; k++)
+        off[k] = fx_record0(b, labels ? labels[k] : (float)k, (uint64_t)k, 0, IMG, sizeof IMG);
     char idx[512] = "", extra[128] = "";
-    if (damage) damage(b, off, extra);
-    for (int k = 0; k < 4; k++) snprintf(idx + strlen(idx), sizeof idx - strlen(idx), "%d\t%zu\n", k, off[k]);
+    if (damage)
+        damage(b, off, extra);
+    for (int k = 0; k < 4; k++)
+        snprintf(idx + strlen(idx), sizeof idx - strlen(idx), "%d\t%zu\n", k, off[k]);
     strcat(idx, extra);
     char p[400];
     snprintf(p, sizeof p, "%s/%s.rec", dir, name);
@@ -39,7 +42,8 @@ static size_t build(const char *name, damage_fn damage, const float labels[4], s
 
 /* Opens `name`: without skipping it must fail with a message containing each of `want` (NULL-ended);
  * with skip_bad_records it must open with `images` images and `skipped` skipped. */
-static void expect(const char *name, int64_t num_classes, const char *const *want, int64_t images, int64_t skipped)
+static void expect(const char *name, int64_t num_classes, const char *const *want, int64_t images,
+                   int64_t skipped)
 {
     char prefix[300];
     snprintf(prefix, sizeof prefix, "%s/%s", dir, name);
@@ -48,32 +52,73 @@ static void expect(const char *name, int64_t num_classes, const char *const *wan
     char msg[PF_ERRMSG_MAX];
     snprintf(msg, sizeof msg, "%s", pf_errmsg());
     CHECK(rc < 0, "%s: open succeeded", name);
-    if (rc == 0) rec_close(rf);
-    for (const char *const *w = want; *w; w++) CHECK(fx_contains(msg, *w), "%s: message lacks \"%s\": %s", name, *w, msg);
+    if (rc == 0)
+        rec_close(rf);
+    for (const char *const *w = want; *w; w++)
+        CHECK(fx_contains(msg, *w), "%s: message lacks \"%s\": %s", name, *w, msg);
     printf("%-14s error: %s\n", name, msg);
     rc = rec_open(&rf, prefix, num_classes, 1);
     if (images < 0) {
         CHECK(rc < 0, "%s: skip_bad_records must not hide damage to the whole file", name);
-        if (rc == 0) rec_close(rf);
+        if (rc == 0)
+            rec_close(rf);
         return;
     }
     CHECK(rc == 0, "%s: open with skip_bad_records: %s", name, pf_errmsg());
-    if (rc < 0) return;
-    CHECK(rf->num_images == images && rf->skipped == skipped, "%s: %" PRId64 " images %" PRId64 " skipped, want %" PRId64
-          " and %" PRId64, name, rf->num_images, rf->skipped, images, skipped);
-    printf("%-14s skip_bad_records: %" PRId64 " images, %" PRId64 " skipped\n", name, rf->num_images, rf->skipped);
+    if (rc < 0)
+        return;
+    CHECK(rf->num_images == images && rf->skipped == skipped,
+          "%s: %" PRId64 " images %" PRId64 " skipped, want %" PRId64 " and %" PRId64, name, rf->num_images,
+          rf->skipped, images, skipped);
+    printf("%-14s skip_bad_records: %" PRId64 " images, %" PRId64 " skipped\n", name, rf->num_images,
+           rf->skipped);
     rec_close(rf);
 }
 
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
 
-static void d_truncate(fx_bytes *b, size_t off[4], char *x) { (void)x; b->n = off[3] + 8 + 10; }
-static void d_magic(fx_bytes *b, size_t off[4], char *x) { (void)x; put32(b->d + off[1], 0xDEADBEEF); }
-static void d_length(fx_bytes *b, size_t off[4], char *x) { (void)x; put32(b->d + off[2] + 4, 0x1000000); }
-static void d_idx_past(fx_bytes *b, size_t off[4], char *x) { (void)b; (void)x; off[2] = 99999; }
-static void d_idx_mid(fx_bytes *b, size_t off[4], char *x) { (void)b; (void)x; off[1] += 4; }
-static void d_idx_text(fx_bytes *b, size_t off[4], char *x) { (void)b; (void)off; strcpy(x, "7\tbogus\n"); }
-static void d_two(fx_bytes *b, size_t off[4], char *x) { d_magic(b, off, x); put32(b->d + off[3] + 12, 0x7FC00000u); }
+static void d_truncate(fx_bytes *b, size_t off[4], char *x)
+{
+    (void)x;
+    b->n = off[3] + 8 + 10;
+}
+static void d_magic(fx_bytes *b, size_t off[4], char *x)
+{
+    (void)x;
+    put32(b->d + off[1], 0xDEADBEEF);
+}
+static void d_length(fx_bytes *b, size_t off[4], char *x)
+{
+    (void)x;
+    put32(b->d + off[2] + 4, 0x1000000);
+}
+static void d_idx_past(fx_bytes *b, size_t off[4], char *x)
+{
+    (void)b;
+    (void)x;
+    off[2] = 99999;
+}
+static void d_idx_mid(fx_bytes *b, size_t off[4], char *x)
+{
+    (void)b;
+    (void)x;
+    off[1] += 4;
+}
+static void d_idx_text(fx_bytes *b, size_t off[4], char *x)
+{
+    (void)b;
+    (void)off;
+    strcpy(x, "7\tbogus\n");
+}
+static void d_two(fx_bytes *b, size_t off[4], char *x)
+{
+    d_magic(b, off, x);
+    put32(b->d + off[3] + 12, 0x7FC00000u);
+}
 
 static void test_structural(void)
 {
@@ -91,13 +136,16 @@ static void test_structural(void)
     snprintf(s[1], 64, "chunk length 16777216 at byte %zu runs past end", off[2]);
     expect("length", 0, (const char *[]){"length.rec", s[0], s[1], NULL}, 3, 1);
     build("idx_past", d_idx_past, NULL, off);
-    expect("idx_past", 0, (const char *[]){"idx_past.rec", "key 2 at byte 99999", "truncated chunk header at byte 99999", NULL},
-           3, 1);
+    expect(
+        "idx_past", 0,
+        (const char *[]){"idx_past.rec", "key 2 at byte 99999", "truncated chunk header at byte 99999", NULL},
+        3, 1);
     build("idx_mid", d_idx_mid, NULL, off);
     snprintf(s[0], 64, "key 1 at byte %zu", off[1]);
     expect("idx_mid", 0, (const char *[]){"idx_mid.rec", s[0], "bad magic", NULL}, 3, 1);
     build("idx_text", d_idx_text, NULL, off);
-    expect("idx_text", 0, (const char *[]){"idx_text.idx", "line 5", "key 7", "bad byte offset", NULL}, -1, 0);
+    expect("idx_text", 0, (const char *[]){"idx_text.idx", "line 5", "key 7", "bad byte offset", NULL}, -1,
+           0);
     build("two_bad", d_two, NULL, off);
     snprintf(s[0], 64, "key 1 at byte %zu", off[1]);
     expect("two_bad", 0, (const char *[]){"two_bad.rec", s[0], NULL}, 2, 2);
@@ -151,9 +199,15 @@ static void test_decode(const char *orl)
         size_t n;
         int sz = k == 3 ? 100 : 112;
         uint8_t *j = fx_orl_jpeg(orl, k + 1, 1, sz, sz, 90, &n);
-        if (!j) { fx_failures++; return; }
-        if (k == 2) n = n / 2;                                  /* premature end of data */
-        if (k == 4) for (size_t i = 20; i < n; i++) j[i] = (uint8_t)(i * 37);  /* garbage markers */
+        if (!j) {
+            fx_failures++;
+            return;
+        }
+        if (k == 2)
+            n = n / 2; /* premature end of data */
+        if (k == 4)
+            for (size_t i = 20; i < n; i++)
+                j[i] = (uint8_t)(i * 37); /* garbage markers */
         off[k] = fx_record0(b, (float)k, (uint64_t)k, 0, j, n);
         snprintf(idx + strlen(idx), sizeof idx - strlen(idx), "%d\t%zu\n", k, off[k]);
         free(j);
@@ -175,14 +229,16 @@ static void test_decode(const char *orl)
     loader *l;
     int rc = loader_open(&l, &o);
     CHECK(rc == 0, "loader_open: %s", pf_errmsg());
-    if (rc < 0) return;
+    if (rc < 0)
+        return;
     loader_batch *bt;
     loader_start_epoch(l, 0);
     rc = loader_next(l, &bt);
     char s[64];
     snprintf(s, 64, "key 2 at byte %zu", off[2]);
     CHECK(rc < 0 && fx_contains(pf_errmsg(), "jpeg.rec") && fx_contains(pf_errmsg(), s) &&
-          fx_contains(pf_errmsg(), "JPEG"), "corrupt JPEG: rc %d %s", rc, pf_errmsg());
+              fx_contains(pf_errmsg(), "JPEG"),
+          "corrupt JPEG: rc %d %s", rc, pf_errmsg());
     printf("corrupt JPEG   error: %s\n", pf_errmsg());
     loader_close(l);
 
@@ -197,7 +253,8 @@ static void test_decode(const char *orl)
         o.num_workers = nw;
         rc = loader_open(&l, &o);
         CHECK(rc == 0, "loader_open skip: %s", pf_errmsg());
-        if (rc < 0) return;
+        if (rc < 0)
+            return;
         loader_start_epoch(l, 0);
         int64_t peek[6];
         int hp = loader_peek_labels(l, peek);
@@ -208,20 +265,23 @@ static void test_decode(const char *orl)
             const size_t fl = 3 * 112 * 112;
             for (int i = 0; i < 6; i++) {
                 CHECK(bt->labels[i] == want[i] && peek[i] == want[i] && bt->keys[i] == wkey[i],
-                      "sample %d label %" PRId64 " peeked %" PRId64 " key %" PRId64 " want %" PRId64, i, bt->labels[i],
-                      peek[i], bt->keys[i], want[i]);
+                      "sample %d label %" PRId64 " peeked %" PRId64 " key %" PRId64 " want %" PRId64, i,
+                      bt->labels[i], peek[i], bt->keys[i], want[i]);
                 double sum = 0;
-                for (size_t k = 0; k < fl; k++) sum += fabs(bt->images[(size_t)i * fl + k]);
+                for (size_t k = 0; k < fl; k++)
+                    sum += fabs(bt->images[(size_t)i * fl + k]);
                 CHECK(sum > 0, "sample %d: image is all zero", i);
             }
             CHECK(!memcmp(bt->images + 2 * fl, bt->images + 3 * fl, fl * sizeof(float)) &&
-                  !memcmp(bt->images + 4 * fl, bt->images + 5 * fl, fl * sizeof(float)),
+                      !memcmp(bt->images + 4 * fl, bt->images + 5 * fl, fl * sizeof(float)),
                   "substituted samples 2 and 4 are not the images of records 3 and 5");
             loader_release(l, bt);
         }
         CHECK(loader_skipped(l) == 2, "skipped %" PRId64 " want 2", loader_skipped(l));
-        printf("corrupt JPEG   skip_bad_records (num_workers %d): records 2 and 4 replaced by 3 and 5 with their labels, "
-               "%" PRId64 " skipped\n", nw, loader_skipped(l));
+        printf("corrupt JPEG   skip_bad_records (num_workers %d): records 2 and 4 replaced by 3 and 5 with "
+               "their labels, "
+               "%" PRId64 " skipped\n",
+               nw, loader_skipped(l));
         loader_close(l);
     }
     o.num_workers = 1;
@@ -230,7 +290,8 @@ static void test_decode(const char *orl)
      * the peek (labels are published only for decoded batches) and from loader_next. */
     {
         fx_bytes *g = calloc(1, sizeof *g);
-        static const uint8_t junk[] = {0xff, 0xd8, 0xff, 0xe0, 'n', 'o', 't', ' ', 'a', ' ', 'J', 'P', 'E', 'G'};
+        static const uint8_t junk[] = {0xff, 0xd8, 0xff, 0xe0, 'n', 'o', 't',
+                                       ' ',  'a',  ' ',  'J',  'P', 'E', 'G'};
         char gidx[256] = "", gp[400], gprefix[300];
         for (int k = 0; k < 3; k++) {
             size_t go = fx_record0(g, (float)k, (uint64_t)k, 0, junk, sizeof junk);
@@ -254,12 +315,13 @@ static void test_decode(const char *orl)
             loader_start_epoch(l, 0);
             int64_t pk[3];
             rc = loader_peek_labels(l, pk);
-            CHECK(rc < 0 && fx_contains(pf_errmsg(), "17 consecutive records") && fx_contains(pf_errmsg(), "junk.rec"),
+            CHECK(rc < 0 && fx_contains(pf_errmsg(), "17 consecutive records") &&
+                      fx_contains(pf_errmsg(), "junk.rec"),
                   "nothing decodes: peek rc %d: %s", rc, pf_errmsg());
             printf("nothing decodes: %s\n", pf_errmsg());
             rc = loader_next(l, &bt);
-            CHECK(rc < 0 && fx_contains(pf_errmsg(), "17 consecutive records"), "nothing decodes: next rc %d: %s", rc,
-                  pf_errmsg());
+            CHECK(rc < 0 && fx_contains(pf_errmsg(), "17 consecutive records"),
+                  "nothing decodes: next rc %d: %s", rc, pf_errmsg());
             loader_close(l);
         }
     }
@@ -281,7 +343,8 @@ static void test_decode(const char *orl)
         }
         int st = f ? pclose(f) : -1;
         CHECK(st != 0 && seen == 4, "pfcps rec-info --decode: status %d, %d of 4 expected lines", st, seen);
-        printf("rec-info --decode: 2 corrupt and 1 wrong-size image reported with key and offset, exit status %d\n",
+        printf("rec-info --decode: 2 corrupt and 1 wrong-size image reported with key and offset, exit "
+               "status %d\n",
                WEXITSTATUS(st));
     } else {
         printf("PFCPS_BUILD not set: pfcps rec-info --decode not tested\n");
@@ -300,7 +363,8 @@ static void test_decode(const char *orl)
         loader_start_epoch(l, 0);
         rc = loader_next(l, &bt);
         snprintf(s, 64, "key 3 at byte %zu", off[3]);
-        CHECK(rc < 0 && fx_contains(pf_errmsg(), s) && fx_contains(pf_errmsg(), "image is 100x100, expected 112x112"),
+        CHECK(rc < 0 && fx_contains(pf_errmsg(), s) &&
+                  fx_contains(pf_errmsg(), "image is 100x100, expected 112x112"),
               "wrong size: %s", pf_errmsg());
         printf("wrong size     error: %s\n", pf_errmsg());
         loader_close(l);
@@ -311,7 +375,7 @@ static void test_empty_identity(const char *orl)
 {
     char img[300], sub[300];
     snprintf(sub, sizeof sub, "%s/faces/a", dir);
-    mkdir(sub, 0755);   /* parent first */
+    mkdir(sub, 0755); /* parent first */
     snprintf(sub, sizeof sub, "%s/faces", dir);
     mkdir(sub, 0755);
     snprintf(sub, sizeof sub, "%s/faces/a", dir);
@@ -321,7 +385,8 @@ static void test_empty_identity(const char *orl)
     size_t n;
     uint8_t *j = fx_orl_jpeg(orl, 1, 1, 112, 112, 90, &n);
     snprintf(img, sizeof img, "%s/faces/a/1.jpg", dir);
-    if (j) fx_write(img, j, n);
+    if (j)
+        fx_write(img, j, n);
     free(j);
     pack_opts po;
     pack_opts_default(&po);
@@ -330,8 +395,8 @@ static void test_empty_identity(const char *orl)
     snprintf(in, sizeof in, "%s/faces", dir);
     snprintf(out, sizeof out, "%s/packed/train", dir);
     int rc = pack_dir(in, out, &po, &st);
-    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "faces/b: identity folder has no images"), "empty folder: %s",
-          pf_errmsg());
+    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "faces/b: identity folder has no images"),
+          "empty folder: %s", pf_errmsg());
     printf("empty identity error: %s\n", pf_errmsg());
     /* A corrupt JPEG in a folder names the file. */
     snprintf(img, sizeof img, "%s/faces/b/x.jpg", dir);
@@ -343,7 +408,10 @@ static void test_empty_identity(const char *orl)
 
 int main(void)
 {
-    if (!fx_tmpdir(dir, sizeof dir)) { perror("mkdtemp"); return 1; }
+    if (!fx_tmpdir(dir, sizeof dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
     test_structural();
     test_labels();
     test_header();

@@ -10,13 +10,16 @@
 
 #include <inttypes.h>
 
-static const uint8_t IMG_A[] = {0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3, 4, 5};          /* 9 bytes: needs padding */
-static const uint8_t IMG_B[] = {0xFF, 0xD8, 0xFF, 0xDB, 9, 8, 7, 6};             /* 8 bytes */
+static const uint8_t IMG_A[] = {0xFF, 0xD8, 0xFF, 0xE0, 1, 2, 3, 4, 5};           /* 9 bytes: needs padding */
+static const uint8_t IMG_B[] = {0xFF, 0xD8, 0xFF, 0xDB, 9, 8, 7, 6};              /* 8 bytes */
 static const uint8_t IMG_C[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 42}; /* PNG signature */
 
 static char dir[256];
 
-static void path_of(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", dir, name); }
+static void path_of(char *buf, size_t n, const char *name)
+{
+    snprintf(buf, n, "%s/%s", dir, name);
+}
 
 /* Single records parsed from memory: flag 0 and flag 2. */
 static void test_single_records(void)
@@ -25,7 +28,7 @@ static void test_single_records(void)
     size_t o0 = fx_record0(&b, 7.0f, 11, 0, IMG_A, sizeof IMG_A);
     float two[2] = {5.0f, 123.5f};
     size_t o2 = fx_record_labels(&b, two, 2, 12, 0, IMG_B, sizeof IMG_B);
-    CHECK(o0 == 0 && o2 == 8 + 24 + 12, "offsets %zu %zu", o0, o2);  /* 24 + 9 = 33 -> padded to 36 */
+    CHECK(o0 == 0 && o2 == 8 + 24 + 12, "offsets %zu %zu", o0, o2); /* 24 + 9 = 33 -> padded to 36 */
     rec_buf scratch = {0};
     const uint8_t *d;
     size_t n;
@@ -33,12 +36,14 @@ static void test_single_records(void)
     rec_payload p;
     int64_t c;
     int rc = rec_read_record(b.d, b.n, o0, &scratch, &d, &n, &next);
-    CHECK(rc == 0 && n == 24 + sizeof IMG_A && next == o2, "flag-0 record: rc %d len %zu next %" PRIu64, rc, n, next);
+    CHECK(rc == 0 && n == 24 + sizeof IMG_A && next == o2, "flag-0 record: rc %d len %zu next %" PRIu64, rc,
+          n, next);
     rc = rec_parse_payload(d, n, &p);
     CHECK(rc == 0 && p.flag == 0 && p.label == 7.0f && p.id == 11 && p.id2 == 0, "flag-0 header");
     CHECK(p.image_len == sizeof IMG_A && memcmp(p.image, IMG_A, sizeof IMG_A) == 0, "flag-0 image bytes");
     CHECK(rec_class_of(&p, 0, &c) == 0 && c == 7, "flag-0 class %" PRId64, c);
-    printf("flag-0 record: label %.1f class %" PRId64 ", %zu image bytes match\n", (double)p.label, c, p.image_len);
+    printf("flag-0 record: label %.1f class %" PRId64 ", %zu image bytes match\n", (double)p.label, c,
+           p.image_len);
 
     rc = rec_read_record(b.d, b.n, o2, &scratch, &d, &n, &next);
     CHECK(rc == 0 && n == 24 + 8 + sizeof IMG_B && next == b.n, "flag-2 record rc %d len %zu", rc, n);
@@ -57,18 +62,24 @@ static uint8_t MC_PAYLOAD[42];
 static size_t multichunk_bytes(fx_bytes *b)
 {
     fx_bytes p = {.n = 0};
-    fx_u32(&p, 0);          /* flag */
-    fx_f32(&p, 3.0f);       /* label */
-    fx_u64(&p, 9);          /* id */
-    fx_u64(&p, 0);          /* id2 */
-    const uint8_t img[18] = {0xFF, 0xD8, 0xFF, 0xE0, 0x0A, 0x23, 0xD7, 0xCE, 0x11, 0x22, 0x33, 0x44,
-                             0x0A, 0x23, 0xD7, 0xCE, 0x55, 0x66};
+    fx_u32(&p, 0);    /* flag */
+    fx_f32(&p, 3.0f); /* label */
+    fx_u64(&p, 9);    /* id */
+    fx_u64(&p, 0);    /* id2 */
+    const uint8_t img[18] = {0xFF, 0xD8, 0xFF, 0xE0, 0x0A, 0x23, 0xD7, 0xCE, 0x11,
+                             0x22, 0x33, 0x44, 0x0A, 0x23, 0xD7, 0xCE, 0x55, 0x66};
     fx_raw(&p, img, sizeof img);
     memcpy(MC_PAYLOAD, p.d, 42);
     size_t off = b->n;
-    fx_u32(b, 0xCED7230Au); fx_u32(b, 1u << 29 | 28); fx_raw(b, p.d, 28);          /* first: [0, 28) */
-    fx_u32(b, 0xCED7230Au); fx_u32(b, 2u << 29 | 4);  fx_raw(b, p.d + 32, 4);      /* middle: [32, 36) */
-    fx_u32(b, 0xCED7230Au); fx_u32(b, 3u << 29 | 2);  fx_raw(b, p.d + 40, 2);      /* last: [40, 42) */
+    fx_u32(b, 0xCED7230Au);
+    fx_u32(b, 1u << 29 | 28);
+    fx_raw(b, p.d, 28); /* first: [0, 28) */
+    fx_u32(b, 0xCED7230Au);
+    fx_u32(b, 2u << 29 | 4);
+    fx_raw(b, p.d + 32, 4); /* middle: [32, 36) */
+    fx_u32(b, 0xCED7230Au);
+    fx_u32(b, 3u << 29 | 2);
+    fx_raw(b, p.d + 40, 2); /* last: [40, 42) */
     fx_pad4(b);
     return off;
 }
@@ -102,15 +113,20 @@ static void test_multichunk(void)
     FILE *f = fopen(rp, "rb");
     uint8_t got[256];
     size_t gn = f ? fread(got, 1, sizeof got, f) : 0;
-    if (f) fclose(f);
-    CHECK(gn == b.n && memcmp(got, b.d, b.n) == 0, "writer bytes differ from the hand-written chunks (%zu vs %zu)", gn, b.n);
+    if (f)
+        fclose(f);
+    CHECK(gn == b.n && memcmp(got, b.d, b.n) == 0,
+          "writer bytes differ from the hand-written chunks (%zu vs %zu)", gn, b.n);
     printf("writer: split into the same %zu bytes\n", gn);
 
     /* A record that starts with a middle chunk is refused. */
     fx_bytes bad = {.n = 0};
-    fx_u32(&bad, 0xCED7230Au); fx_u32(&bad, 2u << 29 | 4); fx_u32(&bad, 0);
+    fx_u32(&bad, 0xCED7230Au);
+    fx_u32(&bad, 2u << 29 | 4);
+    fx_u32(&bad, 0);
     rc = rec_read_record(bad.d, bad.n, 0, &scratch, &d, &n, NULL);
-    CHECK(rc == -EPROTO && fx_contains(pf_errmsg(), "unexpected cflag 2 at byte 0"), "cflag 2 first: %s", pf_errmsg());
+    CHECK(rc == -EPROTO && fx_contains(pf_errmsg(), "unexpected cflag 2 at byte 0"), "cflag 2 first: %s",
+          pf_errmsg());
     rec_buf_free(&scratch);
 }
 
@@ -123,7 +139,7 @@ static void test_insightface_pack(void)
     float l2[2] = {1.0f, 0.0f};
     size_t k2 = fx_record_labels(&b, l2, 2, 2, 0, IMG_B, sizeof IMG_B);
     size_t k3 = b.n;
-    multichunk_bytes(&b);   /* key 3: the multi-chunk record, label 3 */
+    multichunk_bytes(&b); /* key 3: the multi-chunk record, label 3 */
     float id4[2] = {1.0f, 2.0f}, id5[2] = {2.0f, 4.0f}, h0[2] = {4.0f, 6.0f};
     size_t k4 = fx_record_labels(&b, id4, 2, 0, 0, NULL, 0);
     size_t k5 = fx_record_labels(&b, id5, 2, 0, 0, NULL, 0);
@@ -138,7 +154,8 @@ static void test_insightface_pack(void)
     rec_file *rf;
     int rc = rec_open(&rf, prefix, 0, 0);
     CHECK(rc == 0, "open InsightFace pack: %s", pf_errmsg());
-    if (rc < 0) return;
+    if (rc < 0)
+        return;
     CHECK(rf->layout == REC_LAYOUT_INSIGHTFACE && rf->header_end[0] == 4 && rf->header_end[1] == 6, "layout");
     CHECK(rf->num_images == 3, "images %" PRId64, rf->num_images);
     int64_t want_class[3] = {0, 1, 3};
@@ -148,8 +165,10 @@ static void test_insightface_pack(void)
     for (int i = 0; i < 3 && i < rf->num_images; i++) {
         rec_payload pl;
         rc = rec_get(rf, i, &s, &pl);
-        CHECK(rc == 0 && rf->images[i].key == i + 1 && rf->images[i].class_id == want_class[i], "image %d", i);
-        CHECK(pl.image_len == want_len[i] && memcmp(pl.image, want_img[i], want_len[i]) == 0, "image %d bytes", i);
+        CHECK(rc == 0 && rf->images[i].key == i + 1 && rf->images[i].class_id == want_class[i], "image %d",
+              i);
+        CHECK(pl.image_len == want_len[i] && memcmp(pl.image, want_img[i], want_len[i]) == 0,
+              "image %d bytes", i);
     }
     CHECK(rf->num_classes == 4 && rf->min_key == 1 && rf->max_key == 3, "classes %" PRId64, rf->num_classes);
     printf("InsightFace pack: header [4, 6) at byte %zu, 3 images, classes 0 1 3, bytes match\n", k0);
@@ -161,13 +180,16 @@ static void test_insightface_pack(void)
     path_of(prop, sizeof prop, "property");
     fx_write_text(prop, "3,112,112\n");
     rc = rec_open(&rf, prefix, 0, 0);
-    CHECK(rc == -ERANGE && fx_contains(pf_errmsg(), "key 3") && fx_contains(pf_errmsg(), "class 3 >= num_classes 3"),
+    CHECK(rc == -ERANGE && fx_contains(pf_errmsg(), "key 3") &&
+              fx_contains(pf_errmsg(), "class 3 >= num_classes 3"),
           "property bound: %s", pf_errmsg());
-    if (rc == 0) rec_close(rf);
+    if (rc == 0)
+        rec_close(rf);
     fx_write_text(prop, "10,112,112\n");
     rc = rec_open(&rf, prefix, 0, 0);
     CHECK(rc == 0 && rf->num_classes == 10 && rf->property_classes == 10, "property 10");
-    if (rc == 0) rec_close(rf);
+    if (rc == 0)
+        rec_close(rf);
     unlink(prop);
 }
 
@@ -188,10 +210,12 @@ static void test_im2rec_pack(void)
     snprintf(p, sizeof p, "%s.idx", prefix);
     fx_write_text(p, idx);
     rec_file *rf;
-    int rc = rec_open(&rf, p, 0, 0);   /* the .idx path works as well as the prefix */
+    int rc = rec_open(&rf, p, 0, 0); /* the .idx path works as well as the prefix */
     CHECK(rc == 0, "open im2rec pack: %s", pf_errmsg());
-    if (rc < 0) return;
-    CHECK(rf->layout == REC_LAYOUT_IM2REC && rf->num_images == 3, "layout %d images %" PRId64, rf->layout, rf->num_images);
+    if (rc < 0)
+        return;
+    CHECK(rf->layout == REC_LAYOUT_IM2REC && rf->num_images == 3, "layout %d images %" PRId64, rf->layout,
+          rf->num_images);
     int64_t want_class[3] = {4, 1, 2};
     const uint8_t *want_img[3] = {IMG_A, IMG_B, IMG_C};
     size_t want_len[3] = {sizeof IMG_A, sizeof IMG_B, sizeof IMG_C};
@@ -199,9 +223,10 @@ static void test_im2rec_pack(void)
     for (int i = 0; i < 3 && i < rf->num_images; i++) {
         rec_payload pl;
         rc = rec_get(rf, i, &s, &pl);
-        CHECK(rc == 0 && rf->images[i].key == i && rf->images[i].class_id == want_class[i], "image %d class %" PRId64, i,
-              rf->images[i].class_id);
-        CHECK(pl.image_len == want_len[i] && memcmp(pl.image, want_img[i], want_len[i]) == 0, "image %d bytes", i);
+        CHECK(rc == 0 && rf->images[i].key == i && rf->images[i].class_id == want_class[i],
+              "image %d class %" PRId64, i, rf->images[i].class_id);
+        CHECK(pl.image_len == want_len[i] && memcmp(pl.image, want_img[i], want_len[i]) == 0,
+              "image %d bytes", i);
     }
     CHECK(rf->num_classes == 5, "num_classes %" PRId64 " (max label + 1)", rf->num_classes);
     printf("im2rec pack: 3 images at keys 0..2, classes 4 1 2, num_classes 5, bytes match\n");
@@ -213,7 +238,7 @@ static void test_im2rec_pack(void)
 static void test_id2_marker(void)
 {
     fx_bytes b = {.n = 0};
-    int64_t big = (INT64_C(1) << 24) + 1;   /* 16777217: float32 rounds it to 16777216 */
+    int64_t big = (INT64_C(1) << 24) + 1; /* 16777217: float32 rounds it to 16777216 */
     uint64_t marker = 0x5046ull << 48;
     fx_record0(&b, (float)big, 0, marker | (uint64_t)big, IMG_A, sizeof IMG_A);
     rec_buf s = {0};
@@ -232,13 +257,17 @@ static void test_id2_marker(void)
     rec_read_record(b.d, b.n, 0, &s, &d, &n, NULL);
     rec_parse_payload(d, n, &p);
     int rc = rec_class_of(&p, 0, &c);
-    CHECK(rc == -ERANGE && fx_contains(pf_errmsg(), "id2 class 6 disagrees with label 5"), "mismatch: %s", pf_errmsg());
+    CHECK(rc == -ERANGE && fx_contains(pf_errmsg(), "id2 class 6 disagrees with label 5"), "mismatch: %s",
+          pf_errmsg());
     rec_buf_free(&s);
 }
 
 int main(void)
 {
-    if (!fx_tmpdir(dir, sizeof dir)) { perror("mkdtemp"); return 1; }
+    if (!fx_tmpdir(dir, sizeof dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
     test_single_records();
     test_multichunk();
     test_insightface_pack();

@@ -33,7 +33,8 @@ static int mp_read(int fd, void *buf, size_t n)
 {
     for (size_t got = 0; got < n;) {
         ssize_t r = read(fd, (char *)buf + got, n - got);
-        if (r <= 0) return -1;
+        if (r <= 0)
+            return -1;
         got += (size_t)r;
     }
     return 0;
@@ -43,7 +44,8 @@ static int mp_write(int fd, const void *buf, size_t n)
 {
     for (size_t put = 0; put < n;) {
         ssize_t r = write(fd, (const char *)buf + put, n - put);
-        if (r <= 0) return -1;
+        if (r <= 0)
+            return -1;
         put += (size_t)r;
     }
     return 0;
@@ -71,7 +73,8 @@ static int mp_child(int rank, int W, int up, int down, int (*body)(mp_rank *, vo
         return 1;
     }
     for (int r = 0; r < W; r++) {
-        if (mp_read(down, &m.lens[r], sizeof m.lens[r]) || m.lens[r] > FAB_MAX_ADDR || mp_read(down, m.book[r], m.lens[r])) {
+        if (mp_read(down, &m.lens[r], sizeof m.lens[r]) || m.lens[r] > FAB_MAX_ADDR ||
+            mp_read(down, m.book[r], m.lens[r])) {
             printf("FAIL rank %d: reading the address book\n", rank);
             return 1;
         }
@@ -90,16 +93,18 @@ static int mp_child(int rank, int W, int up, int down, int (*body)(mp_rank *, vo
 
 static int mp_ring_run(int W, int (*body)(mp_rank *, void *), void *arg, double timeout_s)
 {
-    if (W < 1 || W > MP_MAXW) return 1;
+    if (W < 1 || W > MP_MAXW)
+        return 1;
     signal(SIGPIPE, SIG_IGN); /* a child that died early must not kill the parent through its pipe */
     fflush(stdout);
     pid_t pids[MP_MAXW] = {0};
     int up[MP_MAXW][2], down[MP_MAXW][2];
     for (int r = 0; r < W; r++) {
-        if (pipe(up[r]) || pipe(down[r])) return 1;
+        if (pipe(up[r]) || pipe(down[r]))
+            return 1;
         pid_t p = fork();
         if (p == 0) {
-            alarm((unsigned)timeout_s + 5); /* a stuck child dies even if the parent is gone */
+            alarm((unsigned)timeout_s + 5);   /* a stuck child dies even if the parent is gone */
             prctl(PR_SET_PDEATHSIG, SIGKILL); /* and at once when the parent dies */
             close(up[r][0]);
             close(down[r][1]);
@@ -115,14 +120,17 @@ static int mp_ring_run(int W, int (*body)(mp_rank *, void *), void *arg, double 
     uint8_t names[MP_MAXW][FAB_MAX_ADDR];
     size_t lens[MP_MAXW];
     for (int r = 0; r < W && ok; r++)
-        ok = !mp_read(up[r][0], &lens[r], sizeof lens[r]) && lens[r] <= FAB_MAX_ADDR && !mp_read(up[r][0], names[r], lens[r]);
+        ok = !mp_read(up[r][0], &lens[r], sizeof lens[r]) && lens[r] <= FAB_MAX_ADDR &&
+             !mp_read(up[r][0], names[r], lens[r]);
     for (int r = 0; r < W && ok; r++)
         for (int q = 0; q < W && ok; q++)
             ok = !mp_write(down[r][1], &lens[q], sizeof lens[q]) && !mp_write(down[r][1], names[q], lens[q]);
     /* Close barrier: every rank reports it is done with its endpoint, then all may close. */
     char tok;
-    for (int r = 0; r < W && ok; r++) ok = !mp_read(up[r][0], &tok, 1);
-    for (int r = 0; r < W && ok; r++) ok = !mp_write(down[r][1], "g", 1);
+    for (int r = 0; r < W && ok; r++)
+        ok = !mp_read(up[r][0], &tok, 1);
+    for (int r = 0; r < W && ok; r++)
+        ok = !mp_write(down[r][1], "g", 1);
     for (int r = 0; r < W; r++) {
         close(up[r][0]);
         close(down[r][1]);
@@ -130,8 +138,10 @@ static int mp_ring_run(int W, int (*body)(mp_rank *, void *), void *arg, double 
     int status[MP_MAXW] = {0}, done[MP_MAXW] = {0}, ndone = 0;
     for (long it = 0; it < (long)(timeout_s * 100) && ndone < W; it++) {
         for (int r = 0; r < W; r++)
-            if (!done[r] && waitpid(pids[r], &status[r], WNOHANG) == pids[r]) done[r] = 1, ndone++;
-        if (ndone < W) usleep(10000);
+            if (!done[r] && waitpid(pids[r], &status[r], WNOHANG) == pids[r])
+                done[r] = 1, ndone++;
+        if (ndone < W)
+            usleep(10000);
     }
     int fail = 0, skip = 0;
     for (int r = 0; r < W; r++) {
@@ -143,7 +153,8 @@ static int mp_ring_run(int W, int (*body)(mp_rank *, void *), void *arg, double 
             continue;
         }
         int code = WIFEXITED(status[r]) ? WEXITSTATUS(status[r]) : 128 + WTERMSIG(status[r]);
-        if (code == 77) skip = 1;
+        if (code == 77)
+            skip = 1;
         else if (code != 0) {
             printf("FAIL W=%d rank %d exited %d\n", W, r, code);
             fail = 1;

@@ -20,15 +20,15 @@
 
 static int fails;
 
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (!(cond)) {                                            \
-            printf("FAIL rank %d line %d: ", rank, __LINE__);     \
-            printf(__VA_ARGS__);                                  \
-            printf("\n");                                         \
-            fflush(stdout);                                       \
-            fails++;                                              \
-        }                                                         \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            printf("FAIL rank %d line %d: ", rank, __LINE__);                                                \
+            printf(__VA_ARGS__);                                                                             \
+            printf("\n");                                                                                    \
+            fflush(stdout);                                                                                  \
+            fails++;                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 static double elapsed(const struct timespec *t0)
@@ -39,7 +39,10 @@ static double elapsed(const struct timespec *t0)
 }
 
 /* Value of element i on rank r: small integers, so float sums are exact. */
-static float val(int r, size_t i) { return (float)((i * 7 + (size_t)r * 13) % 101); }
+static float val(int r, size_t i)
+{
+    return (float)((i * 7 + (size_t)r * 13) % 101);
+}
 
 static int child(mp_rank *mr, void *arg)
 {
@@ -58,7 +61,8 @@ static int child(mp_rank *mr, void *arg)
     /* allreduce sum, 1M + 3 floats (segments of uneven length, 16+ rounds of 64 KiB chunks). */
     size_t n = (1u << 20) + 3;
     float *a = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) a[i] = val(rank, i);
+    for (size_t i = 0; i < n; i++)
+        a[i] = val(rank, i);
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     rc = coll_allreduce(&c, a, n, COLL_F32, COLL_SUM);
@@ -67,51 +71,61 @@ static int child(mp_rank *mr, void *arg)
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         float want = 0;
-        for (int r = 0; r < W; r++) want += val(r, i);
+        for (int r = 0; r < W; r++)
+            want += val(r, i);
         bad += a[i] != want;
     }
     CHECK(bad == 0, "allreduce sum: %zu of %zu elements wrong", bad, n);
     if (rank == 0)
-        printf("ok   W=%d allreduce sum of %zu floats: exact, %.1f ms (%.0f MB/s algorithm bandwidth)\n", W, n, dt * 1e3,
-               n * 4.0 / dt / 1e6);
+        printf("ok   W=%d allreduce sum of %zu floats: exact, %.1f ms (%.0f MB/s algorithm bandwidth)\n", W,
+               n, dt * 1e3, n * 4.0 / dt / 1e6);
 
     /* allreduce max, doubles: rank r holds i on element i where i % W == r, else -1. */
     double d[1001];
-    for (int i = 0; i < 1001; i++) d[i] = (i % W == rank) ? (double)i : -1.0;
+    for (int i = 0; i < 1001; i++)
+        d[i] = (i % W == rank) ? (double)i : -1.0;
     CHECK(coll_allreduce(&c, d, 1001, COLL_F64, COLL_MAX) == 0, "allreduce max: %s", pf_errmsg());
     int badm = 0;
-    for (int i = 0; i < 1001; i++) badm += d[i] != (double)i;
+    for (int i = 0; i < 1001; i++)
+        badm += d[i] != (double)i;
     CHECK(badm == 0, "allreduce max: %d wrong", badm);
 
     /* reduce_scatter: block b element q of rank r = 10 r + b + 0.5 q (count 100003, several chunks). */
     size_t cnt = 100003;
     double *rs = malloc((size_t)W * cnt * sizeof(double)), *out = malloc(cnt * sizeof(double));
     for (int b = 0; b < W; b++)
-        for (size_t q = 0; q < cnt; q++) rs[(size_t)b * cnt + q] = 10.0 * rank + b + 0.5 * (double)q;
+        for (size_t q = 0; q < cnt; q++)
+            rs[(size_t)b * cnt + q] = 10.0 * rank + b + 0.5 * (double)q;
     CHECK(coll_reduce_scatter(&c, rs, out, cnt, COLL_F64) == 0, "reduce_scatter: %s", pf_errmsg());
     double sr = 0;
-    for (int r = 0; r < W; r++) sr += 10.0 * r;
+    for (int r = 0; r < W; r++)
+        sr += 10.0 * r;
     size_t badr = 0;
-    for (size_t q = 0; q < cnt; q++) badr += out[q] != sr + W * (rank + 0.5 * (double)q);
+    for (size_t q = 0; q < cnt; q++)
+        badr += out[q] != sr + W * (rank + 0.5 * (double)q);
     CHECK(badr == 0, "reduce_scatter: %zu wrong", badr);
 
     /* allgather: 70001 bytes per rank, byte j of rank r = (r * 31 + j) & 255. */
     size_t gb = 70001;
     uint8_t *gs = malloc(gb), *gr = malloc(gb * (size_t)W);
-    for (size_t j = 0; j < gb; j++) gs[j] = (uint8_t)((rank * 31 + j) & 255);
+    for (size_t j = 0; j < gb; j++)
+        gs[j] = (uint8_t)((rank * 31 + j) & 255);
     CHECK(coll_allgather(&c, gs, gr, gb) == 0, "allgather: %s", pf_errmsg());
     size_t badg = 0;
     for (int r = 0; r < W; r++)
-        for (size_t j = 0; j < gb; j++) badg += gr[(size_t)r * gb + j] != (uint8_t)((r * 31 + j) & 255);
+        for (size_t j = 0; j < gb; j++)
+            badg += gr[(size_t)r * gb + j] != (uint8_t)((r * 31 + j) & 255);
     CHECK(badg == 0, "allgather: %zu wrong", badg);
 
     /* broadcast 200000 bytes from the last rank. */
     size_t bb = 200000;
     uint8_t *bc = malloc(bb);
-    for (size_t j = 0; j < bb; j++) bc[j] = rank == W - 1 ? (uint8_t)(j * 13 + 5) : 0;
+    for (size_t j = 0; j < bb; j++)
+        bc[j] = rank == W - 1 ? (uint8_t)(j * 13 + 5) : 0;
     CHECK(coll_broadcast(&c, bc, bb, W - 1) == 0, "broadcast: %s", pf_errmsg());
     size_t badb = 0;
-    for (size_t j = 0; j < bb; j++) badb += bc[j] != (uint8_t)(j * 13 + 5);
+    for (size_t j = 0; j < bb; j++)
+        badb += bc[j] != (uint8_t)(j * 13 + 5);
     CHECK(badb == 0, "broadcast: %zu wrong", badb);
 
     CHECK(coll_barrier(&c) == 0, "barrier: %s", pf_errmsg());
@@ -126,8 +140,10 @@ static int child(mp_rank *mr, void *arg)
     if (W == 3) {
         rc = coll_allreduce(&c, m, rank == 0 ? 5 : 6, COLL_F32, COLL_SUM);
         if (rank == 1) {
-            CHECK(rc == -EPROTO && strstr(pf_errmsg(), "from rank 0"), "mismatch: rc %d '%s'", rc, pf_errmsg());
-            if (rc == -EPROTO) printf("ok   W=%d count mismatch seen by rank 1: %s\n", W, pf_errmsg());
+            CHECK(rc == -EPROTO && strstr(pf_errmsg(), "from rank 0"), "mismatch: rc %d '%s'", rc,
+                  pf_errmsg());
+            if (rc == -EPROTO)
+                printf("ok   W=%d count mismatch seen by rank 1: %s\n", W, pf_errmsg());
         }
     } else {
         /* A hostile message: rank 1 sends 7 bytes of garbage straight to rank 0's endpoint before the
@@ -137,25 +153,35 @@ static int child(mp_rank *mr, void *arg)
             fab_mr jmr;
             fi_addr_t to;
             int jc = 0;
-            CHECK(fab_mr_reg(f, junk, sizeof junk, FI_SEND, &jmr) == 0 && fab_av_insert(f, addrs[0], lens[0], &to) == 0 &&
+            CHECK(fab_mr_reg(f, junk, sizeof junk, FI_SEND, &jmr) == 0 &&
+                      fab_av_insert(f, addrs[0], lens[0], &to) == 0 &&
                       fab_send(f, to, junk, sizeof junk, &jmr, &jc) == 0,
                   "sending junk: %s", pf_errmsg());
             fab_comp comp;
-            for (int it = 0; it < 200000 && fab_poll(f, &comp, 1) == 0; it++) usleep(10);
+            for (int it = 0; it < 200000 && fab_poll(f, &comp, 1) == 0; it++)
+                usleep(10);
             fab_mr_close(&jmr);
         }
         rc = coll_allreduce(&c, m, 6, COLL_F32, COLL_SUM);
         if (rank == 0) {
-            CHECK(rc == -EPROTO && strstr(pf_errmsg(), "7-byte message"), "junk: rc %d '%s'", rc, pf_errmsg());
-            if (rc == -EPROTO) printf("ok   W=%d hostile 7-byte message rejected by rank 0: %s\n", W, pf_errmsg());
+            CHECK(rc == -EPROTO && strstr(pf_errmsg(), "7-byte message"), "junk: rc %d '%s'", rc,
+                  pf_errmsg());
+            if (rc == -EPROTO)
+                printf("ok   W=%d hostile 7-byte message rejected by rank 0: %s\n", W, pf_errmsg());
         }
     }
     /* After an error the group is unusable: stop here (the other ranks time out after 2 s; mp_ring_run
      * keeps every endpoint open until all ranks are done). */
 
-    free(a); free(rs); free(out); free(gs); free(gr); free(bc);
+    free(a);
+    free(rs);
+    free(out);
+    free(gs);
+    free(gr);
+    free(bc);
     coll_destroy(&c);
-    if (rank == 0 && fails == 0) printf("ok   W=%d allreduce max, reduce_scatter, allgather, broadcast, barrier exact\n", W);
+    if (rank == 0 && fails == 0)
+        printf("ok   W=%d allreduce max, reduce_scatter, allgather, broadcast, barrier exact\n", W);
     fflush(stdout);
     return fails ? 1 : 0;
 }
@@ -169,7 +195,7 @@ int main(void)
         return 77;
     }
     int r3 = mp_ring_run(3, child, NULL, 60);
-    printf("%s: ring collectives over tcp;ofi_rxm, W=2 %s, W=3 %s\n", (r2 || r3) ? "FAIL" : "PASS", r2 ? "FAIL" : "ok",
-           r3 ? "FAIL" : "ok");
+    printf("%s: ring collectives over tcp;ofi_rxm, W=2 %s, W=3 %s\n", (r2 || r3) ? "FAIL" : "PASS",
+           r2 ? "FAIL" : "ok", r3 ? "FAIL" : "ok");
     return (r2 || r3) ? 1 : 0;
 }

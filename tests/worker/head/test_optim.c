@@ -19,11 +19,13 @@ static int test_sgd_reference(void)
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/head", ref ? ref : "../shared/reference");
     DIR *dp = opendir(dir);
-    if (!dp) return 0;
+    if (!dp)
+        return 0;
     struct dirent *de;
     int ncases = 0;
     while ((de = readdir(dp))) {
-        if (strncmp(de->d_name, "sgd_rows_", 9) != 0) continue;
+        if (strncmp(de->d_name, "sgd_rows_", 9) != 0)
+            continue;
         char path[1600];
         snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
         char *meta = npy_read_text(path, "meta.json");
@@ -42,13 +44,23 @@ static int test_sgd_reference(void)
         optim_sgd_step(wf, gf, mf, w.count, (float)lr, (float)mu, (float)wd);
         double ew = rel_err_f32_f64(wf, wod, w.count), em = rel_err_f32_f64(mf, mod, m.count);
         int ok = ew <= 1e-6 && em <= 1e-6;
-        printf("%s %s (lr %g, momentum %g, wd %g): weight rel %.2e (max abs %.2e), momentum rel %.2e (max abs %.2e)\n",
+        printf("%s %s (lr %g, momentum %g, wd %g): weight rel %.2e (max abs %.2e), momentum rel %.2e (max "
+               "abs %.2e)\n",
                ok ? "ok  " : "FAIL", de->d_name, lr, mu, wd, ew, max_abs_err_f32_f64(wf, wod, w.count), em,
                max_abs_err_f32_f64(mf, mod, m.count));
         fails += !ok;
         ncases++;
-        free(wf); free(gf); free(mf); free(wod); free(mod); free(meta);
-        npy_free(&w); npy_free(&g); npy_free(&m); npy_free(&wo); npy_free(&mo);
+        free(wf);
+        free(gf);
+        free(mf);
+        free(wod);
+        free(mod);
+        free(meta);
+        npy_free(&w);
+        npy_free(&g);
+        npy_free(&m);
+        npy_free(&wo);
+        npy_free(&mo);
     }
     closedir(dp);
     return ncases;
@@ -68,12 +80,13 @@ static void test_sgd_hand(void)
     float w0 = 1.0f, m0 = 7.0f;
     optim_sgd_step(&w0, &g, &m0, 1, 0.1f, 0.0f, 0.1f);
     CHECK(fabs(w0 - 0.94) < 1e-6 && m0 == 7.0f, "sgd no momentum: w %.8f m %.8f", w0, m0);
-    printf("ok   SGD by hand: w after 2 steps %.7f (expected 0.8266), momentum %.7f (expected 1.134)\n", w, m);
+    printf("ok   SGD by hand: w after 2 steps %.7f (expected 0.8266), momentum %.7f (expected 1.134)\n", w,
+           m);
 }
 
 /* AdamW in float64, written from torch.optim.AdamW's documented algorithm. */
-static void adamw_f64(double *w, const double *g, double *m, double *v, int n, double lr, double b1, double b2,
-                      double eps, double wd, int t)
+static void adamw_f64(double *w, const double *g, double *m, double *v, int n, double lr, double b1,
+                      double b2, double eps, double wd, int t)
 {
     for (int i = 0; i < n; i++) {
         w[i] = w[i] - lr * wd * w[i];
@@ -89,7 +102,8 @@ static void test_adamw(void)
     enum { N = 6, STEPS = 5 };
     float w[N], m[N] = {0}, v[N] = {0};
     double wd[N], md[N] = {0}, vd[N] = {0};
-    for (int i = 0; i < N; i++) w[i] = (float)(0.3 * (i - 2.5)), wd[i] = w[i];
+    for (int i = 0; i < N; i++)
+        w[i] = (float)(0.3 * (i - 2.5)), wd[i] = w[i];
     adamw_params p;
     optim_adamw_defaults(&p);
     p.lr = 0.01;
@@ -98,11 +112,13 @@ static void test_adamw(void)
     for (int t = 1; t <= STEPS; t++) {
         float g[N];
         double gd[N];
-        for (int i = 0; i < N; i++) g[i] = (float)(sin(1.3 * i + 0.7 * t) * (i + 1) * 0.1), gd[i] = g[i];
+        for (int i = 0; i < N; i++)
+            g[i] = (float)(sin(1.3 * i + 0.7 * t) * (i + 1) * 0.1), gd[i] = g[i];
         CHECK(optim_adamw_step(w, g, m, v, N, &p, t) == 0, "adamw step %d", t);
         adamw_f64(wd, gd, md, vd, N, p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, t);
         double e = rel_err_f32_f64(w, wd, N);
-        if (e > worst) worst = e;
+        if (e > worst)
+            worst = e;
     }
     CHECK(worst <= 2e-7, "adamw: rel err %.2e vs float64", worst);
     /* Step 1 by hand for one parameter: w=1, g=0.2, lr=0.1, wd=0.01: w = 1 - 0.001 = 0.999; mhat = 0.2,
@@ -122,8 +138,8 @@ static void test_clip(void)
     double tn = optim_clip_grad_norm(g, 2, 5.0);
     /* coef = 5 / (50 + 1e-6) */
     double c = 5.0 / (50.0 + 1e-6);
-    CHECK(tn == 50.0 && fabs(g[0] - 30 * c) < 1e-6 && fabs(g[1] - 40 * c) < 1e-6, "clip: total %g g %.8f %.8f", tn,
-          g[0], g[1]);
+    CHECK(tn == 50.0 && fabs(g[0] - 30 * c) < 1e-6 && fabs(g[1] - 40 * c) < 1e-6,
+          "clip: total %g g %.8f %.8f", tn, g[0], g[1]);
     float h[2] = {0.3f, 0.4f};
     tn = optim_clip_grad_norm(h, 2, 5.0);
     CHECK(fabs(tn - 0.5) < 1e-7 && h[0] == 0.3f && h[1] == 0.4f, "no clip below max: %g %g", h[0], h[1]);
@@ -134,13 +150,15 @@ static void test_clip(void)
     double cc = 1.0 / (3.0 + 1e-6);
     CHECK(tn == 3.0 && fabs(a[0] - cc) < 1e-7 && fabs(a[1] - 2 * cc) < 1e-7 && fabs(b[0] - 2 * cc) < 1e-7,
           "clip multi: total %g -> %g %g %g", tn, a[0], a[1], b[0]);
-    printf("ok   clip_grad_norm: |(30,40)| = %g -> (%.6f, %.6f); global norm over 2 arrays %g\n", 50.0, g[0], g[1], tn);
+    printf("ok   clip_grad_norm: |(30,40)| = %g -> (%.6f, %.6f); global norm over 2 arrays %g\n", 50.0, g[0],
+           g[1], tn);
 }
 
 int main(void)
 {
     int n = test_sgd_reference();
-    if (n == 0) printf("note: no sgd_rows_* reference found (PFCPS_REFERENCE); hand-computed SGD only\n");
+    if (n == 0)
+        printf("note: no sgd_rows_* reference found (PFCPS_REFERENCE); hand-computed SGD only\n");
     test_sgd_hand();
     test_adamw();
     test_clip();

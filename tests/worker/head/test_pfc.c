@@ -17,8 +17,8 @@
 enum { B = 5, D = 16, C = 41, MAXW = 3 };
 
 static int fails;
-static float table[C * D];        /* the class-center table the servers would hold */
-static float emb[MAXW * B * D];   /* embeddings of every worker's batch */
+static float table[C * D];      /* the class-center table the servers would hold */
+static float emb[MAXW * B * D]; /* embeddings of every worker's batch */
 static int64_t labels[MAXW * B];
 
 typedef struct warg {
@@ -38,21 +38,25 @@ static void *worker(void *vp)
     warg *a = vp;
     pf_coll coll;
     coll_thread_get(a->g, a->rank, &coll);
-    head_params p = {.s = 30, .m1 = 1, .m2 = 0.3, .m3 = 0.1, .margin_grad = HEAD_MARGIN_GRAD_EXACT, .mode = a->mode};
+    head_params p = {
+        .s = 30, .m1 = 1, .m2 = 0.3, .m3 = 0.1, .margin_grad = HEAD_MARGIN_GRAD_EXACT, .mode = a->mode};
     pfc x;
     a->rc = pfc_init(&x, &p, &coll, C, a->rate, 2048, B, D);
     const int64_t *ids;
-    if (a->rc == 0) a->rc = pfc_sample(&x, a->step, labels + a->rank * B, &ids, &a->k);
+    if (a->rc == 0)
+        a->rc = pfc_sample(&x, a->step, labels + a->rank * B, &ids, &a->k);
     float *cen = NULL;
     if (a->rc == 0) {
         a->ids = malloc((size_t)a->k * sizeof(int64_t));
         memcpy(a->ids, ids, (size_t)a->k * sizeof(int64_t));
         cen = malloc((size_t)(a->k * D) * sizeof(float));
         a->gc = malloc((size_t)(a->k * D) * sizeof(float));
-        for (int64_t j = 0; j < a->k; j++) memcpy(cen + j * D, table + ids[j] * D, D * sizeof(float));
+        for (int64_t j = 0; j < a->k; j++)
+            memcpy(cen + j * D, table + ids[j] * D, D * sizeof(float));
         a->rc = pfc_step(&x, emb + a->rank * B * D, cen, &a->loss, a->ge, a->gc);
     }
-    if (a->rc) printf("rank %d: %s\n", a->rank, pf_errmsg());
+    if (a->rc)
+        printf("rank %d: %s\n", a->rank, pf_errmsg());
     free(cen);
     pfc_free(&x);
     return NULL;
@@ -67,26 +71,31 @@ static int cmp64(const void *a, const void *b)
 static double rel(const float *a, const float *b, size_t n)
 {
     double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    for (size_t i = 0; i < n; i++)
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 /* Single-process head over rows [0, n) of emb with the given sorted centers ids. */
-static int single(int64_t n, const float *e, const int64_t *lab, const int64_t *ids, int64_t k, head_mode mode, double *loss,
-                  float *ge, float *gc)
+static int single(int64_t n, const float *e, const int64_t *lab, const int64_t *ids, int64_t k,
+                  head_mode mode, double *loss, float *ge, float *gc)
 {
-    head_params p = {.s = 30, .m1 = 1, .m2 = 0.3, .m3 = 0.1, .margin_grad = HEAD_MARGIN_GRAD_EXACT, .mode = mode};
+    head_params p = {
+        .s = 30, .m1 = 1, .m2 = 0.3, .m3 = 0.1, .margin_grad = HEAD_MARGIN_GRAD_EXACT, .mode = mode};
     float *cen = malloc((size_t)(k * D) * sizeof(float));
     int64_t *loc = malloc((size_t)n * sizeof(int64_t));
-    for (int64_t j = 0; j < k; j++) memcpy(cen + j * D, table + ids[j] * D, D * sizeof(float));
+    for (int64_t j = 0; j < k; j++)
+        memcpy(cen + j * D, table + ids[j] * D, D * sizeof(float));
     for (int64_t i = 0; i < n; i++) {
         loc[i] = -1;
         for (int64_t j = 0; j < k; j++)
-            if (ids[j] == lab[i]) loc[i] = j;
+            if (ids[j] == lab[i])
+                loc[i] = j;
     }
     head_ws ws;
     int rc = head_ws_init(&ws, n, k, D);
-    if (rc == 0) rc = head_forward_backward(&p, &ws, NULL, e, n, cen, k, D, loc, loss, NULL, ge, gc);
+    if (rc == 0)
+        rc = head_forward_backward(&p, &ws, NULL, e, n, cen, k, D, loc, loss, NULL, ge, gc);
     head_ws_free(&ws);
     free(cen);
     free(loc);
@@ -103,7 +112,8 @@ static void run(int W, double rate, head_mode mode, int64_t step)
         a[r] = (warg){.g = g, .rank = r, .W = W, .rate = rate, .mode = mode, .step = step};
         pthread_create(&th[r], NULL, worker, &a[r]);
     }
-    for (int r = 0; r < W; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < W; r++)
+        pthread_join(th[r], NULL);
     coll_thread_group_destroy(g);
     for (int r = 0; r < W; r++)
         if (a[r].rc) {
@@ -115,7 +125,8 @@ static void run(int W, double rate, head_mode mode, int64_t step)
         /* Union of the sampled ids (disjoint partitions). */
         int64_t ku = 0, uni[C];
         for (int r = 0; r < W; r++)
-            for (int64_t j = 0; j < a[r].k; j++) uni[ku++] = a[r].ids[j];
+            for (int64_t j = 0; j < a[r].k; j++)
+                uni[ku++] = a[r].ids[j];
         qsort(uni, (size_t)ku, sizeof(int64_t), cmp64);
         float ge[MAXW * B * D], gc[C * D];
         double loss;
@@ -132,16 +143,18 @@ static void run(int W, double rate, head_mode mode, int64_t step)
             float *ref = malloc((size_t)(a[r].k * D) * sizeof(float));
             for (int64_t j = 0; j < a[r].k; j++) {
                 int64_t u = 0;
-                while (uni[u] != a[r].ids[j]) u++;
+                while (uni[u] != a[r].ids[j])
+                    u++;
                 memcpy(ref + j * D, gc + u * D, D * sizeof(float));
             }
             ec = fmax(ec, rel(a[r].gc, ref, (size_t)(a[r].k * D)));
             free(ref);
         }
         int ok = el <= 1e-6 && ee <= 1e-5 && ec <= 1e-5;
-        printf("%s global W=%d rate %.1f step %lld: %lld of %d centers sampled; loss %.6f vs single %.6f rel %.1e; "
-               "grad_emb rel %.1e; grad_cen rel %.1e\n", ok ? "ok  " : "FAIL", W, rate, (long long)step, (long long)ku, C,
-               a[0].loss, loss, el, ee, ec);
+        printf("%s global W=%d rate %.1f step %lld: %lld of %d centers sampled; loss %.6f vs single %.6f rel "
+               "%.1e; "
+               "grad_emb rel %.1e; grad_cen rel %.1e\n",
+               ok ? "ok  " : "FAIL", W, rate, (long long)step, (long long)ku, C, a[0].loss, loss, el, ee, ec);
         fails += !ok;
     } else {
         double lsum = 0, ee = 0, ec = 0;
@@ -150,15 +163,18 @@ static void run(int W, double rate, head_mode mode, int64_t step)
             double l;
             single(B, emb + r * B * D, labels + r * B, a[r].ids, a[r].k, HEAD_MODE_GLOBAL, &l, ge, gc);
             lsum += l;
-            for (int q = 0; q < B * D; q++) ge[q] /= W;
-            for (int64_t q = 0; q < a[r].k * D; q++) gc[q] /= W;
+            for (int q = 0; q < B * D; q++)
+                ge[q] /= W;
+            for (int64_t q = 0; q < a[r].k * D; q++)
+                gc[q] /= W;
             ee = fmax(ee, rel(a[r].ge, ge, B * D));
             ec = fmax(ec, rel(a[r].gc, gc, (size_t)(a[r].k * D)));
             free(gc);
         }
         double el = fabs(a[0].loss - lsum / W) / (lsum / W);
         int ok = el <= 1e-9 && ee <= 1e-6 && ec <= 1e-6;
-        printf("%s local W=%d rate %.1f: loss %.6f = mean of worker losses %.6f (rel %.1e); grads = own / W (rel %.1e, %.1e)\n",
+        printf("%s local W=%d rate %.1f: loss %.6f = mean of worker losses %.6f (rel %.1e); grads = own / W "
+               "(rel %.1e, %.1e)\n",
                ok ? "ok  " : "FAIL", W, rate, a[0].loss, lsum / W, el, ee, ec);
         fails += !ok;
     }
@@ -172,9 +188,12 @@ out:
 int main(void)
 {
     unsigned st = 99;
-    for (int i = 0; i < C * D; i++) st = st * 1664525u + 1013904223u, table[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
-    for (int i = 0; i < MAXW * B * D; i++) st = st * 1664525u + 1013904223u, emb[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
-    for (int i = 0; i < MAXW * B; i++) labels[i] = (i * 17 + 3) % C;
+    for (int i = 0; i < C * D; i++)
+        st = st * 1664525u + 1013904223u, table[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
+    for (int i = 0; i < MAXW * B * D; i++)
+        st = st * 1664525u + 1013904223u, emb[i] = (float)(st >> 8) / 16777216.0f - 0.5f;
+    for (int i = 0; i < MAXW * B; i++)
+        labels[i] = (i * 17 + 3) % C;
     labels[4] = labels[7]; /* a class twice in the global batch */
     for (int W = 2; W <= 3; W++) {
         run(W, 1.0, HEAD_MODE_GLOBAL, 0);
@@ -188,7 +207,8 @@ int main(void)
     head_params p = {.s = 30, .m1 = 1};
     int64_t bad[B] = {0, 1, C, 2, 3};
     int rc = pfc_init(&x, &p, NULL, C, 1.0, 1, B, D);
-    if (rc == 0) rc = pfc_sample(&x, 0, bad, NULL, NULL);
+    if (rc == 0)
+        rc = pfc_sample(&x, 0, bad, NULL, NULL);
     int ok = rc == -ERANGE && strstr(pf_errmsg(), "label 41 of row 2");
     printf("%s bad label: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
     fails += !ok;
@@ -206,9 +226,11 @@ int main(void)
     const int64_t *ids;
     int64_t k;
     rc = pfc_init(&x, &p, NULL, C, 1.0, 1, B, D);
-    if (rc == 0) rc = pfc_sample(&x, 3, good, &ids, &k);
+    if (rc == 0)
+        rc = pfc_sample(&x, 3, good, &ids, &k);
     double loss;
-    if (rc == 0) rc = pfc_step(&x, e2, table, &loss, gemb, gcen);
+    if (rc == 0)
+        rc = pfc_step(&x, e2, table, &loss, gemb, gcen);
     ok = rc == -ERANGE && strstr(pf_errmsg(), "nan at step 3");
     printf("%s NaN embedding: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
     fails += !ok;
@@ -216,7 +238,8 @@ int main(void)
      * that row's loss is the floor 69.0776. */
     rc = pfc_sample(&x, 4, good, &ids, &k);
     x.labels_local[2] = -1;
-    if (rc == 0) rc = pfc_step(&x, emb, table, &loss, gemb, gcen);
+    if (rc == 0)
+        rc = pfc_step(&x, emb, table, &loss, gemb, gcen);
     ok = rc == -EPROTO && strstr(pf_errmsg(), "step 4: 1 of 5 rows") && loss > 69.0776 / B;
     printf("%s row without a target: %s (loss %.4f)\n", ok ? "ok  " : "FAIL", pf_errmsg(), loss);
     fails += !ok;
@@ -233,13 +256,16 @@ int main(void)
         int64_t k_f = -1, k_s = -2;
         int rf = pfc_init(&full, &p, NULL, C, 0.5, 9, B, D);
         int rs = pfc_init_flags(&samp, &p, NULL, C, 0.5, 9, B, D, PFC_NO_HOST_HEAD);
-        if (rf == 0) rf = pfc_sample(&full, 7, good, &ids_f, &k_f);
-        if (rs == 0) rs = pfc_sample(&samp, 7, good, &ids_s, &k_s);
-        ok = rf == 0 && rs == 0 && k_f == k_s && k_f > B && k_f < C && !memcmp(ids_f, ids_s, (size_t)k_f * sizeof *ids_f) &&
+        if (rf == 0)
+            rf = pfc_sample(&full, 7, good, &ids_f, &k_f);
+        if (rs == 0)
+            rs = pfc_sample(&samp, 7, good, &ids_s, &k_s);
+        ok = rf == 0 && rs == 0 && k_f == k_s && k_f > B && k_f < C &&
+             !memcmp(ids_f, ids_s, (size_t)k_f * sizeof *ids_f) &&
              !memcmp(full.labels_local, samp.labels_local, B * sizeof(int64_t)) && samp.ws.cos == NULL &&
              samp.k_max == full.k_max;
-        printf("%s PFC_NO_HOST_HEAD samples as a full pfc (k %lld of %d, no workspace)\n", ok ? "ok  " : "FAIL",
-               (long long)k_s, C);
+        printf("%s PFC_NO_HOST_HEAD samples as a full pfc (k %lld of %d, no workspace)\n",
+               ok ? "ok  " : "FAIL", (long long)k_s, C);
         fails += !ok;
         rs = pfc_step(&samp, emb, table, &loss, gemb, gcen);
         ok = rs == -EINVAL && strstr(pf_errmsg(), "PFC_NO_HOST_HEAD");

@@ -21,27 +21,32 @@ static int check_sample(const sample_args *a, const int64_t *labels, int64_t n, 
     int64_t W = global ? a->world_size : 1, r = global ? a->rank : 0;
     /* Partition size counted by hand. */
     int64_t part = 0;
-    for (int64_t c = 0; c < a->num_classes; c++) part += (c % W == r);
+    for (int64_t c = 0; c < a->num_classes; c++)
+        part += (c % W == r);
     int64_t want = (int64_t)ceil(a->sample_rate * (double)part - 1e-9);
     int64_t npos = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (labels[i] % W != r) continue;
+        if (labels[i] % W != r)
+            continue;
         int dup = 0;
-        for (int64_t j = 0; j < i; j++) dup |= labels[j] == labels[i];
+        for (int64_t j = 0; j < i; j++)
+            dup |= labels[j] == labels[i];
         npos += !dup;
     }
-    if (npos > want) want = npos;
+    if (npos > want)
+        want = npos;
     CHECK(k == want, "size %lld, expected %lld (partition %lld, rate %g, %lld positives)", (long long)k,
           (long long)want, (long long)part, a->sample_rate, (long long)npos);
     for (int64_t j = 0; j < k; j++) {
-        CHECK(ids[j] >= 0 && ids[j] < a->num_classes && ids[j] % W == r, "id %lld not in rank %lld's partition",
-              (long long)ids[j], (long long)r);
-        if (j) CHECK(ids[j] > ids[j - 1], "ids not strictly increasing at %lld", (long long)j);
+        CHECK(ids[j] >= 0 && ids[j] < a->num_classes && ids[j] % W == r,
+              "id %lld not in rank %lld's partition", (long long)ids[j], (long long)r);
+        if (j)
+            CHECK(ids[j] > ids[j - 1], "ids not strictly increasing at %lld", (long long)j);
     }
     for (int64_t i = 0; i < n; i++) {
         if (labels[i] % W == r) {
-            CHECK(loc[i] >= 0 && loc[i] < k && ids[loc[i]] == labels[i], "positive %lld (row %lld) missing or remapped wrong",
-                  (long long)labels[i], (long long)i);
+            CHECK(loc[i] >= 0 && loc[i] < k && ids[loc[i]] == labels[i],
+                  "positive %lld (row %lld) missing or remapped wrong", (long long)labels[i], (long long)i);
         } else {
             CHECK(loc[i] == -1, "row %lld label %lld of another rank remapped to %lld", (long long)i,
                   (long long)labels[i], (long long)loc[i]);
@@ -54,31 +59,40 @@ static void test_global_rate_01(void)
 {
     const int64_t C = 10007, n = 64;
     int64_t labels[64];
-    for (int64_t i = 0; i < n; i++) labels[i] = (i * 7919 + 13) % C;
+    for (int64_t i = 0; i < n; i++)
+        labels[i] = (i * 7919 + 13) % C;
     labels[5] = labels[9]; /* a duplicate positive */
     for (int W = 1; W <= 3; W++) {
         for (int r = 0; r < W; r++) {
             int64_t *prev = NULL, prevk = 0;
             for (int64_t step = 0; step < 4; step++) {
-                sample_args a = {.num_classes = C, .world_size = W, .rank = r, .sample_rate = 0.1, .seed = 2048,
-                                 .step = step, .mode = SAMPLE_GLOBAL};
+                sample_args a = {.num_classes = C,
+                                 .world_size = W,
+                                 .rank = r,
+                                 .sample_rate = 0.1,
+                                 .seed = 2048,
+                                 .step = step,
+                                 .mode = SAMPLE_GLOBAL};
                 int64_t *ids, k, loc[64];
                 int rc = sample_classes(&a, labels, n, &ids, &k, loc);
                 CHECK(rc == 0, "sample rc %d: %s", rc, pf_errmsg());
-                if (rc) return;
+                if (rc)
+                    return;
                 check_sample(&a, labels, n, ids, k, loc);
                 /* Deterministic: the same call again gives the same ids. */
                 int64_t *ids2, k2, loc2[64];
                 sample_classes(&a, labels, n, &ids2, &k2, loc2);
-                CHECK(k2 == k && memcmp(ids, ids2, (size_t)k * sizeof(int64_t)) == 0, "same (seed, step, rank) differs");
+                CHECK(k2 == k && memcmp(ids, ids2, (size_t)k * sizeof(int64_t)) == 0,
+                      "same (seed, step, rank) differs");
                 free(ids2);
                 if (prev) {
                     CHECK(prevk == k && memcmp(prev, ids, (size_t)k * sizeof(int64_t)) != 0,
                           "W=%d rank %d: step %lld gives the same sample as step %lld", W, r, (long long)step,
                           (long long)step - 1);
                 }
-                if (step == 0) printf("ok   W=%d rank %d rate 0.1: %lld ids, first %lld %lld %lld\n", W, r, (long long)k,
-                                      (long long)ids[0], (long long)ids[1], (long long)ids[2]);
+                if (step == 0)
+                    printf("ok   W=%d rank %d rate 0.1: %lld ids, first %lld %lld %lld\n", W, r, (long long)k,
+                           (long long)ids[0], (long long)ids[1], (long long)ids[2]);
                 free(prev);
                 prev = ids;
                 prevk = k;
@@ -92,17 +106,29 @@ static void test_rate_1_and_local(void)
 {
     const int64_t C = 1000, n = 16;
     int64_t labels[16];
-    for (int64_t i = 0; i < n; i++) labels[i] = (i * 37 + 5) % C;
-    sample_args a = {.num_classes = C, .world_size = 3, .rank = 2, .sample_rate = 1.0, .seed = 1, .step = 3,
+    for (int64_t i = 0; i < n; i++)
+        labels[i] = (i * 37 + 5) % C;
+    sample_args a = {.num_classes = C,
+                     .world_size = 3,
+                     .rank = 2,
+                     .sample_rate = 1.0,
+                     .seed = 1,
+                     .step = 3,
                      .mode = SAMPLE_GLOBAL};
     int64_t *ids, k, loc[16];
     CHECK(sample_classes(&a, labels, n, &ids, &k, loc) == 0, "rate 1");
     check_sample(&a, labels, n, ids, k, loc);
-    for (int64_t j = 0; j < k; j++) CHECK(ids[j] == 2 + 3 * j, "rate 1: id %lld is %lld", (long long)j, (long long)ids[j]);
+    for (int64_t j = 0; j < k; j++)
+        CHECK(ids[j] == 2 + 3 * j, "rate 1: id %lld is %lld", (long long)j, (long long)ids[j]);
     free(ids);
 
     /* Local mode: partition = all classes, different ranks differ. */
-    sample_args b = {.num_classes = C, .world_size = 2, .rank = 0, .sample_rate = 0.05, .seed = 1, .step = 3,
+    sample_args b = {.num_classes = C,
+                     .world_size = 2,
+                     .rank = 0,
+                     .sample_rate = 0.05,
+                     .seed = 1,
+                     .step = 3,
                      .mode = SAMPLE_LOCAL};
     int64_t *i0, *i1, k0, k1;
     CHECK(sample_classes(&b, labels, n, &i0, &k0, loc) == 0, "local rank 0");
@@ -117,7 +143,12 @@ static void test_rate_1_and_local(void)
     printf("ok   rate 1 takes the whole partition; local mode rate 0.05: 50 ids per rank\n");
 
     /* More positives than the sample size: the sample is exactly the positives. */
-    sample_args c = {.num_classes = C, .world_size = 1, .rank = 0, .sample_rate = 0.001, .seed = 9, .step = 0,
+    sample_args c = {.num_classes = C,
+                     .world_size = 1,
+                     .rank = 0,
+                     .sample_rate = 0.001,
+                     .seed = 9,
+                     .step = 0,
                      .mode = SAMPLE_GLOBAL};
     CHECK(sample_classes(&c, labels, n, &ids, &k, loc) == 0, "tiny rate");
     CHECK(k == 16, "tiny rate: %lld ids, expected the 16 positives", (long long)k);
@@ -133,18 +164,25 @@ static void test_uniform(void)
     const int trials = 4000;
     int64_t lab = 0;
     for (int t = 0; t < trials; t++) {
-        sample_args a = {.num_classes = C, .world_size = 1, .rank = 0, .sample_rate = 0.1, .seed = 77, .step = t,
+        sample_args a = {.num_classes = C,
+                         .world_size = 1,
+                         .rank = 0,
+                         .sample_rate = 0.1,
+                         .seed = 77,
+                         .step = t,
                          .mode = SAMPLE_GLOBAL};
         int64_t *ids, k;
         if (sample_classes(&a, &lab, 0, &ids, &k, NULL) != 0 || k != 10) {
             CHECK(0, "uniform draw %d failed (k %lld)", t, (long long)k);
             return;
         }
-        for (int64_t j = 0; j < k; j++) cnt[ids[j]] += 1;
+        for (int64_t j = 0; j < k; j++)
+            cnt[ids[j]] += 1;
         free(ids);
     }
     double expect = trials * 10.0 / C, chi2 = 0;
-    for (int c = 0; c < C; c++) chi2 += (cnt[c] - expect) * (cnt[c] - expect) / expect;
+    for (int c = 0; c < C; c++)
+        chi2 += (cnt[c] - expect) * (cnt[c] - expect) / expect;
     /* 99 degrees of freedom: mean 99, sd ~14; 99.9th percentile ~148. */
     CHECK(chi2 < 148.0, "chi-square %.1f over 100 ids: negatives not uniform", chi2);
     printf("%s uniformity: chi-square %.1f (99 dof, bound 148)\n", chi2 < 148.0 ? "ok  " : "FAIL", chi2);
@@ -154,16 +192,23 @@ static void test_uniform(void)
 static void test_huge(void)
 {
     int64_t labels[4] = {4, 999999996, 123456788, 7};
-    sample_args a = {.num_classes = 1000000000LL, .world_size = 4, .rank = 0, .sample_rate = 1e-5, .seed = 5,
-                     .step = 11, .mode = SAMPLE_GLOBAL};
+    sample_args a = {.num_classes = 1000000000LL,
+                     .world_size = 4,
+                     .rank = 0,
+                     .sample_rate = 1e-5,
+                     .seed = 5,
+                     .step = 11,
+                     .mode = SAMPLE_GLOBAL};
     int64_t *ids, k, loc[4];
     CHECK(sample_classes(&a, labels, 4, &ids, &k, loc) == 0, "huge: %s", pf_errmsg());
     CHECK(k == 2500, "huge: %lld ids, expected 2500", (long long)k);
     CHECK(loc[0] >= 0 && ids[loc[0]] == 4 && loc[1] >= 0 && ids[loc[1]] == 999999996 && loc[2] >= 0 &&
               ids[loc[2]] == 123456788 && loc[3] == -1,
           "huge: positives remapped wrong");
-    for (int64_t j = 1; j < k; j++) CHECK(ids[j] > ids[j - 1] && ids[j] % 4 == 0, "huge: id %lld", (long long)ids[j]);
-    printf("ok   1e9 classes / 4 workers at rate 1e-5: %lld ids, last %lld\n", (long long)k, (long long)ids[k - 1]);
+    for (int64_t j = 1; j < k; j++)
+        CHECK(ids[j] > ids[j - 1] && ids[j] % 4 == 0, "huge: id %lld", (long long)ids[j]);
+    printf("ok   1e9 classes / 4 workers at rate 1e-5: %lld ids, last %lld\n", (long long)k,
+           (long long)ids[k - 1]);
     free(ids);
 }
 
@@ -171,7 +216,12 @@ static void test_bad_input(void)
 {
     int64_t labels[3] = {1, 50, 2};
     int64_t *ids, k;
-    sample_args a = {.num_classes = 50, .world_size = 2, .rank = 0, .sample_rate = 0.5, .seed = 1, .step = 0,
+    sample_args a = {.num_classes = 50,
+                     .world_size = 2,
+                     .rank = 0,
+                     .sample_rate = 0.5,
+                     .seed = 1,
+                     .step = 0,
                      .mode = SAMPLE_GLOBAL};
     int rc = sample_classes(&a, labels, 3, &ids, &k, NULL);
     CHECK(rc == -ERANGE && strstr(pf_errmsg(), "label 50") && strstr(pf_errmsg(), "row 1"),
@@ -193,14 +243,21 @@ static void test_bad_input(void)
     printf("ok   bad rate / rank / num_classes rejected: %s\n", pf_errmsg());
     CHECK(sample_count(0.1, 30) == 3 && sample_count(0.1, 31) == 4 && sample_count(1.0, 7) == 7 &&
               sample_count(0.3, 10) == 3,
-          "sample_count: %lld %lld %lld %lld", (long long)sample_count(0.1, 30), (long long)sample_count(0.1, 31),
-          (long long)sample_count(1.0, 7), (long long)sample_count(0.3, 10));
+          "sample_count: %lld %lld %lld %lld", (long long)sample_count(0.1, 30),
+          (long long)sample_count(0.1, 31), (long long)sample_count(1.0, 7),
+          (long long)sample_count(0.3, 10));
     /* More workers than classes: rank 2 of 3 over 2 classes owns nothing and samples nothing. */
     int64_t two[2] = {0, 1}, loc2[2];
-    sample_args e = {.num_classes = 2, .world_size = 3, .rank = 2, .sample_rate = 1.0, .seed = 1, .step = 0,
+    sample_args e = {.num_classes = 2,
+                     .world_size = 3,
+                     .rank = 2,
+                     .sample_rate = 1.0,
+                     .seed = 1,
+                     .step = 0,
                      .mode = SAMPLE_GLOBAL};
     rc = sample_classes(&e, two, 2, &ids, &k, loc2);
-    CHECK(rc == 0 && k == 0 && loc2[0] == -1 && loc2[1] == -1, "empty partition: rc %d k %lld", rc, (long long)k);
+    CHECK(rc == 0 && k == 0 && loc2[0] == -1 && loc2[1] == -1, "empty partition: rc %d k %lld", rc,
+          (long long)k);
     free(ids);
     CHECK(sample_partition_size(10, 3, 0) == 4 && sample_partition_size(10, 3, 1) == 3 &&
               sample_partition_size(10, 3, 2) == 3 && sample_partition_size(2, 3, 2) == 0,

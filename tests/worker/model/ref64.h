@@ -23,8 +23,8 @@ static inline void conv64_range(int n, int on, int k, int stride, int pad, int *
 
 /* conv2d without bias: inp (B,C,H,W), w (OC,C/g,K,K) -> out (B,OC,OH,OW); the direct sum over
  * (ci, kh, kw) of w * shifted input, zero padding outside. */
-static inline void conv64_forward(double *out, const double *inp, const double *w, int B, int C,
-                                  int H, int W, int OC, int K, int stride, int pad, int g)
+static inline void conv64_forward(double *out, const double *inp, const double *w, int B, int C, int H, int W,
+                                  int OC, int K, int stride, int pad, int g)
 {
     int OH = (H + 2 * pad - K) / stride + 1, OW = (W + 2 * pad - K) / stride + 1;
     int cg = C / g, og = OC / g;
@@ -55,9 +55,9 @@ static inline void conv64_forward(double *out, const double *inp, const double *
         }
 }
 
-static inline void conv64_backward(double *dinp, double *dw, const double *dout,
-                                   const double *inp, const double *w, int B, int C, int H, int W,
-                                   int OC, int K, int stride, int pad, int g)
+static inline void conv64_backward(double *dinp, double *dw, const double *dout, const double *inp,
+                                   const double *w, int B, int C, int H, int W, int OC, int K, int stride,
+                                   int pad, int g)
 {
     int OH = (H + 2 * pad - K) / stride + 1, OW = (W + 2 * pad - K) / stride + 1;
     int cg = C / g, og = OC / g;
@@ -93,9 +93,8 @@ static inline void conv64_backward(double *dinp, double *dw, const double *dout,
 }
 
 /* BatchNorm (training mode): batch mean, biased var -> mean/var (C); inp, out (B,C,HW) */
-static inline void bn64_forward(double *out, double *mean, double *var, const double *inp,
-                                const double *w, const double *bias, int B, int C, int HW,
-                                double eps)
+static inline void bn64_forward(double *out, double *mean, double *var, const double *inp, const double *w,
+                                const double *bias, int B, int C, int HW, double eps)
 {
     double n = (double)B * HW;
     for (int c = 0; c < C; c++) {
@@ -120,9 +119,9 @@ static inline void bn64_forward(double *out, double *mean, double *var, const do
     }
 }
 
-static inline void bn64_backward(double *dinp, double *dw, double *db, const double *dout,
-                                 const double *inp, const double *w, const double *mean,
-                                 const double *var, int B, int C, int HW, double eps)
+static inline void bn64_backward(double *dinp, double *dw, double *db, const double *dout, const double *inp,
+                                 const double *w, const double *mean, const double *var, int B, int C, int HW,
+                                 double eps)
 {
     double n = (double)B * HW;
     for (int c = 0; c < C; c++) {
@@ -148,8 +147,8 @@ static inline void bn64_backward(double *dinp, double *dw, double *db, const dou
 }
 
 /* PReLU; pos (optional) forces the branch per element (1: x > 0 branch, 0: slope branch). */
-static inline void prelu64_forward(double *out, const double *inp, const double *a, int B, int C,
-                                   int HW, const signed char *pos)
+static inline void prelu64_forward(double *out, const double *inp, const double *a, int B, int C, int HW,
+                                   const signed char *pos)
 {
     for (int b = 0; b < B; b++)
         for (int c = 0; c < C; c++)
@@ -160,9 +159,8 @@ static inline void prelu64_forward(double *out, const double *inp, const double 
             }
 }
 
-static inline void prelu64_backward(double *dinp, double *da, const double *dout,
-                                    const double *inp, const double *a, int B, int C, int HW,
-                                    const signed char *pos)
+static inline void prelu64_backward(double *dinp, double *da, const double *dout, const double *inp,
+                                    const double *a, int B, int C, int HW, const signed char *pos)
 {
     for (int b = 0; b < B; b++)
         for (int c = 0; c < C; c++)
@@ -177,8 +175,8 @@ static inline void prelu64_backward(double *dinp, double *da, const double *dout
 }
 
 /* Linear: inp (B,IN), w (OUT,IN), bias (OUT) or NULL -> out (B,OUT) */
-static inline void linear64_forward(double *out, const double *inp, const double *w,
-                                    const double *bias, int B, int IN, int OUT)
+static inline void linear64_forward(double *out, const double *inp, const double *w, const double *bias,
+                                    int B, int IN, int OUT)
 {
     for (int b = 0; b < B; b++)
         for (int o = 0; o < OUT; o++) {

@@ -14,8 +14,8 @@
  * num_features) named name, *B = its batch. Returns 0 with *meta = the meta.json text (the caller
  * frees it), 77 (SKIP printed) when meta.json is not readable, 1 (FAIL printed) when a field is
  * missing. */
-static inline int refcase_meta(char *dir, size_t dir_size, const char *root, const char *name,
-                               model_desc *d, int *B, char **meta)
+static inline int refcase_meta(char *dir, size_t dir_size, const char *root, const char *name, model_desc *d,
+                               int *B, char **meta)
 {
     snprintf(dir, dir_size, "%s/backbone/%s", root, name);
     *meta = npy_read_text(dir, "meta.json");

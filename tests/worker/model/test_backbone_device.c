@@ -30,7 +30,7 @@
 #include "tests/npy.h"
 #include "worker/model/model_internal.h"
 
-#define TOL 1e-4
+#define TOL           1e-4
 #define GRAD_TOL_KINK 1e-2
 /* fp32 rounding of an activation is ~1e-7 of its scale: closer than that to 0 it may flip. */
 #define KINK_REL 1e-7
@@ -112,7 +112,8 @@ static void check_utilities(const ops_device *dv, ops_ctx *c)
     const size_t n = 100003; /* not a multiple of a block */
     const size_t bytes = n * sizeof(float);
     float *hw = malloc(bytes), *hg = malloc(bytes), *hm = malloc(bytes), *hv = malloc(bytes);
-    float *cw = malloc(bytes), *cm = malloc(bytes), *cv = malloc(bytes), *got = malloc(bytes), *nan = malloc(bytes);
+    float *cw = malloc(bytes), *cm = malloc(bytes), *cv = malloc(bytes), *got = malloc(bytes),
+          *nan = malloc(bytes);
     float *dw, *dg, *dm, *dv2;
     if (dv->mem_alloc(c, (void **)&dw, bytes) || dv->mem_alloc(c, (void **)&dg, bytes) ||
         dv->mem_alloc(c, (void **)&dm, bytes) || dv->mem_alloc(c, (void **)&dv2, bytes))
@@ -193,13 +194,23 @@ static void check_utilities(const ops_device *dv, ops_ctx *c)
         die("mem_zero");
     checks++;
     failures += ss != 0.0;
-    printf("%s utilities vs cpu: sgd_step, adamw_step, d2d+scale bit for bit %s; sumsq rel %.2e, with an inf %g, "
-           "after mem_zero %g\n", dv->name, ok ? "yes" : "NO", rel, s_inf, ss);
+    printf("%s utilities vs cpu: sgd_step, adamw_step, d2d+scale bit for bit %s; sumsq rel %.2e, with an inf "
+           "%g, "
+           "after mem_zero %g\n",
+           dv->name, ok ? "yes" : "NO", rel, s_inf, ss);
     dv->mem_free(c, dw);
     dv->mem_free(c, dg);
     dv->mem_free(c, dm);
     dv->mem_free(c, dv2);
-    free(hw); free(hg); free(hm); free(hv); free(cw); free(cm); free(cv); free(got); free(nan);
+    free(hw);
+    free(hg);
+    free(hm);
+    free(hv);
+    free(cw);
+    free(cm);
+    free(cv);
+    free(got);
+    free(nan);
 }
 
 /* ---- reference networks ---- */
@@ -260,7 +271,8 @@ static void poison_internals(model *m)
     unsigned char *nan = malloc(most);
     memset(nan, 0xFF, most);
     for (int t = 0; t < m->n_acts; t++)
-        if (m->dev->mem_h2d(m->ctx, m->acts[t].data, nan, m->acts[t].per_sample * m->acts[t].elem * (size_t)m->B_cap))
+        if (m->dev->mem_h2d(m->ctx, m->acts[t].data, nan,
+                            m->acts[t].per_sample * m->acts[t].elem * (size_t)m->B_cap))
             die("poison activations");
     for (int k = 0; k < m->n_pool; k++)
         if (m->dev->mem_h2d(m->ctx, m->pool[k], nan, m->pool_cap[k] * (size_t)m->B_cap))
@@ -324,7 +336,8 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
         ag.count != nout)
         die(name);
     float *hin = npy_to_f32(&ai), *hg = npy_to_f32(&ag);
-    double *rout = load_ref(path, "output.npy", nout, name), *rgi = load_ref(path, "grad_input.npy", nin, name);
+    double *rout = load_ref(path, "output.npy", nout, name),
+           *rgi = load_ref(path, "grad_input.npy", nin, name);
     double *reo = load_ref(path, "eval_output.npy", nout, name);
     /* device buffers: the embedding gradient in, the input gradient out (poisoned); gradients poisoned */
     float *dg = NULL, *dgi = NULL, *poison = malloc((np > nin ? np : nin) * sizeof(float));
@@ -353,7 +366,8 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
      * (The activations are still those of the training forward.) */
     size_t kinks = near_kink(m, KINK_REL);
     double gtol = kinks == 0 && !fp32_stats ? TOL : GRAD_TOL_KINK;
-    printf("%s: %zu PReLU inputs within %.0e rms of the kink: gradients held to %.0e\n", name, kinks, KINK_REL, gtol);
+    printf("%s: %zu PReLU inputs within %.0e rms of the kink: gradients held to %.0e\n", name, kinks,
+           KINK_REL, gtol);
     cmp(name, "output", h, rout, nout, TOL);
     free(h);
     h = get(m, dgi, nin);
@@ -389,7 +403,15 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
     h = get(m, emb, nout);
     cmp(name, "eval_output", h, reo, nout, TOL);
     free(h);
-    free(hgr); free(hrun); free(hp); free(hin); free(hg); free(rout); free(rgi); free(reo); free(poison);
+    free(hgr);
+    free(hrun);
+    free(hp);
+    free(hin);
+    free(hg);
+    free(rout);
+    free(rgi);
+    free(reo);
+    free(poison);
     dev->mem_free(c, dg);
     dev->mem_free(c, dgi);
     npy_free(&ai);
@@ -464,7 +486,14 @@ static void compare_to_cpu(const ops_device *dev, const char *net, int D, int B)
     for (size_t i = 0; i < nb; i++)
         ref[i] = rc[i];
     cmp(tag, "running statistics", run, ref, nb, 1e-3);
-    free(ref); free(x); free(g); free(gin_c); free(emb); free(gin); free(gr); free(run);
+    free(ref);
+    free(x);
+    free(g);
+    free(gin_c);
+    free(emb);
+    free(gin);
+    free(gr);
+    free(run);
     dev->mem_free(c, dg);
     dev->mem_free(c, dgin);
     model_free(mc);
@@ -488,7 +517,8 @@ int main(int argc, char **argv)
         return 1;
     }
     if (dev->act_bytes != 4) {
-        printf("FAIL: %s is a mixed-precision device (tests/worker/model/test_model_half.c covers those)\n", dev->name);
+        printf("FAIL: %s is a mixed-precision device (tests/worker/model/test_model_half.c covers those)\n",
+               dev->name);
         return 1;
     }
     ops_ctx *c;
@@ -500,7 +530,8 @@ int main(int argc, char **argv)
     if (rc)
         die("ctx_create");
     if (!strncmp(which, "cuda", 4))
-        printf("CUDA device, batch norm %s\n", fp32_stats ? "cuDNN (fp32 statistics)" : "exact (float64 sums)");
+        printf("CUDA device, batch norm %s\n",
+               fp32_stats ? "cuDNN (fp32 statistics)" : "exact (float64 sums)");
     rs = 0x9E3779B97F4A7C15ull ^ (uint64_t)time(NULL); /* fresh inputs each run */
     printf("utilities seed %llu\n", (unsigned long long)rs);
     check_utilities(dev, c);
@@ -530,7 +561,7 @@ int main(int argc, char **argv)
         }
     closedir(dp);
     printf("%d networks on %s, %d tensors compared, %d failed, worst relative error %.3e (tolerance %.0e; "
-           "gradients of a network with a near-kink PReLU input %.0e)\n", nets, which, checks, failures, worst,
-           TOL, GRAD_TOL_KINK);
+           "gradients of a network with a near-kink PReLU input %.0e)\n",
+           nets, which, checks, failures, worst, TOL, GRAD_TOL_KINK);
     return failures || nets == 0 ? 1 : 0;
 }

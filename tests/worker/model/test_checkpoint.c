@@ -63,8 +63,7 @@ static long fsize(const char *p)
     return n;
 }
 
-static int copy_mod(const char *src, const char *dst, long off, int xor_byte, long truncate_to,
-                    int append)
+static int copy_mod(const char *src, const char *dst, long off, int xor_byte, long truncate_to, int append)
 {
     FILE *f = fopen(src, "rb");
     if (!f)
@@ -91,14 +90,14 @@ static int copy_mod(const char *src, const char *dst, long off, int xor_byte, lo
     return 0;
 }
 
-static void expect_refused(model *m, const char *what, const char *path, int want_rc,
-                           const char *needle, const float *before, size_t np)
+static void expect_refused(model *m, const char *what, const char *path, int want_rc, const char *needle,
+                           const float *before, size_t np)
 {
     int rc = model_load(m, path);
     int same = !memcmp(model_params(m), before, np * sizeof(float));
     int bad = rc != want_rc || (needle && !strstr(pf_errmsg(), needle)) || !same;
-    printf("%-30s rc %d '%s', model unchanged: %s  %s\n", what, rc, pf_errmsg(),
-           same ? "yes" : "NO", bad ? "FAIL" : "ok");
+    printf("%-30s rc %d '%s', model unchanged: %s  %s\n", what, rc, pf_errmsg(), same ? "yes" : "NO",
+           bad ? "FAIL" : "ok");
     failures += bad;
 }
 
@@ -131,8 +130,8 @@ int main(void)
         return 1;
     }
     int rc = model_save(a, path);
-    printf("save %s: rc %d, %ld bytes (params %zu floats + buffers %zu floats)\n", path, rc,
-           fsize(path), model_num_params(a), model_num_buffer_floats(a));
+    printf("save %s: rc %d, %ld bytes (params %zu floats + buffers %zu floats)\n", path, rc, fsize(path),
+           model_num_params(a), model_num_buffer_floats(a));
     failures += rc != 0;
     char tmp[300];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -142,8 +141,8 @@ int main(void)
     rc = model_load(b, path);
     int pe = !memcmp(model_params(a), model_params(b), model_num_params(a) * sizeof(float));
     int be = !memcmp(model_buffers(a), model_buffers(b), model_num_buffer_floats(a) * sizeof(float));
-    printf("load: rc %d, parameters identical: %s, running statistics identical: %s\n", rc,
-           pe ? "yes" : "NO", be ? "yes" : "NO");
+    printf("load: rc %d, parameters identical: %s, running statistics identical: %s\n", rc, pe ? "yes" : "NO",
+           be ? "yes" : "NO");
     failures += rc != 0 || !pe || !be;
     /* same eval output */
     float *ea = malloc(2 * 64 * sizeof *ea);
@@ -188,15 +187,13 @@ int main(void)
     if (model_create(&c, "r18", 128, 1) == 0) {
         float *bc = malloc(model_num_params(c) * sizeof *bc);
         memcpy(bc, model_params(c), model_num_params(c) * sizeof *bc);
-        expect_refused(c, "other embedding_size", path, -EINVAL, "embedding_size", bc,
-                       model_num_params(c));
+        expect_refused(c, "other embedding_size", path, -EINVAL, "embedding_size", bc, model_num_params(c));
         free(bc);
         model_free(c);
     }
     snprintf(tmp, sizeof tmp, "%s/nodir/x.ckpt", dir);
     rc = model_save(a, tmp);
-    printf("save into a missing directory: rc %d '%s' %s\n", rc, pf_errmsg(),
-           rc == -EIO ? "ok" : "FAIL");
+    printf("save into a missing directory: rc %d '%s' %s\n", rc, pf_errmsg(), rc == -EIO ? "ok" : "FAIL");
     failures += rc != -EIO;
 
     /* ---- version 2 extras ---- */
@@ -233,8 +230,8 @@ int main(void)
         pe = !memcmp(model_params(a), model_params(b), np * sizeof(float));
         int xe = got == 2 && !strcmp(y[0].name, "scale") && y[0].value == 65536.0 &&
                  !strcmp(y[1].name, "growth_tracker") && y[1].value == 37.0;
-        printf("load_ex: rc %d, %d extras (scale %g, growth_tracker %g), params identical: %s  %s\n",
-               rc, got, y[0].value, y[1].value, pe ? "yes" : "NO", rc == 0 && xe && pe ? "ok" : "FAIL");
+        printf("load_ex: rc %d, %d extras (scale %g, growth_tracker %g), params identical: %s  %s\n", rc, got,
+               y[0].value, y[1].value, pe ? "yes" : "NO", rc == 0 && xe && pe ? "ok" : "FAIL");
         failures += rc != 0 || !xe || !pe;
         rc = model_load(b, xp);
         printf("plain model_load of a file with extras: rc %d %s\n", rc, rc ? "FAIL" : "ok");
@@ -242,8 +239,8 @@ int main(void)
         model_init(b, 3);
         rc = model_load_ex(b, xp, y, 1, &got);
         int same = !memcmp(model_params(b), before, np * sizeof(float));
-        printf("load_ex with room for 1 of 2 extras: rc %d '%s', model unchanged: %s  %s\n", rc,
-               pf_errmsg(), same ? "yes" : "NO", rc == -EINVAL && same ? "ok" : "FAIL");
+        printf("load_ex with room for 1 of 2 extras: rc %d '%s', model unchanged: %s  %s\n", rc, pf_errmsg(),
+               same ? "yes" : "NO", rc == -EINVAL && same ? "ok" : "FAIL");
         failures += rc != -EINVAL || !same;
         /* version 1: the file model_save writes with no extras, version field 2 -> 1 */
         uint32_t v1 = 1;
@@ -251,8 +248,8 @@ int main(void)
         got = -1;
         rc = model_load_ex(b, bad, y, 4, &got);
         pe = !memcmp(model_params(a), model_params(b), np * sizeof(float));
-        printf("version 1 file: rc %d, %d extras, params identical: %s  %s\n", rc, got,
-               pe ? "yes" : "NO", rc == 0 && got == 0 && pe ? "ok" : "FAIL");
+        printf("version 1 file: rc %d, %d extras, params identical: %s  %s\n", rc, got, pe ? "yes" : "NO",
+               rc == 0 && got == 0 && pe ? "ok" : "FAIL");
         failures += rc != 0 || got != 0 || !pe;
         model_init(b, 3);
         long xoff = xn - (long)((np + model_num_buffer_floats(a)) * sizeof(float)) - 80;
@@ -278,7 +275,8 @@ int main(void)
             r3 = model_save_ex(a, np2, x, MODEL_EXTRAS_MAX + 1), r4 = model_save_ex(a, np2, NULL, 1);
         int none = access(np2, F_OK) != 0;
         printf("save_ex refuses empty name %d, repeated name %d, %d extras %d, NULL table %d; "
-               "nothing written: %s  %s\n", r1, r2, MODEL_EXTRAS_MAX + 1, r3, r4, none ? "yes" : "NO",
+               "nothing written: %s  %s\n",
+               r1, r2, MODEL_EXTRAS_MAX + 1, r3, r4, none ? "yes" : "NO",
                r1 == -EINVAL && r2 == -EINVAL && r3 == -EINVAL && r4 == -EINVAL && none ? "ok" : "FAIL");
         failures += r1 != -EINVAL || r2 != -EINVAL || r3 != -EINVAL || r4 != -EINVAL || !none;
         unlink(xp);
@@ -320,7 +318,9 @@ int main(void)
     unlink(path);
     unlink(bad);
     rmdir(dir);
-    free(x); free(ea); free(before);
+    free(x);
+    free(ea);
+    free(before);
     model_free(a);
     model_free(b);
     printf("%s (%d failures)\n", failures ? "FAIL" : "PASS", failures);

@@ -90,19 +90,14 @@ static double loss64(const fcase *f)
     double *mv = NULL;
     switch (f->kind) {
     case 1:
-        conv64_forward(y, f->x, f->w, f->B, f->C, f->H, f->W, f->OC, f->K, f->stride, f->pad,
-                       f->groups);
+        conv64_forward(y, f->x, f->w, f->B, f->C, f->H, f->W, f->OC, f->K, f->stride, f->pad, f->groups);
         break;
     case 2:
         mv = malloc(2 * (size_t)f->C * sizeof *mv);
         bn64_forward(y, mv, mv + f->C, f->x, f->w, f->b, f->B, f->C, f->H * f->W, 1e-5);
         break;
-    case 3:
-        prelu64_forward(y, f->x, f->w, f->B, f->C, f->H * f->W, NULL);
-        break;
-    case 4:
-        linear64_forward(y, f->x, f->w, f->b, f->B, f->IN, f->OUT);
-        break;
+    case 3: prelu64_forward(y, f->x, f->w, f->B, f->C, f->H * f->W, NULL); break;
+    case 4: linear64_forward(y, f->x, f->w, f->b, f->B, f->IN, f->OUT); break;
     }
     for (size_t i = 0; i < f->ny; i++)
         s += y[i] * f->g[i];
@@ -144,14 +139,24 @@ static void test_conv(ops_ctx *ctx, int B, int C, int H, int OC, int K, int stri
         failures++;
         return;
     }
-    printf("conv B=%d C=%d %dx%d OC=%d K=%d stride=%d pad=%d groups=%d -> %dx%d\n", B, C, H, H, OC,
-           K, stride, pad, g, s.OH, s.OW);
-    size_t nx = (size_t)B * C * H * H, nw = (size_t)OC * (C / g) * K * K,
-           ny = (size_t)B * OC * s.OH * s.OW;
+    printf("conv B=%d C=%d %dx%d OC=%d K=%d stride=%d pad=%d groups=%d -> %dx%d\n", B, C, H, H, OC, K, stride,
+           pad, g, s.OH, s.OW);
+    size_t nx = (size_t)B * C * H * H, nw = (size_t)OC * (C / g) * K * K, ny = (size_t)B * OC * s.OH * s.OW;
     float *x = randf(nx, 1.0), *w = randf(nw, 0.3), *gy = randf(ny, 1.0);
     float *y = malloc(ny * sizeof *y), *dx = calloc(nx, sizeof *dx), *dw = calloc(nw, sizeof *dw);
-    fcase f = {.kind = 1, .B = B, .C = C, .H = H, .W = H, .OC = OC, .K = K, .stride = stride,
-               .pad = pad, .groups = g, .x = to64(x, nx), .w = to64(w, nw), .g = to64(gy, ny),
+    fcase f = {.kind = 1,
+               .B = B,
+               .C = C,
+               .H = H,
+               .W = H,
+               .OC = OC,
+               .K = K,
+               .stride = stride,
+               .pad = pad,
+               .groups = g,
+               .x = to64(x, nx),
+               .w = to64(w, nw),
+               .g = to64(gy, ny),
                .ny = ny};
     double *y64 = malloc(ny * sizeof *y64), *dx64 = calloc(nx, sizeof *dx64),
            *dw64 = calloc(nw, sizeof *dw64);
@@ -184,16 +189,29 @@ static void test_conv(ops_ctx *ctx, int B, int C, int H, int OC, int K, int stri
         expect_rel("second backward accumulates (dinp, acc)", rc ? 1 : rel(dx, dx64, nx), 1e-5);
         expect_rel("second backward accumulates (dweight)", rc ? 1 : rel(dw, dw64, nw), 1e-5);
     }
-    free(x); free(w); free(gy); free(y); free(dx); free(dw); free(xd); free(gd); free(yd); free(dxd);
-    free(f.x); free(f.w); free(f.g); free(y64); free(dx64); free(dw64);
+    free(x);
+    free(w);
+    free(gy);
+    free(y);
+    free(dx);
+    free(dw);
+    free(xd);
+    free(gd);
+    free(yd);
+    free(dxd);
+    free(f.x);
+    free(f.w);
+    free(f.g);
+    free(y64);
+    free(dx64);
+    free(dw64);
 }
 
 static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
 {
     printf("batchnorm train B=%d C=%d HW=%d%s\n", B, C, HW, fixed ? " (weight fixed)" : "");
     size_t n = (size_t)B * C * HW;
-    float *x = randf(n, 2.0), *gy = randf(n, 1.0), *w = randf((size_t)C, 1.0),
-          *b = randf((size_t)C, 1.0);
+    float *x = randf(n, 2.0), *gy = randf(n, 1.0), *w = randf((size_t)C, 1.0), *b = randf((size_t)C, 1.0);
     for (size_t i = 0; i < n; i++)
         x[i] += 0.7f; /* non-zero mean */
     if (fixed)
@@ -205,8 +223,16 @@ static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
     double *sm = malloc((size_t)C * sizeof *sm), *sv = malloc((size_t)C * sizeof *sv);
     for (int c = 0; c < C; c++)
         rv[c] = 1.0f;
-    fcase f = {.kind = 2, .B = B, .C = C, .H = HW, .W = 1, .x = to64(x, n), .w = to64(w, C),
-               .b = to64(b, C), .g = to64(gy, n), .ny = n};
+    fcase f = {.kind = 2,
+               .B = B,
+               .C = C,
+               .H = HW,
+               .W = 1,
+               .x = to64(x, n),
+               .w = to64(w, C),
+               .b = to64(b, C),
+               .g = to64(gy, n),
+               .ny = n};
     double *y64 = malloc(n * sizeof *y64), *mv = malloc(2 * (size_t)C * sizeof *mv);
     double *dx64 = calloc(n, sizeof *dx64), *dw64 = calloc((size_t)C, sizeof *dw64),
            *db64 = calloc((size_t)C, sizeof *db64);
@@ -216,8 +242,7 @@ static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
           *dxd = malloc(n * sizeof *dxd);
     int rc = ops_cpu.bn_forward(ctx, yd, sm, sv, xd, w, b, rm, rv, B, C, HW, 1e-5f, 0.1f, 1);
     if (!rc)
-        rc = ops_cpu.bn_backward(ctx, dxd, 0, fixed ? NULL : dw, db, gd, xd, w, sm, sv, B, C, HW,
-                                 1e-5f);
+        rc = ops_cpu.bn_backward(ctx, dxd, 0, fixed ? NULL : dw, db, gd, xd, w, sm, sv, B, C, HW, 1e-5f);
     dev_out(y, yd, B, C, HW);
     dev_out(dx, dxd, B, C, HW);
     if (rc) {
@@ -258,9 +283,31 @@ static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
         }
         expect_rel("eval forward (running statistics)", rc ? 1 : rel(y, y64, n), 1e-6);
     }
-    free(x); free(gy); free(w); free(b); free(y); free(dx); free(dw); free(db); free(rm);
-    free(rv); free(sm); free(sv); free(xd); free(gd); free(yd); free(dxd); free(f.x); free(f.w); free(f.b); free(f.g); free(y64); free(mv);
-    free(dx64); free(dw64); free(db64);
+    free(x);
+    free(gy);
+    free(w);
+    free(b);
+    free(y);
+    free(dx);
+    free(dw);
+    free(db);
+    free(rm);
+    free(rv);
+    free(sm);
+    free(sv);
+    free(xd);
+    free(gd);
+    free(yd);
+    free(dxd);
+    free(f.x);
+    free(f.w);
+    free(f.b);
+    free(f.g);
+    free(y64);
+    free(mv);
+    free(dx64);
+    free(dw64);
+    free(db64);
 }
 
 static void test_prelu(ops_ctx *ctx, int B, int C, int HW)
@@ -272,8 +319,15 @@ static void test_prelu(ops_ctx *ctx, int B, int C, int HW)
         if (fabsf(x[i]) < 1e-2f)
             x[i] = 0.5f;
     float *y = malloc(n * sizeof *y), *dx = malloc(n * sizeof *dx), *da = calloc((size_t)C, 4);
-    fcase f = {.kind = 3, .B = B, .C = C, .H = HW, .W = 1, .x = to64(x, n), .w = to64(a, C),
-               .g = to64(gy, n), .ny = n};
+    fcase f = {.kind = 3,
+               .B = B,
+               .C = C,
+               .H = HW,
+               .W = 1,
+               .x = to64(x, n),
+               .w = to64(a, C),
+               .g = to64(gy, n),
+               .ny = n};
     double *y64 = malloc(n * sizeof *y64), *dx64 = calloc(n, 8), *da64 = calloc((size_t)C, 8);
     prelu64_forward(y64, f.x, f.w, B, C, HW, NULL);
     prelu64_backward(dx64, da64, f.g, f.x, f.w, B, C, HW, NULL);
@@ -284,14 +338,27 @@ static void test_prelu(ops_ctx *ctx, int B, int C, int HW)
         rc = ops_cpu.prelu_backward(ctx, dxd, 0, da, gd, xd, a, B, C, HW);
     dev_out(y, yd, B, C, HW);
     dev_out(dx, dxd, B, C, HW);
-    free(xd); free(gd); free(yd); free(dxd);
+    free(xd);
+    free(gd);
+    free(yd);
+    free(dxd);
     expect_rel("forward vs float64", rc ? 1 : rel(y, y64, n), 1e-6);
     expect_rel("dinp vs float64 backward", rc ? 1 : rel(dx, dx64, n), 1e-6);
     expect_rel("dalpha vs float64 backward", rc ? 1 : rel(da, da64, (size_t)C), 1e-5);
     fd_check("dinp", &f, f.x, n, dx);
     fd_check("dalpha", &f, f.w, (size_t)C, da);
-    free(x); free(gy); free(a); free(y); free(dx); free(da); free(f.x); free(f.w); free(f.g);
-    free(y64); free(dx64); free(da64);
+    free(x);
+    free(gy);
+    free(a);
+    free(y);
+    free(dx);
+    free(da);
+    free(f.x);
+    free(f.w);
+    free(f.g);
+    free(y64);
+    free(dx64);
+    free(da64);
 }
 
 static void test_linear(ops_ctx *ctx, int B, int IN, int OUT, int bias)
@@ -300,10 +367,16 @@ static void test_linear(ops_ctx *ctx, int B, int IN, int OUT, int bias)
     size_t nx = (size_t)B * IN, nw = (size_t)OUT * IN, ny = (size_t)B * OUT;
     float *x = randf(nx, 1.0), *w = randf(nw, 0.1), *b = bias ? randf((size_t)OUT, 0.1) : NULL,
           *gy = randf(ny, 1.0);
-    float *y = malloc(ny * 4), *dx = malloc(nx * 4), *dw = calloc(nw, 4),
-          *db = calloc((size_t)OUT, 4);
-    fcase f = {.kind = 4, .B = B, .IN = IN, .OUT = OUT, .x = to64(x, nx), .w = to64(w, nw),
-               .b = bias ? to64(b, OUT) : NULL, .g = to64(gy, ny), .ny = ny};
+    float *y = malloc(ny * 4), *dx = malloc(nx * 4), *dw = calloc(nw, 4), *db = calloc((size_t)OUT, 4);
+    fcase f = {.kind = 4,
+               .B = B,
+               .IN = IN,
+               .OUT = OUT,
+               .x = to64(x, nx),
+               .w = to64(w, nw),
+               .b = bias ? to64(b, OUT) : NULL,
+               .g = to64(gy, ny),
+               .ny = ny};
     double *y64 = malloc(ny * 8), *dx64 = calloc(nx, 8), *dw64 = calloc(nw, 8),
            *db64 = calloc((size_t)OUT, 8);
     linear64_forward(y64, f.x, f.w, f.b, B, IN, OUT);
@@ -320,8 +393,22 @@ static void test_linear(ops_ctx *ctx, int B, int IN, int OUT, int bias)
         expect_rel("dbias vs float64 backward", rc ? 1 : rel(db, db64, (size_t)OUT), 1e-5);
         fd_check("dbias", &f, f.b, (size_t)OUT, db);
     }
-    free(x); free(w); free(b); free(gy); free(y); free(dx); free(dw); free(db);
-    free(f.x); free(f.w); free(f.b); free(f.g); free(y64); free(dx64); free(dw64); free(db64);
+    free(x);
+    free(w);
+    free(b);
+    free(gy);
+    free(y);
+    free(dx);
+    free(dw);
+    free(db);
+    free(f.x);
+    free(f.w);
+    free(f.b);
+    free(f.g);
+    free(y64);
+    free(dx64);
+    free(dw64);
+    free(db64);
 }
 
 static void test_add_dropout(ops_ctx *ctx)
@@ -358,7 +445,12 @@ static void test_add_dropout(ops_ctx *ctx)
     int rc = ops_cpu.dropout_forward(ctx, o, mask, a, n, 1.0f, 1);
     printf("  dropout p=1 refused: %d '%s'\n", rc, pf_errmsg());
     failures += rc != -EINVAL;
-    free(a); free(b); free(o); free(mask); free(d); free(e);
+    free(a);
+    free(b);
+    free(o);
+    free(mask);
+    free(d);
+    free(e);
 }
 
 /* The layout conversion itself, against the index formula written out here. */
@@ -380,10 +472,12 @@ static void test_layout(ops_ctx *ctx)
     ops_cpu.to_plain(ctx, q, d, B, C, HW);
     for (size_t i = 0; i < n; i++)
         bad += q[i] != 2 * p[i];
-    printf("layout: act_block(16) = %d, act_block(3) = %d, NCHW <-> device round trip, +=: %s\n",
-           bs, ops_cpu.act_block(3), bad ? "FAIL" : "ok");
+    printf("layout: act_block(16) = %d, act_block(3) = %d, NCHW <-> device round trip, +=: %s\n", bs,
+           ops_cpu.act_block(3), bad ? "FAIL" : "ok");
     failures += bad != 0 || ops_cpu.act_block(3) != 1;
-    free(p); free(d); free(q);
+    free(p);
+    free(d);
+    free(q);
 }
 
 int main(void)
@@ -394,18 +488,18 @@ int main(void)
         return 1;
     }
     g_ctx = ctx;
-    test_conv(ctx, 2, 3, 12, 8, 3, 1, 1, 1);     /* stem */
-    test_conv(ctx, 2, 8, 10, 16, 3, 2, 1, 1);    /* iresnet conv2, stride 2 */
-    test_conv(ctx, 2, 8, 10, 16, 1, 2, 0, 1);    /* downsample 1x1 stride 2 */
-    test_conv(ctx, 2, 8, 9, 8, 3, 1, 1, 4);      /* grouped (mbf layers.1) */
-    test_conv(ctx, 2, 16, 8, 16, 3, 2, 1, 16);   /* depthwise stride 2 */
-    test_conv(ctx, 3, 16, 7, 16, 7, 1, 0, 16);   /* GDC 7x7 depthwise */
+    test_conv(ctx, 2, 3, 12, 8, 3, 1, 1, 1);   /* stem */
+    test_conv(ctx, 2, 8, 10, 16, 3, 2, 1, 1);  /* iresnet conv2, stride 2 */
+    test_conv(ctx, 2, 8, 10, 16, 1, 2, 0, 1);  /* downsample 1x1 stride 2 */
+    test_conv(ctx, 2, 8, 9, 8, 3, 1, 1, 4);    /* grouped (mbf layers.1) */
+    test_conv(ctx, 2, 16, 8, 16, 3, 2, 1, 16); /* depthwise stride 2 */
+    test_conv(ctx, 3, 16, 7, 16, 7, 1, 0, 16); /* GDC 7x7 depthwise */
     test_bn(ctx, 3, 5, 49, 0);
-    test_bn(ctx, 2, 16, 25, 0);                  /* blocked layout (nChw8c) */
-    test_bn(ctx, 2, 6, 1, 0);                    /* BatchNorm1d, batch 2 */
-    test_bn(ctx, 4, 6, 1, 1);                    /* features: BatchNorm1d, weight fixed */
+    test_bn(ctx, 2, 16, 25, 0); /* blocked layout (nChw8c) */
+    test_bn(ctx, 2, 6, 1, 0);   /* BatchNorm1d, batch 2 */
+    test_bn(ctx, 4, 6, 1, 1);   /* features: BatchNorm1d, weight fixed */
     test_prelu(ctx, 2, 4, 30);
-    test_prelu(ctx, 2, 16, 9);                   /* blocked layout */
+    test_prelu(ctx, 2, 16, 9); /* blocked layout */
     test_layout(ctx);
     test_linear(ctx, 3, 50, 7, 1);
     test_linear(ctx, 2, 40, 6, 0);
@@ -419,8 +513,7 @@ int main(void)
     rc = ops_conv_shape_init(&s, 2, 4, 2, 2, 8, 7, 1, 0, 1);
     printf("conv kernel 7 on 2x2: %d '%s'\n", rc, pf_errmsg());
     failures += rc != -EINVAL;
-    rc = ops_cpu.bn_forward(ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 4, 4, 1e-5f,
-                            0.1f, 1);
+    rc = ops_cpu.bn_forward(ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 4, 4, 1e-5f, 0.1f, 1);
     printf("batchnorm B=0: %d '%s'\n", rc, pf_errmsg());
     failures += rc != -EINVAL;
     ops_cpu.ctx_destroy(ctx);

@@ -45,14 +45,14 @@ static void test_names(void)
         const ops_device *t = ops_device_by_name(names[i]);
         if (!t)
             continue;
-        int full = t->ctx_create && t->ctx_destroy && t->conv_forward && t->conv_backward &&
-                   t->bn_forward && t->bn_backward && t->prelu_forward && t->prelu_backward &&
-                   t->linear_forward && t->linear_backward && t->add_forward && t->acc &&
-                   t->act_block && t->to_plain && t->from_plain && t->dropout_forward &&
-                   t->dropout_backward && t->mem_alloc && t->mem_free && t->mem_h2d && t->mem_d2h &&
-                   t->mem_d2d && t->mem_zero && t->sync && t->sgd_step && t->adamw_step && t->scale &&
-                   t->sumsq && (t->act_bytes == 4 || t->act_bytes == 2) &&
-                   (!t->plain || t->plain->act_bytes == 4) && (t->act_bytes == 4 || t->plain);
+        int full = t->ctx_create && t->ctx_destroy && t->conv_forward && t->conv_backward && t->bn_forward &&
+                   t->bn_backward && t->prelu_forward && t->prelu_backward && t->linear_forward &&
+                   t->linear_backward && t->add_forward && t->acc && t->act_block && t->to_plain &&
+                   t->from_plain && t->dropout_forward && t->dropout_backward && t->mem_alloc &&
+                   t->mem_free && t->mem_h2d && t->mem_d2h && t->mem_d2d && t->mem_zero && t->sync &&
+                   t->sgd_step && t->adamw_step && t->scale && t->sumsq &&
+                   (t->act_bytes == 4 || t->act_bytes == 2) && (!t->plain || t->plain->act_bytes == 4) &&
+                   (t->act_bytes == 4 || t->plain);
         printf("device %-10s act_bytes %d plain %-5s every entry filled: %s\n", t->name, t->act_bytes,
                t->plain ? t->plain->name : "-", full ? "yes" : "NO");
         CHECK(full, "device %s: kernels/ops.h table incomplete or inconsistent", t->name);
@@ -86,8 +86,8 @@ static void test_entries(const ops_device *dv)
     CHECK(!dv->mem_h2d(c, w, hw, sizeof hw) && !dv->mem_d2d(c, v, w, sizeof hw) &&
               !dv->mem_d2h(c, h, v, sizeof h) && !memcmp(h, hw, sizeof h),
           "%s: h2d/d2d/d2h round trip", dv->name);
-    CHECK(!dv->mem_zero(c, v, 10 * 4) && !dv->mem_d2h(c, h, v, sizeof h) && h[9] == 0.0f &&
-              h[10] == hw[10], "%s: mem_zero of 10 floats", dv->name);
+    CHECK(!dv->mem_zero(c, v, 10 * 4) && !dv->mem_d2h(c, h, v, sizeof h) && h[9] == 0.0f && h[10] == hw[10],
+          "%s: mem_zero of 10 floats", dv->name);
     /* scale and sumsq: 3,4 -> 25; x2; inf and NaN propagate */
     float t[3] = {3.0f, 4.0f, 0.0f};
     double ss = -1;
@@ -98,14 +98,16 @@ static void test_entries(const ops_device *dv)
     double big = 0;
     for (int i = 0; i < N; i++)
         big += (double)hw[i] * hw[i];
-    CHECK(!dv->sumsq(c, w, N, &ss) && fabs(ss - big) <= 1e-12 * big, "%s: sumsq of %d = %.17g, "
-          "expected %.17g", dv->name, N, ss, big);
+    CHECK(!dv->sumsq(c, w, N, &ss) && fabs(ss - big) <= 1e-12 * big,
+          "%s: sumsq of %d = %.17g, "
+          "expected %.17g",
+          dv->name, N, ss, big);
     t[1] = INFINITY;
-    CHECK(!dv->mem_h2d(c, v, t, sizeof t) && !dv->sumsq(c, v, 3, &ss) && isinf(ss),
-          "%s: sumsq with inf = %g", dv->name, ss);
+    CHECK(!dv->mem_h2d(c, v, t, sizeof t) && !dv->sumsq(c, v, 3, &ss) && isinf(ss), "%s: sumsq with inf = %g",
+          dv->name, ss);
     t[1] = NAN;
-    CHECK(!dv->mem_h2d(c, v, t, sizeof t) && !dv->sumsq(c, v, 3, &ss) && isnan(ss),
-          "%s: sumsq with NaN = %g", dv->name, ss);
+    CHECK(!dv->mem_h2d(c, v, t, sizeof t) && !dv->sumsq(c, v, 3, &ss) && isnan(ss), "%s: sumsq with NaN = %g",
+          dv->name, ss);
     /* SGD, 3 steps, momentum 0.9, wd 5e-4, lr 0.1, against torch's formula in float64 */
     double dw[N], dm[N];
     for (int i = 0; i < N; i++) {
@@ -113,7 +115,8 @@ static void test_entries(const ops_device *dv)
         dm[i] = 0;
     }
     CHECK(!dv->mem_h2d(c, w, hw, sizeof hw) && !dv->mem_h2d(c, g, hg, sizeof hg) &&
-              !dv->mem_zero(c, mo, N * 4), "%s: upload", dv->name);
+              !dv->mem_zero(c, mo, N * 4),
+          "%s: upload", dv->name);
     for (int s = 0; s < 3; s++) {
         CHECK(!dv->sgd_step(c, w, g, mo, N, 0.1f, 0.9f, 5e-4f), "%s sgd: %s", dv->name, pf_errmsg());
         for (int i = 0; i < N; i++) {
@@ -134,11 +137,11 @@ static void test_entries(const ops_device *dv)
         dw[i] = hw[i];
         am[i] = av[i] = 0;
     }
-    CHECK(!dv->mem_h2d(c, w, hw, sizeof hw) && !dv->mem_zero(c, mo, N * 4) &&
-              !dv->mem_zero(c, v, N * 4), "%s: upload", dv->name);
+    CHECK(!dv->mem_h2d(c, w, hw, sizeof hw) && !dv->mem_zero(c, mo, N * 4) && !dv->mem_zero(c, v, N * 4),
+          "%s: upload", dv->name);
     for (int s = 1; s <= 3; s++) {
-        CHECK(!dv->adamw_step(c, w, g, mo, v, N, 1e-2, 0.9, 0.999, 1e-8, 1e-2, s), "%s adamw: %s",
-              dv->name, pf_errmsg());
+        CHECK(!dv->adamw_step(c, w, g, mo, v, N, 1e-2, 0.9, 0.999, 1e-8, 1e-2, s), "%s adamw: %s", dv->name,
+              pf_errmsg());
         for (int i = 0; i < N; i++) {
             dw[i] *= 1 - 1e-2 * 1e-2;
             am[i] = 0.9 * am[i] + 0.1 * hg[i];
@@ -149,7 +152,8 @@ static void test_entries(const ops_device *dv)
     }
     err = 0;
     CHECK(!dv->mem_d2h(c, hm, mo, sizeof hm) && !dv->mem_d2h(c, hv, v, sizeof hv) &&
-              !dv->mem_d2h(c, h, w, sizeof h), "%s d2h", dv->name);
+              !dv->mem_d2h(c, h, w, sizeof h),
+          "%s d2h", dv->name);
     for (int i = 0; i < N; i++)
         err = fmax(err, fabs(h[i] - dw[i]));
     printf("%s: adamw_step 3 steps, max |w - float64| %.2e\n", dv->name, err);
@@ -163,8 +167,8 @@ static void test_entries(const ops_device *dv)
         int r2 = dv->mem_d2h(c, h, hg, sizeof h);
         int r3 = dv->mem_h2d(c, w, v, 16);
         int r4 = dv->mem_h2d(c, w, hw, N * 4 + 8192); /* past the allocation */
-        CHECK(r1 == -EFAULT && strstr(pf_errmsg(), "") && r2 == -EFAULT && r3 == -EFAULT &&
-                  r4 == -EFAULT, "fenced argument checks: %d %d %d %d", r1, r2, r3, r4);
+        CHECK(r1 == -EFAULT && strstr(pf_errmsg(), "") && r2 == -EFAULT && r3 == -EFAULT && r4 == -EFAULT,
+              "fenced argument checks: %d %d %d %d", r1, r2, r3, r4);
     }
     dv->mem_free(c, w);
     dv->mem_free(c, g);
@@ -189,7 +193,10 @@ static int in_child(void (*fn)(void *), void *arg)
     return WIFSIGNALED(st) ? WTERMSIG(st) : -(WEXITSTATUS(st) + 1);
 }
 
-static void child_write_param(void *m) { model_params(m)[3] = 1.0f; }
+static void child_write_param(void *m)
+{
+    model_params(m)[3] = 1.0f;
+}
 static void child_read_grad(void *m)
 {
     volatile float x = model_grads(m)[0];
@@ -235,7 +242,11 @@ static void test_fence(void)
         return;
     }
     model_init(m, 1);
-    struct { const char *what; void (*fn)(void *); int want; } cases[] = {
+    struct {
+        const char *what;
+        void (*fn)(void *);
+        int want;
+    } cases[] = {
         {"host write of a parameter", child_write_param, SIGSEGV},
         {"host read of a gradient", child_read_grad, SIGSEGV},
         {"host read of the embeddings", child_read_embeddings, SIGSEGV},
@@ -243,8 +254,8 @@ static void test_fence(void)
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int r = in_child(cases[i].fn, m);
-        printf("fence: %-36s -> %s %d (%s)\n", cases[i].what, r > 0 ? "signal" : "exit",
-               r > 0 ? r : -r - 1, r == cases[i].want ? "ok" : "FAIL");
+        printf("fence: %-36s -> %s %d (%s)\n", cases[i].what, r > 0 ? "signal" : "exit", r > 0 ? r : -r - 1,
+               r == cases[i].want ? "ok" : "FAIL");
         CHECK(r == cases[i].want, "%s: got %d, want %d", cases[i].what, r, cases[i].want);
     }
     /* the model API refuses host pointers where device memory belongs */
@@ -342,7 +353,11 @@ static void test_bitwise(const char *net, int D, int B)
                net, D, B, np, sqrt(gs), all ? "yes" : "NO");
         CHECK(gs > 0 && isfinite(gs), "gradient norm %g", gs);
         for (int k = 0; k < 2; k++) {
-            free(emb[k]); free(gin[k]); free(grads[k]); free(bufs[k]); free(eval[k]);
+            free(emb[k]);
+            free(gin[k]);
+            free(grads[k]);
+            free(bufs[k]);
+            free(eval[k]);
         }
     }
     /* checkpoint across devices and get/set */
@@ -354,16 +369,21 @@ static void test_bitwise(const char *net, int D, int B)
     int n = 0;
     model_init(mc, 99);
     CHECK(!model_save_ex(mf, path, x2, 1) && !model_load_ex(mc, path, y, 1, &n) && n == 1 &&
-              y[0].value == 1024.0, "fenced save -> cpu load: %s", pf_errmsg());
+              y[0].value == 1024.0,
+          "fenced save -> cpu load: %s", pf_errmsg());
     CHECK(!model_get_params(mc, pc) && !model_get_params(mf, pf), "get_params");
     same("parameters after fenced save, cpu load", pc, pf, np * 4);
     for (size_t i = 0; i < np; i++)
         pc[i] = (float)i * 1e-6f;
     CHECK(!model_set_params(mc, pc) && !model_save(mc, path) && !model_load(mf, path) &&
-              !model_get_params(mf, pf), "cpu save -> fenced load: %s", pf_errmsg());
+              !model_get_params(mf, pf),
+          "cpu save -> fenced load: %s", pf_errmsg());
     same("parameters after set, cpu save, fenced load", pc, pf, np * 4);
     unlink(path);
-    free(pc); free(pf); free(x); free(g);
+    free(pc);
+    free(pf);
+    free(x);
+    free(g);
     model_free(mc);
     model_free(mf);
 }

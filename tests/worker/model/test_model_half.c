@@ -36,7 +36,7 @@
 #include "tests/worker/model/refcase.h"
 #include "worker/model/model_internal.h"
 
-#define U 0x1.0p-8 /* bf16 unit roundoff */
+#define U   0x1.0p-8 /* bf16 unit roundoff */
 #define U32 0x1.0p-24
 
 static float *fabs_of(const float *s, size_t n)
@@ -100,18 +100,18 @@ static uint16_t *bf_nan(size_t n)
     return h;
 }
 
-#define F(p) ((float *)(void *)(p))
+#define F(p)  ((float *)(void *)(p))
 #define CF(p) ((const float *)(const void *)(p))
 
 static ops_ctx *cpu, *bf;
 
-#define RUN(call)                                                                                  \
-    do {                                                                                           \
-        int rc_ = (call);                                                                          \
-        if (rc_) {                                                                                 \
-            printf("FAIL: %s returned %d (%s)\n", #call, rc_, pf_errmsg());                        \
-            exit(1);                                                                               \
-        }                                                                                          \
+#define RUN(call)                                                                                            \
+    do {                                                                                                     \
+        int rc_ = (call);                                                                                    \
+        if (rc_) {                                                                                           \
+            printf("FAIL: %s returned %d (%s)\n", #call, rc_, pf_errmsg());                                  \
+            exit(1);                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 /* Per-element check |got - ref| <= bound[i] (bound NULL: coef |ref| + floor), no NaN. Prints the
@@ -137,8 +137,8 @@ static void check_bound(const char *what, const float *got, const float *ref, co
     }
     double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     int ok = nan == 0 && bad == 0;
-    printf("%-4s %-44s n %-6zu rel %.3e  worst err/bound %.3f%s\n", ok ? "ok" : "FAIL", what, n, rel,
-           worst, nan ? "  (NaN left: element not written)" : "");
+    printf("%-4s %-44s n %-6zu rel %.3e  worst err/bound %.3f%s\n", ok ? "ok" : "FAIL", what, n, rel, worst,
+           nan ? "  (NaN left: element not written)" : "");
     if (bad)
         printf("     first violation at %zu: got %.9g ref %.9g\n", first, (double)got[first],
                (double)ref[first]);
@@ -160,14 +160,23 @@ static void info(const char *what, const float *got, const float *ref, size_t n)
         num += d * d;
         den += (double)ref[i] * ref[i];
     }
-    printf("info %-44s rel %.3e (vs fp32 on unrounded inputs)\n", what, den > 0 ? sqrt(num / den) : sqrt(num));
+    printf("info %-44s rel %.3e (vs fp32 on unrounded inputs)\n", what,
+           den > 0 ? sqrt(num / den) : sqrt(num));
 }
 
 /* Conversion against hand-computed bit patterns (through from_plain with HW = 1: plain layout). */
 static void test_rounding(void)
 {
-    const float in[] = {1.0f, 1.0f + 0x1.0p-8f, 1.0f + 3 * 0x1.0p-8f, 1.0f + 0x1.0p-7f + 0x1.0p-9f,
-                        -2.0f, 0x1.fffffep127f, -0.0f, 0x1.0p-126f, 65504.0f, NAN};
+    const float in[] = {1.0f,
+                        1.0f + 0x1.0p-8f,
+                        1.0f + 3 * 0x1.0p-8f,
+                        1.0f + 0x1.0p-7f + 0x1.0p-9f,
+                        -2.0f,
+                        0x1.fffffep127f,
+                        -0.0f,
+                        0x1.0p-126f,
+                        65504.0f,
+                        NAN};
     const uint16_t want[] = {0x3f80, 0x3f80, 0x3f82, 0x3f81, 0xc000, 0x7f80, 0x8000, 0x0080, 0x4780, 0x7fc0};
     const int n = (int)(sizeof in / sizeof in[0]);
     uint16_t *out = bf_nan((size_t)n);
@@ -216,8 +225,8 @@ static void test_conv(int round)
     size_t nin = (size_t)B * C * H * W, nout = (size_t)B * OC * s.OH * s.OW;
     size_t nw = (size_t)OC * (C / groups) * K * K;
     char lab[128];
-    printf("conv B=%d C=%d %dx%d OC=%d K=%d stride %d pad %d groups %d\n", B, C, H, W, OC, K, stride,
-           pad, groups);
+    printf("conv B=%d C=%d %dx%d OC=%d K=%d stride %d pad %d groups %d\n", B, C, H, W, OC, K, stride, pad,
+           groups);
     float *x = frnd(nin, -1, 1), *w = frnd(nw, -0.5f, 0.5f), *dy = frnd(nout, -1, 1);
     float *d0 = frnd(nin, -1, 1), *dw0 = frnd(nw, -1, 1);
     float *xr = rbf_of(x, nin), *wr = rbf_of(w, nw), *dyr = rbf_of(dy, nout), *d0r = rbf_of(d0, nin);
@@ -225,7 +234,8 @@ static void test_conv(int round)
     uint16_t *outh = bf_nan(nout);
     /* forward */
     RUN(ops_cpu_bf16.conv_forward(bf, F(outh), CF(xh), w, &s));
-    float *got = floats_of(outh, nout), *ya = xmalloc(nout * 4), *yb = xmalloc(nout * 4), *S = xmalloc(nout * 4);
+    float *got = floats_of(outh, nout), *ya = xmalloc(nout * 4), *yb = xmalloc(nout * 4),
+          *S = xmalloc(nout * 4);
     RUN(ops_cpu.conv_forward(cpu, ya, xr, wr, &s));
     RUN(ops_cpu.conv_forward(cpu, yb, x, w, &s));
     float *ax = fabs_of(x, nin), *aw = fabs_of(w, nw), *ady = fabs_of(dy, nout);
@@ -267,10 +277,38 @@ static void test_conv(int round)
     }
     snprintf(lab, sizeof lab, "conv bwd dweight (b) vs fp32, R=%.0f", Rw);
     check_bound(lab, dwdev, dwb, bw, 0, nw);
-    free(x); free(w); free(dy); free(d0); free(dw0); free(xr); free(wr); free(dyr); free(d0r);
-    free(xh); free(dyh); free(dinh); free(outh); free(got); free(ya); free(yb); free(S); free(ax);
-    free(aw); free(ady); free(bd); free(dwdev); free(gdx); free(dxa); free(dwa); free(bw); free(dwref);
-    free(dxb); free(dwb); free(Sx); free(Sw); free(bx);
+    free(x);
+    free(w);
+    free(dy);
+    free(d0);
+    free(dw0);
+    free(xr);
+    free(wr);
+    free(dyr);
+    free(d0r);
+    free(xh);
+    free(dyh);
+    free(dinh);
+    free(outh);
+    free(got);
+    free(ya);
+    free(yb);
+    free(S);
+    free(ax);
+    free(aw);
+    free(ady);
+    free(bd);
+    free(dwdev);
+    free(gdx);
+    free(dxa);
+    free(dwa);
+    free(bw);
+    free(dwref);
+    free(dxb);
+    free(dwb);
+    free(Sx);
+    free(Sw);
+    free(bx);
 }
 
 /* Index of channel c of element i in the CPU device's layout (act_block bs). */
@@ -354,12 +392,54 @@ static void test_bn(void)
     float *dwa2 = fcopy(dw0, C);
     RUN(ops_cpu.bn_backward(cpu, NULL, 0, dwa2, NULL, dyr, xr, w, sma, sva, B, C, HW, eps));
     check_same("bn bwd dinp NULL: dweight (a)", dw2, dwa2, C * 4);
-    free(x); free(w); free(b); free(rm0); free(rv0); free(xr); free(xh); free(outh); free(sm);
-    free(sv); free(sma); free(sva); free(smb); free(svb); free(rm); free(rv); free(rma); free(rva);
-    free(rmb); free(rvb); free(got); free(ya); free(yb); free(m1); free(mu); free(var); free(V);
-    free(bd); free(evh); free(gev); free(eva); free(dy); free(d0); free(dyr); free(d0r); free(dyh);
-    free(dinh); free(dw0); free(db0); free(dw); free(db); free(dwa); free(dba); free(gdx); free(dxa);
-    free(dxb); free(dw2); free(dwa2);
+    free(x);
+    free(w);
+    free(b);
+    free(rm0);
+    free(rv0);
+    free(xr);
+    free(xh);
+    free(outh);
+    free(sm);
+    free(sv);
+    free(sma);
+    free(sva);
+    free(smb);
+    free(svb);
+    free(rm);
+    free(rv);
+    free(rma);
+    free(rva);
+    free(rmb);
+    free(rvb);
+    free(got);
+    free(ya);
+    free(yb);
+    free(m1);
+    free(mu);
+    free(var);
+    free(V);
+    free(bd);
+    free(evh);
+    free(gev);
+    free(eva);
+    free(dy);
+    free(d0);
+    free(dyr);
+    free(d0r);
+    free(dyh);
+    free(dinh);
+    free(dw0);
+    free(db0);
+    free(dw);
+    free(db);
+    free(dwa);
+    free(dba);
+    free(gdx);
+    free(dxa);
+    free(dxb);
+    free(dw2);
+    free(dwa2);
 }
 
 static void test_prelu(void)
@@ -386,9 +466,26 @@ static void test_prelu(void)
     float *dxb = fcopy(d0r, n);
     RUN(ops_cpu.prelu_backward(cpu, dxb, 1, NULL, dy, x, a, B, C, HW));
     info("prelu bwd dinp (b)", gdx, dxb, n);
-    free(x); free(a); free(xr); free(xh); free(outh); free(got); free(ya); free(yb); free(dy);
-    free(d0); free(dyr); free(d0r); free(dyh); free(dinh); free(da0); free(da); free(daa); free(gdx);
-    free(dxa); free(dxb);
+    free(x);
+    free(a);
+    free(xr);
+    free(xh);
+    free(outh);
+    free(got);
+    free(ya);
+    free(yb);
+    free(dy);
+    free(d0);
+    free(dyr);
+    free(d0r);
+    free(dyh);
+    free(dinh);
+    free(da0);
+    free(da);
+    free(daa);
+    free(gdx);
+    free(dxa);
+    free(dxb);
 }
 
 /* add, acc, to_plain, from_plain: each output must equal the test's own rounding exactly. */
@@ -438,8 +535,24 @@ static void test_elementwise(void)
     uint16_t *fpa = bits_of(b, n), *fpaw = bits_of(acl, n);
     RUN(ops_cpu_bf16.from_plain(bf, F(fpa), 1, src, B, C, HW));
     check_same("from_plain +=: rd(dst + src)", fpa, fpaw, n * 2);
-    free(a); free(b); free(want); free(ah); free(bh); free(outh); free(wh); free(ip); free(acc);
-    free(cp); free(tp); free(tpa); free(src); free(lay); free(fph); free(fpw); free(acl); free(fpa);
+    free(a);
+    free(b);
+    free(want);
+    free(ah);
+    free(bh);
+    free(outh);
+    free(wh);
+    free(ip);
+    free(acc);
+    free(cp);
+    free(tp);
+    free(tpa);
+    free(src);
+    free(lay);
+    free(fph);
+    free(fpw);
+    free(acl);
+    free(fpa);
     free(fpaw);
 }
 
@@ -507,8 +620,11 @@ static int net_check(const char *what, const float *got, const double *ref, size
     } else {
         double rel = sqrt(num / den);
         bad = !info_only && (nan || !(rel <= tol));
-        printf("  %-4s %-36s rel %.3e  max_abs %.3e%s\n", info_only ? "info" : bad ? "FAIL" : "ok", what, rel, mx,
-               nan ? "  (non-finite elements)" : "");
+        printf("  %-4s %-36s rel %.3e  max_abs %.3e%s\n",
+               info_only ? "info"
+               : bad     ? "FAIL"
+                         : "ok",
+               what, rel, mx, nan ? "  (non-finite elements)" : "");
         if (!info_only && rel > net_worst)
             net_worst = rel;
     }
@@ -596,7 +712,8 @@ static int emu_run(model *m, int B, const float *x, const float *gout, const flo
     for (int i = 0; i < m->n_tensors; i++)
         if (m->tensors[i].count > maxw)
             maxw = m->tensors[i].count;
-    double *tmp = malloc(maxn * sizeof *tmp), *wr = malloc(maxw * sizeof *wr), *tw = malloc(maxw * sizeof *tw);
+    double *tmp = malloc(maxn * sizeof *tmp), *wr = malloc(maxw * sizeof *wr),
+           *tw = malloc(maxw * sizeof *tw);
     if (!tmp || !wr || !tw)
         return -1;
     for (size_t i = 0; i < (size_t)B * m->acts[0].per_sample; i++)
@@ -613,8 +730,8 @@ static int emu_run(model *m, int B, const float *x, const float *gout, const flo
         case LK_CONV:
             for (size_t k = 0; k < m->tensors[l->w].count; k++)
                 wr[k] = rbf_d(W[k]);
-            conv64_forward(act[l->out], act[l->in], wr, B, a->C, a->H, a->W, l->OC, l->K, l->stride,
-                           l->pad, l->groups);
+            conv64_forward(act[l->out], act[l->in], wr, B, a->C, a->H, a->W, l->OC, l->K, l->stride, l->pad,
+                           l->groups);
             break;
         case LK_BN:
             st[li] = malloc(2 * (size_t)a->C * sizeof(double));
@@ -626,9 +743,7 @@ static int emu_run(model *m, int B, const float *x, const float *gout, const flo
                 running[ov] = 0.9 * running0[ov] + 0.1 * st[li][a->C + c] * nn / (nn - 1.0);
             }
             break;
-        case LK_PRELU:
-            prelu64_forward(act[l->out], act[l->in], W, B, a->C, a->H * a->W, NULL);
-            break;
+        case LK_PRELU: prelu64_forward(act[l->out], act[l->in], W, B, a->C, a->H * a->W, NULL); break;
         case LK_ADD:
             for (size_t k = 0; k < n; k++)
                 act[l->out][k] = act[l->in][k] + act[l->in2][k];
@@ -643,12 +758,8 @@ static int emu_run(model *m, int B, const float *x, const float *gout, const flo
             }
             memcpy(act[l->out], act[l->in], n * sizeof(double));
             break;
-        case LK_LINEAR:
-            linear64_forward(act[l->out], act[l->in], W, Bi, B, (int)a->per_sample, l->OC);
-            break;
-        default:
-            printf("emulation: layer kind %d not supported\n", l->kind);
-            rc = -1;
+        case LK_LINEAR: linear64_forward(act[l->out], act[l->in], W, Bi, B, (int)a->per_sample, l->OC); break;
+        default: printf("emulation: layer kind %d not supported\n", l->kind); rc = -1;
         }
         if (body && l->kind != LK_FLATTEN)
             round_all(act[l->out], no);
@@ -667,8 +778,8 @@ static int emu_run(model *m, int B, const float *x, const float *gout, const flo
             rc = m->dev->to_plain(m->ctx, h, a->data, B, a->C, a->H * a->W);
         double r = rel_f64(h, act[t], n);
         if (getenv("PFCPS_TWIN_DEBUG"))
-            printf("    act %2d %s C=%d %dx%d: rel %.3e\n", t, a->plain ? "plain" : "body ", a->C, a->H,
-                   a->W, r);
+            printf("    act %2d %s C=%d %dx%d: rel %.3e\n", t, a->plain ? "plain" : "body ", a->C, a->H, a->W,
+                   r);
         if (t != m->out_act && !(r <= *act_worst)) { /* the output: after BatchNorm1d, see net_case */
             *act_worst = r;
             *act_at = t;
@@ -695,8 +806,8 @@ static int emu_run(model *m, int B, const float *x, const float *gout, const flo
             for (size_t k = 0; k < nw; k++)
                 wr[k] = rbf_d(W[k]);
             memset(tw, 0, nw * sizeof *tw);
-            conv64_backward(tmp, tw, grd[l->out], act[l->in], wr, B, a->C, a->H, a->W, l->OC, l->K,
-                            l->stride, l->pad, l->groups);
+            conv64_backward(tmp, tw, grd[l->out], act[l->in], wr, B, a->C, a->H, a->W, l->OC, l->K, l->stride,
+                            l->pad, l->groups);
             for (size_t k = 0; k < nw; k++)
                 dW[k] += rbf_d(tw[k]);
             break;
@@ -713,9 +824,7 @@ static int emu_run(model *m, int B, const float *x, const float *gout, const flo
             memcpy(tmp, grd[l->out], n * sizeof *tmp);
             break;
         case LK_FLATTEN:
-        case LK_DROPOUT:
-            memcpy(tmp, grd[l->out], n * sizeof *tmp);
-            break;
+        case LK_DROPOUT: memcpy(tmp, grd[l->out], n * sizeof *tmp); break;
         case LK_LINEAR:
             linear64_backward(tmp, dW, dB, grd[l->out], act[l->in], W, B, (int)a->per_sample, l->OC);
             break;
@@ -729,7 +838,13 @@ static int emu_run(model *m, int B, const float *x, const float *gout, const flo
     }
     for (int li = 0; li < m->n_layers; li++)
         free(st[li]);
-    free(act); free(grd); free(st); free(p); free(tmp); free(wr); free(tw);
+    free(act);
+    free(grd);
+    free(st);
+    free(p);
+    free(tmp);
+    free(wr);
+    free(tw);
     return rc;
 }
 
@@ -826,7 +941,10 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
             net_check("grad_input", gin, e_gin, nin, 0);
             net_check("all parameter gradients (one vector)", grads, e_gr, np, 0);
         }
-        free(e_emb); free(e_gin); free(e_gr); free(e_run);
+        free(e_emb);
+        free(e_gin);
+        free(e_gr);
+        free(e_run);
     }
     printf(" %s vs PyTorch float64 (%s):\n", dev->name,
            tol_ref > 0 ? "bounded" : "information: the half-precision error itself, see net_tol");
@@ -880,7 +998,13 @@ static int net_case(const ops_device *dev, const char *root, const char *name, d
     dev->mem_free(ctx, gindev);
     free(running0);
 out:
-    free(params); free(grads); free(bufs); free(emb); free(gin); free(x); free(g);
+    free(params);
+    free(grads);
+    free(bufs);
+    free(emb);
+    free(gin);
+    free(x);
+    free(g);
     model_free(m);
     printf("case %s on %s: %s\n", name, dev->name, fail ? "FAIL" : "ok");
     return fail;
@@ -916,7 +1040,8 @@ static int batch_case(const ops_device *dev, uint64_t seed)
         }
         model_init(m[k], seed);
     }
-    size_t D = 32, nin = (size_t)B * 3 * 112 * 112, np = model_num_params(m[0]), nb = model_num_buffer_floats(m[0]);
+    size_t D = 32, nin = (size_t)B * 3 * 112 * 112, np = model_num_params(m[0]),
+           nb = model_num_buffer_floats(m[0]);
     float *x = frnd(nin, -1, 1), *g = frnd(B * D, -1, 1);
     float *emb[2], *gin[2], *gr[2], *bufs[2];
     for (int k = 0; k < 2; k++) {
@@ -947,11 +1072,11 @@ static int batch_case(const ops_device *dev, uint64_t seed)
            dev->name, dev->plain->name, uu, 8 * uu, 40 * uu);
     double *ref = xmalloc((nin > np ? nin : np) * 8);
     int fail = 0;
-#define VS(what, a, b, n, t)                                                                       \
-    do {                                                                                           \
-        for (size_t i_ = 0; i_ < (n); i_++)                                                        \
-            ref[i_] = (b)[i_];                                                                     \
-        fail |= net_check(what, a, ref, n, t);                                                     \
+#define VS(what, a, b, n, t)                                                                                 \
+    do {                                                                                                     \
+        for (size_t i_ = 0; i_ < (n); i_++)                                                                  \
+            ref[i_] = (b)[i_];                                                                               \
+        fail |= net_check(what, a, ref, n, t);                                                               \
     } while (0)
     VS("output", emb[0], emb[1], B * D, 8 * uu);
     VS("running statistics (all)", bufs[0], bufs[1], nb, 8 * uu);
@@ -979,10 +1104,15 @@ static int batch_case(const ops_device *dev, uint64_t seed)
         net_worst = relg;
 #undef VS
     for (int k = 0; k < 2; k++) {
-        free(emb[k]); free(gin[k]); free(gr[k]); free(bufs[k]);
+        free(emb[k]);
+        free(gin[k]);
+        free(gr[k]);
+        free(bufs[k]);
         model_free(m[k]);
     }
-    free(x); free(g); free(ref);
+    free(x);
+    free(g);
+    free(ref);
     return fail;
 }
 
@@ -1024,7 +1154,8 @@ static int reference_main(int argc, char **argv)
     }
     if (skipped == n)
         return 77;
-    printf("%s: worst bounded relative error %.3e: %s\n", dev->name, net_worst, rc || fails ? "FAIL" : "PASS");
+    printf("%s: worst bounded relative error %.3e: %s\n", dev->name, net_worst,
+           rc || fails ? "FAIL" : "PASS");
     return rc || fails ? 1 : 0;
 }
 
@@ -1042,7 +1173,8 @@ int main(int argc, char **argv)
         int r = batch_case(dev, seed);
         if (r == 77)
             return 77;
-        printf("%s: worst bounded relative error %.3e: %s\n", dev->name, net_worst, r || fails ? "FAIL" : "PASS");
+        printf("%s: worst bounded relative error %.3e: %s\n", dev->name, net_worst,
+               r || fails ? "FAIL" : "PASS");
         return r || fails ? 1 : 0;
     }
     test_seed_mixed();

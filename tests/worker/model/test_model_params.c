@@ -10,13 +10,13 @@
 
 static int failures = 0;
 
-#define EXPECT(cond, ...)                  \
-    do {                                   \
-        if (!(cond)) {                     \
-            printf("FAIL: " __VA_ARGS__);  \
-            printf("\n");                  \
-            failures++;                    \
-        }                                  \
+#define EXPECT(cond, ...)                                                                                    \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            printf("FAIL: " __VA_ARGS__);                                                                    \
+            printf("\n");                                                                                    \
+            failures++;                                                                                      \
+        }                                                                                                    \
     } while (0)
 
 /* IBasicBlock(in -> out): bn1(in), conv3x3 in->out, bn2, prelu(out), conv3x3 out->out, bn3,
@@ -69,8 +69,11 @@ static long long mbf_count(long long D)
 
 int main(void)
 {
-    struct { const char *name; int layers[4]; } nets[] = {
-        {"r18", {2, 2, 2, 2}}, {"r34", {3, 4, 6, 3}}, {"r50", {3, 4, 14, 3}},
+    struct {
+        const char *name;
+        int layers[4];
+    } nets[] = {
+        {"r18", {2, 2, 2, 2}},    {"r34", {3, 4, 6, 3}},    {"r50", {3, 4, 14, 3}},
         {"r100", {3, 13, 30, 3}}, {"r200", {6, 26, 60, 6}}, {"mbf", {0, 0, 0, 0}},
     };
     for (size_t i = 0; i < sizeof nets / sizeof *nets; i++) {
@@ -79,11 +82,10 @@ int main(void)
         EXPECT(rc == 0, "model_create(%s): %s", nets[i].name, pf_errmsg());
         if (rc)
             continue;
-        long long want = strcmp(nets[i].name, "mbf") ? ires_count(nets[i].layers, 512)
-                                                     : mbf_count(512);
+        long long want = strcmp(nets[i].name, "mbf") ? ires_count(nets[i].layers, 512) : mbf_count(512);
         long long got = (long long)model_num_params(m);
-        printf("%-5s D=512: %lld parameters (%.2fM), by hand %lld: %s\n", nets[i].name, got,
-               got / 1e6, want, got == want ? "ok" : "FAIL");
+        printf("%-5s D=512: %lld parameters (%.2fM), by hand %lld: %s\n", nets[i].name, got, got / 1e6, want,
+               got == want ? "ok" : "FAIL");
         EXPECT(got == want, "%s parameter count", nets[i].name);
         /* the sum of the table equals the flat array, tensors tile it without gaps */
         size_t off = 0;
@@ -123,10 +125,10 @@ int main(void)
     rc = model_create_desc(&m, &d, 2, NULL);
     printf("dropout 1: %d '%s'\n", rc, pf_errmsg());
     EXPECT(rc == -EINVAL && strstr(pf_errmsg(), "dropout"), "dropout 1 accepted");
-    EXPECT(model_desc_from_name(&d, "iresnet50", 512) == 0 && !strcmp(d.name, "r50"),
-           "iresnet50 alias");
-    EXPECT(model_desc_from_name(&d, "r18_w16", 512) == 0 && d.widths[0] == 16 &&
-           d.widths[3] == 128 && !strcmp(d.name, "r18_w16"), "r18_w16 narrow iresnet");
+    EXPECT(model_desc_from_name(&d, "iresnet50", 512) == 0 && !strcmp(d.name, "r50"), "iresnet50 alias");
+    EXPECT(model_desc_from_name(&d, "r18_w16", 512) == 0 && d.widths[0] == 16 && d.widths[3] == 128 &&
+               !strcmp(d.name, "r18_w16"),
+           "r18_w16 narrow iresnet");
     rc = model_desc_from_name(&d, "r18_w3", 512);
     printf("r18_w3: %d '%s'\n", rc, pf_errmsg());
     EXPECT(rc == -EINVAL && strstr(pf_errmsg(), "_w3"), "odd width suffix accepted");

@@ -26,7 +26,7 @@
 #define EPS 1e-5
 
 static double worst = 0.0;
-static double tol = TOL; /* per case: TOL for the PyTorch references */
+static double tol = TOL;  /* per case: TOL for the PyTorch references */
 static int info_only = 0; /* comparisons printed for information, not judged */
 
 /* got: float (f32) or double (f64) values; ref float64. Returns 1 on failure. */
@@ -48,13 +48,14 @@ static int check(const char *what, const float *f32, const double *f64, const do
     if (rms < 1e-9) {
         int bad = !(mx <= tol);
         printf("  %-36s ref is 0 (rms %.1e): max_abs %.3e  %s\n", what, rms, mx,
-               info_only ? "(info)" : bad ? "FAIL" : "ok");
+               info_only ? "(info)"
+               : bad     ? "FAIL"
+                         : "ok");
         return bad;
     }
     double rel = sqrt(num) / sqrt(den);
     int bad = !(rel <= tol);
-    printf("  %-36s rel %.3e  max_abs %.3e  %s\n", what, rel, mx,
-           info_only ? "(info)" : bad ? "FAIL" : "ok");
+    printf("  %-36s rel %.3e  max_abs %.3e  %s\n", what, rel, mx, info_only ? "(info)" : bad ? "FAIL" : "ok");
     if (rel > worst)
         worst = rel;
     return bad;
@@ -69,8 +70,8 @@ typedef struct refset {
 /* Float64 run of m's layer list with m's current parameters. force: take the PReLU branch of the
  * float32 activations kept in m (after a float32 training forward). Fills emb (B,D), gin (input),
  * grads (n_params), running (n_buffer_floats, from the initial values 0/1); counts flips. */
-static int run64(model *m, int B, const float *x, const float *gout, int force, double *emb,
-                 double *gin, double *grads, double *running, const float *running0, int *flips)
+static int run64(model *m, int B, const float *x, const float *gout, int force, double *emb, double *gin,
+                 double *grads, double *running, const float *running0, int *flips)
 {
     int rc = 0;
     double *p = malloc(m->n_params * sizeof *p);
@@ -99,13 +100,12 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
         size_t n = (size_t)B * a->per_sample;
         switch (l->kind) {
         case LK_CONV:
-            conv64_forward(act[l->out], act[l->in], W, B, a->C, a->H, a->W, l->OC, l->K,
-                           l->stride, l->pad, l->groups);
+            conv64_forward(act[l->out], act[l->in], W, B, a->C, a->H, a->W, l->OC, l->K, l->stride, l->pad,
+                           l->groups);
             break;
         case LK_BN:
             st[li] = malloc(2 * (size_t)a->C * sizeof(double));
-            bn64_forward(act[l->out], st[li], st[li] + a->C, act[l->in], W, Bi, B, a->C,
-                         a->H * a->W, EPS);
+            bn64_forward(act[l->out], st[li], st[li] + a->C, act[l->in], W, Bi, B, a->C, a->H * a->W, EPS);
             for (int c = 0; c < a->C; c++) {
                 size_t om = m->buffers_t[l->rm].offset + c, ov = m->buffers_t[l->rv].offset + c;
                 double nn = (double)B * a->H * a->W;
@@ -122,8 +122,8 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
                 if (p64 != p32) {
                     (*flips)++;
                     printf("    kink flip: layer %d (PReLU %s) element %zu: float64 %.3e, "
-                           "float32 %.3e\n", li, m->tensors[l->w].name, k, act[l->in][k],
-                           (double)x32[k]);
+                           "float32 %.3e\n",
+                           li, m->tensors[l->w].name, k, act[l->in][k], (double)x32[k]);
                 }
                 pos[li][k] = force ? p32 : p64;
             }
@@ -138,12 +138,8 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
         case LK_FLATTEN: /* float64 activations are NCHW throughout: a copy */
             memcpy(act[l->out], act[l->in], n * sizeof(double));
             break;
-        case LK_LINEAR:
-            linear64_forward(act[l->out], act[l->in], W, Bi, B, (int)a->per_sample, l->OC);
-            break;
-        default:
-            printf("run64: layer kind %d not supported\n", l->kind);
-            rc = -1;
+        case LK_LINEAR: linear64_forward(act[l->out], act[l->in], W, Bi, B, (int)a->per_sample, l->OC); break;
+        default: printf("run64: layer kind %d not supported\n", l->kind); rc = -1;
         }
     }
     size_t D = m->acts[m->out_act].per_sample;
@@ -160,16 +156,15 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
         size_t n = (size_t)B * a->per_sample;
         switch (l->kind) {
         case LK_CONV:
-            conv64_backward(grd[l->in], dW, grd[l->out], act[l->in], W, B, a->C, a->H, a->W,
-                            l->OC, l->K, l->stride, l->pad, l->groups);
+            conv64_backward(grd[l->in], dW, grd[l->out], act[l->in], W, B, a->C, a->H, a->W, l->OC, l->K,
+                            l->stride, l->pad, l->groups);
             break;
         case LK_BN:
-            bn64_backward(grd[l->in], l->fixed_weight ? NULL : dW, dB, grd[l->out], act[l->in],
-                          W, st[li], st[li] + a->C, B, a->C, a->H * a->W, EPS);
+            bn64_backward(grd[l->in], l->fixed_weight ? NULL : dW, dB, grd[l->out], act[l->in], W, st[li],
+                          st[li] + a->C, B, a->C, a->H * a->W, EPS);
             break;
         case LK_PRELU:
-            prelu64_backward(grd[l->in], dW, grd[l->out], act[l->in], W, B, a->C, a->H * a->W,
-                             pos[li]);
+            prelu64_backward(grd[l->in], dW, grd[l->out], act[l->in], W, B, a->C, a->H * a->W, pos[li]);
             break;
         case LK_ADD:
             for (size_t k = 0; k < n; k++) {
@@ -182,8 +177,7 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
                 grd[l->in][k] += grd[l->out][k];
             break;
         case LK_LINEAR:
-            linear64_backward(grd[l->in], dW, dB, grd[l->out], act[l->in], W, B,
-                              (int)a->per_sample, l->OC);
+            linear64_backward(grd[l->in], dW, dB, grd[l->out], act[l->in], W, B, (int)a->per_sample, l->OC);
             break;
         }
     }
@@ -196,14 +190,18 @@ static int run64(model *m, int B, const float *x, const float *gout, int force, 
         free(st[li]);
         free(pos[li]);
     }
-    free(act); free(grd); free(st); free(pos); free(p);
+    free(act);
+    free(grd);
+    free(st);
+    free(pos);
+    free(p);
     return rc;
 }
 
 /* Compares the parameter gradients and running statistics of one run against a reference. */
-static int check_grads(model *m, const char *tag, const float *g32, const double *g64,
-                       const float *r32, const double *r64, const refset *ref, const double *gin_ref,
-                       const float *gin32, const double *gin64, size_t nin)
+static int check_grads(model *m, const char *tag, const float *g32, const double *g64, const float *r32,
+                       const double *r64, const refset *ref, const double *gin_ref, const float *gin32,
+                       const double *gin64, size_t nin)
 {
     int fail = 0;
     char lab[160];
@@ -220,13 +218,13 @@ static int check_grads(model *m, const char *tag, const float *g32, const double
             fail |= nz;
             continue;
         }
-        fail |= check(lab, g32 ? g32 + t->offset : NULL, g64 ? g64 + t->offset : NULL,
-                      ref->grads[i], t->count);
+        fail |=
+            check(lab, g32 ? g32 + t->offset : NULL, g64 ? g64 + t->offset : NULL, ref->grads[i], t->count);
     }
     for (int i = 0; i < m->n_buffers; i++) {
         const model_tensor *t = &m->buffers_t[i];
-        fail |= check(t->name, r32 ? r32 + t->offset : NULL, r64 ? r64 + t->offset : NULL,
-                      ref->running[i], t->count);
+        fail |= check(t->name, r32 ? r32 + t->offset : NULL, r64 ? r64 + t->offset : NULL, ref->running[i],
+                      t->count);
     }
     return fail;
 }
@@ -239,9 +237,8 @@ static int run_case(const char *root, const char *name)
     int B, mrc = refcase_meta(dir, sizeof dir, root, name, &d, &B, &meta);
     if (mrc)
         return mrc;
-    printf("case %s: layers %d,%d,%d,%d widths %d,%d,%d,%d D=%d B=%d\n", name, d.layers[0],
-           d.layers[1], d.layers[2], d.layers[3], d.widths[0], d.widths[1], d.widths[2],
-           d.widths[3], d.embedding_size, B);
+    printf("case %s: layers %d,%d,%d,%d widths %d,%d,%d,%d D=%d B=%d\n", name, d.layers[0], d.layers[1],
+           d.layers[2], d.layers[3], d.widths[0], d.widths[1], d.widths[2], d.widths[3], d.embedding_size, B);
     model *m;
     if (model_create_desc(&m, &d, B, NULL)) {
         printf("FAIL: model_create: %s\n", pf_errmsg());
@@ -262,8 +259,8 @@ static int run_case(const char *root, const char *name)
         }
         po = at ? at + strlen(q) : po;
     }
-    printf("  %d parameter tensors, %zu floats, PyTorch names in PyTorch order: %s\n", nt,
-           m->n_params, fail ? "NO" : "yes");
+    printf("  %d parameter tensors, %zu floats, PyTorch names in PyTorch order: %s\n", nt, m->n_params,
+           fail ? "NO" : "yes");
 
     refset ref = {0};
     ref.grads = calloc((size_t)nt, sizeof *ref.grads);
@@ -336,22 +333,21 @@ static int run_case(const char *root, const char *name)
         fail = 1;
     } else {
         fail |= check("output", NULL, emb64, ref.out, (size_t)B * D);
-        fail |= check_grads(m, "float64 gradients vs PyTorch:", NULL, grads64, NULL, run64v, &ref,
-                            ref.gin, NULL, gin64, nin);
+        fail |= check_grads(m, "float64 gradients vs PyTorch:", NULL, grads64, NULL, run64v, &ref, ref.gin,
+                            NULL, gin64, nin);
     }
     printf(" pfcps float32 (CPU device) vs PyTorch:\n");
     fail |= check("output", emb32, NULL, ref.out, (size_t)B * D);
     if (flips == 0) {
         printf(" no PReLU kink flips between float32 and float64\n");
-        fail |= check_grads(m, "float32 gradients vs PyTorch:", m->grads, NULL, m->bufs, NULL,
-                            &ref, ref.gin, gin32, NULL, nin);
+        fail |= check_grads(m, "float32 gradients vs PyTorch:", m->grads, NULL, m->bufs, NULL, &ref, ref.gin,
+                            gin32, NULL, nin);
     } else {
-        printf(" %d PReLU kink flip(s) (above): float32 gradients vs PyTorch, for information:\n",
-               flips);
+        printf(" %d PReLU kink flip(s) (above): float32 gradients vs PyTorch, for information:\n", flips);
         double w0 = worst;
         info_only = 1;
-        (void)check_grads(m, "(information only)", m->grads, NULL, m->bufs, NULL, &ref, ref.gin,
-                          gin32, NULL, nin);
+        (void)check_grads(m, "(information only)", m->grads, NULL, m->bufs, NULL, &ref, ref.gin, gin32, NULL,
+                          nin);
         info_only = 0;
         worst = w0;
         /* Reference with the float32 branches: float64 run forced to them. */
@@ -365,8 +361,8 @@ static int run_case(const char *root, const char *name)
         } else {
             for (int i = 0; i < nt; i++)
                 forced.grads[i] = ref.grads[i] ? fg + m->tensors[i].offset : NULL;
-            fail |= check_grads(m, "float32 gradients vs float64 run with the float32 branches:",
-                                m->grads, NULL, m->bufs, NULL, &forced, fgin, gin32, NULL, nin);
+            fail |= check_grads(m, "float32 gradients vs float64 run with the float32 branches:", m->grads,
+                                NULL, m->bufs, NULL, &forced, fgin, gin32, NULL, nin);
         }
         free(forced.grads);
         free(fg);
@@ -379,16 +375,26 @@ static int run_case(const char *root, const char *name)
     } else {
         fail |= check("eval_output", emb, NULL, ref.eval_out, (size_t)B * D);
     }
-    free(emb64); free(gin64); free(grads64); free(run64v);
+    free(emb64);
+    free(gin64);
+    free(grads64);
+    free(run64v);
 done2:
-    free(running0); free(gin32); free(emb32);
+    free(running0);
+    free(gin32);
+    free(emb32);
 done:
-    free(x); free(g);
+    free(x);
+    free(g);
     for (int i = 0; i < nt; i++)
         free(ref.grads[i]);
     for (int i = 0; i < nb; i++)
         free(ref.running[i]);
-    free(ref.grads); free(ref.running); free(ref.out); free(ref.gin); free(ref.eval_out);
+    free(ref.grads);
+    free(ref.running);
+    free(ref.out);
+    free(ref.gin);
+    free(ref.eval_out);
     model_free(m);
     free(meta);
     printf("case %s: %s\n", name, fail ? "FAIL" : "ok");
@@ -444,12 +450,20 @@ static int self_case(const char *net, int D, int B)
         for (int i = 0; i < m->n_buffers; i++)
             ref.running[i] = run64v + m->buffers_t[i].offset;
         fail |= check("output", emb, NULL, emb64, nd);
-        fail |= check_grads(m, flips ? "float32 vs float64 (float32 branches):" : "float32 vs float64:",
-                            m->grads, NULL, m->bufs, NULL, &ref, gin64, gin, NULL, nin);
+        fail |=
+            check_grads(m, flips ? "float32 vs float64 (float32 branches):" : "float32 vs float64:", m->grads,
+                        NULL, m->bufs, NULL, &ref, gin64, gin, NULL, nin);
         free(ref.grads);
         free(ref.running);
     }
-    free(x); free(g); free(gin); free(running0); free(emb64); free(gin64); free(gr64); free(run64v);
+    free(x);
+    free(g);
+    free(gin);
+    free(running0);
+    free(emb64);
+    free(gin64);
+    free(gr64);
+    free(run64v);
     model_free(m);
     printf("case %s: %s\n", net, fail ? "FAIL" : "ok");
     return fail;

@@ -62,8 +62,8 @@ static int run(const char *net)
             zero_tensors++;
         }
     }
-    printf("%s: weights with a wrong (zero / non-zero fixed) gradient: %d %s\n", net,
-           zero_tensors, zero_tensors ? "FAIL" : "ok");
+    printf("%s: weights with a wrong (zero / non-zero fixed) gradient: %d %s\n", net, zero_tensors,
+           zero_tensors ? "FAIL" : "ok");
     fail |= zero_tensors != 0;
     /* linearity in the upstream gradient */
     for (int i = 0; i < B * D; i++)
@@ -84,7 +84,10 @@ static int run(const char *net)
     printf("%s: gradients with 2x grad_embeddings vs 2x gradients: rel %.2e %s\n", net, r,
            r < 1e-5 ? "ok" : "FAIL");
     fail |= !(r < 1e-5);
-    free(x); free(g); free(gin); free(g1);
+    free(x);
+    free(g);
+    free(gin);
+    free(g1);
     model_free(m);
     return fail;
 }
