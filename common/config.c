@@ -58,6 +58,7 @@ static const key_def keys[] = {
     {"num_image", "train", K_I64, OFF(num_image), "0", 0, 1e15, 0, 0, NULL, 0, 0},
     {"num_epoch", "train", K_INT, OFF(num_epoch), "20", 1, 1e6, 0, 0, NULL, 0, 0},
     {"warmup_epoch", "train", K_DOUBLE, OFF(warmup_epoch), "0", 0, 1e6, 0, 0, NULL, 0, 0},
+    {"pretrained", "train", K_STR, OFF(pretrained), "", 0, 0, 0, 0, NULL, 0, 0},
     /* [data] */
     {"rec", "data", K_STR, OFF(rec), "", 0, 0, 0, 0, NULL, 1, 0},
     {"frequent", "data", K_INT, OFF(frequent), "10", 1, INT_MAX, 0, 0, NULL, 0, 0},
@@ -69,6 +70,8 @@ static const key_def keys[] = {
     {"save_all_states", "data", K_BOOL, OFF(save_all_states), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"skip_bad_records", "data", K_BOOL, OFF(skip_bad_records), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"resize", "data", K_BOOL, OFF(resize), "false", 0, 1, 0, 0, NULL, 0, 0},
+    {"val_targets", "data", K_STR, OFF(val_targets), "", 0, 0, 0, 0, NULL, 0, 0},
+    {"save_centers", "data", K_BOOL, OFF(save_centers), "false", 0, 1, 0, 0, NULL, 0, 0},
     /* [cluster] */
     {"servers", "cluster", K_INT, OFF(servers), "1", 1, 65536, 0, 0, NULL, 0, 0},
     {"workers", "cluster", K_INT, OFF(workers), "1", 1, 65536, 0, 0, NULL, 0, 0},

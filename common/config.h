@@ -27,15 +27,17 @@ typedef struct pf_config {
     int bf16;             /* mixed precision, bf16 body, default false (not with fp16) */
     char device[CFG_STR]; /* "cpu" (default), "cuda"; debugging devices "cpu-fenced", "cpu-bf16" */
     /* --- optimizer / schedule --- */
-    char optimizer[CFG_STR]; /* "sgd" (default) or "adamw" */
-    double lr;               /* default 0.1 */
-    double momentum;         /* default 0.9 */
-    double weight_decay;     /* default 5e-4 */
-    int batch_size;          /* per worker, default 128 */
-    int64_t num_classes;     /* C, required (> 0) */
-    int64_t num_image;       /* images in the dataset; 0 = read from the dataset */
-    int num_epoch;           /* default 20 */
-    double warmup_epoch;     /* default 0 */
+    char optimizer[CFG_STR];  /* "sgd" (default) or "adamw" */
+    double lr;                /* default 0.1 */
+    double momentum;          /* default 0.9 */
+    double weight_decay;      /* default 5e-4 */
+    int batch_size;           /* per worker, default 128 */
+    int64_t num_classes;      /* C, required (> 0) */
+    int64_t num_image;        /* images in the dataset; 0 = read from the dataset */
+    int num_epoch;            /* default 20 */
+    double warmup_epoch;      /* default 0 */
+    char pretrained[CFG_STR]; /* backbone to start from: safetensors (arcface_torch names) or a pfcps
+                                 model.ckpt; "" = none */
     /* --- data / output --- */
     char rec[CFG_STR];    /* dataset prefix or directory (train.rec/train.idx), or "synthetic"; required */
     int frequent;         /* log every N steps, default 10 */
@@ -47,6 +49,10 @@ typedef struct pf_config {
     int save_all_states;  /* default false */
     int skip_bad_records; /* default false: a bad record stops the loader */
     int resize;           /* default false: images not 112x112 are an error; true: resized */
+    char val_targets[CFG_STR]; /* verification sets (arcface_torch): .bin names in the rec folder or paths,
+                                  comma-separated; "" = none */
+    int save_centers; /* default false: true: each worker writes its partition of the class-center table at
+                         the end */
     /* --- cluster --- */
     int servers;              /* S, default 1 */
     int workers;              /* W, default 1 */
