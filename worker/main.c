@@ -238,12 +238,8 @@ static int accept_run_config(worker_daemon *d)
             run->output);
         return -1;
     }
-    const char *unbuilt = run->pretrained[0]    ? "pretrained"
-                          : run->val_targets[0] ? "val_targets"
-                          : run->save_centers   ? "save_centers"
-                                                : NULL;
-    if (unbuilt) {
-        log_error("%s: not implemented yet; refusing to start rather than train without it", unbuilt);
+    if (run->pretrained[0]) {
+        log_error("pretrained: not implemented yet; refusing to start rather than train without it");
         return -1;
     }
     if (run->save_all_states && d->rank == 0)

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+#include <time.h>
 
 #include "common/clock.h"
 #include "common/coll.h"
@@ -17,15 +19,20 @@
 #include "kernels/ops.h"
 #include "worker/data/loader.h"
 #include "worker/device.h"
+#include "worker/eval/set.h"
 #include "worker/head/pfc.h"
 #include "worker/lr_schedule.h"
 #include "worker/loss_scale.h"
 #include "worker/model/model.h"
 #include "worker/ps_client.h"
+#include "worker/tb_writer.h"
 
 /* arcface_torch's GradScaler: torch.cuda.amp.GradScaler(growth_interval=100), init scale 2^16. */
 #define AMP_INIT_SCALE      65536.0f
 #define AMP_GROWTH_INTERVAL 100
+
+/* Verification sets a run scores at most (config key val_targets). */
+#define MAX_VAL_TARGETS 8
 
 /* ln(1e30): the loss value when p_target is floored at 1e-30 for every row (no target matched). */
 #define STUCK_LOSS 69.07755278982137
@@ -53,6 +60,10 @@ struct trainer {
     loss_scaler scaler;
     int64_t *labels; /* (B) the next batch's labels */
     FILE *trace;
+    tb_writer *tb;                 /* rank 0: <output>/tensorboard; NULL when off or after a write error */
+    eval_set val[MAX_VAL_TARGETS]; /* rank 0: the val_targets sets */
+    double val_highest[MAX_VAL_TARGETS]; /* highest Accuracy-Flip so far, per set */
+    int n_val;
     double warmup_steps;
     int64_t total_steps, steps_per_epoch;
     double wait_s; /* longest wait for a server's answer before the run is declared broken */
@@ -330,7 +341,73 @@ static int setup_head(trainer *t)
     return 0;
 }
 
-/* Set-up 6: rank 0's output folder and training.log; the trace file. */
+/* The folder of the dataset: `rec` itself when it is a folder, else the folder of the prefix. */
+static void rec_folder(const char *rec, char *out, size_t cap)
+{
+    struct stat st;
+    if (stat(rec, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(out, cap, "%s", rec);
+        return;
+    }
+    const char *slash = strrchr(rec, '/');
+    if (!slash)
+        snprintf(out, cap, ".");
+    else
+        snprintf(out, cap, "%.*s", (int)(slash - rec), rec);
+}
+
+/* One val_targets entry as a file: a path (with a '/' or an existing file) as given, else arcface_torch's
+ * `<rec folder>/<name>.bin`. A pairs text file (not a .bin pickle) finds its images in its own folder. */
+static int open_val_target(trainer *t, const char *entry, eval_set *set)
+{
+    char path[1100], images[1100];
+    struct stat st;
+    if (strchr(entry, '/') || stat(entry, &st) == 0) {
+        snprintf(path, sizeof path, "%s", entry);
+    } else {
+        char dir[1024];
+        rec_folder(t->run.rec, dir, sizeof dir);
+        size_t n = strlen(entry);
+        snprintf(path, sizeof path, "%s/%s%s", dir, entry,
+                 n > 4 && !strcmp(entry + n - 4, ".bin") ? "" : ".bin");
+    }
+    const char *slash = strrchr(path, '/');
+    snprintf(images, sizeof images, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    int rc = eval_set_open(set, path, images);
+    return rc < 0 ? pf_err_wrap(rc, "config key 'val_targets': '%s' (%s)", entry, path) : 0;
+}
+
+/* Rank 0: the verification sets of config key val_targets (comma-separated), opened before step 0 so that a
+ * missing or unreadable set stops the run at start, not at the first verification. */
+static int setup_val(trainer *t)
+{
+    if (t->rank != 0 || !t->run.val_targets[0])
+        return 0;
+    char list[CFG_STR];
+    snprintf(list, sizeof list, "%s", t->run.val_targets);
+    char *save = NULL;
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ' || *tok == '\t')
+            tok++;
+        char *end = tok + strlen(tok);
+        while (end > tok && (end[-1] == ' ' || end[-1] == '\t'))
+            *--end = '\0';
+        if (!*tok)
+            continue;
+        if (t->n_val == MAX_VAL_TARGETS)
+            return pf_err(-EINVAL, "config key 'val_targets': more than %d sets", MAX_VAL_TARGETS);
+        int rc = open_val_target(t, tok, &t->val[t->n_val]);
+        if (rc < 0)
+            return rc;
+        log_info("verification set %s: %lld pairs, scored every %d steps (verbose) and at the end",
+                 t->val[t->n_val].name, (long long)t->val[t->n_val].n_pairs, t->run.verbose);
+        t->n_val++;
+    }
+    return 0;
+}
+
+/* Set-up 6: rank 0's output folder, training.log and TensorBoard events (<output>/tensorboard; a folder that
+ * cannot be written only warns, as training.log); the trace file; the verification sets. */
 static int setup_outputs(trainer *t)
 {
     if (t->rank == 0) {
@@ -341,13 +418,18 @@ static int setup_outputs(trainer *t)
         snprintf(path, sizeof path, "%s/training.log", t->run.output);
         if (log_open_file(path) < 0)
             log_warn("cannot write %s", path);
+        snprintf(path, sizeof path, "%s/tensorboard", t->run.output);
+        if (tb_open(&t->tb, path) < 0)
+            log_warn("no TensorBoard events: %s", pf_errmsg());
+        else
+            log_info("TensorBoard events: %s (tensorboard --logdir %s)", tb_path(t->tb), path);
     }
     if (t->opts.trace_path) {
         t->trace = fopen(t->opts.trace_path, "w");
         if (!t->trace)
             return pf_err(-errno, "cannot write trace file '%s'", t->opts.trace_path);
     }
-    return 0;
+    return setup_val(t);
 }
 
 int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const train_opts *opts)
@@ -518,14 +600,17 @@ static int save_backbone(trainer *t, const char *path)
     return model_save_ex(t->m, path, x, 2);
 }
 
-/* Pulls this worker's whole partition (classes c mod W == rank) after the last step and writes it. */
-static int dump_partition(trainer *t, int64_t step)
+/* Pulls this worker's whole partition of the class-center table (classes c mod W == rank) after the last step
+ * and writes it to <prefix>.rank<r>: raw records (uint64 class id, then D float32, little-endian), class ids
+ * ascending. Written to <path>.partial and renamed into place, so a file of that name is complete. */
+static int dump_partition(trainer *t, const char *prefix, int64_t step)
 {
-    char path[1100];
-    snprintf(path, sizeof path, "%s.rank%d", t->opts.dump_centers, t->rank);
-    FILE *f = fopen(path, "wb");
+    char path[1100], tmp[1200];
+    snprintf(path, sizeof path, "%s.rank%d", prefix, t->rank);
+    snprintf(tmp, sizeof tmp, "%s.partial", path);
+    FILE *f = fopen(tmp, "wb");
     if (!f)
-        return pf_err(-errno, "cannot write '%s'", path);
+        return pf_err(-errno, "cannot write '%s': %s", tmp, strerror(errno));
     int64_t C = t->run.num_classes, D = t->run.embedding_size;
     enum { CHUNK = 4096 };
     int64_t ids[CHUNK];
@@ -543,13 +628,36 @@ static int dump_partition(trainer *t, int64_t step)
             uint64_t id = (uint64_t)ids[i];
             if (fwrite(&id, 8, 1, f) != 1 ||
                 fwrite(rows + (size_t)i * D, sizeof(float), (size_t)D, f) != (size_t)D)
-                rc = pf_err(-EIO, "writing '%s'", path);
+                rc = pf_err(-EIO, "writing '%s'", tmp);
         }
     }
     free(rows);
     if (fclose(f) != 0 && rc == 0)
-        rc = pf_err(-EIO, "writing '%s'", path);
+        rc = pf_err(-EIO, "writing '%s'", tmp);
+    if (rc == 0 && rename(tmp, path) < 0)
+        rc = pf_err(-errno, "renaming '%s' to '%s': %s", tmp, path, strerror(errno));
+    if (rc < 0)
+        unlink(tmp);
     return rc;
+}
+
+/* save_centers = true: this worker's partition of the class-center table to
+ * <output>/centers/partition.rank<r> (what `pfcps export --centers <output>` reads). */
+static int save_centers(trainer *t, int64_t step)
+{
+    char dir[1100], prefix[1200];
+    snprintf(dir, sizeof dir, "%s/centers", t->run.output);
+    snprintf(prefix, sizeof prefix, "%s/partition", dir);
+    double t0 = pf_now_s();
+    int rc = mkdir_p(dir);
+    if (rc == 0)
+        rc = dump_partition(t, prefix, step);
+    if (rc < 0)
+        return pf_err_wrap(rc, "save_centers");
+    int64_t rows = t->run.num_classes > t->rank ? (t->run.num_classes - t->rank + t->W - 1) / t->W : 0;
+    log_info("class centers: %lld rows of this worker's partition written to %s.rank%d in %.1f s",
+             (long long)rows, prefix, t->rank, pf_now_s() - t0);
+    return 0;
 }
 
 /* What the run has seen so far, for the log lines and the final summary. */
@@ -559,7 +667,8 @@ typedef struct progress {
     double loss_sum;       /* losses since the last log line */
     int loss_n;
     double first_loss, last_loss;
-    int stuck; /* consecutive steps with the loss at ln(1e30) */
+    int stuck;    /* consecutive steps with the loss at ln(1e30) */
+    double val_s; /* seconds spent in verification (kept out of the speeds) */
 } progress;
 
 /* Every rank agrees on stopping (a signal reaches the ranks at different times): allreduce (max) of the
@@ -593,6 +702,56 @@ static int check_loss(progress *p, double loss, int64_t step, int64_t epoch)
     return 0;
 }
 
+/* Rank 0: scalars for TensorBoard at global step `step`: n (tag, value) pairs, then a flush. A write error is
+ * reported once and ends the events (training goes on: they are a view, training.log has the same numbers).
+ */
+static void tb_scalars(trainer *t, int64_t step, int n, const char *const *tags, const double *values)
+{
+    if (!t->tb)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double wall = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = tb_scalar(t->tb, tags[i], step, wall, (float)values[i]);
+    if (rc == 0)
+        rc = tb_flush(t->tb);
+    if (rc < 0) {
+        log_warn("TensorBoard events stopped: %s", pf_errmsg());
+        tb_close(t->tb);
+        t->tb = NULL;
+    }
+}
+
+/* Rank 0: scores the model on every val_targets set at global step `step` (arcface_torch's
+ * CallBackVerification: eval mode, image + flip, 10 folds), logs arcface_torch's lines and adds each set's
+ * Accuracy-Flip to TensorBoard under the set's name. *seconds = the time it took (kept out of the Speed
+ * line). Returns 0 or eval_verify_model's error, naming the set. */
+static int verify_sets(trainer *t, int64_t step, double *seconds)
+{
+    double t0 = pf_now_s();
+    eval_embed_opts o = {.batch = t->run.batch_size, .flip = 1, .pad = 1};
+    for (int i = 0; i < t->n_val; i++) {
+        eval_result r;
+        int rc = eval_verify_model(t->m, &t->val[i], &o, 10 < t->val[i].n_pairs ? 10 : (int)t->val[i].n_pairs,
+                                   &r, NULL);
+        if (rc < 0)
+            return pf_err_wrap(rc, "verification on %s at global step %lld", t->val[i].name, (long long)step);
+        if (r.acc_mean > t->val_highest[i])
+            t->val_highest[i] = r.acc_mean;
+        const char *name = t->val[i].name;
+        log_info("[%s][%lld]XNorm: %f", name, (long long)step, r.xnorm);
+        log_info("[%s][%lld]Accuracy-Flip: %1.5f+-%1.5f", name, (long long)step, r.acc_mean, r.acc_std);
+        log_info("[%s][%lld]Accuracy-Highest: %1.5f", name, (long long)step, t->val_highest[i]);
+        const char *tags[1] = {name};
+        double v[1] = {r.acc_mean};
+        tb_scalars(t, step, 1, tags, v);
+    }
+    *seconds = pf_now_s() - t0;
+    return 0;
+}
+
 /* The trace line of global step `step`, and on rank 0 arcface_torch's log line every `frequent` steps and at
  * the last step (`total`): speed since the last line, mean loss since the last line, lr, epoch, step, the
  * loss scale with fp16, hours left. */
@@ -618,6 +777,10 @@ static void log_step(trainer *t, progress *p, int64_t step, int64_t total, int64
         log_info("Speed %.2f samples/sec   Loss %.4f   LearningRate %.6f   Epoch: %lld   Global Step: %lld   "
                  "Required: %1.f hours",
                  speed, p->loss_sum / p->loss_n, lr, (long long)epoch, (long long)step, hours);
+    /* arcface_torch's CallBackLogging scalars (loss, learning_rate, time_for_end in hours) and pfcps's. */
+    const char *tags[5] = {"loss", "learning_rate", "time_for_end", "samples_per_sec", "loss_scale"};
+    double v[5] = {p->loss_sum / p->loss_n, lr, hours, speed, t->loss_scaling ? t->scaler.scale : 1.0};
+    tb_scalars(t, step, t->loss_scaling ? 5 : 4, tags, v);
     p->loss_sum = 0;
     p->loss_n = 0;
     p->t_log = now;
@@ -642,20 +805,24 @@ static int finish(trainer *t, const progress *p, int64_t step, int64_t total, in
             return rc;
         log_info("backbone saved to %s/model.ckpt after %lld steps", run->output, (long long)step);
     }
-    if (t->opts.dump_centers && (rc = dump_partition(t, step)) < 0)
+    /* Training time: verification excluded (as from the Speed lines). */
+    double el = pf_now_s() - p->t_start - p->val_s, vel;
+    if (t->n_val && step > 0 && step % run->verbose != 0 && (rc = verify_sets(t, step, &vel)) < 0)
+        return rc;
+    if (t->opts.dump_centers && (rc = dump_partition(t, t->opts.dump_centers, step)) < 0)
+        return rc;
+    if (run->save_centers && (rc = save_centers(t, step)) < 0)
         return rc;
     if (t->trace)
         fflush(t->trace);
     wdev_log_memory(&t->wd);
     if (t->rank != 0)
         return 0;
-    double el = pf_now_s() - p->t_start;
     if (step == 0)
         log_info("training stopped before the first step: no loss, outputs in %s", run->output);
     else
         log_info("training %s: %lld of %lld steps, first loss %.4f, final loss %.4f, %.2f samples/sec over "
-                 "%.1f s, "
-                 "outputs in %s",
+                 "%.1f s, outputs in %s",
                  stopped ? "stopped on request" : "done", (long long)step, (long long)total, p->first_loss,
                  p->last_loss, el > 0 ? (double)step * run->batch_size * t->W / el : 0.0, el, run->output);
     return 0;
@@ -694,6 +861,13 @@ int train_run(trainer *t)
             if ((rc = check_loss(&p, loss, step, epoch)) < 0)
                 break;
             log_step(t, &p, step, total, epoch, loss, lr);
+            if (t->n_val && step % run->verbose == 0) {
+                double el = 0;
+                if ((rc = verify_sets(t, step, &el)) < 0)
+                    break;
+                p.t_log += el;
+                p.val_s += el;
+            }
         }
         if (rc == 0 && !stop && t->rank == 0 && t->opts.max_steps == 0) {
             if ((rc = save_model(t)) < 0)
@@ -715,6 +889,10 @@ void train_close(trainer *t)
         return;
     if (t->trace)
         fclose(t->trace);
+    if (t->tb && tb_close(t->tb) < 0)
+        log_warn("TensorBoard events: %s", pf_errmsg());
+    for (int i = 0; i < t->n_val; i++)
+        eval_set_free(&t->val[i]);
     if (t->have_head)
         pfc_free(&t->head);
     if (t->m) {
