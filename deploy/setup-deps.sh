@@ -10,6 +10,8 @@ PACKAGES=(
   # libraries
   libfabric-dev libfabric-bin libprotobuf-c-dev libinih-dev libturbojpeg0-dev libpng-dev
   libssl-dev libopenblas-dev libdnnl-dev
+  # model export: safetensors headers (JSON), ONNX's onnx.proto (compiled by protoc-c)
+  libjansson-dev libonnx-dev
   # tests: unit framework, fuzzing and sanitizers with clang
   libcmocka-dev clang libclang-rt-14-dev
 )

@@ -32,4 +32,10 @@ int cmd_embed(int argc, char **argv);
  * Accuracy-Flip mean+-std and the best threshold on stdout. */
 int cmd_verify(int argc, char **argv);
 
+/* `pfcps export --format safetensors|onnx [--opset N] CKPT OUT` / `pfcps export --centers [--dim D] RUN_OUTPUT OUT`:
+ * the backbone of a checkpoint as arcface_torch's state_dict in safetensors or as an eval-mode ONNX model
+ * (worker/model/safetensors.h, onnx_export.h), or a run's class centers (RUN_OUTPUT/centers/partition.rank<r>) as
+ * one C x D safetensors tensor (worker/model/centers_export.h). Prints one summary line on stdout. */
+int cmd_export(int argc, char **argv);
+
 #endif

@@ -36,6 +36,9 @@ static const pfcps_command commands[] = {
     {"verify", cmd_verify,
      "verify [--images DIR] [--folds K] [--no-flip] [--pad] [--batch N] [--device NAME] CKPT SET\n"
      "        arcface_torch's verification on a .bin set or pairs file: Accuracy-Flip, XNorm, threshold", 0},
+    {"export", cmd_export,
+     "export --format safetensors|onnx [--opset N] CKPT OUT | export --centers [--dim D] RUN_OUTPUT OUT\n"
+     "        backbone -> safetensors (arcface_torch names) or ONNX (eval); a run's class centers -> safetensors", 0},
 };
 
 static void usage(FILE *f)

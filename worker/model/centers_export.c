@@ -1,0 +1,209 @@
+/* The class-center partitions of a run into one safetensors file (see centers_export.h). */
+#include "worker/model/centers_export.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "worker/model/safetensors.h"
+
+#define MAX_PARTS 65536
+
+/* D from the run's model.ckpt header (model.h: magic 8 | u32 version | u32 embedding_size ...). */
+static int dim_from_ckpt(const char *run_output, int *dim)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/model.ckpt", run_output);
+    FILE *f = fopen(p, "rb");
+    if (!f)
+        return pf_err(errno == ENOENT ? -ENOENT : -EIO,
+                      "%s: cannot open (it gives the embedding size; or pass --dim D): %s", p,
+                      strerror(errno));
+    unsigned char h[16];
+    size_t got = fread(h, 1, sizeof h, f);
+    fclose(f);
+    uint32_t d;
+    memcpy(&d, h + 12, 4);
+    if (got != sizeof h || memcmp(h, "PFCPSBB1", 8))
+        return pf_err(-EPROTO, "%s: not a pfcps backbone checkpoint", p);
+    if (d == 0 || d > (1u << 20))
+        return pf_err(-EPROTO, "%s: embedding_size %u is not plausible", p, d);
+    *dim = (int)d;
+    return 0;
+}
+
+/* Counts partition.rank0 .. rank<W-1> and refuses a partition.rank<r> with r >= W (a gap). */
+static int count_parts(const char *dir, int *W)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "%s: cannot open the centers folder: %s", dir,
+                      strerror(errno));
+    long maxr = -1, n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "partition.rank", 14))
+            continue;
+        char *end;
+        long r = strtol(e->d_name + 14, &end, 10);
+        if (*end || end == e->d_name + 14 || r < 0 || r >= MAX_PARTS)
+            continue; /* e.g. partition.rank0.tmp */
+        n++;
+        if (r > maxr)
+            maxr = r;
+    }
+    closedir(d);
+    if (n == 0)
+        return pf_err(-ENOENT,
+                      "%s: no partition.rank<r> files (was the run started with save_centers = true?)", dir);
+    if (maxr + 1 != n) {
+        for (long r = 0; r <= maxr; r++) {
+            char p[4200];
+            snprintf(p, sizeof p, "%s/partition.rank%ld", dir, r);
+            if (access(p, F_OK) != 0)
+                return pf_err(-EINVAL,
+                              "%s: missing, but partition.rank%ld is present (one file per worker rank)", p,
+                              maxr);
+        }
+    }
+    *W = (int)n;
+    return 0;
+}
+
+int centers_export_safetensors(const char *run_output, int dim, const char *out, int64_t *num_classes,
+                               int *dim_out)
+{
+    int rc, W = 0;
+    if (dim <= 0 && (rc = dim_from_ckpt(run_output, &dim)))
+        return rc;
+    if (dim > (1 << 20))
+        return pf_err(-EINVAL, "embedding size %d is not plausible", dim);
+    char dir[4096];
+    if ((size_t)snprintf(dir, sizeof dir, "%s/centers", run_output) >= sizeof dir - 32)
+        return pf_err(-EINVAL, "path too long: %s", run_output);
+    if ((rc = count_parts(dir, &W)))
+        return rc;
+    const uint64_t rec = 8 + 4 * (uint64_t)dim;
+    uint64_t C = 0;
+    char p[4200];
+    for (int r = 0; r < W; r++) {
+        struct stat st;
+        snprintf(p, sizeof p, "%s/partition.rank%d", dir, r);
+        if (stat(p, &st) != 0 || !S_ISREG(st.st_mode))
+            return pf_err(-EIO, "%s: cannot stat or not a regular file", p);
+        if ((uint64_t)st.st_size % rec)
+            return pf_err(
+                -EPROTO,
+                "%s: %lld bytes is not a whole number of records of 8 + 4 x %d bytes (truncated, or "
+                "another embedding size)",
+                p, (long long)st.st_size, dim);
+        C += (uint64_t)st.st_size / rec;
+    }
+    if (C == 0)
+        return pf_err(-EINVAL, "%s: the partition files hold no class centers", dir);
+    if (C > (uint64_t)INT64_MAX / rec)
+        return pf_err(-EINVAL, "%s: %llu classes is too many", dir, (unsigned long long)C);
+
+    char D_s[32], C_s[32], W_s[32];
+    snprintf(D_s, sizeof D_s, "%d", dim);
+    snprintf(C_s, sizeof C_s, "%llu", (unsigned long long)C);
+    snprintf(W_s, sizeof W_s, "%d", W);
+    st_meta meta[] = {{"format", "pt"},
+                      {"producer", "pfcps"},
+                      {"num_classes", C_s},
+                      {"embedding_size", D_s},
+                      {"world_size", W_s}};
+    st_entry e = {.name = "centers", .dtype = "F32", .ndim = 2, .shape = {(int64_t)C, dim}};
+    unsigned char *hdr = NULL;
+    size_t hl;
+    uint64_t data_bytes;
+    if ((rc = st_header(&e, 1, meta, 5, &hdr, &hl, NULL, &data_bytes)))
+        return rc;
+
+    char tmp[4200];
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", out) >= sizeof tmp) {
+        free(hdr);
+        return pf_err(-EINVAL, "path too long: %s", out);
+    }
+    uint8_t *seen = calloc((size_t)(C + 7) / 8, 1);
+    size_t chunk = 4096;
+    unsigned char *buf = malloc(chunk * (size_t)rec);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    FILE *in = NULL;
+    if (!seen || !buf) {
+        rc = pf_err(-ENOMEM, "out of memory for %llu classes", (unsigned long long)C);
+        goto out;
+    }
+    if (fd < 0) {
+        rc = pf_err(-EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    if (write(fd, hdr, hl) != (ssize_t)hl || ftruncate(fd, (off_t)(hl + data_bytes)) != 0) {
+        rc = pf_err(-EIO, "%s: write failed: %s", tmp, strerror(errno));
+        goto out;
+    }
+    for (int r = 0; r < W && !rc; r++) {
+        snprintf(p, sizeof p, "%s/partition.rank%d", dir, r);
+        if (!(in = fopen(p, "rb"))) {
+            rc = pf_err(-EIO, "%s: cannot open: %s", p, strerror(errno));
+            break;
+        }
+        uint64_t k = 0;
+        size_t got;
+        while (!rc && (got = fread(buf, (size_t)rec, chunk, in)) > 0) {
+            for (size_t i = 0; i < got && !rc; i++, k++) {
+                const unsigned char *q = buf + i * rec;
+                uint64_t id;
+                memcpy(&id, q, 8);
+                if (id >= C)
+                    rc = pf_err(
+                        -EINVAL,
+                        "%s record %llu: class id %llu out of range: the files hold %llu records, so ids "
+                        "must be 0..%llu (an id out of range, or a class missing)",
+                        p, (unsigned long long)k, (unsigned long long)id, (unsigned long long)C,
+                        (unsigned long long)(C - 1));
+                else if (seen[id / 8] & (1u << (id % 8)))
+                    rc = pf_err(-EINVAL, "%s record %llu: class id %llu appears a second time", p,
+                                (unsigned long long)k, (unsigned long long)id);
+                else {
+                    seen[id / 8] |= (uint8_t)(1u << (id % 8));
+                    size_t nb = 4 * (size_t)dim;
+                    if (pwrite(fd, q + 8, nb, (off_t)(hl + id * nb)) != (ssize_t)nb)
+                        rc = pf_err(-EIO, "%s: write failed: %s", tmp, strerror(errno));
+                }
+            }
+        }
+        if (!rc && ferror(in))
+            rc = pf_err(-EIO, "%s: read failed", p);
+        fclose(in);
+        in = NULL;
+    }
+    /* C records, none out of range, none twice: every class 0..C-1 is present */
+    if (!rc && fsync(fd) != 0)
+        rc = pf_err(-EIO, "%s: fsync failed: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && !rc)
+        rc = pf_err(-EIO, "%s: close failed: %s", tmp, strerror(errno));
+    fd = -1;
+    if (!rc && rename(tmp, out) != 0)
+        rc = pf_err(-EIO, "%s: cannot rename to %s: %s", tmp, out, strerror(errno));
+out:
+    if (fd >= 0)
+        close(fd);
+    if (rc)
+        unlink(tmp);
+    free(seen);
+    free(buf);
+    free(hdr);
+    if (!rc && num_classes)
+        *num_classes = (int64_t)C;
+    if (!rc && dim_out)
+        *dim_out = dim;
+    return rc;
+}
