@@ -569,7 +569,10 @@ int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int n
             return pf_err(-EINVAL, "config file %s: contains a NUL byte (not a text file?)", path);
         }
         int rc = check_lines(text, path);
-        if (rc == 0) {
+        size_t pl = strlen(path);
+        if (rc == 0 && pl > 3 && !strcmp(path + pl - 3, ".py")) {
+            rc = cfg_load_py_text(cfg, text, path);
+        } else if (rc == 0) {
             pthread_once(&inih_once, inih_setup);
             parse_state st = {cfg, 0, ""};
             rc = finish_parse(&st, ini_parse_string(text, cfg_ini_handler, &st), path);

@@ -91,6 +91,17 @@ char *cfg_to_ini(const pf_config *cfg);
 /* Parses config text produced by cfg_to_ini (or any INI text). Same errors as cfg_load. */
 int cfg_load_text(pf_config *cfg, const char *text);
 
+/* Applies an arcface_torch Python config (configs/NAME.py: `config = edict()` then `config.key = value` lines)
+ * to cfg, without running Python (grammar in config_py.c: literals, tuples, lists, True/False/None, integer
+ * arithmetic such as `30 * 10000`, comments, imports). Tuples and lists become comma-separated values
+ * (margin_list, val_targets); None keeps the default, except `output = None` (or no `output` line), which is
+ * work_dirs/<file name without .py>, as arcface_torch's get_config. arcface_torch keys pfcps does not use
+ * (dali, dali_aug, gradient_acc, wandb_*, using_wandb, suffix_run_name, ...) are listed once in a warning;
+ * any other unknown key, a value of the wrong type or out of range, and any construct outside the grammar
+ * (a name, a call, a dict) are refused: -EINVAL (or cfg_set's code) with "<where>:<line>: <problem>". Does
+ * not validate: cfg_load_ex does that after the --set overrides. */
+int cfg_load_py_text(pf_config *cfg, const char *text, const char *where);
+
 /* Logs the effective config like arcface_torch's startup dump: one `: key<padding>value` per line
  * (key padded to 25 columns, as train.py does). The secret is shown only as "(set)". */
 void cfg_log(const pf_config *cfg);

@@ -1,8 +1,10 @@
 /* libFuzzer target for the config text a member receives in the join reply (cfg_load_text): any
  * input must load or be refused with a message, never crash; and whatever loads must survive the
  * round trip (cfg_to_ini, then cfg_load_text again, gives the same text), which is what the
- * rendezvous relies on when it ships its config to every member. */
+ * rendezvous relies on when it ships its config to every member. The same input also goes through the
+ * arcface_torch Python-config reader (cfg_load_py_text). */
 #include "common/config.h"
+#include "common/err.h"
 #include "common/log.h"
 
 #include <stdint.h>
@@ -38,6 +40,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         free(t1);
         free(t2);
+    }
+    /* The same bytes as an arcface_torch Python config: applied or refused with a message, never a crash. */
+    pf_config py;
+    cfg_defaults(&py);
+    if (cfg_load_py_text(&py, text, "fuzz.py") < 0 && !pf_errmsg()[0]) {
+        fprintf(stderr, "arcface_torch config refused without a message\n");
+        abort();
     }
     free(text);
     return 0;

@@ -1,0 +1,515 @@
+/* arcface_torch's Python config files (configs/NAME.py), read without running Python: see config.h,
+ * cfg_load_py_text. The grammar is the subset those files use:
+ *
+ *   file      := { line }
+ *   line      := blank | '#' comment | 'from' ... | 'import' ... | 'config = edict()'
+ *              | 'config.' KEY '=' value [ '#' comment ]
+ *   value     := STRING | 'True' | 'False' | 'None' | arith | '(' [ items ] ')' | '[' [ items ] ']'
+ *   items     := value { ',' value } [ ',' ]
+ *   arith     := term { ('+' | '-') term };  term := unary { ('*' | '/' | '//') unary }
+ *   unary     := ('-' | '+') unary | NUMBER | '(' arith ')'
+ *
+ * A bracketed value may span lines. Numbers follow Python: int op int stays an int (`30 * 10000`), '/' is a
+ * float, literals may carry '_'. Everything else (names, calls, attribute reads, f-strings, dicts) is refused
+ * naming the file, line and what was found: nothing is ever executed. */
+#include "common/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+
+/* arcface_torch keys pfcps has no use for: read, listed once in a warning, not applied. */
+static const char *const py_ignored[] = {
+    "dali", "dali_aug", "gradient_acc", "using_wandb", "suffix_run_name", "notes", "save_all_states_interval",
+    NULL};
+
+enum { PV_NONE, PV_BOOL, PV_INT, PV_FLOAT, PV_STR, PV_SEQ };
+
+/* A parsed value; a sequence is flattened into text as it is read. */
+typedef struct py_value {
+    int kind;
+    long long i;
+    double f;
+    char s[CFG_STR]; /* PV_STR: the string; PV_SEQ: its elements as config text, ", "-separated */
+} py_value;
+
+typedef struct py_parser {
+    const char *p, *end;
+    int line;      /* line of p */
+    int depth;     /* open brackets: newlines inside them are whitespace */
+    char err[256]; /* first error */
+} py_parser;
+
+static int py_fail(py_parser *ps, const char *what)
+{
+    if (!ps->err[0]) {
+        const char *q = ps->p;
+        size_t n = 0;
+        while (q + n < ps->end && q[n] != '\n' && n < 24)
+            n++;
+        snprintf(ps->err, sizeof ps->err, "%s (at '%.*s')", what, (int)n, q);
+    }
+    return -1;
+}
+
+/* Skips spaces, tabs and comments; newlines only inside brackets. */
+static void py_skip(py_parser *ps)
+{
+    while (ps->p < ps->end) {
+        char c = *ps->p;
+        if (c == ' ' || c == '\t' || c == '\r' || (c == '\\' && ps->p + 1 < ps->end && ps->p[1] == '\n')) {
+            if (c == '\\') {
+                ps->p++;
+                ps->line++;
+            }
+            ps->p++;
+        } else if (c == '\n' && ps->depth > 0) {
+            ps->p++;
+            ps->line++;
+        } else if (c == '#') {
+            while (ps->p < ps->end && *ps->p != '\n')
+                ps->p++;
+        } else {
+            break;
+        }
+    }
+}
+
+static int py_word(py_parser *ps, const char *w)
+{
+    size_t n = strlen(w);
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, w, n) != 0)
+        return 0;
+    if (ps->p + n < ps->end && (isalnum((unsigned char)ps->p[n]) || ps->p[n] == '_'))
+        return 0;
+    ps->p += n;
+    return 1;
+}
+
+static int py_string(py_parser *ps, py_value *v)
+{
+    char q = *ps->p++;
+    size_t n = 0;
+    while (ps->p < ps->end && *ps->p != q) {
+        char c = *ps->p++;
+        if (c == '\n')
+            return py_fail(ps, "unterminated string");
+        if (c == '\\') {
+            if (ps->p >= ps->end)
+                return py_fail(ps, "unterminated string");
+            c = *ps->p++;
+            if (c == 'n')
+                c = '\n';
+            else if (c == 't')
+                c = '\t';
+            else if (c != '\\' && c != '\'' && c != '"')
+                return py_fail(ps, "string escape other than \\\\ \\' \\\" \\n \\t");
+        }
+        if (n + 1 >= sizeof v->s)
+            return py_fail(ps, "string longer than 255 bytes");
+        v->s[n++] = c;
+    }
+    if (ps->p >= ps->end)
+        return py_fail(ps, "unterminated string");
+    ps->p++;
+    v->s[n] = '\0';
+    v->kind = PV_STR;
+    return 0;
+}
+
+static int py_number(py_parser *ps, py_value *v)
+{
+    char buf[64];
+    size_t n = 0;
+    int is_float = 0;
+    while (ps->p < ps->end) {
+        char c = *ps->p;
+        if (isdigit((unsigned char)c) || c == '.' || c == '_' || ((c == 'e' || c == 'E') && n > 0) ||
+            ((c == '+' || c == '-') && n > 0 && (buf[n - 1] == 'e' || buf[n - 1] == 'E'))) {
+            if (c == '.' || c == 'e' || c == 'E')
+                is_float = 1;
+            if (c != '_') {
+                if (n + 1 >= sizeof buf)
+                    return py_fail(ps, "number too long");
+                buf[n++] = c;
+            }
+            ps->p++;
+        } else {
+            break;
+        }
+    }
+    buf[n] = '\0';
+    if (n == 0)
+        return py_fail(ps, "expected a value");
+    char *e;
+    errno = 0;
+    if (is_float) {
+        v->kind = PV_FLOAT;
+        v->f = strtod(buf, &e);
+    } else {
+        v->kind = PV_INT;
+        v->i = strtoll(buf, &e, 10);
+        if (n > 1 && buf[0] == '0')
+            return py_fail(ps, "integer with a leading zero");
+    }
+    if (*e || errno == ERANGE)
+        return py_fail(ps, "not a number");
+    return 0;
+}
+
+static int py_arith(py_parser *ps, py_value *v);
+
+static int py_unary(py_parser *ps, py_value *v)
+{
+    py_skip(ps);
+    if (ps->p >= ps->end)
+        return py_fail(ps, "expected a value");
+    char c = *ps->p;
+    if (c == '-' || c == '+') {
+        ps->p++;
+        if (py_unary(ps, v) < 0)
+            return -1;
+        if (c == '-') {
+            if (v->kind == PV_INT)
+                v->i = -v->i;
+            else
+                v->f = -v->f;
+        }
+        return 0;
+    }
+    if (c == '(') {
+        ps->p++;
+        ps->depth++;
+        if (py_arith(ps, v) < 0)
+            return -1;
+        py_skip(ps);
+        if (ps->p >= ps->end || *ps->p != ')')
+            return py_fail(ps, "expected ')'");
+        ps->p++;
+        ps->depth--;
+        return 0;
+    }
+    if (isdigit((unsigned char)c) || c == '.')
+        return py_number(ps, v);
+    return py_fail(ps, "expected a number");
+}
+
+/* v = a op b, Python's int/float rules; '//' on ints floors, '/' is a float. */
+static int py_apply(py_parser *ps, py_value *a, const py_value *b, const char *op)
+{
+    if (a->kind == PV_INT && b->kind == PV_INT && strcmp(op, "/") != 0) {
+        long long x = a->i, y = b->i, r;
+        if (!strcmp(op, "+")) {
+            if (__builtin_add_overflow(x, y, &r))
+                return py_fail(ps, "integer overflow");
+        } else if (!strcmp(op, "-")) {
+            if (__builtin_sub_overflow(x, y, &r))
+                return py_fail(ps, "integer overflow");
+        } else if (!strcmp(op, "*")) {
+            if (__builtin_mul_overflow(x, y, &r))
+                return py_fail(ps, "integer overflow");
+        } else {
+            if (y == 0 || (x == LLONG_MIN && y == -1))
+                return py_fail(ps, "integer division by zero or overflow");
+            r = x / y;
+            if ((x % y != 0) && ((x < 0) != (y < 0)))
+                r--;
+        }
+        a->i = r;
+        return 0;
+    }
+    double x = a->kind == PV_INT ? (double)a->i : a->f, y = b->kind == PV_INT ? (double)b->i : b->f;
+    double r;
+    if (!strcmp(op, "+"))
+        r = x + y;
+    else if (!strcmp(op, "-"))
+        r = x - y;
+    else if (!strcmp(op, "*"))
+        r = x * y;
+    else {
+        if (y == 0)
+            return py_fail(ps, "division by zero");
+        r = !strcmp(op, "//") ? floor(x / y) : x / y;
+    }
+    if (!isfinite(r))
+        return py_fail(ps, "number out of range");
+    a->kind = PV_FLOAT;
+    a->f = r;
+    return 0;
+}
+
+static int py_term(py_parser *ps, py_value *v)
+{
+    if (py_unary(ps, v) < 0)
+        return -1;
+    for (;;) {
+        py_skip(ps);
+        const char *op = NULL;
+        if (ps->end - ps->p >= 2 && ps->p[0] == '/' && ps->p[1] == '/')
+            op = "//";
+        else if (ps->p < ps->end && *ps->p == '*' && !(ps->end - ps->p >= 2 && ps->p[1] == '*'))
+            op = "*";
+        else if (ps->p < ps->end && *ps->p == '/')
+            op = "/";
+        if (!op)
+            return 0;
+        ps->p += strlen(op);
+        py_value b;
+        if (py_unary(ps, &b) < 0 || py_apply(ps, v, &b, op) < 0)
+            return -1;
+    }
+}
+
+static int py_arith(py_parser *ps, py_value *v)
+{
+    if (py_term(ps, v) < 0)
+        return -1;
+    for (;;) {
+        py_skip(ps);
+        if (ps->p >= ps->end || (*ps->p != '+' && *ps->p != '-'))
+            return 0;
+        const char *op = *ps->p == '+' ? "+" : "-";
+        ps->p++;
+        py_value b;
+        if (py_term(ps, &b) < 0 || py_apply(ps, v, &b, op) < 0)
+            return -1;
+    }
+}
+
+/* v as config text ("true", "1e-4", "lfw"). */
+static void py_text(const py_value *v, char *out, size_t cap)
+{
+    switch (v->kind) {
+    case PV_BOOL: snprintf(out, cap, "%s", v->i ? "true" : "false"); break;
+    case PV_INT: snprintf(out, cap, "%lld", v->i); break;
+    case PV_FLOAT:
+        /* A float stays a float (Python's 128.0, refused where an int is needed, as 256 / 2 would be). */
+        snprintf(out, cap, "%.17g", v->f);
+        if (!strpbrk(out, ".eEn"))
+            strncat(out, ".0", cap - strlen(out) - 1);
+        break;
+    default: snprintf(out, cap, "%s", v->s); break;
+    }
+}
+
+static int py_value_of(py_parser *ps, py_value *v, int in_seq);
+
+/* A tuple or list: the elements (scalars) as ", "-separated config text. `open` was consumed. */
+static int py_seq(py_parser *ps, py_value *v, char close)
+{
+    size_t n = 0;
+    v->kind = PV_SEQ;
+    v->s[0] = '\0';
+    for (;;) {
+        py_skip(ps);
+        if (ps->p < ps->end && *ps->p == close)
+            break;
+        py_value e;
+        if (py_value_of(ps, &e, 1) < 0)
+            return -1;
+        if (e.kind == PV_NONE)
+            return py_fail(ps, "None inside a tuple or list");
+        char t[CFG_STR];
+        py_text(&e, t, sizeof t);
+        int w = snprintf(v->s + n, sizeof v->s - n, "%s%s", n ? ", " : "", t);
+        if (w < 0 || (size_t)w >= sizeof v->s - n)
+            return py_fail(ps, "tuple or list longer than 255 bytes of text");
+        n += (size_t)w;
+        py_skip(ps);
+        if (ps->p < ps->end && *ps->p == ',') {
+            ps->p++;
+            continue;
+        }
+        if (ps->p < ps->end && *ps->p == close)
+            break;
+        return py_fail(ps, close == ')' ? "expected ',' or ')'" : "expected ',' or ']'");
+    }
+    ps->p++;
+    ps->depth--;
+    return 0;
+}
+
+static int py_value_of(py_parser *ps, py_value *v, int in_seq)
+{
+    memset(v, 0, sizeof *v);
+    py_skip(ps);
+    if (ps->p >= ps->end)
+        return py_fail(ps, "expected a value");
+    char c = *ps->p;
+    if (c == '"' || c == '\'')
+        return py_string(ps, v);
+    if (py_word(ps, "True") || py_word(ps, "False")) {
+        v->kind = PV_BOOL;
+        v->i = ps->p[-1] == 'e' && ps->p[-2] == 'u';
+        return 0;
+    }
+    if (py_word(ps, "None")) {
+        v->kind = PV_NONE;
+        return 0;
+    }
+    if (c == '[' && !in_seq) {
+        ps->p++;
+        ps->depth++;
+        return py_seq(ps, v, ']');
+    }
+    if (c == '(' && !in_seq) {
+        /* A tuple, or a parenthesised number: look for a ',' or an empty pair at this level. */
+        const char *save = ps->p;
+        int line = ps->line, depth = ps->depth;
+        ps->p++;
+        ps->depth++;
+        py_skip(ps);
+        if (ps->p < ps->end && *ps->p == ')')
+            return py_seq(ps, v, ')');
+        py_value first;
+        if (py_value_of(ps, &first, 1) == 0) {
+            py_skip(ps);
+            if (ps->p < ps->end && *ps->p == ',') {
+                ps->p = save + 1;
+                ps->line = line;
+                ps->depth = depth + 1;
+                return py_seq(ps, v, ')');
+            }
+        }
+        ps->err[0] = '\0';
+        ps->p = save;
+        ps->line = line;
+        ps->depth = depth;
+    }
+    if (isalpha((unsigned char)c) || c == '_')
+        return py_fail(ps, "names, calls and attribute reads are not read (only literals and integer "
+                           "arithmetic)");
+    return py_arith(ps, v);
+}
+
+/* The rest of the logical line must be empty or a comment. */
+static int py_end_of_line(py_parser *ps)
+{
+    py_skip(ps);
+    if (ps->p < ps->end && *ps->p != '\n')
+        return py_fail(ps, "unexpected text after the value");
+    return 0;
+}
+
+/* The config name for `output = None`: work_dirs/<file name without .py>, as arcface_torch's get_config. */
+static void py_default_output(const char *path, char *out, size_t cap)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t n = strlen(b);
+    if (n > 3 && !strcmp(b + n - 3, ".py"))
+        n -= 3;
+    snprintf(out, cap, "work_dirs/%.*s", (int)n, b);
+}
+
+static int py_is_ignored(const char *key)
+{
+    if (!strncmp(key, "wandb_", 6))
+        return 1;
+    for (int i = 0; py_ignored[i]; i++)
+        if (!strcmp(py_ignored[i], key))
+            return 1;
+    return 0;
+}
+
+/* One statement at ps->p (a line start). Returns 0, or -1 with ps->err set, or the negative code of cfg_set.
+ */
+static int py_statement(py_parser *ps, pf_config *cfg, const char *where, char *ignored, size_t icap,
+                        int *output_set)
+{
+    py_skip(ps);
+    if (ps->p >= ps->end || *ps->p == '\n')
+        return 0;
+    if (py_word(ps, "from") || py_word(ps, "import")) {
+        while (ps->p < ps->end && *ps->p != '\n')
+            ps->p++;
+        return 0;
+    }
+    if (!py_word(ps, "config"))
+        return py_fail(ps, "expected 'config.KEY = value', 'config = edict()' or an import");
+    py_skip(ps);
+    if (ps->p < ps->end && *ps->p == '=') {
+        ps->p++;
+        py_skip(ps);
+        if (!py_word(ps, "edict") && !py_word(ps, "EasyDict"))
+            return py_fail(ps, "expected 'config = edict()'");
+        py_skip(ps);
+        if (ps->end - ps->p < 2 || ps->p[0] != '(' || ps->p[1] != ')')
+            return py_fail(ps, "expected 'config = edict()'");
+        ps->p += 2;
+        return py_end_of_line(ps);
+    }
+    if (ps->p >= ps->end || *ps->p != '.')
+        return py_fail(ps, "expected 'config.KEY = value'");
+    ps->p++;
+    char key[64];
+    size_t n = 0;
+    while (ps->p < ps->end && (isalnum((unsigned char)*ps->p) || *ps->p == '_')) {
+        if (n + 1 >= sizeof key)
+            return py_fail(ps, "key longer than 63 characters");
+        key[n++] = *ps->p++;
+    }
+    key[n] = '\0';
+    if (n == 0)
+        return py_fail(ps, "expected a key after 'config.'");
+    py_skip(ps);
+    if (ps->p >= ps->end || *ps->p != '=' || (ps->p + 1 < ps->end && ps->p[1] == '='))
+        return py_fail(ps, "expected '=' after the key");
+    ps->p++;
+    int line = ps->line;
+    py_value v;
+    if (py_value_of(ps, &v, 0) < 0 || py_end_of_line(ps) < 0)
+        return -1;
+    if (py_is_ignored(key)) {
+        size_t l = strlen(ignored);
+        snprintf(ignored + l, icap - l, "%s%s", l ? ", " : "", key);
+        return 0;
+    }
+    char text[CFG_STR];
+    if (!strcmp(key, "output"))
+        *output_set = 1;
+    if (v.kind == PV_NONE) {
+        if (strcmp(key, "output") != 0)
+            return 0; /* None: the default stays */
+        py_default_output(where, text, sizeof text);
+    } else {
+        py_text(&v, text, sizeof text);
+    }
+    int rc = cfg_set(cfg, key, text);
+    if (rc < 0) {
+        snprintf(ps->err, sizeof ps->err, "%s", pf_errmsg());
+        ps->line = line;
+    }
+    return rc;
+}
+
+int cfg_load_py_text(pf_config *cfg, const char *text, const char *where)
+{
+    py_parser ps = {.p = text, .end = text + strlen(text), .line = 1};
+    char ignored[512] = "";
+    int output_set = 0;
+    while (ps.p < ps.end) {
+        int rc = py_statement(&ps, cfg, where, ignored, sizeof ignored, &output_set);
+        if (rc < 0)
+            return pf_err(rc == -1 ? -EINVAL : rc, "%s:%d: %s", where, ps.line, ps.err);
+        if (ps.p < ps.end) { /* at the newline that ends the statement */
+            ps.p++;
+            ps.line++;
+        }
+    }
+    if (!output_set) {
+        char out[CFG_STR];
+        py_default_output(where, out, sizeof out);
+        cfg_set(cfg, "output", out);
+    }
+    if (ignored[0])
+        log_warn("%s: arcface_torch keys pfcps does not use, ignored: %s", where, ignored);
+    return 0;
+}
