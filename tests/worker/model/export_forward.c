@@ -1,7 +1,8 @@
-/* export_forward CKPT IN.npy OUT.npy [PRETRAINED]: pfcps's own eval forward (model_forward with train = 0 on
- * the CPU device) of the float32 (B,3,112,112) inputs in IN.npy through the checkpoint CKPT, written as (B,D)
- * float32 to OUT.npy: what the export tests compare PyTorch and onnxruntime against. With PRETRAINED, the
- * model (CKPT's network and D) is then overwritten by model_load_pretrained(PRETRAINED) before the forward.
+/* export_forward CKPT IN.npy OUT.npy [PRETRAINED [SAVE]]: pfcps's own eval forward (model_forward with train
+ * = 0 on the CPU device) of the float32 (B,3,112,112) inputs in IN.npy through the checkpoint CKPT, written
+ * as (B,D) float32 to OUT.npy: what the export tests compare PyTorch and onnxruntime against. With
+ * PRETRAINED, the model (CKPT's network and D) is then overwritten by model_load_pretrained(PRETRAINED)
+ * before the forward.
  */
 #include "common/err.h"
 #include "tests/npy.h"
@@ -13,8 +14,8 @@
 
 int main(int argc, char **argv)
 {
-    if (argc != 4 && argc != 5) {
-        fprintf(stderr, "usage: export_forward CKPT IN.npy OUT.npy [PRETRAINED]\n");
+    if (argc < 4 || argc > 6) {
+        fprintf(stderr, "usage: export_forward CKPT IN.npy OUT.npy [PRETRAINED [SAVE]]\n");
         return 2;
     }
     npy_array in;
@@ -30,8 +31,8 @@ int main(int argc, char **argv)
     float *x = npy_to_f32(&in);
     model *m;
     const float *emb;
-    if (!x || eval_model_open(&m, argv[1], B, NULL) || (argc == 5 && model_load_pretrained(m, argv[4])) ||
-        model_forward(m, x, B, 0, &emb)) {
+    if (!x || eval_model_open(&m, argv[1], B, NULL) || (argc >= 5 && model_load_pretrained(m, argv[4])) ||
+        (argc == 6 && model_save(m, argv[5])) || model_forward(m, x, B, 0, &emb)) {
         fprintf(stderr, "export_forward: %s\n", pf_errmsg());
         return 1;
     }
