@@ -1,5 +1,11 @@
 /* `pfcps verify`: arcface_torch's verification of a backbone checkpoint on a pair set (usage in
- * tools/commands.h; the set readers and the protocol are worker/eval/set.h). */
+ * tools/commands.h; the set readers and the protocol are worker/eval/set.h), or of one of two baselines
+ * in place of the checkpoint (SET is then the only argument):
+ *   --init NETWORK:D[:SEED]  the untrained network as training starts it (model_init(SEED), SEED default
+ *                            2048 as the config key `seed`; eval_model_init);
+ *   --pixels                 raw pixels: each image's preprocessed 3x112x112 input is its embedding
+ *                            (eval_verify_pixels).
+ * The output lines are the same for all three. */
 #include "tools/commands.h"
 
 #include "common/clock.h"
@@ -45,13 +51,54 @@ static void progress(void *arg, int64_t done, int64_t total)
             total ? 100.0 * (double)done / (double)total : 100.0);
 }
 
+/* NETWORK:D[:SEED] -> net (room for 32 chars + NUL), *d, *seed (2048 when absent). */
+static int parse_init(const char *spec, char net[33], int *d, uint64_t *seed)
+{
+    const char *c1 = strchr(spec, ':');
+    char *end = NULL;
+    if (!c1 || c1 == spec || c1 - spec > 32)
+        goto bad;
+    memcpy(net, spec, (size_t)(c1 - spec));
+    net[c1 - spec] = 0;
+    errno = 0;
+    long x = strtol(c1 + 1, &end, 10);
+    if (errno || end == c1 + 1 || x < 1 || x > (1 << 20) || (*end && *end != ':'))
+        goto bad;
+    *d = (int)x;
+    *seed = 2048;
+    if (*end == ':') {
+        const char *sv = end + 1;
+        errno = 0;
+        unsigned long long sd = strtoull(sv, &end, 10);
+        if (errno || end == sv || *end || *sv == '-')
+            goto bad;
+        *seed = (uint64_t)sd;
+    }
+    return 0;
+bad:
+    fprintf(stderr, "pfcps verify: --init needs NETWORK:D[:SEED] (e.g. r18_w16:128:2048), got '%s'\n", spec);
+    return -1;
+}
+
 int cmd_verify(int argc, char **argv)
 {
     eval_embed_opts o = {.batch = 32, .flip = 1};
-    const char *device = "cpu", *images = NULL, *pos[2];
-    int npos = 0, folds = 10;
+    const char *device = "cpu", *images = NULL, *pos[2], *init = NULL;
+    int npos = 0, folds = 10, pixels = 0, init_d = 0;
+    char init_net[33] = {0};
+    uint64_t init_seed = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--no-flip") == 0)
+        if (strcmp(argv[i], "--pixels") == 0)
+            pixels = 1;
+        else if (strcmp(argv[i], "--init") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "pfcps verify: --init needs a value\n");
+                return 2;
+            }
+            init = argv[++i];
+            if (parse_init(init, init_net, &init_d, &init_seed) < 0)
+                return 2;
+        } else if (strcmp(argv[i], "--no-flip") == 0)
             o.flip = 0;
         else if (strcmp(argv[i], "--pad") == 0)
             o.pad = 1;
@@ -74,10 +121,19 @@ int cmd_verify(int argc, char **argv)
         } else
             pos[npos++] = argv[i];
     }
-    if (npos != 2) {
-        fprintf(stderr, "pfcps verify: needs CKPT and SET\n");
+    if (init && pixels) {
+        fprintf(stderr, "pfcps verify: --init and --pixels are two baselines: give one\n");
         return 2;
     }
+    int baseline = init || pixels;
+    if (npos != 2 - baseline) {
+        fprintf(stderr,
+                baseline ? "pfcps verify: with %s, needs SET only (no checkpoint)\n"
+                         : "pfcps verify: needs CKPT and SET\n",
+                init ? "--init" : "--pixels");
+        return 2;
+    }
+    const char *set_path = pos[1 - baseline];
     const ops_device *dev = ops_device_by_name(device);
     if (!dev) {
         fprintf(stderr, "pfcps verify: --device '%s' is not a device of this build\n", device);
@@ -85,7 +141,7 @@ int cmd_verify(int argc, char **argv)
     }
     eval_set s;
     model *m = NULL;
-    int rc = eval_set_open(&s, pos[1], images);
+    int rc = eval_set_open(&s, set_path, images);
     if (rc) {
         fprintf(stderr, "pfcps verify: %s\n", pf_errmsg());
         return rc == -EINVAL ? 2 : 1;
@@ -96,18 +152,30 @@ int cmd_verify(int argc, char **argv)
         eval_set_free(&s);
         return 2;
     }
-    if ((rc = eval_model_open(&m, pos[0], o.batch, dev)))
-        goto fail;
-    const model_desc *desc = model_get_desc(m);
-    fprintf(stderr, "pfcps verify: %s: %" PRId64 " pairs (%s), %s (D %d) on %s, %s, %d folds\n", s.name,
-            s.n_pairs, s.is_bin ? ".bin set" : "pairs file", desc->name, desc->embedding_size, dev->name,
+    char what[160];
+    if (pixels)
+        snprintf(what, sizeof what, "raw pixels (D %d: the preprocessed 3x112x112 input)", EVAL_PIXELS_D);
+    else {
+        if ((rc = init ? eval_model_init(&m, init_net, init_d, init_seed, o.batch, dev)
+                       : eval_model_open(&m, pos[0], o.batch, dev)))
+            goto fail;
+        const model_desc *desc = model_get_desc(m);
+        snprintf(what, sizeof what, "%s%s (D %d)", init ? "untrained " : "", desc->name,
+                 desc->embedding_size);
+        if (init)
+            snprintf(what + strlen(what), sizeof what - strlen(what), ", model_init seed %" PRIu64,
+                     init_seed);
+    }
+    fprintf(stderr, "pfcps verify: %s: %" PRId64 " pairs (%s), %s on %s, %s, %d folds\n", s.name, s.n_pairs,
+            s.is_bin ? ".bin set" : "pairs file", what, pixels ? "cpu" : dev->name,
             o.flip ? "image + flip" : "no flip", folds);
     progress_state ps = {.t0 = pf_now_s()};
     o.progress = progress;
     o.progress_arg = &ps;
     eval_result r;
     int64_t refit = 0;
-    if ((rc = eval_verify_model(m, &s, &o, folds, &r, &refit)))
+    if ((rc = pixels ? eval_verify_pixels(&s, &o, folds, &r, &refit)
+                     : eval_verify_model(m, &s, &o, folds, &r, &refit)))
         goto fail;
     if (refit)
         printf("[%s] note: %" PRId64 " of %" PRId64 " images were not 112x112 and were %s to 112x112\n",

@@ -11,6 +11,8 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
+_Static_assert(EVAL_PIXELS_D == 3 * IMG_SIZE * IMG_SIZE, "a pixel embedding is the network input");
+
 #define CK_HEADER 56 /* magic 8 | u32 version, D, n_tensors, n_extras | char network[32] */
 
 int eval_model_open(model **out, const char *ckpt_path, int batch_capacity, const ops_device *dev)
@@ -44,6 +46,22 @@ int eval_model_open(model **out, const char *ckpt_path, int batch_capacity, cons
         model_free(m);
         return rc;
     }
+    *out = m;
+    return 0;
+}
+
+int eval_model_init(model **out, const char *network, int embedding_size, uint64_t seed, int batch_capacity,
+                    const ops_device *dev)
+{
+    *out = NULL;
+    model_desc desc;
+    int rc = model_desc_from_name(&desc, network, embedding_size);
+    if (rc)
+        return pf_err_wrap(rc, "network '%s' (D %d)", network, embedding_size);
+    model *m;
+    if ((rc = model_create_desc(&m, &desc, batch_capacity, dev)))
+        return pf_err_wrap(rc, "creating %s (D %d)", network, embedding_size);
+    model_init(m, seed);
     *out = m;
     return 0;
 }
@@ -198,6 +216,48 @@ out:
     free(s);
     free(in);
     free(in_flip);
+    return rc;
+}
+
+int eval_pixels(eval_image_fn get, void *arg, int64_t n, const eval_embed_opts *o, float *out,
+                float *out_flip, int64_t *n_refit)
+{
+    if (n_refit)
+        *n_refit = 0;
+    int batch = o && o->batch ? o->batch : 32, flip = o && o->flip, pad = o && o->pad;
+    if (batch < 1 || n < 0 || (flip && !out_flip))
+        return pf_err(-EINVAL, "eval_pixels: batch %d, n %lld, flip %d with%s a flip output", batch,
+                      (long long)n, flip, out_flip ? "" : "out");
+    const size_t px = EVAL_PIXELS_D;
+    embed_scratch *s = calloc(1, sizeof *s);
+    int rc = 0;
+    if (!s)
+        return pf_err(-ENOMEM, "eval_pixels: out of memory");
+    if ((rc = img_decoder_init(&s->dec)))
+        goto out;
+    for (int64_t i = 0; i < n; i++) {
+        eval_image im;
+        int refit = 0;
+        if ((rc = get(arg, i, &im)))
+            goto out;
+        rc = load_one(s, &im, pad, out + (size_t)i * px, flip ? out_flip + (size_t)i * px : NULL, &refit);
+        if (rc) {
+            if (im.path)
+                rc = pf_err_wrap(rc, "image %lld (%s)", (long long)i, im.path);
+            else
+                rc = pf_err_wrap(rc, "image %lld", (long long)i);
+            goto out;
+        }
+        if (n_refit)
+            *n_refit += refit;
+        if (o && o->progress && ((i + 1) % batch == 0 || i + 1 == n))
+            o->progress(o->progress_arg, i + 1, n);
+    }
+out:
+    if (s->dec.tj)
+        img_decoder_free(&s->dec);
+    free(s->file);
+    free(s);
     return rc;
 }
 

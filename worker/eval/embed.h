@@ -42,6 +42,14 @@ typedef struct eval_embed_opts {
  * -EINVAL (unknown network name), -ENOMEM, device errors; messages name the path. */
 int eval_model_open(model **out, const char *ckpt_path, int batch_capacity, const ops_device *dev);
 
+/* The untrained network exactly as training starts it (worker/train.c setup_backbone: model_create_desc,
+ * then model_init(seed); rank 0's values are what every worker trains from): `network` (model_desc_from_name)
+ * with embedding size D on dev (NULL: the CPU device), room for batches of batch_capacity images, BN running
+ * statistics as model_init leaves them. Returns 0 (*out to free with model_free), -EINVAL (unknown network
+ * or D, message naming it), -ENOMEM, device errors. */
+int eval_model_init(model **out, const char *network, int embedding_size, uint64_t seed, int batch_capacity,
+                    const ops_device *dev);
+
 /* Embeds n images of the source get(arg, i) through m (eval mode): out (n, D) float32 in source
  * order; out_flip (n, D), when o->flip, the embeddings of the flipped images (else unused, may be
  * NULL). *n_refit (may be NULL) gets how many images were not 112x112 and were resized (or padded).
@@ -49,6 +57,18 @@ int eval_model_open(model **out, const char *ckpt_path, int batch_capacity, cons
  * -EIO) prefixed with the image's index and path, -ENOMEM, or the device's error. */
 int eval_embed(model *m, eval_image_fn get, void *arg, int64_t n, const eval_embed_opts *o, float *out,
                float *out_flip, int64_t *n_refit);
+
+/* Length of a raw-pixel "embedding" (eval_pixels): the 3x112x112 network input. */
+#define EVAL_PIXELS_D (3 * 112 * 112)
+
+/* Raw pixels as embeddings (the baseline `pfcps verify --pixels`): image i of get(arg, i) preprocessed
+ * exactly as eval_embed feeds the network (decode to RGB, grey replicated; refit to 112x112 by o->pad;
+ * (x/255 - 0.5)/0.5 in CHW order) is row i of out (n, EVAL_PIXELS_D); out_flip, when o->flip, the
+ * flipped image's row. o->batch and the progress callback are used as in eval_embed (progress per batch).
+ * Returns 0, -EINVAL (bad options), the source's error, decode errors prefixed with the image's index
+ * and path. */
+int eval_pixels(eval_image_fn get, void *arg, int64_t n, const eval_embed_opts *o, float *out,
+                float *out_flip, int64_t *n_refit);
 
 /* Writes rows x cols float32 (C order) as a NumPy .npy file (format 1.0, '<f4'), through path.tmp
  * and a rename. Returns 0 or -EIO naming the path. */

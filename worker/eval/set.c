@@ -94,3 +94,27 @@ out:
     free(flip);
     return rc;
 }
+
+int eval_verify_pixels(const eval_set *s, const eval_embed_opts *o, int folds, eval_result *out,
+                       int64_t *n_refit)
+{
+    eval_embed_opts def = {.batch = 32, .flip = 1};
+    if (!o)
+        o = &def;
+    size_t count = 2 * (size_t)s->n_pairs * EVAL_PIXELS_D;
+    float *emb = malloc(count * sizeof(float));
+    float *flip = o->flip ? malloc(count * sizeof(float)) : NULL;
+    int rc;
+    if (!emb || (o->flip && !flip)) {
+        rc = pf_err(-ENOMEM, "out of memory for %lld x %d pixel vectors", (long long)(2 * s->n_pairs),
+                    EVAL_PIXELS_D);
+        goto out;
+    }
+    if ((rc = eval_pixels(eval_set_image, (void *)s, 2 * s->n_pairs, o, emb, flip, n_refit)))
+        goto out;
+    rc = eval_verify(emb, flip, s->n_pairs, EVAL_PIXELS_D, s->issame, folds, out);
+out:
+    free(emb);
+    free(flip);
+    return rc;
+}

@@ -40,4 +40,10 @@ void eval_set_free(eval_set *s);
 int eval_verify_model(model *m, const eval_set *s, const eval_embed_opts *o, int folds, eval_result *out,
                       int64_t *n_refit);
 
+/* eval_verify_model with raw pixels for embeddings (eval_pixels: the network's preprocessed input,
+ * EVAL_PIXELS_D floats per image; with o->flip the flipped image's pixels are added before normalising,
+ * as for a network): the baseline a trained model should beat. Same returns as eval_verify_model. */
+int eval_verify_pixels(const eval_set *s, const eval_embed_opts *o, int folds, eval_result *out,
+                       int64_t *n_refit);
+
 #endif

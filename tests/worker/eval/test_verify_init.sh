@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# `pfcps verify --init NETWORK:D:SEED` (the untrained-network baseline) is the network training starts from.
+# The independent model: a real run (1 server, 1 worker, seed 777, r18_w8 D 16) trained for one step
+# (--max-steps 1) saves its backbone. With warmup (warmup_epoch > 0) the learning rate of step 0 is
+# base_lr * 0 / warmup_steps = 0 (arcface_torch's PolyScheduler; lr_schedule.c), so SGD leaves every parameter
+# as setup_backbone made it (model_init(seed) on rank 0, broadcast); only the BN running statistics moved (a
+# train-mode forward updates them). Setting those back to BatchNorm's initial state (running mean 0, running
+# var 1, as PyTorch constructs it) in the saved file (checksum recomputed: FNV-1a 64, model.h) gives the
+# model training started from, through the worker's own config / seed / broadcast / save path.
+# Checks: verify on that file == verify --init r18_w8:16:777 (every output line); the unpatched file (BN
+# statistics of one step) and --init with seed 778 both differ (the comparison sees parameters and BN state);
+# --init refusals (bad spec, with --pixels, with a checkpoint too, unknown network).
+# Arguments: SERVER WORKER PFCPS SRC BUILD
+source "$4/tests/train/cluster.sh" "$@"
+fails=0
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+ORL=$SRC/data/orl
+{ sed -n 1p "$ORL/pairs_s31-s40.txt"; sed -n 2,21p "$ORL/pairs_s31-s40.txt"; sed -n 452,471p "$ORL/pairs_s31-s40.txt"; } >"$TMP/pairs.txt"
+
+run_ini "$TMP/run.ini" 1 1 "verify-init-test-secret-0123" <<INI
+[train]
+$ONE_STEP_NET
+seed = 777
+lr = 0.1
+num_epoch = 2
+warmup_epoch = 1
+frequent = 1
+output = $TMP/out
+[data]
+$ONE_STEP_DATA
+INI
+run_cluster "the one-step run failed" "$TMP/run.ini" 1 1 --max-steps 1
+[ -f "$TMP/out/model.ckpt" ] || fail "the one-step run saved no model.ckpt"
+
+python3 - "$TMP/out/model.ckpt" "$TMP/init.ckpt" <<'PY' || fail "patching the checkpoint"
+import struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read())
+assert raw[:8] == b"PFCPSBB1"
+version, D, ntens, nextra = struct.unpack_from("<4I", raw, 8)
+pos, table = 72, []
+for _ in range(ntens):
+    (nl,) = struct.unpack_from("<H", raw, pos)
+    name = raw[pos + 2:pos + 2 + nl].decode()
+    pos += 2 + nl
+    dtype, nd = raw[pos], raw[pos + 1]
+    shape = struct.unpack_from("<%dI" % nd, raw, pos + 2)
+    pos += 2 + 4 * nd
+    (off,) = struct.unpack_from("<Q", raw, pos)
+    pos += 8
+    table.append((name, shape, off))
+payload = pos + 40 * (nextra if version >= 2 else 0)
+stats = 0
+for name, shape, off in table:
+    n = 1
+    for s in shape:
+        n *= s
+    for suffix, value in ((".running_mean", 0.0), (".running_var", 1.0)):
+        if name.endswith(suffix):
+            struct.pack_into("<%df" % n, raw, payload + off, *([value] * n))
+            stats += 1
+assert stats >= 2, "no BN running statistics in the table"
+h = 0xcbf29ce484222325
+for b in raw[72:]:
+    h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+struct.pack_into("<Q", raw, 64, h)
+open(sys.argv[2], "wb").write(raw)
+print("patched %d running-statistics tensors of %d" % (stats, ntens))
+PY
+
+v() { "$PFCPS" verify --folds 4 --pad "$@" 2>"$TMP/err" || { cat "$TMP/err"; echo "exit $?"; }; }
+want=$(v "$TMP/init.ckpt" "$TMP/pairs.txt" --images "$ORL")
+got=$(v --init r18_w8:16:777 "$TMP/pairs.txt" --images "$ORL")
+echo "$got"
+grep -q "Accuracy-Flip" <<<"$got" || bad "no Accuracy-Flip line from --init: $got"
+grep -q "untrained r18_w8 (D 16), model_init seed 777" "$TMP/err" || bad "stderr does not name the untrained network: $(cat "$TMP/err")"
+[ "$got" = "$want" ] && echo "ok: --init r18_w8:16:777 == the one-step run's parameters with BN statistics at 0/1" ||
+  bad "--init differs from the run's initial model:"$'\n'"$got"$'\n'"vs"$'\n'"$want"
+stepped=$(v "$TMP/out/model.ckpt" "$TMP/pairs.txt" --images "$ORL")
+other=$(v --init r18_w8:16:778 "$TMP/pairs.txt" --images "$ORL")
+xn() { grep XNorm <<<"$1"; }
+[ "$(xn "$stepped")" != "$(xn "$want")" ] && echo "ok: the unpatched checkpoint (one step's BN statistics) differs: $(xn "$stepped")" ||
+  bad "the one-step checkpoint scores as the initial model: the check would not see BN state"
+[ "$(xn "$other")" != "$(xn "$want")" ] && echo "ok: seed 778 differs: $(xn "$other")" || bad "seed 778 gives the same model"
+
+expect() { # exit-status substring args...
+  local want_rc=$1 w=$2; shift 2
+  out=$("$PFCPS" "$@" 2>&1); rc=$?
+  if [ "$rc" -ne "$want_rc" ] || ! grep -qF -- "$w" <<<"$out"; then bad "pfcps $*: exit $rc, wanted $want_rc and '$w': $out"
+  else echo "ok: pfcps $*: exit $rc: $(tail -n 1 <<<"$out")"; fi
+}
+expect 2 "--init needs NETWORK:D[:SEED]" verify --init r18_w8 "$TMP/pairs.txt" --images "$ORL"
+expect 2 "--init needs NETWORK:D[:SEED]" verify --init r18_w8:16:x "$TMP/pairs.txt" --images "$ORL"
+expect 2 "--init needs NETWORK:D[:SEED]" verify --init r18_w8:0 "$TMP/pairs.txt" --images "$ORL"
+expect 2 "--init and --pixels are two baselines" verify --init r18_w8:16 --pixels "$TMP/pairs.txt" --images "$ORL"
+expect 2 "with --init, needs SET only" verify --init r18_w8:16 "$TMP/init.ckpt" "$TMP/pairs.txt" --images "$ORL"
+expect 2 "with --pixels, needs SET only" verify --pixels "$TMP/init.ckpt" "$TMP/pairs.txt" --images "$ORL"
+expect 1 "network 'r7'" verify --init r7:16 "$TMP/pairs.txt" --images "$ORL"
+[ "$fails" -eq 0 ] && echo ok || echo FAIL
+exit $((fails != 0))
