@@ -7,8 +7,11 @@
  *   value     := STRING | 'True' | 'False' | 'None' | arith | '(' [ items ] ')' | '[' [ items ] ']'
  *   items     := value { ',' value } [ ',' ]
  *   arith     := term { ('+' | '-') term };  term := unary { ('*' | '/' | '//') unary }
- *   unary     := ('-' | '+') unary | NUMBER | '(' arith ')'
+ *   unary     := ('-' | '+') unary | NUMBER | '(' arith ')' | 'config.' KEY
  *
+ * `config.KEY` reads a key this file set on an earlier line (Python: the attribute of the edict being built;
+ * one the file never set is an AttributeError there and refused here), e.g. arcface_torch's
+ * `config.warmup_epoch = config.num_epoch // 10`.
  * A bracketed value may span lines. Numbers follow Python: int op int stays an int (`30 * 10000`), '/' is a
  * float, literals may carry '_'. Everything else (names, calls, attribute reads, f-strings, dicts) is refused
  * naming the file, line and what was found: nothing is ever executed. */
@@ -40,7 +43,16 @@ typedef struct py_value {
     char s[CFG_STR]; /* PV_STR: the string; PV_SEQ: its elements as config text, ", "-separated */
 } py_value;
 
+/* Keys this file has set, with their values, for `config.KEY` reads. */
+#define PY_MAX_VARS 128
+typedef struct py_var {
+    char key[64];
+    py_value v;
+} py_var;
+
 typedef struct py_parser {
+    py_var vars[PY_MAX_VARS];
+    int nvars;
     const char *p, *end;
     int line;      /* line of p */
     int depth;     /* open brackets: newlines inside them are whitespace */
@@ -166,6 +178,44 @@ static int py_number(py_parser *ps, py_value *v)
 
 static int py_arith(py_parser *ps, py_value *v);
 
+/* Reads a key name at ps->p into key (cap 64). Returns its length, 0 when there is none. */
+static size_t py_key(py_parser *ps, char key[64])
+{
+    size_t n = 0;
+    while (ps->p < ps->end && (isalnum((unsigned char)*ps->p) || *ps->p == '_')) {
+        if (n + 1 >= 64)
+            return 0;
+        key[n++] = *ps->p++;
+    }
+    key[n] = '\0';
+    return n;
+}
+
+/* At "config.KEY": the value this file gave KEY, or NULL (not a reference, or a key not set before). */
+static const py_value *py_ref(py_parser *ps)
+{
+    const char *save = ps->p;
+    char key[64];
+    if (py_word(ps, "config") && ps->p < ps->end && *ps->p == '.') {
+        ps->p++;
+        if (py_key(ps, key) > 0)
+            for (int i = ps->nvars - 1; i >= 0; i--)
+                if (!strcmp(ps->vars[i].key, key))
+                    return &ps->vars[i].v;
+        ps->p = save;
+        py_fail(ps, "config.KEY reads a key this file has not set (before this line)");
+        return NULL;
+    }
+    ps->p = save;
+    return NULL;
+}
+
+/* 1 when ps->p is at "config." (a read of an earlier key). */
+static int py_at_ref(const py_parser *ps)
+{
+    return ps->end - ps->p > 7 && !memcmp(ps->p, "config.", 7);
+}
+
 static int py_unary(py_parser *ps, py_value *v)
 {
     py_skip(ps);
@@ -198,6 +248,15 @@ static int py_unary(py_parser *ps, py_value *v)
     }
     if (isdigit((unsigned char)c) || c == '.')
         return py_number(ps, v);
+    if (py_at_ref(ps)) {
+        const py_value *r = py_ref(ps);
+        if (!r)
+            return -1;
+        if (r->kind != PV_INT && r->kind != PV_FLOAT)
+            return py_fail(ps, "arithmetic on a config key that is not a number");
+        *v = *r;
+        return 0;
+    }
     return py_fail(ps, "expected a number");
 }
 
@@ -383,6 +442,22 @@ static int py_value_of(py_parser *ps, py_value *v, int in_seq)
         ps->line = line;
         ps->depth = depth;
     }
+    if (py_at_ref(ps)) {
+        /* A number takes part in arithmetic; any other value is copied as it is. */
+        const char *save = ps->p;
+        const py_value *r = py_ref(ps);
+        if (!r)
+            return -1;
+        if (r->kind != PV_INT && r->kind != PV_FLOAT) {
+            *v = *r;
+            py_skip(ps);
+            if (ps->p < ps->end && strchr("+-*/", *ps->p))
+                return py_fail(ps, "arithmetic on a config key that is not a number");
+            return 0;
+        }
+        ps->p = save;
+        return py_arith(ps, v);
+    }
     if (isalpha((unsigned char)c) || c == '_')
         return py_fail(ps, "names, calls and attribute reads are not read (only literals and integer "
                            "arithmetic)");
@@ -450,15 +525,8 @@ static int py_statement(py_parser *ps, pf_config *cfg, const char *where, char *
         return py_fail(ps, "expected 'config.KEY = value'");
     ps->p++;
     char key[64];
-    size_t n = 0;
-    while (ps->p < ps->end && (isalnum((unsigned char)*ps->p) || *ps->p == '_')) {
-        if (n + 1 >= sizeof key)
-            return py_fail(ps, "key longer than 63 characters");
-        key[n++] = *ps->p++;
-    }
-    key[n] = '\0';
-    if (n == 0)
-        return py_fail(ps, "expected a key after 'config.'");
+    if (py_key(ps, key) == 0)
+        return py_fail(ps, "expected a key (at most 63 characters) after 'config.'");
     py_skip(ps);
     if (ps->p >= ps->end || *ps->p != '=' || (ps->p + 1 < ps->end && ps->p[1] == '='))
         return py_fail(ps, "expected '=' after the key");
@@ -467,6 +535,16 @@ static int py_statement(py_parser *ps, pf_config *cfg, const char *where, char *
     py_value v;
     if (py_value_of(ps, &v, 0) < 0 || py_end_of_line(ps) < 0)
         return -1;
+    int slot = -1;
+    for (int i = 0; i < ps->nvars && slot < 0; i++)
+        if (!strcmp(ps->vars[i].key, key))
+            slot = i;
+    if (slot < 0 && ps->nvars < PY_MAX_VARS)
+        slot = ps->nvars++;
+    if (slot >= 0) {
+        snprintf(ps->vars[slot].key, sizeof ps->vars[slot].key, "%s", key);
+        ps->vars[slot].v = v;
+    }
     if (py_is_ignored(key)) {
         size_t l = strlen(ignored);
         snprintf(ignored + l, icap - l, "%s%s", l ? ", " : "", key);
@@ -490,18 +568,21 @@ static int py_statement(py_parser *ps, pf_config *cfg, const char *where, char *
     return rc;
 }
 
-int cfg_load_py_text(pf_config *cfg, const char *text, const char *where)
+/* The statements of text, one per logical line, on the zeroed parser ps. */
+static int load_py(py_parser *ps, pf_config *cfg, const char *text, const char *where)
 {
-    py_parser ps = {.p = text, .end = text + strlen(text), .line = 1};
+    ps->p = text;
+    ps->end = text + strlen(text);
+    ps->line = 1;
     char ignored[512] = "";
     int output_set = 0;
-    while (ps.p < ps.end) {
-        int rc = py_statement(&ps, cfg, where, ignored, sizeof ignored, &output_set);
+    while (ps->p < ps->end) {
+        int rc = py_statement(ps, cfg, where, ignored, sizeof ignored, &output_set);
         if (rc < 0)
-            return pf_err(rc == -1 ? -EINVAL : rc, "%s:%d: %s", where, ps.line, ps.err);
-        if (ps.p < ps.end) { /* at the newline that ends the statement */
-            ps.p++;
-            ps.line++;
+            return pf_err(rc == -1 ? -EINVAL : rc, "%s:%d: %s", where, ps->line, ps->err);
+        if (ps->p < ps->end) { /* at the newline that ends the statement */
+            ps->p++;
+            ps->line++;
         }
     }
     if (!output_set) {
@@ -512,4 +593,14 @@ int cfg_load_py_text(pf_config *cfg, const char *text, const char *where)
     if (ignored[0])
         log_warn("%s: arcface_torch keys pfcps does not use, ignored: %s", where, ignored);
     return 0;
+}
+
+int cfg_load_py_text(pf_config *cfg, const char *text, const char *where)
+{
+    py_parser *psp = calloc(1, sizeof *psp);
+    if (!psp)
+        return pf_err(-ENOMEM, "%s: out of memory", where);
+    int rc = load_py(psp, cfg, text, where);
+    free(psp);
+    return rc;
 }

@@ -97,7 +97,9 @@ static void test_constructs(void **state)
                                                     "config.num_classes = 360232\n"
                                                     "config.num_image = 17091657\n"
                                                     "config.num_epoch = 20\n"
-                                                    "config.warmup_epoch = 0\n"
+                                                    "config.warmup_epoch = config.num_epoch // 10\n"
+                                                    "config.network = 'r100'\n"
+                                                    "config.output = config.network\n"
                                                     "config.sample_rate = 0.2 # comment\n"
                                                     "config.batch_size = 2 * 64\n"
                                                     "config.frequent = 30 * 10000 // 1000 - (2 + 8)\n"
@@ -131,8 +133,17 @@ static void test_constructs(void **state)
     assert_int_equal(c.seed, 2048);
     assert_string_equal(c.val_targets, "lfw, agedb_30");
     assert_true(c.margin_list[0] == 1.0 && c.margin_list[1] == 0.0 && c.margin_list[2] == 0.4);
-    assert_string_equal(c.output, "work_dirs/glint360k_r100");
+    assert_true(c.warmup_epoch == 2.0); /* config.num_epoch // 10 */
+    assert_string_equal(c.network, "r100");
+    assert_string_equal(c.output, "r100"); /* config.output = config.network */
     assert_string_equal(c.rec, "/data/glint360k");
+
+    /* No output line: work_dirs/<name>; an empty list is an empty value. */
+    p = write_file("wf42m_pfc02_r100.py", "config = edict()\nconfig.num_classes = 10\nconfig.rec = 'x'\n"
+                                          "config.val_targets = []\n");
+    assert_int_equal(cfg_load(&c, p, NULL, 0), 0);
+    assert_string_equal(c.output, "work_dirs/wf42m_pfc02_r100");
+    assert_string_equal(c.val_targets, "");
 
     /* Without --set the arithmetic stands; a float result of '/' where an int is needed is refused. */
     assert_int_equal(cfg_load(&c, p, NULL, 0), 0);
@@ -183,6 +194,9 @@ static void test_refusals(void **state)
     REFUSED("config.lr = 010\n", 4, "leading zero");
     REFUSED("config.val_targets = ['lfw',\n 'cfp_fp'\n", 6, "expected"); /* unclosed list */
     REFUSED("exec('import os')\n", 4, "expected 'config.KEY = value'");
+    REFUSED("config.warmup_epoch = config.num_epoch // 10\n", 4, "has not set"); /* num_epoch not set here */
+    REFUSED("config.num_epoch = config.rec * 2\n", 4, "not a number");           /* arithmetic on a string */
+    REFUSED("config.output = f'work_dirs/{config.rec}'\n", 4, "names, calls");
 #undef REFUSED
 }
 
