@@ -357,7 +357,9 @@ static void rec_folder(const char *rec, char *out, size_t cap)
 }
 
 /* One val_targets entry as a file: a path (with a '/' or an existing file) as given, else arcface_torch's
- * `<rec folder>/<name>.bin`. A pairs text file (not a .bin pickle) finds its images in its own folder. */
+ * `<rec folder>/<name>.bin`; a name whose file is not there is skipped with a warning, as arcface_torch's
+ * CallBackVerification does (returns 1). A pairs text file (not a .bin pickle) finds its images in its own
+ * folder. */
 static int open_val_target(trainer *t, const char *entry, eval_set *set)
 {
     char path[1100], images[1100];
@@ -370,6 +372,10 @@ static int open_val_target(trainer *t, const char *entry, eval_set *set)
         size_t n = strlen(entry);
         snprintf(path, sizeof path, "%s/%s%s", dir, entry,
                  n > 4 && !strcmp(entry + n - 4, ".bin") ? "" : ".bin");
+        if (stat(path, &st) != 0) {
+            log_warn("val_targets: %s not found (%s): skipped, as arcface_torch does", entry, path);
+            return 1;
+        }
     }
     const char *slash = strrchr(path, '/');
     snprintf(images, sizeof images, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
@@ -399,6 +405,8 @@ static int setup_val(trainer *t)
         int rc = open_val_target(t, tok, &t->val[t->n_val]);
         if (rc < 0)
             return rc;
+        if (rc == 1)
+            continue;
         log_info("verification set %s: %lld pairs, scored every %d steps (verbose) and at the end",
                  t->val[t->n_val].name, (long long)t->val[t->n_val].n_pairs, t->run.verbose);
         t->n_val++;
