@@ -296,6 +296,43 @@ static void hostile(void)
     printf("every truncation of a valid %zu-byte file refused\n", n);
 }
 
+/* Files written by the safetensors package (numpy save_file: the fuzz seeds tests/fuzz/safetensors_corpus).
+ */
+static void package_files(void)
+{
+    const char *src = getenv("PFCPS_SOURCE");
+    if (!src) {
+        printf("PFCPS_SOURCE not set: the safetensors package's files not read\n");
+        return;
+    }
+    char p[1024];
+    static const char *names[] = {"two_tensors", "conv_f16_empty", "bn", "empty"};
+    static const int counts[] = {2, 3, 3, 0};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/tests/fuzz/safetensors_corpus/%s.safetensors", src, names[i]);
+        st_file *f;
+        int rc = st_read(&f, p);
+        CHECK(rc == 0 && st_count(f) == counts[i], "%s: rc %d %s", p, rc, pf_errmsg());
+        if (rc)
+            continue;
+        if (i == 0) { /* a = arange(6).reshape(2, 3) float32, n = 3 int64 */
+            const st_tensor *a = st_find(f, "a"), *n = st_find(f, "n");
+            float v[6];
+            int64_t nv = 0;
+            if (a && a->nbytes == sizeof v)
+                memcpy(v, a->data, sizeof v);
+            if (n && n->nbytes == 8)
+                memcpy(&nv, n->data, 8);
+            CHECK(a && n && a->ndim == 2 && a->shape[0] == 2 && a->shape[1] == 3 && v[5] == 5.0f &&
+                      v[1] == 1.0f && n->ndim == 0 && !strcmp(n->dtype, "I64") && nv == 3 &&
+                      !strcmp(st_metadata(f, "format"), "pt"),
+                  "two_tensors read wrong");
+        }
+        st_free(f);
+    }
+    printf("the safetensors package's files read\n");
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/pfcps-st-XXXXXX");
@@ -306,6 +343,7 @@ int main(void)
     for (size_t i = 0; i < (size_t)B * 3 * 112 * 112; i++)
         x[i] = frand(-1, 1);
     hostile();
+    package_files();
     roundtrip("r18_w16", 32, x);
     roundtrip("mbf", 64, x);
     refusals(x);
