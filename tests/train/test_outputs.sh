@@ -4,7 +4,8 @@
 # (save_centers). 1 server + 2 workers train r18_w8 on 4 ORL identities for 5 epochs (10 steps), scoring
 # 20 pairs of 4 other identities every 3 steps.
 #  - Verification does not perturb training: the traces equal those of the same run without val_targets.
-#  - The accuracy logged at the end equals `pfcps verify --pad` on the saved model.ckpt.
+#  - The accuracy logged at the end equals `pfcps verify --pad` on the saved model.ckpt; a set name whose .bin
+#    is not in the rec folder (lfw) is skipped with a warning, as arcface_torch does.
 #  - save_centers: each worker's partition file holds exactly its classes (c mod 2 == rank), ascending, and
 #    equals the --dump-centers file of the same run byte for byte.
 #  - TensorBoard: the tensorboard package reads back loss and learning_rate at every logged step with the
@@ -38,9 +39,11 @@ $3
 INI
 }
 export OMP_NUM_THREADS=1
-write_run "$TMP/a.ini" "$TMP/a" "val_targets = $TMP/val/pairs.txt
+write_run "$TMP/a.ini" "$TMP/a" "val_targets = $TMP/val/pairs.txt, lfw
 save_centers = true"
 run_cluster "run with val_targets failed" "$TMP/a.ini" 1 2 --trace "$TMP/a_trace{r}" --dump-centers "$TMP/dump"
+grep -qF "val_targets: lfw not found ($TMP/lfw.bin): skipped" "$TMP/worker0.log" ||
+  fail "a val_targets name without its .bin in the rec folder was not skipped with a warning"
 write_run "$TMP/b.ini" "$TMP/b" ""
 run_cluster "run without val_targets failed" "$TMP/b.ini" 1 2 --trace "$TMP/b_trace{r}"
 
