@@ -238,10 +238,6 @@ static int accept_run_config(worker_daemon *d)
             run->output);
         return -1;
     }
-    if (run->pretrained[0]) {
-        log_error("pretrained: not implemented yet; refusing to start rather than train without it");
-        return -1;
-    }
     if (run->save_all_states && d->rank == 0)
         log_warn("save_all_states = true: not implemented yet; only the backbone is saved");
     return 0;

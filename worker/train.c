@@ -24,6 +24,7 @@
 #include "worker/lr_schedule.h"
 #include "worker/loss_scale.h"
 #include "worker/model/model.h"
+#include "worker/model/safetensors.h"
 #include "worker/ps_client.h"
 #include "worker/tb_writer.h"
 
@@ -297,6 +298,13 @@ static int setup_backbone(trainer *t, const ctl_book *book)
     if ((rc = model_create_desc(&t->m, &desc, run->batch_size, dev)) < 0)
         return pf_err_wrap(rc, "network '%s' on device %s", run->network, di.name);
     model_init(t->m, (uint64_t)run->seed);
+    /* Fine-tuning: every worker loads the same file (parameters and BN statistics; the broadcast below covers
+     * the parameters only), so it must be readable on every worker's host. */
+    if (run->pretrained[0]) {
+        if ((rc = model_load_pretrained(t->m, run->pretrained)) < 0)
+            return pf_err_wrap(rc, "config key 'pretrained' = %s", run->pretrained);
+        log_info("backbone initialised from %s (pretrained)", run->pretrained);
+    }
     t->nparams = model_num_params(t->m);
     if ((rc = wdev_backbone(&t->wd, dev, model_ctx(t->m), t->nparams, &t->coll, book)) < 0)
         return rc;

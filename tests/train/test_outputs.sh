@@ -8,6 +8,8 @@
 #    is not in the rec folder (lfw) is skipped with a warning, as arcface_torch does.
 #  - save_centers: each worker's partition file holds exactly its classes (c mod 2 == rank), ascending, and
 #    equals the --dump-centers file of the same run byte for byte.
+#  - pretrained: runs started from the trained model.ckpt and from its safetensors export train identically,
+#    from a lower first loss than the random initialisation.
 #  - TensorBoard: the tensorboard package reads back loss and learning_rate at every logged step with the
 #    values of training.log, and the set's accuracy at every verification (skipped, exit 77, without
 #    PFCPS_PYTHON / tensorboard; everything else is checked first).
@@ -74,6 +76,22 @@ for r in 0 1; do
   [ "$ids" = "$r/$((r + 2))" ] || fail "$f holds class ids $ids, expected $r/$((r + 2))"
 done
 echo "save_centers: partitions of both workers hold their classes"
+
+# pretrained: the trained backbone, as a pfcps checkpoint and as its safetensors export, starts two runs that
+# must train identically (the same initial backbone) and unlike the run from the random initialisation.
+"$PFCPS" export --format safetensors "$TMP/a/model.ckpt" "$TMP/a.safetensors" || fail "export to safetensors"
+write_run "$TMP/c.ini" "$TMP/c" "" && sed -i "s|^\[data\]|pretrained = $TMP/a/model.ckpt\n[data]|" "$TMP/c.ini"
+run_cluster "run from a pretrained model.ckpt failed" "$TMP/c.ini" 1 2 --max-steps 3 --trace "$TMP/c_trace{r}"
+write_run "$TMP/d.ini" "$TMP/d" "" && sed -i "s|^\[data\]|pretrained = $TMP/a.safetensors\n[data]|" "$TMP/d.ini"
+run_cluster "run from a pretrained safetensors file failed" "$TMP/d.ini" 1 2 --max-steps 3 --trace "$TMP/d_trace{r}"
+grep -q "backbone initialised from $TMP/a.safetensors (pretrained)" "$TMP/worker1.log" ||
+  fail "worker 1 does not say it loaded the pretrained backbone"
+cmp -s "$TMP/c_trace0" "$TMP/d_trace0" || fail "pretrained from model.ckpt and from its safetensors export differ"
+[ "$(wc -l <"$TMP/c_trace0")" -eq 3 ] || fail "the pretrained run did not train 3 steps"
+c1=$(awk 'NR==1 {print $2}' "$TMP/c_trace0"); b1=$(awk 'NR==1 {print $2}' "$TMP/b_trace0")
+awk -v c="$c1" -v b="$b1" 'BEGIN {exit !(c < b)}' ||
+  fail "the first loss from the trained backbone ($c1) is not below the random initialisation's ($b1)"
+echo "pretrained: model.ckpt and safetensors start identically; first loss $c1 vs $b1 from scratch"
 
 py=${PFCPS_PYTHON:-}
 if [ -z "$py" ] || ! "$py" -c "import tensorboard" 2>/dev/null; then
