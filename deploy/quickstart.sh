@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Quick start: set-up, build, pack a real face dataset into RecordIO (once), then train on a local
 # cluster of 2 pfcps-server + 2 pfcps-worker daemons on 127.0.0.1 (libfabric tcp provider) and print
-# a summary. Extra arguments are passed to the launcher (e.g. --set num_epoch=2).
+# a summary, then score the unseen identities s31..s40 (data/orl/pairs_s31-s40.txt) with the trained model and,
+# computed in the same run, two baselines it should beat: the untrained network (same network, D and seed, as
+# training starts it) and raw pixels. Extra arguments are passed to the launcher (e.g. --set num_epoch=2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup-deps.sh
@@ -48,4 +50,35 @@ echo "  speed          ${speed:-?} in $((end - start)) s wall"
 echo "  backbone       $out/model.ckpt"
 echo "  training log   $log"
 echo "  daemon logs    $out/logs/"
+
+# Verification on the unseen identities: arcface_torch's protocol (10 folds, image + flip), images padded onto
+# 112x112 as `pfcps pack` packed the training images (--pad). The baselines use the run's network, D and seed
+# (the --set arguments given to this script count, as the daemons read them).
+if [ "$rc" -eq 0 ] && [ -f "$out/model.ckpt" ]; then
+  sets=()
+  args=("$@")
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    case "${args[i]}" in
+      --set|-s) sets+=(--set "${args[i + 1]:-}"); i=$((i + 1)) ;;
+      --set=*) sets+=(--set "${args[i]#--set=}") ;;
+    esac
+  done
+  read -r network dim seed < <("$build/tools/pfcps" config-get -c "$config" "${sets[@]}" network embedding_size seed | tr '\n' ' ') || true
+  pairs=data/orl/pairs_s31-s40.txt
+  echo
+  echo "quickstart verification on unseen identities ($pairs: s31..s40, 900 pairs, 10 folds, image + flip)"
+  printf '  %-34s %-18s %s\n' "model" "Accuracy-Flip" "command"
+  # verification runs alone now: every core
+  vthreads=$(nproc 2>/dev/null || echo 1)
+  for what in trained init pixels; do
+    case $what in
+      trained) label="trained $network (D $dim)"; cmd=("$build/tools/pfcps" verify --pad "$out/model.ckpt" "$pairs" --images data/orl) ;;
+      init) label="untrained $network (seed $seed)"; cmd=("$build/tools/pfcps" verify --pad --init "$network:$dim:$seed" "$pairs" --images data/orl) ;;
+      pixels) label="raw pixels (3x112x112)"; cmd=("$build/tools/pfcps" verify --pad --pixels "$pairs" --images data/orl) ;;
+    esac
+    acc=$(OMP_NUM_THREADS=$vthreads "${cmd[@]}" 2>"$out/verify-$what.err" | grep -o 'Accuracy-Flip: [0-9.+-]*' | awk '{print $2}') || true
+    if [ -z "$acc" ]; then acc="failed ($out/verify-$what.err)"; rc=1; fi
+    printf '  %-34s %-18s %s\n' "$label" "$acc" "${cmd[*]}"
+  done
+fi
 exit $rc
