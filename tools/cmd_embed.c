@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "worker/data/image.h"
 #include "worker/data/rec.h"
 #include "worker/eval/binset.h"
 #include "worker/eval/embed.h"
@@ -50,18 +51,6 @@ static int add_path(embed_input *in, const char *p)
     return 0;
 }
 
-static int is_image_name(const char *name)
-{
-    static const char *ext[] = {".jpg", ".jpeg", ".png", ".pgm", ".ppm", ".pnm", ".bmp"};
-    const char *dot = strrchr(name, '.');
-    if (!dot)
-        return 0;
-    for (size_t i = 0; i < sizeof ext / sizeof *ext; i++)
-        if (strcasecmp(dot, ext[i]) == 0)
-            return 1;
-    return 0;
-}
-
 static int walk(embed_input *in, const char *dir, int depth)
 {
     if (depth > 64)
@@ -84,7 +73,7 @@ static int walk(embed_input *in, const char *dir, int depth)
             continue; /* a dangling link */
         if (S_ISDIR(st.st_mode))
             rc = walk(in, p, depth + 1);
-        else if (S_ISREG(st.st_mode) && is_image_name(e->d_name))
+        else if (S_ISREG(st.st_mode) && img_name_is_image(e->d_name))
             rc = add_path(in, p);
     }
     closedir(d);

@@ -7,6 +7,7 @@
 #include <png.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <turbojpeg.h>
 
 int img_decoder_init(img_decoder *d)
@@ -257,4 +258,16 @@ uint64_t img_hash64(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
     h = img_splitmix64(&s);
     s = h ^ d;
     return img_splitmix64(&s);
+}
+
+int img_name_is_image(const char *name)
+{
+    static const char *ext[] = {".jpg", ".jpeg", ".png", ".pgm", ".ppm", ".pnm", ".bmp"};
+    const char *dot = strrchr(name, '.');
+    if (!dot)
+        return 0;
+    for (size_t i = 0; i < sizeof ext / sizeof *ext; i++)
+        if (strcasecmp(dot, ext[i]) == 0)
+            return 1;
+    return 0;
 }

@@ -49,4 +49,8 @@ int img_load(img_decoder *d, const uint8_t *data, size_t len, int size, int resi
 uint64_t img_splitmix64(uint64_t *state);
 uint64_t img_hash64(uint64_t a, uint64_t b, uint64_t c, uint64_t d);
 
+/* 1 when a file name ends in an image extension the decoders read (case-insensitive .jpg .jpeg .png, and
+ * .pgm .ppm .pnm .bmp, which TurboJPEG's tjLoadImage reads), else 0. */
+int img_name_is_image(const char *name);
+
 #endif

@@ -57,18 +57,6 @@ static int cmp_natural(const void *a, const void *b)
     return strverscmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int is_image_name(const char *n)
-{
-    static const char *ext[] = {".jpg", ".jpeg", ".png", ".pgm", ".ppm", ".pnm", ".bmp"};
-    const char *dot = strrchr(n, '.');
-    if (!dot)
-        return 0;
-    for (size_t i = 0; i < sizeof ext / sizeof *ext; i++)
-        if (strcasecmp(dot, ext[i]) == 0)
-            return 1;
-    return 0;
-}
-
 /* Lists entries of `dir` that are directories (want_dirs) or image files, natural order. */
 static int list_dir(const char *dir, int want_dirs, name_list *out)
 {
@@ -86,7 +74,7 @@ static int list_dir(const char *dir, int want_dirs, name_list *out)
         struct stat st;
         if (stat(path, &st) != 0)
             continue;
-        if (want_dirs ? S_ISDIR(st.st_mode) : (S_ISREG(st.st_mode) && is_image_name(e->d_name)))
+        if (want_dirs ? S_ISDIR(st.st_mode) : (S_ISREG(st.st_mode) && img_name_is_image(e->d_name)))
             if ((rc = names_add(out, e->d_name)) < 0)
                 break;
     }
