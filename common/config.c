@@ -224,6 +224,42 @@ static int is_choice(const char *choices, const char *v)
     return 0;
 }
 
+/* The network names worker/model/zoo.c's model_desc_from_name accepts, checked here so that the config
+ * (pfcps config-get, every daemon) refuses an unknown one before a run forms. common/ does not depend on
+ * worker/: this is a copy of zoo.c's name grammar, step by step, and tests/common/test_network_names.c
+ * (linked with both) tries every name of a large generated set in both and requires the same verdict, so the
+ * two cannot drift apart unnoticed. Returns 0 or -EINVAL with zoo.c's message. */
+int cfg_network_check(const char *network)
+{
+    static const char *const ires[] = {"r18", "r34", "r50", "r100", "r200"};
+    char alias[32];
+    const char *n = network;
+    if (!strncmp(n, "iresnet", 7)) {
+        snprintf(alias, sizeof alias, "r%s", network + 7);
+        n = alias;
+    }
+    char base[32];
+    snprintf(base, sizeof base, "%s", n);
+    char *wsuf = strstr(base, "_w");
+    if (wsuf) {
+        char *end;
+        long v = strtol(wsuf + 2, &end, 10);
+        if (*end || v < 2 || v > 512 || v % 2)
+            return pf_err(-EINVAL, "network '%s': width suffix _w%s is not an even number in [2, 512]",
+                          network, wsuf + 2);
+        *wsuf = '\0';
+    }
+    for (size_t i = 0; i < sizeof ires / sizeof *ires; i++)
+        if (!strcmp(base, ires[i]))
+            return 0;
+    if (!strcmp(network, "mbf") || !strcmp(network, "mobilefacenet"))
+        return 0;
+    return pf_err(-EINVAL,
+                  "unknown network '%s' (known: r18 r34 r50 r100 r200, each optionally with a width suffix "
+                  "such as r18_w16, and mbf)",
+                  network);
+}
+
 /* Range and choice checks of one key on the value stored in `cfg` (shared by set and validate). */
 static int check_key(const pf_config *cfg, const key_def *k, int check_required)
 {
@@ -281,6 +317,11 @@ static int check_key(const pf_config *cfg, const key_def *k, int check_required)
             return pf_err(-EINVAL, "key '%s': value must not be empty", k->name);
         if (k->choices && !is_choice(k->choices, s))
             return pf_err(-EINVAL, "key '%s': value '%s' is not one of: %s", k->name, s, k->choices);
+        if (strcmp(k->name, "network") == 0 && *s) {
+            int rc = cfg_network_check(s);
+            if (rc < 0)
+                return pf_err_wrap(rc, "key 'network'");
+        }
         if (strcmp(k->name, "rendezvous") == 0) {
             char host[CFG_STR];
             int port;
@@ -328,24 +369,89 @@ static int parse_f3(const key_def *k, const char *v, double x[3])
     return 0;
 }
 
+/* Is `s` what may follow a value on its line: nothing, or blanks then a ';' comment? */
+static int is_comment_tail(const char *s)
+{
+    if (!*s)
+        return 1;
+    if (*s != ' ' && *s != '\t')
+        return 0;
+    while (*s == ' ' || *s == '\t')
+        s++;
+    return !*s || *s == ';';
+}
+
+/* The value text of an INI line, its inline comment cut (inih runs with inline comments off: inih_setup).
+ * A value that starts with a quote runs to the first matching quote after which the line holds nothing or
+ * blanks and a ';' comment, quotes kept (parse_str removes them): `output = "/tmp/a ;b" ; note` is
+ * "/tmp/a ;b" in quotes. Any other value is cut at the first ';' after a blank, as inih cuts it, and a value
+ * that starts with ';' is a comment (`pretrained = ; none`). Returns 0, or -1 when it does not fit `cap`. */
+static int ini_value(const char *v, char *out, size_t cap)
+{
+    size_t n = strlen(v), end = n;
+    if (v[0] == '"' || v[0] == '\'') {
+        for (size_t q = 1; q < n; q++)
+            if (v[q] == v[0] && is_comment_tail(v + q + 1))
+                return trim_copy(v, q + 1, out, cap);
+    }
+    if (v[0] == ';')
+        end = 0;
+    for (size_t i = 1; i < end; i++)
+        if (v[i] == ';' && (v[i - 1] == ' ' || v[i - 1] == '\t'))
+            end = i;
+    return trim_copy(v, end, out, cap);
+}
+
+/* Value text without its one pair of matching quotes ("r50" as in a Python config), into s (`cap` bytes).
+ * Returns 0, or -1 when it does not fit. */
+static int unquote(const char *v, char *s, size_t cap)
+{
+    size_t n = strlen(v);
+    if (n >= 2 && (v[0] == '"' || v[0] == '\'') && v[n - 1] == v[0])
+        v++, n -= 2;
+    if (n + 1 > cap)
+        return -1;
+    memcpy(s, v, n);
+    s[n] = '\0';
+    return 0;
+}
+
+/* How cfg_to_ini writes the string value s so that the parser (ini_value, then unquote) reads back exactly s:
+ * 0 bare, or the quote character to wrap it in; -1 when neither quote works (a value holding ' ;' and both
+ * kinds of quote followed by a comment-like tail). Blanks at the ends, a leading quote or ';', and ' ;' need
+ * the quotes. */
+static int str_quote(const char *s)
+{
+    size_t n = strlen(s);
+    int must = n > 0 && (s[0] == ' ' || s[0] == '"' || s[0] == '\'' || s[0] == ';' || s[n - 1] == ' ');
+    static const int how[] = {0, '"', '\''};
+    for (int i = must ? 1 : 0; i < 3; i++) {
+        char text[CFG_STR + 8], line[CFG_STR + 8], back[CFG_STR + 8];
+        if (how[i])
+            snprintf(text, sizeof text, "%c%s%c", how[i], s, how[i]);
+        else
+            snprintf(text, sizeof text, "%s", s);
+        if (ini_value(text, line, sizeof line) == 0 && unquote(line, back, sizeof back) == 0 &&
+            !strcmp(back, s))
+            return how[i];
+    }
+    return -1;
+}
+
 /* K_STR text into s[CFG_STR]: one pair of matching quotes is removed ("r50" as in a Python config); control
  * characters and values INI cannot write back are refused. Returns 0 or -EINVAL naming the key. */
 static int parse_str(const key_def *k, const char *v, char s[CFG_STR])
 {
-    size_t n = strlen(v);
-    if (n >= 2 && (v[0] == '"' || v[0] == '\'') && v[n - 1] == v[0]) {
-        memcpy(s, v + 1, n - 2);
-        s[n - 2] = '\0';
-    } else {
-        memcpy(s, v, n + 1);
-    }
-    for (const char *p = s; *p; p++) {
+    (void)unquote(v, s, CFG_STR); /* v has fewer than CFG_STR characters */
+    for (const char *p = s; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
             return pf_err(-EINVAL, "key '%s': value contains a control character", k->name);
-        /* inih reads " ;" as the start of a comment: such a value cannot be written back. */
-        if (*p == ';' && p > s && (p[-1] == ' ' || p[-1] == '\t'))
-            return pf_err(-EINVAL, "key '%s': value contains ' ;', which INI reads as a comment", k->name);
-    }
+    if (str_quote(s) < 0)
+        return pf_err(
+            -EINVAL,
+            "key '%s': value contains ' ;' (which INI reads as a comment) and both kinds of quote: it "
+            "cannot be written back",
+            k->name);
     return 0;
 }
 
@@ -446,9 +552,14 @@ static int validate(const pf_config *cfg, int check_required)
         return pf_err(-EINVAL,
                       "keys 'fp16' and 'bf16' are both true: mixed precision is fp16 (with loss scaling) "
                       "or bf16, set one of them");
-    if (cfg->warmup_epoch > cfg->num_epoch)
-        return pf_err(-ERANGE, "key 'warmup_epoch': %g is more than num_epoch %d", cfg->warmup_epoch,
-                      cfg->num_epoch);
+    /* worker/lr_schedule.c's rule (warmup steps shorter than the total steps), in epochs: refused here so
+     * that pfcps config-get and every daemon refuse it at once, not the workers after the run formed. */
+    if (cfg->warmup_epoch > 0 && cfg->warmup_epoch >= cfg->num_epoch)
+        return pf_err(
+            -ERANGE,
+            "key 'warmup_epoch': warmup %g epochs is not shorter than num_epoch %d (the lr schedule "
+            "needs warmup shorter than training)",
+            cfg->warmup_epoch, cfg->num_epoch);
     /* Whenever num_classes is given (not only where it is required): pfcps config-get, which the local
      * launcher runs first, then refuses the config at once instead of server 0 alone while the others wait to
      * join. */
@@ -468,6 +579,8 @@ int cfg_validate_ranges(const pf_config *cfg)
     return validate(cfg, 0);
 }
 
+#define CFG_MAX_LINE 4096 /* longest line of a config file (check_lines) */
+
 /* inih handler state: the first error wins; inih returns its line number. */
 typedef struct parse_state {
     pf_config *cfg;
@@ -483,7 +596,9 @@ static int cfg_ini_handler(void *user, const char *section, const char *name, co
         return 1;
     if (!name) /* a section header alone (inih with INI_CALL_HANDLER_ON_NEW_SECTION) */
         return 1;
-    int rc = cfg_set(st->cfg, name, value ? value : "");
+    char v[CFG_MAX_LINE + 1];
+    (void)ini_value(value ? value : "", v, sizeof v); /* a value fits: check_lines bounds the line */
+    int rc = cfg_set(st->cfg, name, v);
     if (rc < 0) {
         st->rc = rc;
         snprintf(st->msg, sizeof st->msg, "%s", pf_errmsg());
@@ -496,7 +611,6 @@ static int cfg_ini_handler(void *user, const char *section, const char *name, co
  * silently; Debian's libinih exposes its compile-time switches as globals, so the parser is set once
  * to a growing heap buffer (a 255-character value fits on a line, as cfg_to_ini writes it), and
  * indented lines are read as ordinary `key = value` lines rather than continuations. */
-#define CFG_MAX_LINE 4096
 #define CFG_MAX_FILE (4 << 20)
 static pthread_once_t inih_once = PTHREAD_ONCE_INIT;
 
@@ -507,6 +621,9 @@ static void inih_setup(void)
     ini_initial_alloc = 512;
     ini_max_line = CFG_MAX_LINE + 3;
     ini_allow_multiline = false;
+    /* inih would cut `output = "/tmp/a ;b"` at the ' ;' inside the quotes: inline comments are cut by
+     * cfg_ini_handler (ini_value), which knows quotes. */
+    ini_allow_inline_comments = false;
 }
 
 /* Refuses text whose lines the parser would split. Returns 0 or -EINVAL naming the line. */
@@ -644,11 +761,13 @@ static void format_value(const pf_config *cfg, const key_def *k, char *out, size
         break;
     }
     case K_STR: {
-        /* Quote when blanks at the ends or a leading quote would otherwise be lost on parsing. */
-        size_t n = strlen(base);
-        int quote = n > 0 && (base[0] == ' ' || base[0] == '"' || base[0] == '\'' || base[0] == ';' ||
-                              base[n - 1] == ' ');
-        snprintf(out, cap, quote ? "\"%s\"" : "%s", base);
+        /* Quoted when blanks at the ends, a leading quote or ';', or a ' ;' would otherwise be lost on
+         * parsing (str_quote; parse_str refused a value no quoting reads back). */
+        int q = str_quote(base);
+        if (q > 0)
+            snprintf(out, cap, "%c%s%c", q, base, q);
+        else
+            snprintf(out, cap, "%s", base);
         break;
     }
     }

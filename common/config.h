@@ -116,6 +116,12 @@ int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int n
 /* cfg_validate without the required-key checks. */
 int cfg_validate_ranges(const pf_config *cfg);
 
+/* Is `network` a name worker/model/zoo.c's model_desc_from_name accepts (r18 r34 r50 r100 r200, iresnetN,
+ * an optional even width suffix _w2.._w512, mbf, mobilefacenet)? The config checks key 'network' with it so
+ * that an unknown name is refused before a run forms; a unit test keeps it equal to zoo.c's. Returns 0 or
+ * -EINVAL with zoo.c's message. */
+int cfg_network_check(const char *network);
+
 /* The join secret: cfg->secret when set, else $PFCPS_SECRET, else NULL. */
 const char *cfg_secret(const pf_config *cfg);
 

@@ -346,8 +346,13 @@ static void test_round_trip(void **state)
     free(text);
     assert_int_equal(cfg_load_text(&b, "num_classes = 5\nrec = x\nrendezvous =;[::1\n"), -EINVAL);
     assert_non_null(strstr(pf_errmsg(), "rendezvous"));
-    assert_int_equal(cfg_set(&a, "rec", "a ;b"), -EINVAL);
-    assert_non_null(strstr(pf_errmsg(), "comment"));
+    /* ' ;' inside a value is written back in quotes (issue 17 item 6: it used to be refused). */
+    assert_int_equal(cfg_set(&a, "rec", "a ;b"), 0);
+    text = cfg_to_ini(&a);
+    assert_non_null(strstr(text, "rec = \"a ;b\"\n"));
+    assert_int_equal(cfg_load_text(&b, text), 0);
+    assert_string_equal(b.rec, "a ;b");
+    free(text);
     /* Indented lines are ordinary keys (not continuations of the previous value). */
     assert_int_equal(cfg_load(&b,
                               write_file("indent.ini", "[train]\n  num_classes = 9\n  lr = 0.25\n"
@@ -360,6 +365,76 @@ static void test_round_trip(void **state)
     /* Bad text gives a located error. */
     assert_int_equal(cfg_load_text(&b, "num_classes = 1\nrec = x\nservers = many\n"), -EINVAL);
     assert_non_null(strstr(pf_errmsg(), "<config text>:3"));
+}
+
+/* Issue 17 item 6, "late checks": config-level facts the daemons used to refuse only after the run formed (or
+ * never) are refused by the config load itself, so `pfcps config-get` and every daemon refuse them at once.
+ */
+static void test_late_checks(void **state)
+{
+    (void)state;
+    pf_config c;
+    /* warmup_epoch = num_epoch: the lr schedule needs warmup shorter than training. */
+    const char *eq[] = {"num_classes=1", "rec=x", "num_epoch=5", "warmup_epoch=5"};
+    assert_int_equal(cfg_load(&c, NULL, eq, 4), -ERANGE);
+    assert_string_equal(pf_errmsg(),
+                        "key 'warmup_epoch': warmup 5 epochs is not shorter than num_epoch 5 (the "
+                        "lr schedule needs warmup shorter than training)");
+    /* ... also where the required keys may be missing (config-get, a member's own file), and from a file. */
+    const char *path = write_file("warm.ini", "[train]\nwarmup_epoch = 20\n");
+    assert_int_equal(cfg_load_ex(&c, path, NULL, 0, 0), -ERANGE);
+    assert_non_null(strstr(pf_errmsg(), "warm.ini: key 'warmup_epoch': warmup 20 epochs is not shorter than "
+                                        "num_epoch 20"));
+    const char *ok[] = {"num_classes=1", "rec=x", "num_epoch=5", "warmup_epoch=4.5"};
+    assert_int_equal(cfg_load(&c, NULL, ok, 4), 0);
+    const char *one[] = {"num_classes=1", "rec=x", "num_epoch=1", "warmup_epoch=0"};
+    assert_int_equal(cfg_load(&c, NULL, one, 4), 0);
+
+    /* An unknown network, with the file and line; a bad width suffix; the names zoo.c accepts pass. */
+    path = write_file("net.ini", "[train]\nnetwork = r19\n");
+    assert_int_equal(cfg_load_ex(&c, path, NULL, 0, 0), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "net.ini:2: key 'network': unknown network 'r19' (known: r18 r34 r50 "
+                                        "r100 r200, each optionally with a width suffix such as r18_w16, and "
+                                        "mbf)"));
+    assert_int_equal(cfg_set(&c, "network", "r18_w7"), -EINVAL);
+    assert_string_equal(
+        pf_errmsg(), "key 'network': network 'r18_w7': width suffix _w7 is not an even number in [2, 512]");
+    const char *good[] = {"r18",       "r34",    "r50",         "r100", "r200",
+                          "iresnet50", "r18_w8", "\"r18_w16\"", "mbf",  "mobilefacenet"};
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+        assert_int_equal(cfg_set(&c, "network", good[i]), 0);
+    assert_int_equal(cfg_set(&c, "network", "resnet50"), -EINVAL);
+    assert_int_equal(cfg_set(&c, "network", "mbf_w16"), -EINVAL);
+
+    /* A quoted value keeps its ' ;' (inih cut it there: output became '"/tmp/a'); a comment may follow. */
+    path = write_file("quoted.ini", "num_classes = 1\nrec = x\noutput = \"/tmp/a ;b\" ; where it goes\n"
+                                    "pretrained = '/m ;1.ckpt'\nval_targets = lfw ; a comment\n"
+                                    "snapshot_dir = ; none\n");
+    assert_int_equal(cfg_load(&c, path, NULL, 0), 0);
+    assert_string_equal(c.output, "/tmp/a ;b");
+    assert_string_equal(c.pretrained, "/m ;1.ckpt");
+    assert_string_equal(c.val_targets, "lfw");
+    assert_string_equal(c.snapshot_dir, "");
+    char *text = cfg_to_ini(&c);
+    pf_config b;
+    assert_int_equal(cfg_load_text(&b, text), 0);
+    assert_string_equal(b.output, "/tmp/a ;b");
+    assert_string_equal(b.pretrained, "/m ;1.ckpt");
+    free(text);
+    /* Unquoted, ' ;' starts a comment as before; a quote inside a quoted value stays. */
+    path = write_file("bare.ini", "num_classes = 1\nrec = x\noutput = /tmp/a ;b\nval_targets = \"a\"b\"\n");
+    assert_int_equal(cfg_load(&c, path, NULL, 0), 0);
+    assert_string_equal(c.output, "/tmp/a");
+    assert_string_equal(c.val_targets, "a\"b");
+    /* Text after a closing quote that is not a comment: the value is read as written, quotes and all. */
+    path = write_file("tail.ini", "num_classes = 1\nrec = x\noutput = \"/tmp/a\"b\n");
+    assert_int_equal(cfg_load(&c, path, NULL, 0), 0);
+    assert_string_equal(c.output, "\"/tmp/a\"b");
+    /* A value no quoting can write back (' ;' and both quotes, each followed by a comment) is refused. */
+    assert_int_equal(cfg_set(&c, "output", "a\" ;x' ;y"), -EINVAL);
+    assert_string_equal(pf_errmsg(),
+                        "key 'output': value contains ' ;' (which INI reads as a comment) and both "
+                        "kinds of quote: it cannot be written back");
 }
 
 static void test_log_format(void **state)
@@ -476,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_file_and_overrides),
         cmocka_unit_test(test_validation_errors),
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_late_checks),
         cmocka_unit_test(test_log_format),
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_docs_list_every_key),

@@ -34,7 +34,7 @@ for d in "$SERVER" "$WORKER"; do
   expect "$n no secret" "no join secret" "$d" --config "$TMP/run.ini" --rank 0
   expect "$n bad rendezvous" "rendezvous" "$d" --config "$TMP/run.ini" --rank 0 --set secret=x --set rendezvous=nohost
 done
-expect "worker unknown network" "config key 'network': unknown network 'r19'" "$WORKER" --config "$TMP/run.ini" --rank 0 --set secret=x --set network=r19
+expect "worker unknown network" "key 'network': unknown network 'r19'" "$WORKER" --config "$TMP/run.ini" --rank 0 --set secret=x --set network=r19
 expect "server rank outside" "--rank 2 is outside [0, servers = 2)" "$SERVER" --config "$TMP/run.ini" --rank 2 --set secret=x
 expect "worker rank outside" "--rank 3 is outside [0, workers = 3)" "$WORKER" --config "$TMP/run.ini" --rank 3 --set secret=x
 # Server 0 on a port that is taken: one clear line (it said "rendezvous: rendezvous: cannot bind ...").
