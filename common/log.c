@@ -15,6 +15,8 @@ static char log_role[32] = "pfcps";
 static int log_rank = -1;
 static log_level log_min = LOG_INFO;
 static int log_fd = -1;
+static char log_path[1024];  /* the file sink's path, for its write-error report */
+static int log_write_failed; /* the file sink's write error was reported (once per log_open_file) */
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *level_name[] = {"DEBUG", "INFO", "WARN", "ERROR"};
@@ -54,6 +56,8 @@ int log_open_file(const char *path)
     if (log_fd >= 0)
         close(log_fd);
     log_fd = fd;
+    snprintf(log_path, sizeof log_path, "%s", path);
+    log_write_failed = 0;
     pthread_mutex_unlock(&log_lock);
     return 0;
 }
@@ -69,18 +73,22 @@ void log_close_file(void)
     pthread_mutex_unlock(&log_lock);
 }
 
-static void write_all(int fd, const char *p, size_t n)
+/* Writes p[0..n) to fd. Returns 0 or -errno (a write that makes no progress is -ENOSPC). */
+static int write_all(int fd, const char *p, size_t n)
 {
     while (n > 0) {
         ssize_t w = write(fd, p, n);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
-            return;
+            return -errno;
         }
+        if (w == 0)
+            return -ENOSPC;
         p += w;
         n -= (size_t)w;
     }
+    return 0;
 }
 
 void log_write(log_level level, const char *fmt, ...)
@@ -110,8 +118,19 @@ void log_write(log_level level, const char *fmt, ...)
         n = (int)sizeof line - 2;
     line[n++] = '\n';
     pthread_mutex_lock(&log_lock);
-    write_all(STDERR_FILENO, line, (size_t)n);
-    if (log_fd >= 0)
-        write_all(log_fd, line, (size_t)n);
+    (void)write_all(STDERR_FILENO, line, (size_t)n);
+    int rc = log_fd >= 0 ? write_all(log_fd, line, (size_t)n) : 0;
+    if (rc < 0 && !log_write_failed) {
+        /* A full disk (or a file size limit) must not leave the file short without a word: said once, on
+         * stderr, which still gets every line. */
+        log_write_failed = 1;
+        char msg[1200];
+        int m2 =
+            snprintf(msg, sizeof msg,
+                     "%s: cannot write log file %s: %s; it misses this line and may miss later ones (stderr "
+                     "still has every line)\n",
+                     log_role, log_path, strerror(-rc));
+        (void)write_all(STDERR_FILENO, msg, m2 < (int)sizeof msg ? (size_t)m2 : sizeof msg - 1);
+    }
     pthread_mutex_unlock(&log_lock);
 }

@@ -18,7 +18,9 @@ void log_set_level(log_level level);
 /* Parses "debug", "info", "warn" or "error"; returns -EINVAL for anything else. */
 int log_parse_level(const char *name, log_level *out);
 
-/* Also appends every line to `path` (e.g. <output>/training.log). Returns 0 or -errno. */
+/* Also appends every line to `path` (e.g. <output>/training.log). Returns 0 or -errno. The first failed
+ * write to the file (a full disk: ENOSPC; EFBIG; EIO) is reported once on stderr, naming the file and the
+ * error; later lines are still tried. */
 int log_open_file(const char *path);
 
 /* Closes the file sink (flushes). */
