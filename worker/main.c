@@ -8,8 +8,11 @@
  * trains with the same config: the one server 0 was started with), then train (worker/train.h).
  * SIGTERM / SIGINT: every worker stops after the step in progress (they agree through an allreduce),
  * exit 0. Exit 1 on a start-up or training error, with the message on stderr. */
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,8 +182,60 @@ static int parse_args(int argc, char **argv, worker_daemon *d)
     return 0;
 }
 
-/* The network name and the device are checked before joining, so a typo or a missing GPU stops this worker
- * at once with the key named instead of after the whole run has formed. Returns 0 or -1 after logging. */
+/* Can `dir` be created (mkdir -p) and written? A probe file is created and removed. Returns 0 or -errno with
+ * a message naming `key`, the path and the error (a read-only folder or file system, a path under a regular
+ * file, no permission). */
+static int check_writable_dir(const char *key, const char *dir)
+{
+    char buf[CFG_STR + 64];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+            return pf_err(-errno, "config key '%s': cannot create '%s' (for '%s'): %s", key, buf, dir,
+                          strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        return pf_err(-errno, "config key '%s': cannot create the folder '%s': %s", key, dir,
+                      strerror(errno));
+    snprintf(buf, sizeof buf, "%s/.pfcps-write-probe.%d", dir, (int)getpid());
+    int fd = open(buf, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return pf_err(-errno, "config key '%s': cannot write in the folder '%s': %s", key, dir,
+                      strerror(errno));
+    int rc = write(fd, "probe\n", 6) == 6 ? 0 : -(errno ? errno : ENOSPC);
+    if (close(fd) < 0 && rc == 0)
+        rc = -errno;
+    unlink(buf);
+    if (rc < 0)
+        return pf_err(rc, "config key '%s': cannot write in the folder '%s': %s", key, dir, strerror(-rc));
+    return 0;
+}
+
+/* Rank 0 writes <output> (training.log, model.ckpt, tensorboard/): checked before the run forms, so that a
+ * read-only folder stops this worker at once instead of failing at the first checkpoint after an epoch. The
+ * servers write snapshot_dir once snapshots exist (snapshot_every > 0; not built yet): checked then too,
+ * here, where the launcher runs every process on one host. Returns 0 or -1 after logging. */
+static int check_outputs(const pf_config *cfg)
+{
+    if (check_writable_dir("output", cfg->output) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
+    if (cfg->snapshot_dir[0] && cfg->snapshot_every > 0 &&
+        check_writable_dir("snapshot_dir", cfg->snapshot_dir) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
+/* The network name, the device and (rank 0) the output folders are checked before joining, so a typo, a
+ * missing GPU or a read-only output stops this worker at once with the key named instead of after the whole
+ * run has formed. Returns 0 or -1 after logging. */
 static int check_local(const worker_daemon *d)
 {
     const pf_config *cfg = &d->cfg;
@@ -197,7 +252,7 @@ static int check_local(const worker_daemon *d)
     }
     log_info("device %s (config device = %s%s%s), precision %s", dinfo.name, cfg->device,
              cfg->fp16 ? ", fp16" : "", cfg->bf16 ? ", bf16" : "", dinfo.precision);
-    return 0;
+    return d->rank == 0 ? check_outputs(cfg) : 0;
 }
 
 /* Opens the two fabric endpoints and joins the run at the rendezvous (retrying through ctl_timeout), taking
@@ -231,6 +286,13 @@ static int accept_run_config(worker_daemon *d)
     snprintf(run->secret, sizeof run->secret, "%s", d->cfg.secret);
     if (d->rank == 0)
         cfg_log(run);
+    /* The run's output is server 0's: checked again where it differs from this worker's own (checked before
+     * joining), before any training. */
+    if (d->rank == 0 &&
+        (strcmp(run->output, d->cfg.output) != 0 || strcmp(run->snapshot_dir, d->cfg.snapshot_dir) != 0 ||
+         run->snapshot_every != d->cfg.snapshot_every) &&
+        check_outputs(run) < 0)
+        return -1;
     if (run->resume) {
         log_error(
             "resume = true: resuming is not implemented yet (only the backbone is saved, in %s/model.ckpt; "
