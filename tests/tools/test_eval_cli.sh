@@ -13,7 +13,7 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 "$MAKE_CKPT" "$TMP/model.ckpt" r18_w8 16 3 || { echo "FAIL: make_ckpt"; exit 1; }
 ORL=$SRC/data/orl
-{ sed -n 1p "$ORL/pairs_s31-s40.txt"; sed -n 2,21p "$ORL/pairs_s31-s40.txt"; sed -n 452,471p "$ORL/pairs_s31-s40.txt"; } >"$TMP/pairs.txt"
+{ printf '1\t20\n'; sed -n 2,21p "$ORL/pairs_s31-s40.txt"; sed -n 47,66p "$ORL/pairs_s31-s40.txt"; } >"$TMP/pairs.txt"
 
 out=$("$PFCPS" verify --folds 4 "$TMP/model.ckpt" "$TMP/pairs.txt" --images "$ORL" 2>"$TMP/err"); rc=$?
 echo "$out"
