@@ -216,6 +216,17 @@ static int setup_data(trainer *t)
     if ((rc = lr_schedule_steps(num_image, (int64_t)run->batch_size * t->W, run->num_epoch, run->warmup_epoch,
                                 &t->warmup_steps, &t->total_steps)) < 0)
         return rc;
+    /* arcface_torch uses num_image only for the schedule length: a smaller one ends the lr early. */
+    int64_t have = loader_num_images(t->ld);
+    if (t->rank == 0 && run->num_image > 0 && run->num_image < have)
+        log_warn(
+            "num_image %lld is smaller than the %lld images of dataset '%s': the lr schedule is %lld steps "
+            "(warmup %.0f) but %d epochs over the dataset are %lld steps, the last %lld at lr 0 "
+            "(arcface_torch uses num_image only for the schedule length; set num_image = %lld, or 0 to "
+            "read it from the dataset)",
+            (long long)run->num_image, (long long)have, run->rec, (long long)t->total_steps, t->warmup_steps,
+            run->num_epoch, (long long)(t->steps_per_epoch * run->num_epoch),
+            (long long)(t->steps_per_epoch * run->num_epoch - t->total_steps), (long long)have);
     log_info(
         "dataset %s: %lld images, %lld classes, %lld steps per epoch on each of %d workers, %lld skipped",
         run->rec, (long long)loader_num_images(t->ld), (long long)loader_num_classes(t->ld),

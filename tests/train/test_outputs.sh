@@ -9,7 +9,8 @@
 #  - save_centers: each worker's partition file holds exactly its classes (c mod 2 == rank), ascending, and
 #    equals the --dump-centers file of the same run byte for byte.
 #  - pretrained: runs started from the trained model.ckpt and from its safetensors export train identically,
-#    from a lower first loss than the random initialisation.
+#    from a lower first loss than the random initialisation; their num_image = 20 (the pack has 40) is warned
+#    about (the lr schedule ends early).
 #  - TensorBoard: the tensorboard package reads back loss and learning_rate at every logged step with the
 #    values of training.log, and the set's accuracy at every verification (skipped, exit 77, without
 #    PFCPS_PYTHON / tensorboard; everything else is checked first).
@@ -80,12 +81,14 @@ echo "save_centers: partitions of both workers hold their classes"
 # pretrained: the trained backbone, as a pfcps checkpoint and as its safetensors export, starts two runs that
 # must train identically (the same initial backbone) and unlike the run from the random initialisation.
 "$PFCPS" export --format safetensors "$TMP/a/model.ckpt" "$TMP/a.safetensors" || fail "export to safetensors"
-write_run "$TMP/c.ini" "$TMP/c" "" && sed -i "s|^\[data\]|pretrained = $TMP/a/model.ckpt\n[data]|" "$TMP/c.ini"
+write_run "$TMP/c.ini" "$TMP/c" "" && sed -i "s|^\[data\]|pretrained = $TMP/a/model.ckpt\nnum_image = 20\n[data]|" "$TMP/c.ini"
 run_cluster "run from a pretrained model.ckpt failed" "$TMP/c.ini" 1 2 --max-steps 3 --trace "$TMP/c_trace{r}"
-write_run "$TMP/d.ini" "$TMP/d" "" && sed -i "s|^\[data\]|pretrained = $TMP/a.safetensors\n[data]|" "$TMP/d.ini"
+write_run "$TMP/d.ini" "$TMP/d" "" && sed -i "s|^\[data\]|pretrained = $TMP/a.safetensors\nnum_image = 20\n[data]|" "$TMP/d.ini"
 run_cluster "run from a pretrained safetensors file failed" "$TMP/d.ini" 1 2 --max-steps 3 --trace "$TMP/d_trace{r}"
 grep -q "backbone initialised from $TMP/a.safetensors (pretrained)" "$TMP/worker1.log" ||
   fail "worker 1 does not say it loaded the pretrained backbone"
+grep -q "num_image 20 is smaller than the 40 images of dataset" "$TMP/worker0.log" ||
+  fail "num_image below the dataset's image count was not warned about"
 cmp -s "$TMP/c_trace0" "$TMP/d_trace0" || fail "pretrained from model.ckpt and from its safetensors export differ"
 [ "$(wc -l <"$TMP/c_trace0")" -eq 3 ] || fail "the pretrained run did not train 3 steps"
 c1=$(awk 'NR==1 {print $2}' "$TMP/c_trace0"); b1=$(awk 'NR==1 {print $2}' "$TMP/b_trace0")
