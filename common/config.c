@@ -3,6 +3,7 @@
 #include "common/config.h"
 
 #include "common/err.h"
+#include "common/netname.h"
 #include "common/hostport.h"
 #include "common/log.h"
 
@@ -224,42 +225,6 @@ static int is_choice(const char *choices, const char *v)
     return 0;
 }
 
-/* The network names worker/model/zoo.c's model_desc_from_name accepts, checked here so that the config
- * (pfcps config-get, every daemon) refuses an unknown one before a run forms. common/ does not depend on
- * worker/: this is a copy of zoo.c's name grammar, step by step, and tests/common/test_network_names.c
- * (linked with both) tries every name of a large generated set in both and requires the same verdict, so the
- * two cannot drift apart unnoticed. Returns 0 or -EINVAL with zoo.c's message. */
-int cfg_network_check(const char *network)
-{
-    static const char *const ires[] = {"r18", "r34", "r50", "r100", "r200"};
-    char alias[32];
-    const char *n = network;
-    if (!strncmp(n, "iresnet", 7)) {
-        snprintf(alias, sizeof alias, "r%s", network + 7);
-        n = alias;
-    }
-    char base[32];
-    snprintf(base, sizeof base, "%s", n);
-    char *wsuf = strstr(base, "_w");
-    if (wsuf) {
-        char *end;
-        long v = strtol(wsuf + 2, &end, 10);
-        if (*end || v < 2 || v > 512 || v % 2)
-            return pf_err(-EINVAL, "network '%s': width suffix _w%s is not an even number in [2, 512]",
-                          network, wsuf + 2);
-        *wsuf = '\0';
-    }
-    for (size_t i = 0; i < sizeof ires / sizeof *ires; i++)
-        if (!strcmp(base, ires[i]))
-            return 0;
-    if (!strcmp(network, "mbf") || !strcmp(network, "mobilefacenet"))
-        return 0;
-    return pf_err(-EINVAL,
-                  "unknown network '%s' (known: r18 r34 r50 r100 r200, each optionally with a width suffix "
-                  "such as r18_w16, and mbf)",
-                  network);
-}
-
 /* Range and choice checks of one key on the value stored in `cfg` (shared by set and validate). */
 static int check_key(const pf_config *cfg, const key_def *k, int check_required)
 {
@@ -318,7 +283,8 @@ static int check_key(const pf_config *cfg, const key_def *k, int check_required)
         if (k->choices && !is_choice(k->choices, s))
             return pf_err(-EINVAL, "key '%s': value '%s' is not one of: %s", k->name, s, k->choices);
         if (strcmp(k->name, "network") == 0 && *s) {
-            int rc = cfg_network_check(s);
+            pf_network_name nn;
+            int rc = pf_network_parse(s, &nn);
             if (rc < 0)
                 return pf_err_wrap(rc, "key 'network'");
         }

@@ -91,9 +91,9 @@ char *cfg_to_ini(const pf_config *cfg);
 /* Parses config text produced by cfg_to_ini (or any INI text). Same errors as cfg_load. */
 int cfg_load_text(pf_config *cfg, const char *text);
 
-/* Applies an arcface_torch Python config (configs/NAME.py: `config = edict()` then `config.key = value` lines)
- * to cfg, without running Python (grammar in config_py.c: literals, tuples, lists, True/False/None, integer
- * arithmetic such as `30 * 10000`, comments, imports). Tuples and lists become comma-separated values
+/* Applies an arcface_torch Python config (configs/NAME.py: `config = edict()` then `config.key = value`
+ * lines) to cfg, without running Python (grammar in config_py.c: literals, tuples, lists, True/False/None,
+ * integer arithmetic such as `30 * 10000`, comments, imports). Tuples and lists become comma-separated values
  * (margin_list, val_targets); None keeps the default, except `output = None` (or no `output` line), which is
  * work_dirs/<file name without .py>, as arcface_torch's get_config. arcface_torch keys pfcps does not use
  * (dali, dali_aug, gradient_acc, wandb_*, using_wandb, suffix_run_name, ...) are listed once in a warning;
@@ -115,12 +115,6 @@ int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int n
 
 /* cfg_validate without the required-key checks. */
 int cfg_validate_ranges(const pf_config *cfg);
-
-/* Is `network` a name worker/model/zoo.c's model_desc_from_name accepts (r18 r34 r50 r100 r200, iresnetN,
- * an optional even width suffix _w2.._w512, mbf, mobilefacenet)? The config checks key 'network' with it so
- * that an unknown name is refused before a run forms; a unit test keeps it equal to zoo.c's. Returns 0 or
- * -EINVAL with zoo.c's message. */
-int cfg_network_check(const char *network);
 
 /* The join secret: cfg->secret when set, else $PFCPS_SECRET, else NULL. */
 const char *cfg_secret(const pf_config *cfg);

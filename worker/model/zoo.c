@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/netname.h"
 #include "worker/model/model_internal.h"
 
 #define IMG 112
@@ -19,7 +20,7 @@
 int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
 {
     static const struct {
-        const char *name;
+        const char *depth;
         int layers[4];
     } ires[] = {
         {"r18", {2, 2, 2, 2}},    {"r34", {3, 4, 6, 3}},    {"r50", {3, 4, 14, 3}},
@@ -31,49 +32,28 @@ int model_desc_from_name(model_desc *d, const char *network, int embedding_size)
         return pf_err(-EINVAL, "embedding_size %d is not positive", embedding_size);
     memset(d, 0, sizeof *d);
     d->embedding_size = embedding_size;
-    char alias[32];
-    const char *n = network;
-    if (!strncmp(n, "iresnet", 7)) { /* "iresnet50" -> "r50" */
-        snprintf(alias, sizeof alias, "r%s", network + 7);
-        n = alias;
-    }
-    /* "r18_w16": r18's blocks with stage widths 16, 32, 64, 128 (a narrow iresnet for CPU runs and the
-     * quick start; the width must be even and at most 512). */
-    char base[32];
-    int w0 = 64;
-    snprintf(base, sizeof base, "%s", n);
-    char *wsuf = strstr(base, "_w");
-    if (wsuf) {
-        char *end;
-        long v = strtol(wsuf + 2, &end, 10);
-        if (*end || v < 2 || v > 512 || v % 2)
-            return pf_err(-EINVAL, "network '%s': width suffix _w%s is not an even number in [2, 512]",
-                          network, wsuf + 2);
-        w0 = (int)v;
-        *wsuf = '\0';
-    }
-    for (size_t i = 0; i < sizeof ires / sizeof *ires; i++) {
-        if (!strcmp(base, ires[i].name)) {
-            d->kind = MODEL_IRESNET;
-            snprintf(d->name, sizeof d->name, "%s", n); /* canonical: "iresnet50" -> "r50" */
-            memcpy(d->layers, ires[i].layers, sizeof d->layers);
-            int w[4] = {w0, 2 * w0, 4 * w0, 8 * w0};
-            memcpy(d->widths, w, sizeof w);
-            return 0;
-        }
-    }
-    if (!strcmp(network, "mbf") || !strcmp(network, "mobilefacenet")) {
+    pf_network_name nn; /* the one name grammar (common/netname.h), which the config checks too */
+    int rc = pf_network_parse(network, &nn);
+    if (rc < 0)
+        return rc;
+    snprintf(d->name, sizeof d->name, "%s", nn.name);
+    if (nn.kind == PF_NET_MBF) {
         d->kind = MODEL_MBF;
-        snprintf(d->name, sizeof d->name, "mbf");
         int l[4] = {1, 4, 6, 2};
         memcpy(d->layers, l, sizeof l);
         d->mbf_scale = 2;
         return 0;
     }
-    return pf_err(-EINVAL,
-                  "unknown network '%s' (known: r18 r34 r50 r100 r200, each optionally with a width suffix "
-                  "such as r18_w16, and mbf)",
-                  network);
+    for (size_t i = 0; i < sizeof ires / sizeof *ires; i++) {
+        if (!strcmp(nn.depth, ires[i].depth)) {
+            d->kind = MODEL_IRESNET;
+            memcpy(d->layers, ires[i].layers, sizeof d->layers);
+            int w[4] = {nn.width, 2 * nn.width, 4 * nn.width, 8 * nn.width};
+            memcpy(d->widths, w, sizeof w);
+            return 0;
+        }
+    }
+    return pf_err(-EINVAL, "network '%s': no layer table for %s", network, nn.depth);
 }
 
 /* ---- building ---- */
