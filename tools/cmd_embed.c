@@ -203,22 +203,6 @@ static void input_close(embed_input *in)
     free(in->paths);
 }
 
-typedef struct progress_state {
-    double t0, last;
-} progress_state;
-
-static void progress(void *arg, int64_t done, int64_t total)
-{
-    progress_state *p = arg;
-    double t = pf_now_s();
-    if (done < total && t - p->last < 2.0)
-        return;
-    p->last = t;
-    fprintf(stderr, "pfcps embed: %" PRId64 "/%" PRId64 " images (%.0f%%), %.1f images/s\n", done, total,
-            total ? 100.0 * (double)done / (double)total : 100.0,
-            t > p->t0 ? (double)done / (t - p->t0) : 0.0);
-}
-
 static int opt_int(const char *cmd, int argc, char **argv, int *i, long lo, long hi, int *v)
 {
     char *end = NULL;
@@ -294,8 +278,8 @@ int cmd_embed(int argc, char **argv)
     fprintf(stderr, "pfcps embed: %" PRId64 " images (%s %s) through %s (D %d) on %s, batch %d%s\n", n,
             in.kind, pos[1], desc->name, desc->embedding_size, dev->name, o.batch,
             o.flip ? ", + flipped" : "");
-    progress_state ps = {.t0 = pf_now_s()};
-    o.progress = progress;
+    eval_progress ps = {.what = "pfcps embed", .t0 = pf_now_s()};
+    o.progress = eval_progress_stderr;
     o.progress_arg = &ps;
     int64_t refit = 0;
     if ((rc = eval_embed(m, input_image, &in, n, &o, emb, flip, &refit)))

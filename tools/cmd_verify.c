@@ -36,21 +36,6 @@ static int opt_int(int argc, char **argv, int *i, long lo, long hi, int *v)
     return 0;
 }
 
-typedef struct progress_state {
-    double t0, last;
-} progress_state;
-
-static void progress(void *arg, int64_t done, int64_t total)
-{
-    progress_state *p = arg;
-    double t = pf_now_s();
-    if (done < total && t - p->last < 2.0)
-        return;
-    p->last = t;
-    fprintf(stderr, "pfcps verify: embedded %" PRId64 "/%" PRId64 " images (%.0f%%)\n", done, total,
-            total ? 100.0 * (double)done / (double)total : 100.0);
-}
-
 /* NETWORK:D[:SEED] -> net (room for 32 chars + NUL), *d, *seed (2048 when absent). */
 static int parse_init(const char *spec, char net[33], int *d, uint64_t *seed)
 {
@@ -169,8 +154,8 @@ int cmd_verify(int argc, char **argv)
     fprintf(stderr, "pfcps verify: %s: %" PRId64 " pairs (%s), %s on %s, %s, %d folds\n", s.name, s.n_pairs,
             s.is_bin ? ".bin set" : "pairs file", what, pixels ? "cpu" : dev->name,
             o.flip ? "image + flip" : "no flip", folds);
-    progress_state ps = {.t0 = pf_now_s()};
-    o.progress = progress;
+    eval_progress ps = {.what = "pfcps verify", .t0 = pf_now_s()};
+    o.progress = eval_progress_stderr;
     o.progress_arg = &ps;
     eval_result r;
     int64_t refit = 0;

@@ -3,23 +3,25 @@
 #ifndef PFCPS_TOOLS_COMMANDS_H
 #define PFCPS_TOOLS_COMMANDS_H
 
-/* Each cmd_* runs one subcommand. argv[0] is the subcommand's name, argv[1..argc-1] its arguments; -h / --help
- * before `--` never reaches it (the dispatcher prints the usage). Returns the process's exit status: 0 on
- * success, 1 when the work failed, 2 for a usage error; every message goes to stderr as "pfcps CMD: ...". */
+/* Each cmd_* runs one subcommand. argv[0] is the subcommand's name, argv[1..argc-1] its arguments; -h /
+ * --help before `--` never reaches it (the dispatcher prints the usage). Returns the process's exit status: 0
+ * on success, 1 when the work failed, 2 for a usage error; every message goes to stderr as "pfcps CMD: ...".
+ */
 
-/* `pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX`:
- * packs one subfolder per identity into OUT_PREFIX.rec/.idx + property (worker/data/pack.h); an OUT_PREFIX that
- * is a folder (existing, or ending in '/') means <folder>/train. Prints a one-line summary on stdout. */
+/* `pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR
+ * OUT_PREFIX`: packs one subfolder per identity into OUT_PREFIX.rec/.idx + property (worker/data/pack.h); an
+ * OUT_PREFIX that is a folder (existing, or ending in '/') means <folder>/train. Prints a one-line summary on
+ * stdout. */
 int cmd_pack(int argc, char **argv);
 
-/* `pfcps rec-info [--skip-bad] [--decode] PREFIX`: prints the dataset's layout, image count, classes, label and
- * key ranges and the first image's size on stdout; --decode decodes every image and returns 1 if any fails to
- * decode or is not IMG_SIZE x IMG_SIZE. */
+/* `pfcps rec-info [--skip-bad] [--decode] PREFIX`: prints the dataset's layout, image count, classes, label
+ * and key ranges and the first image's size on stdout; --decode decodes every image and returns 1 if any
+ * fails to decode or is not IMG_SIZE x IMG_SIZE. */
 int cmd_rec_info(int argc, char **argv);
 
-/* `pfcps config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]`: prints each KEY's effective value, one per
- * line, as the daemons parse the config; all or nothing (2 and no output for an unknown key, the secret, or a
- * config the daemons would refuse). */
+/* `pfcps config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]`: prints each KEY's effective value, one
+ * per line, as the daemons parse the config; all or nothing (2 and no output for an unknown key, the secret,
+ * or a config the daemons would refuse). */
 int cmd_config_get(int argc, char **argv);
 
 /* `pfcps embed [--flip] [--pad] [--batch N] [--device NAME] CKPT INPUT OUT.npy`: embeddings (N x D float32,
@@ -27,15 +29,17 @@ int cmd_config_get(int argc, char **argv);
  * (tools/cmd_embed.c says how INPUT is recognised); --flip adds each flipped image's embedding. */
 int cmd_embed(int argc, char **argv);
 
-/* `pfcps verify [--images DIR] [--folds K] [--no-flip] [--pad] [--batch N] [--device NAME] CKPT SET`:
- * arcface_torch's verification (worker/eval/set.h) on a .bin set or a pairs file over DIR; prints XNorm,
- * Accuracy-Flip mean+-std and the best threshold on stdout. */
+/* `pfcps verify [--images DIR] [--folds K] [--no-flip] [--pad] [--batch N] [--device NAME] CKPT SET`, or with
+ * `--init NETWORK:D[:SEED]` (the untrained network, built as training starts) or `--pixels` (the raw pixels)
+ * in place of CKPT: arcface_torch's verification (worker/eval/set.h) on a .bin set or a pairs file over DIR;
+ * prints XNorm, Accuracy-Flip mean+-std and the best threshold on stdout. */
 int cmd_verify(int argc, char **argv);
 
-/* `pfcps export --format safetensors|onnx [--opset N] CKPT OUT` / `pfcps export --centers [--dim D] RUN_OUTPUT OUT`:
- * the backbone of a checkpoint as arcface_torch's state_dict in safetensors or as an eval-mode ONNX model
- * (worker/model/safetensors.h, onnx_export.h), or a run's class centers (RUN_OUTPUT/centers/partition.rank<r>) as
- * one C x D safetensors tensor (worker/model/centers_export.h). Prints one summary line on stdout. */
+/* `pfcps export --format safetensors|onnx [--opset N] CKPT OUT` / `pfcps export --centers [--dim D]
+ * RUN_OUTPUT OUT`: the backbone of a checkpoint as arcface_torch's state_dict in safetensors or as an
+ * eval-mode ONNX model (worker/model/safetensors.h, onnx_export.h), or a run's class centers
+ * (RUN_OUTPUT/centers/partition.rank<r>) as one C x D safetensors tensor (worker/model/centers_export.h).
+ * Prints one summary line on stdout. */
 int cmd_export(int argc, char **argv);
 
 #endif

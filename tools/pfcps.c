@@ -1,10 +1,9 @@
 /* pfcps: the command-line tool's dispatcher. One entry per subcommand in `commands` below, each run by a
  * cmd_* function of its own file (tools/cmd_*.c, declared in tools/commands.h); add yours in both places.
- *   pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX
- *   pfcps rec-info [--skip-bad] [--decode] PREFIX
- *   pfcps config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]
- * Every subcommand answers -h / --help (anywhere before `--`) with its usage on stdout and exit 0; `pfcps help
- * COMMAND` does the same. Usage errors exit 2, failures 1. */
+ *   pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR
+ * OUT_PREFIX pfcps rec-info [--skip-bad] [--decode] PREFIX pfcps config-get [-c FILE] [--set KEY=VALUE ...]
+ * KEY [KEY ...] Every subcommand answers -h / --help (anywhere before `--`) with its usage on stdout and exit
+ * 0; `pfcps help COMMAND` does the same. Usage errors exit 2, failures 1. */
 #include "tools/commands.h"
 
 #include "common/cli.h"
@@ -15,36 +14,47 @@
 
 typedef struct pfcps_command {
     const char *name;
-    int (*run)(int argc, char **argv);  /* argv[0] is the subcommand name; returns the exit status */
+    int (*run)(int argc, char **argv); /* argv[0] is the subcommand name; returns the exit status */
     const char *usage;
-    int common_opts;                    /* 1: also takes the daemons' options (-c, --set); --help lists them */
+    int common_opts; /* 1: also takes the daemons' options (-c, --set); --help lists them */
 } pfcps_command;
 
 static const pfcps_command commands[] = {
     {"pack", cmd_pack,
      "pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR OUT_PREFIX\n"
-     "        one subfolder per identity -> OUT_PREFIX.rec/.idx + property; --identities N: first N only", 0},
+     "        one subfolder per identity -> OUT_PREFIX.rec/.idx + property; --identities N: first N only",
+     0},
     {"rec-info", cmd_rec_info,
      "rec-info [--skip-bad] [--decode] PREFIX\n"
-     "        images, classes, label range, layout, keys; --decode: decode every image, exit 1 if any fails", 0},
+     "        images, classes, label range, layout, keys; --decode: decode every image, exit 1 if any fails",
+     0},
     {"config-get", cmd_config_get,
      "config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]\n"
-     "        each KEY's effective value, one per line, as the daemons parse it (deploy/local/launch.sh uses it)", 1},
+     "        each KEY's effective value, one per line, as the daemons parse it (deploy/local/launch.sh uses "
+     "it)",
+     1},
     {"embed", cmd_embed,
      "embed [--flip] [--pad] [--batch N] [--device NAME] CKPT INPUT OUT.npy\n"
-     "        .bin set, RecordIO pack, image folder (recursive, sorted) or list file -> N x D float32", 0},
+     "        .bin set, RecordIO pack, image folder (recursive, sorted) or list file -> N x D float32",
+     0},
     {"verify", cmd_verify,
      "verify [--images DIR] [--folds K] [--no-flip] [--pad] [--batch N] [--device NAME] CKPT SET\n"
-     "        arcface_torch's verification on a .bin set or pairs file: Accuracy-Flip, XNorm, threshold", 0},
+     "       | verify (--init NETWORK:D[:SEED] | --pixels) [options] SET\n"
+     "        arcface_torch's verification on a .bin set or pairs file: Accuracy-Flip, XNorm, threshold;\n"
+     "        --init scores the untrained network (as training starts), --pixels the raw pixels",
+     0},
     {"export", cmd_export,
      "export --format safetensors|onnx [--opset N] CKPT OUT | export --centers [--dim D] RUN_OUTPUT OUT\n"
-     "        backbone -> safetensors (arcface_torch names) or ONNX (eval); a run's class centers -> safetensors", 0},
+     "        backbone -> safetensors (arcface_torch names) or ONNX (eval); a run's class centers -> "
+     "safetensors",
+     0},
 };
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: pfcps COMMAND [ARGS]\ncommands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) fprintf(f, "  pfcps %s\n", commands[i].usage);
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(f, "  pfcps %s\n", commands[i].usage);
 }
 
 int main(int argc, char **argv)
@@ -61,10 +71,12 @@ int main(int argc, char **argv)
     for (int i = 2; !help && i < argc && strcmp(argv[i], "--") != 0; i++)
         help = strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
-        if (strcmp(name, commands[i].name) != 0) continue;
+        if (strcmp(name, commands[i].name) != 0)
+            continue;
         if (help) {
             printf("usage: pfcps %s\n", commands[i].usage);
-            if (commands[i].common_opts) cli_print_common_help(stdout);
+            if (commands[i].common_opts)
+                cli_print_common_help(stdout);
             return 0;
         }
         return commands[i].run(argc - 1, argv + 1);

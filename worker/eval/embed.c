@@ -1,9 +1,11 @@
 /* Batched embedding of images through a backbone (see embed.h). */
 #include "worker/eval/embed.h"
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "worker/data/image.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -293,4 +295,16 @@ int eval_npy_write_f32(const char *path, const float *data, int64_t rows, int64_
         return pf_err(-EIO, "%s: write failed: %s", path, strerror(err));
     }
     return 0;
+}
+
+void eval_progress_stderr(void *arg, int64_t done, int64_t total)
+{
+    eval_progress *p = arg;
+    double t = pf_now_s();
+    if (done < total && t - p->last < 2.0)
+        return;
+    p->last = t;
+    fprintf(stderr, "%s: embedded %" PRId64 "/%" PRId64 " images (%.0f%%), %.1f images/s\n", p->what, done,
+            total, total ? 100.0 * (double)done / (double)total : 100.0,
+            t > p->t0 ? (double)done / (t - p->t0) : 0.0);
 }

@@ -74,4 +74,13 @@ int eval_pixels(eval_image_fn get, void *arg, int64_t n, const eval_embed_opts *
  * and a rename. Returns 0 or -EIO naming the path. */
 int eval_npy_write_f32(const char *path, const float *data, int64_t rows, int64_t cols);
 
+/* A progress printer for eval_embed_opts.progress: arg is an eval_progress whose `what` names the program
+ * ("pfcps embed"); prints "<what>: embedded D/N images (P%), R images/s" on stderr at most every 2 s and at
+ * the end. Set t0 = pf_now_s() (common/clock.h) before embedding. */
+typedef struct eval_progress {
+    const char *what;
+    double t0, last;
+} eval_progress;
+void eval_progress_stderr(void *arg, int64_t done, int64_t total);
+
 #endif
