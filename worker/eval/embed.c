@@ -2,6 +2,7 @@
 #include "worker/eval/embed.h"
 
 #include "common/clock.h"
+#include "common/atomic_file.h"
 #include "common/err.h"
 #include "worker/data/image.h"
 
@@ -279,22 +280,14 @@ int eval_npy_write_f32(const char *path, const float *data, int64_t rows, int64_
     memcpy(hdr, "\x93NUMPY\x01\x00", 8);
     hdr[8] = (char)((total - 10) & 0xff);
     hdr[9] = (char)((total - 10) >> 8);
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp)
-        return pf_err(-EINVAL, "path too long: %s", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return pf_err(-EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    pf_atomic_file af;
+    int rc = pf_atomic_open(&af, path, "");
+    if (rc < 0)
+        return rc;
     size_t count = (size_t)rows * (size_t)cols;
-    int ok =
-        fwrite(hdr, 1, (size_t)total, f) == (size_t)total && fwrite(data, sizeof(float), count, f) == count;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        int err = errno;
-        unlink(tmp);
-        return pf_err(-EIO, "%s: write failed: %s", path, strerror(err));
-    }
-    return 0;
+    int ok = fwrite(hdr, 1, (size_t)total, af.f) == (size_t)total &&
+             fwrite(data, sizeof(float), count, af.f) == count;
+    return pf_atomic_commit(&af, ok);
 }
 
 void eval_progress_stderr(void *arg, int64_t done, int64_t total)

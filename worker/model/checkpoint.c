@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
 #include "common/err.h"
 #include "worker/model/model_internal.h"
 
@@ -170,16 +171,10 @@ int model_save_ex(const model *m, const char *path, const model_extra *x, int n_
     fixed_header(m, hdr, payload, sum, n_extras);
     memcpy(hdr + CK_FIXED, &sum, 8);
 
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
-        rc = pf_err(-EINVAL, "checkpoint path too long: %s", path);
+    pf_atomic_file af;
+    if ((rc = pf_atomic_open(&af, path, "checkpoint")) < 0)
         goto out;
-    }
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        rc = pf_err(-EIO, "checkpoint %s: cannot create: %s", tmp, strerror(errno));
-        goto out;
-    }
+    FILE *f = af.f;
     int ok = fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr && fwrite(table.p, 1, table.n, f) == table.n &&
              (ext_n == 0 || fwrite(ext, 1, ext_n, f) == ext_n);
     for (int i = 0; ok && i < n; i++) {
@@ -187,18 +182,7 @@ int model_save_ex(const model *m, const char *path, const model_extra *x, int n_
         const model_tensor *t = ck_tensor(m, i, hp, hb, &d);
         ok = fwrite(d, sizeof(float), t->count, f) == t->count;
     }
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int err = errno;
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
-        err = errno;
-    }
-    if (!ok || rename(tmp, path) != 0) {
-        if (ok)
-            err = errno;
-        unlink(tmp);
-        rc = pf_err(-EIO, "checkpoint %s: write failed: %s", path, strerror(err));
-    }
+    rc = pf_atomic_commit(&af, ok);
 out:
     free(table.p);
     free(hp);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
 #include "common/err.h"
 #include "onnx.pb-c.h"
 #include "worker/model/model_internal.h"
@@ -416,33 +417,15 @@ int model_export_onnx(const model *m, const char *path, int opset)
         goto out;
     }
 
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
-        rc = pf_err(-EINVAL, "onnx export: path too long: %s", path);
+    pf_atomic_file af;
+    if ((rc = pf_atomic_open(&af, path, "onnx export")) < 0)
         goto out;
-    }
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        rc = pf_err(-EIO, "onnx export %s: cannot create: %s", tmp, strerror(errno));
-        goto out;
-    }
-    file_buf fb = {.base = {.append = file_append}, .f = f};
+    file_buf fb = {.base = {.append = file_append}, .f = af.f};
     errno = 0;
     onnx__model_proto__pack_to_buffer(mp, &fb.base);
-    int ok = !fb.err && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int err = fb.err ? fb.err : errno;
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
-        err = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        err = errno;
-    }
-    if (!ok) {
-        unlink(tmp);
-        rc = pf_err(-EIO, "onnx export %s: write failed: %s", path, strerror(err));
-    }
+    if (fb.err)
+        errno = fb.err;
+    rc = pf_atomic_commit(&af, !fb.err);
 out:
     arena_free(&g.a);
     free(g.nodes.p);

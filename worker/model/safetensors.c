@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
 #include "common/err.h"
 #include "worker/model/model_internal.h"
 
@@ -366,16 +367,12 @@ int st_write(const char *path, const st_entry *t, int n, const st_meta *meta, in
     int rc = st_header(t, n, meta, n_meta, &h, &hl, NULL, NULL);
     if (rc)
         return pf_err_wrap(rc, "%s", path);
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
+    pf_atomic_file af;
+    if ((rc = pf_atomic_open(&af, path, "safetensors")) < 0) {
         free(h);
-        return pf_err(-EINVAL, "safetensors: path too long: %s", path);
+        return rc;
     }
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        free(h);
-        return pf_err(-EIO, "safetensors %s: cannot create: %s", tmp, strerror(errno));
-    }
+    FILE *f = af.f;
     int ok = fwrite(h, 1, hl, f) == hl;
     free(h);
     /* the data in st_header's order */
@@ -386,21 +383,7 @@ int st_write(const char *path, const st_entry *t, int n, const st_meta *meta, in
             uint64_t nb = entry_bytes(&t[i]);
             ok = nb == 0 || fwrite(t[i].data, 1, (size_t)nb, f) == nb;
         }
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int err = errno;
-    if (fclose(f) != 0 && ok) {
-        ok = 0;
-        err = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        err = errno;
-    }
-    if (!ok) {
-        unlink(tmp);
-        return pf_err(-EIO, "safetensors %s: write failed: %s", path, strerror(err));
-    }
-    return 0;
+    return pf_atomic_commit(&af, ok);
 }
 
 /* ---- the backbone ---- */

@@ -1,0 +1,33 @@
+/* A file written so that a reader finds either the previous file or the whole new one, never a torn one
+ * (Redis rdb.c's discipline): write to <path>.tmp, fflush + fsync, close, rename over <path>, fsync the
+ * folder so that the rename itself survives a crash. Checkpoints, exports and embeddings are written so.
+ *
+ *   pf_atomic_file af;
+ *   if ((rc = pf_atomic_open(&af, path, "checkpoint")) < 0) return rc;
+ *   int ok = fwrite(..., af.f) == n && ...;
+ *   return pf_atomic_commit(&af, ok);   // or pf_atomic_abort(&af) to give up */
+#ifndef PFCPS_COMMON_ATOMIC_FILE_H
+#define PFCPS_COMMON_ATOMIC_FILE_H
+
+#include <stdio.h>
+
+typedef struct pf_atomic_file {
+    FILE *f;          /* write here */
+    char path[4096];  /* the file's name once committed */
+    char tmp[4100];   /* <path>.tmp while it is written */
+    const char *what; /* for messages: "checkpoint", "safetensors", ... (may be "") */
+} pf_atomic_file;
+
+/* Creates <path>.tmp for writing (truncating an earlier leftover). Returns 0, or -EINVAL (path too long),
+ * -EIO "<what> <tmp>: cannot create: <reason>". */
+int pf_atomic_open(pf_atomic_file *af, const char *path, const char *what);
+
+/* Finishes the file: ok != 0 says every write succeeded (ferror is checked too); then fflush, fsync, fclose,
+ * rename to path and fsync of its folder. On any failure the temp file is removed, path is left as it was,
+ * and -EIO "<what> <path>: write failed: <reason>" is returned; else 0. */
+int pf_atomic_commit(pf_atomic_file *af, int ok);
+
+/* Gives up: closes and removes the temp file; path is left as it was. */
+void pf_atomic_abort(pf_atomic_file *af);
+
+#endif
