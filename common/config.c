@@ -408,7 +408,7 @@ static int str_quote(const char *s)
  * characters and values INI cannot write back are refused. Returns 0 or -EINVAL naming the key. */
 static int parse_str(const key_def *k, const char *v, char s[CFG_STR])
 {
-    (void)unquote(v, s, CFG_STR); /* v has fewer than CFG_STR characters */
+    (void)unquote(v, s, CFG_STR); /* fits: cfg_set bounds v (CFG_STR - 1 characters, or + 2 quotes) */
     for (const char *p = s; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
             return pf_err(-EINVAL, "key '%s': value contains a control character", k->name);
@@ -494,8 +494,13 @@ int cfg_set(pf_config *cfg, const char *key, const char *value)
             return pf_err(-EINVAL, "unknown key '%s' (did you mean '%s'?)", kname, s);
         return pf_err(-EINVAL, "unknown key '%s'", kname);
     }
-    char v[CFG_STR];
-    if (trim_copy(value, strlen(value), v, sizeof v) < 0)
+    /* Up to CFG_STR - 1 characters; a string in quotes may have two more (the quotes, which parse_str
+     * removes), so that every value cfg_to_ini writes reads back. */
+    char v[CFG_STR + 2];
+    int fits = trim_copy(value, strlen(value), v, sizeof v) == 0;
+    size_t n = fits ? strlen(v) : 0;
+    int quoted = n >= 2 && (v[0] == '"' || v[0] == '\'') && v[n - 1] == v[0];
+    if (!fits || (n > CFG_STR - 1 && !(k->type == K_STR && quoted)))
         return pf_err(-EINVAL, "key '%s': value is longer than %d characters", k->name, CFG_STR - 1);
     return set_typed(cfg, k, v);
 }

@@ -305,6 +305,27 @@ static void test_round_trip(void **state)
     /* The text is also a valid file. */
     assert_int_equal(cfg_load(&b, write_file("rt.ini", text), NULL, 0), 0);
     assert_same_config(&a, &b);
+    /* A 255-character value that starts with a quote is written in quotes (257 characters on the line) and
+     * must read back (found by fuzz_ctl_config: the reload refused it as longer than 255); 256 unquoted is
+     * refused, as is 256 inside quotes. */
+    char longv[300], set[320];
+    memset(longv, 'x', 255);
+    longv[0] = '"';
+    longv[255] = '\0';
+    snprintf(set, sizeof set, "rec=%s", longv);
+    const char *lsets[] = {"num_classes=5", set};
+    assert_int_equal(cfg_load(&a, NULL, lsets, 2), 0);
+    assert_string_equal(a.rec, longv);
+    char *ltext = cfg_to_ini(&a);
+    assert_int_equal(cfg_load_text(&b, ltext), 0);
+    assert_string_equal(b.rec, longv);
+    free(ltext);
+    memset(longv, 'y', 256);
+    longv[256] = '\0';
+    snprintf(set, sizeof set, "rec=%s", longv);
+    assert_int_equal(cfg_load(&a, NULL, lsets, 2), -EINVAL);
+    snprintf(set, sizeof set, "rec=\"%s\"", longv);
+    assert_int_equal(cfg_load(&a, NULL, lsets, 2), -EINVAL);
     free(text);
 
     /* A string with a leading quote survives too. */
