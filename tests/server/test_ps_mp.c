@@ -857,6 +857,10 @@ static int t_sigterm(void)
         if (!killed && pst_now() - t0 > 0.3) {
             kill(cl.pids[0], SIGTERM);
             killed = 1;
+            /* A post towards the stopping server holds a ps_* call for up to the client's timeout (120 s by
+             * default: ps_client.h), whatever ps_wait's own: bound it, or a liveness probe sent as the server
+             * goes away outlasts the test (seen about once in 20 runs). */
+            ps_client_set_timeout(c, 3.0);
             printf("SIGTERM sent after %d acknowledged pushes\n", sent);
         }
         ps_req *pr;
