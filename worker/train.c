@@ -7,9 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <time.h>
 
+#include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/coll.h"
 #include "common/err.h"
@@ -18,6 +18,7 @@
 #include "common/member_addr.h"
 #include "kernels/ops.h"
 #include "worker/data/loader.h"
+#include "worker/data/rec.h"
 #include "worker/device.h"
 #include "worker/eval/set.h"
 #include "worker/head/pfc.h"
@@ -360,19 +361,14 @@ static int setup_head(trainer *t)
     return 0;
 }
 
-/* The folder of the dataset: `rec` itself when it is a folder, else the folder of the prefix. */
+/* The folder of the dataset: the folder of its pack prefix (rec_resolve_prefix), "." for a bare name. */
 static void rec_folder(const char *rec, char *out, size_t cap)
 {
-    struct stat st;
-    if (stat(rec, &st) == 0 && S_ISDIR(st.st_mode)) {
-        snprintf(out, cap, "%s", rec);
-        return;
-    }
-    const char *slash = strrchr(rec, '/');
-    if (!slash)
-        snprintf(out, cap, ".");
-    else
-        snprintf(out, cap, "%.*s", (int)(slash - rec), rec);
+    char base[4096];
+    if (rec_resolve_prefix(rec, base, sizeof base) < 0)
+        snprintf(base, sizeof base, ".");
+    const char *slash = strrchr(base, '/');
+    snprintf(out, cap, "%.*s", slash ? (int)(slash - base) : 1, slash ? base : ".");
 }
 
 /* One val_targets entry as a file: a path (with a '/' or an existing file) as given, else arcface_torch's
@@ -629,21 +625,22 @@ static int save_backbone(trainer *t, const char *path)
 
 /* Pulls this worker's whole partition of the class-center table (classes c mod W == rank) after the last step
  * and writes it to <prefix>.rank<r>: raw records (uint64 class id, then D float32, little-endian), class ids
- * ascending. Written to <path>.partial and renamed into place, so a file of that name is complete. */
+ * ascending; replaced whole (common/atomic_file.h), so a file of that name is complete. */
 static int dump_partition(trainer *t, const char *prefix, int64_t step)
 {
-    char path[1100], tmp[1200];
+    char path[1100];
     snprintf(path, sizeof path, "%s.rank%d", prefix, t->rank);
-    snprintf(tmp, sizeof tmp, "%s.partial", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return pf_err(-errno, "cannot write '%s': %s", tmp, strerror(errno));
+    pf_atomic_file af;
+    int rc = pf_atomic_open(&af, path, "class centers");
+    if (rc < 0)
+        return rc;
     int64_t C = t->run.num_classes, D = t->run.embedding_size;
     enum { CHUNK = 4096 };
     int64_t ids[CHUNK];
     float *rows = malloc(sizeof(float) * CHUNK * (size_t)D);
-    int rc = rows ? 0 : pf_err(-ENOMEM, "out of memory");
-    for (int64_t c0 = t->rank; rc == 0 && c0 < C;) {
+    rc = rows ? 0 : pf_err(-ENOMEM, "out of memory");
+    int ok = 1;
+    for (int64_t c0 = t->rank; rc == 0 && ok && c0 < C;) {
         int n = 0;
         for (; n < CHUNK && c0 < C; c0 += t->W)
             ids[n++] = c0;
@@ -651,21 +648,18 @@ static int dump_partition(trainer *t, const char *prefix, int64_t step)
         rc = ps_pull(t->ps, ids, (size_t)n, rows, step, &req);
         if (rc == 0)
             rc = ps_wait(t->ps, req, t->wait_s);
-        for (int i = 0; rc == 0 && i < n; i++) {
+        for (int i = 0; rc == 0 && ok && i < n; i++) {
             uint64_t id = (uint64_t)ids[i];
-            if (fwrite(&id, 8, 1, f) != 1 ||
-                fwrite(rows + (size_t)i * D, sizeof(float), (size_t)D, f) != (size_t)D)
-                rc = pf_err(-EIO, "writing '%s'", tmp);
+            ok = fwrite(&id, 8, 1, af.f) == 1 &&
+                 fwrite(rows + (size_t)i * D, sizeof(float), (size_t)D, af.f) == (size_t)D;
         }
     }
     free(rows);
-    if (fclose(f) != 0 && rc == 0)
-        rc = pf_err(-EIO, "writing '%s'", tmp);
-    if (rc == 0 && rename(tmp, path) < 0)
-        rc = pf_err(-errno, "renaming '%s' to '%s': %s", tmp, path, strerror(errno));
-    if (rc < 0)
-        unlink(tmp);
-    return rc;
+    if (rc < 0) {
+        pf_atomic_abort(&af);
+        return rc;
+    }
+    return pf_atomic_commit(&af, ok);
 }
 
 /* save_centers = true: this worker's partition of the class-center table to

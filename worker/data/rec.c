@@ -382,6 +382,22 @@ static int check_image(rec_file *rf, int64_t key, const idx_entry *e, int64_t bo
     return 0;
 }
 
+int rec_resolve_prefix(const char *rec, char *base, size_t cap)
+{
+    struct stat st;
+    if ((size_t)snprintf(base, cap, "%s", rec) >= cap)
+        return -1;
+    size_t bl = strlen(base);
+    if (bl > 4 && (strcmp(base + bl - 4, ".rec") == 0 || strcmp(base + bl - 4, ".idx") == 0))
+        base[bl - 4] = 0;
+    else if (stat(base, &st) == 0 && S_ISDIR(st.st_mode)) {
+        if (bl + 7 >= cap)
+            return -1;
+        strcat(base, "/train");
+    }
+    return 0;
+}
+
 int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_bad_records)
 {
     *out = NULL;
@@ -391,19 +407,9 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
     char base[4096];
     struct stat st;
     int rc = 0;
-    if (snprintf(base, sizeof base, "%s", prefix) >= (int)sizeof base) {
+    if (rec_resolve_prefix(prefix, base, sizeof base) < 0) {
         rec_close(rf);
         return pf_err(-ENAMETOOLONG, "dataset path too long");
-    }
-    size_t bl = strlen(base);
-    if (bl > 4 && (strcmp(base + bl - 4, ".rec") == 0 || strcmp(base + bl - 4, ".idx") == 0))
-        base[bl - 4] = 0;
-    else if (stat(base, &st) == 0 && S_ISDIR(st.st_mode)) {
-        if (strlen(base) + 7 >= sizeof base) {
-            rec_close(rf);
-            return pf_err(-ENAMETOOLONG, "path too long");
-        }
-        strcat(base, "/train");
     }
     snprintf(rf->rec_path, sizeof rf->rec_path, "%.4090s.rec", base);
     snprintf(rf->idx_path, sizeof rf->idx_path, "%.4090s.idx", base);

@@ -95,6 +95,11 @@ typedef struct rec_file {
     int64_t min_key, max_key;
 } rec_file;
 
+/* The pack prefix config key `rec` names: "X.rec" / "X.idx" -> "X", a folder D -> "D/train", anything else
+ * as given (the pack is <base>.rec + <base>.idx, its property file beside them). Writes base (cap bytes).
+ * Returns 0, or -1 when it does not fit. */
+int rec_resolve_prefix(const char *rec, char *base, size_t cap);
+
 /* Opens `prefix` (the path without .rec/.idx; a directory means <dir>/train). Reads the .idx, maps the
  * .rec, detects the layout, reads the `property` file next to it when present (`num_classes,h,w`) and
  * validates every image record: its chunks, its header, its class id (< num_classes when num_classes
