@@ -74,20 +74,13 @@ fi
 cmp -s "$TMP/bf16.trace" "$TMP/amp.trace" || fail "loss scaling without overflow changed the losses (scaling by a power of two must be exact)"
 cmp -s "$TMP/bf16.out/model.ckpt" "$TMP/amp.out/model.ckpt" && fail "the fp16 checkpoint has no extras"
 # GradScaler by hand: 30 finite steps, growth interval 100 -> scale 65536 * 2^floor(30/100), tracker 30 mod 100.
-python3 - "$TMP/amp.out/model.ckpt" <<'PY' || fail "checkpoint extras"
-import struct, sys
-b = open(sys.argv[1], 'rb').read()
-assert b[:8] == b'PFCPSBB1', 'magic'
-ver, D, nt, nx = struct.unpack_from('<4I', b, 8)
-assert ver == 2 and nx == 2, (ver, nx)
-off = 8 + 16 + 32 + 8 + 8
-for _ in range(nt):
-    (nl,) = struct.unpack_from('<H', b, off); off += 2 + nl
-    dtype, ndim = struct.unpack_from('<BB', b, off); off += 2 + 4 * ndim + 8
-ex = {}
-for _ in range(nx):
-    name = b[off:off + 32].rstrip(b'\0').decode(); (v,) = struct.unpack_from('<d', b, off + 32); off += 40
-    ex[name] = v
+python3 - "$TMP/amp.out/model.ckpt" "$SRC/tests" <<'PY' || fail "checkpoint extras"
+import sys
+sys.path.insert(0, sys.argv[2])
+import pfcps_ckpt
+ck = pfcps_ckpt.read(sys.argv[1])
+assert ck.version == 2 and len(ck.extras) == 2, (ck.version, ck.extras)
+ex = ck.extras
 steps, interval = 30, 100
 want = {'amp.scale': 65536.0 * 2 ** (steps // interval), 'amp.growth_tracker': float(steps % interval)}
 print('checkpoint extras', ex, 'expected', want)
@@ -97,7 +90,7 @@ PY
 # scale (GradScaler's backoff 0.5, tracker reset), the others count towards growth. The steps that
 # overflowed are read from the log; the scale each of them reports and the final state in the checkpoint
 # are recomputed here by the rule.
-python3 - "$TMP/ovf.log" "$TMP/ovf.out/model.ckpt" "$TMP/ovf.trace" <<'PY' || fail "loss scaler backoff"
+python3 - "$TMP/ovf.log" "$TMP/ovf.out/model.ckpt" "$TMP/ovf.trace" "$SRC/tests" <<'PY' || fail "loss scaler backoff"
 import math, re, struct, sys
 log, ckpt, trace = sys.argv[1:4]
 ovf = {}
@@ -119,20 +112,14 @@ for step in range(1, 31):
         tracker += 1
         if tracker == 100:
             scale *= 2; tracker = 0
-b = open(ckpt, 'rb').read()
-ver, D, nt, nx = struct.unpack_from('<4I', b, 8)
-off = 72
-for _ in range(nt):
-    (nl,) = struct.unpack_from('<H', b, off); off += 2 + nl
-    dtype, ndim = struct.unpack_from('<BB', b, off); off += 2 + 4 * ndim + 8
-ex = {}
-for _ in range(nx):
-    ex[b[off:off + 32].rstrip(b'\0').decode()] = struct.unpack_from('<d', b, off + 32)[0]; off += 40
+sys.path.insert(0, sys.argv[4])
+import pfcps_ckpt
+ex = pfcps_ckpt.read(ckpt).extras
 print('overflow run: steps %s skipped; scale 2^127 -> 2^%g, tracker %d by the rule; checkpoint %s'
       % (sorted(ovf), math.log2(scale), tracker, ex))
 assert ex == {'amp.scale': scale, 'amp.growth_tracker': float(tracker)}, (ex, scale, tracker)
 PY
 # The bf16 run without fp16 has no scaler (bf16 has fp32's exponent range): no extras.
-python3 -c "import struct,sys; b=open(sys.argv[1],'rb').read(); sys.exit(struct.unpack_from('<I', b, 20)[0] != 0)" \
-  "$TMP/bf16.out/model.ckpt" || fail "the bf16 (no fp16) checkpoint carries extras"
+python3 -c "import sys; sys.path.insert(0, sys.argv[2]); import pfcps_ckpt; sys.exit(len(pfcps_ckpt.read(sys.argv[1]).extras) != 0)" \
+  "$TMP/bf16.out/model.ckpt" "$SRC/tests" || fail "the bf16 (no fp16) checkpoint carries extras"
 echo "PASS: bf16 loss $first -> $last, within the bounds of fp32; fp16 loss scaling exact, amp.scale 65536, growth_tracker 30"

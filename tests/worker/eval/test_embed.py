@@ -47,22 +47,10 @@ def run(*args):
 # ---- the checkpoint (model.h: header 64 + checksum 8, tensor table, extras, payload) ----
 ckpt = os.path.join(tmp, "model.ckpt")
 subprocess.run([MAKE_CKPT, ckpt, "r18_w8", "16", "7"], check=True)
-raw = open(ckpt, "rb").read()
-assert raw[:8] == b"PFCPSBB1"
-version, D, ntens, nextra = struct.unpack_from("<4I", raw, 8)
-net = raw[24:56].rstrip(b"\0").decode()
-pos, table = 72, []
-for _ in range(ntens):
-    (nl,) = struct.unpack_from("<H", raw, pos)
-    name = raw[pos + 2:pos + 2 + nl].decode()
-    pos += 2 + nl
-    dtype, nd = raw[pos], raw[pos + 1]
-    shape = struct.unpack_from("<%dI" % nd, raw, pos + 2)
-    pos += 2 + 4 * nd
-    (off,) = struct.unpack_from("<Q", raw, pos)
-    pos += 8
-    table.append((name, shape, off))
-payload = pos + 40 * (nextra if version >= 2 else 0)
+sys.path.insert(0, os.path.join(SRC, "tests"))
+import pfcps_ckpt  # noqa: E402
+ck = pfcps_ckpt.read(ckpt)
+raw, payload, table, net, D, ntens = bytes(ck.raw), ck.payload, ck.tensors, ck.network, ck.dim, len(ck.tensors)
 state = {n: torch.from_numpy(np.frombuffer(raw, "<f4", int(np.prod(s)), payload + o).reshape(s).astype(np.float64))
          for n, s, o in table}
 print("checkpoint: %s D %d, %d tensors" % (net, D, ntens))

@@ -32,39 +32,21 @@ INI
 run_cluster "the one-step run failed" "$TMP/run.ini" 1 1 --max-steps 1
 [ -f "$TMP/out/model.ckpt" ] || fail "the one-step run saved no model.ckpt"
 
-python3 - "$TMP/out/model.ckpt" "$TMP/init.ckpt" <<'PY' || fail "patching the checkpoint"
-import struct, sys
-raw = bytearray(open(sys.argv[1], "rb").read())
-assert raw[:8] == b"PFCPSBB1"
-version, D, ntens, nextra = struct.unpack_from("<4I", raw, 8)
-pos, table = 72, []
-for _ in range(ntens):
-    (nl,) = struct.unpack_from("<H", raw, pos)
-    name = raw[pos + 2:pos + 2 + nl].decode()
-    pos += 2 + nl
-    dtype, nd = raw[pos], raw[pos + 1]
-    shape = struct.unpack_from("<%dI" % nd, raw, pos + 2)
-    pos += 2 + 4 * nd
-    (off,) = struct.unpack_from("<Q", raw, pos)
-    pos += 8
-    table.append((name, shape, off))
-payload = pos + 40 * (nextra if version >= 2 else 0)
+python3 - "$TMP/out/model.ckpt" "$TMP/init.ckpt" "$SRC/tests" <<'PY' || fail "patching the checkpoint"
+import sys
+sys.path.insert(0, sys.argv[3])
+import pfcps_ckpt
+ck = pfcps_ckpt.read(sys.argv[1])
 stats = 0
-for name, shape, off in table:
-    n = 1
-    for s in shape:
-        n *= s
+for name, _, _ in ck.tensors:
     for suffix, value in ((".running_mean", 0.0), (".running_var", 1.0)):
         if name.endswith(suffix):
-            struct.pack_into("<%df" % n, raw, payload + off, *([value] * n))
+            ck.fill(name, value)
             stats += 1
 assert stats >= 2, "no BN running statistics in the table"
-h = 0xcbf29ce484222325
-for b in raw[72:]:
-    h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
-struct.pack_into("<Q", raw, 64, h)
-open(sys.argv[2], "wb").write(raw)
-print("patched %d running-statistics tensors of %d" % (stats, ntens))
+ck.reseal()
+open(sys.argv[2], "wb").write(ck.raw)
+print("patched %d running-statistics tensors of %d" % (stats, len(ck.tensors)))
 PY
 
 v() { "$PFCPS" verify --folds 4 --pad "$@" 2>"$TMP/err" || { cat "$TMP/err"; echo "exit $?"; }; }
