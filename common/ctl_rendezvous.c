@@ -7,6 +7,7 @@
 #include "common/ctl_frame.h"
 #include "common/ctl_internal.h"
 #include "common/err.h"
+#include "common/hostport.h"
 #include "common/log.h"
 
 #include <arpa/inet.h>
@@ -738,10 +739,10 @@ static int rv_listen(ctl_rendezvous *rv, int port)
     struct addrinfo *ai = NULL;
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
-    int gr = getaddrinfo(rv->bind_host, portstr, &hints, &ai);
-    if (gr != 0)
-        return pf_err(-EINVAL, "rendezvous: cannot resolve bind host '%s': %s", rv->bind_host,
-                      gai_strerror(gr));
+    int gr = pf_resolve("the rendezvous bind host", rv->bind_host, portstr, &hints,
+                        pf_now_s() + rv->timeout_s, &ai);
+    if (gr < 0)
+        return gr;
     int err = 0;
     for (struct addrinfo *a = ai; a; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);

@@ -8,6 +8,7 @@
 #include "common/ctl_frame.h"
 #include "common/ctl_internal.h"
 #include "common/err.h"
+#include "common/hostport.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -170,9 +171,9 @@ static int connect_by(const char *host, int port, double deadline, int *out_fd)
     for (;;) {
         struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
         struct addrinfo *ai = NULL;
-        int gr = getaddrinfo(host, portstr, &hints, &ai);
-        if (gr != 0)
-            return pf_err(-EINVAL, "cannot resolve rendezvous host '%s': %s", host, gai_strerror(gr));
+        int gr = pf_resolve("rendezvous host", host, portstr, &hints, deadline, &ai); /* waits for the name */
+        if (gr < 0)
+            return gr;
         for (struct addrinfo *a = ai; a; a = a->ai_next) {
             int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
             if (fd < 0) {

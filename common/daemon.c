@@ -7,6 +7,7 @@
 
 #include "common/cli.h"
 #include "common/err.h"
+#include "common/hostport.h"
 #include "common/log.h"
 
 static sigset_t stop_signals;
@@ -44,7 +45,8 @@ void daemon_signals_install(volatile sig_atomic_t *stop)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    ctl_set_interrupt(stop); /* a stop request ends the wait for the run to form */
+    ctl_set_interrupt(stop);        /* a stop request ends the wait for the run to form */
+    pf_resolve_set_interrupt(stop); /* and the wait for a name to resolve */
     pthread_sigmask(SIG_UNBLOCK, &stop_signals,
                     NULL); /* a SIGTERM that came during start-up: on_signal now */
 }

@@ -1,11 +1,14 @@
-/* Parsing "host:port" (see hostport.h). */
+/* Parsing and resolving "host:port" (see hostport.h). */
 #include "common/hostport.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/err.h"
+#include "common/log.h"
 
 int pf_parse_hostport(const char *hp, char *host, size_t hostlen, int *port)
 {
@@ -36,4 +39,67 @@ int pf_parse_hostport(const char *hp, char *host, size_t hostlen, int *port)
     host[hl] = '\0';
     *port = (int)p;
     return 0;
+}
+
+static const volatile sig_atomic_t *g_resolve_interrupt;
+
+void pf_resolve_set_interrupt(const volatile sig_atomic_t *flag)
+{
+    g_resolve_interrupt = flag;
+}
+
+/* Answers that may change once the name is published (or the resolver recovers). */
+static int resolve_retryable(int gr)
+{
+    switch (gr) {
+    case EAI_NONAME:
+    case EAI_AGAIN:
+    case EAI_FAIL:
+#ifdef EAI_NODATA
+    case EAI_NODATA:
+#endif
+        return 1;
+    default: return 0;
+    }
+}
+
+static const char *resolve_reason(int gr, int err)
+{
+    return gr == EAI_SYSTEM ? strerror(err) : gai_strerror(gr);
+}
+
+int pf_resolve(const char *what, const char *host, const char *port, const struct addrinfo *hints,
+               double deadline, struct addrinfo **out)
+{
+    *out = NULL;
+    double start = pf_now_s(), next_log = start;
+    for (;;) {
+        int gr = getaddrinfo(host, port, hints, out);
+        if (gr == 0) {
+            if (next_log > start) /* logged a wait: say that it ended */
+                log_info("name '%s' resolved after %.1f s", host, pf_now_s() - start);
+            return 0;
+        }
+        *out = NULL;
+        int err = errno;
+        double now = pf_now_s();
+        if (!resolve_retryable(gr) || now + PF_RESOLVE_RETRY_S > deadline) {
+            if (now - start < PF_RESOLVE_RETRY_S)
+                return pf_err(-EINVAL, "cannot resolve %s '%s': %s", what, host, resolve_reason(gr, err));
+            return pf_err(-EINVAL, "cannot resolve %s '%s': %s (retried for %.1f s)", what, host,
+                          resolve_reason(gr, err), now - start);
+        }
+        if (now >= next_log) {
+            log_warn("waiting for name '%s' (%s) to resolve: %s; retrying for up to %.1f s more", host, what,
+                     gai_strerror(gr), deadline - now);
+            next_log = now + PF_RESOLVE_LOG_S;
+        }
+        /* Sleep PF_RESOLVE_RETRY_S in ticks of 0.1 s so that a stop request ends the wait at once. */
+        for (double until = now + PF_RESOLVE_RETRY_S; pf_now_s() < until;) {
+            if (g_resolve_interrupt && *g_resolve_interrupt)
+                return pf_err(-EINTR, "interrupted (SIGTERM/SIGINT) while waiting for name '%s' to resolve",
+                              host);
+            poll(NULL, 0, 100);
+        }
+    }
 }
