@@ -66,7 +66,8 @@ typedef struct pf_config {
     double ctl_timeout;       /* control-plane read timeout, seconds, default 30 */
     /* --- server --- */
     char snapshot_dir[CFG_STR]; /* default "" = <output>/snapshots */
-    int snapshot_every;         /* steps between snapshots, 0 = off (default) */
+    int snapshot_every;         /* steps between checkpoints, 0 = off (default); one is also written at the end */
+    int snapshot_keep;          /* newest checkpoints each member keeps on disk (default 2) */
     int apply_threads;          /* server threads applying pushes, default 2 */
 } pf_config;
 

@@ -12,8 +12,12 @@
  * A peer that sends garbage, a truncated or oversized frame, a bad secret, a taken rank, or joins
  * twice gets an error reply where possible and is dropped; the others keep being served.
  * After the reply the connection stays open for heartbeats and the shutdown broadcast.
- * A member that leaves before the run formed frees its rank (a restarted process can take it); once
- * the run formed, every further join is refused (-EEXIST): the book already went out. */
+ * A member that leaves before the run formed frees its rank (a restarted process can take it).
+ * Once the run formed, an authenticated join for a rank of the run is a member that restarted: the run
+ * cannot go on without re-forming, so every member is told that member was lost (their sessions return
+ * -ENOLINK; the daemons exit so that they can be restarted and resume from the newest complete checkpoint)
+ * and the joining member is asked to retry (EAGAIN), which ctl_join does until its timeout. A join for a
+ * rank whose previous connection is still open before the run formed is retried the same way. */
 #ifndef PFCPS_COMMON_CTL_H
 #define PFCPS_COMMON_CTL_H
 
@@ -35,6 +39,7 @@ typedef struct ctl_rendezvous_opts {
     double timeout_s;        /* per-read timeout */
     const char *config_text; /* sent to every member */
     int64_t num_classes;     /* shard map's C, sent in the join reply (0 = unknown) */
+    int resume;              /* pick the newest checkpoint step every member holds (book.resume_step) */
 } ctl_rendezvous_opts;
 
 /* Starts the rendezvous service on its own thread. Returns 0 or -errno (bind failure names host:port). */
@@ -53,7 +58,8 @@ void ctl_rendezvous_broadcast_shutdown(ctl_rendezvous *rv);
 void ctl_rendezvous_stop(ctl_rendezvous *rv);
 
 /* Joins the run at host:port as (role, rank) with fabric address `addr` and waits (up to timeout_s in
- * total) for the address book; a refused connection is retried every 100 ms until then. Returns 0 and
+ * total) for the address book; a refused connection, and a rendezvous that says to retry (the run is
+ * re-forming after a member restarted, or the rank's previous connection is still open), are retried until then. Returns 0 and
  * a session (whose book stays valid until close), or -ECONNREFUSED / -ETIMEDOUT / -EACCES (bad secret)
  * / -EEXIST (rank taken or joined twice) / -ERANGE (rank outside the run) / -EPROTO / -EMSGSIZE,
  * with the service's error text in pf_errmsg(); -ECANCELED when the rendezvous shut the run down before it
@@ -66,6 +72,11 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
  * the flag its SIGTERM/SIGINT handler sets, so a stop request is honoured while the run is still forming
  * instead of after the whole join timeout). NULL turns it off. Set it once, before joining. */
 void ctl_set_interrupt(const volatile sig_atomic_t *flag);
+
+/* The checkpoint steps (common/ckpt.h) this process holds complete and valid, sent with every later ctl_join
+ * (copied; n <= CTL_MAX_RESUME_STEPS, steps > 0). When the rendezvous resumes (ctl_rendezvous_opts.resume) it
+ * picks the newest step every member listed and says it in the book (resume_step, resume_reason). */
+void ctl_set_resume_steps(const int64_t *steps, size_t n);
 
 /* The address book received at join. */
 const ctl_book *ctl_session_book(const ctl_session *s);

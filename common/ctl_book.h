@@ -11,6 +11,9 @@
  * (common/member_addr.h: two endpoint names, plus worker 0's 128-byte NCCL unique id on CUDA runs). */
 #define CTL_MAX_ADDR 512
 
+/* Checkpoint steps a member may list at join (Join.resume_steps). */
+#define CTL_MAX_RESUME_STEPS 1024
+
 typedef enum { CTL_ROLE_SERVER = 0, CTL_ROLE_WORKER = 1 } ctl_role;
 
 typedef struct ctl_member {
@@ -26,6 +29,8 @@ typedef struct ctl_book {
     ctl_member *workers; /* [num_workers], index = rank */
     char *config_text;   /* effective run config, INI text (cfg_load_text) */
     int64_t num_classes; /* C of the shard map (class c on server c mod S at local row c div S) */
+    int64_t resume_step; /* > 0: every member loads checkpoint resume_step (common/ckpt.h); 0: from scratch */
+    char resume_reason[512]; /* why that step (or none), for the members' logs */
 } ctl_book;
 
 #endif

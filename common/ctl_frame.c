@@ -4,6 +4,7 @@
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,6 +81,12 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
                           CTL_MAX_ADDR);
         if (j->mac.len != CTL_MAC_LEN)
             return pf_err(-EPROTO, "join: mac must be %d bytes, got %zu", CTL_MAC_LEN, j->mac.len);
+        if (j->n_resume_steps > CTL_MAX_RESUME_STEPS)
+            return pf_err(-EPROTO, "join: %zu resume steps listed (at most %d)", j->n_resume_steps,
+                          CTL_MAX_RESUME_STEPS);
+        for (size_t i = 0; i < j->n_resume_steps; i++)
+            if (j->resume_steps[i] <= 0)
+                return pf_err(-EPROTO, "join: resume step %lld is not positive", (long long)j->resume_steps[i]);
         return 0;
     }
     case PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY: {
@@ -180,6 +187,8 @@ int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
     book->num_servers = r->num_servers;
     book->num_workers = r->num_workers;
     book->num_classes = r->num_classes;
+    book->resume_step = r->resume_step > 0 ? r->resume_step : 0;
+    snprintf(book->resume_reason, sizeof book->resume_reason, "%s", r->resume_reason ? r->resume_reason : "");
     book->servers = calloc((size_t)r->num_servers, sizeof(ctl_member));
     book->workers = calloc((size_t)r->num_workers, sizeof(ctl_member));
     book->config_text = strdup(r->config_text);

@@ -53,12 +53,16 @@ typedef struct conn {
     uint8_t nonce[CTL_NONCE_LEN];
     size_t addr_len;
     uint8_t addr[CTL_MAX_ADDR]; /* fabric address given at join */
+    int64_t *steps;             /* checkpoint steps the member holds (join's resume_steps) */
+    size_t nsteps;
 } conn;
 
 struct ctl_rendezvous {
     char *bind_host, *secret, *config_text;
     int num_servers, num_workers;
     int64_t num_classes;
+    int resume;
+    int reforming; /* a member rejoined after a restart: the run is over, the members were told */
     size_t max_frame;
     double timeout_s;
     int lfd, port;
@@ -141,7 +145,7 @@ static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
     release_slot(rv, c);
 }
 
-static void queue_member_lost(ctl_rendezvous *rv, const conn *gone);
+static void queue_member_lost(ctl_rendezvous *rv, const conn *gone, const char *what);
 
 /* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
  * member that goes without saying so (crash, kill -9, network) is reported to every other member. */
@@ -160,7 +164,7 @@ static void release_slot(ctl_rendezvous *rv, conn *c)
             log_warn(
                 "control plane: %s[%d] (%s) disconnected without leaving the run: telling the other members",
                 ctl_role_name(c->role), c->rank, c->peer);
-            queue_member_lost(rv, c);
+            queue_member_lost(rv, c, "disconnected without leaving the run");
         }
     }
     c->joined = 0;
@@ -172,6 +176,7 @@ static void conn_close(ctl_rendezvous *rv, conn *c)
     close(c->fd);
     free(c->rbuf);
     free(c->wbuf);
+    free(c->steps);
     free(c);
 }
 
@@ -208,11 +213,42 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         return;
     }
     conn **slot = slot_of(rv, (int)j->role, j->rank);
-    if (rv->formed || *slot) {
-        snprintf(msg, sizeof msg, "join refused: %s rank %d is already taken%s%s", who, j->rank,
-                 *slot ? " by " : " (the run has formed)", *slot ? (*slot)->peer : "");
-        conn_refuse(rv, c, EEXIST, msg);
+    if (rv->formed) {
+        /* An authenticated member of the run joins again: it restarted. The run re-forms: every member is
+         * told (they exit, to be restarted with resume), and this one retries until the new rendezvous is up.
+         */
+        if (!rv->reforming) {
+            rv->reforming = 1;
+            log_warn(
+                "control plane: %s[%d] joined again from %s after the run formed (a restarted member): "
+                "the run must re-form and resume from its newest complete checkpoint; telling every member",
+                who, j->rank, c->peer);
+            conn tmp = *c;
+            tmp.role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+            tmp.rank = j->rank;
+            queue_member_lost(rv, &tmp,
+                              "restarted and joined again: the run re-forms from the newest complete "
+                              "checkpoint");
+        }
+        snprintf(msg, sizeof msg, "%s rank %d: the run is re-forming after a member restarted; retry", who,
+                 j->rank);
+        conn_refuse(rv, c, EAGAIN, msg);
         return;
+    }
+    if (*slot) {
+        snprintf(msg, sizeof msg, "%s rank %d is still held by %s (a previous process not yet gone?); retry",
+                 who, j->rank, (*slot)->peer);
+        conn_refuse(rv, c, EAGAIN, msg);
+        return;
+    }
+    if (j->n_resume_steps) {
+        c->steps = malloc(sizeof(int64_t) * j->n_resume_steps);
+        if (!c->steps) {
+            conn_refuse(rv, c, EIO, "out of memory");
+            return;
+        }
+        memcpy(c->steps, j->resume_steps, sizeof(int64_t) * j->n_resume_steps);
+        c->nsteps = j->n_resume_steps;
     }
     c->joined = 1;
     c->role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
@@ -393,7 +429,65 @@ static void accept_new(ctl_rendezvous *rv, double now)
     }
 }
 
-/* All expected members are in: the same reply (book, config, shard map) goes to each. */
+/* Does member c list checkpoint step t? */
+static int conn_has_step(const conn *c, int64_t t)
+{
+    for (size_t i = 0; i < c->nsteps; i++)
+        if (c->steps[i] == t)
+            return 1;
+    return 0;
+}
+
+/* With resume: the newest step every member listed (0: none), and why, into reason[cap]. */
+static int64_t pick_resume_step(ctl_rendezvous *rv, char *reason, size_t cap)
+{
+    int n = rv->num_servers + rv->num_workers;
+    if (!rv->resume) {
+        snprintf(reason, cap, "resume = false: starting from scratch");
+        return 0;
+    }
+    int64_t best = 0;
+    size_t len = 0;
+    reason[0] = '\0';
+    /* Candidates: every step any member listed, newest first; the first one all members hold wins. */
+    int64_t prev = INT64_MAX;
+    for (;;) {
+        int64_t cand = 0; /* the newest listed step below prev */
+        for (int i = 0; i < n; i++) {
+            conn *c = i < rv->num_servers ? rv->server_slot[i] : rv->worker_slot[i - rv->num_servers];
+            for (size_t k = 0; k < c->nsteps; k++)
+                if (c->steps[k] < prev && c->steps[k] > cand)
+                    cand = c->steps[k];
+        }
+        if (cand == 0)
+            break;
+        const conn *missing = NULL;
+        for (int i = 0; i < n && !missing; i++) {
+            conn *c = i < rv->num_servers ? rv->server_slot[i] : rv->worker_slot[i - rv->num_servers];
+            if (!conn_has_step(c, cand))
+                missing = c;
+        }
+        if (!missing) {
+            best = cand;
+            break;
+        }
+        if (len < cap)
+            len += (size_t)snprintf(reason + len, cap - len, "step %lld skipped: not complete on %s[%d]; ",
+                                    (long long)cand, ctl_role_name(missing->role), missing->rank);
+        prev = cand;
+    }
+    if (len < cap) {
+        if (best)
+            snprintf(reason + len, cap - len, "step %lld is the newest checkpoint complete on all %d members",
+                     (long long)best, n);
+        else
+            snprintf(reason + len, cap - len,
+                     "no checkpoint is complete on all %d members: starting from scratch", n);
+    }
+    return best;
+}
+
+/* All expected members are in: the same reply (book, config, shard map, resume step) goes to each. */
 static void form_run(ctl_rendezvous *rv)
 {
     int n = rv->num_servers + rv->num_workers;
@@ -421,6 +515,10 @@ static void form_run(ctl_rendezvous *rv)
     r.num_servers = rv->num_servers;
     r.num_workers = rv->num_workers;
     r.num_classes = rv->num_classes;
+    char reason[512];
+    r.resume_step = pick_resume_step(rv, reason, sizeof reason);
+    r.resume_reason = reason;
+    log_info("control plane: %s", reason);
     Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
     m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
     m.join_reply = &r;
@@ -466,11 +564,10 @@ static void queue_shutdown(ctl_rendezvous *rv)
 /* Tells every other joined member that `gone` disconnected without leaving (Error, code ENOLINK);
  * ctl_session_wait_shutdown returns -ENOLINK with the text. Workers stop (the run cannot go on);
  * servers log it and keep serving. */
-static void queue_member_lost(ctl_rendezvous *rv, const conn *gone)
+static void queue_member_lost(ctl_rendezvous *rv, const conn *gone, const char *what)
 {
-    char text[160];
-    snprintf(text, sizeof text, "%s[%d] (%s) disconnected without leaving the run", ctl_role_name(gone->role),
-             gone->rank, gone->peer);
+    char text[256];
+    snprintf(text, sizeof text, "%s[%d] (%s) %s", ctl_role_name(gone->role), gone->rank, gone->peer, what);
     Pfcps__Error e = PFCPS__ERROR__INIT;
     e.code = ENOLINK;
     e.message = text;
@@ -725,6 +822,7 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->num_servers = o->num_servers;
     rv->num_workers = o->num_workers;
     rv->num_classes = o->num_classes;
+    rv->resume = o->resume;
     rv->max_frame = o->max_frame;
     rv->timeout_s = o->timeout_s;
     *out = rv;

@@ -9,6 +9,7 @@
 #include "common/ctl_internal.h"
 #include "common/err.h"
 #include "common/hostport.h"
+#include "common/log.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 struct ctl_session {
@@ -127,10 +129,23 @@ static int error_reply(const Pfcps__Error *e)
     case EMSGSIZE:
     case ETIMEDOUT:
     case EIO:
+    case EAGAIN:
     case EBUSY: break;
     default: code = EPROTO;
     }
     return pf_err(-code, "rendezvous refused: %s", e->message);
+}
+
+/* ctl_set_resume_steps' list, sent at join. */
+static int64_t g_resume_steps[CTL_MAX_RESUME_STEPS];
+static size_t g_n_resume_steps;
+
+void ctl_set_resume_steps(const int64_t *steps, size_t n)
+{
+    g_n_resume_steps = 0;
+    for (size_t i = 0; i < n && g_n_resume_steps < CTL_MAX_RESUME_STEPS; i++)
+        if (steps[i] > 0)
+            g_resume_steps[g_n_resume_steps++] = steps[i];
 }
 
 /* ctl_set_interrupt's flag: a joining member stops waiting when it is raised. */
@@ -242,6 +257,8 @@ static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *a
             j.mac.data = mac;
             j.mac.len = sizeof mac;
             j.protocol_version = CTL_PROTOCOL_VERSION;
+            j.resume_steps = g_resume_steps;
+            j.n_resume_steps = g_n_resume_steps;
             Pfcps__CtlMessage jm = PFCPS__CTL_MESSAGE__INIT;
             jm.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
             jm.join = &j;
@@ -315,25 +332,43 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
         return pf_err(-EINVAL, "join: bad role %d or rank %d", (int)role, rank);
     if (max_frame < 64 || max_frame > UINT32_MAX)
         return pf_err(-EINVAL, "join: max_frame %zu outside [64, 2^32)", max_frame);
-    double deadline = pf_now_s() + timeout_s;
-    ctl_session *s = calloc(1, sizeof *s);
-    if (!s)
-        return pf_err(-ENOMEM, "join: out of memory");
-    s->max_frame = max_frame;
-    int rc = connect_by(host, port, deadline, &s->fd);
-    if (rc < 0) {
-        free(s);
-        return rc;
-    }
-    rc = join_handshake(s, role, rank, addr, addr_len, secret, deadline);
-    if (rc == 0)
-        rc = join_wait_book(s, role, rank, addr, addr_len, deadline, timeout_s);
-    if (rc < 0) {
+    double deadline = pf_now_s() + timeout_s, t_log = 0;
+    for (;;) {
+        ctl_session *s = calloc(1, sizeof *s);
+        if (!s)
+            return pf_err(-ENOMEM, "join: out of memory");
+        s->max_frame = max_frame;
+        int rc = connect_by(host, port, deadline, &s->fd);
+        if (rc < 0) {
+            free(s);
+            return rc;
+        }
+        rc = join_handshake(s, role, rank, addr, addr_len, secret, deadline);
+        if (rc == 0)
+            rc = join_wait_book(s, role, rank, addr, addr_len, deadline, timeout_s);
+        if (rc == 0) {
+            *out = s;
+            return 0;
+        }
         ctl_session_close(s);
-        return rc;
+        if (rc != -EAGAIN)
+            return rc;
+        /* The rendezvous asked to retry (the run is re-forming, or this rank's previous connection is still
+         * open): again every 0.5 s until the deadline, saying so every 5 s. */
+        double now = pf_now_s();
+        if (now + 0.5 >= deadline)
+            return pf_err(-ETIMEDOUT, "join: %s (gave up after %g s)", pf_errmsg(), timeout_s);
+        if (now - t_log >= 5.0) {
+            log_info("join: %s; retrying", pf_errmsg());
+            t_log = now;
+        }
+        for (int i = 0; i < 5; i++) {
+            if (g_join_interrupt && *g_join_interrupt)
+                return pf_err(-EINTR, "join interrupted");
+            struct timespec ts = {0, 100000000};
+            nanosleep(&ts, NULL);
+        }
     }
-    *out = s;
-    return 0;
 }
 
 const ctl_book *ctl_session_book(const ctl_session *s)

@@ -9,6 +9,7 @@
  *                   nothing. Each worker sends exactly one push per step to every server (n may be 0).
  *   PS_OP_STAT      payload: empty -> reply payload: ps_stat
  *   PS_OP_CHECKSUM  payload: empty -> reply payload: uint64 FNV-1a over the shard's weights then momentum
+ * A push carrying PS_PUSH_SNAPSHOT asks for a snapshot of the shard as it stands after that step.
  * Replies: op = PS_OP_REPLY, same req_id, chunk and row_off as the request, status 0 or a negative errno;
  * on error the payload is a NUL-terminated message naming the problem.
  *
@@ -54,8 +55,13 @@ typedef struct ps_hdr {
     uint16_t nchunks; /* push: messages in the push */
     float lr;         /* push: learning rate */
     uint32_t row_off; /* client bookkeeping: first row of this chunk in the request, echoed */
-    uint64_t reserved;
+    uint32_t flags;   /* push: PS_PUSH_* (0 on other ops); unknown bits are refused */
+    uint32_t reserved;
 } ps_hdr;
+
+/* Push flag: once this step's pushes are applied, the server snapshots its shard as checkpoint step + 1
+ * (server/snapshot.h). Every worker sets it on the same steps. */
+#define PS_PUSH_SNAPSHOT 1u
 
 _Static_assert(sizeof(ps_hdr) == 64, "ps_hdr must stay 64 bytes");
 

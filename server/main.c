@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/ckpt.h"
 #include "common/cli.h"
 #include "common/config.h"
 #include "common/ctl.h"
@@ -26,6 +27,12 @@
 #include "common/log.h"
 #include "common/member_addr.h"
 #include "server/ps_server.h"
+#include "server/snapshot.h"
+
+/* Exit status when the run must re-form (a member was lost or restarted, or server 0 went away): the
+ * supervisor (launch.sh --max-restarts, Kubernetes, systemd) restarts every member with resume = true.
+ * EX_TEMPFAIL of sysexits.h. */
+#define EXIT_REFORM 75
 
 static volatile sig_atomic_t g_stop; /* set by SIGTERM / SIGINT (daemon_signals_install) */
 
@@ -47,6 +54,7 @@ typedef struct server_daemon {
     ctl_rendezvous *rv; /* rank 0 only */
     ctl_session *sess;
     ps_server *srv;
+    char root[4096]; /* checkpoint root of the run */
 } server_daemon;
 
 /* The command line: the shared options, then --rank; checks the member settings (rank range, secret,
@@ -138,7 +146,8 @@ static int start_rendezvous(server_daemon *d)
                               .max_frame = (size_t)cfg->ctl_max_frame,
                               .timeout_s = cfg->ctl_timeout,
                               .config_text = d->ini,
-                              .num_classes = cfg->num_classes};
+                              .num_classes = cfg->num_classes,
+                              .resume = cfg->resume};
     if (!d->ini || ctl_rendezvous_start(&ro, &d->rv) < 0) {
         log_error("%s",
                   d->ini ? pf_errmsg() : "rendezvous: out of memory"); /* the message names the rendezvous */
@@ -147,12 +156,39 @@ static int start_rendezvous(server_daemon *d)
     return 0;
 }
 
+/* resume = true: the checkpoint steps whose shard files this server could load, reported at join so that the
+ * rendezvous picks the newest step every member holds. Every file is verified whole (snap_check). */
+static void list_resume_steps(const server_daemon *d)
+{
+    if (!d->cfg.resume)
+        return;
+    char root[4096];
+    ckpt_root(&d->cfg, root, sizeof root);
+    int64_t *steps, ok[CTL_MAX_RESUME_STEPS];
+    int n = ckpt_list_steps(root, &steps), k = 0;
+    for (int i = 0; i < n && k < CTL_MAX_RESUME_STEPS; i++) {
+        int S0 = 0;
+        if (snap_check(root, steps[i], d->cfg.num_classes, d->cfg.embedding_size, &S0) == 0)
+            ok[k++] = steps[i];
+        else
+            log_warn("resume: checkpoint step %lld not usable by this server: %s", (long long)steps[i],
+                     pf_errmsg());
+    }
+    log_info("resume: %d checkpoint step(s) under %s, %d usable by shard %d%s", n, root, k, d->rank,
+             k ? "" : " (starting from scratch unless every member agrees)");
+    ctl_set_resume_steps(ok, (size_t)k);
+    free(steps);
+}
+
 /* Start-up up to the formed run: checks, endpoint, rendezvous (rank 0), then the join (retrying through the
  * whole ctl_timeout), which takes the run config from the address book. Returns 0 joined, 1 stopped before
  * the run formed (a normal stop; rank 0 tells the members that joined when it stops), or -1 (logged). */
 static int join_run(server_daemon *d)
 {
-    if (check_run_config(d) < 0 || open_endpoint(d) < 0 || start_rendezvous(d) < 0)
+    if (check_run_config(d) < 0)
+        return -1;
+    list_resume_steps(d);
+    if (open_endpoint(d) < 0 || start_rendezvous(d) < 0)
         return -1;
     int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
                          d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
@@ -186,7 +222,11 @@ static int start_serving(server_daemon *d)
                          .weight_decay = run->weight_decay,
                          .max_staleness = run->max_staleness,
                          .apply_threads = d->cfg.apply_threads,
+                         .snapshot_root = d->root,
+                         .snapshot_keep = run->snapshot_keep,
+                         .start_step = book->resume_step,
                          .fab = d->fab};
+    ckpt_root(run, d->root, sizeof d->root);
     /* PFCPS_PREFAULT=1 backs every page of the table before serving (no config key for it yet). */
     const char *pf = getenv("PFCPS_PREFAULT");
     so.prefault = pf && *pf == '1';
@@ -194,6 +234,11 @@ static int start_serving(server_daemon *d)
     d->fab = NULL; /* owned by the server from here on */
     if (ps_server_create(&so, &d->srv) < 0) {
         log_error("refusing to start: %s", pf_errmsg());
+        return -1;
+    }
+    log_info("checkpoints: %s (%s)", d->root, book->resume_reason);
+    if (book->resume_step > 0 && ps_server_load(d->srv, d->root, book->resume_step) < 0) {
+        log_error("cannot load checkpoint step %lld: %s", (long long)book->resume_step, pf_errmsg());
         return -1;
     }
     for (int w = 0; w < book->num_workers; w++) {
@@ -210,10 +255,6 @@ static int start_serving(server_daemon *d)
         log_error("%s", pf_errmsg());
         return -1;
     }
-    if (run->snapshot_every > 0)
-        log_warn("snapshot_every = %d: shard snapshots are not implemented yet; the table lives only in this "
-                 "process",
-                 run->snapshot_every);
     log_info("serving shard %d/%d to %d workers (head_mode %s: %s, max_staleness %d, %d apply threads)",
              d->rank, run->servers, run->workers, run->head_mode,
              so.global_mode ? "pushes applied on arrival, read-your-writes pulls" : "BSP/SSP step clock",
@@ -221,30 +262,28 @@ static int start_serving(server_daemon *d)
     return 0;
 }
 
-/* Serves until SIGTERM / SIGINT or the rendezvous' shutdown broadcast. A lost member is logged and the shard
- * serves on; a lost control connection leaves only the signals to stop it. */
-static void serve_until_stop(server_daemon *d)
+/* Serves until SIGTERM / SIGINT or the rendezvous' shutdown broadcast (returns 0), or until the run is
+ * broken (returns EXIT_REFORM): another member was lost or restarted, or the control connection to server 0
+ * broke. The table then runs ahead of the workers' last checkpoint, so the run can only go on by re-forming
+ * from the newest complete checkpoint: this server stops (finishing a snapshot being written) and exits for
+ * its supervisor to restart it with resume = true. */
+static int serve_until_stop(server_daemon *d)
 {
-    int ctl_ok = 1;
     while (!g_stop) {
-        if (ctl_ok) {
-            int r = ctl_session_wait_shutdown(d->sess, 0.2);
-            if (r == 1) {
-                log_info("shutdown broadcast received");
-                break;
-            }
-            if (r == -ENOLINK) {
-                /* Another member was lost: its workers stop; this server keeps its shard and serves on. */
-                log_warn("%s; serving on", pf_errmsg());
-            } else if (r < 0) {
-                log_warn("control connection lost (%s); serving until SIGTERM", pf_errmsg());
-                ctl_ok = 0;
-            }
-        } else {
-            struct timespec ts = {0, 200000000};
-            nanosleep(&ts, NULL);
+        int r = ctl_session_wait_shutdown(d->sess, 0.2);
+        if (r == 1) {
+            log_info("shutdown broadcast received");
+            return 0;
+        }
+        if (r < 0) {
+            log_error("%s%s: the run is broken; stopping so that it can re-form from the newest complete "
+                      "checkpoint (restart every member with resume = true; exit %d)",
+                      r == -ENOLINK ? "" : "control connection to the rendezvous lost: ", pf_errmsg(),
+                      EXIT_REFORM);
+            return EXIT_REFORM;
         }
     }
+    return 0;
 }
 
 /* Stops taking requests, lets the apply in progress finish, logs the counters. */
@@ -272,13 +311,13 @@ static int finish(server_daemon *d, int exit_code)
         ctl_session_close(d->sess);
     if (d->rv)
         ctl_rendezvous_stop(d->rv);
-    if (exit_code == 0 && d->srv) {
+    if (d->srv && (exit_code == 0 || exit_code == EXIT_REFORM)) {
         /* The shard is stopped and every apply finished; what is left is tearing down the endpoint, which
          * the process exit does anyway. libfabric 1.17's tcp;ofi_rxm sometimes crashes inside fi_close(ep)
          * when peers disconnect at the same moment (SIGSEGV in ps_mp_sigterm, ~1 run in 15), which would
          * turn a clean stop into exit 1: leave without it. */
         log_close_file();
-        _exit(0);
+        _exit(exit_code);
     }
     ps_server_destroy(d->srv);
     fab_close(d->fab);
@@ -299,9 +338,8 @@ int main(int argc, char **argv)
     if (rc == 1) {
         exit_code = 0; /* stopped before the run formed */
     } else if (rc == 0 && start_serving(&d) == 0) {
-        serve_until_stop(&d);
+        exit_code = serve_until_stop(&d);
         stop_serving(&d);
-        exit_code = 0;
     }
     return finish(&d, exit_code);
 }

@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
+#include "server/snapshot.h"
 
 enum { CTX_RECV = 1, CTX_SEND = 2 };
 
@@ -35,6 +36,7 @@ typedef struct push {
     int client;
     int64_t step;
     float lr;
+    int snap; /* PS_PUSH_SNAPSHOT was set */
     uint16_t nchunks, got;
     uint8_t *have; /* [nchunks] */
     chunk *chunks;
@@ -72,9 +74,12 @@ struct ps_server {
     int *send_free, nsend_free;
     fi_addr_t *worker_addr;
     uint8_t *worker_known;
-    int64_t *next_push; /* per worker: steps pushed completely */
-    push **partial;     /* per worker: push being received */
-    push *complete;     /* complete pushes waiting for their step */
+    int64_t *next_push;    /* per worker: steps pushed completely */
+    int64_t *applied_push; /* per worker: steps whose push was applied */
+    snap_job *snap;        /* the snapshot being written, or NULL */
+    int64_t snap_at;       /* global mode: checkpoint step asked for and not yet started, or -1 */
+    push **partial;        /* per worker: push being received */
+    push *complete;        /* complete pushes waiting for their step */
     int64_t steps_done;
     pending *pq_head, *pq_tail;
     atomic_llong st_pushes, st_rows, st_bad;
@@ -109,6 +114,8 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
         for (size_t e = lo; e < hi; e++)
             for (int j = 0; j < D; j++)
                 g[j] += (double)S->ae[e].g[j];
+        if (S->snap)
+            snap_before_update(S->snap, S->ae[lo].lrow);
         float *w = shard_row(&S->sh, S->ae[lo].lrow);
         float *v = S->sh.momentum + (w - S->sh.weight);
         shard_sgd_row(w, v, g, D, S->ae[lo].lr, S->o.momentum, S->o.weight_decay);
@@ -223,6 +230,7 @@ static long apply_step(ps_server *S, int64_t t)
         push *p = *pp;
         if (p->step == t) {
             *pp = p->next;
+            S->applied_push[p->client] = t + 1;
             free_push(p);
             S->st_pushes++;
         } else {
@@ -233,27 +241,81 @@ static long apply_step(ps_server *S, int64_t t)
     return (long)nseg;
 }
 
+/* Waits for the snapshot in progress (if any), logs its outcome and prunes older ones. */
+static void snap_wait(ps_server *S)
+{
+    if (!S->snap)
+        return;
+    int64_t step = snap_step(S->snap);
+    int rc = snap_finish(S->snap);
+    S->snap = NULL;
+    if (rc == 0)
+        snap_prune(S->o.snapshot_root, S->o.rank, S->o.snapshot_keep > 0 ? S->o.snapshot_keep : 2, step);
+}
+
+/* Starts checkpoint `step` of the shard (after waiting for the previous one). Nothing changes the table while
+ * this runs: it is called between applies, on the thread that applies. */
+static void snap_begin(ps_server *S, int64_t step)
+{
+    if (!S->o.snapshot_root) {
+        log_warn("step %lld: a worker asked for a snapshot but this server has no snapshot folder",
+                 (long long)step);
+        return;
+    }
+    if (S->snap) {
+        log_warn("snapshot step %lld is still being written: step %lld's waits for it",
+                 (long long)snap_step(S->snap), (long long)step);
+        snap_wait(S);
+    }
+    if (snap_start(&S->sh, S->o.snapshot_root, step, &S->snap) < 0)
+        log_error("snapshot step %lld not started: %s (earlier snapshots are untouched; serving on)",
+                  (long long)step, pf_errmsg());
+}
+
+/* Global mode: the slowest worker's count of applied steps. */
+static int64_t min_applied(const ps_server *S)
+{
+    int64_t m = S->applied_push[0];
+    for (int w = 1; w < S->o.workers; w++)
+        if (S->applied_push[w] < m)
+            m = S->applied_push[w];
+    return m;
+}
+
 /* Called when a push became complete. Local mode (BSP/SSP): applies every step whose W pushes are all in,
- * oldest first. Global mode: applies the push at once (each row has one owner), and steps_done is the
- * slowest worker's count of pushed steps. Runs on the progress thread. */
+ * oldest first, and starts a snapshot after a step flagged PS_PUSH_SNAPSHOT. Global mode: applies pushes at
+ * once (each row has one owner), except that while a snapshot of step T is asked for and not begun, pushes of
+ * steps >= T wait until every worker's steps < T are applied; steps_done is the slowest worker's count of
+ * applied steps. Runs on the progress thread. */
 static void try_apply(ps_server *S)
 {
     if (S->o.global_mode) {
-        int64_t t = S->complete ? S->complete->step : 0;
-        if (S->complete && apply_step(S, t) < 0)
-            return;
-        int64_t m = S->next_push[0];
-        for (int w = 1; w < S->o.workers; w++)
-            if (S->next_push[w] < m)
-                m = S->next_push[w];
-        S->steps_done = m;
-        return;
+        for (;;) {
+            S->steps_done = min_applied(S);
+            if (S->snap_at >= 0 && S->steps_done >= S->snap_at) {
+                int64_t at = S->snap_at;
+                S->snap_at = -1;
+                snap_begin(S, at);
+            }
+            push *p = S->complete;
+            while (p && S->snap_at >= 0 && p->step >= S->snap_at)
+                p = p->next;
+            if (!p)
+                return;
+            if (p->snap && S->snap_at < p->step + 1)
+                S->snap_at = p->step + 1;
+            if (apply_step(S, p->step) < 0)
+                return;
+        }
     }
     for (;;) {
         int64_t t = S->steps_done;
-        int count = 0;
+        int count = 0, snap = 0;
         for (push *p = S->complete; p; p = p->next)
-            count += p->step == t;
+            if (p->step == t) {
+                count++;
+                snap |= p->snap;
+            }
         if (count < S->o.workers)
             return;
         long rows = apply_step(S, t);
@@ -261,7 +323,20 @@ static void try_apply(ps_server *S)
             return; /* out of memory: the step stays pending; the next message retries */
         S->steps_done = t + 1;
         log_debug("step %lld applied: %ld rows from %d pushes", (long long)t, rows, count);
+        if (snap)
+            snap_begin(S, t + 1);
     }
+}
+
+/* A pull may be answered: local mode, once its step is within max_staleness of the step clock; global mode,
+ * once its worker's own earlier pushes are applied (read-your-writes). */
+static int pull_ready(const ps_server *S, const pending *p)
+{
+    if (p->status != 0 || p->req.op != PS_OP_PULL)
+        return 1;
+    if (S->o.global_mode)
+        return p->req.step <= S->applied_push[p->req.client];
+    return p->req.step - S->o.max_staleness <= S->steps_done;
 }
 
 /* ---------- replies ---------- */
@@ -295,8 +370,7 @@ static void serve_pending(ps_server *S)
     pending **pp = &S->pq_head, *prev = NULL;
     while (*pp && S->nsend_free > 0) {
         pending *p = *pp;
-        if (p->status == 0 && p->req.op == PS_OP_PULL && !S->o.global_mode &&
-            p->req.step - S->o.max_staleness > S->steps_done) {
+        if (!pull_ready(S, p)) {
             prev = p;
             pp = &p->next;
             continue; /* waits for its step */
@@ -383,6 +457,10 @@ static int push_check(const ps_server *S, const ps_hdr *h, size_t plen, const pu
         snprintf(msg, msglen, "push chunk %u of %u is invalid", h->chunk, h->nchunks);
         return -EPROTO;
     }
+    if (h->flags & ~PS_PUSH_SNAPSHOT) {
+        snprintf(msg, msglen, "push flags 0x%x has unknown bits", h->flags);
+        return -EPROTO;
+    }
     if (!isfinite(h->lr) || h->lr < 0) {
         snprintf(msg, msglen, "learning rate %g is not a finite non-negative number", (double)h->lr);
         return -EINVAL;
@@ -465,6 +543,7 @@ static push *push_start(ps_server *S, const ps_hdr *h)
     cur->client = h->client;
     cur->step = h->step;
     cur->lr = h->lr;
+    cur->snap = (h->flags & PS_PUSH_SNAPSHOT) != 0;
     cur->nchunks = h->nchunks;
     cur->have = have;
     S->partial[h->client] = cur;
@@ -480,6 +559,7 @@ static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c)
     cur->chunks = c;
     cur->have[h->chunk] = 1;
     cur->got++;
+    cur->snap |= (h->flags & PS_PUSH_SNAPSHOT) != 0;
     pending *ack = calloc(1, sizeof(*ack));
     if (ack) {
         ack->req = *h;
@@ -615,6 +695,8 @@ static void *progress_main(void *arg)
                 log_error("reposting a receive: %s", pf_errmsg());
         }
         serve_pending(S);
+        if (S->snap && snap_done(S->snap))
+            snap_wait(S);
         if (n == 0) {
             /* Keep polling (manual progress) but give the core away when idle: spin briefly, then sleep
              * 10 us between polls, and 500 us once nothing came for a few thousand polls (an idle server
@@ -684,9 +766,10 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
     S->worker_addr = calloc(opts->workers, sizeof(fi_addr_t));
     S->worker_known = calloc(opts->workers, 1);
     S->next_push = calloc(opts->workers, sizeof(int64_t));
+    S->applied_push = calloc(opts->workers, sizeof(int64_t));
     S->partial = calloc(opts->workers, sizeof(push *));
     if (!S->recv_mem || !S->send_mem || !S->recv_ctx || !S->send_ctx || !S->send_free || !S->worker_addr ||
-        !S->worker_known || !S->next_push || !S->partial) {
+        !S->worker_known || !S->next_push || !S->applied_push || !S->partial) {
         rc = pf_err(-ENOMEM, "out of memory for message buffers");
         goto fail;
     }
@@ -694,6 +777,10 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
         goto fail;
     if ((rc = fab_mr_reg(S->fab, S->send_mem, S->msg_bytes * S->nsend, FI_SEND, &S->mr_send)) < 0)
         goto fail;
+    S->snap_at = -1;
+    S->steps_done = opts->start_step;
+    for (int w = 0; w < opts->workers; w++)
+        S->next_push[w] = S->applied_push[w] = opts->start_step;
     for (int i = 0; i < S->nsend; i++) {
         S->send_ctx[i] = (buf_ctx){CTX_SEND, i};
         S->send_free[S->nsend_free++] = i;
@@ -767,6 +854,10 @@ void ps_server_stop(ps_server *srv)
     for (int i = 0; i < srv->nathreads; i++)
         pthread_join(srv->athreads[i], NULL);
     srv->nathreads = 0;
+    if (srv->snap) {
+        log_info("waiting for snapshot step %lld to be written", (long long)snap_step(srv->snap));
+        snap_wait(srv);
+    }
 }
 
 void ps_server_destroy(ps_server *S)
@@ -801,6 +892,7 @@ void ps_server_destroy(ps_server *S)
     free(S->worker_addr);
     free(S->worker_known);
     free(S->next_push);
+    free(S->applied_push);
     free(S->partial);
     free(S->athreads);
     shard_destroy(&S->sh);
@@ -815,6 +907,13 @@ const shard *ps_server_shard(const ps_server *srv)
     return &srv->sh;
 }
 
+int ps_server_load(ps_server *srv, const char *root, int64_t step)
+{
+    if (srv->started)
+        return pf_err(-EBUSY, "ps_server_load on a started server");
+    return snap_load(&srv->sh, root, step);
+}
+
 int ps_server_inject(ps_server *S, const void *msg, size_t len)
 {
     if (S->started)
@@ -824,8 +923,7 @@ int ps_server_inject(ps_server *S, const void *msg, size_t len)
     pending **pp = &S->pq_head, *prev = NULL;
     while (*pp) {
         pending *p = *pp;
-        if (p->status == 0 && p->req.op == PS_OP_PULL && !S->o.global_mode &&
-            p->req.step - S->o.max_staleness > S->steps_done) {
+        if (!pull_ready(S, p)) {
             prev = p;
             pp = &p->next;
             continue;

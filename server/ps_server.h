@@ -18,6 +18,11 @@
  * Global head mode (opts.global_mode, DESIGN.md §3.8): every class has one owning worker, so a push is
  * applied as soon as it is complete and a pull of step t is answered at once (the worker's own pushes of
  * steps < t are applied, since they arrived first); steps_done is then the slowest worker's pushed steps.
+ * Snapshots: a push flagged PS_PUSH_SNAPSHOT for step t makes the server write checkpoint t+1, the shard as it
+ * stands once every push of steps 0..t is applied and none of a later step (snapshot.h; in global mode pushes
+ * of later steps wait until the slowest worker's step t is in, and a pull waits for its own worker's earlier
+ * pushes to be applied). The write runs on its own thread while serving goes on; one at a time (a new one
+ * waits for the previous); ps_server_stop waits for the one in progress.
  * A push is applied only after all its chunks arrived; a bad chunk discards the whole push. A bad request
  * gets an error reply naming the problem and changes nothing. */
 #ifndef PFCPS_SERVER_PS_SERVER_H
@@ -46,6 +51,9 @@ typedef struct ps_server_opts {
     int prefault;         /* back every page of the table at start (shard_create) */
     int global_mode;      /* head_mode = global: each row has one owner, pushes apply on arrival and a
                              pull waits only for the same worker's earlier pushes (read-your-writes) */
+    const char *snapshot_root; /* checkpoint root (common/ckpt.h) for PS_PUSH_SNAPSHOT; NULL: snapshots off */
+    int snapshot_keep;         /* newest checkpoints of this shard kept on disk (>= 1; 0 = 2) */
+    int64_t start_step;        /* the step clock starts here (a resumed run: its checkpoint step), else 0 */
     struct fab_ctx *fab;  /* an endpoint opened already (its address went into the address book), or
                              NULL to open one for `provider`; the server owns it either way */
 } ps_server_opts;
@@ -74,6 +82,10 @@ void ps_server_destroy(ps_server *srv);
 
 /* The shard (read it only while the server is stopped, or for sizes). */
 const shard *ps_server_shard(const ps_server *srv);
+
+/* Loads checkpoint `step` from the snapshot root into the shard (snapshot.h: snap_load). Call before
+ * ps_server_start, with opts.start_step == step. Returns 0 or the load's error (the server must not serve). */
+int ps_server_load(ps_server *srv, const char *root, int64_t step);
 
 /* Test / fuzz hook: handles one message as if it had been received from the fabric, on the caller's thread
  * (the server must not be started; applies run on this thread), then answers every ready reply into the

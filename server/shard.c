@@ -78,9 +78,10 @@ static void *touch_thread(void *arg)
 float *shard_row(shard *sh, int64_t lrow)
 {
     float *w = sh->weight + (size_t)lrow * (size_t)sh->dim;
-    if (!sh->ready[lrow]) {
+    /* Acquire/release: a snapshot writer (server/snapshot.c) that sees the flag set reads a complete row. */
+    if (!__atomic_load_n(&sh->ready[lrow], __ATOMIC_ACQUIRE)) {
         shard_init_row(sh->seed, lrow * sh->servers + sh->rank, sh->dim, w);
-        sh->ready[lrow] = 1;
+        __atomic_store_n(&sh->ready[lrow], 1, __ATOMIC_RELEASE);
     }
     return w;
 }

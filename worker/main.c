@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/ckpt.h"
 #include "common/cli.h"
 #include "common/config.h"
 #include "common/ctl.h"
@@ -26,6 +27,7 @@
 #include "common/fabric.h"
 #include "common/log.h"
 #include "worker/model/model.h"
+#include "worker/resume.h"
 #include "worker/train.h"
 
 /* Set by SIGTERM / SIGINT (daemon_signals_install) and by the control watcher; int on glibc, so it is also
@@ -255,6 +257,29 @@ static int check_local(const worker_daemon *d)
     return d->rank == 0 ? check_outputs(cfg) : 0;
 }
 
+/* resume = true: the checkpoint steps whose worker files this worker could load (worker/resume.h), reported
+ * at join so that the rendezvous picks the newest step every member holds. */
+static void list_resume_steps(const worker_daemon *d)
+{
+    if (!d->cfg.resume)
+        return;
+    char root[4096];
+    ckpt_root(&d->cfg, root, sizeof root);
+    int64_t *steps, ok[CTL_MAX_RESUME_STEPS];
+    int n = ckpt_list_steps(root, &steps), k = 0;
+    for (int i = 0; i < n && k < CTL_MAX_RESUME_STEPS; i++) {
+        int r = 0, W0 = 0;
+        if (wresume_check(root, steps[i], (int)d->rank, d->cfg.workers, &r, &W0) == 0)
+            ok[k++] = steps[i];
+        else
+            log_warn("resume: checkpoint step %lld not usable by this worker: %s", (long long)steps[i],
+                     pf_errmsg());
+    }
+    log_info("resume: %d checkpoint step(s) under %s, %d usable by worker %ld", n, root, k, d->rank);
+    ctl_set_resume_steps(ok, (size_t)k);
+    free(steps);
+}
+
 /* Opens the two fabric endpoints and joins the run at the rendezvous (retrying through ctl_timeout), taking
  * the run config from the address book. Returns 0 joined, 1 stopped before the run formed (a normal stop),
  * or -1 (logged). */
@@ -266,6 +291,7 @@ static int join_run(worker_daemon *d)
         log_error("%s", pf_errmsg());
         return -1;
     }
+    list_resume_steps(d);
     log_info("fabric provider %s; joining the run at %s:%d", d->cfg.provider, d->host, d->port);
     int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_WORKER, (int)d->rank, addr, alen, d->secret, "",
                          &d->sess, &d->run);
@@ -293,20 +319,19 @@ static int accept_run_config(worker_daemon *d)
          run->snapshot_every != d->cfg.snapshot_every) &&
         check_outputs(run) < 0)
         return -1;
-    if (run->resume) {
-        log_error(
-            "resume = true: resuming is not implemented yet (only the backbone is saved, in %s/model.ckpt; "
-            "optimizer state and class centers are not); refusing to start rather than overwrite it",
-            run->output);
-        return -1;
-    }
+    if (book->resume_reason[0])
+        log_info("checkpoints: %s", book->resume_reason);
     if (run->save_all_states && d->rank == 0)
         log_warn("save_all_states = true: not implemented yet; only the backbone is saved");
     return 0;
 }
 
 /* Trains (worker/train.h) with the control watcher running beside. Returns 0 when the run ended or was
- * stopped on request, -1 (logged) on a training error or when a member of the run was lost. */
+ * stopped on request, EXIT_REFORM (logged) when a member of the run was lost, 1 (logged) on a training error.
+ */
+/* Exit status when the run must re-form (a member was lost): see server/main.c. */
+#define EXIT_REFORM 75
+
 static int train_watched(worker_daemon *d)
 {
     ctl_watch watch = {.sess = d->sess, .grace_s = 10};
@@ -321,15 +346,24 @@ static int train_watched(worker_daemon *d)
     }
     if (rc_train < 0) {
         log_error("%s", pf_errmsg());
-        return -1;
+        if (watch.broken) {
+            log_error("a member of the run was lost: exiting %d so that the run can re-form from its newest "
+                      "complete checkpoint (restart every member with resume = true)",
+                      EXIT_REFORM);
+            return EXIT_REFORM;
+        }
+        return 1;
     }
     if (watch.broken && !daemon_signalled()) {
         /* The step in progress finished (e.g. a server stopped by SIGTERM answered it first), but a member
          * is gone: the run stopped short of its end, which is a failure, not a requested stop. (When this
          * worker was itself asked to stop, as when a whole job is stopped at once, it is a requested stop.)
          */
-        log_error("training stopped early: a member of the run was lost (see above)");
-        return -1;
+        log_error(
+            "training stopped early: a member of the run was lost (see above); exiting %d so that the run "
+            "can re-form from its newest complete checkpoint",
+            EXIT_REFORM);
+        return EXIT_REFORM;
     }
     return 0;
 }
@@ -367,8 +401,7 @@ int main(int argc, char **argv)
     rc = join_run(&d);
     if (rc == 1) {
         exit_code = 0; /* stopped before the run formed */
-    } else if (rc == 0 && accept_run_config(&d) == 0 && train_watched(&d) == 0) {
-        exit_code = 0;
+    } else if (rc == 0 && accept_run_config(&d) == 0 && (exit_code = train_watched(&d)) == 0) {
         /* Done (or stopped on request) in order: say so, so that the rendezvous does not report us lost. */
         ctl_session_leave(d.sess);
     }

@@ -54,6 +54,7 @@ struct ps_req {
     char err[PF_ERRMSG_MAX];
     int64_t step;
     float lr;
+    uint32_t flags; /* push: PS_PUSH_* */
     size_t n;
     int64_t *sorted_ids; /* ids sorted by (server, id) */
     size_t *order;       /* order[k] = original index of sorted_ids[k] */
@@ -405,7 +406,8 @@ static int send_one(ps_client *c, ps_req *r, int s)
                 .step = r->step,
                 .dim = (uint32_t)c->o.dim,
                 .dtype = (uint32_t)c->o.dtype,
-                .lr = r->lr};
+                .lr = r->lr,
+                .flags = r->op == RQ_PUSH ? r->flags : 0};
     h.req_id = ((uint64_t)sl->gen << 32) | si;
     size_t len = sizeof(ps_hdr);
     const size_t D = (size_t)c->o.dim;
@@ -838,6 +840,12 @@ int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step
 int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step,
             ps_req **req)
 {
+    return ps_push_ex(c, ids, n, grads, lr, step, 0, req);
+}
+
+int ps_push_ex(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step,
+               uint32_t flags, ps_req **req)
+{
     *req = NULL;
     int rc = check_servers(c);
     if (rc < 0)
@@ -862,6 +870,7 @@ int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, floa
     if (bytes)
         memcpy(r->grads, grads, bytes);
     r->lr = lr;
+    r->flags = flags;
     for (int s = 0; s < c->o.servers; s++) {
         size_t cnt = r->srv_off[s + 1] - r->srv_off[s];
         size_t k = (cnt + c->rpm - 1) / c->rpm;

@@ -75,6 +75,11 @@ int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step
 int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step,
             ps_req **req);
 
+/* ps_push with header flags (proto/ps_wire.h PS_PUSH_*: PS_PUSH_SNAPSHOT asks every server to snapshot its
+ * shard once this step is applied). */
+int ps_push_ex(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step,
+               uint32_t flags, ps_req **req);
+
 /* Waits up to timeout_s seconds (< 0: no limit) for req. Returns 0 when every server answered OK, the first
  * server error (pf_errmsg has the server's text), -ECOMM as soon as a server the request needs is found
  * unreachable (see "Dead servers" above; so even with no limit a dead server ends the wait within about the

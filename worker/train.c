@@ -27,6 +27,8 @@
 #include "worker/model/model.h"
 #include "worker/model/safetensors.h"
 #include "worker/ps_client.h"
+#include "common/ckpt.h"
+#include "worker/resume.h"
 #include "worker/tb_writer.h"
 
 /* arcface_torch's GradScaler: torch.cuda.amp.GradScaler(growth_interval=100), init scale 2^16. */
@@ -68,7 +70,10 @@ struct trainer {
     int n_val;
     double warmup_steps;
     int64_t total_steps, steps_per_epoch;
-    double wait_s; /* longest wait for a server's answer before the run is declared broken */
+    double wait_s;         /* longest wait for a server's answer before the run is declared broken */
+    char ckpt_root[4096];  /* checkpoints (common/ckpt.h) */
+    int64_t start_step;    /* > 0: resumed from this checkpoint step */
+    wresume_state resumed; /* the scalars loaded with it */
 };
 
 static int mkdir_p(const char *path)
@@ -448,11 +453,72 @@ static int setup_outputs(trainer *t)
             log_info("TensorBoard events: %s (tensorboard --logdir %s)", tb_path(t->tb), path);
     }
     if (t->opts.trace_path) {
-        t->trace = fopen(t->opts.trace_path, "w");
+        t->trace = fopen(t->opts.trace_path, t->start_step > 0 ? "a" : "w");
         if (!t->trace)
             return pf_err(-errno, "cannot write trace file '%s'", t->opts.trace_path);
     }
     return setup_val(t);
+}
+
+/* The optimizer state arrays (device pointers) and their number. */
+static int opt_arrays(trainer *t, float **a)
+{
+    if (t->mom) {
+        a[0] = t->mom;
+        return 1;
+    }
+    a[0] = t->adam_m;
+    a[1] = t->adam_v;
+    return 2;
+}
+
+/* Set-up 7 (a resumed run): loads this worker's checkpoint state of step book->resume_step (backbone, BN
+ * statistics, optimizer state, loss scaler, dropout generator; worker/resume.h) over what set-up made. */
+static int setup_resume(trainer *t, const ctl_book *book)
+{
+    ckpt_root(&t->run, t->ckpt_root, sizeof t->ckpt_root);
+    if (book->resume_step <= 0)
+        return 0;
+    const int64_t T = book->resume_step;
+    float *dev[2], *host[2] = {NULL, NULL};
+    int na = opt_arrays(t, dev), rc = 0;
+    for (int a = 0; a < na && rc == 0; a++)
+        if (!(host[a] = malloc(sizeof(float) * (t->nparams ? t->nparams : 1))))
+            rc = pf_err(-ENOMEM, "out of memory loading the optimizer state");
+    if (rc == 0)
+        rc = wresume_load(t->ckpt_root, T, t->rank, t->W, t->m, &t->resumed, host, na, t->nparams);
+    for (int a = 0; a < na && rc == 0; a++)
+        rc = t->wd.dev->mem_h2d(t->wd.ctx, dev[a], host[a], sizeof(float) * t->nparams);
+    free(host[0]);
+    free(host[1]);
+    int64_t step = 0, opt = 0, rng = 0, growth = 0;
+    double scale = 0;
+    if (rc == 0 && (rc = wresume_get_i64(&t->resumed, "step", &step)) == 0 && step != T)
+        rc = pf_err(-EINVAL, "checkpoint step %lld: the worker state says step %lld", (long long)T,
+                    (long long)step);
+    if (rc == 0)
+        rc = wresume_get_i64(&t->resumed, "opt_steps", &opt);
+    if (rc == 0)
+        rc = wresume_get_i64(&t->resumed, "dropout_rng", &rng);
+    if (rc == 0 && t->loss_scaling && (rc = wresume_get_f64(&t->resumed, "amp.scale", &scale)) == 0 &&
+        (rc = wresume_get_i64(&t->resumed, "amp.growth_tracker", &growth)) == 0) {
+        t->scaler.scale = (float)scale;
+        t->scaler.growth_tracker = (int)growth;
+    }
+    if (rc < 0)
+        return pf_err_wrap(rc, "resume from checkpoint step %lld", (long long)T);
+    t->opt_steps = opt;
+    model_set_rng_state(t->m, (uint64_t)rng);
+    for (int i = 0; i < t->n_val; i++) {
+        char name[24];
+        snprintf(name, sizeof name, "val_highest.%d", i);
+        wresume_get_f64(&t->resumed, name, &t->val_highest[i]);
+    }
+    t->start_step = T;
+    log_info("resuming at checkpoint step %lld (%s): epoch %lld, batch %lld of %lld", (long long)T,
+             book->resume_reason, (long long)(T / t->steps_per_epoch), (long long)(T % t->steps_per_epoch),
+             (long long)t->steps_per_epoch);
+    return 0;
 }
 
 int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const train_opts *opts)
@@ -465,7 +531,7 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     t->W = run->workers;
     t->S = run->servers;
     if ((rc = setup_servers(t, book)) < 0 || (rc = setup_ring(t, book)) < 0 || (rc = setup_data(t)) < 0 ||
-        (rc = setup_backbone(t, book)) < 0 || (rc = setup_head(t)) < 0)
+        (rc = setup_backbone(t, book)) < 0 || (rc = setup_head(t)) < 0 || (rc = setup_resume(t, book)) < 0)
         return rc;
     return setup_outputs(t);
 }
@@ -579,8 +645,9 @@ static int wait_req(trainer *t, ps_req *r, int rc)
  * (0-based) with learning rate lr: sample the class centers, pull them while the backbone runs forward, the
  * margin-softmax head over every worker's sampled columns, push the row gradients (the servers apply them
  * during our backward), backbone backward and optimizer step, wait for the push (read-your-writes before the
- * next pull). *loss = the global mean loss. Returns 0 or the first failing component's negative code. */
-static int train_step(trainer *t, int64_t step, double lr, double *loss)
+ * next pull). push_flags: PS_PUSH_SNAPSHOT on a checkpoint step. *loss = the global mean loss. Returns 0 or
+ * the first failing component's negative code. */
+static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, double *loss)
 {
     const int64_t *ids = NULL;
     int64_t k = 0;
@@ -600,7 +667,7 @@ static int train_step(trainer *t, int64_t step, double lr, double *loss)
     if (rc == 0)
         rc = wdev_head_step(&t->wd, &t->head, emb, k, loss);
     if (rc == 0)
-        rc = ps_push(t->ps, ids, (size_t)k, t->wd.grad_centers, (float)lr, step, &push);
+        rc = ps_push_ex(t->ps, ids, (size_t)k, t->wd.grad_centers, (float)lr, step, push_flags, &push);
     if (rc == 0)
         rc = backbone_step(t, (float)lr, step);
     if (b)
@@ -681,6 +748,12 @@ static int save_centers(trainer *t, int64_t step)
     return 0;
 }
 
+/* Is `step` (steps completed) a checkpoint step? Every snapshot_every steps and the last one (`total`). */
+static int is_ckpt_step(const trainer *t, int64_t step, int64_t total)
+{
+    return t->run.snapshot_every > 0 && (step % t->run.snapshot_every == 0 || step == total);
+}
+
 /* What the run has seen so far, for the log lines and the final summary. */
 typedef struct progress {
     double t_start, t_log; /* seconds (pf_now_s): start of training, last log line */
@@ -691,6 +764,61 @@ typedef struct progress {
     int stuck;    /* consecutive steps with the loss at ln(1e30) */
     double val_s; /* seconds spent in verification (kept out of the speeds) */
 } progress;
+
+/* This worker's part of checkpoint `step` (worker/resume.h); the servers write theirs when they apply the
+ * flagged push. A failure (disk full, ...) is logged and training goes on: earlier checkpoints stay intact
+ * and a resume uses the newest complete one. */
+static void save_checkpoint(trainer *t, const progress *p, int64_t step)
+{
+    double t0 = pf_now_s();
+    char dir[4200];
+    ckpt_step_dir(t->ckpt_root, step, dir, sizeof dir);
+    wresume_state st = {0};
+    wresume_set_i64(&st, "step", step);
+    wresume_set_i64(&st, "opt_steps", t->opt_steps);
+    wresume_set_i64(&st, "dropout_rng", (int64_t)model_rng_state(t->m));
+    wresume_set_f64(&st, "first_loss", p->first_loss);
+    wresume_set_f64(&st, "log.loss_sum", p->loss_sum);
+    wresume_set_i64(&st, "log.loss_n", p->loss_n);
+    if (t->loss_scaling) {
+        wresume_set_f64(&st, "amp.scale", (double)t->scaler.scale);
+        wresume_set_i64(&st, "amp.growth_tracker", t->scaler.growth_tracker);
+    }
+    for (int i = 0; i < t->n_val; i++) {
+        char name[24];
+        snprintf(name, sizeof name, "val_highest.%d", i);
+        wresume_set_f64(&st, name, t->val_highest[i]);
+    }
+    float *dev[2], *host[2] = {NULL, NULL};
+    int na = opt_arrays(t, dev);
+    int rc = mkdir_p(dir);
+    for (int a = 0; a < na && rc == 0; a++) {
+        if (!(host[a] = malloc(sizeof(float) * (t->nparams ? t->nparams : 1))))
+            rc = pf_err(-ENOMEM, "out of memory");
+        else
+            rc = t->wd.dev->mem_d2h(t->wd.ctx, host[a], dev[a], sizeof(float) * t->nparams);
+    }
+    model_extra x[2];
+    memset(x, 0, sizeof x);
+    memcpy(x[0].name, "amp.scale", sizeof "amp.scale");
+    x[0].value = (double)t->scaler.scale;
+    memcpy(x[1].name, "amp.growth_tracker", sizeof "amp.growth_tracker");
+    x[1].value = (double)t->scaler.growth_tracker;
+    if (rc == 0)
+        rc = wresume_save(t->ckpt_root, step, t->rank, t->W, t->m, x, t->loss_scaling ? 2 : 0, &st,
+                          (const float *const *)host, na, t->nparams);
+    free(host[0]);
+    free(host[1]);
+    if (rc < 0) {
+        log_error("checkpoint step %lld: this worker's state not written: %s (training goes on; earlier "
+                  "checkpoints are intact)",
+                  (long long)step, pf_errmsg());
+        return;
+    }
+    log_info("checkpoint step %lld: worker state written to %s in %.2f s", (long long)step, dir,
+             pf_now_s() - t0);
+    wresume_prune(t->ckpt_root, t->rank, t->run.snapshot_keep, step);
+}
 
 /* Every rank agrees on stopping (a signal reaches the ranks at different times): allreduce (max) of the
  * stop flag. *stop = 1 when any rank asked. */
@@ -853,14 +981,25 @@ int train_run(trainer *t)
 {
     const pf_config *run = &t->run;
     const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * run->num_epoch;
-    int64_t step =
-        0; /* steps done; the step being run is `step` (0-based), arcface_torch's global_step + 1 */
+    /* steps done; the step being run is `step` (0-based), arcface_torch's global_step + 1 */
+    int64_t step = t->start_step;
     int rc = 0, stop = 0;
-    progress p = {.t_start = pf_now_s(), .first_loss = NAN, .last_loss = NAN};
+    progress p = {.t_start = pf_now_s(), .first_loss = NAN, .last_loss = NAN, .step_log = step};
     p.t_log = p.t_start;
+    if (step > 0) {
+        int64_t n = 0;
+        wresume_get_f64(&t->resumed, "first_loss", &p.first_loss);
+        wresume_get_f64(&t->resumed, "log.loss_sum", &p.loss_sum);
+        if (wresume_get_i64(&t->resumed, "log.loss_n", &n) == 0)
+            p.loss_n = (int)n;
+        if (step >= total)
+            log_info("checkpoint step %lld is the last step: nothing left to train", (long long)step);
+    }
 
-    for (int64_t epoch = 0; rc == 0 && !stop && step < total && epoch < run->num_epoch; epoch++) {
-        if ((rc = loader_start_epoch(t->ld, epoch)) < 0)
+    for (int64_t epoch = step / t->steps_per_epoch;
+         rc == 0 && !stop && step < total && epoch < run->num_epoch; epoch++) {
+        int64_t first = epoch == step / t->steps_per_epoch ? step % t->steps_per_epoch : 0;
+        if ((rc = loader_start_epoch_at(t->ld, epoch, first)) < 0)
             break;
         while (step < total) {
             if ((rc = stop_vote(t, &stop)) < 0)
@@ -876,7 +1015,8 @@ int train_run(trainer *t)
             }
             const double lr = lr_poly(run->lr, step, t->warmup_steps, t->total_steps);
             double loss = 0;
-            if ((rc = train_step(t, step, lr, &loss)) < 0)
+            uint32_t flags = is_ckpt_step(t, step + 1, total) ? PS_PUSH_SNAPSHOT : 0;
+            if ((rc = train_step(t, step, lr, flags, &loss)) < 0)
                 break;
             step++;
             if ((rc = check_loss(&p, loss, step, epoch)) < 0)
@@ -889,6 +1029,8 @@ int train_run(trainer *t)
                 p.t_log += el;
                 p.val_s += el;
             }
+            if (flags)
+                save_checkpoint(t, &p, step);
         }
         if (rc == 0 && !stop && t->rank == 0 && t->opts.max_steps == 0) {
             if ((rc = save_model(t)) < 0)

@@ -364,6 +364,14 @@ fail : {
 
 int loader_start_epoch(loader *l, int64_t epoch)
 {
+    return loader_start_epoch_at(l, epoch, 0);
+}
+
+int loader_start_epoch_at(loader *l, int64_t epoch, int64_t first_batch)
+{
+    if (first_batch < 0 || first_batch > l->nb)
+        return pf_err(-ERANGE, "batch %lld of epoch %lld is outside [0, %lld]", (long long)first_batch,
+                      (long long)epoch, (long long)l->nb);
     pthread_mutex_lock(&l->mu);
     l->active = 0;
     for (;;) {
@@ -383,7 +391,7 @@ int loader_start_epoch(loader *l, int64_t epoch)
         return rc;
     pthread_mutex_lock(&l->mu);
     l->epoch = epoch;
-    l->next_claim = l->next_deliver = 0;
+    l->next_claim = l->next_deliver = first_batch;
     l->active = 1;
     pthread_cond_broadcast(&l->cv);
     pthread_mutex_unlock(&l->mu);

@@ -77,6 +77,11 @@ int64_t loader_skipped(const loader *l); /* bad records dropped at open + images
  * held by the caller is taken back. Returns 0 or -ENOMEM. */
 int loader_start_epoch(loader *l, int64_t epoch);
 
+/* loader_start_epoch from batch `first_batch` (0 .. loader_num_batches) of the epoch on: the batches are the
+ * ones an uninterrupted epoch delivers from there (order and flips depend only on seed, epoch and image), so
+ * a resumed run reads what the interrupted one would have. -ERANGE outside that range. */
+int loader_start_epoch_at(loader *l, int64_t epoch, int64_t first_batch);
+
 /* The labels of the batch the next loader_next() will return: labels is (batch_size). Waits until
  * that batch is decoded. Returns 1, 0 when the epoch has no more batches, or the batch's error (a
  * record that fails to decode without skip_bad_records; -EBUSY when every slot is held). */

@@ -612,3 +612,13 @@ float *model_buffer(model *m, const char *name, size_t *count)
         *count = t->count;
     return t ? m->bufs + t->offset : NULL;
 }
+
+uint64_t model_rng_state(const model *m)
+{
+    return m->dropout_seed;
+}
+
+void model_set_rng_state(model *m, uint64_t state)
+{
+    m->dropout_seed = state;
+}

@@ -159,6 +159,11 @@ int model_save(const model *m, const char *path);
  * -EPROTO (bad magic, truncated, checksum, corrupt extras) or -EIO/-ENOENT, m untouched. */
 int model_load(model *m, const char *path);
 
+/* The dropout mask generator's counter (advanced by every forward through a dropout layer), for checkpoints:
+ * a model given back the counter draws the same masks as the one it was read from. */
+uint64_t model_rng_state(const model *m);
+void model_set_rng_state(model *m, uint64_t state);
+
 /* A named float64 scalar saved with the backbone (e.g. the mixed-precision loss scaler's "scale" and
  * "growth_tracker"). name: 1..31 characters, NUL-terminated. */
 #define MODEL_EXTRAS_MAX 64

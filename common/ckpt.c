@@ -1,0 +1,124 @@
+/* Checkpoint folders: see ckpt.h. */
+#include "common/ckpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+
+void ckpt_root(const pf_config *cfg, char *buf, size_t n)
+{
+    if (cfg->snapshot_dir[0])
+        snprintf(buf, n, "%s", cfg->snapshot_dir);
+    else
+        snprintf(buf, n, "%s/snapshots", cfg->output);
+}
+
+void ckpt_step_dir(const char *root, int64_t step, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s/step-%lld", root, (long long)step);
+}
+
+void ckpt_member_path(const char *root, int64_t step, const char *role, int r, int n, const char *ext,
+                      char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/step-%lld/%s-%d-of-%d%s", root, (long long)step, role, r, n, ext);
+}
+
+/* T of a folder name "step-<T>", or -1. */
+static int64_t parse_step(const char *name)
+{
+    if (strncmp(name, "step-", 5) != 0 || !name[5])
+        return -1;
+    char *end;
+    long long v = strtoll(name + 5, &end, 10);
+    return *end || v <= 0 || name[5] == '+' || name[5] == '-' ? -1 : (int64_t)v;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int ckpt_list_steps(const char *root, int64_t **steps)
+{
+    *steps = NULL;
+    DIR *d = opendir(root);
+    if (!d)
+        return 0;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t t = parse_step(e->d_name);
+        if (t < 0)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *p = realloc(*steps, sizeof(int64_t) * (size_t)cap);
+            if (!p) {
+                closedir(d);
+                free(*steps);
+                *steps = NULL;
+                return pf_err(-ENOMEM, "out of memory listing %s", root);
+            }
+            *steps = p;
+        }
+        (*steps)[n++] = t;
+    }
+    closedir(d);
+    if (n)
+        qsort(*steps, (size_t)n, sizeof(int64_t), cmp_desc);
+    return n;
+}
+
+int ckpt_scan_members(const char *root, int64_t step, const char *role, const char *ext, int *count, int *of,
+                      uint8_t *seen, int seen_cap)
+{
+    char dir[4200];
+    ckpt_step_dir(root, step, dir, sizeof dir);
+    *count = 0;
+    *of = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return -ENOENT;
+    size_t rl = strlen(role), el = strlen(ext);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *nm = e->d_name;
+        size_t l = strlen(nm);
+        if (strncmp(nm, role, rl) != 0 || nm[rl] != '-' || l <= el || strcmp(nm + l - el, ext) != 0)
+            continue;
+        int r = -1, n = -1, used = 0;
+        char tail[64];
+        snprintf(tail, sizeof tail, "%%d-of-%%d%s%%n", ext);
+        if (sscanf(nm + rl + 1, tail, &r, &n, &used) != 2 || nm[rl + 1 + used] != '\0' || r < 0 || n <= 0 ||
+            r >= n)
+            continue;
+        (*count)++;
+        if (*of == 0)
+            *of = n;
+        else if (*of != n)
+            *of = -1;
+        if (seen && r < seen_cap)
+            seen[r] = 1;
+    }
+    closedir(d);
+    return 0;
+}
+
+void ckpt_remove_empty(const char *root)
+{
+    int64_t *steps;
+    int n = ckpt_list_steps(root, &steps);
+    for (int i = 0; i < n; i++) {
+        char dir[4200];
+        ckpt_step_dir(root, steps[i], dir, sizeof dir);
+        rmdir(dir);
+    }
+    free(steps);
+}

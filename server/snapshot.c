@@ -1,0 +1,388 @@
+/* Shard snapshots: see snapshot.h. */
+#include "server/snapshot.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/ckpt.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/snapfile.h"
+
+/* Block states. */
+enum { B_PENDING = 0, B_COPYING = 1, B_SAVED = 2, B_ASIDE = 3 };
+
+struct snap_job {
+    shard *sh;
+    int64_t step, block_rows, nblocks;
+    _Atomic uint8_t *state; /* [nblocks] */
+    float **aside;          /* [nblocks]: copies made by apply threads, until the writer saves them */
+    atomic_int aside_failed;
+    atomic_llong aside_count;
+    char path[4200];
+    pthread_t th;
+    atomic_int done;
+    int rc;
+    char err[512];
+    double t0, seconds;
+    int throttle_ms; /* PFCPS_SNAPSHOT_THROTTLE_MS: a pause per block, so tests can push during the write */
+};
+
+/* Rows of block b. */
+static int64_t block_n(const snap_job *j, int64_t b)
+{
+    int64_t lo = b * j->block_rows, hi = lo + j->block_rows;
+    return (hi > j->sh->rows ? j->sh->rows : hi) - lo;
+}
+
+/* Copies block b of the table into dst: n x D weights, then n x D momentum. A row never generated gets its
+ * initial value (and zero momentum) in dst only. */
+static void copy_block(const snap_job *j, int64_t b, float *dst)
+{
+    const shard *sh = j->sh;
+    const size_t D = (size_t)sh->dim;
+    const int64_t n = block_n(j, b), r0 = b * j->block_rows;
+    float *dw = dst, *dv = dst + (size_t)n * D;
+    for (int64_t k = 0; k < n; k++) {
+        int64_t r = r0 + k;
+        if (__atomic_load_n(&sh->ready[r], __ATOMIC_ACQUIRE)) {
+            memcpy(dw + (size_t)k * D, sh->weight + (size_t)r * D, D * sizeof(float));
+            memcpy(dv + (size_t)k * D, sh->momentum + (size_t)r * D, D * sizeof(float));
+        } else {
+            shard_init_row(sh->seed, r * sh->servers + sh->rank, sh->dim, dw + (size_t)k * D);
+            memset(dv + (size_t)k * D, 0, D * sizeof(float));
+        }
+    }
+}
+
+void snap_before_update(snap_job *j, int64_t lrow)
+{
+    int64_t b = lrow / j->block_rows;
+    uint8_t s = atomic_load_explicit(&j->state[b], memory_order_acquire);
+    if (s >= B_SAVED)
+        return;
+    uint8_t expect = B_PENDING;
+    if (s == B_PENDING && atomic_compare_exchange_strong_explicit(
+                              &j->state[b], &expect, B_COPYING, memory_order_acq_rel, memory_order_acquire)) {
+        float *p = malloc(sizeof(float) * 2 * (size_t)block_n(j, b) * (size_t)j->sh->dim);
+        if (p)
+            copy_block(j, b, p);
+        else
+            atomic_store(&j->aside_failed, 1);
+        j->aside[b] = p;
+        atomic_fetch_add(&j->aside_count, 1);
+        atomic_store_explicit(&j->state[b], B_ASIDE, memory_order_release);
+        return;
+    }
+    while (atomic_load_explicit(&j->state[b], memory_order_acquire) < B_SAVED)
+        sched_yield();
+}
+
+static void *writer_main(void *arg)
+{
+    snap_job *j = arg;
+    shard *sh = j->sh;
+    const size_t D = (size_t)sh->dim;
+    float *buf = malloc(sizeof(float) * 2 * (size_t)j->block_rows * D);
+    snapfile_writer w;
+    int rc = buf ? snapfile_create(&w, j->path, "snapshot") : pf_err(-ENOMEM, "snapshot: out of memory");
+    const int created = rc == 0;
+    int writing = created;
+    double t_log = j->t0;
+    int64_t rows_done = 0;
+    for (int64_t b = 0; b < j->nblocks; b++) {
+        const float *src = NULL;
+        uint8_t expect = B_PENDING;
+        if (atomic_compare_exchange_strong_explicit(&j->state[b], &expect, B_COPYING, memory_order_acq_rel,
+                                                    memory_order_acquire)) {
+            if (buf)
+                copy_block(j, b, buf);
+            src = buf;
+            atomic_store_explicit(&j->state[b], B_SAVED, memory_order_release);
+        } else {
+            while (atomic_load_explicit(&j->state[b], memory_order_acquire) == B_COPYING)
+                sched_yield();
+            src = j->aside[b];
+        }
+        int64_t n = block_n(j, b);
+        if (writing && !src) {
+            rc =
+                pf_err(-ENOMEM, "snapshot %s: out of memory copying block %lld aside", j->path, (long long)b);
+            writing = 0;
+        }
+        if (writing && (rc = snapfile_write(&w, src, sizeof(float) * 2 * (size_t)n * D)) < 0)
+            writing = 0;
+        if (src != buf) {
+            free(j->aside[b]);
+            j->aside[b] = NULL;
+        }
+        rows_done += n;
+        double now = pf_now_s();
+        if (writing && now - t_log >= 2.0) {
+            log_info("snapshot step %lld: %lld/%lld rows written, %.1f MB/s", (long long)j->step,
+                     (long long)rows_done, (long long)sh->rows,
+                     (double)rows_done * 8.0 * (double)D / 1e6 / (now - j->t0));
+            t_log = now;
+        }
+        if (j->throttle_ms > 0) {
+            struct timespec ts = {j->throttle_ms / 1000, (long)(j->throttle_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (writing) {
+        snapfile_meta m = {.id = sh->rank,
+                           .servers = sh->servers,
+                           .dim = sh->dim,
+                           .num_classes = sh->num_classes,
+                           .step = j->step,
+                           .rows = sh->rows,
+                           .block_rows = j->block_rows,
+                           .seed = sh->seed};
+        snprintf(m.kind, sizeof m.kind, "shard");
+        rc = snapfile_commit(&w, &m);
+    } else if (created) {
+        snapfile_abort(&w);
+    }
+    if (rc < 0)
+        snprintf(j->err, sizeof j->err, "%s", pf_errmsg());
+    free(buf);
+    j->rc = rc;
+    j->seconds = pf_now_s() - j->t0;
+    atomic_store(&j->done, 1);
+    return NULL;
+}
+
+static int mkdir_p(const char *path)
+{
+    char buf[4200];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    }
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        return pf_err(-errno, "cannot create snapshot folder '%s': %s", path, strerror(errno));
+    return 0;
+}
+
+int snap_start(shard *sh, const char *root, int64_t step, snap_job **out)
+{
+    *out = NULL;
+    char dir[4200];
+    ckpt_step_dir(root, step, dir, sizeof dir);
+    int rc = mkdir_p(dir);
+    if (rc < 0)
+        return rc;
+    snap_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return pf_err(-ENOMEM, "snapshot: out of memory");
+    j->sh = sh;
+    j->step = step;
+    /* ~1 MiB of weights per block. */
+    j->block_rows = (1 << 20) / ((int64_t)sh->dim * 4);
+    if (j->block_rows < 1)
+        j->block_rows = 1;
+    j->nblocks = (sh->rows + j->block_rows - 1) / j->block_rows;
+    j->state = calloc((size_t)(j->nblocks ? j->nblocks : 1), sizeof(*j->state));
+    j->aside = calloc((size_t)(j->nblocks ? j->nblocks : 1), sizeof(float *));
+    const char *thr = getenv("PFCPS_SNAPSHOT_THROTTLE_MS");
+    j->throttle_ms = thr ? atoi(thr) : 0;
+    ckpt_member_path(root, step, "shard", sh->rank, sh->servers, ".snap", j->path, sizeof j->path);
+    j->t0 = pf_now_s();
+    if (!j->state || !j->aside || pthread_create(&j->th, NULL, writer_main, j) != 0) {
+        free(j->state);
+        free(j->aside);
+        free(j);
+        return pf_err(-ENOMEM, "snapshot: cannot start the writer");
+    }
+    log_info("snapshot step %lld: writing %lld rows (%.1f MB) to %s while serving", (long long)step,
+             (long long)sh->rows, (double)sh->rows * 8.0 * sh->dim / 1e6, j->path);
+    *out = j;
+    return 0;
+}
+
+int snap_done(const snap_job *j)
+{
+    return atomic_load(&((snap_job *)j)->done);
+}
+
+int64_t snap_step(const snap_job *j)
+{
+    return j->step;
+}
+
+int snap_finish(snap_job *j)
+{
+    pthread_join(j->th, NULL);
+    int rc = j->rc;
+    if (rc == 0)
+        log_info("snapshot step %lld written: %lld rows in %.2f s (%.1f MB/s), %lld blocks copied aside by "
+                 "pushes during the write",
+                 (long long)j->step, (long long)j->sh->rows, j->seconds,
+                 j->seconds > 0 ? (double)j->sh->rows * 8.0 * j->sh->dim / 1e6 / j->seconds : 0.0,
+                 (long long)atomic_load(&j->aside_count));
+    else
+        log_error("snapshot step %lld failed: %s (earlier snapshots are untouched; serving on)",
+                  (long long)j->step, j->err);
+    if (rc < 0)
+        pf_err(rc, "%s", j->err);
+    for (int64_t b = 0; b < j->nblocks; b++)
+        free(j->aside[b]);
+    free(j->aside);
+    free(j->state);
+    free(j);
+    return rc;
+}
+
+void snap_prune(const char *root, int rank, int keep, int64_t protect)
+{
+    int64_t *steps;
+    int n = ckpt_list_steps(root, &steps);
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        int count = 0, of = 0;
+        if (ckpt_scan_members(root, steps[i], "shard", ".snap", &count, &of, NULL, 0) < 0 || of <= 0)
+            continue;
+        char p[4300];
+        ckpt_member_path(root, steps[i], "shard", rank, of, ".snap", p, sizeof p);
+        if (access(p, F_OK) != 0)
+            continue;
+        if (steps[i] == protect || kept < keep) {
+            kept++;
+            continue;
+        }
+        if (unlink(p) == 0)
+            log_info("snapshot step %lld: pruned %s (snapshot_keep = %d)", (long long)steps[i], p, keep);
+    }
+    free(steps);
+    ckpt_remove_empty(root);
+}
+
+/* The S0 of checkpoint `step`'s shard files, checking that all S0 are present. */
+static int shard_files(const char *root, int64_t step, int *old_servers)
+{
+    int count = 0, of = 0;
+    if (ckpt_scan_members(root, step, "shard", ".snap", &count, &of, NULL, 0) < 0)
+        return pf_err(-ENOENT, "checkpoint step %lld: no folder under %s", (long long)step, root);
+    if (count == 0)
+        return pf_err(-ENOENT, "checkpoint step %lld: no shard file under %s", (long long)step, root);
+    if (of < 0)
+        return pf_err(-EINVAL, "checkpoint step %lld: shard files of different server counts",
+                      (long long)step);
+    if (count != of) {
+        uint8_t *seen = calloc((size_t)of, 1);
+        int missing = -1;
+        if (seen) {
+            ckpt_scan_members(root, step, "shard", ".snap", &count, &of, seen, of);
+            for (int s = 0; s < of && missing < 0; s++)
+                if (!seen[s])
+                    missing = s;
+        }
+        free(seen);
+        return pf_err(-ENOENT, "checkpoint step %lld: %d of %d shard files (shard-%d-of-%d.snap missing)",
+                      (long long)step, count, of, missing, of);
+    }
+    *old_servers = of;
+    return 0;
+}
+
+/* Checks a shard file's header against what the run expects. */
+static int check_meta(const snapfile_meta *m, const char *path, int64_t step, int s, int S0, int64_t C, int D)
+{
+    if (strcmp(m->kind, "shard"))
+        return pf_err(-EINVAL, "%s: a '%s' file, not a shard", path, m->kind);
+    if (m->step != step || m->id != s || m->servers != S0)
+        return pf_err(-EINVAL,
+                      "%s: header says step %lld, shard %d of %d (file name says step %lld, %d of %d)", path,
+                      (long long)m->step, m->id, m->servers, (long long)step, s, S0);
+    if (m->num_classes != C || m->dim != D)
+        return pf_err(-EINVAL, "%s: written for C=%lld D=%d, this run has C=%lld D=%d", path,
+                      (long long)m->num_classes, m->dim, (long long)C, D);
+    int64_t rows = shard_local_rows(C, S0, s);
+    if (m->rows != rows || m->block_rows < 1 || m->payload_bytes != (uint64_t)rows * (uint64_t)D * 8u)
+        return pf_err(-EINVAL,
+                      "%s: %lld rows, block %lld, %llu payload bytes do not match shard %d of %d (%lld rows)",
+                      path, (long long)m->rows, (long long)m->block_rows,
+                      (unsigned long long)m->payload_bytes, s, S0, (long long)rows);
+    return 0;
+}
+
+int snap_check(const char *root, int64_t step, int64_t num_classes, int dim, int *old_servers)
+{
+    int S0 = 0, rc = shard_files(root, step, &S0);
+    for (int s = 0; rc == 0 && s < S0; s++) {
+        char p[4300];
+        snapfile_meta m;
+        ckpt_member_path(root, step, "shard", s, S0, ".snap", p, sizeof p);
+        rc = snapfile_verify(p, &m);
+        if (rc == 0)
+            rc = check_meta(&m, p, step, s, S0, num_classes, dim);
+    }
+    if (rc == 0)
+        *old_servers = S0;
+    return rc;
+}
+
+int snap_load(shard *sh, const char *root, int64_t step)
+{
+    int S0 = 0, rc = shard_files(root, step, &S0);
+    if (rc < 0)
+        return rc;
+    const size_t D = (size_t)sh->dim;
+    int64_t loaded = 0;
+    double t0 = pf_now_s();
+    for (int s0 = 0; rc == 0 && s0 < S0; s0++) {
+        if (S0 == sh->servers && s0 != sh->rank)
+            continue; /* same shape: only this rank's own file holds its rows */
+        char p[4300];
+        ckpt_member_path(root, step, "shard", s0, S0, ".snap", p, sizeof p);
+        snapfile_reader r;
+        if ((rc = snapfile_open(&r, p)) < 0)
+            break;
+        rc = check_meta(&r.m, p, step, s0, S0, sh->num_classes, sh->dim);
+        float *buf = rc == 0 ? malloc(sizeof(float) * 2 * (size_t)r.m.block_rows * D) : NULL;
+        if (rc == 0 && !buf)
+            rc = pf_err(-ENOMEM, "%s: out of memory", p);
+        for (int64_t r0 = 0; rc == 0 && r0 < r.m.rows; r0 += r.m.block_rows) {
+            int64_t n = r.m.rows - r0 < r.m.block_rows ? r.m.rows - r0 : r.m.block_rows;
+            if ((rc = snapfile_read(&r, buf, sizeof(float) * 2 * (size_t)n * D)) < 0)
+                break;
+            for (int64_t k = 0; k < n; k++) {
+                int64_t c = (r0 + k) * S0 + s0;
+                if (c % sh->servers != sh->rank)
+                    continue;
+                int64_t lr = c / sh->servers;
+                memcpy(sh->weight + (size_t)lr * D, buf + (size_t)k * D, D * sizeof(float));
+                memcpy(sh->momentum + (size_t)lr * D, buf + ((size_t)n + (size_t)k) * D, D * sizeof(float));
+                sh->ready[lr] = 1;
+                loaded++;
+            }
+        }
+        if (rc == 0)
+            rc = snapfile_finish(&r);
+        free(buf);
+        snapfile_close(&r);
+    }
+    if (rc == 0 && loaded != sh->rows)
+        rc = pf_err(-EINVAL, "checkpoint step %lld under %s: %lld of this shard's %lld rows found",
+                    (long long)step, root, (long long)loaded, (long long)sh->rows);
+    if (rc == 0)
+        log_info(
+            "loaded checkpoint step %lld: %lld rows of shard %d/%d from %d shard file(s) of %d servers in "
+            "%.2f s",
+            (long long)step, (long long)loaded, sh->rank, sh->servers, S0 == sh->servers ? 1 : S0, S0,
+            pf_now_s() - t0);
+    return rc;
+}

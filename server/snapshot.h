@@ -1,0 +1,63 @@
+/* Shard snapshots: a point-in-time copy of a server's shard written while the server keeps serving, and its
+ * load at resume (DESIGN.md §4).
+ *
+ * Writing (copy-on-update by row block, never fork(): the table is registered memory): the shard's rows are
+ * cut into blocks of `block_rows` rows. A writer thread saves the blocks in order; an apply thread that is
+ * about to change a row of a block not yet saved first copies that block aside (snap_before_update), and the
+ * writer saves the copy when it gets there. Every block is therefore saved exactly as it stood when the
+ * snapshot began, whatever pushes arrive meanwhile. A row never generated yet (shard.h: rows are created on
+ * first touch) is saved with its initial value, computed into the copy, never into the table.
+ *
+ * File: common/snapfile.h container, kind "shard", payload block by block: the block's weights (n x D fp32)
+ * then its momentum (n x D fp32). Written to <root>/step-<T>/shard-<s>-of-<S>.snap with temp + fsync + rename
+ * + folder fsync; progress (rows, MB/s) is logged every ~2 s and at the end.
+ *
+ * Loading: rows are redistributed on load, so a checkpoint written by S servers loads into S' servers: class
+ * c (local row c div S of old shard c mod S) goes to local row c div S' of new shard c mod S'. */
+#ifndef PFCPS_SERVER_SNAPSHOT_H
+#define PFCPS_SERVER_SNAPSHOT_H
+
+#include <stdint.h>
+
+#include "server/shard.h"
+
+typedef struct snap_job snap_job;
+
+/* Starts writing shard `sh` as it stands now, as checkpoint `step` under `root`, on a new thread. From now
+ * on every change to a row must be preceded by snap_before_update for that row, until snap_finish. The caller
+ * must not let anything change the table between the last apply and this call. Returns 0, or -errno with a
+ * message (folder not creatable, out of memory: nothing started). */
+int snap_start(shard *sh, const char *root, int64_t step, snap_job **out);
+
+/* Called by a thread about to change local row `lrow` (weights or momentum): when the row's block is not yet
+ * saved, copies it aside first (or waits while another thread copies it). Thread-safe; O(1) once the block
+ * is saved. */
+void snap_before_update(snap_job *j, int64_t lrow);
+
+/* 1 when the writer thread has finished (successfully or not), else 0. */
+int snap_done(const snap_job *j);
+
+/* The checkpoint step of j. */
+int64_t snap_step(const snap_job *j);
+
+/* Waits for the writer, logs the outcome, frees j. Returns 0 when the file was committed, else the write's
+ * error (-EIO naming the file: the previous checkpoints are untouched). */
+int snap_finish(snap_job *j);
+
+/* Removes this server's shard files of every checkpoint under root but the newest `keep` (>= 1) that hold
+ * one, and step folders left empty. Never touches the checkpoint `protect` (the one just written). */
+void snap_prune(const char *root, int rank, int keep, int64_t protect);
+
+/* Checks that checkpoint `step` under root can be loaded into shard `rank` of `servers` for C classes of
+ * dimension D: every file it needs (all shard-<i>-of-<S0>.snap of one S0) is present, names the same S0, C, D
+ * and step, and its payload hashes right. Returns 0 (with *old_servers = S0), or a negative code with the
+ * first problem (file and what is wrong) in pf_errmsg(). */
+int snap_check(const char *root, int64_t step, int64_t num_classes, int dim, int *old_servers);
+
+/* Loads checkpoint `step` under root into sh (redistributing rows when it was written by another number of
+ * servers), verifying every file's digest as it reads. Every row of sh is set. Returns 0, or a negative code
+ * naming the file and the problem; on failure sh's content is unspecified and the caller must not serve it.
+ */
+int snap_load(shard *sh, const char *root, int64_t step);
+
+#endif
