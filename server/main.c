@@ -275,6 +275,8 @@ static int serve_until_stop(server_daemon *d)
             log_info("shutdown broadcast received");
             return 0;
         }
+        if (r < 0 && g_stop)
+            return 0; /* asked to stop too: members stopping together are not a broken run */
         if (r < 0) {
             log_error("%s%s: the run is broken; stopping so that it can re-form from the newest complete "
                       "checkpoint (restart every member with resume = true; exit %d)",
@@ -307,6 +309,8 @@ static int finish(server_daemon *d, int exit_code)
      * closes, so that the other members stop with an error instead of reporting a clean stop. */
     if (d->rv && exit_code == 0)
         ctl_rendezvous_broadcast_shutdown(d->rv);
+    if (d->sess && exit_code == 0)
+        ctl_session_leave(d->sess); /* an orderly stop: not reported to the others as a lost member */
     if (d->sess)
         ctl_session_close(d->sess);
     if (d->rv)

@@ -4,8 +4,11 @@
 # the workers and fail, naming that server). Ctrl-C (SIGINT) or SIGTERM
 # is passed on to every daemon; none is left behind.
 #
-# usage: deploy/local/launch.sh -c CONFIG [-b BUILD_DIR] [--set key=value ...]
+# usage: deploy/local/launch.sh -c CONFIG [-b BUILD_DIR] [--max-restarts N] [--set key=value ...]
 #   servers/workers counts come from the config (keys `servers`, `workers`) or --set overrides.
+#   --max-restarts N (torchrun's flag, default 0): when any daemon dies (non-zero exit, kill -9), stop the
+#   others and start all again with resume = true, at most N times; each restart is printed with the
+#   checkpoint step it resumes from (`pfcps ckpt-info --newest`). Checkpoints need snapshot_every > 0.
 #   Logs: <output>/logs/server<r>.log and worker<r>.log (output from the config / --set).
 #   These values are asked from the daemons' own config parser (`pfcps config-get`), so quoting, inline
 #   comments and sections mean here exactly what they mean to the daemons.
@@ -13,19 +16,23 @@ set -uo pipefail
 
 build=build
 config=
+max_restarts=0
 sets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     -c|--config) config=$2; shift 2 ;;
     -b|--build) build=$2; shift 2 ;;
+    --max-restarts) max_restarts=$2; shift 2 ;;
+    --max-restarts=*) max_restarts=${1#--max-restarts=}; shift ;;
     --set|-s) sets+=("--set" "$2"); shift 2 ;;
     --set=*) sets+=("--set" "${1#--set=}"); shift ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "launch: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
 [ -n "$config" ] || { echo "launch: -c CONFIG is required" >&2; exit 2; }
 [ -f "$config" ] || { echo "launch: config '$config' not found" >&2; exit 2; }
+[[ "$max_restarts" =~ ^[0-9]+$ ]] || { echo "launch: --max-restarts '$max_restarts' is not a non-negative integer" >&2; exit 2; }
 
 server_bin=$build/server/pfcps-server
 worker_bin=$build/worker/pfcps-worker
@@ -36,12 +43,16 @@ done
 
 # Effective values of the keys the launcher itself needs, from the real parser (file, then every --set in
 # order, defaults for keys not given): one line per key. A config the daemons would refuse stops here.
-if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output); then
+if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every); then
   echo "launch: config '$config' refused (see above)" >&2
   exit 2
 fi
 mapfile -t v <<<"$vals"
-S=${v[0]}; W=${v[1]}; out=${v[2]}
+S=${v[0]}; W=${v[1]}; out=${v[2]}; snapdir=${v[3]:-$out/snapshots}; snap_every=${v[4]}
+[ -n "$snapdir" ] || snapdir=$out/snapshots
+if [ "$max_restarts" -gt 0 ] && [ "$snap_every" = 0 ]; then
+  echo "launch: --max-restarts $max_restarts with snapshot_every = 0: a restart starts over from step 0" >&2
+fi
 mkdir -p "$out/logs" || { echo "launch: cannot create '$out/logs'" >&2; exit 2; }
 
 pids=()
@@ -74,52 +85,97 @@ on_signal() {
 }
 trap on_signal INT TERM
 
-echo "launch: $S servers + $W workers, config $config, logs in $out/logs"
-for ((r = 0; r < S; r++)); do
-  "$server_bin" --config "$config" --rank "$r" "${sets[@]}" >"$out/logs/server$r.log" 2>&1 &
-  pids+=($!); server_pids+=($!)
-done
-for ((r = 0; r < W; r++)); do
-  # Every daemon's own pid is what we signal (never a pipe's): output goes to its log file.
-  "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" >"$out/logs/worker$r.log" 2>&1 &
-  pids+=($!); worker_pids+=($!)
-done
-# Show worker 0's log here while it runs (tail ends by itself when worker 0 exits).
-tail -n +1 -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
-tail_pid=$!
+# run_once [MODE]: starts every daemon (MODE ">>": logs appended, after a restart), waits for the workers,
+# then stops the servers. A daemon that exits non-zero first (a start-up refusal, a crash, kill -9) stops the
+# others: the run cannot go on without it. Sets rc (0, or the first failure's status) and `culprit`.
+run_once() {
+  local mode=${1:-">"}
+  pids=(); server_pids=(); worker_pids=(); culprit=
+  for ((r = 0; r < S; r++)); do
+    if [ "$mode" = ">>" ]; then
+      "$server_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" >>"$out/logs/server$r.log" 2>&1 &
+    else
+      "$server_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" >"$out/logs/server$r.log" 2>&1 &
+    fi
+    pids+=($!); server_pids+=($!)
+  done
+  for ((r = 0; r < W; r++)); do
+    # Every daemon's own pid is what we signal (never a pipe's): output goes to its log file.
+    if [ "$mode" = ">>" ]; then
+      "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" >>"$out/logs/worker$r.log" 2>&1 &
+    else
+      "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" >"$out/logs/worker$r.log" 2>&1 &
+    fi
+    pids+=($!); worker_pids+=($!)
+  done
+  # Show worker 0's log here while it runs (tail ends by itself when worker 0 exits).
+  local from=+1
+  [ "$mode" = ">>" ] && from=0
+  tail -n "$from" -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
+  tail_pid=$!
 
-rc=0
-# Wait for the workers. A server that exits first (a start-up refusal such as a shard that does not fit, a
-# crash) leaves a run that cannot form or go on: stop the workers now rather than after their own timeouts.
-while :; do
-  alive=0
-  for p in "${worker_pids[@]}"; do exited "$p" || alive=1; done
-  [ "$alive" -eq 0 ] && break
-  gone=-1
-  for i in "${!server_pids[@]}"; do exited "${server_pids[$i]}" && { gone=$i; break; }; done
-  if [ "$gone" -ge 0 ]; then
-    echo "launch: server $gone exited before the workers finished (see $out/logs/server$gone.log); stopping the workers" >&2
-    for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    wait_gone 15 "${worker_pids[@]}" || for p in "${worker_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-    rc=1
-    break
-  fi
-  sleep 0.2
-done
-for p in "${worker_pids[@]}"; do
-  s=0; wait "$p" || s=$?
-  [ "$s" -ne 0 ] && rc=$s
-done
-wait "$tail_pid" 2>/dev/null
-# Workers are done (or one failed): stop the servers cleanly and collect their exit codes.
-for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-for p in "${server_pids[@]}"; do
-  src=0
-  wait "$p" || src=$?
-  if [ "$src" -ne 0 ]; then
-    echo "launch: a server exited with status $src (see $out/logs)" >&2
-    [ "$rc" -eq 0 ] && rc=$src
-  fi
+  rc=0
+  local codes=() i p s
+  while :; do
+    local alive=0 failed=-1
+    for i in "${!worker_pids[@]}"; do
+      p=${worker_pids[$i]}
+      if exited "$p"; then
+        if [ -z "${codes[$i]:-}" ]; then s=0; wait "$p" || s=$?; codes[$i]=$s
+          [ "$s" -ne 0 ] && [ "$failed" -lt 0 ] && { failed=$i; culprit="worker $i (status $s)"; rc=$s; }
+        fi
+      else
+        alive=1
+      fi
+    done
+    [ "$alive" -eq 0 ] && break
+    if [ "$failed" -lt 0 ]; then
+      for i in "${!server_pids[@]}"; do
+        if exited "${server_pids[$i]}"; then
+          s=0; wait "${server_pids[$i]}" || s=$?
+          culprit="server $i (status $s)"; rc=$(( s ? s : 1 )); failed=$i
+          echo "launch: server $i exited with status $s before the workers finished (see $out/logs/server$i.log); stopping the others" >&2
+          break
+        fi
+      done
+    else
+      echo "launch: worker $failed exited with status $rc (see $out/logs/worker$failed.log); stopping the others" >&2
+    fi
+    if [ "$failed" -ge 0 ]; then
+      for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+      wait_gone 15 "${worker_pids[@]}" || for p in "${worker_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+      break
+    fi
+    sleep 0.2
+  done
+  for i in "${!worker_pids[@]}"; do
+    if [ -z "${codes[$i]:-}" ]; then s=0; wait "${worker_pids[$i]}" || s=$?; [ "$s" -ne 0 ] && [ "$rc" -eq 0 ] && rc=$s; fi
+  done
+  wait "$tail_pid" 2>/dev/null
+  # Workers are done (or one failed): stop the servers cleanly and collect their exit codes.
+  for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  wait_gone 30 "${server_pids[@]}" || for p in "${server_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  for p in "${server_pids[@]}"; do
+    s=0
+    wait "$p" 2>/dev/null || s=$?
+    # 127: already waited for above (the server that failed first).
+    if [ "$s" -ne 0 ] && [ "$s" -ne 127 ] && [ "$rc" -eq 0 ]; then
+      echo "launch: a server exited with status $s (see $out/logs)" >&2
+      rc=$s
+    fi
+  done
+}
+
+echo "launch: $S servers + $W workers, config $config, logs in $out/logs"
+extra=()
+run_once ">"
+restarts=0
+while [ "$rc" -ne 0 ] && [ "$restarts" -lt "$max_restarts" ]; do
+  restarts=$((restarts + 1))
+  step=$("$tool_bin" ckpt-info --newest "$snapdir" 2>/dev/null || echo 0)
+  echo "launch: restart $restarts/$max_restarts after $culprit: every member again with resume = true, from checkpoint step ${step:-0}" >&2
+  extra=(--set resume=true)
+  run_once ">>"
 done
 if [ "$rc" -ne 0 ]; then
   echo "launch: failed with status $rc; logs in $out/logs" >&2

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Durable training: kill -9 of a member at a random moment loses nothing beyond the last checkpoint.
+# A reference run (2 servers + 2 workers on 10 ORL identities, snapshot_every 4) trains uninterrupted. Then:
+#   launcher cases: `launch.sh --max-restarts 2`, kill -9 of server 0 (the rendezvous), of server 1 and of
+#     worker 1 after a random number of checkpoints; the launcher restarts every member with resume = true;
+#   self-restart case: no launcher; every daemon runs under its own supervisor loop that restarts it when it
+#     exits non-zero (what Kubernetes' restartPolicy and systemd's Restart=on-failure do), with resume = true
+#     from the start; kill -9 of server 1: the restarted member rejoins, the run re-forms and resumes.
+# Each run must end with exit 0, a model.ckpt byte-identical to the reference and a final checkpoint whose
+# `pfcps ckpt-info` table and backbone SHA-256 equal the reference's (the table hash is computed by
+# ckpt-info from the shard files in class order, independently of the daemons' own checksums).
+source "$(dirname "$0")/cluster.sh" "$@"
+export OMP_NUM_THREADS=1 PFCPS_SECRET=recovery-secret
+pack_orl 10
+
+# write_cfg NAME [LINE...]: $TMP/NAME.ini, output $TMP/NAME.
+write_cfg() {
+  local name=$1; shift
+  run_ini "$TMP/$name.ini" 2 2 "" "$@" <<INI
+[train]
+$ORL_NET
+num_epoch = 6
+warmup_epoch = 1
+output = $TMP/$name
+seed = 7
+[data]
+rec = $TMP/train
+num_classes = 10
+num_workers = 1
+[server]
+snapshot_every = 4
+snapshot_keep = 2
+INI
+}
+
+# final_line DIR: the newest complete checkpoint's ckpt-info line without its size.
+final_line() {
+  local step
+  step=$("$PFCPS" ckpt-info --newest "$1")
+  "$PFCPS" ckpt-info "$1" | grep "^step $step: complete" | sed 's/  [0-9.]* MB//'
+}
+
+write_cfg ref
+"$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/ref.ini" >"$TMP/ref.out" 2>&1 || { tail -30 "$TMP/ref.out"; fail "reference run"; }
+REF=$(final_line "$TMP/ref")
+TOTAL=$(echo "$REF" | sed -n 's/^step \([0-9]*\):.*/\1/p')
+[ -n "$REF" ] && [ "${TOTAL:-0}" -ge 20 ] || fail "reference: no final checkpoint ($REF)"
+echo "reference: $REF"
+
+# wait_ckpt DIR MIN SECONDS: waits until a complete checkpoint >= MIN exists.
+wait_ckpt() {
+  local i s
+  for ((i = 0; i < $3 * 5; i++)); do
+    s=$("$PFCPS" ckpt-info --newest "$1" 2>/dev/null || echo 0)
+    [ "${s:-0}" -ge "$2" ] && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
+# check_same NAME: model.ckpt and the final checkpoint equal the reference's.
+check_same() {
+  cmp -s "$TMP/ref/model.ckpt" "$TMP/$1/model.ckpt" || fail "$1: model.ckpt differs from the uninterrupted run"
+  local got
+  got=$(final_line "$TMP/$1")
+  [ "$got" = "$REF" ] || fail "$1: final checkpoint '$got' differs from the reference '$REF'"
+}
+
+RANDOM=$$
+for victim in "server --rank 0" "server --rank 1" "worker --rank 1"; do
+  name=kill_$(echo "$victim" | tr -dc 'a-z0-9')
+  write_cfg "$name"
+  setsid "$SRC/deploy/local/launch.sh" -b "$BUILD" --max-restarts 2 -c "$TMP/$name.ini" >"$TMP/$name.out" 2>&1 &
+  LP=$!
+  at=$((4 * (1 + RANDOM % 3)))
+  wait_ckpt "$TMP/$name" "$at" 120 || { tail -20 "$TMP/$name.out"; fail "$name: no checkpoint $at"; }
+  sleep "0.$((RANDOM % 10))"
+  role=${victim%% *}
+  pid=$(pgrep -f "pfcps-$role --config $TMP/$name.ini ${victim#* }" | head -1)
+  [ -n "$pid" ] || fail "$name: $victim not found"
+  kill -KILL "$pid"
+  rc=0; wait "$LP" || rc=$?
+  LP=
+  [ "$rc" -eq 0 ] || { tail -30 "$TMP/$name.out"; fail "$name: launcher exit $rc"; }
+  grep -q "restart 1/2 .* from checkpoint step [1-9]" "$TMP/$name.out" || { cat "$TMP/$name.out"; fail "$name: no restart line"; }
+  check_same "$name"
+  echo "ok: kill -9 of $victim after checkpoint $at: $(grep -m1 'restart 1/2' "$TMP/$name.out" | sed 's/^launch: //'); result identical"
+done
+
+# Self-restart: every daemon under its own supervisor (restart on non-zero exit, at most 5 times).
+write_cfg self "resume = true"
+supervise() {
+  local n=0 rc tag
+  tag=$(basename "$1")-$5
+  while :; do
+    "$@" >>"$TMP/self.$tag.log" 2>&1
+    rc=$?
+    [ "$rc" -eq 0 ] && return 0
+    n=$((n + 1))
+    echo "supervisor: $tag exited $rc; restart $n" >>"$TMP/self.sup.log"
+    [ "$n" -ge 5 ] && return "$rc"
+    sleep 0.5
+  done
+}
+SUP=()
+for r in 0 1; do
+  supervise "$SERVER" --config "$TMP/self.ini" --rank "$r" &
+  SUP+=($!); PIDS+=($!)
+done
+for r in 0 1; do
+  supervise "$WORKER" --config "$TMP/self.ini" --rank "$r" &
+  SUP+=($!); PIDS+=($!)
+done
+wait_ckpt "$TMP/self" 8 120 || fail "self: no checkpoint 8"
+pid=$(pgrep -f "pfcps-server --config $TMP/self.ini --rank 1" | head -1)
+kill -KILL "$pid"
+# The workers finish; then the servers are stopped as an operator (or the launcher) does.
+wait_all "${SUP[2]}" "${SUP[3]}" || { tail -20 "$TMP"/self.*.log; fail "self: a worker's supervisor gave up"; }
+for r in 0 1; do pkill -TERM -f "pfcps-server --config $TMP/self.ini --rank $r"; done
+wait_all "${SUP[0]}" "${SUP[1]}" || { tail -20 "$TMP"/self.*.log; fail "self: a server did not stop with 0"; }
+grep -q "server\[1\].*\(disconnected without leaving\|joined again\)" "$TMP/self.pfcps-server-0.log" ||
+  fail "self: server 0 did not see server 1's loss"
+grep -q "resuming at checkpoint step [1-9]" "$TMP/self.pfcps-worker-0.log" || fail "self: worker 0 did not resume"
+check_same self
+echo "ok: self-restarting members after kill -9 of server 1: $(grep -c restart "$TMP/self.sup.log") restarts; result identical"
+echo PASS

@@ -1,0 +1,233 @@
+/* `pfcps ckpt-info [--newest] DIR`: the checkpoints of a run (usage in tools/commands.h). */
+#include "tools/commands.h"
+
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/ckpt.h"
+#include "common/err.h"
+#include "common/snapfile.h"
+
+static const char ckpt_info_usage[] =
+    "usage: pfcps ckpt-info [--newest] DIR\n"
+    "  DIR: a run's output folder (its snapshots/ is read) or a checkpoint root (snapshot_dir).\n"
+    "  One line per checkpoint step, newest first: complete or not (every member's files present and "
+    "valid),\n"
+    "  members present, bytes, the SHA-256 of the class-center table in class order (weights then momentum "
+    "of\n"
+    "  class 0, 1, ...: the same whatever number of servers held it) and of worker 0's backbone file.\n"
+    "  The first problem of an incomplete checkpoint is named. --newest: print only the newest complete "
+    "step\n"
+    "  (0 when there is none).";
+
+static void hex(const uint8_t *d, char *out)
+{
+    for (int i = 0; i < 32; i++)
+        sprintf(out + 2 * i, "%02x", d[i]);
+}
+
+static long long file_size(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0 ? (long long)st.st_size : 0;
+}
+
+/* One shard file being read in class order. */
+typedef struct shard_in {
+    snapfile_reader r;
+    float *buf;      /* the block in memory: n x D weights then n x D momentum */
+    int64_t row0, n; /* its first local row and its rows */
+    int64_t block_rows;
+} shard_in;
+
+/* Verifies every shard file of the step and hashes the table in class order into d. S0 files of C x D. */
+static int table_digest(const char *root, int64_t step, int S0, uint8_t d[32], long long *bytes)
+{
+    shard_in *in = calloc((size_t)S0, sizeof *in);
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    int rc = in && c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 ? 0 : pf_err(-ENOMEM, "out of memory");
+    int opened = 0;
+    int64_t C = -1;
+    int D = 0;
+    for (int s = 0; rc == 0 && s < S0; s++) {
+        char p[4300];
+        ckpt_member_path(root, step, "shard", s, S0, ".snap", p, sizeof p);
+        *bytes += file_size(p);
+        if ((rc = snapfile_open(&in[s].r, p)) < 0)
+            break;
+        opened = s + 1;
+        const snapfile_meta *m = &in[s].r.m;
+        if (strcmp(m->kind, "shard") || m->id != s || m->servers != S0 || m->step != step)
+            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", p, m->kind, m->id, m->servers,
+                        (long long)m->step);
+        else if (C >= 0 && (m->num_classes != C || m->dim != D))
+            rc = pf_err(-EINVAL, "%s: C=%lld D=%d, shard 0 says C=%lld D=%d", p, (long long)m->num_classes,
+                        m->dim, (long long)C, D);
+        else if (m->dim <= 0 || m->block_rows < 1 ||
+                 m->rows != (m->num_classes > s ? (m->num_classes - s + S0 - 1) / S0 : 0) ||
+                 m->payload_bytes != (uint64_t)m->rows * (uint64_t)m->dim * 8u)
+            rc = pf_err(-EINVAL,
+                        "%s: rows %lld, D %d, block %lld and %llu payload bytes do not fit shard %d of %d", p,
+                        (long long)m->rows, m->dim, (long long)m->block_rows,
+                        (unsigned long long)m->payload_bytes, s, S0);
+        C = m->num_classes;
+        D = m->dim;
+        in[s].block_rows = m->block_rows;
+        if (rc == 0 && !(in[s].buf = malloc(sizeof(float) * 2 * (size_t)m->block_rows * (size_t)D)))
+            rc = pf_err(-ENOMEM, "out of memory");
+    }
+    for (int64_t cls = 0; rc == 0 && cls < C; cls++) {
+        shard_in *x = &in[cls % S0];
+        int64_t lr = cls / S0;
+        if (lr >= x->row0 + x->n) { /* next block of that file */
+            x->row0 += x->n;
+            int64_t left = x->r.m.rows - x->row0;
+            x->n = left < x->block_rows ? left : x->block_rows;
+            if ((rc = snapfile_read(&x->r, x->buf, sizeof(float) * 2 * (size_t)x->n * (size_t)D)) < 0)
+                break;
+        }
+        int64_t k = lr - x->row0;
+        EVP_DigestUpdate(c, x->buf + (size_t)k * D, sizeof(float) * (size_t)D);
+        EVP_DigestUpdate(c, x->buf + ((size_t)x->n + (size_t)k) * D, sizeof(float) * (size_t)D);
+    }
+    for (int s = 0; rc == 0 && s < S0; s++)
+        rc = snapfile_finish(&in[s].r);
+    unsigned int len = 0;
+    if (rc == 0)
+        EVP_DigestFinal_ex(c, d, &len);
+    for (int s = 0; in && s < opened; s++)
+        snapfile_close(&in[s].r);
+    for (int s = 0; in && s < S0; s++)
+        free(in[s].buf);
+    free(in);
+    EVP_MD_CTX_free(c);
+    return rc;
+}
+
+static int file_digest(const char *path, uint8_t d[32])
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return pf_err(-ENOENT, "%s: cannot open: %s", path, strerror(errno));
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+    uint8_t buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        EVP_DigestUpdate(c, buf, n);
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(c, d, &len);
+    EVP_MD_CTX_free(c);
+    fclose(f);
+    return 0;
+}
+
+/* Verifies every worker file of the step; *W0 writers; worker 0's .model digest into d. */
+static int workers_check(const char *root, int64_t step, int *W0, int *present, uint8_t d[32],
+                         long long *bytes)
+{
+    int count = 0, of = 0;
+    if (ckpt_scan_members(root, step, "worker", ".snap", &count, &of, NULL, 0) < 0 || count == 0)
+        return pf_err(-ENOENT, "no worker files");
+    *present = count;
+    if (of < 0)
+        return pf_err(-EINVAL, "worker files of different worker counts");
+    *W0 = of;
+    int rc = 0;
+    for (int w = 0; rc == 0 && w < of; w++) {
+        char sp[4300], mp[4300];
+        ckpt_member_path(root, step, "worker", w, of, ".snap", sp, sizeof sp);
+        ckpt_member_path(root, step, "worker", w, of, ".model", mp, sizeof mp);
+        snapfile_meta m;
+        if ((rc = snapfile_verify(sp, &m)) < 0)
+            break;
+        if (strcmp(m.kind, "worker") || m.id != w || m.workers != of || m.step != step)
+            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", sp, m.kind, m.id, m.workers,
+                        (long long)m.step);
+        *bytes += file_size(sp) + file_size(mp);
+        uint8_t md[32];
+        if (rc == 0 && (rc = file_digest(mp, md)) == 0 && w == 0)
+            memcpy(d, md, 32);
+    }
+    return rc;
+}
+
+int cmd_ckpt_info(int argc, char **argv)
+{
+    int newest = 0;
+    const char *dir = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--newest"))
+            newest = 1;
+        else if (argv[i][0] == '-' || dir) {
+            fprintf(stderr, "pfcps ckpt-info: unexpected argument '%s'\n%s\n", argv[i], ckpt_info_usage);
+            return 2;
+        } else
+            dir = argv[i];
+    }
+    if (!dir) {
+        fprintf(stderr, "%s\n", ckpt_info_usage);
+        return 2;
+    }
+    char root[4096];
+    snprintf(root, sizeof root, "%s/snapshots", dir);
+    struct stat st;
+    if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode))
+        snprintf(root, sizeof root, "%s", dir);
+    if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "pfcps ckpt-info: %s: no such folder\n", dir);
+        return 1;
+    }
+    int64_t *steps;
+    int n = ckpt_list_steps(root, &steps);
+    if (!newest)
+        printf("checkpoints in %s: %d\n", root, n);
+    int64_t best = 0;
+    for (int i = 0; i < n; i++) {
+        int count = 0, S0 = 0, W0 = 0, wpresent = 0;
+        long long bytes = 0;
+        uint8_t td[32] = {0}, bd[32] = {0};
+        ckpt_scan_members(root, steps[i], "shard", ".snap", &count, &S0, NULL, 0);
+        int rc = 0;
+        if (count == 0)
+            rc = pf_err(-ENOENT, "no shard files");
+        else if (S0 < 0)
+            rc = pf_err(-EINVAL, "shard files of different server counts");
+        else if (count != S0)
+            rc = pf_err(-ENOENT, "%d of %d shard files", count, S0);
+        else
+            rc = table_digest(root, steps[i], S0, td, &bytes);
+        char why[600] = "";
+        if (rc < 0)
+            snprintf(why, sizeof why, "%s", pf_errmsg());
+        int wrc = workers_check(root, steps[i], &W0, &wpresent, bd, &bytes);
+        if (wrc == 0 && wpresent != W0)
+            wrc = pf_err(-ENOENT, "%d of %d worker files", wpresent, W0);
+        if (wrc < 0 && rc == 0) {
+            rc = wrc;
+            snprintf(why, sizeof why, "%s", pf_errmsg());
+        }
+        if (rc == 0 && best == 0)
+            best = steps[i];
+        if (newest)
+            continue;
+        char th[65] = "-", bh[65] = "-";
+        if (rc == 0) {
+            hex(td, th);
+            hex(bd, bh);
+        }
+        printf("step %lld: %s  shards %d/%d  workers %d/%d  %.1f MB  table %s  backbone %s%s%s\n",
+               (long long)steps[i], rc == 0 ? "complete" : "INCOMPLETE", count, S0 > 0 ? S0 : 0, wpresent,
+               W0 > 0 ? W0 : 0, (double)bytes / 1e6, th, bh, rc == 0 ? "" : "  problem: ", why);
+    }
+    free(steps);
+    if (newest)
+        printf("%lld\n", (long long)best);
+    else if (!best)
+        printf("no complete checkpoint\n");
+    return 0;
+}
