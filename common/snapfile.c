@@ -88,7 +88,7 @@ int snapfile_commit(snapfile_writer *w, snapfile_meta *m)
     size_t hl = pfcps__snapshot_header__get_packed_size(&h);
     uint8_t area[SNAPFILE_HDR_AREA];
     memset(area, 0, sizeof area);
-    if (hl + 12 > sizeof area) {
+    if (hl + 12 + 32 > sizeof area) {
         pf_atomic_abort(&w->af);
         return pf_err(-EINVAL, "%s %s: header of %zu bytes does not fit", w->af.what, w->af.path, hl);
     }
@@ -97,6 +97,8 @@ int snapfile_commit(snapfile_writer *w, snapfile_meta *m)
     for (int i = 0; i < 4; i++)
         area[8 + i] = (uint8_t)(l32 >> (8 * i));
     pfcps__snapshot_header__pack(&h, area + 12);
+    /* The header's own digest follows it, so a damaged header field is caught too. */
+    EVP_Digest(area + 12, hl, area + 12 + hl, &len, EVP_sha256(), NULL);
     int ok =
         w->ok && fseeko(w->af.f, 0, SEEK_SET) == 0 && fwrite(area, 1, sizeof area, w->af.f) == sizeof area;
     return pf_atomic_commit(&w->af, ok);
@@ -161,12 +163,18 @@ int snapfile_open_stream(snapfile_reader *r, FILE *f, int64_t size, const char *
     uint32_t hl = 0;
     for (int i = 0; i < 4; i++)
         hl |= (uint32_t)area[8 + i] << (8 * i);
-    if (hl == 0 || hl > SNAPFILE_HDR_AREA - 12)
-        return pf_err(-EINVAL, "%s: header length %u outside 1..%d", r->name, hl, SNAPFILE_HDR_AREA - 12);
+    if (hl == 0 || hl > SNAPFILE_HDR_AREA - 12 - 32)
+        return pf_err(-EINVAL, "%s: header length %u outside 1..%d", r->name, hl,
+                      SNAPFILE_HDR_AREA - 12 - 32);
+    uint8_t hd[32];
+    unsigned int dl = 0;
+    EVP_Digest(area + 12, hl, hd, &dl, EVP_sha256(), NULL);
+    if (memcmp(hd, area + 12 + hl, 32) != 0)
+        return pf_err(-EINVAL, "%s: header checksum mismatch (corrupt header)", r->name);
     Pfcps__SnapshotHeader *h = pfcps__snapshot_header__unpack(NULL, hl, area + 12);
     if (!h)
         return pf_err(-EINVAL, "%s: header does not decode (corrupt)", r->name);
-    for (size_t i = 12 + hl; i < sizeof area; i++)
+    for (size_t i = 12 + hl + 32; i < sizeof area; i++)
         if (area[i] != 0) {
             pfcps__snapshot_header__free_unpacked(h, NULL);
             return pf_err(-EINVAL, "%s: header area padding is not zero (corrupt)", r->name);

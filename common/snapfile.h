@@ -1,7 +1,8 @@
 /* Checkpoint files: the container every checkpoint member writes (a server's shard, a worker's state).
  *
- * Layout: bytes [0, 4096) hold the magic "PFCPSNP1", a u32 little-endian header length and the header, a
- * protobuf SnapshotHeader (proto/ctl.proto), zero-padded; the payload starts at byte 4096. The header carries
+ * Layout: bytes [0, 4096) hold the magic "PFCPSNP1", a u32 little-endian header length, the header (a
+ * protobuf SnapshotHeader, proto/ctl.proto), the SHA-256 of the header bytes, zero padding; the payload
+ * starts at byte 4096. The header carries
  * the payload's length and SHA-256 (OpenSSL), so a file is accepted only when its size is exactly
  * 4096 + payload_bytes and its payload hashes to the recorded digest: a torn, truncated, padded or corrupt
  * file is refused with a message naming the file and the problem.

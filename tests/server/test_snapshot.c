@@ -1,0 +1,313 @@
+/* Shard snapshots (server/snapshot.h), in process:
+ * 1. point in time: a server (shard 0 of 1, C = 20000, D = 256: 20 row blocks, the writer slowed to 30 ms per
+ *    block) gets the pushes of steps 0..2 with PS_PUSH_SNAPSHOT on step 2, then at once the pushes of steps
+ *    3..5 (every row) while checkpoint 3 is being written. The file must equal, row for row, the table of a
+ *    second server that applied steps 0..2 only; the log must say blocks were copied aside by pushes during
+ * the write (so the pushes really landed mid-write), and the live table must differ from the file.
+ * 2. reshape: the checkpoint (1 server) loaded into shards 0..2 of 3 gives every class the reference row.
+ * 3. bad files: the file truncated at every 1 KiB boundary and at its last byte, every single byte flipped, a
+ *    missing shard file, a file of another C or D, a renamed file (shard 1 of 2): every one refused by
+ *    snap_check / snap_load with a message naming the file; the intact file still loads.
+ * 4. disk errors: a checkpoint root that is a file (nothing can be created) fails snap_start with a message;
+ *    /dev/full as the temp file's target fails the write, and the previous checkpoint stays complete. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/ckpt.h"
+#include "common/err.h"
+#include "common/fabric.h"
+#include "common/log.h"
+#include "common/snapfile.h"
+#include "server/ps_server.h"
+#include "server/snapshot.h"
+#include "tests/check.h"
+
+enum { C = 20000, D = 256, W = 2 };
+
+static char root[256];
+
+static ps_server *make(const char *snap_root)
+{
+    ps_server_opts o = {.provider = "tcp",
+                        .rank = 0,
+                        .servers = 1,
+                        .workers = W,
+                        .dim = D,
+                        .num_classes = C,
+                        .seed = 11,
+                        .momentum = 0.9,
+                        .weight_decay = 5e-4,
+                        .apply_threads = 1,
+                        .recv_bufs = 2,
+                        .snapshot_root = snap_root};
+    ps_server *s = NULL;
+    if (ps_server_create(&o, &s) < 0) {
+        printf("FAIL: ps_server_create: %s\n", pf_errmsg());
+        exit(1);
+    }
+    uint8_t a[FAB_MAX_ADDR];
+    size_t la = sizeof a;
+    if (ps_server_getname(s, a, &la) < 0 || ps_server_add_worker(s, 0, a, la) < 0 ||
+        ps_server_add_worker(s, 1, a, la) < 0)
+        exit(1);
+    return s;
+}
+
+/* Pushes of worker w for step t: n ids (a deterministic subset or every row), gradients from a fixed rule. */
+static void push(ps_server *s, int w, int64_t t, int all, uint32_t flags)
+{
+    const uint32_t rpm = ps_wire_rows_per_msg(D, PS_DT_FP32);
+    int64_t n = all ? C : 3000;
+    int nch = (int)((n + rpm - 1) / rpm);
+    size_t cap = sizeof(ps_hdr) + (size_t)rpm * (8 + 4 * D);
+    uint8_t *msg = malloc(cap);
+    for (int k = 0; k < nch; k++) {
+        int64_t lo = (int64_t)k * rpm, hi = lo + rpm < n ? lo + rpm : n;
+        ps_hdr h = {.magic = PS_MAGIC,
+                    .version = PS_VERSION,
+                    .op = PS_OP_PUSH,
+                    .client = w,
+                    .step = t,
+                    .n = (uint32_t)(hi - lo),
+                    .dim = D,
+                    .dtype = PS_DT_FP32,
+                    .chunk = (uint16_t)k,
+                    .nchunks = (uint16_t)nch,
+                    .lr = 0.1f,
+                    .flags = flags};
+        memcpy(msg, &h, sizeof h);
+        int64_t *ids = (int64_t *)(msg + sizeof h);
+        float *g = (float *)(ids + (hi - lo));
+        for (int64_t i = lo; i < hi; i++) {
+            int64_t c = all ? i : (i * 7 + 13 * t + w) % C;
+            ids[i - lo] = c;
+            for (int j = 0; j < D; j++)
+                g[(i - lo) * D + j] = (float)(((c * 31 + j * 17 + t * 5 + w) % 97) - 48) * 1e-3f;
+        }
+        ps_server_inject(s, msg, sizeof h + (size_t)(hi - lo) * (8 + 4 * D));
+    }
+    free(msg);
+}
+
+/* Reads checkpoint 3's file into w, v (C x D each, class order: one server). Returns 0 or the error. */
+static int read_snapshot(const char *path, float *w, float *v)
+{
+    snapfile_reader r;
+    int rc = snapfile_open(&r, path);
+    if (rc < 0)
+        return rc;
+    for (int64_t r0 = 0; rc == 0 && r0 < r.m.rows; r0 += r.m.block_rows) {
+        int64_t n = r.m.rows - r0 < r.m.block_rows ? r.m.rows - r0 : r.m.block_rows;
+        rc = snapfile_read(&r, w + r0 * D, sizeof(float) * (size_t)(n * D));
+        if (rc == 0)
+            rc = snapfile_read(&r, v + r0 * D, sizeof(float) * (size_t)(n * D));
+    }
+    if (rc == 0)
+        rc = snapfile_finish(&r);
+    snapfile_close(&r);
+    return rc;
+}
+
+static long count_in_file(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    long n = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        const char *p = strstr(line, needle);
+        if (p) {
+            const char *q = p;
+            while (q > line && q[-1] == ' ')
+                q--;
+            while (q > line && q[-1] >= '0' && q[-1] <= '9')
+                q--;
+            n = strtol(q, NULL, 10);
+        }
+    }
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    char cmd[2200];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    if (system(cmd) != 0)
+        exit(1);
+}
+
+int main(void)
+{
+    snprintf(root, sizeof root, "/tmp/pfcps_snap_test.%d", (int)getpid());
+    mkdir(root, 0755);
+    char logpath[300];
+    snprintf(logpath, sizeof logpath, "%s.log", root);
+    log_open_file(logpath);
+    setenv("PFCPS_SNAPSHOT_THROTTLE_MS", "30", 1);
+
+    /* 1. point in time */
+    ps_server *live = make(root), *ref = make(NULL);
+    for (int64_t t = 0; t < 3; t++)
+        for (int w = 0; w < W; w++) {
+            push(live, w, t, 0, t == 2 ? PS_PUSH_SNAPSHOT : 0);
+            push(ref, w, t, 0, 0);
+        }
+    for (int64_t t = 3; t < 6; t++) /* while checkpoint 3 is written: every row changes */
+        for (int w = 0; w < W; w++)
+            push(live, w, t, 1, 0);
+    ps_server_destroy(live); /* waits for the snapshot */
+    char path[512];
+    ckpt_member_path(root, 3, "shard", 0, 1, ".snap", path, sizeof path);
+    float *w = malloc(sizeof(float) * C * D), *v = malloc(sizeof(float) * C * D);
+    int rc = read_snapshot(path, w, v);
+    CHECK(rc == 0, "read %s: %s", path, pf_errmsg());
+    shard *rs = (shard *)ps_server_shard(ref);
+    long diff = 0;
+    for (int64_t c = 0; rc == 0 && c < C; c++) {
+        float *rw = shard_row(rs, c);
+        float *rv = rs->momentum + (rw - rs->weight);
+        diff +=
+            memcmp(rw, w + c * D, sizeof(float) * D) != 0 || memcmp(rv, v + c * D, sizeof(float) * D) != 0;
+    }
+    CHECK(rc == 0 && diff == 0, "%ld of %d rows of the checkpoint differ from the table after steps 0..2",
+          diff, C);
+    long aside = count_in_file(logpath, "blocks copied aside");
+    CHECK(aside > 0, "no block was copied aside (log says %ld): the pushes did not land during the write",
+          aside);
+    printf(
+        "point in time: %d rows equal the step-3 table; %ld blocks copied aside by pushes during the write\n",
+        C, aside);
+
+    /* 2. reshape: one server's checkpoint into 3 shards */
+    unsetenv("PFCPS_SNAPSHOT_THROTTLE_MS");
+    long bad = 0;
+    for (int s3 = 0; s3 < 3; s3++) {
+        shard sh;
+        if (shard_create(&sh, C, 3, s3, D, 99, 1, 0) < 0) {
+            printf("FAIL shard_create: %s\n", pf_errmsg());
+            return 1;
+        }
+        rc = snap_load(&sh, root, 3);
+        CHECK(rc == 0, "snap_load into shard %d of 3: %s", s3, pf_errmsg());
+        for (int64_t lr = 0; rc == 0 && lr < sh.rows; lr++) {
+            int64_t c = lr * 3 + s3;
+            bad += memcmp(sh.weight + lr * D, w + c * D, sizeof(float) * D) != 0 ||
+                   memcmp(sh.momentum + lr * D, v + c * D, sizeof(float) * D) != 0 || !sh.ready[lr];
+        }
+        shard_destroy(&sh);
+    }
+    CHECK(bad == 0, "reshape 1 -> 3 servers: %ld rows differ", bad);
+    printf("reshape: checkpoint of 1 server loaded into 3 shards, every class equal\n");
+
+    /* 3. bad files: a small checkpoint (C = 10, D = 4) at step 7 */
+    shard small;
+    shard_create(&small, 10, 1, 0, 4, 5, 1, 0);
+    snap_job *j;
+    CHECK(snap_start(&small, root, 7, &j) == 0, "snap_start: %s", pf_errmsg());
+    CHECK(snap_finish(j) == 0, "snap_finish: %s", pf_errmsg());
+    char good[512], keep[600];
+    ckpt_member_path(root, 7, "shard", 0, 1, ".snap", good, sizeof good);
+    snprintf(keep, sizeof keep, "%s.orig", root);
+    copy_file(good, keep);
+    struct stat st;
+    stat(keep, &st);
+    int S0 = 0;
+    CHECK(snap_check(root, 7, 10, 4, &S0) == 0 && S0 == 1, "intact checkpoint refused: %s", pf_errmsg());
+    int refused = 0, tried = 0;
+    for (off_t cut = 0; cut<st.st_size; cut = cut + 1024> st.st_size ? st.st_size - 1 : cut + 1024) {
+        copy_file(keep, good);
+        if (truncate(good, cut) != 0)
+            return 1;
+        tried++;
+        if (snap_check(root, 7, 10, 4, &S0) < 0 && strstr(pf_errmsg(), "shard-0-of-1.snap"))
+            refused++;
+        else
+            printf("FAIL truncated at %lld: not refused (%s)\n", (long long)cut, pf_errmsg());
+        if (cut == st.st_size - 1)
+            break;
+    }
+    CHECK(refused == tried, "truncations refused: %d of %d", refused, tried);
+    printf("truncated at every 1 KiB boundary and at %lld bytes: %d of %d refused\n",
+           (long long)st.st_size - 1, refused, tried);
+    refused = tried = 0;
+    FILE *kf = fopen(keep, "rb");
+    uint8_t *bytes = malloc((size_t)st.st_size);
+    if (!kf || fread(bytes, 1, (size_t)st.st_size, kf) != (size_t)st.st_size)
+        return 1;
+    fclose(kf);
+    for (off_t i = 0; i < st.st_size; i++) {
+        bytes[i] ^= 0x5a;
+        FILE *f = fopen(good, "wb");
+        fwrite(bytes, 1, (size_t)st.st_size, f);
+        fclose(f);
+        bytes[i] ^= 0x5a;
+        tried++;
+        if (snap_check(root, 7, 10, 4, &S0) < 0)
+            refused++;
+        else if (tried - refused < 5)
+            printf("FAIL byte %lld flipped: not refused\n", (long long)i);
+    }
+    CHECK(refused == tried, "flipped bytes refused: %d of %d", refused, tried);
+    printf("every byte flipped in turn: %d of %d refused\n", refused, tried);
+    copy_file(keep, good);
+    CHECK(snap_check(root, 7, 11, 4, &S0) < 0 && strstr(pf_errmsg(), "C=10"), "wrong C accepted: %s",
+          pf_errmsg());
+    CHECK(snap_check(root, 7, 10, 8, &S0) < 0 && strstr(pf_errmsg(), "D=4"), "wrong D accepted: %s",
+          pf_errmsg());
+    char renamed[512];
+    ckpt_member_path(root, 7, "shard", 1, 2, ".snap", renamed, sizeof renamed);
+    if (rename(good, renamed) != 0)
+        return 1;
+    CHECK(snap_check(root, 7, 10, 4, &S0) < 0 && strstr(pf_errmsg(), "shard-0-of-2.snap missing"),
+          "a lone shard 1 of 2 accepted: %s", pf_errmsg());
+    shard s2;
+    shard_create(&s2, 10, 2, 1, 4, 5, 1, 0);
+    CHECK(snap_load(&s2, root, 7) < 0, "snap_load of an incomplete checkpoint succeeded");
+    shard_destroy(&s2);
+    unlink(renamed);
+    copy_file(keep, good);
+    CHECK(snap_check(root, 7, 10, 4, &S0) == 0, "restored checkpoint refused: %s", pf_errmsg());
+    printf("wrong C, wrong D, a missing shard file: refused with the file named\n");
+
+    /* 4. disk errors: the temp file on /dev/full; a root that is a file */
+    char tmpname[600];
+    ckpt_member_path(root, 9, "shard", 0, 1, ".snap.tmp", tmpname, sizeof tmpname);
+    char dir9[512];
+    ckpt_step_dir(root, 9, dir9, sizeof dir9);
+    mkdir(dir9, 0755);
+    if (symlink("/dev/full", tmpname) == 0) {
+        CHECK(snap_start(&small, root, 9, &j) == 0, "snap_start: %s", pf_errmsg());
+        rc = snap_finish(j);
+        CHECK(rc < 0 && strstr(pf_errmsg(), "No space left"), "write to /dev/full: rc %d (%s)", rc,
+              pf_errmsg());
+        ckpt_member_path(root, 9, "shard", 0, 1, ".snap", tmpname, sizeof tmpname);
+        CHECK(access(tmpname, F_OK) != 0, "a failed checkpoint left %s", tmpname);
+        CHECK(snap_check(root, 7, 10, 4, &S0) == 0, "the previous checkpoint is damaged: %s", pf_errmsg());
+        printf("disk full (/dev/full): write refused (%s); checkpoint 7 intact\n", pf_errmsg());
+    } else {
+        printf("SKIP part: cannot link /dev/full\n");
+    }
+    char fileroot[300];
+    snprintf(fileroot, sizeof fileroot, "%s.file", root);
+    FILE *ff = fopen(fileroot, "w");
+    fclose(ff);
+    CHECK(snap_start(&small, fileroot, 9, &j) < 0, "snap_start under a file succeeded");
+    unlink(fileroot);
+    shard_destroy(&small);
+
+    ps_server_destroy(ref);
+    free(w);
+    free(v);
+    free(bytes);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s' '%s'", root, keep, logpath);
+    if (system(cmd) != 0)
+        fails++;
+    printf(fails ? "FAILED\n" : "PASS\n");
+    return fails != 0;
+}
