@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# systemd units (deploy/systemd/*.service) against where `meson install` puts this build: the build is installed
+# into a scratch root (meson install --destdir), the units go to its /etc/systemd/system, and `systemd-analyze
+# verify --root` must accept pfcps-server@0 and pfcps-worker@0 without a word (it checks that ExecStart names an
+# executable there, among the rest); the same units pointing at /opt/pfcps/bin must be refused (the check is
+# real). The units keep a working directory (relative `output`), Restart=on-failure, and the worker's
+# ExecStopPost, run with a stand-in systemctl, stops this host's servers exactly when the last worker unit of
+# the host has exited 0. Skips (77) without systemd-analyze.
+# Arguments: SERVER WORKER PFCPS SRC BUILD (tests/train/cluster.sh).
+command -v systemd-analyze >/dev/null 2>&1 ||
+  { echo "SKIP: systemd-analyze is not installed (package systemd)"; exit 77; }
+source "$(dirname "$0")/../train/cluster.sh" "$@"
+units=$SRC/deploy/systemd
+ROOT=$TMP/root
+
+# This build, installed as `meson install` installs it (prefix from the build's options).
+meson install -C "$BUILD" --no-rebuild --destdir "$ROOT" >"$TMP/install.log" 2>&1 ||
+  { tail -20 "$TMP/install.log"; fail "meson install"; }
+installed() {
+  meson introspect --installed "$BUILD" | python3 -c 'import json, sys
+print(next(v for k, v in json.load(sys.stdin).items() if k.endswith("/" + sys.argv[1])))' "$1"
+}
+# What verify needs besides the units: the targets they depend on by default, and /bin/sh for ExecStopPost.
+mkdir -p "$ROOT/etc/systemd/system" "$ROOT/usr/lib/systemd/system" "$ROOT/usr/bin"
+cp -L /usr/lib/systemd/system/*.target "$ROOT/usr/lib/systemd/system/"
+cp -L /bin/sh "$ROOT/usr/bin/sh"
+[ -e "$ROOT/bin" ] || ln -s usr/bin "$ROOT/bin"
+
+for role in server worker; do
+  unit=$units/pfcps-$role@.service
+  cp "$unit" "$ROOT/etc/systemd/system/"
+  exe=$(sed -n 's/^ExecStart=\([^ ]*\) .*/\1/p' "$unit")
+  want=$(installed "pfcps-$role") || fail "meson introspect: no pfcps-$role among the installed files"
+  [ -x "$ROOT$want" ] || fail "meson install did not put pfcps-$role at $want"
+  if [ "$exe" != "$want" ]; then
+    # A build with another prefix: the override the unit's comment describes.
+    echo "systemd: this build installs pfcps-$role at $want (unit: $exe): checking with a drop-in"
+    mkdir -p "$ROOT/etc/systemd/system/pfcps-$role@.service.d"
+    printf '[Service]\nExecStart=\nExecStart=%s --config /etc/pfcps/pfcps.ini --rank %%i\n' "$want" \
+      >"$ROOT/etc/systemd/system/pfcps-$role@.service.d/prefix.conf"
+  fi
+  # What the units promise besides the binary.
+  grep -qx "WorkingDirectory=/var/lib/pfcps" "$unit" || fail "$unit: no WorkingDirectory=/var/lib/pfcps"
+  grep -qx "StateDirectory=pfcps" "$unit" || fail "$unit: no StateDirectory=pfcps (creates the working directory)"
+  grep -qx "Restart=on-failure" "$unit" || fail "$unit: no Restart=on-failure"
+done
+
+rc=0
+systemd-analyze verify --root="$ROOT" pfcps-server@0.service pfcps-worker@0.service >"$TMP/verify.out" 2>&1 || rc=$?
+if [ "$rc" -ne 0 ] || [ -s "$TMP/verify.out" ]; then cat "$TMP/verify.out"; fail "systemd-analyze verify: exit $rc"; fi
+echo "systemd: systemd-analyze verify accepts pfcps-server@0 and pfcps-worker@0 ($(installed pfcps-server))"
+
+# The control: the units pointing where nothing is installed are refused.
+mkdir -p "$TMP/bad/etc/systemd/system"
+cp -a "$ROOT/usr" "$ROOT/bin" "$TMP/bad/"
+sed 's|^ExecStart=[^ ]*/pfcps-server |ExecStart=/opt/pfcps/bin/pfcps-server |' "$units/pfcps-server@.service" \
+  >"$TMP/bad/etc/systemd/system/pfcps-server@.service"
+systemd-analyze verify --root="$TMP/bad" pfcps-server@0.service >"$TMP/bad.out" 2>&1 &&
+  fail "systemd-analyze verify accepted ExecStart=/opt/pfcps/bin/pfcps-server, which does not exist"
+grep -q "/opt/pfcps/bin/pfcps-server is not executable" "$TMP/bad.out" ||
+  { cat "$TMP/bad.out"; fail "verify did not name the missing /opt/pfcps/bin/pfcps-server"; }
+
+# The worker's ExecStopPost (systemd's $$ is $), run with a stand-in systemctl on PATH that lists the worker units
+# still running ($ACTIVE) and records the stop it is asked for.
+post=$(sed -n 's/^ExecStopPost=\/bin\/sh -c //p' "$units/pfcps-worker@.service" |
+  sed "s/^'//; s/'\$//; s/\\\$\\\$/\$/g")
+[ -n "$post" ] || fail "pfcps-worker@.service has no ExecStopPost=/bin/sh -c '...'"
+mkdir -p "$TMP/fakebin"
+cat >"$TMP/fakebin/systemctl" <<'EOF'
+#!/bin/sh
+case "$1" in
+  list-units) [ -z "$ACTIVE" ] || printf '%s\n' $ACTIVE ;;
+  *) echo "$*" >>"$CALLS" ;;
+esac
+EOF
+chmod +x "$TMP/fakebin/systemctl"
+# case RESULT STATUS ACTIVE EXPECT: EXPECT 1 when the servers must be stopped.
+case_post() {
+  : >"$TMP/calls"
+  env PATH="$TMP/fakebin:$PATH" CALLS="$TMP/calls" SERVICE_RESULT="$1" EXIT_STATUS="$2" ACTIVE="$3" sh -c "$post"
+  if [ "$4" -eq 1 ]; then
+    grep -qx -- '--no-block stop pfcps-server@\*' "$TMP/calls" ||
+      fail "ExecStopPost ($1, exit $2, active '$3') did not stop the servers: $(cat "$TMP/calls")"
+  else
+    [ ! -s "$TMP/calls" ] || fail "ExecStopPost ($1, exit $2, active '$3') called: $(cat "$TMP/calls")"
+  fi
+}
+case_post success 0 "" 1                                                      # the last worker finished
+case_post success 0 "pfcps-worker@1.service loaded active running x" 0       # another one still runs
+case_post exit-code 1 "" 0                                                    # failed: Restart= restarts it
+case_post exit-code 75 "" 0                                                   # the run must re-form
+case_post signal "" "" 0                                                      # killed
+echo "systemd: PASS"
