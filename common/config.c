@@ -88,6 +88,7 @@ static const key_def keys[] = {
     {"snapshot_dir", "server", K_STR, OFF(snapshot_dir), "", 0, 0, 0, 0, NULL, 0, 0},
     {"snapshot_every", "server", K_INT, OFF(snapshot_every), "0", 0, INT_MAX, 0, 0, NULL, 0, 0},
     {"snapshot_keep", "server", K_INT, OFF(snapshot_keep), "2", 1, 1000000, 0, 0, NULL, 0, 0},
+    {"on_member_loss", "server", K_STR, OFF(on_member_loss), "exit", 0, 0, 0, 0, "exit serve", 0, 1},
     {"apply_threads", "server", K_INT, OFF(apply_threads), "2", 1, 1024, 0, 0, NULL, 0, 0},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))

@@ -68,6 +68,7 @@ typedef struct pf_config {
     char snapshot_dir[CFG_STR]; /* default "" = <output>/snapshots */
     int snapshot_every;         /* steps between checkpoints, 0 = off (default); one is also written at the end */
     int snapshot_keep;          /* newest checkpoints each member keeps on disk (default 2) */
+    char on_member_loss[CFG_STR];  /* "exit" (default: stop with 75 so the run re-forms) or "serve" (inspection) */
     int apply_threads;          /* server threads applying pushes, default 2 */
 } pf_config;
 

@@ -51,6 +51,10 @@ int ctl_rendezvous_port(const ctl_rendezvous *rv);
 /* Members currently joined (0 .. num_servers + num_workers); for progress logs and tests. */
 int ctl_rendezvous_joined(const ctl_rendezvous *rv);
 
+/* 1 once every worker of the formed run has left it in order (ctl_session_leave: done, or stopped on
+ * request): the run is over and server 0 can shut it down. */
+int ctl_rendezvous_workers_done(const ctl_rendezvous *rv);
+
 /* Sends the shutdown message to every joined member (they see it in ctl_session_wait_shutdown). */
 void ctl_rendezvous_broadcast_shutdown(ctl_rendezvous *rv);
 

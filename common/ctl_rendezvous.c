@@ -69,6 +69,7 @@ struct ctl_rendezvous {
     int wake[2];
     pthread_t thread;
     atomic_int stop, shutdown_req, joined;
+    atomic_int workers_left; /* workers that left in order (ctl_session_leave) */
     int shutdown_sent, formed;
     conn **conns;
     int nconns, max_conns;
@@ -275,6 +276,8 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
         /* A member's orderly leave (ctl_session_leave): its coming disconnect is not a loss. */
         c->left = 1;
         log_info("control plane: %s[%d] left the run", ctl_role_name(c->role), c->rank);
+        if (c->role == CTL_ROLE_WORKER && atomic_fetch_add(&rv->workers_left, 1) + 1 == rv->num_workers)
+            log_info("control plane: every worker left the run in order: training is over");
         return;
     }
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_HEARTBEAT) {
@@ -899,6 +902,11 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
 int ctl_rendezvous_port(const ctl_rendezvous *rv)
 {
     return rv->port;
+}
+
+int ctl_rendezvous_workers_done(const ctl_rendezvous *rv)
+{
+    return atomic_load(&((ctl_rendezvous *)rv)->workers_left) >= rv->num_workers;
 }
 
 int ctl_rendezvous_joined(const ctl_rendezvous *rv)

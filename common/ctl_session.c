@@ -356,10 +356,12 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
         /* The rendezvous asked to retry (the run is re-forming, or this rank's previous connection is still
          * open): again every 0.5 s until the deadline, saying so every 5 s. */
         double now = pf_now_s();
+        char why[PF_ERRMSG_MAX];
+        snprintf(why, sizeof why, "%s", pf_errmsg());
         if (now + 0.5 >= deadline)
-            return pf_err(-ETIMEDOUT, "join: %s (gave up after %g s)", pf_errmsg(), timeout_s);
+            return pf_err(-ETIMEDOUT, "join: %s (gave up after %g s)", why, timeout_s);
         if (now - t_log >= 5.0) {
-            log_info("join: %s; retrying", pf_errmsg());
+            log_info("join: %s; retrying", why);
             t_log = now;
         }
         for (int i = 0; i < 5; i++) {

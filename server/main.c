@@ -6,10 +6,12 @@
  * `rendezvous` (after checking that its shard fits in memory), every rank joins as (server, s, fabric
  * address) and gets the address book and the run config; then the shard is allocated and initialised,
  * every worker's address goes into the AV, and the progress + apply threads start.
- * SIGTERM / SIGINT (or the rendezvous' shutdown broadcast): stop accepting requests, finish the apply in
- * progress, log the counters, exit 0. The same signals while the run is still forming end the wait for the
- * other members within ~0.1 s (ctl_set_interrupt): rank 0 broadcasts the shutdown to the members that joined,
- * exit 0. Exit 1 on a start-up error (message on stderr). */
+ * SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left the run in
+ * order (training is over): stop accepting requests, finish the apply and the snapshot in progress, log the
+ * counters, exit 0. A lost member or a lost rendezvous: the same stop, exit 75 (the run must re-form). The
+ * same signals while the run is still forming end the wait for the other members within ~0.1 s
+ * (ctl_set_interrupt): rank 0 broadcasts the shutdown to the members that joined, exit 0. Exit 1 on a
+ * start-up error (message on stderr). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,14 +264,19 @@ static int start_serving(server_daemon *d)
     return 0;
 }
 
-/* Serves until SIGTERM / SIGINT or the rendezvous' shutdown broadcast (returns 0), or until the run is
- * broken (returns EXIT_REFORM): another member was lost or restarted, or the control connection to server 0
- * broke. The table then runs ahead of the workers' last checkpoint, so the run can only go on by re-forming
- * from the newest complete checkpoint: this server stops (finishing a snapshot being written) and exits for
- * its supervisor to restart it with resume = true. */
+/* Serves until SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left
+ * the run in order: training is over (returns 0); or until the run is broken (returns EXIT_REFORM): another
+ * member was lost or restarted, or the control connection to server 0 broke. The table then runs ahead of the
+ * workers' last checkpoint, so the run can only go on by re-forming from the newest complete checkpoint: this
+ * server stops (finishing a snapshot being written) and exits for its supervisor to restart it with resume =
+ * true. */
 static int serve_until_stop(server_daemon *d)
 {
     while (!g_stop) {
+        if (d->rv && ctl_rendezvous_workers_done(d->rv)) {
+            log_info("every worker left the run in order: training is over; shutting the run down");
+            return 0; /* finish() broadcasts the shutdown: the other servers stop with 0 */
+        }
         int r = ctl_session_wait_shutdown(d->sess, 0.2);
         if (r == 1) {
             log_info("shutdown broadcast received");
@@ -277,6 +284,10 @@ static int serve_until_stop(server_daemon *d)
         }
         if (r < 0 && g_stop)
             return 0; /* asked to stop too: members stopping together are not a broken run */
+        if (r == -ENOLINK && !strcmp(d->cfg.on_member_loss, "serve")) {
+            log_warn("%s; serving on (on_member_loss = serve)", pf_errmsg());
+            continue;
+        }
         if (r < 0) {
             log_error("%s%s: the run is broken; stopping so that it can re-form from the newest complete "
                       "checkpoint (restart every member with resume = true; exit %d)",

@@ -115,7 +115,7 @@ run_once() {
   tail_pid=$!
 
   rc=0
-  local codes=() i p s
+  local codes=() scodes=() i p s
   while :; do
     local alive=0 failed=-1
     for i in "${!worker_pids[@]}"; do
@@ -131,9 +131,13 @@ run_once() {
     [ "$alive" -eq 0 ] && break
     if [ "$failed" -lt 0 ]; then
       for i in "${!server_pids[@]}"; do
+        [ -n "${scodes[$i]:-}" ] && continue
         if exited "${server_pids[$i]}"; then
           s=0; wait "${server_pids[$i]}" || s=$?
-          culprit="server $i (status $s)"; rc=$(( s ? s : 1 )); failed=$i
+          scodes[$i]=$s
+          # 0: the run ended in order (server 0 shuts it down once every worker left) while a worker exits.
+          [ "$s" -eq 0 ] && continue
+          culprit="server $i (status $s)"; rc=$s; failed=$i
           echo "launch: server $i exited with status $s before the workers finished (see $out/logs/server$i.log); stopping the others" >&2
           break
         fi

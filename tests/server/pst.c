@@ -122,7 +122,7 @@ int pst_start(pst_cluster *cl, int S, int W, int64_t C, int D, const char *extra
             "[train]\nnum_classes = %lld\nembedding_size = %d\nrec = synthetic\nseed = 2048\n"
             "momentum = 0.9\nweight_decay = 0.0005\n[cluster]\nservers = %d\nworkers = %d\nprovider = tcp\n"
             "rendezvous = 127.0.0.1:%d\nsecret = %s\nctl_timeout = 20\nhead_mode = "
-            "local\n[server]\napply_threads = 2\n%s",
+            "local\n[server]\napply_threads = 2\non_member_loss = serve\n%s",
             (long long)C, D, S, W, cl->port, SECRET, extra ? extra : "");
     fclose(f);
     for (int s = 0; s < S; s++) {

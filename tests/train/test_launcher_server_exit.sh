@@ -21,7 +21,7 @@ LP=
 dt=$((SECONDS - t0))
 cat "$TMP/launch.out"
 [ "$rc" -ne 0 ] || fail "launcher exit 0"
-grep -q "launch: server 0 exited before the workers finished" "$TMP/launch.out" || fail "the launcher does not name server 0"
+grep -q "launch: server 0 exited with status [1-9][0-9]* before the workers finished" "$TMP/launch.out" || fail "the launcher does not name server 0"
 grep -q "refusing to start: shard 0/2 needs" "$TMP/out/logs/server0.log" || fail "server 0 did not refuse"
 left=$(pgrep -f "$TMP/run.ini" | wc -l)
 [ "$left" -eq 0 ] || fail "$left processes left behind"

@@ -23,9 +23,9 @@ run_case() {
 run_case TERM "shut the run down"
 run_case KILL "lost the control connection"
 
-# case 3: kill -9 of worker 1 of 2 -> the rendezvous tells the others -> worker 0 exits 1 naming worker 1
-# within seconds (not after the 120 s ring timeout); the server logs it and keeps serving, then exits 0
-# on SIGTERM.
+# case 3: kill -9 of worker 1 of 2 -> the rendezvous tells the others -> worker 0 exits non-zero naming worker 1
+# within seconds (not after the 120 s ring timeout); the server, whose table is now ahead of the last
+# checkpoint, stops with exit 75 (the run must re-form from its newest checkpoint) and says so.
 start_endless 1 2 loss-secret "worker loss: training did not start"
 kill -KILL "${WPIDS[1]}"
 t0=$SECONDS
@@ -33,7 +33,9 @@ wait_exit "${WPIDS[0]}" 30 || { show_logs; fail "worker 0 still runs 30 s after 
 rc=0; wait "${WPIDS[0]}" || rc=$?
 [ "$rc" -ne 0 ] || fail "worker 0 exited 0 although worker 1 died"
 grep -q "worker\[1\].*disconnected without leaving the run" "$TMP/worker0.log" || { show_logs; fail "worker 0 does not name worker 1"; }
-kill -0 "${SPIDS[0]}" 2>/dev/null || fail "the server stopped serving when a worker died"
-stop_servers
+wait_exit "${SPIDS[0]}" 30 || { show_logs; fail "the server still runs 30 s after worker 1 died"; }
+src=0; wait "${SPIDS[0]}" || src=$?
+[ "$src" -eq 75 ] || { show_logs; fail "server exit $src after a worker died, expected 75 (re-form)"; }
+grep -q "worker\[1\].*the run is broken; stopping so that it can re-form" "$TMP/server0.log" || { show_logs; fail "server 0 does not say why it stopped"; }
 echo "ok: SIGKILL to worker 1: worker 0 exited $rc after $((SECONDS - t0)) s: $(grep -m1 "disconnected without" "$TMP/worker0.log" | sed 's/^.* ERROR //')"
 echo PASS
