@@ -83,6 +83,7 @@ static const key_def keys[] = {
     {"head_mode", "cluster", K_STR, OFF(head_mode), "global", 0, 0, 0, 0, "global local", 0, 1},
     {"secret", "cluster", K_STR, OFF(secret), "", 0, 0, 0, 0, NULL, 0, 0},
     {"ctl_max_frame", "cluster", K_INT, OFF(ctl_max_frame), "1048576", 1024, 1 << 30, 0, 0, NULL, 0, 0},
+    {"data_address", "cluster", K_STR, OFF(data_address), "auto", 0, 0, 0, 0, NULL, 0, 1},
     {"ctl_timeout", "cluster", K_DOUBLE, OFF(ctl_timeout), "30", 0, 86400, 1, 0, NULL, 0, 0},
     /* [server] */
     {"snapshot_dir", "server", K_STR, OFF(snapshot_dir), "", 0, 0, 0, 0, NULL, 0, 0},

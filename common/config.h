@@ -60,6 +60,7 @@ typedef struct pf_config {
     char rendezvous[CFG_STR]; /* host:port of server 0's control plane, default "127.0.0.1:29500" */
     char wire_dtype[CFG_STR]; /* "fp32" (default), "fp16", "bf16" */
     int max_staleness;        /* 0 = BSP (default); k = pulls may run k steps ahead (SSP) */
+    char data_address[CFG_STR]; /* "auto" (default): where the route to the rendezvous leaves; "any"; an address */
     char head_mode[CFG_STR];  /* "global" (default) or "local" */
     char secret[CFG_STR];     /* shared join secret; default "" = read PFCPS_SECRET from the environment */
     int ctl_max_frame;        /* control-plane frame limit, bytes, default 1 MiB */

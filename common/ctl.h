@@ -82,6 +82,11 @@ void ctl_set_interrupt(const volatile sig_atomic_t *flag);
  * picks the newest step every member listed and says it in the book (resume_step, resume_reason). */
 void ctl_set_resume_steps(const int64_t *steps, size_t n);
 
+/* The run's data-plane token (proto/ps_wire.h): the first 8 bytes (little-endian) of
+ * HMAC-SHA256(secret, "pfcps data plane v1\0" || nonce), nonce = the book's run_nonce; never 0. Every member
+ * computes it from the secret it joined with, so nobody without the secret can produce it. Returns 0 or -EIO. */
+int ctl_data_token(const char *secret, const uint8_t nonce[16], uint64_t *token);
+
 /* The address book received at join. */
 const ctl_book *ctl_session_book(const ctl_session *s);
 

@@ -31,6 +31,7 @@ typedef struct ctl_book {
     int64_t num_classes; /* C of the shard map (class c on server c mod S at local row c div S) */
     int64_t resume_step; /* > 0: every member loads checkpoint resume_step (common/ckpt.h); 0: from scratch */
     char resume_reason[512]; /* why that step (or none), for the members' logs */
+    uint8_t run_nonce[16];   /* this run's nonce (ctl_data_token) */
 } ctl_book;
 
 #endif

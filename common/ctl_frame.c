@@ -86,7 +86,8 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
                           CTL_MAX_RESUME_STEPS);
         for (size_t i = 0; i < j->n_resume_steps; i++)
             if (j->resume_steps[i] <= 0)
-                return pf_err(-EPROTO, "join: resume step %lld is not positive", (long long)j->resume_steps[i]);
+                return pf_err(-EPROTO, "join: resume step %lld is not positive",
+                              (long long)j->resume_steps[i]);
         return 0;
     }
     case PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY: {
@@ -188,6 +189,8 @@ int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
     book->num_workers = r->num_workers;
     book->num_classes = r->num_classes;
     book->resume_step = r->resume_step > 0 ? r->resume_step : 0;
+    if (r->run_nonce.len == sizeof book->run_nonce)
+        memcpy(book->run_nonce, r->run_nonce.data, sizeof book->run_nonce);
     snprintf(book->resume_reason, sizeof book->resume_reason, "%s", r->resume_reason ? r->resume_reason : "");
     book->servers = calloc((size_t)r->num_servers, sizeof(ctl_member));
     book->workers = calloc((size_t)r->num_workers, sizeof(ctl_member));
@@ -225,5 +228,21 @@ int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
     }
     /* n_members == S + W and no slot twice, so every slot is filled. */
     free(seen);
+    return 0;
+}
+
+int ctl_data_token(const char *secret, const uint8_t nonce[16], uint64_t *token)
+{
+    static const char label[] = "pfcps data plane v1";
+    uint8_t msg[sizeof label + 16], mac[32];
+    unsigned int len = 0;
+    memcpy(msg, label, sizeof label);
+    memcpy(msg + sizeof label, nonce, 16);
+    if (!secret || !HMAC(EVP_sha256(), secret, (int)strlen(secret), msg, sizeof msg, mac, &len))
+        return pf_err(-EIO, "data-plane token: HMAC failed");
+    uint64_t t = 0;
+    for (int i = 0; i < 8; i++)
+        t |= (uint64_t)mac[i] << (8 * i);
+    *token = t ? t : 1; /* 0 means "no token" to the servers and clients */
     return 0;
 }

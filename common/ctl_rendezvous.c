@@ -62,6 +62,7 @@ struct ctl_rendezvous {
     int num_servers, num_workers;
     int64_t num_classes;
     int resume;
+    uint8_t run_nonce[16]; /* random, per run: the data-plane token's input (ctl_data_token) */
     int reforming; /* a member rejoined after a restart: the run is over, the members were told */
     size_t max_frame;
     double timeout_s;
@@ -521,6 +522,8 @@ static void form_run(ctl_rendezvous *rv)
     char reason[512];
     r.resume_step = pick_resume_step(rv, reason, sizeof reason);
     r.resume_reason = reason;
+    r.run_nonce.data = rv->run_nonce;
+    r.run_nonce.len = sizeof rv->run_nonce;
     log_info("control plane: %s", reason);
     Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
     m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
@@ -826,6 +829,10 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->num_workers = o->num_workers;
     rv->num_classes = o->num_classes;
     rv->resume = o->resume;
+    if (RAND_bytes(rv->run_nonce, sizeof rv->run_nonce) != 1) {
+        rv_free(rv);
+        return pf_err(-EIO, "rendezvous: no random run nonce (RAND_bytes failed)");
+    }
     rv->max_frame = o->max_frame;
     rv->timeout_s = o->timeout_s;
     *out = rv;

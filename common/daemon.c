@@ -3,9 +3,12 @@
 #include "common/daemon.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/cli.h"
+#include "common/clock.h"
+#include "common/fabric.h"
 #include "common/err.h"
 #include "common/hostport.h"
 #include "common/log.h"
@@ -73,4 +76,30 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
     }
     log_error("%s", pf_errmsg());
     return rc;
+}
+
+int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port)
+{
+    if (!strcmp(cfg->provider, "shm"))
+        return 0;
+    if (!strcmp(cfg->data_address, "any")) {
+        fab_set_source(NULL);
+        log_info("data plane: the provider picks the interface (data_address = any)");
+        return 0;
+    }
+    char addr[CFG_STR];
+    if (strcmp(cfg->data_address, "auto") != 0) {
+        snprintf(addr, sizeof addr, "%s", cfg->data_address);
+    } else {
+        int rc = pf_route_source(host, port, pf_now_s() + (cfg->ctl_timeout > 0 ? cfg->ctl_timeout : 30),
+                                 addr, sizeof addr);
+        if (rc < 0) {
+            log_error("data_address = auto: %s", pf_errmsg());
+            return rc;
+        }
+    }
+    fab_set_source(addr);
+    log_info("data plane: endpoints bind %s (data_address = %s%s)", addr, cfg->data_address,
+             strcmp(cfg->data_address, "auto") ? "" : ": the address this host reaches the rendezvous from");
+    return 0;
 }

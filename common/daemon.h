@@ -23,6 +23,13 @@ void daemon_signals_install(volatile sig_atomic_t *stop);
 /* 1 when this process got SIGTERM or SIGINT (the stop flag may also be raised by the daemon itself). */
 int daemon_signalled(void);
 
+/* Chooses the interface the data plane listens on, from config key data_address: "auto" (default) binds the
+ * address this host reaches the rendezvous host:port from (so the data plane follows the configured address
+ * and never listens on every interface), "any" leaves the choice to the provider, anything else is used as
+ * the address. Logs the choice; shm needs none. Call before opening the fabric endpoints. Returns 0, or a
+ * negative code after logging (no route to the rendezvous within ctl_timeout). */
+int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port);
+
 /* Joins the run (cli_join_run: host:port as (role, rank) with fabric address addr, up to ctl_timeout) and
  * loads the run config into *run. A stop before the run formed, SIGTERM/SIGINT while waiting or the
  * rendezvous shutting the run down, is a normal stop: it is logged ("stopping: ...", with `stop_note`

@@ -56,6 +56,14 @@ static const char *map_provider(const char *p)
     return NULL;
 }
 
+/* fab_set_source's address: endpoints opened after it bind there (tcp, verbs). */
+static char g_source[128];
+
+void fab_set_source(const char *node)
+{
+    snprintf(g_source, sizeof g_source, "%s", node ? node : "");
+}
+
 int fab_open(const char *provider, fab_ctx **out)
 {
     *out = NULL;
@@ -86,8 +94,18 @@ int fab_open(const char *provider, fab_ctx **out)
     hints->mode = 0;
     hints->addr_format = FI_FORMAT_UNSPEC;
 
-    int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &f->info);
+    /* A source address (fab_set_source) restricts tcp and verbs to that interface; shm has no address. */
+    const char *node = g_source[0] && strcmp(prov, "shm") != 0 ? g_source : NULL;
+    int rc = fi_getinfo(FI_VERSION(1, 17), node, NULL, node ? FI_SOURCE : 0, hints, &f->info);
     fi_freeinfo(hints);
+    if (rc && node) {
+        int code = pf_err(-ENODATA,
+                          "fi_getinfo(provider %s, source address %s): %s (no interface of this host has "
+                          "that address? set data_address)",
+                          prov, node, fi_strerror(-rc));
+        free(f);
+        return code;
+    }
     if (rc) {
         int code =
             pf_err(-ENODATA, "fi_getinfo(provider %s, FI_EP_RDM, FI_MSG|FI_RMA): %s", prov, fi_strerror(-rc));

@@ -62,6 +62,12 @@ typedef struct fab_comp {
  * or an exact libfabric provider string such as "tcp;ofi_rxm"). Returns 0 and *out, or -ENODATA when
  * the provider is not available (message names it and the fi_getinfo error), -EINVAL for an unknown
  * name, other negative codes naming the failing fi_* call. */
+/* Makes every later fab_open of a tcp or verbs endpoint in this process bind to address `node` (an IP
+ * address of this host; NULL or "": the provider's choice, its first non-loopback interface). The daemons set
+ * the address their route to the rendezvous leaves from (config key data_address), so the data plane listens
+ * where the control plane does, not on every interface. */
+void fab_set_source(const char *node);
+
 int fab_open(const char *provider, fab_ctx **out);
 
 /* Whether `provider` ("tcp", "shm", "verbs" or an exact name, as for fab_open) can move data straight to

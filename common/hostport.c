@@ -2,9 +2,13 @@
 #include "common/hostport.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/err.h"
@@ -102,4 +106,32 @@ int pf_resolve(const char *what, const char *host, const char *port, const struc
             poll(NULL, 0, 100);
         }
     }
+}
+
+int pf_route_source(const char *host, int port, double deadline, char *out, size_t n)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM};
+    struct addrinfo *ai = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = pf_resolve("the rendezvous host", host, ps, &hints, deadline, &ai);
+    if (rc < 0)
+        return rc;
+    rc = -EHOSTUNREACH;
+    for (struct addrinfo *a = ai; a && rc < 0; a = a->ai_next) {
+        int fd = socket(a->ai_family, SOCK_DGRAM, 0);
+        if (fd < 0)
+            continue;
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+            getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
+            getnameinfo((struct sockaddr *)&ss, sl, out, (socklen_t)n, NULL, 0, NI_NUMERICHOST) == 0)
+            rc = 0;
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    if (rc < 0)
+        return pf_err(rc, "no route from this host to the rendezvous %s:%d", host, port);
+    return 0;
 }

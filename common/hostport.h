@@ -24,6 +24,12 @@ int pf_parse_hostport(const char *hp, char *host, size_t hostlen, int *port);
 int pf_resolve(const char *what, const char *host, const char *port, const struct addrinfo *hints,
                double deadline, struct addrinfo **out);
 
+/* The local address this host's packets to host:port leave from (a UDP connect, nothing sent), numeric, into
+ * out[n]: the interface the data plane should listen on so that the rendezvous' peers reach it. Resolves with
+ * pf_resolve (retrying a name not published yet until `deadline`). Returns 0, or a negative code with
+ * pf_errmsg() (unresolvable name, no route). */
+int pf_route_source(const char *host, int port, double deadline, char *out, size_t n);
+
 #define PF_RESOLVE_RETRY_S 0.5
 #define PF_RESOLVE_LOG_S   5.0
 

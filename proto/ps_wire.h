@@ -10,6 +10,11 @@
  *   PS_OP_STAT      payload: empty -> reply payload: ps_stat
  *   PS_OP_CHECKSUM  payload: empty -> reply payload: uint64 FNV-1a over the shard's weights then momentum
  * A push carrying PS_PUSH_SNAPSHOT asks for a snapshot of the shard as it stands after that step.
+ * Authentication: every message carries the run's data-plane token, derived from the join secret and the
+ * run's nonce (ctl_data_token): a server drops (and counts) any request whose token is not its run's without
+ * answering, and a client ignores replies without it, so a peer that cannot join the run cannot pull, push
+ * or answer. The token travels in the clear: the data plane must be a network the operator trusts against
+ * eavesdroppers (RDMA fabrics are).
  * Replies: op = PS_OP_REPLY, same req_id, chunk and row_off as the request, status 0 or a negative errno;
  * on error the payload is a NUL-terminated message naming the problem.
  *
@@ -32,7 +37,7 @@
 #include "common/err.h"
 
 #define PS_MAGIC           0x53504650u /* "PFPS" */
-#define PS_VERSION         1
+#define PS_VERSION         2
 #define PS_MSG_PAYLOAD_MAX (1u << 20) /* bytes of rows (or grads) per message */
 
 enum { PS_OP_PULL = 1, PS_OP_PUSH = 2, PS_OP_STAT = 3, PS_OP_CHECKSUM = 4, PS_OP_REPLY = 16 };
@@ -50,13 +55,13 @@ typedef struct ps_hdr {
     int64_t step;     /* step clock tag */
     uint32_t n;       /* rows in this message */
     uint32_t dim;     /* D */
-    uint32_t dtype;   /* ps_dtype of rows / grads */
+    uint16_t dtype;   /* ps_dtype of rows / grads */
+    uint16_t flags;   /* push: PS_PUSH_* (0 on other ops); unknown bits are refused */
     uint16_t chunk;   /* push: index of this message within the push */
     uint16_t nchunks; /* push: messages in the push */
     float lr;         /* push: learning rate */
     uint32_t row_off; /* client bookkeeping: first row of this chunk in the request, echoed */
-    uint32_t flags;   /* push: PS_PUSH_* (0 on other ops); unknown bits are refused */
-    uint32_t reserved;
+    uint64_t token;   /* the run's data-plane token (ctl_data_token), echoed in replies */
 } ps_hdr;
 
 /* Push flag: once this step's pushes are applied, the server snapshots its shard as checkpoint step + 1

@@ -190,7 +190,8 @@ static int join_run(server_daemon *d)
     if (check_run_config(d) < 0)
         return -1;
     list_resume_steps(d);
-    if (open_endpoint(d) < 0 || start_rendezvous(d) < 0)
+    if (daemon_bind_data_plane(&d->cfg, d->host, d->port) < 0 || open_endpoint(d) < 0 ||
+        start_rendezvous(d) < 0)
         return -1;
     int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
                          d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
@@ -227,8 +228,13 @@ static int start_serving(server_daemon *d)
                          .snapshot_root = d->root,
                          .snapshot_keep = run->snapshot_keep,
                          .start_step = book->resume_step,
+                         .token = 0,
                          .fab = d->fab};
     ckpt_root(run, d->root, sizeof d->root);
+    if (ctl_data_token(d->secret, book->run_nonce, &so.token) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
     /* PFCPS_PREFAULT=1 backs every page of the table before serving (no config key for it yet). */
     const char *pf = getenv("PFCPS_PREFAULT");
     so.prefault = pf && *pf == '1';

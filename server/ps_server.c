@@ -3,6 +3,7 @@
 #include "server/ps_server.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
@@ -83,6 +85,8 @@ struct ps_server {
     int64_t steps_done;
     pending *pq_head, *pq_tail;
     atomic_llong st_pushes, st_rows, st_bad;
+    double drop_log_t; /* rate limit of the "dropped" warnings: last one logged */
+    long drop_quiet;   /* drops not logged since */
     pthread_t progress;
     int started;
     atomic_int stop;
@@ -600,20 +604,41 @@ static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
     push_add_chunk(S, h, cur, c);
 }
 
+/* Counts a message dropped without an answer and logs why, at most once a second (a flood of foreign
+ * messages costs a counter, not a log line each). */
+static void drop(ps_server *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void drop(ps_server *S, const char *fmt, ...)
+{
+    S->st_bad++;
+    double now = pf_now_s();
+    if (now - S->drop_log_t < 1.0) {
+        S->drop_quiet++;
+        return;
+    }
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    log_warn("dropped a message: %s (%ld more dropped since the last such line; %lld bad requests in all)",
+             why, S->drop_quiet, (long long)S->st_bad);
+    S->drop_log_t = now;
+    S->drop_quiet = 0;
+}
+
 static void handle_msg(ps_server *S, const uint8_t *buf, size_t len)
 {
     ps_hdr h;
-    if (len < sizeof(ps_hdr)) {
-        S->st_bad++;
-        log_warn("dropped a %zu-byte message: shorter than the %zu-byte header", len, sizeof(ps_hdr));
-        return;
-    }
+    if (len < sizeof(ps_hdr))
+        return drop(S, "%zu bytes, shorter than the %zu-byte header", len, sizeof(ps_hdr));
     memcpy(&h, buf, sizeof(h));
-    if (h.client < 0 || h.client >= S->o.workers || !S->worker_known[h.client]) {
-        S->st_bad++;
-        log_warn("dropped a message from unknown worker rank %d (%d workers)", h.client, S->o.workers);
-        return;
-    }
+    if (S->o.token && h.token != S->o.token)
+        return drop(S,
+                    "wrong data-plane token (a peer outside this run, or a member of another run); "
+                    "claimed worker rank %d",
+                    h.client);
+    if (h.client < 0 || h.client >= S->o.workers || !S->worker_known[h.client])
+        return drop(S, "unknown worker rank %d (%d workers)", h.client, S->o.workers);
     char msg[256];
     const uint8_t *payload = buf + sizeof(ps_hdr);
     size_t plen = len - sizeof(ps_hdr);

@@ -54,6 +54,7 @@ typedef struct ps_server_opts {
     const char *snapshot_root; /* checkpoint root (common/ckpt.h) for PS_PUSH_SNAPSHOT; NULL: snapshots off */
     int snapshot_keep;         /* newest checkpoints of this shard kept on disk (>= 1; 0 = 2) */
     int64_t start_step;        /* the step clock starts here (a resumed run: its checkpoint step), else 0 */
+    uint64_t token;            /* the run's data-plane token (ps_wire.h); 0: not checked (tests) */
     struct fab_ctx *fab;  /* an endpoint opened already (its address went into the address book), or
                              NULL to open one for `provider`; the server owns it either way */
 } ps_server_opts;

@@ -181,6 +181,7 @@ static int parse_args(int argc, char **argv, worker_daemon *d)
         log_error("%s\n%s", pf_errmsg(), usage);
         return -1;
     }
+    d->topts.secret = d->secret;
     return 0;
 }
 
@@ -287,6 +288,8 @@ static int join_run(worker_daemon *d)
 {
     uint8_t addr[CTL_MAX_ADDR];
     size_t alen = sizeof addr;
+    if (daemon_bind_data_plane(&d->cfg, d->host, d->port) < 0)
+        return -1;
     if (train_open_endpoints(&d->t, &d->cfg, (int)d->rank, addr, &alen) < 0) {
         log_error("%s", pf_errmsg());
         return -1;

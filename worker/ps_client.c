@@ -78,6 +78,7 @@ struct ps_req {
 
 struct ps_client {
     ps_client_opts o;
+    uint64_t token; /* the run's data-plane token (0: none) */
     fab_ctx *fab;
     fi_addr_t *srv_addr;
     uint8_t *srv_known;
@@ -405,8 +406,9 @@ static int send_one(ps_client *c, ps_req *r, int s)
                 .client = c->o.rank,
                 .step = r->step,
                 .dim = (uint32_t)c->o.dim,
-                .dtype = (uint32_t)c->o.dtype,
+                .dtype = (uint16_t)c->o.dtype,
                 .lr = r->lr,
+                .token = c->token,
                 .flags = r->op == RQ_PUSH ? r->flags : 0};
     h.req_id = ((uint64_t)sl->gen << 32) | si;
     size_t len = sizeof(ps_hdr);
@@ -555,8 +557,8 @@ static slot *reply_slot(ps_client *c, const uint8_t *buf, size_t len, ps_hdr *h,
     memcpy(h, buf, sizeof(*h));
     *si = (uint32_t)(h->req_id & 0xffffffffu);
     uint32_t gen = (uint32_t)(h->req_id >> 32);
-    if (h->magic != PS_MAGIC || h->op != PS_OP_REPLY || *si >= c->nslots || !c->slots[*si].in_use ||
-        c->slots[*si].gen != gen)
+    if (h->magic != PS_MAGIC || h->op != PS_OP_REPLY || (c->token && h->token != c->token) ||
+        *si >= c->nslots || !c->slots[*si].in_use || c->slots[*si].gen != gen)
         return NULL;
     return &c->slots[*si];
 }
@@ -1034,4 +1036,9 @@ void ps_client_destroy(ps_client *c)
     free(c->srv_probe);
     free(c->srv_probe_t);
     free(c);
+}
+
+void ps_client_set_token(ps_client *c, uint64_t token)
+{
+    c->token = token;
 }

@@ -51,6 +51,10 @@ typedef struct ps_client_opts {
 /* Opens the endpoint. Returns 0 or a negative code (fabric errors name the libfabric call). */
 int ps_client_create(const ps_client_opts *opts, ps_client **out);
 
+/* Sets the run's data-plane token (ctl_data_token): every request carries it and replies without it are
+ * ignored. Call once the address book is known, before the first request (0: none, for tests). */
+void ps_client_set_token(ps_client *c, uint64_t token);
+
 /* This client's fabric address for the address book. *len: capacity in, bytes out. */
 int ps_client_getname(ps_client *c, void *addr, size_t *len);
 

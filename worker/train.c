@@ -169,6 +169,10 @@ static int setup_servers(trainer *t, const ctl_book *book)
     if (book->num_workers != t->W || book->num_servers != t->S)
         return pf_err(-EPROTO, "address book has %d servers / %d workers, run config says %d / %d",
                       book->num_servers, book->num_workers, t->S, t->W);
+    uint64_t token = 0;
+    if ((rc = ctl_data_token(t->opts.secret ? t->opts.secret : t->run.secret, book->run_nonce, &token)) < 0)
+        return rc;
+    ps_client_set_token(t->ps, token);
     for (int s = 0; s < t->S; s++)
         if ((rc = ps_client_add_server(t->ps, s, book->servers[s].addr, book->servers[s].addr_len)) < 0)
             return pf_err_wrap(rc, "server %d address", s);

@@ -40,6 +40,7 @@ typedef struct train_opts {
                                  (u64 class id, D floats) records, for tests */
     int64_t max_steps;        /* > 0: stop after this many global steps (tests); 0: num_epoch epochs */
     volatile int *stop_flag;  /* set by the signal handler: stop after the current step (all ranks agree) */
+    const char *secret;       /* the join secret (config or PFCPS_SECRET): the data-plane token comes from it */
 } train_opts;
 
 /* Opens a worker's endpoints (one towards the servers, one for the ring collectives). The packed fabric

@@ -285,6 +285,9 @@ static int worker(job *j)
                       1 << 20, 30.0, &sess);
     }
     const ctl_book *book = rc == 0 ? ctl_session_book(sess) : NULL;
+    uint64_t token = 0;
+    if (rc == 0 && (rc = ctl_data_token(j->secret, book->run_nonce, &token)) == 0)
+        ps_client_set_token(ps, token);
     for (int s = 0; rc == 0 && s < S_SERVERS; s++)
         rc = ps_client_add_server(ps, s, book->servers[s].addr, book->servers[s].addr_len);
     if (rc == 0) {

@@ -185,6 +185,14 @@ ps_client *pst_join(pst_cluster *cl, int rank, ps_dtype dt)
         return NULL;
     }
     const ctl_book *b = ctl_session_book(sess);
+    uint64_t token = 0;
+    if (ctl_data_token(SECRET, b->run_nonce, &token) < 0)
+        return NULL;
+    ps_client_set_token(c, token);
+    for (int s = 0; s < cl->S && s < PST_MAX; s++) {
+        cl->srv_alen[s] = b->servers[s].addr_len <= sizeof cl->srv_addr[s] ? b->servers[s].addr_len : 0;
+        memcpy(cl->srv_addr[s], b->servers[s].addr, cl->srv_alen[s]);
+    }
     for (int s = 0; s < cl->S; s++) {
         if (ps_client_add_server(c, s, b->servers[s].addr, b->servers[s].addr_len) < 0) {
             printf("FAIL: worker %d: %s\n", rank, pf_errmsg());

@@ -20,6 +20,8 @@ typedef struct pst_cluster {
     pid_t pids[PST_MAX];
     char cfg_path[256];
     char log_path[PST_MAX][256];
+    uint8_t srv_addr[PST_MAX][512]; /* the servers' fabric addresses, from the book of the last pst_join */
+    size_t srv_alen[PST_MAX];
 } pst_cluster;
 
 /* Starts S servers for W workers with C classes of dimension D, head_mode = local (BSP/SSP step clock);

@@ -1,12 +1,15 @@
 /* Multi-process parameter-server tests on 127.0.0.1 (tcp;ofi_rxm): real pfcps-server processes, test
  * clients joined as workers through the rendezvous. One subtest per invocation: test_ps_mp NAME.
  * Expected values are computed here in float64 (or read from ../shared/reference), never by the server. */
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -657,6 +660,92 @@ static int t_bad(void)
     return finish(&cl, 0);
 }
 
+/* --- outsider: a peer outside the run (its own libfabric endpoint, the servers' addresses, but not the run's
+ * data-plane token: it cannot derive it without the join secret) and a raw TCP client on a server's data port
+ * cannot pull, push or read stats: no answer comes, every message is counted as a bad request, the table is
+ * unchanged; the members' own pushes and pulls then work as before. --- */
+static int t_outsider(void)
+{
+    pst_cluster cl;
+    int rc = pst_start(&cl, 2, 1, 1000, 8, NULL, 90);
+    if (rc)
+        return rc;
+    ps_client *c = pst_join(&cl, 0, PS_DT_FP32);
+    if (!c)
+        return finish(&cl, 1);
+    uint64_t sum0[2];
+    for (int s = 0; s < 2; s++)
+        if (ps_checksum(c, s, &sum0[s], 10) < 0)
+            return finish(&cl, 1);
+    ps_client_opts o = {
+        .provider = "tcp", .rank = 0, .servers = 2, .num_classes = 1000, .dim = 8, .dtype = PS_DT_FP32};
+    ps_client *x = NULL;
+    if (ps_client_create(&o, &x) < 0)
+        return finish(&cl, 1);
+    ps_client_set_token(x, 0x0123456789abcdefull); /* a guess */
+    for (int s = 0; s < 2; s++)
+        if (ps_client_add_server(x, s, cl.srv_addr[s], cl.srv_alen[s]) < 0)
+            return finish(&cl, 1);
+    int64_t ids[4] = {0, 1, 2, 3};
+    float g[32], out[32];
+    for (int i = 0; i < 32; i++)
+        g[i] = 1000.f;
+    ps_req *r;
+    int prc = ps_push(x, ids, 4, g, 1.0f, 0, &r);
+    if (prc == 0)
+        prc = ps_wait(x, r, 2.0);
+    printf("outsider push: %d (%s)\n", prc, prc ? pf_errmsg() : "answered!");
+    CHECK(prc != 0, "an outsider's push was answered");
+    int lrc = ps_pull(x, ids, 4, out, 0, &r);
+    if (lrc == 0)
+        lrc = ps_wait(x, r, 2.0);
+    CHECK(lrc != 0, "an outsider's pull was answered");
+    ps_stat xs;
+    CHECK(ps_stat_get(x, 0, &xs, 2.0) != 0, "an outsider read the stats");
+    ps_client_destroy(x);
+    /* A raw TCP client on server 0's data port (found with ss): garbage and a header-sized message. */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd,
+             "ss -ltnpH | grep 'pid=%d,' | sed -n 's/.*127.0.0.1:\\([0-9]*\\) .*/\\1/p' | head -1",
+             (int)cl.pids[0]);
+    FILE *p = popen(cmd, "r");
+    int dport = 0;
+    if (p && fscanf(p, "%d", &dport) != 1)
+        dport = 0;
+    if (p)
+        pclose(p);
+    if (dport > 0) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)dport)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+            uint8_t junk[4096];
+            for (size_t i = 0; i < sizeof junk; i++)
+                junk[i] = (uint8_t)(i * 131 + 7);
+            ssize_t wn = write(fd, junk, sizeof junk);
+            printf("raw TCP client on data port %d: wrote %zd bytes of garbage\n", dport, wn);
+        }
+        usleep(300000);
+        close(fd);
+    } else {
+        printf("raw TCP part skipped: no data port found with ss\n");
+    }
+    uint64_t sum1[2];
+    ps_stat st;
+    for (int s = 0; s < 2; s++) {
+        CHECK(ps_checksum(c, s, &sum1[s], 10) == 0 && sum1[s] == sum0[s],
+              "server %d: table changed by an outsider", s);
+        CHECK(ps_stat_get(c, s, &st, 10) == 0 && st.bad_requests >= 1, "server %d: outsider not counted", s);
+        printf("server %d: checksum unchanged, %lld bad requests counted\n", s, (long long)st.bad_requests);
+    }
+    /* The member still works. */
+    memset(g, 0, sizeof g);
+    CHECK(push_wait(c, ids, 4, g, 0.1f, 0) == 0 && pull_wait(c, ids, 4, out, 1) == 0,
+          "the member's requests fail");
+    ps_client_destroy(c);
+    return finish(&cl, 0);
+}
+
 /* --- kill -9 of a client mid-push: every server's rows all updated or all untouched --- */
 #define KILL_C 400000
 #define KILL_D 64
@@ -1065,6 +1154,8 @@ int main(int argc, char **argv)
         return t_refuse();
     if (!strcmp(t, "forming"))
         return t_forming();
+    if (!strcmp(t, "outsider"))
+        return t_outsider();
     printf("unknown test %s\n", t);
     return 1;
 }
