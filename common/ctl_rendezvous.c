@@ -26,7 +26,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define CTL_SPARE_CONNS   256 /* connections beyond one per member (joins in progress, strays) */
+#define CTL_SPARE_CONNS 256 /* connections beyond one per member (joins in progress, strays) */
+#define CTL_JOIN_DEADLINE_S                                                                                  \
+    5.0 /* a new connection must have joined by then (or the read timeout, if shorter) */
+#define CTL_STRAY_LOG_S   5.0 /* at most one summary line about unauthenticated connections this often */
 #define CTL_CLOSE_GRACE_S 1.0 /* time to flush an error reply before the socket is closed */
 
 static int set_nonblock(int fd)
@@ -63,6 +66,9 @@ struct ctl_rendezvous {
     int64_t num_classes;
     int resume;
     uint8_t run_nonce[16]; /* random, per run: the data-plane token's input (ctl_data_token) */
+    /* Unauthenticated connections (never joined): counted, summarised at most every CTL_STRAY_LOG_S. */
+    long stray_evicted, stray_dropped, stray_logged;
+    double stray_log_t, accept_pause_until;
     int reforming; /* a member rejoined after a restart: the run is over, the members were told */
     size_t max_frame;
     double timeout_s;
@@ -130,9 +136,31 @@ static void release_slot(ctl_rendezvous *rv, conn *c);
 
 /* Error reply (code: a positive errno value) and drop: the connection reads nothing more and is closed
  * once the reply is flushed (or after a short grace period). */
+/* A line about a connection that never joined: the first few are logged, then one summary every
+ * CTL_STRAY_LOG_S (a flood of idle or hostile connections costs counters, not log lines). */
+static void stray_log(ctl_rendezvous *rv, const char *peer, const char *what)
+{
+    rv->stray_dropped++;
+    double now = pf_now_s();
+    if (rv->stray_logged < 5) {
+        rv->stray_logged++;
+        log_warn("control plane: %s: %s", peer, what);
+        rv->stray_log_t = now;
+    } else if (now - rv->stray_log_t >= CTL_STRAY_LOG_S) {
+        log_warn(
+            "control plane: %ld connections without a join closed so far (%ld evicted to make room for new "
+            "ones); latest: %s: %s",
+            rv->stray_dropped, rv->stray_evicted, peer, what);
+        rv->stray_log_t = now;
+    }
+}
+
 static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
 {
-    log_warn("control plane: refusing %s: %s", c->peer, msg);
+    if (c->joined)
+        log_warn("control plane: refusing %s: %s", c->peer, msg);
+    else
+        stray_log(rv, c->peer, msg);
     Pfcps__Error e = PFCPS__ERROR__INIT;
     e.code = code;
     e.message = (char *)msg;
@@ -309,7 +337,7 @@ static void conn_read(ctl_rendezvous *rv, conn *c, double now)
                 "control plane: %s closed the connection in the middle of a frame (truncated, %zu bytes)",
                 c->peer, c->rlen);
         else if (!c->joined)
-            log_warn("control plane: %s closed the connection without joining", c->peer);
+            stray_log(rv, c->peer, "closed the connection without joining");
         c->dead = 1;
         return;
     }
@@ -375,20 +403,53 @@ static void conn_write(conn *c)
     }
 }
 
+/* Closes the oldest connection that has not joined (not a member: an idle or slow stranger), to make room.
+ * Returns 1 when one was closed. */
+static int evict_stray(ctl_rendezvous *rv)
+{
+    int oldest = -1;
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *c = rv->conns[i];
+        if (!c->joined && !c->dead && (oldest < 0 || c->deadline < rv->conns[oldest]->deadline))
+            oldest = i;
+    }
+    if (oldest < 0)
+        return 0;
+    conn *c = rv->conns[oldest];
+    rv->conns[oldest] = rv->conns[--rv->nconns];
+    rv->stray_evicted++;
+    stray_log(rv, c->peer, "evicted before joining (the rendezvous is full)");
+    conn_close(rv, c);
+    return 1;
+}
+
 static void accept_new(ctl_rendezvous *rv, double now)
 {
     for (;;) {
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         int fd = accept(rv->lfd, (struct sockaddr *)&ss, &sl);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE)) {
+            /* Out of descriptors: make room by closing a stranger, or stop accepting for 100 ms (never spin).
+             */
+            if (!evict_stray(rv)) {
+                rv->accept_pause_until = now + 0.1;
+                stray_log(rv, "accept", "out of file descriptors; new connections wait");
+                return;
+            }
+            continue;
+        }
         if (fd < 0)
             return;
         char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?";
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, serv, sizeof serv,
                     NI_NUMERICHOST | NI_NUMERICSERV);
+        if (rv->nconns >= rv->max_conns)
+            evict_stray(rv);
         if (rv->nconns >= rv->max_conns || set_nonblock(fd) < 0) {
-            log_warn("control plane: refusing connection from %s:%s (%d connections open)", host, serv,
-                     rv->nconns);
+            char who[96];
+            snprintf(who, sizeof who, "%s:%s", host, serv);
+            stray_log(rv, who, "refused: too many connections to the rendezvous");
             /* Best effort error reply (a fresh socket's buffer takes it without blocking), then close. */
             Pfcps__Error e = PFCPS__ERROR__INIT;
             e.code = EBUSY;
@@ -416,7 +477,8 @@ static void accept_new(ctl_rendezvous *rv, double now)
         }
         c->fd = fd;
         snprintf(c->peer, sizeof c->peer, "%s:%s", host, serv);
-        c->deadline = now + rv->timeout_s;
+        /* The join must come soon: it is sent right after the hello by every member. */
+        c->deadline = now + (rv->timeout_s < CTL_JOIN_DEADLINE_S ? rv->timeout_s : CTL_JOIN_DEADLINE_S);
         rv->conns[rv->nconns++] = c;
         if (RAND_bytes(c->nonce, sizeof c->nonce) != 1) {
             conn_refuse(rv, c, EIO, "no random nonce available (RAND_bytes failed)");
@@ -607,7 +669,7 @@ static void sweep(ctl_rendezvous *rv, double now)
  * Returns the number of connections listed. */
 static int fill_pollfds(ctl_rendezvous *rv, struct pollfd *pfd)
 {
-    pfd[0] = (struct pollfd){.fd = rv->lfd, .events = POLLIN};
+    pfd[0] = (struct pollfd){.fd = rv->lfd, .events = pf_now_s() < rv->accept_pause_until ? 0 : POLLIN};
     pfd[1] = (struct pollfd){.fd = rv->wake[0], .events = POLLIN};
     int nc = rv->nconns;
     for (int i = 0; i < nc; i++) {

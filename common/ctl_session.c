@@ -351,7 +351,7 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
             return 0;
         }
         ctl_session_close(s);
-        if (rc != -EAGAIN)
+        if (rc != -EAGAIN && rc != -EBUSY)
             return rc;
         /* The rendezvous asked to retry (the run is re-forming, or this rank's previous connection is still
          * open): again every 0.5 s until the deadline, saying so every 5 s. */
