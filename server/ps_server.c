@@ -771,6 +771,12 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
         "row map), %.3f GiB total (page-aligned)",
         opts->rank, opts->servers, (long long)S->sh.rows, (long long)opts->num_classes, opts->dim,
         8 * opts->dim + 1, (double)(S->sh.bytes + (size_t)S->sh.rows) / (1 << 30));
+    size_t cg_limit = SIZE_MAX, cg_room = shard_cgroup_room(&cg_limit);
+    if (cg_room == SIZE_MAX)
+        log_info("memory: no cgroup memory limit applies; the shard was checked against MemAvailable");
+    else
+        log_info("memory: cgroup limit %.2f GiB, %.2f GiB free in it after the shard's reservation check",
+                 (double)cg_limit / (1 << 30), (double)cg_room / (1 << 30));
     if (!S->fab && (rc = fab_open(opts->provider, &S->fab)) < 0)
         goto fail;
     char modes[256];

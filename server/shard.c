@@ -150,6 +150,84 @@ int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim,
     return 0;
 }
 
+/* A number from a cgroup file ("max" or a value past 2^62: no limit, returned as SIZE_MAX); 0 when
+ * unreadable. */
+static size_t cg_read(const char *dir, const char *file)
+{
+    char p[4200], buf[64];
+    snprintf(p, sizeof p, "%s/%s", dir, file);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return 0;
+    size_t v = 0;
+    if (fgets(buf, sizeof buf, f)) {
+        if (!strncmp(buf, "max", 3))
+            v = SIZE_MAX;
+        else {
+            unsigned long long x = strtoull(buf, NULL, 10);
+            v = x >= (1ull << 62) ? SIZE_MAX : (size_t)x;
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+size_t shard_cgroup_room(size_t *limit_out)
+{
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f)
+        return SIZE_MAX;
+    char line[4096], v2[4096] = "", v1[4096] = "";
+    int have_v2 = 0, have_v1 = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!strncmp(line, "0::", 3)) {
+            snprintf(v2, sizeof v2, "%s", line + 3);
+            have_v2 = 1;
+        }
+        char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (c1 && c2) {
+            *c2 = 0;
+            /* the controller list may name several: "memory" alone or "cpu,memory" */
+            char *ctl = c1 + 1;
+            for (char *t = strtok(ctl, ","); t; t = strtok(NULL, ","))
+                if (!strcmp(t, "memory")) {
+                    snprintf(v1, sizeof v1, "%s", c2 + 1);
+                    have_v1 = 1;
+                }
+        }
+    }
+    fclose(f);
+    /* v1 when a memory hierarchy is mounted there, else v2 (unified). */
+    const char *base = have_v1 ? "/sys/fs/cgroup/memory" : "/sys/fs/cgroup";
+    const char *lim_f = have_v1 ? "memory.limit_in_bytes" : "memory.max";
+    const char *use_f = have_v1 ? "memory.usage_in_bytes" : "memory.current";
+    if (!have_v1 && !have_v2)
+        return SIZE_MAX;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s%s", base, have_v1 ? v1 : v2);
+    if (access(dir, F_OK) != 0) /* a container sees its own cgroup as the root */
+        snprintf(dir, sizeof dir, "%s", base);
+    size_t room = SIZE_MAX, limit = SIZE_MAX;
+    for (;;) {
+        size_t lim = cg_read(dir, lim_f), use = cg_read(dir, use_f);
+        if (lim && lim != SIZE_MAX) {
+            size_t r = lim > use ? lim - use : 0;
+            if (r < room) {
+                room = r;
+                limit = lim;
+            }
+        }
+        char *slash = strrchr(dir, '/');
+        if (!slash || (size_t)(slash - dir) < strlen(base))
+            break;
+        *slash = 0;
+    }
+    if (limit_out)
+        *limit_out = limit;
+    return room;
+}
+
 int shard_check_fit(int64_t num_classes, int servers, int rank, int dim)
 {
     int64_t rows = shard_local_rows(num_classes, servers, rank);
@@ -165,6 +243,16 @@ int shard_check_fit(int64_t num_classes, int servers, int rank, int dim)
             "%.2f GiB: use more servers or a smaller num_classes",
             rank, servers, (double)(bytes + (size_t)rows) / (1 << 30), (long long)rows, dim,
             (double)avail / (1 << 30));
+    size_t limit = SIZE_MAX, room = shard_cgroup_room(&limit);
+    if (room != SIZE_MAX && need > room)
+        return pf_err(
+            -ENOMEM,
+            "shard %d/%d needs %.2f GiB (%lld rows x (D=%d x 8 + 1) bytes) + margin, but this process' "
+            "memory cgroup (container limit) allows %.2f GiB more (limit %.2f GiB): the kernel would kill "
+            "the server when rows are first touched; use more servers, a smaller num_classes, or a "
+            "higher memory limit",
+            rank, servers, (double)(bytes + (size_t)rows) / (1 << 30), (long long)rows, dim,
+            (double)room / (1 << 30), (double)limit / (1 << 30));
     return 0;
 }
 

@@ -52,7 +52,14 @@ int shard_create(shard *sh, int64_t num_classes, int servers, int rank, int dim,
 
 void shard_destroy(shard *sh);
 
-/* The fit check shard_create does, alone: 0, or -ENOMEM with the message (bytes needed, MemAvailable). */
+/* Bytes this process may still allocate under its memory cgroup (v1 memory.limit_in_bytes - usage, or v2
+ * memory.max - memory.current, the smallest over the cgroup and its ancestors), SIZE_MAX when no limit
+ * applies; *limit_out (may be NULL) gets the limit that binds. A container's limit is invisible to
+ * MemAvailable, which is why the fit check asks both. */
+size_t shard_cgroup_room(size_t *limit_out);
+
+/* The fit check shard_create does, alone: 0, or -ENOMEM with the message (bytes needed and MemAvailable, or
+ * the cgroup's room and limit). */
 int shard_check_fit(int64_t num_classes, int servers, int rank, int dim);
 
 /* The initial value of row c (D floats) per the formula above. */
