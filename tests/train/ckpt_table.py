@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""An independent reader of the class-center table of a checkpoint (the checkpoint tests' reference).
+
+Reads <root>/step-<T>/shard-<s>-of-<S>.snap (common/snapfile.h: magic "PFCPSNP1", u32 LE header length, a
+protobuf SnapshotHeader of proto/ctl.proto, the payload from byte 4096: per block of block_rows local rows the
+block's weights (n x D fp32) then its momentum (n x D fp32); local row k of shard s is class k * S + s), checks
+each payload against the header's SHA-256, and rebuilds the table in class order. Nothing of pfcps is used.
+
+  ckpt_table.py digest ROOT STEP
+      prints the SHA-256 of the table in class order (weights then momentum of class 0, 1, ...): what
+      `pfcps ckpt-info` prints as `table`, computed here from the files alone.
+  ckpt_table.py dump-equal ROOT STEP PREFIX W
+      the worker dumps PREFIX.rank<w> (w < W; `pfcps-worker --dump-centers`: records of u64 class id and D fp32)
+      must hold every class exactly once with exactly the weights saved in checkpoint STEP (bitwise).
+"""
+import glob
+import hashlib
+import os
+import re
+import struct
+import sys
+
+HDR_AREA = 4096
+
+
+def varint(b, i):
+    v = s = 0
+    while True:
+        x = b[i]
+        i += 1
+        v |= (x & 0x7F) << s
+        s += 7
+        if x < 0x80:
+            return v, i
+
+
+def header(raw, path):
+    if raw[:8] != b"PFCPSNP1":
+        sys.exit(f"{path}: bad magic")
+    (hl,) = struct.unpack_from("<I", raw, 8)
+    b = raw[12:12 + hl]
+    f, i = {}, 0
+    while i < len(b):
+        key, i = varint(b, i)
+        num, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = varint(b, i)
+        elif wt == 2:
+            n, i = varint(b, i)
+            v, i = b[i:i + n], i + n
+        else:
+            sys.exit(f"{path}: unexpected wire type {wt}")
+        f[num] = v
+    return f
+
+
+def table(root, step):
+    """{class: (weights bytes, momentum bytes)}, C, D from the shard files of checkpoint step."""
+    d = os.path.join(root, f"step-{step}")
+    files = sorted(glob.glob(os.path.join(d, "shard-*-of-*.snap")))
+    if not files:
+        sys.exit(f"{d}: no shard files")
+    S = int(re.search(r"-of-(\d+)\.snap$", files[0]).group(1))
+    if len(files) != S:
+        sys.exit(f"{d}: {len(files)} shard files, the names say {S}")
+    rows, C, D = {}, None, None
+    for s in range(S):
+        p = os.path.join(d, f"shard-{s}-of-{S}.snap")
+        raw = open(p, "rb").read()
+        h = header(raw, p)
+        C, D = h.get(4, 0), h.get(5, 0)
+        nrows, block, nbytes = h.get(10, 0), h.get(13, 0), h.get(8, 0)
+        if h.get(6, 0) != step or h.get(3, 0) != S or h.get(2, 0) != s:
+            sys.exit(f"{p}: header says step {h.get(6)}, shard {h.get(2)} of {h.get(3)}")
+        pay = raw[HDR_AREA:]
+        if len(pay) != nbytes or nbytes != nrows * D * 8:
+            sys.exit(f"{p}: {len(pay)} payload bytes, header says {nbytes} ({nrows} rows of {D})")
+        if hashlib.sha256(pay).digest() != h.get(9):
+            sys.exit(f"{p}: payload SHA-256 differs from the header's")
+        off, r0 = 0, 0
+        while r0 < nrows:
+            n = min(block, nrows - r0)
+            for k in range(n):
+                w = pay[off + k * D * 4: off + (k + 1) * D * 4]
+                m = pay[off + (n + k) * D * 4: off + (n + k + 1) * D * 4]
+                rows[(r0 + k) * S + s] = (w, m)
+            off += 2 * n * D * 4
+            r0 += n
+    if sorted(rows) != list(range(C)):
+        sys.exit(f"{d}: the shards hold {len(rows)} classes, C = {C}")
+    return rows, C, D
+
+
+def main():
+    cmd = sys.argv[1]
+    root, step = sys.argv[2], int(sys.argv[3])
+    rows, C, D = table(root, step)
+    if cmd == "digest":
+        h = hashlib.sha256()
+        for c in range(C):
+            h.update(rows[c][0])
+            h.update(rows[c][1])
+        print(h.hexdigest())
+    elif cmd == "dump-equal":
+        prefix, W = sys.argv[4], int(sys.argv[5])
+        seen = set()
+        for w in range(W):
+            b = open(f"{prefix}.rank{w}", "rb").read()
+            rec = 8 + 4 * D
+            if len(b) % rec:
+                sys.exit(f"{prefix}.rank{w}: {len(b)} bytes, not records of {rec}")
+            for i in range(0, len(b), rec):
+                (c,) = struct.unpack_from("<Q", b, i)
+                if c >= C or c in seen:
+                    sys.exit(f"{prefix}.rank{w}: class {c} out of range or twice")
+                seen.add(c)
+                if b[i + 8:i + rec] != rows[c][0]:
+                    sys.exit(f"class {c}: the table as loaded differs from checkpoint step {step}")
+        if len(seen) != C:
+            sys.exit(f"the dumps hold {len(seen)} of {C} classes")
+        print(f"{C} classes of {D} equal checkpoint step {step}")
+    else:
+        sys.exit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()
