@@ -83,8 +83,8 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
             if (pf_now_s() > deadline)
                 return pf_err(-ETIMEDOUT,
                               "ring rank %d: collective %u step %u: no %s within %.0f s: worker %d died, "
-                              "hung or left the run "
-                              "(see its log)",
+                              "hung, left the run, or is itself stuck waiting for a server (its log names "
+                              "which)",
                               c->rank, r->seq, r->step,
                               need_recv ? "message from the left" : "send completion", r->timeout_s,
                               need_recv ? r->left : (c->rank + 1) % c->world_size);

@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/log.h"
 #include "common/fabric.h"
 
 enum { MB_SEND = 1, MB_RECV = 2 };
@@ -49,6 +50,7 @@ typedef struct slot {
 
 struct ps_req {
     struct ps_req *next; /* in the client's list of requests with messages still to send */
+    double t_start;      /* when it was made (pf_now_s) */
     int op;
     int status;
     char err[PF_ERRMSG_MAX];
@@ -722,6 +724,7 @@ static ps_req *req_alloc(ps_client *c, int op, int64_t step)
         return NULL;
     r->op = op;
     r->step = step;
+    r->t_start = pf_now_s();
     r->srv_off = calloc((size_t)c->o.servers + 1, sizeof(size_t));
     r->next_chunk = calloc(c->o.servers, sizeof(int));
     r->nchunks = calloc(c->o.servers, sizeof(int));
@@ -902,9 +905,36 @@ int ps_test(ps_client *c, ps_req *r)
     return r->remaining <= 0 || r->fatal;
 }
 
+/* The servers request r still waits for (a message unanswered or not yet sent), as "server 1" or
+ * "servers 0, 2", with how long since each was last heard from, into buf[n]. */
+static void waiting_for(const ps_client *c, const ps_req *r, char *buf, size_t n)
+{
+    int cnt = 0;
+    size_t o = 0;
+    double now = pf_now_s();
+    buf[0] = 0;
+    for (int s = 0; s < c->o.servers && o < n; s++) {
+        int owed = r->next_chunk && r->nchunks && r->next_chunk[s] < r->nchunks[s];
+        for (uint32_t si = 0; !owed && si < c->nslots; si++)
+            owed = c->slots[si].in_use && c->slots[si].req == r && c->slots[si].server == s;
+        if (!owed)
+            continue;
+        o += (size_t)snprintf(buf + o, n - o, "%s%d (last heard %.1f s ago)", cnt ? ", " : "", s,
+                              c->srv_heard[s] > 0 ? now - c->srv_heard[s] : now - r->t_start);
+        cnt++;
+    }
+    if (cnt) {
+        char tmp[512];
+        snprintf(tmp, sizeof tmp, "%s %s", cnt > 1 ? "servers" : "server", buf);
+        snprintf(buf, n, "%s", tmp);
+    } else {
+        snprintf(buf, n, "the servers");
+    }
+}
+
 int ps_wait(ps_client *c, ps_req *r, double timeout_s)
 {
-    double t0 = pf_now_s();
+    double t0 = pf_now_s(), next_log = t0 + (timeout_s > 0 ? timeout_s / 16 : 30);
     int idle = 0;
     while (r->remaining > 0 && !r->fatal) {
         int n = progress(c);
@@ -914,9 +944,19 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
             return n;
         }
         if (n == 0 && ++idle > 100) {
-            if (timeout_s >= 0 && pf_now_s() - t0 > timeout_s)
-                return pf_err(-ETIMEDOUT, "no reply from the servers within %.1f s (%d messages outstanding)",
-                              timeout_s, r->remaining);
+            double now = pf_now_s();
+            if ((timeout_s >= 0 && now - t0 > timeout_s) || now >= next_log) {
+                char who[600];
+                waiting_for(c, r, who, sizeof who);
+                if (timeout_s >= 0 && now - t0 > timeout_s)
+                    return pf_err(-ETIMEDOUT,
+                                  "no reply from %s within %.1f s (%s of step %lld, %d messages outstanding)",
+                                  who, timeout_s, op_name(r), (long long)r->step, r->remaining);
+                /* A stall is said while it lasts (every timeout / 16: ctl_timeout / 4 for the workers). */
+                log_warn("still waiting for %s: %s of step %lld, %.0f s so far, %d messages outstanding", who,
+                         op_name(r), (long long)r->step, now - t0, r->remaining);
+                next_log = now + (timeout_s > 0 ? timeout_s / 16 : 30);
+            }
             /* Nothing for a while: give the core away briefly (servers may share it). */
             struct timespec ts = {0, 5000};
             nanosleep(&ts, NULL);
