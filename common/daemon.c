@@ -3,6 +3,9 @@
 #include "common/daemon.h"
 
 #include <pthread.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,6 +53,14 @@ void daemon_signals_install(volatile sig_atomic_t *stop)
     signal(SIGPIPE, SIG_IGN);
     ctl_set_interrupt(stop);        /* a stop request ends the wait for the run to form */
     pf_resolve_set_interrupt(stop); /* and the wait for a name to resolve */
+    /* PFCPS_PARENT_PID (set by deploy/local/launch.sh): when that process dies (even by SIGKILL) this daemon
+     * gets SIGTERM and stops in order, so a killed launcher leaves nothing behind. */
+    const char *pp = getenv("PFCPS_PARENT_PID");
+    if (pp && *pp) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if ((long)getppid() != strtol(pp, NULL, 10)) /* it died before the prctl */
+            raise(SIGTERM);
+    }
     pthread_sigmask(SIG_UNBLOCK, &stop_signals,
                     NULL); /* a SIGTERM that came during start-up: on_signal now */
 }

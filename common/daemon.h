@@ -19,6 +19,8 @@
  * (ctl_set_interrupt), then unblocks SIGTERM/SIGINT: one that came during start-up is handled now.
  * Call once, first thing in main. */
 void daemon_signals_install(volatile sig_atomic_t *stop);
+/* With PFCPS_PARENT_PID in the environment (the launcher's pid), the daemon also gets SIGTERM when that process
+ * dies, however it dies (PR_SET_PDEATHSIG), and stops in order. */
 
 /* 1 when this process got SIGTERM or SIGINT (the stop flag may also be raised by the daemon itself). */
 int daemon_signalled(void);

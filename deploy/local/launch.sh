@@ -171,6 +171,8 @@ run_once() {
 }
 
 echo "launch: $S servers + $W workers, config $config, logs in $out/logs"
+# Every daemon stops in order (SIGTERM) if this launcher dies, even by SIGKILL (common/daemon.h).
+export PFCPS_PARENT_PID=$$
 extra=()
 run_once ">"
 restarts=0
