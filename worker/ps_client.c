@@ -60,7 +60,8 @@ struct ps_req {
     size_t n;
     int64_t *sorted_ids; /* ids sorted by (server, id) */
     size_t *order;       /* order[k] = original index of sorted_ids[k] */
-    float *grads;        /* push: copy of the gradients, original order */
+    float *grads;        /* push: the gradients, original order: a copy, or the caller's (borrowed) */
+    int grads_owned;     /* grads is a copy, freed with the request */
     float *out;          /* pull destination */
     void *result;        /* stat / checksum destination */
     size_t *srv_off;     /* [S + 1] start of each server's ids in sorted_ids */
@@ -80,7 +81,8 @@ struct ps_req {
 
 struct ps_client {
     ps_client_opts o;
-    uint64_t token; /* the run's data-plane token (0: none) */
+    uint64_t token;   /* the run's data-plane token (0: none) */
+    int borrow_grads; /* ps_client_set_borrow_grads */
     fab_ctx *fab;
     fi_addr_t *srv_addr;
     uint8_t *srv_known;
@@ -243,7 +245,8 @@ static void req_free(ps_req *r)
         return;
     free(r->sorted_ids);
     free(r->order);
-    free(r->grads);
+    if (r->grads_owned)
+        free(r->grads);
     free(r->srv_off);
     free(r->next_chunk);
     free(r->nchunks);
@@ -867,12 +870,20 @@ int ps_push_ex(ps_client *c, const int64_t *ids, size_t n, const float *grads, f
         return rc;
     }
     size_t bytes = n * (size_t)c->o.dim * sizeof(float);
-    r->grads = malloc(bytes ? bytes : 1);
+    if (c->borrow_grads) {
+        /* The caller keeps them unchanged until ps_wait returns: after that nothing reads them (a request
+         * given up is taken off the send queue first). Saves copying (and, above glibc's mmap threshold,
+         * faulting in) K x D floats every step. */
+        r->grads = (float *)grads;
+    } else {
+        r->grads = malloc(bytes ? bytes : 1);
+        r->grads_owned = 1;
+    }
     if (!r->grads) {
         req_free(r);
         return pf_err(-ENOMEM, "out of memory copying %zu gradient bytes", bytes);
     }
-    if (bytes)
+    if (bytes && r->grads_owned)
         memcpy(r->grads, grads, bytes);
     r->lr = lr;
     r->flags = flags;
@@ -1081,4 +1092,9 @@ void ps_client_destroy(ps_client *c)
 void ps_client_set_token(ps_client *c, uint64_t token)
 {
     c->token = token;
+}
+
+void ps_client_set_borrow_grads(ps_client *c, int on)
+{
+    c->borrow_grads = on;
 }

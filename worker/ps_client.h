@@ -55,6 +55,10 @@ int ps_client_create(const ps_client_opts *opts, ps_client **out);
  * ignored. Call once the address book is known, before the first request (0: none, for tests). */
 void ps_client_set_token(ps_client *c, uint64_t token);
 
+/* on != 0: ps_push no longer copies the gradients; the caller promises not to change or free them until ps_wait
+ * on that push has returned (the training loop waits for its push before the buffer is reused). */
+void ps_client_set_borrow_grads(ps_client *c, int on);
+
 /* This client's fabric address for the address book. *len: capacity in, bytes out. */
 int ps_client_getname(ps_client *c, void *addr, size_t *len);
 

@@ -173,6 +173,7 @@ static int setup_servers(trainer *t, const ctl_book *book)
     if ((rc = ctl_data_token(t->opts.secret ? t->opts.secret : t->run.secret, book->run_nonce, &token)) < 0)
         return rc;
     ps_client_set_token(t->ps, token);
+    ps_client_set_borrow_grads(t->ps, 1); /* train_step waits for its push before grad_centers changes */
     for (int s = 0; s < t->S; s++)
         if ((rc = ps_client_add_server(t->ps, s, book->servers[s].addr, book->servers[s].addr_len)) < 0)
             return pf_err_wrap(rc, "server %d address", s);
