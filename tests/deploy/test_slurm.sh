@@ -6,7 +6,7 @@
 # (deploy/configs/quickstart.ini, ORL s1..s30 packed as deploy/quickstart.sh packs them; 3 of its 8 epochs,
 # PFCPS_SLURM_EPOCHS), with the config, the dataset and the output under folders whose names have spaces.
 # Checks: it trained (every step, loss fell, model.ckpt and the final line in training.log); each worker saw
-# only its own GPU; the servers were stopped in order when the workers were done (each logged its stop, both
+# only its own GPU; the servers stopped in order when the workers were done (each logged its stop, both
 # components exited 0, nothing "CANCELLED" or "Killed"); no process of the job is left. Then Slurm is taken down
 # and its folder removed (also on failure). Skips (77) when Slurm cannot be installed (tests/deploy/deps.sh;
 # root needed) or started here.
@@ -138,11 +138,11 @@ for c in 0 1; do
   grep -q "_job_complete: JobId=$jobid+$c([0-9]*) WEXITSTATUS 0" "$D/log/slurmctld.log" ||
     { show_job; fail "component $c of job $jobid did not exit 0"; }
 done
-grep -q "pfcps.sbatch: workers done (exit 0); stopping the servers" "$D/job.out" ||
-  { show_job; fail "workers did not exit 0"; }
+grep -q "pfcps.sbatch: workers done (exit 0)" "$D/job.out" || { show_job; fail "workers did not exit 0"; }
 grep -q "pfcps.sbatch: servers exited 0" "$D/job.out" || { show_job; fail "servers did not exit 0"; }
 ! grep -qi "CANCELLED\|Killed\|error:" "$D/job.out" || { show_job; fail "job output has CANCELLED / Killed / error:"; }
-# Each server stopped in order: no new requests, the apply in progress finished, counters logged.
+# Each server stopped in order: no new requests, the apply in progress finished, counters logged; by itself once
+# every worker had left (server 0 shuts the run down), or on the script's SIGINT.
 for r in 0 1; do
   grep -q "server\[$r\] INFO stopped: [0-9]* steps done" "$D/job.out" ||
     { show_job; fail "server $r did not log an orderly stop"; }
@@ -167,7 +167,14 @@ left=$(grep -lszE "^SLURM_(HET_)?JOB_ID=$jobid\$" /proc/[0-9]*/environ 2>/dev/nu
 [ -z "$left" ] || { ps -o pid,args -p "$(echo "$left" | paste -sd,)"; fail "processes of job $jobid left: $left"; }
 ! pgrep -f "slurmstepd: \[$jobid" >/dev/null || fail "a slurmstepd of job $jobid is left"
 
-echo "slurm: job $jobid trained $EPOCHS epochs (loss $first -> $last), servers stopped in order, in $((end - start)) s"
+# Where the time went (slurmctld's log): submitted, started, ended.
+grep -E "submit_batch_het_job: JobId=$jobid |_start_job: Started JobId=$jobid\+0|_job_complete: JobId=$jobid\+1\([0-9]*\) done" \
+  "$D/log/slurmctld.log" | sed 's/^/slurm: /'
+grep -o "training done: .*" "$log" | sed 's/^/slurm: /'
+how="by themselves"
+! grep -q "SIGINT to step" "$D/job.out" || how="on SIGINT"
+echo "slurm: job $jobid trained $EPOCHS epochs (loss $first -> $last), servers stopped in order ($how)," \
+  "in $((end - start)) s"
 # Slurm down: its daemons gone, its folder removed.
 daemons=$(cat "$D"/run/*.pid | paste -sd' ')
 cleanup; trap - EXIT; slurm_down
