@@ -16,9 +16,6 @@
 # step a resume uses.
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=bad-ckpt-secret
-# The fabric on loopback: left alone, libfabric's tcp provider takes the fastest interface it lists, and a
-# veth that a concurrent test (tests/deploy/test_netns.sh) creates and removes then breaks the run.
-export FI_TCP_IFACE=lo
 pack_orl 10
 
 # write_cfg NAME [LINE...]: $TMP/NAME.ini, output $TMP/NAME.

@@ -14,9 +14,6 @@
 #     still the newest complete one and must survive snapshot_keep = 2 pruning, and a resume from it works.
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=disk-full-secret
-# The fabric on loopback: left alone, libfabric's tcp provider takes the fastest interface it lists, and a
-# veth that a concurrent test (tests/deploy/test_netns.sh) creates and removes then breaks the run.
-export FI_TCP_IFACE=lo
 MNT=$TMP/mnt
 mkdir -p "$MNT"
 cleanup_mnt() {

@@ -18,9 +18,6 @@
 #     half-pruned by members the new shape no longer has.
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=reshape-secret
-# The fabric on loopback: left alone, libfabric's tcp provider takes the fastest interface it lists, and a
-# veth that a concurrent test (tests/deploy/test_netns.sh) creates and removes then breaks the run.
-export FI_TCP_IFACE=lo
 pack_orl 10
 TABLE="$SRC/tests/train/ckpt_table.py"
 
