@@ -42,4 +42,10 @@ int cmd_verify(int argc, char **argv);
  * Prints one summary line on stdout. */
 int cmd_export(int argc, char **argv);
 
+/* `pfcps ckpt-info [--newest] DIR`: the checkpoints under a run's output (DIR/snapshots) or a checkpoint root:
+ * per step, complete or not (every member's files present and verified: common/snapfile.h), members, bytes,
+ * the SHA-256 of the class-center table in class order (independent of the number of servers) and of worker
+ * 0's backbone file; --newest prints only the newest complete step (0: none). Exit 1 when DIR is missing. */
+int cmd_ckpt_info(int argc, char **argv);
+
 #endif

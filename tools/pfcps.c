@@ -48,6 +48,11 @@ static const pfcps_command commands[] = {
      "        backbone -> safetensors (arcface_torch names) or ONNX (eval); a run's class centers -> "
      "safetensors",
      0},
+    {"ckpt-info", cmd_ckpt_info,
+     "ckpt-info [--newest] DIR\n"
+     "        a run's checkpoints (DIR/snapshots): complete or not, members, bytes, table and backbone "
+     "SHA-256",
+     0},
 };
 
 static void usage(FILE *f)
