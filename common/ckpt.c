@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/log.h"
 
 void ckpt_root(const pf_config *cfg, char *buf, size_t n)
 {
@@ -121,4 +122,103 @@ void ckpt_remove_empty(const char *root)
         rmdir(dir);
     }
     free(steps);
+}
+
+/* Are all files of `role` in the step present (count == of > 0, and every .snap's .model for workers)? */
+static int role_complete(const char *root, int64_t step, const char *role)
+{
+    int count = 0, of = 0;
+    if (ckpt_scan_members(root, step, role, ".snap", &count, &of, NULL, 0) < 0 || of <= 0 || count != of)
+        return 0;
+    if (!strcmp(role, "worker")) {
+        int mc = 0, mof = 0;
+        if (ckpt_scan_members(root, step, role, ".model", &mc, &mof, NULL, 0) < 0 || mc != count || mof != of)
+            return 0;
+    }
+    return 1;
+}
+
+/* Does any step hold a file of another member (another rank of `role`, or any file of the other role)? Then
+ * the folder is shared by the members. */
+static int folder_shared(const char *root, const int64_t *steps, int n, const char *role, int rank)
+{
+    const char *other = strcmp(role, "shard") ? "shard" : "worker";
+    for (int i = 0; i < n; i++) {
+        int count = 0, of = 0, ocount = 0, oof = 0;
+        uint8_t seen[64] = {0};
+        if (ckpt_scan_members(root, steps[i], role, ".snap", &count, &of, seen, 64) < 0)
+            continue;
+        if (count > 1 || (count == 1 && !seen[rank < 64 ? rank : 0]))
+            return 1;
+        if (ckpt_scan_members(root, steps[i], other, ".snap", &ocount, &oof, NULL, 0) == 0 && ocount > 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Removes `name`'s files of `role` in the step: rank's own, or (all = 1) every member's. */
+static void remove_files(const char *root, int64_t step, const char *role, int rank, int all)
+{
+    char dir[4200];
+    ckpt_step_dir(root, step, dir, sizeof dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    char mine[64];
+    snprintf(mine, sizeof mine, "%s-%d-of-", role, rank);
+    size_t rl = strlen(role);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, role, rl) != 0 || e->d_name[rl] != '-')
+            continue;
+        if (!all && strncmp(e->d_name, mine, strlen(mine)) != 0)
+            continue;
+        char p[4600];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+}
+
+void ckpt_prune(const char *root, const char *role, int rank, int keep)
+{
+    int64_t *steps;
+    int n = ckpt_list_steps(root, &steps);
+    if (n <= 0) {
+        free(steps);
+        return;
+    }
+    /* A shared folder: a step counts once every member's files are there (complete); only steps older than
+     * the `keep` newest complete ones go, so a step that failed on some member never costs the last complete
+     * one. A private folder (only this member's files): its own newest `keep`. */
+    int shared = folder_shared(root, steps, n, role, rank);
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        int counts;
+        if (shared) {
+            counts = role_complete(root, steps[i], "shard") && role_complete(root, steps[i], "worker");
+        } else {
+            int count = 0, of = 0;
+            uint8_t seen[64] = {0};
+            ckpt_scan_members(root, steps[i], role, ".snap", &count, &of, seen, 64);
+            counts = seen[rank < 64 ? rank : 0];
+        }
+        if (kept < keep) {
+            kept += counts;
+            continue;
+        }
+        /* Older than the `keep` newest complete steps: nobody writes or resumes from it any more, so in a
+         * shared folder any member removes every file of it (the last member to write a checkpoint sees it
+         * complete and leaves exactly `keep`; files of members a reshaped run no longer has go too). */
+        if (shared) {
+            remove_files(root, steps[i], "shard", rank, 1);
+            remove_files(root, steps[i], "worker", rank, 1);
+        } else {
+            remove_files(root, steps[i], role, rank, 0);
+        }
+        log_info("checkpoint step %lld: pruned (%s, snapshot_keep = %d)", (long long)steps[i],
+                 shared ? "every member's files" : "this member's files", keep);
+    }
+    free(steps);
+    ckpt_remove_empty(root);
 }

@@ -32,6 +32,13 @@ int ckpt_list_steps(const char *root, int64_t **steps);
 int ckpt_scan_members(const char *root, int64_t step, const char *role, const char *ext, int *count, int *of,
                       uint8_t *seen, int seen_cap);
 
+/* Removes old checkpoints of `role` ("shard" or "worker") after this member (rank) wrote one. In a folder
+ * shared by the members (another rank's files visible), only steps older than the `keep` newest complete
+ * ones (every shard and worker file present) go, every file of them (also those of ranks a reshaped run no
+ * longer has); in a private folder, this member's own files beyond its newest `keep`. A checkpoint that
+ * failed on some member never costs the last complete one. */
+void ckpt_prune(const char *root, const char *role, int rank, int keep);
+
 /* Removes empty step folders under root (rmdir leaves non-empty ones). */
 void ckpt_remove_empty(const char *root);
 

@@ -248,26 +248,8 @@ int snap_finish(snap_job *j)
 
 void snap_prune(const char *root, int rank, int keep, int64_t protect)
 {
-    int64_t *steps;
-    int n = ckpt_list_steps(root, &steps);
-    int kept = 0;
-    for (int i = 0; i < n; i++) {
-        int count = 0, of = 0;
-        if (ckpt_scan_members(root, steps[i], "shard", ".snap", &count, &of, NULL, 0) < 0 || of <= 0)
-            continue;
-        char p[4300];
-        ckpt_member_path(root, steps[i], "shard", rank, of, ".snap", p, sizeof p);
-        if (access(p, F_OK) != 0)
-            continue;
-        if (steps[i] == protect || kept < keep) {
-            kept++;
-            continue;
-        }
-        if (unlink(p) == 0)
-            log_info("snapshot step %lld: pruned %s (snapshot_keep = %d)", (long long)steps[i], p, keep);
-    }
-    free(steps);
-    ckpt_remove_empty(root);
+    (void)protect; /* the step just written is never older than the newest complete ones */
+    ckpt_prune(root, "shard", rank, keep);
 }
 
 /* The S0 of checkpoint `step`'s shard files, checking that all S0 are present. */

@@ -142,15 +142,30 @@ static int workers_check(const char *root, int64_t step, int *W0, int *present, 
         char sp[4300], mp[4300];
         ckpt_member_path(root, step, "worker", w, of, ".snap", sp, sizeof sp);
         ckpt_member_path(root, step, "worker", w, of, ".model", mp, sizeof mp);
-        snapfile_meta m;
-        if ((rc = snapfile_verify(sp, &m)) < 0)
+        snapfile_reader rd;
+        if ((rc = snapfile_open(&rd, sp)) < 0)
             break;
-        if (strcmp(m.kind, "worker") || m.id != w || m.workers != of || m.step != step)
-            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", sp, m.kind, m.id, m.workers,
-                        (long long)m.step);
+        const snapfile_meta *m = &rd.m;
+        uint32_t nsc = 0;
+        uint8_t recorded[32], md[32];
+        if (strcmp(m->kind, "worker") || m->id != w || m->workers != of || m->step != step)
+            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", sp, m->kind, m->id, m->workers,
+                        (long long)m->step);
+        /* payload: u32 count, count x 32-byte scalars (worker/resume.h), the .model's SHA-256, the arrays */
+        if (rc == 0)
+            rc = snapfile_read(&rd, &nsc, 4);
+        for (uint32_t k = 0; rc == 0 && k < nsc && k < 1024; k++)
+            rc = snapfile_read(&rd, md, 32);
+        if (rc == 0)
+            rc = snapfile_read(&rd, recorded, 32);
+        if (rc == 0)
+            rc = snapfile_finish(&rd);
+        snapfile_close(&rd);
         *bytes += file_size(sp) + file_size(mp);
-        uint8_t md[32];
-        if (rc == 0 && (rc = file_digest(mp, md)) == 0 && w == 0)
+        if (rc == 0 && (rc = file_digest(mp, md)) == 0 && memcmp(md, recorded, 32) != 0)
+            rc = pf_err(-EINVAL, "%s: digest does not match the one its .snap recorded (corrupt or replaced)",
+                        mp);
+        if (rc == 0 && w == 0)
             memcpy(d, md, 32);
     }
     return rc;

@@ -93,8 +93,10 @@ int wresume_save(const char *root, int64_t step, int rank, int W, const model *m
     if ((rc = file_sha256(mpath, md)) < 0)
         return rc;
     snapfile_writer w;
-    if ((rc = snapfile_create(&w, spath, "worker checkpoint")) < 0)
+    if ((rc = snapfile_create(&w, spath, "worker checkpoint")) < 0) {
+        unlink(mpath);
         return rc;
+    }
     uint32_t n = (uint32_t)st->n;
     rc = snapfile_write(&w, &n, 4);
     if (rc == 0)
@@ -105,11 +107,14 @@ int wresume_save(const char *root, int64_t step, int rank, int W, const model *m
         rc = snapfile_write(&w, arrays[a], sizeof(float) * nparams);
     if (rc < 0) {
         snapfile_abort(&w);
+        unlink(mpath); /* half a pair is no checkpoint: do not leave it taking space */
         return rc;
     }
     snapfile_meta meta = {.id = rank, .workers = W, .step = step, .rows = (int64_t)nparams};
     snprintf(meta.kind, sizeof meta.kind, "worker");
-    return snapfile_commit(&w, &meta);
+    if ((rc = snapfile_commit(&w, &meta)) < 0)
+        unlink(mpath);
+    return rc;
 }
 
 /* Opens the .snap of worker r of W at step and reads its scalars and the .model digest; checks the header. */
@@ -225,26 +230,6 @@ int wresume_load(const char *root, int64_t step, int rank, int W, model *m, wres
 
 void wresume_prune(const char *root, int rank, int keep, int64_t protect)
 {
-    int64_t *steps;
-    int n = ckpt_list_steps(root, &steps), kept = 0;
-    for (int i = 0; i < n; i++) {
-        int count = 0, of = 0;
-        if (ckpt_scan_members(root, steps[i], "worker", ".snap", &count, &of, NULL, 0) < 0 || of <= 0)
-            continue;
-        char sp[4300], mp[4300];
-        ckpt_member_path(root, steps[i], "worker", rank, of, ".snap", sp, sizeof sp);
-        ckpt_member_path(root, steps[i], "worker", rank, of, ".model", mp, sizeof mp);
-        if (access(sp, F_OK) != 0)
-            continue;
-        if (steps[i] == protect || kept < keep) {
-            kept++;
-            continue;
-        }
-        unlink(sp);
-        unlink(mp);
-        log_info("checkpoint step %lld: pruned this worker's files (snapshot_keep = %d)", (long long)steps[i],
-                 keep);
-    }
-    free(steps);
-    ckpt_remove_empty(root);
+    (void)protect; /* the step just written is never older than the newest complete ones */
+    ckpt_prune(root, "worker", rank, keep);
 }

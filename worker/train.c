@@ -972,13 +972,22 @@ static int finish(trainer *t, const progress *p, int64_t step, int64_t total, in
     wdev_log_memory(&t->wd);
     if (t->rank != 0)
         return 0;
+    /* Speeds count the steps this process trained (a resumed run started at t->start_step). */
+    const int64_t here = step - t->start_step;
     if (step == 0)
         log_info("training stopped before the first step: no loss, outputs in %s", run->output);
+    else if (here == 0)
+        log_info(
+            "training %s: %lld of %lld steps (all before the checkpoint it resumed from; none trained now), "
+            "outputs in %s",
+            stopped ? "stopped on request" : "done", (long long)step, (long long)total, run->output);
     else
-        log_info("training %s: %lld of %lld steps, first loss %.4f, final loss %.4f, %.2f samples/sec over "
+        log_info("training %s: %lld of %lld steps%s, first loss %.4f, final loss %.4f, %.2f samples/sec over "
                  "%.1f s, outputs in %s",
-                 stopped ? "stopped on request" : "done", (long long)step, (long long)total, p->first_loss,
-                 p->last_loss, el > 0 ? (double)step * run->batch_size * t->W / el : 0.0, el, run->output);
+                 stopped ? "stopped on request" : "done", (long long)step, (long long)total,
+                 t->start_step > 0 ? " (resumed at a checkpoint: speed over this process' steps)" : "",
+                 p->first_loss, p->last_loss, el > 0 ? (double)here * run->batch_size * t->W / el : 0.0, el,
+                 run->output);
     return 0;
 }
 
