@@ -3,8 +3,8 @@
 # `launch.sh --max-restarts 3`, each with kill -9 of a random member (server 0, server 1, worker 0 or worker 1)
 # at a random moment after the first checkpoint. Every round must end with exit 0 and a model.ckpt and final
 # checkpoint (pfcps ckpt-info table and backbone SHA-256) identical to an uninterrupted run's.
-# Prints one line per round and a summary: rounds passed, restarts, steps recomputed (killed step minus the
-# checkpoint resumed from), wall time of a round vs the uninterrupted run.
+# Prints one line per round and a summary: rounds passed, restarts, the step resumed from, wall time of a round
+# vs the uninterrupted run.
 # usage: bench/recovery/soak.sh [-b BUILD] [ROUNDS]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -69,7 +69,6 @@ for ((k = 1; k <= ROUNDS; k++)); do
     s=$("$PFCPS" ckpt-info --newest "$TMP/$name" 2>/dev/null || echo 0); [ "${s:-0}" -ge 4 ] && break; sleep 0.1
   done
   sleep "$((RANDOM % 6)).$((RANDOM % 10))"
-  killed_at=$(tail -1 "$TMP/$name/logs/worker0.log" 2>/dev/null | sed -n 's/.*Global Step: \([0-9]*\).*/\1/p')
   pid=$(pgrep -f "$v" | head -1)
   [ -n "$pid" ] && kill -KILL "$pid"
   rc=0; wait "$lp" || rc=$?
@@ -81,7 +80,7 @@ for ((k = 1; k <= ROUNDS; k++)); do
   [ "$rc" -eq 0 ] && [ "$got" = "$REF" ] && cmp -s "$TMP/ref/model.ckpt" "$TMP/$name/model.ckpt" && ok=yes
   [ $ok = yes ] && pass=$((pass + 1))
   restarts=$((restarts + n))
-  echo "round $k: kill -9 of ${v##*--config * } (${v%% *}) ${pid:+pid $pid}: exit $rc, $n restart(s) from step ${from:-?}, $t s, identical: $ok"
+  echo "round $k: kill -9 of ${v%% *} rank ${v##* } ${pid:+(pid $pid)}: exit $rc, $n restart(s) from step ${from:-?}, $t s, identical: $ok"
   t_sum=$(python3 -c "print($t_sum + $t)")
   rm -rf "$TMP/$name"
 done
