@@ -2,6 +2,7 @@
  * stop request may end (see daemon.h). */
 #include "common/daemon.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -104,6 +105,10 @@ int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port)
     } else {
         int rc = pf_route_source(host, port, pf_now_s() + (cfg->ctl_timeout > 0 ? cfg->ctl_timeout : 30),
                                  addr, sizeof addr);
+        if (rc == -EINTR) {
+            log_info("stopping: SIGTERM/SIGINT while waiting for the rendezvous host's name to resolve");
+            return rc;
+        }
         if (rc < 0) {
             log_error("data_address = auto: %s", pf_errmsg());
             return rc;

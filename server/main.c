@@ -133,7 +133,8 @@ static int open_endpoint(server_daemon *d)
 }
 
 /* Rank 0 starts the rendezvous at host:port with this process' config as the run's. ctl_rendezvous_start
- * logs what it bound. Returns 0 or -1 after logging. */
+ * logs what it bound. Returns 0, 1 when a stop signal came while its host name did not resolve yet (a normal
+ * stop), or -1 after logging. */
 static int start_rendezvous(server_daemon *d)
 {
     if (d->rank != 0)
@@ -150,7 +151,12 @@ static int start_rendezvous(server_daemon *d)
                               .config_text = d->ini,
                               .num_classes = cfg->num_classes,
                               .resume = cfg->resume};
-    if (!d->ini || ctl_rendezvous_start(&ro, &d->rv) < 0) {
+    int rc = d->ini ? ctl_rendezvous_start(&ro, &d->rv) : -ENOMEM;
+    if (rc == -EINTR) {
+        log_info("stopping: SIGTERM/SIGINT while waiting for the rendezvous host's name to resolve");
+        return 1;
+    }
+    if (rc < 0) {
         log_error("%s",
                   d->ini ? pf_errmsg() : "rendezvous: out of memory"); /* the message names the rendezvous */
         return -1;
@@ -190,11 +196,15 @@ static int join_run(server_daemon *d)
     if (check_run_config(d) < 0)
         return -1;
     list_resume_steps(d);
-    if (daemon_bind_data_plane(&d->cfg, d->host, d->port) < 0 || open_endpoint(d) < 0 ||
-        start_rendezvous(d) < 0)
+    int rc = daemon_bind_data_plane(&d->cfg, d->host, d->port);
+    if (rc == -EINTR)
+        return 1; /* stopped while the rendezvous name did not resolve yet: a normal stop */
+    if (rc < 0 || open_endpoint(d) < 0)
         return -1;
-    int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
-                         d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
+    if ((rc = start_rendezvous(d)) != 0)
+        return rc;
+    rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
+                     d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
     return rc < 0 ? -1 : rc;
 }
 

@@ -288,7 +288,10 @@ static int join_run(worker_daemon *d)
 {
     uint8_t addr[CTL_MAX_ADDR];
     size_t alen = sizeof addr;
-    if (daemon_bind_data_plane(&d->cfg, d->host, d->port) < 0)
+    int brc = daemon_bind_data_plane(&d->cfg, d->host, d->port);
+    if (brc == -EINTR)
+        return 1; /* stopped while the rendezvous name did not resolve yet: a normal stop */
+    if (brc < 0)
         return -1;
     if (train_open_endpoints(&d->t, &d->cfg, (int)d->rank, addr, &alen) < 0) {
         log_error("%s", pf_errmsg());
