@@ -188,3 +188,36 @@ stop_servers() {
 }
 
 show_logs() { for f in "$TMP"/*.log; do echo "--- $f"; tail -15 "$f"; done; }
+
+# ckpt_ini NAME EPOCHS S W KEEP CLASSES [LINE...]: the checkpoint tests' run file $TMP/NAME.ini: ORL_NET, seed
+# 7, one warmup epoch, EPOCHS epochs, output $TMP/NAME, data $TMP/train (pack_orl) with CLASSES classes, S
+# servers and W workers, snapshot_every 4, snapshot_keep KEEP, then each LINE (a later key overrides).
+ckpt_ini() {
+  local name=$1 epochs=$2 s=$3 w=$4 keep=$5 classes=$6; shift 6
+  run_ini "$TMP/$name.ini" "$s" "$w" "" "$@" <<INI
+[train]
+$ORL_NET
+num_epoch = $epochs
+warmup_epoch = 1
+output = $TMP/$name
+seed = 7
+[data]
+rec = $TMP/train
+num_classes = $classes
+num_workers = 1
+[server]
+snapshot_every = 4
+snapshot_keep = $keep
+INI
+}
+
+# ckpt_launch NAME: deploy/local/launch.sh on $TMP/NAME.ini (output in $TMP/NAME.out); it must exit 0.
+ckpt_launch() {
+  "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/$1.ini" >"$TMP/$1.out" 2>&1 ||
+    { tail -30 "$TMP/$1.out"; fail "$1: the launcher failed"; }
+}
+
+# ckpt_hashes DIR STEP: "table <sha> backbone <sha>" of checkpoint STEP when `pfcps ckpt-info` says it is complete.
+ckpt_hashes() {
+  "$PFCPS" ckpt-info "$1" | sed -n "s/^step $2: complete .*\(table [0-9a-f]\{64\}  backbone [0-9a-f]\{64\}\).*/\1/p"
+}

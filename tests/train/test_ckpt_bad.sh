@@ -18,35 +18,10 @@ source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=bad-ckpt-secret
 pack_orl 10
 
-# write_cfg NAME [LINE...]: $TMP/NAME.ini, output $TMP/NAME.
+# write_cfg NAME [LINE...]: $TMP/NAME.ini (cluster.sh ckpt_ini: 2 epochs, 2 + 2, keep 2, 10 classes).
 write_cfg() {
   local name=$1; shift
-  run_ini "$TMP/$name.ini" 2 2 "" "$@" <<INI
-[train]
-$ORL_NET
-num_epoch = 2
-warmup_epoch = 1
-output = $TMP/$name
-seed = 7
-[data]
-rec = $TMP/train
-num_classes = 10
-num_workers = 1
-[server]
-snapshot_every = 4
-snapshot_keep = 2
-INI
-}
-
-# launch NAME: deploy/local/launch.sh on $TMP/NAME.ini; it must exit 0.
-launch() {
-  "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/$1.ini" >"$TMP/$1.out" 2>&1 ||
-    { tail -30 "$TMP/$1.out"; fail "$1: the launcher failed"; }
-}
-
-# hashes DIR STEP: "table <sha> backbone <sha>" of checkpoint STEP when ckpt-info says it is complete.
-hashes() {
-  "$PFCPS" ckpt-info "$1" | sed -n "s/^step $2: complete .*\(table [0-9a-f]\{64\}  backbone [0-9a-f]\{64\}\).*/\1/p"
+  ckpt_ini "$name" 2 2 2 2 10 "$@"
 }
 
 # flip FILE: flips the low bit of the byte in the middle of FILE's payload (after the 4096-byte header area).
@@ -89,14 +64,14 @@ damaged() {
 # same_result NAME: model.ckpt and checkpoint 12 equal the undamaged run's.
 same_result() {
   cmp -s "$TMP/run/model.ckpt" "$TMP/$1/model.ckpt" || fail "$1: model.ckpt differs from the undamaged run's"
-  [ "$(hashes "$TMP/$1" 12)" = "$FINAL" ] ||
+  [ "$(ckpt_hashes "$TMP/$1" 12)" = "$FINAL" ] ||
     { "$PFCPS" ckpt-info "$TMP/$1"; fail "$1: checkpoint 12 differs from the undamaged run's"; }
 }
 
 write_cfg run
-launch run
-FINAL=$(hashes "$TMP/run" 12)
-[ -n "$FINAL" ] && [ -n "$(hashes "$TMP/run" 8)" ] ||
+ckpt_launch run
+FINAL=$(ckpt_hashes "$TMP/run" 12)
+[ -n "$FINAL" ] && [ -n "$(ckpt_hashes "$TMP/run" 8)" ] ||
   { "$PFCPS" ckpt-info "$TMP/run"; fail "run: checkpoints 8 and 12 not both complete"; }
 
 # --- newest: a flipped payload byte in a shard of step 12 --------------------------------------------------
@@ -107,7 +82,7 @@ info_has newest "^step 12: INCOMPLETE .*problem: .*step-12/shard-1-of-2\.snap: .
   "step 12 not shown INCOMPLETE with the file and 'checksum mismatch'"
 info_has newest "^step 8: complete " "step 8 not complete"
 newest_is newest 8
-launch newest
+ckpt_launch newest
 for r in 0 1; do
   log_has newest "server$r" "checkpoint step 12 not usable by this server: $bad: .*checksum mismatch" \
     "does not name $bad and the checksum mismatch"
@@ -132,7 +107,7 @@ info_has both "^step 8: INCOMPLETE .*problem: .*step-8/worker-1-of-2\.snap: .*tr
   "step 8 not shown INCOMPLETE with the file and 'truncated'"
 info_has both "^no complete checkpoint$" "does not say there is no complete checkpoint"
 newest_is both 0
-launch both
+ckpt_launch both
 log_has both worker1 "checkpoint step 8 not usable by this worker: $trunc: .*truncated" "does not name $trunc as truncated"
 log_has both server0 "step 12 skipped: not complete on server\[[01]\]; step 8 skipped: not complete on worker\[1\]; no checkpoint is complete on all 4 members: starting from scratch" \
   "the rendezvous does not say that no checkpoint is complete on all members"
@@ -151,7 +126,7 @@ damaged missing
 rm "$TMP/missing/snapshots/step-12/shard-0-of-2.snap"
 info_has missing "^step 12: INCOMPLETE  shards 1/2 .*problem: 1 of 2 shard files" "step 12 not shown with 1 of 2 shard files"
 newest_is missing 8
-launch missing
+ckpt_launch missing
 for r in 0 1; do
   log_has missing "server$r" "checkpoint step 12 not usable by this server: .*shard-0-of-2\.snap missing" \
     "does not name the missing shard-0-of-2.snap"
@@ -167,7 +142,7 @@ damaged model
 badm=$TMP/model/snapshots/step-12/worker-0-of-2.model
 flip "$badm"
 cp -r "$TMP/model/snapshots" "$TMP/model.before"  # as damaged, for ckpt-info below
-launch model
+ckpt_launch model
 log_has model worker0 "checkpoint step 12 not usable by this worker: $badm: " "does not name $badm"
 log_has model server0 "step 12 skipped: not complete on worker\[0\]; step 8 is the newest" "the rendezvous does not skip step 12"
 for w in 0 1; do

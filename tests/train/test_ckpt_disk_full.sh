@@ -35,22 +35,7 @@ pack_orl 10
 # write_cfg NAME CLASSES [LINE...]: $TMP/NAME.ini, output $TMP/NAME, checkpoints on $MNT.
 write_cfg() {
   local name=$1 classes=$2; shift 2
-  run_ini "$TMP/$name.ini" 2 2 "" "$@" <<INI
-[train]
-$ORL_NET
-num_epoch = 2
-warmup_epoch = 1
-output = $TMP/$name
-seed = 7
-[data]
-rec = $TMP/train
-num_classes = $classes
-num_workers = 1
-[server]
-snapshot_every = 4
-snapshot_keep = 2
-snapshot_dir = $MNT
-INI
+  ckpt_ini "$name" 2 2 2 2 "$classes" "snapshot_dir = $MNT" "$@"
 }
 
 # launch NAME: deploy/local/launch.sh on $TMP/NAME.ini; it must exit 0.

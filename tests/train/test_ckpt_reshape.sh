@@ -25,33 +25,7 @@ TABLE="$SRC/tests/train/ckpt_table.py"
 # identities (24 steps with 2 workers, 48 with 1), a checkpoint every 4 steps, KEEP of them kept.
 write_cfg() {
   local name=$1 s=$2 w=$3 keep=$4; shift 4
-  run_ini "$TMP/$name.ini" "$s" "$w" "" "$@" <<INI
-[train]
-$ORL_NET
-num_epoch = 4
-warmup_epoch = 1
-frequent = 1
-output = $TMP/$name
-seed = 7
-[data]
-rec = $TMP/train
-num_classes = 10
-num_workers = 1
-[server]
-snapshot_every = 4
-snapshot_keep = $keep
-INI
-}
-
-# launch NAME: deploy/local/launch.sh on $TMP/NAME.ini; it must exit 0.
-launch() {
-  "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/$1.ini" >"$TMP/$1.out" 2>&1 ||
-    { tail -30 "$TMP/$1.out"; fail "$1: the launcher failed"; }
-}
-
-# hashes DIR STEP: "table <sha> backbone <sha>" of checkpoint STEP when ckpt-info says it is complete.
-hashes() {
-  "$PFCPS" ckpt-info "$1" | sed -n "s/^step $2: complete .*\(table [0-9a-f]\{64\}  backbone [0-9a-f]\{64\}\).*/\1/p"
+  ckpt_ini "$name" 4 "$s" "$w" "$keep" 10 "frequent = 1" "$@"
 }
 
 # losses LOG FROM: "step loss" of worker log LOG's step lines after global step FROM.
@@ -76,11 +50,11 @@ seed() {
 
 # The reference: 2 servers + 2 workers, uninterrupted, every checkpoint kept.
 write_cfg ref 2 2 10
-launch ref
+ckpt_launch ref
 for s in 4 8 12 16 20 24; do
-  [ -n "$(hashes "$TMP/ref" "$s")" ] || { "$PFCPS" ckpt-info "$TMP/ref"; fail "reference: checkpoint $s not complete"; }
+  [ -n "$(ckpt_hashes "$TMP/ref" "$s")" ] || { "$PFCPS" ckpt-info "$TMP/ref"; fail "reference: checkpoint $s not complete"; }
 done
-REF12=$(hashes "$TMP/ref" 12)
+REF12=$(ckpt_hashes "$TMP/ref" 12)
 own=$(python3 "$TABLE" digest "$TMP/ref/snapshots" 12) || fail "ckpt_table.py could not read checkpoint 12"
 [ "${REF12#table }" != "$REF12" ] && [ "${REF12:6:64}" = "$own" ] ||
   fail "ckpt-info's table digest of step 12 ('$REF12') differs from the shard files' own ($own)"
@@ -89,7 +63,7 @@ echo "reference: 24 steps; checkpoint 12: $REF12"
 # --- S=2 -> S'=3 -------------------------------------------------------------------------------------------
 write_cfg s3 3 2 2 "resume = true"
 seed s3
-launch s3
+ckpt_launch s3
 for r in 0 1 2; do
   grep -q "loaded checkpoint step 12: [0-9]* rows of shard $r/3 from 2 shard file(s) of 2 servers" \
     "$TMP/s3/logs/server$r.log" || { tail -20 "$TMP/s3/logs/server$r.log"; fail "S'=3: server $r did not load checkpoint 12 from the 2 shard files"; }
@@ -105,8 +79,8 @@ finite_losses "S'=3" "$TMP/s3/logs/worker0.log" 12 12
 for s in 20 24; do
   "$PFCPS" ckpt-info "$TMP/s3" | grep -q "^step $s: complete  shards 3/3  workers 2/2" ||
     { "$PFCPS" ckpt-info "$TMP/s3"; fail "S'=3: checkpoint $s not complete with 3 shards"; }
-  [ "$(hashes "$TMP/s3" "$s")" = "$(hashes "$TMP/ref" "$s")" ] ||
-    fail "S'=3: checkpoint $s ($(hashes "$TMP/s3" "$s")) differs from the uninterrupted run's ($(hashes "$TMP/ref" "$s"))"
+  [ "$(ckpt_hashes "$TMP/s3" "$s")" = "$(ckpt_hashes "$TMP/ref" "$s")" ] ||
+    fail "S'=3: checkpoint $s ($(ckpt_hashes "$TMP/s3" "$s")) differs from the uninterrupted run's ($(ckpt_hashes "$TMP/ref" "$s"))"
 done
 cmp -s "$TMP/ref/model.ckpt" "$TMP/s3/model.ckpt" || fail "S'=3: model.ckpt differs from the uninterrupted run's"
 echo "ok: S=2 -> S'=3: loaded step 12 on 3 servers; losses, checkpoints 20 and 24 and model.ckpt equal the uninterrupted run's"
@@ -123,7 +97,7 @@ echo "ok: S'=3: the table as loaded equals checkpoint 12's, class by class"
 # --- W=2 -> W'=1 -------------------------------------------------------------------------------------------
 write_cfg w1 2 1 2 "resume = true"
 seed w1
-launch w1
+ckpt_launch w1
 for r in 0 1; do
   grep -q "loaded checkpoint step 12: 5 rows of shard $r/2 from 1 shard file(s) of 2 servers" "$TMP/w1/logs/server$r.log" ||
     { tail -20 "$TMP/w1/logs/server$r.log"; fail "W'=1: server $r did not load checkpoint 12"; }

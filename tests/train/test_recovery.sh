@@ -13,24 +13,10 @@ source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=recovery-secret
 pack_orl 10
 
-# write_cfg NAME [LINE...]: $TMP/NAME.ini, output $TMP/NAME.
+# write_cfg NAME [LINE...]: $TMP/NAME.ini (cluster.sh ckpt_ini: 6 epochs, 2 + 2, keep 2, 10 classes).
 write_cfg() {
   local name=$1; shift
-  run_ini "$TMP/$name.ini" 2 2 "" "$@" <<INI
-[train]
-$ORL_NET
-num_epoch = 6
-warmup_epoch = 1
-output = $TMP/$name
-seed = 7
-[data]
-rec = $TMP/train
-num_classes = 10
-num_workers = 1
-[server]
-snapshot_every = 4
-snapshot_keep = 2
-INI
+  ckpt_ini "$name" 6 2 2 2 10 "$@"
 }
 
 # final_line DIR: the newest complete checkpoint's ckpt-info line without its size.
