@@ -451,6 +451,9 @@ static int send_one(ps_client *c, ps_req *r, int s)
         memcpy(sb->data, r->raw, len);
         if (len >= 24)
             memcpy(sb->data + 16, &h.req_id, 8);
+        /* A member's malformed message: it carries the run's token (a stranger's is dropped unanswered). */
+        if (len >= sizeof(ps_hdr) && c->token)
+            memcpy(sb->data + offsetof(ps_hdr, token), &c->token, 8);
     } else {
         h.op = r->op == RQ_STAT ? PS_OP_STAT : PS_OP_CHECKSUM;
         memcpy(sb->data, &h, sizeof(h));

@@ -108,7 +108,8 @@ int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s);
 int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s);
 
 /* Test hook: sends the raw bytes msg[0..len) to server s as one message (the client overwrites bytes 16..23,
- * the req_id, when len >= 24) and waits for the reply. Returns the reply's status (0 or the server's negative
+ * the req_id, when len >= 24, and the token, bytes 56..63, when len >= 64 and a token is set) and waits for
+ * the reply. Returns the reply's status (0 or the server's negative
  * code, with its message in pf_errmsg) or -ETIMEDOUT when no reply came (e.g. a message too short to answer).
  */
 int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s);
