@@ -305,6 +305,11 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
         /* A member's orderly leave (ctl_session_leave): its coming disconnect is not a loss. */
         c->left = 1;
         log_info("control plane: %s[%d] left the run", ctl_role_name(c->role), c->rank);
+        /* A server that stops (SIGTERM) while workers still need it: the run cannot go on without its shard.
+         */
+        if (c->role == CTL_ROLE_SERVER && rv->formed && !rv->shutdown_sent &&
+            atomic_load(&rv->workers_left) < rv->num_workers)
+            queue_member_lost(rv, c, "stopped while the workers still need its shard");
         if (c->role == CTL_ROLE_WORKER && atomic_fetch_add(&rv->workers_left, 1) + 1 == rv->num_workers)
             log_info("control plane: every worker left the run in order: training is over");
         return;

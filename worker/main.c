@@ -328,7 +328,10 @@ static int accept_run_config(worker_daemon *d)
     if (book->resume_reason[0])
         log_info("checkpoints: %s", book->resume_reason);
     if (run->save_all_states && d->rank == 0)
-        log_warn("save_all_states = true: not implemented yet; only the backbone is saved");
+        log_warn("save_all_states = true: adds nothing here; everything a resume needs (backbone, optimizer, "
+                 "class "
+                 "centers) is checkpointed every snapshot_every steps (now %d%s)",
+                 run->snapshot_every, run->snapshot_every ? "" : ": off");
     return 0;
 }
 
