@@ -57,6 +57,7 @@ typedef struct conn {
     size_t addr_len;
     uint8_t addr[CTL_MAX_ADDR]; /* fabric address given at join */
     int64_t *steps;             /* checkpoint steps the member holds (join's resume_steps) */
+    uint64_t rx; /* bytes received: a member sends its join at once, an idle stranger nothing */
     size_t nsteps;
 } conn;
 
@@ -360,6 +361,7 @@ static void conn_read(ctl_rendezvous *rv, conn *c, double now)
     }
     memcpy(c->rbuf + c->rlen, tmp, (size_t)r);
     c->rlen += (size_t)r;
+    c->rx += (uint64_t)r;
     size_t off = 0;
     while (!c->closing && !c->dead) {
         size_t flen;
@@ -408,16 +410,18 @@ static void conn_write(conn *c)
     }
 }
 
-/* Closes the oldest connection that has not joined (not a member: an idle or slow stranger), to make room.
- * Returns 1 when one was closed. */
+/* Closes a connection that has not joined (not a member: an idle or slow stranger), to make room: the oldest
+ * one that never sent a byte, else the oldest one. Returns 1 when one was closed. */
 static int evict_stray(ctl_rendezvous *rv)
 {
     int oldest = -1;
-    for (int i = 0; i < rv->nconns; i++) {
-        conn *c = rv->conns[i];
-        if (!c->joined && !c->dead && (oldest < 0 || c->deadline < rv->conns[oldest]->deadline))
-            oldest = i;
-    }
+    for (int pass = 0; pass < 2 && oldest < 0; pass++)
+        for (int i = 0; i < rv->nconns; i++) {
+            conn *c = rv->conns[i];
+            if (!c->joined && !c->dead && (pass == 1 || c->rx == 0) &&
+                (oldest < 0 || c->deadline < rv->conns[oldest]->deadline))
+                oldest = i;
+        }
     if (oldest < 0)
         return 0;
     conn *c = rv->conns[oldest];

@@ -351,7 +351,9 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
             return 0;
         }
         ctl_session_close(s);
-        if (rc != -EAGAIN && rc != -EBUSY)
+        /* Retried until the deadline: a rendezvous that asks to (re-forming, rank still held, full) or that
+         * closed the connection before the run formed (it evicted us among strangers, or restarted). */
+        if (rc != -EAGAIN && rc != -EBUSY && rc != -ECONNRESET && rc != -EPIPE)
             return rc;
         /* The rendezvous asked to retry (the run is re-forming, or this rank's previous connection is still
          * open): again every 0.5 s until the deadline, saying so every 5 s. */
