@@ -42,6 +42,13 @@ int cmd_verify(int argc, char **argv);
  * Prints one summary line on stdout. */
 int cmd_export(int argc, char **argv);
 
+/* `pfcps plan --identities C --workers W --link-gbps G [--dim D] [--sample-rate R | --sampled K] [--batch B]
+ * [--wire fp32|fp16|bf16] [--head-mode global|local] [--servers S] [--server-mem GIB] [--mem-bw GB/S]
+ * [--gemm-gflops GFLOP/S] [--backbone-ms MS]`: the servers a run needs for memory and for bandwidth, the bytes
+ * per step on a worker's and a server's link, and the step time bounded by link, server memory and head
+ * compute (tools/plan.h). Exit 1 when no server count fits (or --servers is too few). */
+int cmd_plan(int argc, char **argv);
+
 /* `pfcps ckpt-info [--newest] DIR`: the checkpoints under a run's output (DIR/snapshots) or a checkpoint root:
  * per step, complete or not (every member's files present and verified: common/snapfile.h), members, bytes,
  * the SHA-256 of the class-center table in class order (independent of the number of servers) and of worker

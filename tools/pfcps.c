@@ -48,6 +48,13 @@ static const pfcps_command commands[] = {
      "        backbone -> safetensors (arcface_torch names) or ONNX (eval); a run's class centers -> "
      "safetensors",
      0},
+    {"plan", cmd_plan,
+     "plan --identities C --workers W --link-gbps G [--dim D] [--sample-rate R | --sampled K]\n"
+     "        [--batch B] [--wire fp32|fp16|bf16] [--head-mode global|local] [--servers S]\n"
+     "        [--server-mem GIB] [--mem-bw GB/S] [--gemm-gflops GFLOP/S] [--backbone-ms MS]\n"
+     "        servers needed (memory, bandwidth), bytes per step per link, step time bounded by link,\n"
+     "        server memory and head compute (tools/plan.h)",
+     0},
     {"ckpt-info", cmd_ckpt_info,
      "ckpt-info [--newest] DIR\n"
      "        a run's checkpoints (DIR/snapshots): complete or not, members, bytes, table and backbone "
