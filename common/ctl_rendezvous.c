@@ -661,17 +661,23 @@ static void queue_member_lost(ctl_rendezvous *rv, const conn *gone, const char *
 /* Removes dead connections and those whose error reply is flushed (or whose grace period ran out). */
 static void sweep(ctl_rendezvous *rv, double now)
 {
-    int k = 0;
+    /* Take the dead ones out of rv->conns first, then close them: closing one may tell the others that a member
+     * was lost (queue_member_lost walks rv->conns), which must not meet a connection already freed. */
+    int k = 0, nd = 0;
+    conn **dead = rv->nconns > 0 ? calloc((size_t)rv->nconns, sizeof(conn *)) : NULL;
     for (int i = 0; i < rv->nconns; i++) {
         conn *c = rv->conns[i];
         if (c->closing && (c->wlen == 0 || now >= c->close_at))
             c->dead = 1;
-        if (c->dead)
-            conn_close(rv, c);
+        if (c->dead && dead)
+            dead[nd++] = c;
         else
-            rv->conns[k++] = c;
+            rv->conns[k++] = c; /* out of memory: closed at a later sweep */
     }
     rv->nconns = k;
+    for (int i = 0; i < nd; i++)
+        conn_close(rv, dead[i]);
+    free(dead);
 }
 
 /* Fills pfd: the listening socket, the wake pipe, then one entry per connection (rv->conns order).
