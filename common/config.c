@@ -91,6 +91,7 @@ static const key_def keys[] = {
     {"snapshot_keep", "server", K_INT, OFF(snapshot_keep), "2", 1, 1000000, 0, 0, NULL, 0, 0},
     {"on_member_loss", "server", K_STR, OFF(on_member_loss), "exit", 0, 0, 0, 0, "exit serve", 0, 1},
     {"apply_threads", "server", K_INT, OFF(apply_threads), "2", 1, 1024, 0, 0, NULL, 0, 0},
+    {"center_init", "server", K_STR, OFF(center_init), "eager", 0, 0, 0, 0, "eager lazy", 0, 1},
 };
 #define NKEYS ((int)(sizeof keys / sizeof keys[0]))
 

@@ -71,6 +71,8 @@ typedef struct pf_config {
     int snapshot_keep;          /* newest checkpoints each member keeps on disk (default 2) */
     char on_member_loss[CFG_STR];  /* "exit" (default: stop with 75 so the run re-forms) or "serve" (inspection) */
     int apply_threads;          /* server threads applying pushes, default 2 */
+    char center_init[CFG_STR];  /* "eager" (default): servers generate every class center in the background
+                                   from start; "lazy": each on its first pull or push */
 } pf_config;
 
 /* Fills `cfg` with the defaults listed above (num_classes 0 and rec "" still need to be set). */

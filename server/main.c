@@ -249,6 +249,7 @@ static int start_serving(server_daemon *d)
     const char *pf = getenv("PFCPS_PREFAULT");
     so.prefault = pf && *pf == '1';
     so.global_mode = strcmp(run->head_mode, "local") != 0;
+    so.fill = strcmp(d->cfg.center_init, "lazy") != 0;
     d->fab = NULL; /* owned by the server from here on */
     if (ps_server_create(&so, &d->srv) < 0) {
         log_error("refusing to start: %s", pf_errmsg());
@@ -273,10 +274,11 @@ static int start_serving(server_daemon *d)
         log_error("%s", pf_errmsg());
         return -1;
     }
-    log_info("serving shard %d/%d to %d workers (head_mode %s: %s, max_staleness %d, %d apply threads)",
+    log_info("serving shard %d/%d to %d workers (head_mode %s: %s, max_staleness %d, %d apply threads, "
+             "center_init %s)",
              d->rank, run->servers, run->workers, run->head_mode,
              so.global_mode ? "pushes applied on arrival, read-your-writes pulls" : "BSP/SSP step clock",
-             run->max_staleness, d->cfg.apply_threads);
+             run->max_staleness, d->cfg.apply_threads, d->cfg.center_init);
     return 0;
 }
 

@@ -24,10 +24,12 @@ typedef struct buf_ctx {
     int idx;
 } buf_ctx;
 
-/* One received push message, copied out of the receive buffer (ids then fp32 grads). */
+/* One received push message, copied out of the receive buffer (ids then fp32 grads) into a buffer of the
+ * server's chunk pool (room for the most rows a message may carry, chunk_cap). */
 typedef struct chunk {
     struct chunk *next;
     uint32_t n;
+    uint32_t index; /* its chunk number in the push */
     int64_t *ids;
     float *grads;
 } chunk;
@@ -41,7 +43,7 @@ typedef struct push {
     int snap; /* PS_PUSH_SNAPSHOT was set */
     uint16_t nchunks, got;
     uint8_t *have; /* [nchunks] */
-    chunk *chunks;
+    chunk *chunks; /* in arrival order, newest first */
 } push;
 
 /* A reply waiting to be sent: pulls wait for their step; everything waits for a free send buffer. */
@@ -50,19 +52,20 @@ typedef struct pending {
     ps_hdr req;
     int32_t status;
     char msg[256];
-    int64_t *ids;         /* pull: req.n ids */
+    int64_t *ids;         /* pull: req.n ids (room for chunk_cap, owned by the pending) */
     uint8_t payload[128]; /* stat / checksum */
     size_t payload_len;
 } pending;
 
-/* One row segment to update: entries [lo, hi) of the sorted entry array. */
+/* One row's gradient in a step's apply. Entries of one row are chained (next, in worker order, then chunk and
+ * row order within a worker's push); the first entry of each row is listed in the apply's segment array. */
 typedef struct entry {
     int64_t lrow;
-    int32_t client;
-    uint32_t seq;
     const float *g;
     float lr;
+    uint32_t next; /* next entry of the same row, or ENTRY_END */
 } entry;
+#define ENTRY_END UINT32_MAX
 
 struct ps_server {
     ps_server_opts o;
@@ -97,8 +100,17 @@ struct ps_server {
     int nathreads;
     uint64_t agen;
     int aremaining, aquit;
-    entry *ae;
-    size_t *aseg, anseg;
+    entry *ae;        /* [acap]: the step's entries */
+    uint32_t *aseg;   /* [acap]: first entry of each row to update */
+    size_t anseg, acap;
+    uint32_t *amark;  /* [local rows]: apply generation that last saw the row */
+    uint32_t *ahead;  /* [local rows]: first entry of the row in that apply */
+    uint32_t agen_rows;
+    /* pools: nothing is allocated per message once a step's worth of buffers exists */
+    size_t chunk_cap; /* rows a pooled chunk (and a pending's ids) holds: the most any message carries */
+    chunk *chunk_free;
+    pending *pend_free;
+    push **aps; /* [workers]: the pushes of the step being applied */
 };
 
 /* ---------- apply pool ---------- */
@@ -108,21 +120,32 @@ typedef struct apply_arg {
     int idx;
 } apply_arg;
 
+/* Sums g (D doubles) += the D floats at x. */
+static void add_grad(double *restrict g, const float *restrict x, int D)
+{
+    for (int j = 0; j < D; j++)
+        g[j] += (double)x[j];
+}
+
+/* Updates the rows of segments [s_lo, s_hi): one gradient is applied as it is, several are summed in double
+ * in chain order (worker, then chunk, then row order) first, so the result never depends on the threads. */
 static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
 {
     const int D = S->sh.dim;
     for (size_t s = s_lo; s < s_hi; s++) {
-        size_t lo = S->aseg[s], hi = S->aseg[s + 1];
-        for (int j = 0; j < D; j++)
-            g[j] = 0;
-        for (size_t e = lo; e < hi; e++)
-            for (int j = 0; j < D; j++)
-                g[j] += (double)S->ae[e].g[j];
+        const entry *e0 = &S->ae[S->aseg[s]];
         if (S->snap)
-            snap_before_update(S->snap, S->ae[lo].lrow);
-        float *w = shard_row(&S->sh, S->ae[lo].lrow);
+            snap_before_update(S->snap, e0->lrow);
+        float *w = shard_row(&S->sh, e0->lrow);
         float *v = S->sh.momentum + (w - S->sh.weight);
-        shard_sgd_row(w, v, g, D, S->ae[lo].lr, S->o.momentum, S->o.weight_decay);
+        if (e0->next == ENTRY_END) {
+            shard_sgd_row_f32(w, v, e0->g, D, e0->lr, S->o.momentum, S->o.weight_decay);
+            continue;
+        }
+        memset(g, 0, sizeof(double) * (size_t)D);
+        for (uint32_t e = S->aseg[s]; e != ENTRY_END; e = S->ae[e].next)
+            add_grad(g, S->ae[e].g, D);
+        shard_sgd_row(w, v, g, D, e0->lr, S->o.momentum, S->o.weight_decay);
     }
 }
 
@@ -153,64 +176,156 @@ static void *apply_main(void *arg)
     return NULL;
 }
 
-static int cmp_entry(const void *pa, const void *pb)
+/* A chunk buffer from the pool (allocated when the pool is empty), or NULL on out of memory. */
+static chunk *chunk_get(ps_server *S)
 {
-    const entry *a = pa, *b = pb;
-    if (a->lrow != b->lrow)
-        return a->lrow < b->lrow ? -1 : 1;
-    if (a->client != b->client)
-        return a->client < b->client ? -1 : 1;
-    return a->seq < b->seq ? -1 : a->seq > b->seq;
+    chunk *c = S->chunk_free;
+    if (c) {
+        S->chunk_free = c->next;
+        return c;
+    }
+    const size_t D = (size_t)S->sh.dim;
+    c = malloc(sizeof(chunk) + S->chunk_cap * (sizeof(int64_t) + D * sizeof(float)));
+    if (c) {
+        c->ids = (int64_t *)(c + 1);
+        c->grads = (float *)(c->ids + S->chunk_cap);
+    }
+    return c;
 }
 
-/* Frees a push and its chunks. NULL is a no-op. */
-static void free_push(push *p)
+static void chunk_put(ps_server *S, chunk *c)
+{
+    c->next = S->chunk_free;
+    S->chunk_free = c;
+}
+
+/* A zeroed pending reply from the pool with room for chunk_cap ids, or NULL on out of memory. */
+static pending *pend_get(ps_server *S)
+{
+    pending *p = S->pend_free;
+    if (p)
+        S->pend_free = p->next;
+    else if ((p = malloc(sizeof *p)) && !(p->ids = malloc(S->chunk_cap * sizeof(int64_t)))) {
+        free(p);
+        p = NULL;
+    }
+    if (p) {
+        int64_t *ids = p->ids;
+        memset(p, 0, offsetof(pending, payload));
+        p->ids = ids;
+        p->payload_len = 0;
+    }
+    return p;
+}
+
+static void pend_put(ps_server *S, pending *p)
+{
+    p->next = S->pend_free;
+    S->pend_free = p;
+}
+
+/* Returns a push's chunks to the pool and frees it. NULL is a no-op. */
+static void free_push(ps_server *S, push *p)
 {
     if (!p)
         return;
     for (chunk *c = p->chunks; c;) {
         chunk *nx = c->next;
-        free(c);
+        chunk_put(S, c);
         c = nx;
     }
     free(p->have);
     free(p);
 }
 
+/* Grows the apply's entry and segment arrays to hold n rows. Returns 0 or -ENOMEM. */
+static int apply_reserve(ps_server *S, size_t n)
+{
+    if (n <= S->acap)
+        return 0;
+    if (n >= ENTRY_END)
+        return -ENOMEM;
+    size_t cap = n + n / 4;
+    if (cap >= ENTRY_END)
+        cap = ENTRY_END - 1;
+    entry *e = realloc(S->ae, sizeof(entry) * cap);
+    if (e)
+        S->ae = e;
+    uint32_t *seg = e ? realloc(S->aseg, sizeof(uint32_t) * cap) : NULL;
+    if (seg)
+        S->aseg = seg;
+    if (!e || !seg)
+        return -ENOMEM;
+    S->acap = cap;
+    return 0;
+}
+
 /* Applies every push of step t held in S->complete (summing gradients per row, in worker order) and frees
- * those pushes. Returns the number of rows updated, or -ENOMEM (nothing applied, pushes kept). */
+ * those pushes. Rows are grouped without sorting: entries are visited last to first and each is put at the
+ * front of its row's chain (amark/ahead, one stamp per local row), so a chain lists the row's gradients in
+ * worker order, then chunk and row order within a push. Returns the number of rows updated, or -ENOMEM
+ * (nothing applied, pushes kept). */
 static long apply_step(ps_server *S, int64_t t)
 {
+    push **ps = S->aps; /* at most one push per worker and step */
+    int np = 0;
     size_t nrows = 0;
     for (push *p = S->complete; p; p = p->next)
-        if (p->step == t)
+        if (p->step == t && np < S->o.workers) {
+            ps[np++] = p;
             for (chunk *c = p->chunks; c; c = c->next)
                 nrows += c->n;
-    entry *e = malloc(sizeof(entry) * (nrows ? nrows : 1));
-    size_t *seg = malloc(sizeof(size_t) * (nrows + 1));
-    if (!e || !seg) {
+        }
+    if (apply_reserve(S, nrows) < 0) {
         log_error("apply of step %lld: out of memory for %zu rows", (long long)t, nrows);
-        free(e), free(seg);
         return -ENOMEM;
     }
+    /* Worker order (insertion sort: W pushes). */
+    for (int i = 1; i < np; i++)
+        for (int j = i; j > 0 && ps[j - 1]->client > ps[j]->client; j--) {
+            push *x = ps[j];
+            ps[j] = ps[j - 1];
+            ps[j - 1] = x;
+        }
+    /* Entries in worker, chunk, row order. Chunks hang newest first: place each at its index's offset. */
     size_t k = 0;
-    uint32_t seq = 0;
-    for (push *p = S->complete; p; p = p->next) {
-        if (p->step != t)
-            continue;
+    for (int i = 0; i < np; i++) {
+        push *p = ps[i];
+        size_t base = k, total = 0;
         for (chunk *c = p->chunks; c; c = c->next)
-            for (uint32_t i = 0; i < c->n; i++)
-                e[k++] = (entry){c->ids[i] / S->sh.servers, p->client, seq++,
-                                 c->grads + (size_t)i * S->sh.dim, p->lr};
+            total += c->n;
+        /* Chunk c's rows go after those of the chunks numbered below it (a push has at most a few hundred). */
+        for (chunk *c = p->chunks; c; c = c->next) {
+            size_t before = 0;
+            for (chunk *d = p->chunks; d; d = d->next)
+                if (d->index < c->index)
+                    before += d->n;
+            for (uint32_t r = 0; r < c->n; r++)
+                S->ae[base + before + r] = (entry){c->ids[r] / S->sh.servers, c->grads + (size_t)r * S->sh.dim,
+                                                   p->lr, ENTRY_END};
+        }
+        k += total;
     }
-    qsort(e, nrows, sizeof(entry), cmp_entry);
+    if (++S->agen_rows == 0) { /* the stamps wrapped: start them again */
+        memset(S->amark, 0, sizeof(uint32_t) * (size_t)(S->sh.rows ? S->sh.rows : 1));
+        S->agen_rows = 1;
+    }
+    const uint32_t gen = S->agen_rows;
+    for (size_t i = k; i-- > 0;) {
+        int64_t r = S->ae[i].lrow;
+        if (S->amark[r] != gen) {
+            S->amark[r] = gen;
+            S->ae[i].next = ENTRY_END;
+        } else {
+            S->ae[i].next = S->ahead[r];
+        }
+        S->ahead[r] = (uint32_t)i;
+    }
+    /* Segments: each row's first entry, found where the stamp pass left the chain heads. */
     size_t nseg = 0;
-    for (size_t i = 0; i < nrows; i++)
-        if (i == 0 || e[i].lrow != e[i - 1].lrow)
-            seg[nseg++] = i;
-    seg[nseg] = nrows;
-    S->ae = e;
-    S->aseg = seg;
+    for (size_t i = 0; i < k; i++)
+        if (S->ahead[S->ae[i].lrow] == (uint32_t)i)
+            S->aseg[nseg++] = (uint32_t)i;
     S->anseg = nseg;
     if (S->nathreads == 0) {
         /* Not started (ps_server_inject): apply on this thread. */
@@ -227,15 +342,13 @@ static long apply_step(ps_server *S, int64_t t)
             pthread_cond_wait(&S->a_done, &S->am);
         pthread_mutex_unlock(&S->am);
     }
-    free(e);
-    free(seg);
     push **pp = &S->complete;
     while (*pp) {
         push *p = *pp;
         if (p->step == t) {
             *pp = p->next;
             S->applied_push[p->client] = t + 1;
-            free_push(p);
+            free_push(S, p);
             S->st_pushes++;
         } else {
             pp = &p->next;
@@ -359,7 +472,7 @@ static void reply_error(ps_server *S, const ps_hdr *h, int code, const char *msg
 {
     S->st_bad++;
     log_warn("bad request from worker %d (op %u, step %lld): %s", h->client, h->op, (long long)h->step, msg);
-    pending *p = calloc(1, sizeof(*p));
+    pending *p = pend_get(S);
     if (!p)
         return;
     p->req = *h;
@@ -406,8 +519,7 @@ static void serve_pending(ps_server *S)
         *pp = p->next;
         if (S->pq_tail == p)
             S->pq_tail = prev;
-        free(p->ids);
-        free(p);
+        pend_put(S, p);
     }
 }
 
@@ -427,20 +539,16 @@ static void handle_pull(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
                  (long long)h->step, h->client, (long long)S->next_push[h->client] - 1);
         return reply_error(S, h, -ERANGE, msg);
     }
-    pending *p = calloc(1, sizeof(*p));
-    int64_t *ids = malloc(plen ? plen : 1);
-    if (!p || !ids) {
-        free(p), free(ids);
+    pending *p = pend_get(S);
+    if (!p)
         return reply_error(S, h, -ENOMEM, "out of memory queueing a pull");
-    }
-    memcpy(ids, payload, plen);
-    if (shard_check_ids(&S->sh, ids, h->n) < 0) {
+    memcpy(p->ids, payload, plen); /* h->n <= rows per message <= chunk_cap: checked by handle_msg */
+    if (shard_check_ids(&S->sh, p->ids, h->n) < 0) {
         snprintf(msg, sizeof(msg), "%s", pf_errmsg());
-        free(p), free(ids);
+        pend_put(S, p);
         return reply_error(S, h, -ERANGE, msg);
     }
     p->req = *h;
-    p->ids = ids;
     enqueue(S, p);
 }
 
@@ -494,24 +602,22 @@ static int push_check(const ps_server *S, const ps_hdr *h, size_t plen, const pu
     return 0;
 }
 
-/* Copies a checked chunk's ids out of the payload into a new chunk (ids then fp32 grads, one allocation) and
- * checks them against the shard. Returns 0 with *out, or a negative code with the reason in msg[msglen]. */
-static int chunk_new(const ps_server *S, const ps_hdr *h, const uint8_t *payload, chunk **out, char *msg,
+/* Copies a checked chunk's ids out of the payload into a pooled chunk (ids then fp32 grads) and checks them
+ * against the shard. Returns 0 with *out, or a negative code with the reason in msg[msglen]. */
+static int chunk_new(ps_server *S, const ps_hdr *h, const uint8_t *payload, chunk **out, char *msg,
                      size_t msglen)
 {
-    const size_t D = (size_t)S->sh.dim;
-    chunk *c = malloc(sizeof(chunk) + (size_t)h->n * (sizeof(int64_t) + D * sizeof(float)));
+    chunk *c = chunk_get(S);
     if (!c) {
         snprintf(msg, msglen, "out of memory for a push of %u rows", h->n);
         return -ENOMEM;
     }
     c->n = h->n;
-    c->ids = (int64_t *)(c + 1);
-    c->grads = (float *)(c->ids + h->n);
-    memcpy(c->ids, payload, (size_t)h->n * sizeof(int64_t));
+    c->index = h->chunk;
+    memcpy(c->ids, payload, (size_t)h->n * sizeof(int64_t)); /* h->n <= chunk_cap: checked by handle_msg */
     if (shard_check_ids(&S->sh, c->ids, h->n) < 0) {
         snprintf(msg, msglen, "%s", pf_errmsg());
-        free(c);
+        chunk_put(S, c);
         return -ERANGE;
     }
     *out = c;
@@ -564,7 +670,7 @@ static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c)
     cur->have[h->chunk] = 1;
     cur->got++;
     cur->snap |= (h->flags & PS_PUSH_SNAPSHOT) != 0;
-    pending *ack = calloc(1, sizeof(*ack));
+    pending *ack = pend_get(S);
     if (ack) {
         ack->req = *h;
         enqueue(S, ack);
@@ -591,14 +697,14 @@ static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
         code = chunk_new(S, h, payload, &c, msg, sizeof(msg));
     if (code) {
         if (cur && cur->step == h->step) {
-            free_push(cur);
+            free_push(S, cur);
             S->partial[w] = NULL;
         }
         return reply_error(S, h, code, msg);
     }
     chunk_fill_grads(S, h, payload, c);
     if (!cur && !(cur = push_start(S, h))) {
-        free(c);
+        chunk_put(S, c);
         return reply_error(S, h, -ENOMEM, "out of memory starting a push");
     }
     push_add_chunk(S, h, cur, c);
@@ -648,7 +754,7 @@ static void handle_msg(ps_server *S, const uint8_t *buf, size_t len)
         return reply_error(S, &h, -EPROTO, msg);
     }
     if (h.op == PS_OP_STAT || h.op == PS_OP_CHECKSUM) {
-        pending *p = calloc(1, sizeof(*p));
+        pending *p = pend_get(S);
         if (!p)
             return;
         p->req = h;
@@ -724,10 +830,11 @@ static void *progress_main(void *arg)
             snap_wait(S);
         if (n == 0) {
             /* Keep polling (manual progress) but give the core away when idle: spin briefly, then sleep
-             * 10 us between polls, and 500 us once nothing came for a few thousand polls (an idle server
+             * 10 us between polls, 100 us after a thousand empty polls (the worker is computing: the wakeups
+             * would take its cores), and 500 us after a few thousand (an idle server
              * costs ~0 CPU; the first request after a long pause waits at most ~0.5 ms more). */
             if (++idle > 200) {
-                struct timespec ts = {0, idle > 3000 ? 500000 : 10000};
+                struct timespec ts = {0, idle > 3000 ? 500000 : idle > 1000 ? 100000 : 10000};
                 nanosleep(&ts, NULL);
             }
         } else {
@@ -767,10 +874,10 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
         return rc;
     }
     log_info(
-        "shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum + 1-byte "
-        "row map), %.3f GiB total (page-aligned)",
+        "shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum, 1-byte "
+        "row state, 8 bytes of apply bookkeeping), %.3f GiB total (page-aligned)",
         opts->rank, opts->servers, (long long)S->sh.rows, (long long)opts->num_classes, opts->dim,
-        8 * opts->dim + 1, (double)(S->sh.bytes + (size_t)S->sh.rows) / (1 << 30));
+        8 * opts->dim + 9, (double)(S->sh.bytes + 9 * (size_t)S->sh.rows) / (1 << 30));
     size_t cg_limit = SIZE_MAX, cg_room = shard_cgroup_room(&cg_limit);
     if (cg_room == SIZE_MAX)
         log_info("memory: no cgroup memory limit applies; the shard was checked against MemAvailable");
@@ -799,7 +906,14 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
     S->next_push = calloc(opts->workers, sizeof(int64_t));
     S->applied_push = calloc(opts->workers, sizeof(int64_t));
     S->partial = calloc(opts->workers, sizeof(push *));
-    if (!S->recv_mem || !S->send_mem || !S->recv_ctx || !S->send_ctx || !S->send_free || !S->worker_addr ||
+    S->aps = calloc(opts->workers, sizeof(push *));
+    S->amark = calloc((size_t)(S->sh.rows ? S->sh.rows : 1), sizeof(uint32_t));
+    S->ahead = malloc(sizeof(uint32_t) * (size_t)(S->sh.rows ? S->sh.rows : 1));
+    /* The most rows one message can carry (2-byte wire elements pack the most). */
+    S->chunk_cap = ps_wire_rows_per_msg((uint32_t)opts->dim, PS_DT_FP16);
+    if (ps_wire_rows_per_msg((uint32_t)opts->dim, PS_DT_FP32) > S->chunk_cap)
+        S->chunk_cap = ps_wire_rows_per_msg((uint32_t)opts->dim, PS_DT_FP32);
+    if (!S->aps || !S->amark || !S->ahead || !S->recv_mem || !S->send_mem || !S->recv_ctx || !S->send_ctx || !S->send_free || !S->worker_addr ||
         !S->worker_known || !S->next_push || !S->applied_push || !S->partial) {
         rc = pf_err(-ENOMEM, "out of memory for message buffers");
         goto fail;
@@ -863,6 +977,8 @@ int ps_server_start(ps_server *srv)
     }
     if (srv->nathreads == 0)
         return pf_err(-EAGAIN, "could not start any apply thread");
+    if (srv->o.fill && shard_fill_start(&srv->sh, srv->o.apply_threads) < 0)
+        log_warn("%s", pf_errmsg());
     if (pthread_create(&srv->progress, NULL, progress_main, srv) != 0)
         return pf_err(-EAGAIN, "could not start the progress thread");
     srv->started = 1;
@@ -901,20 +1017,32 @@ void ps_server_destroy(ps_server *S)
     fab_mr_close(&S->mr_send);
     fab_mr_close(&S->mr_table);
     fab_close(S->fab);
-    for (pending *p = S->pq_head; p;) {
-        pending *nx = p->next;
-        free(p->ids);
-        free(p);
-        p = nx;
-    }
     for (push *p = S->complete; p;) {
         push *nx = p->next;
-        free_push(p);
+        free_push(S, p);
         p = nx;
     }
     if (S->partial)
         for (int w = 0; w < S->o.workers; w++)
-            free_push(S->partial[w]);
+            free_push(S, S->partial[w]);
+    pending *lists[2] = {S->pq_head, S->pend_free};
+    for (int l = 0; l < 2; l++)
+        for (pending *p = lists[l]; p;) {
+            pending *nx = p->next;
+            free(p->ids);
+            free(p);
+            p = nx;
+        }
+    for (chunk *c = S->chunk_free; c;) {
+        chunk *nx = c->next;
+        free(c);
+        c = nx;
+    }
+    free(S->ae);
+    free(S->aseg);
+    free(S->amark);
+    free(S->ahead);
+    free(S->aps);
     free(S->recv_mem);
     free(S->send_mem);
     free(S->recv_ctx);
@@ -968,8 +1096,7 @@ int ps_server_inject(ps_server *S, const void *msg, size_t len)
         *pp = p->next;
         if (S->pq_tail == p)
             S->pq_tail = prev;
-        free(p->ids);
-        free(p);
+        pend_put(S, p);
         replies++;
     }
     return replies;
@@ -988,7 +1115,7 @@ void ps_server_stat(ps_server *S, ps_stat *st)
     st->pushes_applied = S->st_pushes;
     st->rows_applied = S->st_rows;
     st->bad_requests = S->st_bad;
-    st->table_bytes = (int64_t)S->sh.bytes + S->sh.rows; /* + the row map */
+    st->table_bytes = (int64_t)S->sh.bytes + 9 * S->sh.rows; /* + the row states and apply bookkeeping */
     for (int w = 0; S->partial && w < S->o.workers; w++)
         if (S->partial[w])
             st->partial_chunks += S->partial[w]->got;

@@ -49,6 +49,8 @@ typedef struct ps_server_opts {
     int apply_threads;    /* >= 1 */
     int recv_bufs;        /* receive buffers posted; 0 = 64 */
     int prefault;         /* back every page of the table at start (shard_create) */
+    int fill;             /* center_init = eager: ps_server_start generates every class center in a background
+                             thread (shard_fill_start); 0: each on its first pull or push */
     int global_mode;      /* head_mode = global: each row has one owner, pushes apply on arrival and a
                              pull waits only for the same worker's earlier pushes (read-your-writes) */
     const char *snapshot_root; /* checkpoint root (common/ckpt.h) for PS_PUSH_SNAPSHOT; NULL: snapshots off */

@@ -54,7 +54,7 @@ static void copy_block(const snap_job *j, int64_t b, float *dst)
     float *dw = dst, *dv = dst + (size_t)n * D;
     for (int64_t k = 0; k < n; k++) {
         int64_t r = r0 + k;
-        if (__atomic_load_n(&sh->ready[r], __ATOMIC_ACQUIRE)) {
+        if (shard_row_ready(sh, r)) {
             memcpy(dw + (size_t)k * D, sh->weight + (size_t)r * D, D * sizeof(float));
             memcpy(dv + (size_t)k * D, sh->momentum + (size_t)r * D, D * sizeof(float));
         } else {
@@ -348,7 +348,7 @@ int snap_load(shard *sh, const char *root, int64_t step)
                 int64_t lr = c / sh->servers;
                 memcpy(sh->weight + (size_t)lr * D, buf + (size_t)k * D, D * sizeof(float));
                 memcpy(sh->momentum + (size_t)lr * D, buf + ((size_t)n + (size_t)k) * D, D * sizeof(float));
-                sh->ready[lr] = 1;
+                sh->ready[lr] = SHARD_ROW_READY;
                 loaded++;
             }
         }

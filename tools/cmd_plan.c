@@ -228,7 +228,7 @@ int cmd_plan(int argc, char **argv)
            a.bw_given ? "" : assumed, in->gemm_gflops, a.gemm_given ? "" : assumed, 1e3 * in->backbone_s);
     printf("per worker and step: partition %lld classes, k = %lld rows sampled, head over N = %lld rows\n",
            (long long)p.partition, (long long)p.k, (long long)p.n);
-    printf("memory: %d bytes per identity (8 D + 1), table %s\n", p.bytes_per_identity,
+    printf("memory: %d bytes per identity (8 D + 9), table %s\n", p.bytes_per_identity,
            fmt_bytes(p.table_bytes, b1, sizeof b1));
     printf("  servers needed for memory: %d of %g GiB each\n", p.servers_mem, in->server_mem_gib);
     printf("  servers needed for bandwidth: %d (the fewest for a step within 10%% of %.1f ms, the step with "

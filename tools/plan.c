@@ -33,7 +33,7 @@ double plan_server_need(const plan_in *in, int S, double rows_step)
     double margin = regions / 16 + (double)PLAN_MARGIN_MIB * 1024 * 1024;
     double msg = (double)ps_wire_msg_bytes((uint32_t)in->dim);
     double buffers = 2.0 * PLAN_RECV_BUFS * msg + rows_step * (8 + 4 * D) + rows_step * D * in->wire_bytes;
-    return regions + (double)rows + margin + buffers;
+    return regions + 9.0 * (double)rows + margin + buffers; /* + row states and apply bookkeeping */
 }
 
 /* Messages of one worker's pull (or push) of k rows over S servers: each server's share cut into messages of
@@ -104,7 +104,7 @@ static void step_terms(const plan_in *in, int S, plan_out *out)
             top = i;
     out->bound = names[top];
     out->shard_bytes =
-        2 * page_round((double)ceil_div(in->identities, S) * D * 4) + (double)ceil_div(in->identities, S);
+        2 * page_round((double)ceil_div(in->identities, S) * D * 4) + 9.0 * (double)ceil_div(in->identities, S);
     double rs = rows_per_server(in, out->k, S);
     out->server_need_bytes = plan_server_need(in, S, rs);
     out->buffer_bytes = 2.0 * PLAN_RECV_BUFS * (double)ps_wire_msg_bytes((uint32_t)in->dim) +
@@ -134,7 +134,7 @@ int plan_compute(const plan_in *in, plan_out *out)
         k = k > pos ? k : pos;
     }
     out->k = k;
-    out->bytes_per_identity = 8 * in->dim + 1;
+    out->bytes_per_identity = 8 * in->dim + 9;
     out->table_bytes = (double)C * out->bytes_per_identity;
     out->head_flop = 6.0 * (double)out->n * (double)k * D;
     out->head_s = out->head_flop / (in->gemm_gflops * 1e9);

@@ -971,8 +971,10 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
                          op_name(r), (long long)r->step, now - t0, r->remaining);
                 next_log = now + (timeout_s > 0 ? timeout_s / 16 : 30);
             }
-            /* Nothing for a while: give the core away briefly (servers may share it). */
-            struct timespec ts = {0, 5000};
+            /* Nothing for a while: give the core away briefly (servers may share it), longer after a thousand
+             * empty polls (a server busy applying or gathering needs the core more than this wait needs
+             * its latency). */
+            struct timespec ts = {0, idle > 1000 ? 50000 : 5000};
             nanosleep(&ts, NULL);
         } else if (n > 0) {
             idle = 0;

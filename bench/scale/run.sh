@@ -3,7 +3,7 @@
 #
 #   bench/scale/run.sh BUILD_DIR [--classes 1000000,2000000] [--series r,k] [--rate 0.1] [--sampled 100000]
 #                      [--dim 512] [--batch 128] [--servers 2] [--provider tcp] [--wire fp32]
-#                      [--steps 40] [--warmup 10] [--steady 10] [--peer-steps 20] [--no-peer] [--plan]
+#                      [--steps 40] [--warmup 10] [--steady 10] [--peer-steps 20] [--no-peer] [--plan] [--lazy]
 #   (or: ninja -C BUILD_DIR bench-scale, which runs the defaults)
 #
 # Per series (r: fixed sample rate --rate; k: fixed --sampled rows per step, sample_rate = k / C) and per C:
@@ -32,7 +32,7 @@ root=$(cd "$here/../.." && pwd)
 B_DIR=$(cd "$1" && pwd) || exit 2
 shift
 classes=1000000,2000000 series=r,k rate=0.1 sampled=100000 dim=512 batch=128 servers=2 provider=tcp wire=fp32
-steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0
+steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0 lazy=0
 while [ $# -gt 0 ]; do
   case $1 in
     --classes) classes=$2; shift ;;
@@ -50,6 +50,7 @@ while [ $# -gt 0 ]; do
     --peer-steps) peer_steps=$2; shift ;;
     --no-peer) peer=0 ;;
     --plan) plan=1 ;;
+    --lazy) lazy=1 ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -106,6 +107,8 @@ workers = 1
 provider = $provider
 wire_dtype = $wire
 rendezvous = 127.0.0.1:$port
+[server]
+center_init = $([ "$lazy" = 1 ] && echo lazy || echo eager)
 INI
   local spids=()
   for ((s = 0; s < servers; s++)); do
@@ -113,10 +116,15 @@ INI
     spids+=($!)
     pids+=($!)
   done
-  local list
+  local list logs=()
   list=$(IFS=,; echo "${spids[*]}")
+  for ((s = 0; s < servers; s++)); do logs+=("$out/$tag.server$s.log"); done
+  # center_init = eager (the servers' default): the steps start once the servers generated every class center
+  # (reported apart as fill_s); --lazy measures the first-touch path instead.
+  local wait=()
+  [ "$lazy" = 1 ] || wait=(--wait-fill "$(IFS=,; echo "${logs[*]}")")
   "$WORKER" --config "$ini" --rank 0 --steps "$steps" --warmup "$warmup" --steady "$steady" \
-    --server-pids "$list" --trace "$out/$tag.trace" >"$out/$tag.worker.log" 2>&1
+    --server-pids "$list" --trace "$out/$tag.trace" "${wait[@]}" >"$out/$tag.worker.log" 2>&1
   local rc=$?
   # A failed run: the servers' threads as they are (a pull that never got its reply, issue 14), before stopping.
   if [ $rc -ne 0 ] && command -v gdb >/dev/null; then

@@ -2,7 +2,7 @@
  * (bench/scale/run.sh).
  *
  *   scale_worker --config FILE --rank W [--set key=value ...] [--steps N] [--warmup N] [--steady N]
- *                [--server-pids PID,PID,...] [--trace FILE]
+ *                [--server-pids PID,PID,...] [--trace FILE] [--wait-fill LOG,LOG,...]
  *
  * It joins a run of real pfcps-server daemons exactly as pfcps-worker does (the two fabric endpoints packed
  * in its address-book entry, cli_join_run, the run config from server 0, the collectives ring among the
@@ -27,7 +27,10 @@
  *     step 0 to after the last step / rows first pulled (W = 1: every row the servers created); minor page
  *     faults per steady step (this process, servers) and the servers' CPU seconds per steady step;
  *   - first and last loss (both must be finite: exit 1 otherwise).
- * --trace FILE: one line per step: step, ms, sample/pull/head/push ms, k, new-row fraction, loss. */
+ * --trace FILE: one line per step: step, ms, sample/pull/head/push ms, k, new-row fraction, loss.
+ * --wait-fill LOG,...: before step 0, waits (up to 30 min) until every named server log says that every class
+ *   center was generated (center_init = eager), so the steps measure a table that is all there; the wait is
+ *   reported as fill_s (from this worker's join). */
 #include <errno.h>
 #include <math.h>
 #include <stddef.h>
@@ -56,7 +59,7 @@
 
 static const char usage[] =
     "usage: scale_worker --config FILE --rank W [--set key=value ...] [--steps N] [--warmup N] [--steady N]\n"
-    "                    [--server-pids PID,PID,...] [--trace FILE]\n"
+    "                    [--server-pids PID,PID,...] [--trace FILE] [--wait-fill LOG,LOG,...]\n"
     "  the head path of a worker's step (sample, pull, head, push, wait) against running pfcps-server\n"
     "  daemons, synthetic embeddings; prints warm-up and steady-state ms/step, RSS, bytes per step\n";
 
@@ -65,6 +68,7 @@ typedef struct opts {
     int npids;
     long pids[MAX_SERVERS];
     const char *trace;
+    const char *wait_fill; /* comma-separated server logs, or NULL */
 } opts;
 
 /* One step's measurements. */
@@ -104,6 +108,8 @@ static int parse_opts(int argc, char **argv, opts *o)
             ok = ok && parse_long(v, 1, 1000000, &o->steady) == 0;
         else if (!strcmp(a, "--trace"))
             o->trace = v;
+        else if (!strcmp(a, "--wait-fill"))
+            o->wait_fill = v;
         else if (!strcmp(a, "--server-pids") && v) {
             char buf[1024];
             snprintf(buf, sizeof buf, "%s", v);
@@ -268,6 +274,7 @@ typedef struct bench {
     ctl_session *sess;
     pfc x;
     ps_dtype dt;
+    double fill_s; /* --wait-fill: seconds from the join until every server's table was generated */
 } bench;
 
 /* Endpoints, join, servers, ring, head: what worker/train.c's train_open_endpoints + train_setup do for the
@@ -339,6 +346,40 @@ static int setup(bench *b)
         rc = pfc_init(&b->x, &hp, &b->coll, run->num_classes, run->sample_rate, (uint64_t)run->seed,
                       run->batch_size, run->embedding_size);
     return rc;
+}
+
+/* 1 when file `path` contains `needle`. */
+static int file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[4096];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* Waits until each comma-separated log in `logs` says the server's class centers are all generated. */
+static int wait_fill(const char *logs, double *secs)
+{
+    const char *needle = "every class center generated";
+    double t0 = pf_now_s();
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", logs);
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        while (!file_has(t, needle)) {
+            if (pf_now_s() - t0 > 1800)
+                return pf_err(-ETIMEDOUT, "%s never said '%s' (center_init = lazy?)", t, needle);
+            usleep(100000);
+        }
+    }
+    *secs = pf_now_s() - t0;
+    log_info("servers' class centers all generated %.2f s after joining", *secs);
+    return 0;
 }
 
 /* Runs the steps into recs. Returns 0 or a negative code. */
@@ -476,14 +517,14 @@ static void report(const bench *b, const step_rec *recs, double bytes)
            "bytes_per_step=%.0f worker_rss=%lld servers_rss=%lld server_bytes_per_id=%.1f "
            "servers_rss_start=%lld servers_rss_end=%lld rows_touched=%lld server_bytes_per_row=%.1f "
            "worker_minflt_per_step=%.0f server_minflt_per_step=%.0f worker_cpu_s_per_step=%.3f "
-           "server_cpu_s_per_step=%.3f "
+           "server_cpu_s_per_step=%.3f fill_s=%.2f "
            "first_loss=%.4f last_loss=%.4f\n",
            (long long)C, run->embedding_size, run->batch_size, run->workers, run->servers, run->sample_rate,
            (long long)k, n, 1e3 * warm, mean_new(recs, 0, nw), 1e3 * steady, mean_new(recs, s0, ns),
            1e3 * ph[0], 1e3 * ph[1], 1e3 * ph[2], 1e3 * ph[3], bytes, wrss, hwm, per_id, start, end,
            (long long)b->touched, per_row, (double)wflt / (double)ns,
            b->o.npids ? (double)flt / (double)ns : 0.0, wcpu / (double)ns,
-           b->o.npids ? cpu / (double)ns : 0.0, recs[0].loss, recs[n - 1].loss);
+           b->o.npids ? cpu / (double)ns : 0.0, b->fill_s, recs[0].loss, recs[n - 1].loss);
     printf(
         "C = %lld, k = %lld rows per step: warm-up (first %ld steps, %.0f%% new rows) %.1f ms/step, steady "
         "(last %ld, %.0f%% new rows) %.1f ms/step = sample %.1f + pull %.1f + head %.1f + push %.1f; %.1f MB "
@@ -523,6 +564,8 @@ int main(int argc, char **argv)
         log_info("joined: C = %lld, D = %d, B = %d, sample_rate %g: up to %lld rows per step",
                  (long long)b.run.num_classes, b.run.embedding_size, b.run.batch_size, b.run.sample_rate,
                  (long long)b.x.k_max);
+    if (rc == 0 && b.o.wait_fill)
+        rc = wait_fill(b.o.wait_fill, &b.fill_s);
     if (rc == 0)
         rc = run_steps(&b, recs, &bytes);
     if (rc < 0) {

@@ -322,10 +322,10 @@ for f in files:
             probe = c.get('startupProbe', {}).get('exec', {}).get('command')
             check(probe == ['/bin/sh', '/etc/pfcps/run.sh', 'probe-rendezvous'],
                   '%s: startup probe = run.sh probe-rendezvous (got %s)' % (jn, probe))
-            # Memory derived from the table: a shard (ceil(C/S) x (8 D + 1) bytes), as much again for the rows a
+            # Memory derived from the table: a shard (ceil(C/S) x (8 D + 9) bytes), as much again for the rows a
             # checkpoint copies aside, and the request buffers; at most 4x that (no 200Gi for a 1.5 GB table).
             C, D, S = int(cfg['num_classes']), int(cfg['embedding_size']), int(cfg['servers'])
-            shard = math.ceil(C / S) * (8 * D + 1)
+            shard = math.ceil(C / S) * (8 * D + 9)
             buf, how = plan_buffers_gib(cfg)
             need = 2 * shard + buf * GiB
             req = quantity(c.get('resources', {}).get('requests', {}).get('memory', 0))

@@ -33,7 +33,7 @@ workers = 1
 rendezvous = 127.0.0.1:$port
 secret = fit-secret
 INI
-# 500000 x (128 x 8 + 1) bytes = 0.477 GiB; 128 MiB = 0.125 GiB (printed as 0.12).
+# 500000 x (128 x 8 + 9) bytes = 0.481 GiB; 128 MiB = 0.125 GiB (printed as 0.12).
 # The server runs inside the cgroup (a subshell moved there first); the test shell stays outside.
 rc=0
 ( echo $BASHPID >"$CG/cgroup.procs" && exec "$SERVER" --config "$TMP/run.ini" --rank 0 ) >"$TMP/server.log" 2>&1 || rc=$?

@@ -173,6 +173,76 @@ static void test_checks(void)
     CHECK(rc == -EINVAL, "D=0 accepted");
 }
 
+/* The background fill (center_init = eager) racing rows generated and updated on demand: every row ends with
+ * its generator value (vs the float64 reference) except the rows updated meanwhile, which keep their update
+ * (the fill never regenerates a row), and every momentum is zero. Also: the f32 SGD path equals the double
+ * one bit for bit. */
+static void test_fill(void)
+{
+    const int64_t C = 200003;
+    const int D = 33;
+    shard sh;
+    CHECK(shard_create(&sh, C, 1, 0, D, 99, 1, 0) == 0, "create: %s", pf_errmsg());
+    CHECK(shard_fill_start(&sh, 3) == 0, "fill start: %s", pf_errmsg());
+    /* Meanwhile: rows touched from this thread, from the end of each fill thread's range backwards (the fill
+     * reaches them last), and marked: weight[0] = 7 (an "update"). */
+    int64_t marked[300];
+    int nm = 0;
+    for (int t = 0; t < 3; t++)
+        for (int i = 1; i <= 100; i++) {
+            int64_t r = C * (t + 1) / 3 - i * 7;
+            float *w = shard_row(&sh, r);
+            w[0] = 7.0f;
+            marked[nm++] = r;
+        }
+    CHECK(shard_fill_wait(&sh, 120) == 1, "fill did not finish within 120 s");
+    int bad = 0, badm = 0, nready = 0;
+    double maxrel = 0;
+    for (int64_t r = 0; r < C; r++) {
+        nready += shard_row_ready(&sh, r);
+        int is_marked = 0;
+        for (int i = 0; i < nm && !is_marked; i++)
+            is_marked = marked[i] == r;
+        double ref[33];
+        pst_init_row(99, r, D, ref);
+        const float *w = sh.weight + (size_t)r * D;
+        for (int j = 0; j < D; j++) {
+            if (is_marked && j == 0) {
+                bad += w[0] != 7.0f;
+                continue;
+            }
+            maxrel = fmax(maxrel, fabs(w[j] - ref[j]) / fabs(ref[j]));
+            badm += sh.momentum[(size_t)r * D + j] != 0.0f;
+        }
+    }
+    printf("fill: %d of %lld rows ready; %d updated rows overwritten (want 0); max rel err vs float64 %.3g; "
+           "nonzero momenta %d\n",
+           nready, (long long)C, bad, maxrel, badm);
+    CHECK(nready == C && bad == 0 && maxrel < 6e-8 && badm == 0, "fill");
+    shard_destroy(&sh);
+
+    /* shard_sgd_row_f32 == shard_sgd_row on the widened gradient, bit for bit, and both == torch's float32
+     * order computed here (d = g + wd w; v = v mu + d; w = w - lr v, each rounded to float). */
+    float w1[37], v1[37], w2[37], v2[37], g[37];
+    double gd[37];
+    for (int j = 0; j < 37; j++) {
+        w1[j] = w2[j] = (float)sin(j + 1.0);
+        v1[j] = v2[j] = (float)cos(3.0 * j);
+        g[j] = (float)(0.37 * sin(7.0 * j) + 1e-3 * j);
+        gd[j] = g[j];
+    }
+    float w3[37], v3[37];
+    for (int j = 0; j < 37; j++) {
+        volatile float d = g[j] + 5e-4f * w1[j], vv = v1[j] * 0.9f + d; /* volatile: rounded, never fused */
+        v3[j] = vv;
+        w3[j] = w1[j] - 0.1f * vv;
+    }
+    shard_sgd_row_f32(w1, v1, g, 37, 0.1, 0.9, 5e-4);
+    shard_sgd_row(w2, v2, gd, 37, 0.1, 0.9, 5e-4);
+    CHECK(!memcmp(w1, w2, sizeof w1) && !memcmp(v1, v2, sizeof v1), "sgd f32 path differs from the double path");
+    CHECK(!memcmp(w1, w3, sizeof w1) && !memcmp(v1, v3, sizeof v1), "sgd differs from torch's float32 order");
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -181,6 +251,7 @@ int main(void)
     test_sgd_ref("sgd_rows_R300_D512");
     test_convert();
     test_checks();
+    test_fill();
     printf(fails ? "FAILED (%d)\n" : "PASS\n", fails);
     return fails ? 1 : 0;
 }

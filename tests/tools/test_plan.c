@@ -41,18 +41,18 @@ static void test_global_rate(void **state)
     assert_int_equal(p.partition, 500);
     assert_int_equal(p.n, 6);
     assert_int_equal(p.k, 50);
-    /* 8 x 4 + 1 = 33 bytes per identity; 33000 for the table. */
-    assert_int_equal(p.bytes_per_identity, 33);
-    assert_near(p.table_bytes, 33000);
+    /* 8 x 4 + 9 = 41 bytes per identity (weight, momentum, row state, apply bookkeeping); 41000 for the table. */
+    assert_int_equal(p.bytes_per_identity, 41);
+    assert_near(p.table_bytes, 41000);
     /* head: 6 x 6 x 50 x 4 = 7200 FLOP at 1e9/s = 7.2 us. */
     assert_near(p.head_flop, 7200);
     assert_near(p.head_s, 7.2e-6);
-    /* Memory at S = 1: regions 2 x page(1000 x 16 = 16000 -> 16384) = 32768, rows 1000, margin 32768/16 =
+    /* Memory at S = 1: regions 2 x page(1000 x 16 = 16000 -> 16384) = 32768, rows 1000 x 9, margin 32768/16 =
      * 2048
      * + 268435456; buffers: message = 64 + 43690 x 24 = 1048624 (43690 = floor(1048576 / 24)), 128 of them =
-     * 134223872, + W ceil(50/1) = 100 rows x (8 + 16) + 100 x 16 = 4000 -> 134227872. Total 402699144 < 1
+     * 134223872, + W ceil(50/1) = 100 rows x (8 + 16) + 100 x 16 = 4000 -> 134227872. Total 402707144 < 1
      * GiB: one server holds it. */
-    assert_near(plan_server_need(&in, 1, 100), 402699144.0);
+    assert_near(plan_server_need(&in, 1, 100), 402707144.0);
     assert_int_equal(p.servers_mem, 1);
     /* Bandwidth: a worker's link at S = 1 (one message each way): pull 8 x 50 + 64 = 464 out, 16 x 50 + 64 =
      * 864 in; push 24 x 50 + 64 = 1264 out, 64 in: (864 + 1264) / 1e9 = 2.128 us. With unlimited servers the
@@ -79,16 +79,16 @@ static void test_global_rate(void **state)
     assert_near(p.transfer_s, 2.8e-6);
     assert_near(p.step_s, 10e-6);
     assert_string_equal(p.bound, "head compute");
-    /* Shard at S = 4: 250 rows x 16 = 4000 -> 4096 per region: 8192 + 250 = 8442. Buffers: 134223872 +
-     * W ceil(50 / 4) = 26 rows x (24 + 16) = 134224912. Need: 8192 + 250 + 512 + 268435456 + 134224912 =
-     * 402669322. */
-    assert_near(p.shard_bytes, 8442);
+    /* Shard at S = 4: 250 rows x 16 = 4000 -> 4096 per region: 8192 + 250 x 9 = 10442. Buffers: 134223872 +
+     * W ceil(50 / 4) = 26 rows x (24 + 16) = 134224912. Need: 8192 + 2250 + 512 + 268435456 + 134224912 =
+     * 402671322. */
+    assert_near(p.shard_bytes, 10442);
     assert_near(p.buffer_bytes, 134224912);
-    assert_near(p.server_need_bytes, 402669322);
+    assert_near(p.server_need_bytes, 402671322);
     /* The same run at 6 servers (--servers 6): 50 rows = 2 x 9 + 4 x 8, 6 messages per pull and push: pull
      * out 400 + 384 = 784, in 800 + 384 = 1184, push out 1200 + 384 = 1584, in 384; a server carries 2/6 of
      * the 3936 bytes (1312); link (1184 + 1584) / 1e9 = 2.768 us, memory 100/6 x 112 / 1e9 = 1.8667 us; shard
-     * 167 rows: 8192 + 167. */
+     * 167 rows: 8192 + 167 x 9. */
     in.servers = 6;
     assert_int_equal(plan_compute(&in, &p), 0);
     assert_int_equal(p.servers, 6);
@@ -100,7 +100,7 @@ static void test_global_rate(void **state)
     assert_near(p.link_s, 2.768e-6);
     assert_near(p.mem_s, 100.0 / 6 * 112 / 1e9);
     assert_near(p.step_s, 9.968e-6);
-    assert_near(p.shard_bytes, 8359);
+    assert_near(p.shard_bytes, 9695);
     in.servers = 0;
     assert_int_equal(plan_compute(&in, &p), 0);
     /* Worker: rows + gradients 2 x 50 x 16 = 1600; workspace (6 x 50 + 56 x 4 + 12) x 4 = 2144 and (24 + 50)
@@ -161,11 +161,11 @@ static void test_servers_for_memory(void **state)
     in.sample_rate = 0.01;
     in.workers = 1;
     in.batch = 1;
-    /* S = 1: regions 2 x 204800000, rows 100000, margin 25600000 + 268435456, buffers 128 x (64 + 510 x 2056)
-     * = 134223872 + 1000 x 2056 + 1000 x 2048 (k = 1000). */
-    assert_near(plan_server_need(&in, 1, 1000), 842063328.0);
-    /* S = 2: 2 x 102400000 + 50000 + 12800000 + 268435456 + 134223872 + 500 x (2056 + 2048). */
-    assert_near(plan_server_need(&in, 2, 500), 622361328.0);
+    /* S = 1: regions 2 x 204800000, rows 100000 x 9, margin 25600000 + 268435456, buffers 128 x (64 + 510 x
+     * 2056) = 134223872 + 1000 x 2056 + 1000 x 2048 (k = 1000). */
+    assert_near(plan_server_need(&in, 1, 1000), 842863328.0);
+    /* S = 2: 2 x 102400000 + 50000 x 9 + 12800000 + 268435456 + 134223872 + 500 x (2056 + 2048). */
+    assert_near(plan_server_need(&in, 2, 500), 622761328.0);
     in.server_mem_gib = 0.75; /* 805306368 bytes: between the two */
     plan_out p;
     assert_int_equal(plan_compute(&in, &p), 0);

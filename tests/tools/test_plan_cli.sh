@@ -38,24 +38,24 @@ expect 1 "do not fit 1000000 servers of 0.25 GiB" "${req[@]}" --server-mem 0.25
 expect 1 "1 server of 10 GiB is too few" --identities 4M --workers 1 --link-gbps 8 --server-mem 10 --servers 1
 
 # C = 2M, D = 512, r = 0.1, W = 1, B = 128, 8 Gbit/s (1e9 B/s), 10 GB/s, 60 GFLOP/s, 10 GiB per server:
-#   k = 200000, N = 128; 4097 bytes per identity; table 8194000000 B = 8.19 GB;
-#   one server: 2 x 4096000000 + 2000000 rows + 512000000 + 268435456 margin + 128 x 1048624 + 200000 x (2056
-#   + 2048) buffers = 9929459328 B = 9.25 GiB <= 10 GiB;
+#   k = 200000, N = 128; 4105 bytes per identity; table 8210000000 B = 8.21 GB;
+#   one server: 2 x 4096000000 + 2000000 rows x 9 + 512000000 + 268435456 margin + 128 x 1048624 + 200000 x
+#   (2056 + 2048) buffers = 9945459328 B = 9.26 GiB <= 10 GiB;
 #   393 messages (ceil(200000 / 510)) each way: pull in 409600000 + 25152, push out 411200000 + 25152 + ...:
 #   link (409625152 + 411225152) / 1e9 = 820.9 ms; memory 200000 x 7 x 2048 / 1e10 = 286.7 ms;
 #   head 6 x 128 x 200000 x 512 = 78.6432 GFLOP / 60 = 1310.7 ms; step 820.85 + 1310.72 = 2131.6 ms.
 out=$("$PFCPS" plan --identities 2M --sample-rate 0.1 --workers 1 --batch 128 --link-gbps 8 --mem-bw 10 \
   --gemm-gflops 60 --server-mem 10 2>&1); rc=$?
 [ "$rc" -eq 0 ] || fail "plan at 2M: exit $rc: $out"
-for want in "k = 200000 rows sampled, head over N = 128 rows" "4097 bytes per identity (8 D + 1), table 8.19 GB" \
-  "servers needed for memory: 1 of 10 GiB each" "= 9.25 GiB of 10 GiB" \
+for want in "k = 200000 rows sampled, head over N = 128 rows" "4105 bytes per identity (8 D + 9), table 8.21 GB" \
+  "servers needed for memory: 1 of 10 GiB each" "= 9.26 GiB of 10 GiB" \
   "link 820.9 ms, server memory 286.7 ms, head compute 1310.7 ms, backbone 0.0 ms" \
   "= 2131.6 ms; bound: head compute"; do
   grep -qF -- "$want" <<<"$out" || fail "plan at 2M: no '$want' in: $out"
 done
 # The issue's plan: 100M identities, D = 512, r = 0.1, 64 workers x 128, 200 Gbit/s, defaults elsewhere (256 GiB,
 # 100 GB/s, 15000 GFLOP/s). k = 0.1 x 1562500 = 156250, N = 8192. Memory: one server needs 2 x 204.8e9 +
-# 1e8 + 25.6e9 + 2^28 + 128 x 1048624 + 64 x 156250 x 4104 = ~476.6 GB (> 256 GiB); two need ~238.4 GB each
+# 9e8 + 25.6e9 + 2^28 + 128 x 1048624 + 64 x 156250 x 4104 = ~477.4 GB (> 256 GiB); two need ~238.8 GB each
 # (<= 274.9 GB). Bandwidth: a worker's link at one message per server (307 = ceil(156250 / 510)): (320000000 +
 # 19648 + 321250000 + 19648) / 25e9 = 25.65 ms; head 6 x 8192 x 156250 x 512 / 15e12 = 262.14 ms; limit 287.8
 # ms, x 1.1 = 316.6 ms: the servers' links (64 / S x 25.65 ms <= 54.43 ms) need S >= 31, their memory (1.4336 s
