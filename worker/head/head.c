@@ -1,9 +1,23 @@
 /* Margin-softmax head: see head.h for the math and its sources.
  *
- * Layout of one step: normalize rows (double accumulation), one SGEMM for the cosines (n,k), two
- * passes over the cosine matrix computing the logits on the fly (the raw cosines stay in the buffer
- * so the backward can apply torch.clamp's gradient mask), allreduce of row max then of row sums,
- * then the cosine matrix is overwritten with dL/dcos and two SGEMMs give dL/d en and dL/d wn. */
+ * Layout of one step (N rows, K columns, D features; the three SGEMMs are the floor of its cost):
+ *   - inv_e, inv_w = 1 / max(|row|, eps) (float64 sums of squares); en = e * inv_e is materialized (N x D,
+ *     small), the normalized centers are not: cos_ij = (en_i . w_j) * inv_w_j, the column scale applied
+ *     on the fly to the SGEMM of en with the raw centers (no K x D write);
+ *   - pass 1 over the cosine matrix: row max of the logits (and the logits when asked); the target's
+ *     cosine moves to tcos[i]; allreduce of the row max;
+ *   - pass 2: e_ij = exp(z_ij - max_i) (vectorized float exp), row sums in float64 lanes; the matrix
+ *     keeps a_ij = e_ij * inv_w_j (0 where torch.clamp's or the filter's gradient mask is 0), which is
+ *     dL/dcos_ij * inv_w_j up to the row factor f_i = s g / sum_i; allreduce of the row sums;
+ *   - the target element becomes (e_t - sum_i) dv inv_w_t, so that f_i a_ij is the whole dL/dcos_ij inv_w_j;
+ *   - dL/d en = f_i (a . W), f_i applied in the normalization backward; dL/d wn_j * inv_w_j =
+ *     a^T . (f en) (en rows pre-scaled by f_i, N x D); the centers' normalization backward then reads
+ *     the raw centers: dL/d w_j = h_j - w_j inv_w_j^2 (w_j . h_j) with h_j = inv_w_j dL/d wn_j.
+ * The passes over N x K and K x D are written with GCC vector extensions (8 floats / 4 doubles) and
+ * compiled twice where the compiler can (AVX2 clone and a baseline one, chosen at load time). The
+ * arithmetic is the same IEEE operations in a fixed order in both (no FMA contraction: ISO C mode),
+ * and each row's result depends only on that row: the same bits for any thread count or clone.
+ */
 #include "worker/head/head.h"
 
 #include <cblas.h>
@@ -16,9 +30,13 @@
 
 /* Rows are independent in every elementwise pass: split them over OpenMP threads where available. */
 #ifdef _OPENMP
-#define PARALLEL_ROWS _Pragma("omp parallel for schedule(static)")
+#define PARALLEL_ROWS  _Pragma("omp parallel for schedule(static)")
+#define OMP_PARALLEL   _Pragma("omp parallel")
+#define OMP_FOR_NOWAIT _Pragma("omp for schedule(static) nowait")
 #else
 #define PARALLEL_ROWS
+#define OMP_PARALLEL
+#define OMP_FOR_NOWAIT
 #endif
 
 #define NORM_EPS     1e-12
@@ -78,9 +96,10 @@ void head_ws_free(head_ws *ws)
         return;
     free(ws->cos);
     free(ws->en);
-    free(ws->wn);
+    free(ws->en_g);
     free(ws->inv_e);
     free(ws->inv_w);
+    free(ws->inv_wf);
     free(ws->row_max);
     free(ws->row_red);
     free(ws->tcos);
@@ -98,14 +117,15 @@ int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d)
     size_t k1 = k ? k : 1;
     ws->cos = malloc(n * k1 * sizeof(float));
     ws->en = malloc(n * dd * sizeof(float));
-    ws->wn = malloc(k1 * dd * sizeof(float));
+    ws->en_g = malloc(n * dd * sizeof(float));
     ws->inv_e = malloc(n * sizeof(double));
     ws->inv_w = malloc(k1 * sizeof(double));
+    ws->inv_wf = malloc(k1 * sizeof(float));
     ws->row_max = malloc(n * sizeof(float));
     ws->row_red = malloc(3 * n * sizeof(double));
     ws->tcos = malloc(n * sizeof(float));
-    if (!ws->cos || !ws->en || !ws->wn || !ws->inv_e || !ws->inv_w || !ws->row_max || !ws->row_red ||
-        !ws->tcos) {
+    if (!ws->cos || !ws->en || !ws->en_g || !ws->inv_e || !ws->inv_w || !ws->inv_wf || !ws->row_max ||
+        !ws->row_red || !ws->tcos) {
         head_ws_free(ws);
         return pf_err(-ENOMEM, "head workspace: out of memory for n %lld x k %lld x d %lld", (long long)n_max,
                       (long long)k_max, (long long)d);
@@ -116,43 +136,270 @@ int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d)
     return 0;
 }
 
-/* out (rows, d) = in / max(|in|, eps) row by row; inv[r] = 1 / max(|in_r|, eps). */
-static void normalize_rows(float *out, double *inv, const float *in, int64_t rows, int64_t d)
+/* ---- Vector kernels -------------------------------------------------------------------------------
+ * GCC vector extensions: a v8f is 8 floats, a v4d 4 doubles; the compiler maps them onto AVX2 registers
+ * in the AVX2 clone and onto pairs of SSE2 registers in the baseline one. Loads and stores go through
+ * memcpy (unaligned). */
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef double v4d __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
+
+/* HEAD_SIMD: an AVX2 clone and a baseline clone, picked once by the loader (ifunc) on x86-64 ELF with
+ * GCC; elsewhere (or with PFCPS_HEAD_NO_CLONES, which tests/worker/head/test_head_simd.c uses to build
+ * the baseline alone) the one baseline build. The clones compute the same bits (see the file comment). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__) &&                   \
+    !defined(PFCPS_HEAD_NO_CLONES)
+#define HEAD_SIMD __attribute__((target_clones("avx2", "default"), noinline))
+#else
+#define HEAD_SIMD __attribute__((noinline))
+#endif
+#define VINLINE static inline __attribute__((always_inline))
+
+/* 32-byte vectors in the signatures of the always-inlined helpers below change no ABI (they never are
+ * real calls); GCC (at the end of the translation unit) and Clang warn anyway in the baseline build. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+VINLINE v8f ld8(const float *p)
 {
-    PARALLEL_ROWS
-    for (int64_t r = 0; r < rows; r++) {
-        const float *x = in + r * d;
-        double ss = 0.0;
-        for (int64_t c = 0; c < d; c++)
-            ss += (double)x[c] * x[c];
-        double nrm = sqrt(ss);
-        double iv = 1.0 / (nrm > NORM_EPS ? nrm : NORM_EPS);
-        inv[r] = iv;
-        float *y = out + r * d;
-        for (int64_t c = 0; c < d; c++)
-            y[c] = (float)(x[c] * iv);
-    }
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+VINLINE void st8(float *p, v8f v)
+{
+    memcpy(p, &v, sizeof v);
+}
+VINLINE v4d ld4d(const float *p) /* 4 floats widened to double (exact) */
+{
+    v4f v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, v4d);
+}
+VINLINE void st4d(float *p, v4d v) /* 4 doubles rounded to float */
+{
+    v4f f = __builtin_convertvector(v, v4f);
+    memcpy(p, &f, sizeof f);
+}
+VINLINE v8f sel8(v8i m, v8f a, v8f b) /* m ? a : b lane by lane (m lanes all ones or zero) */
+{
+    return (v8f)((m & (v8i)a) | (~m & (v8i)b));
+}
+VINLINE v8f and8(v8i m, v8f a) /* m ? a : +0 lane by lane */
+{
+    return (v8f)(m & (v8i)a);
+}
+VINLINE v8f bcast8(float x)
+{
+    return (v8f){x, x, x, x, x, x, x, x};
 }
 
-/* Backward of normalize_rows, in place on g: g_r <- (g_r - y_r (y_r . g_r)) * inv_r, where y is the
- * normalized row. (Below eps the norm is the constant eps and the projection term vanishes.) */
-static void normalize_rows_backward(float *g, const float *y, const double *inv, const float *x, int64_t rows,
-                                    int64_t d)
+/* exp(x) for x <= 0 (valid up to x = 88), 8 lanes: Cephes expf (S. L. Moshier): n = round(x / ln 2),
+ * r = x - n ln 2 in two parts (Cody-Waite), degree-6 polynomial on |r| <= ln2/2, times 2^n applied as
+ * two exact powers of two so that the gradual underflow below x = -87.3 rounds once like expf; x <= -104
+ * gives 0 (exp(-104) is below half the least subnormal). At most 1 ulp from the correctly rounded
+ * result for every float in [-104, 0] (exhaustive check; tests/worker/head/test_head_simd.c samples
+ * it); NaN in, NaN out. */
+VINLINE v8f vexp8(v8f x)
 {
-    PARALLEL_ROWS
-    for (int64_t r = 0; r < rows; r++) {
-        float *gr = g + r * d;
-        const float *yr = y + r * d;
-        double ss = 0.0, dot = 0.0;
-        for (int64_t c = 0; c < d; c++) {
-            ss += (double)x[r * d + c] * x[r * d + c];
-            dot += (double)yr[c] * gr[c];
-        }
-        if (sqrt(ss) <= NORM_EPS)
-            dot = 0.0;
-        for (int64_t c = 0; c < d; c++)
-            gr[c] = (float)((gr[c] - yr[c] * dot) * inv[r]);
+    x = sel8(x < -104.0f, bcast8(-104.0f), x);
+    v8f fn = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest (|x/ln2| < 2^22) */
+    v8f r = (x - fn * 0.693359375f) - fn * -2.12194440e-4f;
+    v8f y = 1.9875691500e-4f * r + 1.3981999507e-3f; /* Horner, Cephes' coefficients */
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = (y * (r * r) + r) + 1.0f;
+    v8i n = __builtin_convertvector(fn, v8i);
+    v8i n1 = n >> 1, n2 = n - n1; /* each in [-76, 44] where it matters: 2^n1, 2^n2 normal */
+    v8f p1 = (v8f)((v8u)(n1 + 127) << 23), p2 = (v8f)((v8u)(n2 + 127) << 23);
+    return (y * p1) * p2;
+}
+
+/* The value v of non-target cosines c, 8 lanes: c clamped to [-1, 1], then v = 0 where the clamped c
+ * > tau (interclass filtering; tau = +inf when off). *keep: the lanes whose dv/dc is 1 (c inside
+ * [-1, 1] and not filtered; torch.clamp's gradient mask). A NaN cosine stays NaN with keep 0. */
+VINLINE v8f other8(v8f c, float tau, v8i *keep)
+{
+    v8i lo = c<-1.0f, hi = c> 1.0f;
+    v8f cc = sel8(lo, bcast8(-1.0f), sel8(hi, bcast8(1.0f), c));
+    v8i f = cc > tau;
+    *keep = (c >= -1.0f) & (c <= 1.0f) & ~f;
+    return sel8(f, bcast8(0.0f), cc);
+}
+
+/* Sum of squares of x (d floats) in float64: 16 lanes, each product exact (float x float fits a
+ * double), lanes combined in a fixed order, then the tail. */
+VINLINE double sumsq(const float *x, int64_t d)
+{
+    v4d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    int64_t c = 0;
+    for (; c + 16 <= d; c += 16) {
+        v4d x0 = ld4d(x + c), x1 = ld4d(x + c + 4), x2 = ld4d(x + c + 8), x3 = ld4d(x + c + 12);
+        a0 += x0 * x0;
+        a1 += x1 * x1;
+        a2 += x2 * x2;
+        a3 += x3 * x3;
     }
+    v4d a = (a0 + a1) + (a2 + a3);
+    double s = (a[0] + a[1]) + (a[2] + a[3]);
+    for (; c < d; c++)
+        s += (double)x[c] * x[c];
+    return s;
+}
+
+/* Dot product of x and y (d floats) in float64, same lane layout as sumsq. */
+VINLINE double dot64(const float *x, const float *y, int64_t d)
+{
+    v4d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    int64_t c = 0;
+    for (; c + 16 <= d; c += 16) {
+        a0 += ld4d(x + c) * ld4d(y + c);
+        a1 += ld4d(x + c + 4) * ld4d(y + c + 4);
+        a2 += ld4d(x + c + 8) * ld4d(y + c + 8);
+        a3 += ld4d(x + c + 12) * ld4d(y + c + 12);
+    }
+    v4d a = (a0 + a1) + (a2 + a3);
+    double s = (a[0] + a[1]) + (a[2] + a[3]);
+    for (; c < d; c++)
+        s += (double)x[c] * y[c];
+    return s;
+}
+
+/* 1 / max(|x|, eps) of one row. */
+HEAD_SIMD static double row_inv_norm(const float *x, int64_t d)
+{
+    double nrm = sqrt(sumsq(x, d));
+    return 1.0 / (nrm > NORM_EPS ? nrm : NORM_EPS);
+}
+
+/* y = (float)(x * a) over d elements (a in float64). */
+HEAD_SIMD static void row_scale(float *y, const float *x, double a, int64_t d)
+{
+    int64_t c = 0;
+    for (; c + 4 <= d; c += 4)
+        st4d(y + c, ld4d(x + c) * a);
+    for (; c < d; c++)
+        y[c] = (float)(x[c] * a);
+}
+
+/* Backward of y = x * inv for one row, in place on g (float64 arithmetic, one rounding at the end):
+ *   g <- (f g - y (y . f g)) * inv, the projection dropped when |x| <= eps (inv = 1/eps: the norm is
+ *   the constant eps there). f scales the incoming gradient (the row factor of dL/dcos). */
+HEAD_SIMD static void row_normalize_backward(float *g, const float *y, double inv, double f, int64_t d)
+{
+    double dot = inv < 1.0 / NORM_EPS ? dot64(y, g, d) * f : 0.0;
+    int64_t c = 0;
+    for (; c + 4 <= d; c += 4)
+        st4d(g + c, (ld4d(g + c) * f - ld4d(y + c) * dot) * inv);
+    for (; c < d; c++)
+        g[c] = (float)(((double)g[c] * f - (double)y[c] * dot) * inv);
+}
+
+/* The centers' normalization backward from the raw row w and h = inv * dL/d wn (what the SGEMM on the
+ * column-scaled matrix gives), in place on h: dL/dw = h - wn (wn . h) = h - w inv^2 (w . h); h alone when
+ * |w| <= eps. The dot in float64; the update h - w coef in float (coef rounded to float): the radial
+ * term is at most |h|, so its two extra roundings add ~1e-7 |h|, the size of h's own rounding. */
+HEAD_SIMD static void center_row_backward(float *h, const float *w, double inv, int64_t d)
+{
+    float coef = (float)(inv < 1.0 / NORM_EPS ? inv * inv * dot64(w, h, d) : 0.0);
+    int64_t c = 0;
+    for (; c + 8 <= d; c += 8)
+        st8(h + c, ld8(h + c) - ld8(w + c) * coef);
+    for (; c < d; c++)
+        h[c] = h[c] - w[c] * coef;
+}
+
+VINLINE v8i iota8(int32_t c) /* the column indices c .. c+7 */
+{
+    return (v8i){c, c + 1, c + 2, c + 3, c + 4, c + 5, c + 6, c + 7};
+}
+
+/* Pass 1 on 8 columns: logits z = s v(c), c = raw * inv_wf; max into *vm over the lanes in `use`. */
+VINLINE v8f max_chunk(const float *raw, const float *inv_wf, float s, float tau, v8i use, v8f *vm)
+{
+    v8i keep;
+    v8f z = s * other8(ld8(raw) * ld8(inv_wf), tau, &keep);
+    v8f zu = sel8(use, z, bcast8(-INFINITY));
+    *vm = sel8(zu > *vm, zu, *vm);
+    return z;
+}
+
+/* Pass 1 on one row: cosines c_j = raw_j * inv_wf_j, max over the non-target columns of the
+ * logit s v(c_j) (-INFINITY when there is none; NaN logits are skipped, as `z > mx` skips them); writes
+ * the logits of the non-target columns when z_out is not NULL. li: the target column or -1 (k < 2^31,
+ * as the SGEMMs' int sizes require). The last k mod 8 columns run through the same vector code on a
+ * padded copy. */
+HEAD_SIMD static float row_pass_max(const float *raw, const float *inv_wf, int64_t k, int64_t li, float s,
+                                    float tau, float *z_out)
+{
+    v8f vm = bcast8(-INFINITY);
+    const int32_t l32 = li < 0 ? -1 : (int32_t)li;
+    int64_t c = 0;
+    v8i idx = iota8(0);
+    for (; c + 8 <= k; c += 8, idx += 8) {
+        v8f z = max_chunk(raw + c, inv_wf + c, s, tau, idx != l32, &vm);
+        if (z_out)
+            st8(z_out + c, z);
+    }
+    if (c < k) {
+        size_t m = (size_t)(k - c);
+        float rb[8] = {0}, ib[8] = {0}, zb[8];
+        memcpy(rb, raw + c, m * sizeof(float));
+        memcpy(ib, inv_wf + c, m * sizeof(float));
+        v8f z = max_chunk(rb, ib, s, tau, (idx != l32) & (idx < (int32_t)k), &vm);
+        if (z_out) {
+            st8(zb, z);
+            memcpy(z_out + c, zb, m * sizeof(float));
+        }
+    }
+    float mx = -INFINITY;
+    for (int l = 0; l < 8; l++)
+        if (vm[l] > mx)
+            mx = vm[l];
+    return mx;
+}
+
+/* Pass 2 on 8 columns, in place: a = e * inv_wf where dv/dc is 1, else 0, e = exp(s v(c) - mx);
+ * the e of the lanes in `use` are added, widened to double, to the 8 lanes of *acc. */
+VINLINE void exp_chunk(float *ci, const float *inv_wf, float s, float tau, float mx, v8i use, v8d *acc)
+{
+    v8i keep;
+    v8f iv = ld8(inv_wf);
+    v8f e = vexp8(s * other8(ld8(ci) * iv, tau, &keep) - mx);
+    st8(ci, and8(keep, e * iv));
+    *acc += __builtin_convertvector(and8(use, e), v8d);
+}
+
+/* Pass 2 on one row, in place (exp_chunk over the row; the last k mod 8 columns on a padded copy);
+ * returns the sum of e_j over the non-target columns in float64 (8 lanes, combined in a fixed order).
+ * The target column's a is left for the caller to overwrite. */
+HEAD_SIMD static double row_pass_exp(float *ci, const float *inv_wf, int64_t k, int64_t li, float s,
+                                     float tau, float mx)
+{
+    v8d acc = {0};
+    const int32_t l32 = li < 0 ? -1 : (int32_t)li;
+    int64_t c = 0;
+    v8i idx = iota8(0);
+    /* two chunks per iteration: two independent polynomial chains in flight */
+    for (; c + 16 <= k; c += 16, idx += 16) {
+        exp_chunk(ci + c, inv_wf + c, s, tau, mx, idx != l32, &acc);
+        exp_chunk(ci + c + 8, inv_wf + c + 8, s, tau, mx, (idx + 8) != l32, &acc);
+    }
+    for (; c + 8 <= k; c += 8, idx += 8)
+        exp_chunk(ci + c, inv_wf + c, s, tau, mx, idx != l32, &acc);
+    if (c < k) {
+        size_t m = (size_t)(k - c);
+        float rb[8] = {0}, ib[8] = {0};
+        memcpy(rb, ci + c, m * sizeof(float));
+        memcpy(ib, inv_wf + c, m * sizeof(float));
+        exp_chunk(rb, ib, s, tau, mx, (idx != l32) & (idx < (int32_t)k), &acc);
+        memcpy(ci + c, rb, m * sizeof(float));
+    }
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
 static inline double clampd(double x, double lo, double hi)
@@ -179,30 +426,61 @@ static double target_value(const head_params *p, double c, double *dv)
     return v;
 }
 
-/* Logit of a non-target cosine c and its derivative dz/dc / s (0 when clamped or filtered). */
-static inline float other_value(const head_params *p, float c, float *dv)
+/* Pass 1 on row i of the cosine matrix (raw en . w^T): row max of the logits into row_max[i] (the
+ * target's logit (float)(s v_t) included), logits written when asked, the target's cosine
+ * c = raw * inv_wf moved to tcos[i]. */
+static void forward_pass1(const head_params *p, head_ws *ws, int64_t i, int64_t k, int64_t li, float s,
+                          float tau, float *logits)
 {
-    float cc = c < -1.0f ? -1.0f : (c > 1.0f ? 1.0f : c);
-    if (p->interclass_filtering_threshold > 0 && cc > p->interclass_filtering_threshold) {
-        *dv = 0.0f;
-        return 0.0f;
+    const float *ci = ws->cos + i * k;
+    float mx = row_pass_max(ci, ws->inv_wf, k, li, s, tau, logits ? logits + i * k : NULL);
+    if (li >= 0) {
+        float c = ci[li] * ws->inv_wf[li];
+        float z = (float)(p->s * target_value(p, c, NULL));
+        ws->tcos[i] = c;
+        if (logits)
+            logits[i * k + li] = z;
+        if (z > mx)
+            mx = z;
     }
-    *dv = (c >= -1.0f && c <= 1.0f) ? 1.0f : 0.0f;
-    return cc;
+    ws->row_max[i] = mx;
 }
 
-/* Sum over columns [from, to) of row ci of exp(z - mx) for non-target columns, z = s * v(c); each
- * cosine is replaced by e = exp(z - mx), or by -1 - e where dv/dc is 0 (clamped or filtered). */
-static double row_exp(const head_params *p, float *ci, int64_t from, int64_t to, float s, float mx)
+/* Pass 2 on row i: row_red[3i..3i+2] = (sum of exp(z - max) over the row, z_target - max, has-target),
+ * the target's exp in float64 as its z; the row keeps a = exp(z - max) * inv_wf (0 where the gradient
+ * is masked) for the backward. */
+static void forward_pass2(const head_params *p, head_ws *ws, int64_t i, int64_t k, int64_t li, float s,
+                          float tau)
 {
-    double sum = 0.0;
-    for (int64_t j = from; j < to; j++) {
-        float dv;
-        float e = expf(s * other_value(p, ci[j], &dv) - mx);
-        sum += e;
-        ci[j] = dv != 0.0f ? e : -1.0f - e;
+    double mx = ws->row_max[i], zt = 0.0, has = 0.0;
+    double sum = row_pass_exp(ws->cos + i * k, ws->inv_wf, k, li, s, tau, ws->row_max[i]);
+    if (li >= 0) {
+        double z = p->s * target_value(p, ws->tcos[i], NULL);
+        sum += exp(z - mx);
+        zt = z - mx;
+        has = 1.0;
     }
-    return sum;
+    ws->row_red[3 * i] = sum;
+    ws->row_red[3 * i + 1] = zt;
+    ws->row_red[3 * i + 2] = has;
+}
+
+/* Backward preparation of row i, once its sum of exp is final (row_red[3i]): the target element becomes
+ * (e_t - sum_i) dv_t inv_w_t (so that f_i times the row is dL/dcos_ij inv_w_j, f_i = s g / sum_i), and,
+ * when `embeddings` is not NULL (the centers' SGEMM runs), en_g_i = e_i inv_e_i f_i (float64 product, one
+ * rounding). */
+static void backward_prep(const head_params *p, head_ws *ws, int64_t i, int64_t k, int64_t li, double g,
+                          const float *embeddings, int64_t d)
+{
+    double sum = ws->row_red[3 * i];
+    if (li >= 0) {
+        double dv;
+        double z = p->s * target_value(p, ws->tcos[i], &dv);
+        double e = exp(z - (double)ws->row_max[i]);
+        ws->cos[i * k + li] = (float)((e - sum) * dv * ws->inv_w[li]);
+    }
+    if (embeddings)
+        row_scale(ws->en_g + i * d, embeddings + i * d, ws->inv_e[i] * (p->s * g / sum), d);
 }
 
 int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, const float *embeddings,
@@ -227,60 +505,68 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
     int world = coll ? coll->world_size : 1;
     int global = (p->mode == HEAD_MODE_GLOBAL) && coll && world > 1;
     const float s = (float)p->s;
+    /* Interclass filtering compares a float cosine with the double threshold: cc > tau exactly when
+     * cc > tau_f, tau_f the largest float <= tau. tau_f = +inf when filtering is off (tau <= 0). */
+    float tau = INFINITY;
+    if (p->interclass_filtering_threshold > 0) {
+        tau = (float)p->interclass_filtering_threshold;
+        if ((double)tau > p->interclass_filtering_threshold)
+            tau = nextafterf(tau, -INFINITY);
+    }
     float *cosm = ws->cos;
     int rc;
 
-    normalize_rows(ws->en, ws->inv_e, embeddings, n, d);
-    if (k > 0) {
-        normalize_rows(ws->wn, ws->inv_w, centers, k, d);
-        /* cos (n,k) = en (n,d) . wn (k,d)^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)d, 1.0f, ws->en, (int)d,
-                    ws->wn, (int)d, 0.0f, cosm, (int)k);
-    }
-
-    /* Pass 1: logits and row max. */
-    PARALLEL_ROWS
-    for (int64_t i = 0; i < n; i++) {
-        const float *ci = cosm + i * k;
-        float mx = -INFINITY, dv;
+    /* One parallel region for both normalizations (each row's work is the same whatever the split). */
+    OMP_PARALLEL
+    {
+        OMP_FOR_NOWAIT
+        for (int64_t i = 0; i < n; i++) {
+            double iv = row_inv_norm(embeddings + i * d, d);
+            ws->inv_e[i] = iv;
+            row_scale(ws->en + i * d, embeddings + i * d, iv, d);
+        }
+        OMP_FOR_NOWAIT
         for (int64_t j = 0; j < k; j++) {
-            float z = (j == labels[i]) ? (float)(p->s * target_value(p, ci[j], NULL))
-                                       : s * other_value(p, ci[j], &dv);
-            if (logits)
-                logits[i * k + j] = z;
-            if (z > mx)
-                mx = z;
+            ws->inv_w[j] = row_inv_norm(centers + j * d, d);
+            ws->inv_wf[j] = (float)ws->inv_w[j];
         }
-        ws->row_max[i] = mx;
     }
-    if (global && (rc = coll_allreduce(coll, ws->row_max, (size_t)n, COLL_F32, COLL_MAX)) < 0)
-        return pf_err_wrap(rc, "head: allreduce of row max");
+    if (k > 0)
+        /* raw cosines (n,k) = en (n,d) . w (k,d)^T; cos_ij = raw_ij * inv_wf_j in the passes below */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)d, 1.0f, ws->en, (int)d,
+                    centers, (int)d, 0.0f, cosm, (int)k);
 
-    /* Pass 2: row sums of exp(z - max) and the target's z - max. The cosine buffer keeps, for the
-     * backward, e = exp(z - max) of each non-target element (or -1 - e where its gradient is masked:
-     * clamped or filtered); the target's raw cosine moves to tcos[i]. */
-    PARALLEL_ROWS
-    for (int64_t i = 0; i < n; i++) {
-        float *ci = cosm + i * k;
-        int64_t li = labels[i];
-        double mx = ws->row_max[i], zt = 0.0, has = 0.0;
-        double sum = row_exp(p, ci, 0, li < 0 ? k : li, s, ws->row_max[i]);
-        if (li >= 0) {
-            double z = p->s * target_value(p, ci[li], NULL);
-            double e = exp(z - mx);
-            ws->tcos[i] = ci[li];
-            ci[li] = (float)e;
-            sum += e;
-            zt = z - mx;
-            has = 1.0;
-            sum += row_exp(p, ci, li + 1, k, s, ws->row_max[i]);
+    /* Pass 1 (logits, row max, target cosine to tcos), allreduce of the row max, pass 2 (exp, row sums),
+     * allreduce of the row sums, then each row's backward preparation (backward_prep). Without the
+     * allreduces (single process, local mode) all three run on a row in one go, while it is in cache. */
+    const double g = 1.0 / ((double)n * (p->mode == HEAD_MODE_LOCAL ? world : 1));
+    const int backward = grad_embeddings || grad_centers;
+    const float *emb_g = grad_centers && k > 0 ? embeddings : NULL;
+    if (global) {
+        PARALLEL_ROWS
+        for (int64_t i = 0; i < n; i++)
+            forward_pass1(p, ws, i, k, labels[i], s, tau, logits);
+        if ((rc = coll_allreduce(coll, ws->row_max, (size_t)n, COLL_F32, COLL_MAX)) < 0)
+            return pf_err_wrap(rc, "head: allreduce of row max");
+        PARALLEL_ROWS
+        for (int64_t i = 0; i < n; i++)
+            forward_pass2(p, ws, i, k, labels[i], s, tau);
+        if ((rc = coll_allreduce(coll, ws->row_red, (size_t)(3 * n), COLL_F64, COLL_SUM)) < 0)
+            return pf_err_wrap(rc, "head: allreduce of row sums");
+        if (backward) {
+            PARALLEL_ROWS
+            for (int64_t i = 0; i < n; i++)
+                backward_prep(p, ws, i, k, labels[i], g, emb_g, d);
         }
-        ws->row_red[3 * i] = sum;
-        ws->row_red[3 * i + 1] = zt;
-        ws->row_red[3 * i + 2] = has;
+    } else {
+        PARALLEL_ROWS
+        for (int64_t i = 0; i < n; i++) {
+            forward_pass1(p, ws, i, k, labels[i], s, tau, logits);
+            forward_pass2(p, ws, i, k, labels[i], s, tau);
+            if (backward)
+                backward_prep(p, ws, i, k, labels[i], g, emb_g, d);
+        }
     }
-    if (global && (rc = coll_allreduce(coll, ws->row_red, (size_t)(3 * n), COLL_F64, COLL_SUM)) < 0)
-        return pf_err_wrap(rc, "head: allreduce of row sums");
 
     double total = 0.0;
     ws->no_target = 0;
@@ -302,41 +588,30 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
     }
     if (loss)
         *loss = mean;
-    if (!grad_embeddings && !grad_centers)
+    if (!backward)
         return 0;
 
-    /* Backward: cos buffer <- dL/dcos = s * (p - onehot) * g * dv/dc, g = 1/N (global) or 1/(N W) (local). */
-    double g = 1.0 / ((double)n * (p->mode == HEAD_MODE_LOCAL ? world : 1));
-    PARALLEL_ROWS
-    for (int64_t i = 0; i < n; i++) {
-        float *ci = cosm + i * k;
-        int64_t li = labels[i];
-        double mx = ws->row_max[i], inv_sum = 1.0 / ws->row_red[3 * i];
-        float scale = (float)(p->s * g * inv_sum);
-        for (int64_t j = 0; j < k; j++)
-            ci[j] = ci[j] >= 0.0f ? ci[j] * scale : 0.0f;
-        if (li >= 0) {
-            double dv;
-            double z = p->s * target_value(p, ws->tcos[i], &dv);
-            double pr = exp(z - mx) * inv_sum;
-            ci[li] = (float)(p->s * (pr - 1.0) * g * dv);
-        }
-    }
-
-    if (grad_embeddings) {
-        if (k > 0)
-            /* dL/d en (n,d) = dcos (n,k) . wn (k,d) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, cosm, (int)k,
-                        ws->wn, (int)d, 0.0f, grad_embeddings, (int)d);
-        else
-            memset(grad_embeddings, 0, (size_t)(n * d) * sizeof(float));
-        normalize_rows_backward(grad_embeddings, ws->en, ws->inv_e, embeddings, n, d);
-    }
-    if (grad_centers && k > 0) {
-        /* dL/d wn (k,d) = dcos^T (k,n) . en (n,d) */
+    /* Backward: the two SGEMMs back to back, then both normalization backwards in one region. */
+    if (grad_embeddings && k > 0)
+        /* a (n,k) . w (k,d) = dL/d en_i / f_i, since dL/dcos_ij inv_w_j w_j = dL/dcos_ij wn_j */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, cosm, (int)k,
+                    centers, (int)d, 0.0f, grad_embeddings, (int)d);
+    else if (grad_embeddings)
+        memset(grad_embeddings, 0, (size_t)(n * d) * sizeof(float));
+    if (grad_centers && k > 0)
+        /* h (k,d) = a^T (k,n) . (f en) (n,d) = inv_w_j dL/d wn_j */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, (int)d, (int)n, 1.0f, cosm, (int)k,
-                    ws->en, (int)d, 0.0f, grad_centers, (int)d);
-        normalize_rows_backward(grad_centers, ws->wn, ws->inv_w, centers, k, d);
+                    ws->en_g, (int)d, 0.0f, grad_centers, (int)d);
+    const int64_t kg = grad_centers ? k : 0, ng = grad_embeddings && k > 0 ? n : 0;
+    OMP_PARALLEL
+    {
+        OMP_FOR_NOWAIT
+        for (int64_t i = 0; i < ng; i++)
+            row_normalize_backward(grad_embeddings + i * d, ws->en + i * d, ws->inv_e[i],
+                                   p->s * g / ws->row_red[3 * i], d);
+        OMP_FOR_NOWAIT
+        for (int64_t j = 0; j < kg; j++)
+            center_row_backward(grad_centers + j * d, centers + j * d, ws->inv_w[j], d);
     }
     return 0;
 }

@@ -57,15 +57,18 @@ struct pf_config;
 int head_params_from_config(const struct pf_config *cfg, head_params *out);
 
 /* Workspace reused across steps (no allocation on the hot path). Sized for at most n_max rows,
- * k_max columns, d features: n_max*k_max + (n_max + k_max)*d + 2*n_max floats plus 4*n_max + k_max doubles.
+ * k_max columns, d features: n_max*k_max + 2*n_max*d + 2*n_max + k_max floats plus 4*n_max + k_max
+ * doubles.
+ * The normalized class centers are never stored: cos = (en . w^T) * inv_w column by column (head.c).
  */
 typedef struct head_ws {
     int64_t n_max, k_max, d;
-    float *cos;        /* (n_max, k_max): raw cosines, then dL/dcos in place */
+    float *cos;        /* (n_max, k_max): en . w^T, then dL/dcos_ij * inv_w_j / f_i in place (head.c) */
     float *en;         /* (n_max, d) normalized embeddings */
-    float *wn;         /* (k_max, d) normalized class centers */
+    float *en_g;       /* (n_max, d) en_i * f_i, f_i = s g / sum_i the row factor of dL/dcos (backward) */
     double *inv_e;     /* (n_max) 1 / max(|e_i|, 1e-12) */
     double *inv_w;     /* (k_max) */
+    float *inv_wf;     /* (k_max) inv_w rounded to float: the column scale of the cosines */
     float *row_max;    /* (n_max) */
     double *row_red;   /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
     float *tcos;       /* (n_max) raw target cosine of each row */
@@ -78,7 +81,10 @@ void head_ws_free(head_ws *ws);
 
 /* One head step on this worker.
  *   embeddings (n, d): global batch in global mode (rank-major, as allgathered), own batch in local
- *   centers    (k, d): this worker's pulled class centers (k may be 0)
+ *   centers    (k, d): this worker's pulled class centers (k may be 0). They enter the SGEMMs
+ *                      unnormalized (the cosines are scaled by 1/max(|w|, 1e-12) afterwards): full float
+ *                      precision needs row norms |w| in [1e-30, 1e30] (or 0); elements near float's
+ *                      limits (1e38, or subnormal) are out of range
  *   labels     (n):    column of the target in `centers`, or -1 when it lives on another worker
  *   coll:              the workers' collectives; NULL = single process (world_size 1)
  * Outputs (each may be NULL to skip):
