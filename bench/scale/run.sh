@@ -179,11 +179,11 @@ for ser in "${SL[@]}"; do
     fi
     tag=$ser.$C
     # pfcps: the table (8 D + 9 bytes per identity), the servers' buffers (128 messages of ~1 MiB each, a step's
-    # push chunks k x (8 + 4 D) and pull replies k x D x 4), the worker (measured: 5.1-5.7 x k x D x 4 at
-    # k = 100k-200k, D = 512; 6 x + 0.3 GB here) and 1 GiB. An underestimate here once let the kernel's OOM
-    # killer stop a server at 4M, r = 0.1 (the worker alone held 3.8 GB at k = 400k).
+    # push chunks k x (8 + 4 D) and pull replies k x D x 4), the worker (measured: 3.0-3.1 x k x D x 4 at
+    # k = 100k-200k, D = 512, since the head stopped keeping normalized centers; 3.3 x + 0.3 GB here) and
+    # 1 GiB. An underestimate here once let the kernel's OOM killer stop a server at 4M, r = 0.1.
     need=$(awk -v c="$C" -v d="$dim" -v k="$k" -v s="$servers" \
-      'BEGIN { printf "%.0f", c * (8 * d + 9) + s * 128 * 2 ^ 20 + k * (8 + 8 * d) + 6 * k * d * 4 + 0.3e9 + 2 ^ 30 }')
+      'BEGIN { printf "%.0f", c * (8 * d + 9) + s * 128 * 2 ^ 20 + k * (8 + 8 * d) + 3.3 * k * d * 4 + 0.3e9 + 2 ^ 30 }')
     lim=$(awk -v a="$(mem_avail)" -v g="$cap_gib" 'BEGIN { l = a - 2 ^ 30; c = g * 2 ^ 30; printf "%.0f", l < c ? l : c }')
     res="" why=""
     if awk -v n="$need" -v l="$lim" 'BEGIN { exit !(n <= l) }'; then
