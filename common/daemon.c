@@ -3,6 +3,7 @@
 #include "common/daemon.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -118,4 +119,10 @@ int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port)
     log_info("data plane: endpoints bind %s (data_address = %s%s)", addr, cfg->data_address,
              strcmp(cfg->data_address, "auto") ? "" : ": the address this host reaches the rendezvous from");
     return 0;
+}
+
+void daemon_tune_malloc(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc refuses more than 32 MiB on 64-bit */
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
 }

@@ -25,6 +25,13 @@ void daemon_signals_install(volatile sig_atomic_t *stop);
 /* 1 when this process got SIGTERM or SIGINT (the stop flag may also be raised by the daemon itself). */
 int daemon_signalled(void);
 
+/* Keeps glibc malloc from returning per-step buffers to the kernel: blocks up to 32 MiB come from the heap
+ * (M_MMAP_THRESHOLD, its maximum; by default it starts at 128 KiB) and the heap top is trimmed only above
+ * 512 MiB free (M_TRIM_THRESHOLD), so a buffer freed and allocated again every step (the sampled ids, a
+ * message's rows) reuses pages already backed instead of faulting in zeroed ones each step. Call first thing
+ * in main. */
+void daemon_tune_malloc(void);
+
 /* Chooses the interface the data plane listens on, from config key data_address: "auto" (default) binds the
  * address this host reaches the rendezvous host:port from (so the data plane follows the configured address
  * and never listens on every interface), "any" leaves the choice to the provider, anything else is used as

@@ -362,6 +362,7 @@ int main(int argc, char **argv)
 {
     static server_daemon d;
     log_init("server", -1);
+    daemon_tune_malloc();
     daemon_signals_install(&g_stop);
     int rc = parse_args(argc, argv, &d);
     if (rc != 0)

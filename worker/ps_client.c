@@ -761,48 +761,36 @@ static void send_probe(ps_client *c, int s, double now)
     c->srv_probe_t[s] = now;
 }
 
-typedef struct sort_key {
-    int64_t id;
-    size_t idx;
-} sort_key;
-
-static int cmp_key(const void *pa, const void *pb, void *arg)
-{
-    const sort_key *a = pa, *b = pb;
-    const int64_t S = *(const int *)arg;
-    int64_t sa = a->id % S, sb = b->id % S;
-    if (sa != sb)
-        return sa < sb ? -1 : 1;
-    if (a->id != b->id)
-        return a->id < b->id ? -1 : 1;
-    return a->idx < b->idx ? -1 : a->idx > b->idx;
-}
-
-/* Sorts ids by (server, id) and fills the request's shard split. */
+/* Groups ids by server (id mod S), keeping the caller's order within a server (a stable counting sort: pfc's
+ * ascending ids stay ascending), and fills the request's shard split. */
 static int split_ids(ps_client *c, ps_req *r, const int64_t *ids, size_t n)
 {
+    const int S = c->o.servers;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->o.num_classes)
             return pf_err(-ERANGE, "id %lld at index %zu is outside [0, %lld)", (long long)ids[i], i,
                           (long long)c->o.num_classes);
-    sort_key *k = malloc(sizeof(sort_key) * (n ? n : 1));
     r->sorted_ids = malloc(sizeof(int64_t) * (n ? n : 1));
     r->order = malloc(sizeof(size_t) * (n ? n : 1));
-    if (!k || !r->sorted_ids || !r->order) {
-        free(k);
+    if (!r->sorted_ids || !r->order)
         return pf_err(-ENOMEM, "out of memory splitting %zu ids", n);
-    }
     for (size_t i = 0; i < n; i++)
-        k[i] = (sort_key){ids[i], i};
-    qsort_r(k, n, sizeof(sort_key), cmp_key, &c->o.servers);
-    for (size_t i = 0; i < n; i++) {
-        r->sorted_ids[i] = k[i].id;
-        r->order[i] = k[i].idx;
-        r->srv_off[k[i].id % c->o.servers + 1]++;
-    }
-    free(k);
-    for (int s = 0; s < c->o.servers; s++)
+        r->srv_off[ids[i] % S + 1]++;
+    for (int s = 0; s < S; s++)
         r->srv_off[s + 1] += r->srv_off[s];
+    /* srv_off[s] is where server s's ids start; fill with a running cursor per server. */
+    size_t stackpos[64], *pos = S <= 64 ? stackpos : malloc(sizeof(size_t) * (size_t)S);
+    if (!pos)
+        return pf_err(-ENOMEM, "out of memory splitting %zu ids", n);
+    for (int s = 0; s < S; s++)
+        pos[s] = r->srv_off[s];
+    for (size_t i = 0; i < n; i++) {
+        size_t o = pos[ids[i] % S]++;
+        r->sorted_ids[o] = ids[i];
+        r->order[o] = i;
+    }
+    if (pos != stackpos)
+        free(pos);
     r->n = n;
     return 0;
 }

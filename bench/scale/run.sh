@@ -70,6 +70,9 @@ out=${PFCPS_SCALE_OUT:-$(mktemp -d /tmp/pfcps-scale.XXXXXX)}
 mkdir -p "$out"
 export PFCPS_SECRET=${PFCPS_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 export OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2
+# OpenBLAS's idle threads spin (sched_yield) for 2^28 cycles after each GEMM by default: on 2 cores shared with
+# the servers that took ~0.45 CPU s per step at 2M from them (measured). 2^4 cycles: they sleep at once.
+export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait 2>/dev/null; }
 trap cleanup EXIT

@@ -46,6 +46,7 @@
 #include "common/coll.h"
 #include "common/config.h"
 #include "common/ctl.h"
+#include "common/daemon.h"
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
@@ -540,6 +541,7 @@ static void report(const bench *b, const step_rec *recs, double bytes)
 int main(int argc, char **argv)
 {
     static bench b;
+    daemon_tune_malloc(); /* as pfcps-worker */
     log_init("scale", -1);
     int rest = 0;
     int rc = cli_parse_common(argc, argv, &b.cfg, usage, CLI_CONFIG_OPTIONAL, &rest);
