@@ -29,7 +29,6 @@ typedef struct buf_ctx {
 typedef struct chunk {
     struct chunk *next;
     uint32_t n;
-    uint32_t index; /* its chunk number in the push */
     int64_t *ids;
     float *grads;
 } chunk;
@@ -42,8 +41,7 @@ typedef struct push {
     float lr;
     int snap; /* PS_PUSH_SNAPSHOT was set */
     uint16_t nchunks, got;
-    uint8_t *have; /* [nchunks] */
-    chunk *chunks; /* in arrival order, newest first */
+    chunk **slot; /* [nchunks]: chunk i, or NULL until it came */
 } push;
 
 /* A reply waiting to be sent: pulls wait for their step; everything waits for a free send buffer. */
@@ -229,12 +227,10 @@ static void free_push(ps_server *S, push *p)
 {
     if (!p)
         return;
-    for (chunk *c = p->chunks; c;) {
-        chunk *nx = c->next;
-        chunk_put(S, c);
-        c = nx;
-    }
-    free(p->have);
+    for (int i = 0; i < p->nchunks; i++)
+        if (p->slot[i])
+            chunk_put(S, p->slot[i]);
+    free(p->slot);
     free(p);
 }
 
@@ -273,8 +269,8 @@ static long apply_step(ps_server *S, int64_t t)
     for (push *p = S->complete; p; p = p->next)
         if (p->step == t && np < S->o.workers) {
             ps[np++] = p;
-            for (chunk *c = p->chunks; c; c = c->next)
-                nrows += c->n;
+            for (int i = 0; i < p->nchunks; i++)
+                nrows += p->slot[i]->n; /* complete: every slot is filled */
         }
     if (apply_reserve(S, nrows) < 0) {
         log_error("apply of step %lld: out of memory for %zu rows", (long long)t, nrows);
@@ -287,25 +283,15 @@ static long apply_step(ps_server *S, int64_t t)
             ps[j] = ps[j - 1];
             ps[j - 1] = x;
         }
-    /* Entries in worker, chunk, row order. Chunks hang newest first: place each at its index's offset. */
+    /* Entries in worker, chunk, row order. */
     size_t k = 0;
-    for (int i = 0; i < np; i++) {
-        push *p = ps[i];
-        size_t base = k, total = 0;
-        for (chunk *c = p->chunks; c; c = c->next)
-            total += c->n;
-        /* Chunk c's rows go after those of the chunks numbered below it (a push has at most a few hundred). */
-        for (chunk *c = p->chunks; c; c = c->next) {
-            size_t before = 0;
-            for (chunk *d = p->chunks; d; d = d->next)
-                if (d->index < c->index)
-                    before += d->n;
+    for (int i = 0; i < np; i++)
+        for (int ci = 0; ci < ps[i]->nchunks; ci++) {
+            const chunk *c = ps[i]->slot[ci];
             for (uint32_t r = 0; r < c->n; r++)
-                S->ae[base + before + r] = (entry){c->ids[r] / S->sh.servers, c->grads + (size_t)r * S->sh.dim,
-                                                   p->lr, ENTRY_END};
+                S->ae[k++] = (entry){c->ids[r] / S->sh.servers, c->grads + (size_t)r * S->sh.dim, ps[i]->lr,
+                                     ENTRY_END};
         }
-        k += total;
-    }
     if (++S->agen_rows == 0) { /* the stamps wrapped: start them again */
         memset(S->amark, 0, sizeof(uint32_t) * (size_t)(S->sh.rows ? S->sh.rows : 1));
         S->agen_rows = 1;
@@ -590,7 +576,7 @@ static int push_check(const ps_server *S, const ps_hdr *h, size_t plen, const pu
                  (long long)h->step, (long long)S->steps_done, S->o.max_staleness);
         return -ERANGE;
     }
-    if (cur && (cur->step != h->step || cur->nchunks != h->nchunks || cur->have[h->chunk])) {
+    if (cur && (cur->step != h->step || cur->nchunks != h->nchunks || cur->slot[h->chunk])) {
         snprintf(msg, msglen, "push chunk %u/%u of step %lld does not match the push in progress", h->chunk,
                  h->nchunks, (long long)h->step);
         return -EPROTO;
@@ -613,7 +599,6 @@ static int chunk_new(ps_server *S, const ps_hdr *h, const uint8_t *payload, chun
         return -ENOMEM;
     }
     c->n = h->n;
-    c->index = h->chunk;
     memcpy(c->ids, payload, (size_t)h->n * sizeof(int64_t)); /* h->n <= chunk_cap: checked by handle_msg */
     if (shard_check_ids(&S->sh, c->ids, h->n) < 0) {
         snprintf(msg, msglen, "%s", pf_errmsg());
@@ -645,9 +630,9 @@ static void chunk_fill_grads(const ps_server *S, const ps_hdr *h, const uint8_t 
 static push *push_start(ps_server *S, const ps_hdr *h)
 {
     push *cur = calloc(1, sizeof(*cur));
-    uint8_t *have = cur ? calloc(h->nchunks, 1) : NULL;
-    if (!cur || !have) {
-        free(cur), free(have);
+    chunk **slot = cur ? calloc(h->nchunks, sizeof(chunk *)) : NULL;
+    if (!cur || !slot) {
+        free(cur), free(slot);
         return NULL;
     }
     cur->client = h->client;
@@ -655,7 +640,7 @@ static push *push_start(ps_server *S, const ps_hdr *h)
     cur->lr = h->lr;
     cur->snap = (h->flags & PS_PUSH_SNAPSHOT) != 0;
     cur->nchunks = h->nchunks;
-    cur->have = have;
+    cur->slot = slot;
     S->partial[h->client] = cur;
     return cur;
 }
@@ -665,9 +650,7 @@ static push *push_start(ps_server *S, const ps_hdr *h)
 static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c)
 {
     const int w = h->client;
-    c->next = cur->chunks;
-    cur->chunks = c;
-    cur->have[h->chunk] = 1;
+    cur->slot[h->chunk] = c;
     cur->got++;
     cur->snap |= (h->flags & PS_PUSH_SNAPSHOT) != 0;
     pending *ack = pend_get(S);

@@ -15,6 +15,7 @@
 #include <omp.h>
 #endif
 
+#include "bench/head/head_gemms.h"
 #include "common/err.h"
 #include "worker/head/head.h"
 
@@ -63,12 +64,7 @@ int main(int argc, char **argv)
             return 1;
         }
         double t1 = now();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)d, 1.0f, e, (int)d, w,
-                    (int)d, 0.0f, c, (int)k);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, c, (int)k, w,
-                    (int)d, 0.0f, ge, (int)d);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, (int)d, (int)n, 1.0f, c, (int)k, e,
-                    (int)d, 0.0f, gw, (int)d);
+        head_three_sgemms(n, k, d, e, w, c, ge, gw);
         double t2 = now();
         if (r == 0)
             continue; /* warm-up */

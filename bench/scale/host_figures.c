@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench/head/head_gemms.h"
 #include "common/clock.h"
 
 int main(int argc, char **argv)
@@ -48,12 +49,7 @@ int main(int argc, char **argv)
     double best_gemm = 1e30, best_copy = 1e30;
     for (int r = 0; r < rounds; r++) {
         double t0 = pf_now_s();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)d, 1.0f, e, (int)d, w,
-                    (int)d, 0.0f, c, (int)k);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, c, (int)k, w,
-                    (int)d, 0.0f, ge, (int)d);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, (int)d, (int)n, 1.0f, c, (int)k, e,
-                    (int)d, 0.0f, gw, (int)d);
+        head_three_sgemms(n, k, d, e, w, c, ge, gw);
         double t1 = pf_now_s();
         memcpy(dst, src, mem);
         double t2 = pf_now_s();
