@@ -39,6 +39,43 @@
 #define OMP_FOR_NOWAIT
 #endif
 
+/* The K x D passes (centers' norms + cosine SGEMM; dL/dW SGEMM + centers' normalization backward) run per
+ * block of head_center_block(d) centers, each block on one thread with a one-thread SGEMM, so that a block's
+ * rows are read from memory once and its gradient is written to memory once (a whole-K SGEMM streams the
+ * K x D matrices through memory two to three times: BLAS's beta pass, the update, the backward's pass). The
+ * blocks are the same for any thread count, and so are the bits. */
+#ifdef _OPENMP
+#include <omp.h>
+#define BLOCKS_PARALLEL _Pragma("omp parallel for schedule(dynamic, 1)")
+#else
+#define BLOCKS_PARALLEL
+#endif
+
+int64_t head_center_block(int64_t d)
+{
+    int64_t kb = ((int64_t)1 << 18) / (d > 0 ? d : 1); /* 1 MiB of fp32 rows: a core's L2 */
+    return kb < 16 ? 16 : kb;
+}
+
+/* Before a BLOCKS_PARALLEL loop that calls cblas_sgemm: in an OpenMP build OpenBLAS goes to one thread
+ * (each block's SGEMM runs on the thread that owns the block, and OpenBLAS's bits for a shape depend on its
+ * own thread count), whatever the OpenMP thread count. Returns the setting to restore. */
+static int blocks_begin(void)
+{
+    int prev = openblas_get_num_threads();
+#ifdef _OPENMP
+    if (prev > 1)
+        openblas_set_num_threads(1);
+#endif
+    return prev;
+}
+
+static void blocks_end(int prev)
+{
+    if (openblas_get_num_threads() != prev)
+        openblas_set_num_threads(prev);
+}
+
 #define NORM_EPS     1e-12
 #define TARGET_CLAMP 1e-7
 /* -log(1e-30): the loss of a row whose target probability is floored (arcface_torch clamp_min). */
@@ -516,25 +553,28 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
     float *cosm = ws->cos;
     int rc;
 
-    /* One parallel region for both normalizations (each row's work is the same whatever the split). */
-    OMP_PARALLEL
-    {
-        OMP_FOR_NOWAIT
-        for (int64_t i = 0; i < n; i++) {
-            double iv = row_inv_norm(embeddings + i * d, d);
-            ws->inv_e[i] = iv;
-            row_scale(ws->en + i * d, embeddings + i * d, iv, d);
-        }
-        OMP_FOR_NOWAIT
-        for (int64_t j = 0; j < k; j++) {
+    PARALLEL_ROWS
+    for (int64_t i = 0; i < n; i++) {
+        double iv = row_inv_norm(embeddings + i * d, d);
+        ws->inv_e[i] = iv;
+        row_scale(ws->en + i * d, embeddings + i * d, iv, d);
+    }
+    /* Per block of centers, while the block is in cache: its inverse norms, then its raw cosines
+     * (n, kb) = en (n,d) . w_block (kb,d)^T into columns [j0, j0 + kb) of the (n,k) matrix;
+     * cos_ij = raw_ij * inv_wf_j in the passes below. */
+    const int64_t kb = head_center_block(d), nblk = (k + kb - 1) / kb;
+    const int blas_threads = blocks_begin();
+    BLOCKS_PARALLEL
+    for (int64_t b = 0; b < nblk; b++) {
+        const int64_t j0 = b * kb, m = k - j0 < kb ? k - j0 : kb;
+        for (int64_t j = j0; j < j0 + m; j++) {
             ws->inv_w[j] = row_inv_norm(centers + j * d, d);
             ws->inv_wf[j] = (float)ws->inv_w[j];
         }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)d, 1.0f, ws->en, (int)d,
+                    centers + j0 * d, (int)d, 0.0f, cosm + j0, (int)k);
     }
-    if (k > 0)
-        /* raw cosines (n,k) = en (n,d) . w (k,d)^T; cos_ij = raw_ij * inv_wf_j in the passes below */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)k, (int)d, 1.0f, ws->en, (int)d,
-                    centers, (int)d, 0.0f, cosm, (int)k);
+    blocks_end(blas_threads);
 
     /* Pass 1 (logits, row max, target cosine to tcos), allreduce of the row max, pass 2 (exp, row sums),
      * allreduce of the row sums, then each row's backward preparation (backward_prep). Without the
@@ -598,20 +638,24 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
                     centers, (int)d, 0.0f, grad_embeddings, (int)d);
     else if (grad_embeddings)
         memset(grad_embeddings, 0, (size_t)(n * d) * sizeof(float));
-    if (grad_centers && k > 0)
-        /* h (k,d) = a^T (k,n) . (f en) (n,d) = inv_w_j dL/d wn_j */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)k, (int)d, (int)n, 1.0f, cosm, (int)k,
-                    ws->en_g, (int)d, 0.0f, grad_centers, (int)d);
-    const int64_t kg = grad_centers ? k : 0, ng = grad_embeddings && k > 0 ? n : 0;
-    OMP_PARALLEL
-    {
-        OMP_FOR_NOWAIT
-        for (int64_t i = 0; i < ng; i++)
-            row_normalize_backward(grad_embeddings + i * d, ws->en + i * d, ws->inv_e[i],
-                                   p->s * g / ws->row_red[3 * i], d);
-        OMP_FOR_NOWAIT
-        for (int64_t j = 0; j < kg; j++)
-            center_row_backward(grad_centers + j * d, centers + j * d, ws->inv_w[j], d);
+    const int64_t ng = grad_embeddings && k > 0 ? n : 0;
+    PARALLEL_ROWS
+    for (int64_t i = 0; i < ng; i++)
+        row_normalize_backward(grad_embeddings + i * d, ws->en + i * d, ws->inv_e[i],
+                               p->s * g / ws->row_red[3 * i], d);
+    if (grad_centers && k > 0) {
+        /* Per block of centers, while the block is in cache: h (kb,d) = a^T (kb,n) . (f en) (n,d) =
+         * inv_w_j dL/d wn_j, then the normalization backward of its rows. */
+        const int blas_threads2 = blocks_begin();
+        BLOCKS_PARALLEL
+        for (int64_t b = 0; b < nblk; b++) {
+            const int64_t j0 = b * kb, m = k - j0 < kb ? k - j0 : kb;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)d, (int)n, 1.0f, cosm + j0,
+                        (int)k, ws->en_g, (int)d, 0.0f, grad_centers + j0 * d, (int)d);
+            for (int64_t j = j0; j < j0 + m; j++)
+                center_row_backward(grad_centers + j * d, centers + j * d, ws->inv_w[j], d);
+        }
+        blocks_end(blas_threads2);
     }
     return 0;
 }

@@ -103,4 +103,11 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
                           int64_t n, const float *centers, int64_t k, int64_t d, const int64_t *labels,
                           double *loss, float *logits, float *grad_embeddings, float *grad_centers);
 
+/* Centers per block of head_forward_backward's K x D passes at dimension d: 2^18 / d (1 MiB of fp32 rows),
+ * at least 16. Each block's inverse norms + cosine SGEMM, and its dL/dW SGEMM + normalization backward, run
+ * on one OpenMP thread with a one-thread OpenBLAS SGEMM (OpenBLAS's thread count is set to 1 for the
+ * duration and restored), so that a block is read from memory once per pass. The blocks do not depend on
+ * the thread count, nor do the results. */
+int64_t head_center_block(int64_t d);
+
 #endif

@@ -8,6 +8,7 @@
 #define head_ws_init            base_head_ws_init
 #define head_ws_free            base_head_ws_free
 #define head_forward_backward   base_head_forward_backward
+#define head_center_block       base_head_center_block
 #include "worker/head/head.c"
 
 /* exp of 8 values through the head's vector exp (vexp8). */
