@@ -97,6 +97,13 @@ int shard_fill_start(shard *sh, int threads);
  * (also when no fill was started and rows remain). */
 int shard_fill_wait(shard *sh, double timeout_s);
 
+/* How many rows ahead the gather and the apply start loading a random row of the table (one at D = 512,
+ * more for shorter rows, so that about 2 KiB per array are in flight). */
+static inline int shard_prefetch_rows(int dim)
+{
+    return 1 + 1536 / (dim > 0 ? dim * 4 : 1);
+}
+
 /* Copies rows of classes ids[0..n) into out (n x D) in wire dtype `dtype` (ps_dtype). Ids must be valid. */
 void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out);
 

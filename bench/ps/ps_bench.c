@@ -8,10 +8,19 @@
  * process over the chosen libfabric provider. Each client does N pulls of R random rows (step 0), then N
  * pushes of R random rows (steps 0..N-1; max_staleness is set high so clients do not wait for each other;
  * local head mode sums each step's W pushes before applying, global mode applies each push on arrival).
- * Ceiling: one core gathering the same number of random fp32 rows from a C x D host table with memcpy.
- * K rounds of (ceiling, pull, push) are interleaved; the best and median of each are printed with
- * rows/s, GB/s (wire bytes) and ratio = achieved rows/s / ceiling rows/s. */
+ * Ceilings, each measured in the same run:
+ *   - memcpy gather: one core gathering the same number of random fp32 rows from a C x D host table;
+ *   - transport: the provider alone moving the same payload bytes (fp32 rows, as many per message as a pull
+ *     reply carries) over max(S, W) sender -> receiver endpoint pairs in this process at once, 16 messages
+ *     in flight each, no gather and no scatter: what pull and push could reach if pfcps's own work cost
+ *     nothing;
+ *   - SGD apply: one core applying the same number of rows' momentum SGD (shard_sgd_row_f32, the servers'
+ *     update) at random rows of a C x D table and its momentum, from a contiguous gradient buffer: a push's
+ *     least memory work (read the gradient, read and write the weight and the momentum).
+ * K rounds of (ceilings, pull, push) are interleaved; the best and median of each are printed with
+ * rows/s, GB/s (wire bytes) and the ratios achieved rows/s / ceiling rows/s. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +30,8 @@
 #include "common/fabric.h"
 #include "worker/ps_client.h"
 #include "server/ps_server.h"
+#include "server/shard.h"
+#include "proto/ps_wire.h"
 
 static double now(void)
 {
@@ -85,6 +96,169 @@ static double run_phase(ps_client **cl, int W, int rows, int dim, int iters, int
     }
     double dt = now() - t0;
     return bad ? -1 : dt;
+}
+
+/* ---------- transport ceiling ---------- */
+
+enum { T_WIN = 16 };
+
+typedef struct trx_arg {
+    fab_ctx *f;
+    uint8_t *mem; /* T_WIN buffers of msg bytes */
+    fab_mr *mr;
+    size_t msg, payload;
+    long msgs; /* to receive */
+    int rc;
+} trx_arg;
+
+static void *trx_main(void *p)
+{
+    trx_arg *a = p;
+    for (int i = 0; i < T_WIN && !a->rc; i++)
+        a->rc = fab_recv(a->f, a->mem + (size_t)i * a->msg, a->msg, a->mr, (void *)(uintptr_t)i);
+    long got = 0;
+    fab_comp cq[T_WIN];
+    double t0 = now();
+    while (!a->rc && got < a->msgs) {
+        int n = fab_poll(a->f, cq, T_WIN);
+        if (n < 0 || now() - t0 > 120) {
+            a->rc = -1;
+            break;
+        }
+        if (n == 0)
+            sched_yield(); /* 2 cores, 2 to 4 pollers: let the peer side run */
+        for (int i = 0; i < n && !a->rc; i++) {
+            if (cq[i].err || cq[i].len != a->payload) {
+                a->rc = -1;
+                break;
+            }
+            got++;
+            uintptr_t b = (uintptr_t)cq[i].context;
+            if (got + T_WIN <= a->msgs)
+                a->rc = fab_recv(a->f, a->mem + b * a->msg, a->msg, a->mr, cq[i].context);
+        }
+    }
+    return NULL;
+}
+
+/* One sender/receiver pair of the transport ceiling. */
+typedef struct tpair {
+    const char *prov;
+    int D;
+    long msgs;
+    pthread_barrier_t *ready; /* all pairs set up: the clock starts */
+    int rc;
+} tpair;
+
+static void *tpair_main(void *p)
+{
+    tpair *t = p;
+    fab_ctx *tx = NULL, *rx = NULL;
+    const size_t per = ps_wire_rows_per_msg((uint32_t)t->D, PS_DT_FP32);
+    const size_t payload = sizeof(ps_hdr) + per * (size_t)t->D * sizeof(float);
+    const size_t msg = ps_wire_msg_bytes((uint32_t)t->D);
+    uint8_t *smem = aligned_alloc(4096, (msg * T_WIN + 4095) / 4096 * 4096);
+    uint8_t *rmem = aligned_alloc(4096, (msg * T_WIN + 4095) / 4096 * 4096);
+    fab_mr smr = {0}, rmr = {0};
+    uint8_t addr[FAB_MAX_ADDR];
+    size_t alen = sizeof(addr);
+    fi_addr_t dst;
+    t->rc = -1;
+    int setup = smem && rmem && fab_open(t->prov, &tx) == 0 && fab_open(t->prov, &rx) == 0 &&
+                fab_mr_reg(tx, smem, msg * T_WIN, FI_SEND, &smr) == 0 &&
+                fab_mr_reg(rx, rmem, msg * T_WIN, FI_RECV, &rmr) == 0 && fab_getname(rx, addr, &alen) == 0 &&
+                fab_av_insert(tx, addr, alen, &dst) == 0;
+    if (setup)
+        memset(smem, 1, msg * T_WIN);
+    trx_arg ra = {rx, rmem, &rmr, msg, payload, t->msgs + 1, 0};
+    pthread_t th;
+    int started = setup && pthread_create(&th, NULL, trx_main, &ra) == 0;
+    if (started) {
+        /* one message before the clock starts: the connection is set up */
+        fab_comp c1;
+        int n = 0;
+        double tw = now();
+        if (fab_send(tx, dst, smem, payload, &smr, NULL) == 0)
+            while ((n = fab_poll(tx, &c1, 1)) == 0 && now() - tw < 30)
+                sched_yield();
+        if (n != 1 || c1.err) {
+            ra.rc = -1;
+            pthread_join(th, NULL);
+            started = 0;
+        }
+    }
+    pthread_barrier_wait(t->ready);
+    if (started) {
+        long sent = 0, done = 0;
+        int bad = 0;
+        int free_b[T_WIN], nfree = T_WIN;
+        for (int i = 0; i < T_WIN; i++)
+            free_b[i] = i;
+        fab_comp cq[T_WIN];
+        double t0 = now();
+        while (!bad && done < t->msgs) {
+            while (sent < t->msgs && nfree > 0) {
+                int b = free_b[--nfree];
+                if (fab_send(tx, dst, smem + (size_t)b * msg, payload, &smr, (void *)(uintptr_t)b) < 0) {
+                    bad = 1;
+                    break;
+                }
+                sent++;
+            }
+            int n = fab_poll(tx, cq, T_WIN);
+            if (n < 0 || now() - t0 > 120)
+                bad = 1;
+            if (n == 0)
+                sched_yield();
+            for (int i = 0; i < n; i++) {
+                bad |= cq[i].err != 0;
+                free_b[nfree++] = (int)(uintptr_t)cq[i].context;
+                done++;
+            }
+        }
+        pthread_join(th, NULL);
+        t->rc = bad || ra.rc ? -1 : 0;
+    }
+    if (smr.mr)
+        fab_mr_close(&smr);
+    if (rmr.mr)
+        fab_mr_close(&rmr);
+    if (tx)
+        fab_close(tx);
+    if (rx)
+        fab_close(rx);
+    free(smem);
+    free(rmem);
+    return NULL;
+}
+
+/* Moves `rows` fp32 rows of D elements over `pairs` sender -> receiver endpoint pairs of `prov` at once (as
+ * many as the bench has server-client pairs in flight), in messages of as many rows as a pull reply holds
+ * (plus the header's bytes), T_WIN in flight per pair. Returns rows/s, or -1 on failure. */
+static double transport_rate(const char *prov, int D, double rows, int pairs)
+{
+    const size_t per = ps_wire_rows_per_msg((uint32_t)D, PS_DT_FP32);
+    long msgs = (long)((rows / pairs + (double)per - 1) / (double)per);
+    if (msgs < 256)
+        msgs = 256; /* enough to be a rate */
+    pthread_barrier_t ready;
+    pthread_barrier_init(&ready, NULL, (unsigned)pairs + 1);
+    tpair t[64];
+    pthread_t th[64];
+    for (int i = 0; i < pairs; i++) {
+        t[i] = (tpair){prov, D, msgs, &ready, -1};
+        pthread_create(&th[i], NULL, tpair_main, &t[i]);
+    }
+    pthread_barrier_wait(&ready);
+    double t0 = now();
+    int bad = 0;
+    for (int i = 0; i < pairs; i++) {
+        pthread_join(th[i], NULL);
+        bad |= t[i].rc;
+    }
+    double dt = now() - t0;
+    pthread_barrier_destroy(&ready);
+    return bad ? -1 : (double)pairs * (double)msgs * (double)per / dt;
 }
 
 int main(int argc, char **argv)
@@ -201,8 +375,13 @@ int main(int argc, char **argv)
     float *table = malloc(sizeof(float) * (size_t)C * D), *dst = malloc(sizeof(float) * (size_t)R * D);
     for (size_t i = 0; i < (size_t)C * D; i++)
         table[i] = (float)i;
+    float *mom = malloc(sizeof(float) * (size_t)C * D), *grad = malloc(sizeof(float) * (size_t)R * D);
+    memset(mom, 0, sizeof(float) * (size_t)C * D); /* touched now: no page faults in the timed loop */
+    for (size_t i = 0; i < (size_t)R * D; i++)
+        grad[i] = 1e-6f;
+    const int ahead = shard_prefetch_rows(D);
     int64_t *idx = malloc(sizeof(int64_t) * R);
-    double rc_[3][64];
+    double rc_[5][64];
     if (rounds < 1)
         rounds = 1;
     if (rounds > 64)
@@ -219,6 +398,28 @@ int main(int argc, char **argv)
             __asm__ volatile("" : : "r"(dst) : "memory");
         }
         rc_[0][k] = total_rows / (now() - t0);
+        /* SGD-apply ceiling: one core, the servers' row update at random rows of the table and momentum. */
+        t0 = now();
+        for (long it = 0; it < reps; it++) {
+            for (int i = 0; i < R; i++)
+                idx[i] = (int64_t)(mix(((uint64_t)(it + k * reps) << 24) ^ (uint64_t)i ^ 0x99) % (uint64_t)C);
+            for (int i = 0; i < R; i++) {
+                if (i + ahead < R) /* as the servers' apply does: start loading a random row ahead */
+                    for (int b = 0; b < D; b += 16) {
+                        __builtin_prefetch(table + (size_t)idx[i + ahead] * D + b, 1, 0);
+                        __builtin_prefetch(mom + (size_t)idx[i + ahead] * D + b, 1, 0);
+                    }
+                shard_sgd_row_f32(table + (size_t)idx[i] * D, mom + (size_t)idx[i] * D, grad + (size_t)i * D, D,
+                                  1e-3, 0.9, 5e-4);
+            }
+            __asm__ volatile("" : : "r"(table) : "memory");
+        }
+        rc_[3][k] = total_rows / (now() - t0);
+        rc_[4][k] = transport_rate(prov, D, total_rows, S > W ? S : W);
+        if (rc_[4][k] < 0) {
+            fprintf(stderr, "transport ceiling over %s failed\n", prov);
+            return 1;
+        }
         double t_pull = run_phase(cl, W, R, D, N, C, 0, 0);
         double t_push = run_phase(cl, W, R, D, N, C, 1, k * N);
         if (t_pull < 0 || t_push < 0)
@@ -226,8 +427,8 @@ int main(int argc, char **argv)
         rc_[1][k] = total_rows / t_pull;
         rc_[2][k] = total_rows / t_push;
     }
-    double best[3], med[3];
-    for (int m = 0; m < 3; m++) {
+    double best[5], med[5];
+    for (int m = 0; m < 5; m++) {
         double v[64];
         memcpy(v, rc_[m], sizeof(double) * rounds);
         for (int i = 0; i < rounds; i++) /* insertion sort, tiny */
@@ -245,14 +446,22 @@ int main(int argc, char **argv)
            prov, S, W, R, D, dts, (long long)C, N, rounds, global ? "global" : "local");
     printf("ceiling (memcpy gather, 1 core): best %.3g rows/s (%.2f GB/s fp32), median %.3g\n", best[0],
            best[0] * D * 4 / 1e9, med[0]);
-    printf("pull: best %.3g rows/s, %.2f GB/s on the wire, median %.3g; ratio = %.3f (median %.3f)\n",
-           best[1], best[1] * wire / 1e9, med[1], best[1] / best[0], med[1] / med[0]);
-    printf("push: best %.3g rows/s, %.2f GB/s on the wire, median %.3g; ratio = %.3f (median %.3f)\n",
-           best[2], best[2] * wire / 1e9, med[2], best[2] / best[0], med[2] / med[0]);
+    printf("ceiling (transport: %s alone, %d pairs, contiguous fp32 rows, 16 messages in flight each): best %.3g rows/s "
+           "(%.2f GB/s), median %.3g\n",
+           prov, S > W ? S : W, best[4], best[4] * D * 4 / 1e9, med[4]);
+    printf("ceiling (SGD apply, 1 core, random rows): best %.3g rows/s, median %.3g\n", best[3], med[3]);
+    printf("pull: best %.3g rows/s, %.2f GB/s on the wire, median %.3g; ratio = %.3f (median %.3f); "
+           "vs transport %.3f (median %.3f)\n",
+           best[1], best[1] * wire / 1e9, med[1], best[1] / best[0], med[1] / med[0], best[1] / best[4],
+           med[1] / med[4]);
+    printf("push: best %.3g rows/s, %.2f GB/s on the wire, median %.3g; ratio = %.3f (median %.3f); "
+           "vs transport %.3f (median %.3f); vs SGD apply %.3f (median %.3f)\n",
+           best[2], best[2] * wire / 1e9, med[2], best[2] / best[0], med[2] / med[0], best[2] / best[4],
+           med[2] / med[4], best[2] / best[3], med[2] / med[3]);
     for (int w = 0; w < W; w++)
         ps_client_destroy(cl[w]);
     for (int s = 0; s < S; s++)
         ps_server_destroy(srv[s]);
-    free(table), free(dst), free(idx);
+    free(table), free(dst), free(idx), free(mom), free(grad);
     return 0;
 }
