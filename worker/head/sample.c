@@ -177,6 +177,32 @@ int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64
     if (m == pool) {
         for (int64_t r = 0; r < m; r++)
             neg[r] = r;
+    } else if (m > 0 && pool / 64 <= 4 * m) {
+        /* Floyd's algorithm (below) with the set as a bitmap of [0, pool): dense samples (r >= ~1/256) touch
+         * pool / 8 bytes, and a scan of the bitmap gives the subset in order without a sort. Same draws,
+         * same subset as the hash-set path. */
+        size_t words = (size_t)((pool + 63) / 64);
+        uint64_t *bits = calloc(words, sizeof(uint64_t));
+        if (!bits) {
+            free(pos);
+            free(ids);
+            free(neg);
+            return pf_err(-ENOMEM, "sample: out of memory for a bitmap of %lld ids", (long long)pool);
+        }
+        uint64_t key = sample_key(a->seed, a->step, a->rank), ctr = 0;
+        for (int64_t j = pool - m; j < pool; j++) {
+            int64_t t = (int64_t)uniform_below(key, &ctr, (uint64_t)j + 1);
+            uint64_t bt = 1ull << (t & 63);
+            if (bits[t >> 6] & bt)
+                bits[j >> 6] |= 1ull << (j & 63); /* j is above every earlier draw: never in the set */
+            else
+                bits[t >> 6] |= bt;
+        }
+        int64_t cnt = 0;
+        for (size_t w = 0; w < words; w++)
+            for (uint64_t b = bits[w]; b; b &= b - 1)
+                neg[cnt++] = (int64_t)(w * 64 + (size_t)__builtin_ctzll(b));
+        free(bits);
     } else if (m > 0) {
         /* Floyd's algorithm: a uniform m-subset of [0, pool) in m draws. */
         iset set;

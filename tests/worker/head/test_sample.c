@@ -264,8 +264,81 @@ static void test_bad_input(void)
           "partition sizes");
 }
 
+/* The sample's definition, written out here with plain arrays: the positives of the rank's partition, then
+ * m = k - positives negatives by Floyd's algorithm over the pool of non-positive local ids (draw j of
+ * [pool - m, pool): t = uniform in [0, j] from sample_bits(sample_key(seed, step, rank), counter) by
+ * Lemire's multiply-shift with rejection; keep t, or j when t is already in), mapped to local ids by skipping
+ * the positives. sample_classes keeps the set as a bitmap for dense rates and as a hash set for sparse ones:
+ * both must give exactly this subset. Returns 0 when equal. */
+static int check_floyd_reference(const sample_args *a, const int64_t *labels, int64_t n)
+{
+    int global = a->mode == SAMPLE_GLOBAL;
+    int64_t W = global ? a->world_size : 1, r = global ? a->rank : 0;
+    int64_t part = global ? sample_partition_size(a->num_classes, a->world_size, a->rank) : a->num_classes;
+    char *is_pos = calloc((size_t)part, 1), *taken = calloc((size_t)part, 1);
+    int64_t np = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (labels[i] % W == r && !is_pos[labels[i] / W]) {
+            is_pos[labels[i] / W] = 1;
+            np++;
+        }
+    int64_t k = sample_count(a->sample_rate, part);
+    if (k < np)
+        k = np;
+    int64_t m = k - np, pool = part - np;
+    uint64_t key = sample_key(a->seed, a->step, a->rank), ctr = 0;
+    for (int64_t j = pool - m; j < pool; j++) {
+        uint64_t bound = (uint64_t)j + 1, lo, t;
+        do {
+            unsigned __int128 x = (unsigned __int128)sample_bits(key, ctr++) * bound;
+            lo = (uint64_t)x;
+            t = (uint64_t)(x >> 64);
+        } while (lo < (0 - bound) % bound);
+        taken[taken[t] ? j : (int64_t)t] = 1;
+    }
+    /* the pool index p of the non-positives, in order, is local id c with p non-positives before it */
+    int64_t *want = malloc(sizeof(int64_t) * (size_t)(k > 0 ? k : 1)), nw = 0, p = 0;
+    for (int64_t c = 0; c < part; c++) {
+        if (is_pos[c])
+            want[nw++] = c * W + r;
+        else if (taken[p++])
+            want[nw++] = c * W + r;
+    }
+    int64_t *ids = NULL, got_k = 0;
+    int rc = sample_classes(a, labels, n, &ids, &got_k, NULL);
+    int ok = rc == 0 && nw == k && got_k == k && !memcmp(ids, want, sizeof(int64_t) * (size_t)k);
+    CHECK(ok, "rate %g, %lld classes, world %d rank %d, %s mode: the sample is not Floyd's subset", a->sample_rate,
+          (long long)a->num_classes, a->world_size, a->rank, global ? "global" : "local");
+    printf("%s rate %-6g C %lld W %d rank %d %s: %lld ids equal to Floyd's subset written out\n", ok ? "ok  " : "FAIL",
+           a->sample_rate, (long long)a->num_classes, a->world_size, a->rank, global ? "global" : "local ",
+           (long long)k);
+    free(ids), free(want), free(is_pos), free(taken);
+    return !ok;
+}
+
+static void test_floyd_reference(void)
+{
+    int64_t labels[40];
+    for (int i = 0; i < 40; i++)
+        labels[i] = (int64_t)((i * 7919 + 13) % 100003);
+    labels[5] = labels[6]; /* a repeated positive */
+    const double rates[] = {0.1, 0.5, 0.02, 0.001, 0.0001}; /* bitmap (>= ~1/256) and hash-set paths */
+    for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
+        for (int mode = 0; mode < 2; mode++) {
+            sample_args a = {.num_classes = 100003,
+                             .world_size = 3,
+                             .rank = mode ? 1 : 0,
+                             .sample_rate = rates[i],
+                             .seed = 42,
+                             .step = (int64_t)i + 5,
+                             .mode = mode ? SAMPLE_GLOBAL : SAMPLE_LOCAL};
+            check_floyd_reference(&a, labels, 40);
+        }
+}
+
 int main(void)
 {
+    test_floyd_reference();
     test_global_rate_01();
     test_rate_1_and_local();
     test_uniform();
