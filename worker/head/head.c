@@ -51,10 +51,26 @@
 #define BLOCKS_PARALLEL
 #endif
 
+static int64_t center_block_override; /* head_set_center_block */
+
 int64_t head_center_block(int64_t d)
 {
+    if (center_block_override > 0)
+        return center_block_override;
     int64_t kb = ((int64_t)1 << 18) / (d > 0 ? d : 1); /* 1 MiB of fp32 rows: a core's L2 */
     return kb < 16 ? 16 : kb;
+}
+
+void head_set_center_block(int64_t rows)
+{
+    center_block_override = rows > 0 ? rows : 0;
+}
+
+int head_ge_lanes(int64_t n, int64_t d)
+{
+    int64_t bytes = n * d * (int64_t)sizeof(float);
+    int64_t lanes = bytes > 0 ? ((int64_t)16 << 20) / bytes : 0;
+    return lanes > 8 ? 8 : (int)lanes;
 }
 
 /* Before a BLOCKS_PARALLEL loop that calls cblas_sgemm: in an OpenMP build OpenBLAS goes to one thread
@@ -140,6 +156,7 @@ void head_ws_free(head_ws *ws)
     free(ws->row_max);
     free(ws->row_red);
     free(ws->tcos);
+    free(ws->ge_part);
     memset(ws, 0, sizeof *ws);
 }
 
@@ -161,6 +178,12 @@ int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d)
     ws->row_max = malloc(n * sizeof(float));
     ws->row_red = malloc(3 * n * sizeof(double));
     ws->tcos = malloc(n * sizeof(float));
+    int lanes = head_ge_lanes(n_max, d);
+    if (lanes >= 2 && !(ws->ge_part = malloc((size_t)lanes * n * dd * sizeof(float)))) {
+        head_ws_free(ws);
+        return pf_err(-ENOMEM, "head workspace: out of memory for %d partial sums of %lld x %lld", lanes,
+                      (long long)n_max, (long long)d);
+    }
     if (!ws->cos || !ws->en || !ws->en_g || !ws->inv_e || !ws->inv_w || !ws->inv_wf || !ws->row_max ||
         !ws->row_red || !ws->tcos) {
         head_ws_free(ws);
@@ -631,31 +654,59 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
     if (!backward)
         return 0;
 
-    /* Backward: the two SGEMMs back to back, then both normalization backwards in one region. */
-    if (grad_embeddings && k > 0)
-        /* a (n,k) . w (k,d) = dL/d en_i / f_i, since dL/dcos_ij inv_w_j w_j = dL/dcos_ij wn_j */
+    /* Backward, per block of centers while the block is in cache:
+     *   dL/d en_i / f_i += a (n,kb) . w_block (kb,d)  (dL/dcos_ij inv_w_j w_j = dL/dcos_ij wn_j), summed into
+     *     the block's lane's partial (lanes: contiguous runs of blocks, each summed in block order);
+     *   h (kb,d) = a^T (kb,n) . (f en) (n,d) = inv_w_j dL/d wn_j, then the normalization backward of its rows
+     *     (it reads the raw block just used).
+     * Then the lanes' partials are added in lane order and the embeddings' normalization backward runs. */
+    const int want_ge = grad_embeddings && k > 0, want_gc = grad_centers && k > 0;
+    const int lanes = want_ge && ws->ge_part && head_ge_lanes(n, d) >= 2 ? head_ge_lanes(n, d) : 0;
+    if (want_ge && !lanes)
+        /* one SGEMM over all K (n x d too large for lane partials) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, cosm, (int)k,
                     centers, (int)d, 0.0f, grad_embeddings, (int)d);
-    else if (grad_embeddings)
+    else if (grad_embeddings && k == 0)
         memset(grad_embeddings, 0, (size_t)(n * d) * sizeof(float));
-    const int64_t ng = grad_embeddings && k > 0 ? n : 0;
+    if (lanes || want_gc) {
+        const int64_t nl = lanes ? (lanes < nblk ? lanes : nblk) : nblk;
+        const int blas_threads2 = blocks_begin();
+        BLOCKS_PARALLEL
+        for (int64_t l = 0; l < nl; l++) {
+            const int64_t b0 = lanes ? nblk * l / nl : l, b1 = lanes ? nblk * (l + 1) / nl : l + 1;
+            for (int64_t b = b0; b < b1; b++) {
+                const int64_t j0 = b * kb, m = k - j0 < kb ? k - j0 : kb;
+                if (lanes)
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)m, 1.0f,
+                                cosm + j0, (int)k, centers + j0 * d, (int)d, b == b0 ? 0.0f : 1.0f,
+                                ws->ge_part + l * n * d, (int)d);
+                if (want_gc) {
+                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)d, (int)n, 1.0f,
+                                cosm + j0, (int)k, ws->en_g, (int)d, 0.0f, grad_centers + j0 * d, (int)d);
+                    for (int64_t j = j0; j < j0 + m; j++)
+                        center_row_backward(grad_centers + j * d, centers + j * d, ws->inv_w[j], d);
+                }
+            }
+        }
+        blocks_end(blas_threads2);
+        if (lanes) {
+            const int64_t nld = nl;
+            PARALLEL_ROWS
+            for (int64_t i = 0; i < n; i++) {
+                float *dst = grad_embeddings + i * d;
+                memcpy(dst, ws->ge_part + i * d, (size_t)d * sizeof(float));
+                for (int64_t l = 1; l < nld; l++) {
+                    const float *src = ws->ge_part + (l * n + i) * d;
+                    for (int64_t c = 0; c < d; c++)
+                        dst[c] += src[c];
+                }
+            }
+        }
+    }
+    const int64_t ng = want_ge ? n : 0;
     PARALLEL_ROWS
     for (int64_t i = 0; i < ng; i++)
         row_normalize_backward(grad_embeddings + i * d, ws->en + i * d, ws->inv_e[i],
                                p->s * g / ws->row_red[3 * i], d);
-    if (grad_centers && k > 0) {
-        /* Per block of centers, while the block is in cache: h (kb,d) = a^T (kb,n) . (f en) (n,d) =
-         * inv_w_j dL/d wn_j, then the normalization backward of its rows. */
-        const int blas_threads2 = blocks_begin();
-        BLOCKS_PARALLEL
-        for (int64_t b = 0; b < nblk; b++) {
-            const int64_t j0 = b * kb, m = k - j0 < kb ? k - j0 : kb;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)d, (int)n, 1.0f, cosm + j0,
-                        (int)k, ws->en_g, (int)d, 0.0f, grad_centers + j0 * d, (int)d);
-            for (int64_t j = j0; j < j0 + m; j++)
-                center_row_backward(grad_centers + j * d, centers + j * d, ws->inv_w[j], d);
-        }
-        blocks_end(blas_threads2);
-    }
     return 0;
 }

@@ -72,6 +72,7 @@ typedef struct head_ws {
     float *row_max;    /* (n_max) */
     double *row_red;   /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
     float *tcos;       /* (n_max) raw target cosine of each row */
+    float *ge_part;    /* (head_ge_lanes(n_max, d), n_max, d) partial dL/d en sums per lane (head.c), or NULL */
     int64_t no_target; /* set by each head_forward_backward: rows whose target is on no worker */
 } head_ws;
 
@@ -109,5 +110,15 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
  * duration and restored), so that a block is read from memory once per pass. The blocks do not depend on
  * the thread count, nor do the results. */
 int64_t head_center_block(int64_t d);
+
+/* Tests only: makes head_center_block return `rows` (> 0) for every d, or the default again (rows <= 0). Not
+ * thread-safe against a running head_forward_backward. */
+void head_set_center_block(int64_t rows);
+
+/* Lanes of the fused dL/d embeddings SGEMM for n rows of d: the blocks of centers are split into this many
+ * contiguous runs, each summed in block order into its own n x d partial, and the partials are added in lane
+ * order, so the result does not depend on the thread count. min(8, 16 MiB / (n d 4 bytes)); below 2 the
+ * SGEMM runs whole (one OpenBLAS call over all K) instead. */
+int head_ge_lanes(int64_t n, int64_t d);
 
 #endif

@@ -9,6 +9,8 @@
 #define head_ws_free            base_head_ws_free
 #define head_forward_backward   base_head_forward_backward
 #define head_center_block       base_head_center_block
+#define head_ge_lanes           base_head_ge_lanes
+#define head_set_center_block   base_head_set_center_block
 #include "worker/head/head.c"
 
 /* exp of 8 values through the head's vector exp (vexp8). */

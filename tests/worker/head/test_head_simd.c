@@ -36,7 +36,9 @@ typedef struct outs {
     float *logits, *ge, *gc;
 } outs;
 
-enum { N = 13, K = 1001, D = 77 };
+/* K: buffers and workspace (k = 40009 at D = 77: 12 blocks of head_center_block(77) = 3404 centers, summed in
+ * 8 lanes); K1: the cases whose k fits one block. */
+enum { N = 13, K = 40009, D = 77, K1 = 1001 };
 
 static unsigned rng = 12345u;
 static float uni(void)
@@ -158,6 +160,39 @@ static void check_exp(void)
         (long long)worst_sub);
 }
 
+/* The blocked passes against one block over all k (the arrangement the float64 PyTorch references of
+ * test_head check, where k fits one block): the same loss, logits and gradients up to float rounding (the
+ * dL/d embeddings sums are grouped by lane). */
+static void check_blocks(const head_params *p, const float *e, const float *w, const int64_t *lab)
+{
+    outs blk, one;
+    set_threads(2);
+    int rc1 = run(0, p, e, w, K, lab, 1, 1, &blk);
+    head_set_center_block(K);
+    int rc2 = run(0, p, e, w, K, lab, 1, 1, &one);
+    head_set_center_block(0);
+    double worst[3] = {0, 0, 0}; /* logits, dL/d embeddings, dL/d centers: max |a - b| / (max |b| + tiny) */
+    const float *pa[3] = {blk.logits, blk.ge, blk.gc}, *pb[3] = {one.logits, one.ge, one.gc};
+    const size_t len[3] = {(size_t)N * K, (size_t)N * D, (size_t)K * D};
+    for (int t = 0; t < 3; t++) {
+        double mx = 0, md = 0;
+        for (size_t i = 0; i < len[t]; i++) {
+            mx = fmax(mx, fabs((double)pb[t][i]));
+            md = fmax(md, fabs((double)pa[t][i] - (double)pb[t][i]));
+        }
+        worst[t] = md / (mx + 1e-30);
+    }
+    double dl = fabs(blk.loss - one.loss) / fabs(one.loss);
+    int ok = rc1 == 0 && rc2 == 0 && dl <= 1e-6 && worst[0] <= 1e-6 && worst[1] <= 1e-5 && worst[2] <= 1e-6;
+    CHECK(ok, "12 blocks vs one block: loss %.3g, logits %.3g, dL/d emb %.3g, dL/d centers %.3g (relative)", dl,
+          worst[0], worst[1], worst[2]);
+    printf("%s k = %d, 12 blocks in 8 lanes vs one block: relative differences loss %.2g, logits %.2g, "
+           "dL/d embeddings %.2g, dL/d centers %.2g\n",
+           ok ? "ok  " : "FAIL", K, dl, worst[0], worst[1], worst[2]);
+    free_outs(&blk);
+    free_outs(&one);
+}
+
 int main(void)
 {
     float *e = malloc((size_t)N * D * sizeof(float)), *w = malloc((size_t)K * D * sizeof(float));
@@ -173,7 +208,7 @@ int main(void)
         w[999 * D + c] = 0.0f;
     }
     for (int i = 0; i < N; i++)
-        lab[i] = (i * 389 + 7) % K;
+        lab[i] = (i * 389 + 7) % K1;
     lab[0] = 5;
     lab[3] = 1000; /* the last column: inside the padded tail */
     lab[4] = -1;   /* target on another worker */
@@ -188,10 +223,11 @@ int main(void)
         int64_t k;
         int logits, grad;
     } cases[] = {
-        {"arcface exact, logits and gradients", &arc, K, 1, 1},
-        {"filtering 0.1, straight-through", &filt, K, 1, 1},
-        {"forward only (loss, logits)", &arc, K, 1, 0},
+        {"arcface exact, logits and gradients", &arc, K1, 1, 1},
+        {"filtering 0.1, straight-through", &filt, K1, 1, 1},
+        {"forward only (loss, logits)", &arc, K1, 1, 0},
         {"k = 7 (tail only)", &arc, 7, 0, 1},
+        {"k = 40009: 12 blocks in 8 lanes", &arc, K, 1, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int64_t labc[N];
@@ -220,6 +256,7 @@ int main(void)
                library_build(), ok_base ? "same" : "DIFFER");
         free_outs(&ref);
     }
+    check_blocks(&arc, e, w, lab);
     check_exp();
     free(e);
     free(w);
