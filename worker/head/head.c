@@ -22,6 +22,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,27 +70,45 @@ void head_set_center_block(int64_t rows)
 int head_ge_lanes(int64_t n, int64_t d)
 {
     int64_t bytes = n * d * (int64_t)sizeof(float);
-    int64_t lanes = bytes > 0 ? ((int64_t)16 << 20) / bytes : 0;
-    return lanes > 8 ? 8 : (int)lanes;
+    int64_t lanes = bytes > 0 ? HEAD_GE_PART_BYTES / bytes : 0;
+    return lanes > HEAD_GE_LANES_MAX ? HEAD_GE_LANES_MAX : (int)lanes;
 }
 
-/* Before a BLOCKS_PARALLEL loop that calls cblas_sgemm: in an OpenMP build OpenBLAS goes to one thread
- * (each block's SGEMM runs on the thread that owns the block, and OpenBLAS's bits for a shape depend on its
- * own thread count), whatever the OpenMP thread count. Returns the setting to restore. */
-static int blocks_begin(void)
+/* OpenBLAS's thread count is process-wide: concurrent head calls (ranks run as threads) share one setting.
+ * The first caller into a block loop saves it and sets 1, the last one out restores it. Only the pthreads
+ * build of OpenBLAS is changed: its OpenMP build runs one thread inside a parallel region by itself (and its
+ * openblas_set_num_threads sets OpenMP's count, which the block loops need). */
+static pthread_mutex_t blocks_mu = PTHREAD_MUTEX_INITIALIZER;
+static int blocks_users, blocks_saved;
+
+/* Before a BLOCKS_PARALLEL loop that calls cblas_sgemm: in an OpenMP build, OpenBLAS (pthreads) goes to one
+ * thread (each block's SGEMM runs on the thread that owns the block, and OpenBLAS's bits for a shape depend
+ * on its own thread count), whatever the OpenMP thread count. */
+static void blocks_begin(void)
 {
-    int prev = openblas_get_num_threads();
 #ifdef _OPENMP
-    if (prev > 1)
-        openblas_set_num_threads(1);
+    if (openblas_get_parallel() != 1)
+        return;
+    pthread_mutex_lock(&blocks_mu);
+    if (blocks_users++ == 0) {
+        blocks_saved = openblas_get_num_threads();
+        if (blocks_saved > 1)
+            openblas_set_num_threads(1);
+    }
+    pthread_mutex_unlock(&blocks_mu);
 #endif
-    return prev;
 }
 
-static void blocks_end(int prev)
+static void blocks_end(void)
 {
-    if (openblas_get_num_threads() != prev)
-        openblas_set_num_threads(prev);
+#ifdef _OPENMP
+    if (openblas_get_parallel() != 1)
+        return;
+    pthread_mutex_lock(&blocks_mu);
+    if (--blocks_users == 0 && blocks_saved > 1)
+        openblas_set_num_threads(blocks_saved);
+    pthread_mutex_unlock(&blocks_mu);
+#endif
 }
 
 #define NORM_EPS     1e-12
@@ -178,11 +197,13 @@ int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d)
     ws->row_max = malloc(n * sizeof(float));
     ws->row_red = malloc(3 * n * sizeof(double));
     ws->tcos = malloc(n * sizeof(float));
-    int lanes = head_ge_lanes(n_max, d);
-    if (lanes >= 2 && !(ws->ge_part = malloc((size_t)lanes * n * dd * sizeof(float)))) {
+    /* lanes(n) * n * d * 4 <= min(HEAD_GE_LANES_MAX * n_max * d * 4, HEAD_GE_PART_BYTES) for every n <= n_max */
+    size_t part = (size_t)HEAD_GE_LANES_MAX * n * dd * sizeof(float);
+    if (part > (size_t)HEAD_GE_PART_BYTES)
+        part = (size_t)HEAD_GE_PART_BYTES;
+    if (!(ws->ge_part = malloc(part))) {
         head_ws_free(ws);
-        return pf_err(-ENOMEM, "head workspace: out of memory for %d partial sums of %lld x %lld", lanes,
-                      (long long)n_max, (long long)d);
+        return pf_err(-ENOMEM, "head workspace: out of memory for %zu bytes of partial sums", part);
     }
     if (!ws->cos || !ws->en || !ws->en_g || !ws->inv_e || !ws->inv_w || !ws->inv_wf || !ws->row_max ||
         !ws->row_red || !ws->tcos) {
@@ -586,7 +607,7 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
      * (n, kb) = en (n,d) . w_block (kb,d)^T into columns [j0, j0 + kb) of the (n,k) matrix;
      * cos_ij = raw_ij * inv_wf_j in the passes below. */
     const int64_t kb = head_center_block(d), nblk = (k + kb - 1) / kb;
-    const int blas_threads = blocks_begin();
+    blocks_begin();
     BLOCKS_PARALLEL
     for (int64_t b = 0; b < nblk; b++) {
         const int64_t j0 = b * kb, m = k - j0 < kb ? k - j0 : kb;
@@ -597,7 +618,7 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)d, 1.0f, ws->en, (int)d,
                     centers + j0 * d, (int)d, 0.0f, cosm + j0, (int)k);
     }
-    blocks_end(blas_threads);
+    blocks_end();
 
     /* Pass 1 (logits, row max, target cosine to tcos), allreduce of the row max, pass 2 (exp, row sums),
      * allreduce of the row sums, then each row's backward preparation (backward_prep). Without the
@@ -661,7 +682,7 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
      *     (it reads the raw block just used).
      * Then the lanes' partials are added in lane order and the embeddings' normalization backward runs. */
     const int want_ge = grad_embeddings && k > 0, want_gc = grad_centers && k > 0;
-    const int lanes = want_ge && ws->ge_part && head_ge_lanes(n, d) >= 2 ? head_ge_lanes(n, d) : 0;
+    const int lanes = want_ge && head_ge_lanes(n, d) >= 2 ? head_ge_lanes(n, d) : 0;
     if (want_ge && !lanes)
         /* one SGEMM over all K (n x d too large for lane partials) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, cosm, (int)k,
@@ -670,7 +691,7 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
         memset(grad_embeddings, 0, (size_t)(n * d) * sizeof(float));
     if (lanes || want_gc) {
         const int64_t nl = lanes ? (lanes < nblk ? lanes : nblk) : nblk;
-        const int blas_threads2 = blocks_begin();
+        blocks_begin();
         BLOCKS_PARALLEL
         for (int64_t l = 0; l < nl; l++) {
             const int64_t b0 = lanes ? nblk * l / nl : l, b1 = lanes ? nblk * (l + 1) / nl : l + 1;
@@ -688,7 +709,7 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
                 }
             }
         }
-        blocks_end(blas_threads2);
+        blocks_end();
         if (lanes) {
             const int64_t nld = nl;
             PARALLEL_ROWS

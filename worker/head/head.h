@@ -72,7 +72,8 @@ typedef struct head_ws {
     float *row_max;    /* (n_max) */
     double *row_red;   /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
     float *tcos;       /* (n_max) raw target cosine of each row */
-    float *ge_part;    /* (head_ge_lanes(n_max, d), n_max, d) partial dL/d en sums per lane (head.c), or NULL */
+    float *ge_part;    /* min(HEAD_GE_LANES_MAX n_max d, HEAD_GE_PART_BYTES / 4) floats: per-lane partial
+                        * dL/d en sums, lane l at l * n * d for a call with n rows (head.c) */
     int64_t no_target; /* set by each head_forward_backward: rows whose target is on no worker */
 } head_ws;
 
@@ -115,10 +116,13 @@ int64_t head_center_block(int64_t d);
  * thread-safe against a running head_forward_backward. */
 void head_set_center_block(int64_t rows);
 
-/* Lanes of the fused dL/d embeddings SGEMM for n rows of d: the blocks of centers are split into this many
- * contiguous runs, each summed in block order into its own n x d partial, and the partials are added in lane
- * order, so the result does not depend on the thread count. min(8, 16 MiB / (n d 4 bytes)); below 2 the
- * SGEMM runs whole (one OpenBLAS call over all K) instead. */
+/* Lanes of the fused dL/d embeddings SGEMM for n rows of d: the blocks of centers are split into
+ * min(lanes, blocks) contiguous runs, each summed in block order into its own n x d partial, and the partials
+ * are added in lane order, so the result depends on n, d and k, never on the thread count.
+ * Returns min(HEAD_GE_LANES_MAX, HEAD_GE_PART_BYTES / (n d 4 bytes)); below 2 the SGEMM runs whole (one
+ * OpenBLAS call over all K) instead. */
+#define HEAD_GE_LANES_MAX  64
+#define HEAD_GE_PART_BYTES ((int64_t)16 << 20)
 int head_ge_lanes(int64_t n, int64_t d);
 
 #endif

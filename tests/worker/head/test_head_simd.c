@@ -36,8 +36,8 @@ typedef struct outs {
     float *logits, *ge, *gc;
 } outs;
 
-/* K: buffers and workspace (k = 40009 at D = 77: 12 blocks of head_center_block(77) = 3404 centers, summed in
- * 8 lanes); K1: the cases whose k fits one block. */
+/* K: buffers and workspace (k = 40009 at D = 77: 12 blocks of head_center_block(77) = 3404 centers, one lane
+ * each); K1: the cases whose k fits one block. */
 enum { N = 13, K = 40009, D = 77, K1 = 1001 };
 
 static unsigned rng = 12345u;
@@ -49,11 +49,11 @@ static float uni(void)
 
 /* One call; base = 1 runs the baseline copy. logits NULL when want_logits is 0, gradients NULL when
  * want_grad is 0. */
-static int run(int base, const head_params *p, const float *e, const float *w, int64_t k, const int64_t *lab,
-               int want_logits, int want_grad, outs *o)
+static int run_ws(int base, int64_t n_max, const head_params *p, const float *e, const float *w, int64_t k,
+                  const int64_t *lab, int want_logits, int want_grad, outs *o)
 {
     head_ws ws;
-    int rc = base ? base_head_ws_init(&ws, N, K, D) : head_ws_init(&ws, N, K, D);
+    int rc = base ? base_head_ws_init(&ws, n_max, K, D) : head_ws_init(&ws, n_max, K, D);
     if (rc)
         return rc;
     o->logits = calloc((size_t)N * K, sizeof(float));
@@ -68,6 +68,13 @@ static int run(int base, const head_params *p, const float *e, const float *w, i
     else
         head_ws_free(&ws);
     return rc;
+}
+
+/* One call with a workspace for exactly N rows. */
+static int run(int base, const head_params *p, const float *e, const float *w, int64_t k, const int64_t *lab,
+               int want_logits, int want_grad, outs *o)
+{
+    return run_ws(base, N, p, e, w, k, lab, want_logits, want_grad, o);
 }
 
 static int same(const outs *a, const outs *b)
@@ -160,37 +167,61 @@ static void check_exp(void)
         (long long)worst_sub);
 }
 
+/* Max |a - b| / max |b| over len floats. */
+static double rel_diff(const float *a, const float *b, size_t len)
+{
+    double mx = 0, md = 0;
+    for (size_t i = 0; i < len; i++) {
+        mx = fmax(mx, fabs((double)b[i]));
+        md = fmax(md, fabs((double)a[i] - (double)b[i]));
+    }
+    return md / (mx + 1e-30);
+}
+
 /* The blocked passes against one block over all k (the arrangement the float64 PyTorch references of
  * test_head check, where k fits one block): the same loss, logits and gradients up to float rounding (the
- * dL/d embeddings sums are grouped by lane). */
+ * dL/d embeddings sums are grouped by lane). Blocks of 12 (default) and of 100 centers (401 blocks in 64 lanes,
+ * several blocks per lane); the latter also with 1 and 3 threads and with a workspace for 40 rows called with
+ * 13 (the lanes' partials are laid out by the call's n), bit for bit. */
 static void check_blocks(const head_params *p, const float *e, const float *w, const int64_t *lab)
 {
-    outs blk, one;
+    outs one, blk[2], o;
     set_threads(2);
-    int rc1 = run(0, p, e, w, K, lab, 1, 1, &blk);
     head_set_center_block(K);
-    int rc2 = run(0, p, e, w, K, lab, 1, 1, &one);
-    head_set_center_block(0);
-    double worst[3] = {0, 0, 0}; /* logits, dL/d embeddings, dL/d centers: max |a - b| / (max |b| + tiny) */
-    const float *pa[3] = {blk.logits, blk.ge, blk.gc}, *pb[3] = {one.logits, one.ge, one.gc};
-    const size_t len[3] = {(size_t)N * K, (size_t)N * D, (size_t)K * D};
-    for (int t = 0; t < 3; t++) {
-        double mx = 0, md = 0;
-        for (size_t i = 0; i < len[t]; i++) {
-            mx = fmax(mx, fabs((double)pb[t][i]));
-            md = fmax(md, fabs((double)pa[t][i] - (double)pb[t][i]));
-        }
-        worst[t] = md / (mx + 1e-30);
+    int rc = run(0, p, e, w, K, lab, 1, 1, &one);
+    const int64_t sizes[2] = {0, 100};
+    const char *names[2] = {"12 blocks, 12 lanes", "401 blocks, 64 lanes"};
+    for (int v = 0; v < 2; v++) {
+        head_set_center_block(sizes[v]);
+        rc |= run(0, p, e, w, K, lab, 1, 1, &blk[v]);
+        double dl = fabs(blk[v].loss - one.loss) / fabs(one.loss);
+        double r0 = rel_diff(blk[v].logits, one.logits, (size_t)N * K);
+        double r1 = rel_diff(blk[v].ge, one.ge, (size_t)N * D), r2 = rel_diff(blk[v].gc, one.gc, (size_t)K * D);
+        int ok = rc == 0 && dl <= 1e-6 && r0 <= 1e-6 && r1 <= 1e-5 && r2 <= 1e-6;
+        CHECK(ok, "k = %d, %s vs one block: loss %.3g, logits %.3g, dL/d emb %.3g, dL/d centers %.3g", K, names[v],
+              dl, r0, r1, r2);
+        printf("%s k = %d, %s vs one block: relative differences loss %.2g, logits %.2g, dL/d embeddings %.2g, "
+               "dL/d centers %.2g\n",
+               ok ? "ok  " : "FAIL", K, names[v], dl, r0, r1, r2);
     }
-    double dl = fabs(blk.loss - one.loss) / fabs(one.loss);
-    int ok = rc1 == 0 && rc2 == 0 && dl <= 1e-6 && worst[0] <= 1e-6 && worst[1] <= 1e-5 && worst[2] <= 1e-6;
-    CHECK(ok, "12 blocks vs one block: loss %.3g, logits %.3g, dL/d emb %.3g, dL/d centers %.3g (relative)", dl,
-          worst[0], worst[1], worst[2]);
-    printf("%s k = %d, 12 blocks in 8 lanes vs one block: relative differences loss %.2g, logits %.2g, "
-           "dL/d embeddings %.2g, dL/d centers %.2g\n",
-           ok ? "ok  " : "FAIL", K, dl, worst[0], worst[1], worst[2]);
-    free_outs(&blk);
+    head_set_center_block(100);
+    int bits = 1;
+    for (int t = 1; t <= 3; t += 2) {
+        set_threads(t);
+        bits &= run(0, p, e, w, K, lab, 1, 1, &o) == 0 && same(&blk[1], &o);
+        free_outs(&o);
+    }
+    set_threads(2);
+    int bits_nmax = run_ws(0, 40, p, e, w, K, lab, 1, 1, &o) == 0 && same(&blk[1], &o);
+    free_outs(&o);
+    head_set_center_block(0);
+    CHECK(bits && bits_nmax, "401 blocks in 64 lanes: bits differ with 1 / 3 threads (%s) or n_max 40 (%s)",
+          bits ? "same" : "differ", bits_nmax ? "same" : "differ");
+    printf("%s k = %d, 401 blocks in 64 lanes: same bits with 1, 2, 3 threads %s; workspace n_max 40 for n %d %s\n",
+           bits && bits_nmax ? "ok  " : "FAIL", K, bits ? "yes" : "NO", N, bits_nmax ? "same" : "DIFFER");
     free_outs(&one);
+    free_outs(&blk[0]);
+    free_outs(&blk[1]);
 }
 
 int main(void)
@@ -227,7 +258,7 @@ int main(void)
         {"filtering 0.1, straight-through", &filt, K1, 1, 1},
         {"forward only (loss, logits)", &arc, K1, 1, 0},
         {"k = 7 (tail only)", &arc, 7, 0, 1},
-        {"k = 40009: 12 blocks in 8 lanes", &arc, K, 1, 1},
+        {"k = 40009: 12 blocks, 12 lanes", &arc, K, 1, 1},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int64_t labc[N];

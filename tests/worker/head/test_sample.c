@@ -322,7 +322,8 @@ static void test_floyd_reference(void)
     for (int i = 0; i < 40; i++)
         labels[i] = (int64_t)((i * 7919 + 13) % 100003);
     labels[5] = labels[6]; /* a repeated positive */
-    const double rates[] = {0.1, 0.5, 0.02, 0.001, 0.0001}; /* bitmap (>= ~1/256) and hash-set paths */
+    /* bitmap path (pool / 64 <= 4 m: 0.1, 0.5, 0.02), hash-set path (0.001); 0.0001: positives only (m = 0) */
+    const double rates[] = {0.1, 0.5, 0.02, 0.001, 0.0001};
     for (size_t i = 0; i < sizeof rates / sizeof rates[0]; i++)
         for (int mode = 0; mode < 2; mode++) {
             sample_args a = {.num_classes = 100003,
