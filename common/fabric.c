@@ -1,11 +1,13 @@
 /* libfabric wrapper: see fabric.h. */
 #include "common/fabric.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -64,6 +66,35 @@ void fab_set_source(const char *node)
     snprintf(g_source, sizeof g_source, "%s", node ? node : "");
 }
 
+int fab_shm_unlink_regions(long pid)
+{
+    char prefix[32];
+    int n = 0, plen = snprintf(prefix, sizeof prefix, "%ld:", pid);
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, (size_t)plen) != 0)
+            continue;
+        char path[300];
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        n += unlink(path) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The first shm endpoint of this process: regions named after this pid can only be a dead process's. */
+static void shm_unlink_stale_once(void)
+{
+    int n = fab_shm_unlink_regions((long)getpid());
+    if (n > 0)
+        fprintf(stderr, "fabric: removed %d stale shm region(s) /dev/shm/%ld:* left by an earlier process with "
+                        "this pid\n", n, (long)getpid());
+}
+static pthread_once_t shm_stale_once = PTHREAD_ONCE_INIT;
+
 int fab_open(const char *provider, fab_ctx **out)
 {
     *out = NULL;
@@ -94,6 +125,8 @@ int fab_open(const char *provider, fab_ctx **out)
     hints->mode = 0;
     hints->addr_format = FI_FORMAT_UNSPEC;
 
+    if (!strcmp(prov, "shm"))
+        pthread_once(&shm_stale_once, shm_unlink_stale_once);
     /* A source address (fab_set_source) restricts tcp and verbs to that interface; shm has no address. */
     const char *node = g_source[0] && strcmp(prov, "shm") != 0 ? g_source : NULL;
     int rc = fi_getinfo(FI_VERSION(1, 17), node, NULL, node ? FI_SOURCE : 0, hints, &f->info);

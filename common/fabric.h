@@ -87,6 +87,14 @@ int fab_hmem_cuda_supported(const char *provider);
  * registered buffers can then be closed safely before fab_close. Idempotent; NULL is a no-op. */
 void fab_shutdown(fab_ctx *f);
 
+/* libfabric 1.17's shm provider backs each endpoint with a region /dev/shm/<pid>:<n>:<n> that only fi_close
+ * removes. A process that ends without closing (killed, or a daemon's fast exit) leaves its regions, 16 MiB
+ * of memory each, and a later process that gets the same pid cannot open an shm endpoint (fi_enable: EBUSY).
+ * fab_open therefore removes this pid's regions before its first shm endpoint, and the daemons remove their
+ * own before a fast exit. fab_shm_unlink_regions removes every region of `pid` and returns how many; call it
+ * only for a dead pid or for this process after its endpoints are done with. */
+int fab_shm_unlink_regions(long pid);
+
 /* Closes everything fab_open opened (the endpoint first if fab_shutdown was not called). Registered buffers
  * must be closed before (after fab_shutdown when receives may still be posted). NULL is a no-op. */
 void fab_close(fab_ctx *f);

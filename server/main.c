@@ -350,6 +350,7 @@ static int finish(server_daemon *d, int exit_code)
          * when peers disconnect at the same moment (SIGSEGV in ps_mp_sigterm, ~1 run in 15), which would
          * turn a clean stop into exit 1: leave without it. */
         log_close_file();
+        fab_shm_unlink_regions((long)getpid()); /* the endpoints are not closed: see fabric.h */
         _exit(exit_code);
     }
     ps_server_destroy(d->srv);

@@ -389,6 +389,7 @@ static int finish(worker_daemon *d, int exit_code)
          * the same moment (see server/main.c), which would turn a clean run into exit 1. */
         fflush(NULL);
         log_close_file();
+        fab_shm_unlink_regions((long)getpid()); /* the endpoints are not closed: see fabric.h */
         _exit(0);
     }
     train_close(d->t);

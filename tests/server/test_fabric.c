@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/fabric.h"
@@ -148,9 +149,34 @@ static void run(const char *prov)
     printf("%s: send/recv, RMA write, RMA read OK\n", prov);
 }
 
+/* A stale shm region named after this pid (left by a killed earlier process that had the same pid) before the
+ * process's first shm endpoint: fab_open removes it and opens (libfabric alone fails fi_enable with EBUSY). */
+static void stale_shm_region(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/dev/shm/%ld:0:0", (long)getpid());
+    FILE *fp = fopen(path, "w");
+    if (!fp) {
+        printf("skip stale shm region: cannot create %s\n", path);
+        return;
+    }
+    fputs("stale", fp);
+    fclose(fp);
+    fab_ctx *f = NULL;
+    int rc = fab_open("shm", &f);
+    CHECK(rc == 0, "shm endpoint with a stale region of this pid: %s", rc ? pf_errmsg() : "");
+    if (rc == 0)
+        fab_close(f);
+    CHECK(access(path, F_OK) != 0 || rc != 0, "the stale region %s is still there", path);
+    printf("%s shm endpoint over a stale region of this pid: %s\n", rc == 0 ? "ok  " : "FAIL",
+           rc == 0 ? "opened" : pf_errmsg());
+    unlink(path);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    stale_shm_region(); /* before any other shm endpoint of this process */
     run("tcp");
     run("shm");
     fab_ctx *f = NULL;
