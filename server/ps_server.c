@@ -130,18 +130,15 @@ static void add_grad(double *restrict g, const float *restrict x, int D)
 static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
 {
     const int D = S->sh.dim;
-    const size_t row_bytes = (size_t)D * sizeof(float), ahead = (size_t)shard_prefetch_rows(D);
+    const size_t ahead = (size_t)shard_prefetch_rows(D);
     for (size_t s = s_lo; s < s_hi; s++) {
         const entry *e0 = &S->ae[S->aseg[s]];
         if (s + ahead < s_hi) {
             /* A later row's weight and momentum are at random places in the table: start loading them
              * (address arithmetic only; shard_row below still does the on-demand generation). */
             const size_t off = (size_t)S->ae[S->aseg[s + ahead]].lrow * (size_t)D;
-            const char *nw = (const char *)(S->sh.weight + off), *nv = (const char *)(S->sh.momentum + off);
-            for (size_t b = 0; b < row_bytes; b += 64) {
-                __builtin_prefetch(nw + b, 1, 0);
-                __builtin_prefetch(nv + b, 1, 0);
-            }
+            shard_prefetch_row(S->sh.weight + off, D, 1);
+            shard_prefetch_row(S->sh.momentum + off, D, 1);
         }
         if (S->snap)
             snap_before_update(S->snap, e0->lrow);

@@ -460,12 +460,8 @@ void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void 
 {
     const size_t D = (size_t)sh->dim, ahead = (size_t)shard_prefetch_rows(sh->dim);
     for (size_t i = 0; i < n; i++) {
-        if (i + ahead < n) {
-            /* rows are at random places in the table: start loading one ahead (address arithmetic only) */
-            const char *nx = (const char *)(sh->weight + (size_t)(ids[i + ahead] / sh->servers) * D);
-            for (size_t b = 0; b < D * sizeof(float); b += 64)
-                __builtin_prefetch(nx + b, 0, 0);
-        }
+        if (i + ahead < n) /* rows are at random places in the table: start loading one ahead */
+            shard_prefetch_row(sh->weight + (size_t)(ids[i + ahead] / sh->servers) * D, sh->dim, 0);
         const float *src = shard_row(sh, ids[i] / sh->servers);
         if (dtype == PS_DT_FP32) {
             memcpy((float *)out + i * D, src, D * sizeof(float));

@@ -104,6 +104,19 @@ static inline int shard_prefetch_rows(int dim)
     return 1 + 1536 / (dim > 0 ? dim * 4 : 1);
 }
 
+/* Starts loading the `dim` floats at `row` into the caches (one prefetch per 64-byte line; for_write: in a
+ * state to be written). Address arithmetic only: nothing is read, so any row of the table may be named. */
+static inline void shard_prefetch_row(const float *row, int dim, int for_write)
+{
+    const char *p = (const char *)row;
+    for (size_t b = 0; b < (size_t)dim * sizeof(float); b += 64) {
+        if (for_write)
+            __builtin_prefetch(p + b, 1, 0);
+        else
+            __builtin_prefetch(p + b, 0, 0);
+    }
+}
+
 /* Copies rows of classes ids[0..n) into out (n x D) in wire dtype `dtype` (ps_dtype). Ids must be valid. */
 void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out);
 

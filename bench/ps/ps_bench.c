@@ -410,11 +410,10 @@ int main(int argc, char **argv)
             for (int i = 0; i < R; i++)
                 idx[i] = (int64_t)(mix(((uint64_t)(it + k * reps) << 24) ^ (uint64_t)i ^ 0x99) % (uint64_t)C);
             for (int i = 0; i < R; i++) {
-                if (i + ahead < R) /* as the servers' apply does: start loading a random row ahead */
-                    for (int b = 0; b < D; b += 16) {
-                        __builtin_prefetch(table + (size_t)idx[i + ahead] * D + b, 1, 0);
-                        __builtin_prefetch(mom + (size_t)idx[i + ahead] * D + b, 1, 0);
-                    }
+                if (i + ahead < R) { /* as the servers' apply does: start loading a random row ahead */
+                    shard_prefetch_row(table + (size_t)idx[i + ahead] * D, D, 1);
+                    shard_prefetch_row(mom + (size_t)idx[i + ahead] * D, D, 1);
+                }
                 shard_sgd_row_f32(table + (size_t)idx[i] * D, mom + (size_t)idx[i] * D, grad + (size_t)i * D, D,
                                   1e-3, 0.9, 5e-4);
             }

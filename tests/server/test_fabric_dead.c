@@ -7,7 +7,6 @@
  * and 3 s), the message names fi_send and the peer, and the next post to the same peer fails at once
  * (< 0.2 s). Runs for tcp and shm, both ways. An alarm kills and reaps the child and fails the test if a
  * send still spins. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,31 +31,13 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* libfabric's shm provider names its region /dev/shm/<pid>:<n>:<n>; a killed child cannot remove its own. */
-static void unlink_shm_of(pid_t pid)
-{
-    char prefix[32];
-    int pl = snprintf(prefix, sizeof prefix, "%d:", (int)pid);
-    DIR *d = opendir("/dev/shm");
-    if (!d)
-        return;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (!strncmp(e->d_name, prefix, (size_t)pl)) {
-            char path[300];
-            snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
-            unlink(path);
-        }
-    closedir(d);
-}
-
 static void reap_child(void)
 {
     pid_t c = g_child;
     if (c > 0) {
         kill(c, SIGKILL);
         waitpid(c, NULL, 0);
-        unlink_shm_of(c);
+        fab_shm_unlink_regions((long)c); /* a killed child cannot remove its own shm regions */
         g_child = -1;
     }
 }

@@ -31,13 +31,9 @@
 
 /* Rows are independent in every elementwise pass: split them over OpenMP threads where available. */
 #ifdef _OPENMP
-#define PARALLEL_ROWS  _Pragma("omp parallel for schedule(static)")
-#define OMP_PARALLEL   _Pragma("omp parallel")
-#define OMP_FOR_NOWAIT _Pragma("omp for schedule(static) nowait")
+#define PARALLEL_ROWS _Pragma("omp parallel for schedule(static)")
 #else
 #define PARALLEL_ROWS
-#define OMP_PARALLEL
-#define OMP_FOR_NOWAIT
 #endif
 
 /* The K x D passes (centers' norms + cosine SGEMM; dL/dW SGEMM + centers' normalization backward) run per
@@ -682,15 +678,15 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
      *     (it reads the raw block just used).
      * Then the lanes' partials are added in lane order and the embeddings' normalization backward runs. */
     const int want_ge = grad_embeddings && k > 0, want_gc = grad_centers && k > 0;
-    const int lanes = want_ge && head_ge_lanes(n, d) >= 2 ? head_ge_lanes(n, d) : 0;
+    const int lanes_nd = head_ge_lanes(n, d), lanes = want_ge && lanes_nd >= 2 ? lanes_nd : 0;
     if (want_ge && !lanes)
         /* one SGEMM over all K (n x d too large for lane partials) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, cosm, (int)k,
                     centers, (int)d, 0.0f, grad_embeddings, (int)d);
     else if (grad_embeddings && k == 0)
         memset(grad_embeddings, 0, (size_t)(n * d) * sizeof(float));
+    const int64_t nl = lanes ? (lanes < nblk ? lanes : nblk) : nblk; /* the block loop's tasks */
     if (lanes || want_gc) {
-        const int64_t nl = lanes ? (lanes < nblk ? lanes : nblk) : nblk;
         blocks_begin();
         BLOCKS_PARALLEL
         for (int64_t l = 0; l < nl; l++) {
@@ -710,24 +706,20 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
             }
         }
         blocks_end();
-        if (lanes) {
-            const int64_t nld = nl;
-            PARALLEL_ROWS
-            for (int64_t i = 0; i < n; i++) {
-                float *dst = grad_embeddings + i * d;
-                memcpy(dst, ws->ge_part + i * d, (size_t)d * sizeof(float));
-                for (int64_t l = 1; l < nld; l++) {
-                    const float *src = ws->ge_part + (l * n + i) * d;
-                    for (int64_t c = 0; c < d; c++)
-                        dst[c] += src[c];
-                }
-            }
-        }
     }
     const int64_t ng = want_ge ? n : 0;
     PARALLEL_ROWS
-    for (int64_t i = 0; i < ng; i++)
-        row_normalize_backward(grad_embeddings + i * d, ws->en + i * d, ws->inv_e[i],
-                               p->s * g / ws->row_red[3 * i], d);
+    for (int64_t i = 0; i < ng; i++) {
+        float *dst = grad_embeddings + i * d;
+        if (lanes) { /* the lanes' partials of row i, added in lane order */
+            memcpy(dst, ws->ge_part + i * d, (size_t)d * sizeof(float));
+            for (int64_t l = 1; l < nl; l++) {
+                const float *src = ws->ge_part + (l * n + i) * d;
+                for (int64_t c = 0; c < d; c++)
+                    dst[c] += src[c];
+            }
+        }
+        row_normalize_backward(dst, ws->en + i * d, ws->inv_e[i], p->s * g / ws->row_red[3 * i], d);
+    }
     return 0;
 }
