@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -364,6 +365,16 @@ int fab_av_insert(fab_ctx *f, const void *addr, size_t len, fi_addr_t *out)
         return pf_err(-EINVAL, "fi_av_insert: provider %s rejected a %zu-byte address (%s)", fab_provider(f),
                       len, n < 0 ? fi_strerror(-n) : "0 inserted");
     return 0;
+}
+
+void *fab_buf_alloc(size_t bytes)
+{
+    const size_t huge = (size_t)2 << 20;
+    size_t len = bytes ? (bytes + huge - 1) / huge * huge : huge;
+    void *p = aligned_alloc(huge, len);
+    if (p)
+        madvise(p, len, MADV_HUGEPAGE); /* advice only: without THP the buffer works as it is */
+    return p;
 }
 
 int fab_mr_reg(fab_ctx *f, void *buf, size_t len, uint64_t access, fab_mr *out)

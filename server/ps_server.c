@@ -136,9 +136,11 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
         if (s + ahead < s_hi) {
             /* A later row's weight and momentum are at random places in the table: start loading them
              * (address arithmetic only; shard_row below still does the on-demand generation). */
-            const size_t off = (size_t)S->ae[S->aseg[s + ahead]].lrow * (size_t)D;
+            const int64_t r = S->ae[S->aseg[s + ahead]].lrow;
+            const size_t off = (size_t)r * (size_t)D;
             shard_prefetch_row(S->sh.weight + off, D, 1);
             shard_prefetch_row(S->sh.momentum + off, D, 1);
+            __builtin_prefetch(&S->sh.ready[r], 0, 0);
         }
         if (S->snap)
             snap_before_update(S->snap, e0->lrow);
@@ -887,8 +889,8 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
     S->msg_bytes = ps_wire_msg_bytes((uint32_t)opts->dim);
     S->nrecv = S->o.recv_bufs;
     S->nsend = S->o.recv_bufs;
-    S->recv_mem = aligned_alloc(4096, (S->msg_bytes * S->nrecv + 4095) / 4096 * 4096);
-    S->send_mem = aligned_alloc(4096, (S->msg_bytes * S->nsend + 4095) / 4096 * 4096);
+    S->recv_mem = fab_buf_alloc(S->msg_bytes * S->nrecv);
+    S->send_mem = fab_buf_alloc(S->msg_bytes * S->nsend);
     S->recv_ctx = calloc(S->nrecv, sizeof(buf_ctx));
     S->send_ctx = calloc(S->nsend, sizeof(buf_ctx));
     S->send_free = calloc(S->nsend, sizeof(int));

@@ -458,11 +458,21 @@ int shard_check_ids(const shard *sh, const int64_t *ids, size_t n)
 
 void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out)
 {
-    const size_t D = (size_t)sh->dim, ahead = (size_t)shard_prefetch_rows(sh->dim);
+    enum { RING = 16 }; /* local rows of the rows being prefetched: one division per id */
+    const size_t D = (size_t)sh->dim;
+    size_t ahead = (size_t)shard_prefetch_rows(sh->dim);
+    if (ahead > RING - 1)
+        ahead = RING - 1;
+    int64_t lr[RING];
+    for (size_t i = 0; i < n && i < ahead; i++)
+        lr[i % RING] = ids[i] / sh->servers;
     for (size_t i = 0; i < n; i++) {
-        if (i + ahead < n) /* rows are at random places in the table: start loading one ahead */
-            shard_prefetch_row(sh->weight + (size_t)(ids[i + ahead] / sh->servers) * D, sh->dim, 0);
-        const float *src = shard_row(sh, ids[i] / sh->servers);
+        if (i + ahead < n) { /* rows are at random places in the table: start loading one ahead */
+            const int64_t r = lr[(i + ahead) % RING] = ids[i + ahead] / sh->servers;
+            shard_prefetch_row(sh->weight + (size_t)r * D, sh->dim, 0);
+            __builtin_prefetch(&sh->ready[r], 0, 0);
+        }
+        const float *src = shard_row(sh, lr[i % RING]);
         if (dtype == PS_DT_FP32) {
             memcpy((float *)out + i * D, src, D * sizeof(float));
         } else if (dtype == PS_DT_FP16) {

@@ -129,7 +129,7 @@ static mbuf *get_buf(ps_client *c)
         slab *s = calloc(1, sizeof(*s));
         if (!s)
             return NULL;
-        s->mem = aligned_alloc(4096, (c->msg_bytes * SLAB + 4095) / 4096 * 4096);
+        s->mem = fab_buf_alloc(c->msg_bytes * SLAB);
         if (!s->mem || fab_mr_reg(c->fab, s->mem, c->msg_bytes * SLAB, FI_SEND | FI_RECV, &s->mr) < 0) {
             free(s->mem);
             free(s);

@@ -158,8 +158,8 @@ static void *tpair_main(void *p)
     const size_t per = ps_wire_rows_per_msg((uint32_t)t->D, PS_DT_FP32);
     const size_t payload = sizeof(ps_hdr) + per * (size_t)t->D * sizeof(float);
     const size_t msg = ps_wire_msg_bytes((uint32_t)t->D);
-    uint8_t *smem = aligned_alloc(4096, (msg * T_WIN + 4095) / 4096 * 4096);
-    uint8_t *rmem = aligned_alloc(4096, (msg * T_WIN + 4095) / 4096 * 4096);
+    uint8_t *smem = fab_buf_alloc(msg * T_WIN);
+    uint8_t *rmem = fab_buf_alloc(msg * T_WIN);
     fab_mr smr = {0}, rmr = {0};
     uint8_t addr[FAB_MAX_ADDR];
     size_t alen = sizeof(addr);
@@ -269,7 +269,7 @@ static double transport_rate(const char *prov, int D, double rows, int pairs)
 
 int main(int argc, char **argv)
 {
-    const char *prov = "tcp", *dts = "fp32";
+    const char *prov = "tcp", *dts = "fp32", *only = "all";
     int S = 2, W = 2, R = 4096, D = 128, N = 10, rounds = 5, global = 0;
     int64_t C = 262144;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -291,6 +291,8 @@ int main(int argc, char **argv)
             N = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--rounds"))
             rounds = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--only"))
+            only = argv[i + 1];
         else if (!strcmp(argv[i], "--head-mode"))
             global = !strcmp(argv[i + 1], "global");
         else {
@@ -331,6 +333,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "client %d: %s\n", w, pf_errmsg());
             return 1;
         }
+        ps_client_set_borrow_grads(cl[w], 1); /* as the workers do: each push is waited for before reuse */
     }
     for (int s = 0; s < S; s++)
         for (int w = 0; w < W; w++) {
@@ -378,10 +381,12 @@ int main(int argc, char **argv)
     /* The box may be shared: interleave `rounds` rounds of (ceiling, pull, push) and report the best rate
      * of each (and the median), so a burst of foreign load hits all three alike. */
     double total_rows = (double)W * N * R, wire = (double)D * ps_dtype_size(dt);
-    float *table = malloc(sizeof(float) * (size_t)C * D), *dst = malloc(sizeof(float) * (size_t)R * D);
+    /* The ceilings' table, momentum and destination sit in transparent huge pages, as the servers' shards
+     * (shard.c) and message buffers (fab_buf_alloc) do: same TLB reach on both sides of the ratio. */
+    float *table = fab_buf_alloc(sizeof(float) * (size_t)C * D), *dst = fab_buf_alloc(sizeof(float) * (size_t)R * D);
     for (size_t i = 0; i < (size_t)C * D; i++)
         table[i] = (float)i;
-    float *mom = malloc(sizeof(float) * (size_t)C * D), *grad = malloc(sizeof(float) * (size_t)R * D);
+    float *mom = fab_buf_alloc(sizeof(float) * (size_t)C * D), *grad = fab_buf_alloc(sizeof(float) * (size_t)R * D);
     memset(mom, 0, sizeof(float) * (size_t)C * D); /* touched now: no page faults in the timed loop */
     for (size_t i = 0; i < (size_t)R * D; i++)
         grad[i] = 1e-6f;
@@ -392,7 +397,15 @@ int main(int argc, char **argv)
         rounds = 1;
     if (rounds > 64)
         rounds = 64;
+    const int do_ceil = !strcmp(only, "all"), do_pull = do_ceil || !strcmp(only, "pull"),
+              do_push = do_ceil || !strcmp(only, "push");
+    if (!do_pull && !do_push) {
+        fprintf(stderr, "--only takes all, pull or push\n");
+        return 2;
+    }
     for (int k = 0; k < rounds; k++) {
+        if (!do_ceil)
+            goto phases;
         /* Ceiling: one core, memcpy-gather of the same number of random fp32 rows from a C x D table. */
         double t0 = now();
         long reps = (long)W * N;
@@ -425,8 +438,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "transport ceiling over %s failed\n", prov);
             return 1;
         }
-        double t_pull = run_phase(cl, W, R, D, N, C, 0, 0);
-        double t_push = run_phase(cl, W, R, D, N, C, 1, k * N);
+    phases:;
+        double t_pull = do_pull ? run_phase(cl, W, R, D, N, C, 0, 0) : 1;
+        double t_push = do_push ? run_phase(cl, W, R, D, N, C, 1, k * N) : 1;
         if (t_pull < 0 || t_push < 0)
             return 1;
         rc_[1][k] = total_rows / t_pull;
