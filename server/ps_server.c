@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,7 @@ struct ps_server {
     fi_addr_t *worker_addr;
     uint8_t *worker_known;
     int64_t *next_push;    /* per worker: steps pushed completely */
+    int64_t steps_in;      /* min over workers of next_push: steps whose W pushes are all received */
     int64_t *applied_push; /* per worker: steps whose push was applied */
     snap_job *snap;        /* the snapshot being written, or NULL */
     int64_t snap_at;       /* global mode: checkpoint step asked for and not yet started, or -1 */
@@ -109,6 +111,11 @@ struct ps_server {
     chunk *chunk_free;
     pending *pend_free;
     push **aps; /* [workers]: the pushes of the step being applied */
+    int aps_n;  /* how many */
+    int applying;       /* an apply's threads are running (apply_start .. apply_finish) */
+    int64_t apply_t;    /* the step being applied */
+    int apply_snap;     /* local mode: a push of it asked for a snapshot */
+    atomic_int a_left;  /* apply threads of the running apply not yet done */
 };
 
 /* ---------- apply pool ---------- */
@@ -177,6 +184,7 @@ static void *apply_main(void *arg)
         pthread_mutex_lock(&S->am);
         if (--S->aremaining == 0)
             pthread_cond_signal(&S->a_done);
+        atomic_fetch_sub(&S->a_left, 1);
     }
     pthread_mutex_unlock(&S->am);
     free(g);
@@ -266,12 +274,16 @@ static int apply_reserve(ps_server *S, size_t n)
     return 0;
 }
 
-/* Applies every push of step t held in S->complete (summing gradients per row, in worker order) and frees
- * those pushes. Rows are grouped without sorting: entries are visited last to first and each is put at the
- * front of its row's chain (amark/ahead, one stamp per local row), so a chain lists the row's gradients in
- * worker order, then chunk and row order within a push. Returns the number of rows updated, or -ENOMEM
- * (nothing applied, pushes kept). */
-static long apply_step(ps_server *S, int64_t t)
+static void snap_begin(ps_server *S, int64_t step);
+
+/* Starts applying every push of step t held in S->complete (summing gradients per row, in worker order).
+ * Rows are grouped without sorting: entries are visited last to first and each is put at the front of its
+ * row's chain (amark/ahead, one stamp per local row), so a chain lists the row's gradients in worker order,
+ * then chunk and row order within a push. The apply threads update the rows while the progress thread goes
+ * on receiving (no gather runs meanwhile: serve_pending holds pulls while S->applying); apply_finish, once
+ * they are done, frees the pushes. Without apply threads (ps_server_inject) the rows are updated here.
+ * Returns the number of rows being updated, or -ENOMEM (nothing started, pushes kept). */
+static long apply_start(ps_server *S, int64_t t)
 {
     push **ps = S->aps; /* at most one push per worker and step */
     int np = 0;
@@ -323,35 +335,58 @@ static long apply_step(ps_server *S, int64_t t)
         if (S->ahead[S->ae[i].lrow] == (uint32_t)i)
             S->aseg[nseg++] = (uint32_t)i;
     S->anseg = nseg;
+    S->aps_n = np;
+    S->apply_t = t;
+    S->applying = 1;
     if (S->nathreads == 0) {
         /* Not started (ps_server_inject): apply on this thread. */
         double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
         if (g)
             apply_segments(S, 0, nseg, g);
         free(g);
+        atomic_store(&S->a_left, 0);
     } else {
         pthread_mutex_lock(&S->am);
         S->aremaining = S->nathreads;
+        atomic_store(&S->a_left, S->nathreads);
         S->agen++;
         pthread_cond_broadcast(&S->a_go);
-        while (S->aremaining > 0)
-            pthread_cond_wait(&S->a_done, &S->am);
         pthread_mutex_unlock(&S->am);
     }
-    push **pp = &S->complete;
-    while (*pp) {
-        push *p = *pp;
-        if (p->step == t) {
-            *pp = p->next;
-            S->applied_push[p->client] = t + 1;
-            free_push(S, p);
-            S->st_pushes++;
-        } else {
-            pp = &p->next;
-        }
-    }
-    S->st_rows += (long long)nseg;
     return (long)nseg;
+}
+
+/* The running apply's threads are done (or none runs). */
+static int apply_idle(const ps_server *S)
+{
+    return !S->applying || atomic_load(&S->a_left) == 0;
+}
+
+/* After the apply threads are done: frees the applied pushes and counts them; local mode advances the step
+ * clock and starts a snapshot the step asked for. */
+static void apply_finish(ps_server *S)
+{
+    pthread_mutex_lock(&S->am); /* pairs with the threads' last writes */
+    pthread_mutex_unlock(&S->am);
+    for (int i = 0; i < S->aps_n; i++) {
+        push **pp = &S->complete;
+        while (*pp && *pp != S->aps[i])
+            pp = &(*pp)->next;
+        if (*pp)
+            *pp = S->aps[i]->next;
+        S->applied_push[S->aps[i]->client] = S->apply_t + 1;
+        free_push(S, S->aps[i]);
+        S->st_pushes++;
+    }
+    S->st_rows += (long long)S->anseg;
+    S->applying = 0;
+    if (!S->o.global_mode) {
+        S->steps_done = S->apply_t + 1;
+        log_debug("step %lld applied: %zu rows from %d pushes", (long long)S->apply_t, S->anseg, S->aps_n);
+        if (S->apply_snap)
+            snap_begin(S, S->apply_t + 1);
+    }
+    S->aps_n = 0;
 }
 
 /* Waits for the snapshot in progress (if any), logs its outcome and prunes older ones. */
@@ -395,15 +430,22 @@ static int64_t min_applied(const ps_server *S)
     return m;
 }
 
-/* Called when a push became complete. Local mode (BSP/SSP): applies every step whose W pushes are all in,
- * oldest first, and starts a snapshot after a step flagged PS_PUSH_SNAPSHOT. Global mode: applies pushes at
- * once (each row has one owner), except that while a snapshot of step T is asked for and not begun, pushes of
- * steps >= T wait until every worker's steps < T are applied; steps_done is the slowest worker's count of
- * applied steps. Runs on the progress thread. */
+/* Runs on the progress thread after every batch of messages, and before a stat or checksum is answered.
+ * Finishes the running apply once its threads are done, then starts the next one that is ready. Local mode
+ * (BSP/SSP): the oldest step whose W pushes are all in, and a snapshot after a step flagged
+ * PS_PUSH_SNAPSHOT. Global mode: pushes at once (each row has one owner), except that while a snapshot of
+ * step T is asked for and not begun, pushes of steps >= T wait until every worker's steps < T are applied;
+ * steps_done is the slowest worker's count of applied steps. Returns with an apply running, or with none
+ * ready. */
 static void try_apply(ps_server *S)
 {
-    if (S->o.global_mode) {
-        for (;;) {
+    for (;;) {
+        if (S->applying) {
+            if (!apply_idle(S))
+                return;
+            apply_finish(S);
+        }
+        if (S->o.global_mode) {
             S->steps_done = min_applied(S);
             if (S->snap_at >= 0 && S->steps_done >= S->snap_at) {
                 int64_t at = S->snap_at;
@@ -417,11 +459,10 @@ static void try_apply(ps_server *S)
                 return;
             if (p->snap && S->snap_at < p->step + 1)
                 S->snap_at = p->step + 1;
-            if (apply_step(S, p->step) < 0)
-                return;
+            if (apply_start(S, p->step) < 0)
+                return; /* out of memory: the pushes stay; the next call retries */
+            continue;
         }
-    }
-    for (;;) {
         int64_t t = S->steps_done;
         int count = 0, snap = 0;
         for (push *p = S->complete; p; p = p->next)
@@ -431,13 +472,21 @@ static void try_apply(ps_server *S)
             }
         if (count < S->o.workers)
             return;
-        long rows = apply_step(S, t);
-        if (rows < 0)
-            return; /* out of memory: the step stays pending; the next message retries */
-        S->steps_done = t + 1;
-        log_debug("step %lld applied: %ld rows from %d pushes", (long long)t, rows, count);
-        if (snap)
-            snap_begin(S, t + 1);
+        S->apply_snap = snap;
+        if (apply_start(S, t) < 0)
+            return; /* out of memory: the step stays pending; the next call retries */
+    }
+}
+
+/* try_apply until no apply runs and none is ready (the table is then quiet for a stat or checksum). */
+static void apply_drain(ps_server *S)
+{
+    for (;;) {
+        try_apply(S);
+        if (!S->applying)
+            return;
+        while (!apply_idle(S))
+            sched_yield();
     }
 }
 
@@ -447,6 +496,8 @@ static int pull_ready(const ps_server *S, const pending *p)
 {
     if (p->status != 0 || p->req.op != PS_OP_PULL)
         return 1;
+    if (S->applying)
+        return 0; /* the apply threads are writing rows: gather after them */
     if (S->o.global_mode)
         return p->req.step <= S->applied_push[p->req.client];
     return p->req.step - S->o.max_staleness <= S->steps_done;
@@ -579,11 +630,14 @@ static int push_check(const ps_server *S, const ps_hdr *h, size_t plen, const pu
                  h->step > S->next_push[w] ? "step from the future" : "already pushed");
         return -ERANGE;
     }
-    if (!S->o.global_mode && h->step > S->steps_done + S->o.max_staleness + 1) {
-        /* A worker may push step t+1 before this server has applied step t (it synchronised on another
-         * server's pull), but never further ahead than that plus max_staleness. */
-        snprintf(msg, msglen, "push for step %lld is from the future: %lld steps done, max_staleness %d",
-                 (long long)h->step, (long long)S->steps_done, S->o.max_staleness);
+    if (!S->o.global_mode && h->step > S->steps_in + S->o.max_staleness + 1) {
+        /* A worker may push step t+1 before this server has every push of step t (it synchronised on
+         * another server's pull), but never further ahead than that plus max_staleness. Pushes are
+         * acknowledged on receipt and applied after, so the bound counts steps received, not applied. */
+        snprintf(msg, msglen,
+                 "push for step %lld is from the future: every worker's pushes are in for %lld steps "
+                 "(%lld applied), max_staleness %d",
+                 (long long)h->step, (long long)S->steps_in, (long long)S->steps_done, S->o.max_staleness);
         return -ERANGE;
     }
     if (cur && (cur->step != h->step || cur->nchunks != h->nchunks || cur->slot[h->chunk])) {
@@ -655,8 +709,9 @@ static push *push_start(ps_server *S, const ps_hdr *h)
     return cur;
 }
 
-/* Adds chunk c to the push in progress, acknowledges it, and when it was the last chunk moves the push to
- * S->complete and applies what became ready (try_apply). */
+/* Adds chunk c to the push in progress and acknowledges it (on receipt: a later pull of this worker waits at
+ * the step clock for the apply, so read-your-writes holds); when it was the last chunk moves the push to
+ * S->complete, where try_apply finds it. */
 static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c)
 {
     const int w = h->client;
@@ -672,8 +727,12 @@ static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c)
         S->partial[w] = NULL;
         cur->next = S->complete;
         S->complete = cur;
-        S->next_push[w]++;
-        try_apply(S);
+        if (S->next_push[w]++ == S->steps_in) { /* applied by try_apply after this batch's acks go out */
+            int64_t m = S->next_push[0];
+            for (int i = 1; i < S->o.workers; i++)
+                m = S->next_push[i] < m ? S->next_push[i] : m;
+            S->steps_in = m;
+        }
     }
 }
 
@@ -747,6 +806,7 @@ static void handle_msg(ps_server *S, const uint8_t *buf, size_t len)
         return reply_error(S, &h, -EPROTO, msg);
     }
     if (h.op == PS_OP_STAT || h.op == PS_OP_CHECKSUM) {
+        apply_drain(S); /* counters and table as of every push received before this request */
         pending *p = pend_get(S);
         if (!p)
             return;
@@ -818,7 +878,11 @@ static void *progress_main(void *arg)
             if (fab_recv(S->fab, buf, S->msg_bytes, &S->mr_recv, bc) < 0)
                 log_error("reposting a receive: %s", pf_errmsg());
         }
-        serve_pending(S);
+        serve_pending(S); /* acknowledgements first: the apply below overlaps the workers' next work */
+        if (S->complete || S->applying) {
+            try_apply(S);
+            serve_pending(S); /* pulls that waited for an apply */
+        }
         if (S->snap && snap_done(S->snap))
             snap_wait(S);
         if (n == 0) {
@@ -827,12 +891,20 @@ static void *progress_main(void *arg)
              * would take its cores), and 500 us after a few thousand (an idle server
              * costs ~0 CPU; the first request after a long pause waits at most ~0.5 ms more). */
             if (++idle > 200) {
-                struct timespec ts = {0, idle > 3000 ? 500000 : idle > 1000 ? 100000 : 10000};
+                /* While an apply runs its end is polled for every 10 us: the pulls of the next step wait
+                 * for it. */
+                struct timespec ts = {0, S->applying || idle <= 1000 ? 10000 : idle > 3000 ? 500000 : 100000};
                 nanosleep(&ts, NULL);
             }
         } else {
             idle = 0;
         }
+    }
+    /* Stopping: the running apply completes (its rows are never left half-updated). */
+    if (S->applying) {
+        while (!apply_idle(S))
+            sched_yield();
+        apply_finish(S);
     }
     return NULL;
 }
@@ -919,6 +991,7 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
     S->steps_done = opts->start_step;
     for (int w = 0; w < opts->workers; w++)
         S->next_push[w] = S->applied_push[w] = opts->start_step;
+    S->steps_in = opts->start_step;
     for (int i = 0; i < S->nsend; i++) {
         S->send_ctx[i] = (buf_ctx){CTX_SEND, i};
         S->send_free[S->nsend_free++] = i;
@@ -1071,6 +1144,7 @@ int ps_server_inject(ps_server *S, const void *msg, size_t len)
     if (S->started)
         return pf_err(-EBUSY, "ps_server_inject on a started server");
     handle_msg(S, msg, len);
+    apply_drain(S); /* no apply threads: every ready step is applied here */
     int replies = 0;
     pending **pp = &S->pq_head, *prev = NULL;
     while (*pp) {

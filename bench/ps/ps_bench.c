@@ -80,7 +80,7 @@ static void *client_main(void *p)
     return NULL;
 }
 
-static double run_phase(ps_client **cl, int W, int rows, int dim, int iters, int64_t C, int push, int step0)
+static double run_phase(ps_client **cl, int S, int W, int rows, int dim, int iters, int64_t C, int push, int step0)
 {
     pthread_t th[64];
     bench_arg a[64];
@@ -93,6 +93,16 @@ static double run_phase(ps_client **cl, int W, int rows, int dim, int iters, int
     for (int w = 0; w < W; w++) {
         pthread_join(th[w], NULL);
         bad |= a[w].rc;
+    }
+    if (push && !bad) {
+        /* A push is acknowledged on receipt and applied after: the clock stops once every server has
+         * applied every push (a stat is answered only after the applies of the pushes before it). */
+        ps_stat st;
+        for (int s = 0; s < S && !bad; s++)
+            if (ps_stat_get(cl[0], s, &st, 60) < 0) {
+                fprintf(stderr, "stat of server %d: %s\n", s, pf_errmsg());
+                bad = 1;
+            }
     }
     double dt = now() - t0;
     return bad ? -1 : dt;
@@ -439,8 +449,8 @@ int main(int argc, char **argv)
             return 1;
         }
     phases:;
-        double t_pull = do_pull ? run_phase(cl, W, R, D, N, C, 0, 0) : 1;
-        double t_push = do_push ? run_phase(cl, W, R, D, N, C, 1, k * N) : 1;
+        double t_pull = do_pull ? run_phase(cl, S, W, R, D, N, C, 0, 0) : 1;
+        double t_push = do_push ? run_phase(cl, S, W, R, D, N, C, 1, k * N) : 1;
         if (t_pull < 0 || t_push < 0)
             return 1;
         rc_[1][k] = total_rows / t_pull;
