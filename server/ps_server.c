@@ -362,6 +362,22 @@ static int apply_idle(const ps_server *S)
     return !S->applying || atomic_load(&S->a_left) == 0;
 }
 
+/* Waits up to ns nanoseconds for the running apply's threads to finish (returns at once when they have). */
+static void apply_wait_for(ps_server *S, long ns)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl); /* the condition variable's clock */
+    dl.tv_nsec += ns;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&S->am);
+    if (S->aremaining > 0)
+        pthread_cond_timedwait(&S->a_done, &S->am, &dl);
+    pthread_mutex_unlock(&S->am);
+}
+
 /* After the apply threads are done: frees the applied pushes and counts them; local mode advances the step
  * clock and starts a snapshot the step asked for. */
 static void apply_finish(ps_server *S)
@@ -890,10 +906,12 @@ static void *progress_main(void *arg)
              * 10 us between polls, 100 us after a thousand empty polls (the worker is computing: the wakeups
              * would take its cores), and 500 us after a few thousand (an idle server
              * costs ~0 CPU; the first request after a long pause waits at most ~0.5 ms more). */
-            if (++idle > 200) {
-                /* While an apply runs its end is polled for every 10 us: the pulls of the next step wait
-                 * for it. */
-                struct timespec ts = {0, S->applying || idle <= 1000 ? 10000 : idle > 3000 ? 500000 : 100000};
+            if (++idle > 200 && S->applying) {
+                /* The apply threads have the cores: wait for their end (woken at once by it), polling the
+                 * endpoint every 20 us for the first few waits and every 200 us after. */
+                apply_wait_for(S, idle <= 250 ? 20000 : 200000);
+            } else if (idle > 200) {
+                struct timespec ts = {0, idle <= 1000 ? 10000 : idle > 3000 ? 500000 : 100000};
                 nanosleep(&ts, NULL);
             }
         } else {

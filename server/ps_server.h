@@ -2,16 +2,19 @@
  *
  * Threads: one progress thread owns the endpoint; it polls the CQ continuously (manual progress, even
  * when idle, with a short sleep after a run of empty polls), validates every message, answers pulls,
- * collects pushes and, when all W pushes of the oldest open step are in, has `apply_threads` apply
- * threads update the rows (it waits for them: a step's apply is never torn by a concurrent gather).
+ * collects pushes (each message is acknowledged on receipt) and, when all W pushes of the oldest open step
+ * are in, has `apply_threads` apply threads update the rows while it goes on receiving; pulls are held while
+ * an apply runs (a step's apply is never torn by a concurrent gather), and a stat or checksum request first
+ * finishes every apply that is due.
  *
  * Step clock (DESIGN.md §3): steps_done = number of steps whose W pushes have all been applied.
  *   pull tagged t: answered once steps_done >= t - max_staleness (BSP when max_staleness = 0: a pull for
  *                  step t+1 waits for every push of step t); error if the worker has not yet pushed
  *                  steps 0..t-1 (a step from the future).
  *   push tagged t: must be the worker's next step (one push per worker and step, in order) and
- *                  t <= steps_done + max_staleness + 1 (a worker that synchronised on another server's
- *                  pull may run one step ahead of this server); otherwise error. Pushes of future steps
+ *                  t <= steps_in + max_staleness + 1, steps_in = the steps whose W pushes this server has
+ *                  all received (a worker that synchronised on another server's pull may run one step
+ *                  ahead of this server); otherwise error. Pushes of future steps
  *                  are held until their step's turn. Gradients that several pushes of one
  *                  step send for the same row are summed (in worker-rank order, in double) and the row gets
  *                  one SGD update: v = mu*v + (g + wd*w); w -= lr*v (torch.optim.SGD, dampening 0).
