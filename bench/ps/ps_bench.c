@@ -2,7 +2,7 @@
  * same run.
  *
  *   ps_bench [--provider tcp|shm] [--servers S] [--clients W] [--rows R] [--dim D] [--dtype fp32|fp16|bf16]
- *            [--classes C] [--iters N] [--rounds K] [--head-mode local|global]
+ *            [--classes C] [--iters N] [--rounds K] [--head-mode local|global] [--only all|pull|push]
  *
  * Servers (ps_server, each with its progress + apply threads) and clients (one thread each) run in this
  * process over the chosen libfabric provider. Each client does N pulls of R random rows (step 0), then N
@@ -18,7 +18,9 @@
  *     update) at random rows of a C x D table and its momentum, from a contiguous gradient buffer: a push's
  *     least memory work (read the gradient, read and write the weight and the momentum).
  * K rounds of (ceilings, pull, push) are interleaved; the best and median of each are printed with
- * rows/s, GB/s (wire bytes) and the ratios achieved rows/s / ceiling rows/s. */
+ * rows/s, GB/s (wire bytes) and the ratios achieved rows/s / ceiling rows/s. --only pull (push) runs that
+ * phase alone, without the ceilings, for profiling. A push is acknowledged when the servers receive it; the
+ * push phase's clock stops once every server has applied every push (a stat request waits for that). */
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -473,6 +475,13 @@ int main(int argc, char **argv)
            "rounds=%d "
            "head_mode=%s\n",
            prov, S, W, R, D, dts, (long long)C, N, rounds, global ? "global" : "local");
+    if (!do_ceil) { /* --only: rates alone (no ceilings were measured) */
+        if (do_pull)
+            printf("pull: best %.3g rows/s, median %.3g\n", best[1], med[1]);
+        if (do_push)
+            printf("push: best %.3g rows/s, median %.3g\n", best[2], med[2]);
+        goto out;
+    }
     printf("ceiling (memcpy gather, 1 core): best %.3g rows/s (%.2f GB/s fp32), median %.3g\n", best[0],
            best[0] * D * 4 / 1e9, med[0]);
     printf("ceiling (transport: %s alone, %d pairs, contiguous fp32 rows, 16 messages in flight each): best %.3g rows/s "
@@ -487,6 +496,7 @@ int main(int argc, char **argv)
            "vs transport %.3f (median %.3f); vs SGD apply %.3f (median %.3f)\n",
            best[2], best[2] * wire / 1e9, med[2], best[2] / best[0], med[2] / med[0], best[2] / best[4],
            med[2] / med[4], best[2] / best[3], med[2] / med[3]);
+out:
     for (int w = 0; w < W; w++)
         ps_client_destroy(cl[w]);
     for (int s = 0; s < S; s++)
