@@ -7,7 +7,8 @@
  * address) and gets the address book and the run config; then the shard is allocated and initialised,
  * every worker's address goes into the AV, and the progress + apply threads start.
  * SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left the run in
- * order (training is over): stop accepting requests, finish the apply and the snapshot in progress, log the
+ * order (training is over): stop accepting requests, apply every step whose pushes are all in (they were
+ * acknowledged), finish the snapshot in progress, log the
  * counters, exit 0. A lost member or a lost rendezvous: the same stop, exit 75 (the run must re-form). The
  * same signals while the run is still forming end the wait for the other members within ~0.1 s
  * (ctl_set_interrupt): rank 0 broadcasts the shutdown to the members that joined, exit 0. Exit 1 on a

@@ -275,6 +275,7 @@ static int apply_reserve(ps_server *S, size_t n)
 }
 
 static void snap_begin(ps_server *S, int64_t step);
+static int64_t min_applied(const ps_server *S);
 
 /* Starts applying every push of step t held in S->complete (summing gradients per row, in worker order).
  * Rows are grouped without sorting: entries are visited last to first and each is put at the front of its
@@ -390,13 +391,16 @@ static void apply_finish(ps_server *S)
             pp = &(*pp)->next;
         if (*pp)
             *pp = S->aps[i]->next;
-        S->applied_push[S->aps[i]->client] = S->apply_t + 1;
+        if (S->applied_push[S->aps[i]->client] < S->apply_t + 1)
+            S->applied_push[S->aps[i]->client] = S->apply_t + 1;
         free_push(S, S->aps[i]);
         S->st_pushes++;
     }
     S->st_rows += (long long)S->anseg;
     S->applying = 0;
-    if (!S->o.global_mode) {
+    if (S->o.global_mode) {
+        S->steps_done = min_applied(S);
+    } else {
         S->steps_done = S->apply_t + 1;
         log_debug("step %lld applied: %zu rows from %d pushes", (long long)S->apply_t, S->anseg, S->aps_n);
         if (S->apply_snap)
@@ -446,70 +450,84 @@ static int64_t min_applied(const ps_server *S)
     return m;
 }
 
-/* Runs on the progress thread after every batch of messages, and before a stat or checksum is answered.
- * Finishes the running apply once its threads are done, then starts the next one that is ready. Local mode
- * (BSP/SSP): the oldest step whose W pushes are all in, and a snapshot after a step flagged
- * PS_PUSH_SNAPSHOT. Global mode: pushes at once (each row has one owner), except that while a snapshot of
- * step T is asked for and not begun, pushes of steps >= T wait until every worker's steps < T are applied;
- * steps_done is the slowest worker's count of applied steps. Returns with an apply running, or with none
- * ready. */
-static void try_apply(ps_server *S)
+/* Runs on the progress thread after every batch of messages (and from apply_drain). Finishes the running
+ * apply once its threads are done and returns 1, so the caller serves the pulls that waited for it before
+ * the next apply starts; otherwise starts the next apply that is ready and returns 0. Local mode (BSP/SSP):
+ * the oldest step whose W pushes are all in, and a snapshot after a step flagged PS_PUSH_SNAPSHOT (started
+ * by apply_finish). Global mode: every complete push of the oldest step that has one (so each worker's
+ * pushes apply in step order), except that while a snapshot of step T is asked for and not begun, pushes of
+ * steps >= T wait until every worker's steps < T are applied; steps_done is the slowest worker's count of
+ * applied steps. */
+static int try_apply(ps_server *S)
 {
-    for (;;) {
-        if (S->applying) {
-            if (!apply_idle(S))
-                return;
-            apply_finish(S);
-        }
-        if (S->o.global_mode) {
-            S->steps_done = min_applied(S);
-            if (S->snap_at >= 0 && S->steps_done >= S->snap_at) {
-                int64_t at = S->snap_at;
-                S->snap_at = -1;
-                snap_begin(S, at);
-            }
-            push *p = S->complete;
-            while (p && S->snap_at >= 0 && p->step >= S->snap_at)
-                p = p->next;
-            if (!p)
-                return;
-            if (p->snap && S->snap_at < p->step + 1)
-                S->snap_at = p->step + 1;
-            if (apply_start(S, p->step) < 0)
-                return; /* out of memory: the pushes stay; the next call retries */
-            continue;
-        }
-        int64_t t = S->steps_done;
-        int count = 0, snap = 0;
-        for (push *p = S->complete; p; p = p->next)
-            if (p->step == t) {
-                count++;
-                snap |= p->snap;
-            }
-        if (count < S->o.workers)
-            return;
-        S->apply_snap = snap;
-        if (apply_start(S, t) < 0)
-            return; /* out of memory: the step stays pending; the next call retries */
+    if (S->applying) {
+        if (!apply_idle(S))
+            return 0;
+        apply_finish(S);
+        return 1;
     }
+    if (S->o.global_mode) {
+        S->steps_done = min_applied(S);
+        if (S->snap_at >= 0 && S->steps_done >= S->snap_at) {
+            int64_t at = S->snap_at;
+            S->snap_at = -1;
+            snap_begin(S, at);
+        }
+        push *p = NULL;
+        for (push *q = S->complete; q; q = q->next)
+            if (!(S->snap_at >= 0 && q->step >= S->snap_at) && (!p || q->step < p->step))
+                p = q;
+        if (!p)
+            return 0;
+        if (p->snap && S->snap_at < p->step + 1)
+            S->snap_at = p->step + 1;
+        apply_start(S, p->step); /* out of memory: the pushes stay; the next call retries */
+        return 0;
+    }
+    int64_t t = S->steps_done;
+    int count = 0, snap = 0;
+    for (push *p = S->complete; p; p = p->next)
+        if (p->step == t) {
+            count++;
+            snap |= p->snap;
+        }
+    if (count < S->o.workers)
+        return 0;
+    S->apply_snap = snap;
+    apply_start(S, t); /* out of memory: the step stays pending; the next call retries */
+    return 0;
 }
 
-/* try_apply until no apply runs and none is ready (the table is then quiet for a stat or checksum). */
+/* Applies every step that is ready, waiting for each (a stat or checksum then sees a quiet table; a stopping
+ * server loses no acknowledged push). */
 static void apply_drain(ps_server *S)
 {
     for (;;) {
-        try_apply(S);
+        if (S->applying) {
+            while (!apply_idle(S))
+                apply_wait_for(S, 200000);
+            try_apply(S); /* finishes it */
+            continue;
+        }
+        try_apply(S); /* starts the next one, if any */
         if (!S->applying)
             return;
-        while (!apply_idle(S))
-            sched_yield();
     }
 }
 
-/* A pull may be answered: local mode, once its step is within max_staleness of the step clock; global mode,
- * once its worker's own earlier pushes are applied (read-your-writes). */
-static int pull_ready(const ps_server *S, const pending *p)
+/* A reply may be sent. A pull: not while an apply runs; then, local mode, once its step is within
+ * max_staleness of the step clock; global mode, once its worker's own earlier pushes are applied
+ * (read-your-writes). A push acknowledgement: see below. Errors, stat and checksum: at once. */
+static int reply_ready(const ps_server *S, const pending *p)
 {
+    if (p->status == 0 && p->req.op == PS_OP_PUSH) {
+        /* A push is acknowledged on receipt, but not while earlier steps lag behind: a push of step t once
+         * steps_done >= t - 1 - max_staleness (local mode; with max_staleness 0, step t - 2 is applied) or
+         * the worker's own applied steps >= t - 1 (global mode). So at most about two steps of pushes wait
+         * for the apply threads, even from a worker that only pushes. */
+        int64_t applied = S->o.global_mode ? S->applied_push[p->req.client] : S->steps_done + S->o.max_staleness;
+        return p->req.step <= applied + 1;
+    }
     if (p->status != 0 || p->req.op != PS_OP_PULL)
         return 1;
     if (S->applying)
@@ -550,7 +568,7 @@ static void serve_pending(ps_server *S)
     pending **pp = &S->pq_head, *prev = NULL;
     while (*pp && S->nsend_free > 0) {
         pending *p = *pp;
-        if (!pull_ready(S, p)) {
+        if (!reply_ready(S, p)) {
             prev = p;
             pp = &p->next;
             continue; /* waits for its step */
@@ -899,8 +917,8 @@ static void *progress_main(void *arg)
             try_apply(S);
             serve_pending(S); /* pulls that waited for an apply */
         }
-        if (S->snap && snap_done(S->snap))
-            snap_wait(S);
+        if (S->snap && !S->applying && snap_done(S->snap))
+            snap_wait(S); /* the apply threads read S->snap (snap_before_update): only between applies */
         if (n == 0) {
             /* Keep polling (manual progress) but give the core away when idle: spin briefly, then sleep
              * 10 us between polls, 100 us after a thousand empty polls (the worker is computing: the wakeups
@@ -918,12 +936,9 @@ static void *progress_main(void *arg)
             idle = 0;
         }
     }
-    /* Stopping: the running apply completes (its rows are never left half-updated). */
-    if (S->applying) {
-        while (!apply_idle(S))
-            sched_yield();
-        apply_finish(S);
-    }
+    /* Stopping: every step whose pushes are all in is applied (they were acknowledged), a snapshot asked for
+     * is started (ps_server_stop waits for it). */
+    apply_drain(S);
     return NULL;
 }
 
@@ -1167,7 +1182,7 @@ int ps_server_inject(ps_server *S, const void *msg, size_t len)
     pending **pp = &S->pq_head, *prev = NULL;
     while (*pp) {
         pending *p = *pp;
-        if (!pull_ready(S, p)) {
+        if (!reply_ready(S, p)) {
             prev = p;
             pp = &p->next;
             continue;

@@ -19,8 +19,12 @@
  *                  step send for the same row are summed (in worker-rank order, in double) and the row gets
  *                  one SGD update: v = mu*v + (g + wd*w); w -= lr*v (torch.optim.SGD, dampening 0).
  * Global head mode (opts.global_mode, DESIGN.md §3.8): every class has one owning worker, so a push is
- * applied as soon as it is complete and a pull of step t is answered at once (the worker's own pushes of
- * steps < t are applied, since they arrived first); steps_done is then the slowest worker's pushed steps.
+ * applied as soon as it is complete (the oldest step first: each worker's pushes apply in step order) and a
+ * pull of step t is answered once that worker's own pushes of steps < t are applied; steps_done is then the
+ * slowest worker's applied steps.
+ * Push acknowledgements: sent on receipt, unless earlier steps lag behind (a push of step t is answered once
+ * steps_done >= t - 1 - max_staleness in local mode, once the worker's own applied steps >= t - 1 in global
+ * mode), so at most about two steps of pushes wait for the apply threads.
  * Snapshots: a push flagged PS_PUSH_SNAPSHOT for step t makes the server write checkpoint t+1, the shard as it
  * stands once every push of steps 0..t is applied and none of a later step (snapshot.h; in global mode pushes
  * of later steps wait until the slowest worker's step t is in, and a pull waits for its own worker's earlier
@@ -79,8 +83,9 @@ int ps_server_add_worker(ps_server *srv, int rank, const void *addr, size_t len)
 /* Starts the progress thread and the apply threads. Returns 0 or -errno. */
 int ps_server_start(ps_server *srv);
 
-/* Stops accepting requests: the progress thread finishes the message (and any apply) it is handling and
- * exits; apply threads are joined. Idempotent; safe before start. */
+/* Stops accepting requests: the progress thread finishes the message it is handling, applies every step
+ * whose pushes are all in (they were acknowledged; a snapshot one of them asks for is started) and exits;
+ * apply threads are joined and the snapshot in progress is waited for. Idempotent; safe before start. */
 void ps_server_stop(ps_server *srv);
 
 /* Stops if needed and frees everything. NULL is a no-op. */

@@ -9,7 +9,9 @@
  *   - a pull tagged with the step just pushed (answerable at once by the step clock) is held while that
  *     step's apply runs, and sees it whole;
  *   - a stat right after an acknowledgement counts the step as done;
- *   - the rows after 6 steps. */
+ *   - the rows after 6 steps;
+ *   - two more pushes back to back and an immediate stop: both applied (they were acknowledged).
+ * Both head modes: local (BSP step clock) and global (each worker's pushes applied in step order). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,12 +39,12 @@ static float grad(int t, int64_t id, int j)
     return (float)(1e-3 * sin(0.37 * (double)(t + 1) + 0.011 * (double)id + 0.7 * (double)j));
 }
 
-/* Compares rows ids[0..N) of `out` with the float64 reference after `steps` steps; returns the max error
- * relative to the row's largest magnitude. */
-static double compare(const int64_t *ids, const float *out, int steps)
+/* Compares rows ids[0..n) of `out` with the float64 reference after `steps` steps (step t's gradient is
+ * grad(t, ...)); returns the max error relative to the row's largest magnitude. */
+static double compare_n(const int64_t *ids, const float *out, int n, int steps)
 {
     double worst = 0;
-    for (int i = 0; i < N; i++) {
+    for (int i = 0; i < n; i++) {
         double w[D], v[D] = {0}, scale = 0;
         pst_init_row(SEED, ids[i], D, w);
         for (int j = 0; j < D; j++)
@@ -63,9 +65,26 @@ static double compare(const int64_t *ids, const float *out, int steps)
     return worst;
 }
 
-int main(void)
+static double compare(const int64_t *ids, const float *out, int steps)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);
+    return compare_n(ids, out, N, steps);
+}
+
+/* Compares rows ids[0..n) of the server's own table (stopped server) with the float64 reference after
+ * `steps` steps. */
+static double compare_shard(const shard *sh, const int64_t *ids, int n, int steps)
+{
+    float *rows = malloc(sizeof(float) * (size_t)n * D);
+    for (int i = 0; i < n; i++)
+        memcpy(rows + (size_t)i * D, sh->weight + (size_t)ids[i] * D, sizeof(float) * D); /* S = 1: row = id */
+    double e = compare_n(ids, rows, n, steps);
+    free(rows);
+    return e;
+}
+
+static void run(int global)
+{
+    printf("--- head_mode %s ---\n", global ? "global" : "local");
     ps_server_opts so = {.provider = "tcp",
                          .rank = 0,
                          .servers = 1,
@@ -76,20 +95,21 @@ int main(void)
                          .momentum = MU,
                          .weight_decay = WD,
                          .max_staleness = 0,
-                         .apply_threads = 1};
+                         .apply_threads = 1,
+                         .global_mode = global};
     ps_server *srv;
     ps_client *cli;
     ps_client_opts co = {.provider = "tcp", .rank = 0, .servers = 1, .num_classes = C, .dim = D};
     if (ps_server_create(&so, &srv) < 0 || ps_client_create(&co, &cli) < 0) {
-        printf("FAIL setup: %s\n", pf_errmsg());
-        return 1;
+        CHECK(0, "setup: %s", pf_errmsg());
+        return;
     }
     uint8_t a[FAB_MAX_ADDR], b[FAB_MAX_ADDR];
     size_t la = sizeof(a), lb = sizeof(b);
     if (ps_server_getname(srv, a, &la) || ps_client_getname(cli, b, &lb) || ps_server_add_worker(srv, 0, b, lb) ||
         ps_client_add_server(cli, 0, a, la) || ps_server_start(srv) || ps_client_warmup(cli, 10)) {
-        printf("FAIL connect: %s\n", pf_errmsg());
-        return 1;
+        CHECK(0, "connect: %s", pf_errmsg());
+        return;
     }
     int64_t *ids = malloc(sizeof(int64_t) * N);
     float *g = malloc(sizeof(float) * (size_t)N * D), *out = malloc(sizeof(float) * (size_t)N * D);
@@ -160,9 +180,35 @@ int main(void)
               st.rows_applied == (long long)STEPS * N,
           "stat: bad %lld, steps %lld, rows applied %lld", (long long)st.bad_requests, (long long)st.steps_done,
           (long long)st.rows_applied);
+    /* Step STEPS pushes every row, step STEPS + 1 one row (it arrives while the big apply still runs), then
+     * the server stops at once: both were acknowledged, so both are applied before it stops. */
+    for (int t = STEPS; t < STEPS + 2; t++) {
+        const int n = t == STEPS ? N : 1;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < D; j++)
+                g[(size_t)i * D + j] = grad(t, ids[i], j);
+        rc = ps_push(cli, ids, (size_t)n, g, LR, t, &r);
+        if (rc == 0)
+            rc = ps_wait(cli, r, 30);
+        CHECK(rc == 0, "push of step %d: %s", t, pf_errmsg());
+    }
+    ps_server_stop(srv);
+    const shard *sh = ps_server_shard(srv);
+    double e1 = compare_shard(sh, ids, 1, STEPS + 2), e2 = compare_shard(sh, ids + 1, N - 1, STEPS + 1);
+    printf("stopped right after the acknowledgement of step %d: max relative error vs float64 %.3g (the row "
+           "of %d steps), %.3g (the rows of %d) (tolerance 1e-5)\n",
+           STEPS + 1, e1, STEPS + 2, e2, STEPS + 1);
+    CHECK(e1 < 1e-5 && e2 < 1e-5, "acknowledged pushes applied before the stop");
     ps_client_destroy(cli);
     ps_server_destroy(srv);
     free(ids), free(g), free(out);
+}
+
+int main(void)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    run(0);
+    run(1);
     printf(fails ? "FAILED (%d)\n" : "PASS\n", fails);
     return fails ? 1 : 0;
 }
