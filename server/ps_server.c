@@ -115,7 +115,6 @@ struct ps_server {
     int applying;       /* an apply's threads are running (apply_start .. apply_finish) */
     int64_t apply_t;    /* the step being applied */
     int apply_snap;     /* local mode: a push of it asked for a snapshot */
-    atomic_int a_left;  /* apply threads of the running apply not yet done */
 };
 
 /* ---------- apply pool ---------- */
@@ -184,7 +183,6 @@ static void *apply_main(void *arg)
         pthread_mutex_lock(&S->am);
         if (--S->aremaining == 0)
             pthread_cond_signal(&S->a_done);
-        atomic_fetch_sub(&S->a_left, 1);
     }
     pthread_mutex_unlock(&S->am);
     free(g);
@@ -345,11 +343,9 @@ static long apply_start(ps_server *S, int64_t t)
         if (g)
             apply_segments(S, 0, nseg, g);
         free(g);
-        atomic_store(&S->a_left, 0);
     } else {
         pthread_mutex_lock(&S->am);
         S->aremaining = S->nathreads;
-        atomic_store(&S->a_left, S->nathreads);
         S->agen++;
         pthread_cond_broadcast(&S->a_go);
         pthread_mutex_unlock(&S->am);
@@ -357,10 +353,16 @@ static long apply_start(ps_server *S, int64_t t)
     return (long)nseg;
 }
 
-/* The running apply's threads are done (or none runs). */
-static int apply_idle(const ps_server *S)
+/* The running apply's threads are done (or none runs). Taking the mutex the threads count down under also
+ * makes their row writes visible to this thread. */
+static int apply_idle(ps_server *S)
 {
-    return !S->applying || atomic_load(&S->a_left) == 0;
+    if (!S->applying)
+        return 1;
+    pthread_mutex_lock(&S->am);
+    int done = S->aremaining == 0;
+    pthread_mutex_unlock(&S->am);
+    return done;
 }
 
 /* Waits up to ns nanoseconds for the running apply's threads to finish (returns at once when they have). */
@@ -379,12 +381,10 @@ static void apply_wait_for(ps_server *S, long ns)
     pthread_mutex_unlock(&S->am);
 }
 
-/* After the apply threads are done: frees the applied pushes and counts them; local mode advances the step
- * clock and starts a snapshot the step asked for. */
+/* Once apply_idle said the apply threads are done: frees the applied pushes and counts them; advances the
+ * step clock and (local mode) starts a snapshot the step asked for. */
 static void apply_finish(ps_server *S)
 {
-    pthread_mutex_lock(&S->am); /* pairs with the threads' last writes */
-    pthread_mutex_unlock(&S->am);
     for (int i = 0; i < S->aps_n; i++) {
         push **pp = &S->complete;
         while (*pp && *pp != S->aps[i])
