@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,31 @@ static char g_source[128];
 void fab_set_source(const char *node)
 {
     snprintf(g_source, sizeof g_source, "%s", node ? node : "");
+}
+
+/* Set once libfabric was initialised (its first fi_getinfo in this process reads FI_UNIVERSE_SIZE). */
+static atomic_int g_fi_started;
+
+static int fi_getinfo_first(uint32_t version, const char *node, uint64_t flags, const struct fi_info *hints,
+                            struct fi_info **info)
+{
+    atomic_store(&g_fi_started, 1);
+    return fi_getinfo(version, node, NULL, flags, hints, info);
+}
+
+long fab_set_universe(long processes)
+{
+    const char *env = getenv("FI_UNIVERSE_SIZE");
+    if (env && *env)
+        return strtol(env, NULL, 10);
+    if (atomic_load(&g_fi_started))
+        return 0;
+    if (processes < 2)
+        processes = 2;
+    char v[32];
+    snprintf(v, sizeof v, "%ld", processes);
+    setenv("FI_UNIVERSE_SIZE", v, 0);
+    return processes;
 }
 
 int fab_shm_unlink_regions(long pid)
@@ -130,7 +156,7 @@ int fab_open(const char *provider, fab_ctx **out)
         pthread_once(&shm_stale_once, shm_unlink_stale_once);
     /* A source address (fab_set_source) restricts tcp and verbs to that interface; shm has no address. */
     const char *node = g_source[0] && strcmp(prov, "shm") != 0 ? g_source : NULL;
-    int rc = fi_getinfo(FI_VERSION(1, 17), node, NULL, node ? FI_SOURCE : 0, hints, &f->info);
+    int rc = fi_getinfo_first(FI_VERSION(1, 17), node, node ? FI_SOURCE : 0, hints, &f->info);
     fi_freeinfo(hints);
     if (rc && node) {
         int code = pf_err(-ENODATA,
@@ -205,7 +231,7 @@ int fab_hmem_cuda_supported(const char *provider)
     hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
     hints->mode = 0;
     hints->addr_format = FI_FORMAT_UNSPEC;
-    int rc = fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info);
+    int rc = fi_getinfo_first(FI_VERSION(1, 17), NULL, 0, hints, &info);
     fi_freeinfo(hints);
     if (rc == -FI_ENODATA || (rc == 0 && !(info->caps & FI_HMEM))) {
         if (info)

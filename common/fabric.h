@@ -68,6 +68,18 @@ typedef struct fab_comp {
  * where the control plane does, not on every interface. */
 void fab_set_source(const char *node);
 
+/* Tells libfabric how many processes the job has (servers + workers) through FI_UNIVERSE_SIZE, its documented
+ * setting for the number of peers. Providers size per-endpoint structures by it: ofi_rxm (tcp, verbs) gives its
+ * completion queue (tx + rx queue depths) x universe entries of 48 bytes, 12 MiB at libfabric's default of
+ * 256, which a tcp endpoint then touches for the first time over its first hundreds of steps (page faults in
+ * every step until then). The queue stays large enough: an endpoint never has more completions outstanding
+ * than (tx + rx depth) x its peers, and a process's peers are at most the job's processes.
+ * Takes effect only before this process's first fab_open (libfabric reads it once) and only when the
+ * environment does not set FI_UNIVERSE_SIZE (that value wins). `processes` below 2 counts as 2.
+ * Returns the universe size in effect: the environment's, `processes`, or 0 when libfabric had already started
+ * with its default. */
+long fab_set_universe(long processes);
+
 int fab_open(const char *provider, fab_ctx **out);
 
 /* Whether `provider` ("tcp", "shm", "verbs" or an exact name, as for fab_open) can move data straight to

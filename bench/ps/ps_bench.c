@@ -319,6 +319,7 @@ int main(int argc, char **argv)
     }
     ps_server *srv[64];
     ps_client *cl[64];
+    fab_set_universe((long)S + W); /* as the daemons: the job's processes (daemon_bind_data_plane) */
     for (int s = 0; s < S; s++) {
         ps_server_opts o = {.provider = prov,
                             .rank = s,

@@ -284,6 +284,7 @@ static int setup(bench *b)
 {
     const pf_config *cfg = &b->cfg;
     int rc = ps_dtype_parse(cfg->wire_dtype, &b->dt);
+    fab_set_universe((long)cfg->servers + cfg->workers); /* as the daemons (daemon_bind_data_plane) */
     ps_client_opts po = {.provider = cfg->provider,
                          .rank = (int)b->o.rank,
                          .servers = cfg->servers,
