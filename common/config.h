@@ -70,7 +70,7 @@ typedef struct pf_config {
     int snapshot_every;         /* steps between checkpoints, 0 = off (default); one is also written at the end */
     int snapshot_keep;          /* newest checkpoints each member keeps on disk (default 2) */
     char on_member_loss[CFG_STR];  /* "exit" (default: stop with 75 so the run re-forms) or "serve" (inspection) */
-    int apply_threads;          /* server threads applying pushes, default 2 */
+    int apply_threads;          /* server threads applying pushes and gathering pulls, default 2 */
     char center_init[CFG_STR];  /* "eager" (default): servers generate every class center in the background
                                    from start; "lazy": each on its first pull or push */
 } pf_config;

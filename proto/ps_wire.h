@@ -82,6 +82,8 @@ typedef struct ps_stat {
     int64_t bad_requests;   /* requests answered with an error */
     int64_t table_bytes;    /* bytes of weights + momentum (page-rounded) + the 1-byte-per-row init map */
     int64_t partial_chunks; /* chunks held for pushes not yet complete (not applied, not counted) */
+    int64_t rows_pulled;    /* rows gathered into pull replies since start */
+    int64_t rows_pulled_par; /* of those, rows the apply threads gathered (the rest: the progress thread) */
 } ps_stat;
 
 _Static_assert(sizeof(ps_stat) <= 128, "ps_stat must fit the 128-byte stat payload");

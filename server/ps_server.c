@@ -45,6 +45,26 @@ typedef struct push {
     chunk **slot; /* [nchunks]: chunk i, or NULL until it came */
 } push;
 
+/* One pull reply of a batch being gathered (serve_pending): its rows are gathered in pieces of
+ * gpiece_rows rows by the progress thread and the apply threads together. */
+typedef struct gjob {
+    const int64_t *ids;
+    uint8_t *dst; /* the reply's rows in the send buffer */
+    uint32_t n, dtype;
+    uint32_t first, pieces; /* its pieces are first .. first + pieces - 1 of the batch */
+    atomic_uint done;       /* pieces gathered */
+} gjob;
+
+/* One reply of the batch serve_pending sends. */
+typedef struct sitem {
+    struct pending *p;
+    int buf;
+    size_t len;
+    int job; /* index in S->gj, or -1 (nothing to gather) */
+} sitem;
+
+enum { AK_APPLY = 0, AK_GATHER = 1 };
+
 /* A reply waiting to be sent: pulls wait for their step; everything waits for a free send buffer. */
 typedef struct pending {
     struct pending *next;
@@ -87,7 +107,7 @@ struct ps_server {
     push *complete;        /* complete pushes waiting for their step */
     int64_t steps_done;
     pending *pq_head, *pq_tail;
-    atomic_llong st_pushes, st_rows, st_bad;
+    atomic_llong st_pushes, st_rows, st_bad, st_pulled;
     double drop_log_t; /* rate limit of the "dropped" warnings: last one logged */
     long drop_quiet;   /* drops not logged since */
     pthread_t progress;
@@ -112,6 +132,17 @@ struct ps_server {
     pending *pend_free;
     push **aps; /* [workers]: the pushes of the step being applied */
     int aps_n;  /* how many */
+    /* the pool's current generation: AK_APPLY (apply_start) or AK_GATHER (a batch of pull replies) */
+    int akind;
+    /* gathers: the batch's pull replies and the claim word, (batch & 0xffff) << 48 | pieces << 24 | next
+     * piece; a thread claims a piece by incrementing it while the batch and the count still match */
+    gjob *gj;
+    sitem *sb;
+    int ngj;
+    uint32_t gpiece_rows, gbatch; /* gbatch: the progress thread's own count */
+    uint32_t gbatch_wake;         /* the batch the apply threads were last woken for (under am) */
+    _Atomic uint64_t gclaim;
+    atomic_llong st_par_rows; /* rows gathered by the apply threads (the rest by the progress thread) */
     int applying;       /* an apply's threads are running (apply_start .. apply_finish) */
     int64_t apply_t;    /* the step being applied */
     int apply_snap;     /* local mode: a push of it asked for a snapshot */
@@ -163,6 +194,46 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
     }
 }
 
+/* Claims pieces of gather batch `batch` one at a time (lowest first) and gathers their rows, until none is left
+ * or job `until`'s pieces are all claimed (UINT32_MAX: until none is left). A claim is a compare-and-swap on
+ * S->gclaim that also checks the batch, so a thread that woke for an earlier batch claims nothing of a later
+ * one it did not read. The batch's jobs stay put until every piece is gathered (serve_pending waits for
+ * that). Returns the rows this call gathered. */
+static long long gather_pieces(ps_server *S, uint32_t batch, uint32_t until)
+{
+    long long rows = 0;
+    for (;;) {
+        uint64_t v = atomic_load_explicit(&S->gclaim, memory_order_acquire), nv;
+        uint32_t piece;
+        do {
+            uint32_t total = (uint32_t)(v >> 24) & 0xffffffu;
+            piece = (uint32_t)v & 0xffffffu;
+            if ((uint32_t)(v >> 48) != (batch & 0xffffu) || piece >= total)
+                return rows;
+            nv = v + 1;
+        } while (!atomic_compare_exchange_weak_explicit(&S->gclaim, &v, nv, memory_order_acq_rel,
+                                                        memory_order_acquire));
+        /* The job holding the piece: jobs are in piece order. */
+        int lo = 0, hi = S->ngj - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (S->gj[mid].first <= piece)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        gjob *j = &S->gj[lo];
+        const uint32_t r0 = (piece - j->first) * S->gpiece_rows;
+        const uint32_t n = j->n - r0 < S->gpiece_rows ? j->n - r0 : S->gpiece_rows;
+        const size_t rb = (size_t)S->sh.dim * ps_dtype_size(j->dtype);
+        shard_gather(&S->sh, j->ids + r0, n, j->dtype, j->dst + (size_t)r0 * rb);
+        atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
+        rows += n;
+        if (until != UINT32_MAX && piece + 1 >= S->gj[until].first + S->gj[until].pieces)
+            return rows;
+    }
+}
+
 static void *apply_main(void *arg)
 {
     apply_arg *a = arg;
@@ -176,6 +247,14 @@ static void *apply_main(void *arg)
         if (S->aquit)
             break;
         seen = S->agen;
+        if (S->akind == AK_GATHER) {
+            uint32_t batch = S->gbatch_wake;
+            pthread_mutex_unlock(&S->am);
+            long long rows = gather_pieces(S, batch, UINT32_MAX);
+            atomic_fetch_add_explicit(&S->st_par_rows, rows, memory_order_relaxed);
+            pthread_mutex_lock(&S->am);
+            continue; /* no count-down: the progress thread waits for the pieces, not the threads */
+        }
         size_t n = S->anseg, T = (size_t)S->nathreads;
         pthread_mutex_unlock(&S->am);
         if (g)
@@ -345,6 +424,7 @@ static long apply_start(ps_server *S, int64_t t)
         free(g);
     } else {
         pthread_mutex_lock(&S->am);
+        S->akind = AK_APPLY;
         S->aremaining = S->nathreads;
         S->agen++;
         pthread_cond_broadcast(&S->a_go);
@@ -562,10 +642,58 @@ static void reply_error(ps_server *S, const ps_hdr *h, int code, const char *msg
     enqueue(S, p);
 }
 
-/* Sends every ready reply while send buffers are free. */
+/* Gathers the rows of the batch's S->ngj pull replies (S->gj) and sends the batch's nb replies (S->sb) in
+ * order. The rows are cut into pieces of about 64 KiB; the apply threads (idle: pulls are not served while an
+ * apply runs) are woken to claim pieces alongside this thread, which sends each reply as soon as its pieces
+ * are gathered and claims more pieces meanwhile. A server's gathers thus use all its apply threads, as its
+ * applies do; without apply threads (ps_server_inject) or for one piece, this thread gathers alone. */
+static void send_batch(ps_server *S, int nb)
+{
+    uint32_t pieces = 0;
+    for (int j = 0; j < S->ngj; j++) {
+        gjob *g = &S->gj[j];
+        g->first = pieces;
+        g->pieces = (g->n + S->gpiece_rows - 1) / S->gpiece_rows;
+        S->st_pulled += g->n;
+        atomic_store_explicit(&g->done, 0, memory_order_relaxed);
+        pieces += g->pieces;
+    }
+    const uint32_t batch = ++S->gbatch;
+    atomic_store_explicit(&S->gclaim, (uint64_t)(batch & 0xffffu) << 48 | (uint64_t)pieces << 24,
+                          memory_order_release);
+    if (pieces > 1 && S->nathreads > 0) {
+        pthread_mutex_lock(&S->am);
+        S->akind = AK_GATHER;
+        S->gbatch_wake = batch;
+        S->agen++;
+        pthread_cond_broadcast(&S->a_go);
+        pthread_mutex_unlock(&S->am);
+    }
+    for (int i = 0; i < nb; i++) {
+        sitem *it = &S->sb[i];
+        if (it->job >= 0) {
+            gjob *g = &S->gj[it->job];
+            gather_pieces(S, batch, (uint32_t)it->job); /* claims up to its last piece */
+            while (atomic_load_explicit(&g->done, memory_order_acquire) < g->pieces)
+                sched_yield(); /* a piece an apply thread claimed is being gathered */
+        }
+        pending *p = it->p;
+        uint8_t *buf = S->send_mem + (size_t)it->buf * S->msg_bytes;
+        int rc = fab_send(S->fab, S->worker_addr[p->req.client], buf, it->len, &S->mr_send, &S->send_ctx[it->buf]);
+        if (rc < 0) {
+            log_error("reply to worker %d: %s", p->req.client, pf_errmsg());
+            S->send_free[S->nsend_free++] = it->buf;
+        }
+        pend_put(S, p);
+    }
+}
+
+/* Sends every ready reply while send buffers are free (a batch at a time: send_batch). */
 static void serve_pending(ps_server *S)
 {
     pending **pp = &S->pq_head, *prev = NULL;
+    int nb = 0;
+    S->ngj = 0;
     while (*pp && S->nsend_free > 0) {
         pending *p = *pp;
         if (!reply_ready(S, p)) {
@@ -579,29 +707,31 @@ static void serve_pending(ps_server *S)
         h.op = PS_OP_REPLY;
         h.status = p->status;
         size_t len = sizeof(ps_hdr);
+        int job = -1;
         if (p->status != 0) {
             size_t ml = strlen(p->msg) + 1;
             memcpy(buf + len, p->msg, ml);
             len += ml;
             h.n = 0;
         } else if (p->req.op == PS_OP_PULL) {
-            shard_gather(&S->sh, p->ids, p->req.n, p->req.dtype, buf + len);
+            job = S->ngj++;
+            S->gj[job].ids = p->ids;
+            S->gj[job].dst = buf + len;
+            S->gj[job].n = p->req.n;
+            S->gj[job].dtype = p->req.dtype;
             len += (size_t)p->req.n * S->sh.dim * ps_dtype_size(p->req.dtype);
         } else {
             memcpy(buf + len, p->payload, p->payload_len);
             len += p->payload_len;
         }
         memcpy(buf, &h, sizeof(h));
-        int rc = fab_send(S->fab, S->worker_addr[p->req.client], buf, len, &S->mr_send, &S->send_ctx[b]);
-        if (rc < 0) {
-            log_error("reply to worker %d: %s", p->req.client, pf_errmsg());
-            S->send_free[S->nsend_free++] = b;
-        }
+        S->sb[nb++] = (sitem){p, b, len, job};
         *pp = p->next;
         if (S->pq_tail == p)
             S->pq_tail = prev;
-        pend_put(S, p);
     }
+    if (nb > 0)
+        send_batch(S, nb);
 }
 
 /* ---------- request handling ---------- */
@@ -999,6 +1129,8 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
     S->recv_ctx = calloc(S->nrecv, sizeof(buf_ctx));
     S->send_ctx = calloc(S->nsend, sizeof(buf_ctx));
     S->send_free = calloc(S->nsend, sizeof(int));
+    S->gj = calloc(S->nsend, sizeof(gjob));
+    S->sb = calloc(S->nsend, sizeof(sitem));
     S->worker_addr = calloc(opts->workers, sizeof(fi_addr_t));
     S->worker_known = calloc(opts->workers, 1);
     S->next_push = calloc(opts->workers, sizeof(int64_t));
@@ -1011,7 +1143,11 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
     S->chunk_cap = ps_wire_rows_per_msg((uint32_t)opts->dim, PS_DT_FP16);
     if (ps_wire_rows_per_msg((uint32_t)opts->dim, PS_DT_FP32) > S->chunk_cap)
         S->chunk_cap = ps_wire_rows_per_msg((uint32_t)opts->dim, PS_DT_FP32);
-    if (!S->aps || !S->amark || !S->ahead || !S->recv_mem || !S->send_mem || !S->recv_ctx || !S->send_ctx || !S->send_free || !S->worker_addr ||
+    /* Pieces of a parallel gather: about 64 KiB of fp32 rows (at least 16 rows). */
+    S->gpiece_rows = 65536u / (4u * (uint32_t)opts->dim);
+    if (S->gpiece_rows < 16)
+        S->gpiece_rows = 16;
+    if (!S->gj || !S->sb || !S->aps || !S->amark || !S->ahead || !S->recv_mem || !S->send_mem || !S->recv_ctx || !S->send_ctx || !S->send_free || !S->worker_addr ||
         !S->worker_known || !S->next_push || !S->applied_push || !S->partial) {
         rc = pf_err(-ENOMEM, "out of memory for message buffers");
         goto fail;
@@ -1147,6 +1283,8 @@ void ps_server_destroy(ps_server *S)
     free(S->recv_ctx);
     free(S->send_ctx);
     free(S->send_free);
+    free(S->gj);
+    free(S->sb);
     free(S->worker_addr);
     free(S->worker_known);
     free(S->next_push);
@@ -1214,6 +1352,8 @@ void ps_server_stat(ps_server *S, ps_stat *st)
     st->local_rows = S->sh.rows;
     st->pushes_applied = S->st_pushes;
     st->rows_applied = S->st_rows;
+    st->rows_pulled = S->st_pulled;
+    st->rows_pulled_par = S->st_par_rows;
     st->bad_requests = S->st_bad;
     st->table_bytes = (int64_t)S->sh.bytes + 9 * S->sh.rows; /* + the row states and apply bookkeeping */
     for (int w = 0; S->partial && w < S->o.workers; w++)

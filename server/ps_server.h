@@ -5,7 +5,9 @@
  * collects pushes (each message is acknowledged on receipt) and, when all W pushes of the oldest open step
  * are in, has `apply_threads` apply threads update the rows while it goes on receiving; pulls are held while
  * an apply runs (a step's apply is never torn by a concurrent gather), and a stat or checksum request first
- * finishes every apply that is due.
+ * finishes every apply that is due. The same threads gather pull replies with the progress thread (pieces of
+ * ~64 KiB claimed from a shared counter; the progress thread sends each reply once its rows are in), so a
+ * server's gathers, like its applies, use `apply_threads` + 1 cores.
  *
  * Step clock (DESIGN.md §3): steps_done = number of steps whose W pushes have all been applied.
  *   pull tagged t: answered once steps_done >= t - max_staleness (BSP when max_staleness = 0: a pull for
@@ -53,7 +55,7 @@ typedef struct ps_server_opts {
     double momentum;      /* mu */
     double weight_decay;  /* wd */
     int max_staleness;    /* k >= 0 */
-    int apply_threads;    /* >= 1 */
+    int apply_threads;    /* >= 1: apply pushes, and gather pulls with the progress thread */
     int recv_bufs;        /* receive buffers posted; 0 = 64 */
     int prefault;         /* back every page of the table at start (shard_create) */
     int fill;             /* center_init = eager: ps_server_start generates every class center in a background

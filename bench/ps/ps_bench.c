@@ -497,7 +497,15 @@ int main(int argc, char **argv)
            "vs transport %.3f (median %.3f); vs SGD apply %.3f (median %.3f)\n",
            best[2], best[2] * wire / 1e9, med[2], best[2] / best[0], med[2] / med[0], best[2] / best[4],
            med[2] / med[4], best[2] / best[3], med[2] / med[3]);
-out:
+out:;
+    long long pulled = 0, par = 0;
+    for (int s = 0; s < S; s++) {
+        ps_stat st;
+        ps_server_stat(srv[s], &st);
+        pulled += st.rows_pulled, par += st.rows_pulled_par;
+    }
+    printf("pull rows gathered by the servers' apply threads (the rest by their progress threads): %.0f%%\n",
+           pulled ? 100.0 * (double)par / (double)pulled : 0.0);
     for (int w = 0; w < W; w++)
         ps_client_destroy(cl[w]);
     for (int s = 0; s < S; s++)

@@ -1,7 +1,9 @@
 /* In-process parameter-server test (fast; also runs under ASan+UBSan): 2 servers with their own progress
  * and apply threads, 2 clients (fp32 and bf16 wire), all in one process over tcp;ofi_rxm. Checks pull of
  * initial rows, a multi-message push (rows > one message) summed across clients vs float64, fp16/bf16 wire
- * rounding bounds, a bad request, and a clean stop. */
+ * rounding bounds, a bad request, and a clean stop. The pulls' rows are gathered by each server's progress
+ * and apply threads together (pieces of 64 rows here) and created on first touch (no prefault): concurrent
+ * gathers of the same rows by 3 clients. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,6 +111,20 @@ int main(void)
            "2^-11)\n",
            e32, eb16, e16);
     CHECK(e32 <= 0x1p-24 * 1.01 && eb16 <= 0x1p-8 * 1.01 && e16 <= 0x1p-11 * 1.01, "wire rounding");
+    /* Each server gathered its ids (id mod S) once per client; the apply threads gather pieces with the
+     * progress thread (their share depends on scheduling: printed, not checked). */
+    for (int s = 0; s < S; s++) {
+        long long want = 0;
+        for (int i = 0; i < N; i++)
+            want += ids[i] % S == s;
+        want *= W;
+        ps_stat st;
+        ps_server_stat(srv[s], &st);
+        printf("server %d: %lld rows pulled (want %lld), %lld of them gathered by its apply threads\n", s,
+               (long long)st.rows_pulled, want, (long long)st.rows_pulled_par);
+        CHECK(st.rows_pulled == want && st.rows_pulled_par >= 0 && st.rows_pulled_par <= st.rows_pulled,
+              "server %d pull counts", s);
+    }
     /* Step 0: every client pushes the same rows; the server must sum the three (wire-rounded) gradients. */
     for (int w = 0; w < W; w++) {
         ps_req *r;
