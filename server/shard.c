@@ -488,8 +488,9 @@ void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void 
 }
 
 /* The hot loop of the apply: built for AVX2 as well (picked at load time where the CPU has it). Element-wise
- * float arithmetic without contraction (ISO C mode: -ffp-contract=off), so every build gives the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * float arithmetic without contraction (ISO C mode: -ffp-contract=off), so every build gives the same bits.
+ * Not under ThreadSanitizer, whose instrumented ifunc resolver runs before its runtime is set up. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define PF_HOT_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define PF_HOT_CLONES

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: set-up, build, and every test suite.
 #   1. main build (gcc, -Werror, CUDA device where nvcc exists): every test
-#   2. sanitizer build (address + undefined): the suites tagged 'sanitize'
+#   2. sanitizer build (address + undefined): the suites tagged 'sanitize'; thread sanitizer build of the
+#      in-process parameter-server tests (suite 'tsan': progress, apply and gather threads)
 #   3. fuzz build (clang, libFuzzer + ASan): each fuzz target for PFCPS_FUZZ_SECONDS (default 45)
 # Ends with one line "N passed, N failed, N skipped" and exits non-zero on any failure.
 # Environment: PFCPS_TEST_BUILD (build root, default build-tests), PFCPS_SKIP_SANITIZE=1,
@@ -45,7 +46,8 @@ run_build() {
   if ! setup_build "$dir" "$@"; then
     cat "$dir.setup.log"; failures+=("$name: meson setup"); return
   fi
-  if ! meson compile -C "$dir" >"$dir.compile.log" 2>&1; then
+  # shellcheck disable=SC2086
+  if ! meson compile -C "$dir" ${COMPILE_TARGETS:-} >"$dir.compile.log" 2>&1; then
     tail -60 "$dir.compile.log"; failures+=("$name: compile"); return
   fi
   echo "=== $name tests ==="
@@ -54,6 +56,7 @@ run_build() {
   # libFuzzer exits 77 on a crash by default, which meson would count as SKIP: make it a failure.
   [ "$name" = fuzz ] && extra=("--test-args=-max_total_time=$FUZZ_SECONDS -error_exitcode=1")
   # shellcheck disable=SC2086
+  [ -n "${COMPILE_TARGETS:-}" ] && extra+=(--no-rebuild) # only the targets built above
   meson test -C "$dir" --print-errorlogs --num-processes 2 $targs "${extra[@]}" ${PFCPS_TEST_ARGS:-}
   logs+=("$name=$dir/meson-logs/testlog.json")
 }
@@ -63,6 +66,9 @@ run_build main "$B/main" "" -Dwerror=true
 if [ "${PFCPS_SKIP_SANITIZE:-0}" != 1 ]; then
   run_build sanitize "$B/sanitize" "--suite sanitize --timeout-multiplier 4" \
     -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbuildtype=debug -Dwerror=true
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" COMPILE_TARGETS="test_ps_inproc test_ps_overlap" \
+    run_build tsan "$B/tsan" "--suite tsan --timeout-multiplier 4" \
+    -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized -Dwerror=true
 fi
 
 if [ "${PFCPS_SKIP_FUZZ:-0}" != 1 ]; then

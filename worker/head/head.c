@@ -228,7 +228,7 @@ typedef double v8d __attribute__((vector_size(64)));
  * GCC; elsewhere (or with PFCPS_HEAD_NO_CLONES, which tests/worker/head/test_head_simd.c uses to build
  * the baseline alone) the one baseline build. The clones compute the same bits (see the file comment). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__ELF__) &&                   \
-    !defined(PFCPS_HEAD_NO_CLONES)
+    !defined(PFCPS_HEAD_NO_CLONES) && !defined(__SANITIZE_THREAD__)
 #define HEAD_SIMD __attribute__((target_clones("avx2", "default"), noinline))
 #else
 #define HEAD_SIMD __attribute__((noinline))
