@@ -123,13 +123,21 @@ static inline uint32_t ps_wire_rows_per_msg(uint32_t dim, uint32_t dtype)
     return r ? (uint32_t)r : 1;
 }
 
-/* Bytes of the largest message (request or reply) for D: header + rows-per-message x (id + fp32 row),
- * and at least 4 KiB for stat and error replies. Both sides post receive buffers of this size. */
+/* Bytes of the largest message (request or reply) for D in any wire dtype: header + rows-per-message x
+ * (id + row) for fp32, fp16 and bf16 (a 2-byte dtype packs more rows per message, and its message can be the
+ * longer one: at D = 1024, 510 fp16 rows take 1048624 bytes, 255 fp32 rows 1046584), and at least 4 KiB for
+ * stat and error replies. Both sides post receive buffers of this size. */
 static inline size_t ps_wire_msg_bytes(uint32_t dim)
 {
-    size_t rows = ps_wire_rows_per_msg(dim, PS_DT_FP32);
-    size_t b = sizeof(ps_hdr) + rows * ((size_t)dim * 4 + sizeof(int64_t));
-    return b < 4096 ? 4096 : b;
+    const uint32_t dts[3] = {PS_DT_FP32, PS_DT_FP16, PS_DT_BF16};
+    size_t b = 4096;
+    for (int i = 0; i < 3; i++) {
+        size_t m = sizeof(ps_hdr) +
+                   ps_wire_rows_per_msg(dim, dts[i]) * ((size_t)dim * ps_dtype_size(dts[i]) + sizeof(int64_t));
+        if (m > b)
+            b = m;
+    }
+    return b;
 }
 
 /* fp32 <-> fp16 (IEEE binary16, round to nearest even) and bf16 (round to nearest even). */

@@ -242,9 +242,32 @@ static void test_fill(void)
     CHECK(!memcmp(w1, w3, sizeof w1) && !memcmp(v1, v3, sizeof v1), "sgd differs from torch's float32 order");
 }
 
+/* Every message a worker or server builds fits the receive buffers (ps_wire_msg_bytes), for every D up to
+ * 8192 and every wire dtype: the largest is a push chunk, header + rows x (8-byte id + D elements); a pull
+ * request (ids) and its reply (rows) are smaller. Sizes written out here from the wire layout. */
+static void test_wire_sizes(void)
+{
+    const uint32_t dts[3] = {PS_DT_FP32, PS_DT_FP16, PS_DT_BF16};
+    const size_t esz[3] = {4, 2, 2};
+    int bad = 0;
+    for (uint32_t d = 1; d <= 8192; d++) {
+        size_t have = ps_wire_msg_bytes(d);
+        for (int i = 0; i < 3; i++) {
+            size_t rows = ps_wire_rows_per_msg(d, dts[i]);
+            size_t push = 64 + rows * (8 + (size_t)d * esz[i]);
+            if (push > have && bad++ < 5)
+                printf("D = %u dtype %u: a push chunk of %zu rows is %zu bytes, receive buffers %zu\n", d, dts[i],
+                       rows, push, have);
+        }
+    }
+    CHECK(sizeof(ps_hdr) == 64, "ps_hdr is %zu bytes (the sizes above assume 64)", sizeof(ps_hdr));
+    CHECK(bad == 0, "%d (D, dtype) pairs whose largest message exceeds the receive buffers", bad);
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    test_wire_sizes();
     test_init();
     test_sgd_ref("sgd_rows_R10_D16");
     test_sgd_ref("sgd_rows_R300_D512");
