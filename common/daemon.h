@@ -35,8 +35,9 @@ void daemon_tune_malloc(void);
 /* Chooses the interface the data plane listens on, from config key data_address: "auto" (default) binds the
  * address this host reaches the rendezvous host:port from (so the data plane follows the configured address
  * and never listens on every interface), "any" leaves the choice to the provider, anything else is used as
- * the address. Logs the choice; shm needs none. Also sets libfabric's universe to servers + workers
- * (fab_set_universe) and logs it. Call before opening the fabric endpoints. Returns 0, -EINTR
+ * the address. Logs the choice; shm needs none. Over tcp, also sets libfabric's universe to servers +
+ * workers (fab_set_universe) and logs it; an FI_UNIVERSE_SIZE in the environment that is not a positive
+ * integer is an error (-EINVAL, logged). Call before opening the fabric endpoints. Returns 0, -EINTR
  * when a stop signal came while the rendezvous name did not resolve yet (a normal stop, logged), or another
  * negative code after logging (no route to the rendezvous within ctl_timeout). */
 int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port);

@@ -81,8 +81,14 @@ static int fi_getinfo_first(uint32_t version, const char *node, uint64_t flags, 
 long fab_set_universe(long processes)
 {
     const char *env = getenv("FI_UNIVERSE_SIZE");
-    if (env && *env)
-        return strtol(env, NULL, 10);
+    if (env) {
+        char *end = NULL;
+        long v = strtol(env, &end, 10);
+        if (!*env || *end || v < 1)
+            return pf_err(-EINVAL, "FI_UNIVERSE_SIZE='%s' in the environment is not a positive integer (libfabric "
+                          "sizes per-endpoint queues by it: unset it or give the job's process count)", env);
+        return v;
+    }
     if (atomic_load(&g_fi_started))
         return 0;
     if (processes < 2)

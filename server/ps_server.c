@@ -645,8 +645,9 @@ static void reply_error(ps_server *S, const ps_hdr *h, int code, const char *msg
 /* Gathers the rows of the batch's S->ngj pull replies (S->gj) and sends the batch's nb replies (S->sb) in
  * order. The rows are cut into pieces of about 64 KiB; the apply threads (idle: pulls are not served while an
  * apply runs) are woken to claim pieces alongside this thread, which sends each reply as soon as its pieces
- * are gathered and claims more pieces meanwhile. A server's gathers thus use all its apply threads, as its
- * applies do; without apply threads (ps_server_inject) or for one piece, this thread gathers alone. */
+ * are gathered and claims more pieces meanwhile (it waits only for a piece another thread already claimed).
+ * A server's gathers thus use all its apply threads, as its applies do; for one piece, or before the threads
+ * are started, this thread gathers alone. */
 static void send_batch(ps_server *S, int nb)
 {
     uint32_t pieces = 0;

@@ -319,7 +319,11 @@ int main(int argc, char **argv)
     }
     ps_server *srv[64];
     ps_client *cl[64];
-    fab_set_universe((long)S + W); /* as the daemons: the job's processes (daemon_bind_data_plane) */
+    /* As the daemons (daemon_bind_data_plane): over tcp, libfabric's universe is the job's processes. */
+    if (!strncmp(prov, "tcp", 3) && fab_set_universe((long)S + W) < 0) {
+        fprintf(stderr, "%s\n", pf_errmsg());
+        return 2;
+    }
     for (int s = 0; s < S; s++) {
         ps_server_opts o = {.provider = prov,
                             .rank = s,

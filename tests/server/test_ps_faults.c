@@ -10,8 +10,10 @@
  * steps (hence WARM); at the scale benchmark's sizes (thousands of completions per step: the provider splits
  * large messages into segments) within the first few steps.
  *
- * Also checks fab_set_universe's contract: it sets FI_UNIVERSE_SIZE, an existing FI_UNIVERSE_SIZE wins, and
- * once libfabric started it changes nothing and returns 0. */
+ * Also checks fab_set_universe's contract: it sets FI_UNIVERSE_SIZE, an existing FI_UNIVERSE_SIZE wins (one
+ * that is not a positive integer is -EINVAL, named), and once libfabric started it changes nothing and
+ * returns 0. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +49,16 @@ static long minflt(void)
 int main(int argc, char **argv)
 {
     const int default_universe = argc > 1 && !strcmp(argv[1], "--default-universe");
+    const char *bad[] = {"", "abc", "0", "-3", "12x"};
+    for (int i = 0; i < 5; i++) {
+        setenv("FI_UNIVERSE_SIZE", bad[i], 1);
+        long u = fab_set_universe(2);
+        CHECK(u == -EINVAL && strstr(pf_errmsg(), "FI_UNIVERSE_SIZE"),
+              "FI_UNIVERSE_SIZE='%s': fab_set_universe returned %ld (%s), want -EINVAL naming it", bad[i], u,
+              pf_errmsg());
+    }
+    setenv("FI_UNIVERSE_SIZE", "7", 1);
+    CHECK(fab_set_universe(2) == 7, "FI_UNIVERSE_SIZE=7 in the environment must win");
     unsetenv("FI_UNIVERSE_SIZE");
     if (!default_universe) {
         long u = fab_set_universe(2);
