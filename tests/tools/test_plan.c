@@ -49,10 +49,11 @@ static void test_global_rate(void **state)
     assert_near(p.head_s, 7.2e-6);
     /* Memory at S = 1: regions 2 x page(1000 x 16 = 16000 -> 16384) = 32768, rows 1000 x 9, margin 32768/16 =
      * 2048
-     * + 268435456; buffers: message = 64 + 43690 x 24 = 1048624 (43690 = floor(1048576 / 24)), 128 of them =
-     * 134223872, + W ceil(50/1) = 100 rows x (8 + 16) + 100 x 16 = 4000 -> 134227872. Total 402707144 < 1
-     * GiB: one server holds it. */
-    assert_near(plan_server_need(&in, 1, 100), 402707144.0);
+     * + 268435456; buffers: message = the longest of any wire dtype, fp16: 64 + 65536 x (8 + 8) = 1048640
+     * (65536 = floor(1048576 / 16); fp32: 64 + 43690 x 24 = 1048624), 128 of them = 134225920, + W
+     * ceil(50/1) = 100 rows x (8 + 16) + 100 x 16 = 4000 -> 134229920. Total 402709192 < 1 GiB: one server
+     * holds it. */
+    assert_near(plan_server_need(&in, 1, 100), 402709192.0);
     assert_int_equal(p.servers_mem, 1);
     /* Bandwidth: a worker's link at S = 1 (one message each way): pull 8 x 50 + 64 = 464 out, 16 x 50 + 64 =
      * 864 in; push 24 x 50 + 64 = 1264 out, 64 in: (864 + 1264) / 1e9 = 2.128 us. With unlimited servers the
@@ -79,12 +80,12 @@ static void test_global_rate(void **state)
     assert_near(p.transfer_s, 2.8e-6);
     assert_near(p.step_s, 10e-6);
     assert_string_equal(p.bound, "head compute");
-    /* Shard at S = 4: 250 rows x 16 = 4000 -> 4096 per region: 8192 + 250 x 9 = 10442. Buffers: 134223872 +
-     * W ceil(50 / 4) = 26 rows x (24 + 16) = 134224912. Need: 8192 + 2250 + 512 + 268435456 + 134224912 =
-     * 402671322. */
+    /* Shard at S = 4: 250 rows x 16 = 4000 -> 4096 per region: 8192 + 250 x 9 = 10442. Buffers: 134225920 +
+     * W ceil(50 / 4) = 26 rows x (24 + 16) = 134226960. Need: 8192 + 2250 + 512 + 268435456 + 134226960 =
+     * 402673370. */
     assert_near(p.shard_bytes, 10442);
-    assert_near(p.buffer_bytes, 134224912);
-    assert_near(p.server_need_bytes, 402671322);
+    assert_near(p.buffer_bytes, 134226960);
+    assert_near(p.server_need_bytes, 402673370);
     /* The same run at 6 servers (--servers 6): 50 rows = 2 x 9 + 4 x 8, 6 messages per pull and push: pull
      * out 400 + 384 = 784, in 800 + 384 = 1184, push out 1200 + 384 = 1584, in 384; a server carries 2/6 of
      * the 3936 bytes (1312); link (1184 + 1584) / 1e9 = 2.768 us, memory 100/6 x 112 / 1e9 = 1.8667 us; shard
