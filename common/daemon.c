@@ -93,17 +93,15 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
 
 int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port)
 {
-    if (!strncmp(cfg->provider, "tcp", 3)) {
-        const int from_env = getenv("FI_UNIVERSE_SIZE") != NULL;
-        long uni = fab_set_universe((long)cfg->servers + cfg->workers);
-        if (uni < 0) {
-            log_error("%s", pf_errmsg());
-            return (int)uni;
-        }
-        if (uni > 0)
-            log_info("libfabric universe: %ld processes (FI_UNIVERSE_SIZE%s)", uni,
-                     from_env ? ", from the environment" : " = servers + workers of this member's config");
+    const int from_env = getenv("FI_UNIVERSE_SIZE") != NULL;
+    long uni = fab_set_universe(cfg->provider, (long)cfg->servers + cfg->workers);
+    if (uni < 0) {
+        log_error("%s", pf_errmsg());
+        return (int)uni;
     }
+    if (uni > 0)
+        log_info("libfabric universe: %ld processes (FI_UNIVERSE_SIZE%s)", uni,
+                 from_env ? ", from the environment" : " = servers + workers of this member's config");
     if (!strcmp(cfg->provider, "shm"))
         return 0;
     if (!strcmp(cfg->data_address, "any")) {

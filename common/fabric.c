@@ -71,14 +71,15 @@ void fab_set_source(const char *node)
 /* Set once libfabric was initialised (its first fi_getinfo in this process reads FI_UNIVERSE_SIZE). */
 static atomic_int g_fi_started;
 
-static int fi_getinfo_first(uint32_t version, const char *node, uint64_t flags, const struct fi_info *hints,
+/* Every fi_getinfo of this file: notes that libfabric has started. */
+static int getinfo_noted(uint32_t version, const char *node, uint64_t flags, const struct fi_info *hints,
                             struct fi_info **info)
 {
     atomic_store(&g_fi_started, 1);
     return fi_getinfo(version, node, NULL, flags, hints, info);
 }
 
-long fab_set_universe(long processes)
+long fab_set_universe(const char *provider, long processes)
 {
     const char *env = getenv("FI_UNIVERSE_SIZE");
     if (env) {
@@ -89,7 +90,8 @@ long fab_set_universe(long processes)
                           "sizes per-endpoint queues by it: unset it or give the job's process count)", env);
         return v;
     }
-    if (atomic_load(&g_fi_started))
+    const char *prov = map_provider(provider ? provider : "tcp");
+    if (!prov || strncmp(prov, "tcp", 3) != 0 || atomic_load(&g_fi_started))
         return 0;
     if (processes < 2)
         processes = 2;
@@ -162,7 +164,7 @@ int fab_open(const char *provider, fab_ctx **out)
         pthread_once(&shm_stale_once, shm_unlink_stale_once);
     /* A source address (fab_set_source) restricts tcp and verbs to that interface; shm has no address. */
     const char *node = g_source[0] && strcmp(prov, "shm") != 0 ? g_source : NULL;
-    int rc = fi_getinfo_first(FI_VERSION(1, 17), node, node ? FI_SOURCE : 0, hints, &f->info);
+    int rc = getinfo_noted(FI_VERSION(1, 17), node, node ? FI_SOURCE : 0, hints, &f->info);
     fi_freeinfo(hints);
     if (rc && node) {
         int code = pf_err(-ENODATA,
@@ -237,7 +239,7 @@ int fab_hmem_cuda_supported(const char *provider)
     hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
     hints->mode = 0;
     hints->addr_format = FI_FORMAT_UNSPEC;
-    int rc = fi_getinfo_first(FI_VERSION(1, 17), NULL, 0, hints, &info);
+    int rc = getinfo_noted(FI_VERSION(1, 17), NULL, 0, hints, &info);
     fi_freeinfo(hints);
     if (rc == -FI_ENODATA || (rc == 0 && !(info->caps & FI_HMEM))) {
         if (info)

@@ -69,19 +69,17 @@ typedef struct fab_comp {
 void fab_set_source(const char *node);
 
 /* Tells libfabric how many processes the job has (servers + workers) through FI_UNIVERSE_SIZE, its documented
- * setting for the number of peers. Providers size per-endpoint structures by it: ofi_rxm (tcp, verbs) gives its
- * completion queue (tx + rx queue depths) x universe entries of 48 bytes, 12 MiB at libfabric's default of
- * 256, which a tcp endpoint then touches for the first time over its first hundreds of steps (page faults in
- * every step until then). The queue stays large enough: an endpoint never has more completions outstanding
- * than (tx + rx depth) x its peers, and a process's peers are at most the job's processes.
- * An undersized universe costs only memory first touched later under tcp;ofi_rxm (its queues overflow into a
- * list); a verbs completion queue is a hardware queue, so the daemons set it for tcp only.
+ * setting for the number of peers, when `provider` (as for fab_open) is tcp. ofi_rxm gives its completion
+ * queue (tx + rx queue depths) x universe entries of 48 bytes, 12 MiB at libfabric's default of 256, which a
+ * tcp endpoint then touches for the first time over its first hundreds of steps (page faults in every step
+ * until then). Over tcp an undersized universe costs only that (the queue overflows into a list); a verbs
+ * completion queue is a hardware queue, so other providers keep libfabric's default.
  * Takes effect only before this process's first fab_open (libfabric reads it once) and only when the
  * environment does not set FI_UNIVERSE_SIZE (that value wins). Call it before starting threads (setenv).
  * `processes` below 2 counts as 2. Returns the universe size in effect: the environment's, `processes`, or 0
- * when libfabric had already started with its default; -EINVAL (message names it) when the environment's
- * FI_UNIVERSE_SIZE is not a positive integer. */
-long fab_set_universe(long processes);
+ * when nothing was set (not tcp, or libfabric had already started with its default); -EINVAL (message names
+ * it) when the environment's FI_UNIVERSE_SIZE is not a positive integer, whatever the provider. */
+long fab_set_universe(const char *provider, long processes);
 
 int fab_open(const char *provider, fab_ctx **out);
 

@@ -320,7 +320,7 @@ int main(int argc, char **argv)
     ps_server *srv[64];
     ps_client *cl[64];
     /* As the daemons (daemon_bind_data_plane): over tcp, libfabric's universe is the job's processes. */
-    if (!strncmp(prov, "tcp", 3) && fab_set_universe((long)S + W) < 0) {
+    if (fab_set_universe(prov, (long)S + W) < 0) {
         fprintf(stderr, "%s\n", pf_errmsg());
         return 2;
     }

@@ -284,7 +284,7 @@ static int setup(bench *b)
 {
     const pf_config *cfg = &b->cfg;
     int rc = ps_dtype_parse(cfg->wire_dtype, &b->dt);
-    if (rc == 0 && !strncmp(cfg->provider, "tcp", 3) && fab_set_universe((long)cfg->servers + cfg->workers) < 0)
+    if (rc == 0 && fab_set_universe(cfg->provider, (long)cfg->servers + cfg->workers) < 0)
         rc = -EINVAL; /* as the daemons (daemon_bind_data_plane); pf_errmsg names the bad FI_UNIVERSE_SIZE */
     ps_client_opts po = {.provider = cfg->provider,
                          .rank = (int)b->o.rank,

@@ -25,6 +25,8 @@
 #include "server/ps_server.h"
 #include "worker/ps_client.h"
 
+#include "tests/server/pst_inproc.h"
+
 #include "tests/check.h"
 
 #define C       20000
@@ -32,12 +34,6 @@
 #define K       2000
 #define WARM    2000
 #define MEASURE 300
-
-static int summary(void)
-{
-    printf(fails ? "FAILED (%d)\n" : "PASS\n", fails);
-    return fails ? 1 : 0;
-}
 
 static long minflt(void)
 {
@@ -52,22 +48,24 @@ int main(int argc, char **argv)
     const char *bad[] = {"", "abc", "0", "-3", "12x"};
     for (int i = 0; i < 5; i++) {
         setenv("FI_UNIVERSE_SIZE", bad[i], 1);
-        long u = fab_set_universe(2);
+        long u = fab_set_universe("tcp", 2);
         CHECK(u == -EINVAL && strstr(pf_errmsg(), "FI_UNIVERSE_SIZE"),
               "FI_UNIVERSE_SIZE='%s': fab_set_universe returned %ld (%s), want -EINVAL naming it", bad[i], u,
               pf_errmsg());
     }
     setenv("FI_UNIVERSE_SIZE", "7", 1);
-    CHECK(fab_set_universe(2) == 7, "FI_UNIVERSE_SIZE=7 in the environment must win");
+    CHECK(fab_set_universe("tcp", 2) == 7, "FI_UNIVERSE_SIZE=7 in the environment must win");
     unsetenv("FI_UNIVERSE_SIZE");
+    CHECK(fab_set_universe("shm", 2) == 0 && !getenv("FI_UNIVERSE_SIZE"),
+          "fab_set_universe for shm must set nothing and return 0");
     if (!default_universe) {
-        long u = fab_set_universe(2);
+        long u = fab_set_universe("tcp", 2);
         const char *env = getenv("FI_UNIVERSE_SIZE");
-        CHECK(u == 2 && env && !strcmp(env, "2"), "fab_set_universe(2) returned %ld, FI_UNIVERSE_SIZE '%s'", u,
+        CHECK(u == 2 && env && !strcmp(env, "2"), "fab_set_universe(tcp, 2) returned %ld, FI_UNIVERSE_SIZE '%s'", u,
               env ? env : "(unset)");
-        u = fab_set_universe(5);
-        CHECK(u == 2, "fab_set_universe(5) with FI_UNIVERSE_SIZE=2 set returned %ld (the environment wins: 2)", u);
-        CHECK(fab_set_universe(1) == 2, "a second call changed the universe");
+        u = fab_set_universe("tcp", 5);
+        CHECK(u == 2, "fab_set_universe(tcp, 5) with FI_UNIVERSE_SIZE=2 set returned %ld (the environment wins: 2)", u);
+        CHECK(fab_set_universe("tcp", 1) == 2, "a second call changed the universe");
     }
     ps_server_opts so = {.provider = "tcp",
                          .rank = 0,
@@ -86,17 +84,14 @@ int main(int argc, char **argv)
     ps_client *cli;
     if (ps_server_create(&so, &srv) < 0 || ps_client_create(&co, &cli) < 0) {
         CHECK(0, "setup: %s", pf_errmsg());
-        return summary();
+        return check_summary();
     }
     unsetenv("FI_UNIVERSE_SIZE");
-    CHECK(fab_set_universe(9) == 0 && !getenv("FI_UNIVERSE_SIZE"),
+    CHECK(fab_set_universe("tcp", 9) == 0 && !getenv("FI_UNIVERSE_SIZE"),
           "fab_set_universe after libfabric started must change nothing and return 0");
-    uint8_t a[FAB_MAX_ADDR], b[FAB_MAX_ADDR];
-    size_t la = sizeof(a), lb = sizeof(b);
-    if (ps_server_getname(srv, a, &la) || ps_client_getname(cli, b, &lb) || ps_server_add_worker(srv, 0, b, lb) ||
-        ps_client_add_server(cli, 0, a, la) || ps_server_start(srv) || ps_client_warmup(cli, 10)) {
-        CHECK(0, "connect: %s", pf_errmsg());
-        return summary();
+    if (pst_connect_inproc(&srv, 1, &cli, 1, 10) < 0) {
+        CHECK(0, "%s", pf_errmsg());
+        return check_summary();
     }
     int64_t *ids = malloc(sizeof(int64_t) * K);
     float *g = malloc(sizeof(float) * K * D), *out = malloc(sizeof(float) * K * D);
@@ -131,5 +126,5 @@ int main(int argc, char **argv)
     ps_client_destroy(cli);
     ps_server_destroy(srv);
     free(ids), free(g), free(out);
-    return summary();
+    return check_summary();
 }

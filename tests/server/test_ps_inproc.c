@@ -15,6 +15,8 @@
 #include "server/ps_server.h"
 #include "tests/server/pst.h"
 
+#include "tests/server/pst_inproc.h"
+
 #include "tests/check.h"
 
 #define S    2
@@ -62,19 +64,7 @@ int main(void)
             return 1;
         }
     }
-    for (int s = 0; s < S; s++)
-        for (int w = 0; w < W; w++) {
-            uint8_t a[FAB_MAX_ADDR], b[FAB_MAX_ADDR];
-            size_t la = sizeof(a), lb = sizeof(b);
-            ps_server_getname(srv[s], a, &la);
-            ps_client_getname(cli[w], b, &lb);
-            CHECK(ps_server_add_worker(srv[s], w, b, lb) == 0 && ps_client_add_server(cli[w], s, a, la) == 0,
-                  "address exchange: %s", pf_errmsg());
-        }
-    for (int s = 0; s < S; s++)
-        CHECK(ps_server_start(srv[s]) == 0, "start: %s", pf_errmsg());
-    for (int w = 0; w < W; w++)
-        CHECK(ps_client_warmup(cli[w], 10) == 0, "warmup %d: %s", w, pf_errmsg());
+    CHECK(pst_connect_inproc(srv, S, cli, W, 10) == 0, "%s", pf_errmsg());
 
     /* 4000 rows per push: more than one message per server (ps_wire_rows_per_msg(40) = 6096 fp32 ... use
      * a window of 4 and a big enough count to need several messages for fp16 too). */

@@ -23,6 +23,8 @@
 #include "tests/server/pst.h"
 #include "worker/ps_client.h"
 
+#include "tests/server/pst_inproc.h"
+
 #include "tests/check.h"
 
 #define C     120000
@@ -104,11 +106,8 @@ static void run(int global)
         CHECK(0, "setup: %s", pf_errmsg());
         return;
     }
-    uint8_t a[FAB_MAX_ADDR], b[FAB_MAX_ADDR];
-    size_t la = sizeof(a), lb = sizeof(b);
-    if (ps_server_getname(srv, a, &la) || ps_client_getname(cli, b, &lb) || ps_server_add_worker(srv, 0, b, lb) ||
-        ps_client_add_server(cli, 0, a, la) || ps_server_start(srv) || ps_client_warmup(cli, 10)) {
-        CHECK(0, "connect: %s", pf_errmsg());
+    if (pst_connect_inproc(&srv, 1, &cli, 1, 10) < 0) {
+        CHECK(0, "%s", pf_errmsg());
         return;
     }
     int64_t *ids = malloc(sizeof(int64_t) * N);

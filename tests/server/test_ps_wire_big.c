@@ -17,6 +17,8 @@
 #include "tests/server/pst.h"
 #include "worker/ps_client.h"
 
+#include "tests/server/pst_inproc.h"
+
 #include "tests/check.h"
 
 #define C    2000
@@ -61,18 +63,7 @@ int main(void)
             return 1;
         }
     }
-    uint8_t a[FAB_MAX_ADDR], b[FAB_MAX_ADDR];
-    size_t la = sizeof(a);
-    CHECK(ps_server_getname(srv, a, &la) == 0, "getname");
-    for (int w = 0; w < 2; w++) {
-        size_t lb = sizeof(b);
-        CHECK(ps_client_getname(cli[w], b, &lb) == 0 && ps_server_add_worker(srv, w, b, lb) == 0 &&
-                  ps_client_add_server(cli[w], 0, a, la) == 0,
-              "connect %d: %s", w, pf_errmsg());
-    }
-    CHECK(ps_server_start(srv) == 0, "start: %s", pf_errmsg());
-    for (int w = 0; w < 2; w++)
-        CHECK(ps_client_warmup(cli[w], 10) == 0, "warmup %d: %s", w, pf_errmsg());
+    CHECK(pst_connect_inproc(&srv, 1, cli, 2, 10) == 0, "%s", pf_errmsg());
     printf("D = %d: rows per message fp32 %u, fp16 %u; receive buffers %zu bytes\n", D,
            ps_wire_rows_per_msg(D, PS_DT_FP32), ps_wire_rows_per_msg(D, PS_DT_FP16), ps_wire_msg_bytes(D));
     int64_t *ids = malloc(sizeof(int64_t) * N);
@@ -118,6 +109,5 @@ int main(void)
         ps_client_destroy(cli[w]);
     ps_server_destroy(srv);
     free(ids), free(g), free(out);
-    printf(fails ? "FAILED (%d)\n" : "PASS\n", fails);
-    return fails ? 1 : 0;
+    return check_summary();
 }
