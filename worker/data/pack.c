@@ -3,6 +3,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "worker/data/image.h"
 #include "worker/data/rec.h"
 
@@ -84,46 +85,6 @@ static int list_dir(const char *dir, int want_dirs, name_list *out)
     return rc;
 }
 
-static int read_file(const char *path, uint8_t **data, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pf_err(-errno, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    uint8_t *b = malloc(cap);
-    int rc = 0;
-    while (b) {
-        size_t got = fread(b + n, 1, cap - n, f);
-        n += got;
-        if (n < cap)
-            break;
-        if (cap >= REC_MAX_RECORD) {
-            rc = pf_err(-EFBIG, "%s: larger than %u bytes", path, REC_MAX_RECORD);
-            break;
-        }
-        uint8_t *nb = realloc(b, cap * 2);
-        if (!nb) {
-            free(b);
-            b = NULL;
-            break;
-        }
-        b = nb;
-        cap *= 2;
-    }
-    if (!b)
-        rc = pf_err(-ENOMEM, "out of memory reading %s", path);
-    else if (rc == 0 && ferror(f))
-        rc = pf_err(-EIO, "%s: read error", path);
-    fclose(f);
-    if (rc < 0) {
-        free(b);
-        return rc;
-    }
-    *data = b;
-    *len = n;
-    return 0;
-}
-
 typedef struct packer {
     const pack_opts *o;
     img_decoder dec;
@@ -140,9 +101,9 @@ static int encode_one(packer *p, const char *path, uint8_t **orig, const uint8_t
 {
     uint8_t *data = NULL;
     size_t len = 0;
-    int rc = read_file(path, &data, &len);
+    int rc = pf_read_file(path, REC_MAX_RECORD, &data, &len);
     if (rc < 0)
-        return rc;
+        return pf_err_wrap(rc, "%s", path);
     *orig = data;
     int w = 0, h = 0;
     uint8_t *rgb = NULL, *loaded = NULL;

@@ -4,17 +4,20 @@
 #include "common/clock.h"
 #include "common/atomic_file.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "worker/data/image.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <turbojpeg.h>
 #include <unistd.h>
 
 _Static_assert(EVAL_PIXELS_D == 3 * IMG_SIZE * IMG_SIZE, "a pixel embedding is the network input");
+
+/* An image file larger than this is refused before it is read. */
+#define EMBED_MAX_IMAGE_BYTES ((size_t)1 << 30)
 
 #define CK_HEADER 56 /* magic 8 | u32 version, D, n_tensors, n_extras | char network[32] */
 
@@ -69,33 +72,6 @@ int eval_model_init(model **out, const char *network, int embedding_size, uint64
     return 0;
 }
 
-static int read_file(const char *path, uint8_t **data, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "cannot open: %s", strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (off_t)(1ll << 30)) {
-        fclose(f);
-        return pf_err(-EIO, "not a regular file of at most 1 GiB");
-    }
-    size_t n = (size_t)st.st_size;
-    uint8_t *b = malloc(n ? n : 1);
-    if (!b) {
-        fclose(f);
-        return pf_err(-ENOMEM, "out of memory for %zu bytes", n);
-    }
-    size_t got = fread(b, 1, n, f);
-    fclose(f);
-    if (got != n) {
-        free(b);
-        return pf_err(-EIO, "short read");
-    }
-    *data = b;
-    *len = n;
-    return 0;
-}
-
 typedef struct embed_scratch {
     img_decoder dec;
     uint8_t *file;
@@ -112,7 +88,7 @@ static int load_one(embed_scratch *s, const eval_image *im, int pad, float *out,
     free(s->file);
     s->file = NULL;
     if (im->path) {
-        if ((rc = read_file(im->path, &s->file, &len)))
+        if ((rc = pf_read_file(im->path, EMBED_MAX_IMAGE_BYTES, &s->file, &len)))
             return rc;
         data = s->file;
     }

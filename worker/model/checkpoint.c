@@ -11,6 +11,7 @@
 
 #include "common/atomic_file.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "worker/model/model_internal.h"
 
 #define CK_MAGIC       "PFCPSBB1"
@@ -195,128 +196,123 @@ int model_load(model *m, const char *path)
     return model_load_ex(m, path, NULL, 0, NULL);
 }
 
+/* Step 1 of a load: the fixed header (magic, version, extras count, network, embedding size, tensor
+ * count) against the model. *n_extras receives the extras count. */
+static int load_check_header(const model *m, const unsigned char *buf, size_t size, const char *path,
+                             uint32_t *n_extras)
+{
+    if (size < CK_FIXED + 8 || memcmp(buf, CK_MAGIC, 8))
+        return pf_err(-EPROTO, "checkpoint %s: not a pfcps backbone checkpoint (bad magic)", path);
+    uint32_t u[4];
+    memcpy(u, buf + 8, 16);
+    if (u[0] != 1 && u[0] != CK_VERSION)
+        return pf_err(-EPROTO, "checkpoint %s: version %u, expected 1 or %u", path, u[0], CK_VERSION);
+    /* version 1: the last u32 is reserved (no extras) */
+    *n_extras = u[0] >= 2 ? u[3] : 0;
+    if (*n_extras > MODEL_EXTRAS_MAX)
+        return pf_err(-EPROTO, "checkpoint %s: %u extras (at most %d): corrupt header", path, *n_extras,
+                      MODEL_EXTRAS_MAX);
+    char net[33] = {0};
+    memcpy(net, buf + 24, 32);
+    if (strcmp(net, m->desc.name))
+        return pf_err(-EINVAL, "checkpoint %s: network '%s', model is '%s'", path, net, m->desc.name);
+    if (u[1] != (uint32_t)m->desc.embedding_size)
+        return pf_err(-EINVAL, "checkpoint %s: embedding_size %u, model has %d", path, u[1],
+                      m->desc.embedding_size);
+    int n = m->n_tensors + m->n_buffers;
+    if (u[2] != (uint32_t)n)
+        return pf_err(-EINVAL, "checkpoint %s: %u tensors, model has %d", path, u[2], n);
+    return 0;
+}
+
+/* Step 2: the tensor table (byte for byte the one this model would write), the file size and the
+ * checksum. *extras / *payload receive where the extras table and the tensor data start. */
+static int load_check_body(const model *m, const unsigned char *buf, size_t size, uint32_t n_extras,
+                           const char *path, const unsigned char **extras, const unsigned char **payload)
+{
+    uint64_t payload_bytes, sum;
+    memcpy(&payload_bytes, buf + 56, 8);
+    memcpy(&sum, buf + CK_FIXED, 8);
+    wbuf table = {0};
+    uint64_t mine = 0;
+    size_t hdr = CK_FIXED + 8;
+    size_t ext_n = (size_t)n_extras * CK_EXTRA_BYTES;
+    int rc = build_table(m, &table, &mine);
+    if (rc == 0 && (size < hdr + table.n || memcmp(buf + hdr, table.p, table.n)))
+        rc = pf_err(size < hdr + table.n ? -EPROTO : -EINVAL,
+                    "checkpoint %s: tensor table truncated or does not match the model layout "
+                    "(names, shapes, dtype)",
+                    path);
+    else if (rc == 0 && (payload_bytes != mine || size != hdr + table.n + ext_n + payload_bytes))
+        rc = pf_err(-EPROTO, "checkpoint %s: %zu bytes, expected %zu (truncated or padded)", path, size,
+                    (size_t)(hdr + table.n + ext_n + mine));
+    else if (rc == 0) {
+        uint64_t calc = fnv1a(FNV_INIT, buf + hdr, size - hdr);
+        if (calc != sum)
+            rc = pf_err(-EPROTO, "checkpoint %s: checksum mismatch (file %016llx, computed %016llx)", path,
+                        (unsigned long long)sum, (unsigned long long)calc);
+    }
+    if (rc == 0) {
+        *extras = buf + hdr + table.n;
+        *payload = *extras + ext_n;
+    }
+    free(table.p);
+    return rc;
+}
+
+/* Step 3: the extras table (n_extras entries of name[32] + f64) into ex, checked. */
+static int load_extras(const unsigned char *ep, uint32_t n_extras, model_extra *ex, const char *path)
+{
+    memset(ex, 0, MODEL_EXTRAS_MAX * sizeof *ex);
+    for (uint32_t i = 0; i < n_extras; i++) {
+        memcpy(ex[i].name, ep + (size_t)i * CK_EXTRA_BYTES, 32);
+        memcpy(&ex[i].value, ep + (size_t)i * CK_EXTRA_BYTES + 32, 8);
+    }
+    if (check_extras(ex, (int)n_extras, 1, "extras"))
+        return pf_err_wrap(-EPROTO, "checkpoint %s: corrupt extras table", path);
+    return 0;
+}
+
+/* Step 4: every tensor from the payload into the model's device arrays, in checkpoint order. */
+static int load_tensors(model *m, const unsigned char *pl, const char *path)
+{
+    int n = m->n_tensors + m->n_buffers;
+    for (int i = 0; i < n; i++) {
+        float *d;
+        const model_tensor *t = ck_tensor(m, i, m->params, m->bufs, &d);
+        int rc = m->dev->mem_h2d(m->ctx, d, pl, t->count * sizeof(float));
+        if (rc)
+            return pf_err_wrap(rc, "checkpoint %s: writing tensor %s to device %s", path, t->name,
+                               m->dev->name);
+        pl += t->count * sizeof(float);
+    }
+    return 0;
+}
+
 int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n_out)
 {
     if (n_out)
         *n_out = 0;
     if (cap < 0 || (cap > 0 && !x))
         return pf_err(-EINVAL, "model_load_ex: extras capacity %d without a table", cap);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "checkpoint %s: cannot open: %s", path,
-                      strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        fclose(f);
-        return pf_err(-EIO, "checkpoint %s: stat failed", path);
-    }
-    size_t size = (size_t)st.st_size;
-    unsigned char *buf = malloc(size ? size : 1);
-    if (!buf) {
-        fclose(f);
-        return pf_err(-ENOMEM, "checkpoint %s: out of memory for %zu bytes", path, size);
-    }
-    size_t got = fread(buf, 1, size, f);
-    fclose(f);
-    int rc = 0;
-    if (got != size) {
-        rc = pf_err(-EIO, "checkpoint %s: short read", path);
-        goto out;
-    }
-    if (size < CK_FIXED + 8 || memcmp(buf, CK_MAGIC, 8)) {
-        rc = pf_err(-EPROTO, "checkpoint %s: not a pfcps backbone checkpoint (bad magic)", path);
-        goto out;
-    }
-    uint32_t u[4];
-    memcpy(u, buf + 8, 16);
-    if (u[0] != 1 && u[0] != CK_VERSION) {
-        rc = pf_err(-EPROTO, "checkpoint %s: version %u, expected 1 or %u", path, u[0], CK_VERSION);
-        goto out;
-    }
-    /* version 1: the last u32 is reserved (no extras) */
-    uint32_t n_extras = u[0] >= 2 ? u[3] : 0;
-    if (n_extras > MODEL_EXTRAS_MAX) {
-        rc = pf_err(-EPROTO, "checkpoint %s: %u extras (at most %d): corrupt header", path, n_extras,
-                    MODEL_EXTRAS_MAX);
-        goto out;
-    }
-    char net[33] = {0};
-    memcpy(net, buf + 24, 32);
-    if (strcmp(net, m->desc.name)) {
-        rc = pf_err(-EINVAL, "checkpoint %s: network '%s', model is '%s'", path, net, m->desc.name);
-        goto out;
-    }
-    if (u[1] != (uint32_t)m->desc.embedding_size) {
-        rc = pf_err(-EINVAL, "checkpoint %s: embedding_size %u, model has %d", path, u[1],
-                    m->desc.embedding_size);
-        goto out;
-    }
-    int n = m->n_tensors + m->n_buffers;
-    if (u[2] != (uint32_t)n) {
-        rc = pf_err(-EINVAL, "checkpoint %s: %u tensors, model has %d", path, u[2], n);
-        goto out;
-    }
-    uint64_t payload, sum;
-    memcpy(&payload, buf + 56, 8);
-    memcpy(&sum, buf + CK_FIXED, 8);
-    /* The table must equal the one this model would write, byte for byte. */
-    wbuf table = {0};
-    uint64_t mine = 0;
-    if ((rc = build_table(m, &table, &mine))) {
-        free(table.p);
-        goto out;
-    }
-    size_t hdr = CK_FIXED + 8;
-    if (size < hdr + table.n || memcmp(buf + hdr, table.p, table.n)) {
-        /* find the first differing tensor name for the message */
-        free(table.p);
-        rc = pf_err(size < hdr + table.n ? -EPROTO : -EINVAL,
-                    "checkpoint %s: tensor table truncated or does not match the model layout "
-                    "(names, shapes, dtype)",
-                    path);
-        goto out;
-    }
-    size_t ext_n = (size_t)n_extras * CK_EXTRA_BYTES;
-    if (payload != mine || size != hdr + table.n + ext_n + payload) {
-        rc = pf_err(-EPROTO, "checkpoint %s: %zu bytes, expected %zu (truncated or padded)", path, size,
-                    (size_t)(hdr + table.n + ext_n + mine));
-        free(table.p);
-        goto out;
-    }
-    uint64_t calc = fnv1a(FNV_INIT, buf + hdr, size - hdr);
-    if (calc != sum) {
-        rc = pf_err(-EPROTO, "checkpoint %s: checksum mismatch (file %016llx, computed %016llx)", path,
-                    (unsigned long long)sum, (unsigned long long)calc);
-        free(table.p);
-        goto out;
-    }
-    const unsigned char *ep = buf + hdr + table.n;
-    const unsigned char *pl = ep + ext_n;
-    free(table.p);
+    uint8_t *buf = NULL;
+    size_t size = 0;
+    int rc = pf_read_file(path, 0, &buf, &size);
+    if (rc)
+        return pf_err_wrap(rc, "checkpoint %s", path);
+    uint32_t n_extras = 0;
+    const unsigned char *ep = NULL, *pl = NULL;
     model_extra ex[MODEL_EXTRAS_MAX];
-    memset(ex, 0, sizeof ex);
-    for (uint32_t i = 0; i < n_extras; i++) {
-        memcpy(ex[i].name, ep + (size_t)i * CK_EXTRA_BYTES, 32);
-        memcpy(&ex[i].value, ep + (size_t)i * CK_EXTRA_BYTES + 32, 8);
-    }
-    if ((rc = check_extras(ex, (int)n_extras, 1, "extras"))) {
-        rc = pf_err_wrap(-EPROTO, "checkpoint %s: corrupt extras table", path);
+    if ((rc = load_check_header(m, buf, size, path, &n_extras)) ||
+        (rc = load_check_body(m, buf, size, n_extras, path, &ep, &pl)) ||
+        (rc = load_extras(ep, n_extras, ex, path)))
         goto out;
-    }
     if (x && (int)n_extras > cap) {
         rc = pf_err(-EINVAL, "checkpoint %s: %u extras, room for %d", path, n_extras, cap);
         goto out;
     }
-    for (int i = 0; i < n; i++) {
-        float *d;
-        const model_tensor *t = ck_tensor(m, i, m->params, m->bufs, &d);
-        if ((rc = m->dev->mem_h2d(m->ctx, d, pl, t->count * sizeof(float)))) {
-            rc =
-                pf_err_wrap(rc, "checkpoint %s: writing tensor %s to device %s", path, t->name, m->dev->name);
-            goto out;
-        }
-        pl += t->count * sizeof(float);
-    }
+    if ((rc = load_tensors(m, pl, path)))
+        goto out;
     if (x)
         memcpy(x, ex, n_extras * sizeof *x);
     if (n_out)
