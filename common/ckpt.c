@@ -77,6 +77,28 @@ int ckpt_list_steps(const char *root, int64_t **steps)
     return n;
 }
 
+int ckpt_resume_steps(const char *root, const char *member, const char *who, ckpt_step_check check, void *arg,
+                      int64_t *usable, int cap)
+{
+    int64_t *steps;
+    int n = ckpt_list_steps(root, &steps), k = 0;
+    if (n < 0) {
+        log_warn("resume: cannot list the checkpoint steps under %s: %s", root, pf_errmsg());
+        n = 0;
+    }
+    for (int i = 0; i < n && k < cap; i++) {
+        if (check(root, steps[i], arg) == 0)
+            usable[k++] = steps[i];
+        else
+            log_warn("resume: checkpoint step %lld not usable by this %s: %s", (long long)steps[i], member,
+                     pf_errmsg());
+    }
+    log_info("resume: %d checkpoint step(s) under %s, %d usable by %s%s", n, root, k, who,
+             k ? "" : " (starting from scratch unless every member agrees)");
+    free(steps);
+    return k;
+}
+
 int ckpt_scan_members(const char *root, int64_t step, const char *role, const char *ext, int *count, int *of,
                       uint8_t *seen, int seen_cap)
 {

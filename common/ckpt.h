@@ -26,6 +26,19 @@ void ckpt_member_path(const char *root, int64_t step, const char *role, int r, i
  * it). Returns their number (0 when root does not exist), or -ENOMEM. */
 int ckpt_list_steps(const char *root, int64_t **steps);
 
+/* One member's test of one checkpoint step: 0 when the member could resume from it (its files are there and
+ * verified whole), else a negative code with the reason in pf_errmsg(). `arg` is the caller's. */
+typedef int (*ckpt_step_check)(const char *root, int64_t step, void *arg);
+
+/* The checkpoint steps under root that this member could resume from, reported at join so that the
+ * rendezvous picks the newest step every member holds (both daemons, resume = true). Every step of
+ * ckpt_list_steps is tried with check, newest first, until cap are usable; each refused step is logged
+ * "resume: checkpoint step <T> not usable by this <member>: <reason>" (member "server" or "worker"), then one
+ * line counts them ("... usable by <who>", who e.g. "shard 0", "worker 1"). The usable steps go to usable[],
+ * newest first. Returns how many (0 when none, root missing or unreadable). */
+int ckpt_resume_steps(const char *root, const char *member, const char *who, ckpt_step_check check, void *arg,
+                      int64_t *usable, int cap);
+
 /* Scans <root>/step-<T> for files named <role>-<r>-of-<n><ext> (0 <= r < n): *count = how many, *of = their n
  * when they all agree (-1: files of different shapes; 0: none). `seen` (may be NULL) gets a 1 at [r] for
  * every r < seen_cap found. Returns 0, or -ENOENT when the folder is missing. */

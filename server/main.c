@@ -32,11 +32,6 @@
 #include "server/ps_server.h"
 #include "server/snapshot.h"
 
-/* Exit status when the run must re-form (a member was lost or restarted, or server 0 went away): the
- * supervisor (launch.sh --max-restarts, Kubernetes, systemd) restarts every member with resume = true.
- * EX_TEMPFAIL of sysexits.h. */
-#define EXIT_REFORM 75
-
 static volatile sig_atomic_t g_stop; /* set by SIGTERM / SIGINT (daemon_signals_install) */
 
 static const char usage[] = "usage: pfcps-server --config FILE --rank S [--set key=value ...]\n"
@@ -65,13 +60,9 @@ typedef struct server_daemon {
 static int parse_args(int argc, char **argv, server_daemon *d)
 {
     int rest = 0;
-    int rc = cli_parse_common(argc, argv, &d->cfg, usage, CLI_CONFIG_OPTIONAL, &rest);
-    if (rc == CLI_HELP)
-        return CLI_HELP;
-    if (rc < 0) {
-        log_error("%s", pf_errmsg());
-        return -1;
-    }
+    int rc = daemon_parse_common(argc, argv, &d->cfg, usage, &rest);
+    if (rc != 0)
+        return rc;
     d->rank = -1;
     for (int i = 1; i < rest; i++) {
         if (!strcmp(argv[i], "--rank") && i + 1 < rest) {
@@ -87,13 +78,8 @@ static int parse_args(int argc, char **argv, server_daemon *d)
             return -1;
         }
     }
-    log_init("server", d->rank);
-    if (cli_member_check(&d->cfg, d->rank, d->cfg.servers, "servers", d->host, sizeof(d->host), &d->port,
-                         &d->secret) < 0) {
-        log_error("%s\n%s", pf_errmsg(), usage);
-        return -1;
-    }
-    return 0;
+    return daemon_member_check(&d->cfg, "server", d->rank, d->cfg.servers, "servers", d->host, sizeof(d->host),
+                               &d->port, &d->secret, usage);
 }
 
 /* Rank 0 checks the whole config and refuses before anyone joins when its shard cannot fit. Returns 0 or
@@ -165,28 +151,26 @@ static int start_rendezvous(server_daemon *d)
     return 0;
 }
 
+/* ckpt_step_check for this server: the step's shard files verified whole (snap_check). */
+static int shard_step_usable(const char *root, int64_t step, void *arg)
+{
+    const server_daemon *d = arg;
+    int S0 = 0;
+    return snap_check(root, step, d->cfg.num_classes, d->cfg.embedding_size, &S0);
+}
+
 /* resume = true: the checkpoint steps whose shard files this server could load, reported at join so that the
- * rendezvous picks the newest step every member holds. Every file is verified whole (snap_check). */
-static void list_resume_steps(const server_daemon *d)
+ * rendezvous picks the newest step every member holds (ckpt_resume_steps). */
+static void list_resume_steps(server_daemon *d)
 {
     if (!d->cfg.resume)
         return;
-    char root[4096];
+    char root[4096], who[32];
     ckpt_root(&d->cfg, root, sizeof root);
-    int64_t *steps, ok[CTL_MAX_RESUME_STEPS];
-    int n = ckpt_list_steps(root, &steps), k = 0;
-    for (int i = 0; i < n && k < CTL_MAX_RESUME_STEPS; i++) {
-        int S0 = 0;
-        if (snap_check(root, steps[i], d->cfg.num_classes, d->cfg.embedding_size, &S0) == 0)
-            ok[k++] = steps[i];
-        else
-            log_warn("resume: checkpoint step %lld not usable by this server: %s", (long long)steps[i],
-                     pf_errmsg());
-    }
-    log_info("resume: %d checkpoint step(s) under %s, %d usable by shard %d%s", n, root, k, d->rank,
-             k ? "" : " (starting from scratch unless every member agrees)");
+    snprintf(who, sizeof who, "shard %d", d->rank);
+    int64_t ok[CTL_MAX_RESUME_STEPS];
+    int k = ckpt_resume_steps(root, "server", who, shard_step_usable, d, ok, CTL_MAX_RESUME_STEPS);
     ctl_set_resume_steps(ok, (size_t)k);
-    free(steps);
 }
 
 /* Start-up up to the formed run: checks, endpoint, rendezvous (rank 0), then the join (retrying through the
@@ -284,7 +268,7 @@ static int start_serving(server_daemon *d)
 }
 
 /* Serves until SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left
- * the run in order: training is over (returns 0); or until the run is broken (returns EXIT_REFORM): another
+ * the run in order: training is over (returns 0); or until the run is broken (returns DAEMON_EXIT_REFORM): another
  * member was lost or restarted, or the control connection to server 0 broke. The table then runs ahead of the
  * workers' last checkpoint, so the run can only go on by re-forming from the newest complete checkpoint: this
  * server stops (finishing a snapshot being written) and exits for its supervisor to restart it with resume =
@@ -311,8 +295,8 @@ static int serve_until_stop(server_daemon *d)
             log_error("%s%s: the run is broken; stopping so that it can re-form from the newest complete "
                       "checkpoint (restart every member with resume = true; exit %d)",
                       r == -ENOLINK ? "" : "control connection to the rendezvous lost: ", pf_errmsg(),
-                      EXIT_REFORM);
-            return EXIT_REFORM;
+                      DAEMON_EXIT_REFORM);
+            return DAEMON_EXIT_REFORM;
         }
     }
     return 0;
@@ -345,15 +329,8 @@ static int finish(server_daemon *d, int exit_code)
         ctl_session_close(d->sess);
     if (d->rv)
         ctl_rendezvous_stop(d->rv);
-    if (d->srv && (exit_code == 0 || exit_code == EXIT_REFORM)) {
-        /* The shard is stopped and every apply finished; what is left is tearing down the endpoint, which
-         * the process exit does anyway. libfabric 1.17's tcp;ofi_rxm sometimes crashes inside fi_close(ep)
-         * when peers disconnect at the same moment (SIGSEGV in ps_mp_sigterm, ~1 run in 15), which would
-         * turn a clean stop into exit 1: leave without it. */
-        log_close_file();
-        fab_shm_unlink_regions((long)getpid()); /* the endpoints are not closed: see fabric.h */
-        _exit(exit_code);
-    }
+    if (d->srv && (exit_code == 0 || exit_code == DAEMON_EXIT_REFORM))
+        daemon_exit_now(exit_code); /* the shard is stopped and every apply finished: leave the endpoint open */
     ps_server_destroy(d->srv);
     fab_close(d->fab);
     free(d->ini);
@@ -363,9 +340,7 @@ static int finish(server_daemon *d, int exit_code)
 int main(int argc, char **argv)
 {
     static server_daemon d;
-    log_init("server", -1);
-    daemon_tune_malloc();
-    daemon_signals_install(&g_stop);
+    daemon_start("server", &g_stop);
     int rc = parse_args(argc, argv, &d);
     if (rc != 0)
         return rc == CLI_HELP ? 0 : 1;

@@ -145,13 +145,9 @@ static int parse_long(const char *s, long lo, long hi, long *out)
 static int parse_args(int argc, char **argv, worker_daemon *d)
 {
     int rest = 0;
-    int rc = cli_parse_common(argc, argv, &d->cfg, usage, CLI_CONFIG_OPTIONAL, &rest);
-    if (rc == CLI_HELP)
-        return CLI_HELP;
-    if (rc < 0) {
-        log_error("%s", pf_errmsg());
-        return -1;
-    }
+    int rc = daemon_parse_common(argc, argv, &d->cfg, usage, &rest);
+    if (rc != 0)
+        return rc;
     long rank = -1, max_steps = 0;
     d->topts = (train_opts){.stop_flag = &g_stop};
     for (int i = 1; i < rest; i++) {
@@ -175,12 +171,9 @@ static int parse_args(int argc, char **argv, worker_daemon *d)
     d->rank = rank;
     d->topts.rank = (int)rank;
     d->topts.max_steps = max_steps;
-    log_init("worker", (int)rank);
-    if (cli_member_check(&d->cfg, rank, d->cfg.workers, "workers", d->host, sizeof d->host, &d->port,
-                         &d->secret) < 0) {
-        log_error("%s\n%s", pf_errmsg(), usage);
+    if (daemon_member_check(&d->cfg, "worker", rank, d->cfg.workers, "workers", d->host, sizeof d->host,
+                            &d->port, &d->secret, usage) < 0)
         return -1;
-    }
     d->topts.secret = d->secret;
     return 0;
 }
@@ -258,27 +251,26 @@ static int check_local(const worker_daemon *d)
     return d->rank == 0 ? check_outputs(cfg) : 0;
 }
 
+/* ckpt_step_check for this worker: its own .model and .snap files of the step verified (wresume_check). */
+static int worker_step_usable(const char *root, int64_t step, void *arg)
+{
+    const worker_daemon *d = arg;
+    int r = 0, W0 = 0;
+    return wresume_check(root, step, (int)d->rank, d->cfg.workers, &r, &W0);
+}
+
 /* resume = true: the checkpoint steps whose worker files this worker could load (worker/resume.h), reported
- * at join so that the rendezvous picks the newest step every member holds. */
-static void list_resume_steps(const worker_daemon *d)
+ * at join so that the rendezvous picks the newest step every member holds (ckpt_resume_steps). */
+static void list_resume_steps(worker_daemon *d)
 {
     if (!d->cfg.resume)
         return;
-    char root[4096];
+    char root[4096], who[32];
     ckpt_root(&d->cfg, root, sizeof root);
-    int64_t *steps, ok[CTL_MAX_RESUME_STEPS];
-    int n = ckpt_list_steps(root, &steps), k = 0;
-    for (int i = 0; i < n && k < CTL_MAX_RESUME_STEPS; i++) {
-        int r = 0, W0 = 0;
-        if (wresume_check(root, steps[i], (int)d->rank, d->cfg.workers, &r, &W0) == 0)
-            ok[k++] = steps[i];
-        else
-            log_warn("resume: checkpoint step %lld not usable by this worker: %s", (long long)steps[i],
-                     pf_errmsg());
-    }
-    log_info("resume: %d checkpoint step(s) under %s, %d usable by worker %ld", n, root, k, d->rank);
+    snprintf(who, sizeof who, "worker %ld", d->rank);
+    int64_t ok[CTL_MAX_RESUME_STEPS];
+    int k = ckpt_resume_steps(root, "worker", who, worker_step_usable, d, ok, CTL_MAX_RESUME_STEPS);
     ctl_set_resume_steps(ok, (size_t)k);
-    free(steps);
 }
 
 /* Opens the two fabric endpoints and joins the run at the rendezvous (retrying through ctl_timeout), taking
@@ -336,11 +328,8 @@ static int accept_run_config(worker_daemon *d)
 }
 
 /* Trains (worker/train.h) with the control watcher running beside. Returns 0 when the run ended or was
- * stopped on request, EXIT_REFORM (logged) when a member of the run was lost, 1 (logged) on a training error.
- */
-/* Exit status when the run must re-form (a member was lost): see server/main.c. */
-#define EXIT_REFORM 75
-
+ * stopped on request, DAEMON_EXIT_REFORM (logged) when a member of the run was lost, 1 (logged) on a
+ * training error. */
 static int train_watched(worker_daemon *d)
 {
     ctl_watch watch = {.sess = d->sess, .grace_s = 10};
@@ -358,8 +347,8 @@ static int train_watched(worker_daemon *d)
         if (watch.broken) {
             log_error("a member of the run was lost: exiting %d so that the run can re-form from its newest "
                       "complete checkpoint (restart every member with resume = true)",
-                      EXIT_REFORM);
-            return EXIT_REFORM;
+                      DAEMON_EXIT_REFORM);
+            return DAEMON_EXIT_REFORM;
         }
         return 1;
     }
@@ -371,8 +360,8 @@ static int train_watched(worker_daemon *d)
         log_error(
             "training stopped early: a member of the run was lost (see above); exiting %d so that the run "
             "can re-form from its newest complete checkpoint",
-            EXIT_REFORM);
-        return EXIT_REFORM;
+            DAEMON_EXIT_REFORM);
+        return DAEMON_EXIT_REFORM;
     }
     return 0;
 }
@@ -383,15 +372,8 @@ static int finish(worker_daemon *d, int exit_code)
 {
     if (d->sess)
         ctl_session_close(d->sess);
-    if (exit_code == 0) {
-        /* Training is over and its outputs are written; the process exit releases the endpoints. Closing
-         * them ourselves risks libfabric 1.17's tcp;ofi_rxm crash in fi_close(ep) while peers disconnect at
-         * the same moment (see server/main.c), which would turn a clean run into exit 1. */
-        fflush(NULL);
-        log_close_file();
-        fab_shm_unlink_regions((long)getpid()); /* the endpoints are not closed: see fabric.h */
-        _exit(0);
-    }
+    if (exit_code == 0)
+        daemon_exit_now(0); /* training is over and its outputs are written: leave the endpoints open */
     train_close(d->t);
     log_close_file();
     return exit_code;
@@ -400,9 +382,7 @@ static int finish(worker_daemon *d, int exit_code)
 int main(int argc, char **argv)
 {
     static worker_daemon d;
-    log_init("worker", -1);
-    daemon_tune_malloc();
-    daemon_signals_install(&g_stop);
+    daemon_start("worker", &g_stop);
     int rc = parse_args(argc, argv, &d);
     if (rc != 0)
         return rc == CLI_HELP ? 0 : 1;
