@@ -48,7 +48,8 @@ def import_modules():
         import numpy  # noqa: F401
         import torch  # noqa: F401
     except ImportError as e:
-        print("MISSING: %s (python %s): %s" % (e.name or "a module", sys.executable, e), file=sys.stderr)
+        print("MISSING: %s lacks the module %s (Debian: python3-torch, python3-numpy)" % (sys.executable, e.name),
+              file=sys.stderr)
         sys.exit(3)
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs a Python test of this folder with $PFCPS_PYTHON (tests/pyenv.sh's venv); SKIP (77) without it.
+# Runs a Python test of this folder with $PFCPS_PYTHON (tests/pyenv.sh's venv). Without that interpreter, or
+# when the script itself exits 77 for want of a module: SKIP (77), or FAIL under PFCPS_REQUIRE_REFERENCES=1
+# (tests/reference/skip.sh).
 # Arguments: SCRIPT.py ARGS...
-if [ -z "${PFCPS_PYTHON:-}" ]; then echo "SKIP: PFCPS_PYTHON is not set (tests/pyenv.sh)"; exit 77; fi
-if [ ! -x "$PFCPS_PYTHON" ]; then echo "SKIP: PFCPS_PYTHON=$PFCPS_PYTHON is not an executable"; exit 77; fi
+. "$(dirname "$0")/../reference/skip.sh"
 script=$1
 shift
-exec "$PFCPS_PYTHON" "$(dirname "$0")/$script" "$@"
+ref_run_py "$(dirname "$0")/$script" "$@"
