@@ -398,150 +398,150 @@ int rec_resolve_prefix(const char *rec, char *base, size_t cap)
     return 0;
 }
 
+/* Step 1 of rec_open: <base>.rec, <base>.idx and the `property` file beside them from the prefix. */
+static int rec_set_paths(rec_file *rf, const char *prefix, char *prop, size_t prop_cap)
+{
+    char base[4096];
+    if (rec_resolve_prefix(prefix, base, sizeof base) < 0)
+        return pf_err(-ENAMETOOLONG, "dataset path too long");
+    snprintf(rf->rec_path, sizeof rf->rec_path, "%.4090s.rec", base);
+    snprintf(rf->idx_path, sizeof rf->idx_path, "%.4090s.idx", base);
+    const char *slash = strrchr(base, '/');
+    if (slash)
+        snprintf(prop, prop_cap, "%.*s/property", (int)(slash - base), base);
+    else
+        snprintf(prop, prop_cap, "property");
+    return 0;
+}
+
+/* Step 2: maps the .rec file read-only (rf->map, rf->size), advised for the sequential open-time check. */
+static int rec_map_file(rec_file *rf)
+{
+    int fd = open(rf->rec_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return pf_err(-errno, "%s: cannot open: %s", rf->rec_path, strerror(errno));
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st) < 0)
+        rc = pf_err(-errno, "%s: fstat: %s", rf->rec_path, strerror(errno));
+    else if ((rf->size = (size_t)st.st_size) == 0)
+        rc = pf_err(-EPROTO, "%s: file is empty", rf->rec_path);
+    else {
+        rf->map = mmap(NULL, rf->size, PROT_READ, MAP_SHARED, fd, 0);
+        if (rf->map == MAP_FAILED) {
+            rf->map = NULL;
+            rc = pf_err(-errno, "%s: mmap: %s", rf->rec_path, strerror(errno));
+        }
+    }
+    close(fd);
+    if (rc < 0)
+        return rc;
+    /* The open-time check walks the records in key order, which is file order in packs written by
+     * im2rec, InsightFace and pfcps: read ahead. Training reads are random (set after the check). */
+    madvise((void *)rf->map, rf->size, MADV_SEQUENTIAL);
+    return 0;
+}
+
+/* Step 3: the layout. A key-0 record with no image and flag >= 2 is InsightFace's header record, its two
+ * labels the range [first identity key, end key) after the image keys 1 .. first identity key - 1
+ * (rf->header_end); otherwise every indexed record is an image (im2rec). */
+static int rec_read_layout(rec_file *rf, const idx_entry *idx, size_t nidx, rec_buf *scratch)
+{
+    const idx_entry *e0 = idx_find(idx, nidx, 0);
+    rf->layout = REC_LAYOUT_IM2REC;
+    if (!e0)
+        return 0;
+    const uint8_t *d;
+    size_t n;
+    rec_payload p;
+    int rc = rec_read_record(rf->map, rf->size, e0->offset, scratch, &d, &n, NULL);
+    if (rc == 0)
+        rc = rec_parse_payload(d, n, &p);
+    if (rc < 0)
+        return pf_err_wrap(rc, "%s: key 0 (header record) at byte %" PRIu64, rf->rec_path, e0->offset);
+    if (p.flag == 0 || p.image_len != 0)
+        return 0;
+    if (p.flag < 2)
+        return pf_err(-EPROTO,
+                      "%s: key 0 (header record) at byte %" PRIu64 ": flag %u, expected 2 labels "
+                      "[first identity key, end key]",
+                      rf->rec_path, e0->offset, p.flag);
+    float a = rec_f32(p.labels), b = rec_f32(p.labels + 4);
+    if (!(a >= 1) || !(b >= a) || floorf(a) != a || floorf(b) != b || a > 9e15f)
+        return pf_err(-EPROTO, "%s: key 0 (header record) at byte %" PRIu64 ": bad key range [%.9g, %.9g]",
+                      rf->rec_path, e0->offset, (double)a, (double)b);
+    rf->layout = REC_LAYOUT_INSIGHTFACE;
+    rf->header_end[0] = (int64_t)a;
+    rf->header_end[1] = (int64_t)b;
+    /* Keys above 2^24 are not exact in float32: pfcps's packer also stores the range exactly,
+     * the first identity key in id2 (with the marker) and the end key in id. */
+    uint64_t xa = p.id2 & REC_ID2_CLASS_MASK;
+    if ((p.id2 & ~REC_ID2_CLASS_MASK) == REC_ID2_MARKER && (float)xa == a && (float)p.id == b && p.id >= xa &&
+        p.id <= REC_ID2_CLASS_MASK) {
+        rf->header_end[0] = (int64_t)xa;
+        rf->header_end[1] = (int64_t)p.id;
+    }
+    if ((uint64_t)(rf->header_end[0] - 1) > nidx)
+        return pf_err(-EPROTO,
+                      "%s: key 0 (header record) at byte %" PRIu64 ": header names %" PRId64
+                      " image keys but %s has only %zu entries",
+                      rf->rec_path, e0->offset, rf->header_end[0] - 1, rf->idx_path, nidx);
+    return 0;
+}
+
+/* Step 4: checks every image record (keys 1 .. first identity key - 1 for InsightFace, every indexed key
+ * for im2rec) into rf->images; a bad one is skipped and counted when skip_bad_records, else the error. */
+static int rec_check_images(rec_file *rf, const idx_entry *idx, size_t nidx, int64_t bound,
+                            int skip_bad_records, rec_buf *scratch)
+{
+    int insightface = rf->layout == REC_LAYOUT_INSIGHTFACE;
+    int64_t first_key = insightface ? 1 : 0, end_key = insightface ? rf->header_end[0] : 0;
+    if (insightface)
+        rf->images = calloc((size_t)(end_key > 1 ? end_key - 1 : 1), sizeof *rf->images);
+    else
+        rf->images = calloc(nidx, sizeof *rf->images);
+    if (!rf->images)
+        return pf_err(-ENOMEM, "out of memory");
+    rf->min_class = INT64_MAX;
+    rf->max_class = -1;
+    size_t ncheck = insightface ? (size_t)(end_key - first_key) : nidx;
+    for (size_t i = 0; i < ncheck; i++) {
+        int64_t key = insightface ? first_key + (int64_t)i : idx[i].key;
+        const idx_entry *e = insightface ? idx_find(idx, nidx, key) : &idx[i];
+        int rc = check_image(rf, key, e, bound, scratch);
+        if (rc < 0) {
+            if (!skip_bad_records)
+                return rc;
+            if (rf->skipped < 10)
+                log_warn("skipping bad record: %s", pf_errmsg());
+            rf->skipped++;
+        }
+    }
+    if (rf->num_images == 0)
+        return pf_err(-EPROTO, "%s: no usable image records (%" PRId64 " skipped)", rf->rec_path,
+                      rf->skipped);
+    return 0;
+}
+
 int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_bad_records)
 {
     *out = NULL;
     rec_file *rf = calloc(1, sizeof *rf);
     if (!rf)
         return pf_err(-ENOMEM, "out of memory");
-    char base[4096];
-    struct stat st;
-    int rc = 0;
-    if (rec_resolve_prefix(prefix, base, sizeof base) < 0) {
-        rec_close(rf);
-        return pf_err(-ENAMETOOLONG, "dataset path too long");
-    }
-    snprintf(rf->rec_path, sizeof rf->rec_path, "%.4090s.rec", base);
-    snprintf(rf->idx_path, sizeof rf->idx_path, "%.4090s.idx", base);
     char prop[4096];
-    const char *slash = strrchr(base, '/');
-    if (slash)
-        snprintf(prop, sizeof prop, "%.*s/property", (int)(slash - base), base);
-    else
-        snprintf(prop, sizeof prop, "property");
-
     idx_entry *idx = NULL;
     size_t nidx = 0;
     rec_buf scratch = {0};
-    int fd = -1;
-    rc = read_idx(rf->idx_path, &idx, &nidx);
-    if (rc < 0)
+    int rc;
+    if ((rc = rec_set_paths(rf, prefix, prop, sizeof prop)) < 0 ||
+        (rc = read_idx(rf->idx_path, &idx, &nidx)) < 0 ||
+        (rc = read_property(prop, &rf->property_classes)) < 0 || (rc = rec_map_file(rf)) < 0 ||
+        (rc = rec_read_layout(rf, idx, nidx, &scratch)) < 0)
         goto fail;
-    rc = read_property(prop, &rf->property_classes);
-    if (rc < 0)
-        goto fail;
-
-    fd = open(rf->rec_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = pf_err(-errno, "%s: cannot open: %s", rf->rec_path, strerror(errno));
-        goto fail;
-    }
-    if (fstat(fd, &st) < 0) {
-        rc = pf_err(-errno, "%s: fstat: %s", rf->rec_path, strerror(errno));
-        goto fail;
-    }
-    rf->size = (size_t)st.st_size;
-    if (rf->size == 0) {
-        rc = pf_err(-EPROTO, "%s: file is empty", rf->rec_path);
-        goto fail;
-    }
-    rf->map = mmap(NULL, rf->size, PROT_READ, MAP_SHARED, fd, 0);
-    if (rf->map == MAP_FAILED) {
-        rf->map = NULL;
-        rc = pf_err(-errno, "%s: mmap: %s", rf->rec_path, strerror(errno));
-        goto fail;
-    }
-    close(fd);
-    fd = -1;
-    /* The open-time check walks the records in key order, which is file order in packs written by
-     * im2rec, InsightFace and pfcps: read ahead. Training reads are random (set after the check). */
-    madvise((void *)rf->map, rf->size, MADV_SEQUENTIAL);
-
-    /* Structural check of the index itself: an offset outside the file is damage to the pack as a
-     * whole only if it cannot be skipped; it is reported per record below. */
     int64_t bound = num_classes > 0 ? num_classes : rf->property_classes;
-    int64_t first_key, end_key;
-    const idx_entry *e0 = idx_find(idx, nidx, 0);
-    rf->layout = REC_LAYOUT_IM2REC;
-    if (e0) {
-        const uint8_t *d;
-        size_t n;
-        rec_payload p;
-        rc = rec_read_record(rf->map, rf->size, e0->offset, &scratch, &d, &n, NULL);
-        if (rc == 0)
-            rc = rec_parse_payload(d, n, &p);
-        if (rc < 0) {
-            rc = pf_err_wrap(rc, "%s: key 0 (header record) at byte %" PRIu64, rf->rec_path, e0->offset);
-            goto fail;
-        }
-        if (p.flag > 0 && p.image_len == 0) {
-            if (p.flag < 2) {
-                rc = pf_err(-EPROTO,
-                            "%s: key 0 (header record) at byte %" PRIu64 ": flag %u, expected 2 labels "
-                            "[first identity key, end key]",
-                            rf->rec_path, e0->offset, p.flag);
-                goto fail;
-            }
-            float a = rec_f32(p.labels), b = rec_f32(p.labels + 4);
-            if (!(a >= 1) || !(b >= a) || floorf(a) != a || floorf(b) != b || a > 9e15f) {
-                rc = pf_err(-EPROTO,
-                            "%s: key 0 (header record) at byte %" PRIu64 ": bad key range [%.9g, %.9g]",
-                            rf->rec_path, e0->offset, (double)a, (double)b);
-                goto fail;
-            }
-            rf->layout = REC_LAYOUT_INSIGHTFACE;
-            rf->header_end[0] = (int64_t)a;
-            rf->header_end[1] = (int64_t)b;
-            /* Keys above 2^24 are not exact in float32: pfcps's packer also stores the range exactly,
-             * the first identity key in id2 (with the marker) and the end key in id. */
-            uint64_t xa = p.id2 & REC_ID2_CLASS_MASK;
-            if ((p.id2 & ~REC_ID2_CLASS_MASK) == REC_ID2_MARKER && (float)xa == a && (float)p.id == b &&
-                p.id >= xa && p.id <= REC_ID2_CLASS_MASK) {
-                rf->header_end[0] = (int64_t)xa;
-                rf->header_end[1] = (int64_t)p.id;
-            }
-        }
-    }
-    if (rf->layout == REC_LAYOUT_INSIGHTFACE && (uint64_t)(rf->header_end[0] - 1) > nidx) {
-        rc = pf_err(-EPROTO,
-                    "%s: key 0 (header record) at byte %" PRIu64 ": header names %" PRId64
-                    " image keys but %s has only %zu entries",
-                    rf->rec_path, e0->offset, rf->header_end[0] - 1, rf->idx_path, nidx);
+    if ((rc = rec_check_images(rf, idx, nidx, bound, skip_bad_records, &scratch)) < 0)
         goto fail;
-    }
-    if (rf->layout == REC_LAYOUT_INSIGHTFACE) {
-        first_key = 1;
-        end_key = rf->header_end[0];
-        rf->images = calloc((size_t)(end_key > 1 ? end_key - 1 : 1), sizeof *rf->images);
-    } else {
-        first_key = 0;
-        end_key = 0;
-        rf->images = calloc(nidx, sizeof *rf->images);
-    }
-    if (!rf->images) {
-        rc = pf_err(-ENOMEM, "out of memory");
-        goto fail;
-    }
-    rf->min_class = INT64_MAX;
-    rf->max_class = -1;
-    size_t ncheck = rf->layout == REC_LAYOUT_INSIGHTFACE ? (size_t)(end_key - first_key) : nidx;
-    for (size_t i = 0; i < ncheck; i++) {
-        int64_t key = rf->layout == REC_LAYOUT_INSIGHTFACE ? first_key + (int64_t)i : idx[i].key;
-        const idx_entry *e = rf->layout == REC_LAYOUT_INSIGHTFACE ? idx_find(idx, nidx, key) : &idx[i];
-        rc = check_image(rf, key, e, bound, &scratch);
-        if (rc < 0) {
-            if (!skip_bad_records)
-                goto fail;
-            if (rf->skipped < 10)
-                log_warn("skipping bad record: %s", pf_errmsg());
-            rf->skipped++;
-            rc = 0;
-        }
-    }
-    if (rf->num_images == 0) {
-        rc = pf_err(-EPROTO, "%s: no usable image records (%" PRId64 " skipped)", rf->rec_path, rf->skipped);
-        goto fail;
-    }
     madvise((void *)rf->map, rf->size, MADV_RANDOM);
     rf->min_key = rf->images[0].key;
     rf->max_key = rf->images[rf->num_images - 1].key;
@@ -560,8 +560,6 @@ int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_b
     *out = rf;
     return 0;
 fail:
-    if (fd >= 0)
-        close(fd);
     free(idx);
     rec_buf_free(&scratch);
     rec_close(rf);

@@ -146,8 +146,8 @@ static int copy_record(centers_copy *cc, const unsigned char *q, const char *p, 
                       p, (unsigned long long)k, (unsigned long long)id, (unsigned long long)cc->C,
                       (unsigned long long)(cc->C - 1));
     if (cc->seen[id / 8] & (1u << (id % 8)))
-        return pf_err(-EINVAL, "%s record %llu: class id %llu appears a second time", p, (unsigned long long)k,
-                      (unsigned long long)id);
+        return pf_err(-EINVAL, "%s record %llu: class id %llu appears a second time", p,
+                      (unsigned long long)k, (unsigned long long)id);
     cc->seen[id / 8] |= (uint8_t)(1u << (id % 8));
     size_t nb = 4 * (size_t)cc->dim;
     if (pwrite(cc->fd, q + 8, nb, (off_t)(cc->hl + id * nb)) != (ssize_t)nb)
