@@ -1,5 +1,10 @@
+/* Control plane, frame and message coding (ctl_frame.h): the length-prefixed frame, the checks every decoded
+ * message passes, the join MAC, the address book built from a join reply, and the data-plane token. Built
+ * on its own by the fuzz target (tests/fuzz/fuzz_ctl_frame.c), so it needs only protobuf-c, libcrypto and
+ * common/err.c. */
 #include "common/ctl_frame.h"
 
+#include "common/ctl_internal.h"
 #include "common/err.h"
 
 #include <openssl/evp.h>
@@ -19,6 +24,25 @@ const char *ctl_msg_name(int body_case)
     case PFCPS__CTL_MESSAGE__BODY_ERROR: return "error";
     default: return "empty";
     }
+}
+
+void ctl_msg_set_error(Pfcps__CtlMessage *m, Pfcps__Error *e, int code, const char *text)
+{
+    pfcps__error__init(e);
+    e->code = code;
+    e->message = (char *)text;
+    pfcps__ctl_message__init(m);
+    m->body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
+    m->error = e;
+}
+
+void ctl_msg_set_shutdown(Pfcps__CtlMessage *m, Pfcps__Shutdown *sd, const char *reason)
+{
+    pfcps__shutdown__init(sd);
+    sd->reason = (char *)reason;
+    pfcps__ctl_message__init(m);
+    m->body_case = PFCPS__CTL_MESSAGE__BODY_SHUTDOWN;
+    m->shutdown = sd;
 }
 
 int ctl_frame_encode(const Pfcps__CtlMessage *msg, size_t max_frame, uint8_t **out, size_t *out_len)
@@ -176,6 +200,28 @@ void ctl_book_free(ctl_book *book)
     memset(book, 0, sizeof *book);
 }
 
+/* Copies join-reply member mb into its place in book (servers[rank] or workers[rank]), marking it in
+ * seen[S + W] (servers first). Returns 0, or -EPROTO when its rank is outside the run or listed twice. */
+static int book_place_member(ctl_book *book, const Pfcps__Member *mb, char *seen)
+{
+    ctl_role role = mb->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+    int limit = role == CTL_ROLE_SERVER ? book->num_servers : book->num_workers;
+    if (mb->rank >= limit)
+        return pf_err(-EPROTO, "join_reply: %s rank %d is outside [0, %d)", ctl_role_name((int)role),
+                      mb->rank, limit);
+    size_t slot = role == CTL_ROLE_SERVER ? (size_t)mb->rank : (size_t)book->num_servers + (size_t)mb->rank;
+    if (seen[slot])
+        return pf_err(-EPROTO, "join_reply: %s rank %d listed twice", ctl_role_name((int)role), mb->rank);
+    seen[slot] = 1;
+    ctl_member *dst = role == CTL_ROLE_SERVER ? &book->servers[mb->rank] : &book->workers[mb->rank];
+    dst->role = role;
+    dst->rank = mb->rank;
+    dst->addr_len = mb->fabric_addr.len;
+    if (mb->fabric_addr.len)
+        memcpy(dst->addr, mb->fabric_addr.data, mb->fabric_addr.len);
+    return 0;
+}
+
 int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
 {
     memset(book, 0, sizeof *book);
@@ -196,39 +242,15 @@ int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
     book->workers = calloc((size_t)r->num_workers, sizeof(ctl_member));
     book->config_text = strdup(r->config_text);
     char *seen = calloc((size_t)r->num_servers + (size_t)r->num_workers, 1);
-    if (!book->servers || !book->workers || !book->config_text || !seen) {
-        free(seen);
-        ctl_book_free(book);
-        return pf_err(-ENOMEM, "out of memory building the address book");
-    }
-    for (size_t i = 0; i < r->n_members; i++) {
-        const Pfcps__Member *mb = r->members[i];
-        int is_server = mb->role == PFCPS__ROLE__SERVER;
-        int limit = is_server ? r->num_servers : r->num_workers;
-        if (mb->rank >= limit) {
-            free(seen);
-            ctl_book_free(book);
-            return pf_err(-EPROTO, "join_reply: %s rank %d is outside [0, %d)",
-                          is_server ? "server" : "worker", mb->rank, limit);
-        }
-        size_t slot = is_server ? (size_t)mb->rank : (size_t)r->num_servers + (size_t)mb->rank;
-        if (seen[slot]) {
-            free(seen);
-            ctl_book_free(book);
-            return pf_err(-EPROTO, "join_reply: %s rank %d listed twice", is_server ? "server" : "worker",
-                          mb->rank);
-        }
-        seen[slot] = 1;
-        ctl_member *dst = is_server ? &book->servers[mb->rank] : &book->workers[mb->rank];
-        dst->role = is_server ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
-        dst->rank = mb->rank;
-        dst->addr_len = mb->fabric_addr.len;
-        if (mb->fabric_addr.len)
-            memcpy(dst->addr, mb->fabric_addr.data, mb->fabric_addr.len);
-    }
+    if (!book->servers || !book->workers || !book->config_text || !seen)
+        rc = pf_err(-ENOMEM, "out of memory building the address book");
+    for (size_t i = 0; i < r->n_members && rc == 0; i++)
+        rc = book_place_member(book, r->members[i], seen);
     /* n_members == S + W and no slot twice, so every slot is filled. */
     free(seen);
-    return 0;
+    if (rc < 0)
+        ctl_book_free(book);
+    return rc;
 }
 
 int ctl_data_token(const char *secret, const uint8_t nonce[16], uint64_t *token)

@@ -48,6 +48,12 @@ int ctl_book_from_reply(const Pfcps__JoinReply *reply, ctl_book *book);
 /* Frees what ctl_book_from_reply allocated and zeroes the book. */
 void ctl_book_free(ctl_book *book);
 
+/* Makes *m an Error message (code: a positive errno value; text: borrowed) whose body is *e. */
+void ctl_msg_set_error(Pfcps__CtlMessage *m, Pfcps__Error *e, int code, const char *text);
+
+/* Makes *m a Shutdown message (reason: borrowed) whose body is *sd. */
+void ctl_msg_set_shutdown(Pfcps__CtlMessage *m, Pfcps__Shutdown *sd, const char *reason);
+
 /* Short name of a message body ("join", "hello", ...) for logs and errors. */
 const char *ctl_msg_name(int body_case);
 

@@ -1,9 +1,14 @@
 /* Control plane, service side: the rendezvous that server rank 0 runs. One poll() loop on its own thread
- * with per-connection buffers and read deadlines, so one slow or hostile peer never holds up the others.
- * Wire format and message checks: common/ctl_frame.c. */
+ * accepts TCP connections, sends each its hello (the join nonce), checks the join's HMAC, reads and writes
+ * length-prefixed frames through per-connection buffers, echoes heartbeats, enforces read deadlines and
+ * broadcasts the address book, lost members and the shutdown; one slow or hostile peer never holds up the
+ * others. What the joins mean for the run (who takes a rank, when the run forms, the resume step, what a
+ * departure means) is decided by the forming policy, common/ctl_forming.c. Wire format and message checks:
+ * common/ctl_frame.c. */
 #include "common/ctl.h"
 
 #include "common/clock.h"
+#include "common/ctl_forming.h"
 #include "common/ctl_frame.h"
 #include "common/ctl_internal.h"
 #include "common/err.h"
@@ -31,6 +36,7 @@
     5.0 /* a new connection must have joined by then (or the read timeout, if shorter) */
 #define CTL_STRAY_LOG_S   5.0 /* at most one summary line about unauthenticated connections this often */
 #define CTL_CLOSE_GRACE_S 1.0 /* time to flush an error reply before the socket is closed */
+#define CTL_PEER_LEN      64  /* bytes of a peer's "host:port" (INET6_ADDRSTRLEN + ':' + port fit) */
 
 static int set_nonblock(int fd)
 {
@@ -40,7 +46,7 @@ static int set_nonblock(int fd)
 
 typedef struct conn {
     int fd;
-    char peer[64];
+    char peer[CTL_PEER_LEN];
     uint8_t *rbuf;
     size_t rlen, rcap;
     uint8_t *wbuf;
@@ -49,6 +55,7 @@ typedef struct conn {
     int left; /* the member said it leaves (ctl_session_leave): its disconnect is orderly */
     ctl_role role;
     int rank;
+    int seat;        /* its seat in the roster (ctl_forming.h) while joined */
     int closing;     /* no more reads; close once wbuf is flushed or close_at passes */
     int dead;        /* close at the end of this loop iteration */
     double deadline; /* read deadline (0 = none): join not finished, or a partial frame pending */
@@ -65,29 +72,39 @@ struct ctl_rendezvous {
     char *bind_host, *secret, *config_text;
     int num_servers, num_workers;
     int64_t num_classes;
-    int resume;
     uint8_t run_nonce[16]; /* random, per run: the data-plane token's input (ctl_data_token) */
     /* Unauthenticated connections (never joined): counted, summarised at most every CTL_STRAY_LOG_S. */
     long stray_evicted, stray_dropped, stray_logged;
     double stray_log_t, accept_pause_until;
-    int reforming; /* a member rejoined after a restart: the run is over, the members were told */
     size_t max_frame;
     double timeout_s;
     int lfd, port;
     int wake[2];
     pthread_t thread;
-    atomic_int stop, shutdown_req, joined;
+    atomic_int stop, shutdown_req;
+    atomic_int joined;       /* ctl_rendezvous_joined: the seats held until the run formed, then S + W */
     atomic_int workers_left; /* workers that left in order (ctl_session_leave) */
-    int shutdown_sent, formed;
+    int shutdown_sent;
     conn **conns;
     int nconns, max_conns;
-    conn **server_slot, **worker_slot;
-    unsigned char *ever_joined; /* [num_servers + num_workers]: servers first; for the "never joined" log */
+    ctl_roster roster; /* the run's seats and forming state; the service thread's alone */
 };
 
-static conn **slot_of(ctl_rendezvous *rv, int role, int rank)
+/* Grows *buf (capacity *cap bytes, doubling from 4096) to hold at least `need` bytes.
+ * Returns 0 or -ENOMEM. */
+static int buf_reserve(uint8_t **buf, size_t *cap, size_t need)
 {
-    return role == CTL_ROLE_SERVER ? &rv->server_slot[rank] : &rv->worker_slot[rank];
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 4096;
+    while (c < need)
+        c *= 2;
+    uint8_t *nb = realloc(*buf, c);
+    if (!nb)
+        return -ENOMEM;
+    *buf = nb;
+    *cap = c;
+    return 0;
 }
 
 /* Appends `n` bytes to the connection's output; a peer that lets more than two frames pile up unread
@@ -102,23 +119,16 @@ static void conn_queue(ctl_rendezvous *rv, conn *c, const uint8_t *p, size_t n)
         c->dead = 1;
         return;
     }
-    if (c->wlen + n > c->wcap) {
-        size_t cap = c->wcap ? c->wcap : 4096;
-        while (cap < c->wlen + n)
-            cap *= 2;
-        uint8_t *nb = realloc(c->wbuf, cap);
-        if (!nb) {
-            log_error("control plane: out of memory queueing %zu bytes for %s; dropping it", n, c->peer);
-            c->dead = 1;
-            return;
-        }
-        c->wbuf = nb;
-        c->wcap = cap;
+    if (buf_reserve(&c->wbuf, &c->wcap, c->wlen + n) < 0) {
+        log_error("control plane: out of memory queueing %zu bytes for %s; dropping it", n, c->peer);
+        c->dead = 1;
+        return;
     }
     memcpy(c->wbuf + c->wlen, p, n);
     c->wlen += n;
 }
 
+/* Encodes m and queues it for c; a message that cannot be encoded drops c. */
 static void conn_send_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
 {
     uint8_t *frame;
@@ -133,10 +143,8 @@ static void conn_send_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *
     free(frame);
 }
 
-static void release_slot(ctl_rendezvous *rv, conn *c);
+static void release_seat(ctl_rendezvous *rv, conn *c);
 
-/* Error reply (code: a positive errno value) and drop: the connection reads nothing more and is closed
- * once the reply is flushed (or after a short grace period). */
 /* A line about a connection that never joined: the first few are logged, then one summary every
  * CTL_STRAY_LOG_S (a flood of idle or hostile connections costs counters, not log lines). */
 static void stray_log(ctl_rendezvous *rv, const char *peer, const char *what)
@@ -156,54 +164,52 @@ static void stray_log(ctl_rendezvous *rv, const char *peer, const char *what)
     }
 }
 
+/* Error reply (code: a positive errno value) and drop: the connection reads nothing more and is closed
+ * once the reply is flushed (or after a short grace period). */
 static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
 {
     if (c->joined)
         log_warn("control plane: refusing %s: %s", c->peer, msg);
     else
         stray_log(rv, c->peer, msg);
-    Pfcps__Error e = PFCPS__ERROR__INIT;
-    e.code = code;
-    e.message = (char *)msg;
-    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-    m.body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
-    m.error = &e;
+    Pfcps__Error e;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_error(&m, &e, code, msg);
     conn_send_msg(rv, c, &m);
     c->closing = 1;
     c->close_at = pf_now_s() + CTL_CLOSE_GRACE_S;
     /* A dropped member stops counting now, not when its socket is finally closed: the run must not
      * form with it. */
-    release_slot(rv, c);
+    release_seat(rv, c);
 }
 
-static void queue_member_lost(ctl_rendezvous *rv, const conn *gone, const char *what);
+static void queue_member_lost(ctl_rendezvous *rv, const conn *except, ctl_role role, int rank,
+                              const char *peer, const char *what);
 
 /* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
- * member that goes without saying so (crash, kill -9, network) is reported to every other member. */
-static void release_slot(ctl_rendezvous *rv, conn *c)
+ * member that goes without saying so (crash, kill -9, network) is reported to every other member
+ * (ctl_roster_release decides which). */
+static void release_seat(ctl_rendezvous *rv, conn *c)
 {
     if (!c->joined)
         return;
-    conn **slot = slot_of(rv, c->role, c->rank);
-    if (*slot == c) {
-        *slot = NULL;
-        if (!rv->formed) {
-            atomic_fetch_sub(&rv->joined, 1);
-            log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
-                     ctl_role_name(c->role), c->rank, c->peer);
-        } else if (!rv->shutdown_sent && !c->left) {
-            log_warn(
-                "control plane: %s[%d] (%s) disconnected without leaving the run: telling the other members",
-                ctl_role_name(c->role), c->rank, c->peer);
-            queue_member_lost(rv, c, "disconnected without leaving the run");
-        }
+    ctl_gone gone = ctl_roster_release(&rv->roster, c->seat, c, c->left, rv->shutdown_sent);
+    if (gone == CTL_GONE_FREED) {
+        atomic_fetch_sub(&rv->joined, 1);
+        log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
+                 ctl_role_name(c->role), c->rank, c->peer);
+    } else if (gone == CTL_GONE_LOST) {
+        log_warn("control plane: %s[%d] (%s) disconnected without leaving the run: telling the other members",
+                 ctl_role_name(c->role), c->rank, c->peer);
+        queue_member_lost(rv, c, c->role, c->rank, c->peer, "disconnected without leaving the run");
     }
     c->joined = 0;
 }
 
+/* Frees the connection's seat (release_seat), closes its socket and frees it. */
 static void conn_close(ctl_rendezvous *rv, conn *c)
 {
-    release_slot(rv, c);
+    release_seat(rv, c);
     close(c->fd);
     free(c->rbuf);
     free(c->wbuf);
@@ -211,7 +217,10 @@ static void conn_close(ctl_rendezvous *rv, conn *c)
     free(c);
 }
 
-static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
+/* The join's checks before the forming policy sees it: the protocol version, then the HMAC over this
+ * connection's nonce (first, so that an unauthenticated peer learns nothing about the run), then a
+ * connection that already joined. Returns 1 when the join may go on, 0 when c was refused. */
+static int join_authentic(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
 {
     char msg[PF_ERRMSG_MAX];
     const char *who = ctl_role_name((int)j->role);
@@ -219,9 +228,8 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         snprintf(msg, sizeof msg, "protocol version %u, this service speaks %d", j->protocol_version,
                  CTL_PROTOCOL_VERSION);
         conn_refuse(rv, c, EPROTO, msg);
-        return;
+        return 0;
     }
-    /* Authenticate first, so an unauthenticated peer learns nothing about the run. */
     uint8_t mac[CTL_MAC_LEN];
     if (ctl_join_mac(rv->secret, c->nonce, sizeof c->nonce, (int)j->role, j->rank, j->fabric_addr.data,
                      j->fabric_addr.len, mac) < 0 ||
@@ -229,47 +237,37 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         snprintf(msg, sizeof msg, "join as %s rank %d refused: bad secret (HMAC does not match)", who,
                  j->rank);
         conn_refuse(rv, c, EACCES, msg);
-        return;
+        return 0;
     }
     if (c->joined) {
         snprintf(msg, sizeof msg, "join as %s rank %d refused: this connection already joined as %s rank %d",
                  who, j->rank, ctl_role_name(c->role), c->rank);
         conn_refuse(rv, c, EEXIST, msg);
-        return;
+        return 0;
     }
-    int limit = j->role == PFCPS__ROLE__SERVER ? rv->num_servers : rv->num_workers;
-    if (j->rank >= limit) {
-        snprintf(msg, sizeof msg, "join refused: %s rank %d is outside [0, %d)", who, j->rank, limit);
-        conn_refuse(rv, c, ERANGE, msg);
+    return 1;
+}
+
+/* A join message: authenticated (join_authentic), then admitted or refused by the forming policy
+ * (ctl_roster_admit). An admitted member takes its seat with its fabric address and checkpoint steps; the
+ * first rejoin of a member of the formed run tells every member that the run must re-form. */
+static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
+{
+    if (!join_authentic(rv, c, j))
         return;
-    }
-    conn **slot = slot_of(rv, (int)j->role, j->rank);
-    if (rv->formed) {
-        /* An authenticated member of the run joins again: it restarted. The run re-forms: every member is
-         * told (they exit, to be restarted with resume), and this one retries until the new rendezvous is up.
-         */
-        if (!rv->reforming) {
-            rv->reforming = 1;
+    ctl_role role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+    ctl_admission adm;
+    if (ctl_roster_admit(&rv->roster, role, j->rank, &adm) != 0) {
+        if (adm.restarted) {
             log_warn(
                 "control plane: %s[%d] joined again from %s after the run formed (a restarted member): "
                 "the run must re-form and resume from its newest complete checkpoint; telling every member",
-                who, j->rank, c->peer);
-            conn tmp = *c;
-            tmp.role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
-            tmp.rank = j->rank;
-            queue_member_lost(rv, &tmp,
+                ctl_role_name(role), j->rank, c->peer);
+            queue_member_lost(rv, c, role, j->rank, c->peer,
                               "restarted and joined again: the run re-forms from the newest complete "
                               "checkpoint");
         }
-        snprintf(msg, sizeof msg, "%s rank %d: the run is re-forming after a member restarted; retry", who,
-                 j->rank);
-        conn_refuse(rv, c, EAGAIN, msg);
-        return;
-    }
-    if (*slot) {
-        snprintf(msg, sizeof msg, "%s rank %d is still held by %s (a previous process not yet gone?); retry",
-                 who, j->rank, (*slot)->peer);
-        conn_refuse(rv, c, EAGAIN, msg);
+        conn_refuse(rv, c, adm.code, adm.reason);
         return;
     }
     if (j->n_resume_steps) {
@@ -282,19 +280,21 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         c->nsteps = j->n_resume_steps;
     }
     c->joined = 1;
-    c->role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+    c->role = role;
     c->rank = j->rank;
+    c->seat = adm.seat;
     c->addr_len = j->fabric_addr.len;
     if (c->addr_len)
         memcpy(c->addr, j->fabric_addr.data, c->addr_len);
     c->deadline = 0;
-    *slot = c;
-    rv->ever_joined[(c->role == CTL_ROLE_SERVER ? 0 : rv->num_servers) + c->rank] = 1;
+    ctl_roster_take(&rv->roster, adm.seat, c, c->peer, c->steps, c->nsteps);
     int n = atomic_fetch_add(&rv->joined, 1) + 1;
-    log_info("control plane: %s[%d] joined from %s (%d/%d)", who, j->rank, c->peer, n,
+    log_info("control plane: %s[%d] joined from %s (%d/%d)", ctl_role_name(role), j->rank, c->peer, n,
              rv->num_servers + rv->num_workers);
 }
 
+/* One decoded message from c: a join, a joined member's leave (a Shutdown message) or heartbeat (echoed);
+ * anything else is refused. */
 static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
 {
     char msg[PF_ERRMSG_MAX];
@@ -308,9 +308,10 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
         log_info("control plane: %s[%d] left the run", ctl_role_name(c->role), c->rank);
         /* A server that stops (SIGTERM) while workers still need it: the run cannot go on without its shard.
          */
-        if (c->role == CTL_ROLE_SERVER && rv->formed && !rv->shutdown_sent &&
-            atomic_load(&rv->workers_left) < rv->num_workers)
-            queue_member_lost(rv, c, "stopped while the workers still need its shard");
+        if (c->role == CTL_ROLE_SERVER &&
+            ctl_roster_server_leave_is_loss(&rv->roster, atomic_load(&rv->workers_left), rv->shutdown_sent))
+            queue_member_lost(rv, c, c->role, c->rank, c->peer,
+                              "stopped while the workers still need its shard");
         if (c->role == CTL_ROLE_WORKER && atomic_fetch_add(&rv->workers_left, 1) + 1 == rv->num_workers)
             log_info("control plane: every worker left the run in order: training is over");
         return;
@@ -347,17 +348,9 @@ static void conn_read(ctl_rendezvous *rv, conn *c, double now)
         c->dead = 1;
         return;
     }
-    if (c->rlen + (size_t)r > c->rcap) {
-        size_t cap = c->rcap ? c->rcap : 4096;
-        while (cap < c->rlen + (size_t)r)
-            cap *= 2;
-        uint8_t *nb = realloc(c->rbuf, cap);
-        if (!nb) {
-            c->dead = 1;
-            return;
-        }
-        c->rbuf = nb;
-        c->rcap = cap;
+    if (buf_reserve(&c->rbuf, &c->rcap, c->rlen + (size_t)r) < 0) {
+        c->dead = 1;
+        return;
     }
     memcpy(c->rbuf + c->rlen, tmp, (size_t)r);
     c->rlen += (size_t)r;
@@ -394,6 +387,7 @@ static void conn_read(ctl_rendezvous *rv, conn *c, double now)
     }
 }
 
+/* Sends what c has queued, as far as the socket takes it; a send error marks c dead. */
 static void conn_write(conn *c)
 {
     while (c->wlen > 0) {
@@ -432,6 +426,57 @@ static int evict_stray(ctl_rendezvous *rv)
     return 1;
 }
 
+/* Refuses a connection accepted while the rendezvous is full: a best-effort error reply (a fresh socket's
+ * buffer takes it without blocking), then close. */
+static void accept_refuse_full(ctl_rendezvous *rv, int fd, const char *who)
+{
+    stray_log(rv, who, "refused: too many connections to the rendezvous");
+    Pfcps__Error e;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_error(&m, &e, EBUSY, "too many connections to the rendezvous");
+    uint8_t *frame;
+    size_t len;
+    if (ctl_frame_encode(&m, rv->max_frame, &frame, &len) == 0) {
+        ssize_t w = send(fd, frame, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)w;
+        free(frame);
+    }
+    close(fd);
+}
+
+/* Takes an accepted, non-blocking socket from `peer` into rv->conns and queues its hello (a fresh random
+ * nonce and the protocol version); the join must come by the join deadline. */
+static void conn_add(ctl_rendezvous *rv, int fd, const char *peer, double now)
+{
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        return;
+    }
+    c->fd = fd;
+    snprintf(c->peer, sizeof c->peer, "%s", peer);
+    /* The join must come soon: it is sent right after the hello by every member. */
+    c->deadline = now + (rv->timeout_s < CTL_JOIN_DEADLINE_S ? rv->timeout_s : CTL_JOIN_DEADLINE_S);
+    rv->conns[rv->nconns++] = c;
+    if (RAND_bytes(c->nonce, sizeof c->nonce) != 1) {
+        conn_refuse(rv, c, EIO, "no random nonce available (RAND_bytes failed)");
+        return;
+    }
+    Pfcps__Hello h = PFCPS__HELLO__INIT;
+    h.nonce.data = c->nonce;
+    h.nonce.len = sizeof c->nonce;
+    h.protocol_version = CTL_PROTOCOL_VERSION;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_HELLO;
+    m.hello = &h;
+    conn_send_msg(rv, c, &m);
+}
+
+/* Accepts every pending connection. Out of descriptors, it closes a stranger to make room, or pauses
+ * accepting for 100 ms; when the connection table is full, a stranger is evicted or the newcomer refused. */
 static void accept_new(ctl_rendezvous *rv, double now)
 {
     for (;;) {
@@ -450,122 +495,24 @@ static void accept_new(ctl_rendezvous *rv, double now)
         }
         if (fd < 0)
             return;
-        char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?";
+        char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?", peer[CTL_PEER_LEN];
         getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, serv, sizeof serv,
                     NI_NUMERICHOST | NI_NUMERICSERV);
+        snprintf(peer, sizeof peer, "%s:%s", host, serv);
         if (rv->nconns >= rv->max_conns)
             evict_stray(rv);
-        if (rv->nconns >= rv->max_conns || set_nonblock(fd) < 0) {
-            char who[96];
-            snprintf(who, sizeof who, "%s:%s", host, serv);
-            stray_log(rv, who, "refused: too many connections to the rendezvous");
-            /* Best effort error reply (a fresh socket's buffer takes it without blocking), then close. */
-            Pfcps__Error e = PFCPS__ERROR__INIT;
-            e.code = EBUSY;
-            e.message = (char *)"too many connections to the rendezvous";
-            Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-            m.body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
-            m.error = &e;
-            uint8_t *frame;
-            size_t len;
-            if (ctl_frame_encode(&m, rv->max_frame, &frame, &len) == 0) {
-                ssize_t w = send(fd, frame, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-                (void)w;
-                free(frame);
-            }
-            close(fd);
-            continue;
-        }
-        fcntl(fd, F_SETFD, FD_CLOEXEC);
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        conn *c = calloc(1, sizeof *c);
-        if (!c) {
-            close(fd);
-            continue;
-        }
-        c->fd = fd;
-        snprintf(c->peer, sizeof c->peer, "%s:%s", host, serv);
-        /* The join must come soon: it is sent right after the hello by every member. */
-        c->deadline = now + (rv->timeout_s < CTL_JOIN_DEADLINE_S ? rv->timeout_s : CTL_JOIN_DEADLINE_S);
-        rv->conns[rv->nconns++] = c;
-        if (RAND_bytes(c->nonce, sizeof c->nonce) != 1) {
-            conn_refuse(rv, c, EIO, "no random nonce available (RAND_bytes failed)");
-            continue;
-        }
-        Pfcps__Hello h = PFCPS__HELLO__INIT;
-        h.nonce.data = c->nonce;
-        h.nonce.len = sizeof c->nonce;
-        h.protocol_version = CTL_PROTOCOL_VERSION;
-        Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-        m.body_case = PFCPS__CTL_MESSAGE__BODY_HELLO;
-        m.hello = &h;
-        conn_send_msg(rv, c, &m);
-    }
-}
-
-/* Does member c list checkpoint step t? */
-static int conn_has_step(const conn *c, int64_t t)
-{
-    for (size_t i = 0; i < c->nsteps; i++)
-        if (c->steps[i] == t)
-            return 1;
-    return 0;
-}
-
-/* With resume: the newest step every member listed (0: none), and why, into reason[cap]. */
-static int64_t pick_resume_step(ctl_rendezvous *rv, char *reason, size_t cap)
-{
-    int n = rv->num_servers + rv->num_workers;
-    if (!rv->resume) {
-        snprintf(reason, cap, "resume = false: starting from scratch");
-        return 0;
-    }
-    int64_t best = 0;
-    size_t len = 0;
-    reason[0] = '\0';
-    /* Candidates: every step any member listed, newest first; the first one all members hold wins. */
-    int64_t prev = INT64_MAX;
-    for (;;) {
-        int64_t cand = 0; /* the newest listed step below prev */
-        for (int i = 0; i < n; i++) {
-            conn *c = i < rv->num_servers ? rv->server_slot[i] : rv->worker_slot[i - rv->num_servers];
-            for (size_t k = 0; k < c->nsteps; k++)
-                if (c->steps[k] < prev && c->steps[k] > cand)
-                    cand = c->steps[k];
-        }
-        if (cand == 0)
-            break;
-        const conn *missing = NULL;
-        for (int i = 0; i < n && !missing; i++) {
-            conn *c = i < rv->num_servers ? rv->server_slot[i] : rv->worker_slot[i - rv->num_servers];
-            if (!conn_has_step(c, cand))
-                missing = c;
-        }
-        if (!missing) {
-            best = cand;
-            break;
-        }
-        if (len < cap)
-            len += (size_t)snprintf(reason + len, cap - len, "step %lld skipped: not complete on %s[%d]; ",
-                                    (long long)cand, ctl_role_name(missing->role), missing->rank);
-        prev = cand;
-    }
-    if (len < cap) {
-        if (best)
-            snprintf(reason + len, cap - len, "step %lld is the newest checkpoint complete on all %d members",
-                     (long long)best, n);
+        if (rv->nconns >= rv->max_conns || set_nonblock(fd) < 0)
+            accept_refuse_full(rv, fd, peer);
         else
-            snprintf(reason + len, cap - len,
-                     "no checkpoint is complete on all %d members: starting from scratch", n);
+            conn_add(rv, fd, peer, now);
     }
-    return best;
 }
 
-/* All expected members are in: the same reply (book, config, shard map, resume step) goes to each. */
+/* All expected members are in (ctl_roster_complete): the same reply (book, config, shard map, resume step
+ * chosen by ctl_roster_resume_step) goes to each, and the roster counts the run as formed. */
 static void form_run(ctl_rendezvous *rv)
 {
-    int n = rv->num_servers + rv->num_workers;
+    int n = ctl_roster_size(&rv->roster);
     Pfcps__Member *mem = calloc((size_t)n, sizeof *mem);
     Pfcps__Member **ptr = calloc((size_t)n, sizeof *ptr);
     if (!mem || !ptr) {
@@ -575,11 +522,12 @@ static void form_run(ctl_rendezvous *rv)
         return;
     }
     for (int i = 0; i < n; i++) {
-        conn *c = i < rv->num_servers ? rv->server_slot[i] : rv->worker_slot[i - rv->num_servers];
+        const conn *c = rv->roster.seats[i].holder;
         pfcps__member__init(&mem[i]);
-        mem[i].role = i < rv->num_servers ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
-        mem[i].rank = i < rv->num_servers ? i : i - rv->num_servers;
-        mem[i].fabric_addr.data = c->addr;
+        mem[i].role =
+            ctl_roster_role(&rv->roster, i) == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
+        mem[i].rank = ctl_roster_rank(&rv->roster, i);
+        mem[i].fabric_addr.data = (uint8_t *)c->addr;
         mem[i].fabric_addr.len = c->addr_len;
         ptr[i] = &mem[i];
     }
@@ -591,7 +539,7 @@ static void form_run(ctl_rendezvous *rv)
     r.num_workers = rv->num_workers;
     r.num_classes = rv->num_classes;
     char reason[512];
-    r.resume_step = pick_resume_step(rv, reason, sizeof reason);
+    r.resume_step = ctl_roster_resume_step(&rv->roster, reason, sizeof reason);
     r.resume_reason = reason;
     r.run_nonce.data = rv->run_nonce;
     r.run_nonce.len = sizeof rv->run_nonce;
@@ -602,9 +550,9 @@ static void form_run(ctl_rendezvous *rv)
     uint8_t *frame;
     size_t len;
     int rc = ctl_frame_encode(&m, rv->max_frame, &frame, &len);
-    rv->formed = 1;
+    rv->roster.formed = 1;
     for (int i = 0; i < n; i++) {
-        conn *c = i < rv->num_servers ? rv->server_slot[i] : rv->worker_slot[i - rv->num_servers];
+        conn *c = rv->roster.seats[i].holder;
         if (rc < 0)
             conn_refuse(rv, c, EMSGSIZE, pf_errmsg());
         else
@@ -619,13 +567,12 @@ static void form_run(ctl_rendezvous *rv)
     free(ptr);
 }
 
+/* Queues the shutdown broadcast for every joined member (ctl_session_wait_shutdown returns 1). */
 static void queue_shutdown(ctl_rendezvous *rv)
 {
-    Pfcps__Shutdown sd = PFCPS__SHUTDOWN__INIT;
-    sd.reason = (char *)"shutdown broadcast by the rendezvous";
-    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-    m.body_case = PFCPS__CTL_MESSAGE__BODY_SHUTDOWN;
-    m.shutdown = &sd;
+    Pfcps__Shutdown sd;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_shutdown(&m, &sd, "shutdown broadcast by the rendezvous");
     int n = 0;
     for (int i = 0; i < rv->nconns; i++) {
         conn *c = rv->conns[i];
@@ -638,22 +585,21 @@ static void queue_shutdown(ctl_rendezvous *rv)
     log_info("control plane: shutdown sent to %d members", n);
 }
 
-/* Tells every other joined member that `gone` disconnected without leaving (Error, code ENOLINK);
+/* Tells every joined member but `except` that member role[rank] from `peer` was lost, `what` saying how
+ * (Error, code ENOLINK: "worker[1] (host:port) disconnected without leaving the run");
  * ctl_session_wait_shutdown returns -ENOLINK with the text. Workers stop (the run cannot go on);
  * servers log it and keep serving. */
-static void queue_member_lost(ctl_rendezvous *rv, const conn *gone, const char *what)
+static void queue_member_lost(ctl_rendezvous *rv, const conn *except, ctl_role role, int rank,
+                              const char *peer, const char *what)
 {
     char text[256];
-    snprintf(text, sizeof text, "%s[%d] (%s) %s", ctl_role_name(gone->role), gone->rank, gone->peer, what);
-    Pfcps__Error e = PFCPS__ERROR__INIT;
-    e.code = ENOLINK;
-    e.message = text;
-    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-    m.body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
-    m.error = &e;
+    snprintf(text, sizeof text, "%s[%d] (%s) %s", ctl_role_name(role), rank, peer, what);
+    Pfcps__Error e;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_error(&m, &e, ENOLINK, text);
     for (int i = 0; i < rv->nconns; i++) {
         conn *c = rv->conns[i];
-        if (c != gone && c->joined && !c->closing && !c->dead)
+        if (c != except && c->joined && !c->closing && !c->dead)
             conn_send_msg(rv, c, &m);
     }
 }
@@ -661,8 +607,8 @@ static void queue_member_lost(ctl_rendezvous *rv, const conn *gone, const char *
 /* Removes dead connections and those whose error reply is flushed (or whose grace period ran out). */
 static void sweep(ctl_rendezvous *rv, double now)
 {
-    /* Take the dead ones out of rv->conns first, then close them: closing one may tell the others that a member
-     * was lost (queue_member_lost walks rv->conns), which must not meet a connection already freed. */
+    /* Take the dead ones out of rv->conns first, then close them: closing one may tell the others that a
+     * member was lost (queue_member_lost walks rv->conns), which must not meet a connection already freed. */
     int k = 0, nd = 0;
     conn **dead = rv->nconns > 0 ? calloc((size_t)rv->nconns, sizeof(conn *)) : NULL;
     for (int i = 0; i < rv->nconns; i++) {
@@ -755,7 +701,7 @@ static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
         accept_new(rv, now);
     expire_and_flush(rv, now);
     sweep(rv, now);
-    if (!rv->formed && atomic_load(&rv->joined) == rv->num_servers + rv->num_workers) {
+    if (ctl_roster_complete(&rv->roster)) {
         form_run(rv);
         for (int i = 0; i < rv->nconns; i++)
             if (rv->conns[i]->wlen)
@@ -769,17 +715,7 @@ static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
 static void log_never_joined(const ctl_rendezvous *rv)
 {
     char miss[512];
-    size_t o = 0;
-    int n = 0;
-    for (int i = 0; i < rv->num_servers + rv->num_workers; i++) {
-        if (rv->ever_joined[i])
-            continue;
-        int srv = i < rv->num_servers;
-        if (o < sizeof miss)
-            o += (size_t)snprintf(miss + o, sizeof miss - o, "%s%s[%d]", n ? ", " : "",
-                                  srv ? "server" : "worker", srv ? i : i - rv->num_servers);
-        n++;
-    }
+    int n = ctl_roster_never_joined(&rv->roster, miss, sizeof miss);
     if (n)
         log_warn("control plane: the run did not form: %d of %d members never joined: %s", n,
                  rv->num_servers + rv->num_workers, miss);
@@ -805,7 +741,7 @@ static void service_drain(ctl_rendezvous *rv)
             break;
         poll(NULL, 0, 10);
     }
-    rv->formed = 1; /* closing members below is not "left before the run formed" */
+    rv->roster.formed = 1; /* closing members below is not "left before the run formed" */
     rv->shutdown_sent = 1;
     for (int i = 0; i < rv->nconns; i++)
         conn_close(rv, rv->conns[i]);
@@ -824,7 +760,7 @@ static void *service_main(void *arg)
     while (!atomic_load(&rv->stop))
         if (service_pass(rv, pfd) < 0)
             break;
-    if (!rv->formed)
+    if (!rv->roster.formed)
         log_never_joined(rv);
     service_drain(rv);
     free(pfd);
@@ -843,9 +779,7 @@ static void rv_free(ctl_rendezvous *rv)
     free(rv->secret);
     free(rv->config_text);
     free(rv->conns);
-    free(rv->server_slot);
-    free(rv->worker_slot);
-    free(rv->ever_joined);
+    ctl_roster_free(&rv->roster);
     free(rv);
 }
 
@@ -894,18 +828,14 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->max_conns = o->num_servers + o->num_workers + CTL_SPARE_CONNS;
     raise_fd_limit((rlim_t)rv->max_conns + 64);
     rv->conns = calloc((size_t)rv->max_conns, sizeof *rv->conns);
-    rv->server_slot = calloc((size_t)o->num_servers, sizeof *rv->server_slot);
-    rv->worker_slot = calloc((size_t)o->num_workers, sizeof *rv->worker_slot);
-    rv->ever_joined = calloc((size_t)o->num_servers + (size_t)o->num_workers, 1);
-    if (!rv->bind_host || !rv->secret || !rv->config_text || !rv->conns || !rv->server_slot ||
-        !rv->worker_slot || !rv->ever_joined) {
+    if (!rv->bind_host || !rv->secret || !rv->config_text || !rv->conns ||
+        ctl_roster_init(&rv->roster, o->num_servers, o->num_workers, o->resume) < 0) {
         rv_free(rv);
         return pf_err(-ENOMEM, "rendezvous: out of memory");
     }
     rv->num_servers = o->num_servers;
     rv->num_workers = o->num_workers;
     rv->num_classes = o->num_classes;
-    rv->resume = o->resume;
     if (RAND_bytes(rv->run_nonce, sizeof rv->run_nonce) != 1) {
         rv_free(rv);
         return pf_err(-EIO, "rendezvous: no random run nonce (RAND_bytes failed)");

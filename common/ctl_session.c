@@ -32,6 +32,8 @@ struct ctl_session {
     ctl_book book;
 };
 
+/* Sends n bytes on the blocking-or-not socket fd by `deadline` (pf_now_s seconds). Returns 0, -ETIMEDOUT,
+ * or -errno of the failed send. */
 static int send_all(int fd, const uint8_t *p, size_t n, double deadline)
 {
     while (n > 0) {
@@ -56,6 +58,7 @@ static int send_all(int fd, const uint8_t *p, size_t n, double deadline)
     return 0;
 }
 
+/* Encodes m and sends it by `deadline`. Returns 0 or a negative code (pf_errmsg()). */
 static int send_msg(ctl_session *s, const Pfcps__CtlMessage *m, double deadline)
 {
     uint8_t *frame;
@@ -156,6 +159,7 @@ void ctl_set_interrupt(const volatile sig_atomic_t *flag)
     g_join_interrupt = flag;
 }
 
+/* -EINTR (named) once ctl_set_interrupt's flag is raised, else 0. */
 static int join_interrupted(void)
 {
     if (g_join_interrupt && *g_join_interrupt)
@@ -178,6 +182,9 @@ static int join_recv(ctl_session *s, double deadline, Pfcps__CtlMessage **out)
     }
 }
 
+/* Connects to the rendezvous at host:port by `deadline`, resolving the name (pf_resolve) and retrying a
+ * refused connection every 0.1 s (the rendezvous may not be up yet). Returns 0 with *out_fd (non-blocking,
+ * TCP_NODELAY), -EINTR when interrupted, or the last connect error named with host:port. */
 static int connect_by(const char *host, int port, double deadline, int *out_fd)
 {
     char portstr[16];
@@ -367,8 +374,9 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
             t_log = now;
         }
         for (int i = 0; i < 5; i++) {
-            if (g_join_interrupt && *g_join_interrupt)
-                return pf_err(-EINTR, "join interrupted");
+            int irc = join_interrupted();
+            if (irc < 0)
+                return irc;
             struct timespec ts = {0, 100000000};
             nanosleep(&ts, NULL);
         }
@@ -420,11 +428,9 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
 
 int ctl_session_leave(ctl_session *s)
 {
-    Pfcps__Shutdown sd = PFCPS__SHUTDOWN__INIT;
-    sd.reason = (char *)"leaving";
-    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-    m.body_case = PFCPS__CTL_MESSAGE__BODY_SHUTDOWN;
-    m.shutdown = &sd;
+    Pfcps__Shutdown sd;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_shutdown(&m, &sd, "leaving");
     return send_msg(s, &m, pf_now_s() + 5.0);
 }
 

@@ -1,0 +1,205 @@
+/* Control plane, run-forming policy: who may take a rank, when the run forms, what a departure means, the
+ * resume step and the never-joined report, as pure functions over the roster of seats (ctl_forming.h).
+ * The rendezvous's connection loop (ctl_rendezvous.c) calls them and does the talking and the logging. */
+#include "common/ctl_forming.h"
+
+#include "common/ctl_internal.h"
+#include "common/err.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int ctl_roster_init(ctl_roster *r, int num_servers, int num_workers, int resume)
+{
+    memset(r, 0, sizeof *r);
+    r->seats = calloc((size_t)num_servers + (size_t)num_workers, sizeof *r->seats);
+    if (!r->seats)
+        return pf_err(-ENOMEM, "rendezvous: out of memory");
+    r->num_servers = num_servers;
+    r->num_workers = num_workers;
+    r->resume = resume;
+    return 0;
+}
+
+void ctl_roster_free(ctl_roster *r)
+{
+    free(r->seats);
+    memset(r, 0, sizeof *r);
+}
+
+int ctl_roster_size(const ctl_roster *r)
+{
+    return r->num_servers + r->num_workers;
+}
+
+int ctl_roster_seat(const ctl_roster *r, ctl_role role, int rank)
+{
+    int limit = role == CTL_ROLE_SERVER ? r->num_servers : r->num_workers;
+    if (rank < 0 || rank >= limit)
+        return -1;
+    return role == CTL_ROLE_SERVER ? rank : r->num_servers + rank;
+}
+
+ctl_role ctl_roster_role(const ctl_roster *r, int i)
+{
+    return i < r->num_servers ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+}
+
+int ctl_roster_rank(const ctl_roster *r, int i)
+{
+    return i < r->num_servers ? i : i - r->num_servers;
+}
+
+int ctl_roster_admit(ctl_roster *r, ctl_role role, int rank, ctl_admission *out)
+{
+    const char *who = ctl_role_name((int)role);
+    memset(out, 0, sizeof *out);
+    out->seat = ctl_roster_seat(r, role, rank);
+    if (out->seat < 0) {
+        int limit = role == CTL_ROLE_SERVER ? r->num_servers : r->num_workers;
+        out->code = ERANGE;
+        snprintf(out->reason, sizeof out->reason, "join refused: %s rank %d is outside [0, %d)", who, rank,
+                 limit);
+        return out->code;
+    }
+    if (r->formed) {
+        /* An authenticated member of the run joins again: it restarted. The run cannot go on; the members
+         * are told once (they exit, to be restarted with resume) and this one retries meanwhile. */
+        out->restarted = !r->reforming;
+        r->reforming = 1;
+        out->code = EAGAIN;
+        snprintf(out->reason, sizeof out->reason,
+                 "%s rank %d: the run is re-forming after a member restarted; retry", who, rank);
+        return out->code;
+    }
+    const ctl_seat *s = &r->seats[out->seat];
+    if (s->holder) {
+        out->code = EAGAIN;
+        snprintf(out->reason, sizeof out->reason,
+                 "%s rank %d is still held by %s (a previous process not yet gone?); retry", who, rank,
+                 s->peer ? s->peer : "?");
+        return out->code;
+    }
+    return 0;
+}
+
+int ctl_roster_take(ctl_roster *r, int seat, void *holder, const char *peer, const int64_t *steps,
+                    size_t nsteps)
+{
+    ctl_seat *s = &r->seats[seat];
+    s->holder = holder;
+    s->peer = peer;
+    s->steps = steps;
+    s->nsteps = nsteps;
+    s->ever_joined = 1;
+    return ++r->held;
+}
+
+ctl_gone ctl_roster_release(ctl_roster *r, int seat, const void *holder, int said_leave, int shutdown_sent)
+{
+    ctl_seat *s = &r->seats[seat];
+    if (!holder || s->holder != holder)
+        return CTL_GONE_NOTHING;
+    s->holder = NULL;
+    s->peer = NULL;
+    s->steps = NULL;
+    s->nsteps = 0;
+    r->held--;
+    if (!r->formed)
+        return CTL_GONE_FREED;
+    return shutdown_sent || said_leave ? CTL_GONE_QUIET : CTL_GONE_LOST;
+}
+
+int ctl_roster_complete(const ctl_roster *r)
+{
+    return !r->formed && r->held == ctl_roster_size(r);
+}
+
+int ctl_roster_server_leave_is_loss(const ctl_roster *r, int workers_left, int shutdown_sent)
+{
+    return r->formed && !shutdown_sent && workers_left < r->num_workers;
+}
+
+/* Does seat s's holder list checkpoint step t? */
+static int seat_has_step(const ctl_seat *s, int64_t t)
+{
+    for (size_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i] == t)
+            return 1;
+    return 0;
+}
+
+/* The newest step any seat lists below `below` (0: none). */
+static int64_t newest_step_below(const ctl_roster *r, int64_t below)
+{
+    int64_t cand = 0;
+    for (int i = 0; i < ctl_roster_size(r); i++) {
+        const ctl_seat *s = &r->seats[i];
+        for (size_t k = 0; k < s->nsteps; k++)
+            if (s->steps[k] < below && s->steps[k] > cand)
+                cand = s->steps[k];
+    }
+    return cand;
+}
+
+/* The first seat whose holder does not list step t, or -1 when every one does. */
+static int seat_missing_step(const ctl_roster *r, int64_t t)
+{
+    for (int i = 0; i < ctl_roster_size(r); i++)
+        if (!seat_has_step(&r->seats[i], t))
+            return i;
+    return -1;
+}
+
+int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap)
+{
+    int n = ctl_roster_size(r);
+    if (!r->resume) {
+        snprintf(reason, cap, "resume = false: starting from scratch");
+        return 0;
+    }
+    int64_t best = 0;
+    size_t len = 0;
+    if (cap)
+        reason[0] = '\0';
+    /* Candidates: every step any member listed, newest first; the first one all members hold wins. */
+    for (int64_t cand = newest_step_below(r, INT64_MAX); cand > 0; cand = newest_step_below(r, cand)) {
+        int missing = seat_missing_step(r, cand);
+        if (missing < 0) {
+            best = cand;
+            break;
+        }
+        if (len < cap)
+            len += (size_t)snprintf(reason + len, cap - len, "step %lld skipped: not complete on %s[%d]; ",
+                                    (long long)cand, ctl_role_name((int)ctl_roster_role(r, missing)),
+                                    ctl_roster_rank(r, missing));
+    }
+    if (len < cap) {
+        if (best)
+            snprintf(reason + len, cap - len, "step %lld is the newest checkpoint complete on all %d members",
+                     (long long)best, n);
+        else
+            snprintf(reason + len, cap - len,
+                     "no checkpoint is complete on all %d members: starting from scratch", n);
+    }
+    return best;
+}
+
+int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap)
+{
+    size_t o = 0;
+    int n = 0;
+    if (cap)
+        out[0] = '\0';
+    for (int i = 0; i < ctl_roster_size(r); i++) {
+        if (r->seats[i].ever_joined)
+            continue;
+        if (o < cap)
+            o += (size_t)snprintf(out + o, cap - o, "%s%s[%d]", n ? ", " : "",
+                                  ctl_role_name((int)ctl_roster_role(r, i)), ctl_roster_rank(r, i));
+        n++;
+    }
+    return n;
+}
