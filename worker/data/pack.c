@@ -194,6 +194,141 @@ static void progress(int64_t done, int64_t total, double t0, int final)
     fflush(stderr);
 }
 
+/* Step 1 of pack_dir: the identity folders (natural order, at most o->max_identities) into *ids and each
+ * one's images into (*files)[c] (calloc'd, ids->n of them; the caller frees both even on failure);
+ * *total = the number of images. */
+static int pack_list(const char *image_dir, const pack_opts *o, name_list *ids, name_list **files,
+                     int64_t *total)
+{
+    int rc = list_dir(image_dir, 1, ids);
+    if (rc < 0)
+        return rc;
+    if (ids->n == 0)
+        return pf_err(-EINVAL, "%s: no identity folders (expected one subfolder of images per identity)",
+                      image_dir);
+    if (o->max_identities < 0)
+        return pf_err(-EINVAL, "max_identities %" PRId64 " is negative", o->max_identities);
+    if (o->max_identities > 0 && (size_t)o->max_identities < ids->n) {
+        for (size_t i = (size_t)o->max_identities; i < ids->n; i++)
+            free(ids->v[i]);
+        ids->n = (size_t)o->max_identities;
+    }
+    if ((uint64_t)o->first_class + ids->n - 1 > REC_ID2_CLASS_MASK)
+        return pf_err(-EINVAL, "first_class %" PRId64 " + %zu identities exceeds 2^48", o->first_class,
+                      ids->n);
+    *files = calloc(ids->n, sizeof **files);
+    if (!*files)
+        return pf_err(-ENOMEM, "out of memory");
+    char path[8192];
+    *total = 0;
+    for (size_t c = 0; c < ids->n; c++) {
+        snprintf(path, sizeof path, "%s/%s", image_dir, ids->v[c]);
+        if ((rc = list_dir(path, 0, &(*files)[c])) < 0)
+            return rc;
+        if ((*files)[c].n == 0)
+            return pf_err(-EINVAL, "%s: identity folder has no images (.jpg .jpeg .png .pgm .ppm .pnm .bmp)",
+                          path);
+        *total += (int64_t)(*files)[c].n;
+    }
+    return 0;
+}
+
+/* Step 2: every image as one record, keys 1, 2, ... in identity order (label = class, id2 = marker | class);
+ * start[c] = identity c's first key. Returns 0 with *key = the next free key, or the first error. */
+static int pack_images(packer *p, rec_writer *w, const char *image_dir, const name_list *ids,
+                       const name_list *files, int64_t total, int64_t *start, int64_t *key, pack_stats *st)
+{
+    const pack_opts *o = p->o;
+    char path[8192];
+    double t0 = pf_now_s();
+    *key = 1;
+    for (size_t c = 0; c < ids->n; c++) {
+        int64_t cls = o->first_class + (int64_t)c;
+        start[c] = *key;
+        for (size_t i = 0; i < files[c].n; i++) {
+            snprintf(path, sizeof path, "%s/%s/%s", image_dir, ids->v[c], files[c].v[i]);
+            uint8_t *orig = NULL;
+            const uint8_t *img = NULL;
+            size_t ilen = 0;
+            int kept = 0;
+            int rc = encode_one(p, path, &orig, &img, &ilen, &kept);
+            if (rc == 0)
+                rc = rec_writer_put(w, *key, 0, (float)cls, (uint64_t)*key, REC_ID2_MARKER | (uint64_t)cls,
+                                    NULL, img, ilen);
+            free(orig);
+            if (rc < 0)
+                return rc;
+            if (kept)
+                st->kept++;
+            else
+                st->converted++;
+            (*key)++;
+            st->images++;
+            if (o->progress)
+                progress(st->images, total, t0, 0);
+        }
+    }
+    start[ids->n] = *key;
+    if (o->progress)
+        progress(st->images, total, t0, 1);
+    return 0;
+}
+
+/* Step 3: one record per identity (labels [first key, end key)), then the header at key 0 (last in the
+ * file; labels [first identity key, end key], exact values in id / id2 as rec.h describes). */
+static int pack_identities(rec_writer *w, size_t n_ids, const int64_t *start, int64_t key)
+{
+    int64_t first_id = key;
+    int rc = 0;
+    for (size_t c = 0; c < n_ids && rc == 0; c++) {
+        float lab[2] = {(float)start[c], (float)start[c + 1]};
+        rc = rec_writer_put(w, key++, 2, 0, (uint64_t)start[c], (uint64_t)start[c + 1], lab, NULL, 0);
+    }
+    if (rc == 0) {
+        float lab[2] = {(float)first_id, (float)key};
+        rc = rec_writer_put(w, 0, 2, 0, (uint64_t)key, REC_ID2_MARKER | (uint64_t)first_id, lab, NULL, 0);
+    }
+    return rc;
+}
+
+/* Step 4: closes the writer and, when everything so far succeeded (rc == 0), renames <tmp>.rec/.idx to
+ * <out_prefix>.rec/.idx; on failure the temp files are removed. Returns rc or the first new error. */
+static int pack_commit(rec_writer *w, const char *tmp, const char *out_prefix, int rc)
+{
+    int rc2 = rec_writer_close(w);
+    if (rc == 0)
+        rc = rc2;
+    const char *ext[2] = {"rec", "idx"};
+    char from[4300], to[4300];
+    for (int e = 0; e < 2; e++) {
+        snprintf(from, sizeof from, "%s.%s", tmp, ext[e]);
+        snprintf(to, sizeof to, "%s.%s", out_prefix, ext[e]);
+        if (rc == 0 && rename(from, to) != 0)
+            rc = pf_err(-errno, "%s: cannot rename to %s: %s", from, to, strerror(errno));
+        if (rc < 0)
+            unlink(from);
+    }
+    return rc;
+}
+
+/* Step 5: the `property` file beside the pack: `num_classes,height,width`. */
+static int pack_property(const char *out_prefix, int64_t num_classes)
+{
+    char prop[4200];
+    const char *slash = strrchr(out_prefix, '/');
+    if (slash)
+        snprintf(prop, sizeof prop, "%.*s/property", (int)(slash - out_prefix), out_prefix);
+    else
+        snprintf(prop, sizeof prop, "property");
+    FILE *f = fopen(prop, "w");
+    if (!f)
+        return pf_err(-errno, "%s: cannot create: %s", prop, strerror(errno));
+    fprintf(f, "%" PRId64 ",%d,%d\n", num_classes, IMG_SIZE, IMG_SIZE);
+    if (fclose(f) != 0)
+        return pf_err(-EIO, "%s: write failed", prop);
+    return 0;
+}
+
 int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, pack_stats *st)
 {
     memset(st, 0, sizeof *st);
@@ -203,46 +338,10 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
         return pf_err(-EINVAL, "JPEG quality %d is outside 1..100", o->quality);
     name_list ids = {0};
     name_list *files = NULL;
-    int rc = list_dir(image_dir, 1, &ids);
-    if (rc < 0)
-        return rc;
-    if (ids.n == 0) {
-        names_free(&ids);
-        return pf_err(-EINVAL, "%s: no identity folders (expected one subfolder of images per identity)",
-                      image_dir);
-    }
-    if (o->max_identities < 0) {
-        names_free(&ids);
-        return pf_err(-EINVAL, "max_identities %" PRId64 " is negative", o->max_identities);
-    }
-    if (o->max_identities > 0 && (size_t)o->max_identities < ids.n) {
-        for (size_t i = (size_t)o->max_identities; i < ids.n; i++)
-            free(ids.v[i]);
-        ids.n = (size_t)o->max_identities;
-    }
-    if ((uint64_t)o->first_class + ids.n - 1 > REC_ID2_CLASS_MASK) {
-        rc = pf_err(-EINVAL, "first_class %" PRId64 " + %zu identities exceeds 2^48", o->first_class, ids.n);
-        names_free(&ids);
-        return rc;
-    }
-    files = calloc(ids.n, sizeof *files);
-    if (!files) {
-        names_free(&ids);
-        return pf_err(-ENOMEM, "out of memory");
-    }
-    char path[8192];
     int64_t total = 0;
-    for (size_t c = 0; c < ids.n; c++) {
-        snprintf(path, sizeof path, "%s/%s", image_dir, ids.v[c]);
-        if ((rc = list_dir(path, 0, &files[c])) < 0)
-            goto out;
-        if (files[c].n == 0) {
-            rc = pf_err(-EINVAL, "%s: identity folder has no images (.jpg .jpeg .png .pgm .ppm .pnm .bmp)",
-                        path);
-            goto out;
-        }
-        total += (int64_t)files[c].n;
-    }
+    int rc = pack_list(image_dir, o, &ids, &files, &total);
+    if (rc < 0)
+        goto out;
 
     packer p = {.o = o};
     rec_writer w = {0};
@@ -266,78 +365,13 @@ int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, 
     snprintf(tmp, sizeof tmp, "%s.partial", out_prefix);
     if ((rc = make_parent(out_prefix)) < 0 || (rc = rec_writer_open(&w, tmp)) < 0)
         goto done;
-    double t0 = pf_now_s();
-    int64_t key = 1;
-    for (size_t c = 0; c < ids.n && rc == 0; c++) {
-        int64_t cls = o->first_class + (int64_t)c;
-        start[c] = key;
-        for (size_t i = 0; i < files[c].n; i++) {
-            snprintf(path, sizeof path, "%s/%s/%s", image_dir, ids.v[c], files[c].v[i]);
-            uint8_t *orig = NULL;
-            const uint8_t *img = NULL;
-            size_t ilen = 0;
-            int kept = 0;
-            rc = encode_one(&p, path, &orig, &img, &ilen, &kept);
-            if (rc == 0)
-                rc = rec_writer_put(&w, key, 0, (float)cls, (uint64_t)key, REC_ID2_MARKER | (uint64_t)cls,
-                                    NULL, img, ilen);
-            free(orig);
-            if (rc < 0)
-                break;
-            if (kept)
-                st->kept++;
-            else
-                st->converted++;
-            key++;
-            st->images++;
-            if (o->progress)
-                progress(st->images, total, t0, 0);
-        }
-    }
-    start[ids.n] = key;
-    if (o->progress && rc == 0)
-        progress(st->images, total, t0, 1);
-    /* Identity records, then the header at key 0 (last in the file). */
-    int64_t first_id = key;
-    for (size_t c = 0; c < ids.n && rc == 0; c++) {
-        float lab[2] = {(float)start[c], (float)start[c + 1]};
-        rc = rec_writer_put(&w, key++, 2, 0, (uint64_t)start[c], (uint64_t)start[c + 1], lab, NULL, 0);
-    }
-    if (rc == 0) {
-        float lab[2] = {(float)first_id, (float)key};
-        rc = rec_writer_put(&w, 0, 2, 0, (uint64_t)key, REC_ID2_MARKER | (uint64_t)first_id, lab, NULL, 0);
-    }
-    {
-        int rc2 = rec_writer_close(&w);
-        if (rc == 0)
-            rc = rc2;
-        const char *ext[2] = {"rec", "idx"};
-        char from[4300], to[4300];
-        for (int e = 0; e < 2; e++) {
-            snprintf(from, sizeof from, "%s.%s", tmp, ext[e]);
-            snprintf(to, sizeof to, "%s.%s", out_prefix, ext[e]);
-            if (rc == 0 && rename(from, to) != 0)
-                rc = pf_err(-errno, "%s: cannot rename to %s: %s", from, to, strerror(errno));
-            if (rc < 0)
-                unlink(from);
-        }
-    }
-    if (rc == 0) {
-        char prop[4200];
-        const char *slash = strrchr(out_prefix, '/');
-        if (slash)
-            snprintf(prop, sizeof prop, "%.*s/property", (int)(slash - out_prefix), out_prefix);
-        else
-            snprintf(prop, sizeof prop, "property");
-        FILE *f = fopen(prop, "w");
-        if (!f)
-            rc = pf_err(-errno, "%s: cannot create: %s", prop, strerror(errno));
-        else {
-            fprintf(f, "%" PRId64 ",%d,%d\n", o->first_class + (int64_t)ids.n, IMG_SIZE, IMG_SIZE);
-            if (fclose(f) != 0)
-                rc = pf_err(-EIO, "%s: write failed", prop);
-        }
-    }
+    int64_t key = 0;
+    rc = pack_images(&p, &w, image_dir, &ids, files, total, start, &key, st);
+    if (rc == 0)
+        rc = pack_identities(&w, ids.n, start, key);
+    rc = pack_commit(&w, tmp, out_prefix, rc);
+    if (rc == 0)
+        rc = pack_property(out_prefix, o->first_class + (int64_t)ids.n);
     st->classes = (int64_t)ids.n;
 done:
     if (p.tjc)
@@ -347,7 +381,7 @@ done:
     img_decoder_free(&p.dec);
     free(start);
 out:
-    for (size_t c = 0; c < ids.n; c++)
+    for (size_t c = 0; files && c < ids.n; c++)
         names_free(&files[c]);
     free(files);
     names_free(&ids);
