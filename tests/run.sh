@@ -19,8 +19,8 @@ if py=$(tests/pyenv.sh | tail -n 1) && [ -x "$py" ]; then
 else
   echo "run.sh: tests/pyenv.sh failed: the tests that compare against Python references will skip"
 fi
-# Slurm and munge for tests/deploy/test_slurm.sh (it skips, naming them, when they are missing).
-tests/deploy/deps.sh || echo "run.sh: tests/deploy/deps.sh failed: the Slurm test will skip"
+# Slurm and munge for tests/deploy/slurm/test_slurm.sh (it skips, naming them, when they are missing).
+tests/deploy/slurm/deps.sh || echo "run.sh: tests/deploy/slurm/deps.sh failed: the Slurm test will skip"
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 
 B=${PFCPS_TEST_BUILD:-build-tests}

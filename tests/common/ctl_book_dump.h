@@ -1,7 +1,7 @@
 /* Test helper: the canonical text of an address book, so books from different processes can be
  * compared byte for byte and against the text a test expects. */
-#ifndef PFCPS_TESTS_CTL_BOOK_DUMP_H
-#define PFCPS_TESTS_CTL_BOOK_DUMP_H
+#ifndef PFCPS_TESTS_COMMON_CTL_BOOK_DUMP_H
+#define PFCPS_TESTS_COMMON_CTL_BOOK_DUMP_H
 
 #include "common/ctl.h"
 

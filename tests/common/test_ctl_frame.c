@@ -2,7 +2,7 @@
  * out so the vector's message is exactly nonce || u32le(role) || u32le(rank) || addr), frame round
  * trip, partial frames, the size limit, and each malformed message the decoder must refuse.
  *
- * `test_ctl_frame --write-corpus DIR` writes the fuzz seed corpus (tests/fuzz/ctl_corpus). */
+ * `test_ctl_frame --write-corpus DIR` writes the fuzz seed corpus (tests/common/fuzz_ctl_frame_corpus). */
 #include "common/ctl_frame.h"
 #include "common/err.h"
 
@@ -196,7 +196,7 @@ static void test_book_from_reply(void **state)
     assert_non_null(strstr(pf_errmsg(), "2 members listed"));
 }
 
-/* Seed corpus for tests/fuzz/fuzz_ctl_frame.c: one valid frame of each kind, and a few bad ones. */
+/* Seed corpus for tests/common/fuzz_ctl_frame.c: one valid frame of each kind, and a few bad ones. */
 static int write_seed(const char *dir, const char *name, const Pfcps__CtlMessage *m)
 {
     uint8_t *frame;

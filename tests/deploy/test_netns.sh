@@ -11,12 +11,12 @@
 # order (exit 0); the data plane went over the links (bytes through every host's tbf); a name that never
 # resolves is refused after ctl_timeout with the reason. Namespaces, veths, bridge and /etc/netns entries are
 # this test's own and removed on exit (also on failure). Skips (77) without root, ip, tc or namespace support.
-# Arguments: SERVER WORKER PFCPS SRC BUILD (tests/train/cluster.sh).
+# Arguments: SERVER WORKER PFCPS SRC BUILD (tests/deploy/local/cluster.sh).
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "network namespaces need root (ip netns add)"
 command -v ip >/dev/null 2>&1 || skip "no 'ip' command (iproute2)"
 command -v tc >/dev/null 2>&1 || skip "no 'tc' command (iproute2)"
-source "$(dirname "$0")/../train/cluster.sh" "$@"
+source "$(dirname "$0")/local/cluster.sh" "$@"
 
 # Names of this run's own objects: interface names have at most 15 characters.
 tag=pf$(($$ % 100000))

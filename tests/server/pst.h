@@ -2,8 +2,8 @@
  * spawns pfcps-server processes (from $PFCPS_BUILD/server/pfcps-server), joins test clients as workers
  * through the real rendezvous, and kills every child on every exit path (atexit + SIGTERM/SIGINT/SIGALRM
  * handlers; an alarm bounds each test). */
-#ifndef PFCPS_TESTS_PS_PST_H
-#define PFCPS_TESTS_PS_PST_H
+#ifndef PFCPS_TESTS_SERVER_PST_H
+#define PFCPS_TESTS_SERVER_PST_H
 
 #include <stdint.h>
 #include <sys/types.h>

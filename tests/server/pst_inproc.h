@@ -1,6 +1,6 @@
 /* In-process parameter-server tests: one call connects servers and clients created in this process. */
-#ifndef PFCPS_TESTS_PST_INPROC_H
-#define PFCPS_TESTS_PST_INPROC_H
+#ifndef PFCPS_TESTS_SERVER_PST_INPROC_H
+#define PFCPS_TESTS_SERVER_PST_INPROC_H
 
 #include "server/ps_server.h"
 #include "worker/ps_client.h"

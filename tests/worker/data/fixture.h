@@ -1,7 +1,7 @@
 /* Helpers for the data-pipeline tests: temp folders, byte-level RecordIO fixtures written by hand from
  * the format facts (not with pfcps's writer), and real JPEGs made from the ORL faces with TurboJPEG. */
-#ifndef PFCPS_TESTS_DATA_FIXTURE_H
-#define PFCPS_TESTS_DATA_FIXTURE_H
+#ifndef PFCPS_TESTS_WORKER_DATA_FIXTURE_H
+#define PFCPS_TESTS_WORKER_DATA_FIXTURE_H
 
 #include <stdint.h>
 #include <stdio.h>

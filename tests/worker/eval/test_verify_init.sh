@@ -11,7 +11,7 @@
 # statistics of one step) and --init with seed 778 both differ (the comparison sees parameters and BN state);
 # --init refusals (bad spec, with --pixels, with a checkpoint too, unknown network).
 # Arguments: SERVER WORKER PFCPS SRC BUILD
-source "$4/tests/train/cluster.sh" "$@"
+source "$4/tests/deploy/local/cluster.sh" "$@"
 fails=0
 bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 ORL=$SRC/data/orl

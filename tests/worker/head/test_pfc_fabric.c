@@ -10,7 +10,7 @@
 
 #include "common/coll.h"
 #include "common/err.h"
-#include "tests/worker/head/mp_ring.h"
+#include "tests/common/mp_ring.h"
 #include "worker/head/pfc.h"
 
 enum { B = 6, D = 32, C = 97 };

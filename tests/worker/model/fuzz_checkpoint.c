@@ -2,7 +2,7 @@
  * room 4). Every input must be either loaded (a valid file for the model: r18_w2, D = 8) or refused
  * with a negative code and a message, with the model's parameters untouched on refusal; loaded
  * extras have NUL-terminated names; no crash, no sanitizer report.
- * Seeds: tests/worker/model/ckpt_corpus (valid version 1 and version 2 (two extras) checkpoints and a few
+ * Seeds: tests/worker/model/fuzz_checkpoint_corpus (valid version 1 and version 2 (two extras) checkpoints and a few
  * cut/altered ones). */
 #include <stdint.h>
 #include <stdio.h>

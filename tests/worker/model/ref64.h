@@ -2,8 +2,8 @@
  * tests: naive loops, no library. They check the device layers (finite differences and direct
  * comparison) and run whole networks in float64. Backward functions ACCUMULATE (+=) into every
  * gradient they are given (NULL skips). */
-#ifndef PFCPS_TESTS_MODEL_REF64_H
-#define PFCPS_TESTS_MODEL_REF64_H
+#ifndef PFCPS_TESTS_WORKER_MODEL_REF64_H
+#define PFCPS_TESTS_WORKER_MODEL_REF64_H
 
 #include <math.h>
 #include <stddef.h>

@@ -1,7 +1,7 @@
 /* The backbone reference cases ($PFCPS_REFERENCE/backbone/<case>: meta.json, params/, grads/,
  * running/, input.npy, grad_output.npy, ...) as the model tests read them. */
-#ifndef PFCPS_TESTS_MODEL_REFCASE_H
-#define PFCPS_TESTS_MODEL_REFCASE_H
+#ifndef PFCPS_TESTS_WORKER_MODEL_REFCASE_H
+#define PFCPS_TESTS_WORKER_MODEL_REFCASE_H
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -288,15 +288,15 @@ int main(void)
         b = sb;
     }
 
-    /* The corpus seeds (tests/worker/model/ckpt_corpus): a version 1 file written by the earlier code and the
+    /* The corpus seeds (tests/worker/model/fuzz_checkpoint_corpus): a version 1 file written by the earlier code and the
      * same file turned into version 2 with two extras by a script (an independent writer of the
      * format): both load, with the same parameters. */
     const char *src = getenv("PFCPS_SOURCE");
     model *w2;
     if (src && model_create(&w2, "r18_w2", 8, 1) == 0) {
         char p1[1024], p2[1024];
-        snprintf(p1, sizeof p1, "%s/tests/worker/model/ckpt_corpus/valid_r18_w2_d8.ckpt", src);
-        snprintf(p2, sizeof p2, "%s/tests/worker/model/ckpt_corpus/valid_v2_extras.ckpt", src);
+        snprintf(p1, sizeof p1, "%s/tests/worker/model/fuzz_checkpoint_corpus/valid_r18_w2_d8.ckpt", src);
+        snprintf(p2, sizeof p2, "%s/tests/worker/model/fuzz_checkpoint_corpus/valid_v2_extras.ckpt", src);
         size_t n2 = model_num_params(w2);
         float *q1 = malloc(n2 * 4);
         model_extra y2[2];

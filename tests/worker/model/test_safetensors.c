@@ -296,7 +296,7 @@ static void hostile(void)
     printf("every truncation of a valid %zu-byte file refused\n", n);
 }
 
-/* Files written by the safetensors package (numpy save_file: the fuzz seeds tests/fuzz/safetensors_corpus).
+/* Files written by the safetensors package (numpy save_file: the fuzz seeds tests/worker/model/fuzz_safetensors_corpus).
  */
 static void package_files(void)
 {
@@ -309,7 +309,7 @@ static void package_files(void)
     static const char *names[] = {"two_tensors", "conv_f16_empty", "bn", "empty"};
     static const int counts[] = {2, 3, 3, 0};
     for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/tests/fuzz/safetensors_corpus/%s.safetensors", src, names[i]);
+        snprintf(p, sizeof p, "%s/tests/worker/model/fuzz_safetensors_corpus/%s.safetensors", src, names[i]);
         st_file *f;
         int rc = st_read(&f, p);
         CHECK(rc == 0 && st_count(f) == counts[i], "%s: rc %d %s", p, rc, pf_errmsg());

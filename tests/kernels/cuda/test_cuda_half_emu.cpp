@@ -1,6 +1,6 @@
 // The own kernels of the mixed-precision CUDA devices (kernels/cuda/ops_cuda_half_kernels.cuh: PReLU,
 // the float64 batch norm that cuda-bf16 always uses, add / acc, layout and weight conversions) run on
-// the CPU through tests/cuda/cuda_emu.h (blocks of 256 fibers, the wrappers' launch shapes) with a
+// the CPU through tests/kernels/cuda/cuda_emu.h (blocks of 256 fibers, the wrappers' launch shapes) with a
 // software bf16 element type, against the CPU device: no GPU needed, so this runs in CI. Not covered
 // here: the cuDNN calls (convolutions, fp16 batch norm) and anything about real GPU concurrency.
 // Fresh random shapes and inputs each run (seed printed; PFCPS_TEST_SEED replays).
@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "tests/cuda/cuda_emu.h"
+#include "tests/kernels/cuda/cuda_emu.h"
 
 extern "C" {
 #include "common/err.h"

@@ -23,7 +23,7 @@
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
-#include "tests/cuda/cuda_testutil.h"
+#include "tests/kernels/cuda/cuda_testutil.h"
 
 /* ---- the half format under test (host side, the test's own code) ---- */
 

@@ -23,7 +23,7 @@
 # Usage: test_k8s_manifests.sh PFCPS [SRC [BUILD]]   (meson passes tools/pfcps, the source and build roots)
 set -euo pipefail
 pfcps=${1:?usage: test_k8s_manifests.sh PFCPS [SRC [BUILD]]}
-src=${2:-${PFCPS_SOURCE:-$(cd "$(dirname "$0")/../.." && pwd)}}
+src=${2:-${PFCPS_SOURCE:-$(cd "$(dirname "$0")/../../.." && pwd)}}
 build=${3:-${PFCPS_BUILD:-$(dirname "$(dirname "$pfcps")")}}
 [ -x "$pfcps" ] || { echo "SKIP: $pfcps is not built"; exit 77; }
 pfcps=$(readlink -f "$pfcps")

@@ -1,7 +1,7 @@
 /* Device buffers for the CUDA device tests (kernels/cuda/cuda_ops.h's memory calls; also on the
  * emulated device of cuda_emu_device.cpp): upload, NaN-poisoned output, download. A failure DIEs. */
-#ifndef PFCPS_TESTS_CUDA_CUDA_TESTUTIL_H
-#define PFCPS_TESTS_CUDA_CUDA_TESTUTIL_H
+#ifndef PFCPS_TESTS_KERNELS_CUDA_CUDA_TESTUTIL_H
+#define PFCPS_TESTS_KERNELS_CUDA_CUDA_TESTUTIL_H
 
 #include "kernels/cuda/cuda_ops.h"
 #include "tests/testutil.h"

@@ -5,10 +5,10 @@
 # executable there, among the rest); the same units pointing at /opt/pfcps/bin must be refused (the check is
 # real). The units keep a working directory (relative `output`) and Restart=on-failure. Skips (77) without
 # systemd-analyze.
-# Arguments: SERVER WORKER PFCPS SRC BUILD (tests/train/cluster.sh).
+# Arguments: SERVER WORKER PFCPS SRC BUILD (tests/deploy/local/cluster.sh).
 command -v systemd-analyze >/dev/null 2>&1 ||
   { echo "SKIP: systemd-analyze is not installed (package systemd)"; exit 77; }
-source "$(dirname "$0")/../train/cluster.sh" "$@"
+source "$(dirname "$0")/../local/cluster.sh" "$@"
 units=$SRC/deploy/systemd
 ROOT=$TMP/root
 

@@ -16,7 +16,7 @@
 #include "common/coll.h"
 #include "common/err.h"
 #include "common/fabric.h"
-#include "tests/worker/head/mp_ring.h"
+#include "tests/common/mp_ring.h"
 
 static int fails;
 

@@ -9,7 +9,7 @@
 #     worker that it resumes at step 12; the run trains on to exit 0 with a finite loss at every step;
 #   - the table as loaded equals the saved one: the same shape resumed with --max-steps 12 (nothing left to
 #     train) dumps its class centers (--dump-centers), compared bitwise with the weights read from the step-12
-#     shard files by tests/train/ckpt_table.py (an independent reader; it also checks ckpt-info's table digest);
+#     shard files by tests/deploy/local/ckpt_table.py (an independent reader; it also checks ckpt-info's table digest);
 #   - S'=3: sharding only routes rows, so every step's loss after the resume, the checkpoints written after it
 #     (ckpt-info table and backbone SHA-256) and model.ckpt equal the uninterrupted 2-server run's;
 #   - W'=1: the loss goes on from the checkpoint (not from an untrained start) and falls; the final checkpoint
@@ -19,7 +19,7 @@
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=reshape-secret
 pack_orl 10
-TABLE="$SRC/tests/train/ckpt_table.py"
+TABLE="$SRC/tests/deploy/local/ckpt_table.py"
 
 # write_cfg NAME SERVERS WORKERS KEEP [LINE...]: $TMP/NAME.ini, output $TMP/NAME, 4 epochs of 10 ORL
 # identities (24 steps with 2 workers, 48 with 1), a checkpoint every 4 steps, KEEP of them kept.

@@ -15,7 +15,7 @@
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
-#include "tests/cuda/cuda_testutil.h"
+#include "tests/kernels/cuda/cuda_testutil.h"
 
 #define TOL 1e-4
 

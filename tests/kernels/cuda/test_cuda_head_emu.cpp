@@ -1,4 +1,4 @@
-// The CUDA head kernels (kernels/cuda/head_kernels.cuh) run on the CPU through tests/cuda/cuda_emu.h
+// The CUDA head kernels (kernels/cuda/head_kernels.cuh) run on the CPU through tests/kernels/cuda/cuda_emu.h
 // (each block's threads as fibers; HEAD_THREADS 64 here: two warps, so the cross-warp reductions are
 // exercised at a quarter of the cost), with the host sequence of cuda_head_dist restated below (ranks
 // in lock step, collectives as coll_thread computes them: max / sum in rank order) and host cblas for
@@ -15,7 +15,7 @@
 //     straight_through, global (W = 1 also through the fused kernel, W = 3) and local mode (W = 2, 3)
 //     vs the CPU head (worker/head/head.c,
 //     itself tested against the references) on random data (seed printed; PFCPS_TEST_SEED replays).
-#include "tests/cuda/cuda_emu.h"
+#include "tests/kernels/cuda/cuda_emu.h"
 
 #define HEAD_THREADS 64
 
@@ -37,7 +37,7 @@ extern "C" {
 #include <string>
 
 #include "kernels/cuda/head_kernels.cuh"
-#include "tests/cuda/head_refcase.h"
+#include "tests/kernels/cuda/head_refcase.h"
 #include "tests/testutil.h"
 
 // One rank's inputs, the "device" buffers and outputs.
@@ -340,8 +340,11 @@ static void cpu_case(int W, int local, int straight, int clamp)
         double closs = NAN;
         int crc = head_ws_init(&ws, n, k, d);
         if (!crc)
-            crc = head_forward_backward(&hp, &ws, NULL, emb.data(), n, cen.data(), k, d, lab.data(), &closs,
-                                        clg.data(), cge.data(), cgc.data());
+            crc =
+                head_forward(&hp, &ws, NULL, &closs, clg.data(), emb.data(), cen.data(), lab.data(), n, k, d);
+        if (!crc)
+            crc =
+                head_backward(&hp, &ws, cge.data(), cgc.data(), emb.data(), cen.data(), lab.data(), n, k, d);
         int64_t cnt = ws.no_target;
         head_ws_free(&ws);
         std::vector<rank_io> R = split(emb.data(), cen.data(), lab.data(), n, k, d, W);
@@ -392,8 +395,9 @@ static void cpu_case(int W, int local, int straight, int clamp)
             cgc[q].resize((size_t)k * d);
             double l = NAN;
             crc |= head_ws_init(&ws, n, k, d);
-            crc |= head_forward_backward(&hl, &ws, NULL, r.emb.data(), n, cen.data(), k, d, lab.data(), &l,
-                                         NULL, cge[q].data(), cgc[q].data());
+            crc |= head_forward(&hl, &ws, NULL, &l, NULL, r.emb.data(), cen.data(), lab.data(), n, k, d);
+            crc |= head_backward(&hl, &ws, cge[q].data(), cgc[q].data(), r.emb.data(), cen.data(), lab.data(),
+                                 n, k, d);
             head_ws_free(&ws);
             want_loss += l / W;
             for (auto &x : cge[q])

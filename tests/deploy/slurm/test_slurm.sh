@@ -8,9 +8,9 @@
 # Checks: it trained (every step, loss fell, model.ckpt and the final line in training.log); each worker saw
 # only its own GPU; the servers stopped in order when the workers were done (each logged its stop, both
 # components exited 0, nothing "CANCELLED" or "Killed"); no process of the job is left. Then Slurm is taken down
-# and its folder removed (also on failure). Skips (77) when Slurm cannot be installed (tests/deploy/deps.sh;
+# and its folder removed (also on failure). Skips (77) when Slurm cannot be installed (tests/deploy/slurm/deps.sh;
 # root needed) or started here.
-# Arguments: SERVER WORKER PFCPS SRC BUILD (tests/train/cluster.sh).
+# Arguments: SERVER WORKER PFCPS SRC BUILD (tests/deploy/local/cluster.sh).
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" -eq 0 ] || skip "a private Slurm (slurmd launching jobs, munged) needs root here"
 need_install=0
@@ -18,9 +18,9 @@ for c in munged mungekey slurmctld slurmd sbatch squeue scontrol scancel sinfo; 
   command -v "$c" >/dev/null 2>&1 || need_install=1
 done
 if [ "$need_install" -eq 1 ]; then
-  "$(dirname "$0")/deps.sh" || skip "Slurm and munge are not installed and could not be (tests/deploy/deps.sh)"
+  "$(dirname "$0")/deps.sh" || skip "Slurm and munge are not installed and could not be (tests/deploy/slurm/deps.sh)"
 fi
-source "$(dirname "$0")/../train/cluster.sh" "$@"
+source "$(dirname "$0")/../local/cluster.sh" "$@"
 
 # The private Slurm: munge's key and log in a 0700 folder, its socket in a 0755 one (munged's checks).
 D=$(mktemp -d /tmp/pfcps-slurm.XXXXXX)

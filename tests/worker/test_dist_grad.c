@@ -1,7 +1,7 @@
 /* Distributed == single process, issue 6 test (c): the backbone gradient after the allreduce equals the
  * mean of the per-worker gradients.
  *
- * W = 2 and 3 forked ranks (tests/worker/head/mp_ring.h: one libfabric tcp endpoint each on 127.0.0.1) build
+ * W = 2 and 3 forked ranks (tests/common/mp_ring.h: one libfabric tcp endpoint each on 127.0.0.1) build
  * the ring collectives the training loop uses (coll_fabric_create) and a tiny backbone, r18_w8 with
  * embedding 16 and batch 2, initialised from the same seed. Each rank feeds its own input and its own
  * grad_embeddings (seeded by rank), runs forward + backward, copies its gradient (before any collective)
@@ -25,7 +25,7 @@
 
 #include "common/coll.h"
 #include "common/err.h"
-#include "tests/worker/head/mp_ring.h"
+#include "tests/common/mp_ring.h"
 #include "worker/model/model.h"
 
 #define NETWORK "r18_w8"

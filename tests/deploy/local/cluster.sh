@@ -1,6 +1,6 @@
-# The prologue and helpers of the training tests (tests/train/test_*.sh). Each test starts with
+# The prologue and helpers of the training tests (tests/deploy/local/test_*.sh). Each test starts with
 #   source "$(dirname "$0")/cluster.sh" "$@"
-# with the arguments tests/train/meson.build gives every one of them:
+# with the arguments tests/deploy/local/meson.build gives every one of them:
 #   SERVER WORKER PFCPS (the binaries) SRC BUILD (source and build trees).
 # It sets `-uo pipefail`, makes the scratch directory TMP and kills on exit every daemon started here (PIDS)
 # and the process group of a launcher started by start_launcher (LP), then removes TMP.

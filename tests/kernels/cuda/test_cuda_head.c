@@ -19,8 +19,8 @@
 
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "tests/cuda/cuda_testutil.h"
-#include "tests/cuda/head_refcase.h"
+#include "tests/kernels/cuda/cuda_testutil.h"
+#include "tests/kernels/cuda/head_refcase.h"
 #include "tests/npy.h"
 #include "worker/head/optim.h"
 

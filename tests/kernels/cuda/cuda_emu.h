@@ -10,8 +10,8 @@
 // call per switch, ten times slower), with ucontext elsewhere or when PFCPS_EMU_UCONTEXT is defined.
 // Use: #include this, then the kernel source (__global__ functions become host functions), and
 // launch with emu_launch(grid, block, [&] { kernel(args...); }).
-#ifndef PFCPS_TESTS_CUDA_EMU_H
-#define PFCPS_TESTS_CUDA_EMU_H
+#ifndef PFCPS_TESTS_KERNELS_CUDA_CUDA_EMU_H
+#define PFCPS_TESTS_KERNELS_CUDA_CUDA_EMU_H
 
 #include <stdint.h>
 #include <stdio.h>

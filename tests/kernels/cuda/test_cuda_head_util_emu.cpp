@@ -1,5 +1,5 @@
 // The row gather / scatter, SGD / AdamW and unscale kernels of kernels/cuda/head.cu
-// (kernels/cuda/head_util_kernels.cuh) run on the CPU through tests/cuda/cuda_emu.h, with grids smaller
+// (kernels/cuda/head_util_kernels.cuh) run on the CPU through tests/kernels/cuda/cuda_emu.h, with grids smaller
 // than the data so that the grid-stride loops wrap (no GPU needed; cuda_head runs them on a GPU):
 //  - SGD with and without momentum, AdamW (3 steps, constants from adamw_consts_of as cuda_adamw_step)
 //    against the CPU optimizers (worker/head/optim.h): bit for bit, the kernels' claim;
@@ -8,7 +8,7 @@
 //    (assignment) exact, out-of-range recorded and skipped;
 //  - unscale: multiplication by 1/4 exact, found_inf 0, then 1 with an inf and with a NaN.
 // Random sizes and values each run (seed printed; PFCPS_TEST_SEED replays).
-#include "tests/cuda/cuda_emu.h"
+#include "tests/kernels/cuda/cuda_emu.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -19,7 +19,7 @@
  *     coll_nccl (device buffers) next to the host pfc over coll_thread, compared with pfc_step as in
  *     part 2 (clean global and local steps, an orphan row, a bad label column). Not run with one GPU.
  * Without a GPU: "SKIP: no CUDA device" and exit 77. Built twice: on the CUDA device (cuda_pfc) and on
- * the emulated device of tests/cuda/cuda_emu_device.cpp (cuda_pfc_emu: the head's host code and kernels
+ * the emulated device of tests/kernels/cuda/cuda_emu_device.cpp (cuda_pfc_emu: the head's host code and kernels
  * on the CPU, so this whole test also runs in CI; part 3 is not built there). */
 #include <dirent.h>
 #include <math.h>
@@ -33,8 +33,8 @@
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "tests/check.h"
-#include "tests/cuda/cuda_testutil.h"
-#include "tests/cuda/head_refcase.h"
+#include "tests/kernels/cuda/cuda_testutil.h"
+#include "tests/kernels/cuda/head_refcase.h"
 #include "tests/npy.h"
 #include "worker/head/pfc.h"
 #include "worker/head/pfc_cuda.h"
@@ -513,7 +513,7 @@ int main(void)
     g_seed = test_seed();
     printf("seed %llu (PFCPS_TEST_SEED replays)\n", (unsigned long long)g_seed);
 #ifdef PFCPS_CUDA_EMU_DEVICE
-    printf("EMULATED device (tests/cuda/cuda_emu_device.cpp): the head's host code and kernels on the CPU\n");
+    printf("EMULATED device (tests/kernels/cuda/cuda_emu_device.cpp): the head's host code and kernels on the CPU\n");
 #endif
     int maxw = cuda_managed_concurrent() ? MAXW : 1;
     if (maxw == 1)

@@ -1,12 +1,12 @@
 // An emulated CUDA device for the head (tests only, no GPU): the memory helpers of
 // kernels/cuda/cuda_ops.h on host memory, and the margin-softmax head's exact host code
 // (kernels/cuda/head_impl.cuh: workspace, cuda_head_forward_backward, cuda_head_dist) with its
-// kernels (kernels/cuda/head_kernels.cuh) run by tests/cuda/cuda_emu.h (blocks of HEAD_THREADS = 64
-// fibers) and cblas for cuBLAS. Linked with worker/head/pfc_cuda.c and tests/cuda/test_cuda_pfc.c,
+// kernels (kernels/cuda/head_kernels.cuh) run by tests/kernels/cuda/cuda_emu.h (blocks of HEAD_THREADS = 64
+// fibers) and cblas for cuBLAS. Linked with worker/head/pfc_cuda.c and tests/kernels/cuda/test_cuda_pfc.c,
 // the GPU test runs on the CPU (test cuda_pfc_emu). Launches from several threads (ranks) are
 // serialized by one lock. "Device" memory is host malloc filled with 0xff bytes (NaN as float and
 // double), so a value read before it was written shows up as NaN.
-#include "tests/cuda/cuda_emu.h"
+#include "tests/kernels/cuda/cuda_emu.h"
 
 #define HEAD_THREADS 64
 

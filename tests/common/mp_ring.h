@@ -3,8 +3,8 @@
  * runs `body`, then all ranks meet at the parent before closing their endpoints (a send to a closed
  * peer would spin inside fi_send). The parent kills every child that is not done within timeout_s.
  * Returns 0 (all ranks exited 0), 77 (the provider is missing: SKIP) or 1. Header-only, for tests. */
-#ifndef PFCPS_TESTS_HEAD_MP_RING_H
-#define PFCPS_TESTS_HEAD_MP_RING_H
+#ifndef PFCPS_TESTS_COMMON_MP_RING_H
+#define PFCPS_TESTS_COMMON_MP_RING_H
 
 #include <signal.h>
 #include <sys/prctl.h>
