@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* 1 when PFCPS_REQUIRE_REFERENCES is set to anything but "" or "0". */
 static inline int ref_required(void)
@@ -32,7 +33,8 @@ static inline int ref_missing(const char *fmt, ...)
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
     if (ref_required()) {
-        printf("FAIL: %s (PFCPS_REQUIRE_REFERENCES=1: a missing reference or Python dependency fails)\n", why);
+        printf("FAIL: %s (PFCPS_REQUIRE_REFERENCES=1: a missing reference or Python dependency fails)\n",
+               why);
         return 1;
     }
     printf("SKIP: %s\n", why);
@@ -40,9 +42,9 @@ static inline int ref_missing(const char *fmt, ...)
 }
 
 /* dir (size bytes) = $PFCPS_REFERENCE/sub (sub "" for the folder itself). Returns 0 when that folder exists;
- * else -1 with why (why_size bytes) naming the cause: PFCPS_REFERENCE not set, the generator's MISSING record,
- * or the folder absent. Prints nothing: for a test that runs its other parts first (ref_missing(why) at its
- * end). */
+ * else -1 with why (why_size bytes) naming the cause: PFCPS_REFERENCE not set, the generator's MISSING
+ * record, or the folder absent. Prints nothing: for a test that runs its other parts first (ref_missing(why)
+ * at its end). */
 static inline int ref_locate(char *dir, size_t size, const char *sub, char *why, size_t why_size)
 {
     const char *root = getenv("PFCPS_REFERENCE");
@@ -77,6 +79,18 @@ static inline int ref_dir(char *dir, size_t size, const char *sub)
 {
     char why[2048];
     return ref_locate(dir, size, sub, why, sizeof why) ? ref_missing("%s", why) : 0;
+}
+
+/* *py = $PFCPS_PYTHON (tests/pyenv.sh's venv). Returns 0 when it is an executable; else ref_missing's result
+ * (77 or 1, printed) naming what is missing. */
+static inline int ref_python(const char **py)
+{
+    *py = getenv("PFCPS_PYTHON");
+    if (!*py || !**py)
+        return ref_missing("PFCPS_PYTHON is not set (tests/pyenv.sh makes it)");
+    if (access(*py, X_OK) != 0)
+        return ref_missing("PFCPS_PYTHON=%s is not an executable (tests/pyenv.sh)", *py);
+    return 0;
 }
 
 #endif

@@ -5,6 +5,7 @@
  * is refused (truncation at every byte), every bad_*.bin is refused with the reason make_binsets.py
  * names, and a few hand-made hostile streams are refused. Needs PFCPS_PYTHON (exit 77 without). */
 #include "tests/check.h"
+#include "tests/reference/ref.h"
 #include "worker/eval/binset.h"
 
 #include "common/err.h"
@@ -69,10 +70,13 @@ static void refuse(const char *what, const uint8_t *d, size_t n, const char *wan
 
 int main(void)
 {
-    const char *py = getenv("PFCPS_PYTHON"), *src = getenv("PFCPS_SOURCE");
-    if (!py || !*py || !src) {
-        printf("SKIP: PFCPS_PYTHON (tests/pyenv.sh) or PFCPS_SOURCE not set\n");
-        return 77;
+    const char *py, *src = getenv("PFCPS_SOURCE");
+    int missing = ref_python(&py);
+    if (missing)
+        return missing;
+    if (!src) {
+        printf("FAIL: PFCPS_SOURCE not set (tests/meson.build sets it)\n");
+        return 1;
     }
     char dir[] = "/tmp/pfcps-binset-XXXXXX", cmd[8192], p[4200];
     if (!mkdtemp(dir))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs test_embed.py with $PFCPS_PYTHON (tests/pyenv.sh); SKIP (77) without it.
+# Runs test_embed.py with $PFCPS_PYTHON (tests/pyenv.sh); without it or its modules: SKIP (77), or FAIL under
+# PFCPS_REQUIRE_REFERENCES=1 (tests/reference/skip.sh).
 # Arguments: PFCPS MAKE_CKPT SRC
-if [ -z "${PFCPS_PYTHON:-}" ]; then echo "SKIP: PFCPS_PYTHON is not set (tests/pyenv.sh)"; exit 77; fi
-exec "$PFCPS_PYTHON" "$(dirname "$0")/test_embed.py" "$@"
+. "$(dirname "$0")/../../reference/skip.sh"
+ref_run_py "$(dirname "$0")/test_embed.py" "$@"

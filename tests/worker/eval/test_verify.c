@@ -7,6 +7,7 @@
  * that do not divide N, one fold (verification.py's LFold: train = test), one pair per fold. Also the
  * argument refusals. Needs PFCPS_PYTHON (exit 77 without). */
 #include "tests/check.h"
+#include "tests/reference/ref.h"
 #include "tests/testutil.h"
 #include "worker/eval/embed.h"
 #include "worker/eval/verify.h"
@@ -28,10 +29,13 @@ typedef struct vcase {
 
 int main(void)
 {
-    const char *py = getenv("PFCPS_PYTHON"), *src = getenv("PFCPS_SOURCE");
-    if (!py || !*py || !src) {
-        printf("SKIP: PFCPS_PYTHON (tests/pyenv.sh) or PFCPS_SOURCE not set\n");
-        return 77;
+    const char *py, *src = getenv("PFCPS_SOURCE");
+    int missing = ref_python(&py);
+    if (missing)
+        return missing;
+    if (!src) {
+        printf("FAIL: PFCPS_SOURCE not set (tests/meson.build sets it)\n");
+        return 1;
     }
     char dir[] = "/tmp/pfcps-verify-XXXXXX", p[4200], cmd[8192];
     if (!mkdtemp(dir))
@@ -106,7 +110,7 @@ int main(void)
     int st = system(cmd);
     if (st != 0) {
         if (WIFEXITED(st) && WEXITSTATUS(st) == 77)
-            return 77;
+            return ref_missing("verify_ref.py: %s lacks numpy or scikit-learn", py);
         CHECK(0, "verify_ref.py: exit status %d", st);
     }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);

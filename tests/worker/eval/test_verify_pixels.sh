@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs test_verify_pixels.py with $PFCPS_PYTHON (tests/pyenv.sh); SKIP (77) without it.
+# Runs test_verify_pixels.py with $PFCPS_PYTHON (tests/pyenv.sh: numpy, scikit-learn, Pillow); without them:
+# SKIP (77), or FAIL under PFCPS_REQUIRE_REFERENCES=1 (tests/reference/skip.sh).
 # Arguments: PFCPS SRC
-if [ -z "${PFCPS_PYTHON:-}" ]; then echo "SKIP: PFCPS_PYTHON is not set (tests/pyenv.sh: numpy, scikit-learn, Pillow)"; exit 77; fi
-exec "$PFCPS_PYTHON" "$(dirname "$0")/test_verify_pixels.py" "$@"
+. "$(dirname "$0")/../../reference/skip.sh"
+ref_run_py "$(dirname "$0")/test_verify_pixels.py" "$@"

@@ -1,13 +1,7 @@
 #!/bin/sh
-# Runs test_tb_events.py with PFCPS_PYTHON (tests/pyenv.sh's venv); exits 77 (meson: SKIP), saying why, when
-# that interpreter or its tensorboard package is missing.
+# Runs test_tb_events.py with PFCPS_PYTHON (tests/pyenv.sh's venv); when that interpreter or its tensorboard
+# package is missing: SKIP (77), saying why, or FAIL under PFCPS_REQUIRE_REFERENCES=1 (tests/reference/skip.sh).
 # usage: test_tb_events.sh TB_WRITE_SCALARS
-if [ -z "${PFCPS_PYTHON:-}" ] || [ ! -x "$PFCPS_PYTHON" ]; then
-    echo "SKIP: PFCPS_PYTHON is not set to a Python interpreter (tests/pyenv.sh makes one)"
-    exit 77
-fi
-if ! "$PFCPS_PYTHON" -c 'import tensorboard' 2>/dev/null; then
-    echo "SKIP: $PFCPS_PYTHON has no tensorboard module (tests/pyenv.sh installs it)"
-    exit 77
-fi
-exec "$PFCPS_PYTHON" "$(dirname "$0")/test_tb_events.py" "$@"
+. "$(dirname "$0")/../../reference/skip.sh"
+ref_python tensorboard
+ref_run_py "$(dirname "$0")/test_tb_events.py" "$@"
