@@ -27,8 +27,8 @@
  * write it). Above ofi_rxm's eager limit (16 KiB) the provider moves a message with its rendezvous protocol,
  * i.e. an RDMA read by the receiver from the server's registered reply buffer, so on verbs the bulk bytes
  * still go one-sided. */
-#ifndef PFCPS_SERVER_PS_WIRE_H
-#define PFCPS_SERVER_PS_WIRE_H
+#ifndef PFCPS_PROTO_PS_WIRE_H
+#define PFCPS_PROTO_PS_WIRE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -212,5 +212,12 @@ static inline float ps_f16_to_f32(uint16_t h)
     } v = {.u = x};
     return v.f;
 }
+
+/* Row codec (ps_wire.c), the one conversion both sides use. ps_rows_encode writes n fp32 values of src into
+ * dst in wire dtype `dtype` (n x ps_dtype_size(dtype) bytes, any alignment; fp16 and bf16 round to nearest
+ * even as ps_f32_to_f16 / ps_f32_to_bf16 do); ps_rows_decode reads n values of `dtype` at src into dst (fp32,
+ * exact). dtype must be valid (ps_dtype_valid); src and dst must not overlap. */
+void ps_rows_encode(void *dst, const float *src, size_t n, uint32_t dtype);
+void ps_rows_decode(float *dst, const void *src, size_t n, uint32_t dtype);
 
 #endif

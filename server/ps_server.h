@@ -100,12 +100,6 @@ const shard *ps_server_shard(const ps_server *srv);
  * ps_server_start, with opts.start_step == step. Returns 0 or the load's error (the server must not serve). */
 int ps_server_load(ps_server *srv, const char *root, int64_t step);
 
-/* Test / fuzz hook: handles one message as if it had been received from the fabric, on the caller's thread
- * (the server must not be started; applies run on this thread), then answers every ready reply into the
- * void (pull rows are gathered into a scratch buffer). Returns the number of replies, or -EBUSY when the
- * server was started. The sender is the worker rank in the header, as for real messages. */
-int ps_server_inject(ps_server *srv, const void *msg, size_t len);
-
 /* Counters (approximate while running). */
 void ps_server_stat(ps_server *srv, ps_stat *out);
 

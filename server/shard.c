@@ -459,7 +459,7 @@ int shard_check_ids(const shard *sh, const int64_t *ids, size_t n)
 void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out)
 {
     enum { RING = 16 }; /* local rows of the rows being prefetched: one division per id */
-    const size_t D = (size_t)sh->dim;
+    const size_t D = (size_t)sh->dim, rb = D * ps_dtype_size(dtype);
     size_t ahead = (size_t)shard_prefetch_rows(sh->dim);
     if (ahead > RING - 1)
         ahead = RING - 1;
@@ -472,18 +472,7 @@ void shard_gather(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void 
             shard_prefetch_row(sh->weight + (size_t)r * D, sh->dim, 0);
             __builtin_prefetch(&sh->ready[r], 0, 0);
         }
-        const float *src = shard_row(sh, lr[i % RING]);
-        if (dtype == PS_DT_FP32) {
-            memcpy((float *)out + i * D, src, D * sizeof(float));
-        } else if (dtype == PS_DT_FP16) {
-            uint16_t *dst = (uint16_t *)out + i * D;
-            for (size_t j = 0; j < D; j++)
-                dst[j] = ps_f32_to_f16(src[j]);
-        } else {
-            uint16_t *dst = (uint16_t *)out + i * D;
-            for (size_t j = 0; j < D; j++)
-                dst[j] = ps_f32_to_bf16(src[j]);
-        }
+        ps_rows_encode((uint8_t *)out + i * rb, shard_row(sh, lr[i % RING]), D, dtype);
     }
 }
 

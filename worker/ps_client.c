@@ -1,4 +1,8 @@
-/* Parameter-server client library: see ps_client.h. */
+/* Parameter-server client library: a worker's endpoint towards the S servers (see ps_client.h). Requests are
+ * split by shard into messages (send_one), sent while the window allows (pump), and completed by the replies
+ * progress() receives; liveness probes find dead servers. Built a second time with -DPFCPS_TEST_HOOKS into
+ * ps_client_hooks_lib, which adds ps_raw (ps_client_hooks.h) for the tests; the workers' library has no
+ * test code. */
 #include "worker/ps_client.h"
 
 #include <math.h>
@@ -15,7 +19,7 @@
 #include "common/fabric.h"
 
 enum { MB_SEND = 1, MB_RECV = 2 };
-enum { RQ_PULL = 1, RQ_PUSH = 2, RQ_STAT = 3, RQ_CHECKSUM = 4, RQ_RAW = 5 };
+enum { RQ_PULL = 1, RQ_PUSH = 2, RQ_STAT = 3, RQ_CHECKSUM = 4, RQ_RAW = 5 /* test hook: ps_raw */ };
 
 #define SLAB          16
 #define PROBE_AFTER_S 1.0  /* a server silent this long while messages wait for it gets a liveness probe */
@@ -71,12 +75,14 @@ struct ps_req {
     int remaining;       /* messages not yet answered */
     int queued;
     int fatal;     /* failed on this side (transport, resources): ps_wait returns at once */
-    int probe;     /* an internal liveness probe (stat) of server raw_server */
+    int probe;     /* an internal liveness probe (stat) of server probe_server */
     int abandoned; /* given up by its caller (timeout, early failure): freed when its replies are in */
     struct ps_req *next_ab;
-    int raw_server;
-    uint8_t *raw;
+    int probe_server;
+#ifdef PFCPS_TEST_HOOKS
+    uint8_t *raw; /* ps_raw: the message's bytes */
     size_t raw_len;
+#endif
 };
 
 struct ps_client {
@@ -250,7 +256,9 @@ static void req_free(ps_req *r)
     free(r->srv_off);
     free(r->next_chunk);
     free(r->nchunks);
+#ifdef PFCPS_TEST_HOOKS
     free(r->raw);
+#endif
     free(r);
 }
 
@@ -384,6 +392,56 @@ static int ensure_recvs(ps_client *c, int need)
     return 0;
 }
 
+#ifdef PFCPS_TEST_HOOKS
+static size_t raw_msg(const ps_client *c, const ps_req *r, uint8_t *buf, uint64_t req_id);
+#endif
+
+/* Writes message k = r->next_chunk[s] of request r for server s into buf (c->msg_bytes), with req_id, and
+ * records in sl which rows it carries. Returns the message's length in bytes. Pulls and pushes carry the
+ * server's ids of the message's rows (and, for a push, their gradients in the wire dtype). */
+static size_t build_msg(ps_client *c, const ps_req *r, int s, slot *sl, uint8_t *buf, uint64_t req_id)
+{
+#ifdef PFCPS_TEST_HOOKS
+    if (r->op == RQ_RAW)
+        return raw_msg(c, r, buf, req_id);
+#endif
+    ps_hdr h = {.magic = PS_MAGIC,
+                .version = PS_VERSION,
+                .client = c->o.rank,
+                .req_id = req_id,
+                .step = r->step,
+                .dim = (uint32_t)c->o.dim,
+                .dtype = (uint16_t)c->o.dtype,
+                .lr = r->lr,
+                .token = c->token,
+                .flags = r->op == RQ_PUSH ? r->flags : 0};
+    size_t len = sizeof(ps_hdr);
+    if (r->op == RQ_STAT || r->op == RQ_CHECKSUM) {
+        h.op = r->op == RQ_STAT ? PS_OP_STAT : PS_OP_CHECKSUM;
+        memcpy(buf, &h, sizeof(h));
+        return len;
+    }
+    const size_t D = (size_t)c->o.dim, rowb = D * ps_dtype_size(c->o.dtype);
+    const int k = r->next_chunk[s];
+    size_t lo = r->srv_off[s] + (size_t)k * c->rpm, hi = lo + c->rpm;
+    if (hi > r->srv_off[s + 1])
+        hi = r->srv_off[s + 1];
+    h.op = r->op == RQ_PULL ? PS_OP_PULL : PS_OP_PUSH;
+    h.n = (uint32_t)(hi - lo);
+    h.chunk = (uint16_t)k;
+    h.nchunks = (uint16_t)r->nchunks[s];
+    h.row_off = (uint32_t)(lo - r->srv_off[s]);
+    sl->off = lo;
+    sl->n = h.n;
+    memcpy(buf + len, r->sorted_ids + lo, (size_t)h.n * sizeof(int64_t));
+    len += (size_t)h.n * sizeof(int64_t);
+    if (r->op == RQ_PUSH)
+        for (size_t i = lo; i < hi; i++, len += rowb)
+            ps_rows_encode(buf + len, r->grads + r->order[i] * D, D, c->o.dtype);
+    memcpy(buf, &h, sizeof(h));
+    return len;
+}
+
 /* Builds and sends one message of request r for server s (a receive for its reply is posted first).
  * Returns 0 or a negative code with pf_errmsg naming the server. A post that fails with -ECOMM (the fabric's
  * retry bound ran out, see fab_send) marks the server dead. */
@@ -406,58 +464,7 @@ static int send_one(ps_client *c, ps_req *r, int s)
     }
     slot *sl = &c->slots[si];
     sl->gen++;
-    ps_hdr h = {.magic = PS_MAGIC,
-                .version = PS_VERSION,
-                .client = c->o.rank,
-                .step = r->step,
-                .dim = (uint32_t)c->o.dim,
-                .dtype = (uint16_t)c->o.dtype,
-                .lr = r->lr,
-                .token = c->token,
-                .flags = r->op == RQ_PUSH ? r->flags : 0};
-    h.req_id = ((uint64_t)sl->gen << 32) | si;
-    size_t len = sizeof(ps_hdr);
-    const size_t D = (size_t)c->o.dim;
-    int k = r->next_chunk[s];
-    if (r->op == RQ_PULL || r->op == RQ_PUSH) {
-        size_t lo = r->srv_off[s] + (size_t)k * c->rpm, hi = lo + c->rpm;
-        if (hi > r->srv_off[s + 1])
-            hi = r->srv_off[s + 1];
-        h.op = r->op == RQ_PULL ? PS_OP_PULL : PS_OP_PUSH;
-        h.n = (uint32_t)(hi - lo);
-        h.chunk = (uint16_t)k;
-        h.nchunks = (uint16_t)r->nchunks[s];
-        h.row_off = (uint32_t)(lo - r->srv_off[s]);
-        sl->off = lo;
-        sl->n = h.n;
-        memcpy(sb->data + len, r->sorted_ids + lo, (size_t)h.n * sizeof(int64_t));
-        len += (size_t)h.n * sizeof(int64_t);
-        if (r->op == RQ_PUSH) {
-            for (size_t i = lo; i < hi; i++) {
-                const float *g = r->grads + r->order[i] * D;
-                if (c->o.dtype == PS_DT_FP32)
-                    memcpy(sb->data + len, g, D * sizeof(float));
-                else {
-                    uint16_t *dst = (uint16_t *)(sb->data + len);
-                    for (size_t j = 0; j < D; j++)
-                        dst[j] = c->o.dtype == PS_DT_FP16 ? ps_f32_to_f16(g[j]) : ps_f32_to_bf16(g[j]);
-                }
-                len += D * ps_dtype_size(c->o.dtype);
-            }
-        }
-        memcpy(sb->data, &h, sizeof(h));
-    } else if (r->op == RQ_RAW) {
-        len = r->raw_len < c->msg_bytes ? r->raw_len : c->msg_bytes;
-        memcpy(sb->data, r->raw, len);
-        if (len >= 24)
-            memcpy(sb->data + 16, &h.req_id, 8);
-        /* A member's malformed message: it carries the run's token (a stranger's is dropped unanswered). */
-        if (len >= sizeof(ps_hdr) && c->token)
-            memcpy(sb->data + offsetof(ps_hdr, token), &c->token, 8);
-    } else {
-        h.op = r->op == RQ_STAT ? PS_OP_STAT : PS_OP_CHECKSUM;
-        memcpy(sb->data, &h, sizeof(h));
-    }
+    size_t len = build_msg(c, r, s, sl, sb->data, ((uint64_t)sl->gen << 32) | si);
     sb->kind = MB_SEND;
     sb->slot = si;
     sb->gen = sl->gen;
@@ -595,19 +602,8 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len)
             snprintf(msg, sizeof(msg), "server %d: pull reply has the wrong size", sl->server);
             req_fail(r, -EPROTO, msg);
         } else if (r->out) { /* NULL once the caller gave the request up */
-            for (uint32_t i = 0; i < h.n; i++) {
-                float *dst = r->out + r->order[sl->off + i] * D;
-                const uint8_t *src = p + (size_t)i * D * dts;
-                if (c->o.dtype == PS_DT_FP32)
-                    memcpy(dst, src, D * sizeof(float));
-                else {
-                    for (size_t j = 0; j < D; j++) {
-                        uint16_t x;
-                        memcpy(&x, src + 2 * j, 2);
-                        dst[j] = c->o.dtype == PS_DT_FP16 ? ps_f16_to_f32(x) : ps_bf16_to_f32(x);
-                    }
-                }
-            }
+            for (uint32_t i = 0; i < h.n; i++)
+                ps_rows_decode(r->out + r->order[sl->off + i] * D, p + (size_t)i * D * dts, D, c->o.dtype);
         }
     } else if (r->op == RQ_STAT && r->result) {
         if (plen >= sizeof(ps_stat))
@@ -747,7 +743,7 @@ static void send_probe(ps_client *c, int s, double now)
     if (!r)
         return; /* out of memory: the next check tries again */
     r->probe = 1;
-    r->raw_server = s;
+    r->probe_server = s;
     r->nchunks[s] = 1;
     r->to_send = r->remaining = 1;
     if (send_one(c, r, s) < 0) { /* -ECOMM marked the server dead; anything else: tried again later */
@@ -977,24 +973,17 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
     return rc;
 }
 
-static int simple_op(ps_client *c, int s, int op, void *result, const void *raw, size_t raw_len,
-                     double timeout_s)
+/* A request of one message to server s (stat, checksum; ps_raw) into *out, not yet queued. Returns 0, -ERANGE
+ * (s unknown), -ECOMM (s found unreachable before) or -ENOMEM. */
+static int simple_req(ps_client *c, int s, int op, void *result, ps_req **out)
 {
+    *out = NULL;
     if (s < 0 || s >= c->o.servers || !c->srv_known[s])
         return pf_err(-ERANGE, "server %d unknown", s);
     ps_req *r = req_alloc(c, op, 0);
     if (!r)
         return pf_err(-ENOMEM, "out of memory");
     r->result = result;
-    if (raw) {
-        r->raw = malloc(raw_len ? raw_len : 1);
-        if (!r->raw) {
-            req_free(r);
-            return pf_err(-ENOMEM, "out of memory");
-        }
-        memcpy(r->raw, raw, raw_len);
-        r->raw_len = raw_len;
-    }
     if (c->srv_dead[s]) {
         int rc = dead_err(c, s, op_name(r));
         req_free(r);
@@ -1002,6 +991,13 @@ static int simple_op(ps_client *c, int s, int op, void *result, const void *raw,
     }
     r->nchunks[s] = 1;
     r->to_send = r->remaining = 1;
+    *out = r;
+    return 0;
+}
+
+/* Sends a simple_req request and waits up to timeout_s for its reply (ps_wait's returns). */
+static int simple_run(ps_client *c, ps_req *r, double timeout_s)
+{
     enqueue_req(c, r);
     int rc = ps_wait(c, r, timeout_s);
     /* The reply may still come: never write to the caller's result then; free it when it does (or at
@@ -1013,17 +1009,16 @@ static int simple_op(ps_client *c, int s, int op, void *result, const void *raw,
 
 int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s)
 {
-    return simple_op(c, s, RQ_STAT, out, NULL, 0, timeout_s);
+    ps_req *r;
+    int rc = simple_req(c, s, RQ_STAT, out, &r);
+    return rc < 0 ? rc : simple_run(c, r, timeout_s);
 }
 
 int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s)
 {
-    return simple_op(c, s, RQ_CHECKSUM, out, NULL, 0, timeout_s);
-}
-
-int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s)
-{
-    return simple_op(c, s, RQ_RAW, NULL, msg, len, timeout_s);
+    ps_req *r;
+    int rc = simple_req(c, s, RQ_CHECKSUM, out, &r);
+    return rc < 0 ? rc : simple_run(c, r, timeout_s);
 }
 
 int ps_client_warmup(ps_client *c, double timeout_s)
@@ -1091,3 +1086,37 @@ void ps_client_set_borrow_grads(ps_client *c, int on)
 {
     c->borrow_grads = on;
 }
+
+/* ---------- test hooks: built only into ps_client_hooks_lib (-DPFCPS_TEST_HOOKS) ---------- */
+#ifdef PFCPS_TEST_HOOKS
+#include "worker/ps_client_hooks.h"
+
+/* A ps_raw message: the caller's bytes (cut to a receive buffer), with this request's req_id and, when the
+ * header is whole and a token is set, the run's token written over theirs (a member's malformed message
+ * carries the token; a stranger's would be dropped unanswered). */
+static size_t raw_msg(const ps_client *c, const ps_req *r, uint8_t *buf, uint64_t req_id)
+{
+    size_t len = r->raw_len < c->msg_bytes ? r->raw_len : c->msg_bytes;
+    memcpy(buf, r->raw, len);
+    if (len >= offsetof(ps_hdr, req_id) + sizeof(req_id))
+        memcpy(buf + offsetof(ps_hdr, req_id), &req_id, sizeof(req_id));
+    if (len >= sizeof(ps_hdr) && c->token)
+        memcpy(buf + offsetof(ps_hdr, token), &c->token, sizeof(c->token));
+    return len;
+}
+
+int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s)
+{
+    ps_req *r;
+    int rc = simple_req(c, s, RQ_RAW, NULL, &r);
+    if (rc < 0)
+        return rc;
+    if (!(r->raw = malloc(len ? len : 1))) {
+        req_free(r);
+        return pf_err(-ENOMEM, "out of memory");
+    }
+    memcpy(r->raw, msg, len);
+    r->raw_len = len;
+    return simple_run(c, r, timeout_s);
+}
+#endif

@@ -4,7 +4,7 @@
  * ps_push split the ids by shard (class c lives on server c mod S), sort each server's ids, cut them into
  * messages of at most ps_wire_rows_per_msg rows and send to all servers concurrently; the returned handle is
  * completed by ps_wait (or polled with ps_test), so a worker overlaps a pull with its backbone forward.
- * Progress is manual: the library only moves data inside ps_wait / ps_test / ps_stat / ps_checksum / ps_raw
+ * Progress is manual: the library only moves data inside ps_wait / ps_test / ps_stat_get / ps_checksum
  * calls. A client is not thread-safe: use it from one thread.
  *
  * Step protocol (ps_server.h): a worker pulls rows tagged with its current step t and pushes exactly one
@@ -24,11 +24,11 @@
  * on this side). With libfabric 1.17's tcp;ofi_rxm, messages in flight when a server dies complete with
  * errors at once; a request sent just after it died is taken by the dead connection without an error, and
  * later posts to it stay -FI_EAGAIN, so that case ends after the silence plus the timeout. From then on every
- * request touching the server fails at once (ps_pull / ps_push / ps_stat_get / ps_checksum / ps_raw return
+ * request touching the server fails at once (ps_pull / ps_push / ps_stat_get / ps_checksum return
  * -ECOMM, nothing sent); requests to the other servers keep working. A client never marks a server alive
  * again. */
-#ifndef PFCPS_SERVER_PS_CLIENT_H
-#define PFCPS_SERVER_PS_CLIENT_H
+#ifndef PFCPS_WORKER_PS_CLIENT_H
+#define PFCPS_WORKER_PS_CLIENT_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -106,13 +106,6 @@ int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s);
 
 /* Server s's table checksum (shard_checksum over weights then momentum). */
 int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s);
-
-/* Test hook: sends the raw bytes msg[0..len) to server s as one message (the client overwrites bytes 16..23,
- * the req_id, when len >= 24, and the token, bytes 56..63, when len >= 64 and a token is set) and waits for
- * the reply. Returns the reply's status (0 or the server's negative
- * code, with its message in pf_errmsg) or -ETIMEDOUT when no reply came (e.g. a message too short to answer).
- */
-int ps_raw(ps_client *c, int s, const void *msg, size_t len, double timeout_s);
 
 /* Sets the client's bound, in seconds, on a post to a server that cannot go out (fab_set_timeout of its
  * endpoint) and on a liveness probe's reply (see "Dead servers" above); seconds <= 0 restores the default,

@@ -13,6 +13,7 @@
 #include "common/fabric.h"
 #include "common/log.h"
 #include "server/ps_server.h"
+#include "tests/server/ps_server_inject.h"
 
 static ps_server *srvs[2]; /* [0] local head mode (BSP/SSP clock), [1] global head mode */
 static int uses;

@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/fabric.h"
 #include "worker/ps_client.h"
+#include "worker/ps_client_hooks.h"
 #include "server/ps_server.h"
 #include "tests/server/pst.h"
 

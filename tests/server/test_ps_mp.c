@@ -15,6 +15,7 @@
 
 #include "common/err.h"
 #include "worker/ps_client.h"
+#include "worker/ps_client_hooks.h"
 #include "tests/npy.h"
 #include "tests/server/pst.h"
 

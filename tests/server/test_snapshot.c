@@ -24,6 +24,7 @@
 #include "common/snapfile.h"
 #include "server/ps_server.h"
 #include "server/snapshot.h"
+#include "tests/server/ps_server_inject.h"
 #include "tests/check.h"
 
 enum { C = 20000, D = 256, W = 2 };

@@ -1,0 +1,212 @@
+/* Private to the parameter server (server/ps_server.c, request.c, apply.c) and its test hooks: the server's
+ * state and the functions its files call across. Not for the daemon's main or anyone else: they use
+ * ps_server.h.
+ *
+ * Who touches what: the progress thread (ps_server.c) owns the endpoint, the buffers and everything below
+ * except the fields marked "apply pool"; the apply threads (apply.c) read the shard and the apply's entries
+ * and write rows while S->applying, and claim gather pieces; `am` guards the pool's generation and counts. */
+#ifndef PFCPS_SERVER_PS_SERVER_INTERNAL_H
+#define PFCPS_SERVER_PS_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/fabric.h"
+#include "server/ps_server.h"
+#include "server/snapshot.h"
+
+enum { CTX_RECV = 1, CTX_SEND = 2 };
+
+typedef struct buf_ctx {
+    int kind;
+    int idx;
+} buf_ctx;
+
+/* One received push message, copied out of the receive buffer (ids then fp32 grads) into a buffer of the
+ * server's chunk pool (room for the most rows a message may carry, chunk_cap). */
+typedef struct chunk {
+    struct chunk *next;
+    uint32_t n;
+    int64_t *ids;
+    float *grads;
+} chunk;
+
+/* One worker's push for one step, possibly still missing chunks. */
+typedef struct push {
+    struct push *next;
+    int client;
+    int64_t step;
+    float lr;
+    int snap; /* PS_PUSH_SNAPSHOT was set */
+    uint16_t nchunks, got;
+    chunk **slot; /* [nchunks]: chunk i, or NULL until it came */
+} push;
+
+/* One pull reply of a batch being gathered (serve_pending): its rows are gathered in pieces of
+ * gpiece_rows rows by the progress thread and the apply threads together. */
+typedef struct gjob {
+    const int64_t *ids;
+    uint8_t *dst; /* the reply's rows in the send buffer */
+    uint32_t n, dtype;
+    uint32_t first, pieces; /* its pieces are first .. first + pieces - 1 of the batch */
+    atomic_uint done;       /* pieces gathered */
+} gjob;
+
+/* One reply of the batch serve_pending sends. */
+typedef struct sitem {
+    struct pending *p;
+    int buf;
+    size_t len;
+    int job; /* index in S->gj, or -1 (nothing to gather) */
+} sitem;
+
+enum { AK_APPLY = 0, AK_GATHER = 1 };
+
+/* A reply waiting to be sent: pulls wait for their step; everything waits for a free send buffer. */
+typedef struct pending {
+    struct pending *next;
+    ps_hdr req;
+    int32_t status;
+    char msg[256];
+    int64_t *ids;         /* pull: req.n ids (room for chunk_cap, owned by the pending) */
+    uint8_t payload[128]; /* stat / checksum */
+    size_t payload_len;
+} pending;
+
+/* One row's gradient in a step's apply. Entries of one row are chained (next, in worker order, then chunk and
+ * row order within a worker's push); the first entry of each row is listed in the apply's segment array. */
+typedef struct entry {
+    int64_t lrow;
+    const float *g;
+    float lr;
+    uint32_t next; /* next entry of the same row, or ENTRY_END */
+} entry;
+#define ENTRY_END UINT32_MAX
+
+struct ps_server {
+    ps_server_opts o;
+    shard sh;
+    fab_ctx *fab;
+    fab_mr mr_table, mr_recv, mr_send;
+    size_t msg_bytes;
+    int nrecv, nsend;
+    uint8_t *recv_mem, *send_mem;
+    buf_ctx *recv_ctx, *send_ctx;
+    int *send_free, nsend_free;
+    fi_addr_t *worker_addr;
+    uint8_t *worker_known;
+    int64_t *next_push;    /* per worker: steps pushed completely */
+    int64_t steps_in;      /* min over workers of next_push: steps whose W pushes are all received */
+    int64_t *applied_push; /* per worker: steps whose push was applied */
+    snap_job *snap;        /* the snapshot being written, or NULL */
+    int64_t snap_at;       /* global mode: checkpoint step asked for and not yet started, or -1 */
+    push **partial;        /* per worker: push being received */
+    push *complete;        /* complete pushes waiting for their step */
+    int64_t steps_done;
+    pending *pq_head, *pq_tail;
+    atomic_llong st_pushes, st_rows, st_bad, st_pulled;
+    double drop_log_t; /* rate limit of the "dropped" warnings: last one logged */
+    long drop_quiet;   /* drops not logged since */
+    pthread_t progress;
+    int started;
+    atomic_int stop;
+    /* apply pool */
+    pthread_mutex_t am;
+    pthread_cond_t a_go, a_done;
+    pthread_t *athreads;
+    int nathreads;
+    uint64_t agen;
+    int aremaining, aquit;
+    entry *ae;        /* [acap]: the step's entries */
+    uint32_t *aseg;   /* [acap]: first entry of each row to update */
+    size_t anseg, acap;
+    uint32_t *amark;  /* [local rows]: apply generation that last saw the row */
+    uint32_t *ahead;  /* [local rows]: first entry of the row in that apply */
+    uint32_t agen_rows;
+    /* pools: nothing is allocated per message once a step's worth of buffers exists */
+    size_t chunk_cap; /* rows a pooled chunk (and a pending's ids) holds: the most any message carries */
+    chunk *chunk_free;
+    pending *pend_free;
+    push **aps; /* [workers]: the pushes of the step being applied */
+    int aps_n;  /* how many */
+    /* the pool's current generation: AK_APPLY (apply_start) or AK_GATHER (a batch of pull replies) */
+    int akind;
+    /* gathers: the batch's pull replies and the claim word, (batch & 0xffff) << 48 | pieces << 24 | next
+     * piece; a thread claims a piece by incrementing it while the batch and the count still match */
+    gjob *gj;
+    sitem *sb;
+    int ngj;
+    uint32_t gpiece_rows, gbatch; /* gbatch: the progress thread's own count */
+    uint32_t gbatch_wake;         /* the batch the apply threads were last woken for (under am) */
+    _Atomic uint64_t gclaim;
+    atomic_llong st_par_rows; /* rows gathered by the apply threads (the rest by the progress thread) */
+    int applying;       /* an apply's threads are running (apply_start .. apply_finish) */
+    int64_t apply_t;    /* the step being applied */
+    int apply_snap;     /* local mode: a push of it asked for a snapshot */
+};
+
+/* ---------- request.c: requests, replies, the step clock ---------- */
+
+/* Allocates the per-worker step clock and push state (S->o.workers entries) and sets the chunk size. Returns
+ * 0 or -ENOMEM. */
+int pss_request_init(ps_server *S);
+
+/* Frees every push, pending reply and pooled buffer (at destroy). */
+void pss_request_free(ps_server *S);
+
+/* Handles one received message buf[0..len): validates it and queues its reply (or drops it, counted, when it
+ * is not from a member of this run). Progress thread only. */
+void pss_handle_msg(ps_server *S, const uint8_t *buf, size_t len);
+
+/* A queued reply may be sent now (the step clock: see ps_server.h). */
+int pss_reply_ready(const ps_server *S, const pending *p);
+
+/* Writes reply p (header, then error text, stat / checksum payload, or room for the pulled rows) into buf.
+ * Returns its length in bytes; a pull's rows are gathered later at buf + sizeof(ps_hdr), *rows_at says so
+ * (else NULL). */
+size_t pss_reply_build(const ps_server *S, const pending *p, uint8_t *buf, uint8_t **rows_at);
+
+/* Returns a pending reply to its pool. */
+void pss_pend_put(ps_server *S, pending *p);
+
+/* Returns a push's chunks to the pool and frees it. NULL is a no-op. */
+void pss_free_push(ps_server *S, push *p);
+
+/* ---------- apply.c: the apply / gather thread pool, and the applies the step clock schedules ---------- */
+
+/* Allocates the apply and gather bookkeeping (per local row, per worker, per send buffer). Returns 0 or
+ * -ENOMEM. */
+int pss_apply_init(ps_server *S);
+
+/* Frees what pss_apply_init and the applies allocated. */
+void pss_apply_free(ps_server *S);
+
+/* Starts S->o.apply_threads apply threads. Returns 0, or -EAGAIN when none could start. */
+int pss_apply_pool_start(ps_server *S);
+
+/* Asks the apply threads to quit and joins them. */
+void pss_apply_pool_stop(ps_server *S);
+
+/* Finishes the running apply when its threads are done (returns 1), else starts the next apply that is ready
+ * (returns 0). Progress thread only. */
+int pss_try_apply(ps_server *S);
+
+/* Applies every step that is ready, waiting for each. */
+void pss_apply_drain(ps_server *S);
+
+/* Waits up to ns nanoseconds for the running apply's threads to finish. */
+void pss_apply_wait_for(ps_server *S, long ns);
+
+/* Starts gathering the rows of the batch's S->ngj pull replies (S->gj): cuts them into pieces, wakes the
+ * apply threads for more than one piece. Returns the batch number for pss_gather_job. */
+uint32_t pss_gather_begin(ps_server *S);
+
+/* Gathers, with the apply threads, until every piece of job `job` of batch `batch` is in. */
+void pss_gather_job(ps_server *S, uint32_t batch, int job);
+
+/* Waits for the snapshot in progress (if any), logs its outcome and prunes older ones. */
+void pss_snap_wait(ps_server *S);
+
+#endif
