@@ -2,7 +2,10 @@
 stem conv3x3(3->64) BN PReLU; 4 stages (64/128/256/512, first block stride 2) of IBasicBlock
 (BN, conv3x3, BN, PReLU, conv3x3 stride s, BN, + shortcut conv1x1+BN where shape changes);
 head BN2d, flatten, dropout(0), Linear(512*49 -> D), BatchNorm1d(D) with fixed weight.
-Usage: iresnet_torch.py NETWORK BATCH ITERS THREADS -> prints samples/s of forward+backward."""
+Usage: iresnet_torch.py NETWORK BATCH ITERS THREADS [WARMUP] -> prints one line as bench_backbone does:
+the WARMUP (default 1) warm-up steps' time (first step apart), then the steady state: ITERS timed steps,
+their total and median, and samples/s = ITERS * BATCH / total, for forward (training mode) + backward."""
+import statistics
 import sys
 import time
 import warnings
@@ -64,19 +67,23 @@ class IResNet(nn.Module):
 
 def main():
     net, batch, iters, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    warmup = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     torch.set_num_threads(threads)
     model = IResNet(LAYERS[net]).train()
+    params = sum(p.numel() for p in model.parameters())
     x = torch.rand(batch, 3, 112, 112) * 2 - 1
     g = torch.randn(batch, 512) * 1e-3
-    t0 = 0.0
-    for it in range(-1, iters):
-        if it == 0:
-            t0 = time.perf_counter()
+    t = []
+    for _ in range(warmup + iters):
+        t0 = time.perf_counter()
         model.zero_grad(set_to_none=False)
         model(x).backward(g)
-    dt = time.perf_counter() - t0
-    print(f"torch {torch.__version__} {net} batch {batch} threads {threads}: {iters} steps in "
-          f"{dt:.3f} s, samples/s {iters * batch / dt:.2f}")
+        t.append(time.perf_counter() - t0)
+    warm, steady = t[:warmup], t[warmup:]
+    print(f"torch {torch.__version__} {net} batch {batch} threads {torch.get_num_threads()} params {params}: "
+          f"warm-up {warmup} steps {sum(warm):.3f} s first {warm[0] if warm else 0.0:.3f} s, "
+          f"steady {iters} steps {sum(steady):.3f} s median {statistics.median(steady):.3f} s, "
+          f"samples/s {iters * batch / sum(steady):.2f}")
 
 
 if __name__ == "__main__":
