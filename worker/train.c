@@ -1,545 +1,27 @@
-/* The training loop of one pfcps worker: see train.h. The file reads top to bottom as set-up (servers and
- * ring, data, backbone, head, outputs), one training step (train_step), and the run (train_run: the stop
- * vote, the step, loss checks, logging, checkpoints). Device specifics are behind worker/device.h. */
-#include "worker/train.h"
-
+/* The training loop of one pfcps worker (see train.h): one training step (train_step, and the backbone's
+ * backward and optimizer step it calls), the outputs written after steps (checkpoints, the backbone, the
+ * class-center partition), and the run (train_run: the stop vote, the step, loss checks, logging,
+ * verification, checkpoint cadence). The set-up that makes the trainer is worker/train_setup.c; device
+ * specifics are behind worker/device.h. */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "common/atomic_file.h"
+#include "common/ckpt.h"
 #include "common/clock.h"
 #include "common/coll.h"
 #include "common/err.h"
-#include "common/fabric.h"
 #include "common/log.h"
-#include "common/member_addr.h"
 #include "kernels/ops.h"
-#include "worker/data/loader.h"
-#include "worker/data/rec.h"
-#include "worker/device.h"
-#include "worker/eval/set.h"
-#include "worker/head/pfc.h"
 #include "worker/lr_schedule.h"
-#include "worker/loss_scale.h"
-#include "worker/model/model.h"
-#include "worker/model/safetensors.h"
 #include "worker/ps_client.h"
-#include "common/ckpt.h"
-#include "worker/resume.h"
-#include "worker/tb_writer.h"
-
-/* arcface_torch's GradScaler: torch.cuda.amp.GradScaler(growth_interval=100), init scale 2^16. */
-#define AMP_INIT_SCALE      65536.0f
-#define AMP_GROWTH_INTERVAL 100
-
-/* Verification sets a run scores at most (config key val_targets). */
-#define MAX_VAL_TARGETS 8
+#include "worker/train_state.h"
 
 /* ln(1e30): the loss value when p_target is floored at 1e-30 for every row (no target matched). */
 #define STUCK_LOSS 69.07755278982137
-
-struct trainer {
-    pf_config run;
-    pf_config local; /* what the endpoints were opened with */
-    train_opts opts;
-    int rank, W, S;
-    ps_client *ps;
-    fab_ctx *coll_fab;
-    pf_coll coll; /* the fabric ring among the workers */
-    int have_coll;
-    uint8_t dev_id[WDEV_ID_BYTES]; /* worker 0 of a cuda run: the NCCL unique id it published */
-    loader *ld;
-    model *m;
-    wdev wd;  /* the device: backbone collective, head buffers, the head on the device */
-    pfc head; /* the sampler (and, off the GPU, the CPU head) */
-    int have_head;
-    float *mom;             /* device: SGD momentum (nparams) */
-    float *adam_m, *adam_v; /* device: AdamW moments (nparams) */
-    int64_t opt_steps;      /* optimizer steps applied (AdamW's count; steps skipped on overflow excluded) */
-    size_t nparams;
-    int loss_scaling;
-    loss_scaler scaler;
-    int64_t *labels; /* (B) the next batch's labels */
-    FILE *trace;
-    tb_writer *tb;                 /* rank 0: <output>/tensorboard; NULL when off or after a write error */
-    eval_set val[MAX_VAL_TARGETS]; /* rank 0: the val_targets sets */
-    double val_highest[MAX_VAL_TARGETS]; /* highest Accuracy-Flip so far, per set */
-    int n_val;
-    double warmup_steps;
-    int64_t total_steps, steps_per_epoch;
-    double wait_s;         /* longest wait for a server's answer before the run is declared broken */
-    char ckpt_root[4096];  /* checkpoints (common/ckpt.h) */
-    int64_t start_step;    /* > 0: resumed from this checkpoint step */
-    wresume_state resumed; /* the scalars loaded with it */
-};
-
-static int mkdir_p(const char *path)
-{
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p == '/') {
-            *p = '\0';
-            mkdir(buf, 0755);
-            *p = '/';
-        }
-    }
-    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
-        return pf_err(-errno, "cannot create output directory '%s': %s", path, strerror(errno));
-    return 0;
-}
-
-int train_open_endpoints(trainer **out, const pf_config *local, int rank, uint8_t *addr, size_t *addr_len)
-{
-    trainer *t = calloc(1, sizeof *t);
-    if (!t)
-        return pf_err(-ENOMEM, "out of memory");
-    t->rank = rank;
-    t->local = *local;
-    ps_dtype dt = PS_DT_FP32;
-    int rc = ps_dtype_parse(local->wire_dtype, &dt);
-    ps_client_opts po = {.provider = local->provider,
-                         .rank = rank,
-                         .servers = local->servers,
-                         .num_classes = local->num_classes > 0 ? local->num_classes : 1,
-                         .dim = local->embedding_size,
-                         .dtype = dt};
-    if (rc == 0)
-        rc = ps_client_create(&po, &t->ps);
-    if (rc == 0)
-        rc = fab_open(local->provider, &t->coll_fab);
-    uint8_t a0[FAB_MAX_ADDR], a1[FAB_MAX_ADDR];
-    size_t l0 = sizeof a0, l1 = sizeof a1;
-    if (rc == 0)
-        rc = ps_client_getname(t->ps, a0, &l0);
-    if (rc == 0)
-        rc = fab_getname(t->coll_fab, a1, &l1);
-    /* The device may add a third part (worker 0 of a cuda run: the NCCL unique id). */
-    int nparts = 2;
-    if (rc == 0 && (rc = wdev_make_id(local->device, rank, t->dev_id)) == 1) {
-        nparts = 3;
-        rc = 0;
-    }
-    if (rc == 0) {
-        const void *parts[3] = {a0, a1, t->dev_id};
-        size_t lens[3] = {l0, l1, WDEV_ID_BYTES};
-        rc = member_addr_pack(addr, *addr_len, nparts, parts, lens);
-        if (rc > 0) {
-            *addr_len = (size_t)rc;
-            rc = 0;
-        }
-    }
-    if (rc < 0) {
-        train_close(t);
-        return rc;
-    }
-    *out = t;
-    return 0;
-}
-
-/* The ps_client was created before the run config was known (its address had to go into the join):
- * check that what it was created with matches the run. */
-static int check_client_matches(const pf_config *local, const pf_config *run)
-{
-    if (local->servers != run->servers || local->embedding_size != run->embedding_size ||
-        strcmp(local->wire_dtype, run->wire_dtype) || strcmp(local->provider, run->provider))
-        return pf_err(
-            -EINVAL,
-            "this worker's config (servers %d, embedding_size %d, wire_dtype %s, provider %s) differs "
-            "from the run's (servers %d, embedding_size %d, wire_dtype %s, provider %s): give every "
-            "process the same config",
-            local->servers, local->embedding_size, local->wire_dtype, local->provider, run->servers,
-            run->embedding_size, run->wire_dtype, run->provider);
-    return 0;
-}
-
-/* Set-up 1: the servers (addresses from the book, connections opened before step 0). */
-static int setup_servers(trainer *t, const ctl_book *book)
-{
-    int rc;
-    /* Under BSP a pull waits for the slowest worker's push, so allow several control timeouts. */
-    t->wait_s = 4 * (t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30);
-    /* A dead server is declared (-ECOMM naming it) once it leaves a send or a liveness probe unanswered for
-     * the same bound (ps_client.h); not less: a live server's reply can wait on another worker's long step.
-     */
-    ps_client_set_timeout(t->ps, t->wait_s);
-    if (book->num_workers != t->W || book->num_servers != t->S)
-        return pf_err(-EPROTO, "address book has %d servers / %d workers, run config says %d / %d",
-                      book->num_servers, book->num_workers, t->S, t->W);
-    uint64_t token = 0;
-    if ((rc = ctl_data_token(t->opts.secret ? t->opts.secret : t->run.secret, book->run_nonce, &token)) < 0)
-        return rc;
-    ps_client_set_token(t->ps, token);
-    ps_client_set_borrow_grads(t->ps, 1); /* train_step waits for its push before grad_centers changes */
-    for (int s = 0; s < t->S; s++)
-        if ((rc = ps_client_add_server(t->ps, s, book->servers[s].addr, book->servers[s].addr_len)) < 0)
-            return pf_err_wrap(rc, "server %d address", s);
-    if ((rc = ps_client_warmup(t->ps, t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30)) < 0)
-        return pf_err_wrap(rc, "warming up the connections to %d servers", t->S);
-    return 0;
-}
-
-/* Set-up 2: the collectives ring over every worker's second endpoint. */
-static int setup_ring(trainer *t, const ctl_book *book)
-{
-    const void **addrs = calloc((size_t)t->W, sizeof *addrs);
-    size_t *lens = calloc((size_t)t->W, sizeof *lens);
-    if (!addrs || !lens) {
-        free(addrs);
-        free(lens);
-        return pf_err(-ENOMEM, "out of memory");
-    }
-    int rc = 0;
-    for (int w = 0; w < t->W && rc == 0; w++) {
-        rc = member_addr_part(book->workers[w].addr, book->workers[w].addr_len, 1, &addrs[w], &lens[w]);
-        if (rc < 0)
-            pf_err_wrap(rc, "worker %d's collective address", w);
-    }
-    if (rc == 0) {
-        coll_fabric_opts co = {.timeout_s = t->run.ctl_timeout > 0 ? t->run.ctl_timeout * 4 : 120};
-        rc = coll_fabric_create(t->coll_fab, t->rank, t->W, addrs, lens, &co, &t->coll);
-        t->have_coll = rc == 0;
-    }
-    free(addrs);
-    free(lens);
-    return rc;
-}
-
-/* Set-up 3: the data loader (labels must be below num_classes: the loader checks every record at open) and
- * arcface_torch's schedule lengths. */
-static int setup_data(trainer *t)
-{
-    const pf_config *run = &t->run;
-    loader_opts lo;
-    loader_opts_from_config(&lo, run, t->rank, t->W);
-    int rc = loader_open(&t->ld, &lo);
-    if (rc < 0)
-        return pf_err_wrap(rc, "dataset '%s'", run->rec);
-    t->steps_per_epoch = loader_num_batches(t->ld);
-    int64_t num_image = run->num_image > 0 ? run->num_image : loader_num_images(t->ld);
-    if (t->steps_per_epoch <= 0)
-        return pf_err(-EINVAL,
-                      "dataset '%s' has %lld images: not one full batch of %d per worker on %d workers",
-                      run->rec, (long long)loader_num_images(t->ld), run->batch_size, t->W);
-    if ((rc = lr_schedule_steps(num_image, (int64_t)run->batch_size * t->W, run->num_epoch, run->warmup_epoch,
-                                &t->warmup_steps, &t->total_steps)) < 0)
-        return rc;
-    /* arcface_torch uses num_image only for the schedule length: a smaller one ends the lr early. */
-    int64_t have = loader_num_images(t->ld);
-    if (t->rank == 0 && run->num_image > 0 && run->num_image < have)
-        log_warn(
-            "num_image %lld is smaller than the %lld images of dataset '%s': the lr schedule is %lld steps "
-            "(warmup %.0f) but %d epochs over the dataset are %lld steps, the last %lld at lr 0 "
-            "(arcface_torch uses num_image only for the schedule length; set num_image = %lld, or 0 to "
-            "read it from the dataset)",
-            (long long)run->num_image, (long long)have, run->rec, (long long)t->total_steps, t->warmup_steps,
-            run->num_epoch, (long long)(t->steps_per_epoch * run->num_epoch),
-            (long long)(t->steps_per_epoch * run->num_epoch - t->total_steps), (long long)have);
-    log_info(
-        "dataset %s: %lld images, %lld classes, %lld steps per epoch on each of %d workers, %lld skipped",
-        run->rec, (long long)loader_num_images(t->ld), (long long)loader_num_classes(t->ld),
-        (long long)t->steps_per_epoch, t->W, (long long)loader_skipped(t->ld));
-    return 0;
-}
-
-/* *p = zero-filled device memory of the model's device. */
-static int dev_alloc(trainer *t, void **p, size_t bytes, const char *what)
-{
-    int rc = t->wd.dev->mem_alloc(t->wd.ctx, p, bytes);
-    return rc < 0 ? pf_err_wrap(rc, "device %s: %zu bytes for %s", t->wd.di.name, bytes, what) : 0;
-}
-
-/* The backbone optimizer's state on the device: SGD momentum or AdamW's two moments. */
-static int setup_optimizer(trainer *t)
-{
-    size_t pbytes = t->nparams * sizeof(float);
-    if (!strcmp(t->run.optimizer, "sgd"))
-        return dev_alloc(t, (void **)&t->mom, pbytes, "SGD momentum");
-    if (!strcmp(t->run.optimizer, "adamw")) {
-        int rc = dev_alloc(t, (void **)&t->adam_m, pbytes, "AdamW first moment");
-        return rc < 0 ? rc : dev_alloc(t, (void **)&t->adam_v, pbytes, "AdamW second moment");
-    }
-    return pf_err(-EINVAL, "optimizer '%s' is not sgd or adamw", t->run.optimizer);
-}
-
-/* Dynamic loss scaling (fp16 on a half device). PFCPS_AMP_INIT_SCALE (tests only): another initial scale,
- * e.g. 2^127 to force overflows. */
-static int setup_loss_scaler(trainer *t)
-{
-    float init = AMP_INIT_SCALE;
-    const char *env = getenv("PFCPS_AMP_INIT_SCALE");
-    if (env && *env) {
-        char *end;
-        double v = strtod(env, &end);
-        if (*end || !(v > 0) || !isfinite((float)v))
-            return pf_err(-EINVAL, "environment PFCPS_AMP_INIT_SCALE='%s' is not a positive float32 number",
-                          env);
-        init = (float)v;
-        log_warn("PFCPS_AMP_INIT_SCALE: initial loss scale %g instead of %g (for tests)", (double)init,
-                 (double)AMP_INIT_SCALE);
-    }
-    int rc = loss_scaler_init(&t->scaler, init, AMP_GROWTH_INTERVAL);
-    if (rc < 0)
-        return rc;
-    t->loss_scaling = 1;
-    log_info("dynamic loss scaling: init scale %g, growth interval %d, growth %g, backoff %g",
-             (double)t->scaler.scale, t->scaler.growth_interval, (double)t->scaler.growth_factor,
-             (double)t->scaler.backoff_factor);
-    return 0;
-}
-
-/* Set-up 4: the backbone on the configured device, its collective, the same initial parameters on every
- * worker, the optimizer state and the loss scaler. */
-static int setup_backbone(trainer *t, const ctl_book *book)
-{
-    const pf_config *run = &t->run;
-    train_device_info di;
-    int rc;
-    /* The device was checked at start on this worker's own config (worker/main.c); the run's must be the
-     * same, since worker 0 made the NCCL id from its own. */
-    if (strcmp(t->local.device, run->device) || t->local.fp16 != run->fp16 || t->local.bf16 != run->bf16)
-        return pf_err(-EINVAL,
-                      "this worker's config (device %s, fp16 %d, bf16 %d) differs from the run's (device "
-                      "%s, fp16 %d, bf16 %d): give every process the same config",
-                      t->local.device, t->local.fp16, t->local.bf16, run->device, run->fp16, run->bf16);
-    if ((rc = train_device_resolve(run, &di)) < 0)
-        return rc;
-    if (di.warning[0] && t->rank == 0)
-        log_warn("%s", di.warning);
-    if ((rc = wdev_open(&t->wd, &di, t->rank, t->W)) < 0)
-        return rc;
-    const ops_device *dev = ops_device_by_name(di.name);
-    if (!dev)
-        return pf_err_wrap(-ENODEV, "device '%s'", di.name);
-    model_desc desc;
-    if ((rc = model_desc_from_name(&desc, run->network, run->embedding_size)) < 0)
-        return pf_err_wrap(rc, "network '%s'", run->network);
-    if ((rc = model_create_desc(&t->m, &desc, run->batch_size, dev)) < 0)
-        return pf_err_wrap(rc, "network '%s' on device %s", run->network, di.name);
-    model_init(t->m, (uint64_t)run->seed);
-    /* Fine-tuning: every worker loads the same file (parameters and BN statistics; the broadcast below covers
-     * the parameters only), so it must be readable on every worker's host. */
-    if (run->pretrained[0]) {
-        if ((rc = model_load_pretrained(t->m, run->pretrained)) < 0)
-            return pf_err_wrap(rc, "config key 'pretrained' = %s", run->pretrained);
-        log_info("backbone initialised from %s (pretrained)", run->pretrained);
-    }
-    t->nparams = model_num_params(t->m);
-    if ((rc = wdev_backbone(&t->wd, dev, model_ctx(t->m), t->nparams, &t->coll, book)) < 0)
-        return rc;
-    /* Same seed on every rank, then rank 0's parameters broadcast (identical by construction; the broadcast
-     * makes it so whatever the initialiser does). */
-    if ((rc = wdev_bcast(&t->wd, model_params(t->m))) < 0)
-        return pf_err_wrap(rc, "broadcasting the initial parameters");
-    log_info("device %s, precision %s; backbone collectives: %s", di.name, di.precision, t->wd.backend);
-    log_info("backbone %s: %zu parameters (%.1f MB), embedding_size %d, batch %d", run->network, t->nparams,
-             t->nparams * 4.0 / 1e6, run->embedding_size, run->batch_size);
-    if ((rc = setup_optimizer(t)) < 0)
-        return rc;
-    return di.loss_scaling ? setup_loss_scaler(t) : 0;
-}
-
-/* Set-up 5: the Partial FC head: the sampler (on the host for every device) and the head on the device. */
-static int setup_head(trainer *t)
-{
-    const pf_config *run = &t->run;
-    head_params hp;
-    int rc = head_params_from_config(run, &hp);
-    if (rc < 0)
-        return rc;
-    hp.clamp_loss = 1;
-    /* On cuda the head runs on the GPU (pfc_cuda): the host pfc only samples, without the CPU head's
-     * workspace. */
-    if ((rc = pfc_init_flags(&t->head, &hp, &t->coll, run->num_classes, run->sample_rate, (uint64_t)run->seed,
-                             run->batch_size, run->embedding_size, t->wd.di.cuda ? PFC_NO_HOST_HEAD : 0)) < 0)
-        return rc;
-    t->have_head = 1;
-    if ((rc = wdev_head_create(&t->wd, &t->head, run->provider)) < 0)
-        return rc;
-    if (!(t->labels = malloc((size_t)run->batch_size * sizeof(int64_t))))
-        return pf_err(-ENOMEM, "out of memory for head buffers (batch %d x %d)", run->batch_size,
-                      run->embedding_size);
-    log_info(
-        "head: %s margin (%.3g, %.3g, %.3g) scale %.3g, %s gradient, %s mode, sample_rate %.3g: up to %lld "
-        "of %lld classes per worker per step",
-        run->margin_list[1] > 0 ? "arcface" : "combined", run->margin_list[0], run->margin_list[1],
-        run->margin_list[2], run->scale, run->margin_grad, run->head_mode, run->sample_rate,
-        (long long)t->head.k_max, (long long)run->num_classes);
-    return 0;
-}
-
-/* The folder of the dataset: the folder of its pack prefix (rec_resolve_prefix), "." for a bare name. */
-static void rec_folder(const char *rec, char *out, size_t cap)
-{
-    char base[4096];
-    if (rec_resolve_prefix(rec, base, sizeof base) < 0)
-        snprintf(base, sizeof base, ".");
-    const char *slash = strrchr(base, '/');
-    snprintf(out, cap, "%.*s", slash ? (int)(slash - base) : 1, slash ? base : ".");
-}
-
-/* One val_targets entry as a file: a path (with a '/' or an existing file) as given, else arcface_torch's
- * `<rec folder>/<name>.bin`; a name whose file is not there is skipped with a warning, as arcface_torch's
- * CallBackVerification does (returns 1). A pairs text file (not a .bin pickle) finds its images in its own
- * folder. */
-static int open_val_target(trainer *t, const char *entry, eval_set *set)
-{
-    char path[1100], images[1100];
-    struct stat st;
-    if (strchr(entry, '/') || stat(entry, &st) == 0) {
-        snprintf(path, sizeof path, "%s", entry);
-    } else {
-        char dir[1024];
-        rec_folder(t->run.rec, dir, sizeof dir);
-        size_t n = strlen(entry);
-        snprintf(path, sizeof path, "%s/%s%s", dir, entry,
-                 n > 4 && !strcmp(entry + n - 4, ".bin") ? "" : ".bin");
-        if (stat(path, &st) != 0) {
-            log_warn("val_targets: %s not found (%s): skipped, as arcface_torch does", entry, path);
-            return 1;
-        }
-    }
-    const char *slash = strrchr(path, '/');
-    snprintf(images, sizeof images, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
-    int rc = eval_set_open(set, path, images);
-    return rc < 0 ? pf_err_wrap(rc, "config key 'val_targets': '%s' (%s)", entry, path) : 0;
-}
-
-/* Rank 0: the verification sets of config key val_targets (comma-separated), opened before step 0 so that a
- * missing or unreadable set stops the run at start, not at the first verification. */
-static int setup_val(trainer *t)
-{
-    if (t->rank != 0 || !t->run.val_targets[0])
-        return 0;
-    char list[CFG_STR];
-    snprintf(list, sizeof list, "%s", t->run.val_targets);
-    char *save = NULL;
-    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        while (*tok == ' ' || *tok == '\t')
-            tok++;
-        char *end = tok + strlen(tok);
-        while (end > tok && (end[-1] == ' ' || end[-1] == '\t'))
-            *--end = '\0';
-        if (!*tok)
-            continue;
-        if (t->n_val == MAX_VAL_TARGETS)
-            return pf_err(-EINVAL, "config key 'val_targets': more than %d sets", MAX_VAL_TARGETS);
-        int rc = open_val_target(t, tok, &t->val[t->n_val]);
-        if (rc < 0)
-            return rc;
-        if (rc == 1)
-            continue;
-        log_info("verification set %s: %lld pairs, scored every %d steps (verbose) and at the end",
-                 t->val[t->n_val].name, (long long)t->val[t->n_val].n_pairs, t->run.verbose);
-        t->n_val++;
-    }
-    return 0;
-}
-
-/* Set-up 6: rank 0's output folder, training.log and TensorBoard events (<output>/tensorboard; a folder that
- * cannot be written only warns, as training.log); the trace file; the verification sets. */
-static int setup_outputs(trainer *t)
-{
-    if (t->rank == 0) {
-        int rc = mkdir_p(t->run.output);
-        if (rc < 0)
-            return rc;
-        char path[1100];
-        snprintf(path, sizeof path, "%s/training.log", t->run.output);
-        if (log_open_file(path) < 0)
-            log_warn("cannot write %s", path);
-        snprintf(path, sizeof path, "%s/tensorboard", t->run.output);
-        if (tb_open(&t->tb, path) < 0)
-            log_warn("no TensorBoard events: %s", pf_errmsg());
-        else
-            log_info("TensorBoard events: %s (tensorboard --logdir %s)", tb_path(t->tb), path);
-    }
-    if (t->opts.trace_path) {
-        t->trace = fopen(t->opts.trace_path, t->start_step > 0 ? "a" : "w");
-        if (!t->trace)
-            return pf_err(-errno, "cannot write trace file '%s'", t->opts.trace_path);
-    }
-    return setup_val(t);
-}
-
-/* The optimizer state arrays (device pointers) and their number. */
-static int opt_arrays(trainer *t, float **a)
-{
-    if (t->mom) {
-        a[0] = t->mom;
-        return 1;
-    }
-    a[0] = t->adam_m;
-    a[1] = t->adam_v;
-    return 2;
-}
-
-/* Set-up 7 (a resumed run): loads this worker's checkpoint state of step book->resume_step (backbone, BN
- * statistics, optimizer state, loss scaler, dropout generator; worker/resume.h) over what set-up made. */
-static int setup_resume(trainer *t, const ctl_book *book)
-{
-    ckpt_root(&t->run, t->ckpt_root, sizeof t->ckpt_root);
-    if (book->resume_step <= 0)
-        return 0;
-    const int64_t T = book->resume_step;
-    float *dev[2], *host[2] = {NULL, NULL};
-    int na = opt_arrays(t, dev), rc = 0;
-    for (int a = 0; a < na && rc == 0; a++)
-        if (!(host[a] = malloc(sizeof(float) * (t->nparams ? t->nparams : 1))))
-            rc = pf_err(-ENOMEM, "out of memory loading the optimizer state");
-    if (rc == 0)
-        rc = wresume_load(t->ckpt_root, T, t->rank, t->W, t->m, &t->resumed, host, na, t->nparams);
-    for (int a = 0; a < na && rc == 0; a++)
-        rc = t->wd.dev->mem_h2d(t->wd.ctx, dev[a], host[a], sizeof(float) * t->nparams);
-    free(host[0]);
-    free(host[1]);
-    int64_t step = 0, opt = 0, rng = 0, growth = 0;
-    double scale = 0;
-    if (rc == 0 && (rc = wresume_get_i64(&t->resumed, "step", &step)) == 0 && step != T)
-        rc = pf_err(-EINVAL, "checkpoint step %lld: the worker state says step %lld", (long long)T,
-                    (long long)step);
-    if (rc == 0)
-        rc = wresume_get_i64(&t->resumed, "opt_steps", &opt);
-    if (rc == 0)
-        rc = wresume_get_i64(&t->resumed, "dropout_rng", &rng);
-    if (rc == 0 && t->loss_scaling && (rc = wresume_get_f64(&t->resumed, "amp.scale", &scale)) == 0 &&
-        (rc = wresume_get_i64(&t->resumed, "amp.growth_tracker", &growth)) == 0) {
-        t->scaler.scale = (float)scale;
-        t->scaler.growth_tracker = (int)growth;
-    }
-    if (rc < 0)
-        return pf_err_wrap(rc, "resume from checkpoint step %lld", (long long)T);
-    t->opt_steps = opt;
-    model_set_rng_state(t->m, (uint64_t)rng);
-    for (int i = 0; i < t->n_val; i++) {
-        char name[24];
-        snprintf(name, sizeof name, "val_highest.%d", i);
-        wresume_get_f64(&t->resumed, name, &t->val_highest[i]);
-    }
-    t->start_step = T;
-    log_info("resuming at checkpoint step %lld (%s): epoch %lld, batch %lld of %lld", (long long)T,
-             book->resume_reason, (long long)(T / t->steps_per_epoch), (long long)(T % t->steps_per_epoch),
-             (long long)t->steps_per_epoch);
-    return 0;
-}
-
-int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const train_opts *opts)
-{
-    int rc;
-    if ((rc = check_client_matches(&t->local, run)) < 0)
-        return rc;
-    t->run = *run;
-    t->opts = *opts;
-    t->W = run->workers;
-    t->S = run->servers;
-    if ((rc = setup_servers(t, book)) < 0 || (rc = setup_ring(t, book)) < 0 || (rc = setup_data(t)) < 0 ||
-        (rc = setup_backbone(t, book)) < 0 || (rc = setup_head(t)) < 0 || (rc = setup_resume(t, book)) < 0)
-        return rc;
-    return setup_outputs(t);
-}
 
 /* Backbone optimizer step on every trainable tensor (fixed ones, the features BN weight, are skipped, as
  * arcface_torch leaves them out: requires_grad = False), on the device. */
@@ -642,15 +124,15 @@ static int next_batch(trainer *t, loader_batch **b)
 /* Waits for request r (NULL: none) and returns the first error of rc and the wait's. */
 static int wait_req(trainer *t, ps_req *r, int rc)
 {
-    int wrc = r ? ps_wait(t->ps, r, t->wait_s) : 0;
+    int wrc = r ? ps_wait(t->net.ps, r, t->net.wait_s) : 0;
     return rc < 0 ? rc : wrc;
 }
 
-/* One training step (DESIGN.md §3) on the batch whose labels are in t->labels, at global step `step`
- * (0-based) with learning rate lr: sample the class centers, pull them while the backbone runs forward, the
- * margin-softmax head over every worker's sampled columns, push the row gradients (the servers apply them
- * during our backward), backbone backward and optimizer step, wait for the push (read-your-writes before the
- * next pull). push_flags: PS_PUSH_SNAPSHOT on a checkpoint step. *loss = the global mean loss. Returns 0 or
+/* One training step (docs/architecture.md, "One training step") on the batch whose labels are in t->labels,
+ * at global step `step` (0-based) with learning rate lr: sample the class centers, pull them while the
+ * backbone runs forward, the margin-softmax head over every worker's sampled columns, push the row gradients
+ * (the servers apply them during our backward), backbone backward and optimizer step, wait for the push
+ * (read-your-writes before the next pull). push_flags: PS_PUSH_SNAPSHOT on a checkpoint step. *loss = the global mean loss. Returns 0 or
  * the first failing component's negative code. */
 static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, double *loss)
 {
@@ -661,7 +143,7 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
     const float *emb = NULL;
     int rc = pfc_sample(&t->head, step, t->labels, &ids, &k);
     if (rc == 0)
-        rc = ps_pull(t->ps, ids, (size_t)k, t->wd.centers, step, &pull);
+        rc = ps_pull(t->net.ps, ids, (size_t)k, t->wd.centers, step, &pull);
     if (rc == 0)
         rc = next_batch(t, &b);
     if (rc == 0) {
@@ -672,12 +154,22 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
     if (rc == 0)
         rc = wdev_head_step(&t->wd, &t->head, emb, k, loss);
     if (rc == 0)
-        rc = ps_push_ex(t->ps, ids, (size_t)k, t->wd.grad_centers, (float)lr, step, push_flags, &push);
+        rc = ps_push_ex(t->net.ps, ids, (size_t)k, t->wd.grad_centers, (float)lr, step, push_flags, &push);
     if (rc == 0)
         rc = backbone_step(t, (float)lr, step);
     if (b)
         loader_release(t->ld, b);
     return wait_req(t, push, rc);
+}
+
+/* The loss scaler's state as the backbone checkpoint's extras: x[0] "amp.scale", x[1] "amp.growth_tracker". */
+static void amp_extras(const trainer *t, model_extra x[2])
+{
+    memset(x, 0, 2 * sizeof *x);
+    memcpy(x[0].name, "amp.scale", sizeof "amp.scale");
+    x[0].value = (double)t->scaler.scale;
+    memcpy(x[1].name, "amp.growth_tracker", sizeof "amp.growth_tracker");
+    x[1].value = (double)t->scaler.growth_tracker;
 }
 
 /* The backbone checkpoint; with loss scaling, the scaler's state goes with it (arcface_torch saves the
@@ -687,11 +179,7 @@ static int save_backbone(trainer *t, const char *path)
     if (!t->loss_scaling)
         return model_save(t->m, path);
     model_extra x[2];
-    memset(x, 0, sizeof x);
-    memcpy(x[0].name, "amp.scale", sizeof "amp.scale");
-    x[0].value = (double)t->scaler.scale;
-    memcpy(x[1].name, "amp.growth_tracker", sizeof "amp.growth_tracker");
-    x[1].value = (double)t->scaler.growth_tracker;
+    amp_extras(t, x);
     return model_save_ex(t->m, path, x, 2);
 }
 
@@ -717,9 +205,9 @@ static int dump_partition(trainer *t, const char *prefix, int64_t step)
         for (; n < CHUNK && c0 < C; c0 += t->W)
             ids[n++] = c0;
         ps_req *req;
-        rc = ps_pull(t->ps, ids, (size_t)n, rows, step, &req);
+        rc = ps_pull(t->net.ps, ids, (size_t)n, rows, step, &req);
         if (rc == 0)
-            rc = ps_wait(t->ps, req, t->wait_s);
+            rc = ps_wait(t->net.ps, req, t->net.wait_s);
         for (int i = 0; rc == 0 && ok && i < n; i++) {
             uint64_t id = (uint64_t)ids[i];
             ok = fwrite(&id, 8, 1, af.f) == 1 &&
@@ -742,7 +230,7 @@ static int save_centers(trainer *t, int64_t step)
     snprintf(dir, sizeof dir, "%s/centers", t->run.output);
     snprintf(prefix, sizeof prefix, "%s/partition", dir);
     double t0 = pf_now_s();
-    int rc = mkdir_p(dir);
+    int rc = train_mkdir_p(dir);
     if (rc == 0)
         rc = dump_partition(t, prefix, step);
     if (rc < 0)
@@ -795,8 +283,8 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
         wresume_set_f64(&st, name, t->val_highest[i]);
     }
     float *dev[2], *host[2] = {NULL, NULL};
-    int na = opt_arrays(t, dev);
-    int rc = mkdir_p(dir);
+    int na = train_opt_arrays(t, dev);
+    int rc = train_mkdir_p(dir);
     for (int a = 0; a < na && rc == 0; a++) {
         if (!(host[a] = malloc(sizeof(float) * (t->nparams ? t->nparams : 1))))
             rc = pf_err(-ENOMEM, "out of memory");
@@ -804,11 +292,7 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
             rc = t->wd.dev->mem_d2h(t->wd.ctx, host[a], dev[a], sizeof(float) * t->nparams);
     }
     model_extra x[2];
-    memset(x, 0, sizeof x);
-    memcpy(x[0].name, "amp.scale", sizeof "amp.scale");
-    x[0].value = (double)t->scaler.scale;
-    memcpy(x[1].name, "amp.growth_tracker", sizeof "amp.growth_tracker");
-    x[1].value = (double)t->scaler.growth_tracker;
+    amp_extras(t, x);
     if (rc == 0)
         rc = wresume_save(t->ckpt_root, step, t->rank, t->W, t->m, x, t->loss_scaling ? 2 : 0, &st,
                           (const float *const *)host, na, t->nparams);
@@ -830,7 +314,7 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
 static int stop_vote(trainer *t, int *stop)
 {
     float f = t->opts.stop_flag && *t->opts.stop_flag ? 1.f : 0.f;
-    int rc = coll_allreduce(&t->coll, &f, 1, COLL_F32, COLL_MAX);
+    int rc = coll_allreduce(&t->net.coll, &f, 1, COLL_F32, COLL_MAX);
     *stop = rc == 0 && f > 0;
     return rc;
 }
@@ -955,7 +439,7 @@ static int finish(trainer *t, const progress *p, int64_t step, int64_t total, in
     const pf_config *run = &t->run;
     int rc = 0;
     if (t->rank == 0 && t->opts.max_steps > 0) {
-        if ((rc = mkdir_p(run->output)) < 0 || (rc = save_model(t)) < 0)
+        if ((rc = train_mkdir_p(run->output)) < 0 || (rc = save_model(t)) < 0)
             return rc;
         log_info("backbone saved to %s/model.ckpt after %lld steps", run->output, (long long)step);
     }
@@ -1058,39 +542,4 @@ int train_run(trainer *t)
         return rc;
     }
     return finish(t, &p, step, total, stop);
-}
-
-void train_close(trainer *t)
-{
-    if (!t)
-        return;
-    if (t->trace)
-        fclose(t->trace);
-    if (t->tb && tb_close(t->tb) < 0)
-        log_warn("TensorBoard events: %s", pf_errmsg());
-    for (int i = 0; i < t->n_val; i++)
-        eval_set_free(&t->val[i]);
-    if (t->have_head)
-        pfc_free(&t->head);
-    if (t->m) {
-        ops_ctx *ctx = model_ctx(t->m);
-        const ops_device *dev = t->wd.dev;
-        if (dev) {
-            if (t->mom)
-                dev->mem_free(ctx, t->mom);
-            if (t->adam_m)
-                dev->mem_free(ctx, t->adam_m);
-            if (t->adam_v)
-                dev->mem_free(ctx, t->adam_v);
-        }
-    }
-    wdev_close(&t->wd);
-    model_free(t->m);
-    loader_close(t->ld);
-    if (t->have_coll)
-        coll_destroy(&t->coll);
-    fab_close(t->coll_fab);
-    ps_client_destroy(t->ps);
-    free(t->labels);
-    free(t);
 }

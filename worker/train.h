@@ -1,4 +1,4 @@
-/* The training loop of one pfcps worker (DESIGN.md §3, one step):
+/* The training loop of one pfcps worker (docs/architecture.md, "One training step"):
  *
  *   labels of the next batch (loader_peek_labels)
  *   -> pfc_sample: allgather labels, sample this worker's partition (positives + negatives)
@@ -10,8 +10,9 @@
  *   -> backbone backward, allreduce (mean) of the backbone gradients, clip at 5, optimizer step
  *   -> wait for the push (read-your-writes before the next pull)
  *
- * Everything a step needs is created by train_open_endpoints and train_setup from the run config and the
- * address book, so the same code runs the daemon (worker/main.c) and the tests.
+ * Everything a step needs is created by train_open_endpoints and train_setup (worker/train_setup.c; the
+ * endpoints themselves are worker/train_net.h) from the run config and the address book, so the same code
+ * runs the daemon (worker/main.c) and the tests; the step and the run are worker/train.c.
  *
  * Devices (config `device`, kernels/ops.h): the backbone's parameters, gradients, optimizer state and
  * embeddings live in the device's memory and the loop touches them only through the device table

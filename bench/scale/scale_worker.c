@@ -4,10 +4,11 @@
  *   scale_worker --config FILE --rank W [--set key=value ...] [--steps N] [--warmup N] [--steady N]
  *                [--server-pids PID,PID,...] [--trace FILE] [--wait-fill LOG,LOG,...]
  *
- * It joins a run of real pfcps-server daemons exactly as pfcps-worker does (the two fabric endpoints packed
- * in its address-book entry, cli_join_run, the run config from server 0, the collectives ring among the
- * workers) and then runs, N times, the part of worker/train.c's train_step that touches the class-center
- * table, with synthetic embeddings in place of a backbone:
+ * It joins a run of real pfcps-server daemons as pfcps-worker does, through the same functions (the data
+ * plane's interface from daemon_bind_data_plane; worker/train_net.h: the two fabric endpoints packed in its
+ * address-book entry, the connections to the servers and the collectives ring among the workers; between
+ * them cli_join_run and the run config from server 0) and then runs, N times, the part of worker/train.c's
+ * train_step that touches the class-center table, with synthetic embeddings in place of a backbone:
  *
  *   pfc_sample -> ps_pull -> ps_wait -> pfc_step (CPU head: forward + backward) -> ps_push -> ps_wait
  *
@@ -50,11 +51,11 @@
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
-#include "common/member_addr.h"
 #include "common/splitmix64.h"
 #include "proto/ps_wire.h"
 #include "worker/head/pfc.h"
 #include "worker/ps_client.h"
+#include "worker/train_net.h"
 
 #define MAX_SERVERS 64
 
@@ -96,7 +97,7 @@ static int parse_long(const char *s, long lo, long hi, long *out)
 static int parse_opts(int argc, char **argv, opts *o)
 {
     *o = (opts){.rank = -1, .steps = 40, .warmup = 10, .steady = 10};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int ok = v != NULL;
         if (!strcmp(a, "--rank"))
@@ -124,7 +125,6 @@ static int parse_opts(int argc, char **argv, opts *o)
                     usage);
             return -1;
         }
-        i++;
     }
     if (o->rank < 0 || o->warmup + o->steady > o->steps) {
         fprintf(stderr, "scale_worker: needs --rank, and --warmup + --steady <= --steps\n%s", usage);
@@ -269,86 +269,48 @@ typedef struct bench {
     char host[256];
     int port;
     const char *secret;
-    ps_client *ps;
-    fab_ctx *coll_fab;
-    pf_coll coll;
+    train_net net; /* the parameter-server client and the workers' ring */
     ctl_session *sess;
     pfc x;
     ps_dtype dt;
     double fill_s; /* --wait-fill: seconds from the join until every server's table was generated */
 } bench;
 
-/* Endpoints, join, servers, ring, head: what worker/train.c's train_open_endpoints + train_setup do for the
- * parts this benchmark uses. Returns 0 or a negative code (pf_errmsg). */
+/* Endpoints, join, servers, ring, head: what pfcps-worker does (worker/main.c's join_run, worker/train.h's
+ * train_open_endpoints + train_setup) for the parts this benchmark uses, through the same functions: the
+ * data plane's interface (daemon_bind_data_plane), the two endpoints and their connections
+ * (worker/train_net.h). Returns 0 or a negative code (pf_errmsg). */
 static int setup(bench *b)
 {
     const pf_config *cfg = &b->cfg;
+    const int rank = (int)b->o.rank;
     int rc = ps_dtype_parse(cfg->wire_dtype, &b->dt);
-    if (rc == 0 && fab_set_universe(cfg->provider, (long)cfg->servers + cfg->workers) < 0)
-        rc = -EINVAL; /* as the daemons (daemon_bind_data_plane); pf_errmsg names the bad FI_UNIVERSE_SIZE */
-    ps_client_opts po = {.provider = cfg->provider,
-                         .rank = (int)b->o.rank,
-                         .servers = cfg->servers,
-                         .num_classes = cfg->num_classes > 0 ? cfg->num_classes : 1,
-                         .dim = cfg->embedding_size,
-                         .dtype = b->dt};
     if (rc == 0)
-        rc = ps_client_create(&po, &b->ps);
+        rc = daemon_bind_data_plane(cfg, b->host, b->port);
     if (rc == 0)
-        rc = fab_open(cfg->provider, &b->coll_fab);
-    uint8_t a0[FAB_MAX_ADDR], a1[FAB_MAX_ADDR], packed[CTL_MAX_ADDR];
-    size_t l0 = sizeof a0, l1 = sizeof a1;
+        rc = train_net_open(&b->net, cfg, rank);
+    uint8_t packed[CTL_MAX_ADDR];
+    size_t plen = sizeof packed;
     if (rc == 0)
-        rc = ps_client_getname(b->ps, a0, &l0);
+        rc = train_net_address(&b->net, NULL, 0, packed, &plen);
     if (rc == 0)
-        rc = fab_getname(b->coll_fab, a1, &l1);
-    int plen = 0;
-    if (rc == 0) {
-        const void *parts[2] = {a0, a1};
-        size_t lens[2] = {l0, l1};
-        rc = plen = member_addr_pack(packed, sizeof packed, 2, parts, lens);
-    }
-    if (rc >= 0)
-        rc = cli_join_run(cfg, b->host, b->port, CTL_ROLE_WORKER, (int)b->o.rank, packed, (size_t)plen,
-                          b->secret, &b->sess, &b->run);
+        rc = cli_join_run(cfg, b->host, b->port, CTL_ROLE_WORKER, rank, packed, plen, b->secret, &b->sess,
+                          &b->run);
     if (rc < 0)
         return rc;
     const pf_config *run = &b->run;
-    if (run->servers != cfg->servers || run->embedding_size != cfg->embedding_size ||
-        run->num_classes != cfg->num_classes || strcmp(run->wire_dtype, cfg->wire_dtype) ||
-        strcmp(run->provider, cfg->provider))
-        return pf_err(-EINVAL, "this worker's config differs from the run's (servers, embedding_size, "
-                               "num_classes, wire_dtype, provider): give every process the same config");
+    if ((rc = train_net_check_run(cfg, run)) < 0)
+        return rc;
     if (run->servers > MAX_SERVERS)
         return pf_err(-EINVAL, "at most %d servers", MAX_SERVERS);
-    const ctl_book *book = ctl_session_book(b->sess);
-    uint64_t token = 0; /* the run's data-plane token (proto/ps_wire.h): servers drop messages without it */
-    if ((rc = ctl_data_token(b->secret, book->run_nonce, &token)) < 0)
+    if ((rc = train_net_connect(&b->net, run, ctl_session_book(b->sess), rank, b->secret)) < 0)
         return rc;
-    ps_client_set_token(b->ps, token);
-    ps_client_set_borrow_grads(b->ps, 1); /* the step waits for its push before the gradients change */
-    double wait_s = 4 * (run->ctl_timeout > 0 ? run->ctl_timeout : 30);
-    ps_client_set_timeout(b->ps, wait_s);
-    for (int s = 0; s < run->servers && rc == 0; s++)
-        rc = ps_client_add_server(b->ps, s, book->servers[s].addr, book->servers[s].addr_len);
-    if (rc == 0)
-        rc = ps_client_warmup(b->ps, run->ctl_timeout > 0 ? run->ctl_timeout : 30);
-    const void *addrs[1024];
-    size_t lens[1024];
-    for (int w = 0; w < run->workers && rc == 0; w++)
-        rc = member_addr_part(book->workers[w].addr, book->workers[w].addr_len, 1, &addrs[w], &lens[w]);
-    if (rc == 0) {
-        coll_fabric_opts co = {.timeout_s = wait_s};
-        rc = coll_fabric_create(b->coll_fab, (int)b->o.rank, run->workers, addrs, lens, &co, &b->coll);
-    }
     head_params hp;
-    if (rc == 0)
-        rc = head_params_from_config(run, &hp);
+    if ((rc = head_params_from_config(run, &hp)) < 0)
+        return rc;
     hp.clamp_loss = 1;
-    if (rc == 0)
-        rc = pfc_init(&b->x, &hp, &b->coll, run->num_classes, run->sample_rate, (uint64_t)run->seed,
-                      run->batch_size, run->embedding_size);
-    return rc;
+    return pfc_init(&b->x, &hp, &b->net.coll, run->num_classes, run->sample_rate, (uint64_t)run->seed,
+                    run->batch_size, run->embedding_size);
 }
 
 /* 1 when file `path` contains `needle`. */
@@ -405,7 +367,7 @@ static int run_steps(bench *b, step_rec *recs, double *bytes)
         memset(centers, 0, kd * sizeof(float));
         memset(gcen, 0, kd * sizeof(float));
     }
-    double wait_s = 4 * (run->ctl_timeout > 0 ? run->ctl_timeout : 30);
+    const double wait_s = b->net.wait_s;
     const long steady0 = b->o.steps - b->o.steady;
     for (long step = 0; rc == 0 && step < b->o.steps; step++) {
         for (int s = 0; s < b->o.npids && step == 0; s++)
@@ -423,17 +385,17 @@ static int run_steps(bench *b, step_rec *recs, double *bytes)
         rc = pfc_sample(&b->x, step, labels, &ids, &k);
         double t1 = pf_now_s();
         if (rc == 0)
-            rc = ps_pull(b->ps, ids, (size_t)k, centers, step, &req);
+            rc = ps_pull(b->net.ps, ids, (size_t)k, centers, step, &req);
         if (rc == 0)
-            rc = ps_wait(b->ps, req, wait_s);
+            rc = ps_wait(b->net.ps, req, wait_s);
         double t2 = pf_now_s();
         if (rc == 0)
             rc = pfc_step(&b->x, emb, centers, &r->loss, gemb, gcen);
         double t3 = pf_now_s();
         if (rc == 0)
-            rc = ps_push(b->ps, ids, (size_t)k, gcen, (float)run->lr, step, &req);
+            rc = ps_push(b->net.ps, ids, (size_t)k, gcen, (float)run->lr, step, &req);
         if (rc == 0)
-            rc = ps_wait(b->ps, req, wait_s);
+            rc = ps_wait(b->net.ps, req, wait_s);
         double t4 = pf_now_s();
         r->minflt = self_usage(&c1) - f0;
         r->cpu = c1 - c0;
@@ -580,7 +542,7 @@ int main(int argc, char **argv)
     /* The ring ends with a barrier (a peer may still send), then leave in order. As pfcps-worker, the process
      * exit releases the endpoints (libfabric 1.17's tcp;ofi_rxm can crash in fi_close while peers go away).
      */
-    coll_barrier(&b.coll);
+    coll_barrier(&b.net.coll);
     ctl_session_leave(b.sess);
     ctl_session_close(b.sess);
     fflush(NULL);

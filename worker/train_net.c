@@ -1,0 +1,129 @@
+/* A worker's data-plane endpoints: the parameter-server client and the collectives ring (see train_net.h). */
+#include "worker/train_net.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/member_addr.h"
+
+int train_net_open(train_net *n, const pf_config *local, int rank)
+{
+    ps_dtype dt = PS_DT_FP32;
+    int rc = ps_dtype_parse(local->wire_dtype, &dt);
+    ps_client_opts po = {.provider = local->provider,
+                         .rank = rank,
+                         .servers = local->servers,
+                         .num_classes = local->num_classes > 0 ? local->num_classes : 1,
+                         .dim = local->embedding_size,
+                         .dtype = dt};
+    if (rc == 0)
+        rc = ps_client_create(&po, &n->ps);
+    if (rc == 0)
+        rc = fab_open(local->provider, &n->coll_fab);
+    return rc;
+}
+
+int train_net_address(train_net *n, const void *extra, size_t extra_len, uint8_t *addr, size_t *addr_len)
+{
+    uint8_t a0[FAB_MAX_ADDR], a1[FAB_MAX_ADDR];
+    size_t l0 = sizeof a0, l1 = sizeof a1;
+    int rc = ps_client_getname(n->ps, a0, &l0);
+    if (rc == 0)
+        rc = fab_getname(n->coll_fab, a1, &l1);
+    if (rc < 0)
+        return rc;
+    const void *parts[3] = {a0, a1, extra};
+    size_t lens[3] = {l0, l1, extra_len};
+    rc = member_addr_pack(addr, *addr_len, extra ? 3 : 2, parts, lens);
+    if (rc < 0)
+        return rc;
+    *addr_len = (size_t)rc;
+    return 0;
+}
+
+int train_net_check_run(const pf_config *local, const pf_config *run)
+{
+    if (local->servers != run->servers || local->num_classes != run->num_classes ||
+        local->embedding_size != run->embedding_size || strcmp(local->wire_dtype, run->wire_dtype) ||
+        strcmp(local->provider, run->provider))
+        return pf_err(-EINVAL,
+                      "this worker's config (servers %d, num_classes %lld, embedding_size %d, wire_dtype %s, "
+                      "provider %s) differs from the run's (servers %d, num_classes %lld, embedding_size %d, "
+                      "wire_dtype %s, provider %s): give every process the same config",
+                      local->servers, (long long)local->num_classes, local->embedding_size, local->wire_dtype,
+                      local->provider, run->servers, (long long)run->num_classes, run->embedding_size,
+                      run->wire_dtype, run->provider);
+    return 0;
+}
+
+/* The servers: the client's timeout and token, their addresses from the book, connections opened before
+ * step 0. */
+static int connect_servers(train_net *n, const pf_config *run, const ctl_book *book, const char *secret)
+{
+    int rc;
+    /* A dead server is declared (-ECOMM naming it) once it leaves a send or a liveness probe unanswered for
+     * wait_s (ps_client.h); not less: a live server's reply can wait on another worker's long step. */
+    ps_client_set_timeout(n->ps, n->wait_s);
+    uint64_t token = 0; /* the run's data-plane token (proto/ps_wire.h): servers drop messages without it */
+    if ((rc = ctl_data_token(secret, book->run_nonce, &token)) < 0)
+        return rc;
+    ps_client_set_token(n->ps, token);
+    ps_client_set_borrow_grads(n->ps, 1); /* the caller waits for its push before the gradients change */
+    for (int s = 0; s < run->servers; s++)
+        if ((rc = ps_client_add_server(n->ps, s, book->servers[s].addr, book->servers[s].addr_len)) < 0)
+            return pf_err_wrap(rc, "server %d address", s);
+    if ((rc = ps_client_warmup(n->ps, run->ctl_timeout > 0 ? run->ctl_timeout : 30)) < 0)
+        return pf_err_wrap(rc, "warming up the connections to %d servers", run->servers);
+    return 0;
+}
+
+/* The collectives ring over every worker's second endpoint (part 1 of its book entry). */
+static int connect_ring(train_net *n, const ctl_book *book, int rank)
+{
+    const int W = book->num_workers;
+    const void **addrs = calloc((size_t)W, sizeof *addrs);
+    size_t *lens = calloc((size_t)W, sizeof *lens);
+    if (!addrs || !lens) {
+        free(addrs);
+        free(lens);
+        return pf_err(-ENOMEM, "out of memory");
+    }
+    int rc = 0;
+    for (int w = 0; w < W && rc == 0; w++) {
+        rc = member_addr_part(book->workers[w].addr, book->workers[w].addr_len, 1, &addrs[w], &lens[w]);
+        if (rc < 0)
+            pf_err_wrap(rc, "worker %d's collective address", w);
+    }
+    if (rc == 0) {
+        coll_fabric_opts co = {.timeout_s = n->wait_s};
+        rc = coll_fabric_create(n->coll_fab, rank, W, addrs, lens, &co, &n->coll);
+        n->have_coll = rc == 0;
+    }
+    free(addrs);
+    free(lens);
+    return rc;
+}
+
+int train_net_connect(train_net *n, const pf_config *run, const ctl_book *book, int rank, const char *secret)
+{
+    /* Under BSP a pull waits for the slowest worker's push, so allow several control timeouts. */
+    n->wait_s = 4 * (run->ctl_timeout > 0 ? run->ctl_timeout : 30);
+    if (book->num_workers != run->workers || book->num_servers != run->servers)
+        return pf_err(-EPROTO, "address book has %d servers / %d workers, run config says %d / %d",
+                      book->num_servers, book->num_workers, run->servers, run->workers);
+    int rc = connect_servers(n, run, book, secret);
+    return rc < 0 ? rc : connect_ring(n, book, rank);
+}
+
+void train_net_close(train_net *n)
+{
+    if (n->have_coll)
+        coll_destroy(&n->coll);
+    n->have_coll = 0;
+    fab_close(n->coll_fab);
+    n->coll_fab = NULL;
+    ps_client_destroy(n->ps);
+    n->ps = NULL;
+}

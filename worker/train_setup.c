@@ -1,0 +1,431 @@
+/* The worker's set-up (see train.h): everything train_run needs, made from the run config and the address
+ * book, one function per part in the order train_setup calls them: the servers and the ring (train_net.h),
+ * data, backbone (with the optimizer state and the loss scaler), head, checkpoint state of a resumed run,
+ * outputs; and train_close, which releases them. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/ckpt.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "kernels/ops.h"
+#include "worker/data/rec.h"
+#include "worker/lr_schedule.h"
+#include "worker/model/safetensors.h"
+#include "worker/train_state.h"
+
+/* arcface_torch's GradScaler: torch.cuda.amp.GradScaler(growth_interval=100), init scale 2^16. */
+#define AMP_INIT_SCALE      65536.0f
+#define AMP_GROWTH_INTERVAL 100
+
+/* mkdir -p (train_state.h). */
+int train_mkdir_p(const char *path)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    }
+    if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+        return pf_err(-errno, "cannot create output directory '%s': %s", path, strerror(errno));
+    return 0;
+}
+
+int train_open_endpoints(trainer **out, const pf_config *local, int rank, uint8_t *addr, size_t *addr_len)
+{
+    trainer *t = calloc(1, sizeof *t);
+    if (!t)
+        return pf_err(-ENOMEM, "out of memory");
+    t->rank = rank;
+    t->local = *local;
+    int rc = train_net_open(&t->net, local, rank);
+    /* The device may add a third part to the address (worker 0 of a cuda run: the NCCL unique id). */
+    int has_id = 0;
+    if (rc == 0 && (rc = wdev_make_id(local->device, rank, t->dev_id)) == 1) {
+        has_id = 1;
+        rc = 0;
+    }
+    if (rc == 0)
+        rc = train_net_address(&t->net, has_id ? t->dev_id : NULL, WDEV_ID_BYTES, addr, addr_len);
+    if (rc < 0) {
+        train_close(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+/* Set-up 2: the data loader (labels must be below num_classes: the loader checks every record at open) and
+ * arcface_torch's schedule lengths. */
+static int setup_data(trainer *t)
+{
+    const pf_config *run = &t->run;
+    loader_opts lo;
+    loader_opts_from_config(&lo, run, t->rank, t->W);
+    int rc = loader_open(&t->ld, &lo);
+    if (rc < 0)
+        return pf_err_wrap(rc, "dataset '%s'", run->rec);
+    t->steps_per_epoch = loader_num_batches(t->ld);
+    int64_t num_image = run->num_image > 0 ? run->num_image : loader_num_images(t->ld);
+    if (t->steps_per_epoch <= 0)
+        return pf_err(-EINVAL,
+                      "dataset '%s' has %lld images: not one full batch of %d per worker on %d workers",
+                      run->rec, (long long)loader_num_images(t->ld), run->batch_size, t->W);
+    if ((rc = lr_schedule_steps(num_image, (int64_t)run->batch_size * t->W, run->num_epoch, run->warmup_epoch,
+                                &t->warmup_steps, &t->total_steps)) < 0)
+        return rc;
+    /* arcface_torch uses num_image only for the schedule length: a smaller one ends the lr early. */
+    int64_t have = loader_num_images(t->ld);
+    if (t->rank == 0 && run->num_image > 0 && run->num_image < have)
+        log_warn(
+            "num_image %lld is smaller than the %lld images of dataset '%s': the lr schedule is %lld steps "
+            "(warmup %.0f) but %d epochs over the dataset are %lld steps, the last %lld at lr 0 "
+            "(arcface_torch uses num_image only for the schedule length; set num_image = %lld, or 0 to "
+            "read it from the dataset)",
+            (long long)run->num_image, (long long)have, run->rec, (long long)t->total_steps, t->warmup_steps,
+            run->num_epoch, (long long)(t->steps_per_epoch * run->num_epoch),
+            (long long)(t->steps_per_epoch * run->num_epoch - t->total_steps), (long long)have);
+    log_info(
+        "dataset %s: %lld images, %lld classes, %lld steps per epoch on each of %d workers, %lld skipped",
+        run->rec, (long long)loader_num_images(t->ld), (long long)loader_num_classes(t->ld),
+        (long long)t->steps_per_epoch, t->W, (long long)loader_skipped(t->ld));
+    return 0;
+}
+
+/* *p = zero-filled device memory of the model's device. */
+static int dev_alloc(trainer *t, void **p, size_t bytes, const char *what)
+{
+    int rc = t->wd.dev->mem_alloc(t->wd.ctx, p, bytes);
+    return rc < 0 ? pf_err_wrap(rc, "device %s: %zu bytes for %s", t->wd.di.name, bytes, what) : 0;
+}
+
+/* The backbone optimizer's state on the device: SGD momentum or AdamW's two moments. */
+static int setup_optimizer(trainer *t)
+{
+    size_t pbytes = t->nparams * sizeof(float);
+    if (!strcmp(t->run.optimizer, "sgd"))
+        return dev_alloc(t, (void **)&t->mom, pbytes, "SGD momentum");
+    if (!strcmp(t->run.optimizer, "adamw")) {
+        int rc = dev_alloc(t, (void **)&t->adam_m, pbytes, "AdamW first moment");
+        return rc < 0 ? rc : dev_alloc(t, (void **)&t->adam_v, pbytes, "AdamW second moment");
+    }
+    return pf_err(-EINVAL, "optimizer '%s' is not sgd or adamw", t->run.optimizer);
+}
+
+/* Dynamic loss scaling (fp16 on a half device). PFCPS_AMP_INIT_SCALE (tests only): another initial scale,
+ * e.g. 2^127 to force overflows. */
+static int setup_loss_scaler(trainer *t)
+{
+    float init = AMP_INIT_SCALE;
+    const char *env = getenv("PFCPS_AMP_INIT_SCALE");
+    if (env && *env) {
+        char *end;
+        double v = strtod(env, &end);
+        if (*end || !(v > 0) || !isfinite((float)v))
+            return pf_err(-EINVAL, "environment PFCPS_AMP_INIT_SCALE='%s' is not a positive float32 number",
+                          env);
+        init = (float)v;
+        log_warn("PFCPS_AMP_INIT_SCALE: initial loss scale %g instead of %g (for tests)", (double)init,
+                 (double)AMP_INIT_SCALE);
+    }
+    int rc = loss_scaler_init(&t->scaler, init, AMP_GROWTH_INTERVAL);
+    if (rc < 0)
+        return rc;
+    t->loss_scaling = 1;
+    log_info("dynamic loss scaling: init scale %g, growth interval %d, growth %g, backoff %g",
+             (double)t->scaler.scale, t->scaler.growth_interval, (double)t->scaler.growth_factor,
+             (double)t->scaler.backoff_factor);
+    return 0;
+}
+
+/* Set-up 3: the backbone on the configured device, its collective, the same initial parameters on every
+ * worker, the optimizer state and the loss scaler. */
+static int setup_backbone(trainer *t, const ctl_book *book)
+{
+    const pf_config *run = &t->run;
+    train_device_info di;
+    int rc;
+    /* The device was checked at start on this worker's own config (worker/main.c); the run's must be the
+     * same, since worker 0 made the NCCL id from its own. */
+    if (strcmp(t->local.device, run->device) || t->local.fp16 != run->fp16 || t->local.bf16 != run->bf16)
+        return pf_err(-EINVAL,
+                      "this worker's config (device %s, fp16 %d, bf16 %d) differs from the run's (device "
+                      "%s, fp16 %d, bf16 %d): give every process the same config",
+                      t->local.device, t->local.fp16, t->local.bf16, run->device, run->fp16, run->bf16);
+    if ((rc = train_device_resolve(run, &di)) < 0)
+        return rc;
+    if (di.warning[0] && t->rank == 0)
+        log_warn("%s", di.warning);
+    if ((rc = wdev_open(&t->wd, &di, t->rank, t->W)) < 0)
+        return rc;
+    const ops_device *dev = ops_device_by_name(di.name);
+    if (!dev)
+        return pf_err_wrap(-ENODEV, "device '%s'", di.name);
+    model_desc desc;
+    if ((rc = model_desc_from_name(&desc, run->network, run->embedding_size)) < 0)
+        return pf_err_wrap(rc, "network '%s'", run->network);
+    if ((rc = model_create_desc(&t->m, &desc, run->batch_size, dev)) < 0)
+        return pf_err_wrap(rc, "network '%s' on device %s", run->network, di.name);
+    model_init(t->m, (uint64_t)run->seed);
+    /* Fine-tuning: every worker loads the same file (parameters and BN statistics; the broadcast below covers
+     * the parameters only), so it must be readable on every worker's host. */
+    if (run->pretrained[0]) {
+        if ((rc = model_load_pretrained(t->m, run->pretrained)) < 0)
+            return pf_err_wrap(rc, "config key 'pretrained' = %s", run->pretrained);
+        log_info("backbone initialised from %s (pretrained)", run->pretrained);
+    }
+    t->nparams = model_num_params(t->m);
+    if ((rc = wdev_backbone(&t->wd, dev, model_ctx(t->m), t->nparams, &t->net.coll, book)) < 0)
+        return rc;
+    /* Same seed on every rank, then rank 0's parameters broadcast (identical by construction; the broadcast
+     * makes it so whatever the initialiser does). */
+    if ((rc = wdev_bcast(&t->wd, model_params(t->m))) < 0)
+        return pf_err_wrap(rc, "broadcasting the initial parameters");
+    log_info("device %s, precision %s; backbone collectives: %s", di.name, di.precision, t->wd.backend);
+    log_info("backbone %s: %zu parameters (%.1f MB), embedding_size %d, batch %d", run->network, t->nparams,
+             t->nparams * 4.0 / 1e6, run->embedding_size, run->batch_size);
+    if ((rc = setup_optimizer(t)) < 0)
+        return rc;
+    return di.loss_scaling ? setup_loss_scaler(t) : 0;
+}
+
+/* Set-up 4: the Partial FC head: the sampler (on the host for every device) and the head on the device. */
+static int setup_head(trainer *t)
+{
+    const pf_config *run = &t->run;
+    head_params hp;
+    int rc = head_params_from_config(run, &hp);
+    if (rc < 0)
+        return rc;
+    hp.clamp_loss = 1;
+    /* On cuda the head runs on the GPU (pfc_cuda): the host pfc only samples, without the CPU head's
+     * workspace. */
+    if ((rc = pfc_init_flags(&t->head, &hp, &t->net.coll, run->num_classes, run->sample_rate, (uint64_t)run->seed,
+                             run->batch_size, run->embedding_size, t->wd.di.cuda ? PFC_NO_HOST_HEAD : 0)) < 0)
+        return rc;
+    t->have_head = 1;
+    if ((rc = wdev_head_create(&t->wd, &t->head, run->provider)) < 0)
+        return rc;
+    if (!(t->labels = malloc((size_t)run->batch_size * sizeof(int64_t))))
+        return pf_err(-ENOMEM, "out of memory for head buffers (batch %d x %d)", run->batch_size,
+                      run->embedding_size);
+    log_info(
+        "head: %s margin (%.3g, %.3g, %.3g) scale %.3g, %s gradient, %s mode, sample_rate %.3g: up to %lld "
+        "of %lld classes per worker per step",
+        run->margin_list[1] > 0 ? "arcface" : "combined", run->margin_list[0], run->margin_list[1],
+        run->margin_list[2], run->scale, run->margin_grad, run->head_mode, run->sample_rate,
+        (long long)t->head.k_max, (long long)run->num_classes);
+    return 0;
+}
+
+/* The folder of the dataset: the folder of its pack prefix (rec_resolve_prefix), "." for a bare name. */
+static void rec_folder(const char *rec, char *out, size_t cap)
+{
+    char base[4096];
+    if (rec_resolve_prefix(rec, base, sizeof base) < 0)
+        snprintf(base, sizeof base, ".");
+    const char *slash = strrchr(base, '/');
+    snprintf(out, cap, "%.*s", slash ? (int)(slash - base) : 1, slash ? base : ".");
+}
+
+/* One val_targets entry as a file: a path (with a '/' or an existing file) as given, else arcface_torch's
+ * `<rec folder>/<name>.bin`; a name whose file is not there is skipped with a warning, as arcface_torch's
+ * CallBackVerification does (returns 1). A pairs text file (not a .bin pickle) finds its images in its own
+ * folder. */
+static int open_val_target(trainer *t, const char *entry, eval_set *set)
+{
+    char path[1100], images[1100];
+    struct stat st;
+    if (strchr(entry, '/') || stat(entry, &st) == 0) {
+        snprintf(path, sizeof path, "%s", entry);
+    } else {
+        char dir[1024];
+        rec_folder(t->run.rec, dir, sizeof dir);
+        size_t n = strlen(entry);
+        snprintf(path, sizeof path, "%s/%s%s", dir, entry,
+                 n > 4 && !strcmp(entry + n - 4, ".bin") ? "" : ".bin");
+        if (stat(path, &st) != 0) {
+            log_warn("val_targets: %s not found (%s): skipped, as arcface_torch does", entry, path);
+            return 1;
+        }
+    }
+    const char *slash = strrchr(path, '/');
+    snprintf(images, sizeof images, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    int rc = eval_set_open(set, path, images);
+    return rc < 0 ? pf_err_wrap(rc, "config key 'val_targets': '%s' (%s)", entry, path) : 0;
+}
+
+/* Rank 0: the verification sets of config key val_targets (comma-separated), opened before step 0 so that a
+ * missing or unreadable set stops the run at start, not at the first verification. */
+static int setup_val(trainer *t)
+{
+    if (t->rank != 0 || !t->run.val_targets[0])
+        return 0;
+    char list[CFG_STR];
+    snprintf(list, sizeof list, "%s", t->run.val_targets);
+    char *save = NULL;
+    for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ' || *tok == '\t')
+            tok++;
+        char *end = tok + strlen(tok);
+        while (end > tok && (end[-1] == ' ' || end[-1] == '\t'))
+            *--end = '\0';
+        if (!*tok)
+            continue;
+        if (t->n_val == MAX_VAL_TARGETS)
+            return pf_err(-EINVAL, "config key 'val_targets': more than %d sets", MAX_VAL_TARGETS);
+        int rc = open_val_target(t, tok, &t->val[t->n_val]);
+        if (rc < 0)
+            return rc;
+        if (rc == 1)
+            continue;
+        log_info("verification set %s: %lld pairs, scored every %d steps (verbose) and at the end",
+                 t->val[t->n_val].name, (long long)t->val[t->n_val].n_pairs, t->run.verbose);
+        t->n_val++;
+    }
+    return 0;
+}
+
+/* Set-up 5: rank 0's output folder, training.log and TensorBoard events (<output>/tensorboard; a folder that
+ * cannot be written only warns, as training.log); the trace file; the verification sets. */
+static int setup_outputs(trainer *t)
+{
+    if (t->rank == 0) {
+        int rc = train_mkdir_p(t->run.output);
+        if (rc < 0)
+            return rc;
+        char path[1100];
+        snprintf(path, sizeof path, "%s/training.log", t->run.output);
+        if (log_open_file(path) < 0)
+            log_warn("cannot write %s", path);
+        snprintf(path, sizeof path, "%s/tensorboard", t->run.output);
+        if (tb_open(&t->tb, path) < 0)
+            log_warn("no TensorBoard events: %s", pf_errmsg());
+        else
+            log_info("TensorBoard events: %s (tensorboard --logdir %s)", tb_path(t->tb), path);
+    }
+    if (t->opts.trace_path) {
+        t->trace = fopen(t->opts.trace_path, t->start_step > 0 ? "a" : "w");
+        if (!t->trace)
+            return pf_err(-errno, "cannot write trace file '%s'", t->opts.trace_path);
+    }
+    return setup_val(t);
+}
+
+/* The optimizer state arrays (train_state.h). */
+int train_opt_arrays(trainer *t, float **a)
+{
+    if (t->mom) {
+        a[0] = t->mom;
+        return 1;
+    }
+    a[0] = t->adam_m;
+    a[1] = t->adam_v;
+    return 2;
+}
+
+/* Set-up 6 (a resumed run): loads this worker's checkpoint state of step book->resume_step (backbone, BN
+ * statistics, optimizer state, loss scaler, dropout generator; worker/resume.h) over what set-up made. */
+static int setup_resume(trainer *t, const ctl_book *book)
+{
+    ckpt_root(&t->run, t->ckpt_root, sizeof t->ckpt_root);
+    if (book->resume_step <= 0)
+        return 0;
+    const int64_t T = book->resume_step;
+    float *dev[2], *host[2] = {NULL, NULL};
+    int na = train_opt_arrays(t, dev), rc = 0;
+    for (int a = 0; a < na && rc == 0; a++)
+        if (!(host[a] = malloc(sizeof(float) * (t->nparams ? t->nparams : 1))))
+            rc = pf_err(-ENOMEM, "out of memory loading the optimizer state");
+    if (rc == 0)
+        rc = wresume_load(t->ckpt_root, T, t->rank, t->W, t->m, &t->resumed, host, na, t->nparams);
+    for (int a = 0; a < na && rc == 0; a++)
+        rc = t->wd.dev->mem_h2d(t->wd.ctx, dev[a], host[a], sizeof(float) * t->nparams);
+    free(host[0]);
+    free(host[1]);
+    int64_t step = 0, opt = 0, rng = 0, growth = 0;
+    double scale = 0;
+    if (rc == 0 && (rc = wresume_get_i64(&t->resumed, "step", &step)) == 0 && step != T)
+        rc = pf_err(-EINVAL, "checkpoint step %lld: the worker state says step %lld", (long long)T,
+                    (long long)step);
+    if (rc == 0)
+        rc = wresume_get_i64(&t->resumed, "opt_steps", &opt);
+    if (rc == 0)
+        rc = wresume_get_i64(&t->resumed, "dropout_rng", &rng);
+    if (rc == 0 && t->loss_scaling && (rc = wresume_get_f64(&t->resumed, "amp.scale", &scale)) == 0 &&
+        (rc = wresume_get_i64(&t->resumed, "amp.growth_tracker", &growth)) == 0) {
+        t->scaler.scale = (float)scale;
+        t->scaler.growth_tracker = (int)growth;
+    }
+    if (rc < 0)
+        return pf_err_wrap(rc, "resume from checkpoint step %lld", (long long)T);
+    t->opt_steps = opt;
+    model_set_rng_state(t->m, (uint64_t)rng);
+    for (int i = 0; i < t->n_val; i++) {
+        char name[24];
+        snprintf(name, sizeof name, "val_highest.%d", i);
+        wresume_get_f64(&t->resumed, name, &t->val_highest[i]);
+    }
+    t->start_step = T;
+    log_info("resuming at checkpoint step %lld (%s): epoch %lld, batch %lld of %lld", (long long)T,
+             book->resume_reason, (long long)(T / t->steps_per_epoch), (long long)(T % t->steps_per_epoch),
+             (long long)t->steps_per_epoch);
+    return 0;
+}
+
+int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const train_opts *opts)
+{
+    int rc;
+    if ((rc = train_net_check_run(&t->local, run)) < 0)
+        return rc;
+    t->run = *run;
+    t->opts = *opts;
+    t->W = run->workers;
+    t->S = run->servers;
+    /* Set-up 1: the servers (connections opened before step 0) and the collectives ring. */
+    if ((rc = train_net_connect(&t->net, run, book, t->rank, t->opts.secret ? t->opts.secret : t->run.secret)) <
+            0 ||
+        (rc = setup_data(t)) < 0 || (rc = setup_backbone(t, book)) < 0 || (rc = setup_head(t)) < 0 ||
+        (rc = setup_resume(t, book)) < 0)
+        return rc;
+    return setup_outputs(t);
+}
+
+void train_close(trainer *t)
+{
+    if (!t)
+        return;
+    if (t->trace)
+        fclose(t->trace);
+    if (t->tb && tb_close(t->tb) < 0)
+        log_warn("TensorBoard events: %s", pf_errmsg());
+    for (int i = 0; i < t->n_val; i++)
+        eval_set_free(&t->val[i]);
+    if (t->have_head)
+        pfc_free(&t->head);
+    if (t->m) {
+        ops_ctx *ctx = model_ctx(t->m);
+        const ops_device *dev = t->wd.dev;
+        if (dev) {
+            if (t->mom)
+                dev->mem_free(ctx, t->mom);
+            if (t->adam_m)
+                dev->mem_free(ctx, t->adam_m);
+            if (t->adam_v)
+                dev->mem_free(ctx, t->adam_v);
+        }
+    }
+    wdev_close(&t->wd);
+    model_free(t->m);
+    loader_close(t->ld);
+    train_net_close(&t->net);
+    free(t->labels);
+    free(t);
+}

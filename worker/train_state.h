@@ -1,0 +1,80 @@
+/* The trainer's state, shared by the worker's set-up (worker/train_setup.c: train_open_endpoints,
+ * train_setup, train_close) and its loop (worker/train.c: train_step, train_run). Private to those two
+ * files: everything else sees the opaque `trainer` of worker/train.h. */
+#ifndef PFCPS_WORKER_TRAIN_STATE_H
+#define PFCPS_WORKER_TRAIN_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/config.h"
+#include "worker/data/loader.h"
+#include "worker/device.h"
+#include "worker/eval/set.h"
+#include "worker/head/pfc.h"
+#include "worker/loss_scale.h"
+#include "worker/model/model.h"
+#include "worker/resume.h"
+#include "worker/tb_writer.h"
+#include "worker/train.h"
+#include "worker/train_net.h"
+
+/* Verification sets a run scores at most (config key val_targets). */
+#define MAX_VAL_TARGETS 8
+
+struct trainer {
+    /* Config: the run's (server 0's, from the rendezvous), this worker's own (what the endpoints were opened
+     * with), the daemon's options; this worker's rank, W workers, S servers. */
+    pf_config run;
+    pf_config local;
+    train_opts opts;
+    int rank, W, S;
+
+    /* Parameter-server client and the workers' collectives ring (worker/train_net.h). */
+    train_net net;
+
+    /* Data: the loader, the next batch's labels, arcface_torch's schedule lengths in global steps. */
+    loader *ld;
+    int64_t *labels; /* (B) the next batch's labels */
+    double warmup_steps;
+    int64_t total_steps, steps_per_epoch;
+
+    /* Model and device: the backbone, its parameter count, the device beyond kernels/ops.h. */
+    model *m;
+    size_t nparams;
+    wdev wd;                       /* backbone collective, head buffers, the head on the device */
+    uint8_t dev_id[WDEV_ID_BYTES]; /* worker 0 of a cuda run: the NCCL unique id it published */
+
+    /* Optimizer: the backbone's state on the device and dynamic loss scaling. */
+    float *mom;             /* device: SGD momentum (nparams) */
+    float *adam_m, *adam_v; /* device: AdamW moments (nparams) */
+    int64_t opt_steps;      /* optimizer steps applied (AdamW's count; steps skipped on overflow excluded) */
+    int loss_scaling;
+    loss_scaler scaler;
+
+    /* Head: the Partial FC sampler (and, off the GPU, the CPU head). */
+    pfc head;
+    int have_head;
+
+    /* Logging and metrics. */
+    FILE *trace;                          /* opts.trace_path, or NULL */
+    tb_writer *tb;                        /* rank 0: <output>/tensorboard; NULL when off or after a write error */
+    eval_set val[MAX_VAL_TARGETS];        /* rank 0: the val_targets sets */
+    double val_highest[MAX_VAL_TARGETS]; /* highest Accuracy-Flip so far, per set */
+    int n_val;
+
+    /* Checkpoint state. */
+    char ckpt_root[4096];  /* checkpoints (common/ckpt.h) */
+    int64_t start_step;    /* > 0: resumed from this checkpoint step */
+    wresume_state resumed; /* the scalars loaded with it */
+};
+
+/* mkdir -p: creates `path` and its parents (mode 0755). Returns 0 or -errno with a message naming the path. */
+int train_mkdir_p(const char *path);
+
+/* The backbone optimizer's state arrays (device pointers, nparams floats each) into a[0..n): SGD's momentum
+ * (n = 1) or AdamW's two moments (n = 2). Returns n. */
+int train_opt_arrays(trainer *t, float **a);
+
+#endif
