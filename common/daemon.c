@@ -1,5 +1,6 @@
-/* Daemon start-up: the SIGTERM/SIGINT block from before the constructors, the handler, and the join that a
- * stop request may end (see daemon.h). */
+/* Daemon start-up and exit: the SIGTERM/SIGINT block from before the constructors, the handler, the shared
+ * command line, the join that a stop request may end, and the exit that leaves the endpoints open (see
+ * daemon.h). */
 #include "common/daemon.h"
 
 #include <errno.h>
@@ -65,6 +66,44 @@ void daemon_signals_install(volatile sig_atomic_t *stop)
     }
     pthread_sigmask(SIG_UNBLOCK, &stop_signals,
                     NULL); /* a SIGTERM that came during start-up: on_signal now */
+}
+
+void daemon_start(const char *role, volatile sig_atomic_t *stop)
+{
+    log_init(role, -1);
+    daemon_tune_malloc();
+    daemon_signals_install(stop);
+}
+
+int daemon_parse_common(int argc, char **argv, pf_config *cfg, const char *usage, int *rest_argc)
+{
+    int rc = cli_parse_common(argc, argv, cfg, usage, CLI_CONFIG_OPTIONAL, rest_argc);
+    if (rc == CLI_HELP)
+        return CLI_HELP;
+    if (rc < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
+int daemon_member_check(const pf_config *cfg, const char *role, long rank, int count, const char *what,
+                        char *host, size_t hostlen, int *port, const char **secret, const char *usage)
+{
+    log_init(role, (int)rank);
+    if (cli_member_check(cfg, rank, count, what, host, hostlen, port, secret) < 0) {
+        log_error("%s\n%s", pf_errmsg(), usage);
+        return -1;
+    }
+    return 0;
+}
+
+void daemon_exit_now(int exit_code)
+{
+    fflush(NULL);
+    log_close_file();
+    fab_shm_unlink_regions((long)getpid()); /* the endpoints are not closed: see fabric.h */
+    _exit(exit_code);
 }
 
 int daemon_signalled(void)

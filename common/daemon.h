@@ -1,5 +1,7 @@
 /* Start-up and stop plumbing that both daemons (pfcps-server, pfcps-worker) share: SIGTERM/SIGINT handling
- * from before main() on, and joining the run with a stop request honoured while it is still forming.
+ * from before main() on, the shared command line and member checks, the data plane's interface, joining the
+ * run with a stop request honoured while it is still forming, and the exit that leaves the fabric endpoints
+ * to the process exit.
  *
  * SIGTERM and SIGINT are blocked from before the shared libraries' constructors run (a .preinit_array entry
  * in daemon.c, linked into every program that calls daemon_signals_install) until daemon_signals_install has
@@ -13,6 +15,34 @@
 
 #include "common/config.h"
 #include "common/ctl.h"
+
+/* Exit status when the run must re-form (a member was lost or restarted, or server 0 went away): the
+ * supervisor (launch.sh --max-restarts, Kubernetes, systemd) restarts every member with resume = true.
+ * EX_TEMPFAIL of sysexits.h. */
+#define DAEMON_EXIT_REFORM 75
+
+/* First thing in a daemon's main: log_init(role, -1) (the rank is not known yet), daemon_tune_malloc, then
+ * daemon_signals_install(stop). role: "server" or "worker", the log lines' role. */
+void daemon_start(const char *role, volatile sig_atomic_t *stop);
+
+/* The options both daemons share (cli_parse_common with CLI_CONFIG_OPTIONAL: `--config`, `--set`, `--help`;
+ * the run config comes from the rendezvous) into *cfg; the daemon's own options are left in
+ * argv[1..*rest_argc). Returns 0, CLI_HELP (help printed: exit 0), or -1 after logging the error. */
+int daemon_parse_common(int argc, char **argv, pf_config *cfg, const char *usage, int *rest_argc);
+
+/* After the daemon's own options: the log lines carry (role, rank) from here on (log_init), then the member
+ * settings are checked (cli_member_check: rank in [0, count) where `what` names the count's key, "servers"
+ * or "workers"; the join secret; the rendezvous host:port, into host (hostlen bytes) and *port).
+ * Returns 0, or -1 after logging the error followed by `usage`. */
+int daemon_member_check(const pf_config *cfg, const char *role, long rank, int count, const char *what,
+                        char *host, size_t hostlen, int *port, const char **secret, const char *usage);
+
+/* Leaves the process at once with exit_code, after flushing stdio and the log file, without closing the
+ * fabric endpoints: the process exit releases them, while closing them ourselves risks libfabric 1.17's
+ * tcp;ofi_rxm crash inside fi_close(ep) when peers disconnect at the same moment (SIGSEGV ~1 run in 15),
+ * which would turn a clean stop into exit 1. The shm regions this process made are unlinked
+ * (fab_shm_unlink_regions), since no fi_close does it. Call once the daemon's work is finished and written. */
+_Noreturn void daemon_exit_now(int exit_code);
 
 /* Installs the SIGTERM/SIGINT handler, which sets *stop to 1 (and records that this process was
  * signalled: daemon_signalled), ignores SIGPIPE, makes ctl_join give up once *stop is set

@@ -268,11 +268,11 @@ static int start_serving(server_daemon *d)
 }
 
 /* Serves until SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left
- * the run in order: training is over (returns 0); or until the run is broken (returns DAEMON_EXIT_REFORM): another
- * member was lost or restarted, or the control connection to server 0 broke. The table then runs ahead of the
- * workers' last checkpoint, so the run can only go on by re-forming from the newest complete checkpoint: this
- * server stops (finishing a snapshot being written) and exits for its supervisor to restart it with resume =
- * true. */
+ * the run in order: training is over (returns 0); or until the run is broken (returns DAEMON_EXIT_REFORM):
+ * another member was lost or restarted, or the control connection to server 0 broke. The table then runs ahead
+ * of the workers' last checkpoint, so the run can only go on by re-forming from the newest complete
+ * checkpoint: this server stops (finishing a snapshot being written) and exits for its supervisor to restart
+ * it with resume = true. */
 static int serve_until_stop(server_daemon *d)
 {
     while (!g_stop) {
