@@ -11,6 +11,7 @@
 #include "common/ckpt.h"
 #include "common/err.h"
 #include "common/snapfile.h"
+#include "tools/opts.h"
 
 static const char ckpt_info_usage[] =
     "usage: pfcps ckpt-info [--newest] DIR\n"
@@ -173,16 +174,18 @@ static int workers_check(const char *root, int64_t step, int *W0, int *present, 
 
 int cmd_ckpt_info(int argc, char **argv)
 {
-    int newest = 0;
+    int newest = 0, k;
     const char *dir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--newest"))
+    static const tool_opt opts[] = {{"--newest", 0}, {NULL, 0}};
+    tool_args a;
+    tool_args_init(&a, "ckpt-info", opts, argc, argv);
+    while ((k = tool_args_next(&a)) != TOOL_END) {
+        if (k == 0)
             newest = 1;
-        else if (argv[i][0] == '-' || dir) {
-            fprintf(stderr, "pfcps ckpt-info: unexpected argument '%s'\n%s\n", argv[i], ckpt_info_usage);
-            return 2;
-        } else
-            dir = argv[i];
+        else if (k == TOOL_UNKNOWN || dir)
+            return tool_unexpected(&a, k == TOOL_UNKNOWN ? a.opt : a.arg, ckpt_info_usage);
+        else
+            dir = a.arg;
     }
     if (!dir) {
         fprintf(stderr, "%s\n", ckpt_info_usage);

@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "tools/opts.h"
 #include "worker/data/image.h"
 #include "worker/data/rec.h"
 #include "worker/eval/binset.h"
@@ -203,48 +204,33 @@ static void input_close(embed_input *in)
     free(in->paths);
 }
 
-static int opt_int(const char *cmd, int argc, char **argv, int *i, long lo, long hi, int *v)
-{
-    char *end = NULL;
-    long x = 0;
-    if (*i + 1 < argc) {
-        errno = 0;
-        x = strtol(argv[*i + 1], &end, 10);
-    }
-    if (*i + 1 >= argc || errno || end == argv[*i + 1] || *end || x < lo || x > hi) {
-        fprintf(stderr, "pfcps %s: %s needs an integer in [%ld, %ld], got %s%s%s\n", cmd, argv[*i], lo, hi,
-                *i + 1 < argc ? "'" : "nothing", *i + 1 < argc ? argv[*i + 1] : "", *i + 1 < argc ? "'" : "");
-        return -1;
-    }
-    *v = (int)x;
-    (*i)++;
-    return 0;
-}
-
 int cmd_embed(int argc, char **argv)
 {
     eval_embed_opts o = {.batch = 32};
     const char *device = "cpu", *pos[3];
-    int npos = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--flip") == 0)
+    int npos = 0, k;
+    enum { FLIP, PAD, BATCH, DEVICE };
+    static const tool_opt opts[] = {{"--flip", 0}, {"--pad", 0}, {"--batch", 1}, {"--device", 1}, {NULL, 0}};
+    tool_args a;
+    tool_args_init(&a, "embed", opts, argc, argv);
+    while ((k = tool_args_next(&a)) != TOOL_END) {
+        if (k == FLIP)
             o.flip = 1;
-        else if (strcmp(argv[i], "--pad") == 0)
+        else if (k == PAD)
             o.pad = 1;
-        else if (strcmp(argv[i], "--batch") == 0) {
-            if (opt_int("embed", argc, argv, &i, 1, 1024, &o.batch) < 0)
+        else if (k == BATCH) {
+            if (tool_opt_int(&a, 1, 1024, NULL, &o.batch) < 0)
                 return 2;
-        } else if (strcmp(argv[i], "--device") == 0) {
-            if (i + 1 >= argc) {
+        } else if (k == DEVICE) {
+            if (!a.arg) {
                 fprintf(stderr, "pfcps embed: --device needs a device name (cpu, cuda, ...)\n");
                 return 2;
             }
-            device = argv[++i];
-        } else if ((argv[i][0] == '-' && argv[i][1]) || npos == 3) {
-            fprintf(stderr, "pfcps embed: unexpected argument '%s'\n", argv[i]);
-            return 2;
-        } else
-            pos[npos++] = argv[i];
+            device = a.arg;
+        } else if (k == TOOL_UNKNOWN || npos == 3)
+            return tool_unexpected(&a, k == TOOL_UNKNOWN ? a.opt : a.arg, NULL);
+        else
+            pos[npos++] = a.arg;
     }
     if (npos != 3) {
         fprintf(stderr, "pfcps embed: needs CKPT, INPUT and OUT.npy\n");

@@ -7,6 +7,7 @@
 #include "tools/commands.h"
 
 #include "common/err.h"
+#include "tools/opts.h"
 #include "worker/eval/embed.h"
 #include "worker/model/centers_export.h"
 #include "worker/model/onnx_export.h"
@@ -17,59 +18,53 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int usage_err(const char *fmt, const char *arg)
+/* The usage lines after a usage error. Returns 2. */
+static int print_usage(void)
 {
-    fprintf(stderr, "pfcps export: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nusage: pfcps export --format safetensors|onnx [--opset N] CKPT OUT\n"
+    fprintf(stderr, "usage: pfcps export --format safetensors|onnx [--opset N] CKPT OUT\n"
                     "       pfcps export --centers [--dim D] RUN_OUTPUT OUT\n");
     return 2;
 }
 
-static int parse_int(const char *s, int lo, int hi, int *out)
+static int usage_err(const char *fmt, const char *arg)
 {
-    char *end;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || !*s || *end || v < lo || v > hi)
-        return -1;
-    *out = (int)v;
-    return 0;
+    fprintf(stderr, "pfcps export: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    return print_usage();
 }
 
 int cmd_export(int argc, char **argv)
 {
     const char *format = NULL, *pos[2] = {NULL, NULL};
-    int centers = 0, dim = 0, opset = ONNX_EXPORT_OPSET, npos = 0, only_pos = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!only_pos && !strcmp(a, "--")) {
-            only_pos = 1;
-        } else if (!only_pos && !strcmp(a, "--format")) {
-            if (++i >= argc)
-                return usage_err("%s needs a value (safetensors or onnx)", a);
-            format = argv[i];
+    int centers = 0, dim = 0, opset = ONNX_EXPORT_OPSET, npos = 0, k;
+    enum { FORMAT, CENTERS, DIM, OPSET };
+    static const tool_opt opts[] = {
+        {"--format", 1}, {"--centers", 0}, {"--dim", 1}, {"--opset", 1}, {NULL, 0}};
+    tool_args a;
+    tool_args_init(&a, "export", opts, argc, argv);
+    while ((k = tool_args_next(&a)) != TOOL_END) {
+        if (k == FORMAT) {
+            if (!a.arg)
+                return usage_err("%s needs a value (safetensors or onnx)", a.opt);
+            format = a.arg;
             if (strcmp(format, "safetensors") && strcmp(format, "onnx"))
                 return usage_err("--format '%s': expected safetensors or onnx", format);
-        } else if (!only_pos && !strcmp(a, "--centers")) {
+        } else if (k == CENTERS) {
             centers = 1;
-        } else if (!only_pos && !strcmp(a, "--dim")) {
-            if (parse_int(i + 1 < argc ? argv[i + 1] : NULL, 1, 1 << 20, &dim))
-                return usage_err("--dim needs an integer in [1, 1048576], got '%s'",
-                                 i + 1 < argc ? argv[i + 1] : "");
-            i++;
-        } else if (!only_pos && !strcmp(a, "--opset")) {
-            if (parse_int(i + 1 < argc ? argv[i + 1] : NULL, ONNX_EXPORT_OPSET_MIN, ONNX_EXPORT_OPSET_MAX,
-                          &opset))
-                return usage_err("--opset needs an opset this exporter writes (" ONNX_EXPORT_OPSETS
-                                 "), got '%s'",
-                                 i + 1 < argc ? argv[i + 1] : "");
-            i++;
-        } else if (!only_pos && a[0] == '-' && a[1]) {
-            return usage_err("unknown option '%s'", a);
+        } else if (k == DIM) {
+            if (tool_opt_int(&a, 1, 1 << 20, NULL, &dim) < 0)
+                return print_usage();
+        } else if (k == OPSET) {
+            if (tool_opt_int(&a, ONNX_EXPORT_OPSET_MIN, ONNX_EXPORT_OPSET_MAX,
+                             "an opset this exporter writes (" ONNX_EXPORT_OPSETS ")", &opset) < 0)
+                return print_usage();
+        } else if (k == TOOL_UNKNOWN) {
+            return usage_err("unknown option '%s'", a.opt);
         } else {
             if (npos == 2)
-                return usage_err("unexpected argument '%s'", a);
-            pos[npos++] = a;
+                return usage_err("unexpected argument '%s'", a.arg);
+            pos[npos++] = a.arg;
         }
     }
     if (centers == !!format)

@@ -2,9 +2,9 @@
 #include "tools/commands.h"
 
 #include "common/err.h"
+#include "tools/opts.h"
 #include "worker/data/pack.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,66 +12,45 @@
 #include <string.h>
 #include <sys/stat.h>
 
-static int parse_i64(const char *s, int64_t *v)
-{
-    char *end;
-    errno = 0;
-    long long x = strtoll(s, &end, 10);
-    if (errno || end == s || *end)
-        return -1;
-    *v = x;
-    return 0;
-}
-
-/* The integer value of option argv[*i] (argv[*i + 1], advancing *i), within [lo, hi]. Returns 0, or -1 after
- * printing "pfcps CMD: OPTION needs an integer in [lo, hi], got 'x'". */
-static int opt_i64(const char *cmd, int argc, char **argv, int *i, int64_t lo, int64_t hi, int64_t *v)
-{
-    const char *opt = argv[*i];
-    if (*i + 1 >= argc || parse_i64(argv[*i + 1], v) < 0 || *v < lo || *v > hi) {
-        fprintf(stderr, "pfcps %s: %s needs an integer in [%" PRId64 ", %" PRId64 "], got %s%s%s\n", cmd, opt,
-                lo, hi, *i + 1 < argc ? "'" : "nothing", *i + 1 < argc ? argv[*i + 1] : "",
-                *i + 1 < argc ? "'" : "");
-        return -1;
-    }
-    (*i)++;
-    return 0;
-}
-
 int cmd_pack(int argc, char **argv)
 {
     pack_opts o;
     pack_opts_default(&o);
     o.progress = 1;
+    enum { RESIZE, PAD, QUIET, FIRST_CLASS, IDENTITIES, QUALITY };
+    static const tool_opt opts[] = {
+        {"--resize", 0},     {"--pad", 0},     {"--quiet", 0}, {"--first-class", 1},
+        {"--identities", 1}, {"--quality", 1}, {NULL, 0}};
     const char *pos[2];
-    int npos = 0;
-    for (int i = 1; i < argc; i++) {
-        int64_t v;
-        if (strcmp(argv[i], "--resize") == 0)
+    int npos = 0, k;
+    tool_args a;
+    tool_args_init(&a, "pack", opts, argc, argv);
+    while ((k = tool_args_next(&a)) != TOOL_END) {
+        int64_t v = 0;
+        if (k == RESIZE)
             o.resize = 1;
-        else if (strcmp(argv[i], "--pad") == 0)
+        else if (k == PAD)
             o.resize = 0;
-        else if (strcmp(argv[i], "--quiet") == 0)
+        else if (k == QUIET)
             o.progress = 0;
-        else if (strcmp(argv[i], "--first-class") == 0) {
+        else if (k == FIRST_CLASS) {
             /* class ids are stored exactly up to 2^48 (id2 "PF" marker): first_class + identities must stay
              * below */
-            if (opt_i64("pack", argc, argv, &i, 0, (INT64_C(1) << 48) - 1, &v) < 0)
+            if (tool_opt_i64(&a, 0, (INT64_C(1) << 48) - 1, NULL, &v) < 0)
                 return 2;
             o.first_class = v;
-        } else if (strcmp(argv[i], "--identities") == 0) {
-            if (opt_i64("pack", argc, argv, &i, 1, INT64_MAX, &v) < 0)
+        } else if (k == IDENTITIES) {
+            if (tool_opt_i64(&a, 1, INT64_MAX, NULL, &v) < 0)
                 return 2;
             o.max_identities = v;
-        } else if (strcmp(argv[i], "--quality") == 0) {
-            if (opt_i64("pack", argc, argv, &i, 1, 100, &v) < 0)
+        } else if (k == QUALITY) {
+            if (tool_opt_i64(&a, 1, 100, NULL, &v) < 0)
                 return 2;
             o.quality = (int)v;
-        } else if (argv[i][0] == '-' || npos == 2) {
-            fprintf(stderr, "pfcps pack: unexpected argument '%s'\n", argv[i]);
-            return 2;
-        } else
-            pos[npos++] = argv[i];
+        } else if (k == TOOL_UNKNOWN || npos == 2)
+            return tool_unexpected(&a, k == TOOL_UNKNOWN ? a.opt : a.arg, NULL);
+        else
+            pos[npos++] = a.arg;
     }
     if (npos != 2) {
         fprintf(stderr, "pfcps pack: needs IMAGE_DIR and OUT_PREFIX\n");

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "tools/opts.h"
 #include "proto/ps_wire.h"
 
 /* Defaults of the per-host figures when not measured: stated as assumptions in the output. */
@@ -100,80 +101,95 @@ static int parse_args(int argc, char **argv, plan_args *a)
                     .gemm_gflops = DEFAULT_GEMM_GFLOPS,
                     .server_mem_gib = DEFAULT_SERVER_MEM_GIB};
     a->wire = "fp32";
-    for (int i = 1; i < argc; i++) {
-        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        const char *want = NULL;
+    enum {
+        IDENTITIES,
+        DIM,
+        SAMPLE_RATE,
+        SAMPLED,
+        WORKERS,
+        BATCH,
+        SERVERS,
+        WIRE,
+        HEAD_MODE,
+        LINK_GBPS,
+        SERVER_MEM,
+        MEM_BW,
+        GEMM_GFLOPS,
+        BACKBONE_MS
+    };
+    static const tool_opt opts[] = {
+        {"--identities", 1}, {"--dim", 1},     {"--sample-rate", 1}, {"--sampled", 1},     {"--workers", 1},
+        {"--batch", 1},      {"--servers", 1}, {"--wire", 1},        {"--head-mode", 1},   {"--link-gbps", 1},
+        {"--server-mem", 1}, {"--mem-bw", 1},  {"--gemm-gflops", 1}, {"--backbone-ms", 1}, {NULL, 0}};
+    tool_args ta;
+    tool_args_init(&ta, "plan", opts, argc, argv);
+    for (int k; (k = tool_args_next(&ta)) != TOOL_END;) {
+        const char *v = ta.arg, *want = NULL;
         int64_t n = 0;
         double x = 0;
-        if (!strcmp(o, "--identities")) {
+        if (k == IDENTITIES) {
             want = "an integer in [1, 1e15] (k, M, G suffixes allowed)";
             if (parse_count(v, 1, 1e15, &in->identities) == 0)
                 want = NULL, a->have_c = 1;
-        } else if (!strcmp(o, "--dim")) {
+        } else if (k == DIM) {
             want = "an integer in [1, 65536]";
             if (parse_count(v, 1, 65536, &n) == 0)
                 want = NULL, in->dim = (int)n;
-        } else if (!strcmp(o, "--sample-rate")) {
+        } else if (k == SAMPLE_RATE) {
             want = "a number in (0, 1]";
             if (parse_num(v, 0, 1, 1, &in->sample_rate) == 0)
                 want = NULL, a->have_rate = 1;
-        } else if (!strcmp(o, "--sampled")) {
+        } else if (k == SAMPLED) {
             want = "an integer in [1, 1e15] (k, M, G suffixes allowed)";
             if (parse_count(v, 1, 1e15, &in->sampled) == 0)
                 want = NULL;
-        } else if (!strcmp(o, "--workers")) {
+        } else if (k == WORKERS) {
             want = "an integer in [1, 1000000]";
             if (parse_count(v, 1, 1e6, &n) == 0)
                 want = NULL, in->workers = (int)n, a->have_w = 1;
-        } else if (!strcmp(o, "--batch")) {
+        } else if (k == BATCH) {
             want = "an integer in [1, 1000000]";
             if (parse_count(v, 1, 1e6, &n) == 0)
                 want = NULL, in->batch = (int)n;
-        } else if (!strcmp(o, "--servers")) {
+        } else if (k == SERVERS) {
             want = "an integer in [1, 1000000]";
             if (parse_count(v, 1, PLAN_MAX_SERVERS, &n) == 0)
                 want = NULL, in->servers = (int)n;
-        } else if (!strcmp(o, "--wire")) {
+        } else if (k == WIRE) {
             ps_dtype dt;
             want = "one of fp32, fp16, bf16";
             if (v && ps_dtype_parse(v, &dt) == 0)
                 want = NULL, in->wire_bytes = (int)ps_dtype_size(dt), a->wire = v;
-        } else if (!strcmp(o, "--head-mode")) {
+        } else if (k == HEAD_MODE) {
             want = "global or local";
             if (v && (!strcmp(v, "global") || !strcmp(v, "local")))
                 want = NULL, in->local_mode = !strcmp(v, "local");
-        } else if (!strcmp(o, "--link-gbps")) {
+        } else if (k == LINK_GBPS) {
             want = "a number of Gbit/s > 0";
             if (parse_num(v, 0, 1e9, 1, &in->link_gbps) == 0)
                 want = NULL, a->have_link = 1;
-        } else if (!strcmp(o, "--server-mem")) {
+        } else if (k == SERVER_MEM) {
             want = "a number of GiB > 0";
             if (parse_num(v, 0, 1e9, 1, &in->server_mem_gib) == 0)
                 want = NULL, a->mem_given = 1;
-        } else if (!strcmp(o, "--mem-bw")) {
+        } else if (k == MEM_BW) {
             want = "a number of GB/s > 0";
             if (parse_num(v, 0, 1e9, 1, &in->mem_gbs) == 0)
                 want = NULL, a->bw_given = 1;
-        } else if (!strcmp(o, "--gemm-gflops")) {
+        } else if (k == GEMM_GFLOPS) {
             want = "a number of GFLOP/s > 0";
             if (parse_num(v, 0, 1e12, 1, &in->gemm_gflops) == 0)
                 want = NULL, a->gemm_given = 1;
-        } else if (!strcmp(o, "--backbone-ms")) {
+        } else if (k == BACKBONE_MS) {
             want = "a number of milliseconds >= 0";
             if (parse_num(v, 0, 1e9, 0, &x) == 0)
                 want = NULL, in->backbone_s = x / 1e3;
-        } else {
-            fprintf(stderr, "pfcps plan: unexpected argument '%s'\n%s\n", o, plan_usage);
-            return 2;
-        }
+        } else
+            return tool_unexpected(&ta, k == TOOL_UNKNOWN ? ta.opt : ta.arg, plan_usage);
         if (want) {
-            if (v)
-                fprintf(stderr, "pfcps plan: %s needs %s, got '%s'\n", o, want, v);
-            else
-                fprintf(stderr, "pfcps plan: %s needs %s, got nothing\n", o, want);
+            tool_opt_bad(&ta, want);
             return 2;
         }
-        i++;
     }
     const char *missing = !a->have_c      ? "--identities"
                           : !a->have_w    ? "--workers"

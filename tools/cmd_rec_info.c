@@ -4,6 +4,7 @@
 
 #include "common/err.h"
 #include "worker/data/image.h"
+#include "tools/opts.h"
 #include "worker/data/rec.h"
 
 #include <inttypes.h>
@@ -21,18 +22,21 @@ static int cmp_i64(const void *a, const void *b)
 
 int cmd_rec_info(int argc, char **argv)
 {
-    int skip = 0, decode = 0;
+    int skip = 0, decode = 0, k;
     const char *prefix = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--skip-bad") == 0)
+    enum { SKIP_BAD, DECODE };
+    static const tool_opt opts[] = {{"--skip-bad", 0}, {"--decode", 0}, {NULL, 0}};
+    tool_args a;
+    tool_args_init(&a, "rec-info", opts, argc, argv);
+    while ((k = tool_args_next(&a)) != TOOL_END) {
+        if (k == SKIP_BAD)
             skip = 1;
-        else if (strcmp(argv[i], "--decode") == 0)
+        else if (k == DECODE)
             decode = 1;
-        else if (argv[i][0] == '-' || prefix) {
-            fprintf(stderr, "pfcps rec-info: unexpected argument '%s'\n", argv[i]);
-            return 2;
-        } else
-            prefix = argv[i];
+        else if (k == TOOL_UNKNOWN || prefix)
+            return tool_unexpected(&a, k == TOOL_UNKNOWN ? a.opt : a.arg, NULL);
+        else
+            prefix = a.arg;
     }
     if (!prefix) {
         fprintf(stderr, "pfcps rec-info: needs PREFIX\n");

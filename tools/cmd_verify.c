@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "tools/opts.h"
 #include "worker/eval/set.h"
 
 #include <errno.h>
@@ -17,24 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int opt_int(int argc, char **argv, int *i, long lo, long hi, int *v)
-{
-    char *end = NULL;
-    long x = 0;
-    if (*i + 1 < argc) {
-        errno = 0;
-        x = strtol(argv[*i + 1], &end, 10);
-    }
-    if (*i + 1 >= argc || errno || end == argv[*i + 1] || *end || x < lo || x > hi) {
-        fprintf(stderr, "pfcps verify: %s needs an integer in [%ld, %ld], got %s%s%s\n", argv[*i], lo, hi,
-                *i + 1 < argc ? "'" : "nothing", *i + 1 < argc ? argv[*i + 1] : "", *i + 1 < argc ? "'" : "");
-        return -1;
-    }
-    *v = (int)x;
-    (*i)++;
-    return 0;
-}
 
 /* NETWORK:D[:SEED] -> net (room for 32 chars + NUL), *d, *seed (2048 when absent). */
 static int parse_init(const char *spec, char net[33], int *d, uint64_t *seed)
@@ -69,42 +52,44 @@ int cmd_verify(int argc, char **argv)
 {
     eval_embed_opts o = {.batch = 32, .flip = 1};
     const char *device = "cpu", *images = NULL, *pos[2], *init = NULL;
-    int npos = 0, folds = 10, pixels = 0, init_d = 0;
+    int npos = 0, folds = 10, pixels = 0, init_d = 0, k;
     char init_net[33] = {0};
     uint64_t init_seed = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--pixels") == 0)
+    enum { PIXELS, INIT, NO_FLIP, PAD, FOLDS, BATCH, IMAGES, DEVICE };
+    static const tool_opt opts[] = {{"--pixels", 0}, {"--init", 1},   {"--no-flip", 0},
+                                    {"--pad", 0},    {"--folds", 1},  {"--batch", 1},
+                                    {"--images", 1}, {"--device", 1}, {NULL, 0}};
+    tool_args a;
+    tool_args_init(&a, "verify", opts, argc, argv);
+    while ((k = tool_args_next(&a)) != TOOL_END) {
+        if ((k == INIT || k == IMAGES || k == DEVICE) && !a.arg) {
+            fprintf(stderr, "pfcps verify: %s needs a value\n", a.opt);
+            return 2;
+        }
+        if (k == PIXELS)
             pixels = 1;
-        else if (strcmp(argv[i], "--init") == 0) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "pfcps verify: --init needs a value\n");
-                return 2;
-            }
-            init = argv[++i];
+        else if (k == INIT) {
+            init = a.arg;
             if (parse_init(init, init_net, &init_d, &init_seed) < 0)
                 return 2;
-        } else if (strcmp(argv[i], "--no-flip") == 0)
+        } else if (k == NO_FLIP)
             o.flip = 0;
-        else if (strcmp(argv[i], "--pad") == 0)
+        else if (k == PAD)
             o.pad = 1;
-        else if (strcmp(argv[i], "--folds") == 0) {
-            if (opt_int(argc, argv, &i, 1, EVAL_MAX_FOLDS, &folds) < 0)
+        else if (k == FOLDS) {
+            if (tool_opt_int(&a, 1, EVAL_MAX_FOLDS, NULL, &folds) < 0)
                 return 2;
-        } else if (strcmp(argv[i], "--batch") == 0) {
-            if (opt_int(argc, argv, &i, 1, 1024, &o.batch) < 0)
+        } else if (k == BATCH) {
+            if (tool_opt_int(&a, 1, 1024, NULL, &o.batch) < 0)
                 return 2;
-        } else if (strcmp(argv[i], "--images") == 0 || strcmp(argv[i], "--device") == 0) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "pfcps verify: %s needs a value\n", argv[i]);
-                return 2;
-            }
-            *(strcmp(argv[i], "--images") == 0 ? &images : &device) = argv[i + 1];
-            i++;
-        } else if ((argv[i][0] == '-' && argv[i][1]) || npos == 2) {
-            fprintf(stderr, "pfcps verify: unexpected argument '%s'\n", argv[i]);
-            return 2;
-        } else
-            pos[npos++] = argv[i];
+        } else if (k == IMAGES)
+            images = a.arg;
+        else if (k == DEVICE)
+            device = a.arg;
+        else if (k == TOOL_UNKNOWN || npos == 2)
+            return tool_unexpected(&a, k == TOOL_UNKNOWN ? a.opt : a.arg, NULL);
+        else
+            pos[npos++] = a.arg;
     }
     if (init && pixels) {
         fprintf(stderr, "pfcps verify: --init and --pixels are two baselines: give one\n");

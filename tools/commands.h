@@ -6,7 +6,7 @@
 /* Each cmd_* runs one subcommand. argv[0] is the subcommand's name, argv[1..argc-1] its arguments; -h /
  * --help before `--` never reaches it (the dispatcher prints the usage). Returns the process's exit status: 0
  * on success, 1 when the work failed, 2 for a usage error; every message goes to stderr as "pfcps CMD: ...".
- */
+ * Arguments are read with tools/opts.h, so options, values, "-" and "--" follow the same rules everywhere. */
 
 /* `pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR
  * OUT_PREFIX`: packs one subfolder per identity into OUT_PREFIX.rec/.idx + property (worker/data/pack.h); an

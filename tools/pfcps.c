@@ -1,9 +1,7 @@
 /* pfcps: the command-line tool's dispatcher. One entry per subcommand in `commands` below, each run by a
- * cmd_* function of its own file (tools/cmd_*.c, declared in tools/commands.h); add yours in both places.
- *   pfcps pack [--pad|--resize] [--first-class N] [--identities N] [--quality Q] [--quiet] IMAGE_DIR
- * OUT_PREFIX pfcps rec-info [--skip-bad] [--decode] PREFIX pfcps config-get [-c FILE] [--set KEY=VALUE ...]
- * KEY [KEY ...] Every subcommand answers -h / --help (anywhere before `--`) with its usage on stdout and exit
- * 0; `pfcps help COMMAND` does the same. Usage errors exit 2, failures 1. */
+ * cmd_* function of its own file (tools/cmd_*.c, declared in tools/commands.h; each reads its arguments with
+ * tools/opts.h); add yours in both places. Every subcommand answers -h / --help (anywhere before `--`) with
+ * its usage on stdout and exit 0; `pfcps help COMMAND` does the same. Usage errors exit 2, failures 1. */
 #include "tools/commands.h"
 
 #include "common/cli.h"
