@@ -59,7 +59,8 @@ int main(int argc, char **argv)
     double loss, best_head = 1e30, best_gemm = 1e30;
     for (int r = 0; r < reps + 1; r++) {
         double t0 = now();
-        if (head_forward_backward(&p, &ws, NULL, e, n, w, k, d, lab, &loss, NULL, ge, gw) < 0) {
+        if (head_forward(&p, &ws, NULL, &loss, NULL, e, w, lab, n, k, d) < 0 ||
+            head_backward(&p, &ws, ge, gw, e, w, lab, n, k, d) < 0) {
             fprintf(stderr, "%s\n", pf_errmsg());
             return 1;
         }

@@ -1,6 +1,8 @@
 /* Margin-softmax head: see head.h for the math and its sources.
  *
- * Layout of one step (N rows, K columns, D features; the three SGEMMs are the floor of its cost):
+ * Layout of one step (N rows, K columns, D features; the three SGEMMs are the floor of its cost). head_forward
+ * runs the items up to the allreduce of the row sums and the loss; head_backward the rest, from the
+ * workspace the forward left:
  *   - inv_e, inv_w = 1 / max(|row|, eps) (float64 sums of squares); en = e * inv_e is materialized (N x D,
  *     small), the normalized centers are not: cos_ij = (en_i . w_j) * inv_w_j, the column scale applied
  *     on the fly to the SGEMM of en with the raw centers (no K x D write);
@@ -560,9 +562,9 @@ static void backward_prep(const head_params *p, head_ws *ws, int64_t i, int64_t 
         row_scale(ws->en_g + i * d, embeddings + i * d, ws->inv_e[i] * (p->s * g / sum), d);
 }
 
-int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, const float *embeddings,
-                          int64_t n, const float *centers, int64_t k, int64_t d, const int64_t *labels,
-                          double *loss, float *logits, float *grad_embeddings, float *grad_centers)
+/* The argument checks of head_forward: NULL pointers, shapes against the workspace, params, labels. */
+static int check_forward_args(const head_params *p, const head_ws *ws, const float *embeddings,
+                              const float *centers, const int64_t *labels, int64_t n, int64_t k, int64_t d)
 {
     if (!p || !ws || !embeddings || (!centers && k > 0) || !labels)
         return pf_err(-EINVAL, "head: NULL argument");
@@ -578,30 +580,34 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
         if (labels[i] < -1 || labels[i] >= k)
             return pf_err(-ERANGE, "head: label %lld of row %lld outside [-1, %lld)", (long long)labels[i],
                           (long long)i, (long long)k);
+    return 0;
+}
 
-    int world = coll ? coll->world_size : 1;
-    int global = (p->mode == HEAD_MODE_GLOBAL) && coll && world > 1;
-    const float s = (float)p->s;
-    /* Interclass filtering compares a float cosine with the double threshold: cc > tau exactly when
-     * cc > tau_f, tau_f the largest float <= tau. tau_f = +inf when filtering is off (tau <= 0). */
+/* Interclass filtering compares a float cosine with the double threshold: cc > tau exactly when cc > tau_f,
+ * tau_f the largest float <= tau. tau_f = +inf when filtering is off (tau <= 0). */
+static float filter_threshold(const head_params *p)
+{
     float tau = INFINITY;
     if (p->interclass_filtering_threshold > 0) {
         tau = (float)p->interclass_filtering_threshold;
         if ((double)tau > p->interclass_filtering_threshold)
             tau = nextafterf(tau, -INFINITY);
     }
-    float *cosm = ws->cos;
-    int rc;
+    return tau;
+}
 
+/* en = e * inv_e row by row; then per block of centers, while the block is in cache: its inverse norms, then
+ * its raw cosines (n, kb) = en (n,d) . w_block (kb,d)^T into columns [j0, j0 + kb) of ws->cos (n,k);
+ * cos_ij = raw_ij * inv_wf_j in the passes. */
+static void forward_cosines(head_ws *ws, const float *embeddings, const float *centers, int64_t n, int64_t k,
+                            int64_t d)
+{
     PARALLEL_ROWS
     for (int64_t i = 0; i < n; i++) {
         double iv = row_inv_norm(embeddings + i * d, d);
         ws->inv_e[i] = iv;
         row_scale(ws->en + i * d, embeddings + i * d, iv, d);
     }
-    /* Per block of centers, while the block is in cache: its inverse norms, then its raw cosines
-     * (n, kb) = en (n,d) . w_block (kb,d)^T into columns [j0, j0 + kb) of the (n,k) matrix;
-     * cos_ij = raw_ij * inv_wf_j in the passes below. */
     const int64_t kb = head_center_block(d), nblk = (k + kb - 1) / kb;
     blocks_begin();
     BLOCKS_PARALLEL
@@ -612,42 +618,45 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
             ws->inv_wf[j] = (float)ws->inv_w[j];
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)m, (int)d, 1.0f, ws->en, (int)d,
-                    centers + j0 * d, (int)d, 0.0f, cosm + j0, (int)k);
+                    centers + j0 * d, (int)d, 0.0f, ws->cos + j0, (int)k);
     }
     blocks_end();
+}
 
-    /* Pass 1 (logits, row max, target cosine to tcos), allreduce of the row max, pass 2 (exp, row sums),
-     * allreduce of the row sums, then each row's backward preparation (backward_prep). Without the
-     * allreduces (single process, local mode) all three run on a row in one go, while it is in cache. */
-    const double g = 1.0 / ((double)n * (p->mode == HEAD_MODE_LOCAL ? world : 1));
-    const int backward = grad_embeddings || grad_centers;
-    const float *emb_g = grad_centers && k > 0 ? embeddings : NULL;
-    if (global) {
-        PARALLEL_ROWS
-        for (int64_t i = 0; i < n; i++)
-            forward_pass1(p, ws, i, k, labels[i], s, tau, logits);
-        if ((rc = coll_allreduce(coll, ws->row_max, (size_t)n, COLL_F32, COLL_MAX)) < 0)
-            return pf_err_wrap(rc, "head: allreduce of row max");
-        PARALLEL_ROWS
-        for (int64_t i = 0; i < n; i++)
-            forward_pass2(p, ws, i, k, labels[i], s, tau);
-        if ((rc = coll_allreduce(coll, ws->row_red, (size_t)(3 * n), COLL_F64, COLL_SUM)) < 0)
-            return pf_err_wrap(rc, "head: allreduce of row sums");
-        if (backward) {
-            PARALLEL_ROWS
-            for (int64_t i = 0; i < n; i++)
-                backward_prep(p, ws, i, k, labels[i], g, emb_g, d);
-        }
-    } else {
+/* Pass 1 (logits, row max, target cosine to tcos), allreduce of the row max (global), pass 2 (exp, row
+ * sums), allreduce of the row sums (global). Without the allreduces both passes run on a row in one go,
+ * while it is in cache. Returns 0 or the collective's error. */
+static int forward_softmax(const head_params *p, head_ws *ws, pf_coll *coll, int global, float *logits,
+                           const int64_t *labels, int64_t n, int64_t k)
+{
+    const float s = (float)p->s, tau = filter_threshold(p);
+    int rc;
+    if (!global) {
         PARALLEL_ROWS
         for (int64_t i = 0; i < n; i++) {
             forward_pass1(p, ws, i, k, labels[i], s, tau, logits);
             forward_pass2(p, ws, i, k, labels[i], s, tau);
-            if (backward)
-                backward_prep(p, ws, i, k, labels[i], g, emb_g, d);
         }
+        return 0;
     }
+    PARALLEL_ROWS
+    for (int64_t i = 0; i < n; i++)
+        forward_pass1(p, ws, i, k, labels[i], s, tau, logits);
+    if ((rc = coll_allreduce(coll, ws->row_max, (size_t)n, COLL_F32, COLL_MAX)) < 0)
+        return pf_err_wrap(rc, "head: allreduce of row max");
+    PARALLEL_ROWS
+    for (int64_t i = 0; i < n; i++)
+        forward_pass2(p, ws, i, k, labels[i], s, tau);
+    if ((rc = coll_allreduce(coll, ws->row_red, (size_t)(3 * n), COLL_F64, COLL_SUM)) < 0)
+        return pf_err_wrap(rc, "head: allreduce of row sums");
+    return 0;
+}
 
+/* The mean loss over the n rows from row_red (log-softmax of the target; LOSS_CAP for a row without
+ * target, counted in ws->no_target), averaged over the ranks in local mode. Returns 0 or the collective's
+ * error. */
+static int forward_loss(const head_params *p, head_ws *ws, pf_coll *coll, int64_t n, double *loss)
+{
     double total = 0.0;
     ws->no_target = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -661,6 +670,7 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
         total += li;
     }
     double mean = total / (double)n;
+    int world = coll ? coll->world_size : 1, rc;
     if (p->mode == HEAD_MODE_LOCAL && coll && world > 1) {
         if ((rc = coll_allreduce(coll, &mean, 1, COLL_F64, COLL_SUM)) < 0)
             return pf_err_wrap(rc, "head: allreduce of the local losses");
@@ -668,50 +678,104 @@ int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, cons
     }
     if (loss)
         *loss = mean;
-    if (!backward)
-        return 0;
+    return 0;
+}
 
-    /* Backward, per block of centers while the block is in cache:
-     *   dL/d en_i / f_i += a (n,kb) . w_block (kb,d)  (dL/dcos_ij inv_w_j w_j = dL/dcos_ij wn_j), summed into
-     *     the block's lane's partial (lanes: contiguous runs of blocks, each summed in block order);
-     *   h (kb,d) = a^T (kb,n) . (f en) (n,d) = inv_w_j dL/d wn_j, then the normalization backward of its rows
-     *     (it reads the raw block just used).
-     * Then the lanes' partials are added in lane order and the embeddings' normalization backward runs. */
-    const int want_ge = grad_embeddings && k > 0, want_gc = grad_centers && k > 0;
-    const int lanes_nd = head_ge_lanes(n, d), lanes = want_ge && lanes_nd >= 2 ? lanes_nd : 0;
-    if (want_ge && !lanes)
-        /* one SGEMM over all K (n x d too large for lane partials) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, cosm, (int)k,
-                    centers, (int)d, 0.0f, grad_embeddings, (int)d);
-    else if (grad_embeddings && k == 0)
+int head_forward(const head_params *p, head_ws *ws, pf_coll *coll, double *loss, float *logits,
+                 const float *embeddings, const float *centers, const int64_t *labels, int64_t n, int64_t k,
+                 int64_t d)
+{
+    if (ws)
+        ws->fwd_n = 0; /* a failed forward leaves nothing for a backward */
+    int rc = check_forward_args(p, ws, embeddings, centers, labels, n, k, d);
+    if (rc < 0)
+        return rc;
+    int world = coll ? coll->world_size : 1;
+    int global = (p->mode == HEAD_MODE_GLOBAL) && coll && world > 1;
+    forward_cosines(ws, embeddings, centers, n, k, d);
+    if ((rc = forward_softmax(p, ws, coll, global, logits, labels, n, k)) < 0)
+        return rc;
+    if ((rc = forward_loss(p, ws, coll, n, loss)) < 0)
+        return rc;
+    ws->fwd_n = n;
+    ws->fwd_k = k;
+    ws->fwd_world = world;
+    return 0;
+}
+
+/* The dL/d embeddings SGEMM over all K in one call (n x d too large for lane partials), or zeros at k = 0. */
+static void backward_ge_whole(head_ws *ws, float *grad_embeddings, const float *centers, int64_t n, int64_t k,
+                              int64_t d)
+{
+    if (k == 0)
         memset(grad_embeddings, 0, (size_t)(n * d) * sizeof(float));
-    const int64_t nl = lanes ? (lanes < nblk ? lanes : nblk) : nblk; /* the block loop's tasks */
-    if (lanes || want_gc) {
-        blocks_begin();
-        BLOCKS_PARALLEL
-        for (int64_t l = 0; l < nl; l++) {
-            const int64_t b0 = lanes ? nblk * l / nl : l, b1 = lanes ? nblk * (l + 1) / nl : l + 1;
-            for (int64_t b = b0; b < b1; b++) {
-                const int64_t j0 = b * kb, m = k - j0 < kb ? k - j0 : kb;
-                if (lanes)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)m, 1.0f,
-                                cosm + j0, (int)k, centers + j0 * d, (int)d, b == b0 ? 0.0f : 1.0f,
-                                ws->ge_part + l * n * d, (int)d);
-                if (want_gc) {
-                    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)d, (int)n, 1.0f,
-                                cosm + j0, (int)k, ws->en_g, (int)d, 0.0f, grad_centers + j0 * d, (int)d);
-                    for (int64_t j = j0; j < j0 + m; j++)
-                        center_row_backward(grad_centers + j * d, centers + j * d, ws->inv_w[j], d);
-                }
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)k, 1.0f, ws->cos, (int)k,
+                    centers, (int)d, 0.0f, grad_embeddings, (int)d);
+}
+
+/* The K x D passes of the backward, per block of centers while the block is in cache:
+ *   dL/d en_i / f_i += a (n,kb) . w_block (kb,d)  (dL/dcos_ij inv_w_j w_j = dL/dcos_ij wn_j), summed into
+ *     the block's lane's partial (lanes > 0: contiguous runs of blocks, each summed in block order);
+ *   h (kb,d) = a^T (kb,n) . (f en) (n,d) = inv_w_j dL/d wn_j, then the normalization backward of its rows
+ *     (it reads the raw block just used), when grad_centers is not NULL.
+ * nl: the loop's tasks (lanes, or one per block). */
+static void backward_blocks(head_ws *ws, float *grad_centers, const float *centers, int64_t n, int64_t k,
+                            int64_t d, int lanes, int64_t nl)
+{
+    const int64_t kb = head_center_block(d), nblk = (k + kb - 1) / kb;
+    blocks_begin();
+    BLOCKS_PARALLEL
+    for (int64_t l = 0; l < nl; l++) {
+        const int64_t b0 = lanes ? nblk * l / nl : l, b1 = lanes ? nblk * (l + 1) / nl : l + 1;
+        for (int64_t b = b0; b < b1; b++) {
+            const int64_t j0 = b * kb, m = k - j0 < kb ? k - j0 : kb;
+            if (lanes)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)d, (int)m, 1.0f,
+                            ws->cos + j0, (int)k, centers + j0 * d, (int)d, b == b0 ? 0.0f : 1.0f,
+                            ws->ge_part + l * n * d, (int)d);
+            if (grad_centers) {
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)d, (int)n, 1.0f,
+                            ws->cos + j0, (int)k, ws->en_g, (int)d, 0.0f, grad_centers + j0 * d, (int)d);
+                for (int64_t j = j0; j < j0 + m; j++)
+                    center_row_backward(grad_centers + j * d, centers + j * d, ws->inv_w[j], d);
             }
         }
-        blocks_end();
     }
+    blocks_end();
+}
+
+int head_backward(const head_params *p, head_ws *ws, float *grad_embeddings, float *grad_centers,
+                  const float *embeddings, const float *centers, const int64_t *labels, int64_t n, int64_t k,
+                  int64_t d)
+{
+    if (!p || !ws || !embeddings || (!centers && k > 0) || !labels)
+        return pf_err(-EINVAL, "head: NULL argument");
+    if (ws->fwd_n == 0 || n != ws->fwd_n || k != ws->fwd_k || d != ws->d)
+        return pf_err(-EINVAL,
+                      "head: backward of n %lld, k %lld, d %lld without its forward (last: n %lld, k %lld)",
+                      (long long)n, (long long)k, (long long)d, (long long)ws->fwd_n, (long long)ws->fwd_k);
+    const double g = 1.0 / ((double)n * (p->mode == HEAD_MODE_LOCAL ? ws->fwd_world : 1));
+    const float *emb_g = grad_centers && k > 0 ? embeddings : NULL;
+    if (grad_embeddings || grad_centers) {
+        PARALLEL_ROWS
+        for (int64_t i = 0; i < n; i++)
+            backward_prep(p, ws, i, k, labels[i], g, emb_g, d);
+    }
+    const int want_ge = grad_embeddings && k > 0, want_gc = grad_centers && k > 0;
+    const int lanes_nd = head_ge_lanes(n, d), lanes = want_ge && lanes_nd >= 2 ? lanes_nd : 0;
+    if (grad_embeddings && !lanes)
+        backward_ge_whole(ws, grad_embeddings, centers, n, k, d);
+    const int64_t kb = head_center_block(d), nblk = (k + kb - 1) / kb;
+    const int64_t nl = lanes ? (lanes < nblk ? lanes : nblk) : nblk;
+    if (lanes || want_gc)
+        backward_blocks(ws, want_gc ? grad_centers : NULL, centers, n, k, d, lanes, nl);
+    /* The lanes' partials added in lane order, then the embeddings' normalization backward. */
     const int64_t ng = want_ge ? n : 0;
     PARALLEL_ROWS
     for (int64_t i = 0; i < ng; i++) {
         float *dst = grad_embeddings + i * d;
-        if (lanes) { /* the lanes' partials of row i, added in lane order */
+        if (lanes) {
             memcpy(dst, ws->ge_part + i * d, (size_t)d * sizeof(float));
             for (int64_t l = 1; l < nl; l++) {
                 const float *src = ws->ge_part + (l * n + i) * d;

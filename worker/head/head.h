@@ -63,25 +63,27 @@ int head_params_from_config(const struct pf_config *cfg, head_params *out);
  */
 typedef struct head_ws {
     int64_t n_max, k_max, d;
-    float *cos;        /* (n_max, k_max): en . w^T, then dL/dcos_ij * inv_w_j / f_i in place (head.c) */
-    float *en;         /* (n_max, d) normalized embeddings */
-    float *en_g;       /* (n_max, d) en_i * f_i, f_i = s g / sum_i the row factor of dL/dcos (backward) */
-    double *inv_e;     /* (n_max) 1 / max(|e_i|, 1e-12) */
-    double *inv_w;     /* (k_max) */
-    float *inv_wf;     /* (k_max) inv_w rounded to float: the column scale of the cosines */
-    float *row_max;    /* (n_max) */
-    double *row_red;   /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
-    float *tcos;       /* (n_max) raw target cosine of each row */
-    float *ge_part;    /* min(HEAD_GE_LANES_MAX n_max d, HEAD_GE_PART_BYTES / 4) floats: per-lane partial
-                        * dL/d en sums, lane l at l * n * d for a call with n rows (head.c) */
-    int64_t no_target; /* set by each head_forward_backward: rows whose target is on no worker */
+    float *cos;           /* (n_max, k_max): en . w^T, then dL/dcos_ij * inv_w_j / f_i in place (head.c) */
+    float *en;            /* (n_max, d) normalized embeddings */
+    float *en_g;          /* (n_max, d) en_i * f_i, f_i = s g / sum_i the row factor of dL/dcos (backward) */
+    double *inv_e;        /* (n_max) 1 / max(|e_i|, 1e-12) */
+    double *inv_w;        /* (k_max) */
+    float *inv_wf;        /* (k_max) inv_w rounded to float: the column scale of the cosines */
+    float *row_max;       /* (n_max) */
+    double *row_red;      /* (3 n_max): sum exp(z - max), z_target - max, has-target count */
+    float *tcos;          /* (n_max) raw target cosine of each row */
+    float *ge_part;       /* min(HEAD_GE_LANES_MAX n_max d, HEAD_GE_PART_BYTES / 4) floats: per-lane partial
+                           * dL/d en sums, lane l at l * n * d for a call with n rows (head.c) */
+    int64_t no_target;    /* set by each head_forward: rows whose target is on no worker */
+    int64_t fwd_n, fwd_k; /* n and k of the last successful head_forward (fwd_n 0: none): head_backward's */
+    int fwd_world;        /* world size of that forward's group (local mode's gradient scale) */
 } head_ws;
 
 /* Allocates the workspace. Returns 0, -EINVAL (non-positive n_max/d, negative k_max), -ENOMEM. */
 int head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d);
 void head_ws_free(head_ws *ws);
 
-/* One head step on this worker.
+/* Forward of the head on this worker: embeddings (n,d), centers (k,d), labels (n) -> loss, logits (n,k).
  *   embeddings (n, d): global batch in global mode (rank-major, as allgathered), own batch in local
  *   centers    (k, d): this worker's pulled class centers (k may be 0). They enter the SGEMMs
  *                      unnormalized (the cosines are scaled by 1/max(|w|, 1e-12) afterwards): full float
@@ -92,28 +94,38 @@ void head_ws_free(head_ws *ws);
  * Outputs (each may be NULL to skip):
  *   loss: global mean loss (same value on every rank; in local mode the mean over ranks)
  *   logits (n, k): z = s * margin-applied cosines (what the softmax sees)
- *   grad_embeddings (n, d): this worker's part of dL/d embeddings, overwritten; in global mode the
- *     caller sums it over workers (reduce-scatter) so that each worker gets dL/d its own B rows.
- *     This is the gradient of the global mean loss: a caller that averages backbone gradients over
- *     workers afterwards must scale by world_size (arcface_torch's AllGather backward does `*= W`).
- *   grad_centers (k, d): dL/d centers, overwritten.
- * With both grad pointers NULL only the forward runs (loss, logits).
+ * The workspace keeps what head_backward needs (the softmax numerators in ws->cos, the row sums, the
+ * norms) and ws->no_target counts the rows whose target is on no worker.
  * Errors: -EINVAL (n, k, d outside the workspace, bad params), -ERANGE (a label outside [-1, k),
  * message names the row) — both before any collective, so a caller with a group must abort the group;
  * or the collective's error. */
-int head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, const float *embeddings,
-                          int64_t n, const float *centers, int64_t k, int64_t d, const int64_t *labels,
-                          double *loss, float *logits, float *grad_embeddings, float *grad_centers);
+int head_forward(const head_params *p, head_ws *ws, pf_coll *coll, double *loss, float *logits,
+                 const float *embeddings, const float *centers, const int64_t *labels, int64_t n, int64_t k,
+                 int64_t d);
 
-/* Centers per block of head_forward_backward's K x D passes at dimension d: 2^18 / d (1 MiB of fp32 rows),
- * at least 16. Each block's inverse norms + cosine SGEMM, and its dL/dW SGEMM + normalization backward, run
- * on one OpenMP thread with a one-thread OpenBLAS SGEMM (OpenBLAS's thread count is set to 1 for the
- * duration and restored), so that a block is read from memory once per pass. The blocks do not depend on
- * the thread count, nor do the results. */
+/* Backward of the last head_forward on `ws` (same p, embeddings, centers, labels, n, k, d): dL/dloss = 1
+ * (the loss is the end of the graph) -> grad_embeddings (n,d), grad_centers (k,d), each OVERWRITTEN (not
+ * accumulated as kernels/ops.h's parameter gradients are) and each may be NULL to skip.
+ *   grad_embeddings: this worker's part of dL/d embeddings; in global mode the caller sums it over workers
+ *     (reduce-scatter) so that each worker gets dL/d its own B rows. This is the gradient of the global
+ *     mean loss: a caller that averages backbone gradients over workers afterwards must scale by
+ *     world_size (arcface_torch's AllGather backward does `*= W`).
+ *   grad_centers: dL/d centers.
+ * No collective: the forward allreduced what the backward reads. Running it twice gives the same result.
+ * Errors: -EINVAL (NULL argument, no successful forward of this n and k on ws). */
+int head_backward(const head_params *p, head_ws *ws, float *grad_embeddings, float *grad_centers,
+                  const float *embeddings, const float *centers, const int64_t *labels, int64_t n, int64_t k,
+                  int64_t d);
+
+/* Centers per block of head_forward's and head_backward's K x D passes at dimension d: 2^18 / d (1 MiB of
+ * fp32 rows), at least 16. Each block's inverse norms + cosine SGEMM, and its dL/dW SGEMM + normalization
+ * backward, run on one OpenMP thread with a one-thread OpenBLAS SGEMM (OpenBLAS's thread count is set to 1
+ * for the duration and restored), so that a block is read from memory once per pass. The blocks do not depend
+ * on the thread count, nor do the results. */
 int64_t head_center_block(int64_t d);
 
 /* Tests only: makes head_center_block return `rows` (> 0) for every d, or the default again (rows <= 0). Not
- * thread-safe against a running head_forward_backward. */
+ * thread-safe against a running head_forward or head_backward. */
 void head_set_center_block(int64_t rows);
 
 /* Lanes of the fused dL/d embeddings SGEMM for n rows of d: the blocks of centers are split into

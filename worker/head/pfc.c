@@ -130,8 +130,11 @@ int pfc_step(pfc *x, const float *embeddings, const float *centers, double *loss
     }
     int want_grad = grad_embeddings || grad_centers;
     float *gall = global ? x->grad_all : grad_embeddings;
-    rc = head_forward_backward(&x->params, &x->ws, x->coll, emb, x->n, centers, x->k, x->d, x->labels_local,
-                               loss, NULL, want_grad ? gall : NULL, grad_centers);
+    rc = head_forward(&x->params, &x->ws, x->coll, loss, NULL, emb, centers, x->labels_local, x->n, x->k,
+                      x->d);
+    if (rc == 0 && want_grad)
+        rc = head_backward(&x->params, &x->ws, gall, grad_centers, emb, centers, x->labels_local, x->n, x->k,
+                           x->d);
     if (rc < 0)
         return rc;
     x->sampled = 0;

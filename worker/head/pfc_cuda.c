@@ -1,5 +1,5 @@
 /* Partial FC step on the CUDA device: see pfc_cuda.h. Mirrors pfc_step (pfc.c) line by line; the
- * head itself is cuda_head_dist (kernels/cuda/head.cu), the twin of head_forward_backward. */
+ * head itself is cuda_head_dist (kernels/cuda/head.cu), the twin of head_forward + head_backward. */
 #include "worker/head/pfc_cuda.h"
 
 #ifdef PFCPS_HAVE_CUDA_OPS

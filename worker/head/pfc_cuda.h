@@ -14,7 +14,7 @@
  * keeps the CPU and CUDA workers' samples identical. pfc_cuda_step uploads the host's labels_local
  * (the columns of the targets, W*B int64) each step.
  *
- * Math: exactly head_forward_backward's (worker/head/head.h) through cuda_head_dist
+ * Math: exactly head_forward's and head_backward's (worker/head/head.h) through cuda_head_dist
  * (kernels/cuda/cuda_ops.h): global mode allgathers the embeddings (W*B rows, rank-major), allreduces
  * the row max then (sum of exp, target logit, has-target, bad-label) per row, and reduce-scatters
  * (sum) the embedding gradients back to this worker's B rows; local mode runs the head on its own B

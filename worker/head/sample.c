@@ -119,11 +119,9 @@ static int64_t find_sorted(const int64_t *a, int64_t n, int64_t x)
     return (lo < n && a[lo] == x) ? lo : -1;
 }
 
-int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64_t **ids_out, int64_t *k_out,
-                   int64_t *labels_local)
+/* The argument checks of sample_classes (see sample.h for the errors). */
+static int check_args(const sample_args *a, const int64_t *labels, int64_t n)
 {
-    *ids_out = NULL;
-    *k_out = 0;
     if (!a || (!labels && n > 0) || n < 0)
         return pf_err(-EINVAL, "sample: NULL argument or negative n");
     if (a->num_classes <= 0)
@@ -138,15 +136,14 @@ int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64
         if (labels[i] < 0 || labels[i] >= a->num_classes)
             return pf_err(-ERANGE, "sample: label %lld of row %lld outside [0, num_classes %lld)",
                           (long long)labels[i], (long long)i, (long long)a->num_classes);
+    return 0;
+}
 
-    int global = a->mode == SAMPLE_GLOBAL;
-    int64_t stride = global ? a->world_size : 1, offset = global ? a->rank : 0;
-    int64_t part = global ? sample_partition_size(a->num_classes, a->world_size, a->rank) : a->num_classes;
-
-    /* Positives as local indices (c div W) in this partition, sorted and unique. */
-    int64_t *pos = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
-    if (!pos)
-        return pf_err(-ENOMEM, "sample: out of memory");
+/* The positives of this partition (labels c with c mod stride == offset) as local indices c div stride into
+ * pos (n slots), sorted and unique; returns their count. */
+static int64_t unique_positives(const int64_t *labels, int64_t n, int64_t stride, int64_t offset,
+                                int64_t *pos)
+{
     int64_t np = 0;
     for (int64_t i = 0; i < n; i++)
         if (labels[i] % stride == offset)
@@ -156,8 +153,104 @@ int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64
     for (int64_t i = 0; i < np; i++)
         if (u == 0 || pos[i] != pos[u - 1])
             pos[u++] = pos[i];
-    np = u;
+    return u;
+}
 
+/* Floyd's algorithm (negatives_hash) with the set as a bitmap of [0, pool): dense samples (r >= ~1/256)
+ * touch pool / 8 bytes, and a scan of the bitmap gives the subset in order without a sort. Same draws, same
+ * subset as the hash-set path. neg (m): the sorted subset. Returns 0 or -ENOMEM. */
+static int negatives_bitmap(uint64_t key, int64_t pool, int64_t m, int64_t *neg)
+{
+    size_t words = (size_t)((pool + 63) / 64);
+    uint64_t *bits = calloc(words, sizeof(uint64_t));
+    if (!bits)
+        return pf_err(-ENOMEM, "sample: out of memory for a bitmap of %lld ids", (long long)pool);
+    uint64_t ctr = 0;
+    for (int64_t j = pool - m; j < pool; j++) {
+        int64_t t = (int64_t)uniform_below(key, &ctr, (uint64_t)j + 1);
+        uint64_t bt = 1ull << (t & 63);
+        if (bits[t >> 6] & bt)
+            bits[j >> 6] |= 1ull << (j & 63); /* j is above every earlier draw: never in the set */
+        else
+            bits[t >> 6] |= bt;
+    }
+    int64_t cnt = 0;
+    for (size_t w = 0; w < words; w++)
+        for (uint64_t b = bits[w]; b; b &= b - 1)
+            neg[cnt++] = (int64_t)(w * 64 + (size_t)__builtin_ctzll(b));
+    free(bits);
+    return 0;
+}
+
+/* Floyd's algorithm: a uniform m-subset of [0, pool) in m draws, its set a hash set (memory proportional
+ * to m). neg (m): the sorted subset. Returns 0 or -ENOMEM. */
+static int negatives_hash(uint64_t key, int64_t pool, int64_t m, int64_t *neg)
+{
+    iset set;
+    if (iset_init(&set, m) < 0)
+        return pf_err(-ENOMEM, "sample: out of memory for the hash set of %lld ids", (long long)m);
+    uint64_t ctr = 0;
+    int64_t cnt = 0;
+    for (int64_t j = pool - m; j < pool; j++) {
+        int64_t t = (int64_t)uniform_below(key, &ctr, (uint64_t)j + 1);
+        int64_t pick = iset_insert(&set, t) ? t : (iset_insert(&set, j), j);
+        neg[cnt++] = pick;
+    }
+    free(set.slot);
+    qsort(neg, (size_t)m, sizeof(int64_t), cmp_i64);
+    return 0;
+}
+
+/* neg (m): a sorted uniform m-subset of [0, pool) drawn from `key` (all of it when m == pool; a bitmap at
+ * dense rates, a hash set at sparse ones). Returns 0 or -ENOMEM. */
+static int draw_negatives(uint64_t key, int64_t pool, int64_t m, int64_t *neg)
+{
+    if (m == pool) {
+        for (int64_t r = 0; r < m; r++)
+            neg[r] = r;
+        return 0;
+    }
+    if (m <= 0)
+        return 0;
+    return pool / 64 <= 4 * m ? negatives_bitmap(key, pool, m, neg) : negatives_hash(key, pool, m, neg);
+}
+
+/* ids (np + m): the sorted global ids of the positives pos (np, local, sorted) and of the negatives neg
+ * (m, indices among the non-positive local ids, sorted; rewritten in place to local ids: the r-th
+ * non-positive is r + #{j : pos[j] - j <= r}, pos[j] - j non-decreasing), global id = local * stride +
+ * offset. */
+static void merge_ids(const int64_t *pos, int64_t np, int64_t *neg, int64_t m, int64_t stride, int64_t offset,
+                      int64_t *ids)
+{
+    int64_t pj = 0;
+    for (int64_t r = 0; r < m; r++) {
+        while (pj < np && pos[pj] - pj <= neg[r])
+            pj++;
+        neg[r] += pj;
+    }
+    int64_t ia = 0, ib = 0;
+    for (int64_t o = 0; o < np + m; o++) {
+        int64_t loc = (ib >= m || (ia < np && pos[ia] < neg[ib])) ? pos[ia++] : neg[ib++];
+        ids[o] = loc * stride + offset;
+    }
+}
+
+int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64_t **ids_out, int64_t *k_out,
+                   int64_t *labels_local)
+{
+    *ids_out = NULL;
+    *k_out = 0;
+    int rc = check_args(a, labels, n);
+    if (rc < 0)
+        return rc;
+    int global = a->mode == SAMPLE_GLOBAL;
+    int64_t stride = global ? a->world_size : 1, offset = global ? a->rank : 0;
+    int64_t part = global ? sample_partition_size(a->num_classes, a->world_size, a->rank) : a->num_classes;
+
+    int64_t *pos = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (!pos)
+        return pf_err(-ENOMEM, "sample: out of memory");
+    int64_t np = unique_positives(labels, n, stride, offset, pos);
     int64_t k = sample_count(a->sample_rate, part);
     if (k < np)
         k = np;
@@ -165,79 +258,18 @@ int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64
     int64_t pool = part - np; /* non-positive ids available */
     int64_t *ids = malloc((size_t)(k > 0 ? k : 1) * sizeof(int64_t));
     int64_t *neg = malloc((size_t)(m > 0 ? m : 1) * sizeof(int64_t));
-    if (!ids || !neg) {
-        free(pos);
-        free(ids);
-        free(neg);
-        return pf_err(-ENOMEM, "sample: out of memory for %lld ids", (long long)k);
-    }
-
-    /* Negatives: indices r in [0, pool) of the non-positive ids, mapped to local ids by skipping the
-     * positives: the r-th non-positive is r + #{j : pos[j] - j <= r} (pos[j] - j is non-decreasing). */
-    if (m == pool) {
-        for (int64_t r = 0; r < m; r++)
-            neg[r] = r;
-    } else if (m > 0 && pool / 64 <= 4 * m) {
-        /* Floyd's algorithm (below) with the set as a bitmap of [0, pool): dense samples (r >= ~1/256) touch
-         * pool / 8 bytes, and a scan of the bitmap gives the subset in order without a sort. Same draws,
-         * same subset as the hash-set path. */
-        size_t words = (size_t)((pool + 63) / 64);
-        uint64_t *bits = calloc(words, sizeof(uint64_t));
-        if (!bits) {
-            free(pos);
-            free(ids);
-            free(neg);
-            return pf_err(-ENOMEM, "sample: out of memory for a bitmap of %lld ids", (long long)pool);
-        }
-        uint64_t key = sample_key(a->seed, a->step, a->rank), ctr = 0;
-        for (int64_t j = pool - m; j < pool; j++) {
-            int64_t t = (int64_t)uniform_below(key, &ctr, (uint64_t)j + 1);
-            uint64_t bt = 1ull << (t & 63);
-            if (bits[t >> 6] & bt)
-                bits[j >> 6] |= 1ull << (j & 63); /* j is above every earlier draw: never in the set */
-            else
-                bits[t >> 6] |= bt;
-        }
-        int64_t cnt = 0;
-        for (size_t w = 0; w < words; w++)
-            for (uint64_t b = bits[w]; b; b &= b - 1)
-                neg[cnt++] = (int64_t)(w * 64 + (size_t)__builtin_ctzll(b));
-        free(bits);
-    } else if (m > 0) {
-        /* Floyd's algorithm: a uniform m-subset of [0, pool) in m draws. */
-        iset set;
-        if (iset_init(&set, m) < 0) {
-            free(pos);
-            free(ids);
-            free(neg);
-            return pf_err(-ENOMEM, "sample: out of memory for the hash set of %lld ids", (long long)m);
-        }
-        uint64_t key = sample_key(a->seed, a->step, a->rank), ctr = 0;
-        int64_t cnt = 0;
-        for (int64_t j = pool - m; j < pool; j++) {
-            int64_t t = (int64_t)uniform_below(key, &ctr, (uint64_t)j + 1);
-            int64_t pick = iset_insert(&set, t) ? t : (iset_insert(&set, j), j);
-            neg[cnt++] = pick;
-        }
-        free(set.slot);
-        qsort(neg, (size_t)m, sizeof(int64_t), cmp_i64);
-    }
-    /* Map to local ids (neg is sorted, so a forward walk over pos suffices). */
-    int64_t pj = 0;
-    for (int64_t r = 0; r < m; r++) {
-        while (pj < np && pos[pj] - pj <= neg[r])
-            pj++;
-        neg[r] += pj;
-    }
-    /* Merge positives and negatives (both sorted, disjoint) into global ids. */
-    int64_t ia = 0, ib = 0;
-    for (int64_t o = 0; o < k; o++) {
-        int64_t loc = (ib >= m || (ia < np && pos[ia] < neg[ib])) ? pos[ia++] : neg[ib++];
-        ids[o] = loc * stride + offset;
-    }
+    if (!ids || !neg)
+        rc = pf_err(-ENOMEM, "sample: out of memory for %lld ids", (long long)k);
+    else
+        rc = draw_negatives(sample_key(a->seed, a->step, a->rank), pool, m, neg);
+    if (rc == 0)
+        merge_ids(pos, np, neg, m, stride, offset, ids);
     free(pos);
     free(neg);
-
+    if (rc < 0) {
+        free(ids);
+        return rc;
+    }
     if (labels_local)
         for (int64_t i = 0; i < n; i++)
             labels_local[i] = (labels[i] % stride == offset) ? find_sorted(ids, k, labels[i]) : -1;

@@ -340,8 +340,11 @@ static void cpu_case(int W, int local, int straight, int clamp)
         double closs = NAN;
         int crc = head_ws_init(&ws, n, k, d);
         if (!crc)
-            crc = head_forward_backward(&hp, &ws, NULL, emb.data(), n, cen.data(), k, d, lab.data(), &closs,
-                                        clg.data(), cge.data(), cgc.data());
+            crc =
+                head_forward(&hp, &ws, NULL, &closs, clg.data(), emb.data(), cen.data(), lab.data(), n, k, d);
+        if (!crc)
+            crc =
+                head_backward(&hp, &ws, cge.data(), cgc.data(), emb.data(), cen.data(), lab.data(), n, k, d);
         int64_t cnt = ws.no_target;
         head_ws_free(&ws);
         std::vector<rank_io> R = split(emb.data(), cen.data(), lab.data(), n, k, d, W);
@@ -392,8 +395,9 @@ static void cpu_case(int W, int local, int straight, int clamp)
             cgc[q].resize((size_t)k * d);
             double l = NAN;
             crc |= head_ws_init(&ws, n, k, d);
-            crc |= head_forward_backward(&hl, &ws, NULL, r.emb.data(), n, cen.data(), k, d, lab.data(), &l,
-                                         NULL, cge[q].data(), cgc[q].data());
+            crc |= head_forward(&hl, &ws, NULL, &l, NULL, r.emb.data(), cen.data(), lab.data(), n, k, d);
+            crc |= head_backward(&hl, &ws, cge[q].data(), cgc[q].data(), r.emb.data(), cen.data(), lab.data(),
+                                 n, k, d);
             head_ws_free(&ws);
             want_loss += l / W;
             for (auto &x : cge[q])

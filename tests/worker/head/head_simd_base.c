@@ -7,7 +7,8 @@
 #define head_params_from_config base_head_params_from_config
 #define head_ws_init            base_head_ws_init
 #define head_ws_free            base_head_ws_free
-#define head_forward_backward   base_head_forward_backward
+#define head_forward            base_head_forward
+#define head_backward           base_head_backward
 #define head_center_block       base_head_center_block
 #define head_ge_lanes           base_head_ge_lanes
 #define head_set_center_block   base_head_set_center_block

@@ -111,8 +111,9 @@ static void *split_worker(void *vp)
     head_ws ws;
     a->rc = head_ws_init(&ws, c->n, kw, c->d);
     if (a->rc == 0)
-        a->rc = head_forward_backward(&c->p, &ws, &coll, c->emb, c->n, cen, kw, c->d, lab, &a->loss, NULL,
-                                      a->gemb, gc);
+        a->rc = head_forward(&c->p, &ws, &coll, &a->loss, NULL, c->emb, cen, lab, c->n, kw, c->d);
+    if (a->rc == 0)
+        a->rc = head_backward(&c->p, &ws, a->gemb, gc, c->emb, cen, lab, c->n, kw, c->d);
     if (a->rc == 0)
         for (int64_t q = 0; q < kw; q++)
             memcpy(a->gcen_full + (a->rank + q * a->world) * c->d, gc + q * c->d,
@@ -180,8 +181,9 @@ int main(void)
         double loss = NAN;
         int rc = head_ws_init(&ws, c.n, c.k, c.d);
         if (rc == 0)
-            rc = head_forward_backward(&c.p, &ws, NULL, c.emb, c.n, c.cen, c.k, c.d, c.labels, &loss, logits,
-                                       gemb, gcen);
+            rc = head_forward(&c.p, &ws, NULL, &loss, logits, c.emb, c.cen, c.labels, c.n, c.k, c.d);
+        if (rc == 0)
+            rc = head_backward(&c.p, &ws, gemb, gcen, c.emb, c.cen, c.labels, c.n, c.k, c.d);
         if (rc) {
             printf("FAIL %s: head returned %d: %s\n", c.name, rc, pf_errmsg());
             fails++;

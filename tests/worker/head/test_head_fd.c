@@ -115,7 +115,9 @@ static void test_filtering(head_margin_grad mode)
     float ge[N * D], gw[K * D];
     double loss;
     head_ws_init(&ws, N, K, D);
-    int rc = head_forward_backward(&p, &ws, NULL, ef, N, wf, K, D, lab, &loss, NULL, ge, gw);
+    int rc = head_forward(&p, &ws, NULL, &loss, NULL, ef, wf, lab, N, K, D);
+    if (rc == 0)
+        rc = head_backward(&p, &ws, ge, gw, ef, wf, lab, N, K, D);
     head_ws_free(&ws);
     CHECK(rc == 0, "head rc %d: %s", rc, pf_errmsg());
     double fe[N * D], fw[K * D];
@@ -159,8 +161,11 @@ static void *local_worker(void *vp)
         .s = 8, .m1 = 1, .m2 = 0.5, .m3 = 0, .margin_grad = HEAD_MARGIN_GRAD_EXACT, .mode = HEAD_MODE_LOCAL};
     head_ws ws;
     head_ws_init(&ws, N, K, D);
-    a->rc = head_forward_backward(&p, &ws, &c, a->e + a->rank * N * D, N, a->w, K, D, a->lab + a->rank * N,
-                                  &a->loss, NULL, a->ge, a->gw);
+    const float *e = a->e + a->rank * N * D;
+    const int64_t *lab = a->lab + a->rank * N;
+    a->rc = head_forward(&p, &ws, &c, &a->loss, NULL, e, a->w, lab, N, K, D);
+    if (a->rc == 0)
+        a->rc = head_backward(&p, &ws, a->ge, a->gw, e, a->w, lab, N, K, D);
     head_ws_free(&ws);
     return NULL;
 }
@@ -221,7 +226,8 @@ static void test_missing_target_and_bad_input(void)
     head_ws_init(&ws, 2, 2, 3);
     double loss;
     float ge[6], gw[6];
-    CHECK(head_forward_backward(&p, &ws, NULL, e, 2, w, 2, 3, lab, &loss, NULL, ge, gw) == 0,
+    CHECK(head_forward(&p, &ws, NULL, &loss, NULL, e, w, lab, 2, 2, 3) == 0 &&
+              head_backward(&p, &ws, ge, gw, e, w, lab, 2, 2, 3) == 0,
           "missing target");
     /* Row 0: target cos 1 is clamped to t = 1 - 1e-7 (m = 0: v = t), z = (t, 0): loss log(1 + exp(-t));
      * row 1: 69.07755278982137. */
@@ -232,23 +238,28 @@ static void test_missing_target_and_bad_input(void)
     /* No columns at all (a worker whose partition is empty, alone): every row counts 69.0776, and the
      * embedding gradient is zero. */
     int64_t none[2] = {-1, -1};
-    CHECK(head_forward_backward(&p, &ws, NULL, e, 2, NULL, 0, 3, none, &loss, NULL, ge, NULL) == 0 &&
+    CHECK(head_forward(&p, &ws, NULL, &loss, NULL, e, NULL, none, 2, 0, 3) == 0 &&
+              head_backward(&p, &ws, ge, NULL, e, NULL, none, 2, 0, 3) == 0 &&
               fabs(loss - 69.07755278982137) < 1e-12 && ge[0] == 0 && ge[5] == 0,
           "k = 0: loss %.8f", loss);
     lab[1] = 2;
-    int rc = head_forward_backward(&p, &ws, NULL, e, 2, w, 2, 3, lab, &loss, NULL, ge, gw);
+    int rc = head_forward(&p, &ws, NULL, &loss, NULL, e, w, lab, 2, 2, 3);
     CHECK(rc == -ERANGE && strstr(pf_errmsg(), "label 2 of row 1"), "label 2 of k=2: rc %d '%s'", rc,
           pf_errmsg());
     printf("ok   bad label: %s\n", pf_errmsg());
     lab[1] = 1;
-    rc = head_forward_backward(&p, &ws, NULL, e, 3, w, 2, 3, lab, &loss, NULL, ge, gw);
+    rc = head_forward(&p, &ws, NULL, &loss, NULL, e, w, lab, 3, 2, 3);
     CHECK(rc == -EINVAL, "n 3 > n_max 2 accepted");
-    rc = head_forward_backward(&p, &ws, NULL, e, 2, w, 2, 4, lab, &loss, NULL, ge, gw);
+    rc = head_forward(&p, &ws, NULL, &loss, NULL, e, w, lab, 2, 2, 4);
     CHECK(rc == -EINVAL && strstr(pf_errmsg(), "workspace"), "d mismatch: rc %d '%s'", rc, pf_errmsg());
     head_params q = p;
     q.s = 0;
-    CHECK(head_forward_backward(&q, &ws, NULL, e, 2, w, 2, 3, lab, &loss, NULL, ge, gw) == -EINVAL,
-          "scale 0 accepted");
+    CHECK(head_forward(&q, &ws, NULL, &loss, NULL, e, w, lab, 2, 2, 3) == -EINVAL, "scale 0 accepted");
+    /* The backward needs a successful forward of the same n and k on the workspace. */
+    CHECK(head_backward(&p, &ws, ge, gw, e, w, lab, 2, 2, 3) == -EINVAL, "backward after a failed forward");
+    CHECK(head_forward(&p, &ws, NULL, &loss, NULL, e, w, lab, 2, 2, 3) == 0 &&
+              head_backward(&p, &ws, ge, gw, e, w, lab, 1, 2, 3) == -EINVAL,
+          "backward of another n accepted");
     head_ws_free(&ws);
     CHECK(head_ws_init(&ws, 0, 2, 3) == -EINVAL, "n_max 0 accepted");
     head_margin_grad mg;

@@ -26,9 +26,12 @@
 
 int base_head_ws_init(head_ws *ws, int64_t n_max, int64_t k_max, int64_t d);
 void base_head_ws_free(head_ws *ws);
-int base_head_forward_backward(const head_params *p, head_ws *ws, pf_coll *coll, const float *embeddings,
-                               int64_t n, const float *centers, int64_t k, int64_t d, const int64_t *labels,
-                               double *loss, float *logits, float *grad_embeddings, float *grad_centers);
+int base_head_forward(const head_params *p, head_ws *ws, pf_coll *coll, double *loss, float *logits,
+                      const float *embeddings, const float *centers, const int64_t *labels, int64_t n,
+                      int64_t k, int64_t d);
+int base_head_backward(const head_params *p, head_ws *ws, float *grad_embeddings, float *grad_centers,
+                       const float *embeddings, const float *centers, const int64_t *labels, int64_t n,
+                       int64_t k, int64_t d);
 void base_head_vexp8(const float *x, float *y);
 
 typedef struct outs {
@@ -61,8 +64,11 @@ static int run_ws(int base, int64_t n_max, const head_params *p, const float *e,
     o->gc = calloc((size_t)K * D, sizeof(float));
     float *lg = want_logits ? o->logits : NULL, *ge = want_grad ? o->ge : NULL,
           *gc = want_grad ? o->gc : NULL;
-    rc = base ? base_head_forward_backward(p, &ws, NULL, e, N, w, k, D, lab, &o->loss, lg, ge, gc)
-              : head_forward_backward(p, &ws, NULL, e, N, w, k, D, lab, &o->loss, lg, ge, gc);
+    rc = base ? base_head_forward(p, &ws, NULL, &o->loss, lg, e, w, lab, N, k, D)
+              : head_forward(p, &ws, NULL, &o->loss, lg, e, w, lab, N, k, D);
+    if (rc == 0 && want_grad)
+        rc = base ? base_head_backward(p, &ws, ge, gc, e, w, lab, N, k, D)
+                  : head_backward(p, &ws, ge, gc, e, w, lab, N, k, D);
     if (base)
         base_head_ws_free(&ws);
     else

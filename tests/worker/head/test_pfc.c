@@ -95,7 +95,9 @@ static int single(int64_t n, const float *e, const int64_t *lab, const int64_t *
     head_ws ws;
     int rc = head_ws_init(&ws, n, k, D);
     if (rc == 0)
-        rc = head_forward_backward(&p, &ws, NULL, e, n, cen, k, D, loc, loss, NULL, ge, gc);
+        rc = head_forward(&p, &ws, NULL, loss, NULL, e, cen, loc, n, k, D);
+    if (rc == 0)
+        rc = head_backward(&p, &ws, ge, gc, e, cen, loc, n, k, D);
     head_ws_free(&ws);
     free(cen);
     free(loc);

@@ -119,7 +119,9 @@ static int body(mp_rank *m, void *arg)
         double uloss;
         rc = head_ws_init(&ws, W * B, ku, D);
         if (rc == 0)
-            rc = head_forward_backward(&p, &ws, NULL, emb, W * B, ucen, ku, D, uloc, &uloss, NULL, uge, ugc);
+            rc = head_forward(&p, &ws, NULL, &uloss, NULL, emb, ucen, uloc, W * B, ku, D);
+        if (rc == 0)
+            rc = head_backward(&p, &ws, uge, ugc, emb, ucen, uloc, W * B, ku, D);
         head_ws_free(&ws);
         float *ref = malloc((size_t)(k * D) * sizeof(float));
         for (int64_t j = 0; j < k; j++) {
