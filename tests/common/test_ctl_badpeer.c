@@ -9,6 +9,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "ctl_book_dump.h"
+#include "tests/check.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -26,17 +27,7 @@
 #define MAXF   4096
 #define CONFIG "[train]\nnum_classes = 30\n[data]\nrec = synthetic\n"
 
-static int port, failures;
-
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-            failures++;                                                                                      \
-        }                                                                                                    \
-    } while (0)
+static int port;
 
 static double now_s(void)
 {
@@ -494,6 +485,6 @@ int main(void)
     }
     printf("idle wait timed out cleanly and the shutdown broadcast reached all 3 members\n");
     slow_clients_phase();
-    printf("test_ctl_badpeer: %d failures\n", failures);
-    return failures ? 1 : 0;
+    printf("test_ctl_badpeer: %d failures\n", fails);
+    return fails ? 1 : 0;
 }

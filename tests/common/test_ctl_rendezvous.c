@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "ctl_book_dump.h"
+#include "tests/check.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -127,17 +128,6 @@ static char *read_file(const char *path)
     }
     return buf;
 }
-
-static int failures;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-            failures++;                                                                                      \
-        }                                                                                                    \
-    } while (0)
 
 /* Runs a member that must be refused: checks its exit code and that its message mentions `want`. */
 static void expect_refused(const char *name, const char *role, int rank, const char *secret, int code,
@@ -290,6 +280,6 @@ int main(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
-    printf("%s: %d failures\n", argv[0], failures);
-    return failures ? 1 : 0;
+    printf("%s: %d failures\n", argv[0], fails);
+    return fails ? 1 : 0;
 }

@@ -4,7 +4,7 @@
 #define PFCPS_TESTS_KERNELS_CUDA_CUDA_TESTUTIL_H
 
 #include "kernels/cuda/cuda_ops.h"
-#include "tests/testutil.h"
+#include "tests/check.h"
 
 /* Device copy of bytes bytes of host memory. */
 static inline void *dev_up(const void *h, size_t bytes)

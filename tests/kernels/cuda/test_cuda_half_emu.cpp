@@ -81,7 +81,7 @@ static inline float atomicAdd(float *p, float v) /* blocks run one at a time */
 }
 
 #include "kernels/cuda/ops_cuda_half_kernels.cuh"
-#include "tests/testutil.h"
+#include "tests/check.h"
 
 /* 2-D grid launcher (cuda_emu.h's emu_launch is 1-D). */
 template <class F> static void launch2(unsigned gx, unsigned gy, unsigned block, F kernel)

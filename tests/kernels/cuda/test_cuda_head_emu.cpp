@@ -38,7 +38,7 @@ extern "C" {
 
 #include "kernels/cuda/head_kernels.cuh"
 #include "tests/kernels/cuda/head_refcase.h"
-#include "tests/testutil.h"
+#include "tests/check.h"
 
 // One rank's inputs, the "device" buffers and outputs.
 struct rank_io {

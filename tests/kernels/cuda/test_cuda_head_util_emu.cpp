@@ -59,7 +59,7 @@ extern "C" {
 }
 
 #include "kernels/cuda/head_util_kernels.cuh"
-#include "tests/testutil.h"
+#include "tests/check.h"
 
 static size_t same_bits(const std::vector<float> &a, const std::vector<float> &b)
 {

@@ -11,17 +11,7 @@
 #include <turbojpeg.h>
 #include <unistd.h>
 
-static int fx_failures;
-
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fx_failures++;                                                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fprintf(stderr, "\n");                                                                           \
-        }                                                                                                    \
-    } while (0)
+#include "tests/check.h"
 
 /* Byte buffer for hand-written .rec files. */
 typedef struct fx_bytes {

@@ -452,6 +452,6 @@ int main(void)
     test_num_classes_vs_property();
     test_cli(orl);
     fx_rmdir(dir);
-    printf("%s: %d failures\n", fx_failures ? "FAIL" : "PASS", fx_failures);
-    return fx_failures ? 1 : 0;
+    printf("%s: %d failures\n", fails ? "FAIL" : "PASS", fails);
+    return fails ? 1 : 0;
 }

@@ -200,7 +200,7 @@ static void test_decode(const char *orl)
         int sz = k == 3 ? 100 : 112;
         uint8_t *j = fx_orl_jpeg(orl, k + 1, 1, sz, sz, 90, &n);
         if (!j) {
-            fx_failures++;
+            fails++;
             return;
         }
         if (k == 2)
@@ -422,9 +422,9 @@ int main(void)
         test_empty_identity(orl);
     } else {
         printf("ORL faces not found under PFCPS_SOURCE/data/orl: JPEG cases not run\n");
-        fx_failures++;
+        fails++;
     }
     fx_rmdir(dir);
-    printf("%s: %d failures\n", fx_failures ? "FAIL" : "PASS", fx_failures);
-    return fx_failures ? 1 : 0;
+    printf("%s: %d failures\n", fails ? "FAIL" : "PASS", fails);
+    return fails ? 1 : 0;
 }

@@ -274,6 +274,6 @@ int main(void)
     test_im2rec_pack();
     test_id2_marker();
     fx_rmdir(dir);
-    printf("%s: %d failures\n", fx_failures ? "FAIL" : "PASS", fx_failures);
-    return fx_failures ? 1 : 0;
+    printf("%s: %d failures\n", fails ? "FAIL" : "PASS", fails);
+    return fails ? 1 : 0;
 }

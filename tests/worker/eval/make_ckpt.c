@@ -1,7 +1,7 @@
 /* make_ckpt OUT NETWORK D SEED: a backbone checkpoint for the embedding tests: model_init(SEED), then
  * the batch-norm biases and running statistics drawn at random too (so that eval-mode batch norm is not
  * the identity), saved with model_save. */
-#include "tests/testutil.h"
+#include "tests/check.h"
 #include "worker/model/model.h"
 
 #include <stdio.h>

@@ -8,7 +8,6 @@
  * argument refusals. Needs PFCPS_PYTHON (exit 77 without). */
 #include "tests/check.h"
 #include "tests/reference/ref.h"
-#include "tests/testutil.h"
 #include "worker/eval/embed.h"
 #include "worker/eval/verify.h"
 

@@ -31,7 +31,6 @@
 #include "kernels/ops.h"
 #include "tests/check.h"
 #include "tests/npy.h"
-#include "tests/testutil.h"
 #include "tests/worker/model/ref64.h"
 #include "tests/worker/model/refcase.h"
 #include "worker/model/model_internal.h"

@@ -7,17 +7,8 @@
 
 #include "common/err.h"
 #include "worker/model/model.h"
+#include "tests/check.h"
 
-static int failures = 0;
-
-#define EXPECT(cond, ...)                                                                                    \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            printf("FAIL: " __VA_ARGS__);                                                                    \
-            printf("\n");                                                                                    \
-            failures++;                                                                                      \
-        }                                                                                                    \
-    } while (0)
 
 /* IBasicBlock(in -> out): bn1(in), conv3x3 in->out, bn2, prelu(out), conv3x3 out->out, bn3,
  * downsample conv1x1 in->out + BN when stride 2 (first block of every stage). */
@@ -79,27 +70,27 @@ int main(void)
     for (size_t i = 0; i < sizeof nets / sizeof *nets; i++) {
         model *m;
         int rc = model_create(&m, nets[i].name, 512, 2);
-        EXPECT(rc == 0, "model_create(%s): %s", nets[i].name, pf_errmsg());
+        CHECK(rc == 0, "model_create(%s): %s", nets[i].name, pf_errmsg());
         if (rc)
             continue;
         long long want = strcmp(nets[i].name, "mbf") ? ires_count(nets[i].layers, 512) : mbf_count(512);
         long long got = (long long)model_num_params(m);
         printf("%-5s D=512: %lld parameters (%.2fM), by hand %lld: %s\n", nets[i].name, got, got / 1e6, want,
                got == want ? "ok" : "FAIL");
-        EXPECT(got == want, "%s parameter count", nets[i].name);
+        CHECK(got == want, "%s parameter count", nets[i].name);
         /* the sum of the table equals the flat array, tensors tile it without gaps */
         size_t off = 0;
         for (int t = 0; t < model_num_tensors(m); t++) {
-            EXPECT(model_tensor_at(m, t)->offset == off, "%s tensor %d offset", nets[i].name, t);
+            CHECK(model_tensor_at(m, t)->offset == off, "%s tensor %d offset", nets[i].name, t);
             off += model_tensor_at(m, t)->count;
         }
-        EXPECT(off == model_num_params(m), "%s tensors tile the flat array", nets[i].name);
+        CHECK(off == model_num_params(m), "%s tensors tile the flat array", nets[i].name);
         if (!strcmp(nets[i].name, "r50"))
-            EXPECT(fabs(got / 1e6 - 43.6) < 0.1, "r50 is not ~43.6M");
+            CHECK(fabs(got / 1e6 - 43.6) < 0.1, "r50 is not ~43.6M");
         if (!strcmp(nets[i].name, "r100"))
-            EXPECT(fabs(got / 1e6 - 65.2) < 0.1, "r100 is not ~65.2M");
+            CHECK(fabs(got / 1e6 - 65.2) < 0.1, "r100 is not ~65.2M");
         if (!strcmp(nets[i].name, "mbf"))
-            EXPECT(got > 1.9e6 && got < 2.2e6, "mbf is not ~2.1M");
+            CHECK(got > 1.9e6 && got < 2.2e6, "mbf is not ~2.1M");
         model_free(m);
     }
 
@@ -107,31 +98,31 @@ int main(void)
     model *m = NULL;
     int rc = model_create(&m, "r51", 512, 2);
     printf("unknown network: %d '%s'\n", rc, pf_errmsg());
-    EXPECT(rc == -EINVAL && strstr(pf_errmsg(), "r51"), "unknown network accepted");
+    CHECK(rc == -EINVAL && strstr(pf_errmsg(), "r51"), "unknown network accepted");
     rc = model_create(&m, "r50", 0, 2);
     printf("embedding_size 0: %d '%s'\n", rc, pf_errmsg());
-    EXPECT(rc == -EINVAL && strstr(pf_errmsg(), "embedding_size"), "D = 0 accepted");
+    CHECK(rc == -EINVAL && strstr(pf_errmsg(), "embedding_size"), "D = 0 accepted");
     rc = model_create(&m, "r18", 512, 0);
     printf("batch 0: %d '%s'\n", rc, pf_errmsg());
-    EXPECT(rc == -EINVAL && strstr(pf_errmsg(), "batch"), "batch 0 accepted");
+    CHECK(rc == -EINVAL && strstr(pf_errmsg(), "batch"), "batch 0 accepted");
     model_desc d;
     model_desc_from_name(&d, "r18", 128);
     d.widths[1] = 0;
     rc = model_create_desc(&m, &d, 2, NULL);
     printf("width 0: %d '%s'\n", rc, pf_errmsg());
-    EXPECT(rc == -EINVAL, "width 0 accepted");
+    CHECK(rc == -EINVAL, "width 0 accepted");
     model_desc_from_name(&d, "r18", 128);
     d.dropout = 1.0f;
     rc = model_create_desc(&m, &d, 2, NULL);
     printf("dropout 1: %d '%s'\n", rc, pf_errmsg());
-    EXPECT(rc == -EINVAL && strstr(pf_errmsg(), "dropout"), "dropout 1 accepted");
-    EXPECT(model_desc_from_name(&d, "iresnet50", 512) == 0 && !strcmp(d.name, "r50"), "iresnet50 alias");
-    EXPECT(model_desc_from_name(&d, "r18_w16", 512) == 0 && d.widths[0] == 16 && d.widths[3] == 128 &&
+    CHECK(rc == -EINVAL && strstr(pf_errmsg(), "dropout"), "dropout 1 accepted");
+    CHECK(model_desc_from_name(&d, "iresnet50", 512) == 0 && !strcmp(d.name, "r50"), "iresnet50 alias");
+    CHECK(model_desc_from_name(&d, "r18_w16", 512) == 0 && d.widths[0] == 16 && d.widths[3] == 128 &&
                !strcmp(d.name, "r18_w16"),
            "r18_w16 narrow iresnet");
     rc = model_desc_from_name(&d, "r18_w3", 512);
     printf("r18_w3: %d '%s'\n", rc, pf_errmsg());
-    EXPECT(rc == -EINVAL && strstr(pf_errmsg(), "_w3"), "odd width suffix accepted");
+    CHECK(rc == -EINVAL && strstr(pf_errmsg(), "_w3"), "odd width suffix accepted");
 
     /* Initialization: conv ~ N(0, 0.1), BN 1/0, PReLU 0.25, fc U(+-1/sqrt(25088)), features
      * weight fixed at 1; forward with B beyond capacity refused. */
@@ -144,35 +135,35 @@ int main(void)
             s += w[i], s2 += (double)w[i] * w[i];
         double mean = s / n, sd = sqrt(s2 / n - mean * mean);
         printf("layer3.1.conv1.weight: %zu values, mean %.4f, std %.4f (want 0, 0.1)\n", n, mean, sd);
-        EXPECT(fabs(mean) < 0.002 && fabs(sd - 0.1) < 0.002, "conv init");
+        CHECK(fabs(mean) < 0.002 && fabs(sd - 0.1) < 0.002, "conv init");
         float *fc = model_param(m, "fc.weight", &n);
         float mx = 0;
         for (size_t i = 0; i < n; i++)
             mx = fabsf(fc[i]) > mx ? fabsf(fc[i]) : mx;
         printf("fc.weight max |w| %.6f, bound 1/sqrt(25088) = %.6f\n", mx, 1 / sqrt(25088.0));
-        EXPECT(mx <= 1.000001 / sqrt(25088.0) && mx > 0.99 / sqrt(25088.0), "fc init bound");
-        EXPECT(model_param(m, "layer2.0.prelu.weight", &n)[3] == 0.25f, "prelu init");
-        EXPECT(model_param(m, "bn2.weight", &n)[5] == 1.0f && model_param(m, "bn2.bias", &n)[5] == 0.0f,
+        CHECK(mx <= 1.000001 / sqrt(25088.0) && mx > 0.99 / sqrt(25088.0), "fc init bound");
+        CHECK(model_param(m, "layer2.0.prelu.weight", &n)[3] == 0.25f, "prelu init");
+        CHECK(model_param(m, "bn2.weight", &n)[5] == 1.0f && model_param(m, "bn2.bias", &n)[5] == 0.0f,
                "bn init");
-        EXPECT(model_buffer(m, "bn2.running_var", &n)[0] == 1.0f, "running var init");
+        CHECK(model_buffer(m, "bn2.running_var", &n)[0] == 1.0f, "running var init");
         int fixed = 0;
         for (int t = 0; t < model_num_tensors(m); t++)
             if (model_tensor_at(m, t)->flags & MODEL_TENSOR_FIXED) {
                 fixed++;
-                EXPECT(!strcmp(model_tensor_at(m, t)->name, "features.weight"), "fixed tensor");
+                CHECK(!strcmp(model_tensor_at(m, t)->name, "features.weight"), "fixed tensor");
             }
-        EXPECT(fixed == 1, "exactly one fixed tensor (features.weight), got %d", fixed);
+        CHECK(fixed == 1, "exactly one fixed tensor (features.weight), got %d", fixed);
         const float *e;
         float x[1] = {0};
         rc = model_forward(m, x, 3, 1, &e);
         printf("batch 3 > capacity 2: %d '%s'\n", rc, pf_errmsg());
-        EXPECT(rc == -EINVAL, "batch above capacity accepted");
+        CHECK(rc == -EINVAL, "batch above capacity accepted");
         float g[1] = {0};
         rc = model_backward(m, g, NULL);
         printf("backward before forward: %d '%s'\n", rc, pf_errmsg());
-        EXPECT(rc == -EINVAL, "backward without forward accepted");
+        CHECK(rc == -EINVAL, "backward without forward accepted");
         model_free(m);
     }
-    printf("%s (%d failures)\n", failures ? "FAIL" : "PASS", failures);
-    return failures ? 1 : 0;
+    printf("%s (%d failures)\n", fails ? "FAIL" : "PASS", fails);
+    return fails ? 1 : 0;
 }

@@ -6,7 +6,6 @@
  * are refused by st_parse with -EPROTO, and every truncation of a valid file too. (The files' readability by
  * the `safetensors` package and PyTorch is tests/tools/test_export.py.) */
 #include "tests/check.h"
-#include "tests/testutil.h"
 #include "worker/model/safetensors.h"
 
 #include <stdio.h>

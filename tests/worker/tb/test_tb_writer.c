@@ -4,6 +4,7 @@
 #include "worker/tb_writer.h"
 
 #include "common/err.h"
+#include "tests/check.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -17,17 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fprintf(stderr, "\n");                                                                           \
-            failures++;                                                                                      \
-        }                                                                                                    \
-    } while (0)
 
 /* Check values: "123456789" is the CRC catalogue's check string (CRC-32/ISCSI check = 0xe3069283); the
  * 32-byte vectors are RFC 3720 appendix B.4; the masked value is tensorboard's
@@ -221,8 +211,8 @@ int main(void)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", tmp);
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
+    if (fails) {
+        fprintf(stderr, "%d check(s) failed\n", fails);
         return 1;
     }
     printf("tb_writer: all checks passed\n");
