@@ -81,8 +81,8 @@ static void test_admit_before_forming(void **state)
     assert_int_equal(ctl_roster_take(&r, 3, &holder[0], "10.0.0.1:5000", NULL, 0), 1);
     assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_WORKER, 1, &adm), EAGAIN);
     assert_int_equal(adm.restarted, 0);
-    assert_string_equal(adm.reason,
-                        "worker rank 1 is still held by 10.0.0.1:5000 (a previous process not yet gone?); retry");
+    assert_string_equal(
+        adm.reason, "worker rank 1 is still held by 10.0.0.1:5000 (a previous process not yet gone?); retry");
 
     /* Only the holder frees a seat; before the run formed the rank is free again. */
     assert_int_equal(ctl_roster_release(&r, 3, &holder[1], 0, 0), CTL_GONE_NOTHING);
