@@ -13,9 +13,15 @@ root=$(pwd)
 
 deploy/setup-deps.sh || { echo "setup-deps failed"; echo "0 passed, 1 failed"; exit 1; }
 # The independent references some tests compare against (PyTorch, onnxruntime, safetensors, tensorboard,
-# scikit-learn): tests that need them skip, naming what is missing, when this fails.
+# scikit-learn): tests that need them skip, naming what is missing, when this fails; under
+# PFCPS_REQUIRE_REFERENCES=1 (.ci/run) the failure counts, and so do those tests (tests/reference/skip.sh).
+. tests/reference/skip.sh
+pyenv_failure=
 if py=$(tests/pyenv.sh | tail -n 1) && [ -x "$py" ]; then
   export PFCPS_PYTHON="$py"
+elif ref_required; then
+  echo "run.sh: tests/pyenv.sh failed (PFCPS_REQUIRE_REFERENCES=1: a failure)"
+  pyenv_failure="tests/pyenv.sh (PFCPS_REQUIRE_REFERENCES=1)"
 else
   echo "run.sh: tests/pyenv.sh failed: the tests that compare against Python references will skip"
 fi
@@ -26,6 +32,7 @@ tests/deploy/slurm/deps.sh || echo "run.sh: tests/deploy/slurm/deps.sh failed: t
 B=${PFCPS_TEST_BUILD:-build-tests}
 FUZZ_SECONDS=${PFCPS_FUZZ_SECONDS:-45}
 failures=()
+[ -n "$pyenv_failure" ] && failures+=("$pyenv_failure")
 logs=()
 
 # setup_build DIR [meson options...]: configures DIR (reconfigures when it exists).

@@ -17,6 +17,7 @@
 #include "worker/ps_client.h"
 #include "worker/ps_client_hooks.h"
 #include "tests/npy.h"
+#include "tests/reference/ref.h"
 #include "tests/server/pst.h"
 
 #define SEED 2048
@@ -139,16 +140,16 @@ static int t_init(void)
 /* --- push-then-pull equals ../shared/reference/head/sgd_rows_* (float64 PyTorch SGD) --- */
 static int sgd_case(const char *name)
 {
-    const char *refdir = getenv("PFCPS_REFERENCE");
-    char dir[1024];
-    snprintf(dir, sizeof(dir), "%s/head/%s", refdir ? refdir : "../shared/reference", name);
+    char head[1024], dir[1100];
+    int missing = ref_dir(head, sizeof head, "head");
+    if (missing)
+        return missing;
+    snprintf(dir, sizeof(dir), "%s/%s", head, name);
     npy_array aw, av, ag, awo, avo;
     if (npy_load2(dir, "weight.npy", &aw) || npy_load2(dir, "momentum.npy", &av) ||
         npy_load2(dir, "grad.npy", &ag) || npy_load2(dir, "weight_out.npy", &awo) ||
-        npy_load2(dir, "momentum_out.npy", &avo)) {
-        printf("SKIP: reference %s missing: %s\n", dir, pf_errmsg());
-        return 77;
-    }
+        npy_load2(dir, "momentum_out.npy", &avo))
+        return ref_missing("reference %s: %s", dir, pf_errmsg());
     char *meta = npy_read_text(dir, "meta.json");
     double lr = npy_json_number(meta, "lr", NAN), mu = npy_json_number(meta, "momentum", NAN),
            wd = npy_json_number(meta, "weight_decay", NAN);

@@ -10,6 +10,7 @@
 #include "proto/ps_wire.h"
 #include "server/shard.h"
 #include "tests/npy.h"
+#include "tests/reference/ref.h"
 #include "tests/server/pst.h"
 
 #include "tests/check.h"
@@ -59,9 +60,12 @@ static void test_init(void)
 
 static void test_sgd_ref(const char *name)
 {
-    const char *refdir = getenv("PFCPS_REFERENCE");
-    char dir[1024];
-    snprintf(dir, sizeof(dir), "%s/head/%s", refdir ? refdir : "../shared/reference", name);
+    char head[1024], dir[1100], why[2048];
+    if (ref_locate(head, sizeof head, "head", why, sizeof why)) {
+        fails += ref_part_missing(why);
+        return;
+    }
+    snprintf(dir, sizeof(dir), "%s/%s", head, name);
     npy_array aw, av, ag, awo, avo;
     if (npy_load2(dir, "weight.npy", &aw) || npy_load2(dir, "momentum.npy", &av) ||
         npy_load2(dir, "grad.npy", &ag) || npy_load2(dir, "weight_out.npy", &awo) ||

@@ -22,6 +22,7 @@
 #include "tests/kernels/cuda/cuda_testutil.h"
 #include "tests/kernels/cuda/head_refcase.h"
 #include "tests/npy.h"
+#include "tests/reference/ref.h"
 #include "worker/head/optim.h"
 
 static void head_case(const char *dir, const char *name)
@@ -358,19 +359,16 @@ int main(void)
         printf("SKIP: no CUDA device (the CUDA head kernels compiled and linked; not run)\n");
         return 77;
     }
-    const char *ref = getenv("PFCPS_REFERENCE");
-    if (!ref) {
-        printf("SKIP: PFCPS_REFERENCE not set\n");
-        return 77;
-    }
+    char dir[1200];
+    int missing = ref_dir(dir, sizeof dir, "head");
+    if (missing)
+        return missing;
     uint64_t seed = test_seed();
     printf("seed %llu\n", (unsigned long long)seed);
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/head", ref);
     DIR *dp = opendir(dir);
     if (!dp) {
-        printf("SKIP: reference folder %s missing (meson option reference_dir)\n", dir);
-        return 77;
+        printf("FAIL: cannot open %s\n", dir);
+        return 1;
     }
     struct dirent *de;
     int nhead = 0, nsgd = 0;

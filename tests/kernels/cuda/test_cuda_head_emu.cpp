@@ -24,6 +24,7 @@ extern "C" {
 
 #include "common/err.h"
 #include "tests/npy.h"
+#include "tests/reference/ref.h"
 #include "worker/head/head.h"
 }
 
@@ -425,18 +426,20 @@ int main()
     uint64_t seed = test_seed();
     printf("seed %llu; CUDA head kernels emulated on the CPU, %d threads per block\n",
            (unsigned long long)seed, HEAD_THREADS);
-    const char *ref = getenv("PFCPS_REFERENCE");
-    std::string dir = std::string(ref ? ref : "") + "/head";
-    DIR *dp = ref ? opendir(dir.c_str()) : NULL;
+    char dir[1200];
+    int missing = ref_dir(dir, sizeof dir, "head");
+    if (missing)
+        return missing;
+    DIR *dp = opendir(dir);
     if (!dp) {
-        printf("SKIP: reference folder %s missing (meson option reference_dir)\n", dir.c_str());
-        return 77;
+        printf("FAIL: cannot open %s\n", dir);
+        return 1;
     }
     int ncase = 0;
     while (struct dirent *de = readdir(dp)) {
         if (strncmp(de->d_name, "head_", 5))
             continue;
-        reference_case(dir.c_str(), de->d_name);
+        reference_case(dir, de->d_name);
         ncase++;
     }
     closedir(dp);

@@ -36,6 +36,7 @@
 #include "tests/kernels/cuda/cuda_testutil.h"
 #include "tests/kernels/cuda/head_refcase.h"
 #include "tests/npy.h"
+#include "tests/reference/ref.h"
 #include "worker/head/pfc.h"
 #include "worker/head/pfc_cuda.h"
 
@@ -521,13 +522,11 @@ int main(void)
                "collectives; only W = 1 runs and the test reports SKIP\n");
 
     /* part 1 */
-    const char *ref = getenv("PFCPS_REFERENCE");
-    char dir[1200];
-    snprintf(dir, sizeof dir, "%s/head", ref ? ref : "");
-    DIR *dp = ref ? opendir(dir) : NULL;
+    char dir[1200], why[2048];
+    DIR *dp = ref_locate(dir, sizeof dir, "head", why, sizeof why) ? NULL : opendir(dir);
     int ncase = 0, have_ref = dp != NULL;
     if (!dp) {
-        printf("NOTE: reference folder %s missing: part 1 not run\n", dir);
+        printf("NOTE: %s: part 1 not run\n", why);
     } else {
         struct dirent *de;
         while ((de = readdir(dp))) {
@@ -625,7 +624,9 @@ int main(void)
     printf("%d failure(s)\n", fails);
     if (fails)
         return 1;
-    if (maxw == 1 || !have_ref) {
+    if (!have_ref)
+        return ref_missing("%s: part 1 not run", why);
+    if (maxw == 1) {
         printf("SKIP: %d multi-rank configuration(s) not run, reference part %s\n", skipped,
                have_ref ? "run" : "not run");
         return 77;

@@ -12,6 +12,7 @@
 #include "common/coll.h"
 #include "common/err.h"
 #include "tests/npy.h"
+#include "tests/reference/ref.h"
 #include "worker/head/head.h"
 
 typedef struct ref_case {
@@ -145,13 +146,14 @@ static int cmp_name(const void *a, const void *b)
 
 int main(void)
 {
-    const char *ref = getenv("PFCPS_REFERENCE");
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/head", ref ? ref : "../shared/reference");
+    int missing = ref_dir(dir, sizeof dir, "head");
+    if (missing)
+        return missing;
     DIR *dp = opendir(dir);
     if (!dp) {
-        printf("SKIP: reference dir %s not found (set PFCPS_REFERENCE)\n", dir);
-        return 77;
+        printf("FAIL: cannot open %s\n", dir);
+        return 1;
     }
     char *names[256];
     int nn = 0;
@@ -162,8 +164,7 @@ int main(void)
     closedir(dp);
     qsort(names, (size_t)nn, sizeof(char *), cmp_name);
     if (nn == 0) {
-        printf("SKIP: no head_* cases in %s\n", dir);
-        return 77;
+        return ref_missing("no head_* cases in %s", dir);
     }
 
     int fails = 0;

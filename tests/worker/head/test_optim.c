@@ -9,18 +9,19 @@
 
 #include "common/err.h"
 #include "tests/npy.h"
+#include "tests/reference/ref.h"
 #include "worker/head/optim.h"
 
 #include "tests/check.h"
 
 static int test_sgd_reference(void)
 {
-    const char *ref = getenv("PFCPS_REFERENCE");
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/head", ref ? ref : "../shared/reference");
-    DIR *dp = opendir(dir);
-    if (!dp)
-        return 0;
+    char dir[1024], why[2048];
+    DIR *dp = ref_locate(dir, sizeof dir, "head", why, sizeof why) ? NULL : opendir(dir);
+    if (!dp) {
+        fails += ref_part_missing(why);
+        return -1;
+    }
     struct dirent *de;
     int ncases = 0;
     while ((de = readdir(dp))) {
@@ -158,7 +159,7 @@ int main(void)
 {
     int n = test_sgd_reference();
     if (n == 0)
-        printf("note: no sgd_rows_* reference found (PFCPS_REFERENCE); hand-computed SGD only\n");
+        fails += ref_part_missing("no sgd_rows_* case in the reference folder (PFCPS_REFERENCE)");
     test_sgd_hand();
     test_adamw();
     test_clip();

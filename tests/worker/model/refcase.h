@@ -8,21 +8,21 @@
 #include <string.h>
 
 #include "tests/npy.h"
+#include "tests/reference/ref.h"
 #include "worker/model/model.h"
 
 /* dir (dir_size bytes) = <root>/backbone/<name>; d = the iresnet of dir/meta.json (layers, widths,
  * num_features) named name, *B = its batch. Returns 0 with *meta = the meta.json text (the caller
- * frees it), 77 (SKIP printed) when meta.json is not readable, 1 (FAIL printed) when a field is
- * missing. */
+ * frees it); when meta.json is not readable, ref_missing's result (77, SKIP printed, or 1 under
+ * PFCPS_REQUIRE_REFERENCES=1); 1 (FAIL printed) when a field is missing. */
 static inline int refcase_meta(char *dir, size_t dir_size, const char *root, const char *name, model_desc *d,
                                int *B, char **meta)
 {
     snprintf(dir, dir_size, "%s/backbone/%s", root, name);
+    *B = 0;
     *meta = npy_read_text(dir, "meta.json");
-    if (!*meta) {
-        printf("SKIP: %s/meta.json not readable\n", dir);
-        return 77;
-    }
+    if (!*meta)
+        return ref_missing("%s/meta.json not readable", dir);
     memset(d, 0, sizeof *d);
     d->kind = MODEL_IRESNET;
     snprintf(d->name, sizeof d->name, "%.31s", name);

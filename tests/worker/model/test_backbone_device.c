@@ -28,6 +28,7 @@
 
 #include "common/err.h"
 #include "tests/npy.h"
+#include "tests/reference/ref.h"
 #include "worker/model/model_internal.h"
 
 #define TOL           1e-4
@@ -540,17 +541,14 @@ int main(int argc, char **argv)
     compare_to_cpu(dev, "r18_w16", 64, 2);
     if (strncmp(dev->name, "cpu", 3))
         compare_to_cpu(dev, "mbf", 64, 3);
-    const char *ref = getenv("PFCPS_REFERENCE");
-    if (!ref) {
-        printf("SKIP: PFCPS_REFERENCE not set\n");
-        return failures ? 1 : 77;
-    }
     char dir[1200];
-    snprintf(dir, sizeof dir, "%s/backbone", ref);
+    int missing = ref_dir(dir, sizeof dir, "backbone");
+    if (missing)
+        return failures ? 1 : missing;
     DIR *dp = opendir(dir);
     if (!dp) {
-        printf("SKIP: reference folder %s missing (meson option reference_dir)\n", dir);
-        return failures ? 1 : 77;
+        printf("FAIL: cannot open %s\n", dir);
+        return 1;
     }
     struct dirent *de;
     int nets = 0;

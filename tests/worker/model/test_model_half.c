@@ -1136,11 +1136,11 @@ static int reference_main(int argc, char **argv)
         printf("FAIL: %s\n", pf_errmsg());
         return 1;
     }
+    char checked[1024];
+    int missing = ref_dir(checked, sizeof checked, "backbone");
+    if (missing)
+        return missing;
     const char *root = getenv("PFCPS_REFERENCE");
-    if (!root) {
-        printf("SKIP: PFCPS_REFERENCE not set\n");
-        return 77;
-    }
     const char *def[] = {"iresnet_tiny_1111_w8", "iresnet_small_2222_w16"};
     int n = argc > 3 ? argc - 3 : 2, skipped = 0, rc = 0;
     for (int i = 0; i < n; i++) {
