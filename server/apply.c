@@ -2,8 +2,8 @@
  *
  * `apply_threads` threads wait on one condition variable for a new generation of work: an apply (apply_start:
  * every push of a step, grouped by row, rows split evenly among the threads; the progress thread goes on
- * receiving meanwhile) or a gather (pss_gather_begin: a batch of pull replies cut into ~64 KiB pieces that the
- * threads and the progress thread claim from one atomic counter). pss_try_apply, on the progress thread,
+ * receiving meanwhile) or a gather (pss_gather_begin: a batch of pull replies cut into ~64 KiB pieces that
+ * the threads and the progress thread claim from one atomic counter). pss_try_apply, on the progress thread,
  * decides which step to apply next (local mode: the oldest step whose W pushes are all in; global mode: the
  * oldest complete push), finishes an apply once its threads are done, advances the step clock and starts the
  * snapshots the workers asked for. See ps_server.h for the semantics. */
@@ -63,11 +63,11 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
     }
 }
 
-/* Claims pieces of gather batch `batch` one at a time (lowest first) and gathers their rows, until none is left
- * or job `until`'s pieces are all claimed (UINT32_MAX: until none is left). A claim is a compare-and-swap on
- * S->gclaim that also checks the batch, so a thread that woke for an earlier batch claims nothing of a later
- * one it did not read. The batch's jobs stay put until every piece is gathered (serve_pending waits for
- * that). Returns the rows this call gathered. */
+/* Claims pieces of gather batch `batch` one at a time (lowest first) and gathers their rows, until none is
+ * left or job `until`'s pieces are all claimed (UINT32_MAX: until none is left). A claim is a
+ * compare-and-swap on S->gclaim that also checks the batch, so a thread that woke for an earlier batch claims
+ * nothing of a later one it did not read. The batch's jobs stay put until every piece is gathered
+ * (pss_gather_job waits for that). Returns the rows this call gathered. */
 static long long gather_pieces(ps_server *S, uint32_t batch, uint32_t until)
 {
     long long rows = 0;
@@ -340,7 +340,7 @@ static int64_t min_applied(const ps_server *S)
     return m;
 }
 
-/* Runs on the progress thread after every batch of messages (and from apply_drain). Finishes the running
+/* Runs on the progress thread after every batch of messages (and from pss_apply_drain). Finishes the running
  * apply once its threads are done and returns 1, so the caller serves the pulls that waited for it before
  * the next apply starts; otherwise starts the next apply that is ready and returns 0. Local mode (BSP/SSP):
  * the oldest step whose W pushes are all in, and a snapshot after a step flagged PS_PUSH_SNAPSHOT (started

@@ -32,7 +32,8 @@ static void send_batch(ps_server *S, int nb)
             pss_gather_job(S, batch, it->job);
         pending *p = it->p;
         uint8_t *buf = S->send_mem + (size_t)it->buf * S->msg_bytes;
-        int rc = fab_send(S->fab, S->worker_addr[p->req.client], buf, it->len, &S->mr_send, &S->send_ctx[it->buf]);
+        int rc =
+            fab_send(S->fab, S->worker_addr[p->req.client], buf, it->len, &S->mr_send, &S->send_ctx[it->buf]);
         if (rc < 0) {
             log_error("reply to worker %d: %s", p->req.client, pf_errmsg());
             S->send_free[S->nsend_free++] = it->buf;
@@ -137,18 +138,16 @@ static void *progress_main(void *arg)
     return NULL;
 }
 
-
 /* ---------- lifecycle ---------- */
 
 /* Logs the shard's size and the memory room the cgroup leaves. */
 static void log_shard(const ps_server *S)
 {
     const ps_server_opts *o = &S->o;
-    log_info(
-        "shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum, 1-byte "
-        "row state, 8 bytes of apply bookkeeping), %.3f GiB total (page-aligned)",
-        o->rank, o->servers, (long long)S->sh.rows, (long long)o->num_classes, o->dim, 8 * o->dim + 9,
-        (double)(S->sh.bytes + 9 * (size_t)S->sh.rows) / (1 << 30));
+    log_info("shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum, 1-byte "
+             "row state, 8 bytes of apply bookkeeping), %.3f GiB total (page-aligned)",
+             o->rank, o->servers, (long long)S->sh.rows, (long long)o->num_classes, o->dim, 8 * o->dim + 9,
+             (double)(S->sh.bytes + 9 * (size_t)S->sh.rows) / (1 << 30));
     size_t cg_limit = SIZE_MAX, cg_room = shard_cgroup_room(&cg_limit);
     if (cg_room == SIZE_MAX)
         log_info("memory: no cgroup memory limit applies; the shard was checked against MemAvailable");
@@ -230,7 +229,7 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
         return rc;
     }
     S->nsend = S->o.recv_bufs; /* pss_apply_init sizes the gather batches by the send buffers */
-    /* pss_apply_init first: it sets up the pool's mutex, which ps_server_destroy uses on any failure below. */
+    /* pss_apply_init first: it sets up the pool's mutex, which ps_server_destroy uses on a failure below. */
     if ((rc = pss_apply_init(S)) < 0 || (rc = pss_request_init(S)) < 0 || (rc = transport_alloc(S)) < 0)
         goto fail;
     log_shard(S);

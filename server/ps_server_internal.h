@@ -44,7 +44,7 @@ typedef struct push {
     chunk **slot; /* [nchunks]: chunk i, or NULL until it came */
 } push;
 
-/* One pull reply of a batch being gathered (serve_pending): its rows are gathered in pieces of
+/* One pull reply of a batch being gathered (serve_pending, ps_server.c): its rows are gathered in pieces of
  * gpiece_rows rows by the progress thread and the apply threads together. */
 typedef struct gjob {
     const int64_t *ids;
@@ -54,7 +54,7 @@ typedef struct gjob {
     atomic_uint done;       /* pieces gathered */
 } gjob;
 
-/* One reply of the batch serve_pending sends. */
+/* One reply of the batch serve_pending (ps_server.c) sends. */
 typedef struct sitem {
     struct pending *p;
     int buf;
@@ -119,11 +119,11 @@ struct ps_server {
     int nathreads;
     uint64_t agen;
     int aremaining, aquit;
-    entry *ae;        /* [acap]: the step's entries */
-    uint32_t *aseg;   /* [acap]: first entry of each row to update */
+    entry *ae;      /* [acap]: the step's entries */
+    uint32_t *aseg; /* [acap]: first entry of each row to update */
     size_t anseg, acap;
-    uint32_t *amark;  /* [local rows]: apply generation that last saw the row */
-    uint32_t *ahead;  /* [local rows]: first entry of the row in that apply */
+    uint32_t *amark; /* [local rows]: apply generation that last saw the row */
+    uint32_t *ahead; /* [local rows]: first entry of the row in that apply */
     uint32_t agen_rows;
     /* pools: nothing is allocated per message once a step's worth of buffers exists */
     size_t chunk_cap; /* rows a pooled chunk (and a pending's ids) holds: the most any message carries */
@@ -142,9 +142,9 @@ struct ps_server {
     uint32_t gbatch_wake;         /* the batch the apply threads were last woken for (under am) */
     _Atomic uint64_t gclaim;
     atomic_llong st_par_rows; /* rows gathered by the apply threads (the rest by the progress thread) */
-    int applying;       /* an apply's threads are running (apply_start .. apply_finish) */
-    int64_t apply_t;    /* the step being applied */
-    int apply_snap;     /* local mode: a push of it asked for a snapshot */
+    int applying;             /* an apply's threads are running (apply_start .. apply_finish) */
+    int64_t apply_t;          /* the step being applied */
+    int apply_snap;           /* local mode: a push of it asked for a snapshot */
 };
 
 /* ---------- request.c: requests, replies, the step clock ---------- */

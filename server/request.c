@@ -1,5 +1,5 @@
-/* Parameter server: request handling. Validates every pull, push, stat and checksum message (a bad one gets an
- * error reply naming the problem and changes nothing; one from outside the run is dropped and counted),
+/* Parameter server: request handling. Validates every pull, push, stat and checksum message (a bad one gets
+ * an error reply naming the problem and changes nothing; one from outside the run is dropped and counted),
  * collects push chunks into complete pushes for the applies (apply.c), keeps the step clock that decides when
  * a reply may go (pss_reply_ready), and writes the replies (pss_reply_build) that the transport
  * (ps_server.c) sends. Progress thread only. See ps_server.h for the semantics and proto/ps_wire.h for the
@@ -85,7 +85,8 @@ int pss_reply_ready(const ps_server *S, const pending *p)
          * steps_done >= t - 1 - max_staleness (local mode; with max_staleness 0, step t - 2 is applied) or
          * the worker's own applied steps >= t - 1 (global mode). So at most about two steps of pushes wait
          * for the apply threads, even from a worker that only pushes. */
-        int64_t applied = S->o.global_mode ? S->applied_push[p->req.client] : S->steps_done + S->o.max_staleness;
+        int64_t applied =
+            S->o.global_mode ? S->applied_push[p->req.client] : S->steps_done + S->o.max_staleness;
         return p->req.step <= applied + 1;
     }
     if (p->status != 0 || p->req.op != PS_OP_PULL)
@@ -164,7 +165,7 @@ static void handle_pull(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
     pending *p = pend_get(S);
     if (!p)
         return reply_error(S, h, -ENOMEM, "out of memory queueing a pull");
-    memcpy(p->ids, payload, plen); /* h->n <= rows per message <= chunk_cap: checked by handle_msg */
+    memcpy(p->ids, payload, plen); /* h->n <= rows per message <= chunk_cap: checked by pss_handle_msg */
     if (shard_check_ids(&S->sh, p->ids, h->n) < 0) {
         snprintf(msg, sizeof(msg), "%s", pf_errmsg());
         pss_pend_put(S, p);
@@ -238,7 +239,8 @@ static int chunk_new(ps_server *S, const ps_hdr *h, const uint8_t *payload, chun
         return -ENOMEM;
     }
     c->n = h->n;
-    memcpy(c->ids, payload, (size_t)h->n * sizeof(int64_t)); /* h->n <= chunk_cap: checked by handle_msg */
+    /* h->n <= chunk_cap: checked by pss_handle_msg */
+    memcpy(c->ids, payload, (size_t)h->n * sizeof(int64_t));
     if (shard_check_ids(&S->sh, c->ids, h->n) < 0) {
         snprintf(msg, msglen, "%s", pf_errmsg());
         chunk_put(S, c);
@@ -251,7 +253,8 @@ static int chunk_new(ps_server *S, const ps_hdr *h, const uint8_t *payload, chun
 /* Converts the payload's gradients (after the n ids; fp32, fp16 or bf16 as h->dtype says) into c->grads. */
 static void chunk_fill_grads(const ps_server *S, const ps_hdr *h, const uint8_t *payload, chunk *c)
 {
-    ps_rows_decode(c->grads, payload + (size_t)h->n * sizeof(int64_t), (size_t)h->n * (size_t)S->sh.dim, h->dtype);
+    ps_rows_decode(c->grads, payload + (size_t)h->n * sizeof(int64_t), (size_t)h->n * (size_t)S->sh.dim,
+                   h->dtype);
 }
 
 /* A new push in progress for the header's worker and step, registered in S->partial. Returns NULL on out of
