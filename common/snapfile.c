@@ -60,7 +60,7 @@ static void meta_to_pb(const snapfile_meta *m, Pfcps__SnapshotHeader *h)
 {
     pfcps__snapshot_header__init(h);
     h->format_version = SNAPFILE_VERSION;
-    h->shard_id = m->id;
+    h->shard_id = m->rank;
     h->num_servers = m->servers;
     h->num_workers = m->workers;
     h->num_classes = m->num_classes;
@@ -71,7 +71,7 @@ static void meta_to_pb(const snapfile_meta *m, Pfcps__SnapshotHeader *h)
     h->payload_sha256.data = (uint8_t *)m->sha256;
     h->payload_sha256.len = 32;
     h->rows = m->rows;
-    h->kind = (char *)m->kind;
+    h->kind = (char *)m->role;
     h->seed = m->seed;
     h->block_rows = m->block_rows;
 }
@@ -120,7 +120,7 @@ static int meta_from_pb(snapfile_reader *r, const Pfcps__SnapshotHeader *h, int6
         return pf_err(-EINVAL, "%s: format version %u (this build reads %d)", r->name, h->format_version,
                       SNAPFILE_VERSION);
     if (!h->kind || (strcmp(h->kind, "shard") && strcmp(h->kind, "worker")))
-        return pf_err(-EINVAL, "%s: unknown kind '%s'", r->name, h->kind ? h->kind : "");
+        return pf_err(-EINVAL, "%s: unknown role '%s'", r->name, h->kind ? h->kind : "");
     if (!h->dtype || strcmp(h->dtype, "fp32"))
         return pf_err(-EINVAL, "%s: dtype '%s' (this build reads fp32)", r->name, h->dtype ? h->dtype : "");
     if (h->payload_sha256.len != 32)
@@ -133,8 +133,8 @@ static int meta_from_pb(snapfile_reader *r, const Pfcps__SnapshotHeader *h, int6
                       r->name, (long long)size, (unsigned long long)h->payload_bytes, SNAPFILE_HDR_AREA,
                       (int64_t)h->payload_bytes > size - SNAPFILE_HDR_AREA ? "truncated" : "trailing bytes");
     memset(m, 0, sizeof *m);
-    snprintf(m->kind, sizeof m->kind, "%s", h->kind);
-    m->id = h->shard_id;
+    snprintf(m->role, sizeof m->role, "%s", h->kind);
+    m->rank = h->shard_id;
     m->servers = h->num_servers;
     m->workers = h->num_workers;
     m->dim = h->embedding_size;

@@ -1,4 +1,5 @@
-/* Checkpoint files: the container every checkpoint member writes (a server's shard, a worker's state).
+/* Snapfiles: the container of every .snap member file of a checkpoint (a server's shard file, a worker's
+ * state; names: common/ckpt.h).
  *
  * Layout: bytes [0, 4096) hold the magic "PFCPSNP1", a u32 little-endian header length, the header (a
  * protobuf SnapshotHeader, proto/ctl.proto), the SHA-256 of the header bytes, zero padding; the payload
@@ -24,8 +25,8 @@
 
 /* The header's fields (SnapshotHeader). */
 typedef struct snapfile_meta {
-    char kind[16];          /* "shard" or "worker" */
-    int32_t id;             /* server rank (shard) or worker rank (worker) */
+    char role[16];          /* "shard" or "worker" (header field kind) */
+    int32_t rank;           /* server rank (shard) or worker rank (worker) (header field shard_id) */
     int32_t servers;        /* S of the run that wrote it */
     int32_t workers;        /* W of the run that wrote it */
     int32_t dim;            /* D */
@@ -70,7 +71,7 @@ typedef struct snapfile_reader {
     char name[512];
 } snapfile_reader;
 
-/* Opens `path` and checks its header: magic, header length, protobuf, format version, kind known, sizes
+/* Opens `path` and checks its header: magic, header length, protobuf, format version, role known, sizes
  * non-negative, and file size == 4096 + payload_bytes. Returns 0 (r->m filled; read the payload with
  * snapfile_read), or -ENOENT / -EINVAL with "<path>: <problem>" in pf_errmsg(). */
 int snapfile_open(snapfile_reader *r, const char *path);

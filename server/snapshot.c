@@ -139,7 +139,7 @@ static void *writer_main(void *arg)
         }
     }
     if (writing) {
-        snapfile_meta m = {.id = sh->rank,
+        snapfile_meta m = {.rank = sh->rank,
                            .servers = sh->servers,
                            .dim = sh->dim,
                            .num_classes = sh->num_classes,
@@ -147,7 +147,7 @@ static void *writer_main(void *arg)
                            .rows = sh->rows,
                            .block_rows = j->block_rows,
                            .seed = sh->seed};
-        snprintf(m.kind, sizeof m.kind, "shard");
+        snprintf(m.role, sizeof m.role, "shard");
         rc = snapfile_commit(&w, &m);
     } else if (created) {
         snapfile_abort(&w);
@@ -283,12 +283,12 @@ static int shard_files(const char *root, int64_t step, int *old_servers)
 /* Checks a shard file's header against what the run expects. */
 static int check_meta(const snapfile_meta *m, const char *path, int64_t step, int s, int S0, int64_t C, int D)
 {
-    if (strcmp(m->kind, "shard"))
-        return pf_err(-EINVAL, "%s: a '%s' file, not a shard", path, m->kind);
-    if (m->step != step || m->id != s || m->servers != S0)
+    if (strcmp(m->role, "shard"))
+        return pf_err(-EINVAL, "%s: a '%s' file, not a shard", path, m->role);
+    if (m->step != step || m->rank != s || m->servers != S0)
         return pf_err(-EINVAL,
                       "%s: header says step %lld, shard %d of %d (file name says step %lld, %d of %d)", path,
-                      (long long)m->step, m->id, m->servers, (long long)step, s, S0);
+                      (long long)m->step, m->rank, m->servers, (long long)step, s, S0);
     if (m->num_classes != C || m->dim != D)
         return pf_err(-EINVAL, "%s: written for C=%lld D=%d, this run has C=%lld D=%d", path,
                       (long long)m->num_classes, m->dim, (long long)C, D);

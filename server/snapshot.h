@@ -1,5 +1,5 @@
-/* Shard snapshots: a point-in-time copy of a server's shard written while the server keeps serving, and its
- * load at resume (DESIGN.md §4).
+/* Shard snapshots: a server's shard file of a checkpoint (names: common/ckpt.h), a point-in-time copy of its
+ * shard written while the server keeps serving, and its load at resume (DESIGN.md §4).
  *
  * Writing (copy-on-update by row block, never fork(): the table is registered memory): the shard's rows are
  * cut into blocks of `block_rows` rows. A writer thread saves the blocks in order; an apply thread that is
@@ -8,7 +8,7 @@
  * snapshot began, whatever pushes arrive meanwhile. A row never generated yet (shard.h: rows are created on
  * first touch) is saved with its initial value, computed into the copy, never into the table.
  *
- * File: common/snapfile.h container, kind "shard", payload block by block: the block's weights (n x D fp32)
+ * File: common/snapfile.h container, role "shard", payload block by block: the block's weights (n x D fp32)
  * then its momentum (n x D fp32). Written to <root>/step-<T>/shard-<s>-of-<S>.snap with temp + fsync + rename
  * + folder fsync; progress (rows, MB/s) is logged every ~2 s and at the end.
  *
@@ -48,7 +48,7 @@ int snap_finish(snap_job *j);
  * one, and step folders left empty. Never touches the checkpoint `protect` (the one just written). */
 void snap_prune(const char *root, int rank, int keep, int64_t protect);
 
-/* Checks that checkpoint `step` under root can be loaded into shard `rank` of `servers` for C classes of
+/* Checks that checkpoint `step` under root is usable by shard `rank` of `servers` for C classes of
  * dimension D: every file it needs (all shard-<i>-of-<S0>.snap of one S0) is present, names the same S0, C, D
  * and step, and its payload hashes right. Returns 0 (with *old_servers = S0), or a negative code with the
  * first problem (file and what is wrong) in pf_errmsg(). */

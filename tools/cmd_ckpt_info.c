@@ -62,8 +62,8 @@ static int table_digest(const char *root, int64_t step, int S0, uint8_t d[32], l
             break;
         opened = s + 1;
         const snapfile_meta *m = &in[s].r.m;
-        if (strcmp(m->kind, "shard") || m->id != s || m->servers != S0 || m->step != step)
-            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", p, m->kind, m->id, m->servers,
+        if (strcmp(m->role, "shard") || m->rank != s || m->servers != S0 || m->step != step)
+            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", p, m->role, m->rank, m->servers,
                         (long long)m->step);
         else if (C >= 0 && (m->num_classes != C || m->dim != D))
             rc = pf_err(-EINVAL, "%s: C=%lld D=%d, shard 0 says C=%lld D=%d", p, (long long)m->num_classes,
@@ -149,8 +149,8 @@ static int workers_check(const char *root, int64_t step, int *W0, int *present, 
         const snapfile_meta *m = &rd.m;
         uint32_t nsc = 0;
         uint8_t recorded[32], md[32];
-        if (strcmp(m->kind, "worker") || m->id != w || m->workers != of || m->step != step)
-            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", sp, m->kind, m->id, m->workers,
+        if (strcmp(m->role, "worker") || m->rank != w || m->workers != of || m->step != step)
+            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", sp, m->role, m->rank, m->workers,
                         (long long)m->step);
         /* payload: u32 count, count x 32-byte scalars (worker/resume.h), the .model's SHA-256, the arrays */
         if (rc == 0)

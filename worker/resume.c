@@ -110,8 +110,8 @@ int wresume_save(const char *root, int64_t step, int rank, int W, const model *m
         unlink(mpath); /* half a pair is no checkpoint: do not leave it taking space */
         return rc;
     }
-    snapfile_meta meta = {.id = rank, .workers = W, .step = step, .rows = (int64_t)nparams};
-    snprintf(meta.kind, sizeof meta.kind, "worker");
+    snapfile_meta meta = {.rank = rank, .workers = W, .step = step, .rows = (int64_t)nparams};
+    snprintf(meta.role, sizeof meta.role, "worker");
     if ((rc = snapfile_commit(&w, &meta)) < 0)
         unlink(mpath);
     return rc;
@@ -129,12 +129,12 @@ static int open_pair(const char *root, int64_t step, int r, int W, snapfile_read
         return rc;
     const snapfile_meta *m = &rd->m;
     uint32_t n = 0;
-    if (strcmp(m->kind, "worker"))
-        rc = pf_err(-EINVAL, "%s: a '%s' file, not a worker checkpoint", spath, m->kind);
-    else if (m->step != step || m->id != r || m->workers != W)
+    if (strcmp(m->role, "worker"))
+        rc = pf_err(-EINVAL, "%s: a '%s' file, not a worker checkpoint", spath, m->role);
+    else if (m->step != step || m->rank != r || m->workers != W)
         rc =
             pf_err(-EINVAL, "%s: header says step %lld, worker %d of %d (file name says step %lld, %d of %d)",
-                   spath, (long long)m->step, m->id, m->workers, (long long)step, r, W);
+                   spath, (long long)m->step, m->rank, m->workers, (long long)step, r, W);
     if (rc == 0)
         rc = snapfile_read(rd, &n, 4);
     if (rc == 0 && n > WRESUME_MAX_SCALARS)

@@ -1,7 +1,7 @@
-/* A worker's part of a checkpoint (common/ckpt.h): everything it needs to continue exactly where checkpoint
- * step T left off, in two files under <root>/step-<T>/:
- *   worker-<w>-of-<W>.model  the backbone with its BN running statistics (model_save_ex), loadable by users
- *   worker-<w>-of-<W>.snap   common/snapfile.h container, kind "worker", rows = parameter count; payload:
+/* A worker's part of a checkpoint, its worker files (names: common/ckpt.h): everything it needs to continue
+ * exactly where checkpoint step T left off, in two member files in the step folder <root>/step-<T>/:
+ *   worker-<w>-of-<W>.model  the backbone file with its BN statistics (model_save_ex), loadable by users
+ *   worker-<w>-of-<W>.snap   common/snapfile.h container, role "worker", rows = parameter count; payload:
  *                            u32 count, count x (char name[24], u64 value) scalars (doubles stored by their
  *                            bits), the SHA-256 of the .model file (binding the pair), then the optimizer
  * state as fp32 arrays of `rows` elements: SGD momentum, or AdamW's first and second moment. The scalars:
@@ -9,7 +9,7 @@
  * needed: the data order, flips and Partial FC sampling are functions of (seed, epoch, step), so the loader
  * restarts at batch T mod steps_per_epoch of epoch T div steps_per_epoch. Every worker writes its own pair
  * (all workers hold the same backbone and optimizer state); a resume with W' workers reads worker (w mod
- * W)'s. */
+ * W)'s. The .snap binds the .model by its digest: the two are one pair. */
 #ifndef PFCPS_WORKER_RESUME_H
 #define PFCPS_WORKER_RESUME_H
 
@@ -36,15 +36,15 @@ void wresume_set_f64(wresume_state *st, const char *name, double v);
 int wresume_get_i64(const wresume_state *st, const char *name, int64_t *v);
 int wresume_get_f64(const wresume_state *st, const char *name, double *v);
 
-/* Writes worker `rank` of W's pair for checkpoint `step` under root: the backbone of m (with the model extras
- * x[0..nx)), then the .snap with st and the optimizer arrays arrays[0..narrays) of nparams floats each (host
- * memory). Both files follow the temp + fsync + rename discipline. Returns 0 or -EIO / -ENOMEM naming the
- * file; a failure leaves earlier checkpoints untouched. */
+/* Writes worker `rank` of W's worker files (the pair) for checkpoint `step` under root: the backbone of m
+ * (with the model extras x[0..nx)), then the .snap with st and the optimizer arrays arrays[0..narrays) of
+ * nparams floats each (host memory). Both files follow the temp + fsync + rename discipline. Returns 0 or
+ * -EIO / -ENOMEM naming the file; a failure leaves earlier checkpoints untouched. */
 int wresume_save(const char *root, int64_t step, int rank, int W, const model *m, const model_extra *x,
                  int nx, const wresume_state *st, const float *const *arrays, int narrays, size_t nparams);
 
-/* Checks that checkpoint `step` under root holds a pair this worker (rank of W) can load: worker
- * (rank mod W0)'s files, W0 the writers' count, the .snap verified whole, the .model's digest matching.
+/* Checks that checkpoint `step` under root is usable by this worker (rank of W): it holds the worker files of
+ * worker (rank mod W0), W0 the writers' count, the .snap verified whole, the .model's digest matching.
  * Returns 0 (with *src_rank, *src_W the pair used), or a negative code naming the file and the problem. */
 int wresume_check(const char *root, int64_t step, int rank, int W, int *src_rank, int *src_W);
 

@@ -138,7 +138,8 @@ int model_num_buffer_tensors(const model *m);
 const model_tensor *model_buffer_tensor_at(const model *m, int i);
 float *model_buffer(model *m, const char *name, size_t *count);
 
-/* Checkpoint of parameters + running statistics, written to path.tmp, fsync'd, renamed. The
+/* The backbone file (a backbone checkpoint: model.ckpt, a worker's .model member file; names: common/ckpt.h):
+ * parameters + running statistics, written to path.tmp, fsync'd, renamed. The
  * arrays are read from the device through a host copy.
  * Layout (little-endian):
  *   magic "PFCPSBB1" (8) | u32 version=2 | u32 embedding_size | u32 n_tensors | u32 n_extras
@@ -152,7 +153,7 @@ float *model_buffer(model *m, const char *name, size_t *count);
  * Returns 0, -EIO (write failed, errno text in pf_errmsg), or the device's error. */
 int model_save(const model *m, const char *path);
 
-/* Loads a checkpoint written by model_save / model_save_ex (version 1 or 2) into m; extras in the
+/* Loads a backbone file written by model_save / model_save_ex (version 1 or 2) into m; extras in the
  * file are verified and ignored. The whole file is read and verified (magic, version, network
  * name, D, every tensor name/shape/dtype against m's layout, sizes, checksum, extras table) before
  * anything in m changes: a corrupt or mismatched file is refused with -EINVAL (layout mismatch),
