@@ -13,7 +13,7 @@
 #    about (the lr schedule ends early).
 #  - TensorBoard: the tensorboard package reads back loss and learning_rate at every logged step with the
 #    values of training.log, and the set's accuracy at every verification (skipped, exit 77, without
-#    PFCPS_PYTHON / tensorboard; everything else is checked first).
+#    PFCPS_PYTHON / tensorboard, a failure under PFCPS_REQUIRE_REFERENCES=1; everything else is checked first).
 source "$(dirname "$0")/cluster.sh" "$@"
 
 pack_orl 4
@@ -96,11 +96,10 @@ awk -v c="$c1" -v b="$b1" 'BEGIN {exit !(c < b)}' ||
   fail "the first loss from the trained backbone ($c1) is not below the random initialisation's ($b1)"
 echo "pretrained: model.ckpt and safetensors start identically; first loss $c1 vs $b1 from scratch"
 
-py=${PFCPS_PYTHON:-}
-if [ -z "$py" ] || ! "$py" -c "import tensorboard" 2>/dev/null; then
-  echo "SKIP: TensorBoard check: PFCPS_PYTHON is unset or lacks the tensorboard package (tests/pyenv.sh)"
-  exit 77
-fi
+# SKIP, or FAIL under PFCPS_REQUIRE_REFERENCES=1, without PFCPS_PYTHON / tensorboard (tests/reference/skip.sh)
+. "$SRC/tests/reference/skip.sh"
+ref_python tensorboard
+py=$PFCPS_PYTHON
 "$py" - "$TMP/a/tensorboard" "$log" <<'PY' || fail "TensorBoard events do not match training.log"
 import re, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
