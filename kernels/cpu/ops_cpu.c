@@ -156,6 +156,24 @@ static void conv_mds(const ops_conv_shape *s, dnnl_memory_desc_t *src, dnnl_memo
     }
 }
 
+/* A convolution's memory descriptors, in the plain layouts (u: the caller's) and in "any" layout (a: oneDNN
+ * picks), and its strides and paddings; the right padding makes the output size exactly OH x OW (PyTorch
+ * drops the remainder). */
+typedef struct conv_geom {
+    dnnl_memory_desc_t su, wu, du, sa, wa, da;
+    dnnl_dims_t strides, pad, padr;
+} conv_geom;
+
+static void conv_geom_of(const ops_conv_shape *s, conv_geom *g)
+{
+    conv_mds(s, &g->su, &g->wu, &g->du, 0);
+    conv_mds(s, &g->sa, &g->wa, &g->da, 1);
+    g->strides[0] = g->strides[1] = s->stride;
+    g->pad[0] = g->pad[1] = s->pad;
+    g->padr[0] = (s->OH - 1) * s->stride + s->K - s->H - s->pad;
+    g->padr[1] = (s->OW - 1) * s->stride + s->K - s->W - s->pad;
+}
+
 /* Releases what conv_build_fwd/bwd made (conv_cache_fns.release). */
 static void conv_entry_release(void *entry)
 {
@@ -181,23 +199,17 @@ static int conv_build_fwd(void *dev, void *entry, const ops_conv_shape *shape)
     ops_ctx *c = dev;
     conv_entry *e = entry;
     e->s = *shape;
-    const ops_conv_shape *s = &e->s;
-    dnnl_memory_desc_t su, wu, du, sa, wa, da;
-    conv_mds(s, &su, &wu, &du, 0);
-    conv_mds(s, &sa, &wa, &da, 1);
-    dnnl_dims_t strides = {s->stride, s->stride}, pad = {s->pad, s->pad};
-    /* Right padding so that the output size is exactly OH (PyTorch drops the remainder). */
-    dnnl_dims_t padr = {(s->OH - 1) * s->stride + s->K - s->H - s->pad,
-                        (s->OW - 1) * s->stride + s->K - s->W - s->pad};
+    conv_geom g;
+    conv_geom_of(&e->s, &g);
     dnnl_convolution_desc_t cd;
-    DN(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &sa, &wa, NULL,
-                                          &da, strides, pad, padr));
+    DN(dnnl_convolution_forward_desc_init(&cd, dnnl_forward_training, dnnl_convolution_direct, &g.sa, &g.wa,
+                                          NULL, &g.da, g.strides, g.pad, g.padr));
     DN(dnnl_primitive_desc_create(&e->fwd_pd, &cd, NULL, c->eng, NULL));
     DN(dnnl_primitive_create(&e->fwd, e->fwd_pd));
     int rc;
-    if ((rc = slot_make(c, &e->f_src, &su, QMD(e->fwd_pd, dnnl_query_src_md), 0)) ||
-        (rc = slot_make(c, &e->f_wei, &wu, QMD(e->fwd_pd, dnnl_query_weights_md), 0)) ||
-        (rc = slot_make(c, &e->f_dst, &du, QMD(e->fwd_pd, dnnl_query_dst_md), 1)))
+    if ((rc = slot_make(c, &e->f_src, &g.su, QMD(e->fwd_pd, dnnl_query_src_md), 0)) ||
+        (rc = slot_make(c, &e->f_wei, &g.wu, QMD(e->fwd_pd, dnnl_query_weights_md), 0)) ||
+        (rc = slot_make(c, &e->f_dst, &g.du, QMD(e->fwd_pd, dnnl_query_dst_md), 1)))
         return rc;
     return 0;
 }
@@ -206,37 +218,32 @@ static int conv_build_bwd(void *dev, void *entry)
 {
     ops_ctx *c = dev;
     conv_entry *e = entry;
-    const ops_conv_shape *s = &e->s;
-    dnnl_memory_desc_t su, wu, du, sa, wa, da;
-    conv_mds(s, &su, &wu, &du, 0);
-    conv_mds(s, &sa, &wa, &da, 1);
-    dnnl_dims_t strides = {s->stride, s->stride}, pad = {s->pad, s->pad};
-    dnnl_dims_t padr = {(s->OH - 1) * s->stride + s->K - s->H - s->pad,
-                        (s->OW - 1) * s->stride + s->K - s->W - s->pad};
+    conv_geom g;
+    conv_geom_of(&e->s, &g);
     dnnl_convolution_desc_t cd;
     dnnl_primitive_desc_t pd;
     int rc;
 
-    DN(dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &sa, &wa, &da, strides, pad,
-                                                padr));
+    DN(dnnl_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &g.sa, &g.wa, &g.da, g.strides,
+                                                g.pad, g.padr));
     DN(dnnl_primitive_desc_create(&pd, &cd, NULL, c->eng, e->fwd_pd));
     dnnl_status_t st = dnnl_primitive_create(&e->bwd_data, pd);
-    if (st == dnnl_success && !(rc = slot_make(c, &e->d_dsrc, &su, QMD(pd, dnnl_query_diff_src_md), 1)) &&
-        !(rc = slot_make(c, &e->d_wei, &wu, QMD(pd, dnnl_query_weights_md), 0)))
-        rc = slot_make(c, &e->d_ddst, &du, QMD(pd, dnnl_query_diff_dst_md), 0);
+    if (st == dnnl_success && !(rc = slot_make(c, &e->d_dsrc, &g.su, QMD(pd, dnnl_query_diff_src_md), 1)) &&
+        !(rc = slot_make(c, &e->d_wei, &g.wu, QMD(pd, dnnl_query_weights_md), 0)))
+        rc = slot_make(c, &e->d_ddst, &g.du, QMD(pd, dnnl_query_diff_dst_md), 0);
     else if (st != dnnl_success)
         rc = pf_err(-EIO, "oneDNN convolution backward-data primitive: status %d", (int)st);
     dnnl_primitive_desc_destroy(pd);
     if (rc)
         return rc;
 
-    DN(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &sa, &wa, NULL, &da, strides,
-                                                   pad, padr));
+    DN(dnnl_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &g.sa, &g.wa, NULL, &g.da,
+                                                   g.strides, g.pad, g.padr));
     DN(dnnl_primitive_desc_create(&pd, &cd, NULL, c->eng, e->fwd_pd));
     st = dnnl_primitive_create(&e->bwd_w, pd);
-    if (st == dnnl_success && !(rc = slot_make(c, &e->w_src, &su, QMD(pd, dnnl_query_src_md), 0)) &&
-        !(rc = slot_make(c, &e->w_dwei, &wu, QMD(pd, dnnl_query_diff_weights_md), 1)))
-        rc = slot_make(c, &e->w_ddst, &du, QMD(pd, dnnl_query_diff_dst_md), 0);
+    if (st == dnnl_success && !(rc = slot_make(c, &e->w_src, &g.su, QMD(pd, dnnl_query_src_md), 0)) &&
+        !(rc = slot_make(c, &e->w_dwei, &g.wu, QMD(pd, dnnl_query_diff_weights_md), 1)))
+        rc = slot_make(c, &e->w_ddst, &g.du, QMD(pd, dnnl_query_diff_dst_md), 0);
     else if (st != dnnl_success)
         rc = pf_err(-EIO, "oneDNN convolution backward-weights primitive: status %d", (int)st);
     dnnl_primitive_desc_destroy(pd);
@@ -259,6 +266,22 @@ static int conv_get(ops_ctx *c, const ops_conv_shape *s, int need_bwd, conv_entr
     return rc;
 }
 
+/* Runs one of a convolution's primitives on two inputs and one output, each through its slot (slot_in
+ * reorders a caller's array into the primitive's layout when they differ, slot_out reorders the result
+ * back into dst), then waits for the stream. a0, a1, ao: the DNNL_ARG_* of each. */
+static int conv_run(ops_ctx *c, dnnl_primitive_t prim, slot *s0, int a0, const float *x0, slot *s1, int a1,
+                    const float *x1, slot *so, int ao, float *dst)
+{
+    int rc;
+    if ((rc = slot_in(c, s0, x0)) || (rc = slot_in(c, s1, x1)) || (rc = slot_bind(so, dst)))
+        return rc;
+    dnnl_exec_arg_t a[3] = {{a0, s0->prim}, {a1, s1->prim}, {ao, so->prim}};
+    if ((rc = exec(c, prim, 3, a)) || (rc = slot_out(c, so)))
+        return rc;
+    DN(dnnl_stream_wait(c->stream));
+    return 0;
+}
+
 static int cpu_conv_forward(ops_ctx *c, float *out, const float *inp, const float *weight,
                             const ops_conv_shape *s)
 {
@@ -266,15 +289,8 @@ static int cpu_conv_forward(ops_ctx *c, float *out, const float *inp, const floa
     int rc = conv_get(c, s, 0, &e);
     if (rc)
         return rc;
-    if ((rc = slot_in(c, &e->f_src, inp)) || (rc = slot_in(c, &e->f_wei, weight)) ||
-        (rc = slot_bind(&e->f_dst, out)))
-        return rc;
-    dnnl_exec_arg_t a[3] = {
-        {DNNL_ARG_SRC, e->f_src.prim}, {DNNL_ARG_WEIGHTS, e->f_wei.prim}, {DNNL_ARG_DST, e->f_dst.prim}};
-    if ((rc = exec(c, e->fwd, 3, a)) || (rc = slot_out(c, &e->f_dst)))
-        return rc;
-    DN(dnnl_stream_wait(c->stream));
-    return 0;
+    return conv_run(c, e->fwd, &e->f_src, DNNL_ARG_SRC, inp, &e->f_wei, DNNL_ARG_WEIGHTS, weight, &e->f_dst,
+                    DNNL_ARG_DST, out);
 }
 
 static int cpu_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, const float *dout,
@@ -289,15 +305,9 @@ static int cpu_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, c
         float *dst = dinp;
         if (acc && !(dst = scratch(c, &c->scratch, &c->scratch_cap, n)))
             return pf_err(-ENOMEM, "conv backward: out of memory for %zu floats", n);
-        if ((rc = slot_in(c, &e->d_ddst, dout)) || (rc = slot_in(c, &e->d_wei, weight)) ||
-            (rc = slot_bind(&e->d_dsrc, dst)))
+        if ((rc = conv_run(c, e->bwd_data, &e->d_ddst, DNNL_ARG_DIFF_DST, dout, &e->d_wei, DNNL_ARG_WEIGHTS,
+                           weight, &e->d_dsrc, DNNL_ARG_DIFF_SRC, dst)))
             return rc;
-        dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, e->d_ddst.prim},
-                                {DNNL_ARG_WEIGHTS, e->d_wei.prim},
-                                {DNNL_ARG_DIFF_SRC, e->d_dsrc.prim}};
-        if ((rc = exec(c, e->bwd_data, 3, a)) || (rc = slot_out(c, &e->d_dsrc)))
-            return rc;
-        DN(dnnl_stream_wait(c->stream));
         if (acc)
             add_into(dinp, dst, n);
     }
@@ -306,15 +316,9 @@ static int cpu_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, c
         float *dst = scratch(c, &c->scratch, &c->scratch_cap, n);
         if (!dst)
             return pf_err(-ENOMEM, "conv backward: out of memory for %zu floats", n);
-        if ((rc = slot_in(c, &e->w_ddst, dout)) || (rc = slot_in(c, &e->w_src, inp)) ||
-            (rc = slot_bind(&e->w_dwei, dst)))
+        if ((rc = conv_run(c, e->bwd_w, &e->w_ddst, DNNL_ARG_DIFF_DST, dout, &e->w_src, DNNL_ARG_SRC, inp,
+                           &e->w_dwei, DNNL_ARG_DIFF_WEIGHTS, dst)))
             return rc;
-        dnnl_exec_arg_t a[3] = {{DNNL_ARG_DIFF_DST, e->w_ddst.prim},
-                                {DNNL_ARG_SRC, e->w_src.prim},
-                                {DNNL_ARG_DIFF_WEIGHTS, e->w_dwei.prim}};
-        if ((rc = exec(c, e->bwd_w, 3, a)) || (rc = slot_out(c, &e->w_dwei)))
-            return rc;
-        DN(dnnl_stream_wait(c->stream));
         add_into(dweight, dst, n);
     }
     return 0;

@@ -176,7 +176,7 @@ static int cudnn_conv_get(conv_cache *cache, const cudnn_conv_cfg *g, const char
 }
 
 /* Frees every plan of the cache. */
-static void cudnn_conv_clear(conv_cache *cache)
+static inline void cudnn_conv_clear(conv_cache *cache)
 {
     const conv_cache_fns fns = {sizeof(cudnn_conv), cudnn_conv_build_fwd, cudnn_conv_build_bwd,
                                 cudnn_conv_release, "cuDNN conv"};

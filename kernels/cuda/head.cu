@@ -121,17 +121,22 @@ static int bad_check(const char *what, int64_t rows)
     return 0;
 }
 
+/* Before a gather / scatter of k rows of d in a table of `rows`: -EINVAL naming `what` on a bad shape, 1 when
+ * k is 0 (nothing to move), else bad_reset's 0 or error. */
+static int rows_begin(const char *what, int64_t k, int d, int64_t rows)
+{
+    if (k < 0 || d <= 0 || rows < 0)
+        return pf_err(-EINVAL, "%s: bad shape k %lld, d %d, rows %lld", what, (long long)k, d,
+                      (long long)rows);
+    return k == 0 ? 1 : bad_reset();
+}
+
 extern "C" int cuda_gather_rows(float *out, const float *table, int64_t rows, const int64_t *idx, int64_t k,
                                 int d)
 {
-    if (k < 0 || d <= 0 || rows < 0)
-        return pf_err(-EINVAL, "cuda_gather_rows: bad shape k %lld, d %d, rows %lld", (long long)k, d,
-                      (long long)rows);
-    if (k == 0)
-        return 0;
-    int rc = bad_reset();
+    int rc = rows_begin("cuda_gather_rows", k, d, rows);
     if (rc)
-        return rc;
+        return rc > 0 ? 0 : rc;
     gather_k<<<grid_for((size_t)k * d), 256>>>(out, table, rows, idx, k, d);
     LAUNCH_CHECK("gather_rows");
     return bad_check("cuda_gather_rows", rows);
@@ -140,14 +145,9 @@ extern "C" int cuda_gather_rows(float *out, const float *table, int64_t rows, co
 extern "C" int cuda_scatter_rows(float *table, int64_t rows, const float *src, const int64_t *idx, int64_t k,
                                  int d, int add)
 {
-    if (k < 0 || d <= 0 || rows < 0)
-        return pf_err(-EINVAL, "cuda_scatter_rows: bad shape k %lld, d %d, rows %lld", (long long)k, d,
-                      (long long)rows);
-    if (k == 0)
-        return 0;
-    int rc = bad_reset();
+    int rc = rows_begin("cuda_scatter_rows", k, d, rows);
     if (rc)
-        return rc;
+        return rc > 0 ? 0 : rc;
     scatter_k<<<grid_for((size_t)k * d), 256>>>(table, rows, src, idx, k, d, add);
     LAUNCH_CHECK("scatter_rows");
     return bad_check("cuda_scatter_rows", rows);
@@ -179,66 +179,61 @@ extern "C" int cuda_adamw_step(float *w, const float *grad, float *m, float *v, 
     return 0;
 }
 
-/* ---- fp16 / bf16 conversion ---- */
+/* ---- fp16 / bf16 conversion ----
+ * One grid-stride kernel and one launch for the four directions, each direction's element conversion a
+ * template argument (round to nearest even towards the 16-bit types, exact towards fp32). */
 
-static __global__ void f32_to_f16_k(uint16_t *out, const float *in, size_t n)
+static __device__ uint16_t to_f16(float x)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __half_as_ushort(__float2half_rn(in[i]));
+    return __half_as_ushort(__float2half_rn(x));
+}
+static __device__ float from_f16(uint16_t x)
+{
+    return __half2float(__ushort_as_half(x));
+}
+static __device__ uint16_t to_bf16(float x)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+static __device__ float from_bf16(uint16_t x)
+{
+    return __bfloat162float(__ushort_as_bfloat16(x));
 }
 
-static __global__ void f16_to_f32_k(float *out, const uint16_t *in, size_t n)
+template <typename O, typename I, O (*CV)(I)> static __global__ void convert_k(O *out, const I *in, size_t n)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __half2float(__ushort_as_half(in[i]));
+        out[i] = CV(in[i]);
 }
 
-static __global__ void f32_to_bf16_k(uint16_t *out, const float *in, size_t n)
+template <typename O, typename I, O (*CV)(I)>
+static int convert(O *out, const I *in, size_t n, const char *what)
 {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __bfloat16_as_ushort(__float2bfloat16_rn(in[i]));
-}
-
-static __global__ void bf16_to_f32_k(float *out, const uint16_t *in, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __bfloat162float(__ushort_as_bfloat16(in[i]));
+    if (!n)
+        return 0;
+    convert_k<O, I, CV><<<grid_for(n), 256>>>(out, in, n);
+    LAUNCH_CHECK(what);
+    return 0;
 }
 
 extern "C" int cuda_f32_to_f16(uint16_t *out, const float *in, size_t n)
 {
-    if (!n)
-        return 0;
-    f32_to_f16_k<<<grid_for(n), 256>>>(out, in, n);
-    LAUNCH_CHECK("f32_to_f16");
-    return 0;
+    return convert<uint16_t, float, to_f16>(out, in, n, "f32_to_f16");
 }
 
 extern "C" int cuda_f16_to_f32(float *out, const uint16_t *in, size_t n)
 {
-    if (!n)
-        return 0;
-    f16_to_f32_k<<<grid_for(n), 256>>>(out, in, n);
-    LAUNCH_CHECK("f16_to_f32");
-    return 0;
+    return convert<float, uint16_t, from_f16>(out, in, n, "f16_to_f32");
 }
 
 extern "C" int cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n)
 {
-    if (!n)
-        return 0;
-    f32_to_bf16_k<<<grid_for(n), 256>>>(out, in, n);
-    LAUNCH_CHECK("f32_to_bf16");
-    return 0;
+    return convert<uint16_t, float, to_bf16>(out, in, n, "f32_to_bf16");
 }
 
 extern "C" int cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n)
 {
-    if (!n)
-        return 0;
-    bf16_to_f32_k<<<grid_for(n), 256>>>(out, in, n);
-    LAUNCH_CHECK("bf16_to_f32");
-    return 0;
+    return convert<float, uint16_t, from_bf16>(out, in, n, "bf16_to_f32");
 }
 
 /* ---- loss scaling: unscale + non-finite check ---- */

@@ -1,17 +1,7 @@
 // Row-wise L2 normalization of embeddings / class centers, (n, d) fp32, one block per row.
 #include "kernels/cuda/cuda_ops.h"
 
-#include <cuda_runtime.h>
-#include <errno.h>
-
-extern "C" int pf_err(int code, const char *fmt, ...);
-
-#define CUDA_TRY(call)                                                                                       \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess)                                                                               \
-            return pf_err(-EIO, "%s failed: %s", #call, cudaGetErrorString(e_));                             \
-    } while (0)
+#include "kernels/cuda/cuda_check.h"
 
 static __global__ void l2_normalize_rows_kernel(float *out, const float *x, int d, float eps)
 {

@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cudnn_conv.cuh"
+#include "kernels/cuda/ops_cuda_ctx.cuh"
 
 #include <cublas_v2.h>
 #include <cudnn.h>
@@ -32,37 +33,19 @@ template <> struct elt<float> {
 
 #include "kernels/cuda/ops_launch.cuh"
 
-struct ops_ctx {
-    cudnnHandle_t dnn;
-    cublasHandle_t blas;
-    cudnnTensorDescriptor_t bn_x, bn_p; /* reset per batch-norm call */
-    conv_cache conv;
-    void *ws; /* convolution workspace, grown when a new shape needs more */
-    size_t ws_size;
-    float *scr; /* scratch for outputs a caller does not want (dinp NULL in BN backward) */
-    size_t scr_cap;
-    float *cscr; /* per-channel scratch: 4*C floats */
-    size_t cscr_cap;
-    int tf32;     /* PFCPS_CUDA_TF32=1: allow tensor-op (TF32) convolution algorithms */
-    int bn_exact; /* PFCPS_CUDA_BN=exact: BatchNorm2d in own float64-sum kernels, not cuDNN */
-    double *dscr; /* per-channel float64 scratch for the exact batch norm */
-    size_t dscr_cap;
-    double *sumsq_part; /* CUDA_SUMSQ_PARTIALS doubles for sumsq */
-};
-
-static int grow(float **buf, size_t *cap, size_t n)
+int cuda_grow(void **buf, size_t *cap, size_t bytes, const char *what)
 {
-    if (n <= *cap)
+    if (bytes <= *cap)
         return 0;
     cudaFree(*buf);
     *buf = NULL;
     *cap = 0;
-    cudaError_t e = cudaMalloc((void **)buf, n * sizeof(float));
+    cudaError_t e = cudaMalloc(buf, bytes);
     if (e != cudaSuccess) {
         *buf = NULL;
-        return pf_err(-ENOMEM, "CUDA scratch of %zu floats: %s", n, cudaGetErrorString(e));
+        return pf_err(-ENOMEM, "%s of %zu bytes: %s", what, bytes, cudaGetErrorString(e));
     }
-    *cap = n;
+    *cap = bytes;
     return 0;
 }
 
@@ -113,13 +96,83 @@ static int cuda_conv_backward(ops_ctx *c, float *dinp, int acc, float *dweight, 
 
 /* ---- batch normalization ---- */
 
-static int bn_descs(ops_ctx *c, int B, int C, int HW)
+int cuda_bn_check_shape(int B, int C, int HW)
 {
     if (B <= 0 || C <= 0 || HW <= 0)
         return pf_err(-EINVAL, "batchnorm shape B=%d C=%d HW=%d: sizes must be positive", B, C, HW);
-    CUDNN_TRY(cudnnSetTensor4dDescriptor(c->bn_x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, C, HW, 1));
+    return 0;
+}
+
+int cuda_bn_check_forward(int B, int C, int HW, const double *save_mean, const double *save_var,
+                          const float *running_mean, const float *running_var, float eps, int train)
+{
+    int rc = cuda_bn_check_shape(B, C, HW);
+    if (rc)
+        return rc;
+    if (train && (!save_mean || !save_var))
+        return pf_err(-EINVAL, "batchnorm training forward needs save_mean and save_var");
+    if (!train && (!running_mean || !running_var))
+        return pf_err(-EINVAL, "batchnorm eval forward needs running statistics");
+    if (!(eps > 0.0f))
+        return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    return 0;
+}
+
+int cuda_bn_check_backward(int B, int C, int HW, float eps, const void *dinp, const float *dweight,
+                           const float *dbias)
+{
+    int rc = cuda_bn_check_shape(B, C, HW);
+    if (rc)
+        return rc;
+    if (!dinp && !dweight && !dbias)
+        return 1;
+    if (!(eps > 0.0f))
+        return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+    return 0;
+}
+
+/* The batch-norm descriptors for (B, C, HW) activations of c->act_type. */
+static int bn_descs(ops_ctx *c, int B, int C, int HW)
+{
+    CUDNN_TRY(cudnnSetTensor4dDescriptor(c->bn_x, CUDNN_TENSOR_NCHW, c->act_type, B, C, HW, 1));
     CUDNN_TRY(cudnnDeriveBNTensorDescriptor(c->bn_p, c->bn_x, CUDNN_BATCHNORM_SPATIAL));
     return 0;
+}
+
+int cuda_cudnn_bn_forward(ops_ctx *c, void *out, const void *inp, const float *weight, const float *bias,
+                          float *running_mean, float *running_var, double *save_mean, double *save_var, int B,
+                          int C, int HW, float eps, float momentum, int train)
+{
+    int rc = bn_descs(c, B, C, HW);
+    if (rc)
+        return rc;
+    if (train && (rc = cuda_grow((void **)&c->cscr, &c->cscr_bytes, 4 * (size_t)C * sizeof(float),
+                                 "CUDA batch-norm channel scratch")))
+        return rc;
+    return cudnn_bn_forward(c->dnn, c->bn_x, c->bn_p, out, inp, weight, bias, running_mean, running_var,
+                            save_mean, save_var, C, eps, momentum, train, c->cscr);
+}
+
+int cuda_cudnn_bn_backward(ops_ctx *c, void *dinp, int acc, float *dweight, float *dbias, const void *dout,
+                           const void *inp, const float *weight, const double *save_mean,
+                           const double *save_var, int B, int C, int HW, float eps)
+{
+    int rc = bn_descs(c, B, C, HW);
+    if (rc)
+        return rc;
+    if ((rc = cuda_grow((void **)&c->cscr, &c->cscr_bytes, 4 * (size_t)C * sizeof(float),
+                        "CUDA batch-norm channel scratch")))
+        return rc;
+    void *dx = dinp;
+    if (!dx) {
+        size_t elt_bytes = c->act_type == CUDNN_DATA_FLOAT ? sizeof(float) : 2;
+        if ((rc = cuda_grow(&c->scr, &c->scr_bytes, (size_t)B * C * HW * elt_bytes,
+                            "CUDA batch-norm input-gradient scratch")))
+            return rc;
+        dx = c->scr;
+    }
+    return cudnn_bn_backward(c->dnn, c->bn_x, c->bn_p, dx, dinp && acc, dweight, dbias, dout, inp, weight,
+                             save_mean, save_var, C, eps, c->cscr);
 }
 
 /* BatchNorm1d (HW == 1): own kernels, one thread per channel, float64 sums as the CPU device
@@ -203,20 +256,9 @@ static __global__ void bnx_dx_k(float *dinp, int acc, const float *dy, const flo
     }
 }
 
-static int dgrow(ops_ctx *c, size_t n)
+int cuda_bn_scratch(ops_ctx *c, size_t n)
 {
-    if (n <= c->dscr_cap)
-        return 0;
-    cudaFree(c->dscr);
-    c->dscr = NULL;
-    c->dscr_cap = 0;
-    cudaError_t e = cudaMalloc((void **)&c->dscr, n * sizeof(double));
-    if (e != cudaSuccess) {
-        c->dscr = NULL;
-        return pf_err(-ENOMEM, "CUDA batch-norm scratch of %zu doubles: %s", n, cudaGetErrorString(e));
-    }
-    c->dscr_cap = n;
-    return 0;
+    return cuda_grow((void **)&c->dscr, &c->dscr_bytes, n * sizeof(double), "CUDA batch-norm scratch");
 }
 
 /* The launches are ops_launch.cuh's (T = float), shared with the half devices. */
@@ -225,7 +267,7 @@ static int bnx_forward(ops_ctx *c, float *out, double *save_mean, double *save_v
                        int C, int HW, float eps, float momentum, int train)
 {
     int rc;
-    if (train && (rc = dgrow(c, bn_exact_fwd_doubles(B, C))))
+    if (train && (rc = cuda_bn_scratch(c, bn_exact_fwd_doubles(B, C))))
         return rc;
     return bn_exact_forward<float>(c->dscr, "bn exact ", out, save_mean, save_var, inp, weight, bias,
                                    running_mean, running_var, B, C, HW, eps, momentum, train);
@@ -236,7 +278,7 @@ static int bnx_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float 
                         const double *save_var, int B, int C, int HW, float eps)
 {
     int rc;
-    if ((rc = dgrow(c, bn_exact_bwd_doubles(B, C))))
+    if ((rc = cuda_bn_scratch(c, bn_exact_bwd_doubles(B, C))))
         return rc;
     const double *coef = NULL;
     if ((rc = bn_exact_backward_sums<float>(c->dscr, "bn exact ", dweight, dbias, dout, inp, weight,
@@ -254,15 +296,9 @@ static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sa
                            const float *weight, const float *bias, float *running_mean, float *running_var,
                            int B, int C, int HW, float eps, float momentum, int train)
 {
-    int rc = bn_descs(c, B, C, HW);
+    int rc = cuda_bn_check_forward(B, C, HW, save_mean, save_var, running_mean, running_var, eps, train);
     if (rc)
         return rc;
-    if (train && (!save_mean || !save_var))
-        return pf_err(-EINVAL, "batchnorm training forward needs save_mean and save_var");
-    if (!train && (!running_mean || !running_var))
-        return pf_err(-EINVAL, "batchnorm eval forward needs running statistics");
-    if (!(eps > 0.0f))
-        return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
     if (c->bn_exact && HW > 1)
         return bnx_forward(c, out, save_mean, save_var, inp, weight, bias, running_mean, running_var, B, C,
                            HW, eps, momentum, train);
@@ -272,23 +308,17 @@ static int cuda_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sa
         LAUNCH_CHECK("bn1d_fwd");
         return 0;
     }
-    if (train && (rc = grow(&c->cscr, &c->cscr_cap, 4 * (size_t)C)))
-        return rc;
-    return cudnn_bn_forward(c->dnn, c->bn_x, c->bn_p, out, inp, weight, bias, running_mean, running_var,
-                            save_mean, save_var, C, eps, momentum, train, c->cscr);
+    return cuda_cudnn_bn_forward(c, out, inp, weight, bias, running_mean, running_var, save_mean, save_var, B,
+                                 C, HW, eps, momentum, train);
 }
 
 static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, float *dbias, const float *dout,
                             const float *inp, const float *weight, const double *save_mean,
                             const double *save_var, int B, int C, int HW, float eps)
 {
-    int rc = bn_descs(c, B, C, HW);
+    int rc = cuda_bn_check_backward(B, C, HW, eps, dinp, dweight, dbias);
     if (rc)
-        return rc;
-    if (!dinp && !dweight && !dbias)
-        return 0;
-    if (!(eps > 0.0f))
-        return pf_err(-EINVAL, "batchnorm eps %g must be positive", (double)eps);
+        return rc > 0 ? 0 : rc;
     if (c->bn_exact && HW > 1)
         return bnx_backward(c, dinp, acc, dweight, dbias, dout, inp, weight, save_mean, save_var, B, C, HW,
                             eps);
@@ -298,16 +328,8 @@ static int cuda_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, fl
         LAUNCH_CHECK("bn1d_bwd");
         return 0;
     }
-    if ((rc = grow(&c->cscr, &c->cscr_cap, 4 * (size_t)C)))
-        return rc;
-    float *dx = dinp;
-    if (!dx) {
-        if ((rc = grow(&c->scr, &c->scr_cap, (size_t)B * C * HW)))
-            return rc;
-        dx = c->scr;
-    }
-    return cudnn_bn_backward(c->dnn, c->bn_x, c->bn_p, dx, dinp && acc, dweight, dbias, dout, inp, weight,
-                             save_mean, save_var, C, eps, c->cscr);
+    return cuda_cudnn_bn_backward(c, dinp, acc, dweight, dbias, dout, inp, weight, save_mean, save_var, B, C,
+                                  HW, eps);
 }
 
 /* ---- own kernels: PReLU, add, acc, dropout, bias ---- */
@@ -457,12 +479,10 @@ static int cuda_dropout_backward(ops_ctx *c, float *dinp, int acc, const float *
     return 0;
 }
 
-/* ---- context ---- */
+/* ---- context (ops_cuda_ctx.cuh: the half devices' contexts start with one) ---- */
 
-static void cuda_ctx_destroy(ops_ctx *c)
+void cuda_ctx_release(ops_ctx *c)
 {
-    if (!c)
-        return;
     cudnn_conv_clear(&c->conv);
     cudaFree(c->ws);
     cudaFree(c->scr);
@@ -477,11 +497,15 @@ static void cuda_ctx_destroy(ops_ctx *c)
         cublasDestroy(c->blas);
     if (c->dnn)
         cudnnDestroy(c->dnn);
-    free(c);
 }
 
-static int ctx_init(ops_ctx *c)
+int cuda_ctx_init(ops_ctx *c, cudnnDataType_t act_type)
 {
+    c->act_type = act_type;
+    const char *t = getenv("PFCPS_CUDA_TF32");
+    c->tf32 = t && strcmp(t, "1") == 0;
+    const char *bm = getenv("PFCPS_CUDA_BN");
+    c->bn_exact = act_type == CUDNN_DATA_BFLOAT16 || (bm && strcmp(bm, "exact") == 0);
     CUDNN_TRY(cudnnCreate(&c->dnn));
     CUBLAS_TRY(cublasCreate(&c->blas));
     /* Plain fp32 GEMMs (no TF32) unless asked: the CPU device is the reference. */
@@ -491,6 +515,19 @@ static int ctx_init(ops_ctx *c)
     return cuda_malloc((void **)&c->sumsq_part, CUDA_SUMSQ_PARTIALS * sizeof(double));
 }
 
+int cuda_ctx_sumsq(ops_ctx *c, const float *x, size_t n, double *host_out)
+{
+    return cuda_sumsq_f32(x, n, c->sumsq_part, host_out);
+}
+
+static void cuda_ctx_destroy(ops_ctx *c)
+{
+    if (!c)
+        return;
+    cuda_ctx_release(c);
+    free(c);
+}
+
 static int cuda_ctx_create(ops_ctx **out)
 {
     if (cuda_device_count() == 0)
@@ -498,11 +535,7 @@ static int cuda_ctx_create(ops_ctx **out)
     ops_ctx *c = (ops_ctx *)calloc(1, sizeof *c);
     if (!c)
         return pf_err(-ENOMEM, "CUDA ops context: out of memory");
-    const char *t = getenv("PFCPS_CUDA_TF32");
-    c->tf32 = t && strcmp(t, "1") == 0;
-    const char *bm = getenv("PFCPS_CUDA_BN");
-    c->bn_exact = bm && strcmp(bm, "exact") == 0;
-    int rc = ctx_init(c);
+    int rc = cuda_ctx_init(c, CUDNN_DATA_FLOAT);
     if (rc) {
         cuda_ctx_destroy(c);
         return rc;
@@ -511,14 +544,8 @@ static int cuda_ctx_create(ops_ctx **out)
     return 0;
 }
 
-/* ---- memory, optimizer and gradient utilities (kernels/ops.h; the work is in cuda_util.cu and
- * head.cu, shared with the other CUDA devices) ---- */
-
-static int cuda_dev_sumsq(ops_ctx *c, const float *x, size_t n, double *host_out)
-{
-    return cuda_sumsq_f32(x, n, c->sumsq_part, host_out);
-}
-
+/* Memory, optimizer and gradient utilities (kernels/ops.h): cuda_util.cu and head.cu, shared with the
+ * other CUDA devices. */
 extern "C" const ops_device ops_cuda = {
     .name = "cuda",
     .ctx_create = cuda_ctx_create,
@@ -550,5 +577,5 @@ extern "C" const ops_device ops_cuda = {
     .sgd_step = cuda_ops_sgd_step,
     .adamw_step = cuda_ops_adamw_step,
     .scale = cuda_ops_scale,
-    .sumsq = cuda_dev_sumsq,
+    .sumsq = cuda_ctx_sumsq,
 };
