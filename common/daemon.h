@@ -41,7 +41,7 @@ int daemon_member_check(const pf_config *cfg, const char *role, long rank, int c
  * fabric endpoints: the process exit releases them, while closing them ourselves risks libfabric 1.17's
  * tcp;ofi_rxm crash inside fi_close(ep) when peers disconnect at the same moment (SIGSEGV ~1 run in 15),
  * which would turn a clean stop into exit 1. The shm regions this process made are unlinked
- * (fab_shm_unlink_regions), since no fi_close does it. Call once the daemon's work is finished and written. */
+ * (fab_shm_unlink_regions), since no fi_close does it. Call once the daemon's work is done and written. */
 _Noreturn void daemon_exit_now(int exit_code);
 
 /* Installs the SIGTERM/SIGINT handler, which sets *stop to 1 (and records that this process was
@@ -49,8 +49,8 @@ _Noreturn void daemon_exit_now(int exit_code);
  * (ctl_set_interrupt), then unblocks SIGTERM/SIGINT: one that came during start-up is handled now.
  * Call once, first thing in main. */
 void daemon_signals_install(volatile sig_atomic_t *stop);
-/* With PFCPS_PARENT_PID in the environment (the launcher's pid), the daemon also gets SIGTERM when that process
- * dies, however it dies (PR_SET_PDEATHSIG), and stops in order. */
+/* With PFCPS_PARENT_PID in the environment (the launcher's pid), the daemon also gets SIGTERM when that
+ * process dies, however it dies (PR_SET_PDEATHSIG), and stops in order. */
 
 /* 1 when this process got SIGTERM or SIGINT (the stop flag may also be raised by the daemon itself). */
 int daemon_signalled(void);

@@ -17,8 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "common/ckpt.h"
 #include "common/cli.h"
@@ -78,8 +76,8 @@ static int parse_args(int argc, char **argv, server_daemon *d)
             return -1;
         }
     }
-    return daemon_member_check(&d->cfg, "server", d->rank, d->cfg.servers, "servers", d->host, sizeof(d->host),
-                               &d->port, &d->secret, usage);
+    return daemon_member_check(&d->cfg, "server", d->rank, d->cfg.servers, "servers", d->host,
+                               sizeof(d->host), &d->port, &d->secret, usage);
 }
 
 /* Rank 0 checks the whole config and refuses before anyone joins when its shard cannot fit. Returns 0 or
@@ -269,8 +267,8 @@ static int start_serving(server_daemon *d)
 
 /* Serves until SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left
  * the run in order: training is over (returns 0); or until the run is broken (returns DAEMON_EXIT_REFORM):
- * another member was lost or restarted, or the control connection to server 0 broke. The table then runs ahead
- * of the workers' last checkpoint, so the run can only go on by re-forming from the newest complete
+ * another member was lost or restarted, or the control connection to server 0 broke. The table then runs
+ * ahead of the workers' last checkpoint, so the run can only go on by re-forming from the newest complete
  * checkpoint: this server stops (finishing a snapshot being written) and exits for its supervisor to restart
  * it with resume = true. */
 static int serve_until_stop(server_daemon *d)
@@ -329,8 +327,9 @@ static int finish(server_daemon *d, int exit_code)
         ctl_session_close(d->sess);
     if (d->rv)
         ctl_rendezvous_stop(d->rv);
+    /* The shard is stopped and every apply finished: leave with the endpoint open (daemon_exit_now). */
     if (d->srv && (exit_code == 0 || exit_code == DAEMON_EXIT_REFORM))
-        daemon_exit_now(exit_code); /* the shard is stopped and every apply finished: leave the endpoint open */
+        daemon_exit_now(exit_code);
     ps_server_destroy(d->srv);
     fab_close(d->fab);
     free(d->ini);

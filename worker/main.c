@@ -24,7 +24,6 @@
 #include "common/ctl.h"
 #include "common/daemon.h"
 #include "common/err.h"
-#include "common/fabric.h"
 #include "common/log.h"
 #include "worker/model/model.h"
 #include "worker/resume.h"

@@ -66,7 +66,7 @@ static int zero_fixed_grads(trainer *t)
  * the mean of the W scaled gradients is the gradient of the global mean loss) and by the loss scale (fp16);
  * backward; allreduce; mean and unscale in one pass (the loss scale is a power of two, so g * (1/W) *
  * (1/scale) in one multiply is exact as two); fixed gradients zeroed; the sum of squares is the loss
- * scaler's found-inf check and clip_grad_norm_(5)'s norm (optim_clip_grad_norm's math); optimizer step
+ * scaler's found-inf check and clip_grad_norm_(5)'s norm; optimizer step
  * unless the scaler says skip (rank 0 logs the skip for global step step + 1). */
 static int backbone_step(trainer *t, float lr, int64_t step)
 {
@@ -132,8 +132,8 @@ static int wait_req(trainer *t, ps_req *r, int rc)
  * at global step `step` (0-based) with learning rate lr: sample the class centers, pull them while the
  * backbone runs forward, the margin-softmax head over every worker's sampled columns, push the row gradients
  * (the servers apply them during our backward), backbone backward and optimizer step, wait for the push
- * (read-your-writes before the next pull). push_flags: PS_PUSH_SNAPSHOT on a checkpoint step. *loss = the global mean loss. Returns 0 or
- * the first failing component's negative code. */
+ * (read-your-writes before the next pull). push_flags: PS_PUSH_SNAPSHOT on a checkpoint step. *loss = the
+ * global mean loss. Returns 0 or the first failing component's negative code. */
 static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, double *loss)
 {
     const int64_t *ids = NULL;
@@ -162,7 +162,7 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
     return wait_req(t, push, rc);
 }
 
-/* The loss scaler's state as the backbone checkpoint's extras: x[0] "amp.scale", x[1] "amp.growth_tracker". */
+/* The loss scaler's state as checkpoint extras: x[0] "amp.scale", x[1] "amp.growth_tracker". */
 static void amp_extras(const trainer *t, model_extra x[2])
 {
     memset(x, 0, 2 * sizeof *x);

@@ -207,8 +207,9 @@ static int setup_head(trainer *t)
     hp.clamp_loss = 1;
     /* On cuda the head runs on the GPU (pfc_cuda): the host pfc only samples, without the CPU head's
      * workspace. */
-    if ((rc = pfc_init_flags(&t->head, &hp, &t->net.coll, run->num_classes, run->sample_rate, (uint64_t)run->seed,
-                             run->batch_size, run->embedding_size, t->wd.di.cuda ? PFC_NO_HOST_HEAD : 0)) < 0)
+    if ((rc = pfc_init_flags(&t->head, &hp, &t->net.coll, run->num_classes, run->sample_rate,
+                             (uint64_t)run->seed, run->batch_size, run->embedding_size,
+                             t->wd.di.cuda ? PFC_NO_HOST_HEAD : 0)) < 0)
         return rc;
     t->have_head = 1;
     if ((rc = wdev_head_create(&t->wd, &t->head, run->provider)) < 0)
@@ -390,8 +391,8 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     t->W = run->workers;
     t->S = run->servers;
     /* Set-up 1: the servers (connections opened before step 0) and the collectives ring. */
-    if ((rc = train_net_connect(&t->net, run, book, t->rank, t->opts.secret ? t->opts.secret : t->run.secret)) <
-            0 ||
+    if ((rc = train_net_connect(&t->net, run, book, t->rank,
+                                t->opts.secret ? t->opts.secret : t->run.secret)) < 0 ||
         (rc = setup_data(t)) < 0 || (rc = setup_backbone(t, book)) < 0 || (rc = setup_head(t)) < 0 ||
         (rc = setup_resume(t, book)) < 0)
         return rc;

@@ -58,9 +58,9 @@ struct trainer {
     int have_head;
 
     /* Logging and metrics. */
-    FILE *trace;                          /* opts.trace_path, or NULL */
-    tb_writer *tb;                        /* rank 0: <output>/tensorboard; NULL when off or after a write error */
-    eval_set val[MAX_VAL_TARGETS];        /* rank 0: the val_targets sets */
+    FILE *trace;                   /* opts.trace_path, or NULL */
+    tb_writer *tb;                 /* rank 0: <output>/tensorboard; NULL when off or after a write error */
+    eval_set val[MAX_VAL_TARGETS]; /* rank 0: the val_targets sets */
     double val_highest[MAX_VAL_TARGETS]; /* highest Accuracy-Flip so far, per set */
     int n_val;
 
@@ -70,7 +70,7 @@ struct trainer {
     wresume_state resumed; /* the scalars loaded with it */
 };
 
-/* mkdir -p: creates `path` and its parents (mode 0755). Returns 0 or -errno with a message naming the path. */
+/* mkdir -p: creates `path` and its parents (mode 0755). Returns 0 or -errno, the message naming the path. */
 int train_mkdir_p(const char *path);
 
 /* The backbone optimizer's state arrays (device pointers, nparams floats each) into a[0..n): SGD's momentum
