@@ -142,9 +142,9 @@ typedef struct ops_device {
     int (*sync)(ops_ctx *ctx);
 
     /* ---- optimizer and gradient utilities on device memory (fp32 arrays of n elements) ----
-     * sgd_step: torch.optim.SGD (worker/head/optim.h optim_sgd_step, same float32 operation
+     * sgd_step: torch.optim.SGD (kernels/cpu/optim_cpu.h optim_cpu_sgd, same float32 operation
      *   order); mom may be NULL when momentum == 0.
-     * adamw_step: torch.optim.AdamW step number `step` >= 1 (optim_adamw_step); -EINVAL for
+     * adamw_step: torch.optim.AdamW step number `step` >= 1 (optim_cpu_adamw); -EINVAL for
      *   step < 1.
      * scale: x[i] *= a.
      * sumsq: *host_out = sum of x[i]^2 accumulated in double (inf or NaN when any x[i] is not

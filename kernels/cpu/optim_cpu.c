@@ -1,5 +1,5 @@
-/* Optimizer and gradient-utility loops on host memory (see optim_cpu.h): the one copy the CPU
- * device and the head (worker/head/optim.c) share. */
+/* Optimizer and gradient-utility loops on host memory (see optim_cpu.h): the CPU device's entries,
+ * and the reference of the CUDA kernels. */
 #include "kernels/cpu/optim_cpu.h"
 
 #include <math.h>

@@ -11,7 +11,7 @@
  *  - ops_cuda: the kernels/ops.h device table (cuDNN convolution and batch norm, cuBLAS Linear,
  *    own kernels for PReLU, add, dropout), activations plain NCHW (act_block = 1)
  *  - the margin-softmax head (mirror of worker/head/head.h, single process), row gather/scatter,
- *    SGD / AdamW (mirror of worker/head/optim.h), fp16 / bf16 conversion. */
+ *    SGD / AdamW (mirror of kernels/cpu/optim_cpu.h), fp16 / bf16 conversion. */
 #ifndef PFCPS_KERNELS_CUDA_OPS_H
 #define PFCPS_KERNELS_CUDA_OPS_H
 
@@ -240,12 +240,12 @@ int cuda_gather_rows(float *out, const float *table, int64_t rows, const int64_t
 int cuda_scatter_rows(float *table, int64_t rows, const float *src, const int64_t *idx, int64_t k, int d,
                       int add);
 
-/* torch.optim.SGD step, same float32 operation order as optim_sgd_step (worker/head/optim.h),
+/* torch.optim.SGD step, same float32 operation order as optim_cpu_sgd (kernels/cpu/optim_cpu.h),
  * without FMA contraction (bit-identical to the CPU). mom may be NULL when momentum == 0. */
 int cuda_sgd_step(float *w, const float *grad, float *mom, size_t n, float lr, float momentum,
                   float weight_decay);
-/* torch.optim.AdamW step `step` (>= 1), the operation order of optim_adamw_step; lr, betas, eps,
- * weight_decay as in adamw_params. Returns 0, -EINVAL (step < 1), -EIO. */
+/* torch.optim.AdamW step `step` (>= 1), the operation order of optim_cpu_adamw (lr, betas, eps,
+ * weight_decay as there). Returns 0, -EINVAL (step < 1), -EIO. */
 int cuda_adamw_step(float *w, const float *grad, float *m, float *v, size_t n, double lr, double beta1,
                     double beta2, double eps, double weight_decay, int64_t step);
 

@@ -1,5 +1,5 @@
 // CUDA margin-softmax head, row gather/scatter, SGD/AdamW, fp16/bf16 conversion (see cuda_ops.h).
-// The math mirrors worker/head/head.c and worker/head/optim.c line by line; the sources of the
+// The math mirrors worker/head/head.c and kernels/cpu/optim_cpu.c line by line; the sources of the
 // formulas are cited there (ArcFace eq. 3/4, arcface_torch, torch.optim).
 // Layout: the head's kernels are in head_kernels.cuh and its host code in head_impl.cuh, the row /
 // optimizer / unscale kernels in head_util_kernels.cuh; this file binds them to CUDA and cuBLAS. The

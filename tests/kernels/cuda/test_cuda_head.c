@@ -2,9 +2,9 @@
  *  - margin-softmax head, every head_* case: loss, logits, grad_embeddings, grad_centers with
  *    relative error <= 1e-5 (outputs poisoned with NaN first, every element checked);
  *  - a label out of range -> -ERANGE naming the row;
- *  - SGD vs sgd_rows_* (rel <= 1e-6), AdamW vs optim_adamw_step on random data (rel <= 1e-6,
- *    three steps), gather / scatter / scatter-add of rows vs a host loop (exact), out-of-range
- *    index -> -ERANGE;
+ *  - SGD vs sgd_rows_* (rel <= 1e-6), AdamW vs the CPU device's loop (optim_cpu_adamw) on random
+ *    data (rel <= 1e-6, three steps), gather / scatter / scatter-add of rows vs a host loop (exact),
+ *    out-of-range index -> -ERANGE;
  *  - fp16 / bf16: known bit patterns and the round trip of random values within half an ulp;
  *  - loss-scaling unscale + non-finite check (exact scaling by 1/4, inf and NaN found);
  *  - pinned rows copied on a side stream, read by a default-stream kernel after the wait (exact).
@@ -23,7 +23,7 @@
 #include "tests/kernels/cuda/head_refcase.h"
 #include "tests/npy.h"
 #include "tests/reference/ref.h"
-#include "worker/head/optim.h"
+#include "kernels/cpu/optim_cpu.h"
 
 static void head_case(const char *dir, const char *name)
 {
@@ -125,24 +125,21 @@ static void adamw_case(void)
     float *w = malloc(n * 4), *m = calloc(n, 4), *v = calloc(n, 4), *g = malloc(n * 4);
     for (size_t i = 0; i < n; i++)
         w[i] = frand(-1, 1);
-    adamw_params p;
-    optim_adamw_defaults(&p);
-    p.lr = 0.01;
-    p.weight_decay = 0.05;
+    const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.05; /* PyTorch's betas and eps */
     float *dw = dev_up(w, n * 4), *dm = dev_up(m, n * 4), *dv = dev_up(v, n * 4), *dg = nan_dev(n);
     for (int step = 1; step <= 3; step++) {
         for (size_t i = 0; i < n; i++)
             g[i] = frand(-1, 1);
         if (cuda_h2d(dg, g, n * 4))
             DIE("upload");
-        optim_adamw_step(w, g, m, v, n, &p, step);
-        if (cuda_adamw_step(dw, dg, dm, dv, n, p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, step))
+        optim_cpu_adamw(w, g, m, v, n, lr, b1, b2, eps, wd, step);
+        if (cuda_adamw_step(dw, dg, dm, dv, n, lr, b1, b2, eps, wd, step))
             DIE("cuda adamw");
     }
     float *ow = dl(dw, n), *om = dl(dm, n), *ov = dl(dv, n);
     double ew = rel_l2(ow, w, n), em = rel_l2(om, m, n), ev = rel_l2(ov, v, n);
     check(ew <= 1e-6 && em <= 1e-6 && ev <= 1e-6,
-          "adamw n %zu, 3 steps vs optim_adamw_step: w %.2e m %.2e v %.2e", n, ew, em, ev);
+          "adamw n %zu, 3 steps vs optim_cpu_adamw: w %.2e m %.2e v %.2e", n, ew, em, ev);
     check(cuda_adamw_step(dw, dg, dm, dv, n, 0.1, 0.9, 0.999, 1e-8, 0, 0) == -EINVAL,
           "adamw step 0 refused: %s", pf_errmsg());
     cuda_free(dw);
