@@ -49,7 +49,6 @@
 #include "common/ctl.h"
 #include "common/daemon.h"
 #include "common/err.h"
-#include "common/fabric.h"
 #include "common/log.h"
 #include "common/splitmix64.h"
 #include "proto/ps_wire.h"
@@ -545,7 +544,5 @@ int main(int argc, char **argv)
     coll_barrier(&b.net.coll);
     ctl_session_leave(b.sess);
     ctl_session_close(b.sess);
-    fflush(NULL);
-    fab_shm_unlink_regions((long)getpid()); /* the endpoints are not closed: see common/fabric.h */
-    _exit(0);
+    daemon_exit_now(0); /* the endpoints are left open: see common/daemon.h */
 }
