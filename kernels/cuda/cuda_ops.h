@@ -188,7 +188,7 @@ int cuda_head_forward_backward(const cuda_head_params *p, cuda_head_ws *ws, cons
                                const float *centers, int k, const int64_t *labels, double grad_scale,
                                double *host_loss, float *logits, float *grad_embeddings, float *grad_centers);
 
-/* The head of a worker in a group (worker/head/head.h head_forward_backward, exactly its math and
+/* The head of a worker in a group (worker/head/head.h head_forward + head_backward, exactly their math and
  * modes), three row kernels instead of one fused pass:
  *   1. z per column (logits written here when asked), row max -> ws->row_max (n floats);
  *      global mode: allreduce MAX over the workers;
