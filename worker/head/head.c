@@ -1,8 +1,8 @@
 /* Margin-softmax head: see head.h for the math and its sources.
  *
- * Layout of one step (N rows, K columns, D features; the three SGEMMs are the floor of its cost). head_forward
- * runs the items up to the allreduce of the row sums and the loss; head_backward the rest, from the
- * workspace the forward left:
+ * Layout of one step (N rows, K columns, D features; the three SGEMMs are the floor of its cost).
+ * head_forward runs the items up to the allreduce of the row sums and the loss; head_backward the rest, from
+ * the workspace the forward left:
  *   - inv_e, inv_w = 1 / max(|row|, eps) (float64 sums of squares); en = e * inv_e is materialized (N x D,
  *     small), the normalized centers are not: cos_ij = (en_i . w_j) * inv_w_j, the column scale applied
  *     on the fly to the SGEMM of en with the raw centers (no K x D write);
