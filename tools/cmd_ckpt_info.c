@@ -10,6 +10,7 @@
 
 #include "common/ckpt.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "common/snapfile.h"
 #include "tools/opts.h"
 
@@ -109,24 +110,6 @@ static int table_digest(const char *root, int64_t step, int S0, uint8_t d[32], l
     return rc;
 }
 
-static int file_digest(const char *path, uint8_t d[32])
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pf_err(-ENOENT, "%s: cannot open: %s", path, strerror(errno));
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    EVP_DigestInit_ex(c, EVP_sha256(), NULL);
-    uint8_t buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        EVP_DigestUpdate(c, buf, n);
-    unsigned int len = 0;
-    EVP_DigestFinal_ex(c, d, &len);
-    EVP_MD_CTX_free(c);
-    fclose(f);
-    return 0;
-}
-
 /* Verifies every worker file of the step; *W0 writers; worker 0's .model digest into d. */
 static int workers_check(const char *root, int64_t step, int *W0, int *present, uint8_t d[32],
                          long long *bytes)
@@ -163,7 +146,7 @@ static int workers_check(const char *root, int64_t step, int *W0, int *present, 
             rc = snapfile_finish(&rd);
         snapfile_close(&rd);
         *bytes += file_size(sp) + file_size(mp);
-        if (rc == 0 && (rc = file_digest(mp, md)) == 0 && memcmp(md, recorded, 32) != 0)
+        if (rc == 0 && (rc = pf_file_sha256(mp, md)) == 0 && memcmp(md, recorded, 32) != 0)
             rc = pf_err(-EINVAL, "%s: digest does not match the one its .snap recorded (corrupt or replaced)",
                         mp);
         if (rc == 0 && w == 0)

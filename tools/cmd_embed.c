@@ -12,6 +12,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "tools/opts.h"
 #include "worker/data/image.h"
 #include "worker/data/rec.h"
@@ -115,11 +116,9 @@ static int input_open(embed_input *in, const char *path)
         return eval_binset_load(&in->bin, path);
     }
     if (is_reg) {
-        FILE *f = fopen(path, "rb");
-        int c = f ? fgetc(f) : EOF;
-        if (f)
-            fclose(f);
-        if (c == 0x80) {
+        uint8_t c = 0;
+        size_t got = 0;
+        if (pf_read_head(path, &c, 1, &got) == 0 && got == 1 && c == 0x80) {
             in->kind = "bin";
             return eval_binset_load(&in->bin, path);
         }

@@ -2,7 +2,6 @@
 #include "worker/resume.h"
 
 #include <errno.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +9,7 @@
 
 #include "common/ckpt.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "common/snapfile.h"
 
@@ -58,28 +58,6 @@ int wresume_get_f64(const wresume_state *st, const char *name, double *v)
     return rc;
 }
 
-/* SHA-256 of a whole file into d. */
-static int file_sha256(const char *path, uint8_t d[32])
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "%s: cannot open: %s", path, strerror(errno));
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    int rc = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 ? 0 : pf_err(-ENOMEM, "out of memory");
-    uint8_t buf[65536];
-    size_t n;
-    while (rc == 0 && (n = fread(buf, 1, sizeof buf, f)) > 0)
-        EVP_DigestUpdate(c, buf, n);
-    if (rc == 0 && ferror(f))
-        rc = pf_err(-EIO, "%s: read failed", path);
-    unsigned int len = 0;
-    if (rc == 0)
-        EVP_DigestFinal_ex(c, d, &len);
-    EVP_MD_CTX_free(c);
-    fclose(f);
-    return rc;
-}
-
 int wresume_save(const char *root, int64_t step, int rank, int W, const model *m, const model_extra *x,
                  int nx, const wresume_state *st, const float *const *arrays, int narrays, size_t nparams)
 {
@@ -90,7 +68,7 @@ int wresume_save(const char *root, int64_t step, int rank, int W, const model *m
     if (rc < 0)
         return rc;
     uint8_t md[32];
-    if ((rc = file_sha256(mpath, md)) < 0)
+    if ((rc = pf_file_sha256(mpath, md)) < 0)
         return rc;
     snapfile_writer w;
     if ((rc = snapfile_create(&w, spath, "worker checkpoint")) < 0) {
@@ -187,7 +165,7 @@ int wresume_check(const char *root, int64_t step, int rank, int W, int *src_rank
     if (rc == 0)
         rc = snapfile_finish(&rd);
     snapfile_close(&rd);
-    if (rc == 0 && (rc = file_sha256(mpath, have)) == 0 && memcmp(have, md, 32) != 0)
+    if (rc == 0 && (rc = pf_file_sha256(mpath, have)) == 0 && memcmp(have, md, 32) != 0)
         rc = pf_err(-EINVAL, "%s: digest does not match the one its .snap recorded (corrupt or replaced)",
                     mpath);
     if (rc == 0) {

@@ -1,6 +1,7 @@
 /* `pfcps pack`: folder of identities -> RecordIO. Layout and conventions: pack.h, rec.h. */
 #include "worker/data/pack.h"
 
+#include "common/atomic_file.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/file.h"
@@ -311,7 +312,7 @@ static int pack_commit(rec_writer *w, const char *tmp, const char *out_prefix, i
     return rc;
 }
 
-/* Step 5: the `property` file beside the pack: `num_classes,height,width`. */
+/* Step 5: the `property` file beside the pack: `num_classes,height,width` (replaced whole: atomic_file.h). */
 static int pack_property(const char *out_prefix, int64_t num_classes)
 {
     char prop[4200];
@@ -320,13 +321,12 @@ static int pack_property(const char *out_prefix, int64_t num_classes)
         snprintf(prop, sizeof prop, "%.*s/property", (int)(slash - out_prefix), out_prefix);
     else
         snprintf(prop, sizeof prop, "property");
-    FILE *f = fopen(prop, "w");
-    if (!f)
-        return pf_err(-errno, "%s: cannot create: %s", prop, strerror(errno));
-    fprintf(f, "%" PRId64 ",%d,%d\n", num_classes, IMG_SIZE, IMG_SIZE);
-    if (fclose(f) != 0)
-        return pf_err(-EIO, "%s: write failed", prop);
-    return 0;
+    pf_atomic_file af;
+    int rc = pf_atomic_open(&af, prop, "");
+    if (rc < 0)
+        return rc;
+    int ok = fprintf(af.f, "%" PRId64 ",%d,%d\n", num_classes, IMG_SIZE, IMG_SIZE) > 0;
+    return pf_atomic_commit(&af, ok);
 }
 
 int pack_dir(const char *image_dir, const char *out_prefix, const pack_opts *o, pack_stats *st)

@@ -2,11 +2,11 @@
 #include "worker/eval/binset.h"
 
 #include "common/err.h"
+#include "common/file.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 /* Opcode names as in CPython's Lib/pickletools.py (for messages; only some are accepted). */
 static const char *op_name(uint8_t op)
@@ -467,27 +467,12 @@ out:
 int eval_binset_load(eval_binset *s, const char *path)
 {
     memset(s, 0, sizeof *s);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return pf_err(-EIO, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
-    uint8_t *buf = malloc(size ? size : 1);
-    if (!buf) {
-        fclose(f);
-        return pf_err(-ENOMEM, "%s: out of memory for %zu bytes", path, size);
-    }
-    size_t got = fread(buf, 1, size, f);
-    fclose(f);
-    if (got != size) {
-        free(buf);
-        return pf_err(-EIO, "%s: short read (%zu of %zu bytes)", path, got, size);
-    }
-    int rc = eval_binset_parse(s, buf, size);
+    uint8_t *buf;
+    size_t size;
+    int rc = pf_read_file(path, 0, &buf, &size);
+    if (rc)
+        return pf_err_wrap(rc, "%s", path);
+    rc = eval_binset_parse(s, buf, size);
     if (rc) {
         free(buf);
         return pf_err_wrap(rc, "%s", path);

@@ -24,13 +24,11 @@ _Static_assert(EVAL_PIXELS_D == 3 * IMG_SIZE * IMG_SIZE, "a pixel embedding is t
 int eval_model_open(model **out, const char *ckpt_path, int batch_capacity, const ops_device *dev)
 {
     *out = NULL;
-    FILE *f = fopen(ckpt_path, "rb");
-    if (!f)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "checkpoint %s: cannot open: %s", ckpt_path,
-                      strerror(errno));
     unsigned char h[CK_HEADER];
-    size_t got = fread(h, 1, sizeof h, f);
-    fclose(f);
+    size_t got = 0;
+    int hrc = pf_read_head(ckpt_path, h, sizeof h, &got);
+    if (hrc)
+        return pf_err_wrap(hrc, "checkpoint %s", ckpt_path);
     if (got != sizeof h || memcmp(h, "PFCPSBB1", 8) != 0)
         return pf_err(-EPROTO,
                       "checkpoint %s: not a pfcps backbone checkpoint (model.ckpt written by model_save)",

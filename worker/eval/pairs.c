@@ -2,6 +2,7 @@
 #include "worker/eval/pairs.h"
 
 #include "common/err.h"
+#include "common/file.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,27 +79,12 @@ static int resolve(const char *dir, const char *name, long long i, const char *f
 int eval_pairs_load(eval_pairs *p, const char *pairs_path, const char *images_dir)
 {
     memset(p, 0, sizeof *p);
-    FILE *fp = fopen(pairs_path, "rb");
-    if (!fp)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "%s: cannot open: %s", pairs_path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > PAIRS_MAX_BYTES) {
-        fclose(fp);
-        return pf_err(-EIO, "%s: not a regular file of at most %u MiB", pairs_path, PAIRS_MAX_BYTES >> 20);
-    }
-    size_t size = (size_t)st.st_size;
-    char *text = malloc(size + 1);
-    if (!text) {
-        fclose(fp);
-        return pf_err(-ENOMEM, "%s: out of memory", pairs_path);
-    }
-    size_t got = fread(text, 1, size, fp);
-    fclose(fp);
-    if (got != size) {
-        free(text);
-        return pf_err(-EIO, "%s: short read", pairs_path);
-    }
-    text[size] = 0;
+    uint8_t *bytes;
+    size_t size;
+    int rc = pf_read_file(pairs_path, PAIRS_MAX_BYTES, &bytes, &size);
+    if (rc)
+        return pf_err_wrap(rc, "%s", pairs_path);
+    char *text = (char *)bytes; /* NUL-terminated by pf_read_file */
     if (memchr(text, 0, size)) {
         free(text);
         return pf_err(-EPROTO, "%s: a NUL byte: not a text pairs file", pairs_path);
@@ -109,7 +95,6 @@ int eval_pairs_load(eval_pairs *p, const char *pairs_path, const char *images_di
         cap += text[k] == '\n';
     p->paths = calloc(2 * cap, sizeof *p->paths);
     p->issame = malloc(cap);
-    int rc = 0;
     long long expect = -1;
     int expect_line = 0;
     if (!p->paths || !p->issame) {

@@ -2,6 +2,7 @@
 #include "worker/eval/set.h"
 
 #include "common/err.h"
+#include "common/file.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,12 +13,9 @@ static int is_pickle(const char *path)
     size_t n = strlen(path);
     if (n >= 4 && strcmp(path + n - 4, ".bin") == 0)
         return 1;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return 0;
-    int c = fgetc(f);
-    fclose(f);
-    return c == 0x80;
+    uint8_t c = 0;
+    size_t got = 0;
+    return pf_read_head(path, &c, 1, &got) == 0 && got == 1 && c == 0x80;
 }
 
 int eval_set_open(eval_set *s, const char *path, const char *images_dir)

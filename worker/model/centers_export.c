@@ -12,6 +12,7 @@
 
 #include "common/atomic_file.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "worker/model/safetensors.h"
 
 #define MAX_PARTS 65536
@@ -21,14 +22,14 @@ static int dim_from_ckpt(const char *run_output, int *dim)
 {
     char p[4096];
     snprintf(p, sizeof p, "%s/model.ckpt", run_output);
-    FILE *f = fopen(p, "rb");
-    if (!f)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO,
-                      "%s: cannot open (it gives the embedding size; or pass --dim D): %s", p,
-                      strerror(errno));
     unsigned char h[16];
-    size_t got = fread(h, 1, sizeof h, f);
-    fclose(f);
+    size_t got = 0;
+    int rc = pf_read_head(p, h, sizeof h, &got);
+    if (rc) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", pf_errmsg());
+        return pf_err(rc, "%s: %s (it gives the embedding size; or pass --dim D)", p, why);
+    }
     uint32_t d;
     memcpy(&d, h + 12, 4);
     if (got != sizeof h || memcmp(h, "PFCPSBB1", 8))

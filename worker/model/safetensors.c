@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/atomic_file.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "worker/model/model_internal.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -198,28 +198,12 @@ fail:
 int st_read(st_file **out, const char *path)
 {
     *out = NULL;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "safetensors %s: cannot open: %s", path,
-                      strerror(errno));
-    struct stat st;
-    if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(fp);
-        return pf_err(-EIO, "safetensors %s: not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
-    unsigned char *buf = malloc(size ? size : 1);
-    if (!buf) {
-        fclose(fp);
-        return pf_err(-ENOMEM, "safetensors %s: out of memory for %zu bytes", path, size);
-    }
-    size_t got = fread(buf, 1, size, fp);
-    fclose(fp);
-    if (got != size) {
-        free(buf);
-        return pf_err(-EIO, "safetensors %s: short read", path);
-    }
-    int rc = st_parse(out, buf, size, path);
+    uint8_t *buf;
+    size_t size;
+    int rc = pf_read_file(path, 0, &buf, &size);
+    if (rc)
+        return pf_err_wrap(rc, "safetensors %s", path);
+    rc = st_parse(out, buf, size, path);
     if (rc) {
         free(buf);
         return rc;
