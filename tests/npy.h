@@ -1,5 +1,5 @@
 /* Minimal NumPy .npy reader for tests (format 1.0/2.0, little-endian, C order; dtypes <f4 <f8 <i4 <i8).
- * Used to read the float64/float32 references in ../shared/reference. */
+ * Used to read the float64/float32 references in $PFCPS_REFERENCE (tests/reference). */
 #ifndef PFCPS_TESTS_NPY_H
 #define PFCPS_TESTS_NPY_H
 

@@ -1,6 +1,6 @@
 /* Multi-process parameter-server tests on 127.0.0.1 (tcp;ofi_rxm): real pfcps-server processes, test
  * clients joined as workers through the rendezvous. One subtest per invocation: test_ps_mp NAME.
- * Expected values are computed here in float64 (or read from ../shared/reference), never by the server. */
+ * Expected values are computed here in float64 (or read from $PFCPS_REFERENCE), never by the server. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
@@ -137,7 +137,7 @@ static int t_init(void)
     return fails ? 1 : 0;
 }
 
-/* --- push-then-pull equals ../shared/reference/head/sgd_rows_* (float64 PyTorch SGD) --- */
+/* --- push-then-pull equals $PFCPS_REFERENCE/head/sgd_rows_* (float64 PyTorch SGD) --- */
 static int sgd_case(const char *name)
 {
     char head[1024], dir[1100];

@@ -1,5 +1,5 @@
 /* Unit tests of the shard table: counter-based init (vs an independent float64 re-implementation),
- * independence from S, SGD row update vs ../shared/reference/head/sgd_rows_*, fp16/bf16 conversion
+ * independence from S, SGD row update vs $PFCPS_REFERENCE/head/sgd_rows_*, fp16/bf16 conversion
  * against hand-computed bit patterns, id checks, fit refusal, checksum vs an independent hash. */
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* The CPU device's optimizer and gradient entries (kernels/ops.h sgd_step, adamw_step, sumsq, scale; their
  * loops are kernels/cpu/optim_cpu.c, which the CUDA kernels are tested against bit for bit): SGD against
- * ../shared/reference/head/sgd_rows_* (PyTorch float64) and by hand; AdamW against the update written here in
+ * $PFCPS_REFERENCE/head/sgd_rows_* (PyTorch float64) and by hand; AdamW against the update written here in
  * float64 from the paper / torch docs, by hand, and step 0 refused; sumsq and scale as the training loop's
  * clip_grad_norm_(5) uses them, against values computed by hand, and a non-finite sum. */
 #include <dirent.h>

@@ -1,4 +1,4 @@
-/* A ../shared/reference/head case (float64 PyTorch) as the CUDA head tests read it: the head's
+/* A $PFCPS_REFERENCE/head case (float64 PyTorch) as the CUDA head tests read it: the head's
  * parameters from meta.json, the inputs as float / int64, the references as float64. C and C++. */
 #ifndef PFCPS_TESTS_KERNELS_CUDA_HEAD_REFCASE_H
 #define PFCPS_TESTS_KERNELS_CUDA_HEAD_REFCASE_H

@@ -1,4 +1,4 @@
-/* CUDA head kernels against ../shared/reference/head (float64 PyTorch) and the CPU optimizers:
+/* CUDA head kernels against $PFCPS_REFERENCE/head (float64 PyTorch) and the CPU optimizers:
  *  - margin-softmax head, every head_* case: loss, logits, grad_embeddings, grad_centers with
  *    relative error <= 1e-5 (outputs poisoned with NaN first, every element checked);
  *  - a label out of range -> -ERANGE naming the row;

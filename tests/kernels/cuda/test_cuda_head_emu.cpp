@@ -4,7 +4,7 @@
 // in lock step, collectives as coll_thread computes them: max / sum in rank order) and host cblas for
 // the GEMMs cuBLAS does on the GPU. No GPU needed: this checks the kernels' index math, reductions and
 // formulas; what only a GPU shows (launches, streams, memory kinds) is left to cuda_head / cuda_pfc.
-//  1. every ../shared/reference/head case (float64 PyTorch): the fused single-process kernel
+//  1. every $PFCPS_REFERENCE/head case (float64 PyTorch): the fused single-process kernel
 //     (head_row_k, cuda_head_forward_backward's) and cuda_head_dist's kernels over W = 1, 2, 3 ranks
 //     (column j on rank j mod W; of the large N32_K1000 cases only arcface_exact, at W = 1 fused and
 //     W = 3, to keep the test at a few seconds: each costs millions of fiber switches):

@@ -2,7 +2,7 @@
  * W = 1, 2, 3 ranks run as threads of this process on ONE GPU (NCCL refuses two ranks on one
  * device), their collectives through coll_thread over managed memory (the workspaces are made with
  * coll_host_memory = 1; needs concurrent managed access, else the multi-rank parts SKIP).
- *  1. Every ../shared/reference/head case (float64 PyTorch) through the fused single-process head
+ *  1. Every $PFCPS_REFERENCE/head case (float64 PyTorch) through the fused single-process head
  *     (cuda_head_forward_backward) and split over W ranks by columns for cuda_head_dist (column j
  *     on rank j mod W): loss (same bits on every rank), logits and center gradients assembled from the
  *     ranks, embedding gradients summed over the ranks, each relative <= 1e-5 vs the reference.

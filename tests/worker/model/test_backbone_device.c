@@ -1,4 +1,4 @@
-/* The tiny reference networks of ../shared/reference/backbone (float64 PyTorch) through worker/model
+/* The tiny reference networks of $PFCPS_REFERENCE/backbone (float64 PyTorch) through worker/model
  * on one device, named by argv[1] (ops_device_by_name), with every tensor in that device's memory:
  *   cpu-fenced - the CPU device behind PROT_NONE device memory (runs everywhere: proves that
  *                worker/model touches device memory only through the device),
