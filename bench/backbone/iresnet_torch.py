@@ -1,4 +1,4 @@
-"""arcface_torch's iresnet rewritten from the facts in issue 5 (for bench/backbone only):
+"""arcface_torch's iresnet rewritten from its published structure (for bench/backbone only):
 stem conv3x3(3->64) BN PReLU; 4 stages (64/128/256/512, first block stride 2) of IBasicBlock
 (BN, conv3x3, BN, PReLU, conv3x3 stride s, BN, + shortcut conv1x1+BN where shape changes);
 head BN2d, flatten, dropout(0), Linear(512*49 -> D), BatchNorm1d(D) with fixed weight.

@@ -2,8 +2,8 @@
  * place for the benchmarks that measure them as a ceiling (bench/head/bench_head, bench/scale/host_figures):
  *   cos (N,K) = e (N,D) . w (K,D)^T;  ge (N,D) = cos (N,K) . w (K,D);  gw (K,D) = cos (N,K)^T . e (N,D).
  * 6 N K D floating-point operations in all. Row-major float arrays; c is overwritten by the first. */
-#ifndef PFCPS_BENCH_HEAD_GEMMS_H
-#define PFCPS_BENCH_HEAD_GEMMS_H
+#ifndef PFCPS_BENCH_HEAD_HEAD_GEMMS_H
+#define PFCPS_BENCH_HEAD_HEAD_GEMMS_H
 
 #include <cblas.h>
 #include <stdint.h>

@@ -132,7 +132,7 @@ INI
   "$WORKER" --config "$ini" --rank 0 --steps "$steps" --warmup "$warmup" --steady "$steady" \
     --server-pids "$list" --trace "$out/$tag.trace" "${wait[@]}" >"$out/$tag.worker.log" 2>&1
   local rc=$?
-  # A failed run: the servers' threads as they are (a pull that never got its reply, issue 14), before stopping.
+  # A failed run: the servers' threads as they are (for example a pull that never got its reply), before stopping.
   if [ $rc -ne 0 ] && command -v gdb >/dev/null; then
     for ((s = 0; s < servers; s++)); do
       gdb -p "${spids[$s]}" -batch -ex "thread apply all bt" >"$out/$tag.server$s.stacks" 2>&1

@@ -1,7 +1,7 @@
 /* Private to the kernels/cuda .cu files: return-code checks that turn a CUDA / cuBLAS / cuDNN failure into
  * pf_err(-EIO, "<call> failed: <library's error string>"). */
-#ifndef PFCPS_KERNELS_CUDA_CHECK_H
-#define PFCPS_KERNELS_CUDA_CHECK_H
+#ifndef PFCPS_KERNELS_CUDA_CUDA_CHECK_H
+#define PFCPS_KERNELS_CUDA_CUDA_CHECK_H
 
 #include <cuda_runtime.h>
 #include <errno.h>

@@ -12,8 +12,8 @@
  *    own kernels for PReLU, add, dropout), activations plain NCHW (act_block = 1)
  *  - the margin-softmax head (mirror of worker/head/head.h, single process), row gather/scatter,
  *    SGD / AdamW (mirror of kernels/cpu/optim_cpu.h), fp16 / bf16 conversion. */
-#ifndef PFCPS_KERNELS_CUDA_OPS_H
-#define PFCPS_KERNELS_CUDA_OPS_H
+#ifndef PFCPS_KERNELS_CUDA_CUDA_OPS_H
+#define PFCPS_KERNELS_CUDA_CUDA_OPS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -27,8 +27,8 @@
  *
  * Numerics: float32 throughout; batch-norm statistics and sums in float64 (see
  * kernels/cpu/ops_cpu.c). Tested against PyTorch float64 (tests/worker/model/test_model_reference.c). */
-#ifndef PFCPS_WORKER_MODEL_H
-#define PFCPS_WORKER_MODEL_H
+#ifndef PFCPS_WORKER_MODEL_MODEL_H
+#define PFCPS_WORKER_MODEL_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 /* Private layout of struct model, shared by model.c, zoo.c and checkpoint.c only (and read by tests). */
-#ifndef PFCPS_WORKER_MODEL_INTERNAL_H
-#define PFCPS_WORKER_MODEL_INTERNAL_H
+#ifndef PFCPS_WORKER_MODEL_MODEL_INTERNAL_H
+#define PFCPS_WORKER_MODEL_MODEL_INTERNAL_H
 
 #include "worker/model/model.h"
 
