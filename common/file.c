@@ -1,4 +1,4 @@
-/* Whole-file reads (see file.h). */
+/* File reads (see file.h). */
 #include "common/file.h"
 
 #include <errno.h>
@@ -11,19 +11,85 @@
 
 #include "common/err.h"
 
-/* Opens path for reading, refusing anything but a regular file before the first read. O_NONBLOCK: opening
- * a FIFO for reading would otherwise wait for a writer. Returns the descriptor (st filled), or the error with
- * a message that does not name the path. */
-static int open_regular(const char *path, struct stat *st)
+const char *pf_file_kind(const struct stat *st)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "cannot open: %s", strerror(errno));
-    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
-        close(fd);
+    if (S_ISREG(st->st_mode))
+        return "a regular file";
+    if (S_ISDIR(st->st_mode))
+        return "a directory";
+    if (S_ISFIFO(st->st_mode))
+        return "a FIFO";
+    if (S_ISCHR(st->st_mode))
+        return "a character device";
+    if (S_ISBLK(st->st_mode))
+        return "a block device";
+    if (S_ISSOCK(st->st_mode))
+        return "a socket";
+    if (S_ISLNK(st->st_mode))
+        return "a symbolic link";
+    return "not a regular file";
+}
+
+/* The error for a failed stat or open of a user's path (errno e). */
+static int open_error(int e)
+{
+    if (e == EACCES || e == EPERM)
+        return pf_err(-EACCES, "permission denied");
+    return pf_err(e == ENOENT || e == ENOTDIR ? -ENOENT : -EIO, "cannot open: %s", strerror(e));
+}
+
+/* The error for a file that is not a regular one. */
+static int kind_error(const struct stat *st)
+{
+    const char *kind = pf_file_kind(st);
+    if (!strcmp(kind, "not a regular file"))
         return pf_err(-EIO, "not a regular file");
+    return pf_err(-EIO, "%s, not a regular file", kind);
+}
+
+int pf_open_regular(const char *path, struct stat *st_out)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return open_error(errno);
+    if (!S_ISREG(st.st_mode))
+        return kind_error(&st);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return open_error(errno);
+    /* The path may have been replaced between the stat and the open: the descriptor is what counts. */
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return pf_err(-EIO, "cannot open: fstat: %s", strerror(e));
     }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return kind_error(&st);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return pf_err(-EIO, "cannot open: fcntl: %s", strerror(e));
+    }
+    if (st_out)
+        *st_out = st;
     return fd;
+}
+
+int pf_fopen_regular(const char *path, FILE **f)
+{
+    *f = NULL;
+    int fd = pf_open_regular(path, NULL);
+    if (fd < 0)
+        return fd;
+    *f = fdopen(fd, "rb");
+    if (!*f) {
+        close(fd);
+        return pf_err(-ENOMEM, "out of memory");
+    }
+    return 0;
 }
 
 /* Reads until n bytes are in buf or the file ends: *got = how many. Returns 0 or -EIO "read failed: ...". */
@@ -48,7 +114,7 @@ int pf_read_file(const char *path, size_t max_bytes, uint8_t **data, size_t *len
     *data = NULL;
     *len = 0;
     struct stat st;
-    int fd = open_regular(path, &st);
+    int fd = pf_open_regular(path, &st);
     if (fd < 0)
         return fd;
     if (max_bytes > 0 && (uint64_t)st.st_size > (uint64_t)max_bytes) {
@@ -86,7 +152,7 @@ int pf_read_head(const char *path, void *buf, size_t n, size_t *got)
 {
     *got = 0;
     struct stat st;
-    int fd = open_regular(path, &st);
+    int fd = pf_open_regular(path, &st);
     if (fd < 0)
         return fd;
     int rc = read_upto(fd, buf, n, got);
@@ -97,7 +163,7 @@ int pf_read_head(const char *path, void *buf, size_t n, size_t *got)
 int pf_file_sha256(const char *path, uint8_t d[32])
 {
     struct stat st;
-    int fd = open_regular(path, &st);
+    int fd = pf_open_regular(path, &st);
     if (fd < 0)
         return pf_err_wrap(fd, "%s", path);
     EVP_MD_CTX *c = EVP_MD_CTX_new();

@@ -1,19 +1,44 @@
-/* Whole-file reads: one helper for every file pfcps reads into memory at once (checkpoints, safetensors,
- * images being packed or embedded, pairs lists, .bin evaluation sets), and one for a file's SHA-256. */
+/* File reads: one careful open for every file pfcps reads from a path a user gave (configs, checkpoints,
+ * safetensors, images being packed or embedded, pairs lists, .bin evaluation sets, index files), a
+ * whole-file read and a head read on top of it, and a file's SHA-256. */
 #ifndef PFCPS_COMMON_FILE_H
 #define PFCPS_COMMON_FILE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+/* What kind of file st describes, as words for a message: "a regular file", "a directory", "a FIFO",
+ * "a character device", "a block device", "a socket", "a symbolic link" (from lstat), or "not a regular
+ * file" for anything else. */
+const char *pf_file_kind(const struct stat *st);
+
+/* Opens the regular file at path for reading without ever blocking on it: the path is stat'd first and
+ * anything but a regular file is refused before it is opened (a device is never opened); the open itself
+ * uses O_NONBLOCK, so a FIFO put in place between the stat and the open does not wait for a writer, and
+ * the descriptor is fstat'd again. O_NONBLOCK is cleared before returning, so reads behave as usual.
+ * On success returns the descriptor (close-on-exec; close() it) and, when st is not NULL, fills *st.
+ * Returns, with a message that names the problem but not the path (callers add it with pf_err_wrap):
+ *   -ENOENT "cannot open: <reason>" (no such file, or a missing folder on the way),
+ *   -EACCES "permission denied",
+ *   -EIO "<kind>, not a regular file" (kind as pf_file_kind: "a FIFO, not a regular file"),
+ *   -EIO "cannot open: <reason>" (any other failure). */
+int pf_open_regular(const char *path, struct stat *st);
+
+/* pf_open_regular as a stdio stream opened for reading ("rb"): *f on success (fclose() it), NULL on
+ * failure. Returns 0, or the errors of pf_open_regular (the message does not name the path), or -ENOMEM
+ * "out of memory". */
+int pf_fopen_regular(const char *path, FILE **f);
 
 /* Reads the whole regular file at path into a fresh malloc'd buffer: *data (free() it; one byte is
  * allocated past the end and set to 0, so a text file may be read as a C string) and *len (bytes).
  * max_bytes > 0 refuses a larger file; 0 means no limit.
- * The file is opened with O_NONBLOCK and fstat'd before any read, so a FIFO, a device or a folder is
- * refused at once instead of blocking the caller.
+ * The file is opened with pf_open_regular, so a FIFO, a device or a folder is refused at once instead of
+ * blocking the caller.
  * Returns 0, or (the message names the problem, not the path: callers add it with pf_err_wrap)
- *   -ENOENT "cannot open: <reason>" (no such file), -EIO "cannot open: <reason>" (other open failures),
- *   -EIO "not a regular file", -EFBIG "larger than <max_bytes> bytes",
+ *   the errors of pf_open_regular (-ENOENT, -EACCES "permission denied", -EIO "a FIFO, not a regular file",
+ *   ...), -EFBIG "larger than <max_bytes> bytes",
  *   -ENOMEM "out of memory for <n> bytes", -EIO "short read (<got> of <n> bytes)" / "read failed: <reason>".
  * On failure *data is NULL and *len is 0. */
 int pf_read_file(const char *path, size_t max_bytes, uint8_t **data, size_t *len);
@@ -24,9 +49,9 @@ int pf_read_file(const char *path, size_t max_bytes, uint8_t **data, size_t *len
 int pf_read_head(const char *path, void *buf, size_t n, size_t *got);
 
 /* The SHA-256 (FIPS 180-4, OpenSSL's EVP) of the whole regular file at path into d, read in 64 KiB pieces.
- * A FIFO, device or folder is refused before any read, as in pf_read_file. Returns 0, or -ENOENT / -EIO
- * "<path>: cannot open: <reason>", -EIO "<path>: not a regular file" / "<path>: read failed: <reason>",
- * -ENOMEM. */
+ * A FIFO, device or folder is refused before any read, as in pf_read_file. Returns 0, or the errors of
+ * pf_open_regular with the path in front ("<path>: a FIFO, not a regular file", "<path>: permission
+ * denied", ...), -EIO "<path>: read failed: <reason>", -ENOMEM. */
 int pf_file_sha256(const char *path, uint8_t d[32]);
 
 #endif
