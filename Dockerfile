@@ -9,10 +9,11 @@
 #   docker run --rm pfcps:0.1.0                            # pfcps --help
 #
 # Stage 1 installs the build packages of deploy/setup-deps.sh (not its test tools: the tests are not built
-# here; tests/deploy/test_k8s_manifests.sh checks that the two lists agree), builds this source tree with meson
-# and installs it. It also writes the Debian packages (name=version) that own the shared libraries the
-# installed programs load (ldd, dpkg -S), so that stage 2, the runtime image, installs exactly those, plus
-# ibverbs-providers (the RDMA drivers libibverbs loads for provider = verbs) and libfabric-bin (fi_info).
+# here; tests/deploy/kubernetes/test_k8s_manifests.sh checks that the two lists agree), builds this source
+# tree with meson and installs it. It also writes the Debian packages (name=version) that own the shared
+# libraries the installed programs load (ldd, dpkg -S), so that stage 2, the runtime image, installs exactly
+# those, plus ibverbs-providers (the RDMA drivers libibverbs loads for provider = verbs) and libfabric-bin
+# (fi_info).
 # The GPU driver (libcuda) comes from the node at run time (NVIDIA container toolkit / GPU operator).
 
 FROM debian:12-slim AS build

@@ -1,6 +1,6 @@
 /* Control plane, frame and message coding (ctl_frame.h): the length-prefixed frame, the checks every decoded
  * message passes, the join MAC, the address book built from a join reply, and the data-plane token. Built
- * on its own by the fuzz target (tests/fuzz/fuzz_ctl_frame.c), so it needs only protobuf-c, libcrypto and
+ * on its own by the fuzz target (tests/common/fuzz_ctl_frame.c), so it needs only protobuf-c, libcrypto and
  * common/err.c. */
 #include "common/ctl_frame.h"
 

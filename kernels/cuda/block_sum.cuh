@@ -1,6 +1,6 @@
-// Block-wide double sum for the CUDA kernels (kernels/cuda/ops_kernels.cuh, head_kernels.cuh; also
-// compiled as host C++ under tests/cuda/cuda_emu.h): warp shuffles, then thread 0 adds the warps' sums
-// in warp order. WARPS: the most warps a block has (blockDim.x <= 32 WARPS, a multiple of 32).
+// Block-wide double sum for the CUDA kernels (kernels/cuda/ops_kernels.cuh, head_kernels.cuh; also compiled
+// as host C++ under tests/kernels/cuda/cuda_emu.h): warp shuffles, then thread 0 adds the warps' sums in warp
+// order. WARPS: the most warps a block has (blockDim.x <= 32 WARPS, a multiple of 32).
 #ifndef PFCPS_KERNELS_CUDA_BLOCK_SUM_CUH
 #define PFCPS_KERNELS_CUDA_BLOCK_SUM_CUH
 

@@ -3,7 +3,7 @@
 // formulas are cited there (ArcFace eq. 3/4, arcface_torch, torch.optim).
 // Layout: the head's kernels are in head_kernels.cuh and its host code in head_impl.cuh, the row /
 // optimizer / unscale kernels in head_util_kernels.cuh; this file binds them to CUDA and cuBLAS. The
-// headers are also compiled for the CPU by the tests (tests/cuda/cuda_emu.h, cuda_emu_device.cpp), so
+// headers are also compiled for the CPU by the tests (tests/kernels/cuda/cuda_emu.h, cuda_emu_device.cpp), so
 // what runs on the GPU is what CI runs without one.
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_check.h"

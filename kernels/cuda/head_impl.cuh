@@ -1,7 +1,7 @@
 // Host side of the margin-softmax head (kernels/cuda/head.cu): workspace, cuda_head_forward_backward,
 // cuda_head_dist. Private to head.cu, which defines the primitives below with CUDA / cuBLAS; also
-// compiled by tests/cuda/cuda_emu_device.cpp with host primitives and the kernels emulated on the CPU
-// (tests/cuda/cuda_emu.h), so that this exact code runs in CI without a GPU. The includer provides:
+// compiled by tests/kernels/cuda/cuda_emu_device.cpp with host primitives and the kernels emulated on the CPU
+// (tests/kernels/cuda/cuda_emu.h), so that this exact code runs in CI without a GPU. The includer provides:
 //   HEAD_LAUNCH(what, grid, kernel, args...)   launch grid blocks of HEAD_THREADS, return -EIO on failure
 //   int head_sgemm(blas, ta, tb, m, n, k, A, lda, B, ldb, C, ldc)   column-major C = op(A) op(B) (fp32)
 //   int head_d2h(dst, src, bytes), head_h2d(dst, src, bytes), head_memset0(p, bytes), head_device_sync()

@@ -1,7 +1,7 @@
 // The margin-softmax head's device code (kernels/cuda/head.cu): normalization, margin, the fused
 // single-process row kernel and the three row kernels of cuda_head_dist, plus the host-side loss of
-// cuda_head_dist. Private to head.cu; also compiled as host C++ by tests/cuda/test_cuda_head_emu.cpp
-// under PFCPS_CUDA_EMU (tests/cuda/cuda_emu.h: blocks run as fibers on the CPU) so that the kernels'
+// cuda_head_dist. Private to head.cu; also compiled as host C++ by tests/kernels/cuda/test_cuda_head_emu.cpp
+// under PFCPS_CUDA_EMU (tests/kernels/cuda/cuda_emu.h: blocks run as fibers on the CPU) so that the kernels'
 // index math and reductions are checked without a GPU. Kernels assume blockDim.x == HEAD_THREADS,
 // one block per row; the emulator may define HEAD_THREADS smaller (a multiple of 32).
 #ifndef PFCPS_KERNELS_CUDA_HEAD_KERNELS_CUH

@@ -1,8 +1,8 @@
 // Row gather / scatter, SGD / AdamW and loss-scale unscale kernels of kernels/cuda/head.cu (grid-stride
 // loops, 256 threads per block there). Private to head.cu; also compiled as host C++ by
-// tests/cuda/test_cuda_head_util_emu.cpp (tests/cuda/cuda_emu.h) against the CPU optimizers. The
-// optimizers round each operation as the CPU does (__fadd_rn etc.: no FMA contraction), so the two
-// agree bit for bit.
+// tests/kernels/cuda/test_cuda_head_util_emu.cpp (tests/kernels/cuda/cuda_emu.h) against the CPU optimizers.
+// The optimizers round each operation as the CPU does (__fadd_rn etc.: no FMA contraction), so the two agree
+// bit for bit.
 #ifndef PFCPS_KERNELS_CUDA_HEAD_UTIL_KERNELS_CUH
 #define PFCPS_KERNELS_CUDA_HEAD_UTIL_KERNELS_CUH
 

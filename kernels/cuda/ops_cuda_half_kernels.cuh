@@ -2,8 +2,8 @@
 // conversions and the batch-norm input gradient (float64, one rounding), templated on the 2-byte
 // element type T through elt<T> (f: T -> float, r: float -> T and rd: double -> T, round to nearest
 // even), which the includer specializes (__half and __nv_bfloat16 in ops_cuda_half.cu; a software bf16
-// in tests/cuda/test_cuda_half_emu.cpp, which runs these kernels on the CPU through
-// tests/cuda/cuda_emu.h); with what they share with the fp32 device (add / acc, batch norm, PReLU:
+// in tests/kernels/cuda/test_cuda_half_emu.cpp, which runs these kernels on the CPU through
+// tests/kernels/cuda/cuda_emu.h); with what they share with the fp32 device (add / acc, batch norm, PReLU:
 // kernels/cuda/ops_kernels.cuh). Kernels loop grid-stride over n elements.
 #ifndef PFCPS_KERNELS_CUDA_OPS_CUDA_HALF_KERNELS_CUH
 #define PFCPS_KERNELS_CUDA_OPS_CUDA_HALF_KERNELS_CUH

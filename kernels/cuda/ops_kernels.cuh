@@ -1,6 +1,6 @@
 // Device code the CUDA devices share: the fp32 device (kernels/cuda/ops_cuda.cu, T = float) and the
 // mixed-precision ones (kernels/cuda/ops_cuda_half.cu through ops_cuda_half_kernels.cuh, T = __half /
-// __nv_bfloat16; tests/cuda/test_cuda_half_emu.cpp runs them on the CPU with a software bf16): add /
+// __nv_bfloat16; tests/kernels/cuda/test_cuda_half_emu.cpp runs them on the CPU with a software bf16): add /
 // acc, the float64 batch norm (statistics, normalization, backward sums), PReLU and the batch-norm
 // statistics conversions, templated on the element type T through elt<T> (f: T -> float, r: float -> T,
 // rd: double -> T, round to nearest even), which the includer specializes. Kernels loop grid-stride
@@ -181,7 +181,7 @@ static __device__ float block_sum_f(float v)
     __syncthreads();
     v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
     /* every warp runs the second pass (full warps, full mask; only warp 0's sum is used): the
-     * tests' CPU emulator (tests/cuda/cuda_emu.h) needs every thread at each shuffle */
+     * tests' CPU emulator (tests/kernels/cuda/cuda_emu.h) needs every thread at each shuffle */
     for (int off = 16; off > 0; off >>= 1)
         v += __shfl_down_sync(0xffffffffu, v, off);
     return v;

@@ -6,7 +6,7 @@
 // names in launch errors ("" for the fp32 device, "half " for the others: "half prelu_fwd"); the exact
 // batch norm's `what` prefixes its steps likewise ("bn exact " / "half bn ": "bn exact sum").
 // Returns 0, -EINVAL (bad shape) or -EIO (launch failed); the work is queued on the default stream.
-// nvcc only (tests/cuda/test_cuda_half_emu.cpp runs the kernels with its own launches).
+// nvcc only (tests/kernels/cuda/test_cuda_half_emu.cpp runs the kernels with its own launches).
 #ifndef PFCPS_KERNELS_CUDA_OPS_LAUNCH_CUH
 #define PFCPS_KERNELS_CUDA_OPS_LAUNCH_CUH
 
