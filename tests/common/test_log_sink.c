@@ -18,7 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures;
+#include "tests/check.h"
 
 /* Child: stderr to err_path, the file sink at log_path, `lines` long lines; with fsize > 0 the file size
  * limit. Returns the child's exit status. */
@@ -89,13 +89,8 @@ static void expect_once(const char *what, const char *log_path, const char *err_
     snprintf(needle, sizeof needle, "test: cannot write log file %s: %s;", log_path, err_text);
     int n = count_in_file(err_path, needle);
     int lines = count_in_file(err_path, " INFO line ");
-    if (n != 1 || lines != 200) {
-        fprintf(stderr, "FAIL %s: '%s' %d times (want 1), %d log lines on stderr (want 200)\n", what, needle,
-                n, lines);
-        failures++;
-    } else {
-        printf("ok   %s: reported once: %s\n", what, needle);
-    }
+    check(n == 1 && lines == 200, "%s: '%s' %d times (want 1), %d log lines on stderr (want 200)", what,
+          needle, n, lines);
 }
 
 int main(void)
@@ -111,12 +106,10 @@ int main(void)
     snprintf(log_path, sizeof log_path, "%s/fsize.log", dir);
     snprintf(err_path, sizeof err_path, "%s/fsize.err", dir);
     int rc = run_child(log_path, err_path, 4096, 200);
-    if (rc != 0) {
-        fprintf(stderr, "FAIL fsize: child exit %d\n", rc);
-        failures++;
-    } else {
+    if (rc != 0)
+        CHECK(0, "fsize: child exit %d", rc);
+    else
         expect_once("RLIMIT_FSIZE", log_path, err_path, strerror(EFBIG));
-    }
 
     /* A full 64 KiB tmpfs: ENOSPC. */
     char mnt[300];
@@ -128,12 +121,10 @@ int main(void)
         snprintf(log_path, sizeof log_path, "%s/training.log", mnt);
         snprintf(err_path, sizeof err_path, "%s/tmpfs.err", dir);
         rc = run_child(log_path, err_path, 0, 200);
-        if (rc != 0) {
-            fprintf(stderr, "FAIL tmpfs: child exit %d\n", rc);
-            failures++;
-        } else {
+        if (rc != 0)
+            CHECK(0, "tmpfs: child exit %d", rc);
+        else
             expect_once("full tmpfs", log_path, err_path, strerror(ENOSPC));
-        }
         if (umount(mnt) < 0)
             fprintf(stderr, "warning: cannot unmount %s: %s\n", mnt, strerror(errno));
     }
@@ -141,5 +132,5 @@ int main(void)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
-    return failures ? 1 : 0;
+    return check_summary();
 }

@@ -6,26 +6,22 @@
 #include <stdio.h>
 
 #include "common/err.h"
+#include "tests/check.h"
 #include "worker/loss_scale.h"
-
-static int failures;
 
 static void expect(const loss_scaler *s, int applied, int want_applied, float want_scale, int want_tracker,
                    const char *what)
 {
-    int ok = applied == want_applied && s->scale == want_scale && s->growth_tracker == want_tracker;
-    printf("%-4s %-40s applied %d scale %-10g tracker %d (expected %d %g %d)\n", ok ? "ok" : "FAIL", what,
-           applied, (double)s->scale, s->growth_tracker, want_applied, (double)want_scale, want_tracker);
-    failures += !ok;
+    check(applied == want_applied && s->scale == want_scale && s->growth_tracker == want_tracker,
+          "%-40s applied %d scale %-10g tracker %d (expected %d %g %d)", what, applied, (double)s->scale,
+          s->growth_tracker, want_applied, (double)want_scale, want_tracker);
 }
 
 int main(void)
 {
     loss_scaler s;
-    if (loss_scaler_init(&s, 65536.0f, 3)) {
-        printf("FAIL: init: %s\n", pf_errmsg());
-        return 1;
-    }
+    if (loss_scaler_init(&s, 65536.0f, 3))
+        DIE("init");
     int a;
     a = loss_scaler_update(&s, 0);
     expect(&s, a, 1, 65536.0f, 1, "finite step 1");
@@ -47,9 +43,7 @@ int main(void)
     expect(&big, a, 1, 3e38f, 0, "growth to inf held back");
     int rc1 = loss_scaler_init(&big, 0.0f, 100), rc2 = loss_scaler_init(&big, NAN, 100),
         rc3 = loss_scaler_init(&big, 1.0f, 0);
-    int ok = rc1 == -EINVAL && rc2 == -EINVAL && rc3 == -EINVAL;
-    printf("%-4s init scale 0 / NaN / interval 0 refused: %d %d %d (%s)\n", ok ? "ok" : "FAIL", rc1, rc2, rc3,
-           pf_errmsg());
-    failures += !ok;
-    return failures ? 1 : 0;
+    check(rc1 == -EINVAL && rc2 == -EINVAL && rc3 == -EINVAL,
+          "init scale 0 / NaN / interval 0 refused: %d %d %d (%s)", rc1, rc2, rc3, pf_errmsg());
+    return check_summary();
 }

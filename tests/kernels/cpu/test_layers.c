@@ -15,9 +15,9 @@
 
 #include "common/err.h"
 #include "kernels/ops.h"
+#include "tests/check.h"
 #include "tests/worker/model/ref64.h"
 
-static int failures = 0;
 static uint64_t rng = 88172645463325252ull;
 
 static double urand(void) /* [-1, 1) */
@@ -44,21 +44,9 @@ static double *to64(const float *f, size_t n)
     return d;
 }
 
-static double rel(const float *a, const double *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 static void expect_rel(const char *what, double r, double tol)
 {
-    int bad = !(r <= tol);
-    printf("  %-44s rel %.2e (tol %.0e) %s\n", what, r, tol, bad ? "FAIL" : "ok");
-    failures += bad;
+    check(r <= tol, "%-44s rel %.2e (tol %.0e)", what, r, tol);
 }
 
 /* Activations go to the device in its layout (ops.h act_block) and come back as NCHW. */
@@ -135,8 +123,7 @@ static void test_conv(ops_ctx *ctx, int B, int C, int H, int OC, int K, int stri
 {
     ops_conv_shape s;
     if (ops_conv_shape_init(&s, B, C, H, H, OC, K, stride, pad, g)) {
-        printf("FAIL: shape: %s\n", pf_errmsg());
-        failures++;
+        CHECK(0, "shape: %s", pf_errmsg());
         return;
     }
     printf("conv B=%d C=%d %dx%d OC=%d K=%d stride=%d pad=%d groups=%d -> %dx%d\n", B, C, H, H, OC, K, stride,
@@ -171,12 +158,11 @@ static void test_conv(ops_ctx *ctx, int B, int C, int H, int OC, int K, int stri
     dev_out(y, yd, B, OC, HWo);
     dev_out(dx, dxd, B, C, HWi);
     if (rc) {
-        printf("FAIL: %s\n", pf_errmsg());
-        failures++;
+        CHECK(0, "conv: %s", pf_errmsg());
     } else {
-        expect_rel("forward vs float64", rel(y, y64, ny), 1e-5);
-        expect_rel("dinp vs float64 backward", rel(dx, dx64, nx), 1e-5);
-        expect_rel("dweight vs float64 backward", rel(dw, dw64, nw), 1e-5);
+        expect_rel("forward vs float64", rel_l2_f64(y, y64, ny), 1e-5);
+        expect_rel("dinp vs float64 backward", rel_l2_f64(dx, dx64, nx), 1e-5);
+        expect_rel("dweight vs float64 backward", rel_l2_f64(dw, dw64, nw), 1e-5);
         fd_check("dinp", &f, f.x, nx, dx);
         fd_check("dweight", &f, f.w, nw, dw);
         /* += contract: a second backward with acc adds the same again */
@@ -186,8 +172,8 @@ static void test_conv(ops_ctx *ctx, int B, int C, int H, int OC, int K, int stri
             dx64[i] *= 2;
         for (size_t i = 0; i < nw; i++)
             dw64[i] *= 2;
-        expect_rel("second backward accumulates (dinp, acc)", rc ? 1 : rel(dx, dx64, nx), 1e-5);
-        expect_rel("second backward accumulates (dweight)", rc ? 1 : rel(dw, dw64, nw), 1e-5);
+        expect_rel("second backward accumulates (dinp, acc)", rc ? 1 : rel_l2_f64(dx, dx64, nx), 1e-5);
+        expect_rel("second backward accumulates (dweight)", rc ? 1 : rel_l2_f64(dw, dw64, nw), 1e-5);
     }
     free(x);
     free(w);
@@ -246,10 +232,9 @@ static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
     dev_out(y, yd, B, C, HW);
     dev_out(dx, dxd, B, C, HW);
     if (rc) {
-        printf("FAIL: %s\n", pf_errmsg());
-        failures++;
+        CHECK(0, "batchnorm: %s", pf_errmsg());
     } else {
-        expect_rel("forward vs float64", rel(y, y64, n), 1e-5);
+        expect_rel("forward vs float64", rel_l2_f64(y, y64, n), 1e-5);
         /* running stats: 0.9*0 + 0.1*mean, 0.9*1 + 0.1*var*n/(n-1) */
         double *er = malloc(2 * (size_t)C * sizeof *er);
         double nn = (double)B * HW;
@@ -257,21 +242,20 @@ static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
             er[c] = 0.1 * mv[c];
             er[C + c] = 0.9 + 0.1 * mv[C + c] * nn / (nn - 1);
         }
-        expect_rel("running_mean (momentum 0.1)", rel(rm, er, (size_t)C), 1e-6);
-        expect_rel("running_var (momentum 0.1, unbiased)", rel(rv, er + C, (size_t)C), 1e-6);
+        expect_rel("running_mean (momentum 0.1)", rel_l2_f64(rm, er, (size_t)C), 1e-6);
+        expect_rel("running_var (momentum 0.1, unbiased)", rel_l2_f64(rv, er + C, (size_t)C), 1e-6);
         free(er);
-        expect_rel("dinp vs float64 backward", rel(dx, dx64, n), 1e-5);
-        expect_rel("dbias vs float64 backward", rel(db, db64, (size_t)C), 1e-5);
+        expect_rel("dinp vs float64 backward", rel_l2_f64(dx, dx64, n), 1e-5);
+        expect_rel("dbias vs float64 backward", rel_l2_f64(db, db64, (size_t)C), 1e-5);
         fd_check("dinp", &f, f.x, n, dx);
         fd_check("dbias", &f, f.b, (size_t)C, db);
         if (fixed) {
             int nz = 0;
             for (int c = 0; c < C; c++)
                 nz |= dw[c] != 0.0f;
-            printf("  %-44s %s\n", "fixed weight: no weight gradient written", nz ? "FAIL" : "ok");
-            failures += nz;
+            check(!nz, "fixed weight: no weight gradient written");
         } else {
-            expect_rel("dweight vs float64 backward", rel(dw, dw64, (size_t)C), 1e-5);
+            expect_rel("dweight vs float64 backward", rel_l2_f64(dw, dw64, (size_t)C), 1e-5);
             fd_check("dweight", &f, f.w, (size_t)C, dw);
         }
         /* eval mode: normalize with the running statistics */
@@ -281,7 +265,7 @@ static void test_bn(ops_ctx *ctx, int B, int C, int HW, int fixed)
             int c = (int)((k / (size_t)HW) % (size_t)C);
             y64[k] = ((double)x[k] - rm[c]) / sqrt((double)rv[c] + 1e-5) * w[c] + b[c];
         }
-        expect_rel("eval forward (running statistics)", rc ? 1 : rel(y, y64, n), 1e-6);
+        expect_rel("eval forward (running statistics)", rc ? 1 : rel_l2_f64(y, y64, n), 1e-6);
     }
     free(x);
     free(gy);
@@ -342,9 +326,9 @@ static void test_prelu(ops_ctx *ctx, int B, int C, int HW)
     free(gd);
     free(yd);
     free(dxd);
-    expect_rel("forward vs float64", rc ? 1 : rel(y, y64, n), 1e-6);
-    expect_rel("dinp vs float64 backward", rc ? 1 : rel(dx, dx64, n), 1e-6);
-    expect_rel("dalpha vs float64 backward", rc ? 1 : rel(da, da64, (size_t)C), 1e-5);
+    expect_rel("forward vs float64", rc ? 1 : rel_l2_f64(y, y64, n), 1e-6);
+    expect_rel("dinp vs float64 backward", rc ? 1 : rel_l2_f64(dx, dx64, n), 1e-6);
+    expect_rel("dalpha vs float64 backward", rc ? 1 : rel_l2_f64(da, da64, (size_t)C), 1e-5);
     fd_check("dinp", &f, f.x, n, dx);
     fd_check("dalpha", &f, f.w, (size_t)C, da);
     free(x);
@@ -384,13 +368,13 @@ static void test_linear(ops_ctx *ctx, int B, int IN, int OUT, int bias)
     int rc = ops_cpu.linear_forward(ctx, y, x, w, b, B, IN, OUT);
     if (!rc)
         rc = ops_cpu.linear_backward(ctx, dx, 0, dw, bias ? db : NULL, gy, x, w, B, IN, OUT);
-    expect_rel("forward vs float64", rc ? 1 : rel(y, y64, ny), 1e-5);
-    expect_rel("dinp vs float64 backward", rc ? 1 : rel(dx, dx64, nx), 1e-5);
-    expect_rel("dweight vs float64 backward", rc ? 1 : rel(dw, dw64, nw), 1e-5);
+    expect_rel("forward vs float64", rc ? 1 : rel_l2_f64(y, y64, ny), 1e-5);
+    expect_rel("dinp vs float64 backward", rc ? 1 : rel_l2_f64(dx, dx64, nx), 1e-5);
+    expect_rel("dweight vs float64 backward", rc ? 1 : rel_l2_f64(dw, dw64, nw), 1e-5);
     fd_check("dinp", &f, f.x, nx, dx);
     fd_check("dweight", &f, f.w, nw, dw);
     if (bias) {
-        expect_rel("dbias vs float64 backward", rc ? 1 : rel(db, db64, (size_t)OUT), 1e-5);
+        expect_rel("dbias vs float64 backward", rc ? 1 : rel_l2_f64(db, db64, (size_t)OUT), 1e-5);
         fd_check("dbias", &f, f.b, (size_t)OUT, db);
     }
     free(x);
@@ -421,30 +405,29 @@ static void test_add_dropout(ops_ctx *ctx)
     ops_cpu.add_forward(ctx, o, a, b, n);
     for (size_t i = 0; i < n; i++)
         e[i] = (double)a[i] + b[i];
-    expect_rel("add forward", rel(o, e, n), 1e-7);
+    expect_rel("add forward", rel_l2_f64(o, e, n), 1e-7);
     memcpy(d, a, n * 4);
     ops_cpu.acc(ctx, d, 1, b, n);
-    expect_rel("acc (+=)", rel(d, e, n), 1e-7);
+    expect_rel("acc (+=)", rel_l2_f64(d, e, n), 1e-7);
     ops_cpu.dropout_forward(ctx, o, mask, a, n, 0.0f, 1);
     for (size_t i = 0; i < n; i++)
         e[i] = a[i];
-    expect_rel("dropout p=0 is the identity", rel(o, e, n), 0);
+    expect_rel("dropout p=0 is the identity", rel_l2_f64(o, e, n), 0);
     ops_cpu.dropout_forward(ctx, o, mask, a, n, 0.5f, 1);
     size_t kept = 0, okv = 0;
     for (size_t i = 0; i < n; i++) {
         kept += mask[i] != 0.0f;
         okv += mask[i] == 0.0f ? o[i] == 0.0f : o[i] == a[i] * 2.0f;
     }
-    printf("  dropout p=0.5: kept %zu of %zu (expect ~5000 +- 250), scaled x2: %s\n", kept, n,
-           okv == n ? "ok" : "FAIL");
-    failures += !(kept > 4750 && kept < 5250) || okv != n;
+    check(kept > 4750 && kept < 5250 && okv == n,
+          "dropout p=0.5: kept %zu of %zu (expect ~5000 +- 250), scaled x2: %s", kept, n,
+          okv == n ? "yes" : "NO");
     ops_cpu.dropout_backward(ctx, d, 0, b, mask, n);
     for (size_t i = 0; i < n; i++)
         e[i] = (double)b[i] * mask[i];
-    expect_rel("dropout backward = dout * mask", rel(d, e, n), 0);
+    expect_rel("dropout backward = dout * mask", rel_l2_f64(d, e, n), 0);
     int rc = ops_cpu.dropout_forward(ctx, o, mask, a, n, 1.0f, 1);
-    printf("  dropout p=1 refused: %d '%s'\n", rc, pf_errmsg());
-    failures += rc != -EINVAL;
+    check(rc == -EINVAL, "dropout p=1 refused: %d '%s'", rc, pf_errmsg());
     free(a);
     free(b);
     free(o);
@@ -472,9 +455,9 @@ static void test_layout(ops_ctx *ctx)
     ops_cpu.to_plain(ctx, q, d, B, C, HW);
     for (size_t i = 0; i < n; i++)
         bad += q[i] != 2 * p[i];
-    printf("layout: act_block(16) = %d, act_block(3) = %d, NCHW <-> device round trip, +=: %s\n", bs,
-           ops_cpu.act_block(3), bad ? "FAIL" : "ok");
-    failures += bad != 0 || ops_cpu.act_block(3) != 1;
+    check(!bad && ops_cpu.act_block(3) == 1,
+          "layout: act_block(16) = %d, act_block(3) = %d, NCHW <-> device round trip, +=: %d mismatches", bs,
+          ops_cpu.act_block(3), bad);
     free(p);
     free(d);
     free(q);
@@ -483,10 +466,8 @@ static void test_layout(ops_ctx *ctx)
 int main(void)
 {
     ops_ctx *ctx;
-    if (ops_cpu.ctx_create(&ctx)) {
-        printf("FAIL: %s\n", pf_errmsg());
-        return 1;
-    }
+    if (ops_cpu.ctx_create(&ctx))
+        DIE("ctx_create");
     g_ctx = ctx;
     test_conv(ctx, 2, 3, 12, 8, 3, 1, 1, 1);   /* stem */
     test_conv(ctx, 2, 8, 10, 16, 3, 2, 1, 1);  /* iresnet conv2, stride 2 */
@@ -508,15 +489,11 @@ int main(void)
     /* bad shapes refused with a message */
     ops_conv_shape s;
     int rc = ops_conv_shape_init(&s, 2, 6, 8, 8, 8, 3, 1, 1, 4);
-    printf("conv groups 4 with C=6: %d '%s'\n", rc, pf_errmsg());
-    failures += rc != -EINVAL;
+    check(rc == -EINVAL, "conv groups 4 with C=6 refused: %d '%s'", rc, pf_errmsg());
     rc = ops_conv_shape_init(&s, 2, 4, 2, 2, 8, 7, 1, 0, 1);
-    printf("conv kernel 7 on 2x2: %d '%s'\n", rc, pf_errmsg());
-    failures += rc != -EINVAL;
+    check(rc == -EINVAL, "conv kernel 7 on 2x2 refused: %d '%s'", rc, pf_errmsg());
     rc = ops_cpu.bn_forward(ctx, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 4, 4, 1e-5f, 0.1f, 1);
-    printf("batchnorm B=0: %d '%s'\n", rc, pf_errmsg());
-    failures += rc != -EINVAL;
+    check(rc == -EINVAL, "batchnorm B=0 refused: %d '%s'", rc, pf_errmsg());
     ops_cpu.ctx_destroy(ctx);
-    printf("%s (%d failures)\n", failures ? "FAIL" : "PASS", failures);
-    return failures ? 1 : 0;
+    return check_summary();
 }

@@ -12,6 +12,7 @@
 #include "common/coll.h"
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "tests/check.h"
 
 enum { N = 1000 };
 static int W;
@@ -22,14 +23,16 @@ static double input(int rank, int i)
 }
 
 typedef struct rank_arg {
-    int rank, failures;
+    int rank, failed;
     char msg[512];
 } rank_arg;
 
-#define FAIL(...)                                                                                            \
+/* Ends a rank's thread at its first failure, keeping the message; main reports every rank with check()
+ * (the counts of tests/check.h are not shared between threads). */
+#define RANK_FAIL(...)                                                                                       \
     do {                                                                                                     \
         snprintf(a->msg, sizeof a->msg, __VA_ARGS__);                                                        \
-        a->failures++;                                                                                       \
+        a->failed = 1;                                                                                       \
         goto out;                                                                                            \
     } while (0)
 
@@ -41,14 +44,14 @@ static void *rank_main(void *p)
     float *d = NULL, *g = NULL;
     float h[N], hg[N * 4];
     if (cuda_set_device(r) || coll_nccl_create(id, r, W, &c))
-        FAIL("rank %d: init: %s", r, pf_errmsg());
+        RANK_FAIL("rank %d: init: %s", r, pf_errmsg());
     if (cuda_malloc((void **)&d, N * sizeof(double)) || cuda_malloc((void **)&g, (size_t)W * N * 4))
-        FAIL("rank %d: alloc: %s", r, pf_errmsg());
+        RANK_FAIL("rank %d: alloc: %s", r, pf_errmsg());
     /* allreduce sum f32 */
     for (int i = 0; i < N; i++)
         h[i] = (float)input(r, i);
     if (cuda_h2d(d, h, sizeof h) || coll_allreduce(&c, d, N, COLL_F32, COLL_SUM) || cuda_d2h(h, d, sizeof h))
-        FAIL("rank %d: allreduce: %s", r, pf_errmsg());
+        RANK_FAIL("rank %d: allreduce: %s", r, pf_errmsg());
     double num = 0, den = 0;
     for (int i = 0; i < N; i++) {
         double s = 0;
@@ -58,31 +61,31 @@ static void *rank_main(void *p)
         den += s * s;
     }
     if (!(sqrt(num / den) <= 1e-6))
-        FAIL("rank %d: allreduce sum f32 rel %.3e", r, sqrt(num / den));
+        RANK_FAIL("rank %d: allreduce sum f32 rel %.3e", r, sqrt(num / den));
     /* allreduce max f64 */
     double hd[N];
     for (int i = 0; i < N; i++)
         hd[i] = input(r, i);
     if (cuda_h2d(d, hd, sizeof hd) || coll_allreduce(&c, d, N, COLL_F64, COLL_MAX) ||
         cuda_d2h(hd, d, sizeof hd))
-        FAIL("rank %d: allreduce max: %s", r, pf_errmsg());
+        RANK_FAIL("rank %d: allreduce max: %s", r, pf_errmsg());
     for (int i = 0; i < N; i++) {
         double m = -INFINITY;
         for (int q = 0; q < W; q++)
             m = fmax(m, input(q, i));
         if (hd[i] != m)
-            FAIL("rank %d: allreduce max f64 element %d: %g, expected %g", r, i, hd[i], m);
+            RANK_FAIL("rank %d: allreduce max f64 element %d: %g, expected %g", r, i, hd[i], m);
     }
     /* allgather */
     for (int i = 0; i < N; i++)
         h[i] = (float)input(r, i);
     if (cuda_h2d(d, h, sizeof h) || cuda_fill_f32(g, NAN, (size_t)W * N) ||
         coll_allgather(&c, d, g, sizeof h) || cuda_d2h(hg, g, (size_t)W * N * 4))
-        FAIL("rank %d: allgather: %s", r, pf_errmsg());
+        RANK_FAIL("rank %d: allgather: %s", r, pf_errmsg());
     for (int q = 0; q < W; q++)
         for (int i = 0; i < N; i++)
             if (hg[q * N + i] != (float)input(q, i))
-                FAIL("rank %d: allgather block %d element %d wrong", r, q, i);
+                RANK_FAIL("rank %d: allgather block %d element %d wrong", r, q, i);
     /* reduce_scatter: every rank sends W blocks of N/W... use blocks of N/4 floats */
     int cnt = N / 4;
     for (int q = 0; q < W; q++)
@@ -90,7 +93,7 @@ static void *rank_main(void *p)
             hg[q * cnt + i] = (float)input(r, q * cnt + i);
     if (cuda_h2d(g, hg, (size_t)W * cnt * 4) || cuda_fill_f32(d, NAN, cnt) ||
         coll_reduce_scatter(&c, g, d, cnt, COLL_F32) || cuda_d2h(h, d, (size_t)cnt * 4))
-        FAIL("rank %d: reduce_scatter: %s", r, pf_errmsg());
+        RANK_FAIL("rank %d: reduce_scatter: %s", r, pf_errmsg());
     num = den = 0;
     for (int i = 0; i < cnt; i++) {
         double s = 0;
@@ -100,17 +103,17 @@ static void *rank_main(void *p)
         den += s * s;
     }
     if (!(sqrt(num / den) <= 1e-6))
-        FAIL("rank %d: reduce_scatter rel %.3e", r, sqrt(num / den));
+        RANK_FAIL("rank %d: reduce_scatter rel %.3e", r, sqrt(num / den));
     /* broadcast from the last rank */
     for (int i = 0; i < N; i++)
         h[i] = (float)input(r, i);
     if (cuda_h2d(d, h, sizeof h) || coll_broadcast(&c, d, sizeof h, W - 1) || cuda_d2h(h, d, sizeof h))
-        FAIL("rank %d: broadcast: %s", r, pf_errmsg());
+        RANK_FAIL("rank %d: broadcast: %s", r, pf_errmsg());
     for (int i = 0; i < N; i++)
         if (h[i] != (float)input(W - 1, i))
-            FAIL("rank %d: broadcast element %d wrong", r, i);
+            RANK_FAIL("rank %d: broadcast element %d wrong", r, i);
     if (coll_barrier(&c))
-        FAIL("rank %d: barrier: %s", r, pf_errmsg());
+        RANK_FAIL("rank %d: barrier: %s", r, pf_errmsg());
     snprintf(a->msg, sizeof a->msg,
              "rank %d of %d: allreduce sum/max, allgather, reduce_scatter, broadcast, barrier ok", r, W);
 out:
@@ -128,10 +131,8 @@ int main(void)
         return 77;
     }
     W = n < 4 ? n : 4;
-    if (coll_nccl_unique_id(id)) {
-        printf("FAIL: %s\n", pf_errmsg());
-        return 1;
-    }
+    if (coll_nccl_unique_id(id))
+        DIE("coll_nccl_unique_id");
     pthread_t t[4];
     rank_arg args[4];
     memset(args, 0, sizeof args);
@@ -139,11 +140,9 @@ int main(void)
         args[r].rank = r;
         pthread_create(&t[r], NULL, rank_main, &args[r]);
     }
-    int failures = 0;
     for (int r = 0; r < W; r++) {
         pthread_join(t[r], NULL);
-        printf("%-4s %s\n", args[r].failures ? "FAIL" : "ok", args[r].msg);
-        failures += args[r].failures;
+        check(!args[r].failed, "%s", args[r].msg);
     }
-    return failures ? 1 : 0;
+    return check_summary();
 }

@@ -8,14 +8,7 @@
 #include "common/coll.h"
 #include "common/err.h"
 #include "kernels/cuda/cuda_ops.h"
-
-static int failures;
-
-static void check(int ok, const char *what, const char *detail)
-{
-    printf("%-4s %s%s%s\n", ok ? "ok" : "FAIL", what, detail ? ": " : "", detail ? detail : "");
-    failures += !ok;
-}
+#include "tests/check.h"
 
 int main(void)
 {
@@ -34,26 +27,26 @@ int main(void)
     int missing = 0;
     for (size_t i = 0; i < sizeof entries / sizeof *entries; i++)
         missing += entries[i] == NULL;
-    char buf[64];
-    snprintf(buf, sizeof buf, "%d of %zu entries NULL", missing, sizeof entries / sizeof *entries);
-    check(missing == 0, "ops_cuda table complete", buf);
-    check(d->name && strcmp(d->name, "cuda") == 0, "ops_cuda name is \"cuda\"", d->name);
-    check(d->act_block(64) == 1 && d->act_block(3) == 1, "activations plain NCHW (act_block 1)", NULL);
+    check(missing == 0, "ops_cuda table complete: %d of %zu entries NULL", missing,
+          sizeof entries / sizeof *entries);
+    check(d->name && strcmp(d->name, "cuda") == 0, "ops_cuda name is \"cuda\": %s",
+          d->name ? d->name : "NULL");
+    check(d->act_block(64) == 1 && d->act_block(3) == 1, "activations plain NCHW (act_block 1)");
 
     int n = cuda_device_count();
     printf("CUDA devices visible: %d\n", n);
     ops_ctx *ctx = NULL;
     int rc = d->ctx_create(&ctx);
     if (n == 0)
-        check(rc == -ENODEV && ctx == NULL, "ctx_create without a GPU -> -ENODEV", pf_errmsg());
+        check(rc == -ENODEV && ctx == NULL, "ctx_create without a GPU -> -ENODEV: %s", pf_errmsg());
     else
-        check(rc == 0 && ctx != NULL, "ctx_create with a GPU", rc ? pf_errmsg() : NULL);
+        check(rc == 0 && ctx != NULL, "ctx_create with a GPU%s%s", rc ? ": " : "", rc ? pf_errmsg() : "");
     cuda_head_ws ws;
     int hrc = cuda_head_ws_init(&ws, 4, 10, 8);
     if (n == 0) {
-        check(hrc == -ENODEV, "cuda_head_ws_init without a GPU -> -ENODEV", pf_errmsg());
+        check(hrc == -ENODEV, "cuda_head_ws_init without a GPU -> -ENODEV: %s", pf_errmsg());
     } else {
-        check(hrc == 0, "cuda_head_ws_init with a GPU", hrc ? pf_errmsg() : NULL);
+        check(hrc == 0, "cuda_head_ws_init with a GPU%s%s", hrc ? ": " : "", hrc ? pf_errmsg() : "");
         if (ctx)
             d->ctx_destroy(ctx);
         if (hrc == 0)
@@ -64,14 +57,14 @@ int main(void)
         uint8_t id[CUDA_NCCL_ID_BYTES] = {0};
         pf_coll c;
         int nrc = coll_nccl_create(id, 2, 2, &c);
-        check(nrc == -EINVAL, "coll_nccl_create rank 2 of 2 -> -EINVAL", pf_errmsg());
+        check(nrc == -EINVAL, "coll_nccl_create rank 2 of 2 -> -EINVAL: %s", pf_errmsg());
         if (n == 0) {
             nrc = coll_nccl_create(id, 0, 1, &c);
-            check(nrc == -ENODEV, "coll_nccl_create without a GPU -> -ENODEV", pf_errmsg());
+            check(nrc == -ENODEV, "coll_nccl_create without a GPU -> -ENODEV: %s", pf_errmsg());
         }
     }
 #endif
     hrc = cuda_head_ws_init(&ws, 0, 10, 8);
-    check(hrc == -EINVAL, "cuda_head_ws_init n_max 0 -> -EINVAL", pf_errmsg());
-    return failures ? 1 : 0;
+    check(hrc == -EINVAL, "cuda_head_ws_init n_max 0 -> -EINVAL: %s", pf_errmsg());
+    return check_summary();
 }

@@ -12,11 +12,11 @@
 
 #include "common/coll.h"
 #include "common/err.h"
+#include "tests/check.h"
 #include "worker/head/pfc.h"
 
 enum { B = 5, D = 16, C = 41, MAXW = 3 };
 
-static int fails;
 static float table[C * D];      /* the class-center table the servers would hold */
 static float emb[MAXW * B * D]; /* embeddings of every worker's batch */
 static int64_t labels[MAXW * B];
@@ -68,14 +68,6 @@ static int cmp64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static double rel(const float *a, const float *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++)
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
 /* Single-process head over rows [0, n) of emb with the given sorted centers ids. */
 static int single(int64_t n, const float *e, const int64_t *lab, const int64_t *ids, int64_t k,
                   head_mode mode, double *loss, float *ge, float *gc)
@@ -119,8 +111,7 @@ static void run(int W, double rate, head_mode mode, int64_t step)
     coll_thread_group_destroy(g);
     for (int r = 0; r < W; r++)
         if (a[r].rc) {
-            printf("FAIL W=%d rate %g: rank %d returned %d\n", W, rate, r, a[r].rc);
-            fails++;
+            CHECK(0, "W=%d rate %g: rank %d returned %d", W, rate, r, a[r].rc);
             goto out;
         }
     if (mode == HEAD_MODE_GLOBAL) {
@@ -133,14 +124,13 @@ static void run(int W, double rate, head_mode mode, int64_t step)
         float ge[MAXW * B * D], gc[C * D];
         double loss;
         if (single(W * B, emb, labels, uni, ku, HEAD_MODE_GLOBAL, &loss, ge, gc)) {
-            printf("FAIL single: %s\n", pf_errmsg());
-            fails++;
+            CHECK(0, "single: %s", pf_errmsg());
             goto out;
         }
         double el = 0, ee = 0, ec = 0;
         for (int r = 0; r < W; r++) {
             el = fmax(el, fabs(a[r].loss - loss) / loss);
-            ee = fmax(ee, rel(a[r].ge, ge + r * B * D, B * D));
+            ee = fmax(ee, rel_l2(a[r].ge, ge + r * B * D, B * D));
             /* this worker's center gradients vs the union's rows of its ids */
             float *ref = malloc((size_t)(a[r].k * D) * sizeof(float));
             for (int64_t j = 0; j < a[r].k; j++) {
@@ -149,15 +139,15 @@ static void run(int W, double rate, head_mode mode, int64_t step)
                     u++;
                 memcpy(ref + j * D, gc + u * D, D * sizeof(float));
             }
-            ec = fmax(ec, rel(a[r].gc, ref, (size_t)(a[r].k * D)));
+            ec = fmax(ec, rel_l2(a[r].gc, ref, (size_t)(a[r].k * D)));
             free(ref);
         }
         int ok = el <= 1e-6 && ee <= 1e-5 && ec <= 1e-5;
-        printf("%s global W=%d rate %.1f step %lld: %lld of %d centers sampled; loss %.6f vs single %.6f rel "
-               "%.1e; "
-               "grad_emb rel %.1e; grad_cen rel %.1e\n",
-               ok ? "ok  " : "FAIL", W, rate, (long long)step, (long long)ku, C, a[0].loss, loss, el, ee, ec);
-        fails += !ok;
+        check(ok,
+              "global W=%d rate %.1f step %lld: %lld of %d centers sampled; loss %.6f vs single %.6f rel "
+              "%.1e; "
+              "grad_emb rel %.1e; grad_cen rel %.1e",
+              W, rate, (long long)step, (long long)ku, C, a[0].loss, loss, el, ee, ec);
     } else {
         double lsum = 0, ee = 0, ec = 0;
         for (int r = 0; r < W; r++) {
@@ -169,16 +159,16 @@ static void run(int W, double rate, head_mode mode, int64_t step)
                 ge[q] /= W;
             for (int64_t q = 0; q < a[r].k * D; q++)
                 gc[q] /= W;
-            ee = fmax(ee, rel(a[r].ge, ge, B * D));
-            ec = fmax(ec, rel(a[r].gc, gc, (size_t)(a[r].k * D)));
+            ee = fmax(ee, rel_l2(a[r].ge, ge, B * D));
+            ec = fmax(ec, rel_l2(a[r].gc, gc, (size_t)(a[r].k * D)));
             free(gc);
         }
         double el = fabs(a[0].loss - lsum / W) / (lsum / W);
         int ok = el <= 1e-9 && ee <= 1e-6 && ec <= 1e-6;
-        printf("%s local W=%d rate %.1f: loss %.6f = mean of worker losses %.6f (rel %.1e); grads = own / W "
-               "(rel %.1e, %.1e)\n",
-               ok ? "ok  " : "FAIL", W, rate, a[0].loss, lsum / W, el, ee, ec);
-        fails += !ok;
+        check(ok,
+              "local W=%d rate %.1f: loss %.6f = mean of worker losses %.6f (rel %.1e); grads = own / W "
+              "(rel %.1e, %.1e)",
+              W, rate, a[0].loss, lsum / W, el, ee, ec);
     }
 out:
     for (int r = 0; r < W; r++) {
@@ -212,12 +202,10 @@ int main(void)
     if (rc == 0)
         rc = pfc_sample(&x, 0, bad, NULL, NULL);
     int ok = rc == -ERANGE && strstr(pf_errmsg(), "label 41 of row 2");
-    printf("%s bad label: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
-    fails += !ok;
+    check(ok, "bad label: %s", pf_errmsg());
     rc = pfc_step(&x, emb, table, NULL, NULL, NULL);
     ok = rc == -EINVAL;
-    printf("%s step without a successful sample: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
-    fails += !ok;
+    check(ok, "step without a successful sample: %s", pf_errmsg());
     pfc_free(&x);
 
     /* A NaN embedding: the step reports the loss as nan, naming the step. */
@@ -234,8 +222,7 @@ int main(void)
     if (rc == 0)
         rc = pfc_step(&x, e2, table, &loss, gemb, gcen);
     ok = rc == -ERANGE && strstr(pf_errmsg(), "nan at step 3");
-    printf("%s NaN embedding: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
-    fails += !ok;
+    check(ok, "NaN embedding: %s", pf_errmsg());
     /* A row whose label was not found in the sample (simulated by unmapping it): a sampling fault, and
      * that row's loss is the floor 69.0776. */
     rc = pfc_sample(&x, 4, good, &ids, &k);
@@ -243,12 +230,10 @@ int main(void)
     if (rc == 0)
         rc = pfc_step(&x, emb, table, &loss, gemb, gcen);
     ok = rc == -EPROTO && strstr(pf_errmsg(), "step 4: 1 of 5 rows") && loss > 69.0776 / B;
-    printf("%s row without a target: %s (loss %.4f)\n", ok ? "ok  " : "FAIL", pf_errmsg(), loss);
-    fails += !ok;
+    check(ok, "row without a target: %s (loss %.4f)", pf_errmsg(), loss);
     pfc_free(&x);
     ok = pfc_init(&x, &p, NULL, C, 0.0, 1, B, D) == -EINVAL;
-    printf("%s sample_rate 0: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
-    fails += !ok;
+    check(ok, "sample_rate 0: %s", pf_errmsg());
 
     /* PFC_NO_HOST_HEAD (GPU workers): the same sample as a full pfc at a sample rate that leaves
      * negatives to draw, no host head workspace, and pfc_step refused. */
@@ -266,16 +251,12 @@ int main(void)
              !memcmp(ids_f, ids_s, (size_t)k_f * sizeof *ids_f) &&
              !memcmp(full.labels_local, samp.labels_local, B * sizeof(int64_t)) && samp.ws.cos == NULL &&
              samp.k_max == full.k_max;
-        printf("%s PFC_NO_HOST_HEAD samples as a full pfc (k %lld of %d, no workspace)\n",
-               ok ? "ok  " : "FAIL", (long long)k_s, C);
-        fails += !ok;
+        check(ok, "PFC_NO_HOST_HEAD samples as a full pfc (k %lld of %d, no workspace)", (long long)k_s, C);
         rs = pfc_step(&samp, emb, table, &loss, gemb, gcen);
         ok = rs == -EINVAL && strstr(pf_errmsg(), "PFC_NO_HOST_HEAD");
-        printf("%s PFC_NO_HOST_HEAD refuses pfc_step: %s\n", ok ? "ok  " : "FAIL", pf_errmsg());
-        fails += !ok;
+        check(ok, "PFC_NO_HOST_HEAD refuses pfc_step: %s", pf_errmsg());
         pfc_free(&full);
         pfc_free(&samp);
     }
-    printf("%s (%d failures)\n", fails ? "FAIL" : "PASS", fails);
-    return fails ? 1 : 0;
+    return check_summary();
 }

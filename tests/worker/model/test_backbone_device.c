@@ -24,9 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/err.h"
+#include "tests/check.h"
 #include "tests/npy.h"
 #include "tests/reference/ref.h"
 #include "worker/model/model_internal.h"
@@ -36,7 +36,6 @@
 /* fp32 rounding of an activation is ~1e-7 of its scale: closer than that to 0 it may flip. */
 #define KINK_REL 1e-7
 
-static int failures, checks;
 /* cuDNN batch norm: fp32 statistics move activations across PReLU kinks (~1e-3 on gradients, as
  * oneDNN's fp32 statistics did on the CPU device): gradients held to GRAD_TOL_KINK. */
 static int fp32_stats;
@@ -58,6 +57,7 @@ static void cmp(const char *net, const char *what, const float *got, const doubl
     double rms = sqrt(den / (double)(n ? n : 1));
     double err = rms < 1e-9 ? mx : sqrt(num / den);
     int bad = nan || !(err <= tol);
+    /* Counted as check() counts (tests/check.h); printed when failed, and every 16th passing comparison. */
     checks++;
     failures += bad;
     if (!nan && err > worst)
@@ -67,29 +67,14 @@ static void cmp(const char *net, const char *what, const float *got, const doubl
                rms < 1e-9 ? "max abs" : "rel", err, nan ? " (NaN: not written)" : "");
 }
 
-_Noreturn static void die(const char *what)
-{
-    printf("FAIL: %s: %s\n", what, pf_errmsg());
-    exit(1);
-}
-
 /* Downloads n floats of the model's device memory at p (after the queued work). */
 static float *get(model *m, const float *p, size_t n)
 {
     const ops_device *d = model_device(m);
     float *h = malloc(n * sizeof *h);
     if (!h || d->sync(model_ctx(m)) || d->mem_d2h(model_ctx(m), h, p, n * sizeof *h))
-        die("download");
+        DIE("download");
     return h;
-}
-
-static uint64_t rs;
-static float frand(void) /* U(-1, 1) */
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((double)(rs >> 11) * 0x1.0p-52 - 1.0);
 }
 
 /* ---- the device's memory and optimizer entries against the CPU device ---- */
@@ -100,11 +85,10 @@ static int bits_equal(const char *what, const float *a, const float *b, size_t n
     for (size_t i = 0; i < n && bad == n; i++)
         if (memcmp(&a[i], &b[i], 4))
             bad = i;
-    checks++;
-    if (bad != n) {
-        failures++;
-        printf("FAIL %s: element %zu: device %.9g, cpu %.9g\n", what, bad, (double)a[bad], (double)b[bad]);
-    }
+    if (bad == n)
+        check(1, "%s: bit for bit as the cpu device", what);
+    else
+        check(0, "%s: element %zu: device %.9g, cpu %.9g", what, bad, (double)a[bad], (double)b[bad]);
     return bad == n;
 }
 
@@ -118,83 +102,78 @@ static void check_utilities(const ops_device *dv, ops_ctx *c)
     float *dw, *dg, *dm, *dv2;
     if (dv->mem_alloc(c, (void **)&dw, bytes) || dv->mem_alloc(c, (void **)&dg, bytes) ||
         dv->mem_alloc(c, (void **)&dm, bytes) || dv->mem_alloc(c, (void **)&dv2, bytes))
-        die("mem_alloc");
+        DIE("mem_alloc");
     for (size_t i = 0; i < n; i++) {
-        hw[i] = 0.5f * frand();
-        hg[i] = 0.01f * frand();
-        hm[i] = 0.001f * frand();
-        hv[i] = 1e-5f * (frand() + 1.0f);
+        hw[i] = 0.5f * frand(-1, 1);
+        hg[i] = 0.01f * frand(-1, 1);
+        hm[i] = 0.001f * frand(-1, 1);
+        hv[i] = 1e-5f * (frand(-1, 1) + 1.0f);
         nan[i] = NAN;
     }
     /* zero-filled allocation, then poisoned */
     if (dv->mem_d2h(c, got, dw, bytes))
-        die("mem_d2h");
+        DIE("mem_d2h");
     size_t nz = 0;
     for (size_t i = 0; i < n; i++)
         nz += got[i] != 0.0f;
-    checks++;
-    failures += nz != 0;
-    printf("%s mem_alloc zero-filled: %s\n", dv->name, nz ? "NO (FAIL)" : "yes");
+    check(nz == 0, "%s mem_alloc zero-filled: %zu non-zero of %zu", dv->name, nz, n);
     /* SGD with momentum and weight decay, 2 steps */
     memcpy(cw, hw, bytes);
     memcpy(cm, hm, bytes);
     if (dv->mem_h2d(c, dw, nan, bytes) || dv->mem_h2d(c, dw, hw, bytes) || dv->mem_h2d(c, dg, hg, bytes) ||
         dv->mem_h2d(c, dm, hm, bytes))
-        die("mem_h2d");
+        DIE("mem_h2d");
     for (int s = 0; s < 2; s++) {
         if (dv->sgd_step(c, dw, dg, dm, n, 0.1f, 0.9f, 5e-4f))
-            die("sgd_step");
+            DIE("sgd_step");
         ops_cpu.sgd_step(NULL, cw, hg, cm, n, 0.1f, 0.9f, 5e-4f);
     }
     if (dv->mem_d2h(c, got, dw, bytes))
-        die("mem_d2h");
+        DIE("mem_d2h");
     int ok = bits_equal("sgd_step weights", got, cw, n);
     if (dv->mem_d2h(c, got, dm, bytes))
-        die("mem_d2h");
+        DIE("mem_d2h");
     ok &= bits_equal("sgd_step momentum", got, cm, n);
     /* AdamW steps 1..2 */
     memcpy(cw, hw, bytes);
     memcpy(cm, hm, bytes);
     memcpy(cv, hv, bytes);
     if (dv->mem_h2d(c, dw, hw, bytes) || dv->mem_h2d(c, dm, hm, bytes) || dv->mem_h2d(c, dv2, hv, bytes))
-        die("mem_h2d");
+        DIE("mem_h2d");
     for (int s = 1; s <= 2; s++) {
         if (dv->adamw_step(c, dw, dg, dm, dv2, n, 1e-3, 0.9, 0.999, 1e-8, 1e-2, s))
-            die("adamw_step");
+            DIE("adamw_step");
         ops_cpu.adamw_step(NULL, cw, hg, cm, cv, n, 1e-3, 0.9, 0.999, 1e-8, 1e-2, s);
     }
     if (dv->mem_d2h(c, got, dw, bytes))
-        die("mem_d2h");
+        DIE("mem_d2h");
     ok &= bits_equal("adamw_step weights", got, cw, n);
     if (dv->mem_d2h(c, got, dv2, bytes))
-        die("mem_d2h");
+        DIE("mem_d2h");
     ok &= bits_equal("adamw_step second moment", got, cv, n);
     /* scale, d2d, zero, sumsq */
     memcpy(cw, hw, bytes);
     ops_cpu.scale(NULL, cw, n, 0.37f);
     if (dv->mem_h2d(c, dm, nan, bytes) || dv->mem_h2d(c, dw, hw, bytes) || dv->mem_d2d(c, dm, dw, bytes) ||
         dv->scale(c, dm, n, 0.37f) || dv->mem_d2h(c, got, dm, bytes))
-        die("d2d / scale");
+        DIE("d2d / scale");
     ok &= bits_equal("d2d + scale", got, cw, n);
     double ss = 0, ref = 0;
     for (size_t i = 0; i < n; i++)
         ref += (double)hw[i] * hw[i];
     if (dv->sumsq(c, dw, n, &ss))
-        die("sumsq");
+        DIE("sumsq");
     double rel = fabs(ss - ref) / ref;
-    checks++;
-    failures += !(rel <= 1e-10);
+    check(rel <= 1e-10, "%s sumsq vs float64: rel %.2e", dv->name, rel);
     ok &= rel <= 1e-10;
     float inf_at[1] = {INFINITY};
     double s_inf = 0;
     if (dv->mem_h2d(c, dw + 777, inf_at, 4) || dv->sumsq(c, dw, n, &s_inf))
-        die("sumsq inf");
-    checks++;
-    failures += !isinf(s_inf);
+        DIE("sumsq inf");
+    check(isinf(s_inf), "%s sumsq with an inf: %g", dv->name, s_inf);
     if (dv->mem_zero(c, dw, bytes) || dv->sumsq(c, dw, n, &ss))
-        die("mem_zero");
-    checks++;
-    failures += ss != 0.0;
+        DIE("mem_zero");
+    check(ss == 0.0, "%s sumsq after mem_zero: %g", dv->name, ss);
     printf("%s utilities vs cpu: sgd_step, adamw_step, d2d+scale bit for bit %s; sumsq rel %.2e, with an inf "
            "%g, "
            "after mem_zero %g\n",
@@ -274,10 +253,10 @@ static void poison_internals(model *m)
     for (int t = 0; t < m->n_acts; t++)
         if (m->dev->mem_h2d(m->ctx, m->acts[t].data, nan,
                             m->acts[t].per_sample * m->acts[t].elem * (size_t)m->B_cap))
-            die("poison activations");
+            DIE("poison activations");
     for (int k = 0; k < m->n_pool; k++)
         if (m->dev->mem_h2d(m->ctx, m->pool[k], nan, m->pool_cap[k] * (size_t)m->B_cap))
-            die("poison gradient pool");
+            DIE("poison gradient pool");
     free(nan);
 }
 
@@ -285,8 +264,7 @@ static double *load_ref(const char *dir, const char *file, size_t count, const c
 {
     npy_array a;
     if (npy_load2(dir, file, &a) || a.count != count) {
-        printf("FAIL: %s %s/%s: %s (count %zu, expected %zu)\n", net, dir, file, pf_errmsg(), a.count, count);
-        exit(1);
+        DIE("%s %s/%s: count %zu, expected %zu", net, dir, file, a.count, count);
     }
     double *r = npy_to_f64(&a);
     npy_free(&a);
@@ -303,15 +281,14 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
     d.kind = MODEL_IRESNET;
     snprintf(d.name, sizeof d.name, "%.31s", name);
     if (!meta || int_list(meta, "\"layers\"", d.layers) || int_list(meta, "\"widths\"", d.widths)) {
-        printf("FAIL: %s/meta.json unreadable\n", path);
-        exit(1);
+        DIE("%s/meta.json unreadable", path);
     }
     d.embedding_size = (int)npy_json_number(meta, "num_features", 0);
     int B = (int)npy_json_number(meta, "batch", 0);
     free(meta);
     model *m;
     if (model_create_desc(&m, &d, B, dev))
-        die(name);
+        DIE("%s", name);
     ops_ctx *c = model_ctx(m);
     size_t np = model_num_params(m), nbuf = model_num_buffer_floats(m);
     printf("%s on %s: layers %d %d %d %d widths %d %d %d %d D %d B %d, %zu parameters\n", name, dev->name,
@@ -330,12 +307,12 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
         free(v);
     }
     if (model_set_params(m, hp))
-        die("model_set_params");
+        DIE("model_set_params");
     size_t nout = (size_t)B * d.embedding_size, nin = (size_t)B * 3 * 112 * 112;
     npy_array ai, ag;
     if (npy_load2(path, "input.npy", &ai) || npy_load2(path, "grad_output.npy", &ag) || ai.count != nin ||
         ag.count != nout)
-        die(name);
+        DIE("%s", name);
     float *hin = npy_to_f32(&ai), *hg = npy_to_f32(&ag);
     double *rout = load_ref(path, "output.npy", nout, name),
            *rgi = load_ref(path, "grad_input.npy", nin, name);
@@ -347,20 +324,20 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
     if (dev->mem_alloc(c, (void **)&dg, nout * 4) || dev->mem_alloc(c, (void **)&dgi, nin * 4) ||
         dev->mem_h2d(c, dg, hg, nout * 4) || dev->mem_h2d(c, dgi, poison, nin * 4) ||
         dev->mem_h2d(c, model_grads(m), poison, np * 4))
-        die("device buffers");
+        DIE("device buffers");
     /* An eval forward allocates the activations without changing the model (no dropout here); then
      * every activation and activation-gradient buffer is poisoned with NaN: an element a layer fails
      * to write propagates NaN to the checked outputs. */
     const float *emb;
     if (model_forward(m, hin, B, 0, &emb))
-        die("eval forward (allocation)");
+        DIE("eval forward (allocation)");
     poison_internals(m);
     model_zero_grad(m);
     if (model_forward(m, hin, B, 1, &emb))
-        die("training forward");
+        DIE("training forward");
     float *h = get(m, emb, nout);
     if (model_backward(m, dg, dgi))
-        die("backward");
+        DIE("backward");
     /* Gradients are held to 1e-4 unless an activation sits within KINK_REL rms of a PReLU kink: fp32
      * may then take the other branch than PyTorch's float64 and move upstream gradients by ~1e-3
      * (tests/worker/model/test_model_reference.c); those networks' gradients are held to GRAD_TOL_KINK.
@@ -376,7 +353,7 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
     free(h);
     float *hgr = malloc(np * 4), *hrun = malloc(nbuf * 4);
     if (dev->sync(c) || model_get_grads(m, hgr) || model_get_buffers(m, hrun))
-        die("model_get_grads / model_get_buffers");
+        DIE("model_get_grads / model_get_buffers");
     snprintf(sub, sizeof sub, "%s/grads", path);
     for (int i = 0; i < model_num_tensors(m); i++) {
         const model_tensor *t = model_tensor_at(m, i);
@@ -400,7 +377,7 @@ static void run_net(const char *dir, const char *name, const ops_device *dev)
     }
     /* eval forward with the updated running statistics */
     if (model_forward(m, hin, B, 0, &emb))
-        die("eval forward");
+        DIE("eval forward");
     h = get(m, emb, nout);
     cmp(name, "eval_output", h, reo, nout, TOL);
     free(h);
@@ -431,16 +408,16 @@ static void compare_to_cpu(const ops_device *dev, const char *net, int D, int B)
     model *mc, *md;
     if (model_desc_from_name(&d, net, D) || model_create_desc(&mc, &d, B, &ops_cpu) ||
         model_create_desc(&md, &d, B, dev))
-        die(net);
+        DIE("%s", net);
     model_init(mc, 3);
     model_init(md, 3);
     size_t nin = (size_t)B * 3 * 112 * 112, ne = (size_t)B * D, np = model_num_params(mc);
     size_t nb = model_num_buffer_floats(mc);
     float *x = malloc(nin * 4), *g = malloc(ne * 4), *gin_c = malloc(nin * 4);
     for (size_t i = 0; i < nin; i++)
-        x[i] = frand();
+        x[i] = frand(-1, 1);
     for (size_t i = 0; i < ne; i++)
-        g[i] = frand() / (float)ne;
+        g[i] = frand(-1, 1) / (float)ne;
     const float *ec, *ed;
     model_zero_grad(mc);
     model_zero_grad(md);
@@ -448,18 +425,18 @@ static void compare_to_cpu(const ops_device *dev, const char *net, int D, int B)
     ops_ctx *c = model_ctx(md);
     if (dev->mem_alloc(c, (void **)&dg, ne * 4) || dev->mem_alloc(c, (void **)&dgin, nin * 4) ||
         dev->mem_h2d(c, dg, g, ne * 4))
-        die("device buffers");
+        DIE("device buffers");
     if (model_forward(mc, x, B, 1, &ec) || model_backward(mc, g, gin_c))
-        die("cpu run");
+        DIE("cpu run");
     size_t kinks = near_kink(mc, KINK_REL);
     if (model_forward(md, x, B, 1, &ed))
-        die("device forward");
+        DIE("device forward");
     float *emb = get(md, ed, ne);
     if (model_backward(md, dg, dgin))
-        die("device backward");
+        DIE("device backward");
     float *gin = get(md, dgin, nin), *gr = malloc(np * 4), *run = malloc(nb * 4);
     if (model_get_grads(md, gr) || model_get_buffers(md, run))
-        die("device get");
+        DIE("device get");
     double gtol = kinks == 0 && !fp32_stats ? 1e-3 : GRAD_TOL_KINK;
     printf("%s D=%d B=%d on %s vs cpu: %zu PReLU inputs near the kink: gradients held to %.0e\n", net, D, B,
            dev->name, kinks, gtol);
@@ -513,10 +490,8 @@ int main(int argc, char **argv)
         devname = "cuda";
     }
     const ops_device *dev = ops_device_by_name(devname);
-    if (!dev) {
-        printf("FAIL: %s\n", pf_errmsg());
-        return 1;
-    }
+    if (!dev)
+        DIE("device '%s'", devname);
     if (dev->act_bytes != 4) {
         printf("FAIL: %s is a mixed-precision device (tests/worker/model/test_model_half.c covers those)\n",
                dev->name);
@@ -529,12 +504,11 @@ int main(int argc, char **argv)
         return 77;
     }
     if (rc)
-        die("ctx_create");
+        DIE("ctx_create");
     if (!strncmp(which, "cuda", 4))
         printf("CUDA device, batch norm %s\n",
                fp32_stats ? "cuDNN (fp32 statistics)" : "exact (float64 sums)");
-    rs = 0x9E3779B97F4A7C15ull ^ (uint64_t)time(NULL); /* fresh inputs each run */
-    printf("utilities seed %llu\n", (unsigned long long)rs);
+    test_seed_mixed(); /* fresh inputs each run, PFCPS_TEST_SEED replays */
     check_utilities(dev, c);
     dev->ctx_destroy(c);
     /* networks against the CPU device (on a CPU device a narrow iresnet only: it is the CPU device) */
@@ -544,7 +518,7 @@ int main(int argc, char **argv)
     char dir[1200];
     int missing = ref_dir(dir, sizeof dir, "backbone");
     if (missing)
-        return failures ? 1 : missing;
+        return fails + failures ? check_summary() : missing;
     DIR *dp = opendir(dir);
     if (!dp) {
         printf("FAIL: cannot open %s\n", dir);
@@ -558,8 +532,9 @@ int main(int argc, char **argv)
             nets++;
         }
     closedir(dp);
-    printf("%d networks on %s, %d tensors compared, %d failed, worst relative error %.3e (tolerance %.0e; "
+    printf("%d networks on %s, %d checks, %d failed, worst relative error %.3e (tolerance %.0e; "
            "gradients of a network with a near-kink PReLU input %.0e)\n",
            nets, which, checks, failures, worst, TOL, GRAD_TOL_KINK);
-    return failures || nets == 0 ? 1 : 0;
+    CHECK(nets > 0, "no iresnet_* network in %s", dir);
+    return check_summary();
 }

@@ -10,9 +10,8 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "tests/check.h"
 #include "worker/model/model.h"
-
-static int failures = 0;
 
 /* FNV-1a 64 written out here (the checkpoint's checksum, model.h) to re-seal crafted files. */
 static uint64_t fnv(const unsigned char *b, size_t n)
@@ -95,28 +94,22 @@ static void expect_refused(model *m, const char *what, const char *path, int wan
 {
     int rc = model_load(m, path);
     int same = !memcmp(model_params(m), before, np * sizeof(float));
-    int bad = rc != want_rc || (needle && !strstr(pf_errmsg(), needle)) || !same;
-    printf("%-30s rc %d '%s', model unchanged: %s  %s\n", what, rc, pf_errmsg(), same ? "yes" : "NO",
-           bad ? "FAIL" : "ok");
-    failures += bad;
+    check(rc == want_rc && (!needle || strstr(pf_errmsg(), needle)) && same,
+          "%-30s rc %d '%s', model unchanged: %s", what, rc, pf_errmsg(), same ? "yes" : "NO");
 }
 
 int main(void)
 {
     char dir[] = "/tmp/pfcps_ckpt_XXXXXX";
-    if (!mkdtemp(dir)) {
-        printf("FAIL: mkdtemp\n");
-        return 1;
-    }
+    if (!mkdtemp(dir))
+        DIE("mkdtemp");
     char path[256], bad[256];
     snprintf(path, sizeof path, "%s/r18.ckpt", dir);
     snprintf(bad, sizeof bad, "%s/bad.ckpt", dir);
 
     model *a, *b;
-    if (model_create(&a, "r18", 64, 2) || model_create(&b, "r18", 64, 2)) {
-        printf("FAIL: %s\n", pf_errmsg());
-        return 1;
-    }
+    if (model_create(&a, "r18", 64, 2) || model_create(&b, "r18", 64, 2))
+        DIE("model_create r18");
     model_init(a, 1);
     model_init(b, 2);
     /* one training forward so the running statistics are not the defaults */
@@ -125,33 +118,27 @@ int main(void)
     for (size_t i = 0; i < nin; i++)
         x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
     const float *e;
-    if (model_forward(a, x, 2, 1, &e)) {
-        printf("FAIL: %s\n", pf_errmsg());
-        return 1;
-    }
+    if (model_forward(a, x, 2, 1, &e))
+        DIE("model_forward");
     int rc = model_save(a, path);
-    printf("save %s: rc %d, %ld bytes (params %zu floats + buffers %zu floats)\n", path, rc, fsize(path),
-           model_num_params(a), model_num_buffer_floats(a));
-    failures += rc != 0;
+    check(rc == 0, "save %s: rc %d, %ld bytes (params %zu floats + buffers %zu floats)", path, rc,
+          fsize(path), model_num_params(a), model_num_buffer_floats(a));
     char tmp[300];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    printf("no temp file left behind: %s\n", access(tmp, F_OK) ? "ok" : "FAIL");
-    failures += access(tmp, F_OK) == 0;
+    check(access(tmp, F_OK) != 0, "no temp file left behind");
 
     rc = model_load(b, path);
     int pe = !memcmp(model_params(a), model_params(b), model_num_params(a) * sizeof(float));
     int be = !memcmp(model_buffers(a), model_buffers(b), model_num_buffer_floats(a) * sizeof(float));
-    printf("load: rc %d, parameters identical: %s, running statistics identical: %s\n", rc, pe ? "yes" : "NO",
-           be ? "yes" : "NO");
-    failures += rc != 0 || !pe || !be;
+    check(rc == 0 && pe && be, "load: rc %d, parameters identical: %s, running statistics identical: %s", rc,
+          pe ? "yes" : "NO", be ? "yes" : "NO");
     /* same eval output */
     float *ea = malloc(2 * 64 * sizeof *ea);
     model_forward(a, x, 2, 0, &e);
     memcpy(ea, e, 2 * 64 * sizeof *ea);
     model_forward(b, x, 2, 0, &e);
     int oe = !memcmp(ea, e, 2 * 64 * sizeof *ea);
-    printf("eval outputs after load identical: %s\n", oe ? "yes" : "NO");
-    failures += !oe;
+    check(oe, "eval outputs after load identical: %s", oe ? "yes" : "NO");
 
     /* corrupt files: b keeps its state */
     size_t np = model_num_params(b);
@@ -193,8 +180,7 @@ int main(void)
     }
     snprintf(tmp, sizeof tmp, "%s/nodir/x.ckpt", dir);
     rc = model_save(a, tmp);
-    printf("save into a missing directory: rc %d '%s' %s\n", rc, pf_errmsg(), rc == -EIO ? "ok" : "FAIL");
-    failures += rc != -EIO;
+    check(rc == -EIO, "save into a missing directory: rc %d '%s'", rc, pf_errmsg());
 
     /* ---- version 2 extras ---- */
     {
@@ -202,10 +188,8 @@ int main(void)
         model *sa = a, *sb = b;
         char plain_path[300];
         snprintf(plain_path, sizeof plain_path, "%s/w16.ckpt", dir);
-        if (model_create(&a, "r18_w16", 64, 2) || model_create(&b, "r18_w16", 64, 2)) {
-            printf("FAIL: %s\n", pf_errmsg());
-            return 1;
-        }
+        if (model_create(&a, "r18_w16", 64, 2) || model_create(&b, "r18_w16", 64, 2))
+            DIE("model_create r18_w16");
         model_init(a, 1);
         model_init(b, 3);
         size_t np = model_num_params(b);
@@ -214,15 +198,14 @@ int main(void)
         const char *path = plain_path;
         rc = model_save(a, path);
         long n = fsize(path);
-        failures += rc != 0;
+        check(rc == 0, "save r18_w16: rc %d, %ld bytes", rc, n);
         model_extra x[2] = {{"scale", 65536.0}, {"growth_tracker", 37.0}}, y[4];
         char xp[300];
         snprintf(xp, sizeof xp, "%s/x.ckpt", dir);
         rc = model_save_ex(a, xp, x, 2);
         long xn = fsize(xp);
-        printf("save_ex with 2 extras: rc %d, %ld bytes (= plain + 2 x 40: %s)\n", rc, xn,
-               xn == n + 80 ? "yes" : "NO");
-        failures += rc != 0 || xn != n + 80;
+        check(rc == 0 && xn == n + 80, "save_ex with 2 extras: rc %d, %ld bytes (= plain + 2 x 40: %s)", rc,
+              xn, xn == n + 80 ? "yes" : "NO");
         int got = -1;
         memset(y, 0, sizeof y);
         model_init(b, 4);
@@ -230,27 +213,24 @@ int main(void)
         pe = !memcmp(model_params(a), model_params(b), np * sizeof(float));
         int xe = got == 2 && !strcmp(y[0].name, "scale") && y[0].value == 65536.0 &&
                  !strcmp(y[1].name, "growth_tracker") && y[1].value == 37.0;
-        printf("load_ex: rc %d, %d extras (scale %g, growth_tracker %g), params identical: %s  %s\n", rc, got,
-               y[0].value, y[1].value, pe ? "yes" : "NO", rc == 0 && xe && pe ? "ok" : "FAIL");
-        failures += rc != 0 || !xe || !pe;
+        check(rc == 0 && xe && pe,
+              "load_ex: rc %d, %d extras (scale %g, growth_tracker %g), params identical: %s", rc, got,
+              y[0].value, y[1].value, pe ? "yes" : "NO");
         rc = model_load(b, xp);
-        printf("plain model_load of a file with extras: rc %d %s\n", rc, rc ? "FAIL" : "ok");
-        failures += rc != 0;
+        check(rc == 0, "plain model_load of a file with extras: rc %d", rc);
         model_init(b, 3);
         rc = model_load_ex(b, xp, y, 1, &got);
         int same = !memcmp(model_params(b), before, np * sizeof(float));
-        printf("load_ex with room for 1 of 2 extras: rc %d '%s', model unchanged: %s  %s\n", rc, pf_errmsg(),
-               same ? "yes" : "NO", rc == -EINVAL && same ? "ok" : "FAIL");
-        failures += rc != -EINVAL || !same;
+        check(rc == -EINVAL && same, "load_ex with room for 1 of 2 extras: rc %d '%s', model unchanged: %s",
+              rc, pf_errmsg(), same ? "yes" : "NO");
         /* version 1: the file model_save writes with no extras, version field 2 -> 1 */
         uint32_t v1 = 1;
         craft(path, bad, 8, &v1, 4, 0);
         got = -1;
         rc = model_load_ex(b, bad, y, 4, &got);
         pe = !memcmp(model_params(a), model_params(b), np * sizeof(float));
-        printf("version 1 file: rc %d, %d extras, params identical: %s  %s\n", rc, got, pe ? "yes" : "NO",
-               rc == 0 && got == 0 && pe ? "ok" : "FAIL");
-        failures += rc != 0 || got != 0 || !pe;
+        check(rc == 0 && got == 0 && pe, "version 1 file: rc %d, %d extras, params identical: %s", rc, got,
+              pe ? "yes" : "NO");
         model_init(b, 3);
         long xoff = xn - (long)((np + model_num_buffer_floats(a)) * sizeof(float)) - 80;
         copy_mod(xp, bad, xoff + 2, 0x01, -1, 0);
@@ -274,11 +254,10 @@ int main(void)
         int r1 = model_save_ex(a, np2, e1, 2), r2 = model_save_ex(a, np2, e2, 2),
             r3 = model_save_ex(a, np2, x, MODEL_EXTRAS_MAX + 1), r4 = model_save_ex(a, np2, NULL, 1);
         int none = access(np2, F_OK) != 0;
-        printf("save_ex refuses empty name %d, repeated name %d, %d extras %d, NULL table %d; "
-               "nothing written: %s  %s\n",
-               r1, r2, MODEL_EXTRAS_MAX + 1, r3, r4, none ? "yes" : "NO",
-               r1 == -EINVAL && r2 == -EINVAL && r3 == -EINVAL && r4 == -EINVAL && none ? "ok" : "FAIL");
-        failures += r1 != -EINVAL || r2 != -EINVAL || r3 != -EINVAL || r4 != -EINVAL || !none;
+        check(r1 == -EINVAL && r2 == -EINVAL && r3 == -EINVAL && r4 == -EINVAL && none,
+              "save_ex refuses empty name %d, repeated name %d, %d extras %d, NULL table %d; nothing "
+              "written: %s",
+              r1, r2, MODEL_EXTRAS_MAX + 1, r3, r4, none ? "yes" : "NO");
         unlink(xp);
         unlink(path);
         free(before);
@@ -288,8 +267,8 @@ int main(void)
         b = sb;
     }
 
-    /* The corpus seeds (tests/worker/model/fuzz_checkpoint_corpus): a version 1 file written by the earlier code and the
-     * same file turned into version 2 with two extras by a script (an independent writer of the
+    /* The corpus seeds (tests/worker/model/fuzz_checkpoint_corpus): a version 1 file written by the earlier
+     * code and the same file turned into version 2 with two extras by a script (an independent writer of the
      * format): both load, with the same parameters. */
     const char *src = getenv("PFCPS_SOURCE");
     model *w2;
@@ -308,9 +287,8 @@ int main(void)
         int eq = !memcmp(q1, model_params(w2), n2 * 4);
         int ok = r1 == 0 && r2 == 0 && eq && got == 2 && !strcmp(y2[1].name, "growth_tracker") &&
                  y2[1].value == 37.0 && y2[0].value == 65536.0;
-        printf("corpus seeds: version 1 rc %d, version 2 rc %d with %d extras, same parameters: %s  %s\n", r1,
-               r2, got, eq ? "yes" : "NO", ok ? "ok" : "FAIL");
-        failures += !ok;
+        check(ok, "corpus seeds: version 1 rc %d, version 2 rc %d with %d extras, same parameters: %s", r1,
+              r2, got, eq ? "yes" : "NO");
         free(q1);
         model_free(w2);
     }
@@ -323,6 +301,5 @@ int main(void)
     free(before);
     model_free(a);
     model_free(b);
-    printf("%s (%d failures)\n", failures ? "FAIL" : "PASS", failures);
-    return failures ? 1 : 0;
+    return check_summary();
 }
