@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -470,21 +471,64 @@ static int check_fit(const st_tensor *s, const model_tensor *t, const char *path
     return 0;
 }
 
+/* Refuses a non-finite value in any parameter or buffer of m, given their host copies hp and hb: a NaN or
+ * an infinity in a pretrained file would otherwise only show as a NaN loss at the first step. Returns 0
+ * or -EINVAL naming the file, the tensor and the element. */
+static int check_finite(const model *m, const float *hp, const float *hb, const char *path)
+{
+    for (int i = 0; i < m->n_tensors + m->n_buffers; i++) {
+        int is_param = i < m->n_tensors;
+        const model_tensor *t = is_param ? &m->tensors[i] : &m->buffers_t[i - m->n_tensors];
+        const float *v = (is_param ? hp : hb) + t->offset;
+        for (size_t k = 0; k < t->count; k++)
+            if (!isfinite(v[k]))
+                return pf_err(-EINVAL, "pretrained %s: tensor '%s' element %zu is %s", path, t->name, k,
+                              isnan(v[k]) ? "NaN"
+                              : v[k] > 0  ? "+Inf"
+                                          : "-Inf");
+    }
+    return 0;
+}
+
+/* Loads a backbone file (model.ckpt) as pretrained weights, refusing non-finite values: m is put back as
+ * it was when the file holds one. */
+static int load_pretrained_ckpt(model *m, const char *path)
+{
+    size_t np = m->n_params ? m->n_params : 1, nb = m->n_buffer_floats ? m->n_buffer_floats : 1;
+    float *hp = malloc(np * sizeof(float)), *hb = malloc(nb * sizeof(float));
+    float *was_p = malloc(np * sizeof(float)), *was_b = malloc(nb * sizeof(float));
+    int rc = 0;
+    if (!hp || !hb || !was_p || !was_b)
+        rc = pf_err(-ENOMEM, "pretrained %s: out of memory", path);
+    else if ((rc = model_get_params(m, was_p)) || (rc = model_get_buffers(m, was_b)))
+        rc = pf_err_wrap(rc, "pretrained %s: reading the model from device %s", path, m->dev->name);
+    else if ((rc = model_load(m, path)))
+        rc = pf_err_wrap(rc, "pretrained");
+    else if ((rc = model_get_params(m, hp)) || (rc = model_get_buffers(m, hb)))
+        rc = pf_err_wrap(rc, "pretrained %s: reading back from device %s", path, m->dev->name);
+    else if ((rc = check_finite(m, hp, hb, path))) {
+        /* the message stays check_finite's: putting the model back does not set one when it works */
+        if (model_set_params(m, was_p) || model_set_buffers(m, was_b))
+            rc = pf_err_wrap(rc, "pretrained %s: also failed to put the model back", path);
+    }
+    free(hp);
+    free(hb);
+    free(was_p);
+    free(was_b);
+    return rc;
+}
+
 int model_load_pretrained(model *m, const char *path)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return pf_err(errno == ENOENT ? -ENOENT : -EIO, "pretrained %s: cannot open: %s", path,
-                      strerror(errno));
     char magic[8];
-    size_t got = fread(magic, 1, 8, fp);
-    fclose(fp);
-    if (got == 8 && !memcmp(magic, "PFCPSBB1", 8)) {
-        int rc = model_load(m, path);
-        return rc ? pf_err_wrap(rc, "pretrained") : 0;
-    }
+    size_t got = 0;
+    int rc = pf_read_head(path, magic, sizeof magic, &got);
+    if (rc)
+        return pf_err_wrap(rc, "pretrained %s", path);
+    if (got == 8 && !memcmp(magic, "PFCPSBB1", 8))
+        return load_pretrained_ckpt(m, path);
     st_file *f;
-    int rc = st_read(&f, path);
+    rc = st_read(&f, path);
     if (rc)
         return pf_err_wrap(rc, "pretrained");
     int nt = m->n_tensors, nb = m->n_buffers;
@@ -516,6 +560,8 @@ int model_load_pretrained(model *m, const char *path)
             goto out;
         }
     }
+    if ((rc = check_finite(m, hp, hb, path)))
+        goto out;
     if ((rc = model_set_params(m, hp)) || (rc = model_set_buffers(m, hb)))
         rc = pf_err_wrap(rc, "pretrained %s: writing to device %s", path, m->dev->name);
 out:

@@ -99,8 +99,12 @@ int model_export_safetensors(const model *m, const char *path);
  *   `safetensors.torch.save_file(backbone.state_dict(), path)` in PyTorch): every parameter and running
  *   statistic of m present, F32, in m's shape; `*.num_batches_tracked` entries ignored; any other tensor
  *   refused.
- * The whole file is checked before m changes. Returns 0; -EINVAL naming the missing, extra or mismatched
- * (dtype, shape) tensor; -EPROTO (malformed file, st_parse); -ENOENT / -EIO; -ENOMEM; the device's error. */
+ * Either way every value must be finite (a NaN or an infinity is refused naming the file, the tensor and the
+ * element). The file is opened with pf_open_regular (a FIFO, device or folder is refused at once).
+ * The whole file is checked before m changes (a model.ckpt with a non-finite value is loaded and m put
+ * back). Returns 0; -EINVAL naming the missing, extra, mismatched (dtype, shape) or non-finite tensor;
+ * -EPROTO (malformed file, st_parse); -ENOENT / -EACCES / -EIO (pf_open_regular); -ENOMEM; the device's
+ * error. */
 int model_load_pretrained(model *m, const char *path);
 
 #endif

@@ -3,14 +3,17 @@
  * with a missing tensor, a wrong shape, a wrong dtype, an extra tensor or a truncated header is refused
  * naming the problem, the model untouched; hostile files (header length beyond the file, offsets out of range
  * / overlapping / leaving gaps, sizes not matching the shape, unknown dtypes, malformed JSON, duplicate keys)
- * are refused by st_parse with -EPROTO, and every truncation of a valid file too. (The files' readability by
- * the `safetensors` package and PyTorch is tests/tools/test_export.py.) */
+ * are refused by st_parse with -EPROTO, and every truncation of a valid file too; a NaN or infinite weight in
+ * a safetensors file or a model.ckpt is refused naming the file, tensor and element, and a FIFO at once. (The
+ * files' readability by the `safetensors` package and PyTorch is tests/tools/test_export.py.) */
 #include "tests/check.h"
 #include "worker/model/safetensors.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define B 3
@@ -104,6 +107,62 @@ static void roundtrip(const char *net, int D, const float *x)
     model_free(c);
 }
 
+/* Non-finite weights in a pretrained file are refused naming the file, the tensor and the element, and
+ * leave b as it was: a NaN in a parameter and +Inf in a running statistic of a safetensors file, -Inf in a
+ * parameter of a model.ckpt. hp, hb: a's parameters and buffers (a is left changed). */
+static void nonfinite(model *a, model *b, float *hp, float *hb)
+{
+    char path[128];
+    size_t np = model_num_params(a), nb = model_num_buffer_floats(a);
+    float *p = malloc(np * 4), *q = malloc(nb * 4);
+    if (!p || !q)
+        DIE("out of memory");
+    struct {
+        const char *tensor, *ext;
+        int buffer; /* the tensor is a running statistic */
+        size_t elem;
+        float value;
+        const char *want;
+    } cases[] = {
+        {"layer1.0.prelu.weight", "safetensors", 0, 3, NAN,
+         "bad.safetensors: tensor 'layer1.0.prelu.weight' element 3 is NaN"},
+        {"bn2.running_var", "safetensors", 1, 0, INFINITY,
+         "bad.safetensors: tensor 'bn2.running_var' element 0 is +Inf"},
+        {"fc.weight", "ckpt", 0, 100, -INFINITY, "bad.ckpt: tensor 'fc.weight' element 100 is -Inf"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        memcpy(p, hp, np * 4);
+        memcpy(q, hb, nb * 4);
+        const model_tensor *t = NULL;
+        for (int i = 0; i < (cases[c].buffer ? model_num_buffer_tensors(a) : model_num_tensors(a)); i++) {
+            const model_tensor *u = cases[c].buffer ? model_buffer_tensor_at(a, i) : model_tensor_at(a, i);
+            if (!strcmp(u->name, cases[c].tensor))
+                t = u;
+        }
+        if (!t)
+            DIE("no tensor %s", cases[c].tensor);
+        (cases[c].buffer ? q : p)[t->offset + cases[c].elem] = cases[c].value;
+        snprintf(path, sizeof path, "%s/bad.%s", dir, cases[c].ext);
+        if (model_set_params(a, p) || model_set_buffers(a, q))
+            DIE("%s", pf_errmsg());
+        if (strcmp(cases[c].ext, "ckpt") ? model_export_safetensors(a, path) : model_save(a, path))
+            DIE("writing %s: %s", path, pf_errmsg());
+        float *before = malloc(np * 4), *after = malloc(np * 4);
+        if (!before || !after || model_get_params(b, before))
+            DIE("host copies");
+        int rc = model_load_pretrained(b, path);
+        CHECK(rc == -EINVAL && strstr(pf_errmsg(), cases[c].want), "%s in %s: rc %d '%s', wanted '%s'",
+              cases[c].tensor, cases[c].ext, rc, pf_errmsg(), cases[c].want);
+        CHECK(model_get_params(b, after) == 0 && memcmp(before, after, np * 4) == 0,
+              "a refused non-finite %s changed the model", cases[c].ext);
+        printf("non-finite weight refused: %s\n", pf_errmsg());
+        free(before);
+        free(after);
+    }
+    free(p);
+    free(q);
+}
+
 /* A file with the model's tensors but `drop` left out / `reshape` given another shape / `f16` as F16 / an
  * `extra` tensor: refused naming the tensor, the model unchanged. */
 static void refusals(const float *x)
@@ -184,6 +243,17 @@ static void refusals(const float *x)
           pf_errmsg());
     rc = model_load_pretrained(b, "/nonexistent/x.safetensors");
     CHECK(rc == -ENOENT, "missing file: rc %d", rc);
+    nonfinite(a, b, hp, hb);
+    /* a FIFO is refused at once instead of waiting for a writer */
+    char fifo[128];
+    snprintf(fifo, sizeof fifo, "%s/pretrained.fifo", dir);
+    if (mkfifo(fifo, 0600))
+        DIE("mkfifo %s", fifo);
+    rc = model_load_pretrained(b, fifo);
+    CHECK(rc == -EIO && strstr(pf_errmsg(), "pretrained.fifo: a FIFO, not a regular file"),
+          "FIFO as pretrained: rc %d '%s'", rc, pf_errmsg());
+    printf("FIFO refused: %s\n", pf_errmsg());
+    unlink(fifo);
     float *y1 = forward(b, x);
     CHECK(memcmp(y0, y1, (size_t)B * 16 * 4) == 0, "a refused file changed the model");
     free(y0);
@@ -295,7 +365,8 @@ static void hostile(void)
     printf("every truncation of a valid %zu-byte file refused\n", n);
 }
 
-/* Files written by the safetensors package (numpy save_file: the fuzz seeds tests/worker/model/fuzz_safetensors_corpus).
+/* Files written by the safetensors package (numpy save_file: the fuzz seeds
+ * tests/worker/model/fuzz_safetensors_corpus).
  */
 static void package_files(void)
 {
