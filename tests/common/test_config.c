@@ -356,8 +356,8 @@ static void test_round_trip(void **state)
     const char *sets4[] = {"num_classes=1", toolong};
     assert_int_equal(cfg_load(&a, NULL, sets4, 2), -EINVAL);
     assert_non_null(strstr(pf_errmsg(), "key 'rec': value is longer than 255"));
-    /* Found by fuzz_ctl_config: a value starting with ';' was written bare and read back as a comment;
-     * a rendezvous host of ";[:" was accepted. */
+    /* A value starting with ';' is written back so that it reads back as itself, not as a comment (a case
+     * fuzz_ctl_config reaches); a rendezvous host of ";[:" is refused. */
     const char *sets5[] = {"num_classes=1", "rec=;x", "output=a;b"};
     assert_int_equal(cfg_load(&a, NULL, sets5, 3), 0);
     text = cfg_to_ini(&a);
@@ -367,7 +367,7 @@ static void test_round_trip(void **state)
     free(text);
     assert_int_equal(cfg_load_text(&b, "num_classes = 5\nrec = x\nrendezvous =;[::1\n"), -EINVAL);
     assert_non_null(strstr(pf_errmsg(), "rendezvous"));
-    /* ' ;' inside a value is written back in quotes (issue 17 item 6: it used to be refused). */
+    /* A value with ' ;' inside is accepted and written back in quotes, so it reads back whole. */
     assert_int_equal(cfg_set(&a, "rec", "a ;b"), 0);
     text = cfg_to_ini(&a);
     assert_non_null(strstr(text, "rec = \"a ;b\"\n"));
@@ -388,9 +388,8 @@ static void test_round_trip(void **state)
     assert_non_null(strstr(pf_errmsg(), "<config text>:3"));
 }
 
-/* Issue 17 item 6, "late checks": config-level facts the daemons used to refuse only after the run formed (or
- * never) are refused by the config load itself, so `pfcps config-get` and every daemon refuse them at once.
- */
+/* Config-level facts (warmup against num_epoch, the network's name, quoting) are checked by the config load
+ * itself, so `pfcps config-get` and every daemon refuse a bad value at once, before the run forms. */
 static void test_late_checks(void **state)
 {
     (void)state;
@@ -427,7 +426,7 @@ static void test_late_checks(void **state)
     assert_int_equal(cfg_set(&c, "network", "resnet50"), -EINVAL);
     assert_int_equal(cfg_set(&c, "network", "mbf_w16"), -EINVAL);
 
-    /* A quoted value keeps its ' ;' (inih cut it there: output became '"/tmp/a'); a comment may follow. */
+    /* A quoted value keeps its ' ;' (it does not start a comment inside the quotes); a comment may follow. */
     path = write_file("quoted.ini", "num_classes = 1\nrec = x\noutput = \"/tmp/a ;b\" ; where it goes\n"
                                     "pretrained = '/m ;1.ckpt'\nval_targets = lfw ; a comment\n"
                                     "snapshot_dir = ; none\n");

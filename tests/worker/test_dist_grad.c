@@ -1,5 +1,5 @@
-/* Distributed == single process, issue 6 test (c): the backbone gradient after the allreduce equals the
- * mean of the per-worker gradients.
+/* Distributed == single process for the backbone: the gradient after the allreduce equals the mean of the
+ * per-worker gradients.
  *
  * W = 2 and 3 forked ranks (tests/common/mp_ring.h: one libfabric tcp endpoint each on 127.0.0.1) build
  * the ring collectives the training loop uses (coll_fabric_create) and a tiny backbone, r18_w8 with
@@ -9,7 +9,7 @@
  *     coll_allreduce(grads, nparams, F32, SUM);  g[i] *= 1.f / W
  * Each rank then compares its result with the float64 mean of all ranks' captured gradients, computed
  * here:
- *   - norm-relative error ||g - mean|| / ||mean|| <= 1e-6 (the tolerance of the issue);
+ *   - norm-relative error ||g - mean|| / ||mean|| <= 1e-6 (the allreduce adds W float32 terms in its order);
  *   - elementwise |g_i - mean_i| <= 1e-6 * (1/W) sum_r |g_r,i| (float32 summation of W terms is
  *     accurate relative to the sum of magnitudes, not to a cancelling mean);
  *   - every rank ends with bitwise the same gradient (coll.h promises it; DDP's replicas must agree);

@@ -1,4 +1,4 @@
-/* Distributed == single process, issue 6 test (b): the Partial FC head with the parameter server.
+/* Distributed == single process for the head: the Partial FC head with the parameter server.
  *
  * S = 2 real pfcps-server daemons (tests/server/pst.c starts them on 127.0.0.1, tcp provider, BSP,
  * momentum 0.9, weight_decay 5e-4) and W = 1, 2, 3 forked worker processes. Each worker opens a

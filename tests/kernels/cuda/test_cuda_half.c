@@ -11,8 +11,8 @@
  *      device may differ by its one output rounding (u) plus accumulation order and the extra
  *      half-precision roundings some cuDNN algorithms make inside (Winograd / FFT tiles): <= 4u
  *      (u = 2^-11 fp16, 2^-8 bf16); fp32 side outputs (BN statistics, parameter gradients) <= 1e-4;
- *  (b) against ops_cpu in fp32 on the unrounded inputs: fp16 <= 1e-2 (issue 7); bf16, with 3 fewer
- *      mantissa bits (u 8x larger), <= 8e-2.
+ *  (b) against ops_cpu in fp32 on the unrounded inputs: fp16 <= 1e-2; bf16, with 3 fewer mantissa bits
+ *      (u 8x larger), <= 8e-2.
  * Without a GPU: prints why and exits 77 (SKIP). */
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* Bad input (issue 4, point 5): truncated .rec, wrong magic, length past end of file, .idx offset past
+/* Bad input: truncated .rec, wrong magic, length past end of file, .idx offset past
  * end or not at a magic, malformed .idx, labels NaN / negative / >= num_classes, a corrupt JPEG, a
  * wrong-size image, an empty identity folder. Each must give an error naming the file, the key and the
  * byte offset; with skip_bad_records the bad records are skipped and counted exactly. */

@@ -1,4 +1,4 @@
-/* RecordIO reader against byte-level fixtures written here by hand from the format facts (issue 4):
+/* RecordIO reader against byte-level fixtures written here by hand from the format facts (MXNet RecordIO):
  * a flag-0 record, a flag-2 record, a multi-chunk record whose payload contains the magic at aligned
  * offsets, an InsightFace-style pack (header record 0 last in the file, identity records after the
  * images) and an im2rec-style pack (no header, .idx out of key order). The reader must return the exact
