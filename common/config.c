@@ -3,6 +3,7 @@
 #include "common/config.h"
 
 #include "common/err.h"
+#include "common/file.h"
 #include "common/netname.h"
 #include "common/hostport.h"
 #include "common/log.h"
@@ -640,27 +641,19 @@ int cfg_load_ex(pf_config *cfg, const char *path, const char *const *sets, int n
 {
     cfg_defaults(cfg);
     if (path) {
-        FILE *f = fopen(path, "rb");
-        if (!f)
-            return pf_err(errno == ENOENT ? -ENOENT : -EIO, "config file %s: cannot open: %s", path,
-                          strerror(errno));
-        char *text = malloc(CFG_MAX_FILE + 1);
-        size_t n = text ? fread(text, 1, CFG_MAX_FILE + 1, f) : 0;
-        int read_err = ferror(f);
-        fclose(f);
-        if (!text)
-            return pf_err(-ENOMEM, "config file %s: out of memory", path);
-        if (read_err || n > CFG_MAX_FILE) {
-            free(text);
-            return pf_err(-EIO, "config file %s: %s", path,
-                          read_err ? "read error (is it a regular file?)" : "larger than 4 MiB");
-        }
-        text[n] = '\0';
+        uint8_t *bytes;
+        size_t n;
+        int rc = pf_read_file(path, CFG_MAX_FILE, &bytes, &n);
+        if (rc == -EFBIG)
+            return pf_err(rc, "config file %s: larger than 4 MiB", path);
+        if (rc < 0)
+            return pf_err_wrap(rc, "config file %s", path);
+        char *text = (char *)bytes; /* NUL-terminated by pf_read_file */
         if (strlen(text) != n) {
             free(text);
             return pf_err(-EINVAL, "config file %s: contains a NUL byte (not a text file?)", path);
         }
-        int rc = check_lines(text, path);
+        rc = check_lines(text, path);
         size_t pl = strlen(path);
         if (rc == 0 && pl > 3 && !strcmp(path + pl - 3, ".py")) {
             rc = cfg_load_py_text(cfg, text, path);

@@ -79,8 +79,10 @@ typedef struct pf_config {
 void cfg_defaults(pf_config *cfg);
 
 /* Loads `path` (INI; NULL = defaults only), then applies `nset` overrides "key=value" in order, then
- * validates. Returns 0, or -EINVAL / -ENOENT with pf_errmsg() naming the file, line, key and problem:
- * unknown key (with a did-you-mean suggestion), wrong type, out of range, missing required key. */
+ * validates. The file is opened with pf_open_regular (a FIFO, device or folder is refused at once).
+ * Returns 0, or -EINVAL / -ENOENT with pf_errmsg() naming the file, line, key and problem:
+ * unknown key (with a did-you-mean suggestion), wrong type, out of range, missing required key;
+ * -EACCES "permission denied" / -EIO "a FIFO, not a regular file" (and other kinds) naming the file. */
 int cfg_load(pf_config *cfg, const char *path, const char *const *sets, int nset);
 
 /* Sets one key from its text value (the `--set` path). Returns 0 or -EINVAL with a message. */

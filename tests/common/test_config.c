@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static char tmpdir[256];
@@ -206,6 +207,17 @@ static void test_validation_errors(void **state)
     snprintf(missing, sizeof missing, "%s/does-not-exist.ini", tmpdir);
     assert_int_equal(cfg_load(&c, missing, NULL, 0), -ENOENT);
     assert_non_null(strstr(pf_errmsg(), "does-not-exist.ini"));
+
+    /* A FIFO or a folder given as the config is refused at once, naming the path and its kind (a FIFO
+     * opened for reading would otherwise wait for a writer). */
+    char fifo[600];
+    snprintf(fifo, sizeof fifo, "%s/fifo.ini", tmpdir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    assert_int_equal(cfg_load(&c, fifo, NULL, 0), -EIO);
+    assert_non_null(strstr(pf_errmsg(), "fifo.ini: a FIFO, not a regular file"));
+    assert_int_equal(cfg_load(&c, tmpdir, NULL, 0), -EIO);
+    assert_non_null(strstr(pf_errmsg(), ": a directory, not a regular file"));
+    unlink(fifo);
 
     /* A line the parser would have to split is refused with its number. */
     char *huge = malloc(6000);
