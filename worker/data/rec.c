@@ -2,6 +2,7 @@
 #include "worker/data/rec.h"
 
 #include "common/err.h"
+#include "common/file.h"
 #include "common/log.h"
 
 #include <ctype.h>
@@ -241,9 +242,10 @@ static int parse_u64(const char **s, uint64_t *v)
 
 static int read_idx(const char *path, idx_entry **out, size_t *n_out)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return pf_err(-errno, "%s: cannot open index: %s", path, strerror(errno));
+    FILE *f;
+    int orc = pf_fopen_regular(path, &f);
+    if (orc < 0)
+        return pf_err_wrap(orc, "%s: cannot open index", path);
     idx_entry *e = NULL;
     size_t n = 0, cap = 0, lineno = 0;
     char *line = NULL;
@@ -317,9 +319,12 @@ static int read_idx(const char *path, idx_entry **out, size_t *n_out)
 static int read_property(const char *path, int64_t *classes)
 {
     *classes = 0;
-    FILE *f = fopen(path, "r");
-    if (!f)
+    FILE *f;
+    int rc = pf_fopen_regular(path, &f);
+    if (rc == -ENOENT)
         return 0;
+    if (rc < 0)
+        return pf_err_wrap(rc, "%s", path);
     char buf[256] = {0};
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
@@ -417,14 +422,12 @@ static int rec_set_paths(rec_file *rf, const char *prefix, char *prop, size_t pr
 /* Step 2: maps the .rec file read-only (rf->map, rf->size), advised for the sequential open-time check. */
 static int rec_map_file(rec_file *rf)
 {
-    int fd = open(rf->rec_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return pf_err(-errno, "%s: cannot open: %s", rf->rec_path, strerror(errno));
     struct stat st;
+    int fd = pf_open_regular(rf->rec_path, &st);
+    if (fd < 0)
+        return pf_err_wrap(fd, "%s", rf->rec_path);
     int rc = 0;
-    if (fstat(fd, &st) < 0)
-        rc = pf_err(-errno, "%s: fstat: %s", rf->rec_path, strerror(errno));
-    else if ((rf->size = (size_t)st.st_size) == 0)
+    if ((rf->size = (size_t)st.st_size) == 0)
         rc = pf_err(-EPROTO, "%s: file is empty", rf->rec_path);
     else {
         rf->map = mmap(NULL, rf->size, PROT_READ, MAP_SHARED, fd, 0);

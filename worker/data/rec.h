@@ -107,7 +107,9 @@ int rec_resolve_prefix(const char *rec, char *base, size_t cap);
  * A bad record fails the open with its file, key and byte offset in the message, unless
  * skip_bad_records, in which case it is dropped, counted in rf->skipped and logged (first 10).
  * Damage to the file as a whole (missing file, unparsable .idx line, broken header record, no images)
- * always fails. Errors: -ENOENT, -EIO, -EPROTO, -ERANGE, -EINVAL, -ENOMEM. */
+ * always fails. The .idx, .rec and property files are opened with pf_open_regular (a FIFO, device or
+ * folder in their place is refused at once, naming the path and its kind). Errors: -ENOENT, -EACCES, -EIO,
+ * -EPROTO, -ERANGE, -EINVAL, -ENOMEM. */
 int rec_open(rec_file **out, const char *prefix, int64_t num_classes, int skip_bad_records);
 
 /* Reads image i (0 <= i < num_images) of an open file: payload and image bytes. `scratch` is used for

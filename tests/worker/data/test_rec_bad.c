@@ -1,7 +1,8 @@
 /* Bad input: truncated .rec, wrong magic, length past end of file, .idx offset past
  * end or not at a magic, malformed .idx, labels NaN / negative / >= num_classes, a corrupt JPEG, a
  * wrong-size image, an empty identity folder. Each must give an error naming the file, the key and the
- * byte offset; with skip_bad_records the bad records are skipped and counted exactly. */
+ * byte offset; with skip_bad_records the bad records are skipped and counted exactly. A FIFO as the .rec or
+ * .idx, or a folder as the property file, is refused at once naming the path and its kind. */
 #include "fixture.h"
 
 #include "common/err.h"
@@ -11,6 +12,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 static char dir[256];
@@ -149,6 +151,37 @@ static void test_structural(void)
     build("two_bad", d_two, NULL, off);
     snprintf(s[0], 64, "key 1 at byte %zu", off[1]);
     expect("two_bad", 0, (const char *[]){"two_bad.rec", s[0], NULL}, 2, 2);
+}
+
+/* A FIFO in place of the .rec or the .idx, or a folder in place of the property file, is refused at once
+ * naming the path and its kind (opening a FIFO for reading would otherwise wait for a writer). */
+static void test_not_regular(void)
+{
+    static const struct {
+        const char *name, *file, *kind;
+    } cases[] = {
+        {"fifo_rec", ".rec", "a FIFO"},
+        {"fifo_idx", ".idx", "a FIFO"},
+        {"dir_prop", "property", "a directory"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        size_t off[4];
+        build(cases[c].name, NULL, NULL, off);
+        char p[400], want[64];
+        if (cases[c].file[0] == '.') {
+            snprintf(p, sizeof p, "%s/%s%s", dir, cases[c].name, cases[c].file);
+            if (unlink(p) || mkfifo(p, 0600))
+                DIE("mkfifo %s", p);
+        } else {
+            snprintf(p, sizeof p, "%s/%s", dir, cases[c].file);
+            if (mkdir(p, 0700))
+                DIE("mkdir %s", p);
+        }
+        snprintf(want, sizeof want, "%s, not a regular file", cases[c].kind);
+        expect(cases[c].name, 0, (const char *[]){p, want, NULL}, -1, 0);
+        if (cases[c].file[0] != '.')
+            rmdir(p);
+    }
 }
 
 static void test_labels(void)
@@ -413,6 +446,7 @@ int main(void)
         return 1;
     }
     test_structural();
+    test_not_regular();
     test_labels();
     test_header();
     char ob[300];
