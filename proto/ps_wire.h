@@ -21,12 +21,13 @@
  * Large requests are split by the client into messages of at most ps_wire_rows_per_msg(D, dtype) rows,
  * so every message fits the receive buffers both sides post (ps_wire_msg_bytes).
  *
- * Why pulled rows travel in reply messages rather than an explicit RMA write into the worker (DESIGN.md §4
- * allows either): the rows must be scattered back to the caller's order anyway (ids are split by shard),
- * a message cannot land half-written, and the table needs no remote key at all (nothing remote can read or
- * write it). Above ofi_rxm's eager limit (16 KiB) the provider moves a message with its rendezvous protocol,
- * i.e. an RDMA read by the receiver from the server's registered reply buffer, so on verbs the bulk bytes
- * still go one-sided. */
+ * Why pulled rows travel in reply messages rather than an explicit RMA write into the worker
+ * (docs/architecture.md, the departure "Pull replies are messages, not RMA writes"): the rows
+ * must be scattered back to the caller's order anyway (ids are split by shard), a message cannot land
+ * half-written, and the table needs no remote key at all (nothing remote can read or write it). Above
+ * ofi_rxm's eager limit (16 KiB) the provider moves a message with its rendezvous protocol, i.e. an RDMA
+ * read by the receiver from the server's registered reply buffer, so on verbs the bulk bytes still go
+ * one-sided. */
 #ifndef PFCPS_PROTO_PS_WIRE_H
 #define PFCPS_PROTO_PS_WIRE_H
 

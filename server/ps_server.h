@@ -9,7 +9,8 @@
  * ~64 KiB claimed from a shared counter; the progress thread sends each reply once its rows are in), so a
  * server's gathers, like its applies, use `apply_threads` + 1 cores.
  *
- * Step clock (DESIGN.md §3): steps_done = number of steps whose W pushes have all been applied.
+ * Step clock (docs/architecture.md, One training step, item 8): steps_done = number of steps whose W pushes
+ * have all been applied.
  *   pull tagged t: answered once steps_done >= t - max_staleness (BSP when max_staleness = 0: a pull for
  *                  step t+1 waits for every push of step t); error if the worker has not yet pushed
  *                  steps 0..t-1 (a step from the future).
@@ -20,10 +21,10 @@
  *                  are held until their step's turn. Gradients that several pushes of one
  *                  step send for the same row are summed (in worker-rank order, in double) and the row gets
  *                  one SGD update: v = mu*v + (g + wd*w); w -= lr*v (torch.optim.SGD, dampening 0).
- * Global head mode (opts.global_mode, DESIGN.md §3.8): every class has one owning worker, so a push is
- * applied as soon as it is complete (the oldest step first: each worker's pushes apply in step order) and a
- * pull of step t is answered once that worker's own pushes of steps < t are applied; steps_done is then the
- * slowest worker's applied steps.
+ * Global head mode (opts.global_mode; docs/architecture.md, One training step, item 8): every class has one
+ * owning worker, so a push is applied as soon as it is complete (the oldest step first: each worker's pushes
+ * apply in step order) and a pull of step t is answered once that worker's own pushes of steps < t are
+ * applied; steps_done is then the slowest worker's applied steps.
  * Push acknowledgements: sent on receipt, unless earlier steps lag behind (a push of step t is answered once
  * steps_done >= t - 1 - max_staleness in local mode, once the worker's own applied steps >= t - 1 in global
  * mode), so at most about two steps of pushes wait for the apply threads.

@@ -1,10 +1,10 @@
 /* Shard table: the class centers a server owns, with their SGD momentum, in host memory.
  *
- * Interleaved sharding (DESIGN.md §1): server s of S owns class c iff c mod S == s, at local row c div S.
- * Shard s holds ceil((C - s) / S) rows. Weights and momentum are fp32, (rows x D) each, in one
- * page-aligned anonymous mapping (weights first, momentum after, each page-aligned), plus one byte per
+ * Interleaved sharding (docs/architecture.md, Processes): server s of S owns class c iff c mod S == s, at
+ * local row c div S. Shard s holds ceil((C - s) / S) rows. Weights and momentum are fp32, (rows x D) each, in
+ * one page-aligned anonymous mapping (weights first, momentum after, each page-aligned), plus one byte per
  * row (its state, below): 8 * D + 1 bytes per identity plus page rounding (the server adds 8 bytes of apply
- * bookkeeping per row: ps_server.c).
+ * bookkeeping per row: server/apply.c).
  *
  * Initial weights: N(0, 0.01^2) drawn by a counter-based generator keyed by (seed, c), so the content
  * of row c does not depend on S. For row c, with splitmix64(x) the standard SplitMix64 finaliser

@@ -1,5 +1,6 @@
 /* Shard snapshots: a server's shard file of a checkpoint (names: common/ckpt.h), a point-in-time copy of its
- * shard written while the server keeps serving, and its load at resume (DESIGN.md §4).
+ * shard written while the server keeps serving, and its load at resume (docs/architecture.md, Checkpoints and
+ * recovery).
  *
  * Writing (copy-on-update by row block, never fork(): the table is registered memory): the shard's rows are
  * cut into blocks of `block_rows` rows. A writer thread saves the blocks in order; an apply thread that is

@@ -29,7 +29,8 @@ static const char plan_usage[] =
     "  server memory a server may use (256 GiB), its memory bandwidth (100 GB/s), the head's GEMM rate on a\n"
     "  worker (15000 GFLOP/s), the backbone's forward + backward per step that hides the transfers (0 ms).\n"
     "  Prints the servers needed for memory and for bandwidth, bytes per step per link, and the step time\n"
-    "  bounded by link, server memory and head compute (DESIGN.md section 8; the model in tools/plan.h).";
+    "  bounded by link, server memory and head compute (docs/architecture.md, Performance model; the model\n"
+    "  in tools/plan.h).";
 
 /* Parses a count with an optional decimal suffix (k, M, G) or an exponent (1e8) into [lo, hi]. */
 static int parse_count(const char *s, double lo, double hi, int64_t *out)

@@ -2,7 +2,7 @@
  * servers it needs and what bounds its step. Pure functions, no I/O, so tests/tools/test_plan.c checks them
  * against values computed by hand.
  *
- * The model is DESIGN.md §8's, per step and worker:
+ * The model (docs/architecture.md, Performance model), per step and worker:
  *   k        = rows a worker samples: ceil(r x P) for its partition of P classes (global head mode: P =
  *              ceil(C / W), the largest partition; local mode: P = C), at least min(N, P) (the positives),
  *              or --sampled k; N = W x B rows in the head (global mode) or B (local);
@@ -13,14 +13,15 @@
  *              the W x k rows of all workers spread over S servers (interleaved sharding), so W / S times a
  *              worker's;
  *   memory   = each server's rows per step (W x k / S) x PLAN_MEM_PASSES x 4 D bytes / memory bandwidth: the
- *              push's SGD reads w, v, g and writes w, v (5 passes, DESIGN.md §8), the pull's gather reads the
- *              row and writes the reply (2);
+ *              push's SGD reads w, v, g and writes w, v (5 passes), the pull's gather reads the row and
+ *              writes the reply (2);
  *   head     = 6 N k D FLOP (three GEMMs: cosines, dL/d embeddings, dL/d centers) / the GEMM rate;
  *   step     = max(backbone, max(link, memory)) + head: the pull runs under the forward and the push under
  * the backward (worker/train.c), the head between them; with no backbone (bench/scale's head path) the
  * transfers and the head add up. Server memory is server/shard.c's: per shard 2 page-rounded regions of rows
- * x D x 4 bytes (weights, momentum) + 1 byte per row, i.e. 8 D + 1 bytes per identity; the start-up check
- * wants that + 1/16 of the regions + 256 MiB of MemAvailable; request buffers (server/ps_server.c):
+ * x D x 4 bytes (weights, momentum) + 1 byte per row (its state) + 8 bytes per row of apply bookkeeping
+ * (server/apply.c), i.e. 8 D + 9 bytes per identity; the start-up check wants that + 1/16 of the regions +
+ * 256 MiB of MemAvailable; request buffers (server/ps_server.c):
  * PLAN_RECV_BUFS receive and as many send buffers of ps_wire_msg_bytes(D), the pushes of one step held as
  * fp32 chunks (8 + 4 D bytes per row) and the pull replies (D x wire bytes per row). */
 #ifndef PFCPS_TOOLS_PLAN_H
@@ -55,8 +56,8 @@ typedef struct plan_out {
     int64_t partition;      /* P: classes of the largest worker partition */
     int64_t k;              /* rows a worker samples per step */
     int64_t n;              /* rows in the head */
-    int bytes_per_identity; /* 8 D + 1 */
-    double table_bytes;     /* C x (8 D + 1): the whole table, before page rounding */
+    int bytes_per_identity; /* 8 D + 9 */
+    double table_bytes;     /* C x (8 D + 9): the whole table, before page rounding */
     int servers_mem;        /* fewest servers whose largest shard fits server_mem_gib */
     int servers_bw; /* fewest servers for a step within PLAN_SERVER_SLACK of step_limit_s (plan_compute) */
     int servers;    /* evaluated: in.servers, or max(servers_mem, servers_bw) */
@@ -78,8 +79,9 @@ typedef struct plan_out {
 } plan_out;
 
 /* Bytes one server needs at S servers: its largest shard (2 page-rounded regions of ceil(C / S) x D x 4 bytes
- * + 1 byte per row), the start-up margin (1/16 of the regions + 256 MiB) and its request buffers for
- * rows_step rows per step from all workers (fp32 push chunks + pull replies + the message buffers). */
+ * + 9 bytes per row: row state and apply bookkeeping), the start-up margin (1/16 of the regions + 256 MiB)
+ * and its request buffers for rows_step rows per step from all workers (fp32 push chunks + pull replies +
+ * the message buffers). */
 double plan_server_need(const plan_in *in, int S, double rows_step);
 
 /* Fills out from in (every field of plan_out). Returns 0, or -EINVAL with pf_errmsg() naming the first input

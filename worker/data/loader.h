@@ -9,10 +9,10 @@
  * (seed, epoch, key), so batches are identical whatever num_workers is.
  *
  * Labels first: loader_peek_labels() returns the next batch's labels before loader_next() hands the
- * batch over, so the class-center pull starts from them (DESIGN.md §3.3) while the backbone still
- * works on the previous batch. It waits until the batch is decoded (the decode threads run ahead by
- * `prefetch` batches, so in steady state it does not wait): the labels it returns are those of the
- * images actually delivered.
+ * batch over, so the class-center pull starts from them (docs/architecture.md, One training step, items 1
+ * and 3) while the backbone still works on the previous batch. It waits until the batch is decoded (the
+ * decode threads run ahead by `prefetch` batches, so in steady state it does not wait): the labels it
+ * returns are those of the images actually delivered.
  *
  * Bad records: structural damage fails loader_open (rec_open); with skip_bad_records those records are
  * dropped at open and counted. An image that fails to decode later (a corrupt JPEG body) fails

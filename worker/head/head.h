@@ -1,5 +1,5 @@
 /* Partial FC margin-softmax head (ArcFace / CosFace / combined margin), forward and backward, on the
- * CPU with BLAS. DESIGN.md §3 step 5.
+ * CPU with BLAS (docs/architecture.md, One training step, item 5).
  *
  * Math (ArcFace paper, Deng et al. 2019, eq. 3 and the combined margin of eq. 4; arcface_torch
  * CombinedMarginLoss + PartialFC_V2 / DistCrossEntropyFunc):

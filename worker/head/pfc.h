@@ -1,5 +1,5 @@
-/* Partial FC step glue for one worker (DESIGN.md §3 steps 1, 2, 4, 5, 7 without the parameter-server
- * pull/push, which the training loop does between pfc_sample and pfc_step):
+/* Partial FC step glue for one worker (docs/architecture.md, One training step, items 2 and 5; the
+ * parameter-server pull and push, items 3 and 6, are the training loop's, between pfc_sample and pfc_step):
  *
  *   pfc_sample(step, labels of my batch)        global mode: allgather labels (W*B), sample my
  *                                               partition; local mode: sample from my own labels

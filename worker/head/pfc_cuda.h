@@ -1,5 +1,5 @@
 /* Partial FC step on the CUDA device: the device twin of pfc_step (worker/head/pfc.h) for a worker whose
- * backbone runs on the GPU. DESIGN.md §3 steps 4, 5, 7; issue 7.
+ * backbone runs on the GPU (docs/architecture.md, One training step, item 5, and Devices).
  *
  *   host:   pfc_init(&p, ...)                        sampling state (host memory), host pf_coll
  *           pfc_cuda_create(&g, &p, dev_coll, 0)     device workspace, sized once from p
@@ -8,11 +8,11 @@
  *           pfc_cuda_step(&g, &p, dev_emb, dev_centers, &loss, dev_grad_emb, dev_grad_centers)
  *           ... push dev_grad_centers for `ids`, backbone backward with dev_grad_emb ...
  *
- * Departure from issue 7 (which lists a GPU sampling kernel): sampling stays on the host. pfc_sample's
- * ids are needed on the host anyway (they name the rows to pull from the servers, before the backbone
- * forward so the pull overlaps it), it costs O(W*B + k) host work per step, and keeping one sampler
- * keeps the CPU and CUDA workers' samples identical. pfc_cuda_step uploads the host's labels_local
- * (the columns of the targets, W*B int64) each step.
+ * Sampling stays on the host, with no GPU kernel, because pfc_sample's ids are needed on the host anyway
+ * (they name the rows to pull from the servers, before the backbone forward so that the pull overlaps it),
+ * it costs O(W*B + k) host work per step, and one sampler keeps the CPU and CUDA workers' samples
+ * identical. pfc_cuda_step uploads the host's labels_local (the columns of the targets, W*B int64) each
+ * step.
  *
  * Math: exactly head_forward's and head_backward's (worker/head/head.h) through cuda_head_dist
  * (kernels/cuda/cuda_ops.h): global mode allgathers the embeddings (W*B rows, rank-major), allreduces

@@ -1,5 +1,5 @@
-/* Partial FC class-center sampling (DESIGN.md §3 step 2; Partial FC, An et al. 2022, and
- * arcface_torch PartialFC_V2.sample: all positives plus uniformly drawn negatives, sorted ids,
+/* Partial FC class-center sampling (docs/architecture.md, One training step, item 2; Partial FC, An et al.
+ * 2022, and arcface_torch PartialFC_V2.sample: all positives plus uniformly drawn negatives, sorted ids,
  * labels remapped to positions in the sample).
  *
  * Global mode: worker `rank` owns the classes c with c mod world_size == rank (its partition, of
