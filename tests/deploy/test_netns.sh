@@ -12,7 +12,7 @@
 # resolves is refused after ctl_timeout with the reason. Namespaces, veths, bridge and /etc/netns entries are
 # this test's own and removed on exit (also on failure). Skips (77) without root, ip, tc or namespace support.
 # Arguments: SERVER WORKER PFCPS SRC BUILD (tests/deploy/local/cluster.sh).
-skip() { echo "SKIP: $*"; exit 77; }
+. "$(dirname "$0")/../expect.sh"
 [ "$(id -u)" -eq 0 ] || skip "network namespaces need root (ip netns add)"
 command -v ip >/dev/null 2>&1 || skip "no 'ip' command (iproute2)"
 command -v tc >/dev/null 2>&1 || skip "no 'tc' command (iproute2)"
@@ -49,17 +49,17 @@ nsx() { local h=$1; shift; ip netns exec "${NS[$h]}" "$@"; }
 # The network: a bridge, and per host a namespace, a veth pair (eth0 inside, ${tag}HOST on the bridge) and
 # a hosts file naming every host but ps0.
 ip netns add "${NS[ps0]}" 2>"$TMP/netns.err" || skip "cannot create a network namespace: $(cat "$TMP/netns.err")"
-ip link add "$BR" type bridge || fail "ip link add $BR type bridge"
-ip link set "$BR" up || fail "bridge up"
+ip link add "$BR" type bridge || die "ip link add $BR type bridge"
+ip link set "$BR" up || die "bridge up"
 for h in "${HOSTS[@]}"; do
-  [ "$h" = ps0 ] || ip netns add "${NS[$h]}" || fail "ip netns add ${NS[$h]}"
-  ip link add "${tag}$h" type veth peer name "${tag}${h}i" || fail "veth for $h"
-  ip link set "${tag}${h}i" netns "${NS[$h]}" || fail "veth into ${NS[$h]}"
-  ip link set "${tag}$h" master "$BR" up || fail "veth $h onto the bridge"
-  nsx "$h" ip link set "${tag}${h}i" name eth0 || fail "rename eth0 in $h"
-  nsx "$h" ip addr add "${IP[$h]}/24" dev eth0 || fail "address for $h"
-  nsx "$h" ip link set eth0 up || fail "eth0 up in $h"
-  nsx "$h" ip link set lo up || fail "lo up in $h"
+  [ "$h" = ps0 ] || ip netns add "${NS[$h]}" || die "ip netns add ${NS[$h]}"
+  ip link add "${tag}$h" type veth peer name "${tag}${h}i" || die "veth for $h"
+  ip link set "${tag}${h}i" netns "${NS[$h]}" || die "veth into ${NS[$h]}"
+  ip link set "${tag}$h" master "$BR" up || die "veth $h onto the bridge"
+  nsx "$h" ip link set "${tag}${h}i" name eth0 || die "rename eth0 in $h"
+  nsx "$h" ip addr add "${IP[$h]}/24" dev eth0 || die "address for $h"
+  nsx "$h" ip link set eth0 up || die "eth0 up in $h"
+  nsx "$h" ip link set lo up || die "lo up in $h"
   nsx "$h" tc qdisc add dev eth0 root tbf rate "$RATE" burst 1mb latency 100ms 2>"$TMP/tc.err" ||
     skip "tc tbf is not available: $(cat "$TMP/tc.err")"
   mkdir -p "/etc/netns/${NS[$h]}"
@@ -78,10 +78,10 @@ except ConnectionRefusedError: pass
 except OSError as e: sys.exit(str(e))' "$2"
 }
 for h in ps0 ps1 wk1; do
-  reach wk0 "${IP[$h]}" || fail "wk0 cannot reach $h (${IP[$h]}) over the bridge (bridge netfilter dropping frames?)"
+  reach wk0 "${IP[$h]}" || die "wk0 cannot reach $h (${IP[$h]}) over the bridge (bridge netfilter dropping frames?)"
 done
-[ "$(nsx wk0 getent hosts ps1 | awk '{print $1}')" = "${IP[ps1]}" ] || fail "ps1 does not resolve in wk0's namespace"
-nsx wk0 getent hosts ps0 >/dev/null && fail "ps0 resolves before it is published"
+[ "$(nsx wk0 getent hosts ps1 | awk '{print $1}')" = "${IP[ps1]}" ] || die "ps1 does not resolve in wk0's namespace"
+nsx wk0 getent hosts ps0 >/dev/null && die "ps0 resolves before it is published"
 
 pack_orl 30
 cfg=$SRC/deploy/configs/quickstart.ini
@@ -105,39 +105,39 @@ SPIDS=("$S0" "$S1")
 # Every daemon waits for the name ps0 (up to ctl_timeout, 30 s); once all four are waiting, and 2 s later, ps0
 # is published in every namespace.
 for d in server0 server1 worker0 worker1; do
-  wait_log "$TMP/$d.log" "waiting for name 'ps0'" 20 || { show_logs; fail "$d did not wait for the name ps0"; }
+  wait_log "$TMP/$d.log" "waiting for name 'ps0'" 20 || { show_logs; die "$d did not wait for the name ps0"; }
 done
 sleep 2
 for d in server0 server1 worker0 worker1; do
-  ! grep -q "rendezvous listening\|joined:" "$TMP/$d.log" || { show_logs; fail "$d went on before ps0 was published"; }
+  ! grep -q "rendezvous listening\|joined:" "$TMP/$d.log" || { show_logs; die "$d went on before ps0 was published"; }
 done
 for h in "${HOSTS[@]}"; do echo "${IP[ps0]} ps0" >>"/etc/netns/${NS[$h]}/hosts"; done
 published=$(date +%s.%N)
 
-wait_all "$W0" "$W1" || { show_logs; fail "a worker did not exit 0"; }
+wait_all "$W0" "$W1" || { show_logs; die "a worker did not exit 0"; }
 trained=$(date +%s.%N)
 kill -TERM "$S0" "$S1"
 for r in 0 1; do
   rc=0; wait "${SPIDS[r]}" || rc=$?
-  [ "$rc" -eq 0 ] || { show_logs; fail "server $r exited $rc on SIGTERM, expected 0"; }
+  [ "$rc" -eq 0 ] || { show_logs; die "server $r exited $rc on SIGTERM, expected 0"; }
 done
 for d in server0 server1 worker0 worker1; do
-  grep -q "name 'ps0' resolved after" "$TMP/$d.log" || { show_logs; fail "$d: no 'name ps0 resolved' line"; }
+  grep -q "name 'ps0' resolved after" "$TMP/$d.log" || { show_logs; die "$d: no 'name ps0 resolved' line"; }
 done
 # Server 0 listened on ps0's name; every member came from its own host's address.
-grep -q "rendezvous listening on ps0:29500" "$TMP/server0.log" || { show_logs; fail "server 0 did not bind ps0:29500"; }
+grep -q "rendezvous listening on ps0:29500" "$TMP/server0.log" || { show_logs; die "server 0 did not bind ps0:29500"; }
 for m in "server[1] ps1" "worker[0] wk0" "worker[1] wk1"; do
   who=${m% *} ip=${IP[${m#* }]}
-  grep -qF "$who joined from $ip:" "$TMP/server0.log" || { show_logs; fail "$who did not join from $ip"; }
+  grep -qF "$who joined from $ip:" "$TMP/server0.log" || { show_logs; die "$who did not join from $ip"; }
 done
 
 log=$TMP/out/training.log
-[ -s "$TMP/out/model.ckpt" ] || fail "no model.ckpt"
+[ -s "$TMP/out/model.ckpt" ] || die "no model.ckpt"
 steps=$(grep -o 'Global Step: [0-9]*' "$log" | tail -n 1 | awk '{print $3}')
 first=$(grep -m1 -o 'Loss [0-9.]*' "$log" | awk '{print $2}')
 last=$(grep -o 'Loss [0-9.]*' "$log" | tail -n 1 | awk '{print $2}')
-[ "${steps:-0}" -eq $((EPOCHS * 18)) ] || fail "trained ${steps:-0} steps, expected $((EPOCHS * 18))"
-loss_fell "$first" "$last" || fail "loss did not fall: $first -> $last"
+[ "${steps:-0}" -eq $((EPOCHS * 18)) ] || die "trained ${steps:-0} steps, expected $((EPOCHS * 18))"
+loss_fell "$first" "$last" || die "loss did not fall: $first -> $last"
 
 # Every host sent its share through its own rate-limited link: servers the pulled rows (~15 KB a step), workers
 # also the backbone's ring allreduce (~6 MB a step); the workers' links were throttled by tbf (overlimits).
@@ -146,9 +146,9 @@ for h in "${HOSTS[@]}"; do
     awk '/Sent/ {for (i = 1; i <= NF; i++) if ($i == "overlimits") o = $(i + 1); print $2, o + 0; exit}')
   echo "netns: $h (${IP[$h]}) sent $sent bytes through tbf $RATE, overlimits $over"
   case $h in
-    ps*) [ "${sent:-0}" -gt 100000 ] || fail "$h sent only ${sent:-0} bytes through its link" ;;
-    wk*) [ "${sent:-0}" -gt 10000000 ] || fail "$h sent only ${sent:-0} bytes through its link"
-         [ "${over:-0}" -gt 0 ] || fail "$h's link was never throttled by tbf (overlimits 0)" ;;
+    ps*) [ "${sent:-0}" -gt 100000 ] || die "$h sent only ${sent:-0} bytes through its link" ;;
+    wk*) [ "${sent:-0}" -gt 10000000 ] || die "$h sent only ${sent:-0} bytes through its link"
+         [ "${over:-0}" -gt 0 ] || die "$h's link was never throttled by tbf (overlimits 0)" ;;
   esac
 done
 
@@ -156,13 +156,13 @@ done
 t0=$(date +%s)
 launch wk1 "$TMP/never.log" "$WORKER" --config "$cfg" --rank 0 "${sets[@]}" --set rendezvous=never-published:29500 \
   --set ctl_timeout=3
-wait_exit "$DPID" 20 || fail "a worker waiting for a name that never resolves still runs after 20 s"
+wait_exit "$DPID" 20 || die "a worker waiting for a name that never resolves still runs after 20 s"
 rc=0; wait "$DPID" || rc=$?
 t1=$(date +%s)
-[ "$rc" -eq 1 ] || { cat "$TMP/never.log"; fail "never-published: exit $rc, expected 1"; }
+[ "$rc" -eq 1 ] || { cat "$TMP/never.log"; die "never-published: exit $rc, expected 1"; }
 grep -Eq "cannot resolve (the )?rendezvous host 'never-published': .*\(retried for" "$TMP/never.log" ||
-  { cat "$TMP/never.log"; fail "never-published: no 'cannot resolve ... (retried for' message"; }
-[ $((t1 - t0)) -ge 2 ] || fail "never-published: gave up after $((t1 - t0)) s, before ctl_timeout (3 s)"
+  { cat "$TMP/never.log"; die "never-published: no 'cannot resolve ... (retried for' message"; }
+[ $((t1 - t0)) -ge 2 ] || die "never-published: gave up after $((t1 - t0)) s, before ctl_timeout (3 s)"
 
 awk -v s="$steps" -v f="$first" -v l="$last" -v a="$start" -v p="$published" -v t="$trained" 'BEGIN {
   printf "netns: %s steps, loss %s -> %s; ps0 published %.1f s after start, trained %.1f s later\n",
@@ -170,7 +170,7 @@ awk -v s="$steps" -v f="$first" -v l="$last" -v a="$start" -v p="$published" -v 
 
 # Teardown leaves nothing of this test's.
 cleanup; trap - EXIT; teardown
-! ip netns list | grep -q "pfcps-$tag-" || fail "namespaces left: $(ip netns list | grep "pfcps-$tag-")"
-! ip -br link | grep -q "^$tag" || fail "links left: $(ip -br link | grep "^$tag")"
-for h in "${HOSTS[@]}"; do [ ! -e "/etc/netns/${NS[$h]}" ] || fail "/etc/netns/${NS[$h]} left"; done
+! ip netns list | grep -q "pfcps-$tag-" || die "namespaces left: $(ip netns list | grep "pfcps-$tag-")"
+! ip -br link | grep -q "^$tag" || die "links left: $(ip -br link | grep "^$tag")"
+for h in "${HOSTS[@]}"; do [ ! -e "/etc/netns/${NS[$h]}" ] || die "/etc/netns/${NS[$h]} left"; done
 echo "netns: PASS"

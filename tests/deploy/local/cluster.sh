@@ -2,9 +2,11 @@
 #   source "$(dirname "$0")/cluster.sh" "$@"
 # with the arguments tests/deploy/local/meson.build gives every one of them:
 #   SERVER WORKER PFCPS (the binaries) SRC BUILD (source and build trees).
-# It sets `-uo pipefail`, makes the scratch directory TMP and kills on exit every daemon started here (PIDS)
-# and the process group of a launcher started by start_launcher (LP), then removes TMP.
+# It sets `-uo pipefail`, sources tests/expect.sh (fail, die, skip, expect_*), makes the scratch directory TMP
+# and kills on exit every daemon started here (PIDS) and the process group of a launcher started by
+# start_launcher (LP), then removes TMP. Its helpers end the test with die when what they wait for fails.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/../../expect.sh"
 [ $# -ge 5 ] || { echo "usage: $0 SERVER WORKER PFCPS SRC BUILD" >&2; exit 2; }
 SERVER=$1 WORKER=$2 PFCPS=$3 SRC=$4 BUILD=$5
 TMP=$(mktemp -d)
@@ -17,7 +19,6 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 
 # Config lines the tests' run files share (expanded in their heredocs):
 # TINY_BACKBONE: the tiny test network (r18_w8, 16-d embeddings);
@@ -80,7 +81,7 @@ pack_orl() {
   local i
   mkdir -p "$TMP/stage"
   for ((i = 1; i <= $1; i++)); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
-  "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || fail "pack"
+  "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || die "pack"
 }
 
 # start_cluster CONFIG S W [worker args...]: starts S servers and W workers; pids in SPIDS / WPIDS,
@@ -104,7 +105,7 @@ start_cluster() {
 run_cluster() {
   local msg=$1; shift
   start_cluster "$@"
-  wait_all "${WPIDS[@]}" || { show_logs; fail "$msg"; }
+  wait_all "${WPIDS[@]}" || { show_logs; die "$msg"; }
   stop_servers
 }
 
@@ -170,7 +171,7 @@ wait_log() {
 wait_trace() {
   local i
   for ((i = 0; i < 600; i++)); do trace_has "$1" "$2" && return 0; sleep 0.1; done
-  trace_has "$1" "$2" || { show_logs; fail "$3"; }
+  trace_has "$1" "$2" || { show_logs; die "$3"; }
 }
 trace_has() { [ -s "$1" ] && { [ "$2" -le 1 ] || [ "$(wc -l <"$1")" -ge "$2" ]; }; }
 
@@ -189,7 +190,7 @@ stop_servers() {
   for p in "${SPIDS[@]}"; do
     s=0; wait "$p" || s=$?
     if [ "$s" -eq 75 ] && grep -q "the run is broken" "$TMP/server$r.log"; then s=0; fi
-    [ "$s" -eq 0 ] || { tail -5 "$TMP"/server*.log; fail "server $r exited $s on SIGTERM"; }
+    [ "$s" -eq 0 ] || { tail -5 "$TMP"/server*.log; die "server $r exited $s on SIGTERM"; }
     r=$((r + 1))
   done
 }
@@ -221,7 +222,7 @@ INI
 # ckpt_launch NAME: deploy/local/launch.sh on $TMP/NAME.ini (output in $TMP/NAME.out); it must exit 0.
 ckpt_launch() {
   "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/$1.ini" >"$TMP/$1.out" 2>&1 ||
-    { tail -30 "$TMP/$1.out"; fail "$1: the launcher failed"; }
+    { tail -30 "$TMP/$1.out"; die "$1: the launcher failed"; }
 }
 
 # ckpt_hashes DIR STEP: "table <sha> backbone <sha>" of checkpoint STEP when `pfcps ckpt-info` says it is complete.

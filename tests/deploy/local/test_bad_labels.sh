@@ -15,8 +15,8 @@ start_cluster "$TMP/run.ini" 1 1 --trace "$TMP/trace"
 rc=0; wait "${WPIDS[0]}" || rc=$?
 stop_servers
 cat "$TMP/worker0.log" | tail -3
-[ "$rc" -ne 0 ] || fail "the worker exited 0 on labels >= num_classes"
-grep -Eq "(label|class) 2 >= num_classes 2" "$TMP/worker0.log" || fail "message does not name label 2"
-grep -Eq "key [0-9]+|record [0-9]+" "$TMP/worker0.log" || fail "message does not name the record"
-[ ! -s "$TMP/trace" ] || fail "the worker trained steps before failing"
+[ "$rc" -ne 0 ] || die "the worker exited 0 on labels >= num_classes"
+grep -Eq "(label|class) 2 >= num_classes 2" "$TMP/worker0.log" || die "message does not name label 2"
+grep -Eq "key [0-9]+|record [0-9]+" "$TMP/worker0.log" || die "message does not name the record"
+[ ! -s "$TMP/trace" ] || die "the worker trained steps before failing"
 echo "PASS"

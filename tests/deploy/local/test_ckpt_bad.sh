@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bad checkpoint files (issue 12): a damaged, truncated or missing member file is refused with a message
+# Bad checkpoint files: a damaged, truncated or missing member file is refused with a message
 # naming the file and the problem, never loaded; resume = true then picks the newest checkpoint that is
 # complete on every member, or says there is none and starts from scratch.
 # A run (2 servers + 2 workers, 10 ORL identities, 12 steps, snapshot_every 4, snapshot_keep 2) leaves
@@ -26,7 +26,7 @@ write_cfg() {
 
 # flip FILE: flips the low bit of the byte in the middle of FILE's payload (after the 4096-byte header area).
 flip() {
-  python3 - "$1" <<'PY' || fail "flip $1"
+  python3 - "$1" <<'PY' || die "flip $1"
 import sys
 p = sys.argv[1]
 b = bytearray(open(p, "rb").read())
@@ -38,41 +38,41 @@ PY
 
 # info_has NAME PATTERN WHAT: ckpt-info of $TMP/NAME must have a line matching PATTERN (grep -E).
 info_has() {
-  "$PFCPS" ckpt-info "$TMP/$1" | grep -Eq "$2" || { "$PFCPS" ckpt-info "$TMP/$1"; fail "$1: ckpt-info: $3"; }
+  "$PFCPS" ckpt-info "$TMP/$1" | grep -Eq "$2" || { "$PFCPS" ckpt-info "$TMP/$1"; die "$1: ckpt-info: $3"; }
 }
 
 # newest_is NAME STEP: ckpt-info --newest says STEP.
 newest_is() {
   local n
   n=$("$PFCPS" ckpt-info --newest "$TMP/$1")
-  [ "$n" = "$2" ] || fail "$1: ckpt-info --newest says '$n', expected $2"
+  [ "$n" = "$2" ] || die "$1: ckpt-info --newest says '$n', expected $2"
 }
 
 # log_has NAME LOG PATTERN WHAT: $TMP/NAME/logs/LOG.log has a line matching PATTERN (grep -E).
 log_has() {
-  grep -Eq "$3" "$TMP/$1/logs/$2.log" || { tail -25 "$TMP/$1/logs/$2.log"; fail "$1: $2: $4"; }
+  grep -Eq "$3" "$TMP/$1/logs/$2.log" || { tail -25 "$TMP/$1/logs/$2.log"; die "$1: $2: $4"; }
 }
 
 # damaged NAME: a copy of the undamaged run's checkpoints in $TMP/NAME/snapshots, config $TMP/NAME.ini
 # with resume = true.
 damaged() {
   mkdir -p "$TMP/$1"
-  cp -r "$TMP/run/snapshots" "$TMP/$1/" || fail "copy"
+  cp -r "$TMP/run/snapshots" "$TMP/$1/" || die "copy"
   write_cfg "$1" "resume = true"
 }
 
 # same_result NAME: model.ckpt and checkpoint 12 equal the undamaged run's.
 same_result() {
-  cmp -s "$TMP/run/model.ckpt" "$TMP/$1/model.ckpt" || fail "$1: model.ckpt differs from the undamaged run's"
+  cmp -s "$TMP/run/model.ckpt" "$TMP/$1/model.ckpt" || die "$1: model.ckpt differs from the undamaged run's"
   [ "$(ckpt_hashes "$TMP/$1" 12)" = "$FINAL" ] ||
-    { "$PFCPS" ckpt-info "$TMP/$1"; fail "$1: checkpoint 12 differs from the undamaged run's"; }
+    { "$PFCPS" ckpt-info "$TMP/$1"; die "$1: checkpoint 12 differs from the undamaged run's"; }
 }
 
 write_cfg run
 ckpt_launch run
 FINAL=$(ckpt_hashes "$TMP/run" 12)
 [ -n "$FINAL" ] && [ -n "$(ckpt_hashes "$TMP/run" 8)" ] ||
-  { "$PFCPS" ckpt-info "$TMP/run"; fail "run: checkpoints 8 and 12 not both complete"; }
+  { "$PFCPS" ckpt-info "$TMP/run"; die "run: checkpoints 8 and 12 not both complete"; }
 
 # --- newest: a flipped payload byte in a shard of step 12 --------------------------------------------------
 damaged newest
@@ -86,7 +86,7 @@ ckpt_launch newest
 for r in 0 1; do
   log_has newest "server$r" "checkpoint step 12 not usable by this server: $bad: .*checksum mismatch" \
     "does not name $bad and the checksum mismatch"
-  ! grep -q "loaded checkpoint step 12" "$TMP/newest/logs/server$r.log" || fail "newest: server $r loaded the corrupt step 12"
+  ! grep -q "loaded checkpoint step 12" "$TMP/newest/logs/server$r.log" || die "newest: server $r loaded the corrupt step 12"
   log_has newest "server$r" "loaded checkpoint step 8: " "did not load step 8"
 done
 log_has newest server0 "step 12 skipped: not complete on server\[[01]\]; step 8 is the newest checkpoint complete on all 4 members" \
@@ -101,7 +101,7 @@ echo "ok: newest checkpoint corrupt: step 12 refused ($(grep -m1 -o 'shard-1-of-
 damaged both
 flip "$TMP/both/snapshots/step-12/shard-1-of-2.snap"
 trunc=$TMP/both/snapshots/step-8/worker-1-of-2.snap
-truncate -s -1000 "$trunc" || fail "truncate"
+truncate -s -1000 "$trunc" || die "truncate"
 info_has both "^step 12: INCOMPLETE .*problem: .*shard-1-of-2\.snap: .*checksum mismatch" "step 12 not INCOMPLETE (checksum)"
 info_has both "^step 8: INCOMPLETE .*problem: .*step-8/worker-1-of-2\.snap: .*truncated" \
   "step 8 not shown INCOMPLETE with the file and 'truncated'"
@@ -112,10 +112,10 @@ log_has both worker1 "checkpoint step 8 not usable by this worker: $trunc: .*tru
 log_has both server0 "step 12 skipped: not complete on server\[[01]\]; step 8 skipped: not complete on worker\[1\]; no checkpoint is complete on all 4 members: starting from scratch" \
   "the rendezvous does not say that no checkpoint is complete on all members"
 for w in 0 1; do
-  ! grep -q "resuming at checkpoint" "$TMP/both/logs/worker$w.log" || fail "both: worker $w resumed from a checkpoint"
+  ! grep -q "resuming at checkpoint" "$TMP/both/logs/worker$w.log" || die "both: worker $w resumed from a checkpoint"
 done
 for r in 0 1; do
-  ! grep -q "loaded checkpoint" "$TMP/both/logs/server$r.log" || fail "both: server $r loaded a checkpoint"
+  ! grep -q "loaded checkpoint" "$TMP/both/logs/server$r.log" || die "both: server $r loaded a checkpoint"
 done
 log_has both worker0 "training done: 12 of 12 steps, first loss" "did not train from scratch to step 12"
 same_result both
@@ -153,7 +153,7 @@ echo "ok: worker 0's backbone file of step 12 damaged: $(grep -m1 -o 'worker-0-o
 # ckpt-info must agree with the members: step 12 is not complete (launch.sh --max-restarts prints its
 # --newest as the step a restart resumes from).
 "$PFCPS" ckpt-info "$TMP/model.before" | grep -Eq "^step 12: INCOMPLETE .*problem: .*worker-0-of-2\.model" ||
-  { "$PFCPS" ckpt-info "$TMP/model.before"; fail "model: ckpt-info calls step 12 complete although worker 0's .model is corrupt (the workers refuse it)"; }
+  { "$PFCPS" ckpt-info "$TMP/model.before"; die "model: ckpt-info calls step 12 complete although worker 0's .model is corrupt (the workers refuse it)"; }
 n=$("$PFCPS" ckpt-info --newest "$TMP/model.before")
-[ "$n" = 8 ] || fail "model: ckpt-info --newest says $n, the run resumed from 8"
+[ "$n" = 8 ] || die "model: ckpt-info --newest says $n, the run resumed from 8"
 echo PASS

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Disk full while writing a checkpoint (issue 12): the failure is logged naming the file, training goes on,
+# Disk full while writing a checkpoint: the failure is logged naming the file, training goes on,
 # the previous checkpoint stays complete and a resume from it works; nothing half-written is left as a
 # temp file. snapshot_dir is a small tmpfs (root needed: exit 77, skipped, where it cannot be mounted) on
 # which the first checkpoint (step 4) fits and no later one does. 2 servers + 2 workers train 12 steps on
@@ -24,11 +24,9 @@ trap cleanup_mnt EXIT
 
 # mount_tmpfs SIZE: a fresh tmpfs of SIZE on $MNT (exit 77 where mounting is not allowed).
 mount_tmpfs() {
-  mountpoint -q "$MNT" && { umount "$MNT" || fail "umount $MNT"; }
-  if ! mount -t tmpfs -o "size=$1" none "$MNT" 2>"$TMP/mount.err"; then
-    echo "SKIP: cannot mount a tmpfs on $MNT: $(cat "$TMP/mount.err") (needs root / CAP_SYS_ADMIN)"
-    exit 77
-  fi
+  mountpoint -q "$MNT" && { umount "$MNT" || die "umount $MNT"; }
+  mount -t tmpfs -o "size=$1" none "$MNT" 2>"$TMP/mount.err" ||
+    skip "cannot mount a tmpfs on $MNT: $(cat "$TMP/mount.err") (needs root / CAP_SYS_ADMIN)"
 }
 pack_orl 10
 
@@ -41,8 +39,8 @@ write_cfg() {
 # launch NAME: deploy/local/launch.sh on $TMP/NAME.ini; it must exit 0.
 launch() {
   "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/$1.ini" >"$TMP/$1.out" 2>&1 ||
-    { tail -30 "$TMP/$1.out"; "$PFCPS" ckpt-info "$MNT"; df -k "$MNT"; fail "$1: the launcher failed"; }
-  grep -q "training done: 12 of 12 steps" "$TMP/$1/logs/worker0.log" || fail "$1: training did not reach step 12"
+    { tail -30 "$TMP/$1.out"; "$PFCPS" ckpt-info "$MNT"; df -k "$MNT"; die "$1: the launcher failed"; }
+  grep -q "training done: 12 of 12 steps" "$TMP/$1/logs/worker0.log" || die "$1: training did not reach step 12"
 }
 
 # hashes STEP: "table <sha> backbone <sha>" of checkpoint STEP on $MNT when ckpt-info says it is complete.
@@ -54,16 +52,16 @@ hashes() {
 step4() {
   local n
   [ -n "$H4" ] && [ "$(hashes 4)" = "$H4" ] ||
-    { "$PFCPS" ckpt-info "$MNT"; find "$MNT" -type f | sort; fail "$1: checkpoint 4 is no longer complete (or changed) after the failed writes"; }
+    { "$PFCPS" ckpt-info "$MNT"; find "$MNT" -type f | sort; die "$1: checkpoint 4 is no longer complete (or changed) after the failed writes"; }
   n=$("$PFCPS" ckpt-info --newest "$MNT")
-  [ "$n" = 4 ] || fail "$1: ckpt-info --newest says $n, expected 4"
+  [ "$n" = 4 ] || die "$1: ckpt-info --newest says $n, expected 4"
 }
 
 # no_tmp NAME: no temp file of a failed write is left on $MNT.
 no_tmp() {
   local left
   left=$(find "$MNT" -name '*.tmp')
-  [ -z "$left" ] || fail "$1: temp files left after the failed writes: $left"
+  [ -z "$left" ] || die "$1: temp files left after the failed writes: $left"
 }
 
 # failed_writes NAME ROLE PATTERN: the count of ROLE logs (server|worker) with a line matching PATTERN.
@@ -80,9 +78,9 @@ resume() {
   launch "$1"
   for w in 0 1; do
     grep -q "resuming at checkpoint step 4 " "$TMP/$1/logs/worker$w.log" ||
-      { tail -20 "$TMP/$1/logs/worker$w.log"; fail "$1: worker $w did not resume at step 4"; }
+      { tail -20 "$TMP/$1/logs/worker$w.log"; die "$1: worker $w did not resume at step 4"; }
   done
-  cmp -s "$TMP/$2/model.ckpt" "$TMP/$1/model.ckpt" || fail "$1: model.ckpt differs from the run's it resumed"
+  cmp -s "$TMP/$2/model.ckpt" "$TMP/$1/model.ckpt" || die "$1: model.ckpt differs from the run's it resumed"
 }
 
 SERVER_FAIL="snapshot step (8|12) failed: .*$MNT/step-(8|12)/shard-[01]-of-2\.snap[^ ]*: write failed: No space left on device"
@@ -93,15 +91,15 @@ mount_tmpfs 13m
 write_cfg big 20000
 launch big
 H4=$(hashes 4)
-[ -n "$H4" ] || { "$PFCPS" ckpt-info "$MNT"; fail "big: checkpoint 4 not complete (the tmpfs should hold it)"; }
+[ -n "$H4" ] || { "$PFCPS" ckpt-info "$MNT"; die "big: checkpoint 4 not complete (the tmpfs should hold it)"; }
 used4=$(du -sb "$MNT/step-4" | cut -f1)
 total=$(df -B1 --output=size "$MNT" | tail -1)
-[ "$used4" -lt "$total" ] && [ $((2 * used4)) -gt "$total" ] || fail "big: sizing: checkpoint 4 is $used4 bytes on a tmpfs of $total"
+[ "$used4" -lt "$total" ] && [ $((2 * used4)) -gt "$total" ] || die "big: sizing: checkpoint 4 is $used4 bytes on a tmpfs of $total"
 ns=$(failed_writes big server "$SERVER_FAIL")
 nw=$(failed_writes big worker "$WORKER_FAIL")
 [ "$ns" -ge 1 ] && [ "$nw" -ge 1 ] ||
-  { grep -h "ERROR" "$TMP"/big/logs/*.log; fail "big: expected a server and a worker to log 'No space left on device' naming the file ($ns servers, $nw workers did)"; }
-! grep -q "step 4.*\(failed\|not written\)" "$TMP"/big/logs/*.log || fail "big: checkpoint 4 failed although it fits"
+  { grep -h "ERROR" "$TMP"/big/logs/*.log; die "big: expected a server and a worker to log 'No space left on device' naming the file ($ns servers, $nw workers did)"; }
+! grep -q "step 4.*\(failed\|not written\)" "$TMP"/big/logs/*.log || die "big: checkpoint 4 failed although it fits"
 step4 big
 no_tmp big
 echo "ok: big table: $ns server(s) and $nw worker(s) logged the full disk, e.g. $(grep -Eho "$SERVER_FAIL" "$TMP"/big/logs/server*.log | head -1 | sed "s#$MNT#MNT#")"
@@ -116,15 +114,15 @@ write_cfg small 10
 launch small
 H4=$(hashes 4)
 nw=$(failed_writes small worker "$WORKER_FAIL")
-[ "$nw" -eq 2 ] || { grep -h "ERROR" "$TMP"/small/logs/*.log; fail "small: expected both workers to log 'No space left on device' naming the file ($nw did)"; }
+[ "$nw" -eq 2 ] || { grep -h "ERROR" "$TMP"/small/logs/*.log; die "small: expected both workers to log 'No space left on device' naming the file ($nw did)"; }
 for r in 0 1; do
-  grep -q "snapshot step 4 written" "$TMP/small/logs/server$r.log" || fail "small: server $r did not write checkpoint 4"
+  grep -q "snapshot step 4 written" "$TMP/small/logs/server$r.log" || die "small: server $r did not write checkpoint 4"
 done
 no_tmp small
 # (H4 is empty when checkpoint 4 is no longer complete: step4 then fails, listing what is left.)
 if [ -z "$H4" ] && grep -q "snapshot step 4: pruned" "$TMP"/small/logs/server*.log; then
   "$PFCPS" ckpt-info "$MNT"
-  fail "small: the servers pruned their shard files of checkpoint 4 (snapshot_keep = 2: they hold 8 and 12) although the workers' writes of 8 and 12 failed: no complete checkpoint is left"
+  die "small: the servers pruned their shard files of checkpoint 4 (snapshot_keep = 2: they hold 8 and 12) although the workers' writes of 8 and 12 failed: no complete checkpoint is left"
 fi
 step4 small
 echo "ok: small table: both workers logged the full disk; checkpoint 4 survived snapshot_keep = 2"

@@ -54,16 +54,16 @@ FLOOD=$!
 PIDS+=($FLOOD)
 sleep 1
 start_cluster "$TMP/flood.ini" 2 2 --trace "$TMP/flood.trace{r}" --max-steps 4
-wait_all "${WPIDS[@]}" || { show_logs; cat "$TMP/flood.out"; fail "the run did not train under the flood"; }
+wait_all "${WPIDS[@]}" || { show_logs; cat "$TMP/flood.out"; die "the run did not train under the flood"; }
 stop_servers
 kill "$FLOOD" 2>/dev/null
 cat "$TMP/flood.out"
 for r in 0 1; do
-  cmp -s "$TMP/ref.trace$r" "$TMP/flood.trace$r" || { diff "$TMP/ref.trace$r" "$TMP/flood.trace$r" | head; fail "worker $r's losses differ under the flood"; }
+  cmp -s "$TMP/ref.trace$r" "$TMP/flood.trace$r" || { diff "$TMP/ref.trace$r" "$TMP/flood.trace$r" | head; die "worker $r's losses differ under the flood"; }
 done
 n=$(grep -c "without a join\|evicted\|too many connections\|no join\|before join\|out of file descriptors" "$TMP/server0.log")
 echo "server 0 log: $n lines about unauthenticated connections; the last:"
 grep "without a join\|evicted\|too many connections\|no join\|out of file descriptors" "$TMP/server0.log" | tail -2
-[ "$n" -le 40 ] || fail "$n log lines about the strangers (want a bounded summary)"
-grep -q "run formed" "$TMP/server0.log" || fail "the run did not form"
+[ "$n" -le 40 ] || die "$n log lines about the strangers (want a bounded summary)"
+grep -q "run formed" "$TMP/server0.log" || die "the run did not form"
 echo PASS

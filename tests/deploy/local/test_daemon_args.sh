@@ -3,7 +3,6 @@
 # outside the run, no join secret, a rendezvous that is not host:port, an unknown argument, a bad config
 # key. Nothing is started (no port is bound).
 source "$(dirname "$0")/cluster.sh" "$@"
-fails=0
 cat >"$TMP/run.ini" <<INI
 [train]
 embedding_size = 16
@@ -15,16 +14,11 @@ servers = 2
 workers = 3
 rendezvous = 127.0.0.1:1
 INI
-# expect NAME EXPECTED_TEXT COMMAND...: the command exits 1 and prints EXPECTED_TEXT (fixed string).
+# expect NAME EXPECTED_TEXT COMMAND...: the command, run without PFCPS_SECRET, exits 1 and prints
+# EXPECTED_TEXT (fixed string).
 expect() {
   local name=$1 text=$2; shift 2
-  local out rc=0
-  out=$(env -u PFCPS_SECRET "$@" 2>&1) || rc=$?
-  if [ "$rc" -ne 1 ] || ! grep -qF -- "$text" <<<"$out"; then
-    echo "FAIL $name: exit $rc, expected 1 and '$text' in:"; echo "$out" | head -3; fails=$((fails + 1))
-  else
-    echo "ok   $name: $(grep -F -- "$text" <<<"$out" | head -1 | sed 's/^.* ERROR //')"
-  fi
+  expect_rc "$name" 1 "$text" env -u PFCPS_SECRET "$@"
 }
 for d in "$SERVER" "$WORKER"; do
   n=$(basename "$d")
@@ -37,7 +31,7 @@ done
 expect "worker unknown network" "key 'network': unknown network 'r19'" "$WORKER" --config "$TMP/run.ini" --rank 0 --set secret=x --set network=r19
 expect "server rank outside" "--rank 2 is outside [0, servers = 2)" "$SERVER" --config "$TMP/run.ini" --rank 2 --set secret=x
 expect "worker rank outside" "--rank 3 is outside [0, workers = 3)" "$WORKER" --config "$TMP/run.ini" --rank 3 --set secret=x
-# Server 0 on a port that is taken: one clear line (it said "rendezvous: rendezvous: cannot bind ...").
+# Server 0 on a port that is taken: one clear line, the "rendezvous:" prefix once.
 python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(60)' >"$TMP/busy" 2>/dev/null &
 holder=$!
 for _ in $(seq 1 50); do [ -s "$TMP/busy" ] && break; sleep 0.1; done
@@ -45,7 +39,6 @@ read -r busy <"$TMP/busy"
 expect "server port taken" "ERROR rendezvous: cannot bind 127.0.0.1:$busy: Address already in use" \
   "$SERVER" --config "$TMP/run.ini" --rank 0 --set secret=x --set "rendezvous=127.0.0.1:$busy"
 out=$("$SERVER" --config "$TMP/run.ini" --rank 0 --set secret=x --set "rendezvous=127.0.0.1:$busy" 2>&1)
-grep -q "rendezvous: rendezvous:" <<<"$out" && { echo "FAIL server port taken: doubled prefix: $out"; fails=$((fails + 1)); }
+grep -q "rendezvous: rendezvous:" <<<"$out" && fail "server port taken: doubled prefix: $out"
 kill "$holder"; wait "$holder" 2>/dev/null
-[ "$fails" -eq 0 ] && echo PASS
-exit "$fails"
+expect_summary

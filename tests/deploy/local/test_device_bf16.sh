@@ -43,7 +43,7 @@ num_workers = 1
 INI
   run_cluster "$name: the worker failed" "$TMP/$name.ini" 1 1 --trace "$TMP/$name.trace" --max-steps 30
   cp "$TMP/worker0.log" "$TMP/$name.log"
-  [ "$(wc -l <"$TMP/$name.trace")" -eq 30 ] || fail "$name: expected 30 steps"
+  [ "$(wc -l <"$TMP/$name.trace")" -eq 30 ] || die "$name: expected 30 steps"
 }
 run fp32 cpu ""
 run bf16 cpu-bf16 ""
@@ -53,7 +53,7 @@ run ovf cpu-bf16 "fp16 = true"
 unset PFCPS_AMP_INIT_SCALE
 read -r first last < <(loss_means "$TMP/bf16.trace")
 echo "bf16: mean loss of the first 5 steps $first, of the last 5 $last"
-loss_fell "$first" "$last" || fail "bf16: the loss did not fall: $first -> $last"
+loss_fell "$first" "$last" || die "bf16: the loss did not fall: $first -> $last"
 paste "$TMP/fp32.trace" "$TMP/bf16.trace" | awk '
   function rel(a, b) { d = (b - a) / a; return d < 0 ? -d : d }
   NR == 1 { r1 = rel($2, $5) }
@@ -63,18 +63,18 @@ paste "$TMP/fp32.trace" "$TMP/bf16.trace" | awk '
   END { d = la - lb; if (d < 0) d = -d
         printf "bf16 vs fp32: step 1 relative difference %.3g (bound 0.01), step 2 %.3g (bound 0.03); mean of the last 10 steps %.4g vs %.4g (bound: differ by < %.4g)\n", r1, r2, lb, la, f5 / 2
         exit !(r1 <= 0.01 && r2 <= 0.03 && d < f5 / 2) }' \
-  || fail "bf16 losses outside the bounds of the fp32 run's"
-grep -q "device cpu-bf16, precision bf16 body" "$TMP/bf16.log" || fail "no device line for cpu-bf16"
-grep -q "dynamic loss scaling: init scale 65536, growth interval 100" "$TMP/amp.log" || fail "no loss-scaling line"
+  || die "bf16 losses outside the bounds of the fp32 run's"
+grep -q "device cpu-bf16, precision bf16 body" "$TMP/bf16.log" || die "no device line for cpu-bf16"
+grep -q "dynamic loss scaling: init scale 65536, growth interval 100" "$TMP/amp.log" || die "no loss-scaling line"
 grep -q "Global Step: 10   Fp16 Grad Scale: 65536   Required:" "$TMP/amp.out/training.log" \
-  || fail "training.log lacks arcface_torch's fp16 line (scale) at step 10"
+  || die "training.log lacks arcface_torch's fp16 line (scale) at step 10"
 if grep -q "overflowed" "$TMP/amp.log"; then
-  fail "fp16 run overflowed at scale 65536 (not expected with bf16's range): $(grep -m1 overflowed "$TMP/amp.log")"
+  die "fp16 run overflowed at scale 65536 (not expected with bf16's range): $(grep -m1 overflowed "$TMP/amp.log")"
 fi
-cmp -s "$TMP/bf16.trace" "$TMP/amp.trace" || fail "loss scaling without overflow changed the losses (scaling by a power of two must be exact)"
-cmp -s "$TMP/bf16.out/model.ckpt" "$TMP/amp.out/model.ckpt" && fail "the fp16 checkpoint has no extras"
+cmp -s "$TMP/bf16.trace" "$TMP/amp.trace" || die "loss scaling without overflow changed the losses (scaling by a power of two must be exact)"
+cmp -s "$TMP/bf16.out/model.ckpt" "$TMP/amp.out/model.ckpt" && die "the fp16 checkpoint has no extras"
 # GradScaler by hand: 30 finite steps, growth interval 100 -> scale 65536 * 2^floor(30/100), tracker 30 mod 100.
-python3 - "$TMP/amp.out/model.ckpt" "$SRC/tests" <<'PY' || fail "checkpoint extras"
+python3 - "$TMP/amp.out/model.ckpt" "$SRC/tests" <<'PY' || die "checkpoint extras"
 import sys
 sys.path.insert(0, sys.argv[2])
 import pfcps_ckpt
@@ -90,7 +90,7 @@ PY
 # scale (GradScaler's backoff 0.5, tracker reset), the others count towards growth. The steps that
 # overflowed are read from the log; the scale each of them reports and the final state in the checkpoint
 # are recomputed here by the rule.
-python3 - "$TMP/ovf.log" "$TMP/ovf.out/model.ckpt" "$TMP/ovf.trace" "$SRC/tests" <<'PY' || fail "loss scaler backoff"
+python3 - "$TMP/ovf.log" "$TMP/ovf.out/model.ckpt" "$TMP/ovf.trace" "$SRC/tests" <<'PY' || die "loss scaler backoff"
 import math, re, struct, sys
 log, ckpt, trace = sys.argv[1:4]
 ovf = {}
@@ -121,5 +121,5 @@ assert ex == {'amp.scale': scale, 'amp.growth_tracker': float(tracker)}, (ex, sc
 PY
 # The bf16 run without fp16 has no scaler (bf16 has fp32's exponent range): no extras.
 python3 -c "import sys; sys.path.insert(0, sys.argv[2]); import pfcps_ckpt; sys.exit(len(pfcps_ckpt.read(sys.argv[1]).extras) != 0)" \
-  "$TMP/bf16.out/model.ckpt" "$SRC/tests" || fail "the bf16 (no fp16) checkpoint carries extras"
+  "$TMP/bf16.out/model.ckpt" "$SRC/tests" || die "the bf16 (no fp16) checkpoint carries extras"
 echo "PASS: bf16 loss $first -> $last, within the bounds of fp32; fp16 loss scaling exact, amp.scale 65536, growth_tracker 30"

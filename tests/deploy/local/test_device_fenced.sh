@@ -29,22 +29,22 @@ num_image = 80
 num_workers = 1
 INI
   run_cluster "$name: a worker failed" "$TMP/$name.ini" 1 2 --trace "$TMP/$name.trace{r}" --dump-centers "$TMP/$name.centers" --max-steps 10
-  grep -q "device $dev, precision fp32" "$TMP/worker0.log" || { show_logs; fail "$name: no device line for $dev"; }
+  grep -q "device $dev, precision fp32" "$TMP/worker0.log" || { show_logs; die "$name: no device line for $dev"; }
   cp "$TMP/worker0.log" "$TMP/$name.worker0.txt"
 }
-same() { cmp -s "$1" "$2" || fail "$3: $1 and $2 differ"; }
+same() { cmp -s "$1" "$2" || die "$3: $1 and $2 differ"; }
 for combo in "global sgd" "local adamw"; do
   set -- $combo
   run "cpu-$1-$2" cpu "$1" "$2"
   run "fenced-$1-$2" cpu-fenced "$1" "$2"
   a="$TMP/cpu-$1-$2" b="$TMP/fenced-$1-$2"
-  [ "$(wc -l <"$a.trace0")" -eq 10 ] || fail "$combo: expected 10 steps, trace has $(wc -l <"$a.trace0")"
+  [ "$(wc -l <"$a.trace0")" -eq 10 ] || die "$combo: expected 10 steps, trace has $(wc -l <"$a.trace0")"
   for r in 0 1; do
     same "$a.trace$r" "$b.trace$r" "$combo: losses of worker $r"
     same "$a.centers.rank$r" "$b.centers.rank$r" "$combo: class centers of worker $r's partition"
   done
   same "$a.out/model.ckpt" "$b.out/model.ckpt" "$combo: backbone checkpoint"
-  grep -q "backbone collectives: fabric ring through host staging" "$b.worker0.txt" || fail "$combo: fenced run did not stage"
+  grep -q "backbone collectives: fabric ring through host staging" "$b.worker0.txt" || die "$combo: fenced run did not stage"
   echo "ok $combo: 10 losses ($(head -1 "$a.trace0" | cut -d' ' -f2) .. $(tail -1 "$a.trace0" | cut -d' ' -f2)), checkpoint ($(stat -c %s "$a.out/model.ckpt") bytes) and centers bitwise identical on cpu and cpu-fenced"
 done
 echo PASS

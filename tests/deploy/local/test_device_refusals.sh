@@ -21,9 +21,9 @@ refused() {
   local lines=$1 text=$2 rc=0
   write_cfg "$lines"
   timeout 20 "$WORKER" --config "$TMP/run.ini" --rank 0 >"$TMP/worker.log" 2>&1 || rc=$?
-  [ "$rc" -eq 1 ] || { cat "$TMP/worker.log"; fail "'$lines': worker exit $rc, expected 1"; }
-  grep -q -- "$text" "$TMP/worker.log" || { cat "$TMP/worker.log"; fail "'$lines': no '$text' in the worker log"; }
-  grep -q "joining the run" "$TMP/worker.log" && fail "'$lines': the worker tried to join before refusing"
+  [ "$rc" -eq 1 ] || { cat "$TMP/worker.log"; die "'$lines': worker exit $rc, expected 1"; }
+  grep -q -- "$text" "$TMP/worker.log" || { cat "$TMP/worker.log"; die "'$lines': no '$text' in the worker log"; }
+  grep -q "joining the run" "$TMP/worker.log" && die "'$lines': the worker tried to join before refusing"
   echo "ok refused '${lines//$'\n'/, }': $(grep -m1 -- "$text" "$TMP/worker.log" | sed 's/^.* ERROR //' | cut -c1-150)"
 }
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then

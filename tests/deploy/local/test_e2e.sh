@@ -20,15 +20,15 @@ INI
 export OMP_NUM_THREADS=1
 run_cluster "a worker failed" "$TMP/run.ini" 2 2 --trace "$TMP/trace{r}"
 n=$(wc -l <"$TMP/trace0")
-[ "$n" -eq 24 ] || fail "expected 24 steps (80 images / 16 per step x 6 epochs), trace has $n"
-cmp -s "$TMP/trace0" "$TMP/trace1" || fail "the two workers saw different global losses"
+[ "$n" -eq 24 ] || die "expected 24 steps (80 images / 16 per step x 6 epochs), trace has $n"
+cmp -s "$TMP/trace0" "$TMP/trace1" || die "the two workers saw different global losses"
 read -r first last < <(loss_means "$TMP/trace0")
 echo "loss: mean of first 5 steps $first, mean of last 5 steps $last"
-loss_fell "$first" "$last" || fail "loss did not fall: $first -> $last"
+loss_fell "$first" "$last" || die "loss did not fall: $first -> $last"
 grep -q "Speed .* samples/sec   Loss .*   LearningRate .*   Epoch: .*   Global Step: 20   Required:" "$TMP/out/training.log" \
-  || fail "training.log lacks the arcface_torch log line for step 20"
-[ -s "$TMP/out/model.ckpt" ] || fail "no backbone checkpoint"
-grep -q "training done: 24 of 24 steps" "$TMP/out/training.log" || fail "training.log lacks 'training done: 24 of 24 steps'"
+  || die "training.log lacks the arcface_torch log line for step 20"
+[ -s "$TMP/out/model.ckpt" ] || die "no backbone checkpoint"
+grep -q "training done: 24 of 24 steps" "$TMP/out/training.log" || die "training.log lacks 'training done: 24 of 24 steps'"
 
 # SIGTERM mid-run: everyone stops after the current step and exits 0.
 port=$(free_port)
@@ -37,9 +37,9 @@ start_cluster "$TMP/run.ini" 2 2 --trace "$TMP/term{r}"
 wait_trace "$TMP/term0" 2 "the second run did not start training"
 # Workers first (as the launcher does), then the servers they were talking to.
 for p in "${WPIDS[@]}"; do kill -TERM "$p"; done
-wait_all "${WPIDS[@]}" || { show_logs; fail "a worker did not exit 0 on SIGTERM"; }
+wait_all "${WPIDS[@]}" || { show_logs; die "a worker did not exit 0 on SIGTERM"; }
 stop_servers
 # The final line says the run was cut short, not done.
 grep -q "training stopped on request: [0-9]* of 4000 steps" "$TMP/out/training.log" ||
-  { show_logs; fail "the stopped run's log does not say 'training stopped on request: N of 4000 steps (4 per epoch x 1000 epochs)'"; }
+  { show_logs; die "the stopped run's log does not say 'training stopped on request: N of 4000 steps (4 per epoch x 1000 epochs)'"; }
 echo "PASS: loss $first -> $last over $n steps; all daemons exited 0 (also on SIGTERM mid-run)"

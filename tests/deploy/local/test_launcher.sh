@@ -13,13 +13,13 @@ $ENDLESS_DATA
 INI
 export OMP_NUM_THREADS=1
 start_launcher "$TMP/run.ini"
-wait_log "$TMP/out/logs/worker0.log" "Global Step: 2 " 60 || { cat "$TMP/launch.out"; fail "training did not start"; }
+wait_log "$TMP/out/logs/worker0.log" "Global Step: 2 " 60 || { cat "$TMP/launch.out"; die "training did not start"; }
 t0=$(date +%s.%N)
 kill -TERM "$LP"
-wait_exit "$LP" 15 || fail "launcher still running 15 s after SIGTERM"
+wait_exit "$LP" 15 || die "launcher still running 15 s after SIGTERM"
 t1=$(date +%s.%N)
 sleep 0.5
 left=$(pgrep -f "$TMP/run.ini" | wc -l)
-[ "$left" -eq 0 ] || { ps aux | grep "$TMP/run.ini" | grep -v grep; fail "$left processes left behind"; }
-grep -q "stop requested" "$TMP/out/logs/worker0.log" || { tail -5 "$TMP/out/logs/worker0.log"; fail "worker 0 did not stop cleanly"; }
+[ "$left" -eq 0 ] || { ps aux | grep "$TMP/run.ini" | grep -v grep; die "$left processes left behind"; }
+grep -q "stop requested" "$TMP/out/logs/worker0.log" || { tail -5 "$TMP/out/logs/worker0.log"; die "worker 0 did not stop cleanly"; }
 echo "PASS: launcher returned $(echo "$t1 - $t0" | bc 2>/dev/null || echo '?') s after SIGTERM, no process left, workers stopped after a step"

@@ -15,14 +15,14 @@ INI
 export OMP_NUM_THREADS=1
 t0=$SECONDS
 start_launcher "$TMP/run.ini"
-wait_exit "$LP" 20 || { cat "$TMP/launch.out"; fail "launcher still running 20 s after server 0 refused to start"; }
+wait_exit "$LP" 20 || { cat "$TMP/launch.out"; die "launcher still running 20 s after server 0 refused to start"; }
 rc=0; wait "$LP" || rc=$?
 LP=
 dt=$((SECONDS - t0))
 cat "$TMP/launch.out"
-[ "$rc" -ne 0 ] || fail "launcher exit 0"
-grep -q "launch: server 0 exited with status [1-9][0-9]* before the workers finished" "$TMP/launch.out" || fail "the launcher does not name server 0"
-grep -q "refusing to start: shard 0/2 needs" "$TMP/out/logs/server0.log" || fail "server 0 did not refuse"
+[ "$rc" -ne 0 ] || die "launcher exit 0"
+grep -q "launch: server 0 exited with status [1-9][0-9]* before the workers finished" "$TMP/launch.out" || die "the launcher does not name server 0"
+grep -q "refusing to start: shard 0/2 needs" "$TMP/out/logs/server0.log" || die "server 0 did not refuse"
 left=$(pgrep -f "$TMP/run.ini" | wc -l)
-[ "$left" -eq 0 ] || fail "$left processes left behind"
+[ "$left" -eq 0 ] || die "$left processes left behind"
 echo "PASS: launcher exit $rc after $dt s, nothing left"

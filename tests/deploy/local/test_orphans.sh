@@ -20,12 +20,12 @@ gone_within() {
   return 1
 }
 start_launcher "$TMP/run.ini"
-wait_log "$TMP/out/logs/worker0.log" "Global Step" 60 || { cat "$TMP/launch.out"; fail "launcher: training did not start"; }
+wait_log "$TMP/out/logs/worker0.log" "Global Step" 60 || { cat "$TMP/launch.out"; die "launcher: training did not start"; }
 kill -KILL "$LP"
 t0=$SECONDS
-gone_within 15 || { pgrep -af "$TMP/run.ini"; tail -3 "$TMP"/out/logs/*.log; fail "$(alive) daemons alive 15 s after the launcher was killed"; }
+gone_within 15 || { pgrep -af "$TMP/run.ini"; tail -3 "$TMP"/out/logs/*.log; die "$(alive) daemons alive 15 s after the launcher was killed"; }
 LP=
-grep -q "stop" "$TMP/out/logs/server0.log" || fail "server 0 did not log its stop"
+grep -q "stop" "$TMP/out/logs/server0.log" || die "server 0 did not log its stop"
 echo "ok: launcher killed: every daemon gone after $((SECONDS - t0)) s"
 
 rm -rf "$TMP/out"
@@ -33,9 +33,9 @@ start_cluster "$TMP/run.ini" 2 2 --trace "$TMP/trace{r}"
 wait_trace "$TMP/trace0" 2 "manual: training did not start"
 kill -KILL "${SPIDS[0]}"
 t0=$SECONDS
-gone_within 15 || { pgrep -af "$TMP/run.ini"; show_logs; fail "$(alive) daemons alive 15 s after server 0 was killed"; }
+gone_within 15 || { pgrep -af "$TMP/run.ini"; show_logs; die "$(alive) daemons alive 15 s after server 0 was killed"; }
 src=0; wait "${SPIDS[1]}" || src=$?
-[ "$src" -eq 75 ] || { show_logs; fail "server 1 exit $src after losing the rendezvous (want 75)"; }
-grep -q "control connection to the rendezvous lost" "$TMP/server1.log" || fail "server 1 does not say it lost the rendezvous"
+[ "$src" -eq 75 ] || { show_logs; die "server 1 exit $src after losing the rendezvous (want 75)"; }
+grep -q "control connection to the rendezvous lost" "$TMP/server1.log" || die "server 1 does not say it lost the rendezvous"
 echo "ok: server 0 killed: every other daemon gone after $((SECONDS - t0)) s (server 1 exit $src)"
 echo PASS

@@ -46,61 +46,61 @@ write_run "$TMP/a.ini" "$TMP/a" "val_targets = $TMP/val/pairs.txt, lfw
 save_centers = true"
 run_cluster "run with val_targets failed" "$TMP/a.ini" 1 2 --trace "$TMP/a_trace{r}" --dump-centers "$TMP/dump"
 grep -qF "val_targets: lfw not found ($TMP/lfw.bin): skipped" "$TMP/worker0.log" ||
-  fail "a val_targets name without its .bin in the rec folder was not skipped with a warning"
+  die "a val_targets name without its .bin in the rec folder was not skipped with a warning"
 write_run "$TMP/b.ini" "$TMP/b" ""
 run_cluster "run without val_targets failed" "$TMP/b.ini" 1 2 --trace "$TMP/b_trace{r}"
 
 log=$TMP/a/training.log
 n=$(wc -l <"$TMP/a_trace0")
-[ "$n" -eq 10 ] || fail "expected 10 steps (40 images / 16 per step = 2 per epoch x 5 epochs), trace has $n"
+[ "$n" -eq 10 ] || die "expected 10 steps (40 images / 16 per step = 2 per epoch x 5 epochs), trace has $n"
 cmp -s "$TMP/a_trace0" "$TMP/b_trace0" && cmp -s "$TMP/a_trace1" "$TMP/b_trace1" ||
-  fail "verification changed the training: traces differ from the run without val_targets"
+  die "verification changed the training: traces differ from the run without val_targets"
 for s in 3 6 9 10; do
-  grep -q "\[pairs\]\[$s\]Accuracy-Flip: [0-9.]*+-[0-9.]*$" "$log" || fail "no Accuracy-Flip line for step $s"
-  grep -q "\[pairs\]\[$s\]XNorm: " "$log" || fail "no XNorm line for step $s"
-  grep -q "\[pairs\]\[$s\]Accuracy-Highest: " "$log" || fail "no Accuracy-Highest line for step $s"
+  grep -q "\[pairs\]\[$s\]Accuracy-Flip: [0-9.]*+-[0-9.]*$" "$log" || die "no Accuracy-Flip line for step $s"
+  grep -q "\[pairs\]\[$s\]XNorm: " "$log" || die "no XNorm line for step $s"
+  grep -q "\[pairs\]\[$s\]Accuracy-Highest: " "$log" || die "no Accuracy-Highest line for step $s"
 done
-[ "$(grep -c 'Accuracy-Flip' "$log")" -eq 4 ] || fail "expected 4 verifications (steps 3, 6, 9 and the end, 10)"
+[ "$(grep -c 'Accuracy-Flip' "$log")" -eq 4 ] || die "expected 4 verifications (steps 3, 6, 9 and the end, 10)"
 logged=$(grep -o "\[pairs\]\[10\]Accuracy-Flip: .*" "$log" | sed 's/.*: //')
 tool=$("$PFCPS" verify --pad "$TMP/a/model.ckpt" "$TMP/val/pairs.txt" --images "$TMP/val" 2>/dev/null |
   grep -o "Accuracy-Flip: .*" | sed 's/.*: //')
-[ -n "$tool" ] && [ "$logged" = "$tool" ] || fail "accuracy at the end $logged != pfcps verify on model.ckpt '$tool'"
+[ -n "$tool" ] && [ "$logged" = "$tool" ] || die "accuracy at the end $logged != pfcps verify on model.ckpt '$tool'"
 echo "verification: step 10 Accuracy-Flip $logged (pfcps verify: $tool)"
 
 for r in 0 1; do
   f=$TMP/a/centers/partition.rank$r
-  [ -s "$f" ] || fail "no $f"
-  cmp -s "$f" "$TMP/dump.rank$r" || fail "$f differs from the --dump-centers file of the same run"
+  [ -s "$f" ] || die "no $f"
+  cmp -s "$f" "$TMP/dump.rank$r" || die "$f differs from the --dump-centers file of the same run"
   # records of 8 + 32*4 bytes: class ids r, r+2 (4 classes, 2 workers)
-  [ "$(stat -c %s "$f")" -eq $((2 * (8 + 32 * 4))) ] || fail "$f: expected 2 records of 136 bytes"
+  [ "$(stat -c %s "$f")" -eq $((2 * (8 + 32 * 4))) ] || die "$f: expected 2 records of 136 bytes"
   ids=$(od -An -t u8 -j 0 -N 8 "$f" | tr -d ' ')/$(od -An -t u8 -j 136 -N 8 "$f" | tr -d ' ')
-  [ "$ids" = "$r/$((r + 2))" ] || fail "$f holds class ids $ids, expected $r/$((r + 2))"
+  [ "$ids" = "$r/$((r + 2))" ] || die "$f holds class ids $ids, expected $r/$((r + 2))"
 done
 echo "save_centers: partitions of both workers hold their classes"
 
 # pretrained: the trained backbone, as a pfcps checkpoint and as its safetensors export, starts two runs that
 # must train identically (the same initial backbone) and unlike the run from the random initialisation.
-"$PFCPS" export --format safetensors "$TMP/a/model.ckpt" "$TMP/a.safetensors" || fail "export to safetensors"
+"$PFCPS" export --format safetensors "$TMP/a/model.ckpt" "$TMP/a.safetensors" || die "export to safetensors"
 write_run "$TMP/c.ini" "$TMP/c" "" && sed -i "s|^\[data\]|pretrained = $TMP/a/model.ckpt\nnum_image = 20\n[data]|" "$TMP/c.ini"
 run_cluster "run from a pretrained model.ckpt failed" "$TMP/c.ini" 1 2 --max-steps 3 --trace "$TMP/c_trace{r}"
 write_run "$TMP/d.ini" "$TMP/d" "" && sed -i "s|^\[data\]|pretrained = $TMP/a.safetensors\nnum_image = 20\n[data]|" "$TMP/d.ini"
 run_cluster "run from a pretrained safetensors file failed" "$TMP/d.ini" 1 2 --max-steps 3 --trace "$TMP/d_trace{r}"
 grep -q "backbone initialised from $TMP/a.safetensors (pretrained)" "$TMP/worker1.log" ||
-  fail "worker 1 does not say it loaded the pretrained backbone"
+  die "worker 1 does not say it loaded the pretrained backbone"
 grep -q "num_image 20 is smaller than the 40 images of dataset" "$TMP/worker0.log" ||
-  fail "num_image below the dataset's image count was not warned about"
-cmp -s "$TMP/c_trace0" "$TMP/d_trace0" || fail "pretrained from model.ckpt and from its safetensors export differ"
-[ "$(wc -l <"$TMP/c_trace0")" -eq 3 ] || fail "the pretrained run did not train 3 steps"
+  die "num_image below the dataset's image count was not warned about"
+cmp -s "$TMP/c_trace0" "$TMP/d_trace0" || die "pretrained from model.ckpt and from its safetensors export differ"
+[ "$(wc -l <"$TMP/c_trace0")" -eq 3 ] || die "the pretrained run did not train 3 steps"
 c1=$(awk 'NR==1 {print $2}' "$TMP/c_trace0"); b1=$(awk 'NR==1 {print $2}' "$TMP/b_trace0")
 awk -v c="$c1" -v b="$b1" 'BEGIN {exit !(c < b)}' ||
-  fail "the first loss from the trained backbone ($c1) is not below the random initialisation's ($b1)"
+  die "the first loss from the trained backbone ($c1) is not below the random initialisation's ($b1)"
 echo "pretrained: model.ckpt and safetensors start identically; first loss $c1 vs $b1 from scratch"
 
-# SKIP, or FAIL under PFCPS_REQUIRE_REFERENCES=1, without PFCPS_PYTHON / tensorboard (tests/reference/skip.sh)
-. "$SRC/tests/reference/skip.sh"
+# SKIP, or FAIL under PFCPS_REQUIRE_REFERENCES=1, without PFCPS_PYTHON / tensorboard (ref_python, through
+# cluster.sh's tests/expect.sh)
 ref_python tensorboard
 py=$PFCPS_PYTHON
-"$py" - "$TMP/a/tensorboard" "$log" <<'PY' || fail "TensorBoard events do not match training.log"
+"$py" - "$TMP/a/tensorboard" "$log" <<'PY' || die "TensorBoard events do not match training.log"
 import re, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 ea = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})

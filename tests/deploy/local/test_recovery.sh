@@ -27,10 +27,10 @@ final_line() {
 }
 
 write_cfg ref
-"$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/ref.ini" >"$TMP/ref.out" 2>&1 || { tail -30 "$TMP/ref.out"; fail "reference run"; }
+"$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/ref.ini" >"$TMP/ref.out" 2>&1 || { tail -30 "$TMP/ref.out"; die "reference run"; }
 REF=$(final_line "$TMP/ref")
 TOTAL=$(echo "$REF" | sed -n 's/^step \([0-9]*\):.*/\1/p')
-[ -n "$REF" ] && [ "${TOTAL:-0}" -ge 20 ] || fail "reference: no final checkpoint ($REF)"
+[ -n "$REF" ] && [ "${TOTAL:-0}" -ge 20 ] || die "reference: no final checkpoint ($REF)"
 echo "reference: $REF"
 
 # wait_ckpt DIR MIN SECONDS: waits until a complete checkpoint >= MIN exists.
@@ -46,10 +46,10 @@ wait_ckpt() {
 
 # check_same NAME: model.ckpt and the final checkpoint equal the reference's.
 check_same() {
-  cmp -s "$TMP/ref/model.ckpt" "$TMP/$1/model.ckpt" || fail "$1: model.ckpt differs from the uninterrupted run"
+  cmp -s "$TMP/ref/model.ckpt" "$TMP/$1/model.ckpt" || die "$1: model.ckpt differs from the uninterrupted run"
   local got
   got=$(final_line "$TMP/$1")
-  [ "$got" = "$REF" ] || fail "$1: final checkpoint '$got' differs from the reference '$REF'"
+  [ "$got" = "$REF" ] || die "$1: final checkpoint '$got' differs from the reference '$REF'"
 }
 
 RANDOM=$$
@@ -59,16 +59,16 @@ for victim in "server --rank 0" "server --rank 1" "worker --rank 1"; do
   setsid "$SRC/deploy/local/launch.sh" -b "$BUILD" --max-restarts 2 -c "$TMP/$name.ini" >"$TMP/$name.out" 2>&1 &
   LP=$!
   at=$((4 * (1 + RANDOM % 3)))
-  wait_ckpt "$TMP/$name" "$at" 120 || { tail -20 "$TMP/$name.out"; fail "$name: no checkpoint $at"; }
+  wait_ckpt "$TMP/$name" "$at" 120 || { tail -20 "$TMP/$name.out"; die "$name: no checkpoint $at"; }
   sleep "0.$((RANDOM % 10))"
   role=${victim%% *}
   pid=$(pgrep -f "pfcps-$role --config $TMP/$name.ini ${victim#* }" | head -1)
-  [ -n "$pid" ] || fail "$name: $victim not found"
+  [ -n "$pid" ] || die "$name: $victim not found"
   kill -KILL "$pid"
   rc=0; wait "$LP" || rc=$?
   LP=
-  [ "$rc" -eq 0 ] || { tail -30 "$TMP/$name.out"; fail "$name: launcher exit $rc"; }
-  grep -q "restart 1/2 .* from checkpoint step [1-9]" "$TMP/$name.out" || { cat "$TMP/$name.out"; fail "$name: no restart line"; }
+  [ "$rc" -eq 0 ] || { tail -30 "$TMP/$name.out"; die "$name: launcher exit $rc"; }
+  grep -q "restart 1/2 .* from checkpoint step [1-9]" "$TMP/$name.out" || { cat "$TMP/$name.out"; die "$name: no restart line"; }
   check_same "$name"
   echo "ok: kill -9 of $victim after checkpoint $at: $(grep -m1 'restart 1/2' "$TMP/$name.out" | sed 's/^launch: //'); result identical"
 done
@@ -97,16 +97,16 @@ for r in 0 1; do
   supervise "$WORKER" --config "$TMP/self.ini" --rank "$r" &
   SUP+=($!); PIDS+=($!)
 done
-wait_ckpt "$TMP/self" 8 120 || fail "self: no checkpoint 8"
+wait_ckpt "$TMP/self" 8 120 || die "self: no checkpoint 8"
 pid=$(pgrep -f "pfcps-server --config $TMP/self.ini --rank 1" | head -1)
 kill -KILL "$pid"
 # The workers finish; then the servers are stopped as an operator (or the launcher) does.
-wait_all "${SUP[2]}" "${SUP[3]}" || { tail -20 "$TMP"/self.*.log; fail "self: a worker's supervisor gave up"; }
+wait_all "${SUP[2]}" "${SUP[3]}" || { tail -20 "$TMP"/self.*.log; die "self: a worker's supervisor gave up"; }
 for r in 0 1; do pkill -TERM -f "pfcps-server --config $TMP/self.ini --rank $r"; done
-wait_all "${SUP[0]}" "${SUP[1]}" || { tail -20 "$TMP"/self.*.log; fail "self: a server did not stop with 0"; }
+wait_all "${SUP[0]}" "${SUP[1]}" || { tail -20 "$TMP"/self.*.log; die "self: a server did not stop with 0"; }
 grep -q "server\[1\].*\(disconnected without leaving\|joined again\)" "$TMP/self.pfcps-server-0.log" ||
-  fail "self: server 0 did not see server 1's loss"
-grep -q "resuming at checkpoint step [1-9]" "$TMP/self.pfcps-worker-0.log" || fail "self: worker 0 did not resume"
+  die "self: server 0 did not see server 1's loss"
+grep -q "resuming at checkpoint step [1-9]" "$TMP/self.pfcps-worker-0.log" || die "self: worker 0 did not resume"
 check_same self
 echo "ok: self-restarting members after kill -9 of server 1: $(grep -c restart "$TMP/self.sup.log") restarts; result identical"
 echo PASS

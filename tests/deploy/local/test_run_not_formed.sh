@@ -18,8 +18,8 @@ rc_w=0; wait "${WPIDS[0]}" || rc_w=$?
 rc_s=0; wait "${SPIDS[0]}" || rc_s=$?
 echo "worker exit $rc_w: $(grep -m1 ERROR "$TMP/worker0.log" | sed 's/^.* ERROR //')"
 echo "server 0 exit $rc_s: $(grep -m1 'never joined' "$TMP/server0.log" | sed 's/^.* WARN //')"
-[ "$rc_s" -eq 1 ] || { show_logs; fail "server 0 exited $rc_s, want 1"; }
-[ "$rc_w" -eq 1 ] || { show_logs; fail "the worker exited $rc_w for a run that never formed, want 1"; }
+[ "$rc_s" -eq 1 ] || { show_logs; die "server 0 exited $rc_s, want 1"; }
+[ "$rc_w" -eq 1 ] || { show_logs; die "the worker exited $rc_w for a run that never formed, want 1"; }
 grep -q "the run did not form: 1 of 3 members never joined: server\[1\]$" "$TMP/server0.log" ||
-  { show_logs; fail "server 0 does not name server[1] as never joined"; }
+  { show_logs; die "server 0 does not name server[1] as never joined"; }
 echo PASS

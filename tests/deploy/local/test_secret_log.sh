@@ -16,10 +16,10 @@ INI
 }
 unset PFCPS_SECRET
 run "secret = file-secret"
-grep -E -q ": secret +\(set\)$" "$TMP/worker0.log" || { grep ': secret' "$TMP/worker0.log"; fail "secret from the config file not shown as (set)"; }
+grep -E -q ": secret +\(set\)$" "$TMP/worker0.log" || { grep ': secret' "$TMP/worker0.log"; die "secret from the config file not shown as (set)"; }
 echo "ok: config secret: $(grep -o ': secret.*' "$TMP/worker0.log")"
 export PFCPS_SECRET=env-secret
 run ""
-grep -E -q ": secret +\(from PFCPS_SECRET\)$" "$TMP/worker0.log" || { grep ': secret' "$TMP/worker0.log"; fail "secret from the environment not shown as such"; }
+grep -E -q ": secret +\(from PFCPS_SECRET\)$" "$TMP/worker0.log" || { grep ': secret' "$TMP/worker0.log"; die "secret from the environment not shown as such"; }
 echo "ok: environment secret: $(grep -o ': secret.*' "$TMP/worker0.log")"
 echo PASS

@@ -17,16 +17,16 @@ wait_trace "$TMP/trace0" 3 "training did not start"
 kill -STOP "${SPIDS[1]}"
 sleep 5
 kill -CONT "${SPIDS[1]}"
-grep -q "still waiting for server 1 " "$TMP/worker0.log" "$TMP/worker1.log" || { show_logs; fail "no worker named the stalled server 1"; }
+grep -q "still waiting for server 1 " "$TMP/worker0.log" "$TMP/worker1.log" || { show_logs; die "no worker named the stalled server 1"; }
 grep -h "still waiting for server 1" "$TMP"/worker*.log | head -2 | sed 's/^.* WARN /  /'
 n0=$(wc -l <"$TMP/trace0")
 wait_trace "$TMP/trace0" $((n0 + 3)) "training did not go on after SIGCONT"
 echo "ok: 5 s stall named, training went on"
 kill -STOP "${SPIDS[1]}"
 t0=$SECONDS
-for p in "${WPIDS[@]}"; do wait_exit "$p" 40 || { kill -CONT "${SPIDS[1]}"; show_logs; fail "a worker still runs 40 s after server 1 stopped answering"; }; done
+for p in "${WPIDS[@]}"; do wait_exit "$p" 40 || { kill -CONT "${SPIDS[1]}"; show_logs; die "a worker still runs 40 s after server 1 stopped answering"; }; done
 kill -CONT "${SPIDS[1]}"
 grep -h "ERROR" "$TMP"/worker*.log | head -4 | sed 's/^.* ERROR /  /'
-grep -q "ERROR.*server 1" "$TMP/worker0.log" "$TMP/worker1.log" || { show_logs; fail "no worker error names server 1"; }
+grep -q "ERROR.*server 1" "$TMP/worker0.log" "$TMP/worker1.log" || { show_logs; die "no worker error names server 1"; }
 echo "ok: workers stopped after $((SECONDS - t0)) s naming server 1"
 echo PASS

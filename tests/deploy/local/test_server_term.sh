@@ -9,10 +9,10 @@ export OMP_NUM_THREADS=1
 start_endless 2 1 term-secret "training did not start"
 kill -TERM "${SPIDS[1]}"
 t0=$SECONDS
-wait_exit "${WPIDS[0]}" 30 || { show_logs; fail "the worker still runs 30 s after server 1 stopped"; }
+wait_exit "${WPIDS[0]}" 30 || { show_logs; die "the worker still runs 30 s after server 1 stopped"; }
 rc=0; wait "${WPIDS[0]}" || rc=$?
-[ "$rc" -ne 0 ] || { show_logs; fail "the worker exited 0 although server 1 stopped mid-run"; }
-grep -q "server\[1\].*stopped while the workers still need its shard" "$TMP/worker0.log" || { show_logs; fail "the worker does not name server 1"; }
+[ "$rc" -ne 0 ] || { show_logs; die "the worker exited 0 although server 1 stopped mid-run"; }
+grep -q "server\[1\].*stopped while the workers still need its shard" "$TMP/worker0.log" || { show_logs; die "the worker does not name server 1"; }
 SPIDS=("${SPIDS[0]}")
 stop_servers
 echo "ok: SIGTERM to server 1: worker exited $rc after $((SECONDS - t0)) s"
@@ -23,7 +23,7 @@ start_endless 2 1 term-secret "training did not start (2)"
 kill -TERM "${WPIDS[0]}" "${SPIDS[1]}"
 wait_exit "${WPIDS[0]}" 30
 rc=0; wait "${WPIDS[0]}" || rc=$?
-[ "$rc" -eq 0 ] || { show_logs; fail "the worker exited $rc when stopped together with server 1, want 0"; }
+[ "$rc" -eq 0 ] || { show_logs; die "the worker exited $rc when stopped together with server 1, want 0"; }
 SPIDS=("${SPIDS[0]}")
 stop_servers
 echo "ok: SIGTERM to the worker and server 1 together: worker exited 0"

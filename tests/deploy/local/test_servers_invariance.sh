@@ -21,11 +21,11 @@ num_image = 400
 num_workers = 1
 INI
   run_cluster "S=$S: a worker failed" "$TMP/s$S.ini" "$S" 2 --max-steps 20 --trace "$TMP/trace$S.{r}" --dump-centers "$TMP/centers$S"
-  [ "$(wc -l <"$TMP/trace$S.0")" -eq 20 ] || fail "S=$S: expected 20 steps"
+  [ "$(wc -l <"$TMP/trace$S.0")" -eq 20 ] || die "S=$S: expected 20 steps"
 done
 
 # Compare as numbers (relative 1e-6), not only as bytes.
-python3 - "$TMP" <<'PY' || fail "results differ across S"
+python3 - "$TMP" <<'PY' || die "results differ across S"
 import struct, sys
 tmp = sys.argv[1]
 def losses(S): return [float(l.split()[1]) for l in open(f"{tmp}/trace{S}.0")]

@@ -22,16 +22,16 @@ for who in server worker; do
     p=$DPID
     sleep "$d"
     kill -TERM "$p"
-    wait_exit "$p" 10 || { cat "$TMP/$who.log"; fail "$who: still running 10 s after SIGTERM at $d s"; }
+    wait_exit "$p" 10 || { cat "$TMP/$who.log"; die "$who: still running 10 s after SIGTERM at $d s"; }
     rc=0; wait "$p" || rc=$?
     if [ "$rc" -eq 0 ]; then
-      grep -q "stopped before the run formed" "$TMP/$who.log" || { cat "$TMP/$who.log"; fail "$who: SIGTERM at $d s: exit 0 without saying so"; }
+      grep -q "stopped before the run formed" "$TMP/$who.log" || { cat "$TMP/$who.log"; die "$who: SIGTERM at $d s: exit 0 without saying so"; }
       ok=$((ok + 1))
     elif [ "$rc" -ne 143 ]; then
-      cat "$TMP/$who.log"; fail "$who: SIGTERM at $d s: exit $rc (want 0 and an orderly stop)"
+      cat "$TMP/$who.log"; die "$who: SIGTERM at $d s: exit $rc (want 0 and an orderly stop)"
     fi
     echo "ok: $who, SIGTERM at $d s: exit $rc"
   done
 done
-[ "$ok" -ge 8 ] || fail "only $ok of 14 stops reached the daemons' own handler"
+[ "$ok" -ge 8 ] || die "only $ok of 14 stops reached the daemons' own handler"
 echo PASS

@@ -21,7 +21,7 @@ warned() {
   local line=$1 sline=$2 text=$3 who=$4
   write_cfg "$line" "$sline"
   run_cluster "'$line$sline': the worker failed" "$TMP/run.ini" 1 1
-  grep -q "WARN.*$text" "$TMP/$who.log" || { show_logs; fail "'$line$sline': no warning '$text' in $who.log"; }
+  grep -q "WARN.*$text" "$TMP/$who.log" || { show_logs; die "'$line$sline': no warning '$text' in $who.log"; }
   echo "ok warned '$line$sline': $(grep -m1 "WARN.*$text" "$TMP/$who.log" | sed 's/^.* WARN //' | cut -c1-110)"
 }
 warned "fp16 = true" "" "fp16 = true: the CPU device has no half-precision path" worker0

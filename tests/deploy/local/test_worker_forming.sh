@@ -17,11 +17,11 @@ stop_within() {
   local sig=$1 pid=$2 log=$3 lim=$4 t0 t1 rc=0
   t0=$(date +%s.%N)
   kill -"$sig" "$pid"
-  wait_exit "$pid" "$lim" || { tail -5 "$log"; fail "pid $pid still running ${lim} s after SIG$sig"; }
+  wait_exit "$pid" "$lim" || { tail -5 "$log"; die "pid $pid still running ${lim} s after SIG$sig"; }
   wait "$pid" || rc=$?
   t1=$(date +%s.%N)
-  [ "$rc" -eq 0 ] || { tail -5 "$log"; fail "exit $rc after SIG$sig, expected 0"; }
-  grep -q "stopped before the run formed" "$log" || { tail -5 "$log"; fail "no 'stopped before the run formed' in $log"; }
+  [ "$rc" -eq 0 ] || { tail -5 "$log"; die "exit $rc after SIG$sig, expected 0"; }
+  grep -q "stopped before the run formed" "$log" || { tail -5 "$log"; die "no 'stopped before the run formed' in $log"; }
   awk -v a="$t0" -v b="$t1" -v s="$sig" 'BEGIN { printf "exit 0 %.2f s after SIG%s\n", b - a, s }'
 }
 

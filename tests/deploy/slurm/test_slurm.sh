@@ -11,7 +11,7 @@
 # and its folder removed (also on failure). Skips (77) when Slurm cannot be installed (tests/deploy/slurm/deps.sh;
 # root needed) or started here.
 # Arguments: SERVER WORKER PFCPS SRC BUILD (tests/deploy/local/cluster.sh).
-skip() { echo "SKIP: $*"; exit 77; }
+. "$(dirname "$0")/../../expect.sh"
 [ "$(id -u)" -eq 0 ] || skip "a private Slurm (slurmd launching jobs, munged) needs root here"
 need_install=0
 for c in munged mungekey slurmctld slurmd sbatch squeue scontrol scancel sinfo; do
@@ -118,7 +118,7 @@ jobid=$(cd "$TMP/my run" && sbatch --parsable --output="$D/job.out" \
   --partition=cpu --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --time=10 : \
   --partition=gpu --nodes=1 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=10 \
   "$SRC/deploy/slurm/pfcps.sbatch" "quick start.ini" --set "rec=$TMP/my data/train" --set "output=$out" \
-  --set "num_epoch=$EPOCHS" 2>"$D/sbatch.err") || { cat "$D/sbatch.err"; fail "sbatch refused the job"; }
+  --set "num_epoch=$EPOCHS" 2>"$D/sbatch.err") || { cat "$D/sbatch.err"; die "sbatch refused the job"; }
 jobid=${jobid%%;*}
 echo "slurm: job $jobid submitted"
 done_=0
@@ -131,41 +131,41 @@ show_job() {
   echo "--- job output"; cat "$D/job.out"
   echo "--- slurmctld"; grep -i "JobId=$jobid" "$D/log/slurmctld.log"
 }
-[ "$done_" -eq 1 ] || { show_job; fail "job $jobid still in the queue after 240 s"; }
+[ "$done_" -eq 1 ] || { show_job; die "job $jobid still in the queue after 240 s"; }
 
 # Both components ended with exit 0 (slurmctld's record of each), the script said so, nothing was cancelled.
 for c in 0 1; do
   grep -q "_job_complete: JobId=$jobid+$c([0-9]*) WEXITSTATUS 0" "$D/log/slurmctld.log" ||
-    { show_job; fail "component $c of job $jobid did not exit 0"; }
+    { show_job; die "component $c of job $jobid did not exit 0"; }
 done
-grep -q "pfcps.sbatch: workers done (exit 0)" "$D/job.out" || { show_job; fail "workers did not exit 0"; }
-grep -q "pfcps.sbatch: servers exited 0" "$D/job.out" || { show_job; fail "servers did not exit 0"; }
-! grep -qi "CANCELLED\|Killed\|error:" "$D/job.out" || { show_job; fail "job output has CANCELLED / Killed / error:"; }
+grep -q "pfcps.sbatch: workers done (exit 0)" "$D/job.out" || { show_job; die "workers did not exit 0"; }
+grep -q "pfcps.sbatch: servers exited 0" "$D/job.out" || { show_job; die "servers did not exit 0"; }
+! grep -qi "CANCELLED\|Killed\|error:" "$D/job.out" || { show_job; die "job output has CANCELLED / Killed / error:"; }
 # Each server stopped in order: no new requests, the apply in progress finished, counters logged; by itself once
 # every worker had left (server 0 shuts the run down), or on the script's SIGINT.
 for r in 0 1; do
   grep -q "server\[$r\] INFO stopped: [0-9]* steps done" "$D/job.out" ||
-    { show_job; fail "server $r did not log an orderly stop"; }
+    { show_job; die "server $r did not log an orderly stop"; }
 done
 # One GPU per worker task: 0 and 1.
 for r in 0 1; do
   grep -q "pfcps.sbatch: worker $r on n2, CUDA_VISIBLE_DEVICES=$r\$" "$D/job.out" ||
-    { show_job; fail "worker $r did not get GPU $r alone"; }
+    { show_job; die "worker $r did not get GPU $r alone"; }
 done
 # It trained: every step, loss fell, the checkpoint and the final line.
 log=$out/training.log
-[ -s "$out/model.ckpt" ] || { show_job; fail "no model.ckpt in '$out'"; }
+[ -s "$out/model.ckpt" ] || { show_job; die "no model.ckpt in '$out'"; }
 grep -q "training done: $((EPOCHS * 18)) of $((EPOCHS * 18)) steps, first loss [0-9.]*, final loss [0-9.]*" "$log" ||
-  { show_job; fail "training.log has no 'training done: ... final loss' line"; }
+  { show_job; die "training.log has no 'training done: ... final loss' line"; }
 first=$(grep -m1 -o 'Loss [0-9.]*' "$log" | awk '{print $2}')
 last=$(grep -o 'Loss [0-9.]*' "$log" | tail -n 1 | awk '{print $2}')
-loss_fell "$first" "$last" || fail "loss did not fall: $first -> $last"
+loss_fell "$first" "$last" || die "loss did not fall: $first -> $last"
 
 # No process of the job is left (a task's environment names its job).
 sleep 0.5
 left=$(grep -lszE "^SLURM_(HET_)?JOB_ID=$jobid\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 || true)
-[ -z "$left" ] || { ps -o pid,args -p "$(echo "$left" | paste -sd,)"; fail "processes of job $jobid left: $left"; }
-! pgrep -f "slurmstepd: \[$jobid" >/dev/null || fail "a slurmstepd of job $jobid is left"
+[ -z "$left" ] || { ps -o pid,args -p "$(echo "$left" | paste -sd,)"; die "processes of job $jobid left: $left"; }
+! pgrep -f "slurmstepd: \[$jobid" >/dev/null || die "a slurmstepd of job $jobid is left"
 
 # Where the time went (slurmctld's log): submitted, started, ended.
 grep -E "submit_batch_het_job: JobId=$jobid |_start_job: Started JobId=$jobid\+0|_job_complete: JobId=$jobid\+1\([0-9]*\) done" \
@@ -178,6 +178,6 @@ echo "slurm: job $jobid trained $EPOCHS epochs (loss $first -> $last), servers s
 # Slurm down: its daemons gone, its folder removed.
 daemons=$(cat "$D"/run/*.pid | paste -sd' ')
 cleanup; trap - EXIT; slurm_down
-for p in $daemons; do ! kill -0 "$p" 2>/dev/null || fail "Slurm/munge daemon $p still runs"; done
-[ ! -d "$D" ] || fail "$D left"
+for p in $daemons; do ! kill -0 "$p" 2>/dev/null || die "Slurm/munge daemon $p still runs"; done
+[ ! -d "$D" ] || die "$D left"
 echo "slurm: PASS"

@@ -12,8 +12,6 @@
 # --init refusals (bad spec, with --pixels, with a checkpoint too, unknown network).
 # Arguments: SERVER WORKER PFCPS SRC BUILD
 source "$4/tests/deploy/local/cluster.sh" "$@"
-fails=0
-bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
 ORL=$SRC/data/orl
 { printf '1\t20\n'; sed -n 2,21p "$ORL/pairs_s31-s40.txt"; sed -n 47,66p "$ORL/pairs_s31-s40.txt"; } >"$TMP/pairs.txt"
 
@@ -30,9 +28,9 @@ output = $TMP/out
 $ONE_STEP_DATA
 INI
 run_cluster "the one-step run failed" "$TMP/run.ini" 1 1 --max-steps 1
-[ -f "$TMP/out/model.ckpt" ] || fail "the one-step run saved no model.ckpt"
+[ -f "$TMP/out/model.ckpt" ] || die "the one-step run saved no model.ckpt"
 
-python3 - "$TMP/out/model.ckpt" "$TMP/init.ckpt" "$SRC/tests" <<'PY' || fail "patching the checkpoint"
+python3 - "$TMP/out/model.ckpt" "$TMP/init.ckpt" "$SRC/tests" <<'PY' || die "patching the checkpoint"
 import sys
 sys.path.insert(0, sys.argv[3])
 import pfcps_ckpt
@@ -53,22 +51,21 @@ v() { "$PFCPS" verify --folds 4 --pad "$@" 2>"$TMP/err" || { cat "$TMP/err"; ech
 want=$(v "$TMP/init.ckpt" "$TMP/pairs.txt" --images "$ORL")
 got=$(v --init r18_w8:16:777 "$TMP/pairs.txt" --images "$ORL")
 echo "$got"
-grep -q "Accuracy-Flip" <<<"$got" || bad "no Accuracy-Flip line from --init: $got"
-grep -q "untrained r18_w8 (D 16), model_init seed 777" "$TMP/err" || bad "stderr does not name the untrained network: $(cat "$TMP/err")"
-[ "$got" = "$want" ] && echo "ok: --init r18_w8:16:777 == the one-step run's parameters with BN statistics at 0/1" ||
-  bad "--init differs from the run's initial model:"$'\n'"$got"$'\n'"vs"$'\n'"$want"
+grep -q "Accuracy-Flip" <<<"$got" || fail "no Accuracy-Flip line from --init: $got"
+grep -q "untrained r18_w8 (D 16), model_init seed 777" "$TMP/err" || fail "stderr does not name the untrained network: $(cat "$TMP/err")"
+[ "$got" = "$want" ] && ok "--init r18_w8:16:777 == the one-step run's parameters with BN statistics at 0/1" ||
+  fail "--init differs from the run's initial model:"$'\n'"$got"$'\n'"vs"$'\n'"$want"
 stepped=$(v "$TMP/out/model.ckpt" "$TMP/pairs.txt" --images "$ORL")
 other=$(v --init r18_w8:16:778 "$TMP/pairs.txt" --images "$ORL")
 xn() { grep XNorm <<<"$1"; }
-[ "$(xn "$stepped")" != "$(xn "$want")" ] && echo "ok: the unpatched checkpoint (one step's BN statistics) differs: $(xn "$stepped")" ||
-  bad "the one-step checkpoint scores as the initial model: the check would not see BN state"
-[ "$(xn "$other")" != "$(xn "$want")" ] && echo "ok: seed 778 differs: $(xn "$other")" || bad "seed 778 gives the same model"
+[ "$(xn "$stepped")" != "$(xn "$want")" ] && ok "the unpatched checkpoint (one step's BN statistics) differs: $(xn "$stepped")" ||
+  fail "the one-step checkpoint scores as the initial model: the check would not see BN state"
+[ "$(xn "$other")" != "$(xn "$want")" ] && ok "seed 778 differs: $(xn "$other")" || fail "seed 778 gives the same model"
 
-expect() { # exit-status substring args...
+# expect EXIT_STATUS TEXT ARGS...: `pfcps ARGS` exits EXIT_STATUS and prints TEXT.
+expect() {
   local want_rc=$1 w=$2; shift 2
-  out=$("$PFCPS" "$@" 2>&1); rc=$?
-  if [ "$rc" -ne "$want_rc" ] || ! grep -qF -- "$w" <<<"$out"; then bad "pfcps $*: exit $rc, wanted $want_rc and '$w': $out"
-  else echo "ok: pfcps $*: exit $rc: $(tail -n 1 <<<"$out")"; fi
+  expect_rc "pfcps $*" "$want_rc" "$w" "$PFCPS" "$@"
 }
 expect 2 "--init needs NETWORK:D[:SEED]" verify --init r18_w8 "$TMP/pairs.txt" --images "$ORL"
 expect 2 "--init needs NETWORK:D[:SEED]" verify --init r18_w8:16:x "$TMP/pairs.txt" --images "$ORL"
@@ -77,5 +74,4 @@ expect 2 "--init and --pixels are two baselines" verify --init r18_w8:16 --pixel
 expect 2 "with --init, needs SET only" verify --init r18_w8:16 "$TMP/init.ckpt" "$TMP/pairs.txt" --images "$ORL"
 expect 2 "with --pixels, needs SET only" verify --pixels "$TMP/init.ckpt" "$TMP/pairs.txt" --images "$ORL"
 expect 1 "network 'r7'" verify --init r7:16 "$TMP/pairs.txt" --images "$ORL"
-[ "$fails" -eq 0 ] && echo ok || echo FAIL
-exit $((fails != 0))
+expect_summary
