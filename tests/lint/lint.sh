@@ -4,12 +4,12 @@
 #   2. code, tests and build files speak of the code as it is: no issue or session numbers;
 #   3. no product function (common, server, worker, kernels, tools, proto) is longer than 120 lines, except
 #      a parser's opcode switch listed below; measured by lizard (PyPI, in tests/pyenv.sh's venv).
-# Usage: lint.sh [SOURCE_ROOT]; PFCPS_PYTHON names the venv's python (for lizard).
+# Usage: lint.sh [SOURCE_ROOT]; PFCPS_PYTHON names the venv's python (for lizard). Without lizard the length
+# rule is not checked (said so), and that is a failure under PFCPS_REQUIRE_REFERENCES (tests/reference/skip.sh).
 set -uo pipefail
+. "$(dirname "$0")/../expect.sh"
 root=${1:-${PFCPS_SOURCE:-$(dirname "$0")/../..}}
-cd "$root" || exit 1
-fail=0
-bad() { echo "FAIL: $*"; fail=1; }
+cd "$root" || die "no source root $root"
 
 # Files as git tracks them when this is a checkout; every file below the root otherwise.
 files() {
@@ -28,8 +28,8 @@ while IFS= read -r h; do
   [ -f "$h" ] || continue
   want=PFCPS_$(printf '%s' "$h" | tr 'a-z/.-' 'A-Z___')
   got=$(grep -m1 -E '^#ifndef ' "$h" | awk '{print $2}')
-  [ "$got" = "$want" ] || bad "$h: include guard '${got:-none}', expected '$want'"
-  grep -q -E "^#define $want\$" "$h" || bad "$h: no '#define $want'"
+  [ "$got" = "$want" ] || fail "$h: include guard '${got:-none}', expected '$want'"
+  grep -q -E "^#define $want\$" "$h" || fail "$h: no '#define $want'"
   n=$((n + 1))
 done < <(files '*.h' '*.cuh')
 echo "include guards: $n headers checked"
@@ -37,7 +37,7 @@ echo "include guards: $n headers checked"
 # 2. No project history in code.
 hist=$(files '*.c' '*.h' '*.cu' '*.cuh' '*.cpp' '*.py' '*.sh' 'meson.build' '*.ini' '*.yaml' '*.service' \
          '*.sbatch' 'Dockerfile' | grep -v '^tests/lint/' | xargs -r grep -nE '[Ii]ssue [0-9]+|[Ss]ession [0-9]+' 2>/dev/null)
-[ -z "$hist" ] || bad "issue or session numbers in code (comments explain the code as it is):"$'\n'"$hist"
+[ -z "$hist" ] || fail "issue or session numbers in code (comments explain the code as it is):"$'\n'"$hist"
 echo "history references: checked"
 
 # 3. Function length.
@@ -46,10 +46,10 @@ py=${PFCPS_PYTHON:-python3}
 if "$py" -c 'import lizard' 2>/dev/null; then
   mapfile -t src < <(files 'common/*.c' 'server/*.c' 'worker/*.c' 'kernels/*.c' 'kernels/*.cu' 'tools/*.c' 'proto/*.c')
   long=$("$py" -m lizard -C 100000 -L 120 -w "${src[@]}" 2>/dev/null | grep -vE "$allowed")
-  [ -z "$long" ] || bad "product functions over 120 lines:"$'\n'"$long"
+  [ -z "$long" ] || fail "product functions over 120 lines:"$'\n'"$long"
   echo "function length: ${#src[@]} files checked"
 else
   echo "function length: not checked (lizard missing from $py; tests/pyenv.sh installs it)"
-  if [ "${PFCPS_REQUIRE_REFERENCES:-0}" = 1 ]; then bad "lizard missing (PFCPS_REQUIRE_REFERENCES=1)"; fi
+  if ref_required; then fail "lizard missing (PFCPS_REQUIRE_REFERENCES=$PFCPS_REQUIRE_REFERENCES)"; fi
 fi
-exit $fail
+expect_summary
