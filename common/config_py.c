@@ -1,9 +1,12 @@
 /* arcface_torch's Python config files (configs/NAME.py), read without running Python: see config.h,
  * cfg_load_py_text. The grammar is the subset those files use:
  *
- *   file      := { line }
- *   line      := blank | '#' comment | 'from' ... | 'import' ... | 'config = edict()'
- *              | 'config.' KEY '=' value [ '#' comment ]
+ *   file      := [ UTF-8 BOM ] { line }
+ *   line      := blank | '#' comment | import | 'config = edict()' | 'config.' KEY '=' value
+ *                (each but blank ending the line, or a '#' comment; one statement per line, not indented)
+ *   import    := 'import' MODULE [ 'as' NAME ] { ',' MODULE [ 'as' NAME ] }
+ *              | 'from' ( { '.' } MODULE | '.' { '.' } ) 'import' ( '*' | NAME [ 'as' NAME ] { ',' ... } )
+ *   MODULE    := NAME { '.' NAME }
  *   value     := STRING | 'True' | 'False' | 'None' | arith | '(' [ items ] ')' | '[' [ items ] ']'
  *   items     := value { ',' value } [ ',' ]
  *   arith     := term { ('+' | '-') term };  term := unary { ('*' | '/' | '//') unary }
@@ -13,8 +16,12 @@
  * one the file never set is an AttributeError there and refused here), e.g. arcface_torch's
  * `config.warmup_epoch = config.num_epoch // 10`.
  * A bracketed value may span lines. Numbers follow Python: int op int stays an int (`30 * 10000`), '/' is a
- * float, literals may carry '_'. Everything else (names, calls, attribute reads, f-strings, dicts) is refused
- * naming the file, line and what was found: nothing is ever executed. */
+ * float, literals may carry '_'. Imports are read, never run: they may not bind the name `config`, nor
+ * `edict` / `EasyDict` from a module other than easydict (what `config = edict()` builds must be easydict's).
+ * Everything else is refused naming the file, line and what was found, so that no file is read differently
+ * from what Python would make of it: names, calls, attribute reads, f-strings, dicts, statements joined by
+ * ';', an indented line, a second `config = edict()` (Python would start over), a `config.KEY` line before
+ * the first `config = edict()`. Nothing is ever executed. */
 #include "common/config.h"
 
 #include <ctype.h>
@@ -56,6 +63,7 @@ typedef struct py_parser {
     const char *p, *end;
     int line;      /* line of p */
     int depth;     /* open brackets: newlines inside them are whitespace */
+    int made;      /* `config = edict()` was read */
     char err[256]; /* first error */
 } py_parser;
 
@@ -468,9 +476,123 @@ static int py_value_of(py_parser *ps, py_value *v, int in_seq)
 static int py_end_of_line(py_parser *ps)
 {
     py_skip(ps);
+    if (ps->p < ps->end && *ps->p == ';')
+        return py_fail(ps, "';' joins statements on one line: not read (one statement per line)");
     if (ps->p < ps->end && *ps->p != '\n')
-        return py_fail(ps, "unexpected text after the value");
+        return py_fail(ps, "unexpected text after the statement");
     return 0;
+}
+
+/* A Python name at ps->p into name (cap 64). Returns its length, 0 when there is none (or a longer one). */
+static size_t py_name(py_parser *ps, char name[64])
+{
+    if (ps->p >= ps->end || !(isalpha((unsigned char)*ps->p) || *ps->p == '_'))
+        return 0;
+    return py_key(ps, name);
+}
+
+/* A dotted module name (NAME { '.' NAME }) into mod (cap 256). Returns 0 or -1 (ps->err set). */
+static int py_module(py_parser *ps, char *mod, size_t cap)
+{
+    size_t n = 0;
+    for (;;) {
+        char part[64];
+        py_skip(ps);
+        if (py_name(ps, part) == 0)
+            return py_fail(ps, "expected a module name");
+        int w = snprintf(mod + n, cap - n, "%s%s", n ? "." : "", part);
+        if (w < 0 || (size_t)w >= cap - n)
+            return py_fail(ps, "module name longer than 255 characters");
+        n += (size_t)w;
+        py_skip(ps);
+        if (ps->p >= ps->end || *ps->p != '.')
+            return 0;
+        ps->p++;
+    }
+}
+
+/* An import binds `name` (taken from module `from`, NULL for a plain import): refused when it is `config`,
+ * or `edict` / `EasyDict` from anywhere but easydict. */
+static int py_bind(py_parser *ps, const char *name, const char *from, const char *what)
+{
+    if (!strcmp(name, "config"))
+        return py_fail(ps, "an import that binds the name 'config' is not read");
+    if ((!strcmp(name, "edict") || !strcmp(name, "EasyDict")) &&
+        !(from && !strcmp(from, "easydict") && !strcmp(what, "EasyDict")))
+        return py_fail(ps,
+                       "'edict' / 'EasyDict' imported from elsewhere than 'from easydict import EasyDict' "
+                       "is not read");
+    return 0;
+}
+
+/* [ 'as' NAME ]: the bound name into name (default: `dflt`). */
+static int py_as(py_parser *ps, const char *dflt, char name[64])
+{
+    py_skip(ps);
+    if (!py_word(ps, "as")) {
+        snprintf(name, 64, "%s", dflt);
+        return 0;
+    }
+    py_skip(ps);
+    if (py_name(ps, name) == 0)
+        return py_fail(ps, "expected a name after 'as'");
+    return 0;
+}
+
+/* The rest of an import statement, after 'import' (from_mod NULL) or after 'from' (from_mod set). */
+static int py_import(py_parser *ps, int is_from)
+{
+    char mod[256], name[64];
+    if (!is_from) {
+        for (;;) {
+            if (py_module(ps, mod, sizeof mod) < 0)
+                return -1;
+            char first[64];
+            size_t dot = strcspn(mod, ".");
+            snprintf(first, sizeof first, "%.*s", (int)dot, mod);
+            if (py_as(ps, first, name) < 0 || py_bind(ps, name, NULL, "") < 0)
+                return -1;
+            py_skip(ps);
+            if (ps->p >= ps->end || *ps->p != ',')
+                return py_end_of_line(ps);
+            ps->p++;
+        }
+    }
+    /* from: leading dots (a relative import), then a module unless only dots */
+    size_t dots = 0;
+    py_skip(ps);
+    while (ps->p < ps->end && *ps->p == '.') {
+        ps->p++;
+        dots++;
+    }
+    py_skip(ps);
+    mod[0] = '\0';
+    if (!(dots > 0 && py_word(ps, "import"))) {
+        if (py_module(ps, mod, sizeof mod) < 0)
+            return -1;
+        py_skip(ps);
+        if (!py_word(ps, "import"))
+            return py_fail(ps, "expected 'import' after 'from MODULE'");
+    }
+    const char *from = dots ? "" : mod; /* a relative module is never easydict */
+    py_skip(ps);
+    if (ps->p < ps->end && *ps->p == '*') {
+        ps->p++;
+        /* `from M import *` may bind anything, config and edict included */
+        return py_fail(ps, "'import *' is not read (it may bind any name)");
+    }
+    for (;;) {
+        char what[64];
+        py_skip(ps);
+        if (py_name(ps, what) == 0)
+            return py_fail(ps, "expected a name to import");
+        if (py_as(ps, what, name) < 0 || py_bind(ps, name, from, what) < 0)
+            return -1;
+        py_skip(ps);
+        if (ps->p >= ps->end || *ps->p != ',')
+            return py_end_of_line(ps);
+        ps->p++;
+    }
 }
 
 /* The config name for `output = None`: work_dirs/<file name without .py>, as arcface_torch's get_config. */
@@ -499,18 +621,20 @@ static int py_is_ignored(const char *key)
 static int py_statement(py_parser *ps, pf_config *cfg, const char *where, char *ignored, size_t icap,
                         int *output_set)
 {
+    const char *start = ps->p;
     py_skip(ps);
     if (ps->p >= ps->end || *ps->p == '\n')
         return 0;
-    if (py_word(ps, "from") || py_word(ps, "import")) {
-        while (ps->p < ps->end && *ps->p != '\n')
-            ps->p++;
-        return 0;
-    }
+    if (ps->p != start)
+        return py_fail(ps, "an indented statement (Python: unexpected indent) is not read");
+    if (py_word(ps, "import"))
+        return py_import(ps, 0);
+    if (py_word(ps, "from"))
+        return py_import(ps, 1);
     if (!py_word(ps, "config"))
         return py_fail(ps, "expected 'config.KEY = value', 'config = edict()' or an import");
     py_skip(ps);
-    if (ps->p < ps->end && *ps->p == '=') {
+    if (ps->p < ps->end && *ps->p == '=' && !(ps->p + 1 < ps->end && ps->p[1] == '=')) {
         ps->p++;
         py_skip(ps);
         if (!py_word(ps, "edict") && !py_word(ps, "EasyDict"))
@@ -518,11 +642,17 @@ static int py_statement(py_parser *ps, pf_config *cfg, const char *where, char *
         py_skip(ps);
         if (ps->end - ps->p < 2 || ps->p[0] != '(' || ps->p[1] != ')')
             return py_fail(ps, "expected 'config = edict()'");
+        if (ps->made)
+            return py_fail(ps,
+                           "a second 'config = edict()' (Python would drop the keys set above) is not read");
         ps->p += 2;
+        ps->made = 1;
         return py_end_of_line(ps);
     }
     if (ps->p >= ps->end || *ps->p != '.')
         return py_fail(ps, "expected 'config.KEY = value'");
+    if (!ps->made)
+        return py_fail(ps, "'config.KEY = value' before 'config = edict()' (Python: NameError) is not read");
     ps->p++;
     char key[64];
     if (py_key(ps, key) == 0)
@@ -574,6 +704,8 @@ static int load_py(py_parser *ps, pf_config *cfg, const char *text, const char *
     ps->p = text;
     ps->end = text + strlen(text);
     ps->line = 1;
+    if (!strncmp(text, "\xEF\xBB\xBF", 3)) /* a UTF-8 byte order mark, which Python skips */
+        ps->p += 3;
     char ignored[512] = "";
     int output_set = 0;
     while (ps->p < ps->end) {

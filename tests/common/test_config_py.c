@@ -197,7 +197,58 @@ static void test_refusals(void **state)
     REFUSED("config.warmup_epoch = config.num_epoch // 10\n", 4, "has not set"); /* num_epoch not set here */
     REFUSED("config.num_epoch = config.rec * 2\n", 4, "not a number");           /* arithmetic on a string */
     REFUSED("config.output = f'work_dirs/{config.rec}'\n", 4, "names, calls");
+    /* Python reads these differently from what a line-by-line reading gives: refused, never skipped. */
+    REFUSED("import os; config.lr = 5.0\n", 4, "';' joins statements");
+    REFUSED("import os; os.system('true')\n", 4, "';' joins statements");
+    REFUSED("config.lr = 5.0;\n", 4, "';' joins statements");
+    REFUSED("  config.lr = 5.0\n", 4, "an indented statement");
+    REFUSED("config = edict()\n", 4, "a second 'config = edict()'");
+    REFUSED("from os import path as config\n", 4, "binds the name 'config'");
+    REFUSED("import config\n", 4, "binds the name 'config'");
+    REFUSED("from collections import OrderedDict as edict\n", 4, "'edict' / 'EasyDict'");
+    REFUSED("import easydict as EasyDict\n", 4, "'edict' / 'EasyDict'");
+    REFUSED("from os import *\n", 4, "'import *'");
+    REFUSED("import os.\n", 4, "expected a module name");
+    REFUSED("from os import\n", 4, "expected a name to import");
+    REFUSED("from os path import sep\n", 4, "expected 'import' after 'from MODULE'");
+    REFUSED("import os if True\n", 4, "unexpected text after the statement");
+    REFUSED("config.lr = 5.0 if True else 0.1\n", 4, "unexpected text after the statement");
 #undef REFUSED
+    expect_refused("config.num_classes = 10\nconfig = edict()\n", 1, "before 'config = edict()'");
+}
+
+/* A UTF-8 byte order mark before the first line is skipped (as Python does); the imports arcface_torch's
+ * files and their users write are read (plain, dotted, several, 'as', from-imports, __future__, relative). */
+static void test_bom_and_imports(void **state)
+{
+    (void)state;
+    char text[sizeof ms1mv3_r50 + 3] = "\xEF\xBB\xBF";
+    strcat(text, ms1mv3_r50);
+    const char *p = write_file("bom.py", text);
+    pf_config c;
+    assert_int_equal(cfg_load(&c, p, NULL, 0), 0);
+    assert_string_equal(c.network, "r50");
+    assert_int_equal(c.num_classes, 93431);
+    assert_true(c.lr == 0.1);
+    assert_string_equal(c.output, "work_dirs/bom");
+    p = write_file("imports.py", "from __future__ import annotations\n"
+                                 "import os\n"
+                                 "import os.path, sys as system  # several\n"
+                                 "from os import path as osp, sep\n"
+                                 "from . import sibling\n"
+                                 "from ..pkg.mod import thing as other\n"
+                                 "from easydict import EasyDict as edict\n"
+                                 "from easydict import EasyDict\n"
+                                 "config = edict()\n"
+                                 "config.num_classes = 10\n"
+                                 "config.rec = 'x'\n");
+    assert_int_equal(cfg_load(&c, p, NULL, 0), 0);
+    assert_int_equal(c.num_classes, 10);
+    /* a BOM anywhere else is not skipped */
+    p = write_file("bom2.py", "config = edict()\n\xEF\xBB\xBF"
+                              "config.num_classes = 10\n");
+    assert_int_equal(cfg_load(&c, p, NULL, 0), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "bom2.py:2:"));
 }
 
 int main(void)
@@ -210,6 +261,7 @@ int main(void)
         cmocka_unit_test(test_ms1mv3),
         cmocka_unit_test(test_constructs),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_bom_and_imports),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[300];

@@ -1,0 +1,2 @@
+from easydict import EasyDict as edict
+import os; config.lr = 5.0
