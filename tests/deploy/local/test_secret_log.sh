@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Worker 0's startup dump says where the join secret came from. The run config it dumps comes from the
-# rendezvous, which never sends the secret, so it used to say "(from PFCPS_SECRET)" for a secret set in the
-# config file (with PFCPS_SECRET unset). Config secret -> "(set)"; environment -> "(from PFCPS_SECRET)".
+# Worker 0's startup dump says where the join secret came from, although the run config it dumps comes from
+# the rendezvous, which never sends the secret: a secret set in the config file (PFCPS_SECRET unset) ->
+# "(set)"; from the environment -> "(from PFCPS_SECRET)".
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
 run() { # run SECRET_LINE: one server + one worker (servers and workers left at their default, 1), 1 step

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every process trains with server 0's config. A worker started with its own values for some keys (here
-# --set lr=0.3 --set num_epoch=3 while server 0 has lr = 0.05 and the default num_epoch 20) used to drop them
-# without a word; it now warns, naming each such key with both values. Keys left at their default, keys equal
-# to the run's and `rendezvous` are not named.
+# --set lr=0.3 --set num_epoch=3 while server 0 has lr = 0.05 and the default num_epoch 20) drops them with a
+# warning naming each such key with both values. Keys left at their default, keys equal to the run's and
+# `rendezvous` are not named.
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
 run_ini "$TMP/run.ini" - - keys-secret <<INI

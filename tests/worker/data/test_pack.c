@@ -327,8 +327,8 @@ static void test_first_class_limit(void)
 }
 
 /* A pack that fails part-way (an image that does not decode, last in file order) leaves the pack already at
- * that prefix byte for byte as it was and no partial files: it used to truncate train.rec/.idx and leave a
- * shorter pack without its header record, which read back as a valid im2rec pack. */
+ * that prefix byte for byte as it was and no partial files (a truncated train.rec/.idx without its header
+ * record would read back as a valid im2rec pack). */
 static void test_failed_pack_keeps_old(void)
 {
     char in[400], out[400], bad[400], p[450];

@@ -267,9 +267,9 @@ int main(void)
         b = sb;
     }
 
-    /* The corpus seeds (tests/worker/model/fuzz_checkpoint_corpus): a version 1 file written by the earlier
-     * code and the same file turned into version 2 with two extras by a script (an independent writer of the
-     * format): both load, with the same parameters. */
+    /* The corpus seeds (tests/worker/model/fuzz_checkpoint_corpus): a version 1 file (the format without
+     * extras) and the same file turned into version 2 with two extras by a script (an independent writer of
+     * the format): both load, with the same parameters. */
     const char *src = getenv("PFCPS_SOURCE");
     model *w2;
     if (src && model_create(&w2, "r18_w2", 8, 1) == 0) {
