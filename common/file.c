@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/splitmix64.h"
 
 const char *pf_file_kind(const struct stat *st)
 {
@@ -186,4 +187,49 @@ int pf_file_sha256(const char *path, uint8_t d[32])
     EVP_MD_CTX_free(c);
     close(fd);
     return rc;
+}
+
+struct pf_dirset_slot {
+    dev_t dev;
+    ino_t ino;
+    int used;
+};
+
+static size_t dirset_home(dev_t dev, ino_t ino, size_t cap)
+{
+    return (size_t)(splitmix64((uint64_t)ino ^ splitmix64((uint64_t)dev)) & (cap - 1));
+}
+
+int pf_dirset_enter(pf_dirset *s, const struct stat *st)
+{
+    if (2 * (s->n + 1) > s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 64;
+        struct pf_dirset_slot *v = calloc(cap, sizeof *v);
+        if (!v)
+            return pf_err(-ENOMEM, "out of memory");
+        for (size_t i = 0; i < s->cap; i++) {
+            if (!s->slot[i].used)
+                continue;
+            size_t h = dirset_home(s->slot[i].dev, s->slot[i].ino, cap);
+            while (v[h].used)
+                h = (h + 1) & (cap - 1);
+            v[h] = s->slot[i];
+        }
+        free(s->slot);
+        s->slot = v;
+        s->cap = cap;
+    }
+    size_t h = dirset_home(st->st_dev, st->st_ino, s->cap);
+    for (; s->slot[h].used; h = (h + 1) & (s->cap - 1))
+        if (s->slot[h].dev == st->st_dev && s->slot[h].ino == st->st_ino)
+            return 0;
+    s->slot[h] = (struct pf_dirset_slot){st->st_dev, st->st_ino, 1};
+    s->n++;
+    return 1;
+}
+
+void pf_dirset_free(pf_dirset *s)
+{
+    free(s->slot);
+    memset(s, 0, sizeof *s);
 }

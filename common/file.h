@@ -1,6 +1,7 @@
 /* File reads: one careful open for every file pfcps reads from a path a user gave (configs, checkpoints,
  * safetensors, images being packed or embedded, pairs lists, .bin evaluation sets, index files), a
- * whole-file read and a head read on top of it, and a file's SHA-256. */
+ * whole-file read and a head read on top of it, a file's SHA-256, and the set of folders a walk has entered
+ * (so that no link loop is followed). */
 #ifndef PFCPS_COMMON_FILE_H
 #define PFCPS_COMMON_FILE_H
 
@@ -53,5 +54,21 @@ int pf_read_head(const char *path, void *buf, size_t n, size_t *got);
  * pf_open_regular with the path in front ("<path>: a FIFO, not a regular file", "<path>: permission
  * denied", ...), -EIO "<path>: read failed: <reason>", -ENOMEM. */
 int pf_file_sha256(const char *path, uint8_t d[32]);
+
+/* The folders a walk has entered, by (st_dev, st_ino), so that a walk following symbolic links enters each
+ * folder once: a link back to a folder above (a loop) or a second link to a folder already walked is
+ * skipped instead of being walked again (one loop would repeat every file below it until the path gets too
+ * long; two loops make the walk exponential). Zero-initialise; pf_dirset_free when done. */
+typedef struct pf_dirset {
+    struct pf_dirset_slot *slot; /* open addressing, cap a power of two, at most half full */
+    size_t n, cap;
+} pf_dirset;
+
+/* Marks the folder st describes (stat, following links) as entered. Returns 1 when it was not entered
+ * before (walk into it), 0 when it was (skip it), -ENOMEM "out of memory". */
+int pf_dirset_enter(pf_dirset *s, const struct stat *st);
+
+/* Frees the set (it may be used again, empty). */
+void pf_dirset_free(pf_dirset *s);
 
 #endif

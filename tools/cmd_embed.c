@@ -5,7 +5,9 @@
  *   - a RecordIO pack: PREFIX with PREFIX.rec and PREFIX.idx beside it, PREFIX.rec / PREFIX.idx itself, or a
  *     folder holding train.rec + train.idx: its images in key order;
  *   - a folder: every image file (.jpg .jpeg .png .pgm .ppm .pnm .bmp, any case) below it, recursively,
- *     hidden entries skipped, in byte order of the path relative to the folder (LC_ALL=C sort);
+ *     hidden entries skipped, in byte order of the path relative to the folder (LC_ALL=C sort); links are
+ *     followed, but into each folder once (the first path in byte order walks it; a loop or a second link
+ *     is skipped with a warning);
  *   - otherwise a list file: one image path per line (as written: relative to the current directory),
  *     empty lines skipped. */
 #include "tools/commands.h"
@@ -13,6 +15,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/file.h"
+#include "common/log.h"
 #include "tools/opts.h"
 #include "worker/data/image.h"
 #include "worker/data/rec.h"
@@ -53,32 +56,92 @@ static int add_path(embed_input *in, const char *p)
     return 0;
 }
 
-static int walk(embed_input *in, const char *dir, int depth)
+static int cmp_name(const void *a, const void *b)
 {
-    if (depth > 64)
-        return pf_err(-ELOOP, "%s: folders nested deeper than 64 (a link loop?)", dir);
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The names in folder dir (hidden ones left out) into *names (*n of them, byte order; free each and the
+ * array). Returns 0 or the error naming dir. */
+static int list_names(const char *dir, char ***names, size_t *n)
+{
+    *names = NULL;
+    *n = 0;
     DIR *d = opendir(dir);
     if (!d)
-        return pf_err(-errno, "%s: cannot open folder: %s", dir, strerror(errno));
-    struct dirent *e;
+        return pf_err(errno == EACCES ? -EACCES : -errno, "%s: cannot open folder: %s", dir, strerror(errno));
+    size_t cap = 0;
     int rc = 0;
-    char p[4096];
+    struct dirent *e;
     while (!rc && (e = readdir(d))) {
         if (e->d_name[0] == '.')
             continue;
-        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= sizeof p) {
-            rc = pf_err(-ENAMETOOLONG, "%s/%s: path too long", dir, e->d_name);
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **v = realloc(*names, cap * sizeof *v);
+            if (!v) {
+                rc = pf_err(-ENOMEM, "%s: out of memory listing the folder", dir);
+                break;
+            }
+            *names = v;
+        }
+        if (!((*names)[*n] = strdup(e->d_name)))
+            rc = pf_err(-ENOMEM, "%s: out of memory listing the folder", dir);
+        else
+            (*n)++;
+    }
+    closedir(d);
+    if (*n > 1)
+        qsort(*names, *n, sizeof **names, cmp_name);
+    return rc;
+}
+
+/* Adds every image file below dir (already entered in seen), walking its folders in byte order of their
+ * names; a folder reached again through a link (a loop, or a second link to a folder already walked) is
+ * skipped with a warning naming the link. */
+static int walk(embed_input *in, pf_dirset *seen, const char *dir, int depth)
+{
+    if (depth > 64)
+        return pf_err(-ELOOP, "%s: folders nested deeper than 64", dir);
+    char **names;
+    size_t n;
+    int rc = list_names(dir, &names, &n);
+    char p[4096];
+    for (size_t i = 0; i < n && !rc; i++) {
+        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, names[i]) >= sizeof p) {
+            rc = pf_err(-ENAMETOOLONG, "%s/%s: path too long", dir, names[i]);
             break;
         }
         struct stat st;
         if (stat(p, &st) != 0)
             continue; /* a dangling link */
-        if (S_ISDIR(st.st_mode))
-            rc = walk(in, p, depth + 1);
-        else if (S_ISREG(st.st_mode) && img_name_is_image(e->d_name))
+        if (S_ISDIR(st.st_mode)) {
+            int fresh = pf_dirset_enter(seen, &st);
+            if (fresh < 0)
+                rc = fresh;
+            else if (fresh)
+                rc = walk(in, seen, p, depth + 1);
+            else
+                log_warn("%s: a link to a folder already walked (a loop, or a second link to it): skipped",
+                         p);
+        } else if (S_ISREG(st.st_mode) && img_name_is_image(names[i])) {
             rc = add_path(in, p);
+        }
     }
-    closedir(d);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
+/* Every image file below the folder root (see walk). */
+static int walk_root(embed_input *in, const char *root, const struct stat *st)
+{
+    pf_dirset seen = {0};
+    int rc = pf_dirset_enter(&seen, st);
+    if (rc >= 0)
+        rc = walk(in, &seen, root, 0);
+    pf_dirset_free(&seen);
     return rc;
 }
 
@@ -134,7 +197,7 @@ static int input_open(embed_input *in, const char *path)
     int rc;
     if (is_dir) {
         in->kind = "folder";
-        if ((rc = walk(in, path, 0)))
+        if ((rc = walk_root(in, path, &st)))
             return rc;
         qsort(in->paths, (size_t)in->n, sizeof *in->paths, cmp_path);
         if (in->n == 0)
@@ -142,9 +205,9 @@ static int input_open(embed_input *in, const char *path)
         return 0;
     }
     in->kind = "list";
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return pf_err(-errno, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    if ((rc = pf_fopen_regular(path, &f)) < 0)
+        return pf_err_wrap(rc, "%s", path);
     char line[4096];
     int no = 0;
     rc = 0;

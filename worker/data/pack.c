@@ -5,6 +5,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/file.h"
+#include "common/log.h"
 #include "worker/data/image.h"
 #include "worker/data/rec.h"
 
@@ -195,6 +196,41 @@ static void progress(int64_t done, int64_t total, double t0, int final)
     fflush(stderr);
 }
 
+/* Drops from ids (natural order) every identity folder that is a folder already taken, reached again
+ * through a link (a link to image_dir itself, or a second link to one identity), with a warning naming the
+ * link: its images would otherwise be packed again, as a second class. The first name in natural order
+ * keeps the folder. */
+static int drop_repeated_folders(const char *image_dir, name_list *ids)
+{
+    pf_dirset seen = {0};
+    struct stat st;
+    char path[8192];
+    int rc = 0;
+    if (stat(image_dir, &st) != 0)
+        rc = pf_err(-ENOENT, "%s: cannot stat: %s", image_dir, strerror(errno));
+    else
+        rc = pf_dirset_enter(&seen, &st);
+    size_t kept = 0;
+    for (size_t i = 0; i < ids->n && rc >= 0; i++) {
+        snprintf(path, sizeof path, "%s/%s", image_dir, ids->v[i]);
+        int fresh = stat(path, &st) == 0 ? pf_dirset_enter(&seen, &st) : 1;
+        if (fresh < 0) {
+            rc = fresh;
+        } else if (fresh) {
+            ids->v[kept++] = ids->v[i];
+        } else {
+            log_warn("%s: a link to a folder already packed (the image folder itself, or another identity): "
+                     "skipped",
+                     path);
+            free(ids->v[i]);
+        }
+    }
+    if (rc >= 0)
+        ids->n = kept;
+    pf_dirset_free(&seen);
+    return rc < 0 ? rc : 0;
+}
+
 /* Step 1 of pack_dir: the identity folders (natural order, at most o->max_identities) into *ids and each
  * one's images into (*files)[c] (calloc'd, ids->n of them; the caller frees both even on failure);
  * *total = the number of images. */
@@ -202,7 +238,7 @@ static int pack_list(const char *image_dir, const pack_opts *o, name_list *ids, 
                      int64_t *total)
 {
     int rc = list_dir(image_dir, 1, ids);
-    if (rc < 0)
+    if (rc < 0 || (rc = drop_repeated_folders(image_dir, ids)) < 0)
         return rc;
     if (ids->n == 0)
         return pf_err(-EINVAL, "%s: no identity folders (expected one subfolder of images per identity)",

@@ -2,7 +2,9 @@
  * RecordIO dataset, <prefix>.rec + <prefix>.idx + `property` next to them.
  *
  * Layout written: image records at keys 1..N (identities in natural name order, `s2` before `s10`,
- * files in natural order within each), one identity record per class at keys N+1..N+K (flag 2, labels
+ * files in natural order within each; an identity folder may be a link, but each folder is packed once: a
+ * link to image_dir itself or a second link to a folder already taken is skipped with a warning naming
+ * it), one identity record per class at keys N+1..N+K (flag 2, labels
  * [first image key, end image key)), and the header record at key 0 (flag 2, labels [N+1, N+K+1]),
  * written last so record 0 is not at byte 0, as in the InsightFace packs. Every image record stores its
  * class c as label (float)c and exactly as id2 = REC_ID2_MARKER | c (rec.h); the header stores its key
