@@ -1,6 +1,7 @@
 /* The .bin verification set reader: a pickle machine restricted to the opcodes listed in binset.h. */
 #include "worker/eval/binset.h"
 
+#include "common/checked.h"
 #include "common/err.h"
 #include "common/file.h"
 
@@ -113,20 +114,40 @@ typedef struct pm {
     pcont *conts;
     size_t cn, ccap;
     size_t values; /* pushes so far, against BINSET_MAX_VALUES */
+    size_t at;     /* offset of the opcode being run (for messages) */
+    size_t bytes;  /* bytes the arrays above have allocated, against budget */
+    size_t budget; /* BINSET_MEM_FIXED + BINSET_MEM_PER_BYTE x the pickle's size */
 } pm;
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
+/* What the allocator adds to each allocation, counted against the budget with the bytes asked for. */
+#define ALLOC_OVERHEAD 16
+
+/* Makes room for `need` elements of `elem` bytes in *p (capacity *cap): the first allocation holds `first`
+ * (at least need), later ones double. Every byte allocated is counted against m->budget, so that the
+ * memory a pickle can make the machine take is bounded by its size. Returns 0, -EPROTO naming the byte
+ * offset when the budget would be exceeded, or -ENOMEM. */
+static int grow(pm *m, void **p, size_t *cap, size_t need, size_t elem, size_t first)
 {
     if (need <= *cap)
         return 0;
-    size_t c = *cap ? *cap : 16;
+    size_t c = *cap ? *cap : (first > need ? first : need);
     while (c < need)
-        c *= 2;
-    void *q = realloc(*p, c * elem);
+        c = c > SIZE_MAX / 2 ? need : 2 * c;
+    size_t nb, added, total;
+    if (pf_mul_size(c, elem, &nb) < 0 ||
+        pf_add_size((c - *cap) * elem, *cap ? 0 : ALLOC_OVERHEAD, &added) < 0 ||
+        pf_add_size(m->bytes, added, &total) < 0 || total > m->budget)
+        return pf_err(-EPROTO,
+                      "at byte %zu: the pickle's lists, tuples and stack would take more than %zu bytes of "
+                      "memory for a %zu-byte file (at most %d MiB + %d bytes per byte): not a verification "
+                      "set",
+                      m->at, m->budget, m->size, BINSET_MEM_FIXED >> 20, BINSET_MEM_PER_BYTE);
+    void *q = realloc(*p, nb);
     if (!q)
         return pf_err(-ENOMEM, "out of memory reading the pickle (%zu values)", need);
     *p = q;
     *cap = c;
+    m->bytes = total;
     return 0;
 }
 
@@ -135,7 +156,7 @@ static int push(pm *m, pval v, size_t at)
     if (++m->values > BINSET_MAX_VALUES)
         return pf_err(-EPROTO, "more than %u values at byte %zu: not a verification set", BINSET_MAX_VALUES,
                       at);
-    int rc = grow((void **)&m->stack, &m->scap, m->sn + 1, sizeof(pval));
+    int rc = grow(m, (void **)&m->stack, &m->scap, m->sn + 1, sizeof(pval), 16);
     if (rc)
         return rc;
     m->stack[m->sn++] = v;
@@ -150,7 +171,7 @@ static size_t avail(const pm *m)
 
 static int new_cont(pm *m, uint8_t kind, pval *out)
 {
-    int rc = grow((void **)&m->conts, &m->ccap, m->cn + 1, sizeof(pcont));
+    int rc = grow(m, (void **)&m->conts, &m->ccap, m->cn + 1, sizeof(pcont), 16);
     if (rc)
         return rc;
     m->conts[m->cn] = (pcont){.kind = kind};
@@ -164,7 +185,8 @@ static int cont_add(pm *m, uint32_t c, const pval *v, size_t n)
     pcont *k = &m->conts[c];
     if (n == 0)
         return 0;
-    int rc = grow((void **)&k->items, &k->cap, k->n + n, sizeof(pval));
+    /* the first allocation is exact: a tuple never grows, and most lists are filled by one APPENDS */
+    int rc = grow(m, (void **)&k->items, &k->cap, k->n + n, sizeof(pval), 0);
     if (rc)
         return rc;
     memcpy(k->items + k->n, v, n * sizeof(pval));
@@ -205,7 +227,7 @@ static const char *kind_name(const pval *v)
 static int run(pm *m, pval *top)
 {
     for (;;) {
-        size_t at = m->pos;
+        size_t at = m->at = m->pos;
         if (at >= m->size)
             return pf_err(-EPROTO, "truncated at byte %zu: no STOP opcode", at);
         uint8_t op = m->d[m->pos++];
@@ -255,7 +277,7 @@ static int run(pm *m, pval *top)
             *top = m->stack[0];
             return 0;
         case '(': /* MARK */
-            if ((rc = grow((void **)&m->marks, &m->mcap, m->mn + 1, sizeof(size_t))))
+            if ((rc = grow(m, (void **)&m->marks, &m->mcap, m->mn + 1, sizeof(size_t), 16)))
                 return rc;
             if (++m->values > BINSET_MAX_VALUES)
                 return pf_err(-EPROTO, "more than %u values at byte %zu: not a verification set",
@@ -354,7 +376,7 @@ static int run(pm *m, pval *top)
                 return rc;
             m->sn = from;
             /* replaces what it consumed (counted above); the stack may be empty (MARK TUPLE) */
-            if ((rc = grow((void **)&m->stack, &m->scap, m->sn + 1, sizeof(pval))))
+            if ((rc = grow(m, (void **)&m->stack, &m->scap, m->sn + 1, sizeof(pval), 16)))
                 return rc;
             m->stack[m->sn++] = v;
             break;
@@ -372,7 +394,7 @@ static int run(pm *m, pval *top)
             if (i == m->memon) {
                 if (m->memon >= BINSET_MAX_VALUES)
                     return pf_err(-EPROTO, "memo over %u entries at byte %zu", BINSET_MAX_VALUES, at);
-                if ((rc = grow((void **)&m->memo, &m->memocap, m->memon + 1, sizeof(pval))))
+                if ((rc = grow(m, (void **)&m->memo, &m->memocap, m->memon + 1, sizeof(pval), 16)))
                     return rc;
                 m->memon++;
             }
@@ -412,6 +434,10 @@ int eval_binset_parse(eval_binset *s, const uint8_t *data, size_t size)
 {
     memset(s, 0, sizeof *s);
     pm m = {.d = data, .size = size};
+    size_t per_byte;
+    if (pf_mul_size(size, BINSET_MEM_PER_BYTE, &per_byte) < 0 ||
+        pf_add_size(per_byte, BINSET_MEM_FIXED, &m.budget) < 0)
+        m.budget = SIZE_MAX;
     pval top = {0};
     int rc = run(&m, &top);
     if (rc)

@@ -14,9 +14,10 @@
  * Every other opcode (GLOBAL, STACK_GLOBAL, REDUCE, BUILD, INST, OBJ, NEWOBJ, unicode, ints, floats,
  * dicts, sets, PERSID ...) is refused with its name and byte offset: nothing is ever constructed or
  * called. Every length is checked against the bytes left, values are counted against
- * BINSET_MAX_VALUES (and can never exceed the file's size), so a truncated or hostile file is refused
- * with -EPROTO and a message, and memory stays O(file size). Bytes objects are not copied: the
- * images point into the caller's buffer. */
+ * BINSET_MAX_VALUES (and can never exceed the file's size), and the bytes the machine allocates against
+ * BINSET_MEM_FIXED + BINSET_MEM_PER_BYTE x the file's size, so a truncated or hostile file is refused
+ * with -EPROTO and a message naming the byte offset, and memory stays within that bound. Bytes objects are
+ * not copied: the images point into the caller's buffer. */
 #ifndef PFCPS_WORKER_EVAL_BINSET_H
 #define PFCPS_WORKER_EVAL_BINSET_H
 
@@ -25,6 +26,13 @@
 
 /* Values (pushes, incl. BINGET) one file may create: 2^22 (about 1.4 M pairs). */
 #define BINSET_MAX_VALUES (1u << 22)
+
+/* Memory the pickle machine's stack, memo and containers may take for one file: BINSET_MEM_FIXED plus
+ * BINSET_MEM_PER_BYTE per byte of the file (a real set, whose images are kilobytes each, needs well under
+ * 1 byte per byte; a file built to fill the memory, such as 4 MB of nested tuples, is refused at the byte
+ * where it would exceed this, instead of taking gigabytes first). */
+#define BINSET_MEM_FIXED    (16 << 20)
+#define BINSET_MEM_PER_BYTE 16
 
 typedef struct eval_binset {
     int64_t n_pairs;     /* N >= 1 */

@@ -3,7 +3,9 @@
  * forms written opcode by opcode and checked loadable by Python's own pickle): every file gives the
  * pairs the script wrote, without pickle, into expected.dat. Then every prefix of each small good file
  * is refused (truncation at every byte), every bad_*.bin is refused with the reason make_binsets.py
- * names, and a few hand-made hostile streams are refused. Needs PFCPS_PYTHON (exit 77 without). */
+ * names, and a few hand-made hostile streams are refused, among them 4 MiB files built to fill the memory
+ * (refused at the memory bound, naming the byte) beside a real-shaped set of that size (loaded). Needs
+ * PFCPS_PYTHON (exit 77 without). */
 #include "tests/check.h"
 #include "tests/reference/ref.h"
 #include "worker/eval/binset.h"
@@ -66,6 +68,67 @@ static void refuse(const char *what, const uint8_t *d, size_t n, const char *wan
     if (want)
         CHECK(strstr(pf_errmsg(), want) != NULL, "%s: message '%s' lacks '%s'", what, pf_errmsg(), want);
     eval_binset_free(&s);
+}
+
+/* The machine's memory is bounded by the file's size: 4 MiB files built to fill it (each tuple nesting the
+ * one before, 1.7 GB before the bound; lists of appended lists, 670 MB) are refused once they would take
+ * more than 16 MiB + 16 bytes per byte = 16777216 + 16 x 4194304 = 83886080 bytes, naming the byte offset;
+ * a real-shaped set of the same order of size (2^19 pairs of 1-byte images, appended 1000 at a time as
+ * Python's pickler does) still loads. */
+static void memory_bound(void)
+{
+    const size_t n = 4u << 20;
+    uint8_t *h = malloc(n);
+    /* PROTO 2, EMPTY_LIST, then TUPLE1 to the end (the last byte STOP) */
+    h[0] = 0x80;
+    h[1] = 2;
+    h[2] = ']';
+    memset(h + 3, 0x85, n - 4);
+    h[n - 1] = '.';
+    refuse("4 MiB of nested tuples", h, n,
+           "would take more than 83886080 bytes of memory for a 4194304-byte file");
+    CHECK(strstr(pf_errmsg(), "at byte ") != NULL, "nested tuples: no byte offset: %s", pf_errmsg());
+    printf("4 MiB of nested tuples: refused: %s\n", pf_errmsg());
+    /* PROTO 2, EMPTY_LIST, then EMPTY_LIST EMPTY_LIST APPEND to the end */
+    for (size_t i = 3; i + 3 <= n - 1; i += 3)
+        memcpy(h + i, "]]a", 3);
+    refuse("4 MiB of appended lists", h, n, "would take more than 83886080 bytes");
+    printf("4 MiB of appended lists: refused: %s\n", pf_errmsg());
+    free(h);
+    /* ( [images] [issame] ) with 2^19 pairs: PROTO 2, EMPTY_LIST, (MARK, 1000 x SHORT_BINBYTES of 1 byte,
+     * APPENDS)..., EMPTY_LIST, (MARK, NEWTRUE / NEWFALSE x 1000, APPENDS)..., TUPLE2, STOP */
+    const size_t pairs = 1u << 19, imgs = 2 * pairs;
+    uint8_t *g = malloc(4 + imgs * 3 + imgs / 1000 * 2 + 4 + pairs + pairs / 1000 * 2 + 16), *q = g;
+    *q++ = 0x80;
+    *q++ = 2;
+    *q++ = ']';
+    for (size_t i = 0; i < imgs; i++) {
+        if (i % 1000 == 0)
+            *q++ = '(';
+        *q++ = 'C';
+        *q++ = 1;
+        *q++ = (uint8_t)i;
+        if (i % 1000 == 999 || i == imgs - 1)
+            *q++ = 'e';
+    }
+    *q++ = ']';
+    for (size_t i = 0; i < pairs; i++) {
+        if (i % 1000 == 0)
+            *q++ = '(';
+        *q++ = i % 3 ? 0x88 : 0x89;
+        if (i % 1000 == 999 || i == pairs - 1)
+            *q++ = 'e';
+    }
+    *q++ = 0x86;
+    *q++ = '.';
+    eval_binset s;
+    int rc = eval_binset_parse(&s, g, (size_t)(q - g));
+    CHECK(rc == 0 && s.n_pairs == (int64_t)pairs && s.img_len[imgs - 1] == 1 &&
+              s.img[imgs - 1][0] == (uint8_t)(imgs - 1) && s.issame[0] == 0 && s.issame[1] == 1,
+          "2^19 pairs of 1-byte images (%zu bytes): rc %d %s", (size_t)(q - g), rc, pf_errmsg());
+    printf("2^19 pairs of 1-byte images (%zu bytes): %s\n", (size_t)(q - g), rc ? pf_errmsg() : "loaded");
+    eval_binset_free(&s);
+    free(g);
 }
 
 int main(void)
@@ -165,6 +228,7 @@ int main(void)
     h[big + 2] = '.';
     refuse("NEWTRUE x 2^22+16", h, big + 3, "more than");
     free(h);
+    memory_bound();
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         printf("note: could not remove %s\n", dir);
