@@ -6,7 +6,8 @@
  * kinds. pf_file_sha256 against digests published with SHA-256 itself (FIPS 180-2's "abc" and one million
  * 'a', which spans many 64 KiB pieces; the empty string's), with its messages naming the path.
  * The permission case runs as an unprivileged user: directly, or as root in a child that switches to
- * nobody (root reads any file). */
+ * nobody (root reads any file). pf_dirset enters each (device, inode) once, a folder and a link to it
+ * being one. */
 #include "common/file.h"
 
 #include <errno.h>
@@ -268,6 +269,40 @@ static void kinds(void)
     close(s);
 }
 
+/* pf_dirset: a folder is entered once, by (st_dev, st_ino): 5000 made-up folders (inode i on device i % 3,
+ * so equal inodes on other devices are other folders) are each new on the first entry and seen on the
+ * second, across the set's growth; then real ones through a link: a folder and a link to it are one. */
+static void dirsets(void)
+{
+    pf_dirset s = {0};
+    struct stat st;
+    memset(&st, 0, sizeof st);
+    int first = 0, second = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < 5000; i++) {
+            st.st_dev = (dev_t)(i % 3);
+            st.st_ino = (ino_t)(i / 3);
+            int r = pf_dirset_enter(&s, &st);
+            first += pass == 0 && r == 1;
+            second += pass == 1 && r == 0;
+        }
+    check(first == 5000 && second == 5000 && s.n == 5000,
+          "pf_dirset: %d of 5000 new on the first entry, %d seen on the second, %zu held", first, second,
+          s.n);
+    pf_dirset_free(&s);
+    check(s.n == 0 && s.cap == 0 && s.slot == NULL, "pf_dirset_free leaves an empty set");
+    const char *sub = in_dir("walked"), *link = in_dir("walked-link");
+    if (mkdir(sub, 0700) != 0 || symlink("walked", link) != 0)
+        DIE("mkdir / symlink under %s", dir);
+    struct stat a, b, c;
+    if (stat(sub, &a) != 0 || stat(link, &b) != 0 || stat(dir, &c) != 0)
+        DIE("stat");
+    int r1 = pf_dirset_enter(&s, &a), r2 = pf_dirset_enter(&s, &b), r3 = pf_dirset_enter(&s, &c);
+    check(r1 == 1 && r2 == 0 && r3 == 1,
+          "pf_dirset on a folder, a link to it, its parent: %d %d %d (want 1 0 1)", r1, r2, r3);
+    pf_dirset_free(&s);
+}
+
 int main(void)
 {
     test_seed_mixed();
@@ -292,6 +327,7 @@ int main(void)
     refused_all("under a regular file", in_dir("empty/x"), -ENOENT, "cannot open: Not a directory");
     kinds();
     permission();
+    dirsets();
 
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
