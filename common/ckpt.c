@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,136 @@
 
 #include "common/err.h"
 #include "common/log.h"
+
+const char *const ckpt_ident_keys[] = {"seed",        "network",   "embedding_size",
+                                       "num_classes", "num_image", "batch_size",
+                                       "sample_rate", "optimizer", NULL};
+
+int ckpt_config_digest(const pf_config *cfg, uint8_t d[CKPT_DIGEST_BYTES])
+{
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    int ok = c && EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1;
+    for (int i = 0; ok && ckpt_ident_keys[i]; i++) {
+        char v[CFG_STR + 8], line[CFG_STR + 80];
+        if (cfg_format_key(cfg, ckpt_ident_keys[i], v, sizeof v) < 0) {
+            EVP_MD_CTX_free(c);
+            return pf_err(-EIO, "config digest: %s", pf_errmsg());
+        }
+        int n = snprintf(line, sizeof line, "%s = %s\n", ckpt_ident_keys[i], v);
+        ok = EVP_DigestUpdate(c, line, (size_t)n) == 1;
+    }
+    unsigned int len = 0;
+    ok = ok && EVP_DigestFinal_ex(c, d, &len) == 1 && len == CKPT_DIGEST_BYTES;
+    EVP_MD_CTX_free(c);
+    return ok ? 0 : pf_err(-EIO, "config digest: SHA-256 failed");
+}
+
+int ckpt_ident_of(const pf_config *cfg, const uint8_t run_id[CKPT_RUN_ID_BYTES], ckpt_ident *id)
+{
+    memset(id, 0, sizeof *id);
+    memcpy(id->run_id, run_id, CKPT_RUN_ID_BYTES);
+    id->seed = (uint64_t)cfg->seed;
+    return ckpt_config_digest(cfg, id->config_digest);
+}
+
+static void hex(const uint8_t *p, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[p[i] >> 4];
+        out[2 * i + 1] = digits[p[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+void ckpt_run_id_hex(const uint8_t run_id[CKPT_RUN_ID_BYTES], char out[2 * CKPT_RUN_ID_BYTES + 1])
+{
+    hex(run_id, CKPT_RUN_ID_BYTES, out);
+}
+
+int ckpt_ident_diff(const ckpt_ident *a, const ckpt_ident *b, char *out, size_t cap)
+{
+    int n = 0;
+    size_t len = 0;
+    if (cap)
+        out[0] = '\0';
+    char x[2 * CKPT_DIGEST_BYTES + 1], y[2 * CKPT_DIGEST_BYTES + 1];
+    if (memcmp(a->run_id, b->run_id, CKPT_RUN_ID_BYTES)) {
+        ckpt_run_id_hex(a->run_id, x);
+        ckpt_run_id_hex(b->run_id, y);
+        if (len < cap)
+            len += (size_t)snprintf(out + len, cap - len, "%srun_id %s vs %s", n ? ", " : "", x, y);
+        n++;
+    }
+    if (a->seed != b->seed) {
+        if (len < cap)
+            len += (size_t)snprintf(out + len, cap - len, "%sseed %llu vs %llu", n ? ", " : "",
+                                    (unsigned long long)a->seed, (unsigned long long)b->seed);
+        n++;
+    }
+    if (memcmp(a->config_digest, b->config_digest, CKPT_DIGEST_BYTES)) {
+        hex(a->config_digest, 8, x);
+        hex(b->config_digest, 8, y);
+        if (len < cap)
+            len +=
+                (size_t)snprintf(out + len, cap - len, "%sconfig_digest %s... vs %s...", n ? ", " : "", x, y);
+        n++;
+    }
+    return n;
+}
+
+/* Little-endian u64 of p[0, 8). */
+static uint64_t le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static void put_le64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static const char *const extra_names[CKPT_IDENT_EXTRAS] = {
+    "ckpt.run_id.0",        "ckpt.run_id.1",        "ckpt.seed",           "ckpt.config_digest.0",
+    "ckpt.config_digest.1", "ckpt.config_digest.2", "ckpt.config_digest.3"};
+
+void ckpt_ident_extras(const ckpt_ident *id, char names[CKPT_IDENT_EXTRAS][32],
+                       uint64_t bits[CKPT_IDENT_EXTRAS])
+{
+    for (int i = 0; i < CKPT_IDENT_EXTRAS; i++) {
+        memset(names[i], 0, 32);
+        snprintf(names[i], 32, "%s", extra_names[i]);
+    }
+    bits[0] = le64(id->run_id);
+    bits[1] = le64(id->run_id + 8);
+    bits[2] = id->seed;
+    for (int k = 0; k < 4; k++)
+        bits[3 + k] = le64(id->config_digest + 8 * k);
+}
+
+int ckpt_ident_from_extras(const char (*names)[32], const uint64_t *bits, int n, ckpt_ident *id)
+{
+    uint64_t v[CKPT_IDENT_EXTRAS];
+    for (int i = 0; i < CKPT_IDENT_EXTRAS; i++) {
+        int k = 0;
+        while (k < n && strncmp(names[k], extra_names[i], 32) != 0)
+            k++;
+        if (k == n)
+            return pf_err(-ENOENT, "no run identity (extra '%s' missing)", extra_names[i]);
+        v[i] = bits[k];
+    }
+    memset(id, 0, sizeof *id);
+    put_le64(id->run_id, v[0]);
+    put_le64(id->run_id + 8, v[1]);
+    id->seed = v[2];
+    for (int k = 0; k < 4; k++)
+        put_le64(id->config_digest + 8 * k, v[3 + k]);
+    return 0;
+}
 
 void ckpt_root(const pf_config *cfg, char *buf, size_t n)
 {
@@ -30,14 +161,27 @@ void ckpt_member_path(const char *root, int64_t step, const char *role, int r, i
     snprintf(buf, len, "%s/step-%lld/%s-%d-of-%d%s", root, (long long)step, role, r, n, ext);
 }
 
-/* T of a folder name "step-<T>", or -1. */
-static int64_t parse_step(const char *name)
+int64_t ckpt_parse_step(const char *name)
 {
-    if (strncmp(name, "step-", 5) != 0 || !name[5])
+    if (strncmp(name, "step-", 5) != 0)
         return -1;
-    char *end;
-    long long v = strtoll(name + 5, &end, 10);
-    return *end || v <= 0 || name[5] == '+' || name[5] == '-' ? -1 : (int64_t)v;
+    const char *d = name + 5;
+    if (*d < '1' || *d > '9')
+        return -1; /* empty, a sign, a leading zero, or not a number */
+    int64_t v = 0;
+    for (; *d; d++) {
+        if (*d < '0' || *d > '9' || v > (INT64_MAX - (*d - '0')) / 10)
+            return -1; /* not a number, or past INT64_MAX */
+        v = v * 10 + (*d - '0');
+    }
+    return v;
+}
+
+/* Does name look like a step folder ("step-" then a digit or a sign) without being a canonical one? */
+static int looks_like_step(const char *name)
+{
+    return strncmp(name, "step-", 5) == 0 &&
+           ((name[5] >= '0' && name[5] <= '9') || name[5] == '+' || name[5] == '-');
 }
 
 static int cmp_desc(const void *a, const void *b)
@@ -50,14 +194,25 @@ int ckpt_list_steps(const char *root, int64_t **steps)
 {
     *steps = NULL;
     DIR *d = opendir(root);
-    if (!d)
-        return 0;
+    if (!d) {
+        int e = errno;
+        if (e == ENOENT)
+            return 0;
+        return pf_err(e == EACCES || e == ENOTDIR ? -e : -EIO, "cannot read the checkpoint root %s: %s", root,
+                      e == EACCES ? "permission denied" : strerror(e));
+    }
     int n = 0, cap = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        int64_t t = parse_step(e->d_name);
-        if (t < 0)
+        int64_t t = ckpt_parse_step(e->d_name);
+        if (t < 0) {
+            if (looks_like_step(e->d_name))
+                log_warn(
+                    "checkpoint root %s: '%s' skipped: not a step folder name (step-<T>, T > 0 in decimal "
+                    "without leading zeros, at most %lld)",
+                    root, e->d_name, (long long)INT64_MAX);
             continue;
+        }
         if (n == cap) {
             cap = cap ? 2 * cap : 16;
             int64_t *p = realloc(*steps, sizeof(int64_t) * (size_t)cap);
@@ -78,16 +233,14 @@ int ckpt_list_steps(const char *root, int64_t **steps)
 }
 
 int ckpt_resume_steps(const char *root, const char *member, const char *who, ckpt_step_check check, void *arg,
-                      int64_t *usable, int cap)
+                      int64_t *usable, ckpt_ident *ids, int cap)
 {
     int64_t *steps;
     int n = ckpt_list_steps(root, &steps), k = 0;
-    if (n < 0) {
-        log_warn("resume: cannot list the checkpoint steps under %s: %s", root, pf_errmsg());
-        n = 0;
-    }
+    if (n < 0)
+        return n;
     for (int i = 0; i < n && k < cap; i++) {
-        if (check(root, steps[i], arg) == 0)
+        if (check(root, steps[i], arg, &ids[k]) == 0)
             usable[k++] = steps[i];
         else
             log_warn("resume: checkpoint step %lld not usable by this %s: %s", (long long)steps[i], member,
@@ -97,6 +250,25 @@ int ckpt_resume_steps(const char *root, const char *member, const char *who, ckp
              k ? "" : " (starting from scratch unless every member agrees)");
     free(steps);
     return k;
+}
+
+/* r and n of a canonical member file name "<role>-<r>-of-<n><ext>" (0 <= r < n, both in decimal without
+ * leading zeros or sign); 0, or -1 for any other name. */
+static int parse_member(const char *nm, const char *role, const char *ext, int *r, int *n)
+{
+    size_t rl = strlen(role), el = strlen(ext), l = strlen(nm);
+    if (strncmp(nm, role, rl) != 0 || nm[rl] != '-' || l <= rl + el || strcmp(nm + l - el, ext) != 0)
+        return -1;
+    int used = 0;
+    char tail[64];
+    snprintf(tail, sizeof tail, "%%9d-of-%%9d%s%%n", ext);
+    if (sscanf(nm + rl + 1, tail, r, n, &used) != 2 || nm[rl + 1 + used] != '\0' || *r < 0 || *n <= 0 ||
+        *r >= *n)
+        return -1;
+    /* Canonical only: the name must be exactly the one ckpt_member_path writes for (r, n). */
+    char canon[128];
+    snprintf(canon, sizeof canon, "%s-%d-of-%d%s", role, *r, *n, ext);
+    return strcmp(canon, nm) == 0 ? 0 : -1;
 }
 
 int ckpt_scan_members(const char *root, int64_t step, const char *role, const char *ext, int *count, int *of,
@@ -109,18 +281,10 @@ int ckpt_scan_members(const char *root, int64_t step, const char *role, const ch
     DIR *d = opendir(dir);
     if (!d)
         return -ENOENT;
-    size_t rl = strlen(role), el = strlen(ext);
     struct dirent *e;
     while ((e = readdir(d))) {
-        const char *nm = e->d_name;
-        size_t l = strlen(nm);
-        if (strncmp(nm, role, rl) != 0 || nm[rl] != '-' || l <= el || strcmp(nm + l - el, ext) != 0)
-            continue;
-        int r = -1, n = -1, used = 0;
-        char tail[64];
-        snprintf(tail, sizeof tail, "%%d-of-%%d%s%%n", ext);
-        if (sscanf(nm + rl + 1, tail, &r, &n, &used) != 2 || nm[rl + 1 + used] != '\0' || r < 0 || n <= 0 ||
-            r >= n)
+        int r = -1, n = -1;
+        if (parse_member(e->d_name, role, ext, &r, &n) < 0)
             continue;
         (*count)++;
         if (*of == 0)
@@ -215,6 +379,7 @@ void ckpt_prune(const char *root, const char *role, int rank, int keep)
      * one. A private folder (only this member's files): its own newest `keep`. */
     int shared = folder_shared(root, steps, n, role, rank);
     int kept = 0;
+    const char *why = "";
     for (int i = 0; i < n; i++) {
         int counts;
         if (shared) {
@@ -225,9 +390,16 @@ void ckpt_prune(const char *root, const char *role, int rank, int keep)
             ckpt_scan_members(root, steps[i], role, ".snap", &count, &of, seen, 64);
             counts = seen[rank < 64 ? rank : 0];
         }
-        if (kept < keep) {
+        /* An incomplete step older than a complete one in a shared folder: every member finished writing the
+         * newer step, and members write their steps in order, so nobody writes to it any more: the files a
+         * failed checkpoint left. */
+        if (shared && !counts && kept > 0) {
+            why = ", incomplete and older than a complete checkpoint";
+        } else if (kept < keep) {
             kept += counts;
             continue;
+        } else {
+            why = "";
         }
         /* Older than the `keep` newest complete steps: nobody writes or resumes from it any more, so in a
          * shared folder any member removes every file of it (the last member to write a checkpoint sees it
@@ -238,8 +410,8 @@ void ckpt_prune(const char *root, const char *role, int rank, int keep)
         } else {
             remove_files(root, steps[i], role, rank, 0);
         }
-        log_info("checkpoint step %lld: pruned (%s, snapshot_keep = %d)", (long long)steps[i],
-                 shared ? "every member's files" : "this member's files", keep);
+        log_info("checkpoint step %lld: pruned (%s, snapshot_keep = %d%s)", (long long)steps[i],
+                 shared ? "every member's files" : "this member's files", keep, why);
     }
     free(steps);
     ckpt_remove_empty(root);

@@ -782,6 +782,15 @@ void cfg_log(const pf_config *cfg)
     }
 }
 
+int cfg_format_key(const pf_config *cfg, const char *name, char *out, size_t cap)
+{
+    const key_def *k = find_key(name);
+    if (!k)
+        return pf_err(-EINVAL, "unknown key '%s'", name);
+    format_value(cfg, k, out, cap);
+    return 0;
+}
+
 int cfg_key_count(void)
 {
     return NKEYS;

@@ -126,6 +126,10 @@ int cfg_validate_ranges(const pf_config *cfg);
 /* The join secret: cfg->secret when set, else $PFCPS_SECRET, else NULL. */
 const char *cfg_secret(const pf_config *cfg);
 
+/* The value of key `name` in cfg as cfg_to_ini writes it (text cfg_set parses back to the same value) into
+ * out[cap]. Returns 0, or -EINVAL "unknown key '<name>'". */
+int cfg_format_key(const pf_config *cfg, const char *name, char *out, size_t cap);
+
 /* The known keys, in table order (for docs and tests): count, and name of key i (NULL out of range). */
 int cfg_key_count(void);
 const char *cfg_key_name(int i);

@@ -34,12 +34,14 @@ typedef struct ctl_rendezvous_opts {
     const char *bind_host; /* e.g. "127.0.0.1" or "0.0.0.0" */
     int port;              /* 0 = pick a free port (ctl_rendezvous_port tells which) */
     int num_servers, num_workers;
-    const char *secret;      /* shared secret, non-empty */
-    size_t max_frame;        /* bytes; frames longer than this are refused */
-    double timeout_s;        /* per-read timeout */
-    const char *config_text; /* sent to every member */
-    int64_t num_classes;     /* shard map's C, sent in the join reply (0 = unknown) */
-    int resume;              /* pick the newest checkpoint step every member holds (book.resume_step) */
+    const char *secret;       /* shared secret, non-empty */
+    size_t max_frame;         /* bytes; frames longer than this are refused */
+    double timeout_s;         /* per-read timeout */
+    const char *config_text;  /* sent to every member */
+    int64_t num_classes;      /* shard map's C, sent in the join reply (0 = unknown) */
+    int resume;               /* pick the newest checkpoint step every member holds (book.resume_step) */
+    const ckpt_ident *expect; /* the run config's seed and config digest (run_id unused): a step whose files
+                                 carry others is not resumed (NULL: not compared) */
 } ctl_rendezvous_opts;
 
 /* Starts the rendezvous service on its own thread. Returns 0 or -errno (bind failure names host:port). */
@@ -77,10 +79,12 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
  * instead of after the whole join timeout). NULL turns it off. Set it once, before joining. */
 void ctl_set_interrupt(const volatile sig_atomic_t *flag);
 
-/* The checkpoint steps (common/ckpt.h) this process holds complete and valid, sent with every later ctl_join
- * (copied; n <= CTL_MAX_RESUME_STEPS, steps > 0). When the rendezvous resumes (ctl_rendezvous_opts.resume) it
- * picks the newest step every member listed and says it in the book (resume_step, resume_reason). */
-void ctl_set_resume_steps(const int64_t *steps, size_t n);
+/* The checkpoint steps (common/ckpt.h) this process holds complete and valid, with the run identity their
+ * files carry (ids[i] of steps[i]), sent with every later ctl_join (copied; n <= CTL_MAX_RESUME_STEPS, steps
+ * > 0). When the rendezvous resumes (ctl_rendezvous_opts.resume) it picks the newest step every member listed
+ * with one identity, matching the run config's seed and config digest, and says it in the book (resume_step,
+ * resume_reason, run_id). */
+void ctl_set_resume_steps(const int64_t *steps, const ckpt_ident *ids, size_t n);
 
 /* The run's data-plane token (proto/ps_wire.h): the first 8 bytes (little-endian) of
  * HMAC-SHA256(secret, "pfcps data plane v1\0" || nonce), nonce = the book's run_nonce; never 0. Every member

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/ckpt_ident.h"
+
 /* Bytes of a member's opaque address: a server's endpoint name, or a worker's packed parts
  * (common/member_addr.h: two endpoint names, plus worker 0's 128-byte NCCL unique id on CUDA runs). */
 #define CTL_MAX_ADDR 512
@@ -30,8 +32,10 @@ typedef struct ctl_book {
     char *config_text;   /* effective run config, INI text (cfg_load_text) */
     int64_t num_classes; /* C of the shard map (class c on server c mod S at local row c div S) */
     int64_t resume_step; /* > 0: every member loads checkpoint resume_step (common/ckpt.h); 0: from scratch */
-    char resume_reason[512]; /* why that step (or none), for the members' logs */
-    uint8_t run_nonce[16];   /* this run's nonce (ctl_data_token) */
+    char resume_reason[1024];          /* why that step (or none), for the members' logs */
+    uint8_t run_nonce[16];             /* this run's nonce (ctl_data_token) */
+    uint8_t run_id[CKPT_RUN_ID_BYTES]; /* the run id every checkpoint file carries (common/ckpt.h): the
+                                          resumed step's, or a new random one when the run starts afresh */
 } ctl_book;
 
 #endif

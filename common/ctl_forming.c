@@ -3,6 +3,7 @@
  * The rendezvous's connection loop (ctl_rendezvous.c) calls them and does the talking and the logging. */
 #include "common/ctl_forming.h"
 
+#include "common/ckpt.h"
 #include "common/ctl_internal.h"
 #include "common/err.h"
 
@@ -86,12 +87,13 @@ int ctl_roster_admit(ctl_roster *r, ctl_role role, int rank, ctl_admission *out)
 }
 
 int ctl_roster_take(ctl_roster *r, int seat, void *holder, const char *peer, const int64_t *steps,
-                    size_t nsteps)
+                    const ckpt_ident *ids, size_t nsteps)
 {
     ctl_seat *s = &r->seats[seat];
     s->holder = holder;
     s->peer = peer;
     s->steps = steps;
+    s->ids = ids;
     s->nsteps = nsteps;
     s->ever_joined = 1;
     return ++r->held;
@@ -105,6 +107,7 @@ ctl_gone ctl_roster_release(ctl_roster *r, int seat, const void *holder, int sai
     s->holder = NULL;
     s->peer = NULL;
     s->steps = NULL;
+    s->ids = NULL;
     s->nsteps = 0;
     r->held--;
     if (!r->formed)
@@ -122,12 +125,17 @@ int ctl_roster_server_leave_is_loss(const ctl_roster *r, int workers_left, int s
     return r->formed && !shutdown_sent && workers_left < r->num_workers;
 }
 
-/* Does seat s's holder list checkpoint step t? */
-static int seat_has_step(const ctl_seat *s, int64_t t)
+/* Does seat s's holder list checkpoint step t? *id (when not NULL) gets its files' identity. */
+static int seat_has_step(const ctl_seat *s, int64_t t, ckpt_ident *id)
 {
     for (size_t i = 0; i < s->nsteps; i++)
-        if (s->steps[i] == t)
+        if (s->steps[i] == t) {
+            if (id && s->ids)
+                *id = s->ids[i];
+            else if (id)
+                memset(id, 0, sizeof *id);
             return 1;
+        }
     return 0;
 }
 
@@ -148,12 +156,43 @@ static int64_t newest_step_below(const ctl_roster *r, int64_t below)
 static int seat_missing_step(const ctl_roster *r, int64_t t)
 {
     for (int i = 0; i < ctl_roster_size(r); i++)
-        if (!seat_has_step(&r->seats[i], t))
+        if (!seat_has_step(&r->seats[i], t, NULL))
             return i;
     return -1;
 }
 
-int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap)
+/* Why step t (listed by every seat) cannot be resumed: its seats' identities differ, or differ from the
+ * run config's. Writes "ROLE[RANK]'s files are of another run than ROLE[RANK]'s: <fields>" or "written by
+ * a run with another config: <fields> (the files vs this run's config)" into why[cap] and returns 1; 0 when
+ * the step is fine (*id: its identity). */
+static int step_mismatch(const ctl_roster *r, int64_t t, ckpt_ident *id, char *why, size_t cap)
+{
+    char diff[300];
+    seat_has_step(&r->seats[0], t, id);
+    for (int i = 1; i < ctl_roster_size(r); i++) {
+        ckpt_ident other;
+        seat_has_step(&r->seats[i], t, &other);
+        if (ckpt_ident_diff(&other, id, diff, sizeof diff) != 0) {
+            snprintf(why, cap, "%s[%d]'s files are of another run than %s[0]'s: %s",
+                     ctl_role_name((int)ctl_roster_role(r, i)), ctl_roster_rank(r, i),
+                     ctl_role_name((int)ctl_roster_role(r, 0)), diff);
+            return 1;
+        }
+    }
+    if (r->has_expect) {
+        ckpt_ident want = r->expect;
+        memcpy(want.run_id, id->run_id, CKPT_RUN_ID_BYTES);
+        if (ckpt_ident_diff(id, &want, diff, sizeof diff) != 0) {
+            snprintf(why, cap, "written by a run with another config: %s (the files vs this run's config)",
+                     diff);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
+                               uint8_t run_id[CKPT_RUN_ID_BYTES])
 {
     int n = ctl_roster_size(r);
     if (!r->resume) {
@@ -164,17 +203,22 @@ int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap)
     size_t len = 0;
     if (cap)
         reason[0] = '\0';
-    /* Candidates: every step any member listed, newest first; the first one all members hold wins. */
+    /* Candidates: every step any member listed, newest first; the first one all members hold, from one run
+     * with this run's config, wins. */
     for (int64_t cand = newest_step_below(r, INT64_MAX); cand > 0; cand = newest_step_below(r, cand)) {
         int missing = seat_missing_step(r, cand);
-        if (missing < 0) {
+        char why[400];
+        ckpt_ident id;
+        if (missing < 0 && !step_mismatch(r, cand, &id, why, sizeof why)) {
             best = cand;
+            memcpy(run_id, id.run_id, CKPT_RUN_ID_BYTES);
             break;
         }
+        if (missing >= 0)
+            snprintf(why, sizeof why, "not complete on %s[%d]",
+                     ctl_role_name((int)ctl_roster_role(r, missing)), ctl_roster_rank(r, missing));
         if (len < cap)
-            len += (size_t)snprintf(reason + len, cap - len, "step %lld skipped: not complete on %s[%d]; ",
-                                    (long long)cand, ctl_role_name((int)ctl_roster_role(r, missing)),
-                                    ctl_roster_rank(r, missing));
+            len += (size_t)snprintf(reason + len, cap - len, "step %lld skipped: %s; ", (long long)cand, why);
     }
     if (len < cap) {
         if (best)

@@ -19,7 +19,8 @@
 typedef struct ctl_seat {
     void *holder;     /* the holder (opaque here: the service's connection); NULL while the rank is free */
     const char *peer; /* the holder's host:port, for messages */
-    const int64_t *steps; /* the checkpoint steps the holder listed at join (Join.resume_steps), all > 0 */
+    const int64_t *steps;  /* the checkpoint steps the holder listed at join (Join.resume_steps), all > 0 */
+    const ckpt_ident *ids; /* ids[i]: the run identity of its files of steps[i] (NULL: all zero) */
     size_t nsteps;
     int ever_joined; /* some member held this rank at some point (the "never joined" report) */
 } ctl_seat;
@@ -27,11 +28,13 @@ typedef struct ctl_seat {
 /* The run being formed (or formed): its size, its seats and its state. */
 typedef struct ctl_roster {
     int num_servers, num_workers;
-    int resume;      /* resume from the newest checkpoint every member holds (ctl_roster_resume_step) */
-    int held;        /* seats held now */
-    int formed;      /* the run formed: the address book went out */
-    int reforming;   /* a member of the formed run joined again (it restarted): the run must re-form */
-    ctl_seat *seats; /* [num_servers + num_workers], servers first */
+    int resume;        /* resume from the newest checkpoint every member holds (ctl_roster_resume_step) */
+    int has_expect;    /* expect is set: a step's identity must carry its seed and config digest */
+    ckpt_ident expect; /* the run config's seed and config digest (run_id unused) */
+    int held;          /* seats held now */
+    int formed;        /* the run formed: the address book went out */
+    int reforming;     /* a member of the formed run joined again (it restarted): the run must re-form */
+    ctl_seat *seats;   /* [num_servers + num_workers], servers first */
 } ctl_roster;
 
 /* A join's outcome (ctl_roster_admit). */
@@ -76,10 +79,10 @@ int ctl_roster_rank(const ctl_roster *r, int i);
  * the seat (out->code 0: the caller then calls ctl_roster_take). Fills *out; returns out->code. */
 int ctl_roster_admit(ctl_roster *r, ctl_role role, int rank, ctl_admission *out);
 
-/* Gives seat `seat` (admitted, free) to `holder` from `peer` with its listed checkpoint steps (borrowed).
- * Returns the number of seats held now. */
+/* Gives seat `seat` (admitted, free) to `holder` from `peer` with its listed checkpoint steps and their
+ * identities (borrowed; ids may be NULL: all zero). Returns the number of seats held now. */
 int ctl_roster_take(ctl_roster *r, int seat, void *holder, const char *peer, const int64_t *steps,
-                    size_t nsteps);
+                    const ckpt_ident *ids, size_t nsteps);
 
 /* `holder` leaves seat `seat`; said_leave: it said it leaves the run (ctl_session_leave); shutdown_sent: the
  * rendezvous already broadcast the shutdown. Frees the seat when `holder` holds it and says what the
@@ -90,12 +93,16 @@ ctl_gone ctl_roster_release(ctl_roster *r, int seat, const void *holder, int sai
 int ctl_roster_complete(const ctl_roster *r);
 
 /* The step the run resumes from: 0 (from scratch) without r->resume; else the newest checkpoint step that
- * every seat's holder listed (a free seat lists none), 0 when there is none. The reason goes into
- * reason[cap] (truncated to fit): one "step T skipped: not complete on ROLE[RANK]; " per newer step some
- * member lacks (the first seat lacking it named), then "step T is the newest checkpoint complete on all N
- * members", or "no checkpoint is complete on all N members: starting from scratch", or without resume
- * "resume = false: starting from scratch". */
-int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap);
+ * every seat's holder listed (a free seat lists none) with the same identity on every seat, and (has_expect)
+ * the seed and config digest of r->expect; 0 when there is none. *run_id gets the chosen step's run id
+ * (untouched when 0). The reason goes into reason[cap] (truncated to fit): one "step T skipped: ...; " per
+ * newer step: "not complete on ROLE[RANK]" (the first seat lacking it), "ROLE[RANK]'s files are of another
+ * run than ROLE[RANK]'s: <fields>" (ckpt_ident_diff), or "written by a run with another config: <fields> (the
+ * files vs this run's config)"; then "step T is the newest checkpoint complete on all N members", or "no
+ * checkpoint is complete on all N members: starting from scratch", or without resume "resume = false:
+ * starting from scratch". */
+int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
+                               uint8_t run_id[CKPT_RUN_ID_BYTES]);
 
 /* Lists the seats no member ever held as "server[1], worker[0]" in out[cap] (truncated to fit; "" when
  * none). Returns how many. */

@@ -112,6 +112,15 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
             if (j->resume_steps[i] <= 0)
                 return pf_err(-EPROTO, "join: resume step %lld is not positive",
                               (long long)j->resume_steps[i]);
+        if (j->n_resume_idents != j->n_resume_steps)
+            return pf_err(-EPROTO, "join: %zu resume identities for %zu resume steps", j->n_resume_idents,
+                          j->n_resume_steps);
+        for (size_t i = 0; i < j->n_resume_idents; i++) {
+            const Pfcps__CheckpointIdent *id = j->resume_idents[i];
+            if (!id || id->run_id.len != CKPT_RUN_ID_BYTES || id->config_digest.len != CKPT_DIGEST_BYTES)
+                return pf_err(-EPROTO, "join: resume identity %zu: run_id must be %d bytes, config_digest %d",
+                              i, CKPT_RUN_ID_BYTES, CKPT_DIGEST_BYTES);
+        }
         return 0;
     }
     case PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY: {
@@ -124,6 +133,9 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
                           r->num_workers, CTL_MAX_MEMBERS);
         if (r->num_classes < 0)
             return pf_err(-EPROTO, "join_reply: negative num_classes %lld", (long long)r->num_classes);
+        if (r->run_id.len != CKPT_RUN_ID_BYTES)
+            return pf_err(-EPROTO, "join_reply: run_id of %zu bytes, not %d", r->run_id.len,
+                          CKPT_RUN_ID_BYTES);
         if (r->n_members != (size_t)r->num_servers + (size_t)r->num_workers)
             return pf_err(-EPROTO, "join_reply: %zu members listed for %d servers + %d workers", r->n_members,
                           r->num_servers, r->num_workers);
@@ -237,6 +249,8 @@ int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
     book->resume_step = r->resume_step > 0 ? r->resume_step : 0;
     if (r->run_nonce.len == sizeof book->run_nonce)
         memcpy(book->run_nonce, r->run_nonce.data, sizeof book->run_nonce);
+    if (r->run_id.len == sizeof book->run_id)
+        memcpy(book->run_id, r->run_id.data, sizeof book->run_id);
     snprintf(book->resume_reason, sizeof book->resume_reason, "%s", r->resume_reason ? r->resume_reason : "");
     book->servers = calloc((size_t)r->num_servers, sizeof(ctl_member));
     book->workers = calloc((size_t)r->num_workers, sizeof(ctl_member));

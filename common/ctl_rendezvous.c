@@ -7,6 +7,7 @@
  * common/ctl_frame.c. */
 #include "common/ctl.h"
 
+#include "common/ckpt.h"
 #include "common/clock.h"
 #include "common/ctl_forming.h"
 #include "common/ctl_frame.h"
@@ -64,6 +65,7 @@ typedef struct conn {
     size_t addr_len;
     uint8_t addr[CTL_MAX_ADDR]; /* fabric address given at join */
     int64_t *steps;             /* checkpoint steps the member holds (join's resume_steps) */
+    ckpt_ident *ids;            /* ids[i]: the run identity of its files of steps[i] (join's resume_idents) */
     uint64_t rx; /* bytes received: a member sends its join at once, an idle stranger nothing */
     size_t nsteps;
 } conn;
@@ -73,6 +75,7 @@ struct ctl_rendezvous {
     int num_servers, num_workers;
     int64_t num_classes;
     uint8_t run_nonce[16]; /* random, per run: the data-plane token's input (ctl_data_token) */
+    uint8_t new_run_id[CKPT_RUN_ID_BYTES]; /* random: the run id when the run starts afresh */
     /* Unauthenticated connections (never joined): counted, summarised at most every CTL_STRAY_LOG_S. */
     long stray_evicted, stray_dropped, stray_logged;
     double stray_log_t, accept_pause_until;
@@ -214,6 +217,7 @@ static void conn_close(ctl_rendezvous *rv, conn *c)
     free(c->rbuf);
     free(c->wbuf);
     free(c->steps);
+    free(c->ids);
     free(c);
 }
 
@@ -271,12 +275,19 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         return;
     }
     if (j->n_resume_steps) {
+        /* ctl_msg_check: one identity per step, each of the right lengths. */
         c->steps = malloc(sizeof(int64_t) * j->n_resume_steps);
-        if (!c->steps) {
+        c->ids = calloc(j->n_resume_steps, sizeof *c->ids);
+        if (!c->steps || !c->ids) {
             conn_refuse(rv, c, EIO, "out of memory");
             return;
         }
         memcpy(c->steps, j->resume_steps, sizeof(int64_t) * j->n_resume_steps);
+        for (size_t i = 0; i < j->n_resume_steps; i++) {
+            memcpy(c->ids[i].run_id, j->resume_idents[i]->run_id.data, CKPT_RUN_ID_BYTES);
+            c->ids[i].seed = j->resume_idents[i]->seed;
+            memcpy(c->ids[i].config_digest, j->resume_idents[i]->config_digest.data, CKPT_DIGEST_BYTES);
+        }
         c->nsteps = j->n_resume_steps;
     }
     c->joined = 1;
@@ -287,7 +298,7 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     if (c->addr_len)
         memcpy(c->addr, j->fabric_addr.data, c->addr_len);
     c->deadline = 0;
-    ctl_roster_take(&rv->roster, adm.seat, c, c->peer, c->steps, c->nsteps);
+    ctl_roster_take(&rv->roster, adm.seat, c, c->peer, c->steps, c->ids, c->nsteps);
     int n = atomic_fetch_add(&rv->joined, 1) + 1;
     log_info("control plane: %s[%d] joined from %s (%d/%d)", ctl_role_name(role), j->rank, c->peer, n,
              rv->num_servers + rv->num_workers);
@@ -538,12 +549,19 @@ static void form_run(ctl_rendezvous *rv)
     r.num_servers = rv->num_servers;
     r.num_workers = rv->num_workers;
     r.num_classes = rv->num_classes;
-    char reason[512];
-    r.resume_step = ctl_roster_resume_step(&rv->roster, reason, sizeof reason);
+    char reason[1024];
+    uint8_t run_id[CKPT_RUN_ID_BYTES];
+    memcpy(run_id, rv->new_run_id, sizeof run_id);
+    r.resume_step = ctl_roster_resume_step(&rv->roster, reason, sizeof reason, run_id);
     r.resume_reason = reason;
     r.run_nonce.data = rv->run_nonce;
     r.run_nonce.len = sizeof rv->run_nonce;
-    log_info("control plane: %s", reason);
+    r.run_id.data = run_id;
+    r.run_id.len = sizeof run_id;
+    char hexid[2 * CKPT_RUN_ID_BYTES + 1];
+    ckpt_run_id_hex(run_id, hexid);
+    log_info("control plane: %s; run id %s (%s)", reason, hexid,
+             r.resume_step > 0 ? "the resumed checkpoint's" : "new: the run starts afresh");
     Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
     m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
     m.join_reply = &r;
@@ -836,7 +854,12 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->num_servers = o->num_servers;
     rv->num_workers = o->num_workers;
     rv->num_classes = o->num_classes;
-    if (RAND_bytes(rv->run_nonce, sizeof rv->run_nonce) != 1) {
+    if (o->expect) {
+        rv->roster.has_expect = 1;
+        rv->roster.expect = *o->expect;
+    }
+    if (RAND_bytes(rv->run_nonce, sizeof rv->run_nonce) != 1 ||
+        RAND_bytes(rv->new_run_id, sizeof rv->new_run_id) != 1) {
         rv_free(rv);
         return pf_err(-EIO, "rendezvous: no random run nonce (RAND_bytes failed)");
     }

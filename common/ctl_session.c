@@ -139,16 +139,32 @@ static int error_reply(const Pfcps__Error *e)
     return pf_err(-code, "rendezvous refused: %s", e->message);
 }
 
-/* ctl_set_resume_steps' list, sent at join. */
+/* ctl_set_resume_steps' list, sent at join: the steps, their identities as sent (messages pointing into
+ * g_resume_ids) and the pointers the Join message takes. */
 static int64_t g_resume_steps[CTL_MAX_RESUME_STEPS];
+static ckpt_ident g_resume_ids[CTL_MAX_RESUME_STEPS];
+static Pfcps__CheckpointIdent g_resume_msgs[CTL_MAX_RESUME_STEPS];
+static Pfcps__CheckpointIdent *g_resume_ptrs[CTL_MAX_RESUME_STEPS];
 static size_t g_n_resume_steps;
 
-void ctl_set_resume_steps(const int64_t *steps, size_t n)
+void ctl_set_resume_steps(const int64_t *steps, const ckpt_ident *ids, size_t n)
 {
     g_n_resume_steps = 0;
-    for (size_t i = 0; i < n && g_n_resume_steps < CTL_MAX_RESUME_STEPS; i++)
-        if (steps[i] > 0)
-            g_resume_steps[g_n_resume_steps++] = steps[i];
+    for (size_t i = 0; i < n && g_n_resume_steps < CTL_MAX_RESUME_STEPS; i++) {
+        if (steps[i] <= 0)
+            continue;
+        size_t k = g_n_resume_steps++;
+        g_resume_steps[k] = steps[i];
+        g_resume_ids[k] = ids[i];
+        Pfcps__CheckpointIdent *m = &g_resume_msgs[k];
+        pfcps__checkpoint_ident__init(m);
+        m->run_id.data = g_resume_ids[k].run_id;
+        m->run_id.len = CKPT_RUN_ID_BYTES;
+        m->seed = g_resume_ids[k].seed;
+        m->config_digest.data = g_resume_ids[k].config_digest;
+        m->config_digest.len = CKPT_DIGEST_BYTES;
+        g_resume_ptrs[k] = m;
+    }
 }
 
 /* ctl_set_interrupt's flag: a joining member stops waiting when it is raised. */
@@ -266,6 +282,8 @@ static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *a
             j.protocol_version = CTL_PROTOCOL_VERSION;
             j.resume_steps = g_resume_steps;
             j.n_resume_steps = g_n_resume_steps;
+            j.resume_idents = g_resume_ptrs;
+            j.n_resume_idents = g_n_resume_steps;
             Pfcps__CtlMessage jm = PFCPS__CTL_MESSAGE__INIT;
             jm.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
             jm.join = &j;

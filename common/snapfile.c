@@ -2,15 +2,23 @@
 #include "common/snapfile.h"
 
 #include <errno.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/checked.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "ctl.pb-c.h"
 
 static const char magic[8] = {'P', 'F', 'C', 'P', 'S', 'N', 'P', '1'};
+
+/* The header area: magic 8, u32 length 4, header, SHA-256 32, HMAC 32, zero padding. */
+#define AREA_FIXED  12
+#define AREA_MAX_HL (SNAPFILE_HDR_AREA - AREA_FIXED - 64)
 
 static void *sha_new(void)
 {
@@ -20,6 +28,26 @@ static void *sha_new(void)
         c = NULL;
     }
     return c;
+}
+
+int snapfile_key_derive(const char *secret, snapfile_key *key)
+{
+    static const char label[] = "pfcps checkpoint v1";
+    if (!secret || !*secret)
+        return pf_err(-EINVAL, "checkpoint key: empty join secret");
+    unsigned int len = 0;
+    if (!HMAC(EVP_sha256(), secret, (int)strlen(secret), (const unsigned char *)label, sizeof label - 1,
+              key->k, &len) ||
+        len != sizeof key->k)
+        return pf_err(-EIO, "checkpoint key: HMAC-SHA256 failed");
+    return 0;
+}
+
+/* HMAC-SHA256 of the header bytes under key into mac. */
+static int header_mac(const snapfile_key *key, const uint8_t *hdr, size_t hl, uint8_t mac[32])
+{
+    unsigned int len = 0;
+    return HMAC(EVP_sha256(), key->k, sizeof key->k, hdr, hl, mac, &len) && len == 32 ? 0 : -EIO;
 }
 
 int snapfile_create(snapfile_writer *w, const char *path, const char *what)
@@ -72,14 +100,20 @@ static void meta_to_pb(const snapfile_meta *m, Pfcps__SnapshotHeader *h)
     h->payload_sha256.len = 32;
     h->rows = m->rows;
     h->kind = (char *)m->role;
-    h->seed = m->seed;
+    h->seed = m->id.seed;
     h->block_rows = m->block_rows;
+    h->run_id.data = (uint8_t *)m->id.run_id;
+    h->run_id.len = CKPT_RUN_ID_BYTES;
+    h->config_digest.data = (uint8_t *)m->id.config_digest;
+    h->config_digest.len = CKPT_DIGEST_BYTES;
+    h->authenticated = m->authenticated;
 }
 
-int snapfile_commit(snapfile_writer *w, snapfile_meta *m)
+int snapfile_commit(snapfile_writer *w, snapfile_meta *m, const snapfile_key *key)
 {
     unsigned int len = 0;
     m->payload_bytes = w->bytes;
+    m->authenticated = key != NULL;
     EVP_DigestFinal_ex(w->sha, m->sha256, &len);
     EVP_MD_CTX_free(w->sha);
     w->sha = NULL;
@@ -88,7 +122,7 @@ int snapfile_commit(snapfile_writer *w, snapfile_meta *m)
     size_t hl = pfcps__snapshot_header__get_packed_size(&h);
     uint8_t area[SNAPFILE_HDR_AREA];
     memset(area, 0, sizeof area);
-    if (hl + 12 + 32 > sizeof area) {
+    if (hl > AREA_MAX_HL) {
         pf_atomic_abort(&w->af);
         return pf_err(-EINVAL, "%s %s: header of %zu bytes does not fit", w->af.what, w->af.path, hl);
     }
@@ -96,9 +130,14 @@ int snapfile_commit(snapfile_writer *w, snapfile_meta *m)
     uint32_t l32 = (uint32_t)hl;
     for (int i = 0; i < 4; i++)
         area[8 + i] = (uint8_t)(l32 >> (8 * i));
-    pfcps__snapshot_header__pack(&h, area + 12);
-    /* The header's own digest follows it, so a damaged header field is caught too. */
-    EVP_Digest(area + 12, hl, area + 12 + hl, &len, EVP_sha256(), NULL);
+    pfcps__snapshot_header__pack(&h, area + AREA_FIXED);
+    /* The header's own digest follows it, so a damaged header field is caught too; then its HMAC, so that a
+     * header rewritten without the key (digest recomputed) is caught by a reader that has it. */
+    EVP_Digest(area + AREA_FIXED, hl, area + AREA_FIXED + hl, &len, EVP_sha256(), NULL);
+    if (key && header_mac(key, area + AREA_FIXED, hl, area + AREA_FIXED + hl + 32) < 0) {
+        pf_atomic_abort(&w->af);
+        return pf_err(-EIO, "%s %s: HMAC-SHA256 failed", w->af.what, w->af.path);
+    }
     int ok =
         w->ok && fseeko(w->af.f, 0, SEEK_SET) == 0 && fwrite(area, 1, sizeof area, w->af.f) == sizeof area;
     return pf_atomic_commit(&w->af, ok);
@@ -112,26 +151,123 @@ void snapfile_abort(snapfile_writer *w)
     pf_atomic_abort(&w->af);
 }
 
-/* Checks the fields of a decoded header; 0 or -EINVAL naming the problem. */
+/* Local rows of server s of S for C classes (class c on server c mod S): the classes s, s + S, ... < C. */
+static int64_t shard_rows(int64_t C, int S, int s)
+{
+    return C > s ? (C - s + S - 1) / S : 0;
+}
+
+int snapfile_check_fields(const snapfile_meta *m, const char *name)
+{
+    const int shard = !strcmp(m->role, "shard");
+    const int count = shard ? m->servers : m->workers;
+    const char *count_field = shard ? "num_servers" : "num_workers";
+    if (m->step < 0)
+        return pf_err(-EINVAL, "%s: header field step = %lld is negative", name, (long long)m->step);
+    if (count < 1 || count > SNAPFILE_MAX_MEMBERS)
+        return pf_err(-EINVAL, "%s: header field %s = %d is outside 1..%d", name, count_field, count,
+                      SNAPFILE_MAX_MEMBERS);
+    if (m->rank < 0 || m->rank >= count)
+        return pf_err(-EINVAL, "%s: header field shard_id = %d is outside 0..%s-1 (%d)", name, m->rank,
+                      count_field, count - 1);
+    if (m->rows < 0)
+        return pf_err(-EINVAL, "%s: header field rows = %lld is negative", name, (long long)m->rows);
+    if (!shard) {
+        uint64_t need = 0;
+        if (pf_mul_u64((uint64_t)m->rows, 4, &need) < 0 || need > m->payload_bytes)
+            return pf_err(-EINVAL,
+                          "%s: header field rows = %lld parameters do not fit payload_bytes = %llu (one fp32 "
+                          "array of rows)",
+                          name, (long long)m->rows, (unsigned long long)m->payload_bytes);
+        return 0;
+    }
+    if (m->workers < 0 || m->workers > SNAPFILE_MAX_MEMBERS)
+        return pf_err(-EINVAL, "%s: header field num_workers = %d is outside 0..%d", name, m->workers,
+                      SNAPFILE_MAX_MEMBERS);
+    if (m->dim < 1 || m->dim > SNAPFILE_MAX_DIM)
+        return pf_err(-EINVAL, "%s: header field embedding_size = %d is outside 1..%d", name, m->dim,
+                      SNAPFILE_MAX_DIM);
+    if (m->num_classes < 0 || m->num_classes > SNAPFILE_MAX_CLASSES)
+        return pf_err(-EINVAL, "%s: header field num_classes = %lld is outside 0..%lld", name,
+                      (long long)m->num_classes, (long long)SNAPFILE_MAX_CLASSES);
+    const int64_t rows = shard_rows(m->num_classes, m->servers, m->rank);
+    if (m->rows != rows)
+        return pf_err(-EINVAL,
+                      "%s: header field rows = %lld, but shard_id %d of num_servers %d holds %lld of "
+                      "num_classes %lld",
+                      name, (long long)m->rows, m->rank, m->servers, (long long)rows,
+                      (long long)m->num_classes);
+    if (m->block_rows < 1 || m->block_rows > (rows > 1 ? rows : 1))
+        return pf_err(-EINVAL, "%s: header field block_rows = %lld is outside 1..rows (%lld)", name,
+                      (long long)m->block_rows, (long long)rows);
+    uint64_t block = 0, payload = 0;
+    if (pf_mul3_u64((uint64_t)m->block_rows, (uint64_t)m->dim, 2 * sizeof(float), &block) < 0 ||
+        (m->block_rows > 1 && block > SNAPFILE_MAX_BLOCK_BYTES))
+        return pf_err(
+            -EINVAL,
+            "%s: header field block_rows = %lld: blocks of block_rows x embedding_size %d x 8 bytes "
+            "exceed %llu bytes",
+            name, (long long)m->block_rows, m->dim, (unsigned long long)SNAPFILE_MAX_BLOCK_BYTES);
+    if (pf_mul3_u64((uint64_t)rows, (uint64_t)m->dim, 2 * sizeof(float), &payload) < 0)
+        return pf_err(-EINVAL, "%s: header fields rows %lld x embedding_size %d x 8 bytes overflow", name,
+                      (long long)rows, m->dim);
+    if (payload != m->payload_bytes)
+        return pf_err(-EINVAL,
+                      "%s: header field payload_bytes = %llu, but rows %lld x embedding_size %d x 8 bytes "
+                      "(weights and momentum) = %llu",
+                      name, (unsigned long long)m->payload_bytes, (long long)rows, m->dim,
+                      (unsigned long long)payload);
+    return 0;
+}
+
+int snapfile_check_member(const snapfile_meta *m, const char *name, const char *role, int64_t step, int rank,
+                          int n)
+{
+    const int count = !strcmp(role, "shard") ? m->servers : m->workers;
+    if (strcmp(m->role, role))
+        return pf_err(-EINVAL, "%s: header field kind = '%s' (file name says '%s')", name, m->role, role);
+    if (m->step != step || m->rank != rank || count != n)
+        return pf_err(-EINVAL,
+                      "%s: header says step %lld, %s %d of %d (file name says step %lld, %d of %d): header "
+                      "field %s",
+                      name, (long long)m->step, role, m->rank, count, (long long)step, rank, n,
+                      m->step != step          ? "step"
+                      : m->rank != rank        ? "shard_id"
+                      : !strcmp(role, "shard") ? "num_servers"
+                                               : "num_workers");
+    return 0;
+}
+
+/* Checks the fields of a decoded header and fills r->m; 0 or -EINVAL naming the field. */
 static int meta_from_pb(snapfile_reader *r, const Pfcps__SnapshotHeader *h, int64_t size)
 {
     snapfile_meta *m = &r->m;
     if (h->format_version != SNAPFILE_VERSION)
-        return pf_err(-EINVAL, "%s: format version %u (this build reads %d)", r->name, h->format_version,
-                      SNAPFILE_VERSION);
+        return pf_err(-EINVAL,
+                      "%s: header field format_version = %u (this build reads %d; version 1 files, written "
+                      "before checkpoints carried the run identity, are not resumable)",
+                      r->name, h->format_version, SNAPFILE_VERSION);
     if (!h->kind || (strcmp(h->kind, "shard") && strcmp(h->kind, "worker")))
-        return pf_err(-EINVAL, "%s: unknown role '%s'", r->name, h->kind ? h->kind : "");
+        return pf_err(-EINVAL, "%s: header field kind = '%s' (not shard or worker)", r->name,
+                      h->kind ? h->kind : "");
     if (!h->dtype || strcmp(h->dtype, "fp32"))
-        return pf_err(-EINVAL, "%s: dtype '%s' (this build reads fp32)", r->name, h->dtype ? h->dtype : "");
+        return pf_err(-EINVAL, "%s: header field dtype = '%s' (this build reads fp32)", r->name,
+                      h->dtype ? h->dtype : "");
     if (h->payload_sha256.len != 32)
-        return pf_err(-EINVAL, "%s: payload digest is %zu bytes, not 32", r->name, h->payload_sha256.len);
-    if (h->step < 0 || h->num_classes < 0 || h->rows < 0 || h->block_rows < 0 || h->embedding_size < 0 ||
-        h->num_servers < 0 || h->num_workers < 0 || h->shard_id < 0 || h->payload_bytes > (uint64_t)INT64_MAX)
-        return pf_err(-EINVAL, "%s: negative size field in the header", r->name);
-    if ((int64_t)h->payload_bytes != size - SNAPFILE_HDR_AREA)
-        return pf_err(-EINVAL, "%s: file is %lld bytes but the header says %llu payload bytes after %d (%s)",
+        return pf_err(-EINVAL, "%s: header field payload_sha256 is %zu bytes, not 32", r->name,
+                      h->payload_sha256.len);
+    if (h->run_id.len != CKPT_RUN_ID_BYTES)
+        return pf_err(-EINVAL, "%s: header field run_id is %zu bytes, not %d", r->name, h->run_id.len,
+                      CKPT_RUN_ID_BYTES);
+    if (h->config_digest.len != CKPT_DIGEST_BYTES)
+        return pf_err(-EINVAL, "%s: header field config_digest is %zu bytes, not %d", r->name,
+                      h->config_digest.len, CKPT_DIGEST_BYTES);
+    const uint64_t have = (uint64_t)(size - SNAPFILE_HDR_AREA);
+    if (h->payload_bytes != have)
+        return pf_err(-EINVAL,
+                      "%s: file is %lld bytes but header field payload_bytes says %llu after %d (%s)",
                       r->name, (long long)size, (unsigned long long)h->payload_bytes, SNAPFILE_HDR_AREA,
-                      (int64_t)h->payload_bytes > size - SNAPFILE_HDR_AREA ? "truncated" : "trailing bytes");
+                      h->payload_bytes > have ? "truncated" : "trailing bytes");
     memset(m, 0, sizeof *m);
     snprintf(m->role, sizeof m->role, "%s", h->kind);
     m->rank = h->shard_id;
@@ -142,14 +278,29 @@ static int meta_from_pb(snapfile_reader *r, const Pfcps__SnapshotHeader *h, int6
     m->step = h->step;
     m->rows = h->rows;
     m->block_rows = h->block_rows;
-    m->seed = h->seed;
+    m->id.seed = h->seed;
+    memcpy(m->id.run_id, h->run_id.data, CKPT_RUN_ID_BYTES);
+    memcpy(m->id.config_digest, h->config_digest.data, CKPT_DIGEST_BYTES);
     m->payload_bytes = h->payload_bytes;
+    m->authenticated = h->authenticated;
     memcpy(m->sha256, h->payload_sha256.data, 32);
+    int rc = snapfile_check_fields(m, r->name);
+    if (rc < 0)
+        return rc;
     r->left = h->payload_bytes;
     return 0;
 }
 
-int snapfile_open_stream(snapfile_reader *r, FILE *f, int64_t size, const char *name)
+/* Is every byte of p[0, n) zero? */
+static int all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return 0;
+    return 1;
+}
+
+int snapfile_open_stream(snapfile_reader *r, FILE *f, int64_t size, const char *name, const snapfile_key *key)
 {
     memset(r, 0, sizeof *r);
     r->f = f;
@@ -163,23 +314,38 @@ int snapfile_open_stream(snapfile_reader *r, FILE *f, int64_t size, const char *
     uint32_t hl = 0;
     for (int i = 0; i < 4; i++)
         hl |= (uint32_t)area[8 + i] << (8 * i);
-    if (hl == 0 || hl > SNAPFILE_HDR_AREA - 12 - 32)
-        return pf_err(-EINVAL, "%s: header length %u outside 1..%d", r->name, hl,
-                      SNAPFILE_HDR_AREA - 12 - 32);
+    if (hl == 0 || hl > AREA_MAX_HL)
+        return pf_err(-EINVAL, "%s: header length %u outside 1..%d", r->name, hl, AREA_MAX_HL);
+    const uint8_t *hdr = area + AREA_FIXED, *hsum = hdr + hl, *hmac = hsum + 32;
     uint8_t hd[32];
     unsigned int dl = 0;
-    EVP_Digest(area + 12, hl, hd, &dl, EVP_sha256(), NULL);
-    if (memcmp(hd, area + 12 + hl, 32) != 0)
+    EVP_Digest(hdr, hl, hd, &dl, EVP_sha256(), NULL);
+    if (memcmp(hd, hsum, 32) != 0)
         return pf_err(-EINVAL, "%s: header checksum mismatch (corrupt header)", r->name);
-    Pfcps__SnapshotHeader *h = pfcps__snapshot_header__unpack(NULL, hl, area + 12);
+    if (!all_zero(hmac + 32, sizeof area - (size_t)(hmac + 32 - area)))
+        return pf_err(-EINVAL, "%s: header area padding is not zero (corrupt)", r->name);
+    Pfcps__SnapshotHeader *h = pfcps__snapshot_header__unpack(NULL, hl, hdr);
     if (!h)
         return pf_err(-EINVAL, "%s: header does not decode (corrupt)", r->name);
-    for (size_t i = 12 + hl + 32; i < sizeof area; i++)
-        if (area[i] != 0) {
-            pfcps__snapshot_header__free_unpacked(h, NULL);
-            return pf_err(-EINVAL, "%s: header area padding is not zero (corrupt)", r->name);
-        }
-    int rc = meta_from_pb(r, h, size);
+    int rc = 0;
+    if (key) {
+        /* The HMAC first: a reader with the key says "forged" before it looks at what the fields claim. */
+        uint8_t mac[32];
+        if (!h->authenticated)
+            rc = pf_err(-EPERM,
+                        "%s: no HMAC (header field authenticated is false): written without the join secret, "
+                        "or forged",
+                        r->name);
+        else if (header_mac(key, hdr, hl, mac) < 0)
+            rc = pf_err(-EIO, "%s: HMAC-SHA256 failed", r->name);
+        else if (CRYPTO_memcmp(mac, hmac, 32) != 0)
+            rc = pf_err(-EPERM, "%s: HMAC does not verify: forged or written by another run's secret",
+                        r->name);
+    } else if (!h->authenticated && !all_zero(hmac, 32)) {
+        rc = pf_err(-EINVAL, "%s: an HMAC in a header whose field authenticated is false (corrupt)", r->name);
+    }
+    if (rc == 0)
+        rc = meta_from_pb(r, h, size);
     pfcps__snapshot_header__free_unpacked(h, NULL);
     if (rc < 0)
         return rc;
@@ -188,20 +354,20 @@ int snapfile_open_stream(snapfile_reader *r, FILE *f, int64_t size, const char *
     return 0;
 }
 
-int snapfile_open(snapfile_reader *r, const char *path)
+int snapfile_open(snapfile_reader *r, const char *path, const snapfile_key *key)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
-        memset(r, 0, sizeof *r);
-        return pf_err(e == ENOENT ? -ENOENT : -EIO, "%s: cannot open: %s", path, strerror(e));
-    }
+    memset(r, 0, sizeof *r);
+    FILE *f = NULL;
+    int rc = pf_fopen_regular(path, &f);
+    if (rc < 0)
+        return pf_err_wrap(rc, "%s", path);
     struct stat st;
     if (fstat(fileno(f), &st) != 0) {
+        int e = errno;
         fclose(f);
-        return pf_err(-EIO, "%s: cannot stat: %s", path, strerror(errno));
+        return pf_err(-EIO, "%s: cannot stat: %s", path, strerror(e));
     }
-    int rc = snapfile_open_stream(r, f, (int64_t)st.st_size, path);
+    rc = snapfile_open_stream(r, f, (int64_t)st.st_size, path, key);
     r->own = 1;
     r->f = f;
     if (rc < 0)
@@ -251,10 +417,10 @@ void snapfile_close(snapfile_reader *r)
     r->f = NULL;
 }
 
-int snapfile_verify(const char *path, snapfile_meta *m)
+int snapfile_verify(const char *path, const snapfile_key *key, snapfile_meta *m)
 {
     snapfile_reader r;
-    int rc = snapfile_open(&r, path);
+    int rc = snapfile_open(&r, path, key);
     if (rc < 0)
         return rc;
     rc = snapfile_finish(&r);

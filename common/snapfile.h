@@ -1,12 +1,20 @@
 /* Snapfiles: the container of every .snap member file of a checkpoint (a server's shard file, a worker's
  * state; names: common/ckpt.h).
  *
- * Layout: bytes [0, 4096) hold the magic "PFCPSNP1", a u32 little-endian header length, the header (a
- * protobuf SnapshotHeader, proto/ctl.proto), the SHA-256 of the header bytes, zero padding; the payload
- * starts at byte 4096. The header carries
- * the payload's length and SHA-256 (OpenSSL), so a file is accepted only when its size is exactly
- * 4096 + payload_bytes and its payload hashes to the recorded digest: a torn, truncated, padded or corrupt
- * file is refused with a message naming the file and the problem.
+ * Layout: bytes [0, 4096) hold the magic "PFCPSNP1", a u32 little-endian header length L, the header (L
+ * bytes: a protobuf SnapshotHeader, proto/ctl.proto), the SHA-256 of the header bytes, the HMAC-SHA256 of
+ * the header bytes under the checkpoint key (all zero when the file is not authenticated), zero padding; the
+ * payload starts at byte 4096. The header carries the payload's length and SHA-256 (OpenSSL), the run
+ * identity (common/ckpt_ident.h: run id, seed, config digest) and whether the HMAC is there.
+ *
+ * What a reader accepts: format version 2; a known role; every size field non-negative, bounded, and
+ * consistent with the others (snapfile_check_fields: a shard's rows are those of its rank for C and S, its
+ * block_rows in 1..rows, its payload exactly rows x D x 8 bytes, all products overflow-checked); a file
+ * size of exactly 4096 + payload_bytes; a payload hashing to the recorded digest. A reader given the key
+ * (snapfile_key_derive of the join secret) also refuses a file without an HMAC or whose HMAC does not
+ * verify ("forged or written by another run's secret"); the HMAC covers the header, and through its
+ * payload digest the payload. Every refusal names the file and the field or problem. Files are opened with
+ * pf_fopen_regular (common/file.h): a FIFO, folder or device is refused, never waited on.
  *
  * Writing follows common/atomic_file.h (temp file, fsync, rename, fsync of the folder): the header is written
  * last, at offset 0, once the digest is known; a crash at any point leaves the previous file of that name (or
@@ -19,9 +27,26 @@
 #include <stdio.h>
 
 #include "common/atomic_file.h"
+#include "common/ckpt_ident.h"
 
 #define SNAPFILE_HDR_AREA 4096
-#define SNAPFILE_VERSION  1
+#define SNAPFILE_VERSION  2
+/* Bounds a reader puts on header fields (the config's own limits): D, C, S and W. */
+#define SNAPFILE_MAX_DIM     65536
+#define SNAPFILE_MAX_CLASSES 1000000000000000LL
+#define SNAPFILE_MAX_MEMBERS 65536
+/* A shard file's block (block_rows x D weights and momentum, what a reader holds in memory at once) is at
+ * most this many bytes, unless it is a single row. Writers use ~2 MiB. */
+#define SNAPFILE_MAX_BLOCK_BYTES (256ull << 20)
+
+/* The checkpoint key: HMAC-SHA256(secret, "pfcps checkpoint v1"), derived from the join secret. */
+typedef struct snapfile_key {
+    uint8_t k[32];
+} snapfile_key;
+
+/* Derives the checkpoint key from the join secret (non-empty). Returns 0, or -EINVAL (empty secret) / -EIO
+ * (OpenSSL failed) with a message. */
+int snapfile_key_derive(const char *secret, snapfile_key *key);
 
 /* The header's fields (SnapshotHeader). */
 typedef struct snapfile_meta {
@@ -34,9 +59,10 @@ typedef struct snapfile_meta {
     int64_t step;           /* checkpoint id: steps completed */
     int64_t rows;           /* shard: local rows; worker: parameters */
     int64_t block_rows;     /* shard: rows per payload block */
-    uint64_t seed;          /* the run's seed */
+    ckpt_ident id;          /* the run that wrote it: run id, seed (header field seed), config digest */
     uint64_t payload_bytes; /* set by snapfile_commit */
     uint8_t sha256[32];     /* set by snapfile_commit */
+    int authenticated; /* set by snapfile_commit (a key was given) and by the reader (the file says so) */
 } snapfile_meta;
 
 typedef struct snapfile_writer {
@@ -54,10 +80,11 @@ int snapfile_create(snapfile_writer *w, const char *path, const char *what);
  * after a failure later writes fail too and snapfile_commit refuses. */
 int snapfile_write(snapfile_writer *w, const void *p, size_t n);
 
-/* Fills m->payload_bytes and m->sha256, writes the header at offset 0 and commits the file (fsync, rename,
- * folder fsync). On any failure the temp file is removed, the previous file of that name is untouched and
- * -EIO (or -EINVAL: header too large) is returned with a message. */
-int snapfile_commit(snapfile_writer *w, snapfile_meta *m);
+/* Fills m->payload_bytes, m->sha256 and m->authenticated, writes the header (with its HMAC under key when
+ * key is not NULL) at offset 0 and commits the file (fsync, rename, folder fsync). On any failure the temp
+ * file is removed, the previous file of that name is untouched and -EIO (or -EINVAL: header too large) is
+ * returned with a message. */
+int snapfile_commit(snapfile_writer *w, snapfile_meta *m, const snapfile_key *key);
 
 /* Gives up: removes the temp file. */
 void snapfile_abort(snapfile_writer *w);
@@ -71,14 +98,33 @@ typedef struct snapfile_reader {
     char name[512];
 } snapfile_reader;
 
-/* Opens `path` and checks its header: magic, header length, protobuf, format version, role known, sizes
- * non-negative, and file size == 4096 + payload_bytes. Returns 0 (r->m filled; read the payload with
- * snapfile_read), or -ENOENT / -EINVAL with "<path>: <problem>" in pf_errmsg(). */
-int snapfile_open(snapfile_reader *r, const char *path);
+/* Opens `path` (a regular file: pf_fopen_regular) and checks its header: magic, header length, header digest,
+ * the HMAC when key is not NULL, protobuf, format version, role, identity lengths, every field against the
+ * others (snapfile_check_fields), and file size == 4096 + payload_bytes. Returns 0 (r->m filled; read the
+ * payload with snapfile_read), or with "<path>: <problem>" in pf_errmsg(): -ENOENT (no such file), -EACCES
+ * (permission denied), -EIO ("a directory, not a regular file", read errors), -EINVAL (the header: the
+ * field named), -EPERM (key given: "no HMAC" or "HMAC does not verify: forged or written by another run's
+ * secret"). */
+int snapfile_open(snapfile_reader *r, const char *path, const snapfile_key *key);
 
 /* snapfile_open on an open stream of `size` bytes (not closed by the reader), `name` for messages: the fuzz
  * target's entry. */
-int snapfile_open_stream(snapfile_reader *r, FILE *f, int64_t size, const char *name);
+int snapfile_open_stream(snapfile_reader *r, FILE *f, int64_t size, const char *name,
+                         const snapfile_key *key);
+
+/* Checks a decoded header's fields against each other and against the bounds above (snapfile_open runs it):
+ * both roles: 1 <= servers, workers (when set) <= SNAPFILE_MAX_MEMBERS, rank below its role's count, step
+ * >= 0. Shard: 1 <= D <= SNAPFILE_MAX_DIM, 0 <= C <= SNAPFILE_MAX_CLASSES, rows = the local rows of rank in
+ * C classes over S servers, 1 <= block_rows <= max(rows, 1), block_rows x D x 8 <= SNAPFILE_MAX_BLOCK_BYTES
+ * unless block_rows = 1, payload_bytes = rows x D x 8. Worker: rows x 4 <= payload_bytes. Every product is
+ * overflow-checked (common/checked.h). Returns 0, or -EINVAL "<name>: header field <field> ..." naming the
+ * field and the values it disagrees with. */
+int snapfile_check_fields(const snapfile_meta *m, const char *name);
+
+/* Checks that a member file's header says what its name says: role, step, rank of n (servers for a shard,
+ * workers for a worker file). Returns 0 or -EINVAL "<name>: header says ... (file name says ...)". */
+int snapfile_check_member(const snapfile_meta *m, const char *name, const char *role, int64_t step, int rank,
+                          int n);
 
 /* Reads exactly n payload bytes into p (hashing them). Returns 0, or -EINVAL (past the payload's end, or the
  * file ended early) / -EIO with the file named. */
@@ -91,7 +137,8 @@ int snapfile_finish(snapfile_reader *r);
 /* Releases the reader (closes the file when it opened it). */
 void snapfile_close(snapfile_reader *r);
 
-/* The whole check of one file: open, hash the payload, compare. Returns 0 with *m, or the error. */
-int snapfile_verify(const char *path, snapfile_meta *m);
+/* The whole check of one file: open (with key, may be NULL), hash the payload, compare. Returns 0 with *m,
+ * or the error. */
+int snapfile_verify(const char *path, const snapfile_key *key, snapfile_meta *m);
 
 #endif

@@ -325,7 +325,8 @@ static void snap_begin(ps_server *S, int64_t step)
                  (long long)snap_step(S->snap), (long long)step);
         pss_snap_wait(S);
     }
-    if (snap_start(&S->sh, S->o.snapshot_root, step, &S->snap) < 0)
+    if (snap_start(&S->sh, S->o.snapshot_root, step, &S->o.ckpt_id, S->o.ckpt_keyed ? &S->o.ckpt_key : NULL,
+                   &S->snap) < 0)
         log_error("snapshot step %lld not started: %s (earlier snapshots are untouched; serving on)",
                   (long long)step, pf_errmsg());
 }

@@ -27,6 +27,7 @@
 #include "common/fabric.h"
 #include "common/log.h"
 #include "common/member_addr.h"
+#include "common/snapfile.h"
 #include "server/ps_server.h"
 #include "server/snapshot.h"
 
@@ -50,7 +51,8 @@ typedef struct server_daemon {
     ctl_rendezvous *rv; /* rank 0 only */
     ctl_session *sess;
     ps_server *srv;
-    char root[4096]; /* checkpoint root of the run */
+    char root[4096];  /* checkpoint root of the run */
+    snapfile_key key; /* the checkpoint key, from the join secret (shard files carry its HMAC) */
 } server_daemon;
 
 /* The command line: the shared options, then --rank; checks the member settings (rank range, secret,
@@ -125,6 +127,13 @@ static int start_rendezvous(server_daemon *d)
     if (d->rank != 0)
         return 0;
     const pf_config *cfg = &d->cfg;
+    /* A checkpoint step is resumed only when its files carry this config's seed and config digest. */
+    static const uint8_t no_run_id[CKPT_RUN_ID_BYTES];
+    ckpt_ident expect;
+    if (ckpt_ident_of(cfg, no_run_id, &expect) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
     d->ini = cfg_to_ini(cfg);
     ctl_rendezvous_opts ro = {.bind_host = d->host,
                               .port = d->port,
@@ -135,7 +144,8 @@ static int start_rendezvous(server_daemon *d)
                               .timeout_s = cfg->ctl_timeout,
                               .config_text = d->ini,
                               .num_classes = cfg->num_classes,
-                              .resume = cfg->resume};
+                              .resume = cfg->resume,
+                              .expect = &expect};
     int rc = d->ini ? ctl_rendezvous_start(&ro, &d->rv) : -ENOMEM;
     if (rc == -EINTR) {
         log_info("stopping: SIGTERM/SIGINT while waiting for the rendezvous host's name to resolve");
@@ -149,26 +159,35 @@ static int start_rendezvous(server_daemon *d)
     return 0;
 }
 
-/* ckpt_step_check for this server: the step's shard files verified whole (snap_check). */
-static int shard_step_usable(const char *root, int64_t step, void *arg)
+/* ckpt_step_check for this server: the step's shard files verified whole, HMAC included, and agreeing on the
+ * run identity (snap_check). */
+static int shard_step_usable(const char *root, int64_t step, void *arg, ckpt_ident *id)
 {
     const server_daemon *d = arg;
     int S0 = 0;
-    return snap_check(root, step, d->cfg.num_classes, d->cfg.embedding_size, &S0);
+    return snap_check(root, step, d->cfg.num_classes, d->cfg.embedding_size, &d->key, &S0, id);
 }
 
-/* resume = true: the checkpoint steps whose shard files this server could load, reported at join so that the
- * rendezvous picks the newest step every member holds (ckpt_resume_steps). */
-static void list_resume_steps(server_daemon *d)
+/* resume = true: the checkpoint steps whose shard files this server could load, with their identities,
+ * reported at join so that the rendezvous picks the newest step every member holds (ckpt_resume_steps).
+ * Returns 0, or -1 after logging when the checkpoint root cannot be read (a resume must not start afresh over
+ * checkpoints it cannot see). */
+static int list_resume_steps(server_daemon *d)
 {
     if (!d->cfg.resume)
-        return;
+        return 0;
     char root[4096], who[32];
     ckpt_root(&d->cfg, root, sizeof root);
     snprintf(who, sizeof who, "shard %d", d->rank);
-    int64_t ok[CTL_MAX_RESUME_STEPS];
-    int k = ckpt_resume_steps(root, "server", who, shard_step_usable, d, ok, CTL_MAX_RESUME_STEPS);
-    ctl_set_resume_steps(ok, (size_t)k);
+    static int64_t ok[CTL_MAX_RESUME_STEPS];
+    static ckpt_ident ids[CTL_MAX_RESUME_STEPS];
+    int k = ckpt_resume_steps(root, "server", who, shard_step_usable, d, ok, ids, CTL_MAX_RESUME_STEPS);
+    if (k < 0) {
+        log_error("resume = true: %s", pf_errmsg());
+        return -1;
+    }
+    ctl_set_resume_steps(ok, ids, (size_t)k);
+    return 0;
 }
 
 /* Start-up up to the formed run: checks, endpoint, rendezvous (rank 0), then the join (retrying through the
@@ -178,7 +197,12 @@ static int join_run(server_daemon *d)
 {
     if (check_run_config(d) < 0)
         return -1;
-    list_resume_steps(d);
+    if (snapfile_key_derive(d->secret, &d->key) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
+    if (list_resume_steps(d) < 0)
+        return -1;
     int rc = daemon_bind_data_plane(&d->cfg, d->host, d->port);
     if (rc == -EINTR)
         return 1; /* stopped while the rendezvous name did not resolve yet: a normal stop */
@@ -222,8 +246,14 @@ static int start_serving(server_daemon *d)
                          .snapshot_keep = run->snapshot_keep,
                          .start_step = book->resume_step,
                          .token = 0,
+                         .ckpt_keyed = 1,
+                         .ckpt_key = d->key,
                          .fab = d->fab};
     ckpt_root(run, d->root, sizeof d->root);
+    if (ckpt_ident_of(run, book->run_id, &so.ckpt_id) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
     if (ctl_data_token(d->secret, book->run_nonce, &so.token) < 0) {
         log_error("%s", pf_errmsg());
         return -1;

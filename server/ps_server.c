@@ -317,5 +317,5 @@ int ps_server_load(ps_server *srv, const char *root, int64_t step)
 {
     if (srv->started)
         return pf_err(-EBUSY, "ps_server_load on a started server");
-    return snap_load(&srv->sh, root, step);
+    return snap_load(&srv->sh, root, step, srv->o.ckpt_keyed ? &srv->o.ckpt_key : NULL, &srv->o.ckpt_id);
 }

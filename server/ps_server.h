@@ -41,6 +41,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/ckpt_ident.h"
+#include "common/snapfile.h"
 #include "proto/ps_wire.h"
 #include "server/shard.h"
 
@@ -67,8 +69,11 @@ typedef struct ps_server_opts {
     int snapshot_keep;         /* newest checkpoints of this shard kept on disk (>= 1; 0 = 2) */
     int64_t start_step;        /* the step clock starts here (a resumed run: its checkpoint step), else 0 */
     uint64_t token;            /* the run's data-plane token (ps_wire.h); 0: not checked (tests) */
-    struct fab_ctx *fab;  /* an endpoint opened already (its address went into the address book), or
-                             NULL to open one for `provider`; the server owns it either way */
+    ckpt_ident ckpt_id;        /* the run identity every shard file carries, and a load must find */
+    int ckpt_keyed;            /* 1: shard files carry an HMAC under ckpt_key and a load verifies it */
+    snapfile_key ckpt_key;     /* the checkpoint key (snapfile_key_derive of the join secret) */
+    struct fab_ctx *fab;       /* an endpoint opened already (its address went into the address book), or
+                                  NULL to open one for `provider`; the server owns it either way */
 } ps_server_opts;
 
 /* Allocates and initialises the shard (logs bytes per identity and total; -ENOMEM when it would not fit),

@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/checked.h"
 #include "common/ckpt.h"
 #include "common/clock.h"
 #include "common/err.h"
@@ -35,6 +36,9 @@ struct snap_job {
     char err[512];
     double t0, seconds;
     int throttle_ms; /* PFCPS_SNAPSHOT_THROTTLE_MS: a pause per block, so tests can push during the write */
+    ckpt_ident id;   /* the run identity the file carries */
+    int keyed;       /* the file carries an HMAC under key */
+    snapfile_key key;
 };
 
 /* Rows of block b. */
@@ -146,9 +150,9 @@ static void *writer_main(void *arg)
                            .step = j->step,
                            .rows = sh->rows,
                            .block_rows = j->block_rows,
-                           .seed = sh->seed};
+                           .id = j->id};
         snprintf(m.role, sizeof m.role, "shard");
-        rc = snapfile_commit(&w, &m);
+        rc = snapfile_commit(&w, &m, j->keyed ? &j->key : NULL);
     } else if (created) {
         snapfile_abort(&w);
     }
@@ -177,7 +181,8 @@ static int mkdir_p(const char *path)
     return 0;
 }
 
-int snap_start(shard *sh, const char *root, int64_t step, snap_job **out)
+int snap_start(shard *sh, const char *root, int64_t step, const ckpt_ident *id, const snapfile_key *key,
+               snap_job **out)
 {
     *out = NULL;
     char dir[4200];
@@ -190,8 +195,14 @@ int snap_start(shard *sh, const char *root, int64_t step, snap_job **out)
         return pf_err(-ENOMEM, "snapshot: out of memory");
     j->sh = sh;
     j->step = step;
+    j->id = *id;
+    j->keyed = key != NULL;
+    if (key)
+        j->key = *key;
     /* ~1 MiB of weights per block. */
     j->block_rows = (1 << 20) / ((int64_t)sh->dim * 4);
+    if (j->block_rows > sh->rows) /* one block of every row (readers refuse block_rows > rows) */
+        j->block_rows = sh->rows;
     if (j->block_rows < 1)
         j->block_rows = 1;
     j->nblocks = (sh->rows + j->block_rows - 1) / j->block_rows;
@@ -280,44 +291,58 @@ static int shard_files(const char *root, int64_t step, int *old_servers)
     return 0;
 }
 
-/* Checks a shard file's header against what the run expects. */
+/* Checks a shard file's header (its fields already checked against each other by snapfile_open) against its
+ * name and the run (C, D). */
 static int check_meta(const snapfile_meta *m, const char *path, int64_t step, int s, int S0, int64_t C, int D)
 {
-    if (strcmp(m->role, "shard"))
-        return pf_err(-EINVAL, "%s: a '%s' file, not a shard", path, m->role);
-    if (m->step != step || m->rank != s || m->servers != S0)
-        return pf_err(-EINVAL,
-                      "%s: header says step %lld, shard %d of %d (file name says step %lld, %d of %d)", path,
-                      (long long)m->step, m->rank, m->servers, (long long)step, s, S0);
+    int rc = snapfile_check_member(m, path, "shard", step, s, S0);
+    if (rc < 0)
+        return rc;
     if (m->num_classes != C || m->dim != D)
-        return pf_err(-EINVAL, "%s: written for C=%lld D=%d, this run has C=%lld D=%d", path,
-                      (long long)m->num_classes, m->dim, (long long)C, D);
-    int64_t rows = shard_local_rows(C, S0, s);
-    if (m->rows != rows || m->block_rows < 1 || m->payload_bytes != (uint64_t)rows * (uint64_t)D * 8u)
         return pf_err(-EINVAL,
-                      "%s: %lld rows, block %lld, %llu payload bytes do not match shard %d of %d (%lld rows)",
-                      path, (long long)m->rows, (long long)m->block_rows,
-                      (unsigned long long)m->payload_bytes, s, S0, (long long)rows);
+                      "%s: written for C=%lld D=%d (header fields num_classes, embedding_size), this run has "
+                      "C=%lld D=%d",
+                      path, (long long)m->num_classes, m->dim, (long long)C, D);
     return 0;
 }
 
-int snap_check(const char *root, int64_t step, int64_t num_classes, int dim, int *old_servers)
+/* Checks that shard file `path` carries identity *ref (ref_what names whose: "<first shard file>'s"). */
+static int check_ident(const snapfile_meta *m, const char *path, const ckpt_ident *ref, const char *ref_what)
+{
+    char diff[400];
+    if (ckpt_ident_diff(&m->id, ref, diff, sizeof diff) == 0)
+        return 0;
+    return pf_err(-EINVAL, "%s: another run's file: header fields %s (this vs %s)", path, diff, ref_what);
+}
+
+int snap_check(const char *root, int64_t step, int64_t num_classes, int dim, const snapfile_key *key,
+               int *old_servers, ckpt_ident *id)
 {
     int S0 = 0, rc = shard_files(root, step, &S0);
+    ckpt_ident ref;
+    char ref_path[4400] = "";
     for (int s = 0; rc == 0 && s < S0; s++) {
         char p[4300];
         snapfile_meta m;
         ckpt_member_path(root, step, "shard", s, S0, ".snap", p, sizeof p);
-        rc = snapfile_verify(p, &m);
+        rc = snapfile_verify(p, key, &m);
         if (rc == 0)
             rc = check_meta(&m, p, step, s, S0, num_classes, dim);
+        if (rc == 0 && s == 0) {
+            ref = m.id;
+            snprintf(ref_path, sizeof ref_path, "%s's", p);
+        } else if (rc == 0) {
+            rc = check_ident(&m, p, &ref, ref_path);
+        }
     }
-    if (rc == 0)
+    if (rc == 0) {
         *old_servers = S0;
+        *id = ref;
+    }
     return rc;
 }
 
-int snap_load(shard *sh, const char *root, int64_t step)
+int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key, const ckpt_ident *expect)
 {
     int S0 = 0, rc = shard_files(root, step, &S0);
     if (rc < 0)
@@ -325,18 +350,35 @@ int snap_load(shard *sh, const char *root, int64_t step)
     const size_t D = (size_t)sh->dim;
     int64_t loaded = 0;
     double t0 = pf_now_s();
+    ckpt_ident ref;
+    char ref_what[4400] = "the resumed run's";
+    int have_ref = expect != NULL;
+    if (expect)
+        ref = *expect;
     for (int s0 = 0; rc == 0 && s0 < S0; s0++) {
         if (S0 == sh->servers && s0 != sh->rank)
             continue; /* same shape: only this rank's own file holds its rows */
         char p[4300];
         ckpt_member_path(root, step, "shard", s0, S0, ".snap", p, sizeof p);
         snapfile_reader r;
-        if ((rc = snapfile_open(&r, p)) < 0)
+        if ((rc = snapfile_open(&r, p, key)) < 0)
             break;
         rc = check_meta(&r.m, p, step, s0, S0, sh->num_classes, sh->dim);
-        float *buf = rc == 0 ? malloc(sizeof(float) * 2 * (size_t)r.m.block_rows * D) : NULL;
+        if (rc == 0 && have_ref) {
+            rc = check_ident(&r.m, p, &ref, ref_what);
+        } else if (rc == 0) {
+            ref = r.m.id;
+            have_ref = 1;
+            snprintf(ref_what, sizeof ref_what, "%s's", p);
+        }
+        /* One block in memory: block_rows x D weights and momentum (bounded by snapfile_check_fields). */
+        size_t block = 0;
+        if (rc == 0 && pf_mul3_size((size_t)r.m.block_rows, D, 2 * sizeof(float), &block) < 0)
+            rc = pf_err(-EINVAL, "%s: header field block_rows = %lld: a block of %lld x %zu floats overflows",
+                        p, (long long)r.m.block_rows, (long long)r.m.block_rows, 2 * D);
+        float *buf = rc == 0 ? malloc(block) : NULL;
         if (rc == 0 && !buf)
-            rc = pf_err(-ENOMEM, "%s: out of memory", p);
+            rc = pf_err(-ENOMEM, "%s: out of memory for a block of %zu bytes", p, block);
         for (int64_t r0 = 0; rc == 0 && r0 < r.m.rows; r0 += r.m.block_rows) {
             int64_t n = r.m.rows - r0 < r.m.block_rows ? r.m.rows - r0 : r.m.block_rows;
             if ((rc = snapfile_read(&r, buf, sizeof(float) * 2 * (size_t)n * D)) < 0)

@@ -10,8 +10,9 @@
  * first touch) is saved with its initial value, computed into the copy, never into the table.
  *
  * File: common/snapfile.h container, role "shard", payload block by block: the block's weights (n x D fp32)
- * then its momentum (n x D fp32). Written to <root>/step-<T>/shard-<s>-of-<S>.snap with temp + fsync + rename
- * + folder fsync; progress (rows, MB/s) is logged every ~2 s and at the end.
+ * then its momentum (n x D fp32); the header carries the run identity and, with a key, an HMAC. Written to
+ * <root>/step-<T>/shard-<s>-of-<S>.snap with temp + fsync + rename + folder fsync; progress (rows, MB/s) is
+ * logged every ~2 s and at the end.
  *
  * Loading: rows are redistributed on load, so a checkpoint written by S servers loads into S' servers: class
  * c (local row c div S of old shard c mod S) goes to local row c div S' of new shard c mod S'. */
@@ -20,15 +21,19 @@
 
 #include <stdint.h>
 
+#include "common/ckpt_ident.h"
+#include "common/snapfile.h"
 #include "server/shard.h"
 
 typedef struct snap_job snap_job;
 
-/* Starts writing shard `sh` as it stands now, as checkpoint `step` under `root`, on a new thread. From now
- * on every change to a row must be preceded by snap_before_update for that row, until snap_finish. The caller
- * must not let anything change the table between the last apply and this call. Returns 0, or -errno with a
- * message (folder not creatable, out of memory: nothing started). */
-int snap_start(shard *sh, const char *root, int64_t step, snap_job **out);
+/* Starts writing shard `sh` as it stands now, as checkpoint `step` under `root`, on a new thread; the file
+ * carries identity id and, when key is not NULL, its HMAC (both copied). From now on every change to a row
+ * must be preceded by snap_before_update for that row, until snap_finish. The caller must not let anything
+ * change the table between the last apply and this call. Returns 0, or -errno with a message (folder not
+ * creatable, out of memory: nothing started). */
+int snap_start(shard *sh, const char *root, int64_t step, const ckpt_ident *id, const snapfile_key *key,
+               snap_job **out);
 
 /* Called by a thread about to change local row `lrow` (weights or momentum): when the row's block is not yet
  * saved, copies it aside first (or waits while another thread copies it). Thread-safe; O(1) once the block
@@ -49,16 +54,19 @@ int snap_finish(snap_job *j);
  * one, and step folders left empty. Never touches the checkpoint `protect` (the one just written). */
 void snap_prune(const char *root, int rank, int keep, int64_t protect);
 
-/* Checks that checkpoint `step` under root is usable by shard `rank` of `servers` for C classes of
- * dimension D: every file it needs (all shard-<i>-of-<S0>.snap of one S0) is present, names the same S0, C, D
- * and step, and its payload hashes right. Returns 0 (with *old_servers = S0), or a negative code with the
- * first problem (file and what is wrong) in pf_errmsg(). */
-int snap_check(const char *root, int64_t step, int64_t num_classes, int dim, int *old_servers);
+/* Checks that checkpoint `step` under root is usable by a server of a run with C classes of dimension D:
+ * every file it needs (all shard-<i>-of-<S0>.snap of one S0) is present, a regular file, with a header whose
+ * fields agree with each other and with its name (snapfile_check_fields, snapfile_check_member), the same C
+ * and D, the same run identity as shard-0-of-<S0>.snap's (run_id, seed, config_digest), its HMAC verified
+ * when key is not NULL, and its payload hashing right. Returns 0 (with *old_servers = S0 and *id = the
+ * files' identity), or a negative code with the first problem (file and field) in pf_errmsg(). */
+int snap_check(const char *root, int64_t step, int64_t num_classes, int dim, const snapfile_key *key,
+               int *old_servers, ckpt_ident *id);
 
 /* Loads checkpoint `step` under root into sh (redistributing rows when it was written by another number of
- * servers), verifying every file's digest as it reads. Every row of sh is set. Returns 0, or a negative code
- * naming the file and the problem; on failure sh's content is unspecified and the caller must not serve it.
- */
-int snap_load(shard *sh, const char *root, int64_t step);
+ * servers), verifying every file as snap_check does as it reads, and (expect not NULL) that the files carry
+ * identity *expect. Every row of sh is set. Returns 0, or a negative code naming the file and the problem; on
+ * failure sh's content is unspecified and the caller must not serve it. */
+int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key, const ckpt_ident *expect);
 
 #endif

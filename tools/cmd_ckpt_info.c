@@ -8,23 +8,25 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "common/checked.h"
 #include "common/ckpt.h"
 #include "common/err.h"
 #include "common/file.h"
 #include "common/snapfile.h"
 #include "tools/opts.h"
+#include "worker/model/model.h"
 
 static const char ckpt_info_usage[] =
     "usage: pfcps ckpt-info [--newest] DIR\n"
     "  DIR: a run's output folder (its snapshots/ is read) or a checkpoint root (snapshot_dir).\n"
-    "  One line per checkpoint step, newest first: complete or not (every member's files present and "
-    "valid),\n"
-    "  members present, bytes, the SHA-256 of the class-center table in class order (weights then momentum "
-    "of\n"
-    "  class 0, 1, ...: the same whatever number of servers held it) and of worker 0's backbone file.\n"
-    "  The first problem of an incomplete checkpoint is named. --newest: print only the newest complete "
-    "step\n"
-    "  (0 when there is none).";
+    "  One line per checkpoint step, newest first: complete or not (every member's files present,\n"
+    "  valid and of one run: the same run id, seed and config digest), members present, bytes, the\n"
+    "  SHA-256 of the class-center table in class order (weights then momentum of class 0, 1, ...:\n"
+    "  the same whatever number of servers held it), of worker 0's backbone (its tensors, parameters\n"
+    "  then BN statistics), and the run id. The first problem of an incomplete checkpoint is named\n"
+    "  (file and field). With PFCPS_SECRET set, every .snap's HMAC is verified too (a file forged or\n"
+    "  written under another secret is refused); without it only the digests are, and a line says so.\n"
+    "  --newest: print only the newest complete step (0: none).";
 
 static void hex(const uint8_t *d, char *out)
 {
@@ -46,8 +48,32 @@ typedef struct shard_in {
     int64_t block_rows;
 } shard_in;
 
-/* Verifies every shard file of the step and hashes the table in class order into d. S0 files of C x D. */
-static int table_digest(const char *root, int64_t step, int S0, uint8_t d[32], long long *bytes)
+/* The identity every file of a step must carry: the first file's (ref_what names it). */
+typedef struct step_ident {
+    int set;
+    ckpt_ident id;
+    char what[4400];
+} step_ident;
+
+/* Checks that the file `path` carries identity *id: the first one sets it. */
+static int same_run(step_ident *si, const char *path, const ckpt_ident *id)
+{
+    char diff[400];
+    if (!si->set) {
+        si->set = 1;
+        si->id = *id;
+        snprintf(si->what, sizeof si->what, "%s's", path);
+        return 0;
+    }
+    if (ckpt_ident_diff(id, &si->id, diff, sizeof diff) == 0)
+        return 0;
+    return pf_err(-EINVAL, "%s: another run's file: header fields %s (this vs %s)", path, diff, si->what);
+}
+
+/* Verifies every shard file of the step (key: NULL or the checkpoint key) and hashes the table in class order
+ * into d. S0 files of C x D, all of one run (si). */
+static int table_digest(const char *root, int64_t step, int S0, const snapfile_key *key, step_ident *si,
+                        uint8_t d[32], long long *bytes)
 {
     shard_in *in = calloc((size_t)S0, sizeof *in);
     EVP_MD_CTX *c = EVP_MD_CTX_new();
@@ -59,28 +85,27 @@ static int table_digest(const char *root, int64_t step, int S0, uint8_t d[32], l
         char p[4300];
         ckpt_member_path(root, step, "shard", s, S0, ".snap", p, sizeof p);
         *bytes += file_size(p);
-        if ((rc = snapfile_open(&in[s].r, p)) < 0)
+        /* snapfile_open checks every field against the others (rows of this rank, block_rows, payload). */
+        if ((rc = snapfile_open(&in[s].r, p, key)) < 0)
             break;
         opened = s + 1;
         const snapfile_meta *m = &in[s].r.m;
-        if (strcmp(m->role, "shard") || m->rank != s || m->servers != S0 || m->step != step)
-            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", p, m->role, m->rank, m->servers,
-                        (long long)m->step);
-        else if (C >= 0 && (m->num_classes != C || m->dim != D))
-            rc = pf_err(-EINVAL, "%s: C=%lld D=%d, shard 0 says C=%lld D=%d", p, (long long)m->num_classes,
-                        m->dim, (long long)C, D);
-        else if (m->dim <= 0 || m->block_rows < 1 ||
-                 m->rows != (m->num_classes > s ? (m->num_classes - s + S0 - 1) / S0 : 0) ||
-                 m->payload_bytes != (uint64_t)m->rows * (uint64_t)m->dim * 8u)
+        rc = snapfile_check_member(m, p, "shard", step, s, S0);
+        if (rc == 0 && C >= 0 && (m->num_classes != C || m->dim != D))
             rc = pf_err(-EINVAL,
-                        "%s: rows %lld, D %d, block %lld and %llu payload bytes do not fit shard %d of %d", p,
-                        (long long)m->rows, m->dim, (long long)m->block_rows,
-                        (unsigned long long)m->payload_bytes, s, S0);
+                        "%s: header fields num_classes = %lld, embedding_size = %d; shard 0 says C=%lld D=%d",
+                        p, (long long)m->num_classes, m->dim, (long long)C, D);
+        if (rc == 0)
+            rc = same_run(si, p, &m->id);
         C = m->num_classes;
         D = m->dim;
         in[s].block_rows = m->block_rows;
-        if (rc == 0 && !(in[s].buf = malloc(sizeof(float) * 2 * (size_t)m->block_rows * (size_t)D)))
-            rc = pf_err(-ENOMEM, "out of memory");
+        size_t block = 0;
+        if (rc == 0 && pf_mul3_size((size_t)m->block_rows, (size_t)D, 2 * sizeof(float), &block) < 0)
+            rc = pf_err(-EINVAL, "%s: header field block_rows = %lld: a block overflows", p,
+                        (long long)m->block_rows);
+        if (rc == 0 && !(in[s].buf = malloc(block)))
+            rc = pf_err(-ENOMEM, "%s: out of memory for a block of %zu bytes", p, block);
     }
     for (int64_t cls = 0; rc == 0 && cls < C; cls++) {
         shard_in *x = &in[cls % S0];
@@ -110,9 +135,10 @@ static int table_digest(const char *root, int64_t step, int S0, uint8_t d[32], l
     return rc;
 }
 
-/* Verifies every worker file of the step; *W0 writers; worker 0's .model digest into d. */
-static int workers_check(const char *root, int64_t step, int *W0, int *present, uint8_t d[32],
-                         long long *bytes)
+/* Verifies every worker file of the step (key: NULL or the checkpoint key), all of one run (si); *W0
+ * writers; the digest of worker 0's backbone (its tensors: the file also holds the run identity) into d. */
+static int workers_check(const char *root, int64_t step, const snapfile_key *key, step_ident *si, int *W0,
+                         int *present, uint8_t d[32], long long *bytes)
 {
     int count = 0, of = 0;
     if (ckpt_scan_members(root, step, "worker", ".snap", &count, &of, NULL, 0) < 0 || count == 0)
@@ -126,15 +152,17 @@ static int workers_check(const char *root, int64_t step, int *W0, int *present, 
         char sp[4300], mp[4300];
         ckpt_member_path(root, step, "worker", w, of, ".snap", sp, sizeof sp);
         ckpt_member_path(root, step, "worker", w, of, ".model", mp, sizeof mp);
+        *bytes += file_size(sp) + file_size(mp);
         snapfile_reader rd;
-        if ((rc = snapfile_open(&rd, sp)) < 0)
+        if ((rc = snapfile_open(&rd, sp, key)) < 0)
             break;
-        const snapfile_meta *m = &rd.m;
+        const snapfile_meta m = rd.m;
         uint32_t nsc = 0;
-        uint8_t recorded[32], md[32];
-        if (strcmp(m->role, "worker") || m->rank != w || m->workers != of || m->step != step)
-            rc = pf_err(-EINVAL, "%s: header says %s %d of %d, step %lld", sp, m->role, m->rank, m->workers,
-                        (long long)m->step);
+        uint8_t recorded[32], md[32], td[32];
+        char diff[400];
+        rc = snapfile_check_member(&m, sp, "worker", step, w, of);
+        if (rc == 0)
+            rc = same_run(si, sp, &m.id);
         /* payload: u32 count, count x 32-byte scalars (worker/resume.h), the .model's SHA-256, the arrays */
         if (rc == 0)
             rc = snapfile_read(&rd, &nsc, 4);
@@ -145,14 +173,43 @@ static int workers_check(const char *root, int64_t step, int *W0, int *present, 
         if (rc == 0)
             rc = snapfile_finish(&rd);
         snapfile_close(&rd);
-        *bytes += file_size(sp) + file_size(mp);
+        /* The .model: its digest is the one the .snap recorded, its identity extras the .snap's. */
+        ckpt_ident mid;
         if (rc == 0 && (rc = pf_file_sha256(mp, md)) == 0 && memcmp(md, recorded, 32) != 0)
             rc = pf_err(-EINVAL, "%s: digest does not match the one its .snap recorded (corrupt or replaced)",
                         mp);
+        if (rc == 0)
+            rc = model_file_ident(mp, &mid, NULL, td);
+        if (rc == 0 && ckpt_ident_diff(&mid, &m.id, diff, sizeof diff) != 0)
+            rc = pf_err(-EINVAL, "%s: its identity extras differ from %s's header: %s (.model vs .snap)", mp,
+                        sp, diff);
         if (rc == 0 && w == 0)
-            memcpy(d, md, 32);
+            memcpy(d, td, 32);
     }
     return rc;
+}
+
+/* The checkpoint root of DIR (DIR/snapshots when that is a folder, else DIR) into root. Returns 0, or 1
+ * after printing why DIR is no checkpoint root (missing, not a folder, unreadable). */
+static int find_root(const char *dir, char *root, size_t cap)
+{
+    struct stat st;
+    snprintf(root, cap, "%s/snapshots", dir);
+    if (stat(root, &st) == 0 && S_ISDIR(st.st_mode))
+        return 0;
+    snprintf(root, cap, "%s", dir);
+    if (stat(root, &st) != 0) {
+        fprintf(stderr, "pfcps ckpt-info: %s: %s\n", dir,
+                errno == ENOENT   ? "no such folder"
+                : errno == EACCES ? "permission denied"
+                                  : strerror(errno));
+        return 1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "pfcps ckpt-info: %s: %s, not a folder\n", dir, pf_file_kind(&st));
+        return 1;
+    }
+    return 0;
 }
 
 int cmd_ckpt_info(int argc, char **argv)
@@ -175,23 +232,38 @@ int cmd_ckpt_info(int argc, char **argv)
         return 2;
     }
     char root[4096];
-    snprintf(root, sizeof root, "%s/snapshots", dir);
-    struct stat st;
-    if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode))
-        snprintf(root, sizeof root, "%s", dir);
-    if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fprintf(stderr, "pfcps ckpt-info: %s: no such folder\n", dir);
+    if (find_root(dir, root, sizeof root))
         return 1;
+    /* The checkpoint key, when the join secret is known: every .snap's HMAC is verified. */
+    const char *secret = getenv("PFCPS_SECRET");
+    snapfile_key key;
+    const snapfile_key *kp = NULL;
+    if (secret && *secret) {
+        if (snapfile_key_derive(secret, &key) < 0) {
+            fprintf(stderr, "pfcps ckpt-info: %s\n", pf_errmsg());
+            return 1;
+        }
+        kp = &key;
     }
     int64_t *steps;
     int n = ckpt_list_steps(root, &steps);
-    if (!newest)
+    if (n < 0) {
+        fprintf(stderr, "pfcps ckpt-info: %s\n", pf_errmsg());
+        return 1;
+    }
+    if (!newest) {
         printf("checkpoints in %s: %d\n", root, n);
+        printf("%s\n",
+               kp ? "authenticated: every .snap's HMAC verified with the key of PFCPS_SECRET"
+                  : "not authenticated: PFCPS_SECRET is not set, so only the digests were verified (a "
+                    "file forged with recomputed digests is not caught)");
+    }
     int64_t best = 0;
     for (int i = 0; i < n; i++) {
         int count = 0, S0 = 0, W0 = 0, wpresent = 0;
         long long bytes = 0;
         uint8_t td[32] = {0}, bd[32] = {0};
+        step_ident si = {0};
         ckpt_scan_members(root, steps[i], "shard", ".snap", &count, &S0, NULL, 0);
         int rc = 0;
         if (count == 0)
@@ -201,11 +273,11 @@ int cmd_ckpt_info(int argc, char **argv)
         else if (count != S0)
             rc = pf_err(-ENOENT, "%d of %d shard files", count, S0);
         else
-            rc = table_digest(root, steps[i], S0, td, &bytes);
-        char why[600] = "";
+            rc = table_digest(root, steps[i], S0, kp, &si, td, &bytes);
+        char why[PF_ERRMSG_MAX] = "";
         if (rc < 0)
             snprintf(why, sizeof why, "%s", pf_errmsg());
-        int wrc = workers_check(root, steps[i], &W0, &wpresent, bd, &bytes);
+        int wrc = workers_check(root, steps[i], kp, &si, &W0, &wpresent, bd, &bytes);
         if (wrc == 0 && wpresent != W0)
             wrc = pf_err(-ENOENT, "%d of %d worker files", wpresent, W0);
         if (wrc < 0 && rc == 0) {
@@ -216,14 +288,15 @@ int cmd_ckpt_info(int argc, char **argv)
             best = steps[i];
         if (newest)
             continue;
-        char th[65] = "-", bh[65] = "-";
+        char th[65] = "-", bh[65] = "-", rid[2 * CKPT_RUN_ID_BYTES + 1] = "-";
         if (rc == 0) {
             hex(td, th);
             hex(bd, bh);
+            ckpt_run_id_hex(si.id.run_id, rid);
         }
-        printf("step %lld: %s  shards %d/%d  workers %d/%d  %.1f MB  table %s  backbone %s%s%s\n",
+        printf("step %lld: %s  shards %d/%d  workers %d/%d  %.1f MB  table %s  backbone %s  run %s%s%s\n",
                (long long)steps[i], rc == 0 ? "complete" : "INCOMPLETE", count, S0 > 0 ? S0 : 0, wpresent,
-               W0 > 0 ? W0 : 0, (double)bytes / 1e6, th, bh, rc == 0 ? "" : "  problem: ", why);
+               W0 > 0 ? W0 : 0, (double)bytes / 1e6, th, bh, rid, rc == 0 ? "" : "  problem: ", why);
     }
     free(steps);
     if (newest)

@@ -49,10 +49,12 @@ int cmd_export(int argc, char **argv);
  * compute (tools/plan.h). Exit 1 when no server count fits (or --servers is too few). */
 int cmd_plan(int argc, char **argv);
 
-/* `pfcps ckpt-info [--newest] DIR`: the checkpoints under a run's output (DIR/snapshots) or a checkpoint root:
- * per step, complete or not (every member's files present and verified: common/snapfile.h), members, bytes,
- * the SHA-256 of the class-center table in class order (independent of the number of servers) and of worker
- * 0's backbone file; --newest prints only the newest complete step (0: none). Exit 1 when DIR is missing. */
+/* `pfcps ckpt-info [--newest] DIR`: the checkpoints under a run's output (DIR/snapshots) or a checkpoint
+ * root: per step, complete or not (every member's files present, verified and of one run: common/snapfile.h,
+ * common/ckpt.h; with PFCPS_SECRET set, every .snap's HMAC too), members, bytes, the SHA-256 of the
+ * class-center table in class order (independent of the number of servers), of worker 0's backbone (its
+ * tensors), and the run id; --newest prints only the newest complete step (0: none). Exit 1 when DIR is
+ * missing, not a folder or cannot be read. */
 int cmd_ckpt_info(int argc, char **argv);
 
 #endif

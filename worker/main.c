@@ -127,6 +127,7 @@ typedef struct worker_daemon {
     int port;
     trainer *t;
     ctl_session *sess;
+    snapfile_key key; /* the checkpoint key, from the join secret (its .snap files carry its HMAC) */
 } worker_daemon;
 
 static int parse_long(const char *s, long lo, long hi, long *out)
@@ -250,26 +251,34 @@ static int check_local(const worker_daemon *d)
     return d->rank == 0 ? check_outputs(cfg) : 0;
 }
 
-/* ckpt_step_check for this worker: its own .model and .snap files of the step verified (wresume_check). */
-static int worker_step_usable(const char *root, int64_t step, void *arg)
+/* ckpt_step_check for this worker: its own .model and .snap files of the step verified, HMAC included, and
+ * agreeing on the run identity (wresume_check). */
+static int worker_step_usable(const char *root, int64_t step, void *arg, ckpt_ident *id)
 {
     const worker_daemon *d = arg;
     int r = 0, W0 = 0;
-    return wresume_check(root, step, (int)d->rank, d->cfg.workers, &r, &W0);
+    return wresume_check(root, step, (int)d->rank, d->cfg.workers, &d->key, &r, &W0, id);
 }
 
-/* resume = true: the checkpoint steps whose worker files this worker could load (worker/resume.h), reported
- * at join so that the rendezvous picks the newest step every member holds (ckpt_resume_steps). */
-static void list_resume_steps(worker_daemon *d)
+/* resume = true: the checkpoint steps whose worker files this worker could load (worker/resume.h), with their
+ * identities, reported at join so that the rendezvous picks the newest step every member holds
+ * (ckpt_resume_steps). Returns 0, or -1 after logging when the checkpoint root cannot be read. */
+static int list_resume_steps(worker_daemon *d)
 {
     if (!d->cfg.resume)
-        return;
+        return 0;
     char root[4096], who[32];
     ckpt_root(&d->cfg, root, sizeof root);
     snprintf(who, sizeof who, "worker %ld", d->rank);
-    int64_t ok[CTL_MAX_RESUME_STEPS];
-    int k = ckpt_resume_steps(root, "worker", who, worker_step_usable, d, ok, CTL_MAX_RESUME_STEPS);
-    ctl_set_resume_steps(ok, (size_t)k);
+    static int64_t ok[CTL_MAX_RESUME_STEPS];
+    static ckpt_ident ids[CTL_MAX_RESUME_STEPS];
+    int k = ckpt_resume_steps(root, "worker", who, worker_step_usable, d, ok, ids, CTL_MAX_RESUME_STEPS);
+    if (k < 0) {
+        log_error("resume = true: %s", pf_errmsg());
+        return -1;
+    }
+    ctl_set_resume_steps(ok, ids, (size_t)k);
+    return 0;
 }
 
 /* Opens the two fabric endpoints and joins the run at the rendezvous (retrying through ctl_timeout), taking
@@ -288,7 +297,12 @@ static int join_run(worker_daemon *d)
         log_error("%s", pf_errmsg());
         return -1;
     }
-    list_resume_steps(d);
+    if (snapfile_key_derive(d->secret, &d->key) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
+    if (list_resume_steps(d) < 0)
+        return -1;
     log_info("fabric provider %s; joining the run at %s:%d", d->cfg.provider, d->host, d->port);
     int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_WORKER, (int)d->rank, addr, alen, d->secret, "",
                          &d->sess, &d->run);

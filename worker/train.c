@@ -295,7 +295,8 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
     amp_extras(t, x);
     if (rc == 0)
         rc = wresume_save(t->ckpt_root, step, t->rank, t->W, t->m, x, t->loss_scaling ? 2 : 0, &st,
-                          (const float *const *)host, na, t->nparams);
+                          (const float *const *)host, na, t->nparams, &t->ckpt_id,
+                          t->ckpt_keyed ? &t->ckpt_key : NULL);
     free(host[0]);
     free(host[1]);
     if (rc < 0) {

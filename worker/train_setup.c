@@ -337,6 +337,15 @@ int train_opt_arrays(trainer *t, float **a)
 static int setup_resume(trainer *t, const ctl_book *book)
 {
     ckpt_root(&t->run, t->ckpt_root, sizeof t->ckpt_root);
+    /* The identity and key every file of this run's checkpoints carries. */
+    const char *secret = t->opts.secret ? t->opts.secret : t->run.secret;
+    int rc0 = ckpt_ident_of(&t->run, book->run_id, &t->ckpt_id);
+    if (rc0 == 0 && secret && *secret) {
+        rc0 = snapfile_key_derive(secret, &t->ckpt_key);
+        t->ckpt_keyed = rc0 == 0;
+    }
+    if (rc0 < 0)
+        return rc0;
     if (book->resume_step <= 0)
         return 0;
     const int64_t T = book->resume_step;
@@ -346,7 +355,8 @@ static int setup_resume(trainer *t, const ctl_book *book)
         if (!(host[a] = malloc(sizeof(float) * (t->nparams ? t->nparams : 1))))
             rc = pf_err(-ENOMEM, "out of memory loading the optimizer state");
     if (rc == 0)
-        rc = wresume_load(t->ckpt_root, T, t->rank, t->W, t->m, &t->resumed, host, na, t->nparams);
+        rc = wresume_load(t->ckpt_root, T, t->rank, t->W, t->ckpt_keyed ? &t->ckpt_key : NULL, &t->ckpt_id,
+                          t->m, &t->resumed, host, na, t->nparams);
     for (int a = 0; a < na && rc == 0; a++)
         rc = t->wd.dev->mem_h2d(t->wd.ctx, dev[a], host[a], sizeof(float) * t->nparams);
     free(host[0]);

@@ -68,6 +68,10 @@ struct trainer {
     char ckpt_root[4096];  /* checkpoints (common/ckpt.h) */
     int64_t start_step;    /* > 0: resumed from this checkpoint step */
     wresume_state resumed; /* the scalars loaded with it */
+    ckpt_ident ckpt_id;    /* the run identity its files carry: the book's run id, the run config's seed and
+                              config digest */
+    int ckpt_keyed;        /* its .snap files carry an HMAC under ckpt_key (a join secret is known) */
+    snapfile_key ckpt_key; /* snapfile_key_derive of the join secret */
 };
 
 /* mkdir -p: creates `path` and its parents (mode 0755). Returns 0 or -errno, the message naming the path. */

@@ -19,7 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!f)
         return 0;
     snapfile_reader r;
-    int rc = snapfile_open_stream(&r, f, (int64_t)size, "fuzz.snap");
+    int rc = snapfile_open_stream(&r, f, (int64_t)size, "fuzz.snap", NULL);
     if (rc == 0) {
         rc = snapfile_finish(&r);
         if (rc == 0 && (uint64_t)size != SNAPFILE_HDR_AREA + r.m.payload_bytes)

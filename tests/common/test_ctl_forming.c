@@ -26,7 +26,7 @@ static void join(ctl_roster *r, ctl_role role, int rank, const int64_t *steps, s
     assert_int_equal(adm.code, 0);
     assert_string_equal(adm.reason, "");
     int seat = adm.seat;
-    ctl_roster_take(r, seat, &holder[seat], "127.0.0.1:4000", steps, n);
+    ctl_roster_take(r, seat, &holder[seat], "127.0.0.1:4000", steps, NULL, n);
 }
 
 /* The resume step of a roster of S servers + W workers whose members list steps[i][0..n[i]) (seat order:
@@ -38,7 +38,8 @@ static int64_t resume_of(int S, int W, const int64_t *const *steps, const size_t
     for (int i = 0; i < S + W; i++)
         join(&r, i < S ? CTL_ROLE_SERVER : CTL_ROLE_WORKER, i < S ? i : i - S, steps[i], n[i]);
     assert_true(ctl_roster_complete(&r));
-    int64_t t = ctl_roster_resume_step(&r, reason, cap);
+    uint8_t run_id[CKPT_RUN_ID_BYTES];
+    int64_t t = ctl_roster_resume_step(&r, reason, cap, run_id);
     ctl_roster_free(&r);
     return t;
 }
@@ -78,7 +79,7 @@ static void test_admit_before_forming(void **state)
 
     assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_WORKER, 1, &adm), 0);
     assert_int_equal(adm.seat, 3);
-    assert_int_equal(ctl_roster_take(&r, 3, &holder[0], "10.0.0.1:5000", NULL, 0), 1);
+    assert_int_equal(ctl_roster_take(&r, 3, &holder[0], "10.0.0.1:5000", NULL, NULL, 0), 1);
     assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_WORKER, 1, &adm), EAGAIN);
     assert_int_equal(adm.restarted, 0);
     assert_string_equal(
@@ -210,8 +211,65 @@ static void test_resume_from_scratch(void **state)
     const int64_t c[] = {10};
     join(&r, CTL_ROLE_SERVER, 0, c, 1);
     join(&r, CTL_ROLE_WORKER, 0, c, 1);
-    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason), 0);
+    uint8_t run_id[CKPT_RUN_ID_BYTES];
+    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), 0);
     assert_string_equal(reason, "resume = false: starting from scratch");
+    ctl_roster_free(&r);
+}
+
+/* Identities: a step whose files are of another run on some seat, or of another config than the run's, is
+ * skipped with the seat and the fields named; the chosen step's run id comes back. */
+static void test_resume_identity(void **state)
+{
+    (void)state;
+    ckpt_ident a = {.seed = 2048}, b = {.seed = 7}, cur = {.seed = 2048};
+    memset(a.run_id, 0xaa, sizeof a.run_id);
+    memset(b.run_id, 0xbb, sizeof b.run_id);
+    memset(a.config_digest, 1, sizeof a.config_digest);
+    memset(b.config_digest, 2, sizeof b.config_digest);
+    cur = a;
+    const int64_t steps[] = {12, 8};
+    const ckpt_ident same[] = {a, a}, foreign12[] = {b, a}, foreign_both[] = {b, b};
+    char reason[1024];
+    uint8_t run_id[CKPT_RUN_ID_BYTES] = {0};
+
+    /* server[1] holds step 12 from another run: 12 skipped, 8 chosen with its run id. */
+    ctl_roster r;
+    assert_int_equal(ctl_roster_init(&r, 2, 1, 1), 0);
+    const ckpt_ident *ids[] = {same, foreign12, same};
+    for (int i = 0; i < 3; i++) {
+        ctl_admission adm;
+        assert_int_equal(ctl_roster_admit(&r, i < 2 ? CTL_ROLE_SERVER : CTL_ROLE_WORKER, i < 2 ? i : 0, &adm),
+                         0);
+        ctl_roster_take(&r, adm.seat, &holder[adm.seat], "127.0.0.1:4000", steps, ids[i], 2);
+    }
+    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), 8);
+    assert_memory_equal(run_id, a.run_id, sizeof run_id);
+    assert_non_null(strstr(reason,
+                           "step 12 skipped: server[1]'s files are of another run than server[0]'s: "
+                           "run_id bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb vs aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa, "
+                           "seed 7 vs 2048, config_digest 0202020202020202... vs 0101010101010101...; "
+                           "step 8 is the newest checkpoint complete on all 3 members"));
+    ctl_roster_free(&r);
+
+    /* Every seat agrees, but on another config than the run's: nothing is resumed; the run id is untouched.
+     */
+    assert_int_equal(ctl_roster_init(&r, 1, 1, 1), 0);
+    r.has_expect = 1;
+    r.expect = cur;
+    for (int i = 0; i < 2; i++) {
+        ctl_admission adm;
+        assert_int_equal(ctl_roster_admit(&r, i < 1 ? CTL_ROLE_SERVER : CTL_ROLE_WORKER, 0, &adm), 0);
+        ctl_roster_take(&r, adm.seat, &holder[adm.seat], "127.0.0.1:4000", steps, foreign_both, 2);
+    }
+    memset(run_id, 0x11, sizeof run_id);
+    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), 0);
+    assert_int_equal(run_id[0], 0x11);
+    assert_non_null(strstr(reason,
+                           "step 12 skipped: written by a run with another config: seed 7 vs 2048, "
+                           "config_digest 0202020202020202... vs 0101010101010101... (the files vs this "
+                           "run's config); step 8 skipped"));
+    assert_non_null(strstr(reason, "no checkpoint is complete on all 2 members: starting from scratch"));
     ctl_roster_free(&r);
 }
 
@@ -263,6 +321,7 @@ int main(void)
         cmocka_unit_test(test_server_leave),
         cmocka_unit_test(test_resume_newest_common),
         cmocka_unit_test(test_resume_from_scratch),
+        cmocka_unit_test(test_resume_identity),
         cmocka_unit_test(test_resume_reason_truncated),
         cmocka_unit_test(test_never_joined),
     };

@@ -140,6 +140,22 @@ static void test_bad_messages(void **state)
     big[sizeof big - 1] = '\0';
     make_join(&m, &j, mac, 32, big);
     expect_msg_proto(&m, "fabric address");
+    /* resume steps: one identity each, of the right lengths */
+    int64_t steps[2] = {8, 12};
+    Pfcps__CheckpointIdent id = PFCPS__CHECKPOINT_IDENT__INIT, *ids[2] = {&id, &id};
+    id.run_id.data = mac;
+    id.run_id.len = CKPT_RUN_ID_BYTES;
+    id.config_digest.data = mac;
+    id.config_digest.len = CKPT_DIGEST_BYTES;
+    make_join(&m, &j, mac, 32, "a");
+    j.resume_steps = steps;
+    j.n_resume_steps = 2;
+    j.resume_idents = ids;
+    j.n_resume_idents = 1;
+    expect_msg_proto(&m, "1 resume identities for 2 resume steps");
+    j.n_resume_idents = 2;
+    id.run_id.len = 8;
+    expect_msg_proto(&m, "resume identity 0: run_id must be 16 bytes");
 
     Pfcps__Hello h = PFCPS__HELLO__INIT;
     h.nonce.data = mac;
@@ -172,8 +188,16 @@ static void test_book_from_reply(void **state)
     r.num_workers = 2;
     r.num_classes = 77;
     r.config_text = (char *)"num_classes = 77\n";
+    uint8_t run_id[CKPT_RUN_ID_BYTES];
+    memset(run_id, 0x5a, sizeof run_id);
+    r.run_id.data = run_id;
+    r.run_id.len = sizeof run_id - 1; /* a run id must be 16 bytes */
     ctl_book b;
+    assert_int_equal(ctl_book_from_reply(&r, &b), -EPROTO);
+    assert_non_null(strstr(pf_errmsg(), "run_id of 15 bytes"));
+    r.run_id.len = sizeof run_id;
     assert_int_equal(ctl_book_from_reply(&r, &b), 0);
+    assert_memory_equal(b.run_id, run_id, sizeof run_id);
     assert_int_equal(b.num_servers, 1);
     assert_int_equal(b.num_workers, 2);
     assert_int_equal(b.num_classes, 77);
@@ -248,6 +272,8 @@ static int write_corpus(const char *dir)
     r.num_workers = 1;
     r.num_classes = 1000;
     r.config_text = (char *)"[train]\nnum_classes = 1000\n[data]\nrec = synthetic\n";
+    r.run_id.data = nonce;
+    r.run_id.len = CKPT_RUN_ID_BYTES;
     pfcps__ctl_message__init(&m);
     m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
     m.join_reply = &r;

@@ -9,7 +9,16 @@
  *    missing shard file, a file of another C or D, a renamed file (shard 1 of 2): every one refused by
  *    snap_check / snap_load with a message naming the file; the intact file still loads.
  * 4. disk errors: a checkpoint root that is a file (nothing can be created) fails snap_start with a message;
- *    /dev/full as the temp file's target fails the write, and the previous checkpoint stays complete. */
+ *    /dev/full as the temp file's target fails the write, and the previous checkpoint stays complete.
+ * 5. files that lie (a 2-shard checkpoint written with the checkpoint key of a secret): header fields
+ * rewritten with the header's SHA-256 and HMAC recomputed (a forger who holds the secret), block_rows = 2^54
+ * in both shards first (whose 2 x block_rows x D x 4 wraps to 0 in 64 bits), then rows, embedding_size,
+ *    num_classes, shard_id, num_servers, payload_bytes, step, kind, format_version: every one refused by
+ *    snap_check, snap_load and `pfcps ckpt-info` (argv[1], with and without PFCPS_SECRET) naming the file and
+ *    the field; a field rewritten without the key: refused by the HMAC with the key, by the run identity
+ *    without it; a shard of another run (run id, seed): refused naming both files and the fields, and by
+ *    snap_load against the resumed run's identity; files without an HMAC refused by a reader with the key; a
+ *    folder and a FIFO in place of a shard file: "a directory, not a regular file", the FIFO at once. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +33,9 @@
 #include "common/snapfile.h"
 #include "server/ps_server.h"
 #include "server/snapshot.h"
-#include "tests/server/ps_server_inject.h"
 #include "tests/check.h"
+#include "tests/common/snapfile_forge.h"
+#include "tests/server/ps_server_inject.h"
 
 enum { C = 20000, D = 256, W = 2 };
 
@@ -98,7 +108,7 @@ static void push(ps_server *s, int w, int64_t t, int all, uint32_t flags)
 static int read_snapshot(const char *path, float *w, float *v)
 {
     snapfile_reader r;
-    int rc = snapfile_open(&r, path);
+    int rc = snapfile_open(&r, path, NULL);
     if (rc < 0)
         return rc;
     for (int64_t r0 = 0; rc == 0 && r0 < r.m.rows; r0 += r.m.block_rows) {
@@ -142,7 +152,218 @@ static void copy_file(const char *from, const char *to)
         exit(1);
 }
 
-int main(void)
+/* Part 5: one header field to rewrite (forge_file's edit), named as a refusal must name it. */
+typedef struct forged_field {
+    const char *field;
+    int64_t value;
+} forged_field;
+
+static void set_field(Pfcps__SnapshotHeader *h, void *arg)
+{
+    const forged_field *f = arg;
+    if (!strcmp(f->field, "block_rows"))
+        h->block_rows = f->value;
+    else if (!strcmp(f->field, "rows"))
+        h->rows = f->value;
+    else if (!strcmp(f->field, "embedding_size"))
+        h->embedding_size = (int32_t)f->value;
+    else if (!strcmp(f->field, "num_classes"))
+        h->num_classes = f->value;
+    else if (!strcmp(f->field, "shard_id"))
+        h->shard_id = (int32_t)f->value;
+    else if (!strcmp(f->field, "num_servers"))
+        h->num_servers = (int32_t)f->value;
+    else if (!strcmp(f->field, "payload_bytes"))
+        h->payload_bytes = (uint64_t)f->value;
+    else if (!strcmp(f->field, "step"))
+        h->step = f->value;
+    else if (!strcmp(f->field, "seed"))
+        h->seed = (uint64_t)f->value;
+    else if (!strcmp(f->field, "format_version"))
+        h->format_version = (uint32_t)f->value;
+    else if (!strcmp(f->field, "kind")) {
+        free(h->kind); /* the decoded header's strings are freed with it */
+        h->kind = strdup("worker");
+        h->num_workers = 2; /* a consistent worker file, but named as a shard */
+    }
+}
+
+/* `pfcps ckpt-info dir` (pfcps: its path, NULL: not run), with PFCPS_SECRET = secret (NULL: unset), must show
+ * step T INCOMPLETE naming `file` and `what`. */
+static void ckpt_info_refuses(const char *pfcps, const char *dir, const char *secret, int64_t step,
+                              const char *file, const char *what)
+{
+    if (!pfcps)
+        return;
+    char out[600], cmd[2400];
+    snprintf(out, sizeof out, "%s.info", dir);
+    if (secret)
+        snprintf(cmd, sizeof cmd, "PFCPS_SECRET='%s' '%s' ckpt-info '%s' > '%s' 2>&1", secret, pfcps, dir,
+                 out);
+    else
+        snprintf(cmd, sizeof cmd, "env -u PFCPS_SECRET '%s' ckpt-info '%s' > '%s' 2>&1", pfcps, dir, out);
+    int rc = system(cmd);
+    size_t len = 0;
+    uint8_t *text = forge_read(out, &len);
+    char *t = text ? realloc(text, len + 1) : NULL;
+    if (t)
+        t[len] = 0;
+    char want[200];
+    snprintf(want, sizeof want, "step %lld: INCOMPLETE", (long long)step);
+    int ok = rc == 0 && t && strstr(t, want) && strstr(t, file) && strstr(t, what);
+    CHECK(ok, "ckpt-info (%s) does not show step %lld INCOMPLETE naming %s and '%s' (rc %d):\n%s",
+          secret ? "with the secret" : "without it", (long long)step, file, what, rc, t ? t : "(no output)");
+    free(t);
+    unlink(out);
+}
+
+/* Part 5: files that lie. A 2-shard checkpoint of C = 10, D = 4 at step 20 under <root>.lie, written with the
+ * key of a secret and identity id. */
+static void files_that_lie(const char *pfcps)
+{
+    static const char secret[] = "forge-secret";
+    char root2[300], p0[600], p1[600], keep0[700], keep1[700];
+    snprintf(root2, sizeof root2, "%s.lie", root);
+    mkdir(root2, 0755);
+    snapfile_key key, other;
+    if (snapfile_key_derive(secret, &key) < 0 || snapfile_key_derive("another-secret", &other) < 0)
+        exit(1);
+    ckpt_ident id = {.seed = 2048}, foreign = {.seed = 7}, got;
+    memset(id.run_id, 0xa1, sizeof id.run_id);
+    memset(id.config_digest, 0x3c, sizeof id.config_digest);
+    memset(foreign.run_id, 0xb2, sizeof foreign.run_id);
+    memset(foreign.config_digest, 0x4d, sizeof foreign.config_digest);
+    shard sh[2];
+    snap_job *j;
+    for (int s = 0; s < 2; s++) {
+        shard_create(&sh[s], 10, 2, s, 4, 5, 1, 0);
+        CHECK(snap_start(&sh[s], root2, 20, &id, &key, &j) == 0 && snap_finish(j) == 0, "write shard %d: %s",
+              s, pf_errmsg());
+    }
+    ckpt_member_path(root2, 20, "shard", 0, 2, ".snap", p0, sizeof p0);
+    ckpt_member_path(root2, 20, "shard", 1, 2, ".snap", p1, sizeof p1);
+    snprintf(keep0, sizeof keep0, "%s.orig", p0);
+    snprintf(keep1, sizeof keep1, "%s.orig", p1);
+    copy_file(p0, keep0);
+    copy_file(p1, keep1);
+    int S0 = 0;
+    CHECK(snap_check(root2, 20, 10, 4, &key, &S0, &got) == 0 && S0 == 2 && !memcmp(&got, &id, sizeof id),
+          "intact 2-shard checkpoint refused: %s", pf_errmsg());
+
+    /* block_rows = 2^54 in both shards, digests and HMACs recomputed: refused by every reader. */
+    forged_field huge = {"block_rows", (int64_t)1 << 54};
+    CHECK(forge_file(p0, set_field, &huge, &key) == 0 && forge_file(p1, set_field, &huge, &key) == 0,
+          "forge");
+    int rc = snap_check(root2, 20, 10, 4, &key, &S0, &got);
+    CHECK(rc < 0 && strstr(pf_errmsg(), p0) && strstr(pf_errmsg(), "block_rows"),
+          "block_rows = 2^54: snap_check rc %d (%s)", rc, pf_errmsg());
+    printf("block_rows = 2^54 (digest and HMAC recomputed): %s\n", pf_errmsg());
+    for (int s = 0; s < 2; s++) {
+        shard into;
+        shard_create(&into, 10, 2, s, 4, 99, 1, 0);
+        rc = snap_load(&into, root2, 20, &key, &id);
+        CHECK(rc < 0 && strstr(pf_errmsg(), s ? p1 : p0) && strstr(pf_errmsg(), "block_rows"),
+              "block_rows = 2^54: snap_load into shard %d: rc %d (%s)", s, rc, pf_errmsg());
+        shard_destroy(&into);
+    }
+    ckpt_info_refuses(pfcps, root2, secret, 20, "shard-0-of-2.snap", "block_rows");
+    ckpt_info_refuses(pfcps, root2, NULL, 20, "shard-0-of-2.snap", "block_rows");
+
+    /* Every other field, one at a time in shard 1 (5 rows of 4: payload 160 bytes). */
+    const forged_field lies[] = {
+        {"rows", 6},           {"rows", -1},
+        {"block_rows", 0},     {"block_rows", 6},
+        {"embedding_size", 0}, {"embedding_size", 65537},
+        {"embedding_size", 8}, {"num_classes", 1000000000000001LL},
+        {"num_classes", 12},   {"shard_id", 2},
+        {"shard_id", 0},       {"num_servers", 0},
+        {"num_servers", 3},    {"payload_bytes", 168},
+        {"step", 21},          {"step", -1},
+        {"kind", 0},           {"format_version", 1},
+    };
+    int nl = (int)(sizeof lies / sizeof lies[0]), named = 0;
+    for (int i = 0; i < nl; i++) {
+        copy_file(keep0, p0);
+        copy_file(keep1, p1);
+        CHECK(forge_file(p1, set_field, (void *)&lies[i], &key) == 0, "forge %s", lies[i].field);
+        rc = snap_check(root2, 20, 10, 4, &key, &S0, &got);
+        int ok = rc < 0 && strstr(pf_errmsg(), p1) && strstr(pf_errmsg(), lies[i].field);
+        named += ok;
+        CHECK(ok, "%s = %lld in shard 1: rc %d (%s)", lies[i].field, (long long)lies[i].value, rc,
+              pf_errmsg());
+        if (ok && i < 2)
+            printf("  %s\n", pf_errmsg());
+    }
+    printf("%d of %d forged header fields refused naming the file and the field\n", named, nl);
+
+    /* A field rewritten by someone without the key (the header's SHA-256 recomputed, not the HMAC). */
+    copy_file(keep0, p0);
+    copy_file(keep1, p1);
+    forged_field seed = {"seed", 7};
+    CHECK(forge_file(p1, set_field, &seed, NULL) == 0, "forge seed");
+    rc = snap_check(root2, 20, 10, 4, &key, &S0, &got);
+    CHECK(rc == -EPERM && strstr(pf_errmsg(), p1) &&
+              strstr(pf_errmsg(), "forged or written by another run's secret"),
+          "seed rewritten without the key: rc %d (%s)", rc, pf_errmsg());
+    rc = snap_check(root2, 20, 10, 4, NULL, &S0, &got);
+    CHECK(rc < 0 && strstr(pf_errmsg(), p1) && strstr(pf_errmsg(), "seed 7 vs 2048"),
+          "seed rewritten, read without the key: rc %d (%s)", rc, pf_errmsg());
+    ckpt_info_refuses(pfcps, root2, secret, 20, "shard-1-of-2.snap",
+                      "forged or written by another run's secret");
+    copy_file(keep1, p1);
+    rc = snap_check(root2, 20, 10, 4, &other, &S0, &got);
+    CHECK(rc == -EPERM && strstr(pf_errmsg(), p0) && strstr(pf_errmsg(), "HMAC does not verify"),
+          "another secret's key accepted: rc %d (%s)", rc, pf_errmsg());
+    printf("HMAC: a field rewritten without the key, and a reader with another secret's key: refused\n");
+
+    /* Shard 1 of another run (the same secret, another run id and seed). */
+    snap_job *jf;
+    CHECK(snap_start(&sh[1], root2, 20, &foreign, &key, &jf) == 0 && snap_finish(jf) == 0, "write foreign");
+    rc = snap_check(root2, 20, 10, 4, &key, &S0, &got);
+    CHECK(rc < 0 && strstr(pf_errmsg(), p1) && strstr(pf_errmsg(), p0) && strstr(pf_errmsg(), "run_id") &&
+              strstr(pf_errmsg(), "seed 7 vs 2048"),
+          "a shard of another run accepted: rc %d (%s)", rc, pf_errmsg());
+    printf("another run's shard file: %s\n", pf_errmsg());
+    ckpt_info_refuses(pfcps, root2, secret, 20, "shard-1-of-2.snap", "run_id");
+    shard into;
+    shard_create(&into, 10, 2, 1, 4, 99, 1, 0);
+    rc = snap_load(&into, root2, 20, &key, &id);
+    CHECK(rc < 0 && strstr(pf_errmsg(), p1) && strstr(pf_errmsg(), "seed 7 vs 2048"),
+          "snap_load of another run's shard against this run's identity: rc %d (%s)", rc, pf_errmsg());
+    shard_destroy(&into);
+
+    /* Files without an HMAC, read with the key. */
+    for (int s = 0; s < 2; s++)
+        CHECK(snap_start(&sh[s], root2, 20, &id, NULL, &jf) == 0 && snap_finish(jf) == 0, "write unkeyed");
+    rc = snap_check(root2, 20, 10, 4, &key, &S0, &got);
+    CHECK(rc == -EPERM && strstr(pf_errmsg(), p0) && strstr(pf_errmsg(), "no HMAC"),
+          "a file without an HMAC accepted by a reader with the key: rc %d (%s)", rc, pf_errmsg());
+    CHECK(snap_check(root2, 20, 10, 4, NULL, &S0, &got) == 0, "unkeyed files refused without a key: %s",
+          pf_errmsg());
+
+    /* A folder, then a FIFO, in place of shard 1. */
+    unlink(p1);
+    mkdir(p1, 0755);
+    rc = snap_check(root2, 20, 10, 4, NULL, &S0, &got);
+    CHECK(rc < 0 && strstr(pf_errmsg(), p1) && strstr(pf_errmsg(), "a directory, not a regular file"),
+          "a folder as a shard file: rc %d (%s)", rc, pf_errmsg());
+    printf("a folder in place of a shard file: %s\n", pf_errmsg());
+    rmdir(p1);
+    if (mkfifo(p1, 0644) == 0) {
+        rc = snap_check(root2, 20, 10, 4, NULL, &S0, &got);
+        CHECK(rc < 0 && strstr(pf_errmsg(), p1) && strstr(pf_errmsg(), "FIFO"),
+              "a FIFO as a shard file: rc %d (%s)", rc, pf_errmsg());
+        unlink(p1);
+    }
+    for (int s = 0; s < 2; s++)
+        shard_destroy(&sh[s]);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root2);
+    if (system(cmd) != 0)
+        fails++;
+}
+
+int main(int argc, char **argv)
 {
     snprintf(root, sizeof root, "/tmp/pfcps_snap_test.%d", (int)getpid());
     mkdir(root, 0755);
@@ -193,7 +414,7 @@ int main(void)
             printf("FAIL shard_create: %s\n", pf_errmsg());
             return 1;
         }
-        rc = snap_load(&sh, root, 3);
+        rc = snap_load(&sh, root, 3, NULL, NULL);
         CHECK(rc == 0, "snap_load into shard %d of 3: %s", s3, pf_errmsg());
         for (int64_t lr = 0; rc == 0 && lr < sh.rows; lr++) {
             int64_t c = lr * 3 + s3;
@@ -209,7 +430,9 @@ int main(void)
     shard small;
     shard_create(&small, 10, 1, 0, 4, 5, 1, 0);
     snap_job *j;
-    CHECK(snap_start(&small, root, 7, &j) == 0, "snap_start: %s", pf_errmsg());
+    static const ckpt_ident none;
+    ckpt_ident got;
+    CHECK(snap_start(&small, root, 7, &none, NULL, &j) == 0, "snap_start: %s", pf_errmsg());
     CHECK(snap_finish(j) == 0, "snap_finish: %s", pf_errmsg());
     char good[512], keep[600];
     ckpt_member_path(root, 7, "shard", 0, 1, ".snap", good, sizeof good);
@@ -218,14 +441,15 @@ int main(void)
     struct stat st;
     stat(keep, &st);
     int S0 = 0;
-    CHECK(snap_check(root, 7, 10, 4, &S0) == 0 && S0 == 1, "intact checkpoint refused: %s", pf_errmsg());
+    CHECK(snap_check(root, 7, 10, 4, NULL, &S0, &got) == 0 && S0 == 1, "intact checkpoint refused: %s",
+          pf_errmsg());
     int refused = 0, tried = 0;
     for (off_t cut = 0; cut<st.st_size; cut = cut + 1024> st.st_size ? st.st_size - 1 : cut + 1024) {
         copy_file(keep, good);
         if (truncate(good, cut) != 0)
             return 1;
         tried++;
-        if (snap_check(root, 7, 10, 4, &S0) < 0 && strstr(pf_errmsg(), "shard-0-of-1.snap"))
+        if (snap_check(root, 7, 10, 4, NULL, &S0, &got) < 0 && strstr(pf_errmsg(), "shard-0-of-1.snap"))
             refused++;
         else
             printf("FAIL truncated at %lld: not refused (%s)\n", (long long)cut, pf_errmsg());
@@ -248,31 +472,32 @@ int main(void)
         fclose(f);
         bytes[i] ^= 0x5a;
         tried++;
-        if (snap_check(root, 7, 10, 4, &S0) < 0)
+        if (snap_check(root, 7, 10, 4, NULL, &S0, &got) < 0)
             refused++;
         else if (tried - refused < 5)
             printf("FAIL byte %lld flipped: not refused\n", (long long)i);
     }
     CHECK(refused == tried, "flipped bytes refused: %d of %d", refused, tried);
+    /* the same file, every field rewritten with the header's digest recomputed, is the job of part 5 */
     printf("every byte flipped in turn: %d of %d refused\n", refused, tried);
     copy_file(keep, good);
-    CHECK(snap_check(root, 7, 11, 4, &S0) < 0 && strstr(pf_errmsg(), "C=10"), "wrong C accepted: %s",
-          pf_errmsg());
-    CHECK(snap_check(root, 7, 10, 8, &S0) < 0 && strstr(pf_errmsg(), "D=4"), "wrong D accepted: %s",
-          pf_errmsg());
+    CHECK(snap_check(root, 7, 11, 4, NULL, &S0, &got) < 0 && strstr(pf_errmsg(), "C=10"),
+          "wrong C accepted: %s", pf_errmsg());
+    CHECK(snap_check(root, 7, 10, 8, NULL, &S0, &got) < 0 && strstr(pf_errmsg(), "D=4"),
+          "wrong D accepted: %s", pf_errmsg());
     char renamed[512];
     ckpt_member_path(root, 7, "shard", 1, 2, ".snap", renamed, sizeof renamed);
     if (rename(good, renamed) != 0)
         return 1;
-    CHECK(snap_check(root, 7, 10, 4, &S0) < 0 && strstr(pf_errmsg(), "shard-0-of-2.snap missing"),
+    CHECK(snap_check(root, 7, 10, 4, NULL, &S0, &got) < 0 && strstr(pf_errmsg(), "shard-0-of-2.snap missing"),
           "a lone shard 1 of 2 accepted: %s", pf_errmsg());
     shard s2;
     shard_create(&s2, 10, 2, 1, 4, 5, 1, 0);
-    CHECK(snap_load(&s2, root, 7) < 0, "snap_load of an incomplete checkpoint succeeded");
+    CHECK(snap_load(&s2, root, 7, NULL, NULL) < 0, "snap_load of an incomplete checkpoint succeeded");
     shard_destroy(&s2);
     unlink(renamed);
     copy_file(keep, good);
-    CHECK(snap_check(root, 7, 10, 4, &S0) == 0, "restored checkpoint refused: %s", pf_errmsg());
+    CHECK(snap_check(root, 7, 10, 4, NULL, &S0, &got) == 0, "restored checkpoint refused: %s", pf_errmsg());
     printf("wrong C, wrong D, a missing shard file: refused with the file named\n");
 
     /* 4. disk errors: the temp file on /dev/full; a root that is a file */
@@ -282,13 +507,14 @@ int main(void)
     ckpt_step_dir(root, 9, dir9, sizeof dir9);
     mkdir(dir9, 0755);
     if (symlink("/dev/full", tmpname) == 0) {
-        CHECK(snap_start(&small, root, 9, &j) == 0, "snap_start: %s", pf_errmsg());
+        CHECK(snap_start(&small, root, 9, &none, NULL, &j) == 0, "snap_start: %s", pf_errmsg());
         rc = snap_finish(j);
         CHECK(rc < 0 && strstr(pf_errmsg(), "No space left"), "write to /dev/full: rc %d (%s)", rc,
               pf_errmsg());
         ckpt_member_path(root, 9, "shard", 0, 1, ".snap", tmpname, sizeof tmpname);
         CHECK(access(tmpname, F_OK) != 0, "a failed checkpoint left %s", tmpname);
-        CHECK(snap_check(root, 7, 10, 4, &S0) == 0, "the previous checkpoint is damaged: %s", pf_errmsg());
+        CHECK(snap_check(root, 7, 10, 4, NULL, &S0, &got) == 0, "the previous checkpoint is damaged: %s",
+              pf_errmsg());
         printf("disk full (/dev/full): write refused (%s); checkpoint 7 intact\n", pf_errmsg());
     } else {
         printf("SKIP part: cannot link /dev/full\n");
@@ -297,9 +523,12 @@ int main(void)
     snprintf(fileroot, sizeof fileroot, "%s.file", root);
     FILE *ff = fopen(fileroot, "w");
     fclose(ff);
-    CHECK(snap_start(&small, fileroot, 9, &j) < 0, "snap_start under a file succeeded");
+    CHECK(snap_start(&small, fileroot, 9, &none, NULL, &j) < 0, "snap_start under a file succeeded");
     unlink(fileroot);
     shard_destroy(&small);
+
+    /* 5. files that lie */
+    files_that_lie(argc > 1 ? argv[1] : NULL);
 
     ps_server_destroy(ref);
     free(w);

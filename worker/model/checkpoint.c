@@ -3,6 +3,7 @@
  * (model_get_params / model_get_buffers), loaded with mem_h2d per tensor. Written as Redis writes
  * its RDB: temp file, fsync, atomic rename. Loaded whole and verified before the model is touched. */
 #include <fcntl.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,8 @@
 #include <unistd.h>
 
 #include "common/atomic_file.h"
+#include "common/checked.h"
+#include "common/ckpt.h"
 #include "common/err.h"
 #include "common/file.h"
 #include "worker/model/model_internal.h"
@@ -238,14 +241,17 @@ static int load_check_body(const model *m, const unsigned char *buf, size_t size
     size_t hdr = CK_FIXED + 8;
     size_t ext_n = (size_t)n_extras * CK_EXTRA_BYTES;
     int rc = build_table(m, &table, &mine);
+    uint64_t expect = 0;
+    if (rc == 0 && (pf_add_u64(hdr + table.n + ext_n, mine, &expect) < 0))
+        rc = pf_err(-EPROTO, "checkpoint %s: the model's own size overflows", path);
     if (rc == 0 && (size < hdr + table.n || memcmp(buf + hdr, table.p, table.n)))
         rc = pf_err(size < hdr + table.n ? -EPROTO : -EINVAL,
                     "checkpoint %s: tensor table truncated or does not match the model layout "
                     "(names, shapes, dtype)",
                     path);
-    else if (rc == 0 && (payload_bytes != mine || size != hdr + table.n + ext_n + payload_bytes))
-        rc = pf_err(-EPROTO, "checkpoint %s: %zu bytes, expected %zu (truncated or padded)", path, size,
-                    (size_t)(hdr + table.n + ext_n + mine));
+    else if (rc == 0 && (payload_bytes != mine || size != expect))
+        rc = pf_err(-EPROTO, "checkpoint %s: %zu bytes, expected %llu (truncated or padded)", path, size,
+                    (unsigned long long)expect);
     else if (rc == 0) {
         uint64_t calc = fnv1a(FNV_INIT, buf + hdr, size - hdr);
         if (calc != sum)
@@ -320,4 +326,132 @@ int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n_ou
 out:
     free(buf);
     return rc;
+}
+
+/* Walks the tensor table of a backbone file as written, from buf + at (size bytes in all), for n_tensors
+ * entries: *end = where it ends, *payload = the payload bytes its shapes imply. */
+static int walk_table(const unsigned char *buf, size_t size, size_t at, uint32_t n_tensors, const char *path,
+                      size_t *end, uint64_t *payload)
+{
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < n_tensors; i++) {
+        uint16_t nl;
+        if (size - at < 2)
+            return pf_err(-EPROTO, "checkpoint %s: tensor table truncated at tensor %u", path, i);
+        memcpy(&nl, buf + at, 2);
+        if (nl == 0 || size - at - 2 < (size_t)nl + 2)
+            return pf_err(-EPROTO, "checkpoint %s: tensor %u: name length %u empty or past the file's end",
+                          path, i, nl);
+        at += 2 + (size_t)nl;
+        uint8_t dtype = buf[at], nd = buf[at + 1];
+        at += 2;
+        if (dtype != 0 || nd < 1 || nd > 5)
+            return pf_err(-EPROTO, "checkpoint %s: tensor %u: dtype %u, ndim %u (f32 = 0 and 1..5 dims read)",
+                          path, i, dtype, nd);
+        if (size - at < (size_t)nd * 4 + 8)
+            return pf_err(-EPROTO, "checkpoint %s: tensor %u: shape past the file's end", path, i);
+        uint64_t count = 1, bytes = 0, toff = 0;
+        for (int k = 0; k < nd; k++) {
+            uint32_t d;
+            memcpy(&d, buf + at + 4 * (size_t)k, 4);
+            if (pf_mul_u64(count, d, &count) < 0)
+                return pf_err(-EPROTO, "checkpoint %s: tensor %u: shape overflows", path, i);
+        }
+        at += (size_t)nd * 4;
+        memcpy(&toff, buf + at, 8);
+        at += 8;
+        if (toff != off)
+            return pf_err(-EPROTO,
+                          "checkpoint %s: tensor %u: payload offset %llu, the tensors before it end at %llu",
+                          path, i, (unsigned long long)toff, (unsigned long long)off);
+        if (pf_mul_u64(count, sizeof(float), &bytes) < 0 || pf_add_u64(off, bytes, &off) < 0)
+            return pf_err(-EPROTO, "checkpoint %s: tensor %u: payload size overflows", path, i);
+    }
+    *end = at;
+    *payload = off;
+    return 0;
+}
+
+int model_file_extras(const char *path, model_extra *x, int cap, int *n_out, uint8_t file_sha256[32],
+                      uint8_t tensors_sha256[32])
+{
+    *n_out = 0;
+    uint8_t *buf = NULL;
+    size_t size = 0;
+    int rc = pf_read_file(path, 0, &buf, &size);
+    if (rc)
+        return pf_err_wrap(rc, "checkpoint %s", path);
+    unsigned int dl = 0;
+    if (file_sha256 && EVP_Digest(buf, size, file_sha256, &dl, EVP_sha256(), NULL) != 1) {
+        free(buf);
+        return pf_err(-EIO, "checkpoint %s: SHA-256 failed", path);
+    }
+    uint32_t u[4] = {0, 0, 0, 0};
+    uint64_t payload_bytes = 0, sum = 0, payload = 0, total = 0;
+    size_t hdr = CK_FIXED + 8, end = 0;
+    if (size < hdr || memcmp(buf, CK_MAGIC, 8)) {
+        rc = pf_err(-EPROTO, "checkpoint %s: not a pfcps backbone checkpoint (bad magic)", path);
+        goto out;
+    }
+    memcpy(u, buf + 8, 16);
+    memcpy(&payload_bytes, buf + 56, 8);
+    memcpy(&sum, buf + CK_FIXED, 8);
+    uint32_t n_extras = u[0] >= 2 ? u[3] : 0;
+    if (u[0] != 1 && u[0] != CK_VERSION)
+        rc = pf_err(-EPROTO, "checkpoint %s: version %u, expected 1 or %u", path, u[0], CK_VERSION);
+    else if (n_extras > MODEL_EXTRAS_MAX)
+        rc = pf_err(-EPROTO, "checkpoint %s: %u extras (at most %d): corrupt header", path, n_extras,
+                    MODEL_EXTRAS_MAX);
+    else if (x && (int)n_extras > cap)
+        rc = pf_err(-EINVAL, "checkpoint %s: %u extras, room for %d", path, n_extras, cap);
+    else
+        rc = walk_table(buf, size, hdr, u[2], path, &end, &payload);
+    if (rc)
+        goto out;
+    if (payload != payload_bytes || pf_add_u64(end, (uint64_t)n_extras * CK_EXTRA_BYTES, &total) < 0 ||
+        pf_add_u64(total, payload, &total) < 0 || total != size) {
+        rc = pf_err(
+            -EPROTO,
+            "checkpoint %s: %zu bytes, but its header says payload_bytes %llu and its tensors %llu after "
+            "a table and extras of %zu bytes (truncated or padded)",
+            path, size, (unsigned long long)payload_bytes, (unsigned long long)payload,
+            end + (size_t)n_extras * CK_EXTRA_BYTES);
+        goto out;
+    }
+    uint64_t calc = fnv1a(FNV_INIT, buf + hdr, size - hdr);
+    if (calc != sum) {
+        rc = pf_err(-EPROTO, "checkpoint %s: checksum mismatch (file %016llx, computed %016llx)", path,
+                    (unsigned long long)sum, (unsigned long long)calc);
+        goto out;
+    }
+    model_extra ex[MODEL_EXTRAS_MAX];
+    if ((rc = load_extras(buf + end, n_extras, ex, path)))
+        goto out;
+    if (tensors_sha256 &&
+        EVP_Digest(buf + size - payload, (size_t)payload, tensors_sha256, &dl, EVP_sha256(), NULL) != 1) {
+        rc = pf_err(-EIO, "checkpoint %s: SHA-256 failed", path);
+        goto out;
+    }
+    if (x)
+        memcpy(x, ex, n_extras * sizeof *x);
+    *n_out = (int)n_extras;
+out:
+    free(buf);
+    return rc;
+}
+
+int model_file_ident(const char *path, ckpt_ident *id, uint8_t file_sha256[32], uint8_t tensors_sha256[32])
+{
+    model_extra ex[MODEL_EXTRAS_MAX];
+    char names[MODEL_EXTRAS_MAX][32];
+    uint64_t bits[MODEL_EXTRAS_MAX];
+    int n = 0, rc = model_file_extras(path, ex, MODEL_EXTRAS_MAX, &n, file_sha256, tensors_sha256);
+    if (rc < 0)
+        return rc;
+    for (int i = 0; i < n; i++) {
+        memcpy(names[i], ex[i].name, 32);
+        memcpy(&bits[i], &ex[i].value, 8);
+    }
+    rc = ckpt_ident_from_extras((const char(*)[32])names, bits, n, id);
+    return rc < 0 ? pf_err_wrap(rc, "checkpoint %s", path) : 0;
 }

@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/ckpt_ident.h"
 #include "kernels/ops.h"
 
 typedef enum model_kind { MODEL_IRESNET = 1, MODEL_MBF = 2 } model_kind;
@@ -182,5 +183,23 @@ int model_save_ex(const model *m, const char *path, const model_extra *x, int n)
  * number (0 for a version 1 file). -EINVAL (m untouched) when the file has more than cap extras
  * and x is given; other errors as model_load. */
 int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n);
+
+/* The extras of the backbone file at path, read without a model (e.g. the run identity a checkpoint's
+ * .model carries, common/ckpt.h): the fixed header (magic, version 1 or 2, counts), the tensor table walked
+ * as written (each name length, dtype 0, ndim 1..5, offset equal to the sum of the sizes before it, every
+ * product and sum overflow-checked), the file size and the checksum are verified, then the extras go to x
+ * (room for cap entries) and their number to *n; file_sha256 (may be NULL) gets the SHA-256 of the whole
+ * file, tensors_sha256 (may be NULL) that of its tensors (the payload: parameters, then running statistics,
+ * without the header, table and extras). Returns 0, or with "checkpoint <path>: <problem>" naming
+ * the field: -EPROTO (bad magic, version, truncated, a table entry or size out of bounds, checksum, corrupt
+ * extras), -EINVAL (more than cap extras), or pf_read_file's errors (-ENOENT, -EACCES, -EIO "a FIFO, not a
+ * regular file", ...). */
+int model_file_extras(const char *path, model_extra *x, int cap, int *n, uint8_t file_sha256[32],
+                      uint8_t tensors_sha256[32]);
+
+/* The run identity a checkpoint's backbone file carries as extras (common/ckpt.h ckpt_ident_extras), read
+ * with model_file_extras (the digests as there). Returns 0, model_file_extras' errors, or -ENOENT
+ * "checkpoint <path>: no run identity (extra '<name>' missing)". */
+int model_file_ident(const char *path, ckpt_ident *id, uint8_t file_sha256[32], uint8_t tensors_sha256[32]);
 
 #endif
