@@ -4,6 +4,8 @@
 # a summary, then score the unseen identities s31..s40 (data/orl/pairs_s31-s40.txt) with the trained model and,
 # computed in the same run, two baselines it should beat: the untrained network (same network, D and seed, as
 # training starts it) and raw pixels. Extra arguments are passed to the launcher (e.g. --set num_epoch=2).
+# When the launcher fails (a config it refuses, a daemon that dies) the script exits with its status and
+# prints no summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/setup-deps.sh
@@ -40,6 +42,15 @@ deploy/local/launch.sh -c "$config" -b "$build" "$@" || rc=$?
 end=$(date +%s)
 
 log=$out/training.log
+# A failed launch (a refused config, a daemon that died) has no summary: the training log may be a previous
+# run's. The launcher has said why on stderr.
+if [ "$rc" -ne 0 ]; then
+  echo "quickstart: the launcher failed (exit $rc, its message above); no summary" >&2
+  if [ -f "$log" ] && [ "$(stat -c %Y "$log")" -ge "$start" ]; then
+    echo "quickstart: this run's training log: $log; daemon logs: $out/logs/" >&2
+  fi
+  exit "$rc"
+fi
 first=$(grep -m1 -o 'Loss [0-9.]*' "$log" | awk '{print $2}')
 last=$(grep -o 'Loss [0-9.]*' "$log" | tail -n 1 | awk '{print $2}')
 steps=$(grep -o 'Global Step: [0-9]*' "$log" | tail -n 1 | awk '{print $3}')
@@ -56,7 +67,7 @@ echo "  daemon logs    $out/logs/"
 # Verification on the unseen identities: arcface_torch's protocol (10 folds, image + flip), images padded onto
 # 112x112 as `pfcps pack` packed the training images (--pad). The baselines use the run's network, D and seed
 # (the --set arguments given to this script count, as the daemons read them).
-if [ "$rc" -eq 0 ] && [ -f "$out/model.ckpt" ]; then
+if [ -f "$out/model.ckpt" ]; then
   sets=()
   args=("$@")
   for ((i = 0; i < ${#args[@]}; i++)); do
