@@ -23,9 +23,10 @@ static const char ckpt_info_usage[] =
     "  valid and of one run: the same run id, seed and config digest), members present, bytes, the\n"
     "  SHA-256 of the class-center table in class order (weights then momentum of class 0, 1, ...:\n"
     "  the same whatever number of servers held it), of worker 0's backbone (its tensors, parameters\n"
-    "  then BN statistics), and the run id. The first problem of an incomplete checkpoint is named\n"
-    "  (file and field). With PFCPS_SECRET set, every .snap's HMAC is verified too (a file forged or\n"
-    "  written under another secret is refused); without it only the digests are, and a line says so.\n"
+    "  then BN statistics); below a complete one, the run id, seed and config digest. The first problem\n"
+    "  of an incomplete checkpoint is named (file and field). With PFCPS_SECRET set, every .snap's HMAC\n"
+    "  is verified too (a file forged or written under another secret is refused); without it only the\n"
+    "  digests are, and a line says so.\n"
     "  --newest: print only the newest complete step (0: none).";
 
 static void hex(const uint8_t *d, char *out)
@@ -288,15 +289,21 @@ int cmd_ckpt_info(int argc, char **argv)
             best = steps[i];
         if (newest)
             continue;
-        char th[65] = "-", bh[65] = "-", rid[2 * CKPT_RUN_ID_BYTES + 1] = "-";
+        char th[65] = "-", bh[65] = "-";
         if (rc == 0) {
             hex(td, th);
             hex(bd, bh);
-            ckpt_run_id_hex(si.id.run_id, rid);
         }
-        printf("step %lld: %s  shards %d/%d  workers %d/%d  %.1f MB  table %s  backbone %s  run %s%s%s\n",
+        printf("step %lld: %s  shards %d/%d  workers %d/%d  %.1f MB  table %s  backbone %s%s%s\n",
                (long long)steps[i], rc == 0 ? "complete" : "INCOMPLETE", count, S0 > 0 ? S0 : 0, wpresent,
-               W0 > 0 ? W0 : 0, (double)bytes / 1e6, th, bh, rid, rc == 0 ? "" : "  problem: ", why);
+               W0 > 0 ? W0 : 0, (double)bytes / 1e6, th, bh, rc == 0 ? "" : "  problem: ", why);
+        if (rc == 0) {
+            /* The run that wrote it, on a line of its own: the step line is the same for equal results. */
+            char rid[2 * CKPT_RUN_ID_BYTES + 1], cd[65];
+            ckpt_run_id_hex(si.id.run_id, rid);
+            hex(si.id.config_digest, cd);
+            printf("  run %s  seed %llu  config digest %.16s\n", rid, (unsigned long long)si.id.seed, cd);
+        }
     }
     free(steps);
     if (newest)

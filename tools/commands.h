@@ -53,8 +53,8 @@ int cmd_plan(int argc, char **argv);
  * root: per step, complete or not (every member's files present, verified and of one run: common/snapfile.h,
  * common/ckpt.h; with PFCPS_SECRET set, every .snap's HMAC too), members, bytes, the SHA-256 of the
  * class-center table in class order (independent of the number of servers), of worker 0's backbone (its
- * tensors), and the run id; --newest prints only the newest complete step (0: none). Exit 1 when DIR is
- * missing, not a folder or cannot be read. */
+ * tensors), below it the run id, seed and config digest; --newest prints only the newest complete step (0:
+ * none). Exit 1 when DIR is missing, not a folder or cannot be read. */
 int cmd_ckpt_info(int argc, char **argv);
 
 #endif
