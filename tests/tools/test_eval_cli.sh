@@ -17,9 +17,9 @@ ORL=$SRC/data/orl
 out=$("$PFCPS" verify --folds 4 "$TMP/model.ckpt" "$TMP/pairs.txt" --images "$ORL" 2>"$TMP/err"); rc=$?
 echo "$out"
 [ "$rc" -eq 0 ] || fail "verify on ORL pairs: exit $rc: $(cat "$TMP/err")"
-grep -Eq '^\[pairs\] Accuracy-Flip: [01]\.[0-9]{5}\+-[01]\.[0-9]{5}$' <<<"$out" || fail "no Accuracy-Flip line: $out"
-grep -Eq '^\[pairs\] XNorm: [0-9]+\.[0-9]+$' <<<"$out" || fail "no XNorm line"
-grep -Eq '^\[pairs\] Best-Threshold: [0-9]\.[0-9]{2} ' <<<"$out" || fail "no Best-Threshold line"
+expect_grep "Accuracy-Flip mean+-std" '^\[pairs\] Accuracy-Flip: [01]\.[0-9]{5}\+-[01]\.[0-9]{5}$' - <<<"$out"
+expect_grep "XNorm" '^\[pairs\] XNorm: [0-9]+\.[0-9]+$' - <<<"$out"
+expect_grep "Best-Threshold" '^\[pairs\] Best-Threshold: [0-9]\.[0-9]{2} ' - <<<"$out"
 grep -q "80 of 80 images were not 112x112 and were resized" <<<"$out" || fail "the resize is not reported"
 grep -q "pairs: 40 (4 folds)" <<<"$out" || fail "pair count not 40"
 grep -q "embedded 80/80 images" "$TMP/err" || fail "no progress on stderr"
