@@ -12,6 +12,10 @@
 #   Logs: <output>/logs/server<r>.log and worker<r>.log (output from the config / --set).
 #   These values are asked from the daemons' own config parser (`pfcps config-get`), so quoting, inline
 #   comments and sections mean here exactly what they mean to the daemons.
+#   At exit, when a member logged a checkpoint write that failed (disk full, ...), a warning on stderr says
+#   how many of the checkpoint steps failed, on which members, and the newest step every member wrote
+#   (from the logs; `pfcps ckpt-info` verifies it). The exit status stays the run's: a failed checkpoint does
+#   not fail training (earlier checkpoints stay intact), so a supervisor does not restart a finished run.
 set -uo pipefail
 
 build=build
@@ -170,6 +174,36 @@ run_once() {
   done
 }
 
+# ckpt_report: the checkpoint steps this launcher's daemons logged (servers: "snapshot step T written|failed|
+# not started", workers: "checkpoint step T: worker state written|this worker's state not written"); when any
+# member's write failed, a warning naming the failed steps with their members and the newest step every
+# member wrote.
+ckpt_report() {
+  local r f logs=()
+  for ((r = 0; r < S; r++)); do f=$out/logs/server$r.log; [ -f "$f" ] && logs+=("server $r:$f"); done
+  for ((r = 0; r < W; r++)); do f=$out/logs/worker$r.log; [ -f "$f" ] && logs+=("worker $r:$f"); done
+  [ ${#logs[@]} -gt 0 ] || return 0
+  local report
+  report=$(for l in "${logs[@]}"; do
+    sed -nE -e "s/.*snapshot step ([0-9]+) written.*/\1 ok ${l%%:*}/p" \
+      -e "s/.*snapshot step ([0-9]+) (failed|not started).*/\1 failed ${l%%:*}/p" \
+      -e "s/.*checkpoint step ([0-9]+): worker state written.*/\1 ok ${l%%:*}/p" \
+      -e "s/.*checkpoint step ([0-9]+): this worker's state not written.*/\1 failed ${l%%:*}/p" "${l#*:}"
+  done | awk -v members=$((S + W)) '
+    { key = $1 " " $3 " " $4; if (!(key in seen)) { seen[key] = 1; n[$1]++ }
+      if ($2 == "failed") { bad[$1] = bad[$1] (bad[$1] ? ", " : "") $3 " " $4 } else good[$1]++
+      steps[$1] = 1 }
+    END {
+      total = 0; failed = 0; newest = 0; list = ""
+      for (t in steps) { k = ++total; while (k > 1 && ord[k - 1] + 0 > t + 0) { ord[k] = ord[k - 1]; k-- }; ord[k] = t }
+      for (i = 1; i <= total; i++) { t = ord[i]
+        if (t in bad) { failed++; list = list (list ? "; " : "") "step " t ": " bad[t] }
+        else if (good[t] >= members) newest = t }
+      if (failed) printf "%d of %d checkpoint steps failed on some member (%s); newest step every member wrote: %s\n",
+                         failed, total, list, newest ? newest : "none" }')
+  [ -z "$report" ] || echo "launch: WARNING: checkpoints: $report (see $out/logs; pfcps ckpt-info $snapdir verifies)" >&2
+}
+
 echo "launch: $S servers + $W workers, config $config, logs in $out/logs"
 # Every daemon stops in order (SIGTERM) if this launcher dies, even by SIGKILL (common/daemon.h).
 export PFCPS_PARENT_PID=$$
@@ -183,6 +217,7 @@ while [ "$rc" -ne 0 ] && [ "$restarts" -lt "$max_restarts" ]; do
   extra=(--set resume=true)
   run_once ">>"
 done
+ckpt_report
 if [ "$rc" -ne 0 ]; then
   echo "launch: failed with status $rc; logs in $out/logs" >&2
   # This run's logs only: the folder may hold more from an earlier run with more servers or workers.

@@ -182,7 +182,7 @@ static void set_field(Pfcps__SnapshotHeader *h, void *arg)
     else if (!strcmp(f->field, "format_version"))
         h->format_version = (uint32_t)f->value;
     else if (!strcmp(f->field, "kind")) {
-        free(h->kind); /* the decoded header's strings are freed with it */
+        free(h->kind); /* decoded from a shard file: allocated, and freed with the header */
         h->kind = strdup("worker");
         h->num_workers = 2; /* a consistent worker file, but named as a shard */
     }

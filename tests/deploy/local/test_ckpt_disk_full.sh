@@ -11,7 +11,12 @@
 #     says "resuming at checkpoint step 4", exits 0 and ends with the first run's model.ckpt;
 #   small table (num_classes = 10: shard files of 5 KB, which always fit; tmpfs 7 MiB): only the workers'
 #     pairs of steps 8 and 12 fail; the servers write their shards of 8 and 12 whole. Checkpoint 4 is then
-#     still the newest complete one and must survive snapshot_keep = 2 pruning, and a resume from it works.
+#     still the newest complete one and must survive snapshot_keep = 2 pruning, and a resume from it works;
+#     the launcher warns "2 of 3 checkpoint steps failed on some member (step 8: worker 0, worker 1; step 12:
+#     ...); newest step every member wrote: 4" (the workers that ran out of space named). Then the tmpfs grows to 64 MiB and a resume with
+#     snapshot_every = 6 writes checkpoints 6 and 12 whole: its prune removes the shard files the failed
+#     checkpoint 8 left (incomplete and older than a complete checkpoint) and checkpoint 4 (beyond
+#     snapshot_keep), and the launcher warns of nothing.
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=disk-full-secret
 MNT=$TMP/mnt
@@ -102,6 +107,9 @@ nw=$(failed_writes big worker "$WORKER_FAIL")
 ! grep -q "step 4.*\(failed\|not written\)" "$TMP"/big/logs/*.log || die "big: checkpoint 4 failed although it fits"
 step4 big
 no_tmp big
+expect_grep "big: the launcher warns of the failed checkpoints" \
+  "^launch: WARNING: checkpoints: 2 of 3 checkpoint steps failed on some member \(step 8: .*; step 12: .*\); newest step every member wrote: 4 " \
+  "$TMP/big.out"
 echo "ok: big table: $ns server(s) and $nw worker(s) logged the full disk, e.g. $(grep -Eho "$SERVER_FAIL" "$TMP"/big/logs/server*.log | head -1 | sed "s#$MNT#MNT#")"
 resume big_resume big 20000
 step4 big_resume
@@ -126,7 +134,24 @@ if [ -z "$H4" ] && grep -q "snapshot step 4: pruned" "$TMP"/small/logs/server*.l
 fi
 step4 small
 echo "ok: small table: both workers logged the full disk; checkpoint 4 survived snapshot_keep = 2"
+expect_grep "small: the launcher warns of the failed checkpoints" \
+  "^launch: WARNING: checkpoints: 2 of 3 checkpoint steps failed on some member \(step 8: worker [01](, worker 1)?; step 12: worker [01](, worker 1)?\); newest step every member wrote: 4 " \
+  "$TMP/small.out" || grep -i "warning" "$TMP/small.out"
 resume small_resume small 10
 step4 small_resume
 echo "ok: small table: resumed at step 4"
-echo PASS
+
+# --- room again: the next complete checkpoint prunes what the failed ones left --------------------------------
+[ -f "$MNT/step-8/shard-0-of-2.snap" ] || die "small: the shard files of the failed checkpoint 8 are not there to be pruned"
+mount -o remount,size=64m "$MNT" || die "remount $MNT"
+write_cfg pruned 10 "resume = true" "snapshot_every = 6"
+launch pruned
+grep -q "resuming at checkpoint step 4 " "$TMP/pruned/logs/worker0.log" || die "pruned: did not resume at step 4"
+expect_grep "pruned: the failed checkpoint 8 pruned" \
+  "checkpoint step 8: pruned \(every member's files, snapshot_keep = 2, incomplete and older than a complete checkpoint\)" \
+  <(cat "$TMP"/pruned/logs/*.log)
+left=$(cd "$MNT" && find . -type f | sort | tr '\n' ' ')
+expect_eq "pruned: only checkpoints 6 and 12 left" "$left" \
+  "./step-12/shard-0-of-2.snap ./step-12/shard-1-of-2.snap ./step-12/worker-0-of-2.model ./step-12/worker-0-of-2.snap ./step-12/worker-1-of-2.model ./step-12/worker-1-of-2.snap ./step-6/shard-0-of-2.snap ./step-6/shard-1-of-2.snap ./step-6/worker-0-of-2.model ./step-6/worker-0-of-2.snap ./step-6/worker-1-of-2.model ./step-6/worker-1-of-2.snap "
+if grep -q "WARNING: checkpoints" "$TMP/pruned.out"; then fail "pruned: the launcher warns of failed checkpoints"; else ok "pruned: no warning"; fi
+expect_summary
