@@ -2,13 +2,16 @@
  * output), and refusal of corrupt or mismatched files with a clear error, leaving the model as
  * it was: bad magic, flipped payload byte (checksum), truncated, trailing garbage, other network,
  * other embedding size, missing file. Version 2 extras (named float64 scalars: the loss scaler's
- * state): round trip, version 1 files still load, corrupt or oversized extras tables refused. */
+ * state): round trip, version 1 files still load, corrupt or oversized extras tables refused. The extras
+ * read without a model (model_file_extras, model_file_ident: the run identity a checkpoint's .model carries):
+ * round trip, and tensor tables whose counts or shapes lie (checksum resealed) refused without overflow. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/ckpt.h"
 #include "common/err.h"
 #include "tests/check.h"
 #include "worker/model/model.h"
@@ -247,6 +250,58 @@ int main(void)
         expect_refused(b, "extras count 1000", bad, -EPROTO, "extras", before, np);
         craft(xp, bad, 20, &one, 4, 1);
         expect_refused(b, "extras count 1 of 2", bad, -EPROTO, "bytes", before, np);
+        /* model_file_extras / model_file_ident: the extras without a model; the tensor table walked as
+         * written, so counts and shapes that lie (checksum resealed) are refused, never overflowed. */
+        model_extra z[MODEL_EXTRAS_MAX];
+        int nz = -1;
+        rc = model_file_extras(xp, z, MODEL_EXTRAS_MAX, &nz, NULL, NULL);
+        check(rc == 0 && nz == 2 && !strcmp(z[1].name, "growth_tracker") && z[1].value == 37.0,
+              "model_file_extras: rc %d, %d extras", rc, nz);
+        ckpt_ident id0, id1;
+        rc = model_file_ident(xp, &id1, NULL, NULL);
+        check(rc == -ENOENT && strstr(pf_errmsg(), "no run identity"),
+              "a file without identity extras: rc %d '%s'", rc, pf_errmsg());
+        memset(&id0, 0x7e, sizeof id0);
+        char names[CKPT_IDENT_EXTRAS][32];
+        uint64_t bits[CKPT_IDENT_EXTRAS];
+        model_extra ix[CKPT_IDENT_EXTRAS];
+        ckpt_ident_extras(&id0, names, bits);
+        for (int i = 0; i < CKPT_IDENT_EXTRAS; i++) {
+            memcpy(ix[i].name, names[i], 32);
+            memcpy(&ix[i].value, &bits[i], 8);
+        }
+        char ip[300];
+        snprintf(ip, sizeof ip, "%s/ident.ckpt", dir);
+        rc = model_save_ex(a, ip, ix, CKPT_IDENT_EXTRAS);
+        if (rc == 0)
+            rc = model_file_ident(ip, &id1, NULL, NULL);
+        check(rc == 0 && !memcmp(&id0, &id1, sizeof id0),
+              "run identity as extras: round trip rc %d, equal: %s", rc,
+              !memcmp(&id0, &id1, sizeof id0) ? "yes" : "NO");
+        unlink(ip);
+        uint16_t nl = 0;
+        FILE *xf = fopen(xp, "rb");
+        if (!xf || fseek(xf, 72, SEEK_SET) != 0 || fread(&nl, 2, 1, xf) != 1)
+            DIE("read %s", xp);
+        fclose(xf);
+        const long shape0 = 72 + 2 + nl + 2, ndim0 = 72 + 2 + nl + 1;
+        uint32_t huge[2] = {0xFFFFFFFFu, 0xFFFFFFFFu}, ntens = 0xFFFFFFFFu;
+        uint8_t nd = 6;
+        struct {
+            const char *what;
+            long off;
+            const void *bytes;
+            size_t len;
+            const char *needle;
+        } lies[] = {{"tensor 0's shape 2^32-1 x 2^32-1", shape0, huge, 8, "tensor"},
+                    {"tensor 0 of 6 dimensions", ndim0, &nd, 1, "ndim 6"},
+                    {"2^32-1 tensors", 16, &ntens, 4, "tensor "}};
+        for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+            craft(xp, bad, lies[i].off, lies[i].bytes, lies[i].len, 1);
+            rc = model_file_extras(bad, z, MODEL_EXTRAS_MAX, &nz, NULL, NULL);
+            check(rc == -EPROTO && strstr(pf_errmsg(), bad) && strstr(pf_errmsg(), lies[i].needle),
+                  "model_file_extras, %s: rc %d '%s'", lies[i].what, rc, pf_errmsg());
+        }
         /* bad tables are refused before anything is written */
         model_extra e1[2] = {{"", 1.0}, {"a", 2.0}}, e2[2] = {{"a", 1.0}, {"a", 2.0}};
         char np2[300];
