@@ -6,8 +6,9 @@
 #   link named in a warning; a second link to a folder already walked is skipped the same way.
 # - `pfcps pack` over an image tree with a link to the tree itself and a second link to an identity packs
 #   one record of one class, with a warning naming each link.
-# - A FIFO given as an embed list file, a pairs file, a config or a pretrained-style input is refused at
-#   once naming the path and "a FIFO" (opening it for reading would wait for a writer: the timeout).
+# - A FIFO given as an embed list file, a pairs file, a checkpoint, a config or a centers partition file is
+#   refused at once naming the path and "a FIFO" (opening it for reading would wait for a writer: the
+#   timeout).
 # Arguments: PFCPS MAKE_CKPT SRC
 set -uo pipefail
 PFCPS=$1 MAKE_CKPT=$2 SRC=$3
@@ -68,7 +69,7 @@ mkfifo "$TMP/fifo.txt" "$TMP/fifo.ini" "$TMP/fifo.py"
 expect_fifo() { # what args...
   local what=$1; shift
   out=$(timeout 20 "$PFCPS" "$@" 2>&1); rc=$?
-  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || ! grep -q "fifo\.[a-z]*: a FIFO, not a regular file" <<<"$out"; then
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || ! grep -q "$TMP/[^ ]*: a FIFO, not a regular file" <<<"$out"; then
     fail "$what: exit $rc (124: blocked on the FIFO): $out"
   else
     echo "$what: exit $rc: $(tail -n 1 <<<"$out")"
@@ -79,6 +80,8 @@ expect_fifo "verify pairs file" verify "$TMP/model.ckpt" "$TMP/fifo.txt" --image
 expect_fifo "verify checkpoint" verify "$TMP/fifo.txt" "$TMP/fifo.txt" --images "$SRC/data/orl"
 expect_fifo "config (INI)" config-get -c "$TMP/fifo.ini" lr
 expect_fifo "config (.py)" config-get -c "$TMP/fifo.py" lr
+mkdir -p "$TMP/run/centers" && mkfifo "$TMP/run/centers/fifo.rank0" && ln -s fifo.rank0 "$TMP/run/centers/partition.rank0"
+expect_fifo "centers partition" export --centers --dim 4 "$TMP/run" "$TMP/centers.safetensors"
 
 [ "$fails" -eq 0 ] && echo ok || echo FAIL
 exit $((fails != 0))

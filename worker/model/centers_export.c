@@ -88,8 +88,10 @@ static int count_classes(const char *dir, int W, int dim, uint64_t *C_out)
     for (int r = 0; r < W; r++) {
         struct stat st;
         snprintf(p, sizeof p, "%s/partition.rank%d", dir, r);
-        if (stat(p, &st) != 0 || !S_ISREG(st.st_mode))
-            return pf_err(-EIO, "%s: cannot stat or not a regular file", p);
+        if (stat(p, &st) != 0)
+            return pf_err(errno == ENOENT ? -ENOENT : -EIO, "%s: cannot stat: %s", p, strerror(errno));
+        if (!S_ISREG(st.st_mode))
+            return pf_err(-EIO, "%s: %s, not a regular file", p, pf_file_kind(&st));
         if ((uint64_t)st.st_size % rec)
             return pf_err(
                 -EPROTO,
@@ -159,9 +161,10 @@ static int copy_record(centers_copy *cc, const unsigned char *q, const char *p, 
 /* Copies every record of the partition file p to its row. */
 static int copy_partition(centers_copy *cc, const char *p)
 {
-    FILE *in = fopen(p, "rb");
-    if (!in)
-        return pf_err(-EIO, "%s: cannot open: %s", p, strerror(errno));
+    FILE *in;
+    int orc = pf_fopen_regular(p, &in);
+    if (orc < 0)
+        return pf_err_wrap(orc, "%s", p);
     const size_t rec = 8 + 4 * (size_t)cc->dim;
     uint64_t k = 0;
     size_t got;

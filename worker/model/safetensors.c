@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/atomic_file.h"
+#include "common/checked.h"
 #include "common/err.h"
 #include "common/file.h"
 #include "worker/model/model_internal.h"
@@ -92,7 +93,7 @@ static int parse_entry(st_tensor *t, const char *name, json_t *v, const unsigned
             return pf_err(-EPROTO, "safetensors %s: tensor '%s': shape[%d] is not a non-negative integer",
                           what, name, k);
         t->shape[k] = (int64_t)d;
-        if (__builtin_mul_overflow(count, d, &count))
+        if (pf_mul_u64(count, d, &count) < 0)
             return pf_err(-EPROTO, "safetensors %s: tensor '%s': shape overflows", what, name);
     }
     uint64_t b, e, nb;
@@ -103,7 +104,7 @@ static int parse_entry(st_tensor *t, const char *name, json_t *v, const unsigned
         return pf_err(-EPROTO,
                       "safetensors %s: tensor '%s': data_offsets [%llu, %llu] outside the data (%zu bytes)",
                       what, name, (unsigned long long)b, (unsigned long long)e, dlen);
-    if (__builtin_mul_overflow(count, (uint64_t)es, &nb) || nb != e - b)
+    if (pf_mul_u64(count, (uint64_t)es, &nb) < 0 || nb != e - b)
         return pf_err(-EPROTO,
                       "safetensors %s: tensor '%s': %llu bytes at data_offsets, %s x shape needs %llu", what,
                       name, (unsigned long long)(e - b), t->dtype, (unsigned long long)nb);
@@ -249,11 +250,22 @@ const char *st_metadata(const st_file *f, const char *key)
 
 /* ---- writing ---- */
 
-static uint64_t entry_bytes(const st_entry *t)
+/* The bytes of tensor t (element size x shape). Returns 0, or -EOVERFLOW when they exceed UINT64_MAX. */
+static int entry_bytes_checked(const st_entry *t, uint64_t *out)
 {
     uint64_t c = st_dtype_size(t->dtype);
     for (int k = 0; k < t->ndim; k++)
-        c *= (uint64_t)t->shape[k];
+        if (pf_mul_u64(c, (uint64_t)t->shape[k], &c) < 0)
+            return -EOVERFLOW;
+    *out = c;
+    return 0;
+}
+
+/* The bytes of tensor t, once st_header has checked that every size and their sum fit. */
+static uint64_t entry_bytes(const st_entry *t)
+{
+    uint64_t c = 0;
+    entry_bytes_checked(t, &c);
     return c;
 }
 
@@ -266,6 +278,7 @@ int st_header(const st_entry *t, int n, const st_meta *meta, int n_meta, unsigne
     if (!root)
         return pf_err(-ENOMEM, "safetensors header: out of memory");
     int rc = 0;
+    uint64_t total = 0;
     if (n_meta > 0) {
         json_t *m = json_object();
         if (!m || json_object_set_new(root, "__metadata__", m)) {
@@ -279,8 +292,10 @@ int st_header(const st_entry *t, int n, const st_meta *meta, int n_meta, unsigne
             }
     }
     for (int i = 0; i < n; i++) {
-        if (!t[i].name || !*t[i].name || !strcmp(t[i].name, "__metadata__") ||
-            json_object_get(root, t[i].name)) {
+        int repeated = 0;
+        for (int j = 0; t[i].name && j < i && !repeated; j++)
+            repeated = t[j].name && !strcmp(t[j].name, t[i].name);
+        if (!t[i].name || !*t[i].name || !strcmp(t[i].name, "__metadata__") || repeated) {
             rc = pf_err(-EINVAL, "safetensors header: tensor name '%s' is empty, reserved or repeated",
                         t[i].name ? t[i].name : "(null)");
             goto out;
@@ -294,6 +309,12 @@ int st_header(const st_entry *t, int n, const st_meta *meta, int n_meta, unsigne
                 rc = pf_err(-EINVAL, "safetensors header: tensor '%s': negative dimension", t[i].name);
                 goto out;
             }
+        uint64_t nb;
+        if (entry_bytes_checked(&t[i], &nb) < 0 || pf_add_u64(total, nb, &total) < 0 || total > INT64_MAX) {
+            rc =
+                pf_err(-EINVAL, "safetensors header: tensor '%s': the tensors' bytes exceed 2^63", t[i].name);
+            goto out;
+        }
     }
     /* 8-byte elements first (every tensor then starts aligned to its element size, as the reference's
      * serializer arranges by sorting on alignment) */

@@ -76,7 +76,7 @@ typedef struct st_meta {
  * group in the order given; entry i's data lands at (*data_offset)[i] bytes after the header (when
  * data_offset is not NULL, n entries). *out is malloc'd, *out_len its size (the data's start in the file);
  * *data_bytes (when not NULL) the data's total size. Returns 0, -EINVAL (empty or duplicate name, a name
- * "__metadata__", unknown dtype, bad shape), -ENOMEM. */
+ * "__metadata__", unknown dtype, bad shape, sizes whose sum exceeds 2^63 bytes), -ENOMEM. */
 int st_header(const st_entry *t, int n, const st_meta *meta, int n_meta, unsigned char **out, size_t *out_len,
               uint64_t *data_offset, uint64_t *data_bytes);
 

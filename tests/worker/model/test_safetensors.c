@@ -331,6 +331,30 @@ static void hostile(void)
         st_free(f);
     }
     printf("%zu hostile headers refused\n", sizeof cases / sizeof *cases);
+    /* the writer refuses a repeated name and sizes past 2^63 - 1 bytes, the largest JSON offset: 2^31 x 2^31
+     * F32 elements are 2^64 bytes (the product overflows), 2^61 F32 elements 2^63 bytes */
+    st_entry w[3] = {{.name = "a", .dtype = "F32", .ndim = 1, .shape = {2}},
+                     {.name = "a", .dtype = "F32", .ndim = 1, .shape = {2}}};
+    unsigned char *hb = NULL;
+    size_t hl = 0;
+    int wrc = st_header(w, 2, NULL, 0, &hb, &hl, NULL, NULL);
+    CHECK(wrc == -EINVAL && strstr(pf_errmsg(), "'a' is empty, reserved or repeated"), "repeated name: %d %s",
+          wrc, pf_errmsg());
+    w[1] = (st_entry){.name = "b", .dtype = "F32", .ndim = 2, .shape = {1ll << 31, 1ll << 31}};
+    wrc = st_header(w, 2, NULL, 0, &hb, &hl, NULL, NULL);
+    CHECK(wrc == -EINVAL && strstr(pf_errmsg(), "tensor 'b': the tensors' bytes exceed 2^63"),
+          "2^31 x 2^31 F32: %d %s", wrc, pf_errmsg());
+    for (int i = 0; i < 3; i++)
+        w[i] = (st_entry){.name = i == 0   ? "x"
+                                  : i == 1 ? "y"
+                                           : "z",
+                          .dtype = "F32",
+                          .ndim = 1,
+                          .shape = {1ll << 61}};
+    wrc = st_header(w, 3, NULL, 0, &hb, &hl, NULL, NULL);
+    CHECK(wrc == -EINVAL && strstr(pf_errmsg(), "tensor 'x': the tensors' bytes exceed 2^63"),
+          "3 x 2^61 F32: %d %s", wrc, pf_errmsg());
+    free(hb);
     /* short files */
     st_file *f = NULL;
     CHECK(st_parse(&f, buf, 5, "short") == -EPROTO, "5 bytes accepted");
