@@ -9,6 +9,9 @@
 #   foreign: step 12's shard-1-of-2.snap of run a copied into run b's step 12: ckpt-info shows step 12
 #            INCOMPLETE naming the file and the fields (run_id, seed); every server refuses step 12 naming the
 #            file and the fields; the run resumes at step 8;
+#   pair:    worker 1's .snap and .model of run a in run b's step 12: the pair agrees with itself, so worker 1
+#            lists step 12; the rendezvous skips it as "worker[1]'s files are of another run than server[0]'s"
+#            (run_id, seed) and resumes at step 8; ckpt-info names the file;
 #   config:  all of run a's step 12 in place of run b's: the files agree with each other, but the rendezvous
 #            skips step 12 as "written by a run with another config" (seed 7 vs 2048), resumes at step 8;
 #   forged:  block_rows = 2^54 in both shard files of step 12, their digests and HMAC recomputed with the
@@ -85,6 +88,15 @@ done
 log_has foreign server0 "step 12 skipped: not complete on server\[0\]; step 8 is the newest checkpoint complete on all 4 members; run id $RUN_B" \
   "the rendezvous skips step 12 and keeps run b's id"
 resumed_at foreign 8
+
+# --- pair: worker 1's pair of run a in run b's step 12 (consistent in itself: only the rendezvous sees it) -----
+damaged pair
+for ext in snap model; do cp "$TMP/a/snapshots/step-12/worker-1-of-2.$ext" "$TMP/pair/snapshots/step-12/" || die "copy"; done
+expect_rc "pair: ckpt-info" 0 "step-12/worker-1-of-2.snap: another run's file: header fields run_id" "$PFCPS" ckpt-info "$TMP/pair"
+ckpt_launch pair
+log_has pair server0 "step 12 skipped: worker\[1\]'s files are of another run than server\[0\]'s: run_id [0-9a-f]{32} vs $RUN_B, seed 7 vs 2048" \
+  "the rendezvous skips step 12 naming worker 1 and the fields"
+resumed_at pair 8
 
 # --- config: all of run a's step 12 in place of run b's -----------------------------------------------------
 damaged config
