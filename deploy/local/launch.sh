@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
     --max-restarts=*) max_restarts=${1#--max-restarts=}; shift ;;
     --set|-s) sets+=("--set" "$2"); shift 2 ;;
     --set=*) sets+=("--set" "${1#--set=}"); shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "launch: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
