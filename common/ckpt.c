@@ -190,7 +190,9 @@ static int cmp_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-int ckpt_list_steps(const char *root, int64_t **steps)
+/* ckpt_list_steps; warn: log the names that look like steps but are not canonical (the listings a reader
+ * acts on; the prune after every checkpoint write does not repeat them). */
+static int list_steps(const char *root, int64_t **steps, int warn)
 {
     *steps = NULL;
     DIR *d = opendir(root);
@@ -206,7 +208,7 @@ int ckpt_list_steps(const char *root, int64_t **steps)
     while ((e = readdir(d))) {
         int64_t t = ckpt_parse_step(e->d_name);
         if (t < 0) {
-            if (looks_like_step(e->d_name))
+            if (warn && looks_like_step(e->d_name))
                 log_warn(
                     "checkpoint root %s: '%s' skipped: not a step folder name (step-<T>, T > 0 in decimal "
                     "without leading zeros, at most %lld)",
@@ -230,6 +232,11 @@ int ckpt_list_steps(const char *root, int64_t **steps)
     if (n)
         qsort(*steps, (size_t)n, sizeof(int64_t), cmp_desc);
     return n;
+}
+
+int ckpt_list_steps(const char *root, int64_t **steps)
+{
+    return list_steps(root, steps, 1);
 }
 
 int ckpt_resume_steps(const char *root, const char *member, const char *who, ckpt_step_check check, void *arg,
@@ -301,7 +308,7 @@ int ckpt_scan_members(const char *root, int64_t step, const char *role, const ch
 void ckpt_remove_empty(const char *root)
 {
     int64_t *steps;
-    int n = ckpt_list_steps(root, &steps);
+    int n = list_steps(root, &steps, 0);
     for (int i = 0; i < n; i++) {
         char dir[4200];
         ckpt_step_dir(root, steps[i], dir, sizeof dir);
@@ -369,7 +376,7 @@ static void remove_files(const char *root, int64_t step, const char *role, int r
 void ckpt_prune(const char *root, const char *role, int rank, int keep)
 {
     int64_t *steps;
-    int n = ckpt_list_steps(root, &steps);
+    int n = list_steps(root, &steps, 0);
     if (n <= 0) {
         free(steps);
         return;
