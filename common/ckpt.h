@@ -80,9 +80,9 @@ int64_t ckpt_parse_step(const char *name);
 
 /* The checkpoint steps under root (canonical step folders step-<T>, T > 0), newest first, into *steps
  * (malloc'd, free it; NULL when none). Names that look like steps but are not canonical are logged with a
- * warning and skipped (ckpt_prune and ckpt_remove_empty skip them silently). Returns their number (0 when root does not exist), or -ENOMEM, or -EACCES / -ENOTDIR /
- * -EIO "cannot read the checkpoint root <root>: <reason>" when root exists but cannot be listed (permission
- * denied, not a folder, a file on the way). */
+ * warning and skipped (ckpt_prune and ckpt_remove_empty skip them silently). Returns their number (0 when
+ * root does not exist), or -ENOMEM, or -EACCES / -ENOTDIR / -EIO "cannot read the checkpoint root <root>:
+ * <reason>" when root exists but cannot be listed (permission denied, not a folder, a file on the way). */
 int ckpt_list_steps(const char *root, int64_t **steps);
 
 /* One member's test of one checkpoint step: 0 when the step is usable by the member (its files present,
