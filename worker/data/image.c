@@ -4,11 +4,15 @@
 #include "common/err.h"
 #include "common/splitmix64.h"
 
+#include <errno.h>
 #include <png.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <turbojpeg.h>
+#include <unistd.h>
 
 int img_decoder_init(img_decoder *d)
 {
@@ -258,6 +262,39 @@ uint64_t img_hash64(uint64_t a, uint64_t b, uint64_t c, uint64_t d)
     h = img_splitmix64(&s);
     s = h ^ d;
     return img_splitmix64(&s);
+}
+
+int img_decode_pnm_bmp(const uint8_t *data, size_t len, int *w, int *h, uint8_t **rgb)
+{
+    *rgb = NULL;
+    int fd = memfd_create("pfcps-image", MFD_CLOEXEC);
+    if (fd < 0)
+        return pf_err(-EIO, "memfd_create: %s", strerror(errno));
+    for (size_t at = 0; at < len;) {
+        ssize_t n = write(fd, data + at, len - at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : ENOSPC;
+            close(fd);
+            return pf_err(e == ENOMEM ? -ENOMEM : -EIO, "writing the image to a memory file: %s",
+                          strerror(e));
+        }
+        at += (size_t)n;
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int pf = TJPF_RGB;
+    uint8_t *loaded = tjLoadImage(path, w, 1, h, &pf, 0);
+    close(fd);
+    if (!loaded)
+        return pf_err(-EPROTO, "not a JPEG, PNG, PGM, PPM or BMP image: %s", tjGetErrorStr2(NULL));
+    if (*w <= 0 || *h <= 0 || *w > IMG_MAX_SIDE || *h > IMG_MAX_SIDE) {
+        tjFree(loaded);
+        return pf_err(-E2BIG, "%dx%d image is outside 1..%d per side", *w, *h, IMG_MAX_SIDE);
+    }
+    *rgb = loaded;
+    return 0;
 }
 
 int img_name_is_image(const char *name)

@@ -29,6 +29,14 @@ void img_decoder_free(img_decoder *d);
  * -E2BIG for an image over IMG_MAX_SIDE; -ENOMEM. */
 int img_decode_rgb(img_decoder *d, const uint8_t *data, size_t len, int *w, int *h, uint8_t **rgb);
 
+/* Decodes a PGM, PPM or BMP held in memory (data, len: the bytes of a file already read and checked) with
+ * TurboJPEG's tjLoadImage, which reads only from a path: the bytes go to an anonymous memory file
+ * (memfd_create) that tjLoadImage opens as /proc/self/fd/N, so the image decoded is the one read, never
+ * whatever the file's path names by then. Grey is replicated to RGB. On success *rgb is packed (h, w, 3)
+ * RGB allocated by TurboJPEG (tjFree() it). Errors: -EPROTO "not a JPEG, PNG, PGM, PPM or BMP image:
+ * <TurboJPEG message>", -E2BIG for a side outside 1..IMG_MAX_SIDE, -EIO (the memory file), -ENOMEM. */
+int img_decode_pnm_bmp(const uint8_t *data, size_t len, int *w, int *h, uint8_t **rgb);
+
 /* Bilinear resize of packed RGB (sh, sw, 3) to (dh, dw, 3), half-pixel centers (OpenCV INTER_LINEAR). */
 void img_resize_rgb(const uint8_t *src, int sw, int sh, uint8_t *dst, int dw, int dh);
 

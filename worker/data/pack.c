@@ -122,15 +122,9 @@ static int encode_one(packer *p, const char *path, uint8_t **orig, const uint8_t
             return 0;
         }
     } else {
-        /* PGM, PPM, BMP: TurboJPEG's loader, converting grey to RGB. */
-        int pf = TJPF_RGB;
-        loaded = tjLoadImage(path, &w, 1, &h, &pf, 0);
-        if (!loaded)
-            return pf_err(-EPROTO, "%s: cannot load image: %s", path, tjGetErrorStr2(NULL));
-        if (w <= 0 || h <= 0 || w > IMG_MAX_SIDE || h > IMG_MAX_SIDE) {
-            tjFree(loaded);
-            return pf_err(-E2BIG, "%s: %dx%d image is outside 1..%d per side", path, w, h, IMG_MAX_SIDE);
-        }
+        /* PGM, PPM, BMP: TurboJPEG's loader on the bytes read, converting grey to RGB. */
+        if ((rc = img_decode_pnm_bmp(data, len, &w, &h, &loaded)) < 0)
+            return pf_err_wrap(rc, "%s", path);
         rgb = loaded;
     }
     if (w == IMG_SIZE && h == IMG_SIZE)

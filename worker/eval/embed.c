@@ -96,15 +96,9 @@ static int load_one(embed_scratch *s, const eval_image *im, int pad, float *out,
         if ((rc = img_decode_rgb(&s->dec, data, len, &w, &h, &rgb)))
             return rc;
     } else {
-        /* PGM / PPM / BMP: TurboJPEG's loader (as pfcps pack), grey replicated to RGB */
-        int pf = TJPF_RGB;
-        loaded = tjLoadImage(im->path, &w, 1, &h, &pf, 0);
-        if (!loaded)
-            return pf_err(-EPROTO, "not a JPEG, PNG, PGM, PPM or BMP image: %s", tjGetErrorStr2(NULL));
-        if (w <= 0 || h <= 0 || w > IMG_MAX_SIDE || h > IMG_MAX_SIDE) {
-            tjFree(loaded);
-            return pf_err(-E2BIG, "%dx%d image is outside 1..%d per side", w, h, IMG_MAX_SIDE);
-        }
+        /* PGM / PPM / BMP: TurboJPEG's loader on the bytes read (as pfcps pack), grey replicated to RGB */
+        if ((rc = img_decode_pnm_bmp(data, len, &w, &h, &loaded)))
+            return rc;
         rgb = loaded;
     }
     *refit = w != IMG_SIZE || h != IMG_SIZE;
