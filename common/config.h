@@ -100,12 +100,14 @@ int cfg_load_text(pf_config *cfg, const char *text);
 
 /* Applies an arcface_torch Python config (configs/NAME.py: `config = edict()` then `config.key = value`
  * lines) to cfg, without running Python (grammar in config_py.c: literals, tuples, lists, True/False/None,
- * integer arithmetic such as `30 * 10000`, comments, imports). Tuples and lists become comma-separated values
+ * integer arithmetic such as `30 * 10000`, comments, imports, a UTF-8 BOM at the start). Tuples and lists become comma-separated values
  * (margin_list, val_targets); None keeps the default, except `output = None` (or no `output` line), which is
  * work_dirs/<file name without .py>, as arcface_torch's get_config. arcface_torch keys pfcps does not use
  * (dali, dali_aug, gradient_acc, wandb_*, using_wandb, suffix_run_name, ...) are listed once in a warning;
  * any other unknown key, a value of the wrong type or out of range, and any construct outside the grammar
- * (a name, a call, a dict) are refused: -EINVAL (or cfg_set's code) with "<where>:<line>: <problem>". Does
+ * (a name, a call, a dict, statements joined by ';', an indented line, a second `config = edict()`, an
+ * import binding `config` or another `edict`) are refused: -EINVAL (or cfg_set's code) with
+ * "<where>:<line>: <problem>". Does
  * not validate: cfg_load_ex does that after the --set overrides. */
 int cfg_load_py_text(pf_config *cfg, const char *text, const char *where);
 
