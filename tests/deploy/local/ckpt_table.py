@@ -20,38 +20,18 @@ import re
 import struct
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from pfcps_snap import Snap  # noqa: E402
+
 HDR_AREA = 4096
 
 
-def varint(b, i):
-    v = s = 0
-    while True:
-        x = b[i]
-        i += 1
-        v |= (x & 0x7F) << s
-        s += 7
-        if x < 0x80:
-            return v, i
-
-
 def header(raw, path):
-    if raw[:8] != b"PFCPSNP1":
-        sys.exit(f"{path}: bad magic")
-    (hl,) = struct.unpack_from("<I", raw, 8)
-    b = raw[12:12 + hl]
-    f, i = {}, 0
-    while i < len(b):
-        key, i = varint(b, i)
-        num, wt = key >> 3, key & 7
-        if wt == 0:
-            v, i = varint(b, i)
-        elif wt == 2:
-            n, i = varint(b, i)
-            v, i = b[i:i + n], i + n
-        else:
-            sys.exit(f"{path}: unexpected wire type {wt}")
-        f[num] = v
-    return f
+    """The SnapshotHeader's fields {number: value} (tests/pfcps_snap.py's reader); exits naming path if bad."""
+    try:
+        return Snap(raw).fields
+    except (AssertionError, ValueError, IndexError, struct.error) as e:
+        sys.exit(f"{path}: {e}")
 
 
 def table(root, step):
