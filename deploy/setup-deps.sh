@@ -12,6 +12,8 @@ PACKAGES=(
   libssl-dev libopenblas-dev libdnnl-dev
   # model export: safetensors headers (JSON), ONNX's onnx.proto (compiled by protoc-c)
   libjansson-dev libonnx-dev
+  # metrics: the /metrics endpoint (HTTP server), pfcps top (HTTP client)
+  libmicrohttpd-dev libcurl4-openssl-dev
   # tests: unit framework, fuzzing and sanitizers with clang
   libcmocka-dev clang libclang-rt-14-dev
 )
