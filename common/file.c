@@ -93,6 +93,52 @@ int pf_fopen_regular(const char *path, FILE **f)
     return 0;
 }
 
+int pf_open_output(const char *path, int flags, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | flags, mode);
+    if (fd < 0) {
+        int e = errno;
+        struct stat st;
+        /* ENXIO: a FIFO without a reader, or a socket; EISDIR: a folder. Name what is there. */
+        if ((e == ENXIO || e == EISDIR) && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+            return kind_error(&st);
+        if (e == EACCES || e == EPERM)
+            return pf_err(-EACCES, "permission denied");
+        return pf_err(-e, "cannot open: %s", strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return pf_err(-EIO, "cannot open: fstat: %s", strerror(e));
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) {
+        close(fd);
+        return kind_error(&st);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return pf_err(-EIO, "cannot open: fcntl: %s", strerror(e));
+    }
+    return fd;
+}
+
+int pf_fopen_output(const char *path, int append, FILE **f)
+{
+    *f = NULL;
+    int fd = pf_open_output(path, O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
+    if (fd < 0)
+        return fd;
+    *f = fdopen(fd, append ? "a" : "w");
+    if (!*f) {
+        close(fd);
+        return pf_err(-ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
 /* Reads until n bytes are in buf or the file ends: *got = how many. Returns 0 or -EIO "read failed: ...". */
 static int read_upto(int fd, void *buf, size_t n, size_t *got)
 {

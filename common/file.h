@@ -32,6 +32,20 @@ int pf_open_regular(const char *path, struct stat *st);
  * "out of memory". */
 int pf_fopen_regular(const char *path, FILE **f);
 
+/* Opens path for writing (an output pfcps makes: a log, a trace, an events file, a pid file) without ever
+ * blocking on it: O_WRONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC | flags (flags: O_CREAT, O_APPEND, O_TRUNC,
+ * O_EXCL as the caller needs), mode for a file it creates; the descriptor is fstat'd and anything but a
+ * regular file or a character device (/dev/null, a terminal) is refused, so a FIFO, socket or folder at the
+ * path never makes the daemon wait for a reader. O_NONBLOCK is cleared before returning. Returns the
+ * descriptor (close() it), or, with a message that names the problem but not the path:
+ *   -EIO "<kind>, not a regular file" (a FIFO, with or without a reader; a socket; a folder), -EACCES "permission denied", -ENOENT / -EEXIST / other -errno "cannot open: <reason>". */
+int pf_open_output(const char *path, int flags, mode_t mode);
+
+/* pf_open_output as a stdio stream: append = 1 opens for appending ("a"), 0 truncates ("w"), creating the
+ * file in both cases (mode 0644). Returns 0 with *f set (fclose() it), or the errors of pf_open_output, or
+ * -ENOMEM "out of memory". */
+int pf_fopen_output(const char *path, int append, FILE **f);
+
 /* Reads the whole regular file at path into a fresh malloc'd buffer: *data (free() it; one byte is
  * allocated past the end and set to 0, so a text file may be read as a C string) and *len (bytes).
  * max_bytes > 0 refuses a larger file; 0 means no limit.

@@ -1,4 +1,5 @@
 #include "common/log.h"
+#include "common/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -49,9 +50,9 @@ void log_set_level(log_level level)
 
 int log_open_file(const char *path)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    int fd = pf_open_output(path, O_CREAT | O_APPEND, 0644);
     if (fd < 0)
-        return -errno;
+        return fd;
     pthread_mutex_lock(&log_lock);
     if (log_fd >= 0)
         close(log_fd);

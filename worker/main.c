@@ -24,6 +24,7 @@
 #include "common/ctl.h"
 #include "common/daemon.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "worker/model/model.h"
 #include "worker/resume.h"
@@ -198,10 +199,9 @@ static int check_writable_dir(const char *key, const char *dir)
         return pf_err(-errno, "config key '%s': cannot create the folder '%s': %s", key, dir,
                       strerror(errno));
     snprintf(buf, sizeof buf, "%s/.pfcps-write-probe.%d", dir, (int)getpid());
-    int fd = open(buf, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = pf_open_output(buf, O_CREAT | O_TRUNC, 0644);
     if (fd < 0)
-        return pf_err(-errno, "config key '%s': cannot write in the folder '%s': %s", key, dir,
-                      strerror(errno));
+        return pf_err_wrap(fd, "config key '%s': cannot write in the folder '%s'", key, dir);
     int rc = write(fd, "probe\n", 6) == 6 ? 0 : -(errno ? errno : ENOSPC);
     if (close(fd) < 0 && rc == 0)
         rc = -errno;

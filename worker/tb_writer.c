@@ -3,6 +3,7 @@
 #include "worker/tb_writer.h"
 
 #include "common/err.h"
+#include "common/file.h"
 #include "tb_event.pb-c.h"
 
 #include <fcntl.h>
@@ -143,9 +144,9 @@ int tb_open(tb_writer **out, const char *dir)
     }
     snprintf(w->path, (size_t)n + 1, fmt, dir, now, host, (long)getpid(), uid);
 
-    w->fd = open(w->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    w->fd = pf_open_output(w->path, O_CREAT | O_EXCL, 0644);
     if (w->fd < 0) {
-        rc = pf_err(-errno, "creating the TensorBoard event file %s: %s", w->path, strerror(errno));
+        rc = pf_err_wrap(w->fd, "creating the TensorBoard event file %s", w->path);
         tb_close(w);
         return rc;
     }

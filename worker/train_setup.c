@@ -10,6 +10,7 @@
 
 #include "common/ckpt.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "kernels/ops.h"
 #include "worker/data/rec.h"
@@ -305,7 +306,7 @@ static int setup_outputs(trainer *t)
         char path[1100];
         snprintf(path, sizeof path, "%s/training.log", t->run.output);
         if (log_open_file(path) < 0)
-            log_warn("cannot write %s", path);
+            log_warn("cannot write %s: %s", path, pf_errmsg());
         snprintf(path, sizeof path, "%s/tensorboard", t->run.output);
         if (tb_open(&t->tb, path) < 0)
             log_warn("no TensorBoard events: %s", pf_errmsg());
@@ -313,9 +314,9 @@ static int setup_outputs(trainer *t)
             log_info("TensorBoard events: %s (tensorboard --logdir %s)", tb_path(t->tb), path);
     }
     if (t->opts.trace_path) {
-        t->trace = fopen(t->opts.trace_path, t->start_step > 0 ? "a" : "w");
-        if (!t->trace)
-            return pf_err(-errno, "cannot write trace file '%s'", t->opts.trace_path);
+        int rc = pf_fopen_output(t->opts.trace_path, t->start_step > 0, &t->trace);
+        if (rc < 0)
+            return pf_err_wrap(rc, "cannot write trace file '%s'", t->opts.trace_path);
     }
     return setup_val(t);
 }

@@ -269,6 +269,68 @@ static void kinds(void)
     close(s);
 }
 
+/* pf_open_output / pf_fopen_output: a regular file is created, truncated or appended to; /dev/null is
+ * accepted; a FIFO (with and without a reader), a socket and a folder are refused at once, naming the kind. */
+static void outputs(void)
+{
+    char fifo[512], out[512], sock[100];
+    snprintf(fifo, sizeof fifo, "%s", in_dir("fifo"));
+    snprintf(out, sizeof out, "%s", in_dir("out.txt"));
+    snprintf(sock, sizeof sock, "%s", in_dir("out.sock"));
+    FILE *f = NULL;
+    for (int i = 0; i < 3; i++) { /* "w", then "a" twice: the file holds "x" then "xy" then "xyy" */
+        int rc = pf_fopen_output(out, i > 0, &f);
+        check(rc == 0 && f, "pf_fopen_output %s (append %d): rc %d '%s'", out, i > 0, rc, pf_errmsg());
+        if (f) {
+            fputs(i == 0 ? "x" : "y", f);
+            fclose(f);
+        }
+    }
+    uint8_t *data = NULL;
+    size_t len = 0;
+    check(pf_read_file(out, 0, &data, &len) == 0 && len == 3 && !memcmp(data, "xyy", 3),
+          "pf_fopen_output: \"w\" then \"a\" twice leaves \"xyy\" (got %zu bytes)", len);
+    free(data);
+    int rc = pf_fopen_output(out, 0, &f);
+    if (rc == 0)
+        fclose(f);
+    check(rc == 0 && pf_read_file(out, 0, &data, &len) == 0 && len == 0, "pf_fopen_output \"w\" truncates");
+    free(data);
+    int fd = pf_open_output("/dev/null", O_APPEND, 0);
+    check(fd >= 0, "pf_open_output /dev/null: rc %d '%s'", fd, fd < 0 ? pf_errmsg() : "");
+    if (fd >= 0)
+        close(fd);
+    fd = pf_open_output(out, O_CREAT | O_EXCL, 0644);
+    check(fd == -EEXIST, "pf_open_output O_EXCL on an existing file: rc %d (want %d)", fd, -EEXIST);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", sock);
+    if (s < 0 || bind(s, (const struct sockaddr *)&a, sizeof a) != 0)
+        DIE("socket %s", sock);
+    int reader = -1;
+    struct {
+        const char *what, *path, *want;
+        int reader;
+    } k[] = {{"a FIFO without a reader", fifo, "a FIFO, not a regular file", 0},
+             {"a FIFO with a reader", fifo, "a FIFO, not a regular file", 1},
+             {"a socket", sock, "a socket, not a regular file", 0},
+             {"a folder", dir, "a directory, not a regular file", 0}};
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        if (k[i].reader && reader < 0 && (reader = open(fifo, O_RDONLY | O_NONBLOCK)) < 0)
+            DIE("open %s for reading", fifo);
+        alarm(10);
+        rc = pf_fopen_output(k[i].path, 1, &f);
+        alarm(0);
+        check(rc == -EIO && f == NULL && !strcmp(pf_errmsg(), k[i].want),
+              "pf_fopen_output on %s: rc %d '%s' (want -EIO '%s')", k[i].what, rc, pf_errmsg(), k[i].want);
+        if (f)
+            fclose(f);
+    }
+    if (reader >= 0)
+        close(reader);
+    close(s);
+}
+
 /* pf_dirset: a folder is entered once, by (st_dev, st_ino): 5000 made-up folders (inode i on device i % 3,
  * so equal inodes on other devices are other folders) are each new on the first entry and seen on the
  * second, across the set's growth; then real ones through a link: a folder and a link to it are one. */
@@ -326,6 +388,7 @@ int main(void)
                 "cannot open: No such file or directory");
     refused_all("under a regular file", in_dir("empty/x"), -ENOENT, "cannot open: Not a directory");
     kinds();
+    outputs();
     permission();
     dirsets();
 
