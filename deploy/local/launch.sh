@@ -58,6 +58,14 @@ if [ "$max_restarts" -gt 0 ] && [ "$snap_every" = 0 ]; then
   echo "launch: --max-restarts $max_restarts with snapshot_every = 0: a restart starts over from step 0" >&2
 fi
 mkdir -p "$out/logs" || { echo "launch: cannot create '$out/logs'" >&2; exit 2; }
+# A log path that is not a regular file (a FIFO would block the daemon's start until something reads it).
+for ((r = 0; r < S + W; r++)); do
+  if ((r < S)); then f=$out/logs/server$r.log; else f=$out/logs/worker$((r - S)).log; fi
+  if [ -e "$f" ] && [ ! -f "$f" ]; then
+    echo "launch: log '$f' is $(stat -c %F "$f"), not a regular file: remove it" >&2
+    exit 2
+  fi
+done
 
 pids=()
 server_pids=()

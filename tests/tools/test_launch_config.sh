@@ -73,6 +73,13 @@ grep -qF "launch: 1 servers + 1 workers, config $TMP/run.ini, logs in $TMP/other
   fail "announcement with --set: $(head -1 "$TMP/launch2.out")"
 logs_are "$TMP/other/logs" "server0.log worker0.log"
 
+# A FIFO in place of a member's log is refused before anything starts (a daemon would block opening it).
+rm -f "$TMP/other/logs/worker0.log" && mkfifo "$TMP/other/logs/worker0.log"
+run_launch "$TMP/launch5.out" -c "$TMP/run.ini" --set workers=1 --set "output=$TMP/other" --set servers=1; rc=$?
+[ "$rc" -eq 2 ] && grep -qF "launch: log '$TMP/other/logs/worker0.log' is fifo, not a regular file: remove it" \
+  "$TMP/launch5.out" || fail "FIFO log: exit $rc: $(cat "$TMP/launch5.out")"
+grep -q "servers + " "$TMP/launch5.out" && fail "FIFO log: the launcher started the run: $(cat "$TMP/launch5.out")"
+
 # A config the daemons would refuse is refused by the launcher before it starts anything.
 printf '[cluster]\nworkerz = 2\noutput = %s\n' "$TMP/never" >"$TMP/bad.ini"
 run_launch "$TMP/launch3.out" -c "$TMP/bad.ini"; rc=$?
