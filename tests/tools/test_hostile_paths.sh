@@ -11,12 +11,11 @@
 #   timeout).
 # Arguments: PFCPS MAKE_CKPT SRC
 set -uo pipefail
+. "$(dirname "$0")/../expect.sh"
 PFCPS=$1 MAKE_CKPT=$2 SRC=$3
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-"$MAKE_CKPT" "$TMP/model.ckpt" r18_w8 16 3 || { echo "FAIL: make_ckpt"; exit 1; }
+"$MAKE_CKPT" "$TMP/model.ckpt" r18_w8 16 3 || die "make_ckpt"
 IMG=$SRC/data/orl/s1/1.pgm
 
 # rows OUT.npy: the first dimension of a .npy's shape
@@ -72,7 +71,7 @@ expect_fifo() { # what args...
   if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || ! grep -q "$TMP/[^ ]*: a FIFO, not a regular file" <<<"$out"; then
     fail "$what: exit $rc (124: blocked on the FIFO): $out"
   else
-    echo "$what: exit $rc: $(tail -n 1 <<<"$out")"
+    ok "$what: exit $rc: $(tail -n 1 <<<"$out")"
   fi
 }
 expect_fifo "embed list file" embed "$TMP/model.ckpt" "$TMP/fifo.txt" "$TMP/o.npy"
@@ -83,5 +82,4 @@ expect_fifo "config (.py)" config-get -c "$TMP/fifo.py" lr
 mkdir -p "$TMP/run/centers" && mkfifo "$TMP/run/centers/fifo.rank0" && ln -s fifo.rank0 "$TMP/run/centers/partition.rank0"
 expect_fifo "centers partition" export --centers --dim 4 "$TMP/run" "$TMP/centers.safetensors"
 
-[ "$fails" -eq 0 ] && echo ok || echo FAIL
-exit $((fails != 0))
+expect_summary
