@@ -6,6 +6,7 @@
 #include "common/file.h"
 #include "common/netname.h"
 #include "common/hostport.h"
+#include "common/metrics.h"
 #include "common/log.h"
 
 #include <ini.h>
@@ -85,6 +86,7 @@ static const key_def keys[] = {
     {"secret", "cluster", K_STR, OFF(secret), "", 0, 0, 0, 0, NULL, 0, 0},
     {"ctl_max_frame", "cluster", K_INT, OFF(ctl_max_frame), "1048576", 1024, 1 << 30, 0, 0, NULL, 0, 0},
     {"data_address", "cluster", K_STR, OFF(data_address), "auto", 0, 0, 0, 0, NULL, 0, 1},
+    {"metrics_address", "cluster", K_STR, OFF(metrics_address), "", 0, 0, 0, 0, NULL, 0, 0},
     {"ctl_timeout", "cluster", K_DOUBLE, OFF(ctl_timeout), "30", 0, 86400, 1, 0, NULL, 0, 0},
     /* [server] */
     {"snapshot_dir", "server", K_STR, OFF(snapshot_dir), "", 0, 0, 0, 0, NULL, 0, 0},
@@ -298,6 +300,13 @@ static int check_key(const pf_config *cfg, const key_def *k, int check_required)
             int port;
             if (pf_parse_hostport(s, host, sizeof host, &port) < 0)
                 return pf_err(-EINVAL, "key 'rendezvous': value '%s' is not host:port with port 1-65535", s);
+        }
+        if (strcmp(k->name, "metrics_address") == 0 && *s) {
+            char host[CFG_STR];
+            int port;
+            if (metrics_parse_address(s, host, sizeof host, &port) < 0)
+                return pf_err(-EINVAL, "key 'metrics_address': value '%s' is not host:port with port 0-65535 "
+                              "(an IPv6 address in brackets; \"\" = off)", s);
         }
         break;
     }

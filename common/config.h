@@ -61,6 +61,8 @@ typedef struct pf_config {
     char wire_dtype[CFG_STR]; /* "fp32" (default), "fp16", "bf16" */
     int max_staleness;        /* 0 = BSP (default); k = pulls may run k steps ahead (SSP) */
     char data_address[CFG_STR]; /* "auto" (default): where the route to the rendezvous leaves; "any"; an address */
+    char metrics_address[CFG_STR]; /* host:port of this member's Prometheus /metrics endpoint (port 0: a free
+                                      one); default "" = off. Member-local: each daemon uses its own value */
     char head_mode[CFG_STR];  /* "global" (default) or "local" */
     char secret[CFG_STR];     /* shared join secret; default "" = read PFCPS_SECRET from the environment */
     int ctl_max_frame;        /* control-plane frame limit, bytes, default 1 MiB */

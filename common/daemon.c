@@ -18,6 +18,7 @@
 #include "common/err.h"
 #include "common/hostport.h"
 #include "common/log.h"
+#include "common/metrics.h"
 
 static sigset_t stop_signals;
 static volatile sig_atomic_t *g_stop;
@@ -173,4 +174,19 @@ void daemon_tune_malloc(void)
 {
     mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc refuses more than 32 MiB on 64-bit */
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
+
+int daemon_metrics_start(const pf_config *cfg, const char *role, int rank)
+{
+    if (!cfg->metrics_address[0])
+        return 0;
+    metrics_set_identity(role, rank);
+    char bound[300];
+    int rc = metrics_start(cfg->metrics_address, bound, sizeof bound);
+    if (rc < 0) {
+        log_error("%s", pf_errmsg());
+        return rc;
+    }
+    log_info("metrics on %s", bound);
+    return 0;
 }

@@ -72,6 +72,13 @@ void daemon_tune_malloc(void);
  * negative code after logging (no route to the rendezvous within ctl_timeout). */
 int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port);
 
+/* Starts this member's Prometheus endpoint when its config (its own --config / --set: metrics_address is
+ * member-local, so several members on one host can each take a free port with ":0") sets metrics_address:
+ * metrics_set_identity(role, rank), metrics_start, then logs "metrics on HOST:PORT" (the bound address).
+ * metrics_address "" (the default): does nothing. Returns 0, or a negative code after logging the error
+ * (address in use, malformed or not of this host): the daemon exits with status 1. */
+int daemon_metrics_start(const pf_config *cfg, const char *role, int rank);
+
 /* Joins the run (cli_join_run: host:port as (role, rank) with fabric address addr, up to ctl_timeout) and
  * loads the run config into *run. A stop before the run formed, SIGTERM/SIGINT while waiting or the
  * rendezvous shutting the run down, is a normal stop: it is logged ("stopping: ...", with `stop_note`
