@@ -110,6 +110,10 @@ int metrics_add_page(const char *path, const char *content_type, char *(*render)
  * already started, other codes from socket/bind/listen or libmicrohttpd). */
 int metrics_start(const char *address, char *bound, size_t cap);
 
+/* The running endpoint's bound "host:port" (as metrics_start wrote it to bound), "" when it is not started.
+ * Valid until the next metrics_start or metrics_stop. */
+const char *metrics_bound(void);
+
 /* Stops the endpoint (if started); the registry stays. */
 void metrics_stop(void);
 

@@ -56,6 +56,7 @@ static int g_npages;
 
 static pthread_mutex_t g_start_mu = PTHREAD_MUTEX_INITIALIZER; /* metrics_start / metrics_stop */
 static struct MHD_Daemon *g_daemon;
+static char g_bound[300]; /* metrics_bound: the running endpoint's "host:port", "" when stopped */
 
 static pthread_mutex_t g_conn_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_conn_cv = PTHREAD_COND_INITIALIZER;
@@ -390,7 +391,8 @@ int metrics_start(const char *address, char *bound, size_t cap)
         pthread_mutex_unlock(&g_start_mu);
         return pf_err(-EALREADY, "metrics_address %s: the metrics endpoint is already started", address);
     }
-    int fd = listen_on(address, host, port, bound, cap, &family);
+    char b[sizeof g_bound];
+    int fd = listen_on(address, host, port, b, sizeof b, &family);
     if (fd < 0) {
         pthread_mutex_unlock(&g_start_mu);
         return fd;
@@ -416,8 +418,16 @@ int metrics_start(const char *address, char *bound, size_t cap)
         pthread_mutex_unlock(&g_start_mu);
         return pf_err(-EIO, "metrics_address %s: libmicrohttpd could not start its server", address);
     }
+    memcpy(g_bound, b, sizeof b);
+    if (bound && cap)
+        snprintf(bound, cap, "%s", b);
     pthread_mutex_unlock(&g_start_mu);
     return 0;
+}
+
+const char *metrics_bound(void)
+{
+    return g_bound;
 }
 
 void metrics_stop(void)
@@ -426,6 +436,7 @@ void metrics_stop(void)
     if (g_daemon) {
         MHD_stop_daemon(g_daemon); /* closes the connections (CLOSED unlinks each watch) and the socket */
         g_daemon = NULL;
+        g_bound[0] = 0;
         stop_watchdog();
     }
     pthread_mutex_unlock(&g_start_mu);
