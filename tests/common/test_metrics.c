@@ -231,7 +231,8 @@ static void test_address(void)
     } bad[] = {{"", "port must be a number in 0-65535"},         {"host:", "port must be a number in 0-65535"},
                {"host:65536", "port must be a number in 0-65535"}, {"host:-1", "port must be a number"},
                {"host:12a", "port must be a number"},              {"::1:80", "needs brackets"},
-               {"a b:1", "host contains ' '"},                     {"host:123456", "port must be a number"}};
+               {"a b:1", "host contains ' '"},                     {"host:123456", "port must be a number"},
+               {"[]:80", "empty brackets"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char host[64];
         int port;
