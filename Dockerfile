@@ -26,7 +26,7 @@ RUN apt-get update \
       meson ninja-build pkg-config gcc python3 protobuf-c-compiler \
       libfabric-dev libprotobuf-c-dev libinih-dev libturbojpeg0-dev libpng-dev \
       libssl-dev libopenblas-dev libdnnl-dev \
-      libjansson-dev libonnx-dev libmicrohttpd-dev libcurl4-openssl-dev \
+      libjansson-dev libonnx-dev libmicrohttpd-dev libcurl4-openssl-dev libzip-dev \
       ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 # CUDA toolkit parts pfcps uses (kernels/cuda/meson.build: cudart, cuBLAS, cuDNN, NCCL); NCCL pinned to the

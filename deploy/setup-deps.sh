@@ -14,6 +14,8 @@ PACKAGES=(
   libjansson-dev libonnx-dev
   # metrics: the /metrics endpoint (HTTP server), pfcps top (HTTP client)
   libmicrohttpd-dev libcurl4-openssl-dev
+  # arcface_torch's checkpoints (torch.save writes a zip archive)
+  libzip-dev
   # tests: unit framework, fuzzing and sanitizers with clang
   libcmocka-dev clang libclang-rt-14-dev
 )
