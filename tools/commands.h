@@ -57,4 +57,15 @@ int cmd_plan(int argc, char **argv);
  * none). Exit 1 when DIR is missing, not a folder or cannot be read. */
 int cmd_ckpt_info(int argc, char **argv);
 
+/* `pfcps top [--interval SECONDS] [--count N | --once] URL [URL ...]`: a running job's view from its daemons'
+ * Prometheus endpoints (docs/metrics.md): each URL's /targets (HTTP service discovery, served by server 0)
+ * names the members, else the URL is one; every SECONDS (1) each member's /metrics is scraped (libcurl,
+ * in parallel, 0.8 s each) and one row per member printed on stdout, sorted by role then rank (the screen
+ * cleared first when stdout is a terminal): step, steps/s and samples/s (two scrapes apart), loss, lr, wait
+ * per step (a server's median apply time), resident memory and its share of the memory limit, a server's
+ * rows pulled / pushed per second, queue depth and snapshot age; "down" and the error for a member that did
+ * not answer. --count N: N refreshes (0: until SIGINT / SIGTERM); --once: one, without rates. Exit 1 when no
+ * member answered at the last refresh. */
+int cmd_top(int argc, char **argv);
+
 #endif

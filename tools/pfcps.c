@@ -58,6 +58,11 @@ static const pfcps_command commands[] = {
      "        a run's checkpoints (DIR/snapshots): complete or not, members, bytes, table and backbone "
      "SHA-256",
      0},
+    {"top", cmd_top,
+     "top [--interval SECONDS] [--count N | --once] URL [URL ...]\n"
+     "        a running job's members (a URL's /targets, or the URL), one row each every SECONDS: step,\n"
+     "        rates, loss, lr, wait, memory, a server's rows pulled / pushed, queue, snapshot age",
+     0},
 };
 
 static void usage(FILE *f)
