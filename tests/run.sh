@@ -27,6 +27,8 @@ else
 fi
 # Slurm and munge for tests/deploy/slurm/test_slurm.sh (it skips, naming them, when they are missing).
 tests/deploy/slurm/deps.sh || echo "run.sh: tests/deploy/slurm/deps.sh failed: the Slurm test will skip"
+# Prometheus and promtool for tests/deploy/monitoring (they skip, naming them, when missing).
+tests/deploy/monitoring/deps.sh || echo "run.sh: tests/deploy/monitoring/deps.sh failed: the monitoring tests will skip"
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
 
 B=${PFCPS_TEST_BUILD:-build-tests}

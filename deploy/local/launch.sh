@@ -16,6 +16,8 @@
 #   how many of the checkpoint steps failed, on which members, and the newest step every member wrote
 #   (from the logs; `pfcps ckpt-info` verifies it). The exit status stays the run's: a failed checkpoint does
 #   not fail training (earlier checkpoints stay intact), so a supervisor does not restart a finished run.
+#   metrics_address = HOST:PORT (PORT not 0) goes to server 0 only; every other member gets HOST:0 (a free port:
+#   they share this machine), and server 0's http://HOST:PORT/targets lists them all (deploy/monitoring).
 set -uo pipefail
 
 build=build
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
     --max-restarts=*) max_restarts=${1#--max-restarts=}; shift ;;
     --set|-s) sets+=("--set" "$2"); shift 2 ;;
     --set=*) sets+=("--set" "${1#--set=}"); shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "launch: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -47,15 +49,23 @@ done
 
 # Effective values of the keys the launcher itself needs, from the real parser (file, then every --set in
 # order, defaults for keys not given): one line per key. A config the daemons would refuse stops here.
-if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every); then
+if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every metrics_address); then
   echo "launch: config '$config' refused (see above)" >&2
   exit 2
 fi
 mapfile -t v <<<"$vals"
-S=${v[0]}; W=${v[1]}; out=${v[2]}; snapdir=${v[3]:-$out/snapshots}; snap_every=${v[4]}
+S=${v[0]}; W=${v[1]}; out=${v[2]}; snapdir=${v[3]:-$out/snapshots}; snap_every=${v[4]}; maddr=${v[5]:-}
 [ -n "$snapdir" ] || snapdir=$out/snapshots
 if [ "$max_restarts" -gt 0 ] && [ "$snap_every" = 0 ]; then
   echo "launch: --max-restarts $max_restarts with snapshot_every = 0: a restart starts over from step 0" >&2
+fi
+# metrics_address with a fixed port is server 0's; the others (msets) take the same host and a free port.
+msets=()
+if [ -n "$maddr" ] && [ "${maddr##*:}" != 0 ]; then
+  mhost=
+  case $maddr in *:*) mhost=${maddr%:*} ;; esac
+  msets=(--set "metrics_address=$mhost:0")
+  echo "launch: server 0 serves metrics on $maddr (/metrics; /targets lists every member's endpoint)" >&2
 fi
 mkdir -p "$out/logs" || { echo "launch: cannot create '$out/logs'" >&2; exit 2; }
 # A log path that is not a regular file (a FIFO would block the daemon's start until something reads it).
@@ -104,19 +114,21 @@ run_once() {
   local mode=${1:-">"}
   pids=(); server_pids=(); worker_pids=(); culprit=
   for ((r = 0; r < S; r++)); do
+    local ms=()
+    [ "$r" -eq 0 ] || ms=("${msets[@]}")
     if [ "$mode" = ">>" ]; then
-      "$server_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" >>"$out/logs/server$r.log" 2>&1 &
+      "$server_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" "${ms[@]}" >>"$out/logs/server$r.log" 2>&1 &
     else
-      "$server_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" >"$out/logs/server$r.log" 2>&1 &
+      "$server_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" "${ms[@]}" >"$out/logs/server$r.log" 2>&1 &
     fi
     pids+=($!); server_pids+=($!)
   done
   for ((r = 0; r < W; r++)); do
     # Every daemon's own pid is what we signal (never a pipe's): output goes to its log file.
     if [ "$mode" = ">>" ]; then
-      "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" >>"$out/logs/worker$r.log" 2>&1 &
+      "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/worker$r.log" 2>&1 &
     else
-      "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" >"$out/logs/worker$r.log" 2>&1 &
+      "$worker_bin" --config "$config" --rank "$r" "${sets[@]}" "${extra[@]}" "${msets[@]}" >"$out/logs/worker$r.log" 2>&1 &
     fi
     pids+=($!); worker_pids+=($!)
   done
