@@ -48,7 +48,7 @@ static int perr(const pcur *c, const char *fmt, ...)
 /* The character at the cursor as an error message shows it: 'x', or "the end of the line". */
 static const char *here(const pcur *c, char buf[16])
 {
-    if (c->i >= c->n || c->s[c->i] == '\n' || c->s[c->i] == '\r')
+    if (c->i >= c->n || c->s[c->i] == '\n')
         return "the end of the line";
     unsigned char ch = (unsigned char)c->s[c->i];
     if (ch >= 0x20 && ch < 0x7f)
@@ -71,8 +71,7 @@ static void skip_blanks(pcur *c)
 
 static int at_eol(const pcur *c)
 {
-    return c->i >= c->n || c->s[c->i] == '\n' ||
-           (c->s[c->i] == '\r' && (c->i + 1 >= c->n || c->s[c->i + 1] == '\n'));
+    return c->i >= c->n || c->s[c->i] == '\n';
 }
 
 /* Skips blanks; the line must end there (what = what came before, for the message). */
@@ -82,8 +81,6 @@ static int end_line(pcur *c, const char *what)
     skip_blanks(c);
     if (!at_eol(c))
         return perr(c, "unexpected %s after %s", here(c, b), what);
-    if (c->i < c->n && c->s[c->i] == '\r')
-        c->i++;
     if (c->i < c->n)
         c->i++;
     c->line++;
@@ -175,7 +172,8 @@ static int utf8_valid(const unsigned char *s, size_t n)
 }
 
 /* Reads text with escapes up to `close` ('"' for a label value, -1 for a help text: up to the end of the
- * line) into storage. quote: whether \" is an escape (label values) or refused (help texts). */
+ * line) into storage. quote: a label value (\" is an escape, UTF-8 is required) or a help text (\" is
+ * refused, any bytes). */
 static int read_escaped(pcur *c, int close, int quote, const char *what, const char **out)
 {
     char *b = str_begin(c);
@@ -200,7 +198,7 @@ static int read_escaped(pcur *c, int close, int quote, const char *what, const c
         }
         str_put(c, ch);
     }
-    if (!utf8_valid((const unsigned char *)b, c->spos - start))
+    if (quote && !utf8_valid((const unsigned char *)b, c->spos - start))
         return perr(c, "%s: not valid UTF-8", what);
     *out = str_end(c, b);
     return 0;
@@ -340,8 +338,7 @@ static int parse_timestamp(const char *t, size_t n, int64_t *v)
 static size_t token_end(const pcur *c)
 {
     size_t i = c->i;
-    while (i < c->n && c->s[i] != ' ' && c->s[i] != '\t' && c->s[i] != '\n' &&
-           !(c->s[i] == '\r' && (i + 1 >= c->n || c->s[i + 1] == '\n')))
+    while (i < c->n && c->s[i] != ' ' && c->s[i] != '\t' && c->s[i] != '\n')
         i++;
     return i;
 }
@@ -371,10 +368,12 @@ static int parse_comment(pcur *c)
         return perr(c, "# %s: expected a metric name, got %s", kw, here(c, b));
     if (!at_eol(c) && peek(c) != ' ' && peek(c) != '\t')
         return perr(c, "# %s %.100s: unexpected %s in the metric name", kw, name, here(c, b));
+    skip_blanks(c);
+    if (at_eol(c)) /* "# TYPE name" and nothing else: a plain comment too */
+        return end_line(c, kw);
     int f = fam_lookup(c, name, strlen(name));
     if (f < 0 && (f = fam_add(c, name)) < 0)
         return f;
-    skip_blanks(c);
     prom_family *fam = &c->pg->families[f];
     c->fst[f].declared = 1;
     if (help) {
@@ -386,7 +385,9 @@ static int parse_comment(pcur *c)
     if (c->fst[f].typed || c->fst[f].has_samples)
         return perr(c, "second TYPE line for '%.100s', or TYPE after its samples", name);
     static const char *const types[] = {"untyped", "counter", "gauge", "histogram", "summary"};
-    size_t t0 = c->i, t1 = token_end(c);
+    size_t t0 = c->i, t1 = t0; /* the type is the rest of the line, blanks included */
+    while (t1 < c->n && c->s[t1] != '\n')
+        t1++;
     for (int t = 0; t < 5; t++)
         if (t1 - t0 == strlen(types[t]) && strncasecmp(c->s + t0, types[t], t1 - t0) == 0) {
             fam->type = (prom_type)t;
@@ -394,8 +395,6 @@ static int parse_comment(pcur *c)
             c->i = t1;
             return end_line(c, "the type");
         }
-    if (t1 == t0)
-        return perr(c, "# TYPE %.100s: no type (counter, gauge, histogram, summary or untyped)", name);
     return perr(c, "# TYPE %.100s: unknown type '%.*s' (counter, gauge, histogram, summary or untyped)", name,
                 (int)(t1 - t0 > 40 ? 40 : t1 - t0), c->s + t0);
 }
@@ -453,15 +452,15 @@ static int parse_labels(pcur *c, const char *metric)
     }
 }
 
-/* Marks the family of the sample just read (index k) as having samples; in a histogram's _bucket the `le`
- * label, in a summary's quantile sample the `quantile` label, must be a number. */
+/* Marks the family of the sample just read (index k) as having samples. In a histogram family an `le`
+ * label, in a summary family a `quantile` label, must be a number. */
 static int sample_family(pcur *c, int k)
 {
     prom_page *pg = c->pg;
     const char *name = pg->samples[k].name;
     size_t len = strlen(name);
     static const char *const sufs[] = {"_bucket", "_sum", "_count"};
-    int f = -1, suf = -1;
+    int f = -1;
     for (int s = 0; s < 3 && f < 0; s++) {
         size_t sl = strlen(sufs[s]);
         if (len <= sl || strcmp(name + len - sl, sufs[s]) != 0)
@@ -469,28 +468,21 @@ static int sample_family(pcur *c, int k)
         int g = fam_lookup(c, name, len - sl);
         if (g >= 0 &&
             (pg->families[g].type == PROM_HISTOGRAM || (pg->families[g].type == PROM_SUMMARY && s > 0)))
-            f = g, suf = s;
+            f = g;
     }
     if (f < 0 && (f = fam_lookup(c, name, len)) < 0 && (f = fam_add(c, name)) < 0)
         return f;
     c->fst[f].has_samples = 1;
     prom_type t = pg->families[f].type;
-    const char *key = t == PROM_HISTOGRAM && suf == 0 ? "le"
-                      : t == PROM_SUMMARY && suf < 0  ? "quantile"
-                                                      : NULL;
-    if (!key)
-        return 0;
+    const char *key = t == PROM_HISTOGRAM ? "le" : t == PROM_SUMMARY ? "quantile" : NULL;
     const prom_label *l = pg->labels + c->lab0[k];
-    for (int j = 0; j < pg->samples[k].nlabels; j++) {
-        if (strcmp(l[j].name, key) != 0)
-            continue;
+    for (int j = 0; key && j < pg->samples[k].nlabels; j++) {
         double v;
-        if (parse_number(l[j].value, strlen(l[j].value), &v) < 0)
-            return perr(c, "%s=\"%.40s\" of '%.100s' is not a number", key, l[j].value, name);
-        return 0;
+        if (strcmp(l[j].name, key) == 0 && parse_number(l[j].value, strlen(l[j].value), &v) < 0)
+            return perr(c, "%s=\"%.40s\" of %s '%.100s' is not a number", key, l[j].value, prom_type_name(t),
+                        name);
     }
-    return perr(c, "'%.100s' of %s '%.100s' has no '%s' label", name, prom_type_name(t), pg->families[f].name,
-                key);
+    return 0;
 }
 
 /* A sample line at the cursor. */
@@ -526,19 +518,23 @@ static int parse_sample(pcur *c)
         return perr(c, "value '%.*s' of '%.100s' is not a number", (int)(v1 - c->i > 40 ? 40 : v1 - c->i),
                     c->s + c->i, name);
     c->i = v1;
-    skip_blanks(c);
-    if (!at_eol(c)) {
+    if (!at_eol(c)) { /* a blank, then the timestamp and nothing else (as Prometheus's expfmt reads it) */
+        skip_blanks(c);
         size_t t1 = token_end(c);
+        if (t1 == c->i)
+            return perr(c, "'%.100s': blanks after the value but no timestamp", name);
         if (parse_timestamp(c->s + c->i, t1 - c->i, &sm->timestamp_ms) < 0)
             return perr(c, "timestamp '%.*s' of '%.100s' is not an integer of milliseconds",
                         (int)(t1 - c->i > 40 ? 40 : t1 - c->i), c->s + c->i, name);
         sm->has_timestamp = 1;
         c->i = t1;
+        if (!at_eol(c))
+            return perr(c, "unexpected %s after the timestamp of '%.100s'", here(c, b), name);
     }
     if ((rc = sample_family(c, (int)n)) < 0)
         return rc;
     pg->nsamples++;
-    return end_line(c, sm->has_timestamp ? "the timestamp" : "the value");
+    return end_line(c, "the sample");
 }
 
 /* Points every sample at its labels and keeps only the declared families. */

@@ -2,18 +2,23 @@
  * (https://prometheus.io/docs/instrumenting/exposition_formats/), as `pfcps top` scrapes it from the daemons'
  * /metrics endpoints (common/metrics.h writes it).
  *
- * A page is lines ending in '\n' (the last one may lack it; a '\r' before it is ignored):
- *   - blank lines, and comments: '#' then anything except HELP / TYPE, ignored;
- *   - `# HELP name text`: the family's help text, escapes \\ and \n;
- *   - `# TYPE name counter|gauge|histogram|summary|untyped`, at most once per family and before its samples;
- *   - samples: `name{label="value",...} value [timestamp]`, blanks (spaces, tabs) allowed between the parts
- *     and at the line's start; `{}` and a trailing comma allowed; label values escape \\, \" and \n and are
- *     UTF-8; a value is a decimal floating-point number, +Inf, -Inf or NaN (any case); the timestamp an
- *     integer of milliseconds.
+ * A page is lines ending in '\n' (the last one may lack it); blanks are spaces and tabs:
+ *   - blank lines, and comments: '#' then anything but HELP / TYPE, ignored; so is "# HELP name" or
+ *     "# TYPE name" with nothing after the name;
+ *   - `# HELP name text`: the family's help text (the rest of the line, any bytes), escapes \\ and \n;
+ *   - `# TYPE name counter|gauge|histogram|summary|untyped` (any case; the rest of the line is the type), at
+ *     most once per family and before its samples;
+ *   - samples: `name{label="value",...} value [timestamp]`: blanks allowed at the line's start, before '{',
+ *     around label names, '=', values and commas, and before the value; `{}` and a trailing comma allowed;
+ *     label values escape \\, \" and \n and are UTF-8; a value is a decimal floating-point number, [+-]Inf or
+ *     [+-]Infinity or NaN (any case); after the value either the end of the line or blanks and a timestamp
+ *     (an integer of milliseconds) that ends the line.
  * Metric names match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]* (and not __name__); a
- * sample repeats no label name. In a histogram family every _bucket sample's `le`, and in a summary every
- * `quantile`, is a number. Anything else is refused with the line's number and the problem, as Prometheus's
- * own parser (expfmt) refuses it. */
+ * sample repeats no label name. In a histogram family an `le` label, in a summary family a `quantile` label,
+ * is a number. Anything else is refused with the line's number and the problem, as Prometheus's expfmt
+ * parser (promtool check metrics) refuses it, except that a last line may lack its '\n' and that the
+ * bounds below (page size, labels per sample) are this reader's own. tests/tools/test_prom_text.c checks
+ * that promtool accepts and refuses the same pages. */
 #ifndef PFCPS_TOOLS_PROM_TEXT_H
 #define PFCPS_TOOLS_PROM_TEXT_H
 

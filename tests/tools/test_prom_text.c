@@ -1,12 +1,16 @@
 /* tools/prom_text.c, the reader of Prometheus's text exposition format that `pfcps top` uses: hand-written
  * pages against the values, labels, help texts and types written by hand below (escapes, blanks, +Inf /
- * -Inf / NaN, timestamps, CRLF, a last line without '\n', histograms and summaries), and malformed pages
- * refused with the line number and the problem named. */
+ * -Inf / NaN, timestamps, a last line without '\n', histograms and summaries), malformed pages refused with
+ * the line number and the problem named, the bounds; and every page of these tables given to Prometheus's
+ * own parser (promtool check metrics, where installed): it must accept what prom_parse accepts and refuse
+ * what prom_parse refuses. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "tests/check.h"
@@ -15,6 +19,31 @@
 static int parse(const char *text, prom_page *pg)
 {
     return prom_parse(text, strlen(text), pg);
+}
+
+/* What promtool says of text (a '\n' added when it lacks one: promtool wants every line ended): 1 accepted
+ * (exit 0, or 3: lint remarks only), 0 refused (exit 1), -1 promtool missing or failing otherwise. */
+static int promtool_accepts(const char *text)
+{
+    static int have = -1;
+    if (have < 0)
+        have = system("command -v promtool >/dev/null 2>&1") == 0;
+    if (!have)
+        return -1;
+    char path[] = "/tmp/pfcps_prom_text_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0)
+        return -1;
+    size_t n = strlen(text);
+    int ok = write(fd, text, n) == (ssize_t)n && (n == 0 || text[n - 1] == '\n' || write(fd, "\n", 1) == 1);
+    close(fd);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < %s >/dev/null 2>&1", path);
+    int st = ok ? system(cmd) : -1;
+    unlink(path);
+    if (st == -1 || !WIFEXITED(st))
+        return -1;
+    return WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 3 ? 1 : WEXITSTATUS(st) == 1 ? 0 : -1;
 }
 
 /* A page the way common/metrics.c writes one, with every form the format allows. */
@@ -90,16 +119,17 @@ static void test_page(void)
     CHECK(prom_family_find(&pg, "indented") == NULL, "no family for samples without HELP / TYPE");
     prom_page_free(&pg);
     CHECK(pg.samples == NULL && pg.nsamples == 0, "prom_page_free zeroes the page");
+    CHECK(promtool_accepts(text) != 0, "page: promtool refuses it");
 }
 
-/* Histograms and summaries; CRLF line ends; the last line without '\n'; an empty page. */
-static void test_histogram_crlf(void)
+/* Histograms and summaries; the last line without '\n'; an empty page. */
+static void test_histogram(void)
 {
-    const char *text = "# TYPE h histogram\r\n"
-                       "h_bucket{le=\"0.005\"} 2\r\n"
-                       "h_bucket{le=\"+Inf\"} 10\r\n"
-                       "h_sum 0.125\r\n"
-                       "h_count 10\r\n"
+    const char *text = "# TYPE h histogram\n"
+                       "h_bucket{le=\"0.005\"} 2\n"
+                       "h_bucket{le=\"+Inf\"} 10\n"
+                       "h_sum 0.125\n"
+                       "h_count 10\n"
                        "# TYPE q summary\n"
                        "q{quantile=\"0.5\"} 0.25\n"
                        "q_sum 3\n"
@@ -119,10 +149,46 @@ static void test_histogram_crlf(void)
               "histogram, summary");
     }
     prom_page_free(&pg);
+    CHECK(promtool_accepts(text) != 0, "histogram page: promtool refuses it");
     CHECK(prom_parse("", 0, &pg) == 0 && pg.nsamples == 0, "an empty page: no samples");
     prom_page_free(&pg);
     CHECK(parse("\n\n   \n# only comments\n", &pg) == 0 && pg.nsamples == 0, "blank lines and comments");
     prom_page_free(&pg);
+}
+
+/* Pages Prometheus accepts, with their sample counts: each must parse. */
+static void test_accepted(void)
+{
+    static const struct {
+        const char *text;
+        int nsamples;
+    } good[] = {
+        {"a{b=\"c\"}1\n", 1},
+        {"x {a=\"b\"} 1\n", 1},
+        {"x{a=\"b\" , } 1\n", 1},
+        {"a{b=\"c\"\t,\td=\"e\"\t}\t1\n", 1},
+        {"# TYPE a\n# HELP a \n", 0},
+        {"# HELP a \xff\n", 0},
+        {"#  TYPE a counter\na 1\n", 1},
+        {"\t# HELP a b\n", 0},
+        {"a 1 +5\na 2 -5\n", 2},
+        {"a NAN\nb inF\nc -Infinity\nd 1.\ne +.5e+3\nf 1e-400\ng -0\n", 7},
+        {"# TYPE h histogram\nh_bucket 1\nh 2\n", 2},
+        {"# TYPE q summary\nq 1\n", 1},
+        {"# TYPE a_bucket gauge\n# TYPE a histogram\na_bucket{le=\"1\"} 1\n", 1},
+        {"# TYPE a gauge\na{le=\"x\"} 1\n", 1},
+        {"a 1\n\n\na 2\n", 2},
+    };
+    for (size_t k = 0; k < sizeof good / sizeof *good; k++) {
+        prom_page pg;
+        int rc = parse(good[k].text, &pg);
+        check(rc == 0 && pg.nsamples == good[k].nsamples, "accepted %zu: rc %d (%s), %d samples, want %d", k,
+              rc, rc ? pf_errmsg() : "", pg.nsamples, good[k].nsamples);
+        prom_page_free(&pg);
+        int p = promtool_accepts(good[k].text);
+        if (p >= 0)
+            check(p == 1, "accepted %zu: promtool accepts it too", k);
+    }
 }
 
 /* Each malformed page is refused with -EINVAL and a message that starts with its line and names the
@@ -137,11 +203,19 @@ static void test_malformed(void)
         {"a{b=\"x\\q\"} 1", "line 1: the value of label 'b': invalid escape: backslash then 'q'"},
         {"a{b=\"open} 1\nb 2\n",
          "line 1: the value of label 'b': not closed by '\"' before the end of the line"},
-        {"a 1 2 3", "line 1: unexpected '3' after the timestamp"},
+        {"a 1 2 3", "line 1: unexpected ' ' after the timestamp of 'a'"},
+        {"a 1 2 \n", "line 1: unexpected ' ' after the timestamp of 'a'"},
+        {"a 1 \n", "line 1: 'a': blanks after the value but no timestamp"},
+        {"a 1\t\n", "line 1: 'a': blanks after the value but no timestamp"},
         {"a abc", "line 1: value 'abc' of 'a' is not a number"},
         {"a 0x10", "line 1: value '0x10' of 'a' is not a number"},
+        {"a 0x1p3", "line 1: value '0x1p3' of 'a' is not a number"},
+        {"a 1_000", "line 1: value '1_000' of 'a' is not a number"},
+        {"a 1e", "line 1: value '1e' of 'a' is not a number"},
+        {"a -NaN", "line 1: value '-NaN' of 'a' is not a number"},
         {"a 1e999", "line 1: value '1e999' of 'a' is not a number"},
         {"a 1 1.5", "line 1: timestamp '1.5' of 'a' is not an integer of milliseconds"},
+        {"a 1 99999999999999999999", "line 1: timestamp '99999999999999999999' of 'a' is not an integer"},
         {"\n\n1a 1", "line 3: expected a metric name, a comment or a blank line, got '1'"},
         {"a\n", "line 1: 'a' has no value"},
         {"a{} \n", "line 1: 'a' has no value"},
@@ -151,21 +225,28 @@ static void test_malformed(void)
         {"a{b=1} 1", "line 1: labels of 'a': expected '\"' to open the value of label 'b', got '1'"},
         {"a{b \"1\"} 1", "line 1: labels of 'a': expected '=' after label name 'b', got '\"'"},
         {"a{1=\"x\"} 1", "line 1: labels of 'a': expected a label name or '}', got '1'"},
+        {"x{,} 1", "line 1: labels of 'x': expected a label name or '}', got ','"},
         {"a{b:c=\"x\"} 1", "line 1: labels of 'a': expected '=' after label name 'b', got ':'"},
         {"a{b=\"\xff\"} 1", "line 1: the value of label 'b': not valid UTF-8"},
         {"a{b=\"\xc0\xaf\"} 1", "line 1: the value of label 'b': not valid UTF-8"}, /* overlong '/' */
         {"# TYPE a foo\n", "line 1: # TYPE a: unknown type 'foo'"},
-        {"# TYPE a\n", "line 1: # TYPE a: no type"},
-        {"# TYPE a counter extra\n", "line 1: unexpected 'e' after the type"},
+        {"# TYPE a counter \n", "line 1: # TYPE a: unknown type 'counter '"},
+        {"# TYPE a counter extra\n", "line 1: # TYPE a: unknown type 'counter extra'"},
         {"# TYPE 9a counter\n", "line 1: # TYPE: expected a metric name, got '9'"},
         {"# HELP a-b x\n", "line 1: # HELP a: unexpected '-' in the metric name"},
         {"# HELP a x\\\"y\n", "line 1: help text: invalid escape: backslash then '\"'"},
         {"# TYPE a counter\n# TYPE a gauge\n", "line 2: second TYPE line for 'a', or TYPE after its samples"},
         {"a 1\n# TYPE a counter\n", "line 2: second TYPE line for 'a', or TYPE after its samples"},
         {"# HELP a x\n# HELP a y\n", "line 2: second HELP line for 'a'"},
-        {"# TYPE h histogram\nh_bucket 1\n", "line 2: 'h_bucket' of histogram 'h' has no 'le' label"},
-        {"# TYPE h histogram\nh_bucket{le=\"x\"} 1\n", "line 2: le=\"x\" of 'h_bucket' is not a number"},
-        {"# TYPE q summary\nq 1\n", "line 2: 'q' of summary 'q' has no 'quantile' label"},
+        {"# TYPE a counter\n# HELP a h\na 1\n# HELP a h2\n", "line 4: second HELP line for 'a'"},
+        {"# TYPE h histogram\nh_bucket{le=\"x\"} 1\n",
+         "line 2: le=\"x\" of histogram 'h_bucket' is not a number"},
+        {"# TYPE h histogram\nh_sum{le=\"x\"} 1\n", "line 2: le=\"x\" of histogram 'h_sum' is not a number"},
+        {"# TYPE q summary\nq_sum{quantile=\"x\"} 1\n",
+         "line 2: quantile=\"x\" of summary 'q_sum' is not a number"},
+        /* '\r' ends no line: CRLF pages are refused, as Prometheus refuses them */
+        {"# TYPE h histogram\r\nh_sum 1\r\n", "line 1: # TYPE h: unknown type 'histogram\r'"},
+        {"a 1\r\n", "line 1: value '1\r' of 'a' is not a number"},
         {"a 1\r2\n", "line 1: value '1\r2' of 'a' is not a number"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
@@ -175,6 +256,9 @@ static void test_malformed(void)
         check(rc == -EINVAL && strncmp(msg, bad[k].want, strlen(bad[k].want)) == 0,
               "malformed %zu: rc %d, [%s], want [%s]", k, rc, msg, bad[k].want);
         prom_page_free(&pg);
+        int p = promtool_accepts(bad[k].text);
+        if (p >= 0)
+            check(p == 0, "malformed %zu: promtool refuses it too", k);
     }
     /* A NUL byte, on line 2. */
     prom_page pg;
@@ -226,8 +310,11 @@ static void test_sizes(void)
 
 int main(void)
 {
+    if (promtool_accepts("") < 0)
+        printf("promtool missing (or failing): the pages are not given to Prometheus's parser\n");
     test_page();
-    test_histogram_crlf();
+    test_histogram();
+    test_accepted();
     test_malformed();
     test_sizes();
     return check_summary();
