@@ -3,12 +3,12 @@
 # involved): server 0's endpoint serves /targets listing eight members: itself, three servers that accept the
 # connection and never answer, worker 0 and 1 whose counters advance by known amounts per scrape, a worker
 # whose port is closed and one whose page is malformed; worker 1's run label holds terminal control sequences.
-# Checked: every member's row (role, rank, step, loss,
-# lr, memory, queue, snapshot age, the wait per step and the median apply time over the interval, worked out
-# by hand below), the rates against the increments over the interval the fake endpoints measured between the
-# two scrapes, "down" with the reason, the dead member not stalling the view, deduplication of a URL /targets
-# also lists, the screen cleared only on a terminal, and the exit statuses (0; 1 when nothing answered; 2 on
-# bad usage).
+# Checked: every member's row (role, rank, step, loss, lr, memory, queue, snapshot age, the wait per step and
+# the median apply time over the interval, worked out by hand below), the rates against the increments over
+# the interval the fake endpoints measured between the two scrapes, "down" with the reason, the silent members
+# waited for in parallel, deduplication of a URL /targets also lists, control characters of a page never
+# printed, the screen cleared only on a terminal, and the exit statuses (0; 1 when nothing answered; 2 on bad
+# usage).
 set -uo pipefail
 . "$(dirname "$0")/../expect.sh"
 PFCPS=$1
