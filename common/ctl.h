@@ -42,9 +42,20 @@ typedef struct ctl_rendezvous_opts {
     int resume;               /* pick the newest checkpoint step every member holds (book.resume_step) */
     const ckpt_ident *expect; /* the run config's seed and config digest (run_id unused): a step whose files
                                  carry others is not resumed (NULL: not compared) */
+    int metrics;              /* 1: export the rendezvous series (docs/metrics.md, "Rendezvous") and serve
+                                 /targets on the process' metrics endpoint (ctl_rendezvous_start); 0: neither
+                                 (tests running several services in one process) */
 } ctl_rendezvous_opts;
 
-/* Starts the rendezvous service on its own thread. Returns 0 or -errno (bind failure names host:port). */
+/* Starts the rendezvous service on its own thread. Returns 0 or -errno (bind failure names host:port).
+ * With opts.metrics it registers the rendezvous series (common/metrics.h): members joined now, members
+ * expected, joins accepted, members lost, re-forms, and pfcps_rendezvous_member_info{member_role,
+ * member_rank, metrics_address} = 1 per joined member (removed when it leaves); and the page /targets
+ * (metrics_add_page, "application/json"): Prometheus HTTP service discovery
+ * (https://prometheus.io/docs/prometheus/latest/http_sd/), one entry {"targets": ["host:port"], "labels":
+ * {"role": "worker", "rank": "1"}} per joined member that reported a metrics address, servers first, by
+ * rank. A member that bound an unspecified host (0.0.0.0, ::) is listed at the host its control connection
+ * came from. At most one service per process should set it: the page shows the latest one's members. */
 int ctl_rendezvous_start(const ctl_rendezvous_opts *opts, ctl_rendezvous **out);
 
 /* The TCP port actually bound. */
@@ -73,6 +84,11 @@ void ctl_rendezvous_stop(ctl_rendezvous *rv);
  * before the run formed the rendezvous frees the rank and logs that the member left). */
 int ctl_join(const char *host, int port, ctl_role role, int rank, const void *addr, size_t addr_len,
              const char *secret, size_t max_frame, double timeout_s, ctl_session **out);
+
+/* The metrics address ("host:port" the process' metrics endpoint bound; NULL or "" for none) sent with every
+ * later ctl_join (copied; the rendezvous lists it in its /targets page). Returns 0, or -EINVAL when it is
+ * CTL_MAX_METRICS_ADDR (256) bytes or longer. */
+int ctl_set_metrics_address(const char *address);
 
 /* Makes every later ctl_join in this process give up with -EINTR once *flag is non-zero (a daemon passes
  * the flag its SIGTERM/SIGINT handler sets, so a stop request is honoured while the run is still forming

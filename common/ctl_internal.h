@@ -5,8 +5,22 @@
 
 #include "common/ctl.h"
 
+#include <stddef.h>
+#include <stdint.h>
+
 /* Milliseconds between checks of the service's stop flag and of a joining member's interrupt flag. */
 #define CTL_TICK_MS 100
+
+/* Bytes of a member's metrics address in its join (Join.metrics_address), terminator included: a longer one
+ * is refused. */
+#define CTL_MAX_METRICS_ADDR 256
+
+/* The join MAC of (role, rank, fabric address addr[addr_len], metrics address maddr) over the hello's nonce:
+ * ctl_join_mac over addr alone when maddr is NULL or "", else over addr || "\0pfcps metrics\0" || maddr, so
+ * the metrics address is authenticated with the rest while a member without one (or one that predates the
+ * field) computes the MAC as before. Returns 0 or -EIO / -ENOMEM (ctl_session.c). */
+int ctl_member_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, int role, int rank,
+                   const uint8_t *addr, size_t addr_len, const char *maddr, uint8_t mac[32]);
 
 /* "server" or "worker" (role: a ctl_role), for logs and errors. */
 static inline const char *ctl_role_name(int role)

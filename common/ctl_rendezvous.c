@@ -15,8 +15,10 @@
 #include "common/err.h"
 #include "common/hostport.h"
 #include "common/log.h"
+#include "common/metrics.h"
 
 #include <arpa/inet.h>
+#include <jansson.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -68,6 +70,8 @@ typedef struct conn {
     ckpt_ident *ids;            /* ids[i]: the run identity of its files of steps[i] (join's resume_idents) */
     uint64_t rx; /* bytes received: a member sends its join at once, an idle stranger nothing */
     size_t nsteps;
+    char maddr[CTL_MAX_METRICS_ADDR]; /* its metrics endpoint "host:port" as listed in /targets ("": none) */
+    pf_metric *info;                  /* its pfcps_rendezvous_member_info series while joined (metrics on) */
 } conn;
 
 struct ctl_rendezvous {
@@ -91,7 +95,110 @@ struct ctl_rendezvous {
     conn **conns;
     int nconns, max_conns;
     ctl_roster roster; /* the run's seats and forming state; the service thread's alone */
+    int metrics;       /* ctl_rendezvous_opts.metrics: the series below are registered, /targets served */
+    pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms;
 };
+
+/* ---------- /targets: Prometheus HTTP service discovery of the joined members ---------- */
+
+/* The joined members' metrics endpoints, one per seat (servers first), for the /targets page. Static, not in
+ * the service: the endpoint's thread may render the page while the service stops or after it is freed. */
+typedef struct rv_target {
+    int used;
+    ctl_role role;
+    int rank;
+    char addr[CTL_MAX_METRICS_ADDR];
+} rv_target;
+
+static struct {
+    pthread_mutex_t mu;
+    rv_target *t; /* [n]: index = seat */
+    int n;
+} g_targets = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Makes the table n empty seats (the service starting). Returns 0 or -ENOMEM. */
+static int targets_reset(int n)
+{
+    rv_target *t = calloc((size_t)(n > 0 ? n : 1), sizeof *t);
+    if (!t)
+        return pf_err(-ENOMEM, "rendezvous: out of memory for the /targets table");
+    pthread_mutex_lock(&g_targets.mu);
+    free(g_targets.t);
+    g_targets.t = t;
+    g_targets.n = n;
+    pthread_mutex_unlock(&g_targets.mu);
+    return 0;
+}
+
+/* Seat `seat` is held by (role, rank) with metrics endpoint addr ("" : none), or (addr NULL) is free. */
+static void targets_set(int seat, ctl_role role, int rank, const char *addr)
+{
+    pthread_mutex_lock(&g_targets.mu);
+    if (seat >= 0 && seat < g_targets.n) {
+        rv_target *e = &g_targets.t[seat];
+        e->used = addr && *addr;
+        e->role = role;
+        e->rank = rank;
+        snprintf(e->addr, sizeof e->addr, "%s", addr ? addr : "");
+    }
+    pthread_mutex_unlock(&g_targets.mu);
+}
+
+/* The /targets page (metrics_add_page's render, on the endpoint's thread): a JSON array with one
+ * {"targets": ["host:port"], "labels": {"role": ROLE, "rank": "R"}} per joined member with a metrics
+ * endpoint, seat order. Returns the malloc'd text, or NULL (out of memory: the endpoint answers 500). */
+static char *targets_render(void *arg)
+{
+    (void)arg;
+    json_t *arr = json_array();
+    int ok = arr != NULL;
+    pthread_mutex_lock(&g_targets.mu);
+    for (int i = 0; ok && i < g_targets.n; i++) {
+        const rv_target *e = &g_targets.t[i];
+        if (!e->used)
+            continue;
+        char rank[16];
+        snprintf(rank, sizeof rank, "%d", e->rank);
+        json_t *o = json_pack("{s:[s], s:{s:s, s:s}}", "targets", e->addr, "labels", "role",
+                              ctl_role_name(e->role), "rank", rank);
+        ok = o && json_array_append_new(arr, o) == 0;
+    }
+    pthread_mutex_unlock(&g_targets.mu);
+    char *text = ok ? json_dumps(arr, JSON_COMPACT) : NULL;
+    json_decref(arr);
+    return text;
+}
+
+/* The address to list for a member that reported metrics endpoint `reported`: "host:port" as parsed by
+ * metrics_parse_address (IPv6 hosts in brackets), with an unspecified host (0.0.0.0, ::, or none) replaced by
+ * the host of its control connection `peer` ("host:port"). Returns 0 with out[cap], or -EINVAL naming the
+ * problem (not an address, port 0). */
+static int target_address(const char *reported, const char *peer, char *out, size_t cap)
+{
+    char host[CTL_MAX_METRICS_ADDR];
+    int port = 0;
+    if (metrics_parse_address(reported, host, sizeof host, &port) < 0)
+        return -EINVAL;
+    if (port == 0)
+        return pf_err(-EINVAL, "metrics address '%s' has port 0 (a member reports the port it bound)",
+                      reported);
+    int unspecified =
+        !strcmp(host, "0.0.0.0") || !strcmp(host, "::") || reported[0] == ':' || !strchr(reported, ':');
+    if (unspecified) {
+        /* peer is "host:port" with the port after the last ':' (an IPv6 host keeps its colons). */
+        const char *colon = strrchr(peer, ':');
+        size_t hl = colon ? (size_t)(colon - peer) : strlen(peer);
+        if (hl >= sizeof host)
+            hl = sizeof host - 1;
+        memcpy(host, peer, hl);
+        host[hl] = 0;
+    }
+    int n = strchr(host, ':') ? snprintf(out, cap, "[%s]:%d", host, port)
+                              : snprintf(out, cap, "%s:%d", host, port);
+    if (n < 0 || (size_t)n >= cap)
+        return pf_err(-EINVAL, "metrics address '%s' is too long", reported);
+    return 0;
+}
 
 /* Grows *buf (capacity *cap bytes, doubling from 4096) to hold at least `need` bytes.
  * Returns 0 or -ENOMEM. */
@@ -196,7 +303,13 @@ static void release_seat(ctl_rendezvous *rv, conn *c)
 {
     if (!c->joined)
         return;
+    if (rv->metrics) {
+        metrics_remove(c->info);
+        c->info = NULL;
+        targets_set(c->seat, c->role, c->rank, NULL);
+    }
     ctl_gone gone = ctl_roster_release(&rv->roster, c->seat, c, c->left, rv->shutdown_sent);
+    metrics_set(rv->m_members, rv->roster.held);
     if (gone == CTL_GONE_FREED) {
         atomic_fetch_sub(&rv->joined, 1);
         log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
@@ -235,8 +348,8 @@ static int join_authentic(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         return 0;
     }
     uint8_t mac[CTL_MAC_LEN];
-    if (ctl_join_mac(rv->secret, c->nonce, sizeof c->nonce, (int)j->role, j->rank, j->fabric_addr.data,
-                     j->fabric_addr.len, mac) < 0 ||
+    if (ctl_member_mac(rv->secret, c->nonce, sizeof c->nonce, (int)j->role, j->rank, j->fabric_addr.data,
+                       j->fabric_addr.len, j->metrics_address, mac) < 0 ||
         CRYPTO_memcmp(mac, j->mac.data, CTL_MAC_LEN) != 0) {
         snprintf(msg, sizeof msg, "join as %s rank %d refused: bad secret (HMAC does not match)", who,
                  j->rank);
@@ -252,17 +365,60 @@ static int join_authentic(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     return 1;
 }
 
+/* The metrics address of an authenticated join (Join.metrics_address, "" for none): checked and resolved to
+ * the address /targets lists (target_address) into c->maddr. Returns 1 when the join may go on, 0 when c was
+ * refused (EPROTO: too long, not a host:port, port 0). */
+static int join_metrics_address(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
+{
+    const char *ma = j->metrics_address ? j->metrics_address : "";
+    c->maddr[0] = 0;
+    if (!*ma)
+        return 1;
+    char msg[PF_ERRMSG_MAX];
+    size_t n = strnlen(ma, CTL_MAX_METRICS_ADDR);
+    if (n >= CTL_MAX_METRICS_ADDR || target_address(ma, c->peer, c->maddr, sizeof c->maddr) < 0) {
+        if (n >= CTL_MAX_METRICS_ADDR)
+            snprintf(msg, sizeof msg, "join as %s rank %d refused: metrics address longer than %d bytes",
+                     ctl_role_name((int)j->role), j->rank, CTL_MAX_METRICS_ADDR - 1);
+        else
+            snprintf(msg, sizeof msg, "join as %s rank %d refused: %s", ctl_role_name((int)j->role), j->rank,
+                     pf_errmsg());
+        c->maddr[0] = 0;
+        conn_refuse(rv, c, EPROTO, msg);
+        return 0;
+    }
+    return 1;
+}
+
+/* A member took its seat: counted, listed in /targets and given its member_info series (metrics on). */
+static void join_metrics(ctl_rendezvous *rv, conn *c)
+{
+    if (!rv->metrics)
+        return;
+    metrics_add(rv->m_joins, 1);
+    metrics_set(rv->m_members, rv->roster.held);
+    char rank[16];
+    snprintf(rank, sizeof rank, "%d", c->rank);
+    const char *labels[] = {"member_role", ctl_role_name(c->role), "member_rank",
+                            rank,          "metrics_address",      c->maddr};
+    c->info = metrics_gauge("pfcps_rendezvous_member_info",
+                            "1 per joined member; its metrics endpoint (\"\" when off).", labels, 3);
+    metrics_set(c->info, 1);
+    targets_set(c->seat, c->role, c->rank, c->maddr);
+}
+
 /* A join message: authenticated (join_authentic), then admitted or refused by the forming policy
  * (ctl_roster_admit). An admitted member takes its seat with its fabric address and checkpoint steps; the
  * first rejoin of a member of the formed run tells every member that the run must re-form. */
 static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
 {
-    if (!join_authentic(rv, c, j))
+    if (!join_authentic(rv, c, j) || !join_metrics_address(rv, c, j))
         return;
     ctl_role role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
     ctl_admission adm;
     if (ctl_roster_admit(&rv->roster, role, j->rank, &adm) != 0) {
         if (adm.restarted) {
+            metrics_add(rv->m_reforms, 1);
             log_warn(
                 "control plane: %s[%d] joined again from %s after the run formed (a restarted member): "
                 "the run must re-form and resume from its newest complete checkpoint; telling every member",
@@ -299,6 +455,7 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         memcpy(c->addr, j->fabric_addr.data, c->addr_len);
     c->deadline = 0;
     ctl_roster_take(&rv->roster, adm.seat, c, c->peer, c->steps, c->ids, c->nsteps);
+    join_metrics(rv, c);
     int n = atomic_fetch_add(&rv->joined, 1) + 1;
     log_info("control plane: %s[%d] joined from %s (%d/%d)", ctl_role_name(role), j->rank, c->peer, n,
              rv->num_servers + rv->num_workers);
@@ -611,6 +768,7 @@ static void queue_member_lost(ctl_rendezvous *rv, const conn *except, ctl_role r
                               const char *peer, const char *what)
 {
     char text[256];
+    metrics_add(rv->m_lost, 1);
     snprintf(text, sizeof text, "%s[%d] (%s) %s", ctl_role_name(role), rank, peer, what);
     Pfcps__Error e;
     Pfcps__CtlMessage m;
@@ -910,6 +1068,29 @@ static int rv_listen(ctl_rendezvous *rv, int port)
     return 0;
 }
 
+/* Metrics on: registers the service's series, empties the /targets table and serves it. Returns 0 or a
+ * negative code (out of memory, the page refused). */
+static int rv_metrics(ctl_rendezvous *rv)
+{
+    int rc = targets_reset(rv->num_servers + rv->num_workers);
+    if (rc == 0 && (rc = metrics_add_page("/targets", "application/json", targets_render, NULL)) < 0)
+        rc = pf_err_wrap(rc, "rendezvous: serving /targets");
+    if (rc < 0)
+        return rc;
+    rv->metrics = 1;
+    rv->m_members = metrics_gauge("pfcps_rendezvous_members", "Members joined now.", NULL, 0);
+    rv->m_expected =
+        metrics_gauge("pfcps_rendezvous_members_expected", "Servers + workers of the run.", NULL, 0);
+    rv->m_joins = metrics_counter("pfcps_rendezvous_joins_total", "Joins accepted.", NULL, 0);
+    rv->m_lost = metrics_counter("pfcps_rendezvous_members_lost_total",
+                                 "Members lost (heartbeat or connection).", NULL, 0);
+    rv->m_reforms =
+        metrics_counter("pfcps_rendezvous_reforms_total", "Times the run had to re-form.", NULL, 0);
+    metrics_set(rv->m_members, 0);
+    metrics_set(rv->m_expected, rv->num_servers + rv->num_workers);
+    return 0;
+}
+
 int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
 {
     *out = NULL;
@@ -921,6 +1102,10 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
         return rc;
     rc = rv_listen(rv, o->port);
     if (rc < 0) {
+        rv_free(rv);
+        return rc;
+    }
+    if (o->metrics && (rc = rv_metrics(rv)) < 0) {
         rv_free(rv);
         return rc;
     }

@@ -167,6 +167,42 @@ void ctl_set_resume_steps(const int64_t *steps, const ckpt_ident *ids, size_t n)
     }
 }
 
+/* ctl_set_metrics_address's address, sent at join ("" when none). */
+static char g_metrics_address[CTL_MAX_METRICS_ADDR];
+
+int ctl_set_metrics_address(const char *address)
+{
+    if (!address)
+        address = "";
+    size_t n = strlen(address);
+    if (n >= sizeof g_metrics_address)
+        return pf_err(-EINVAL, "metrics address '%.40s...' is %zu bytes long, over the %d the join carries",
+                      address, n, CTL_MAX_METRICS_ADDR - 1);
+    memcpy(g_metrics_address, address, n + 1);
+    return 0;
+}
+
+/* The separator between the fabric and the metrics address in the MAC's input (ctl_member_mac). */
+static const char mac_sep[] = "\0pfcps metrics"; /* with its terminating NUL: "\0pfcps metrics\0" */
+
+int ctl_member_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, int role, int rank,
+                   const uint8_t *addr, size_t addr_len, const char *maddr, uint8_t mac[32])
+{
+    size_t ml = maddr ? strlen(maddr) : 0;
+    if (ml == 0)
+        return ctl_join_mac(secret, nonce, nonce_len, role, rank, addr, addr_len, mac);
+    uint8_t *buf = malloc(addr_len + sizeof mac_sep + ml);
+    if (!buf)
+        return pf_err(-ENOMEM, "out of memory computing the join mac");
+    if (addr_len)
+        memcpy(buf, addr, addr_len);
+    memcpy(buf + addr_len, mac_sep, sizeof mac_sep);
+    memcpy(buf + addr_len + sizeof mac_sep, maddr, ml);
+    int rc = ctl_join_mac(secret, nonce, nonce_len, role, rank, buf, addr_len + sizeof mac_sep + ml, mac);
+    free(buf);
+    return rc;
+}
+
 /* ctl_set_interrupt's flag: a joining member stops waiting when it is raised. */
 static const volatile sig_atomic_t *g_join_interrupt;
 
@@ -269,8 +305,8 @@ static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *a
                     CTL_PROTOCOL_VERSION);
     if (rc == 0) {
         uint8_t mac[CTL_MAC_LEN];
-        rc = ctl_join_mac(secret, m->hello->nonce.data, m->hello->nonce.len, (int)role, rank, addr, addr_len,
-                          mac);
+        rc = ctl_member_mac(secret, m->hello->nonce.data, m->hello->nonce.len, (int)role, rank, addr,
+                            addr_len, g_metrics_address, mac);
         if (rc == 0) {
             Pfcps__Join j = PFCPS__JOIN__INIT;
             j.role = role == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
@@ -284,6 +320,7 @@ static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *a
             j.n_resume_steps = g_n_resume_steps;
             j.resume_idents = g_resume_ptrs;
             j.n_resume_idents = g_n_resume_steps;
+            j.metrics_address = g_metrics_address;
             Pfcps__CtlMessage jm = PFCPS__CTL_MESSAGE__INIT;
             jm.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
             jm.join = &j;

@@ -14,10 +14,19 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "server/ps_server_internal.h"
 #include "server/snapshot.h"
+
+/* Unix time in seconds (CLOCK_REALTIME), for the snapshot series' timestamps. */
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 typedef struct apply_arg {
     ps_server *srv;
@@ -226,6 +235,7 @@ static long apply_start(ps_server *S, int64_t t)
     S->aps_n = np;
     S->apply_t = t;
     S->applying = 1;
+    S->apply_t0 = pf_now_s();
     if (S->nathreads == 0) {
         /* Not started: apply on this thread. */
         double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
@@ -286,6 +296,9 @@ static void apply_finish(ps_server *S)
         pss_free_push(S, S->aps[i]);
         S->st_pushes++;
     }
+    S->ncomplete -= S->aps_n;
+    metrics_add(S->m.push_requests, S->aps_n);
+    metrics_observe(S->m.apply_seconds, pf_now_s() - S->apply_t0);
     S->st_rows += (long long)S->anseg;
     S->applying = 0;
     if (S->o.global_mode) {
@@ -296,6 +309,7 @@ static void apply_finish(ps_server *S)
         if (S->apply_snap)
             snap_begin(S, S->apply_t + 1);
     }
+    metrics_set(S->m.step, (double)S->steps_done);
     S->aps_n = 0;
 }
 
@@ -304,11 +318,21 @@ void pss_snap_wait(ps_server *S)
 {
     if (!S->snap)
         return;
-    int64_t step = snap_step(S->snap);
-    int rc = snap_finish(S->snap);
+    snap_outcome out;
+    int rc = snap_finish_ex(S->snap, &out);
     S->snap = NULL;
-    if (rc == 0)
-        snap_prune(S->o.snapshot_root, S->o.rank, S->o.snapshot_keep > 0 ? S->o.snapshot_keep : 2, step);
+    metrics_set(S->m.snap_in_progress, 0);
+    if (rc < 0) {
+        metrics_add(S->m.snap_failures, 1);
+        return;
+    }
+    metrics_set(S->m.snap_progress, 1);
+    metrics_set(S->m.snap_duration, out.seconds);
+    metrics_set(S->m.snap_last_ts, wall_s());
+    metrics_set(S->m.snap_last_step, (double)out.step);
+    metrics_set(S->m.snap_bytes, (double)out.bytes);
+    metrics_add(S->m.snapshots, 1);
+    snap_prune(S->o.snapshot_root, S->o.rank, S->o.snapshot_keep > 0 ? S->o.snapshot_keep : 2, out.step);
 }
 
 /* Starts checkpoint `step` of the shard (after waiting for the previous one). Nothing changes the table while
@@ -326,9 +350,14 @@ static void snap_begin(ps_server *S, int64_t step)
         pss_snap_wait(S);
     }
     if (snap_start(&S->sh, S->o.snapshot_root, step, &S->o.ckpt_id, S->o.ckpt_keyed ? &S->o.ckpt_key : NULL,
-                   &S->snap) < 0)
+                   &S->snap) < 0) {
         log_error("snapshot step %lld not started: %s (earlier snapshots are untouched; serving on)",
                   (long long)step, pf_errmsg());
+        metrics_add(S->m.snap_failures, 1);
+        return;
+    }
+    metrics_set(S->m.snap_progress, 0);
+    metrics_set(S->m.snap_in_progress, 1);
 }
 
 /* Global mode: the slowest worker's count of applied steps. */
@@ -359,6 +388,7 @@ int pss_try_apply(ps_server *S)
     }
     if (S->o.global_mode) {
         S->steps_done = min_applied(S);
+        metrics_set(S->m.step, (double)S->steps_done);
         if (S->snap_at >= 0 && S->steps_done >= S->snap_at) {
             int64_t at = S->snap_at;
             S->snap_at = -1;
@@ -480,13 +510,19 @@ void pss_apply_pool_stop(ps_server *S)
 uint32_t pss_gather_begin(ps_server *S)
 {
     uint32_t pieces = 0;
+    long long rows = 0;
     for (int j = 0; j < S->ngj; j++) {
         gjob *g = &S->gj[j];
         g->first = pieces;
         g->pieces = (g->n + S->gpiece_rows - 1) / S->gpiece_rows;
-        S->st_pulled += g->n;
+        rows += g->n;
         atomic_store_explicit(&g->done, 0, memory_order_relaxed);
         pieces += g->pieces;
+    }
+    S->st_pulled += rows;
+    if (S->ngj > 0) {
+        metrics_add(S->m.pulled_rows, (double)rows);
+        metrics_add(S->m.pull_requests, S->ngj);
     }
     const uint32_t batch = ++S->gbatch;
     atomic_store_explicit(&S->gclaim, (uint64_t)(batch & 0xffffu) << 48 | (uint64_t)pieces << 24,

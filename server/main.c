@@ -2,7 +2,8 @@
  *
  *   pfcps-server --config FILE --rank s [--set key=value ...]
  *
- * Start-up: open the fabric endpoint (provider from the config), rank 0 starts the rendezvous at
+ * Start-up: the metrics endpoint when metrics_address is set (docs/metrics.md; reported at join, so rank 0's
+ * /targets lists it), open the fabric endpoint (provider from the config), rank 0 starts the rendezvous at
  * `rendezvous` (after checking that its shard fits in memory), every rank joins as (server, s, fabric
  * address) and gets the address book and the run config; then the shard is allocated and initialised,
  * every worker's address goes into the AV, and the progress + apply threads start.
@@ -27,6 +28,7 @@
 #include "common/fabric.h"
 #include "common/log.h"
 #include "common/member_addr.h"
+#include "common/metrics.h"
 #include "common/snapfile.h"
 #include "server/ps_server.h"
 #include "server/snapshot.h"
@@ -145,7 +147,8 @@ static int start_rendezvous(server_daemon *d)
                               .config_text = d->ini,
                               .num_classes = cfg->num_classes,
                               .resume = cfg->resume,
-                              .expect = &expect};
+                              .expect = &expect,
+                              .metrics = 1};
     int rc = d->ini ? ctl_rendezvous_start(&ro, &d->rv) : -ENOMEM;
     if (rc == -EINTR) {
         log_info("stopping: SIGTERM/SIGINT while waiting for the rendezvous host's name to resolve");
@@ -212,6 +215,11 @@ static int join_run(server_daemon *d)
         return rc;
     rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
                      d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
+    if (rc == 0) {
+        char hex[2 * CKPT_RUN_ID_BYTES + 1];
+        ckpt_run_id_hex(ctl_session_book(d->sess)->run_id, hex);
+        metrics_set_run(hex);
+    }
     return rc < 0 ? -1 : rc;
 }
 
@@ -366,6 +374,19 @@ static int finish(server_daemon *d, int exit_code)
     return exit_code;
 }
 
+/* The metrics endpoint (metrics_address of this process' config; off when empty), its bound address sent
+ * with the join. Returns 0 or -1 (logged). */
+static int start_metrics(const server_daemon *d)
+{
+    if (daemon_metrics_start(&d->cfg, "server", d->rank) < 0)
+        return -1;
+    if (ctl_set_metrics_address(metrics_bound()) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static server_daemon d;
@@ -373,6 +394,8 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &d);
     if (rc != 0)
         return rc == CLI_HELP ? 0 : 1;
+    if (start_metrics(&d) < 0)
+        return 1;
     int exit_code = 1;
     rc = join_run(&d);
     if (rc == 1) {

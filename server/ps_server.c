@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
@@ -25,11 +26,14 @@
  * (pss_gather_begin / pss_gather_job: the apply threads gather with this thread). */
 static void send_batch(ps_server *S, int nb)
 {
+    const double t0 = S->ngj > 0 ? pf_now_s() : 0;
     const uint32_t batch = pss_gather_begin(S);
     for (int i = 0; i < nb; i++) {
         sitem *it = &S->sb[i];
-        if (it->job >= 0)
+        if (it->job >= 0) {
             pss_gather_job(S, batch, it->job);
+            metrics_observe(S->m.gather_seconds, pf_now_s() - t0);
+        }
         pending *p = it->p;
         uint8_t *buf = S->send_mem + (size_t)it->buf * S->msg_bytes;
         int rc =
@@ -67,6 +71,7 @@ static void serve_pending(ps_server *S)
             S->gj[job].dtype = p->req.dtype;
         }
         S->sb[nb++] = (sitem){p, b, len, job};
+        S->queued--;
         *pp = p->next;
         if (S->pq_tail == p)
             S->pq_tail = prev;
@@ -101,6 +106,7 @@ static void *progress_main(void *arg)
             uint8_t *buf = S->recv_mem + (size_t)bc->idx * S->msg_bytes;
             if (comps[i].err) {
                 S->st_bad++;
+                metrics_add(S->m.dropped_malformed, 1);
                 log_warn("receive failed (%s): message dropped", fi_strerror(-comps[i].err));
             } else {
                 pss_handle_msg(S, buf, comps[i].len);
@@ -113,8 +119,13 @@ static void *progress_main(void *arg)
             pss_try_apply(S);
             serve_pending(S); /* pulls that waited for an apply */
         }
-        if (S->snap && !S->applying && snap_done(S->snap))
-            pss_snap_wait(S); /* the apply threads read S->snap (snap_before_update): only between applies */
+        if (S->snap) {
+            metrics_set(S->m.snap_progress, snap_progress(S->snap));
+            if (!S->applying && snap_done(S->snap))
+                pss_snap_wait(
+                    S); /* the apply threads read S->snap (snap_before_update): only between applies */
+        }
+        metrics_set(S->m.queue_depth, (double)(S->queued + S->ncomplete));
         if (n == 0) {
             /* Keep polling (manual progress) but give the core away when idle: spin briefly, then sleep
              * 10 us between polls, 100 us after a thousand empty polls (the worker is computing: the wakeups
@@ -139,6 +150,56 @@ static void *progress_main(void *arg)
 }
 
 /* ---------- lifecycle ---------- */
+
+void pss_metrics_register(ps_server *S)
+{
+    pss_metrics *m = &S->m;
+    m->pulled_rows =
+        metrics_counter("pfcps_server_pulled_rows_total", "Rows sent to workers' pulls.", NULL, 0);
+    m->pushed_rows =
+        metrics_counter("pfcps_server_pushed_rows_total", "Gradient rows received in pushes.", NULL, 0);
+    m->pull_requests = metrics_counter("pfcps_server_pull_requests_total", "Pull requests served.", NULL, 0);
+    m->push_requests = metrics_counter("pfcps_server_push_requests_total", "Push requests applied.", NULL, 0);
+    m->apply_seconds = metrics_histogram("pfcps_server_apply_seconds", "Time to apply one step's pushes.",
+                                         NULL, 0, metrics_latency_bounds, metrics_latency_nbounds);
+    m->gather_seconds = metrics_histogram("pfcps_server_gather_seconds", "Time to gather one pull's rows.",
+                                          NULL, 0, metrics_latency_bounds, metrics_latency_nbounds);
+    m->queue_depth = metrics_gauge("pfcps_server_queue_depth",
+                                   "Replies waiting for their step or a send buffer, plus complete pushes "
+                                   "waiting for an apply.",
+                                   NULL, 0);
+    m->step =
+        metrics_gauge("pfcps_server_step", "Steps whose pushes from every worker are applied.", NULL, 0);
+    m->staleness = metrics_gauge("pfcps_server_staleness_steps",
+                                 "Steps the newest pull ran ahead of the applied step.", NULL, 0);
+    m->shard_rows = metrics_gauge("pfcps_server_shard_rows", "Class centers this server owns.", NULL, 0);
+    m->shard_bytes =
+        metrics_gauge("pfcps_server_shard_bytes", "Bytes of its table (rows and optimizer state).", NULL, 0);
+    m->snap_in_progress =
+        metrics_gauge("pfcps_server_snapshot_in_progress", "1 while a snapshot is being written.", NULL, 0);
+    m->snap_progress = metrics_gauge("pfcps_server_snapshot_progress_ratio",
+                                     "Fraction of the shard written by the snapshot in progress.", NULL, 0);
+    m->snap_duration = metrics_gauge("pfcps_server_snapshot_duration_seconds",
+                                     "How long the last completed snapshot took.", NULL, 0);
+    m->snap_last_ts = metrics_gauge("pfcps_server_snapshot_last_timestamp_seconds",
+                                    "Unix time the last snapshot completed (0: none).", NULL, 0);
+    m->snap_last_step =
+        metrics_gauge("pfcps_server_snapshot_last_step", "Step of the last completed snapshot.", NULL, 0);
+    m->snap_bytes =
+        metrics_gauge("pfcps_server_snapshot_bytes", "Size of the last completed snapshot file.", NULL, 0);
+    m->snapshots = metrics_counter("pfcps_server_snapshots_total", "Snapshots completed.", NULL, 0);
+    m->snap_failures =
+        metrics_counter("pfcps_server_snapshot_failures_total", "Snapshots that failed.", NULL, 0);
+    static const char *const unauth[] = {"reason", "unauthenticated"}, *const malformed[] = {"reason",
+                                                                                             "malformed"};
+    const char *help = "Data-plane messages dropped (strangers, bad frames).";
+    m->dropped_unauth = metrics_counter("pfcps_server_dropped_messages_total", help, unauth, 1);
+    m->dropped_malformed = metrics_counter("pfcps_server_dropped_messages_total", help, malformed, 1);
+    m->connected = metrics_gauge("pfcps_server_connected_members",
+                                 "Workers connected to this server's data plane.", NULL, 0);
+    metrics_set(m->shard_rows, (double)S->sh.rows);
+    metrics_set(m->shard_bytes, (double)S->sh.bytes + 9.0 * (double)S->sh.rows);
+}
 
 /* Logs the shard's size and the memory room the cgroup leaves. */
 static void log_shard(const ps_server *S)
@@ -229,6 +290,7 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
         return rc;
     }
     S->nsend = S->o.recv_bufs; /* pss_apply_init sizes the gather batches by the send buffers */
+    pss_metrics_register(S);
     /* pss_apply_init first: it sets up the pool's mutex, which ps_server_destroy uses on a failure below. */
     if ((rc = pss_apply_init(S)) < 0 || (rc = pss_request_init(S)) < 0 || (rc = transport_alloc(S)) < 0)
         goto fail;
@@ -254,6 +316,8 @@ int ps_server_add_worker(ps_server *srv, int rank, const void *addr, size_t len)
     int rc = fab_av_insert(srv->fab, addr, len, &srv->worker_addr[rank]);
     if (rc < 0)
         return pf_err_wrap(rc, "worker %d", rank);
+    if (!srv->worker_known[rank])
+        metrics_add(srv->m.connected, 1);
     srv->worker_known[rank] = 1;
     return 0;
 }

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "common/fabric.h"
+#include "common/metrics.h"
 #include "server/ps_server.h"
 #include "server/snapshot.h"
 
@@ -85,8 +86,30 @@ typedef struct entry {
 } entry;
 #define ENTRY_END UINT32_MAX
 
+/* The server's Prometheus series (docs/metrics.md, "Server"; common/metrics.h), registered once by
+ * ps_server_create and updated lock-free: the progress thread updates every one of them except where noted.
+ */
+typedef struct pss_metrics {
+    pf_metric *pulled_rows, *pushed_rows; /* rows gathered for pull replies; rows of accepted push chunks */
+    pf_metric *pull_requests, *push_requests; /* pull replies gathered; pushes applied */
+    pf_metric *apply_seconds;                 /* apply_start to apply_finish, once per apply */
+    pf_metric *gather_seconds;                /* a batch's gather start to one pull reply's rows all in */
+    pf_metric *queue_depth; /* replies queued (waiting for their step or a send buffer) + complete pushes
+                               waiting for their apply */
+    pf_metric *step, *staleness;
+    pf_metric *shard_rows, *shard_bytes;
+    pf_metric *snap_in_progress, *snap_progress, *snap_duration, *snap_last_ts, *snap_last_step, *snap_bytes;
+    pf_metric *snapshots, *snap_failures;
+    pf_metric *dropped_unauth, *dropped_malformed;
+    pf_metric *connected; /* set by ps_server_add_worker */
+} pss_metrics;
+
 struct ps_server {
     ps_server_opts o;
+    pss_metrics m;
+    long queued;     /* replies in the pending queue (pq_head .. pq_tail) */
+    int ncomplete;   /* pushes in S->complete */
+    double apply_t0; /* pf_now_s() at the running apply's start */
     shard sh;
     fab_ctx *fab;
     fab_mr mr_table, mr_recv, mr_send;
@@ -206,7 +229,14 @@ uint32_t pss_gather_begin(ps_server *S);
 /* Gathers, with the apply threads, until every piece of job `job` of batch `batch` is in. */
 void pss_gather_job(ps_server *S, uint32_t batch, int job);
 
-/* Waits for the snapshot in progress (if any), logs its outcome and prunes older ones. */
+/* Waits for the snapshot in progress (if any), logs its outcome, updates the snapshot series and prunes
+ * older ones. */
 void pss_snap_wait(ps_server *S);
+
+/* ---------- ps_server.c ---------- */
+
+/* Registers the server's series (S->m; docs/metrics.md, "Server") and sets the shard's sizes. Series that
+ * cannot be registered stay NULL (their updates cost nothing). */
+void pss_metrics_register(ps_server *S);
 
 #endif

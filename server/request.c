@@ -102,6 +102,7 @@ int pss_reply_ready(const ps_server *S, const pending *p)
 
 static void enqueue(ps_server *S, pending *p)
 {
+    S->queued++;
     p->next = NULL;
     if (S->pq_tail)
         S->pq_tail->next = p;
@@ -173,6 +174,7 @@ static void handle_pull(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
     }
     p->req = *h;
     enqueue(S, p);
+    metrics_set(S->m.staleness, h->step > S->steps_done ? (double)(h->step - S->steps_done) : 0.0);
 }
 
 /* Checks a push chunk's header against the payload size, the worker's step clock and the push in progress
@@ -285,6 +287,7 @@ static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c)
     const int w = h->client;
     cur->slot[h->chunk] = c;
     cur->got++;
+    metrics_add(S->m.pushed_rows, h->n);
     cur->snap |= (h->flags & PS_PUSH_SNAPSHOT) != 0;
     pending *ack = pend_get(S);
     if (ack) {
@@ -295,6 +298,7 @@ static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c)
         S->partial[w] = NULL;
         cur->next = S->complete;
         S->complete = cur;
+        S->ncomplete++;
         if (S->next_push[w]++ == S->steps_in) { /* applied by pss_try_apply after this batch's acks go out */
             int64_t m = S->next_push[0];
             for (int i = 1; i < S->o.workers; i++)
@@ -330,12 +334,14 @@ static void handle_push(ps_server *S, const ps_hdr *h, const uint8_t *payload, s
     push_add_chunk(S, h, cur, c);
 }
 
-/* Counts a message dropped without an answer and logs why, at most once a second (a flood of foreign
- * messages costs a counter, not a log line each). */
-static void drop(ps_server *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void drop(ps_server *S, const char *fmt, ...)
+/* Counts a message dropped without an answer (in st_bad and in `reason`, one of the dropped-messages
+ * series) and logs why, at most once a second (a flood of foreign messages costs a counter, not a log line
+ * each). */
+static void drop(ps_server *S, pf_metric *reason, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void drop(ps_server *S, pf_metric *reason, const char *fmt, ...)
 {
     S->st_bad++;
+    metrics_add(reason, 1);
     double now = pf_now_s();
     if (now - S->drop_log_t < 1.0) {
         S->drop_quiet++;
@@ -356,15 +362,16 @@ void pss_handle_msg(ps_server *S, const uint8_t *buf, size_t len)
 {
     ps_hdr h;
     if (len < sizeof(ps_hdr))
-        return drop(S, "%zu bytes, shorter than the %zu-byte header", len, sizeof(ps_hdr));
+        return drop(S, S->m.dropped_malformed, "%zu bytes, shorter than the %zu-byte header", len,
+                    sizeof(ps_hdr));
     memcpy(&h, buf, sizeof(h));
     if (S->o.token && h.token != S->o.token)
-        return drop(S,
+        return drop(S, S->m.dropped_unauth,
                     "wrong data-plane token (a peer outside this run, or a member of another run); "
                     "claimed worker rank %d",
                     h.client);
     if (h.client < 0 || h.client >= S->o.workers || !S->worker_known[h.client])
-        return drop(S, "unknown worker rank %d (%d workers)", h.client, S->o.workers);
+        return drop(S, S->m.dropped_unauth, "unknown worker rank %d (%d workers)", h.client, S->o.workers);
     char msg[256];
     const uint8_t *payload = buf + sizeof(ps_hdr);
     size_t plen = len - sizeof(ps_hdr);

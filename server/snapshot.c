@@ -32,6 +32,8 @@ struct snap_job {
     char path[4200];
     pthread_t th;
     atomic_int done;
+    atomic_llong rows_done; /* rows saved so far (snap_progress) */
+    int64_t file_bytes;     /* size of the committed file */
     int rc;
     char err[512];
     double t0, seconds;
@@ -130,6 +132,7 @@ static void *writer_main(void *arg)
             j->aside[b] = NULL;
         }
         rows_done += n;
+        atomic_store_explicit(&j->rows_done, rows_done, memory_order_relaxed);
         double now = pf_now_s();
         if (writing && now - t_log >= 2.0) {
             log_info("snapshot step %lld: %lld/%lld rows written, %.1f MB/s", (long long)j->step,
@@ -153,6 +156,9 @@ static void *writer_main(void *arg)
                            .id = j->id};
         snprintf(m.role, sizeof m.role, "shard");
         rc = snapfile_commit(&w, &m, j->keyed ? &j->key : NULL);
+        struct stat st;
+        if (rc == 0 && stat(j->path, &st) == 0)
+            j->file_bytes = (int64_t)st.st_size;
     } else if (created) {
         snapfile_abort(&w);
     }
@@ -234,9 +240,25 @@ int64_t snap_step(const snap_job *j)
     return j->step;
 }
 
+double snap_progress(const snap_job *j)
+{
+    if (j->sh->rows <= 0)
+        return 1.0;
+    return (double)atomic_load_explicit(&((snap_job *)j)->rows_done, memory_order_relaxed) /
+           (double)j->sh->rows;
+}
+
 int snap_finish(snap_job *j)
 {
+    return snap_finish_ex(j, NULL);
+}
+
+int snap_finish_ex(snap_job *j, snap_outcome *out)
+{
     pthread_join(j->th, NULL);
+    if (out)
+        *out =
+            (snap_outcome){.step = j->step, .seconds = j->seconds, .bytes = j->rc == 0 ? j->file_bytes : 0};
     int rc = j->rc;
     if (rc == 0)
         log_info("snapshot step %lld written: %lld rows in %.2f s (%.1f MB/s), %lld blocks copied aside by "

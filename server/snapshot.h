@@ -46,9 +46,23 @@ int snap_done(const snap_job *j);
 /* The checkpoint step of j. */
 int64_t snap_step(const snap_job *j);
 
+/* The fraction of the shard's rows the writer has saved so far, in [0, 1] (1 for an empty shard). Safe from
+ * any thread while j exists. */
+double snap_progress(const snap_job *j);
+
+/* What a finished snapshot took (snap_finish_ex). */
+typedef struct snap_outcome {
+    int64_t step;
+    double seconds; /* from snap_start to the writer's end */
+    int64_t bytes;  /* size of the committed file (0 when it failed) */
+} snap_outcome;
+
 /* Waits for the writer, logs the outcome, frees j. Returns 0 when the file was committed, else the write's
  * error (-EIO naming the file: the previous checkpoints are untouched). */
 int snap_finish(snap_job *j);
+
+/* snap_finish, and *out (not NULL) gets its step, duration and file size. */
+int snap_finish_ex(snap_job *j, snap_outcome *out);
 
 /* Removes this server's shard files of every checkpoint under root but the newest `keep` (>= 1) that hold
  * one, and step folders left empty. Never touches the checkpoint `protect` (the one just written). */

@@ -3,7 +3,8 @@
  *   pfcps-worker --config FILE --rank W [--set key=value ...] [--max-steps N] [--trace FILE]
  *                [--dump-centers PREFIX]
  *
- * Start-up: open the two fabric endpoints (towards the servers; for the workers' ring collectives), join
+ * Start-up: the metrics endpoint when metrics_address is set (docs/metrics.md; reported at join), open the
+ * two fabric endpoints (towards the servers; for the workers' ring collectives), join
  * the run at `rendezvous` as (worker, W), take the run config from the address book (every process
  * trains with the same config: the one server 0 was started with), then train (worker/train.h).
  * SIGTERM / SIGINT: every worker stops after the step in progress (they agree through an allreduce),
@@ -26,6 +27,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "worker/model/model.h"
 #include "worker/resume.h"
 #include "worker/train.h"
@@ -306,6 +308,11 @@ static int join_run(worker_daemon *d)
     log_info("fabric provider %s; joining the run at %s:%d", d->cfg.provider, d->host, d->port);
     int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_WORKER, (int)d->rank, addr, alen, d->secret, "",
                          &d->sess, &d->run);
+    if (rc == 0) {
+        char hex[2 * CKPT_RUN_ID_BYTES + 1];
+        ckpt_run_id_hex(ctl_session_book(d->sess)->run_id, hex);
+        metrics_set_run(hex);
+    }
     return rc < 0 ? -1 : rc;
 }
 
@@ -392,6 +399,19 @@ static int finish(worker_daemon *d, int exit_code)
     return exit_code;
 }
 
+/* The metrics endpoint (metrics_address of this process' config; off when empty), its bound address sent
+ * with the join. Returns 0 or -1 (logged). */
+static int start_metrics(const worker_daemon *d)
+{
+    if (daemon_metrics_start(&d->cfg, "worker", (int)d->rank) < 0)
+        return -1;
+    if (ctl_set_metrics_address(metrics_bound()) < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static worker_daemon d;
@@ -399,6 +419,8 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &d);
     if (rc != 0)
         return rc == CLI_HELP ? 0 : 1;
+    if (start_metrics(&d) < 0)
+        return 1;
     if (check_local(&d) < 0)
         return 1;
     int exit_code = 1;

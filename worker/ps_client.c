@@ -17,6 +17,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/fabric.h"
+#include "common/metrics.h"
 
 enum { MB_SEND = 1, MB_RECV = 2 };
 enum { RQ_PULL = 1, RQ_PUSH = 2, RQ_STAT = 3, RQ_CHECKSUM = 4, RQ_RAW = 5 /* test hook: ps_raw */ };
@@ -114,6 +115,11 @@ struct ps_client {
     double *srv_heard;  /* last reply from it (or when messages started waiting for it) */
     ps_req **srv_probe; /* its probe in flight, or NULL */
     double *srv_probe_t;
+    /* Metrics (ps_client_metrics_on; NULL: off): */
+    pf_metric *m_pulled_rows, *m_pulled_bytes, *m_pushed_rows, *m_pushed_bytes;
+    pf_metric **m_wait;    /* [S]: pfcps_worker_server_wait_seconds_total{server} */
+    const ps_req *waiting; /* the request ps_wait is waiting for */
+    double *wait_last;     /* [S]: its last reply from each server during that wait (0: none yet) */
 };
 
 static const char *op_name(const ps_req *r)
@@ -487,6 +493,10 @@ static int send_one(ps_client *c, ps_req *r, int s)
     sl->in_use = 1;
     sl->req = r;
     sl->server = s;
+    if (r->op == RQ_PUSH) {
+        metrics_add(c->m_pushed_rows, sl->n);
+        metrics_add(c->m_pushed_bytes, (double)len);
+    }
     r->next_chunk[s]++;
     c->inflight++;
     r->to_send--;
@@ -586,7 +596,10 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len)
     if (!sl)
         return; /* stale or foreign: ignore */
     ps_req *r = sl->req;
-    c->srv_heard[sl->server] = pf_now_s();
+    const double now = pf_now_s();
+    c->srv_heard[sl->server] = now;
+    if (r == c->waiting)
+        c->wait_last[sl->server] = now;
     const uint8_t *p = buf + sizeof(h);
     size_t plen = len - sizeof(h);
     if (h.status != 0) {
@@ -601,8 +614,10 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len)
             char msg[128];
             snprintf(msg, sizeof(msg), "server %d: pull reply has the wrong size", sl->server);
             req_fail(r, -EPROTO, msg);
-        } else if (r->out) { /* NULL once the caller gave the request up */
-            for (uint32_t i = 0; i < h.n; i++)
+        } else {
+            metrics_add(c->m_pulled_rows, h.n);
+            metrics_add(c->m_pulled_bytes, (double)len);
+            for (uint32_t i = 0; r->out && i < h.n; i++) /* r->out is NULL once the caller gave r up */
                 ps_rows_decode(r->out + r->order[sl->off + i] * D, p + (size_t)i * D * dts, D, c->o.dtype);
         }
     } else if (r->op == RQ_STAT && r->result) {
@@ -903,6 +918,17 @@ int ps_test(ps_client *c, ps_req *r)
     return r->remaining <= 0 || r->fatal;
 }
 
+/* Server s still owes request r a reply (a message unanswered or not yet sent). */
+static int owes(const ps_client *c, const ps_req *r, int s)
+{
+    if (r->next_chunk && r->nchunks && r->next_chunk[s] < r->nchunks[s])
+        return 1;
+    for (uint32_t si = 0; si < c->nslots; si++)
+        if (c->slots[si].in_use && c->slots[si].req == r && c->slots[si].server == s)
+            return 1;
+    return 0;
+}
+
 /* The servers request r still waits for (a message unanswered or not yet sent), as "server 1" or
  * "servers 0, 2", with how long since each was last heard from, into buf[n]. */
 static void waiting_for(const ps_client *c, const ps_req *r, char *buf, size_t n)
@@ -912,10 +938,7 @@ static void waiting_for(const ps_client *c, const ps_req *r, char *buf, size_t n
     double now = pf_now_s();
     buf[0] = 0;
     for (int s = 0; s < c->o.servers && o < n; s++) {
-        int owed = r->next_chunk && r->nchunks && r->next_chunk[s] < r->nchunks[s];
-        for (uint32_t si = 0; !owed && si < c->nslots; si++)
-            owed = c->slots[si].in_use && c->slots[si].req == r && c->slots[si].server == s;
-        if (!owed)
+        if (!owes(c, r, s))
             continue;
         o += (size_t)snprintf(buf + o, n - o, "%s%d (last heard %.1f s ago)", cnt ? ", " : "", s,
                               c->srv_heard[s] > 0 ? now - c->srv_heard[s] : now - r->t_start);
@@ -930,14 +953,37 @@ static void waiting_for(const ps_client *c, const ps_req *r, char *buf, size_t n
     }
 }
 
+/* Metrics on: adds each server's share of the wait for r that began at t0 and ends now (`done`: every reply
+ * is in) to pfcps_worker_server_wait_seconds_total{server} (ps_client_metrics_on says how). */
+static void wait_account(ps_client *c, const ps_req *r, double t0, int done)
+{
+    c->waiting = NULL;
+    if (!c->m_wait)
+        return;
+    const double now = pf_now_s();
+    for (int s = 0; s < c->o.servers; s++) {
+        if (!r->nchunks || r->nchunks[s] == 0)
+            continue;
+        double end = !done && owes(c, r, s) ? now : c->wait_last[s];
+        if (end > t0)
+            metrics_add(c->m_wait[s], end - t0);
+    }
+}
+
 int ps_wait(ps_client *c, ps_req *r, double timeout_s)
 {
     double t0 = pf_now_s(), next_log = t0 + (timeout_s > 0 ? timeout_s / 16 : 30);
     int idle = 0;
+    if (c->m_wait) {
+        c->waiting = r;
+        for (int s = 0; s < c->o.servers; s++)
+            c->wait_last[s] = 0;
+    }
     while (r->remaining > 0 && !r->fatal) {
         int n = progress(c);
         if (n < 0) {
             /* CQ failure: the request cannot complete. Its messages in flight still reference it. */
+            wait_account(c, r, t0, 0);
             abandon(c, r);
             return n;
         }
@@ -946,10 +992,12 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
             if ((timeout_s >= 0 && now - t0 > timeout_s) || now >= next_log) {
                 char who[600];
                 waiting_for(c, r, who, sizeof who);
-                if (timeout_s >= 0 && now - t0 > timeout_s)
+                if (timeout_s >= 0 && now - t0 > timeout_s) {
+                    wait_account(c, r, t0, 0);
                     return pf_err(-ETIMEDOUT,
                                   "no reply from %s within %.1f s (%s of step %lld, %d messages outstanding)",
                                   who, timeout_s, op_name(r), (long long)r->step, r->remaining);
+                }
                 /* A stall is said while it lasts (every timeout / 16: ctl_timeout / 4 for the workers). */
                 log_warn("still waiting for %s: %s of step %lld, %.0f s so far, %d messages outstanding", who,
                          op_name(r), (long long)r->step, now - t0, r->remaining);
@@ -966,6 +1014,7 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
     }
     /* Done, or failed on this side: the error is returned now, replies still due from live servers are
      * dropped when they come (abandon). */
+    wait_account(c, r, t0, r->remaining <= 0);
     int rc = r->status;
     if (rc < 0)
         pf_err(rc, "%s", r->err);
@@ -1074,7 +1123,41 @@ void ps_client_destroy(ps_client *c)
     free(c->srv_heard);
     free(c->srv_probe);
     free(c->srv_probe_t);
+    free(c->m_wait);
+    free(c->wait_last);
     free(c);
+}
+
+int ps_client_metrics_on(ps_client *c)
+{
+    const int S = c->o.servers;
+    if (!c->m_wait) {
+        c->m_wait = calloc((size_t)S, sizeof *c->m_wait);
+        c->wait_last = calloc((size_t)S, sizeof *c->wait_last);
+        if (!c->m_wait || !c->wait_last) {
+            free(c->m_wait);
+            free(c->wait_last);
+            c->m_wait = NULL;
+            c->wait_last = NULL;
+            return pf_err(-ENOMEM, "out of memory for %d servers' wait series", S);
+        }
+    }
+    c->m_pulled_rows =
+        metrics_counter("pfcps_worker_pulled_rows_total", "Class-center rows pulled.", NULL, 0);
+    c->m_pushed_rows =
+        metrics_counter("pfcps_worker_pushed_rows_total", "Class-center gradient rows pushed.", NULL, 0);
+    c->m_pulled_bytes =
+        metrics_counter("pfcps_worker_pulled_bytes_total", "Data-plane bytes received for pulls.", NULL, 0);
+    c->m_pushed_bytes =
+        metrics_counter("pfcps_worker_pushed_bytes_total", "Data-plane bytes sent for pushes.", NULL, 0);
+    for (int s = 0; s < S; s++) {
+        char rank[16];
+        snprintf(rank, sizeof rank, "%d", s);
+        const char *labels[] = {"server", rank};
+        c->m_wait[s] = metrics_counter("pfcps_worker_server_wait_seconds_total",
+                                       "Time spent waiting for that server's replies.", labels, 1);
+    }
+    return 0;
 }
 
 void ps_client_set_token(ps_client *c, uint64_t token)

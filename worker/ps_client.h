@@ -59,6 +59,16 @@ void ps_client_set_token(ps_client *c, uint64_t token);
  * on that push has returned (the training loop waits for its push before the buffer is reused). */
 void ps_client_set_borrow_grads(ps_client *c, int on);
 
+/* Registers this client's Prometheus series (common/metrics.h; docs/metrics.md, "Worker") and counts into
+ * them from now on: pfcps_worker_pulled_rows_total and pfcps_worker_pulled_bytes_total (rows and bytes of
+ * every pull reply received whole), pfcps_worker_pushed_rows_total and pfcps_worker_pushed_bytes_total (rows
+ * and bytes of every push message sent, headers included), and the wait per server,
+ * pfcps_worker_server_wait_seconds_total{server}: per ps_wait, for each server the request has messages
+ * with, the time from the wait's start to that server's last reply within it (0 when all its replies came
+ * before), or to the wait's end when it still owed one. Returns 0 or -ENOMEM. Call once, before the requests
+ * to count. */
+int ps_client_metrics_on(ps_client *c);
+
 /* This client's fabric address for the address book. *len: capacity in, bytes out. */
 int ps_client_getname(ps_client *c, void *addr, size_t *len);
 

@@ -23,6 +23,14 @@
 /* ln(1e30): the loss value when p_target is floored at 1e-30 for every row (no target matched). */
 #define STUCK_LOSS 69.07755278982137
 
+/* Unix time in seconds (CLOCK_REALTIME): timestamps of the metrics and TensorBoard events. */
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* Backbone optimizer step on every trainable tensor (fixed ones, the features BN weight, are skipped, as
  * arcface_torch leaves them out: requires_grad = False), on the device. */
 static int optimizer_step(trainer *t, float lr, int64_t step1)
@@ -133,7 +141,10 @@ static int wait_req(trainer *t, ps_req *r, int rc)
  * backbone runs forward, the margin-softmax head over every worker's sampled columns, push the row gradients
  * (the servers apply them during our backward), backbone backward and optimizer step, wait for the push
  * (read-your-writes before the next pull). push_flags: PS_PUSH_SNAPSHOT on a checkpoint step. *loss = the
- * global mean loss. Returns 0 or the first failing component's negative code. */
+ * global mean loss. The phases' wall times go to t->phase_s (seconds): sample (pfc_sample with its label
+ * allgather), pull (posting the pull, and waiting for it after the forward: the part the forward did not
+ * hide), head, push (posting it), backbone (the batch, forward, backward and optimizer step), wait (for the
+ * push at the end). Returns 0 or the first failing component's negative code. */
 static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, double *loss)
 {
     const int64_t *ids = NULL;
@@ -141,25 +152,42 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
     ps_req *pull = NULL, *push = NULL;
     loader_batch *b = NULL;
     const float *emb = NULL;
+    double *ph = t->phase_s, t0 = pf_now_s(), t1;
     int rc = pfc_sample(&t->head, step, t->labels, &ids, &k);
+    t1 = pf_now_s();
+    ph[PH_SAMPLE] = t1 - t0;
     if (rc == 0)
         rc = ps_pull(t->net.ps, ids, (size_t)k, t->wd.centers, step, &pull);
+    t0 = pf_now_s();
+    ph[PH_PULL] = t0 - t1;
     if (rc == 0)
         rc = next_batch(t, &b);
     if (rc == 0) {
         model_zero_grad(t->m);
         rc = model_forward(t->m, b->images, t->run.batch_size, 1, &emb);
     }
+    t1 = pf_now_s();
+    ph[PH_BACKBONE] = t1 - t0;
     rc = wait_req(t, pull, rc);
+    t0 = pf_now_s();
+    ph[PH_PULL] += t0 - t1;
     if (rc == 0)
         rc = wdev_head_step(&t->wd, &t->head, emb, k, loss);
+    t1 = pf_now_s();
+    ph[PH_HEAD] = t1 - t0;
     if (rc == 0)
         rc = ps_push_ex(t->net.ps, ids, (size_t)k, t->wd.grad_centers, (float)lr, step, push_flags, &push);
+    t0 = pf_now_s();
+    ph[PH_PUSH] = t0 - t1;
     if (rc == 0)
         rc = backbone_step(t, (float)lr, step);
     if (b)
         loader_release(t->ld, b);
-    return wait_req(t, push, rc);
+    t1 = pf_now_s();
+    ph[PH_BACKBONE] += t1 - t0;
+    rc = wait_req(t, push, rc);
+    ph[PH_WAIT] = pf_now_s() - t1;
+    return rc;
 }
 
 /* The loss scaler's state as checkpoint extras: x[0] "amp.scale", x[1] "amp.growth_tracker". */
@@ -307,6 +335,8 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
     }
     log_info("checkpoint step %lld: worker state written to %s in %.2f s", (long long)step, dir,
              pf_now_s() - t0);
+    metrics_set(t->mx.ckpt_ts, wall_s());
+    metrics_set(t->mx.ckpt_step, (double)step);
     wresume_prune(t->ckpt_root, t->rank, t->run.snapshot_keep, step);
 }
 
@@ -348,9 +378,7 @@ static void tb_scalars(trainer *t, int64_t step, int n, const char *const *tags,
 {
     if (!t->tb)
         return;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double wall = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    double wall = wall_s();
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++)
         rc = tb_scalar(t->tb, tags[i], step, wall, (float)values[i]);
@@ -379,6 +407,7 @@ static int verify_sets(trainer *t, int64_t step, double *seconds)
             return pf_err_wrap(rc, "verification on %s at global step %lld", t->val[i].name, (long long)step);
         if (r.acc_mean > t->val_highest[i])
             t->val_highest[i] = r.acc_mean;
+        metrics_set(t->mx.val[i], r.acc_mean);
         const char *name = t->val[i].name;
         log_info("[%s][%lld]XNorm: %f", name, (long long)step, r.xnorm);
         log_info("[%s][%lld]Accuracy-Flip: %1.5f+-%1.5f", name, (long long)step, r.acc_mean, r.acc_std);
@@ -476,6 +505,63 @@ static int finish(trainer *t, const progress *p, int64_t step, int64_t total, in
     return 0;
 }
 
+/* Registers the loop's series (t->mx; docs/metrics.md, "Worker") with their values before the first step
+ * (a resumed run: its checkpoint step). */
+static void metrics_register(trainer *t)
+{
+    train_metrics *x = &t->mx;
+    x->step =
+        metrics_gauge("pfcps_worker_step", "Global steps completed (arcface_torch's global_step).", NULL, 0);
+    x->epoch = metrics_gauge("pfcps_worker_epoch", "Current epoch.", NULL, 0);
+    x->last_step_ts = metrics_gauge("pfcps_worker_last_step_timestamp_seconds",
+                                    "Unix time the last step completed.", NULL, 0);
+    x->samples = metrics_counter("pfcps_worker_samples_total", "Images this worker trained on.", NULL, 0);
+    x->samples_per_s = metrics_gauge("pfcps_worker_samples_per_second",
+                                     "This worker's images per second over the last step.", NULL, 0);
+    x->loss = metrics_gauge("pfcps_worker_loss", "The last step's loss (global batch mean).", NULL, 0);
+    x->lr = metrics_gauge("pfcps_worker_learning_rate", "The last step's learning rate.", NULL, 0);
+    x->step_s = metrics_histogram("pfcps_worker_step_seconds", "Whole step time.", NULL, 0,
+                                  metrics_latency_bounds, metrics_latency_nbounds);
+    static const char *const names[PH_COUNT] = {"sample", "pull", "head", "push", "backbone", "wait"};
+    for (int i = 0; i < PH_COUNT; i++) {
+        const char *labels[] = {"phase", names[i]};
+        x->phase[i] = metrics_histogram("pfcps_worker_phase_seconds", "Time of each phase of a step.", labels,
+                                        1, metrics_latency_bounds, metrics_latency_nbounds);
+    }
+    x->ckpt_ts = metrics_gauge("pfcps_worker_checkpoint_last_timestamp_seconds",
+                               "Unix time of the newest checkpoint written (0: none).", NULL, 0);
+    x->ckpt_step =
+        metrics_gauge("pfcps_worker_checkpoint_last_step", "Step of the newest checkpoint written.", NULL, 0);
+    x->loss_scale =
+        metrics_gauge("pfcps_worker_loss_scale", "fp16 dynamic loss scale (1 without fp16).", NULL, 0);
+    for (int i = 0; i < t->n_val; i++) {
+        const char *labels[] = {"set", t->val[i].name};
+        x->val[i] =
+            metrics_gauge("pfcps_worker_verification_accuracy", "Last Accuracy-Flip of the set.", labels, 1);
+    }
+    metrics_set(x->step, (double)t->start_step);
+    metrics_set(x->epoch, (double)(t->start_step / t->steps_per_epoch));
+    metrics_set(x->loss_scale, t->loss_scaling ? (double)t->scaler.scale : 1.0);
+}
+
+/* After global step `step` (1-based) of `epoch`, which took `seconds` in all (stop vote to the push's end):
+ * the loop's series. */
+static void metrics_step(trainer *t, int64_t step, int64_t epoch, double loss, double lr, double seconds)
+{
+    train_metrics *x = &t->mx;
+    metrics_set(x->step, (double)step);
+    metrics_set(x->epoch, (double)epoch);
+    metrics_set(x->last_step_ts, wall_s());
+    metrics_add(x->samples, t->run.batch_size);
+    metrics_set(x->samples_per_s, seconds > 0 ? t->run.batch_size / seconds : 0);
+    metrics_set(x->loss, loss);
+    metrics_set(x->lr, lr);
+    metrics_set(x->loss_scale, t->loss_scaling ? (double)t->scaler.scale : 1.0);
+    metrics_observe(x->step_s, seconds);
+    for (int i = 0; i < PH_COUNT; i++)
+        metrics_observe(x->phase[i], t->phase_s[i]);
+}
+
 int train_run(trainer *t)
 {
     const pf_config *run = &t->run;
@@ -494,6 +580,7 @@ int train_run(trainer *t)
         if (step >= total)
             log_info("checkpoint step %lld is the last step: nothing left to train", (long long)step);
     }
+    metrics_register(t);
 
     for (int64_t epoch = step / t->steps_per_epoch;
          rc == 0 && !stop && step < total && epoch < run->num_epoch; epoch++) {
@@ -501,6 +588,7 @@ int train_run(trainer *t)
         if ((rc = loader_start_epoch_at(t->ld, epoch, first)) < 0)
             break;
         while (step < total) {
+            const double t_step = pf_now_s();
             if ((rc = stop_vote(t, &stop)) < 0)
                 break;
             if (stop) {
@@ -518,6 +606,7 @@ int train_run(trainer *t)
             if ((rc = train_step(t, step, lr, flags, &loss)) < 0)
                 break;
             step++;
+            metrics_step(t, step, epoch, loss, lr, pf_now_s() - t_step);
             if ((rc = check_loss(&p, loss, step, epoch)) < 0)
                 break;
             log_step(t, &p, step, total, epoch, loss, lr);

@@ -71,6 +71,8 @@ static int connect_servers(train_net *n, const pf_config *run, const ctl_book *b
         return rc;
     ps_client_set_token(n->ps, token);
     ps_client_set_borrow_grads(n->ps, 1); /* the caller waits for its push before the gradients change */
+    if ((rc = ps_client_metrics_on(n->ps)) < 0)
+        return rc;
     for (int s = 0; s < run->servers; s++)
         if ((rc = ps_client_add_server(n->ps, s, book->servers[s].addr, book->servers[s].addr_len)) < 0)
             return pf_err_wrap(rc, "server %d address", s);

@@ -47,7 +47,8 @@ int train_net_check_run(const pf_config *local, const pf_config *run);
 
 /* Connects both endpoints with the run config and the address book: the client's timeout (wait_s), the
  * run's data-plane token (ctl_data_token from `secret` and the book's nonce), borrowed push gradients (the
- * caller waits for each push before changing its gradients), every server's address, a warm-up round trip to
+ * caller waits for each push before changing its gradients), the client's metrics (ps_client_metrics_on),
+ * every server's address, a warm-up round trip to
  * each server (up to ctl_timeout seconds); then the ring over every worker's part 1 address. Returns 0 or a
  * negative code with pf_errmsg: -EPROTO when the book's member counts differ from the run config's, the
  * server or worker that failed named otherwise. */

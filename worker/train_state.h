@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "common/config.h"
+#include "common/metrics.h"
 #include "worker/data/loader.h"
 #include "worker/device.h"
 #include "worker/eval/set.h"
@@ -22,6 +23,19 @@
 
 /* Verification sets a run scores at most (config key val_targets). */
 #define MAX_VAL_TARGETS 8
+
+/* The phases of a step (train_step) as the pfcps_worker_phase_seconds series name them. */
+enum { PH_SAMPLE, PH_PULL, PH_HEAD, PH_PUSH, PH_BACKBONE, PH_WAIT, PH_COUNT };
+
+/* The training loop's Prometheus series (docs/metrics.md, "Worker"; the data plane's are the client's,
+ * ps_client_metrics_on), registered by train_run and updated by it after every step. */
+typedef struct train_metrics {
+    pf_metric *step, *epoch, *last_step_ts, *samples, *samples_per_s, *loss, *lr, *loss_scale;
+    pf_metric *step_s;          /* histogram: the whole step (stop vote, labels, train_step) */
+    pf_metric *phase[PH_COUNT]; /* histograms: phase = sample, pull, head, push, backbone, wait */
+    pf_metric *ckpt_ts, *ckpt_step;
+    pf_metric *val[MAX_VAL_TARGETS]; /* rank 0: Accuracy-Flip per val_targets set */
+} train_metrics;
 
 struct trainer {
     /* Config: the run's (server 0's, from the rendezvous), this worker's own (what the endpoints were opened
@@ -58,6 +72,8 @@ struct trainer {
     int have_head;
 
     /* Logging and metrics. */
+    train_metrics mx;
+    double phase_s[PH_COUNT];      /* the last train_step's phase times, seconds */
     FILE *trace;                   /* opts.trace_path, or NULL */
     tb_writer *tb;                 /* rank 0: <output>/tensorboard; NULL when off or after a write error */
     eval_set val[MAX_VAL_TARGETS]; /* rank 0: the val_targets sets */
