@@ -4,6 +4,7 @@
 #   bench/scale/run.sh BUILD_DIR [--classes 1000000,2000000] [--series r,k] [--rate 0.1] [--sampled 100000]
 #                      [--dim 512] [--batch 128] [--servers 2] [--provider tcp] [--wire fp32]
 #                      [--steps 40] [--warmup 10] [--steady 10] [--peer-steps 20] [--no-peer] [--plan] [--lazy]
+#                      [--scrape]
 #   (or: ninja -C BUILD_DIR bench-scale, which runs the defaults)
 #
 # Per series (r: fixed sample rate --rate; k: fixed --sampled rows per step, sample_rate = k / C) and per C:
@@ -20,6 +21,11 @@
 # threads and one thread's memcpy bandwidth; bench/ps/ps_bench: the pull rate over the provider at D, 2 servers,
 # 1 client, as the loopback "link"), then adds per row what `pfcps plan` predicts for the step with those
 # figures (W = 1, k rows, `servers` servers, no backbone) and which term it says bounds it.
+# --scrape: the cost of Prometheus metrics instead (no peer, r series): per C, pfcps twice in one run, first
+# with metrics off (no metrics_address), then with metrics_address = 127.0.0.1:0 on every member and a loop
+# that GETs every member's /metrics once a second (curl, in the background, as a 1 s scrape interval would);
+# one table: warm-up and steady ms/step of both, the ratios on / off (apart), CPU s per step, scrapes made.
+# The series are updated in both runs (the registry is always on); what differs is serving and scraping.
 # One process group at a time (pfcps, then the peer), so the two never compete for memory or the 2 cores.
 # Memory: a C that would take pfcps or the peer above PFCPS_SCALE_MEM_GIB (default 20) or MemAvailable - 1 GiB
 # is reported "does not fit" and not started. OpenBLAS / OpenMP threads: 2 for the worker and the peer.
@@ -32,7 +38,7 @@ root=$(cd "$here/../.." && pwd)
 B_DIR=$(cd "$1" && pwd) || exit 2
 shift
 classes=1000000,2000000 series=r,k rate=0.1 sampled=100000 dim=512 batch=128 servers=2 provider=tcp wire=fp32
-steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0 lazy=0
+steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0 lazy=0 scrape=0
 while [ $# -gt 0 ]; do
   case $1 in
     --classes) classes=$2; shift ;;
@@ -51,6 +57,7 @@ while [ $# -gt 0 ]; do
     --no-peer) peer=0 ;;
     --plan) plan=1 ;;
     --lazy) lazy=1 ;;
+    --scrape) scrape=1 peer=0 series=r ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -86,9 +93,24 @@ free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1",
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; } # field KEY "RESULT ... KEY=V ..."
 gib() { awk -v b="$1" 'BEGIN { printf "%.2f", b / 1073741824 }'; }
 
-# One pfcps run: servers + scale_worker. Prints the worker's RESULT line (empty on failure).
-run_pfcps() { # C rate tag
-  local C=$1 r=$2 tag=$3 port ini
+# scrape_loop TAG LOG...: until killed, once a second GETs /metrics of every member whose LOG says `metrics on
+# HOST:PORT`; the count of answered GETs so far is in $out/TAG.scrapes.
+scrape_loop() {
+  local tag=$1 n=0 f a; shift
+  while :; do
+    for f in "$@"; do
+      a=$(sed -n 's/.*metrics on \([^ ]*\).*/\1/p' "$f" 2>/dev/null | head -1)
+      [ -n "$a" ] && curl -fs -o /dev/null --max-time 5 "http://$a/metrics" && n=$((n + 1))
+    done
+    echo "$n" >"$out/$tag.scrapes"
+    sleep 1
+  done
+}
+
+# One pfcps run: servers + scale_worker. Prints the worker's RESULT line (empty on failure). METRICS = 1: every
+# member serves metrics on 127.0.0.1:0 and scrape_loop scrapes them while the run lasts.
+run_pfcps() { # C rate tag [metrics]
+  local C=$1 r=$2 tag=$3 metrics=${4:-0} port ini
   port=$(free_port)
   ini=$out/$tag.ini
   cat >"$ini" <<INI
@@ -113,6 +135,7 @@ workers = 1
 provider = $provider
 wire_dtype = $wire
 rendezvous = 127.0.0.1:$port
+$([ "$metrics" = 1 ] && echo "metrics_address = 127.0.0.1:0")
 [server]
 center_init = $([ "$lazy" = 1 ] && echo lazy || echo eager)
 INI
@@ -127,11 +150,17 @@ INI
   for ((s = 0; s < servers; s++)); do logs+=("$out/$tag.server$s.log"); done
   # center_init = eager (the servers' default): the steps start once the servers generated every class center
   # (reported apart as fill_s); --lazy measures the first-touch path instead.
-  local wait=()
+  local wait=() scraper=
   [ "$lazy" = 1 ] || wait=(--wait-fill "$(IFS=,; echo "${logs[*]}")")
+  if [ "$metrics" = 1 ]; then
+    : >"$out/$tag.worker.log"
+    scrape_loop "$tag" "${logs[@]}" "$out/$tag.worker.log" &
+    scraper=$!
+  fi
   "$WORKER" --config "$ini" --rank 0 --steps "$steps" --warmup "$warmup" --steady "$steady" \
     --server-pids "$list" --trace "$out/$tag.trace" "${wait[@]}" >"$out/$tag.worker.log" 2>&1
   local rc=$?
+  if [ -n "$scraper" ]; then kill "$scraper" 2>/dev/null; wait "$scraper" 2>/dev/null; fi
   # A failed run: the servers' threads as they are (for example a pull that never got its reply), before stopping.
   if [ $rc -ne 0 ] && command -v gdb >/dev/null; then
     for ((s = 0; s < servers; s++)); do
@@ -167,6 +196,30 @@ if [ "$plan" = 1 ]; then
     "$gemm" "$sampled" "$membw" "$link_gbs" "$link_gbps" "$provider"
 fi
 IFS=, read -ra CL <<<"$classes"
+if [ "$scrape" = 1 ]; then
+  command -v curl >/dev/null || { echo "run.sh: --scrape needs curl" >&2; exit 2; }
+  rows=()
+  for C in "${CL[@]}"; do
+    off=$(run_pfcps "$C" "$rate" scrape-off.$C 0)
+    on=$(run_pfcps "$C" "$rate" scrape-on.$C 1)
+    if [ -z "$off" ] || [ -z "$on" ]; then
+      rows+=("| $C | failed (see $out/scrape-*.$C.worker.log) | | | | | | | | |")
+      continue
+    fi
+    cpu() { awk -v a="$(field worker_cpu_s_per_step "$1")" -v b="$(field server_cpu_s_per_step "$1")" 'BEGIN { printf "%.3f", a + b }'; }
+    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "**%.3f**", a / b }'; }
+    wo=$(field warmup_ms "$off") wn=$(field warmup_ms "$on") so=$(field steady_ms "$off") sn=$(field steady_ms "$on")
+    rows+=("| $C | $(field k "$on") | $wo | $wn | $(ratio "$wn" "$wo") | $so | $sn | $(ratio "$sn" "$so") | $(cpu "$off") | $(cpu "$on") | $(cat "$out/scrape-on.$C.scrapes" 2>/dev/null) |")
+  done
+  echo
+  echo "## Metrics on (every member's /metrics scraped once a second) against off: step time"
+  echo "| C | k | off warm-up ms | on warm-up ms | warm-up on / off | off steady ms | on steady ms | steady on / off | off CPU s / step (worker + servers) | on CPU s / step | GETs answered |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+  echo
+  echo "# raw outputs: $out"
+  exit 0
+fi
 IFS=, read -ra SL <<<"$series"
 for ser in "${SL[@]}"; do
   case $ser in

@@ -29,6 +29,11 @@
  *     faults per steady step (this process, servers) and the servers' CPU seconds per steady step;
  *   - first and last loss (both must be finite: exit 1 otherwise).
  * --trace FILE: one line per step: step, ms, sample/pull/head/push ms, k, new-row fraction, loss.
+ * Metrics: as pfcps-worker, the config key metrics_address starts a Prometheus endpoint (logged `metrics on
+ *   HOST:PORT`, reported at join) serving the client's series (ps_client_metrics_on) and, per step,
+ *   pfcps_worker_step, pfcps_worker_step_seconds and pfcps_worker_phase_seconds{phase = sample, pull, head,
+ *   push} (this step's phases, each from its post to its completion); the series are updated whether or not
+ *   the endpoint is on (run.sh --scrape measures what serving and scraping it costs).
  * --wait-fill LOG,...: before step 0, waits (up to 30 min) until every named server log says that every class
  *   center was generated (center_init = eager), so the steps measure a table that is all there; the wait is
  *   reported as fill_s (from this worker's join). */
@@ -50,6 +55,7 @@
 #include "common/daemon.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/splitmix64.h"
 #include "proto/ps_wire.h"
 #include "worker/head/pfc.h"
@@ -346,6 +352,24 @@ static int wait_fill(const char *logs, double *secs)
     return 0;
 }
 
+/* The per-step series pfcps-worker exports that this step has (the top of the file). */
+typedef struct step_metrics {
+    pf_metric *step, *step_s, *phase[4]; /* sample, pull, head, push */
+} step_metrics;
+
+static void step_metrics_register(step_metrics *m)
+{
+    m->step = metrics_gauge("pfcps_worker_step", "Global steps completed.", NULL, 0);
+    m->step_s = metrics_histogram("pfcps_worker_step_seconds", "Whole step time.", NULL, 0,
+                                  metrics_latency_bounds, metrics_latency_nbounds);
+    static const char *const names[4] = {"sample", "pull", "head", "push"};
+    for (int i = 0; i < 4; i++) {
+        const char *labels[] = {"phase", names[i]};
+        m->phase[i] = metrics_histogram("pfcps_worker_phase_seconds", "Time of each phase of a step.", labels,
+                                        1, metrics_latency_bounds, metrics_latency_nbounds);
+    }
+}
+
 /* Runs the steps into recs. Returns 0 or a negative code. */
 static int run_steps(bench *b, step_rec *recs, double *bytes)
 {
@@ -367,6 +391,8 @@ static int run_steps(bench *b, step_rec *recs, double *bytes)
         memset(gcen, 0, kd * sizeof(float));
     }
     const double wait_s = b->net.wait_s;
+    step_metrics sm;
+    step_metrics_register(&sm);
     const long steady0 = b->o.steps - b->o.steady;
     for (long step = 0; rc == 0 && step < b->o.steps; step++) {
         for (int s = 0; s < b->o.npids && step == 0; s++)
@@ -418,6 +444,12 @@ static int run_steps(bench *b, step_rec *recs, double *bytes)
             }
         }
         r->new_frac = k ? (double)fresh / (double)k : 0;
+        metrics_set(sm.step, (double)(step + 1));
+        metrics_observe(sm.step_s, r->total);
+        metrics_observe(sm.phase[0], r->sample);
+        metrics_observe(sm.phase[1], r->pull);
+        metrics_observe(sm.phase[2], r->head);
+        metrics_observe(sm.phase[3], r->push);
         b->touched += fresh;
         if (step == b->o.steps - 1)
             *bytes = wire_bytes(ids, k, run->servers, D, b->dt);
@@ -520,6 +552,11 @@ int main(int argc, char **argv)
     if (cli_member_check(&b.cfg, b.o.rank, b.cfg.workers, "workers", b.host, sizeof b.host, &b.port,
                          &b.secret) < 0) {
         fprintf(stderr, "scale_worker: %s\n%s", pf_errmsg(), usage);
+        return 2;
+    }
+    if (daemon_metrics_start(&b.cfg, "worker", (int)b.o.rank) < 0 ||
+        ctl_set_metrics_address(metrics_bound()) < 0) {
+        fprintf(stderr, "scale_worker: %s\n", pf_errmsg());
         return 2;
     }
     step_rec *recs = calloc((size_t)b.o.steps, sizeof *recs);
