@@ -281,6 +281,17 @@ static int start_serving(server_daemon *d)
         log_error("cannot load checkpoint step %lld: %s", (long long)book->resume_step, pf_errmsg());
         return -1;
     }
+    /* The checkpoint interval, and a resumed run's checkpoint as the last one until the next is written
+     * (deploy/monitoring/alerts.yml's PfcpsSnapshotStale compares the steps since it with the interval). */
+    pf_metric *every = metrics_gauge("pfcps_server_snapshot_every_steps",
+                                     "The run's snapshot_every (0: checkpoints off).", NULL, 0);
+    metrics_set(every, run->snapshot_every);
+    if (book->resume_step > 0) {
+        /* The series ps_server_create registered (same name, no labels). */
+        pf_metric *last =
+            metrics_gauge("pfcps_server_snapshot_last_step", "Step of the last completed snapshot.", NULL, 0);
+        metrics_set(last, (double)book->resume_step);
+    }
     for (int w = 0; w < book->num_workers; w++) {
         /* A worker's entry packs two endpoint names (common/member_addr.h): part 0 talks to servers. */
         const void *waddr = NULL;

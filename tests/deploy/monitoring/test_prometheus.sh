@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# deploy/monitoring against a live run: 2 servers and 2 workers training without end through
-# deploy/local/launch.sh (metrics_address = 127.0.0.1:PORT: server 0 on PORT, the others on free ports), and
-# Debian's Prometheus with deploy/monitoring/prometheus-local.yml (server 0's /targets as HTTP service
-# discovery) and alerts.yml, both with test-sized numbers (below), queried through its HTTP API with curl:
-#   1. all 4 targets up (up == 1) with the discovered labels role and rank; the rendezvous counts 4 of 4; every
-#      series name alerts.yml reads has a series;
+# deploy/monitoring against a live run: 2 servers and 2 workers training without end (snapshot_every 50)
+# through deploy/local/launch.sh (metrics_address = 127.0.0.1:PORT: server 0 on PORT, the others on free
+# ports), and Debian's Prometheus with deploy/monitoring/prometheus-local.yml (server 0's /targets as HTTP
+# service discovery) and alerts.yml, both with test-sized numbers (below), queried through its HTTP API:
+#   1. all 4 targets up (up == 1) with the discovered labels role and rank; the rendezvous counts 4 of 4; both
+#      servers export snapshot_every (50); every series name alerts.yml reads has a series;
 #   2. the workers' pfcps_worker_step rises, and PfcpsRunStalled is not active;
 #   3. at a standstill the rows the servers sent to pulls equal the rows the workers received: SIGSTOP both
 #      workers, wait until the servers' counters stop changing (the servers answer what was already sent and
@@ -77,6 +77,8 @@ $ENDLESS_NET
 output = $TMP/out
 [data]
 $ENDLESS_DATA
+[server]
+snapshot_every = 50
 INI
 start_launcher "$TMP/run.ini"
 
@@ -103,6 +105,8 @@ expect_eq "targets up (role rank value)" "$(series 'up{job="pfcps"}' | tr '\n' '
   "server 0 1,server 1 1,worker 0 1,worker 1 1,"
 until_eq 30 4 'pfcps_rendezvous_members{job="pfcps"}' || fail "the rendezvous does not count 4 members"
 expect_eq "members expected" "$(query 'pfcps_rendezvous_members_expected{job="pfcps"}')" 4
+expect_eq "snapshot_every of both servers (role rank value)" \
+  "$(series 'pfcps_server_snapshot_every_steps{job="pfcps"}' | tr '\n' ',')" "server 0 50,server 1 50,"
 # Every series the alert rules read exists in this run (a family the daemons do not export would leave its
 # alert silent for ever).
 expect_rc "the alert rules' series exist" 0 ", 0 missing" python3 - "$mon/alerts.yml" "$pport" <<'PY'
