@@ -15,6 +15,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "worker/model/model_internal.h"
+#include "worker/model/torch_pt.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "safetensors.c reads and writes the format's little-endian data as host memory"
@@ -548,8 +549,14 @@ int model_load_pretrained(model *m, const char *path)
         return pf_err_wrap(rc, "pretrained %s", path);
     if (got == 8 && !memcmp(magic, "PFCPSBB1", 8))
         return load_pretrained_ckpt(m, path);
+    /* torch.save's zip archive ("PK\3\4"), or its legacy bare pickle (PROTO 2, LONG1 of the magic number),
+     * which torch_pt.c refuses by name; their backbone becomes a safetensors image checked as below */
     st_file *f;
-    rc = st_read(&f, path);
+    unsigned char *image = NULL;
+    if (got >= 4 && (!memcmp(magic, "PK\3\4", 4) || !memcmp(magic, "\x80\x02\x8a\x0a", 4)))
+        rc = tp_read_backbone(path, &f, &image);
+    else
+        rc = st_read(&f, path);
     if (rc)
         return pf_err_wrap(rc, "pretrained");
     int nt = m->n_tensors, nb = m->n_buffers;
@@ -589,5 +596,6 @@ out:
     free(hp);
     free(hb);
     st_free(f);
+    free(image);
     return rc;
 }

@@ -95,6 +95,10 @@ int model_export_safetensors(const model *m, const char *path);
 
 /* Initialises m's parameters and BN running statistics from path:
  * - a pfcps checkpoint (starts with "PFCPSBB1"): model_load (same network and D, verified);
+ * - a torch.save zip archive (starts with "PK\3\4"): arcface_torch's `model.pt` (the backbone's
+ *   state_dict) or a `checkpoint_gpu_<rank>.pt` (its "state_dict_backbone"), read by tp_read_backbone
+ *   (worker/model/torch_pt.h; a legacy pre-zip torch.save file is refused by name) into a safetensors image
+ *   held to the rules below;
  * - else a safetensors file in arcface_torch's names (as model_export_safetensors writes, or
  *   `safetensors.torch.save_file(backbone.state_dict(), path)` in PyTorch): every parameter and running
  *   statistic of m present, F32, in m's shape; `*.num_batches_tracked` entries ignored; any other tensor
@@ -103,7 +107,7 @@ int model_export_safetensors(const model *m, const char *path);
  * element). The file is opened with pf_open_regular (a FIFO, device or folder is refused at once).
  * The whole file is checked before m changes (a model.ckpt with a non-finite value is loaded and m put
  * back). Returns 0; -EINVAL naming the missing, extra, mismatched (dtype, shape) or non-finite tensor;
- * -EPROTO (malformed file, st_parse); -ENOENT / -EACCES / -EIO (pf_open_regular); -ENOMEM; the device's
+ * -EPROTO (malformed file: st_parse, tp_read_backbone); -ENOENT / -EACCES / -EIO (pf_open_regular); -ENOMEM; the device's
  * error. */
 int model_load_pretrained(model *m, const char *path);
 
