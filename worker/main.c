@@ -80,7 +80,8 @@ static void *ctl_watch_main(void *arg)
 
 /* The run trains with server 0's config. Keys this worker's own config (file and --set) sets to a value that
  * is neither the default nor the run's are not used: say so, instead of ignoring e.g. a worker's --set lr
- * silently. `rendezvous` is left out (each host may reach server 0 by its own address). */
+ * silently. `rendezvous` is left out (each host may reach server 0 by its own address), and so is the
+ * member-local `metrics_address` (this worker's own endpoint). */
 static void warn_unused_local_keys(const pf_config *local, const pf_config *run)
 {
     pf_config def;
@@ -94,7 +95,8 @@ static void warn_unused_local_keys(const pf_config *local, const pf_config *run)
         char *la = strtok_r(a, "\n", &sa), *lb = strtok_r(b, "\n", &sb), *ld = strtok_r(d, "\n", &sd);
         for (; la && lb && ld;
              la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb), ld = strtok_r(NULL, "\n", &sd)) {
-            if (!strcmp(la, lb) || !strcmp(la, ld) || !strncmp(la, "rendezvous ", 11))
+            if (!strcmp(la, lb) || !strcmp(la, ld) || !strncmp(la, "rendezvous ", 11) ||
+                !strncmp(la, "metrics_address ", 16))
                 continue;
             if (o < sizeof msg)
                 o += (size_t)snprintf(msg + o, sizeof msg - o, "%s'%s' (the run has '%s')", n ? ", " : "", la,
