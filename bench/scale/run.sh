@@ -4,7 +4,7 @@
 #   bench/scale/run.sh BUILD_DIR [--classes 1000000,2000000] [--series r,k] [--rate 0.1] [--sampled 100000]
 #                      [--dim 512] [--batch 128] [--servers 2] [--provider tcp] [--wire fp32]
 #                      [--steps 40] [--warmup 10] [--steady 10] [--peer-steps 20] [--no-peer] [--plan] [--lazy]
-#                      [--scrape]
+#                      [--scrape [--pairs 1]]
 #   (or: ninja -C BUILD_DIR bench-scale, which runs the defaults)
 #
 # Per series (r: fixed sample rate --rate; k: fixed --sampled rows per step, sample_rate = k / C) and per C:
@@ -24,7 +24,8 @@
 # --scrape: the cost of Prometheus metrics instead (no peer, r series): per C, pfcps twice in one run, first
 # with metrics off (no metrics_address), then with metrics_address = 127.0.0.1:0 on every member and a loop
 # that GETs every member's /metrics once a second (curl, in the background, as a 1 s scrape interval would);
-# one table: warm-up and steady ms/step of both, the ratios on / off (apart), CPU s per step, scrapes made.
+# one table: warm-up and steady ms/step of both, the ratios on / off (apart), CPU s per step (worker +
+# servers) and its ratio, GETs answered. --pairs N: N such pairs per C (off, on, off, on, ...), a row each.
 # The series are updated in both runs (the registry is always on); what differs is serving and scraping.
 # One process group at a time (pfcps, then the peer), so the two never compete for memory or the 2 cores.
 # Memory: a C that would take pfcps or the peer above PFCPS_SCALE_MEM_GIB (default 20) or MemAvailable - 1 GiB
@@ -38,7 +39,7 @@ root=$(cd "$here/../.." && pwd)
 B_DIR=$(cd "$1" && pwd) || exit 2
 shift
 classes=1000000,2000000 series=r,k rate=0.1 sampled=100000 dim=512 batch=128 servers=2 provider=tcp wire=fp32
-steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0 lazy=0 scrape=0
+steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0 lazy=0 scrape=0 pairs=1
 while [ $# -gt 0 ]; do
   case $1 in
     --classes) classes=$2; shift ;;
@@ -58,6 +59,7 @@ while [ $# -gt 0 ]; do
     --plan) plan=1 ;;
     --lazy) lazy=1 ;;
     --scrape) scrape=1 peer=0 series=r ;;
+    --pairs) pairs=$2; shift ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -199,22 +201,25 @@ IFS=, read -ra CL <<<"$classes"
 if [ "$scrape" = 1 ]; then
   command -v curl >/dev/null || { echo "run.sh: --scrape needs curl" >&2; exit 2; }
   rows=()
+  cpu() { awk -v a="$(field worker_cpu_s_per_step "$1")" -v b="$(field server_cpu_s_per_step "$1")" 'BEGIN { printf "%.3f", a + b }'; }
+  ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
   for C in "${CL[@]}"; do
-    off=$(run_pfcps "$C" "$rate" scrape-off.$C 0)
-    on=$(run_pfcps "$C" "$rate" scrape-on.$C 1)
-    if [ -z "$off" ] || [ -z "$on" ]; then
-      rows+=("| $C | failed (see $out/scrape-*.$C.worker.log) | | | | | | | | |")
-      continue
-    fi
-    cpu() { awk -v a="$(field worker_cpu_s_per_step "$1")" -v b="$(field server_cpu_s_per_step "$1")" 'BEGIN { printf "%.3f", a + b }'; }
-    ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "**%.3f**", a / b }'; }
-    wo=$(field warmup_ms "$off") wn=$(field warmup_ms "$on") so=$(field steady_ms "$off") sn=$(field steady_ms "$on")
-    rows+=("| $C | $(field k "$on") | $wo | $wn | $(ratio "$wn" "$wo") | $so | $sn | $(ratio "$sn" "$so") | $(cpu "$off") | $(cpu "$on") | $(cat "$out/scrape-on.$C.scrapes" 2>/dev/null) |")
+    for ((p = 1; p <= pairs; p++)); do
+      off=$(run_pfcps "$C" "$rate" scrape-off.$C.$p 0)
+      on=$(run_pfcps "$C" "$rate" scrape-on.$C.$p 1)
+      if [ -z "$off" ] || [ -z "$on" ]; then
+        rows+=("| $C | $p | failed (see $out/scrape-*.$C.$p.worker.log) | | | | | | | | | | |")
+        continue
+      fi
+      wo=$(field warmup_ms "$off") wn=$(field warmup_ms "$on") so=$(field steady_ms "$off") sn=$(field steady_ms "$on")
+      co=$(cpu "$off") cn=$(cpu "$on")
+      rows+=("| $C | $p | $(field k "$on") | $wo | $wn | **$(ratio "$wn" "$wo")** | $so | $sn | **$(ratio "$sn" "$so")** | $co | $cn | **$(ratio "$cn" "$co")** | $(cat "$out/scrape-on.$C.$p.scrapes" 2>/dev/null) |")
+    done
   done
   echo
   echo "## Metrics on (every member's /metrics scraped once a second) against off: step time"
-  echo "| C | k | off warm-up ms | on warm-up ms | warm-up on / off | off steady ms | on steady ms | steady on / off | off CPU s / step (worker + servers) | on CPU s / step | GETs answered |"
-  echo "|---|---|---|---|---|---|---|---|---|---|---|"
+  echo "| C | pair | k | off warm-up ms | on warm-up ms | warm-up on / off | off steady ms | on steady ms | steady on / off | off CPU s / step (worker + servers, steady) | on CPU s / step | CPU on / off | GETs answered |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   echo "# raw outputs: $out"
