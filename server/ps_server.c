@@ -121,9 +121,9 @@ static void *progress_main(void *arg)
         }
         if (S->snap) {
             metrics_set(S->m.snap_progress, snap_progress(S->snap));
+            /* The apply threads read S->snap (snap_before_update): finished only between applies. */
             if (!S->applying && snap_done(S->snap))
-                pss_snap_wait(
-                    S); /* the apply threads read S->snap (snap_before_update): only between applies */
+                pss_snap_wait(S);
         }
         metrics_set(S->m.queue_depth, (double)(S->queued + S->ncomplete));
         if (n == 0) {
