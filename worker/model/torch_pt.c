@@ -1296,7 +1296,7 @@ static int read_archive(tp_file *f)
     if (!(f->prefix = strndup(first, (size_t)(slash - first) + 1)))
         return pf_err(-ENOMEM, "%s: out of memory", f->what);
     zip_int64_t pkl = locate(f, "data.pkl"), bo = locate(f, "byteorder");
-    if (pkl < 0 && locate(f, "constants.pkl") >= 0)
+    if (locate(f, "constants.pkl") >= 0) /* TorchScript archives have a data.pkl too (of __torch__ classes) */
         return pf_err(-EPROTO, "%s: a TorchScript archive (torch.jit.save), not torch.save of a state_dict",
                       f->what);
     if (pkl < 0)

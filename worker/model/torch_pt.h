@@ -172,9 +172,9 @@ typedef struct tp_file tp_file;
  * and data.pkl (at most TP_MAX_PICKLE bytes, CRC checked) through tp_parse_pickle. Returns 0 with *out
  * (tp_close it), or, with a message naming the path: the errors of pf_open_regular; -EPROTO for a file that
  * is not a zip archive (a legacy torch.save file, torch < 1.6 or _use_new_zipfile_serialization=False, is
- * named as such), a damaged or truncated archive, one without <folder>/data.pkl (a TorchScript archive,
- * torch.jit.save, named as such), a big-endian one, a data.pkl too large or failing its CRC, and every
- * error of tp_parse_pickle; -EIO (read error); -ENOMEM. */
+ * named as such), a damaged or truncated archive, a TorchScript archive (torch.jit.save: it holds
+ * <folder>/constants.pkl; named as such), one without <folder>/data.pkl, a big-endian one, a data.pkl too
+ * large or failing its CRC, and every error of tp_parse_pickle; -EIO (read error); -ENOMEM. */
 int tp_open(tp_file **out, const char *path);
 
 /* tp_open of an archive held in buf[0..size) (not copied: buf must outlive *out); what names it in

@@ -9,7 +9,8 @@
  * yields, entries outside a folder, a TorchScript archive, a big-endian one, a legacy torch.save file,
  * truncated archives, a FIFO); and model_load_pretrained of a state_dict and of an arcface_torch checkpoint
  * dict giving the saved model's eval forward bit for bit, with a missing, F64, NaN or extra tensor refused
- * naming it. (Files written by torch itself: test_torch_pt.py.) */
+ * naming it. With --forward / --tensor it is the pfcps side of test_torch_pt.py (files written by torch
+ * itself): see tool_forward and tool_tensor. */
 #include "common/file.h"
 #include "tests/check.h"
 #include "worker/model/torch_pt.h"
@@ -977,8 +978,87 @@ static void model_pt(void)
     model_free(b);
 }
 
-int main(void)
+/* ---- the tool side of test_torch_pt.py ---- */
+
+/* Raw little-endian bytes: read n bytes of path into a fresh buffer, or write them. */
+static void *read_raw(const char *path, size_t n)
 {
+    uint8_t *d;
+    size_t got;
+    if (pf_read_file(path, 0, &d, &got) || got != n)
+        DIE("%s: %zu bytes, expected %zu", path, got, n);
+    return d;
+}
+
+static void write_raw(const char *path, const void *d, size_t n)
+{
+    FILE *o = fopen(path, "wb");
+    if (!o || fwrite(d, 1, n, o) != n || fclose(o))
+        DIE("write %s", path);
+}
+
+/* --forward NET D PRETRAINED B IN OUT: model_create(NET, D), model_load_pretrained(PRETRAINED), the eval
+ * forward of B float32 (3, 112, 112) images read raw from IN, written raw (B, D) float32 to OUT. Exit 1 with
+ * the message on stderr when the load fails. */
+static int tool_forward(char **a)
+{
+    int D = atoi(a[1]), nb = atoi(a[3]);
+    model *m;
+    if (model_create(&m, a[0], D, nb))
+        DIE("model_create: %s", pf_errmsg());
+    if (model_load_pretrained(m, a[2])) {
+        fprintf(stderr, "%s\n", pf_errmsg());
+        return 1;
+    }
+    float *x = read_raw(a[4], (size_t)nb * 3 * 112 * 112 * sizeof(float)),
+          *y = xmalloc((size_t)nb * D * sizeof(float));
+    const float *e;
+    if (model_forward(m, x, nb, 0, &e) || model_device(m)->mem_d2h(model_ctx(m), y, e, (size_t)nb * D * 4))
+        DIE("forward: %s", pf_errmsg());
+    write_raw(a[5], y, (size_t)nb * D * sizeof(float));
+    free(x);
+    free(y);
+    model_free(m);
+    return 0;
+}
+
+/* --tensor FILE PATH OUT: the tensor at tp_find PATH of FILE's pickle, its elements raw to OUT; prints
+ * "<dtype> [d0, d1, ...]". Exit 1 with the message on stderr when it cannot. */
+static int tool_tensor(char **a)
+{
+    tp_file *f;
+    if (tp_open(&f, a[0])) {
+        fprintf(stderr, "%s\n", pf_errmsg());
+        return 1;
+    }
+    const tp_value *v = tp_find(tp_root(f), a[1]);
+    if (!v || v->kind != TP_TENSOR) {
+        fprintf(stderr, "%s: no tensor at %s\n", a[0], a[1]);
+        tp_close(f);
+        return 1;
+    }
+    size_t n = (size_t)tp_tensor_numel(v->u.t) * tp_dtype_size(v->u.t->dtype);
+    void *d = xmalloc(n);
+    if (tp_tensor_read(f, v->u.t, a[1], d, n)) {
+        fprintf(stderr, "%s\n", pf_errmsg());
+        return 1;
+    }
+    write_raw(a[2], d, n);
+    printf("%s [", tp_dtype_name(v->u.t->dtype));
+    for (int k = 0; k < v->u.t->ndim; k++)
+        printf("%s%lld", k ? ", " : "", (long long)v->u.t->shape[k]);
+    printf("]\n");
+    free(d);
+    tp_close(f);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 8 && !strcmp(argv[1], "--forward"))
+        return tool_forward(argv + 2);
+    if (argc == 5 && !strcmp(argv[1], "--tensor"))
+        return tool_tensor(argv + 2);
     snprintf(dir, sizeof dir, "/tmp/pfcps-torch-pt-XXXXXX");
     if (!mkdtemp(dir))
         DIE("mkdtemp");
