@@ -364,13 +364,15 @@ int metrics_start(const char *address, char *bound, size_t cap)
         pthread_mutex_unlock(&g_start_mu);
         return pf_err(-rc, "metrics_address %s: cannot start a thread: %s", address, strerror(rc));
     }
+    /* The logger first: libmicrohttpd reports the options it parses before it to stderr. */
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG | (family == AF_INET6 ? MHD_USE_IPv6 : 0);
     g_daemon = MHD_start_daemon(
-        flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+        flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+        MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
         MHD_OPTION_CONNECTION_LIMIT, CONNECTION_LIMIT, MHD_OPTION_PER_IP_CONNECTION_LIMIT, PER_IP_LIMIT,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_CONNECTION_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         CONNECTION_MEMORY, MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, NULL, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL, MHD_OPTION_END);
+        on_completed, NULL, MHD_OPTION_END);
     if (!g_daemon) {
         close(fd);
         stop_watchdog();

@@ -178,6 +178,9 @@ else
   echo "note: no ::1 on this host, IPv6 not tried"
 fi
 
+# libmicrohttpd says nothing at start-up (it complains on stderr about options given in the wrong order).
+if grep -q "MHD_OPTION" "$TMP/main.err"; then fail "libmicrohttpd's start-up complaint: $(cat "$TMP/main.err")"; else ok "no libmicrohttpd option complaint"; fi
+
 # --- promtool ---
 if command -v promtool >/dev/null; then
   expect_rc "promtool check metrics" 0 "" promtool check metrics <"$TMP/s1.txt"
