@@ -6,8 +6,8 @@
 #   value escaped as the format says, the counter growing between scrapes; promtool check metrics accepts it;
 #   HEAD 200 without a body; /targets 200 application/json; /nope 404; POST 405 with Allow: GET, HEAD;
 #   a 64 KiB header: an error status or a closed connection, and the endpoint serves on;
-#   200 connections opened at once: a scrape succeeds within 2 s once they are closed, and again (while they
-#   are still open on the client side) once the endpoint's 5 s connection timeout dropped them;
+#   200 connections opened at once by another client (127.0.0.2): a scrape succeeds within 5 s once they are
+#   closed, and again while they are still open (the per-client limit leaves room for the scraper);
 #   a slow-loris client (one byte of its request head per second) is cut off within 5 s + 1.5 s;
 #   a second endpoint on the same address: exit 1, "metrics_address 127.0.0.1:PORT: address already in use";
 #   a malformed address: exit 1 naming the port; [::1]:0 serves over IPv6 (where the host has ::1).
