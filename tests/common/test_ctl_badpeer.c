@@ -1,11 +1,13 @@
 /* Bad peers against a live rendezvous (1 server + 2 workers, read timeout 1 s, frame limit 4 KiB):
  * a silent connection, a truncated frame, a length over the maximum, random bytes, a valid frame
- * with garbage protobuf, a non-join message first, a wrong protocol version, a wrong secret, a rank
+ * with garbage protobuf, a non-join message first, a wrong protocol version, a metrics address altered on
+ * the way or malformed (no port, port 0, 256 bytes), a wrong secret, a rank
  * out of range, a taken rank, and a connection that joins twice. Each must get its error reply (code
  * and message checked) and be dropped, while the three honest members, joined as threads around the
  * attacks, must all receive the expected address book and then the shutdown broadcast. */
 #include "common/ctl.h"
 #include "common/ctl_frame.h"
+#include "common/ctl_internal.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "ctl_book_dump.h"
@@ -166,12 +168,16 @@ static void expect_error_and_drop(const char *what, int fd, const int *codes, in
     close(fd);
 }
 
-static void send_join(int fd, const uint8_t *nonce, const char *secret, int role, int rank, const char *addr,
-                      uint32_t version)
+/* A join carrying metrics address maddr ("" for none) whose MAC covers mac_maddr: equal to maddr for an
+ * honest member, another text for a join altered on the way. */
+static void send_join_metrics(int fd, const uint8_t *nonce, const char *secret, int role, int rank,
+                              const char *addr, uint32_t version, const char *maddr, const char *mac_maddr)
 {
     uint8_t mac[CTL_MAC_LEN];
-    ctl_join_mac(secret, nonce, CTL_NONCE_LEN, role, rank, (const uint8_t *)addr, strlen(addr), mac);
+    ctl_member_mac(secret, nonce, CTL_NONCE_LEN, role, rank, (const uint8_t *)addr, strlen(addr), mac_maddr,
+                   mac);
     Pfcps__Join j = PFCPS__JOIN__INIT;
+    j.metrics_address = (char *)maddr;
     j.role = (Pfcps__Role)role;
     j.rank = rank;
     j.fabric_addr.data = (uint8_t *)addr;
@@ -188,6 +194,12 @@ static void send_join(int fd, const uint8_t *nonce, const char *secret, int role
         raw_send(fd, frame, len);
         free(frame);
     }
+}
+
+static void send_join(int fd, const uint8_t *nonce, const char *secret, int role, int rank, const char *addr,
+                      uint32_t version)
+{
+    send_join_metrics(fd, nonce, secret, role, rank, addr, version, "", "");
 }
 
 static void watchdog(int sig)
@@ -391,6 +403,27 @@ int main(void)
     fd = raw_hello(nonce);
     send_join(fd, nonce, SECRET, 1, 0, "v2-member", 2);
     expect_error_and_drop("wrong protocol version", fd, e_proto, 1, "protocol version 2");
+
+    /* Metrics addresses: one changed on the way (the MAC covers another) is a bad secret; with a valid MAC,
+     * one that is not host:port, has port 0 or is 256 bytes long is refused as malformed. */
+    const int e_acces[] = {EACCES}, seated = ctl_rendezvous_joined(rv);
+    fd = raw_hello(nonce);
+    send_join_metrics(fd, nonce, SECRET, 1, 1, "w1", CTL_PROTOCOL_VERSION, "10.0.0.66:9400", "127.0.0.1:9400");
+    expect_error_and_drop("metrics address altered", fd, e_acces, 1, "bad secret");
+    fd = raw_hello(nonce);
+    send_join_metrics(fd, nonce, SECRET, 1, 1, "w1", CTL_PROTOCOL_VERSION, "no-port", "no-port");
+    expect_error_and_drop("metrics address no port", fd, e_proto, 1, "refused");
+    fd = raw_hello(nonce);
+    send_join_metrics(fd, nonce, SECRET, 1, 1, "w1", CTL_PROTOCOL_VERSION, "127.0.0.1:0", "127.0.0.1:0");
+    expect_error_and_drop("metrics address port 0", fd, e_proto, 1, "refused");
+    char longaddr[CTL_MAX_METRICS_ADDR + 8];
+    memset(longaddr, 'a', sizeof longaddr);
+    snprintf(longaddr + CTL_MAX_METRICS_ADDR - 5, 6, ":9400"); /* 256 bytes */
+    fd = raw_hello(nonce);
+    send_join_metrics(fd, nonce, SECRET, 1, 1, "w1", CTL_PROTOCOL_VERSION, longaddr, longaddr);
+    expect_error_and_drop("metrics address 256 bytes", fd, e_proto, 1, "longer than 255 bytes");
+    CHECK(ctl_rendezvous_joined(rv) == seated, "a refused metrics address took a seat (%d joined, %d before)",
+          ctl_rendezvous_joined(rv), seated);
 
     /* Wrong secret, rank out of range, taken rank: through the client API. */
     ctl_session *s = NULL;
