@@ -22,7 +22,7 @@ typedef struct pf_config {
     double margin_list[3];                 /* (m1, m2, m3), default (1.0, 0.5, 0.0) = ArcFace */
     double scale;                          /* logit scale s, default 64 */
     double interclass_filtering_threshold; /* 0 = off */
-    char margin_grad[CFG_STR];             /* "exact" (default) or "straight_through" */
+    char margin_grad[CFG_STR];             /* "straight_through" (default, arcface_torch) or "exact" */
     int fp16;             /* mixed precision, fp16 body + dynamic loss scaling, default false */
     int bf16;             /* mixed precision, bf16 body, default false (not with fp16) */
     char device[CFG_STR]; /* "cpu" (default), "cuda"; debugging devices "cpu-fenced", "cpu-bf16" */
@@ -35,7 +35,9 @@ typedef struct pf_config {
     int64_t num_classes;      /* C, required (> 0) */
     int64_t num_image;        /* images in the dataset; 0 = read from the dataset */
     int num_epoch;            /* default 20 */
-    double warmup_epoch;      /* default 0 */
+    double warmup_epoch;      /* default 0; <= 0: no warmup (3millions.py's -1) */
+    char lr_scheduler[CFG_STR]; /* "polynomial_lr_warmup" (default, train_v2.py's PolynomialLRWarmup) or
+                                   "poly_scheduler" (the older PolyScheduler, power 2) */
     char pretrained[CFG_STR]; /* backbone to start from: safetensors (arcface_torch names) or a pfcps
                                  model.ckpt; "" = none */
     /* --- data / output --- */

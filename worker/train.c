@@ -428,7 +428,7 @@ static void log_step(trainer *t, progress *p, int64_t step, int64_t total, int64
 {
     const pf_config *run = &t->run;
     if (t->trace)
-        fprintf(t->trace, "%lld %.17g %.9g\n", (long long)step, loss, lr);
+        fprintf(t->trace, "%lld %.17g %.17g\n", (long long)step, loss, lr);
     if (t->rank != 0 || (step % run->frequent != 0 && step != total))
         return;
     double now = pf_now_s();
@@ -600,7 +600,7 @@ int train_run(trainer *t)
                 rc = have;
                 break;
             }
-            const double lr = lr_poly(run->lr, step, t->warmup_steps, t->total_steps);
+            const double lr = lr_schedule_at(&t->sched, step);
             double loss = 0;
             uint32_t flags = is_ckpt_step(t, step + 1, total) ? PS_PUSH_SNAPSHOT : 0;
             if ((rc = train_step(t, step, lr, flags, &loss)) < 0)

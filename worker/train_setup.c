@@ -82,6 +82,10 @@ static int setup_data(trainer *t)
     if ((rc = lr_schedule_steps(num_image, (int64_t)run->batch_size * t->W, run->num_epoch, run->warmup_epoch,
                                 &t->warmup_steps, &t->total_steps)) < 0)
         return rc;
+    lr_scheduler_kind kind;
+    if ((rc = lr_scheduler_parse(run->lr_scheduler, &kind)) < 0)
+        return rc;
+    lr_schedule_init(&t->sched, kind, run->lr, t->warmup_steps, t->total_steps);
     /* arcface_torch uses num_image only for the schedule length: a smaller one ends the lr early. */
     int64_t have = loader_num_images(t->ld);
     if (t->rank == 0 && run->num_image > 0 && run->num_image < have)

@@ -15,6 +15,7 @@
 #include "worker/eval/set.h"
 #include "worker/head/pfc.h"
 #include "worker/loss_scale.h"
+#include "worker/lr_schedule.h"
 #include "worker/model/model.h"
 #include "worker/resume.h"
 #include "worker/tb_writer.h"
@@ -53,6 +54,7 @@ struct trainer {
     int64_t *labels; /* (B) the next batch's labels */
     double warmup_steps;
     int64_t total_steps, steps_per_epoch;
+    lr_schedule sched; /* config lr_scheduler over those lengths (lr_schedule_at) */
 
     /* Model and device: the backbone, its parameter count, the device beyond kernels/ops.h. */
     model *m;

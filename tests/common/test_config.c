@@ -42,7 +42,7 @@ static void test_defaults(void **state)
     assert_true(c.margin_list[0] == 1.0 && c.margin_list[1] == 0.5 && c.margin_list[2] == 0.0);
     assert_true(c.scale == 64.0);
     assert_true(c.interclass_filtering_threshold == 0.0);
-    assert_string_equal(c.margin_grad, "exact");
+    assert_string_equal(c.margin_grad, "straight_through"); /* arcface_torch's margin under no_grad */
     assert_int_equal(c.fp16, 0);
     assert_string_equal(c.device, "cpu");
     assert_string_equal(c.optimizer, "sgd");
@@ -52,6 +52,7 @@ static void test_defaults(void **state)
     assert_int_equal(c.num_image, 0);
     assert_int_equal(c.num_epoch, 20);
     assert_true(c.warmup_epoch == 0.0);
+    assert_string_equal(c.lr_scheduler, "polynomial_lr_warmup"); /* train_v2.py's PolynomialLRWarmup */
     assert_string_equal(c.rec, "");
     assert_int_equal(c.frequent, 10);
     assert_int_equal(c.verbose, 2000);
@@ -168,6 +169,8 @@ static const bad_case bad_cases[] = {
     {BASE "network =\n", NULL, -EINVAL, {"network", "must not be empty", NULL}},
     {BASE "this line has no equals sign\n", NULL, -EINVAL, {"bad.ini:3", "syntax error", NULL}},
     {BASE "num_epoch = 2\nwarmup_epoch = 3\n", NULL, -ERANGE, {"warmup_epoch", "num_epoch", NULL}},
+    {BASE "warmup_epoch = -2e6\n", NULL, -ERANGE, {"warmup_epoch", "out of range", NULL}},
+    {BASE "lr_scheduler = cosine\n", NULL, -EINVAL, {"lr_scheduler", "'cosine'", "polynomial_lr_warmup poly_scheduler"}},
     {"rec = synthetic\nlr = 0.1\n", NULL, -EINVAL, {"missing required key 'num_classes'", NULL, NULL}},
     {"num_classes = 7\n", NULL, -EINVAL, {"missing required key 'rec'", NULL, NULL}},
     {NULL,
@@ -263,6 +266,7 @@ static void assert_same_config(const pf_config *a, const pf_config *b)
     SAME_NUM(num_image);
     SAME_NUM(num_epoch);
     SAME_NUM(warmup_epoch);
+    SAME_STR(lr_scheduler);
     SAME_STR(rec);
     SAME_NUM(frequent);
     SAME_NUM(verbose);
@@ -294,6 +298,8 @@ static void test_round_trip(void **state)
                           "lr=0.30000000000000004",
                           "margin_list=1.0, 0.3, 0.2",
                           "sample_rate=0.1",
+                          "lr_scheduler=poly_scheduler",
+                          "margin_grad=exact",
                           "fp16=1",
                           "output=  \"quoted\"  ",
                           "wire_dtype=fp16",
@@ -304,7 +310,8 @@ static void test_round_trip(void **state)
                           "device=cuda",
                           "resume=yes"};
     pf_config a, b;
-    assert_int_equal(cfg_load(&a, NULL, sets, 14), 0);
+    assert_int_equal(cfg_load(&a, NULL, sets, 16), 0);
+    assert_string_equal(a.lr_scheduler, "poly_scheduler");
     assert_string_equal(a.output, "quoted");
     assert_int_equal(a.seed, 9007199254740993LL);
     char *text = cfg_to_ini(&a);
@@ -421,6 +428,10 @@ static void test_late_checks(void **state)
     assert_int_equal(cfg_load(&c, NULL, ok, 4), 0);
     const char *one[] = {"num_classes=1", "rec=x", "num_epoch=1", "warmup_epoch=0"};
     assert_int_equal(cfg_load(&c, NULL, one, 4), 0);
+    /* 3millions.py's warmup_epoch = -1 (no warmup in arcface_torch) loads. */
+    const char *neg[] = {"num_classes=1", "rec=x", "num_epoch=1", "warmup_epoch=-1"};
+    assert_int_equal(cfg_load(&c, NULL, neg, 4), 0);
+    assert_true(c.warmup_epoch == -1.0);
 
     /* An unknown network, with the file and line; a bad width suffix; the names zoo.c accepts pass. */
     path = write_file("net.ini", "[train]\nnetwork = r19\n");

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `pfcps verify --init NETWORK:D:SEED` (the untrained-network baseline) is the network training starts from.
 # The independent model: a real run (1 server, 1 worker, seed 777, r18_w8 D 16) trained for one step
-# (--max-steps 1) saves its backbone. With warmup (warmup_epoch > 0) the learning rate of step 0 is
-# base_lr * 0 / warmup_steps = 0 (arcface_torch's PolyScheduler; lr_schedule.c), so SGD leaves every parameter
+# (--max-steps 1) saves its backbone. Under `lr_scheduler = poly_scheduler` with warmup (warmup_epoch > 0) the
+# learning rate of step 1 is base_lr * 0 / warmup_steps = 0 (the older PolyScheduler's get_lr(0); the default
+# PolynomialLRWarmup runs step 1 at base_lr; lr_schedule.c), so SGD leaves every parameter
 # as setup_backbone made it (model_init(seed) on rank 0, broadcast); only the BN running statistics moved (a
 # train-mode forward updates them). Setting those back to BatchNorm's initial state (running mean 0, running
 # var 1, as PyTorch constructs it) in the saved file (checksum recomputed: FNV-1a 64, model.h) gives the
@@ -22,6 +23,7 @@ seed = 777
 lr = 0.1
 num_epoch = 2
 warmup_epoch = 1
+lr_scheduler = poly_scheduler
 frequent = 1
 output = $TMP/out
 [data]

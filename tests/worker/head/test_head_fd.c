@@ -271,27 +271,28 @@ static void test_missing_target_and_bad_input(void)
           "parse mode");
     printf("ok   bad sizes / scale / names rejected: %s\n", pf_errmsg());
 
-    /* From the config: CosFace margins, straight-through, local mode. */
+    /* From the config: the defaults (ArcFace, arcface_torch's straight-through margin gradient: its
+     * CombinedMarginLoss applies the margin under torch.no_grad()); CosFace margins, exact, local mode. */
     pf_config cfg;
     cfg_defaults(&cfg);
     head_params hp;
     CHECK(head_params_from_config(&cfg, &hp) == 0 && hp.s == 64 && hp.m1 == 1.0 && hp.m2 == 0.5 &&
-              hp.m3 == 0.0 && hp.margin_grad == HEAD_MARGIN_GRAD_EXACT && hp.mode == HEAD_MODE_GLOBAL,
+              hp.m3 == 0.0 && hp.margin_grad == HEAD_MARGIN_GRAD_STRAIGHT_THROUGH && hp.mode == HEAD_MODE_GLOBAL,
           "defaults: s %g m (%g %g %g) grad %d mode %d", hp.s, hp.m1, hp.m2, hp.m3, hp.margin_grad, hp.mode);
     cfg.margin_list[1] = 0;
     cfg.margin_list[2] = 0.35;
     cfg.interclass_filtering_threshold = 0.2;
-    snprintf(cfg.margin_grad, sizeof cfg.margin_grad, "straight_through");
+    snprintf(cfg.margin_grad, sizeof cfg.margin_grad, "exact");
     snprintf(cfg.head_mode, sizeof cfg.head_mode, "local");
     CHECK(head_params_from_config(&cfg, &hp) == 0 && hp.m2 == 0 && hp.m3 == 0.35 &&
-              hp.interclass_filtering_threshold == 0.2 &&
-              hp.margin_grad == HEAD_MARGIN_GRAD_STRAIGHT_THROUGH && hp.mode == HEAD_MODE_LOCAL,
+              hp.interclass_filtering_threshold == 0.2 && hp.margin_grad == HEAD_MARGIN_GRAD_EXACT &&
+              hp.mode == HEAD_MODE_LOCAL,
           "cosface config");
     snprintf(cfg.head_mode, sizeof cfg.head_mode, "both");
     CHECK(head_params_from_config(&cfg, &hp) == -EINVAL && strstr(pf_errmsg(), "both"),
           "head_mode both accepted");
     printf(
-        "ok   head params from the config (defaults = ArcFace s 64, CosFace + straight_through + local)\n");
+        "ok   head params from the config (defaults = ArcFace s 64 straight_through, CosFace + exact + local)\n");
 }
 
 int main(void)
