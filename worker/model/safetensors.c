@@ -542,18 +542,19 @@ static int load_pretrained_ckpt(model *m, const char *path)
 
 int model_load_pretrained(model *m, const char *path)
 {
-    char magic[8];
+    char magic[9];
     size_t got = 0;
     int rc = pf_read_head(path, magic, sizeof magic, &got);
     if (rc)
         return pf_err_wrap(rc, "pretrained %s", path);
-    if (got == 8 && !memcmp(magic, "PFCPSBB1", 8))
+    if (got >= 8 && !memcmp(magic, "PFCPSBB1", 8))
         return load_pretrained_ckpt(m, path);
     /* torch.save's zip archive ("PK\3\4"), or its legacy bare pickle (PROTO 2, LONG1 of the magic number),
-     * which torch_pt.c refuses by name; their backbone becomes a safetensors image checked as below */
+     * which torch_pt.c refuses by name; their backbone becomes a safetensors image checked as below. Neither
+     * has the '{' a safetensors header starts with at byte 8 (a zip's compression method is there). */
     st_file *f;
     unsigned char *image = NULL;
-    if (got >= 4 && (!memcmp(magic, "PK\3\4", 4) || !memcmp(magic, "\x80\x02\x8a\x0a", 4)))
+    if (got == 9 && magic[8] != '{' && (!memcmp(magic, "PK\3\4", 4) || !memcmp(magic, "\x80\x02\x8a\x0a", 4)))
         rc = tp_read_backbone(path, &f, &image);
     else
         rc = st_read(&f, path);

@@ -872,6 +872,8 @@ static int cmp_storage(const void *a, const void *b)
 /* A storage key names one storage: every reference to it has the same dtype and numel. */
 static int check_storages(pm *m)
 {
+    if (m->nstor < 2)
+        return 0;
     qsort(m->stor, m->nstor, sizeof *m->stor, cmp_storage);
     for (size_t i = 1; i < m->nstor; i++) {
         const tp_storage *a = m->stor[i - 1], *b = m->stor[i];
@@ -1453,7 +1455,8 @@ static int plan_image(tp_file *f, const tp_named *nt, int n, st_entry *e)
             rc =
                 pf_err(-EPROTO, "%s: tensor '%s' has %lld elements over a storage of %lld (an expanded view)",
                        f->what, nt[i].name, (long long)tp_tensor_numel(t), (long long)t->storage->numel);
-        views += (uint64_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype);
+        if (!rc && pf_add_u64(views, (uint64_t)tp_tensor_numel(t) * tp_dtype_size(t->dtype), &views) < 0)
+            rc = pf_err(-EPROTO, "%s: the tensors' bytes overflow", f->what);
         ss[i] = t->storage;
         e[i] = (st_entry){.name = nt[i].name, .dtype = tp_dtype_name(t->dtype), .ndim = t->ndim};
         for (int k = 0; k < t->ndim; k++)

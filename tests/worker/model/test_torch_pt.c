@@ -15,6 +15,7 @@
 #include "tests/check.h"
 #include "worker/model/torch_pt.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -105,7 +106,7 @@ typedef struct pt {
     const char *name, *stype, *key;
     int64_t numel, offset;
     int ndim;
-    int64_t shape[TP_MAX_DIMS], stride[TP_MAX_DIMS];
+    int64_t shape[TP_MAX_DIMS + 1], stride[TP_MAX_DIMS + 1]; /* one more: a pickle of too many dimensions */
 } pt;
 
 static void tensor(buf *b, const pt *t)
@@ -1008,6 +1009,7 @@ static int tool_forward(char **a)
         DIE("model_create: %s", pf_errmsg());
     if (model_load_pretrained(m, a[2])) {
         fprintf(stderr, "%s\n", pf_errmsg());
+        model_free(m);
         return 1;
     }
     float *x = read_raw(a[4], (size_t)nb * 3 * 112 * 112 * sizeof(float)),
@@ -1041,6 +1043,8 @@ static int tool_tensor(char **a)
     void *d = xmalloc(n);
     if (tp_tensor_read(f, v->u.t, a[1], d, n)) {
         fprintf(stderr, "%s\n", pf_errmsg());
+        free(d);
+        tp_close(f);
         return 1;
     }
     write_raw(a[2], d, n);
@@ -1053,6 +1057,19 @@ static int tool_tensor(char **a)
     return 0;
 }
 
+/* Open file descriptors of this process (/proc/self/fd, less the one reading it). */
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n - 3; /* ".", "..", and d's own descriptor */
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 8 && !strcmp(argv[1], "--forward"))
@@ -1063,6 +1080,7 @@ int main(int argc, char **argv)
     if (!mkdtemp(dir))
         DIE("mkdtemp");
     test_seed_mixed();
+    int fds = count_fds();
     values();
     refusals();
     limits();
@@ -1070,6 +1088,7 @@ int main(int argc, char **argv)
     archives();
     archive_refusals();
     model_pt();
+    check(count_fds() == fds, "no file descriptor left open (%d before, %d after)", fds, count_fds());
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd))
