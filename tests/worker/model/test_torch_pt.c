@@ -497,6 +497,20 @@ static void tensor_pickles(void)
     op(&c, '.');
     refused(parse(&c, &p), "storage '0' is referenced as", "one storage key with two sizes");
     free(c.p);
+    /* {'p': _rebuild_parameter(<tensor of storage '0'>, True, OrderedDict())}, as torch saves an nn.Parameter
+     */
+    static const char param[] = "\x80\x02}X\x01\0\0\0pctorch._utils\n_rebuild_parameter\n"
+                                "ctorch._utils\n_rebuild_tensor_v2\n(" PID "K\x00K\x02\x85K\x01\x85\x89}tR"
+                                "\x88"
+                                "ccollections\nOrderedDict\n)R\x87Rs.";
+    if ((rc = tp_parse_pickle(&p, param, sizeof param - 1, "param")) == 0) {
+        const tp_value *v = tp_dict_get(tp_pickle_root(p), "p");
+        check(v && v->kind == TP_TENSOR && v->u.t->requires_grad && v->u.t->ndim == 1 &&
+                  v->u.t->shape[0] == 2 && v->u.t->storage->numel == 6,
+              "_rebuild_parameter: the tensor, requires_grad set");
+        tp_pickle_free(p);
+    } else
+        check(0, "_rebuild_parameter parses (%s)", pf_errmsg());
     /* a state_dict holding an int: tp_state_dict names the entry */
     static const char odd[] = "\x80\x02}(X\x01\0\0\0nK\x01u.";
     if (tp_parse_pickle(&p, odd, sizeof odd - 1, "odd") == 0) {

@@ -7,7 +7,7 @@ stay O(1) and an absolute bound means what it says, as in tests/tools/test_expor
     state_dict_backbone, state_dict_softmax_fc, state_optimizer of a real SGD step with momentum over the
     backbone and the centers, state_lr_scheduler of a real PolynomialLR);
   - the same state_dict with a transposed view (fc.weight with strides (1, out)) and the BN running means as
-    views at offsets of one shared storage.
+    views at offsets of one shared storage; and with every float tensor an nn.Parameter.
 pfcps (test_torch_pt --forward: model_load_pretrained then the eval forward, float32) must equal PyTorch's eval
 forward in float64 of the same float32 weights within 1e-4, for every file; the checkpoint's centers and
 center momentum (test_torch_pt --tensor) equal torch's bytes. Refused, naming the problem: a pickle that would
@@ -166,6 +166,13 @@ for net, D in [("r18_w8", 32), ("mbf", 64)]:
     y, err = pfcps_forward(net, D, vpt, x)
     check(y is not None and np.array_equal(y, y_pt),
           "%s: strided and offset views: the same embeddings as model.pt, bit for bit %s" % (net, err))
+    # ---- parameters as nn.Parameter (state_dict(keep_vars=True)): torch._utils._rebuild_parameter ----
+    kv = collections.OrderedDict((k, nn.Parameter(v, requires_grad=not k.startswith("features."))
+                                  if v.is_floating_point() else v) for k, v in sd.items())
+    torch.save(kv, vpt)
+    y, err = pfcps_forward(net, D, vpt, x)
+    check(y is not None and np.array_equal(y, y_pt),
+          "%s: a state_dict of nn.Parameter: the same embeddings as model.pt, bit for bit %s" % (net, err))
 
 # ---- refusals (r18_w8's state_dict, sd from the loop's first network) ----
 net, D = "r18_w8", 32
