@@ -6,8 +6,8 @@
  * (the layout torch 1.13 writes: `<stem>/data.pkl` stored, `<stem>/data/<key>` raw storages): tensors read
  * back with their offsets, strides, rows and dtypes; every archive-level refusal (a storage too short for its
  * view, an entry of the wrong size or missing, a data.pkl over the bound or declaring more than deflate
- * yields, entries outside a folder, a TorchScript archive, a big-endian one, a legacy torch.save file,
- * truncated archives, a FIFO); and model_load_pretrained of a state_dict and of an arcface_torch checkpoint
+ * yields, a flipped bit (CRC), entries outside a folder, a TorchScript archive, a big-endian one, a legacy
+ * torch.save file, truncated archives, a FIFO); and model_load_pretrained of a state_dict and of an arcface_torch checkpoint
  * dict giving the saved model's eval forward bit for bit, with a missing, F64, NaN or extra tensor refused
  * naming it. With --forward / --tensor it is the pfcps side of test_torch_pt.py (files written by torch
  * itself): see tool_forward and tool_tensor. */
@@ -611,6 +611,23 @@ static void archives(void)
     check(rc == 0 && tp_root(f)->kind == TP_DICT, "the whole archive from memory opens");
     if (!rc)
         tp_close(f);
+    /* one bit of storage '0' flipped (its bytes found in the file): the read of the whole storage fails its
+     * CRC; a read of part of it (one row, seeking) does not see it */
+    unsigned char *at = memmem(all, size, s0, sizeof s0);
+    if (at) {
+        at[20] ^= 0x40; /* inside element 5, in row 1 of w */
+        rc = tp_open_buffer(&f, all, size, "flipped");
+        if (!rc && !(rc = tp_state_dict(tp_root(f), &nt, &n, "flipped"))) {
+            refused(tp_tensor_read(f, nt[0].t, "w", w, sizeof w), "flipped: tensor 'w': m/data/0: CRC error",
+                    "a flipped bit in a storage");
+            check(tp_tensor_read_rows(f, nt[0].t, "w", 2, 1, row, sizeof row) == 0 && row[0] == 8,
+                  "row 2 of the same storage (no CRC over a part)");
+            free(nt);
+        }
+        check(rc == 0, "the flipped archive opens (%s)", rc ? pf_errmsg() : "");
+        tp_close(f);
+    } else
+        check(0, "storage '0' found in the archive's bytes");
     free(all);
 }
 
