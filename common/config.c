@@ -43,7 +43,7 @@ static const key_def keys[] = {
     /* [train] */
     {"network", "train", K_STR, OFF(network), "r50", 0, 0, 0, 0, NULL, 0, 1},
     {"embedding_size", "train", K_INT, OFF(embedding_size), "512", 1, 65536, 0, 0, NULL, 0, 0},
-    {"sample_rate", "train", K_DOUBLE, OFF(sample_rate), "1.0", 0, 1, 1, 0, NULL, 0, 0},
+    {"sample_rate", "train", K_DOUBLE, OFF(sample_rate), "1.0", 0, 1, 0, 0, NULL, 0, 0},
     {"margin_list", "train", K_F3, OFF(margin_list), "1.0, 0.5, 0.0", -10, 10, 0, 0, NULL, 0, 0},
     {"scale", "train", K_DOUBLE, OFF(scale), "64", 0, 1e6, 1, 0, NULL, 0, 0},
     {"interclass_filtering_threshold", "train", K_DOUBLE, OFF(interclass_filtering_threshold), "0", 0, 1, 0,

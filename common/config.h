@@ -18,7 +18,8 @@ typedef struct pf_config {
     /* --- model / head (arcface_torch names) --- */
     char network[CFG_STR];                 /* r18 r34 r50 r100 r200 mbf, or tiny test nets; default "r50" */
     int embedding_size;                    /* D, default 512 */
-    double sample_rate;                    /* Partial FC sample rate r in (0, 1], default 1.0 */
+    double sample_rate;                    /* Partial FC sample rate r in [0, 1], default 1.0 (0: the batch's
+                                              positive classes only) */
     double margin_list[3];                 /* (m1, m2, m3), default (1.0, 0.5, 0.0) = ArcFace */
     double scale;                          /* logit scale s, default 64 */
     double interclass_filtering_threshold; /* 0 = off */

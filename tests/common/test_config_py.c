@@ -251,6 +251,80 @@ static void test_bom_and_imports(void **state)
     assert_non_null(strstr(pf_errmsg(), "bom2.py:2:"));
 }
 
+/* The text of an upstream config in tests/common/config_py (PFCPS_SOURCE), loaded with `sets`. Returns 0 when
+ * PFCPS_SOURCE is not set (the caller skips). */
+static int load_upstream(pf_config *c, const char *name, const char *const *sets, int nset)
+{
+    const char *src = getenv("PFCPS_SOURCE");
+    if (!src)
+        return 0;
+    char path[600];
+    snprintf(path, sizeof path, "%s/tests/common/config_py/%s", src, name);
+    int rc = cfg_load(c, path, sets, nset);
+    if (rc < 0)
+        printf("%s: %s\n", name, pf_errmsg());
+    assert_int_equal(rc, 0);
+    return 1;
+}
+
+/* arcface_torch's configs as it ships them (tests/common/config_py; revisions: base.py of
+ * darkrubiks/insightface 473b4bf, a fork with deepinsight's keys plus image_size, dali_aug and the wandb keys;
+ * 3millions.py deepinsight fe116a4; wf42m_pfc0008_32gpu_r100.py deepinsight 5ef9804) load, with the values
+ * read off those texts here: base.py's keys pfcps does not read are ignored (one warning), 3millions.py's
+ * warmup_epoch -1 and wf42m_pfc0008's sample_rate 0 are accepted. gradient_acc other than 1 and image_size
+ * other than 112 are refused naming the key (ignoring them would change training). */
+static void test_upstream_configs(void **state)
+{
+    (void)state;
+    pf_config c;
+    const char *req[] = {"num_classes=10", "rec=x"}; /* base.py sets neither: get_config merges it under one */
+    if (!load_upstream(&c, "base.py", req, 2))
+        skip();
+    assert_true(c.margin_list[0] == 1.0 && c.margin_list[1] == 0.5 && c.margin_list[2] == 0.0);
+    assert_string_equal(c.network, "r50");
+    assert_string_equal(c.output, "ms1mv3_arcface_r50");
+    assert_true(c.sample_rate == 1.0 && c.lr == 0.1 && c.momentum == 0.9 && c.weight_decay == 5e-4);
+    assert_int_equal(c.batch_size, 128);
+    assert_int_equal(c.verbose, 2000);
+    assert_int_equal(c.frequent, 10);
+    assert_int_equal(c.seed, 2048);
+    assert_int_equal(c.num_workers, 2);
+
+    assert_int_equal(load_upstream(&c, "3millions.py", NULL, 0), 1);
+    assert_true(c.warmup_epoch == -1.0);
+    assert_true(c.sample_rate == 0.1);
+    assert_string_equal(c.network, "mbf");
+    assert_true(c.margin_list[0] == 1.0 && c.margin_list[1] == 0.0 && c.margin_list[2] == 0.4);
+    assert_int_equal(c.fp16, 1);
+    assert_int_equal(c.batch_size, 512);
+    assert_string_equal(c.rec, "synthetic");
+    assert_int_equal(c.num_classes, 300000);
+    assert_int_equal(c.num_image, 100000);
+    assert_int_equal(c.num_epoch, 30);
+    assert_string_equal(c.output, "work_dirs/3millions");
+    assert_string_equal(c.val_targets, "");
+
+    assert_int_equal(load_upstream(&c, "wf42m_pfc0008_32gpu_r100.py", NULL, 0), 1);
+    assert_true(c.sample_rate == 0.0);
+    assert_true(c.lr == 0.4);
+    assert_string_equal(c.network, "r100");
+    assert_int_equal(c.num_classes, 2059906);
+    assert_int_equal(c.num_image, 42474557);
+    assert_true(c.warmup_epoch == 2.0); /* config.num_epoch // 10 */
+    assert_string_equal(c.val_targets, "lfw, cfp_fp, agedb_30");
+    assert_string_equal(c.output, "work_dirs/wf42m_pfc0008_32gpu_r100");
+
+    const char *head = "config = edict()\nconfig.num_classes = 10\nconfig.rec = 'x'\n";
+    char buf[256];
+    snprintf(buf, sizeof buf, "%sconfig.gradient_acc = 12\n", head);
+    expect_refused(buf, 4, "key 'gradient_acc': 12: pfcps does not accumulate gradients");
+    snprintf(buf, sizeof buf, "%sconfig.image_size = (224, 224)\n", head);
+    expect_refused(buf, 4, "key 'image_size': 224, 224: pfcps trains on 112x112 images only");
+    snprintf(buf, sizeof buf, "%sconfig.image_size = (112, 112)\nconfig.gradient_acc = 1\n", head);
+    const char *p = write_file("ok112.py", buf);
+    assert_int_equal(cfg_load(&c, p, NULL, 0), 0);
+}
+
 int main(void)
 {
     log_set_level(LOG_ERROR);
@@ -262,6 +336,7 @@ int main(void)
         cmocka_unit_test(test_constructs),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_bom_and_imports),
+        cmocka_unit_test(test_upstream_configs),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[300];

@@ -15,7 +15,7 @@ import types
 
 PFCPS, SRC = sys.argv[1], sys.argv[2]
 IGNORED = {"dali", "dali_aug", "gradient_acc", "using_wandb", "suffix_run_name", "notes",
-           "save_all_states_interval"}
+           "save_all_states_interval", "save_artifacts", "image_size"}
 fails = 0
 
 

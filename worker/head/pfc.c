@@ -34,8 +34,8 @@ int pfc_init_flags(pfc *x, const head_params *params, pf_coll *coll, int64_t num
         return pf_err(-EINVAL, "pfc: no head params");
     if (num_classes <= 0)
         return pf_err(-EINVAL, "pfc: num_classes %lld is not positive", (long long)num_classes);
-    if (!(sample_rate > 0 && sample_rate <= 1))
-        return pf_err(-EINVAL, "pfc: sample_rate %g outside (0, 1]", sample_rate);
+    if (!(sample_rate >= 0 && sample_rate <= 1))
+        return pf_err(-EINVAL, "pfc: sample_rate %g outside [0, 1]", sample_rate);
     if (batch <= 0 || d <= 0)
         return pf_err(-EINVAL, "pfc: batch %lld and embedding_size %lld must be positive", (long long)batch,
                       (long long)d);

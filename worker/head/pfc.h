@@ -45,7 +45,7 @@ typedef struct pfc {
 } pfc;
 
 /* Sets up a worker's Partial FC state: params (head_params.mode chooses global/local), the group
- * (coll may be NULL for one process), C classes, sample_rate in (0, 1], seed, per-worker batch B and D.
+ * (coll may be NULL for one process), C classes, sample_rate in [0, 1] (0: the positives only), seed, per-worker batch B and D.
  * Allocates the head workspace for the largest possible sample (k_max = max(ceil(r * P), min(n, P)),
  * P the partition size), so nothing is allocated per step except the sampled id list.
  * Returns 0, -EINVAL naming the bad argument, -ENOMEM. */

@@ -128,8 +128,8 @@ static int check_args(const sample_args *a, const int64_t *labels, int64_t n)
         return pf_err(-EINVAL, "sample: num_classes %lld is not positive", (long long)a->num_classes);
     if (a->world_size < 1 || a->rank < 0 || a->rank >= a->world_size)
         return pf_err(-EINVAL, "sample: rank %d outside [0, world_size %d)", a->rank, a->world_size);
-    if (!(a->sample_rate > 0 && a->sample_rate <= 1.0))
-        return pf_err(-EINVAL, "sample: sample_rate %g outside (0, 1]", a->sample_rate);
+    if (!(a->sample_rate >= 0 && a->sample_rate <= 1.0))
+        return pf_err(-EINVAL, "sample: sample_rate %g outside [0, 1]", a->sample_rate);
     if (a->step < 0)
         return pf_err(-EINVAL, "sample: step %lld is negative", (long long)a->step);
     for (int64_t i = 0; i < n; i++)

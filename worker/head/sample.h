@@ -5,7 +5,9 @@
  * Global mode: worker `rank` owns the classes c with c mod world_size == rank (its partition, of
  * size P = ceil((C - rank) / world_size)); it samples every positive of the global batch inside its
  * partition plus uniform negatives from the rest of its partition, K = max(#positives,
- * sample_count(sample_rate, P)) ids in all.
+ * sample_count(sample_rate, P)) ids in all. sample_rate 0 (arcface_torch's num_sample = 0, as
+ * wf42m_pfc0008_32gpu_r100.py sets): exactly the positives, K = #positives (0 when none of the batch's labels
+ * is in the partition).
  * Local mode: the partition is all C classes; the positives are those of the worker's own batch.
  *
  * Randomness is counter-based (splitmix64 of a key hashed from (seed, step, rank) and a counter):
@@ -23,7 +25,7 @@ typedef struct sample_args {
     int64_t num_classes; /* C > 0 */
     int world_size;      /* W >= 1 */
     int rank;            /* [0, W) */
-    double sample_rate;  /* (0, 1]; 1 = the whole partition */
+    double sample_rate;  /* [0, 1]; 1 = the whole partition, 0 = the positives only */
     uint64_t seed;
     int64_t step;
     sample_mode mode;
@@ -34,7 +36,7 @@ typedef struct sample_args {
 int64_t sample_partition_size(int64_t num_classes, int world_size, int rank);
 
 /* ceil(sample_rate * partition) with a 1e-9 tolerance against float noise (0.1 * 30 -> 3, not 4),
- * clamped to [0, partition]. */
+ * clamped to [0, partition]; 0 for sample_rate 0 (or not positive). */
 int64_t sample_count(double sample_rate, int64_t partition);
 
 /* Samples this rank's class centers for one step.
@@ -43,7 +45,7 @@ int64_t sample_count(double sample_rate, int64_t partition);
  *   *ids_out: malloc'd, sorted ascending, *k_out global class ids (caller frees)
  *   labels_local (n): position of labels[i] in *ids_out, or -1 when it belongs to another
  *     worker's partition (global mode); may be NULL.
- * Errors: -EINVAL (bad args: C <= 0, W < 1, rank outside [0, W), rate outside (0, 1], step < 0),
+ * Errors: -EINVAL (bad args: C <= 0, W < 1, rank outside [0, W), rate outside [0, 1], step < 0),
  * -ERANGE (a label outside [0, C): the message names the row and the label), -ENOMEM. */
 int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64_t **ids_out, int64_t *k_out,
                    int64_t *labels_local);

@@ -156,6 +156,54 @@ static void test_rate_1_and_local(void)
     free(ids);
 }
 
+/* sample_rate 0 (arcface_torch's num_sample = 0, wf42m_pfc0008_32gpu_r100.py): the sample is exactly the
+ * distinct positives of the partition, sorted, written down by hand here. C = 20 over W = 3 (rank r owns
+ * c = r mod 3); global batch labels {7, 3, 7, 19, 10, 3, 0, 13}: rank 0 owns 3, 0 -> {0, 3}; rank 1 owns 7,
+ * 19, 10, 13 -> {7, 10, 13, 19}; rank 2 owns none -> empty. Local mode (one worker's batch {5, 2, 5}, all 20
+ * classes its own): {2, 5}. */
+static void test_rate_0(void)
+{
+    const int64_t labels[8] = {7, 3, 7, 19, 10, 3, 0, 13};
+    const int64_t want0[2] = {0, 3}, want1[4] = {7, 10, 13, 19};
+    const int64_t *want[3] = {want0, want1, NULL};
+    const int64_t nwant[3] = {2, 4, 0};
+    for (int r = 0; r < 3; r++) {
+        for (int64_t step = 0; step < 3; step++) {
+            sample_args a = {.num_classes = 20,
+                             .world_size = 3,
+                             .rank = r,
+                             .sample_rate = 0,
+                             .seed = 2048,
+                             .step = step,
+                             .mode = SAMPLE_GLOBAL};
+            int64_t *ids = NULL, k = -1, loc[8];
+            int rc = sample_classes(&a, labels, 8, &ids, &k, loc);
+            CHECK(rc == 0 && k == nwant[r], "rate 0 rank %d step %lld: rc %d, %lld ids (want %lld): %s", r,
+                  (long long)step, rc, (long long)k, (long long)nwant[r], rc ? pf_errmsg() : "");
+            for (int64_t j = 0; rc == 0 && j < k && j < nwant[r]; j++)
+                CHECK(ids[j] == want[r][j], "rate 0 rank %d: id %lld is %lld, want %lld", r, (long long)j,
+                      (long long)ids[j], (long long)want[r][j]);
+            for (int i = 0; rc == 0 && i < 8; i++) {
+                int mine = labels[i] % 3 == r;
+                CHECK(mine ? (loc[i] >= 0 && loc[i] < k && ids[loc[i]] == labels[i]) : loc[i] == -1,
+                      "rate 0 rank %d: row %d (label %lld) remapped to %lld", r, i, (long long)labels[i],
+                      (long long)loc[i]);
+            }
+            free(ids);
+        }
+    }
+    const int64_t mine[3] = {5, 2, 5};
+    sample_args l = {.num_classes = 20, .world_size = 2, .rank = 1, .sample_rate = 0, .seed = 1,
+                     .step = 4, .mode = SAMPLE_LOCAL};
+    int64_t *ids = NULL, k = -1, loc[3];
+    CHECK(sample_classes(&l, mine, 3, &ids, &k, loc) == 0 && k == 2 && ids[0] == 2 && ids[1] == 5 &&
+              loc[0] == 1 && loc[1] == 0 && loc[2] == 1,
+          "rate 0 local: %lld ids", (long long)k);
+    free(ids);
+    CHECK(sample_count(0, 1000) == 0, "sample_count(0, 1000) = %lld", (long long)sample_count(0, 1000));
+    printf("ok   rate 0: exactly the positives ({0, 3}, {7, 10, 13, 19}, {} over 3 ranks; {2, 5} local)\n");
+}
+
 /* Negatives are uniform: draw many samples of 10 out of 100 (no positives), chi-square over ids. */
 static void test_uniform(void)
 {
@@ -228,9 +276,12 @@ static void test_bad_input(void)
           "label out of range: rc %d msg '%s'", rc, pf_errmsg());
     printf("ok   bad label: %s\n", pf_errmsg());
     labels[1] = 3;
-    a.sample_rate = 0;
+    a.sample_rate = -0.1;
     rc = sample_classes(&a, labels, 3, &ids, &k, NULL);
-    CHECK(rc == -EINVAL && strstr(pf_errmsg(), "sample_rate"), "rate 0: rc %d msg '%s'", rc, pf_errmsg());
+    CHECK(rc == -EINVAL && strstr(pf_errmsg(), "sample_rate") && strstr(pf_errmsg(), "[0, 1]"),
+          "rate -0.1: rc %d msg '%s'", rc, pf_errmsg());
+    a.sample_rate = NAN;
+    CHECK(sample_classes(&a, labels, 3, &ids, &k, NULL) == -EINVAL, "rate NaN accepted");
     a.sample_rate = 1.5;
     CHECK(sample_classes(&a, labels, 3, &ids, &k, NULL) == -EINVAL, "rate 1.5 accepted");
     a.sample_rate = 0.5;
@@ -342,6 +393,7 @@ int main(void)
     test_floyd_reference();
     test_global_rate_01();
     test_rate_1_and_local();
+    test_rate_0();
     test_uniform();
     test_huge();
     test_bad_input();
