@@ -78,6 +78,7 @@ static const key_def keys[] = {
     {"resize", "data", K_BOOL, OFF(resize), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"val_targets", "data", K_STR, OFF(val_targets), "", 0, 0, 0, 0, NULL, 0, 0},
     {"save_centers", "data", K_BOOL, OFF(save_centers), "false", 0, 1, 0, 0, NULL, 0, 0},
+    {"log_format", "data", K_STR, OFF(log_format), "pfcps", 0, 0, 0, 0, "pfcps arcface_torch", 0, 1},
     /* [cluster] */
     {"servers", "cluster", K_INT, OFF(servers), "1", 1, 65536, 0, 0, NULL, 0, 0},
     {"workers", "cluster", K_INT, OFF(workers), "1", 1, 65536, 0, 0, NULL, 0, 0},

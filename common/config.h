@@ -56,6 +56,8 @@ typedef struct pf_config {
                                   comma-separated; "" = none */
     int save_centers; /* default false: true: each worker writes its partition of the class-center table at
                          the end */
+    char log_format[CFG_STR]; /* training.log's line prefix: "pfcps" (default, as stderr) or "arcface_torch"
+                                 (`Training: <local asctime>-<message>`, its utils_logging format) */
     /* --- cluster --- */
     int servers;              /* S, default 1 */
     int workers;              /* W, default 1 */

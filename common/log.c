@@ -18,6 +18,7 @@ static log_level log_min = LOG_INFO;
 static int log_fd = -1;
 static char log_path[1024];  /* the file sink's path, for its write-error report */
 static int log_write_failed; /* the file sink's write error was reported (once per log_open_file) */
+static log_format log_file_fmt = LOG_FORMAT_PFCPS;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *level_name[] = {"DEBUG", "INFO", "WARN", "ERROR"};
@@ -60,6 +61,24 @@ int log_open_file(const char *path)
     snprintf(log_path, sizeof log_path, "%s", path);
     log_write_failed = 0;
     pthread_mutex_unlock(&log_lock);
+    return 0;
+}
+
+void log_set_file_format(log_format f)
+{
+    pthread_mutex_lock(&log_lock);
+    log_file_fmt = f;
+    pthread_mutex_unlock(&log_lock);
+}
+
+int log_parse_format(const char *name, log_format *out)
+{
+    if (name && !strcmp(name, "pfcps"))
+        *out = LOG_FORMAT_PFCPS;
+    else if (name && !strcmp(name, "arcface_torch"))
+        *out = LOG_FORMAT_ARCFACE;
+    else
+        return -EINVAL;
     return 0;
 }
 
@@ -108,6 +127,7 @@ void log_write(log_level level, const char *fmt, ...)
     else
         n += snprintf(line + n, sizeof line - (size_t)n, ".%03dZ pid=%d %s %s ", (int)(tv.tv_usec / 1000),
                       (int)getpid(), log_role, level_name[level]);
+    const int head = n; /* the message starts here */
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
@@ -118,9 +138,20 @@ void log_write(log_level level, const char *fmt, ...)
     if (n > (int)sizeof line - 2)
         n = (int)sizeof line - 2;
     line[n++] = '\n';
+    /* arcface_torch's file line: "Training: " + Python logging's asctime (local time, ",mmm") + "-" + message */
+    char aline[sizeof line + 64];
+    int an = 0;
+    struct tm lt;
+    localtime_r(&tv.tv_sec, &lt);
+    an = (int)strftime(aline, sizeof aline, "Training: %Y-%m-%d %H:%M:%S", &lt);
+    an += snprintf(aline + an, sizeof aline - (size_t)an, ",%03d-", (int)(tv.tv_usec / 1000));
+    memcpy(aline + an, line + head, (size_t)(n - head));
+    an += n - head;
     pthread_mutex_lock(&log_lock);
     (void)write_all(STDERR_FILENO, line, (size_t)n);
-    int rc = log_fd >= 0 ? write_all(log_fd, line, (size_t)n) : 0;
+    int rc = log_fd < 0                              ? 0
+             : log_file_fmt == LOG_FORMAT_ARCFACE ? write_all(log_fd, aline, (size_t)an)
+                                                  : write_all(log_fd, line, (size_t)n);
     if (rc < 0 && !log_write_failed) {
         /* A full disk (or a file size limit) must not leave the file short without a word: said once, on
          * stderr, which still gets every line. */

@@ -23,6 +23,20 @@ int log_parse_level(const char *name, log_level *out);
  * error; later lines are still tried. */
 int log_open_file(const char *path);
 
+/* How lines are written to the file sink (stderr always gets pfcps's format). */
+typedef enum {
+    LOG_FORMAT_PFCPS = 0,   /* as stderr: `2026-11-29T15:03:13.123Z pid=4242 worker[0] INFO message` */
+    LOG_FORMAT_ARCFACE = 1, /* arcface_torch's utils_logging.init_logging: `Training: %(asctime)s-%(message)s`,
+                               asctime local time `2026-11-29 16:03:13,123`: `Training: 2026-11-29
+                               16:03:13,123-message` (no pid, role or level) */
+} log_format;
+
+/* Sets the file sink's line format (default LOG_FORMAT_PFCPS); kept across log_open_file. */
+void log_set_file_format(log_format f);
+
+/* Parses "pfcps" or "arcface_torch"; returns -EINVAL for anything else. */
+int log_parse_format(const char *name, log_format *out);
+
 /* Closes the file sink (flushes). */
 void log_close_file(void);
 

@@ -309,6 +309,11 @@ static int setup_outputs(trainer *t)
             return rc;
         char path[1100];
         snprintf(path, sizeof path, "%s/training.log", t->run.output);
+        log_format lf;
+        if (log_parse_format(t->run.log_format, &lf) < 0)
+            return pf_err(-EINVAL, "key 'log_format': '%s' is neither 'pfcps' nor 'arcface_torch'",
+                          t->run.log_format);
+        log_set_file_format(lf);
         if (log_open_file(path) < 0)
             log_warn("cannot write %s: %s", path, pf_errmsg());
         snprintf(path, sizeof path, "%s/tensorboard", t->run.output);
