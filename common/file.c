@@ -48,23 +48,18 @@ static int kind_error(const struct stat *st)
     return pf_err(-EIO, "%s, not a regular file", kind);
 }
 
-int pf_open_regular(const char *path, struct stat *st_out)
+/* The checks after a non-blocking open of fd: fstat (the path may have been replaced since it was looked at:
+ * the descriptor is what counts), a regular file (or, with allow_chr, a character device), then O_NONBLOCK
+ * cleared. Returns fd (filling *st_out when not NULL), or closes it and returns kind_error's or -EIO. */
+static int settle_fd(int fd, int allow_chr, struct stat *st_out)
 {
     struct stat st;
-    if (stat(path, &st) != 0)
-        return open_error(errno);
-    if (!S_ISREG(st.st_mode))
-        return kind_error(&st);
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0)
-        return open_error(errno);
-    /* The path may have been replaced between the stat and the open: the descriptor is what counts. */
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return pf_err(-EIO, "cannot open: fstat: %s", strerror(e));
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st.st_mode) && !(allow_chr && S_ISCHR(st.st_mode))) {
         close(fd);
         return kind_error(&st);
     }
@@ -77,6 +72,19 @@ int pf_open_regular(const char *path, struct stat *st_out)
     if (st_out)
         *st_out = st;
     return fd;
+}
+
+int pf_open_regular(const char *path, struct stat *st_out)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return open_error(errno);
+    if (!S_ISREG(st.st_mode))
+        return kind_error(&st);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0)
+        return open_error(errno);
+    return settle_fd(fd, 0, st_out);
 }
 
 int pf_fopen_regular(const char *path, FILE **f)
@@ -106,23 +114,7 @@ int pf_open_output(const char *path, int flags, mode_t mode)
             return pf_err(-EACCES, "permission denied");
         return pf_err(-e, "cannot open: %s", strerror(e));
     }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return pf_err(-EIO, "cannot open: fstat: %s", strerror(e));
-    }
-    if (!S_ISREG(st.st_mode) && !S_ISCHR(st.st_mode)) {
-        close(fd);
-        return kind_error(&st);
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-        int e = errno;
-        close(fd);
-        return pf_err(-EIO, "cannot open: fcntl: %s", strerror(e));
-    }
-    return fd;
+    return settle_fd(fd, 1, NULL);
 }
 
 int pf_fopen_output(const char *path, int append, FILE **f)
