@@ -14,6 +14,7 @@
 #include <strings.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 
 /* A family as the parser tracks it: declared by HELP / TYPE or only named by samples. */
 typedef struct fam_state {
@@ -137,40 +138,6 @@ static const char *read_name(pcur *c, int colon)
     return str_end(c, b);
 }
 
-/* 1 when s[0..n) is valid UTF-8 (no overlong forms, surrogates or code points past U+10FFFF). */
-static int utf8_valid(const unsigned char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        unsigned ch = s[i];
-        size_t k;
-        if (ch < 0x80) {
-            i++;
-            continue;
-        }
-        if ((ch & 0xe0) == 0xc0)
-            k = 1;
-        else if ((ch & 0xf0) == 0xe0)
-            k = 2;
-        else if ((ch & 0xf8) == 0xf0)
-            k = 3;
-        else
-            return 0;
-        if (n - i <= k)
-            return 0;
-        unsigned cp = ch & (0x3fu >> k);
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xc0) != 0x80)
-                return 0;
-            cp = cp << 6 | (s[i + j] & 0x3fu);
-        }
-        if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) || cp > 0x10ffff ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += k + 1;
-    }
-    return 1;
-}
-
 /* Reads text with escapes up to `close` ('"' for a label value, -1 for a help text: up to the end of the
  * line) into storage. quote: a label value (\" is an escape, UTF-8 is required) or a help text (\" is
  * refused, any bytes). */
@@ -198,7 +165,7 @@ static int read_escaped(pcur *c, int close, int quote, const char *what, const c
         }
         str_put(c, ch);
     }
-    if (quote && !utf8_valid((const unsigned char *)b, c->spos - start))
+    if (quote && !pf_utf8_valid((const uint8_t *)b, c->spos - start))
         return perr(c, "%s: not valid UTF-8", what);
     *out = str_end(c, b);
     return 0;

@@ -14,6 +14,7 @@
 #include "common/checked.h"
 #include "common/err.h"
 #include "common/file.h"
+#include "common/utf8.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "torch_pt.c copies torch's little-endian storages as host memory"
@@ -250,32 +251,6 @@ static uint64_t le(const uint8_t *p, int n)
     return v;
 }
 
-/* Strict UTF-8 (no overlongs, no surrogates, at most U+10FFFF) without NUL. */
-static int utf8_ok(const uint8_t *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        uint8_t c = s[i];
-        size_t k = c < 0x80             ? 0
-                   : (c & 0xe0) == 0xc0 ? 1
-                   : (c & 0xf0) == 0xe0 ? 2
-                   : (c & 0xf8) == 0xf0 ? 3
-                                        : 9;
-        if (c == 0 || k == 9 || k > n - i - 1)
-            return 0;
-        uint32_t cp = k == 0 ? c : k == 1 ? c & 0x1fu : k == 2 ? c & 0x0fu : c & 0x07u;
-        for (size_t j = 1; j <= k; j++) {
-            if ((s[i + j] & 0xc0) != 0x80)
-                return 0;
-            cp = cp << 6 | (s[i + j] & 0x3fu);
-        }
-        if ((k == 1 && cp < 0x80) || (k == 2 && cp < 0x800) || (k == 3 && cp < 0x10000) || cp > 0x10ffff ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += k + 1;
-    }
-    return 1;
-}
-
 /* s[0..n) for a message: printable ASCII kept, anything else '?', at most cap - 1 bytes. */
 static const char *printable(const char *s, size_t n, char *buf, size_t cap)
 {
@@ -396,7 +371,7 @@ static int op_string(pm *m, const uint8_t *arg, int argn)
     if (n > TP_MAX_STR)
         return perr(m, "a string of %llu bytes (at most %u)", (unsigned long long)n, TP_MAX_STR);
     const uint8_t *s = m->d + m->pos;
-    if (!utf8_ok(s, (size_t)n))
+    if (!pf_utf8_valid(s, (size_t)n) || memchr(s, 0, (size_t)n))
         return perr(m, "a string that is not UTF-8 or holds a NUL byte");
     m->pos += (size_t)n;
     tp_value *v;
