@@ -52,6 +52,7 @@ static const key_def keys[] = {
      1},
     {"fp16", "train", K_BOOL, OFF(fp16), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"bf16", "train", K_BOOL, OFF(bf16), "false", 0, 1, 0, 0, NULL, 0, 0},
+    {"fp16_overflow_skip", "train", K_STR, OFF(fp16_overflow_skip), "step", 0, 0, 0, 0, "step backbone", 0, 1},
     {"device", "train", K_STR, OFF(device), "cpu", 0, 0, 0, 0, "cpu cuda cpu-fenced cpu-bf16", 0, 1},
     {"optimizer", "train", K_STR, OFF(optimizer), "sgd", 0, 0, 0, 0, "sgd adamw", 0, 1},
     {"lr", "train", K_DOUBLE, OFF(lr), "0.1", 0, 1e3, 1, 0, NULL, 0, 0},

@@ -26,6 +26,10 @@ typedef struct pf_config {
     char margin_grad[CFG_STR];             /* "straight_through" (default, arcface_torch) or "exact" */
     int fp16;             /* mixed precision, fp16 body + dynamic loss scaling, default false */
     int bf16;             /* mixed precision, bf16 body, default false (not with fp16) */
+    char fp16_overflow_skip[CFG_STR]; /* with fp16, what a step whose gradients overflowed skips: "step"
+                                         (default, GradScaler: the whole optimizer step, class centers
+                                         included) or "backbone" (the backbone's step only; the centers'
+                                         push overlaps the backward) */
     char device[CFG_STR]; /* "cpu" (default), "cuda"; debugging devices "cpu-fenced", "cpu-bf16" */
     /* --- optimizer / schedule --- */
     char optimizer[CFG_STR];  /* "sgd" (default) or "adamw" */

@@ -73,15 +73,17 @@ static int zero_fixed_grads(trainer *t)
  * (arcface_torch: the AllGather backward multiplies by W and DDP averages the backbone gradients over W, so
  * the mean of the W scaled gradients is the gradient of the global mean loss) and by the loss scale (fp16);
  * backward; allreduce; mean and unscale in one pass (the loss scale is a power of two, so g * (1/W) *
- * (1/scale) in one multiply is exact as two); fixed gradients zeroed; the sum of squares is the loss
- * scaler's found-inf check and clip_grad_norm_(5)'s norm; optimizer step
- * unless the scaler says skip (rank 0 logs the skip for global step step + 1). */
-static int backbone_step(trainer *t, float lr, int64_t step)
+ * (1/scale) in one multiply is exact as two); fixed gradients zeroed; *ss = their sum of squares, the loss
+ * scaler's found-inf check (the same on every worker: the gradients are allreduced) and clip_grad_norm_(5)'s
+ * norm. *skip = 1 when the scaler says skip (rank 0 logs it for global step step + 1; the scaler is
+ * updated). Returns 0 or the device's negative code. */
+static int backbone_grads(trainer *t, int64_t step, double *ss, int *skip)
 {
     const ops_device *dev = t->wd.dev;
     ops_ctx *ctx = t->wd.ctx;
     float scale = t->loss_scaling ? t->scaler.scale : 1.0f;
     float gs = (float)t->W * scale;
+    *skip = 0;
     int rc = gs != 1.0f ? dev->scale(ctx, t->wd.d_grad_emb, t->wd.bd, gs) : 0;
     if (rc == 0)
         rc = model_backward(t->m, t->wd.d_grad_emb, NULL);
@@ -95,24 +97,31 @@ static int backbone_step(trainer *t, float lr, int64_t step)
         rc = dev->scale(ctx, g, t->nparams, inv);
     if (rc == 0)
         rc = zero_fixed_grads(t);
-    double ss = 0;
+    *ss = 0;
     if (rc == 0)
-        rc = dev->sumsq(ctx, g, t->nparams, &ss);
+        rc = dev->sumsq(ctx, g, t->nparams, ss);
     if (rc < 0)
         return rc;
-    if (t->loss_scaling && !loss_scaler_update(&t->scaler, !isfinite(ss))) {
+    if (t->loss_scaling && !loss_scaler_update(&t->scaler, !isfinite(*ss))) {
+        *skip = 1;
         if (t->rank == 0)
-            log_info(
-                "global step %lld: backbone gradients overflowed at loss scale %g: optimizer step skipped, "
-                "scale now %g",
-                (long long)step + 1, (double)scale, (double)t->scaler.scale);
-        return 0;
+            log_info("global step %lld: backbone gradients overflowed at loss scale %g: optimizer step skipped, "
+                     "scale now %g (%s)",
+                     (long long)step + 1, (double)scale, (double)t->scaler.scale,
+                     t->skip_centers ? "class centers not updated either" : "class centers updated");
     }
-    /* torch.nn.utils.clip_grad_norm_(params, 5): coef = 5 / (norm + 1e-6), applied when below 1. */
+    return 0;
+}
+
+/* After backbone_grads without a skip: torch.nn.utils.clip_grad_norm_(params, 5) from the sum of squares ss
+ * (coef = 5 / (norm + 1e-6), applied when below 1), then the optimizer step at lr. */
+static int backbone_apply(trainer *t, float lr, double ss)
+{
     double total = sqrt(ss);
     if (isfinite(total)) {
         double coef = 5.0 / (total + 1e-6);
-        if (coef < 1.0 && (rc = dev->scale(ctx, g, t->nparams, (float)coef)) < 0)
+        int rc;
+        if (coef < 1.0 && (rc = t->wd.dev->scale(t->wd.ctx, model_grads(t->m), t->nparams, (float)coef)) < 0)
             return rc;
     }
     t->opt_steps++;
@@ -175,16 +184,30 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
         rc = wdev_head_step(&t->wd, &t->head, emb, k, loss);
     t1 = pf_now_s();
     ph[PH_HEAD] = t1 - t0;
-    if (rc == 0)
-        rc = ps_push_ex(t->net.ps, ids, (size_t)k, t->wd.grad_centers, (float)lr, step, push_flags, &push);
+    /* fp16_overflow_skip = step: the found-inf check before the push, which is then empty on a skipped step
+     * (GradScaler skips the whole optimizer step, class centers included); otherwise the push overlaps the
+     * backward and the check skips the backbone's step only. */
+    const int check_first = t->loss_scaling && t->skip_centers;
+    int skip = 0;
+    double ss = 0;
+    if (rc == 0 && check_first)
+        rc = backbone_grads(t, step, &ss, &skip);
     t0 = pf_now_s();
-    ph[PH_PUSH] = t0 - t1;
+    ph[PH_BACKBONE] += t0 - t1;
     if (rc == 0)
-        rc = backbone_step(t, (float)lr, step);
+        rc = ps_push_ex(t->net.ps, ids, skip ? 0 : (size_t)k, t->wd.grad_centers, (float)lr, step, push_flags,
+                        &push);
+    t1 = pf_now_s();
+    ph[PH_PUSH] = t1 - t0;
+    if (rc == 0 && !check_first)
+        rc = backbone_grads(t, step, &ss, &skip);
+    if (rc == 0 && !skip)
+        rc = backbone_apply(t, (float)lr, ss);
     if (b)
         loader_release(t->ld, b);
-    t1 = pf_now_s();
-    ph[PH_BACKBONE] += t1 - t0;
+    t0 = pf_now_s();
+    ph[PH_BACKBONE] += t0 - t1;
+    t1 = t0;
     rc = wait_req(t, push, rc);
     ph[PH_WAIT] = pf_now_s() - t1;
     return rc;

@@ -144,9 +144,12 @@ static int setup_loss_scaler(trainer *t)
     if (rc < 0)
         return rc;
     t->loss_scaling = 1;
-    log_info("dynamic loss scaling: init scale %g, growth interval %d, growth %g, backoff %g",
+    t->skip_centers = strcmp(t->run.fp16_overflow_skip, "backbone") != 0;
+    log_info("dynamic loss scaling: init scale %g, growth interval %d, growth %g, backoff %g; an overflow skips "
+             "%s",
              (double)t->scaler.scale, t->scaler.growth_interval, (double)t->scaler.growth_factor,
-             (double)t->scaler.backoff_factor);
+             (double)t->scaler.backoff_factor,
+             t->skip_centers ? "the whole step (class centers too)" : "the backbone's step (centers pushed)");
     return 0;
 }
 

@@ -68,6 +68,7 @@ struct trainer {
     int64_t opt_steps;      /* optimizer steps applied (AdamW's count; steps skipped on overflow excluded) */
     int loss_scaling;
     loss_scaler scaler;
+    int skip_centers; /* fp16_overflow_skip = step: an overflow step pushes no center gradients */
 
     /* Head: the Partial FC sampler (and, off the GPU, the CPU head). */
     pfc head;
