@@ -70,24 +70,30 @@ static void refuse(const char *what, const uint8_t *d, size_t n, const char *wan
     eval_binset_free(&s);
 }
 
-/* The machine's memory is bounded by the file's size: 4 MiB files built to fill it (each tuple nesting the
- * one before, 1.7 GB before the bound; lists of appended lists, 670 MB) are refused once they would take
- * more than 16 MiB + 16 bytes per byte = 16777216 + 16 x 4194304 = 83886080 bytes, naming the byte offset;
- * a real-shaped set of the same order of size (2^19 pairs of 1-byte images, appended 1000 at a time as
- * Python's pickler does) still loads. */
+/* The machine's memory is bounded by the file's size: 4 MiB files built to fill it (empty tuples, 200 MB
+ * before the bound; lists of appended lists, 670 MB) are refused once they would take more than 16 MiB +
+ * 16 bytes per byte = 16777216 + 16 x 4194304 = 83886080 bytes, naming the byte offset; 4 MiB of nested
+ * tuples are refused at the nesting bound, at the 8th TUPLE1 (byte 10: PROTO 2 is bytes 0-1, the list byte 2
+ * at depth 1, seven TUPLE1 at bytes 3-9 reach depth 8); a real-shaped set of the same order of size (2^19
+ * pairs of 1-byte images, appended 1000 at a time as Python's pickler does) still loads. */
 static void memory_bound(void)
 {
     const size_t n = 4u << 20;
     uint8_t *h = malloc(n);
-    /* PROTO 2, EMPTY_LIST, then TUPLE1 to the end (the last byte STOP) */
+    /* PROTO 2, then EMPTY_TUPLE to the end (the last byte STOP) */
     h[0] = 0x80;
     h[1] = 2;
+    memset(h + 2, ')', n - 3);
+    h[n - 1] = '.';
+    refuse("4 MiB of empty tuples", h, n,
+           "would take more than 83886080 bytes of memory for a 4194304-byte pickle");
+    CHECK(strstr(pf_errmsg(), "verification set: pickle offset ") != NULL, "empty tuples: no byte offset: %s",
+          pf_errmsg());
+    printf("4 MiB of empty tuples: refused: %s\n", pf_errmsg());
+    /* PROTO 2, EMPTY_LIST, then TUPLE1 to the end (the last byte STOP) */
     h[2] = ']';
     memset(h + 3, 0x85, n - 4);
-    h[n - 1] = '.';
-    refuse("4 MiB of nested tuples", h, n,
-           "would take more than 83886080 bytes of memory for a 4194304-byte file");
-    CHECK(strstr(pf_errmsg(), "at byte ") != NULL, "nested tuples: no byte offset: %s", pf_errmsg());
+    refuse("4 MiB of nested tuples", h, n, "verification set: pickle offset 10: values nested deeper than 8");
     printf("4 MiB of nested tuples: refused: %s\n", pf_errmsg());
     /* PROTO 2, EMPTY_LIST, then EMPTY_LIST EMPTY_LIST APPEND to the end */
     for (size_t i = 3; i + 3 <= n - 1; i += 3)
