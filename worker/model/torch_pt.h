@@ -9,7 +9,7 @@
  * little-endian elements, stored uncompressed by torch), `<folder>/version`, and in newer torch versions
  * `<folder>/byteorder` ("little"; "big" is refused) and other small records, ignored.
  *
- * data.pkl runs on an allow-list interpreter that builds values and never calls anything:
+ * data.pkl runs on the allow-list interpreter of common/pickle.h, which builds values and never calls anything:
  *   opcodes PROTO FRAME STOP MARK EMPTY_DICT EMPTY_LIST EMPTY_TUPLE BINUNICODE SHORT_BINUNICODE BININT
  * BININT1 BININT2 LONG1 (at most 8 bytes) BINFLOAT NEWTRUE NEWFALSE NONE TUPLE TUPLE1 TUPLE2 TUPLE3 SETITEM
  * SETITEMS APPEND APPENDS BINPUT LONG_BINPUT MEMOIZE BINGET LONG_BINGET GLOBAL REDUCE BINPERSID BUILD; GLOBAL
@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/pickle.h"
 #include "worker/model/safetensors.h"
 
 #define TP_MAX_DIMS     8
@@ -52,18 +53,20 @@ size_t tp_dtype_size(tp_dtype d);
 /* "F32", "F64", "F16", "BF16", "I64", "I32" (st_dtype_size knows them), "?" for another value. */
 const char *tp_dtype_name(tp_dtype d);
 
+/* Kinds of values: common/pickle.h's, and torch_pt's own two (u.obj.p points to a tp_tensor / tp_storage:
+ * tp_tensor_of, tp_storage_of). */
 typedef enum tp_kind {
-    TP_NONE = 1,
-    TP_BOOL,
-    TP_INT,
-    TP_FLOAT,
-    TP_STR,
-    TP_TUPLE,
-    TP_LIST,
-    TP_DICT,
-    TP_TENSOR,
-    TP_GLOBAL,  /* an allowed class or function that was not called (e.g. a storage type in a tuple) */
-    TP_STORAGE, /* a storage reference not passed to _rebuild_tensor_v2 */
+    TP_NONE = PK_NONE,
+    TP_BOOL = PK_BOOL,
+    TP_INT = PK_INT,
+    TP_FLOAT = PK_FLOAT,
+    TP_STR = PK_STR,
+    TP_TUPLE = PK_TUPLE,
+    TP_LIST = PK_LIST,
+    TP_DICT = PK_DICT,
+    TP_GLOBAL = PK_GLOBAL,  /* an allowed class or function that was not called (e.g. a storage type in a tuple) */
+    TP_TENSOR = PK_USER,    /* a tensor (_rebuild_tensor_v2, _rebuild_parameter) */
+    TP_STORAGE = PK_USER + 1, /* a storage reference not passed to _rebuild_tensor_v2 */
 } tp_kind;
 
 /* "None", "bool", "int", "float", "str", "tuple", "list", "dict", "tensor", "global", "storage". */
@@ -91,35 +94,15 @@ typedef struct tp_tensor {
     int requires_grad;
 } tp_tensor;
 
-/* One value of the pickle, read only. Values are shared (the pickle's memo): the same pointer may appear
- * in several containers; they live as long as the tp_pickle / tp_file that made them. */
-typedef struct tp_value tp_value;
-struct tp_value {
-    uint8_t kind;    /* tp_kind */
-    uint8_t ordered; /* TP_DICT: made by collections.OrderedDict() */
-    uint8_t sealed;  /* placed inside another value: no longer changed */
-    uint8_t pad;
-    uint32_t depth; /* 0 for a leaf; 1 + the deepest element for a container */
-    union {
-        int64_t i; /* TP_INT; TP_BOOL (0 or 1) */
-        double f;  /* TP_FLOAT */
-        struct {
-            const char *s; /* UTF-8, NUL-terminated, no NUL inside */
-            size_t len;
-        } str; /* TP_STR */
-        struct {
-            tp_value **v; /* TP_TUPLE / TP_LIST: n items; TP_DICT: v[2i] key, v[2i+1] value, n = 2 x pairs */
-            size_t n, cap;
-        } seq;
-        const tp_tensor *t;  /* TP_TENSOR */
-        const tp_storage *s; /* TP_STORAGE */
-        struct {
-            const char *name; /* "collections.OrderedDict", "torch.FloatStorage", ... */
-            int id;           /* internal */
-            tp_dtype dtype;   /* a storage type's */
-        } g;                  /* TP_GLOBAL */
-    } u;
-};
+/* One value of the pickle (common/pickle.h's pk_value), read only. Values are shared (the pickle's memo): the
+ * same pointer may appear in several containers; they live as long as the tp_pickle / tp_file that made them.
+ * A dict made by collections.OrderedDict() has `ordered` set; a global's u.g.arg is a storage type's
+ * tp_dtype. */
+typedef pk_value tp_value;
+
+/* The tensor of a TP_TENSOR value, the storage of a TP_STORAGE one; NULL for v NULL or of another kind. */
+const tp_tensor *tp_tensor_of(const tp_value *v);
+const tp_storage *tp_storage_of(const tp_value *v);
 
 typedef struct tp_pickle tp_pickle;
 

@@ -36,7 +36,7 @@ static void walk(const tp_value *v, long *budget)
             abort();
         return;
     case TP_TENSOR: {
-        const tp_tensor *t = v->u.t;
+        const tp_tensor *t = tp_tensor_of(v);
         if (t->ndim < 0 || t->ndim > TP_MAX_DIMS || t->offset < 0 || t->dtype != t->storage->dtype)
             abort();
         for (int k = 0; k < t->ndim; k++)

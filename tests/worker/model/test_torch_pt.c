@@ -449,7 +449,7 @@ static void tensor_pickles(void)
     if (!rc) {
         const tp_value *r = tp_pickle_root(p), *w = tp_dict_get(r, "w");
         check(r->kind == TP_DICT && r->ordered && r->u.seq.n == 2, "root: an OrderedDict of one pair");
-        const tp_tensor *x = w && w->kind == TP_TENSOR ? w->u.t : NULL;
+        const tp_tensor *x = w && w->kind == TP_TENSOR ? tp_tensor_of(w) : NULL;
         check(x && x->dtype == TP_F32 && x->ndim == 2 && x->shape[0] == 2 && x->shape[1] == 3 &&
                   x->stride[0] == 3 && x->stride[1] == 1 && x->offset == 0 && !strcmp(x->storage->key, "0") &&
                   !strcmp(x->storage->location, "cpu") && x->storage->numel == 6 && !x->requires_grad,
@@ -505,8 +505,8 @@ static void tensor_pickles(void)
                                 "ccollections\nOrderedDict\n)R\x87Rs.";
     if ((rc = tp_parse_pickle(&p, param, sizeof param - 1, "param")) == 0) {
         const tp_value *v = tp_dict_get(tp_pickle_root(p), "p");
-        check(v && v->kind == TP_TENSOR && v->u.t->requires_grad && v->u.t->ndim == 1 &&
-                  v->u.t->shape[0] == 2 && v->u.t->storage->numel == 6,
+        check(v && v->kind == TP_TENSOR && tp_tensor_of(v)->requires_grad && tp_tensor_of(v)->ndim == 1 &&
+                  tp_tensor_of(v)->shape[0] == 2 && tp_tensor_of(v)->storage->numel == 6,
               "_rebuild_parameter: the tensor, requires_grad set");
         tp_pickle_free(p);
     } else
@@ -692,21 +692,21 @@ static void archive_refusals(void)
             "short.pt: tensor 'layer1.0.conv1.weight': the view (storage offset 0, shape [2, 4], stride [4, "
             "1]) reaches element 8 of storage '0', which holds 6 F32 elements",
             "a storage too short for its view (tp_state_dict)");
-        refused(tp_tensor_read(f, tp_dict_get(tp_root(f), "layer1.0.conv1.weight")->u.t,
+        refused(tp_tensor_read(f, tp_tensor_of(tp_dict_get(tp_root(f), "layer1.0.conv1.weight")),
                                "layer1.0.conv1.weight", x, 32),
                 "tensor 'layer1.0.conv1.weight': the view", "the same, tp_tensor_read");
         tp_close(f);
     }
     pt t2 = {"bn.weight", "FloatStorage", "0", 6, 0, 1, {6}, {1}};
     if (open_one(&t2, 20, &f, "entry") == 0) {
-        refused(tp_tensor_read(f, tp_dict_get(tp_root(f), "bn.weight")->u.t, "bn.weight", x, 24),
+        refused(tp_tensor_read(f, tp_tensor_of(tp_dict_get(tp_root(f), "bn.weight")), "bn.weight", x, 24),
                 "tensor 'bn.weight': m/data/0 holds 20 bytes, the pickle declares 6 F32 elements (24 bytes)",
                 "a storage entry shorter than declared");
         tp_close(f);
     }
     pt t3 = {"bn.bias", "FloatStorage", "9", 6, 0, 1, {6}, {1}};
     if (open_one(&t3, 24, &f, "missing") == 0) {
-        refused(tp_tensor_read(f, tp_dict_get(tp_root(f), "bn.bias")->u.t, "bn.bias", x, 24),
+        refused(tp_tensor_read(f, tp_tensor_of(tp_dict_get(tp_root(f), "bn.bias")), "bn.bias", x, 24),
                 "tensor 'bn.bias': m/data/9: missing from the archive", "a storage entry missing");
         tp_close(f);
     }
@@ -716,7 +716,7 @@ static void archive_refusals(void)
     patch_size(path, "m/data/0", 0xfffffff0u);
     int rc = tp_open(&f, path);
     if (rc == 0) {
-        refused(tp_tensor_read(f, tp_dict_get(tp_root(f), "bn.weight")->u.t, "bn.weight", x, 24),
+        refused(tp_tensor_read(f, tp_tensor_of(tp_dict_get(tp_root(f), "bn.weight")), "bn.weight", x, 24),
                 "m/data/0 is stored with 20 bytes but declares 4294967280", "a stored entry declaring 4 GiB");
         tp_close(f);
     } else
@@ -960,7 +960,7 @@ static void model_pt(void)
     if (tp_open(&f, path) == 0) {
         const tp_value *r = tp_root(f), *w = tp_find(r, "state_dict_softmax_fc/weight");
         check(tp_find(r, "global_step")->u.i == 70000 && tp_find(r, "epoch")->u.i == 2 && w &&
-                  w->kind == TP_TENSOR && w->u.t->ndim == 1 && w->u.t->shape[0] == 4,
+                  w->kind == TP_TENSOR && tp_tensor_of(w)->ndim == 1 && tp_tensor_of(w)->shape[0] == 4,
               "its global_step 70000, epoch 2, state_dict_softmax_fc/weight [4] found by path");
         tp_close(f);
     }
@@ -1070,18 +1070,18 @@ static int tool_tensor(char **a)
         tp_close(f);
         return 1;
     }
-    size_t n = (size_t)tp_tensor_numel(v->u.t) * tp_dtype_size(v->u.t->dtype);
+    size_t n = (size_t)tp_tensor_numel(tp_tensor_of(v)) * tp_dtype_size(tp_tensor_of(v)->dtype);
     void *d = xmalloc(n);
-    if (tp_tensor_read(f, v->u.t, a[1], d, n)) {
+    if (tp_tensor_read(f, tp_tensor_of(v), a[1], d, n)) {
         fprintf(stderr, "%s\n", pf_errmsg());
         free(d);
         tp_close(f);
         return 1;
     }
     write_raw(a[2], d, n);
-    printf("%s [", tp_dtype_name(v->u.t->dtype));
-    for (int k = 0; k < v->u.t->ndim; k++)
-        printf("%s%lld", k ? ", " : "", (long long)v->u.t->shape[k]);
+    printf("%s [", tp_dtype_name(tp_tensor_of(v)->dtype));
+    for (int k = 0; k < tp_tensor_of(v)->ndim; k++)
+        printf("%s%lld", k ? ", " : "", (long long)tp_tensor_of(v)->shape[k]);
     printf("]\n");
     free(d);
     tp_close(f);
