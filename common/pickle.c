@@ -152,7 +152,7 @@ static int charge(pk_machine *m, size_t added)
     if (pf_add_size(m->bytes, added, &total) < 0 || total > m->budget) {
         const pk_config *c = m->cfg;
         char fixed[48];
-        if (c->mem_fixed % (1u << 20) == 0)
+        if (c->mem_fixed && c->mem_fixed % (1u << 20) == 0)
             snprintf(fixed, sizeof fixed, "%zu MiB", c->mem_fixed >> 20);
         else
             snprintf(fixed, sizeof fixed, "%zu bytes", c->mem_fixed);
@@ -305,7 +305,7 @@ const char *pk_printable(const char *s, size_t n, char *buf, size_t cap)
 
 const char *pk_kind_name(const pk_value *v)
 {
-    static const char *const names[] = {"?",    "None", "bool",  "int",   "float", "str",
+    static const char *const names[] = {"?",     "None", "bool", "int",   "float", "str",
                                         "tuple", "list", "dict", "bytes", "global"};
     if (v->kind >= PK_USER)
         return v->u.obj.name ? v->u.obj.name : "?";
@@ -767,8 +767,8 @@ static int configure(pk_machine *m, const pk_config *c)
                 oi = &ops[i];
         if (n && !oi)
             return pf_err(-EINVAL, "pickle interpreter: %.*s is not an opcode it runs", (int)n, p);
-        if (oi && ((oi->op == 'R' && !c->reduce) || (oi->op == 'Q' && !c->persid) ||
-                   (oi->op == 'b' && !c->build)))
+        if (oi &&
+            ((oi->op == 'R' && !c->reduce) || (oi->op == 'Q' && !c->persid) || (oi->op == 'b' && !c->build)))
             return pf_err(-EINVAL, "pickle interpreter: %s allowed without its callback", oi->name);
         if (oi)
             m->allowed[oi->op] = 1;

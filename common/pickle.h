@@ -77,7 +77,7 @@ struct pk_value {
             const void *p;     /* what the callback made */
             const char *name;  /* its kind's name for messages ("tensor") */
             const char *aname; /* the same with its article ("a tensor") */
-        } obj;                /* kinds >= PK_USER */
+        } obj;                 /* kinds >= PK_USER */
     } u;
 };
 
@@ -97,7 +97,8 @@ typedef struct pk_config {
     const pk_global *globals;
     size_t nglobals;
     const char *globals_hint; /* after a refused GLOBAL: "only collections.OrderedDict, ..." */
-    /* REDUCE of fn (a PK_GLOBAL of globals) with args (a PK_TUPLE): *out the result, or a refusal (pk_fail). */
+    /* REDUCE of fn (a PK_GLOBAL of globals) with args (a PK_TUPLE): *out the result, or a refusal (pk_fail).
+     */
     int (*reduce)(pk_machine *m, void *user, const pk_value *fn, const pk_value *args, pk_value **out);
     /* BINPERSID of pid (any value): *out the object it names, or a refusal. */
     int (*persid)(pk_machine *m, void *user, const pk_value *pid, pk_value **out);

@@ -90,7 +90,8 @@ struct tp_pickle {
     pk_doc *doc;
 };
 
-/* A storage as the interpreter keeps it: every BINPERSID's, in a list (to check one key's references agree). */
+/* A storage as the interpreter keeps it: every BINPERSID's, in a list (to check one key's references agree).
+ */
 typedef struct stor_node {
     tp_storage s;
     struct stor_node *next;
@@ -141,12 +142,12 @@ static int rebuild_tensor(pk_machine *m, const tp_value *args, tp_value **out)
         return pk_fail(m, "_rebuild_tensor_v2 with %zu arguments (expected 6 or 7)", n);
     if (a[0]->kind != TP_STORAGE || a[2]->kind != TP_TUPLE || a[3]->kind != TP_TUPLE ||
         a[4]->kind != TP_BOOL || a[5]->kind != TP_DICT || (n == 7 && a[6]->kind != TP_DICT))
-        return pk_fail(m,
-                       "_rebuild_tensor_v2(%s, %s, %s, %s, %s, %s%s%s): expected (storage, int, tuple, tuple, "
-                       "bool, dict[, dict])",
-                       pk_kind_name(a[0]), pk_kind_name(a[1]), pk_kind_name(a[2]), pk_kind_name(a[3]),
-                       pk_kind_name(a[4]), pk_kind_name(a[5]), n == 7 ? ", " : "",
-                       n == 7 ? pk_kind_name(a[6]) : "");
+        return pk_fail(
+            m,
+            "_rebuild_tensor_v2(%s, %s, %s, %s, %s, %s%s%s): expected (storage, int, tuple, tuple, "
+            "bool, dict[, dict])",
+            pk_kind_name(a[0]), pk_kind_name(a[1]), pk_kind_name(a[2]), pk_kind_name(a[3]),
+            pk_kind_name(a[4]), pk_kind_name(a[5]), n == 7 ? ", " : "", n == 7 ? pk_kind_name(a[6]) : "");
     size_t nd = a[2]->u.seq.n;
     if (nd > TP_MAX_DIMS || a[3]->u.seq.n != nd)
         return pk_fail(m, "_rebuild_tensor_v2: %zu sizes and %zu strides (equal, at most %d)", nd,
@@ -166,7 +167,8 @@ static int rebuild_tensor(pk_machine *m, const tp_value *args, tp_value **out)
     return new_obj(m, TP_TENSOR, t, out);
 }
 
-/* REDUCE of an allowed global with a tuple: OrderedDict(), _rebuild_tensor_v2(...), _rebuild_parameter(...). */
+/* REDUCE of an allowed global with a tuple: OrderedDict(), _rebuild_tensor_v2(...), _rebuild_parameter(...).
+ */
 static int tp_reduce(pk_machine *m, void *user, const tp_value *f, const tp_value *args, tp_value **out)
 {
     (void)user;

@@ -9,7 +9,8 @@
  * little-endian elements, stored uncompressed by torch), `<folder>/version`, and in newer torch versions
  * `<folder>/byteorder` ("little"; "big" is refused) and other small records, ignored.
  *
- * data.pkl runs on the allow-list interpreter of common/pickle.h, which builds values and never calls anything:
+ * data.pkl runs on the allow-list interpreter of common/pickle.h, which builds values and never calls
+ * anything:
  *   opcodes PROTO FRAME STOP MARK EMPTY_DICT EMPTY_LIST EMPTY_TUPLE BINUNICODE SHORT_BINUNICODE BININT
  * BININT1 BININT2 LONG1 (at most 8 bytes) BINFLOAT NEWTRUE NEWFALSE NONE TUPLE TUPLE1 TUPLE2 TUPLE3 SETITEM
  * SETITEMS APPEND APPENDS BINPUT LONG_BINPUT MEMOIZE BINGET LONG_BINGET GLOBAL REDUCE BINPERSID BUILD; GLOBAL
@@ -64,8 +65,8 @@ typedef enum tp_kind {
     TP_TUPLE = PK_TUPLE,
     TP_LIST = PK_LIST,
     TP_DICT = PK_DICT,
-    TP_GLOBAL = PK_GLOBAL,  /* an allowed class or function that was not called (e.g. a storage type in a tuple) */
-    TP_TENSOR = PK_USER,    /* a tensor (_rebuild_tensor_v2, _rebuild_parameter) */
+    TP_GLOBAL = PK_GLOBAL,    /* an allowed class or function not called (e.g. a storage type in a tuple) */
+    TP_TENSOR = PK_USER,      /* a tensor (_rebuild_tensor_v2, _rebuild_parameter) */
     TP_STORAGE = PK_USER + 1, /* a storage reference not passed to _rebuild_tensor_v2 */
 } tp_kind;
 
