@@ -65,9 +65,22 @@ int ctl_roster_admit(ctl_roster *r, ctl_role role, int rank, ctl_admission *out)
                  limit);
         return out->code;
     }
+    const ctl_seat *s = &r->seats[out->seat];
+    if (r->formed && s->holder && !r->reforming) {
+        /* The seat's member is still connected: this is not its restart (a restarted process's old
+         * connection is gone, or goes at its read deadline) but another process with the run's secret, such
+         * as a second run started on the same rendezvous. Refused; the run goes on. */
+        out->code = EAGAIN;
+        snprintf(out->reason, sizeof out->reason,
+                 "%s rank %d is held by a live member of the formed run (%s): is another run using this "
+                 "rendezvous and secret? retry",
+                 who, rank, s->peer ? s->peer : "?");
+        return out->code;
+    }
     if (r->formed) {
-        /* An authenticated member of the run joins again: it restarted. The run cannot go on; the members
-         * are told once (they exit, to be restarted with resume) and this one retries meanwhile. */
+        /* An authenticated member of the run joins again and its seat is free: it restarted. The run cannot
+         * go on; the members are told once (they exit, to be restarted with resume) and this one retries
+         * meanwhile. */
         out->restarted = !r->reforming;
         r->reforming = 1;
         out->code = EAGAIN;
@@ -75,7 +88,6 @@ int ctl_roster_admit(ctl_roster *r, ctl_role role, int rank, ctl_admission *out)
                  "%s rank %d: the run is re-forming after a member restarted; retry", who, rank);
         return out->code;
     }
-    const ctl_seat *s = &r->seats[out->seat];
     if (s->holder) {
         out->code = EAGAIN;
         snprintf(out->reason, sizeof out->reason,

@@ -73,8 +73,11 @@ ctl_role ctl_roster_role(const ctl_roster *r, int i);
 int ctl_roster_rank(const ctl_roster *r, int i);
 
 /* Decides an authenticated join as (role, rank), in this order: a rank outside the run is refused (ERANGE);
- * once the run formed, every join is a restarted member and is refused with EAGAIN (the first one sets
- * r->reforming and out->restarted, so the caller tells every member once); a rank held by another
+ * once the run formed, a join for a seat whose member is still connected is refused with EAGAIN and changes
+ * nothing (another process with the run's secret: a second run on the same rendezvous; a restarted member's
+ * old connection is gone, or is dropped at its read deadline, before its seat frees); any other join after
+ * the run formed is a restarted member and is refused with EAGAIN (the first one sets r->reforming and
+ * out->restarted, so the caller tells every member once); before the run formed, a rank held by another
  * connection is refused with EAGAIN (its previous process may not be gone yet); otherwise the join takes
  * the seat (out->code 0: the caller then calls ctl_roster_take). Fills *out; returns out->code. */
 int ctl_roster_admit(ctl_roster *r, ctl_role role, int rank, ctl_admission *out);

@@ -105,8 +105,10 @@ static void test_admit_before_forming(void **state)
     ctl_roster_free(&r);
 }
 
-/* After the run formed: every join in range is a restarted member, refused with EAGAIN, and only the first
- * asks for the members to be told; a departure is quiet when said or after the shutdown, else a loss. */
+/* After the run formed: a join for a seat whose member is still connected is refused with EAGAIN and the run
+ * goes on (no re-form); once the seat is free (its member lost), a join is a restarted member, refused with
+ * EAGAIN, and only the first asks for the members to be told, after which every join (held seat or not) is
+ * told the run is re-forming; a departure is quiet when said or after the shutdown, else a loss. */
 static void test_after_forming(void **state)
 {
     (void)state;
@@ -118,18 +120,28 @@ static void test_after_forming(void **state)
     join(&r, CTL_ROLE_WORKER, 1, NULL, 0);
     r.formed = 1;
 
+    /* Every seat held by a connected member: a second process for worker 1 changes nothing. */
+    assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_WORKER, 1, &adm), EAGAIN);
+    assert_int_equal(adm.restarted, 0);
+    assert_int_equal(r.reforming, 0);
+    assert_string_equal(adm.reason, "worker rank 1 is held by a live member of the formed run (127.0.0.1:4000): "
+                                    "is another run using this rendezvous and secret? retry");
+    assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_SERVER, 1, &adm), ERANGE); /* range comes first */
+
+    /* Seats: server 0 = 0, worker 0 = 1, worker 1 = 2 (holder[seat], set by join). Worker 1 crashes; its
+     * restarted process joins: the run re-forms, told once. */
+    assert_int_equal(ctl_roster_release(&r, 2, &holder[2], 0, 0), CTL_GONE_LOST); /* crashed */
     assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_WORKER, 1, &adm), EAGAIN);
     assert_int_equal(adm.restarted, 1);
     assert_int_equal(r.reforming, 1);
     assert_string_equal(adm.reason, "worker rank 1: the run is re-forming after a member restarted; retry");
-    assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_SERVER, 0, &adm), EAGAIN);
+    assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_WORKER, 1, &adm), EAGAIN);
+    assert_int_equal(adm.restarted, 0);
+    assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_SERVER, 0, &adm), EAGAIN); /* held, but re-forming */
     assert_int_equal(adm.restarted, 0);
     assert_string_equal(adm.reason, "server rank 0: the run is re-forming after a member restarted; retry");
-    assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_SERVER, 1, &adm), ERANGE); /* range comes first */
 
-    /* Seats: server 0 = 0, worker 0 = 1, worker 1 = 2 (holder[seat], set by join). */
     assert_int_equal(ctl_roster_release(&r, 1, &holder[1], 1, 0), CTL_GONE_QUIET); /* said it leaves */
-    assert_int_equal(ctl_roster_release(&r, 2, &holder[2], 0, 0), CTL_GONE_LOST);  /* crashed */
     assert_int_equal(ctl_roster_release(&r, 0, &holder[0], 0, 1), CTL_GONE_QUIET); /* after the shutdown */
     assert_int_equal(r.held, 0);
     ctl_roster_free(&r);
