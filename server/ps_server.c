@@ -160,10 +160,14 @@ void pss_metrics_register(ps_server *S)
         metrics_counter("pfcps_server_pushed_rows_total", "Gradient rows received in pushes.", NULL, 0);
     m->pull_requests = metrics_counter("pfcps_server_pull_requests_total", "Pull requests served.", NULL, 0);
     m->push_requests = metrics_counter("pfcps_server_push_requests_total", "Push requests applied.", NULL, 0);
-    m->apply_seconds = metrics_histogram("pfcps_server_apply_seconds", "Time to apply one step's pushes.",
-                                         NULL, 0, metrics_latency_bounds, metrics_latency_nbounds);
-    m->gather_seconds = metrics_histogram("pfcps_server_gather_seconds", "Time to gather one pull's rows.",
-                                          NULL, 0, metrics_latency_bounds, metrics_latency_nbounds);
+    m->apply_seconds = metrics_histogram(
+        "pfcps_server_apply_seconds",
+        "Time of one apply: the complete pushes of one step that had arrived when it started.", NULL, 0,
+        metrics_latency_bounds, metrics_latency_nbounds);
+    m->gather_seconds = metrics_histogram(
+        "pfcps_server_gather_seconds",
+        "Time from the start of a batch of pull replies until this pull's rows are gathered.", NULL, 0,
+        metrics_latency_bounds, metrics_latency_nbounds);
     m->queue_depth = metrics_gauge("pfcps_server_queue_depth",
                                    "Replies waiting for their step or a send buffer, plus complete pushes "
                                    "waiting for an apply.",

@@ -557,9 +557,10 @@ static void worker_cells(const member *m, cell c[NCOL])
         snprintf(c[C_STEPS], sizeof(cell), "%.2f", v);
     if (rate(m, "pfcps_worker_samples_total", &v) == 0)
         snprintf(c[C_SAMPLES], sizeof(cell), "%.1f", v);
-    if (value(p, "pfcps_worker_loss", NULL, 0, &v) == 0)
+    /* NaN before the member's first step: shown as '-' */
+    if (value(p, "pfcps_worker_loss", NULL, 0, &v) == 0 && !isnan(v))
         snprintf(c[C_LOSS], sizeof(cell), "%.4f", v);
-    if (value(p, "pfcps_worker_learning_rate", NULL, 0, &v) == 0)
+    if (value(p, "pfcps_worker_learning_rate", NULL, 0, &v) == 0 && !isnan(v))
         snprintf(c[C_LR], sizeof(cell), "%.4g", v);
     if (increase(m, "pfcps_worker_phase_seconds_sum", wait, 1, &d) == 0 &&
         increase(m, "pfcps_worker_step", NULL, 0, &ds) == 0 && ds > 0)

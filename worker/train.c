@@ -562,6 +562,8 @@ static void metrics_register(trainer *t)
         x->val[i] =
             metrics_gauge("pfcps_worker_verification_accuracy", "Last Accuracy-Flip of the set.", labels, 1);
     }
+    metrics_set(x->loss, NAN); /* no step yet: not a number, not 0 */
+    metrics_set(x->lr, NAN);
     metrics_set(x->step, (double)t->start_step);
     metrics_set(x->epoch, (double)(t->start_step / t->steps_per_epoch));
     metrics_set(x->loss_scale, t->loss_scaling ? (double)t->scaler.scale : 1.0);
