@@ -25,7 +25,8 @@
 # with metrics off (no metrics_address), then with metrics_address = 127.0.0.1:0 on every member and a loop
 # that GETs every member's /metrics once a second (curl, in the background, as a 1 s scrape interval would);
 # one table: warm-up and steady ms/step of both, the ratios on / off (apart), CPU s per step (worker +
-# servers) and its ratio, GETs answered. --pairs N: N such pairs per C (off, on, off, on, ...), a row each.
+# servers) and its ratio, GETs answered. --pairs N: N such pairs per C, a row each (odd pairs: off then on;
+# even pairs: on then off).
 # The series are updated in both runs (the registry is always on); what differs is serving and scraping.
 # One process group at a time (pfcps, then the peer), so the two never compete for memory or the 2 cores.
 # Memory: a C that would take pfcps or the peer above PFCPS_SCALE_MEM_GIB (default 20) or MemAvailable - 1 GiB
@@ -205,8 +206,15 @@ if [ "$scrape" = 1 ]; then
   ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", a / b }'; }
   for C in "${CL[@]}"; do
     for ((p = 1; p <= pairs; p++)); do
-      off=$(run_pfcps "$C" "$rate" scrape-off.$C.$p 0)
-      on=$(run_pfcps "$C" "$rate" scrape-on.$C.$p 1)
+      # Odd pairs run off first, even pairs on first, so that an order effect (the page cache, the memory
+      # the first run leaves) shows as a difference between the pairs instead of hiding in every ratio.
+      if ((p % 2)); then
+        off=$(run_pfcps "$C" "$rate" scrape-off.$C.$p 0)
+        on=$(run_pfcps "$C" "$rate" scrape-on.$C.$p 1)
+      else
+        on=$(run_pfcps "$C" "$rate" scrape-on.$C.$p 1)
+        off=$(run_pfcps "$C" "$rate" scrape-off.$C.$p 0)
+      fi
       if [ -z "$off" ] || [ -z "$on" ]; then
         rows+=("| $C | $p | failed (see $out/scrape-*.$C.$p.worker.log) | | | | | | | | | | |")
         continue
