@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/err.h"
@@ -60,12 +62,36 @@ static const st_tensor *st_pick(const st_file *f, const shard *sh, const char *p
     return *rc < 0 ? NULL : t;
 }
 
+/* The file mapped read-only (a table of millions of rows is not copied into each server's memory: the page
+ * cache holds it once, and a server reads only its rows' pages). */
+static int map_file(const char *path, void **map, size_t *size)
+{
+    struct stat st;
+    int fd = pf_open_regular(path, &st);
+    if (fd < 0)
+        return pf_err_wrap(fd, "%s", path);
+    *size = (size_t)st.st_size;
+    *map = *size ? mmap(NULL, *size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    int e = errno;
+    close(fd);
+    if (*size && *map == MAP_FAILED)
+        return pf_err(-EIO, "%s: cannot map %zu bytes: %s", path, *size, strerror(e));
+    return 0;
+}
+
 static int load_safetensors(shard *sh, const char *path)
 {
     st_file *f = NULL;
-    int rc = st_read(&f, path);
+    void *map = NULL;
+    size_t size = 0;
+    int rc = map_file(path, &map, &size);
     if (rc < 0)
         return rc;
+    if ((rc = st_parse(&f, map, size, path)) < 0) {
+        if (map)
+            munmap(map, size);
+        return rc;
+    }
     const st_tensor *w = st_pick(f, sh, path, "weight", "centers", &rc);
     const st_tensor *m = NULL;
     if (rc == 0 && !w)
@@ -93,6 +119,8 @@ static int load_safetensors(shard *sh, const char *path)
                  w->name, m ? ", momentum from '" : " (momentum 0: no 'momentum' tensor)", m ? m->name : "",
                  m ? "'" : "");
     st_free(f);
+    if (map)
+        munmap(map, size);
     return rc;
 }
 
