@@ -66,6 +66,7 @@ static const key_def keys[] = {
     {"lr_scheduler", "train", K_STR, OFF(lr_scheduler), "polynomial_lr_warmup", 0, 0, 0, 0,
      "polynomial_lr_warmup poly_scheduler", 0, 1},
     {"pretrained", "train", K_STR, OFF(pretrained), "", 0, 0, 0, 0, NULL, 0, 0},
+    {"pretrained_centers", "train", K_STR, OFF(pretrained_centers), "", 0, 0, 0, 0, NULL, 0, 0},
     /* [data] */
     {"rec", "data", K_STR, OFF(rec), "", 0, 0, 0, 0, NULL, 1, 0},
     {"frequent", "data", K_INT, OFF(frequent), "10", 1, INT_MAX, 0, 0, NULL, 0, 0},

@@ -45,6 +45,9 @@ typedef struct pf_config {
                                    "poly_scheduler" (the older PolyScheduler, power 2) */
     char pretrained[CFG_STR]; /* backbone to start from: safetensors (arcface_torch names) or a pfcps
                                  model.ckpt; "" = none */
+    char pretrained_centers[CFG_STR]; /* class centers the servers start from: safetensors (`weight` or
+                                         `centers`, C x D F32, optional `momentum`) or arcface_torch's
+                                         checkpoint_gpu_<r>.pt set (server/centers_load.h); "" = none */
     /* --- data / output --- */
     char rec[CFG_STR];    /* dataset prefix or directory (train.rec/train.idx), or "synthetic"; required */
     int frequent;         /* log every N steps, default 10 */

@@ -3,7 +3,7 @@
  * allowed (by their names in CPython's Lib/pickletools.py), which globals GLOBAL may name, and how REDUCE,
  * BINPERSID and BUILD are resolved (callbacks that build values or refuse); every other opcode, and every
  * other global, is refused naming it and its byte offset. Used by the .bin verification-set reader
- * (worker/eval/binset.c) and torch.save's data.pkl (worker/model/torch_pt.c).
+ * (worker/eval/binset.c) and torch.save's data.pkl (common/torch_pt.c).
  *
  * Opcodes the interpreter knows (a caller may allow any subset; STOP is always needed):
  *   framing    PROTO (0..5), FRAME (its length must fit in what is left), STOP

@@ -281,6 +281,13 @@ static int start_serving(server_daemon *d)
         log_error("cannot load checkpoint step %lld: %s", (long long)book->resume_step, pf_errmsg());
         return -1;
     }
+    if (run->pretrained_centers[0] && book->resume_step > 0) {
+        log_info("pretrained_centers = %s ignored: resuming from checkpoint step %lld",
+                 run->pretrained_centers, (long long)book->resume_step);
+    } else if (run->pretrained_centers[0] && ps_server_load_centers(d->srv, run->pretrained_centers) < 0) {
+        log_error("config key 'pretrained_centers' = %s: %s", run->pretrained_centers, pf_errmsg());
+        return -1;
+    }
     /* The checkpoint interval, and a resumed run's checkpoint as the last one until the next is written
      * (deploy/monitoring/alerts.yml's PfcpsSnapshotStale compares the steps since it with the interval). */
     pf_metric *every = metrics_gauge("pfcps_server_snapshot_every_steps",

@@ -17,6 +17,7 @@
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
+#include "server/centers_load.h"
 #include "server/ps_server_internal.h"
 #include "server/snapshot.h"
 
@@ -386,4 +387,11 @@ int ps_server_load(ps_server *srv, const char *root, int64_t step)
     if (srv->started)
         return pf_err(-EBUSY, "ps_server_load on a started server");
     return snap_load(&srv->sh, root, step, srv->o.ckpt_keyed ? &srv->o.ckpt_key : NULL, &srv->o.ckpt_id);
+}
+
+int ps_server_load_centers(ps_server *srv, const char *path)
+{
+    if (srv->started)
+        return pf_err(-EBUSY, "ps_server_load_centers on a started server");
+    return centers_load(&srv->sh, path);
 }

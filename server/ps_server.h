@@ -106,6 +106,10 @@ const shard *ps_server_shard(const ps_server *srv);
  * ps_server_start, with opts.start_step == step. Returns 0 or the load's error (the server must not serve). */
 int ps_server_load(ps_server *srv, const char *root, int64_t step);
 
+/* Before ps_server_start, for a run that does not resume: the shard's rows from pretrained_centers' file
+ * (server/centers_load.h). Returns 0, -EBUSY on a started server, or centers_load's errors. */
+int ps_server_load_centers(ps_server *srv, const char *path);
+
 /* Counters (approximate while running). */
 void ps_server_stat(ps_server *srv, ps_stat *out);
 

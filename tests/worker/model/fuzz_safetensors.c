@@ -4,7 +4,7 @@
  * match shape x dtype size; every tensor and metadata lookup then works. Any crash, sanitizer report or leak
  * is a bug. */
 #include "common/err.h"
-#include "worker/model/safetensors.h"
+#include "common/safetensors.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* libFuzzer target for worker/model/torch_pt.c. An input starting with "PK" is a whole torch.save archive
+/* libFuzzer target for common/torch_pt.c. An input starting with "PK" is a whole torch.save archive
  * (tp_open_buffer, then every tensor of its state_dict, or of its state_dict_backbone, read whole when it is at
  * most 1 MiB, and its last row); any other input is a data.pkl alone (tp_parse_pickle). A refusal must carry a
  * message and return nothing; a parsed pickle must hold only the kinds of torch_pt.h, its strings
@@ -8,7 +8,7 @@
  * checkpoint_gpu_0.pt of a small network, with a transposed view, a real SGD step's state and a PolynomialLR),
  * their data.pkl, and Python's own pickles of plain values at protocols 2 and 4. */
 #include "common/err.h"
-#include "worker/model/torch_pt.h"
+#include "common/torch_pt.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* worker/model/torch_pt: the allow-list pickle interpreter on pickles written by hand (byte by byte, as
+/* common/torch_pt: the allow-list pickle interpreter on pickles written by hand (byte by byte, as
  * CPython's pickletools.dis lists protocol 2: the values of a checkpoint-like dict read back as written;
  * every opcode and global outside the allow-list, os.system among them, refused naming it and its offset;
  * every prefix of a valid pickle refused; cycles, deep nesting, duplicate keys, bad strings, malformed tensor
@@ -12,8 +12,9 @@
  * naming it. With --forward / --tensor it is the pfcps side of test_torch_pt.py (files written by torch
  * itself): see tool_forward and tool_tensor. */
 #include "common/file.h"
+#include "common/torch_pt.h"
 #include "tests/check.h"
-#include "worker/model/torch_pt.h"
+#include "worker/model/safetensors.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -27,14 +27,14 @@
  * changed after it was placed inside another value (so values form a tree with shared leaves, never a cycle),
  * nesting deeper than TP_MAX_DEPTH, more than TP_MAX_ITEMS elements in one container, one storage key
  * declared with two dtypes or sizes, memory beyond TP_MEM_FIXED + TP_MEM_PER_BYTE x the pickle's size. */
-#ifndef PFCPS_WORKER_MODEL_TORCH_PT_H
-#define PFCPS_WORKER_MODEL_TORCH_PT_H
+#ifndef PFCPS_COMMON_TORCH_PT_H
+#define PFCPS_COMMON_TORCH_PT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/pickle.h"
-#include "worker/model/safetensors.h"
+#include "common/safetensors.h"
 
 #define TP_MAX_DIMS     8
 #define TP_MAX_PICKLE   (16u << 20) /* bytes of data.pkl (arcface_torch's: tens of KiB) */

@@ -1,6 +1,6 @@
 /* torch.save files: the allow-list pickle interpreter, the zip archive (libzip) and the tensors' bytes
  * (rules and limits in torch_pt.h). */
-#include "worker/model/torch_pt.h"
+#include "common/torch_pt.h"
 
 #include <errno.h>
 #include <stdarg.h>
