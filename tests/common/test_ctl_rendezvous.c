@@ -258,18 +258,32 @@ int main(int argc, char **argv)
     }
     printf("%d members received identical books (%zu bytes each, %d entries)\n", S + W, wlen, S + W);
 
-    /* After the run formed, an authenticated join for a rank of the run is a restarted member: every member
-     * is told (it must re-form), and the newcomer is asked to retry until the run re-forms (here: never). */
+    /* After the run formed, a join for a seat whose member is still connected changes nothing: the newcomer
+     * (another process with the run's secret) is refused until its timeout and every member runs on. */
     spawn_timeout = "2";
-    expect_refused("late-dup-server1", "server", 1, SECRET, ETIMEDOUT, "the run is re-forming");
+    expect_refused("late-dup-server1", "server", 1, SECRET, ETIMEDOUT,
+                   "is held by a live member of the formed run");
     for (int i = 0; i < S + W; i++) {
+        int st = wait_kid(member[i], 0.2);
+        CHECK(st == -1, "member %d exited %d after a join for a live member's seat (want: still running)", i,
+              st);
+    }
+    /* Server 1 dies (kill -9): every other member is told it was lost; its restarted process's join is a
+     * restarted member: asked to retry until the run re-forms (here: never), and logged. */
+    kill(kids[member[1]], SIGKILL);
+    wait_kid(member[1], 10.0);
+    expect_refused("restarted-server1", "server", 1, SECRET, ETIMEDOUT, "the run is re-forming");
+    for (int i = 0; i < S + W; i++) {
+        if (i == 1)
+            continue;
         int st = wait_kid(member[i], 10.0);
-        CHECK(st == 3, "member %d exited %d after the restarted member's join (want 3: lost member)", i, st);
+        CHECK(st == 3, "member %d exited %d after server 1 was lost (want 3: lost member)", i, st);
     }
     char *lg = read_file(log_path);
     CHECK(lg && strstr(lg, "joined again"), "the rendezvous did not log the restarted member");
     free(lg);
-    printf("a restarted server[1] joining the formed run: every member told, the newcomer retried\n");
+    printf("a second server[1] while server[1] lives: refused, nobody told; after server[1] died, its restarted "
+           "process: every member told, the newcomer retried\n");
     ctl_rendezvous_stop(rv);
 
     for (int i = 0; i < S + W; i++)
