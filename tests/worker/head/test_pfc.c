@@ -232,8 +232,15 @@ int main(void)
     ok = rc == -EPROTO && strstr(pf_errmsg(), "step 4: 1 of 5 rows") && loss > 69.0776 / B;
     check(ok, "row without a target: %s (loss %.4f)", pf_errmsg(), loss);
     pfc_free(&x);
-    ok = pfc_init(&x, &p, NULL, C, 0.0, 1, B, D) == -EINVAL;
-    check(ok, "sample_rate 0: %s", pf_errmsg());
+    /* sample_rate in [0, 1] (0: positives only, test_sample.c); outside it, refused naming the value. */
+    ok = pfc_init(&x, &p, NULL, C, -0.25, 1, B, D) == -EINVAL &&
+         strstr(pf_errmsg(), "sample_rate -0.25 outside [0, 1]");
+    check(ok, "sample_rate -0.25: %s", pf_errmsg());
+    ok = pfc_init(&x, &p, NULL, C, 1.5, 1, B, D) == -EINVAL &&
+         strstr(pf_errmsg(), "sample_rate 1.5 outside [0, 1]");
+    check(ok, "sample_rate 1.5: %s", pf_errmsg());
+    ok = pfc_init(&x, &p, NULL, C, NAN, 1, B, D) == -EINVAL;
+    check(ok, "sample_rate nan: %s", pf_errmsg());
 
     /* PFC_NO_HOST_HEAD (GPU workers): the same sample as a full pfc at a sample rate that leaves
      * negatives to draw, no host head workspace, and pfc_step refused. */
