@@ -1,6 +1,9 @@
 /* Closed form of skipped dense SGD steps: see dense.h. */
 #include "server/dense.h"
 
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 dense_map dense_identity(void)
@@ -20,14 +23,81 @@ dense_map dense_mul(dense_map a, dense_map b)
                         a.m[2] * b.m[0] + a.m[3] * b.m[2], a.m[2] * b.m[1] + a.m[3] * b.m[3]}};
 }
 
-dense_map dense_compose(const double *lr, int64_t first, int64_t last, double mu, double wd)
+/* M := M * A_t (A_t applied first); *ident: M is still the identity (no step folded in yet). */
+static void extend(dense_map *M, int *ident, double lr, double mu, double wd)
 {
-    if (last < first)
-        return dense_identity();
-    dense_map M = dense_step_map(lr[last], mu, wd);
-    for (int64_t t = last - 1; t >= first; t--)
-        M = dense_mul(M, dense_step_map(lr[t], mu, wd));
-    return M;
+    if (isnan(lr))
+        return; /* a skipped step: the identity */
+    dense_map A = dense_step_map(lr, mu, wd);
+    *M = *ident ? A : dense_mul(*M, A);
+    *ident = 0;
+}
+
+int dense_compose(const double *lr, int64_t first, int64_t last, double mu, double wd, dense_map *M)
+{
+    int ident = 1;
+    *M = dense_identity();
+    for (int64_t t = last; t >= first; t--)
+        extend(M, &ident, lr[t], mu, wd);
+    return ident;
+}
+
+int dense_cache_init(dense_cache *c, int dim)
+{
+    memset(c, 0, sizeof *c);
+    c->last = -1;
+    c->tmp = malloc(sizeof(float) * 2 * (size_t)(dim > 0 ? dim : 1));
+    return c->tmp ? 0 : -ENOMEM;
+}
+
+void dense_cache_free(dense_cache *c)
+{
+    free(c->tab);
+    free(c->ident);
+    free(c->tmp);
+    memset(c, 0, sizeof *c);
+}
+
+enum { CACHE_MAX = 1 << 16 }; /* 2 MiB of maps: gaps longer than 65536 steps are composed directly */
+
+int dense_cache_get(dense_cache *c, const double *lr, int64_t first, int64_t last, double mu, double wd,
+                    dense_map *M)
+{
+    if (last < first) {
+        *M = dense_identity();
+        return 1;
+    }
+    const int64_t i = last - first;
+    if (i >= CACHE_MAX)
+        return dense_compose(lr, first, last, mu, wd, M);
+    if (c->last != last) {
+        c->last = last;
+        c->n = 0;
+    }
+    if (i >= c->cap) {
+        int64_t cap = c->cap ? c->cap : 64;
+        while (cap <= i)
+            cap *= 2;
+        dense_map *t = realloc(c->tab, sizeof(dense_map) * (size_t)cap);
+        if (t)
+            c->tab = t;
+        uint8_t *id = t ? realloc(c->ident, (size_t)cap) : NULL;
+        if (id)
+            c->ident = id;
+        if (!t || !id)
+            return dense_compose(lr, first, last, mu, wd, M); /* same bits, no table */
+        c->cap = cap;
+    }
+    while (c->n <= i) {
+        dense_map m = c->n ? c->tab[c->n - 1] : dense_identity();
+        int ident = c->n ? c->ident[c->n - 1] : 1;
+        extend(&m, &ident, lr[last - c->n], mu, wd);
+        c->tab[c->n] = m;
+        c->ident[c->n] = (uint8_t)ident;
+        c->n++;
+    }
+    *M = c->tab[i];
+    return c->ident[i];
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
@@ -67,6 +137,8 @@ void dense_steps_f32(float *w, float *v, int dim, const double *lr, int64_t firs
 {
     const float muf = (float)mu, wdf = (float)wd;
     for (int64_t t = first; t <= last; t++) {
+        if (isnan(lr[t]))
+            continue;
         const float lrf = (float)lr[t];
         for (int j = 0; j < dim; j++) {
             float dj = 0.0f + wdf * w[j];

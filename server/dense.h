@@ -35,8 +35,31 @@ dense_map dense_step_map(double lr, double mu, double wd);
 dense_map dense_mul(dense_map a, dense_map b);
 
 /* M = A_{last} * ... * A_{first} over the steps first .. last (first applied first), lr[t] the lr of step t,
- * folded as the header says: the identity when last < first. */
-dense_map dense_compose(const double *lr, int64_t first, int64_t last, double mu, double wd);
+ * folded as the header says. A step whose lr is NaN is one the loss scaler skipped (torch's GradScaler skips
+ * the whole optimizer step): its map is the identity and is left out of the product. Returns 1 (and M = the
+ * identity) when no step is left (last < first, or every one skipped): the row must then be left as it is. */
+int dense_compose(const double *lr, int64_t first, int64_t last, double mu, double wd, dense_map *M);
+
+/* The maps M(first, last) for one `last` and many `first`s (the rows of one apply or gather all end at the
+ * same step): tab[i] = dense_compose over last - i .. last, built incrementally in the same association, so
+ * every entry has exactly dense_compose's bits. At most `cap` entries; an older `first` is composed
+ * directly. tmp: room for 2 rows of D floats (a gather's caught-up copy). Owned by one thread. */
+typedef struct dense_cache {
+    int64_t last;  /* the `last` the table is for (-1: none) */
+    int64_t n;     /* entries built */
+    int64_t cap;   /* entries allocated */
+    dense_map *tab;
+    uint8_t *ident;
+    float *tmp;
+} dense_cache;
+
+/* Sets up an empty cache with room for `dim`-float rows. Returns 0 or -ENOMEM. */
+int dense_cache_init(dense_cache *c, int dim);
+void dense_cache_free(dense_cache *c);
+
+/* dense_compose(lr, first, last, mu, wd, M) through the cache (mu, wd must be the same for every call). */
+int dense_cache_get(dense_cache *c, const double *lr, int64_t first, int64_t last, double mu, double wd,
+                    dense_map *M);
 
 /* Applies M to the D elements of a row: each (v[j], w[j]) <- M (v[j], w[j]) as the header says. */
 void dense_apply_row(float *w, float *v, int dim, const dense_map *M);

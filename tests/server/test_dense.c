@@ -69,8 +69,9 @@ static void test_vs_f64_loop(void)
                     v[j] = 0.0f; /* a row never pulled: v = 0 */
                 w0[j] = w[j], v0[j] = v[j];
             }
-            dense_map M = dense_compose(lr, first, last, MU, WD);
-            dense_apply_row(w, v, D, &M);
+            dense_map M;
+            if (!dense_compose(lr, first, last, MU, WD, &M))
+                dense_apply_row(w, v, D, &M);
             for (int j = 0; j < D; j++) {
                 double rw = w0[j], rv = v0[j];
                 steps_f64(&rw, &rv, lr, first, last);
@@ -97,8 +98,26 @@ static void test_lanes(void)
     double lr[40];
     for (int t = 0; t < 40; t++)
         lr[t] = 0.05 + 0.001 * t;
-    dense_map M = dense_compose(lr, 3, 39, MU, WD), M2 = dense_compose(lr, 3, 39, MU, WD);
+    dense_map M, M2;
+    dense_compose(lr, 3, 39, MU, WD, &M);
+    dense_compose(lr, 3, 39, MU, WD, &M2);
     CHECK(memcmp(&M, &M2, sizeof M) == 0, "compose is a function of its arguments");
+    /* The cache gives dense_compose's bits for every first, in any order of requests. */
+    dense_cache c;
+    CHECK(dense_cache_init(&c, 13) == 0, "cache init");
+    const int64_t firsts[] = {30, 3, 39, 0, 17, 40};
+    for (size_t i = 0; i < sizeof firsts / sizeof *firsts; i++) {
+        dense_map a, b;
+        int ia = dense_cache_get(&c, lr, firsts[i], 39, MU, WD, &a), ib = dense_compose(lr, firsts[i], 39, MU, WD, &b);
+        CHECK(ia == ib && memcmp(&a, &b, sizeof a) == 0, "cache == compose for first %lld", (long long)firsts[i]);
+    }
+    dense_cache_free(&c);
+    /* A skipped step (NaN lr) is the identity: composing over it equals composing without it. */
+    double ls[6] = {0.1, 0.09, NAN, 0.08, NAN, NAN}, lk[3] = {0.1, 0.09, 0.08};
+    dense_map sa, sb;
+    int ia = dense_compose(ls, 0, 5, MU, WD, &sa), ib = dense_compose(lk, 0, 2, MU, WD, &sb);
+    CHECK(!ia && !ib && memcmp(&sa, &sb, sizeof sa) == 0, "skipped steps are the identity");
+    CHECK(dense_compose(ls, 4, 5, MU, WD, &sa) == 1, "only skipped steps: identity");
     uint64_t seed = 7;
     float w[13], v[13], w1[13], v1[13];
     for (int j = 0; j < 13; j++) {
@@ -140,7 +159,8 @@ static void test_torch_ref(const char *name)
     memcpy(w32, w, sizeof(float) * (size_t)R * D);
     memcpy(v32, v, sizeof(float) * (size_t)R * D);
     double *lrs = npy_to_f64(&al), *wo = npy_to_f64(&awo), *vo = npy_to_f64(&avo);
-    dense_map M = dense_compose(lrs, 0, K - 1, mu, wd);
+    dense_map M;
+    dense_compose(lrs, 0, K - 1, mu, wd, &M);
     int bad = 0;
     double worst = 0, dev32 = 0, maxw = 0;
     for (int r = 0; r < R; r++) {
@@ -191,7 +211,8 @@ static void measure(void)
         int k = ks[i];
         double t0 = now_s();
         for (int r = 0; r < ROWS; r++) {
-            dense_map M = dense_compose(lr, 0, k - 1, MU, WD);
+            dense_map M;
+            dense_compose(lr, 0, k - 1, MU, WD, &M);
             dense_apply_row(w, v, D, &M);
         }
         double t1 = now_s();
