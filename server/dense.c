@@ -132,6 +132,26 @@ void dense_apply_row(float *restrict w, float *restrict v, int dim, const dense_
     }
 }
 
+PF_DENSE_CLONES
+void dense_apply_w(const float *restrict w, const float *restrict v, float *restrict out, int dim,
+                   const dense_map *M)
+{
+    const double c = M->m[2], d = M->m[3];
+    int j = 0;
+#if defined(__GNUC__)
+    typedef double v4d __attribute__((vector_size(32)));
+    for (; j + 4 <= dim; j += 4) {
+        v4d vv = {v[j], v[j + 1], v[j + 2], v[j + 3]};
+        v4d wv = {w[j], w[j + 1], w[j + 2], w[j + 3]};
+        v4d wn = c * vv + d * wv;
+        for (int k = 0; k < 4; k++)
+            out[j + k] = (float)wn[k];
+    }
+#endif
+    for (; j < dim; j++)
+        out[j] = (float)(c * (double)v[j] + d * (double)w[j]);
+}
+
 void dense_steps_f32(float *w, float *v, int dim, const double *lr, int64_t first, int64_t last, double mu,
                      double wd)
 {

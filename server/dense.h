@@ -64,6 +64,10 @@ int dense_cache_get(dense_cache *c, const double *lr, int64_t first, int64_t las
 /* Applies M to the D elements of a row: each (v[j], w[j]) <- M (v[j], w[j]) as the header says. */
 void dense_apply_row(float *w, float *v, int dim, const dense_map *M);
 
+/* The weights only of dense_apply_row, into out (the same bits as dense_apply_row's w; the row is not
+ * changed): what a pull needs. */
+void dense_apply_w(const float *w, const float *v, float *out, int dim, const dense_map *M);
+
 /* Reference for tests and measurements: the k steps one at a time in float32, torch's order for a zero
  * gradient (d = 0 + wd*w; v = v*mu + d; w = w + (-lr)*v, lr/mu/wd as float, each operation rounded). */
 void dense_steps_f32(float *w, float *v, int dim, const double *lr, int64_t first, int64_t last, double mu,

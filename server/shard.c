@@ -621,7 +621,19 @@ void shard_gather_at(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, vo
             shard_prefetch_row(sh->momentum + (size_t)r * D, sh->dim, 0);
             __builtin_prefetch(&sh->rstep[r], 0, 0);
         }
-        ps_rows_encode((uint8_t *)out + i * rb, dense_view(sh, ids[i] / sh->servers, target, c), D, dtype);
+        /* only the weights: w' = M10 v + M11 w, the bits dense_apply_row would store */
+        const int64_t lrow = ids[i] / sh->servers;
+        float *w = shard_row(sh, lrow);
+        dense_map M;
+        uint8_t *dst = (uint8_t *)out + i * rb;
+        if (dense_map_for(sh, sh->rstep[lrow], target, c, &M)) {
+            ps_rows_encode(dst, w, D, dtype);
+        } else if (dtype == PS_DT_FP32 && ((uintptr_t)dst % sizeof(float)) == 0) {
+            dense_apply_w(w, sh->momentum + (w - sh->weight), (float *)(void *)dst, sh->dim, &M);
+        } else {
+            dense_apply_w(w, sh->momentum + (w - sh->weight), c->tmp, sh->dim, &M);
+            ps_rows_encode(dst, c->tmp, D, dtype);
+        }
     }
 }
 

@@ -128,6 +128,12 @@ static void test_lanes(void)
     for (int j = 0; j < 13; j++)
         dense_apply_row(w1 + j, v1 + j, 1, &M);
     CHECK(memcmp(w, w1, sizeof w) == 0 && memcmp(v, v1, sizeof v) == 0, "vector lanes == scalar tail");
+    /* A pull's weights-only form gives the bits the stored update would. */
+    float wo[13];
+    memcpy(w1, w, sizeof w), memcpy(v1, v, sizeof v);
+    dense_apply_w(w1, v1, wo, 13, &M);
+    dense_apply_row(w1, v1, 13, &M);
+    CHECK(memcmp(wo, w1, sizeof wo) == 0, "dense_apply_w == dense_apply_row's weights");
     /* One step's map is torch's step in double: A = [[mu, wd], [-lr mu, 1 - lr wd]]. */
     dense_map A = dense_step_map(0.1, MU, WD);
     CHECK(A.m[0] == 0.9 && A.m[1] == 5e-4 && A.m[2] == -0.1 * 0.9 && A.m[3] == 1.0 - 0.1 * 5e-4, "A_t");
