@@ -24,6 +24,8 @@ typedef struct pf_config {
     double scale;                          /* logit scale s, default 64 */
     double interclass_filtering_threshold; /* 0 = off */
     char margin_grad[CFG_STR];             /* "straight_through" (default, arcface_torch) or "exact" */
+    char pfc_update[CFG_STR]; /* "dense" (default, PartialFC_V2: every class center moves every step) or
+                                 "sparse" (only the rows a step pulled) */
     int fp16;             /* mixed precision, fp16 body + dynamic loss scaling, default false */
     int bf16;             /* mixed precision, bf16 body, default false (not with fp16) */
     char fp16_overflow_skip[CFG_STR]; /* with fp16, what a step whose gradients overflowed skips: "step"

@@ -68,6 +68,10 @@ typedef struct ps_hdr {
 /* Push flag: once this step's pushes are applied, the server snapshots its shard as checkpoint step + 1
  * (server/snapshot.h). Every worker sets it on the same steps. */
 #define PS_PUSH_SNAPSHOT 1u
+/* Push flag: the loss scaler skipped this optimizer step (the push carries no rows). Under pfc_update = dense
+ * the step then moves no row (torch's GradScaler skips the whole step: no decay, no momentum). Every worker
+ * sets it on the same steps. */
+#define PS_PUSH_SKIPPED 2u
 
 _Static_assert(sizeof(ps_hdr) == 64, "ps_hdr must stay 64 bytes");
 

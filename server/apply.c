@@ -7,6 +7,7 @@
  * decides which step to apply next (local mode: the oldest step whose W pushes are all in; global mode: the
  * oldest complete push), finishes an apply once its threads are done, advances the step clock and starts the
  * snapshots the workers asked for. See ps_server.h for the semantics. */
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -42,8 +43,9 @@ static void add_grad(double *restrict g, const float *restrict x, int D)
 
 /* Updates the rows of segments [s_lo, s_hi): one gradient is applied as it is, several are summed in double
  * in chain order (worker, then chunk, then row order) first, so the result never depends on the threads. */
-static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
+static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, dense_cache *dc)
 {
+    const int64_t t = S->apply_t;
     const int D = S->sh.dim;
     const size_t ahead = (size_t)shard_prefetch_rows(D);
     for (size_t s = s_lo; s < s_hi; s++) {
@@ -56,10 +58,15 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
             shard_prefetch_row(S->sh.weight + off, D, 1);
             shard_prefetch_row(S->sh.momentum + off, D, 1);
             __builtin_prefetch(&S->sh.ready[r], 0, 0);
+            if (S->sh.dense)
+                __builtin_prefetch(&S->sh.rstep[r], 1, 0);
         }
         if (S->snap)
             snap_before_update(S->snap, e0->lrow);
-        float *w = shard_row(&S->sh, e0->lrow);
+        /* pfc_update = dense: first the steps the row skipped (server/dense.h), then this step's update */
+        float *w = S->sh.dense ? shard_dense_catchup(&S->sh, e0->lrow, t, dc) : shard_row(&S->sh, e0->lrow);
+        if (S->sh.dense)
+            S->sh.rstep[e0->lrow] = t + 1;
         float *v = S->sh.momentum + (w - S->sh.weight);
         if (e0->next == ENTRY_END) {
             shard_sgd_row_f32(w, v, e0->g, D, e0->lr, S->o.momentum, S->o.weight_decay);
@@ -77,7 +84,7 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g)
  * compare-and-swap on S->gclaim that also checks the batch, so a thread that woke for an earlier batch claims
  * nothing of a later one it did not read. The batch's jobs stay put until every piece is gathered
  * (pss_gather_job waits for that). Returns the rows this call gathered. */
-static long long gather_pieces(ps_server *S, uint32_t batch, uint32_t until)
+static long long gather_pieces(ps_server *S, uint32_t batch, uint32_t until, dense_cache *dc)
 {
     long long rows = 0;
     for (;;) {
@@ -104,7 +111,7 @@ static long long gather_pieces(ps_server *S, uint32_t batch, uint32_t until)
         const uint32_t r0 = (piece - j->first) * S->gpiece_rows;
         const uint32_t n = j->n - r0 < S->gpiece_rows ? j->n - r0 : S->gpiece_rows;
         const size_t rb = (size_t)S->sh.dim * ps_dtype_size(j->dtype);
-        shard_gather(&S->sh, j->ids + r0, n, j->dtype, j->dst + (size_t)r0 * rb);
+        shard_gather_at(&S->sh, j->ids + r0, n, j->dtype, j->dst + (size_t)r0 * rb, j->target, dc);
         atomic_fetch_add_explicit(&j->done, 1, memory_order_release);
         rows += n;
         if (until != UINT32_MAX && piece + 1 >= S->gj[until].first + S->gj[until].pieces)
@@ -117,6 +124,11 @@ static void *apply_main(void *arg)
     apply_arg *a = arg;
     ps_server *S = a->srv;
     double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
+    dense_cache dc;
+    if (dense_cache_init(&dc, S->sh.dim) < 0) {
+        free(g);
+        g = NULL; /* counted down without work: the apply below reports nothing; cannot happen in practice */
+    }
     uint64_t seen = 0;
     pthread_mutex_lock(&S->am);
     for (;;) {
@@ -128,7 +140,7 @@ static void *apply_main(void *arg)
         if (S->akind == AK_GATHER) {
             uint32_t batch = S->gbatch_wake;
             pthread_mutex_unlock(&S->am);
-            long long rows = gather_pieces(S, batch, UINT32_MAX);
+            long long rows = g ? gather_pieces(S, batch, UINT32_MAX, &dc) : 0;
             atomic_fetch_add_explicit(&S->st_par_rows, rows, memory_order_relaxed);
             pthread_mutex_lock(&S->am);
             continue; /* no count-down: the progress thread waits for the pieces, not the threads */
@@ -136,13 +148,14 @@ static void *apply_main(void *arg)
         size_t n = S->anseg, T = (size_t)S->nathreads;
         pthread_mutex_unlock(&S->am);
         if (g)
-            apply_segments(S, n * (size_t)a->idx / T, n * ((size_t)a->idx + 1) / T, g);
+            apply_segments(S, n * (size_t)a->idx / T, n * ((size_t)a->idx + 1) / T, g, &dc);
         pthread_mutex_lock(&S->am);
         if (--S->aremaining == 0)
             pthread_cond_signal(&S->a_done);
     }
     pthread_mutex_unlock(&S->am);
     free(g);
+    dense_cache_free(&dc);
     free(a);
     return NULL;
 }
@@ -191,6 +204,14 @@ static long apply_start(ps_server *S, int64_t t)
             for (int i = 0; i < p->nchunks; i++)
                 nrows += p->slot[i]->n; /* complete: every slot is filled */
         }
+    /* pfc_update = dense: the lr of step t, which the rows that skip it will need (NaN: the loss scaler
+     * skipped it, and it moves no row) */
+    if (S->sh.dense)
+        for (int i = 0; i < np; i++)
+            if (shard_dense_set_lr(&S->sh, t, ps[i]->skipped ? NAN : (double)ps[i]->lr) < 0) {
+                log_error("apply of step %lld: %s", (long long)t, pf_errmsg());
+                return -ENOMEM;
+            }
     if (apply_reserve(S, nrows) < 0) {
         log_error("apply of step %lld: out of memory for %zu rows", (long long)t, nrows);
         return -ENOMEM;
@@ -240,7 +261,7 @@ static long apply_start(ps_server *S, int64_t t)
         /* Not started: apply on this thread. */
         double *g = malloc(sizeof(double) * (size_t)S->sh.dim);
         if (g)
-            apply_segments(S, 0, nseg, g);
+            apply_segments(S, 0, nseg, g, &S->pcache);
         free(g);
     } else {
         pthread_mutex_lock(&S->am);
@@ -349,6 +370,15 @@ static void snap_begin(ps_server *S, int64_t step)
                  (long long)snap_step(S->snap), (long long)step);
         pss_snap_wait(S);
     }
+    if (S->sh.dense) {
+        /* Every row up to date with the checkpoint's step, in the table: the file holds the dense values and
+         * a run resumed from it continues from the same bits as this one (docs/arcface_parity.md). */
+        double t0 = pf_now_s();
+        for (int64_t r = 0; r < S->sh.rows; r++)
+            shard_dense_catchup(&S->sh, r, step, &S->pcache);
+        log_debug("checkpoint step %lld: %lld dense rows brought up to date in %.3f s", (long long)step,
+                  (long long)S->sh.rows, pf_now_s() - t0);
+    }
     if (snap_start(&S->sh, S->o.snapshot_root, step, &S->o.ckpt_id, S->o.ckpt_keyed ? &S->o.ckpt_key : NULL,
                    &S->snap) < 0) {
         log_error("snapshot step %lld not started: %s (earlier snapshots are untouched; serving on)",
@@ -451,7 +481,7 @@ int pss_apply_init(ps_server *S)
     S->gpiece_rows = 65536u / (4u * (uint32_t)S->o.dim);
     if (S->gpiece_rows < 16)
         S->gpiece_rows = 16;
-    if (!S->gj || !S->sb || !S->aps || !S->amark || !S->ahead)
+    if (!S->gj || !S->sb || !S->aps || !S->amark || !S->ahead || dense_cache_init(&S->pcache, S->o.dim) < 0)
         return pf_err(-ENOMEM, "out of memory for the apply bookkeeping");
     return 0;
 }
@@ -465,6 +495,7 @@ void pss_apply_free(ps_server *S)
     free(S->aps);
     free(S->gj);
     free(S->sb);
+    dense_cache_free(&S->pcache);
     free(S->athreads);
     pthread_mutex_destroy(&S->am);
     pthread_cond_destroy(&S->a_go);
@@ -543,7 +574,7 @@ uint32_t pss_gather_begin(ps_server *S)
 void pss_gather_job(ps_server *S, uint32_t batch, int job)
 {
     gjob *g = &S->gj[job];
-    gather_pieces(S, batch, (uint32_t)job); /* claims up to its last piece */
+    gather_pieces(S, batch, (uint32_t)job, &S->pcache); /* claims up to its last piece */
     while (atomic_load_explicit(&g->done, memory_order_acquire) < g->pieces)
         sched_yield(); /* a piece an apply thread claimed is being gathered */
 }

@@ -70,6 +70,8 @@ static void serve_pending(ps_server *S)
             S->gj[job].dst = rows;
             S->gj[job].n = p->req.n;
             S->gj[job].dtype = p->req.dtype;
+            /* local mode: the table's step; global mode: the pulling worker's own applied steps (its rows) */
+            S->gj[job].target = S->o.global_mode ? S->applied_push[p->req.client] : S->steps_done;
         }
         S->sb[nb++] = (sitem){p, b, len, job};
         S->queued--;
@@ -294,6 +296,12 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
         free(S);
         return rc;
     }
+    if (S->o.dense && (rc = shard_dense_enable(&S->sh, S->o.momentum, S->o.weight_decay, S->o.start_step)) < 0) {
+        shard_destroy(&S->sh);
+        fab_close(S->fab);
+        free(S);
+        return rc;
+    }
     S->nsend = S->o.recv_bufs; /* pss_apply_init sizes the gather batches by the send buffers */
     pss_metrics_register(S);
     /* pss_apply_init first: it sets up the pool's mutex, which ps_server_destroy uses on a failure below. */
@@ -386,7 +394,10 @@ int ps_server_load(ps_server *srv, const char *root, int64_t step)
 {
     if (srv->started)
         return pf_err(-EBUSY, "ps_server_load on a started server");
-    return snap_load(&srv->sh, root, step, srv->o.ckpt_keyed ? &srv->o.ckpt_key : NULL, &srv->o.ckpt_id);
+    int rc = snap_load(&srv->sh, root, step, srv->o.ckpt_keyed ? &srv->o.ckpt_key : NULL, &srv->o.ckpt_id);
+    if (rc == 0)
+        shard_dense_reset(&srv->sh, step); /* checkpoints hold dense rows up to date with their step */
+    return rc;
 }
 
 int ps_server_load_centers(ps_server *srv, const char *path)

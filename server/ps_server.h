@@ -63,6 +63,8 @@ typedef struct ps_server_opts {
     int prefault;         /* back every page of the table at start (shard_create) */
     int fill;             /* center_init = eager: ps_server_start generates every class center in a background
                              thread (shard_fill_start); 0: each on its first pull or push */
+    int dense;            /* pfc_update = dense: every row moves every step (server/dense.h), rows a step did not
+                             touch brought up to date when next read or written; 0: sparse */
     int global_mode;      /* head_mode = global: each row has one owner, pushes apply on arrival and a
                              pull waits only for the same worker's earlier pushes (read-your-writes) */
     const char *snapshot_root; /* checkpoint root (common/ckpt.h) for PS_PUSH_SNAPSHOT; NULL: snapshots off */

@@ -41,6 +41,7 @@ typedef struct push {
     int64_t step;
     float lr;
     int snap; /* PS_PUSH_SNAPSHOT was set */
+    int skipped; /* PS_PUSH_SKIPPED was set */
     uint16_t nchunks, got;
     chunk **slot; /* [nchunks]: chunk i, or NULL until it came */
 } push;
@@ -51,6 +52,7 @@ typedef struct gjob {
     const int64_t *ids;
     uint8_t *dst; /* the reply's rows in the send buffer */
     uint32_t n, dtype;
+    int64_t target; /* dense shards: the rows as they stand after this many steps */
     uint32_t first, pieces; /* its pieces are first .. first + pieces - 1 of the batch */
     atomic_uint done;       /* pieces gathered */
 } gjob;
@@ -168,6 +170,7 @@ struct ps_server {
     int applying;             /* an apply's threads are running (apply_start .. apply_finish) */
     int64_t apply_t;          /* the step being applied */
     int apply_snap;           /* local mode: a push of it asked for a snapshot */
+    dense_cache pcache;       /* the progress thread's maps of skipped dense steps (gathers, snapshots) */
 };
 
 /* ---------- request.c: requests, replies, the step clock ---------- */

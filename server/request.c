@@ -194,7 +194,7 @@ static int push_check(const ps_server *S, const ps_hdr *h, size_t plen, const pu
         snprintf(msg, msglen, "push chunk %u of %u is invalid", h->chunk, h->nchunks);
         return -EPROTO;
     }
-    if (h->flags & ~PS_PUSH_SNAPSHOT) {
+    if (h->flags & ~(PS_PUSH_SNAPSHOT | PS_PUSH_SKIPPED)) {
         snprintf(msg, msglen, "push flags 0x%x has unknown bits", h->flags);
         return -EPROTO;
     }
@@ -273,6 +273,7 @@ static push *push_start(ps_server *S, const ps_hdr *h)
     cur->step = h->step;
     cur->lr = h->lr;
     cur->snap = (h->flags & PS_PUSH_SNAPSHOT) != 0;
+    cur->skipped = (h->flags & PS_PUSH_SKIPPED) != 0;
     cur->nchunks = h->nchunks;
     cur->slot = slot;
     S->partial[h->client] = cur;
@@ -392,7 +393,7 @@ void pss_handle_msg(ps_server *S, const uint8_t *buf, size_t len)
             memcpy(p->payload, &st, sizeof(st));
             p->payload_len = sizeof(st);
         } else {
-            uint64_t sum = shard_checksum(&S->sh);
+            uint64_t sum = shard_checksum_at(&S->sh, S->steps_done); /* dense: rows as after steps_done */
             memcpy(p->payload, &sum, sizeof(sum));
             p->payload_len = sizeof(sum);
         }

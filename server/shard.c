@@ -437,6 +437,8 @@ void shard_destroy(shard *sh)
     if (sh->base)
         munmap(sh->base, sh->bytes);
     free(sh->ready);
+    free(sh->rstep);
+    free(sh->step_lr);
     memset(sh, 0, sizeof(*sh));
 }
 
@@ -524,6 +526,169 @@ void shard_sgd_row(float *w, float *v, const double *g, int dim, double lr, doub
             gf[j] = (float)g[j0 + j];
         shard_sgd_row_f32(w + j0, v + j0, gf, n, lr, mu, wd);
     }
+}
+
+int shard_dense_enable(shard *sh, double mu, double wd, int64_t start_step)
+{
+    sh->rstep = malloc(sizeof(int64_t) * (size_t)(sh->rows ? sh->rows : 1));
+    if (!sh->rstep)
+        return pf_err(-ENOMEM, "out of memory for the dense update's row steps (%lld rows)", (long long)sh->rows);
+    sh->dense = 1;
+    sh->mu = mu;
+    sh->wd = wd;
+    shard_dense_reset(sh, start_step);
+    return 0;
+}
+
+void shard_dense_reset(shard *sh, int64_t step)
+{
+    if (!sh->rstep)
+        return;
+    for (int64_t r = 0; r < sh->rows; r++)
+        sh->rstep[r] = step;
+}
+
+int shard_dense_set_lr(shard *sh, int64_t t, double lr)
+{
+    if (t < 0)
+        return -EINVAL;
+    if (t >= sh->lr_cap) {
+        int64_t cap = sh->lr_cap ? sh->lr_cap : 1024;
+        while (cap <= t)
+            cap *= 2;
+        double *p = realloc(sh->step_lr, sizeof(double) * (size_t)cap);
+        if (!p)
+            return pf_err(-ENOMEM, "out of memory for the lr of %lld steps", (long long)cap);
+        for (int64_t i = sh->lr_cap; i < cap; i++)
+            p[i] = NAN;
+        sh->step_lr = p;
+        sh->lr_cap = cap;
+    }
+    sh->step_lr[t] = lr;
+    return 0;
+}
+
+/* The map that brings a row up to date with `target` from `from` steps; 1 when there is nothing to do. */
+static int dense_map_for(shard *sh, int64_t from, int64_t target, dense_cache *c, dense_map *M)
+{
+    if (from >= target)
+        return 1;
+    if (target - 1 >= sh->lr_cap) /* a step whose lr never came: cannot happen (every push records its lr) */
+        target = sh->lr_cap;
+    return dense_cache_get(c, sh->step_lr, from, target - 1, sh->mu, sh->wd, M);
+}
+
+float *shard_dense_catchup(shard *sh, int64_t lrow, int64_t target, dense_cache *c)
+{
+    float *w = shard_row(sh, lrow);
+    if (!sh->dense || sh->rstep[lrow] >= target)
+        return w;
+    dense_map M;
+    if (!dense_map_for(sh, sh->rstep[lrow], target, c, &M))
+        dense_apply_row(w, sh->momentum + (w - sh->weight), sh->dim, &M);
+    sh->rstep[lrow] = target;
+    return w;
+}
+
+/* Row lrow as it stands after `target` steps: the table's row, or c's scratch holding the caught-up copy
+ * (weights, then momentum at + D). */
+static const float *dense_view(shard *sh, int64_t lrow, int64_t target, dense_cache *c)
+{
+    float *w = shard_row(sh, lrow);
+    dense_map M;
+    if (!sh->dense || dense_map_for(sh, sh->rstep[lrow], target, c, &M))
+        return w;
+    const size_t D = (size_t)sh->dim;
+    memcpy(c->tmp, w, sizeof(float) * D);
+    memcpy(c->tmp + D, sh->momentum + (w - sh->weight), sizeof(float) * D);
+    dense_apply_row(c->tmp, c->tmp + D, sh->dim, &M);
+    return c->tmp;
+}
+
+void shard_gather_at(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, void *out, int64_t target,
+                     dense_cache *c)
+{
+    if (!sh->dense) {
+        shard_gather(sh, ids, n, dtype, out);
+        return;
+    }
+    const size_t D = (size_t)sh->dim, rb = D * ps_dtype_size(dtype);
+    const size_t ahead = (size_t)shard_prefetch_rows(sh->dim);
+    for (size_t i = 0; i < n; i++) {
+        if (i + ahead < n) {
+            const int64_t r = ids[i + ahead] / sh->servers;
+            shard_prefetch_row(sh->weight + (size_t)r * D, sh->dim, 0);
+            shard_prefetch_row(sh->momentum + (size_t)r * D, sh->dim, 0);
+            __builtin_prefetch(&sh->rstep[r], 0, 0);
+        }
+        /* only the weights: w' = M10 v + M11 w, the bits dense_apply_row would store */
+        const int64_t lrow = ids[i] / sh->servers;
+        float *w = shard_row(sh, lrow);
+        dense_map M;
+        uint8_t *dst = (uint8_t *)out + i * rb;
+        if (dense_map_for(sh, sh->rstep[lrow], target, c, &M)) {
+            ps_rows_encode(dst, w, D, dtype);
+        } else if (dtype == PS_DT_FP32 && ((uintptr_t)dst % sizeof(float)) == 0) {
+            dense_apply_w(w, sh->momentum + (w - sh->weight), (float *)(void *)dst, sh->dim, &M);
+        } else {
+            dense_apply_w(w, sh->momentum + (w - sh->weight), c->tmp, sh->dim, &M);
+            ps_rows_encode(dst, c->tmp, D, dtype);
+        }
+    }
+}
+
+/* The FNV-1a-style fold of n floats (as 8-byte words, a last odd float alone) into h. */
+static uint64_t hash_floats(uint64_t h, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n / 2; i++) {
+        uint64_t word;
+        memcpy(&word, x + 2 * i, 8);
+        h = (h ^ word) * 0x100000001b3ull;
+    }
+    if (n & 1) {
+        uint32_t last;
+        memcpy(&last, x + n - 1, 4);
+        h = (h ^ last) * 0x100000001b3ull;
+    }
+    return h;
+}
+
+uint64_t shard_checksum_at(shard *sh, int64_t target)
+{
+    if (!sh->dense)
+        return shard_checksum(sh);
+    dense_cache c;
+    if (dense_cache_init(&c, sh->dim) < 0)
+        return 0;
+    const size_t D = (size_t)sh->dim;
+    /* The same words in the same order as shard_checksum: every weight, then every momentum. A row's
+     * caught-up weights and momentum come out together, so the momentum pass computes them again. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int p = 0; p < 2; p++) {
+        int have = 0; /* odd D: the 8-byte words straddle rows, as in shard_checksum's flat arrays */
+        float pair[2];
+        for (int64_t r = 0; r < sh->rows; r++) {
+            const float *x = dense_view(sh, r, target, &c);
+            const float *src = x == c.tmp ? c.tmp + (p ? D : 0) : (p ? sh->momentum + (size_t)r * D : x);
+            size_t j = 0;
+            if (have) {
+                pair[1] = src[j++];
+                h = hash_floats(h, pair, 2);
+                have = 0;
+            }
+            const size_t even = (D - j) & ~(size_t)1;
+            h = hash_floats(h, src + j, even); /* src + j may be 4-byte aligned only: hash_floats copies */
+            j += even;
+            if (j < D) {
+                pair[0] = src[j];
+                have = 1;
+            }
+        }
+        if (have)
+            h = hash_floats(h, pair, 1);
+    }
+    dense_cache_free(&c);
+    return h;
 }
 
 uint64_t shard_checksum(shard *sh)

@@ -195,7 +195,8 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
     t0 = pf_now_s();
     ph[PH_BACKBONE] += t0 - t1;
     if (rc == 0)
-        rc = ps_push_ex(t->net.ps, ids, skip ? 0 : (size_t)k, t->wd.grad_centers, (float)lr, step, push_flags,
+        rc = ps_push_ex(t->net.ps, ids, skip ? 0 : (size_t)k, t->wd.grad_centers, (float)lr, step,
+                        push_flags | (skip ? PS_PUSH_SKIPPED : 0u),
                         &push);
     t1 = pf_now_s();
     ph[PH_PUSH] = t1 - t0;

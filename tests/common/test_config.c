@@ -43,6 +43,7 @@ static void test_defaults(void **state)
     assert_true(c.scale == 64.0);
     assert_true(c.interclass_filtering_threshold == 0.0);
     assert_string_equal(c.margin_grad, "straight_through"); /* arcface_torch's margin under no_grad */
+    assert_string_equal(c.pfc_update, "dense"); /* PartialFC_V2: SGD over the whole table every step */
     assert_int_equal(c.fp16, 0);
     assert_string_equal(c.device, "cpu");
     assert_string_equal(c.optimizer, "sgd");
@@ -254,6 +255,7 @@ static void assert_same_config(const pf_config *a, const pf_config *b)
     SAME_NUM(scale);
     SAME_NUM(interclass_filtering_threshold);
     SAME_STR(margin_grad);
+    SAME_STR(pfc_update);
     SAME_NUM(fp16);
     SAME_NUM(bf16);
     SAME_STR(device);
@@ -300,6 +302,7 @@ static void test_round_trip(void **state)
                           "sample_rate=0.1",
                           "lr_scheduler=poly_scheduler",
                           "margin_grad=exact",
+                          "pfc_update=sparse",
                           "fp16=1",
                           "output=  \"quoted\"  ",
                           "wire_dtype=fp16",

@@ -2,6 +2,8 @@
 are in tests/reference/README.md, copied into the output folder):
   OUT/head/head_<margin>_<grad_mode>_N<N>_K<K>_D<D>   4 margins x 2 gradient modes x 3 sizes
   OUT/head/sgd_rows_R<R>_D<D>                         one SGD step (momentum, weight decay) on R rows
+  OUT/head/dense_skip_K<K>_R<R>_D<D>                  K zero-gradient SGD steps (PartialFC_V2's update of
+                                                      unsampled rows) on R rows, lr of each step given
   OUT/backbone/iresnet_tiny_1111_w8, iresnet_small_2222_w16
                                                       one training-mode forward and backward of a narrow
                                                       arcface_torch iresnet (tests/tools/arcface_nets.py)
@@ -34,6 +36,7 @@ HEAD_SIZES = ((5, 7, 512), (8, 50, 16), (32, 1000, 128))  # (N, K, D)
 SCALE = 64.0
 SGD_SIZES = ((10, 16), (300, 512))  # (R, D)
 SGD = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005}
+DENSE_SKIPS = ((1, 20, 64), (7, 20, 64), (300, 8, 512))  # (K, R, D)
 BACKBONES = (  # (case, layers, width of the first stage, num_features, batch)
     ("iresnet_tiny_1111_w8", (1, 1, 1, 1), 8, 32, 2),
     ("iresnet_small_2222_w16", (2, 2, 2, 2), 16, 64, 3),
@@ -136,6 +139,32 @@ def sgd_case(out, name, R, D, src):
     write_meta(folder, dict({"R": R, "D": D}, **SGD), indent=None)
 
 
+def dense_skip_case(out, name, K, R, D, src):
+    """K steps of torch.optim.SGD (momentum, weight decay) with zero gradients on R rows, the lr of step i
+    from `lrs` (a linear decay, as PolynomialLRWarmup's): what PartialFC_V2 does to a row no step sampled."""
+    import torch
+    if src:
+        weight, mom, lrs = load(src, "weight"), load(src, "momentum"), load(src, "lrs")
+    else:
+        g = generator(name)
+        weight = torch.randn(R, D, generator=g, dtype=torch.float32) * 0.05
+        mom = torch.randn(R, D, generator=g, dtype=torch.float32) * 0.01
+        lrs = torch.tensor([0.1 * (1.0 - (i + 40) / 1000.0) for i in range(K)], dtype=torch.float64)
+    p = torch.nn.Parameter(weight.double().clone())
+    opt = torch.optim.SGD([p], lr=float(lrs[0]), momentum=SGD["momentum"], weight_decay=SGD["weight_decay"])
+    opt.state[p]["momentum_buffer"] = mom.double().clone()
+    for i in range(K):
+        opt.param_groups[0]["lr"] = float(lrs[i])
+        p.grad = torch.zeros_like(p.data)
+        opt.step()
+    folder = os.path.join(out, "head", name)
+    for k, v in (("weight", weight), ("momentum", mom), ("lrs", lrs),
+                 ("momentum_out", opt.state[p]["momentum_buffer"]), ("weight_out", p.data)):
+        save(folder, k, v)
+    write_meta(folder, {"K": K, "R": R, "D": D, "momentum": SGD["momentum"],
+                        "weight_decay": SGD["weight_decay"]}, indent=None)
+
+
 def backbone_case(out, name, layers, width, num_features, batch, src):
     """A narrow arcface_torch iresnet: initial parameters, one training-mode forward and backward in float64,
     the BatchNorm running statistics it leaves and an eval-mode forward with them."""
@@ -194,13 +223,16 @@ def cases():
     for R, D in SGD_SIZES:
         name = "sgd_rows_R%d_D%d" % (R, D)
         yield "head", name, (lambda o, s, a=(name, R, D): sgd_case(o, *a, s))
+    for K, R, D in DENSE_SKIPS:
+        name = "dense_skip_K%d_R%d_D%d" % (K, R, D)
+        yield "head", name, (lambda o, s, a=(name, K, R, D): dense_skip_case(o, *a, s))
     for b in BACKBONES:
         yield "backbone", b[0], (lambda o, s, a=b: backbone_case(o, *a, s))
 
 
 def expected_files(folder):
     """The .npy files under folder that hold expected outputs (not the inputs), relative to folder."""
-    inputs = {"embeddings", "centers", "labels", "weight", "grad", "momentum", "input", "grad_output"}
+    inputs = {"embeddings", "centers", "labels", "weight", "grad", "momentum", "input", "grad_output", "lrs"}
     found = []
     for root, _, files in os.walk(folder):
         for f in files:

@@ -284,7 +284,9 @@ static int t_same_row(void)
     return finish(&cl, 0);
 }
 
-/* --- 1000 concurrent random pushes (2 workers x 500 steps) vs single-threaded float64 replay --- */
+/* --- 1000 concurrent random pushes (2 workers x 500 steps) vs single-threaded float64 replay ---
+ * pfc_update = dense (the default): the replay moves every row every step (a row no push touched with a zero
+ * gradient: torch.optim.SGD over the whole table); random_sparse: pfc_update = sparse, only pushed rows. */
 #define RND_C     200
 #define RND_D     8
 #define RND_STEPS 500
@@ -321,10 +323,10 @@ static void *rnd_thread(void *p)
     return NULL;
 }
 
-static int t_random(void)
+static int t_random(int sparse)
 {
     pst_cluster cl;
-    int rc = pst_start(&cl, 2, 2, RND_C, RND_D, NULL, 120);
+    int rc = pst_start(&cl, 2, 2, RND_C, RND_D, sparse ? "[train]\npfc_update = sparse\n" : NULL, 120);
     if (rc)
         return rc;
     ps_client *c[2];
@@ -365,8 +367,8 @@ static int t_random(void)
             }
         }
         for (int r = 0; r < RND_C; r++) {
-            if (!touched[r])
-                continue;
+            if (!touched[r] && sparse)
+                continue; /* dense: G[r] = 0, decay and momentum still run */
             for (int j = 0; j < RND_D; j++) {
                 V[r][j] = MU * V[r][j] + (G[r][j] + WD * W[r][j]);
                 W[r][j] -= (double)rnd_lr(t) * V[r][j];
@@ -380,8 +382,8 @@ static int t_random(void)
     if (pull_wait(c[0], all, RND_C, got, RND_STEPS))
         return finish(&cl, 1);
     double err = rel_err_f32_f64(got, &W[0][0], RND_C * RND_D);
-    printf("table after %d steps vs float64 replay: rel err %.3g (max abs %.3g), tolerance 1e-5\n", RND_STEPS,
-           err, max_abs_err_f32_f64(got, &W[0][0], RND_C * RND_D));
+    printf("%s: table after %d steps vs float64 replay: rel err %.3g (max abs %.3g), tolerance 1e-5\n",
+           sparse ? "sparse" : "dense", RND_STEPS, err, max_abs_err_f32_f64(got, &W[0][0], RND_C * RND_D));
     CHECK(err < 1e-5, "replay mismatch %g (lost or doubled update?)", err);
     for (int s = 0; s < 2; s++) {
         ps_stat st;
@@ -1126,7 +1128,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) {
         printf("usage: test_ps_mp "
-               "init|sgd_ref|same_row|random|bsp|ssp|global|bad|kill|sigterm|scale|refuse|forming\n");
+               "init|sgd_ref|same_row|random|random_sparse|bsp|ssp|global|bad|kill|sigterm|scale|refuse|forming\n");
         return 1;
     }
     const char *t = argv[1];
@@ -1137,7 +1139,9 @@ int main(int argc, char **argv)
     if (!strcmp(t, "same_row"))
         return t_same_row();
     if (!strcmp(t, "random"))
-        return t_random();
+        return t_random(0);
+    if (!strcmp(t, "random_sparse"))
+        return t_random(1);
     if (!strcmp(t, "bsp"))
         return t_bsp();
     if (!strcmp(t, "ssp"))

@@ -13,10 +13,12 @@ source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=recovery-secret
 pack_orl 10
 
-# write_cfg NAME [LINE...]: $TMP/NAME.ini (cluster.sh ckpt_ini: 6 epochs, 2 + 2, keep 2, 10 classes).
+# write_cfg NAME [LINE...]: $TMP/NAME.ini (cluster.sh ckpt_ini: 6 epochs, 2 + 2, keep 2; a table of 40 classes
+# for the 10 identities, sampled at 0.25, so that under pfc_update = dense (the default) most rows move by the
+# closed form of the steps they skipped, and the byte-identity below covers it).
 write_cfg() {
   local name=$1; shift
-  ckpt_ini "$name" 6 2 2 2 10 "$@"
+  ckpt_ini "$name" 6 2 2 2 40 "sample_rate = 0.25" "$@"
 }
 
 # final_line DIR: the newest complete checkpoint's ckpt-info line without its size.
