@@ -87,18 +87,24 @@ int pf_open_regular(const char *path, struct stat *st_out)
     return settle_fd(fd, 0, st_out);
 }
 
-int pf_fopen_regular(const char *path, FILE **f)
+/* *f = fd as a stdio stream in `mode`; fd (a descriptor, or a negative error code passed through) is closed
+ * when the stream cannot be made. Returns 0, fd's error, or -ENOMEM "out of memory". */
+static int stream_of(int fd, const char *mode, FILE **f)
 {
     *f = NULL;
-    int fd = pf_open_regular(path, NULL);
     if (fd < 0)
         return fd;
-    *f = fdopen(fd, "rb");
+    *f = fdopen(fd, mode);
     if (!*f) {
         close(fd);
         return pf_err(-ENOMEM, "out of memory");
     }
     return 0;
+}
+
+int pf_fopen_regular(const char *path, FILE **f)
+{
+    return stream_of(pf_open_regular(path, NULL), "rb", f);
 }
 
 int pf_open_output(const char *path, int flags, mode_t mode)
@@ -119,16 +125,7 @@ int pf_open_output(const char *path, int flags, mode_t mode)
 
 int pf_fopen_output(const char *path, int append, FILE **f)
 {
-    *f = NULL;
-    int fd = pf_open_output(path, O_CREAT | (append ? O_APPEND : O_TRUNC), 0644);
-    if (fd < 0)
-        return fd;
-    *f = fdopen(fd, append ? "a" : "w");
-    if (!*f) {
-        close(fd);
-        return pf_err(-ENOMEM, "out of memory");
-    }
-    return 0;
+    return stream_of(pf_open_output(path, O_CREAT | (append ? O_APPEND : O_TRUNC), 0644), append ? "a" : "w", f);
 }
 
 /* Reads until n bytes are in buf or the file ends: *got = how many. Returns 0 or -EIO "read failed: ...". */

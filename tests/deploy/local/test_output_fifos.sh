@@ -15,39 +15,30 @@ output = $TMP/out
 $ONE_STEP_DATA
 INI
 }
+# one_step WHAT WANT_RC PATTERN TRACE: a 1 + 1 run of one step with --trace TRACE; worker 0 must exit within
+# 60 s with WANT_RC and log a line matching PATTERN; the servers are stopped.
+one_step() {
+  local what=$1 want=$2 pattern=$3 trace=$4 rc=0
+  write_one_step "$TMP/run.ini"
+  start_cluster "$TMP/run.ini" 1 1 --trace "$trace" --max-steps 1
+  wait_exit "${WPIDS[0]}" 60 || { show_logs; die "$what: worker blocked for 60 s"; }
+  wait "${WPIDS[0]}" || rc=$?
+  expect_eq "$what: worker exit" "$rc" "$want"
+  expect_grep "$what: named" "$pattern" "$TMP/worker0.log"
+  stop_servers
+}
 mkfifo "$TMP/trace.fifo"
-write_one_step "$TMP/run.ini"
-start_cluster "$TMP/run.ini" 1 1 --trace "$TMP/trace.fifo" --max-steps 1
-wait_exit "${WPIDS[0]}" 30 || { show_logs; die "worker blocked on the trace FIFO for 30 s"; }
-rc=0; wait "${WPIDS[0]}" || rc=$?
-expect_eq "worker exit with the trace at a FIFO" "$rc" 1
-expect_grep "trace FIFO refused" "cannot write trace file '$TMP/trace.fifo': a FIFO, not a regular file" \
-  "$TMP/worker0.log"
-stop_servers
-
+refused="cannot write trace file '$TMP/trace.fifo': a FIFO, not a regular file"
+one_step "trace at a FIFO" 1 "$refused" "$TMP/trace.fifo"
 # The same with a reader holding the FIFO open (a write would succeed until the pipe fills).
 exec 7<>"$TMP/trace.fifo"
-write_one_step "$TMP/run.ini"
-start_cluster "$TMP/run.ini" 1 1 --trace "$TMP/trace.fifo" --max-steps 1
-wait_exit "${WPIDS[0]}" 30 || { show_logs; die "worker blocked on the read-open trace FIFO for 30 s"; }
-rc=0; wait "${WPIDS[0]}" || rc=$?
-expect_eq "worker exit with the trace at a read-open FIFO" "$rc" 1
-expect_grep "read-open trace FIFO refused" "cannot write trace file '$TMP/trace.fifo': a FIFO, not a regular file" \
-  "$TMP/worker0.log"
+one_step "trace at a read-open FIFO" 1 "$refused" "$TMP/trace.fifo"
 exec 7>&-
-stop_servers
 
 # training.log at a FIFO: a warning, and the step is trained.
 mkdir -p "$TMP/out"
 rm -f "$TMP/out/training.log"
 mkfifo "$TMP/out/training.log"
-write_one_step "$TMP/run.ini"
-start_cluster "$TMP/run.ini" 1 1 --trace "$TMP/trace" --max-steps 1
-wait_exit "${WPIDS[0]}" 60 || { show_logs; die "worker blocked on the training.log FIFO for 60 s"; }
-rc=0; wait "${WPIDS[0]}" || rc=$?
-expect_eq "worker exit with training.log at a FIFO" "$rc" 0
-expect_grep "training.log FIFO warned" "cannot write $TMP/out/training.log: a FIFO, not a regular file" \
-  "$TMP/worker0.log"
+one_step "training.log at a FIFO" 0 "cannot write $TMP/out/training.log: a FIFO, not a regular file" "$TMP/trace"
 expect_eq "steps traced with training.log at a FIFO" "$(wc -l <"$TMP/trace")" 1
-stop_servers
 expect_summary

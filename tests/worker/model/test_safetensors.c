@@ -7,6 +7,7 @@
  * a safetensors file or a model.ckpt is refused naming the file, tensor and element, and a FIFO at once. (The
  * files' readability by the `safetensors` package and PyTorch is tests/tools/test_export.py.) */
 #include "tests/check.h"
+#include "tests/worker/model/model_make.h"
 #include "worker/model/safetensors.h"
 
 #include <math.h>
@@ -24,32 +25,7 @@ static char dir[64];
  */
 static model *make(const char *net, int D, uint64_t seed)
 {
-    model *m;
-    if (model_create(&m, net, D, B))
-        DIE("model_create %s: %s", net, pf_errmsg());
-    model_init(m, seed);
-    rng_state = seed * 2654435761u + 1;
-    float *p = malloc(model_num_params(m) * sizeof(float));
-    float *b = malloc(model_num_buffer_floats(m) * sizeof(float));
-    if (!p || !b || model_get_params(m, p) || model_get_buffers(m, b))
-        DIE("host copies: %s", pf_errmsg());
-    for (int i = 0; i < model_num_tensors(m); i++) {
-        const model_tensor *t = model_tensor_at(m, i);
-        if (t->ndim == 1 && !(t->flags & MODEL_TENSOR_FIXED))
-            for (size_t k = 0; k < t->count; k++)
-                p[t->offset + k] += frand(-0.2f, 0.2f);
-    }
-    for (int i = 0; i < model_num_buffer_tensors(m); i++) {
-        const model_tensor *t = model_buffer_tensor_at(m, i);
-        int var = strstr(t->name, "running_var") != NULL;
-        for (size_t k = 0; k < t->count; k++)
-            b[t->offset + k] = var ? frand(0.5f, 2.0f) : frand(-0.3f, 0.3f);
-    }
-    if (model_set_params(m, p) || model_set_buffers(m, b))
-        DIE("%s", pf_errmsg());
-    free(p);
-    free(b);
-    return m;
+    return model_make_perturbed(net, D, B, seed);
 }
 
 static float *forward(model *m, const float *x)

@@ -14,6 +14,7 @@
 #include "common/file.h"
 #include "common/torch_pt.h"
 #include "tests/check.h"
+#include "tests/worker/model/model_make.h"
 #include "worker/model/safetensors.h"
 
 #include <dirent.h>
@@ -791,32 +792,7 @@ static void archive_refusals(void)
  */
 static model *make(uint64_t seed)
 {
-    model *m;
-    if (model_create(&m, NET, DIM, B))
-        DIE("model_create: %s", pf_errmsg());
-    model_init(m, seed);
-    rng_state = seed * 2654435761u + 1;
-    float *p = xmalloc(model_num_params(m) * sizeof(float)),
-          *b = xmalloc(model_num_buffer_floats(m) * sizeof(float));
-    if (model_get_params(m, p) || model_get_buffers(m, b))
-        DIE("host copies: %s", pf_errmsg());
-    for (int i = 0; i < model_num_tensors(m); i++) {
-        const model_tensor *t = model_tensor_at(m, i);
-        if (t->ndim == 1 && !(t->flags & MODEL_TENSOR_FIXED))
-            for (size_t k = 0; k < t->count; k++)
-                p[t->offset + k] += frand(-0.2f, 0.2f);
-    }
-    for (int i = 0; i < model_num_buffer_tensors(m); i++) {
-        const model_tensor *t = model_buffer_tensor_at(m, i);
-        int var = strstr(t->name, "running_var") != NULL;
-        for (size_t k = 0; k < t->count; k++)
-            b[t->offset + k] = var ? frand(0.5f, 2.0f) : frand(-0.3f, 0.3f);
-    }
-    if (model_set_params(m, p) || model_set_buffers(m, b))
-        DIE("%s", pf_errmsg());
-    free(p);
-    free(b);
-    return m;
+    return model_make_perturbed(NET, DIM, B, seed);
 }
 
 static float *forward(model *m, const float *x)
