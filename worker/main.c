@@ -1,6 +1,6 @@
 /* pfcps-worker: one training process (one GPU in production: device = cuda; or the CPU device).
  *
- *   pfcps-worker --config FILE --rank W [--set key=value ...] [--max-steps N] [--trace FILE]
+ *   pfcps-worker --config FILE --rank W [--set key=value ...] [--max-steps N] [--trace FILE [--trace-batch]]
  *                [--dump-centers PREFIX]
  *
  * Start-up: the metrics endpoint when metrics_address is set (docs/metrics.md; reported at join), open the
@@ -119,6 +119,8 @@ static const char usage[] =
     "  --rank W              this worker's rank in [0, workers)\n"
     "  --max-steps N         stop after N global steps (default: num_epoch epochs)\n"
     "  --trace FILE          write every step's loss and learning rate to FILE\n"
+    "  --trace-batch         with --trace: each line also lists the batch's record keys and flips and this\n"
+    "                        worker's sampled class ids\n"
     "  --dump-centers PREFIX after training, write this worker's class centers to PREFIX.rank<W>\n";
 
 /* What main's steps share. */
@@ -165,6 +167,8 @@ static int parse_args(int argc, char **argv, worker_daemon *d)
         } else if (!strcmp(a, "--trace") && v) {
             d->topts.trace_path = v;
             i++;
+        } else if (!strcmp(a, "--trace-batch")) {
+            d->topts.trace_batch = 1;
         } else if (!strcmp(a, "--dump-centers") && v) {
             d->topts.dump_centers = v;
             i++;

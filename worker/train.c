@@ -204,6 +204,12 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
         rc = backbone_grads(t, step, &ss, &skip);
     if (rc == 0 && !skip)
         rc = backbone_apply(t, (float)lr, ss);
+    if (b && t->trace_keys) {
+        memcpy(t->trace_keys, b->keys, (size_t)b->n * sizeof *b->keys);
+        memcpy(t->trace_flips, b->flips, (size_t)b->n);
+        t->trace_ids = ids;
+        t->trace_k = k;
+    }
     if (b)
         loader_release(t->ld, b);
     t0 = pf_now_s();
@@ -444,15 +450,37 @@ static int verify_sets(trainer *t, int64_t step, double *seconds)
     return 0;
 }
 
-/* The trace line of global step `step`, and on rank 0 arcface_torch's log line every `frequent` steps and at
- * the last step (`total`): speed since the last line, mean loss since the last line, lr, epoch, step, the
- * loss scale with fp16, hours left. */
+/* The trace line of global step `step`: `STEP LOSS LR` (1-based step, the global mean loss and the step's
+ * lr, both %.17g); with --trace-batch followed by ` keys=K,K,... flips=FF... centers=C,C,...`: the .idx keys of
+ * this worker's batch in batch order (-1 for synthetic data), one 0/1 digit per image (1 = mirrored), and the
+ * class ids this worker sampled (ascending; every worker's together are the step's columns). */
+static void trace_step(trainer *t, int64_t step, double loss, double lr)
+{
+    fprintf(t->trace, "%lld %.17g %.17g", (long long)step, loss, lr);
+    if (t->trace_keys) {
+        const int64_t B = t->run.batch_size;
+        fputs(" keys=", t->trace);
+        for (int64_t i = 0; i < B; i++)
+            fprintf(t->trace, "%s%lld", i ? "," : "", (long long)t->trace_keys[i]);
+        fputs(" flips=", t->trace);
+        for (int64_t i = 0; i < B; i++)
+            fputc('0' + t->trace_flips[i], t->trace);
+        fputs(" centers=", t->trace);
+        for (int64_t i = 0; i < t->trace_k; i++)
+            fprintf(t->trace, "%s%lld", i ? "," : "", (long long)t->trace_ids[i]);
+    }
+    fputc('\n', t->trace);
+}
+
+/* The trace line of global step `step` (trace_step), and on rank 0 arcface_torch's log line every `frequent`
+ * steps and at the last step (`total`): speed since the last line, mean loss since the last line, lr, epoch,
+ * step, the loss scale with fp16, hours left. */
 static void log_step(trainer *t, progress *p, int64_t step, int64_t total, int64_t epoch, double loss,
                      double lr)
 {
     const pf_config *run = &t->run;
     if (t->trace)
-        fprintf(t->trace, "%lld %.17g %.17g\n", (long long)step, loss, lr);
+        trace_step(t, step, loss, lr);
     if (t->rank != 0 || (step % run->frequent != 0 && step != total))
         return;
     double now = pf_now_s();

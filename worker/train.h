@@ -36,6 +36,8 @@ typedef struct trainer trainer;
 typedef struct train_opts {
     int rank;               /* worker rank in [0, workers) */
     const char *trace_path; /* optional: every step's loss (%.17g) and lr appended here, one line per step */
+    int trace_batch;        /* with trace_path: each line also names the step's batch (record keys, flips) and
+                               this worker's sampled class ids (train.c log_step gives the format) */
     const char *dump_centers; /* optional: at the end, write this worker's partition of the class-center
                                  table (pulled after the last step) to <dump_centers>.rank<r> as raw
                                  (u64 class id, D floats) records, for tests */

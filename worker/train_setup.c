@@ -329,6 +329,12 @@ static int setup_outputs(trainer *t)
         int rc = pf_fopen_output(t->opts.trace_path, t->start_step > 0, &t->trace);
         if (rc < 0)
             return pf_err_wrap(rc, "cannot write trace file '%s'", t->opts.trace_path);
+        if (t->opts.trace_batch) {
+            t->trace_keys = calloc((size_t)t->run.batch_size, sizeof *t->trace_keys);
+            t->trace_flips = calloc((size_t)t->run.batch_size, 1);
+            if (!t->trace_keys || !t->trace_flips)
+                return pf_err(-ENOMEM, "out of memory");
+        }
     }
     return setup_val(t);
 }
@@ -451,5 +457,7 @@ void train_close(trainer *t)
     loader_close(t->ld);
     train_net_close(&t->net);
     free(t->labels);
+    free(t->trace_keys);
+    free(t->trace_flips);
     free(t);
 }

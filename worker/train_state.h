@@ -78,6 +78,10 @@ struct trainer {
     train_metrics mx;
     double phase_s[PH_COUNT];      /* the last train_step's phase times, seconds */
     FILE *trace;                   /* opts.trace_path, or NULL */
+    int64_t *trace_keys;           /* opts.trace_batch: (B) the last step's record keys */
+    uint8_t *trace_flips;          /* opts.trace_batch: (B) the last step's flips */
+    const int64_t *trace_ids;      /* opts.trace_batch: the last step's sampled class ids (the sampler's) */
+    int64_t trace_k;               /* their count */
     tb_writer *tb;                 /* rank 0: <output>/tensorboard; NULL when off or after a write error */
     eval_set val[MAX_VAL_TARGETS]; /* rank 0: the val_targets sets */
     double val_highest[MAX_VAL_TARGETS]; /* highest Accuracy-Flip so far, per set */

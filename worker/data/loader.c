@@ -152,6 +152,7 @@ static int produce(loader *l, int64_t bi, slot *s, img_decoder *dec, rec_buf *bu
         b->labels[i] = sample_label(l, l->epoch, idx);
         if (l->synthetic) {
             b->keys[i] = -1;
+            b->flips[i] = 0;
             uint64_t st = img_hash64(l->o.seed, (uint64_t)l->epoch, (uint64_t)idx, 0x1a6eull);
             for (size_t k = 0; k < l->image_floats; k += 2) {
                 uint64_t r = img_splitmix64(&st);
@@ -183,6 +184,7 @@ static int produce(loader *l, int64_t bi, slot *s, img_decoder *dec, rec_buf *bu
             }
             if (rc == 0) {
                 b->keys[i] = im->key;
+                b->flips[i] = (uint8_t)flip;
                 b->labels[i] = im->class_id;
                 break;
             }
@@ -248,6 +250,7 @@ void loader_close(loader *l)
             free(l->slots[i].b.images);
             free(l->slots[i].b.labels);
             free(l->slots[i].b.keys);
+            free(l->slots[i].b.flips);
         }
     free(l->slots);
     free(l->order);
@@ -327,7 +330,8 @@ int loader_open(loader **out, const loader_opts *o)
         s->b.images = malloc(l->image_floats * (size_t)o->batch_size * sizeof(float));
         s->b.labels = malloc((size_t)o->batch_size * sizeof(int64_t));
         s->b.keys = malloc((size_t)o->batch_size * sizeof(int64_t));
-        if (!s->b.images || !s->b.labels || !s->b.keys) {
+        s->b.flips = malloc((size_t)o->batch_size);
+        if (!s->b.images || !s->b.labels || !s->b.keys || !s->b.flips) {
             rc = pf_err(-ENOMEM, "out of memory for batches");
             goto fail;
         }

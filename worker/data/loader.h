@@ -49,6 +49,7 @@ typedef struct loader_batch {
     float *images;        /* (n, 3, image_size, image_size) float32 in [-1, 1] */
     int64_t *labels;      /* (n) class ids */
     int64_t *keys;        /* (n) .idx keys of the records (-1 for synthetic) */
+    uint8_t *flips;       /* (n) 1 where the image was mirrored horizontally (always 0 for synthetic) */
     int slot;             /* internal */
 } loader_batch;
 

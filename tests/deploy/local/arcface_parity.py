@@ -1,0 +1,460 @@
+"""An independent PyTorch re-implementation of arcface_torch's training step (train_v2.py with PartialFC_V2,
+CombinedMarginLoss, PolynomialLRWarmup, SGD over the backbone and the class centers), written from
+arcface_torch's documented behaviour (docs/arcface_parity.md, section "The training step of train_v2.py"),
+run side by side with pfcps on real face images (data/orl).
+
+    arcface_parity.py prepare OUT ORL CLASSES D NETWORK SEED
+        OUT/train.rec, OUT/train.idx: an im2rec-style RecordIO pack (no header record; keys 0..N-1) of the
+            first CLASSES ORL identities (up to 10 images each), every image padded to 112x112 RGB and stored as PNG
+            (lossless: pfcps's loader and this script see the same pixels); labels 0..CLASSES-1
+        OUT/model.pt: the initial backbone, arcface_torch's IResNet (tests/tools/arcface_nets.py) with its
+            initialisation (convolutions N(0, 0.1), BatchNorm (1, 0), PReLU 0.25), torch.save(state_dict)
+        OUT/centers.safetensors: the initial class centers, `weight` (CLASSES x D, N(0, 0.01), as PartialFC_V2)
+    arcface_parity.py train OUT RESULT --trace T0 [T1 ...] --network N --dim D --lr LR --warmup-epoch E
+                      --num-epoch E --margin-grad exact|straight_through --update dense|sparse
+                      [--threads K] [--double]
+        trains from OUT's initial state for as many steps as the traces have lines, worker rank r's batch of
+        each step taken from trace Tr (the .idx keys and flips pfcps's loader drew: pfcps-worker --trace-batch)
+        and the step's class-center columns from the union of every trace's sampled ids (PartialFC_V2 samples
+        with torch.rand; feeding pfcps's ids makes the same columns take part). Writes RESULT (torch.save):
+        losses, lrs, the backbone state_dict (rank 0's BatchNorm statistics) and the class centers.
+    arcface_parity.py compare RESULT_PFCPS_DIR REF [REF2 ...]: see compare() below.
+
+The step, as train_v2.py runs it with W ranks of B images (global step g, 1-based):
+  every rank: embeddings = backbone(its images) (train mode; each rank's BatchNorm uses its own batch and keeps
+      its own running statistics, DDP broadcast_buffers=False);
+  PartialFC_V2: the embeddings of all ranks gathered; logits = normalize(e) . normalize(W[ids])^T clamped to
+      [-1, 1]; CombinedMarginLoss (m1 = 1, m3 = 0): the target logit becomes cos(acos(c) + m2) -- under
+      torch.no_grad() in arcface_torch (gradient straight through, `straight_through`), or differentiated
+      (`exact`, pfcps's option); times s = 64; loss = DistCrossEntropyFunc's: -mean over the W*B rows of log(clamp_min(p_target, 1e-30));
+  backward: the gradient of that global mean loss (AllGatherFunc's reduce and DDP's average together);
+  clip_grad_norm_(backbone.parameters(), 5) (the class centers are not clipped);
+  SGD([backbone, centers], lr, momentum 0.9, weight_decay 5e-4): with `dense` the whole C x D table is the
+      parameter, so every row moves every step (PartialFC_V2); with `sparse` only the rows of ids are updated
+      (Partial FC v1; torch SGD's formula applied to those rows);
+  the lr of step g: PolynomialLRWarmup (power 1) after g - 1 scheduler steps, warmup w = num_image // (W*B) *
+      warmup_epoch, total t = num_image // (W*B) * num_epoch.
+Every computation is torch's own (float32, or float64 with --double); nothing is taken from pfcps except the
+batch composition and the sampled ids (traced)."""
+import argparse
+import copy
+import io
+import json
+import math
+import os
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REC_MAGIC = 0xCED7230A
+IMG = 112
+MOMENTUM, WEIGHT_DECAY, M2, CLIP = 0.9, 5e-4, 0.5, 5.0
+SCALE = 64.0  # train --scale sets it
+
+
+def need_modules():
+    try:
+        import numpy  # noqa: F401
+        import PIL  # noqa: F401
+        import safetensors  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        print("SKIP: %s lacks the module %s (tests/pyenv.sh installs it)" % (sys.executable, e.name))
+        sys.exit(77)
+
+
+def net_module():
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "tools"))
+    import arcface_nets
+    return arcface_nets
+
+
+# ---------------------------------------------------------------------------------------------------- prepare
+def face_png(path):
+    """An ORL PGM (92x112 grey) centred on a black 112x112 RGB canvas, as PNG bytes; and the RGB array."""
+    import numpy as np
+    from PIL import Image
+    grey = np.asarray(Image.open(path).convert("L"))
+    h, w = grey.shape
+    assert h <= IMG and w <= IMG, path
+    canvas = np.zeros((IMG, IMG, 3), np.uint8)
+    y0, x0 = (IMG - h) // 2, (IMG - w) // 2
+    canvas[y0:y0 + h, x0:x0 + w, :] = grey[:, :, None]
+    buf = io.BytesIO()
+    Image.fromarray(canvas, "RGB").save(buf, "PNG")
+    return buf.getvalue()
+
+
+def write_rec(prefix, records):
+    """records: [(label, image bytes)] -> prefix.rec / prefix.idx, MXNet RecordIO (one chunk per record)."""
+    with open(prefix + ".rec", "wb") as rec, open(prefix + ".idx", "w") as idx:
+        for key, (label, img) in enumerate(records):
+            payload = struct.pack("<IfQQ", 0, float(label), key, 0) + img
+            for off in range(0, len(payload) - 3, 4):  # a magic word at an aligned offset would need chunks
+                assert struct.unpack_from("<I", payload, off)[0] != REC_MAGIC, "magic inside a record"
+            idx.write("%d\t%d\n" % (key, rec.tell()))
+            rec.write(struct.pack("<II", REC_MAGIC, len(payload)) + payload)
+            rec.write(b"\0" * (-len(payload) % 4))
+
+
+def prepare(a):
+    import torch
+    from safetensors.torch import save_file
+    records = []
+    for c in range(a.classes):
+        folder = os.path.join(a.orl, "s%d" % (c + 1))
+        for f in sorted(os.listdir(folder), key=lambda n: (len(n), n)):
+            if f.endswith(".pgm"):
+                records.append((c, face_png(os.path.join(folder, f))))
+    write_rec(os.path.join(a.out, "train"), records)
+    torch.manual_seed(a.seed)
+    net = net_module().backbone(a.network, a.dim)
+    for m in net.modules():  # arcface_torch iresnet.py's initialisation
+        if isinstance(m, torch.nn.Conv2d):
+            torch.nn.init.normal_(m.weight, 0, 0.1)
+    torch.save(net.state_dict(), os.path.join(a.out, "model.pt"))
+    weight = torch.normal(0, a.center_std, (a.classes, a.dim))
+    save_file({"weight": weight.contiguous()}, os.path.join(a.out, "centers.safetensors"))
+    print("prepared %d images of %d classes, %s D=%d in %s" % (len(records), a.classes, a.network, a.dim, a.out))
+
+
+# ------------------------------------------------------------------------------------------------------ train
+def read_rec(prefix):
+    """{key: (label, RGB uint8 array)} of an im2rec pack written by write_rec (read back independently)."""
+    import numpy as np
+    from PIL import Image
+    out = {}
+    raw = open(prefix + ".rec", "rb").read()
+    for line in open(prefix + ".idx"):
+        key, off = map(int, line.split())
+        magic, lrec = struct.unpack_from("<II", raw, off)
+        assert magic == REC_MAGIC and lrec >> 29 == 0
+        flag, label, _, _ = struct.unpack_from("<IfQQ", raw, off + 8)
+        img = raw[off + 8 + 24:off + 8 + (lrec & ((1 << 29) - 1))]
+        out[key] = (int(label), np.asarray(Image.open(io.BytesIO(img)).convert("RGB")))
+    return out
+
+
+def read_trace(path):
+    """[(step, loss, lr, keys, flips, centers)] of a pfcps-worker --trace --trace-batch file."""
+    rows = []
+    for line in open(path):
+        f = line.split()
+        kv = dict(x.split("=", 1) for x in f[3:])
+        ids = [int(v) for v in kv["centers"].split(",")] if kv.get("centers") else []
+        rows.append((int(f[0]), float(f[1]), float(f[2]), [int(v) for v in kv["keys"].split(",")],
+                     [c == "1" for c in kv["flips"]], ids))
+    return rows
+
+
+class PolynomialLRWarmup:
+    """arcface_torch lr_scheduler.py's PolynomialLRWarmup.get_lr (power 1), recursive as written there: the
+    constructor's step leaves the base lr; l <= w: base * l / w; w < l <= t: lr * ((1 - (l - w) / (t - w)) /
+    (1 - (l - 1 - w) / (t - w))); l > t: unchanged."""
+
+    def __init__(self, base, warmup, total):
+        self.base, self.w, self.t, self.l, self.lr = base, warmup, total, 0, base
+
+    def step(self):
+        self.l += 1
+        l, w, t = self.l, self.w, self.t
+        if l <= w:
+            self.lr = self.base * l / w
+        elif l <= t:
+            self.lr = self.lr * ((1.0 - (l - w) / (t - w)) / (1.0 - (l - 1 - w) / (t - w)))
+
+
+def batch_tensor(data, keys, flips, dtype):
+    """(B, 3, 112, 112): torchvision's ToTensor then Normalize(0.5, 0.5) ((x / 255 - 0.5) / 0.5), mirrored
+    where flipped (RandomHorizontalFlip's outcome, taken from the trace); and the labels."""
+    import numpy as np
+    import torch
+    imgs, labels = [], []
+    for k, f in zip(keys, flips):
+        label, rgb = data[k]
+        x = torch.from_numpy(np.array(rgb)).permute(2, 0, 1).to(torch.float32) / 255.0
+        x = (x - 0.5) / 0.5
+        imgs.append(torch.flip(x, dims=[2]) if f else x)
+        labels.append(label)
+    return torch.stack(imgs).to(dtype), torch.tensor(labels)
+
+
+def margin_logits(cos, target_col, grad_mode):
+    """CombinedMarginLoss (m1 = 1, m2 = M2, m3 = 0) then * s. cos: (N, K) clamped cosines; target_col: (N,)
+    column of each row's class. straight_through: the margin under no_grad (arcface_torch); exact: the
+    target's cos(acos(c) + m2) differentiated, acos's argument clamped to [-1 + 1e-7, 1 - 1e-7]."""
+    import torch
+    rows = torch.arange(cos.shape[0])
+    if grad_mode == "straight_through":
+        logits = cos.clone()
+        with torch.no_grad():
+            t = logits[rows, target_col]
+            logits[rows, target_col] = torch.cos(torch.acos(t) + M2)
+        return logits * SCALE
+    c = cos[rows, target_col].clamp(-1 + 1e-7, 1 - 1e-7)
+    onehot = torch.zeros_like(cos)
+    onehot[rows, target_col] = 1.0
+    tgt = torch.cos(torch.acos(c) + M2)
+    return (cos + onehot * (tgt - cos[rows, target_col]).unsqueeze(1)) * SCALE
+
+
+def share_parameters(dst, src):
+    """dst (a deep copy of src) with src's Parameter objects: one set of weights, dst's own buffers (a DDP rank's
+    BatchNorm running statistics, which broadcast_buffers=False keeps per rank)."""
+    for (_, md), (_, ms) in zip(dst.named_modules(), src.named_modules()):
+        for k in list(md._parameters):
+            md._parameters[k] = ms._parameters[k]
+    return dst
+
+
+def dist_cross_entropy():
+    """PartialFC_V2's DistCrossEntropyFunc on one process: forward p = exp(z - max) / sum (in the logits'
+    dtype), loss = -mean(log(clamp_min(p_target, 1e-30))); backward (p - onehot) / N, without the clamp."""
+    import torch
+
+    class DistCrossEntropyFunc(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logits, label):
+            z = logits - logits.max(dim=1, keepdim=True)[0]
+            p = z.exp()
+            p = p / p.sum(dim=1, keepdim=True)
+            rows = torch.arange(logits.shape[0])
+            ctx.save_for_backward(p, label)
+            return -p[rows, label].clamp_min(1e-30).log().mean()
+
+        @staticmethod
+        def backward(ctx, g):
+            p, label = ctx.saved_tensors
+            grad = p.clone()
+            grad[torch.arange(p.shape[0]), label] -= 1.0
+            return grad * (g / p.shape[0]), None
+
+    return DistCrossEntropyFunc
+
+
+def train(a):
+    import torch
+    from safetensors.torch import load_file
+    global SCALE
+    SCALE = a.scale
+    torch.set_num_threads(a.threads)
+    DistCrossEntropy = dist_cross_entropy()
+    dtype = torch.float64 if a.double else torch.float32
+    traces = [read_trace(p) for p in a.trace]
+    W, steps = len(traces), len(traces[0])
+    assert all(len(t) == steps for t in traces), "traces of different lengths"
+    data = read_rec(os.path.join(a.out, "train"))
+    B = len(traces[0][0][3])
+    net = net_module().backbone(a.network, a.dim)
+    net.load_state_dict(torch.load(os.path.join(a.out, "model.pt")))
+    net = net.to(dtype).train()
+    weight = torch.nn.Parameter(load_file(os.path.join(a.out, "centers.safetensors"))["weight"].to(dtype))
+    C = weight.shape[0]
+    params = [p for p in net.parameters() if p.requires_grad]
+    groups = [{"params": params}] + ([{"params": [weight]}] if a.update == "dense" else [])
+    opt = torch.optim.SGD(groups, lr=a.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    mom = torch.zeros_like(weight.data)  # sparse: the rows' momentum, touched only where sampled
+    per_epoch = len(data) // (W * B)
+    sched = PolynomialLRWarmup(a.lr, per_epoch * a.warmup_epoch, per_epoch * a.num_epoch)
+    nets = [net] + [share_parameters(copy.deepcopy(net), net) for _ in range(1, W)]  # rank r's BN statistics
+    losses, lrs = [], []
+    for g in range(steps):
+        lr = sched.lr
+        for grp in opt.param_groups:
+            grp["lr"] = lr
+        ids = sorted(set(i for t in traces for i in t[g][5]))
+        assert all(0 <= i < C for i in ids)
+        opt.zero_grad()
+        weight.grad = None
+        embs, labels = [], []
+        for r in range(W):
+            x, y = batch_tensor(data, traces[r][g][3], traces[r][g][4], dtype)
+            embs.append(nets[r](x))
+            labels.append(y)
+        emb, label = torch.cat(embs), torch.cat(labels)
+        col = {c: j for j, c in enumerate(ids)}
+        target = torch.tensor([col[int(c)] for c in label])  # every positive is sampled
+        sub = weight[torch.tensor(ids, dtype=torch.long)]
+        cos = torch.nn.functional.linear(torch.nn.functional.normalize(emb),
+                                         torch.nn.functional.normalize(sub)).clamp(-1, 1)
+        loss = DistCrossEntropy.apply(margin_logits(cos, target, a.margin_grad), target)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        if a.update == "sparse":
+            with torch.no_grad():
+                idx = torch.tensor(ids, dtype=torch.long)
+                w, gr = weight.data[idx], weight.grad[idx]
+                m = MOMENTUM * mom[idx] + (gr + WEIGHT_DECAY * w)
+                mom[idx] = m
+                weight.data[idx] = w - lr * m
+        sched.step()
+        losses.append(float(loss))
+        lrs.append(lr)
+    torch.save({"losses": losses, "lrs": lrs, "backbone": {k: v.detach().double() for k, v in
+                                                          net.state_dict().items()},  # rank 0's
+                "centers": weight.detach().double()}, a.result)
+    print("reference: %d steps, W=%d, B=%d, %s, %s, threads %d, %s: loss %.6f -> %.6f" %
+          (steps, W, B, a.margin_grad, a.update, a.threads, "float64" if a.double else "float32", losses[0],
+           losses[-1]))
+
+
+# ---------------------------------------------------------------------------------------------------- compare
+def pfcps_result(run_dir, names, dim):
+    """pfcps's run: losses and lrs (trace of rank 0), the backbone (model.ckpt, read by tests/pfcps_ckpt.py from
+    the layout's description) and the class centers (--dump-centers PREFIX.rank<r> files: u64 id, D float32)."""
+    import torch
+    sys.path.insert(0, os.path.join(HERE, "..", ".."))
+    import pfcps_ckpt
+    tr = read_trace(os.path.join(run_dir, "trace0"))
+    ck = pfcps_ckpt.read(os.path.join(run_dir, "out", "model.ckpt"))
+    shapes = {n: s for n, s, _ in ck.tensors}
+    backbone = {}
+    for n in names:
+        if n in shapes:
+            backbone[n] = torch.tensor(ck.values(n), dtype=torch.float64)
+    rows = {}
+    r = 0
+    while os.path.exists(os.path.join(run_dir, "centers.rank%d" % r)):
+        b = open(os.path.join(run_dir, "centers.rank%d" % r), "rb").read()
+        step = 8 + 4 * dim
+        for i in range(0, len(b), step):
+            (cid,) = struct.unpack_from("<Q", b, i)
+            rows[cid] = struct.unpack_from("<%df" % dim, b, i + 8)
+        r += 1
+    centers = torch.tensor([rows[c] for c in range(len(rows))], dtype=torch.float64)
+    return {"losses": [t[1] for t in tr], "lrs": [t[2] for t in tr], "backbone": backbone, "centers": centers}
+
+
+def deviations(x, ref, init):
+    """Largest relative deviations of run x from run ref, both started from init:
+    loss: per step |a - b| / |b|, the largest; lr: the same for the lr;
+    backbone: the trainable parameters as one vector, ||x - ref|| / ||ref - init|| (the part of the 30 steps'
+        update that differs: the parameters themselves move little at small lr);
+    bn_stats: every BatchNorm running mean and variance as one vector, ||x - ref|| / ||ref||;
+    centers: each class center's ||x - ref|| / ||ref - init||, the largest over rows."""
+    loss = max(abs(a - b) / abs(b) for a, b in zip(x["losses"], ref["losses"]))
+    lr = max(abs(a - b) / abs(b) for a, b in zip(x["lrs"], ref["lrs"]))
+    acc = {"p": [0.0, 0.0], "s": [0.0, 0.0]}
+    for n, v in ref["backbone"].items():
+        if n.endswith("num_batches_tracked"):
+            continue
+        a, b = x["backbone"][n].reshape(-1).double(), v.reshape(-1).double()
+        if "running_" in n:
+            acc["s"][0] += float(((a - b) ** 2).sum())
+            acc["s"][1] += float((b ** 2).sum())
+        else:
+            acc["p"][0] += float(((a - b) ** 2).sum())
+            acc["p"][1] += float(((b - init["backbone"][n].reshape(-1).double()) ** 2).sum())
+    cx, cr, c0 = x["centers"].double(), ref["centers"].double(), init["centers"].double()
+    cen = float(((cx - cr).norm(dim=1) / (cr - c0).norm(dim=1)).max())
+    return {"loss": loss, "lr": lr, "backbone": (acc["p"][0] / acc["p"][1]) ** 0.5,
+            "bn_stats": (acc["s"][0] / acc["s"][1]) ** 0.5, "centers": cen}
+
+
+MAX_SPREAD = 0.5
+
+
+def initial_state(folder, like):
+    """The runs' common initial state (prepare's model.pt and centers.safetensors) in deviations()'s layout."""
+    import torch
+    from safetensors.torch import load_file
+    bb = {n: v.double() for n, v in torch.load(os.path.join(folder, "model.pt")).items()}
+    return {"losses": like["losses"], "lrs": like["lrs"], "backbone": bb,
+            "centers": load_file(os.path.join(folder, "centers.safetensors"))["weight"].double()}
+
+
+def compare(a):
+    """pfcps's run (RUN) against the float64 reference (REF64: arcface_torch's step computed exactly enough to
+    be the target), with tolerance from the reference itself: REF32 .. are the same reference run as
+    arcface_torch runs, in float32 (with 1 and 2 threads); the largest deviation of those from REF64 is what
+    float32 arithmetic alone costs over these steps. pfcps's deviation in each measure must be at most FACTOR
+    times that (or FLOOR)."""
+    import torch
+    ref = torch.load(a.refs[0])
+    names = [n for n in ref["backbone"] if not n.endswith("num_batches_tracked")]
+    x = pfcps_result(a.run, names, ref["centers"].shape[1])
+    missing = [n for n in names if n not in x["backbone"]]
+    if missing:
+        print("FAIL: model.ckpt lacks %s" % missing)
+        return 1
+    if len(x["losses"]) != len(ref["losses"]) or x["centers"].shape != ref["centers"].shape:
+        print("FAIL: pfcps ran %d steps / %s centers, the reference %d / %s" %
+              (len(x["losses"]), tuple(x["centers"].shape), len(ref["losses"]), tuple(ref["centers"].shape)))
+        return 1
+    init = initial_state(a.init, ref)
+    keys = ("loss", "backbone", "bn_stats", "centers")
+    spread = {k: 0.0 for k in keys}
+    for other in a.refs[1:]:
+        d = deviations(torch.load(other), ref, init)
+        for k in keys:
+            spread[k] = max(spread[k], d[k])
+    dev = deviations(x, ref, init)
+    ok = dev["lr"] <= 1e-6  # float32 lr through the push vs the reference's double
+    lines = ["%s: lr max rel %.2e" % (a.name, dev["lr"])]
+    for k in keys:
+        tol = max(a.factor * spread[k], a.floor)
+        good = dev[k] <= tol
+        ok &= good
+        lines.append("  %-9s pfcps vs float64 reference %.3e, torch float32 vs it %.3e (tolerance %.1e)%s" %
+                     (k, dev[k], spread[k], tol, "" if good else "  <-- FAIL"))
+    lines.append("  loss %.6f -> %.6f (reference %.6f -> %.6f)" %
+                 (x["losses"][0], x["losses"][-1], ref["losses"][0], ref["losses"][-1]))
+    # Not vacuous: the float32 reference must follow the float64 one closely (its update deviates by less than
+    # MAX_SPREAD), or the run is chaotic and no tolerance derived from it would catch a wrong step.
+    moved = all(spread[k] <= MAX_SPREAD for k in ("backbone", "centers"))
+    if not moved:
+        lines.append("  torch float32 deviates from float64 by more than %g: chaotic run, nothing proven  <-- FAIL"
+                     % MAX_SPREAD)
+    print("\n".join(lines))
+    with open(a.json, "a") as f:
+        f.write(json.dumps({"name": a.name, "dev": dev, "spread": spread}) + "\n")
+    return 0 if ok and moved else 1
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("prepare")
+    q.add_argument("out")
+    q.add_argument("orl")
+    q.add_argument("classes", type=int)
+    q.add_argument("dim", type=int)
+    q.add_argument("network")
+    q.add_argument("seed", type=int)
+    q.add_argument("--center-std", type=float, default=0.01)
+    q = sub.add_parser("train")
+    q.add_argument("out")
+    q.add_argument("result")
+    q.add_argument("--trace", nargs="+", required=True)
+    q.add_argument("--network", required=True)
+    q.add_argument("--dim", type=int, required=True)
+    q.add_argument("--lr", type=float, required=True)
+    q.add_argument("--warmup-epoch", type=float, required=True)
+    q.add_argument("--num-epoch", type=float, required=True)
+    q.add_argument("--margin-grad", choices=("exact", "straight_through"), required=True)
+    q.add_argument("--update", choices=("dense", "sparse"), required=True)
+    q.add_argument("--scale", type=float, default=64.0)
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--double", action="store_true")
+    q = sub.add_parser("compare")
+    q.add_argument("name")
+    q.add_argument("run")
+    q.add_argument("refs", nargs="+")
+    q.add_argument("--factor", type=float, default=3.0)
+    q.add_argument("--floor", type=float, default=1e-6)
+    q.add_argument("--json", required=True)
+    q.add_argument("--init", required=True, help="the prepare folder (initial model.pt and centers)")
+    a = p.parse_args()
+    need_modules()
+    if a.cmd == "prepare":
+        prepare(a)
+        return 0
+    if a.cmd == "train":
+        train(a)
+        return 0
+    return compare(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# pfcps trains as arcface_torch trains: 30 steps of pfcps (servers and workers on loopback) side by side with an
+# independent PyTorch re-implementation of train_v2.py's step (arcface_parity.py, Debian's torch), both from
+# the same initial backbone (model.pt, read by pfcps through `pretrained`) and class centers (a safetensors
+# `weight`, through `pretrained_centers`), on the same real faces (ORL, 20 identities, stored as PNG so both
+# sides see the same pixels). The reference takes each worker's batch (record keys and flips) and the sampled
+# class ids of each step from pfcps's --trace-batch lines, and computes everything else itself. Compared: every
+# step's loss and lr, the final backbone (every tensor, rank 0's BatchNorm statistics) and every class center.
+# The target is the reference in float64; the tolerance is what float32 arithmetic alone costs arcface_torch over
+# these steps: the same reference in float32 with 1 and 2 threads, against the float64 one. pfcps must stay
+# within 3 times that, in each measure (arcface_parity.py compare: per-step loss, the backbone's update, the
+# BatchNorm statistics, each class center's update), and the float32 reference must stay within 0.5 of the
+# float64 one (else the run is chaotic and the test proves nothing: lr 0.001 keeps it smoother than
+# arcface_torch's lr 0.1, which on 8 images a step makes float32 and float64 runs part within a few steps).
+# Runs (batch 8 per worker, r18_w8, D = 16, ArcFace margin 0.5, s = 64, lr 0.001, warmup 4.8 of 48 steps):
+#   w1_s1_st_dense_r1       1 worker, 1 server, straight_through, dense, sample_rate 1.0
+#   w2_s3_st_dense_r01      2 workers, 3 servers, straight_through, dense, sample_rate 0.1 (unsampled rows move)
+#   w1_s3_exact_dense_r01   1 worker, 3 servers, exact margin gradient, dense, 0.1
+#   w2_s3_st_sparse_r01     2 workers, 3 servers, straight_through, sparse (only sampled rows move), 0.1
+# and a negative control: the sparse run against the dense run's references must fail.
+# PFCPS_PARITY_RUNS=name,name restricts the runs. The deviations are printed.
+source "$(dirname "$0")/cluster.sh" "$@"
+ref_python torch numpy PIL safetensors
+export OMP_NUM_THREADS=1
+PY=$SRC/tests/deploy/local/arcface_parity.py
+STEPS=30 CLASSES=20 DIM=16 NET=r18_w8 LR=0.001 BATCH=8
+"$PFCPS_PYTHON" "$PY" prepare "$TMP" "$SRC/data/orl" $CLASSES $DIM $NET 7 || die "prepare"
+
+# parity NAME WORKERS SERVERS MARGIN_GRAD UPDATE RATE
+parity() {
+  local name=$1 W=$2 S=$3 mg=$4 up=$5 rate=$6 r
+  if [ -n "${PFCPS_PARITY_RUNS:-}" ] && [[ ",$PFCPS_PARITY_RUNS," != *",$name,"* ]]; then return 0; fi
+  local dir=$TMP/$name warm num_epoch
+  mkdir -p "$dir"
+  # 198 images (s8 lacks one): 24 steps per epoch with one worker, 12 with two; warmup 4.8 steps
+  # (arcface_torch's fractional warmup), schedules of 48 steps (the 30 steps cross epoch boundaries).
+  if [ "$W" = 1 ]; then warm=0.2 num_epoch=2; else warm=0.4 num_epoch=4; fi
+  run_ini "$dir/run.ini" "$S" "$W" "parity-test-secret-0123456789abcdef" <<INI
+[train]
+network = $NET
+embedding_size = $DIM
+batch_size = $BATCH
+lr = $LR
+warmup_epoch = $warm
+num_epoch = $num_epoch
+margin_list = 1.0, 0.5, 0.0
+margin_grad = $mg
+pfc_update = $up
+sample_rate = $rate
+momentum = 0.9
+weight_decay = 5e-4
+pretrained = $TMP/model.pt
+pretrained_centers = $TMP/centers.safetensors
+output = $dir/out
+frequent = 10
+[data]
+rec = $TMP/train
+num_classes = $CLASSES
+num_workers = 1
+INI
+  run_cluster "$name: the pfcps run failed" "$dir/run.ini" "$S" "$W" --max-steps $STEPS \
+    --trace "$dir/trace{r}" --trace-batch --dump-centers "$dir/centers"
+  local traces=()
+  for ((r = 0; r < W; r++)); do traces+=("$dir/trace$r"); done
+  local common=(--trace "${traces[@]}" --network $NET --dim $DIM --lr $LR --warmup-epoch $warm
+    --num-epoch $num_epoch --margin-grad "$mg" --update "$up")
+  "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_f64.pt" "${common[@]}" --double || die "$name: reference, float64"
+  "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_t1.pt" "${common[@]}" --threads 1 || die "$name: reference"
+  "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_t2.pt" "${common[@]}" --threads 2 || die "$name: reference, 2 threads"
+  "$PFCPS_PYTHON" "$PY" compare "$name" "$dir" "$dir/ref_f64.pt" "$dir/ref_t1.pt" "$dir/ref_t2.pt" \
+    --init "$TMP" --json "$TMP/parity.json" ||
+    fail "$name: pfcps differs from the reference (above)"
+}
+
+parity w1_s1_st_dense_r1 1 1 straight_through dense 1.0
+parity w2_s3_st_dense_r01 2 3 straight_through dense 0.1
+parity w1_s3_exact_dense_r01 1 3 exact dense 0.1
+parity w2_s3_st_sparse_r01 2 3 straight_through sparse 0.1
+
+# The test can fail: pfcps's sparse run against the dense run's references (the same batches and sampled ids:
+# sampling does not depend on the update rule) must be refused.
+if [ -f "$TMP/w2_s3_st_dense_r01/ref_f64.pt" ] && [ -f "$TMP/w2_s3_st_sparse_r01/trace0" ]; then
+  d=$TMP/w2_s3_st_dense_r01
+  cmp -s <(cut -d' ' -f4- "$d/trace0") <(cut -d' ' -f4- "$TMP/w2_s3_st_sparse_r01/trace0") ||
+    fail "the dense and sparse runs trained on different batches or sampled ids"
+  if "$PFCPS_PYTHON" "$PY" compare sparse_vs_dense_reference "$TMP/w2_s3_st_sparse_r01" "$d/ref_f64.pt" \
+    "$d/ref_t1.pt" "$d/ref_t2.pt" --init "$TMP" --json "$TMP/negative.json"; then
+    fail "a sparse run passed against the dense references: the comparison cannot tell them apart"
+  else
+    ok "a sparse run is refused against the dense references (above)"
+  fi
+fi
+expect_summary
