@@ -2,6 +2,8 @@
  * checkpoint_gpu_<rank>.pt set (server/centers_load.h). */
 #include "server/centers_load.h"
 
+#include "common/torch_ckpt.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -126,25 +128,6 @@ static int load_safetensors(shard *sh, const char *path)
 
 /* ---- arcface_torch's checkpoint_gpu_<rank>.pt set ---- */
 
-#define PT_MAX_RANKS 65536
-
-/* The rank of a name checkpoint_gpu_<r>.pt (decimal, no leading zero), or -1. */
-static int pt_rank_of(const char *name)
-{
-    static const char pre[] = "checkpoint_gpu_";
-    if (strncmp(name, pre, sizeof pre - 1) != 0)
-        return -1;
-    const char *p = name + sizeof pre - 1;
-    if (*p < '0' || *p > '9' || (*p == '0' && p[1] != '.'))
-        return -1;
-    long r = 0;
-    while (*p >= '0' && *p <= '9') {
-        r = r * 10 + (*p++ - '0');
-        if (r >= PT_MAX_RANKS)
-            return -1;
-    }
-    return strcmp(p, ".pt") == 0 ? (int)r : -1;
-}
 
 typedef struct pt_rank {
     tp_file *f;
@@ -178,8 +161,7 @@ static void log_progress(const pt_rank *R, int W)
     if (v0[1] != INT64_MIN)
         snprintf(e, sizeof e, "%lld", (long long)v0[1]);
     log_info(
-        "pretrained_centers: %s: global_step = %s, epoch = %s (the lr schedule does not continue from them: "
-        "it starts at step 0)",
+        "pretrained_centers: %s: global_step = %s, epoch = %s (the run continues at that step: server/main.c)",
         tp_name(R[0].f), g, e);
 }
 
@@ -211,7 +193,7 @@ static int pt_set_size(const char *path, char *dir, size_t cap, int *W)
 {
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
-    if (pt_rank_of(base) < 0)
+    if (tpc_rank_of(base) < 0)
         return pf_err(-EINVAL,
                       "%s: a torch.save file is read as one of arcface_torch's checkpoint_gpu_<rank>.pt "
                       "(save_all_states); this name is not one",
@@ -233,7 +215,7 @@ static int pt_set_size(const char *path, char *dir, size_t cap, int *W)
     *W = 0;
     struct dirent *e;
     while ((e = readdir(dp)) != NULL) {
-        int r = pt_rank_of(e->d_name);
+        int r = tpc_rank_of(e->d_name);
         if (r >= *W)
             *W = r + 1;
     }

@@ -30,6 +30,7 @@
 #include "common/member_addr.h"
 #include "common/metrics.h"
 #include "common/snapfile.h"
+#include "common/torch_ckpt.h"
 #include "server/ps_server.h"
 #include "server/snapshot.h"
 
@@ -259,6 +260,21 @@ static int start_serving(server_daemon *d)
                          .ckpt_key = d->key,
                          .fab = d->fab};
     ckpt_root(run, d->root, sizeof d->root);
+    /* A new run from arcface_torch's checkpoint_gpu_<rank>.pt set continues at its global_step: the step
+     * clock (and, under dense updates, every row's up-to-date step) starts there; the workers read the same
+     * number from the same file (worker/train_setup.c). */
+    tpc_progress prog = {0};
+    if (run->pretrained_centers[0] && book->resume_step == 0) {
+        if (tpc_read_progress(run->pretrained_centers, &prog) < 0) {
+            log_error("config key 'pretrained_centers' = %s: %s", run->pretrained_centers, pf_errmsg());
+            return -1;
+        }
+        if (prog.present) {
+            so.start_step = prog.global_step;
+            log_info("continuing arcface_torch's run of %s: step clock at global_step %lld (epoch %lld done)",
+                     run->pretrained_centers, (long long)prog.global_step, (long long)prog.epoch);
+        }
+    }
     if (ckpt_ident_of(run, book->run_id, &so.ckpt_id) < 0) {
         log_error("%s", pf_errmsg());
         return -1;

@@ -12,6 +12,8 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "common/torch_ckpt.h"
+#include "common/torch_pt.h"
 #include "kernels/ops.h"
 #include "worker/data/rec.h"
 #include "worker/lr_schedule.h"
@@ -410,6 +412,112 @@ static int setup_resume(trainer *t, const ctl_book *book)
     return 0;
 }
 
+/* The backbone's SGD momentum from arcface_torch's checkpoint_gpu_<rank>.pt `path` into host (nparams floats,
+ * the model's flat parameter layout): state_optimizer's group 0 lists the backbone's parameters in
+ * state_dict_backbone order (its tensors minus the buffers); parameter j's momentum_buffer is
+ * state/<params[j]>/momentum_buffer, absent for a parameter without a gradient (features.weight), which keeps
+ * 0. Returns the number of tensors read, or -EINVAL naming the file and tensor (a count or shape that does not
+ * match, a dtype other than F32, a non-finite value) or the reader's errors. */
+static int read_momentum(trainer *t, const char *path, float *host)
+{
+    tp_file *f;
+    int rc = tp_open(&f, path), n = 0, got = 0;
+    if (rc < 0)
+        return rc;
+    tp_named *sd = NULL;
+    const tp_value *params = tp_find(tp_root(f), "state_optimizer/param_groups/0/params");
+    rc = tp_state_dict(tp_find(tp_root(f), "state_dict_backbone"), &sd, &n, path);
+    if (rc == 0 && (!params || params->kind != TP_LIST))
+        rc = pf_err(-EINVAL, "%s: state_optimizer/param_groups/0/params is not a list", path);
+    const float *base = model_params(t->m);
+    size_t j = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        size_t count = 0;
+        const float *p = model_param(t->m, sd[i].name, &count);
+        if (!p)
+            continue; /* a buffer */
+        if (j >= params->u.seq.n || params->u.seq.v[j]->kind != TP_INT) {
+            rc = pf_err(-EINVAL, "%s: state_optimizer's group 0 lists fewer parameters than the backbone has",
+                        path);
+            break;
+        }
+        char key[96];
+        snprintf(key, sizeof key, "state_optimizer/state/%lld/momentum_buffer",
+                 (long long)params->u.seq.v[j++]->u.i);
+        const tp_tensor *m = tp_tensor_of(tp_find(tp_root(f), key));
+        if (!m)
+            continue;
+        float *dst = host + (p - base);
+        if (m->dtype != TP_F32 || tp_tensor_numel(m) != (int64_t)count)
+            rc = pf_err(-EINVAL, "%s: tensor '%s' (momentum of '%s') is %s with %lld elements, not F32 with %zu",
+                        path, key, sd[i].name, tp_dtype_name(m->dtype), (long long)tp_tensor_numel(m), count);
+        else if ((rc = tp_tensor_read(f, m, key, dst, count * sizeof(float))) == 0)
+            for (size_t k = 0; k < count && rc == 0; k++)
+                if (!isfinite(dst[k]))
+                    rc = pf_err(-EINVAL, "%s: tensor '%s' element %zu is not finite", path, key, k);
+        got += rc == 0;
+    }
+    if (rc == 0 && j != params->u.seq.n)
+        rc = pf_err(-EINVAL, "%s: state_optimizer's group 0 lists %zu parameters, the backbone has %zu", path,
+                    params->u.seq.n, j);
+    free(sd);
+    tp_close(f);
+    return rc < 0 ? rc : got;
+}
+
+/* Set-up 7 (a new run from arcface_torch's checkpoint_gpu_<rank>.pt files): the run continues at the
+ * global_step of the set named by pretrained_centers (the servers start their step clock there too), with the
+ * lr schedule and the data position of that step; the backbone's SGD momentum comes from `pretrained` when
+ * it is such a file (its parameters and BatchNorm statistics were loaded by setup_backbone). A resumed pfcps
+ * checkpoint (book->resume_step > 0) takes precedence. */
+static int setup_import(trainer *t, const ctl_book *book)
+{
+    const pf_config *run = &t->run;
+    if (book->resume_step > 0)
+        return 0;
+    tpc_progress prog = {0};
+    int rc = 0;
+    if (run->pretrained_centers[0] && (rc = tpc_read_progress(run->pretrained_centers, &prog)) < 0)
+        return pf_err_wrap(rc, "config key 'pretrained_centers' = %s", run->pretrained_centers);
+    if (prog.present) {
+        t->start_step = prog.global_step;
+        double lr = lr_schedule_at(&t->sched, prog.global_step);
+        log_info("continuing arcface_torch's run of %s at global_step %lld (epoch %lld done): epoch %lld, "
+                 "batch %lld of %lld, lr %.9g",
+                 run->pretrained_centers, (long long)prog.global_step, (long long)prog.epoch,
+                 (long long)(prog.global_step / t->steps_per_epoch),
+                 (long long)(prog.global_step % t->steps_per_epoch), (long long)t->steps_per_epoch, lr);
+        if (prog.global_step != prog.epoch * t->steps_per_epoch)
+            log_warn("arcface_torch stopped at global_step %lld after %lld epochs; %lld steps per epoch here "
+                     "(another global batch?): the data position and schedule are this run's",
+                     (long long)prog.global_step, (long long)prog.epoch, (long long)t->steps_per_epoch);
+        if (fabs(lr - prog.lr) > 1e-6 * fabs(prog.lr))
+            log_warn("the lr schedule here gives %.9g at global_step %lld, arcface_torch's optimizer holds %.9g "
+                     "(another schedule, global batch or lr?)",
+                     lr, (long long)prog.global_step, prog.lr);
+    }
+    tpc_progress bb = {0};
+    if (run->pretrained[0] && (rc = tpc_read_progress(run->pretrained, &bb)) < 0)
+        return pf_err_wrap(rc, "config key 'pretrained' = %s", run->pretrained);
+    if (!bb.present)
+        return 0;
+    if (!t->mom) {
+        log_warn("%s: the backbone's SGD momentum is not carried into optimizer %s", run->pretrained,
+                 run->optimizer);
+        return 0;
+    }
+    float *host = calloc(t->nparams ? t->nparams : 1, sizeof(float));
+    if (!host)
+        return pf_err(-ENOMEM, "out of memory reading the backbone momentum");
+    int got = read_momentum(t, run->pretrained, host);
+    rc = got < 0 ? got : t->wd.dev->mem_h2d(t->wd.ctx, t->mom, host, sizeof(float) * t->nparams);
+    free(host);
+    if (rc < 0)
+        return pf_err_wrap(rc, "config key 'pretrained' = %s", run->pretrained);
+    log_info("backbone SGD momentum of %d tensors from %s", got, run->pretrained);
+    return 0;
+}
+
 int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const train_opts *opts)
 {
     int rc;
@@ -423,7 +531,7 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     if ((rc = train_net_connect(&t->net, run, book, t->rank,
                                 t->opts.secret ? t->opts.secret : t->run.secret)) < 0 ||
         (rc = setup_data(t)) < 0 || (rc = setup_backbone(t, book)) < 0 || (rc = setup_head(t)) < 0 ||
-        (rc = setup_resume(t, book)) < 0)
+        (rc = setup_resume(t, book)) < 0 || (rc = setup_import(t, book)) < 0)
         return rc;
     return setup_outputs(t);
 }

@@ -232,6 +232,68 @@ def dist_cross_entropy():
     return DistCrossEntropyFunc
 
 
+def class_ranges(C, W):
+    """PartialFC_V2's split of C classes over W ranks: rank r owns [start, start + n), n = C // W + (r < C % W),
+    start = C // W * r + min(r, C % W)."""
+    return [(C // W * r + min(r, C % W), C // W + (r < C % W)) for r in range(W)]
+
+
+def save_checkpoints(folder, nets, weight, mom_rows, opt, sched, global_step, epoch):
+    """arcface_torch's save_all_states files after `global_step` steps: checkpoint_gpu_<r>.pt per rank as
+    train_v2.py writes them (epoch, global_step, state_dict_backbone with rank r's BatchNorm statistics,
+    state_dict_softmax_fc with the rank's contiguous rows, state_optimizer: SGD's state_dict, group 0 the
+    backbone's parameters, group 1 the rank's weight, state_lr_scheduler), every tensor float32; plus model.pt
+    (rank 0's backbone) and centers.safetensors (the whole table) as compare --init's starting point."""
+    import torch
+    from safetensors.torch import save_file
+    f32 = lambda sd: {k: (v.detach().float().clone() if v.is_floating_point() else v.clone()) for k, v in sd.items()}
+    osd = opt.state_dict()
+    nb = len(osd["param_groups"][0]["params"])
+    W = len(nets)
+    for r, (start, n) in enumerate(class_ranges(weight.shape[0], W)):
+        st = {i: {"momentum_buffer": v["momentum_buffer"].float().clone()} for i, v in osd["state"].items()
+              if i < nb}
+        st[nb] = {"momentum_buffer": mom_rows[start:start + n].float().clone()}
+        groups = [dict(osd["param_groups"][0])]
+        g1 = dict(osd["param_groups"][0])
+        g1["params"] = [nb]
+        groups.append(g1)
+        torch.save({"epoch": epoch, "global_step": global_step,
+                    "state_dict_backbone": f32(nets[r].state_dict()),
+                    "state_dict_softmax_fc": {"weight": weight.detach()[start:start + n].float().clone()},
+                    "state_optimizer": {"state": st, "param_groups": groups},
+                    "state_lr_scheduler": {"last_epoch": sched.l, "_last_lr": [sched.lr, sched.lr],
+                                           "base_lrs": [sched.base, sched.base], "warmup_iters": sched.w,
+                                           "total_iters": sched.t, "power": 1.0}},
+                   os.path.join(folder, "checkpoint_gpu_%d.pt" % r))
+    torch.save(f32(nets[0].state_dict()), os.path.join(folder, "model.pt"))
+    save_file({"weight": weight.detach().float().contiguous()}, os.path.join(folder, "centers.safetensors"))
+
+
+def load_checkpoints(folder, nets, weight, mom_rows, opt, sched, dtype):
+    """The reverse of save_checkpoints, as arcface_torch resumes: each rank's backbone (rank r's file for rank
+    r's statistics), the rows and their momentum from every rank's file, the backbone's momentum from rank 0's
+    state_optimizer, the lr and step of the schedule. Returns global_step."""
+    import torch
+    cks = [torch.load(os.path.join(folder, "checkpoint_gpu_%d.pt" % r)) for r in range(len(nets))]
+    with torch.no_grad():
+        for r, ck in enumerate(cks):
+            nets[r].load_state_dict({k: v.to(dtype) if v.is_floating_point() else v
+                                     for k, v in ck["state_dict_backbone"].items()})
+        for (start, n), ck in zip(class_ranges(weight.shape[0], len(nets)), cks):
+            nb = ck["state_optimizer"]["param_groups"][1]["params"][0]
+            weight.data[start:start + n] = ck["state_dict_softmax_fc"]["weight"].to(dtype)
+            mom_rows[start:start + n] = ck["state_optimizer"]["state"][nb]["momentum_buffer"].to(dtype)
+    st0 = cks[0]["state_optimizer"]
+    params = list(nets[0].parameters())
+    for j, i in enumerate(st0["param_groups"][0]["params"]):
+        if i in st0["state"]:
+            opt.state[params[j]]["momentum_buffer"] = st0["state"][i]["momentum_buffer"].to(dtype).clone()
+    sched.l = cks[0]["state_lr_scheduler"]["last_epoch"]
+    sched.lr = st0["param_groups"][0]["lr"]
+    return cks[0]["global_step"]
+
+
 def train(a):
     import torch
     from safetensors.torch import load_file
@@ -250,13 +312,21 @@ def train(a):
     net = net.to(dtype).train()
     weight = torch.nn.Parameter(load_file(os.path.join(a.out, "centers.safetensors"))["weight"].to(dtype))
     C = weight.shape[0]
-    params = [p for p in net.parameters() if p.requires_grad]
+    params = list(net.parameters())  # train_v2.py's group 0 (features.weight has no gradient: no state)
     groups = [{"params": params}] + ([{"params": [weight]}] if a.update == "dense" else [])
     opt = torch.optim.SGD(groups, lr=a.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     mom = torch.zeros_like(weight.data)  # sparse: the rows' momentum, touched only where sampled
     per_epoch = len(data) // (W * B)
     sched = PolynomialLRWarmup(a.lr, per_epoch * a.warmup_epoch, per_epoch * a.num_epoch)
     nets = [net] + [share_parameters(copy.deepcopy(net), net) for _ in range(1, W)]  # rank r's BN statistics
+    first = 0
+    if a.resume:
+        if a.update == "dense":
+            opt.state[weight]["momentum_buffer"] = torch.zeros_like(weight.data)
+            mom = opt.state[weight]["momentum_buffer"]
+        first = load_checkpoints(a.resume, nets, weight, mom, opt, sched, dtype)
+        assert traces[0][0][0] == first + 1, "the traces start at step %d, the checkpoint at %d" % (
+            traces[0][0][0], first)
     losses, lrs = [], []
     for g in range(steps):
         lr = sched.lr
@@ -289,14 +359,20 @@ def train(a):
                 mom[idx] = m
                 weight.data[idx] = w - lr * m
         sched.step()
+        for grp in opt.param_groups:  # the scheduler writes the next step's lr into the optimizer
+            grp["lr"] = sched.lr
         losses.append(float(loss))
         lrs.append(lr)
+        if a.save_at and first + g + 1 == a.save_at:
+            rows = opt.state[weight]["momentum_buffer"] if a.update == "dense" else mom
+            save_checkpoints(a.save_dir, nets, weight, rows, opt, sched, a.save_at, a.save_at // per_epoch)
+            break
     torch.save({"losses": losses, "lrs": lrs, "backbone": {k: v.detach().double() for k, v in
                                                           net.state_dict().items()},  # rank 0's
                 "centers": weight.detach().double()}, a.result)
-    print("reference: %d steps, W=%d, B=%d, %s, %s, threads %d, %s: loss %.6f -> %.6f" %
-          (steps, W, B, a.margin_grad, a.update, a.threads, "float64" if a.double else "float32", losses[0],
-           losses[-1]))
+    print("reference: steps %d..%d, W=%d, B=%d, %s, %s, threads %d, %s: loss %.6f -> %.6f" %
+          (first + 1, first + len(losses), W, B, a.margin_grad, a.update, a.threads,
+           "float64" if a.double else "float32", losses[0], losses[-1]))
 
 
 # ---------------------------------------------------------------------------------------------------- compare
@@ -437,6 +513,9 @@ def main():
     q.add_argument("--scale", type=float, default=64.0)
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--double", action="store_true")
+    q.add_argument("--save-at", type=int, default=0, help="after this global step write arcface_torch's files")
+    q.add_argument("--save-dir", help="where --save-at writes them")
+    q.add_argument("--resume", help="continue from the checkpoint_gpu_<r>.pt files in this folder")
     q = sub.add_parser("compare")
     q.add_argument("name")
     q.add_argument("run")

@@ -26,15 +26,19 @@ PY=$SRC/tests/deploy/local/arcface_parity.py
 STEPS=30 CLASSES=20 DIM=16 NET=r18_w8 LR=0.001 BATCH=8
 "$PFCPS_PYTHON" "$PY" prepare "$TMP" "$SRC/data/orl" $CLASSES $DIM $NET 7 || die "prepare"
 
-# parity NAME WORKERS SERVERS MARGIN_GRAD UPDATE RATE
+# parity NAME WORKERS SERVERS MARGIN_GRAD UPDATE RATE [FROM]: pfcps's run $TMP/NAME (traces, model.ckpt,
+# the class centers dumped), the references and the comparison. FROM: a folder of arcface_torch's
+# checkpoint_gpu_<r>.pt files that both pfcps (pretrained, pretrained_centers) and the references continue from.
 parity() {
-  local name=$1 W=$2 S=$3 mg=$4 up=$5 rate=$6 r
+  local name=$1 W=$2 S=$3 mg=$4 up=$5 rate=$6 from=${7:-} r
   if [ -n "${PFCPS_PARITY_RUNS:-}" ] && [[ ",$PFCPS_PARITY_RUNS," != *",$name,"* ]]; then return 0; fi
   local dir=$TMP/$name warm num_epoch
   mkdir -p "$dir"
   # 198 images (s8 lacks one): 24 steps per epoch with one worker, 12 with two; warmup 4.8 steps
   # (arcface_torch's fractional warmup), schedules of 48 steps (the 30 steps cross epoch boundaries).
   if [ "$W" = 1 ]; then warm=0.2 num_epoch=2; else warm=0.4 num_epoch=4; fi
+  local bb=$TMP/model.pt centers=$TMP/centers.safetensors
+  if [ -n "$from" ]; then bb=$from/checkpoint_gpu_0.pt centers=$from/checkpoint_gpu_0.pt; fi
   run_ini "$dir/run.ini" "$S" "$W" "parity-test-secret-0123456789abcdef" <<INI
 [train]
 network = $NET
@@ -49,8 +53,8 @@ pfc_update = $up
 sample_rate = $rate
 momentum = 0.9
 weight_decay = 5e-4
-pretrained = $TMP/model.pt
-pretrained_centers = $TMP/centers.safetensors
+pretrained = $bb
+pretrained_centers = $centers
 output = $dir/out
 frequent = 10
 [data]
@@ -63,12 +67,12 @@ INI
   local traces=()
   for ((r = 0; r < W; r++)); do traces+=("$dir/trace$r"); done
   local common=(--trace "${traces[@]}" --network $NET --dim $DIM --lr $LR --warmup-epoch $warm
-    --num-epoch $num_epoch --margin-grad "$mg" --update "$up")
+    --num-epoch $num_epoch --margin-grad "$mg" --update "$up" ${from:+--resume "$from"})
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_f64.pt" "${common[@]}" --double || die "$name: reference, float64"
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_t1.pt" "${common[@]}" --threads 1 || die "$name: reference"
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_t2.pt" "${common[@]}" --threads 2 || die "$name: reference, 2 threads"
   "$PFCPS_PYTHON" "$PY" compare "$name" "$dir" "$dir/ref_f64.pt" "$dir/ref_t1.pt" "$dir/ref_t2.pt" \
-    --init "$TMP" --json "$TMP/parity.json" ||
+    --init "${from:-$TMP}" --json "$TMP/parity.json" ||
     fail "$name: pfcps differs from the reference (above)"
 }
 
@@ -76,6 +80,29 @@ parity w1_s1_st_dense_r1 1 1 straight_through dense 1.0
 parity w2_s3_st_dense_r01 2 3 straight_through dense 0.1
 parity w1_s3_exact_dense_r01 1 3 exact dense 0.1
 parity w2_s3_st_sparse_r01 2 3 straight_through sparse 0.1
+
+# arcface_torch's files in: the float64 reference trains the first 12 steps (one epoch) of w2_s3_st_dense_r01
+# on that run's batches and writes arcface_torch's checkpoint_gpu_0.pt and _1.pt (save_all_states; each rank's
+# contiguous rows, the SGD momentum, global_step 12, epoch 1); pfcps continues from them with 1 server instead
+# of 3 (pretrained and pretrained_centers name the files) up to step 30, and the references continue from the
+# same files as arcface_torch resumes. pfcps's batches and sampled ids of steps 13..30 must be the
+# uninterrupted run's, and the comparison as above.
+A=$TMP/w2_s3_st_dense_r01
+if [ -f "$A/trace1" ]; then
+  mkdir -p "$TMP/ck"
+  "$PFCPS_PYTHON" "$PY" train "$TMP" "$TMP/ck/first.pt" --trace "$A/trace0" "$A/trace1" --network $NET --dim $DIM \
+    --lr $LR --warmup-epoch 0.4 --num-epoch 4 --margin-grad straight_through --update dense --double \
+    --save-at 12 --save-dir "$TMP/ck" || die "the reference's checkpoint_gpu files"
+  parity from_arcface_torch_s1 2 1 straight_through dense 0.1 "$TMP/ck"
+  for r in 0 1; do
+    cmp -s <(cut -d' ' -f4- "$TMP/from_arcface_torch_s1/trace$r") <(sed -n '13,$p' "$A/trace$r" | cut -d' ' -f4-) ||
+      fail "worker $r: the continued run's batches or sampled ids differ from the uninterrupted run's steps 13..30"
+  done
+  expect_grep "server log: continuing at global_step 12" "continuing arcface_torch's run of .*: step clock at global_step 12 \\(epoch 1 done\\)" "$TMP/server0.log"
+  expect_grep "worker log: continuing at global_step 12" "continuing arcface_torch's run of .* at global_step 12 \\(epoch 1 done\\): epoch 1, batch 0 of 12" "$TMP/worker0.log"
+  expect_grep "worker log: backbone momentum" "backbone SGD momentum of [0-9]+ tensors from" "$TMP/worker0.log"
+  ! grep -q "the lr schedule here gives" "$TMP/worker0.log" || fail "the worker's lr differs from the checkpoint's"
+fi
 
 # The test can fail: pfcps's sparse run against the dense run's references (the same batches and sampled ids:
 # sampling does not depend on the update rule) must be refused.
