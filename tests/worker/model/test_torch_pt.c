@@ -10,8 +10,10 @@
  * torch.save file, truncated archives, a FIFO); and model_load_pretrained of a state_dict and of an arcface_torch checkpoint
  * dict giving the saved model's eval forward bit for bit, with a missing, F64, NaN or extra tensor refused
  * naming it. With --forward / --tensor it is the pfcps side of test_torch_pt.py (files written by torch
- * itself): see tool_forward and tool_tensor. */
+ * itself): see tool_forward and tool_tensor. Last, common/torch_ckpt's reading of a checkpoint_gpu file's epoch,
+ * global_step and lr, and its refusals. */
 #include "common/file.h"
+#include "common/torch_ckpt.h"
 #include "common/torch_pt.h"
 #include "tests/check.h"
 #include "tests/worker/model/model_make.h"
@@ -1078,6 +1080,85 @@ static int count_fds(void)
     return n - 3; /* ".", "..", and d's own descriptor */
 }
 
+/* BINFLOAT: 'G' and the double big-endian. */
+static void binfloat(buf *b, double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    op(b, 'G');
+    for (int i = 7; i >= 0; i--)
+        op(b, (int)((u >> (8 * i)) & 0xff));
+}
+
+/* path := {'epoch': epoch, 'global_step': step, 'state_optimizer': {'param_groups': [{'lr': lr}]}} as
+ * train_v2.py's checkpoint dict holds them (a key is left out when its value is INT64_MIN; lr_int writes the
+ * lr as an int). */
+static void write_progress(const char *path, int64_t epoch, int64_t step, double lr, int lr_int)
+{
+    buf b = {0};
+    op(&b, 0x80);
+    op(&b, 2);
+    op(&b, '}');
+    op(&b, '(');
+    if (epoch != INT64_MIN) {
+        str(&b, "epoch");
+        integer(&b, epoch);
+    }
+    if (step != INT64_MIN) {
+        str(&b, "global_step");
+        integer(&b, step);
+    }
+    str(&b, "state_optimizer");
+    op(&b, '}');
+    op(&b, '(');
+    str(&b, "param_groups");
+    op(&b, ']');
+    op(&b, '(');
+    op(&b, '}');
+    op(&b, '(');
+    str(&b, "lr");
+    if (lr_int)
+        integer(&b, (int64_t)lr);
+    else
+        binfloat(&b, lr);
+    op(&b, 'u');
+    op(&b, 'e');
+    op(&b, 'u');
+    op(&b, 'u');
+    op(&b, '.');
+    write_pt(path, &b, NULL, NULL, NULL, 0);
+    free(b.p);
+}
+
+/* common/torch_ckpt: the progress a checkpoint_gpu_<rank>.pt records, and its refusals. */
+static void progress(void)
+{
+    char path[160];
+    snprintf(path, sizeof path, "%s/checkpoint_gpu_1.pt", dir);
+    write_progress(path, 3, 70000, 0.0625, 0);
+    tpc_progress p;
+    int rc = tpc_read_progress(path, &p);
+    check(rc == 0 && p.present && p.epoch == 3 && p.global_step == 70000 && p.lr == 0.0625,
+          "checkpoint_gpu_1.pt: epoch 3, global_step 70000, lr 0.0625 (rc %d, %lld %lld %g)", rc,
+          (long long)p.epoch, (long long)p.global_step, p.lr);
+    rc = tpc_read_progress("/nonexistent/model.pt", &p);
+    check(rc == 0 && !p.present, "another name is no checkpoint_gpu file (nothing read)");
+    rc = tpc_read_progress("/nonexistent/checkpoint_gpu_0.pt", &p);
+    refused(rc, "checkpoint_gpu_0.pt", "a missing checkpoint_gpu_0.pt");
+    write_progress(path, 3, INT64_MIN, 0.0625, 0);
+    refused(tpc_read_progress(path, &p), "'global_step' is missing", "no global_step");
+    write_progress(path, -1, 5, 0.0625, 0);
+    refused(tpc_read_progress(path, &p), "'epoch' is negative", "a negative epoch");
+    write_progress(path, 1, 5, 1, 1);
+    refused(tpc_read_progress(path, &p), "'state_optimizer/param_groups/0/lr' is int", "an int lr");
+    write_progress(path, 1, 5, -0.5, 0);
+    refused(tpc_read_progress(path, &p), "negative or NaN", "a negative lr");
+    check(tpc_rank_of("checkpoint_gpu_12.pt") == 12 && tpc_rank_of("checkpoint_gpu_012.pt") == -1 &&
+              tpc_rank_of("checkpoint_gpu_.pt") == -1 && tpc_rank_of("checkpoint_gpu_65536.pt") == -1 &&
+              tpc_rank_of("checkpoint_gpu_1.pth") == -1,
+          "tpc_rank_of: decimal ranks below 65536, no leading zero, .pt only");
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 8 && !strcmp(argv[1], "--forward"))
@@ -1096,6 +1177,7 @@ int main(int argc, char **argv)
     archives();
     archive_refusals();
     model_pt();
+    progress();
     check(count_fds() == fds, "no file descriptor left open (%d before, %d after)", fds, count_fds());
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
