@@ -24,6 +24,8 @@ typedef struct pf_config {
     double scale;                          /* logit scale s, default 64 */
     double interclass_filtering_threshold; /* 0 = off */
     char margin_grad[CFG_STR];             /* "straight_through" (default, arcface_torch) or "exact" */
+    char margin_combine[CFG_STR];          /* "arcface_torch" (default: m3 > 0 is CosFace alone, m1 != 1 refused)
+                                              or "full": cos(m1 theta + m2) - m3 for any triple */
     char pfc_update[CFG_STR]; /* "dense" (default, PartialFC_V2: every class center moves every step) or
                                  "sparse" (only the rows a step pulled) */
     int fp16;             /* mixed precision, fp16 body + dynamic loss scaling, default false */

@@ -227,11 +227,16 @@ static int setup_head(trainer *t)
     if (!(t->labels = malloc((size_t)run->batch_size * sizeof(int64_t))))
         return pf_err(-ENOMEM, "out of memory for head buffers (batch %d x %d)", run->batch_size,
                       run->embedding_size);
+    if (hp.m1 != run->margin_list[0] || hp.m2 != run->margin_list[1])
+        log_warn("margin_list (%g, %g, %g): m3 > 0 is CosFace alone in arcface_torch's CombinedMarginLoss, so "
+                 "m1 and m2 are unused (margin_combine = full combines them)",
+                 run->margin_list[0], run->margin_list[1], run->margin_list[2]);
+    const char *kind = hp.m3 > 0 ? (hp.m2 != 0 || hp.m1 != 1 ? "combined" : "cosface")
+                                 : hp.m1 == 1 && hp.m2 > 0 ? "arcface" : "combined";
     log_info(
         "head: %s margin (%.3g, %.3g, %.3g) scale %.3g, %s gradient, %s mode, sample_rate %.3g: up to %lld "
         "of %lld classes per worker per step",
-        run->margin_list[1] > 0 ? "arcface" : "combined", run->margin_list[0], run->margin_list[1],
-        run->margin_list[2], run->scale, run->margin_grad, run->head_mode, run->sample_rate,
+        kind, hp.m1, hp.m2, hp.m3, run->scale, run->margin_grad, run->head_mode, run->sample_rate,
         (long long)t->head.k_max, (long long)run->num_classes);
     return 0;
 }

@@ -156,6 +156,19 @@ int head_params_from_config(const pf_config *cfg, head_params *out)
     if (!(p.s > 0) || !isfinite(p.m1) || !isfinite(p.m2) || !isfinite(p.m3))
         return pf_err(-EINVAL, "head: scale %g must be > 0 and margin_list (%g, %g, %g) finite", p.s, p.m1,
                       p.m2, p.m3);
+    if (strcmp(cfg->margin_combine, "full") != 0) {
+        /* arcface_torch's CombinedMarginLoss.forward: m1 == 1 and m3 == 0 is ArcFace (m2); else m3 > 0 is
+         * CosFace alone (m1 and m2 unused); anything else raises. */
+        if (p.m3 > 0) {
+            p.m1 = 1.0;
+            p.m2 = 0.0;
+        } else if (p.m1 != 1.0) {
+            return pf_err(-EINVAL,
+                          "margin_list (%g, %g, %g): arcface_torch's CombinedMarginLoss has no such margin (m1 "
+                          "must be 1 unless m3 > 0); margin_combine = full computes cos(m1 theta + m2) - m3",
+                          p.m1, p.m2, p.m3);
+        }
+    }
     *out = p;
     return 0;
 }

@@ -288,11 +288,31 @@ static void test_missing_target_and_bad_input(void)
               hp.interclass_filtering_threshold == 0.2 && hp.margin_grad == HEAD_MARGIN_GRAD_EXACT &&
               hp.mode == HEAD_MODE_LOCAL,
           "cosface config");
+    /* margin_combine = arcface_torch (default): CombinedMarginLoss.forward's branches. (1, 0.3, 0.2) is CosFace
+     * 0.2 alone; (1.35, 0, 0) raises there, is refused here; margin_combine = full keeps any triple. */
+    snprintf(cfg.head_mode, sizeof cfg.head_mode, "global");
+    cfg.margin_list[0] = 1.0;
+    cfg.margin_list[1] = 0.3;
+    cfg.margin_list[2] = 0.2;
+    CHECK(head_params_from_config(&cfg, &hp) == 0 && hp.m1 == 1.0 && hp.m2 == 0.0 && hp.m3 == 0.2,
+          "(1, 0.3, 0.2) as arcface_torch: (%g, %g, %g)", hp.m1, hp.m2, hp.m3);
+    cfg.margin_list[0] = 1.35;
+    cfg.margin_list[1] = 0.0;
+    cfg.margin_list[2] = 0.0;
+    CHECK(head_params_from_config(&cfg, &hp) == -EINVAL && strstr(pf_errmsg(), "margin_combine = full"),
+          "(1.35, 0, 0) refused naming margin_combine (%s)", pf_errmsg());
+    snprintf(cfg.margin_combine, sizeof cfg.margin_combine, "full");
+    CHECK(head_params_from_config(&cfg, &hp) == 0 && hp.m1 == 1.35, "(1.35, 0, 0) under margin_combine = full");
+    cfg.margin_list[1] = 0.3;
+    cfg.margin_list[2] = 0.2;
+    CHECK(head_params_from_config(&cfg, &hp) == 0 && hp.m1 == 1.35 && hp.m2 == 0.3 && hp.m3 == 0.2,
+          "(1.35, 0.3, 0.2) kept under margin_combine = full");
     snprintf(cfg.head_mode, sizeof cfg.head_mode, "both");
     CHECK(head_params_from_config(&cfg, &hp) == -EINVAL && strstr(pf_errmsg(), "both"),
           "head_mode both accepted");
     printf(
-        "ok   head params from the config (defaults = ArcFace s 64 straight_through, CosFace + exact + local)\n");
+        "ok   head params from the config (defaults = ArcFace s 64 straight_through, CosFace + exact + local, "
+        "margin_combine)\n");
 }
 
 int main(void)
