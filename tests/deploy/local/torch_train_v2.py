@@ -91,11 +91,13 @@ def backbone(D, dtype):
 
 
 def batch(seed, step, rank, B, C, dtype):
-    """Rank `rank`'s batch of step `step`: images (B, 3, 8, 8) and labels (B) in [0, C)."""
+    """Rank `rank`'s batch of step `step`: labels (B) uniform in [0, C) and images (B, 3, 8, 8), each its class's
+    fixed random prototype plus noise of a third of its scale, so that the loss can fall."""
+    protos = torch.randn(C, 3, 8, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     g = torch.Generator().manual_seed(seed * 1000003 + step * 1009 + rank)
-    images = torch.randn(B, 3, 8, 8, generator=g, dtype=torch.float64).to(dtype)
     labels = torch.randint(0, C, (B,), generator=g)
-    return images, labels
+    images = protos[labels] + torch.randn(B, 3, 8, 8, generator=g, dtype=torch.float64) / 3
+    return images.to(dtype), labels
 
 
 class PolynomialLRWarmup(torch.optim.lr_scheduler._LRScheduler):
