@@ -1,22 +1,21 @@
-/* pfcps._C: one pfcps worker inside a Python process, over the C worker's own code (no second implementation of
- * the wire protocol): the control-plane join (common/cli.h cli_join_run, as pfcps-worker and
- * bench/scale/scale_worker join), the two data-plane endpoints (worker/train_net.h: the parameter-server client
- * and the collectives ring among the workers), the sampler and the CPU head (worker/head/pfc.h: pfc_sample,
- * pfc_step), and the pull / push of worker/ps_client.h. pfcps/torch.py builds PartialFC on it.
+/* pfcps._C: one pfcps worker inside a Python process, over the C worker's own code (no second implementation
+ * of the wire protocol): the control-plane join (common/cli.h cli_join_run, as pfcps-worker and
+ * bench/scale/scale_worker join), the two data-plane endpoints (worker/train_net.h: the parameter-server
+ * client and the collectives ring among the workers), the sampler and the CPU head (worker/head/pfc.h:
+ * pfc_sample, pfc_step), and the pull / push of worker/ps_client.h. pfcps/torch.py builds PartialFC on it.
  *
  * One step, as worker/train.c's train_step does it for the head path:
- *   Worker.forward(emb, labels, grad_emb)  pfc_sample (labels allgathered over the ring), ps_pull + ps_wait,
- *                                           pfc_step (embeddings allgathered, head forward + backward, the
- *                                           embedding gradient reduce-scattered back): returns the global mean
- *                                           loss, writes dL/d(this rank's embeddings) into grad_emb
- *   Worker.backward(lr)                    ps_push of the sampled rows' gradients with lr, ps_wait
- *   Worker.skip()                          a forward without backward: an empty push flagged PS_PUSH_SKIPPED,
- *                                           so the step clock moves on (the servers leave the table as it was)
+ * - Worker.forward(emb, labels, grad_emb): pfc_sample (labels allgathered over the ring), ps_pull + ps_wait,
+ *   pfc_step (embeddings allgathered, head forward + backward, the embedding gradient reduce-scattered
+ *   back); returns the global mean loss and writes dL/d(this rank's embeddings) into grad_emb;
+ * - Worker.backward(lr): ps_push of the sampled rows' gradients with lr, ps_wait;
+ * - Worker.skip(): ends a forward that gets no backward with an empty push flagged PS_PUSH_SKIPPED, so the
+ *   step clock moves on (the servers leave the table as it was).
  *
- * Errors raise pfcps.PfcpsError (a RuntimeError) carrying pf_errmsg() and the negative code in .code. A failure
- * after the step's pull was posted leaves the worker broken (every later call raises, naming the first error):
- * its step clock can no longer match the servers'. Errors before anything was sent (a label outside [0, C),
- * a batch of another size) leave it usable. The blocking calls release the GIL. */
+ * Errors raise pfcps.PfcpsError (a RuntimeError) carrying pf_errmsg() and the negative code in .code. A
+ * failure after the step's pull was posted leaves the worker broken (every later call raises, naming the
+ * first error): its step clock can no longer match the servers'. Errors before anything was sent (a label
+ * outside [0, C), a batch of another size) leave it usable. The blocking calls release the GIL. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -58,9 +57,11 @@ static PyObject *raise_code(int code, const char *msg)
 }
 
 typedef struct {
+    /* clang-format off */
     PyObject_HEAD
-    pf_config cfg; /* this process' config: the file, then the overrides */
-    pf_config run; /* the run's config (server 0's), from the rendezvous */
+        /* clang-format on */
+        pf_config cfg; /* this process' config: the file, then the overrides */
+    pf_config run;     /* the run's config (server 0's), from the rendezvous */
     char host[256];
     int port;
     char secret[CFG_STR];
@@ -134,10 +135,10 @@ static PyObject *fail_step(Worker *w, int rc, const char *what)
 }
 
 /* Worker(config, rank, world_size, sets=()): loads `config` (a pfcps INI file) with the `sets` ("key=value"
- * strings, as --set) applied, checks rank in [0, workers) and the join secret (config `secret` or PFCPS_SECRET),
- * then joins the run as worker `rank` exactly as pfcps-worker does: the data plane's interface
- * (daemon_bind_data_plane), the two endpoints (train_net_open / train_net_address), the join (cli_join_run, up
- * to ctl_timeout), the run config's check against this one (train_net_check_run; world_size must equal the
+ * strings, as --set) applied, checks rank in [0, workers) and the join secret (config `secret` or
+ * PFCPS_SECRET), then joins the run as worker `rank` exactly as pfcps-worker does: the data plane's interface
+ * (daemon_bind_data_plane), the two endpoints (train_net_open / train_net_address), the join (cli_join_run,
+ * up to ctl_timeout), the run config's check against this one (train_net_check_run; world_size must equal the
  * run's workers), the connections to every server and the ring (train_net_connect). Raises PfcpsError with
  * pfcps's message on any failure (servers unreachable, wrong secret: "... within ctl_timeout"). */
 static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
@@ -157,7 +158,8 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
         return -1;
     }
     /* The overrides as C strings, "workers=<world_size>" first (the run must have one worker per rank). */
-    PyObject *seq = sets_obj && sets_obj != Py_None ? PySequence_Fast(sets_obj, "sets must be a sequence") : NULL;
+    PyObject *seq =
+        sets_obj && sets_obj != Py_None ? PySequence_Fast(sets_obj, "sets must be a sequence") : NULL;
     if (sets_obj && sets_obj != Py_None && !seq)
         return -1;
     Py_ssize_t ns = seq ? PySequence_Fast_GET_SIZE(seq) : 0;
@@ -198,8 +200,7 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
     snprintf(w->secret, sizeof w->secret, "%s", secret);
     uint8_t packed[CTL_MAX_ADDR];
     size_t plen = sizeof packed;
-    Py_BEGIN_ALLOW_THREADS
-    rc = daemon_bind_data_plane(&w->cfg, w->host, w->port);
+    Py_BEGIN_ALLOW_THREADS rc = daemon_bind_data_plane(&w->cfg, w->host, w->port);
     if (rc == 0)
         rc = train_net_open(&w->net, &w->cfg, rank);
     if (rc == 0)
@@ -210,12 +211,12 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
     if (rc == 0)
         rc = train_net_check_run(&w->cfg, &w->run);
     if (rc == 0 && w->run.workers != world)
-        rc = pf_err(-EINVAL, "the run has workers = %d, but torch.distributed has world_size %d", w->run.workers,
-                    world);
+        rc = pf_err(-EINVAL, "the run has workers = %d, but torch.distributed has world_size %d",
+                    w->run.workers, world);
     if (rc == 0)
         rc = train_net_connect(&w->net, &w->run, ctl_session_book(w->sess), rank, w->secret);
-    Py_END_ALLOW_THREADS
-    if (rc < 0) {
+    Py_END_ALLOW_THREADS if (rc < 0)
+    {
         /* The endpoints stay open until the process exits (common/daemon.h, daemon_exit_now: libfabric 1.17's
          * tcp;ofi_rxm may crash in fi_close while peers go away); the session is closed. */
         if (w->sess) {
@@ -230,9 +231,9 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
     return 0;
 }
 
-/* head_init(batch, sample_rate, s, m1, m2, m3, threshold): the Partial FC head of this worker (pfc_init, global
- * head mode: the W x batch rows of all workers, this worker's partition of the classes c mod W == rank, its
- * straight-through margin gradient as arcface_torch's CombinedMarginLoss, the loss floored as its
+/* head_init(batch, sample_rate, s, m1, m2, m3, threshold): the Partial FC head of this worker (pfc_init,
+ * global head mode: the W x batch rows of all workers, this worker's partition of the classes c mod W ==
+ * rank, its straight-through margin gradient as arcface_torch's CombinedMarginLoss, the loss floored as its
  * clamp_min(1e-30)). batch: rows per worker per step, fixed from here on. */
 static PyObject *Worker_head_init(Worker *w, PyObject *args)
 {
@@ -282,13 +283,15 @@ static int push_skipped(Worker *w)
 }
 
 /* A C-contiguous buffer of `n` items of `itemsize` bytes (writable when asked). 0 or raises. */
-static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t n, Py_ssize_t itemsize, int writable, const char *name)
+static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t n, Py_ssize_t itemsize, int writable,
+                   const char *name)
 {
     if (PyObject_GetBuffer(o, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
     if (b->itemsize != itemsize || b->len != n * itemsize) {
-        PyErr_Format(PyExc_ValueError, "pfcps worker: %s has %zd bytes of %zd-byte items, want %zd items of %zd",
-                     name, b->len, b->itemsize, n, itemsize);
+        PyErr_Format(PyExc_ValueError,
+                     "pfcps worker: %s has %zd bytes of %zd-byte items, want %zd items of %zd", name, b->len,
+                     b->itemsize, n, itemsize);
         PyBuffer_Release(b);
         return -1;
     }
@@ -298,9 +301,10 @@ static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t n, Py_ssize_t itemsize,
 /* forward(embeddings, labels, grad_embeddings) -> loss. embeddings: (batch, D) float32, C-contiguous; labels:
  * (batch) int64; grad_embeddings: writable (batch, D) float32. Samples, pulls and runs the head for step
  * `step` (one step of the whole run: every worker calls it with its own batch), returns the global mean loss
- * over the W x batch rows (float, the same on every rank) and writes dL/d(this rank's embeddings) of that mean
- * into grad_embeddings. A previous forward without backward gets its skipped push first. Raises PfcpsError:
- * a label outside [0, num_classes) (the worker stays usable), a server or ring failure, the loss not finite. */
+ * over the W x batch rows (float, the same on every rank) and writes dL/d(this rank's embeddings) of that
+ * mean into grad_embeddings. A previous forward without backward gets its skipped push first. Raises
+ * PfcpsError: a label outside [0, num_classes) (the worker stays usable), a server or ring failure, the loss
+ * not finite. */
 static PyObject *Worker_forward(Worker *w, PyObject *args)
 {
     PyObject *eo, *lo, *go;
@@ -327,8 +331,8 @@ static PyObject *Worker_forward(Worker *w, PyObject *args)
     double loss = 0;
     const int64_t *ids = NULL;
     int64_t k = 0;
-    Py_BEGIN_ALLOW_THREADS
-    if (w->pending) {
+    Py_BEGIN_ALLOW_THREADS if (w->pending)
+    {
         rc = push_skipped(w);
         if (rc == 0) {
             w->pending = 0;
@@ -350,16 +354,17 @@ static PyObject *Worker_forward(Worker *w, PyObject *args)
         stage = 3;
         rc = pfc_step(&w->x, (const float *)eb.buf, w->centers, &loss, (float *)gb.buf, w->grad_centers);
     }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&eb);
+    Py_END_ALLOW_THREADS PyBuffer_Release(&eb);
     PyBuffer_Release(&lb);
     PyBuffer_Release(&gb);
     if (rc < 0) {
         if (stage == 1 && rc == -ERANGE)
             return raise_code(rc, pf_errmsg()); /* nothing sent for this step: the worker stays usable */
-        return fail_step(w, rc, stage == 0 ? "the skipped push of the step before" : stage == 1 ? "sampling"
-                                : stage == 2                                            ? "pull"
-                                                                                        : "head");
+        return fail_step(w, rc,
+                         stage == 0   ? "the skipped push of the step before"
+                         : stage == 1 ? "sampling"
+                         : stage == 2 ? "pull"
+                                      : "head");
     }
     w->pending = 1;
     w->last_k = k;
@@ -367,8 +372,8 @@ static PyObject *Worker_forward(Worker *w, PyObject *args)
 }
 
 /* backward(lr): pushes the row gradients of the last forward's sampled rows with learning rate lr (float, the
- * servers apply SGD with the run's momentum and weight_decay at that lr) and waits for the servers to take it;
- * the step is then done. Raises PfcpsError when no forward is pending or the push fails. */
+ * servers apply SGD with the run's momentum and weight_decay at that lr) and waits for the servers to take
+ * it; the step is then done. Raises PfcpsError when no forward is pending or the push fails. */
 static PyObject *Worker_backward(Worker *w, PyObject *args)
 {
     double lr;
@@ -377,16 +382,14 @@ static PyObject *Worker_backward(Worker *w, PyObject *args)
     if (check_usable(w) < 0)
         return NULL;
     if (!w->pending)
-        return raise_code(-EINVAL, "pfcps worker: backward without a forward (each forward has one backward)");
+        return raise_code(-EINVAL,
+                          "pfcps worker: backward without a forward (each forward has one backward)");
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    ps_req *req = NULL;
+    Py_BEGIN_ALLOW_THREADS ps_req *req = NULL;
     rc = ps_push(w->net.ps, w->x.ids, (size_t)w->last_k, w->grad_centers, (float)lr, w->step, &req);
     if (rc == 0)
         rc = ps_wait(w->net.ps, req, w->net.wait_s);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return fail_step(w, rc, "push");
+    Py_END_ALLOW_THREADS if (rc < 0) return fail_step(w, rc, "push");
     w->pending = 0;
     w->step++;
     Py_RETURN_NONE;
@@ -402,27 +405,22 @@ static PyObject *Worker_skip(Worker *w, PyObject *noargs)
     if (!w->pending)
         Py_RETURN_NONE;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = push_skipped(w);
-    Py_END_ALLOW_THREADS
-    if (rc < 0)
-        return fail_step(w, rc, "skipped push");
+    Py_BEGIN_ALLOW_THREADS rc = push_skipped(w);
+    Py_END_ALLOW_THREADS if (rc < 0) return fail_step(w, rc, "skipped push");
     w->pending = 0;
     w->step++;
     Py_RETURN_NONE;
 }
 
 /* Stops the watcher, leaves the run in order (a pending push is sent skipped first, and every worker meets at
- * a ring barrier when the run is healthy) and closes the control session. The fabric endpoints stay open until
- * the process exits (as pfcps-worker: common/daemon.h daemon_exit_now). */
+ * a ring barrier when the run is healthy) and closes the control session. The fabric endpoints stay open
+ * until the process exits (as pfcps-worker: common/daemon.h daemon_exit_now). */
 static void worker_leave(Worker *w)
 {
     if (!w->joined)
         return;
     int healthy = !w->failed && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE);
-    Py_BEGIN_ALLOW_THREADS
-    if (healthy && w->pending && push_skipped(w) == 0)
-        w->pending = 0;
+    Py_BEGIN_ALLOW_THREADS if (healthy && w->pending && push_skipped(w) == 0) w->pending = 0;
     if (healthy && w->net.have_coll)
         coll_barrier(&w->net.coll);
     __atomic_store_n(&w->watch_done, 1, __ATOMIC_RELEASE);
@@ -431,8 +429,7 @@ static void worker_leave(Worker *w)
     w->watching = 0;
     ctl_session_leave(w->sess);
     ctl_session_close(w->sess);
-    Py_END_ALLOW_THREADS
-    w->sess = NULL;
+    Py_END_ALLOW_THREADS w->sess = NULL;
     w->joined = 0;
 }
 
@@ -459,14 +456,15 @@ static PyObject *Worker_run_config(Worker *w, void *closure)
     if (!w->joined && !w->sess && w->run.num_classes == 0)
         return raise_code(-EINVAL, "pfcps worker: not joined");
     const pf_config *r = &w->run;
-    return Py_BuildValue(
-        "{s:L,s:i,s:i,s:i,s:d,s:d,s:d,s:d,s:d,s:(ddd),s:d,s:L,s:i,s:s,s:s,s:s,s:d,s:s,s:s}", "num_classes",
-        (long long)r->num_classes, "embedding_size", r->embedding_size, "servers", r->servers, "workers",
-        r->workers, "lr", r->lr, "momentum", r->momentum, "weight_decay", r->weight_decay, "sample_rate",
-        r->sample_rate, "scale", r->scale, "margin_list", r->margin_list[0], r->margin_list[1], r->margin_list[2],
-        "interclass_filtering_threshold", r->interclass_filtering_threshold, "seed", (long long)r->seed,
-        "batch_size", r->batch_size, "optimizer", r->optimizer, "pfc_update", r->pfc_update, "head_mode",
-        r->head_mode, "ctl_timeout", r->ctl_timeout, "provider", r->provider, "wire_dtype", r->wire_dtype);
+    return Py_BuildValue("{s:L,s:i,s:i,s:i,s:d,s:d,s:d,s:d,s:d,s:(ddd),s:d,s:L,s:i,s:s,s:s,s:s,s:d,s:s,s:s}",
+                         "num_classes", (long long)r->num_classes, "embedding_size", r->embedding_size,
+                         "servers", r->servers, "workers", r->workers, "lr", r->lr, "momentum", r->momentum,
+                         "weight_decay", r->weight_decay, "sample_rate", r->sample_rate, "scale", r->scale,
+                         "margin_list", r->margin_list[0], r->margin_list[1], r->margin_list[2],
+                         "interclass_filtering_threshold", r->interclass_filtering_threshold, "seed",
+                         (long long)r->seed, "batch_size", r->batch_size, "optimizer", r->optimizer,
+                         "pfc_update", r->pfc_update, "head_mode", r->head_mode, "ctl_timeout",
+                         r->ctl_timeout, "provider", r->provider, "wire_dtype", r->wire_dtype);
 }
 
 static PyObject *Worker_get_step(Worker *w, void *closure)
@@ -520,7 +518,11 @@ static PyTypeObject WorkerType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "pfcps._C", "pfcps's C worker (join, sampling, pull/push, CPU head)", -1, NULL,
+    PyModuleDef_HEAD_INIT,
+    "pfcps._C",
+    "pfcps's C worker (join, sampling, pull/push, CPU head)",
+    -1,
+    NULL,
     NULL,
     NULL,
     NULL,
@@ -534,9 +536,9 @@ PyMODINIT_FUNC PyInit__C(void)
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
-    PfcpsError = PyErr_NewExceptionWithDoc("pfcps.PfcpsError",
-                                           "A pfcps failure; str() is pfcps's message, .code the negative errno",
-                                           PyExc_RuntimeError, NULL);
+    PfcpsError = PyErr_NewExceptionWithDoc(
+        "pfcps.PfcpsError", "A pfcps failure; str() is pfcps's message, .code the negative errno",
+        PyExc_RuntimeError, NULL);
     if (!PfcpsError) {
         Py_DECREF(m);
         return NULL;
