@@ -8,7 +8,8 @@ push, wait: the module's whole step), timed from the call to the end of backward
 batch (labels uniform in [0, C), embeddings uniform in [-1, 1), a leaf tensor that requires its gradient,
 from torch.Generator seeded by the step) made before the clock starts. The lr comes from an SGD param group
 holding the module's parameter, as in a training script. Prints `RESULT steady_ms=... warmup_ms=... k=...
-first_loss=... last_loss=...`: medians of the first --warmup and the last --steady steps.
+first_loss=... last_loss=...`: medians of the first --warmup and the last --steady steps, and of the phases
+(sample, pull, head, push: the extension's own clocks, as scale_worker's) over the last --steady.
 --wait-fill: as scale_worker's, waits until every named server log says that every class center was
 generated (center_init = eager) before step 0."""
 import argparse
@@ -55,7 +56,7 @@ def main():
     opt = torch.optim.SGD([{"params": module.parameters()}], lr=float(get("lr")),
                           momentum=float(get("momentum")), weight_decay=float(get("weight_decay")))
     fill = wait_fill(a.wait_fill) if a.wait_fill else 0.0
-    times, losses = [], []
+    times, losses, phases = [], [], []
     for step in range(a.steps):
         g = torch.Generator().manual_seed(7 * 1000003 + step)
         labels = torch.randint(0, C, (B,), generator=g)
@@ -64,13 +65,17 @@ def main():
         loss = module(emb, labels)
         loss.backward()
         times.append(time.perf_counter() - t0)
+        phases.append(module._worker.phases)
         losses.append(float(loss))
         opt.step()
     module.close()
     warm = statistics.median(times[:a.warmup]) * 1e3
     steady = statistics.median(times[-a.steady:]) * 1e3
+    ph = {name: statistics.median(p[name] for p in phases[-a.steady:]) * 1e3
+          for name in ("sample", "pull", "head", "push")}
     print(f"RESULT C={C} D={D} B={B} r={rate:g} k={module._worker.k} steps={a.steps} warmup_ms={warm:.1f} "
-          f"steady_ms={steady:.1f} fill_s={fill:.2f} first_loss={losses[0]:.4f} last_loss={losses[-1]:.4f}")
+          f"steady_ms={steady:.1f} sample_ms={ph['sample']:.1f} pull_ms={ph['pull']:.1f} head_ms={ph['head']:.1f} "
+          f"push_ms={ph['push']:.1f} fill_s={fill:.2f} first_loss={losses[0]:.4f} last_loss={losses[-1]:.4f}")
 
 
 if __name__ == "__main__":

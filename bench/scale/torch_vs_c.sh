@@ -9,10 +9,11 @@
 # buildtype as BUILD_DIR for a like-for-like head, e.g. --config-settings=setup-args=-Dbuildtype=debugoptimized).
 # Per C and pair: `servers` pfcps-server daemons (center_init = eager; each measured step starts once every
 # center is generated) + scale_worker, then fresh servers + bench/scale/torch_head.py (the module's
-# `loss = module(emb, labels); loss.backward()`), in alternating order across pairs, then the peer (PartialFC_V2
-# semantics in PyTorch, same C, D, B and rows). One row each: steady ms per step (median of the last --steady
-# steps), the module / C worker ratio and peer / module. OpenBLAS / OpenMP threads: 2. Raw outputs in
-# PFCPS_SCALE_OUT (default a temp folder, printed at the end).
+# `loss = module(emb, labels); loss.backward()`), in alternating order across pairs, then the peer
+# (PartialFC_V2 semantics in PyTorch, same C, D, B and rows; 12 steps, steady = the last 10, as run.sh
+# --peer-steps 12). One row each: steady ms per step (median of the last --steady steps) with its phases
+# (medians), the module / C worker ratio (whole step and head phase) and peer / module. OpenBLAS / OpenMP
+# threads: 2. Raw outputs in PFCPS_SCALE_OUT (default a temp folder, printed at the end).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 [ $# -ge 2 ] || { sed -n '2,7p' "$0" >&2; exit 2; }
@@ -119,16 +120,17 @@ for C in "${CL[@]}"; do
     k=$(field k "$t") cs=$(field steady_ms "$c") ts=$(field steady_ms "$t") ps=
     if [ "$peer" = 1 ] && [ -n "$k" ]; then
       pres=$("$PY" "$here/peer_pfc.py" --classes "$C" --dim "$dim" --batch "$batch" --sampled "$k" \
-        --steps 20 --steady "$steady" 2>"$out/peer.$C.$p.log" | grep '^RESULT')
+        --steps 12 --warmup 5 --steady 10 --threads 2 2>"$out/peer.$C.$p.log" | grep '^RESULT')
       ps=$(field steady_ms "$pres")
     fi
     ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-    rows+=("| $C | $p | $k | $cs | $ts | **$(ratio "$ts" "$cs")** | ${ps:-n/a} | **$(ratio "$ps" "$ts")** |")
+    phases() { echo "$(field sample_ms "$1") + $(field pull_ms "$1") + $(field head_ms "$1") + $(field push_ms "$1")"; }
+    rows+=("| $C | $p | $k | $cs ($(phases "$c")) | $ts ($(phases "$t")) | **$(ratio "$ts" "$cs")** | $(ratio "$(field head_ms "$t")" "$(field head_ms "$c")") | ${ps:-n/a} | **$(ratio "$ps" "$ts")** |")
   done
 done
 echo
-echo "| C | pair | k | C worker ms/step | torch module ms/step | module / C worker | peer ms/step | peer / module |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| C | pair | k | C worker ms/step (sample + pull + head + push) | torch module ms/step (same phases) | module / C worker | head: module / C worker | peer ms/step | peer / module |"
+echo "|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
 echo "# raw outputs: $out"

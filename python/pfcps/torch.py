@@ -204,6 +204,12 @@ class PartialFC(torch.nn.Module):
             self._worker.skip()  # no backward will come: the step ends with an empty, skipped push
         return loss
 
+    def sampled_ids(self):
+        """The class ids this rank sampled at the last forward (int64 tensor, ascending): its rows of the step,
+        every positive of the global batch in its partition (classes c mod W == rank) plus its negatives."""
+        b = self._worker.sampled_ids()
+        return torch.frombuffer(bytearray(b), dtype=torch.int64) if b else torch.empty(0, dtype=torch.int64)
+
     def close(self):
         """Leaves the run in order (the servers end the run when every worker has left)."""
         self._worker.close()

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "common/cli.h"
+#include "common/clock.h"
 #include "common/coll.h"
 #include "common/config.h"
 #include "common/ctl.h"
@@ -57,11 +58,9 @@ static PyObject *raise_code(int code, const char *msg)
 }
 
 typedef struct {
-    /* clang-format off */
     PyObject_HEAD
-        /* clang-format on */
-        pf_config cfg; /* this process' config: the file, then the overrides */
-    pf_config run;     /* the run's config (server 0's), from the rendezvous */
+    pf_config cfg; /* this process' config: the file, then the overrides */
+    pf_config run; /* the run's config (server 0's), from the rendezvous */
     char host[256];
     int port;
     char secret[CFG_STR];
@@ -82,7 +81,8 @@ typedef struct {
     int64_t step;                  /* the step of the next forward (0-based global step) */
     int pending;                   /* forward of `step` done, its push not sent yet */
     int64_t last_k;
-    int failed; /* a step failed after its pull was posted: failed_msg */
+    double phase_s[4]; /* the last step's sample, pull, head (forward) and push (backward) wall seconds */
+    int failed;        /* a step failed after its pull was posted: failed_msg */
     char failed_msg[PF_ERRMSG_MAX + 64];
 } Worker;
 
@@ -184,6 +184,9 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
     w->rank = rank;
     w->world_size = world;
     log_init("torch", rank);
+    /* As pfcps-worker: per-step buffers (the sampled ids, the messages' rows) reuse heap pages instead of
+     * fresh zeroed mmaps every step (common/daemon.h). Process-wide: the training process' malloc. */
+    daemon_tune_malloc();
     rc = cfg_load_ex(&w->cfg, path, sets, (int)ns + 1, 0);
     free(sets);
     Py_XDECREF(seq);
@@ -200,7 +203,8 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
     snprintf(w->secret, sizeof w->secret, "%s", secret);
     uint8_t packed[CTL_MAX_ADDR];
     size_t plen = sizeof packed;
-    Py_BEGIN_ALLOW_THREADS rc = daemon_bind_data_plane(&w->cfg, w->host, w->port);
+    Py_BEGIN_ALLOW_THREADS
+    rc = daemon_bind_data_plane(&w->cfg, w->host, w->port);
     if (rc == 0)
         rc = train_net_open(&w->net, &w->cfg, rank);
     if (rc == 0)
@@ -215,8 +219,8 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
                     w->run.workers, world);
     if (rc == 0)
         rc = train_net_connect(&w->net, &w->run, ctl_session_book(w->sess), rank, w->secret);
-    Py_END_ALLOW_THREADS if (rc < 0)
-    {
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
         /* The endpoints stay open until the process exits (common/daemon.h, daemon_exit_now: libfabric 1.17's
          * tcp;ofi_rxm may crash in fi_close while peers go away); the session is closed. */
         if (w->sess) {
@@ -331,30 +335,39 @@ static PyObject *Worker_forward(Worker *w, PyObject *args)
     double loss = 0;
     const int64_t *ids = NULL;
     int64_t k = 0;
-    Py_BEGIN_ALLOW_THREADS if (w->pending)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    if (w->pending) {
         rc = push_skipped(w);
         if (rc == 0) {
             w->pending = 0;
             w->step++;
         }
     }
+    double t0 = pf_now_s(), t1 = t0, t2 = t0, t3 = t0;
     if (rc == 0) {
         stage = 1;
         rc = pfc_sample(&w->x, w->step, (const int64_t *)lb.buf, &ids, &k);
+        t1 = pf_now_s();
     }
     ps_req *req = NULL;
     if (rc == 0) {
         stage = 2;
         rc = ps_pull(w->net.ps, ids, (size_t)k, w->centers, w->step, &req);
     }
-    if (rc == 0)
+    if (rc == 0) {
         rc = ps_wait(w->net.ps, req, w->net.wait_s);
+        t2 = pf_now_s();
+    }
     if (rc == 0) {
         stage = 3;
         rc = pfc_step(&w->x, (const float *)eb.buf, w->centers, &loss, (float *)gb.buf, w->grad_centers);
+        t3 = pf_now_s();
     }
-    Py_END_ALLOW_THREADS PyBuffer_Release(&eb);
+    w->phase_s[0] = t1 - t0;
+    w->phase_s[1] = t2 - t1;
+    w->phase_s[2] = t3 - t2;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&eb);
     PyBuffer_Release(&lb);
     PyBuffer_Release(&gb);
     if (rc < 0) {
@@ -385,11 +398,16 @@ static PyObject *Worker_backward(Worker *w, PyObject *args)
         return raise_code(-EINVAL,
                           "pfcps worker: backward without a forward (each forward has one backward)");
     int rc;
-    Py_BEGIN_ALLOW_THREADS ps_req *req = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ps_req *req = NULL;
+    double t0 = pf_now_s();
     rc = ps_push(w->net.ps, w->x.ids, (size_t)w->last_k, w->grad_centers, (float)lr, w->step, &req);
     if (rc == 0)
         rc = ps_wait(w->net.ps, req, w->net.wait_s);
-    Py_END_ALLOW_THREADS if (rc < 0) return fail_step(w, rc, "push");
+    w->phase_s[3] = pf_now_s() - t0;
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return fail_step(w, rc, "push");
     w->pending = 0;
     w->step++;
     Py_RETURN_NONE;
@@ -405,8 +423,11 @@ static PyObject *Worker_skip(Worker *w, PyObject *noargs)
     if (!w->pending)
         Py_RETURN_NONE;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = push_skipped(w);
-    Py_END_ALLOW_THREADS if (rc < 0) return fail_step(w, rc, "skipped push");
+    Py_BEGIN_ALLOW_THREADS
+    rc = push_skipped(w);
+    Py_END_ALLOW_THREADS
+    if (rc < 0)
+        return fail_step(w, rc, "skipped push");
     w->pending = 0;
     w->step++;
     Py_RETURN_NONE;
@@ -420,7 +441,9 @@ static void worker_leave(Worker *w)
     if (!w->joined)
         return;
     int healthy = !w->failed && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE);
-    Py_BEGIN_ALLOW_THREADS if (healthy && w->pending && push_skipped(w) == 0) w->pending = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (healthy && w->pending && push_skipped(w) == 0)
+        w->pending = 0;
     if (healthy && w->net.have_coll)
         coll_barrier(&w->net.coll);
     __atomic_store_n(&w->watch_done, 1, __ATOMIC_RELEASE);
@@ -429,7 +452,8 @@ static void worker_leave(Worker *w)
     w->watching = 0;
     ctl_session_leave(w->sess);
     ctl_session_close(w->sess);
-    Py_END_ALLOW_THREADS w->sess = NULL;
+    Py_END_ALLOW_THREADS
+    w->sess = NULL;
     w->joined = 0;
 }
 
@@ -485,6 +509,17 @@ static PyObject *Worker_get_pending(Worker *w, void *closure)
     return PyBool_FromLong(w->pending);
 }
 
+/* sampled_ids() -> bytes: the class ids this worker sampled at the last forward (k int64, native byte order,
+ * ascending), the rows it pulled and pushes; b"" before the first forward. */
+static PyObject *Worker_sampled_ids(Worker *w, PyObject *noargs)
+{
+    (void)noargs;
+    if (!w->head_ready || !w->x.ids)
+        return PyBytes_FromStringAndSize("", 0);
+    return PyBytes_FromStringAndSize((const char *)w->x.ids,
+                                     (Py_ssize_t)(w->last_k * (int64_t)sizeof(int64_t)));
+}
+
 static PyMethodDef Worker_methods[] = {
     {"head_init", (PyCFunction)Worker_head_init, METH_VARARGS,
      "head_init(batch, sample_rate, s, m1, m2, m3, threshold): set up the Partial FC head (pfc_init)"},
@@ -494,14 +529,26 @@ static PyMethodDef Worker_methods[] = {
      "backward(lr): push the sampled rows' gradients at lr and wait"},
     {"skip", (PyCFunction)Worker_skip, METH_NOARGS, "skip(): end a forward that gets no backward"},
     {"close", (PyCFunction)Worker_close, METH_NOARGS, "close(): leave the run in order"},
+    {"sampled_ids", (PyCFunction)Worker_sampled_ids, METH_NOARGS,
+     "sampled_ids() -> bytes: the last forward's sampled class ids (int64, ascending)"},
     {NULL, NULL, 0, NULL},
 };
+
+static PyObject *Worker_get_phases(Worker *w, void *closure)
+{
+    (void)closure;
+    return Py_BuildValue("{s:d,s:d,s:d,s:d}", "sample", w->phase_s[0], "pull", w->phase_s[1], "head",
+                         w->phase_s[2], "push", w->phase_s[3]);
+}
 
 static PyGetSetDef Worker_getset[] = {
     {"run_config", (getter)Worker_run_config, NULL, "the run's config (server 0's), selected keys", NULL},
     {"step", (getter)Worker_get_step, NULL, "the global step of the next forward (0-based)", NULL},
     {"k", (getter)Worker_get_k, NULL, "class centers this worker sampled at the last forward", NULL},
     {"pending", (getter)Worker_get_pending, NULL, "a forward waits for its backward", NULL},
+    {"phases", (getter)Worker_get_phases, NULL,
+     "the last step's wall seconds: sample, pull (post to completion), head (forward + backward), push",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -5,6 +5,8 @@
 #     the module's parameter groups, PolynomialLRWarmup-like schedule, clip_grad_norm_(5)), trains 20 steps
 #     against 2 servers with 1 torch rank (ArcFace margin, s 64) and with 2 ranks (gloo, DDP; CosFace margin,
 #     s 32), sample_rate 1.0, the servers starting from the same safetensors centers as the reference;
+#   - and with 2 ranks at sample_rate 0.5, the reference sampling the ids the pfcps ranks sampled (checked
+#     against what pfcps's sampling promises: partition, order, count);
 #   - each step's loss equals the same script's plain-PyTorch Partial FC (full table as a torch Parameter,
 #     float64, one process over the global batch) within a relative 2e-5 (see TOL below);
 #   - the error cases raise pfcps.PfcpsError with pfcps's message: unreachable rendezvous (within ctl_timeout),
@@ -126,6 +128,28 @@ train_pfcps w2 2 --s 32 --margin 1 0 0.35
   --batch $BATCH --steps $STEPS --dtype float64 --s 32 --margin 1 0 0.35 --out "$TMP/w2_ref.json" \
   >"$TMP/w2_ref.log" 2>&1 || { cat "$TMP/w2_ref.log"; die "the reference run (2 ranks) failed"; }
 if compare w2 w2_ref; then ok "2 ranks: losses equal the PyTorch reference"; else fail "2 ranks: losses differ"; fi
+
+# 2 ranks at sample_rate 0.5 (ArcFace, s 64): the reference samples the ids each pfcps rank sampled (written
+# by the script per step), after checking that they are what pfcps's sampling promises: rank r's ids in its
+# partition (c mod 2 == r), ascending, max(positives, ceil(0.5 x 25)) = 13 of them (the global batch has 8
+# rows), every label of the global batch among them (the reference checks that). The unsampled rows move by weight decay and momentum in both.
+train_pfcps w2r 2 --sample-rate 0.5 --ids "$TMP/w2r.ids"
+"$PFCPS_PYTHON" - "$TMP/w2r.ids" $STEPS <<'PY' || fail "2 ranks at sample_rate 0.5: the sampled ids"
+import json, sys
+for r in range(2):
+    steps = json.load(open(f"{sys.argv[1]}.rank{r}.json"))
+    assert len(steps) == int(sys.argv[2]), len(steps)
+    for t, ids in enumerate(steps):
+        assert ids == sorted(set(ids)), (r, t, ids)
+        assert all(c % 2 == r and 0 <= c < 50 for c in ids), (r, t, ids)
+        assert len(ids) == 13, (r, t, len(ids))
+print("  sampled ids: per rank 13 of its partition, ascending")
+PY
+"$PFCPS_PYTHON" "$SCRIPT" train --head reference --centers "$TMP/centers.safetensors" --world 2 --C $C --D $D \
+  --batch $BATCH --steps $STEPS --dtype float64 --ids "$TMP/w2r.ids" --out "$TMP/w2r_ref.json" \
+  >"$TMP/w2r_ref.log" 2>&1 || { cat "$TMP/w2r_ref.log"; die "the reference run (2 ranks, sample_rate 0.5) failed"; }
+if compare w2r w2r_ref; then ok "2 ranks, sample_rate 0.5: losses equal the PyTorch reference on the same ids"; else
+  fail "2 ranks, sample_rate 0.5: losses differ"; fi
 
 # The error cases: a rendezvous nobody listens at (ctl_timeout 2), then the run of err.ini (ctl_timeout 10).
 write_run bad 1 2

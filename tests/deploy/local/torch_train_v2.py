@@ -6,15 +6,18 @@ The two lines that differ between the head implementations are marked "the two-l
     torch_train_v2.py make-centers OUT.safetensors C D SEED
     torch_train_v2.py train --head pfcps --run RUN.ini --steps N --batch B --out LOSSES.json [--dtype float32]
     torch_train_v2.py train --head reference --centers F.safetensors --world W ...   (one process, global batch)
+        --ids PREFIX: the pfcps run writes every step's sampled ids (PREFIX.rank<r>.json), the reference samples
+        the same ids (sample_rate < 1)
     torch_train_v2.py errors --run RUN.ini --bad-rendezvous RUN2.ini   (the error cases of tests/deploy/local/
                                                                        test_torch_partial_fc.sh)
 
-The reference head (`reference`) is a plain-PyTorch Partial FC at sample rate 1.0: the whole C x D table as a
-torch Parameter in the optimizer's second group (PartialFC_V2's layout), cosine logits clamped to [-1, 1], the
-margin of arcface_torch's CombinedMarginLoss (ArcFace: cos(acos(c) + m2) on the target with its no_grad,
-straight-through gradient; CosFace: c - m3), scale s, cross entropy averaged over the global batch. It runs the
-global batch of all W ranks in one process: without BatchNorm in the backbone, DDP's mean over ranks of W x the
-local embedding gradient (arcface_torch's AllGather backward) is the gradient of the global mean loss, which the
+The reference head (`reference`) is a plain-PyTorch Partial FC, at sample rate 1.0 or on the ids the pfcps
+run sampled (--ids): the whole C x D table as a torch Parameter in the optimizer's second group (PartialFC_V2's
+layout), cosine logits clamped to [-1, 1], the margin of arcface_torch's CombinedMarginLoss (ArcFace:
+cos(acos(c) + m2) on the target with its no_grad, straight-through gradient; CosFace: c - m3), scale s, cross
+entropy averaged over the global batch, its value floored as DistCrossEntropy's. It runs the global batch of
+all W ranks in one process: without BatchNorm in the backbone, DDP's mean over ranks of W x the local
+embedding gradient (arcface_torch's AllGather backward) is the gradient of the global mean loss, which the
 one-process run takes directly.
 
 Data: every rank's batch of step t is drawn from torch.Generator seeded (seed, t, rank), so the reference can
@@ -72,12 +75,23 @@ class ReferencePartialFC(torch.nn.Module):
         self.margin_loss = margin_loss
         self.weight = torch.nn.Parameter(weight.clone())
 
-    def forward(self, embeddings, labels):
-        logits = F.linear(F.normalize(embeddings), F.normalize(self.weight)).clamp(-1, 1)
-        logits = self.margin_loss(logits, labels.reshape(-1))
+    def forward(self, embeddings, labels, ids=None):
+        """ids: the sampled class ids of the step (sorted; every label among them), or None for all classes.
+        As PartialFC_V2, the gradient reaches the sampled rows only, while SGD's weight decay and momentum move
+        every row of the table."""
+        labels = labels.reshape(-1)
+        weight = self.weight
+        if ids is not None:
+            weight = self.weight[ids]
+            cols = torch.searchsorted(ids, labels).clamp(max=len(ids) - 1)
+            if not torch.equal(ids[cols], labels):
+                raise SystemExit("the sampled ids miss a positive class of the batch")
+            labels = cols
+        logits = F.linear(F.normalize(embeddings), F.normalize(weight)).clamp(-1, 1)
+        logits = self.margin_loss(logits, labels)
         # arcface_torch's DistCrossEntropy: the value floors p_target at 1e-30 (a row counts at most
         # -log(1e-30) = 69.0776), the gradient is softmax - onehot whatever the floor.
-        ce = F.cross_entropy(logits, labels.reshape(-1), reduction="none")
+        ce = F.cross_entropy(logits, labels, reduction="none")
         floored = torch.clamp(ce, max=-math.log(1e-30))
         return ce.mean() + (floored.mean() - ce.mean()).detach()
 
@@ -142,7 +156,14 @@ def train(a):
     opt = torch.optim.SGD(params=[{"params": net.parameters()}, {"params": module.parameters()}], lr=a.lr,
                           momentum=0.9, weight_decay=a.wd)
     sched = PolynomialLRWarmup(opt, a.warmup, a.steps)
-    losses, lrs = [], []
+    losses, lrs, ids_seen = [], [], []
+    sampled = None
+    if a.head == "reference" and a.ids:
+        # Every rank's sampled ids of every step, as the pfcps run wrote them (--ids): the reference samples
+        # the same columns (the ranks' partitions are disjoint: their union is the step's sample).
+        per_rank = [json.load(open(f"{a.ids}.rank{r}.json")) for r in range(steps_world)]
+        sampled = [torch.tensor(sorted(sum((pr[t] for pr in per_rank), [])), dtype=torch.int64)
+                   for t in range(a.steps)]
     t0 = time.time()
     for step in range(a.steps):
         if a.head == "pfcps":
@@ -152,7 +173,11 @@ def train(a):
             images = torch.cat([p[0] for p in parts])
             labels = torch.cat([p[1] for p in parts])
         emb = model(images)
-        loss = module(emb, labels)
+        if a.head == "pfcps":
+            loss = module(emb, labels)
+            ids_seen.append(module.sampled_ids().tolist())
+        else:
+            loss = module(emb, labels, sampled[step] if sampled is not None else None)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 5)
         lrs.append(opt.param_groups[1]["lr"])
@@ -163,6 +188,9 @@ def train(a):
     secs = time.time() - t0
     if a.head == "pfcps":
         module.close()
+        if a.ids:
+            with open(f"{a.ids}.rank{rank}.json", "w") as f:
+                json.dump(ids_seen, f)
     if rank == 0:
         with open(a.out, "w") as f:
             json.dump({"losses": losses, "lrs": lrs, "seconds": secs}, f)
@@ -274,6 +302,8 @@ def main():
             t.add_argument("--s", type=float, default=64.0)
             t.add_argument("--margin", type=float, nargs=3, default=[1.0, 0.5, 0.0])
             t.add_argument("--dtype", default="float32")
+            t.add_argument("--ids", help="pfcps: write each step's sampled ids to IDS.rank<r>.json; reference: "
+                                         "sample those ids (every rank's) instead of all classes")
         else:
             t.add_argument("--bad-rendezvous", required=True)
             t.add_argument("--kill-wait", default="2")
