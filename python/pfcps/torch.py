@@ -126,7 +126,8 @@ class PartialFC(torch.nn.Module):
         self.lr = lr
         self.rank, self.world_size = _dist()
         self.run = os.fspath(run)
-        self._worker = _C.Worker(self.run, self.rank, self.world_size, [str(s) for s in sets])
+        self._worker = _C.Worker(self.run, self.rank, self.world_size, [str(s) for s in sets],
+                                 num_classes=self.num_classes, embedding_size=self.embedding_size)
         cfg = self._worker.run_config
         self.run_config = cfg
         if cfg["num_classes"] != self.num_classes or cfg["embedding_size"] != self.embedding_size:

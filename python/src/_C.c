@@ -134,20 +134,23 @@ static PyObject *fail_step(Worker *w, int rc, const char *what)
     return raise_code(rc, w->failed_msg);
 }
 
-/* Worker(config, rank, world_size, sets=()): loads `config` (a pfcps INI file) with the `sets` ("key=value"
- * strings, as --set) applied, checks rank in [0, workers) and the join secret (config `secret` or
- * PFCPS_SECRET), then joins the run as worker `rank` exactly as pfcps-worker does: the data plane's interface
- * (daemon_bind_data_plane), the two endpoints (train_net_open / train_net_address), the join (cli_join_run,
- * up to ctl_timeout), the run config's check against this one (train_net_check_run; world_size must equal the
- * run's workers), the connections to every server and the ring (train_net_connect). Raises PfcpsError with
- * pfcps's message on any failure (servers unreachable, wrong secret: "... within ctl_timeout"). */
+/* Worker(config, rank, world_size, sets=(), num_classes=0, embedding_size=0): loads `config` (a pfcps INI
+ * file) with the `sets` ("key=value" strings, as --set) applied, checks rank in [0, workers) and the join
+ * secret (config `secret` or PFCPS_SECRET), then joins the run as worker `rank` exactly as pfcps-worker does:
+ * the data plane's interface (daemon_bind_data_plane), the two endpoints (train_net_open /
+ * train_net_address), the join (cli_join_run, up to ctl_timeout), the run config's check against this one
+ * (train_net_check_run; world_size must equal the run's workers), the connections to every server and the
+ * ring (train_net_connect). Raises PfcpsError with pfcps's message on any failure (servers unreachable, wrong
+ * secret: "... within ctl_timeout"). */
 static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"config", "rank", "world_size", "sets", NULL};
+    static char *kwlist[] = {"config", "rank", "world_size", "sets", "num_classes", "embedding_size", NULL};
     const char *path;
-    int rank, world;
+    int rank, world, want_d = 0;
+    long long want_c = 0;
     PyObject *sets_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sii|O", kwlist, &path, &rank, &world, &sets_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sii|OLi", kwlist, &path, &rank, &world, &sets_obj, &want_c,
+                                     &want_d))
         return -1;
     if (w->joined) {
         PyErr_SetString(PyExc_RuntimeError, "pfcps worker: already joined");
@@ -194,6 +197,16 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
         raise_code(rc, pf_errmsg());
         return -1;
     }
+    /* The caller's C and D (0: not checked) against the config before joining: a mismatch must not join and
+     * leave (a run whose only worker leaves ends). The run's own values are checked after the join. */
+    if ((want_c > 0 && w->cfg.num_classes != want_c) || (want_d > 0 && w->cfg.embedding_size != want_d)) {
+        PyErr_Format(
+            PyExc_ValueError,
+            "pfcps worker: num_classes=%lld, embedding_size=%d asked, but %s has num_classes = %lld, "
+            "embedding_size = %d",
+            want_c, want_d, path, (long long)w->cfg.num_classes, w->cfg.embedding_size);
+        return -1;
+    }
     const char *secret = NULL;
     if ((rc = cli_member_check(&w->cfg, rank, w->cfg.workers, "workers", w->host, sizeof w->host, &w->port,
                                &secret)) < 0) {
@@ -213,7 +226,7 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
         rc = cli_join_run(&w->cfg, w->host, w->port, CTL_ROLE_WORKER, rank, packed, plen, w->secret, &w->sess,
                           &w->run);
     if (rc == 0)
-        rc = train_net_check_run(&w->cfg, &w->run);
+        rc = train_net_check_run(&w->cfg, &w->run); /* C, D, servers, wire dtype, provider: the run's */
     if (rc == 0 && w->run.workers != world)
         rc = pf_err(-EINVAL, "the run has workers = %d, but torch.distributed has world_size %d",
                     w->run.workers, world);

@@ -233,10 +233,20 @@ def errors(a):
     fails = 0
     margin = Margin(64.0, 1.0, 0.5, 0.0)
     mk = lambda run, sets=(): pfcps.torch.PartialFC(margin, a.D, a.C, 1.0, run=run, sets=sets)
+    # A config file that is not there: pfcps's config loader names it.
+    fails += expect_error("missing_config", lambda: mk(a.run + ".missing"), ".missing")
     # Nobody listens at the rendezvous of a.bad_rendezvous (ctl_timeout = 2 there).
     fails += expect_error("unreachable", lambda: mk(a.bad_rendezvous), "", max_s=2 + 8)
     # A wrong secret: the rendezvous refuses the join.
     fails += expect_error("wrong_secret", lambda: mk(a.run, ["secret=not-the-run-secret"]), "secret", max_s=30)
+    try:  # the run's num_classes differs from the module's: ValueError naming both, before any join
+        pfcps.torch.PartialFC(margin, a.D, a.C + 1, 1.0, run=a.run)
+        print("FAIL class_mismatch: no error")
+        fails += 1
+    except ValueError as e:
+        ok_ = f"num_classes={a.C + 1}" in str(e) and f"num_classes = {a.C}" in str(e)
+        print(f"{'ok  ' if ok_ else 'FAIL'} class_mismatch: ValueError: {e}")
+        fails += 0 if ok_ else 1
     m = mk(a.run)
     net = backbone(a.D, torch.float32)
     opt = torch.optim.SGD([{"params": net.parameters()}, {"params": m.parameters()}], lr=0.1, momentum=0.9,
