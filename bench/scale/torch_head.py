@@ -9,7 +9,9 @@ batch (labels uniform in [0, C), embeddings uniform in [-1, 1), a leaf tensor th
 from torch.Generator seeded by the step) made before the clock starts. The lr comes from an SGD param group
 holding the module's parameter, as in a training script. Prints `RESULT steady_ms=... warmup_ms=... k=...
 first_loss=... last_loss=...`: medians of the first --warmup and the last --steady steps, and of the phases
-(sample, pull, head, push: the extension's own clocks, as scale_worker's) over the last --steady.
+(sample, pull, head, push: the extension's own clocks, as scale_worker's) over the last --steady, and the
+process' CPU seconds per step (user + system, all threads; mean over the last --steady, as scale_worker's
+worker_cpu_s_per_step).
 --wait-fill: as scale_worker's, waits until every named server log says that every class center was
 generated (center_init = eager) before step 0."""
 import argparse
@@ -56,15 +58,16 @@ def main():
     opt = torch.optim.SGD([{"params": module.parameters()}], lr=float(get("lr")),
                           momentum=float(get("momentum")), weight_decay=float(get("weight_decay")))
     fill = wait_fill(a.wait_fill) if a.wait_fill else 0.0
-    times, losses, phases = [], [], []
+    times, losses, phases, cpus = [], [], [], []
     for step in range(a.steps):
         g = torch.Generator().manual_seed(7 * 1000003 + step)
         labels = torch.randint(0, C, (B,), generator=g)
         emb = (torch.rand(B, D, generator=g) * 2 - 1).requires_grad_()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         loss = module(emb, labels)
         loss.backward()
         times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
         phases.append(module._worker.phases)
         losses.append(float(loss))
         opt.step()
@@ -75,7 +78,8 @@ def main():
           for name in ("sample", "pull", "head", "push")}
     print(f"RESULT C={C} D={D} B={B} r={rate:g} k={module._worker.k} steps={a.steps} warmup_ms={warm:.1f} "
           f"steady_ms={steady:.1f} sample_ms={ph['sample']:.1f} pull_ms={ph['pull']:.1f} head_ms={ph['head']:.1f} "
-          f"push_ms={ph['push']:.1f} fill_s={fill:.2f} first_loss={losses[0]:.4f} last_loss={losses[-1]:.4f}")
+          f"push_ms={ph['push']:.1f} worker_cpu_s_per_step={sum(cpus[-a.steady:]) / a.steady:.3f} "
+          f"fill_s={fill:.2f} first_loss={losses[0]:.4f} last_loss={losses[-1]:.4f}")
 
 
 if __name__ == "__main__":

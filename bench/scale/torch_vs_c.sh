@@ -12,7 +12,8 @@
 # `loss = module(emb, labels); loss.backward()`), in alternating order across pairs, then the peer
 # (PartialFC_V2 semantics in PyTorch, same C, D, B and rows; 12 steps, steady = the last 10, as run.sh
 # --peer-steps 12). One row each: steady ms per step (median of the last --steady steps) with its phases
-# (medians), the module / C worker ratio (whole step and head phase) and peer / module. OpenBLAS / OpenMP
+# (medians), the module / C worker ratio (whole step and head phase), the worker process' CPU seconds per
+# step (steadier than wall time on a shared machine) and peer / module. OpenBLAS / OpenMP
 # threads: 2. Raw outputs in PFCPS_SCALE_OUT (default a temp folder, printed at the end).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -125,12 +126,13 @@ for C in "${CL[@]}"; do
     fi
     ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
     phases() { echo "$(field sample_ms "$1") + $(field pull_ms "$1") + $(field head_ms "$1") + $(field push_ms "$1")"; }
-    rows+=("| $C | $p | $k | $cs ($(phases "$c")) | $ts ($(phases "$t")) | **$(ratio "$ts" "$cs")** | $(ratio "$(field head_ms "$t")" "$(field head_ms "$c")") | ${ps:-n/a} | **$(ratio "$ps" "$ts")** |")
+    cc=$(field worker_cpu_s_per_step "$c") tc=$(field worker_cpu_s_per_step "$t")
+    rows+=("| $C | $p | $k | $cs ($(phases "$c")) | $ts ($(phases "$t")) | **$(ratio "$ts" "$cs")** | $(ratio "$(field head_ms "$t")" "$(field head_ms "$c")") | $cc / $tc (**$(ratio "$tc" "$cc")**) | ${ps:-n/a} | **$(ratio "$ps" "$ts")** |")
   done
 done
 echo
-echo "| C | pair | k | C worker ms/step (sample + pull + head + push) | torch module ms/step (same phases) | module / C worker | head: module / C worker | peer ms/step | peer / module |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| C | pair | k | C worker ms/step (sample + pull + head + push) | torch module ms/step (same phases) | module / C worker | head: module / C worker | worker CPU s/step: C / module (module / C) | peer ms/step | peer / module |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 echo
 echo "# raw outputs: $out"

@@ -24,9 +24,10 @@ SCRIPT=$HERE/torch_train_v2.py
 C=50 D=16 STEPS=20 BATCH=4
 # Relative tolerance per step. The pfcps run computes in float32 (torch's backbone, pfcps's head in BLAS
 # SGEMMs, the servers' SGD), the reference in float64: float32's rounding (eps 1.2e-7) carried through 20
-# steps of SGD gave at most 1.1e-6 relative (1 rank), 4.9e-7 (2 ranks), 1.6e-6 (2 ranks, rate 0.5) in the runs
-# this test was written with. Mismatches land far above 2e-5 (max over the 20 steps, 1 rank, reference against itself): weight_decay
-# 0 instead of 5e-4 1.9e-3, lr 0.101 instead of 0.1 8.0e-3, a warm-up of 2 steps instead of 3 0.18.
+# steps of SGD gave at most 1.1e-6 relative (1 rank), 4.9e-7 (2 ranks) and 1.6e-6 (2 ranks, rate 0.5) in the
+# runs this test was written with. Mismatches land far above 2e-5 (max over the 20 steps, 1 rank, reference
+# against itself): weight_decay 0 instead of 5e-4 1.9e-3, lr 0.101 instead of 0.1 8.0e-3, a warm-up of 2 steps
+# instead of 3 0.18.
 TOL=2e-5
 
 # Build and install the package as a user would (pip install ./python), without network: meson-python from
