@@ -85,6 +85,7 @@ class _PartialFCFunction(torch.autograd.Function):
         grad = torch.empty_like(emb)
         loss = w.forward(emb.numpy(), lab.numpy(), grad.numpy())
         ctx.module = module
+        ctx.step = w.step  # the step this forward ran; its backward must end that step
         ctx.grad = grad
         ctx.emb_device, ctx.emb_dtype = embeddings.device, embeddings.dtype
         return torch.tensor(loss, dtype=torch.float32, device=embeddings.device)
@@ -92,7 +93,11 @@ class _PartialFCFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         module = ctx.module
-        module._worker.backward(module._lr())
+        w = module._worker
+        if not w.pending or w.step != ctx.step:
+            raise _error(f"pfcps PartialFC: backward of step {ctx.step}, but that step was already ended (by a later "
+                         f"forward, or a backward before); one forward, then its backward, per step")
+        w.backward(module._lr())
         g = ctx.grad
         ctx.grad = None
         g = g * (float(module.world_size) * float(grad_loss.detach().to("cpu", torch.float64)))

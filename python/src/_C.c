@@ -292,8 +292,9 @@ static PyObject *Worker_head_init(Worker *w, PyObject *args)
 /* Sends the empty, skipped push of a step whose forward ran without a backward. 0 or a negative code. */
 static int push_skipped(Worker *w)
 {
+    /* No rows, but real buffers: the client borrows the gradients (train_net_connect) and refuses NULL. */
     ps_req *req = NULL;
-    int rc = ps_push_ex(w->net.ps, NULL, 0, NULL, 0.0f, w->step, PS_PUSH_SKIPPED, &req);
+    int rc = ps_push_ex(w->net.ps, w->x.ids, 0, w->grad_centers, 0.0f, w->step, PS_PUSH_SKIPPED, &req);
     if (rc == 0)
         rc = ps_wait(w->net.ps, req, w->net.wait_s);
     return rc;

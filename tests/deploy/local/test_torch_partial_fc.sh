@@ -11,8 +11,9 @@
 #     float64, one process over the global batch) within a relative 2e-5 (see TOL below);
 #   - the error cases raise pfcps.PfcpsError with pfcps's message: a missing config file, an unreachable
 #     rendezvous (within ctl_timeout), a wrong secret, labels C and -1 (the module stays usable), a batch-size
-#     change, a server killed mid-run, and every call after that; num_classes other than the run's raises
-#     ValueError before joining.
+#     change, the backward of a step a later forward already ended, a server killed mid-run, and every call
+#     after that; num_classes other than the run's raises ValueError before joining; forwards under no_grad
+#     end their steps skipped (two in a row give the same loss: no row moved).
 # Skips (77, or fails under PFCPS_REQUIRE_REFERENCES=1) when PFCPS_PYTHON lacks torch, numpy, safetensors or
 # mesonpy (meson-python; tests/pyenv.sh installs them), or ninja is missing.
 source "$(dirname "$0")/cluster.sh" "$@"
@@ -164,7 +165,7 @@ wait_log "$TMP/errors.log" KILL-SERVER-1 60 || { cat "$TMP/errors.log"; die "the
 kill -KILL "${SPIDS[1]}"
 s=0; wait "$EP" || s=$?
 grep -E "^(ok|FAIL) " "$TMP/errors.log"
-for c in missing_config class_mismatch unreachable wrong_secret label_high label_negative batch_change server_lost after_failure; do
+for c in missing_config class_mismatch unreachable wrong_secret label_high label_negative batch_change stale_backward no_grad_skip server_lost after_failure; do
   grep -q "^ok   $c:" "$TMP/errors.log" || fail "error case $c"
 done
 [ "$s" -eq 0 ] || { tail -20 "$TMP/errors.log"; fail "the error script exited $s"; }

@@ -274,6 +274,27 @@ def errors(a):
         print(f"FAIL label_recovery: {e}")
         fails += 1
     fails += expect_error("batch_change", lambda: step(good + [0]), "batch size changed")
+
+    def two_forwards():  # the second forward ends the first's step (skipped): its backward must refuse
+        images, _ = batch(7, 0, 0, len(good), a.C, torch.float32)
+        first = m(net(images), torch.tensor(good))
+        second = m(net(images), torch.tensor(good))
+        second.backward()
+        first.backward()
+    fails += expect_error("stale_backward", two_forwards, "already ended")
+    # Forwards under no_grad end their steps at once, skipped: the servers move no row (PS_PUSH_SKIPPED), so two
+    # of them on the same batch give the same loss, bit for bit.
+    images, _ = batch(7, 0, 0, len(good), a.C, torch.float32)
+    with torch.no_grad():
+        l1, l2 = float(m(net(images), torch.tensor(good))), float(m(net(images), torch.tensor(good)))
+    print(f"{'ok  ' if l1 == l2 else 'FAIL'} no_grad_skip: two no_grad forwards: {l1!r} and {l2!r}")
+    fails += 0 if l1 == l2 else 1
+    opt.zero_grad()
+    try:  # and the module trains on
+        print(f"after the stale backward: loss {step(good):.4f}")
+    except Exception as e:
+        print(f"FAIL stale_recovery: {e}")
+        fails += 1
     # A lost server: the test kills server 1 once it sees this line, then the next step must fail within
     # the client's bound (4 x ctl_timeout).
     print("KILL-SERVER-1", flush=True)
