@@ -36,8 +36,10 @@ static void block_stop_signals(void)
     sigaddset(&stop_signals, SIGINT);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
 }
+#ifndef PFCPS_NO_PREINIT /* libs_only builds (python/): a shared object may not have a .preinit_array */
 __attribute__((used, section(".preinit_array"))) static void (*const preinit_block_stop_signals)(void) =
     block_stop_signals;
+#endif
 
 static void on_signal(int sig)
 {

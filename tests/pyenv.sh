@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # The Python used by the tests that check pfcps against independent implementations: Debian's numpy, Pillow, PyTorch
 # (1.13, CPU), scikit-learn and onnx, plus a venv (seeing those system packages) with what Debian lacks, from
-# PyPI: onnxruntime, safetensors, tensorboard, and lizard (tests/lint/lint.sh measures function lengths with
-# it). Idempotent: installs only what is missing. Prints the venv's python on stdout (last line); the tests find
+# PyPI: onnxruntime, safetensors, tensorboard, lizard (tests/lint/lint.sh measures function lengths with
+# it) and meson-python (tests/deploy/local/test_torch_partial_fc.sh builds python/ with it, without build
+# isolation). Idempotent: installs only what is missing. Prints the venv's python on stdout (last line); the tests find
 # it as $PFCPS_PYTHON and skip, naming what is missing, without it.
 # Environment: PFCPS_VENV (default <repo>/.venv-tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${PFCPS_VENV:-$(pwd)/.venv-tests}
 DEB=(python3-numpy python3-torch python3-sklearn python3-onnx python3-pil python3-venv python3-pip)
-PIP=(onnxruntime safetensors tensorboard lizard)
+PIP=(onnxruntime safetensors tensorboard lizard meson-python)
 
 missing=()
 for p in "${DEB[@]}"; do
