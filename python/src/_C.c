@@ -262,15 +262,18 @@ static PyObject *Worker_head_init(Worker *w, PyObject *args)
         return NULL;
     if (w->head_ready)
         return raise_code(-EINVAL, "pfcps worker: head_init twice");
+    /* The margin loss's values through the config's rules (margin_combine: arcface_torch's CombinedMarginLoss
+     * reads m3 > 0 as CosFace alone and refuses m1 != 1 otherwise). */
+    pf_config c = w->run;
+    c.scale = s;
+    c.margin_list[0] = m1;
+    c.margin_list[1] = m2;
+    c.margin_list[2] = m3;
+    c.interclass_filtering_threshold = thr;
     head_params hp;
-    int rc = head_params_from_config(&w->run, &hp);
+    int rc = head_params_from_config(&c, &hp);
     if (rc < 0)
         return raise_code(rc, pf_errmsg());
-    hp.s = s;
-    hp.m1 = m1;
-    hp.m2 = m2;
-    hp.m3 = m3;
-    hp.interclass_filtering_threshold = thr;
     hp.margin_grad = HEAD_MARGIN_GRAD_STRAIGHT_THROUGH;
     hp.mode = HEAD_MODE_GLOBAL;
     hp.clamp_loss = 1;
