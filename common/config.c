@@ -50,6 +50,7 @@ static const key_def keys[] = {
      1, NULL, 0, 0},
     {"margin_grad", "train", K_STR, OFF(margin_grad), "straight_through", 0, 0, 0, 0, "straight_through exact", 0,
      1},
+    {"sample_rounding", "train", K_STR, OFF(sample_rounding), "floor", 0, 0, 0, 0, "floor ceil", 0, 1},
     {"margin_combine", "train", K_STR, OFF(margin_combine), "arcface_torch", 0, 0, 0, 0, "arcface_torch full", 0, 1},
     {"pfc_update", "train", K_STR, OFF(pfc_update), "dense", 0, 0, 0, 0, "dense sparse", 0, 1},
     {"fp16", "train", K_BOOL, OFF(fp16), "false", 0, 1, 0, 0, NULL, 0, 0},

@@ -24,6 +24,8 @@ typedef struct pf_config {
     double scale;                          /* logit scale s, default 64 */
     double interclass_filtering_threshold; /* 0 = off */
     char margin_grad[CFG_STR];             /* "straight_through" (default, arcface_torch) or "exact" */
+    char sample_rounding[CFG_STR];         /* Partial FC's sample count: "floor" (default, arcface_torch's
+                                              int(sample_rate * P)) or "ceil" */
     char margin_combine[CFG_STR];          /* "arcface_torch" (default: m3 > 0 is CosFace alone, m1 != 1 refused)
                                               or "full": cos(m1 theta + m2) - m3 for any triple */
     char pfc_update[CFG_STR]; /* "dense" (default, PartialFC_V2: every class center moves every step) or

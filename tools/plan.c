@@ -126,8 +126,8 @@ int plan_compute(const plan_in *in, plan_out *out)
     if (in->sampled > 0) {
         k = in->sampled < P ? in->sampled : P;
     } else {
-        /* worker/head/sample.c's sample_count: ceil(r P) with a 1e-9 tolerance, then at least the positives.
-         */
+        /* worker/head/sample.c's sample_count under sample_rounding = ceil (ceil(r P) with a 1e-9 tolerance,
+         * an upper bound of the default floor's int(r P)), then at least the positives. */
         k = (int64_t)ceil(in->sample_rate * (double)P - 1e-9);
         k = k > P ? P : k;
         int64_t pos = out->n < P ? out->n : P;

@@ -153,6 +153,7 @@ int head_params_from_config(const pf_config *cfg, head_params *out)
         return rc;
     if ((rc = head_parse_mode(cfg->head_mode, &p.mode)) < 0)
         return rc;
+    p.sample_ceil = strcmp(cfg->sample_rounding, "ceil") == 0;
     if (!(p.s > 0) || !isfinite(p.m1) || !isfinite(p.m2) || !isfinite(p.m3))
         return pf_err(-EINVAL, "head: scale %g must be > 0 and margin_list (%g, %g, %g) finite", p.s, p.m1,
                       p.m2, p.m3);

@@ -43,6 +43,7 @@ typedef struct head_params {
     head_margin_grad margin_grad;
     head_mode mode;
     int clamp_loss; /* 1: floor p_target at 1e-30 in the loss value (arcface_torch) */
+    int sample_ceil; /* Partial FC's sample count: 0 int(rate * P) (arcface_torch), 1 ceil (sample_rounding) */
 } head_params;
 
 /* Parses "exact" / "straight_through" (config key margin_grad) and "global" / "local" (head_mode).
@@ -52,8 +53,8 @@ int head_parse_mode(const char *name, head_mode *out);
 
 struct pf_config;
 
-/* Fills `out` from the run config (common/config.h): scale, margin_list, interclass_filtering_threshold,
- * margin_grad, head_mode; clamp_loss off. Returns 0 or -EINVAL naming the bad value. */
+/* Fills `out` from the run config (common/config.h): scale, margin_list (as margin_combine says),
+ * interclass_filtering_threshold, margin_grad, head_mode, sample_rounding; clamp_loss off. Returns 0 or -EINVAL naming the bad value. */
 int head_params_from_config(const struct pf_config *cfg, head_params *out);
 
 /* Workspace reused across steps (no allocation on the hot path). Sized for at most n_max rows,

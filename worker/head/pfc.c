@@ -51,7 +51,7 @@ int pfc_init_flags(pfc *x, const head_params *params, pf_coll *coll, int64_t num
     int global = params->mode == HEAD_MODE_GLOBAL;
     x->n = global ? batch * x->world_size : batch;
     int64_t part = global ? sample_partition_size(num_classes, x->world_size, x->rank) : num_classes;
-    int64_t kmax = sample_count(sample_rate, part), pmax = x->n < part ? x->n : part;
+    int64_t kmax = sample_count(sample_rate, part, params->sample_ceil), pmax = x->n < part ? x->n : part;
     x->k_max = kmax > pmax ? kmax : pmax;
     x->host_head = !(flags & PFC_NO_HOST_HEAD);
     x->labels_all = malloc((size_t)x->n * sizeof(int64_t));
@@ -92,7 +92,8 @@ int pfc_sample(pfc *x, int64_t step, const int64_t *labels, const int64_t **ids,
                      .sample_rate = x->sample_rate,
                      .seed = x->seed,
                      .step = step,
-                     .mode = global ? SAMPLE_GLOBAL : SAMPLE_LOCAL};
+                     .mode = global ? SAMPLE_GLOBAL : SAMPLE_LOCAL,
+                     .ceil_count = x->params.sample_ceil};
     free(x->ids);
     x->ids = NULL;
     x->k = 0;

@@ -52,7 +52,7 @@ int64_t sample_partition_size(int64_t num_classes, int world_size, int rank)
     return (num_classes - rank + world_size - 1) / world_size;
 }
 
-int64_t sample_count(double sample_rate, int64_t partition)
+int64_t sample_count(double sample_rate, int64_t partition, int ceil_count)
 {
     if (partition <= 0 || !(sample_rate > 0))
         return 0;
@@ -60,7 +60,7 @@ int64_t sample_count(double sample_rate, int64_t partition)
         return partition;
     double x = sample_rate * (double)partition;
     int64_t k = (int64_t)x;
-    if (x - (double)k > 1e-9)
+    if (ceil_count && x - (double)k > 1e-9)
         k++;
     return k > partition ? partition : k;
 }
@@ -251,7 +251,7 @@ int sample_classes(const sample_args *a, const int64_t *labels, int64_t n, int64
     if (!pos)
         return pf_err(-ENOMEM, "sample: out of memory");
     int64_t np = unique_positives(labels, n, stride, offset, pos);
-    int64_t k = sample_count(a->sample_rate, part);
+    int64_t k = sample_count(a->sample_rate, part, a->ceil_count);
     if (k < np)
         k = np;
     int64_t m = k - np;       /* negatives to draw */

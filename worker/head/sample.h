@@ -5,7 +5,7 @@
  * Global mode: worker `rank` owns the classes c with c mod world_size == rank (its partition, of
  * size P = ceil((C - rank) / world_size)); it samples every positive of the global batch inside its
  * partition plus uniform negatives from the rest of its partition, K = max(#positives,
- * sample_count(sample_rate, P)) ids in all. sample_rate 0 (arcface_torch's num_sample = 0, as
+ * sample_count(sample_rate, P, ceil_count)) ids in all. sample_rate 0 (arcface_torch's num_sample = 0, as
  * wf42m_pfc0008_32gpu_r100.py sets): exactly the positives, K = #positives (0 when none of the batch's labels
  * is in the partition).
  * Local mode: the partition is all C classes; the positives are those of the worker's own batch.
@@ -29,15 +29,19 @@ typedef struct sample_args {
     uint64_t seed;
     int64_t step;
     sample_mode mode;
+    int ceil_count;      /* 0: int(rate * P) as arcface_torch (default); 1: ceil (config sample_rounding) */
 } sample_args;
 
 /* Number of classes in rank's partition of C classes over W workers: ceil((C - rank) / W) (0 when
  * rank >= C). */
 int64_t sample_partition_size(int64_t num_classes, int world_size, int rank);
 
-/* ceil(sample_rate * partition) with a 1e-9 tolerance against float noise (0.1 * 30 -> 3, not 4),
- * clamped to [0, partition]; 0 for sample_rate 0 (or not positive). */
-int64_t sample_count(double sample_rate, int64_t partition);
+/* Sampled ids before the positives are forced in: ceil_count 0: arcface_torch PartialFC_V2's
+ * num_sample = int(sample_rate * num_local), the double product truncated (0.29 * 100 -> 28, 0.1 * 25 -> 2);
+ * ceil_count 1: ceil(sample_rate * partition) with a 1e-9 tolerance against float noise (0.1 * 30 -> 3, not
+ * 4). Both clamped to [0, partition]; the whole partition for sample_rate >= 1; 0 for sample_rate 0 (or not
+ * positive). */
+int64_t sample_count(double sample_rate, int64_t partition, int ceil_count);
 
 /* Samples this rank's class centers for one step.
  *   labels (n): class ids of the global batch (global mode) or of this worker's batch (local mode)

@@ -328,7 +328,8 @@ static void cpu_case(int W, int local, int straight, int clamp)
                       0.2,
                       straight ? HEAD_MARGIN_GRAD_STRAIGHT_THROUGH : HEAD_MARGIN_GRAD_EXACT,
                       local ? HEAD_MODE_LOCAL : HEAD_MODE_GLOBAL,
-                      clamp};
+                      clamp,
+                      0};
     cuda_head_params p = {hp.s, hp.m1, hp.m2, hp.m3, hp.interclass_filtering_threshold, straight, clamp};
     char name[160];
     snprintf(name, sizeof name, "%s W=%d vs head.c: %s, tau 0.2%s, one row without target",

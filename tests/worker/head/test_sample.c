@@ -1,4 +1,5 @@
-/* Class-center sampling: every positive is in the sample, the size is ceil(rate * partition) (or the
+/* Class-center sampling: every positive is in the sample, the size is int(rate * partition) (arcface_torch;
+ * ceil(rate * partition) under ceil_count) (or the
  * positive count when larger), ids sorted, unique, inside the rank's partition, labels remapped to
  * the right positions, same (seed, step, rank) -> same sample, different steps/ranks -> different
  * samples, negatives roughly uniform (chi-square), bad input rejected with a message. */
@@ -23,7 +24,10 @@ static int check_sample(const sample_args *a, const int64_t *labels, int64_t n, 
     int64_t part = 0;
     for (int64_t c = 0; c < a->num_classes; c++)
         part += (c % W == r);
-    int64_t want = (int64_t)ceil(a->sample_rate * (double)part - 1e-9);
+    int64_t want = a->ceil_count ? (int64_t)ceil(a->sample_rate * (double)part - 1e-9)
+                                 : (int64_t)(a->sample_rate * (double)part);
+    if (a->sample_rate >= 1)
+        want = part;
     int64_t npos = 0;
     for (int64_t i = 0; i < n; i++) {
         if (labels[i] % W != r)
@@ -200,7 +204,8 @@ static void test_rate_0(void)
               loc[0] == 1 && loc[1] == 0 && loc[2] == 1,
           "rate 0 local: %lld ids", (long long)k);
     free(ids);
-    CHECK(sample_count(0, 1000) == 0, "sample_count(0, 1000) = %lld", (long long)sample_count(0, 1000));
+    CHECK(sample_count(0, 1000, 0) == 0 && sample_count(0, 1000, 1) == 0, "sample_count(0, 1000) = %lld",
+          (long long)sample_count(0, 1000, 0));
     printf("ok   rate 0: exactly the positives ({0, 3}, {7, 10, 13, 19}, {} over 3 ranks; {2, 5} local)\n");
 }
 
@@ -292,11 +297,20 @@ static void test_bad_input(void)
     a.num_classes = 0;
     CHECK(sample_classes(&a, labels, 3, &ids, &k, NULL) == -EINVAL, "num_classes 0 accepted");
     printf("ok   bad rate / rank / num_classes rejected: %s\n", pf_errmsg());
-    CHECK(sample_count(0.1, 30) == 3 && sample_count(0.1, 31) == 4 && sample_count(1.0, 7) == 7 &&
-              sample_count(0.3, 10) == 3,
-          "sample_count: %lld %lld %lld %lld", (long long)sample_count(0.1, 30),
-          (long long)sample_count(0.1, 31), (long long)sample_count(1.0, 7),
-          (long long)sample_count(0.3, 10));
+    /* By hand: ceil(r P) with float noise ignored; and arcface_torch's int(r * P), Python's truncation of the
+     * double product (int(0.1 * 25) = 2, int(0.29 * 100) = int(28.999999999999996) = 28, int(0.1 * 30) =
+     * int(3.0000000000000004) = 3). */
+    CHECK(sample_count(0.1, 30, 1) == 3 && sample_count(0.1, 31, 1) == 4 && sample_count(1.0, 7, 1) == 7 &&
+              sample_count(0.3, 10, 1) == 3 && sample_count(0.1, 25, 1) == 3,
+          "sample_count ceil: %lld %lld %lld %lld", (long long)sample_count(0.1, 30, 1),
+          (long long)sample_count(0.1, 31, 1), (long long)sample_count(1.0, 7, 1),
+          (long long)sample_count(0.3, 10, 1));
+    CHECK(sample_count(0.1, 30, 0) == 3 && sample_count(0.1, 31, 0) == 3 && sample_count(1.0, 7, 0) == 7 &&
+              sample_count(0.3, 10, 0) == 3 && sample_count(0.1, 25, 0) == 2 &&
+              sample_count(0.29, 100, 0) == 28 && sample_count(0.05, 10, 0) == 0,
+          "sample_count floor (arcface_torch): %lld %lld %lld %lld", (long long)sample_count(0.1, 31, 0),
+          (long long)sample_count(0.1, 25, 0), (long long)sample_count(0.29, 100, 0),
+          (long long)sample_count(0.05, 10, 0));
     /* More workers than classes: rank 2 of 3 over 2 classes owns nothing and samples nothing. */
     int64_t two[2] = {0, 1}, loc2[2];
     sample_args e = {.num_classes = 2,
@@ -333,7 +347,7 @@ static int check_floyd_reference(const sample_args *a, const int64_t *labels, in
             is_pos[labels[i] / W] = 1;
             np++;
         }
-    int64_t k = sample_count(a->sample_rate, part);
+    int64_t k = sample_count(a->sample_rate, part, a->ceil_count);
     if (k < np)
         k = np;
     int64_t m = k - np, pool = part - np;
