@@ -134,8 +134,9 @@ if compare w2 w2_ref; then ok "2 ranks: losses equal the PyTorch reference"; els
 
 # 2 ranks at sample_rate 0.5 (ArcFace, s 64): the reference samples the ids each pfcps rank sampled (written
 # by the script per step), after checking that they are what pfcps's sampling promises: rank r's ids in its
-# partition (c mod 2 == r), ascending, max(positives, ceil(0.5 x 25)) = 13 of them (the global batch has 8
-# rows), every label of the global batch among them (the reference checks that). The unsampled rows move by weight decay and momentum in both.
+# partition (c mod 2 == r), ascending, max(positives, int(0.5 x 25)) = 12 of them (arcface_torch's num_sample;
+# the global batch has 8 rows), every label of the global batch among them (the reference checks that). The
+# unsampled rows move by weight decay and momentum in both.
 train_pfcps w2r 2 --sample-rate 0.5 --ids "$TMP/w2r.ids"
 "$PFCPS_PYTHON" - "$TMP/w2r.ids" $STEPS <<'PY' || fail "2 ranks at sample_rate 0.5: the sampled ids"
 import json, sys
@@ -145,8 +146,8 @@ for r in range(2):
     for t, ids in enumerate(steps):
         assert ids == sorted(set(ids)), (r, t, ids)
         assert all(c % 2 == r and 0 <= c < 50 for c in ids), (r, t, ids)
-        assert len(ids) == 13, (r, t, len(ids))
-print("  sampled ids: per rank 13 of its partition, ascending")
+        assert len(ids) == 12, (r, t, len(ids))
+print("  sampled ids: per rank 12 of its partition, ascending")
 PY
 "$PFCPS_PYTHON" "$SCRIPT" train --head reference --centers "$TMP/centers.safetensors" --world 2 --C $C --D $D \
   --batch $BATCH --steps $STEPS --dtype float64 --ids "$TMP/w2r.ids" --out "$TMP/w2r_ref.json" \
