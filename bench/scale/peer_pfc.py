@@ -58,7 +58,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     C, D, B = a.classes, a.dim, a.batch
-    num_sample = a.sampled if a.sampled is not None else int(math.ceil(a.sample_rate * C - 1e-9))
+    num_sample = a.sampled if a.sampled is not None else int(a.sample_rate * C)  # PartialFC_V2: int(r * C)
     num_sample = max(1, min(num_sample, C))
     table = C * D * 4
     need = int(4.5 * table) + (1 << 30)
