@@ -314,6 +314,7 @@ typedef struct progress {
     double first_loss, last_loss;
     int stuck;    /* consecutive steps with the loss at ln(1e30) */
     double val_s; /* seconds spent in verification (kept out of the speeds) */
+    int tic_set;  /* log_format = arcface_torch: CallBackLogging's clock started (its first frequent step) */
 } progress;
 
 /* This worker's part of checkpoint `step` (worker/resume.h); the servers write theirs when they apply the
@@ -474,19 +475,38 @@ static void trace_step(trainer *t, int64_t step, double loss, double lr)
 
 /* The trace line of global step `step` (trace_step), and on rank 0 arcface_torch's log line every `frequent`
  * steps and at the last step (`total`): speed since the last line, mean loss since the last line, lr, epoch,
- * step, the loss scale with fp16, hours left. */
+ * step, the loss scale with fp16, hours left. Under log_format = arcface_torch the lines are
+ * CallBackLogging's own: none at the first frequent step (it starts the clock) nor at a last step that is not a
+ * multiple of frequent, the next step's lr, and its hours-left formula. */
 static void log_step(trainer *t, progress *p, int64_t step, int64_t total, int64_t epoch, double loss,
                      double lr)
 {
     const pf_config *run = &t->run;
     if (t->trace)
         trace_step(t, step, loss, lr);
-    if (t->rank != 0 || (step % run->frequent != 0 && step != total))
+    const int upstream = strcmp(run->log_format, "arcface_torch") == 0;
+    if (t->rank != 0 || (step % run->frequent != 0 && (upstream || step != total)))
         return;
     double now = pf_now_s();
+    double hours;
+    if (upstream) {
+        /* CallBackLogging: its first frequent step only starts the clock (the losses keep accumulating); the
+         * lr shown is get_last_lr() after the scheduler's step, the next step's; the hours left are
+         * int(elapsed s) / (steps done here + 1) x (total - step - 1). */
+        if (!p->tic_set) {
+            p->tic_set = 1;
+            p->t_log = now;
+            p->step_log = step;
+            return;
+        }
+        lr = lr_schedule_at(&t->sched, step);
+        double el = floor(now - p->t_start);
+        hours = el / (double)(step - t->start_step + 1) * (double)(total - step - 1) / 3600.0;
+    } else {
+        double per_step = (now - p->t_start) / (double)step;
+        hours = per_step * (double)(total - step) / 3600.0;
+    }
     double speed = (double)(step - p->step_log) * run->batch_size * t->W / (now - p->t_log);
-    double per_step = (now - p->t_start) / (double)step;
-    double hours = per_step * (double)(total - step) / 3600.0;
     if (t->loss_scaling) /* arcface_torch's line with fp16 */
         log_info(
             "Speed %.2f samples/sec   Loss %.4f   LearningRate %.6f   Epoch: %lld   Global Step: %lld   Fp16 "
