@@ -63,19 +63,22 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, de
         }
         if (S->snap)
             snap_before_update(S->snap, e0->lrow);
-        /* pfc_update = dense: first the steps the row skipped (server/dense.h), then this step's update */
-        float *w = S->sh.dense ? shard_dense_catchup(&S->sh, e0->lrow, t, dc) : shard_row(&S->sh, e0->lrow);
+        /* pfc_update = dense: the closed form of the steps the row skipped (server/dense.h), then this step's
+         * update, in one pass over the row (shard_dense_sgd_row_f32) */
+        float *w = shard_row(&S->sh, e0->lrow);
+        dense_map M;
+        const dense_map *owed = shard_dense_owed(&S->sh, e0->lrow, t, dc, &M) ? &M : NULL;
         if (S->sh.dense)
             S->sh.rstep[e0->lrow] = t + 1;
         float *v = S->sh.momentum + (w - S->sh.weight);
         if (e0->next == ENTRY_END) {
-            shard_sgd_row_f32(w, v, e0->g, D, e0->lr, S->o.momentum, S->o.weight_decay);
+            shard_dense_sgd_row_f32(w, v, e0->g, D, owed, e0->lr, S->o.momentum, S->o.weight_decay);
             continue;
         }
         memset(g, 0, sizeof(double) * (size_t)D);
         for (uint32_t e = S->aseg[s]; e != ENTRY_END; e = S->ae[e].next)
             add_grad(g, S->ae[e].g, D);
-        shard_sgd_row(w, v, g, D, e0->lr, S->o.momentum, S->o.weight_decay);
+        shard_dense_sgd_row(w, v, g, D, owed, e0->lr, S->o.momentum, S->o.weight_decay);
     }
 }
 

@@ -578,6 +578,64 @@ static int dense_map_for(shard *sh, int64_t from, int64_t target, dense_cache *c
     return dense_cache_get(c, sh->step_lr, from, target - 1, sh->mu, sh->wd, M);
 }
 
+int shard_dense_owed(shard *sh, int64_t lrow, int64_t target, dense_cache *c, dense_map *M)
+{
+    return sh->dense && sh->rstep[lrow] < target && !dense_map_for(sh, sh->rstep[lrow], target, c, M);
+}
+
+PF_HOT_CLONES
+void shard_dense_sgd_row_f32(float *restrict w, float *restrict v, const float *restrict g, int dim,
+                             const dense_map *M, double lr, double mu, double wd)
+{
+    if (!M) {
+        shard_sgd_row_f32(w, v, g, dim, lr, mu, wd);
+        return;
+    }
+    const float lrf = (float)lr, muf = (float)mu, wdf = (float)wd;
+    const double a = M->m[0], b = M->m[1], c = M->m[2], d = M->m[3];
+    int j = 0;
+#if defined(__GNUC__)
+    /* 4 elements at a time: the closed form in 4 double lanes (dense_apply_row's operations; the floats read
+     * straight into doubles, one conversion instruction each), then shard_sgd_row_f32's float step on the 4
+     * results, still in registers. */
+    typedef float v4f __attribute__((vector_size(16)));
+    typedef double v4d __attribute__((vector_size(32)));
+    for (; j + 4 <= dim; j += 4) {
+        const v4d vd = {v[j], v[j + 1], v[j + 2], v[j + 3]};
+        const v4d wd4 = {w[j], w[j + 1], w[j + 2], w[j + 3]};
+        const v4f vc = __builtin_convertvector(a * vd + b * wd4, v4f);
+        const v4f wc = __builtin_convertvector(c * vd + d * wd4, v4f);
+        v4f gv;
+        memcpy(&gv, g + j, sizeof gv);
+        v4f dj = gv + wdf * wc;
+        v4f vj = vc * muf + dj;
+        v4f wn = wc + -lrf * vj;
+        memcpy(v + j, &vj, sizeof vj);
+        memcpy(w + j, &wn, sizeof wn);
+    }
+#endif
+    for (; j < dim; j++) {
+        const double vd = v[j], wd0 = w[j];
+        const float vc = (float)(a * vd + b * wd0), wc = (float)(c * vd + d * wd0);
+        float dj = g[j] + wdf * wc;
+        float vj = vc * muf + dj;
+        v[j] = vj;
+        w[j] = wc + -lrf * vj;
+    }
+}
+
+void shard_dense_sgd_row(float *w, float *v, const double *g, int dim, const dense_map *M, double lr, double mu,
+                         double wd)
+{
+    float gf[256];
+    for (int j0 = 0; j0 < dim; j0 += 256) {
+        int n = dim - j0 < 256 ? dim - j0 : 256;
+        for (int j = 0; j < n; j++)
+            gf[j] = (float)g[j0 + j];
+        shard_dense_sgd_row_f32(w + j0, v + j0, gf, n, M, lr, mu, wd);
+    }
+}
+
 float *shard_dense_catchup(shard *sh, int64_t lrow, int64_t target, dense_cache *c)
 {
     float *w = shard_row(sh, lrow);
