@@ -636,18 +636,6 @@ void shard_dense_sgd_row(float *w, float *v, const double *g, int dim, const den
     }
 }
 
-float *shard_dense_catchup(shard *sh, int64_t lrow, int64_t target, dense_cache *c)
-{
-    float *w = shard_row(sh, lrow);
-    if (!sh->dense || sh->rstep[lrow] >= target)
-        return w;
-    dense_map M;
-    if (!dense_map_for(sh, sh->rstep[lrow], target, c, &M))
-        dense_apply_row(w, sh->momentum + (w - sh->weight), sh->dim, &M);
-    sh->rstep[lrow] = target;
-    return w;
-}
-
 /* Row lrow as it stands after `target` steps: the table's row, or c's scratch holding the caught-up copy
  * (weights, then momentum at + D). */
 static const float *dense_view(shard *sh, int64_t lrow, int64_t target, dense_cache *c)

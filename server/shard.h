@@ -150,11 +150,6 @@ void shard_dense_reset(shard *sh, int64_t step);
  * step_lr (the applies and gathers). Returns 0 or -ENOMEM. */
 int shard_dense_set_lr(shard *sh, int64_t t, double lr);
 
-/* Brings local row lrow up to date with `target` steps in place (the closed form of the steps it skipped;
- * nothing when it is up to date already); generates it first if never touched. Returns the weight row. The
- * caller owns the row (an apply thread, or nothing else runs). c: the calling thread's cache. */
-float *shard_dense_catchup(shard *sh, int64_t lrow, int64_t target, dense_cache *c);
-
 /* 1 when local row lrow owes steps to be up to date with `target` (dense shards; its map into *M, from c), 0
  * when it is up to date (or the shard is sparse, or every owed step was skipped). The row's step is not
  * changed: the caller applies *M (shard_dense_sgd_row_f32) and sets rstep. */
