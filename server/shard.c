@@ -658,17 +658,24 @@ void shard_gather_at(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, vo
         shard_gather(sh, ids, n, dtype, out);
         return;
     }
+    enum { RING = 16 }; /* local rows of the rows being prefetched: one division per id */
     const size_t D = (size_t)sh->dim, rb = D * ps_dtype_size(dtype);
-    const size_t ahead = (size_t)shard_prefetch_rows(sh->dim);
+    size_t ahead = (size_t)shard_prefetch_rows(sh->dim);
+    if (ahead > RING - 1)
+        ahead = RING - 1;
+    int64_t lr[RING];
+    for (size_t i = 0; i < n && i < ahead; i++)
+        lr[i % RING] = ids[i] / sh->servers;
     for (size_t i = 0; i < n; i++) {
-        if (i + ahead < n) {
-            const int64_t r = ids[i + ahead] / sh->servers;
+        if (i + ahead < n) { /* a random row: its weights, momentum, state byte and step start loading */
+            const int64_t r = lr[(i + ahead) % RING] = ids[i + ahead] / sh->servers;
             shard_prefetch_row(sh->weight + (size_t)r * D, sh->dim, 0);
             shard_prefetch_row(sh->momentum + (size_t)r * D, sh->dim, 0);
+            __builtin_prefetch(&sh->ready[r], 0, 0);
             __builtin_prefetch(&sh->rstep[r], 0, 0);
         }
         /* only the weights: w' = M10 v + M11 w, the bits dense_apply_row would store */
-        const int64_t lrow = ids[i] / sh->servers;
+        const int64_t lrow = lr[i % RING];
         float *w = shard_row(sh, lrow);
         dense_map M;
         uint8_t *dst = (uint8_t *)out + i * rb;
