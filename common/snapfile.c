@@ -218,19 +218,20 @@ int snapfile_check_fields(const snapfile_meta *m, const char *name)
     if (pf_mul_u64((uint64_t)rows, row_bytes, &payload) < 0)
         return pf_err(-EINVAL, "%s: header fields rows %lld x embedding_size %d x 8 bytes overflow", name,
                       (long long)rows, m->dim);
-    if (m->dense && (pf_mul_u64((uint64_t)m->step + 2, sizeof(double), &lr_bytes) < 0 ||
-                     payload + lr_bytes < payload))
-        return pf_err(-EINVAL, "%s: header field step = %lld: its lr table overflows", name, (long long)m->step);
+    if (m->dense &&
+        (pf_mul_u64((uint64_t)m->step + 2, sizeof(double), &lr_bytes) < 0 || payload + lr_bytes < payload))
+        return pf_err(-EINVAL, "%s: header field step = %lld: its lr table overflows", name,
+                      (long long)m->step);
     payload += lr_bytes;
     if (payload != m->payload_bytes)
-        return pf_err(-EINVAL,
-                      m->dense ? "%s: header field payload_bytes = %llu, but rows %lld x (embedding_size %d x 8 "
-                                 "+ 8) bytes + (step + 2) x 8 bytes (dense: rows, row steps, momentum, weight "
-                                 "decay and the lr of every step) = %llu"
-                               : "%s: header field payload_bytes = %llu, but rows %lld x embedding_size %d x 8 "
-                                 "bytes (weights and momentum) = %llu",
-                      name, (unsigned long long)m->payload_bytes, (long long)rows, m->dim,
-                      (unsigned long long)payload);
+        return pf_err(
+            -EINVAL,
+            m->dense ? "%s: header field payload_bytes = %llu, but rows %lld x (embedding_size %d x 8 "
+                       "+ 8) bytes + (step + 2) x 8 bytes (dense: rows, row steps, momentum, weight "
+                       "decay and the lr of every step) = %llu"
+                     : "%s: header field payload_bytes = %llu, but rows %lld x embedding_size %d x 8 "
+                       "bytes (weights and momentum) = %llu",
+            name, (unsigned long long)m->payload_bytes, (long long)rows, m->dim, (unsigned long long)payload);
     return 0;
 }
 

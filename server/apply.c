@@ -373,10 +373,10 @@ static void snap_begin(ps_server *S, int64_t step)
                  (long long)snap_step(S->snap), (long long)step);
         pss_snap_wait(S);
     }
-    /* pfc_update = dense: the rows go into the file as they are stored, each with its step, and the file carries
-     * the lr of every step (server/snapshot.h); nothing is brought up to date here, so the table evolves the
-     * same whatever steps are checkpointed, and a run resumed from any checkpoint continues from the same
-     * bits as the uninterrupted one. */
+    /* pfc_update = dense: the rows go into the file as they are stored, each with its step, and the file
+     * carries the lr of every step (server/snapshot.h); nothing is brought up to date here, so the table
+     * evolves the same whatever steps are checkpointed, and a run resumed from any checkpoint continues from
+     * the same bits as the uninterrupted one. */
     if (snap_start(&S->sh, S->o.snapshot_root, step, &S->o.ckpt_id, S->o.ckpt_keyed ? &S->o.ckpt_key : NULL,
                    &S->snap) < 0) {
         log_error("snapshot step %lld not started: %s (earlier snapshots are untouched; serving on)",

@@ -624,8 +624,8 @@ void shard_dense_sgd_row_f32(float *restrict w, float *restrict v, const float *
     }
 }
 
-void shard_dense_sgd_row(float *w, float *v, const double *g, int dim, const dense_map *M, double lr, double mu,
-                         double wd)
+void shard_dense_sgd_row(float *w, float *v, const double *g, int dim, const dense_map *M, double lr,
+                         double mu, double wd)
 {
     float gf[256];
     for (int j0 = 0; j0 < dim; j0 += 256) {

@@ -156,15 +156,15 @@ int shard_dense_set_lr(shard *sh, int64_t t, double lr);
 int shard_dense_owed(shard *sh, int64_t lrow, int64_t target, dense_cache *c, dense_map *M);
 
 /* A dense push's update of one row in one pass: per element, the closed form M of the steps the row skipped
- * (dense_apply_row's operations and bits: v' = (float)(M00 v + M01 w), w' = (float)(M10 v + M11 w) in double),
- * then shard_sgd_row_f32's step on (w', v') with gradient g. M NULL: shard_sgd_row_f32 alone. The same bits
+ * (dense_apply_row's operations and bits: v' = (float)(M00 v + M01 w), w' = (float)(M10 v + M11 w) in
+ * double), then shard_sgd_row_f32's step on (w', v') with gradient g. M NULL: shard_sgd_row_f32 alone. The same bits
  * as dense_apply_row followed by shard_sgd_row_f32, with one read and one write of the row instead of two. */
 void shard_dense_sgd_row_f32(float *w, float *v, const float *g, int dim, const dense_map *M, double lr,
                              double mu, double wd);
 
 /* shard_dense_sgd_row_f32 for several gradients summed in double (g: D doubles; shard_sgd_row's rounding). */
-void shard_dense_sgd_row(float *w, float *v, const double *g, int dim, const dense_map *M, double lr, double mu,
-                         double wd);
+void shard_dense_sgd_row(float *w, float *v, const double *g, int dim, const dense_map *M, double lr,
+                         double mu, double wd);
 
 /* shard_gather with dense rows: each row as it stands after `target` steps, computed in c's scratch without
  * changing the table (sparse shards: shard_gather). */

@@ -41,8 +41,8 @@ struct snap_job {
     int throttle_ms; /* PFCPS_SNAPSHOT_THROTTLE_MS: a pause per block, so tests can push during the write */
     ckpt_ident id;   /* the run identity the file carries */
     int dense;       /* pfc_update = dense: rows as stored plus each row's step; the lr of every step */
-    double *lr;      /* dense: [step]: the lr of steps 0 .. step-1 (shard.step_lr as it stood at snap_start) */
-    int keyed;       /* the file carries an HMAC under key */
+    double *lr; /* dense: [step]: the lr of steps 0 .. step-1 (shard.step_lr as it stood at snap_start) */
+    int keyed;  /* the file carries an HMAC under key */
     snapfile_key key;
 };
 
@@ -53,15 +53,16 @@ static int64_t block_n(const snap_job *j, int64_t b)
     return (hi > j->sh->rows ? j->sh->rows : hi) - lo;
 }
 
-/* Payload bytes of n rows: n x D weights and n x D momentum (fp32), and in a dense file n row steps (int64). */
+/* Payload bytes of n rows: n x D weights and n x D momentum (fp32), and in a dense file n row steps (int64).
+ */
 static size_t rows_bytes(int64_t n, int dim, int dense)
 {
     return (size_t)n * ((size_t)dim * 2 * sizeof(float) + (dense ? sizeof(int64_t) : 0));
 }
 
-/* Copies block b of the table into dst (rows_bytes of its rows): n x D weights, then n x D momentum, then (dense)
- * n row steps (shard.rstep), all as stored: a dense row is not brought up to date (readers do that, with the
- * file's lr table). A row never generated gets its initial value (and zero momentum) in dst only. */
+/* Copies block b of the table into dst (rows_bytes of its rows): n x D weights, then n x D momentum, then
+ * (dense) n row steps (shard.rstep), all as stored: a dense row is not brought up to date (readers do that,
+ * with the file's lr table). A row never generated gets its initial value (and zero momentum) in dst only. */
 static void copy_block(const snap_job *j, int64_t b, void *dst)
 {
     const shard *sh = j->sh;
@@ -470,7 +471,8 @@ int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key
             if ((rc = snapfile_read(&r, buf, rows_bytes(n, sh->dim, dense))) < 0)
                 break;
             const float *bw = buf, *bv = (const float *)buf + (size_t)n * D;
-            const int64_t *bs = (const int64_t *)(const void *)((const char *)buf + rows_bytes(n, sh->dim, 0));
+            const int64_t *bs =
+                (const int64_t *)(const void *)((const char *)buf + rows_bytes(n, sh->dim, 0));
             for (int64_t k = 0; rc == 0 && k < n; k++) {
                 int64_t c = (r0 + k) * S0 + s0;
                 if (c % sh->servers != sh->rank)
@@ -515,9 +517,10 @@ int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key
             "%.2f s%s",
             (long long)step, (long long)loaded, sh->rank, sh->servers, S0 == sh->servers ? 1 : S0, S0,
             pf_now_s() - t0,
-            flr ? (catchup ? " (dense rows brought up to date: this shard's update or momentum / weight decay "
-                             "differs from the file's)"
-                           : " (dense rows as stored, each at its own step)")
+            flr ? (catchup
+                       ? " (dense rows brought up to date: this shard's update or momentum / weight decay "
+                         "differs from the file's)"
+                       : " (dense rows as stored, each at its own step)")
                 : "");
     if (have_dc)
         dense_cache_free(&dc);

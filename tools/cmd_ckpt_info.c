@@ -48,7 +48,8 @@ typedef struct shard_in {
     float *buf;      /* the block in memory: n x D weights then n x D momentum (dense: then n row steps) */
     int64_t row0, n; /* its first local row and its rows */
     int64_t block_rows;
-    /* pfc_update = dense files (server/snapshot.h): mu, wd, the lr of every step, the maps of skipped steps */
+    /* pfc_update = dense files (server/snapshot.h): mu, wd, the lr of every step, the maps of skipped steps
+     */
     double mw[2];
     double *lr;
     dense_cache dc;
@@ -78,9 +79,9 @@ static int same_run(step_ident *si, const char *path, const ckpt_ident *id)
 }
 
 /* Verifies every shard file of the step (key: NULL or the checkpoint key) and hashes the table in class order
- * into d: each class's weights then momentum as they stand after `step` steps (a dense file's row that skipped
- * steps gets their closed form, server/dense.h, from the file's lr table; the same bits a server computes).
- * S0 files of C x D, all of one run (si). */
+ * into d: each class's weights then momentum as they stand after `step` steps (a dense file's row that
+ * skipped steps gets their closed form, server/dense.h, from the file's lr table; the same bits a server
+ * computes). S0 files of C x D, all of one run (si). */
 static int table_digest(const char *root, int64_t step, int S0, const snapfile_key *key, step_ident *si,
                         uint8_t d[32], long long *bytes)
 {
