@@ -157,8 +157,8 @@ int shard_dense_owed(shard *sh, int64_t lrow, int64_t target, dense_cache *c, de
 
 /* A dense push's update of one row in one pass: per element, the closed form M of the steps the row skipped
  * (dense_apply_row's operations and bits: v' = (float)(M00 v + M01 w), w' = (float)(M10 v + M11 w) in
- * double), then shard_sgd_row_f32's step on (w', v') with gradient g. M NULL: shard_sgd_row_f32 alone. The same bits
- * as dense_apply_row followed by shard_sgd_row_f32, with one read and one write of the row instead of two. */
+ * double), then shard_sgd_row_f32's step on (w', v') with gradient g. M NULL: shard_sgd_row_f32 alone. The
+ * same bits as dense_apply_row followed by shard_sgd_row_f32, in one pass over the row instead of two. */
 void shard_dense_sgd_row_f32(float *w, float *v, const float *g, int dim, const dense_map *M, double lr,
                              double mu, double wd);
 
