@@ -107,6 +107,7 @@ static void meta_to_pb(const snapfile_meta *m, Pfcps__SnapshotHeader *h)
     h->config_digest.data = (uint8_t *)m->id.config_digest;
     h->config_digest.len = CKPT_DIGEST_BYTES;
     h->authenticated = m->authenticated;
+    h->dense = m->dense != 0;
 }
 
 int snapfile_commit(snapfile_writer *w, snapfile_meta *m, const snapfile_key *key)
@@ -200,23 +201,37 @@ int snapfile_check_fields(const snapfile_meta *m, const char *name)
     if (m->block_rows < 1 || m->block_rows > (rows > 1 ? rows : 1))
         return pf_err(-EINVAL, "%s: header field block_rows = %lld is outside 1..rows (%lld)", name,
                       (long long)m->block_rows, (long long)rows);
-    uint64_t block = 0, payload = 0;
-    if (pf_mul3_u64((uint64_t)m->block_rows, (uint64_t)m->dim, 2 * sizeof(float), &block) < 0 ||
+    if (m->dense && !shard)
+        return pf_err(-EINVAL, "%s: header field dense is set on a worker file", name);
+    /* Bytes per row: weights and momentum (D fp32 each), plus the row's step (int64) in a dense file. */
+    const uint64_t row_extra = m->dense ? sizeof(int64_t) : 0;
+    const uint64_t row_bytes = (uint64_t)m->dim * 2 * sizeof(float) + row_extra; /* D <= SNAPFILE_MAX_DIM */
+    uint64_t block = 0, payload = 0, lr_bytes = 0;
+    if (pf_mul_u64((uint64_t)m->block_rows, row_bytes, &block) < 0 ||
         (m->block_rows > 1 && block > SNAPFILE_MAX_BLOCK_BYTES))
         return pf_err(
             -EINVAL,
-            "%s: header field block_rows = %lld: blocks of block_rows x embedding_size %d x 8 bytes "
+            "%s: header field block_rows = %lld: blocks of block_rows x (embedding_size %d x 8%s) bytes "
             "exceed %llu bytes",
-            name, (long long)m->block_rows, m->dim, (unsigned long long)SNAPFILE_MAX_BLOCK_BYTES);
-    if (pf_mul3_u64((uint64_t)rows, (uint64_t)m->dim, 2 * sizeof(float), &payload) < 0)
+            name, (long long)m->block_rows, m->dim, m->dense ? " + 8" : "",
+            (unsigned long long)SNAPFILE_MAX_BLOCK_BYTES);
+    if (pf_mul_u64((uint64_t)rows, row_bytes, &payload) < 0)
         return pf_err(-EINVAL, "%s: header fields rows %lld x embedding_size %d x 8 bytes overflow", name,
                       (long long)rows, m->dim);
+    if (m->dense &&
+        (pf_mul_u64((uint64_t)m->step + 2, sizeof(double), &lr_bytes) < 0 || payload + lr_bytes < payload))
+        return pf_err(-EINVAL, "%s: header field step = %lld: its lr table overflows", name,
+                      (long long)m->step);
+    payload += lr_bytes;
     if (payload != m->payload_bytes)
-        return pf_err(-EINVAL,
-                      "%s: header field payload_bytes = %llu, but rows %lld x embedding_size %d x 8 bytes "
-                      "(weights and momentum) = %llu",
-                      name, (unsigned long long)m->payload_bytes, (long long)rows, m->dim,
-                      (unsigned long long)payload);
+        return pf_err(
+            -EINVAL,
+            m->dense ? "%s: header field payload_bytes = %llu, but rows %lld x (embedding_size %d x 8 "
+                       "+ 8) bytes + (step + 2) x 8 bytes (dense: rows, row steps, momentum, weight "
+                       "decay and the lr of every step) = %llu"
+                     : "%s: header field payload_bytes = %llu, but rows %lld x embedding_size %d x 8 "
+                       "bytes (weights and momentum) = %llu",
+            name, (unsigned long long)m->payload_bytes, (long long)rows, m->dim, (unsigned long long)payload);
     return 0;
 }
 
@@ -283,6 +298,7 @@ static int meta_from_pb(snapfile_reader *r, const Pfcps__SnapshotHeader *h, int6
     memcpy(m->id.config_digest, h->config_digest.data, CKPT_DIGEST_BYTES);
     m->payload_bytes = h->payload_bytes;
     m->authenticated = h->authenticated;
+    m->dense = h->dense;
     memcpy(m->sha256, h->payload_sha256.data, 32);
     int rc = snapfile_check_fields(m, r->name);
     if (rc < 0)

@@ -9,12 +9,12 @@
  *
  * What a reader accepts: format version 2; a known role; every size field non-negative, bounded, and
  * consistent with the others (snapfile_check_fields: a shard's rows are those of its rank for C and S, its
- * block_rows in 1..rows, its payload exactly rows x D x 8 bytes, all products overflow-checked); a file
- * size of exactly 4096 + payload_bytes; a payload hashing to the recorded digest. A reader given the key
- * (snapfile_key_derive of the join secret) also refuses a file without an HMAC or whose HMAC does not
- * verify ("forged or written by another run's secret"); the HMAC covers the header, and through its
- * payload digest the payload. Every refusal names the file and the field or problem. Files are opened with
- * pf_fopen_regular (common/file.h): a FIFO, folder or device is refused, never waited on.
+ * block_rows in 1..rows, its payload exactly rows x D x 8 bytes (dense shards: more, below), all products
+ * overflow-checked); a file size of exactly 4096 + payload_bytes; a payload hashing to the recorded digest. A
+ * reader given the key (snapfile_key_derive of the join secret) also refuses a file without an HMAC or whose
+ * HMAC does not verify ("forged or written by another run's secret"); the HMAC covers the header, and through
+ * its payload digest the payload. Every refusal names the file and the field or problem. Files are opened
+ * with pf_fopen_regular (common/file.h): a FIFO, folder or device is refused, never waited on.
  *
  * Writing follows common/atomic_file.h (temp file, fsync, rename, fsync of the folder): the header is written
  * last, at offset 0, once the digest is known; a crash at any point leaves the previous file of that name (or
@@ -63,6 +63,7 @@ typedef struct snapfile_meta {
     uint64_t payload_bytes; /* set by snapfile_commit */
     uint8_t sha256[32];     /* set by snapfile_commit */
     int authenticated; /* set by snapfile_commit (a key was given) and by the reader (the file says so) */
+    int dense;         /* shard: the pfc_update = dense layout (server/snapshot.h), header field dense */
 } snapfile_meta;
 
 typedef struct snapfile_writer {
@@ -116,9 +117,11 @@ int snapfile_open_stream(snapfile_reader *r, FILE *f, int64_t size, const char *
  * both roles: 1 <= servers, workers (when set) <= SNAPFILE_MAX_MEMBERS, rank below its role's count, step
  * >= 0. Shard: 1 <= D <= SNAPFILE_MAX_DIM, 0 <= C <= SNAPFILE_MAX_CLASSES, rows = the local rows of rank in
  * C classes over S servers, 1 <= block_rows <= max(rows, 1), block_rows x D x 8 <= SNAPFILE_MAX_BLOCK_BYTES
- * unless block_rows = 1, payload_bytes = rows x D x 8. Worker: rows x 4 <= payload_bytes. Every product is
- * overflow-checked (common/checked.h). Returns 0, or -EINVAL "<name>: header field <field> ..." naming the
- * field and the values it disagrees with. */
+ * unless block_rows = 1, payload_bytes = rows x D x 8; with dense set (pfc_update = dense, server/snapshot.h)
+ * the rows carry 8 more bytes each (block_rows x (D x 8 + 8) bounds the block) and payload_bytes = rows x (D
+ * x 8 + 8) + (step + 2) x 8 (mu, wd and the lr of steps 0 .. step-1). Worker: rows x 4 <= payload_bytes.
+ * Every product is overflow-checked (common/checked.h). Returns 0, or -EINVAL "<name>: header field <field>
+ * ..." naming the field and the values it disagrees with. */
 int snapfile_check_fields(const snapfile_meta *m, const char *name);
 
 /* Checks that a member file's header says what its name says: role, step, rank of n (servers for a shard,

@@ -63,19 +63,22 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, de
         }
         if (S->snap)
             snap_before_update(S->snap, e0->lrow);
-        /* pfc_update = dense: first the steps the row skipped (server/dense.h), then this step's update */
-        float *w = S->sh.dense ? shard_dense_catchup(&S->sh, e0->lrow, t, dc) : shard_row(&S->sh, e0->lrow);
+        /* pfc_update = dense: the closed form of the steps the row skipped (server/dense.h), then this step's
+         * update, in one pass over the row (shard_dense_sgd_row_f32) */
+        float *w = shard_row(&S->sh, e0->lrow);
+        dense_map M;
+        const dense_map *owed = shard_dense_owed(&S->sh, e0->lrow, t, dc, &M) ? &M : NULL;
         if (S->sh.dense)
             S->sh.rstep[e0->lrow] = t + 1;
         float *v = S->sh.momentum + (w - S->sh.weight);
         if (e0->next == ENTRY_END) {
-            shard_sgd_row_f32(w, v, e0->g, D, e0->lr, S->o.momentum, S->o.weight_decay);
+            shard_dense_sgd_row_f32(w, v, e0->g, D, owed, e0->lr, S->o.momentum, S->o.weight_decay);
             continue;
         }
         memset(g, 0, sizeof(double) * (size_t)D);
         for (uint32_t e = S->aseg[s]; e != ENTRY_END; e = S->ae[e].next)
             add_grad(g, S->ae[e].g, D);
-        shard_sgd_row(w, v, g, D, e0->lr, S->o.momentum, S->o.weight_decay);
+        shard_dense_sgd_row(w, v, g, D, owed, e0->lr, S->o.momentum, S->o.weight_decay);
     }
 }
 
@@ -370,15 +373,10 @@ static void snap_begin(ps_server *S, int64_t step)
                  (long long)snap_step(S->snap), (long long)step);
         pss_snap_wait(S);
     }
-    if (S->sh.dense) {
-        /* Every row up to date with the checkpoint's step, in the table: the file holds the dense values and
-         * a run resumed from it continues from the same bits as this one (docs/arcface_parity.md). */
-        double t0 = pf_now_s();
-        for (int64_t r = 0; r < S->sh.rows; r++)
-            shard_dense_catchup(&S->sh, r, step, &S->pcache);
-        log_debug("checkpoint step %lld: %lld dense rows brought up to date in %.3f s", (long long)step,
-                  (long long)S->sh.rows, pf_now_s() - t0);
-    }
+    /* pfc_update = dense: the rows go into the file as they are stored, each with its step, and the file
+     * carries the lr of every step (server/snapshot.h); nothing is brought up to date here, so the table
+     * evolves the same whatever steps are checkpointed, and a run resumed from any checkpoint continues from
+     * the same bits as the uninterrupted one. */
     if (snap_start(&S->sh, S->o.snapshot_root, step, &S->o.ckpt_id, S->o.ckpt_keyed ? &S->o.ckpt_key : NULL,
                    &S->snap) < 0) {
         log_error("snapshot step %lld not started: %s (earlier snapshots are untouched; serving on)",

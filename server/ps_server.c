@@ -394,10 +394,8 @@ int ps_server_load(ps_server *srv, const char *root, int64_t step)
 {
     if (srv->started)
         return pf_err(-EBUSY, "ps_server_load on a started server");
-    int rc = snap_load(&srv->sh, root, step, srv->o.ckpt_keyed ? &srv->o.ckpt_key : NULL, &srv->o.ckpt_id);
-    if (rc == 0)
-        shard_dense_reset(&srv->sh, step); /* checkpoints hold dense rows up to date with their step */
-    return rc;
+    /* snap_load sets each dense row's step (the file's, or `step`) and the lr table the rows still need. */
+    return snap_load(&srv->sh, root, step, srv->o.ckpt_keyed ? &srv->o.ckpt_key : NULL, &srv->o.ckpt_id);
 }
 
 int ps_server_load_centers(ps_server *srv, const char *path)

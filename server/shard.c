@@ -578,16 +578,62 @@ static int dense_map_for(shard *sh, int64_t from, int64_t target, dense_cache *c
     return dense_cache_get(c, sh->step_lr, from, target - 1, sh->mu, sh->wd, M);
 }
 
-float *shard_dense_catchup(shard *sh, int64_t lrow, int64_t target, dense_cache *c)
+int shard_dense_owed(shard *sh, int64_t lrow, int64_t target, dense_cache *c, dense_map *M)
 {
-    float *w = shard_row(sh, lrow);
-    if (!sh->dense || sh->rstep[lrow] >= target)
-        return w;
-    dense_map M;
-    if (!dense_map_for(sh, sh->rstep[lrow], target, c, &M))
-        dense_apply_row(w, sh->momentum + (w - sh->weight), sh->dim, &M);
-    sh->rstep[lrow] = target;
-    return w;
+    return sh->dense && sh->rstep[lrow] < target && !dense_map_for(sh, sh->rstep[lrow], target, c, M);
+}
+
+PF_HOT_CLONES
+void shard_dense_sgd_row_f32(float *restrict w, float *restrict v, const float *restrict g, int dim,
+                             const dense_map *M, double lr, double mu, double wd)
+{
+    if (!M) {
+        shard_sgd_row_f32(w, v, g, dim, lr, mu, wd);
+        return;
+    }
+    const float lrf = (float)lr, muf = (float)mu, wdf = (float)wd;
+    const double a = M->m[0], b = M->m[1], c = M->m[2], d = M->m[3];
+    int j = 0;
+#if defined(__GNUC__)
+    /* 4 elements at a time: the closed form in 4 double lanes (dense_apply_row's operations; the floats read
+     * straight into doubles, one conversion instruction each), then shard_sgd_row_f32's float step on the 4
+     * results, still in registers. */
+    typedef float v4f __attribute__((vector_size(16)));
+    typedef double v4d __attribute__((vector_size(32)));
+    for (; j + 4 <= dim; j += 4) {
+        const v4d vd = {v[j], v[j + 1], v[j + 2], v[j + 3]};
+        const v4d wd4 = {w[j], w[j + 1], w[j + 2], w[j + 3]};
+        const v4f vc = __builtin_convertvector(a * vd + b * wd4, v4f);
+        const v4f wc = __builtin_convertvector(c * vd + d * wd4, v4f);
+        v4f gv;
+        memcpy(&gv, g + j, sizeof gv);
+        v4f dj = gv + wdf * wc;
+        v4f vj = vc * muf + dj;
+        v4f wn = wc + -lrf * vj;
+        memcpy(v + j, &vj, sizeof vj);
+        memcpy(w + j, &wn, sizeof wn);
+    }
+#endif
+    for (; j < dim; j++) {
+        const double vd = v[j], wd0 = w[j];
+        const float vc = (float)(a * vd + b * wd0), wc = (float)(c * vd + d * wd0);
+        float dj = g[j] + wdf * wc;
+        float vj = vc * muf + dj;
+        v[j] = vj;
+        w[j] = wc + -lrf * vj;
+    }
+}
+
+void shard_dense_sgd_row(float *w, float *v, const double *g, int dim, const dense_map *M, double lr,
+                         double mu, double wd)
+{
+    float gf[256];
+    for (int j0 = 0; j0 < dim; j0 += 256) {
+        int n = dim - j0 < 256 ? dim - j0 : 256;
+        for (int j = 0; j < n; j++)
+            gf[j] = (float)g[j0 + j];
+        shard_dense_sgd_row_f32(w + j0, v + j0, gf, n, M, lr, mu, wd);
+    }
 }
 
 /* Row lrow as it stands after `target` steps: the table's row, or c's scratch holding the caught-up copy
@@ -612,17 +658,24 @@ void shard_gather_at(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, vo
         shard_gather(sh, ids, n, dtype, out);
         return;
     }
+    enum { RING = 16 }; /* local rows of the rows being prefetched: one division per id */
     const size_t D = (size_t)sh->dim, rb = D * ps_dtype_size(dtype);
-    const size_t ahead = (size_t)shard_prefetch_rows(sh->dim);
+    size_t ahead = (size_t)shard_prefetch_rows(sh->dim);
+    if (ahead > RING - 1)
+        ahead = RING - 1;
+    int64_t lr[RING];
+    for (size_t i = 0; i < n && i < ahead; i++)
+        lr[i % RING] = ids[i] / sh->servers;
     for (size_t i = 0; i < n; i++) {
-        if (i + ahead < n) {
-            const int64_t r = ids[i + ahead] / sh->servers;
+        if (i + ahead < n) { /* a random row: its weights, momentum, state byte and step start loading */
+            const int64_t r = lr[(i + ahead) % RING] = ids[i + ahead] / sh->servers;
             shard_prefetch_row(sh->weight + (size_t)r * D, sh->dim, 0);
             shard_prefetch_row(sh->momentum + (size_t)r * D, sh->dim, 0);
+            __builtin_prefetch(&sh->ready[r], 0, 0);
             __builtin_prefetch(&sh->rstep[r], 0, 0);
         }
         /* only the weights: w' = M10 v + M11 w, the bits dense_apply_row would store */
-        const int64_t lrow = ids[i] / sh->servers;
+        const int64_t lrow = lr[i % RING];
         float *w = shard_row(sh, lrow);
         dense_map M;
         uint8_t *dst = (uint8_t *)out + i * rb;

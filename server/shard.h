@@ -143,17 +143,28 @@ void shard_sgd_row_f32(float *w, float *v, const float *g, int dim, double lr, d
  * a new run's 0 or a loaded checkpoint's step) and per step its lr. 8 bytes per row. Returns 0 or -ENOMEM. */
 int shard_dense_enable(shard *sh, double mu, double wd, int64_t start_step);
 
-/* Every row is up to date with `step` steps (after a checkpoint's load). */
+/* Every row is up to date with `step` steps (shard_dense_enable's start). */
 void shard_dense_reset(shard *sh, int64_t step);
 
 /* Records the lr of step t (NaN: the loss scaler skipped the step). Not concurrent with the readers of
  * step_lr (the applies and gathers). Returns 0 or -ENOMEM. */
 int shard_dense_set_lr(shard *sh, int64_t t, double lr);
 
-/* Brings local row lrow up to date with `target` steps in place (the closed form of the steps it skipped;
- * nothing when it is up to date already); generates it first if never touched. Returns the weight row. The
- * caller owns the row (an apply thread, or nothing else runs). c: the calling thread's cache. */
-float *shard_dense_catchup(shard *sh, int64_t lrow, int64_t target, dense_cache *c);
+/* 1 when local row lrow owes steps to be up to date with `target` (dense shards; its map into *M, from c), 0
+ * when it is up to date (or the shard is sparse, or every owed step was skipped). The row's step is not
+ * changed: the caller applies *M (shard_dense_sgd_row_f32) and sets rstep. */
+int shard_dense_owed(shard *sh, int64_t lrow, int64_t target, dense_cache *c, dense_map *M);
+
+/* A dense push's update of one row in one pass: per element, the closed form M of the steps the row skipped
+ * (dense_apply_row's operations and bits: v' = (float)(M00 v + M01 w), w' = (float)(M10 v + M11 w) in
+ * double), then shard_sgd_row_f32's step on (w', v') with gradient g. M NULL: shard_sgd_row_f32 alone. The
+ * same bits as dense_apply_row followed by shard_sgd_row_f32, in one pass over the row instead of two. */
+void shard_dense_sgd_row_f32(float *w, float *v, const float *g, int dim, const dense_map *M, double lr,
+                             double mu, double wd);
+
+/* shard_dense_sgd_row_f32 for several gradients summed in double (g: D doubles; shard_sgd_row's rounding). */
+void shard_dense_sgd_row(float *w, float *v, const double *g, int dim, const dense_map *M, double lr,
+                         double mu, double wd);
 
 /* shard_gather with dense rows: each row as it stands after `target` steps, computed in c's scratch without
  * changing the table (sparse shards: shard_gather). */

@@ -2,6 +2,7 @@
 #include "server/snapshot.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -26,7 +27,7 @@ struct snap_job {
     shard *sh;
     int64_t step, block_rows, nblocks;
     _Atomic uint8_t *state; /* [nblocks] */
-    float **aside;          /* [nblocks]: copies made by apply threads, until the writer saves them */
+    void **aside;           /* [nblocks]: copies made by apply threads, until the writer saves them */
     atomic_int aside_failed;
     atomic_llong aside_count;
     char path[4200];
@@ -39,7 +40,9 @@ struct snap_job {
     double t0, seconds;
     int throttle_ms; /* PFCPS_SNAPSHOT_THROTTLE_MS: a pause per block, so tests can push during the write */
     ckpt_ident id;   /* the run identity the file carries */
-    int keyed;       /* the file carries an HMAC under key */
+    int dense;       /* pfc_update = dense: rows as stored plus each row's step; the lr of every step */
+    double *lr; /* dense: [step]: the lr of steps 0 .. step-1 (shard.step_lr as it stood at snap_start) */
+    int keyed;  /* the file carries an HMAC under key */
     snapfile_key key;
 };
 
@@ -50,14 +53,22 @@ static int64_t block_n(const snap_job *j, int64_t b)
     return (hi > j->sh->rows ? j->sh->rows : hi) - lo;
 }
 
-/* Copies block b of the table into dst: n x D weights, then n x D momentum. A row never generated gets its
- * initial value (and zero momentum) in dst only. */
-static void copy_block(const snap_job *j, int64_t b, float *dst)
+/* Payload bytes of n rows: n x D weights and n x D momentum (fp32), and in a dense file n row steps (int64).
+ */
+static size_t rows_bytes(int64_t n, int dim, int dense)
+{
+    return (size_t)n * ((size_t)dim * 2 * sizeof(float) + (dense ? sizeof(int64_t) : 0));
+}
+
+/* Copies block b of the table into dst (rows_bytes of its rows): n x D weights, then n x D momentum, then
+ * (dense) n row steps (shard.rstep), all as stored: a dense row is not brought up to date (readers do that,
+ * with the file's lr table). A row never generated gets its initial value (and zero momentum) in dst only. */
+static void copy_block(const snap_job *j, int64_t b, void *dst)
 {
     const shard *sh = j->sh;
     const size_t D = (size_t)sh->dim;
     const int64_t n = block_n(j, b), r0 = b * j->block_rows;
-    float *dw = dst, *dv = dst + (size_t)n * D;
+    float *dw = dst, *dv = (float *)dst + (size_t)n * D;
     for (int64_t k = 0; k < n; k++) {
         int64_t r = r0 + k;
         if (shard_row_ready(sh, r)) {
@@ -68,6 +79,8 @@ static void copy_block(const snap_job *j, int64_t b, float *dst)
             memset(dv + (size_t)k * D, 0, D * sizeof(float));
         }
     }
+    if (j->dense)
+        memcpy((char *)dst + rows_bytes(n, sh->dim, 0), sh->rstep + r0, sizeof(int64_t) * (size_t)n);
 }
 
 void snap_before_update(snap_job *j, int64_t lrow)
@@ -79,7 +92,7 @@ void snap_before_update(snap_job *j, int64_t lrow)
     uint8_t expect = B_PENDING;
     if (s == B_PENDING && atomic_compare_exchange_strong_explicit(
                               &j->state[b], &expect, B_COPYING, memory_order_acq_rel, memory_order_acquire)) {
-        float *p = malloc(sizeof(float) * 2 * (size_t)block_n(j, b) * (size_t)j->sh->dim);
+        void *p = malloc(rows_bytes(block_n(j, b), j->sh->dim, j->dense));
         if (p)
             copy_block(j, b, p);
         else
@@ -98,15 +111,21 @@ static void *writer_main(void *arg)
     snap_job *j = arg;
     shard *sh = j->sh;
     const size_t D = (size_t)sh->dim;
-    float *buf = malloc(sizeof(float) * 2 * (size_t)j->block_rows * D);
+    void *buf = malloc(rows_bytes(j->block_rows, sh->dim, j->dense));
     snapfile_writer w;
     int rc = buf ? snapfile_create(&w, j->path, "snapshot") : pf_err(-ENOMEM, "snapshot: out of memory");
     const int created = rc == 0;
     int writing = created;
+    if (writing && j->dense) { /* the dense prefix: mu, wd, the lr of steps 0 .. step-1 */
+        const double mw[2] = {sh->mu, sh->wd};
+        if ((rc = snapfile_write(&w, mw, sizeof mw)) < 0 ||
+            (j->step > 0 && (rc = snapfile_write(&w, j->lr, sizeof(double) * (size_t)j->step)) < 0))
+            writing = 0;
+    }
     double t_log = j->t0;
     int64_t rows_done = 0;
     for (int64_t b = 0; b < j->nblocks; b++) {
-        const float *src = NULL;
+        const void *src = NULL;
         uint8_t expect = B_PENDING;
         if (atomic_compare_exchange_strong_explicit(&j->state[b], &expect, B_COPYING, memory_order_acq_rel,
                                                     memory_order_acquire)) {
@@ -125,7 +144,7 @@ static void *writer_main(void *arg)
                 pf_err(-ENOMEM, "snapshot %s: out of memory copying block %lld aside", j->path, (long long)b);
             writing = 0;
         }
-        if (writing && (rc = snapfile_write(&w, src, sizeof(float) * 2 * (size_t)n * D)) < 0)
+        if (writing && (rc = snapfile_write(&w, src, rows_bytes(n, sh->dim, j->dense))) < 0)
             writing = 0;
         if (src != buf) {
             free(j->aside[b]);
@@ -153,7 +172,8 @@ static void *writer_main(void *arg)
                            .step = j->step,
                            .rows = sh->rows,
                            .block_rows = j->block_rows,
-                           .id = j->id};
+                           .id = j->id,
+                           .dense = j->dense};
         snprintf(m.role, sizeof m.role, "shard");
         rc = snapfile_commit(&w, &m, j->keyed ? &j->key : NULL);
         struct stat st;
@@ -213,14 +233,21 @@ int snap_start(shard *sh, const char *root, int64_t step, const ckpt_ident *id, 
         j->block_rows = 1;
     j->nblocks = (sh->rows + j->block_rows - 1) / j->block_rows;
     j->state = calloc((size_t)(j->nblocks ? j->nblocks : 1), sizeof(*j->state));
-    j->aside = calloc((size_t)(j->nblocks ? j->nblocks : 1), sizeof(float *));
+    j->aside = calloc((size_t)(j->nblocks ? j->nblocks : 1), sizeof(void *));
+    j->dense = sh->dense;
+    if (j->dense) { /* the lr table as it stands now: the apply threads may grow (move) step_lr meanwhile */
+        j->lr = malloc(sizeof(double) * (size_t)(step > 0 ? step : 1));
+        for (int64_t t = 0; j->lr && t < step; t++)
+            j->lr[t] = t < sh->lr_cap ? sh->step_lr[t] : NAN;
+    }
     const char *thr = getenv("PFCPS_SNAPSHOT_THROTTLE_MS");
     j->throttle_ms = thr ? atoi(thr) : 0;
     ckpt_member_path(root, step, "shard", sh->rank, sh->servers, ".snap", j->path, sizeof j->path);
     j->t0 = pf_now_s();
-    if (!j->state || !j->aside || pthread_create(&j->th, NULL, writer_main, j) != 0) {
+    if (!j->state || !j->aside || (j->dense && !j->lr) || pthread_create(&j->th, NULL, writer_main, j) != 0) {
         free(j->state);
         free(j->aside);
+        free(j->lr);
         free(j);
         return pf_err(-ENOMEM, "snapshot: cannot start the writer");
     }
@@ -275,6 +302,7 @@ int snap_finish_ex(snap_job *j, snap_outcome *out)
         free(j->aside[b]);
     free(j->aside);
     free(j->state);
+    free(j->lr);
     free(j);
     return rc;
 }
@@ -364,6 +392,28 @@ int snap_check(const char *root, int64_t step, int64_t num_classes, int dim, con
     return rc;
 }
 
+/* Reads a dense file's prefix (mu, wd, the lr of steps 0 .. step-1) into mw and *lr (allocated; the first
+ * dense file's) or, when *lr is set already, checks that this file's equals it (every server records the lr
+ * every worker pushed: they agree). */
+static int read_dense_prefix(snapfile_reader *r, const char *p, int64_t step, double mw[2], double **lr,
+                             const char *first)
+{
+    int rc = snapfile_read(r, mw, 2 * sizeof(double));
+    double *x = rc == 0 ? malloc(sizeof(double) * (size_t)(step > 0 ? step : 1)) : NULL;
+    if (rc == 0 && !x)
+        rc = pf_err(-ENOMEM, "%s: out of memory for the lr of %lld steps", p, (long long)step);
+    if (rc == 0 && step > 0)
+        rc = snapfile_read(r, x, sizeof(double) * (size_t)step);
+    if (rc == 0 && *lr && memcmp(x, *lr, sizeof(double) * (size_t)step) != 0)
+        rc = pf_err(-EINVAL, "%s: its lr table (dense update) differs from %s", p, first);
+    if (rc == 0 && !*lr) {
+        *lr = x;
+        return 0;
+    }
+    free(x);
+    return rc;
+}
+
 int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key, const ckpt_ident *expect)
 {
     int S0 = 0, rc = shard_files(root, step, &S0);
@@ -373,10 +423,15 @@ int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key
     int64_t loaded = 0;
     double t0 = pf_now_s();
     ckpt_ident ref;
-    char ref_what[4400] = "the resumed run's";
+    char ref_what[4400] = "the resumed run's", lr_what[4400] = "";
     int have_ref = expect != NULL;
     if (expect)
         ref = *expect;
+    /* Dense files: the lr table of the first one; rows are brought up to date with `step` at the load only
+     * when this shard cannot go on from them lazily (a sparse shard, or another mu / wd than the file's). */
+    double *flr = NULL, mw[2] = {0, 0};
+    int catchup = 0, have_dc = 0;
+    dense_cache dc;
     for (int s0 = 0; rc == 0 && s0 < S0; s0++) {
         if (S0 == sh->servers && s0 != sh->rank)
             continue; /* same shape: only this rank's own file holds its rows */
@@ -393,25 +448,54 @@ int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key
             have_ref = 1;
             snprintf(ref_what, sizeof ref_what, "%s's", p);
         }
-        /* One block in memory: block_rows x D weights and momentum (bounded by snapfile_check_fields). */
-        size_t block = 0;
-        if (rc == 0 && pf_mul3_size((size_t)r.m.block_rows, D, 2 * sizeof(float), &block) < 0)
-            rc = pf_err(-EINVAL, "%s: header field block_rows = %lld: a block of %lld x %zu floats overflows",
-                        p, (long long)r.m.block_rows, (long long)r.m.block_rows, 2 * D);
-        float *buf = rc == 0 ? malloc(block) : NULL;
+        const int dense = r.m.dense;
+        if (rc == 0 && dense) {
+            if (!flr)
+                snprintf(lr_what, sizeof lr_what, "%s's", p);
+            rc = read_dense_prefix(&r, p, step, mw, &flr, lr_what);
+            catchup = !sh->dense || mw[0] != sh->mu || mw[1] != sh->wd;
+            if (rc == 0 && catchup && !have_dc) {
+                if (dense_cache_init(&dc, sh->dim) < 0)
+                    rc = pf_err(-ENOMEM, "%s: out of memory", p);
+                else
+                    have_dc = 1;
+            }
+        }
+        /* One block in memory: block_rows rows (bounded by snapfile_check_fields). */
+        const size_t block = rc == 0 ? rows_bytes(r.m.block_rows, sh->dim, dense) : 0;
+        void *buf = rc == 0 ? malloc(block) : NULL;
         if (rc == 0 && !buf)
             rc = pf_err(-ENOMEM, "%s: out of memory for a block of %zu bytes", p, block);
         for (int64_t r0 = 0; rc == 0 && r0 < r.m.rows; r0 += r.m.block_rows) {
             int64_t n = r.m.rows - r0 < r.m.block_rows ? r.m.rows - r0 : r.m.block_rows;
-            if ((rc = snapfile_read(&r, buf, sizeof(float) * 2 * (size_t)n * D)) < 0)
+            if ((rc = snapfile_read(&r, buf, rows_bytes(n, sh->dim, dense))) < 0)
                 break;
-            for (int64_t k = 0; k < n; k++) {
+            const float *bw = buf, *bv = (const float *)buf + (size_t)n * D;
+            const int64_t *bs =
+                (const int64_t *)(const void *)((const char *)buf + rows_bytes(n, sh->dim, 0));
+            for (int64_t k = 0; rc == 0 && k < n; k++) {
                 int64_t c = (r0 + k) * S0 + s0;
                 if (c % sh->servers != sh->rank)
                     continue;
                 int64_t lr = c / sh->servers;
-                memcpy(sh->weight + (size_t)lr * D, buf + (size_t)k * D, D * sizeof(float));
-                memcpy(sh->momentum + (size_t)lr * D, buf + ((size_t)n + (size_t)k) * D, D * sizeof(float));
+                float *w = sh->weight + (size_t)lr * D, *v = sh->momentum + (size_t)lr * D;
+                memcpy(w, bw + (size_t)k * D, D * sizeof(float));
+                memcpy(v, bv + (size_t)k * D, D * sizeof(float));
+                int64_t rs = step; /* a sparse file's rows, and a dense file's brought up to date here */
+                if (dense && bs[k] < 0) { /* above step: a global-mode row a faster worker pushed; kept */
+                    rc = pf_err(-EINVAL, "%s: class %lld: its row step %lld is negative", p, (long long)c,
+                                (long long)bs[k]);
+                    break;
+                }
+                if (dense && catchup) {
+                    dense_map M;
+                    if (!dense_cache_get(&dc, flr, bs[k], step - 1, mw[0], mw[1], &M))
+                        dense_apply_row(w, v, sh->dim, &M);
+                } else if (dense) {
+                    rs = bs[k];
+                }
+                if (sh->dense)
+                    sh->rstep[lr] = rs;
                 sh->ready[lr] = SHARD_ROW_READY;
                 loaded++;
             }
@@ -424,11 +508,22 @@ int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key
     if (rc == 0 && loaded != sh->rows)
         rc = pf_err(-EINVAL, "checkpoint step %lld under %s: %lld of this shard's %lld rows found",
                     (long long)step, root, (long long)loaded, (long long)sh->rows);
+    /* The lr of the steps the rows still owe (dense_cache_get reads step_lr[rstep .. t-1]). */
+    for (int64_t t = 0; rc == 0 && flr && sh->dense && t < step; t++)
+        rc = shard_dense_set_lr(sh, t, flr[t]);
     if (rc == 0)
         log_info(
             "loaded checkpoint step %lld: %lld rows of shard %d/%d from %d shard file(s) of %d servers in "
-            "%.2f s",
+            "%.2f s%s",
             (long long)step, (long long)loaded, sh->rank, sh->servers, S0 == sh->servers ? 1 : S0, S0,
-            pf_now_s() - t0);
+            pf_now_s() - t0,
+            flr ? (catchup
+                       ? " (dense rows brought up to date: this shard's update or momentum / weight decay "
+                         "differs from the file's)"
+                       : " (dense rows as stored, each at its own step)")
+                : "");
+    if (have_dc)
+        dense_cache_free(&dc);
+    free(flr);
     return rc;
 }

@@ -10,12 +10,19 @@
  * first touch) is saved with its initial value, computed into the copy, never into the table.
  *
  * File: common/snapfile.h container, role "shard", payload block by block: the block's weights (n x D fp32)
- * then its momentum (n x D fp32); the header carries the run identity and, with a key, an HMAC. Written to
- * <root>/step-<T>/shard-<s>-of-<S>.snap with temp + fsync + rename + folder fsync; progress (rows, MB/s) is
- * logged every ~2 s and at the end.
+ * then its momentum (n x D fp32); the header carries the run identity and, with a key, an HMAC.
+ * pfc_update = dense (header field dense): the payload starts with mu and wd (float64) and the lr of steps
+ * 0 .. T-1 (T steps; float64, as shard.step_lr holds them, NaN for a skipped step), and each block ends with
+ * its rows' steps (n x int64, shard.rstep); the rows are written as stored, not brought up to date with T,
+ * and the table is not changed by a snapshot. The row of class c as it stands after T steps is the closed
+ * form of its skipped steps (server/dense.h: dense_cache_get(lr, rstep, T - 1, mu, wd) applied by
+ * dense_apply_row). Written to <root>/step-<T>/shard-<s>-of-<S>.snap with temp + fsync + rename + folder
+ * fsync; progress (rows, MB/s) is logged every ~2 s and at the end.
  *
  * Loading: rows are redistributed on load, so a checkpoint written by S servers loads into S' servers: class
- * c (local row c div S of old shard c mod S) goes to local row c div S' of new shard c mod S'. */
+ * c (local row c div S of old shard c mod S) goes to local row c div S' of new shard c mod S'. A dense file's
+ * rows keep their steps and the shard gets the file's lr table, so the closed form goes on exactly as in the
+ * run that wrote it; a sparse file's rows are up to date with T. */
 #ifndef PFCPS_SERVER_SNAPSHOT_H
 #define PFCPS_SERVER_SNAPSHOT_H
 
@@ -28,7 +35,8 @@
 typedef struct snap_job snap_job;
 
 /* Starts writing shard `sh` as it stands now, as checkpoint `step` under `root`, on a new thread; the file
- * carries identity id and, when key is not NULL, its HMAC (both copied). From now on every change to a row
+ * carries identity id and, when key is not NULL, its HMAC (both copied); a dense shard's lr of steps
+ * 0 .. step-1 is copied now. From now on every change to a row
  * must be preceded by snap_before_update for that row, until snap_finish. The caller must not let anything
  * change the table between the last apply and this call. Returns 0, or -errno with a message (folder not
  * creatable, out of memory: nothing started). */
@@ -79,8 +87,12 @@ int snap_check(const char *root, int64_t step, int64_t num_classes, int dim, con
 
 /* Loads checkpoint `step` under root into sh (redistributing rows when it was written by another number of
  * servers), verifying every file as snap_check does as it reads, and (expect not NULL) that the files carry
- * identity *expect. Every row of sh is set. Returns 0, or a negative code naming the file and the problem; on
- * failure sh's content is unspecified and the caller must not serve it. */
+ * identity *expect. Every row of sh is set; a dense shard (shard_dense_enable) also gets each row's step (a
+ * dense file's, else `step`) and the lr of steps 0 .. step-1 (dense files). A dense file loaded into a sparse
+ * shard, or one whose mu / wd differ from the shard's, has its rows brought up to date with `step` here
+ * (the dense files of one checkpoint must carry the same lr table: -EINVAL naming the file otherwise).
+ * Returns 0, or a negative code naming the file and the problem; on failure sh's content is unspecified and
+ * the caller must not serve it. */
 int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key, const ckpt_ident *expect);
 
 #endif

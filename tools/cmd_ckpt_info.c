@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "common/snapfile.h"
+#include "server/dense.h"
 #include "tools/opts.h"
 #include "worker/model/model.h"
 
@@ -44,9 +45,15 @@ static long long file_size(const char *p)
 /* One shard file being read in class order. */
 typedef struct shard_in {
     snapfile_reader r;
-    float *buf;      /* the block in memory: n x D weights then n x D momentum */
+    float *buf;      /* the block in memory: n x D weights then n x D momentum (dense: then n row steps) */
     int64_t row0, n; /* its first local row and its rows */
     int64_t block_rows;
+    /* pfc_update = dense files (server/snapshot.h): mu, wd, the lr of every step, the maps of skipped steps
+     */
+    double mw[2];
+    double *lr;
+    dense_cache dc;
+    int have_dc;
 } shard_in;
 
 /* The identity every file of a step must carry: the first file's (ref_what names it). */
@@ -72,7 +79,9 @@ static int same_run(step_ident *si, const char *path, const ckpt_ident *id)
 }
 
 /* Verifies every shard file of the step (key: NULL or the checkpoint key) and hashes the table in class order
- * into d. S0 files of C x D, all of one run (si). */
+ * into d: each class's weights then momentum as they stand after `step` steps (a dense file's row that
+ * skipped steps gets their closed form, server/dense.h, from the file's lr table; the same bits a server
+ * computes). S0 files of C x D, all of one run (si). */
 static int table_digest(const char *root, int64_t step, int S0, const snapfile_key *key, step_ident *si,
                         uint8_t d[32], long long *bytes)
 {
@@ -105,6 +114,17 @@ static int table_digest(const char *root, int64_t step, int S0, const snapfile_k
         if (rc == 0 && pf_mul3_size((size_t)m->block_rows, (size_t)D, 2 * sizeof(float), &block) < 0)
             rc = pf_err(-EINVAL, "%s: header field block_rows = %lld: a block overflows", p,
                         (long long)m->block_rows);
+        if (rc == 0 && m->dense) { /* the prefix; the row steps add 8 bytes per row to a block */
+            block += sizeof(int64_t) * (size_t)m->block_rows;
+            in[s].lr = malloc(sizeof(double) * (size_t)(step > 0 ? step : 1));
+            if (!in[s].lr || dense_cache_init(&in[s].dc, D) < 0)
+                rc = pf_err(-ENOMEM, "%s: out of memory for the lr of %lld steps", p, (long long)step);
+            in[s].have_dc = in[s].lr != NULL && in[s].dc.tmp != NULL;
+            if (rc == 0)
+                rc = snapfile_read(&in[s].r, in[s].mw, sizeof in[s].mw);
+            if (rc == 0 && step > 0)
+                rc = snapfile_read(&in[s].r, in[s].lr, sizeof(double) * (size_t)step);
+        }
         if (rc == 0 && !(in[s].buf = malloc(block)))
             rc = pf_err(-ENOMEM, "%s: out of memory for a block of %zu bytes", p, block);
     }
@@ -115,12 +135,27 @@ static int table_digest(const char *root, int64_t step, int S0, const snapfile_k
             x->row0 += x->n;
             int64_t left = x->r.m.rows - x->row0;
             x->n = left < x->block_rows ? left : x->block_rows;
-            if ((rc = snapfile_read(&x->r, x->buf, sizeof(float) * 2 * (size_t)x->n * (size_t)D)) < 0)
+            if ((rc = snapfile_read(&x->r, x->buf,
+                                    (sizeof(float) * 2 * (size_t)D + (x->r.m.dense ? sizeof(int64_t) : 0)) *
+                                        (size_t)x->n)) < 0)
                 break;
         }
         int64_t k = lr - x->row0;
-        EVP_DigestUpdate(c, x->buf + (size_t)k * D, sizeof(float) * (size_t)D);
-        EVP_DigestUpdate(c, x->buf + ((size_t)x->n + (size_t)k) * D, sizeof(float) * (size_t)D);
+        const float *w = x->buf + (size_t)k * D, *v = x->buf + ((size_t)x->n + (size_t)k) * D;
+        if (x->r.m.dense) { /* the row as it stands after `step` steps: the closed form of those it skipped */
+            int64_t rs;
+            memcpy(&rs, x->buf + (size_t)x->n * 2 * D + 2 * (size_t)k, sizeof rs);
+            dense_map M;
+            if (rs >= 0 && !dense_cache_get(&x->dc, x->lr, rs, step - 1, x->mw[0], x->mw[1], &M)) {
+                memcpy(x->dc.tmp, w, sizeof(float) * (size_t)D);
+                memcpy(x->dc.tmp + D, v, sizeof(float) * (size_t)D);
+                dense_apply_row(x->dc.tmp, x->dc.tmp + D, D, &M);
+                w = x->dc.tmp;
+                v = x->dc.tmp + D;
+            }
+        }
+        EVP_DigestUpdate(c, w, sizeof(float) * (size_t)D);
+        EVP_DigestUpdate(c, v, sizeof(float) * (size_t)D);
     }
     for (int s = 0; rc == 0 && s < S0; s++)
         rc = snapfile_finish(&in[s].r);
@@ -129,8 +164,12 @@ static int table_digest(const char *root, int64_t step, int S0, const snapfile_k
         EVP_DigestFinal_ex(c, d, &len);
     for (int s = 0; in && s < opened; s++)
         snapfile_close(&in[s].r);
-    for (int s = 0; in && s < S0; s++)
+    for (int s = 0; in && s < S0; s++) {
         free(in[s].buf);
+        free(in[s].lr);
+        if (in[s].have_dc)
+            dense_cache_free(&in[s].dc);
+    }
     free(in);
     EVP_MD_CTX_free(c);
     return rc;

@@ -17,6 +17,7 @@
 
 #include "common/err.h"
 #include "server/dense.h"
+#include "server/shard.h"
 #include "tests/npy.h"
 #include "tests/reference/ref.h"
 
@@ -195,6 +196,55 @@ static void test_torch_ref(const char *name)
     npy_free(&aw), npy_free(&av), npy_free(&al), npy_free(&awo), npy_free(&avo);
 }
 
+/* A push's fused update (shard_dense_sgd_row_f32 / shard_dense_sgd_row) gives the bits of the two passes it
+ * replaces, dense_apply_row then shard_sgd_row_f32 / shard_sgd_row, at row lengths that use the vector lanes,
+ * the scalar tail and both; with M NULL it is shard_sgd_row_f32. */
+static void test_fused(void)
+{
+    enum { DMAX = 1030 };
+    static float w0[DMAX], v0[DMAX], g[DMAX], wa[DMAX], va[DMAX], wb[DMAX], vb[DMAX];
+    static double gd[DMAX];
+    double lr[40];
+    for (int t = 0; t < 40; t++)
+        lr[t] = t == 17 ? NAN : 0.1 - 0.002 * t;
+    uint64_t seed = 11;
+    for (int j = 0; j < DMAX; j++) {
+        w0[j] = (float)(0.05 * urand(&seed));
+        v0[j] = (float)(0.02 * urand(&seed));
+        g[j] = (float)(0.03 * urand(&seed));
+        gd[j] = 0.03 * urand(&seed) + 1e-9 * urand(&seed);
+    }
+    const int dims[] = {1, 3, 8, 13, 512, 515, 1030};
+    const int64_t firsts[] = {39, 30, 5, 0};
+    int bad = 0;
+    for (size_t di = 0; di < sizeof dims / sizeof *dims; di++)
+        for (size_t fi = 0; fi < sizeof firsts / sizeof *firsts; fi++) {
+            const int D = dims[di];
+            dense_map M;
+            dense_compose(lr, firsts[fi], 39, MU, WD, &M);
+            for (int multi = 0; multi < 2; multi++) {
+                memcpy(wa, w0, sizeof(float) * D), memcpy(va, v0, sizeof(float) * D);
+                memcpy(wb, w0, sizeof(float) * D), memcpy(vb, v0, sizeof(float) * D);
+                dense_apply_row(wa, va, D, &M);
+                if (multi) {
+                    shard_sgd_row(wa, va, gd, D, 0.07, MU, WD);
+                    shard_dense_sgd_row(wb, vb, gd, D, &M, 0.07, MU, WD);
+                } else {
+                    shard_sgd_row_f32(wa, va, g, D, 0.07, MU, WD);
+                    shard_dense_sgd_row_f32(wb, vb, g, D, &M, 0.07, MU, WD);
+                }
+                bad += memcmp(wa, wb, sizeof(float) * D) != 0 || memcmp(va, vb, sizeof(float) * D) != 0;
+            }
+            memcpy(wa, w0, sizeof(float) * D), memcpy(va, v0, sizeof(float) * D);
+            memcpy(wb, w0, sizeof(float) * D), memcpy(vb, v0, sizeof(float) * D);
+            shard_sgd_row_f32(wa, va, g, D, 0.07, MU, WD);
+            shard_dense_sgd_row_f32(wb, vb, g, D, NULL, 0.07, MU, WD);
+            bad += memcmp(wa, wb, sizeof(float) * D) != 0 || memcmp(va, vb, sizeof(float) * D) != 0;
+        }
+    CHECK(bad == 0, "fused closed form + SGD == dense_apply_row then SGD: %d of %zu cases differ", bad,
+          sizeof dims / sizeof *dims * (sizeof firsts / sizeof *firsts) * 3);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -228,6 +278,23 @@ static void measure(void)
         printf("D %d, k %d skipped steps: closed form %.3g us/row, step loop %.3g us/row\n", D, k,
                1e6 * (t1 - t0) / ROWS, 1e6 * (t2 - t1) / ROWS);
     }
+    /* A push's update of a row that skipped steps (the row in cache): two passes vs the fused one. */
+    static float g[D];
+    for (int j = 0; j < D; j++)
+        g[j] = 1e-4f * (float)(j % 5);
+    dense_map M;
+    dense_compose(lr, 0, 9, MU, WD, &M);
+    double t0 = now_s();
+    for (int r = 0; r < ROWS; r++) {
+        dense_apply_row(w, v, D, &M);
+        shard_sgd_row_f32(w, v, g, D, 0.05, MU, WD);
+    }
+    double t1 = now_s();
+    for (int r = 0; r < ROWS; r++)
+        shard_dense_sgd_row_f32(w, v, g, D, &M, 0.05, MU, WD);
+    double t2 = now_s();
+    printf("D %d, push of a row that skipped steps: closed form then SGD %.3g us/row, fused %.3g us/row\n", D,
+           1e6 * (t1 - t0) / ROWS, 1e6 * (t2 - t1) / ROWS);
 }
 
 int main(void)
@@ -235,6 +302,7 @@ int main(void)
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_vs_f64_loop();
     test_lanes();
+    test_fused();
     test_torch_ref("dense_skip_K1_R20_D64");
     test_torch_ref("dense_skip_K7_R20_D64");
     test_torch_ref("dense_skip_K300_R8_D512");

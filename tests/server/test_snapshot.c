@@ -18,7 +18,9 @@
  *    the field; a field rewritten without the key: refused by the HMAC with the key, by the run identity
  *    without it; a shard of another run (run id, seed): refused naming both files and the fields, and by
  *    snap_load against the resumed run's identity; files without an HMAC refused by a reader with the key; a
- *    folder and a FIFO in place of a shard file: "a directory, not a regular file", the FIFO at once. */
+ *    folder and a FIFO in place of a shard file: "a directory, not a regular file", the FIFO at once.
+ * 6. pfc_update = dense: the file holds the rows as stored with their steps and the lr table; loads into dense
+ *    and sparse shards (dense_case). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,9 +43,10 @@ enum { C = 20000, D = 256, W = 2 };
 
 static char root[256];
 
-static ps_server *make(const char *snap_root)
+static ps_server *make_opts(const char *snap_root, int dense)
 {
     ps_server_opts o = {.provider = "tcp",
+                        .dense = dense,
                         .rank = 0,
                         .servers = 1,
                         .workers = W,
@@ -66,6 +69,11 @@ static ps_server *make(const char *snap_root)
         ps_server_add_worker(s, 1, a, la) < 0)
         exit(1);
     return s;
+}
+
+static ps_server *make(const char *snap_root)
+{
+    return make_opts(snap_root, 0);
 }
 
 /* Pushes of worker w for step t: n ids (a deterministic subset or every row), gradients from a fixed rule. */
@@ -363,6 +371,110 @@ static void files_that_lie(const char *pfcps)
         fails++;
 }
 
+/* Part 6: pfc_update = dense. Two dense servers get the same pushes of steps 0..4 (3000 of the 20000 rows per
+ * worker and step: most rows skip most steps), one with PS_PUSH_SNAPSHOT on step 4. Checkpoint 5's file must
+ * say dense and hold the table as stored (weights, momentum and each row's step equal to the other server's,
+ * bit for bit: nothing brought up to date) and mu, wd and the lr of steps 0..4 (the pushes' 0.1f); loaded
+ * into 3 dense shards, every class keeps its stored row and step and every shard gets the lr table; loaded
+ * into 3 sparse shards, every class is the closed form of the steps its row skipped (dense_compose +
+ * dense_apply_row, server/dense.h) applied to the stored row. */
+static void dense_case(void)
+{
+    char droot[300];
+    snprintf(droot, sizeof droot, "%s.dense", root);
+    mkdir(droot, 0755);
+    ps_server *live = make_opts(droot, 1), *ref = make_opts(NULL, 1);
+    for (int64_t t = 0; t < 5; t++)
+        for (int w = 0; w < W; w++) {
+            push(live, w, t, 0, t == 4 ? PS_PUSH_SNAPSHOT : 0);
+            push(ref, w, t, 0, 0);
+        }
+    ps_server_destroy(live); /* waits for the snapshot */
+    shard *rs = (shard *)ps_server_shard(ref);
+    char path[512];
+    ckpt_member_path(droot, 5, "shard", 0, 1, ".snap", path, sizeof path);
+    snapfile_reader r;
+    int rc = snapfile_open(&r, path, NULL);
+    CHECK(rc == 0 && r.m.dense, "%s: open %d, header field dense %d: %s", path, rc, rc == 0 && r.m.dense,
+          pf_errmsg());
+    long diff = 0, lagging = 0;
+    if (rc == 0) {
+        double pre[2 + 5];
+        rc = snapfile_read(&r, pre, sizeof pre);
+        CHECK(rc == 0 && pre[0] == 0.9 && pre[1] == 5e-4, "dense prefix: mu %g wd %g", pre[0], pre[1]);
+        for (int t = 0; rc == 0 && t < 5; t++)
+            CHECK(pre[2 + t] == (double)0.1f, "lr of step %d in the file: %.17g", t, pre[2 + t]);
+        const size_t rowb = sizeof(float) * 2 * D + sizeof(int64_t);
+        char *buf = malloc(rowb * (size_t)r.m.block_rows);
+        for (int64_t r0 = 0; rc == 0 && r0 < r.m.rows; r0 += r.m.block_rows) {
+            int64_t n = r.m.rows - r0 < r.m.block_rows ? r.m.rows - r0 : r.m.block_rows;
+            if ((rc = snapfile_read(&r, buf, rowb * (size_t)n)) < 0)
+                break;
+            const float *bw = (const float *)buf, *bv = bw + n * D;
+            const int64_t *bs = (const int64_t *)(buf + sizeof(float) * 2 * D * (size_t)n);
+            for (int64_t k = 0; k < n; k++) {
+                int64_t c = r0 + k;
+                float *rw = shard_row(rs, c);
+                diff += memcmp(rw, bw + k * D, sizeof(float) * D) != 0 ||
+                        memcmp(rs->momentum + (rw - rs->weight), bv + k * D, sizeof(float) * D) != 0 ||
+                        bs[k] != rs->rstep[c];
+                lagging += bs[k] < 5;
+            }
+        }
+        free(buf);
+        if (rc == 0)
+            rc = snapfile_finish(&r);
+        snapfile_close(&r);
+    }
+    CHECK(rc == 0 && diff == 0, "dense file: %ld of %d rows differ from the table as stored (%s)", diff, C,
+          rc ? pf_errmsg() : "");
+    CHECK(lagging > C / 2, "only %ld rows lag behind step 5: the case does not test skipped steps", lagging);
+    long bad = 0, badlr = 0, moved = 0;
+    float *ew = malloc(sizeof(float) * D), *ev = malloc(sizeof(float) * D);
+    for (int dense = 1; dense >= 0; dense--)
+        for (int s3 = 0; s3 < 3; s3++) {
+            shard sh;
+            if (shard_create(&sh, C, 3, s3, D, 99, 1, 0) < 0 ||
+                (dense && shard_dense_enable(&sh, 0.9, 5e-4, 0) < 0)) {
+                printf("FAIL shard_create: %s\n", pf_errmsg());
+                exit(1);
+            }
+            rc = snap_load(&sh, droot, 5, NULL, NULL);
+            CHECK(rc == 0, "snap_load of the dense file into %s shard %d of 3: %s", dense ? "dense" : "sparse", s3,
+                  pf_errmsg());
+            for (int t = 0; dense && t < 5; t++)
+                badlr += t >= sh.lr_cap || sh.step_lr[t] != (double)0.1f;
+            for (int64_t lr = 0; rc == 0 && lr < sh.rows; lr++) {
+                int64_t c = lr * 3 + s3;
+                float *rw = shard_row(rs, c);
+                memcpy(ew, rw, sizeof(float) * D);
+                memcpy(ev, rs->momentum + (rw - rs->weight), sizeof(float) * D);
+                dense_map M;
+                if (!dense && !dense_compose(rs->step_lr, rs->rstep[c], 4, 0.9, 5e-4, &M)) {
+                    dense_apply_row(ew, ev, D, &M);
+                    moved++;
+                }
+                bad += memcmp(sh.weight + lr * D, ew, sizeof(float) * D) != 0 ||
+                       memcmp(sh.momentum + lr * D, ev, sizeof(float) * D) != 0 ||
+                       (dense && sh.rstep[lr] != rs->rstep[c]);
+            }
+            shard_destroy(&sh);
+        }
+    CHECK(bad == 0 && badlr == 0 && moved > C / 2,
+          "dense file into 3 dense / 3 sparse shards: %ld rows, %ld lr entries differ (%ld rows caught up)", bad,
+          badlr, moved);
+    printf("dense: file = table as stored (%ld of %d rows lagging); into 3 dense shards rows, steps and lr kept; "
+           "into 3 sparse shards %ld rows brought up to date with step 5\n",
+           lagging, C, moved);
+    free(ew);
+    free(ev);
+    ps_server_destroy(ref);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", droot);
+    if (system(cmd) != 0)
+        fails++;
+}
+
 int main(int argc, char **argv)
 {
     snprintf(root, sizeof root, "/tmp/pfcps_snap_test.%d", (int)getpid());
@@ -529,6 +641,9 @@ int main(int argc, char **argv)
 
     /* 5. files that lie */
     files_that_lie(argc > 1 ? argv[1] : NULL);
+
+    /* 6. pfc_update = dense */
+    dense_case();
 
     ps_server_destroy(ref);
     free(w);

@@ -5,6 +5,12 @@ Reads <root>/step-<T>/shard-<s>-of-<S>.snap (common/snapfile.h: magic "PFCPSNP1"
 protobuf SnapshotHeader of proto/ctl.proto, the payload from byte 4096: per block of block_rows local rows the
 block's weights (n x D fp32) then its momentum (n x D fp32); local row k of shard s is class k * S + s), checks
 each payload against the header's SHA-256, and rebuilds the table in class order. Nothing of pfcps is used.
+A file with header field 18 (dense) set (pfc_update = dense) starts with mu, wd and the lr of steps 0 .. T-1
+(float64), and each block ends with its rows' steps (int64): a row stored as after s steps is brought to step T
+here with the closed form of steps s .. T-1 of zero-gradient torch SGD, as docs/arcface_parity.md ("Dense update
+at sparse cost") writes it: M = A_{T-1} A_{T-2} ... A_s folded from the latest step down in float64,
+A_t = [[mu, wd], [-lr_t mu, 1 - lr_t wd]] (a NaN lr: a skipped step, left out), then per element
+v' = fp32(M00 v + M01 w), w' = fp32(M10 v + M11 w).
 
   ckpt_table.py digest ROOT STEP
       prints the SHA-256 of the table in class order (weights then momentum of class 0, 1, ...): what
@@ -15,6 +21,7 @@ each payload against the header's SHA-256, and rebuilds the table in class order
 """
 import glob
 import hashlib
+import math
 import os
 import re
 import struct
@@ -32,6 +39,24 @@ def header(raw, path):
         return Snap(raw).fields
     except (AssertionError, ValueError, IndexError, struct.error) as e:
         sys.exit(f"{path}: {e}")
+
+
+def catch_up(w, m, D, lrs, first, T, mu, wd):
+    """Row (w, m: D fp32 bytes each) stored as after `first` steps, as it stands after T (module docstring)."""
+    M = None
+    for t in range(T - 1, first - 1, -1):
+        lr = lrs[t]
+        if math.isnan(lr):
+            continue
+        A = (mu, wd, -lr * mu, 1.0 - lr * wd)
+        M = A if M is None else (M[0] * A[0] + M[1] * A[2], M[0] * A[1] + M[1] * A[3],
+                                 M[2] * A[0] + M[3] * A[2], M[2] * A[1] + M[3] * A[3])
+    if M is None:
+        return w, m
+    wv, mv = struct.unpack(f"<{D}f", w), struct.unpack(f"<{D}f", m)
+    m2 = struct.pack(f"<{D}f", *[M[0] * v + M[1] * x for v, x in zip(mv, wv)])
+    w2 = struct.pack(f"<{D}f", *[M[2] * v + M[3] * x for v, x in zip(mv, wv)])
+    return w2, m2
 
 
 def table(root, step):
@@ -53,18 +78,27 @@ def table(root, step):
         if h.get(6, 0) != step or h.get(3, 0) != S or h.get(2, 0) != s:
             sys.exit(f"{p}: header says step {h.get(6)}, shard {h.get(2)} of {h.get(3)}")
         pay = raw[HDR_AREA:]
-        if len(pay) != nbytes or nbytes != nrows * D * 8:
-            sys.exit(f"{p}: {len(pay)} payload bytes, header says {nbytes} ({nrows} rows of {D})")
+        dense = bool(h.get(18, 0))
+        want = nrows * (D * 8 + 8) + (step + 2) * 8 if dense else nrows * D * 8
+        if len(pay) != nbytes or nbytes != want:
+            sys.exit(f"{p}: {len(pay)} payload bytes, header says {nbytes} ({nrows} rows of {D}, dense {dense})")
         if hashlib.sha256(pay).digest() != h.get(9):
             sys.exit(f"{p}: payload SHA-256 differs from the header's")
         off, r0 = 0, 0
+        if dense:
+            mu, wd = struct.unpack_from("<2d", pay, 0)
+            lrs = struct.unpack_from(f"<{step}d", pay, 16)
+            off = 16 + 8 * step
         while r0 < nrows:
             n = min(block, nrows - r0)
             for k in range(n):
                 w = pay[off + k * D * 4: off + (k + 1) * D * 4]
                 m = pay[off + (n + k) * D * 4: off + (n + k + 1) * D * 4]
+                if dense:
+                    (rs,) = struct.unpack_from("<q", pay, off + 2 * n * D * 4 + 8 * k)
+                    w, m = catch_up(w, m, D, lrs, rs, step, mu, wd)
                 rows[(r0 + k) * S + s] = (w, m)
-            off += 2 * n * D * 4
+            off += 2 * n * D * 4 + (8 * n if dense else 0)
             r0 += n
     if sorted(rows) != list(range(C)):
         sys.exit(f"{d}: the shards hold {len(rows)} classes, C = {C}")

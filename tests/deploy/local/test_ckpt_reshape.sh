@@ -24,8 +24,8 @@ TABLE="$SRC/tests/deploy/local/ckpt_table.py"
 # write_cfg NAME SERVERS WORKERS KEEP [LINE...]: $TMP/NAME.ini, output $TMP/NAME, 4 epochs of 10 ORL
 # identities (24 steps with 2 workers, 48 with 1), a checkpoint every 4 steps, KEEP of them kept. The table
 # has 40 classes sampled at 0.25: most rows skip most steps, and pfc_update = dense (the default) moves them
-# by the closed form of the skipped steps, so the bit-identity below covers it (rows brought up to date at
-# each checkpoint step, in the uninterrupted run as in the resumed ones).
+# by the closed form of the skipped steps, so the bit-identity below covers it (shard files hold each row as
+# stored with its step; the resumed servers continue from there; ckpt_table.py computes the rows at the step).
 write_cfg() {
   local name=$1 s=$2 w=$3 keep=$4; shift 4
   ckpt_ini "$name" 4 "$s" "$w" "$keep" 40 "frequent = 1" "sample_rate = 0.25" "$@"
