@@ -155,6 +155,21 @@ static int setup_loss_scaler(trainer *t)
     return 0;
 }
 
+
+/* The backbone file this worker loads for config key `pretrained`: when it names arcface_torch's
+ * checkpoint_gpu_<k>.pt and the same folder holds checkpoint_gpu_<rank>.pt, that one (the parameters are the same
+ * in every rank's file, the BatchNorm running statistics are each rank's own, as arcface_torch resumes them);
+ * otherwise the file named. Points into t->pretrained_path or t->run. */
+static const char *pretrained_file(trainer *t)
+{
+    const char *named = t->run.pretrained, *slash = strrchr(named, '/');
+    if (tpc_rank_of(slash ? slash + 1 : named) < 0)
+        return named;
+    int dir = slash ? (int)(slash - named + 1) : 0;
+    snprintf(t->pretrained_path, sizeof t->pretrained_path, "%.*scheckpoint_gpu_%d.pt", dir, named, t->rank);
+    struct stat st;
+    return stat(t->pretrained_path, &st) == 0 && S_ISREG(st.st_mode) ? t->pretrained_path : named;
+}
 /* Set-up 3: the backbone on the configured device, its collective, the same initial parameters on every
  * worker, the optimizer state and the loss scaler. */
 static int setup_backbone(trainer *t, const ctl_book *book)
@@ -187,9 +202,10 @@ static int setup_backbone(trainer *t, const ctl_book *book)
     /* Fine-tuning: every worker loads the same file (parameters and BN statistics; the broadcast below covers
      * the parameters only), so it must be readable on every worker's host. */
     if (run->pretrained[0]) {
-        if ((rc = model_load_pretrained(t->m, run->pretrained)) < 0)
-            return pf_err_wrap(rc, "config key 'pretrained' = %s", run->pretrained);
-        log_info("backbone initialised from %s (pretrained)", run->pretrained);
+        const char *file = pretrained_file(t);
+        if ((rc = model_load_pretrained(t->m, file)) < 0)
+            return pf_err_wrap(rc, "config key 'pretrained' = %s", file);
+        log_info("backbone initialised from %s (pretrained)", file);
     }
     t->nparams = model_num_params(t->m);
     if ((rc = wdev_backbone(&t->wd, dev, model_ctx(t->m), t->nparams, &t->net.coll, book)) < 0)
@@ -502,24 +518,25 @@ static int setup_import(trainer *t, const ctl_book *book)
                      lr, (long long)prog.global_step, prog.lr);
     }
     tpc_progress bb = {0};
-    if (run->pretrained[0] && (rc = tpc_read_progress(run->pretrained, &bb)) < 0)
-        return pf_err_wrap(rc, "config key 'pretrained' = %s", run->pretrained);
+    const char *file = run->pretrained[0] ? pretrained_file(t) : NULL;
+    if (file && (rc = tpc_read_progress(file, &bb)) < 0)
+        return pf_err_wrap(rc, "config key 'pretrained' = %s", file);
     if (!bb.present)
         return 0;
     if (!t->mom) {
-        log_warn("%s: the backbone's SGD momentum is not carried into optimizer %s", run->pretrained,
+        log_warn("%s: the backbone's SGD momentum is not carried into optimizer %s", file,
                  run->optimizer);
         return 0;
     }
     float *host = calloc(t->nparams ? t->nparams : 1, sizeof(float));
     if (!host)
         return pf_err(-ENOMEM, "out of memory reading the backbone momentum");
-    int got = read_momentum(t, run->pretrained, host);
+    int got = read_momentum(t, file, host);
     rc = got < 0 ? got : t->wd.dev->mem_h2d(t->wd.ctx, t->mom, host, sizeof(float) * t->nparams);
     free(host);
     if (rc < 0)
-        return pf_err_wrap(rc, "config key 'pretrained' = %s", run->pretrained);
-    log_info("backbone SGD momentum of %d tensors from %s", got, run->pretrained);
+        return pf_err_wrap(rc, "config key 'pretrained' = %s", file);
+    log_info("backbone SGD momentum of %d tensors from %s", got, file);
     return 0;
 }
 

@@ -91,6 +91,7 @@ struct trainer {
     char ckpt_root[4096];  /* checkpoints (common/ckpt.h) */
     int64_t start_step;    /* > 0: resumed from this checkpoint step */
     wresume_state resumed; /* the scalars loaded with it */
+    char pretrained_path[CFG_STR + 32]; /* train_setup.c pretrained_file: this rank's checkpoint_gpu file */
     ckpt_ident ckpt_id;    /* the run identity its files carry: the book's run id, the run config's seed and
                               config digest */
     int ckpt_keyed;        /* its .snap files carry an HMAC under ckpt_key (a join secret is known) */

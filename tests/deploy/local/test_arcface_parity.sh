@@ -101,6 +101,8 @@ if [ -f "$A/trace1" ]; then
   expect_grep "server log: continuing at global_step 12" "continuing arcface_torch's run of .*: step clock at global_step 12 \\(epoch 1 done\\)" "$TMP/server0.log"
   expect_grep "worker log: continuing at global_step 12" "continuing arcface_torch's run of .* at global_step 12 \\(epoch 1 done\\): epoch 1, batch 0 of 12" "$TMP/worker0.log"
   expect_grep "worker log: backbone momentum" "backbone SGD momentum of [0-9]+ tensors from" "$TMP/worker0.log"
+  expect_grep "worker 1 loads rank 1's file (its own BatchNorm statistics)" \
+    "backbone initialised from .*/ck/checkpoint_gpu_1.pt \\(pretrained\\)" "$TMP/worker1.log"
   ! grep -q "the lr schedule here gives" "$TMP/worker0.log" || fail "the worker's lr differs from the checkpoint's"
 fi
 
