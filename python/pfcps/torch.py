@@ -11,7 +11,8 @@ Each torch rank joins the run named by `run` (a pfcps config file; the join secr
 PFCPS_SECRET) as pfcps worker torch.distributed.get_rank() of get_world_size() (rank 0 of 1 without
 torch.distributed). A call is one step of pfcps's C worker (worker/train.c, the head path): the labels of
 every rank are allgathered over pfcps's ring, this rank samples its partition (classes c mod W == rank:
-every positive plus uniform negatives up to ceil(sample_rate x partition)), pulls those rows from the
+every positive plus uniform negatives up to int(sample_rate x partition), the run's sample_rounding), pulls
+those rows from the
 servers, and the CPU head (worker/head) computes the margin softmax over the allgathered W x B embeddings
 with the softmax's max and sum allreduced: the loss is the mean over the global batch, the same on every
 rank. backward() pushes the sampled rows' gradients to the servers (which apply SGD with the run's momentum

@@ -18,7 +18,10 @@ run side by side with pfcps on real face images (data/orl).
         and the step's class-center columns from the union of every trace's sampled ids (PartialFC_V2 samples
         with torch.rand; feeding pfcps's ids makes the same columns take part). Writes RESULT (torch.save):
         losses, lrs, the backbone state_dict (rank 0's BatchNorm statistics) and the class centers.
-    arcface_parity.py compare RESULT_PFCPS_DIR REF [REF2 ...]: see compare() below.
+    arcface_parity.py module OUT RESULT --run RUN_INI --trace T0 ...: the same step with pfcps.torch.PartialFC
+        (python/) as the Partial FC, one torch rank, against the servers of RUN_INI (module_train below).
+    arcface_parity.py compare NAME RUN REF64 REF32 ...: see compare() below (RUN: a pfcps run's folder or a
+        RESULT file).
 
 The step, as train_v2.py runs it with W ranks of B images (global step g, 1-based):
   every rank: embeddings = backbone(its images) (train mode; each rank's BatchNorm uses its own batch and keeps
@@ -375,6 +378,48 @@ def train(a):
            "float64" if a.double else "float32", losses[0], losses[-1]))
 
 
+def module_train(a):
+    """The same arcface_torch step with pfcps.torch.PartialFC in place of the reference's Partial FC (the C
+    worker's sampler, pull/push and head through pfcps._C; the class centers on the servers of a.run), one torch
+    rank, float32: torch's backbone from OUT/model.pt, SGD over the backbone and the module's parameter group,
+    the same schedule, clipping and batches (trace). Writes RESULT as train() does, without class centers."""
+    import torch
+    import pfcps.torch
+    torch.set_num_threads(a.threads)
+    tr = read_trace(a.trace[0])
+    data = read_rec(os.path.join(a.out, "train"))
+    B = len(tr[0][3])
+    net = net_module().backbone(a.network, a.dim)
+    net.load_state_dict(torch.load(os.path.join(a.out, "model.pt")))
+    net.train()
+
+    class Margin:  # CombinedMarginLoss's attributes, ArcFace
+        s, m1, m2, m3, interclass_filtering_threshold = SCALE, 1.0, M2, 0.0, 0.0
+
+    module = pfcps.torch.PartialFC(Margin(), a.dim, a.classes, 1.0, False, run=a.run)
+    params = list(net.parameters())
+    opt = torch.optim.SGD([{"params": params}, {"params": module.parameters()}], lr=a.lr, momentum=MOMENTUM,
+                          weight_decay=WEIGHT_DECAY)
+    per_epoch = len(data) // B
+    sched = PolynomialLRWarmup(a.lr, per_epoch * a.warmup_epoch, per_epoch * a.num_epoch)
+    losses, lrs = [], []
+    for g in range(len(tr)):
+        for grp in opt.param_groups:
+            grp["lr"] = sched.lr
+        opt.zero_grad()
+        x, y = batch_tensor(data, tr[g][3], tr[g][4], torch.float32)
+        loss = module(net(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        opt.step()
+        lrs.append(sched.lr)
+        sched.step()
+        losses.append(float(loss))
+    torch.save({"losses": losses, "lrs": lrs, "backbone": {k: v.detach().double() for k, v in
+                                                          net.state_dict().items()}, "centers": None}, a.result)
+    print("pfcps.torch.PartialFC: %d steps, B=%d: loss %.6f -> %.6f" % (len(losses), B, losses[0], losses[-1]))
+
+
 # ---------------------------------------------------------------------------------------------------- compare
 def pfcps_result(run_dir, names, dim):
     """pfcps's run: losses and lrs (trace of rank 0), the backbone (model.ckpt, read by tests/pfcps_ckpt.py from
@@ -422,8 +467,10 @@ def deviations(x, ref, init):
         else:
             acc["p"][0] += float(((a - b) ** 2).sum())
             acc["p"][1] += float(((b - init["backbone"][n].reshape(-1).double()) ** 2).sum())
-    cx, cr, c0 = x["centers"].double(), ref["centers"].double(), init["centers"].double()
-    cen = float(((cx - cr).norm(dim=1) / (cr - c0).norm(dim=1)).max())
+    cen = 0.0  # a run whose centers are not at hand (the module's stay on its servers): not compared
+    if x["centers"] is not None:
+        cx, cr, c0 = x["centers"].double(), ref["centers"].double(), init["centers"].double()
+        cen = float(((cx - cr).norm(dim=1) / (cr - c0).norm(dim=1)).max())
     return {"loss": loss, "lr": lr, "backbone": (acc["p"][0] / acc["p"][1]) ** 0.5,
             "bn_stats": (acc["s"][0] / acc["s"][1]) ** 0.5, "centers": cen}
 
@@ -449,12 +496,13 @@ def compare(a):
     import torch
     ref = torch.load(a.refs[0])
     names = [n for n in ref["backbone"] if not n.endswith("num_batches_tracked")]
-    x = pfcps_result(a.run, names, ref["centers"].shape[1])
+    x = torch.load(a.run) if a.run.endswith(".pt") else pfcps_result(a.run, names, ref["centers"].shape[1])
     missing = [n for n in names if n not in x["backbone"]]
     if missing:
         print("FAIL: model.ckpt lacks %s" % missing)
         return 1
-    if len(x["losses"]) != len(ref["losses"]) or x["centers"].shape != ref["centers"].shape:
+    if len(x["losses"]) != len(ref["losses"]) or (x["centers"] is not None and
+                                                   x["centers"].shape != ref["centers"].shape):
         print("FAIL: pfcps ran %d steps / %s centers, the reference %d / %s" %
               (len(x["losses"]), tuple(x["centers"].shape), len(ref["losses"]), tuple(ref["centers"].shape)))
         return 1
@@ -469,6 +517,9 @@ def compare(a):
     ok = dev["lr"] <= 1e-6  # float32 lr through the push vs the reference's double
     lines = ["%s: lr max rel %.2e" % (a.name, dev["lr"])]
     for k in keys:
+        if k == "centers" and x["centers"] is None:
+            lines.append("  centers   not compared (this run's class centers stay on its servers)")
+            continue
         tol = max(a.factor * spread[k], a.floor)
         good = dev[k] <= tol
         ok &= good
@@ -516,6 +567,18 @@ def main():
     q.add_argument("--save-at", type=int, default=0, help="after this global step write arcface_torch's files")
     q.add_argument("--save-dir", help="where --save-at writes them")
     q.add_argument("--resume", help="continue from the checkpoint_gpu_<r>.pt files in this folder")
+    q = sub.add_parser("module")
+    q.add_argument("out")
+    q.add_argument("result")
+    q.add_argument("--run", required=True, help="the pfcps run file the module joins")
+    q.add_argument("--trace", nargs=1, required=True)
+    q.add_argument("--network", required=True)
+    q.add_argument("--dim", type=int, required=True)
+    q.add_argument("--classes", type=int, required=True)
+    q.add_argument("--lr", type=float, required=True)
+    q.add_argument("--warmup-epoch", type=float, required=True)
+    q.add_argument("--num-epoch", type=float, required=True)
+    q.add_argument("--threads", type=int, default=1)
     q = sub.add_parser("compare")
     q.add_argument("name")
     q.add_argument("run")
@@ -531,6 +594,9 @@ def main():
         return 0
     if a.cmd == "train":
         train(a)
+        return 0
+    if a.cmd == "module":
+        module_train(a)
         return 0
     return compare(a)
 

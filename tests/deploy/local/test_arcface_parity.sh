@@ -17,7 +17,8 @@
 #   w2_s3_st_dense_r01      2 workers, 3 servers, straight_through, dense, sample_rate 0.1 (unsampled rows move)
 #   w1_s3_exact_dense_r01   1 worker, 3 servers, exact margin gradient, dense, 0.1
 #   w2_s3_st_sparse_r01     2 workers, 3 servers, straight_through, sparse (only sampled rows move), 0.1
-# and a negative control: the sparse run against the dense run's references must fail.
+# a negative control: the sparse run against the dense run's references must fail; and the w1_s1 step through
+# pfcps.torch.PartialFC (python/) against the same references.
 # PFCPS_PARITY_RUNS=name,name restricts the runs. The deviations are printed.
 source "$(dirname "$0")/cluster.sh" "$@"
 ref_python torch numpy PIL safetensors
@@ -77,6 +78,37 @@ INI
 }
 
 parity w1_s1_st_dense_r1 1 1 straight_through dense 1.0
+
+# The same step through pfcps.torch.PartialFC (python/, issue 28's module): torch's own backbone from model.pt,
+# the module as the Partial FC against 1 server, the batches of w1_s1_st_dense_r1's trace; compared with the same
+# references (its class centers stay on the server: loss, backbone and BatchNorm statistics only). The package is
+# built and installed as tests/deploy/local/test_torch_partial_fc.sh does (pip, no network; its own build folder).
+module_parity() {
+  local dir=$TMP/w1_s1_st_dense_r1 mdir=$TMP/module
+  [ -f "$dir/ref_f64.pt" ] || return 0
+  "$PFCPS_PYTHON" -c "import mesonpy" 2>/dev/null || ref_skip "$PFCPS_PYTHON has no mesonpy (tests/pyenv.sh installs it)"
+  "$PFCPS_PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --target "$TMP/site" \
+    --config-settings=build-dir="$BUILD/python-pkg-parity" "$SRC/python" >"$TMP/pip.log" 2>&1 ||
+    { tail -30 "$TMP/pip.log"; die "pip install ./python failed"; }
+  mkdir -p "$mdir"
+  sed -e "s|^output = .*|output = $mdir/out|" "$dir/run.ini" >"$mdir/run.ini"
+  local port
+  port=$(free_port)
+  sed -i "s|^rendezvous = .*|rendezvous = 127.0.0.1:$port|" "$mdir/run.ini"
+  "$SERVER" --config "$mdir/run.ini" --rank 0 >"$TMP/module_server0.log" 2>&1 &
+  PIDS+=($!)
+  local sp=$!
+  PYTHONPATH=$TMP/site timeout 600 "$PFCPS_PYTHON" "$PY" module "$TMP" "$mdir/result.pt" --run "$mdir/run.ini" \
+    --trace "$dir/trace0" --network $NET --dim $DIM --classes $CLASSES --lr $LR --warmup-epoch 0.2 --num-epoch 2 \
+    >"$TMP/module.log" 2>&1 || { tail -20 "$TMP/module.log" "$TMP/module_server0.log"; die "the pfcps.torch run failed"; }
+  grep "^pfcps.torch" "$TMP/module.log"
+  kill -TERM "$sp" 2>/dev/null
+  wait "$sp" 2>/dev/null
+  "$PFCPS_PYTHON" "$PY" compare pfcps.torch.PartialFC "$mdir/result.pt" "$dir/ref_f64.pt" "$dir/ref_t1.pt" \
+    "$dir/ref_t2.pt" --init "$TMP" --json "$TMP/parity.json" ||
+    fail "pfcps.torch.PartialFC differs from the reference (above)"
+}
+if [ -z "${PFCPS_PARITY_RUNS:-}" ] || [[ ",$PFCPS_PARITY_RUNS," == *",module,"* ]]; then module_parity; fi
 parity w2_s3_st_dense_r01 2 3 straight_through dense 0.1
 parity w1_s3_exact_dense_r01 1 3 exact dense 0.1
 parity w2_s3_st_sparse_r01 2 3 straight_through sparse 0.1
