@@ -44,7 +44,8 @@ int tpc_read_progress(const char *path, tpc_progress *out)
         else
             v[k] = x->u.i;
     }
-    if (rc == 0) {
+    out->lr = -1; /* unknown: a file without state_optimizer */
+    if (rc == 0 && tp_find(tp_root(f), "state_optimizer")) {
         const tp_value *x = tp_find(tp_root(f), "state_optimizer/param_groups/0/lr");
         if (!x || x->kind != TP_FLOAT || !(x->u.f >= 0))
             rc = pf_err(-EINVAL, "%s: 'state_optimizer/param_groups/0/lr' is %s, not a float >= 0", path,

@@ -16,13 +16,14 @@ typedef struct tpc_progress {
     int present;         /* 0: `path` is not named checkpoint_gpu_<r>.pt (nothing read, the rest 0) */
     int64_t global_step; /* optimizer steps done (train_v2.py's global_step) */
     int64_t epoch;       /* epochs done (its `epoch`: training restarts at this epoch) */
-    double lr;           /* state_optimizer's param_groups[0]['lr']: the lr of step global_step + 1 */
+    double lr;           /* state_optimizer's param_groups[0]['lr']: the lr of step global_step + 1; -1 when the
+                            file has no state_optimizer */
 } tpc_progress;
 
-/* Reads the root's "global_step" and "epoch" (ints >= 0) and "state_optimizer/param_groups/0/lr" (a float)
- * from `path` when its name is checkpoint_gpu_<r>.pt (only the pickle is read, no tensor data). Returns 0
- * (out->present 0 for another name), or the errors of tp_open, or -EINVAL "<path>: ..." naming the key that is
- * missing, of another type or negative. */
+/* Reads the root's "global_step" and "epoch" (ints >= 0) and, when the file has a state_optimizer,
+ * "state_optimizer/param_groups/0/lr" (a float >= 0) from `path` when its name is checkpoint_gpu_<r>.pt (only the
+ * pickle is read, no tensor data). Returns 0 (out->present 0 for another name), or the errors of tp_open, or
+ * -EINVAL "<path>: ..." naming the key that is missing, of another type or negative. */
 int tpc_read_progress(const char *path, tpc_progress *out);
 
 #endif

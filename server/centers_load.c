@@ -143,17 +143,22 @@ static int64_t pt_int(const tp_file *f, const char *key)
     return v && v->kind == TP_INT ? v->u.i : INT64_MIN;
 }
 
-/* Logs rank 0's global_step and epoch, and warns about a rank whose differ. */
-static void log_progress(const pt_rank *R, int W)
+/* Logs rank 0's global_step and epoch; a rank file whose global_step or epoch differs from rank 0's is refused
+ * (-EINVAL naming both files and values): the set would mix tables of different steps. */
+static int check_progress(const pt_rank *R, int W)
 {
     static const char *const keys[] = {"global_step", "epoch"};
     int64_t v0[2];
     for (int k = 0; k < 2; k++) {
         v0[k] = pt_int(R[0].f, keys[k]);
-        for (int r = 1; r < W; r++)
-            if (pt_int(R[r].f, keys[k]) != v0[k])
-                log_warn("pretrained_centers: %s: %s differs from %s's", tp_name(R[r].f), keys[k],
-                         tp_name(R[0].f));
+        for (int r = 1; r < W; r++) {
+            int64_t v = pt_int(R[r].f, keys[k]);
+            if (v != v0[k])
+                return pf_err(-EINVAL,
+                              "%s: %s = %lld, but %s has %lld: the rank files are not from the same step of one "
+                              "run",
+                              tp_name(R[r].f), keys[k], (long long)v, tp_name(R[0].f), (long long)v0[k]);
+        }
     }
     char g[32] = "absent", e[32] = "absent";
     if (v0[0] != INT64_MIN)
@@ -163,6 +168,7 @@ static void log_progress(const pt_rank *R, int W)
     log_info(
         "pretrained_centers: %s: global_step = %s, epoch = %s (the run continues at that step: server/main.c)",
         tp_name(R[0].f), g, e);
+    return 0;
 }
 
 /* Checks that t is an F32 2-d tensor of `rows` x D (rows < 0: any), naming file and tensor. */
@@ -343,10 +349,8 @@ static int load_pt_set(shard *sh, const char *path)
         R[r].first = r ? R[r - 1].first + R[r - 1].rows : 0;
         have_m += R[r].m != NULL;
     }
-    if (rc == 0) {
-        log_progress(R, W);
+    if (rc == 0 && (rc = check_progress(R, W)) == 0)
         rc = pt_check_split(sh, R, W, path, have_m);
-    }
     const size_t D = (size_t)sh->dim, rb = D * sizeof(float);
     const int64_t blk = 4096;
     float *buf = rc == 0 ? malloc((size_t)blk * rb) : NULL;

@@ -512,7 +512,7 @@ static int setup_import(trainer *t, const ctl_book *book)
             log_warn("arcface_torch stopped at global_step %lld after %lld epochs; %lld steps per epoch here "
                      "(another global batch?): the data position and schedule are this run's",
                      (long long)prog.global_step, (long long)prog.epoch, (long long)t->steps_per_epoch);
-        if (fabs(lr - prog.lr) > 1e-6 * fabs(prog.lr))
+        if (prog.lr >= 0 && fabs(lr - prog.lr) > 1e-6 * fabs(prog.lr))
             log_warn("the lr schedule here gives %.9g at global_step %lld, arcface_torch's optimizer holds %.9g "
                      "(another schedule, global batch or lr?)",
                      lr, (long long)prog.global_step, prog.lr);
@@ -521,8 +521,21 @@ static int setup_import(trainer *t, const ctl_book *book)
     const char *file = run->pretrained[0] ? pretrained_file(t) : NULL;
     if (file && (rc = tpc_read_progress(file, &bb)) < 0)
         return pf_err_wrap(rc, "config key 'pretrained' = %s", file);
+    /* The backbone and the class centers must come from the same step of the run. */
+    if (prog.present && bb.present && bb.global_step != prog.global_step)
+        return pf_err(-EINVAL,
+                      "config keys 'pretrained' = %s (global_step %lld) and 'pretrained_centers' = %s (global_step "
+                      "%lld): the backbone and the class centers are not from the same step",
+                      file, (long long)bb.global_step, run->pretrained_centers, (long long)prog.global_step);
+    if (prog.present && !bb.present && t->rank == 0)
+        log_warn("continuing at global_step %lld with a backbone that is not from %s (pretrained = %s)",
+                 (long long)prog.global_step, run->pretrained_centers, file ? file : "unset: initialised afresh");
     if (!bb.present)
         return 0;
+    if (!prog.present && t->rank == 0)
+        log_info("%s: global_step %lld not continued (pretrained_centers does not name its checkpoint_gpu set): "
+                 "starting at step 0 with its backbone and SGD momentum",
+                 file, (long long)bb.global_step);
     if (!t->mom) {
         log_warn("%s: the backbone's SGD momentum is not carried into optimizer %s", file,
                  run->optimizer);

@@ -51,10 +51,8 @@ def _margin_of(margin_loss):
         raise TypeError("margin_loss must carry arcface_torch CombinedMarginLoss's attributes s, m1, m2, m3 "
                         f"(and optionally interclass_filtering_threshold): {e}") from None
     thr = float(getattr(margin_loss, "interclass_filtering_threshold", 0.0) or 0.0)
-    if not (m1 == 1.0 and m3 == 0.0) and not m3 > 0:
-        # CombinedMarginLoss raises for these too; pfcps's head would compute cos(m1*theta + m2) - m3.
-        raise ValueError(f"margin (m1, m2, m3) = ({m1}, {m2}, {m3}): arcface_torch's CombinedMarginLoss supports "
-                         "m1 == 1 and m3 == 0 (ArcFace) or m3 > 0 (CosFace)")
+    # The run's margin_combine decides how the triple combines (pfcps._C's head_init: arcface_torch's rules by
+    # default, refusing m1 != 1 with m3 = 0 as CombinedMarginLoss raises; `full` keeps any triple).
     return s, m1, m2, m3, thr
 
 
@@ -134,6 +132,8 @@ class PartialFC(torch.nn.Module):
         self.run = os.fspath(run)
         self._worker = _C.Worker(self.run, self.rank, self.world_size, [str(s) for s in sets],
                                  num_classes=self.num_classes, embedding_size=self.embedding_size)
+        from . import _restore_stop_signals
+        _restore_stop_signals()  # in case joining loaded another provider library that installs handlers
         cfg = self._worker.run_config
         self.run_config = cfg
         if cfg["num_classes"] != self.num_classes or cfg["embedding_size"] != self.embedding_size:

@@ -274,6 +274,10 @@ static PyObject *Worker_head_init(Worker *w, PyObject *args)
     int rc = head_params_from_config(&c, &hp);
     if (rc < 0)
         return raise_code(rc, pf_errmsg());
+    if (hp.m1 != m1 || hp.m2 != m2)
+        log_warn("margin (%g, %g, %g): m3 > 0 is CosFace alone in arcface_torch's CombinedMarginLoss, so m1 and m2 "
+                 "are unused (margin_combine = full in the run combines them)",
+                 m1, m2, m3);
     hp.margin_grad = HEAD_MARGIN_GRAD_STRAIGHT_THROUGH;
     hp.mode = HEAD_MODE_GLOBAL;
     hp.clamp_loss = 1;

@@ -199,6 +199,10 @@ def bad_mom(r, c):
 
 write_rank_set(mom, mutate=bad_mom)
 refused(os.path.join(mom, "checkpoint_gpu_0.pt"), CT, DT, 2, "checkpoint_gpu_1.pt", "momentum_buffer", "[3, 5]", "not [3, 4]")
+steps = os.path.join(tmp, "pt_steps")
+write_rank_set(steps, mutate=lambda r, c: c.update(global_step=1240) if r == 2 else None)
+refused(os.path.join(steps, "checkpoint_gpu_0.pt"), CT, DT, 2, "checkpoint_gpu_2.pt", "global_step = 1240",
+        "checkpoint_gpu_0.pt has 1234", "not from the same step")
 other = os.path.join(tmp, "model.pt")
 torch.save({"weight": torch.zeros(CT, DT)}, other)
 refused(other, CT, DT, 1, "model.pt", "checkpoint_gpu_<rank>.pt")

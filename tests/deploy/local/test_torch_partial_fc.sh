@@ -14,6 +14,7 @@
 #     change, the backward of a step a later forward already ended, a server killed mid-run, and every call
 #     after that; num_classes other than the run's raises ValueError before joining; forwards under no_grad
 #     end their steps skipped (two in a row give the same loss: no row moved).
+#   - importing pfcps leaves Python's SIGINT / SIGTERM handling in place;
 # Skips (77, or fails under PFCPS_REQUIRE_REFERENCES=1) when PFCPS_PYTHON lacks torch, numpy, safetensors or
 # mesonpy (meson-python; tests/pyenv.sh installs them), or ninja is missing.
 source "$(dirname "$0")/cluster.sh" "$@"
@@ -38,6 +39,29 @@ TOL=2e-5
   { tail -40 "$TMP/pip.log"; die "pip install ./python failed"; }
 export PYTHONPATH=$TMP/site
 ok "pip install ./python"
+
+# Importing pfcps keeps Python's SIGINT / SIGTERM handling (libinfinipath's constructor, pulled in through
+# libfabric, installs handlers that exit(1) silently): Ctrl-C raises KeyboardInterrupt, an ignored SIGINT stays
+# ignored, SIGTERM ends the process with the default action (status 143).
+"$PFCPS_PYTHON" -c "
+import os, signal, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import pfcps
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+except KeyboardInterrupt:
+    raise SystemExit(0)
+raise SystemExit(1)" || fail "after import pfcps, SIGINT did not raise KeyboardInterrupt"
+"$PFCPS_PYTHON" -c "
+import os, signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+import pfcps
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.5)" || fail "after import pfcps, an ignored SIGINT ended the process"
+rc=0; "$PFCPS_PYTHON" -c "import os, signal, time; import pfcps; os.kill(os.getpid(), signal.SIGTERM); time.sleep(5)" || rc=$?
+[ "$rc" -eq 143 ] || fail "after import pfcps, SIGTERM ended the process with status $rc, not 143 (default action)"
+ok "import pfcps keeps Python's SIGINT / SIGTERM handling"
 
 "$PFCPS_PYTHON" "$SCRIPT" make-centers "$TMP/centers.safetensors" $C $D 5 || die "cannot write the centers"
 

@@ -1091,8 +1091,8 @@ static void binfloat(buf *b, double v)
 }
 
 /* path := {'epoch': epoch, 'global_step': step, 'state_optimizer': {'param_groups': [{'lr': lr}]}} as
- * train_v2.py's checkpoint dict holds them (a key is left out when its value is INT64_MIN; lr_int writes the
- * lr as an int). */
+ * train_v2.py's checkpoint dict holds them (a key is left out when its value is INT64_MIN; lr_int 1 writes the
+ * lr as an int, 2 leaves state_optimizer out). */
 static void write_progress(const char *path, int64_t epoch, int64_t step, double lr, int lr_int)
 {
     buf b = {0};
@@ -1108,22 +1108,24 @@ static void write_progress(const char *path, int64_t epoch, int64_t step, double
         str(&b, "global_step");
         integer(&b, step);
     }
-    str(&b, "state_optimizer");
-    op(&b, '}');
-    op(&b, '(');
-    str(&b, "param_groups");
-    op(&b, ']');
-    op(&b, '(');
-    op(&b, '}');
-    op(&b, '(');
-    str(&b, "lr");
-    if (lr_int)
-        integer(&b, (int64_t)lr);
-    else
-        binfloat(&b, lr);
-    op(&b, 'u');
-    op(&b, 'e');
-    op(&b, 'u');
+    if (lr_int != 2) {
+        str(&b, "state_optimizer");
+        op(&b, '}');
+        op(&b, '(');
+        str(&b, "param_groups");
+        op(&b, ']');
+        op(&b, '(');
+        op(&b, '}');
+        op(&b, '(');
+        str(&b, "lr");
+        if (lr_int)
+            integer(&b, (int64_t)lr);
+        else
+            binfloat(&b, lr);
+        op(&b, 'u');
+        op(&b, 'e');
+        op(&b, 'u');
+    }
     op(&b, 'u');
     op(&b, '.');
     write_pt(path, &b, NULL, NULL, NULL, 0);
@@ -1151,6 +1153,10 @@ static void progress(void)
     refused(tpc_read_progress(path, &p), "'epoch' is negative", "a negative epoch");
     write_progress(path, 1, 5, 1, 1);
     refused(tpc_read_progress(path, &p), "'state_optimizer/param_groups/0/lr' is int", "an int lr");
+    write_progress(path, 2, 24, 0, 2);
+    rc = tpc_read_progress(path, &p);
+    check(rc == 0 && p.present && p.global_step == 24 && p.lr == -1,
+          "no state_optimizer: global_step 24, lr unknown (-1) (rc %d, lr %g)", rc, p.lr);
     write_progress(path, 1, 5, -0.5, 0);
     refused(tpc_read_progress(path, &p), "negative or NaN", "a negative lr");
     check(tpc_rank_of("checkpoint_gpu_12.pt") == 12 && tpc_rank_of("checkpoint_gpu_012.pt") == -1 &&
