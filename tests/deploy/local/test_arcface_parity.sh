@@ -79,7 +79,7 @@ INI
 
 parity w1_s1_st_dense_r1 1 1 straight_through dense 1.0
 
-# The same step through pfcps.torch.PartialFC (python/, issue 28's module): torch's own backbone from model.pt,
+# The same step through pfcps.torch.PartialFC (python/, the PyTorch module): torch's own backbone from model.pt,
 # the module as the Partial FC against 1 server, the batches of w1_s1_st_dense_r1's trace; compared with the same
 # references (its class centers stay on the server: loss, backbone and BatchNorm statistics only). The package is
 # built and installed as tests/deploy/local/test_torch_partial_fc.sh does (pip, no network; its own build folder).
