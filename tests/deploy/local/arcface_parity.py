@@ -43,7 +43,6 @@ import argparse
 import copy
 import io
 import json
-import math
 import os
 import struct
 import sys
