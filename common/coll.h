@@ -13,8 +13,11 @@
 #define PFCPS_COMMON_COLL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
-typedef enum { COLL_F32 = 0, COLL_F64 = 1 } coll_dtype;
+/* Element types. COLL_F16 is IEEE binary16 (uint16_t storage); its sum rounds each addition to fp16 (the
+ * float32 sum of two fp16 values, rounded to nearest even: what NCCL's and gloo's half sums compute). */
+typedef enum { COLL_F32 = 0, COLL_F64 = 1, COLL_F16 = 2 } coll_dtype;
 typedef enum { COLL_SUM = 0, COLL_MAX = 1 } coll_op;
 
 typedef struct pf_coll pf_coll;
@@ -46,8 +49,26 @@ struct pf_coll {
 /* Size in bytes of one element of dt. */
 static inline size_t coll_dtype_size(coll_dtype dt)
 {
-    return dt == COLL_F64 ? 8 : 4;
+    return dt == COLL_F64 ? 8 : dt == COLL_F16 ? 2 : 4;
 }
+
+/* 1 when dt is one of coll_dtype's values and op one of coll_op's; backends refuse anything else (-EINVAL). */
+static inline int coll_valid(coll_dtype dt, coll_op op)
+{
+    return (dt == COLL_F32 || dt == COLL_F64 || dt == COLL_F16) && (op == COLL_SUM || op == COLL_MAX);
+}
+
+/* dst[i] = dst[i] op src[i] for count elements of dt (common/coll.c), the reduction of every backend. src may
+ * be unaligned (a received message); dst is aligned for dt. fp16: computed in float32, rounded to fp16. */
+void coll_reduce(void *dst, const void *src, size_t count, coll_dtype dt, coll_op op);
+
+/* torch's DistributedDataParallel gradient communication under fp16_compress_hook
+ * (torch.distributed.algorithms.ddp_comm_hooks.default_hooks: the bucket cast to float16, div_(world_size)
+ * in float16, all_reduce (sum) in float16, copied back): h[i] = fp16(fp16(g[i]) / W) on every rank, the
+ * COLL_F16 allreduce sum of h, then g[i] = float(h[i]), the mean gradient. g (n floats, host) is rewritten in
+ * place; h is scratch of n uint16_t. An fp16 overflow gives inf (the loss scaler's found-inf); values below
+ * 2^-25 become 0. Returns 0 or the backend's negative code. */
+int coll_allreduce_fp16_mean(pf_coll *c, float *g, uint16_t *h, size_t n);
 
 static inline int coll_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
 {

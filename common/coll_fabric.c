@@ -159,23 +159,6 @@ static int exchange(pf_coll *c, const void *send, size_t slen, size_t rlen, cons
     return 0;
 }
 
-static void reduce_into(void *dst, const void *src, size_t count, coll_dtype dt, coll_op op)
-{
-    if (dt == COLL_F32) {
-        float *d = dst, s;
-        for (size_t i = 0; i < count; i++) {
-            memcpy(&s, (const char *)src + 4 * i, 4);
-            d[i] = op == COLL_SUM ? d[i] + s : (s > d[i] ? s : d[i]);
-        }
-    } else {
-        double *d = dst, s;
-        for (size_t i = 0; i < count; i++) {
-            memcpy(&s, (const char *)src + 8 * i, 8);
-            d[i] = op == COLL_SUM ? d[i] + s : (s > d[i] ? s : d[i]);
-        }
-    }
-}
-
 static inline int mod(int a, int w)
 {
     return ((a % w) + w) % w;
@@ -202,7 +185,7 @@ static int phase_reduce_scatter(pf_coll *c, uint8_t *base, const size_t *start, 
         if ((rc = exchange(c, base + (start[sb] + o) * esz, sn * esz, rn * esz, &pl)) < 0)
             return rc;
         if (rn)
-            reduce_into(base + (start[rb] + o) * esz, pl, rn, dt, op);
+            coll_reduce(base + (start[rb] + o) * esz, pl, rn, dt, op);
     }
     return 0;
 }
@@ -234,7 +217,7 @@ static int begin(pf_coll *c)
 
 static int f_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
 {
-    if (dt != COLL_F32 && dt != COLL_F64)
+    if (!coll_valid(dt, COLL_SUM))
         return pf_err(-EINVAL, "ring allreduce: bad dtype %d", (int)dt);
     if (op != COLL_SUM && op != COLL_MAX)
         return pf_err(-EINVAL, "ring allreduce: bad op %d", (int)op);
@@ -262,7 +245,7 @@ static int f_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_
 
 static int f_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t count, coll_dtype dt)
 {
-    if (dt != COLL_F32 && dt != COLL_F64)
+    if (!coll_valid(dt, COLL_SUM))
         return pf_err(-EINVAL, "ring reduce_scatter: bad dtype %d", (int)dt);
     int W = c->world_size;
     size_t esz = coll_dtype_size(dt);

@@ -59,33 +59,10 @@ static int publish(pf_coll *c, int kind, const void *ptr, size_t count, int dt, 
     return 0;
 }
 
-static void reduce_into(void *dst, const void *src, size_t count, coll_dtype dt, coll_op op)
-{
-    if (dt == COLL_F32) {
-        float *d = dst;
-        const float *s = src;
-        if (op == COLL_SUM)
-            for (size_t i = 0; i < count; i++)
-                d[i] += s[i];
-        else
-            for (size_t i = 0; i < count; i++)
-                d[i] = s[i] > d[i] ? s[i] : d[i];
-    } else {
-        double *d = dst;
-        const double *s = src;
-        if (op == COLL_SUM)
-            for (size_t i = 0; i < count; i++)
-                d[i] += s[i];
-        else
-            for (size_t i = 0; i < count; i++)
-                d[i] = s[i] > d[i] ? s[i] : d[i];
-    }
-}
-
 static int t_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
 {
     coll_thread_group *g = group_of(c);
-    if (dt != COLL_F32 && dt != COLL_F64)
+    if (!coll_valid(dt, COLL_SUM))
         return pf_err(-EINVAL, "coll allreduce: bad dtype %d", (int)dt);
     if (op != COLL_SUM && op != COLL_MAX)
         return pf_err(-EINVAL, "coll allreduce: bad op %d", (int)op);
@@ -96,7 +73,7 @@ static int t_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_
     if (rc == 0 && tmp) {
         memcpy(tmp, g->slots[0].ptr, bytes);
         for (int r = 1; r < g->world_size; r++)
-            reduce_into(tmp, g->slots[r].ptr, count, dt, op);
+            coll_reduce(tmp, g->slots[r].ptr, count, dt, op);
     }
     wait_all(g);
     if (rc == 0 && bytes && !tmp)
@@ -124,14 +101,14 @@ static int t_allgather(pf_coll *c, const void *send, void *recv, size_t bytes)
 static int t_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t count, coll_dtype dt)
 {
     coll_thread_group *g = group_of(c);
-    if (dt != COLL_F32 && dt != COLL_F64)
+    if (!coll_valid(dt, COLL_SUM))
         return pf_err(-EINVAL, "coll reduce_scatter: bad dtype %d", (int)dt);
     int rc = publish(c, K_REDUCE_SCATTER, send, count, dt, COLL_SUM, 0);
     if (rc == 0) {
         size_t bytes = count * coll_dtype_size(dt), off = (size_t)c->rank * bytes;
         memcpy(recv, (const char *)g->slots[0].ptr + off, bytes);
         for (int r = 1; r < g->world_size; r++)
-            reduce_into(recv, (const char *)g->slots[r].ptr + off, count, dt, COLL_SUM);
+            coll_reduce(recv, (const char *)g->slots[r].ptr + off, count, dt, COLL_SUM);
     }
     wait_all(g);
     return rc;

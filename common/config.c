@@ -56,6 +56,7 @@ static const key_def keys[] = {
     {"fp16", "train", K_BOOL, OFF(fp16), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"bf16", "train", K_BOOL, OFF(bf16), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"fp16_overflow_skip", "train", K_STR, OFF(fp16_overflow_skip), "step", 0, 0, 0, 0, "step backbone", 0, 1},
+    {"backbone_grad_comm", "train", K_STR, OFF(backbone_grad_comm), "fp16", 0, 0, 0, 0, "fp16 fp32", 0, 1},
     {"device", "train", K_STR, OFF(device), "cpu", 0, 0, 0, 0, "cpu cuda cpu-fenced cpu-bf16", 0, 1},
     {"optimizer", "train", K_STR, OFF(optimizer), "sgd", 0, 0, 0, 0, "sgd adamw", 0, 1},
     {"lr", "train", K_DOUBLE, OFF(lr), "0.1", 0, 1e3, 1, 0, NULL, 0, 0},
@@ -72,6 +73,7 @@ static const key_def keys[] = {
     {"pretrained_centers", "train", K_STR, OFF(pretrained_centers), "", 0, 0, 0, 0, NULL, 0, 0},
     /* [data] */
     {"rec", "data", K_STR, OFF(rec), "", 0, 0, 0, 0, NULL, 1, 0},
+    {"synthetic", "data", K_STR, OFF(synthetic), "arcface_torch", 0, 0, 0, 0, "arcface_torch varied", 0, 1},
     {"frequent", "data", K_INT, OFF(frequent), "10", 1, INT_MAX, 0, 0, NULL, 0, 0},
     {"verbose", "data", K_INT, OFF(verbose), "2000", 1, INT_MAX, 0, 0, NULL, 0, 0},
     {"output", "data", K_STR, OFF(output), "work_dirs/pfcps", 0, 0, 0, 0, NULL, 0, 1},

@@ -36,6 +36,9 @@ typedef struct pf_config {
                                          (default, GradScaler: the whole optimizer step, class centers
                                          included) or "backbone" (the backbone's step only; the centers'
                                          push overlaps the backward) */
+    char backbone_grad_comm[CFG_STR]; /* the workers' allreduce of backbone gradients: "fp16" (default,
+                                         arcface_torch's DDP fp16_compress_hook: each gradient rounded to
+                                         fp16, divided by W and summed in fp16) or "fp32" */
     char device[CFG_STR]; /* "cpu" (default), "cuda"; debugging devices "cpu-fenced", "cpu-bf16" */
     /* --- optimizer / schedule --- */
     char optimizer[CFG_STR];  /* "sgd" (default) or "adamw" */
@@ -56,6 +59,8 @@ typedef struct pf_config {
                                          checkpoint_gpu_<r>.pt set (server/centers_load.h); "" = none */
     /* --- data / output --- */
     char rec[CFG_STR];    /* dataset prefix or directory (train.rec/train.idx), or "synthetic"; required */
+    char synthetic[CFG_STR]; /* rec = synthetic: "arcface_torch" (default, its SyntheticDataset: one image, label
+                                1, 1,000,000 samples) or "varied" (an image per sample, uniform labels) */
     int frequent;         /* log every N steps, default 10 */
     int verbose;          /* verification every N steps (arcface_torch), default 2000 */
     char output[CFG_STR]; /* output directory, default "work_dirs/pfcps" */

@@ -143,6 +143,19 @@ static enum MHD_Result answer_text(struct MHD_Connection *c, unsigned status, co
     return ret;
 }
 
+/* URL unescaping (MHD_OPTION_UNESCAPE_CALLBACK): MHD_http_unescape, except that a URL holding an escaped NUL
+ * ("%00") is left escaped, so it matches no page (404) instead of being read as the text before the NUL
+ * ("/metrics%00" as "/metrics"). Returns the length of the result. */
+static size_t unescape_url(void *cls, struct MHD_Connection *c, char *s)
+{
+    (void)cls;
+    (void)c;
+    for (const char *p = s; (p = strchr(p, '%')) != NULL; p++)
+        if (p[1] == '0' && p[2] == '0')
+            return strlen(s);
+    return MHD_http_unescape(s);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls)
@@ -372,7 +385,7 @@ int metrics_start(const char *address, char *bound, size_t cap)
         MHD_OPTION_CONNECTION_LIMIT, CONNECTION_LIMIT, MHD_OPTION_PER_IP_CONNECTION_LIMIT, PER_IP_LIMIT,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_CONNECTION_TIMEOUT_S, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         CONNECTION_MEMORY, MHD_OPTION_NOTIFY_CONNECTION, on_connection, NULL, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, NULL, MHD_OPTION_END);
+        on_completed, NULL, MHD_OPTION_UNESCAPE_CALLBACK, unescape_url, NULL, MHD_OPTION_END);
     if (!g_daemon) {
         close(fd);
         stop_watchdog();

@@ -12,12 +12,12 @@ void ps_rows_encode(void *dst, const float *src, size_t n, uint32_t dtype)
         memcpy(d, src, n * sizeof(float));
     } else if (dtype == PS_DT_FP16) {
         for (size_t j = 0; j < n; j++) {
-            uint16_t x = ps_f32_to_f16(src[j]);
+            uint16_t x = f16_from_f32(src[j]);
             memcpy(d + 2 * j, &x, 2);
         }
     } else {
         for (size_t j = 0; j < n; j++) {
-            uint16_t x = ps_f32_to_bf16(src[j]);
+            uint16_t x = bf16_from_f32(src[j]);
             memcpy(d + 2 * j, &x, 2);
         }
     }
@@ -32,13 +32,13 @@ void ps_rows_decode(float *dst, const void *src, size_t n, uint32_t dtype)
         for (size_t j = 0; j < n; j++) {
             uint16_t x;
             memcpy(&x, s + 2 * j, 2);
-            dst[j] = ps_f16_to_f32(x);
+            dst[j] = f16_to_f32(x);
         }
     } else {
         for (size_t j = 0; j < n; j++) {
             uint16_t x;
             memcpy(&x, s + 2 * j, 2);
-            dst[j] = ps_bf16_to_f32(x);
+            dst[j] = bf16_to_f32(x);
         }
     }
 }

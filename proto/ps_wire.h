@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/half.h"
 
 #define PS_MAGIC           0x53504650u /* "PFPS" */
 #define PS_VERSION         2
@@ -145,82 +146,9 @@ static inline size_t ps_wire_msg_bytes(uint32_t dim)
     return b;
 }
 
-/* fp32 <-> fp16 (IEEE binary16, round to nearest even) and bf16 (round to nearest even). */
-static inline uint16_t ps_f32_to_bf16(float f)
-{
-    union {
-        float f;
-        uint32_t u;
-    } v = {.f = f};
-    if ((v.u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((v.u >> 16) | 0x40); /* NaN stays NaN */
-    uint32_t round = 0x7fffu + ((v.u >> 16) & 1u);
-    return (uint16_t)((v.u + round) >> 16);
-}
-static inline float ps_bf16_to_f32(uint16_t h)
-{
-    union {
-        uint32_t u;
-        float f;
-    } v = {.u = (uint32_t)h << 16};
-    return v.f;
-}
-static inline uint16_t ps_f32_to_f16(float f)
-{
-    union {
-        float f;
-        uint32_t u;
-    } v = {.f = f};
-    uint32_t x = v.u, sign = (x >> 16) & 0x8000u;
-    int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
-    uint32_t mant = x & 0x7fffffu;
-    if (((x >> 23) & 0xff) == 0xff)
-        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0)); /* inf/NaN */
-    if (exp >= 31)
-        return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
-    if (exp <= 0) {                        /* subnormal or zero */
-        if (exp < -10)
-            return (uint16_t)sign;
-        mant |= 0x800000u;
-        uint32_t shift = (uint32_t)(14 - exp);
-        uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1u)))
-            h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)exp << 10) | (mant >> 13), rem = mant & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
-        h++; /* may carry into exponent: correct */
-    return (uint16_t)(sign | h);
-}
-static inline float ps_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
-    if (exp == 0) {
-        if (mant == 0)
-            x = sign;
-        else { /* subnormal: normalise */
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400u)) {
-                mant <<= 1;
-                exp--;
-            }
-            x = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-        }
-    } else if (exp == 31)
-        x = sign | 0x7f800000u | (mant << 13);
-    else
-        x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
-    union {
-        uint32_t u;
-        float f;
-    } v = {.u = x};
-    return v.f;
-}
-
 /* Row codec (ps_wire.c), the one conversion both sides use. ps_rows_encode writes n fp32 values of src into
  * dst in wire dtype `dtype` (n x ps_dtype_size(dtype) bytes, any alignment; fp16 and bf16 round to nearest
- * even as ps_f32_to_f16 / ps_f32_to_bf16 do); ps_rows_decode reads n values of `dtype` at src into dst (fp32,
+ * even as f16_from_f32 / bf16_from_f32 do); ps_rows_decode reads n values of `dtype` at src into dst (fp32,
  * exact). dtype must be valid (ps_dtype_valid); src and dst must not overlap. */
 void ps_rows_encode(void *dst, const float *src, size_t n, uint32_t dtype);
 void ps_rows_decode(float *dst, const void *src, size_t n, uint32_t dtype);

@@ -191,6 +191,49 @@ int wdev_allreduce(wdev *d, float *buf)
     return bb_collective(d, buf, 0);
 }
 
+/* fp16 gradient mean (coll_allreduce_fp16_mean's arithmetic) over NCCL on device buffers: the cast and div_ by
+ * a kernel into device scratch, NCCL's fp16 sum, the copy back to float32. */
+static int grads_fp16_nccl(wdev *d, float *buf)
+{
+#ifdef PFCPS_HAVE_CUDA_OPS
+    size_t n = d->nparams;
+    if (!d->d_grad16) {
+        int rc = cuda_malloc(&d->d_grad16, n * sizeof(uint16_t));
+        if (rc < 0)
+            return pf_err_wrap(rc, "device %s: %zu bytes of fp16 gradient scratch", d->di.name, n * 2);
+    }
+    int rc = cuda_f16_compress(d->d_grad16, buf, n, (float)d->W);
+    if (rc == 0)
+        rc = coll_allreduce(&d->nccl, d->d_grad16, n, COLL_F16, COLL_SUM);
+    if (rc == 0)
+        rc = cuda_f16_to_f32(buf, d->d_grad16, n);
+    return rc;
+#else
+    (void)d;
+    (void)buf;
+    return pf_err(-ENODEV, "NCCL without the CUDA device");
+#endif
+}
+
+int wdev_allreduce_grads(wdev *d, float *buf, int fp16)
+{
+    if (!fp16)
+        return wdev_allreduce(d, buf);
+    if (d->have_nccl)
+        return grads_fp16_nccl(d, buf);
+    size_t n = d->nparams, bytes = n * sizeof(float);
+    if (!d->h_grad16 && !(d->h_grad16 = malloc(n * sizeof(uint16_t))))
+        return pf_err(-ENOMEM, "out of memory for the %zu-value fp16 gradient buffer", n);
+    if (d->direct)
+        return coll_allreduce_fp16_mean(d->ring, buf, d->h_grad16, n);
+    int rc = d->dev->mem_d2h(d->ctx, d->h_stage, buf, bytes);
+    if (rc == 0)
+        rc = coll_allreduce_fp16_mean(d->ring, d->h_stage, d->h_grad16, n);
+    if (rc == 0)
+        rc = d->dev->mem_h2d(d->ctx, buf, d->h_stage, bytes);
+    return rc;
+}
+
 /* *p = zero-filled device memory of the model's device. */
 static int dev_alloc(wdev *d, void **p, size_t bytes, const char *what)
 {
@@ -348,5 +391,10 @@ void wdev_close(wdev *d)
     free(d->h_emb);
     free(d->grad_emb);
     free(d->h_stage);
+    free(d->h_grad16);
+#ifdef PFCPS_HAVE_CUDA_OPS
+    if (d->d_grad16)
+        cuda_free(d->d_grad16);
+#endif
     memset(d, 0, sizeof *d);
 }

@@ -64,6 +64,8 @@ typedef struct wdev {
     int have_nccl;
     const char *backend; /* the backbone collective, for the start-up log */
     float *h_stage;      /* (nparams) host staging for the backbone collectives through the ring */
+    uint16_t *h_grad16;  /* (nparams) host fp16 gradients of wdev_allreduce_grads over the ring */
+    void *d_grad16;      /* (nparams) device fp16 gradients of wdev_allreduce_grads over NCCL */
     size_t nparams;
     /* Head buffers (wdev_head_create). */
     float *centers, *grad_centers; /* host (k_max, D), pinned on cuda: pulled rows, their gradients (push) */
@@ -91,6 +93,13 @@ int wdev_backbone(wdev *d, const ops_device *dev, ops_ctx *ctx, size_t nparams, 
  * Returns 0 or the collective's / device's negative code. */
 int wdev_bcast(wdev *d, float *buf);
 int wdev_allreduce(wdev *d, float *buf);
+
+/* The backbone gradients' collective (nparams floats at buf, device memory), the result the mean over the W
+ * workers. fp16 = 0: wdev_allreduce's float32 sum, then the caller multiplies by 1/W. fp16 = 1: torch DDP's
+ * fp16_compress_hook (common/coll.h coll_allreduce_fp16_mean: fp16(fp16(g) / W) summed in fp16, read back
+ * as float32; the mean already). Scratch of nparams fp16 values allocated at the first call (host, or
+ * device under NCCL). Returns 0, -ENOMEM, or the collective's / device's negative code. */
+int wdev_allreduce_grads(wdev *d, float *buf, int fp16);
 
 /* Head buffers for head->k_max sampled rows of D floats and a batch of B embeddings (B, D: the sampler's),
  * and the head itself: on cuda the GPU head (pfc_cuda, its collectives on NCCL or, without NCCL, on the ring

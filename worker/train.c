@@ -72,8 +72,9 @@ static int zero_fixed_grads(trainer *t)
 /* Backward, after the head wrote the embedding gradient d_grad_emb (device, B x D): scale it by W
  * (arcface_torch: the AllGather backward multiplies by W and DDP averages the backbone gradients over W, so
  * the mean of the W scaled gradients is the gradient of the global mean loss) and by the loss scale (fp16);
- * backward; allreduce; mean and unscale in one pass (the loss scale is a power of two, so g * (1/W) *
- * (1/scale) in one multiply is exact as two); fixed gradients zeroed; *ss = their sum of squares, the loss
+ * backward; allreduce (backbone_grad_comm: fp16 as DDP's fp16_compress_hook, which returns the mean, or an fp32
+ * sum); mean and unscale in one pass (the loss scale is a power of two, so g * (1/W) * (1/scale) in one
+ * multiply is exact as two); fixed gradients zeroed; *ss = their sum of squares, the loss
  * scaler's found-inf check (the same on every worker: the gradients are allreduced) and clip_grad_norm_(5)'s
  * norm. *skip = 1 when the scaler says skip (rank 0 logs it for global step step + 1; the scaler is
  * updated). Returns 0 or the device's negative code. */
@@ -88,9 +89,9 @@ static int backbone_grads(trainer *t, int64_t step, double *ss, int *skip)
     if (rc == 0)
         rc = model_backward(t->m, t->wd.d_grad_emb, NULL);
     if (rc == 0)
-        rc = wdev_allreduce(&t->wd, model_grads(t->m));
+        rc = wdev_allreduce_grads(&t->wd, model_grads(t->m), t->grad_fp16);
     float *g = model_grads(t->m);
-    float inv = 1.f / (float)t->W;
+    float inv = t->grad_fp16 ? 1.f : 1.f / (float)t->W; /* the fp16 collective returns the mean */
     if (t->loss_scaling)
         inv *= (float)(1.0 / (double)scale);
     if (rc == 0 && inv != 1.0f)

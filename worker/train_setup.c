@@ -120,6 +120,11 @@ static int setup_optimizer(trainer *t)
     if (!strcmp(t->run.optimizer, "sgd"))
         return dev_alloc(t, (void **)&t->mom, pbytes, "SGD momentum");
     if (!strcmp(t->run.optimizer, "adamw")) {
+        if (t->rank == 0)
+            log_warn("optimizer = adamw: the backbone trains with AdamW, but the class centers on the servers "
+                     "train with SGD (momentum %g, weight_decay %g) at the same lr, where arcface_torch's AdamW "
+                     "configs train them with AdamW too (not implemented: docs/arcface_parity.md row 14)",
+                     t->run.momentum, t->run.weight_decay);
         int rc = dev_alloc(t, (void **)&t->adam_m, pbytes, "AdamW first moment");
         return rc < 0 ? rc : dev_alloc(t, (void **)&t->adam_v, pbytes, "AdamW second moment");
     }
@@ -214,7 +219,11 @@ static int setup_backbone(trainer *t, const ctl_book *book)
      * makes it so whatever the initialiser does). */
     if ((rc = wdev_bcast(&t->wd, model_params(t->m))) < 0)
         return pf_err_wrap(rc, "broadcasting the initial parameters");
-    log_info("device %s, precision %s; backbone collectives: %s", di.name, di.precision, t->wd.backend);
+    t->grad_fp16 = strcmp(run->backbone_grad_comm, "fp32") != 0;
+    log_info("device %s, precision %s; backbone collectives: %s; gradients summed in %s", di.name, di.precision,
+             t->wd.backend,
+             t->grad_fp16 ? "fp16 (backbone_grad_comm = fp16: DDP's fp16_compress_hook, as arcface_torch)"
+                          : "fp32 (backbone_grad_comm = fp32)");
     log_info("backbone %s: %zu parameters (%.1f MB), embedding_size %d, batch %d", run->network, t->nparams,
              t->nparams * 4.0 / 1e6, run->embedding_size, run->batch_size);
     if ((rc = setup_optimizer(t)) < 0)

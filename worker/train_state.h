@@ -69,6 +69,7 @@ struct trainer {
     int loss_scaling;
     loss_scaler scaler;
     int skip_centers; /* fp16_overflow_skip = step: an overflow step pushes no center gradients */
+    int grad_fp16;    /* backbone_grad_comm = fp16: torch DDP's fp16_compress_hook (wdev_allreduce_grads) */
 
     /* Head: the Partial FC sampler (and, off the GPU, the CPU head). */
     pfc head;

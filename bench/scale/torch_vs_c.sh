@@ -71,6 +71,7 @@ weight_decay = 5e-4
 seed = 7
 [data]
 rec = synthetic
+synthetic = varied
 output = $out/$tag.out
 [cluster]
 servers = $servers

@@ -31,6 +31,11 @@ static int wait_stream(const char *what)
     return 0;
 }
 
+static ncclDataType_t nccl_type(coll_dtype dt)
+{
+    return dt == COLL_F64 ? ncclFloat64 : dt == COLL_F16 ? ncclFloat16 : ncclFloat32;
+}
+
 static ncclComm_t comm_of(pf_coll *c)
 {
     return ((nccl_impl *)c->impl)->comm;
@@ -40,7 +45,7 @@ static int n_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_
 {
     if (!count)
         return 0;
-    NCCL_TRY(ncclAllReduce(buf, buf, count, dt == COLL_F64 ? ncclFloat64 : ncclFloat32,
+    NCCL_TRY(ncclAllReduce(buf, buf, count, nccl_type(dt),
                            op == COLL_MAX ? ncclMax : ncclSum, comm_of(c), 0),
              "allreduce");
     return wait_stream("allreduce");
@@ -58,7 +63,7 @@ static int n_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t cou
 {
     if (!count)
         return 0;
-    NCCL_TRY(ncclReduceScatter(send, recv, count, dt == COLL_F64 ? ncclFloat64 : ncclFloat32, ncclSum,
+    NCCL_TRY(ncclReduceScatter(send, recv, count, nccl_type(dt), ncclSum,
                                comm_of(c), 0),
              "reduce_scatter");
     return wait_stream("reduce_scatter");

@@ -252,6 +252,9 @@ int cuda_adamw_step(float *w, const float *grad, float *m, float *v, size_t n, d
 /* fp32 <-> fp16 (IEEE binary16) and bf16, round to nearest even, stored as uint16_t. */
 int cuda_f32_to_f16(uint16_t *out, const float *in, size_t n);
 int cuda_f16_to_f32(float *out, const uint16_t *in, size_t n);
+/* out[i] = fp16(fp16(in[i]) / w) for n elements (device memory): the cast and div_ of torch's
+ * fp16_compress_hook (common/coll.h coll_allreduce_fp16_mean), before an fp16 sum over the workers. */
+int cuda_f16_compress(uint16_t *out, const float *in, size_t n, float w);
 int cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n);
 int cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n);
 

@@ -226,6 +226,21 @@ extern "C" int cuda_f16_to_f32(float *out, const uint16_t *in, size_t n)
     return convert<float, uint16_t, from_f16>(out, in, n, "f16_to_f32");
 }
 
+static __global__ void f16_compress_k(uint16_t *out, const float *in, size_t n, float w)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = to_f16(from_f16(to_f16(in[i])) / w);
+}
+
+extern "C" int cuda_f16_compress(uint16_t *out, const float *in, size_t n, float w)
+{
+    if (!n)
+        return 0;
+    f16_compress_k<<<grid_for(n), 256>>>(out, in, n, w);
+    LAUNCH_CHECK("f16_compress");
+    return 0;
+}
+
 extern "C" int cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n)
 {
     return convert<uint16_t, float, to_bf16>(out, in, n, "f32_to_bf16");

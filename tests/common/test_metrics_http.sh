@@ -4,7 +4,7 @@
 # keeps adding to, a gauge with an escaped label value, a histogram, a /targets page):
 #   GET /metrics: 200, Content-Type text/plain; version=0.0.4; charset=utf-8, the constant labels, the label
 #   value escaped as the format says, the counter growing between scrapes; promtool check metrics accepts it;
-#   HEAD 200 without a body; /targets 200 application/json; /nope 404; POST 405 with Allow: GET, HEAD;
+#   HEAD 200 without a body; /targets 200 application/json; /nope 404; /metrics%00 404; POST 405 with Allow: GET, HEAD;
 #   a 64 KiB header: an error status or a closed connection, and the endpoint serves on;
 #   200 connections opened at once by another client (127.0.0.2): a scrape succeeds within 5 s once they are
 #   closed, and again while they are still open (the per-client limit leaves room for the scraper);
@@ -91,6 +91,13 @@ expect_eq "GET /targets" "$code" "200 application/json"
 python3 -c "import json,sys; json.load(open(sys.argv[1]))" "$TMP/t.json" && ok "/targets is JSON" || fail "/targets is not JSON"
 code=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "http://$A/nope")
 expect_eq "GET /nope" "$code" 404
+# an escaped NUL names no page: not the text before it (/metrics), not the /targets page
+for u in /metrics%00 /metrics%00x /targets%00.json; do
+  code=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "http://$A$u")
+  expect_eq "GET $u" "$code" 404
+done
+code=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "http://$A/%6detrics")
+expect_eq "GET /%6detrics (an escaped letter still unescapes)" "$code" 200
 code=$(curl -sS --max-time 5 -X POST -d 'x=1' -D "$TMP/post.hdr" -o /dev/null -w '%{http_code}' "$URL")
 expect_eq "POST /metrics" "$code" 405
 expect_grep "405 names the methods" "^Allow: GET, HEAD" "$TMP/post.hdr"

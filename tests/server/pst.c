@@ -119,7 +119,7 @@ int pst_start(pst_cluster *cl, int S, int W, int64_t C, int D, const char *extra
     if (!f)
         return -1;
     fprintf(f,
-            "[train]\nnum_classes = %lld\nembedding_size = %d\nrec = synthetic\nseed = 2048\n"
+            "[train]\nnum_classes = %lld\nembedding_size = %d\nrec = synthetic\nsynthetic = varied\nseed = 2048\n"
             "momentum = 0.9\nweight_decay = 0.0005\n[cluster]\nservers = %d\nworkers = %d\nprovider = tcp\n"
             "rendezvous = 127.0.0.1:%d\nsecret = %s\nctl_timeout = 20\nhead_mode = "
             "local\n[server]\napply_threads = 2\non_member_loss = serve\n%s",

@@ -27,6 +27,7 @@ embedding_size = 128
 output = $TMP/out
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 500000
 [cluster]
 servers = 1

@@ -130,7 +130,7 @@ int main(void)
         pst_init_row(SEED, ids[i], D, ref);
         for (int j = 0; j < D; j++) {
             float gf = g[i * D + j];
-            double gs = (double)gf + ps_bf16_to_f32(ps_f32_to_bf16(gf)) + ps_f16_to_f32(ps_f32_to_f16(gf));
+            double gs = (double)gf + bf16_to_f32(bf16_from_f32(gf)) + f16_to_f32(f16_from_f32(gf));
             double w0 = (float)ref[j], want = w0 - 0.05 * (gs + WD * w0);
             maxrel = fmax(maxrel, fabs(out[i * D + j] - want));
             num += (out[i * D + j] - want) * (out[i * D + j] - want);

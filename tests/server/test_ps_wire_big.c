@@ -93,7 +93,7 @@ int main(void)
             pst_init_row(SEED, ids[i], D, w0);
             for (int j = 0; j < D; j++) {
                 float gf = g[(size_t)i * D + j];
-                double gq = w ? ps_bf16_to_f32(ps_f32_to_bf16(gf)) : ps_f16_to_f32(ps_f32_to_f16(gf));
+                double gq = w ? bf16_to_f32(bf16_from_f32(gf)) : f16_to_f32(f16_from_f32(gf));
                 double wf = (float)w0[j], want = wf - (double)LR * (gq + WD * wf);
                 double e = fabs(out[(size_t)i * D + j] - want) / fmax(fabs(want), 1e-3);
                 worst = fmax(worst, e);

@@ -107,7 +107,7 @@ static void test_convert(void)
     };
     int bad = 0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        uint16_t h = ps_f32_to_f16(cases[i].f), b = ps_f32_to_bf16(cases[i].f);
+        uint16_t h = f16_from_f32(cases[i].f), b = bf16_from_f32(cases[i].f);
         if (h != cases[i].h || b != cases[i].b) {
             printf("FAIL convert %g: fp16 0x%04x (want 0x%04x), bf16 0x%04x (want 0x%04x)\n",
                    (double)cases[i].f, h, cases[i].h, b, cases[i].b);
@@ -120,11 +120,11 @@ static void test_convert(void)
         uint16_t h = (uint16_t)x;
         if ((h & 0x7c00) == 0x7c00)
             continue;
-        float f = ps_f16_to_f32(h);
+        float f = f16_to_f32(h);
         int e = (h >> 10) & 0x1f, m = h & 0x3ff;
         double want =
             (e ? ldexp(1.0 + m / 1024.0, e - 15) : ldexp(m / 1024.0, -14)) * ((h & 0x8000) ? -1 : 1);
-        if ((double)f != want || ps_f32_to_f16(f) != h) {
+        if ((double)f != want || f16_from_f32(f) != h) {
             if (bad++ < 5)
                 printf("FAIL fp16 0x%04x -> %g (want %g)\n", h, (double)f, want);
         }
@@ -165,7 +165,7 @@ static void test_checks(void)
     /* fp16 gather equals the conversion of the stored rows. */
     uint16_t out[3 * 4];
     shard_gather(&sh, good, 3, PS_DT_FP16, out);
-    CHECK(out[5] == ps_f32_to_f16(shard_row(&sh, 1)[1]), "fp16 gather");
+    CHECK(out[5] == f16_from_f32(shard_row(&sh, 1)[1]), "fp16 gather");
     shard_destroy(&sh);
     rc = shard_check_fit(1000000000000LL, 1, 0, 512);
     printf("C=1e12 D=512 -> %d: %s\n", rc, pf_errmsg());

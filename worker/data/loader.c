@@ -24,7 +24,8 @@ typedef struct slot {
 
 struct loader {
     loader_opts o;
-    int synthetic;
+    int synthetic;    /* rec = synthetic */
+    float *one_image; /* synthetic, not varied: arcface_torch's SyntheticDataset image (image_floats) */
     rec_file *rf;
     int64_t num_images, num_classes, nb;
     size_t image_floats;
@@ -69,6 +70,7 @@ void loader_opts_from_config(loader_opts *o, const pf_config *cfg, int rank, int
     o->resize = cfg->resize;
     if (cfg->num_image > 0)
         o->num_image = cfg->num_image;
+    o->synthetic_varied = strcmp(cfg->synthetic, "varied") == 0;
     o->rank = rank;
     o->world_size = world_size;
 }
@@ -102,7 +104,22 @@ static int64_t synthetic_label(const loader *l, int64_t epoch, int64_t p)
 
 static int64_t sample_label(const loader *l, int64_t epoch, int64_t idx)
 {
-    return l->synthetic ? synthetic_label(l, epoch, idx) : l->rf->images[idx].class_id;
+    if (l->synthetic)
+        return l->one_image ? ARCFACE_SYNTHETIC_LABEL : synthetic_label(l, epoch, idx);
+    return l->rf->images[idx].class_id;
+}
+
+/* arcface_torch's SyntheticDataset image (dataset.py: np.random.randint(0, 255, (112, 112, 3)), transposed
+ * to CHW, then ((img / 255) - 0.5) / 0.5 in float32): pixel values 0..254 from a stream seeded by `seed`
+ * (other bits than numpy's; the same on every rank), normalised in that float32 order. */
+static void synthetic_one_image(float *img, size_t n, uint64_t seed)
+{
+    uint64_t st = img_hash64(seed, 0, 0, 0x0ae1ull);
+    for (size_t k = 0; k < n; k++) {
+        __extension__ typedef unsigned __int128 u128;
+        uint32_t v = (uint32_t)(((u128)img_splitmix64(&st) * 255u) >> 64);
+        img[k] = ((float)v / 255.0f - 0.5f) / 0.5f;
+    }
 }
 
 int loader_epoch_order(const loader *l, int64_t epoch, int64_t *indices)
@@ -150,6 +167,12 @@ static int produce(loader *l, int64_t bi, slot *s, img_decoder *dec, rec_buf *bu
         int64_t idx = l->order[bi * B + i];
         float *img = b->images + (size_t)i * l->image_floats;
         b->labels[i] = sample_label(l, l->epoch, idx);
+        if (l->synthetic && l->one_image) {
+            b->keys[i] = -1;
+            b->flips[i] = 0;
+            memcpy(img, l->one_image, l->image_floats * sizeof *img);
+            continue;
+        }
         if (l->synthetic) {
             b->keys[i] = -1;
             b->flips[i] = 0;
@@ -254,6 +277,7 @@ void loader_close(loader *l)
         }
     free(l->slots);
     free(l->order);
+    free(l->one_image);
     if (l->sync_dec.tj)
         img_decoder_free(&l->sync_dec);
     rec_buf_free(&l->sync_buf);
@@ -294,8 +318,23 @@ int loader_open(loader **out, const loader_opts *o)
             rc = pf_err(-EINVAL, "loader: num_image %" PRId64 " is not positive", o->num_image);
             goto fail;
         }
-        l->num_images = o->num_image;
+        if (!o->synthetic_varied && o->num_classes <= ARCFACE_SYNTHETIC_LABEL) {
+            rc = pf_err(-EINVAL,
+                        "loader: synthetic = arcface_torch labels every sample %d, which needs num_classes >= %d, "
+                        "got %" PRId64 " (synthetic = varied draws labels below num_classes)",
+                        ARCFACE_SYNTHETIC_LABEL, ARCFACE_SYNTHETIC_LABEL + 1, o->num_classes);
+            goto fail;
+        }
+        l->num_images = o->synthetic_varied ? o->num_image : ARCFACE_SYNTHETIC_IMAGES;
         l->num_classes = o->num_classes;
+        size_t n = (size_t)3 * o->image_size * o->image_size;
+        if (!o->synthetic_varied) {
+            if (!(l->one_image = malloc(n * sizeof(float)))) {
+                rc = pf_err(-ENOMEM, "out of memory");
+                goto fail;
+            }
+            synthetic_one_image(l->one_image, n, o->seed);
+        }
     } else {
         rc = rec_open(&l->rf, o->rec, o->num_classes, o->skip_bad_records);
         if (rc < 0)

@@ -26,6 +26,10 @@
 
 #include "common/config.h"
 
+/* arcface_torch's SyntheticDataset (dataset.py): every sample has label 1; __len__ is 1,000,000. */
+#define ARCFACE_SYNTHETIC_LABEL  1
+#define ARCFACE_SYNTHETIC_IMAGES 1000000
+
 typedef struct loader_opts {
     const char *rec;     /* dataset prefix or directory (train.rec/.idx), or "synthetic" */
     int64_t num_classes; /* synthetic: required, 1 .. 2^32; dataset: 0 = from `property` or labels,
@@ -40,7 +44,10 @@ typedef struct loader_opts {
     int flip;          /* random horizontal flip with p = 0.5, default 1 */
     int resize;        /* resize images that are not image_size (default 0: error) */
     int image_size;    /* default 112 */
-    int64_t num_image; /* synthetic: images per epoch over all ranks (default 1M) */
+    int64_t num_image; /* synthetic_varied: images per epoch over all ranks (default 2^20) */
+    int synthetic_varied; /* synthetic: 1 = an image per sample, labels uniform in [0, num_classes), num_image
+                             samples per epoch; 0 (default) = arcface_torch's SyntheticDataset: one image,
+                             label ARCFACE_SYNTHETIC_LABEL, ARCFACE_SYNTHETIC_IMAGES samples per epoch */
 } loader_opts;
 
 typedef struct loader_batch {
@@ -56,11 +63,12 @@ typedef struct loader_batch {
 typedef struct loader loader;
 
 /* Defaults: batch_size 128, num_workers 2, seed 2048, rank 0, world_size 1, shuffle 1, flip 1,
- * image_size 112, num_image 1<<20; rec NULL and num_classes 0 still need to be set. */
+ * image_size 112, num_image 1<<20, synthetic_varied 0 (arcface_torch's); rec NULL and num_classes 0 still
+ * need to be set. */
 void loader_opts_default(loader_opts *o);
 
 /* Fills opts from the run config (rec, num_classes, batch_size, num_workers, seed, skip_bad_records,
- * num_image) and the process's rank and world_size. The config must outlive the loader (rec points
+ * num_image, synthetic) and the process's rank and world_size. The config must outlive the loader (rec points
  * into it). */
 void loader_opts_from_config(loader_opts *o, const pf_config *cfg, int rank, int world_size);
 

@@ -30,7 +30,9 @@ The step, as train_v2.py runs it with W ranks of B images (global step g, 1-base
       [-1, 1]; CombinedMarginLoss (m1 = 1, m3 = 0): the target logit becomes cos(acos(c) + m2) -- under
       torch.no_grad() in arcface_torch (gradient straight through, `straight_through`), or differentiated
       (`exact`, pfcps's option); times s = 64; loss = DistCrossEntropyFunc's: -mean over the W*B rows of log(clamp_min(p_target, 1e-30));
-  backward: the gradient of that global mean loss (AllGatherFunc's reduce and DDP's average together);
+  backward: the gradient of that global mean loss (AllGatherFunc's reduce and DDP's average together), DDP's
+      average under train_v2.py's fp16_compress_hook (--grad-comm fp16, the default: each rank's gradient
+      rounded to fp16, divided by W and summed in fp16; ddp_fp16_grads) or in the float type (--grad-comm fp32);
   clip_grad_norm_(backbone.parameters(), 5) (the class centers are not clipped);
   SGD([backbone, centers], lr, momentum 0.9, weight_decay 5e-4): with `dense` the whole C x D table is the
       parameter, so every row moves every step (PartialFC_V2); with `sparse` only the rows of ids are updated
@@ -200,6 +202,34 @@ def margin_logits(cos, target_col, grad_mode):
     return (cos + onehot * (tgt - cos[rows, target_col]).unsqueeze(1)) * SCALE
 
 
+def fp16_compress(grads, W):
+    """torch DDP's fp16_compress_hook (torch.distributed.algorithms.ddp_comm_hooks.default_hooks) over the W
+    ranks' gradients of one parameter: each cast to float16 and div_(W) in float16, all_reduce (sum) in float16
+    (each addition rounded to float16; the ranks in order 0..W-1, gloo's order for W <= 2), back to the
+    parameter's dtype."""
+    import torch
+    acc = None
+    for g in grads:
+        h = g.to(torch.float16).div_(W)
+        acc = h if acc is None else acc + h
+    return acc.to(grads[0].dtype)
+
+
+def ddp_fp16_grads(loss, embs, params, W):
+    """backward of the global mean loss as W DDP ranks under fp16_compress_hook: rank r's backbone gradient is
+    its own backward from W x dL/d(its embeddings) (AllGatherFunc's backward), and the parameters' .grad the
+    hook's mean of the W (fp16_compress); every other leaf (the class centers) gets its plain gradient."""
+    import torch
+    trainable = [p for p in params if p.requires_grad]
+    d_embs = torch.autograd.grad(loss, embs, retain_graph=True)
+    per_rank = [torch.autograd.grad(e, trainable, grad_outputs=d * W, retain_graph=True, allow_unused=True)
+                for e, d in zip(embs, d_embs)]
+    loss.backward()  # the class centers' gradient (and a backbone gradient replaced below)
+    for i, p in enumerate(trainable):
+        gs = [g[i] if g[i] is not None else torch.zeros_like(p) for g in per_rank]
+        p.grad = fp16_compress(gs, W)
+
+
 def share_parameters(dst, src):
     """dst (a deep copy of src) with src's Parameter objects: one set of weights, dst's own buffers (a DDP rank's
     BatchNorm running statistics, which broadcast_buffers=False keeps per rank)."""
@@ -302,6 +332,8 @@ def train(a):
     global SCALE
     SCALE = a.scale
     torch.set_num_threads(a.threads)
+    if a.no_mkldnn:  # another float32 implementation of the convolutions: torch's native kernels
+        torch.backends.mkldnn.enabled = False
     DistCrossEntropy = dist_cross_entropy()
     dtype = torch.float64 if a.double else torch.float32
     traces = [read_trace(p) for p in a.trace]
@@ -350,7 +382,10 @@ def train(a):
         cos = torch.nn.functional.linear(torch.nn.functional.normalize(emb),
                                          torch.nn.functional.normalize(sub)).clamp(-1, 1)
         loss = DistCrossEntropy.apply(margin_logits(cos, target, a.margin_grad), target)
-        loss.backward()
+        if a.grad_comm == "fp16":
+            ddp_fp16_grads(loss, embs, params, W)
+        else:
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(params, CLIP)
         opt.step()
         if a.update == "sparse":
@@ -409,6 +444,10 @@ def module_train(a):
         x, y = batch_tensor(data, tr[g][3], tr[g][4], torch.float32)
         loss = module(net(x), y)
         loss.backward()
+        if a.grad_comm == "fp16":  # one DDP rank under fp16_compress_hook, as arcface_torch on one GPU
+            for p in params:
+                if p.grad is not None:
+                    p.grad = fp16_compress([p.grad], 1)
         torch.nn.utils.clip_grad_norm_(params, CLIP)
         opt.step()
         lrs.append(sched.lr)
@@ -489,8 +528,8 @@ def initial_state(folder, like):
 def compare(a):
     """pfcps's run (RUN) against the float64 reference (REF64: arcface_torch's step computed exactly enough to
     be the target), with tolerance from the reference itself: REF32 .. are the same reference run as
-    arcface_torch runs, in float32 (with 1 and 2 threads); the largest deviation of those from REF64 is what
-    float32 arithmetic alone costs over these steps. pfcps's deviation in each measure must be at most FACTOR
+    arcface_torch runs, in float32 (with 1 and 2 threads, and with torch's native convolutions); the largest
+    deviation of those from REF64 is what float32 arithmetic alone costs over these steps. pfcps's deviation in each measure must be at most FACTOR
     times that (or FLOOR)."""
     import torch
     ref = torch.load(a.refs[0])
@@ -560,9 +599,13 @@ def main():
     q.add_argument("--num-epoch", type=float, required=True)
     q.add_argument("--margin-grad", choices=("exact", "straight_through"), required=True)
     q.add_argument("--update", choices=("dense", "sparse"), required=True)
+    q.add_argument("--grad-comm", choices=("fp16", "fp32"), default="fp16",
+                   help="the backbone gradients' DDP communication (fp16: fp16_compress_hook, train_v2.py's)")
     q.add_argument("--scale", type=float, default=64.0)
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--double", action="store_true")
+    q.add_argument("--no-mkldnn", action="store_true",
+                   help="float32 convolutions by torch's native kernels instead of oneDNN's (another rounding)")
     q.add_argument("--save-at", type=int, default=0, help="after this global step write arcface_torch's files")
     q.add_argument("--save-dir", help="where --save-at writes them")
     q.add_argument("--resume", help="continue from the checkpoint_gpu_<r>.pt files in this folder")
@@ -574,6 +617,7 @@ def main():
     q.add_argument("--network", required=True)
     q.add_argument("--dim", type=int, required=True)
     q.add_argument("--classes", type=int, required=True)
+    q.add_argument("--grad-comm", choices=("fp16", "fp32"), default="fp16")
     q.add_argument("--lr", type=float, required=True)
     q.add_argument("--warmup-epoch", type=float, required=True)
     q.add_argument("--num-epoch", type=float, required=True)

@@ -4,7 +4,7 @@
 #   SERVER WORKER PFCPS (the binaries) SRC BUILD (source and build trees).
 # It sets `-uo pipefail`, sources tests/expect.sh (fail, die, skip, expect_*), makes the scratch directory TMP
 # and kills on exit every daemon started here (PIDS) and the process group of a launcher started by
-# start_launcher (LP), then removes TMP. Its helpers end the test with die when what they wait for fails.
+# start_launcher (LP), then removes TMP (kept, and named, when PFCPS_KEEP_TMP is set: for debugging). Its helpers end the test with die when what they wait for fails.
 set -uo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../../expect.sh"
 [ $# -ge 5 ] || { echo "usage: $0 SERVER WORKER PFCPS SRC BUILD" >&2; exit 2; }
@@ -16,7 +16,7 @@ cleanup() {
   if [ -n "$LP" ]; then kill -KILL -- "-$LP" 2>/dev/null; fi
   for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
   wait 2>/dev/null
-  rm -rf "$TMP"
+  if [ -n "${PFCPS_KEEP_TMP:-}" ]; then echo "kept the scratch folder $TMP"; else rm -rf "$TMP"; fi
 }
 trap cleanup EXIT
 
@@ -34,17 +34,20 @@ embedding_size = 16"
 TINY_NET="$TINY_BACKBONE
 batch_size = 4"
 TINY_DATA="rec = synthetic
+synthetic = varied
 num_classes = 10
 num_image = 8"
 ENDLESS_NET="$TINY_NET
 num_epoch = 1000"
 ENDLESS_DATA="rec = synthetic
+synthetic = varied
 num_classes = 20
 num_image = 400
 num_workers = 1"
 ONE_STEP_NET="$TINY_BACKBONE
 batch_size = 2"
 ONE_STEP_DATA="rec = synthetic
+synthetic = varied
 num_classes = 4
 num_image = 8
 num_workers = 1"

@@ -8,6 +8,7 @@ cat >"$TMP/run.ini" <<INI
 embedding_size = 16
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 10
 [cluster]
 servers = 2

@@ -24,6 +24,7 @@ device = $dev
 output = $TMP/$name.out
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 24
 num_image = 80
 num_workers = 1

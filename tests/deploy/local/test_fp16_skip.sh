@@ -28,6 +28,7 @@ output = $TMP/$name.out
 $(printf '%s\n' "$@")
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 8
 num_image = 32
 num_workers = 1

@@ -10,6 +10,7 @@ $TINY_BACKBONE
 output = $TMP/out
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 1000000000000
 INI
 export OMP_NUM_THREADS=1

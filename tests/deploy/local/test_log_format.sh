@@ -22,6 +22,7 @@ $ONE_STEP_NET
 num_epoch = 2
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 4
 num_image = 8
 num_workers = 1

@@ -30,6 +30,7 @@ $(printf '%s\n' "$@")
 output = $TMP/$name.out
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 4
 num_image = 24
 num_workers = 1

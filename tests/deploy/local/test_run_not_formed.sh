@@ -11,6 +11,7 @@ $TINY_BACKBONE
 output = $TMP/out
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 4
 INI
 start_cluster "$TMP/run.ini" 1 1 # server 0 and worker 0 only

@@ -21,6 +21,7 @@ num_epoch = 2
 output = $TMP/$1.out
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 2
 num_image = 64
 num_workers = 1

@@ -16,6 +16,7 @@ output = $TMP/out$S
 frequent = 10
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 50
 num_image = 400
 num_workers = 1

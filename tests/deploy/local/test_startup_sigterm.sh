@@ -12,6 +12,7 @@ $TINY_BACKBONE
 output = $TMP/out
 [data]
 rec = synthetic
+synthetic = varied
 num_classes = 20
 INI
 ok=0

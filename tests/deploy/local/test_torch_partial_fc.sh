@@ -78,6 +78,7 @@ weight_decay = 5e-4
 pretrained_centers = $TMP/centers.safetensors
 [data]
 rec = synthetic
+synthetic = varied
 INI
 }
 

@@ -214,6 +214,7 @@ static void test_synthetic(void)
         loader_opts o;
         loader_opts_default(&o);
         o.rec = "synthetic";
+        o.synthetic_varied = 1;
         o.num_classes = C;
         o.batch_size = 64;
         o.world_size = 2;
@@ -357,7 +358,7 @@ static void test_from_config(void)
     pf_config cfg;
     cfg_defaults(&cfg);
     const char *sets[] = {"rec=synthetic", "num_classes=5000000000", "batch_size=32",  "num_workers=3",
-                          "seed=99",       "skip_bad_records=true",  "num_image=4096", "resize=true"};
+                          "seed=99",       "skip_bad_records=true",  "num_image=4096", "resize=true", "synthetic=varied"};
     int rc = 0;
     for (size_t i = 0; i < sizeof sets / sizeof *sets && rc == 0; i++) {
         char k[64], v[64];
@@ -369,7 +370,7 @@ static void test_from_config(void)
     loader_opts_from_config(&o, &cfg, 2, 4);
     CHECK(strcmp(o.rec, "synthetic") == 0 && o.num_classes == INT64_C(5000000000) && o.batch_size == 32 &&
               o.num_workers == 3 && o.seed == 99 && o.skip_bad_records == 1 && o.num_image == 4096 &&
-              o.rank == 2 && o.world_size == 4 && o.resize == 1,
+              o.rank == 2 && o.world_size == 4 && o.resize == 1 && o.synthetic_varied == 1,
           "loader_opts_from_config");
     loader *l;
     rc = loader_open(&l, &o);
@@ -382,6 +383,77 @@ static void test_from_config(void)
         loader_close(l);
     printf("config: rec, num_classes, batch_size, num_workers, seed, skip_bad_records, num_image, resize "
            "reach the loader\n");
+}
+
+/* synthetic = arcface_torch (the default): its SyntheticDataset, checked by hand: label 1 everywhere, one image
+ * for every sample and rank and epoch, pixel values on the 0..254 grid normalised as ((v / 255) - 0.5) / 0.5,
+ * never mirrored, 1,000,000 samples an epoch whatever num_image says; num_classes 1 refused. */
+static void test_synthetic_arcface(void)
+{
+    float *first = NULL;
+    size_t n = (size_t)3 * 112 * 112;
+    int64_t bad_label = 0, bad_image = 0, off_grid = 0, flipped = 0, levels[255] = {0};
+    for (int rank = 0; rank < 2; rank++) {
+        loader_opts o;
+        loader_opts_default(&o);
+        o.rec = "synthetic";
+        o.num_classes = 300000;
+        o.num_image = 100000; /* the schedule's length only */
+        o.batch_size = 8;
+        o.world_size = 2;
+        o.rank = rank;
+        o.num_workers = 1;
+        loader *l;
+        int rc = loader_open(&l, &o);
+        CHECK(rc == 0, "arcface_torch synthetic open: %s", pf_errmsg());
+        if (rc < 0)
+            return;
+        CHECK(loader_num_images(l) == 1000000 && loader_num_batches(l) == 1000000 / 16,
+              "arcface_torch synthetic: %lld images, %lld batches (want 1000000, 62500)",
+              (long long)loader_num_images(l), (long long)loader_num_batches(l));
+        for (int64_t epoch = 0; epoch < 2; epoch++) {
+            loader_start_epoch(l, epoch);
+            loader_batch *b;
+            for (int k = 0; k < 3 && loader_next(l, &b) == 1; k++) {
+                for (int i = 0; i < b->n; i++) {
+                    const float *img = b->images + (size_t)i * n;
+                    bad_label += b->labels[i] != 1;
+                    flipped += b->flips[i] != 0;
+                    if (!first) {
+                        first = malloc(n * sizeof *first);
+                        memcpy(first, img, n * sizeof *first);
+                        for (size_t j = 0; j < n; j++) {
+                            double v = ((double)img[j] * 0.5 + 0.5) * 255.0;
+                            long r = lround(v);
+                            off_grid += fabs(v - (double)r) > 1e-3 || r < 0 || r > 254 ||
+                                        img[j] != ((float)r / 255.0f - 0.5f) / 0.5f;
+                            if (r >= 0 && r <= 254)
+                                levels[r]++;
+                        }
+                    } else
+                        bad_image += memcmp(first, img, n * sizeof *first) != 0;
+                }
+                loader_release(l, b);
+            }
+        }
+        loader_close(l);
+    }
+    int64_t used = 0;
+    for (int v = 0; v < 255; v++)
+        used += levels[v] > 0;
+    CHECK(bad_label == 0 && bad_image == 0 && off_grid == 0 && flipped == 0 && used == 255,
+          "arcface_torch synthetic: %lld labels not 1, %lld images differ, %lld pixels off the 0..254 grid, %lld "
+          "mirrored, %lld of 255 levels used",
+          (long long)bad_label, (long long)bad_image, (long long)off_grid, (long long)flipped, (long long)used);
+    free(first);
+    loader_opts o;
+    loader_opts_default(&o);
+    o.rec = "synthetic";
+    o.num_classes = 1;
+    loader *l;
+    int rc = loader_open(&l, &o);
+    CHECK(rc == -EINVAL && fx_contains(pf_errmsg(), "needs num_classes >= 2"), "C 1: %s", pf_errmsg());
+    printf("synthetic = arcface_torch: label 1, one image on the 0..254 grid, 1000000 samples an epoch\n");
 }
 
 static void test_bad_options(void)
@@ -460,6 +532,7 @@ int main(void)
     test_slices();
     test_determinism_and_values();
     test_synthetic();
+    test_synthetic_arcface();
     test_png_record(orl);
     test_from_config();
     test_bad_options();
