@@ -246,14 +246,15 @@ int wresume_load(const char *root, int64_t step, int rank, int W, const snapfile
     if (rc == 0)
         rc = snapfile_finish(&rd);
     snapfile_close(&rd);
-    /* The .model again, through the model's own checks; its identity extras must still be the pair's. */
+    /* The .model again, through the model's own checks and the recorded digest; its identity extras must still
+     * be the pair's. */
     model_extra ex[MODEL_EXTRAS_MAX];
     char names[MODEL_EXTRAS_MAX][32];
     uint64_t bits[MODEL_EXTRAS_MAX];
     int nx = 0;
     ckpt_ident mid;
-    if (rc == 0)
-        rc = model_load_ex(m, mpath, ex, MODEL_EXTRAS_MAX, &nx);
+    if (rc == 0) /* the bytes whose digest the .snap recorded, read once */
+        rc = model_load_digest(m, mpath, md, ex, MODEL_EXTRAS_MAX, &nx);
     for (int i = 0; rc == 0 && i < nx; i++) {
         memcpy(names[i], ex[i].name, 32);
         memcpy(&bits[i], &ex[i].value, 8);

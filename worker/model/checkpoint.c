@@ -297,6 +297,12 @@ static int load_tensors(model *m, const unsigned char *pl, const char *path)
 
 int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n_out)
 {
+    return model_load_digest(m, path, NULL, x, cap, n_out);
+}
+
+int model_load_digest(model *m, const char *path, const uint8_t want_sha256[32], model_extra *x, int cap,
+                      int *n_out)
+{
     if (n_out)
         *n_out = 0;
     if (cap < 0 || (cap > 0 && !x))
@@ -306,6 +312,19 @@ int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n_ou
     int rc = pf_read_file(path, 0, &buf, &size);
     if (rc)
         return pf_err_wrap(rc, "checkpoint %s", path);
+    if (want_sha256) {
+        uint8_t d[32];
+        unsigned int dl = 0;
+        if (EVP_Digest(buf, size, d, &dl, EVP_sha256(), NULL) != 1)
+            rc = pf_err(-ENOMEM, "checkpoint %s: SHA-256 failed", path);
+        else if (memcmp(d, want_sha256, 32) != 0)
+            rc = pf_err(-EINVAL, "checkpoint %s: its SHA-256 is not the one recorded for it (corrupt or replaced)",
+                        path);
+        if (rc) {
+            free(buf);
+            return rc;
+        }
+    }
     uint32_t n_extras = 0;
     const unsigned char *ep = NULL, *pl = NULL;
     model_extra ex[MODEL_EXTRAS_MAX];

@@ -184,6 +184,13 @@ int model_save_ex(const model *m, const char *path, const model_extra *x, int n)
  * and x is given; other errors as model_load. */
 int model_load_ex(model *m, const char *path, model_extra *x, int cap, int *n);
 
+/* model_load_ex of the bytes whose SHA-256 is want_sha256 (32 bytes; NULL: no check): the file is read once,
+ * its digest computed over those bytes, and only bytes that match are loaded, so a file replaced between a
+ * caller's check and the load cannot be loaded. -EINVAL naming the file when the digest differs (m untouched);
+ * other errors as model_load_ex. */
+int model_load_digest(model *m, const char *path, const uint8_t want_sha256[32], model_extra *x, int cap,
+                      int *n);
+
 /* The extras of the backbone file at path, read without a model (e.g. the run identity a checkpoint's
  * .model carries, common/ckpt.h): the fixed header (magic, version 1 or 2, counts), the tensor table walked
  * as written (each name length, dtype 0, ndim 1..5, offset equal to the sum of the sizes before it, every

@@ -13,6 +13,7 @@
 
 #include "common/ckpt.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "tests/check.h"
 #include "worker/model/model.h"
 
@@ -221,6 +222,21 @@ int main(void)
               y[0].value, y[1].value, pe ? "yes" : "NO");
         rc = model_load(b, xp);
         check(rc == 0, "plain model_load of a file with extras: rc %d", rc);
+        /* model_load_digest: the digest of the file's bytes (pf_file_sha256, a separate read) loads; another
+         * file's digest is refused, model untouched */
+        uint8_t dx[32], dp[32];
+        check(pf_file_sha256(xp, dx) == 0 && pf_file_sha256(path, dp) == 0, "digests of the two files");
+        model_init(b, 3);
+        rc = model_load_digest(b, xp, dx, y, 4, &got);
+        pe = !memcmp(model_params(a), model_params(b), np * sizeof(float));
+        check(rc == 0 && got == 2 && pe, "load_digest with the file's SHA-256: rc %d, %d extras, params: %s", rc,
+              got, pe ? "identical" : "DIFFER");
+        model_init(b, 3);
+        rc = model_load_digest(b, xp, dp, y, 4, &got);
+        int kept = !memcmp(model_params(b), before, np * sizeof(float));
+        check(rc == -EINVAL && strstr(pf_errmsg(), "not the one recorded") && kept,
+              "load_digest with another file's SHA-256: rc %d '%s', model unchanged: %s", rc, pf_errmsg(),
+              kept ? "yes" : "NO");
         model_init(b, 3);
         rc = model_load_ex(b, xp, y, 1, &got);
         int same = !memcmp(model_params(b), before, np * sizeof(float));
