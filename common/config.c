@@ -63,6 +63,7 @@ static const key_def keys[] = {
     {"momentum", "train", K_DOUBLE, OFF(momentum), "0.9", 0, 1, 0, 1, NULL, 0, 0},
     {"weight_decay", "train", K_DOUBLE, OFF(weight_decay), "5e-4", 0, 1, 0, 0, NULL, 0, 0},
     {"batch_size", "train", K_INT, OFF(batch_size), "128", 1, 1 << 20, 0, 0, NULL, 0, 0},
+    {"gradient_acc", "train", K_INT, OFF(gradient_acc), "1", 1, 1 << 20, 0, 0, NULL, 0, 0},
     {"num_classes", "train", K_I64, OFF(num_classes), "0", 0, 1e15, 0, 0, NULL, 1, 0},
     {"num_image", "train", K_I64, OFF(num_image), "0", 0, 1e15, 0, 0, NULL, 0, 0},
     {"num_epoch", "train", K_INT, OFF(num_epoch), "20", 1, 1e6, 0, 0, NULL, 0, 0},

@@ -46,6 +46,8 @@ typedef struct pf_config {
     double momentum;          /* default 0.9 */
     double weight_decay;      /* default 5e-4 */
     int batch_size;           /* per worker, default 128 */
+    int gradient_acc;         /* arcface_torch's gradient_acc: an optimizer step every this many global steps,
+                                 the gradients of those batches summed; default 1 */
     int64_t num_classes;      /* C, required (> 0) */
     int64_t num_image;        /* images in the dataset; 0 = read from the dataset */
     int num_epoch;            /* default 20 */

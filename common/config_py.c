@@ -37,9 +37,9 @@
 
 /* arcface_torch keys pfcps has no use for: read, listed once in a warning, not applied (every key of base.py,
  * which arcface_torch merges under each config, that pfcps does not read, plus forks' additions; wandb_* too).
- * gradient_acc and image_size only with the value pfcps trains with (py_check_ignored). */
+ * image_size only with the value pfcps trains with (py_check_ignored). */
 static const char *const py_ignored[] = {
-    "dali", "dali_aug", "gradient_acc", "using_wandb", "suffix_run_name", "notes", "save_all_states_interval",
+    "dali", "dali_aug", "using_wandb", "suffix_run_name", "notes", "save_all_states_interval",
     "save_artifacts", "image_size", NULL};
 
 enum { PV_NONE, PV_BOOL, PV_INT, PV_FLOAT, PV_STR, PV_SEQ };
@@ -618,21 +618,12 @@ static int py_is_ignored(const char *key)
     return 0;
 }
 
-/* An ignored key whose other values would change training: gradient_acc (arcface_torch sums the gradients of
- * gradient_acc batches before each optimizer step; pfcps steps every batch) must be 1, image_size (pfcps
- * trains on 112x112 faces) 112 or (112, 112). Returns 0, or -1 with ps->err naming the key and value. */
+/* An ignored key whose other values would change training: image_size (pfcps trains on 112x112 faces) must be
+ * 112 or (112, 112). Returns 0, or -1 with ps->err naming the key and value. */
 static int py_check_ignored(py_parser *ps, const char *key, const py_value *v)
 {
     char text[CFG_STR];
     py_text(v, text, sizeof text);
-    if (!strcmp(key, "gradient_acc") && !(v->kind == PV_INT && v->i == 1)) {
-        snprintf(ps->err, sizeof ps->err,
-                 "key 'gradient_acc': %.40s: pfcps does not accumulate gradients (arcface_torch sums the gradients "
-                 "of gradient_acc batches before each optimizer step; pfcps steps after every batch): only 1 "
-                 "is read",
-                 text);
-        return -1;
-    }
     if (!strcmp(key, "image_size") &&
         !((v->kind == PV_INT && v->i == 112) || (v->kind == PV_SEQ && !strcmp(v->s, "112, 112")))) {
         snprintf(ps->err, sizeof ps->err, "key 'image_size': %.40s: pfcps trains on 112x112 images only", text);

@@ -77,8 +77,12 @@ static int zero_fixed_grads(trainer *t)
  * multiply is exact as two); fixed gradients zeroed; *ss = their sum of squares, the loss
  * scaler's found-inf check (the same on every worker: the gradients are allreduced) and clip_grad_norm_(5)'s
  * norm. *skip = 1 when the scaler says skip (rank 0 logs it for global step step + 1; the scaler is
- * updated). Returns 0 or the device's negative code. */
-static int backbone_grads(trainer *t, int64_t step, double *ss, int *skip)
+ * updated). Under gradient_acc, backward adds to the gradients of the window's earlier steps and the
+ * collective runs on that running sum each step, as DDP does without no_sync (measured with torch's DDP and
+ * fp16_compress_hook: the result of two backwards is hook(hook(g1) + g2)); last = 0 (not the window's last
+ * step) stops after the mean, before unscaling, the found-inf check and the sum of squares. Returns 0 or the
+ * device's negative code. */
+static int backbone_grads(trainer *t, int64_t step, int last, double *ss, int *skip)
 {
     const ops_device *dev = t->wd.dev;
     ops_ctx *ctx = t->wd.ctx;
@@ -92,12 +96,13 @@ static int backbone_grads(trainer *t, int64_t step, double *ss, int *skip)
         rc = wdev_allreduce_grads(&t->wd, model_grads(t->m), t->grad_fp16);
     float *g = model_grads(t->m);
     float inv = t->grad_fp16 ? 1.f : 1.f / (float)t->W; /* the fp16 collective returns the mean */
-    if (t->loss_scaling)
+    if (last && t->loss_scaling)
         inv *= (float)(1.0 / (double)scale);
     if (rc == 0 && inv != 1.0f)
         rc = dev->scale(ctx, g, t->nparams, inv);
-    if (rc == 0)
-        rc = zero_fixed_grads(t);
+    if (rc < 0 || !last)
+        return rc; /* inside a gradient_acc window: the sum goes on, still scaled */
+    rc = zero_fixed_grads(t);
     *ss = 0;
     if (rc == 0)
         rc = dev->sumsq(ctx, g, t->nparams, ss);
@@ -155,6 +160,46 @@ static int wait_req(trainer *t, ps_req *r, int rc)
  * allgather), pull (posting the pull, and waiting for it after the forward: the part the forward did not
  * hide), head, push (posting it), backbone (the batch, forward, backward and optimizer step), wait (for the
  * push at the end). Returns 0 or the first failing component's negative code. */
+/* gradient_acc: adds this step's k class-center gradients (ids ascending) into the window's sums (acc_ids
+ * ascending), a class seen before getting sum + row (float, in step order: torch's accumulation of the weight's
+ * .grad). Returns 0, or -EPROTO when the ids are not ascending or the sums would outgrow their room. */
+static int acc_merge(trainer *t, const int64_t *ids, const float *rows, int64_t k)
+{
+    const size_t D = (size_t)t->run.embedding_size;
+    int64_t i = 0, j = 0, n = 0;
+    while (i < t->acc_n || j < k) {
+        if (n >= t->acc_cap || (j > 0 && j < k && ids[j] <= ids[j - 1]))
+            return pf_err(-EPROTO, "gradient_acc: %lld sampled ids not ascending or beyond room for %lld rows",
+                          (long long)k, (long long)t->acc_cap);
+        float *out = t->acc_rows2 + (size_t)n * D;
+        if (j >= k || (i < t->acc_n && t->acc_ids[i] < ids[j])) {
+            t->acc_ids2[n] = t->acc_ids[i];
+            memcpy(out, t->acc_rows + (size_t)i * D, D * sizeof *out);
+            i++;
+        } else if (i >= t->acc_n || ids[j] < t->acc_ids[i]) {
+            t->acc_ids2[n] = ids[j];
+            memcpy(out, rows + (size_t)j * D, D * sizeof *out);
+            j++;
+        } else {
+            const float *a = t->acc_rows + (size_t)i * D, *b = rows + (size_t)j * D;
+            t->acc_ids2[n] = ids[j];
+            for (size_t d = 0; d < D; d++)
+                out[d] = a[d] + b[d];
+            i++;
+            j++;
+        }
+        n++;
+    }
+    int64_t *ti = t->acc_ids;
+    float *tr = t->acc_rows;
+    t->acc_ids = t->acc_ids2;
+    t->acc_rows = t->acc_rows2;
+    t->acc_ids2 = ti;
+    t->acc_rows2 = tr;
+    t->acc_n = n;
+    return 0;
+}
+
 static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, double *loss)
 {
     const int64_t *ids = NULL;
@@ -172,8 +217,11 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
     ph[PH_PULL] = t0 - t1;
     if (rc == 0)
         rc = next_batch(t, &b);
+    /* gradient_acc: the optimizer steps at the window's last step; the window starts at a multiple of acc_k */
+    const int last = (step + 1) % t->acc_k == 0;
     if (rc == 0) {
-        model_zero_grad(t->m);
+        if (step % t->acc_k == 0)
+            model_zero_grad(t->m);
         rc = model_forward(t->m, b->images, t->run.batch_size, 1, &emb);
     }
     t1 = pf_now_s();
@@ -183,6 +231,8 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
     ph[PH_PULL] += t0 - t1;
     if (rc == 0)
         rc = wdev_head_step(&t->wd, &t->head, emb, k, loss);
+    if (rc == 0 && t->acc_k > 1)
+        rc = acc_merge(t, ids, t->wd.grad_centers, k);
     t1 = pf_now_s();
     ph[PH_HEAD] = t1 - t0;
     /* fp16_overflow_skip = step: the found-inf check before the push, which is then empty on a skipped step
@@ -192,18 +242,22 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
     int skip = 0;
     double ss = 0;
     if (rc == 0 && check_first)
-        rc = backbone_grads(t, step, &ss, &skip);
+        rc = backbone_grads(t, step, last, &ss, &skip);
     t0 = pf_now_s();
     ph[PH_BACKBONE] += t0 - t1;
+    /* The push: this step's rows, or under gradient_acc the window's sums at its last step and before that a
+     * push without rows flagged skipped (the servers' step goes by without an update, as the optimizer's). */
+    const int64_t *push_ids = t->acc_k > 1 ? t->acc_ids : ids;
+    const float *push_rows = t->acc_k > 1 ? t->acc_rows : t->wd.grad_centers;
+    size_t push_n = skip || !last ? 0 : t->acc_k > 1 ? (size_t)t->acc_n : (size_t)k;
     if (rc == 0)
-        rc = ps_push_ex(t->net.ps, ids, skip ? 0 : (size_t)k, t->wd.grad_centers, (float)lr, step,
-                        push_flags | (skip ? PS_PUSH_SKIPPED : 0u),
-                        &push);
+        rc = ps_push_ex(t->net.ps, push_ids, push_n, push_rows, (float)lr, step,
+                        push_flags | (skip || !last ? PS_PUSH_SKIPPED : 0u), &push);
     t1 = pf_now_s();
     ph[PH_PUSH] = t1 - t0;
     if (rc == 0 && !check_first)
-        rc = backbone_grads(t, step, &ss, &skip);
-    if (rc == 0 && !skip)
+        rc = backbone_grads(t, step, last, &ss, &skip);
+    if (rc == 0 && last && !skip)
         rc = backbone_apply(t, (float)lr, ss);
     if (b && t->trace_keys) {
         memcpy(t->trace_keys, b->keys, (size_t)b->n * sizeof *b->keys);
@@ -218,6 +272,8 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
     t1 = t0;
     rc = wait_req(t, push, rc);
     ph[PH_WAIT] = pf_now_s() - t1;
+    if (last)
+        t->acc_n = 0; /* the window's sums went with the push (or the scaler skipped them) */
     return rc;
 }
 
@@ -300,10 +356,12 @@ static int save_centers(trainer *t, int64_t step)
     return 0;
 }
 
-/* Is `step` (steps completed) a checkpoint step? Every snapshot_every steps and the last one (`total`). */
+/* Is `step` (steps completed) a checkpoint step? Every snapshot_every steps and the last one (`total`), at
+ * the end of a gradient_acc window only (a window's gradients are in no file). */
 static int is_ckpt_step(const trainer *t, int64_t step, int64_t total)
 {
-    return t->run.snapshot_every > 0 && (step % t->run.snapshot_every == 0 || step == total);
+    return t->run.snapshot_every > 0 && step % t->acc_k == 0 &&
+           (step % t->run.snapshot_every == 0 || step == total);
 }
 
 /* What the run has seen so far, for the log lines and the final summary. */
@@ -656,6 +714,9 @@ int train_run(trainer *t)
             log_info("checkpoint step %lld is the last step: nothing left to train", (long long)step);
     }
     metrics_register(t);
+    if (step % t->acc_k != 0)
+        return pf_err(-EINVAL, "resuming at global step %lld, inside a gradient_acc = %d window",
+                      (long long)step, t->acc_k);
 
     for (int64_t epoch = step / t->steps_per_epoch;
          rc == 0 && !stop && step < total && epoch < run->num_epoch; epoch++) {
@@ -664,7 +725,8 @@ int train_run(trainer *t)
             break;
         while (step < total) {
             const double t_step = pf_now_s();
-            if ((rc = stop_vote(t, &stop)) < 0)
+            /* a stop at the start of a gradient_acc window only: its gradients would be lost */
+            if (step % t->acc_k == 0 && (rc = stop_vote(t, &stop)) < 0)
                 break;
             if (stop) {
                 log_info("stop requested: finishing after %lld steps", (long long)step);

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "common/ckpt.h"
+#include "common/checked.h"
 #include "common/err.h"
 #include "common/file.h"
 #include "common/log.h"
@@ -231,6 +232,41 @@ static int setup_backbone(trainer *t, const ctl_book *book)
     return di.loss_scaling ? setup_loss_scaler(t) : 0;
 }
 
+/* gradient_acc > 1 (arcface_torch's gradient accumulation): the window's class-center gradients, summed per
+ * class on the host (acc_k x k_max rows at most, two buffers for the merge); checkpoints only at window ends. */
+static int setup_accumulation(trainer *t)
+{
+    const pf_config *run = &t->run;
+    t->acc_k = run->gradient_acc > 1 ? run->gradient_acc : 1;
+    if (t->acc_k == 1)
+        return 0;
+    if (run->snapshot_every % t->acc_k != 0)
+        return pf_err(-EINVAL,
+                      "snapshot_every = %d is not a multiple of gradient_acc = %d: a checkpoint must fall at the "
+                      "end of an accumulation window (its gradients are not in any file)",
+                      run->snapshot_every, t->acc_k);
+    int64_t D = run->embedding_size;
+    uint64_t c = 0;
+    if (pf_mul_u64((uint64_t)t->head.k_max, (uint64_t)t->acc_k, &c) < 0 || c > (uint64_t)(INT64_MAX / D / 8))
+        return pf_err(-EINVAL, "gradient_acc = %d x %lld sampled rows overflows", t->acc_k,
+                      (long long)t->head.k_max);
+    int64_t cap = (int64_t)c;
+    t->acc_cap = cap;
+    t->acc_ids = malloc((size_t)cap * sizeof(int64_t));
+    t->acc_ids2 = malloc((size_t)cap * sizeof(int64_t));
+    t->acc_rows = malloc((size_t)(cap * D) * sizeof(float));
+    t->acc_rows2 = malloc((size_t)(cap * D) * sizeof(float));
+    if (!t->acc_ids || !t->acc_ids2 || !t->acc_rows || !t->acc_rows2)
+        return pf_err(-ENOMEM, "out of memory for gradient_acc = %d: %lld class-center rows of %lld floats, twice",
+                      t->acc_k, (long long)cap, (long long)D);
+    if (t->rank == 0)
+        log_info("gradient_acc = %d: an optimizer step every %d global steps on the sum of their gradients (the "
+                 "class centers' summed on this worker, up to %lld rows, %.1f MB x 2); the lr, data and logs "
+                 "count global steps",
+                 t->acc_k, t->acc_k, (long long)cap, (double)cap * (double)D * 4.0 / 1e6);
+    return 0;
+}
+
 /* Set-up 4: the Partial FC head: the sampler (on the host for every device) and the head on the device. */
 static int setup_head(trainer *t)
 {
@@ -252,6 +288,8 @@ static int setup_head(trainer *t)
     if (!(t->labels = malloc((size_t)run->batch_size * sizeof(int64_t))))
         return pf_err(-ENOMEM, "out of memory for head buffers (batch %d x %d)", run->batch_size,
                       run->embedding_size);
+    if ((rc = setup_accumulation(t)) < 0)
+        return rc;
     if (hp.m1 != run->margin_list[0] || hp.m2 != run->margin_list[1])
         log_warn("margin_list (%g, %g, %g): m3 > 0 is CosFace alone in arcface_torch's CombinedMarginLoss, so "
                  "m1 and m2 are unused (margin_combine = full combines them)",
@@ -609,6 +647,10 @@ void train_close(trainer *t)
     loader_close(t->ld);
     train_net_close(&t->net);
     free(t->labels);
+    free(t->acc_ids);
+    free(t->acc_ids2);
+    free(t->acc_rows);
+    free(t->acc_rows2);
     free(t->trace_keys);
     free(t->trace_flips);
     free(t);

@@ -70,6 +70,13 @@ struct trainer {
     loss_scaler scaler;
     int skip_centers; /* fp16_overflow_skip = step: an overflow step pushes no center gradients */
     int grad_fp16;    /* backbone_grad_comm = fp16: torch DDP's fp16_compress_hook (wdev_allreduce_grads) */
+    /* gradient_acc = acc_k > 1: the class centers' gradients of the window's steps, summed per class (ids
+     * ascending, rows of D floats, acc_n of them; acc_ids2 / acc_rows2 the merge's second buffer), pushed at its
+     * last step; room for acc_k x k_max rows. */
+    int acc_k;
+    int64_t acc_n, acc_cap;
+    int64_t *acc_ids, *acc_ids2;
+    float *acc_rows, *acc_rows2;
 
     /* Head: the Partial FC sampler (and, off the GPU, the CPU head). */
     pfc head;

@@ -271,8 +271,8 @@ static int load_upstream(pf_config *c, const char *name, const char *const *sets
  * darkrubiks/insightface 473b4bf, a fork with deepinsight's keys plus image_size, dali_aug and the wandb keys;
  * 3millions.py deepinsight fe116a4; wf42m_pfc0008_32gpu_r100.py deepinsight 5ef9804) load, with the values
  * read off those texts here: base.py's keys pfcps does not read are ignored (one warning), 3millions.py's
- * warmup_epoch -1 and wf42m_pfc0008's sample_rate 0 are accepted. gradient_acc other than 1 and image_size
- * other than 112 are refused naming the key (ignoring them would change training). */
+ * warmup_epoch -1 and wf42m_pfc0008's sample_rate 0 are accepted. gradient_acc is read (12 as 12; 0 refused by
+ * its range); image_size other than 112 is refused naming the key (ignoring it would change training). */
 static void test_upstream_configs(void **state)
 {
     (void)state;
@@ -317,7 +317,11 @@ static void test_upstream_configs(void **state)
     const char *head = "config = edict()\nconfig.num_classes = 10\nconfig.rec = 'x'\n";
     char buf[256];
     snprintf(buf, sizeof buf, "%sconfig.gradient_acc = 12\n", head);
-    expect_refused(buf, 4, "key 'gradient_acc': 12: pfcps does not accumulate gradients");
+    const char *acc = write_file("acc12.py", buf);
+    assert_int_equal(cfg_load(&c, acc, NULL, 0), 0);
+    assert_int_equal(c.gradient_acc, 12);
+    snprintf(buf, sizeof buf, "%sconfig.gradient_acc = 0\n", head);
+    expect_refused(buf, 4, "gradient_acc");
     snprintf(buf, sizeof buf, "%sconfig.image_size = (224, 224)\n", head);
     expect_refused(buf, 4, "key 'image_size': 224, 224: pfcps trains on 112x112 images only");
     snprintf(buf, sizeof buf, "%sconfig.image_size = (112, 112)\nconfig.gradient_acc = 1\n", head);

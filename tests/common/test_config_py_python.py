@@ -14,7 +14,7 @@ import tempfile
 import types
 
 PFCPS, SRC = sys.argv[1], sys.argv[2]
-IGNORED = {"dali", "dali_aug", "gradient_acc", "using_wandb", "suffix_run_name", "notes",
+IGNORED = {"dali", "dali_aug", "using_wandb", "suffix_run_name", "notes",
            "save_all_states_interval", "save_artifacts", "image_size"}
 fails = 0
 

@@ -217,16 +217,19 @@ def fp16_compress(grads, W):
 
 def ddp_fp16_grads(loss, embs, params, W):
     """backward of the global mean loss as W DDP ranks under fp16_compress_hook: rank r's backbone gradient is
-    its own backward from W x dL/d(its embeddings) (AllGatherFunc's backward), and the parameters' .grad the
-    hook's mean of the W (fp16_compress); every other leaf (the class centers) gets its plain gradient."""
+    its own backward from W x dL/d(its embeddings) (AllGatherFunc's backward) added to the parameter's .grad
+    (the same on every rank: the sum of earlier micro-batches under gradient_acc, else none), and the
+    parameters' .grad the hook's mean of the W (fp16_compress; DDP without no_sync communicates that running
+    sum at every backward); every other leaf (the class centers) accumulates its plain gradient."""
     import torch
     trainable = [p for p in params if p.requires_grad]
+    prev = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in trainable]
     d_embs = torch.autograd.grad(loss, embs, retain_graph=True)
     per_rank = [torch.autograd.grad(e, trainable, grad_outputs=d * W, retain_graph=True, allow_unused=True)
                 for e, d in zip(embs, d_embs)]
     loss.backward()  # the class centers' gradient (and a backbone gradient replaced below)
     for i, p in enumerate(trainable):
-        gs = [g[i] if g[i] is not None else torch.zeros_like(p) for g in per_rank]
+        gs = [prev[i] + g[i] if g[i] is not None else prev[i] for g in per_rank]
         p.grad = fp16_compress(gs, W)
 
 
@@ -362,14 +365,18 @@ def train(a):
         assert traces[0][0][0] == first + 1, "the traces start at step %d, the checkpoint at %d" % (
             traces[0][0][0], first)
     losses, lrs = [], []
+    acc = a.gradient_acc
+    assert acc == 1 or a.update == "dense", "gradient_acc > 1 is written for the dense update only"
     for g in range(steps):
         lr = sched.lr
         for grp in opt.param_groups:
             grp["lr"] = lr
         ids = sorted(set(i for t in traces for i in t[g][5]))
         assert all(0 <= i < C for i in ids)
-        opt.zero_grad()
-        weight.grad = None
+        window_start, window_end = (first + g) % acc == 0, (first + g + 1) % acc == 0
+        if window_start:  # train_v2.py: zero_grad after each optimizer step
+            opt.zero_grad()
+            weight.grad = None
         embs, labels = [], []
         for r in range(W):
             x, y = batch_tensor(data, traces[r][g][3], traces[r][g][4], dtype)
@@ -386,8 +393,9 @@ def train(a):
             ddp_fp16_grads(loss, embs, params, W)
         else:
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
-        opt.step()
+        if window_end:  # train_v2.py: `if global_step % cfg.gradient_acc == 0:` clip and step
+            torch.nn.utils.clip_grad_norm_(params, CLIP)
+            opt.step()
         if a.update == "sparse":
             with torch.no_grad():
                 idx = torch.tensor(ids, dtype=torch.long)
@@ -601,6 +609,8 @@ def main():
     q.add_argument("--update", choices=("dense", "sparse"), required=True)
     q.add_argument("--grad-comm", choices=("fp16", "fp32"), default="fp16",
                    help="the backbone gradients' DDP communication (fp16: fp16_compress_hook, train_v2.py's)")
+    q.add_argument("--gradient-acc", type=int, default=1,
+                   help="train_v2.py's gradient_acc: an optimizer step every this many global steps")
     q.add_argument("--scale", type=float, default=64.0)
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--double", action="store_true")

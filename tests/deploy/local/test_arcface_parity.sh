@@ -20,7 +20,9 @@
 #   w2_s3_st_dense_r01      2 workers, 3 servers, straight_through, dense, sample_rate 0.1 (unsampled rows move)
 #   w1_s3_exact_dense_r01   1 worker, 3 servers, exact margin gradient, dense, 0.1
 #   w2_s3_st_sparse_r01     2 workers, 3 servers, straight_through, sparse (only sampled rows move), 0.1
-# a negative control: the sparse run against the dense run's references must fail; and the w1_s1 step through
+#   w2_s3_st_dense_r01_acc3 as w2_s3_st_dense_r01 with gradient_acc = 3
+# negative controls: the sparse run against the dense run's references must fail, and so must the gradient_acc
+# run against the references without accumulation; and the w1_s1 step through
 # pfcps.torch.PartialFC (python/) against the same references.
 # PFCPS_PARITY_RUNS=name,name restricts the runs. The deviations are printed.
 source "$(dirname "$0")/cluster.sh" "$@"
@@ -33,10 +35,13 @@ STEPS=30 CLASSES=20 DIM=16 NET=r18_w8 LR=0.001 BATCH=8
 # parity NAME WORKERS SERVERS MARGIN_GRAD UPDATE RATE [FROM]: pfcps's run $TMP/NAME (traces, model.ckpt,
 # the class centers dumped), the references and the comparison. FROM: a folder of arcface_torch's
 # checkpoint_gpu_<r>.pt files that both pfcps (pretrained, pretrained_centers) and the references continue from.
-# COMM (environment, default fp16): backbone_grad_comm of pfcps and --grad-comm of the references.
+# COMM (environment, default fp16): backbone_grad_comm of pfcps and --grad-comm of the references; ACC (default
+# 1): gradient_acc of both.
+# selected NAME: the run is in PFCPS_PARITY_RUNS (or that is unset).
+selected() { [ -z "${PFCPS_PARITY_RUNS:-}" ] || [[ ",$PFCPS_PARITY_RUNS," == *",$1,"* ]]; }
 parity() {
-  local name=$1 W=$2 S=$3 mg=$4 up=$5 rate=$6 from=${7:-} r comm=${COMM:-fp16}
-  if [ -n "${PFCPS_PARITY_RUNS:-}" ] && [[ ",$PFCPS_PARITY_RUNS," != *",$name,"* ]]; then return 0; fi
+  local name=$1 W=$2 S=$3 mg=$4 up=$5 rate=$6 from=${7:-} r comm=${COMM:-fp16} acc=${ACC:-1}
+  selected "$name" || return 0
   local dir=$TMP/$name warm num_epoch
   mkdir -p "$dir"
   # 198 images (s8 lacks one): 24 steps per epoch with one worker, 12 with two; warmup 4.8 steps
@@ -56,6 +61,7 @@ margin_list = 1.0, 0.5, 0.0
 margin_grad = $mg
 pfc_update = $up
 backbone_grad_comm = $comm
+gradient_acc = $acc
 sample_rate = $rate
 momentum = 0.9
 weight_decay = 5e-4
@@ -73,7 +79,7 @@ INI
   local traces=()
   for ((r = 0; r < W; r++)); do traces+=("$dir/trace$r"); done
   local common=(--trace "${traces[@]}" --network $NET --dim $DIM --lr $LR --warmup-epoch $warm
-    --num-epoch $num_epoch --margin-grad "$mg" --update "$up" --grad-comm "$comm" ${from:+--resume "$from"})
+    --num-epoch $num_epoch --margin-grad "$mg" --update "$up" --grad-comm "$comm" --gradient-acc "$acc" ${from:+--resume "$from"})
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_f64.pt" "${common[@]}" --double || die "$name: reference, float64"
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_t1.pt" "${common[@]}" --threads 1 || die "$name: reference"
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_t2.pt" "${common[@]}" --threads 2 || die "$name: reference, 2 threads"
@@ -115,10 +121,13 @@ module_parity() {
     "$dir/ref_t2.pt" "$dir/ref_nm.pt" --init "$TMP" --json "$TMP/parity.json" ||
     fail "pfcps.torch.PartialFC differs from the reference (above)"
 }
-if [ -z "${PFCPS_PARITY_RUNS:-}" ] || [[ ",$PFCPS_PARITY_RUNS," == *",module,"* ]]; then module_parity; fi
+if selected module; then module_parity; fi
 parity w2_s3_st_dense_r01 2 3 straight_through dense 0.1
 parity w1_s3_exact_dense_r01 1 3 exact dense 0.1
 parity w2_s3_st_sparse_r01 2 3 straight_through sparse 0.1
+# arcface_torch's gradient_acc = 3: an optimizer step (backbone and class centers, each row decayed once) every
+# 3 global steps on the summed gradients, the lr schedule per global step.
+ACC=3 parity w2_s3_st_dense_r01_acc3 2 3 straight_through dense 0.1
 
 # arcface_torch's files in: the float64 reference trains the first 12 steps (one epoch) of w2_s3_st_dense_r01
 # on that run's batches and writes arcface_torch's checkpoint_gpu_0.pt and _1.pt (save_all_states; each rank's
@@ -127,7 +136,7 @@ parity w2_s3_st_sparse_r01 2 3 straight_through sparse 0.1
 # same files as arcface_torch resumes. pfcps's batches and sampled ids of steps 13..30 must be the
 # uninterrupted run's, and the comparison as above.
 A=$TMP/w2_s3_st_dense_r01
-if [ -f "$A/trace1" ]; then
+if [ -f "$A/trace1" ] && selected from_arcface_torch_s1; then
   mkdir -p "$TMP/ck"
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$TMP/ck/first.pt" --trace "$A/trace0" "$A/trace1" --network $NET --dim $DIM \
     --lr $LR --warmup-epoch 0.4 --num-epoch 4 --margin-grad straight_through --update dense --double \
@@ -143,6 +152,20 @@ if [ -f "$A/trace1" ]; then
   expect_grep "worker 1 loads rank 1's file (its own BatchNorm statistics)" \
     "backbone initialised from .*/ck/checkpoint_gpu_1.pt \\(pretrained\\)" "$TMP/worker1.log"
   ! grep -q "the lr schedule here gives" "$TMP/worker0.log" || fail "the worker's lr differs from the checkpoint's"
+fi
+
+# The test can fail: the gradient_acc run against the references that step every global step (the same
+# batches and sampled ids) must be refused.
+if [ -f "$TMP/w2_s3_st_dense_r01/ref_f64.pt" ] && [ -f "$TMP/w2_s3_st_dense_r01_acc3/trace0" ]; then
+  d=$TMP/w2_s3_st_dense_r01
+  cmp -s <(cut -d' ' -f4- "$d/trace0") <(cut -d' ' -f4- "$TMP/w2_s3_st_dense_r01_acc3/trace0") ||
+    fail "the gradient_acc run trained on other batches or sampled ids than the run without"
+  if "$PFCPS_PYTHON" "$PY" compare acc3_vs_acc1_reference "$TMP/w2_s3_st_dense_r01_acc3" "$d/ref_f64.pt" \
+    "$d/ref_t1.pt" "$d/ref_t2.pt" "$d/ref_nm.pt" --init "$TMP" --json "$TMP/negative.json"; then
+    fail "a gradient_acc = 3 run passed against references without accumulation"
+  else
+    ok "a gradient_acc = 3 run is refused against the references without accumulation (above)"
+  fi
 fi
 
 # The test can fail: pfcps's sparse run against the dense run's references (the same batches and sampled ids:
