@@ -45,6 +45,7 @@
 #include "common/daemon.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/torch_ckpt.h"
 #include "proto/ps_wire.h"
 #include "worker/head/pfc.h"
 #include "worker/ps_client.h"
@@ -97,6 +98,7 @@ typedef struct {
     uint32_t queued_flags; /* PS_PUSH_SKIPPED for a skipped step */
     int64_t snap_step;     /* the last checkpoint step requested (PS_PUSH_SNAPSHOT), -1: none */
     int64_t resume_step;   /* the checkpoint step the run resumed (the book's), 0: from scratch */
+    int64_t start_step;    /* the first step of this run: resume_step, or pretrained_centers' global_step */
     ckpt_ident ident;      /* the run identity of this run's checkpoint files (run id, seed, config digest) */
     char join_msg[2048];   /* join's refusal of the resume step (the rendezvous's reason is up to 1 KiB) */
     int64_t last_k;
@@ -349,8 +351,22 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
             rc = -ESTALE;
         }
         if (rc == 0) {
-            w->resume_step = bk->resume_step;
+            w->resume_step = w->start_step = bk->resume_step;
             rc = ckpt_ident_of(&w->run, bk->run_id, &w->ident);
+        }
+        /* A new run from arcface_torch's checkpoint_gpu_<rank>.pt set continues at its global_step: the
+         * servers start their step clock there, reading the same file (server/main.c), as pfcps-worker does
+         * (worker/train_setup.c setup_import). */
+        tpc_progress prog = {0};
+        if (rc == 0 && bk->resume_step == 0 && w->run.pretrained_centers[0] &&
+            (rc = tpc_read_progress(w->run.pretrained_centers, &prog)) < 0)
+            rc = pf_err_wrap(rc, "config key 'pretrained_centers' = %s (the module reads its global_step, as "
+                                 "pfcps-worker does: the file must be readable here too)",
+                             w->run.pretrained_centers);
+        if (rc == 0 && prog.present) {
+            w->start_step = prog.global_step;
+            log_info("continuing arcface_torch's run of %s at global_step %lld (epoch %lld done)",
+                     w->run.pretrained_centers, (long long)prog.global_step, (long long)prog.epoch);
         }
     }
     if (rc == 0)
@@ -367,7 +383,7 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
         w->secret[0] = '\0';
         return raise_code(rc, long_msg[0] ? long_msg : pf_errmsg());
     }
-    w->step = w->resume_step;
+    w->step = w->start_step;
     w->joined = 1;
     w->watching = pthread_create(&w->watcher, NULL, watch_main, w) == 0;
     Py_RETURN_NONE;
@@ -704,8 +720,9 @@ static PyObject *Worker_skip(Worker *w, PyObject *noargs)
 
 /* checkpoint() -> T: asks the servers for checkpoint T = step (the steps done): the queued push of step T - 1
  * goes now, flagged PS_PUSH_SNAPSHOT, and each server writes its shard as it stands after step T into
- * <snapshot root>/step-<T>/ (server/snapshot.h) while it goes on serving. Returns T; 0 before the first
- * step (nothing to save: a resume from it starts afresh); T again when checkpoint T was already asked for.
+ * <snapshot root>/step-<T>/ (server/snapshot.h) while it goes on serving. Returns T; T again when
+ * checkpoint T was already asked for or was resumed; 0 before this run's first step when it did not resume
+ * (nothing to save: a resume from it starts the run again, at pretrained_centers' global_step if any).
  * Raises PfcpsError between a forward and its backward, or when step T - 1's push already went unflagged
  * (checkpoint after close). */
 static PyObject *Worker_checkpoint(Worker *w, PyObject *noargs)
@@ -716,8 +733,10 @@ static PyObject *Worker_checkpoint(Worker *w, PyObject *noargs)
     if (w->pending)
         return raise_code(-EINVAL, "pfcps worker: a checkpoint between a forward and its backward (the step is "
                                    "half done: save after the optimizer step)");
-    if (w->step == w->resume_step || w->snap_step == w->step)
+    if ((w->step == w->resume_step && w->resume_step > 0) || w->snap_step == w->step)
         return PyLong_FromLongLong((long long)w->step);
+    if (w->step == w->start_step) /* nothing trained in this run yet: resuming it is starting it again */
+        return PyLong_FromLong(0);
     if (!w->queued) {
         char msg[200];
         snprintf(msg, sizeof msg,

@@ -132,7 +132,7 @@ train_pfcps() {
     die "$name: a torch rank exited $rc"
   fi
   servers_done "$name"
-  ok "$name: $w torch rank(s) trained $STEPS steps against 2 servers"
+  ok "$name: $w torch rank(s) trained against 2 servers"
 }
 
 # compare NAME REF: every step's loss of NAME.json equals REF.json's within TOL (relative); the loss fell.
@@ -358,6 +358,29 @@ PY
 resume_fail other_run "$TMP/other.state" "files are of another run"
 # the run config says resume = false: the module joined in its constructor, the servers started afresh
 resume_fail no_resume "$TMP/half.state" "has resume = false" "resume = false"
+
+# A new run from arcface_torch's checkpoint_gpu_0.pt (pretrained_centers; 1 rank, all 50 rows, global_step 7):
+# the servers start their step clock at global_step 7 and so does the module (module.step 7 + 3 steps = 10).
+"$PFCPS_PYTHON" - "$TMP/set" $C $D <<'PY' || die "cannot write the checkpoint_gpu set"
+import os, sys, torch
+folder, C, D = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.makedirs(folder, exist_ok=True)
+torch.manual_seed(5)
+backbone = torch.nn.Linear(3, D)
+fc = torch.nn.Parameter(torch.randn(C, D) * 0.01)
+opt = torch.optim.SGD([{"params": backbone.parameters()}, {"params": [fc]}], lr=0.1, momentum=0.9, weight_decay=5e-4)
+(backbone(torch.randn(2, 3)).sum() + (fc * torch.randn(C, D)).sum()).backward()
+opt.step()
+torch.save({"epoch": 1, "global_step": 7, "state_dict_backbone": backbone.state_dict(),
+            "state_dict_softmax_fc": {"weight": fc.detach()}, "state_optimizer": opt.state_dict(),
+            "state_lr_scheduler": {"last_epoch": 7}}, os.path.join(folder, "checkpoint_gpu_0.pt"))
+PY
+RUN_LINES=("pretrained_centers = $TMP/set/checkpoint_gpu_0.pt")
+train_pfcps fromset 1 --steps 3
+RUN_LINES=()
+expect_eq "from a checkpoint_gpu set: module.step after 3 steps" \
+  "$("$PFCPS_PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["module_step"])' "$TMP/fromset.json")" 10
+expect_grep "from a checkpoint_gpu set: the servers' step clock at 7" "step clock at global_step 7" "$TMP/fromset.server0.log"
 
 # The error cases: a rendezvous nobody listens at (ctl_timeout 2), then the run of err.ini (ctl_timeout 10).
 write_run bad 1 2

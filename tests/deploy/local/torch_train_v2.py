@@ -226,7 +226,9 @@ def train(a):
             print(f"HANG after {step + 1} steps", flush=True)
             time.sleep(600)
     secs = time.time() - t0
+    module_step = None
     if a.head == "pfcps":
+        module_step = module.step
         module.close()
         if a.ids:
             with open(f"{a.ids}.rank{rank}.json", "w") as f:
@@ -236,7 +238,7 @@ def train(a):
     if rank == 0:
         with open(a.out, "w") as f:
             json.dump({"losses": losses, "lrs": lrs, "seconds": secs, "first_step": start,
-                       "backbone_sha256": params_sha(net)}, f)
+                       "backbone_sha256": params_sha(net), "module_step": module_step}, f)
     print(f"rank {rank}: steps {start}..{a.steps - 1}, loss {losses[0]:.6f} -> {losses[-1]:.6f} in {secs:.2f} s")
 
 
