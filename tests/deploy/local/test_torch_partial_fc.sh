@@ -17,6 +17,9 @@
 #     every process killed, fresh servers with resume = true and new processes loading the files: the losses
 #     of steps 10..19, the backbone and the table of checkpoint 20 are bit-identical; a state the servers
 #     cannot continue (no checkpoint, another run's, resume = false) raises PfcpsError naming the problem;
+#   - a run from arcface_torch's checkpoint_gpu_0.pt (pretrained_centers, global_step 7): the module steps on
+#     from 7, as the servers; pfcps-worker's --max-steps counts global steps (9: two steps trained) and a set at
+#     or past the run's last step (--max-steps 5) is refused naming both;
 #   - the error cases raise pfcps.PfcpsError with pfcps's message: a missing config file, an unreachable
 #     rendezvous (within ctl_timeout), a wrong secret, labels C and -1 (the module stays usable), a batch-size
 #     change, the backward of a step a later forward already ended, a server killed mid-run, and every call
@@ -381,6 +384,39 @@ RUN_LINES=()
 expect_eq "from a checkpoint_gpu set: module.step after 3 steps" \
   "$("$PFCPS_PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["module_step"])' "$TMP/fromset.json")" 10
 expect_grep "from a checkpoint_gpu set: the servers' step clock at 7" "step clock at global_step 7" "$TMP/fromset.server0.log"
+
+# pfcps-worker on the same set: --max-steps counts global steps from the start of arcface_torch's run, so
+# --max-steps 9 trains steps 7 and 8 (2 trace lines), and --max-steps 5 (at or past which the set stopped, 7) is
+# refused naming both numbers.
+past_run() {
+  run_ini "$TMP/past.ini" 1 1 torch-secret "ctl_timeout = 10" "output = $TMP/past.out" \
+    "pretrained_centers = $TMP/set/checkpoint_gpu_0.pt" <<INI
+[train]
+network = r18_w8
+embedding_size = $D
+num_classes = $C
+batch_size = 4
+[data]
+rec = synthetic
+num_image = 8
+num_workers = 1
+INI
+  "$SERVER" --config "$TMP/past.ini" --rank 0 >"$TMP/past.server0.log" 2>&1 &
+  local sp=$! s=0
+  PIDS+=($sp)
+  timeout 120 "$WORKER" --config "$TMP/past.ini" --rank 0 --max-steps "$1" --trace "$TMP/past.trace" \
+    >"$TMP/past.worker0.log" 2>&1 || s=$?
+  kill -KILL $sp 2>/dev/null; wait $sp 2>/dev/null
+  return $s
+}
+rm -f "$TMP/past.trace"
+past_run 9 || { tail -5 "$TMP/past.worker0.log"; fail "pfcps-worker --max-steps 9 from global_step 7 failed"; }
+expect_eq "pfcps-worker --max-steps 9 from global_step 7: steps trained" "$(wc -l <"$TMP/past.trace")" 2
+if past_run 5; then fail "pfcps-worker --max-steps 5 from global_step 7 did not refuse"; else
+  expect_grep "pfcps-worker --max-steps 5 from global_step 7: refused naming both" \
+    "arcface_torch's run stopped at global_step 7 \(epoch 1 done\), at or past this run's last global step 5 \(--max-steps\)" \
+    "$TMP/past.worker0.log"
+fi
 
 # The error cases: a rendezvous nobody listens at (ctl_timeout 2), then the run of err.ini (ctl_timeout 10).
 write_run bad 1 2
