@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/cli.h"
 #include "common/ckpt.h"
@@ -44,6 +45,7 @@
 #include "common/ctl.h"
 #include "common/daemon.h"
 #include "common/err.h"
+#include "common/fabric.h"
 #include "common/log.h"
 #include "common/torch_ckpt.h"
 #include "proto/ps_wire.h"
@@ -104,7 +106,7 @@ typedef struct {
     int64_t last_k;
     double phase_s[4]; /* the last step's sample, pull, head (forward) and push (backward) wall seconds */
     int failed;        /* a step failed after its pull was posted: failed_msg */
-    char failed_msg[PF_ERRMSG_MAX + 64];
+    char failed_msg[2 * PF_ERRMSG_MAX + 128];
 } Worker;
 
 static void *watch_main(void *arg)
@@ -146,11 +148,21 @@ static int check_usable(Worker *w)
     return 0;
 }
 
-/* Marks the worker broken by error rc (pf_errmsg) and raises it. */
+/* Marks the worker broken by error rc (pf_errmsg) and raises it. A data-plane error is often the first sign
+ * of a member that failed, whose own message reaches the control watcher a moment later: that report (up to
+ * 1 s later) is added, so the error says why. */
 static PyObject *fail_step(Worker *w, int rc, const char *what)
 {
-    snprintf(w->failed_msg, sizeof w->failed_msg, "pfcps worker: step %lld, %s: %s", (long long)w->step, what,
-             pf_errmsg());
+    char err[PF_ERRMSG_MAX];
+    snprintf(err, sizeof err, "%s", pf_errmsg());
+    for (int i = 0; i < 20 && rc != -ENOLINK && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE); i++)
+        usleep(50000);
+    if (rc != -ENOLINK && __atomic_load_n(&w->broken, __ATOMIC_ACQUIRE))
+        snprintf(w->failed_msg, sizeof w->failed_msg, "pfcps worker: step %lld, %.60s: %.200s (%s)",
+                 (long long)w->step, what, err, w->broken_msg);
+    else
+        snprintf(w->failed_msg, sizeof w->failed_msg, "pfcps worker: step %lld, %.60s: %s", (long long)w->step,
+                 what, err);
     w->failed = 1;
     return raise_code(rc, w->failed_msg);
 }
@@ -369,13 +381,28 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
                      w->run.pretrained_centers, (long long)prog.global_step, (long long)prog.epoch);
         }
     }
-    if (rc == 0)
+    if (rc == 0) {
+        /* The control watcher from here on: a member that fails while the connections open (a server whose
+         * start fails after the run formed: its shard, pretrained_centers) ends the wait for it at once
+         * (fab_set_interrupt), and its own message (ctl_session_fail) says why. */
+        fab_set_interrupt(&w->broken);
+        w->watching = pthread_create(&w->watcher, NULL, watch_main, w) == 0;
         rc = train_net_connect(&w->net, &w->run, ctl_session_book(w->sess), rank, w->secret);
+        for (int i = 0; rc < 0 && i < 20 && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE); i++)
+            usleep(50000);
+        if (rc < 0 && __atomic_load_n(&w->broken, __ATOMIC_ACQUIRE))
+            snprintf(long_msg, sizeof w->join_msg, "%s (connecting to the servers: %s)", w->broken_msg,
+                     pf_errmsg());
+    }
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         /* The endpoints stay open until the process exits (common/daemon.h, daemon_exit_now: libfabric 1.17's
          * tcp;ofi_rxm may crash in fi_close while peers go away); the session is closed without a leave, so
          * the other members see this one lost and stop. */
+        __atomic_store_n(&w->watch_done, 1, __ATOMIC_RELEASE);
+        if (w->watching)
+            pthread_join(w->watcher, NULL);
+        w->watching = 0;
         if (w->sess) {
             ctl_session_close(w->sess);
             w->sess = NULL;
@@ -385,7 +412,6 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
     }
     w->step = w->start_step;
     w->joined = 1;
-    w->watching = pthread_create(&w->watcher, NULL, watch_main, w) == 0;
     Py_RETURN_NONE;
 }
 
@@ -475,6 +501,23 @@ static PyObject *Worker_head_init(Worker *w, PyObject *args)
                          hp.margin_grad == HEAD_MARGIN_GRAD_EXACT ? "exact" : "straight_through");
 }
 
+/* ps_wait for req up to the client's bound (net.wait_s), in slices of 0.25 s, giving up with -ENOLINK and the
+ * control watcher's report as soon as the run broke (a server that failed says why there, long before the data
+ * plane's own bound). The request is then abandoned with the worker broken: no later call makes progress on
+ * the client, so no late reply lands in its buffers. Runs without the GIL. */
+static int wait_req(Worker *w, ps_req *req)
+{
+    const double slice = 0.25, until = pf_now_s() + w->net.wait_s;
+    for (;;) {
+        double left = until - pf_now_s();
+        int rc = ps_wait(w->net.ps, req, left < slice ? (left > 0 ? left : 0) : slice);
+        if (rc != -ETIMEDOUT || left <= slice)
+            return rc;
+        if (__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE))
+            return pf_err(-ENOLINK, "%s", w->broken_msg);
+    }
+}
+
 /* Ends the step whose forward got no backward: its push is queued empty, flagged skipped. */
 static void queue_skipped(Worker *w)
 {
@@ -499,7 +542,7 @@ static int flush_push(Worker *w, uint32_t extra)
     double t0 = pf_now_s();
     int rc = ps_push_ex(w->net.ps, w->x.ids, n, w->grad_centers, (float)w->queued_lr, w->step - 1, flags, &req);
     if (rc == 0)
-        rc = ps_wait(w->net.ps, req, w->net.wait_s);
+        rc = wait_req(w, req);
     w->phase_s[3] = pf_now_s() - t0;
     if (rc == 0) {
         w->queued = 0;
@@ -548,7 +591,7 @@ static int step_begin(Worker *w, const int64_t *labels, int64_t *k, int *stage)
         rc = ps_pull(w->net.ps, ids, (size_t)*k, w->centers, w->step, &req);
     }
     if (rc == 0)
-        rc = ps_wait(w->net.ps, req, w->net.wait_s);
+        rc = wait_req(w, req);
     w->phase_s[0] = t1 - t0;
     w->phase_s[1] = pf_now_s() - t1;
     return rc;
@@ -804,6 +847,7 @@ static PyObject *Worker_close(Worker *w, PyObject *noargs)
 static void Worker_dealloc(Worker *w)
 {
     worker_leave(w);
+    fab_set_interrupt(NULL); /* the flag is this Worker's */
     pfc_free(&w->x);
     free(w->centers);
     free(w->grad_centers);

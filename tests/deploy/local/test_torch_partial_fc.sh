@@ -20,6 +20,8 @@
 #   - a run from arcface_torch's checkpoint_gpu_0.pt (pretrained_centers, global_step 7): the module steps on
 #     from 7, as the servers; pfcps-worker's --max-steps counts global steps (9: two steps trained) and a set at
 #     or past the run's last step (--max-steps 5) is refused naming both;
+#   - a server failing at its start after the run formed (a NaN row in pretrained_centers): the module raises
+#     PfcpsError with that server's own message, within 10 s;
 #   - the error cases raise pfcps.PfcpsError with pfcps's message: a missing config file, an unreachable
 #     rendezvous (within ctl_timeout), a wrong secret, labels C and -1 (the module stays usable), a batch-size
 #     change, the backward of a step a later forward already ended, a server killed mid-run, and every call
@@ -417,6 +419,40 @@ if past_run 5; then fail "pfcps-worker --max-steps 5 from global_step 7 did not 
     "arcface_torch's run stopped at global_step 7 \(epoch 1 done\), at or past this run's last global step 5 \(--max-steps\)" \
     "$TMP/past.worker0.log"
 fi
+
+# A server that fails at its start after the run formed (pretrained_centers with a NaN in class 1, a row only
+# server 1 reads): the module (its join, which opens the connections to the servers, or its first forward)
+# raises PfcpsError carrying server 1's own message within 10 s of its construction (the data plane's own
+# bound would be 4 x ctl_timeout = 40 s).
+"$PFCPS_PYTHON" - "$TMP/centers.safetensors" "$TMP/nan1.safetensors" <<'PY' || die "cannot write nan1.safetensors"
+import sys
+from safetensors.torch import load_file, save_file
+w = load_file(sys.argv[1])["weight"].clone()
+w[1, 0] = float("nan")
+save_file({"weight": w}, sys.argv[2])
+PY
+write_run nanrun 1 10 "pretrained_centers = $TMP/nan1.safetensors"
+start_servers nanrun
+nan_ok=0
+"$PFCPS_PYTHON" - "$TMP/nanrun.ini" $C $D <<'PY' >"$TMP/nanrun.log" 2>&1 && nan_ok=1
+import sys, time, torch, pfcps, pfcps.torch
+class M:
+    s, m1, m2, m3, interclass_filtering_threshold = 64.0, 1.0, 0.5, 0.0, 0.0
+C, D = int(sys.argv[2]), int(sys.argv[3])
+t = time.time()
+try:  # the join itself (its connections to the servers) or the first step
+    m = pfcps.torch.PartialFC(M(), D, C, 1.0, run=sys.argv[1], lr=0.1)
+    m(torch.randn(4, D, requires_grad=True), torch.arange(4))
+    sys.exit("FAIL: no error")
+except pfcps.PfcpsError as e:
+    dt = time.time() - t
+    print(f"after {dt:.1f} s: {e}")
+    want = ("server[1]", "failed: config key 'pretrained_centers'", "(class 1) element 0 is NaN")
+    sys.exit(0 if all(w in str(e) for w in want) and dt < 10 else 1)
+PY
+if [ $nan_ok = 1 ]; then ok "a server's start failure reaches the module: $(grep -o "after .*" "$TMP/nanrun.log" | head -1 | cut -c1-300)"
+else tail -5 "$TMP/nanrun.log"; fail "a server's start failure: no PfcpsError with its message within 10 s"; fi
+kill -KILL "${SPIDS[@]}" 2>/dev/null; wait "${SPIDS[@]}" 2>/dev/null
 
 # The error cases: a rendezvous nobody listens at (ctl_timeout 2), then the run of err.ini (ctl_timeout 10).
 write_run bad 1 2
