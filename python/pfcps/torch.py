@@ -117,7 +117,7 @@ def _backward(ctx, grad_loss):
     if not w.pending or w.step != ctx.step:
         raise _error(f"pfcps PartialFC: backward of step {ctx.step}, but that step was already ended (by a later "
                      f"forward, or a backward before); one forward, then its backward, per step")
-    w.backward(module._lr())
+    w.backward(module._lr(), not module.checkpoints)
     g = ctx.grad
     ctx.grad = None
     g = g * (float(module.world_size) * float(grad_loss.detach().to("cpu", torch.float64)))
@@ -235,13 +235,18 @@ class PartialFC(torch.nn.Module):
     wins; assign module.lr to change it).
     head: "pfcps" (pfcps's CPU head), "torch" (torch ops on the embeddings' device), "auto" (torch for CUDA
     embeddings, pfcps otherwise); chosen at the first forward.
+    checkpoints: True (default): each backward's push waits for the next forward, state_dict() or close(), so
+    that state_dict() can ask the servers for a checkpoint of its step; the servers' SGD of a step then runs at
+    the next forward, before its pull. False: the push goes at backward and the servers' SGD overlaps the rest
+    of the step (the backbone's backward, the optimizer, the next forward), but state_dict() after a trained
+    step raises PfcpsError.
     Every refusal raises pfcps.PfcpsError (a RuntimeError) naming the problem: the config against the module
     (embedding_size, num_classes, workers against the torch world size, the margin, head_mode) before joining;
     the join (servers or rendezvous unreachable within ctl_timeout, wrong secret); the run against the
     module. A margin_loss without s, m1, m2, m3 raises TypeError."""
 
     def __init__(self, margin_loss, embedding_size, num_classes, sample_rate=1.0, fp16=False, *, run,
-                 sets=(), lr=None, head="auto"):
+                 sets=(), lr=None, head="auto", checkpoints=True):
         super().__init__()
         self.s, self.m1, self.m2, self.m3, self.interclass_filtering_threshold = _margin_of(margin_loss)
         if not 0.0 <= float(sample_rate) <= 1.0:
@@ -254,6 +259,7 @@ class PartialFC(torch.nn.Module):
         self.fp16 = bool(fp16)
         self.lr = lr
         self.head = head
+        self.checkpoints = bool(checkpoints)
         self.rank, self.world_size = _dist()
         self.run = os.fspath(run)
         self._worker = _C.Worker(self.run, self.rank, self.world_size, [str(s) for s in sets],
@@ -311,7 +317,14 @@ class PartialFC(torch.nn.Module):
               "embedding_size": self.embedding_size}
         w = self._worker
         if w.joined:
-            T = w.checkpoint()
+            try:
+                T = w.checkpoint()
+            except PfcpsError as e:
+                if self.checkpoints:
+                    raise
+                raise _error(f"{e} (the module was built with checkpoints=False: its pushes go at backward, so "
+                             f"state_dict() cannot ask for a checkpoint; build it with checkpoints=True, the "
+                             f"default)") from None
             run_id, seed, digest = w.ident
             st.update(step=T, run_id=run_id.hex(), seed=seed, config_digest=digest.hex(),
                       batch_size=self.batch_size)

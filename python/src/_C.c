@@ -727,14 +727,16 @@ static PyObject *Worker_labels_local(Worker *w, PyObject *noargs)
                                      (Py_ssize_t)(w->x.n * (int64_t)sizeof(int64_t)));
 }
 
-/* backward(lr): queues the push of the row gradients of the last forward's sampled rows with learning rate
- * lr (float, the servers apply SGD with the run's momentum and weight_decay at that lr); it goes to the
- * servers at the next forward, pull, checkpoint or close. The step is then done. Raises PfcpsError when no
- * forward is pending. */
+/* backward(lr, send=False): queues the push of the row gradients of the last forward's sampled rows with
+ * learning rate lr (float, the servers apply SGD with the run's momentum and weight_decay at that lr); it goes
+ * to the servers at the next forward, pull, checkpoint or close; with send True at once (the servers' apply
+ * then overlaps the caller's work until its next pull, but that step can no longer be a checkpoint). The step
+ * is then done. Raises PfcpsError when no forward is pending or the push fails. */
 static PyObject *Worker_backward(Worker *w, PyObject *args)
 {
     double lr;
-    if (!PyArg_ParseTuple(args, "d", &lr))
+    int send = 0;
+    if (!PyArg_ParseTuple(args, "d|p", &lr, &send))
         return NULL;
     if (check_usable(w) < 0)
         return NULL;
@@ -746,6 +748,14 @@ static PyObject *Worker_backward(Worker *w, PyObject *args)
     w->queued_flags = 0;
     w->pending = 0;
     w->step++;
+    if (send) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = flush_push(w, 0);
+        Py_END_ALLOW_THREADS
+        if (rc < 0)
+            return fail_step(w, rc, "push");
+    }
     Py_RETURN_NONE;
 }
 

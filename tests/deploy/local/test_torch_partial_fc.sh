@@ -165,8 +165,8 @@ train_pfcps w1 1
   { cat "$TMP/w1_ref.log"; die "the reference run (1 rank) failed"; }
 if compare w1 w1_ref; then ok "1 rank: losses equal the PyTorch reference"; else fail "1 rank: losses differ"; fi
 
-# 2 ranks (gloo, DDP), CosFace (s 32, m3 0.35).
-train_pfcps w2 2 --s 32 --margin 1 0 0.35
+# 2 ranks (gloo, DDP), CosFace (s 32, m3 0.35), pushes sent at backward (PartialFC(checkpoints=False)).
+train_pfcps w2 2 --s 32 --margin 1 0 0.35 --no-checkpoints
 "$PFCPS_PYTHON" "$SCRIPT" train --head reference --centers "$TMP/centers.safetensors" --world 2 --C $C --D $D \
   --batch $BATCH --steps $STEPS --dtype float64 --s 32 --margin 1 0 0.35 --out "$TMP/w2_ref.json" \
   >"$TMP/w2_ref.log" 2>&1 || { cat "$TMP/w2_ref.log"; die "the reference run (2 ranks) failed"; }
@@ -465,7 +465,7 @@ wait_log "$TMP/errors.log" KILL-SERVER-1 60 || { cat "$TMP/errors.log"; die "the
 kill -KILL "${SPIDS[1]}"
 s=0; wait "$EP" || s=$?
 grep -E "^(ok|FAIL) " "$TMP/errors.log"
-for c in missing_config class_mismatch world_mismatch margin_refused head_mode_local unreachable wrong_secret label_high label_negative batch_change stale_backward no_grad_skip server_lost after_failure; do
+for c in missing_config class_mismatch world_mismatch margin_refused head_mode_local unreachable wrong_secret label_high label_negative batch_change no_checkpoints stale_backward no_grad_skip server_lost after_failure; do
   grep -q "^ok   $c:" "$TMP/errors.log" || fail "error case $c"
 done
 [ "$s" -eq 0 ] || { tail -20 "$TMP/errors.log"; fail "the error script exited $s"; }

@@ -169,7 +169,8 @@ def train(a):
     if a.head == "pfcps":
         import pfcps.torch
         # the two-line change (1 of 2): arcface_torch's PartialFC_V2 -> pfcps.torch.PartialFC with run=
-        module = pfcps.torch.PartialFC(margin, a.D, a.C, a.sample_rate, False, run=a.run, head=a.module_head)
+        module = pfcps.torch.PartialFC(margin, a.D, a.C, a.sample_rate, False, run=a.run, head=a.module_head,
+                                       checkpoints=not a.no_checkpoints)
         steps_world = world
     else:
         from safetensors.torch import load_file
@@ -297,7 +298,9 @@ def errors(a):
                           "m1 must be 1 unless m3 > 0", max_s=2)
     fails += expect_error("head_mode_local", lambda: mk(a.run, ["head_mode=local"]), "'head_mode' = local",
                           max_s=2)
-    m = mk(a.run)
+    # The module of the cases below pushes at each backward (checkpoints=False); the training runs cover the
+    # default, pushes sent at the next forward.
+    m = pfcps.torch.PartialFC(margin, a.D, a.C, 1.0, run=a.run, checkpoints=False)
     net = backbone(a.D, torch.float32)
     opt = torch.optim.SGD([{"params": net.parameters()}, {"params": m.parameters()}], lr=0.1, momentum=0.9,
                           weight_decay=5e-4)
@@ -324,6 +327,7 @@ def errors(a):
         print(f"FAIL label_recovery: {e}")
         fails += 1
     fails += expect_error("batch_change", lambda: step(good + [0]), "batch size changed")
+    fails += expect_error("no_checkpoints", m.state_dict, "built with checkpoints=False")
 
     def two_forwards():  # the second forward ends the first's step (skipped): its backward must refuse
         images, _ = batch(7, 0, 0, len(good), a.C, torch.float32)
@@ -386,6 +390,8 @@ def main():
             t.add_argument("--ids", help="pfcps: write each step's sampled ids to IDS.rank<r>.json; reference: "
                                          "sample those ids (every rank's) instead of all classes")
             t.add_argument("--module-head", default="pfcps", choices=["pfcps", "torch", "auto"])
+            t.add_argument("--no-checkpoints", action="store_true", help="PartialFC(checkpoints=False): each push "
+                                                                          "at its backward")
             t.add_argument("--margin-grad", default="straight_through", choices=["straight_through", "exact"])
             t.add_argument("--save")
             t.add_argument("--save-at", type=int, default=0)
