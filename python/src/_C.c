@@ -149,13 +149,15 @@ static int check_usable(Worker *w)
 }
 
 /* Marks the worker broken by error rc (pf_errmsg) and raises it. A data-plane error is often the first sign
- * of a member that failed, whose own message reaches the control watcher a moment later: that report (up to
- * 1 s later) is added, so the error says why. */
+ * of a member that failed, whose own message reaches the control watcher a moment later: for such an error
+ * (-ECOMM, -ECANCELED, -ETIMEDOUT, a connection refused or reset) that report, up to 1 s later, is added, so the
+ * error says why. */
 static PyObject *fail_step(Worker *w, int rc, const char *what)
 {
     char err[PF_ERRMSG_MAX];
     snprintf(err, sizeof err, "%s", pf_errmsg());
-    for (int i = 0; i < 20 && rc != -ENOLINK && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE); i++)
+    int comm = rc == -ECOMM || rc == -ECANCELED || rc == -ETIMEDOUT || rc == -ECONNRESET || rc == -ECONNREFUSED;
+    for (int i = 0; comm && i < 20 && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE); i++)
         usleep(50000);
     if (rc != -ENOLINK && __atomic_load_n(&w->broken, __ATOMIC_ACQUIRE))
         snprintf(w->failed_msg, sizeof w->failed_msg, "pfcps worker: step %lld, %.60s: %.200s (%s)",
