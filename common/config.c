@@ -557,6 +557,14 @@ static int validate(const pf_config *cfg, int check_required)
             "key 'warmup_epoch': warmup %g epochs is not shorter than num_epoch %d (the lr schedule "
             "needs warmup shorter than training)",
             cfg->warmup_epoch, cfg->num_epoch);
+    /* worker/head/head.c's rule for margin_combine = arcface_torch (CombinedMarginLoss raises on such a
+     * triple), refused here so that every member (and pfcps config-get) refuses it before joining, not the
+     * workers after the run formed. */
+    if (strcmp(cfg->margin_combine, "full") != 0 && !(cfg->margin_list[2] > 0) && cfg->margin_list[0] != 1.0)
+        return pf_err(-EINVAL,
+                      "key 'margin_list': (%g, %g, %g): arcface_torch's CombinedMarginLoss has no such margin (m1 "
+                      "must be 1 unless m3 > 0); margin_combine = full computes cos(m1 theta + m2) - m3",
+                      cfg->margin_list[0], cfg->margin_list[1], cfg->margin_list[2]);
     /* Whenever num_classes is given (not only where it is required): pfcps config-get, which the local
      * launcher runs first, then refuses the config at once instead of server 0 alone while the others wait to
      * join. */

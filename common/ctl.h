@@ -68,6 +68,12 @@ int ctl_rendezvous_joined(const ctl_rendezvous *rv);
  * request): the run is over and server 0 can shut it down. */
 int ctl_rendezvous_workers_done(const ctl_rendezvous *rv);
 
+/* Tells every joined member that the member (role, rank) living in this process (server 0, which runs the
+ * rendezvous) failed, with `why` (its error message, truncated to 511 bytes): their ctl_session_wait_shutdown
+ * returns -ENOLINK with "server[0] (the rendezvous' host) failed: <why>". Sent by the service thread, before
+ * ctl_rendezvous_stop closes the connections. Once per service; later calls do nothing. */
+void ctl_rendezvous_member_failed(ctl_rendezvous *rv, int role, int rank, const char *why);
+
 /* Sends the shutdown message to every joined member (they see it in ctl_session_wait_shutdown). */
 void ctl_rendezvous_broadcast_shutdown(ctl_rendezvous *rv);
 
@@ -120,6 +126,12 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s);
  * crash, kill -9) is reported to every other member: their ctl_session_wait_shutdown returns -ENOLINK
  * with "worker[1] (...) disconnected without leaving the run" in pf_errmsg(). Returns 0 or -errno. */
 int ctl_session_leave(ctl_session *s);
+
+/* Says this member is about to exit on a failure of its own, with `why` (its error message, truncated to 511
+ * bytes), then the caller closes the session: the rendezvous tells every other member "<role>[<rank>] (host:port)
+ * failed: <why>" (their ctl_session_wait_shutdown returns -ENOLINK with it) instead of "disconnected without
+ * leaving the run". Returns 0 or -errno. */
+int ctl_session_fail(ctl_session *s, const char *why);
 
 /* Closes the connection and frees the session and its book. */
 void ctl_session_close(ctl_session *s);

@@ -72,6 +72,7 @@ typedef struct conn {
     size_t nsteps;
     char maddr[CTL_MAX_METRICS_ADDR]; /* its metrics endpoint "host:port" as listed in /targets ("": none) */
     pf_metric *info;                  /* its pfcps_rendezvous_member_info series while joined (metrics on) */
+    char failed[512]; /* the member's own failure (ctl_session_fail), told with its loss ("": none) */
 } conn;
 
 struct ctl_rendezvous {
@@ -89,6 +90,11 @@ struct ctl_rendezvous {
     int wake[2];
     pthread_t thread;
     atomic_int stop, shutdown_req;
+    atomic_int fail_req; /* ctl_rendezvous_member_failed: fail_text is to be told to every member */
+    int fail_sent;
+    ctl_role fail_role;
+    int fail_rank;
+    char fail_text[512];
     atomic_int joined;       /* ctl_rendezvous_joined: the seats held until the run formed, then S + W */
     atomic_int workers_left; /* workers that left in order (ctl_session_leave) */
     int shutdown_sent;
@@ -315,9 +321,12 @@ static void release_seat(ctl_rendezvous *rv, conn *c)
         log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
                  ctl_role_name(c->role), c->rank, c->peer);
     } else if (gone == CTL_GONE_LOST) {
-        log_warn("control plane: %s[%d] (%s) disconnected without leaving the run: telling the other members",
-                 ctl_role_name(c->role), c->rank, c->peer);
-        queue_member_lost(rv, c, c->role, c->rank, c->peer, "disconnected without leaving the run");
+        char what[sizeof c->failed + 48];
+        snprintf(what, sizeof what, "%s%s", c->failed[0] ? "failed: " : "disconnected without leaving the run",
+                 c->failed);
+        log_warn("control plane: %s[%d] (%s) %s: telling the other members", ctl_role_name(c->role), c->rank,
+                 c->peer, what);
+        queue_member_lost(rv, c, c->role, c->rank, c->peer, what);
     }
     c->joined = 0;
 }
@@ -482,6 +491,11 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
                               "stopped while the workers still need its shard");
         if (c->role == CTL_ROLE_WORKER && atomic_fetch_add(&rv->workers_left, 1) + 1 == rv->num_workers)
             log_info("control plane: every worker left the run in order: training is over");
+        return;
+    }
+    if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR && m->error) {
+        /* A member about to exit on a failure of its own (ctl_session_fail): its disconnect is told with it. */
+        snprintf(c->failed, sizeof c->failed, "%s", m->error->message ? m->error->message : "");
         return;
     }
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_HEARTBEAT) {
@@ -767,7 +781,7 @@ static void queue_shutdown(ctl_rendezvous *rv)
 static void queue_member_lost(ctl_rendezvous *rv, const conn *except, ctl_role role, int rank,
                               const char *peer, const char *what)
 {
-    char text[256];
+    char text[800];
     metrics_add(rv->m_lost, 1);
     snprintf(text, sizeof text, "%s[%d] (%s) %s", ctl_role_name(role), rank, peer, what);
     Pfcps__Error e;
@@ -852,6 +866,19 @@ static void expire_and_flush(ctl_rendezvous *rv, double now)
     }
 }
 
+/* The failure ctl_rendezvous_member_failed asked to tell, to every member (once). */
+static void queue_failure(ctl_rendezvous *rv)
+{
+    if (!atomic_load(&rv->fail_req) || rv->fail_sent)
+        return;
+    rv->fail_sent = 1;
+    char what[sizeof rv->fail_text + 48];
+    snprintf(what, sizeof what, "failed: %s", rv->fail_text);
+    log_warn("control plane: %s[%d] (this rendezvous' host) %s: telling the other members",
+             ctl_role_name(rv->fail_role), rv->fail_rank, what);
+    queue_member_lost(rv, NULL, rv->fail_role, rv->fail_rank, "the rendezvous' host", what);
+}
+
 /* One pass of the service loop: wait up to CTL_TICK_MS for activity, serve it, form the run once every
  * member is in. Returns 0, or -1 when poll() failed (the service stops). */
 static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
@@ -868,6 +895,7 @@ static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
         while (read(rv->wake[0], b, sizeof b) > 0) {
         }
     }
+    queue_failure(rv);
     if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
         queue_shutdown(rv);
     if (pr > 0)
@@ -901,6 +929,7 @@ static void log_never_joined(const ctl_rendezvous *rv)
  * to leave, then every connection is closed. */
 static void service_drain(ctl_rendezvous *rv)
 {
+    queue_failure(rv);
     if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
         queue_shutdown(rv);
     double until = pf_now_s() + 0.5;
@@ -1140,6 +1169,17 @@ static void rv_wake(ctl_rendezvous *rv)
 {
     ssize_t w = write(rv->wake[1], "x", 1);
     (void)w; /* a full pipe already wakes the thread */
+}
+
+void ctl_rendezvous_member_failed(ctl_rendezvous *rv, int role, int rank, const char *why)
+{
+    if (!rv || atomic_load(&rv->fail_req))
+        return;
+    rv->fail_role = (ctl_role)role;
+    rv->fail_rank = rank;
+    snprintf(rv->fail_text, sizeof rv->fail_text, "%s", why ? why : "");
+    atomic_store(&rv->fail_req, 1); /* publishes the fields above to the service thread */
+    rv_wake(rv);
 }
 
 void ctl_rendezvous_broadcast_shutdown(ctl_rendezvous *rv)

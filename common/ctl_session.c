@@ -489,6 +489,16 @@ int ctl_session_leave(ctl_session *s)
     return send_msg(s, &m, pf_now_s() + 5.0);
 }
 
+int ctl_session_fail(ctl_session *s, const char *why)
+{
+    char text[512];
+    snprintf(text, sizeof text, "%s", why ? why : "");
+    Pfcps__Error e;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_error(&m, &e, EIO, text);
+    return send_msg(s, &m, pf_now_s() + 5.0);
+}
+
 void ctl_session_close(ctl_session *s)
 {
     if (!s)

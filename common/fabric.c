@@ -564,6 +564,20 @@ static void mark_dead(fab_ctx *f, fi_addr_t dest)
  * killed peer forever): the call fails with -ECOMM naming the peer and the call, and the peer is marked so
  * later posts to it fail at once instead of stalling the caller again. Posts towards a peer marked dead
  * fail immediately. */
+static const int *g_interrupt; /* fab_set_interrupt's flag (read with __atomic loads) */
+
+void fab_set_interrupt(const int *flag)
+{
+    __atomic_store_n(&g_interrupt, flag, __ATOMIC_RELEASE);
+}
+
+/* 1 when fab_set_interrupt's flag is raised. */
+static int interrupted(void)
+{
+    const int *flag = __atomic_load_n(&g_interrupt, __ATOMIC_ACQUIRE);
+    return flag && __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+}
+
 #define FAB_RETRY(call, name, dest)                                                                          \
     do {                                                                                                     \
         if (peer_dead(f, (dest)))                                                                            \
@@ -580,6 +594,8 @@ static void mark_dead(fab_ctx *f, fi_addr_t dest)
             now_ = mono_s();                                                                                 \
             if (t0_ == 0)                                                                                    \
                 t0_ = now_;                                                                                  \
+            if (interrupted())                                                                               \
+                return pf_err(-ECANCELED, "%s: given up: the run broke", name);                          \
             if (now_ - t0_ > f->post_timeout) {                                                              \
                 mark_dead(f, (dest));                                                                        \
                 return post_failed(f, (name), (dest), now_ - t0_, 0);                                        \

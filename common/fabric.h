@@ -116,6 +116,11 @@ void fab_close(fab_ctx *f);
  * fails with -ECOMM; seconds <= 0 restores FAB_DEFAULT_TIMEOUT_S. Daemons pass 4 x their ctl_timeout. */
 void fab_set_timeout(fab_ctx *f, double seconds);
 
+/* Makes every post of this process that is retrying -FI_EAGAIN give up with -ECANCELED once *flag is
+ * non-zero, instead of at the context's timeout: a member whose control watcher saw the run break (a peer that
+ * failed or left) sets it, so a post towards that peer stops at once. NULL (the default) turns it off. */
+void fab_set_interrupt(const int *flag);
+
 /* The post retry bound in seconds (fab_set_timeout). */
 double fab_timeout(const fab_ctx *f);
 

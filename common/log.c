@@ -20,6 +20,7 @@ static char log_path[1024];  /* the file sink's path, for its write-error report
 static int log_write_failed; /* the file sink's write error was reported (once per log_open_file) */
 static log_format log_file_fmt = LOG_FORMAT_PFCPS;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char log_last_err[1024]; /* the message of the latest ERROR line (log_last_error), under log_lock */
 
 static const char *level_name[] = {"DEBUG", "INFO", "WARN", "ERROR"};
 
@@ -148,6 +149,8 @@ void log_write(log_level level, const char *fmt, ...)
     memcpy(aline + an, line + head, (size_t)(n - head));
     an += n - head;
     pthread_mutex_lock(&log_lock);
+    if (level == LOG_ERROR)
+        snprintf(log_last_err, sizeof log_last_err, "%.*s", n - head - 1, line + head);
     (void)write_all(STDERR_FILENO, line, (size_t)n);
     int rc = log_fd < 0                              ? 0
              : log_file_fmt == LOG_FORMAT_ARCFACE ? write_all(log_fd, aline, (size_t)an)
@@ -164,5 +167,14 @@ void log_write(log_level level, const char *fmt, ...)
                      log_role, log_path, strerror(-rc));
         (void)write_all(STDERR_FILENO, msg, m2 < (int)sizeof msg ? (size_t)m2 : sizeof msg - 1);
     }
+    pthread_mutex_unlock(&log_lock);
+}
+
+void log_last_error(char *out, size_t cap)
+{
+    if (!cap)
+        return;
+    pthread_mutex_lock(&log_lock);
+    snprintf(out, cap, "%s", log_last_err);
     pthread_mutex_unlock(&log_lock);
 }

@@ -42,6 +42,10 @@ void log_close_file(void);
 
 void log_write(log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The message of this process' latest ERROR line (without time, role or level; "" when none), truncated to
+ * cap bytes: what a daemon that fails tells the run's other members (common/ctl.h ctl_session_fail). */
+void log_last_error(char *out, size_t cap);
+
 #define log_debug(...) log_write(LOG_DEBUG, __VA_ARGS__)
 #define log_info(...)  log_write(LOG_INFO, __VA_ARGS__)
 #define log_warn(...)  log_write(LOG_WARN, __VA_ARGS__)

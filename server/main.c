@@ -394,6 +394,16 @@ static int finish(server_daemon *d, int exit_code)
      * closes, so that the other members stop with an error instead of reporting a clean stop. */
     if (d->rv && exit_code == 0)
         ctl_rendezvous_broadcast_shutdown(d->rv);
+    /* A failure of this server's own (its shard, pretrained_centers, a checkpoint it cannot load): the other
+     * members are told its error message, not only that it went. */
+    if (d->sess && exit_code != 0 && exit_code != DAEMON_EXIT_REFORM) {
+        char why[512];
+        log_last_error(why, sizeof why);
+        if (d->rv)
+            ctl_rendezvous_member_failed(d->rv, CTL_ROLE_SERVER, d->rank, why);
+        else
+            ctl_session_fail(d->sess, why);
+    }
     if (d->sess && exit_code == 0)
         ctl_session_leave(d->sess); /* an orderly stop: not reported to the others as a lost member */
     if (d->sess)

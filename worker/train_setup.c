@@ -548,6 +548,17 @@ static int setup_import(trainer *t, const ctl_book *book)
     if (run->pretrained_centers[0] && (rc = tpc_read_progress(run->pretrained_centers, &prog)) < 0)
         return pf_err_wrap(rc, "config key 'pretrained_centers' = %s", run->pretrained_centers);
     if (prog.present) {
+        /* Global steps count from the start of arcface_torch's run (num_epoch's epochs, --max-steps): a set at
+         * or past this run's last step leaves nothing to train, and the schedule has no lr for it. */
+        const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * run->num_epoch;
+        if (prog.global_step >= total)
+            return pf_err(-ERANGE,
+                          "config key 'pretrained_centers' = %s: arcface_torch's run stopped at global_step %lld "
+                          "(epoch %lld done), at or past this run's last global step %lld (%s): nothing is left "
+                          "to train; raise num_epoch or --max-steps, which count global steps from the start "
+                          "of arcface_torch's run",
+                          run->pretrained_centers, (long long)prog.global_step, (long long)prog.epoch,
+                          (long long)total, t->opts.max_steps > 0 ? "--max-steps" : "num_epoch x steps per epoch");
         t->start_step = prog.global_step;
         double lr = lr_schedule_at(&t->sched, prog.global_step);
         log_info("continuing arcface_torch's run of %s at global_step %lld (epoch %lld done): epoch %lld, "

@@ -157,6 +157,7 @@ static const bad_case bad_cases[] = {
     {BASE "margin_list = 1.0, 0.5\n", NULL, -EINVAL, {"margin_list", "exactly 3 numbers", NULL}},
     {BASE "margin_list = 1.0, x, 0.0\n", NULL, -EINVAL, {"margin_list", "'x'", "not a number"}},
     {BASE "margin_list = 1, 0.5, 0, 7\n", NULL, -EINVAL, {"margin_list", "exactly 3", NULL}},
+    {BASE "margin_list = 1.35, 0.0, 0.0\n", NULL, -EINVAL, {"'margin_list': (1.35, 0, 0)", "m1 must be 1", "margin_combine = full"}},
     {BASE "servers = 0\n", NULL, -ERANGE, {"servers", "out of range", NULL}},
     {BASE "workers = -1\n", NULL, -ERANGE, {"workers", "out of range", NULL}},
     {BASE "wire_dtype = fp8\n", NULL, -EINVAL, {"wire_dtype", "'fp8'", "fp32 fp16 bf16"}},

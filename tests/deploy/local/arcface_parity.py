@@ -18,8 +18,9 @@ run side by side with pfcps on real face images (data/orl).
         and the step's class-center columns from the union of every trace's sampled ids (PartialFC_V2 samples
         with torch.rand; feeding pfcps's ids makes the same columns take part). Writes RESULT (torch.save):
         losses, lrs, the backbone state_dict (rank 0's BatchNorm statistics) and the class centers.
-    arcface_parity.py module OUT RESULT --run RUN_INI --trace T0 ...: the same step with pfcps.torch.PartialFC
-        (python/) as the Partial FC, one torch rank, against the servers of RUN_INI (module_train below).
+    arcface_parity.py module OUT RESULT --run RUN_INI --trace T0 --snapshots DIR ...: the same step with
+        pfcps.torch.PartialFC (python/) as the Partial FC, one torch rank, against the servers of RUN_INI
+        (module_train below).
     arcface_parity.py compare NAME RUN REF64 REF32 ...: see compare() below (RUN: a pfcps run's folder or a
         RESULT file).
 
@@ -48,6 +49,7 @@ import json
 import os
 import struct
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REC_MAGIC = 0xCED7230A
@@ -424,7 +426,9 @@ def module_train(a):
     """The same arcface_torch step with pfcps.torch.PartialFC in place of the reference's Partial FC (the C
     worker's sampler, pull/push and head through pfcps._C; the class centers on the servers of a.run), one torch
     rank, float32: torch's backbone from OUT/model.pt, SGD over the backbone and the module's parameter group,
-    the same schedule, clipping and batches (trace). Writes RESULT as train() does, without class centers."""
+    the same schedule, clipping and batches (trace). Writes RESULT as train() does; the class centers are the
+    servers' checkpoint of the last step, which the module's state_dict() asks for (read from --snapshots by
+    ckpt_table.py, its own reader of the shard files)."""
     import torch
     import pfcps.torch
     torch.set_num_threads(a.threads)
@@ -461,8 +465,22 @@ def module_train(a):
         lrs.append(sched.lr)
         sched.step()
         losses.append(float(loss))
+    module.state_dict()  # the servers' checkpoint of step len(tr): the class centers after the last step
+    module.close()
+    sys.path.insert(0, HERE)
+    from ckpt_table import table
+    rows = None
+    for _ in range(600):  # the servers write it while serving: wait for both shard files
+        try:
+            rows, C, D = table(a.snapshots, len(tr))
+            break
+        except SystemExit:
+            time.sleep(0.1)
+    if rows is None:
+        sys.exit(f"no complete checkpoint {len(tr)} under {a.snapshots}")
+    centers = torch.tensor([struct.unpack("<%df" % D, rows[c][0]) for c in range(C)], dtype=torch.float64)
     torch.save({"losses": losses, "lrs": lrs, "backbone": {k: v.detach().double() for k, v in
-                                                          net.state_dict().items()}, "centers": None}, a.result)
+                                                          net.state_dict().items()}, "centers": centers}, a.result)
     print("pfcps.torch.PartialFC: %d steps, B=%d: loss %.6f -> %.6f" % (len(losses), B, losses[0], losses[-1]))
 
 
@@ -632,6 +650,7 @@ def main():
     q.add_argument("--warmup-epoch", type=float, required=True)
     q.add_argument("--num-epoch", type=float, required=True)
     q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--snapshots", required=True, help="the run's checkpoint root (<output>/snapshots)")
     q = sub.add_parser("compare")
     q.add_argument("name")
     q.add_argument("run")

@@ -94,8 +94,9 @@ parity w1_s1_st_dense_r1 1 1 straight_through dense 1.0
 
 # The same step through pfcps.torch.PartialFC (python/, the PyTorch module): torch's own backbone from model.pt,
 # the module as the Partial FC against 1 server, the batches of w1_s1_st_dense_r1's trace; compared with the same
-# references (its class centers stay on the server: loss, backbone and BatchNorm statistics only). The package is
-# built and installed as tests/deploy/local/test_torch_partial_fc.sh does (pip, no network; its own build folder).
+# references: loss, backbone, BatchNorm statistics and the class centers (the server's checkpoint of the last
+# step, which the module's state_dict() asks for). The package is built and installed as
+# tests/deploy/local/test_torch_partial_fc.sh does (pip, no network; its own build folder).
 module_parity() {
   local dir=$TMP/w1_s1_st_dense_r1 mdir=$TMP/module
   [ -f "$dir/ref_f64.pt" ] || return 0
@@ -113,6 +114,7 @@ module_parity() {
   local sp=$!
   PYTHONPATH=$TMP/site timeout 600 "$PFCPS_PYTHON" "$PY" module "$TMP" "$mdir/result.pt" --run "$mdir/run.ini" \
     --trace "$dir/trace0" --network $NET --dim $DIM --classes $CLASSES --lr $LR --warmup-epoch 0.2 --num-epoch 2 \
+    --snapshots "$mdir/out/snapshots" \
     >"$TMP/module.log" 2>&1 || { tail -20 "$TMP/module.log" "$TMP/module_server0.log"; die "the pfcps.torch run failed"; }
   grep "^pfcps.torch" "$TMP/module.log"
   kill -TERM "$sp" 2>/dev/null

@@ -7,7 +7,9 @@
 #     exactly the file's row;
 #   - resume = true from that run's checkpoint: the servers load the checkpoint and log that
 #     pretrained_centers is ignored;
-#   - a file whose `weight` has 9 rows: server 0 refuses to start, naming the key, the file and the tensor.
+#   - a file whose `weight` has 9 rows: server 0 refuses to start, naming the key, the file and the tensor, and
+#     the worker's log carries that message (ctl_rendezvous_member_failed); the same when server 1 of 2 fails
+#     (a NaN in class 1, a row only it reads; ctl_session_fail).
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
 
@@ -29,6 +31,9 @@ def write(path, tensors):
     open(path, "wb").write(len(h).to_bytes(8, "little") + h + data)
 write(tmp + "/centers.safetensors", {"weight": (W, 10), "momentum": (M, 10)})
 write(tmp + "/short.safetensors", {"weight": (W, 9)})
+N = array.array("f", W)
+N[1 * 16] = float("nan")  # class 1: server 1's row when there are 2 servers
+write(tmp + "/nan1.safetensors", {"weight": (N, 10)})
 open(tmp + "/weight.f32", "wb").write(W.tobytes())
 PY
 
@@ -105,4 +110,22 @@ grep -q "config key 'pretrained_centers' = .*short.safetensors: .*short.safetens
   "$TMP/server0.log" || { show_logs; die "bad file: no message naming the key, the file and the tensor"; }
 wait_exit "$wp" 60 || kill -KILL "$wp" 2>/dev/null
 echo "ok: a weight of 9 rows: server 0 refuses to start ($(grep -o "tensor 'weight'.*" "$TMP/server0.log" | head -1))"
+grep -q "server\[0\] (.*) failed: config key 'pretrained_centers' = .*short.safetensors: .*tensor 'weight' has shape \[9, 16\]" \
+  "$TMP/worker0.log" || { show_logs; die "bad file: the worker's log does not carry server 0's message"; }
+echo "ok: the worker says why: $(grep -o "server\[0\] (.*) failed: .*" "$TMP/worker0.log" | head -1 | cut -c1-200)"
+
+# With 2 servers, server 1 the one that fails (a NaN in class 1, a row only server 1 reads): the worker names
+# server 1 and its message.
+write bad2 2 "pretrained_centers = $TMP/nan1.safetensors"
+"$SERVER" --config "$TMP/bad2.ini" --rank 0 >"$TMP/server0.log" 2>&1 &
+sp0=$!; PIDS+=($sp0)
+"$SERVER" --config "$TMP/bad2.ini" --rank 1 >"$TMP/server1.log" 2>&1 &
+sp1=$!; PIDS+=($sp1)
+"$WORKER" --config "$TMP/bad2.ini" --rank 0 --max-steps 1 >"$TMP/worker0.log" 2>&1 &
+wp=$!; PIDS+=($wp)
+wait_exit "$wp" 60 || { show_logs; die "server 1's bad file: the worker still runs"; }
+grep -q "server\[1\] (.*) failed: config key 'pretrained_centers' = .*nan1.safetensors: .*(class 1) element 0 is NaN" \
+  "$TMP/worker0.log" || { show_logs; die "server 1's NaN row: the worker's log does not carry server 1's message"; }
+echo "ok: server 1's NaN row: the worker says why: $(grep -o "server\[1\] (.*) failed: .*" "$TMP/worker0.log" | head -1 | cut -c1-200)"
+kill -KILL "$sp0" "$sp1" 2>/dev/null
 echo PASS

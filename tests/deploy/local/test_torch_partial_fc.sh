@@ -9,11 +9,25 @@
 #     against what pfcps's sampling promises: partition, order, count);
 #   - each step's loss equals the same script's plain-PyTorch Partial FC (full table as a torch Parameter,
 #     float64, one process over the global batch) within a relative 2e-5 (see TOL below);
+#   - the module's head in torch ops (head="torch") on 1 rank and on 2 ranks at sample_rate 0.5: the same
+#     losses; with both heads the class-center table after 20 steps (the servers' checkpoint that the script's
+#     state_dict() asks for) equals the reference's within 3 times float32's own deviation (TABLE_TOL);
+#   - margin_grad = exact in the run file is honoured (against an exact-gradient reference);
+#   - checkpoint and resume: 20 steps uninterrupted against 10 steps, arcface_torch-style checkpoint files,
+#     every process killed, fresh servers with resume = true and new processes loading the files: the losses
+#     of steps 10..19, the backbone and the table of checkpoint 20 are bit-identical; a state the servers
+#     cannot continue (no checkpoint, another run's, resume = false) raises PfcpsError naming the problem;
+#   - a run from arcface_torch's checkpoint_gpu_0.pt (pretrained_centers, global_step 7): the module steps on
+#     from 7, as the servers; pfcps-worker's --max-steps counts global steps (9: two steps trained) and a set at
+#     or past the run's last step (--max-steps 5) is refused naming both;
+#   - a server failing at its start after the run formed (a NaN row in pretrained_centers): the module raises
+#     PfcpsError with that server's own message, within 10 s;
 #   - the error cases raise pfcps.PfcpsError with pfcps's message: a missing config file, an unreachable
 #     rendezvous (within ctl_timeout), a wrong secret, labels C and -1 (the module stays usable), a batch-size
 #     change, the backward of a step a later forward already ended, a server killed mid-run, and every call
-#     after that; num_classes other than the run's raises ValueError before joining; forwards under no_grad
-#     end their steps skipped (two in a row give the same loss: no row moved).
+#     after that; before joining: num_classes other than the config's, workers other than the torch world
+#     size, the margin (1.35, 0, 0), head_mode = local; forwards under no_grad end their steps skipped (two in
+#     a row give the same loss: no row moved).
 #   - importing pfcps leaves Python's SIGINT / SIGTERM handling in place;
 # Skips (77, or fails under PFCPS_REQUIRE_REFERENCES=1) when PFCPS_PYTHON lacks torch, numpy, safetensors or
 # mesonpy (meson-python; tests/pyenv.sh installs them), or ninja is missing.
@@ -65,10 +79,11 @@ ok "import pfcps keeps Python's SIGINT / SIGTERM handling"
 
 "$PFCPS_PYTHON" "$SCRIPT" make-centers "$TMP/centers.safetensors" $C $D 5 || die "cannot write the centers"
 
-# write_run NAME W CTL_TIMEOUT [LINE...]: $TMP/NAME.ini, 2 servers, W workers, the centers file.
+# write_run NAME W CTL_TIMEOUT [LINE...]: $TMP/NAME.ini, 2 servers, W workers, the centers file, output (and the
+# servers' checkpoints) in $TMP/NAME.out; a LINE may override any of it.
 write_run() {
   local name=$1 w=$2 t=$3; shift 3
-  run_ini "$TMP/$name.ini" 2 "$w" torch-secret "ctl_timeout = $t" "$@" <<INI
+  run_ini "$TMP/$name.ini" 2 "$w" torch-secret "ctl_timeout = $t" "output = $TMP/$name.out" "$@" <<INI
 [train]
 embedding_size = $D
 num_classes = $C
@@ -102,11 +117,12 @@ servers_done() {
   done
 }
 
-# train_pfcps NAME W ARGS...: the script with the pfcps head on W torch ranks (gloo) against 2 fresh servers;
-# rank 0's losses in $TMP/NAME.json.
+# train_pfcps NAME W ARGS...: the script with the pfcps module on W torch ranks (gloo) against 2 fresh servers
+# (run file NAME.ini with the lines of the array RUN_LINES); rank 0's losses in $TMP/NAME.json.
+RUN_LINES=()
 train_pfcps() {
   local name=$1 w=$2; shift 2
-  write_run "$name" "$w" 30
+  write_run "$name" "$w" 30 "${RUN_LINES[@]}"
   start_servers "$name"
   local mport r pids=() s rc=0
   mport=$(free_port)
@@ -122,7 +138,7 @@ train_pfcps() {
     die "$name: a torch rank exited $rc"
   fi
   servers_done "$name"
-  ok "$name: $w torch rank(s) trained $STEPS steps against 2 servers"
+  ok "$name: $w torch rank(s) trained against 2 servers"
 }
 
 # compare NAME REF: every step's loss of NAME.json equals REF.json's within TOL (relative); the loss fell.
@@ -150,8 +166,8 @@ train_pfcps w1 1
   { cat "$TMP/w1_ref.log"; die "the reference run (1 rank) failed"; }
 if compare w1 w1_ref; then ok "1 rank: losses equal the PyTorch reference"; else fail "1 rank: losses differ"; fi
 
-# 2 ranks (gloo, DDP), CosFace (s 32, m3 0.35).
-train_pfcps w2 2 --s 32 --margin 1 0 0.35
+# 2 ranks (gloo, DDP), CosFace (s 32, m3 0.35), pushes sent at backward (PartialFC(checkpoints=False)).
+train_pfcps w2 2 --s 32 --margin 1 0 0.35 --no-checkpoints
 "$PFCPS_PYTHON" "$SCRIPT" train --head reference --centers "$TMP/centers.safetensors" --world 2 --C $C --D $D \
   --batch $BATCH --steps $STEPS --dtype float64 --s 32 --margin 1 0 0.35 --out "$TMP/w2_ref.json" \
   >"$TMP/w2_ref.log" 2>&1 || { cat "$TMP/w2_ref.log"; die "the reference run (2 ranks) failed"; }
@@ -162,7 +178,7 @@ if compare w2 w2_ref; then ok "2 ranks: losses equal the PyTorch reference"; els
 # partition (c mod 2 == r), ascending, max(positives, int(0.5 x 25)) = 12 of them (arcface_torch's num_sample;
 # the global batch has 8 rows), every label of the global batch among them (the reference checks that). The
 # unsampled rows move by weight decay and momentum in both.
-train_pfcps w2r 2 --sample-rate 0.5 --ids "$TMP/w2r.ids"
+train_pfcps w2r 2 --sample-rate 0.5 --ids "$TMP/w2r.ids" --save "$TMP/w2r.state" --save-at $STEPS
 "$PFCPS_PYTHON" - "$TMP/w2r.ids" $STEPS <<'PY' || fail "2 ranks at sample_rate 0.5: the sampled ids"
 import json, sys
 for r in range(2):
@@ -176,9 +192,268 @@ print("  sampled ids: per rank 12 of its partition, ascending")
 PY
 "$PFCPS_PYTHON" "$SCRIPT" train --head reference --centers "$TMP/centers.safetensors" --world 2 --C $C --D $D \
   --batch $BATCH --steps $STEPS --dtype float64 --ids "$TMP/w2r.ids" --out "$TMP/w2r_ref.json" \
+  --table-out "$TMP/w2r_ref.table" \
   >"$TMP/w2r_ref.log" 2>&1 || { cat "$TMP/w2r_ref.log"; die "the reference run (2 ranks, sample_rate 0.5) failed"; }
 if compare w2r w2r_ref; then ok "2 ranks, sample_rate 0.5: losses equal the PyTorch reference on the same ids"; else
   fail "2 ranks, sample_rate 0.5: losses differ"; fi
+
+# The module's head in torch ops (head="torch", the default for CUDA embeddings; here on the CPU): the same
+# runs against the same references and tolerance, 1 rank (ArcFace) and 2 ranks at sample_rate 0.5 (the softmax's
+# max and sum and the embeddings' allgather over torch.distributed's gloo group). Sampling is pfcps's either
+# way, so the torch head's run samples the ids the pfcps head's run sampled.
+train_pfcps w1t 1 --module-head torch
+if compare w1t w1_ref; then ok "torch head, 1 rank: losses equal the PyTorch reference"; else
+  fail "torch head, 1 rank: losses differ"; fi
+train_pfcps w2rt 2 --module-head torch --sample-rate 0.5 --ids "$TMP/w2rt.ids" --save "$TMP/w2rt.state" \
+  --save-at $STEPS
+for r in 0 1; do
+  cmp -s "$TMP/w2rt.ids.rank$r.json" "$TMP/w2r.ids.rank$r.json" ||
+    fail "torch head, 2 ranks: rank $r sampled other ids than the pfcps head's run"
+done
+if compare w2rt w2r_ref; then ok "torch head, 2 ranks, sample_rate 0.5: losses equal the PyTorch reference"; else
+  fail "torch head, 2 ranks, sample_rate 0.5: losses differ"; fi
+
+# The class-center table after the 20 steps (the servers' checkpoint 20, which the scripts' state_dict() at the
+# end asked for, read by tests/deploy/local/ckpt_table.py with its own closed form of the rows' skipped steps)
+# against the float64 reference's table: max over classes of ||w - w_ref|| / ||w_ref - w_init|| (rows sampled
+# rarely move little, so this relative measure is far above the losses' deviation). The tolerance is 3 times
+# what float32 alone costs there: the same reference in float32 gave 4.1e-5 (pfcps's head 4.2e-5, the torch
+# head 3.4e-5, in the runs this test was written with); the float64 reference with weight_decay 4e-4 instead of
+# 5e-4 gives 1.9e-3, with lr 0.101 instead of 0.1 1.55.
+TABLE_TOL=1.2e-4
+table_dev() {
+  "$PFCPS_PYTHON" - "$SRC/tests/deploy/local" "$TMP/$1.out/snapshots" $STEPS "$TMP/w2r_ref.table" \
+    "$TMP/centers.safetensors" "$TABLE_TOL" "$1" <<'PY'
+import struct, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+from safetensors.torch import load_file
+from ckpt_table import table
+rows, C, D = table(sys.argv[2], int(sys.argv[3]))
+w = torch.tensor([struct.unpack(f"<{D}f", rows[c][0]) for c in range(C)], dtype=torch.float64)
+ref = torch.load(sys.argv[4])
+init = load_file(sys.argv[5])["weight"].to(torch.float64)
+dev = ((w - ref).norm(dim=1) / (ref - init).norm(dim=1)).max().item()
+tol = float(sys.argv[6])
+print(f"  {sys.argv[7]}: table after {sys.argv[3]} steps: max_c ||w - w_ref|| / ||w_ref - w_init|| = {dev:.2e} "
+      f"(tolerance {tol:g})")
+sys.exit(0 if dev <= tol else 1)
+PY
+}
+table_dev w2r && ok "pfcps head: the table equals the PyTorch reference's" || fail "pfcps head: the table differs"
+table_dev w2rt && ok "torch head: the table equals the PyTorch reference's" || fail "torch head: the table differs"
+
+# margin_grad = exact in the run: the module's head follows it (the margin's own gradient), against a reference
+# with that gradient; the straight-through reference (w1_ref) must differ, else the comparison proves nothing.
+RUN_LINES=("margin_grad = exact")
+train_pfcps w1x 1
+RUN_LINES=()
+"$PFCPS_PYTHON" "$SCRIPT" train --head reference --centers "$TMP/centers.safetensors" --world 1 --C $C --D $D \
+  --batch $BATCH --steps $STEPS --dtype float64 --margin-grad exact --out "$TMP/w1x_ref.json" >"$TMP/w1x_ref.log" 2>&1 ||
+  { cat "$TMP/w1x_ref.log"; die "the reference run (exact margin gradient) failed"; }
+if compare w1x w1x_ref; then ok "margin_grad = exact: losses equal the exact-gradient reference"; else
+  fail "margin_grad = exact: losses differ from the exact-gradient reference"; fi
+if compare w1x w1_ref >/dev/null; then fail "margin_grad = exact: the run also matches the straight-through reference"; else
+  ok "margin_grad = exact: the run differs from the straight-through reference"; fi
+
+# Checkpoint and resume, bit for bit: 2 ranks at sample_rate 0.5 (most rows skip most steps: the servers' dense
+# closed form), 20 steps uninterrupted (state saved at step 20) against: 10 steps, arcface_torch's checkpoint
+# files at step 10 (each rank its own, the module's state_dict naming the servers' checkpoint 10), 3 steps
+# more, then every process killed (SIGKILL, once the servers' checkpoint 10 is complete on disk); fresh servers
+# with resume = true, a new script process per rank loads the files (backbone, module, optimizer, scheduler) as
+# train_v2.py resumes and trains steps 10..19. Equal: each loss of steps 10..19, the backbone (SHA-256 of its
+# parameters) and the class-center table of checkpoint 20 (ckpt_table.py digest: weights and momentum).
+RUN_LINES=("resume = true")
+train_pfcps full 2 --sample-rate 0.5 --save "$TMP/full.state" --save-at $STEPS
+write_run half 2 30 "resume = true"
+start_servers half
+mport=$(free_port)
+HPIDS=()
+for r in 0 1; do  # no `timeout` wrapper: the SIGKILL below must reach the Python process itself
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
+    "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/half.ini" --C $C --D $D --batch $BATCH \
+    --steps $STEPS --sample-rate 0.5 --save "$TMP/half.state" --save-at 10 --hang-after 13 \
+    --out "$TMP/half.json" >"$TMP/half.rank$r.log" 2>&1 &
+  HPIDS+=($!); PIDS+=($!)
+done
+for r in 0 1; do
+  wait_log "$TMP/half.rank$r.log" "^HANG after 13 steps" 120 || { show_logs; die "half: rank $r did not train 13 steps"; }
+done
+for ((i = 0; i < 100; i++)); do
+  "$PFCPS_PYTHON" "$SRC/tests/deploy/local/ckpt_table.py" digest "$TMP/half.out/snapshots" 10 >/dev/null 2>&1 && break
+  sleep 0.2
+done
+"$PFCPS_PYTHON" "$SRC/tests/deploy/local/ckpt_table.py" digest "$TMP/half.out/snapshots" 10 >/dev/null ||
+  die "half: the servers' checkpoint 10 is not complete"
+kill -KILL "${HPIDS[@]}" "${SPIDS[@]}"
+wait "${HPIDS[@]}" "${SPIDS[@]}" 2>/dev/null
+cp -r "$TMP/half.out" "$TMP/half.out.copy"
+# the resumed run: same run file (resume = true), fresh servers, new script processes
+start_servers half
+mport=$(free_port)
+RPIDS=()
+for r in 0 1; do
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
+    timeout 300 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/half.ini" --C $C --D $D --batch $BATCH \
+    --steps $STEPS --sample-rate 0.5 --resume "$TMP/half.state" --save "$TMP/resumed.state" --save-at $STEPS \
+    --out "$TMP/resumed.json" >"$TMP/resumed.rank$r.log" 2>&1 &
+  RPIDS+=($!)
+done
+wait_all "${RPIDS[@]}" || { show_logs; die "resumed: a torch rank failed"; }
+servers_done half
+"$PFCPS_PYTHON" - "$TMP/full.json" "$TMP/resumed.json" <<'PY' || fail "resume: losses or backbone differ"
+import json, sys
+full, res = (json.load(open(p)) for p in sys.argv[1:3])
+assert res["first_step"] == 10, res["first_step"]
+a, b = full["losses"][10:], res["losses"]
+for i, (x, y) in enumerate(zip(a, b)):
+    print(f"  step {10 + i:2d}: uninterrupted {x!r:22} resumed {y!r:22} {'equal' if x == y else 'DIFFERENT'}")
+assert len(a) == len(b) == 10 and a == b, "losses differ"
+assert full["backbone_sha256"] == res["backbone_sha256"], "backbone differs"
+print("  backbone SHA-256 equal:", res["backbone_sha256"])
+PY
+ok "resume: losses of steps 10..19 and the backbone equal the uninterrupted run's, bit for bit"
+t_full=$("$PFCPS_PYTHON" "$SRC/tests/deploy/local/ckpt_table.py" digest "$TMP/full.out/snapshots" $STEPS) ||
+  die "full: no checkpoint $STEPS"
+t_res=$("$PFCPS_PYTHON" "$SRC/tests/deploy/local/ckpt_table.py" digest "$TMP/half.out/snapshots" $STEPS) ||
+  die "resumed: no checkpoint $STEPS"
+expect_eq "resume: the table of checkpoint $STEPS (weights and momentum)" "$t_res" "$t_full"
+expect_grep "resumed: server 0 loaded checkpoint 10" "step 10 is the newest checkpoint complete on all 4 members" \
+  "$TMP/half.server0.log"
+
+# A state the servers cannot continue raises PfcpsError naming the problem, at the first forward (the join):
+# resume_fail NAME STATE_PREFIX NEEDLE [LINE...]: fresh servers on a copy of half's step-10 checkpoint (or none
+# with LINE "output = ..."), both ranks load STATE_PREFIX and must fail with NEEDLE in their output.
+resume_fail() {
+  local name=$1 state=$2 needle=$3 r s; shift 3
+  rm -rf "$TMP/$name.out"
+  cp -r "$TMP/half.out.copy" "$TMP/$name.out"
+  write_run "$name" 2 10 "resume = true" "$@"
+  start_servers "$name"
+  mport=$(free_port)
+  local pids=()
+  for r in 0 1; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
+      timeout 120 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/$name.ini" --C $C --D $D \
+      --batch $BATCH --steps $STEPS --sample-rate 0.5 --resume "$state" --out "$TMP/$name.json" \
+      >"$TMP/$name.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in 0 1; do
+    s=0; wait "${pids[$r]}" || s=$?
+    if [ "$s" -ne 0 ] && grep -q "PfcpsError: .*$needle" "$TMP/$name.rank$r.log"; then
+      grep -o "PfcpsError: .*" "$TMP/$name.rank$r.log" | head -1 | cut -c1-400
+      ok "$name: rank $r refused: $needle"
+    else
+      tail -5 "$TMP/$name.rank$r.log"; fail "$name: rank $r exited $s without a PfcpsError naming '$needle'"
+    fi
+  done
+  kill -KILL "${SPIDS[@]}" 2>/dev/null; wait "${SPIDS[@]}" 2>/dev/null
+}
+# the servers lack checkpoint 10 (an empty checkpoint folder)
+resume_fail no_ckpt "$TMP/half.state" "continues checkpoint step 10 .* not complete on server" \
+  "output = $TMP/no_ckpt.empty"
+# another run's state: the run id in both ranks' saved module state changed
+"$PFCPS_PYTHON" - "$TMP/half.state" "$TMP/other.state" <<'PY' || die "cannot write the other run's state"
+import sys, torch
+for r in (0, 1):
+    ck = torch.load(f"{sys.argv[1]}.rank{r}.pt")
+    ck["state_dict_softmax_fc"]["_extra_state"]["run_id"] = "ab" * 16
+    torch.save(ck, f"{sys.argv[2]}.rank{r}.pt")
+PY
+resume_fail other_run "$TMP/other.state" "files are of another run"
+# the run config says resume = false: the module joined in its constructor, the servers started afresh
+resume_fail no_resume "$TMP/half.state" "has resume = false" "resume = false"
+
+# A new run from arcface_torch's checkpoint_gpu_0.pt (pretrained_centers; 1 rank, all 50 rows, global_step 7):
+# the servers start their step clock at global_step 7 and so does the module (module.step 7 + 3 steps = 10).
+"$PFCPS_PYTHON" - "$TMP/set" $C $D <<'PY' || die "cannot write the checkpoint_gpu set"
+import os, sys, torch
+folder, C, D = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.makedirs(folder, exist_ok=True)
+torch.manual_seed(5)
+backbone = torch.nn.Linear(3, D)
+fc = torch.nn.Parameter(torch.randn(C, D) * 0.01)
+opt = torch.optim.SGD([{"params": backbone.parameters()}, {"params": [fc]}], lr=0.1, momentum=0.9, weight_decay=5e-4)
+(backbone(torch.randn(2, 3)).sum() + (fc * torch.randn(C, D)).sum()).backward()
+opt.step()
+torch.save({"epoch": 1, "global_step": 7, "state_dict_backbone": backbone.state_dict(),
+            "state_dict_softmax_fc": {"weight": fc.detach()}, "state_optimizer": opt.state_dict(),
+            "state_lr_scheduler": {"last_epoch": 7}}, os.path.join(folder, "checkpoint_gpu_0.pt"))
+PY
+RUN_LINES=("pretrained_centers = $TMP/set/checkpoint_gpu_0.pt")
+train_pfcps fromset 1 --steps 3
+RUN_LINES=()
+expect_eq "from a checkpoint_gpu set: module.step after 3 steps" \
+  "$("$PFCPS_PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["module_step"])' "$TMP/fromset.json")" 10
+expect_grep "from a checkpoint_gpu set: the servers' step clock at 7" "step clock at global_step 7" "$TMP/fromset.server0.log"
+
+# pfcps-worker on the same set: --max-steps counts global steps from the start of arcface_torch's run, so
+# --max-steps 9 trains steps 7 and 8 (2 trace lines), and --max-steps 5 (at or past which the set stopped, 7) is
+# refused naming both numbers.
+past_run() {
+  run_ini "$TMP/past.ini" 1 1 torch-secret "ctl_timeout = 10" "output = $TMP/past.out" \
+    "pretrained_centers = $TMP/set/checkpoint_gpu_0.pt" <<INI
+[train]
+network = r18_w8
+embedding_size = $D
+num_classes = $C
+batch_size = 4
+[data]
+rec = synthetic
+num_image = 8
+num_workers = 1
+INI
+  "$SERVER" --config "$TMP/past.ini" --rank 0 >"$TMP/past.server0.log" 2>&1 &
+  local sp=$! s=0
+  PIDS+=($sp)
+  timeout 120 "$WORKER" --config "$TMP/past.ini" --rank 0 --max-steps "$1" --trace "$TMP/past.trace" \
+    >"$TMP/past.worker0.log" 2>&1 || s=$?
+  kill -KILL $sp 2>/dev/null; wait $sp 2>/dev/null
+  return $s
+}
+rm -f "$TMP/past.trace"
+past_run 9 || { tail -5 "$TMP/past.worker0.log"; fail "pfcps-worker --max-steps 9 from global_step 7 failed"; }
+expect_eq "pfcps-worker --max-steps 9 from global_step 7: steps trained" "$(wc -l <"$TMP/past.trace")" 2
+if past_run 5; then fail "pfcps-worker --max-steps 5 from global_step 7 did not refuse"; else
+  expect_grep "pfcps-worker --max-steps 5 from global_step 7: refused naming both" \
+    "arcface_torch's run stopped at global_step 7 \(epoch 1 done\), at or past this run's last global step 5 \(--max-steps\)" \
+    "$TMP/past.worker0.log"
+fi
+
+# A server that fails at its start after the run formed (pretrained_centers with a NaN in class 1, a row only
+# server 1 reads): the module (its join, which opens the connections to the servers, or its first forward)
+# raises PfcpsError carrying server 1's own message within 10 s of its construction (the data plane's own
+# bound would be 4 x ctl_timeout = 40 s).
+"$PFCPS_PYTHON" - "$TMP/centers.safetensors" "$TMP/nan1.safetensors" <<'PY' || die "cannot write nan1.safetensors"
+import sys
+from safetensors.torch import load_file, save_file
+w = load_file(sys.argv[1])["weight"].clone()
+w[1, 0] = float("nan")
+save_file({"weight": w}, sys.argv[2])
+PY
+write_run nanrun 1 10 "pretrained_centers = $TMP/nan1.safetensors"
+start_servers nanrun
+nan_ok=0
+"$PFCPS_PYTHON" - "$TMP/nanrun.ini" $C $D <<'PY' >"$TMP/nanrun.log" 2>&1 && nan_ok=1
+import sys, time, torch, pfcps, pfcps.torch
+class M:
+    s, m1, m2, m3, interclass_filtering_threshold = 64.0, 1.0, 0.5, 0.0, 0.0
+C, D = int(sys.argv[2]), int(sys.argv[3])
+t = time.time()
+try:  # the join itself (its connections to the servers) or the first step
+    m = pfcps.torch.PartialFC(M(), D, C, 1.0, run=sys.argv[1], lr=0.1)
+    m(torch.randn(4, D, requires_grad=True), torch.arange(4))
+    sys.exit("FAIL: no error")
+except pfcps.PfcpsError as e:
+    dt = time.time() - t
+    print(f"after {dt:.1f} s: {e}")
+    want = ("server[1]", "failed: config key 'pretrained_centers'", "(class 1) element 0 is NaN")
+    sys.exit(0 if all(w in str(e) for w in want) and dt < 10 else 1)
+PY
+if [ $nan_ok = 1 ]; then ok "a server's start failure reaches the module: $(grep -o "after .*" "$TMP/nanrun.log" | head -1 | cut -c1-300)"
+else tail -5 "$TMP/nanrun.log"; fail "a server's start failure: no PfcpsError with its message within 10 s"; fi
+kill -KILL "${SPIDS[@]}" 2>/dev/null; wait "${SPIDS[@]}" 2>/dev/null
 
 # The error cases: a rendezvous nobody listens at (ctl_timeout 2), then the run of err.ini (ctl_timeout 10).
 write_run bad 1 2
@@ -191,7 +466,7 @@ wait_log "$TMP/errors.log" KILL-SERVER-1 60 || { cat "$TMP/errors.log"; die "the
 kill -KILL "${SPIDS[1]}"
 s=0; wait "$EP" || s=$?
 grep -E "^(ok|FAIL) " "$TMP/errors.log"
-for c in missing_config class_mismatch unreachable wrong_secret label_high label_negative batch_change stale_backward no_grad_skip server_lost after_failure; do
+for c in missing_config class_mismatch world_mismatch margin_refused head_mode_local unreachable wrong_secret label_high label_negative batch_change no_checkpoints stale_backward no_grad_skip server_lost after_failure; do
   grep -q "^ok   $c:" "$TMP/errors.log" || fail "error case $c"
 done
 [ "$s" -eq 0 ] || { tail -20 "$TMP/errors.log"; fail "the error script exited $s"; }

@@ -8,6 +8,13 @@ The two lines that differ between the head implementations are marked "the two-l
     torch_train_v2.py train --head reference --centers F.safetensors --world W ...   (one process, global batch)
         --ids PREFIX: the pfcps run writes every step's sampled ids (PREFIX.rank<r>.json), the reference samples
         the same ids (sample_rate < 1)
+        --module-head pfcps|torch: the module's head (pfcps's CPU head, or its head in torch ops)
+        --save PREFIX --save-at T: after step T (global steps done) each rank saves arcface_torch's checkpoint
+            (global_step, backbone, the module's state_dict, optimizer, scheduler) to PREFIX.rank<r>.pt
+        --resume PREFIX: each rank loads PREFIX.rank<r>.pt before its first step, as train_v2.py resumes, and
+            trains from its global_step on
+        --hang-after N: after N global steps print "HANG" and sleep (the test kills the processes)
+        --table-out F (reference): the final class-center table (float64, C x D) to F (torch.save)
     torch_train_v2.py errors --run RUN.ini --bad-rendezvous RUN2.ini   (the error cases of tests/deploy/local/
                                                                        test_torch_partial_fc.sh)
 
@@ -23,6 +30,7 @@ one-process run takes directly.
 Data: every rank's batch of step t is drawn from torch.Generator seeded (seed, t, rank), so the reference can
 rebuild the global batch. Exit 77 when torch is missing (the test skips)."""
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -41,11 +49,13 @@ C_IN = 3 * 8 * 8  # tiny "images" of 3 x 8 x 8
 
 class Margin:
     """CombinedMarginLoss's attributes (s, m1, m2, m3, interclass_filtering_threshold), as arcface_torch's
-    train_v2.py builds it from cfg.margin_list."""
+    train_v2.py builds it from cfg.margin_list. exact (reference only): the ArcFace margin's own gradient
+    (d cos(acos(c) + m2) / dc, pfcps's margin_grad = exact) instead of arcface_torch's straight-through one."""
 
-    def __init__(self, s, m1, m2, m3, interclass_filtering_threshold=0):
+    def __init__(self, s, m1, m2, m3, interclass_filtering_threshold=0, exact=False):
         self.s, self.m1, self.m2, self.m3 = s, m1, m2, m3
         self.interclass_filtering_threshold = interclass_filtering_threshold
+        self.exact = exact
 
     def __call__(self, logits, labels):
         """arcface_torch's CombinedMarginLoss.forward, restated: logits (N, C) cosines, labels (N)."""
@@ -56,7 +66,11 @@ class Margin:
                 dirty[rows, labels] = 0
             logits = (1 - dirty) * logits
         target = logits[rows, labels]
-        if self.m1 == 1.0 and self.m3 == 0.0:
+        if self.m1 == 1.0 and self.m3 == 0.0 and self.exact:
+            moved = torch.cos(torch.acos(target.clamp(-1 + 1e-7, 1 - 1e-7)) + self.m2)
+            logits = logits.clone()
+            logits[rows, labels] = moved
+        elif self.m1 == 1.0 and self.m3 == 0.0:
             with torch.no_grad():  # straight-through, as arcface_torch's in-place arccos/cos under no_grad
                 moved = torch.cos(torch.acos(target) + self.m2)
             logits = logits.clone()
@@ -130,6 +144,14 @@ class PolynomialLRWarmup(torch.optim.lr_scheduler._LRScheduler):
         return [base * f for base in self.base_lrs]
 
 
+def params_sha(net):
+    """SHA-256 of the backbone's parameters (float32 bytes, in order): equal only for bit-identical weights."""
+    h = hashlib.sha256()
+    for p in net.parameters():
+        h.update(p.detach().to(torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
 def train(a):
     dtype = getattr(torch, a.dtype)
     torch.set_num_threads(1)
@@ -138,17 +160,24 @@ def train(a):
     rank = int(os.environ.get("RANK", "0"))
     if a.head == "pfcps" and world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world)
-    margin = Margin(a.s, *a.margin)
+    margin = Margin(a.s, *a.margin, exact=a.margin_grad == "exact")
     net = backbone(a.D, dtype)
+    ck = None
+    if a.resume:  # arcface_torch's resume: the backbone first, the Partial FC after its construction
+        ck = torch.load(f"{a.resume}.rank{rank}.pt")
+        net.load_state_dict(ck["state_dict_backbone"])
     if a.head == "pfcps":
         import pfcps.torch
         # the two-line change (1 of 2): arcface_torch's PartialFC_V2 -> pfcps.torch.PartialFC with run=
-        module = pfcps.torch.PartialFC(margin, a.D, a.C, a.sample_rate, False, run=a.run)
+        module = pfcps.torch.PartialFC(margin, a.D, a.C, a.sample_rate, False, run=a.run, head=a.module_head,
+                                       checkpoints=not a.no_checkpoints)
         steps_world = world
     else:
         from safetensors.torch import load_file
         module = ReferencePartialFC(margin, load_file(a.centers)["weight"].to(dtype))
         steps_world = a.world  # one process trains the global batch of a.world ranks
+    if ck is not None:
+        module.load_state_dict(ck["state_dict_softmax_fc"])
     model = net
     if a.head == "pfcps" and world > 1:
         model = torch.nn.parallel.DistributedDataParallel(net)
@@ -156,6 +185,11 @@ def train(a):
     opt = torch.optim.SGD(params=[{"params": net.parameters()}, {"params": module.parameters()}], lr=a.lr,
                           momentum=0.9, weight_decay=a.wd)
     sched = PolynomialLRWarmup(opt, a.warmup, a.steps)
+    start = 0
+    if ck is not None:
+        opt.load_state_dict(ck["state_optimizer"])
+        sched.load_state_dict(ck["state_lr_scheduler"])
+        start = ck["global_step"]
     losses, lrs, ids_seen = [], [], []
     sampled = None
     if a.head == "reference" and a.ids:
@@ -165,7 +199,7 @@ def train(a):
         sampled = [torch.tensor(sorted(sum((pr[t] for pr in per_rank), [])), dtype=torch.int64)
                    for t in range(a.steps)]
     t0 = time.time()
-    for step in range(a.steps):
+    for step in range(start, a.steps):
         if a.head == "pfcps":
             images, labels = batch(a.seed, step, rank, a.batch, a.C, dtype)
         else:
@@ -185,16 +219,28 @@ def train(a):
         opt.zero_grad()
         sched.step()
         losses.append(float(loss))
+        if a.save and step + 1 == a.save_at:  # arcface_torch's save_all_states checkpoint, each rank its own
+            torch.save({"epoch": 0, "global_step": step + 1, "state_dict_backbone": net.state_dict(),
+                        "state_dict_softmax_fc": module.state_dict(), "state_optimizer": opt.state_dict(),
+                        "state_lr_scheduler": sched.state_dict()}, f"{a.save}.rank{rank}.pt")
+        if a.hang_after and step + 1 == a.hang_after:
+            print(f"HANG after {step + 1} steps", flush=True)
+            time.sleep(600)
     secs = time.time() - t0
+    module_step = None
     if a.head == "pfcps":
+        module_step = module.step
         module.close()
         if a.ids:
             with open(f"{a.ids}.rank{rank}.json", "w") as f:
                 json.dump(ids_seen, f)
+    elif a.table_out:
+        torch.save(module.weight.detach().to(torch.float64), a.table_out)
     if rank == 0:
         with open(a.out, "w") as f:
-            json.dump({"losses": losses, "lrs": lrs, "seconds": secs}, f)
-    print(f"rank {rank}: {a.steps} steps, loss {losses[0]:.6f} -> {losses[-1]:.6f} in {secs:.2f} s")
+            json.dump({"losses": losses, "lrs": lrs, "seconds": secs, "first_step": start,
+                       "backbone_sha256": params_sha(net), "module_step": module_step}, f)
+    print(f"rank {rank}: steps {start}..{a.steps - 1}, loss {losses[0]:.6f} -> {losses[-1]:.6f} in {secs:.2f} s")
 
 
 def make_centers(a):
@@ -239,15 +285,22 @@ def errors(a):
     fails += expect_error("unreachable", lambda: mk(a.bad_rendezvous), "", max_s=2 + 8)
     # A wrong secret: the rendezvous refuses the join.
     fails += expect_error("wrong_secret", lambda: mk(a.run, ["secret=not-the-run-secret"]), "secret", max_s=30)
-    try:  # the run's num_classes differs from the module's: ValueError naming both, before any join
-        pfcps.torch.PartialFC(margin, a.D, a.C + 1, 1.0, run=a.run)
-        print("FAIL class_mismatch: no error")
-        fails += 1
-    except ValueError as e:
-        ok_ = f"num_classes={a.C + 1}" in str(e) and f"num_classes = {a.C}" in str(e)
-        print(f"{'ok  ' if ok_ else 'FAIL'} class_mismatch: ValueError: {e}")
-        fails += 0 if ok_ else 1
-    m = mk(a.run)
+    # Refused before joining (within 2 s, far below a join's ctl_timeout of 10 s), each naming the problem: the
+    # run's num_classes other than the module's; the config's workers other than the torch world size (1 here);
+    # a margin arcface_torch's CombinedMarginLoss has no formula for; head_mode = local.
+    fails += expect_error("class_mismatch", lambda: pfcps.torch.PartialFC(margin, a.D, a.C + 1, 1.0, run=a.run),
+                          f"num_classes={a.C + 1}, embedding_size={a.D} asked, but {a.run} has num_classes = {a.C}",
+                          max_s=2)
+    fails += expect_error("world_mismatch", lambda: mk(a.run, ["workers=2"]),
+                          "has workers = 2, but torch.distributed's world size is 1", max_s=2)
+    fails += expect_error("margin_refused", lambda: pfcps.torch.PartialFC(Margin(64.0, 1.35, 0.0, 0.0), a.D, a.C,
+                                                                          1.0, run=a.run),
+                          "m1 must be 1 unless m3 > 0", max_s=2)
+    fails += expect_error("head_mode_local", lambda: mk(a.run, ["head_mode=local"]), "'head_mode' = local",
+                          max_s=2)
+    # The module of the cases below pushes at each backward (checkpoints=False); the training runs cover the
+    # default, pushes sent at the next forward.
+    m = pfcps.torch.PartialFC(margin, a.D, a.C, 1.0, run=a.run, checkpoints=False)
     net = backbone(a.D, torch.float32)
     opt = torch.optim.SGD([{"params": net.parameters()}, {"params": m.parameters()}], lr=0.1, momentum=0.9,
                           weight_decay=5e-4)
@@ -274,6 +327,7 @@ def errors(a):
         print(f"FAIL label_recovery: {e}")
         fails += 1
     fails += expect_error("batch_change", lambda: step(good + [0]), "batch size changed")
+    fails += expect_error("no_checkpoints", m.state_dict, "built with checkpoints=False")
 
     def two_forwards():  # the second forward ends the first's step (skipped): its backward must refuse
         images, _ = batch(7, 0, 0, len(good), a.C, torch.float32)
@@ -335,6 +389,15 @@ def main():
             t.add_argument("--dtype", default="float32")
             t.add_argument("--ids", help="pfcps: write each step's sampled ids to IDS.rank<r>.json; reference: "
                                          "sample those ids (every rank's) instead of all classes")
+            t.add_argument("--module-head", default="pfcps", choices=["pfcps", "torch", "auto"])
+            t.add_argument("--no-checkpoints", action="store_true", help="PartialFC(checkpoints=False): each push "
+                                                                          "at its backward")
+            t.add_argument("--margin-grad", default="straight_through", choices=["straight_through", "exact"])
+            t.add_argument("--save")
+            t.add_argument("--save-at", type=int, default=0)
+            t.add_argument("--resume")
+            t.add_argument("--hang-after", type=int, default=0)
+            t.add_argument("--table-out")
         else:
             t.add_argument("--bad-rendezvous", required=True)
             t.add_argument("--kill-wait", default="2")
