@@ -580,6 +580,8 @@ static void mark_dead(fab_ctx *f, fi_addr_t dest)
             now_ = mono_s();                                                                                 \
             if (t0_ == 0)                                                                                    \
                 t0_ = now_;                                                                                  \
+            if (peer_dead(f, (dest)))                                                                        \
+                return post_failed(f, (name), (dest), now_ - t0_, 2);                                        \
             if (now_ - t0_ > f->post_timeout) {                                                              \
                 mark_dead(f, (dest));                                                                        \
                 return post_failed(f, (name), (dest), now_ - t0_, 0);                                        \
@@ -594,10 +596,20 @@ static void mark_dead(fab_ctx *f, fi_addr_t dest)
         return 0;                                                                                            \
     } while (0)
 
+void fab_mark_peer_dead(fab_ctx *f, fi_addr_t dest)
+{
+    mark_dead(f, dest);
+}
+
+/* The error of a post to dest that failed: before = 0, its retries ran out after `waited` seconds; 1, an
+ * earlier post to it had; 2, fab_mark_peer_dead declared it gone while this post was retrying. */
 static int post_failed(fab_ctx *f, const char *call, fi_addr_t dest, double waited, int before)
 {
     char peer[256];
     peer_str(f, dest, peer, sizeof(peer));
+    if (before == 2)
+        return pf_err(-ECOMM, "%s to %s: the peer was declared gone while the post waited (%.1f s)", call,
+                      peer, waited);
     if (before)
         return pf_err(-ECOMM,
                       "%s to %s: an earlier post to it could not go out for %.1f s; the peer's endpoint "

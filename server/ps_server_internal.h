@@ -171,6 +171,12 @@ struct ps_server {
     int64_t apply_t;          /* the step being applied */
     int apply_snap;           /* local mode: a push of it asked for a snapshot */
     dense_cache pcache;       /* the progress thread's maps of skipped dense steps (gathers, snapshots) */
+    /* hot-standby shards (ps_server.h): set from any thread */
+    _Atomic uint32_t epoch;     /* membership epoch */
+    atomic_int promoted;        /* a backup copy that now serves its shard (writes its snapshots) */
+    atomic_int fenced;          /* removed from the run: takes nothing more */
+    _Atomic double lease_until; /* takes no message past this time (pf_now_s) */
+    int lease_held;             /* progress thread: 1 while it holds messages because the lease ran out */
 };
 
 /* ---------- request.c: requests, replies, the step clock ---------- */
