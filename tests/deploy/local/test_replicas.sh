@@ -11,7 +11,7 @@
 #          another 3 s SIGCONT: the stale server's lease ran out while it was stopped, so it takes no message,
 #          learns it was removed and exits 75, changing nothing.
 # Each run must end with every worker exiting 0, the surviving servers exiting 0, every step trained once
-# (worker 0's --trace lists steps 0..35 once each), no checkpoint loaded, the failover and the "one server
+# (worker 0's --trace lists steps 1..36 once each), no checkpoint loaded, the failover and the "one server
 # failure away" warning logged, and a model.ckpt and final checkpoint (`pfcps ckpt-info` table and backbone
 # SHA-256, computed from the files) equal to the reference's. The time from the kill to the next step worker
 # 0 completes is printed.
@@ -42,8 +42,8 @@ check_run() {
   cmp -s "$TMP/ref/model.ckpt" "$TMP/$name/model.ckpt" && ok "$name: model.ckpt equals the uninterrupted run's" ||
     fail "$name: model.ckpt differs from the uninterrupted run's"
   expect_eq "$name: final checkpoint (table and backbone SHA-256)" "$(final_line "$TMP/$name")" "$REF"
-  expect_eq "$name: worker 0 trained steps 0..35 once each" \
-    "$(awk '{print $1}' "$TMP/trace0" | sort -n | uniq | tr '\n' ' ')" "$(seq 0 35 | tr '\n' ' ')"
+  expect_eq "$name: worker 0 trained steps 1..36 once each" \
+    "$(awk '{print $1}' "$TMP/trace0" | sort -n | uniq | tr '\n' ' ')" "$(seq 1 36 | tr "\n" " ")"
   expect_eq "$name: worker 0's trace has 36 lines" "$(wc -l <"$TMP/trace0")" 36
   expect_grep "$name: server 0 announced the failover of server $victim" \
     "failover: server\[$victim\] .* lost: shard $victim goes on on its backup" "$TMP/server0.log"
