@@ -92,6 +92,25 @@ typedef struct plan_args {
     const char *wire;
 } plan_args;
 
+/* The options, in the order of parse_args' table. */
+enum {
+    IDENTITIES,
+    DIM,
+    SAMPLE_RATE,
+    SAMPLED,
+    WORKERS,
+    BATCH,
+    SERVERS,
+    WIRE,
+    HEAD_MODE,
+    LINK_GBPS,
+    SERVER_MEM,
+    MEM_BW,
+    GEMM_GFLOPS,
+    BACKBONE_MS,
+    REPLICAS
+};
+
 /* Returns 0, or 2 after printing the usage error. */
 static int parse_args(int argc, char **argv, plan_args *a)
 {
@@ -104,23 +123,6 @@ static int parse_args(int argc, char **argv, plan_args *a)
                     .gemm_gflops = DEFAULT_GEMM_GFLOPS,
                     .server_mem_gib = DEFAULT_SERVER_MEM_GIB};
     a->wire = "fp32";
-    enum {
-        IDENTITIES,
-        DIM,
-        SAMPLE_RATE,
-        SAMPLED,
-        WORKERS,
-        BATCH,
-        SERVERS,
-        WIRE,
-        HEAD_MODE,
-        LINK_GBPS,
-        SERVER_MEM,
-        MEM_BW,
-        GEMM_GFLOPS,
-        BACKBONE_MS,
-        REPLICAS
-    };
     static const tool_opt opts[] = {
         {"--identities", 1},  {"--dim", 1},         {"--sample-rate", 1}, {"--sampled", 1},
         {"--workers", 1},     {"--batch", 1},       {"--servers", 1},     {"--wire", 1},
