@@ -9,7 +9,9 @@
 #   stop:  replicas = 1, 3 servers: SIGSTOP of server 1 at a random step; the rendezvous removes it once it has
 #          been silent for ctl_member_silence_s (5 s at ctl_timeout = 20) and shard 1 goes on on server 2; after
 #          another 3 s SIGCONT: the stale server's lease ran out while it was stopped, so it takes no message,
-#          learns it was removed and exits 75, changing nothing.
+#          learns it was removed and exits 75, changing nothing;
+#   both:  replicas = 1, 3 servers: kill -9 of server 1, then of server 2, which held shard 1's other copy: the
+#          rendezvous names the loss of both copies and every member exits 75 for the checkpoint re-form.
 # Each run must end with every worker exiting 0, the surviving servers exiting 0, every step trained once
 # (worker 0's --trace lists steps 1..36 once each), no checkpoint loaded, the failover and the "one server
 # failure away" warning logged, and a model.ckpt and final checkpoint (`pfcps ckpt-info` table and backbone
@@ -110,4 +112,29 @@ wait_all "${WPIDS[@]}" || { show_logs; die "stop: a worker failed after server 1
 wait_servers stop "${SPIDS[0]}" "${SPIDS[2]}"
 expect_grep "stop: server 2's copy of shard 1 took over" "shard 1: its primary is lost: this copy now serves it" "$TMP/server2.log"
 check_run stop 1
+
+# --- both: losing both copies of a shard falls back to the checkpoint re-form -----------------------------------
+write_cfg both 3 "replicas = 1" "ctl_timeout = 20"
+rm -f "$TMP"/trace* "$TMP"/*.log
+start_cluster "$TMP/both.ini" 3 2
+wait_log "$TMP/worker0.log" "Global Step: 6 " 120 || { show_logs; die "both: worker 0 did not reach step 6"; }
+kill -KILL "${SPIDS[1]}"
+wait_log "$TMP/server0.log" "failover: server\[1\]" 30 || { show_logs; die "both: server 1 was not failed over"; }
+kill -KILL "${SPIDS[2]}"
+# Server 0 exits 75; a worker 75, or 1 when its step in progress could not finish within the grace period
+# (a post towards the dead server's copy).
+for p in "${SPIDS[0]}" "${WPIDS[@]}"; do
+  wait_exit "$p" 60 || { show_logs; die "both: a member did not stop after both copies of shard 1 were lost"; }
+  s=0; wait "$p" || s=$?
+  if [ "$p" = "${SPIDS[0]}" ]; then
+    expect_eq "both: server 0 exits 75 (re-form)" "$s" 75
+  elif [ "$s" -eq 75 ] || [ "$s" -eq 1 ]; then
+    ok "both: worker pid $p stopped with $s"
+  else
+    fail "both: worker pid $p exited $s, not 75 or 1"
+  fi
+done
+expect_grep "both: server 0 names the fallback" \
+  "server\[2\] .* lost and both copies of shard 1 are lost \(servers 1 and 2\): falling back to the checkpoint re-form" \
+  "$TMP/server0.log"
 expect_summary
