@@ -4,7 +4,8 @@
 # worker 0 has logged a random step in 4..24. No launcher and no supervisor: nothing restarts. Every round must
 # end with every worker exiting 0 and a model.ckpt and final checkpoint (pfcps ckpt-info table and backbone
 # SHA-256) identical to an uninterrupted replicas = 0 run's. Prints per round the time from the kill to the
-# next step worker 0 completes (its log line's time) and to the failover line of server 0, and a summary.
+# next step worker 0 completes (its log line's time) and to the failover line of server 0, and a summary; first,
+# the wall time of an uninterrupted run with replicas = 0 and with replicas = 1 (whole runs, start-up included).
 # usage: bench/recovery/failover.sh [-b BUILD] [ROUNDS [SERVERS]]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -62,10 +63,21 @@ first_after() {
     python3 -c "import sys; sys.exit(0 if $s > $3 else 1)" && { echo "$s"; return; }
   done < <(grep -E "$2" "$1")
 }
-cfg ref 2 0
+cfg ref "$SERVERS" 0
+t0=$(date +%s.%N)
 "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/ref.ini" >"$TMP/ref.out" 2>&1 || { tail "$TMP/ref.out"; exit 1; }
+t_ref=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
 REF=$(final "$TMP/ref")
-echo "reference: $REF"
+echo "reference (replicas = 0, uninterrupted): $t_ref s; $REF"
+cfg rep "$SERVERS" 1
+t0=$(date +%s.%N)
+"$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/rep.ini" >"$TMP/rep.out" 2>&1 || { tail "$TMP/rep.out"; exit 1; }
+t_rep=$(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')")
+same=no
+[ "$(final "$TMP/rep")" = "$REF" ] && cmp -s "$TMP/ref/model.ckpt" "$TMP/rep/model.ckpt" && same=yes
+echo "replicas = 1, uninterrupted: $t_rep s (x$(python3 -c "print(round($t_rep / $t_ref, 2))") of replicas = 0, whole run" \
+  "with start-up); identical: $same"
+rm -rf "$TMP/rep"
 RANDOM=$$
 pass=0; sum_step=0; sum_fo=0
 for ((k = 1; k <= ROUNDS; k++)); do
