@@ -1011,6 +1011,7 @@ static int check_servers(ps_client *c)
 int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step, ps_req **req)
 {
     *req = NULL;
+    take_lost(c); /* a failover announced since the last progress routes this request already */
     int rc = check_servers(c);
     if (rc < 0)
         return rc;
@@ -1052,6 +1053,7 @@ int ps_push_ex(ps_client *c, const int64_t *ids, size_t n, const float *grads, f
                uint32_t flags, ps_req **req)
 {
     *req = NULL;
+    take_lost(c); /* a failover announced since the last progress routes this request already */
     int rc = check_servers(c);
     if (rc < 0)
         return rc;
