@@ -611,10 +611,11 @@ static int post_failed(fab_ctx *f, const char *call, fi_addr_t dest, double wait
         return pf_err(-ECOMM, "%s to %s: the peer was declared gone while the post waited (%.1f s)", call,
                       peer, waited);
     if (before)
-        return pf_err(-ECOMM,
-                      "%s to %s: the peer is marked gone (an earlier post to it could not go out for %.1f s, or "
-                      "its loss was announced); the peer's endpoint is closed or not progressing",
-                      call, peer, f->post_timeout);
+        return pf_err(
+            -ECOMM,
+            "%s to %s: the peer is marked gone (an earlier post to it could not go out for %.1f s, or "
+            "its loss was announced); the peer's endpoint is closed or not progressing",
+            call, peer, f->post_timeout);
     return pf_err(-ECOMM,
                   "%s to %s: still -FI_EAGAIN after %.1f s of retries (provider %s); the peer's "
                   "endpoint is closed or not progressing",

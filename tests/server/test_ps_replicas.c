@@ -135,7 +135,8 @@ int main(void)
             if (t == F) {
                 /* Client 0's pull of step F waits for client 1's push of F - 1 on every server. */
                 CHECK(pull_start(&rep, 0, t, got[0], &rr[0]) == 0, "pull 0 of step %d: %s", t, pf_errmsg());
-                CHECK(ps_test(rep.cli[0], rr[0]) == 0, "the pull of step %d completed before client 1 pushed", t);
+                CHECK(ps_test(rep.cli[0], rr[0]) == 0, "the pull of step %d completed before client 1 pushed",
+                      t);
                 ps_server_destroy(rep.prim[1]); /* server 1: shard 1's primary, shard 0's backup */
                 ps_server_destroy(rep.back[0]);
                 rep.prim[1] = rep.back[0] = NULL;
@@ -148,7 +149,8 @@ int main(void)
             break;
         for (int w = 0; w < W; w++) {
             if (!rr[w])
-                CHECK(pull_start(&rep, w, t, got[w], &rr[w]) == 0, "pull %d of step %d: %s", w, t, pf_errmsg());
+                CHECK(pull_start(&rep, w, t, got[w], &rr[w]) == 0, "pull %d of step %d: %s", w, t,
+                      pf_errmsg());
             CHECK(pull_start(&ref, w, t, want[w], &fr[w]) == 0, "reference pull: %s", pf_errmsg());
         }
         for (int w = 0; w < W; w++) {
@@ -177,7 +179,8 @@ int main(void)
     ps_server_stop(rep.back[2]);
     uint64_t p2 = shard_checksum_at((shard *)ps_server_shard(rep.prim[2]), T);
     uint64_t b2 = shard_checksum_at((shard *)ps_server_shard(rep.back[2]), T);
-    CHECK(p2 == b2, "shard 2: primary %016llx, backup %016llx", (unsigned long long)p2, (unsigned long long)b2);
+    CHECK(p2 == b2, "shard 2: primary %016llx, backup %016llx", (unsigned long long)p2,
+          (unsigned long long)b2);
     for (int w = 0; w < W; w++) {
         ps_client_destroy(rep.cli[w]);
         ps_client_destroy(ref.cli[w]);
