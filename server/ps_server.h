@@ -133,10 +133,10 @@ uint32_t ps_server_epoch(const ps_server *srv);
  * shard's snapshots too. Idempotent; a no-op on a primary. */
 void ps_server_promote(ps_server *srv);
 
-/* The server may act (answer, apply, snapshot) until `until` (pf_now_s() seconds), its lease on the control
- * plane (ctl_session_lease_base + lease); past it the progress thread takes no message until the lease is
- * renewed, so a process that was stopped past the time the rendezvous removes silent members does nothing
- * when it runs again. Starts unlimited. */
+/* The server may act (answer, apply, start a snapshot) until `until` (pf_now_s() seconds), its lease on the
+ * control plane (ctl_session_lease_base + lease); past it the progress thread takes no message until the lease
+ * is renewed, so a process that was stopped past the time the rendezvous removes silent members starts
+ * nothing when it runs again (an apply or snapshot write already running finishes). Starts unlimited. */
 void ps_server_set_lease(ps_server *srv, double until);
 
 /* Removes the server from the run for good (the rendezvous removed it, or its control connection broke): it
