@@ -861,6 +861,7 @@ static void failover_server(ps_client *c, int host)
         const int to = c->o.replicas && !c->tgt_gone[other] && !c->srv_dead[other] ? other : -1;
         char name[96];
         if (to < 0) {
+            c->tgt_suspect[t] = 0; /* the rendezvous decided: no wait for a failover */
             server_dead(c, t, "removed from the run and its shard has no other live copy");
             continue;
         }
