@@ -100,7 +100,7 @@ struct ctl_rendezvous {
     uint32_t epoch;    /* membership epoch: failovers announced so far */
     uint8_t *srv_lost; /* [num_servers]: failed over (its shards go on on their other copies) */
     int metrics;       /* ctl_rendezvous_opts.metrics: the series below are registered, /targets served */
-    pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms;
+    pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms, *m_epoch, *m_single;
 };
 
 /* ---------- /targets: Prometheus HTTP service discovery of the joined members ---------- */
@@ -318,6 +318,11 @@ static int try_failover(ctl_rendezvous *rv, const conn *c)
     rv->srv_lost[c->rank] = 1;
     rv->epoch++;
     metrics_add(rv->m_lost, 1);
+    metrics_set(rv->m_epoch, rv->epoch);
+    int single = 0;
+    for (int s = 0; s < rv->num_servers; s++)
+        single += rv->srv_lost[s] || rv->srv_lost[(s + 1) % rv->num_servers];
+    metrics_set(rv->m_single, single);
     snprintf(
         text, sizeof text,
         "server[%d] (%s) lost: shard %d goes on on its backup on server %d, epoch %u; %s now %s a single "
@@ -1147,6 +1152,13 @@ static int rv_metrics(ctl_rendezvous *rv)
                                  "Members lost (heartbeat or connection).", NULL, 0);
     rv->m_reforms =
         metrics_counter("pfcps_rendezvous_reforms_total", "Times the run had to re-form.", NULL, 0);
+    rv->m_epoch = metrics_gauge("pfcps_rendezvous_epoch",
+                                "Membership epoch: failovers announced (replicas = 1).", NULL, 0);
+    rv->m_single =
+        metrics_gauge("pfcps_rendezvous_single_copy_shards",
+                      "Shards left with one live copy after failovers (replicas = 1): a further loss "
+                      "of one of their servers re-forms the run.",
+                      NULL, 0);
     metrics_set(rv->m_members, 0);
     metrics_set(rv->m_expected, rv->num_servers + rv->num_workers);
     return 0;

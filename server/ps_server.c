@@ -231,6 +231,8 @@ void pss_metrics_register(ps_server *S)
     m->dropped_malformed = metrics_counter("pfcps_server_dropped_messages_total", help, malformed, 1);
     m->connected = metrics_gauge("pfcps_server_connected_members",
                                  "Workers connected to this server's data plane.", NULL, 0);
+    m->epoch =
+        metrics_gauge("pfcps_server_epoch", "Membership epoch this server is at (replicas = 1).", NULL, 0);
     metrics_set(m->shard_rows, (double)S->sh.rows);
     metrics_set(m->shard_bytes, (double)S->sh.bytes + 9.0 * (double)S->sh.rows);
 }
@@ -439,6 +441,8 @@ void ps_server_set_epoch(ps_server *srv, uint32_t epoch)
     uint32_t cur = atomic_load(&srv->epoch);
     while (epoch > cur && !atomic_compare_exchange_weak(&srv->epoch, &cur, epoch))
         ;
+    if (epoch > cur)
+        metrics_set(srv->m.epoch, epoch);
 }
 
 uint32_t ps_server_epoch(const ps_server *srv)

@@ -104,6 +104,7 @@ typedef struct pss_metrics {
     pf_metric *snapshots, *snap_failures;
     pf_metric *dropped_unauth, *dropped_malformed;
     pf_metric *connected; /* set by ps_server_add_worker */
+    pf_metric *epoch;     /* set by ps_server_set_epoch, from any thread */
 } pss_metrics;
 
 struct ps_server {

@@ -131,7 +131,7 @@ struct ps_client {
     ps_req **srv_probe; /* its probe in flight, or NULL */
     double *srv_probe_t;
     /* Metrics (ps_client_metrics_on; NULL: off): */
-    pf_metric *m_pulled_rows, *m_pulled_bytes, *m_pushed_rows, *m_pushed_bytes;
+    pf_metric *m_pulled_rows, *m_pulled_bytes, *m_pushed_rows, *m_pushed_bytes, *m_fenced;
     pf_metric **m_wait;    /* [S]: pfcps_worker_server_wait_seconds_total{server} */
     const ps_req *waiting; /* the request ps_wait is waiting for */
     double *wait_last;     /* [S]: its last reply from each server during that wait (0: none yet) */
@@ -672,6 +672,7 @@ static slot *reply_slot(ps_client *c, const uint8_t *buf, size_t len, ps_hdr *h,
         if (h->epoch < now_epoch) {
             /* A copy removed by a failover answering late (its messages were retired): refused. */
             c->fenced_replies++;
+            metrics_add(c->m_fenced, 1);
             double t = pf_now_s();
             if (t - c->fenced_log_t >= 1.0) {
                 log_warn("dropped a reply of membership epoch %u (now %u): its sender was removed from the "
@@ -1376,6 +1377,9 @@ int ps_client_metrics_on(ps_client *c)
         metrics_counter("pfcps_worker_pulled_bytes_total", "Data-plane bytes received for pulls.", NULL, 0);
     c->m_pushed_bytes =
         metrics_counter("pfcps_worker_pushed_bytes_total", "Data-plane bytes sent for pushes.", NULL, 0);
+    c->m_fenced =
+        metrics_counter("pfcps_worker_fenced_replies_total",
+                        "Replies of an older membership epoch dropped (a removed server's).", NULL, 0);
     for (int s = 0; s < S; s++) {
         char rank[16];
         snprintf(rank, sizeof rank, "%d", s);

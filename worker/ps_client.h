@@ -77,8 +77,9 @@ void ps_client_set_borrow_grads(ps_client *c, int on);
  * and bytes of every push message sent, headers included), and the wait per server,
  * pfcps_worker_server_wait_seconds_total{server}: per ps_wait, for each server the request has messages
  * with, the time from the wait's start to that server's last reply within it (0 when all its replies came
- * before), or to the wait's end when it still owed one. Returns 0 or -ENOMEM. Call once, before the requests
- * to count. */
+ * before), or to the wait's end when it still owed one; and pfcps_worker_fenced_replies_total (replies of an
+ * older membership epoch dropped, see Hot-standby shards). Returns 0 or -ENOMEM. Call once, before the
+ * requests to count. */
 int ps_client_metrics_on(ps_client *c);
 
 /* This client's fabric address for the address book. *len: capacity in, bytes out. */
