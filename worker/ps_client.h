@@ -37,7 +37,10 @@
  * and every later request goes to the other copies. A transport error towards a copy whose shard has another
  * one does not fail requests at once: the client waits for the rendezvous' decision, which every member gets
  * alike, up to the client's timeout (a worker deciding alone could leave the copies with different pushes).
- * Every message carries the membership epoch (ps_wire.h); late replies of a retired copy are dropped. */
+ * Every message carries the membership epoch (ps_wire.h); late replies of a retired copy are dropped.
+ * The Parameter Server (Li et al., OSDI 2014, section 4.3) has the primary forward the aggregated update to its
+ * replica instead; in head_mode = global each row has one pushing worker, so the bytes are the same, and the
+ * worker-side copy needs one acknowledgement round trip instead of two in series (docs/architecture.md). */
 #ifndef PFCPS_WORKER_PS_CLIENT_H
 #define PFCPS_WORKER_PS_CLIENT_H
 
