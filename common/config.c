@@ -104,6 +104,7 @@ static const key_def keys[] = {
     {"snapshot_dir", "server", K_STR, OFF(snapshot_dir), "", 0, 0, 0, 0, NULL, 0, 0},
     {"snapshot_every", "server", K_INT, OFF(snapshot_every), "0", 0, INT_MAX, 0, 0, NULL, 0, 0},
     {"snapshot_keep", "server", K_INT, OFF(snapshot_keep), "2", 1, 1000000, 0, 0, NULL, 0, 0},
+    {"replicas", "server", K_INT, OFF(replicas), "0", 0, 1, 0, 0, NULL, 0, 0},
     {"on_member_loss", "server", K_STR, OFF(on_member_loss), "exit", 0, 0, 0, 0, "exit serve", 0, 1},
     {"apply_threads", "server", K_INT, OFF(apply_threads), "2", 1, 1024, 0, 0, NULL, 0, 0},
     {"center_init", "server", K_STR, OFF(center_init), "eager", 0, 0, 0, 0, "eager lazy", 0, 1},
@@ -571,6 +572,11 @@ static int validate(const pf_config *cfg, int check_required)
     if (cfg->num_classes > 0 && cfg->num_classes < cfg->servers)
         return pf_err(-ERANGE, "key 'servers': %d servers for num_classes %lld leaves a shard empty",
                       cfg->servers, (long long)cfg->num_classes);
+    if (cfg->replicas > 0 && cfg->servers < 2)
+        return pf_err(-ERANGE,
+                      "key 'replicas': a hot-standby copy of each shard lives on another server, so "
+                      "replicas = %d needs servers >= 2 (servers = %d)",
+                      cfg->replicas, cfg->servers);
     return 0;
 }
 

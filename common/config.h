@@ -95,6 +95,8 @@ typedef struct pf_config {
     /* --- server --- */
     char snapshot_dir[CFG_STR]; /* default "" = <output>/snapshots */
     int snapshot_every;         /* steps between checkpoints, 0 = off (default); one is also written at the end */
+    int replicas;               /* 0 (default) or 1: every shard also has a hot-standby copy on the next
+                                   server (docs/architecture.md, "Hot-standby shards") */
     int snapshot_keep;          /* newest checkpoints each member keeps on disk (default 2) */
     char on_member_loss[CFG_STR];  /* "exit" (default: stop with 75 so the run re-forms) or "serve" (inspection) */
     int apply_threads;          /* server threads applying pushes and gathering pulls, default 2 */

@@ -42,6 +42,9 @@ typedef struct ctl_rendezvous_opts {
     int resume;               /* pick the newest checkpoint step every member holds (book.resume_step) */
     const ckpt_ident *expect; /* the run config's seed and config digest (run_id unused): a step whose files
                                  carry others is not resumed (NULL: not compared) */
+    int replicas; /* 1: a lost server whose shards keep a copy is failed over (Failover notice, new
+                     epoch) instead of re-forming the run, and a joined member silent for
+                     ctl_member_silence_s is removed (docs/architecture.md, "Hot-standby shards") */
     int metrics;              /* 1: export the rendezvous series (docs/metrics.md, "Rendezvous") and serve
                                  /targets on the process' metrics endpoint (ctl_rendezvous_start); 0: neither
                                  (tests running several services in one process) */
@@ -117,9 +120,36 @@ int ctl_data_token(const char *secret, const uint8_t nonce[16], uint64_t *token)
 const ctl_book *ctl_session_book(const ctl_session *s);
 
 /* Waits up to timeout_s (< 0: forever) for the shutdown broadcast; sends heartbeats meanwhile.
- * Returns 1 on shutdown, 0 on timeout, -ENOLINK when another member was lost (ctl_session_leave;
- * the session stays usable), other -errno when the connection broke. */
+ * Returns 1 on shutdown, 2 when a failover notice came (replicas = 1: a server was lost and the run goes on
+ * with its shards' other copies; ctl_session_failover says which; the session stays usable), 0 on timeout,
+ * -ENOLINK when another member was lost and the run must re-form (ctl_session_leave; the session stays
+ * usable), other -errno when the connection broke. */
 int ctl_session_wait_shutdown(ctl_session *s, double timeout_s);
+
+/* The newest failover notice ctl_session_wait_shutdown returned 2 for: its membership epoch (>= 1; 0: none
+ * came yet), the lost server's rank in *server and the rendezvous' text in *text (valid until the next wait
+ * call; either may be NULL). Design: docs/architecture.md, "Hot-standby shards". */
+uint32_t ctl_session_failover(const ctl_session *s, int *server, const char **text);
+
+/* Sets the interval between heartbeats (seconds > 0; 1 s by default). A member that holds a lease on its role
+ * (ctl_session_lease_base) sends them often enough to renew it well before it runs out. */
+void ctl_session_set_heartbeat(ctl_session *s, double seconds);
+
+/* The lease base, pf_now_s() seconds: the send time of the newest heartbeat the rendezvous echoed (0 when
+ * none was echoed yet). The rendezvous heard from this member no earlier than that, so with replicas = 1,
+ * where it removes a member silent for ctl_member_silence_s, a member that holds its role only until base + a
+ * lease shorter than that silence stops acting before the rendezvous can hand its role to another (a lease in
+ * the sense of Gray and Cheriton, SOSP 1989). Safe to call from any thread. */
+double ctl_session_lease_base(const ctl_session *s);
+
+/* With replicas = 1: how long the rendezvous lets a joined member that has sent a heartbeat stay silent
+ * before it removes it (a stopped or hung process is lost like a killed one): ctl_timeout / 4, at least 2 s.
+ */
+static inline double ctl_member_silence_s(double ctl_timeout)
+{
+    double d = ctl_timeout / 4;
+    return d < 2 ? 2 : d;
+}
 
 /* Says this member leaves the run in order (its work is done, or it stops on request), so that its
  * disconnect is not reported as a loss. A member that disconnects without it after the run formed (a

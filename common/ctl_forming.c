@@ -259,3 +259,30 @@ int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap)
     }
     return n;
 }
+
+int ctl_failover_possible(const uint8_t *lost, int num_servers, int rank, char *why, size_t cap)
+{
+    const int S = num_servers;
+    if (rank == 0) {
+        snprintf(why, cap, "server 0 holds the rendezvous");
+        return 0;
+    }
+    if (S < 2 || rank < 0 || rank >= S) {
+        snprintf(why, cap, "server %d is not one of %d servers with hot-standby copies", rank, S);
+        return 0;
+    }
+    size_t o = 0;
+    int single = 0;
+    why[0] = 0;
+    for (int s = 0; s < S; s++) {
+        int b = (s + 1) % S;
+        int p_up = s != rank && !lost[s], b_up = b != rank && !lost[b];
+        if (!p_up && !b_up) {
+            snprintf(why, cap, "both copies of shard %d are lost (servers %d and %d)", s, s, b);
+            return 0;
+        }
+        if ((!p_up || !b_up) && o < cap)
+            o += (size_t)snprintf(why + o, cap - o, "%s%d", single++ ? ", " : "shards ", s);
+    }
+    return 1;
+}

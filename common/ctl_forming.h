@@ -116,4 +116,12 @@ int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap);
  * shard. */
 int ctl_roster_server_leave_is_loss(const ctl_roster *r, int workers_left, int shutdown_sent);
 
+/* Hot-standby shards (replicas = 1; docs/architecture.md, "Hot-standby shards"): shard s lives on server s
+ * (primary) and on server (s + 1) mod S (its backup). Whether the run can go on without server `rank` when
+ * the servers marked in lost[0 .. num_servers) are gone already: 1 when every shard keeps a live copy and
+ * `rank` is not 0 (server 0 holds the rendezvous), with the shards that now have a single copy listed in
+ * why[cap] ("shards 2, 3"); 0 with the reason in why[cap] ("both copies of shard 1 are lost (servers 1 and
+ * 2)" or "server 0 holds the rendezvous"). lost[rank] is not read. */
+int ctl_failover_possible(const uint8_t *lost, int num_servers, int rank, char *why, size_t cap);
+
 #endif

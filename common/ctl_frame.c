@@ -22,6 +22,7 @@ const char *ctl_msg_name(int body_case)
     case PFCPS__CTL_MESSAGE__BODY_HEARTBEAT: return "heartbeat";
     case PFCPS__CTL_MESSAGE__BODY_SHUTDOWN: return "shutdown";
     case PFCPS__CTL_MESSAGE__BODY_ERROR: return "error";
+    case PFCPS__CTL_MESSAGE__BODY_FAILOVER: return "failover";
     default: return "empty";
     }
 }
@@ -34,6 +35,18 @@ void ctl_msg_set_error(Pfcps__CtlMessage *m, Pfcps__Error *e, int code, const ch
     pfcps__ctl_message__init(m);
     m->body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
     m->error = e;
+}
+
+void ctl_msg_set_failover(Pfcps__CtlMessage *m, Pfcps__Failover *f, uint32_t epoch, int server,
+                          const char *text)
+{
+    pfcps__failover__init(f);
+    f->epoch = epoch;
+    f->server = server;
+    f->text = (char *)text;
+    pfcps__ctl_message__init(m);
+    m->body_case = PFCPS__CTL_MESSAGE__BODY_FAILOVER;
+    m->failover = f;
 }
 
 void ctl_msg_set_shutdown(Pfcps__CtlMessage *m, Pfcps__Shutdown *sd, const char *reason)
@@ -160,9 +173,16 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
         return m->shutdown && m->shutdown->reason ? 0 : pf_err(-EPROTO, "shutdown: missing body");
     case PFCPS__CTL_MESSAGE__BODY_ERROR:
         return m->error && m->error->message ? 0 : pf_err(-EPROTO, "error: missing body");
+    case PFCPS__CTL_MESSAGE__BODY_FAILOVER:
+        if (!m->failover || !m->failover->text)
+            return pf_err(-EPROTO, "failover: missing body");
+        if (m->failover->epoch < 1 || m->failover->server < 0 || m->failover->server >= CTL_MAX_MEMBERS)
+            return pf_err(-EPROTO, "failover: epoch %u must be >= 1 and server %d in [0, %d)",
+                          m->failover->epoch, m->failover->server, CTL_MAX_MEMBERS);
+        return 0;
     default:
         return pf_err(-EPROTO, "message has no body (exactly one of hello/join/join_reply/heartbeat/shutdown/"
-                               "error must be set)");
+                               "error/failover must be set)");
     }
 }
 

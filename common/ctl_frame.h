@@ -51,6 +51,11 @@ void ctl_book_free(ctl_book *book);
 /* Makes *m an Error message (code: a positive errno value; text: borrowed) whose body is *e. */
 void ctl_msg_set_error(Pfcps__CtlMessage *m, Pfcps__Error *e, int code, const char *text);
 
+/* Makes *m a Failover message (server `server` lost, new membership epoch `epoch` >= 1; text: borrowed)
+ * whose body is *f (docs/architecture.md, "Hot-standby shards"). */
+void ctl_msg_set_failover(Pfcps__CtlMessage *m, Pfcps__Failover *f, uint32_t epoch, int server,
+                          const char *text);
+
 /* Makes *m a Shutdown message (reason: borrowed) whose body is *sd. */
 void ctl_msg_set_shutdown(Pfcps__CtlMessage *m, Pfcps__Shutdown *sd, const char *reason);
 

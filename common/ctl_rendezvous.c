@@ -56,6 +56,7 @@ typedef struct conn {
     size_t wlen, wcap;
     int joined;
     int left; /* the member said it leaves (ctl_session_leave): its disconnect is orderly */
+    int hb_seen; /* it sent a heartbeat since it joined: with replicas, its silence is timed from then on */
     ctl_role role;
     int rank;
     int seat;        /* its seat in the roster (ctl_forming.h) while joined */
@@ -101,8 +102,11 @@ struct ctl_rendezvous {
     conn **conns;
     int nconns, max_conns;
     ctl_roster roster; /* the run's seats and forming state; the service thread's alone */
+    int replicas;      /* ctl_rendezvous_opts.replicas */
+    uint32_t epoch;    /* membership epoch: failovers announced so far */
+    uint8_t *srv_lost; /* [num_servers]: failed over (its shards go on on their other copies) */
     int metrics;       /* ctl_rendezvous_opts.metrics: the series below are registered, /targets served */
-    pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms;
+    pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms, *m_epoch, *m_single;
 };
 
 /* ---------- /targets: Prometheus HTTP service discovery of the joined members ---------- */
@@ -302,6 +306,47 @@ static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
 static void queue_member_lost(ctl_rendezvous *rv, const conn *except, ctl_role role, int rank,
                               const char *peer, const char *what);
 
+/* replicas = 1: a lost server whose shards all keep a live copy (ctl_failover_possible) is failed over: the
+ * membership epoch goes up and every other member gets a Failover notice (workers switch to the copies,
+ * servers promote theirs), and the run goes on. Returns 1 when it was, 0 when the loss must re-form the run
+ * (logged with the reason). */
+static int try_failover(ctl_rendezvous *rv, const conn *c)
+{
+    if (!rv->replicas || c->role != CTL_ROLE_SERVER || c->rank < 0 || c->rank >= rv->num_servers)
+        return 0;
+    char why[256], text[640];
+    if (!ctl_failover_possible(rv->srv_lost, rv->num_servers, c->rank, why, sizeof why)) {
+        log_error("control plane: server[%d] (%s) lost and %s: falling back to the checkpoint re-form (every "
+                  "member restarts from the newest complete checkpoint)",
+                  c->rank, c->peer, why);
+        return 0;
+    }
+    rv->srv_lost[c->rank] = 1;
+    rv->epoch++;
+    metrics_add(rv->m_lost, 1);
+    metrics_set(rv->m_epoch, rv->epoch);
+    int single = 0;
+    for (int s = 0; s < rv->num_servers; s++)
+        single += rv->srv_lost[s] || rv->srv_lost[(s + 1) % rv->num_servers];
+    metrics_set(rv->m_single, single);
+    snprintf(
+        text, sizeof text,
+        "server[%d] (%s) lost: shard %d goes on on its backup on server %d, epoch %u; %s now %s a single "
+        "copy: the run is one server failure away from the checkpoint re-form",
+        c->rank, c->peer, c->rank, (c->rank + 1) % rv->num_servers, rv->epoch, why,
+        strchr(why, ',') ? "have" : "has");
+    log_warn("control plane: failover: %s", text);
+    Pfcps__Failover f;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_failover(&m, &f, rv->epoch, c->rank, text);
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *o = rv->conns[i];
+        if (o != c && o->joined && !o->closing && !o->dead)
+            conn_send_msg(rv, o, &m);
+    }
+    return 1;
+}
+
 /* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
  * member that goes without saying so (crash, kill -9, network) is reported to every other member
  * (ctl_roster_release decides which). */
@@ -320,7 +365,7 @@ static void release_seat(ctl_rendezvous *rv, conn *c)
         atomic_fetch_sub(&rv->joined, 1);
         log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
                  ctl_role_name(c->role), c->rank, c->peer);
-    } else if (gone == CTL_GONE_LOST) {
+    } else if (gone == CTL_GONE_LOST && !try_failover(rv, c)) {
         char what[sizeof c->failed + 48];
         snprintf(what, sizeof what, "%s%s", c->failed[0] ? "failed: " : "disconnected without leaving the run",
                  c->failed);
@@ -424,6 +469,17 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     if (!join_authentic(rv, c, j) || !join_metrics_address(rv, c, j))
         return;
     ctl_role role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+    if (role == CTL_ROLE_SERVER && j->rank >= 0 && j->rank < rv->num_servers && rv->srv_lost[j->rank]) {
+        char msg[200];
+        snprintf(
+            msg, sizeof msg,
+            "server[%d] was failed over to its shards' other copies (epoch %u); a server cannot rejoin a "
+            "running run yet: the run goes on without it",
+            j->rank, rv->epoch);
+        log_warn("control plane: refused %s: %s", c->peer, msg);
+        conn_refuse(rv, c, EEXIST, msg);
+        return;
+    }
     ctl_admission adm;
     if (ctl_roster_admit(&rv->roster, role, j->rank, &adm) != 0) {
         if (adm.restarted) {
@@ -499,7 +555,8 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
         return;
     }
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_HEARTBEAT) {
-        /* Echo, so the member sees the service alive. */
+        /* Echo, so the member sees the service alive (and, with replicas, renews its lease). */
+        c->hb_seen = 1;
         conn_send_msg(rv, c, m);
         return;
     }
@@ -560,10 +617,11 @@ static void conn_read(ctl_rendezvous *rv, conn *c, double now)
         memmove(c->rbuf, c->rbuf + off, c->rlen - off);
         c->rlen -= off;
     }
-    /* Joined members have no deadline while idle, only while a frame is half received. */
+    /* Joined members have no deadline while idle, only while a frame is half received; with replicas, one
+     * that heartbeats must go on doing so (a stopped or hung member is lost as a killed one is). */
     if (c->joined && !c->closing) {
         if (c->rlen == 0)
-            c->deadline = 0;
+            c->deadline = rv->replicas && c->hb_seen ? now + ctl_member_silence_s(rv->timeout_s) : 0;
         else if (c->deadline == 0)
             c->deadline = now + rv->timeout_s;
     }
@@ -855,10 +913,12 @@ static void expire_and_flush(ctl_rendezvous *rv, double now)
         conn *c = rv->conns[i];
         if (!c->closing && !c->dead && c->deadline > 0 && now > c->deadline) {
             char msg[160];
-            snprintf(msg, sizeof msg, "read timed out after %.3g s (%s)", rv->timeout_s,
-                     c->joined ? "incomplete frame"
-                     : c->rlen ? "incomplete frame before join"
-                               : "no join");
+            snprintf(msg, sizeof msg, "read timed out after %.3g s (%s)",
+                     c->joined && c->rlen == 0 ? ctl_member_silence_s(rv->timeout_s) : rv->timeout_s,
+                     c->joined && c->rlen == 0 ? "silent member: no heartbeat"
+                     : c->joined               ? "incomplete frame"
+                     : c->rlen                 ? "incomplete frame before join"
+                                               : "no join");
             conn_refuse(rv, c, ETIMEDOUT, msg);
         }
         if (c->wlen && !c->dead)
@@ -984,6 +1044,7 @@ static void rv_free(ctl_rendezvous *rv)
     free(rv->secret);
     free(rv->config_text);
     free(rv->conns);
+    free(rv->srv_lost);
     ctl_roster_free(&rv->roster);
     free(rv);
 }
@@ -1052,6 +1113,11 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     }
     rv->max_frame = o->max_frame;
     rv->timeout_s = o->timeout_s;
+    rv->replicas = o->replicas;
+    if (!(rv->srv_lost = calloc((size_t)o->num_servers, 1))) {
+        rv_free(rv);
+        return pf_err(-ENOMEM, "rendezvous: out of memory");
+    }
     *out = rv;
     return 0;
 }
@@ -1115,6 +1181,13 @@ static int rv_metrics(ctl_rendezvous *rv)
                                  "Members lost (heartbeat or connection).", NULL, 0);
     rv->m_reforms =
         metrics_counter("pfcps_rendezvous_reforms_total", "Times the run had to re-form.", NULL, 0);
+    rv->m_epoch = metrics_gauge("pfcps_rendezvous_epoch",
+                                "Membership epoch: failovers announced (replicas = 1).", NULL, 0);
+    rv->m_single =
+        metrics_gauge("pfcps_rendezvous_single_copy_shards",
+                      "Shards left with one live copy after failovers (replicas = 1): a further loss "
+                      "of one of their servers re-forms the run.",
+                      NULL, 0);
     metrics_set(rv->m_members, 0);
     metrics_set(rv->m_expected, rv->num_servers + rv->num_workers);
     return 0;

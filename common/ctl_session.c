@@ -12,6 +12,7 @@
 #include "common/log.h"
 
 #include <netdb.h>
+#include <stdatomic.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -22,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#define CTL_HB_RING 16 /* send times of the newest heartbeats, by sequence number */
+
 struct ctl_session {
     int fd;
     size_t max_frame;
@@ -29,6 +32,12 @@ struct ctl_session {
     size_t rlen, rcap;
     uint64_t hb_seq;
     double next_hb; /* when the next heartbeat is due (kept across short wait calls) */
+    double hb_every;             /* seconds between heartbeats (ctl_session_set_heartbeat; 1 by default) */
+    double hb_sent[CTL_HB_RING]; /* hb_sent[seq % CTL_HB_RING]: when heartbeat seq went out */
+    _Atomic double lease_base;   /* when the newest heartbeat the rendezvous echoed went out (0: none) */
+    uint32_t fo_epoch;           /* the last failover notice: its epoch and lost server */
+    int fo_server;
+    char fo_text[256];
     ctl_book book;
 };
 
@@ -443,10 +452,29 @@ const ctl_book *ctl_session_book(const ctl_session *s)
     return &s->book;
 }
 
+/* A heartbeat came back: the rendezvous had heard from this member no earlier than that heartbeat's send
+ * time, which becomes the lease base (ctl_session_lease_base). */
+static void heartbeat_echoed(ctl_session *s, const Pfcps__Heartbeat *hb)
+{
+    if (!hb || hb->seq == 0 || hb->seq > s->hb_seq || s->hb_seq - hb->seq >= CTL_HB_RING)
+        return; /* not one of the last heartbeats this session sent */
+    double t = s->hb_sent[hb->seq % CTL_HB_RING];
+    if (t > atomic_load(&s->lease_base))
+        atomic_store(&s->lease_base, t);
+}
+
+/* Keeps a failover notice for ctl_session_failover. */
+static void take_failover(ctl_session *s, const Pfcps__Failover *f)
+{
+    s->fo_epoch = f->epoch;
+    s->fo_server = f->server;
+    snprintf(s->fo_text, sizeof s->fo_text, "%s", f->text);
+}
+
 int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
 {
     double end = timeout_s < 0 ? 1e300 : pf_now_s() + timeout_s;
-    const double hb_every = 1.0;
+    const double hb_every = s->hb_every > 0 ? s->hb_every : 1.0;
     if (s->next_hb == 0)
         s->next_hb = pf_now_s() + hb_every;
     for (;;) {
@@ -459,6 +487,7 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
             Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
             m.body_case = PFCPS__CTL_MESSAGE__BODY_HEARTBEAT;
             m.heartbeat = &hb;
+            s->hb_sent[hb.seq % CTL_HB_RING] = t;
             int rc = send_msg(s, &m, t + 5.0);
             if (rc < 0)
                 return rc;
@@ -473,12 +502,40 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
         int kind = m->body_case;
         if (kind == PFCPS__CTL_MESSAGE__BODY_ERROR)
             rc = error_reply(m->error);
+        else if (kind == PFCPS__CTL_MESSAGE__BODY_HEARTBEAT)
+            heartbeat_echoed(s, m->heartbeat);
+        else if (kind == PFCPS__CTL_MESSAGE__BODY_FAILOVER)
+            take_failover(s, m->failover);
         pfcps__ctl_message__free_unpacked(m, NULL);
         if (kind == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN)
             return 1;
+        if (kind == PFCPS__CTL_MESSAGE__BODY_FAILOVER)
+            return 2;
         if (rc < 0)
             return rc;
     }
+}
+
+uint32_t ctl_session_failover(const ctl_session *s, int *server, const char **text)
+{
+    if (server)
+        *server = s->fo_server;
+    if (text)
+        *text = s->fo_text;
+    return s->fo_epoch;
+}
+
+void ctl_session_set_heartbeat(ctl_session *s, double seconds)
+{
+    s->hb_every = seconds > 0 ? seconds : 1.0;
+    double t = pf_now_s() + s->hb_every;
+    if (s->next_hb == 0 || s->next_hb > t)
+        s->next_hb = t;
+}
+
+double ctl_session_lease_base(const ctl_session *s)
+{
+    return atomic_load(&((ctl_session *)s)->lease_base);
 }
 
 int ctl_session_leave(ctl_session *s)

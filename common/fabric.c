@@ -596,6 +596,8 @@ static int interrupted(void)
                 t0_ = now_;                                                                                  \
             if (interrupted())                                                                               \
                 return pf_err(-ECANCELED, "%s: given up: the run broke", name);                          \
+            if (peer_dead(f, (dest)))                                                                        \
+                return post_failed(f, (name), (dest), now_ - t0_, 2);                                        \
             if (now_ - t0_ > f->post_timeout) {                                                              \
                 mark_dead(f, (dest));                                                                        \
                 return post_failed(f, (name), (dest), now_ - t0_, 0);                                        \
@@ -610,15 +612,26 @@ static int interrupted(void)
         return 0;                                                                                            \
     } while (0)
 
+void fab_mark_peer_dead(fab_ctx *f, fi_addr_t dest)
+{
+    mark_dead(f, dest);
+}
+
+/* The error of a post to dest that failed: before = 0, its retries ran out after `waited` seconds; 1, an
+ * earlier post to it had; 2, fab_mark_peer_dead declared it gone while this post was retrying. */
 static int post_failed(fab_ctx *f, const char *call, fi_addr_t dest, double waited, int before)
 {
     char peer[256];
     peer_str(f, dest, peer, sizeof(peer));
+    if (before == 2)
+        return pf_err(-ECOMM, "%s to %s: the peer was declared gone while the post waited (%.1f s)", call,
+                      peer, waited);
     if (before)
-        return pf_err(-ECOMM,
-                      "%s to %s: an earlier post to it could not go out for %.1f s; the peer's endpoint "
-                      "is closed or not progressing",
-                      call, peer, f->post_timeout);
+        return pf_err(
+            -ECOMM,
+            "%s to %s: the peer is marked gone (an earlier post to it could not go out for %.1f s, or "
+            "its loss was announced); the peer's endpoint is closed or not progressing",
+            call, peer, f->post_timeout);
     return pf_err(-ECOMM,
                   "%s to %s: still -FI_EAGAIN after %.1f s of retries (provider %s); the peer's "
                   "endpoint is closed or not progressing",

@@ -121,6 +121,12 @@ void fab_set_timeout(fab_ctx *f, double seconds);
  * failed or left) sets it, so a post towards that peer stops at once. NULL (the default) turns it off. */
 void fab_set_interrupt(const int *flag);
 
+/* Declares peer dest gone, as a post whose retries ran out does: posts to it fail with -ECOMM at once, and a
+ * post retrying -FI_EAGAIN towards it gives up within one retry. Safe from any thread (the control-plane
+ * watcher of a worker calls it when the rendezvous announces a lost server, so the training thread is not
+ * held in a post to it until the timeout). */
+void fab_mark_peer_dead(fab_ctx *f, fi_addr_t dest);
+
 /* The post retry bound in seconds (fab_set_timeout). */
 double fab_timeout(const fab_ctx *f);
 

@@ -15,8 +15,14 @@
  * answering, and a client ignores replies without it, so a peer that cannot join the run cannot pull, push
  * or answer. The token travels in the clear: the data plane must be a network the operator trusts against
  * eavesdroppers (RDMA fabrics are).
- * Replies: op = PS_OP_REPLY, same req_id, chunk and row_off as the request, status 0 or a negative errno;
- * on error the payload is a NUL-terminated message naming the problem.
+ * Replies: op = PS_OP_REPLY, same req_id and chunk as the request, status 0 or a negative errno; on error
+ * the payload is a NUL-terminated message naming the problem.
+ * Membership epoch (fencing; docs/architecture.md, "Hot-standby shards"): every message carries its sender's
+ * epoch, the number of failovers the rendezvous had announced to it (0 until the first). A request carries
+ * the worker's, a reply the server's. A server adopts a newer epoch from a request (only members of the run
+ * hold the token, and they learn epochs from the rendezvous) and answers nothing while it is fenced (its
+ * control-plane lease ran out, or the rendezvous removed it); a client drops every reply of a copy it was
+ * told is gone and counts those of an older epoch, so a stale copy's answers change nothing.
  *
  * Large requests are split by the client into messages of at most ps_wire_rows_per_msg(D, dtype) rows,
  * so every message fits the receive buffers both sides post (ps_wire_msg_bytes).
@@ -39,7 +45,7 @@
 #include "common/half.h"
 
 #define PS_MAGIC           0x53504650u /* "PFPS" */
-#define PS_VERSION         2
+#define PS_VERSION         3
 #define PS_MSG_PAYLOAD_MAX (1u << 20) /* bytes of rows (or grads) per message */
 
 enum { PS_OP_PULL = 1, PS_OP_PUSH = 2, PS_OP_STAT = 3, PS_OP_CHECKSUM = 4, PS_OP_REPLY = 16 };
@@ -62,7 +68,7 @@ typedef struct ps_hdr {
     uint16_t chunk;   /* push: index of this message within the push */
     uint16_t nchunks; /* push: messages in the push */
     float lr;         /* push: learning rate */
-    uint32_t row_off; /* client bookkeeping: first row of this chunk in the request, echoed */
+    uint32_t epoch;   /* the sender's membership epoch (see above) */
     uint64_t token;   /* the run's data-plane token (ctl_data_token), echoed in replies */
 } ps_hdr;
 

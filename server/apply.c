@@ -368,6 +368,11 @@ static void snap_begin(ps_server *S, int64_t step)
                  (long long)step);
         return;
     }
+    if (S->o.backup && !atomic_load(&S->promoted)) {
+        log_debug("step %lld: snapshot of shard %d left to its primary (this is its backup copy)",
+                  (long long)step, S->o.rank);
+        return;
+    }
     if (S->snap) {
         log_warn("snapshot step %lld is still being written: step %lld's waits for it",
                  (long long)snap_step(S->snap), (long long)step);

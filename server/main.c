@@ -21,6 +21,7 @@
 
 #include "common/ckpt.h"
 #include "common/cli.h"
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/ctl.h"
 #include "common/daemon.h"
@@ -48,12 +49,16 @@ typedef struct server_daemon {
     char host[256]; /* rendezvous host and port */
     int port;
     fab_ctx *fab; /* the endpoint, until ps_server_create takes it */
-    uint8_t addr[FAB_MAX_ADDR];
+    fab_ctx *fab_backup; /* replicas = 1: the backup copy's endpoint, until ps_server_create takes it */
+    uint8_t addr[CTL_MAX_ADDR]; /* the address-book entry: the endpoint's name (replicas = 1: both names
+                                   packed, common/member_addr.h: part 0 the primary, part 1 the backup) */
     size_t alen;
     char *ini;          /* rank 0: the config text the rendezvous sends */
     ctl_rendezvous *rv; /* rank 0 only */
     ctl_session *sess;
     ps_server *srv;
+    ps_server *backup; /* replicas = 1: the hot-standby copy of shard (rank - 1) mod S */
+    double lease_s;    /* replicas = 1: how long past its lease base the server may act (serve_until_stop) */
     char root[4096];  /* checkpoint root of the run */
     snapfile_key key; /* the checkpoint key, from the join secret (shard files carry its HMAC) */
 } server_daemon;
@@ -113,12 +118,32 @@ static int open_endpoint(server_daemon *d)
     /* A reply towards a worker whose endpoint is gone gives up after 4 x ctl_timeout (the workers' own bound
      * on a data-plane wait) instead of stalling the progress thread forever; later replies to it fail at
      * once (fab_set_timeout). */
-    fab_set_timeout(d->fab, 4 * (d->cfg.ctl_timeout > 0 ? d->cfg.ctl_timeout : 30));
-    d->alen = sizeof(d->addr);
+    const double post_timeout = 4 * (d->cfg.ctl_timeout > 0 ? d->cfg.ctl_timeout : 30);
+    fab_set_timeout(d->fab, post_timeout);
+    d->alen = FAB_MAX_ADDR; /* a name fits (fabric.h); the book entry has room for two */
     if (fab_getname(d->fab, d->addr, &d->alen) < 0) {
         log_error("%s", pf_errmsg());
         return -1;
     }
+    if (d->cfg.replicas == 0)
+        return 0;
+    /* replicas = 1: a second endpoint serves the backup copy; both names go into the book entry. */
+    uint8_t a0[FAB_MAX_ADDR], a1[FAB_MAX_ADDR];
+    size_t l0 = d->alen, l1 = sizeof a1;
+    memcpy(a0, d->addr, d->alen);
+    if (fab_open(d->cfg.provider, &d->fab_backup) < 0 || fab_getname(d->fab_backup, a1, &l1) < 0) {
+        log_error("the backup copy's endpoint: %s", pf_errmsg());
+        return -1;
+    }
+    fab_set_timeout(d->fab_backup, post_timeout);
+    const void *parts[2] = {a0, a1};
+    const size_t lens[2] = {l0, l1};
+    int n = member_addr_pack(d->addr, sizeof d->addr, 2, parts, lens);
+    if (n < 0) {
+        log_error("%s", pf_errmsg());
+        return -1;
+    }
+    d->alen = (size_t)n;
     return 0;
 }
 
@@ -149,6 +174,7 @@ static int start_rendezvous(server_daemon *d)
                               .num_classes = cfg->num_classes,
                               .resume = cfg->resume,
                               .expect = &expect,
+                              .replicas = cfg->replicas,
                               .metrics = 1};
     int rc = d->ini ? ctl_rendezvous_start(&ro, &d->rv) : -ENOMEM;
     if (rc == -EINTR) {
@@ -224,8 +250,68 @@ static int join_run(server_daemon *d)
     return rc < 0 ? -1 : rc;
 }
 
+/* Gives shard service srv every worker's address from the book. Returns 0 or -1 after logging. */
+static int add_workers(ps_server *srv, const ctl_book *book)
+{
+    for (int w = 0; w < book->num_workers; w++) {
+        /* A worker's entry packs two endpoint names (common/member_addr.h): part 0 talks to servers. */
+        const void *waddr = NULL;
+        size_t wlen = 0;
+        if (member_addr_part(book->workers[w].addr, book->workers[w].addr_len, 0, &waddr, &wlen) < 0 ||
+            ps_server_add_worker(srv, w, waddr, wlen) < 0) {
+            log_error("%s", pf_errmsg());
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* replicas = 1: creates, loads and starts the hot-standby copy of shard (rank - 1) mod S on the second
+ * endpoint, with the primary's options `po` otherwise (same step clock, checkpoint and pretrained rows).
+ * Returns 0 or -1 after logging. */
+static int start_backup(server_daemon *d, const ps_server_opts *po)
+{
+    const ctl_book *book = ctl_session_book(d->sess);
+    const pf_config *run = &d->run;
+    if (!d->fab_backup) {
+        log_error("inconsistent run config: the run has replicas = %d but this server was started with "
+                  "replicas = 0 (no endpoint for a backup copy): give every member the same config",
+                  run->replicas);
+        return -1;
+    }
+    ps_server_opts bo = *po;
+    bo.rank = (d->rank + run->servers - 1) % run->servers;
+    bo.backup = 1;
+    bo.fab = d->fab_backup;
+    d->fab_backup = NULL; /* owned by the backup copy from here on */
+    if (ps_server_create(&bo, &d->backup) < 0) {
+        log_error("refusing to start the backup copy of shard %d: %s", bo.rank, pf_errmsg());
+        return -1;
+    }
+    if (book->resume_step > 0 && ps_server_load(d->backup, d->root, book->resume_step) < 0) {
+        log_error("backup copy of shard %d: cannot load checkpoint step %lld: %s", bo.rank,
+                  (long long)book->resume_step, pf_errmsg());
+        return -1;
+    }
+    if (run->pretrained_centers[0] && book->resume_step == 0 &&
+        ps_server_load_centers(d->backup, run->pretrained_centers) < 0) {
+        log_error("backup copy of shard %d: config key 'pretrained_centers' = %s: %s", bo.rank,
+                  run->pretrained_centers, pf_errmsg());
+        return -1;
+    }
+    if (add_workers(d->backup, book) < 0)
+        return -1;
+    if (ps_server_start(d->backup) < 0) {
+        log_error("backup copy of shard %d: %s", bo.rank, pf_errmsg());
+        return -1;
+    }
+    log_info("replicas = 1: serving the backup copy of shard %d too (its primary is server %d)", bo.rank,
+             bo.rank);
+    return 0;
+}
+
 /* Creates this rank's shard service from the run config, gives it every worker's address and starts its
- * threads. Returns 0 or -1 after logging. */
+ * threads (replicas = 1: the backup copy's too). Returns 0 or -1 after logging. */
 static int start_serving(server_daemon *d)
 {
     const ctl_book *book = ctl_session_book(d->sess);
@@ -316,16 +402,8 @@ static int start_serving(server_daemon *d)
             metrics_gauge("pfcps_server_snapshot_last_step", "Step of the last completed snapshot.", NULL, 0);
         metrics_set(last, (double)book->resume_step);
     }
-    for (int w = 0; w < book->num_workers; w++) {
-        /* A worker's entry packs two endpoint names (common/member_addr.h): part 0 talks to servers. */
-        const void *waddr = NULL;
-        size_t wlen = 0;
-        if (member_addr_part(book->workers[w].addr, book->workers[w].addr_len, 0, &waddr, &wlen) < 0 ||
-            ps_server_add_worker(d->srv, w, waddr, wlen) < 0) {
-            log_error("%s", pf_errmsg());
-            return -1;
-        }
-    }
+    if (add_workers(d->srv, book) < 0 || (run->replicas && start_backup(d, &so) < 0))
+        return -1;
     if (ps_server_start(d->srv) < 0) {
         log_error("%s", pf_errmsg());
         return -1;
@@ -344,23 +422,78 @@ static int start_serving(server_daemon *d)
  * ahead of the workers' last checkpoint, so the run can only go on by re-forming from the newest complete
  * checkpoint: this server stops (finishing a snapshot being written) and exits for its supervisor to restart
  * it with resume = true. */
+/* replicas = 1: a failover notice from the rendezvous: every copy here takes the new epoch, the backup copy
+ * of the lost server's shard is promoted, and the log says what the run stands on now. */
+static void take_failover(server_daemon *d)
+{
+    int lost = -1;
+    const char *text = "";
+    uint32_t epoch = ctl_session_failover(d->sess, &lost, &text);
+    ps_server_set_epoch(d->srv, epoch);
+    if (d->backup)
+        ps_server_set_epoch(d->backup, epoch);
+    log_warn("failover (epoch %u): %s", epoch, text);
+    const int S = d->run.servers;
+    if (d->backup && lost == (d->rank + S - 1) % S)
+        ps_server_promote(d->backup);
+    if (lost == (d->rank + 1) % S)
+        log_warn("shard %d lost its backup copy (server %d): it has a single copy, here", d->rank, lost);
+}
+
+/* replicas = 1: renews both copies' leases from the control session (ctl_session_lease_base). */
+static void renew_lease(server_daemon *d)
+{
+    double base = ctl_session_lease_base(d->sess);
+    if (base <= 0)
+        return;
+    ps_server_set_lease(d->srv, base + d->lease_s);
+    if (d->backup)
+        ps_server_set_lease(d->backup, base + d->lease_s);
+}
+
 static int serve_until_stop(server_daemon *d)
 {
+    if (d->run.replicas) {
+        /* The lease ends before the rendezvous removes a silent member (ctl_member_silence_s); heartbeats
+         * renew it eight times per lease. Until the first echo the lease counts from now. */
+        d->lease_s = ctl_member_silence_s(d->run.ctl_timeout) / 2;
+        ctl_session_set_heartbeat(d->sess, d->lease_s / 8);
+        ps_server_set_lease(d->srv, pf_now_s() + d->lease_s);
+        if (d->backup)
+            ps_server_set_lease(d->backup, pf_now_s() + d->lease_s);
+    }
     while (!g_stop) {
         if (d->rv && ctl_rendezvous_workers_done(d->rv)) {
             log_info("every worker left the run in order: training is over; shutting the run down");
             return 0; /* finish() broadcasts the shutdown: the other servers stop with 0 */
         }
         int r = ctl_session_wait_shutdown(d->sess, 0.2);
+        if (d->run.replicas)
+            renew_lease(d);
         if (r == 1) {
             log_info("shutdown broadcast received");
             return 0;
+        }
+        if (r == 2) {
+            take_failover(d);
+            continue;
         }
         if (r < 0 && g_stop)
             return 0; /* asked to stop too: members stopping together are not a broken run */
         if (r == -ENOLINK && !strcmp(d->cfg.on_member_loss, "serve")) {
             log_warn("%s; serving on (on_member_loss = serve)", pf_errmsg());
             continue;
+        }
+        if (r < 0 && d->run.replicas && r != -ENOLINK) {
+            /* The rendezvous removed this server (silent past its deadline) or cannot be reached: its shards
+             * may be served by their other copies already, so nothing here may answer or change anything. */
+            ps_server_fence(d->srv);
+            if (d->backup)
+                ps_server_fence(d->backup);
+            log_error("control connection to the rendezvous lost: %s: this server is fenced (replicas = 1: "
+                      "its shards go on on their other copies if the run does); exit %d",
+                      pf_errmsg(), DAEMON_EXIT_REFORM);
+            return DAEMON_EXIT_REFORM;
         }
         if (r < 0) {
             log_error("%s%s: the run is broken; stopping so that it can re-form from the newest complete "
@@ -378,6 +511,7 @@ static void stop_serving(server_daemon *d)
 {
     log_info("stopping: no new requests; finishing the apply in progress");
     ps_server_stop(d->srv);
+    ps_server_stop(d->backup);
     ps_stat st;
     ps_server_stat(d->srv, &st);
     log_info("stopped: %lld steps done, %lld pushes applied, %lld row updates, %lld bad requests",
@@ -414,7 +548,9 @@ static int finish(server_daemon *d, int exit_code)
     if (d->srv && (exit_code == 0 || exit_code == DAEMON_EXIT_REFORM))
         daemon_exit_now(exit_code);
     ps_server_destroy(d->srv);
+    ps_server_destroy(d->backup);
     fab_close(d->fab);
+    fab_close(d->fab_backup);
     free(d->ini);
     return exit_code;
 }

@@ -85,12 +85,38 @@ static void serve_pending(ps_server *S)
 
 /* ---------- progress thread ---------- */
 
+/* Hot-standby shards: whether the progress thread must hold every message now (removed from the run, or its
+ * control-plane lease ran out); logs when that starts and ends. */
+static int hold_messages(ps_server *S)
+{
+    if (atomic_load(&S->fenced))
+        return 1;
+    double until = atomic_load(&S->lease_until), now = pf_now_s();
+    if (now <= until) {
+        if (S->lease_held)
+            log_info("shard %d: lease renewed: serving again", S->o.rank);
+        S->lease_held = 0;
+        return 0;
+    }
+    if (!S->lease_held)
+        log_warn("shard %d: no word from the rendezvous for %.1f s past this server's lease: taking no "
+                 "message until it answers (the rendezvous may be handing the shard to its other copy)",
+                 S->o.rank, now - until);
+    S->lease_held = 1;
+    return 1;
+}
+
 static void *progress_main(void *arg)
 {
     ps_server *S = arg;
     fab_comp comps[32];
     int idle = 0;
     while (!atomic_load(&S->stop)) {
+        if (hold_messages(S)) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+            continue;
+        }
         int n = fab_poll(S->fab, comps, 32);
         if (n < 0) {
             log_error("progress: %s", pf_errmsg());
@@ -147,8 +173,9 @@ static void *progress_main(void *arg)
         }
     }
     /* Stopping: every step whose pushes are all in is applied (they were acknowledged), a snapshot asked for
-     * is started (ps_server_stop waits for it). */
-    pss_apply_drain(S);
+     * is started (ps_server_stop waits for it); a server removed from the run changes nothing more. */
+    if (!atomic_load(&S->fenced))
+        pss_apply_drain(S);
     return NULL;
 }
 
@@ -204,6 +231,8 @@ void pss_metrics_register(ps_server *S)
     m->dropped_malformed = metrics_counter("pfcps_server_dropped_messages_total", help, malformed, 1);
     m->connected = metrics_gauge("pfcps_server_connected_members",
                                  "Workers connected to this server's data plane.", NULL, 0);
+    m->epoch =
+        metrics_gauge("pfcps_server_epoch", "Membership epoch this server is at (replicas = 1).", NULL, 0);
     metrics_set(m->shard_rows, (double)S->sh.rows);
     metrics_set(m->shard_bytes, (double)S->sh.bytes + 9.0 * (double)S->sh.rows);
 }
@@ -303,7 +332,9 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
         return rc;
     }
     S->nsend = S->o.recv_bufs; /* pss_apply_init sizes the gather batches by the send buffers */
-    pss_metrics_register(S);
+    atomic_store(&S->lease_until, 1e300);
+    if (!S->o.backup)
+        pss_metrics_register(S); /* a backup copy's series stay NULL: the process' series are its primary's */
     /* pss_apply_init first: it sets up the pool's mutex, which ps_server_destroy uses on a failure below. */
     if ((rc = pss_apply_init(S)) < 0 || (rc = pss_request_init(S)) < 0 || (rc = transport_alloc(S)) < 0)
         goto fail;
@@ -403,4 +434,37 @@ int ps_server_load_centers(ps_server *srv, const char *path)
     if (srv->started)
         return pf_err(-EBUSY, "ps_server_load_centers on a started server");
     return centers_load(&srv->sh, path);
+}
+
+void ps_server_set_epoch(ps_server *srv, uint32_t epoch)
+{
+    uint32_t cur = atomic_load(&srv->epoch);
+    while (epoch > cur && !atomic_compare_exchange_weak(&srv->epoch, &cur, epoch))
+        ;
+    if (epoch > cur)
+        metrics_set(srv->m.epoch, epoch);
+}
+
+uint32_t ps_server_epoch(const ps_server *srv)
+{
+    return atomic_load(&((ps_server *)srv)->epoch);
+}
+
+void ps_server_promote(ps_server *srv)
+{
+    if (srv->o.backup && !atomic_exchange(&srv->promoted, 1))
+        log_warn("shard %d: its primary is lost: this copy now serves it and writes its snapshots",
+                 srv->o.rank);
+}
+
+void ps_server_set_lease(ps_server *srv, double until)
+{
+    atomic_store(&srv->lease_until, until);
+}
+
+void ps_server_fence(ps_server *srv)
+{
+    if (srv && !atomic_exchange(&srv->fenced, 1))
+        log_warn("shard %d%s: removed from the run: this server answers and applies nothing more",
+                 srv->o.rank, srv->o.backup ? " (backup copy)" : "");
 }

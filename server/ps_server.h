@@ -76,6 +76,10 @@ typedef struct ps_server_opts {
     snapfile_key ckpt_key;     /* the checkpoint key (snapfile_key_derive of the join secret) */
     struct fab_ctx *fab;       /* an endpoint opened already (its address went into the address book), or
                                   NULL to open one for `provider`; the server owns it either way */
+    int backup;                /* replicas = 1: this is the hot-standby copy of shard `rank`, held by server
+                                  rank + 1 (docs/architecture.md, "Hot-standby shards"): it applies the same
+                                  pushes as the primary, exports no metrics of its own and writes snapshots only
+                                  once promoted (ps_server_promote) */
 } ps_server_opts;
 
 /* Allocates and initialises the shard (logs bytes per identity and total; -ENOMEM when it would not fit),
@@ -114,5 +118,29 @@ int ps_server_load_centers(ps_server *srv, const char *path);
 
 /* Counters (approximate while running). */
 void ps_server_stat(ps_server *srv, ps_stat *out);
+
+/* ---------- hot-standby shards (replicas = 1; docs/architecture.md, "Hot-standby shards") ----------
+ * These are safe from any thread (atomics): the daemon's control-plane loop calls them while the progress
+ * thread serves. */
+
+/* Raises the server's membership epoch to `epoch` (never lowers it); replies carry it (ps_wire.h). */
+void ps_server_set_epoch(ps_server *srv, uint32_t epoch);
+
+/* The server's membership epoch. */
+uint32_t ps_server_epoch(const ps_server *srv);
+
+/* A backup copy becomes the shard's serving copy because its primary was lost: from now on it writes the
+ * shard's snapshots too. Idempotent; a no-op on a primary. */
+void ps_server_promote(ps_server *srv);
+
+/* The server may act (answer, apply, start a snapshot) until `until` (pf_now_s() seconds), its lease on the
+ * control plane (ctl_session_lease_base + lease); past it the progress thread takes no message until the lease
+ * is renewed, so a process that was stopped past the time the rendezvous removes silent members starts
+ * nothing when it runs again (an apply or snapshot write already running finishes). Starts unlimited. */
+void ps_server_set_lease(ps_server *srv, double until);
+
+/* Removes the server from the run for good (the rendezvous removed it, or its control connection broke): it
+ * takes no more messages, and ps_server_stop applies nothing more. Idempotent. */
+void ps_server_fence(ps_server *srv);
 
 #endif

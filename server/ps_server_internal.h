@@ -104,6 +104,7 @@ typedef struct pss_metrics {
     pf_metric *snapshots, *snap_failures;
     pf_metric *dropped_unauth, *dropped_malformed;
     pf_metric *connected; /* set by ps_server_add_worker */
+    pf_metric *epoch;     /* set by ps_server_set_epoch, from any thread */
 } pss_metrics;
 
 struct ps_server {
@@ -171,6 +172,12 @@ struct ps_server {
     int64_t apply_t;          /* the step being applied */
     int apply_snap;           /* local mode: a push of it asked for a snapshot */
     dense_cache pcache;       /* the progress thread's maps of skipped dense steps (gathers, snapshots) */
+    /* hot-standby shards (ps_server.h): set from any thread */
+    _Atomic uint32_t epoch;     /* membership epoch */
+    atomic_int promoted;        /* a backup copy that now serves its shard (writes its snapshots) */
+    atomic_int fenced;          /* removed from the run: takes nothing more */
+    _Atomic double lease_until; /* takes no message past this time (pf_now_s) */
+    int lease_held;             /* progress thread: 1 while it holds messages because the lease ran out */
 };
 
 /* ---------- request.c: requests, replies, the step clock ---------- */

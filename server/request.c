@@ -143,6 +143,7 @@ size_t pss_reply_build(const ps_server *S, const pending *p, uint8_t *buf, uint8
         memcpy(buf + len, p->payload, p->payload_len);
         len += p->payload_len;
     }
+    h.epoch = atomic_load(&((ps_server *)S)->epoch);
     memcpy(buf, &h, sizeof(h));
     return len;
 }
@@ -373,6 +374,9 @@ void pss_handle_msg(ps_server *S, const uint8_t *buf, size_t len)
                     h.client);
     if (h.client < 0 || h.client >= S->o.workers || !S->worker_known[h.client])
         return drop(S, S->m.dropped_unauth, "unknown worker rank %d (%d workers)", h.client, S->o.workers);
+    /* A member of the run (it holds the token) at a newer membership epoch: a failover was announced that
+     * this server's control plane has not told it yet. */
+    ps_server_set_epoch(S, h.epoch);
     char msg[256];
     const uint8_t *payload = buf + sizeof(ps_hdr);
     size_t plen = len - sizeof(ps_hdr);

@@ -22,6 +22,7 @@ static const char plan_usage[] =
     "usage: pfcps plan --identities C --workers W --link-gbps G [--dim D] [--sample-rate R | --sampled K]\n"
     "                  [--batch B] [--wire fp32|fp16|bf16] [--head-mode global|local] [--servers S]\n"
     "                  [--server-mem GIB] [--mem-bw GB/S] [--gemm-gflops GFLOP/S] [--backbone-ms MS]\n"
+    "                  [--replicas 0|1]\n"
     "  C: identities (a number, or with k, M, G: 100M); D: embedding_size (512); R: sample_rate (1.0) or K "
     "rows\n"
     "  per worker per step; B: batch per worker (128); G: each host's link in Gbit/s (HDR InfiniBand: 200).\n"
@@ -30,7 +31,8 @@ static const char plan_usage[] =
     "  worker (15000 GFLOP/s), the backbone's forward + backward per step that hides the transfers (0 ms).\n"
     "  Prints the servers needed for memory and for bandwidth, bytes per step per link, and the step time\n"
     "  bounded by link, server memory and head compute (docs/architecture.md, Performance model; the model\n"
-    "  in tools/plan.h).";
+    "  in tools/plan.h). --replicas 1: every shard also has a hot-standby copy on another server\n"
+    "  (config key replicas): twice the table memory and push traffic.";
 
 /* Parses a count with an optional decimal suffix (k, M, G) or an exponent (1e8) into [lo, hi]. */
 static int parse_count(const char *s, double lo, double hi, int64_t *out)
@@ -90,6 +92,25 @@ typedef struct plan_args {
     const char *wire;
 } plan_args;
 
+/* The options, in the order of parse_args' table. */
+enum {
+    IDENTITIES,
+    DIM,
+    SAMPLE_RATE,
+    SAMPLED,
+    WORKERS,
+    BATCH,
+    SERVERS,
+    WIRE,
+    HEAD_MODE,
+    LINK_GBPS,
+    SERVER_MEM,
+    MEM_BW,
+    GEMM_GFLOPS,
+    BACKBONE_MS,
+    REPLICAS
+};
+
 /* Returns 0, or 2 after printing the usage error. */
 static int parse_args(int argc, char **argv, plan_args *a)
 {
@@ -102,26 +123,11 @@ static int parse_args(int argc, char **argv, plan_args *a)
                     .gemm_gflops = DEFAULT_GEMM_GFLOPS,
                     .server_mem_gib = DEFAULT_SERVER_MEM_GIB};
     a->wire = "fp32";
-    enum {
-        IDENTITIES,
-        DIM,
-        SAMPLE_RATE,
-        SAMPLED,
-        WORKERS,
-        BATCH,
-        SERVERS,
-        WIRE,
-        HEAD_MODE,
-        LINK_GBPS,
-        SERVER_MEM,
-        MEM_BW,
-        GEMM_GFLOPS,
-        BACKBONE_MS
-    };
     static const tool_opt opts[] = {
-        {"--identities", 1}, {"--dim", 1},     {"--sample-rate", 1}, {"--sampled", 1},     {"--workers", 1},
-        {"--batch", 1},      {"--servers", 1}, {"--wire", 1},        {"--head-mode", 1},   {"--link-gbps", 1},
-        {"--server-mem", 1}, {"--mem-bw", 1},  {"--gemm-gflops", 1}, {"--backbone-ms", 1}, {NULL, 0}};
+        {"--identities", 1},  {"--dim", 1},         {"--sample-rate", 1}, {"--sampled", 1},
+        {"--workers", 1},     {"--batch", 1},       {"--servers", 1},     {"--wire", 1},
+        {"--head-mode", 1},   {"--link-gbps", 1},   {"--server-mem", 1},  {"--mem-bw", 1},
+        {"--gemm-gflops", 1}, {"--backbone-ms", 1}, {"--replicas", 1},    {NULL, 0}};
     tool_args ta;
     tool_args_init(&ta, "plan", opts, argc, argv);
     for (int k; (k = tool_args_next(&ta)) != TOOL_END;) {
@@ -181,6 +187,10 @@ static int parse_args(int argc, char **argv, plan_args *a)
             want = "a number of GFLOP/s > 0";
             if (parse_num(v, 0, 1e12, 1, &in->gemm_gflops) == 0)
                 want = NULL, a->gemm_given = 1;
+        } else if (k == REPLICAS) {
+            want = "0 or 1";
+            if (v && (!strcmp(v, "0") || !strcmp(v, "1")))
+                want = NULL, in->replicas = v[0] - '0';
         } else if (k == BACKBONE_MS) {
             want = "a number of milliseconds >= 0";
             if (parse_num(v, 0, 1e9, 0, &x) == 0)
@@ -236,8 +246,9 @@ int cmd_plan(int argc, char **argv)
         printf("%lld rows sampled per worker and step", (long long)in->sampled);
     else
         printf("sample rate %g", in->sample_rate);
-    printf(", %d workers x batch %d, %s head mode, wire %s\n", in->workers, in->batch,
-           in->local_mode ? "local" : "global", a.wire);
+    printf(", %d workers x batch %d, %s head mode, wire %s%s\n", in->workers, in->batch,
+           in->local_mode ? "local" : "global", a.wire,
+           in->replicas ? ", replicas 1 (each server also holds a copy of another shard)" : "");
     printf("hosts: link %g Gbit/s; server memory %g GiB%s, bandwidth %g GB/s%s; head GEMM %g GFLOP/s%s; "
            "backbone "
            "%g ms per step\n",

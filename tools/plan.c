@@ -32,8 +32,10 @@ double plan_server_need(const plan_in *in, int S, double rows_step)
     double regions = 2 * page_round((double)rows * D * 4);
     double margin = regions / 16 + (double)PLAN_MARGIN_MIB * 1024 * 1024;
     double msg = (double)ps_wire_msg_bytes((uint32_t)in->dim);
-    double buffers = 2.0 * PLAN_RECV_BUFS * msg + rows_step * (8 + 4 * D) + rows_step * D * in->wire_bytes;
-    return regions + 9.0 * (double)rows + margin + buffers; /* + row states and apply bookkeeping */
+    const double copies = 1 + in->replicas; /* replicas = 1: a second table and endpoint, the pushes twice */
+    double buffers =
+        copies * (2.0 * PLAN_RECV_BUFS * msg + rows_step * (8 + 4 * D)) + rows_step * D * in->wire_bytes;
+    return copies * (regions + 9.0 * (double)rows + margin) + buffers; /* + row states, apply bookkeeping */
 }
 
 /* Messages of one worker's pull (or push) of k rows over S servers: each server's share cut into messages of
@@ -69,6 +71,9 @@ static int check_inputs(const plan_in *in)
         return pf_err(-EINVAL, "backbone time must be >= 0 (got %g)", in->backbone_s);
     if (in->servers < 0 || in->servers > PLAN_MAX_SERVERS)
         return pf_err(-EINVAL, "servers must be in [1, %d] (got %d)", PLAN_MAX_SERVERS, in->servers);
+    if (in->replicas < 0 || in->replicas > 1 || (in->replicas && in->servers == 1))
+        return pf_err(-EINVAL, "replicas must be 0 or 1, and 1 needs at least 2 servers (got %d, servers %d)",
+                      in->replicas, in->servers);
     return 0;
 }
 
@@ -79,8 +84,9 @@ static void step_terms(const plan_in *in, int S, plan_out *out)
     double mp = messages(in, out->k, S, 0), mq = messages(in, out->k, S, 1);
     out->pull_out_bytes = 8.0 * (double)out->k + 64 * mp;
     out->pull_in_bytes = (double)out->k * D * in->wire_bytes + 64 * mp;
-    out->push_out_bytes = (double)out->k * (8 + D * in->wire_bytes) + 64 * mq;
-    out->push_in_bytes = 64 * mq;
+    /* replicas = 1: every push goes to both copies of its shard */
+    out->push_out_bytes = (1 + in->replicas) * ((double)out->k * (8 + D * in->wire_bytes) + 64 * mq);
+    out->push_in_bytes = (1 + in->replicas) * 64 * mq;
     out->worker_link_bytes =
         out->pull_out_bytes + out->pull_in_bytes + out->push_out_bytes + out->push_in_bytes;
     /* Links are full duplex; the pull's two directions overlap, and so do the push's, but the push follows
@@ -92,7 +98,8 @@ static void step_terms(const plan_in *in, int S, plan_out *out)
     out->server_link_bytes = share * out->worker_link_bytes;
     out->link_s = fmax(worker_s, share * worker_s);
     out->server_rows = (double)in->workers * (double)out->k / S;
-    out->mem_s = out->server_rows * PLAN_MEM_PASSES * 4 * D / (in->mem_gbs * 1e9);
+    /* replicas = 1: a server also applies its backup copy's pushes (5 of the 7 passes) */
+    out->mem_s = out->server_rows * (PLAN_MEM_PASSES + 5 * in->replicas) * 4 * D / (in->mem_gbs * 1e9);
     out->transfer_s = fmax(out->link_s, out->mem_s);
     out->step_s = fmax(in->backbone_s, out->transfer_s) + out->head_s;
     /* What sets the step: the largest of its terms. */
@@ -103,12 +110,14 @@ static void step_terms(const plan_in *in, int S, plan_out *out)
         if (terms[i] > terms[top])
             top = i;
     out->bound = names[top];
-    out->shard_bytes =
-        2 * page_round((double)ceil_div(in->identities, S) * D * 4) + 9.0 * (double)ceil_div(in->identities, S);
+    out->shard_bytes = (1 + in->replicas) * (2 * page_round((double)ceil_div(in->identities, S) * D * 4) +
+                                             9.0 * (double)ceil_div(in->identities, S));
     double rs = rows_per_server(in, out->k, S);
     out->server_need_bytes = plan_server_need(in, S, rs);
-    out->buffer_bytes = 2.0 * PLAN_RECV_BUFS * (double)ps_wire_msg_bytes((uint32_t)in->dim) +
-                        rs * (8 + 4 * D) + rs * D * in->wire_bytes;
+    out->buffer_bytes =
+        (1 + in->replicas) *
+            (2.0 * PLAN_RECV_BUFS * (double)ps_wire_msg_bytes((uint32_t)in->dim) + rs * (8 + 4 * D)) +
+        rs * D * in->wire_bytes;
 }
 
 int plan_compute(const plan_in *in, plan_out *out)
@@ -144,7 +153,7 @@ int plan_compute(const plan_in *in, plan_out *out)
 
     const double mem = in->server_mem_gib * 1073741824.0;
     out->servers_mem = 0;
-    for (int S = 1; S <= PLAN_MAX_SERVERS && !out->servers_mem; S++)
+    for (int S = 1 + in->replicas; S <= PLAN_MAX_SERVERS && !out->servers_mem; S++)
         if (plan_server_need(in, S, rows_per_server(in, k, S)) <= mem)
             out->servers_mem = S;
     if (!out->servers_mem)
@@ -161,9 +170,9 @@ int plan_compute(const plan_in *in, plan_out *out)
         (in->link_gbps * 1e9 / 8);
     out->step_limit_s = fmax(in->backbone_s, worker_s) + out->head_s;
     out->servers_bw = PLAN_MAX_SERVERS;
-    for (int S = 1; S <= PLAN_MAX_SERVERS; S++) {
+    for (int S = 1 + in->replicas; S <= PLAN_MAX_SERVERS; S++) {
         double share = (double)W / S, rows = (double)W * kk / S;
-        double mem_s = rows * PLAN_MEM_PASSES * 4 * D / (in->mem_gbs * 1e9);
+        double mem_s = rows * (PLAN_MEM_PASSES + 5 * in->replicas) * 4 * D / (in->mem_gbs * 1e9);
         double step = fmax(in->backbone_s, fmax(fmax(share, 1) * worker_s, mem_s)) + out->head_s;
         if (step <= PLAN_SERVER_SLACK * out->step_limit_s * (1 + 1e-12)) {
             out->servers_bw = S;

@@ -50,6 +50,8 @@ typedef struct plan_in {
     double server_mem_gib; /* memory a server may use (its MemAvailable), GiB (> 0) */
     int servers;           /* > 0: evaluate this many servers; 0: the plan's choice (see plan_out.servers) */
     double backbone_s; /* seconds of backbone forward + backward per step that hide the transfers (>= 0) */
+    int replicas;      /* 0, or 1: each server also holds a hot-standby copy of another shard (its table,
+                          buffers and the pushes it applies twice; a worker pushes every row to both copies) */
 } plan_in;
 
 typedef struct plan_out {

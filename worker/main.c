@@ -29,6 +29,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "worker/model/model.h"
+#include "worker/ps_client.h"
 #include "worker/resume.h"
 #include "worker/train.h"
 
@@ -42,6 +43,7 @@ static volatile sig_atomic_t g_stop;
  * servers are gone) within `grace_s`, leave with an error instead of waiting out the data-plane timeouts. */
 typedef struct ctl_watch {
     ctl_session *sess;
+    trainer *t; /* replicas = 1: its client is told of failovers (ps_client_server_lost) */
     volatile int done;
     volatile int broken; /* a member was lost or the control connection broke: the run did not complete */
     double grace_s;
@@ -56,6 +58,17 @@ static void *ctl_watch_main(void *arg)
             continue;
         if (w->done)
             break;
+        if (r == 2) {
+            /* replicas = 1: a server was lost and its shards go on on their other copies. */
+            int lost = -1;
+            const char *text = "";
+            uint32_t epoch = ctl_session_failover(w->sess, &lost, &text);
+            log_warn("failover (epoch %u): %s", epoch, text);
+            ps_client *pc = train_ps_client(w->t);
+            if (pc && ps_client_server_lost(pc, lost, epoch) < 0)
+                log_error("failover: %s", pf_errmsg());
+            continue;
+        }
         if (r != 1)
             w->broken = 1;
         if (r == 1)
@@ -361,7 +374,9 @@ static int accept_run_config(worker_daemon *d)
  * training error. */
 static int train_watched(worker_daemon *d)
 {
-    ctl_watch watch = {.sess = d->sess, .grace_s = 10};
+    ctl_watch watch = {.sess = d->sess, .t = d->t, .grace_s = 10};
+    if (d->run.replicas) /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
+        ctl_session_set_heartbeat(d->sess, ctl_member_silence_s(d->run.ctl_timeout) / 8);
     pthread_t watcher;
     int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
     int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);

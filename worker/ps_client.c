@@ -6,6 +6,7 @@
 #include "worker/ps_client.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +49,7 @@ typedef struct slot {
     ps_req *req;
     uint32_t gen;
     int in_use;
-    int server; /* the server the message went to */
+    int server; /* the target the message went to: copy 0 of shard t (t < S) or copy 1 of shard t - S */
     size_t off; /* pull: index into req->order of the message's first row */
     uint32_t n;
 } slot;
@@ -69,9 +70,9 @@ struct ps_req {
     int grads_owned;     /* grads is a copy, freed with the request */
     float *out;          /* pull destination */
     void *result;        /* stat / checksum destination */
-    size_t *srv_off;     /* [S + 1] start of each server's ids in sorted_ids */
-    int *next_chunk;     /* [S] next message to send per server */
-    int *nchunks;        /* [S] messages per server */
+    size_t *srv_off;     /* [S + 1] start of each shard's ids in sorted_ids */
+    int *next_chunk;     /* [T] next message to send per target (ntgt: a shard's copy, see ps_client) */
+    int *nchunks;        /* [T] messages per target */
     int to_send;         /* messages not yet sent */
     int remaining;       /* messages not yet answered */
     int queued;
@@ -91,6 +92,20 @@ struct ps_client {
     uint64_t token;   /* the run's data-plane token (0: none) */
     int borrow_grads; /* ps_client_set_borrow_grads */
     fab_ctx *fab;
+    /* Targets: the endpoints the client talks to. Target t < S is shard t's primary (server t); with
+     * replicas = 1, target S + s is shard s's backup copy (on server (s + 1) mod S). ntgt = S (1 + replicas).
+     * The per-server arrays below are per target. */
+    int ntgt;
+    int *route;          /* [S]: the target pulls, stats and checksums of shard s go to (its primary until a
+                            failover) */
+    uint8_t *tgt_gone;   /* [T]: removed by a failover: its messages were retired, none goes there again */
+    double *tgt_suspect; /* [T]: when a transport error first hit it while its shard had another copy (0:
+                            none): its messages wait for the control plane's failover, up to the timeout */
+    _Atomic uint32_t epoch; /* membership epoch (ps_client_server_lost) */
+    atomic_int lost_any;    /* a server was posted lost and progress() has not taken it yet */
+    atomic_int *lost_post;  /* [S]: posted lost by ps_client_server_lost */
+    long fenced_replies;    /* replies of an older epoch that named no live message (dropped) */
+    double fenced_log_t;
     fi_addr_t *srv_addr;
     uint8_t *srv_known;
     size_t msg_bytes;
@@ -116,11 +131,34 @@ struct ps_client {
     ps_req **srv_probe; /* its probe in flight, or NULL */
     double *srv_probe_t;
     /* Metrics (ps_client_metrics_on; NULL: off): */
-    pf_metric *m_pulled_rows, *m_pulled_bytes, *m_pushed_rows, *m_pushed_bytes;
+    pf_metric *m_pulled_rows, *m_pulled_bytes, *m_pushed_rows, *m_pushed_bytes, *m_fenced;
     pf_metric **m_wait;    /* [S]: pfcps_worker_server_wait_seconds_total{server} */
     const ps_req *waiting; /* the request ps_wait is waiting for */
     double *wait_last;     /* [S]: its last reply from each server during that wait (0: none yet) */
 };
+
+/* The server rank hosting target t (ps_client, Targets). */
+static int tgt_host(const ps_client *c, int t)
+{
+    const int S = c->o.servers;
+    return t < S ? t : (t - S + 1) % S;
+}
+
+/* The shard target t holds. */
+static int tgt_shard(const ps_client *c, int t)
+{
+    return t % c->o.servers;
+}
+
+/* "server 1", or "server 2 (backup copy of shard 1)", into buf[n]; returns buf. */
+static const char *tgt_name(const ps_client *c, int t, char *buf, size_t n)
+{
+    if (t < c->o.servers)
+        snprintf(buf, n, "server %d", t);
+    else
+        snprintf(buf, n, "server %d (backup copy of shard %d)", tgt_host(c, t), tgt_shard(c, t));
+    return buf;
+}
 
 static const char *op_name(const ps_req *r)
 {
@@ -202,12 +240,15 @@ int ps_client_create(const ps_client_opts *opts, ps_client **out)
     if (!c)
         return pf_err(-ENOMEM, "out of memory");
     c->o = *opts;
+    const int ntgt = opts->servers * (1 + (opts->replicas > 0)); /* every copy gets its messages */
     if (c->o.window <= 0)
-        c->o.window = 8 * opts->servers < 64 ? 8 * opts->servers : 64;
+        c->o.window = 8 * ntgt < 64 ? 8 * ntgt : 64;
     c->msg_bytes = ps_wire_msg_bytes((uint32_t)opts->dim);
     c->rpm = ps_wire_rows_per_msg((uint32_t)opts->dim, opts->dtype);
     c->timeout = FAB_DEFAULT_TIMEOUT_S;
-    const size_t S = (size_t)opts->servers;
+    c->o.replicas = opts->replicas > 0;
+    c->ntgt = opts->servers * (1 + c->o.replicas);
+    const size_t S = (size_t)c->ntgt;
     c->srv_addr = calloc(S, sizeof(fi_addr_t));
     c->srv_known = calloc(S, 1);
     c->srv_dead = calloc(S, 1);
@@ -216,10 +257,17 @@ int ps_client_create(const ps_client_opts *opts, ps_client **out)
     c->srv_heard = calloc(S, sizeof(double));
     c->srv_probe = calloc(S, sizeof(ps_req *));
     c->srv_probe_t = calloc(S, sizeof(double));
-    int rc = (!c->srv_addr || !c->srv_known || !c->srv_dead || !c->srv_why || !c->srv_out || !c->srv_heard ||
-              !c->srv_probe || !c->srv_probe_t)
-                 ? pf_err(-ENOMEM, "out of memory")
-                 : fab_open(opts->provider, &c->fab);
+    c->route = calloc((size_t)opts->servers, sizeof(int));
+    c->tgt_gone = calloc(S, 1);
+    c->tgt_suspect = calloc(S, sizeof(double));
+    c->lost_post = calloc((size_t)opts->servers, sizeof(atomic_int));
+    for (int s = 0; c->route && s < opts->servers; s++)
+        c->route[s] = s;
+    int rc =
+        (!c->srv_addr || !c->srv_known || !c->srv_dead || !c->srv_why || !c->srv_out || !c->srv_heard ||
+         !c->srv_probe || !c->srv_probe_t || !c->route || !c->tgt_gone || !c->tgt_suspect || !c->lost_post)
+            ? pf_err(-ENOMEM, "out of memory")
+            : fab_open(opts->provider, &c->fab);
     if (rc < 0) {
         ps_client_destroy(c);
         return rc;
@@ -242,12 +290,20 @@ int ps_client_getname(ps_client *c, void *addr, size_t *len)
 
 int ps_client_add_server(ps_client *c, int s, const void *addr, size_t len)
 {
+    return ps_client_add_copy(c, s, 0, addr, len);
+}
+
+int ps_client_add_copy(ps_client *c, int s, int copy, const void *addr, size_t len)
+{
     if (s < 0 || s >= c->o.servers)
         return pf_err(-ERANGE, "server rank %d out of range (%d servers)", s, c->o.servers);
-    int rc = fab_av_insert(c->fab, addr, len, &c->srv_addr[s]);
+    if (copy < 0 || copy > c->o.replicas)
+        return pf_err(-ERANGE, "copy %d of shard %d out of range (replicas = %d)", copy, s, c->o.replicas);
+    const int t = s + copy * c->o.servers;
+    int rc = fab_av_insert(c->fab, addr, len, &c->srv_addr[t]);
     if (rc < 0)
-        return pf_err_wrap(rc, "server %d", s);
-    c->srv_known[s] = 1;
+        return pf_err_wrap(rc, "server %d", tgt_host(c, t));
+    c->srv_known[t] = 1;
     return 0;
 }
 
@@ -301,7 +357,7 @@ static void unqueue(ps_client *c, ps_req *r)
             break;
         }
     r->queued = 0;
-    for (int s = 0; s < c->o.servers; s++) {
+    for (int s = 0; s < c->ntgt; s++) {
         int left = r->nchunks[s] - r->next_chunk[s];
         r->next_chunk[s] = r->nchunks[s];
         r->to_send -= left;
@@ -352,17 +408,32 @@ static void slot_done(ps_client *c, uint32_t si)
     }
 }
 
-/* Server s is unreachable (a send to it failed, or it stopped answering probes): every message in flight to
- * it fails its request with -ECOMM "server s: <why>", and every later request touching it fails at once. */
+/* Target s is unreachable (a send to it failed, or it stopped answering probes): every message in flight to
+ * it fails its request with -ECOMM "server s: <why>", and every later request touching it fails at once.
+ * With replicas, while its shard has another copy that is neither gone nor suspect, it is only suspect: its
+ * messages wait for the rendezvous' failover (ps_client_server_lost), which decides for every member alike
+ * which copy serves; it is dead only if none comes within the client's timeout (check_liveness), as without
+ * replicas. */
 static void server_dead(ps_client *c, int s, const char *why)
 {
-    if (c->srv_dead[s])
+    if (c->srv_dead[s] || c->tgt_gone[s])
         return;
+    const int S = c->o.servers, other = s < S ? s + S : s - S;
+    char name[96];
+    if (c->o.replicas && !c->tgt_gone[other] && !c->srv_dead[other] && c->tgt_suspect[other] == 0 &&
+        c->tgt_suspect[s] == 0) {
+        c->tgt_suspect[s] = pf_now_s();
+        log_warn("%s: %s; waiting up to %.0f s for the rendezvous to fail it over to shard %d's other copy",
+                 tgt_name(c, s, name, sizeof name), why, c->timeout, tgt_shard(c, s));
+        return;
+    }
+    if (c->tgt_suspect[s] > 0 && pf_now_s() - c->tgt_suspect[s] <= c->timeout)
+        return; /* still waiting for the failover */
     c->srv_dead[s] = 1;
     c->srv_why[s] = strdup(why);
     c->new_deaths = 1;
     char msg[PF_ERRMSG_MAX];
-    snprintf(msg, sizeof(msg), "server %d: %s", s, why);
+    snprintf(msg, sizeof(msg), "%s: %s", tgt_name(c, s, name, sizeof name), why);
     for (uint32_t si = 0; si < c->nslots; si++) {
         slot *sl = &c->slots[si];
         if (!sl->in_use || sl->server != s)
@@ -375,8 +446,9 @@ static void server_dead(ps_client *c, int s, const char *why)
 /* The error of a request that needs server s after it was found unreachable. */
 static int dead_err(ps_client *c, int s, const char *what)
 {
-    return pf_err(-ECOMM, "server %d: unreachable since an earlier failure (%s): %s not sent", s,
-                  c->srv_why[s] ? c->srv_why[s] : "out of memory", what);
+    char name[96];
+    return pf_err(-ECOMM, "%s: unreachable since an earlier failure (%s): %s not sent",
+                  tgt_name(c, s, name, sizeof name), c->srv_why[s] ? c->srv_why[s] : "out of memory", what);
 }
 
 /* Keeps at least `need` receives posted: replies are any-source, so one posted buffer per message in flight
@@ -402,11 +474,12 @@ static int ensure_recvs(ps_client *c, int need)
 static size_t raw_msg(const ps_client *c, const ps_req *r, uint8_t *buf, uint64_t req_id);
 #endif
 
-/* Writes message k = r->next_chunk[s] of request r for server s into buf (c->msg_bytes), with req_id, and
+/* Writes message k of request r for target t (shard s = t mod S) into buf (c->msg_bytes), with req_id, and
  * records in sl which rows it carries. Returns the message's length in bytes. Pulls and pushes carry the
- * server's ids of the message's rows (and, for a push, their gradients in the wire dtype). */
-static size_t build_msg(ps_client *c, const ps_req *r, int s, slot *sl, uint8_t *buf, uint64_t req_id)
+ * shard's ids of the message's rows (and, for a push, their gradients in the wire dtype). */
+static size_t build_msg(ps_client *c, const ps_req *r, int t, int k, slot *sl, uint8_t *buf, uint64_t req_id)
 {
+    const int s = tgt_shard(c, t);
 #ifdef PFCPS_TEST_HOOKS
     if (r->op == RQ_RAW)
         return raw_msg(c, r, buf, req_id);
@@ -420,6 +493,7 @@ static size_t build_msg(ps_client *c, const ps_req *r, int s, slot *sl, uint8_t 
                 .dtype = (uint16_t)c->o.dtype,
                 .lr = r->lr,
                 .token = c->token,
+                .epoch = atomic_load(&c->epoch),
                 .flags = r->op == RQ_PUSH ? r->flags : 0};
     size_t len = sizeof(ps_hdr);
     if (r->op == RQ_STAT || r->op == RQ_CHECKSUM) {
@@ -428,15 +502,13 @@ static size_t build_msg(ps_client *c, const ps_req *r, int s, slot *sl, uint8_t 
         return len;
     }
     const size_t D = (size_t)c->o.dim, rowb = D * ps_dtype_size(c->o.dtype);
-    const int k = r->next_chunk[s];
     size_t lo = r->srv_off[s] + (size_t)k * c->rpm, hi = lo + c->rpm;
     if (hi > r->srv_off[s + 1])
         hi = r->srv_off[s + 1];
     h.op = r->op == RQ_PULL ? PS_OP_PULL : PS_OP_PUSH;
     h.n = (uint32_t)(hi - lo);
     h.chunk = (uint16_t)k;
-    h.nchunks = (uint16_t)r->nchunks[s];
-    h.row_off = (uint32_t)(lo - r->srv_off[s]);
+    h.nchunks = (uint16_t)r->nchunks[t];
     sl->off = lo;
     sl->n = h.n;
     memcpy(buf + len, r->sorted_ids + lo, (size_t)h.n * sizeof(int64_t));
@@ -448,10 +520,10 @@ static size_t build_msg(ps_client *c, const ps_req *r, int s, slot *sl, uint8_t 
     return len;
 }
 
-/* Builds and sends one message of request r for server s (a receive for its reply is posted first).
+/* Builds and sends message k of request r for target s (a receive for its reply is posted first).
  * Returns 0 or a negative code with pf_errmsg naming the server. A post that fails with -ECOMM (the fabric's
  * retry bound ran out, see fab_send) marks the server dead. */
-static int send_one(ps_client *c, ps_req *r, int s)
+static int send_chunk(ps_client *c, ps_req *r, int s, int k)
 {
     if (c->srv_dead[s])
         return dead_err(c, s, op_name(r));
@@ -470,7 +542,7 @@ static int send_one(ps_client *c, ps_req *r, int s)
     }
     slot *sl = &c->slots[si];
     sl->gen++;
-    size_t len = build_msg(c, r, s, sl, sb->data, ((uint64_t)sl->gen << 32) | si);
+    size_t len = build_msg(c, r, s, k, sl, sb->data, ((uint64_t)sl->gen << 32) | si);
     sb->kind = MB_SEND;
     sb->slot = si;
     sb->gen = sl->gen;
@@ -488,7 +560,8 @@ static int send_one(ps_client *c, ps_req *r, int s)
             snprintf(why, sizeof(why), "%s request send failed: %s", op_name(r), pf_errmsg());
         if (rc == -ECOMM)
             server_dead(c, s, why);
-        return pf_err(rc, "server %d: %s", s, why);
+        char name[96];
+        return pf_err(rc, "%s: %s", tgt_name(c, s, name, sizeof name), why);
     }
     sl->in_use = 1;
     sl->req = r;
@@ -497,12 +570,20 @@ static int send_one(ps_client *c, ps_req *r, int s)
         metrics_add(c->m_pushed_rows, sl->n);
         metrics_add(c->m_pushed_bytes, (double)len);
     }
-    r->next_chunk[s]++;
     c->inflight++;
     r->to_send--;
     if (!r->probe && c->srv_out[s]++ == 0)
         c->srv_heard[s] = pf_now_s(); /* its silence counts from now */
     return 0;
+}
+
+/* Sends the next message of request r for target s (send_chunk). */
+static int send_one(ps_client *c, ps_req *r, int s)
+{
+    int rc = send_chunk(c, r, s, r->next_chunk[s]);
+    if (rc == 0)
+        r->next_chunk[s]++;
+    return rc;
 }
 
 /* Fails the messages of request r for server s that were not sent yet (they never will be). */
@@ -523,10 +604,12 @@ static void pump(ps_client *c)
     while (c->sendq_head && c->inflight < c->o.window) {
         ps_req *r = c->sendq_head;
         int sent = 0;
-        for (int s = 0; s < c->o.servers && c->inflight < c->o.window; s++) {
+        for (int s = 0; s < c->ntgt && c->inflight < c->o.window; s++) {
             if (r->next_chunk[s] >= r->nchunks[s])
                 continue;
             int rc = send_one(c, r, s);
+            if (rc < 0 && c->tgt_suspect[s] > 0 && !c->srv_dead[s])
+                continue; /* held for the failover, which moves or drops its messages */
             if (rc < 0)
                 fail_unsent(r, s, rc, pf_errmsg()); /* the request completes with the error */
             sent = 1;
@@ -550,7 +633,7 @@ static void sweep_queue(ps_client *c)
         return;
     c->new_deaths = 0;
     for (ps_req *r = c->sendq_head; r; r = r->next)
-        for (int s = 0; s < c->o.servers; s++)
+        for (int s = 0; s < c->ntgt; s++)
             if (c->srv_dead[s] && r->next_chunk[s] < r->nchunks[s]) {
                 dead_err(c, s, op_name(r));
                 fail_unsent(r, s, -ECOMM, pf_errmsg());
@@ -582,9 +665,24 @@ static slot *reply_slot(ps_client *c, const uint8_t *buf, size_t len, ps_hdr *h,
     memcpy(h, buf, sizeof(*h));
     *si = (uint32_t)(h->req_id & 0xffffffffu);
     uint32_t gen = (uint32_t)(h->req_id >> 32);
-    if (h->magic != PS_MAGIC || h->op != PS_OP_REPLY || (c->token && h->token != c->token) ||
-        *si >= c->nslots || !c->slots[*si].in_use || c->slots[*si].gen != gen)
+    if (h->magic != PS_MAGIC || h->op != PS_OP_REPLY || (c->token && h->token != c->token))
         return NULL;
+    if (*si >= c->nslots || !c->slots[*si].in_use || c->slots[*si].gen != gen) {
+        uint32_t now_epoch = atomic_load(&c->epoch);
+        if (h->epoch < now_epoch) {
+            /* A copy removed by a failover answering late (its messages were retired): refused. */
+            c->fenced_replies++;
+            metrics_add(c->m_fenced, 1);
+            double t = pf_now_s();
+            if (t - c->fenced_log_t >= 1.0) {
+                log_warn("dropped a reply of membership epoch %u (now %u): its sender was removed from the "
+                         "run and its message retired (%ld such replies so far)",
+                         h->epoch, now_epoch, c->fenced_replies);
+                c->fenced_log_t = t;
+            }
+        }
+        return NULL;
+    }
     return &c->slots[*si];
 }
 
@@ -599,7 +697,7 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len)
     const double now = pf_now_s();
     c->srv_heard[sl->server] = now;
     if (r == c->waiting)
-        c->wait_last[sl->server] = now;
+        c->wait_last[tgt_shard(c, sl->server)] = now;
     const uint8_t *p = buf + sizeof(h);
     size_t plen = len - sizeof(h);
     if (h.status != 0) {
@@ -612,7 +710,7 @@ static void handle_reply(ps_client *c, const uint8_t *buf, size_t len)
         const size_t D = (size_t)c->o.dim, dts = ps_dtype_size(c->o.dtype);
         if (h.n != sl->n || plen != (size_t)h.n * D * dts) {
             char msg[128];
-            snprintf(msg, sizeof(msg), "server %d: pull reply has the wrong size", sl->server);
+            snprintf(msg, sizeof(msg), "server %d: pull reply has the wrong size", tgt_host(c, sl->server));
             req_fail(r, -EPROTO, msg);
         } else {
             metrics_add(c->m_pulled_rows, h.n);
@@ -644,8 +742,15 @@ static void handle_recv_error(ps_client *c, const uint8_t *buf, size_t len, int 
     if (!sl)
         return;
     char msg[PF_ERRMSG_MAX];
-    snprintf(msg, sizeof(msg), "server %d: receiving the %s reply failed: %s", sl->server, op_name(sl->req),
-             fi_strerror(-err));
+    char name[96];
+    snprintf(msg, sizeof(msg), "%s: receiving the %s reply failed: %s",
+             tgt_name(c, sl->server, name, sizeof name), op_name(sl->req), fi_strerror(-err));
+    if (c->o.replicas && err != -FI_ETRUNC) {
+        /* With another live copy the target is only suspect and the failover retires the slot; otherwise
+         * server_dead failed it with every other message to that target. */
+        server_dead(c, sl->server, msg);
+        return;
+    }
     req_fail_fatal(sl->req, err == -FI_ETRUNC ? -EPROTO : -ECOMM, msg);
     slot_done(c, si);
 }
@@ -676,9 +781,14 @@ static void check_liveness(ps_client *c)
         return;
     c->last_check = now;
     double after = c->timeout / 4 < PROBE_AFTER_S ? c->timeout / 4 : PROBE_AFTER_S;
-    for (int s = 0; s < c->o.servers; s++) {
-        if (c->srv_dead[s] || !c->srv_known[s])
+    for (int s = 0; s < c->ntgt; s++) {
+        if (c->srv_dead[s] || !c->srv_known[s] || c->tgt_gone[s])
             continue;
+        if (c->tgt_suspect[s] > 0) {
+            if (now - c->tgt_suspect[s] > c->timeout)
+                server_dead(c, s, "no failover came from the rendezvous after a transport error");
+            continue;
+        }
         if (c->srv_probe[s]) {
             if (now - c->srv_probe_t[s] > c->timeout) {
                 char why[PF_ERRMSG_MAX];
@@ -694,8 +804,93 @@ static void check_liveness(ps_client *c)
     }
 }
 
+/* Moves what request r had for gone target t to the shard's other copy `to` (pulls, stats, checksums: their
+ * answer must come from a serving copy) or drops it (pushes: the other copy has, or will get, its own). Its
+ * in-flight messages to t are retired first by the caller (retire_target). */
+static void move_unsent(ps_req *r, int t, int to)
+{
+    int left = r->nchunks[t] - r->next_chunk[t];
+    if (left <= 0)
+        return;
+    if (r->op == RQ_PUSH || to < 0) {
+        r->to_send -= left;
+        r->remaining -= left;
+    } else {
+        r->nchunks[to] = r->nchunks[t];
+        r->next_chunk[to] = r->next_chunk[t];
+    }
+    r->next_chunk[t] = r->nchunks[t];
+}
+
+/* Retires every message in flight to gone target t: a push's is dropped (the request completes on its other
+ * copies' acknowledgements), a probe's forgotten, a pull's, stat's or checksum's sent again to `to`, the
+ * shard's serving copy now (its rows are the same: both copies applied the same pushes). */
+static void retire_target(ps_client *c, int t, int to)
+{
+    for (uint32_t si = 0; si < c->nslots; si++) {
+        slot *sl = &c->slots[si];
+        if (!sl->in_use || sl->server != t)
+            continue;
+        ps_req *r = sl->req;
+        const int resend = !r->probe && !r->abandoned && r->op != RQ_PUSH && r->op != RQ_RAW && to >= 0;
+        const int k = r->op == RQ_PULL ? (int)((sl->off - r->srv_off[tgt_shard(c, t)]) / c->rpm) : 0;
+        slot_done(c, si); /* may free an abandoned request: r is not used below then */
+        if (!resend)
+            continue;
+        r->remaining++;
+        r->to_send++;
+        if (send_chunk(c, r, to, k) < 0) {
+            r->remaining--;
+            r->to_send--;
+            req_fail_fatal(r, -ECOMM, pf_errmsg());
+        }
+    }
+}
+
+/* The rendezvous removed server `host` from the run: its two copies (the primary of shard host, the backup of
+ * shard host - 1) are gone. Every shard they held goes on on its other copy; a shard without one fails its
+ * requests as a dead server does. */
+static void failover_server(ps_client *c, int host)
+{
+    const int S = c->o.servers;
+    const int held[2] = {host, c->o.replicas ? S + (host + S - 1) % S : -1};
+    for (int i = 0; i < 2; i++) {
+        const int t = held[i];
+        if (t < 0 || c->tgt_gone[t])
+            continue;
+        const int s = tgt_shard(c, t), other = t < S ? t + S : t - S;
+        const int to = c->o.replicas && !c->tgt_gone[other] && !c->srv_dead[other] ? other : -1;
+        char name[96];
+        if (to < 0) {
+            c->tgt_suspect[t] = 0; /* the rendezvous decided: no wait for a failover */
+            server_dead(c, t, "removed from the run and its shard has no other live copy");
+            continue;
+        }
+        c->tgt_gone[t] = 1;
+        if (c->route[s] == t)
+            c->route[s] = to;
+        retire_target(c, t, to);
+        for (ps_req *r = c->sendq_head; r; r = r->next)
+            move_unsent(r, t, to);
+        c->new_deaths = 1; /* sweep_queue takes requests left with nothing to send off the queue */
+        log_info("%s removed from the run: shard %d is now served by its %s copy",
+                 tgt_name(c, t, name, sizeof name), s, to < S ? "primary" : "backup");
+    }
+}
+
+/* Takes the servers ps_client_server_lost posted (training thread). */
+static void take_lost(ps_client *c)
+{
+    if (!atomic_exchange(&c->lost_any, 0))
+        return;
+    for (int h = 0; h < c->o.servers; h++)
+        if (atomic_exchange(&c->lost_post[h], 0))
+            failover_server(c, h);
+}
+
 static int progress(ps_client *c)
 {
+    take_lost(c);
     fab_comp comps[32];
     int n = fab_poll(c->fab, comps, 32);
     if (n < 0)
@@ -743,8 +938,8 @@ static ps_req *req_alloc(ps_client *c, int op, int64_t step)
     r->step = step;
     r->t_start = pf_now_s();
     r->srv_off = calloc((size_t)c->o.servers + 1, sizeof(size_t));
-    r->next_chunk = calloc(c->o.servers, sizeof(int));
-    r->nchunks = calloc(c->o.servers, sizeof(int));
+    r->next_chunk = calloc((size_t)c->ntgt, sizeof(int));
+    r->nchunks = calloc((size_t)c->ntgt, sizeof(int));
     if (!r->srv_off || !r->next_chunk || !r->nchunks) {
         req_free(r);
         return NULL;
@@ -808,15 +1003,17 @@ static int split_ids(ps_client *c, ps_req *r, const int64_t *ids, size_t n)
 
 static int check_servers(ps_client *c)
 {
-    for (int s = 0; s < c->o.servers; s++)
+    char name[96];
+    for (int s = 0; s < c->ntgt; s++)
         if (!c->srv_known[s])
-            return pf_err(-ENOTCONN, "server %d's address was never added", s);
+            return pf_err(-ENOTCONN, "%s's address was never added", tgt_name(c, s, name, sizeof name));
     return 0;
 }
 
 int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step, ps_req **req)
 {
     *req = NULL;
+    take_lost(c); /* a failover announced since the last progress routes this request already */
     int rc = check_servers(c);
     if (rc < 0)
         return rc;
@@ -832,10 +1029,11 @@ int ps_pull(ps_client *c, const int64_t *ids, size_t n, float *out, int64_t step
     r->out = out;
     for (int s = 0; s < c->o.servers; s++) {
         size_t cnt = r->srv_off[s + 1] - r->srv_off[s];
-        r->nchunks[s] = (int)((cnt + c->rpm - 1) / c->rpm);
-        r->to_send += r->nchunks[s];
-        if (r->nchunks[s] && c->srv_dead[s]) {
-            rc = dead_err(c, s, "pull");
+        const int t = c->route[s]; /* the shard's serving copy */
+        r->nchunks[t] = (int)((cnt + c->rpm - 1) / c->rpm);
+        r->to_send += r->nchunks[t];
+        if (r->nchunks[t] && c->srv_dead[t]) {
+            rc = dead_err(c, t, "pull");
             req_free(r);
             return rc;
         }
@@ -857,6 +1055,7 @@ int ps_push_ex(ps_client *c, const int64_t *ids, size_t n, const float *grads, f
                uint32_t flags, ps_req **req)
 {
     *req = NULL;
+    take_lost(c); /* a failover announced since the last progress routes this request already */
     int rc = check_servers(c);
     if (rc < 0)
         return rc;
@@ -898,12 +1097,23 @@ int ps_push_ex(ps_client *c, const int64_t *ids, size_t n, const float *grads, f
             req_free(r);
             return pf_err(-E2BIG, "push of %zu rows to server %d needs %zu messages (max 65535)", cnt, s, k);
         }
-        r->nchunks[s] = (int)k;
-        r->to_send += (int)k;
-        if (c->srv_dead[s]) {
-            rc = dead_err(c, s, "push");
+        /* Every live copy of the shard gets the push; it is complete when each has acknowledged it. */
+        int live = 0;
+        for (int t = s; t < c->ntgt; t += c->o.servers) {
+            if (c->tgt_gone[t])
+                continue;
+            if (c->srv_dead[t]) {
+                rc = dead_err(c, t, "push");
+                req_free(r);
+                return rc;
+            }
+            r->nchunks[t] = (int)k;
+            r->to_send += (int)k;
+            live++;
+        }
+        if (!live) {
             req_free(r);
-            return rc;
+            return pf_err(-ECOMM, "shard %d: every copy was removed from the run: push not sent", s);
         }
     }
     r->remaining = r->to_send;
@@ -918,13 +1128,14 @@ int ps_test(ps_client *c, ps_req *r)
     return r->remaining <= 0 || r->fatal;
 }
 
-/* Server s still owes request r a reply (a message unanswered or not yet sent). */
+/* Shard s (either of its copies) still owes request r a reply (a message unanswered or not yet sent). */
 static int owes(const ps_client *c, const ps_req *r, int s)
 {
-    if (r->next_chunk && r->nchunks && r->next_chunk[s] < r->nchunks[s])
-        return 1;
+    for (int t = s; t < c->ntgt; t += c->o.servers)
+        if (r->next_chunk && r->nchunks && r->next_chunk[t] < r->nchunks[t])
+            return 1;
     for (uint32_t si = 0; si < c->nslots; si++)
-        if (c->slots[si].in_use && c->slots[si].req == r && c->slots[si].server == s)
+        if (c->slots[si].in_use && c->slots[si].req == r && tgt_shard(c, c->slots[si].server) == s)
             return 1;
     return 0;
 }
@@ -962,7 +1173,10 @@ static void wait_account(ps_client *c, const ps_req *r, double t0, int done)
         return;
     const double now = pf_now_s();
     for (int s = 0; s < c->o.servers; s++) {
-        if (!r->nchunks || r->nchunks[s] == 0)
+        int any = 0;
+        for (int t = s; r->nchunks && t < c->ntgt; t += c->o.servers)
+            any |= r->nchunks[t] != 0;
+        if (!any)
             continue;
         double end = !done && owes(c, r, s) ? now : c->wait_last[s];
         if (end > t0)
@@ -1033,6 +1247,8 @@ static int simple_req(ps_client *c, int s, int op, void *result, ps_req **out)
     if (!r)
         return pf_err(-ENOMEM, "out of memory");
     r->result = result;
+    if (op != RQ_RAW)
+        s = c->route[s]; /* shard s's serving copy (ps_raw talks to server s itself) */
     if (c->srv_dead[s]) {
         int rc = dead_err(c, s, op_name(r));
         req_free(r);
@@ -1072,11 +1288,18 @@ int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s)
 
 int ps_client_warmup(ps_client *c, double timeout_s)
 {
-    for (int s = 0; s < c->o.servers; s++) {
+    for (int s = 0; s < c->ntgt; s++) {
         ps_stat st;
-        int rc = ps_stat_get(c, s, &st, timeout_s);
+        ps_req *r;
+        int rc = simple_req(c, tgt_shard(c, s), RQ_STAT, &st, &r);
+        if (rc == 0) {
+            r->nchunks[c->route[tgt_shard(c, s)]] = 0;
+            r->nchunks[s] = 1; /* every copy, backups included */
+            rc = simple_run(c, r, timeout_s);
+        }
+        char name[96];
         if (rc < 0)
-            return pf_err_wrap(rc, "warming up server %d", s);
+            return pf_err_wrap(rc, "warming up %s", tgt_name(c, s, name, sizeof name));
         if (st.dim != c->o.dim || st.num_classes != c->o.num_classes || st.servers != c->o.servers)
             return pf_err(-EINVAL, "server %d has C=%lld D=%d S=%d, client expects C=%lld D=%d S=%d", s,
                           (long long)st.num_classes, st.dim, st.servers, (long long)c->o.num_classes,
@@ -1115,7 +1338,11 @@ void ps_client_destroy(ps_client *c)
     free(c->free_slots);
     free(c->srv_addr);
     free(c->srv_known);
-    for (int s = 0; c->srv_why && s < c->o.servers; s++)
+    free(c->route);
+    free(c->tgt_gone);
+    free(c->tgt_suspect);
+    free(c->lost_post);
+    for (int s = 0; c->srv_why && s < c->ntgt; s++)
         free(c->srv_why[s]);
     free(c->srv_why);
     free(c->srv_dead);
@@ -1150,6 +1377,9 @@ int ps_client_metrics_on(ps_client *c)
         metrics_counter("pfcps_worker_pulled_bytes_total", "Data-plane bytes received for pulls.", NULL, 0);
     c->m_pushed_bytes =
         metrics_counter("pfcps_worker_pushed_bytes_total", "Data-plane bytes sent for pushes.", NULL, 0);
+    c->m_fenced =
+        metrics_counter("pfcps_worker_fenced_replies_total",
+                        "Replies of an older membership epoch dropped (a removed server's).", NULL, 0);
     for (int s = 0; s < S; s++) {
         char rank[16];
         snprintf(rank, sizeof rank, "%d", s);
@@ -1158,6 +1388,31 @@ int ps_client_metrics_on(ps_client *c)
                                        "Time spent waiting for that server's replies.", labels, 1);
     }
     return 0;
+}
+
+int ps_client_server_lost(ps_client *c, int server, uint32_t epoch)
+{
+    if (server < 0 || server >= c->o.servers)
+        return pf_err(-ERANGE, "server rank %d out of range (%d servers)", server, c->o.servers);
+    uint32_t cur = atomic_load(&c->epoch);
+    while (epoch > cur && !atomic_compare_exchange_weak(&c->epoch, &cur, epoch))
+        ;
+    const int S = c->o.servers;
+    /* Posts towards its endpoints give up now, so the training thread is not held in one until the timeout.
+     */
+    if (c->srv_known[server])
+        fab_mark_peer_dead(c->fab, c->srv_addr[server]);
+    const int b = S + (server + S - 1) % S;
+    if (c->o.replicas && c->srv_known[b])
+        fab_mark_peer_dead(c->fab, c->srv_addr[b]);
+    atomic_store(&c->lost_post[server], 1);
+    atomic_store(&c->lost_any, 1);
+    return 0;
+}
+
+uint32_t ps_client_epoch(const ps_client *c)
+{
+    return atomic_load(&((ps_client *)c)->epoch);
 }
 
 void ps_client_set_token(ps_client *c, uint64_t token)

@@ -26,7 +26,21 @@
  * later posts to it stay -FI_EAGAIN, so that case ends after the silence plus the timeout. From then on every
  * request touching the server fails at once (ps_pull / ps_push / ps_stat_get / ps_checksum return
  * -ECOMM, nothing sent); requests to the other servers keep working. A client never marks a server alive
- * again. */
+ * again.
+ *
+ * Hot-standby shards (replicas = 1; docs/architecture.md, "Hot-standby shards"): shard s also has a backup
+ * copy on server (s + 1) mod S, on that server's second endpoint (ps_client_add_copy). ps_push sends every
+ * push to both copies of each shard and completes when both acknowledged it; pulls, stats and checksums go to
+ * the shard's serving copy, its primary until the rendezvous announces that server lost
+ * (ps_client_server_lost). Then the lost server's copies are retired: pull messages in flight to it are sent
+ * again to the shard's other copy, push messages to it are dropped (the other copy acknowledges its own),
+ * and every later request goes to the other copies. A transport error towards a copy whose shard has another
+ * one does not fail requests at once: the client waits for the rendezvous' decision, which every member gets
+ * alike, up to the client's timeout (a worker deciding alone could leave the copies with different pushes).
+ * Every message carries the membership epoch (ps_wire.h); late replies of a retired copy are dropped.
+ * The Parameter Server (Li et al., OSDI 2014, section 4.3) has the primary forward the aggregated update to its
+ * replica instead; in head_mode = global each row has one pushing worker, so the bytes are the same, and the
+ * worker-side copy needs one acknowledgement round trip instead of two in series (docs/architecture.md). */
 #ifndef PFCPS_WORKER_PS_CLIENT_H
 #define PFCPS_WORKER_PS_CLIENT_H
 
@@ -45,7 +59,8 @@ typedef struct ps_client_opts {
     int64_t num_classes;  /* C */
     int dim;              /* D */
     ps_dtype dtype;       /* wire dtype for pulled rows and pushed gradients */
-    int window;           /* max messages in flight; 0 = min(64, 8 * S) */
+    int window;           /* max messages in flight; 0 = min(64, 8 * S * (1 + replicas)) */
+    int replicas;         /* 0, or 1: every shard also has a backup copy (see above) */
 } ps_client_opts;
 
 /* Opens the endpoint. Returns 0 or a negative code (fabric errors name the libfabric call). */
@@ -65,15 +80,30 @@ void ps_client_set_borrow_grads(ps_client *c, int on);
  * and bytes of every push message sent, headers included), and the wait per server,
  * pfcps_worker_server_wait_seconds_total{server}: per ps_wait, for each server the request has messages
  * with, the time from the wait's start to that server's last reply within it (0 when all its replies came
- * before), or to the wait's end when it still owed one. Returns 0 or -ENOMEM. Call once, before the requests
- * to count. */
+ * before), or to the wait's end when it still owed one; and pfcps_worker_fenced_replies_total (replies of an
+ * older membership epoch dropped, see Hot-standby shards). Returns 0 or -ENOMEM. Call once, before the
+ * requests to count. */
 int ps_client_metrics_on(ps_client *c);
 
 /* This client's fabric address for the address book. *len: capacity in, bytes out. */
 int ps_client_getname(ps_client *c, void *addr, size_t *len);
 
-/* Inserts server s's fabric address. Returns 0, -ERANGE (s), -EINVAL (address). */
+/* Inserts server s's fabric address (shard s's primary copy). Returns 0, -ERANGE (s), -EINVAL (address). */
 int ps_client_add_server(ps_client *c, int s, const void *addr, size_t len);
+
+/* Inserts the fabric address of copy `copy` of shard s: 0 its primary (server s, as ps_client_add_server), 1
+ * its backup (replicas = 1: server (s + 1) mod S's second endpoint). Returns 0, -ERANGE (s or copy), -EINVAL
+ * (address). */
+int ps_client_add_copy(ps_client *c, int s, int copy, const void *addr, size_t len);
+
+/* The rendezvous announced server `server` lost at membership epoch `epoch` (ctl_session_failover): posts to
+ * its endpoints fail from now on, and the next progress of the client retires its copies (see Hot-standby
+ * shards above) and carries the epoch in every message. Safe from any thread (the worker's control watcher
+ * calls it while the training thread waits in ps_wait). Returns 0 or -ERANGE. */
+int ps_client_server_lost(ps_client *c, int server, uint32_t epoch);
+
+/* The membership epoch the client's messages carry (0 until a failover). */
+uint32_t ps_client_epoch(const ps_client *c);
 
 /* Opens the connection to every server (a stat round trip each) so the first step does not pay for it.
  * Returns 0 or the first error (-ETIMEDOUT after timeout_s seconds). */

@@ -63,6 +63,10 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
  * stuck at ln(1e30) = 69.0776 (no target ever matched: a label/sampling fault), or a component's error. */
 int train_run(trainer *t);
 
+/* The trainer's parameter-server client (its endpoint opened by train_open_endpoints), for the control
+ * watcher's ps_client_server_lost (replicas = 1), which is safe from another thread. */
+struct ps_client *train_ps_client(trainer *t);
+
 /* Frees everything. NULL is a no-op. */
 void train_close(trainer *t);
 

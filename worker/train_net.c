@@ -17,7 +17,8 @@ int train_net_open(train_net *n, const pf_config *local, int rank)
                          .servers = local->servers,
                          .num_classes = local->num_classes > 0 ? local->num_classes : 1,
                          .dim = local->embedding_size,
-                         .dtype = dt};
+                         .dtype = dt,
+                         .replicas = local->replicas};
     if (rc == 0)
         rc = ps_client_create(&po, &n->ps);
     if (rc == 0)
@@ -47,14 +48,16 @@ int train_net_check_run(const pf_config *local, const pf_config *run)
 {
     if (local->servers != run->servers || local->num_classes != run->num_classes ||
         local->embedding_size != run->embedding_size || strcmp(local->wire_dtype, run->wire_dtype) ||
-        strcmp(local->provider, run->provider))
-        return pf_err(-EINVAL,
-                      "this worker's config (servers %d, num_classes %lld, embedding_size %d, wire_dtype %s, "
-                      "provider %s) differs from the run's (servers %d, num_classes %lld, embedding_size %d, "
-                      "wire_dtype %s, provider %s): give every process the same config",
-                      local->servers, (long long)local->num_classes, local->embedding_size, local->wire_dtype,
-                      local->provider, run->servers, (long long)run->num_classes, run->embedding_size,
-                      run->wire_dtype, run->provider);
+        strcmp(local->provider, run->provider) || local->replicas != run->replicas)
+        return pf_err(
+            -EINVAL,
+            "this worker's config (servers %d, num_classes %lld, embedding_size %d, wire_dtype %s, "
+            "provider %s, replicas %d) differs from the run's (servers %d, num_classes %lld, "
+            "embedding_size %d, wire_dtype %s, provider %s, replicas %d): give every process the same "
+            "config",
+            local->servers, (long long)local->num_classes, local->embedding_size, local->wire_dtype,
+            local->provider, local->replicas, run->servers, (long long)run->num_classes, run->embedding_size,
+            run->wire_dtype, run->provider, run->replicas);
     return 0;
 }
 
@@ -73,9 +76,24 @@ static int connect_servers(train_net *n, const pf_config *run, const ctl_book *b
     ps_client_set_borrow_grads(n->ps, 1); /* the caller waits for its push before the gradients change */
     if ((rc = ps_client_metrics_on(n->ps)) < 0)
         return rc;
-    for (int s = 0; s < run->servers; s++)
-        if ((rc = ps_client_add_server(n->ps, s, book->servers[s].addr, book->servers[s].addr_len)) < 0)
-            return pf_err_wrap(rc, "server %d address", s);
+    for (int s = 0; s < run->servers; s++) {
+        if (!run->replicas) {
+            if ((rc = ps_client_add_server(n->ps, s, book->servers[s].addr, book->servers[s].addr_len)) < 0)
+                return pf_err_wrap(rc, "server %d address", s);
+            continue;
+        }
+        /* replicas = 1: server s's entry packs its primary endpoint (shard s) and its backup endpoint (the
+         * copy of shard s - 1), common/member_addr.h. */
+        const int S = run->servers, b = (s + S - 1) % S;
+        for (int part = 0; part < 2; part++) {
+            const void *a = NULL;
+            size_t al = 0;
+            if ((rc = member_addr_part(book->servers[s].addr, book->servers[s].addr_len, part, &a, &al)) <
+                    0 ||
+                (rc = ps_client_add_copy(n->ps, part ? b : s, part, a, al)) < 0)
+                return pf_err_wrap(rc, "server %d address (part %d)", s, part);
+        }
+    }
     if ((rc = ps_client_warmup(n->ps, run->ctl_timeout > 0 ? run->ctl_timeout : 30)) < 0)
         return pf_err_wrap(rc, "warming up the connections to %d servers", run->servers);
     return 0;

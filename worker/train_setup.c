@@ -629,6 +629,11 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     return setup_outputs(t);
 }
 
+struct ps_client *train_ps_client(trainer *t)
+{
+    return t ? t->net.ps : NULL;
+}
+
 void train_close(trainer *t)
 {
     if (!t)

@@ -4,7 +4,7 @@
 #   bench/scale/run.sh BUILD_DIR [--classes 1000000,2000000] [--series r,k] [--rate 0.1] [--sampled 100000]
 #                      [--dim 512] [--batch 128] [--servers 2] [--provider tcp] [--wire fp32]
 #                      [--steps 40] [--warmup 10] [--steady 10] [--peer-steps 20] [--no-peer] [--plan] [--lazy]
-#                      [--scrape [--pairs 1]] [--pfc-update dense|sparse]
+#                      [--scrape [--pairs 1]] [--pfc-update dense|sparse] [--replicas 0|1]
 #   (or: ninja -C BUILD_DIR bench-scale, which runs the defaults)
 #
 # Per series (r: fixed sample rate --rate; k: fixed --sampled rows per step, sample_rate = k / C) and per C:
@@ -18,6 +18,8 @@
 #      the wall one on a shared machine (bench/head measures CPU time for the same reason); RSS, bytes per
 #      identity and per step, page faults.
 # --pfc-update: the servers' update of unsampled rows (pfc_update; default dense, the config's default).
+# --replicas 1: every shard also has a hot-standby copy on the next server (config key replicas): the worker
+# pushes to both copies and waits for both acknowledgements; each server holds and updates two shards.
 # --plan: first measures this host's figures (bench/scale/host_figures: the head's SGEMMs on B x k x D with 2
 # threads and one thread's memcpy bandwidth; bench/ps/ps_bench: the pull rate over the provider at D, 2 servers,
 # 1 client, as the loopback "link"), then adds per row what `pfcps plan` predicts for the step with those
@@ -41,7 +43,7 @@ root=$(cd "$here/../.." && pwd)
 B_DIR=$(cd "$1" && pwd) || exit 2
 shift
 classes=1000000,2000000 series=r,k rate=0.1 sampled=100000 dim=512 batch=128 servers=2 provider=tcp wire=fp32
-steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0 lazy=0 scrape=0 pairs=1 pfc_update=dense
+steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0 lazy=0 scrape=0 pairs=1 pfc_update=dense replicas=0
 while [ $# -gt 0 ]; do
   case $1 in
     --classes) classes=$2; shift ;;
@@ -61,6 +63,7 @@ while [ $# -gt 0 ]; do
     --plan) plan=1 ;;
     --lazy) lazy=1 ;;
     --pfc-update) pfc_update=$2; shift ;;
+    --replicas) replicas=$2; shift ;;
     --scrape) scrape=1 peer=0 series=r ;;
     --pairs) pairs=$2; shift ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
@@ -145,6 +148,7 @@ rendezvous = 127.0.0.1:$port
 $([ "$metrics" = 1 ] && echo "metrics_address = 127.0.0.1:0")
 [server]
 center_init = $([ "$lazy" = 1 ] && echo lazy || echo eager)
+replicas = $replicas
 INI
   local spids=()
   for ((s = 0; s < servers; s++)); do

@@ -324,6 +324,34 @@ static void test_never_joined(void **state)
     ctl_roster_free(&r);
 }
 
+/* Hot-standby shards: shard s on servers s and (s + 1) mod S. Worked out by hand: S = 3, copies of shard 0 on
+ * servers 0 and 1, shard 1 on 1 and 2, shard 2 on 2 and 0. */
+static void test_failover_possible(void **state)
+{
+    (void)state;
+    uint8_t lost[4] = {0};
+    char why[256];
+    /* Server 1 of 3: shards 0 (backup gone) and 1 (primary gone) keep one copy each. */
+    assert_int_equal(ctl_failover_possible(lost, 3, 1, why, sizeof why), 1);
+    assert_string_equal(why, "shards 0, 1");
+    /* Server 0 holds the rendezvous. */
+    assert_int_equal(ctl_failover_possible(lost, 3, 0, why, sizeof why), 0);
+    assert_string_equal(why, "server 0 holds the rendezvous");
+    /* After server 1, server 2: shard 1's copies are servers 1 and 2, both gone. */
+    lost[1] = 1;
+    assert_int_equal(ctl_failover_possible(lost, 3, 2, why, sizeof why), 0);
+    assert_string_equal(why, "both copies of shard 1 are lost (servers 1 and 2)");
+    /* S = 4, server 1 lost already: server 3 shares no shard with it (shards 2, 3 lose a copy; 0, 1 had). */
+    assert_int_equal(ctl_failover_possible(lost, 4, 3, why, sizeof why), 1);
+    assert_string_equal(why, "shards 0, 1, 2, 3");
+    /* S = 2: server 1 holds shard 1 and shard 0's backup; both keep server 0's copy. */
+    lost[1] = 0;
+    assert_int_equal(ctl_failover_possible(lost, 2, 1, why, sizeof why), 1);
+    assert_string_equal(why, "shards 0, 1");
+    /* One server: no other copy. */
+    assert_int_equal(ctl_failover_possible(lost, 1, 0, why, sizeof why), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -336,6 +364,7 @@ int main(void)
         cmocka_unit_test(test_resume_identity),
         cmocka_unit_test(test_resume_reason_truncated),
         cmocka_unit_test(test_never_joined),
+        cmocka_unit_test(test_failover_possible),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

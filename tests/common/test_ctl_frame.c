@@ -164,6 +164,25 @@ static void test_bad_messages(void **state)
     m.body_case = PFCPS__CTL_MESSAGE__BODY_HELLO;
     m.hello = &h;
     expect_msg_proto(&m, "nonce must be 32 bytes");
+
+    /* Failover: epoch >= 1, server in range; a valid one decodes with its fields. */
+    Pfcps__Failover f;
+    ctl_msg_set_failover(&m, &f, 0, 1, "server[1] lost");
+    expect_msg_proto(&m, "epoch 0 must be >= 1");
+    ctl_msg_set_failover(&m, &f, 2, -3, "server[1] lost");
+    expect_msg_proto(&m, "server -3");
+    ctl_msg_set_failover(&m, &f, 2, 1, "server[1] lost");
+    size_t n = pfcps__ctl_message__get_packed_size(&m);
+    uint8_t *buf = malloc(n);
+    pfcps__ctl_message__pack(&m, buf);
+    Pfcps__CtlMessage *d = NULL;
+    assert_int_equal(ctl_msg_decode(buf, n, &d), 0);
+    assert_int_equal(d->body_case, PFCPS__CTL_MESSAGE__BODY_FAILOVER);
+    assert_int_equal(d->failover->epoch, 2);
+    assert_int_equal(d->failover->server, 1);
+    assert_string_equal(d->failover->text, "server[1] lost");
+    pfcps__ctl_message__free_unpacked(d, NULL);
+    free(buf);
 }
 
 static void test_book_from_reply(void **state)
@@ -297,6 +316,9 @@ static int write_corpus(const char *dir)
     m.body_case = PFCPS__CTL_MESSAGE__BODY_ERROR;
     m.error = &e;
     rc |= write_seed(dir, "error", &m);
+    Pfcps__Failover fo;
+    ctl_msg_set_failover(&m, &fo, 1, 1, "server[1] lost");
+    rc |= write_seed(dir, "failover", &m);
     printf("wrote seed corpus to %s (rc %d)\n", dir, rc);
     return rc ? 1 : 0;
 }

@@ -167,6 +167,11 @@ static void test_servers_for_memory(void **state)
     assert_near(plan_server_need(&in, 1, 1000), 842863328.0);
     /* S = 2: 2 x 102400000 + 50000 x 9 + 12800000 + 268435456 + 134223872 + 500 x (2056 + 2048). */
     assert_near(plan_server_need(&in, 2, 500), 622761328.0);
+    /* replicas = 1 at S = 2: the table, margin, message buffers and push chunks twice, the pull replies once:
+     * 2 x (204800000 + 450000 + 12800000 + 268435456 + 134223872 + 500 x 2056) + 500 x 2048. */
+    in.replicas = 1;
+    assert_near(plan_server_need(&in, 2, 500), 1244498656.0);
+    in.replicas = 0;
     in.server_mem_gib = 0.75; /* 805306368 bytes: between the two */
     plan_out p;
     assert_int_equal(plan_compute(&in, &p), 0);

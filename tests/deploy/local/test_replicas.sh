@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Hot-standby shards (replicas = 1): a lost server costs no restart, no checkpoint load and no step computed
+# twice, and the run ends with the bits of an uninterrupted run.
+# Reference: 2 servers + 2 workers, replicas = 0, 10 ORL identities in a table of 40 classes sampled at 0.25
+# (pfc_update = dense: most rows move by the closed form of the steps they skipped), 36 steps, snapshot_every
+# 4, trained uninterrupted under the launcher. Then, each without a launcher or supervisor (nothing restarts):
+#   kill:  replicas = 1, 2 servers: kill -9 of server 1 once worker 0 has logged a random step in 6..20; shard 1
+#          goes on on its backup copy on server 0; server 1 started again is refused (rejoining is not built)
+#          and the run goes on;
+#   stop:  replicas = 1, 3 servers: SIGSTOP of server 1 at a random step; the rendezvous removes it once it has
+#          been silent for ctl_member_silence_s (5 s at ctl_timeout = 20) and shard 1 goes on on server 2; after
+#          another 3 s SIGCONT: the stale server's lease ran out while it was stopped, so it takes no message,
+#          learns it was removed and exits 75, changing nothing;
+#   both:  replicas = 1, 3 servers: kill -9 of server 1, then of server 2, which held shard 1's other copy: the
+#          rendezvous names the loss of both copies and every member exits 75 for the checkpoint re-form.
+# Each run must end with every worker exiting 0, the surviving servers exiting 0, every step trained once
+# (worker 0's --trace lists steps 1..36 once each), no checkpoint loaded, the failover and the "one server
+# failure away" warning logged, and a model.ckpt and final checkpoint (`pfcps ckpt-info` table and backbone
+# SHA-256, computed from the files) equal to the reference's. The time from the kill to the next step worker
+# 0 completes is printed.
+source "$(dirname "$0")/cluster.sh" "$@"
+export OMP_NUM_THREADS=1 PFCPS_SECRET=replicas-secret
+pack_orl 10
+
+# write_cfg NAME SERVERS [LINE...]: $TMP/NAME.ini (cluster.sh ckpt_ini: 6 epochs, SERVERS + 2, keep 2, 40 classes
+# at 0.25, dense updates, a log line every step).
+write_cfg() {
+  local name=$1 servers=$2; shift 2
+  ckpt_ini "$name" 6 "$servers" 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "$@"
+}
+
+# final_line DIR: "step N: table <sha> backbone <sha>" of the newest complete checkpoint (ckpt-info).
+final_line() {
+  local step
+  step=$("$PFCPS" ckpt-info --newest "$1")
+  echo "step $step: $(ckpt_hashes "$1" "$step")"
+}
+
+# iso_s LINE: the seconds since the epoch of a log line's leading ISO time.
+iso_s() { date -u -d "$(cut -d' ' -f1 <<<"$1" | sed 's/Z$//; s/T/ /')" +%s.%N; }
+
+# check_run NAME VICTIM: the checks every case shares (see the top).
+check_run() {
+  local name=$1 victim=$2
+  cmp -s "$TMP/ref/model.ckpt" "$TMP/$name/model.ckpt" && ok "$name: model.ckpt equals the uninterrupted run's" ||
+    fail "$name: model.ckpt differs from the uninterrupted run's"
+  expect_eq "$name: final checkpoint (table and backbone SHA-256)" "$(final_line "$TMP/$name")" "$REF"
+  expect_eq "$name: worker 0 trained steps 1..36 once each" \
+    "$(awk '{print $1}' "$TMP/trace0" | sort -n | uniq | tr '\n' ' ')" "$(seq 1 36 | tr "\n" " ")"
+  expect_eq "$name: worker 0's trace has 36 lines" "$(wc -l <"$TMP/trace0")" 36
+  expect_grep "$name: server 0 announced the failover of server $victim" \
+    "failover: server\[$victim\] .* lost: shard $victim goes on on its backup" "$TMP/server0.log"
+  expect_grep "$name: the log says the run is one failure away from the re-form" \
+    "one server failure away from the checkpoint re-form" "$TMP/server0.log"
+  expect_grep "$name: worker 1 took the failover" "failover \(epoch 1\)" "$TMP/worker1.log"
+  if grep -q "resuming at checkpoint\|loading checkpoint" "$TMP"/worker*.log "$TMP"/server*.log; then
+    fail "$name: a member loaded a checkpoint"
+  else
+    ok "$name: no member loaded a checkpoint"
+  fi
+}
+
+# wait_servers NAME PIDS...: each surviving server must exit 0 once the workers are done.
+wait_servers() {
+  local name=$1 p s; shift
+  for p in "$@"; do
+    s=0
+    wait_exit "$p" 60 || { show_logs; die "$name: server pid $p did not stop after the workers"; }
+    wait "$p" || s=$?
+    expect_eq "$name: surviving server (pid $p) exit status" "$s" 0
+  done
+}
+
+write_cfg ref 2
+ckpt_launch ref
+REF=$(final_line "$TMP/ref")
+expect_grep "reference: 36 steps, final checkpoint complete" "^step 36: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
+
+RANDOM=$$
+# --- kill: kill -9 of server 1 of 2 ----------------------------------------------------------------------------
+at=$((6 + RANDOM % 15))
+write_cfg kill 2 "replicas = 1" "ctl_timeout = 20"
+rm -f "$TMP"/trace*
+start_cluster "$TMP/kill.ini" 2 2 --trace "$TMP/trace{r}"
+wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "kill: worker 0 did not reach step $at"; }
+t_kill=$(date -u +%s.%N)
+kill -KILL "${SPIDS[1]}"
+# A restarted server 1 (a supervisor's restart) is refused by the rendezvous and changes nothing.
+wait_log "$TMP/server0.log" "failover: server\[1\]" 30 || { show_logs; die "kill: server 1 was not failed over"; }
+start_daemon "$TMP/server1-again.log" "$SERVER" --config "$TMP/kill.ini" --rank 1
+wait_exit "$DPID" 60 || { show_logs; die "kill: the restarted server 1 still runs"; }
+s=0; wait "$DPID" || s=$?
+expect_eq "kill: the restarted server 1 is refused (exit 1)" "$s" 1
+expect_grep "kill: it is told why" "cannot rejoin a running run yet" "$TMP/server1-again.log"
+wait_all "${WPIDS[@]}" || { show_logs; die "kill: a worker failed after server 1 was killed"; }
+wait_servers kill "${SPIDS[0]}"
+next=$(awk -v t="$t_kill" '/Global Step: / {print}' "$TMP/worker0.log" | while read -r line; do
+  s=$(iso_s "$line"); if awk -v a="$s" -v b="$t_kill" 'BEGIN {exit !(a > b)}'; then echo "$s"; break; fi; done)
+[ -n "$next" ] && echo "kill: killed at step $at; worker 0 completed its next step $(awk -v a="$next" -v b="$t_kill" 'BEGIN {printf "%.2f", a - b}') s after the kill"
+check_run kill 1
+
+# --- stop: SIGSTOP of server 1 of 3, SIGCONT after it was removed -----------------------------------------------
+at=$((6 + RANDOM % 15))
+write_cfg stop 3 "replicas = 1" "ctl_timeout = 20"
+rm -f "$TMP"/trace* "$TMP"/*.log
+start_cluster "$TMP/stop.ini" 3 2 --trace "$TMP/trace{r}"
+wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "stop: worker 0 did not reach step $at"; }
+kill -STOP "${SPIDS[1]}"
+wait_log "$TMP/server0.log" "failover: server\[1\]" 30 || { kill -CONT "${SPIDS[1]}"; show_logs; die "stop: server 1 was not failed over"; }
+sleep 3
+kill -CONT "${SPIDS[1]}"
+wait_exit "${SPIDS[1]}" 30 || { show_logs; die "stop: the stale server 1 did not exit after SIGCONT"; }
+s=0; wait "${SPIDS[1]}" || s=$?
+expect_eq "stop: the stale server 1 exits 75" "$s" 75
+expect_grep "stop: the stale server was fenced" "this server is fenced" "$TMP/server1.log"
+expect_grep "stop: the stale server's copies take nothing more" "removed from the run: this server answers and applies nothing" "$TMP/server1.log"
+# Whether its progress thread saw the lapsed lease before the fence depends on which thread ran first.
+grep -m1 "taking no message until it answers" "$TMP/server1.log" | sed "s/^/info: /"
+wait_all "${WPIDS[@]}" || { show_logs; die "stop: a worker failed after server 1 was stopped"; }
+wait_servers stop "${SPIDS[0]}" "${SPIDS[2]}"
+expect_grep "stop: server 2's copy of shard 1 took over" "shard 1: its primary is lost: this copy now serves it" "$TMP/server2.log"
+check_run stop 1
+
+# --- both: losing both copies of a shard falls back to the checkpoint re-form -----------------------------------
+write_cfg both 3 "replicas = 1" "ctl_timeout = 20"
+rm -f "$TMP"/trace* "$TMP"/*.log
+start_cluster "$TMP/both.ini" 3 2
+wait_log "$TMP/worker0.log" "Global Step: 6 " 120 || { show_logs; die "both: worker 0 did not reach step 6"; }
+kill -KILL "${SPIDS[1]}"
+wait_log "$TMP/server0.log" "failover: server\[1\]" 30 || { show_logs; die "both: server 1 was not failed over"; }
+kill -KILL "${SPIDS[2]}"
+# Server 0 exits 75; a worker 75, or 1 when its step in progress could not finish within the grace period
+# (a post towards the dead server's copy).
+for p in "${SPIDS[0]}" "${WPIDS[@]}"; do
+  wait_exit "$p" 60 || { show_logs; die "both: a member did not stop after both copies of shard 1 were lost"; }
+  s=0; wait "$p" || s=$?
+  if [ "$p" = "${SPIDS[0]}" ]; then
+    expect_eq "both: server 0 exits 75 (re-form)" "$s" 75
+  elif [ "$s" -eq 75 ] || [ "$s" -eq 1 ]; then
+    ok "both: worker pid $p stopped with $s"
+  else
+    fail "both: worker pid $p exited $s, not 75 or 1"
+  fi
+done
+expect_grep "both: server 0 names the fallback" \
+  "server\[2\] .* lost and both copies of shard 1 are lost \(servers 1 and 2\): falling back to the checkpoint re-form" \
+  "$TMP/server0.log"
+expect_summary
