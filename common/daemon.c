@@ -29,6 +29,7 @@ static volatile sig_atomic_t g_signalled;
  * constructor installs a handler that calls exit(1) without a word (and, during libcublasLt's constructor,
  * can crash the process with SIGSEGV). The .preinit_array entry runs before any constructor; this object
  * file is linked into a daemon because its main calls daemon_signals_install. */
+#ifndef PFCPS_NO_PREINIT /* libs_only builds (python/): a shared object may not have a .preinit_array */
 static void block_stop_signals(void)
 {
     sigemptyset(&stop_signals);
@@ -36,7 +37,6 @@ static void block_stop_signals(void)
     sigaddset(&stop_signals, SIGINT);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
 }
-#ifndef PFCPS_NO_PREINIT /* libs_only builds (python/): a shared object may not have a .preinit_array */
 __attribute__((used, section(".preinit_array"))) static void (*const preinit_block_stop_signals)(void) =
     block_stop_signals;
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Local launcher: starts S pfcps-server and W pfcps-worker daemons on this machine (127.0.0.1),
 # waits for the workers to finish, then stops the servers with SIGTERM (a server that exits first makes it stop
-# the workers and fail, naming that server). Ctrl-C (SIGINT) or SIGTERM
+# the workers and fail, naming that server; with replicas = 1 a server other than 0 that dies is only reported,
+# and the run goes on with its shards' backups). Ctrl-C (SIGINT) or SIGTERM
 # is passed on to every daemon; none is left behind.
 #
 # usage: deploy/local/launch.sh -c CONFIG [-b BUILD_DIR] [--max-restarts N] [--set key=value ...]
@@ -49,12 +50,13 @@ done
 
 # Effective values of the keys the launcher itself needs, from the real parser (file, then every --set in
 # order, defaults for keys not given): one line per key. A config the daemons would refuse stops here.
-if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every metrics_address); then
+if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every metrics_address replicas); then
   echo "launch: config '$config' refused (see above)" >&2
   exit 2
 fi
 mapfile -t v <<<"$vals"
 S=${v[0]}; W=${v[1]}; out=${v[2]}; snapdir=${v[3]:-$out/snapshots}; snap_every=${v[4]}; maddr=${v[5]:-}
+replicas=${v[6]:-0}
 [ -n "$snapdir" ] || snapdir=$out/snapshots
 if [ "$max_restarts" -gt 0 ] && [ "$snap_every" = 0 ]; then
   echo "launch: --max-restarts $max_restarts with snapshot_every = 0: a restart starts over from step 0" >&2
@@ -161,6 +163,12 @@ run_once() {
           scodes[$i]=$s
           # 0: the run ended in order (server 0 shuts it down once every worker left) while a worker exits.
           [ "$s" -eq 0 ] && continue
+          # replicas = 1: the run goes on with the backups of a lost server other than 0 (the rendezvous fails
+          # its shards over; when it cannot, the workers exit and stop the run below).
+          if [ "$replicas" -ge 1 ] && [ "$i" -ne 0 ]; then
+            echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: the run goes on with its shards' backups, one server failure away from the checkpoint re-form" >&2
+            continue
+          fi
           culprit="server $i (status $s)"; rc=$s; failed=$i
           echo "launch: server $i exited with status $s before the workers finished (see $out/logs/server$i.log); stopping the others" >&2
           break
@@ -183,10 +191,12 @@ run_once() {
   # Workers are done (or one failed): stop the servers cleanly and collect their exit codes.
   for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
   wait_gone 30 "${server_pids[@]}" || for p in "${server_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  for p in "${server_pids[@]}"; do
+  for i in "${!server_pids[@]}"; do
+    # a server whose exit was already taken above (the one that failed first, or one replicas made up for)
+    [ -n "${scodes[$i]:-}" ] && continue
     s=0
-    wait "$p" 2>/dev/null || s=$?
-    # 127: already waited for above (the server that failed first).
+    wait "${server_pids[$i]}" 2>/dev/null || s=$?
+    # 127: already waited for above.
     if [ "$s" -ne 0 ] && [ "$s" -ne 127 ] && [ "$rc" -eq 0 ]; then
       echo "launch: a server exited with status $s (see $out/logs)" >&2
       rc=$s

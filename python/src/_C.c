@@ -419,7 +419,7 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
 
 /* The head's parameters from config c with the margin loss's values (s, m1, m2, m3, threshold) through the
  * config's rules (margin_combine: arcface_torch's CombinedMarginLoss reads m3 > 0 as CosFace alone and
- * refuses m1 != 1 otherwise; margin_grad; head_mode). 0, or a negative code with pf_errmsg() naming the
+ * refuses m1 != 1 otherwise; margin_grad; head_mode; gradient_acc). 0, or a negative code with pf_errmsg() naming the
  * key or value pfcps.torch cannot train with. */
 static int module_head_params(const pf_config *c0, double s, double m1, double m2, double m3, double thr,
                               head_params *hp)
@@ -441,6 +441,11 @@ static int module_head_params(const pf_config *c0, double s, double m1, double m
                       "config key 'head_mode' = %s: pfcps.torch.PartialFC trains in global head mode only "
                       "(arcface_torch's PartialFC_V2); set head_mode = global",
                       c.head_mode);
+    if (c.gradient_acc != 1)
+        return pf_err(-ENOTSUP,
+                      "config key 'gradient_acc' = %d: pfcps.torch.PartialFC updates the class centers at every "
+                      "backward (no gradient accumulation); set gradient_acc = 1 in the run file",
+                      c.gradient_acc);
     return 0;
 }
 

@@ -11,6 +11,8 @@
 #          been silent for ctl_member_silence_s (5 s at ctl_timeout = 20) and shard 1 goes on on server 2; after
 #          another 3 s SIGCONT: the stale server's lease ran out while it was stopped, so it takes no message,
 #          learns it was removed and exits 75, changing nothing;
+#   launcher: the kill case under deploy/local/launch.sh: it names the lost server, goes on and exits 0 with the
+#          reference's model.ckpt and final checkpoint;
 #   both:  replicas = 1, 3 servers: kill -9 of server 1, then of server 2, which held shard 1's other copy: the
 #          rendezvous names the loss of both copies and every member exits 75 for the checkpoint re-form.
 # Each run must end with every worker exiting 0, the surviving servers exiting 0, every step trained once
@@ -120,6 +122,22 @@ wait_all "${WPIDS[@]}" || { show_logs; die "stop: a worker failed after server 1
 wait_servers stop "${SPIDS[0]}" "${SPIDS[2]}"
 expect_grep "stop: server 2's copy of shard 1 took over" "shard 1: its primary is lost: this copy now serves it" "$TMP/server2.log"
 check_run stop 1
+
+# --- launcher: the kill of server 1 under deploy/local/launch.sh, which reports it and goes on ---------------------
+write_cfg launch 2 "replicas = 1" "ctl_timeout = 20"
+start_launcher "$TMP/launch.ini"
+wait_log "$TMP/launch/logs/worker0.log" "Global Step: 8 " 120 || { tail -20 "$TMP/launch.out"; die "launcher: worker 0 did not reach step 8"; }
+victim=$(pgrep -f -- "pfcps-server --config $TMP/launch.ini --rank 1" | head -1)
+[ -n "$victim" ] || die "launcher: server 1's pid not found"
+kill -KILL "$victim"
+s=0; wait "$LP" || s=$?
+LP=
+expect_eq "launcher: launch.sh exits 0 after server 1 was killed" "$s" 0
+expect_grep "launcher: it names the lost server and goes on" \
+  "server 1 exited with status 137 .*replicas = 1: the run goes on with its shards' backups" "$TMP/launch.out"
+cmp -s "$TMP/ref/model.ckpt" "$TMP/launch/model.ckpt" && ok "launcher: model.ckpt equals the uninterrupted run's" ||
+  fail "launcher: model.ckpt differs from the uninterrupted run's"
+expect_eq "launcher: final checkpoint (table and backbone SHA-256)" "$(final_line "$TMP/launch")" "$REF"
 
 # --- both: losing both copies of a shard falls back to the checkpoint re-form -----------------------------------
 write_cfg both 3 "replicas = 1" "ctl_timeout = 20"

@@ -287,7 +287,7 @@ def errors(a):
     fails += expect_error("wrong_secret", lambda: mk(a.run, ["secret=not-the-run-secret"]), "secret", max_s=30)
     # Refused before joining (within 2 s, far below a join's ctl_timeout of 10 s), each naming the problem: the
     # run's num_classes other than the module's; the config's workers other than the torch world size (1 here);
-    # a margin arcface_torch's CombinedMarginLoss has no formula for; head_mode = local.
+    # a margin arcface_torch's CombinedMarginLoss has no formula for; head_mode = local; gradient_acc != 1.
     fails += expect_error("class_mismatch", lambda: pfcps.torch.PartialFC(margin, a.D, a.C + 1, 1.0, run=a.run),
                           f"num_classes={a.C + 1}, embedding_size={a.D} asked, but {a.run} has num_classes = {a.C}",
                           max_s=2)
@@ -298,6 +298,7 @@ def errors(a):
                           "m1 must be 1 unless m3 > 0", max_s=2)
     fails += expect_error("head_mode_local", lambda: mk(a.run, ["head_mode=local"]), "'head_mode' = local",
                           max_s=2)
+    fails += expect_error("gradient_acc", lambda: mk(a.run, ["gradient_acc=3"]), "'gradient_acc' = 3", max_s=2)
     # The module of the cases below pushes at each backward (checkpoints=False); the training runs cover the
     # default, pushes sent at the next forward.
     m = pfcps.torch.PartialFC(margin, a.D, a.C, 1.0, run=a.run, checkpoints=False)
