@@ -228,6 +228,21 @@ ckpt_launch() {
     { tail -30 "$TMP/$1.out"; die "$1: the launcher failed"; }
 }
 
+# ckpt_final_line DIR: "step N: table <sha> backbone <sha>" of the newest complete checkpoint (ckpt-info).
+ckpt_final_line() {
+  local step
+  step=$("$PFCPS" ckpt-info --newest "$1")
+  echo "step $step: $(ckpt_hashes "$1" "$step")"
+}
+
+# ckpt_check_same NAME: $TMP/NAME's model.ckpt equals $TMP/ref's and its final checkpoint line is $REF (the
+# uninterrupted run's ckpt_final_line).
+ckpt_check_same() {
+  cmp -s "$TMP/ref/model.ckpt" "$TMP/$1/model.ckpt" && ok "$1: model.ckpt equals the uninterrupted run's" ||
+    fail "$1: model.ckpt differs from the uninterrupted run's"
+  expect_eq "$1: final checkpoint (table and backbone SHA-256)" "$(ckpt_final_line "$TMP/$1")" "$REF"
+}
+
 # ckpt_hashes DIR STEP: "table <sha> backbone <sha>" of checkpoint STEP when `pfcps ckpt-info` says it is complete.
 ckpt_hashes() {
   "$PFCPS" ckpt-info "$1" | sed -n "s/^step $2: complete .*\(table [0-9a-f]\{64\}  backbone [0-9a-f]\{64\}\).*/\1/p"

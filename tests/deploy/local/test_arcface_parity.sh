@@ -156,31 +156,22 @@ if [ -f "$A/trace1" ] && selected from_arcface_torch_s1; then
   ! grep -q "the lr schedule here gives" "$TMP/worker0.log" || fail "the worker's lr differs from the checkpoint's"
 fi
 
-# The test can fail: the gradient_acc run against the references that step every global step (the same
-# batches and sampled ids) must be refused.
-if [ -f "$TMP/w2_s3_st_dense_r01/ref_f64.pt" ] && [ -f "$TMP/w2_s3_st_dense_r01_acc3/trace0" ]; then
-  d=$TMP/w2_s3_st_dense_r01
-  cmp -s <(cut -d' ' -f4- "$d/trace0") <(cut -d' ' -f4- "$TMP/w2_s3_st_dense_r01_acc3/trace0") ||
-    fail "the gradient_acc run trained on other batches or sampled ids than the run without"
-  if "$PFCPS_PYTHON" "$PY" compare acc3_vs_acc1_reference "$TMP/w2_s3_st_dense_r01_acc3" "$d/ref_f64.pt" \
-    "$d/ref_t1.pt" "$d/ref_t2.pt" "$d/ref_nm.pt" --init "$TMP" --json "$TMP/negative.json"; then
-    fail "a gradient_acc = 3 run passed against references without accumulation"
+# refused NAME RUN WHAT: pfcps's run RUN compared with w2_s3_st_dense_r01's references (the same batches and
+# sampled ids: sampling depends on neither the update rule nor the accumulation) must be refused; WHAT says why.
+refused() {
+  local d=$TMP/w2_s3_st_dense_r01
+  [ -f "$d/ref_f64.pt" ] && [ -f "$2/trace0" ] || return 0
+  cmp -s <(cut -d' ' -f4- "$d/trace0") <(cut -d' ' -f4- "$2/trace0") ||
+    fail "$1: the runs trained on different batches or sampled ids"
+  if "$PFCPS_PYTHON" "$PY" compare "$1" "$2" "$d/ref_f64.pt" "$d/ref_t1.pt" "$d/ref_t2.pt" "$d/ref_nm.pt" \
+    --init "$TMP" --json "$TMP/negative.json"; then
+    fail "$1 passed: the comparison cannot tell $3"
   else
-    ok "a gradient_acc = 3 run is refused against the references without accumulation (above)"
+    ok "$1 is refused (above): the comparison tells $3"
   fi
-fi
-
-# The test can fail: pfcps's sparse run against the dense run's references (the same batches and sampled ids:
-# sampling does not depend on the update rule) must be refused.
-if [ -f "$TMP/w2_s3_st_dense_r01/ref_f64.pt" ] && [ -f "$TMP/w2_s3_st_sparse_r01/trace0" ]; then
-  d=$TMP/w2_s3_st_dense_r01
-  cmp -s <(cut -d' ' -f4- "$d/trace0") <(cut -d' ' -f4- "$TMP/w2_s3_st_sparse_r01/trace0") ||
-    fail "the dense and sparse runs trained on different batches or sampled ids"
-  if "$PFCPS_PYTHON" "$PY" compare sparse_vs_dense_reference "$TMP/w2_s3_st_sparse_r01" "$d/ref_f64.pt" \
-    "$d/ref_t1.pt" "$d/ref_t2.pt" "$d/ref_nm.pt" --init "$TMP" --json "$TMP/negative.json"; then
-    fail "a sparse run passed against the dense references: the comparison cannot tell them apart"
-  else
-    ok "a sparse run is refused against the dense references (above)"
-  fi
-fi
+}
+# The test can fail: the sparse run against the dense references, the gradient_acc run against references
+# without accumulation.
+refused sparse_vs_dense_reference "$TMP/w2_s3_st_sparse_r01" "a sparse update from a dense one"
+refused acc3_vs_acc1_reference "$TMP/w2_s3_st_dense_r01_acc3" "gradient_acc = 3 from no accumulation"
 expect_summary

@@ -16,20 +16,9 @@ write_cfg() {
   local name=$1; shift
   ckpt_ini "$name" 6 2 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "gradient_acc = 2" "$@"
 }
-final_line() {
-  local step
-  step=$("$PFCPS" ckpt-info --newest "$1")
-  echo "step $step: $(ckpt_hashes "$1" "$step")"
-}
-check_same() {
-  cmp -s "$TMP/ref/model.ckpt" "$TMP/$1/model.ckpt" && ok "$1: model.ckpt equals the uninterrupted run's" ||
-    fail "$1: model.ckpt differs from the uninterrupted run's"
-  expect_eq "$1: final checkpoint (table and backbone SHA-256)" "$(final_line "$TMP/$1")" "$REF"
-}
-
 write_cfg ref
 ckpt_launch ref
-REF=$(final_line "$TMP/ref")
+REF=$(ckpt_final_line "$TMP/ref")
 expect_grep "reference: 36 steps, final checkpoint complete" "^step 36: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
 expect_grep "reference: the worker logs the accumulation" "gradient_acc = 2: an optimizer step every 2 global steps" \
   "$TMP/ref/logs/worker0.log"
@@ -43,7 +32,7 @@ for case in "stop10 10 10" "stop9 9 8"; do
   ckpt_launch "$name"
   expect_grep "$name: worker 0 resumed at checkpoint $newest" "resuming at checkpoint step $newest " \
     "$TMP/$name/logs/worker0.log"
-  check_same "$name"
+  ckpt_check_same "$name"
 done
 
 ckpt_ini bad 6 2 2 2 40 "gradient_acc = 2" "snapshot_every = 3"

@@ -27,23 +27,9 @@ write_cfg() {
   ckpt_ini "$name" 6 2 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "$@"
 }
 
-# final_line DIR: "step N: table <sha> backbone <sha>" of the newest complete checkpoint (ckpt-info).
-final_line() {
-  local step
-  step=$("$PFCPS" ckpt-info --newest "$1")
-  echo "step $step: $(ckpt_hashes "$1" "$step")"
-}
-
-# check_same NAME: model.ckpt and the final checkpoint equal the reference's.
-check_same() {
-  cmp -s "$TMP/ref/model.ckpt" "$TMP/$1/model.ckpt" && ok "$1: model.ckpt equals the uninterrupted run's" ||
-    fail "$1: model.ckpt differs from the uninterrupted run's"
-  expect_eq "$1: final checkpoint (table and backbone SHA-256)" "$(final_line "$TMP/$1")" "$REF"
-}
-
 write_cfg ref
 ckpt_launch ref
-REF=$(final_line "$TMP/ref")
+REF=$(ckpt_final_line "$TMP/ref")
 expect_grep "reference: 36 steps, final checkpoint complete" "^step 36: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
 
 # --- sigterm: SIGTERM to the workers after 10 steps -----------------------------------------------------------
@@ -60,7 +46,7 @@ echo "sig: stopped after $at steps; newest checkpoint $newest"
 write_cfg sig "resume = true"
 ckpt_launch sig
 expect_grep "sig: worker 0 resumed at checkpoint $newest" "resuming at checkpoint step $newest " "$TMP/sig/logs/worker0.log"
-check_same sig
+ckpt_check_same sig
 
 # --- stop10: the run ends at step 10 with a checkpoint there ------------------------------------------------
 write_cfg stop10
@@ -76,6 +62,6 @@ for case in "s2 2" "s3 3" "every3 2 snapshot_every = 3"; do
   ckpt_ini "$name" 6 "$servers" 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "resume = true" ${extra:+"$extra"}
   ckpt_launch "$name"
   expect_grep "$name: worker 0 resumed at checkpoint 10" "resuming at checkpoint step 10 " "$TMP/$name/logs/worker0.log"
-  check_same "$name"
+  ckpt_check_same "$name"
 done
 expect_summary

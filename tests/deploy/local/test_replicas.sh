@@ -31,22 +31,13 @@ write_cfg() {
   ckpt_ini "$name" 6 "$servers" 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "$@"
 }
 
-# final_line DIR: "step N: table <sha> backbone <sha>" of the newest complete checkpoint (ckpt-info).
-final_line() {
-  local step
-  step=$("$PFCPS" ckpt-info --newest "$1")
-  echo "step $step: $(ckpt_hashes "$1" "$step")"
-}
-
 # iso_s LINE: the seconds since the epoch of a log line's leading ISO time.
 iso_s() { date -u -d "$(cut -d' ' -f1 <<<"$1" | sed 's/Z$//; s/T/ /')" +%s.%N; }
 
 # check_run NAME VICTIM: the checks every case shares (see the top).
 check_run() {
   local name=$1 victim=$2
-  cmp -s "$TMP/ref/model.ckpt" "$TMP/$name/model.ckpt" && ok "$name: model.ckpt equals the uninterrupted run's" ||
-    fail "$name: model.ckpt differs from the uninterrupted run's"
-  expect_eq "$name: final checkpoint (table and backbone SHA-256)" "$(final_line "$TMP/$name")" "$REF"
+  ckpt_check_same "$name"
   expect_eq "$name: worker 0 trained steps 1..36 once each" \
     "$(awk '{print $1}' "$TMP/trace0" | sort -n | uniq | tr '\n' ' ')" "$(seq 1 36 | tr "\n" " ")"
   expect_eq "$name: worker 0's trace has 36 lines" "$(wc -l <"$TMP/trace0")" 36
@@ -75,7 +66,7 @@ wait_servers() {
 
 write_cfg ref 2
 ckpt_launch ref
-REF=$(final_line "$TMP/ref")
+REF=$(ckpt_final_line "$TMP/ref")
 expect_grep "reference: 36 steps, final checkpoint complete" "^step 36: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
 
 RANDOM=$$
@@ -135,9 +126,7 @@ LP=
 expect_eq "launcher: launch.sh exits 0 after server 1 was killed" "$s" 0
 expect_grep "launcher: it names the lost server and goes on" \
   "server 1 exited with status 137 .*replicas = 1: the run goes on with its shards' backups" "$TMP/launch.out"
-cmp -s "$TMP/ref/model.ckpt" "$TMP/launch/model.ckpt" && ok "launcher: model.ckpt equals the uninterrupted run's" ||
-  fail "launcher: model.ckpt differs from the uninterrupted run's"
-expect_eq "launcher: final checkpoint (table and backbone SHA-256)" "$(final_line "$TMP/launch")" "$REF"
+ckpt_check_same launch
 
 # --- both: losing both copies of a shard falls back to the checkpoint re-form -----------------------------------
 write_cfg both 3 "replicas = 1" "ctl_timeout = 20"
