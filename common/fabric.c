@@ -571,11 +571,15 @@ void fab_set_interrupt(const int *flag)
     __atomic_store_n(&g_interrupt, flag, __ATOMIC_RELEASE);
 }
 
-/* 1 when fab_set_interrupt's flag is raised. */
 static int interrupted(void)
 {
     const int *flag = __atomic_load_n(&g_interrupt, __ATOMIC_ACQUIRE);
     return flag && __atomic_load_n(flag, __ATOMIC_ACQUIRE);
+}
+
+int fab_interrupted(void)
+{
+    return interrupted();
 }
 
 #define FAB_RETRY(call, name, dest)                                                                          \

@@ -121,6 +121,10 @@ void fab_set_timeout(fab_ctx *f, double seconds);
  * failed or left) sets it, so a post towards that peer stops at once. NULL (the default) turns it off. */
 void fab_set_interrupt(const int *flag);
 
+/* 1 when fab_set_interrupt's flag is raised (a wait for replies, e.g. worker/ps_client.c ps_wait, gives up
+ * then as a post does), else 0. */
+int fab_interrupted(void);
+
 /* Declares peer dest gone, as a post whose retries ran out does: posts to it fail with -ECOMM at once, and a
  * post retrying -FI_EAGAIN towards it gives up within one retry. Safe from any thread (the control-plane
  * watcher of a worker calls it when the rendezvous announces a lost server, so the training thread is not

@@ -1203,6 +1203,15 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
         }
         if (n == 0 && ++idle > 100) {
             double now = pf_now_s();
+            if (fab_interrupted()) { /* the process' control watcher saw the run break (fab_set_interrupt) */
+                char who[600];
+                waiting_for(c, r, who, sizeof who);
+                int rc = pf_err(-ECANCELED, "waiting for %s: given up: the run broke (%s of step %lld)", who,
+                                op_name(r), (long long)r->step);
+                wait_account(c, r, t0, 0);
+                abandon(c, r);
+                return rc;
+            }
             if ((timeout_s >= 0 && now - t0 > timeout_s) || now >= next_log) {
                 char who[600];
                 waiting_for(c, r, who, sizeof who);

@@ -131,8 +131,9 @@ int ps_push_ex(ps_client *c, const int64_t *ids, size_t n, const float *grads, f
 /* Waits up to timeout_s seconds (< 0: no limit) for req. Returns 0 when every server answered OK, the first
  * server error (pf_errmsg has the server's text), -ECOMM as soon as a server the request needs is found
  * unreachable (see "Dead servers" above; so even with no limit a dead server ends the wait within about the
- * client's timeout, while a live server holding a pull for its step is waited for), another negative code
- * for a failure on this side, or -ETIMEDOUT (req stays valid: wait again). Any return other than -ETIMEDOUT
+ * client's timeout, while a live server holding a pull for its step is waited for), -ECANCELED once the
+ * process' fab_set_interrupt flag is raised (common/fabric.h: its control watcher saw the run break), another
+ * negative code for a failure on this side, or -ETIMEDOUT (req stays valid: wait again). Any return other than -ETIMEDOUT
  * releases req: replies still due from other servers are dropped when they come, never written to the
  * request's buffers, so they may be freed at once. */
 int ps_wait(ps_client *c, ps_req *req, double timeout_s);
