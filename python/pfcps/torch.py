@@ -29,12 +29,16 @@ that group's `lr` at each backward, so the script's SGD / PolynomialLRWarmup lin
 state_dict() names the servers' checkpoint of the step it is taken at (it asks the servers for it; the
 table stays on the servers); load_state_dict() before the first forward resumes it.
 Not supported (docs/python.md): fp16 (the head runs in float32; fp16=True is accepted), gradient accumulation
-(every backward is an update of the class centers), GradScaler's skipped steps for the class centers.
+(every backward is an update of the class centers).
+GradScaler: a step whose optimizer.step() did not run (the scaler found an inf or NaN gradient) leaves the class
+centers as they were (the module counts the optimizer's steps and drops that step's push), with the default
+checkpoints=True; with checkpoints=False the push has already gone at backward.
 """
 import atexit
 import gc
 import math
 import os
+import types
 import warnings
 import weakref
 
@@ -109,6 +113,25 @@ class _PartialFCFunction(torch.autograd.Function):
         return _backward(ctx, grad_loss)
 
 
+def _count_steps(opt):
+    """Wraps opt.step (once) so that opt._pfcps_optimizer_steps counts the optimizer steps that ran. The
+    wrapper is a bound method, as torch's lr schedulers expect when they wrap step() themselves, and carries
+    their marks (_with_counter, _wrapped_by_lr_sched) so a scheduler built before it does not warn."""
+    if hasattr(opt, "_pfcps_optimizer_steps"):
+        return
+    inner = opt.step
+
+    def step(self, *args, **kwargs):
+        out = inner(*args, **kwargs)
+        self._pfcps_optimizer_steps += 1
+        return out
+    for mark in ("_with_counter", "_wrapped_by_lr_sched"):
+        if hasattr(inner, mark):
+            setattr(step, mark, getattr(inner, mark))
+    opt._pfcps_optimizer_steps = 0
+    opt.step = types.MethodType(step, opt)
+
+
 def _backward(ctx, grad_loss):
     """Both heads' backward: queues the rows' push at the optimizer group's lr and returns W x the embeddings'
     gradient of the global mean loss, times the incoming gradient."""
@@ -118,6 +141,8 @@ def _backward(ctx, grad_loss):
         raise _error(f"pfcps PartialFC: backward of step {ctx.step}, but that step was already ended (by a later "
                      f"forward, or a backward before); one forward, then its backward, per step")
     w.backward(module._lr(), not module.checkpoints)
+    if module.checkpoints:  # the push is queued: whether it counts is settled once optimizer.step() ran or not
+        module._opt_mark = module._opt_steps()
     g = ctx.grad
     ctx.grad = None
     g = g * (float(module.world_size) * float(grad_loss.detach().to("cpu", torch.float64)))
@@ -272,6 +297,8 @@ class PartialFC(torch.nn.Module):
         self.lr_carrier = torch.nn.Parameter(torch.zeros(()))
         self.run_config = None
         self._group = None
+        self._opt = None        # the optimizer whose param group holds lr_carrier (its step() counted)
+        self._opt_mark = None   # its step count at the backward whose push is queued (None: nothing to check)
         self._resume = None  # a state given to load_state_dict before the join
         self._head = None  # the head's effective parameters (head_init), once the first forward set it up
         self._torch_head = False
@@ -317,6 +344,7 @@ class PartialFC(torch.nn.Module):
               "embedding_size": self.embedding_size}
         w = self._worker
         if w.joined:
+            self._settle()
             try:
                 T = w.checkpoint()
             except PfcpsError as e:
@@ -391,6 +419,45 @@ class PartialFC(torch.nn.Module):
                     self._group = d
                     return d
         return None
+
+    def _find_optimizer(self):
+        """The optimizer whose param_groups list holds this module's group (None when no group holds it), its
+        step() wrapped once to count the optimizer steps that run (_settle)."""
+        g = self._find_group()
+        if g is None:
+            return None
+        opt = self._opt
+        if opt is not None and any(x is g for x in opt.param_groups):
+            return opt
+        self._opt = None
+        for lst in gc.get_referrers(g):
+            if not isinstance(lst, list):
+                continue
+            for ref in gc.get_referrers(lst):
+                owners = [ref] if isinstance(ref, torch.optim.Optimizer) else \
+                    [o for o in gc.get_referrers(ref) if isinstance(o, torch.optim.Optimizer)] \
+                    if isinstance(ref, dict) else []
+                for o in owners:
+                    if getattr(o, "param_groups", None) is lst:
+                        _count_steps(o)
+                        self._opt = o
+                        return o
+        return None
+
+    def _opt_steps(self):
+        """The optimizer steps that ran so far (the count kept by the wrapper of _count_steps), or None when
+        no optimizer holds this module's parameter."""
+        o = self._find_optimizer()
+        return None if o is None else o._pfcps_optimizer_steps
+
+    def _settle(self):
+        """Before the queued push goes (next forward, state_dict(), close()): when optimizer.step() did not run
+        since the backward that queued it (torch's GradScaler skips it on an inf or NaN gradient), the push
+        becomes an empty skipped one, so the class centers stay as they were, as the skipped step leaves
+        PartialFC_V2's weight and its optimizer state."""
+        mark, self._opt_mark = self._opt_mark, None
+        if mark is not None and self._worker.joined and self._opt_steps() == mark:
+            self._worker.drop_queued()
 
     def _lr(self):
         g = self._find_group()
@@ -478,6 +545,7 @@ class PartialFC(torch.nn.Module):
         elif B != self.batch_size:
             raise _error(f"pfcps PartialFC: batch size changed from {self.batch_size} to {B}: pfcps's head is "
                          "sized at the first step (every rank's batch must keep that size: drop_last=True)")
+        self._settle()
         fn = _TorchHeadFunction if self._torch_head else _PartialFCFunction
         loss = fn.apply(e, labels, self)
         if not (torch.is_grad_enabled() and e.requires_grad):
@@ -493,6 +561,8 @@ class PartialFC(torch.nn.Module):
     def close(self):
         """Leaves the run in order (the last step's push goes; the servers end the run when every worker has
         left)."""
+        if self._worker.joined:
+            self._settle()
         self._worker.close()
 
     def extra_repr(self):

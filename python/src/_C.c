@@ -19,6 +19,8 @@
  *   the next forward, pull, checkpoint or close, so that checkpoint() can still flag it PS_PUSH_SNAPSHOT;
  * - Worker.skip(): ends a forward that gets no backward with an empty push flagged PS_PUSH_SKIPPED, so the
  *   step clock moves on (the servers leave the table as it was);
+ * - Worker.drop_queued(): the queued push of a step whose optimizer step did not run (GradScaler) becomes an
+ *   empty push flagged PS_PUSH_SKIPPED;
  * - Worker.checkpoint(): sends the queued push flagged PS_PUSH_SNAPSHOT (the servers snapshot their shards
  *   as checkpoint `step`) and returns that step.
  *
@@ -118,6 +120,20 @@ static void *watch_main(void *arg)
             continue;
         if (__atomic_load_n(&w->watch_done, __ATOMIC_ACQUIRE))
             break;
+        if (r == 2) {
+            /* replicas = 1: a server was lost and its shards go on on their other copies (the client retires
+             * its messages to the lost copies and sends the rest to the others, as pfcps-worker's). */
+            int lost = -1;
+            const char *text = "";
+            uint32_t epoch = ctl_session_failover(w->sess, &lost, &text);
+            log_warn("failover (epoch %u): %s", epoch, text);
+            if (!w->net.ps)
+                log_error("failover before this worker's connections were open: server %d's copies were never "
+                          "used here", lost);
+            else if (ps_client_server_lost(w->net.ps, lost, epoch) < 0)
+                log_error("failover: %s", pf_errmsg());
+            continue;
+        }
         if (r == 1)
             snprintf(w->broken_msg, sizeof w->broken_msg,
                      "the rendezvous (server 0) shut the run down: this worker cannot train on");
@@ -388,6 +404,8 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
          * start fails after the run formed: its shard, pretrained_centers) ends the wait for it at once
          * (fab_set_interrupt), and its own message (ctl_session_fail) says why. */
         fab_set_interrupt(&w->broken);
+        if (w->run.replicas) /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
+            ctl_session_set_heartbeat(w->sess, ctl_member_silence_s(w->run.ctl_timeout) / 8);
         w->watching = pthread_create(&w->watcher, NULL, watch_main, w) == 0;
         rc = train_net_connect(&w->net, &w->run, ctl_session_book(w->sess), rank, w->secret);
         for (int i = 0; rc < 0 && i < 20 && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE); i++)
@@ -778,6 +796,23 @@ static PyObject *Worker_skip(Worker *w, PyObject *noargs)
     Py_RETURN_NONE;
 }
 
+/* drop_queued() -> bool: the optimizer step of the step whose push is queued did not run (torch's GradScaler
+ * found an inf or NaN gradient and skipped optimizer.step()): the queued push becomes an empty push flagged
+ * PS_PUSH_SKIPPED, so the servers leave every class center and its optimizer state as they were, as the skipped
+ * torch step leaves PartialFC_V2's weight. Returns True when a push with rows was dropped, False when nothing
+ * was queued or the queued push was already a skipped one. */
+static PyObject *Worker_drop_queued(Worker *w, PyObject *noargs)
+{
+    (void)noargs;
+    if (check_usable(w) < 0)
+        return NULL;
+    if (!w->queued || (w->queued_flags & PS_PUSH_SKIPPED))
+        Py_RETURN_FALSE;
+    w->queued_lr = 0.0;
+    w->queued_flags = PS_PUSH_SKIPPED;
+    Py_RETURN_TRUE;
+}
+
 /* checkpoint() -> T: asks the servers for checkpoint T = step (the steps done): the queued push of step T - 1
  * goes now, flagged PS_PUSH_SNAPSHOT, and each server writes its shard as it stands after step T into
  * <snapshot root>/step-<T>/ (server/snapshot.h) while it goes on serving. Returns T; T again when
@@ -978,6 +1013,8 @@ static PyMethodDef Worker_methods[] = {
     {"checkpoint", (PyCFunction)Worker_checkpoint, METH_NOARGS,
      "checkpoint() -> T: ask the servers for checkpoint T (the steps done) and return T"},
     {"skip", (PyCFunction)Worker_skip, METH_NOARGS, "skip(): end a forward that gets no backward"},
+    {"drop_queued", (PyCFunction)Worker_drop_queued, METH_NOARGS,
+     "drop_queued() -> bool: the queued push becomes an empty skipped one (the optimizer step did not run)"},
     {"close", (PyCFunction)Worker_close, METH_NOARGS, "close(): leave the run in order"},
     {"sampled_ids", (PyCFunction)Worker_sampled_ids, METH_NOARGS,
      "sampled_ids() -> bytes: the last forward's sampled class ids (int64, ascending)"},

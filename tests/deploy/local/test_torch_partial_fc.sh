@@ -13,6 +13,10 @@
 #     losses; with both heads the class-center table after 20 steps (the servers' checkpoint that the script's
 #     state_dict() asks for) equals the reference's within 3 times float32's own deviation (TABLE_TOL);
 #   - margin_grad = exact in the run file is honoured (against an exact-gradient reference);
+#   - optimizer.step() not called at two steps (GradScaler's skip): the class centers stay as they were, against
+#     a reference skipping the same steps (and differing from one whose table still takes them);
+#   - replicas = 1: server 1 killed mid-run, the module follows the failover and ends with the uninterrupted
+#     run's losses and backbone, bit for bit;
 #   - checkpoint and resume: 20 steps uninterrupted against 10 steps, arcface_torch-style checkpoint files,
 #     every process killed, fresh servers with resume = true and new processes loading the files: the losses
 #     of steps 10..19, the backbone and the table of checkpoint 20 are bit-identical; a state the servers
@@ -255,6 +259,53 @@ if compare w1x w1x_ref; then ok "margin_grad = exact: losses equal the exact-gra
   fail "margin_grad = exact: losses differ from the exact-gradient reference"; fi
 if compare w1x w1_ref >/dev/null; then fail "margin_grad = exact: the run also matches the straight-through reference"; else
   ok "margin_grad = exact: the run differs from the straight-through reference"; fi
+
+# A skipped optimizer step (GradScaler's on an inf or NaN gradient: optimizer.step() is not called at steps 3 and
+# 7, the scheduler still steps): the module drops those steps' pushes, so the class centers and their momentum
+# stay as they were, as PartialFC_V2's weight does; against a reference skipping the same steps. A reference
+# whose table still takes those steps (what pushing anyway would give) must differ.
+train_pfcps w1s 1 --skip-opt-at 3,7
+for mode in skipped stepped; do
+  "$PFCPS_PYTHON" "$SCRIPT" train --head reference --centers "$TMP/centers.safetensors" --world 1 --C $C --D $D \
+    --batch $BATCH --steps $STEPS --dtype float64 --skip-opt-at 3,7 --skip-centers $mode \
+    --out "$TMP/w1s_$mode.json" >"$TMP/w1s_$mode.log" 2>&1 ||
+    { cat "$TMP/w1s_$mode.log"; die "the reference run (skipped optimizer steps, centers $mode) failed"; }
+done
+if compare w1s w1s_skipped; then ok "skipped optimizer steps: losses equal the reference (centers unmoved)"; else
+  fail "skipped optimizer steps: losses differ from the reference"; fi
+if compare w1s w1s_stepped >/dev/null; then
+  fail "skipped optimizer steps: the run also matches a reference whose centers took those steps"; else
+  ok "skipped optimizer steps: the run differs from a reference whose centers took those steps"; fi
+
+# replicas = 1 (every shard also on the next server): server 1 killed (SIGKILL) while the script pauses after
+# step 8; the module follows the rendezvous' failover to the backup copy on server 0, trains on, and ends with
+# the uninterrupted replicas = 0 run's (w1's) losses and backbone, bit for bit; server 0 ends the run (exit 0).
+write_run w1f 1 30 "replicas = 1"
+start_servers w1f
+timeout 300 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/w1f.ini" --C $C --D $D --batch $BATCH \
+  --steps $STEPS --out "$TMP/w1f.json" --pause-after 8 --pause-s 4 >"$TMP/w1f.rank0.log" 2>&1 &
+fpid=$!; PIDS+=($fpid)
+wait_log "$TMP/w1f.rank0.log" PAUSE 120 || { cat "$TMP/w1f.rank0.log"; die "w1f: the script did not pause"; }
+kill -9 "${SPIDS[1]}"
+s=0; wait "$fpid" || s=$?
+if [ "$s" -ne 0 ]; then
+  tail -15 "$TMP/w1f.rank0.log"; tail -5 "$TMP/w1f.server0.log"; fail "replicas = 1: the script exited $s after server 1 was killed"
+else
+  grep -q "failover (epoch" "$TMP/w1f.rank0.log" || fail "replicas = 1: the module logged no failover"
+  wait_exit "${SPIDS[0]}" 30 || fail "replicas = 1: server 0 still runs after the worker left"
+  s=0; wait "${SPIDS[0]}" || s=$?
+  [ "$s" -eq 0 ] || { tail -5 "$TMP/w1f.server0.log"; fail "replicas = 1: server 0 exited $s"; }
+  if "$PFCPS_PYTHON" - "$TMP/w1f.json" "$TMP/w1.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+same = a["losses"] == b["losses"] and a["backbone_sha256"] == b["backbone_sha256"]
+print(f"  losses {'identical' if a['losses'] == b['losses'] else 'differ'}, backbone "
+      f"{'identical' if a['backbone_sha256'] == b['backbone_sha256'] else 'differs'}")
+sys.exit(0 if same else 1)
+PY
+  then ok "replicas = 1: server 1 lost mid-run, the module trained on to the uninterrupted run's bits"
+  else fail "replicas = 1: the run after the failover differs from the uninterrupted one"; fi
+fi
 
 # Checkpoint and resume, bit for bit: 2 ranks at sample_rate 0.5 (most rows skip most steps: the servers' dense
 # closed form), 20 steps uninterrupted (state saved at step 20) against: 10 steps, arcface_torch's checkpoint

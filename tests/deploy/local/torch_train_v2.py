@@ -13,6 +13,11 @@ The two lines that differ between the head implementations are marked "the two-l
             (global_step, backbone, the module's state_dict, optimizer, scheduler) to PREFIX.rank<r>.pt
         --resume PREFIX: each rank loads PREFIX.rank<r>.pt before its first step, as train_v2.py resumes, and
             trains from its global_step on
+        --skip-opt-at T1,T2: optimizer.step() is not called at those steps (what GradScaler does on an inf
+            gradient); the scheduler still steps. Reference: --skip-centers skipped (default: the table stays as
+            it was too) or stepped (the table still takes its step: the negative control)
+        --pause-after N --pause-s S: after N global steps print "PAUSE" and sleep S seconds, then train on
+            (the test kills a server meanwhile)
         --hang-after N: after N global steps print "HANG" and sleep (the test kills the processes)
         --table-out F (reference): the final class-center table (float64, C x D) to F (torch.save)
     torch_train_v2.py errors --run RUN.ini --bad-rendezvous RUN2.ini   (the error cases of tests/deploy/local/
@@ -215,7 +220,12 @@ def train(a):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 5)
         lrs.append(opt.param_groups[1]["lr"])
-        opt.step()
+        if step not in a.skip_opt_at:
+            opt.step()
+        elif a.skip_centers == "stepped":  # (reference) the backbone's step skipped, the table's taken
+            for p in net.parameters():
+                p.grad = None  # SGD leaves a parameter without a gradient alone (no decay, no momentum)
+            opt.step()
         opt.zero_grad()
         sched.step()
         losses.append(float(loss))
@@ -223,6 +233,9 @@ def train(a):
             torch.save({"epoch": 0, "global_step": step + 1, "state_dict_backbone": net.state_dict(),
                         "state_dict_softmax_fc": module.state_dict(), "state_optimizer": opt.state_dict(),
                         "state_lr_scheduler": sched.state_dict()}, f"{a.save}.rank{rank}.pt")
+        if a.pause_after and step + 1 == a.pause_after:
+            print(f"PAUSE after {step + 1} steps", flush=True)
+            time.sleep(a.pause_s)
         if a.hang_after and step + 1 == a.hang_after:
             print(f"HANG after {step + 1} steps", flush=True)
             time.sleep(600)
@@ -395,9 +408,13 @@ def main():
                                                                           "at its backward")
             t.add_argument("--margin-grad", default="straight_through", choices=["straight_through", "exact"])
             t.add_argument("--save")
+            t.add_argument("--skip-opt-at", type=lambda v: {int(x) for x in v.split(",") if x}, default=set())
+            t.add_argument("--skip-centers", default="skipped", choices=["skipped", "stepped"])
             t.add_argument("--save-at", type=int, default=0)
             t.add_argument("--resume")
             t.add_argument("--hang-after", type=int, default=0)
+            t.add_argument("--pause-after", type=int, default=0)
+            t.add_argument("--pause-s", type=float, default=3.0)
             t.add_argument("--table-out")
         else:
             t.add_argument("--bad-rendezvous", required=True)
