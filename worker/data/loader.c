@@ -124,12 +124,12 @@ static void synthetic_one_image(float *img, size_t n, uint64_t seed)
 
 int loader_epoch_order(const loader *l, int64_t epoch, int64_t *indices)
 {
-    int64_t N = l->num_images, W = l->o.world_size, B = l->o.batch_size;
-    int64_t total = l->nb * B * W, per_rank = l->nb * B;
+    int64_t N = l->num_images, W = l->o.world_size, per_rank = l->nb * l->o.batch_size;
     if (l->synthetic) {
-        /* Synthetic samples are defined by their global position: no permutation needed. */
+        /* Synthetic samples are defined by their global position: no permutation needed (positions past the
+         * end wrap, as the padding below). */
         for (int64_t k = 0; k < per_rank; k++)
-            indices[k] = k * W + l->o.rank;
+            indices[k] = (k * W + l->o.rank) % N;
         return 0;
     }
     int64_t *perm = malloc((size_t)N * sizeof *perm);
@@ -148,9 +148,10 @@ int loader_epoch_order(const loader *l, int64_t epoch, int64_t *indices)
             perm[j] = t;
         }
     }
-    (void)total;
+    /* DistributedSampler pads the permutation to ceil(N / W) * W by repeating it from its start
+     * (indices += indices[:padding]): position p >= N is perm[p mod N]. */
     for (int64_t k = 0; k < per_rank; k++)
-        indices[k] = perm[k * W + l->o.rank];
+        indices[k] = perm[(k * W + l->o.rank) % N];
     free(perm);
     return 0;
 }
@@ -342,13 +343,15 @@ int loader_open(loader **out, const loader_opts *o)
         l->num_images = l->rf->num_images;
         l->num_classes = l->rf->num_classes;
     }
-    int64_t global = (int64_t)o->batch_size * o->world_size;
-    l->nb = l->num_images / global;
+    /* arcface_torch's loader length: DistributedSampler gives each rank ceil(N / W) samples (the permutation
+     * padded by repeating its start), DataLoader(drop_last=True) makes floor(that / B) batches of them. */
+    l->nb = (l->num_images + o->world_size - 1) / o->world_size / o->batch_size;
     if (l->nb == 0) {
-        rc =
-            pf_err(-EINVAL,
-                   "loader: %" PRId64 " images is less than one global batch (world_size %d x batch_size %d)",
-                   l->num_images, o->world_size, o->batch_size);
+        rc = pf_err(-EINVAL,
+                    "loader: %" PRId64 " images give each of world_size %d ranks %" PRId64
+                    " samples, less than one batch of batch_size %d",
+                    l->num_images, o->world_size, (l->num_images + o->world_size - 1) / o->world_size,
+                    o->batch_size);
         goto fail;
     }
     l->image_floats = (size_t)3 * o->image_size * o->image_size;

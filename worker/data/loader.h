@@ -2,10 +2,11 @@
  * (image.h) by `num_workers` background threads into a bounded queue of batches.
  *
  * Order: each epoch the image list is shuffled with a permutation seeded by (seed, epoch) only, so
- * every rank computes the same permutation; as PyTorch's DistributedSampler with drop_last, the first
- * floor(N / (world_size * batch_size)) * world_size * batch_size positions are kept and rank r takes
- * positions r, r + world_size, r + 2 * world_size, ...: the ranks' slices are disjoint, all ranks get
- * the same number of full batches, never a ragged one. The flip of an image is seeded by
+ * every rank computes the same permutation; as arcface_torch's DistributedSampler (padded: position p >= N is
+ * the permutation's p mod N) under a DataLoader with drop_last, each rank gets floor(ceil(N / world_size) /
+ * batch_size) full batches and rank r takes positions r, r + world_size, r + 2 * world_size, ...: the
+ * ranks' slices are disjoint except for the padding (fewer than world_size repeated images), never a ragged
+ * batch. The flip of an image is seeded by
  * (seed, epoch, key), so batches are identical whatever num_workers is.
  *
  * Labels first: loader_peek_labels() returns the next batch's labels before loader_next() hands the

@@ -2,7 +2,7 @@
  * covering the kept part of the epoch with equal batch counts, labels-first (peek == batch labels ==
  * the class of each key, computed here from the ORL folder sizes), normalization and flip checked
  * against an independent TurboJPEG decode in float64, synthetic labels uniform in [0, C) up to 2^32,
- * and bad options. */
+ * arcface_torch's epoch length and padding (DistributedSampler + drop_last DataLoader), and bad options. */
 #include "fixture.h"
 
 #include "common/err.h"
@@ -30,12 +30,12 @@ static int64_t orl_class_of_key(int64_t key)
     return -1;
 }
 
-static loader *open_loader(int rank, int workers, uint64_t seed)
+static loader *open_loader_b(int rank, int workers, uint64_t seed, int batch)
 {
     loader_opts o;
     loader_opts_default(&o);
     o.rec = prefix;
-    o.batch_size = B;
+    o.batch_size = batch;
     o.num_workers = workers;
     o.seed = seed;
     o.rank = rank;
@@ -44,6 +44,58 @@ static loader *open_loader(int rank, int workers, uint64_t seed)
     int rc = loader_open(&l, &o);
     CHECK(rc == 0, "loader_open rank %d: %s", rank, pf_errmsg());
     return rc == 0 ? l : NULL;
+}
+
+static loader *open_loader(int rank, int workers, uint64_t seed)
+{
+    return open_loader_b(rank, workers, seed, B);
+}
+
+/* arcface_torch's epoch length where it differs from floor(N / (W B)): 398 images, 3 ranks, batch 19.
+ * DistributedSampler gives each rank ceil(398 / 3) = 133 samples (the permutation padded to 399 by repeating
+ * its first index), DataLoader(drop_last=True) 133 // 19 = 7 batches; floor(398 / 57) would be 6. So every
+ * image is read once and exactly one twice: the permutation's first, rank 0's first sample, read again by
+ * rank 2 as its last (position 398). */
+static void test_padding(void)
+{
+    enum { BP = 19, NB = 7 };
+    int64_t order[W][NB * BP];
+    int64_t *seen = calloc(398, sizeof *seen);
+    for (int r = 0; r < W; r++) {
+        loader *l = open_loader_b(r, 1, 7, BP);
+        if (!l) {
+            free(seen);
+            return;
+        }
+        int64_t nb = loader_num_batches(l);
+        CHECK(nb == NB, "padding: rank %d: %" PRId64 " batches, want 7 (ceil(398 / 3) // 19)", r, nb);
+        if (nb == NB)
+            loader_epoch_order(l, 0, order[r]);
+        loader_close(l);
+        if (nb != NB) {
+            free(seen);
+            return;
+        }
+        for (int k = 0; k < NB * BP; k++)
+            if (order[r][k] >= 0 && order[r][k] < 398)
+                seen[order[r][k]]++;
+    }
+    int64_t once = 0, twice = 0, twice_idx = -1;
+    for (int i = 0; i < 398; i++) {
+        once += seen[i] == 1;
+        if (seen[i] == 2) {
+            twice++;
+            twice_idx = i;
+        }
+    }
+    CHECK(once == 397 && twice == 1, "padding: %" PRId64 " images read once, %" PRId64 " twice (want 397, 1)",
+          once, twice);
+    CHECK(twice_idx == order[0][0] && order[2][NB * BP - 1] == order[0][0],
+          "padding: the repeated image %" PRId64 " is not the permutation's first (%" PRId64
+          ") at rank 2's last position (%" PRId64 ")",
+          twice_idx, order[0][0], order[2][NB * BP - 1]);
+    printf("padding: 3 ranks x 7 batches x 19 = 399 samples of 398 images, image %" PRId64 " twice\n", twice_idx);
+    free(seen);
 }
 
 static void test_slices(void)
@@ -475,7 +527,8 @@ static void test_bad_options(void)
     rc = loader_open(&l, &o);
     CHECK(rc == -EINVAL &&
               fx_contains(pf_errmsg(),
-                          "398 images is less than one global batch (world_size 2 x batch_size 200)"),
+                          "398 images give each of world_size 2 ranks 199 samples, less than one batch of "
+                          "batch_size 200"),
           "too small: %s", pf_errmsg());
     o.batch_size = 8;
     o.rank = 2;
@@ -530,6 +583,7 @@ int main(void)
         return 1;
     }
     test_slices();
+    test_padding();
     test_determinism_and_values();
     test_synthetic();
     test_synthetic_arcface();

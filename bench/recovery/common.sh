@@ -1,0 +1,34 @@
+# bench/recovery/common.sh: what the recovery benchmarks share (sourced; SRC and PFCPS set by the caller).
+# recovery_stage: packs 10 ORL identities into $TMP/train (the runs' dataset); TMP must exist.
+recovery_stage() {
+  mkdir -p "$TMP/stage"
+  for i in $(seq 1 10); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
+  "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train"
+}
+# port: a free TCP port on 127.0.0.1.
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# final DIR: the newest complete checkpoint's `pfcps ckpt-info` line (table and backbone digests), sizes removed.
+final() {
+  local s; s=$("$PFCPS" ckpt-info --newest "$1")
+  "$PFCPS" ckpt-info "$1" | grep "^step $s: complete" | sed 's/  [0-9.]* MB//'
+}
+# iso_s LINE: the time of a pfcps log line (its leading ISO 8601 UTC stamp) in seconds since the epoch.
+iso_s() { date -u -d "$(cut -d' ' -f1 <<<"$1" | sed 's/Z$//; s/T/ /')" +%s.%N; }
+# first_after FILE PATTERN T: the time of FILE's first line matching PATTERN logged after T (empty if none).
+first_after() {
+  local line s
+  while read -r line; do
+    s=$(iso_s "$line")
+    python3 -c "import sys; sys.exit(0 if $s > $3 else 1)" && { echo "$s"; return; }
+  done < <(grep -E "$2" "$1")
+}
+# last_step_before FILE T: the global step of FILE's last "Global Step: N" line logged at or before T (0 if none).
+last_step_before() {
+  local line s n=0
+  while read -r line; do
+    s=$(iso_s "$line")
+    python3 -c "import sys; sys.exit(0 if $s <= $2 else 1)" || break
+    n=$(sed -n 's/.*Global Step: \([0-9]*\).*/\1/p' <<<"$line")
+  done < <(grep -E "Global Step: " "$1")
+  echo "${n:-0}"
+}
