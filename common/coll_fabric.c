@@ -80,6 +80,11 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
                 need_recv = 0, r->recv_out = 0, r->recv_len = comp[i].len;
         }
         if (n == 0) {
+            if (fab_interrupted())
+                return pf_err(-ECANCELED,
+                              "ring rank %d: collective %u step %u: stopped waiting for worker %d: the run broke "
+                              "(the control plane reported a lost member)",
+                              c->rank, r->seq, r->step, need_recv ? r->left : (c->rank + 1) % c->world_size);
             if (pf_now_s() > deadline)
                 return pf_err(-ETIMEDOUT,
                               "ring rank %d: collective %u step %u: no %s within %.0f s: worker %d died, "

@@ -25,6 +25,7 @@
 #include "common/ctl.h"
 #include "common/daemon.h"
 #include "common/err.h"
+#include "common/fabric.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -46,6 +47,8 @@ typedef struct ctl_watch {
     trainer *t; /* replicas = 1: its client is told of failovers (ps_client_server_lost) */
     volatile int done;
     volatile int broken; /* a member was lost or the control connection broke: the run did not complete */
+    int interrupt;       /* __atomic; fab_set_interrupt's flag: raised when the run broke, so that the waits of
+                            the step in progress (pulls, pushes, ring collectives) give up at once */
     double grace_s;
 } ctl_watch;
 
@@ -69,8 +72,12 @@ static void *ctl_watch_main(void *arg)
                 log_error("failover: %s", pf_errmsg());
             continue;
         }
-        if (r != 1)
+        if (r != 1) {
+            /* A member was lost (or server 0 with the control connection): the servers stop for the re-form,
+             * so the step in progress cannot finish. End its waits now instead of after the grace. */
             w->broken = 1;
+            __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE);
+        }
         if (r == 1)
             log_error("the rendezvous (server 0) shut the run down: stopping");
         else if (r == -ENOLINK)
@@ -84,10 +91,11 @@ static void *ctl_watch_main(void *arg)
             /* Stopped on request (SIGTERM / SIGINT, e.g. the whole job stopped at once) while a server also
              * left: the step in progress cannot finish, but the stop was asked for, so it is not a failure. */
             int asked = daemon_signalled();
-            log_error("the step in progress did not finish within %.0f s of the run's shutdown: exiting%s",
-                      w->grace_s, asked ? " (a stop was requested: exit 0)" : "");
+            int code = asked ? 0 : w->broken ? DAEMON_EXIT_REFORM : 1;
+            log_error("the step in progress did not finish within %.0f s of the run's shutdown: exiting %d%s",
+                      w->grace_s, code, asked ? " (a stop was requested)" : "");
             log_close_file();
-            _exit(asked ? 0 : 1);
+            _exit(code);
         }
         break;
     }
@@ -377,6 +385,7 @@ static int train_watched(worker_daemon *d)
     ctl_watch watch = {.sess = d->sess, .t = d->t, .grace_s = 10};
     if (d->run.replicas) /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
         ctl_session_set_heartbeat(d->sess, ctl_member_silence_s(d->run.ctl_timeout) / 8);
+    fab_set_interrupt(&watch.interrupt);
     pthread_t watcher;
     int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
     int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);
@@ -386,6 +395,7 @@ static int train_watched(worker_daemon *d)
         watch.done = 1;
         pthread_join(watcher, NULL);
     }
+    fab_set_interrupt(NULL);
     if (rc_train < 0) {
         log_error("%s", pf_errmsg());
         if (watch.broken) {

@@ -3,6 +3,8 @@
 # A reference run (2 servers + 2 workers on 10 ORL identities, snapshot_every 4) trains uninterrupted. Then:
 #   launcher cases: `launch.sh --max-restarts 2`, kill -9 of server 0 (the rendezvous), of server 1 and of
 #     worker 1 after a random number of checkpoints; the launcher restarts every member with resume = true;
+#     after the worker's kill the surviving worker exits 75 within 5 s (the rendezvous' report ends its wait in
+#     the ring collective; its grace for the step in progress is 10 s);
 #   self-restart case: no launcher; every daemon runs under its own supervisor loop that restarts it when it
 #     exits non-zero (what Kubernetes' restartPolicy and systemd's Restart=on-failure do), with resume = true
 #     from the start; kill -9 of server 1: the restarted member rejoins, the run re-forms and resumes.
@@ -66,10 +68,22 @@ for victim in "server --rank 0" "server --rank 1" "worker --rank 1"; do
   role=${victim%% *}
   pid=$(pgrep -f "pfcps-$role --config $TMP/$name.ini ${victim#* }" | head -1)
   [ -n "$pid" ] || die "$name: $victim not found"
+  t_kill=$(date +%s.%N)
   kill -KILL "$pid"
   rc=0; wait "$LP" || rc=$?
   LP=
   [ "$rc" -eq 0 ] || { tail -30 "$TMP/$name.out"; die "$name: launcher exit $rc"; }
+  if [ "$role" = worker ]; then
+    # The surviving worker, waiting for the dead one in a ring collective, gives up as soon as the rendezvous
+    # reports the loss (the fabric interrupt), not after its 10 s grace for the step in progress: exit 75.
+    line=$(grep -m1 "a member of the run was lost: exiting 75" "$TMP/$name/logs/worker0.log") ||
+      { tail -20 "$TMP/$name/logs/worker0.log"; die "$name: worker 0 did not exit 75 for the re-form"; }
+    dt=$(python3 -c "import datetime as d, sys; t = d.datetime.strptime(sys.argv[1][:23], '%Y-%m-%dT%H:%M:%S.%f')
+print(f'{t.replace(tzinfo=d.timezone.utc).timestamp() - float(sys.argv[2]):.2f}')" "$line" "$t_kill")
+    python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) < 5 else 1)" "$dt" ||
+      die "$name: worker 0 left $dt s after the kill (the loss should end its waits at once)"
+    echo "ok: worker 0 exited 75 for the re-form $dt s after the kill"
+  fi
   grep -q "restart 1/2 .* from checkpoint step [1-9]" "$TMP/$name.out" || { cat "$TMP/$name.out"; die "$name: no restart line"; }
   check_same "$name"
   echo "ok: kill -9 of $victim after checkpoint $at: $(grep -m1 'restart 1/2' "$TMP/$name.out" | sed 's/^launch: //'); result identical"
