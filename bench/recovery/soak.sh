@@ -8,7 +8,8 @@
 # fails over to the backups (no restart), the other kills re-form the run as without replicas; the reference
 # stays an uninterrupted replicas = 0 run.
 # Prints one line per round and a summary: rounds passed, restarts, the step resumed from, the time from the
-# kill to the next step worker 0 completes (its log line's time) and the steps computed again (the last step
+# kill to the next step worker 0 completes (its log line's time; after a re-form, the first step of the
+# restarted run) and the steps computed again (the last step
 # worker 0 had logged before the kill minus the step resumed from), wall time of a round vs the uninterrupted
 # run.
 # usage: bench/recovery/soak.sh [-b BUILD] [--replicas 0|1] [ROUNDS]
@@ -82,7 +83,10 @@ for ((k = 1; k <= ROUNDS; k++)); do
   n=$(grep -c "restart [0-9]*/3" "$TMP/$name.out")
   from=$(sed -n 's/.*from checkpoint step \([0-9]*\).*/\1/p' "$TMP/$name.out" | head -1)
   w0=$TMP/$name/logs/worker0.log
-  t_step=$(first_after "$w0" "Global Step: " "$t_kill")
+  # after a re-form: the restarted run's first step (a step of the old run may still complete after the kill)
+  t_from=$t_kill
+  [ "$n" -gt 0 ] && t_from=$(first_after "$w0" "joined: " "$t_kill")
+  t_step=$(first_after "$w0" "Global Step: " "${t_from:-$t_kill}")
   d_step=$(python3 -c "print(f'{${t_step:-0} - $t_kill:.2f}')")
   at=$(last_step_before "$w0" "$t_kill")
   again=$(( n > 0 ? at - ${from:-$at} : 0 ))
