@@ -144,7 +144,9 @@ static void *progress_main(void *arg)
                 log_error("reposting a receive: %s", pf_errmsg());
         }
         serve_pending(S); /* acknowledgements first: the apply below overlaps the workers' next work */
-        if (S->complete || S->applying) {
+        /* A snapshot asked for (global mode) begins once its step is applied, also when no push follows: the
+         * workers may hold their next pushes for it (a rejoin's copy step). */
+        if (S->complete || S->applying || S->snap_at >= 0) {
             pss_try_apply(S);
             serve_pending(S); /* pulls that waited for an apply */
         }

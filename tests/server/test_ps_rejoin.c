@@ -223,18 +223,16 @@ static int run(int copy)
     for (int t = 0; t <= T; t++) {
         if (t == F)
             lose(&rep, 1, 1);
-        if (t == R)
-            rejoin(&rep, copy);
         if (t == K)
             lose(&rep, 2, 4);
-        for (int w = 0; w < W; w++) {
-            if (t > 0) {
-                CHECK(push(&ref, w, t - 1, 0) == 0, "reference push %d of step %d: %s", w, t - 1, pf_errmsg());
-                CHECK(push(&rep, w, t - 1, t == R ? PS_PUSH_SNAPSHOT : 0) == 0, "push %d of step %d: %s", w,
-                      t - 1, pf_errmsg());
-            }
-            if (t == T)
-                continue;
+        for (int w = 0; w < W && t > 0; w++) {
+            CHECK(push(&ref, w, t - 1, 0) == 0, "reference push %d of step %d: %s", w, t - 1, pf_errmsg());
+            CHECK(push(&rep, w, t - 1, t == R ? PS_PUSH_SNAPSHOT : 0) == 0, "push %d of step %d: %s", w, t - 1,
+                  pf_errmsg());
+        }
+        if (t == R)
+            rejoin(&rep, copy); /* the clients hold their pushes of step R until it is done */
+        for (int w = 0; w < W && t < T; w++) {
             CHECK(pull(&ref, w, t, want) == 0, "reference pull %d of step %d: %s", w, t, pf_errmsg());
             CHECK(pull(&rep, w, t, got) == 0, "pull %d of step %d: %s", w, t, pf_errmsg());
             if (memcmp(got, want, sizeof got) != 0) {
