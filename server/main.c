@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -495,6 +496,13 @@ static int start_serving(server_daemon *d)
              so.global_mode ? "pushes applied on arrival, read-your-writes pulls" : "BSP/SSP step clock",
              run->max_staleness, d->cfg.apply_threads, d->cfg.center_init);
     if (book->rejoin_epoch) {
+        const char *die = getenv("PFCPS_TEST_REJOIN_EXIT_BEFORE_READY");
+        if (die && !strcmp(die, "1")) {
+            /* The tests' learner that dies while copying: the rendezvous must abort the rejoin. */
+            log_warn("rejoin: PFCPS_TEST_REJOIN_EXIT_BEFORE_READY=1: exiting before telling the rendezvous");
+            log_close_file();
+            _exit(1);
+        }
         if (ctl_session_rejoin_report(d->sess, CTL_FO_REJOIN_READY, d->rank, book->rejoin_epoch,
                                       book->resume_step) < 0) {
             log_error("rejoin: cannot tell the rendezvous this server is ready: %s", pf_errmsg());

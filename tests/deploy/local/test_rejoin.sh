@@ -11,9 +11,16 @@
 #             shard 1 is there (without the rejoin this loss re-forms the run: test_replicas.sh's "both"
 #             case), and it ends with every worker and the surviving servers exiting 0 and a model.ckpt and
 #             final checkpoint (`pfcps ckpt-info` table and backbone SHA-256) equal to the reference's;
+#   aborted:  replicas = 1, 3 servers: kill -9 of server 1, restarted with PFCPS_TEST_REJOIN_EXIT_BEFORE_READY=1
+#             (it loads its copies, then exits before it says ready: a learner that dies while copying): the
+#             rendezvous aborts the rejoin, the workers stop holding their pushes and the run ends on single
+#             copies with the reference's bits (no second kill: shard 1 has one copy);
 #   skipped:  the same with PFCPS_TEST_REJOIN_SKIP_COPY=1 on the restarted server (its shards stay as generated
 #             at step 0, the copy skipped): the final checkpoint must differ from the reference's (or the run
 #             fail), so the first case cannot pass without the copy.
+# A sixth argument names the cases to run (default "rejoin skipped"; meson's train_rejoin_abort runs "aborted").
+CASES=${6:-rejoin skipped}
+set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=rejoin-secret
 pack_orl 10
@@ -58,7 +65,9 @@ REF=$(ckpt_final_line "$TMP/ref")
 expect_grep "reference: 36 steps, final checkpoint complete" "^step 36: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
 
 RANDOM=$$
+has() { [[ " $CASES " == *" $1 "* ]]; }
 # --- rejoin ------------------------------------------------------------------------------------------------------
+if has rejoin; then
 run_case rejoin
 expect_eq "rejoin: every worker and the surviving servers exit 0" "$RC" 0
 expect_grep "rejoin: the restarted server 1 copied shard 1 from server 2" \
@@ -83,8 +92,33 @@ else
   ok "rejoin: no re-form"
 fi
 ckpt_check_same rejoin
+fi
+
+# --- aborted: the learner dies before it holds a copy ----------------------------------------------------------
+if has aborted; then
+at=$((5 + RANDOM % 4))
+write_cfg aborted 1
+rm -f "$TMP"/*.log
+start_cluster "$TMP/aborted.ini" 3 2
+wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "aborted: worker 0 did not reach step $at"; }
+kill -KILL "${SPIDS[1]}"
+wait_log "$TMP/server0.log" "failover: server\[1\]" 30 || { show_logs; die "aborted: server 1 was not failed over"; }
+start_daemon "$TMP/server1-again.log" env PFCPS_TEST_REJOIN_EXIT_BEFORE_READY=1 "$SERVER" --config "$TMP/aborted.ini" --rank 1
+RC=0
+wait_all "${WPIDS[@]}" || RC=$?
+wait_exit "${SPIDS[0]}" 60 || { show_logs; die "aborted: server 0 did not stop after the workers"; }
+s=0; wait "${SPIDS[0]}" || s=$?
+[ "$s" -eq 0 ] || RC=$s
+expect_eq "aborted: every worker and the surviving servers exit 0" "$RC" 0
+expect_grep "aborted: the rendezvous aborted the rejoin" "server\[1\] .* was lost while rejoining, before it held a copy" \
+  "$TMP/server0.log"
+expect_grep "aborted: worker 0 stopped holding its pushes" "rejoin of server 1: aborted, the run goes on as it was" \
+  "$TMP/worker0.log"
+ckpt_check_same aborted
+fi
 
 # --- skipped: the copy left out must show -------------------------------------------------------------------------
+if has skipped; then
 run_case skipped PFCPS_TEST_REJOIN_SKIP_COPY=1
 expect_grep "skipped: the restarted server skipped its copy" "PFCPS_TEST_REJOIN_SKIP_COPY=1: shard 1 NOT copied" \
   "$TMP/server1-again.log"
@@ -97,5 +131,6 @@ else
   else
     fail "skipped: the final checkpoint equals the reference's although the copy was skipped"
   fi
+fi
 fi
 expect_summary
