@@ -182,8 +182,9 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
                           m->failover->epoch, m->failover->server, CTL_MAX_MEMBERS);
         if (m->failover->kind > CTL_FO_REJOIN_ABORTED || m->failover->step < 0 ||
             m->failover->fabric_addr.len > CTL_MAX_ADDR)
-            return pf_err(-EPROTO, "failover: kind %u (at most %d), step %lld (>= 0) or a fabric address of %zu "
-                                   "bytes (at most %d) out of range",
+            return pf_err(-EPROTO,
+                          "failover: kind %u (at most %d), step %lld (>= 0) or a fabric address of %zu "
+                          "bytes (at most %d) out of range",
                           m->failover->kind, CTL_FO_REJOIN_ABORTED, (long long)m->failover->step,
                           m->failover->fabric_addr.len, CTL_MAX_ADDR);
         return 0;

@@ -57,7 +57,7 @@ typedef struct conn {
     int joined;
     int left; /* the member said it leaves (ctl_session_leave): its disconnect is orderly */
     int hb_seen; /* it sent a heartbeat since it joined: with replicas, its silence is timed from then on */
-    int learning; /* a failed-over server rejoining (replicas = 1): joined, but holds no seat and no copy yet */
+    int learning; /* a failed-over server rejoining (replicas = 1): joined, holds no seat nor copy yet */
     ctl_role role;
     int rank;
     int seat;        /* its seat in the roster (ctl_forming.h) while joined */
@@ -510,27 +510,28 @@ static void count_single(ctl_rendezvous *rv)
 
 /* replicas = 1: a join for a failed-over server rank is that server restarted. In head_mode = global it joins
  * as the learner of its two shards (docs/architecture.md, "Hot-standby shards", Rejoin): the epoch goes up,
- * every member is told (the workers then agree on a checkpoint step, CTL_FO_REJOIN_STEP), and the learner gets
- * its book once that step is known. Refused (EEXIST) in head_mode = local or after the shutdown; asked to retry
- * (EAGAIN) while another server rejoins. */
+ * every member is told (the workers then agree on a checkpoint step, CTL_FO_REJOIN_STEP), and the learner
+ * gets its book once that step is known. Refused (EEXIST) in head_mode = local or after the shutdown; asked
+ * to retry (EAGAIN) while another server rejoins. */
 static void rejoin_begin(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
 {
     char msg[320];
     if (!rv->rejoin || rv->shutdown_sent) {
-        snprintf(msg, sizeof msg,
-                 "server[%d] was failed over to its shards' other copies (epoch %u); it cannot rejoin %s: the "
-                 "run goes on without it",
-                 j->rank, rv->epoch,
-                 rv->shutdown_sent ? "a run that is shutting down"
-                                   : "under head_mode = local (rows shared by workers need one copy step for "
-                                     "all workers, which is not built; head_mode = global rejoins)");
+        snprintf(
+            msg, sizeof msg,
+            "server[%d] was failed over to its shards' other copies (epoch %u); it cannot rejoin %s: the "
+            "run goes on without it",
+            j->rank, rv->epoch,
+            rv->shutdown_sent ? "a run that is shutting down"
+                              : "under head_mode = local (rows shared by workers need one copy step for "
+                                "all workers, which is not built; head_mode = global rejoins)");
         log_warn("control plane: refused %s: %s", c->peer, msg);
         conn_refuse(rv, c, EEXIST, msg);
         return;
     }
     if (rv->learner) {
-        snprintf(msg, sizeof msg, "server[%d] is rejoining now; server[%d] rejoins after it", rv->learner->rank,
-                 j->rank);
+        snprintf(msg, sizeof msg, "server[%d] is rejoining now; server[%d] rejoins after it",
+                 rv->learner->rank, j->rank);
         conn_refuse(rv, c, EAGAIN, msg);
         return;
     }
@@ -550,11 +551,12 @@ static void rejoin_begin(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     metrics_set(rv->m_epoch, rv->epoch);
     const int S = rv->num_servers, r = j->rank;
     char text[400];
-    snprintf(text, sizeof text,
-             "server[%d] (%s) restarted and rejoins as a learner at epoch %u: it copies shard %d (served by "
-             "server %d) and shard %d's backup (from server %d) at a checkpoint step the workers agree on; until "
-             "it holds them the run is one server failure away from the checkpoint re-form",
-             r, c->peer, rv->epoch, r, (r + 1) % S, (r + S - 1) % S, (r + S - 1) % S);
+    snprintf(
+        text, sizeof text,
+        "server[%d] (%s) restarted and rejoins as a learner at epoch %u: it copies shard %d (served by "
+        "server %d) and shard %d's backup (from server %d) at a checkpoint step the workers agree on; until "
+        "it holds them the run is one server failure away from the checkpoint re-form",
+        r, c->peer, rv->epoch, r, (r + 1) % S, (r + S - 1) % S, (r + S - 1) % S);
     log_warn("control plane: rejoin: %s", text);
     send_rejoin_notice(rv, c, CTL_FO_REJOIN_BEGIN, r, text, NULL, 0);
 }
@@ -601,8 +603,8 @@ static void rejoin_step(ctl_rendezvous *rv, const conn *from, int64_t step)
     reply_members(rv, l, mem, ptr);
     char reason[200];
     snprintf(reason, sizeof reason,
-             "rejoin: copying shards %d and %d from checkpoint step %lld, which the workers took for it", l->rank,
-             (l->rank + rv->num_servers - 1) % rv->num_servers, (long long)step);
+             "rejoin: copying shards %d and %d from checkpoint step %lld, which the workers took for it",
+             l->rank, (l->rank + rv->num_servers - 1) % rv->num_servers, (long long)step);
     Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
     r.n_members = (size_t)n;
     r.members = ptr;
@@ -621,9 +623,10 @@ static void rejoin_step(ctl_rendezvous *rv, const conn *from, int64_t step)
     m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
     m.join_reply = &r;
     conn_send_msg(rv, l, &m);
-    log_info("control plane: rejoin: %s[%d] says the workers took checkpoint step %lld for server[%d]'s copy; "
-             "its book sent",
-             ctl_role_name(from->role), from->rank, (long long)step, l->rank);
+    log_info(
+        "control plane: rejoin: %s[%d] says the workers took checkpoint step %lld for server[%d]'s copy; "
+        "its book sent",
+        ctl_role_name(from->role), from->rank, (long long)step, l->rank);
     free(mem);
     free(ptr);
 }
@@ -651,12 +654,13 @@ static void rejoin_done(ctl_rendezvous *rv, conn *c)
     for (int s = 0; s < S; s++)
         lost += rv->srv_lost[s];
     char text[400];
-    snprintf(text, sizeof text,
-             "server[%d] (%s) rejoined at epoch %u, %.2f s after its join: it holds shard %d and the backup of "
-             "shard %d again; %s",
-             r, c->peer, rv->epoch, pf_now_s() - rv->learner_t0, r, (r + S - 1) % S,
-             lost ? "other servers are still lost: the run is one server failure away from the checkpoint re-form"
-                  : "every shard has two copies again");
+    snprintf(
+        text, sizeof text,
+        "server[%d] (%s) rejoined at epoch %u, %.2f s after its join: it holds shard %d and the backup of "
+        "shard %d again; %s",
+        r, c->peer, rv->epoch, pf_now_s() - rv->learner_t0, r, (r + S - 1) % S,
+        lost ? "other servers are still lost: the run is one server failure away from the checkpoint re-form"
+             : "every shard has two copies again");
     log_warn("control plane: rejoin: %s", text);
     send_rejoin_notice(rv, c, CTL_FO_REJOINED, r, text, c->addr, c->addr_len);
 }
@@ -670,10 +674,11 @@ static void rejoin_aborted(ctl_rendezvous *rv, conn *c)
         return;
     rv->learner = NULL;
     char text[300];
-    snprintf(text, sizeof text,
-             "server[%d] (%s) was lost while rejoining, before it held a copy: the run goes on as before, one "
-             "server failure away from the checkpoint re-form",
-             c->rank, c->peer);
+    snprintf(
+        text, sizeof text,
+        "server[%d] (%s) was lost while rejoining, before it held a copy: the run goes on as before, one "
+        "server failure away from the checkpoint re-form",
+        c->rank, c->peer);
     log_warn("control plane: rejoin: %s", text);
     send_rejoin_notice(rv, c, CTL_FO_REJOIN_ABORTED, c->rank, text, NULL, 0);
 }

@@ -39,7 +39,7 @@ struct ctl_session {
     uint32_t fo_epoch;           /* the last failover notice: its epoch and lost server */
     int fo_server;
     char fo_text[256];
-    int fo_kind;                 /* its kind (CTL_FO_*), step and fabric address (rejoin notices) */
+    int fo_kind; /* its kind (CTL_FO_*), step and fabric address (rejoin notices) */
     int64_t fo_step;
     size_t fo_addr_len;
     uint8_t fo_addr[CTL_MAX_ADDR];

@@ -284,8 +284,8 @@ static int rejoin_wait_file(const server_daemon *d, int shard, int from)
     struct stat st;
     while (stat(p, &st) != 0) {
         if (g_stop || pf_now_s() - t0 > limit) {
-            log_error("rejoin: shard %d's copy %s did not appear within %.0f s (server %d writes it)", shard, p,
-                      limit, from);
+            log_error("rejoin: shard %d's copy %s did not appear within %.0f s (server %d writes it)", shard,
+                      p, limit, from);
             return -1;
         }
         struct timespec ts = {0, 2000000};
@@ -307,9 +307,10 @@ static int rejoin_copy(const server_daemon *d, ps_server *srv, int shard)
     const ctl_book *book = ctl_session_book(d->sess);
     const char *skip = getenv("PFCPS_TEST_REJOIN_SKIP_COPY");
     if (skip && !strcmp(skip, "1")) {
-        log_warn("rejoin: PFCPS_TEST_REJOIN_SKIP_COPY=1: shard %d NOT copied (a test's negative control: this "
-                 "copy is wrong)",
-                 shard);
+        log_warn(
+            "rejoin: PFCPS_TEST_REJOIN_SKIP_COPY=1: shard %d NOT copied (a test's negative control: this "
+            "copy is wrong)",
+            shard);
         return 0;
     }
     const double t0 = pf_now_s();
@@ -319,6 +320,43 @@ static int rejoin_copy(const server_daemon *d, ps_server *srv, int shard)
         return -1;
     }
     log_info("rejoin: shard %d copied (100%%) in %.3f s", shard, pf_now_s() - t0);
+    return 0;
+}
+
+/* A rejoining server before its primary copy loads: waits for both shard files of the copy's checkpoint
+ * (shard r is served by its backup on server r + 1, shard r - 1 by its primary on server r - 1); the primary
+ * stays quiet (the backup on server r + 1 goes on writing shard r's snapshots until that server is lost:
+ * take_failover) and refuses older epochs. Returns 0 or -1 after logging. */
+static int rejoin_prepare(server_daemon *d)
+{
+    const int S = d->run.servers;
+    if (rejoin_wait_file(d, d->rank, (d->rank + 1) % S) < 0 ||
+        rejoin_wait_file(d, (d->rank + S - 1) % S, (d->rank + S - 1) % S) < 0)
+        return -1;
+    ps_server_set_quiet(d->srv);
+    ps_server_set_min_epoch(d->srv, ctl_session_book(d->sess)->rejoin_epoch);
+    return 0;
+}
+
+/* A rejoining server whose copies are loaded and serving tells the rendezvous (which then tells every member
+ * that it holds them). PFCPS_TEST_REJOIN_EXIT_BEFORE_READY=1 (the tests' learner that dies while copying)
+ * exits here instead. Returns 0 or -1 after logging. */
+static int rejoin_ready(server_daemon *d)
+{
+    const ctl_book *book = ctl_session_book(d->sess);
+    const char *die = getenv("PFCPS_TEST_REJOIN_EXIT_BEFORE_READY");
+    if (die && !strcmp(die, "1")) {
+        log_warn("rejoin: PFCPS_TEST_REJOIN_EXIT_BEFORE_READY=1: exiting before telling the rendezvous");
+        log_close_file();
+        _exit(1);
+    }
+    if (ctl_session_rejoin_report(d->sess, CTL_FO_REJOIN_READY, d->rank, book->rejoin_epoch,
+                                  book->resume_step) < 0) {
+        log_error("rejoin: cannot tell the rendezvous this server is ready: %s", pf_errmsg());
+        return -1;
+    }
+    log_info("rejoin: both copies loaded at step %lld and serving; told the rendezvous",
+             (long long)book->resume_step);
     return 0;
 }
 
@@ -453,17 +491,8 @@ static int start_serving(server_daemon *d)
         return -1;
     }
     log_info("checkpoints: %s (%s)", d->root, book->resume_reason);
-    if (book->rejoin_epoch) {
-        /* Shard r is served by its backup on server r + 1, shard r - 1 by its primary on server r - 1. */
-        const int S = run->servers;
-        if (rejoin_wait_file(d, d->rank, (d->rank + 1) % S) < 0 ||
-            rejoin_wait_file(d, (d->rank + S - 1) % S, (d->rank + S - 1) % S) < 0)
-            return -1;
-        /* The backup on server r + 1 goes on writing shard r's snapshots; this copy takes them over only if
-         * that server is lost (take_failover). */
-        ps_server_set_quiet(d->srv);
-        ps_server_set_min_epoch(d->srv, book->rejoin_epoch);
-    }
+    if (book->rejoin_epoch && rejoin_prepare(d) < 0)
+        return -1;
     if (load_copy(d, d->srv, d->rank, "") < 0)
         return -1;
     if (run->pretrained_centers[0] && book->resume_step > 0) {
@@ -495,23 +524,7 @@ static int start_serving(server_daemon *d)
              d->rank, run->servers, run->workers, run->head_mode,
              so.global_mode ? "pushes applied on arrival, read-your-writes pulls" : "BSP/SSP step clock",
              run->max_staleness, d->cfg.apply_threads, d->cfg.center_init);
-    if (book->rejoin_epoch) {
-        const char *die = getenv("PFCPS_TEST_REJOIN_EXIT_BEFORE_READY");
-        if (die && !strcmp(die, "1")) {
-            /* The tests' learner that dies while copying: the rendezvous must abort the rejoin. */
-            log_warn("rejoin: PFCPS_TEST_REJOIN_EXIT_BEFORE_READY=1: exiting before telling the rendezvous");
-            log_close_file();
-            _exit(1);
-        }
-        if (ctl_session_rejoin_report(d->sess, CTL_FO_REJOIN_READY, d->rank, book->rejoin_epoch,
-                                      book->resume_step) < 0) {
-            log_error("rejoin: cannot tell the rendezvous this server is ready: %s", pf_errmsg());
-            return -1;
-        }
-        log_info("rejoin: both copies loaded at step %lld and serving; told the rendezvous",
-                 (long long)book->resume_step);
-    }
-    return 0;
+    return book->rejoin_epoch ? rejoin_ready(d) : 0;
 }
 
 /* Serves until SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left

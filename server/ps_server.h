@@ -130,13 +130,13 @@ void ps_server_set_epoch(ps_server *srv, uint32_t epoch);
 uint32_t ps_server_epoch(const ps_server *srv);
 
 /* A backup copy becomes the shard's serving copy because its primary was lost: from now on it writes the
- * shard's snapshots too. On a quiet primary (ps_server_set_quiet) whose backup was lost: it writes them again.
- * Idempotent. */
+ * shard's snapshots too. On a quiet primary (ps_server_set_quiet) whose backup was lost: it writes them
+ * again. Idempotent. */
 void ps_server_promote(ps_server *srv);
 
 /* A copy that rejoined the run at membership epoch `epoch` (docs/architecture.md, "Hot-standby shards",
- * Rejoin): from now on it drops (and counts, as bad requests) every message of an older epoch, which could only
- * be meant for the copy it replaces, and its own epoch is at least `epoch`. */
+ * Rejoin): from now on it drops (and counts, as bad requests) every message of an older epoch, which could
+ * only be meant for the copy it replaces, and its own epoch is at least `epoch`. */
 void ps_server_set_min_epoch(ps_server *srv, uint32_t epoch);
 
 /* A primary that rejoined the run (docs/architecture.md, "Hot-standby shards", Rejoin) writes no snapshot of

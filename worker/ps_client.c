@@ -1461,9 +1461,10 @@ int ps_client_server_back(ps_client *c, int server, const void *const addr[2], c
     }
     c->route[server] = server; /* its primary serves shard `server` again: the same rows as the backup */
     ps_client_set_epoch(c, epoch);
-    log_info("server %d rejoined (epoch %u): shard %d is served by its primary again, and every push of shards "
-             "%d and %d goes to both copies",
-             server, epoch, server, server, (server + S - 1) % S);
+    log_info(
+        "server %d rejoined (epoch %u): shard %d is served by its primary again, and every push of shards "
+        "%d and %d goes to both copies",
+        server, epoch, server, server, (server + S - 1) % S);
     return 0;
 }
 

@@ -432,9 +432,9 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
 }
 
 /* Every rank agrees on stopping (a signal reaches the ranks at different times) and on a rejoining server's
- * copy (its notice reaches the ranks at different times too): allreduce (max) of the stop flag and of the epoch
- * of a rejoin this rank was told began and not yet ended (epochs are small integers, exact in float). *stop = 1
- * when any rank asked; *rejoin = the newest such epoch on any rank (0: none). */
+ * copy (its notice reaches the ranks at different times too): allreduce (max) of the stop flag and of the
+ * epoch of a rejoin this rank was told began and not yet ended (epochs are small integers, exact in float).
+ * *stop = 1 when any rank asked; *rejoin = the newest such epoch on any rank (0: none). */
 static int stop_vote(trainer *t, int *stop, uint32_t *rejoin)
 {
     const uint32_t b = atomic_load(&t->rj_begin_epoch), e = atomic_load(&t->rj_end_epoch);
@@ -470,8 +470,8 @@ void train_rejoin_notice(trainer *t, int kind, int server, uint32_t epoch, const
 /* After the push of checkpoint step `step`, the one the workers agreed to take for a rejoining server: worker
  * 0 tells the rendezvous the step (the learner copies its shards from that checkpoint's files), and every
  * worker holds its next push until the rendezvous says the learner holds its copies (they get every push from
- * the next step on, as the placement was before the failover) or was lost (the run goes on as it was). Returns
- * 0, or -ETIMEDOUT after 4 x ctl_timeout without either, or the client's error. */
+ * the next step on, as the placement was before the failover) or was lost (the run goes on as it was).
+ * Returns 0, or -ETIMEDOUT after 4 x ctl_timeout without either, or the client's error. */
 static int rejoin_hold(trainer *t, int64_t step)
 {
     const double t0 = pf_now_s(), limit = 4 * (t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30);
@@ -479,13 +479,15 @@ static int rejoin_hold(trainer *t, int64_t step)
     if (t->rank == 0 && t->opts.sess &&
         (rc = ctl_session_rejoin_report(t->opts.sess, CTL_FO_REJOIN_STEP, t->rj_server, t->rj_wait_epoch,
                                         step)) < 0)
-        return pf_err_wrap(rc, "rejoin: telling the rendezvous the copy's checkpoint step %lld", (long long)step);
+        return pf_err_wrap(rc, "rejoin: telling the rendezvous the copy's checkpoint step %lld",
+                           (long long)step);
     while (atomic_load(&t->rj_end_epoch) < t->rj_wait_epoch) {
         if (t->opts.stop_flag && *t->opts.stop_flag)
             return 0; /* the next stop vote stops every worker */
         if (pf_now_s() - t0 > limit)
-            return pf_err(-ETIMEDOUT, "rejoin: server %d did not become a copy (nor was it lost) within %.0f s of "
-                                      "checkpoint step %lld",
+            return pf_err(-ETIMEDOUT,
+                          "rejoin: server %d did not become a copy (nor was it lost) within %.0f s of "
+                          "checkpoint step %lld",
                           t->rj_server, limit, (long long)step);
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
@@ -502,7 +504,8 @@ static int rejoin_hold(trainer *t, int64_t step)
             return pf_err_wrap(rc, "rejoin of server %d", t->rj_end.server);
     }
     log_info("rejoin of server %d: %s after checkpoint step %lld; pushes held %.3f s", t->rj_end.server,
-             t->rj_end.kind == CTL_FO_REJOINED ? "it holds its copies again" : "aborted, the run goes on as it was",
+             t->rj_end.kind == CTL_FO_REJOINED ? "it holds its copies again"
+                                               : "aborted, the run goes on as it was",
              (long long)step, pf_now_s() - t0);
     return 0;
 }
@@ -799,9 +802,10 @@ int train_run(trainer *t)
             if (rejoin > t->rj_wait_epoch && t->rj_ckpt < 0 && !stop) {
                 t->rj_wait_epoch = rejoin;
                 t->rj_ckpt = step + t->acc_k;
-                log_info("server %d rejoins (epoch %u): every worker checkpoints at step %lld for its copy and "
-                         "holds its pushes after it until the copy is done",
-                         t->rj_server, rejoin, (long long)t->rj_ckpt);
+                log_info(
+                    "server %d rejoins (epoch %u): every worker checkpoints at step %lld for its copy and "
+                    "holds its pushes after it until the copy is done",
+                    t->rj_server, rejoin, (long long)t->rj_ckpt);
             }
             if (stop) {
                 log_info("stop requested: finishing after %lld steps", (long long)step);
@@ -814,7 +818,8 @@ int train_run(trainer *t)
             }
             const double lr = lr_schedule_at(&t->sched, step);
             double loss = 0;
-            uint32_t flags = is_ckpt_step(t, step + 1, total) || step + 1 == t->rj_ckpt ? PS_PUSH_SNAPSHOT : 0;
+            uint32_t flags =
+                is_ckpt_step(t, step + 1, total) || step + 1 == t->rj_ckpt ? PS_PUSH_SNAPSHOT : 0;
             if ((rc = train_step(t, step, lr, flags, &loss)) < 0)
                 break;
             step++;

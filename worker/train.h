@@ -69,9 +69,9 @@ int train_run(trainer *t);
 struct ps_client *train_ps_client(trainer *t);
 
 /* The control watcher's rejoin notices (replicas = 1; docs/architecture.md, "Hot-standby shards", Rejoin):
- * kind CTL_FO_REJOIN_BEGIN (server `server` rejoins at `epoch`: the workers agree, at their next stop vote, on
- * a checkpoint step its copy is taken at, and hold their pushes after it), CTL_FO_REJOINED (its book entry in
- * addr[len]: the held pushes go on to its copies too) or CTL_FO_REJOIN_ABORTED (they go on as before). A
+ * kind CTL_FO_REJOIN_BEGIN (server `server` rejoins at `epoch`: the workers agree, at their next stop vote,
+ * on a checkpoint step its copy is taken at, and hold their pushes after it), CTL_FO_REJOINED (its book entry
+ * in addr[len]: the held pushes go on to its copies too) or CTL_FO_REJOIN_ABORTED (they go on as before). A
  * rejoined notice not yet taken by the training thread is waited for (up to 10 s) before the next notice is
  * written. Safe from the watcher thread while train_run runs. */
 void train_rejoin_notice(trainer *t, int kind, int server, uint32_t epoch, const void *addr, size_t len);

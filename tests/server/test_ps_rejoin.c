@@ -1,16 +1,16 @@
 /* A failed-over server rejoining, in one process (replicas = 1; docs/architecture.md, "Hot-standby shards",
- * Rejoin): 3 servers, each a primary ps_server of shard s and a backup ps_server of shard (s - 1) mod 3, and 2
- * clients with replicas = 1, in head_mode = global with dense updates; beside them an unreplicated reference
- * system (3 servers, 2 clients) fed the same requests.
- * Steps 0..T-1, each client pushing step t - 1 and then pulling step t. At step F "server 1" (shard 1's primary,
- * shard 0's backup) is destroyed and both clients are told (epoch 1; shard 1's backup on server 2 is promoted).
- * Steps F + 1 .. R - 1 run on single copies; the push of step R - 1 asks for checkpoint R, which the serving
- * copies write (shard 1 by its promoted backup, shard 0 by its primary). A new "server 1" then loads both
- * shards from checkpoint R (its step clock at R, its copies refusing epochs before 2), and both clients put its
- * copies back (ps_client_server_back, epoch 3). At step K "server 2" is destroyed (epoch 4): shard 1 is then
- * on the rejoined copy alone. Checked against the reference: every pulled row of every step bit for bit and
- * every copy's table at the end (shard_checksum_at). The same run with the rejoined copies left as generated
- * (the copy skipped) must differ from the reference: the check above cannot pass without the copy. */
+ * Rejoin): 3 servers, each a primary ps_server of shard s and a backup ps_server of shard (s - 1) mod 3, and
+ * 2 clients with replicas = 1, in head_mode = global with dense updates; beside them an unreplicated
+ * reference system (3 servers, 2 clients) fed the same requests. Steps 0..T-1, each client pushing step t - 1
+ * and then pulling step t. At step F "server 1" (shard 1's primary, shard 0's backup) is destroyed and both
+ * clients are told (epoch 1; shard 1's backup on server 2 is promoted). Steps F + 1 .. R - 1 run on single
+ * copies; the push of step R - 1 asks for checkpoint R, which the serving copies write (shard 1 by its
+ * promoted backup, shard 0 by its primary). A new "server 1" then loads both shards from checkpoint R (its
+ * step clock at R, its copies refusing epochs before 2), and both clients put its copies back
+ * (ps_client_server_back, epoch 3). At step K "server 2" is destroyed (epoch 4): shard 1 is then on the
+ * rejoined copy alone. Checked against the reference: every pulled row of every step bit for bit and every
+ * copy's table at the end (shard_checksum_at). The same run with the rejoined copies left as generated (the
+ * copy skipped) must differ from the reference: the check above cannot pass without the copy. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,7 +159,8 @@ static int pull(sys *y, int w, int t, float *out)
     return rc < 0 ? rc : ps_wait(y->cli[w], r, 30);
 }
 
-/* Server `host` is lost: its two copies destroyed, the clients told at `epoch`, shard host's backup promoted. */
+/* Server `host` is lost: its two copies destroyed, the clients told at `epoch`, shard host's backup promoted.
+ */
 static void lose(sys *y, int host, uint32_t epoch)
 {
     const int b = (host + S - 1) % S;
@@ -227,8 +228,8 @@ static int run(int copy)
             lose(&rep, 2, 4);
         for (int w = 0; w < W && t > 0; w++) {
             CHECK(push(&ref, w, t - 1, 0) == 0, "reference push %d of step %d: %s", w, t - 1, pf_errmsg());
-            CHECK(push(&rep, w, t - 1, t == R ? PS_PUSH_SNAPSHOT : 0) == 0, "push %d of step %d: %s", w, t - 1,
-                  pf_errmsg());
+            CHECK(push(&rep, w, t - 1, t == R ? PS_PUSH_SNAPSHOT : 0) == 0, "push %d of step %d: %s", w,
+                  t - 1, pf_errmsg());
         }
         if (t == R)
             rejoin(&rep, copy); /* the clients hold their pushes of step R until it is done */
