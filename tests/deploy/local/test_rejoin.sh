@@ -15,11 +15,17 @@
 #             (it loads its copies, then exits before it says ready: a learner that dies while copying): the
 #             rendezvous aborts the rejoin, the workers stop holding their pushes and the run ends on single
 #             copies with the reference's bits (no second kill: shard 1 has one copy);
+#   launcher: the rejoin under deploy/local/launch.sh --max-restarts 1: kill -9 of server 1; the launcher starts
+#             it again alone with the same command line, it rejoins, and the launcher exits 0 with the
+#             reference's model.ckpt and final checkpoint;
+#   local:    head_mode = local, replicas = 1: server 1 started again after its failover is refused, naming
+#             head_mode = local, and exits 1; the run goes on and every worker exits 0;
 #   skipped:  the same with PFCPS_TEST_REJOIN_SKIP_COPY=1 on the restarted server (its shards stay as generated
 #             at step 0, the copy skipped): the final checkpoint must differ from the reference's (or the run
 #             fail), so the first case cannot pass without the copy.
-# A sixth argument names the cases to run (default "rejoin skipped"; meson's train_rejoin_abort runs "aborted").
-CASES=${6:-rejoin skipped}
+# A sixth argument names the cases to run (default "rejoin launcher skipped"; meson's train_rejoin_abort runs
+# "aborted local").
+CASES=${6:-rejoin launcher skipped}
 set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=rejoin-secret
@@ -115,6 +121,44 @@ expect_grep "aborted: the rendezvous aborted the rejoin" "server\[1\] .* was los
 expect_grep "aborted: worker 0 stopped holding its pushes" "rejoin of server 1: aborted, the run goes on as it was" \
   "$TMP/worker0.log"
 ckpt_check_same aborted
+fi
+
+# --- launcher: launch.sh --max-restarts starts the lost server again, which rejoins ------------------------------
+if has launcher; then
+write_cfg launcher 1
+setsid "$SRC/deploy/local/launch.sh" -c "$TMP/launcher.ini" -b "$BUILD" --max-restarts 1 >"$TMP/launch.out" 2>&1 &
+LP=$!
+wait_log "$TMP/launcher/logs/worker0.log" "Global Step: 6 " 120 || { tail -20 "$TMP/launch.out"; die "launcher: worker 0 did not reach step 6"; }
+victim=$(pgrep -f -- "pfcps-server --config $TMP/launcher.ini --rank 1" | head -1)
+[ -n "$victim" ] || die "launcher: server 1's pid not found"
+kill -KILL "$victim"
+s=0; wait "$LP" || s=$?
+LP=
+expect_eq "launcher: launch.sh exits 0" "$s" 0
+expect_grep "launcher: it starts server 1 again alone" "restart 1/1 of server 1 alone, with the same command line" \
+  "$TMP/launch.out"
+expect_grep "launcher: server 1 rejoined" "rejoin: server\[1\] .* rejoined at epoch 3" "$TMP/launcher/logs/server0.log"
+ckpt_check_same launcher
+fi
+
+# --- local: head_mode = local refuses the rejoin, naming why -------------------------------------------------------
+if has local; then
+write_cfg local 1
+echo "head_mode = local" >>"$TMP/local.ini"
+rm -f "$TMP"/*.log
+start_cluster "$TMP/local.ini" 3 2
+wait_log "$TMP/worker0.log" "Global Step: 5 " 120 || { show_logs; die "local: worker 0 did not reach step 5"; }
+kill -KILL "${SPIDS[1]}"
+wait_log "$TMP/server0.log" "failover: server\[1\]" 30 || { show_logs; die "local: server 1 was not failed over"; }
+start_daemon "$TMP/server1-again.log" "$SERVER" --config "$TMP/local.ini" --rank 1
+wait_exit "$DPID" 60 || { show_logs; die "local: the restarted server 1 still runs"; }
+s=0; wait "$DPID" || s=$?
+expect_eq "local: the restarted server 1 is refused (exit 1)" "$s" 1
+expect_grep "local: it is told why" "it cannot rejoin under head_mode = local" "$TMP/server1-again.log"
+RC=0
+wait_all "${WPIDS[@]}" || RC=$?
+expect_eq "local: every worker exits 0" "$RC" 0
+wait_exit "${SPIDS[0]}" 60 || { show_logs; die "local: server 0 did not stop after the workers"; }
 fi
 
 # --- skipped: the copy left out must show -------------------------------------------------------------------------
