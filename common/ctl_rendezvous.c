@@ -104,7 +104,7 @@ struct ctl_rendezvous {
     int nconns, max_conns;
     ctl_roster roster; /* the run's seats and forming state; the service thread's alone */
     int replicas;      /* ctl_rendezvous_opts.replicas */
-    uint32_t epoch;    /* membership epoch: failovers announced so far */
+    uint32_t epoch;    /* membership epoch: failovers and rejoin steps announced so far */
     uint8_t *srv_lost; /* [num_servers]: failed over (its shards go on on their other copies) */
     int rejoin;        /* ctl_rendezvous_opts.rejoin */
     conn *learner;     /* the server rejoining now (at most one at a time), or NULL */
@@ -1408,7 +1408,7 @@ static int rv_metrics(ctl_rendezvous *rv)
     rv->m_reforms =
         metrics_counter("pfcps_rendezvous_reforms_total", "Times the run had to re-form.", NULL, 0);
     rv->m_epoch = metrics_gauge("pfcps_rendezvous_epoch",
-                                "Membership epoch: failovers announced (replicas = 1).", NULL, 0);
+                                "Membership epoch: failovers and rejoin steps announced (replicas = 1).", NULL, 0);
     rv->m_single =
         metrics_gauge("pfcps_rendezvous_single_copy_shards",
                       "Shards left with one live copy after failovers (replicas = 1): a further loss "

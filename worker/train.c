@@ -492,20 +492,20 @@ static int rejoin_hold(trainer *t, int64_t step)
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
-    if (t->rj_end.kind == CTL_FO_REJOINED) {
+    const int kind = t->rj_end.kind, server = t->rj_end.server;
+    if (kind == CTL_FO_REJOINED) {
         const void *a[2] = {NULL, NULL};
         size_t l[2] = {0, 0};
         for (int i = 0; i < 2 && rc == 0; i++)
             rc = member_addr_part(t->rj_end.addr, t->rj_end.len, i, &a[i], &l[i]);
         if (rc == 0)
-            rc = ps_client_server_back(t->net.ps, t->rj_end.server, a, l, atomic_load(&t->rj_end_epoch));
-        atomic_store(&t->rj_taken, 1);
+            rc = ps_client_server_back(t->net.ps, server, a, l, atomic_load(&t->rj_end_epoch));
+        atomic_store(&t->rj_taken, 1); /* the watcher may write the next notice from here on */
         if (rc < 0)
-            return pf_err_wrap(rc, "rejoin of server %d", t->rj_end.server);
+            return pf_err_wrap(rc, "rejoin of server %d", server);
     }
-    log_info("rejoin of server %d: %s after checkpoint step %lld; pushes held %.3f s", t->rj_end.server,
-             t->rj_end.kind == CTL_FO_REJOINED ? "it holds its copies again"
-                                               : "aborted, the run goes on as it was",
+    log_info("rejoin of server %d: %s after checkpoint step %lld; pushes held %.3f s", server,
+             kind == CTL_FO_REJOINED ? "it holds its copies again" : "aborted, the run goes on as it was",
              (long long)step, pf_now_s() - t0);
     return 0;
 }
