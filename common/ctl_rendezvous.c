@@ -1407,8 +1407,9 @@ static int rv_metrics(ctl_rendezvous *rv)
                                  "Members lost (heartbeat or connection).", NULL, 0);
     rv->m_reforms =
         metrics_counter("pfcps_rendezvous_reforms_total", "Times the run had to re-form.", NULL, 0);
-    rv->m_epoch = metrics_gauge("pfcps_rendezvous_epoch",
-                                "Membership epoch: failovers and rejoin steps announced (replicas = 1).", NULL, 0);
+    rv->m_epoch =
+        metrics_gauge("pfcps_rendezvous_epoch",
+                      "Membership epoch: failovers and rejoin steps announced (replicas = 1).", NULL, 0);
     rv->m_single =
         metrics_gauge("pfcps_rendezvous_single_copy_shards",
                       "Shards left with one live copy after failovers (replicas = 1): a further loss "

@@ -22,8 +22,8 @@
  * request carries the worker's, a reply the server's. A server adopts a newer epoch from a request (only
  * members of the run hold the token, and they learn epochs from the rendezvous), a copy that rejoined the run
  * drops every request of an epoch older than the one it joined at, and a server answers nothing while it is
- * fenced (its control-plane lease ran out, or the rendezvous removed it); a client drops every reply of a copy
- * it was told is gone and counts those of an older epoch, so a stale copy's answers change nothing.
+ * fenced (its control-plane lease ran out, or the rendezvous removed it); a client drops every reply of a
+ * copy it was told is gone and counts those of an older epoch, so a stale copy's answers change nothing.
  *
  * Large requests are split by the client into messages of at most ps_wire_rows_per_msg(D, dtype) rows,
  * so every message fits the receive buffers both sides post (ps_wire_msg_bytes).
