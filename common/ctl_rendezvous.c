@@ -644,6 +644,7 @@ static void rejoin_done(ctl_rendezvous *rv, conn *c)
     ctl_roster_take(&rv->roster, seat, c, c->peer, NULL, NULL, 0);
     c->seat = seat;
     c->learning = 0;
+    join_metrics(rv, c); /* counted, and listed in /targets with its metrics endpoint */
     rv->learner = NULL;
     rv->srv_lost[r] = 0;
     rv->epoch++;
