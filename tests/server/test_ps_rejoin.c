@@ -8,7 +8,10 @@
  * promoted backup, shard 0 by its primary). A new "server 1" then loads both shards from checkpoint R (its
  * step clock at R, its copies refusing epochs before 2), and both clients put its copies back
  * (ps_client_server_back, epoch 3). At step K "server 2" is destroyed (epoch 4): shard 1 is then on the
- * rejoined copy alone. Checked against the reference: every pulled row of every step bit for bit and every
+ * rejoined copy alone. Right after the rejoin a push of step R for shard 1 carrying epoch 1 (older than the
+ * rejoined copies' 2: a message meant for the copy they replace) goes to the rejoined primary: it must get no
+ * answer, count as a bad request and change nothing (the real push of step R is accepted after it).
+ * Checked against the reference: every pulled row of every step bit for bit and every
  * copy's table at the end (shard_checksum_at). The same run with the rejoined copies left as generated (the
  * copy skipped) must differ from the reference: the check above cannot pass without the copy. */
 #include <stdio.h>
@@ -24,6 +27,7 @@
 #include "server/ps_server.h"
 #include "server/shard.h"
 #include "worker/ps_client.h"
+#include "worker/ps_client_hooks.h"
 
 #include "tests/check.h"
 
@@ -212,6 +216,38 @@ static void rejoin(sys *y, int copy)
         CHECK(ps_client_server_back(y->cli[w], 1, a, l, 3) == 0, "client %d: %s", w, pf_errmsg());
 }
 
+/* A push of step R for class 4 (shard 1, worker 0's partition) carrying membership epoch 1, sent raw to shard
+ * 1's serving copy (the rejoined primary): dropped unanswered (-ETIMEDOUT) and counted. */
+static void stale_push(sys *y)
+{
+    static uint8_t msg[sizeof(ps_hdr) + sizeof(int64_t) + D * sizeof(float)];
+    ps_hdr h = {.magic = PS_MAGIC,
+                .version = PS_VERSION,
+                .op = PS_OP_PUSH,
+                .client = 0,
+                .step = R,
+                .n = 1,
+                .dim = D,
+                .dtype = PS_DT_FP32,
+                .nchunks = 1,
+                .lr = 0.1f,
+                .epoch = 1};
+    const int64_t id = 4;
+    memcpy(msg, &h, sizeof h);
+    memcpy(msg + sizeof h, &id, sizeof id);
+    for (int i = 0; i < D; i++) {
+        const float g = 1.0f;
+        memcpy(msg + sizeof h + sizeof id + sizeof(float) * (size_t)i, &g, sizeof g);
+    }
+    ps_stat before, after;
+    ps_server_stat(y->prim[1], &before);
+    int rc = ps_raw(y->cli[0], 1, msg, sizeof msg, 1.0);
+    CHECK(rc == -ETIMEDOUT, "a push of epoch 1 to the rejoined copy was answered (%d: %s)", rc, pf_errmsg());
+    ps_server_stat(y->prim[1], &after);
+    CHECK(after.bad_requests == before.bad_requests + 1, "the stale push was not counted: %lld bad requests",
+          (long long)after.bad_requests);
+}
+
 /* One run; returns the number of mismatches against the reference (rows of a step or a table). */
 static int run(int copy)
 {
@@ -231,8 +267,11 @@ static int run(int copy)
             CHECK(push(&rep, w, t - 1, t == R ? PS_PUSH_SNAPSHOT : 0) == 0, "push %d of step %d: %s", w,
                   t - 1, pf_errmsg());
         }
-        if (t == R)
+        if (t == R) {
             rejoin(&rep, copy); /* the clients hold their pushes of step R until it is done */
+            if (copy)
+                stale_push(&rep);
+        }
         for (int w = 0; w < W && t < T; w++) {
             CHECK(pull(&ref, w, t, want) == 0, "reference pull %d of step %d: %s", w, t, pf_errmsg());
             CHECK(pull(&rep, w, t, got) == 0, "pull %d of step %d: %s", w, t, pf_errmsg());
