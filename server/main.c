@@ -546,7 +546,7 @@ static void take_failover(server_daemon *d)
         ps_server_set_epoch(d->backup, epoch);
     if (kind != CTL_FO_LOST) {
         /* A rejoin's notice: the copies here keep serving as they are (a promoted backup goes on writing its
-         * shard's snapshots; the rejoined primary stays quiet until this server is lost). */
+         * shard's snapshots; a rejoined primary stays quiet until the server holding its backup is lost). */
         log_warn("%s (epoch %u): %s", kind == CTL_FO_REJOINED ? "rejoined" : "rejoin", epoch, text);
         return;
     }
