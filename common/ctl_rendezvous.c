@@ -357,7 +357,7 @@ static void rejoin_aborted(ctl_rendezvous *rv, conn *c);
 
 /* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
  * member that goes without saying so (crash, kill -9, network) is reported to every other member
- * (ctl_roster_release decides which); a rejoining server that goes before it holds a copy aborts its rejoin. */
+ * (ctl_roster_release decides which); a rejoining server gone before it holds a copy aborts its rejoin. */
 static void release_seat(ctl_rendezvous *rv, conn *c)
 {
     if (!c->joined)
