@@ -45,6 +45,9 @@ typedef struct ctl_rendezvous_opts {
     int replicas; /* 1: a lost server whose shards keep a copy is failed over (Failover notice, new
                      epoch) instead of re-forming the run, and a joined member silent for
                      ctl_member_silence_s is removed (docs/architecture.md, "Hot-standby shards") */
+    int rejoin;   /* with replicas: 1 (head_mode = global) lets a failed-over server that restarts rejoin the
+                     run as a learner of its two shards (docs/architecture.md, "Hot-standby shards", Rejoin);
+                     0 refuses it (EEXIST) naming why */
     int metrics;              /* 1: export the rendezvous series (docs/metrics.md, "Rendezvous") and serve
                                  /targets on the process' metrics endpoint (ctl_rendezvous_start); 0: neither
                                  (tests running several services in one process) */
@@ -130,6 +133,18 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s);
  * came yet), the lost server's rank in *server and the rendezvous' text in *text (valid until the next wait
  * call; either may be NULL). Design: docs/architecture.md, "Hot-standby shards". */
 uint32_t ctl_session_failover(const ctl_session *s, int *server, const char **text);
+
+/* The newest failover notice's kind (CTL_FO_* of common/ctl_book.h: a lost server, or one of a rejoin's
+ * notices), with its step in *step and its fabric address (a rejoined server's book entry) in
+ * *addr[*addr_len] (valid until the next wait call; each may be NULL). */
+int ctl_session_failover_kind(const ctl_session *s, int64_t *step, const uint8_t **addr, size_t *addr_len);
+
+/* Tells the rendezvous, for the rejoin of server `server` (docs/architecture.md, "Hot-standby shards"):
+ * kind CTL_FO_REJOIN_STEP, from a worker: the workers took checkpoint `step` for the learner to copy from;
+ * CTL_FO_REJOIN_READY, from the learner: both its copies are loaded and serving. `epoch`: the sender's
+ * membership epoch. Safe beside a thread waiting in ctl_session_wait_shutdown (frames are sent whole, one at
+ * a time). Returns 0, -EINVAL (another kind) or the send's -errno. */
+int ctl_session_rejoin_report(ctl_session *s, int kind, int server, uint32_t epoch, int64_t step);
 
 /* Sets the interval between heartbeats (seconds > 0; 1 s by default). A member that holds a lease on its role
  * (ctl_session_lease_base) sends them often enough to renew it well before it runs out. */

@@ -18,6 +18,18 @@
 
 typedef enum { CTL_ROLE_SERVER = 0, CTL_ROLE_WORKER = 1 } ctl_role;
 
+/* Kinds of the Failover message (proto/ctl.proto; docs/architecture.md, "Hot-standby shards"): a server lost
+ * and failed over; a restarted server rejoining as a learner (begins, the copy's checkpoint step, the learner
+ * ready, rejoined, aborted). */
+enum {
+    CTL_FO_LOST = 0,
+    CTL_FO_REJOIN_BEGIN = 1,
+    CTL_FO_REJOIN_STEP = 2,
+    CTL_FO_REJOIN_READY = 3,
+    CTL_FO_REJOINED = 4,
+    CTL_FO_REJOIN_ABORTED = 5
+};
+
 typedef struct ctl_member {
     ctl_role role;
     int rank;
@@ -36,6 +48,9 @@ typedef struct ctl_book {
     uint8_t run_nonce[16];             /* this run's nonce (ctl_data_token) */
     uint8_t run_id[CKPT_RUN_ID_BYTES]; /* the run id every checkpoint file carries (common/ckpt.h): the
                                           resumed step's, or a new random one when the run starts afresh */
+    uint32_t rejoin_epoch; /* > 0: this server rejoins the formed run as a learner at this membership epoch:
+                              it loads its two shards from checkpoint resume_step (docs/architecture.md,
+                              "Hot-standby shards"); 0: a member of the run as it forms */
 } ctl_book;
 
 #endif

@@ -44,6 +44,7 @@ void ctl_msg_set_failover(Pfcps__CtlMessage *m, Pfcps__Failover *f, uint32_t epo
     f->epoch = epoch;
     f->server = server;
     f->text = (char *)text;
+    f->kind = CTL_FO_LOST;
     pfcps__ctl_message__init(m);
     m->body_case = PFCPS__CTL_MESSAGE__BODY_FAILOVER;
     m->failover = f;
@@ -179,6 +180,13 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
         if (m->failover->epoch < 1 || m->failover->server < 0 || m->failover->server >= CTL_MAX_MEMBERS)
             return pf_err(-EPROTO, "failover: epoch %u must be >= 1 and server %d in [0, %d)",
                           m->failover->epoch, m->failover->server, CTL_MAX_MEMBERS);
+        if (m->failover->kind > CTL_FO_REJOIN_ABORTED || m->failover->step < 0 ||
+            m->failover->fabric_addr.len > CTL_MAX_ADDR)
+            return pf_err(-EPROTO,
+                          "failover: kind %u (at most %d), step %lld (>= 0) or a fabric address of %zu "
+                          "bytes (at most %d) out of range",
+                          m->failover->kind, CTL_FO_REJOIN_ABORTED, (long long)m->failover->step,
+                          m->failover->fabric_addr.len, CTL_MAX_ADDR);
         return 0;
     default:
         return pf_err(-EPROTO, "message has no body (exactly one of hello/join/join_reply/heartbeat/shutdown/"
@@ -267,6 +275,7 @@ int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
     book->num_workers = r->num_workers;
     book->num_classes = r->num_classes;
     book->resume_step = r->resume_step > 0 ? r->resume_step : 0;
+    book->rejoin_epoch = r->rejoin_epoch;
     if (r->run_nonce.len == sizeof book->run_nonce)
         memcpy(book->run_nonce, r->run_nonce.data, sizeof book->run_nonce);
     if (r->run_id.len == sizeof book->run_id)

@@ -57,6 +57,7 @@ typedef struct conn {
     int joined;
     int left; /* the member said it leaves (ctl_session_leave): its disconnect is orderly */
     int hb_seen; /* it sent a heartbeat since it joined: with replicas, its silence is timed from then on */
+    int learning; /* a failed-over server rejoining (replicas = 1): joined, holds no seat nor copy yet */
     ctl_role role;
     int rank;
     int seat;        /* its seat in the roster (ctl_forming.h) while joined */
@@ -103,8 +104,13 @@ struct ctl_rendezvous {
     int nconns, max_conns;
     ctl_roster roster; /* the run's seats and forming state; the service thread's alone */
     int replicas;      /* ctl_rendezvous_opts.replicas */
-    uint32_t epoch;    /* membership epoch: failovers announced so far */
+    uint32_t epoch;    /* membership epoch: failovers and rejoin steps announced so far */
     uint8_t *srv_lost; /* [num_servers]: failed over (its shards go on on their other copies) */
+    int rejoin;        /* ctl_rendezvous_opts.rejoin */
+    conn *learner;     /* the server rejoining now (at most one at a time), or NULL */
+    int64_t learner_step; /* the checkpoint step its copy is taken at (0: the workers have not said yet) */
+    double learner_t0;    /* when it joined (pf_now_s), for the log */
+    uint8_t run_id[CKPT_RUN_ID_BYTES]; /* the run id the book carried when the run formed */
     int metrics;       /* ctl_rendezvous_opts.metrics: the series below are registered, /targets served */
     pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms, *m_epoch, *m_single;
 };
@@ -347,13 +353,19 @@ static int try_failover(ctl_rendezvous *rv, const conn *c)
     return 1;
 }
 
+static void rejoin_aborted(ctl_rendezvous *rv, conn *c);
+
 /* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
  * member that goes without saying so (crash, kill -9, network) is reported to every other member
- * (ctl_roster_release decides which). */
+ * (ctl_roster_release decides which); a rejoining server gone before it holds a copy aborts its rejoin. */
 static void release_seat(ctl_rendezvous *rv, conn *c)
 {
     if (!c->joined)
         return;
+    if (c->learning) {
+        rejoin_aborted(rv, c);
+        return;
+    }
     if (rv->metrics) {
         metrics_remove(c->info);
         c->info = NULL;
@@ -461,6 +473,217 @@ static void join_metrics(ctl_rendezvous *rv, conn *c)
     targets_set(c->seat, c->role, c->rank, c->maddr);
 }
 
+/* Sends m to every joined member but `except` (a learner hears nothing before its book). */
+static void send_members(ctl_rendezvous *rv, const conn *except, const Pfcps__CtlMessage *m)
+{
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *o = rv->conns[i];
+        if (o != except && o->joined && !o->learning && !o->closing && !o->dead)
+            conn_send_msg(rv, o, m);
+    }
+}
+
+/* A Failover message of kind `kind` about server `server` at the current epoch to every member but except;
+ * addr: the rejoined server's book entry (kind CTL_FO_REJOINED), else NULL. */
+static void send_rejoin_notice(ctl_rendezvous *rv, const conn *except, int kind, int server, const char *text,
+                               const uint8_t *addr, size_t alen)
+{
+    Pfcps__Failover f;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_failover(&m, &f, rv->epoch ? rv->epoch : 1, server, text);
+    f.kind = (uint32_t)kind;
+    if (addr) {
+        f.fabric_addr.data = (uint8_t *)addr;
+        f.fabric_addr.len = alen;
+    }
+    send_members(rv, except, &m);
+}
+
+/* The shards that have a single copy now (a server lost, or its neighbour), for the metrics. */
+static void count_single(ctl_rendezvous *rv)
+{
+    int single = 0;
+    for (int s = 0; s < rv->num_servers; s++)
+        single += rv->srv_lost[s] || rv->srv_lost[(s + 1) % rv->num_servers];
+    metrics_set(rv->m_single, single);
+}
+
+/* replicas = 1: a join for a failed-over server rank is that server restarted. In head_mode = global it joins
+ * as the learner of its two shards (docs/architecture.md, "Hot-standby shards", Rejoin): the epoch goes up,
+ * every member is told (the workers then agree on a checkpoint step, CTL_FO_REJOIN_STEP), and the learner
+ * gets its book once that step is known. Refused (EEXIST) in head_mode = local or after the shutdown; asked
+ * to retry (EAGAIN) while another server rejoins. */
+static void rejoin_begin(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
+{
+    char msg[320];
+    if (!rv->rejoin || rv->shutdown_sent) {
+        snprintf(
+            msg, sizeof msg,
+            "server[%d] was failed over to its shards' other copies (epoch %u); it cannot rejoin %s: the "
+            "run goes on without it",
+            j->rank, rv->epoch,
+            rv->shutdown_sent ? "a run that is shutting down"
+                              : "under head_mode = local (rows shared by workers need one copy step for "
+                                "all workers, which is not built; head_mode = global rejoins)");
+        log_warn("control plane: refused %s: %s", c->peer, msg);
+        conn_refuse(rv, c, EEXIST, msg);
+        return;
+    }
+    if (rv->learner) {
+        snprintf(msg, sizeof msg, "server[%d] is rejoining now; server[%d] rejoins after it",
+                 rv->learner->rank, j->rank);
+        conn_refuse(rv, c, EAGAIN, msg);
+        return;
+    }
+    c->joined = 1;
+    c->learning = 1;
+    c->role = CTL_ROLE_SERVER;
+    c->rank = j->rank;
+    c->seat = -1;
+    c->addr_len = j->fabric_addr.len;
+    if (c->addr_len)
+        memcpy(c->addr, j->fabric_addr.data, c->addr_len);
+    c->deadline = 0;
+    rv->learner = c;
+    rv->learner_step = 0;
+    rv->learner_t0 = pf_now_s();
+    rv->epoch++;
+    metrics_set(rv->m_epoch, rv->epoch);
+    const int S = rv->num_servers, r = j->rank;
+    char text[400];
+    snprintf(
+        text, sizeof text,
+        "server[%d] (%s) restarted and rejoins as a learner at epoch %u: it copies shard %d (served by "
+        "server %d) and shard %d's backup (from server %d) at a checkpoint step the workers agree on; until "
+        "it holds them the run is one server failure away from the checkpoint re-form",
+        r, c->peer, rv->epoch, r, (r + 1) % S, (r + S - 1) % S, (r + S - 1) % S);
+    log_warn("control plane: rejoin: %s", text);
+    send_rejoin_notice(rv, c, CTL_FO_REJOIN_BEGIN, r, text, NULL, 0);
+}
+
+/* The member list of a join reply: every seat's holder, and the learner `extra` in its rank's seat (the
+ * seats of other lost servers list no address). mem[n], ptr[n] with n = the roster's size. */
+static void reply_members(ctl_rendezvous *rv, const conn *extra, Pfcps__Member *mem, Pfcps__Member **ptr)
+{
+    int n = ctl_roster_size(&rv->roster);
+    for (int i = 0; i < n; i++) {
+        const conn *c = rv->roster.seats[i].holder;
+        pfcps__member__init(&mem[i]);
+        mem[i].role =
+            ctl_roster_role(&rv->roster, i) == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
+        mem[i].rank = ctl_roster_rank(&rv->roster, i);
+        if (!c && extra && mem[i].role == PFCPS__ROLE__SERVER && mem[i].rank == extra->rank)
+            c = extra;
+        if (c) {
+            mem[i].fabric_addr.data = (uint8_t *)c->addr;
+            mem[i].fabric_addr.len = c->addr_len;
+        }
+        ptr[i] = &mem[i];
+    }
+}
+
+/* A worker said which checkpoint step the learner copies from: the learner gets its book (the run's config,
+ * token nonce and run id, resume_step = that step, rejoin_epoch). Later reports of the same rejoin are
+ * ignored. */
+static void rejoin_step(ctl_rendezvous *rv, const conn *from, int64_t step)
+{
+    conn *l = rv->learner;
+    if (!l || rv->learner_step > 0 || step <= 0)
+        return;
+    rv->learner_step = step;
+    int n = ctl_roster_size(&rv->roster);
+    Pfcps__Member *mem = calloc((size_t)n, sizeof *mem);
+    Pfcps__Member **ptr = calloc((size_t)n, sizeof *ptr);
+    if (!mem || !ptr) {
+        free(mem);
+        free(ptr);
+        conn_refuse(rv, l, EIO, "out of memory building the join reply");
+        return;
+    }
+    reply_members(rv, l, mem, ptr);
+    char reason[200];
+    snprintf(reason, sizeof reason,
+             "rejoin: copying shards %d and %d from checkpoint step %lld, which the workers took for it",
+             l->rank, (l->rank + rv->num_servers - 1) % rv->num_servers, (long long)step);
+    Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
+    r.n_members = (size_t)n;
+    r.members = ptr;
+    r.config_text = rv->config_text;
+    r.num_servers = rv->num_servers;
+    r.num_workers = rv->num_workers;
+    r.num_classes = rv->num_classes;
+    r.resume_step = step;
+    r.resume_reason = reason;
+    r.run_nonce.data = rv->run_nonce;
+    r.run_nonce.len = sizeof rv->run_nonce;
+    r.run_id.data = rv->run_id;
+    r.run_id.len = sizeof rv->run_id;
+    r.rejoin_epoch = rv->epoch;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
+    m.join_reply = &r;
+    conn_send_msg(rv, l, &m);
+    log_info(
+        "control plane: rejoin: %s[%d] says the workers took checkpoint step %lld for server[%d]'s copy; "
+        "its book sent",
+        ctl_role_name(from->role), from->rank, (long long)step, l->rank);
+    free(mem);
+    free(ptr);
+}
+
+/* The learner loaded both copies and serves them: it takes its seat again, the epoch goes up and every member
+ * is told (workers send its shards' pushes to it from their next step, which they held until now). */
+static void rejoin_done(ctl_rendezvous *rv, conn *c)
+{
+    const int r = c->rank, S = rv->num_servers;
+    int seat = ctl_roster_seat(&rv->roster, CTL_ROLE_SERVER, r);
+    if (seat < 0 || rv->roster.seats[seat].holder) {
+        conn_refuse(rv, c, EEXIST, "rejoin: the rank's seat is held");
+        return;
+    }
+    ctl_roster_take(&rv->roster, seat, c, c->peer, NULL, NULL, 0);
+    c->seat = seat;
+    c->learning = 0;
+    join_metrics(rv, c); /* counted, and listed in /targets with its metrics endpoint */
+    rv->learner = NULL;
+    rv->srv_lost[r] = 0;
+    rv->epoch++;
+    metrics_set(rv->m_epoch, rv->epoch);
+    metrics_set(rv->m_members, rv->roster.held);
+    count_single(rv);
+    int lost = 0;
+    for (int s = 0; s < S; s++)
+        lost += rv->srv_lost[s];
+    char text[400];
+    snprintf(
+        text, sizeof text,
+        "server[%d] (%s) rejoined at epoch %u, %.2f s after its join: it holds shard %d and the backup of "
+        "shard %d again; %s",
+        r, c->peer, rv->epoch, pf_now_s() - rv->learner_t0, r, (r + S - 1) % S,
+        lost ? "other servers are still lost: the run is one server failure away from the checkpoint re-form"
+             : "every shard has two copies again");
+    log_warn("control plane: rejoin: %s", text);
+    send_rejoin_notice(rv, c, CTL_FO_REJOINED, r, text, c->addr, c->addr_len);
+}
+
+/* The learner was lost (or left) before it held a copy: nothing changed, the shards go on as they were. */
+static void rejoin_aborted(ctl_rendezvous *rv, conn *c)
+{
+    c->joined = 0;
+    c->learning = 0;
+    if (rv->learner != c)
+        return;
+    rv->learner = NULL;
+    char text[300];
+    snprintf(
+        text, sizeof text,
+        "server[%d] (%s) was lost while rejoining, before it held a copy: the run goes on as before, one "
+        "server failure away from the checkpoint re-form",
+        c->rank, c->peer);
+    log_warn("control plane: rejoin: %s", text);
+    send_rejoin_notice(rv, c, CTL_FO_REJOIN_ABORTED, c->rank, text, NULL, 0);
+}
+
 /* A join message: authenticated (join_authentic), then admitted or refused by the forming policy
  * (ctl_roster_admit). An admitted member takes its seat with its fabric address and checkpoint steps; the
  * first rejoin of a member of the formed run tells every member that the run must re-form. */
@@ -470,14 +693,7 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         return;
     ctl_role role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
     if (role == CTL_ROLE_SERVER && j->rank >= 0 && j->rank < rv->num_servers && rv->srv_lost[j->rank]) {
-        char msg[200];
-        snprintf(
-            msg, sizeof msg,
-            "server[%d] was failed over to its shards' other copies (epoch %u); a server cannot rejoin a "
-            "running run yet: the run goes on without it",
-            j->rank, rv->epoch);
-        log_warn("control plane: refused %s: %s", c->peer, msg);
-        conn_refuse(rv, c, EEXIST, msg);
+        rejoin_begin(rv, c, j);
         return;
     }
     ctl_admission adm;
@@ -552,6 +768,15 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR && m->error) {
         /* A member about to exit on a failure of its own (ctl_session_fail): its disconnect is told with it. */
         snprintf(c->failed, sizeof c->failed, "%s", m->error->message ? m->error->message : "");
+        return;
+    }
+    if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_FAILOVER) {
+        /* A rejoin's reports: a worker's copy step, the learner's ready. Others are ignored. */
+        const Pfcps__Failover *f = m->failover;
+        if (f->kind == CTL_FO_REJOIN_STEP && c->role == CTL_ROLE_WORKER && !c->learning)
+            rejoin_step(rv, c, f->step);
+        else if (f->kind == CTL_FO_REJOIN_READY && c->learning && c == rv->learner && rv->learner_step > 0)
+            rejoin_done(rv, c);
         return;
     }
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_HEARTBEAT) {
@@ -787,6 +1012,7 @@ static void form_run(ctl_rendezvous *rv)
     r.run_nonce.len = sizeof rv->run_nonce;
     r.run_id.data = run_id;
     r.run_id.len = sizeof run_id;
+    memcpy(rv->run_id, run_id, sizeof rv->run_id);
     char hexid[2 * CKPT_RUN_ID_BYTES + 1];
     ckpt_run_id_hex(run_id, hexid);
     log_info("control plane: %s; run id %s (%s)", reason, hexid,
@@ -1114,6 +1340,7 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->max_frame = o->max_frame;
     rv->timeout_s = o->timeout_s;
     rv->replicas = o->replicas;
+    rv->rejoin = o->replicas && o->rejoin;
     if (!(rv->srv_lost = calloc((size_t)o->num_servers, 1))) {
         rv_free(rv);
         return pf_err(-ENOMEM, "rendezvous: out of memory");
@@ -1181,8 +1408,9 @@ static int rv_metrics(ctl_rendezvous *rv)
                                  "Members lost (heartbeat or connection).", NULL, 0);
     rv->m_reforms =
         metrics_counter("pfcps_rendezvous_reforms_total", "Times the run had to re-form.", NULL, 0);
-    rv->m_epoch = metrics_gauge("pfcps_rendezvous_epoch",
-                                "Membership epoch: failovers announced (replicas = 1).", NULL, 0);
+    rv->m_epoch =
+        metrics_gauge("pfcps_rendezvous_epoch",
+                      "Membership epoch: failovers and rejoin steps announced (replicas = 1).", NULL, 0);
     rv->m_single =
         metrics_gauge("pfcps_rendezvous_single_copy_shards",
                       "Shards left with one live copy after failovers (replicas = 1): a further loss "

@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,11 @@ struct ctl_session {
     uint32_t fo_epoch;           /* the last failover notice: its epoch and lost server */
     int fo_server;
     char fo_text[256];
+    int fo_kind; /* its kind (CTL_FO_*), step and fabric address (rejoin notices) */
+    int64_t fo_step;
+    size_t fo_addr_len;
+    uint8_t fo_addr[CTL_MAX_ADDR];
+    pthread_mutex_t send_mu; /* one frame at a time: the watcher's heartbeats and the trainer's reports */
     ctl_book book;
 };
 
@@ -75,7 +81,9 @@ static int send_msg(ctl_session *s, const Pfcps__CtlMessage *m, double deadline)
     int rc = ctl_frame_encode(m, s->max_frame, &frame, &len);
     if (rc < 0)
         return rc;
+    pthread_mutex_lock(&s->send_mu);
     rc = send_all(s->fd, frame, len, deadline);
+    pthread_mutex_unlock(&s->send_mu);
     free(frame);
     return rc;
 }
@@ -409,8 +417,10 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
         if (!s)
             return pf_err(-ENOMEM, "join: out of memory");
         s->max_frame = max_frame;
+        pthread_mutex_init(&s->send_mu, NULL);
         int rc = connect_by(host, port, deadline, &s->fd);
         if (rc < 0) {
+            pthread_mutex_destroy(&s->send_mu);
             free(s);
             return rc;
         }
@@ -469,6 +479,11 @@ static void take_failover(ctl_session *s, const Pfcps__Failover *f)
     s->fo_epoch = f->epoch;
     s->fo_server = f->server;
     snprintf(s->fo_text, sizeof s->fo_text, "%s", f->text);
+    s->fo_kind = (int)f->kind;
+    s->fo_step = f->step;
+    s->fo_addr_len = f->fabric_addr.len; /* <= CTL_MAX_ADDR: ctl_msg_check */
+    if (s->fo_addr_len)
+        memcpy(s->fo_addr, f->fabric_addr.data, s->fo_addr_len);
 }
 
 int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
@@ -525,6 +540,30 @@ uint32_t ctl_session_failover(const ctl_session *s, int *server, const char **te
     return s->fo_epoch;
 }
 
+int ctl_session_failover_kind(const ctl_session *s, int64_t *step, const uint8_t **addr, size_t *addr_len)
+{
+    if (step)
+        *step = s->fo_step;
+    if (addr)
+        *addr = s->fo_addr;
+    if (addr_len)
+        *addr_len = s->fo_addr_len;
+    return s->fo_kind;
+}
+
+int ctl_session_rejoin_report(ctl_session *s, int kind, int server, uint32_t epoch, int64_t step)
+{
+    if (kind != CTL_FO_REJOIN_STEP && kind != CTL_FO_REJOIN_READY)
+        return pf_err(-EINVAL, "rejoin report: kind %d is neither the copy step nor ready", kind);
+    Pfcps__Failover f;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_failover(&m, &f, epoch ? epoch : 1, server,
+                         kind == CTL_FO_REJOIN_STEP ? "copy step" : "learner ready");
+    f.kind = (uint32_t)kind;
+    f.step = step;
+    return send_msg(s, &m, pf_now_s() + 5.0);
+}
+
 void ctl_session_set_heartbeat(ctl_session *s, double seconds)
 {
     s->hb_every = seconds > 0 ? seconds : 1.0;
@@ -562,6 +601,7 @@ void ctl_session_close(ctl_session *s)
         return;
     if (s->fd >= 0)
         close(s->fd);
+    pthread_mutex_destroy(&s->send_mu);
     ctl_book_free(&s->book);
     free(s->rbuf);
     free(s);

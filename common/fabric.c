@@ -621,6 +621,14 @@ void fab_mark_peer_dead(fab_ctx *f, fi_addr_t dest)
     mark_dead(f, dest);
 }
 
+void fab_mark_peer_alive(fab_ctx *f, fi_addr_t dest)
+{
+    pthread_mutex_lock(&f->lock);
+    if (dest != FI_ADDR_UNSPEC && dest < f->ndead)
+        f->dead[dest] = 0;
+    pthread_mutex_unlock(&f->lock);
+}
+
 /* The error of a post to dest that failed: before = 0, its retries ran out after `waited` seconds; 1, an
  * earlier post to it had; 2, fab_mark_peer_dead declared it gone while this post was retrying. */
 static int post_failed(fab_ctx *f, const char *call, fi_addr_t dest, double waited, int before)

@@ -131,6 +131,10 @@ int fab_interrupted(void);
  * held in a post to it until the timeout). */
 void fab_mark_peer_dead(fab_ctx *f, fi_addr_t dest);
 
+/* Undoes fab_mark_peer_dead for dest: an address inserted again for a restarted peer (a server rejoining a
+ * run) may be given the index of its earlier one. Safe from any thread. */
+void fab_mark_peer_alive(fab_ctx *f, fi_addr_t dest);
+
 /* The post retry bound in seconds (fab_set_timeout). */
 double fab_timeout(const fab_ctx *f);
 

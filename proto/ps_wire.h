@@ -18,11 +18,12 @@
  * Replies: op = PS_OP_REPLY, same req_id and chunk as the request, status 0 or a negative errno; on error
  * the payload is a NUL-terminated message naming the problem.
  * Membership epoch (fencing; docs/architecture.md, "Hot-standby shards"): every message carries its sender's
- * epoch, the number of failovers the rendezvous had announced to it (0 until the first). A request carries
- * the worker's, a reply the server's. A server adopts a newer epoch from a request (only members of the run
- * hold the token, and they learn epochs from the rendezvous) and answers nothing while it is fenced (its
- * control-plane lease ran out, or the rendezvous removed it); a client drops every reply of a copy it was
- * told is gone and counts those of an older epoch, so a stale copy's answers change nothing.
+ * epoch, the number of failovers and rejoin steps the rendezvous had announced to it (0 until the first). A
+ * request carries the worker's, a reply the server's. A server adopts a newer epoch from a request (only
+ * members of the run hold the token, and they learn epochs from the rendezvous), a copy that rejoined the run
+ * drops every request of an epoch older than the one it joined at, and a server answers nothing while it is
+ * fenced (its control-plane lease ran out, or the rendezvous removed it); a client drops every reply of a
+ * copy it was told is gone and counts those of an older epoch, so a stale copy's answers change nothing.
  *
  * Large requests are split by the client into messages of at most ps_wire_rows_per_msg(D, dtype) rows,
  * so every message fits the receive buffers both sides post (ps_wire_msg_bytes).

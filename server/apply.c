@@ -368,8 +368,8 @@ static void snap_begin(ps_server *S, int64_t step)
                  (long long)step);
         return;
     }
-    if (S->o.backup && !atomic_load(&S->promoted)) {
-        log_debug("step %lld: snapshot of shard %d left to its primary (this is its backup copy)",
+    if (S->o.backup ? !atomic_load(&S->promoted) : atomic_load(&S->quiet)) {
+        log_debug("step %lld: snapshot of shard %d left to its other copy (this one does not write it now)",
                   (long long)step, S->o.rank);
         return;
     }

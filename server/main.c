@@ -15,6 +15,9 @@
  * (ctl_set_interrupt): rank 0 broadcasts the shutdown to the members that joined, exit 0. Exit 1 on a
  * start-up error (message on stderr). */
 #include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +178,7 @@ static int start_rendezvous(server_daemon *d)
                               .resume = cfg->resume,
                               .expect = &expect,
                               .replicas = cfg->replicas,
+                              .rejoin = strcmp(cfg->head_mode, "local") != 0,
                               .metrics = 1};
     int rc = d->ini ? ctl_rendezvous_start(&ro, &d->rv) : -ENOMEM;
     if (rc == -EINTR) {
@@ -266,6 +270,118 @@ static int add_workers(ps_server *srv, const ctl_book *book)
     return 0;
 }
 
+/* A rejoining server (book.rejoin_epoch > 0; docs/architecture.md, "Hot-standby shards", Rejoin) copies its
+ * two shards from checkpoint book.resume_step, which the shards' serving copies write once they applied every
+ * push of the steps before it (the workers hold their next pushes until this server is ready). Waits until
+ * shard `shard`'s file of that step is in place (written whole, then renamed) and logs what is copied from
+ * which server. Returns 0, or -1 after logging when it does not come within ctl_timeout. */
+static int rejoin_wait_file(const server_daemon *d, int shard, int from)
+{
+    const ctl_book *book = ctl_session_book(d->sess);
+    char p[4300];
+    ckpt_member_path(d->root, book->resume_step, "shard", shard, d->run.servers, ".snap", p, sizeof p);
+    const double t0 = pf_now_s(), limit = d->run.ctl_timeout > 0 ? d->run.ctl_timeout : 30;
+    struct stat st;
+    while (stat(p, &st) != 0) {
+        if (g_stop || pf_now_s() - t0 > limit) {
+            log_error("rejoin: shard %d's copy %s did not appear within %.0f s (server %d writes it)", shard,
+                      p, limit, from);
+            return -1;
+        }
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    log_info("rejoin: copying shard %d from server %d (its serving copy) at checkpoint step %lld: %lld rows, "
+             "%lld bytes (%s; waited %.3f s for it)",
+             shard, from, (long long)book->resume_step,
+             (long long)shard_local_rows(d->run.num_classes, d->run.servers, shard), (long long)st.st_size, p,
+             pf_now_s() - t0);
+    return 0;
+}
+
+/* A rejoining server's copy of one shard into srv: the checkpoint step's file, loaded as a resume loads it.
+ * In the tests' build of the server only (pfcps-server-test-hooks, -DPFCPS_TEST_HOOKS),
+ * PFCPS_TEST_REJOIN_SKIP_COPY=1 leaves the shard as generated instead (the rejoin test's negative control).
+ * Returns 0 or -1 after logging. */
+static int rejoin_copy(const server_daemon *d, ps_server *srv, int shard)
+{
+    const ctl_book *book = ctl_session_book(d->sess);
+#ifdef PFCPS_TEST_HOOKS
+    const char *skip = getenv("PFCPS_TEST_REJOIN_SKIP_COPY");
+    if (skip && !strcmp(skip, "1")) {
+        log_warn(
+            "rejoin: PFCPS_TEST_REJOIN_SKIP_COPY=1: shard %d NOT copied (a test's negative control: this "
+            "copy is wrong)",
+            shard);
+        return 0;
+    }
+#endif
+    const double t0 = pf_now_s();
+    if (ps_server_load(srv, d->root, book->resume_step) < 0) {
+        log_error("rejoin: cannot copy shard %d from checkpoint step %lld: %s", shard,
+                  (long long)book->resume_step, pf_errmsg());
+        return -1;
+    }
+    log_info("rejoin: shard %d copied (100%%) in %.3f s", shard, pf_now_s() - t0);
+    return 0;
+}
+
+/* A rejoining server before its primary copy loads: waits for both shard files of the copy's checkpoint
+ * (shard r is served by its backup on server r + 1, shard r - 1 by its primary on server r - 1); the primary
+ * stays quiet (the backup on server r + 1 goes on writing shard r's snapshots until that server is lost:
+ * take_failover) and refuses older epochs. Returns 0 or -1 after logging. */
+static int rejoin_prepare(server_daemon *d)
+{
+    const int S = d->run.servers;
+    if (rejoin_wait_file(d, d->rank, (d->rank + 1) % S) < 0 ||
+        rejoin_wait_file(d, (d->rank + S - 1) % S, (d->rank + S - 1) % S) < 0)
+        return -1;
+    ps_server_set_quiet(d->srv);
+    ps_server_set_min_epoch(d->srv, ctl_session_book(d->sess)->rejoin_epoch);
+    return 0;
+}
+
+/* A rejoining server whose copies are loaded and serving tells the rendezvous (which then tells every member
+ * that it holds them). In the tests' build of the server only (pfcps-server-test-hooks),
+ * PFCPS_TEST_REJOIN_EXIT_BEFORE_READY=1 exits here instead (the rejoin test's learner that dies while
+ * copying). Returns 0 or -1 after logging. */
+static int rejoin_ready(server_daemon *d)
+{
+    const ctl_book *book = ctl_session_book(d->sess);
+#ifdef PFCPS_TEST_HOOKS
+    const char *die = getenv("PFCPS_TEST_REJOIN_EXIT_BEFORE_READY");
+    if (die && !strcmp(die, "1")) {
+        log_warn("rejoin: PFCPS_TEST_REJOIN_EXIT_BEFORE_READY=1: exiting before telling the rendezvous");
+        log_close_file();
+        _exit(1);
+    }
+#endif
+    if (ctl_session_rejoin_report(d->sess, CTL_FO_REJOIN_READY, d->rank, book->rejoin_epoch,
+                                  book->resume_step) < 0) {
+        log_error("rejoin: cannot tell the rendezvous this server is ready: %s", pf_errmsg());
+        return -1;
+    }
+    log_info("rejoin: both copies loaded at step %lld and serving; told the rendezvous",
+             (long long)book->resume_step);
+    return 0;
+}
+
+/* Loads a shard copy from checkpoint book.resume_step: a resume, or a rejoin's copy (rejoin_copy). Returns 0
+ * or -1 after logging. */
+static int load_copy(const server_daemon *d, ps_server *srv, int shard, const char *what)
+{
+    const ctl_book *book = ctl_session_book(d->sess);
+    if (book->resume_step <= 0)
+        return 0;
+    if (book->rejoin_epoch)
+        return rejoin_copy(d, srv, shard);
+    if (ps_server_load(srv, d->root, book->resume_step) < 0) {
+        log_error("%scannot load checkpoint step %lld: %s", what, (long long)book->resume_step, pf_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
 /* replicas = 1: creates, loads and starts the hot-standby copy of shard (rank - 1) mod S on the second
  * endpoint, with the primary's options `po` otherwise (same step clock, checkpoint and pretrained rows).
  * Returns 0 or -1 after logging. */
@@ -288,11 +404,12 @@ static int start_backup(server_daemon *d, const ps_server_opts *po)
         log_error("refusing to start the backup copy of shard %d: %s", bo.rank, pf_errmsg());
         return -1;
     }
-    if (book->resume_step > 0 && ps_server_load(d->backup, d->root, book->resume_step) < 0) {
-        log_error("backup copy of shard %d: cannot load checkpoint step %lld: %s", bo.rank,
-                  (long long)book->resume_step, pf_errmsg());
+    if (book->rejoin_epoch)
+        ps_server_set_min_epoch(d->backup, book->rejoin_epoch);
+    char what[64];
+    snprintf(what, sizeof what, "backup copy of shard %d: ", bo.rank);
+    if (load_copy(d, d->backup, bo.rank, what) < 0)
         return -1;
-    }
     if (run->pretrained_centers[0] && book->resume_step == 0 &&
         ps_server_load_centers(d->backup, run->pretrained_centers) < 0) {
         log_error("backup copy of shard %d: config key 'pretrained_centers' = %s: %s", bo.rank,
@@ -380,10 +497,10 @@ static int start_serving(server_daemon *d)
         return -1;
     }
     log_info("checkpoints: %s (%s)", d->root, book->resume_reason);
-    if (book->resume_step > 0 && ps_server_load(d->srv, d->root, book->resume_step) < 0) {
-        log_error("cannot load checkpoint step %lld: %s", (long long)book->resume_step, pf_errmsg());
+    if (book->rejoin_epoch && rejoin_prepare(d) < 0)
         return -1;
-    }
+    if (load_copy(d, d->srv, d->rank, "") < 0)
+        return -1;
     if (run->pretrained_centers[0] && book->resume_step > 0) {
         log_info("pretrained_centers = %s ignored: resuming from checkpoint step %lld",
                  run->pretrained_centers, (long long)book->resume_step);
@@ -413,7 +530,7 @@ static int start_serving(server_daemon *d)
              d->rank, run->servers, run->workers, run->head_mode,
              so.global_mode ? "pushes applied on arrival, read-your-writes pulls" : "BSP/SSP step clock",
              run->max_staleness, d->cfg.apply_threads, d->cfg.center_init);
-    return 0;
+    return book->rejoin_epoch ? rejoin_ready(d) : 0;
 }
 
 /* Serves until SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left
@@ -429,15 +546,24 @@ static void take_failover(server_daemon *d)
     int lost = -1;
     const char *text = "";
     uint32_t epoch = ctl_session_failover(d->sess, &lost, &text);
+    int kind = ctl_session_failover_kind(d->sess, NULL, NULL, NULL);
     ps_server_set_epoch(d->srv, epoch);
     if (d->backup)
         ps_server_set_epoch(d->backup, epoch);
+    if (kind != CTL_FO_LOST) {
+        /* A rejoin's notice: the copies here keep serving as they are (a promoted backup goes on writing its
+         * shard's snapshots; a rejoined primary stays quiet until the server holding its backup is lost). */
+        log_warn("%s (epoch %u): %s", kind == CTL_FO_REJOINED ? "rejoined" : "rejoin", epoch, text);
+        return;
+    }
     log_warn("failover (epoch %u): %s", epoch, text);
     const int S = d->run.servers;
     if (d->backup && lost == (d->rank + S - 1) % S)
         ps_server_promote(d->backup);
-    if (lost == (d->rank + 1) % S)
+    if (lost == (d->rank + 1) % S) {
+        ps_server_promote(d->srv); /* a rejoined primary writes its shard's snapshots from now on */
         log_warn("shard %d lost its backup copy (server %d): it has a single copy, here", d->rank, lost);
+    }
 }
 
 /* replicas = 1: renews both copies' leases from the control session (ctl_session_lease_base). */

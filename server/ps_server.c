@@ -144,7 +144,9 @@ static void *progress_main(void *arg)
                 log_error("reposting a receive: %s", pf_errmsg());
         }
         serve_pending(S); /* acknowledgements first: the apply below overlaps the workers' next work */
-        if (S->complete || S->applying) {
+        /* A snapshot asked for (global mode) begins once its step is applied, also when no push follows: the
+         * workers may hold their next pushes for it (a rejoin's copy step). */
+        if (S->complete || S->applying || S->snap_at >= 0) {
             pss_try_apply(S);
             serve_pending(S); /* pulls that waited for an apply */
         }
@@ -455,6 +457,21 @@ void ps_server_promote(ps_server *srv)
     if (srv->o.backup && !atomic_exchange(&srv->promoted, 1))
         log_warn("shard %d: its primary is lost: this copy now serves it and writes its snapshots",
                  srv->o.rank);
+    if (!srv->o.backup && atomic_exchange(&srv->quiet, 0))
+        log_warn("shard %d: its backup copy is lost: this rejoined primary writes its snapshots again",
+                 srv->o.rank);
+}
+
+void ps_server_set_min_epoch(ps_server *srv, uint32_t epoch)
+{
+    atomic_store(&srv->min_epoch, epoch);
+    ps_server_set_epoch(srv, epoch);
+}
+
+void ps_server_set_quiet(ps_server *srv)
+{
+    if (!srv->o.backup)
+        atomic_store(&srv->quiet, 1);
 }
 
 void ps_server_set_lease(ps_server *srv, double until)

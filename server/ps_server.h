@@ -130,8 +130,19 @@ void ps_server_set_epoch(ps_server *srv, uint32_t epoch);
 uint32_t ps_server_epoch(const ps_server *srv);
 
 /* A backup copy becomes the shard's serving copy because its primary was lost: from now on it writes the
- * shard's snapshots too. Idempotent; a no-op on a primary. */
+ * shard's snapshots too. On a quiet primary (ps_server_set_quiet) whose backup was lost: it writes them
+ * again. Idempotent. */
 void ps_server_promote(ps_server *srv);
+
+/* A copy that rejoined the run at membership epoch `epoch` (docs/architecture.md, "Hot-standby shards",
+ * Rejoin): from now on it drops (and counts, as bad requests) every message of an older epoch, which could
+ * only be meant for the copy it replaces, and its own epoch is at least `epoch`. */
+void ps_server_set_min_epoch(ps_server *srv, uint32_t epoch);
+
+/* A primary that rejoined the run (docs/architecture.md, "Hot-standby shards", Rejoin) writes no snapshot of
+ * its shard while its promoted backup does (one writer per shard file), until ps_server_promote. A no-op on a
+ * backup copy. */
+void ps_server_set_quiet(ps_server *srv);
 
 /* The server may act (answer, apply, start a snapshot) until `until` (pf_now_s() seconds), its lease on the
  * control plane (ctl_session_lease_base + lease); past it the progress thread takes no message until the lease

@@ -175,6 +175,8 @@ struct ps_server {
     /* hot-standby shards (ps_server.h): set from any thread */
     _Atomic uint32_t epoch;     /* membership epoch */
     atomic_int promoted;        /* a backup copy that now serves its shard (writes its snapshots) */
+    atomic_int quiet;           /* a rejoined primary whose shard's snapshots its promoted backup writes */
+    _Atomic uint32_t min_epoch; /* messages of an older epoch are dropped (ps_server_set_min_epoch) */
     atomic_int fenced;          /* removed from the run: takes nothing more */
     _Atomic double lease_until; /* takes no message past this time (pf_now_s) */
     int lease_held;             /* progress thread: 1 while it holds messages because the lease ran out */

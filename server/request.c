@@ -374,6 +374,12 @@ void pss_handle_msg(ps_server *S, const uint8_t *buf, size_t len)
                     h.client);
     if (h.client < 0 || h.client >= S->o.workers || !S->worker_known[h.client])
         return drop(S, S->m.dropped_unauth, "unknown worker rank %d (%d workers)", h.client, S->o.workers);
+    if (h.epoch < atomic_load(&S->min_epoch))
+        return drop(
+            S, S->m.dropped_unauth,
+            "worker %d's message of membership epoch %u, older than %u, the epoch this copy joined the run "
+            "at (meant for the copy it replaces)",
+            h.client, h.epoch, atomic_load(&S->min_epoch));
     /* A member of the run (it holds the token) at a newer membership epoch: a failover was announced that
      * this server's control plane has not told it yet. */
     ps_server_set_epoch(S, h.epoch);

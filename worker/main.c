@@ -62,12 +62,23 @@ static void *ctl_watch_main(void *arg)
         if (w->done)
             break;
         if (r == 2) {
-            /* replicas = 1: a server was lost and its shards go on on their other copies. */
+            /* replicas = 1: a server was lost and its shards go on on their other copies, or a restarted
+             * server rejoins (the trainer takes those notices). */
             int lost = -1;
             const char *text = "";
             uint32_t epoch = ctl_session_failover(w->sess, &lost, &text);
-            log_warn("failover (epoch %u): %s", epoch, text);
+            const uint8_t *addr = NULL;
+            size_t alen = 0;
+            int kind = ctl_session_failover_kind(w->sess, NULL, &addr, &alen);
             ps_client *pc = train_ps_client(w->t);
+            if (kind != CTL_FO_LOST) {
+                log_warn("%s (epoch %u): %s", kind == CTL_FO_REJOINED ? "rejoined" : "rejoin", epoch, text);
+                if (pc)
+                    ps_client_set_epoch(pc, epoch);
+                train_rejoin_notice(w->t, kind, lost, epoch, addr, alen);
+                continue;
+            }
+            log_warn("failover (epoch %u): %s", epoch, text);
             if (pc && ps_client_server_lost(pc, lost, epoch) < 0)
                 log_error("failover: %s", pf_errmsg());
             continue;
@@ -388,6 +399,7 @@ static int train_watched(worker_daemon *d)
     fab_set_interrupt(&watch.interrupt);
     pthread_t watcher;
     int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
+    d->topts.sess = d->sess;
     int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);
     if (rc_train == 0)
         rc_train = train_run(d->t);

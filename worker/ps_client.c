@@ -1419,6 +1419,55 @@ int ps_client_server_lost(ps_client *c, int server, uint32_t epoch)
     return 0;
 }
 
+void ps_client_set_epoch(ps_client *c, uint32_t epoch)
+{
+    uint32_t cur = atomic_load(&c->epoch);
+    while (epoch > cur && !atomic_compare_exchange_weak(&c->epoch, &cur, epoch))
+        ;
+}
+
+int ps_client_server_back(ps_client *c, int server, const void *const addr[2], const size_t len[2],
+                          uint32_t epoch)
+{
+    const int S = c->o.servers;
+    if (server < 0 || server >= S || !c->o.replicas)
+        return pf_err(-ERANGE, "server rank %d out of range (%d servers) or replicas off", server, S);
+    /* Failovers posted meanwhile are taken at the next progress, after this: a server lost after this one
+     * rejoined may leave a shard on this server's copies alone. */
+    const int held[2] = {server, S + (server + S - 1) % S};
+    for (int i = 0; i < 2; i++)
+        if (!c->tgt_gone[held[i]] && !c->srv_dead[held[i]])
+            return pf_err(-EEXIST, "server %d: copy %d was never removed from the run", server, i);
+    for (int i = 0; i < 2; i++)
+        for (uint32_t si = 0; si < c->nslots; si++)
+            if (c->slots[si].in_use && c->slots[si].server == held[i])
+                return pf_err(-EBUSY, "server %d: a message to its removed copy is still in flight", server);
+    for (int i = 0; i < 2; i++) {
+        const int t = held[i];
+        fi_addr_t a;
+        int rc = fab_av_insert(c->fab, addr[i], len[i], &a);
+        if (rc < 0)
+            return pf_err_wrap(rc, "server %d (rejoined, part %d)", server, i);
+        fab_mark_peer_alive(c->fab, a);
+        c->srv_addr[t] = a;
+        c->srv_known[t] = 1;
+        c->tgt_gone[t] = 0;
+        c->tgt_suspect[t] = 0;
+        c->srv_dead[t] = 0;
+        free(c->srv_why[t]);
+        c->srv_why[t] = NULL;
+        c->srv_out[t] = 0;
+        c->srv_heard[t] = pf_now_s();
+    }
+    c->route[server] = server; /* its primary serves shard `server` again: the same rows as the backup */
+    ps_client_set_epoch(c, epoch);
+    log_info(
+        "server %d rejoined (epoch %u): shard %d is served by its primary again, and every push of shards "
+        "%d and %d goes to both copies",
+        server, epoch, server, server, (server + S - 1) % S);
+    return 0;
+}
+
 uint32_t ps_client_epoch(const ps_client *c)
 {
     return atomic_load(&((ps_client *)c)->epoch);

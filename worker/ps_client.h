@@ -102,6 +102,18 @@ int ps_client_add_copy(ps_client *c, int s, int copy, const void *addr, size_t l
  * calls it while the training thread waits in ps_wait). Returns 0 or -ERANGE. */
 int ps_client_server_lost(ps_client *c, int server, uint32_t epoch);
 
+/* Raises the membership epoch the client's messages carry to `epoch` (never lowers it). Any thread. */
+void ps_client_set_epoch(ps_client *c, uint32_t epoch);
+
+/* Server `server`, removed by a failover, rejoined the run (docs/architecture.md, "Hot-standby shards",
+ * Rejoin) with new endpoints: addr[0] (its primary copy, of shard `server`) and addr[1] (its backup copy, of
+ * shard server - 1), the parts of its book entry. Both copies take every later push again, pulls of shard
+ * `server` go to its primary, and the client's epoch rises to `epoch`. Call on the training thread between
+ * steps, with nothing in flight to the removed copies. Returns 0, -ERANGE (rank, or replicas off), -EEXIST
+ * (its copies were never removed), -EBUSY (a message to them still in flight), or an address error. */
+int ps_client_server_back(ps_client *c, int server, const void *const addr[2], const size_t len[2],
+                          uint32_t epoch);
+
 /* The membership epoch the client's messages carry (0 until a failover). */
 uint32_t ps_client_epoch(const ps_client *c);
 

@@ -44,6 +44,7 @@ typedef struct train_opts {
     int64_t max_steps;        /* > 0: stop after this many global steps (tests); 0: num_epoch epochs */
     volatile int *stop_flag;  /* set by the signal handler: stop after the current step (all ranks agree) */
     const char *secret;       /* the join secret (config or PFCPS_SECRET): the data-plane token comes from it */
+    ctl_session *sess;        /* replicas = 1: the control session, for a rejoin's copy step (worker 0) */
 } train_opts;
 
 /* Opens a worker's endpoints (one towards the servers, one for the ring collectives). The packed fabric
@@ -66,6 +67,14 @@ int train_run(trainer *t);
 /* The trainer's parameter-server client (its endpoint opened by train_open_endpoints), for the control
  * watcher's ps_client_server_lost (replicas = 1), which is safe from another thread. */
 struct ps_client *train_ps_client(trainer *t);
+
+/* The control watcher's rejoin notices (replicas = 1; docs/architecture.md, "Hot-standby shards", Rejoin):
+ * kind CTL_FO_REJOIN_BEGIN (server `server` rejoins at `epoch`: the workers agree, at their next stop vote,
+ * on a checkpoint step its copy is taken at, and hold their pushes after it), CTL_FO_REJOINED (its book entry
+ * in addr[len]: the held pushes go on to its copies too) or CTL_FO_REJOIN_ABORTED (they go on as before). A
+ * rejoined notice not yet taken by the training thread is waited for (up to 10 s) before the next notice is
+ * written. Safe from the watcher thread while train_run runs. */
+void train_rejoin_notice(trainer *t, int kind, int server, uint32_t epoch, const void *addr, size_t len);
 
 /* Frees everything. NULL is a no-op. */
 void train_close(trainer *t);

@@ -4,6 +4,7 @@
 #ifndef PFCPS_WORKER_TRAIN_STATE_H
 #define PFCPS_WORKER_TRAIN_STATE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -104,6 +105,21 @@ struct trainer {
                               config digest */
     int ckpt_keyed;        /* its .snap files carry an HMAC under ckpt_key (a join secret is known) */
     snapfile_key ckpt_key; /* snapfile_key_derive of the join secret */
+
+    /* A failed-over server rejoining (replicas = 1; docs/architecture.md, "Hot-standby shards", Rejoin). The
+     * control watcher writes the notices (train_rejoin_notice), the training thread reads them. */
+    _Atomic uint32_t rj_begin_epoch; /* epoch of the newest rejoin-begins notice (0: none) */
+    _Atomic uint32_t rj_end_epoch;   /* epoch of the newest rejoined / aborted notice, stored after rj_end */
+    atomic_int rj_taken;             /* the training thread took the newest rejoined notice */
+    struct {
+        int kind; /* CTL_FO_REJOINED or CTL_FO_REJOIN_ABORTED */
+        int server;
+        size_t len;
+        uint8_t addr[CTL_MAX_ADDR]; /* the rejoined server's book entry */
+    } rj_end;
+    int rj_server;          /* the rejoining server (from the begins notice) */
+    uint32_t rj_wait_epoch; /* the begins epoch the workers agreed to copy for (0: none) */
+    int64_t rj_ckpt;        /* the checkpoint step of that copy (-1: none) */
 };
 
 /* mkdir -p: creates `path` and its parents (mode 0755). Returns 0 or -errno, the message naming the path. */

@@ -6,11 +6,17 @@
 # SHA-256) identical to an uninterrupted replicas = 0 run's. Prints per round the time from the kill to the
 # next step worker 0 completes (its log line's time) and to the failover line of server 0, and a summary; first,
 # the wall time of an uninterrupted run with replicas = 0 and with replicas = 1 (whole runs, start-up included).
-# usage: bench/recovery/failover.sh [-b BUILD] [ROUNDS [SERVERS]]
+# --rejoin: each round also starts the killed server again with the same command line once the failover is
+# announced (it rejoins: docs/architecture.md, "Hot-standby shards", Rejoin) and prints the time from its start
+# to the rendezvous' "rejoined" line, how long the workers held their pushes for the copy (worker 0's log), and
+# worker 0's step time around the copy: the median of the steps before the kill and the step that held.
+# usage: bench/recovery/failover.sh [-b BUILD] [--rejoin] [ROUNDS [SERVERS]]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$SRC/build
 [ "${1:-}" = -b ] && { BUILD=$2; shift 2; }
+REJOIN=0
+[ "${1:-}" = --rejoin ] && { REJOIN=1; shift; }
 ROUNDS=${1:-5}
 SERVERS=${2:-2}
 PFCPS=$BUILD/tools/pfcps
@@ -79,7 +85,7 @@ echo "replicas = 1, uninterrupted: $t_rep s (x$(python3 -c "print(round($t_rep /
   "with start-up); identical: $same"
 rm -rf "$TMP/rep"
 RANDOM=$$
-pass=0; sum_step=0; sum_fo=0
+pass=0; sum_step=0; sum_fo=0; sum_back=0; sum_held=0
 for ((k = 1; k <= ROUNDS; k++)); do
   name=r$k
   cfg "$name" "$SERVERS" 1
@@ -97,9 +103,41 @@ for ((k = 1; k <= ROUNDS; k++)); do
   for ((i = 0; i < 1200; i++)); do grep -q "Global Step: $at " "$TMP/$name.w0.log" && break; sleep 0.1; done
   t_kill=$(date -u +%s.%N)
   kill -KILL "${pids[$victim]}"
+  back=
+  if [ "$REJOIN" = 1 ]; then
+    for ((i = 0; i < 300; i++)); do grep -q "failover: server\[$victim\]" "$TMP/$name.s0.log" && break; sleep 0.1; done
+    t_start=$(date -u +%s.%N)
+    "$BUILD/server/pfcps-server" --config "$TMP/$name.ini" --rank "$victim" >"$TMP/$name.s$victim.again.log" 2>&1 &
+    back=$!
+  fi
   rc=0
   for p in "${wp[@]}"; do wait "$p" || rc=$?; done
   for ((r = 0; r < SERVERS; r++)); do [ "$r" -eq "$victim" ] || wait "${pids[$r]}" || rc=$?; done
+  [ -z "$back" ] || wait "$back" || rc=$?
+  rejoin_msg=
+  if [ "$REJOIN" = 1 ]; then
+    t_back=$(first_after "$TMP/$name.s0.log" "rejoin: server\[$victim\] .* rejoined" "$t_start")
+    held=$(sed -n 's/.*rejoin of server [0-9]*: it holds its copies again after checkpoint step [0-9]*; pushes held \([0-9.]*\) s.*/\1/p' "$TMP/$name.w0.log" | head -1)
+    # worker 0's step times (differences of its log lines' times): median before the kill, and the step that
+    # held (the one ending with the first log line after the hold's line).
+    steps=$(grep -E "Global Step: |rejoin of server" "$TMP/$name.w0.log" | while read -r line; do
+      echo "$(iso_s "$line") $(grep -q 'rejoin of server' <<<"$line" && echo H || echo S)"; done |
+      python3 -c "
+import sys
+rows = [l.split() for l in sys.stdin]
+ts = [(float(t), k) for t, k in rows]
+kill = $t_kill
+steps = [t for t, k in ts if k == 'S']
+d = [b - a for a, b in zip(steps, steps[1:])]
+before = sorted(b - a for a, b in zip(steps, steps[1:]) if b < kill)
+h = [t for t, k in ts if k == 'H']
+held = [b - a for a, b in zip(steps, steps[1:]) if h and a < h[0] < b]
+print(f'{before[len(before) // 2]:.3f} {held[0]:.3f}' if before and held else '- -')")
+    d_back=$(python3 -c "print(f'{${t_back:-0} - $t_start:.2f}')")
+    [ -n "$t_back" ] || d_back=never
+    rejoin_msg="; restarted: two copies again after $d_back s, pushes held ${held:--} s, worker 0 step ${steps% *} s median before, ${steps#* } s with the hold"
+    [ -n "$t_back" ] && [ -n "$held" ] && { sum_back=$(python3 -c "print($sum_back + $d_back)"); sum_held=$(python3 -c "print($sum_held + $held)"); }
+  fi
   t_step=$(first_after "$TMP/$name.w0.log" "Global Step: " "$t_kill")
   t_fo=$(first_after "$TMP/$name.s0.log" "failover: server" "$t_kill")
   d_step=$(python3 -c "print(f'{${t_step:-0} - $t_kill:.2f}')")
@@ -109,10 +147,12 @@ for ((k = 1; k <= ROUNDS; k++)); do
   [ "$rc" -eq 0 ] && [ "$got" = "$REF" ] && cmp -s "$TMP/ref/model.ckpt" "$TMP/$name/model.ckpt" && ok=yes
   [ $ok = yes ] && pass=$((pass + 1))
   echo "round $k: kill -9 of server $victim of $SERVERS at step $at: failover announced after $d_fo s, next step" \
-    "completed after $d_step s; exit $rc; identical: $ok"
+    "completed after $d_step s; exit $rc; identical: $ok$rejoin_msg"
   sum_step=$(python3 -c "print($sum_step + $d_step)"); sum_fo=$(python3 -c "print($sum_fo + $d_fo)")
   rm -rf "$TMP/$name"
 done
 echo "summary: $pass/$ROUNDS rounds identical to the uninterrupted run; mean kill -> failover" \
   "$(python3 -c "print(round($sum_fo / $ROUNDS, 3))") s, kill -> next completed step $(python3 -c "print(round($sum_step / $ROUNDS, 2))") s"
+[ "$REJOIN" = 1 ] && echo "rejoin: mean restart -> two copies again $(python3 -c "print(round($sum_back / $ROUNDS, 2))") s," \
+  "pushes held $(python3 -c "print(round($sum_held / $ROUNDS, 3))") s (rounds whose rejoin completed count; others as 0)"
 [ "$pass" -eq "$ROUNDS" ]

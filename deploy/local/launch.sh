@@ -10,6 +10,8 @@
 #   --max-restarts N (torchrun's flag, default 0): when any daemon dies (non-zero exit, kill -9), stop the
 #   others and start all again with resume = true, at most N times; each restart is printed with the
 #   checkpoint step it resumes from (`pfcps ckpt-info --newest`). Checkpoints need snapshot_every > 0.
+#   With replicas = 1 a server other than 0 that dies is started again alone, with the same command line (a
+#   restart counted the same way): it rejoins the running run (docs/architecture.md, "Hot-standby shards").
 #   Logs: <output>/logs/server<r>.log and worker<r>.log (output from the config / --set).
 #   These values are asked from the daemons' own config parser (`pfcps config-get`), so quoting, inline
 #   comments and sections mean here exactly what they mean to the daemons.
@@ -165,6 +167,14 @@ run_once() {
           [ "$s" -eq 0 ] && continue
           # replicas = 1: the run goes on with the backups of a lost server other than 0 (the rendezvous fails
           # its shards over; when it cannot, the workers exit and stop the run below).
+          if [ "$replicas" -ge 1 ] && [ "$i" -ne 0 ] && [ "$restarts" -lt "$max_restarts" ]; then
+            restarts=$((restarts + 1))
+            echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: restart $restarts/$max_restarts of server $i alone, with the same command line: it rejoins the running run" >&2
+            "$server_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/server$i.log" 2>&1 &
+            server_pids[$i]=$!; pids+=($!)
+            unset "scodes[$i]"
+            continue
+          fi
           if [ "$replicas" -ge 1 ] && [ "$i" -ne 0 ]; then
             echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: the run goes on with its shards' backups, one server failure away from the checkpoint re-form" >&2
             continue
@@ -238,8 +248,8 @@ echo "launch: $S servers + $W workers, config $config, logs in $out/logs"
 # Every daemon stops in order (SIGTERM) if this launcher dies, even by SIGKILL (common/daemon.h).
 export PFCPS_PARENT_PID=$$
 extra=()
-run_once ">"
 restarts=0
+run_once ">"
 while [ "$rc" -ne 0 ] && [ "$restarts" -lt "$max_restarts" ]; do
   restarts=$((restarts + 1))
   step=$("$tool_bin" ckpt-info --newest "$snapdir" 2>/dev/null || echo 0)

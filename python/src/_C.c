@@ -45,6 +45,7 @@
 #include "common/coll.h"
 #include "common/config.h"
 #include "common/ctl.h"
+#include "common/ctl_book.h"
 #include "common/daemon.h"
 #include "common/err.h"
 #include "common/fabric.h"
@@ -126,6 +127,17 @@ static void *watch_main(void *arg)
             int lost = -1;
             const char *text = "";
             uint32_t epoch = ctl_session_failover(w->sess, &lost, &text);
+            if (ctl_session_failover_kind(w->sess, NULL, NULL, NULL) != CTL_FO_LOST) {
+                /* A restarted server's rejoin: its copy step is agreed in pfcps-worker's stop vote, which a
+                 * torch script has no place for, so this worker takes no part; the learner finds no
+                 * checkpoint to copy within ctl_timeout and the rejoin is aborted. */
+                log_warn("rejoin notice (epoch %u): %s (pfcps.torch takes no part in a rejoin: the run goes on "
+                         "with single copies of server %d's shards)",
+                         epoch, text, lost);
+                if (w->net.ps)
+                    ps_client_set_epoch(w->net.ps, epoch);
+                continue;
+            }
             log_warn("failover (epoch %u): %s", epoch, text);
             if (!w->net.ps)
                 log_error("failover before this worker's connections were open: server %d's copies were never "
