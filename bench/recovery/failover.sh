@@ -23,10 +23,8 @@ PFCPS=$BUILD/tools/pfcps
 export OMP_NUM_THREADS=1 PFCPS_SECRET=failover-secret
 TMP=$(mktemp -d)
 trap 'pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
-mkdir -p "$TMP/stage"
-for i in $(seq 1 10); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
-"$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || exit 1
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$SRC/bench/recovery/common.sh"
+recovery_stage || exit 1
 # cfg NAME SERVERS REPLICAS
 cfg() {
   cat >"$TMP/$1.ini" <<INI
@@ -55,19 +53,6 @@ ctl_timeout = 20
 snapshot_every = 4
 replicas = $3
 INI
-}
-final() {
-  local s; s=$("$PFCPS" ckpt-info --newest "$1")
-  "$PFCPS" ckpt-info "$1" | grep "^step $s: complete" | sed 's/  [0-9.]* MB//'
-}
-iso_s() { date -u -d "$(cut -d' ' -f1 <<<"$1" | sed 's/Z$//; s/T/ /')" +%s.%N; }
-# first_after FILE PATTERN T: the time of FILE's first line matching PATTERN logged after T (empty if none).
-first_after() {
-  local line s
-  while read -r line; do
-    s=$(iso_s "$line")
-    python3 -c "import sys; sys.exit(0 if $s > $3 else 1)" && { echo "$s"; return; }
-  done < <(grep -E "$2" "$1")
 }
 cfg ref "$SERVERS" 0
 t0=$(date +%s.%N)
