@@ -48,6 +48,12 @@ int pf_network_parse(const char *network, pf_network_name *out)
         snprintf(out->name, sizeof out->name, "mbf");
         return 0;
     }
+    if (!strncmp(network, "vit_", 4))
+        return pf_err(-EINVAL,
+                      "network '%s': arcface_torch's ViT backbones (vit_t, vit_s, vit_b, vit_l of its AdamW configs) "
+                      "are not built in pfcps; its iresnets (r18 r34 r50 r100 r200) and mbf are: set network to one "
+                      "of them (optimizer = adamw trains them and the class centers as those configs do)",
+                      network);
     return pf_err(-EINVAL,
                   "unknown network '%s' (known: r18 r34 r50 r100 r200, each optionally with a width suffix "
                   "such as r18_w16, and mbf)",

@@ -99,6 +99,12 @@ int main(void)
     int rc = model_create(&m, "r51", 512, 2);
     printf("unknown network: %d '%s'\n", rc, pf_errmsg());
     CHECK(rc == -EINVAL && strstr(pf_errmsg(), "r51"), "unknown network accepted");
+    /* arcface_torch's ViT networks: refused naming them and what pfcps builds instead. */
+    rc = model_create(&m, "vit_b_dp005_mask_005", 512, 2);
+    printf("ViT network: %d '%s'\n", rc, pf_errmsg());
+    CHECK(rc == -EINVAL && strstr(pf_errmsg(), "vit_b_dp005_mask_005") && strstr(pf_errmsg(), "ViT backbones") &&
+              strstr(pf_errmsg(), "r100"),
+          "ViT network not refused by name");
     rc = model_create(&m, "r50", 0, 2);
     printf("embedding_size 0: %d '%s'\n", rc, pf_errmsg());
     CHECK(rc == -EINVAL && strstr(pf_errmsg(), "embedding_size"), "D = 0 accepted");
