@@ -442,7 +442,8 @@ def train(a):
 def module_train(a):
     """The same arcface_torch step with pfcps.torch.PartialFC in place of the reference's Partial FC (the C
     worker's sampler, pull/push and head through pfcps._C; the class centers on the servers of a.run), one torch
-    rank, float32: torch's backbone from OUT/model.pt, SGD over the backbone and the module's parameter group,
+    rank, float32: torch's backbone from OUT/model.pt, SGD (--optimizer adamw: AdamW) over the backbone and the
+    module's parameter group,
     the same schedule, clipping and batches (trace). Writes RESULT as train() does; the class centers are the
     servers' checkpoint of the last step, which the module's state_dict() asks for (read from --snapshots by
     ckpt_table.py, its own reader of the shard files)."""
@@ -461,8 +462,11 @@ def module_train(a):
 
     module = pfcps.torch.PartialFC(Margin(), a.dim, a.classes, 1.0, False, run=a.run)
     params = list(net.parameters())
-    opt = torch.optim.SGD([{"params": params}, {"params": module.parameters()}], lr=a.lr, momentum=MOMENTUM,
-                          weight_decay=WEIGHT_DECAY)
+    groups = [{"params": params}, {"params": module.parameters()}]
+    if a.optimizer == "adamw":  # the module's group too: the servers apply AdamW (the run's optimizer)
+        opt = torch.optim.AdamW(groups, lr=a.lr, weight_decay=WEIGHT_DECAY)
+    else:
+        opt = torch.optim.SGD(groups, lr=a.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     per_epoch = len(data) // B
     sched = PolynomialLRWarmup(a.lr, per_epoch * a.warmup_epoch, per_epoch * a.num_epoch)
     losses, lrs = [], []
@@ -672,6 +676,8 @@ def main():
     q.add_argument("--num-epoch", type=float, required=True)
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--snapshots", required=True, help="the run's checkpoint root (<output>/snapshots)")
+    q.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                   help="the torch optimizer over the backbone and the module (the run's optimizer)")
     q = sub.add_parser("compare")
     q.add_argument("name")
     q.add_argument("run")

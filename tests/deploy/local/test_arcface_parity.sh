@@ -101,12 +101,14 @@ parity w1_s1_st_dense_r1 1 1 straight_through dense 1.0
 # references: loss, backbone, BatchNorm statistics and the class centers (the server's checkpoint of the last
 # step, which the module's state_dict() asks for). The package is built and installed as
 # tests/deploy/local/test_torch_partial_fc.sh does (pip, no network; its own build folder).
+# module_parity RUN OPTIMIZER: the module against RUN's references (RUN's run.ini, its optimizer).
 module_parity() {
-  local dir=$TMP/w1_s1_st_dense_r1 mdir=$TMP/module
+  local dir=$TMP/$1 mdir=$TMP/module_$1 opt=$2
   [ -f "$dir/ref_f64.pt" ] || return 0
   "$PFCPS_PYTHON" -c "import mesonpy" 2>/dev/null || ref_skip "$PFCPS_PYTHON has no mesonpy (tests/pyenv.sh installs it)"
-  "$PFCPS_PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --target "$TMP/site" \
-    --config-settings=build-dir="$BUILD/python-pkg-parity" "$SRC/python" >"$TMP/pip.log" 2>&1 ||
+  [ -d "$TMP/site/pfcps" ] ||  # installed once per run of this script
+    "$PFCPS_PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --target "$TMP/site" \
+      --config-settings=build-dir="$BUILD/python-pkg-parity" "$SRC/python" >"$TMP/pip.log" 2>&1 ||
     { tail -30 "$TMP/pip.log"; die "pip install ./python failed"; }
   mkdir -p "$mdir"
   sed -e "s|^output = .*|output = $mdir/out|" "$dir/run.ini" >"$mdir/run.ini"
@@ -118,16 +120,16 @@ module_parity() {
   local sp=$!
   PYTHONPATH=$TMP/site timeout 600 "$PFCPS_PYTHON" "$PY" module "$TMP" "$mdir/result.pt" --run "$mdir/run.ini" \
     --trace "$dir/trace0" --network $NET --dim $DIM --classes $CLASSES --lr $LR --warmup-epoch 0.2 --num-epoch 2 \
-    --snapshots "$mdir/out/snapshots" \
+    --snapshots "$mdir/out/snapshots" --optimizer "$opt" \
     >"$TMP/module.log" 2>&1 || { tail -20 "$TMP/module.log" "$TMP/module_server0.log"; die "the pfcps.torch run failed"; }
   grep "^pfcps.torch" "$TMP/module.log"
   kill -TERM "$sp" 2>/dev/null
   wait "$sp" 2>/dev/null
-  "$PFCPS_PYTHON" "$PY" compare pfcps.torch.PartialFC "$mdir/result.pt" "$dir/ref_f64.pt" "$dir/ref_t1.pt" \
+  "$PFCPS_PYTHON" "$PY" compare "pfcps.torch.PartialFC ($opt)" "$mdir/result.pt" "$dir/ref_f64.pt" "$dir/ref_t1.pt" \
     "$dir/ref_t2.pt" "$dir/ref_nm.pt" --init "$TMP" --json "$TMP/parity.json" ||
-    fail "pfcps.torch.PartialFC differs from the reference (above)"
+    fail "pfcps.torch.PartialFC ($opt) differs from the reference (above)"
 }
-if selected module; then module_parity; fi
+if selected module; then module_parity w1_s1_st_dense_r1 sgd; fi
 parity w2_s3_st_dense_r01 2 3 straight_through dense 0.1
 parity w1_s3_exact_dense_r01 1 3 exact dense 0.1
 parity w2_s3_st_sparse_r01 2 3 straight_through sparse 0.1
@@ -157,6 +159,9 @@ centers_sgd_refused() {
   fi
 }
 if selected w1_s1_st_dense_r1_adamw; then centers_sgd_refused; fi
+# The module under optimizer = adamw: torch.optim.AdamW over the backbone and the module's group, the servers
+# applying AdamW; against the AdamW run's references.
+if selected module_adamw; then module_parity w1_s1_st_dense_r1_adamw adamw; fi
 
 # arcface_torch's files in: the float64 reference trains the first 12 steps (one epoch) of w2_s3_st_dense_r01
 # on that run's batches and writes arcface_torch's checkpoint_gpu_0.pt and _1.pt (save_all_states; each rank's
