@@ -423,6 +423,59 @@ static int read_dense_prefix(snapfile_reader *r, const char *p, int64_t step, do
     return rc;
 }
 
+/* What snap_load keeps across the files of a checkpoint: the lr table of the first dense or AdamW file and how
+ * its rows are brought up to date with `step` at the load (only when this shard cannot go on from them lazily:
+ * a sparse shard, or other constants than the file's). */
+typedef struct load_ctx {
+    double *flr, mw[4];    /* the lr table; mu, wd (AdamW: beta1, beta2, eps, wd) */
+    int catchup, fdense;   /* rows brought up to date here; some file was dense */
+    int have_dc;           /* dc set up (SGD dense files brought up to date) */
+    dense_cache dc;
+    adamw_coef *fco;       /* AdamW files brought up to date: each step's scalars from the file's table */
+    adamw_hp fhp;          /* the AdamW file's constants */
+    char lr_what[4400];    /* the file the lr table came from */
+} load_ctx;
+
+/* Checks that file p (reader r, its header read) holds this shard's optimizer state, and reads its prefix (dense
+ * or AdamW files) into L, preparing the catch-up. Returns 0 or a negative code naming the file. */
+static int load_prefix(const shard *sh, snapfile_reader *r, const char *p, int64_t step, load_ctx *L)
+{
+    const int dense = r->m.dense, adam = r->m.adamw;
+    int rc = 0;
+    L->fdense |= dense;
+    if (adam != sh->adam)
+        return pf_err(-EINVAL,
+                      "%s: written under optimizer = %s (header field adamw = %d), but this run has optimizer = "
+                      "%s: the class centers' optimizer state cannot carry over; resume with the optimizer "
+                      "that wrote the checkpoint",
+                      p, adam ? "adamw" : "sgd", adam, sh->adam ? "adamw" : "sgd");
+    if (!adam && !dense)
+        return 0;
+    if (!L->flr)
+        snprintf(L->lr_what, sizeof L->lr_what, "%s's", p);
+    if ((rc = read_dense_prefix(r, p, step, L->mw, adam ? 4 : 2, &L->flr, L->lr_what)) < 0)
+        return rc;
+    if (adam) {
+        L->fhp = (adamw_hp){L->mw[0], L->mw[1], L->mw[2], L->mw[3]};
+        L->catchup = dense && (!sh->dense || memcmp(&L->fhp, &sh->hp, sizeof L->fhp) != 0);
+        if (L->catchup && !L->fco) {
+            L->fco = malloc(sizeof(adamw_coef) * (size_t)(step > 0 ? step : 1));
+            if (!L->fco)
+                return pf_err(-ENOMEM, "%s: out of memory for the AdamW scalars of %lld steps", p, (long long)step);
+            if (step > 0)
+                adamw_coefs(&L->fhp, L->flr, 0, step - 1, 0, L->fco);
+        }
+        return 0;
+    }
+    L->catchup = !sh->dense || L->mw[0] != sh->mu || L->mw[1] != sh->wd;
+    if (L->catchup && !L->have_dc) {
+        if (dense_cache_init(&L->dc, sh->dim) < 0)
+            return pf_err(-ENOMEM, "%s: out of memory", p);
+        L->have_dc = 1;
+    }
+    return 0;
+}
+
 int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key, const ckpt_ident *expect)
 {
     int S0 = 0, rc = shard_files(root, step, &S0);
@@ -432,17 +485,12 @@ int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key
     int64_t loaded = 0;
     double t0 = pf_now_s();
     ckpt_ident ref;
-    char ref_what[4400] = "the resumed run's", lr_what[4400] = "";
+    char ref_what[4400] = "the resumed run's";
     int have_ref = expect != NULL;
     if (expect)
         ref = *expect;
-    /* Dense files: the lr table of the first one; rows are brought up to date with `step` at the load only
-     * when this shard cannot go on from them lazily (a sparse shard, or another mu / wd than the file's). */
-    double *flr = NULL, mw[4] = {0, 0, 0, 0};
-    int catchup = 0, have_dc = 0, fdense = 0;
-    dense_cache dc;
-    adamw_coef *fco = NULL; /* AdamW files brought up to date here: each step's scalars from the file's table */
-    adamw_hp fhp = {0};
+    load_ctx L;
+    memset(&L, 0, sizeof L);
     for (int s0 = 0; rc == 0 && s0 < S0; s0++) {
         if (S0 == sh->servers && s0 != sh->rank)
             continue; /* same shape: only this rank's own file holds its rows */
@@ -460,39 +508,8 @@ int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key
             snprintf(ref_what, sizeof ref_what, "%s's", p);
         }
         const int dense = r.m.dense, adam = r.m.adamw;
-        fdense |= dense;
-        if (rc == 0 && adam != sh->adam)
-            rc = pf_err(-EINVAL,
-                        "%s: written under optimizer = %s (header field adamw = %d), but this run has optimizer = "
-                        "%s: the class centers' optimizer state cannot carry over; resume with the optimizer "
-                        "that wrote the checkpoint",
-                        p, adam ? "adamw" : "sgd", adam, sh->adam ? "adamw" : "sgd");
-        if (rc == 0 && adam) {
-            if (!flr)
-                snprintf(lr_what, sizeof lr_what, "%s's", p);
-            rc = read_dense_prefix(&r, p, step, mw, 4, &flr, lr_what);
-            fhp = (adamw_hp){mw[0], mw[1], mw[2], mw[3]};
-            catchup = dense && (!sh->dense || memcmp(&fhp, &sh->hp, sizeof fhp) != 0);
-            if (rc == 0 && catchup && !fco) {
-                fco = malloc(sizeof(adamw_coef) * (size_t)(step > 0 ? step : 1));
-                if (!fco)
-                    rc = pf_err(-ENOMEM, "%s: out of memory for the AdamW scalars of %lld steps", p,
-                                (long long)step);
-                else if (step > 0)
-                    adamw_coefs(&fhp, flr, 0, step - 1, 0, fco);
-            }
-        } else if (rc == 0 && dense) {
-            if (!flr)
-                snprintf(lr_what, sizeof lr_what, "%s's", p);
-            rc = read_dense_prefix(&r, p, step, mw, 2, &flr, lr_what);
-            catchup = !sh->dense || mw[0] != sh->mu || mw[1] != sh->wd;
-            if (rc == 0 && catchup && !have_dc) {
-                if (dense_cache_init(&dc, sh->dim) < 0)
-                    rc = pf_err(-ENOMEM, "%s: out of memory", p);
-                else
-                    have_dc = 1;
-            }
-        }
+        if (rc == 0)
+            rc = load_prefix(sh, &r, p, step, &L);
         /* One block in memory: block_rows rows (bounded by snapfile_check_fields). */
         const size_t block = rc == 0 ? rows_bytes(r.m.block_rows, sh->dim, dense, adam) : 0;
         void *buf = rc == 0 ? malloc(block) : NULL;
@@ -523,12 +540,12 @@ int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key
                                 (long long)bs[k]);
                     break;
                 }
-                if (adam && dense && catchup) { /* the zero-gradient steps it owes, with the file's constants */
+                if (adam && dense && L.catchup) { /* the zero-gradient steps it owes, with the file's constants */
                     if (bs[k] < step)
-                        adamw_replay(w, v, q, sh->dim, &fhp, fco, bs[k], step - 1);
-                } else if (dense && catchup) {
+                        adamw_replay(w, v, q, sh->dim, &L.fhp, L.fco, bs[k], step - 1);
+                } else if (dense && L.catchup) {
                     dense_map M;
-                    if (!dense_cache_get(&dc, flr, bs[k], step - 1, mw[0], mw[1], &M))
+                    if (!dense_cache_get(&L.dc, L.flr, bs[k], step - 1, L.mw[0], L.mw[1], &M))
                         dense_apply_row(w, v, sh->dim, &M);
                 } else if (dense) {
                     rs = bs[k];
@@ -548,22 +565,22 @@ int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key
         rc = pf_err(-EINVAL, "checkpoint step %lld under %s: %lld of this shard's %lld rows found",
                     (long long)step, root, (long long)loaded, (long long)sh->rows);
     /* The lr of the steps the rows still owe (dense_cache_get reads step_lr[rstep .. t-1]). */
-    for (int64_t t = 0; rc == 0 && flr && (sh->dense || sh->adam) && t < step; t++)
-        rc = shard_dense_set_lr(sh, t, flr[t]);
+    for (int64_t t = 0; rc == 0 && L.flr && (sh->dense || sh->adam) && t < step; t++)
+        rc = shard_dense_set_lr(sh, t, L.flr[t]);
     if (rc == 0)
         log_info(
             "loaded checkpoint step %lld: %lld rows of shard %d/%d from %d shard file(s) of %d servers in "
             "%.2f s%s",
             (long long)step, (long long)loaded, sh->rank, sh->servers, S0 == sh->servers ? 1 : S0, S0,
             pf_now_s() - t0,
-            flr && fdense ? (catchup
+            L.flr && L.fdense ? (L.catchup
                        ? " (dense rows brought up to date: this shard's update or momentum / weight decay "
                          "differs from the file's)"
                        : " (dense rows as stored, each at its own step)")
                 : "");
-    if (have_dc)
-        dense_cache_free(&dc);
-    free(fco);
-    free(flr);
+    if (L.have_dc)
+        dense_cache_free(&L.dc);
+    free(L.fco);
+    free(L.flr);
     return rc;
 }
