@@ -19,7 +19,10 @@
  * 5. sparse: a sparse AdamW server given the same 21 steps vs the lazy reference (a row never pushed keeps its
  *    initial value exactly, m = v = 0);
  * 6. an AdamW checkpoint loaded by an SGD server, and an SGD one by an AdamW server: refused naming the
- *    optimizer.
+ *    optimizer;
+ * 7. pretrained_centers under AdamW: a safetensors file (written here byte by byte) of `weight` alone loads
+ *    (the rows equal the file's, both moments 0); one with a `momentum` tensor, and an arcface_torch
+ *    checkpoint_gpu file (a zip), are refused naming the file.
  * Tolerance per value x with float64 reference r: |x - r| <= 1e-5 |r| + 1e-5 sum(lr) for weights (a few
  * float32 roundings of w and of each step's update, whose size is at most about lr), 1e-5 |r| + 1e-9 for the
  * moments (gradients are ~1e-2). A wrong bias correction moves a weight by ~0.1 lr = 5e-3, a missing decay
@@ -222,6 +225,30 @@ static void pull_all(ps_server *s, int64_t target, float *out)
     dense_cache_free(&dc);
 }
 
+/* A safetensors file (8-byte little-endian header length, the JSON header, the data) of a C x D F32 tensor
+ * `weight`, and with `mom` a second one `momentum` (the same values). */
+static void write_safetensors(const char *path, const float *x, int mom)
+{
+    const size_t n = sizeof(float) * C * D;
+    char hdr[512];
+    int len = mom ? snprintf(hdr, sizeof hdr,
+                             "{\"weight\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[0,%zu]},"
+                             "\"momentum\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}}",
+                             C, D, n, C, D, n, 2 * n)
+                  : snprintf(hdr, sizeof hdr,
+                             "{\"weight\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[0,%zu]}}", C,
+                             D, n);
+    while (len % 8) /* the data 8-byte aligned, as safetensors writers pad with spaces */
+        hdr[len++] = ' ';
+    const uint64_t hl = (uint64_t)len;
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(&hl, 8, 1, f) != 1 || fwrite(hdr, 1, (size_t)len, f) != (size_t)len ||
+        fwrite(x, 1, n, f) != n || (mom && fwrite(x, 1, n, f) != n) || fclose(f) != 0) {
+        printf("FAIL: cannot write %s\n", path);
+        exit(1);
+    }
+}
+
 static void checkpoint(ps_server *s, const char *dir, int64_t at)
 {
     snap_job *j = NULL;
@@ -321,7 +348,39 @@ int main(void)
           "an SGD checkpoint loaded by an AdamW server: %s", pf_errmsg());
     printf("SGD checkpoint into an AdamW server: %s\n", pf_errmsg());
 
-    ps_server *all[] = {a, b, c, d, e, f, g};
+    /* 7. pretrained_centers */
+    char st1[300], st2[300], pt[300];
+    snprintf(st1, sizeof st1, "%s/weight.safetensors", dir);
+    snprintf(st2, sizeof st2, "%s/momentum.safetensors", dir);
+    snprintf(pt, sizeof pt, "%s/checkpoint_gpu_0.pt", dir);
+    static float tab[C * D];
+    for (int i = 0; i < C * D; i++)
+        tab[i] = (float)((i % 23) - 11) * 1e-3f;
+    write_safetensors(st1, tab, 0);
+    write_safetensors(st2, tab, 1);
+    FILE *zf = fopen(pt, "wb");
+    if (!zf || fwrite("PK\3\4 not really a zip", 1, 24, zf) != 24 || fclose(zf) != 0)
+        return 1;
+    ps_server *h = make(1, 1, 0);
+    CHECK(ps_server_load_centers(h, st1) == 0, "weights only under adamw: %s", pf_errmsg());
+    const shard *sh7 = ps_server_shard(h);
+    CHECK(memcmp(sh7->weight, tab, sizeof tab) == 0, "pretrained_centers: the rows differ from the file's");
+    int nz = 0;
+    for (int i = 0; i < C * D; i++)
+        nz += sh7->momentum[i] != 0.0f || sh7->sq[i] != 0.0f;
+    CHECK(nz == 0, "pretrained_centers: %d moments are not 0", nz);
+    ps_server *i2 = make(1, 1, 0);
+    CHECK(ps_server_load_centers(i2, st2) < 0 && strstr(pf_errmsg(), "momentum.safetensors") &&
+              strstr(pf_errmsg(), "optimizer = adamw"),
+          "a momentum tensor under adamw: %s", pf_errmsg());
+    printf("momentum under adamw: %s\n", pf_errmsg());
+    ps_server *i3 = make(1, 1, 0);
+    CHECK(ps_server_load_centers(i3, pt) < 0 && strstr(pf_errmsg(), "checkpoint_gpu_0.pt") &&
+              strstr(pf_errmsg(), "optimizer = adamw"),
+          "a checkpoint_gpu file under adamw: %s", pf_errmsg());
+    printf("checkpoint_gpu under adamw: %s\n", pf_errmsg());
+
+    ps_server *all[] = {a, b, c, d, e, f, g, h, i2, i3};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         ps_server_destroy(all[i]);
     char cmd[512];
