@@ -22,7 +22,9 @@
  *    optimizer;
  * 7. pretrained_centers under AdamW: a safetensors file (written here byte by byte) of `weight` alone loads
  *    (the rows equal the file's, both moments 0); one with a `momentum` tensor, and an arcface_torch
- *    checkpoint_gpu file (a zip), are refused naming the file.
+ *    checkpoint_gpu file (a zip), are refused naming the file;
+ * 8. adamw_replay (4 lanes at a time, every step in registers) gives the bits of adamw_row_f32 with a zero
+ *    gradient run step after step (D = 19: the lanes and the scalar tail), and the step counts skip a NaN lr.
  * Tolerance per value x with float64 reference r: |x - r| <= 1e-5 |r| + 1e-5 sum(lr) for weights (a few
  * float32 roundings of w and of each step's update, whose size is at most about lr), 1e-5 |r| + 1e-9 for the
  * moments (gradients are ~1e-2). A wrong bias correction moves a weight by ~0.1 lr = 5e-3, a missing decay
@@ -37,6 +39,7 @@
 #include "common/fabric.h"
 #include "common/log.h"
 #include "proto/ps_wire.h"
+#include "server/adamw.h"
 #include "server/dense.h"
 #include "server/ps_server.h"
 #include "server/shard.h"
@@ -379,6 +382,30 @@ int main(void)
               strstr(pf_errmsg(), "optimizer = adamw"),
           "a checkpoint_gpu file under adamw: %s", pf_errmsg());
     printf("checkpoint_gpu under adamw: %s\n", pf_errmsg());
+
+    /* 8. the replay's vector path against the step-by-step update */
+    {
+        double lrs[12];
+        for (int t = 0; t < 12; t++)
+            lrs[t] = t == 5 ? NAN : 0.01 * (t + 1);
+        const adamw_hp hp = adamw_defaults(WD);
+        adamw_coef co[12];
+        adamw_coefs(&hp, lrs, 0, 11, 0, co);
+        float w1[D], m1[D], v1[D], w2[D], m2[D], v2[D];
+        for (int j = 0; j < D; j++) {
+            w1[j] = w2[j] = grad_of(0, 1, 3, j) * 7.0f;
+            m1[j] = m2[j] = grad_of(1, 2, 5, j) * 0.1f;
+            v1[j] = v2[j] = grad_of(0, 3, 7, j) * grad_of(0, 3, 7, j) * 1e-3f;
+        }
+        adamw_replay(w1, m1, v1, D, &hp, co, 2, 11);
+        for (int t = 2; t <= 11; t++)
+            if (!co[t].skip)
+                adamw_row_f32(w2, m2, v2, NULL, D, &hp, &co[t]);
+        CHECK(!memcmp(w1, w2, sizeof w1) && !memcmp(m1, m2, sizeof m1) && !memcmp(v1, v2, sizeof v1),
+              "adamw_replay differs from adamw_row_f32 step by step");
+        CHECK(co[11].n == 11 && co[4].n == 5 && co[5].skip && co[5].n == 5, "step counts %lld %lld %lld",
+              (long long)co[11].n, (long long)co[4].n, (long long)co[5].n);
+    }
 
     ps_server *all[] = {a, b, c, d, e, f, g, h, i2, i3};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
