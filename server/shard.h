@@ -5,7 +5,8 @@
  * local row c div S. Shard s holds ceil((C - s) / S) rows. Weights and momentum are fp32, (rows x D) each, in
  * one page-aligned anonymous mapping (weights first, momentum after, each page-aligned), plus one byte per
  * row (its state, below): 8 * D + 1 bytes per identity plus page rounding (the server adds 8 bytes of apply
- * bookkeeping per row: server/apply.c).
+ * bookkeeping per row: server/apply.c); under AdamW the momentum region holds the first moment and a second
+ * mapping of rows x D floats the second (12 * D + 1 bytes per identity).
  *
  * Initial weights: N(0, 0.01^2) drawn by a counter-based generator keyed by (seed, c), so the content
  * of row c does not depend on S. For row c, with splitmix64(x) the standard SplitMix64 finaliser
