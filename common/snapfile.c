@@ -108,6 +108,7 @@ static void meta_to_pb(const snapfile_meta *m, Pfcps__SnapshotHeader *h)
     h->config_digest.len = CKPT_DIGEST_BYTES;
     h->authenticated = m->authenticated;
     h->dense = m->dense != 0;
+    h->adamw = m->adamw != 0;
 }
 
 int snapfile_commit(snapfile_writer *w, snapfile_meta *m, const snapfile_key *key)
@@ -203,26 +204,40 @@ int snapfile_check_fields(const snapfile_meta *m, const char *name)
                       (long long)m->block_rows, (long long)rows);
     if (m->dense && !shard)
         return pf_err(-EINVAL, "%s: header field dense is set on a worker file", name);
-    /* Bytes per row: weights and momentum (D fp32 each), plus the row's step (int64) in a dense file. */
+    if (m->adamw && !shard)
+        return pf_err(-EINVAL, "%s: header field adamw is set on a worker file", name);
+    /* Bytes per row: weights and momentum (D fp32 each; AdamW: weights and two moments), plus the row's step
+     * (int64) in a dense file. */
     const uint64_t row_extra = m->dense ? sizeof(int64_t) : 0;
-    const uint64_t row_bytes = (uint64_t)m->dim * 2 * sizeof(float) + row_extra; /* D <= SNAPFILE_MAX_DIM */
+    const uint64_t per_elem = (m->adamw ? 3 : 2) * sizeof(float);
+    const uint64_t row_bytes = (uint64_t)m->dim * per_elem + row_extra; /* D <= SNAPFILE_MAX_DIM */
     uint64_t block = 0, payload = 0, lr_bytes = 0;
     if (pf_mul_u64((uint64_t)m->block_rows, row_bytes, &block) < 0 ||
         (m->block_rows > 1 && block > SNAPFILE_MAX_BLOCK_BYTES))
         return pf_err(
             -EINVAL,
-            "%s: header field block_rows = %lld: blocks of block_rows x (embedding_size %d x 8%s) bytes "
+            "%s: header field block_rows = %lld: blocks of block_rows x (embedding_size %d x %d%s) bytes "
             "exceed %llu bytes",
-            name, (long long)m->block_rows, m->dim, m->dense ? " + 8" : "",
+            name, (long long)m->block_rows, m->dim, (int)per_elem, m->dense ? " + 8" : "",
             (unsigned long long)SNAPFILE_MAX_BLOCK_BYTES);
     if (pf_mul_u64((uint64_t)rows, row_bytes, &payload) < 0)
-        return pf_err(-EINVAL, "%s: header fields rows %lld x embedding_size %d x 8 bytes overflow", name,
-                      (long long)rows, m->dim);
-    if (m->dense &&
-        (pf_mul_u64((uint64_t)m->step + 2, sizeof(double), &lr_bytes) < 0 || payload + lr_bytes < payload))
+        return pf_err(-EINVAL, "%s: header fields rows %lld x embedding_size %d x %d bytes overflow", name,
+                      (long long)rows, m->dim, (int)per_elem);
+    /* The prefix: SGD dense files: mu, wd and the lr of steps 0 .. step-1; AdamW files (dense or not): beta1,
+     * beta2, eps, wd and the lr of steps 0 .. step-1. */
+    const uint64_t consts = m->adamw ? 4 : 2;
+    if ((m->dense || m->adamw) &&
+        (pf_mul_u64((uint64_t)m->step + consts, sizeof(double), &lr_bytes) < 0 || payload + lr_bytes < payload))
         return pf_err(-EINVAL, "%s: header field step = %lld: its lr table overflows", name,
                       (long long)m->step);
     payload += lr_bytes;
+    if (payload != m->payload_bytes && m->adamw)
+        return pf_err(-EINVAL,
+                      "%s: header field payload_bytes = %llu, but rows %lld x (embedding_size %d x 12%s) bytes + "
+                      "(step + 4) x 8 bytes (AdamW: weights, two moments%s, its constants and the lr of every "
+                      "step) = %llu",
+                      name, (unsigned long long)m->payload_bytes, (long long)rows, m->dim,
+                      m->dense ? " + 8" : "", m->dense ? ", row steps" : "", (unsigned long long)payload);
     if (payload != m->payload_bytes)
         return pf_err(
             -EINVAL,
@@ -299,6 +314,7 @@ static int meta_from_pb(snapfile_reader *r, const Pfcps__SnapshotHeader *h, int6
     m->payload_bytes = h->payload_bytes;
     m->authenticated = h->authenticated;
     m->dense = h->dense;
+    m->adamw = h->adamw;
     memcpy(m->sha256, h->payload_sha256.data, 32);
     int rc = snapfile_check_fields(m, r->name);
     if (rc < 0)

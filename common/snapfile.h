@@ -64,6 +64,7 @@ typedef struct snapfile_meta {
     uint8_t sha256[32];     /* set by snapfile_commit */
     int authenticated; /* set by snapfile_commit (a key was given) and by the reader (the file says so) */
     int dense;         /* shard: the pfc_update = dense layout (server/snapshot.h), header field dense */
+    int adamw;         /* shard: the optimizer = adamw layout (server/snapshot.h), header field adamw */
 } snapfile_meta;
 
 typedef struct snapfile_writer {
@@ -119,7 +120,9 @@ int snapfile_open_stream(snapfile_reader *r, FILE *f, int64_t size, const char *
  * C classes over S servers, 1 <= block_rows <= max(rows, 1), block_rows x D x 8 <= SNAPFILE_MAX_BLOCK_BYTES
  * unless block_rows = 1, payload_bytes = rows x D x 8; with dense set (pfc_update = dense, server/snapshot.h)
  * the rows carry 8 more bytes each (block_rows x (D x 8 + 8) bounds the block) and payload_bytes = rows x (D
- * x 8 + 8) + (step + 2) x 8 (mu, wd and the lr of steps 0 .. step-1). Worker: rows x 4 <= payload_bytes.
+ * x 8 + 8) + (step + 2) x 8 (mu, wd and the lr of steps 0 .. step-1); with adamw set (optimizer = adamw) a
+ * row holds D x 12 bytes (weights and two moments; + 8 when dense) and the prefix is (step + 4) x 8 bytes
+ * (beta1, beta2, eps, wd and the lr of steps 0 .. step-1), dense or not. Worker: rows x 4 <= payload_bytes.
  * Every product is overflow-checked (common/checked.h). Returns 0, or -EINVAL "<name>: header field <field>
  * ..." naming the field and the values it disagrees with. */
 int snapfile_check_fields(const snapfile_meta *m, const char *name);

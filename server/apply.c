@@ -57,12 +57,25 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, de
             const size_t off = (size_t)r * (size_t)D;
             shard_prefetch_row(S->sh.weight + off, D, 1);
             shard_prefetch_row(S->sh.momentum + off, D, 1);
+            if (S->sh.adam)
+                shard_prefetch_row(S->sh.sq + off, D, 1);
             __builtin_prefetch(&S->sh.ready[r], 0, 0);
             if (S->sh.dense)
                 __builtin_prefetch(&S->sh.rstep[r], 1, 0);
         }
         if (S->snap)
             snap_before_update(S->snap, e0->lrow);
+        if (S->sh.adam) { /* optimizer = adamw: the steps the row owes (dense), then step t (shard.h) */
+            if (e0->next == ENTRY_END) {
+                shard_adamw_row_f32(&S->sh, e0->lrow, e0->g, t);
+                continue;
+            }
+            memset(g, 0, sizeof(double) * (size_t)D);
+            for (uint32_t e = S->aseg[s]; e != ENTRY_END; e = S->ae[e].next)
+                add_grad(g, S->ae[e].g, D);
+            shard_adamw_row(&S->sh, e0->lrow, g, t);
+            continue;
+        }
         /* pfc_update = dense: the closed form of the steps the row skipped (server/dense.h), then this step's
          * update, in one pass over the row (shard_dense_sgd_row_f32) */
         float *w = shard_row(&S->sh, e0->lrow);
@@ -208,8 +221,8 @@ static long apply_start(ps_server *S, int64_t t)
                 nrows += p->slot[i]->n; /* complete: every slot is filled */
         }
     /* pfc_update = dense: the lr of step t, which the rows that skip it will need (NaN: the loss scaler
-     * skipped it, and it moves no row) */
-    if (S->sh.dense)
+     * skipped it, and it moves no row); optimizer = adamw: also the step count of its bias corrections */
+    if (S->sh.dense || S->sh.adam)
         for (int i = 0; i < np; i++)
             if (shard_dense_set_lr(&S->sh, t, ps[i]->skipped ? NAN : (double)ps[i]->lr) < 0) {
                 log_error("apply of step %lld: %s", (long long)t, pf_errmsg());

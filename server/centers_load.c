@@ -101,6 +101,11 @@ static int load_safetensors(shard *sh, const char *path)
                     path);
     if (rc == 0)
         m = st_pick(f, sh, path, "momentum", "momentum_buffer", &rc);
+    if (rc == 0 && m && sh->adam)
+        rc = pf_err(-EINVAL,
+                    "%s: tensor '%s' is SGD momentum, but this run has optimizer = adamw (its centers' AdamW "
+                    "state starts at zero): give a file with the weights alone",
+                    path, m->name);
     const size_t D = (size_t)sh->dim, rb = D * sizeof(float);
     for (int64_t lr = 0; rc == 0 && lr < sh->rows; lr++) {
         int64_t c = lr * sh->servers + sh->rank;
@@ -383,6 +388,12 @@ int centers_load(shard *sh, const char *path)
     int rc = pf_read_head(path, head, sizeof head, &got);
     if (rc < 0)
         return pf_err_wrap(rc, "%s", path);
+    if (got == 4 && memcmp(head, "PK\3\4", 4) == 0 && sh->adam)
+        return pf_err(-EINVAL,
+                      "%s: an arcface_torch checkpoint_gpu set under optimizer = adamw: continuing its AdamW "
+                      "state (exp_avg, exp_avg_sq, step) on the servers is not supported; give a safetensors "
+                      "file of the weights alone (the AdamW state then starts at zero)",
+                      path);
     if (got == 4 && memcmp(head, "PK\3\4", 4) == 0)
         rc = load_pt_set(sh, path);
     else

@@ -14,7 +14,9 @@
  * Refused, with a message naming the file and the tensor: a missing tensor or rank file, a dtype other than
  * F32, a shape other than C x D (for a rank file: D columns and its split's rows; rank files whose rows do
  * not add up to C are named with their counts), a NaN or infinity (naming the row, its class and the
- * element). */
+ * element). Under optimizer = adamw only the weights are taken, from a safetensors file without momentum
+ * (AdamW's moments start at zero): a momentum tensor or a checkpoint_gpu set is refused (the AdamW state of
+ * arcface_torch's checkpoints is not carried over). */
 #ifndef PFCPS_SERVER_CENTERS_LOAD_H
 #define PFCPS_SERVER_CENTERS_LOAD_H
 

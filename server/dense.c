@@ -46,7 +46,7 @@ int dense_cache_init(dense_cache *c, int dim)
 {
     memset(c, 0, sizeof *c);
     c->last = -1;
-    c->tmp = malloc(sizeof(float) * 2 * (size_t)(dim > 0 ? dim : 1));
+    c->tmp = malloc(sizeof(float) * 3 * (size_t)(dim > 0 ? dim : 1));
     return c->tmp ? 0 : -ENOMEM;
 }
 

@@ -43,7 +43,8 @@ int dense_compose(const double *lr, int64_t first, int64_t last, double mu, doub
 /* The maps M(first, last) for one `last` and many `first`s (the rows of one apply or gather all end at the
  * same step): tab[i] = dense_compose over last - i .. last, built incrementally in the same association, so
  * every entry has exactly dense_compose's bits. At most `cap` entries; an older `first` is composed
- * directly. tmp: room for 2 rows of D floats (a gather's caught-up copy). Owned by one thread. */
+ * directly. tmp: room for 3 rows of D floats (a gather's caught-up copy: weights and SGD momentum, or weights
+ * and AdamW's two moments). Owned by one thread. */
 typedef struct dense_cache {
     int64_t last;  /* the `last` the table is for (-1: none) */
     int64_t n;     /* entries built */

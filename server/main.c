@@ -452,6 +452,7 @@ static int start_serving(server_daemon *d)
                          .seed = (uint64_t)run->seed,
                          .momentum = run->momentum,
                          .weight_decay = run->weight_decay,
+                         .adamw = strcmp(run->optimizer, "adamw") == 0,
                          .dense = strcmp(run->pfc_update, "sparse") != 0,
                          .max_staleness = run->max_staleness,
                          .apply_threads = d->cfg.apply_threads,

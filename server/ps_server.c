@@ -236,17 +236,18 @@ void pss_metrics_register(ps_server *S)
     m->epoch =
         metrics_gauge("pfcps_server_epoch", "Membership epoch this server is at (replicas = 1).", NULL, 0);
     metrics_set(m->shard_rows, (double)S->sh.rows);
-    metrics_set(m->shard_bytes, (double)S->sh.bytes + 9.0 * (double)S->sh.rows);
+    metrics_set(m->shard_bytes, (double)S->sh.bytes + (double)S->sh.sq_bytes + 9.0 * (double)S->sh.rows);
 }
 
 /* Logs the shard's size and the memory room the cgroup leaves. */
 static void log_shard(const ps_server *S)
 {
     const ps_server_opts *o = &S->o;
-    log_info("shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + momentum, 1-byte "
+    log_info("shard %d/%d: %lld of %lld classes, D=%d, %d bytes per identity (fp32 weight + %s, 1-byte "
              "row state, 8 bytes of apply bookkeeping), %.3f GiB total (page-aligned)",
-             o->rank, o->servers, (long long)S->sh.rows, (long long)o->num_classes, o->dim, 8 * o->dim + 9,
-             (double)(S->sh.bytes + 9 * (size_t)S->sh.rows) / (1 << 30));
+             o->rank, o->servers, (long long)S->sh.rows, (long long)o->num_classes, o->dim,
+             (o->adamw ? 12 : 8) * o->dim + 9, o->adamw ? "AdamW's two moments" : "momentum",
+             (double)(S->sh.bytes + S->sh.sq_bytes + 9 * (size_t)S->sh.rows) / (1 << 30));
     size_t cg_limit = SIZE_MAX, cg_room = shard_cgroup_room(&cg_limit);
     if (cg_room == SIZE_MAX)
         log_info("memory: no cgroup memory limit applies; the shard was checked against MemAvailable");
@@ -323,6 +324,12 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
     int rc = shard_create(&S->sh, opts->num_classes, opts->servers, opts->rank, opts->dim, opts->seed,
                           S->o.apply_threads, opts->prefault);
     if (rc < 0) {
+        fab_close(S->fab);
+        free(S);
+        return rc;
+    }
+    if (S->o.adamw && (rc = shard_adamw_enable(&S->sh, S->o.weight_decay)) < 0) {
+        shard_destroy(&S->sh);
         fab_close(S->fab);
         free(S);
         return rc;

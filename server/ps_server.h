@@ -57,6 +57,8 @@ typedef struct ps_server_opts {
     uint64_t seed;        /* init generator key */
     double momentum;      /* mu */
     double weight_decay;  /* wd */
+    int adamw;            /* optimizer = adamw: the rows train with AdamW (server/adamw.h; momentum unused), else
+                             SGD with momentum mu */
     int max_staleness;    /* k >= 0 */
     int apply_threads;    /* >= 1: apply pushes, and gather pulls with the progress thread */
     int recv_bufs;        /* receive buffers posted; 0 = 64 */

@@ -165,6 +165,8 @@ static void *fill_main(void *arg)
         shard_init_row(sh->seed, r * sh->servers + sh->rank, sh->dim, sh->weight + (size_t)r * D);
         /* Back the momentum's pages now too (it is zero already; nothing else writes a NEW row's momentum). */
         memset(sh->momentum + (size_t)r * D, 0, D * sizeof(float));
+        if (sh->sq)
+            memset(sh->sq + (size_t)r * D, 0, D * sizeof(float));
         __atomic_store_n(&sh->ready[r], SHARD_ROW_READY, __ATOMIC_RELEASE);
         atomic_fetch_add_explicit(&f->made, 1, memory_order_relaxed);
     }
@@ -436,6 +438,9 @@ void shard_destroy(shard *sh)
     fill_stop(sh);
     if (sh->base)
         munmap(sh->base, sh->bytes);
+    if (sh->sq_base)
+        munmap(sh->sq_base, sh->sq_bytes);
+    free(sh->acoef);
     free(sh->ready);
     free(sh->rstep);
     free(sh->step_lr);
@@ -562,10 +567,92 @@ int shard_dense_set_lr(shard *sh, int64_t t, double lr)
         for (int64_t i = sh->lr_cap; i < cap; i++)
             p[i] = NAN;
         sh->step_lr = p;
+        if (sh->adam) {
+            adamw_coef *a = realloc(sh->acoef, sizeof(adamw_coef) * (size_t)cap);
+            if (!a)
+                return pf_err(-ENOMEM, "out of memory for the AdamW scalars of %lld steps", (long long)cap);
+            sh->acoef = a;
+        }
         sh->lr_cap = cap;
     }
     sh->step_lr[t] = lr;
+    const int64_t from = t < sh->lr_hi ? t : sh->lr_hi;
+    if (t + 1 > sh->lr_hi)
+        sh->lr_hi = t + 1;
+    /* The step counts (and so the bias corrections) of every later recorded step follow from this one's. */
+    if (sh->adam)
+        adamw_coefs(&sh->hp, sh->step_lr, from, sh->lr_hi - 1, from > 0 ? sh->acoef[from - 1].n : 0, sh->acoef);
     return 0;
+}
+
+int shard_adamw_enable(shard *sh, double wd)
+{
+    const size_t one = (size_t)sh->rows * (size_t)sh->dim * sizeof(float);
+    const size_t bytes = page_round(one ? one : 1);
+    const size_t avail = mem_available();
+    if (avail && bytes + (256u << 20) > avail)
+        return pf_err(-ENOMEM,
+                      "shard %d/%d: AdamW's second moment needs %.2f GiB more (%lld rows x D=%d x 4 bytes), "
+                      "MemAvailable is %.2f GiB: use more servers or optimizer = sgd",
+                      sh->rank, sh->servers, (double)bytes / (1 << 30), (long long)sh->rows, sh->dim,
+                      (double)avail / (1 << 30));
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return pf_err(-ENOMEM, "mmap of %zu bytes for AdamW's second moment failed", bytes);
+    sh->sq_base = p;
+    sh->sq_bytes = bytes;
+    sh->sq = p; /* anonymous memory is zero: exp_avg_sq starts at 0 */
+    sh->hp = adamw_defaults(wd);
+    sh->wd = wd;
+    sh->adam = 1;
+    return 0;
+}
+
+/* The AdamW zero-gradient steps local row lrow owes to be up to date with `target` (dense shards), replayed on
+ * w, m, v (the row's own, or copies); the recorded steps only (a step whose lr never came cannot be owed). */
+static void adamw_catchup(const shard *sh, int64_t lrow, int64_t target, float *w, float *m, float *v)
+{
+    int64_t from = sh->rstep[lrow];
+    if (target > sh->lr_hi)
+        target = sh->lr_hi;
+    if (from < target)
+        adamw_replay(w, m, v, sh->dim, &sh->hp, sh->acoef, from, target - 1);
+}
+
+/* The row's moments and weights (w, m, v), brought up to date with step t (dense: the steps it owes, and its
+ * step set to t + 1); returns step t's scalars, or NULL when step t moves nothing (skipped). */
+static const adamw_coef *adamw_before(shard *sh, int64_t lrow, int64_t t, float **w, float **m, float **v)
+{
+    *w = shard_row(sh, lrow);
+    const size_t off = (size_t)(*w - sh->weight);
+    *m = sh->momentum + off;
+    *v = sh->sq + off;
+    if (sh->dense) {
+        adamw_catchup(sh, lrow, t, *w, *m, *v);
+        sh->rstep[lrow] = t + 1;
+    }
+    return t < sh->lr_hi && !sh->acoef[t].skip ? &sh->acoef[t] : NULL;
+}
+
+void shard_adamw_row_f32(shard *sh, int64_t lrow, const float *g, int64_t t)
+{
+    float *w, *m, *v;
+    const adamw_coef *c = adamw_before(sh, lrow, t, &w, &m, &v);
+    if (c)
+        adamw_row_f32(w, m, v, g, sh->dim, &sh->hp, c);
+}
+
+void shard_adamw_row(shard *sh, int64_t lrow, const double *g, int64_t t)
+{
+    float *w, *m, *v;
+    const adamw_coef *c = adamw_before(sh, lrow, t, &w, &m, &v);
+    float gf[256];
+    for (int j0 = 0; c && j0 < sh->dim; j0 += 256) { /* element-wise: in pieces of 256, the same bits */
+        const int n = sh->dim - j0 < 256 ? sh->dim - j0 : 256;
+        for (int j = 0; j < n; j++)
+            gf[j] = (float)g[j0 + j];
+        adamw_row_f32(w + j0, m + j0, v + j0, gf, n, &sh->hp, c);
+    }
 }
 
 /* The map that brings a row up to date with `target` from `from` steps; 1 when there is nothing to do. */
@@ -641,10 +728,20 @@ void shard_dense_sgd_row(float *w, float *v, const double *g, int dim, const den
 static const float *dense_view(shard *sh, int64_t lrow, int64_t target, dense_cache *c)
 {
     float *w = shard_row(sh, lrow);
+    const size_t D = (size_t)sh->dim;
+    if (sh->adam) { /* weights, first and second moment at + D, + 2 D */
+        if (!sh->dense || sh->rstep[lrow] >= target || sh->rstep[lrow] >= sh->lr_hi)
+            return w;
+        const size_t off = (size_t)(w - sh->weight);
+        memcpy(c->tmp, w, sizeof(float) * D);
+        memcpy(c->tmp + D, sh->momentum + off, sizeof(float) * D);
+        memcpy(c->tmp + 2 * D, sh->sq + off, sizeof(float) * D);
+        adamw_catchup(sh, lrow, target, c->tmp, c->tmp + D, c->tmp + 2 * D);
+        return c->tmp;
+    }
     dense_map M;
     if (!sh->dense || dense_map_for(sh, sh->rstep[lrow], target, c, &M))
         return w;
-    const size_t D = (size_t)sh->dim;
     memcpy(c->tmp, w, sizeof(float) * D);
     memcpy(c->tmp + D, sh->momentum + (w - sh->weight), sizeof(float) * D);
     dense_apply_row(c->tmp, c->tmp + D, sh->dim, &M);
@@ -679,7 +776,9 @@ void shard_gather_at(shard *sh, const int64_t *ids, size_t n, uint32_t dtype, vo
         float *w = shard_row(sh, lrow);
         dense_map M;
         uint8_t *dst = (uint8_t *)out + i * rb;
-        if (dense_map_for(sh, sh->rstep[lrow], target, c, &M)) {
+        if (sh->adam) { /* AdamW: the owed steps replayed on a copy (dense_view), its weights sent */
+            ps_rows_encode(dst, dense_view(sh, lrow, target, c), D, dtype);
+        } else if (dense_map_for(sh, sh->rstep[lrow], target, c, &M)) {
             ps_rows_encode(dst, w, D, dtype);
         } else if (dtype == PS_DT_FP32 && ((uintptr_t)dst % sizeof(float)) == 0) {
             dense_apply_w(w, sh->momentum + (w - sh->weight), (float *)(void *)dst, sh->dim, &M);
@@ -717,12 +816,13 @@ uint64_t shard_checksum_at(shard *sh, int64_t target)
     /* The same words in the same order as shard_checksum: every weight, then every momentum. A row's
      * caught-up weights and momentum come out together, so the momentum pass computes them again. */
     uint64_t h = 0xcbf29ce484222325ull;
-    for (int p = 0; p < 2; p++) {
+    for (int p = 0; p < (sh->adam ? 3 : 2); p++) {
+        const float *part = p == 0 ? sh->weight : p == 1 ? sh->momentum : sh->sq;
         int have = 0; /* odd D: the 8-byte words straddle rows, as in shard_checksum's flat arrays */
         float pair[2];
         for (int64_t r = 0; r < sh->rows; r++) {
             const float *x = dense_view(sh, r, target, &c);
-            const float *src = x == c.tmp ? c.tmp + (p ? D : 0) : (p ? sh->momentum + (size_t)r * D : x);
+            const float *src = x == c.tmp ? c.tmp + (size_t)p * D : part + (size_t)r * D;
             size_t j = 0;
             if (have) {
                 pair[1] = src[j++];
@@ -750,8 +850,8 @@ uint64_t shard_checksum(shard *sh)
         shard_row(sh, r);
     uint64_t h = 0xcbf29ce484222325ull;
     size_t words = (size_t)sh->rows * (size_t)sh->dim / 2; /* 2 floats per 8-byte word */
-    const float *parts[2] = {sh->weight, sh->momentum};
-    for (int p = 0; p < 2; p++) {
+    const float *parts[3] = {sh->weight, sh->momentum, sh->sq};
+    for (int p = 0; p < (sh->adam ? 3 : 2); p++) {
         const uint64_t *w64 = (const uint64_t *)parts[p];
         for (size_t i = 0; i < words; i++)
             h = (h ^ w64[i]) * 0x100000001b3ull;

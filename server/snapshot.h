@@ -16,13 +16,18 @@
  * its rows' steps (n x int64, shard.rstep); the rows are written as stored, not brought up to date with T,
  * and the table is not changed by a snapshot. The row of class c as it stands after T steps is the closed
  * form of its skipped steps (server/dense.h: dense_cache_get(lr, rstep, T - 1, mu, wd) applied by
- * dense_apply_row). Written to <root>/step-<T>/shard-<s>-of-<S>.snap with temp + fsync + rename + folder
- * fsync; progress (rows, MB/s) is logged every ~2 s and at the end.
+ * dense_apply_row). optimizer = adamw (header field adamw, dense or not): the payload starts with beta1, beta2,
+ * eps and wd (float64) and the lr of steps 0 .. T-1; each block holds its weights, first moments and second
+ * moments (n x D fp32 each), then (dense) its rows' steps; a dense row as it stands after T steps is the replay
+ * of the zero-gradient AdamW steps it skipped (server/adamw.h: adamw_coefs over the file's lr table, then
+ * adamw_replay from its step to T - 1). Written to <root>/step-<T>/shard-<s>-of-<S>.snap with temp + fsync +
+ * rename + folder fsync; progress (rows, MB/s) is logged every ~2 s and at the end.
  *
  * Loading: rows are redistributed on load, so a checkpoint written by S servers loads into S' servers: class
  * c (local row c div S of old shard c mod S) goes to local row c div S' of new shard c mod S'. A dense file's
  * rows keep their steps and the shard gets the file's lr table, so the closed form goes on exactly as in the
- * run that wrote it; a sparse file's rows are up to date with T. */
+ * run that wrote it; a sparse file's rows are up to date with T. An AdamW file loads only into an AdamW shard
+ * and an SGD file only into an SGD one (the optimizer state does not carry over: refused naming both). */
 #ifndef PFCPS_SERVER_SNAPSHOT_H
 #define PFCPS_SERVER_SNAPSHOT_H
 
@@ -88,9 +93,11 @@ int snap_check(const char *root, int64_t step, int64_t num_classes, int dim, con
 /* Loads checkpoint `step` under root into sh (redistributing rows when it was written by another number of
  * servers), verifying every file as snap_check does as it reads, and (expect not NULL) that the files carry
  * identity *expect. Every row of sh is set; a dense shard (shard_dense_enable) also gets each row's step (a
- * dense file's, else `step`) and the lr of steps 0 .. step-1 (dense files). A dense file loaded into a sparse
- * shard, or one whose mu / wd differ from the shard's, has its rows brought up to date with `step` here
- * (the dense files of one checkpoint must carry the same lr table: -EINVAL naming the file otherwise).
+ * dense file's, else `step`), and a dense or AdamW shard the lr of steps 0 .. step-1 (dense and AdamW files).
+ * A dense file loaded into a sparse shard, or one whose mu / wd (AdamW: betas, eps, wd) differ from the
+ * shard's, has its rows brought up to date with `step` here (the files of one checkpoint must carry the same
+ * lr table: -EINVAL naming the file otherwise). An AdamW file into an SGD shard or the reverse: -EINVAL naming
+ * the file and both optimizers.
  * Returns 0, or a negative code naming the file and the problem; on failure sh's content is unspecified and
  * the caller must not serve it. */
 int snap_load(shard *sh, const char *root, int64_t step, const snapfile_key *key, const ckpt_ident *expect);

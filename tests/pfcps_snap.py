@@ -25,7 +25,7 @@ FIELDS = {1: ("format_version", "uint"), 2: ("shard_id", "int"), 3: ("num_server
           8: ("payload_bytes", "uint"), 9: ("payload_sha256", "bytes"), 10: ("rows", "int"), 11: ("kind", "str"),
           12: ("seed", "uint"), 13: ("block_rows", "int"), 14: ("num_workers", "int"), 15: ("run_id", "bytes"),
           16: ("config_digest", "bytes"), 17: ("authenticated", "bool"),
-          18: ("dense", "bool")}
+          18: ("dense", "bool"), 19: ("adamw", "bool")}
 NUMBER = {name: num for num, (name, _) in FIELDS.items()}
 
 

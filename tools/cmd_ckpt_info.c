@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "common/snapfile.h"
+#include "server/adamw.h"
 #include "server/dense.h"
 #include "tools/opts.h"
 #include "worker/model/model.h"
@@ -22,7 +23,8 @@ static const char ckpt_info_usage[] =
     "  DIR: a run's output folder (its snapshots/ is read) or a checkpoint root (snapshot_dir).\n"
     "  One line per checkpoint step, newest first: complete or not (every member's files present,\n"
     "  valid and of one run: the same run id, seed and config digest), members present, bytes, the\n"
-    "  SHA-256 of the class-center table in class order (weights then momentum of class 0, 1, ...:\n"
+    "  SHA-256 of the class-center table in class order (weights then momentum of class 0, 1, ...;\n"
+    "  optimizer = adamw: weights, first then second moment of each class:\n"
     "  the same whatever number of servers held it), of worker 0's backbone (its tensors, parameters\n"
     "  then BN statistics); below a complete one, the run id, seed and config digest. The first problem\n"
     "  of an incomplete checkpoint is named (file and field). With PFCPS_SECRET set, every .snap's HMAC\n"
@@ -50,10 +52,11 @@ typedef struct shard_in {
     int64_t block_rows;
     /* pfc_update = dense files (server/snapshot.h): mu, wd, the lr of every step, the maps of skipped steps
      */
-    double mw[2];
+    double mw[4];
     double *lr;
     dense_cache dc;
     int have_dc;
+    adamw_coef *co; /* AdamW files: each step's scalars (server/adamw.h), from the file's constants and lr */
 } shard_in;
 
 /* The identity every file of a step must carry: the first file's (ref_what names it). */
@@ -79,9 +82,10 @@ static int same_run(step_ident *si, const char *path, const ckpt_ident *id)
 }
 
 /* Verifies every shard file of the step (key: NULL or the checkpoint key) and hashes the table in class order
- * into d: each class's weights then momentum as they stand after `step` steps (a dense file's row that
- * skipped steps gets their closed form, server/dense.h, from the file's lr table; the same bits a server
- * computes). S0 files of C x D, all of one run (si). */
+ * into d: each class's weights then momentum (AdamW files: weights, first and second moment) as they stand
+ * after `step` steps (a dense file's row that skipped steps gets their closed form, server/dense.h, or under
+ * AdamW their replay, server/adamw.h, from the file's lr table; the same bits a server computes). S0 files of
+ * C x D, all of one run (si). */
 static int table_digest(const char *root, int64_t step, int S0, const snapfile_key *key, step_ident *si,
                         uint8_t d[32], long long *bytes)
 {
@@ -111,19 +115,28 @@ static int table_digest(const char *root, int64_t step, int S0, const snapfile_k
         D = m->dim;
         in[s].block_rows = m->block_rows;
         size_t block = 0;
-        if (rc == 0 && pf_mul3_size((size_t)m->block_rows, (size_t)D, 2 * sizeof(float), &block) < 0)
+        if (rc == 0 && C >= 0 && m->adamw != in[0].r.m.adamw)
+            rc = pf_err(-EINVAL, "%s: header field adamw = %d; shard 0 says %d", p, m->adamw, in[0].r.m.adamw);
+        if (rc == 0 &&
+            pf_mul3_size((size_t)m->block_rows, (size_t)D, (m->adamw ? 3 : 2) * sizeof(float), &block) < 0)
             rc = pf_err(-EINVAL, "%s: header field block_rows = %lld: a block overflows", p,
                         (long long)m->block_rows);
-        if (rc == 0 && m->dense) { /* the prefix; the row steps add 8 bytes per row to a block */
-            block += sizeof(int64_t) * (size_t)m->block_rows;
+        if (rc == 0 && (m->dense || m->adamw)) { /* the prefix; the row steps add 8 bytes per row to a block */
+            if (m->dense)
+                block += sizeof(int64_t) * (size_t)m->block_rows;
             in[s].lr = malloc(sizeof(double) * (size_t)(step > 0 ? step : 1));
-            if (!in[s].lr || dense_cache_init(&in[s].dc, D) < 0)
+            if (m->adamw)
+                in[s].co = malloc(sizeof(adamw_coef) * (size_t)(step > 0 ? step : 1));
+            if (!in[s].lr || (m->adamw && !in[s].co) || dense_cache_init(&in[s].dc, D) < 0)
                 rc = pf_err(-ENOMEM, "%s: out of memory for the lr of %lld steps", p, (long long)step);
             in[s].have_dc = in[s].lr != NULL && in[s].dc.tmp != NULL;
             if (rc == 0)
-                rc = snapfile_read(&in[s].r, in[s].mw, sizeof in[s].mw);
+                rc = snapfile_read(&in[s].r, in[s].mw, sizeof(double) * (m->adamw ? 4 : 2));
             if (rc == 0 && step > 0)
                 rc = snapfile_read(&in[s].r, in[s].lr, sizeof(double) * (size_t)step);
+            const adamw_hp hp = {in[s].mw[0], in[s].mw[1], in[s].mw[2], in[s].mw[3]};
+            if (rc == 0 && m->adamw && step > 0)
+                adamw_coefs(&hp, in[s].lr, 0, step - 1, 0, in[s].co);
         }
         if (rc == 0 && !(in[s].buf = malloc(block)))
             rc = pf_err(-ENOMEM, "%s: out of memory for a block of %zu bytes", p, block);
@@ -136,13 +149,29 @@ static int table_digest(const char *root, int64_t step, int S0, const snapfile_k
             int64_t left = x->r.m.rows - x->row0;
             x->n = left < x->block_rows ? left : x->block_rows;
             if ((rc = snapfile_read(&x->r, x->buf,
-                                    (sizeof(float) * 2 * (size_t)D + (x->r.m.dense ? sizeof(int64_t) : 0)) *
+                                    (sizeof(float) * (x->r.m.adamw ? 3 : 2) * (size_t)D +
+                                     (x->r.m.dense ? sizeof(int64_t) : 0)) *
                                         (size_t)x->n)) < 0)
                 break;
         }
         int64_t k = lr - x->row0;
         const float *w = x->buf + (size_t)k * D, *v = x->buf + ((size_t)x->n + (size_t)k) * D;
-        if (x->r.m.dense) { /* the row as it stands after `step` steps: the closed form of those it skipped */
+        const float *q = x->buf + (2 * (size_t)x->n + (size_t)k) * D;
+        if (x->r.m.adamw) { /* AdamW: w, m, v; a dense row replays the zero-gradient steps it skipped */
+            int64_t rs = step;
+            if (x->r.m.dense)
+                memcpy(&rs, x->buf + (size_t)x->n * 3 * D + 2 * (size_t)k, sizeof rs);
+            if (rs >= 0 && rs < step) {
+                const adamw_hp hp = {x->mw[0], x->mw[1], x->mw[2], x->mw[3]};
+                memcpy(x->dc.tmp, w, sizeof(float) * (size_t)D);
+                memcpy(x->dc.tmp + D, v, sizeof(float) * (size_t)D);
+                memcpy(x->dc.tmp + 2 * (size_t)D, q, sizeof(float) * (size_t)D);
+                adamw_replay(x->dc.tmp, x->dc.tmp + D, x->dc.tmp + 2 * (size_t)D, D, &hp, x->co, rs, step - 1);
+                w = x->dc.tmp;
+                v = x->dc.tmp + D;
+                q = x->dc.tmp + 2 * (size_t)D;
+            }
+        } else if (x->r.m.dense) { /* the row as it stands after `step` steps: the closed form of those it skipped */
             int64_t rs;
             memcpy(&rs, x->buf + (size_t)x->n * 2 * D + 2 * (size_t)k, sizeof rs);
             dense_map M;
@@ -156,6 +185,8 @@ static int table_digest(const char *root, int64_t step, int S0, const snapfile_k
         }
         EVP_DigestUpdate(c, w, sizeof(float) * (size_t)D);
         EVP_DigestUpdate(c, v, sizeof(float) * (size_t)D);
+        if (x->r.m.adamw)
+            EVP_DigestUpdate(c, q, sizeof(float) * (size_t)D);
     }
     for (int s = 0; rc == 0 && s < S0; s++)
         rc = snapfile_finish(&in[s].r);
@@ -167,6 +198,7 @@ static int table_digest(const char *root, int64_t step, int S0, const snapfile_k
     for (int s = 0; in && s < S0; s++) {
         free(in[s].buf);
         free(in[s].lr);
+        free(in[s].co);
         if (in[s].have_dc)
             dense_cache_free(&in[s].dc);
     }

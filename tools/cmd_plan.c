@@ -22,7 +22,7 @@ static const char plan_usage[] =
     "usage: pfcps plan --identities C --workers W --link-gbps G [--dim D] [--sample-rate R | --sampled K]\n"
     "                  [--batch B] [--wire fp32|fp16|bf16] [--head-mode global|local] [--servers S]\n"
     "                  [--server-mem GIB] [--mem-bw GB/S] [--gemm-gflops GFLOP/S] [--backbone-ms MS]\n"
-    "                  [--replicas 0|1]\n"
+    "                  [--replicas 0|1] [--optimizer sgd|adamw]\n"
     "  C: identities (a number, or with k, M, G: 100M); D: embedding_size (512); R: sample_rate (1.0) or K "
     "rows\n"
     "  per worker per step; B: batch per worker (128); G: each host's link in Gbit/s (HDR InfiniBand: 200).\n"
@@ -32,7 +32,8 @@ static const char plan_usage[] =
     "  Prints the servers needed for memory and for bandwidth, bytes per step per link, and the step time\n"
     "  bounded by link, server memory and head compute (docs/architecture.md, Performance model; the model\n"
     "  in tools/plan.h). --replicas 1: every shard also has a hot-standby copy on another server\n"
-    "  (config key replicas): twice the table memory and push traffic.";
+    "  (config key replicas): twice the table memory and push traffic. --optimizer adamw (config key\n"
+    "  optimizer): the servers also keep AdamW's second moment, 12 D + 9 bytes per identity.";
 
 /* Parses a count with an optional decimal suffix (k, M, G) or an exponent (1e8) into [lo, hi]. */
 static int parse_count(const char *s, double lo, double hi, int64_t *out)
@@ -108,7 +109,8 @@ enum {
     MEM_BW,
     GEMM_GFLOPS,
     BACKBONE_MS,
-    REPLICAS
+    REPLICAS,
+    OPTIMIZER
 };
 
 /* Returns 0, or 2 after printing the usage error. */
@@ -127,7 +129,8 @@ static int parse_args(int argc, char **argv, plan_args *a)
         {"--identities", 1},  {"--dim", 1},         {"--sample-rate", 1}, {"--sampled", 1},
         {"--workers", 1},     {"--batch", 1},       {"--servers", 1},     {"--wire", 1},
         {"--head-mode", 1},   {"--link-gbps", 1},   {"--server-mem", 1},  {"--mem-bw", 1},
-        {"--gemm-gflops", 1}, {"--backbone-ms", 1}, {"--replicas", 1},    {NULL, 0}};
+        {"--gemm-gflops", 1}, {"--backbone-ms", 1}, {"--replicas", 1},    {"--optimizer", 1},
+        {NULL, 0}};
     tool_args ta;
     tool_args_init(&ta, "plan", opts, argc, argv);
     for (int k; (k = tool_args_next(&ta)) != TOOL_END;) {
@@ -191,6 +194,10 @@ static int parse_args(int argc, char **argv, plan_args *a)
             want = "0 or 1";
             if (v && (!strcmp(v, "0") || !strcmp(v, "1")))
                 want = NULL, in->replicas = v[0] - '0';
+        } else if (k == OPTIMIZER) {
+            want = "sgd or adamw";
+            if (v && (!strcmp(v, "sgd") || !strcmp(v, "adamw")))
+                want = NULL, in->adamw = !strcmp(v, "adamw");
         } else if (k == BACKBONE_MS) {
             want = "a number of milliseconds >= 0";
             if (parse_num(v, 0, 1e9, 0, &x) == 0)
@@ -249,6 +256,8 @@ int cmd_plan(int argc, char **argv)
     printf(", %d workers x batch %d, %s head mode, wire %s%s\n", in->workers, in->batch,
            in->local_mode ? "local" : "global", a.wire,
            in->replicas ? ", replicas 1 (each server also holds a copy of another shard)" : "");
+    if (in->adamw)
+        printf("optimizer adamw: the servers keep two moments per row (12 D + 9 bytes per identity)\n");
     printf("hosts: link %g Gbit/s; server memory %g GiB%s, bandwidth %g GB/s%s; head GEMM %g GFLOP/s%s; "
            "backbone "
            "%g ms per step\n",

@@ -25,11 +25,17 @@ static double rows_per_server(const plan_in *in, int64_t k, int S)
     return (double)in->workers * (double)ceil_div(k, S);
 }
 
+/* Memory passes of 4 D bytes per row and step on a server (its copies' extra push passes counted apart). */
+static int mem_passes(const plan_in *in)
+{
+    return PLAN_MEM_PASSES + (in->adamw ? PLAN_ADAMW_PASSES : 0);
+}
+
 double plan_server_need(const plan_in *in, int S, double rows_step)
 {
     const double D = in->dim;
     int64_t rows = ceil_div(in->identities, S);
-    double regions = 2 * page_round((double)rows * D * 4);
+    double regions = (in->adamw ? 3 : 2) * page_round((double)rows * D * 4);
     double margin = regions / 16 + (double)PLAN_MARGIN_MIB * 1024 * 1024;
     double msg = (double)ps_wire_msg_bytes((uint32_t)in->dim);
     const double copies = 1 + in->replicas; /* replicas = 1: a second table and endpoint, the pushes twice */
@@ -99,7 +105,7 @@ static void step_terms(const plan_in *in, int S, plan_out *out)
     out->link_s = fmax(worker_s, share * worker_s);
     out->server_rows = (double)in->workers * (double)out->k / S;
     /* replicas = 1: a server also applies its backup copy's pushes (5 of the 7 passes) */
-    out->mem_s = out->server_rows * (PLAN_MEM_PASSES + 5 * in->replicas) * 4 * D / (in->mem_gbs * 1e9);
+    out->mem_s = out->server_rows * (mem_passes(in) + 5 * in->replicas) * 4 * D / (in->mem_gbs * 1e9);
     out->transfer_s = fmax(out->link_s, out->mem_s);
     out->step_s = fmax(in->backbone_s, out->transfer_s) + out->head_s;
     /* What sets the step: the largest of its terms. */
@@ -143,7 +149,7 @@ int plan_compute(const plan_in *in, plan_out *out)
         k = k > pos ? k : pos;
     }
     out->k = k;
-    out->bytes_per_identity = 8 * in->dim + 9;
+    out->bytes_per_identity = (in->adamw ? 12 : 8) * in->dim + 9;
     out->table_bytes = (double)C * out->bytes_per_identity;
     out->head_flop = 6.0 * (double)out->n * (double)k * D;
     out->head_s = out->head_flop / (in->gemm_gflops * 1e9);
@@ -172,7 +178,7 @@ int plan_compute(const plan_in *in, plan_out *out)
     out->servers_bw = PLAN_MAX_SERVERS;
     for (int S = 1 + in->replicas; S <= PLAN_MAX_SERVERS; S++) {
         double share = (double)W / S, rows = (double)W * kk / S;
-        double mem_s = rows * (PLAN_MEM_PASSES + 5 * in->replicas) * 4 * D / (in->mem_gbs * 1e9);
+        double mem_s = rows * (mem_passes(in) + 5 * in->replicas) * 4 * D / (in->mem_gbs * 1e9);
         double step = fmax(in->backbone_s, fmax(fmax(share, 1) * worker_s, mem_s)) + out->head_s;
         if (step <= PLAN_SERVER_SLACK * out->step_limit_s * (1 + 1e-12)) {
             out->servers_bw = S;

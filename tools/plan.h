@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #define PLAN_MEM_PASSES   7   /* server memory passes per row and step: 5 (push SGD) + 2 (pull gather) */
+#define PLAN_ADAMW_PASSES 2   /* more under optimizer = adamw: the push also reads and writes the second moment */
 #define PLAN_RECV_BUFS    64  /* server/ps_server.c's receive (and send) buffers */
 #define PLAN_MARGIN_MIB   256 /* server/shard.c's start-up margin, beside 1/16 of the table */
 #define PLAN_MAX_SERVERS  1000000
@@ -52,14 +53,16 @@ typedef struct plan_in {
     double backbone_s; /* seconds of backbone forward + backward per step that hide the transfers (>= 0) */
     int replicas;      /* 0, or 1: each server also holds a hot-standby copy of another shard (its table,
                           buffers and the pushes it applies twice; a worker pushes every row to both copies) */
+    int adamw;         /* 1: optimizer = adamw: a third region of rows x D x 4 bytes (AdamW's second moment),
+                          12 D + 9 bytes per identity, PLAN_ADAMW_PASSES more memory passes per pushed row */
 } plan_in;
 
 typedef struct plan_out {
     int64_t partition;      /* P: classes of the largest worker partition */
     int64_t k;              /* rows a worker samples per step */
     int64_t n;              /* rows in the head */
-    int bytes_per_identity; /* 8 D + 9 */
-    double table_bytes;     /* C x (8 D + 9): the whole table, before page rounding */
+    int bytes_per_identity; /* 8 D + 9 (adamw: 12 D + 9) */
+    double table_bytes;     /* C x bytes_per_identity: the whole table, before page rounding */
     int servers_mem;        /* fewest servers whose largest shard fits server_mem_gib */
     int servers_bw; /* fewest servers for a step within PLAN_SERVER_SLACK of step_limit_s (plan_compute) */
     int servers;    /* evaluated: in.servers, or max(servers_mem, servers_bw) */
@@ -80,8 +83,9 @@ typedef struct plan_out {
     double worker_head_bytes; /* a worker's host memory for the head path (rows, gradients, head workspace) */
 } plan_out;
 
-/* Bytes one server needs at S servers: its largest shard (2 page-rounded regions of ceil(C / S) x D x 4 bytes
- * + 9 bytes per row: row state and apply bookkeeping), the start-up margin (1/16 of the regions + 256 MiB)
+/* Bytes one server needs at S servers: its largest shard (2 page-rounded regions of ceil(C / S) x D x 4 bytes,
+ * 3 under adamw, + 9 bytes per row: row state and apply bookkeeping), the start-up margin (1/16 of the regions
+ * + 256 MiB)
  * and its request buffers for rows_step rows per step from all workers (fp32 push chunks + pull replies +
  * the message buffers). */
 double plan_server_need(const plan_in *in, int S, double rows_step);

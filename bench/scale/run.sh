@@ -4,7 +4,7 @@
 #   bench/scale/run.sh BUILD_DIR [--classes 1000000,2000000] [--series r,k] [--rate 0.1] [--sampled 100000]
 #                      [--dim 512] [--batch 128] [--servers 2] [--provider tcp] [--wire fp32]
 #                      [--steps 40] [--warmup 10] [--steady 10] [--peer-steps 20] [--no-peer] [--plan] [--lazy]
-#                      [--scrape [--pairs 1]] [--pfc-update dense|sparse] [--replicas 0|1]
+#                      [--scrape [--pairs 1]] [--pfc-update dense|sparse] [--replicas 0|1] [--optimizer sgd|adamw]
 #   (or: ninja -C BUILD_DIR bench-scale, which runs the defaults)
 #
 # Per series (r: fixed sample rate --rate; k: fixed --sampled rows per step, sample_rate = k / C) and per C:
@@ -18,6 +18,8 @@
 #      the wall one on a shared machine (bench/head measures CPU time for the same reason); RSS, bytes per
 #      identity and per step, page faults.
 # --pfc-update: the servers' update of unsampled rows (pfc_update; default dense, the config's default).
+# --optimizer: the class centers' optimizer on the servers (optimizer; default sgd): adamw keeps two moments per
+# row and, under dense, replays the zero-gradient steps a row skipped.
 # --replicas 1: every shard also has a hot-standby copy on the next server (config key replicas): the worker
 # pushes to both copies and waits for both acknowledgements; each server holds and updates two shards.
 # --plan: first measures this host's figures (bench/scale/host_figures: the head's SGEMMs on B x k x D with 2
@@ -43,7 +45,7 @@ root=$(cd "$here/../.." && pwd)
 B_DIR=$(cd "$1" && pwd) || exit 2
 shift
 classes=1000000,2000000 series=r,k rate=0.1 sampled=100000 dim=512 batch=128 servers=2 provider=tcp wire=fp32
-steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0 lazy=0 scrape=0 pairs=1 pfc_update=dense replicas=0
+steps=40 warmup=10 steady=10 peer_steps=20 peer=1 plan=0 lazy=0 scrape=0 pairs=1 pfc_update=dense replicas=0 optimizer=sgd
 while [ $# -gt 0 ]; do
   case $1 in
     --classes) classes=$2; shift ;;
@@ -64,6 +66,7 @@ while [ $# -gt 0 ]; do
     --lazy) lazy=1 ;;
     --pfc-update) pfc_update=$2; shift ;;
     --replicas) replicas=$2; shift ;;
+    --optimizer) optimizer=$2; shift ;;
     --scrape) scrape=1 peer=0 series=r ;;
     --pairs) pairs=$2; shift ;;
     *) echo "run.sh: unknown argument '$1'" >&2; exit 2 ;;
@@ -131,6 +134,7 @@ margin_list = 1.0, 0.5, 0.0
 scale = 64
 margin_grad = straight_through
 pfc_update = $pfc_update
+optimizer = $optimizer
 lr = 0.1
 momentum = 0.9
 weight_decay = 5e-4
@@ -258,12 +262,13 @@ for ser in "${SL[@]}"; do
       r=$(awk -v k="$sampled" -v c="$C" 'BEGIN { printf "%.12g", k / c }')
     fi
     tag=$ser.$C
-    # pfcps: the table (8 D + 9 bytes per identity), the servers' buffers (128 messages of ~1 MiB each, a step's
+    # pfcps: the table (8 D + 9 bytes per identity, 12 D + 9 under adamw), the servers' buffers (128 messages of ~1 MiB each, a step's
     # push chunks k x (8 + 4 D) and pull replies k x D x 4), the worker (measured: 3.0-3.1 x k x D x 4 at
     # k = 100k-200k, D = 512, since the head stopped keeping normalized centers; 3.3 x + 0.3 GB here) and
     # 1 GiB. An underestimate here once let the kernel's OOM killer stop a server at 4M, r = 0.1.
     need=$(awk -v c="$C" -v d="$dim" -v k="$k" -v s="$servers" \
-      'BEGIN { printf "%.0f", c * (8 * d + 9) + s * 128 * 2 ^ 20 + k * (8 + 8 * d) + 3.3 * k * d * 4 + 0.3e9 + 2 ^ 30 }')
+      -v per="$([ "$optimizer" = adamw ] && echo 12 || echo 8)" \
+      'BEGIN { printf "%.0f", c * (per * d + 9) + s * 128 * 2 ^ 20 + k * (8 + 8 * d) + 3.3 * k * d * 4 + 0.3e9 + 2 ^ 30 }')
     lim=$(awk -v a="$(mem_avail)" -v g="$cap_gib" 'BEGIN { l = a - 2 ^ 30; c = g * 2 ^ 30; printf "%.0f", l < c ? l : c }')
     res="" why=""
     if awk -v n="$need" -v l="$lim" 'BEGIN { exit !(n <= l) }'; then

@@ -19,7 +19,8 @@ the loss is the mean over the global batch, the same on every rank. Two heads: p
 (worker/head, over pfcps's ring) or a head in torch ops on the embeddings' device (head="torch"; the
 default for CUDA tensors), which allgathers and allreduces with torch.distributed and moves the rows through
 pinned host memory. backward() queues the push of the sampled rows' gradients (the servers apply SGD with the
-run's momentum and weight_decay at the lr of the optimizer's param group holding this module's parameter);
+run's momentum and weight_decay, or AdamW under optimizer = adamw, at the lr of the optimizer's param group
+holding this module's parameter);
 it goes at the next forward, state_dict() or close(). backward returns W x dL/d(local embeddings),
 arcface_torch's AllGather backward, for DDP's averaging.
 
@@ -467,12 +468,22 @@ class PartialFC(torch.nn.Module):
                              "{'params': module.parameters()} to the optimizer, or set module.lr)")
             return float(self.lr)
         cfg = self.run_config
-        for key, want in (("momentum", cfg["momentum"]), ("weight_decay", cfg["weight_decay"])):
+        adamw = cfg.get("optimizer") == "adamw"
+        keys = (("weight_decay", cfg["weight_decay"]),) if adamw else \
+            (("momentum", cfg["momentum"]), ("weight_decay", cfg["weight_decay"]))
+        for key, want in keys:
             have = g.get(key, 0.0)
             if abs(float(have) - want) > 1e-12 * max(1.0, abs(want)):
                 raise _error(f"pfcps PartialFC: the optimizer's {key} is {have} but the servers apply the run's "
                              f"{key} = {want} (set it in {self.run})")
-        if "betas" in g or g.get("nesterov", False) or g.get("dampening", 0) != 0:
+        if adamw:
+            # the servers' AdamW: torch.optim.AdamW's defaults (server/adamw.h), no amsgrad
+            if tuple(g.get("betas", ())) != (0.9, 0.999) or g.get("eps") != 1e-8 or g.get("amsgrad", False) \
+                    or g.get("maximize", False):
+                raise _error("pfcps PartialFC: the run has optimizer = adamw and the servers apply AdamW with "
+                             "betas (0.9, 0.999), eps 1e-8, no amsgrad; this optimizer group asks for something "
+                             "else (or is not AdamW)")
+        elif "betas" in g or g.get("nesterov", False) or g.get("dampening", 0) != 0:
             raise _error("pfcps PartialFC: the servers apply SGD (momentum, weight decay, no dampening or "
                          "Nesterov); this optimizer group asks for something else")
         return float(g["lr"])

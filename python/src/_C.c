@@ -765,7 +765,8 @@ static PyObject *Worker_labels_local(Worker *w, PyObject *noargs)
 }
 
 /* backward(lr, send=False): queues the push of the row gradients of the last forward's sampled rows with
- * learning rate lr (float, the servers apply SGD with the run's momentum and weight_decay at that lr); it goes
+ * learning rate lr (float, the servers apply the run's optimizer at that lr: SGD with its momentum and
+ * weight_decay, or AdamW with its weight_decay); it goes
  * to the servers at the next forward, pull, checkpoint or close; with send True at once (the servers' apply
  * then overlaps the caller's work until its next pull, but that step can no longer be a checkpoint). The step
  * is then done. Raises PfcpsError when no forward is pending or the push fails. */

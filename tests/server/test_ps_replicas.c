@@ -7,7 +7,8 @@
  * clients are told (ps_client_server_lost); the held pull must complete from shard 1's backup, and client
  * 1's push goes to the live copies only. Checked against the reference: every pulled row of every step bit
  * for bit, the serving copies' tables (shard_checksum_at) at the end, and the two copies of shard 2, which
- * lost neither, equal to each other. */
+ * lost neither, equal to each other. With the argument `adamw`, the same under optimizer = adamw (both copies
+ * apply the same pushes with AdamW, the rows' skipped steps replayed). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,8 @@ typedef struct sys {
     ps_client *cli[W];
 } sys;
 
+static int adamw; /* argv[1] = "adamw": optimizer = adamw */
+
 static ps_server *server(int shard, int backup)
 {
     ps_server_opts o = {.provider = "tcp",
@@ -46,6 +49,7 @@ static ps_server *server(int shard, int backup)
                         .momentum = 0.9,
                         .weight_decay = 5e-4,
                         .dense = 1,
+                        .adamw = adamw,
                         .apply_threads = 1,
                         .recv_bufs = 8,
                         .backup = backup};
@@ -119,9 +123,10 @@ static int pull_start(sys *y, int w, int t, float *out, ps_req **r)
     return ps_pull(y->cli[w], ids, N, out, t, r);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    adamw = argc > 1 && !strcmp(argv[1], "adamw");
     sys rep, ref;
     make(&rep, 1);
     make(&ref, 0);

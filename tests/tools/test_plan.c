@@ -31,6 +31,27 @@ static plan_in case_a(void)
                      .server_mem_gib = 1};
 }
 
+/* optimizer = adamw: a third region (the second moment) and 2 more memory passes per pushed row. */
+static void test_adamw(void **state)
+{
+    (void)state;
+    plan_in in = case_a();
+    in.adamw = 1;
+    plan_out p;
+    assert_int_equal(plan_compute(&in, &p), 0);
+    /* 12 x 4 + 9 = 57 bytes per identity; 57000 for the table. */
+    assert_int_equal(p.bytes_per_identity, 57);
+    assert_near(p.table_bytes, 57000);
+    /* S = 1: regions 3 x 16384 = 49152, rows 1000 x 9 = 9000, margin 49152/16 = 3072 + 268435456, buffers
+     * 134229920 (as case_a's): 402726600. */
+    assert_near(plan_server_need(&in, 1, 100), 402726600.0);
+    /* memory: W k / S = 100 rows x (7 + 2) passes x 16 bytes = 14400 bytes at 1 GB/s = 14.4 us at S = 1. */
+    plan_in one = in;
+    one.servers = 1;
+    assert_int_equal(plan_compute(&one, &p), 0);
+    assert_near(p.mem_s, 14.4e-6);
+}
+
 static void test_global_rate(void **state)
 {
     (void)state;
@@ -215,6 +236,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_global_rate),
+        cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_local_sampled),
         cmocka_unit_test(test_servers_for_memory),
         cmocka_unit_test(test_refusals),

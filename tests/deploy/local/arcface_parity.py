@@ -37,7 +37,8 @@ The step, as train_v2.py runs it with W ranks of B images (global step g, 1-base
   clip_grad_norm_(backbone.parameters(), 5) (the class centers are not clipped);
   SGD([backbone, centers], lr, momentum 0.9, weight_decay 5e-4): with `dense` the whole C x D table is the
       parameter, so every row moves every step (PartialFC_V2); with `sparse` only the rows of ids are updated
-      (Partial FC v1; torch SGD's formula applied to those rows);
+      (Partial FC v1; torch SGD's formula applied to those rows); --optimizer adamw (dense only):
+      AdamW([backbone, centers], lr, weight_decay 5e-4) with torch's default betas and eps instead;
   the lr of step g: PolynomialLRWarmup (power 1) after g - 1 scheduler steps, warmup w = num_image // (W*B) *
       warmup_epoch, total t = num_image // (W*B) * num_epoch.
 Every computation is torch's own (float32, or float64 with --double); nothing is taken from pfcps except the
@@ -353,7 +354,21 @@ def train(a):
     C = weight.shape[0]
     params = list(net.parameters())  # train_v2.py's group 0 (features.weight has no gradient: no state)
     groups = [{"params": params}] + ([{"params": [weight]}] if a.update == "dense" else [])
-    opt = torch.optim.SGD(groups, lr=a.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    assert a.optimizer == "sgd" or (a.update == "dense" and not a.resume and not a.save_at), \
+        "--optimizer adamw is written for the dense update, from the initial state"
+    if a.optimizer == "adamw" and a.centers_sgd:
+        # the negative control: AdamW for the backbone, SGD for the centers (what pfcps did before the servers
+        # had AdamW)
+        opt = torch.optim.AdamW(groups[:1], lr=a.lr, weight_decay=WEIGHT_DECAY)
+        opts = [opt, torch.optim.SGD(groups[1:], lr=a.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)]
+    elif a.optimizer == "adamw":
+        # train_v2.py: torch.optim.AdamW(params=[backbone, module_partial_fc], lr, weight_decay) (betas
+        # (0.9, 0.999), eps 1e-8); PartialFC_V2's whole table is one parameter: every row moves every step
+        opt = torch.optim.AdamW(groups, lr=a.lr, weight_decay=WEIGHT_DECAY)
+        opts = [opt]
+    else:
+        opt = torch.optim.SGD(groups, lr=a.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+        opts = [opt]
     mom = torch.zeros_like(weight.data)  # sparse: the rows' momentum, touched only where sampled
     per_epoch = len(data) // (W * B)
     sched = PolynomialLRWarmup(a.lr, per_epoch * a.warmup_epoch, per_epoch * a.num_epoch)
@@ -371,13 +386,14 @@ def train(a):
     assert acc == 1 or a.update == "dense", "gradient_acc > 1 is written for the dense update only"
     for g in range(steps):
         lr = sched.lr
-        for grp in opt.param_groups:
+        for grp in [g for o in opts for g in o.param_groups]:
             grp["lr"] = lr
         ids = sorted(set(i for t in traces for i in t[g][5]))
         assert all(0 <= i < C for i in ids)
         window_start, window_end = (first + g) % acc == 0, (first + g + 1) % acc == 0
         if window_start:  # train_v2.py: zero_grad after each optimizer step
-            opt.zero_grad()
+            for o in opts:
+                o.zero_grad()
             weight.grad = None
         embs, labels = [], []
         for r in range(W):
@@ -397,7 +413,8 @@ def train(a):
             loss.backward()
         if window_end:  # train_v2.py: `if global_step % cfg.gradient_acc == 0:` clip and step
             torch.nn.utils.clip_grad_norm_(params, CLIP)
-            opt.step()
+            for o in opts:
+                o.step()
         if a.update == "sparse":
             with torch.no_grad():
                 idx = torch.tensor(ids, dtype=torch.long)
@@ -406,7 +423,7 @@ def train(a):
                 mom[idx] = m
                 weight.data[idx] = w - lr * m
         sched.step()
-        for grp in opt.param_groups:  # the scheduler writes the next step's lr into the optimizer
+        for grp in [g for o in opts for g in o.param_groups]:  # the scheduler writes the next step's lr
             grp["lr"] = sched.lr
         losses.append(float(loss))
         lrs.append(lr)
@@ -425,7 +442,8 @@ def train(a):
 def module_train(a):
     """The same arcface_torch step with pfcps.torch.PartialFC in place of the reference's Partial FC (the C
     worker's sampler, pull/push and head through pfcps._C; the class centers on the servers of a.run), one torch
-    rank, float32: torch's backbone from OUT/model.pt, SGD over the backbone and the module's parameter group,
+    rank, float32: torch's backbone from OUT/model.pt, SGD (--optimizer adamw: AdamW) over the backbone and the
+    module's parameter group,
     the same schedule, clipping and batches (trace). Writes RESULT as train() does; the class centers are the
     servers' checkpoint of the last step, which the module's state_dict() asks for (read from --snapshots by
     ckpt_table.py, its own reader of the shard files)."""
@@ -444,8 +462,11 @@ def module_train(a):
 
     module = pfcps.torch.PartialFC(Margin(), a.dim, a.classes, 1.0, False, run=a.run)
     params = list(net.parameters())
-    opt = torch.optim.SGD([{"params": params}, {"params": module.parameters()}], lr=a.lr, momentum=MOMENTUM,
-                          weight_decay=WEIGHT_DECAY)
+    groups = [{"params": params}, {"params": module.parameters()}]
+    if a.optimizer == "adamw":  # the module's group too: the servers apply AdamW (the run's optimizer)
+        opt = torch.optim.AdamW(groups, lr=a.lr, weight_decay=WEIGHT_DECAY)
+    else:
+        opt = torch.optim.SGD(groups, lr=a.lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     per_epoch = len(data) // B
     sched = PolynomialLRWarmup(a.lr, per_epoch * a.warmup_epoch, per_epoch * a.num_epoch)
     losses, lrs = [], []
@@ -630,6 +651,10 @@ def main():
     q.add_argument("--gradient-acc", type=int, default=1,
                    help="train_v2.py's gradient_acc: an optimizer step every this many global steps")
     q.add_argument("--scale", type=float, default=64.0)
+    q.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                   help="train_v2.py's cfg.optimizer: torch.optim.SGD or torch.optim.AdamW over backbone and centers")
+    q.add_argument("--centers-sgd", action="store_true",
+                   help="with --optimizer adamw: SGD for the class centers (a negative control)")
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--double", action="store_true")
     q.add_argument("--no-mkldnn", action="store_true",
@@ -651,6 +676,8 @@ def main():
     q.add_argument("--num-epoch", type=float, required=True)
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--snapshots", required=True, help="the run's checkpoint root (<output>/snapshots)")
+    q.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                   help="the torch optimizer over the backbone and the module (the run's optimizer)")
     q = sub.add_parser("compare")
     q.add_argument("name")
     q.add_argument("run")

@@ -11,6 +11,13 @@ here with the closed form of steps s .. T-1 of zero-gradient torch SGD, as docs/
 at sparse cost") writes it: M = A_{T-1} A_{T-2} ... A_s folded from the latest step down in float64,
 A_t = [[mu, wd], [-lr_t mu, 1 - lr_t wd]] (a NaN lr: a skipped step, left out), then per element
 v' = fp32(M00 v + M01 w), w' = fp32(M10 v + M11 w).
+A file with header field 19 (adamw) set (optimizer = adamw) starts with beta1, beta2, eps, wd and the lr of steps
+0 .. T-1 (float64, dense or not), and each block holds its weights, first moments and second moments (n x D fp32
+each; dense: then the rows' steps): a dense row stored as after s steps is brought to step T here by running the
+zero-gradient steps s .. T-1 of torch 1.13's AdamW in float32 (each operation rounded to float32; t counts the
+steps whose lr is not NaN): w = w * fp32(1 - lr wd); m = m * fp32(b1) + fp32(1 - b1) * 0;
+v = v * fp32(b2) + (fp32(1 - b2) * 0) * 0; w = w + (fp32(-lr / (1 - b1^t)) * m) / (sqrt(v) / fp32(sqrt(1 - b2^t)) +
+fp32(eps)). Its digest covers weights, first and second moments of each class.
 
   ckpt_table.py digest ROOT STEP
       prints the SHA-256 of the table in class order (weights then momentum of class 0, 1, ...): what
@@ -59,8 +66,38 @@ def catch_up(w, m, D, lrs, first, T, mu, wd):
     return w2, m2
 
 
+def f32(x):
+    """x rounded to float32 (a float32 operation done in double and rounded once gives the float32 result)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def adamw_catch_up(w, m, v, D, lrs, first, T, hp):
+    """Row (w, m, v: D fp32 bytes each) stored as after `first` steps, replayed to T (module docstring)."""
+    b1, b2, eps, wd = hp
+    n = sum(1 for t in range(first) if not math.isnan(lrs[t]))
+    if all(math.isnan(lrs[t]) for t in range(first, T)):
+        return w, m, v
+    W, M, V = (list(struct.unpack(f"<{D}f", x)) for x in (w, m, v))
+    b1f, omb1, b2f, omb2, epsf = f32(b1), f32(1.0 - b1), f32(b2), f32(1.0 - b2), f32(eps)
+    for t in range(first, T):
+        lr = lrs[t]
+        if math.isnan(lr):
+            continue
+        n += 1
+        decay, nss = f32(1.0 - lr * wd), f32(-(lr / (1.0 - b1 ** n)))
+        bc2s = f32(math.sqrt(1.0 - b2 ** n))
+        for j in range(D):
+            wj = f32(W[j] * decay)
+            M[j] = f32(f32(M[j] * b1f) + f32(omb1 * 0.0))
+            V[j] = f32(f32(V[j] * b2f) + f32(f32(omb2 * 0.0) * 0.0))
+            den = f32(f32(f32(math.sqrt(V[j])) / bc2s) + epsf)
+            W[j] = f32(wj + f32(f32(nss * M[j]) / den))
+    return tuple(struct.pack(f"<{D}f", *x) for x in (W, M, V))
+
+
 def table(root, step):
-    """{class: (weights bytes, momentum bytes)}, C, D from the shard files of checkpoint step."""
+    """{class: (weights bytes, momentum bytes[, second moment bytes])}, C, D from the shard files of checkpoint
+    step."""
     d = os.path.join(root, f"step-{step}")
     files = sorted(glob.glob(os.path.join(d, "shard-*-of-*.snap")))
     if not files:
@@ -78,14 +115,20 @@ def table(root, step):
         if h.get(6, 0) != step or h.get(3, 0) != S or h.get(2, 0) != s:
             sys.exit(f"{p}: header says step {h.get(6)}, shard {h.get(2)} of {h.get(3)}")
         pay = raw[HDR_AREA:]
-        dense = bool(h.get(18, 0))
+        dense, adamw = bool(h.get(18, 0)), bool(h.get(19, 0))
         want = nrows * (D * 8 + 8) + (step + 2) * 8 if dense else nrows * D * 8
+        if adamw:
+            want = nrows * (D * 12 + (8 if dense else 0)) + (step + 4) * 8
         if len(pay) != nbytes or nbytes != want:
             sys.exit(f"{p}: {len(pay)} payload bytes, header says {nbytes} ({nrows} rows of {D}, dense {dense})")
         if hashlib.sha256(pay).digest() != h.get(9):
             sys.exit(f"{p}: payload SHA-256 differs from the header's")
         off, r0 = 0, 0
-        if dense:
+        if adamw:
+            hp = struct.unpack_from("<4d", pay, 0)
+            lrs = struct.unpack_from(f"<{step}d", pay, 32)
+            off = 32 + 8 * step
+        elif dense:
             mu, wd = struct.unpack_from("<2d", pay, 0)
             lrs = struct.unpack_from(f"<{step}d", pay, 16)
             off = 16 + 8 * step
@@ -94,11 +137,20 @@ def table(root, step):
             for k in range(n):
                 w = pay[off + k * D * 4: off + (k + 1) * D * 4]
                 m = pay[off + (n + k) * D * 4: off + (n + k + 1) * D * 4]
+                if adamw:
+                    v = pay[off + (2 * n + k) * D * 4: off + (2 * n + k + 1) * D * 4]
+                    rs = step
+                    if dense:
+                        (rs,) = struct.unpack_from("<q", pay, off + 3 * n * D * 4 + 8 * k)
+                    if rs < step:
+                        w, m, v = adamw_catch_up(w, m, v, D, lrs, rs, step, hp)
+                    rows[(r0 + k) * S + s] = (w, m, v)
+                    continue
                 if dense:
                     (rs,) = struct.unpack_from("<q", pay, off + 2 * n * D * 4 + 8 * k)
                     w, m = catch_up(w, m, D, lrs, rs, step, mu, wd)
                 rows[(r0 + k) * S + s] = (w, m)
-            off += 2 * n * D * 4 + (8 * n if dense else 0)
+            off += (3 if adamw else 2) * n * D * 4 + (8 * n if dense else 0)
             r0 += n
     if sorted(rows) != list(range(C)):
         sys.exit(f"{d}: the shards hold {len(rows)} classes, C = {C}")
@@ -112,8 +164,8 @@ def main():
     if cmd == "digest":
         h = hashlib.sha256()
         for c in range(C):
-            h.update(rows[c][0])
-            h.update(rows[c][1])
+            for part in rows[c]:  # weights, momentum (AdamW: weights, first and second moment)
+                h.update(part)
         print(h.hexdigest())
     elif cmd == "dump-equal":
         prefix, W = sys.argv[4], int(sys.argv[5])

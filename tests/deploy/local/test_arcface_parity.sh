@@ -21,8 +21,11 @@
 #   w1_s3_exact_dense_r01   1 worker, 3 servers, exact margin gradient, dense, 0.1
 #   w2_s3_st_sparse_r01     2 workers, 3 servers, straight_through, sparse (only sampled rows move), 0.1
 #   w2_s3_st_dense_r01_acc3 as w2_s3_st_dense_r01 with gradient_acc = 3
+#   w1_s1_st_dense_r1_adamw   as w1_s1_st_dense_r1 with optimizer = adamw (backbone and class centers: torch.optim.AdamW)
+#   w2_s3_st_dense_r01_adamw  as w2_s3_st_dense_r01 with optimizer = adamw (unsampled rows replayed on the servers)
 # negative controls: the sparse run against the dense run's references must fail, and so must the gradient_acc
-# run against the references without accumulation; and the w1_s1 step through
+# run against the references without accumulation, and the AdamW run against references whose class centers
+# train with SGD (AdamW for the backbone only); and the w1_s1 step through
 # pfcps.torch.PartialFC (python/) against the same references.
 # PFCPS_PARITY_RUNS=name,name restricts the runs. The deviations are printed.
 source "$(dirname "$0")/cluster.sh" "$@"
@@ -36,11 +39,11 @@ STEPS=30 CLASSES=20 DIM=16 NET=r18_w8 LR=0.001 BATCH=8
 # the class centers dumped), the references and the comparison. FROM: a folder of arcface_torch's
 # checkpoint_gpu_<r>.pt files that both pfcps (pretrained, pretrained_centers) and the references continue from.
 # COMM (environment, default fp16): backbone_grad_comm of pfcps and --grad-comm of the references; ACC (default
-# 1): gradient_acc of both.
+# 1): gradient_acc of both; OPT (default sgd): optimizer of both.
 # selected NAME: the run is in PFCPS_PARITY_RUNS (or that is unset).
 selected() { [ -z "${PFCPS_PARITY_RUNS:-}" ] || [[ ",$PFCPS_PARITY_RUNS," == *",$1,"* ]]; }
 parity() {
-  local name=$1 W=$2 S=$3 mg=$4 up=$5 rate=$6 from=${7:-} r comm=${COMM:-fp16} acc=${ACC:-1}
+  local name=$1 W=$2 S=$3 mg=$4 up=$5 rate=$6 from=${7:-} r comm=${COMM:-fp16} acc=${ACC:-1} opt=${OPT:-sgd}
   selected "$name" || return 0
   local dir=$TMP/$name warm num_epoch
   mkdir -p "$dir"
@@ -62,6 +65,7 @@ margin_grad = $mg
 pfc_update = $up
 backbone_grad_comm = $comm
 gradient_acc = $acc
+optimizer = $opt
 sample_rate = $rate
 momentum = 0.9
 weight_decay = 5e-4
@@ -79,7 +83,7 @@ INI
   local traces=()
   for ((r = 0; r < W; r++)); do traces+=("$dir/trace$r"); done
   local common=(--trace "${traces[@]}" --network $NET --dim $DIM --lr $LR --warmup-epoch $warm
-    --num-epoch $num_epoch --margin-grad "$mg" --update "$up" --grad-comm "$comm" --gradient-acc "$acc" ${from:+--resume "$from"})
+    --num-epoch $num_epoch --margin-grad "$mg" --update "$up" --grad-comm "$comm" --gradient-acc "$acc" --optimizer "$opt" ${from:+--resume "$from"})
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_f64.pt" "${common[@]}" --double || die "$name: reference, float64"
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_t1.pt" "${common[@]}" --threads 1 || die "$name: reference"
   "$PFCPS_PYTHON" "$PY" train "$TMP" "$dir/ref_t2.pt" "${common[@]}" --threads 2 || die "$name: reference, 2 threads"
@@ -97,12 +101,14 @@ parity w1_s1_st_dense_r1 1 1 straight_through dense 1.0
 # references: loss, backbone, BatchNorm statistics and the class centers (the server's checkpoint of the last
 # step, which the module's state_dict() asks for). The package is built and installed as
 # tests/deploy/local/test_torch_partial_fc.sh does (pip, no network; its own build folder).
+# module_parity RUN OPTIMIZER: the module against RUN's references (RUN's run.ini, its optimizer).
 module_parity() {
-  local dir=$TMP/w1_s1_st_dense_r1 mdir=$TMP/module
+  local dir=$TMP/$1 mdir=$TMP/module_$1 opt=$2
   [ -f "$dir/ref_f64.pt" ] || return 0
   "$PFCPS_PYTHON" -c "import mesonpy" 2>/dev/null || ref_skip "$PFCPS_PYTHON has no mesonpy (tests/pyenv.sh installs it)"
-  "$PFCPS_PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --target "$TMP/site" \
-    --config-settings=build-dir="$BUILD/python-pkg-parity" "$SRC/python" >"$TMP/pip.log" 2>&1 ||
+  [ -d "$TMP/site/pfcps" ] ||  # installed once per run of this script
+    "$PFCPS_PYTHON" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps --target "$TMP/site" \
+      --config-settings=build-dir="$BUILD/python-pkg-parity" "$SRC/python" >"$TMP/pip.log" 2>&1 ||
     { tail -30 "$TMP/pip.log"; die "pip install ./python failed"; }
   mkdir -p "$mdir"
   sed -e "s|^output = .*|output = $mdir/out|" "$dir/run.ini" >"$mdir/run.ini"
@@ -114,22 +120,48 @@ module_parity() {
   local sp=$!
   PYTHONPATH=$TMP/site timeout 600 "$PFCPS_PYTHON" "$PY" module "$TMP" "$mdir/result.pt" --run "$mdir/run.ini" \
     --trace "$dir/trace0" --network $NET --dim $DIM --classes $CLASSES --lr $LR --warmup-epoch 0.2 --num-epoch 2 \
-    --snapshots "$mdir/out/snapshots" \
+    --snapshots "$mdir/out/snapshots" --optimizer "$opt" \
     >"$TMP/module.log" 2>&1 || { tail -20 "$TMP/module.log" "$TMP/module_server0.log"; die "the pfcps.torch run failed"; }
   grep "^pfcps.torch" "$TMP/module.log"
   kill -TERM "$sp" 2>/dev/null
   wait "$sp" 2>/dev/null
-  "$PFCPS_PYTHON" "$PY" compare pfcps.torch.PartialFC "$mdir/result.pt" "$dir/ref_f64.pt" "$dir/ref_t1.pt" \
+  "$PFCPS_PYTHON" "$PY" compare "pfcps.torch.PartialFC ($opt)" "$mdir/result.pt" "$dir/ref_f64.pt" "$dir/ref_t1.pt" \
     "$dir/ref_t2.pt" "$dir/ref_nm.pt" --init "$TMP" --json "$TMP/parity.json" ||
-    fail "pfcps.torch.PartialFC differs from the reference (above)"
+    fail "pfcps.torch.PartialFC ($opt) differs from the reference (above)"
 }
-if selected module; then module_parity; fi
+if selected module; then module_parity w1_s1_st_dense_r1 sgd; fi
 parity w2_s3_st_dense_r01 2 3 straight_through dense 0.1
 parity w1_s3_exact_dense_r01 1 3 exact dense 0.1
 parity w2_s3_st_sparse_r01 2 3 straight_through sparse 0.1
 # arcface_torch's gradient_acc = 3: an optimizer step (backbone and class centers, each row decayed once) every
 # 3 global steps on the summed gradients, the lr schedule per global step.
 ACC=3 parity w2_s3_st_dense_r01_acc3 2 3 straight_through dense 0.1
+
+# optimizer = adamw (arcface_torch's AdamW configs): torch.optim.AdamW over the backbone and the whole table; the
+# servers apply AdamW to the pushed rows and replay the zero-gradient steps of the rows a step did not sample.
+OPT=adamw parity w1_s1_st_dense_r1_adamw 1 1 straight_through dense 1.0
+OPT=adamw parity w2_s3_st_dense_r01_adamw 2 3 straight_through dense 0.1
+
+# The AdamW run against references whose class centers train with SGD (momentum 0.9, weight decay) while the
+# backbone trains with AdamW must be refused: the comparison tells the centers' optimizer.
+centers_sgd_refused() {
+  local d=$TMP/w1_s1_st_dense_r1_adamw
+  [ -f "$d/ref_f64.pt" ] || return 0
+  local common=(--trace "$d/trace0" --network $NET --dim $DIM --lr $LR --warmup-epoch 0.2 --num-epoch 2
+    --margin-grad straight_through --update dense --optimizer adamw --centers-sgd)
+  "$PFCPS_PYTHON" "$PY" train "$TMP" "$d/csgd_f64.pt" "${common[@]}" --double || die "centers-SGD reference, float64"
+  "$PFCPS_PYTHON" "$PY" train "$TMP" "$d/csgd_t1.pt" "${common[@]}" --threads 1 || die "centers-SGD reference"
+  if "$PFCPS_PYTHON" "$PY" compare adamw_vs_sgd_centers_reference "$d" "$d/csgd_f64.pt" "$d/csgd_t1.pt" \
+    --init "$TMP" --json "$TMP/negative.json"; then
+    fail "adamw_vs_sgd_centers_reference passed: the comparison cannot tell AdamW class centers from SGD ones"
+  else
+    ok "adamw_vs_sgd_centers_reference is refused (above): the comparison tells AdamW class centers from SGD ones"
+  fi
+}
+if selected w1_s1_st_dense_r1_adamw; then centers_sgd_refused; fi
+# The module under optimizer = adamw: torch.optim.AdamW over the backbone and the module's group, the servers
+# applying AdamW; against the AdamW run's references.
+if selected module_adamw; then module_parity w1_s1_st_dense_r1_adamw adamw; fi
 
 # arcface_torch's files in: the float64 reference trains the first 12 steps (one epoch) of w2_s3_st_dense_r01
 # on that run's batches and writes arcface_torch's checkpoint_gpu_0.pt and _1.pt (save_all_states; each rank's
