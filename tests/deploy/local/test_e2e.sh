@@ -20,7 +20,9 @@ INI
 export OMP_NUM_THREADS=1
 run_cluster "a worker failed" "$TMP/run.ini" 2 2 --trace "$TMP/trace{r}"
 n=$(wc -l <"$TMP/trace0")
-[ "$n" -eq 24 ] || die "expected 24 steps (80 images / 16 per step x 6 epochs), trace has $n"
+# 79 images (s8 has 9): arcface_torch's DistributedSampler gives each of the 2 ranks ceil(79 / 2) = 40 samples,
+# its drop_last DataLoader 40 // 8 = 5 batches: 5 steps per epoch x 6 epochs.
+[ "$n" -eq 30 ] || die "expected 30 steps (ceil(79 images / 2 ranks) // batch 8 = 5 per epoch x 6 epochs), trace has $n"
 cmp -s "$TMP/trace0" "$TMP/trace1" || die "the two workers saw different global losses"
 read -r first last < <(loss_means "$TMP/trace0")
 echo "loss: mean of first 5 steps $first, mean of last 5 steps $last"
@@ -28,7 +30,7 @@ loss_fell "$first" "$last" || die "loss did not fall: $first -> $last"
 grep -q "Speed .* samples/sec   Loss .*   LearningRate .*   Epoch: .*   Global Step: 20   Required:" "$TMP/out/training.log" \
   || die "training.log lacks the arcface_torch log line for step 20"
 [ -s "$TMP/out/model.ckpt" ] || die "no backbone checkpoint"
-grep -q "training done: 24 of 24 steps" "$TMP/out/training.log" || die "training.log lacks 'training done: 24 of 24 steps'"
+grep -q "training done: 30 of 30 steps" "$TMP/out/training.log" || die "training.log lacks 'training done: 30 of 30 steps'"
 
 # SIGTERM mid-run: everyone stops after the current step and exits 0.
 port=$(free_port)
@@ -40,6 +42,6 @@ for p in "${WPIDS[@]}"; do kill -TERM "$p"; done
 wait_all "${WPIDS[@]}" || { show_logs; die "a worker did not exit 0 on SIGTERM"; }
 stop_servers
 # The final line says the run was cut short, not done.
-grep -q "training stopped on request: [0-9]* of 4000 steps" "$TMP/out/training.log" ||
-  { show_logs; die "the stopped run's log does not say 'training stopped on request: N of 4000 steps (4 per epoch x 1000 epochs)'"; }
+grep -q "training stopped on request: [0-9]* of 5000 steps" "$TMP/out/training.log" ||
+  { show_logs; die "the stopped run's log does not say 'training stopped on request: N of 5000 steps (5 per epoch x 1000 epochs)'"; }
 echo "PASS: loss $first -> $last over $n steps; all daemons exited 0 (also on SIGTERM mid-run)"
