@@ -361,8 +361,9 @@ int main(void)
         tab[i] = (float)((i % 23) - 11) * 1e-3f;
     write_safetensors(st1, tab, 0);
     write_safetensors(st2, tab, 1);
+    static const char not_zip[] = "PK\3\4 not really a zip";
     FILE *zf = fopen(pt, "wb");
-    if (!zf || fwrite("PK\3\4 not really a zip", 1, 24, zf) != 24 || fclose(zf) != 0)
+    if (!zf || fwrite(not_zip, 1, sizeof not_zip - 1, zf) != sizeof not_zip - 1 || fclose(zf) != 0)
         return 1;
     ps_server *h = make(1, 1, 0);
     CHECK(ps_server_load_centers(h, st1) == 0, "weights only under adamw: %s", pf_errmsg());
