@@ -75,7 +75,7 @@ run_build main "$B/main" "" -Dwerror=true
 if [ "${PFCPS_SKIP_SANITIZE:-0}" != 1 ]; then
   run_build sanitize "$B/sanitize" "--suite sanitize --timeout-multiplier 4" \
     -Db_sanitize=address,undefined -Db_lundef=false -Dcuda=disabled -Dbuildtype=debug -Dwerror=true
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" COMPILE_TARGETS="test_ps_inproc test_ps_overlap test_ps_replicas" \
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" COMPILE_TARGETS="test_ps_inproc test_ps_overlap test_ps_replicas test_ps_rejoin" \
     run_build tsan "$B/tsan" "--suite tsan --timeout-multiplier 4" \
     -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized -Dwerror=true
 fi
