@@ -45,22 +45,12 @@
 #include "server/shard.h"
 #include "server/snapshot.h"
 #include "tests/server/ps_server_inject.h"
+#include "tests/check.h"
 
 enum { C = 40, D = 19, W = 2, T1 = 14, T2 = 20, NEVER = 39 };
 static const double WD = 0.5, B1 = 0.9, B2 = 0.999, EPS = 1e-8;
 static const uint64_t SEED = 5;
 
-static int fails;
-
-#define CHECK(cond, ...)                                                                                      \
-    do {                                                                                                      \
-        if (!(cond)) {                                                                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                       \
-            printf(__VA_ARGS__);                                                                              \
-            printf("\n");                                                                                     \
-            fails++;                                                                                          \
-        }                                                                                                     \
-    } while (0)
 
 static float lr_of(int64_t t)
 {
