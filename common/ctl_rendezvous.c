@@ -582,6 +582,19 @@ static void reply_members(ctl_rendezvous *rv, const conn *extra, Pfcps__Member *
     }
 }
 
+/* The fields every join reply carries: the member list ptr[n], the run's config and sizes, its token nonce. */
+static void reply_base(const ctl_rendezvous *rv, Pfcps__JoinReply *r, Pfcps__Member **ptr, int n)
+{
+    r->n_members = (size_t)n;
+    r->members = ptr;
+    r->config_text = rv->config_text;
+    r->num_servers = rv->num_servers;
+    r->num_workers = rv->num_workers;
+    r->num_classes = rv->num_classes;
+    r->run_nonce.data = (uint8_t *)rv->run_nonce;
+    r->run_nonce.len = sizeof rv->run_nonce;
+}
+
 /* A worker said which checkpoint step the learner copies from: the learner gets its book (the run's config,
  * token nonce and run id, resume_step = that step, rejoin_epoch). Later reports of the same rejoin are
  * ignored. */
@@ -606,16 +619,9 @@ static void rejoin_step(ctl_rendezvous *rv, const conn *from, int64_t step)
              "rejoin: copying shards %d and %d from checkpoint step %lld, which the workers took for it",
              l->rank, (l->rank + rv->num_servers - 1) % rv->num_servers, (long long)step);
     Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
-    r.n_members = (size_t)n;
-    r.members = ptr;
-    r.config_text = rv->config_text;
-    r.num_servers = rv->num_servers;
-    r.num_workers = rv->num_workers;
-    r.num_classes = rv->num_classes;
+    reply_base(rv, &r, ptr, n);
     r.resume_step = step;
     r.resume_reason = reason;
-    r.run_nonce.data = rv->run_nonce;
-    r.run_nonce.len = sizeof rv->run_nonce;
     r.run_id.data = rv->run_id;
     r.run_id.len = sizeof rv->run_id;
     r.rejoin_epoch = rv->epoch;
@@ -986,30 +992,14 @@ static void form_run(ctl_rendezvous *rv)
         log_error("control plane: out of memory building the join reply");
         return;
     }
-    for (int i = 0; i < n; i++) {
-        const conn *c = rv->roster.seats[i].holder;
-        pfcps__member__init(&mem[i]);
-        mem[i].role =
-            ctl_roster_role(&rv->roster, i) == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
-        mem[i].rank = ctl_roster_rank(&rv->roster, i);
-        mem[i].fabric_addr.data = (uint8_t *)c->addr;
-        mem[i].fabric_addr.len = c->addr_len;
-        ptr[i] = &mem[i];
-    }
+    reply_members(rv, NULL, mem, ptr); /* every seat is held: the run is complete */
     Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
-    r.n_members = (size_t)n;
-    r.members = ptr;
-    r.config_text = rv->config_text;
-    r.num_servers = rv->num_servers;
-    r.num_workers = rv->num_workers;
-    r.num_classes = rv->num_classes;
+    reply_base(rv, &r, ptr, n);
     char reason[1024];
     uint8_t run_id[CKPT_RUN_ID_BYTES];
     memcpy(run_id, rv->new_run_id, sizeof run_id);
     r.resume_step = ctl_roster_resume_step(&rv->roster, reason, sizeof reason, run_id);
     r.resume_reason = reason;
-    r.run_nonce.data = rv->run_nonce;
-    r.run_nonce.len = sizeof rv->run_nonce;
     r.run_id.data = run_id;
     r.run_id.len = sizeof run_id;
     memcpy(rv->run_id, run_id, sizeof rv->run_id);

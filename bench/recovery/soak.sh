@@ -60,7 +60,7 @@ t_ref=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
 REF=$(final "$TMP/ref")
 echo "reference: $t_ref s; $REF"
 RANDOM=$$
-pass=0; restarts=0; lost=0; t_sum=0; sum_step=0; sum_again=0
+pass=0; restarts=0; t_sum=0; sum_step=0; sum_again=0
 victims=("pfcps-server --config X --rank 0" "pfcps-server --config X --rank 1" "pfcps-worker --config X --rank 0" "pfcps-worker --config X --rank 1")
 for ((k = 1; k <= ROUNDS; k++)); do
   name=r$k
