@@ -72,7 +72,7 @@ def ddp_rank(rank, W, store, grads, result):
     dist.destroy_process_group()
 
 
-def torch_ddp(W, grads, tmp, attempts=3, limit_s=60):
+def torch_ddp(W, grads, tmp, attempts=3, limit_s=40):
     """DDP's result over W gloo processes. torch's spawn + gloo rendezvous over a file store now and then
     hangs on this machine (seen once in 3 processes, no output); a group that does not finish within limit_s is
     killed and started afresh with a new store, up to `attempts` times (the reference is rerun, never the code
