@@ -118,8 +118,12 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
                 size_t alen, const char *secret, const char *stop_note, ctl_session **sess, pf_config *run)
 {
     int rc = cli_join_run(cfg, host, port, role, rank, addr, alen, secret, sess, run);
-    if (rc == 0)
+    if (rc == 0) {
+        char hex[2 * CKPT_RUN_ID_BYTES + 1];
+        ckpt_run_id_hex(ctl_session_book(*sess)->run_id, hex);
+        metrics_set_run(hex);
         return 0;
+    }
     if ((rc == -EINTR && g_stop && *g_stop) || rc == -ECANCELED) {
         /* Stopped on request, or server 0 shut the run down, before it formed: a normal stop. */
         if (rc == -EINTR)
@@ -131,6 +135,24 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
     }
     log_error("%s", pf_errmsg());
     return rc;
+}
+
+int daemon_list_resume_steps(const pf_config *cfg, const char *member, const char *who, ckpt_step_check check,
+                             void *arg)
+{
+    if (!cfg->resume)
+        return 0;
+    char root[4096];
+    ckpt_root(cfg, root, sizeof root);
+    static int64_t ok[CTL_MAX_RESUME_STEPS];
+    static ckpt_ident ids[CTL_MAX_RESUME_STEPS];
+    int k = ckpt_resume_steps(root, member, who, check, arg, ok, ids, CTL_MAX_RESUME_STEPS);
+    if (k < 0) {
+        log_error("resume = true: %s", pf_errmsg());
+        return -1;
+    }
+    ctl_set_resume_steps(ok, ids, (size_t)k);
+    return 0;
 }
 
 int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port)

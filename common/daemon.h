@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <stddef.h>
 
+#include "common/ckpt.h"
 #include "common/config.h"
 #include "common/ctl.h"
 
@@ -86,5 +87,13 @@ int daemon_metrics_start(const pf_config *cfg, const char *role, int rank);
  * joined, 1 after such a stop (exit 0), or a negative code after logging the error (exit 1). */
 int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role, int rank, const void *addr,
                 size_t alen, const char *secret, const char *stop_note, ctl_session **sess, pf_config *run);
+
+/* resume = true: lists the checkpoint steps this member can resume from (ckpt_resume_steps over cfg's
+ * checkpoint root: `member` "server" or "worker", `who` for messages, `check` (with arg) the member's own
+ * test of its file) and reports them at the join (ctl_set_resume_steps), newest first, at most
+ * CTL_MAX_RESUME_STEPS. Nothing when resume = false. Returns 0, or -1 after logging why the folder cannot be
+ * read (a resume must not start afresh over checkpoints it cannot see). */
+int daemon_list_resume_steps(const pf_config *cfg, const char *member, const char *who, ckpt_step_check check,
+                             void *arg);
 
 #endif

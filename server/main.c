@@ -202,28 +202,6 @@ static int shard_step_usable(const char *root, int64_t step, void *arg, ckpt_ide
     return snap_check(root, step, d->cfg.num_classes, d->cfg.embedding_size, &d->key, &S0, id);
 }
 
-/* resume = true: the checkpoint steps whose shard files this server could load, with their identities,
- * reported at join so that the rendezvous picks the newest step every member holds (ckpt_resume_steps).
- * Returns 0, or -1 after logging when the checkpoint root cannot be read (a resume must not start afresh over
- * checkpoints it cannot see). */
-static int list_resume_steps(server_daemon *d)
-{
-    if (!d->cfg.resume)
-        return 0;
-    char root[4096], who[32];
-    ckpt_root(&d->cfg, root, sizeof root);
-    snprintf(who, sizeof who, "shard %d", d->rank);
-    static int64_t ok[CTL_MAX_RESUME_STEPS];
-    static ckpt_ident ids[CTL_MAX_RESUME_STEPS];
-    int k = ckpt_resume_steps(root, "server", who, shard_step_usable, d, ok, ids, CTL_MAX_RESUME_STEPS);
-    if (k < 0) {
-        log_error("resume = true: %s", pf_errmsg());
-        return -1;
-    }
-    ctl_set_resume_steps(ok, ids, (size_t)k);
-    return 0;
-}
-
 /* Start-up up to the formed run: checks, endpoint, rendezvous (rank 0), then the join (retrying through the
  * whole ctl_timeout), which takes the run config from the address book. Returns 0 joined, 1 stopped before
  * the run formed (a normal stop; rank 0 tells the members that joined when it stops), or -1 (logged). */
@@ -235,7 +213,9 @@ static int join_run(server_daemon *d)
         log_error("%s", pf_errmsg());
         return -1;
     }
-    if (list_resume_steps(d) < 0)
+    char who[32];
+    snprintf(who, sizeof who, "shard %d", d->rank);
+    if (daemon_list_resume_steps(&d->cfg, "server", who, shard_step_usable, d) < 0)
         return -1;
     int rc = daemon_bind_data_plane(&d->cfg, d->host, d->port);
     if (rc == -EINTR)
@@ -246,11 +226,6 @@ static int join_run(server_daemon *d)
         return rc;
     rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
                      d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
-    if (rc == 0) {
-        char hex[2 * CKPT_RUN_ID_BYTES + 1];
-        ckpt_run_id_hex(ctl_session_book(d->sess)->run_id, hex);
-        metrics_set_run(hex);
-    }
     return rc < 0 ? -1 : rc;
 }
 

@@ -303,27 +303,6 @@ static int worker_step_usable(const char *root, int64_t step, void *arg, ckpt_id
     return wresume_check(root, step, (int)d->rank, d->cfg.workers, &d->key, &r, &W0, id);
 }
 
-/* resume = true: the checkpoint steps whose worker files this worker could load (worker/resume.h), with their
- * identities, reported at join so that the rendezvous picks the newest step every member holds
- * (ckpt_resume_steps). Returns 0, or -1 after logging when the checkpoint root cannot be read. */
-static int list_resume_steps(worker_daemon *d)
-{
-    if (!d->cfg.resume)
-        return 0;
-    char root[4096], who[32];
-    ckpt_root(&d->cfg, root, sizeof root);
-    snprintf(who, sizeof who, "worker %ld", d->rank);
-    static int64_t ok[CTL_MAX_RESUME_STEPS];
-    static ckpt_ident ids[CTL_MAX_RESUME_STEPS];
-    int k = ckpt_resume_steps(root, "worker", who, worker_step_usable, d, ok, ids, CTL_MAX_RESUME_STEPS);
-    if (k < 0) {
-        log_error("resume = true: %s", pf_errmsg());
-        return -1;
-    }
-    ctl_set_resume_steps(ok, ids, (size_t)k);
-    return 0;
-}
-
 /* Opens the two fabric endpoints and joins the run at the rendezvous (retrying through ctl_timeout), taking
  * the run config from the address book. Returns 0 joined, 1 stopped before the run formed (a normal stop),
  * or -1 (logged). */
@@ -344,16 +323,13 @@ static int join_run(worker_daemon *d)
         log_error("%s", pf_errmsg());
         return -1;
     }
-    if (list_resume_steps(d) < 0)
+    char who[32];
+    snprintf(who, sizeof who, "worker %ld", d->rank);
+    if (daemon_list_resume_steps(&d->cfg, "worker", who, worker_step_usable, d) < 0)
         return -1;
     log_info("fabric provider %s; joining the run at %s:%d", d->cfg.provider, d->host, d->port);
     int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_WORKER, (int)d->rank, addr, alen, d->secret, "",
                          &d->sess, &d->run);
-    if (rc == 0) {
-        char hex[2 * CKPT_RUN_ID_BYTES + 1];
-        ckpt_run_id_hex(ctl_session_book(d->sess)->run_id, hex);
-        metrics_set_run(hex);
-    }
     return rc < 0 ? -1 : rc;
 }
 
