@@ -202,15 +202,18 @@ void daemon_tune_malloc(void)
 
 int daemon_metrics_start(const pf_config *cfg, const char *role, int rank)
 {
-    if (!cfg->metrics_address[0])
-        return 0;
-    metrics_set_identity(role, rank);
-    char bound[300];
-    int rc = metrics_start(cfg->metrics_address, bound, sizeof bound);
-    if (rc < 0) {
-        log_error("%s", pf_errmsg());
-        return rc;
+    if (cfg->metrics_address[0]) {
+        metrics_set_identity(role, rank);
+        char bound[300];
+        int rc = metrics_start(cfg->metrics_address, bound, sizeof bound);
+        if (rc < 0) {
+            log_error("%s", pf_errmsg());
+            return rc;
+        }
+        log_info("metrics on %s", bound);
     }
-    log_info("metrics on %s", bound);
-    return 0;
+    int rc = ctl_set_metrics_address(metrics_bound()); /* "" when off */
+    if (rc < 0)
+        log_error("%s", pf_errmsg());
+    return rc;
 }

@@ -76,7 +76,8 @@ int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port);
 /* Starts this member's Prometheus endpoint when its config (its own --config / --set: metrics_address is
  * member-local, so several members on one host can each take a free port with ":0") sets metrics_address:
  * metrics_set_identity(role, rank), metrics_start, then logs "metrics on HOST:PORT" (the bound address).
- * metrics_address "" (the default): does nothing. Returns 0, or a negative code after logging the error
+ * metrics_address "" (the default): no endpoint. Either way the bound address ("" when none) is set to be
+ * reported at the join (ctl_set_metrics_address). Returns 0, or a negative code after logging the error
  * (address in use, malformed or not of this host): the daemon exits with status 1. */
 int daemon_metrics_start(const pf_config *cfg, const char *role, int rank);
 

@@ -421,19 +421,6 @@ static int finish(worker_daemon *d, int exit_code)
     return exit_code;
 }
 
-/* The metrics endpoint (metrics_address of this process' config; off when empty), its bound address sent
- * with the join. Returns 0 or -1 (logged). */
-static int start_metrics(const worker_daemon *d)
-{
-    if (daemon_metrics_start(&d->cfg, "worker", (int)d->rank) < 0)
-        return -1;
-    if (ctl_set_metrics_address(metrics_bound()) < 0) {
-        log_error("%s", pf_errmsg());
-        return -1;
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     static worker_daemon d;
@@ -441,7 +428,7 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &d);
     if (rc != 0)
         return rc == CLI_HELP ? 0 : 1;
-    if (start_metrics(&d) < 0)
+    if (daemon_metrics_start(&d.cfg, "worker", (int)d.rank) < 0)
         return 1;
     if (check_local(&d) < 0)
         return 1;

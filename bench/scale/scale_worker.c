@@ -554,8 +554,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "scale_worker: %s\n%s", pf_errmsg(), usage);
         return 2;
     }
-    if (daemon_metrics_start(&b.cfg, "worker", (int)b.o.rank) < 0 ||
-        ctl_set_metrics_address(metrics_bound()) < 0) {
+    if (daemon_metrics_start(&b.cfg, "worker", (int)b.o.rank) < 0) {
         fprintf(stderr, "scale_worker: %s\n", pf_errmsg());
         return 2;
     }
