@@ -7,8 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/atomic_file.h"
+#include "common/ckpt_marker.h"
 #include "common/err.h"
 #include "common/log.h"
 
@@ -317,10 +320,14 @@ void ckpt_remove_empty(const char *root)
     free(steps);
 }
 
-/* Are all files of `role` in the step present (count == of > 0, and every .snap's .model for workers)? */
+/* Are all files of `role` in the step present (count == of > 0, and every .snap's .model for workers; or,
+ * for workers, every rank's .module marker: a PyTorch-module run)? */
 static int role_complete(const char *root, int64_t step, const char *role)
 {
     int count = 0, of = 0;
+    if (!strcmp(role, "worker") && ckpt_scan_members(root, step, role, ".module", &count, &of, NULL, 0) == 0 &&
+        of > 0 && count == of)
+        return 1;
     if (ckpt_scan_members(root, step, role, ".snap", &count, &of, NULL, 0) < 0 || of <= 0 || count != of)
         return 0;
     if (!strcmp(role, "worker")) {
@@ -422,4 +429,41 @@ void ckpt_prune(const char *root, const char *role, int rank, int keep)
     }
     free(steps);
     ckpt_remove_empty(root);
+}
+
+int ckpt_module_marker_write(const char *root, int64_t step, int rank, int workers, const ckpt_ident *id)
+{
+    struct stat st;
+    if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode))
+        return pf_err(-ENOENT, "%s: not a folder on this host", root);
+    char dir[4200], path[4300], text[CKPT_MODULE_MARKER_MAX];
+    ckpt_step_dir(root, step, dir, sizeof dir);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return pf_err(-EIO, "%s: cannot create: %s", dir, strerror(errno));
+    ckpt_member_path(root, step, "worker", rank, workers, ".module", path, sizeof path);
+    int n = ckpt_module_marker_format(text, sizeof text, step, rank, workers, id);
+    if (n < 0)
+        return n;
+    pf_atomic_file af;
+    int rc = pf_atomic_open(&af, path, "module checkpoint marker");
+    if (rc < 0)
+        return rc;
+    return pf_atomic_commit(&af, fwrite(text, 1, (size_t)n, af.f) == (size_t)n);
+}
+
+int ckpt_module_marker_read(const char *path, int64_t step, int rank, int workers, ckpt_ident *id)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return pf_err(-ENOENT, "%s: missing", path);
+    if (!S_ISREG(st.st_mode) || st.st_size > CKPT_MODULE_MARKER_MAX)
+        return pf_err(-EINVAL, "%s: not a module checkpoint marker (%s)", path,
+                      S_ISREG(st.st_mode) ? "larger than 1 KiB" : "not a regular file");
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return pf_err(-ENOENT, "%s: cannot open: %s", path, strerror(errno));
+    char text[CKPT_MODULE_MARKER_MAX];
+    size_t n = fread(text, 1, sizeof text, f);
+    fclose(f);
+    return ckpt_module_marker_parse(text, n, path, step, rank, workers, id);
 }

@@ -101,6 +101,18 @@ typedef int (*ckpt_step_check)(const char *root, int64_t step, void *arg, ckpt_i
 int ckpt_resume_steps(const char *root, const char *member, const char *who, ckpt_step_check check, void *arg,
                       int64_t *usable, ckpt_ident *ids, int cap);
 
+/* A PyTorch-module rank's part of checkpoint T (pfcps.torch: the backbone, its optimizer and the module's
+ * state are in the script's own files, which pfcps does not see): the marker file
+ * <root>/step-<T>/worker-<r>-of-<W>.module, six text lines "pfcps module checkpoint 1", "step T",
+ * "rank r of W", "run_id <32 hex>", "seed <u64>", "config_digest <64 hex>". With every rank's marker present
+ * the step counts as complete (pruning, ckpt-info), as with pfcps-worker's .snap/.model files.
+ * ckpt_module_marker_write writes it atomically, creating the step folder when root exists; -ENOENT when root
+ * does not exist on this host (the servers' folder is not shared here: nothing written), -EIO naming the file
+ * otherwise. ckpt_module_marker_read parses one and checks its step, rank and W against the expected ones:
+ * 0 with *id, -ENOENT (missing), -EINVAL "<path>: <what is wrong>". */
+int ckpt_module_marker_write(const char *root, int64_t step, int rank, int workers, const ckpt_ident *id);
+int ckpt_module_marker_read(const char *path, int64_t step, int rank, int workers, ckpt_ident *id);
+
 /* Scans the step folder <root>/step-<T> for member files <role>-<r>-of-<n><ext> (0 <= r < n): *count = how
  * many, *of = their n when they all agree (-1: files of different shapes; 0: none). `seen` (may be NULL) gets
  * a 1 at [r] for every r < seen_cap found. Returns 0, or -ENOENT when the folder is missing. */

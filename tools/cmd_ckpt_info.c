@@ -26,7 +26,9 @@ static const char ckpt_info_usage[] =
     "  SHA-256 of the class-center table in class order (weights then momentum of class 0, 1, ...;\n"
     "  optimizer = adamw: weights, first then second moment of each class:\n"
     "  the same whatever number of servers held it), of worker 0's backbone (its tensors, parameters\n"
-    "  then BN statistics); below a complete one, the run id, seed and config digest. The first problem\n"
+    "  then BN statistics; \"-\" for a pfcps.torch run, whose ranks leave a .module marker each and\n"
+    "  keep the backbone in the script's own files); below a complete one, the run id, seed and config\n"
+    "  digest. The first problem\n"
     "  of an incomplete checkpoint is named (file and field). With PFCPS_SECRET set, every .snap's HMAC\n"
     "  is verified too (a file forged or written under another secret is refused); without it only the\n"
     "  digests are, and a line says so.\n"
@@ -208,11 +210,34 @@ static int table_digest(const char *root, int64_t step, int S0, const snapfile_k
 }
 
 /* Verifies every worker file of the step (key: NULL or the checkpoint key), all of one run (si); *W0
- * writers; the digest of worker 0's backbone (its tensors: the file also holds the run identity) into d. */
+ * writers; the digest of worker 0's backbone (its tensors: the file also holds the run identity) into d.
+ * A step without worker .snap files but with pfcps.torch ranks' .module markers (ckpt_module_marker_read):
+ * *module = 1, the markers checked (step, rank, run identity), d left as it is. */
 static int workers_check(const char *root, int64_t step, const snapfile_key *key, step_ident *si, int *W0,
-                         int *present, uint8_t d[32], long long *bytes)
+                         int *present, uint8_t d[32], long long *bytes, int *module)
 {
     int count = 0, of = 0;
+    *module = 0;
+    if (ckpt_scan_members(root, step, "worker", ".snap", &count, &of, NULL, 0) == 0 && count == 0 &&
+        ckpt_scan_members(root, step, "worker", ".module", &count, &of, NULL, 0) == 0 && count > 0) {
+        /* A PyTorch-module run: each rank's marker, its identity the shards' (the backbone is in the script's
+         * own files) */
+        *module = 1;
+        *present = count;
+        if (of < 0)
+            return pf_err(-EINVAL, "module markers of different worker counts");
+        *W0 = of;
+        int rc = 0;
+        for (int w = 0; rc == 0 && w < of; w++) {
+            char mp[4300];
+            ckpt_ident id;
+            ckpt_member_path(root, step, "worker", w, of, ".module", mp, sizeof mp);
+            *bytes += file_size(mp);
+            if ((rc = ckpt_module_marker_read(mp, step, w, of, &id)) == 0)
+                rc = same_run(si, mp, &id);
+        }
+        return rc;
+    }
     if (ckpt_scan_members(root, step, "worker", ".snap", &count, &of, NULL, 0) < 0 || count == 0)
         return pf_err(-ENOENT, "no worker files");
     *present = count;
@@ -332,7 +357,7 @@ int cmd_ckpt_info(int argc, char **argv)
     }
     int64_t best = 0;
     for (int i = 0; i < n; i++) {
-        int count = 0, S0 = 0, W0 = 0, wpresent = 0;
+        int count = 0, S0 = 0, W0 = 0, wpresent = 0, module = 0;
         long long bytes = 0;
         uint8_t td[32] = {0}, bd[32] = {0};
         step_ident si = {0};
@@ -349,7 +374,7 @@ int cmd_ckpt_info(int argc, char **argv)
         char why[PF_ERRMSG_MAX] = "";
         if (rc < 0)
             snprintf(why, sizeof why, "%s", pf_errmsg());
-        int wrc = workers_check(root, steps[i], kp, &si, &W0, &wpresent, bd, &bytes);
+        int wrc = workers_check(root, steps[i], kp, &si, &W0, &wpresent, bd, &bytes, &module);
         if (wrc == 0 && wpresent != W0)
             wrc = pf_err(-ENOENT, "%d of %d worker files", wpresent, W0);
         if (wrc < 0 && rc == 0) {
@@ -363,10 +388,14 @@ int cmd_ckpt_info(int argc, char **argv)
         char th[65] = "-", bh[65] = "-";
         if (rc == 0) {
             hex(td, th);
-            hex(bd, bh);
+            if (module)
+                snprintf(bh, sizeof bh, "-"); /* in the script's own files */
+            else
+                hex(bd, bh);
         }
-        printf("step %lld: %s  shards %d/%d  workers %d/%d  %.1f MB  table %s  backbone %s%s%s\n",
-               (long long)steps[i], rc == 0 ? "complete" : "INCOMPLETE", count, S0 > 0 ? S0 : 0, wpresent,
+        printf("step %lld: %s  shards %d/%d  %s %d/%d  %.1f MB  table %s  backbone %s%s%s\n",
+               (long long)steps[i], rc == 0 ? "complete" : "INCOMPLETE", count, S0 > 0 ? S0 : 0,
+               module ? "module ranks" : "workers", wpresent,
                W0 > 0 ? W0 : 0, (double)bytes / 1e6, th, bh, rc == 0 ? "" : "  problem: ", why);
         if (rc == 0) {
             /* The run that wrote it, on a line of its own: the step line is the same for equal results. */

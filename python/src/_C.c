@@ -826,6 +826,25 @@ static PyObject *Worker_drop_queued(Worker *w, PyObject *noargs)
     Py_RETURN_TRUE;
 }
 
+/* This rank's .module marker of checkpoint w->step in the checkpoint folder (ckpt_module_marker_write), so
+ * that the servers sharing the folder count the step complete and prune older ones (snapshot_keep). A folder
+ * not on this host is left alone (said once); a failed write is logged: the checkpoint itself is whole. */
+static void mark_checkpoint(Worker *w)
+{
+    static int said;
+    char root[4096];
+    ckpt_root(&w->cfg, root, sizeof root);
+    int rc = ckpt_module_marker_write(root, w->step, w->rank, w->run.workers, &w->ident);
+    if (rc == -ENOENT && !said++)
+        log_info("checkpoint folder %s is not on this host: no .module markers written (a folder shared with "
+                 "the servers gets them, so that they count checkpoints complete and prune old ones)",
+                 root);
+    else if (rc < 0 && rc != -ENOENT)
+        log_warn("checkpoint step %lld: %s (the checkpoint is whole; the servers will not count it complete "
+                 "when pruning)",
+                 (long long)w->step, pf_errmsg());
+}
+
 /* checkpoint() -> T: asks the servers for checkpoint T = step (the steps done): the queued push of step T - 1
  * goes now, flagged PS_PUSH_SNAPSHOT, and each server writes its shard as it stands after step T into
  * <snapshot root>/step-<T>/ (server/snapshot.h) while it goes on serving. Returns T; T again when
@@ -859,6 +878,7 @@ static PyObject *Worker_checkpoint(Worker *w, PyObject *noargs)
     Py_END_ALLOW_THREADS
     if (rc < 0)
         return fail_step(w, rc, "the checkpoint's push");
+    mark_checkpoint(w);
     return PyLong_FromLongLong((long long)w->step);
 }
 

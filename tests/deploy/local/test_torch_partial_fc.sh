@@ -17,7 +17,8 @@
 #     a reference skipping the same steps (and differing from one whose table still takes them);
 #   - replicas = 1: server 1 killed mid-run, the module follows the failover and ends with the uninterrupted
 #     run's losses and backbone, bit for bit;
-#   - checkpoint and resume: 20 steps uninterrupted against 10 steps, arcface_torch-style checkpoint files,
+#   - checkpoint and resume (each checkpoint complete for ckpt-info with the ranks' .module markers): 20 steps
+#     uninterrupted against 10 steps, arcface_torch-style checkpoint files,
 #     every process killed, fresh servers with resume = true and new processes loading the files: the losses
 #     of steps 10..19, the backbone and the table of checkpoint 20 are bit-identical; a state the servers
 #     cannot continue (no checkpoint, another run's, resume = false) raises PfcpsError naming the problem;
@@ -371,6 +372,14 @@ t_res=$("$PFCPS_PYTHON" "$SRC/tests/deploy/local/ckpt_table.py" digest "$TMP/hal
 expect_eq "resume: the table of checkpoint $STEPS (weights and momentum)" "$t_res" "$t_full"
 expect_grep "resumed: server 0 loaded checkpoint 10" "step 10 is the newest checkpoint complete on all 4 members" \
   "$TMP/half.server0.log"
+# Each rank left its .module marker in the servers' folder: ckpt-info (and the servers' pruning) counts the
+# checkpoints complete, the markers naming the shards' run.
+info=$("$PFCPS" ckpt-info "$TMP/half.out") || { echo "$info"; fail "ckpt-info of the module run failed"; }
+for t in 10 $STEPS; do
+  grep -q "^step $t: complete  shards 2/2  module ranks 2/2 " <<<"$info" ||
+    { echo "$info"; fail "ckpt-info: checkpoint $t of the module run is not complete with both ranks' markers"; }
+done
+ok "ckpt-info: the module run's checkpoints 10 and $STEPS complete (2 shards, 2 module ranks' markers)"
 
 # A state the servers cannot continue raises PfcpsError naming the problem, at the first forward (the join):
 # resume_fail NAME STATE_PREFIX NEEDLE [LINE...]: fresh servers on a copy of half's step-10 checkpoint (or none
