@@ -40,6 +40,7 @@
 # printed at the end).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/common.sh"
 root=$(cd "$here/../.." && pwd)
 [ $# -ge 1 ] || { sed -n '2,6p' "$0" >&2; exit 2; }
 B_DIR=$(cd "$1" && pwd) || exit 2
@@ -182,15 +183,7 @@ INI
       gdb -p "${spids[$s]}" -batch -ex "thread apply all bt" >"$out/$tag.server$s.stacks" 2>&1
     done
   fi
-  for p in "${spids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for p in "${spids[@]}"; do wait "$p" 2>/dev/null; done
-  pids=()
-  if [ $rc -ne 0 ]; then
-    echo "run.sh: pfcps at C = $C failed (exit $rc); last lines of $out/$tag.worker.log:" >&2
-    tail -5 "$out/$tag.worker.log" >&2
-    return
-  fi
-  grep '^RESULT' "$out/$tag.worker.log"
+  finish_run "$tag" "$rc" run.sh
 }
 
 printf '# bench/scale: D = %s, B = %s, %s servers + 1 worker, provider %s, wire %s; pfcps %s steps (warm-up: first %s, steady: last %s), peer %s steps; %s\n' \

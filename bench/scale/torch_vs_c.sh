@@ -17,6 +17,7 @@
 # threads: 2. Raw outputs in PFCPS_SCALE_OUT (default a temp folder, printed at the end).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/common.sh"
 [ $# -ge 2 ] || { sed -n '2,7p' "$0" >&2; exit 2; }
 B_DIR=$(cd "$1" && pwd) || exit 2
 PY=$2
@@ -96,15 +97,7 @@ INI
       --wait-fill "$fill" >"$out/$tag.worker.log" 2>&1
   fi
   rc=$?
-  for p in "${spids[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for p in "${spids[@]}"; do wait "$p" 2>/dev/null; done
-  pids=()
-  if [ $rc -ne 0 ]; then
-    echo "torch_vs_c.sh: $tag failed (exit $rc); last lines of $out/$tag.worker.log:" >&2
-    tail -5 "$out/$tag.worker.log" >&2
-    return
-  fi
-  grep '^RESULT' "$out/$tag.worker.log"
+  finish_run "$tag" "$rc" torch_vs_c.sh
 }
 
 printf '# bench/scale/torch_vs_c: D = %s, B = %s, r = %s, %s servers + 1 worker (tcp), %s steps (steady: median of the last %s); %s\n' \
