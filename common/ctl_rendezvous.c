@@ -111,6 +111,7 @@ struct ctl_rendezvous {
     int64_t learner_step; /* the checkpoint step its copy is taken at (0: the workers have not said yet) */
     double learner_t0;    /* when it joined (pf_now_s), for the log */
     uint8_t run_id[CKPT_RUN_ID_BYTES]; /* the run id the book carried when the run formed */
+    double last_pass;  /* pf_now_s() of the previous service pass (a long gap: the process was stopped) */
     int metrics;       /* ctl_rendezvous_opts.metrics: the series below are registered, /targets served */
     pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms, *m_epoch, *m_single;
 };
@@ -1155,6 +1156,27 @@ static void queue_failure(ctl_rendezvous *rv)
     queue_member_lost(rv, NULL, rv->fail_role, rv->fail_rank, "the rendezvous' host", what);
 }
 
+/* replicas = 1: the service did not run for `gap` seconds, longer than a quarter of the silence limit (this
+ * process was stopped: SIGSTOP, a VM pause, a swap storm). Its members kept heartbeating into their sockets
+ * and its own host's session could not: every joined member's silence counts from now, so that a pause of
+ * the rendezvous is a pause of the run and never removes the members it could not hear. */
+static void resumed_after_gap(ctl_rendezvous *rv, double now, double gap)
+{
+    const double silence = ctl_member_silence_s(rv->timeout_s);
+    int n = 0;
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *c = rv->conns[i];
+        if (c->joined && !c->closing && !c->dead && c->rlen == 0 && c->deadline > 0 &&
+            c->deadline < now + silence) {
+            c->deadline = now + silence;
+            n++;
+        }
+    }
+    log_warn("control plane: the rendezvous did not run for %.2f s (this process was stopped?): the silence of "
+             "%d members counts from now",
+             gap, n);
+}
+
 /* One pass of the service loop: wait up to CTL_TICK_MS for activity, serve it, form the run once every
  * member is in. Returns 0, or -1 when poll() failed (the service stops). */
 static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
@@ -1166,6 +1188,9 @@ static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
         log_error("control plane: poll failed: %s", strerror(errno));
         return -1;
     }
+    if (rv->replicas && rv->last_pass > 0 && now - rv->last_pass > ctl_member_silence_s(rv->timeout_s) / 4)
+        resumed_after_gap(rv, now, now - rv->last_pass);
+    rv->last_pass = now;
     if (pr > 0 && (pfd[1].revents & POLLIN)) {
         char b[64];
         while (read(rv->wake[0], b, sizeof b) > 0) {
@@ -1208,6 +1233,13 @@ static void service_drain(ctl_rendezvous *rv)
     queue_failure(rv);
     if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
         queue_shutdown(rv);
+    /* A close without a message means, to a member, that this process is gone (under replicas = 1 it then
+     * goes on without server 0: ctl_session_survive_rendezvous_loss). Stopping without a shutdown or a failure
+     * told (server 0 exits for the re-form), the members are told so first. */
+    if (rv->roster.formed && !rv->shutdown_sent && !rv->fail_sent)
+        queue_member_lost(rv, NULL, CTL_ROLE_SERVER, 0, "the rendezvous' host",
+                          "stopped its rendezvous without a shutdown: the run re-forms from its newest complete "
+                          "checkpoint");
     double until = pf_now_s() + 0.5;
     for (;;) {
         int pending = 0;

@@ -5,6 +5,7 @@
 #include "common/ctl.h"
 
 #include "common/clock.h"
+#include "common/ctl_forming.h"
 #include "common/ctl_frame.h"
 #include "common/ctl_internal.h"
 #include "common/err.h"
@@ -38,12 +39,17 @@ struct ctl_session {
     _Atomic double lease_base;   /* when the newest heartbeat the rendezvous echoed went out (0: none) */
     uint32_t fo_epoch;           /* the last failover notice: its epoch and lost server */
     int fo_server;
-    char fo_text[256];
+    char fo_text[1024];
     int fo_kind; /* its kind (CTL_FO_*), step and fabric address (rejoin notices) */
     int64_t fo_step;
     size_t fo_addr_len;
     uint8_t fo_addr[CTL_MAX_ADDR];
     pthread_mutex_t send_mu; /* one frame at a time: the watcher's heartbeats and the trainer's reports */
+    int survive;         /* ctl_session_survive_rendezvous_loss: a close of the connection may be server 0's
+                            failover */
+    uint8_t *srv_lost;   /* [book.num_servers] (survive only): servers failed over, as this member was told */
+    int rejoin_pending;  /* a rejoin began (CTL_FO_REJOIN_BEGIN) and did not end yet */
+    _Atomic int orphan;  /* the rendezvous is lost with server 0 and the run went on (ctl_session_orphaned) */
     ctl_book book;
 };
 
@@ -82,7 +88,8 @@ static int send_msg(ctl_session *s, const Pfcps__CtlMessage *m, double deadline)
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&s->send_mu);
-    rc = send_all(s->fd, frame, len, deadline);
+    rc = s->fd >= 0 ? send_all(s->fd, frame, len, deadline)
+                    : pf_err(-ENOTCONN, "the rendezvous is lost with server 0");
     pthread_mutex_unlock(&s->send_mu);
     free(frame);
     return rc;
@@ -484,11 +491,75 @@ static void take_failover(ctl_session *s, const Pfcps__Failover *f)
     s->fo_addr_len = f->fabric_addr.len; /* <= CTL_MAX_ADDR: ctl_msg_check */
     if (s->fo_addr_len)
         memcpy(s->fo_addr, f->fabric_addr.data, s->fo_addr_len);
+    const int S = s->book.num_servers;
+    if (s->srv_lost && f->server >= 0 && f->server < S) {
+        if (f->kind == CTL_FO_LOST)
+            s->srv_lost[f->server] = 1;
+        else if (f->kind == CTL_FO_REJOINED)
+            s->srv_lost[f->server] = 0;
+    }
+    if (f->kind == CTL_FO_REJOIN_BEGIN)
+        s->rejoin_pending = 1;
+    else if (f->kind == CTL_FO_REJOINED || f->kind == CTL_FO_REJOIN_ABORTED)
+        s->rejoin_pending = 0;
+}
+
+/* 1 when rc (a send or read of the session) says the rendezvous closed the connection (EOF or RST) rather
+ * than sent anything: the process holding it is gone (the rendezvous never closes a member's connection
+ * without an explicit message first). */
+static int closed_rc(int rc)
+{
+    return rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED;
+}
+
+/* The control connection closed (rc, closed_rc) on a session that may survive it: when every shard keeps a
+ * live copy without server 0 (this member's view of the lost set) and no rejoin is under way, the close is
+ * taken as server 0's failover at the next epoch (a notice as the rendezvous would send, kept for
+ * ctl_session_failover) and the session goes on without a connection (orphan): returns 2. Otherwise returns
+ * rc with the reason the run must re-form in pf_errmsg(). */
+static int rendezvous_lost(ctl_session *s, int rc)
+{
+    char why[256], cause[PF_ERRMSG_MAX];
+    snprintf(cause, sizeof cause, "%s", pf_errmsg());
+    const int S = s->book.num_servers;
+    if (s->rejoin_pending)
+        return pf_err(rc,
+                      "%s: the rendezvous is lost with server 0 while a server rejoins (a rejoin needs the "
+                      "rendezvous): falling back to the checkpoint re-form",
+                      cause);
+    if (!ctl_shards_survive(s->srv_lost, S, 0, why, sizeof why))
+        return pf_err(rc, "%s: the rendezvous is lost with server 0 and %s: falling back to the checkpoint re-form",
+                      cause, why);
+    pthread_mutex_lock(&s->send_mu);
+    close(s->fd);
+    s->fd = -1;
+    pthread_mutex_unlock(&s->send_mu);
+    s->srv_lost[0] = 1;
+    s->fo_epoch++;
+    s->fo_server = 0;
+    s->fo_kind = CTL_FO_LOST;
+    s->fo_step = 0;
+    s->fo_addr_len = 0;
+    snprintf(s->fo_text, sizeof s->fo_text,
+             "server[0] lost (%s): shard 0 goes on on its backup on server 1, epoch %u; %s now %s a single copy; "
+             "the rendezvous is lost with server 0: training goes on; another failure now re-forms the run from "
+             "its checkpoint",
+             cause, s->fo_epoch, why, strchr(why, ',') ? "have" : "has");
+    atomic_store(&s->orphan, 1);
+    return 2;
 }
 
 int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
 {
     double end = timeout_s < 0 ? 1e300 : pf_now_s() + timeout_s;
+    if (atomic_load(&s->orphan)) {
+        /* No rendezvous: nothing comes and nothing is sent; the caller's loop goes on. */
+        for (double t = pf_now_s(); t < end; t = pf_now_s()) {
+            double left = end - t;
+            poll(NULL, 0, left > 1.0 ? 1000 : (int)(left * 1000) + 1);
+        }
+        return 0;
+    }
     const double hb_every = s->hb_every > 0 ? s->hb_every : 1.0;
     if (s->next_hb == 0)
         s->next_hb = pf_now_s() + hb_every;
@@ -505,7 +576,7 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
             s->hb_sent[hb.seq % CTL_HB_RING] = t;
             int rc = send_msg(s, &m, t + 5.0);
             if (rc < 0)
-                return rc;
+                return s->survive && closed_rc(rc) ? rendezvous_lost(s, rc) : rc;
             s->next_hb = t + hb_every;
         }
         Pfcps__CtlMessage *m = NULL;
@@ -513,7 +584,7 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
         if (rc == -ETIMEDOUT)
             continue;
         if (rc < 0)
-            return rc;
+            return s->survive && closed_rc(rc) ? rendezvous_lost(s, rc) : rc;
         int kind = m->body_case;
         if (kind == PFCPS__CTL_MESSAGE__BODY_ERROR)
             rc = error_reply(m->error);
@@ -555,6 +626,8 @@ int ctl_session_rejoin_report(ctl_session *s, int kind, int server, uint32_t epo
 {
     if (kind != CTL_FO_REJOIN_STEP && kind != CTL_FO_REJOIN_READY)
         return pf_err(-EINVAL, "rejoin report: kind %d is neither the copy step nor ready", kind);
+    if (atomic_load(&s->orphan))
+        return pf_err(-ENOTCONN, "rejoin report: the rendezvous is lost with server 0");
     Pfcps__Failover f;
     Pfcps__CtlMessage m;
     ctl_msg_set_failover(&m, &f, epoch ? epoch : 1, server,
@@ -574,11 +647,32 @@ void ctl_session_set_heartbeat(ctl_session *s, double seconds)
 
 double ctl_session_lease_base(const ctl_session *s)
 {
+    if (atomic_load(&((ctl_session *)s)->orphan))
+        return pf_now_s(); /* no rendezvous is left that could hand this member's role to another */
     return atomic_load(&((ctl_session *)s)->lease_base);
+}
+
+int ctl_session_survive_rendezvous_loss(ctl_session *s)
+{
+    if (!s->srv_lost) {
+        int S = s->book.num_servers > 0 ? s->book.num_servers : 1;
+        s->srv_lost = calloc((size_t)S, 1);
+        if (!s->srv_lost)
+            return pf_err(-ENOMEM, "out of memory");
+    }
+    s->survive = 1;
+    return 0;
+}
+
+int ctl_session_orphaned(const ctl_session *s)
+{
+    return atomic_load(&((ctl_session *)s)->orphan);
 }
 
 int ctl_session_leave(ctl_session *s)
 {
+    if (atomic_load(&s->orphan))
+        return 0; /* no rendezvous to tell */
     Pfcps__Shutdown sd;
     Pfcps__CtlMessage m;
     ctl_msg_set_shutdown(&m, &sd, "leaving");
@@ -587,6 +681,8 @@ int ctl_session_leave(ctl_session *s)
 
 int ctl_session_fail(ctl_session *s, const char *why)
 {
+    if (atomic_load(&s->orphan))
+        return pf_err(-ENOTCONN, "the rendezvous is lost with server 0");
     char text[512];
     snprintf(text, sizeof text, "%s", why ? why : "");
     Pfcps__Error e;
@@ -603,6 +699,7 @@ void ctl_session_close(ctl_session *s)
         close(s->fd);
     pthread_mutex_destroy(&s->send_mu);
     ctl_book_free(&s->book);
+    free(s->srv_lost);
     free(s->rbuf);
     free(s);
 }

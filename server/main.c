@@ -578,8 +578,22 @@ static void renew_lease(server_daemon *d)
         ps_server_set_lease(d->backup, base + d->lease_s);
 }
 
+/* The rendezvous is lost with server 0 (ctl_session_orphaned): 1 once every worker told this server's copies
+ * that it finished training (ps_client_done), so that the run ends without the rendezvous' shutdown. */
+static int workers_done_here(const server_daemon *d)
+{
+    for (int w = 0; w < d->run.workers; w++)
+        if (!ps_server_worker_done(d->srv, w) && !ps_server_worker_done(d->backup, w))
+            return 0;
+    return 1;
+}
+
 static int serve_until_stop(server_daemon *d)
 {
+    if (d->run.replicas && d->rank != 0 && ctl_session_survive_rendezvous_loss(d->sess) < 0) {
+        log_error("%s", pf_errmsg());
+        return 1;
+    }
     if (d->run.replicas) {
         /* The lease ends before the rendezvous removes a silent member (ctl_member_silence_s); heartbeats
          * renew it eight times per lease. Until the first echo the lease counts from now. */
@@ -593,6 +607,11 @@ static int serve_until_stop(server_daemon *d)
         if (d->rv && ctl_rendezvous_workers_done(d->rv)) {
             log_info("every worker left the run in order: training is over; shutting the run down");
             return 0; /* finish() broadcasts the shutdown: the other servers stop with 0 */
+        }
+        if (ctl_session_orphaned(d->sess) && workers_done_here(d)) {
+            log_info("every worker said it finished training (the rendezvous is lost with server 0): training "
+                     "is over; stopping");
+            return 0;
         }
         int r = ctl_session_wait_shutdown(d->sess, 0.2);
         if (d->run.replicas)

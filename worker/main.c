@@ -394,8 +394,14 @@ static int accept_run_config(worker_daemon *d)
 static int train_watched(worker_daemon *d)
 {
     ctl_watch watch = {.sess = d->sess, .t = d->t, .grace_s = 10};
-    if (d->run.replicas) /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
+    if (d->run.replicas) { /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
         ctl_session_set_heartbeat(d->sess, ctl_member_silence_s(d->run.ctl_timeout) / 8);
+        /* A close of the control connection is server 0's failover when the shards keep their copies. */
+        if (ctl_session_survive_rendezvous_loss(d->sess) < 0) {
+            log_error("%s", pf_errmsg());
+            return 1;
+        }
+    }
     fab_set_interrupt(&watch.interrupt);
     pthread_t watcher;
     int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
@@ -445,6 +451,21 @@ static int finish(worker_daemon *d, int exit_code)
     return exit_code;
 }
 
+/* replicas = 1: after the last step, tells every shard's serving copy that this worker is done
+ * (ps_client_done), so that servers which lost the rendezvous with server 0 (now, or later than this worker
+ * left it) stop when every worker did; with the rendezvous the shutdown does that too. A failure is logged
+ * only: the outputs are written. */
+static void tell_servers_done(worker_daemon *d)
+{
+    ps_client *pc = d->run.replicas ? train_ps_client(d->t) : NULL;
+    if (!pc)
+        return;
+    if (ps_client_done(pc, d->run.ctl_timeout > 0 ? d->run.ctl_timeout : 30) < 0)
+        log_warn("%s", pf_errmsg());
+    else if (ctl_session_orphaned(d->sess))
+        log_info("told every live server this worker is done (the rendezvous is lost with server 0)");
+}
+
 /* The metrics endpoint (metrics_address of this process' config; off when empty), its bound address sent
  * with the join. Returns 0 or -1 (logged). */
 static int start_metrics(const worker_daemon *d)
@@ -474,6 +495,7 @@ int main(int argc, char **argv)
     if (rc == 1) {
         exit_code = 0; /* stopped before the run formed */
     } else if (rc == 0 && accept_run_config(&d) == 0 && (exit_code = train_watched(&d)) == 0) {
+        tell_servers_done(&d);
         /* Done (or stopped on request) in order: say so, so that the rendezvous does not report us lost. */
         ctl_session_leave(d.sess);
     }
