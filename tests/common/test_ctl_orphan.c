@@ -1,0 +1,229 @@
+/* A member's session when the rendezvous' process goes (replicas = 1; docs/architecture.md, "Hot-standby
+ * shards", "Server 0 and the rendezvous"). The rendezvous (2 servers + 1 worker, replicas = 1) runs in a forked
+ * child, as in server 0's process; the three members join from threads of this process. Cases:
+ *   kill:   the child is killed (SIGKILL): the worker's and server 1's sessions (ctl_session_survive_rendezvous_loss)
+ *           take the close as server 0's failover (wait returns 2: server 0, epoch 1, the text naming the lost
+ *           rendezvous), are orphaned, keep a lease (lease base = now), leave without error, refuse rejoin
+ *           reports and failure reports (-ENOTCONN) and then only wait out their timeouts; server 0's session,
+ *           which does not survive it, gets the close as an error;
+ *   both:   server 1 goes first (its session closed without leaving: the rendezvous fails it over); then the
+ *           child is killed: shard 0 would have no copy left, so the worker's session returns the close as an
+ *           error naming the fallback to the checkpoint re-form, not orphaned;
+ *   stop:   the child stops its rendezvous without a shutdown (ctl_rendezvous_stop, as server 0 exiting for a
+ *           re-form): every member is told before its connection closes (-ENOLINK), none is orphaned. */
+#include "common/clock.h"
+#include "common/ctl.h"
+#include "common/ctl_internal.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "tests/check.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SECRET "orphan-test-secret"
+#define MAXF   65536
+
+static pid_t child;
+static int port;
+
+static void kill_child(void)
+{
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        child = 0;
+    }
+}
+
+/* Forks the rendezvous' process: it starts the service on a free port, writes the port to this process,
+ * then stops the service when it reads a byte from *cmd (the write end, for this process). */
+static void start_child(int *cmd)
+{
+    int up[2], down[2];
+    if (pipe(up) < 0 || pipe(down) < 0)
+        DIE("pipe");
+    child = fork();
+    if (child < 0)
+        DIE("fork");
+    if (child == 0) {
+        close(up[0]);
+        close(down[1]);
+        ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
+                                 .num_servers = 2,
+                                 .num_workers = 1,
+                                 .secret = SECRET,
+                                 .max_frame = MAXF,
+                                 .timeout_s = 8,
+                                 .config_text = "[cluster]\nreplicas = 1\n",
+                                 .replicas = 1,
+                                 .rejoin = 1};
+        ctl_rendezvous *rv;
+        if (ctl_rendezvous_start(&o, &rv) < 0)
+            _exit(3);
+        int p = ctl_rendezvous_port(rv);
+        if (write(up[1], &p, sizeof p) != sizeof p)
+            _exit(4);
+        char b;
+        if (read(down[0], &b, 1) == 1)
+            ctl_rendezvous_stop(rv);
+        _exit(0);
+    }
+    close(up[1]);
+    close(down[0]);
+    if (read(up[0], &port, sizeof port) != sizeof port)
+        DIE("the rendezvous' process did not start");
+    close(up[0]);
+    *cmd = down[1];
+}
+
+typedef struct member {
+    ctl_role role;
+    int rank;
+    pthread_t th;
+    int rc;
+    ctl_session *s;
+} member;
+
+static void *join_main(void *arg)
+{
+    member *m = arg;
+    char addr[32];
+    snprintf(addr, sizeof addr, "fab-%s-%d", ctl_role_name(m->role), m->rank);
+    m->rc = ctl_join("127.0.0.1", port, m->role, m->rank, addr, strlen(addr), SECRET, MAXF, 10.0, &m->s);
+    return NULL;
+}
+
+/* Joins server 0, server 1 and worker 0 (threads: the run forms once all three are in) into m[3]. */
+static void join_all(member m[3])
+{
+    m[0] = (member){.role = CTL_ROLE_SERVER, .rank = 0};
+    m[1] = (member){.role = CTL_ROLE_SERVER, .rank = 1};
+    m[2] = (member){.role = CTL_ROLE_WORKER, .rank = 0};
+    for (int i = 0; i < 3; i++)
+        pthread_create(&m[i].th, NULL, join_main, &m[i]);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(m[i].th, NULL);
+        if (m[i].rc < 0)
+            DIE("member %d did not join: %s", i, pf_errmsg());
+    }
+}
+
+static void close_all(member m[3])
+{
+    for (int i = 0; i < 3; i++)
+        ctl_session_close(m[i].s);
+}
+
+/* The child exited (killed, or stopped its service); reaps it. */
+static void reap(void)
+{
+    waitpid(child, NULL, 0);
+    child = 0;
+}
+
+static void case_kill(void)
+{
+    int cmd;
+    start_child(&cmd);
+    member m[3];
+    join_all(m);
+    CHECK(ctl_session_survive_rendezvous_loss(m[1].s) == 0, "survive");
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s) == 0, "survive");
+    kill(child, SIGKILL);
+    reap();
+    for (int i = 1; i < 3; i++) {
+        int r = ctl_session_wait_shutdown(m[i].s, 5.0);
+        check(r == 2, "kill: member %d takes the close as a failover notice (wait returned %d: %s)", i, r,
+              r < 0 ? pf_errmsg() : "");
+        int server = -1;
+        const char *text = "";
+        uint32_t epoch = ctl_session_failover(m[i].s, &server, &text);
+        check(epoch == 1 && server == 0, "kill: member %d: server 0 lost at epoch 1 (got %d at %u)", i, server,
+              epoch);
+        check(ctl_session_failover_kind(m[i].s, NULL, NULL, NULL) == CTL_FO_LOST, "kill: member %d: kind lost", i);
+        check(strstr(text, "the rendezvous is lost with server 0: training goes on") != NULL &&
+                  strstr(text, "shards 0, 1 now have a single copy") != NULL,
+              "kill: member %d's notice text: %s", i, text);
+        check(ctl_session_orphaned(m[i].s) == 1, "kill: member %d is orphaned", i);
+        double lb = ctl_session_lease_base(m[i].s), now = pf_now_s();
+        check(lb <= now && lb > now - 0.5, "kill: member %d keeps its lease (base %.3f, now %.3f)", i, lb, now);
+        check(ctl_session_leave(m[i].s) == 0, "kill: member %d leaves without a rendezvous", i);
+        check(ctl_session_rejoin_report(m[i].s, CTL_FO_REJOIN_READY, 1, 1, 0) == -ENOTCONN,
+              "kill: member %d's rejoin report is refused", i);
+        check(ctl_session_fail(m[i].s, "x") == -ENOTCONN, "kill: member %d's failure report is refused", i);
+        double t0 = pf_now_s();
+        r = ctl_session_wait_shutdown(m[i].s, 0.3);
+        double dt = pf_now_s() - t0;
+        check(r == 0 && dt >= 0.28 && dt < 2, "kill: member %d then waits out its timeout (%d after %.3f s)", i, r,
+              dt);
+    }
+    int r = ctl_session_wait_shutdown(m[0].s, 5.0);
+    check(r == -ECONNRESET || r == -EPIPE, "kill: server 0's own session (not surviving) gets the close (%d)", r);
+    check(!ctl_session_orphaned(m[0].s), "kill: server 0's session is not orphaned");
+    close_all(m);
+    close(cmd);
+}
+
+static void case_both(void)
+{
+    int cmd;
+    start_child(&cmd);
+    member m[3];
+    join_all(m);
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s) == 0, "survive");
+    ctl_session_close(m[1].s); /* server 1 lost: failed over by the rendezvous */
+    m[1].s = NULL;
+    int r = ctl_session_wait_shutdown(m[2].s, 5.0);
+    int server = -1;
+    uint32_t epoch = ctl_session_failover(m[2].s, &server, NULL);
+    check(r == 2 && server == 1 && epoch == 1, "both: the worker is told server 1 failed over (%d, %d, %u)", r,
+          server, epoch);
+    kill(child, SIGKILL);
+    reap();
+    r = ctl_session_wait_shutdown(m[2].s, 5.0);
+    check(r == -ECONNRESET || r == -EPIPE, "both: the close is an error for the worker (%d)", r);
+    check(strstr(pf_errmsg(), "both copies of shard 0 are lost (servers 0 and 1)") &&
+              strstr(pf_errmsg(), "falling back to the checkpoint re-form"),
+          "both: the reason names the fallback: %s", pf_errmsg());
+    check(!ctl_session_orphaned(m[2].s), "both: the worker is not orphaned");
+    close_all(m);
+    close(cmd);
+}
+
+static void case_stop(void)
+{
+    int cmd;
+    start_child(&cmd);
+    member m[3];
+    join_all(m);
+    for (int i = 0; i < 3; i++)
+        CHECK(ctl_session_survive_rendezvous_loss(m[i].s) == 0, "survive");
+    if (write(cmd, "s", 1) != 1)
+        DIE("write");
+    reap();
+    for (int i = 0; i < 3; i++) {
+        int r = ctl_session_wait_shutdown(m[i].s, 5.0);
+        check(r == -ENOLINK && strstr(pf_errmsg(), "stopped its rendezvous without a shutdown"),
+              "stop: member %d is told before its connection closes (%d: %s)", i, r, pf_errmsg());
+        check(!ctl_session_orphaned(m[i].s), "stop: member %d is not orphaned", i);
+    }
+    close_all(m);
+    close(cmd);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    atexit(kill_child);
+    log_init("test", 0);
+    case_kill();
+    case_both();
+    case_stop();
+    return check_summary();
+}
