@@ -7,10 +7,12 @@
 #          member takes the close of its control connection as server 0's failover: shard 0 goes on on its
 #          backup on server 1, the run trains to its end without a rendezvous and every process exits 0 (the
 #          workers tell the live servers they are done over the data plane);
-#   stop:  replicas = 1, 2 servers: SIGSTOP of server 0 at a random step, SIGCONT 6 s later (longer than the
-#          silence limit of 5 s at ctl_timeout = 20, shorter than the workers' data-plane bound): the run
+#   stop:  replicas = 1, 2 servers: SIGSTOP of server 0 at a random step, SIGCONT 4 s later (longer than the
+#          silence limit of 3 s at ctl_timeout = 12, shorter than the workers' data-plane bound): the run
 #          pauses (server 1's lease runs out, so it answers nothing meanwhile) and goes on; the rendezvous
 #          removes nobody (it counts the members' silence from when it runs again) and every process exits 0.
+#   launcher: the kill case under deploy/local/launch.sh --max-restarts 1: it names server 0's death, goes on
+#          without starting it again, and exits 0 with the reference's model.ckpt and final checkpoint.
 # Each run must end with worker 0 having trained steps 1..36 once each with the reference's losses (its
 # --trace equal to the reference's), no checkpoint loaded, and a model.ckpt and final checkpoint (`pfcps
 # ckpt-info` table and backbone SHA-256, computed from the files) equal to the reference's. The time from the
@@ -85,14 +87,14 @@ expect_grep "kill: server 1 promoted its backup of shard 0" "shard 0: its primar
 expect_grep "kill: server 1 says shard 1 lost its backup" "shard 1 lost its backup copy \(server 0\)" "$TMP/server1.log"
 expect_grep "kill: server 1 stopped once every worker was done" "every worker said it finished training" "$TMP/server1.log"
 
-# --- stop: SIGSTOP of server 0 of 2, SIGCONT 6 s later --------------------------------------------------------------
+# --- stop: SIGSTOP of server 0 of 2, SIGCONT 4 s later --------------------------------------------------------------
 at=$((6 + RANDOM % 15))
-write_cfg stop "replicas = 1" "ctl_timeout = 20"
+write_cfg stop "replicas = 1" "ctl_timeout = 12"
 rm -f "$TMP"/trace* "$TMP"/*.log
 start_cluster "$TMP/stop.ini" 2 2 --trace "$TMP/trace{r}"
 wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "stop: worker 0 did not reach step $at"; }
 kill -STOP "${SPIDS[0]}"
-sleep 6
+sleep 4
 kill -CONT "${SPIDS[0]}"
 for p in "${WPIDS[@]}"; do wait_member stop "$p" worker; done
 for p in "${SPIDS[@]}"; do wait_member stop "$p" server; done
@@ -100,4 +102,19 @@ check_run stop
 expect_grep "stop: the rendezvous counted the members' silence from when it ran again" \
   "the rendezvous did not run for [0-9.]+ s" "$TMP/server0.log"
 if grep -q "failover" "$TMP"/*.log; then fail "stop: a failover was decided"; else ok "stop: no failover"; fi
+# --- launcher: the kill of server 0 under deploy/local/launch.sh --max-restarts 1 -------------------------------------
+write_cfg launch "replicas = 1" "ctl_timeout = 20"
+setsid "$SRC/deploy/local/launch.sh" -c "$TMP/launch.ini" -b "$BUILD" --max-restarts 1 >"$TMP/launch.out" 2>&1 &
+LP=$!
+wait_log "$TMP/launch/logs/worker0.log" "Global Step: 8 " 120 || { tail -20 "$TMP/launch.out"; die "launcher: worker 0 did not reach step 8"; }
+victim=$(pgrep -f -- "pfcps-server --config $TMP/launch.ini --rank 0" | head -1)
+[ -n "$victim" ] || die "launcher: server 0's pid not found"
+kill -KILL "$victim"
+s=0; wait "$LP" || s=$?
+LP=
+expect_eq "launcher: launch.sh exits 0 after server 0 was killed" "$s" 0
+expect_grep "launcher: it names server 0's death and goes on" \
+  "server 0 died \(status 137; .*the run goes on without its rendezvous" "$TMP/launch.out"
+if grep -q "restart 1/1" "$TMP/launch.out"; then fail "launcher: a member was restarted"; else ok "launcher: nothing restarted"; fi
+ckpt_check_same launch
 expect_summary
