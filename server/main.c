@@ -62,6 +62,8 @@ typedef struct server_daemon {
     ps_server *srv;
     ps_server *backup; /* replicas = 1: the hot-standby copy of shard (rank - 1) mod S */
     double lease_s;    /* replicas = 1: how long past its lease base the server may act (serve_until_stop) */
+    double orphan_t;   /* when serve_until_stop first saw the rendezvous lost with server 0 (0: not yet) */
+    double quiet_s;    /* without a rendezvous: workers silent this long end the run (workers_quiet) */
     char root[4096];  /* checkpoint root of the run */
     snapfile_key key; /* the checkpoint key, from the join secret (shard files carry its HMAC) */
 } server_daemon;
@@ -588,8 +590,25 @@ static int workers_done_here(const server_daemon *d)
     return 1;
 }
 
+/* The rendezvous is lost with server 0 and the workers went quiet: no copy here took a message from any
+ * worker for quiet_s (4 x ctl_timeout, the workers' own bound on a data-plane wait; counted from the loss at
+ * the earliest), so a worker died as well and no rendezvous is left to say so. */
+static int workers_quiet(server_daemon *d)
+{
+    double now = pf_now_s();
+    if (d->orphan_t == 0)
+        d->orphan_t = now;
+    double last = d->orphan_t, a = ps_server_last_request(d->srv), b = ps_server_last_request(d->backup);
+    if (a > last)
+        last = a;
+    if (b > last)
+        last = b;
+    return now - last > d->quiet_s;
+}
+
 static int serve_until_stop(server_daemon *d)
 {
+    d->quiet_s = 4 * (d->run.ctl_timeout > 0 ? d->run.ctl_timeout : 30);
     if (d->run.replicas && d->rank != 0 && ctl_session_survive_rendezvous_loss(d->sess) < 0) {
         log_error("%s", pf_errmsg());
         return 1;
@@ -608,10 +627,23 @@ static int serve_until_stop(server_daemon *d)
             log_info("every worker left the run in order: training is over; shutting the run down");
             return 0; /* finish() broadcasts the shutdown: the other servers stop with 0 */
         }
-        if (ctl_session_orphaned(d->sess) && workers_done_here(d)) {
-            log_info("every worker said it finished training (the rendezvous is lost with server 0): training "
-                     "is over; stopping");
-            return 0;
+        if (ctl_session_orphaned(d->sess)) {
+            if (workers_done_here(d)) {
+                log_info("every worker said it finished training (the rendezvous is lost with server 0): "
+                         "training is over; stopping");
+                return 0;
+            }
+            if (workers_quiet(d)) {
+                ps_server_fence(d->srv);
+                if (d->backup)
+                    ps_server_fence(d->backup);
+                log_error("no worker sent anything for %.0f s and not every worker said it finished training: "
+                          "without the rendezvous (lost with server 0) nothing can tell this server more; it is "
+                          "fenced and stops so that the run can re-form from its newest complete checkpoint "
+                          "(exit %d)",
+                          d->quiet_s, DAEMON_EXIT_REFORM);
+                return DAEMON_EXIT_REFORM;
+            }
         }
         int r = ctl_session_wait_shutdown(d->sess, 0.2);
         if (d->run.replicas)

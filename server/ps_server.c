@@ -499,3 +499,8 @@ int ps_server_worker_done(const ps_server *srv, int rank)
         return 0;
     return atomic_load(&srv->worker_done[rank]);
 }
+
+double ps_server_last_request(const ps_server *srv)
+{
+    return srv ? atomic_load(&((ps_server *)srv)->last_rx) : 0;
+}

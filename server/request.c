@@ -383,6 +383,7 @@ void pss_handle_msg(ps_server *S, const uint8_t *buf, size_t len)
     /* A member of the run (it holds the token) at a newer membership epoch: a failover was announced that
      * this server's control plane has not told it yet. */
     ps_server_set_epoch(S, h.epoch);
+    atomic_store(&S->last_rx, pf_now_s());
     char msg[256];
     const uint8_t *payload = buf + sizeof(ps_hdr);
     size_t plen = len - sizeof(ps_hdr);

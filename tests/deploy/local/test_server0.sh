@@ -12,12 +12,19 @@
 #          pauses (server 1's lease runs out, so it answers nothing meanwhile) and goes on; the rendezvous
 #          removes nobody (it counts the members' silence from when it runs again) and every process exits 0.
 #   launcher: the kill case under deploy/local/launch.sh --max-restarts 1: it names server 0's death, goes on
-#          without starting it again, and exits 0 with the reference's model.ckpt and final checkpoint.
+#          without starting it again, and exits 0 with the reference's model.ckpt and final checkpoint;
+#   worker: (only when asked for: its own test, train_server0_worker) replicas = 1, ctl_timeout = 4: kill -9 of
+#          server 0, then of worker 1: no rendezvous is left to say so, so server 1 waits for the workers' done
+#          notices until no worker sent anything for 4 x ctl_timeout, then is fenced and exits 75 (the re-form),
+#          and worker 0 stops with an error (75 or 1); nobody hangs.
 # Each run must end with worker 0 having trained steps 1..36 once each with the reference's losses (its
 # --trace equal to the reference's), no checkpoint loaded, and a model.ckpt and final checkpoint (`pfcps
 # ckpt-info` table and backbone SHA-256, computed from the files) equal to the reference's. The time from the
 # kill to the next step worker 0 completes is printed.
+# usage: test_server0.sh SERVER WORKER PFCPS SRC BUILD [CASES] (CASES: default "kill stop launcher")
 source "$(dirname "$0")/cluster.sh" "$@"
+CASES=${6:-kill stop launcher}
+has() { [[ " $CASES " == *" $1 "* ]]; }
 export OMP_NUM_THREADS=1 PFCPS_SECRET=server0-secret
 pack_orl 10
 
@@ -56,6 +63,7 @@ check_run() {
   fi
 }
 
+if has kill || has stop || has launcher; then
 write_cfg ref
 start_cluster "$TMP/ref.ini" 2 2 --trace "$TMP/ref-trace{r}"
 wait_all "${WPIDS[@]}" || { show_logs; die "reference: a worker failed"; }
@@ -64,7 +72,10 @@ REF=$(ckpt_final_line "$TMP/ref")
 expect_grep "reference: 36 steps, final checkpoint complete" "^step 36: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
 expect_eq "reference: worker 0's trace has 36 lines" "$(wc -l <"$TMP/ref-trace0")" 36
 
+fi
+
 RANDOM=$$
+if has kill; then
 # --- kill: kill -9 of server 0 of 2, not restarted ----------------------------------------------------------------
 at=$((6 + RANDOM % 15))
 write_cfg kill "replicas = 1" "ctl_timeout = 20"
@@ -87,6 +98,9 @@ expect_grep "kill: server 1 promoted its backup of shard 0" "shard 0: its primar
 expect_grep "kill: server 1 says shard 1 lost its backup" "shard 1 lost its backup copy \(server 0\)" "$TMP/server1.log"
 expect_grep "kill: server 1 stopped once every worker was done" "every worker said it finished training" "$TMP/server1.log"
 
+fi
+
+if has stop; then
 # --- stop: SIGSTOP of server 0 of 2, SIGCONT 4 s later --------------------------------------------------------------
 at=$((6 + RANDOM % 15))
 write_cfg stop "replicas = 1" "ctl_timeout = 12"
@@ -102,6 +116,9 @@ check_run stop
 expect_grep "stop: the rendezvous counted the members' silence from when it ran again" \
   "the rendezvous did not run for [0-9.]+ s" "$TMP/server0.log"
 if grep -q "failover" "$TMP"/*.log; then fail "stop: a failover was decided"; else ok "stop: no failover"; fi
+fi
+
+if has launcher; then
 # --- launcher: the kill of server 0 under deploy/local/launch.sh --max-restarts 1 -------------------------------------
 write_cfg launch "replicas = 1" "ctl_timeout = 20"
 setsid "$SRC/deploy/local/launch.sh" -c "$TMP/launch.ini" -b "$BUILD" --max-restarts 1 >"$TMP/launch.out" 2>&1 &
@@ -117,4 +134,26 @@ expect_grep "launcher: it names server 0's death and goes on" \
   "server 0 died \(status 137; .*the run goes on without its rendezvous" "$TMP/launch.out"
 if grep -q "restart 1/1" "$TMP/launch.out"; then fail "launcher: a member was restarted"; else ok "launcher: nothing restarted"; fi
 ckpt_check_same launch
+fi
+
+if has worker; then
+# --- worker: kill -9 of server 0, then of worker 1 ----------------------------------------------------------------
+# 30 epochs (180 steps): the run must outlast both kills.
+ckpt_ini worker 30 2 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" "ctl_timeout = 4"
+rm -f "$TMP"/trace* "$TMP"/*.log
+start_cluster "$TMP/worker.ini" 2 2
+wait_log "$TMP/worker0.log" "Global Step: 6 " 120 || { show_logs; die "worker: worker 0 did not reach step 6"; }
+kill -KILL "${SPIDS[0]}"
+wait_log "$TMP/server1.log" "failover (epoch 1): server\[0\] lost" 30 || { show_logs; die "worker: server 1 did not fail server 0 over"; }
+kill -KILL "${WPIDS[1]}"
+t0=$(date +%s)
+wait_exit "${SPIDS[1]}" 40 || { show_logs; die "worker: server 1 did not stop after worker 1 was lost"; }
+s=0; wait "${SPIDS[1]}" || s=$?
+expect_eq "worker: server 1 exits 75 (re-form)" "$s" 75
+echo "worker: server 1 stopped $(($(date +%s) - t0)) s after worker 1 was killed"
+expect_grep "worker: server 1 names why" "no worker sent anything for 16 s .* it is fenced and stops" "$TMP/server1.log"
+wait_exit "${WPIDS[0]}" 40 || { show_logs; die "worker: worker 0 did not stop"; }
+s=0; wait "${WPIDS[0]}" || s=$?
+if [ "$s" -eq 75 ] || [ "$s" -eq 1 ]; then ok "worker: worker 0 stopped with $s"; else fail "worker: worker 0 exited $s, not 75 or 1"; fi
+fi
 expect_summary
