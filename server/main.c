@@ -609,9 +609,15 @@ static int workers_quiet(server_daemon *d)
 static int serve_until_stop(server_daemon *d)
 {
     d->quiet_s = 4 * (d->run.ctl_timeout > 0 ? d->run.ctl_timeout : 30);
-    if (d->run.replicas && d->rank != 0 && ctl_session_survive_rendezvous_loss(d->sess) < 0) {
-        log_error("%s", pf_errmsg());
-        return 1;
+    if (d->run.replicas && d->rank != 0) {
+        /* A close of the control connection is server 0's failover when the shards keep their copies; a
+         * restarted server 0's rendezvous is resumed with the run config's digest. */
+        ckpt_ident id;
+        if (ckpt_ident_of(&d->run, ctl_session_book(d->sess)->run_id, &id) < 0 ||
+            ctl_session_survive_rendezvous_loss(d->sess, id.config_digest) < 0) {
+            log_error("%s", pf_errmsg());
+            return 1;
+        }
     }
     if (d->run.replicas) {
         /* The lease ends before the rendezvous removes a silent member (ctl_member_silence_s); heartbeats

@@ -396,8 +396,11 @@ static int train_watched(worker_daemon *d)
     ctl_watch watch = {.sess = d->sess, .t = d->t, .grace_s = 10};
     if (d->run.replicas) { /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
         ctl_session_set_heartbeat(d->sess, ctl_member_silence_s(d->run.ctl_timeout) / 8);
-        /* A close of the control connection is server 0's failover when the shards keep their copies. */
-        if (ctl_session_survive_rendezvous_loss(d->sess) < 0) {
+        /* A close of the control connection is server 0's failover when the shards keep their copies; a
+         * restarted server 0's rendezvous is resumed with the run config's digest. */
+        ckpt_ident id;
+        if (ckpt_ident_of(&d->run, ctl_session_book(d->sess)->run_id, &id) < 0 ||
+            ctl_session_survive_rendezvous_loss(d->sess, id.config_digest) < 0) {
             log_error("%s", pf_errmsg());
             return 1;
         }

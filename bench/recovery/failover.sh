@@ -13,7 +13,9 @@
 # which cannot be restarted into the running run yet) and prints the time from its start
 # to the rendezvous' "rejoined" line, how long the workers held their pushes for the copy (worker 0's log), and
 # worker 0's step time around the copy: the median of the steps before the kill and the step that held.
-# usage: bench/recovery/failover.sh [-b BUILD] [--rejoin] [--victim N] [ROUNDS [SERVERS]]
+# --quickstart: the quick start's run instead (deploy/configs/quickstart.ini: 30 ORL identities, r18_w16,
+# D = 128, 144 steps), with snapshot_every 4, replicas, a log line every step and this script's rendezvous.
+# usage: bench/recovery/failover.sh [-b BUILD] [--rejoin] [--victim N] [--quickstart] [ROUNDS [SERVERS]]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$SRC/build
@@ -22,6 +24,8 @@ REJOIN=0
 [ "${1:-}" = --rejoin ] && { REJOIN=1; shift; }
 VICTIM=
 [ "${1:-}" = --victim ] && { VICTIM=$2; shift 2; }
+QUICK=0
+[ "${1:-}" = --quickstart ] && { QUICK=1; shift; }
 [ "$REJOIN" = 1 ] && [ "$VICTIM" = 0 ] && { echo "--rejoin: server 0 cannot rejoin the running run" >&2; exit 2; }
 ROUNDS=${1:-5}
 SERVERS=${2:-2}
@@ -30,9 +34,22 @@ export OMP_NUM_THREADS=1 PFCPS_SECRET=failover-secret
 TMP=$(mktemp -d)
 trap 'pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
 . "$SRC/bench/recovery/common.sh"
-recovery_stage || exit 1
+if [ "$QUICK" = 1 ]; then
+  mkdir -p "$TMP/stage"
+  for i in $(seq 1 30); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
+  "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || exit 1
+else
+  recovery_stage || exit 1
+fi
 # cfg NAME SERVERS REPLICAS
 cfg() {
+  if [ "$QUICK" = 1 ]; then
+    # The quick start's config, then this run's keys (a later key overrides; sections do not matter).
+    { cat "$SRC/deploy/configs/quickstart.ini"
+      printf '[train]\noutput = %s\nfrequent = 1\n[data]\nrec = %s\n[cluster]\nservers = %s\nrendezvous = 127.0.0.1:%s\nctl_timeout = 20\n[server]\nsnapshot_every = 4\nreplicas = %s\n' \
+        "$TMP/$1" "$TMP/train" "$2" "$(port)" "$3"; } >"$TMP/$1.ini"
+    return
+  fi
   cat >"$TMP/$1.ini" <<INI
 [train]
 network = r18_w8

@@ -43,7 +43,15 @@ static void kill_child(void)
 
 /* Forks the rendezvous' process: it starts the service on a free port, writes the port to this process,
  * then stops the service when it reads a byte from *cmd (the write end, for this process). */
+static void start_child_at(int *cmd, int at_port);
+
 static void start_child(int *cmd)
+{
+    start_child_at(cmd, 0);
+}
+
+/* start_child on port at_port (0: a free one). */
+static void start_child_at(int *cmd, int at_port)
 {
     int up[2], down[2];
     if (pipe(up) < 0 || pipe(down) < 0)
@@ -55,6 +63,7 @@ static void start_child(int *cmd)
         close(up[0]);
         close(down[1]);
         ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
+                                 .port = at_port,
                                  .num_servers = 2,
                                  .num_workers = 1,
                                  .secret = SECRET,
@@ -133,8 +142,8 @@ static void case_kill(void)
     start_child(&cmd);
     member m[3];
     join_all(m);
-    CHECK(ctl_session_survive_rendezvous_loss(m[1].s) == 0, "survive");
-    CHECK(ctl_session_survive_rendezvous_loss(m[2].s) == 0, "survive");
+    CHECK(ctl_session_survive_rendezvous_loss(m[1].s, NULL) == 0, "survive");
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, NULL) == 0, "survive");
     kill(child, SIGKILL);
     reap();
     for (int i = 1; i < 3; i++) {
@@ -176,7 +185,7 @@ static void case_both(void)
     start_child(&cmd);
     member m[3];
     join_all(m);
-    CHECK(ctl_session_survive_rendezvous_loss(m[2].s) == 0, "survive");
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, NULL) == 0, "survive");
     ctl_session_close(m[1].s); /* server 1 lost: failed over by the rendezvous */
     m[1].s = NULL;
     int r = ctl_session_wait_shutdown(m[2].s, 5.0);
@@ -203,7 +212,7 @@ static void case_stop(void)
     member m[3];
     join_all(m);
     for (int i = 0; i < 3; i++)
-        CHECK(ctl_session_survive_rendezvous_loss(m[i].s) == 0, "survive");
+        CHECK(ctl_session_survive_rendezvous_loss(m[i].s, NULL) == 0, "survive");
     if (write(cmd, "s", 1) != 1)
         DIE("write");
     reap();
@@ -217,6 +226,78 @@ static void case_stop(void)
     close(cmd);
 }
 
+typedef struct learner {
+    pthread_t th;
+    int rc;
+    ctl_session *s;
+} learner;
+
+static void *learner_main(void *arg)
+{
+    learner *l = arg;
+    const char *addr = "fab-server-0-again";
+    l->rc = ctl_join("127.0.0.1", port, CTL_ROLE_SERVER, 0, addr, strlen(addr), SECRET, MAXF, 10.0, &l->s);
+    return NULL;
+}
+
+/* resume: the child is killed (server 1 and the worker take it as server 0's failover, orphaned), then a new
+ * rendezvous starts at the same address (server 0 restarted): both members reconnect and resume the run
+ * there (acknowledged; not orphaned any more), the new rendezvous adopts it, and server 0's join is a rejoin:
+ * the worker is told "rejoin begins" for server 0, says the copy step, and the learner gets its book (rejoin
+ * epoch and that step). A member of another run (its run id differs) is refused. */
+static void case_resume(void)
+{
+    int cmd;
+    start_child(&cmd);
+    const int at = port;
+    member m[3];
+    join_all(m);
+    uint8_t digest[32] = {0};
+    CHECK(ctl_session_survive_rendezvous_loss(m[1].s, digest) == 0, "survive");
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, digest) == 0, "survive");
+    kill(child, SIGKILL);
+    reap();
+    close(cmd);
+    for (int i = 1; i < 3; i++)
+        check(ctl_session_wait_shutdown(m[i].s, 5.0) == 2 && ctl_session_orphaned(m[i].s),
+              "resume: member %d failed server 0 over", i);
+    start_child_at(&cmd, at);
+    double t0 = pf_now_s();
+    while (pf_now_s() - t0 < 5 && (ctl_session_orphaned(m[1].s) || ctl_session_orphaned(m[2].s)))
+        for (int i = 1; i < 3; i++)
+            ctl_session_wait_shutdown(m[i].s, 0.1);
+    check(!ctl_session_orphaned(m[1].s) && !ctl_session_orphaned(m[2].s),
+          "resume: both members reconnected to the restarted rendezvous within %.2f s", pf_now_s() - t0);
+    learner l = {0};
+    pthread_create(&l.th, NULL, learner_main, &l);
+    int kind = -1, server = -1, r = 0;
+    t0 = pf_now_s();
+    while (pf_now_s() - t0 < 8 && kind != CTL_FO_REJOIN_BEGIN) {
+        ctl_session_wait_shutdown(m[1].s, 0.05);
+        r = ctl_session_wait_shutdown(m[2].s, 0.2);
+        if (r == 2) {
+            ctl_session_failover(m[2].s, &server, NULL);
+            kind = ctl_session_failover_kind(m[2].s, NULL, NULL, NULL);
+        }
+    }
+    uint32_t epoch = ctl_session_failover(m[2].s, NULL, NULL);
+    check(kind == CTL_FO_REJOIN_BEGIN && server == 0 && epoch >= 3,
+          "resume: the worker is told server 0 rejoins (kind %d, server %d, epoch %u)", kind, server, epoch);
+    CHECK(ctl_session_rejoin_report(m[2].s, CTL_FO_REJOIN_STEP, 0, epoch, 8) == 0, "copy step: %s", pf_errmsg());
+    pthread_join(l.th, NULL);
+    check(l.rc == 0, "resume: the restarted server 0 got its book (%d: %s)", l.rc, l.rc < 0 ? pf_errmsg() : "");
+    if (l.rc == 0) {
+        const ctl_book *b = ctl_session_book(l.s);
+        check(b->rejoin_epoch == epoch && b->resume_step == 8 && !memcmp(b->run_id, ctl_session_book(m[2].s)->run_id, 16),
+              "resume: as a learner at epoch %u from step %lld, of the run", b->rejoin_epoch,
+              (long long)b->resume_step);
+        ctl_session_close(l.s);
+    }
+    close_all(m);
+    close(cmd);
+    kill_child();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -225,5 +306,6 @@ int main(void)
     case_kill();
     case_both();
     case_stop();
+    case_resume();
     return check_summary();
 }

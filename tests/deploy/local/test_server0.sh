@@ -11,8 +11,11 @@
 #          silence limit of 3 s at ctl_timeout = 12, shorter than the workers' data-plane bound): the run
 #          pauses (server 1's lease runs out, so it answers nothing meanwhile) and goes on; the rendezvous
 #          removes nobody (it counts the members' silence from when it runs again) and every process exits 0.
-#   launcher: the kill case under deploy/local/launch.sh --max-restarts 1: it names server 0's death, goes on
-#          without starting it again, and exits 0 with the reference's model.ckpt and final checkpoint;
+#   launcher: replicas = 1, 3 servers, under deploy/local/launch.sh --max-restarts 1: kill -9 of server 0 at step
+#          8; the launcher starts it again alone with the same command line; its new rendezvous adopts the
+#          running run from the members' reconnects (Resume), server 0 rejoins as a learner (it copies shard 0
+#          from server 1 and shard 2 from server 2 at a checkpoint the workers take) and every shard has two
+#          copies again; launch.sh exits 0 with the reference's model.ckpt and final checkpoint;
 #   worker: (only when asked for: its own test, train_server0_worker) replicas = 1, ctl_timeout = 4: kill -9 of
 #          server 0, then of worker 1: no rendezvous is left to say so, so server 1 waits for the workers' done
 #          notices until no worker sent anything for 4 x ctl_timeout, then is fenced and exits 75 (the re-form),
@@ -119,8 +122,8 @@ if grep -q "failover" "$TMP"/*.log; then fail "stop: a failover was decided"; el
 fi
 
 if has launcher; then
-# --- launcher: the kill of server 0 under deploy/local/launch.sh --max-restarts 1 -------------------------------------
-write_cfg launch "replicas = 1" "ctl_timeout = 20"
+# --- launcher: kill -9 of server 0 of 3 under deploy/local/launch.sh --max-restarts 1: it restarts and rejoins --------
+ckpt_ini launch 6 3 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" "ctl_timeout = 20"
 setsid "$SRC/deploy/local/launch.sh" -c "$TMP/launch.ini" -b "$BUILD" --max-restarts 1 >"$TMP/launch.out" 2>&1 &
 LP=$!
 wait_log "$TMP/launch/logs/worker0.log" "Global Step: 8 " 120 || { tail -20 "$TMP/launch.out"; die "launcher: worker 0 did not reach step 8"; }
@@ -130,9 +133,14 @@ kill -KILL "$victim"
 s=0; wait "$LP" || s=$?
 LP=
 expect_eq "launcher: launch.sh exits 0 after server 0 was killed" "$s" 0
-expect_grep "launcher: it names server 0's death and goes on" \
-  "server 0 died \(status 137; .*the run goes on without its rendezvous" "$TMP/launch.out"
-if grep -q "restart 1/1" "$TMP/launch.out"; then fail "launcher: a member was restarted"; else ok "launcher: nothing restarted"; fi
+expect_grep "launcher: it restarts server 0 alone" \
+  "server 0 exited with status 137 .*restart 1/1 of server 0 alone.*its rendezvous adopts the running run" "$TMP/launch.out"
+L=$TMP/launch/logs
+expect_grep "launcher: the restarted rendezvous adopted the run" "adopted the running run [0-9a-f]*: every member but server 0 resumed" "$L/server0.log"
+expect_grep "launcher: server 0 copied shard 0 from server 1" "rejoin: copying shard 0 from server 1 \(its serving copy\)" "$L/server0.log"
+expect_grep "launcher: server 0 copied shard 2 from server 2" "rejoin: copying shard 2 from server 2 \(its serving copy\)" "$L/server0.log"
+expect_grep "launcher: server 0 rejoined: every shard has two copies again" "rejoin: server\[0\] .* rejoined at epoch .*every shard has two copies again" "$L/server0.log"
+expect_grep "launcher: worker 1 resumed with the restarted rendezvous" "the rendezvous at .* took this member's resume" "$L/worker1.log"
 ckpt_check_same launch
 fi
 
