@@ -9,8 +9,9 @@
 # shard's backup (its "failover (epoch 1)" line), and a summary; first,
 # the wall time of an uninterrupted run with replicas = 0 and with replicas = 1 (whole runs, start-up included).
 # --rejoin: each round also starts the killed server again with the same command line once the failover is
-# announced (it rejoins: docs/architecture.md, "Hot-standby shards", Rejoin; the victim is then never server 0,
-# which cannot be restarted into the running run yet) and prints the time from its start
+# announced (it rejoins: docs/architecture.md, "Hot-standby shards", Rejoin; the victim is then never server
+# 0, whose own log this round's timings read; tests/deploy/local/test_server0.sh restarts server 0) and
+# prints the time from its start
 # to the rendezvous' "rejoined" line, how long the workers held their pushes for the copy (worker 0's log), and
 # worker 0's step time around the copy: the median of the steps before the kill and the step that held.
 # --quickstart: the quick start's run instead (deploy/configs/quickstart.ini: 30 ORL identities, r18_w16,
@@ -26,7 +27,7 @@ VICTIM=
 [ "${1:-}" = --victim ] && { VICTIM=$2; shift 2; }
 QUICK=0
 [ "${1:-}" = --quickstart ] && { QUICK=1; shift; }
-[ "$REJOIN" = 1 ] && [ "$VICTIM" = 0 ] && { echo "--rejoin: server 0 cannot rejoin the running run" >&2; exit 2; }
+[ "$REJOIN" = 1 ] && [ "$VICTIM" = 0 ] && { echo "--rejoin: the victim must not be server 0 (its log is read)" >&2; exit 2; }
 ROUNDS=${1:-5}
 SERVERS=${2:-2}
 PFCPS=$BUILD/tools/pfcps

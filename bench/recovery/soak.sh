@@ -6,9 +6,9 @@
 # SHA-256) identical to an uninterrupted run's.
 # With --replicas 1 every shard also has a hot-standby copy (config key replicas): a killed server, server 0
 # included (every member then fails it over itself: docs/architecture.md, "Server 0 and the rendezvous"), fails
-# over to the backups; server 1 is started again by the launcher and rejoins, server 0 is not (the run ends
-# without it); a killed worker re-forms the run as without replicas; the reference stays an uninterrupted
-# replicas = 0 run.
+# over to the backups and is started again by the launcher, which it rejoins (server 0 through a new
+# rendezvous that adopts the run); a killed worker re-forms the run as without replicas; the reference stays
+# an uninterrupted replicas = 0 run.
 # Prints one line per round and a summary: rounds passed, restarts, the step resumed from, the time from the
 # kill to the next step worker 0 completes (its log line's time; after a re-form, the first step of the
 # restarted run) and the steps computed again (the last step
