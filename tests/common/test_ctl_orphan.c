@@ -10,9 +10,13 @@
  *           child is killed: shard 0 would have no copy left, so the worker's session returns the close as an
  *           error naming the fallback to the checkpoint re-form, not orphaned;
  *   stop:   the child stops its rendezvous without a shutdown (ctl_rendezvous_stop, as server 0 exiting for a
- *           re-form): every member is told before its connection closes (-ENOLINK), none is orphaned. */
+ *           re-form): every member is told before its connection closes (-ENOLINK), none is orphaned;
+ *   resume: the child is killed, then a new one starts at the same address (server 0 restarted): the members
+ *           reconnect and resume the run there, strangers' Resumes are refused naming why, and server 0's join
+ *           becomes a rejoin that gets its learner's book once the worker says the copy step. */
 #include "common/clock.h"
 #include "common/ctl.h"
+#include "common/ctl_frame.h"
 #include "common/ctl_internal.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -23,6 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -62,7 +69,9 @@ static void start_child_at(int *cmd, int at_port)
     if (child == 0) {
         close(up[0]);
         close(down[1]);
-        ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
+        static const ckpt_ident expect; /* seed 0, a zero config digest: the members' (case_resume) */
+        ctl_rendezvous_opts o = {.expect = &expect,
+                                 .bind_host = "127.0.0.1",
                                  .port = at_port,
                                  .num_servers = 2,
                                  .num_workers = 1,
@@ -226,6 +235,84 @@ static void case_stop(void)
     close(cmd);
 }
 
+/* Reads one frame from the blocking socket fd (up to 5 s). Returns the message or NULL. */
+static Pfcps__CtlMessage *raw_recv(int fd)
+{
+    uint8_t buf[MAXF];
+    size_t n = 0, flen = 0;
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    while (ctl_frame_peek(buf, n, MAXF, &flen) == 0) {
+        ssize_t r = recv(fd, buf + n, sizeof buf - n, 0);
+        if (r <= 0)
+            return NULL;
+        n += (size_t)r;
+    }
+    Pfcps__CtlMessage *m = NULL;
+    return ctl_msg_decode(buf + 4, flen - 4, &m) == 0 ? m : NULL;
+}
+
+/* A hand-made Resume to the rendezvous at `port` as worker `rank` of the run (run_id, nonce: 16 bytes), the
+ * config digest `digest` (32 bytes), with the MAC under `secret`. Returns the refusal's code (the Error's), 0
+ * when it was taken (the acknowledgement came), or -1 when nothing came; the refusal's text in why[cap]. */
+static int raw_resume(int rank, const uint8_t *run_id, const uint8_t *nonce, const uint8_t *digest,
+                      const char *secret, char *why, size_t cap)
+{
+    why[0] = 0;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0)
+        DIE("connect");
+    Pfcps__CtlMessage *h = raw_recv(fd);
+    if (!h || h->body_case != PFCPS__CTL_MESSAGE__BODY_HELLO)
+        DIE("no hello");
+    const char *addr = "fab-stranger";
+    int32_t lost[1] = {0};
+    uint8_t mac[32];
+    if (ctl_resume_mac(secret, h->hello->nonce.data, h->hello->nonce.len, CTL_ROLE_WORKER, rank,
+                       (const uint8_t *)addr, strlen(addr), run_id, nonce, digest, 1, lost, 1, mac) < 0)
+        DIE("mac");
+    pfcps__ctl_message__free_unpacked(h, NULL);
+    Pfcps__Resume r = PFCPS__RESUME__INIT;
+    r.role = PFCPS__ROLE__WORKER;
+    r.rank = rank;
+    r.fabric_addr.data = (uint8_t *)addr;
+    r.fabric_addr.len = strlen(addr);
+    r.mac.data = mac;
+    r.mac.len = 32;
+    r.protocol_version = CTL_PROTOCOL_VERSION;
+    r.run_id.data = (uint8_t *)run_id;
+    r.run_id.len = 16;
+    r.run_nonce.data = (uint8_t *)nonce;
+    r.run_nonce.len = 16;
+    r.config_digest.data = (uint8_t *)digest;
+    r.config_digest.len = 32;
+    r.epoch = 1;
+    r.lost_servers = lost;
+    r.n_lost_servers = 1;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_RESUME;
+    m.resume = &r;
+    uint8_t *frame;
+    size_t len;
+    if (ctl_frame_encode(&m, MAXF, &frame, &len) < 0 || send(fd, frame, len, MSG_NOSIGNAL) != (ssize_t)len)
+        DIE("send");
+    free(frame);
+    Pfcps__CtlMessage *a = raw_recv(fd);
+    int rc = -1;
+    if (a && a->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR) {
+        rc = a->error->code;
+        snprintf(why, cap, "%s", a->error->message);
+    } else if (a && a->body_case == PFCPS__CTL_MESSAGE__BODY_RESUME) {
+        rc = 0;
+    }
+    if (a)
+        pfcps__ctl_message__free_unpacked(a, NULL);
+    close(fd);
+    return rc;
+}
+
 typedef struct learner {
     pthread_t th;
     int rc;
@@ -244,7 +331,8 @@ static void *learner_main(void *arg)
  * rendezvous starts at the same address (server 0 restarted): both members reconnect and resume the run
  * there (acknowledged; not orphaned any more), the new rendezvous adopts it, and server 0's join is a rejoin:
  * the worker is told "rejoin begins" for server 0, says the copy step, and the learner gets its book (rejoin
- * epoch and that step). A member of another run (its run id differs) is refused. */
+ * epoch and that step). A stranger's Resume is refused naming why: a bad secret, another config, another
+ * run, a rank that resumed already, a rank outside the run. */
 static void case_resume(void)
 {
     int cmd;
@@ -268,9 +356,28 @@ static void case_resume(void)
             ctl_session_wait_shutdown(m[i].s, 0.1);
     check(!ctl_session_orphaned(m[1].s) && !ctl_session_orphaned(m[2].s),
           "resume: both members reconnected to the restarted rendezvous within %.2f s", pf_now_s() - t0);
+    /* Strangers: a bad secret, another config, another run, a rank that resumed already; each refused with
+     * its reason while the run's members stay connected. */
+    const ctl_book *book = ctl_session_book(m[2].s);
+    uint8_t other[32];
+    memset(other, 0x5a, sizeof other);
+    char why[600];
+    int rc = raw_resume(0, book->run_id, book->run_nonce, digest, "not-the-secret", why, sizeof why);
+    check(rc == EACCES && strstr(why, "bad secret"), "resume: a bad secret is refused (%d: %s)", rc, why);
+    rc = raw_resume(0, book->run_id, book->run_nonce, other, SECRET, why, sizeof why);
+    check(rc == EEXIST && strstr(why, "another config"), "resume: another config is refused (%d: %s)", rc, why);
+    rc = raw_resume(0, other, book->run_nonce, digest, SECRET, why, sizeof why);
+    check(rc == EEXIST && strstr(why, "another run"), "resume: another run is refused (%d: %s)", rc, why);
+    rc = raw_resume(0, book->run_id, book->run_nonce, digest, SECRET, why, sizeof why);
+    check(rc == EEXIST && strstr(why, "resumed already"), "resume: a rank that resumed is refused (%d: %s)", rc,
+          why);
+    rc = raw_resume(7, book->run_id, book->run_nonce, digest, SECRET, why, sizeof why);
+    check(rc == ERANGE, "resume: a rank outside the run is refused (%d: %s)", rc, why);
+    check(!ctl_session_orphaned(m[1].s) && !ctl_session_orphaned(m[2].s), "resume: the members stay connected");
     learner l = {0};
     pthread_create(&l.th, NULL, learner_main, &l);
     int kind = -1, server = -1, r = 0;
+    (void)rc;
     t0 = pf_now_s();
     while (pf_now_s() - t0 < 8 && kind != CTL_FO_REJOIN_BEGIN) {
         ctl_session_wait_shutdown(m[1].s, 0.05);
