@@ -7,10 +7,12 @@
  * `rendezvous` (after checking that its shard fits in memory), every rank joins as (server, s, fabric
  * address) and gets the address book and the run config; then the shard is allocated and initialised,
  * every worker's address goes into the AV, and the progress + apply threads start.
- * SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left the run in
- * order (training is over): stop accepting requests, apply every step whose pushes are all in (they were
- * acknowledged), finish the snapshot in progress, log the
- * counters, exit 0. A lost member or a lost rendezvous: the same stop, exit 75 (the run must re-form). The
+ * SIGTERM / SIGINT, the rendezvous' shutdown broadcast, (server 0) every worker having left the run in order
+ * (training is over), or, with the rendezvous lost with server 0 under replicas = 1, every worker having said
+ * it is done (PS_STAT_DONE): stop accepting requests, apply every step whose pushes are all in (they were
+ * acknowledged), finish the snapshot in progress, log the counters, exit 0. A lost member or a lost
+ * rendezvous that the run cannot go on without (docs/architecture.md, "Server 0 and the rendezvous"): the
+ * same stop, exit 75 (the run must re-form). The
  * same signals while the run is still forming end the wait for the other members within ~0.1 s
  * (ctl_set_interrupt): rank 0 broadcasts the shutdown to the members that joined, exit 0. Exit 1 on a
  * start-up error (message on stderr). */

@@ -6,7 +6,8 @@
  * Start-up: the metrics endpoint when metrics_address is set (docs/metrics.md; reported at join), open the
  * two fabric endpoints (towards the servers; for the workers' ring collectives), join
  * the run at `rendezvous` as (worker, W), take the run config from the address book (every process
- * trains with the same config: the one server 0 was started with), then train (worker/train.h).
+ * trains with the same config: the one server 0 was started with), then train (worker/train.h). After the
+ * last step (replicas = 1) every shard's serving copy is told this worker is done (ps_client_done).
  * SIGTERM / SIGINT: every worker stops after the step in progress (they agree through an allreduce),
  * exit 0. Exit 1 on a start-up or training error, with the message on stderr. */
 #include <errno.h>
@@ -38,10 +39,12 @@
  * train_opts.stop_flag. */
 static volatile sig_atomic_t g_stop;
 
-/* Watches the control connection while training runs: server 0 broadcasts a shutdown when it stops
- * (SIGTERM, or a fatal error), and a lost connection means server 0 is gone. Either way the run cannot go
- * on: ask for a clean stop at the next step boundary, and if the step in progress cannot finish (its
- * servers are gone) within `grace_s`, leave with an error instead of waiting out the data-plane timeouts. */
+/* Watches the control connection while training runs. Failover notices (replicas = 1; server 0's own, when
+ * its connection closes and the shards keep a copy: ctl_session_survive_rendezvous_loss) go to the client
+ * and the trainer. A shutdown (server 0 stops: SIGTERM, or a fatal error), a lost member, or a lost server 0
+ * the run cannot go on without: ask for a clean stop at the next step boundary, and if the step in progress
+ * cannot finish (its servers are gone) within `grace_s`, leave with an error instead of waiting out the
+ * data-plane timeouts. */
 typedef struct ctl_watch {
     ctl_session *sess;
     trainer *t; /* replicas = 1: its client is told of failovers (ps_client_server_lost) */
