@@ -166,6 +166,29 @@ static inline double ctl_member_silence_s(double ctl_timeout)
     return d < 2 ? 2 : d;
 }
 
+/* replicas = 1 (docs/architecture.md, "Hot-standby shards", "Server 0 and the rendezvous"): from now on a
+ * close of the control connection (EOF or RST: the rendezvous never closes a member's connection without an
+ * explicit message first, so a close means server 0's process is gone) is taken, when every shard keeps a live
+ * copy without server 0 in this member's view of the lost set (the failover notices it got) and no rejoin is
+ * under way, as server 0's failover: ctl_session_wait_shutdown returns 2 with a notice of kind CTL_FO_LOST
+ * for server 0 at the session's epoch + 1, exactly as if the rendezvous had sent it, and the session is
+ * orphaned (ctl_session_orphaned). Otherwise the close is returned as an error (-ECONNRESET / -EPIPE) with
+ * "... falling back to the checkpoint re-form" and the reason in pf_errmsg(). With config_digest (the run
+ * config's digest, CKPT_DIGEST_BYTES bytes: common/ckpt.h ckpt_ident_of) the orphaned session tries the
+ * rendezvous' address every 0.25 s and resumes the run with a restarted rendezvous there (a Resume message:
+ * its role, rank, book entry, run id and nonce, the digest, its epoch and lost servers, authenticated with
+ * the secret it joined with); the session is then connected again (not orphaned), server 0 rejoins through
+ * that rendezvous, and a refusal (another run, another config) is logged and tried again. NULL: it never
+ * reconnects. Call once, after ctl_join. Returns 0 or -ENOMEM. */
+int ctl_session_survive_rendezvous_loss(ctl_session *s, const uint8_t *config_digest);
+
+/* 1 once the session took the close of its connection as server 0's failover
+ * (ctl_session_survive_rendezvous_loss) and no rendezvous took it back yet. ctl_session_wait_shutdown then
+ * waits out its timeout (returns 0) or reconnects, ctl_session_leave does nothing (returns 0), ctl_session_fail and
+ * ctl_session_rejoin_report return -ENOTCONN, and ctl_session_lease_base is the current time (no rendezvous
+ * is left that could hand this member's role to another, so a server's lease holds). Safe from any thread. */
+int ctl_session_orphaned(const ctl_session *s);
+
 /* Says this member leaves the run in order (its work is done, or it stops on request), so that its
  * disconnect is not reported as a loss. A member that disconnects without it after the run formed (a
  * crash, kill -9) is reported to every other member: their ctl_session_wait_shutdown returns -ENOLINK

@@ -262,11 +262,16 @@ int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap)
 
 int ctl_failover_possible(const uint8_t *lost, int num_servers, int rank, char *why, size_t cap)
 {
-    const int S = num_servers;
     if (rank == 0) {
         snprintf(why, cap, "server 0 holds the rendezvous");
         return 0;
     }
+    return ctl_shards_survive(lost, num_servers, rank, why, cap);
+}
+
+int ctl_shards_survive(const uint8_t *lost, int num_servers, int rank, char *why, size_t cap)
+{
+    const int S = num_servers;
     if (S < 2 || rank < 0 || rank >= S) {
         snprintf(why, cap, "server %d is not one of %d servers with hot-standby copies", rank, S);
         return 0;

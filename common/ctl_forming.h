@@ -124,4 +124,10 @@ int ctl_roster_server_leave_is_loss(const ctl_roster *r, int workers_left, int s
  * 2)" or "server 0 holds the rendezvous"). lost[rank] is not read. */
 int ctl_failover_possible(const uint8_t *lost, int num_servers, int rank, char *why, size_t cap);
 
+/* ctl_failover_possible without its rule for server 0: 1 when every shard keeps a live copy once server `rank`
+ * (0 included) is gone besides those marked in lost[0 .. num_servers), with the shards left with a single
+ * copy in why[cap]; 0 with the reason in why[cap]. A member decides with it, from its own view of the lost
+ * set, whether the loss of server 0 (and of the rendezvous with it) is a failover (ctl_session.c). */
+int ctl_shards_survive(const uint8_t *lost, int num_servers, int rank, char *why, size_t cap);
+
 #endif

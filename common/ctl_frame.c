@@ -23,6 +23,7 @@ const char *ctl_msg_name(int body_case)
     case PFCPS__CTL_MESSAGE__BODY_SHUTDOWN: return "shutdown";
     case PFCPS__CTL_MESSAGE__BODY_ERROR: return "error";
     case PFCPS__CTL_MESSAGE__BODY_FAILOVER: return "failover";
+    case PFCPS__CTL_MESSAGE__BODY_RESUME: return "resume";
     default: return "empty";
     }
 }
@@ -174,6 +175,32 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
         return m->shutdown && m->shutdown->reason ? 0 : pf_err(-EPROTO, "shutdown: missing body");
     case PFCPS__CTL_MESSAGE__BODY_ERROR:
         return m->error && m->error->message ? 0 : pf_err(-EPROTO, "error: missing body");
+    case PFCPS__CTL_MESSAGE__BODY_RESUME: {
+        const Pfcps__Resume *r = m->resume;
+        if (!r)
+            return pf_err(-EPROTO, "resume: missing body");
+        int rc = check_role_rank((int)r->role, r->rank, "resume");
+        if (rc < 0)
+            return rc;
+        if (r->fabric_addr.len > CTL_MAX_ADDR)
+            return pf_err(-EPROTO, "resume: fabric address of %zu bytes is longer than %d", r->fabric_addr.len,
+                          CTL_MAX_ADDR);
+        if ((r->mac.len != 0 && r->mac.len != CTL_MAC_LEN) || r->run_id.len != CKPT_RUN_ID_BYTES ||
+            r->run_nonce.len != 16 || r->config_digest.len != CKPT_DIGEST_BYTES)
+            return pf_err(-EPROTO,
+                          "resume: mac (%zu bytes), run_id (%zu), run_nonce (%zu) or config_digest (%zu) not "
+                          "of %d (or 0), %d, 16 and %d bytes",
+                          r->mac.len, r->run_id.len, r->run_nonce.len, r->config_digest.len, CTL_MAC_LEN,
+                          CKPT_RUN_ID_BYTES, CKPT_DIGEST_BYTES);
+        if (r->n_lost_servers > CTL_MAX_MEMBERS)
+            return pf_err(-EPROTO, "resume: %zu lost servers listed (at most %d)", r->n_lost_servers,
+                          CTL_MAX_MEMBERS);
+        for (size_t i = 0; i < r->n_lost_servers; i++)
+            if (r->lost_servers[i] < 0 || r->lost_servers[i] >= CTL_MAX_MEMBERS)
+                return pf_err(-EPROTO, "resume: lost server %d outside [0, %d)", r->lost_servers[i],
+                              CTL_MAX_MEMBERS);
+        return 0;
+    }
     case PFCPS__CTL_MESSAGE__BODY_FAILOVER:
         if (!m->failover || !m->failover->text)
             return pf_err(-EPROTO, "failover: missing body");

@@ -111,6 +111,9 @@ struct ctl_rendezvous {
     int64_t learner_step; /* the checkpoint step its copy is taken at (0: the workers have not said yet) */
     double learner_t0;    /* when it joined (pf_now_s), for the log */
     uint8_t run_id[CKPT_RUN_ID_BYTES]; /* the run id the book carried when the run formed */
+    double last_pass;  /* pf_now_s() of the previous service pass (a long gap: the process was stopped) */
+    int adopting;      /* 1: a member resumed a running run here (handle_resume) and the others are coming;
+                          2: every member but server 0 resumed: the run is adopted (formed) */
     int metrics;       /* ctl_rendezvous_opts.metrics: the series below are registered, /targets served */
     pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms, *m_epoch, *m_single;
 };
@@ -690,6 +693,127 @@ static void rejoin_aborted(ctl_rendezvous *rv, conn *c)
     send_rejoin_notice(rv, c, CTL_FO_REJOIN_ABORTED, c->rank, text, NULL, 0);
 }
 
+/* A Resume's checks (protocol, MAC, replicas, config digest, rank) and, once adopting, its run. Returns 1 when
+ * it may take its seat, 0 when c was refused. */
+static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r, ctl_role role, int seat)
+{
+    char msg[PF_ERRMSG_MAX];
+    const char *who = ctl_role_name((int)role);
+    uint8_t mac[CTL_MAC_LEN];
+    if (c->joined) {
+        conn_refuse(rv, c, EPROTO, "resume from a connection that already joined");
+        return 0;
+    }
+    if (r->protocol_version != CTL_PROTOCOL_VERSION) {
+        snprintf(msg, sizeof msg, "protocol version %u, this service speaks %d", r->protocol_version,
+                 CTL_PROTOCOL_VERSION);
+        conn_refuse(rv, c, EPROTO, msg);
+        return 0;
+    }
+    if (r->mac.len != CTL_MAC_LEN ||
+        ctl_resume_mac(rv->secret, c->nonce, sizeof c->nonce, (int)r->role, r->rank, r->fabric_addr.data,
+                       r->fabric_addr.len, r->run_id.data, r->run_nonce.data, r->config_digest.data, r->epoch,
+                       r->lost_servers, r->n_lost_servers, mac) < 0 ||
+        CRYPTO_memcmp(mac, r->mac.data, CTL_MAC_LEN) != 0) {
+        snprintf(msg, sizeof msg, "resume as %s rank %d refused: bad secret (HMAC does not match)", who, r->rank);
+        conn_refuse(rv, c, EACCES, msg);
+        return 0;
+    }
+    const char *bad = NULL;
+    if (!rv->replicas)
+        bad = "this rendezvous runs with replicas = 0: it adopts no running run";
+    else if (rv->roster.has_expect &&
+             memcmp(r->config_digest.data, rv->roster.expect.config_digest, CKPT_DIGEST_BYTES) != 0)
+        bad = "a run with another config (its config digest is not this rendezvous' config's)";
+    else if (seat < 0 || (role == CTL_ROLE_SERVER && r->rank == 0))
+        bad = "a rank outside the run (or server 0, which rejoins by a join)";
+    else if (rv->adopting == 0 && rv->roster.formed)
+        bad = "this rendezvous formed a run of its own";
+    else if (rv->adopting && (memcmp(r->run_id.data, rv->run_id, CKPT_RUN_ID_BYTES) != 0 ||
+                              memcmp(r->run_nonce.data, rv->run_nonce, sizeof rv->run_nonce) != 0))
+        bad = "a member of another run (its run id or nonce is not the run's being adopted here)";
+    else if (rv->roster.seats[seat].holder)
+        bad = "its rank resumed already";
+    if (bad) {
+        snprintf(msg, sizeof msg, "resume as %s rank %d refused: %s", who, r->rank, bad);
+        log_warn("control plane: %s: %s", c->peer, msg);
+        conn_refuse(rv, c, seat < 0 ? ERANGE : EEXIST, msg);
+        return 0;
+    }
+    return 1;
+}
+
+/* replicas = 1: a member of a running run whose rendezvous was lost with server 0 reconnects to this one, a
+ * restarted server 0's (docs/architecture.md, "Server 0 and the rendezvous"). The first Resume makes this
+ * rendezvous adopt that run (its run id, nonce; connections that joined for a new run, server 0's own, are
+ * asked to join again); each member takes its seat with its book entry, the epoch rises past every reported
+ * one and the lost set takes every reported server. Once every member but server 0 resumed, the run counts as
+ * formed at a new epoch, and server 0's join is a failed-over server's rejoin (rejoin_begin). Each Resume is
+ * acknowledged with the service's epoch. */
+static void handle_resume(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r)
+{
+    ctl_role role = r->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+    int seat = ctl_roster_seat(&rv->roster, role, r->rank);
+    if (!resume_acceptable(rv, c, r, role, seat))
+        return;
+    char hex[2 * CKPT_RUN_ID_BYTES + 1];
+    ckpt_run_id_hex(r->run_id.data, hex);
+    if (!rv->adopting) {
+        rv->adopting = 1;
+        memcpy(rv->run_id, r->run_id.data, CKPT_RUN_ID_BYTES);
+        memcpy(rv->run_nonce, r->run_nonce.data, sizeof rv->run_nonce);
+        log_warn("control plane: %s[%d] (%s) resumes the running run %s here (its rendezvous was lost with "
+                 "server 0): adopting it; waiting for its other members",
+                 ctl_role_name((int)role), r->rank, c->peer, hex);
+        for (int i = 0; i < rv->nconns; i++) {
+            conn *o = rv->conns[i];
+            if (o != c && o->joined && !o->closing && !o->dead)
+                conn_refuse(rv, o, EAGAIN,
+                            "this rendezvous adopts a running run (a member resumed it): join again once it has");
+        }
+    }
+    c->joined = 1;
+    c->hb_seen = 1;
+    c->role = role;
+    c->rank = r->rank;
+    c->seat = seat;
+    c->addr_len = r->fabric_addr.len;
+    if (c->addr_len)
+        memcpy(c->addr, r->fabric_addr.data, c->addr_len);
+    c->deadline = pf_now_s() + ctl_member_silence_s(rv->timeout_s);
+    int held = ctl_roster_take(&rv->roster, seat, c, c->peer, NULL, NULL, 0);
+    join_metrics(rv, c);
+    atomic_fetch_add(&rv->joined, 1);
+    if (r->epoch > rv->epoch)
+        rv->epoch = r->epoch;
+    for (size_t i = 0; i < r->n_lost_servers; i++)
+        if (r->lost_servers[i] < rv->num_servers)
+            rv->srv_lost[r->lost_servers[i]] = 1;
+    rv->srv_lost[0] = 1;
+    Pfcps__Resume ack = *r;
+    ack.mac.data = NULL;
+    ack.mac.len = 0;
+    ack.epoch = rv->epoch;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_RESUME;
+    m.resume = &ack;
+    conn_send_msg(rv, c, &m);
+    const int all = rv->num_servers + rv->num_workers;
+    log_info("control plane: %s[%d] resumed from %s at epoch %u (%d/%d; server 0 rejoins)", ctl_role_name((int)role),
+             r->rank, c->peer, r->epoch, held, all - 1);
+    if (held == all - 1 && !rv->roster.seats[0].holder) {
+        rv->adopting = 2;
+        rv->roster.formed = 1;
+        rv->epoch++;
+        metrics_set(rv->m_epoch, rv->epoch);
+        metrics_set(rv->m_members, rv->roster.held);
+        count_single(rv);
+        log_warn("control plane: adopted the running run %s: every member but server 0 resumed; epoch %u; "
+                 "server 0 rejoins as a learner (it copies its shards at a checkpoint the workers take)",
+                 hex, rv->epoch);
+    }
+}
+
 /* A join message: authenticated (join_authentic), then admitted or refused by the forming policy
  * (ctl_roster_admit). An admitted member takes its seat with its fabric address and checkpoint steps; the
  * first rejoin of a member of the formed run tells every member that the run must re-form. */
@@ -698,6 +822,11 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     if (!join_authentic(rv, c, j) || !join_metrics_address(rv, c, j))
         return;
     ctl_role role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+    if (rv->adopting == 1) {
+        conn_refuse(rv, c, EAGAIN,
+                    "this rendezvous is adopting a running run: waiting for its members to resume it");
+        return;
+    }
     if (role == CTL_ROLE_SERVER && j->rank >= 0 && j->rank < rv->num_servers && rv->srv_lost[j->rank]) {
         rejoin_begin(rv, c, j);
         return;
@@ -755,6 +884,10 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
     char msg[PF_ERRMSG_MAX];
     if (m->body_case == PFCPS__CTL_MESSAGE__BODY_JOIN) {
         handle_join(rv, c, m->join);
+        return;
+    }
+    if (m->body_case == PFCPS__CTL_MESSAGE__BODY_RESUME) {
+        handle_resume(rv, c, m->resume);
         return;
     }
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_SHUTDOWN) {
@@ -1155,6 +1288,27 @@ static void queue_failure(ctl_rendezvous *rv)
     queue_member_lost(rv, NULL, rv->fail_role, rv->fail_rank, "the rendezvous' host", what);
 }
 
+/* replicas = 1: the service did not run for `gap` seconds, longer than a quarter of the silence limit (this
+ * process was stopped: SIGSTOP, a VM pause, a swap storm). Its members kept heartbeating into their sockets
+ * and its own host's session could not: every joined member's silence counts from now, so that a pause of
+ * the rendezvous is a pause of the run and never removes the members it could not hear. */
+static void resumed_after_gap(ctl_rendezvous *rv, double now, double gap)
+{
+    const double silence = ctl_member_silence_s(rv->timeout_s);
+    int n = 0;
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *c = rv->conns[i];
+        if (c->joined && !c->closing && !c->dead && c->rlen == 0 && c->deadline > 0 &&
+            c->deadline < now + silence) {
+            c->deadline = now + silence;
+            n++;
+        }
+    }
+    log_warn("control plane: the rendezvous did not run for %.2f s (this process was stopped?): the silence of "
+             "%d members counts from now",
+             gap, n);
+}
+
 /* One pass of the service loop: wait up to CTL_TICK_MS for activity, serve it, form the run once every
  * member is in. Returns 0, or -1 when poll() failed (the service stops). */
 static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
@@ -1166,12 +1320,19 @@ static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
         log_error("control plane: poll failed: %s", strerror(errno));
         return -1;
     }
+    if (rv->replicas && rv->last_pass > 0 && now - rv->last_pass > ctl_member_silence_s(rv->timeout_s) / 4)
+        resumed_after_gap(rv, now, now - rv->last_pass);
+    rv->last_pass = now;
     if (pr > 0 && (pfd[1].revents & POLLIN)) {
         char b[64];
         while (read(rv->wake[0], b, sizeof b) > 0) {
         }
     }
     queue_failure(rv);
+    /* An adopted run ends here when every worker left in order, also before server 0 rejoined (its daemon,
+     * still joining, cannot ask for the shutdown yet). */
+    if (rv->adopting == 2 && atomic_load(&rv->workers_left) == rv->num_workers)
+        atomic_store(&rv->shutdown_req, 1);
     if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
         queue_shutdown(rv);
     if (pr > 0)
@@ -1208,6 +1369,13 @@ static void service_drain(ctl_rendezvous *rv)
     queue_failure(rv);
     if (atomic_load(&rv->shutdown_req) && !rv->shutdown_sent)
         queue_shutdown(rv);
+    /* A close without a message means, to a member, that this process is gone (under replicas = 1 it then
+     * goes on without server 0: ctl_session_survive_rendezvous_loss). Stopping without a shutdown or a failure
+     * told (server 0 exits for the re-form), the members are told so first. */
+    if (rv->roster.formed && !rv->shutdown_sent && !rv->fail_sent)
+        queue_member_lost(rv, NULL, CTL_ROLE_SERVER, 0, "the rendezvous' host",
+                          "stopped its rendezvous without a shutdown: the run re-forms from its newest complete "
+                          "checkpoint");
     double until = pf_now_s() + 0.5;
     for (;;) {
         int pending = 0;

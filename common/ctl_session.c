@@ -5,6 +5,8 @@
 #include "common/ctl.h"
 
 #include "common/clock.h"
+#include "common/config.h"
+#include "common/ctl_forming.h"
 #include "common/ctl_frame.h"
 #include "common/ctl_internal.h"
 #include "common/err.h"
@@ -38,12 +40,29 @@ struct ctl_session {
     _Atomic double lease_base;   /* when the newest heartbeat the rendezvous echoed went out (0: none) */
     uint32_t fo_epoch;           /* the last failover notice: its epoch and lost server */
     int fo_server;
-    char fo_text[256];
+    char fo_text[1024];
     int fo_kind; /* its kind (CTL_FO_*), step and fabric address (rejoin notices) */
     int64_t fo_step;
     size_t fo_addr_len;
     uint8_t fo_addr[CTL_MAX_ADDR];
     pthread_mutex_t send_mu; /* one frame at a time: the watcher's heartbeats and the trainer's reports */
+    int survive;         /* ctl_session_survive_rendezvous_loss: a close of the connection may be server 0's
+                            failover */
+    uint8_t *srv_lost;   /* [book.num_servers] (survive only): servers failed over, as this member was told */
+    int rejoin_pending;  /* a rejoin began (CTL_FO_REJOIN_BEGIN) and did not end yet */
+    _Atomic int orphan;  /* the rendezvous is lost with server 0 and the run went on (ctl_session_orphaned) */
+    /* What a Resume to a restarted rendezvous needs (ctl_join's arguments, the run config's digest). */
+    char host[256];
+    int port;
+    ctl_role role;
+    int rank;
+    uint8_t addr[CTL_MAX_ADDR];
+    size_t addr_len;
+    char secret[CFG_STR];
+    uint8_t digest[CKPT_DIGEST_BYTES];
+    int can_resume;   /* the digest is set: an orphaned session reconnects to resume */
+    int resuming;     /* a Resume went out on this connection and was not acknowledged yet */
+    double next_try;  /* orphaned: when to try the rendezvous' address again */
     ctl_book book;
 };
 
@@ -82,7 +101,8 @@ static int send_msg(ctl_session *s, const Pfcps__CtlMessage *m, double deadline)
     if (rc < 0)
         return rc;
     pthread_mutex_lock(&s->send_mu);
-    rc = send_all(s->fd, frame, len, deadline);
+    rc = s->fd >= 0 ? send_all(s->fd, frame, len, deadline)
+                    : pf_err(-ENOTCONN, "the rendezvous is lost with server 0");
     pthread_mutex_unlock(&s->send_mu);
     free(frame);
     return rc;
@@ -216,6 +236,36 @@ int ctl_member_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, i
     memcpy(buf + addr_len, mac_sep, sizeof mac_sep);
     memcpy(buf + addr_len + sizeof mac_sep, maddr, ml);
     int rc = ctl_join_mac(secret, nonce, nonce_len, role, rank, buf, addr_len + sizeof mac_sep + ml, mac);
+    free(buf);
+    return rc;
+}
+
+/* The separator before the run's fields in a Resume's MAC input (ctl_resume_mac), NUL included. */
+static const char resume_sep[] = "\0pfcps resume";
+
+int ctl_resume_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, int role, int rank,
+                   const uint8_t *addr, size_t addr_len, const uint8_t *run_id, const uint8_t *run_nonce,
+                   const uint8_t *config_digest, uint32_t epoch, const int32_t *lost, size_t nlost,
+                   uint8_t mac[32])
+{
+    size_t n = addr_len + sizeof resume_sep + 16 + 16 + CKPT_DIGEST_BYTES + 4 + 4 * nlost;
+    uint8_t *buf = malloc(n), *p = buf;
+    if (!buf)
+        return pf_err(-ENOMEM, "out of memory computing the resume mac");
+    if (addr_len)
+        memcpy(p, addr, addr_len);
+    p += addr_len;
+    memcpy(p, resume_sep, sizeof resume_sep);
+    p += sizeof resume_sep;
+    memcpy(p, run_id, 16);
+    memcpy(p + 16, run_nonce, 16);
+    memcpy(p + 32, config_digest, CKPT_DIGEST_BYTES);
+    p += 32 + CKPT_DIGEST_BYTES;
+    for (size_t i = 0; i <= nlost; i++, p += 4) {
+        uint32_t v = i == 0 ? epoch : (uint32_t)lost[i - 1];
+        p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+    }
+    int rc = ctl_join_mac(secret, nonce, nonce_len, role, rank, buf, n, mac);
     free(buf);
     return rc;
 }
@@ -428,6 +478,14 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
         if (rc == 0)
             rc = join_wait_book(s, role, rank, addr, addr_len, deadline, timeout_s);
         if (rc == 0) {
+            snprintf(s->host, sizeof s->host, "%s", host);
+            s->port = port;
+            s->role = role;
+            s->rank = rank;
+            s->addr_len = addr_len;
+            if (addr_len)
+                memcpy(s->addr, addr, addr_len);
+            snprintf(s->secret, sizeof s->secret, "%s", secret);
             *out = s;
             return 0;
         }
@@ -484,6 +542,163 @@ static void take_failover(ctl_session *s, const Pfcps__Failover *f)
     s->fo_addr_len = f->fabric_addr.len; /* <= CTL_MAX_ADDR: ctl_msg_check */
     if (s->fo_addr_len)
         memcpy(s->fo_addr, f->fabric_addr.data, s->fo_addr_len);
+    const int S = s->book.num_servers;
+    if (s->srv_lost && f->server >= 0 && f->server < S) {
+        if (f->kind == CTL_FO_LOST)
+            s->srv_lost[f->server] = 1;
+        else if (f->kind == CTL_FO_REJOINED)
+            s->srv_lost[f->server] = 0;
+    }
+    if (f->kind == CTL_FO_REJOIN_BEGIN)
+        s->rejoin_pending = 1;
+    else if (f->kind == CTL_FO_REJOINED || f->kind == CTL_FO_REJOIN_ABORTED)
+        s->rejoin_pending = 0;
+}
+
+/* 1 when rc (a send or read of the session) says the rendezvous closed the connection (EOF or RST) rather
+ * than sent anything: the process holding it is gone (the rendezvous never closes a member's connection
+ * without an explicit message first). */
+static int closed_rc(int rc)
+{
+    return rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED;
+}
+
+/* The control connection closed (rc, closed_rc) on a session that may survive it: when every shard keeps a
+ * live copy without server 0 (this member's view of the lost set) and no rejoin is under way, the close is
+ * taken as server 0's failover at the next epoch (a notice as the rendezvous would send, kept for
+ * ctl_session_failover) and the session goes on without a connection (orphan): returns 2. Otherwise returns
+ * rc with the reason the run must re-form in pf_errmsg(). */
+static int rendezvous_lost(ctl_session *s, int rc)
+{
+    char why[256], cause[PF_ERRMSG_MAX];
+    snprintf(cause, sizeof cause, "%s", pf_errmsg());
+    const int S = s->book.num_servers;
+    if (s->srv_lost[0]) {
+        /* A restarted rendezvous that this member resumed with is gone before server 0 rejoined: nothing
+         * changes for the copies (server 0 holds none); the session waits for the next one. */
+        pthread_mutex_lock(&s->send_mu);
+        close(s->fd);
+        s->fd = -1;
+        pthread_mutex_unlock(&s->send_mu);
+        s->resuming = 0;
+        atomic_store(&s->orphan, 1);
+        log_warn("%s: the restarted rendezvous is lost again before server 0 rejoined: training goes on; "
+                 "waiting for the next one",
+                 cause);
+        return 3;
+    }
+    if (s->rejoin_pending)
+        return pf_err(rc,
+                      "%s: the rendezvous is lost with server 0 while a server rejoins (a rejoin needs the "
+                      "rendezvous): falling back to the checkpoint re-form",
+                      cause);
+    if (!ctl_shards_survive(s->srv_lost, S, 0, why, sizeof why))
+        return pf_err(rc, "%s: the rendezvous is lost with server 0 and %s: falling back to the checkpoint re-form",
+                      cause, why);
+    pthread_mutex_lock(&s->send_mu);
+    close(s->fd);
+    s->fd = -1;
+    pthread_mutex_unlock(&s->send_mu);
+    s->srv_lost[0] = 1;
+    s->fo_epoch++;
+    s->fo_server = 0;
+    s->fo_kind = CTL_FO_LOST;
+    s->fo_step = 0;
+    s->fo_addr_len = 0;
+    snprintf(s->fo_text, sizeof s->fo_text,
+             "server[0] lost (%s): shard 0 goes on on its backup on server 1, epoch %u; %s now %s a single copy; "
+             "the rendezvous is lost with server 0: training goes on; another failure now re-forms the run from "
+             "its checkpoint",
+             cause, s->fo_epoch, why, strchr(why, ',') ? "have" : "has");
+    atomic_store(&s->orphan, 1);
+    s->next_try = pf_now_s() + 0.25;
+    return 2;
+}
+
+/* An orphaned session (can_resume) tries once to reach a restarted rendezvous at the address it joined: it
+ * answers the hello with a Resume (this member's part of the run: role, rank, book entry, run id and nonce,
+ * config digest, epoch, lost servers; authenticated as a join). Returns 0 when the Resume went out (the
+ * session is connected again, waiting for its acknowledgement), or -1 (nobody there yet, or no hello). */
+static int try_resume(ctl_session *s)
+{
+    int fd = -1;
+    double now = pf_now_s();
+    if (connect_by(s->host, s->port, now + 0.2, &fd) < 0)
+        return -1;
+    pthread_mutex_lock(&s->send_mu);
+    s->fd = fd;
+    s->rlen = 0;
+    pthread_mutex_unlock(&s->send_mu);
+    Pfcps__CtlMessage *m = NULL;
+    int rc = recv_msg(s, pf_now_s() + 1.0, &m);
+    if (rc == 0 && (m->body_case != PFCPS__CTL_MESSAGE__BODY_HELLO ||
+                    m->hello->protocol_version != CTL_PROTOCOL_VERSION))
+        rc = -EPROTO;
+    int32_t lost[CTL_MAX_MEMBERS];
+    size_t nlost = 0;
+    for (int i = 0; i < s->book.num_servers && i < CTL_MAX_MEMBERS; i++)
+        if (s->srv_lost[i])
+            lost[nlost++] = i;
+    uint8_t mac[CTL_MAC_LEN];
+    if (rc == 0)
+        rc = ctl_resume_mac(s->secret, m->hello->nonce.data, m->hello->nonce.len, (int)s->role, s->rank, s->addr,
+                            s->addr_len, s->book.run_id, s->book.run_nonce, s->digest, s->fo_epoch, lost, nlost,
+                            mac);
+    if (m)
+        pfcps__ctl_message__free_unpacked(m, NULL);
+    if (rc == 0) {
+        Pfcps__Resume r = PFCPS__RESUME__INIT;
+        r.role = s->role == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
+        r.rank = s->rank;
+        r.fabric_addr.data = s->addr;
+        r.fabric_addr.len = s->addr_len;
+        r.mac.data = mac;
+        r.mac.len = sizeof mac;
+        r.protocol_version = CTL_PROTOCOL_VERSION;
+        r.run_id.data = s->book.run_id;
+        r.run_id.len = CKPT_RUN_ID_BYTES;
+        r.run_nonce.data = s->book.run_nonce;
+        r.run_nonce.len = 16;
+        r.config_digest.data = s->digest;
+        r.config_digest.len = CKPT_DIGEST_BYTES;
+        r.epoch = s->fo_epoch;
+        r.lost_servers = lost;
+        r.n_lost_servers = nlost;
+        Pfcps__CtlMessage rm = PFCPS__CTL_MESSAGE__INIT;
+        rm.body_case = PFCPS__CTL_MESSAGE__BODY_RESUME;
+        rm.resume = &r;
+        rc = send_msg(s, &rm, pf_now_s() + 1.0);
+    }
+    if (rc < 0) {
+        pthread_mutex_lock(&s->send_mu);
+        close(s->fd);
+        s->fd = -1;
+        pthread_mutex_unlock(&s->send_mu);
+        return -1;
+    }
+    s->resuming = 1;
+    now = pf_now_s();
+    atomic_store(&s->lease_base, now); /* a new rendezvous removes nobody before a whole silence limit */
+    s->next_hb = now + (s->hb_every > 0 ? s->hb_every : 1.0);
+    atomic_store(&s->orphan, 0);
+    log_info("reached a rendezvous at %s:%d again: resuming the run there (epoch %u, %zu lost servers)", s->host,
+             s->port, s->fo_epoch, nlost);
+    return 0;
+}
+
+/* The connection on which a Resume went out was refused (an Error) or closed before its acknowledgement:
+ * back to waiting, the next try in a second. */
+static void resume_refused(ctl_session *s, const char *why)
+{
+    pthread_mutex_lock(&s->send_mu);
+    close(s->fd);
+    s->fd = -1;
+    pthread_mutex_unlock(&s->send_mu);
+    s->resuming = 0;
+    atomic_store(&s->orphan, 1);
+    s->next_try = pf_now_s() + 1.0;
+    log_warn("the rendezvous at %s:%d did not take this member's resume: %s; trying again", s->host, s->port,
+             why);
 }
 
 int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
@@ -496,6 +711,20 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
         double t = pf_now_s();
         if (t >= end)
             return 0;
+        if (atomic_load(&s->orphan)) {
+            /* No rendezvous: nothing comes and nothing is sent; every 0.25 s the address is tried again
+             * (ctl_session_survive_rendezvous_loss with a digest). */
+            if (s->can_resume && t >= s->next_try) {
+                s->next_try = t + 0.25;
+                if (try_resume(s) == 0)
+                    continue;
+            }
+            double until = s->can_resume && s->next_try < end ? s->next_try : end;
+            double left = until - pf_now_s();
+            if (left > 0)
+                poll(NULL, 0, left > 1.0 ? 1000 : (int)(left * 1000) + 1);
+            continue;
+        }
         if (t >= s->next_hb) {
             Pfcps__Heartbeat hb = PFCPS__HEARTBEAT__INIT;
             hb.seq = ++s->hb_seq;
@@ -504,6 +733,16 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
             m.heartbeat = &hb;
             s->hb_sent[hb.seq % CTL_HB_RING] = t;
             int rc = send_msg(s, &m, t + 5.0);
+            if (rc < 0 && s->survive && closed_rc(rc)) {
+                if (s->resuming) {
+                    resume_refused(s, pf_errmsg());
+                    continue;
+                }
+                rc = rendezvous_lost(s, rc);
+                if (rc == 3)
+                    continue;
+                return rc;
+            }
             if (rc < 0)
                 return rc;
             s->next_hb = t + hb_every;
@@ -512,9 +751,33 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
         int rc = recv_msg(s, s->next_hb < end ? s->next_hb : end, &m);
         if (rc == -ETIMEDOUT)
             continue;
+        if (rc < 0 && s->survive && closed_rc(rc)) {
+            if (s->resuming) {
+                resume_refused(s, pf_errmsg());
+                continue;
+            }
+            rc = rendezvous_lost(s, rc);
+            if (rc == 3)
+                continue;
+            return rc;
+        }
         if (rc < 0)
             return rc;
         int kind = m->body_case;
+        if (s->resuming && (kind == PFCPS__CTL_MESSAGE__BODY_ERROR || kind == PFCPS__CTL_MESSAGE__BODY_RESUME)) {
+            if (kind == PFCPS__CTL_MESSAGE__BODY_ERROR) {
+                char why[600];
+                snprintf(why, sizeof why, "%s", m->error->message);
+                pfcps__ctl_message__free_unpacked(m, NULL);
+                resume_refused(s, why);
+                continue;
+            }
+            s->resuming = 0;
+            log_info("the rendezvous at %s:%d took this member's resume (its epoch %u)", s->host, s->port,
+                     m->resume->epoch);
+            pfcps__ctl_message__free_unpacked(m, NULL);
+            continue;
+        }
         if (kind == PFCPS__CTL_MESSAGE__BODY_ERROR)
             rc = error_reply(m->error);
         else if (kind == PFCPS__CTL_MESSAGE__BODY_HEARTBEAT)
@@ -555,6 +818,8 @@ int ctl_session_rejoin_report(ctl_session *s, int kind, int server, uint32_t epo
 {
     if (kind != CTL_FO_REJOIN_STEP && kind != CTL_FO_REJOIN_READY)
         return pf_err(-EINVAL, "rejoin report: kind %d is neither the copy step nor ready", kind);
+    if (atomic_load(&s->orphan))
+        return pf_err(-ENOTCONN, "rejoin report: the rendezvous is lost with server 0");
     Pfcps__Failover f;
     Pfcps__CtlMessage m;
     ctl_msg_set_failover(&m, &f, epoch ? epoch : 1, server,
@@ -574,11 +839,39 @@ void ctl_session_set_heartbeat(ctl_session *s, double seconds)
 
 double ctl_session_lease_base(const ctl_session *s)
 {
+    if (atomic_load(&((ctl_session *)s)->orphan))
+        return pf_now_s(); /* no rendezvous is left that could hand this member's role to another */
     return atomic_load(&((ctl_session *)s)->lease_base);
+}
+
+int ctl_session_survive_rendezvous_loss(ctl_session *s, const uint8_t *config_digest)
+{
+    if (config_digest) {
+        memcpy(s->digest, config_digest, CKPT_DIGEST_BYTES);
+        s->can_resume = 1;
+    }
+    if (!s->srv_lost) {
+        int S = s->book.num_servers > 0 ? s->book.num_servers : 1;
+        s->srv_lost = calloc((size_t)S, 1);
+        if (!s->srv_lost)
+            return pf_err(-ENOMEM, "out of memory");
+    }
+    /* A server that rejoined holds the rejoin's epoch until the next notice. */
+    if (s->fo_epoch == 0 && s->book.rejoin_epoch > 0)
+        s->fo_epoch = s->book.rejoin_epoch;
+    s->survive = 1;
+    return 0;
+}
+
+int ctl_session_orphaned(const ctl_session *s)
+{
+    return atomic_load(&((ctl_session *)s)->orphan);
 }
 
 int ctl_session_leave(ctl_session *s)
 {
+    if (atomic_load(&s->orphan))
+        return 0; /* no rendezvous to tell */
     Pfcps__Shutdown sd;
     Pfcps__CtlMessage m;
     ctl_msg_set_shutdown(&m, &sd, "leaving");
@@ -587,6 +880,8 @@ int ctl_session_leave(ctl_session *s)
 
 int ctl_session_fail(ctl_session *s, const char *why)
 {
+    if (atomic_load(&s->orphan))
+        return pf_err(-ENOTCONN, "the rendezvous is lost with server 0");
     char text[512];
     snprintf(text, sizeof text, "%s", why ? why : "");
     Pfcps__Error e;
@@ -603,6 +898,7 @@ void ctl_session_close(ctl_session *s)
         close(s->fd);
     pthread_mutex_destroy(&s->send_mu);
     ctl_book_free(&s->book);
+    free(s->srv_lost);
     free(s->rbuf);
     free(s);
 }

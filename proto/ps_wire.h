@@ -7,7 +7,7 @@
  *                   one push per (worker, step) may span `nchunks` messages (chunk = 0..nchunks-1); it is
  *                   applied only once every chunk has arrived, so a worker that dies mid-push changes
  *                   nothing. Each worker sends exactly one push per step to every server (n may be 0).
- *   PS_OP_STAT      payload: empty -> reply payload: ps_stat
+ *   PS_OP_STAT      payload: empty -> reply payload: ps_stat (flags PS_STAT_DONE: the worker is done)
  *   PS_OP_CHECKSUM  payload: empty -> reply payload: uint64 FNV-1a over the shard's weights then momentum
  * A push carrying PS_PUSH_SNAPSHOT asks for a snapshot of the shard as it stands after that step.
  * Authentication: every message carries the run's data-plane token, derived from the join secret and the
@@ -80,6 +80,10 @@ typedef struct ps_hdr {
  * the step then moves no row (torch's GradScaler skips the whole step: no decay, no momentum). Every worker
  * sets it on the same steps. */
 #define PS_PUSH_SKIPPED 2u
+/* Stat flag: the requesting worker has finished training (its last request is complete) and sends nothing
+ * more. A server that lost the rendezvous with server 0 stops once every worker said so (server/main.c; docs/
+ * architecture.md, "Server 0 and the rendezvous"). Other stat requests carry flags 0. */
+#define PS_STAT_DONE 1u
 
 _Static_assert(sizeof(ps_hdr) == 64, "ps_hdr must stay 64 bytes");
 

@@ -7,10 +7,12 @@
  * `rendezvous` (after checking that its shard fits in memory), every rank joins as (server, s, fabric
  * address) and gets the address book and the run config; then the shard is allocated and initialised,
  * every worker's address goes into the AV, and the progress + apply threads start.
- * SIGTERM / SIGINT, the rendezvous' shutdown broadcast, or (server 0) every worker having left the run in
- * order (training is over): stop accepting requests, apply every step whose pushes are all in (they were
- * acknowledged), finish the snapshot in progress, log the
- * counters, exit 0. A lost member or a lost rendezvous: the same stop, exit 75 (the run must re-form). The
+ * SIGTERM / SIGINT, the rendezvous' shutdown broadcast, (server 0) every worker having left the run in order
+ * (training is over), or, with the rendezvous lost with server 0 under replicas = 1, every worker having said
+ * it is done (PS_STAT_DONE): stop accepting requests, apply every step whose pushes are all in (they were
+ * acknowledged), finish the snapshot in progress, log the counters, exit 0. A lost member or a lost
+ * rendezvous that the run cannot go on without (docs/architecture.md, "Server 0 and the rendezvous"): the
+ * same stop, exit 75 (the run must re-form). The
  * same signals while the run is still forming end the wait for the other members within ~0.1 s
  * (ctl_set_interrupt): rank 0 broadcasts the shutdown to the members that joined, exit 0. Exit 1 on a
  * start-up error (message on stderr). */
@@ -62,6 +64,8 @@ typedef struct server_daemon {
     ps_server *srv;
     ps_server *backup; /* replicas = 1: the hot-standby copy of shard (rank - 1) mod S */
     double lease_s;    /* replicas = 1: how long past its lease base the server may act (serve_until_stop) */
+    double orphan_t;   /* when serve_until_stop first saw the rendezvous lost with server 0 (0: not yet) */
+    double quiet_s;    /* without a rendezvous: workers silent this long end the run (workers_quiet) */
     char root[4096];  /* checkpoint root of the run */
     snapfile_key key; /* the checkpoint key, from the join secret (shard files carry its HMAC) */
 } server_daemon;
@@ -553,8 +557,45 @@ static void renew_lease(server_daemon *d)
         ps_server_set_lease(d->backup, base + d->lease_s);
 }
 
+/* The rendezvous is lost with server 0 (ctl_session_orphaned): 1 once every worker told this server's copies
+ * that it finished training (ps_client_done), so that the run ends without the rendezvous' shutdown. */
+static int workers_done_here(const server_daemon *d)
+{
+    for (int w = 0; w < d->run.workers; w++)
+        if (!ps_server_worker_done(d->srv, w) && !ps_server_worker_done(d->backup, w))
+            return 0;
+    return 1;
+}
+
+/* The rendezvous is lost with server 0 and the workers went quiet: no copy here took a message from any
+ * worker for quiet_s (4 x ctl_timeout, the workers' own bound on a data-plane wait; counted from the loss at
+ * the earliest), so a worker died as well and no rendezvous is left to say so. */
+static int workers_quiet(server_daemon *d)
+{
+    double now = pf_now_s();
+    if (d->orphan_t == 0)
+        d->orphan_t = now;
+    double last = d->orphan_t, a = ps_server_last_request(d->srv), b = ps_server_last_request(d->backup);
+    if (a > last)
+        last = a;
+    if (b > last)
+        last = b;
+    return now - last > d->quiet_s;
+}
+
 static int serve_until_stop(server_daemon *d)
 {
+    d->quiet_s = 4 * (d->run.ctl_timeout > 0 ? d->run.ctl_timeout : 30);
+    if (d->run.replicas && d->rank != 0) {
+        /* A close of the control connection is server 0's failover when the shards keep their copies; a
+         * restarted server 0's rendezvous is resumed with the run config's digest. */
+        ckpt_ident id;
+        if (ckpt_ident_of(&d->run, ctl_session_book(d->sess)->run_id, &id) < 0 ||
+            ctl_session_survive_rendezvous_loss(d->sess, id.config_digest) < 0) {
+            log_error("%s", pf_errmsg());
+            return 1;
+        }
+    }
     if (d->run.replicas) {
         /* The lease ends before the rendezvous removes a silent member (ctl_member_silence_s); heartbeats
          * renew it eight times per lease. Until the first echo the lease counts from now. */
@@ -568,6 +609,24 @@ static int serve_until_stop(server_daemon *d)
         if (d->rv && ctl_rendezvous_workers_done(d->rv)) {
             log_info("every worker left the run in order: training is over; shutting the run down");
             return 0; /* finish() broadcasts the shutdown: the other servers stop with 0 */
+        }
+        if (ctl_session_orphaned(d->sess)) {
+            if (workers_done_here(d)) {
+                log_info("every worker said it finished training (the rendezvous is lost with server 0): "
+                         "training is over; stopping");
+                return 0;
+            }
+            if (workers_quiet(d)) {
+                ps_server_fence(d->srv);
+                if (d->backup)
+                    ps_server_fence(d->backup);
+                log_error("no worker sent anything for %.0f s and not every worker said it finished training: "
+                          "without the rendezvous (lost with server 0) nothing can tell this server more; it is "
+                          "fenced and stops so that the run can re-form from its newest complete checkpoint "
+                          "(exit %d)",
+                          d->quiet_s, DAEMON_EXIT_REFORM);
+                return DAEMON_EXIT_REFORM;
+            }
         }
         int r = ctl_session_wait_shutdown(d->sess, 0.2);
         if (d->run.replicas)

@@ -492,3 +492,15 @@ void ps_server_fence(ps_server *srv)
         log_warn("shard %d%s: removed from the run: this server answers and applies nothing more",
                  srv->o.rank, srv->o.backup ? " (backup copy)" : "");
 }
+
+int ps_server_worker_done(const ps_server *srv, int rank)
+{
+    if (!srv || rank < 0 || rank >= srv->o.workers || !srv->worker_done)
+        return 0;
+    return atomic_load(&srv->worker_done[rank]);
+}
+
+double ps_server_last_request(const ps_server *srv)
+{
+    return srv ? atomic_load(&((ps_server *)srv)->last_rx) : 0;
+}

@@ -156,4 +156,12 @@ void ps_server_set_lease(ps_server *srv, double until);
  * takes no more messages, and ps_server_stop applies nothing more. Idempotent. */
 void ps_server_fence(ps_server *srv);
 
+/* 1 when worker `rank` (0 <= rank < workers) said it finished training (a stat request with PS_STAT_DONE,
+ * proto/ps_wire.h), else 0 (also for a rank out of range). Safe from any thread. */
+int ps_server_worker_done(const ps_server *srv, int rank);
+
+/* When this copy last took a message from a worker of the run (pf_now_s() seconds; 0 when none yet, or srv is
+ * NULL). Safe from any thread. */
+double ps_server_last_request(const ps_server *srv);
+
 #endif

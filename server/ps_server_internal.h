@@ -123,6 +123,8 @@ struct ps_server {
     int *send_free, nsend_free;
     fi_addr_t *worker_addr;
     uint8_t *worker_known;
+    _Atomic uint8_t *worker_done; /* [W]: the worker said it finished training (PS_STAT_DONE) */
+    _Atomic double last_rx;       /* pf_now_s() of the last message taken from a worker of the run (0: none) */
     int64_t *next_push;    /* per worker: steps pushed completely */
     int64_t steps_in;      /* min over workers of next_push: steps whose W pushes are all received */
     int64_t *applied_push; /* per worker: steps whose push was applied */

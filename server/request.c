@@ -383,6 +383,7 @@ void pss_handle_msg(ps_server *S, const uint8_t *buf, size_t len)
     /* A member of the run (it holds the token) at a newer membership epoch: a failover was announced that
      * this server's control plane has not told it yet. */
     ps_server_set_epoch(S, h.epoch);
+    atomic_store(&S->last_rx, pf_now_s());
     char msg[256];
     const uint8_t *payload = buf + sizeof(ps_hdr);
     size_t plen = len - sizeof(ps_hdr);
@@ -398,6 +399,8 @@ void pss_handle_msg(ps_server *S, const uint8_t *buf, size_t len)
             return;
         p->req = h;
         if (h.op == PS_OP_STAT) {
+            if (h.flags & PS_STAT_DONE)
+                atomic_store(&S->worker_done[h.client], 1);
             ps_stat st;
             ps_server_stat(S, &st);
             memcpy(p->payload, &st, sizeof(st));
@@ -459,10 +462,11 @@ int pss_request_init(ps_server *S)
     const int W = S->o.workers;
     S->worker_addr = calloc(W, sizeof(fi_addr_t));
     S->worker_known = calloc(W, 1);
+    S->worker_done = calloc(W, 1);
     S->next_push = calloc(W, sizeof(int64_t));
     S->applied_push = calloc(W, sizeof(int64_t));
     S->partial = calloc(W, sizeof(push *));
-    if (!S->worker_addr || !S->worker_known || !S->next_push || !S->applied_push || !S->partial)
+    if (!S->worker_addr || !S->worker_known || !S->worker_done || !S->next_push || !S->applied_push || !S->partial)
         return pf_err(-ENOMEM, "out of memory for %d workers' state", W);
     /* The most rows one message can carry (2-byte wire elements pack the most). */
     S->chunk_cap = ps_wire_rows_per_msg((uint32_t)S->o.dim, PS_DT_FP16);
@@ -501,6 +505,7 @@ void pss_request_free(ps_server *S)
     }
     free(S->worker_addr);
     free(S->worker_known);
+    free((void *)S->worker_done);
     free(S->next_push);
     free(S->applied_push);
     free(S->partial);

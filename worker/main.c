@@ -6,7 +6,8 @@
  * Start-up: the metrics endpoint when metrics_address is set (docs/metrics.md; reported at join), open the
  * two fabric endpoints (towards the servers; for the workers' ring collectives), join
  * the run at `rendezvous` as (worker, W), take the run config from the address book (every process
- * trains with the same config: the one server 0 was started with), then train (worker/train.h).
+ * trains with the same config: the one server 0 was started with), then train (worker/train.h). After the
+ * last step (replicas = 1) every shard's serving copy is told this worker is done (ps_client_done).
  * SIGTERM / SIGINT: every worker stops after the step in progress (they agree through an allreduce),
  * exit 0. Exit 1 on a start-up or training error, with the message on stderr. */
 #include <errno.h>
@@ -38,10 +39,12 @@
  * train_opts.stop_flag. */
 static volatile sig_atomic_t g_stop;
 
-/* Watches the control connection while training runs: server 0 broadcasts a shutdown when it stops
- * (SIGTERM, or a fatal error), and a lost connection means server 0 is gone. Either way the run cannot go
- * on: ask for a clean stop at the next step boundary, and if the step in progress cannot finish (its
- * servers are gone) within `grace_s`, leave with an error instead of waiting out the data-plane timeouts. */
+/* Watches the control connection while training runs. Failover notices (replicas = 1; server 0's own, when
+ * its connection closes and the shards keep a copy: ctl_session_survive_rendezvous_loss) go to the client
+ * and the trainer. A shutdown (server 0 stops: SIGTERM, or a fatal error), a lost member, or a lost server 0
+ * the run cannot go on without: ask for a clean stop at the next step boundary, and if the step in progress
+ * cannot finish (its servers are gone) within `grace_s`, leave with an error instead of waiting out the
+ * data-plane timeouts. */
 typedef struct ctl_watch {
     ctl_session *sess;
     trainer *t; /* replicas = 1: its client is told of failovers (ps_client_server_lost) */
@@ -370,8 +373,17 @@ static int accept_run_config(worker_daemon *d)
 static int train_watched(worker_daemon *d)
 {
     ctl_watch watch = {.sess = d->sess, .t = d->t, .grace_s = 10};
-    if (d->run.replicas) /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
+    if (d->run.replicas) { /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
         ctl_session_set_heartbeat(d->sess, ctl_member_silence_s(d->run.ctl_timeout) / 8);
+        /* A close of the control connection is server 0's failover when the shards keep their copies; a
+         * restarted server 0's rendezvous is resumed with the run config's digest. */
+        ckpt_ident id;
+        if (ckpt_ident_of(&d->run, ctl_session_book(d->sess)->run_id, &id) < 0 ||
+            ctl_session_survive_rendezvous_loss(d->sess, id.config_digest) < 0) {
+            log_error("%s", pf_errmsg());
+            return 1;
+        }
+    }
     fab_set_interrupt(&watch.interrupt);
     pthread_t watcher;
     int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
@@ -421,6 +433,21 @@ static int finish(worker_daemon *d, int exit_code)
     return exit_code;
 }
 
+/* replicas = 1: after the last step, tells every shard's serving copy that this worker is done
+ * (ps_client_done), so that servers which lost the rendezvous with server 0 (now, or later than this worker
+ * left it) stop when every worker did; with the rendezvous the shutdown does that too. A failure is logged
+ * only: the outputs are written. */
+static void tell_servers_done(worker_daemon *d)
+{
+    ps_client *pc = d->run.replicas ? train_ps_client(d->t) : NULL;
+    if (!pc)
+        return;
+    if (ps_client_done(pc, d->run.ctl_timeout > 0 ? d->run.ctl_timeout : 30) < 0)
+        log_warn("%s", pf_errmsg());
+    else if (ctl_session_orphaned(d->sess))
+        log_info("told every live server this worker is done (the rendezvous is lost with server 0)");
+}
+
 int main(int argc, char **argv)
 {
     static worker_daemon d;
@@ -437,6 +464,7 @@ int main(int argc, char **argv)
     if (rc == 1) {
         exit_code = 0; /* stopped before the run formed */
     } else if (rc == 0 && accept_run_config(&d) == 0 && (exit_code = train_watched(&d)) == 0) {
+        tell_servers_done(&d);
         /* Done (or stopped on request) in order: say so, so that the rendezvous does not report us lost. */
         ctl_session_leave(d.sess);
     }

@@ -494,7 +494,7 @@ static size_t build_msg(ps_client *c, const ps_req *r, int t, int k, slot *sl, u
                 .lr = r->lr,
                 .token = c->token,
                 .epoch = atomic_load(&c->epoch),
-                .flags = r->op == RQ_PUSH ? r->flags : 0};
+                .flags = r->op == RQ_PUSH || r->op == RQ_STAT ? r->flags : 0};
     size_t len = sizeof(ps_hdr);
     if (r->op == RQ_STAT || r->op == RQ_CHECKSUM) {
         h.op = r->op == RQ_STAT ? PS_OP_STAT : PS_OP_CHECKSUM;
@@ -1286,6 +1286,23 @@ int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s)
     ps_req *r;
     int rc = simple_req(c, s, RQ_STAT, out, &r);
     return rc < 0 ? rc : simple_run(c, r, timeout_s);
+}
+
+int ps_client_done(ps_client *c, double timeout_s)
+{
+    int first = 0;
+    for (int s = 0; s < c->o.servers; s++) {
+        ps_stat st;
+        ps_req *r;
+        int rc = simple_req(c, s, RQ_STAT, &st, &r);
+        if (rc == 0) {
+            r->flags = PS_STAT_DONE;
+            rc = simple_run(c, r, timeout_s);
+        }
+        if (rc < 0 && first == 0)
+            first = pf_err_wrap(rc, "telling shard %d's serving copy this worker is done", s);
+    }
+    return first;
 }
 
 int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s)

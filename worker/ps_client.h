@@ -157,6 +157,12 @@ int ps_test(ps_client *c, ps_req *req);
 /* Server s's counters (ps_stat in ps_wire.h). Returns 0 or a negative code. */
 int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s);
 
+/* Tells every shard's serving copy that this worker finished training (a stat request with PS_STAT_DONE,
+ * proto/ps_wire.h), waiting up to timeout_s for each reply: servers that lost the rendezvous with server 0
+ * stop once every worker said so. Call after the last request completed. Returns 0, or the first failure's
+ * negative code (named in pf_errmsg(); the other shards are still told). */
+int ps_client_done(ps_client *c, double timeout_s);
+
 /* Server s's table checksum (shard_checksum over weights then momentum). */
 int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s);
 

@@ -1,22 +1,33 @@
 #!/usr/bin/env bash
 # Failover soak (replicas = 1): ROUNDS rounds (default 5) of a run on 10 ORL identities (snapshot_every 4, 36
-# steps) with SERVERS servers (default 2) and 2 workers, each with kill -9 of a random server other than 0 once
-# worker 0 has logged a random step in 4..24. No launcher and no supervisor: nothing restarts. Every round must
+# steps) with SERVERS servers (default 2) and 2 workers, each with kill -9 of a random server (server 0, which
+# runs the rendezvous, included: docs/architecture.md, "Server 0 and the rendezvous"; --victim N: always server
+# N) once worker 0 has logged a random step in 4..24. No launcher and no supervisor: nothing restarts. Every round must
 # end with every worker exiting 0 and a model.ckpt and final checkpoint (pfcps ckpt-info table and backbone
 # SHA-256) identical to an uninterrupted replicas = 0 run's. Prints per round the time from the kill to the
-# next step worker 0 completes (its log line's time) and to the failover line of server 0, and a summary; first,
+# next step worker 0 completes (its log line's time) and to the failover line of the server holding the lost
+# shard's backup (its "failover (epoch 1)" line), and a summary; first,
 # the wall time of an uninterrupted run with replicas = 0 and with replicas = 1 (whole runs, start-up included).
 # --rejoin: each round also starts the killed server again with the same command line once the failover is
-# announced (it rejoins: docs/architecture.md, "Hot-standby shards", Rejoin) and prints the time from its start
+# announced (it rejoins: docs/architecture.md, "Hot-standby shards", Rejoin; the victim is then never server
+# 0, whose own log this round's timings read; tests/deploy/local/test_server0.sh restarts server 0) and
+# prints the time from its start
 # to the rendezvous' "rejoined" line, how long the workers held their pushes for the copy (worker 0's log), and
 # worker 0's step time around the copy: the median of the steps before the kill and the step that held.
-# usage: bench/recovery/failover.sh [-b BUILD] [--rejoin] [ROUNDS [SERVERS]]
+# --quickstart: the quick start's run instead (deploy/configs/quickstart.ini: 30 ORL identities, r18_w16,
+# D = 128, 144 steps), with snapshot_every 4, replicas, a log line every step and this script's rendezvous.
+# usage: bench/recovery/failover.sh [-b BUILD] [--rejoin] [--victim N] [--quickstart] [ROUNDS [SERVERS]]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$SRC/build
 [ "${1:-}" = -b ] && { BUILD=$2; shift 2; }
 REJOIN=0
 [ "${1:-}" = --rejoin ] && { REJOIN=1; shift; }
+VICTIM=
+[ "${1:-}" = --victim ] && { VICTIM=$2; shift 2; }
+QUICK=0
+[ "${1:-}" = --quickstart ] && { QUICK=1; shift; }
+[ "$REJOIN" = 1 ] && [ "$VICTIM" = 0 ] && { echo "--rejoin: the victim must not be server 0 (its log is read)" >&2; exit 2; }
 ROUNDS=${1:-5}
 SERVERS=${2:-2}
 PFCPS=$BUILD/tools/pfcps
@@ -24,9 +35,22 @@ export OMP_NUM_THREADS=1 PFCPS_SECRET=failover-secret
 TMP=$(mktemp -d)
 trap 'pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
 . "$SRC/bench/recovery/common.sh"
-recovery_stage || exit 1
+if [ "$QUICK" = 1 ]; then
+  mkdir -p "$TMP/stage"
+  for i in $(seq 1 30); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
+  "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || exit 1
+else
+  recovery_stage || exit 1
+fi
 # cfg NAME SERVERS REPLICAS
 cfg() {
+  if [ "$QUICK" = 1 ]; then
+    # The quick start's config, then this run's keys (a later key overrides; sections do not matter).
+    { cat "$SRC/deploy/configs/quickstart.ini"
+      printf '[train]\noutput = %s\nfrequent = 1\n[data]\nrec = %s\n[cluster]\nservers = %s\nrendezvous = 127.0.0.1:%s\nctl_timeout = 20\n[server]\nsnapshot_every = 4\nreplicas = %s\n' \
+        "$TMP/$1" "$TMP/train" "$2" "$(port)" "$3"; } >"$TMP/$1.ini"
+    return
+  fi
   cat >"$TMP/$1.ini" <<INI
 [train]
 network = r18_w8
@@ -84,7 +108,11 @@ for ((k = 1; k <= ROUNDS; k++)); do
     "$BUILD/worker/pfcps-worker" --config "$TMP/$name.ini" --rank "$r" >"$TMP/$name.w$r.log" 2>&1 &
     wp+=($!)
   done
-  at=$((4 + RANDOM % 21)); victim=$((1 + RANDOM % (SERVERS - 1)))
+  at=$((4 + RANDOM % 21))
+  if [ -n "$VICTIM" ]; then victim=$VICTIM
+  elif [ "$REJOIN" = 1 ]; then victim=$((1 + RANDOM % (SERVERS - 1)))
+  else victim=$((RANDOM % SERVERS)); fi
+  heir=$(((victim + 1) % SERVERS)) # holds the victim's backup: its log has the failover line
   for ((i = 0; i < 1200; i++)); do grep -q "Global Step: $at " "$TMP/$name.w0.log" && break; sleep 0.1; done
   t_kill=$(date -u +%s.%N)
   kill -KILL "${pids[$victim]}"
@@ -124,7 +152,7 @@ print(f'{before[len(before) // 2]:.3f} {held[0]:.3f}' if before and held else '-
     [ -n "$t_back" ] && [ -n "$held" ] && { sum_back=$(python3 -c "print($sum_back + $d_back)"); sum_held=$(python3 -c "print($sum_held + $held)"); }
   fi
   t_step=$(first_after "$TMP/$name.w0.log" "Global Step: " "$t_kill")
-  t_fo=$(first_after "$TMP/$name.s0.log" "failover: server" "$t_kill")
+  t_fo=$(first_after "$TMP/$name.s$heir.log" "failover \(epoch" "$t_kill")
   d_step=$(python3 -c "print(f'{${t_step:-0} - $t_kill:.2f}')")
   d_fo=$(python3 -c "print(f'{${t_fo:-0} - $t_kill:.3f}')")
   got=$(final "$TMP/$name")

@@ -4,9 +4,11 @@
 # worker 1) once worker 0 has logged a random step in 5..34 (after the first checkpoint, before the last step).
 # Every round must end with exit 0 and a model.ckpt and final checkpoint (pfcps ckpt-info table and backbone
 # SHA-256) identical to an uninterrupted run's.
-# With --replicas 1 every shard also has a hot-standby copy (config key replicas): a killed server other than 0
-# fails over to the backups (no restart), the other kills re-form the run as without replicas; the reference
-# stays an uninterrupted replicas = 0 run.
+# With --replicas 1 every shard also has a hot-standby copy (config key replicas): a killed server, server 0
+# included (every member then fails it over itself: docs/architecture.md, "Server 0 and the rendezvous"), fails
+# over to the backups and is started again by the launcher, which it rejoins (server 0 through a new
+# rendezvous that adopts the run); a killed worker re-forms the run as without replicas; the reference stays
+# an uninterrupted replicas = 0 run.
 # Prints one line per round and a summary: rounds passed, restarts, the step resumed from, the time from the
 # kill to the next step worker 0 completes (its log line's time; after a re-form, the first step of the
 # restarted run) and the steps computed again (the last step

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Local launcher: starts S pfcps-server and W pfcps-worker daemons on this machine (127.0.0.1),
 # waits for the workers to finish, then stops the servers with SIGTERM (a server that exits first makes it stop
-# the workers and fail, naming that server; with replicas = 1 a server other than 0 that dies is only reported,
-# and the run goes on with its shards' backups). Ctrl-C (SIGINT) or SIGTERM
-# is passed on to every daemon; none is left behind.
+# the workers and fail, naming that server; with replicas = 1 a server that dies is only reported, and the run
+# goes on with its shards' backups; a dead server 0 is failed over by every member, docs/architecture.md).
+# Ctrl-C (SIGINT) or SIGTERM is passed on to every daemon; none is left behind.
 #
 # usage: deploy/local/launch.sh -c CONFIG [-b BUILD_DIR] [--max-restarts N] [--set key=value ...]
 #   servers/workers counts come from the config (keys `servers`, `workers`) or --set overrides.
@@ -12,6 +12,8 @@
 #   checkpoint step it resumes from (`pfcps ckpt-info --newest`). Checkpoints need snapshot_every > 0.
 #   With replicas = 1 a server other than 0 that dies is started again alone, with the same command line (a
 #   restart counted the same way): it rejoins the running run (docs/architecture.md, "Hot-standby shards").
+#   So is server 0 (the rendezvous' host) when it died: its new rendezvous adopts the running run from the
+#   members, which reconnect, and it rejoins; without a restart the run goes on without it to its end.
 #   Logs: <output>/logs/server<r>.log and worker<r>.log (output from the config / --set).
 #   These values are asked from the daemons' own config parser (`pfcps config-get`), so quoting, inline
 #   comments and sections mean here exactly what they mean to the daemons.
@@ -165,11 +167,14 @@ run_once() {
           scodes[$i]=$s
           # 0: the run ended in order (server 0 shuts it down once every worker left) while a worker exits.
           [ "$s" -eq 0 ] && continue
-          # replicas = 1: the run goes on with the backups of a lost server other than 0 (the rendezvous fails
-          # its shards over; when it cannot, the workers exit and stop the run below).
-          if [ "$replicas" -ge 1 ] && [ "$i" -ne 0 ] && [ "$restarts" -lt "$max_restarts" ]; then
+          # replicas = 1: the run goes on with the backups of a lost server (the rendezvous fails its shards
+          # over, or for server 0 each member does; when it cannot, the workers exit and stop the run below).
+          # Server 0 counts only when it died (a signal): exiting on its own, it told the members to re-form.
+          if [ "$replicas" -ge 1 ] && { [ "$i" -ne 0 ] || [ "$s" -gt 128 ]; } && [ "$restarts" -lt "$max_restarts" ]; then
             restarts=$((restarts + 1))
-            echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: restart $restarts/$max_restarts of server $i alone, with the same command line: it rejoins the running run" >&2
+            local how="it rejoins the running run"
+            [ "$i" -eq 0 ] && how="its rendezvous adopts the running run from its members, then it rejoins"
+            echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: restart $restarts/$max_restarts of server $i alone, with the same command line: $how" >&2
             "$server_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/server$i.log" 2>&1 &
             server_pids[$i]=$!; pids+=($!)
             unset "scodes[$i]"
@@ -177,6 +182,10 @@ run_once() {
           fi
           if [ "$replicas" -ge 1 ] && [ "$i" -ne 0 ]; then
             echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: the run goes on with its shards' backups, one server failure away from the checkpoint re-form" >&2
+            continue
+          fi
+          if [ "$replicas" -ge 1 ] && [ "$s" -gt 128 ]; then
+            echo "launch: server 0 died (status $s; see $out/logs/server0.log); replicas = $replicas: the run goes on without its rendezvous, with its shards' backups (when they have no copy left, the workers stop for the re-form), one server failure away from the checkpoint re-form" >&2
             continue
           fi
           culprit="server $i (status $s)"; rc=$s; failed=$i

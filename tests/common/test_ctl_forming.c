@@ -352,10 +352,39 @@ static void test_failover_possible(void **state)
     assert_int_equal(ctl_failover_possible(lost, 1, 0, why, sizeof why), 0);
 }
 
+/* A member's own rule for the loss of server 0 with the rendezvous (ctl_session.c): the copies decide alone. */
+static void test_shards_survive(void **state)
+{
+    (void)state;
+    uint8_t lost[4] = {0};
+    char why[256];
+    /* Server 0 of 2: shard 0 keeps its backup on server 1, shard 1 its primary. */
+    assert_int_equal(ctl_shards_survive(lost, 2, 0, why, sizeof why), 1);
+    assert_string_equal(why, "shards 0, 1");
+    /* Server 0 of 3: shards 0 and 2 lose a copy each. */
+    assert_int_equal(ctl_shards_survive(lost, 3, 0, why, sizeof why), 1);
+    assert_string_equal(why, "shards 0, 2");
+    /* Server 1 failed over before: shard 0's copies are servers 0 and 1, both gone. */
+    lost[1] = 1;
+    assert_int_equal(ctl_shards_survive(lost, 3, 0, why, sizeof why), 0);
+    assert_string_equal(why, "both copies of shard 0 are lost (servers 0 and 1)");
+    /* S = 3, server 2 failed over before: shard 2's copies are servers 2 and 0. */
+    lost[1] = 0;
+    lost[2] = 1;
+    assert_int_equal(ctl_shards_survive(lost, 3, 0, why, sizeof why), 0);
+    assert_string_equal(why, "both copies of shard 2 are lost (servers 2 and 0)");
+    /* S = 4, server 2 failed over before: every shard keeps a copy without server 0. */
+    assert_int_equal(ctl_shards_survive(lost, 4, 0, why, sizeof why), 1);
+    assert_string_equal(why, "shards 0, 1, 2, 3");
+    /* Without replicas' copies (one server) nothing survives. */
+    assert_int_equal(ctl_shards_survive(lost, 1, 0, why, sizeof why), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seats),
+        cmocka_unit_test(test_shards_survive),
         cmocka_unit_test(test_admit_before_forming),
         cmocka_unit_test(test_after_forming),
         cmocka_unit_test(test_server_leave),

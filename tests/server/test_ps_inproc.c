@@ -1,9 +1,9 @@
 /* In-process parameter-server test (fast; also runs under ASan+UBSan): 2 servers with their own progress
  * and apply threads, 2 clients (fp32 and bf16 wire), all in one process over tcp;ofi_rxm. Checks pull of
  * initial rows, a multi-message push (rows > one message) summed across clients vs float64, fp16/bf16 wire
- * rounding bounds, a bad request, and a clean stop. The pulls' rows are gathered by each server's progress
- * and apply threads together (pieces of 64 rows here) and created on first touch (no prefault): concurrent
- * gathers of the same rows by 3 clients. */
+ * rounding bounds, a bad request, the workers' done notice (PS_STAT_DONE), and a clean stop. The pulls' rows
+ * are gathered by each server's progress and apply threads together (pieces of 64 rows here) and created on
+ * first touch (no prefault): concurrent gathers of the same rows by 3 clients. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,6 +163,15 @@ int main(void)
     ps_stat st;
     CHECK(ps_stat_get(cli[0], 1, &st, 5) == 0 && st.bad_requests == 1 && st.steps_done == 1,
           "stat: bad %lld steps %lld", (long long)st.bad_requests, (long long)st.steps_done);
+    /* A worker that finished says so to every shard (PS_STAT_DONE); a plain stat says nothing. */
+    for (int s = 0; s < S; s++)
+        CHECK(!ps_server_worker_done(srv[s], 0), "server %d: worker 0 done after a plain stat", s);
+    CHECK(ps_client_done(cli[0], 5) == 0 && ps_client_done(cli[2], 5) == 0, "done: %s", pf_errmsg());
+    for (int s = 0; s < S; s++)
+        CHECK(ps_server_worker_done(srv[s], 0) && !ps_server_worker_done(srv[s], 1) &&
+                  ps_server_worker_done(srv[s], 2) && !ps_server_worker_done(srv[s], W) &&
+                  !ps_server_worker_done(srv[s], -1),
+              "server %d: workers done 0 and 2 only", s);
     for (int w = 0; w < W; w++)
         ps_client_destroy(cli[w]);
     for (int s = 0; s < S; s++)
