@@ -416,10 +416,15 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
          * start fails after the run formed: its shard, pretrained_centers) ends the wait for it at once
          * (fab_set_interrupt), and its own message (ctl_session_fail) says why. */
         fab_set_interrupt(&w->broken);
-        if (w->run.replicas) /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
+        if (w->run.replicas) { /* the rendezvous removes members silent for ctl_member_silence_s */
             ctl_session_set_heartbeat(w->sess, ctl_member_silence_s(w->run.ctl_timeout) / 8);
+            /* a close of the control connection is server 0's failover when the shards keep their copies,
+             * and a restarted server 0's rendezvous is resumed with the run config's digest */
+            rc = ctl_session_survive_rendezvous_loss(w->sess, w->ident.config_digest);
+        }
         w->watching = pthread_create(&w->watcher, NULL, watch_main, w) == 0;
-        rc = train_net_connect(&w->net, &w->run, ctl_session_book(w->sess), rank, w->secret);
+        if (rc == 0)
+            rc = train_net_connect(&w->net, &w->run, ctl_session_book(w->sess), rank, w->secret);
         for (int i = 0; rc < 0 && i < 20 && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE); i++)
             usleep(50000);
         if (rc < 0 && __atomic_load_n(&w->broken, __ATOMIC_ACQUIRE))
@@ -827,15 +832,22 @@ static PyObject *Worker_drop_queued(Worker *w, PyObject *noargs)
 }
 
 /* This rank's .module marker of checkpoint w->step in the checkpoint folder (ckpt_module_marker_write), so
- * that the servers sharing the folder count the step complete and prune older ones (snapshot_keep). A folder
- * not on this host is left alone (said once); a failed write is logged: the checkpoint itself is whole. */
+ * that the servers sharing the folder count the step complete and prune older ones (snapshot_keep). The
+ * servers create the folder at their first checkpoint, which they start once the push just acknowledged is
+ * applied: at the first checkpoint that finds no folder it is waited for up to 5 s; a folder that did not
+ * come is taken as not on this host, said once, and not waited for again. A failed write is logged: the
+ * checkpoint itself is whole. */
 static void mark_checkpoint(Worker *w)
 {
-    static int said;
+    static int waited;
     char root[4096];
     ckpt_root(&w->cfg, root, sizeof root);
     int rc = ckpt_module_marker_write(root, w->step, w->rank, w->run.workers, &w->ident);
-    if (rc == -ENOENT && !said++)
+    for (int i = 0; rc == -ENOENT && !waited && i < 100; i++) {
+        usleep(50000);
+        rc = ckpt_module_marker_write(root, w->step, w->rank, w->run.workers, &w->ident);
+    }
+    if (rc == -ENOENT && !waited)
         log_info("checkpoint folder %s is not on this host: no .module markers written (a folder shared with "
                  "the servers gets them, so that they count checkpoints complete and prune old ones)",
                  root);
@@ -843,6 +855,7 @@ static void mark_checkpoint(Worker *w)
         log_warn("checkpoint step %lld: %s (the checkpoint is whole; the servers will not count it complete "
                  "when pruning)",
                  (long long)w->step, pf_errmsg());
+    waited = 1;
 }
 
 /* checkpoint() -> T: asks the servers for checkpoint T = step (the steps done): the queued push of step T - 1
@@ -910,6 +923,10 @@ static void worker_leave(Worker *w)
         log_error("leaving the run: the last step's push failed: %s", pf_errmsg());
     if (healthy && w->net.have_coll)
         coll_barrier(&w->net.coll);
+    /* replicas = 1: every live server hears that this worker is done, so that servers which lost the
+     * rendezvous with server 0 stop once every worker is (with the rendezvous its shutdown does that too) */
+    if (healthy && w->run.replicas && w->net.ps && ps_client_done(w->net.ps, w->run.ctl_timeout) < 0)
+        log_warn("leaving the run: %s", pf_errmsg());
     __atomic_store_n(&w->watch_done, 1, __ATOMIC_RELEASE);
     if (w->watching)
         pthread_join(w->watcher, NULL);

@@ -15,8 +15,8 @@
 #   - margin_grad = exact in the run file is honoured (against an exact-gradient reference);
 #   - optimizer.step() not called at two steps (GradScaler's skip): the class centers stay as they were, against
 #     a reference skipping the same steps (and differing from one whose table still takes them);
-#   - replicas = 1: server 1 killed mid-run, the module follows the failover and ends with the uninterrupted
-#     run's losses and backbone, bit for bit;
+#   - replicas = 1: server 1, then server 0 (the rendezvous' host) killed mid-run, the module follows the
+#     failover and ends with the uninterrupted run's losses and backbone, bit for bit;
 #   - checkpoint and resume (each checkpoint complete for ckpt-info with the ranks' .module markers): 20 steps
 #     uninterrupted against 10 steps, arcface_torch-style checkpoint files,
 #     every process killed, fresh servers with resume = true and new processes loading the files: the losses
@@ -278,25 +278,31 @@ if compare w1s w1s_stepped >/dev/null; then
   fail "skipped optimizer steps: the run also matches a reference whose centers took those steps"; else
   ok "skipped optimizer steps: the run differs from a reference whose centers took those steps"; fi
 
-# replicas = 1 (every shard also on the next server): server 1 killed (SIGKILL) while the script pauses after
-# step 8; the module follows the rendezvous' failover to the backup copy on server 0, trains on, and ends with
-# the uninterrupted replicas = 0 run's (w1's) losses and backbone, bit for bit; server 0 ends the run (exit 0).
-write_run w1f 1 30 "replicas = 1"
-start_servers w1f
-timeout 300 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/w1f.ini" --C $C --D $D --batch $BATCH \
-  --steps $STEPS --out "$TMP/w1f.json" --pause-after 8 --pause-s 4 >"$TMP/w1f.rank0.log" 2>&1 &
-fpid=$!; PIDS+=($fpid)
-wait_log "$TMP/w1f.rank0.log" PAUSE 120 || { cat "$TMP/w1f.rank0.log"; die "w1f: the script did not pause"; }
-kill -9 "${SPIDS[1]}"
-s=0; wait "$fpid" || s=$?
-if [ "$s" -ne 0 ]; then
-  tail -15 "$TMP/w1f.rank0.log"; tail -5 "$TMP/w1f.server0.log"; fail "replicas = 1: the script exited $s after server 1 was killed"
-else
-  grep -q "failover (epoch" "$TMP/w1f.rank0.log" || fail "replicas = 1: the module logged no failover"
-  wait_exit "${SPIDS[0]}" 30 || fail "replicas = 1: server 0 still runs after the worker left"
-  s=0; wait "${SPIDS[0]}" || s=$?
-  [ "$s" -eq 0 ] || { tail -5 "$TMP/w1f.server0.log"; fail "replicas = 1: server 0 exited $s"; }
-  if "$PFCPS_PYTHON" - "$TMP/w1f.json" "$TMP/w1.json" <<'PY'
+# replicas = 1 (every shard also on the next server): server V killed (SIGKILL) while the script pauses after
+# step 8, V = 1 then V = 0 (server 0 holds the rendezvous: its close is taken as its failover); the module
+# follows the failover to the backup copy on the other server, trains on, and ends with the uninterrupted
+# replicas = 0 run's (w1's) losses and backbone, bit for bit; the other server ends the run (exit 0): with the
+# rendezvous, or without it once the module's close told it the worker is done.
+for victim in 1 0; do
+  other=$((1 - victim)) name=w1f$victim
+  write_run $name 1 30 "replicas = 1"
+  start_servers $name
+  timeout 300 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/$name.ini" --C $C --D $D --batch $BATCH \
+    --steps $STEPS --out "$TMP/$name.json" --pause-after 8 --pause-s 4 >"$TMP/$name.rank0.log" 2>&1 &
+  fpid=$!; PIDS+=($fpid)
+  wait_log "$TMP/$name.rank0.log" PAUSE 120 || { cat "$TMP/$name.rank0.log"; die "$name: the script did not pause"; }
+  kill -9 "${SPIDS[$victim]}"
+  s=0; wait "$fpid" || s=$?
+  if [ "$s" -ne 0 ]; then
+    tail -15 "$TMP/$name.rank0.log"; tail -5 "$TMP/$name.server$other.log"
+    fail "replicas = 1: the script exited $s after server $victim was killed"
+    continue
+  fi
+  grep -q "failover (epoch" "$TMP/$name.rank0.log" || fail "replicas = 1: the module logged no failover of server $victim"
+  wait_exit "${SPIDS[$other]}" 30 || fail "replicas = 1: server $other still runs after the worker left"
+  s=0; wait "${SPIDS[$other]}" || s=$?
+  [ "$s" -eq 0 ] || { tail -5 "$TMP/$name.server$other.log"; fail "replicas = 1: server $other exited $s"; }
+  if "$PFCPS_PYTHON" - "$TMP/$name.json" "$TMP/w1.json" <<'PY'
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:3])
 same = a["losses"] == b["losses"] and a["backbone_sha256"] == b["backbone_sha256"]
@@ -304,9 +310,9 @@ print(f"  losses {'identical' if a['losses'] == b['losses'] else 'differ'}, back
       f"{'identical' if a['backbone_sha256'] == b['backbone_sha256'] else 'differs'}")
 sys.exit(0 if same else 1)
 PY
-  then ok "replicas = 1: server 1 lost mid-run, the module trained on to the uninterrupted run's bits"
-  else fail "replicas = 1: the run after the failover differs from the uninterrupted one"; fi
-fi
+  then ok "replicas = 1: server $victim lost mid-run, the module trained on to the uninterrupted run's bits"
+  else fail "replicas = 1: the run after server $victim's failover differs from the uninterrupted one"; fi
+done
 
 # Checkpoint and resume, bit for bit: 2 ranks at sample_rate 0.5 (most rows skip most steps: the servers' dense
 # closed form), 20 steps uninterrupted (state saved at step 20) against: 10 steps, arcface_torch's checkpoint
