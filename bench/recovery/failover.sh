@@ -16,7 +16,10 @@
 # worker 0's step time around the copy: the median of the steps before the kill and the step that held.
 # --quickstart: the quick start's run instead (deploy/configs/quickstart.ini: 30 ORL identities, r18_w16,
 # D = 128, 144 steps), with snapshot_every 4, replicas, a log line every step and this script's rendezvous.
-# usage: bench/recovery/failover.sh [-b BUILD] [--rejoin] [--victim N] [--quickstart] [ROUNDS [SERVERS]]
+# --classes N: the 10-identity run with a class-center table of N classes (the 10 identities' labels among
+# them), D = 512, sample_rate 0.1, one checkpoint at the end (snapshot_every 36, snapshot_keep 1): the
+# failover at a table of realistic size (N = 2000000: 8.2 GB, 16.4 GB with both copies).
+# usage: bench/recovery/failover.sh [-b BUILD] [--rejoin] [--victim N] [--quickstart] [--classes N] [ROUNDS [SERVERS]]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$SRC/build
@@ -27,6 +30,8 @@ VICTIM=
 [ "${1:-}" = --victim ] && { VICTIM=$2; shift 2; }
 QUICK=0
 [ "${1:-}" = --quickstart ] && { QUICK=1; shift; }
+CLASSES=
+[ "${1:-}" = --classes ] && { CLASSES=$2; shift 2; }
 [ "$REJOIN" = 1 ] && [ "$VICTIM" = 0 ] && { echo "--rejoin: the victim must not be server 0 (its log is read)" >&2; exit 2; }
 ROUNDS=${1:-5}
 SERVERS=${2:-2}
@@ -77,6 +82,9 @@ ctl_timeout = 20
 snapshot_every = 4
 replicas = $3
 INI
+  [ -z "$CLASSES" ] ||
+    printf '[train]\nnum_classes = %s\nembedding_size = 512\nsample_rate = 0.1\n[server]\nsnapshot_every = 36\nsnapshot_keep = 1\n' \
+      "$CLASSES" >>"$TMP/$1.ini"
 }
 cfg ref "$SERVERS" 0
 t0=$(date +%s.%N)
