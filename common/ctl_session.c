@@ -566,7 +566,8 @@ static int closed_rc(int rc)
 /* The control connection closed (rc, closed_rc) on a session that may survive it: when every shard keeps a
  * live copy without server 0 (this member's view of the lost set) and no rejoin is under way, the close is
  * taken as server 0's failover at the next epoch (a notice as the rendezvous would send, kept for
- * ctl_session_failover) and the session goes on without a connection (orphan): returns 2. Otherwise returns
+ * ctl_session_failover) and the session goes on without a connection (orphan): returns 2. A restarted
+ * rendezvous lost before server 0 rejoined: the session waits for the next one, returns 3. Otherwise returns
  * rc with the reason the run must re-form in pf_errmsg(). */
 static int rendezvous_lost(ctl_session *s, int rc)
 {
@@ -701,6 +702,20 @@ static void resume_refused(ctl_session *s, const char *why)
              why);
 }
 
+/* A send or receive on the control connection failed with rc < 0. A session that may survive the close
+ * (ctl_session_survive_rendezvous_loss) takes a closed connection as a refused Resume while resuming (returns
+ * 3: go on waiting) or as the rendezvous' loss (rendezvous_lost's 2, 3 or rc); any other failure is rc. */
+static int connection_failed(ctl_session *s, int rc)
+{
+    if (!s->survive || !closed_rc(rc))
+        return rc;
+    if (s->resuming) {
+        resume_refused(s, pf_errmsg());
+        return 3;
+    }
+    return rendezvous_lost(s, rc);
+}
+
 int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
 {
     double end = timeout_s < 0 ? 1e300 : pf_now_s() + timeout_s;
@@ -733,36 +748,22 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
             m.heartbeat = &hb;
             s->hb_sent[hb.seq % CTL_HB_RING] = t;
             int rc = send_msg(s, &m, t + 5.0);
-            if (rc < 0 && s->survive && closed_rc(rc)) {
-                if (s->resuming) {
-                    resume_refused(s, pf_errmsg());
-                    continue;
-                }
-                rc = rendezvous_lost(s, rc);
-                if (rc == 3)
+            if (rc < 0) {
+                if ((rc = connection_failed(s, rc)) == 3)
                     continue;
                 return rc;
             }
-            if (rc < 0)
-                return rc;
             s->next_hb = t + hb_every;
         }
         Pfcps__CtlMessage *m = NULL;
         int rc = recv_msg(s, s->next_hb < end ? s->next_hb : end, &m);
         if (rc == -ETIMEDOUT)
             continue;
-        if (rc < 0 && s->survive && closed_rc(rc)) {
-            if (s->resuming) {
-                resume_refused(s, pf_errmsg());
-                continue;
-            }
-            rc = rendezvous_lost(s, rc);
-            if (rc == 3)
+        if (rc < 0) {
+            if ((rc = connection_failed(s, rc)) == 3)
                 continue;
             return rc;
         }
-        if (rc < 0)
-            return rc;
         int kind = m->body_case;
         if (s->resuming && (kind == PFCPS__CTL_MESSAGE__BODY_ERROR || kind == PFCPS__CTL_MESSAGE__BODY_RESUME)) {
             if (kind == PFCPS__CTL_MESSAGE__BODY_ERROR) {
