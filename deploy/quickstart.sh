@@ -23,7 +23,7 @@ if [ ! -f "$data.rec" ] || [ ! -f "$data.idx" ]; then
   # Train on identities s1..s30; s31..s40 stay unseen (data/orl/pairs_s31-s40.txt for verification).
   stage=$out/data/stage
   rm -rf "$stage"; mkdir -p "$stage"
-  for i in $(seq 1 30); do ln -s "$(pwd)/data/orl/s$i" "$stage/s$i"; done
+  for i in $(seq 1 30); do ln -sfn "$(pwd)/data/orl/s$i" "$stage/s$i"; done
   echo "quickstart: packing data/orl s1..s30 into $data.rec"
   "$build/tools/pfcps" pack "$stage" "$data"
   rm -rf "$stage"

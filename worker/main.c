@@ -86,18 +86,20 @@ static void *ctl_watch_main(void *arg)
                 log_error("failover: %s", pf_errmsg());
             continue;
         }
-        if (r != 1) {
-            /* A member was lost (or server 0 with the control connection): the servers stop for the re-form,
-             * so the step in progress cannot finish. End its waits now instead of after the grace. */
-            w->broken = 1;
-            __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE);
-        }
+        /* Said before the interrupt below: the training thread then fails at once and the process may exit
+         * before this thread logs anything more. */
         if (r == 1)
             log_error("the rendezvous (server 0) shut the run down: stopping");
         else if (r == -ENOLINK)
             log_error("%s: the run cannot go on without it: stopping", pf_errmsg());
         else
             log_error("lost the control connection to server 0 (%s): stopping", pf_errmsg());
+        if (r != 1) {
+            /* A member was lost (or server 0 with the control connection): the servers stop for the re-form,
+             * so the step in progress cannot finish. End its waits now instead of after the grace. */
+            w->broken = 1;
+            __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE);
+        }
         g_stop = 1;
         for (int i = 0; i < (int)(w->grace_s * 10) && !w->done; i++)
             usleep(100000);

@@ -15,7 +15,7 @@ TMP=$(mktemp -d)
 trap 'kill $FLOOD 2>/dev/null; pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
 FLOOD=
 mkdir -p "$TMP/stage"
-for i in $(seq 1 10); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
+for i in $(seq 1 10); do ln -sfn "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
 "$BUILD/tools/pfcps" pack --quiet "$TMP/stage" "$TMP/train" >/dev/null || exit 1
 cfg() {
   PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')

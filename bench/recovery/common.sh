@@ -2,7 +2,7 @@
 # recovery_stage: packs 10 ORL identities into $TMP/train (the runs' dataset); TMP must exist.
 recovery_stage() {
   mkdir -p "$TMP/stage"
-  for i in $(seq 1 10); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
+  for i in $(seq 1 10); do ln -sfn "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
   "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train"
 }
 # port: a free TCP port on 127.0.0.1.

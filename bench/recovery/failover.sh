@@ -42,7 +42,7 @@ trap 'pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
 . "$SRC/bench/recovery/common.sh"
 if [ "$QUICK" = 1 ]; then
   mkdir -p "$TMP/stage"
-  for i in $(seq 1 30); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
+  for i in $(seq 1 30); do ln -sfn "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
   "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || exit 1
 else
   recovery_stage || exit 1

@@ -21,7 +21,7 @@ printf '#!/bin/sh\nexit 0\n' >"$T/deploy/setup-deps.sh" && printf '#!/bin/sh\nex
   chmod +x "$T/deploy/setup-deps.sh" "$TMP/bin/meson" && touch "$T/build/build.ninja"
 ln -s "$(realpath "$PFCPS")" "$T/build/tools/pfcps" && ln -s "$(realpath "$SERVER")" "$T/build/server/pfcps-server" &&
   ln -s "$(realpath "$WORKER")" "$T/build/worker/pfcps-worker"
-ln -s "$SRC/data/orl/s1" "$TMP/stage/s1"
+ln -sfn "$SRC/data/orl/s1" "$TMP/stage/s1"
 "$PFCPS" pack "$TMP/stage" "$T/work_dirs/quickstart/data/train" >/dev/null 2>&1 || die "packing one identity"
 cat >"$T/work_dirs/quickstart/training.log" <<'EOF'
 Training: 2026-01-01 00:00:00 Speed 99.00 samples/sec   Loss 9.8765   LearningRate 0.100000   Epoch: 7   Global Step: 4242

@@ -3,7 +3,9 @@
 #   1. every header's include guard is PFCPS_ followed by its path (upper case, '/' and '.' as '_');
 #   2. code, tests and build files speak of the code as it is: no issue or session numbers;
 #   3. no product function (common, server, worker, kernels, tools, proto) is longer than 120 lines; measured
-#      by lizard (PyPI, in tests/pyenv.sh's venv).
+#      by lizard (PyPI, in tests/pyenv.sh's venv);
+#   4. a tracked symbolic link is relative and stays inside the tree (an absolute one, e.g. a dataset folder
+#      linked into itself by a script, means something else on every other machine).
 # Usage: lint.sh [SOURCE_ROOT]; PFCPS_PYTHON names the venv's python (for lizard). Without lizard the length
 # rule is not checked (said so), and that is a failure under PFCPS_REQUIRE_REFERENCES (tests/reference/skip.sh).
 set -uo pipefail
@@ -39,6 +41,21 @@ hist=$(files '*.c' '*.h' '*.cu' '*.cuh' '*.cpp' '*.py' '*.sh' 'meson.build' '*.i
          '*.sbatch' 'Dockerfile' | grep -v '^tests/lint/' | xargs -r grep -nE '[Ii]ssue [0-9]+|[Ss]ession [0-9]+' 2>/dev/null)
 [ -z "$hist" ] || fail "issue or session numbers in code (comments explain the code as it is):"$'\n'"$hist"
 echo "history references: checked"
+
+# 4. Symbolic links (a checkout only).
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  nl=0
+  while IFS= read -r l; do
+    t=$(git cat-file -p "$(git ls-files -s -- "$l" | awk '{print $2}')")
+    case "$t" in
+      /*) fail "$l: a symbolic link to the absolute path $t" ;;
+      *) r=$(cd "$(dirname "$l")" && realpath -m "$t")
+         case "$r/" in "$(pwd -P)"/*) ;; *) fail "$l: a symbolic link out of the tree ($t)" ;; esac ;;
+    esac
+    nl=$((nl + 1))
+  done < <(git ls-files -s | awk '$1 == "120000" {print $4}')
+  echo "symbolic links: $nl checked"
+fi
 
 # 3. Function length.
 py=${PFCPS_PYTHON:-python3}

@@ -99,7 +99,7 @@ expect_refusal "5 servers for num_classes 3 leaves a shard empty" config-get -c 
 # what rec = <folder> reads; neither a hidden <folder>/.rec and .idx nor a <folder>.rec beside it is written.
 if [ -d "${PFCPS_SOURCE:-}/data/orl/s1" ]; then
   mkdir -p "$TMP/faces" "$TMP/existing"
-  ln -s "$PFCPS_SOURCE/data/orl/s1" "$TMP/faces/s1"
+  ln -sfn "$PFCPS_SOURCE/data/orl/s1" "$TMP/faces/s1"
   for out in "$TMP/new/" "$TMP/existing"; do
     dirp=${out%/}
     "$PFCPS" pack --quiet "$TMP/faces" "$out" >"$TMP/pack.out" 2>&1 || fail "pack into $out: $(cat "$TMP/pack.out")"

@@ -83,7 +83,7 @@ run_ini() {
 pack_orl() {
   local i
   mkdir -p "$TMP/stage"
-  for ((i = 1; i <= $1; i++)); do ln -s "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
+  for ((i = 1; i <= $1; i++)); do ln -sfn "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
   "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train" || die "pack"
 }
 
@@ -182,8 +182,8 @@ trace_has() { [ -s "$1" ] && { [ "$2" -le 1 ] || [ "$(wc -l <"$1")" -ge "$2" ]; 
 loss_means() {
   awk '{l[NR]=$2} END {f=0; e=0; for(i=1;i<=5;i++){f+=l[i]; e+=l[NR-5+i]} print f/5, e/5}' "$1"
 }
-# loss_fell FIRST LAST: true when LAST < 0.6 FIRST (the loss fell by a clear margin).
-loss_fell() { awk -v f="$1" -v l="$2" 'BEGIN {exit !(l < 0.6 * f)}'; }
+# loss_fell FIRST LAST [FACTOR]: true when LAST < FACTOR x FIRST (default 0.6: the loss fell by a clear margin).
+loss_fell() { awk -v f="$1" -v l="$2" -v k="${3:-0.6}" 'BEGIN {exit !(l < k * f)}'; }
 
 # stop_servers: SIGTERM to every server; each must exit 0, or 75 when it had already stopped because the run
 # broke (a worker failed: the server says "the run is broken").

@@ -115,7 +115,9 @@ read -r first0 _ < <(losses "$TMP/ref/logs/worker0.log" 0 | awk '{print $2}')
 read -r after <<<"$(losses "$TMP/w1/logs/worker0.log" 12 | head -5 | awk '{s += $2} END {print s / 5}')"
 read -r last <<<"$(losses "$TMP/w1/logs/worker0.log" 12 | tail -5 | awk '{s += $2} END {print s / 5}')"
 loss_fell "$first0" "$after" || die "W'=1: the loss after the resume ($after) is that of an untrained start ($first0)"
-loss_fell "$after" "$last" || die "W'=1: the loss did not fall after the resume ($after -> $last)"
+# Resumed near convergence (the loss is already a tenth of the untrained one), it falls by less than a fresh
+# run does: 18% over the 36 steps on an AMD Zen 4 host, more elsewhere; a run that stopped learning stays flat.
+loss_fell "$after" "$last" 0.9 || die "W'=1: the loss did not fall after the resume ($after -> $last)"
 for s in 44 48; do
   "$PFCPS" ckpt-info "$TMP/w1" | grep -q "^step $s: complete  shards 2/2  workers 1/1" ||
     { "$PFCPS" ckpt-info "$TMP/w1"; die "W'=1: checkpoint $s not complete with 1 worker"; }

@@ -19,7 +19,7 @@ source "$(dirname "$0")/cluster.sh" "$@"
 pack_orl 4
 # 20 pairs of identities s5..s8 (unseen): 10 same, 10 different, in the ORL pairs file's format.
 mkdir -p "$TMP/val"
-for i in 5 6 7 8; do ln -s "$SRC/data/orl/s$i" "$TMP/val/s$i"; done
+for i in 5 6 7 8; do ln -sfn "$SRC/data/orl/s$i" "$TMP/val/s$i"; done
 {
   echo "10 same, 10 different"
   for i in 5 6 7 8 5; do echo "s$i 1 2"; echo "s$i 3 4"; done
