@@ -563,6 +563,18 @@ static int closed_rc(int rc)
     return rc == -ECONNRESET || rc == -EPIPE || rc == -ECONNABORTED;
 }
 
+/* Closes the control connection (under the send lock) and leaves the session orphaned: no rendezvous, no
+ * Resume in flight. */
+static void become_orphan(ctl_session *s)
+{
+    pthread_mutex_lock(&s->send_mu);
+    close(s->fd);
+    s->fd = -1;
+    pthread_mutex_unlock(&s->send_mu);
+    s->resuming = 0;
+    atomic_store(&s->orphan, 1);
+}
+
 /* The control connection closed (rc, closed_rc) on a session that may survive it: when every shard keeps a
  * live copy without server 0 (this member's view of the lost set) and no rejoin is under way, the close is
  * taken as server 0's failover at the next epoch (a notice as the rendezvous would send, kept for
@@ -577,12 +589,7 @@ static int rendezvous_lost(ctl_session *s, int rc)
     if (s->srv_lost[0]) {
         /* A restarted rendezvous that this member resumed with is gone before server 0 rejoined: nothing
          * changes for the copies (server 0 holds none); the session waits for the next one. */
-        pthread_mutex_lock(&s->send_mu);
-        close(s->fd);
-        s->fd = -1;
-        pthread_mutex_unlock(&s->send_mu);
-        s->resuming = 0;
-        atomic_store(&s->orphan, 1);
+        become_orphan(s);
         log_warn("%s: the restarted rendezvous is lost again before server 0 rejoined: training goes on; "
                  "waiting for the next one",
                  cause);
@@ -691,12 +698,7 @@ static int try_resume(ctl_session *s)
  * back to waiting, the next try in a second. */
 static void resume_refused(ctl_session *s, const char *why)
 {
-    pthread_mutex_lock(&s->send_mu);
-    close(s->fd);
-    s->fd = -1;
-    pthread_mutex_unlock(&s->send_mu);
-    s->resuming = 0;
-    atomic_store(&s->orphan, 1);
+    become_orphan(s);
     s->next_try = pf_now_s() + 1.0;
     log_warn("the rendezvous at %s:%d did not take this member's resume: %s; trying again", s->host, s->port,
              why);
