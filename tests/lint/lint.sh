@@ -4,6 +4,7 @@
 #   2. code, tests and build files speak of the code as it is: no issue or session numbers;
 #   3. no product function (common, server, worker, kernels, tools, proto) is longer than 120 lines; measured
 #      by lizard (PyPI, in tests/pyenv.sh's venv);
+#   5. no text file holds a merge's conflict markers (a conflict committed unresolved);
 #   4. a tracked symbolic link is relative and stays inside the tree (an absolute one, e.g. a dataset folder
 #      linked into itself by a script, means something else on every other machine).
 # Usage: lint.sh [SOURCE_ROOT]; PFCPS_PYTHON names the venv's python (for lizard). Without lizard the length
@@ -41,6 +42,13 @@ hist=$(files '*.c' '*.h' '*.cu' '*.cuh' '*.cpp' '*.py' '*.sh' 'meson.build' '*.i
          '*.sbatch' 'Dockerfile' | grep -v '^tests/lint/' | xargs -r grep -nE '[Ii]ssue [0-9]+|[Ss]ession [0-9]+' 2>/dev/null)
 [ -z "$hist" ] || fail "issue or session numbers in code (comments explain the code as it is):"$'\n'"$hist"
 echo "history references: checked"
+
+# 5. No unresolved merge conflicts (markers at a line's start, as git writes them).
+conf=$(files '*' | grep -v '^tests/lint/' | while IFS= read -r f; do
+         [ -f "$f" ] && [ ! -L "$f" ] && grep -Iq . "$f" 2>/dev/null && grep -nHE '^(<{7} |>{7} |={7}$)' "$f"
+       done)
+[ -z "$conf" ] || fail "merge conflict markers (resolve the conflict, then commit):"$'\n'"$conf"
+echo "merge conflicts: checked"
 
 # 4. Symbolic links (a checkout only).
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
