@@ -48,6 +48,10 @@ typedef struct ctl_rendezvous_opts {
     int rejoin;   /* with replicas: 1 (head_mode = global) lets a failed-over server that restarts rejoin the
                      run as a learner of its two shards (docs/architecture.md, "Hot-standby shards", Rejoin);
                      0 refuses it (EEXIST) naming why */
+    int replace_workers; /* with replicas and rejoin: 1 replaces a lost worker in place (docs/architecture.md,
+                            "Worker replacement in place": the survivors and servers report, a restarted worker
+                            of its rank joins, the servers undo the pushes of the redo step and after, every
+                            worker redoes it); 0: a lost worker re-forms the run */
     int metrics;              /* 1: export the rendezvous series (docs/metrics.md, "Rendezvous") and serve
                                  /targets on the process' metrics endpoint (ctl_rendezvous_start); 0: neither
                                  (tests running several services in one process) */
@@ -145,6 +149,18 @@ int ctl_session_failover_kind(const ctl_session *s, int64_t *step, const uint8_t
  * membership epoch. Safe beside a thread waiting in ctl_session_wait_shutdown (frames are sent whole, one at
  * a time). Returns 0, -EINVAL (another kind) or the send's -errno. */
 int ctl_session_rejoin_report(ctl_session *s, int kind, int server, uint32_t epoch, int64_t step);
+
+/* Sends the rendezvous a member's report (a Failover message; proto/ctl.proto lists what each kind carries):
+ * CTL_FO_REJOIN_STEP, CTL_FO_REJOIN_READY (as ctl_session_rejoin_report), CTL_FO_WORKER_REPORT (a worker: its
+ * first unfinished step and, in addr[addr_len], its book entry with its new collectives endpoint, which is
+ * this session's entry from then on; a server: how many steps' pushes of the lost worker `rank` it holds
+ * whole), CTL_FO_ROLLED_BACK (a server undid the pushes of steps >= step), CTL_FO_STATE_READY (the donor wrote
+ * its state of `step` for the replacement). `epoch`: the sender's membership epoch. Safe beside a thread
+ * waiting in ctl_session_wait_shutdown. Returns 0, -EINVAL (another kind, an address over CTL_MAX_ADDR),
+ * -ENOTCONN (the rendezvous is lost with server 0) or the send's -errno. Design: docs/architecture.md,
+ * "Worker replacement in place". */
+int ctl_session_report(ctl_session *s, int kind, int rank, uint32_t epoch, int64_t step, const void *addr,
+                       size_t addr_len);
 
 /* Sets the interval between heartbeats (seconds > 0; 1 s by default). A member that holds a lease on its role
  * (ctl_session_lease_base) sends them often enough to renew it well before it runs out. */

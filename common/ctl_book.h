@@ -27,7 +27,15 @@ enum {
     CTL_FO_REJOIN_STEP = 2,
     CTL_FO_REJOIN_READY = 3,
     CTL_FO_REJOINED = 4,
-    CTL_FO_REJOIN_ABORTED = 5
+    CTL_FO_REJOIN_ABORTED = 5,
+    /* worker replacement in place (docs/architecture.md, "Worker replacement in place") */
+    CTL_FO_WORKER_LOST = 6,
+    CTL_FO_WORKER_REPORT = 7,
+    CTL_FO_ROLLBACK = 8,
+    CTL_FO_ROLLED_BACK = 9,
+    CTL_FO_REDO = 10,
+    CTL_FO_STATE_READY = 11,
+    CTL_FO_KIND_MAX = 11
 };
 
 typedef struct ctl_member {
@@ -50,7 +58,10 @@ typedef struct ctl_book {
                                           resumed step's, or a new random one when the run starts afresh */
     uint32_t rejoin_epoch; /* > 0: this server rejoins the formed run as a learner at this membership epoch:
                               it loads its two shards from checkpoint resume_step (docs/architecture.md,
-                              "Hot-standby shards"); 0: a member of the run as it forms */
+                              "Hot-standby shards"); for a worker, it replaces a lost worker and
+                              loads worker `donor`'s state of step resume_step (docs/architecture.md, "Worker
+                              replacement in place"); 0: a member of the run as it forms */
+    int donor;
 } ctl_book;
 
 #endif

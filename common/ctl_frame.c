@@ -167,6 +167,8 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
         }
         if (!r->config_text)
             return pf_err(-EPROTO, "join_reply: missing config text");
+        if (r->donor < 0 || r->donor >= r->num_workers)
+            return pf_err(-EPROTO, "join_reply: donor worker %d outside [0, %d)", r->donor, r->num_workers);
         return 0;
     }
     case PFCPS__CTL_MESSAGE__BODY_HEARTBEAT:
@@ -207,13 +209,20 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
         if (m->failover->epoch < 1 || m->failover->server < 0 || m->failover->server >= CTL_MAX_MEMBERS)
             return pf_err(-EPROTO, "failover: epoch %u must be >= 1 and server %d in [0, %d)",
                           m->failover->epoch, m->failover->server, CTL_MAX_MEMBERS);
-        if (m->failover->kind > CTL_FO_REJOIN_ABORTED || m->failover->step < 0 ||
+        if (m->failover->kind > CTL_FO_KIND_MAX || m->failover->step < 0 ||
             m->failover->fabric_addr.len > CTL_MAX_ADDR)
             return pf_err(-EPROTO,
                           "failover: kind %u (at most %d), step %lld (>= 0) or a fabric address of %zu "
                           "bytes (at most %d) out of range",
-                          m->failover->kind, CTL_FO_REJOIN_ABORTED, (long long)m->failover->step,
+                          m->failover->kind, CTL_FO_KIND_MAX, (long long)m->failover->step,
                           m->failover->fabric_addr.len, CTL_MAX_ADDR);
+        if (m->failover->n_worker_addrs > CTL_MAX_MEMBERS)
+            return pf_err(-EPROTO, "failover: %zu worker addresses (at most %d)", m->failover->n_worker_addrs,
+                          CTL_MAX_MEMBERS);
+        for (size_t i = 0; i < m->failover->n_worker_addrs; i++)
+            if (m->failover->worker_addrs[i].len > CTL_MAX_ADDR)
+                return pf_err(-EPROTO, "failover: worker address %zu of %zu bytes (at most %d)", i,
+                              m->failover->worker_addrs[i].len, CTL_MAX_ADDR);
         return 0;
     default:
         return pf_err(-EPROTO, "message has no body (exactly one of hello/join/join_reply/heartbeat/shutdown/"
@@ -303,6 +312,7 @@ int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
     book->num_classes = r->num_classes;
     book->resume_step = r->resume_step > 0 ? r->resume_step : 0;
     book->rejoin_epoch = r->rejoin_epoch;
+    book->donor = r->donor;
     if (r->run_nonce.len == sizeof book->run_nonce)
         memcpy(book->run_nonce, r->run_nonce.data, sizeof book->run_nonce);
     if (r->run_id.len == sizeof book->run_id)

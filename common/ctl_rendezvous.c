@@ -58,6 +58,7 @@ typedef struct conn {
     int left; /* the member said it leaves (ctl_session_leave): its disconnect is orderly */
     int hb_seen; /* it sent a heartbeat since it joined: with replicas, its silence is timed from then on */
     int learning; /* a failed-over server rejoining (replicas = 1): joined, holds no seat nor copy yet */
+    int replacing; /* a restarted worker replacing a lost one: joined, holds no seat until the redo is set up */
     ctl_role role;
     int rank;
     int seat;        /* its seat in the roster (ctl_forming.h) while joined */
@@ -111,6 +112,17 @@ struct ctl_rendezvous {
     int64_t learner_step; /* the checkpoint step its copy is taken at (0: the workers have not said yet) */
     double learner_t0;    /* when it joined (pf_now_s), for the log */
     uint8_t run_id[CKPT_RUN_ID_BYTES]; /* the run id the book carried when the run formed */
+    /* worker replacement in place (ctl_rendezvous_opts.replace_workers; docs/architecture.md, "Worker
+     * replacement in place") */
+    int replace;      /* opts.replace_workers */
+    int wr_rank;      /* the lost worker being replaced, or -1 */
+    int wr_phase;     /* WR_REPORTS, WR_ROLLBACK, WR_STATE */
+    double wr_t0;     /* when it was lost (pf_now_s) */
+    int64_t wr_umin, wr_umax, wr_pmin; /* reports: the survivors' first unfinished steps, the servers' push counts */
+    int64_t wr_step;  /* the redo step, once decided */
+    uint8_t *wr_in;   /* [S + W]: reports (WR_REPORTS) or roll-backs (WR_ROLLBACK) received, servers first */
+    conn *wr_repl;    /* the replacement (joined, no seat yet), or NULL */
+    int wr_donor;     /* the survivor whose state the replacement loads */
     double last_pass;  /* pf_now_s() of the previous service pass (a long gap: the process was stopped) */
     int adopting;      /* 1: a member resumed a running run here (handle_resume) and the others are coming;
                           2: every member but server 0 resumed: the run is adopted (formed) */
@@ -357,6 +369,8 @@ static int try_failover(ctl_rendezvous *rv, const conn *c)
 }
 
 static void rejoin_aborted(ctl_rendezvous *rv, conn *c);
+static void replace_fallback(ctl_rendezvous *rv, const char *why);
+static int try_replace(ctl_rendezvous *rv, const conn *c);
 
 /* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
  * member that goes without saying so (crash, kill -9, network) is reported to every other member
@@ -367,6 +381,15 @@ static void release_seat(ctl_rendezvous *rv, conn *c)
         return;
     if (c->learning) {
         rejoin_aborted(rv, c);
+        return;
+    }
+    if (c->replacing) {
+        c->joined = 0;
+        c->replacing = 0;
+        if (rv->wr_repl == c) {
+            rv->wr_repl = NULL;
+            replace_fallback(rv, "its replacement was lost too");
+        }
         return;
     }
     if (rv->metrics) {
@@ -380,7 +403,11 @@ static void release_seat(ctl_rendezvous *rv, conn *c)
         atomic_fetch_sub(&rv->joined, 1);
         log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
                  ctl_role_name(c->role), c->rank, c->peer);
-    } else if (gone == CTL_GONE_LOST && !try_failover(rv, c)) {
+    } else if (gone == CTL_GONE_LOST && rv->wr_rank >= 0) {
+        char why[300];
+        snprintf(why, sizeof why, "%s[%d] (%s) was lost too", ctl_role_name(c->role), c->rank, c->peer);
+        replace_fallback(rv, why);
+    } else if (gone == CTL_GONE_LOST && !try_failover(rv, c) && !try_replace(rv, c)) {
         char what[sizeof c->failed + 48];
         snprintf(what, sizeof what, "%s%s", c->failed[0] ? "failed: " : "disconnected without leaving the run",
                  c->failed);
@@ -481,7 +508,7 @@ static void send_members(ctl_rendezvous *rv, const conn *except, const Pfcps__Ct
 {
     for (int i = 0; i < rv->nconns; i++) {
         conn *o = rv->conns[i];
-        if (o != except && o->joined && !o->learning && !o->closing && !o->dead)
+        if (o != except && o->joined && !o->learning && !o->replacing && !o->closing && !o->dead)
             conn_send_msg(rv, o, m);
     }
 }
@@ -693,6 +720,293 @@ static void rejoin_aborted(ctl_rendezvous *rv, conn *c)
     send_rejoin_notice(rv, c, CTL_FO_REJOIN_ABORTED, c->rank, text, NULL, 0);
 }
 
+/* ---------- worker replacement in place (docs/architecture.md, "Worker replacement in place") ---------- */
+
+enum { WR_REPORTS = 1, WR_ROLLBACK = 2, WR_STATE = 3 };
+
+/* The connection holding worker w's seat, or NULL. */
+static conn *worker_conn(ctl_rendezvous *rv, int w)
+{
+    int seat = ctl_roster_seat(&rv->roster, CTL_ROLE_WORKER, w);
+    return seat < 0 ? NULL : (conn *)rv->roster.seats[seat].holder;
+}
+
+/* A Failover notice of kind `kind` (worker replacement) to one connection. */
+static void send_wr_notice(ctl_rendezvous *rv, conn *to, int kind, int rank, int64_t step, const char *text,
+                           const uint8_t *addr, size_t alen, ProtobufCBinaryData *waddrs, size_t nw)
+{
+    Pfcps__Failover f;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_failover(&m, &f, rv->epoch ? rv->epoch : 1, rank, text);
+    f.kind = (uint32_t)kind;
+    f.step = step;
+    if (addr) {
+        f.fabric_addr.data = (uint8_t *)addr;
+        f.fabric_addr.len = alen;
+    }
+    f.worker_addrs = waddrs;
+    f.n_worker_addrs = nw;
+    conn_send_msg(rv, to, &m);
+}
+
+/* The replacement cannot go on (another member lost meanwhile, a report that does not fit, the timeout):
+ * today's re-form, told to every member with `why`; the replacement, if any, is refused. */
+static void replace_fallback(ctl_rendezvous *rv, const char *why)
+{
+    const int d = rv->wr_rank;
+    char what[600];
+    snprintf(what, sizeof what, "was lost and its replacement failed: %s; falling back to the checkpoint re-form",
+             why);
+    log_error("control plane: worker[%d] %s", d, what);
+    rv->wr_rank = -1;
+    rv->wr_phase = 0;
+    conn *r = rv->wr_repl;
+    rv->wr_repl = NULL;
+    metrics_add(rv->m_reforms, 1);
+    queue_member_lost(rv, r, CTL_ROLE_WORKER, d, "replacement", what);
+    if (r) {
+        r->replacing = 0;
+        r->joined = 0;
+        conn_refuse(rv, r, ENOLINK, what);
+    }
+}
+
+/* replace_workers: a lost worker (kill -9, a crash, silence) is replaced in place instead of re-forming the run:
+ * the epoch goes up and every member is told; the survivors stop where they stand and report, the servers
+ * report their push counts, and a restarted worker of that rank joins as its replacement. Returns 1 when the
+ * replacement began, 0 when the loss must re-form the run. */
+static int try_replace(ctl_rendezvous *rv, const conn *c)
+{
+    if (!rv->replace || c->role != CTL_ROLE_WORKER || rv->shutdown_sent || atomic_load(&rv->workers_left) > 0)
+        return 0;
+    if (rv->learner) {
+        log_error("control plane: worker[%d] lost while server[%d] rejoins: falling back to the checkpoint "
+                  "re-form",
+                  c->rank, rv->learner->rank);
+        return 0;
+    }
+    const int S = rv->num_servers, W = rv->num_workers;
+    rv->wr_rank = c->rank;
+    rv->wr_phase = WR_REPORTS;
+    rv->wr_t0 = pf_now_s();
+    rv->wr_umin = rv->wr_pmin = INT64_MAX;
+    rv->wr_umax = -1;
+    rv->wr_repl = NULL;
+    memset(rv->wr_in, 0, (size_t)(S + W));
+    rv->epoch++;
+    metrics_add(rv->m_lost, 1);
+    metrics_set(rv->m_epoch, rv->epoch);
+    char text[400];
+    snprintf(text, sizeof text,
+             "worker[%d] (%s) lost: the other workers stop where they stand and wait up to %.0f s for its "
+             "replacement (its supervisor restarts it), then redo the step it was lost in; epoch %u",
+             c->rank, c->peer, rv->timeout_s, rv->epoch);
+    log_warn("control plane: %s", text);
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *o = rv->conns[i];
+        if (o != c && o->joined && !o->learning && !o->closing && !o->dead)
+            send_wr_notice(rv, o, CTL_FO_WORKER_LOST, c->rank, 0, text, NULL, 0, NULL, 0);
+    }
+    return 1;
+}
+
+/* Every report and the replacement are in: the redo step R is the smallest of the survivors' first
+ * unfinished steps and the servers' counts of the lost worker's whole pushes; every server rolls back the
+ * pushes of steps >= R (both its copies) and takes the replacement's address. */
+static void replace_decide(ctl_rendezvous *rv)
+{
+    const int S = rv->num_servers, W = rv->num_workers;
+    if (rv->wr_phase != WR_REPORTS || !rv->wr_repl)
+        return;
+    for (int s = 0; s < S; s++)
+        if (!rv->srv_lost[s] && !rv->wr_in[s])
+            return;
+    for (int w = 0; w < W; w++)
+        if (w != rv->wr_rank && !rv->wr_in[S + w])
+            return;
+    int64_t R = rv->wr_umin < rv->wr_pmin ? rv->wr_umin : rv->wr_pmin;
+    if (rv->wr_umax - R > 1) {
+        char why[200];
+        snprintf(why, sizeof why,
+                 "a worker stands at step %lld, more than one step past the redo step %lld (each keeps two)",
+                 (long long)rv->wr_umax, (long long)R);
+        replace_fallback(rv, why);
+        return;
+    }
+    rv->wr_step = R;
+    rv->wr_phase = WR_ROLLBACK;
+    memset(rv->wr_in, 0, (size_t)(S + W));
+    rv->epoch++;
+    metrics_set(rv->m_epoch, rv->epoch);
+    char text[300];
+    snprintf(text, sizeof text,
+             "worker[%d]'s replacement joined from %s: every worker redoes step %lld (workers stood at steps "
+             "%lld..%lld, the servers held %lld of its pushes); the servers undo the pushes of steps >= %lld, "
+             "epoch %u",
+             rv->wr_rank, rv->wr_repl->peer, (long long)R, (long long)rv->wr_umin, (long long)rv->wr_umax,
+             (long long)rv->wr_pmin, (long long)R, rv->epoch);
+    log_warn("control plane: %s", text);
+    for (int s = 0; s < S; s++) {
+        int seat = ctl_roster_seat(&rv->roster, CTL_ROLE_SERVER, s);
+        conn *o = seat < 0 || rv->srv_lost[s] ? NULL : (conn *)rv->roster.seats[seat].holder;
+        if (o)
+            send_wr_notice(rv, o, CTL_FO_ROLLBACK, rv->wr_rank, R, text, rv->wr_repl->addr,
+                           rv->wr_repl->addr_len, NULL, 0);
+    }
+}
+
+/* Every server rolled back: the survivors get the redo (step, donor, every worker's book entry). */
+static void replace_redo(ctl_rendezvous *rv)
+{
+    const int S = rv->num_servers, W = rv->num_workers;
+    for (int s = 0; s < S; s++)
+        if (!rv->srv_lost[s] && !rv->wr_in[s])
+            return;
+    ProtobufCBinaryData *wa = calloc((size_t)W, sizeof *wa);
+    if (!wa) {
+        replace_fallback(rv, "out of memory");
+        return;
+    }
+    rv->wr_donor = -1;
+    for (int w = 0; w < W; w++) {
+        conn *o = w == rv->wr_rank ? rv->wr_repl : worker_conn(rv, w);
+        if (o) {
+            wa[w].data = o->addr;
+            wa[w].len = o->addr_len;
+        }
+        if (w != rv->wr_rank && rv->wr_donor < 0)
+            rv->wr_donor = w;
+    }
+    rv->wr_phase = WR_STATE;
+    char text[200];
+    snprintf(text, sizeof text, "redo from step %lld; worker[%d] hands its state to worker[%d]'s replacement",
+             (long long)rv->wr_step, rv->wr_donor, rv->wr_rank);
+    log_info("control plane: every server rolled back: %s", text);
+    for (int w = 0; w < W; w++) {
+        conn *o = w == rv->wr_rank ? NULL : worker_conn(rv, w);
+        if (o)
+            send_wr_notice(rv, o, CTL_FO_REDO, rv->wr_donor, rv->wr_step, text, NULL, 0, wa, (size_t)W);
+    }
+    free(wa);
+}
+
+/* The donor's state is written: the replacement takes the lost worker's seat and gets its book. */
+static void replace_done(ctl_rendezvous *rv)
+{
+    conn *c = rv->wr_repl;
+    int seat = ctl_roster_seat(&rv->roster, CTL_ROLE_WORKER, rv->wr_rank);
+    if (seat < 0 || rv->roster.seats[seat].holder) {
+        replace_fallback(rv, "the lost worker's seat is held");
+        return;
+    }
+    ctl_roster_take(&rv->roster, seat, c, c->peer, NULL, NULL, 0);
+    c->seat = seat;
+    c->replacing = 0;
+    join_metrics(rv, c);
+    metrics_set(rv->m_members, rv->roster.held);
+    int n = ctl_roster_size(&rv->roster);
+    Pfcps__Member *mem = calloc((size_t)n, sizeof *mem);
+    Pfcps__Member **ptr = calloc((size_t)n, sizeof *ptr);
+    if (!mem || !ptr) {
+        free(mem);
+        free(ptr);
+        replace_fallback(rv, "out of memory building the join reply");
+        return;
+    }
+    reply_members(rv, NULL, mem, ptr);
+    char reason[200];
+    snprintf(reason, sizeof reason, "replacing worker[%d]: loading worker[%d]'s state of step %lld",
+             rv->wr_rank, rv->wr_donor, (long long)rv->wr_step);
+    Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
+    reply_base(rv, &r, ptr, n);
+    r.resume_step = rv->wr_step;
+    r.resume_reason = reason;
+    r.run_id.data = rv->run_id;
+    r.run_id.len = sizeof rv->run_id;
+    r.rejoin_epoch = rv->epoch;
+    r.donor = rv->wr_donor;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
+    m.join_reply = &r;
+    conn_send_msg(rv, c, &m);
+    free(mem);
+    free(ptr);
+    log_warn("control plane: worker[%d] replaced in place from %s, %.2f s after its loss: the run redoes step "
+             "%lld (epoch %u)",
+             rv->wr_rank, c->peer, pf_now_s() - rv->wr_t0, (long long)rv->wr_step, rv->epoch);
+    rv->wr_rank = -1;
+    rv->wr_phase = 0;
+    rv->wr_repl = NULL;
+}
+
+/* A member's report for the replacement under way (CTL_FO_WORKER_REPORT, CTL_FO_ROLLED_BACK,
+ * CTL_FO_STATE_READY); reports of another phase or epoch are ignored. */
+static void replace_report(ctl_rendezvous *rv, conn *c, const Pfcps__Failover *f)
+{
+    const int S = rv->num_servers;
+    if (rv->wr_rank < 0 || c->replacing || f->epoch != rv->epoch)
+        return;
+    const int idx = c->role == CTL_ROLE_SERVER ? c->rank : S + c->rank;
+    if (f->kind == CTL_FO_WORKER_REPORT && rv->wr_phase == WR_REPORTS && !rv->wr_in[idx]) {
+        rv->wr_in[idx] = 1;
+        if (c->role == CTL_ROLE_SERVER) {
+            if (f->step < rv->wr_pmin)
+                rv->wr_pmin = f->step;
+        } else {
+            if (f->step < rv->wr_umin)
+                rv->wr_umin = f->step;
+            if (f->step > rv->wr_umax)
+                rv->wr_umax = f->step;
+            if (f->fabric_addr.len) { /* its new collectives endpoint */
+                memcpy(c->addr, f->fabric_addr.data, f->fabric_addr.len);
+                c->addr_len = f->fabric_addr.len;
+            }
+        }
+        replace_decide(rv);
+    } else if (f->kind == CTL_FO_ROLLED_BACK && rv->wr_phase == WR_ROLLBACK && c->role == CTL_ROLE_SERVER) {
+        rv->wr_in[idx] = 1;
+        replace_redo(rv);
+    } else if (f->kind == CTL_FO_STATE_READY && rv->wr_phase == WR_STATE && c->role == CTL_ROLE_WORKER &&
+               c->rank == rv->wr_donor) {
+        replace_done(rv);
+    }
+}
+
+/* A worker joining for the rank being replaced is its replacement: it waits (no seat) until the redo is set
+ * up. Returns 1 when c was taken (or refused) here. */
+static int replace_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
+{
+    if (j->role != PFCPS__ROLE__WORKER || !rv->replace || !rv->roster.formed || j->rank < 0 ||
+        j->rank >= rv->num_workers)
+        return 0;
+    if (rv->wr_rank < 0 && worker_conn(rv, j->rank)) {
+        /* Its previous process' loss is not seen yet (a close on its way, or silence not yet past the limit):
+         * the join is retried, and is then this worker's replacement. */
+        conn_refuse(rv, c, EAGAIN, "this worker rank is still a member of the run (its loss is not seen yet)");
+        return 1;
+    }
+    if (rv->wr_rank < 0 || j->rank != rv->wr_rank)
+        return 0;
+    if (rv->wr_repl) {
+        conn_refuse(rv, c, EEXIST, "a replacement for this worker rank joined already");
+        return 1;
+    }
+    c->joined = 1;
+    c->replacing = 1;
+    c->role = CTL_ROLE_WORKER;
+    c->rank = j->rank;
+    c->seat = -1;
+    c->addr_len = j->fabric_addr.len;
+    if (c->addr_len)
+        memcpy(c->addr, j->fabric_addr.data, c->addr_len);
+    c->deadline = 0;
+    rv->wr_repl = c;
+    log_warn("control plane: worker[%d]'s replacement joined from %s, %.2f s after its loss", j->rank, c->peer,
+             pf_now_s() - rv->wr_t0);
+    replace_decide(rv);
+    return 1;
+}
+
 /* A Resume's checks (protocol, MAC, replicas, config digest, rank) and, once adopting, its run. Returns 1 when
  * it may take its seat, 0 when c was refused. */
 static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r, ctl_role role, int seat)
@@ -831,6 +1145,8 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         rejoin_begin(rv, c, j);
         return;
     }
+    if (replace_join(rv, c, j))
+        return;
     ctl_admission adm;
     if (ctl_roster_admit(&rv->roster, role, j->rank, &adm) != 0) {
         if (adm.restarted) {
@@ -912,7 +1228,9 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_FAILOVER) {
         /* A rejoin's reports: a worker's copy step, the learner's ready. Others are ignored. */
         const Pfcps__Failover *f = m->failover;
-        if (f->kind == CTL_FO_REJOIN_STEP && c->role == CTL_ROLE_WORKER && !c->learning)
+        if (f->kind == CTL_FO_WORKER_REPORT || f->kind == CTL_FO_ROLLED_BACK || f->kind == CTL_FO_STATE_READY)
+            replace_report(rv, c, f);
+        else if (f->kind == CTL_FO_REJOIN_STEP && c->role == CTL_ROLE_WORKER && !c->learning)
             rejoin_step(rv, c, f->step);
         else if (f->kind == CTL_FO_REJOIN_READY && c->learning && c == rv->learner && rv->learner_step > 0)
             rejoin_done(rv, c);
@@ -1258,6 +1576,13 @@ static void serve_ready(ctl_rendezvous *rv, const struct pollfd *pfd, int nc, do
 /* Refuses the connections whose read deadline passed, and sends what this pass queued. */
 static void expire_and_flush(ctl_rendezvous *rv, double now)
 {
+    if (rv->wr_rank >= 0 && now - rv->wr_t0 > rv->timeout_s) {
+        char why[160];
+        snprintf(why, sizeof why, "%s within ctl_timeout (%.0f s)",
+                 rv->wr_repl ? "the workers and servers did not all do their part" : "no replacement joined",
+                 rv->timeout_s);
+        replace_fallback(rv, why);
+    }
     for (int i = 0; i < rv->nconns; i++) {
         conn *c = rv->conns[i];
         if (!c->closing && !c->dead && c->deadline > 0 && now > c->deadline) {
@@ -1429,6 +1754,7 @@ static void rv_free(ctl_rendezvous *rv)
     free(rv->config_text);
     free(rv->conns);
     free(rv->srv_lost);
+    free(rv->wr_in);
     ctl_roster_free(&rv->roster);
     free(rv);
 }
@@ -1499,7 +1825,10 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->timeout_s = o->timeout_s;
     rv->replicas = o->replicas;
     rv->rejoin = o->replicas && o->rejoin;
-    if (!(rv->srv_lost = calloc((size_t)o->num_servers, 1))) {
+    rv->replace = o->replicas && o->rejoin && o->replace_workers;
+    rv->wr_rank = -1;
+    if (!(rv->srv_lost = calloc((size_t)o->num_servers, 1)) ||
+        !(rv->wr_in = calloc((size_t)o->num_servers + (size_t)o->num_workers, 1))) {
         rv_free(rv);
         return pf_err(-ENOMEM, "rendezvous: out of memory");
     }

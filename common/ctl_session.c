@@ -549,10 +549,24 @@ static void take_failover(ctl_session *s, const Pfcps__Failover *f)
         else if (f->kind == CTL_FO_REJOINED)
             s->srv_lost[f->server] = 0;
     }
-    if (f->kind == CTL_FO_REJOIN_BEGIN)
+    /* A worker's replacement under way counts as a rejoin: server 0's loss meanwhile re-forms the run. */
+    if (f->kind == CTL_FO_REJOIN_BEGIN || f->kind == CTL_FO_WORKER_LOST)
         s->rejoin_pending = 1;
-    else if (f->kind == CTL_FO_REJOINED || f->kind == CTL_FO_REJOIN_ABORTED)
+    else if (f->kind == CTL_FO_REJOINED || f->kind == CTL_FO_REJOIN_ABORTED || f->kind == CTL_FO_REDO ||
+             f->kind == CTL_FO_ROLLBACK)
         s->rejoin_pending = 0;
+    /* The book follows the replacement: a redo lists every worker's entry (new collectives endpoints), a
+     * rollback the replacement's. */
+    const int W = s->book.num_workers;
+    if (f->kind == CTL_FO_REDO && f->n_worker_addrs == (size_t)W)
+        for (int w = 0; w < W; w++) {
+            s->book.workers[w].addr_len = f->worker_addrs[w].len; /* <= CTL_MAX_ADDR: ctl_msg_check */
+            memcpy(s->book.workers[w].addr, f->worker_addrs[w].data, f->worker_addrs[w].len);
+        }
+    if (f->kind == CTL_FO_ROLLBACK && f->server >= 0 && f->server < W && f->fabric_addr.len) {
+        s->book.workers[f->server].addr_len = f->fabric_addr.len;
+        memcpy(s->book.workers[f->server].addr, f->fabric_addr.data, f->fabric_addr.len);
+    }
 }
 
 /* 1 when rc (a send or read of the session) says the rendezvous closed the connection (EOF or RST) rather
@@ -821,14 +835,35 @@ int ctl_session_rejoin_report(ctl_session *s, int kind, int server, uint32_t epo
 {
     if (kind != CTL_FO_REJOIN_STEP && kind != CTL_FO_REJOIN_READY)
         return pf_err(-EINVAL, "rejoin report: kind %d is neither the copy step nor ready", kind);
+    return ctl_session_report(s, kind, server, epoch, step, NULL, 0);
+}
+
+int ctl_session_report(ctl_session *s, int kind, int rank, uint32_t epoch, int64_t step, const void *addr,
+                       size_t addr_len)
+{
+    static const char *const what[CTL_FO_KIND_MAX + 1] = {
+        [CTL_FO_REJOIN_STEP] = "copy step",      [CTL_FO_REJOIN_READY] = "learner ready",
+        [CTL_FO_WORKER_REPORT] = "report",       [CTL_FO_ROLLED_BACK] = "rolled back",
+        [CTL_FO_STATE_READY] = "state ready"};
+    if (kind < 0 || kind > CTL_FO_KIND_MAX || !what[kind])
+        return pf_err(-EINVAL, "control report: kind %d is not a member's report", kind);
+    if (addr_len > CTL_MAX_ADDR)
+        return pf_err(-EINVAL, "control report: an address of %zu bytes (at most %d)", addr_len, CTL_MAX_ADDR);
     if (atomic_load(&s->orphan))
-        return pf_err(-ENOTCONN, "rejoin report: the rendezvous is lost with server 0");
+        return pf_err(-ENOTCONN, "control report (%s): the rendezvous is lost with server 0", what[kind]);
     Pfcps__Failover f;
     Pfcps__CtlMessage m;
-    ctl_msg_set_failover(&m, &f, epoch ? epoch : 1, server,
-                         kind == CTL_FO_REJOIN_STEP ? "copy step" : "learner ready");
+    ctl_msg_set_failover(&m, &f, epoch ? epoch : 1, rank, what[kind]);
     f.kind = (uint32_t)kind;
     f.step = step;
+    if (addr_len) {
+        f.fabric_addr.data = (uint8_t *)addr;
+        f.fabric_addr.len = addr_len;
+        if (kind == CTL_FO_WORKER_REPORT) { /* this member's book entry from now on (a Resume carries it) */
+            memcpy(s->addr, addr, addr_len);
+            s->addr_len = addr_len;
+        }
+    }
     return send_msg(s, &m, pf_now_s() + 5.0);
 }
 

@@ -66,6 +66,7 @@ typedef struct server_daemon {
     double lease_s;    /* replicas = 1: how long past its lease base the server may act (serve_until_stop) */
     double orphan_t;   /* when serve_until_stop first saw the rendezvous lost with server 0 (0: not yet) */
     double quiet_s;    /* without a rendezvous: workers silent this long end the run (workers_quiet) */
+    int rollback_failed; /* a worker replacement's rollback could not be done: the run re-forms */
     char root[4096];  /* checkpoint root of the run */
     snapfile_key key; /* the checkpoint key, from the join secret (shard files carry its HMAC) */
 } server_daemon;
@@ -183,6 +184,7 @@ static int start_rendezvous(server_daemon *d)
                               .expect = &expect,
                               .replicas = cfg->replicas,
                               .rejoin = strcmp(cfg->head_mode, "local") != 0,
+                              .replace_workers = cfg_replaces_workers(cfg, NULL, 0),
                               .metrics = 1};
     int rc = d->ini ? ctl_rendezvous_start(&ro, &d->rv) : -ENOMEM;
     if (rc == -EINTR) {
@@ -441,6 +443,7 @@ static int start_serving(server_daemon *d)
                          .token = 0,
                          .ckpt_keyed = 1,
                          .ckpt_key = d->key,
+                         .undo = cfg_replaces_workers(run, NULL, 0),
                          .fab = d->fab};
     ckpt_root(run, d->root, sizeof d->root);
     /* A new run from arcface_torch's checkpoint_gpu_<rank>.pt set continues at its global_step: the step
@@ -519,6 +522,54 @@ static int start_serving(server_daemon *d)
  * ahead of the workers' last checkpoint, so the run can only go on by re-forming from the newest complete
  * checkpoint: this server stops (finishing a snapshot being written) and exits for its supervisor to restart
  * it with resume = true. */
+/* A worker's replacement in place (docs/architecture.md, "Worker replacement in place"), worker w:
+ * CTL_FO_WORKER_LOST: report how many steps' pushes of w both copies here hold whole (the smaller count);
+ * CTL_FO_ROLLBACK: undo every push of the notice's step and later on both copies (each keeps every worker's
+ * newest applied push), take the replacement's address for w, report it done. A rollback that cannot be done
+ * (a copy applied more than the newest push of some worker at or after the step) ends this server for the
+ * re-form: the copies would no longer match an uninterrupted run. */
+static void worker_replacement(server_daemon *d, int kind, int w, uint32_t epoch, const char *text)
+{
+    int64_t step = 0;
+    const uint8_t *addr = NULL;
+    size_t alen = 0;
+    ctl_session_failover_kind(d->sess, &step, &addr, &alen);
+    if (kind == CTL_FO_WORKER_LOST) {
+        int64_t n = ps_server_worker_pushed(d->srv, w);
+        if (d->backup) {
+            int64_t b = ps_server_worker_pushed(d->backup, w);
+            n = b < n ? b : n;
+        }
+        log_warn("worker lost (epoch %u): %s; this server holds %lld steps of its pushes whole", epoch, text,
+                 (long long)n);
+        if (ctl_session_report(d->sess, CTL_FO_WORKER_REPORT, d->rank, epoch, n, NULL, 0) < 0)
+            log_error("worker replacement: %s", pf_errmsg());
+        return;
+    }
+    const void *waddr = NULL;
+    size_t wlen = 0;
+    const double tmo = d->run.ctl_timeout > 0 ? d->run.ctl_timeout : 30;
+    int rc = member_addr_part(addr, alen, 0, &waddr, &wlen);
+    if (rc == 0)
+        rc = ps_server_rollback(d->srv, step, epoch, w, waddr, wlen, tmo);
+    if (rc == 0 && d->backup)
+        rc = ps_server_rollback(d->backup, step, epoch, w, waddr, wlen, tmo);
+    if (rc < 0) {
+        char why[PF_ERRMSG_MAX + 64];
+        snprintf(why, sizeof why, "rolling back to step %lld for worker %d's replacement: %s", (long long)step, w,
+                 pf_errmsg());
+        log_error("%s", why);
+        ctl_session_fail(d->sess, why);
+        d->rollback_failed = 1;
+        return;
+    }
+    log_warn("rolled back (epoch %u): every push of step %lld and later undone on %s; worker %d's replacement "
+             "takes its place",
+             epoch, (long long)step, d->backup ? "both copies" : "this copy", w);
+    if (ctl_session_report(d->sess, CTL_FO_ROLLED_BACK, d->rank, epoch, step, NULL, 0) < 0)
+        log_error("worker replacement: %s", pf_errmsg());
+}
+
 /* replicas = 1: a failover notice from the rendezvous: every copy here takes the new epoch, the backup copy
  * of the lost server's shard is promoted, and the log says what the run stands on now. */
 static void take_failover(server_daemon *d)
@@ -530,6 +581,10 @@ static void take_failover(server_daemon *d)
     ps_server_set_epoch(d->srv, epoch);
     if (d->backup)
         ps_server_set_epoch(d->backup, epoch);
+    if (kind == CTL_FO_WORKER_LOST || kind == CTL_FO_ROLLBACK) {
+        worker_replacement(d, kind, lost, epoch, text);
+        return;
+    }
     if (kind != CTL_FO_LOST) {
         /* A rejoin's notice: the copies here keep serving as they are (a promoted backup goes on writing its
          * shard's snapshots; a rejoined primary stays quiet until the server holding its backup is lost). */
@@ -637,6 +692,8 @@ static int serve_until_stop(server_daemon *d)
         }
         if (r == 2) {
             take_failover(d);
+            if (d->rollback_failed)
+                return DAEMON_EXIT_REFORM;
             continue;
         }
         if (r < 0 && g_stop)

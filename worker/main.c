@@ -74,6 +74,15 @@ static void *ctl_watch_main(void *arg)
             size_t alen = 0;
             int kind = ctl_session_failover_kind(w->sess, NULL, &addr, &alen);
             ps_client *pc = train_ps_client(w->t);
+            if (kind == CTL_FO_WORKER_LOST || kind == CTL_FO_REDO) {
+                int64_t step = 0;
+                ctl_session_failover_kind(w->sess, &step, NULL, NULL);
+                if (kind == CTL_FO_WORKER_LOST)
+                    log_warn("worker lost (epoch %u): %s", epoch, text);
+                if (train_replace_notice(w->t, kind, lost, epoch, step) && kind == CTL_FO_WORKER_LOST)
+                    __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE); /* end the step's waits now */
+                continue;
+            }
             if (kind != CTL_FO_LOST) {
                 log_warn("%s (epoch %u): %s", kind == CTL_FO_REJOINED ? "rejoined" : "rejoin", epoch, text);
                 if (pc)
@@ -390,6 +399,7 @@ static int train_watched(worker_daemon *d)
     pthread_t watcher;
     int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
     d->topts.sess = d->sess;
+    d->topts.interrupt = &watch.interrupt;
     int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);
     if (rc_train == 0)
         rc_train = train_run(d->t);

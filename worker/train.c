@@ -380,18 +380,16 @@ typedef struct progress {
 /* This worker's part of checkpoint `step` (worker/resume.h); the servers write theirs when they apply the
  * flagged push. A failure (disk full, ...) is logged and training goes on: earlier checkpoints stay intact
  * and a resume uses the newest complete one. */
-static void save_checkpoint(trainer *t, const progress *p, int64_t step)
+int train_write_state(trainer *t, const char *root, int64_t step, double first_loss, double loss_sum,
+                      int loss_n)
 {
-    double t0 = pf_now_s();
-    char dir[4200];
-    ckpt_step_dir(t->ckpt_root, step, dir, sizeof dir);
     wresume_state st = {0};
     wresume_set_i64(&st, "step", step);
     wresume_set_i64(&st, "opt_steps", t->opt_steps);
     wresume_set_i64(&st, "dropout_rng", (int64_t)model_rng_state(t->m));
-    wresume_set_f64(&st, "first_loss", p->first_loss);
-    wresume_set_f64(&st, "log.loss_sum", p->loss_sum);
-    wresume_set_i64(&st, "log.loss_n", p->loss_n);
+    wresume_set_f64(&st, "first_loss", first_loss);
+    wresume_set_f64(&st, "log.loss_sum", loss_sum);
+    wresume_set_i64(&st, "log.loss_n", loss_n);
     if (t->loss_scaling) {
         wresume_set_f64(&st, "amp.scale", (double)t->scaler.scale);
         wresume_set_i64(&st, "amp.growth_tracker", t->scaler.growth_tracker);
@@ -401,6 +399,8 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
         snprintf(name, sizeof name, "val_highest.%d", i);
         wresume_set_f64(&st, name, t->val_highest[i]);
     }
+    char dir[4200];
+    ckpt_step_dir(root, step, dir, sizeof dir);
     float *dev[2], *host[2] = {NULL, NULL};
     int na = train_opt_arrays(t, dev);
     int rc = train_mkdir_p(dir);
@@ -413,12 +413,20 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
     model_extra x[2];
     amp_extras(t, x);
     if (rc == 0)
-        rc = wresume_save(t->ckpt_root, step, t->rank, t->W, t->m, x, t->loss_scaling ? 2 : 0, &st,
+        rc = wresume_save(root, step, t->rank, t->W, t->m, x, t->loss_scaling ? 2 : 0, &st,
                           (const float *const *)host, na, t->nparams, &t->ckpt_id,
                           t->ckpt_keyed ? &t->ckpt_key : NULL);
     free(host[0]);
     free(host[1]);
-    if (rc < 0) {
+    return rc;
+}
+
+static void save_checkpoint(trainer *t, const progress *p, int64_t step)
+{
+    double t0 = pf_now_s();
+    char dir[4200];
+    ckpt_step_dir(t->ckpt_root, step, dir, sizeof dir);
+    if (train_write_state(t, t->ckpt_root, step, p->first_loss, p->loss_sum, p->loss_n) < 0) {
         log_error("checkpoint step %lld: this worker's state not written: %s (training goes on; earlier "
                   "checkpoints are intact)",
                   (long long)step, pf_errmsg());
@@ -789,6 +797,8 @@ int train_run(trainer *t)
         return pf_err(-EINVAL, "resuming at global step %lld, inside a gradient_acc = %d window",
                       (long long)step, t->acc_k);
 
+    uint32_t replaced = 0; /* the newest worker-lost epoch a replacement was set up for */
+again:
     for (int64_t epoch = step / t->steps_per_epoch;
          rc == 0 && !stop && step < total && epoch < run->num_epoch; epoch++) {
         int64_t first = epoch == step / t->steps_per_epoch ? step % t->steps_per_epoch : 0;
@@ -846,6 +856,15 @@ int train_run(trainer *t)
             if ((rc = save_model(t)) < 0)
                 break;
             log_info("epoch %lld done: backbone saved to %s/model.ckpt", (long long)epoch, run->output);
+        }
+    }
+    if (rc < 0 && t->wr_on && atomic_load(&t->wr_lost_epoch) > replaced) {
+        /* A worker was lost: redo from the step the rendezvous decides, with its replacement. */
+        replaced = atomic_load(&t->wr_lost_epoch);
+        int64_t redo = 0;
+        if ((rc = train_replace(t, step, p.first_loss, p.loss_sum, p.loss_n, &redo)) == 0) {
+            step = redo;
+            goto again;
         }
     }
     if (rc < 0) {

@@ -44,7 +44,11 @@ typedef struct train_opts {
     int64_t max_steps;        /* > 0: stop after this many global steps (tests); 0: num_epoch epochs */
     volatile int *stop_flag;  /* set by the signal handler: stop after the current step (all ranks agree) */
     const char *secret;       /* the join secret (config or PFCPS_SECRET): the data-plane token comes from it */
-    ctl_session *sess;        /* replicas = 1: the control session, for a rejoin's copy step (worker 0) */
+    ctl_session *sess;        /* replicas = 1: the control session, for a rejoin's copy step (worker 0) and a
+                                 worker replacement's reports */
+    int *interrupt;           /* the process' fab_set_interrupt flag (raised by the control watcher when the
+                                 run broke or a worker was lost), lowered once a worker replacement has set
+                                 up the redo; NULL: none */
 } train_opts;
 
 /* Opens a worker's endpoints (one towards the servers, one for the ring collectives). The packed fabric
@@ -75,6 +79,13 @@ struct ps_client *train_ps_client(trainer *t);
  * rejoined notice not yet taken by the training thread is waited for (up to 10 s) before the next notice is
  * written. Safe from the watcher thread while train_run runs. */
 void train_rejoin_notice(trainer *t, int kind, int server, uint32_t epoch, const void *addr, size_t len);
+
+/* The control watcher's worker-replacement notices (docs/architecture.md, "Worker replacement in place"):
+ * kind CTL_FO_WORKER_LOST (worker `rank` was lost at `epoch`: the caller then raises the fabric interrupt,
+ * and the training thread, once its step fails, reports and waits; train_replace) or CTL_FO_REDO (every worker
+ * redoes step `step`; `rank` is the donor). Safe from the watcher thread while train_run runs. Returns 1 when
+ * this run replaces workers in place (the notice was taken), 0 when it does not (a loss then re-forms). */
+int train_replace_notice(trainer *t, int kind, int rank, uint32_t epoch, int64_t step);
 
 /* Frees everything. NULL is a no-op. */
 void train_close(trainer *t);

@@ -99,8 +99,7 @@ static int connect_servers(train_net *n, const pf_config *run, const ctl_book *b
     return 0;
 }
 
-/* The collectives ring over every worker's second endpoint (part 1 of its book entry). */
-static int connect_ring(train_net *n, const ctl_book *book, int rank)
+int train_net_ring_connect(train_net *n, const ctl_book *book, int rank)
 {
     const int W = book->num_workers;
     const void **addrs = calloc((size_t)W, sizeof *addrs);
@@ -134,7 +133,20 @@ int train_net_connect(train_net *n, const pf_config *run, const ctl_book *book, 
         return pf_err(-EPROTO, "address book has %d servers / %d workers, run config says %d / %d",
                       book->num_servers, book->num_workers, run->servers, run->workers);
     int rc = connect_servers(n, run, book, secret);
-    return rc < 0 ? rc : connect_ring(n, book, rank);
+    return rc < 0 ? rc : train_net_ring_connect(n, book, rank);
+}
+
+int train_net_ring_reopen(train_net *n, const char *provider, uint8_t *addr, size_t *addr_len)
+{
+    if (n->have_coll)
+        coll_destroy(&n->coll);
+    n->have_coll = 0;
+    fab_close(n->coll_fab);
+    n->coll_fab = NULL;
+    int rc = fab_open(provider, &n->coll_fab);
+    if (rc < 0)
+        return pf_err_wrap(rc, "a new collectives endpoint");
+    return train_net_address(n, NULL, 0, addr, addr_len);
 }
 
 void train_net_close(train_net *n)

@@ -55,6 +55,17 @@ int train_net_check_run(const pf_config *local, const pf_config *run);
 int train_net_connect(train_net *n, const pf_config *run, const ctl_book *book, int rank, const char *secret);
 
 /* Releases the ring, its endpoint and the client. A zeroed or partly opened *n is fine. */
+/* The collectives ring over every worker's second endpoint (part 1 of its book entry in `book`), this worker
+ * at `rank`. Returns 0 or coll_fabric_create's error. */
+int train_net_ring_connect(train_net *n, const ctl_book *book, int rank);
+
+/* Drops the ring and its endpoint (after a failed collective a ring is unusable, and messages of the
+ * abandoned collective may still arrive at the old endpoint) and opens a new endpoint for `provider`; writes
+ * this worker's new packed book entry (the servers' endpoint as before, the new ring endpoint; no third part)
+ * to addr[*addr_len] (capacity in). train_net_ring_connect then builds the new ring. Returns 0 or the fabric
+ * error. */
+int train_net_ring_reopen(train_net *n, const char *provider, uint8_t *addr, size_t *addr_len);
+
 void train_net_close(train_net *n);
 
 #endif

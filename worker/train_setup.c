@@ -440,9 +440,14 @@ static int setup_resume(trainer *t, const ctl_book *book)
     for (int a = 0; a < na && rc == 0; a++)
         if (!(host[a] = malloc(sizeof(float) * (t->nparams ? t->nparams : 1))))
             rc = pf_err(-ENOMEM, "out of memory loading the optimizer state");
+    /* A replacement (docs/architecture.md, "Worker replacement in place") loads the donor's state of the redo
+     * step, which the donor wrote to the root's replace/ folder. */
+    char root[sizeof t->ckpt_root + 16];
+    snprintf(root, sizeof root, "%s%s", t->ckpt_root, book->rejoin_epoch ? "/replace" : "");
+    const int from = book->rejoin_epoch ? book->donor : t->rank;
     if (rc == 0)
-        rc = wresume_load(t->ckpt_root, T, t->rank, t->W, t->ckpt_keyed ? &t->ckpt_key : NULL, &t->ckpt_id,
-                          t->m, &t->resumed, host, na, t->nparams);
+        rc = wresume_load(root, T, from, t->W, t->ckpt_keyed ? &t->ckpt_key : NULL, &t->ckpt_id, t->m,
+                          &t->resumed, host, na, t->nparams);
     for (int a = 0; a < na && rc == 0; a++)
         rc = t->wd.dev->mem_h2d(t->wd.ctx, dev[a], host[a], sizeof(float) * t->nparams);
     free(host[0]);
@@ -617,6 +622,10 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     t->opts = *opts;
     t->W = run->workers;
     t->S = run->servers;
+    /* A replacement of a lost worker talks to the servers at the epoch of its redo (older messages are
+     * dropped there). */
+    if (book->rejoin_epoch)
+        ps_client_set_epoch(t->net.ps, book->rejoin_epoch);
     /* Set-up 1: the servers (connections opened before step 0) and the collectives ring. */
     if ((rc = train_net_connect(&t->net, run, book, t->rank,
                                 t->opts.secret ? t->opts.secret : t->run.secret)) < 0 ||

@@ -120,7 +120,31 @@ struct trainer {
     int rj_server;          /* the rejoining server (from the begins notice) */
     uint32_t rj_wait_epoch; /* the begins epoch the workers agreed to copy for (0: none) */
     int64_t rj_ckpt;        /* the checkpoint step of that copy (-1: none) */
+
+    /* A lost worker replaced in place (cfg_replaces_workers; docs/architecture.md, "Worker replacement in
+     * place"). The control watcher writes the notices (train_replace_notice), the training thread reads them. */
+    int wr_on;                       /* this run replaces lost workers: two generations of state are kept */
+    struct wgen *gen;                /* the state at the start of the current and the previous step */
+    _Atomic uint32_t wr_lost_epoch;  /* epoch of the newest worker-lost notice (0: none) */
+    _Atomic uint32_t wr_redo_epoch;  /* epoch of the newest redo notice, stored after wr_redo_step, wr_donor */
+    int wr_lost;                     /* the lost worker's rank */
+    int64_t wr_redo_step;            /* the step every worker redoes */
+    int wr_donor;                    /* the worker whose state the replacement loads */
 };
+
+/* Writes this worker's state (worker/resume.h: the backbone with its BN statistics, the optimizer arrays, the
+ * scalars, with the log's first loss and loss sums) as checkpoint `step` under `root`. Returns 0 or
+ * wresume_save's error (naming the file). */
+int train_write_state(trainer *t, const char *root, int64_t step, double first_loss, double loss_sum,
+                      int loss_n);
+
+/* Worker replacement in place (worker/replace.c; docs/architecture.md, "Worker replacement in place"): called
+ * by train_run when a step failed while a worker-lost notice is pending. Reopens the collectives endpoint,
+ * reports this worker's first unfinished step `step` and its new book entry, waits for the redo, restores the
+ * state of the redo step, connects the new ring and, as the donor, writes its state for the replacement.
+ * first_loss, loss_sum, loss_n: the log's, for the donor's state. Returns 0 with *redo = the step to go on
+ * from, or a negative code (the run then re-forms from its checkpoint). */
+int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, int loss_n, int64_t *redo);
 
 /* mkdir -p: creates `path` and its parents (mode 0755). Returns 0 or -errno, the message naming the path. */
 int train_mkdir_p(const char *path);

@@ -1,0 +1,102 @@
+/* A worker's side of a lost worker's replacement in place (docs/architecture.md, "Worker replacement in
+ * place"): a survivor stops where it stands when told a worker was lost, reports the first step it has not
+ * finished with a new collectives endpoint, waits for the rendezvous' redo step (the servers have undone every
+ * push of it and later by then), restores its state at that step's start (worker/generation.h), connects the
+ * new ring and, as the donor, writes its state for the replacement to load. */
+#include <errno.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "common/ckpt.h"
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "worker/generation.h"
+#include "worker/ps_client.h"
+#include "worker/train_state.h"
+
+int train_replace_notice(trainer *t, int kind, int rank, uint32_t epoch, int64_t step)
+{
+    if (!t || !t->wr_on)
+        return 0;
+    if (kind == CTL_FO_WORKER_LOST) {
+        t->wr_lost = rank;
+        atomic_store(&t->wr_lost_epoch, epoch);
+    } else if (kind == CTL_FO_REDO) {
+        t->wr_redo_step = step;
+        t->wr_donor = rank;
+        atomic_store(&t->wr_redo_epoch, epoch);
+    }
+    return 1;
+}
+
+/* Waits for a redo notice newer than `after`, up to limit_s seconds or until a stop is asked for (the run
+ * then re-forms: the rendezvous said the replacement failed). Returns 0 or -ETIMEDOUT / -ECANCELED. */
+static int wait_redo(trainer *t, uint32_t after, double limit_s)
+{
+    const double t0 = pf_now_s();
+    while (atomic_load(&t->wr_redo_epoch) <= after) {
+        if (t->opts.stop_flag && *t->opts.stop_flag)
+            return pf_err(-ECANCELED, "worker replacement: the run stopped while waiting for the redo");
+        if (pf_now_s() - t0 > limit_s)
+            return pf_err(-ETIMEDOUT, "worker replacement: no redo from the rendezvous within %.0f s", limit_s);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+/* The donor: its state of the redo step, restored already, goes to <checkpoint root>/replace for the
+ * replacement (a folder of its own, so no checkpoint of the run is made to look complete or pruned). */
+static int write_for_replacement(trainer *t, int64_t step, uint32_t epoch, double first_loss, double loss_sum,
+                                 int loss_n)
+{
+    char root[4200];
+    snprintf(root, sizeof root, "%s/replace", t->ckpt_root);
+    const double t0 = pf_now_s();
+    int rc = train_write_state(t, root, step, first_loss, loss_sum, loss_n);
+    if (rc < 0)
+        return pf_err_wrap(rc, "worker replacement: writing this worker's state of step %lld", (long long)step);
+    wresume_prune(root, t->rank, 1, step);
+    log_info("worker replacement: this worker's state of step %lld written to %s for worker %d's replacement "
+             "in %.2f s",
+             (long long)step, root, t->wr_lost, pf_now_s() - t0);
+    return ctl_session_report(t->opts.sess, CTL_FO_STATE_READY, t->rank, epoch, step, NULL, 0);
+}
+
+int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, int loss_n, int64_t *redo)
+{
+    const uint32_t lost_epoch = atomic_load(&t->wr_lost_epoch);
+    const uint32_t seen_redo = atomic_load(&t->wr_redo_epoch);
+    const double t0 = pf_now_s(), tmo = t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30;
+    if (!t->wr_on || lost_epoch == 0 || !t->opts.sess)
+        return pf_err(-EINVAL, "worker replacement: no worker-lost notice");
+    log_warn("worker %d lost (epoch %u): stopping at step %lld (%s) to redo with its replacement",
+             t->wr_lost, lost_epoch, (long long)step, pf_errmsg());
+    /* The abandoned step's requests were released by their failed waits; its ring is unusable. */
+    if (t->opts.interrupt)
+        __atomic_store_n(t->opts.interrupt, 0, __ATOMIC_RELEASE);
+    uint8_t addr[CTL_MAX_ADDR];
+    size_t alen = sizeof addr;
+    int rc = train_net_ring_reopen(&t->net, t->local.provider, addr, &alen);
+    if (rc == 0)
+        rc = ctl_session_report(t->opts.sess, CTL_FO_WORKER_REPORT, t->rank, lost_epoch, step, addr, alen);
+    if (rc == 0)
+        rc = wait_redo(t, seen_redo > lost_epoch ? seen_redo : lost_epoch, 2 * tmo);
+    if (rc < 0)
+        return rc;
+    const uint32_t epoch = atomic_load(&t->wr_redo_epoch);
+    const int64_t R = t->wr_redo_step;
+    if ((rc = train_rewind(t, R)) < 0)
+        return pf_err_wrap(rc, "worker replacement: restoring the state of step %lld", (long long)R);
+    ps_client_set_epoch(t->net.ps, epoch);
+    if ((rc = train_net_ring_connect(&t->net, ctl_session_book(t->opts.sess), t->rank)) < 0)
+        return pf_err_wrap(rc, "worker replacement: the new ring");
+    if (t->wr_donor == t->rank && (rc = write_for_replacement(t, R, epoch, first_loss, loss_sum, loss_n)) < 0)
+        return rc;
+    log_warn("worker replacement (epoch %u): redoing from step %lld with worker %d's replacement (%.2f s "
+             "since the notice)",
+             epoch, (long long)R, t->wr_lost, pf_now_s() - t0);
+    *redo = R;
+    return 0;
+}
