@@ -14,6 +14,9 @@
 #   restart counted the same way): it rejoins the running run (docs/architecture.md, "Hot-standby shards").
 #   So is server 0 (the rendezvous' host) when it died: its new rendezvous adopts the running run from the
 #   members, which reconnect, and it rejoins; without a restart the run goes on without it to its end.
+#   A worker killed by a signal is started again alone too when the run replaces workers in place (replicas =
+#   1, head_mode = global, gradient_acc = 1, device not cuda; docs/architecture.md, "Worker replacement in
+#   place"): it joins as its own replacement while the others wait.
 #   Logs: <output>/logs/server<r>.log and worker<r>.log (output from the config / --set).
 #   These values are asked from the daemons' own config parser (`pfcps config-get`), so quoting, inline
 #   comments and sections mean here exactly what they mean to the daemons.
@@ -54,13 +57,17 @@ done
 
 # Effective values of the keys the launcher itself needs, from the real parser (file, then every --set in
 # order, defaults for keys not given): one line per key. A config the daemons would refuse stops here.
-if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every metrics_address replicas); then
+if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every metrics_address replicas head_mode gradient_acc device); then
   echo "launch: config '$config' refused (see above)" >&2
   exit 2
 fi
 mapfile -t v <<<"$vals"
 S=${v[0]}; W=${v[1]}; out=${v[2]}; snapdir=${v[3]:-$out/snapshots}; snap_every=${v[4]}; maddr=${v[5]:-}
 replicas=${v[6]:-0}
+# A lost worker is replaced in place (common/config.h cfg_replaces_workers): replicas = 1, head_mode = global,
+# gradient_acc = 1, a device other than cuda.
+replace_workers=0
+[ "$replicas" -ge 1 ] && [ "${v[7]}" != local ] && [ "${v[8]}" = 1 ] && [ "${v[9]}" != cuda ] && replace_workers=1
 [ -n "$snapdir" ] || snapdir=$out/snapshots
 if [ "$max_restarts" -gt 0 ] && [ "$snap_every" = 0 ]; then
   echo "launch: --max-restarts $max_restarts with snapshot_every = 0: a restart starts over from step 0" >&2
@@ -152,6 +159,17 @@ run_once() {
       p=${worker_pids[$i]}
       if exited "$p"; then
         if [ -z "${codes[$i]:-}" ]; then s=0; wait "$p" || s=$?; codes[$i]=$s
+          # A worker killed (a signal) in a run that replaces workers in place: started again alone, with the
+          # same command line, it joins as its own replacement and the others redo the step it was lost in.
+          if [ "$s" -gt 128 ] && [ "$replace_workers" -eq 1 ] && [ "$restarts" -lt "$max_restarts" ]; then
+            restarts=$((restarts + 1))
+            echo "launch: worker $i exited with status $s (see $out/logs/worker$i.log); restart $restarts/$max_restarts of worker $i alone, with the same command line: it replaces itself in place" >&2
+            "$worker_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/worker$i.log" 2>&1 &
+            worker_pids[$i]=$!; pids+=($!)
+            unset "codes[$i]"
+            alive=1
+            continue
+          fi
           [ "$s" -ne 0 ] && [ "$failed" -lt 0 ] && { failed=$i; culprit="worker $i (status $s)"; rc=$s; }
         fi
       else

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# A lost worker is replaced in place (docs/architecture.md, "Worker replacement in place"): no other member
+# restarts, no checkpoint is loaded, and the run ends with the uninterrupted run's bits.
+# Reference: 2 servers + 3 workers, replicas = 0, 10 ORL identities in a table of 40 classes sampled at 0.25
+# (pfc_update = dense), 30 steps (5 epochs), snapshot_every 4, under the launcher. Then, replicas = 1:
+#   kill:     kill -9 of worker 1 once worker 0 logged a random step in 4..12; worker 1 started again with the
+#             same command line joins as its replacement, loads worker 0's state of the redo step, and every
+#             worker redoes that step: every member exits 0, the rendezvous names the replacement and no re-form,
+#             and model.ckpt and the final checkpoint (`pfcps ckpt-info` table and worker 0's backbone SHA-256)
+#             equal the reference's;
+#   launcher: the same under deploy/local/launch.sh --max-restarts 1, which starts worker 2 again alone after
+#             its kill -9 (the lowest rank's state is then loaded from worker 0 and the ring rebuilt around
+#             the last rank); launch.sh exits 0 with the reference's bits;
+#   timeout:  kill -9 of worker 1, not restarted: after ctl_timeout the rendezvous falls back to the checkpoint
+#             re-form, named in its log, and every member stops (nobody hangs).
+# A sixth argument names the cases (default "kill launcher timeout").
+CASES=${6:-kill launcher timeout}
+set -- "${@:1:5}"
+source "$(dirname "$0")/cluster.sh" "$@"
+export OMP_NUM_THREADS=1 PFCPS_SECRET=replace-secret
+pack_orl 10
+
+# write_cfg NAME REPLICAS: $TMP/NAME.ini (5 epochs, 2 servers + 3 workers, keep 2, 40 classes at 0.25, dense
+# updates, a log line every step).
+write_cfg() {
+  ckpt_ini "$1" 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = $2" \
+    "ctl_timeout = 10"
+}
+
+write_cfg ref 0
+ckpt_launch ref
+REF=$(ckpt_final_line "$TMP/ref")
+expect_grep "reference: 30 steps, final checkpoint complete" "^step 30: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
+RANDOM=$$
+has() { [[ " $CASES " == *" $1 "* ]]; }
+
+# --- kill: worker 1 killed and started again by hand ----------------------------------------------------------
+if has kill; then
+at=$((4 + RANDOM % 9))
+write_cfg kill 1
+rm -f "$TMP"/*.log
+start_cluster "$TMP/kill.ini" 2 3
+wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "kill: worker 0 did not reach step $at"; }
+kill -KILL "${WPIDS[1]}"
+t0=$(date +%s.%N)
+wait_log "$TMP/server0.log" "worker\[1\] .* lost: the other workers stop" 30 ||
+  { show_logs; die "kill: the rendezvous did not take worker 1's loss for a replacement"; }
+start_daemon "$TMP/worker1-again.log" "$WORKER" --config "$TMP/kill.ini" --rank 1
+wait_log "$TMP/server0.log" "worker\[1\] replaced in place" 60 || { show_logs; die "kill: worker 1 was not replaced"; }
+echo "kill: worker 1 killed at step $at; replaced $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') s after the kill (its restart included)"
+RC=0
+wait_all "${WPIDS[0]}" "${WPIDS[2]}" "$DPID" || RC=$?
+for p in "${SPIDS[@]}"; do
+  wait_exit "$p" 60 || { show_logs; die "kill: server pid $p did not stop after the workers"; }
+  s=0; wait "$p" || s=$?
+  [ "$s" -eq 0 ] || RC=$s
+done
+expect_eq "kill: every member exits 0" "$RC" 0
+expect_grep "kill: the servers undid the redo step's pushes" "rolled back \(epoch [0-9]+\): every push of step [0-9]+ and later undone on both copies" \
+  "$TMP/server1.log"
+expect_grep "kill: worker 2 redid from the decided step" "worker replacement \(epoch [0-9]+\): redoing from step [0-9]+" \
+  "$TMP/worker2.log"
+expect_grep "kill: the replacement loaded worker 0's state" "replacing worker\[1\]: loading worker\[0\]'s state of step" \
+  "$TMP/worker1-again.log"
+if grep -q "re-form" "$TMP/server0.log"; then fail "kill: the run fell back to the re-form"; else ok "kill: no re-form"; fi
+ckpt_check_same kill
+fi
+
+# --- launcher: launch.sh --max-restarts starts the lost worker again ----------------------------------------------
+if has launcher; then
+write_cfg launcher 1
+setsid "$SRC/deploy/local/launch.sh" -c "$TMP/launcher.ini" -b "$BUILD" --max-restarts 1 >"$TMP/launch.out" 2>&1 &
+LP=$!
+at=$((4 + RANDOM % 9))
+wait_log "$TMP/launcher/logs/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/launch.out"; die "launcher: worker 0 did not reach step $at"; }
+victim=$(pgrep -f -- "pfcps-worker --config $TMP/launcher.ini --rank 2" | head -1)
+[ -n "$victim" ] || die "launcher: worker 2's pid not found"
+kill -KILL "$victim"
+s=0; wait "$LP" || s=$?
+LP=
+expect_eq "launcher: launch.sh exits 0" "$s" 0
+expect_grep "launcher: it starts worker 2 again alone" "restart 1/1 of worker 2 alone, with the same command line" \
+  "$TMP/launch.out"
+expect_grep "launcher: worker 2 was replaced in place" "worker\[2\] replaced in place" "$TMP/launcher/logs/server0.log"
+ckpt_check_same launcher
+fi
+
+# --- timeout: no replacement comes ----------------------------------------------------------------------------------
+if has timeout; then
+write_cfg timeout 1
+rm -f "$TMP"/*.log
+start_cluster "$TMP/timeout.ini" 2 3
+wait_log "$TMP/worker0.log" "Global Step: 5 " 120 || { show_logs; die "timeout: worker 0 did not reach step 5"; }
+kill -KILL "${WPIDS[1]}"
+wait_log "$TMP/server0.log" "replacement failed: no replacement joined within ctl_timeout" 60 ||
+  { show_logs; die "timeout: the rendezvous did not give up on the replacement"; }
+for p in "${WPIDS[0]}" "${WPIDS[2]}" "${SPIDS[@]}"; do
+  wait_exit "$p" 90 || { show_logs; die "timeout: pid $p still runs after the fallback"; }
+done
+ok "timeout: every member stopped after the fallback to the re-form"
+fi
+expect_summary
