@@ -48,6 +48,7 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, de
     const int64_t t = S->apply_t;
     const int D = S->sh.dim;
     const size_t ahead = (size_t)shard_prefetch_rows(D);
+    int ui = 0; /* opts.undo: the push of the apply segment s belongs to (pss_undo_save) */
     for (size_t s = s_lo; s < s_hi; s++) {
         const entry *e0 = &S->ae[S->aseg[s]];
         if (s + ahead < s_hi) {
@@ -63,6 +64,8 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, de
             if (S->sh.dense)
                 __builtin_prefetch(&S->sh.rstep[r], 1, 0);
         }
+        if (S->o.undo)
+            pss_undo_save(S, &ui, s, e0->lrow); /* the row as it is, into its slot of the push's undo log */
         if (S->snap)
             snap_before_update(S->snap, e0->lrow);
         if (S->sh.adam) { /* optimizer = adamw: the steps the row owes (dense), then step t (shard.h) */
@@ -269,6 +272,8 @@ static long apply_start(ps_server *S, int64_t t)
         if (S->ahead[S->ae[i].lrow] == (uint32_t)i)
             S->aseg[nseg++] = (uint32_t)i;
     S->anseg = nseg;
+    if (S->o.undo)
+        pss_undo_begin(S, t, ps, np); /* each push's log: its segments' slots */
     S->aps_n = np;
     S->apply_t = t;
     S->applying = 1;
@@ -463,6 +468,15 @@ int pss_try_apply(ps_server *S)
     S->apply_snap = snap;
     apply_start(S, t); /* out of memory: the step stays pending; the next call retries */
     return 0;
+}
+
+void pss_apply_settle(ps_server *S)
+{
+    while (S->applying) {
+        while (!apply_idle(S))
+            pss_apply_wait_for(S, 200000);
+        pss_try_apply(S); /* finishes it (returns before starting another) */
+    }
 }
 
 /* Applies every step that is ready, waiting for each (a stat or checksum then sees a quiet table; a stopping
