@@ -17,6 +17,8 @@
  *     runs on to N - 1 and equals the reference;
  * (e) the same rollback as (a), performed by a started server's progress thread (ps_server_rollback from this
  *     thread), then the redo: equal to the reference.
+ * (f) (a) and (b) again with 3 apply threads (ps_server_inject_pool: the rows of one push, and so the slots of
+ *     its log, split among them), against a reference server without undo logs.
  * And once: (d) SGD, one row of worker 0 pushed at step K: after the rollback it holds the bits it had before
  * step K, and after the redo it equals a float64 step computed here from those values (torch.optim.SGD,
  * dampening 0: v = mu v + (g + wd w); w = w - lr v) within float32 rounding; opts.undo without global mode is
@@ -61,6 +63,8 @@ static float grad_of(int w, int64_t t, int64_t c, int j, int attempt)
     return (float)((int)((c * 31 + j * 17 + t * 13 + w * 7 + attempt * 29) % 61) - 30) * 1e-2f;
 }
 
+static int apply_threads = 1; /* > 1: the apply threads run the applies (ps_server_inject_pool) */
+
 static ps_server *make(const cfg *k, int global, int undo)
 {
     ps_server_opts o = {.provider = "tcp",
@@ -76,7 +80,7 @@ static ps_server *make(const cfg *k, int global, int undo)
                         .seed = 11,
                         .momentum = MU,
                         .weight_decay = WD,
-                        .apply_threads = 1,
+                        .apply_threads = apply_threads,
                         .recv_bufs = 2};
     ps_server *s = NULL;
     int rc = ps_server_create(&o, &s);
@@ -89,6 +93,8 @@ static ps_server *make(const cfg *k, int global, int undo)
     for (int w = 0; w < W; w++)
         if (ps_server_add_worker(s, w, a, la) < 0)
             DIE("add_worker: %s", pf_errmsg());
+    if (apply_threads > 1 && ps_server_inject_pool(s) < 0)
+        DIE("apply threads: %s", pf_errmsg());
     return s;
 }
 
@@ -289,6 +295,15 @@ int main(void)
         case_refused(&cfgs[i], ref);
         ps_server_destroy(ref);
     }
+    /* (f) the same rollback with 3 apply threads saving the rows of one push's log in parallel */
+    apply_threads = 3;
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        ps_server *ref = make(&cfgs[i], 1, 0); /* and the reference without undo logs */
+        run_steps(ref, 0, N, 0);
+        case_rollback(&cfgs[i], ref, 0);
+        ps_server_destroy(ref);
+    }
+    apply_threads = 1;
     case_by_hand();
     return check_summary();
 }
