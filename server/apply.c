@@ -96,6 +96,8 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, de
             add_grad(g, S->ae[e].g, D);
         shard_dense_sgd_row(w, v, g, D, owed, e0->lr, S->o.momentum, S->o.weight_decay);
     }
+    if (S->o.undo)
+        pss_undo_fence();
 }
 
 /* Claims pieces of gather batch `batch` one at a time (lowest first) and gathers their rows, until none is

@@ -305,6 +305,10 @@ void pss_undo_begin(ps_server *S, int64_t t, push *const *ps, int np);
  * that segment belongs to (*ui: the push index, advanced along the thread's ascending segments). */
 void pss_undo_save(ps_server *S, int *ui, size_t s, int64_t lrow);
 
+/* apply_segments, after its last pss_undo_save: orders the log's streaming stores before the apply is reported
+ * done (a store fence; nothing on targets without them). */
+void pss_undo_fence(void);
+
 /* The progress thread's part of ps_server_rollback: performs a posted rollback and signals the caller. */
 void pss_rollback_serve(ps_server *S);
 

@@ -15,6 +15,7 @@
  * a worker has an applied push of a step >= R that its log cannot undo (two applied steps >= R, or a log of
  * another step). */
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,10 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "server/ps_server_internal.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 int pss_undo_init(ps_server *S)
 {
@@ -123,6 +128,31 @@ void pss_undo_begin(ps_server *S, int64_t t, push *const *ps, int np)
     S->un = np;
 }
 
+/* Copies n floats from src to dst, which the apply will not read again: with streaming stores where dst is
+ * 16-byte aligned (x86-64: no read of the log's lines before they are written, none of them kept in the
+ * caches), else memcpy. pss_undo_fence orders the streaming stores before the apply is reported done. */
+static void log_copy(float *restrict dst, const float *restrict src, size_t n)
+{
+#if defined(__SSE2__)
+    if (((uintptr_t)dst & 15) == 0) {
+        size_t j = 0;
+        for (; j + 4 <= n; j += 4)
+            _mm_stream_ps(dst + j, _mm_loadu_ps(src + j));
+        for (; j < n; j++)
+            dst[j] = src[j];
+        return;
+    }
+#endif
+    memcpy(dst, src, sizeof(float) * n);
+}
+
+void pss_undo_fence(void)
+{
+#if defined(__SSE2__)
+    _mm_sfence();
+#endif
+}
+
 void pss_undo_save(ps_server *S, int *ui, size_t s, int64_t lrow)
 {
     while (*ui + 1 < S->un && s >= S->useg0[*ui + 1])
@@ -135,10 +165,10 @@ void pss_undo_save(ps_server *S, int *ui, size_t s, int64_t lrow)
     const size_t off = (size_t)(w - S->sh.weight);
     float *dst = L->val + i * S->urow_floats;
     L->lrow[i] = lrow;
-    memcpy(dst, w, sizeof(float) * D);
-    memcpy(dst + D, S->sh.momentum + off, sizeof(float) * D);
+    log_copy(dst, w, D);
+    log_copy(dst + D, S->sh.momentum + off, D);
     if (S->sh.adam)
-        memcpy(dst + 2 * D, S->sh.sq + off, sizeof(float) * D);
+        log_copy(dst + 2 * D, S->sh.sq + off, D);
     if (S->sh.dense)
         L->rstep[i] = S->sh.rstep[lrow];
 }
