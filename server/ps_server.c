@@ -388,8 +388,11 @@ int ps_server_start(ps_server *srv)
         return rc;
     if (srv->o.fill && shard_fill_start(&srv->sh, srv->o.apply_threads) < 0)
         log_warn("%s", pf_errmsg());
-    if (pthread_create(&srv->progress, NULL, progress_main, srv) != 0)
+    pss_rollback_live(srv, 1);
+    if (pthread_create(&srv->progress, NULL, progress_main, srv) != 0) {
+        pss_rollback_live(srv, 0);
         return pf_err(-EAGAIN, "could not start the progress thread");
+    }
     srv->started = 1;
     return 0;
 }
@@ -402,6 +405,7 @@ void ps_server_stop(ps_server *srv)
     if (srv->started) {
         pthread_join(srv->progress, NULL);
         srv->started = 0;
+        pss_rollback_live(srv, 0);
     }
     pss_apply_pool_stop(srv);
     if (srv->snap) {

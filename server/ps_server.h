@@ -188,7 +188,8 @@ double ps_server_last_request(const ps_server *srv);
  * then. On a server never started (or stopped) it runs on the calling thread. timeout_s: how long to wait for
  * the progress thread to take the request (< 0: forever); once taken, the call waits for its end, so -ETIMEDOUT
  * always means nothing changed. Returns 0, -EINVAL (opts.undo off, step < 0), -ERANGE (above), -EBUSY (another
- * rollback is in progress), -ETIMEDOUT; the reason in pf_errmsg() on the caller's thread. */
+ * rollback is in progress), -ETIMEDOUT, -ECANCELED (the server stopped before taking it: nothing changed); the
+ * reason in pf_errmsg() on the caller's thread. */
 int ps_server_rollback(ps_server *srv, int64_t step, uint32_t epoch, double timeout_s);
 
 /* The number of steps whose push from worker `worker` this server has received completely (pushes of steps

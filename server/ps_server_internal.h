@@ -211,6 +211,7 @@ struct ps_server {
     pthread_mutex_t rbm;         /* guards the rb_ fields */
     pthread_cond_t rbc;          /* signalled when a rollback is done */
     atomic_int rb_flag;          /* a rollback is posted (read by the progress thread without the lock) */
+    int rb_live;                 /* the progress thread runs and takes rollbacks (else the caller does them) */
     int rb_state;                /* RB_* */
     int64_t rb_step;
     uint32_t rb_epoch;
@@ -304,6 +305,11 @@ void pss_undo_begin(ps_server *S, int64_t t, push *const *ps, int np);
 /* apply_segments, before segment s (local row lrow) changes: saves the row into its slot of the log of the push
  * that segment belongs to (*ui: the push index, advanced along the thread's ascending segments). */
 void pss_undo_save(ps_server *S, int *ui, size_t s, int64_t lrow);
+
+/* ps_server_start (live = 1, before the progress thread starts) and ps_server_stop (live = 0, once it has
+ * ended: a rollback posted and not taken fails with -ECANCELED): whether ps_server_rollback hands its work to
+ * the progress thread or does it on the caller's thread. */
+void pss_rollback_live(ps_server *S, int live);
 
 /* apply_segments, after its last pss_undo_save: orders the log's streaming stores before the apply is reported
  * done (a store fence; nothing on targets without them). */

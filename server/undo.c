@@ -358,11 +358,6 @@ int ps_server_rollback(ps_server *S, int64_t step, uint32_t epoch, double timeou
                       (long long)step);
     if (step < 0)
         return pf_err(-EINVAL, "rollback to step %lld: negative step", (long long)step);
-    if (!S->started) { /* never started, or stopped: nothing else touches the state */
-        pss_apply_settle(S);
-        pss_snap_wait(S);
-        return rollback_do(S, step, epoch);
-    }
     struct timespec dl;
     clock_gettime(CLOCK_REALTIME, &dl); /* the condition variable's clock */
     if (timeout_s >= 0) {
@@ -371,6 +366,12 @@ int ps_server_rollback(ps_server *S, int64_t step, uint32_t epoch, double timeou
         dl.tv_nsec = (long)((s - (double)dl.tv_sec) * 1e9);
     }
     pthread_mutex_lock(&S->rbm);
+    if (!S->rb_live) { /* never started, or stopped: nothing else touches the state */
+        pthread_mutex_unlock(&S->rbm);
+        pss_apply_settle(S);
+        pss_snap_wait(S);
+        return rollback_do(S, step, epoch);
+    }
     if (S->rb_state != RB_NONE) {
         pthread_mutex_unlock(&S->rbm);
         return pf_err(-EBUSY, "rollback to step %lld: another rollback is in progress", (long long)step);
@@ -390,6 +391,20 @@ int ps_server_rollback(ps_server *S, int64_t step, uint32_t epoch, double timeou
     if (rc < 0)
         return pf_err(rc, "%s", msg);
     return 0;
+}
+
+void pss_rollback_live(ps_server *S, int live)
+{
+    pthread_mutex_lock(&S->rbm);
+    S->rb_live = live;
+    if (!live && S->rb_state == RB_POSTED) { /* the progress thread ended without taking it */
+        S->rb_rc = -ECANCELED;
+        snprintf(S->rb_msg, sizeof S->rb_msg, "the server stopped before the rollback was taken (nothing changed)");
+        S->rb_state = RB_DONE;
+        atomic_store(&S->rb_flag, 0);
+        pthread_cond_broadcast(&S->rbc);
+    }
+    pthread_mutex_unlock(&S->rbm);
 }
 
 int64_t ps_server_worker_pushed(const ps_server *S, int worker)

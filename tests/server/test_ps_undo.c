@@ -22,7 +22,7 @@
  * And once: (d) SGD, one row of worker 0 pushed at step K: after the rollback it holds the bits it had before
  * step K, and after the redo it equals a float64 step computed here from those values (torch.optim.SGD,
  * dampening 0: v = mu v + (g + wd w); w = w - lr v) within float32 rounding; opts.undo without global mode is
- * refused with -EINVAL. */
+ * refused with -EINVAL, and so is a rollback on a server without undo logs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,6 +286,9 @@ int main(void)
     log_set_level(LOG_ERROR);
     ps_server *bad = make(&(cfg){"sgd", 0, 0}, 0, 1);
     check(bad == NULL && strstr(pf_errmsg(), "global"), "undo without global mode refused: %s", pf_errmsg());
+    ps_server *plain = make(&(cfg){"sgd", 0, 0}, 1, 0);
+    check(ps_server_rollback(plain, 0, 1, 1.0) == -EINVAL, "rollback without undo logs refused: %s", pf_errmsg());
+    ps_server_destroy(plain);
     const cfg cfgs[] = {{"sgd", 0, 0}, {"dense", 1, 0}, {"adamw", 0, 1}, {"adamw dense", 1, 1}};
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         ps_server *ref = make(&cfgs[i], 1, 1);
