@@ -536,6 +536,8 @@ void pss_apply_free(ps_server *S)
 
 int pss_apply_pool_start(ps_server *S)
 {
+    if (S->nathreads > 0)
+        return 0; /* running already (the test hook ps_server_inject_pool started them) */
     S->athreads = calloc(S->o.apply_threads, sizeof(pthread_t));
     if (!S->athreads)
         return pf_err(-ENOMEM, "out of memory");

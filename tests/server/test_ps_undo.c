@@ -17,6 +17,8 @@
  *     runs on to N - 1 and equals the reference;
  * (e) the same rollback as (a), performed by a started server's progress thread (ps_server_rollback from this
  *     thread), then the redo: equal to the reference.
+ * (g) (a) and (b) on a started server (progress thread, 2 apply threads) fed over the fabric by one client per
+ *     worker (ps_raw), the rollback asked from this thread while it serves;
  * (f) (a) and (b) again with 3 apply threads (ps_server_inject_pool: the rows of one push, and so the slots of
  *     its log, split among them), against a reference server without undo logs.
  * And once: (d) SGD, one row of worker 0 pushed at step K: after the rollback it holds the bits it had before
@@ -36,6 +38,9 @@
 #include "server/shard.h"
 #include "tests/check.h"
 #include "tests/server/ps_server_inject.h"
+#include "tests/server/pst_inproc.h"
+#include "worker/ps_client.h"
+#include "worker/ps_client_hooks.h"
 
 enum { C = 24, D = 7, W = 3, N = 9, K = 5, SKIP = 2, ROW_D = 3 /* class 3: worker 0, pushed at step K */ };
 static const double MU = 0.9, WD = 0.05;
@@ -63,7 +68,8 @@ static float grad_of(int w, int64_t t, int64_t c, int j, int attempt)
     return (float)((int)((c * 31 + j * 17 + t * 13 + w * 7 + attempt * 29) % 61) - 30) * 1e-2f;
 }
 
-static int apply_threads = 1; /* > 1: the apply threads run the applies (ps_server_inject_pool) */
+static int apply_threads = 1; /* the servers' opts.apply_threads */
+static int inject_pool;       /* 1: the apply threads run the injected pushes' applies (ps_server_inject_pool) */
 
 static ps_server *make(const cfg *k, int global, int undo)
 {
@@ -93,13 +99,16 @@ static ps_server *make(const cfg *k, int global, int undo)
     for (int w = 0; w < W; w++)
         if (ps_server_add_worker(s, w, a, la) < 0)
             DIE("add_worker: %s", pf_errmsg());
-    if (apply_threads > 1 && ps_server_inject_pool(s) < 0)
+    if (inject_pool && ps_server_inject_pool(s) < 0)
         DIE("apply threads: %s", pf_errmsg());
     return s;
 }
 
 /* Chunk ci (of 2) of worker w's push of step t at membership epoch `epoch`; attempt 1: the abandoned attempt's
  * gradients and lr. */
+static ps_client *g_cli[W]; /* set: pushes go to a started server over the fabric (ps_raw), else injected */
+static int g_raw_rc;          /* the last ps_raw's status */
+
 static void push_chunk(ps_server *s, int w, int64_t t, int ci, uint32_t epoch, int attempt)
 {
     static uint64_t buf[(sizeof(ps_hdr) + (size_t)C * (8 + 4 * D)) / 8 + 1];
@@ -130,7 +139,11 @@ static void push_chunk(ps_server *s, int w, int64_t t, int ci, uint32_t epoch, i
                 .flags = t == SKIP ? PS_PUSH_SKIPPED : 0,
                 .epoch = epoch};
     memcpy(msg, &h, sizeof h);
-    ps_server_inject(s, msg, sizeof h + (size_t)n * (8 + 4 * D));
+    const size_t len = sizeof h + (size_t)n * (8 + 4 * D);
+    if (g_cli[w]) /* a message of an older epoch gets no reply: a short wait */
+        g_raw_rc = ps_raw(g_cli[w], 0, msg, len, epoch < ps_server_epoch(s) ? 0.2 : 10);
+    else
+        ps_server_inject(s, msg, len);
 }
 
 static void push_full(ps_server *s, int w, int64_t t, uint32_t epoch, int attempt)
@@ -248,6 +261,38 @@ static void case_refused(const cfg *k, ps_server *ref)
     ps_server_destroy(same);
 }
 
+/* (g): a started server (progress thread, 2 apply threads) fed over the fabric by W clients: the abandoned
+ * attempt of step K, a rollback from this thread while it serves, a late chunk of the old epoch, the redo. */
+static void case_fabric(const cfg *k, ps_server *ref)
+{
+    apply_threads = 2;
+    ps_server *s = make(k, 1, 1);
+    apply_threads = 1;
+    for (int w = 0; w < W; w++) {
+        ps_client_opts o = {.provider = "tcp", .rank = w, .servers = 1, .num_classes = C, .dim = D};
+        if (ps_client_create(&o, &g_cli[w]) < 0)
+            DIE("client %d: %s", w, pf_errmsg());
+    }
+    if (pst_connect_inproc(&s, 1, g_cli, W, 5.0) < 0)
+        DIE("connect: %s", pf_errmsg());
+    run_to_abandoned_k(s);
+    int rc = ps_server_rollback(s, K, 1, 10.0);
+    check(rc == 0 && ps_server_worker_pushed(s, 0) == K && ps_server_worker_pushed(s, 2) == K,
+          "%s (fabric): rollback to %d while serving: %d %s", k->name, K, rc, rc ? pf_errmsg() : "");
+    push_chunk(s, 2, K, 1, 0, 1);
+    check(g_raw_rc == -ETIMEDOUT && ps_server_worker_pushed(s, 2) == K,
+          "%s (fabric): a late chunk of epoch 0 gets no answer and completes no push (%d)", k->name, g_raw_rc);
+    run_steps(s, K, N, 1);
+    ps_server_stop(s);
+    check(same_table(s, ref) && same_checksum(s, ref, N),
+          "%s (fabric): rolled back while serving and redone: every bit equals the uninterrupted run's", k->name);
+    for (int w = 0; w < W; w++) {
+        ps_client_destroy(g_cli[w]);
+        g_cli[w] = NULL;
+    }
+    ps_server_destroy(s);
+}
+
 /* (d): one row, SGD, by hand in float64. */
 static void case_by_hand(void)
 {
@@ -296,10 +341,12 @@ int main(void)
         case_rollback(&cfgs[i], ref, 0);
         case_rollback(&cfgs[i], ref, 1);
         case_refused(&cfgs[i], ref);
+        case_fabric(&cfgs[i], ref);
         ps_server_destroy(ref);
     }
     /* (f) the same rollback with 3 apply threads saving the rows of one push's log in parallel */
     apply_threads = 3;
+    inject_pool = 1;
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
         ps_server *ref = make(&cfgs[i], 1, 0); /* and the reference without undo logs */
         run_steps(ref, 0, N, 0);
@@ -307,6 +354,7 @@ int main(void)
         ps_server_destroy(ref);
     }
     apply_threads = 1;
+    inject_pool = 0;
     case_by_hand();
     return check_summary();
 }
