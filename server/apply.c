@@ -48,6 +48,7 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, de
     const int64_t t = S->apply_t;
     const int D = S->sh.dim;
     const size_t ahead = (size_t)shard_prefetch_rows(D);
+    int ui = 0; /* opts.undo: the push of the apply segment s belongs to (pss_undo_save) */
     for (size_t s = s_lo; s < s_hi; s++) {
         const entry *e0 = &S->ae[S->aseg[s]];
         if (s + ahead < s_hi) {
@@ -63,6 +64,8 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, de
             if (S->sh.dense)
                 __builtin_prefetch(&S->sh.rstep[r], 1, 0);
         }
+        if (S->o.undo)
+            pss_undo_save(S, &ui, s, e0->lrow); /* the row as it is, into its slot of the push's undo log */
         if (S->snap)
             snap_before_update(S->snap, e0->lrow);
         if (S->sh.adam) { /* optimizer = adamw: the steps the row owes (dense), then step t (shard.h) */
@@ -93,6 +96,8 @@ static void apply_segments(ps_server *S, size_t s_lo, size_t s_hi, double *g, de
             add_grad(g, S->ae[e].g, D);
         shard_dense_sgd_row(w, v, g, D, owed, e0->lr, S->o.momentum, S->o.weight_decay);
     }
+    if (S->o.undo)
+        pss_undo_fence();
 }
 
 /* Claims pieces of gather batch `batch` one at a time (lowest first) and gathers their rows, until none is
@@ -269,6 +274,8 @@ static long apply_start(ps_server *S, int64_t t)
         if (S->ahead[S->ae[i].lrow] == (uint32_t)i)
             S->aseg[nseg++] = (uint32_t)i;
     S->anseg = nseg;
+    if (S->o.undo)
+        pss_undo_begin(S, t, ps, np); /* each push's log: its segments' slots */
     S->aps_n = np;
     S->apply_t = t;
     S->applying = 1;
@@ -465,6 +472,15 @@ int pss_try_apply(ps_server *S)
     return 0;
 }
 
+void pss_apply_settle(ps_server *S)
+{
+    while (S->applying) {
+        while (!apply_idle(S))
+            pss_apply_wait_for(S, 200000);
+        pss_try_apply(S); /* finishes it (returns before starting another) */
+    }
+}
+
 /* Applies every step that is ready, waiting for each (a stat or checksum then sees a quiet table; a stopping
  * server loses no acknowledged push). */
 void pss_apply_drain(ps_server *S)
@@ -520,6 +536,8 @@ void pss_apply_free(ps_server *S)
 
 int pss_apply_pool_start(ps_server *S)
 {
+    if (S->nathreads > 0)
+        return 0; /* running already (the test hook ps_server_inject_pool started them) */
     S->athreads = calloc(S->o.apply_threads, sizeof(pthread_t));
     if (!S->athreads)
         return pf_err(-ENOMEM, "out of memory");

@@ -49,6 +49,7 @@ typedef struct dense_cache {
     int64_t last;  /* the `last` the table is for (-1: none) */
     int64_t n;     /* entries built */
     int64_t cap;   /* entries allocated */
+    uint64_t gen;  /* the shard's lr_gen the table was built under (server/shard.c resets a stale one) */
     dense_map *tab;
     uint8_t *ident;
     float *tmp;

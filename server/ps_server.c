@@ -112,6 +112,8 @@ static void *progress_main(void *arg)
     fab_comp comps[32];
     int idle = 0;
     while (!atomic_load(&S->stop)) {
+        if (atomic_load_explicit(&S->rb_flag, memory_order_relaxed))
+            pss_rollback_serve(S); /* ps_server_rollback: between messages, also while messages are held */
         if (hold_messages(S)) {
             struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
@@ -311,6 +313,9 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
         return pf_err(-EINVAL, "workers %d must be positive", opts->workers);
     if (opts->max_staleness < 0)
         return pf_err(-EINVAL, "max_staleness %d must be >= 0", opts->max_staleness);
+    if (opts->undo && !opts->global_mode)
+        return pf_err(-EINVAL, "undo logs need head_mode = global (each row one owner, so each worker's newest "
+                               "push can be undone alone); this server is in local mode");
     ps_server *S = calloc(1, sizeof(*S));
     if (!S)
         return pf_err(-ENOMEM, "out of memory");
@@ -345,7 +350,8 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
     if (!S->o.backup)
         pss_metrics_register(S); /* a backup copy's series stay NULL: the process' series are its primary's */
     /* pss_apply_init first: it sets up the pool's mutex, which ps_server_destroy uses on a failure below. */
-    if ((rc = pss_apply_init(S)) < 0 || (rc = pss_request_init(S)) < 0 || (rc = transport_alloc(S)) < 0)
+    if ((rc = pss_apply_init(S)) < 0 || (rc = pss_request_init(S)) < 0 || (rc = pss_undo_init(S)) < 0 ||
+        (rc = transport_alloc(S)) < 0)
         goto fail;
     log_shard(S);
     if ((rc = transport_open(S)) < 0)
@@ -382,8 +388,11 @@ int ps_server_start(ps_server *srv)
         return rc;
     if (srv->o.fill && shard_fill_start(&srv->sh, srv->o.apply_threads) < 0)
         log_warn("%s", pf_errmsg());
-    if (pthread_create(&srv->progress, NULL, progress_main, srv) != 0)
+    pss_rollback_live(srv, 1);
+    if (pthread_create(&srv->progress, NULL, progress_main, srv) != 0) {
+        pss_rollback_live(srv, 0);
         return pf_err(-EAGAIN, "could not start the progress thread");
+    }
     srv->started = 1;
     return 0;
 }
@@ -396,6 +405,7 @@ void ps_server_stop(ps_server *srv)
     if (srv->started) {
         pthread_join(srv->progress, NULL);
         srv->started = 0;
+        pss_rollback_live(srv, 0);
     }
     pss_apply_pool_stop(srv);
     if (srv->snap) {
@@ -415,6 +425,7 @@ void ps_server_destroy(ps_server *S)
     fab_mr_close(&S->mr_table);
     fab_close(S->fab);
     pss_request_free(S);
+    pss_undo_free(S);
     pss_apply_free(S);
     free(S->recv_mem);
     free(S->send_mem);

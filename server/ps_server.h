@@ -82,11 +82,16 @@ typedef struct ps_server_opts {
                                   rank + 1 (docs/architecture.md, "Hot-standby shards"): it applies the same
                                   pushes as the primary, exports no metrics of its own and writes snapshots only
                                   once promoted (ps_server_promote) */
+    int undo;                  /* global_mode only: keep, per worker, the rows its newest applied push changed
+                                  as they were before (weights, optimizer state, dense row step), so that
+                                  ps_server_rollback can undo that push (docs/architecture.md, "The rest of
+                                  in-place recovery"); costs (2 D floats, AdamW 3 D, + 16 bytes) per row of
+                                  each worker's newest push, and a copy of those rows at every apply */
 } ps_server_opts;
 
 /* Allocates and initialises the shard (logs bytes per identity and total; -ENOMEM when it would not fit),
  * opens the fabric endpoint and registers the table and message buffers. Returns 0 or a negative code
- * with pf_errmsg(). */
+ * with pf_errmsg() (-EINVAL: opts.undo without opts.global_mode). */
 int ps_server_create(const ps_server_opts *opts, ps_server **out);
 
 /* The server's fabric address for the address book. *len: capacity in, bytes out. */
@@ -163,5 +168,33 @@ int ps_server_worker_done(const ps_server *srv, int rank);
 /* When this copy last took a message from a worker of the run (pf_now_s() seconds; 0 when none yet, or srv is
  * NULL). Safe from any thread. */
 double ps_server_last_request(const ps_server *srv);
+
+/* ---------- in-place worker replacement (opts.undo; docs/architecture.md, "The rest of in-place recovery")
+ * ---------- */
+
+/* Takes back every push of steps >= `step` so that the workers can redo from `step` and end bit-identical to
+ * an uninterrupted run. For every worker w:
+ *   - a push of w of step >= step that was applied is restored from w's undo log: it must be w's newest applied
+ *     push, of step `step` exactly (applied steps of w = step + 1), and the log must hold that step; otherwise
+ *     -ERANGE names the worker and the steps, and NOTHING is changed (every worker is checked first);
+ *   - pushes of steps >= step received completely but not applied, or in part, are discarded;
+ *   - w's pushed and applied step counts become min(their value, step); the step clock follows;
+ * a snapshot asked for at a step >= step and not begun is forgotten; replies queued for pulls and pushes of
+ * steps >= step are dropped (they answer the abandoned attempt); the lr table (pfc_update = dense, AdamW's
+ * step counts) forgets steps >= step, so the redo records them again; the membership epoch and the oldest
+ * epoch accepted become at least `epoch`, so a late chunk of the abandoned attempt's epoch is dropped.
+ * On a started server the progress thread does it between messages, after the running apply is finished and
+ * the snapshot being written is complete; the caller (any thread: the daemon's control thread) blocks until
+ * then. On a server never started (or stopped) it runs on the calling thread. timeout_s: how long to wait for
+ * the progress thread to take the request (< 0: forever); once taken, the call waits for its end, so -ETIMEDOUT
+ * always means nothing changed. Returns 0, -EINVAL (opts.undo off, step < 0), -ERANGE (above), -EBUSY (another
+ * rollback is in progress), -ETIMEDOUT, -ECANCELED (the server stopped before taking it: nothing changed); the
+ * reason in pf_errmsg() on the caller's thread. */
+int ps_server_rollback(ps_server *srv, int64_t step, uint32_t epoch, double timeout_s);
+
+/* The number of steps whose push from worker `worker` this server has received completely (pushes of steps
+ * 0 .. n - 1, or start_step .. n - 1 on a resumed run), whether applied or not. Safe from any thread (an
+ * atomic copy the progress thread updates). Returns n, or -ERANGE for a worker out of range. */
+int64_t ps_server_worker_pushed(const ps_server *srv, int worker);
 
 #endif

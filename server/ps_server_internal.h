@@ -88,6 +88,24 @@ typedef struct entry {
 } entry;
 #define ENTRY_END UINT32_MAX
 
+/* opts.undo: one worker's undo log, the rows its newest applied push changed as they were before that apply.
+ * Row i of the log: local row lrow[i], its weights, then momentum (AdamW: first moment, then second moment) at
+ * val + i * nf * D, and (pfc_update = dense) its step rstep[i]. Sized by the progress thread before an apply's
+ * threads start (grown, never shrunk: no allocation once a step's worth of rows fits); each segment of the
+ * apply writes its own slot, so the apply threads share no lock. */
+typedef struct undo_log {
+    int64_t step; /* the step of the push the log undoes, or -1: none (nothing applied, undone, or no memory) */
+    uint64_t seq; /* the apply that wrote it (S->useq): logs are restored newest apply first */
+    size_t n;     /* rows in the log */
+    size_t cap;   /* rows allocated */
+    int64_t *lrow;
+    int64_t *rstep; /* dense shards only */
+    float *val;
+} undo_log;
+
+/* A rollback asked for by ps_server_rollback, for the progress thread (fields under S->rbm). */
+enum { RB_NONE = 0, RB_POSTED = 1, RB_TAKEN = 2, RB_DONE = 3 };
+
 /* The server's Prometheus series (docs/metrics.md, "Server"; common/metrics.h), registered once by
  * ps_server_create and updated lock-free: the progress thread updates every one of them except where noted.
  */
@@ -182,6 +200,23 @@ struct ps_server {
     atomic_int fenced;          /* removed from the run: takes nothing more */
     _Atomic double lease_until; /* takes no message past this time (pf_now_s) */
     int lease_held;             /* progress thread: 1 while it holds messages because the lease ran out */
+    /* opts.undo (undo.c) */
+    _Atomic int64_t *pushed_pub; /* [W]: a copy of next_push for other threads (ps_server_worker_pushed) */
+    undo_log *ulog;              /* [W]: each worker's undo log */
+    undo_log **uapply;           /* [W]: the log of each push of the running apply (its order), or NULL */
+    size_t *useg0;               /* [W + 1]: the apply's first segment of each of its pushes, then anseg */
+    int un;                      /* pushes in the running apply */
+    uint64_t useq;               /* applies started */
+    size_t urow_floats;          /* floats per row in a log: 2 D (SGD) or 3 D (AdamW) */
+    pthread_mutex_t rbm;         /* guards the rb_ fields */
+    pthread_cond_t rbc;          /* signalled when a rollback is done */
+    atomic_int rb_flag;          /* a rollback is posted (read by the progress thread without the lock) */
+    int rb_live;                 /* the progress thread runs and takes rollbacks (else the caller does them) */
+    int rb_state;                /* RB_* */
+    int64_t rb_step;
+    uint32_t rb_epoch;
+    int rb_rc;
+    char rb_msg[512];            /* the progress thread's error message for the caller */
 };
 
 /* ---------- request.c: requests, replies, the step clock ---------- */
@@ -246,6 +281,42 @@ void pss_gather_job(ps_server *S, uint32_t batch, int job);
 /* Waits for the snapshot in progress (if any), logs its outcome, updates the snapshot series and prunes
  * older ones. */
 void pss_snap_wait(ps_server *S);
+
+/* Finishes the running apply, if any, waiting for its threads; starts no other. */
+void pss_apply_settle(ps_server *S);
+
+/* ---------- undo.c: undo logs and rollback (opts.undo) ---------- */
+
+/* Allocates the per-worker undo state (also without opts.undo: the pushed-step copies). Returns 0 or
+ * -ENOMEM. */
+int pss_undo_init(ps_server *S);
+
+/* Frees it. */
+void pss_undo_free(ps_server *S);
+
+/* Publishes next_push[w] for ps_server_worker_pushed. */
+void pss_pushed_publish(ps_server *S, int w);
+
+/* apply_start, once the apply's segments are set (S->aseg, S->anseg) and before its threads start: points
+ * every push ps[0 .. np) (in entry order) at its worker's log, sized for the push's segments and marked as
+ * step t's. A log that cannot grow is marked empty (step -1: a rollback over it is refused). */
+void pss_undo_begin(ps_server *S, int64_t t, push *const *ps, int np);
+
+/* apply_segments, before segment s (local row lrow) changes: saves the row into its slot of the log of the push
+ * that segment belongs to (*ui: the push index, advanced along the thread's ascending segments). */
+void pss_undo_save(ps_server *S, int *ui, size_t s, int64_t lrow);
+
+/* ps_server_start (live = 1, before the progress thread starts) and ps_server_stop (live = 0, once it has
+ * ended: a rollback posted and not taken fails with -ECANCELED): whether ps_server_rollback hands its work to
+ * the progress thread or does it on the caller's thread. */
+void pss_rollback_live(ps_server *S, int live);
+
+/* apply_segments, after its last pss_undo_save: orders the log's streaming stores before the apply is reported
+ * done (a store fence; nothing on targets without them). */
+void pss_undo_fence(void);
+
+/* The progress thread's part of ps_server_rollback: performs a posted rollback and signals the caller. */
+void pss_rollback_serve(ps_server *S);
 
 /* ---------- ps_server.c ---------- */
 

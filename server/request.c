@@ -301,7 +301,9 @@ static void push_add_chunk(ps_server *S, const ps_hdr *h, push *cur, chunk *c)
         cur->next = S->complete;
         S->complete = cur;
         S->ncomplete++;
-        if (S->next_push[w]++ == S->steps_in) { /* applied by pss_try_apply after this batch's acks go out */
+        const int64_t was = S->next_push[w]++;
+        pss_pushed_publish(S, w);
+        if (was == S->steps_in) { /* applied by pss_try_apply after this batch's acks go out */
             int64_t m = S->next_push[0];
             for (int i = 1; i < S->o.workers; i++)
                 m = S->next_push[i] < m ? S->next_push[i] : m;

@@ -575,6 +575,8 @@ int shard_dense_set_lr(shard *sh, int64_t t, double lr)
         }
         sh->lr_cap = cap;
     }
+    if (memcmp(&sh->step_lr[t], &lr, sizeof lr) != 0)
+        sh->lr_gen++; /* maps cached from the old value (dense_map_for) are stale */
     sh->step_lr[t] = lr;
     const int64_t from = t < sh->lr_hi ? t : sh->lr_hi;
     if (t + 1 > sh->lr_hi)
@@ -583,6 +585,17 @@ int shard_dense_set_lr(shard *sh, int64_t t, double lr)
     if (sh->adam)
         adamw_coefs(&sh->hp, sh->step_lr, from, sh->lr_hi - 1, from > 0 ? sh->acoef[from - 1].n : 0, sh->acoef);
     return 0;
+}
+
+void shard_dense_truncate_lr(shard *sh, int64_t t)
+{
+    if (t < 0)
+        t = 0;
+    for (int64_t i = t; i < sh->lr_hi && i < sh->lr_cap; i++)
+        sh->step_lr[i] = NAN;
+    if (sh->lr_hi > t)
+        sh->lr_hi = t;
+    sh->lr_gen++;
 }
 
 int shard_adamw_enable(shard *sh, double wd)
@@ -660,6 +673,11 @@ static int dense_map_for(shard *sh, int64_t from, int64_t target, dense_cache *c
 {
     if (from >= target)
         return 1;
+    if (c->gen != sh->lr_gen) { /* an lr changed since the cache was built: rebuild it */
+        c->gen = sh->lr_gen;
+        c->last = -1;
+        c->n = 0;
+    }
     if (target - 1 >= sh->lr_cap) /* a step whose lr never came: cannot happen (every push records its lr) */
         target = sh->lr_cap;
     return dense_cache_get(c, sh->step_lr, from, target - 1, sh->mu, sh->wd, M);

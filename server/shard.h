@@ -51,6 +51,7 @@ typedef struct shard {
     double *step_lr;     /* [lr_cap]: the lr of step t as its push carried it; NaN: a skipped step (identity) */
     int64_t lr_cap;
     int64_t lr_hi;       /* steps 0 .. lr_hi - 1 have their lr recorded (or NaN when none came) */
+    uint64_t lr_gen;     /* bumped whenever a recorded lr changes: a dense_cache built before is stale */
     /* optimizer = adamw (shard_adamw_enable; 0 / NULL under SGD): `momentum` holds AdamW's first moment
      * (exp_avg), `sq` its second (exp_avg_sq), in a second mapping; the lr table (step_lr) is kept under both
      * pfc_update modes, for the step count t of the bias corrections (server/adamw.h) */
@@ -178,6 +179,10 @@ void shard_dense_reset(shard *sh, int64_t step);
  * scalars (acoef) of steps t .. lr_hi - 1. Not concurrent with the readers of step_lr (the applies and
  * gathers). Returns 0 or -ENOMEM. */
 int shard_dense_set_lr(shard *sh, int64_t t, double lr);
+
+/* Forgets the lr of steps >= t (ps_server_rollback: the redo records them again): they become NaN and lr_hi at
+ * most t; the maps cached from them are dropped (lr_gen). Not concurrent with the readers of step_lr. */
+void shard_dense_truncate_lr(shard *sh, int64_t t);
 
 /* 1 when local row lrow owes steps to be up to date with `target` (dense shards; its map into *M, from c), 0
  * when it is up to date (or the shard is sparse, or every owed step was skipped). The row's step is not

@@ -37,3 +37,8 @@ int ps_server_inject(ps_server *S, const void *msg, size_t len)
     }
     return replies;
 }
+
+int ps_server_inject_pool(ps_server *S)
+{
+    return pss_apply_pool_start(S);
+}

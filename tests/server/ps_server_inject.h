@@ -13,4 +13,9 @@
  * messages. Returns the number of replies, or -EBUSY when the server was started. */
 int ps_server_inject(ps_server *srv, const void *msg, size_t len);
 
+/* Starts the server's apply threads (opts.apply_threads) but not its progress thread: ps_server_inject's
+ * applies then run on them (rows split among the threads, as in a started server) while the caller waits.
+ * ps_server_destroy joins them. Returns 0 or -EAGAIN. */
+int ps_server_inject_pool(ps_server *srv);
+
 #endif
