@@ -14,6 +14,7 @@
 #include "worker/data/loader.h"
 #include "worker/device.h"
 #include "worker/eval/set.h"
+#include "worker/generation.h"
 #include "worker/head/pfc.h"
 #include "worker/loss_scale.h"
 #include "worker/lr_schedule.h"
@@ -78,6 +79,9 @@ struct trainer {
     int64_t acc_n, acc_cap;
     int64_t *acc_ids, *acc_ids2;
     float *acc_rows, *acc_rows2;
+    /* opts.keep_generations: the state at the start of the current and the previous step (train_rewind);
+     * NULL when off. */
+    wgen *gen;
 
     /* Head: the Partial FC sampler (and, off the GPU, the CPU head). */
     pfc head;
