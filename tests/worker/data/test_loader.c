@@ -2,8 +2,8 @@
  * covering the kept part of the epoch with equal batch counts, labels-first (peek == batch labels ==
  * the class of each key, computed here from the ORL folder sizes), normalization and flip checked
  * against an independent TurboJPEG decode in float64, synthetic labels uniform in [0, C) up to 2^32,
- * arcface_torch's epoch length and padding (DistributedSampler + drop_last DataLoader), a rewind to an earlier
- * batch with batches in flight (loader_start_epoch_at), and bad options. */
+ * arcface_torch's epoch length and padding (DistributedSampler + drop_last DataLoader), a rewind to an
+ * earlier batch with batches in flight (loader_start_epoch_at), and bad options. */
 #include "fixture.h"
 
 #include "common/err.h"
@@ -243,8 +243,8 @@ static void test_rewind_mid_epoch(void)
         CHECK(loader_peek_labels(l, peek) == 0, "epoch 1 ends after batch 7");
         loader_start_epoch(l, 2);
         bad += compare_batches(l, 2, 0, 8, ref2, l2, k2);
-        CHECK(bad == 0, "num_workers %d: %d batches after a rewind differ from the uninterrupted epoch", workers,
-              bad);
+        CHECK(bad == 0, "num_workers %d: %d batches after a rewind differ from the uninterrupted epoch",
+              workers, bad);
         loader_close(l);
     }
     printf("rewind: loader_start_epoch_at mid-epoch with batches in flight, peeked and held: same batches\n");
