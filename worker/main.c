@@ -1,7 +1,7 @@
 /* pfcps-worker: one training process (one GPU in production: device = cuda; or the CPU device).
  *
  *   pfcps-worker --config FILE --rank W [--set key=value ...] [--max-steps N] [--trace FILE [--trace-batch]]
- *                [--dump-centers PREFIX]
+ *                [--dump-centers PREFIX] [--keep-generations]
  *
  * Start-up: the metrics endpoint when metrics_address is set (docs/metrics.md; reported at join), open the
  * two fabric endpoints (towards the servers; for the workers' ring collectives), join
@@ -161,7 +161,9 @@ static const char usage[] =
     "  --trace FILE          write every step's loss and learning rate to FILE\n"
     "  --trace-batch         with --trace: each line also lists the batch's record keys and flips and this\n"
     "                        worker's sampled class ids\n"
-    "  --dump-centers PREFIX after training, write this worker's class centers to PREFIX.rank<W>\n";
+    "  --dump-centers PREFIX after training, write this worker's class centers to PREFIX.rank<W>\n"
+    "  --keep-generations    keep the state at the start of the current and the previous step in device\n"
+    "                        memory (in-place recovery: worker/generation.h); costs a copy per step\n";
 
 /* What main's steps share. */
 typedef struct worker_daemon {
@@ -209,6 +211,8 @@ static int parse_args(int argc, char **argv, worker_daemon *d)
             i++;
         } else if (!strcmp(a, "--trace-batch")) {
             d->topts.trace_batch = 1;
+        } else if (!strcmp(a, "--keep-generations")) {
+            d->topts.keep_generations = 1;
         } else if (!strcmp(a, "--dump-centers") && v) {
             d->topts.dump_centers = v;
             i++;
