@@ -204,7 +204,7 @@ typedef struct snap {
 static snap take(rig *r)
 {
     const size_t np = model_num_params(r->m), nb = model_num_buffer_floats(r->m);
-    snap s = {.n = 3 * np + nb + (r->c->adamw ? 2 : 1) * np};
+    snap s = {.n = 4 * np + nb}; /* params, buffers, grads, two optimizer arrays (the second 0 for SGD) */
     s.f = xmalloc(s.n * sizeof(float));
     if (model_get_params(r->m, s.f) < 0 || model_get_buffers(r->m, s.f + np) < 0 ||
         model_get_grads(r->m, s.f + np + nb) < 0)
@@ -285,8 +285,8 @@ static void run_case(const rcase *c)
     free(again.f);
     if (c->scaling)
         check(ref.opt_steps < N / c->acc_k, "%s: the forced overflow skipped an optimizer step", c->name);
-    const int64_t ks[] = {3, 4, 5};
-    for (int i = 0; i < 3; i++) {
+    const int64_t ks[] = {4, 5}; /* a gradient_acc = 2 window's first and second step */
+    for (int i = 0; i < 2; i++) {
         interrupted(c, &ref, ks[i], 0, ks[i]);
         interrupted(c, &ref, ks[i], 1, ks[i]);
         interrupted(c, &ref, ks[i], 2, ks[i] - 1);
