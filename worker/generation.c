@@ -96,33 +96,31 @@ static int in_window(const wgen *g, int64_t step)
     return g->src.acc_k > 1 && step % g->src.acc_k != 0;
 }
 
-/* Copies between the live state and slot s: to_slot = 1 keeps, 0 restores. Device copies first (queued on
- * CUDA), then the host state. Returns 0 or the device's error. */
+/* Copies between the live state and slot s: to_slot = 1 keeps, 0 restores. The device arrays first (queued
+ * on CUDA; the gradients only inside a gradient_acc window), then the host state. Returns 0 or the device's
+ * error. */
 static int copy_state(wgen *g, wgen_slot *s, int64_t step, int to_slot)
 {
     const wgen_src *src = &g->src;
     model *m = src->m;
-    float *live[4] = {model_params(m), model_buffers(m), NULL, NULL};
-    size_t n[4] = {g->np, g->nb, 0, 0};
+    float *live[5] = {model_params(m), model_buffers(m)};
+    size_t n[5] = {g->np, g->nb};
     int k = 2;
     for (int i = 0; i < src->n_opt; i++, k++) {
         live[k] = src->opt[i];
         n[k] = g->np;
     }
-    float *grads = in_window(g, step) ? model_grads(m) : NULL;
-    size_t off = 0;
+    if (in_window(g, step)) {
+        live[k] = model_grads(m);
+        n[k++] = g->np;
+    }
+    float *at = s->dev;
     for (int i = 0; i < k; i++) {
-        int rc = to_slot ? g->dev->mem_d2d(g->ctx, s->dev + off, live[i], n[i] * sizeof(float))
-                         : g->dev->mem_d2d(g->ctx, live[i], s->dev + off, n[i] * sizeof(float));
+        int rc = to_slot ? g->dev->mem_d2d(g->ctx, at, live[i], n[i] * sizeof(float))
+                         : g->dev->mem_d2d(g->ctx, live[i], at, n[i] * sizeof(float));
         if (rc < 0)
             return pf_err_wrap(rc, "generation of step %lld: device copy", (long long)step);
-        off += n[i];
-    }
-    if (grads) {
-        int rc = to_slot ? g->dev->mem_d2d(g->ctx, s->dev + off, grads, g->np * sizeof(float))
-                         : g->dev->mem_d2d(g->ctx, grads, s->dev + off, g->np * sizeof(float));
-        if (rc < 0)
-            return pf_err_wrap(rc, "generation of step %lld: gradient copy", (long long)step);
+        at += n[i];
     }
     if (to_slot) {
         s->opt_steps = *src->opt_steps;
