@@ -1,7 +1,7 @@
 /* pfcps-worker: one training process (one GPU in production: device = cuda; or the CPU device).
  *
  *   pfcps-worker --config FILE --rank W [--set key=value ...] [--max-steps N] [--trace FILE [--trace-batch]]
- *                [--dump-centers PREFIX]
+ *                [--dump-centers PREFIX] [--keep-generations]
  *
  * Start-up: the metrics endpoint when metrics_address is set (docs/metrics.md; reported at join), open the
  * two fabric endpoints (towards the servers; for the workers' ring collectives), join
@@ -170,7 +170,9 @@ static const char usage[] =
     "  --trace FILE          write every step's loss and learning rate to FILE\n"
     "  --trace-batch         with --trace: each line also lists the batch's record keys and flips and this\n"
     "                        worker's sampled class ids\n"
-    "  --dump-centers PREFIX after training, write this worker's class centers to PREFIX.rank<W>\n";
+    "  --dump-centers PREFIX after training, write this worker's class centers to PREFIX.rank<W>\n"
+    "  --keep-generations    keep the state at the start of the current and the previous step in device\n"
+    "                        memory (in-place recovery: worker/generation.h); costs a copy per step\n";
 
 /* What main's steps share. */
 typedef struct worker_daemon {
@@ -218,6 +220,8 @@ static int parse_args(int argc, char **argv, worker_daemon *d)
             i++;
         } else if (!strcmp(a, "--trace-batch")) {
             d->topts.trace_batch = 1;
+        } else if (!strcmp(a, "--keep-generations")) {
+            d->topts.keep_generations = 1;
         } else if (!strcmp(a, "--dump-centers") && v) {
             d->topts.dump_centers = v;
             i++;
@@ -400,6 +404,12 @@ static int train_watched(worker_daemon *d)
     int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
     d->topts.sess = d->sess;
     d->topts.interrupt = &watch.interrupt;
+    /* A lost worker is replaced in place: every worker keeps the state of its last two step starts. */
+    char why[64];
+    if (cfg_replaces_workers(&d->run, why, sizeof why))
+        d->topts.keep_generations = 1;
+    else if (d->run.replicas && d->rank == 0)
+        log_info("a lost worker re-forms the run from its checkpoint (%s: no replacement in place)", why);
     int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);
     if (rc_train == 0)
         rc_train = train_run(d->t);

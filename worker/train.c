@@ -18,6 +18,7 @@
 #include "common/member_addr.h"
 #include "kernels/ops.h"
 #include "worker/lr_schedule.h"
+#include "worker/optimizer.h"
 #include "worker/ps_client.h"
 #include "worker/train_state.h"
 
@@ -30,44 +31,6 @@ static double wall_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Backbone optimizer step on every trainable tensor (fixed ones, the features BN weight, are skipped, as
- * arcface_torch leaves them out: requires_grad = False), on the device. */
-static int optimizer_step(trainer *t, float lr, int64_t step1)
-{
-    float *w = model_params(t->m), *g = model_grads(t->m);
-    for (int i = 0; i < model_num_tensors(t->m); i++) {
-        const model_tensor *T = model_tensor_at(t->m, i);
-        if (T->flags & MODEL_TENSOR_FIXED)
-            continue;
-        int rc;
-        if (t->mom)
-            rc = t->wd.dev->sgd_step(t->wd.ctx, w + T->offset, g + T->offset, t->mom + T->offset, T->count,
-                                     lr, (float)t->run.momentum, (float)t->run.weight_decay);
-        else
-            rc = t->wd.dev->adamw_step(t->wd.ctx, w + T->offset, g + T->offset, t->adam_m + T->offset,
-                                       t->adam_v + T->offset, T->count, lr, 0.9, 0.999, 1e-8,
-                                       t->run.weight_decay, step1);
-        if (rc < 0)
-            return pf_err_wrap(rc, "optimizer step on %s", T->name);
-    }
-    return 0;
-}
-
-/* Zeroes the gradients of fixed tensors so that they take no part in clipping. */
-static int zero_fixed_grads(trainer *t)
-{
-    float *g = model_grads(t->m);
-    for (int i = 0; i < model_num_tensors(t->m); i++) {
-        const model_tensor *T = model_tensor_at(t->m, i);
-        if (T->flags & MODEL_TENSOR_FIXED) {
-            int rc = t->wd.dev->mem_zero(t->wd.ctx, g + T->offset, T->count * sizeof(float));
-            if (rc < 0)
-                return rc;
-        }
-    }
-    return 0;
 }
 
 /* Backward, after the head wrote the embedding gradient d_grad_emb (device, B x D): scale it by W
@@ -103,7 +66,7 @@ static int backbone_grads(trainer *t, int64_t step, int last, double *ss, int *s
         rc = dev->scale(ctx, g, t->nparams, inv);
     if (rc < 0 || !last)
         return rc; /* inside a gradient_acc window: the sum goes on, still scaled */
-    rc = zero_fixed_grads(t);
+    rc = bopt_zero_fixed_grads(t->m);
     *ss = 0;
     if (rc == 0)
         rc = dev->sumsq(ctx, g, t->nparams, ss);
@@ -120,19 +83,13 @@ static int backbone_grads(trainer *t, int64_t step, int last, double *ss, int *s
     return 0;
 }
 
-/* After backbone_grads without a skip: torch.nn.utils.clip_grad_norm_(params, 5) from the sum of squares ss
- * (coef = 5 / (norm + 1e-6), applied when below 1), then the optimizer step at lr. */
+/* After backbone_grads without a skip: clip at 5 from the sum of squares ss, then the optimizer step at lr
+ * (worker/optimizer.h). */
 static int backbone_apply(trainer *t, float lr, double ss)
 {
-    double total = sqrt(ss);
-    if (isfinite(total)) {
-        double coef = 5.0 / (total + 1e-6);
-        int rc;
-        if (coef < 1.0 && (rc = t->wd.dev->scale(t->wd.ctx, model_grads(t->m), t->nparams, (float)coef)) < 0)
-            return rc;
-    }
-    t->opt_steps++;
-    return optimizer_step(t, lr, t->opt_steps);
+    const bopt o = {.mom = t->mom, .adam_m = t->adam_m, .adam_v = t->adam_v, .momentum = t->run.momentum,
+                    .weight_decay = t->run.weight_decay};
+    return bopt_clip_apply(t->m, &o, lr, ss, &t->opt_steps);
 }
 
 /* The batch whose labels loader_peek_labels announced. */
@@ -773,6 +730,25 @@ static void metrics_step(trainer *t, int64_t step, int64_t epoch, double loss, d
         metrics_observe(x->phase[i], t->phase_s[i]);
 }
 
+int train_rewind(trainer *t, int64_t step)
+{
+    if (!t->gen)
+        return pf_err(-EINVAL, "rewind to global step %lld: generations not kept (keep_generations off)",
+                      (long long)step);
+    int rc = wgen_restore(t->gen, step);
+    if (rc < 0)
+        return pf_err_wrap(rc, "rewind");
+    const int64_t epoch = step / t->steps_per_epoch, first = step % t->steps_per_epoch;
+    if ((rc = loader_start_epoch_at(t->ld, epoch, first)) < 0)
+        return pf_err_wrap(rc, "rewind to global step %lld: data loader", (long long)step);
+    metrics_set(t->mx.step, (double)step);
+    metrics_set(t->mx.epoch, (double)epoch);
+    metrics_set(t->mx.loss_scale, t->loss_scaling ? (double)t->scaler.scale : 1.0);
+    log_info("rewound to the start of global step %lld (epoch %lld, batch %lld)", (long long)step,
+             (long long)epoch, (long long)first);
+    return 0;
+}
+
 int train_run(trainer *t)
 {
     const pf_config *run = &t->run;
@@ -821,6 +797,8 @@ again:
                 log_info("stop requested: finishing after %lld steps", (long long)step);
                 break;
             }
+            if (t->gen && (rc = wgen_keep(t->gen, step)) < 0)
+                break;
             int have = loader_peek_labels(t->ld, t->labels);
             if (have <= 0) {
                 rc = have;

@@ -44,11 +44,19 @@ typedef struct train_opts {
     int64_t max_steps;        /* > 0: stop after this many global steps (tests); 0: num_epoch epochs */
     volatile int *stop_flag;  /* set by the signal handler: stop after the current step (all ranks agree) */
     const char *secret;       /* the join secret (config or PFCPS_SECRET): the data-plane token comes from it */
+<<<<<<< HEAD
     ctl_session *sess;        /* replicas = 1: the control session, for a rejoin's copy step (worker 0) and a
                                  worker replacement's reports */
     int *interrupt;           /* the process' fab_set_interrupt flag (raised by the control watcher when the
                                  run broke or a worker was lost), lowered once a worker replacement has set
                                  up the redo; NULL: none */
+=======
+    ctl_session *sess;        /* replicas = 1: the control session, for a rejoin's copy step (worker 0) */
+    int keep_generations;     /* 1: keep the state at the start of the current and the previous step
+                                 (worker/generation.h) for train_rewind: one device-to-device copy of the
+                                 backbone, its BN statistics and optimizer state per step, device memory for
+                                 two. 0 (default): nothing kept, nothing allocated */
+>>>>>>> gen
 } train_opts;
 
 /* Opens a worker's endpoints (one towards the servers, one for the ring collectives). The packed fabric
@@ -67,6 +75,18 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
  * Returns 0, or a negative code: -EDOM for a NaN/inf loss (message names the step), -EPROTO for a loss
  * stuck at ln(1e30) = 69.0776 (no target ever matched: a label/sampling fault), or a component's error. */
 int train_run(trainer *t);
+
+/* In-place recovery (opts.keep_generations = 1): puts the trainer back at the start of global step `step`
+ * (0-based), which must be the step train_run is in or the one before it (the two generations kept): restores
+ * the backbone parameters, BN running statistics, optimizer state, loss scaler, dropout generator and gradient
+ * accumulation of that step's start (wgen_restore), and repositions the data loader at the step's batch
+ * (epoch step / steps per epoch, batch step % steps per epoch; batches decoded ahead are dropped). The
+ * learning rate and the Partial FC sample are functions of the step. The caller's loop then goes on at `step`
+ * (its epoch counter included); the class centers on the servers are the servers' to roll back. Call it from
+ * the training thread, between steps or after a step failed. Returns 0; -EINVAL when generations are not kept;
+ * -ENOENT naming the steps held when neither generation holds `step` (nothing changed); or the device's /
+ * loader's error. */
+int train_rewind(trainer *t, int64_t step);
 
 /* The trainer's parameter-server client (its endpoint opened by train_open_endpoints), for the control
  * watcher's ps_client_server_lost (replicas = 1), which is safe from another thread. */

@@ -613,6 +613,33 @@ static int setup_import(trainer *t, const ctl_book *book)
     return 0;
 }
 
+/* Set-up 8 (opts.keep_generations): memory for the two generations of the state a step changes
+ * (worker/generation.h), reading and writing the trainer's own fields. */
+static int setup_generations(trainer *t)
+{
+    if (!t->opts.keep_generations)
+        return 0;
+    wgen_src src = {.m = t->m, .opt_steps = &t->opt_steps, .scaler = t->loss_scaling ? &t->scaler : NULL,
+                    .acc_k = t->acc_k};
+    src.n_opt = train_opt_arrays(t, src.opt);
+    if (t->acc_k > 1) {
+        src.acc_ids = &t->acc_ids;
+        src.acc_rows = &t->acc_rows;
+        src.acc_n = &t->acc_n;
+        src.acc_cap = t->acc_cap;
+        src.row_floats = t->run.embedding_size;
+    }
+    int rc = wgen_create(&t->gen, &src);
+    if (rc < 0)
+        return pf_err_wrap(rc, "keep_generations");
+    /* With a control session, a run whose lost workers are replaced in place (common/config.h) takes the
+     * rendezvous' notices for it (worker/replace.c). */
+    t->wr_on = t->opts.sess && cfg_replaces_workers(&t->run, NULL, 0);
+    log_info("generations kept for in-place recovery: %.1f MB for two, %.1f MB copied per step",
+             (double)wgen_alloc_bytes(t->gen) / 1e6, (double)wgen_keep_bytes(t->gen, 0) / 1e6);
+    return 0;
+}
+
 int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const train_opts *opts)
 {
     int rc;
@@ -630,7 +657,8 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
     if ((rc = train_net_connect(&t->net, run, book, t->rank,
                                 t->opts.secret ? t->opts.secret : t->run.secret)) < 0 ||
         (rc = setup_data(t)) < 0 || (rc = setup_backbone(t, book)) < 0 || (rc = setup_head(t)) < 0 ||
-        (rc = setup_resume(t, book)) < 0 || (rc = setup_import(t, book)) < 0)
+        (rc = setup_resume(t, book)) < 0 || (rc = setup_import(t, book)) < 0 ||
+        (rc = setup_generations(t)) < 0)
         return rc;
     return setup_outputs(t);
 }
@@ -652,6 +680,7 @@ void train_close(trainer *t)
         eval_set_free(&t->val[i]);
     if (t->have_head)
         pfc_free(&t->head);
+    wgen_free(t->gen);
     if (t->m) {
         ops_ctx *ctx = model_ctx(t->m);
         const ops_device *dev = t->wd.dev;

@@ -14,6 +14,7 @@
 #include "worker/data/loader.h"
 #include "worker/device.h"
 #include "worker/eval/set.h"
+#include "worker/generation.h"
 #include "worker/head/pfc.h"
 #include "worker/loss_scale.h"
 #include "worker/lr_schedule.h"
@@ -78,6 +79,9 @@ struct trainer {
     int64_t acc_n, acc_cap;
     int64_t *acc_ids, *acc_ids2;
     float *acc_rows, *acc_rows2;
+    /* opts.keep_generations: the state at the start of the current and the previous step (train_rewind);
+     * NULL when off. */
+    wgen *gen;
 
     /* Head: the Partial FC sampler (and, off the GPU, the CPU head). */
     pfc head;
@@ -123,8 +127,7 @@ struct trainer {
 
     /* A lost worker replaced in place (cfg_replaces_workers; docs/architecture.md, "Worker replacement in
      * place"). The control watcher writes the notices (train_replace_notice), the training thread reads them. */
-    int wr_on;                       /* this run replaces lost workers: two generations of state are kept */
-    struct wgen *gen;                /* the state at the start of the current and the previous step */
+    int wr_on;                       /* this run replaces lost workers (its generations are kept: gen) */
     _Atomic uint32_t wr_lost_epoch;  /* epoch of the newest worker-lost notice (0: none) */
     _Atomic uint32_t wr_redo_epoch;  /* epoch of the newest redo notice, stored after wr_redo_step, wr_donor */
     int wr_lost;                     /* the lost worker's rank */

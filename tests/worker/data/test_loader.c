@@ -2,7 +2,8 @@
  * covering the kept part of the epoch with equal batch counts, labels-first (peek == batch labels ==
  * the class of each key, computed here from the ORL folder sizes), normalization and flip checked
  * against an independent TurboJPEG decode in float64, synthetic labels uniform in [0, C) up to 2^32,
- * arcface_torch's epoch length and padding (DistributedSampler + drop_last DataLoader), and bad options. */
+ * arcface_torch's epoch length and padding (DistributedSampler + drop_last DataLoader), a rewind to an
+ * earlier batch with batches in flight (loader_start_epoch_at), and bad options. */
 #include "fixture.h"
 
 #include "common/err.h"
@@ -187,6 +188,72 @@ static int read_epoch(int workers, int64_t epoch, float **imgs, int64_t **labels
     CHECK(class_ok, "a label differs from the class of its key");
     loader_close(l);
     return 0;
+}
+
+/* Reads batches [first, end) of the epoch the loader is in and compares them with the reference (read_epoch's
+ * arrays): index, images, labels and keys. Returns the number that differ. */
+static int compare_batches(loader *l, int64_t epoch, int64_t first, int64_t end, const float *imgs,
+                           const int64_t *labels, const int64_t *keys)
+{
+    int bad = 0;
+    for (int64_t i = first; i < end; i++) {
+        int64_t peek[B];
+        loader_batch *b;
+        if (loader_peek_labels(l, peek) != 1 || loader_next(l, &b) != 1) {
+            CHECK(0, "batch %" PRId64 " of epoch %" PRId64 " missing: %s", i, epoch, pf_errmsg());
+            return bad + 1;
+        }
+        bad += b->index != i || b->epoch != epoch || memcmp(b->labels, labels + i * B, B * sizeof(int64_t)) ||
+               memcmp(b->keys, keys + i * B, B * sizeof(int64_t)) ||
+               memcmp(b->images, imgs + (size_t)i * B * IMGF, (size_t)B * IMGF * sizeof(float)) ||
+               memcmp(peek, b->labels, B * sizeof(int64_t));
+        loader_release(l, b);
+    }
+    return bad;
+}
+
+/* In-place recovery's rewind: loader_start_epoch_at back to an earlier batch of the same epoch, or of the
+ * epoch before, while batches are decoded ahead, one is peeked and one held: the batches from there are the
+ * ones an uninterrupted epoch delivers (num_workers 2 and 0). */
+static void test_rewind_mid_epoch(void)
+{
+    float *ref1, *ref2;
+    int64_t *l1, *l2, *k1, *k2;
+    if (read_epoch(2, 1, &ref1, &l1, &k1) < 0 || read_epoch(2, 2, &ref2, &l2, &k2) < 0)
+        return;
+    for (int workers = 2; workers >= 0; workers -= 2) {
+        loader *l = open_loader(1, workers, 7);
+        if (!l)
+            return;
+        int bad = 0;
+        loader_start_epoch(l, 1);
+        bad += compare_batches(l, 1, 0, 4, ref1, l1, k1);
+        loader_batch *held;
+        int64_t peek[B];
+        CHECK(loader_next(l, &held) == 1 && loader_peek_labels(l, peek) == 1, "batch 4 held, 5 peeked: %s",
+              pf_errmsg());
+        CHECK(loader_start_epoch_at(l, 1, 3) == 0, "rewind to batch 3: %s", pf_errmsg());
+        bad += compare_batches(l, 1, 3, 8, ref1, l1, k1);
+        /* epoch 2 under way, back to the last batch of epoch 1, then on into epoch 2 */
+        loader_start_epoch(l, 2);
+        bad += compare_batches(l, 2, 0, 2, ref2, l2, k2);
+        CHECK(loader_peek_labels(l, peek) == 1, "peek: %s", pf_errmsg());
+        CHECK(loader_start_epoch_at(l, 1, 7) == 0, "rewind to epoch 1 batch 7: %s", pf_errmsg());
+        bad += compare_batches(l, 1, 7, 8, ref1, l1, k1);
+        CHECK(loader_peek_labels(l, peek) == 0, "epoch 1 ends after batch 7");
+        loader_start_epoch(l, 2);
+        bad += compare_batches(l, 2, 0, 8, ref2, l2, k2);
+        CHECK(bad == 0, "num_workers %d: %d batches after a rewind differ from the uninterrupted epoch",
+              workers, bad);
+        loader_close(l);
+    }
+    printf("rewind: loader_start_epoch_at mid-epoch with batches in flight, peeked and held: same batches\n");
+    free(ref1);
+    free(ref2);
+    free(l1);
+    free(l2);
+    free(k1);
+    free(k2);
 }
 
 static void test_determinism_and_values(void)
@@ -585,6 +652,7 @@ int main(void)
     test_slices();
     test_padding();
     test_determinism_and_values();
+    test_rewind_mid_epoch();
     test_synthetic();
     test_synthetic_arcface();
     test_png_record(orl);
