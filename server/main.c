@@ -550,10 +550,10 @@ static void worker_replacement(server_daemon *d, int kind, int w, uint32_t epoch
     size_t wlen = 0;
     const double tmo = d->run.ctl_timeout > 0 ? d->run.ctl_timeout : 30;
     int rc = member_addr_part(addr, alen, 0, &waddr, &wlen);
-    if (rc == 0)
-        rc = ps_server_rollback(d->srv, step, epoch, w, waddr, wlen, tmo);
-    if (rc == 0 && d->backup)
-        rc = ps_server_rollback(d->backup, step, epoch, w, waddr, wlen, tmo);
+    if (rc == 0 && (rc = ps_server_rollback(d->srv, step, epoch, tmo)) == 0)
+        rc = ps_server_replace_worker(d->srv, w, waddr, wlen);
+    if (rc == 0 && d->backup && (rc = ps_server_rollback(d->backup, step, epoch, tmo)) == 0)
+        rc = ps_server_replace_worker(d->backup, w, waddr, wlen);
     if (rc < 0) {
         char why[PF_ERRMSG_MAX + 64];
         snprintf(why, sizeof why, "rolling back to step %lld for worker %d's replacement: %s", (long long)step, w,

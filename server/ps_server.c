@@ -381,6 +381,20 @@ int ps_server_add_worker(ps_server *srv, int rank, const void *addr, size_t len)
     return 0;
 }
 
+int ps_server_replace_worker(ps_server *srv, int rank, const void *addr, size_t len)
+{
+    if (rank < 0 || rank >= srv->o.workers)
+        return pf_err(-ERANGE, "worker rank %d out of range (%d workers)", rank, srv->o.workers);
+    fi_addr_t a;
+    int rc = fab_av_insert(srv->fab, addr, len, &a);
+    if (rc < 0)
+        return pf_err_wrap(rc, "worker %d's replacement", rank);
+    /* The domain is FI_THREAD_SAFE (common/fabric.c), so the insert may run beside the progress thread; the
+     * slot itself is one aligned 64-bit store, which that thread reads whole. */
+    __atomic_store_n(&srv->worker_addr[rank], a, __ATOMIC_RELEASE);
+    return 0;
+}
+
 int ps_server_start(ps_server *srv)
 {
     int rc = pss_apply_pool_start(srv);

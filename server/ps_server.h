@@ -101,6 +101,12 @@ int ps_server_getname(ps_server *srv, void *addr, size_t *len);
  * Call for every worker before ps_server_start. Returns 0, -ERANGE (rank), -EINVAL (address). */
 int ps_server_add_worker(ps_server *srv, int rank, const void *addr, size_t len);
 
+/* Worker `rank` is replaced in place (docs/architecture.md, "Worker replacement in place"): its requests are
+ * answered at `addr` from now on. Safe while the server runs; call after ps_server_rollback and before the
+ * replacement sends anything (nothing is then due to the lost worker's address). Returns 0, -ERANGE (rank),
+ * or the fabric's error. */
+int ps_server_replace_worker(ps_server *srv, int rank, const void *addr, size_t len);
+
 /* Starts the progress thread and the apply threads. Returns 0 or -errno. */
 int ps_server_start(ps_server *srv);
 

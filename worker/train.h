@@ -44,19 +44,15 @@ typedef struct train_opts {
     int64_t max_steps;        /* > 0: stop after this many global steps (tests); 0: num_epoch epochs */
     volatile int *stop_flag;  /* set by the signal handler: stop after the current step (all ranks agree) */
     const char *secret;       /* the join secret (config or PFCPS_SECRET): the data-plane token comes from it */
-<<<<<<< HEAD
     ctl_session *sess;        /* replicas = 1: the control session, for a rejoin's copy step (worker 0) and a
                                  worker replacement's reports */
     int *interrupt;           /* the process' fab_set_interrupt flag (raised by the control watcher when the
                                  run broke or a worker was lost), lowered once a worker replacement has set
                                  up the redo; NULL: none */
-=======
-    ctl_session *sess;        /* replicas = 1: the control session, for a rejoin's copy step (worker 0) */
     int keep_generations;     /* 1: keep the state at the start of the current and the previous step
                                  (worker/generation.h) for train_rewind: one device-to-device copy of the
                                  backbone, its BN statistics and optimizer state per step, device memory for
                                  two. 0 (default): nothing kept, nothing allocated */
->>>>>>> gen
 } train_opts;
 
 /* Opens a worker's endpoints (one towards the servers, one for the ring collectives). The packed fabric
