@@ -1,10 +1,11 @@
-/* Private to the parameter server (server/ps_server.c, request.c, apply.c) and its test hooks: the server's
+/* Private to the parameter server (server/ps_server.c, request.c, apply.c, undo.c) and its test hooks: the server's
  * state and the functions its files call across. Not for the daemon's main or anyone else: they use
  * ps_server.h.
  *
  * Who touches what: the progress thread (ps_server.c) owns the endpoint, the buffers and everything below
  * except the fields marked "apply pool"; the apply threads (apply.c) read the shard and the apply's entries
- * and write rows while S->applying, and claim gather pieces; `am` guards the pool's generation and counts. */
+ * and write rows (and, with opts.undo, each its own slots of the undo logs) while S->applying, and claim gather
+ * pieces; `am` guards the pool's generation and counts; `rbm` guards a rollback handed to the progress thread. */
 #ifndef PFCPS_SERVER_PS_SERVER_INTERNAL_H
 #define PFCPS_SERVER_PS_SERVER_INTERNAL_H
 

@@ -50,6 +50,9 @@ int pss_undo_init(ps_server *S)
     for (int w = 0; w < W; w++)
         S->ulog[w].step = -1;
     S->urow_floats = (size_t)(S->o.adamw ? 3 : 2) * (size_t)S->o.dim;
+    log_info("shard %d: undo logs on: %zu bytes per row of each worker's newest applied push (allocated as pushes "
+             "arrive), one copy of each updated row per apply",
+             S->o.rank, sizeof(float) * S->urow_floats + 2 * sizeof(int64_t));
     return 0;
 }
 

@@ -19,6 +19,9 @@
  *     thread), then the redo: equal to the reference.
  * (g) (a) and (b) on a started server (progress thread, 2 apply threads) fed over the fabric by one client per
  *     worker (ps_raw), the rollback asked from this thread while it serves;
+ * (h) (a) with checkpoint K asked by step K - 1's pushes (written on its own thread while step K's pushes
+ *     apply): the rollback waits for it, the redo equals the reference, and the checkpoint loads into a
+ *     server whose checksum equals that of one that ran steps 0 .. K - 1;
  * (f) (a) and (b) again with 3 apply threads (ps_server_inject_pool: the rows of one push, and so the slots of
  *     its log, split among them), against a reference server without undo logs.
  * And once: (d) SGD, one row of worker 0 pushed at step K: after the rollback it holds the bits it had before
@@ -68,10 +71,12 @@ static float grad_of(int w, int64_t t, int64_t c, int j, int attempt)
     return (float)((int)((c * 31 + j * 17 + t * 13 + w * 7 + attempt * 29) % 61) - 30) * 1e-2f;
 }
 
+static const char *g_snap_root; /* set: the servers' snapshot root, and step SNAP_AT's pushes ask for checkpoint K */
+enum { SNAP_AT = K - 1 };
 static int apply_threads = 1; /* the servers' opts.apply_threads */
 static int inject_pool;       /* 1: the apply threads run the injected pushes' applies (ps_server_inject_pool) */
 
-static ps_server *make(const cfg *k, int global, int undo)
+static ps_server *make_at(const cfg *k, int global, int undo, int64_t start_step)
 {
     ps_server_opts o = {.provider = "tcp",
                         .dense = k->dense,
@@ -87,7 +92,9 @@ static ps_server *make(const cfg *k, int global, int undo)
                         .momentum = MU,
                         .weight_decay = WD,
                         .apply_threads = apply_threads,
-                        .recv_bufs = 2};
+                        .recv_bufs = 2,
+                        .snapshot_root = g_snap_root,
+                        .start_step = start_step};
     ps_server *s = NULL;
     int rc = ps_server_create(&o, &s);
     if (rc < 0)
@@ -102,6 +109,11 @@ static ps_server *make(const cfg *k, int global, int undo)
     if (inject_pool && ps_server_inject_pool(s) < 0)
         DIE("apply threads: %s", pf_errmsg());
     return s;
+}
+
+static ps_server *make(const cfg *k, int global, int undo)
+{
+    return make_at(k, global, undo, 0);
 }
 
 /* Chunk ci (of 2) of worker w's push of step t at membership epoch `epoch`; attempt 1: the abandoned attempt's
@@ -136,7 +148,8 @@ static void push_chunk(ps_server *s, int w, int64_t t, int ci, uint32_t epoch, i
                 .chunk = (uint16_t)ci,
                 .nchunks = 2,
                 .lr = lr_of(t, attempt),
-                .flags = t == SKIP ? PS_PUSH_SKIPPED : 0,
+                .flags = (uint16_t)((t == SKIP ? PS_PUSH_SKIPPED : 0) |
+                                    (g_snap_root && t == SNAP_AT ? PS_PUSH_SNAPSHOT : 0)),
                 .epoch = epoch};
     memcpy(msg, &h, sizeof h);
     const size_t len = sizeof h + (size_t)n * (8 + 4 * D);
@@ -293,6 +306,37 @@ static void case_fabric(const cfg *k, ps_server *ref)
     ps_server_destroy(s);
 }
 
+/* (h): step SNAP_AT's pushes ask for checkpoint K, written on its own thread while step K's pushes apply (copy
+ * on update); the rollback to K waits for it; the redo equals the reference and the checkpoint holds the table
+ * after K steps. */
+static void case_snapshot(const cfg *k, ps_server *ref)
+{
+    char root[] = "/tmp/pfcps_test_undo_XXXXXX", cmd[64];
+    if (!mkdtemp(root))
+        DIE("mkdtemp");
+    g_snap_root = root;
+    ps_server *s = make(k, 1, 1), *at_k = make(k, 1, 1);
+    run_to_abandoned_k(s);
+    int rc = ps_server_rollback(s, K, 1, 10.0);
+    check(rc == 0, "%s (snapshot): rollback to %d with checkpoint %d asked at step %d: %d %s", k->name, K, K,
+          SNAP_AT, rc, rc ? pf_errmsg() : "");
+    run_steps(s, K, N, 1);
+    check(same_table(s, ref) && same_checksum(s, ref, N),
+          "%s (snapshot): rolled back and redone: every bit equals the uninterrupted run's", k->name);
+    run_steps(at_k, 0, K, 0);
+    g_snap_root = NULL;
+    ps_server *loaded = make_at(k, 1, 1, K);
+    rc = ps_server_load(loaded, root, K);
+    check(rc == 0 && same_checksum(loaded, at_k, K), "%s (snapshot): checkpoint %d holds the table after %d steps",
+          k->name, K, K);
+    ps_server_destroy(s);
+    ps_server_destroy(at_k);
+    ps_server_destroy(loaded);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", root);
+    if (system(cmd) != 0)
+        printf("warning: %s failed\n", cmd);
+}
+
 /* (d): one row, SGD, by hand in float64. */
 static void case_by_hand(void)
 {
@@ -342,6 +386,7 @@ int main(void)
         case_rollback(&cfgs[i], ref, 1);
         case_refused(&cfgs[i], ref);
         case_fabric(&cfgs[i], ref);
+        case_snapshot(&cfgs[i], ref);
         ps_server_destroy(ref);
     }
     /* (f) the same rollback with 3 apply threads saving the rows of one push's log in parallel */
