@@ -782,6 +782,10 @@ again:
             break;
         while (step < total) {
             const double t_step = pf_now_s();
+            /* The state at the step's start, before its first collective: a worker lost in this step's stop
+             * vote or later leaves every survivor able to go back to here. */
+            if (t->gen && (rc = wgen_keep(t->gen, step)) < 0)
+                break;
             /* a stop at the start of a gradient_acc window only: its gradients would be lost */
             if (step % t->acc_k == 0 && (rc = stop_vote(t, &stop, &rejoin)) < 0)
                 break;
@@ -797,8 +801,6 @@ again:
                 log_info("stop requested: finishing after %lld steps", (long long)step);
                 break;
             }
-            if (t->gen && (rc = wgen_keep(t->gen, step)) < 0)
-                break;
             int have = loader_peek_labels(t->ld, t->labels);
             if (have <= 0) {
                 rc = have;

@@ -215,8 +215,9 @@ static int setup_backbone(trainer *t, const ctl_book *book)
         return rc;
     /* Same seed on every rank, then rank 0's parameters broadcast (identical by construction; the broadcast
      * makes it so whatever the initialiser does). */
-    if ((rc = wdev_bcast(&t->wd, model_params(t->m))) < 0)
+    if (!book->rejoin_epoch && (rc = wdev_bcast(&t->wd, model_params(t->m))) < 0)
         return pf_err_wrap(rc, "broadcasting the initial parameters");
+    /* A replacement (book.rejoin_epoch) loads a live worker's parameters instead: the others do not broadcast. */
     t->grad_fp16 = strcmp(run->backbone_grad_comm, "fp32") != 0;
     log_info("device %s, precision %s; backbone collectives: %s; gradients summed in %s", di.name, di.precision,
              t->wd.backend,

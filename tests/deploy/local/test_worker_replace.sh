@@ -2,8 +2,8 @@
 # A lost worker is replaced in place (docs/architecture.md, "Worker replacement in place"): no other member
 # restarts, no checkpoint is loaded, and the run ends with the uninterrupted run's bits.
 # Reference: 2 servers + 3 workers, replicas = 0, 10 ORL identities in a table of 40 classes sampled at 0.25
-# (pfc_update = dense), 30 steps (5 epochs), snapshot_every 4, under the launcher. Then, replicas = 1:
-#   kill:     kill -9 of worker 1 once worker 0 logged a random step in 4..12; worker 1 started again with the
+# (pfc_update = dense), 20 steps (5 epochs of 4), snapshot_every 4, under the launcher. Then, replicas = 1:
+#   kill:     kill -9 of worker 1 once worker 0 logged a random step in 4..14; worker 1 started again with the
 #             same command line joins as its replacement, loads worker 0's state of the redo step, and every
 #             worker redoes that step: every member exits 0, the rendezvous names the replacement and no re-form,
 #             and model.ckpt and the final checkpoint (`pfcps ckpt-info` table and worker 0's backbone SHA-256)
@@ -30,13 +30,13 @@ write_cfg() {
 write_cfg ref 0
 ckpt_launch ref
 REF=$(ckpt_final_line "$TMP/ref")
-expect_grep "reference: 30 steps, final checkpoint complete" "^step 30: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
+expect_grep "reference: 20 steps, final checkpoint complete" "^step 20: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
 
 # --- kill: worker 1 killed and started again by hand ----------------------------------------------------------
 if has kill; then
-at=$((4 + RANDOM % 9))
+at=$((4 + RANDOM % 11))
 write_cfg kill 1
 rm -f "$TMP"/*.log
 start_cluster "$TMP/kill.ini" 2 3
@@ -71,7 +71,7 @@ if has launcher; then
 write_cfg launcher 1
 setsid "$SRC/deploy/local/launch.sh" -c "$TMP/launcher.ini" -b "$BUILD" --max-restarts 1 >"$TMP/launch.out" 2>&1 &
 LP=$!
-at=$((4 + RANDOM % 9))
+at=$((4 + RANDOM % 11))
 wait_log "$TMP/launcher/logs/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/launch.out"; die "launcher: worker 0 did not reach step $at"; }
 victim=$(pgrep -f -- "pfcps-worker --config $TMP/launcher.ini --rank 2" | head -1)
 [ -n "$victim" ] || die "launcher: worker 2's pid not found"
