@@ -101,6 +101,31 @@ static int check_role_rank(int role, int rank, const char *what)
     return 0;
 }
 
+/* A Failover message's fields: epoch, rank, kind, step and address sizes in range. */
+static int check_failover(const Pfcps__CtlMessage *m)
+{
+    if (!m->failover || !m->failover->text)
+        return pf_err(-EPROTO, "failover: missing body");
+    if (m->failover->epoch < 1 || m->failover->server < 0 || m->failover->server >= CTL_MAX_MEMBERS)
+        return pf_err(-EPROTO, "failover: epoch %u must be >= 1 and server %d in [0, %d)",
+                      m->failover->epoch, m->failover->server, CTL_MAX_MEMBERS);
+    if (m->failover->kind > CTL_FO_KIND_MAX || m->failover->step < 0 ||
+        m->failover->fabric_addr.len > CTL_MAX_ADDR)
+        return pf_err(-EPROTO,
+                      "failover: kind %u (at most %d), step %lld (>= 0) or a fabric address of %zu "
+                      "bytes (at most %d) out of range",
+                      m->failover->kind, CTL_FO_KIND_MAX, (long long)m->failover->step,
+                      m->failover->fabric_addr.len, CTL_MAX_ADDR);
+    if (m->failover->n_worker_addrs > CTL_MAX_MEMBERS)
+        return pf_err(-EPROTO, "failover: %zu worker addresses (at most %d)", m->failover->n_worker_addrs,
+                      CTL_MAX_MEMBERS);
+    for (size_t i = 0; i < m->failover->n_worker_addrs; i++)
+        if (m->failover->worker_addrs[i].len > CTL_MAX_ADDR)
+            return pf_err(-EPROTO, "failover: worker address %zu of %zu bytes (at most %d)", i,
+                          m->failover->worker_addrs[i].len, CTL_MAX_ADDR);
+    return 0;
+}
+
 int ctl_msg_check(const Pfcps__CtlMessage *m)
 {
     switch (m->body_case) {
@@ -204,26 +229,7 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
         return 0;
     }
     case PFCPS__CTL_MESSAGE__BODY_FAILOVER:
-        if (!m->failover || !m->failover->text)
-            return pf_err(-EPROTO, "failover: missing body");
-        if (m->failover->epoch < 1 || m->failover->server < 0 || m->failover->server >= CTL_MAX_MEMBERS)
-            return pf_err(-EPROTO, "failover: epoch %u must be >= 1 and server %d in [0, %d)",
-                          m->failover->epoch, m->failover->server, CTL_MAX_MEMBERS);
-        if (m->failover->kind > CTL_FO_KIND_MAX || m->failover->step < 0 ||
-            m->failover->fabric_addr.len > CTL_MAX_ADDR)
-            return pf_err(-EPROTO,
-                          "failover: kind %u (at most %d), step %lld (>= 0) or a fabric address of %zu "
-                          "bytes (at most %d) out of range",
-                          m->failover->kind, CTL_FO_KIND_MAX, (long long)m->failover->step,
-                          m->failover->fabric_addr.len, CTL_MAX_ADDR);
-        if (m->failover->n_worker_addrs > CTL_MAX_MEMBERS)
-            return pf_err(-EPROTO, "failover: %zu worker addresses (at most %d)", m->failover->n_worker_addrs,
-                          CTL_MAX_MEMBERS);
-        for (size_t i = 0; i < m->failover->n_worker_addrs; i++)
-            if (m->failover->worker_addrs[i].len > CTL_MAX_ADDR)
-                return pf_err(-EPROTO, "failover: worker address %zu of %zu bytes (at most %d)", i,
-                              m->failover->worker_addrs[i].len, CTL_MAX_ADDR);
-        return 0;
+        return check_failover(m);
     default:
         return pf_err(-EPROTO, "message has no body (exactly one of hello/join/join_reply/heartbeat/shutdown/"
                                "error/failover must be set)");

@@ -123,6 +123,7 @@ struct ctl_rendezvous {
     uint8_t *wr_in;   /* [S + W]: reports (WR_REPORTS) or roll-backs (WR_ROLLBACK) received, servers first */
     conn *wr_repl;    /* the replacement (joined, no seat yet), or NULL */
     int wr_donor;     /* the survivor whose state the replacement loads */
+    char wr_peer[sizeof ((conn *)0)->peer]; /* the lost worker's address, for the logs */
     double last_pass;  /* pf_now_s() of the previous service pass (a long gap: the process was stopped) */
     int adopting;      /* 1: a member resumed a running run here (handle_resume) and the others are coming;
                           2: every member but server 0 resumed: the run is adopted (formed) */
@@ -763,7 +764,7 @@ static void replace_fallback(ctl_rendezvous *rv, const char *why)
     conn *r = rv->wr_repl;
     rv->wr_repl = NULL;
     metrics_add(rv->m_reforms, 1);
-    queue_member_lost(rv, r, CTL_ROLE_WORKER, d, "replacement", what);
+    queue_member_lost(rv, r, CTL_ROLE_WORKER, d, rv->wr_peer, what);
     if (r) {
         r->replacing = 0;
         r->joined = 0;
@@ -787,6 +788,7 @@ static int try_replace(ctl_rendezvous *rv, const conn *c)
     }
     const int S = rv->num_servers, W = rv->num_workers;
     rv->wr_rank = c->rank;
+    snprintf(rv->wr_peer, sizeof rv->wr_peer, "%s", c->peer);
     rv->wr_phase = WR_REPORTS;
     rv->wr_t0 = pf_now_s();
     rv->wr_umin = rv->wr_pmin = INT64_MAX;

@@ -1,0 +1,249 @@
+/* The rendezvous' side of a worker's replacement in place (docs/architecture.md, "Worker replacement in
+ * place"), with members that are control sessions only (no data plane): 1 server + 2 workers, replicas = 1,
+ * head_mode = global, replace_workers = 1, the rendezvous in this process. Cases:
+ *   happy:    worker 1's session closes without leaving: the server and worker 0 are told "worker[1] ... lost"
+ *             (kind 6, epoch 1); a report of another epoch changes nothing; worker 0 reports step 5 with a new
+ *             book entry, the server 4 whole pushes; a replacement for rank 1 joins (a second one is refused,
+ *             EEXIST); the server is told to roll back to step 4 = min(5, 4) at epoch 2 with the replacement's
+ *             entry; once it says rolled back, worker 0 gets the redo (step 4, donor 0, both workers' entries:
+ *             its new one, the replacement's) and its session's book follows; once it says its state is ready,
+ *             the replacement's join returns with resume step 4, epoch 2, donor 0 and worker 0's new entry;
+ *   too_far:  a survivor reports step 9 while the server holds 4 pushes (R = 4, the survivor 5 steps past it:
+ *             it keeps two): the fallback to the re-form, told to every member (-ENOLINK) and the replacement
+ *             refused;
+ *   timeout:  no replacement joins within ctl_timeout (2 s): the fallback, naming it;
+ *   early:    a join for rank 1 while worker 1 is still a member is asked to retry (EAGAIN), then taken;
+ *   off:      replace_workers = 0: the loss is told at once as a re-form (-ENOLINK). */
+#include "common/clock.h"
+#include "common/ctl.h"
+#include "common/err.h"
+#include "tests/check.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SECRET "replace-test-secret"
+#define MAXF   65536
+
+static int port;
+
+typedef struct member {
+    ctl_role role;
+    int rank;
+    const char *addr;
+    double timeout;
+    pthread_t th;
+    int rc;
+    ctl_session *s;
+} member;
+
+static void *join_main(void *arg)
+{
+    member *m = arg;
+    m->rc = ctl_join("127.0.0.1", port, m->role, m->rank, m->addr, strlen(m->addr), SECRET, MAXF, m->timeout,
+                     &m->s);
+    return NULL;
+}
+
+static ctl_rendezvous *start(int replace, double timeout_s)
+{
+    ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
+                             .num_servers = 1,
+                             .num_workers = 2,
+                             .secret = SECRET,
+                             .max_frame = MAXF,
+                             .timeout_s = timeout_s,
+                             .config_text = "[cluster]\nreplicas = 1\n",
+                             .replicas = 1,
+                             .rejoin = 1,
+                             .replace_workers = replace};
+    ctl_rendezvous *rv;
+    if (ctl_rendezvous_start(&o, &rv) < 0)
+        DIE("rendezvous: %s", pf_errmsg());
+    port = ctl_rendezvous_port(rv);
+    return rv;
+}
+
+/* server 0, worker 0, worker 1 joined into m[3]. */
+static void join_all(member m[3])
+{
+    m[0] = (member){.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10};
+    m[1] = (member){.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10};
+    m[2] = (member){.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1", .timeout = 10};
+    for (int i = 0; i < 3; i++)
+        pthread_create(&m[i].th, NULL, join_main, &m[i]);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(m[i].th, NULL);
+        if (m[i].rc < 0)
+            DIE("member %d did not join: %s", i, pf_errmsg());
+    }
+}
+
+/* The next notice on s within 5 s: its kind, rank in *rank, epoch in *epoch, step in *step (-1: none came). */
+static int next_notice(ctl_session *s, int *rank, uint32_t *epoch, int64_t *step)
+{
+    int r = ctl_session_wait_shutdown(s, 5.0);
+    if (r != 2)
+        return r < 0 ? r : -1;
+    *epoch = ctl_session_failover(s, rank, NULL);
+    return ctl_session_failover_kind(s, step, NULL, NULL);
+}
+
+/* Worker 1 lost: both others get kind 6 for rank 1 at epoch 1. */
+static void lose_worker1(member m[3], const char *name)
+{
+    ctl_session_close(m[2].s); /* without leaving: a crash */
+    m[2].s = NULL;
+    for (int i = 0; i < 2; i++) {
+        int rank = -1;
+        uint32_t e = 0;
+        int64_t st = 0;
+        int k = next_notice(m[i].s, &rank, &e, &st);
+        check(k == CTL_FO_WORKER_LOST && rank == 1 && e == 1, "%s: member %d told worker 1 lost at epoch 1 "
+              "(kind %d, rank %d, epoch %u)", name, i, k, rank, e);
+    }
+}
+
+static void case_happy(void)
+{
+    ctl_rendezvous *rv = start(1, 8);
+    member m[3];
+    join_all(m);
+    lose_worker1(m, "happy");
+    /* A report of another epoch is ignored: nothing is decided from it. */
+    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 0, 7, 1, "stale", 5) == 0, "report");
+    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 0, 1, 5, "fab-w0-new", 10) == 0, "report");
+    CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 1, 4, NULL, 0) == 0, "report");
+    member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 10};
+    pthread_create(&r.th, NULL, join_main, &r);
+    usleep(300000);
+    member r2 = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-third", .timeout = 1};
+    join_main(&r2);
+    check(r2.rc == -EEXIST, "happy: a second replacement is refused with EEXIST (%d: %s)", r2.rc, pf_errmsg());
+    int rank = -1;
+    uint32_t e = 0;
+    int64_t st = -1;
+    int k = next_notice(m[0].s, &rank, &e, &st);
+    const uint8_t *a = NULL;
+    size_t al = 0;
+    ctl_session_failover_kind(m[0].s, NULL, &a, &al);
+    check(k == CTL_FO_ROLLBACK && rank == 1 && e == 2 && st == 4, "happy: the server rolls back to step 4 at epoch "
+          "2 (kind %d, rank %d, epoch %u, step %lld)", k, rank, e, (long long)st);
+    check(al == strlen("fab-w1-again") && !memcmp(a, "fab-w1-again", al), "happy: with the replacement's entry");
+    const ctl_book *sb = ctl_session_book(m[0].s);
+    check(sb->workers[1].addr_len == al && !memcmp(sb->workers[1].addr, "fab-w1-again", al),
+          "happy: the server's book follows the replacement");
+    CHECK(ctl_session_report(m[0].s, CTL_FO_ROLLED_BACK, 0, 2, 4, NULL, 0) == 0, "rolled back");
+    k = next_notice(m[1].s, &rank, &e, &st);
+    check(k == CTL_FO_REDO && rank == 0 && e == 2 && st == 4, "happy: worker 0 redoes step 4 as the donor "
+          "(kind %d, donor %d, epoch %u, step %lld)", k, rank, e, (long long)st);
+    const ctl_book *wb = ctl_session_book(m[1].s);
+    check(wb->workers[0].addr_len == 10 && !memcmp(wb->workers[0].addr, "fab-w0-new", 10) &&
+              wb->workers[1].addr_len == 12 && !memcmp(wb->workers[1].addr, "fab-w1-again", 12),
+          "happy: worker 0's book has its new entry and the replacement's");
+    CHECK(ctl_session_report(m[1].s, CTL_FO_STATE_READY, 0, 2, 4, NULL, 0) == 0, "state ready");
+    pthread_join(r.th, NULL);
+    check(r.rc == 0, "happy: the replacement's join returns (%s)", r.rc ? pf_errmsg() : "");
+    if (r.rc == 0) {
+        const ctl_book *b = ctl_session_book(r.s);
+        check(b->rejoin_epoch == 2 && b->donor == 0 && b->resume_step == 4,
+              "happy: the replacement's book: epoch %u, donor %d, resume step %lld", b->rejoin_epoch, b->donor,
+              (long long)b->resume_step);
+        check(b->workers[0].addr_len == 10 && !memcmp(b->workers[0].addr, "fab-w0-new", 10),
+              "happy: the replacement's book has worker 0's new entry");
+        check(ctl_rendezvous_joined(rv) == 3, "happy: the replacement holds worker 1's seat (%d joined)",
+              ctl_rendezvous_joined(rv));
+        ctl_session_close(r.s);
+    }
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    ctl_rendezvous_stop(rv);
+}
+
+/* The fallback: every remaining member is told the re-form (-ENOLINK) with `why` in the message. */
+static void expect_fallback(member m[3], const char *name, const char *why)
+{
+    for (int i = 0; i < 2; i++) {
+        int r = ctl_session_wait_shutdown(m[i].s, 6.0);
+        check(r == -ENOLINK && strstr(pf_errmsg(), why) && strstr(pf_errmsg(), "re-form"),
+              "%s: member %d is told the re-form (%d: %s)", name, i, r, pf_errmsg());
+    }
+}
+
+static void case_too_far(void)
+{
+    ctl_rendezvous *rv = start(1, 8);
+    member m[3];
+    join_all(m);
+    lose_worker1(m, "too_far");
+    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 0, 1, 9, "fab-w0-new", 10) == 0, "report");
+    CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 1, 4, NULL, 0) == 0, "report");
+    member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 5};
+    join_main(&r);
+    check(r.rc < 0, "too_far: the replacement is refused (%d)", r.rc);
+    expect_fallback(m, "too_far", "more than one step past the redo step 4");
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    ctl_rendezvous_stop(rv);
+}
+
+static void case_timeout(void)
+{
+    ctl_rendezvous *rv = start(1, 2);
+    member m[3];
+    join_all(m);
+    double t0 = pf_now_s();
+    lose_worker1(m, "timeout");
+    expect_fallback(m, "timeout", "no replacement joined within ctl_timeout");
+    double dt = pf_now_s() - t0;
+    check(dt > 1.8 && dt < 5, "timeout: given up after ctl_timeout (%.2f s)", dt);
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    ctl_rendezvous_stop(rv);
+}
+
+static void case_early(void)
+{
+    ctl_rendezvous *rv = start(1, 8);
+    member m[3];
+    join_all(m);
+    member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 0.5};
+    join_main(&r);
+    check(r.rc == -ETIMEDOUT || r.rc == -EAGAIN, "early: a join while worker 1 is a member is retried (%d: %s)",
+          r.rc, pf_errmsg());
+    check(strstr(pf_errmsg(), "still a member") != NULL, "early: naming why: %s", pf_errmsg());
+    lose_worker1(m, "early");
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    ctl_rendezvous_stop(rv);
+}
+
+static void case_off(void)
+{
+    ctl_rendezvous *rv = start(0, 8);
+    member m[3];
+    join_all(m);
+    ctl_session_close(m[2].s);
+    m[2].s = NULL;
+    for (int i = 0; i < 2; i++) {
+        int r = ctl_session_wait_shutdown(m[i].s, 5.0);
+        check(r == -ENOLINK && strstr(pf_errmsg(), "worker[1]"), "off: member %d is told worker 1's loss as a "
+              "re-form (%d: %s)", i, r, pf_errmsg());
+    }
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    ctl_rendezvous_stop(rv);
+}
+
+int main(void)
+{
+    case_happy();
+    case_too_far();
+    case_timeout();
+    case_early();
+    case_off();
+    return check_summary();
+}
