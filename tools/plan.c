@@ -31,6 +31,20 @@ static int mem_passes(const plan_in *in)
     return PLAN_MEM_PASSES + (in->adamw ? PLAN_ADAMW_PASSES : 0);
 }
 
+/* replicas = 1 in global head mode (a lost worker replaced in place, server/undo.c): the undo log's bytes per
+ * row of a step's pushes, per copy: the old weights and momentum (AdamW: both moments) and 16 bytes of row id and step. */
+/* replicas = 1 in global head mode (workers replaced in place): memory passes per pushed row for the undo
+ * logs of both copies. */
+static double undo_passes(const plan_in *in)
+{
+    return in->replicas && !in->local_mode ? 2.0 * (PLAN_UNDO_PASSES + in->adamw) : 0;
+}
+
+static double plan_undo_row(const plan_in *in)
+{
+    return in->replicas && !in->local_mode ? (in->adamw ? 3 : 2) * 4.0 * in->dim + 16 : 0;
+}
+
 double plan_server_need(const plan_in *in, int S, double rows_step)
 {
     const double D = in->dim;
@@ -40,7 +54,8 @@ double plan_server_need(const plan_in *in, int S, double rows_step)
     double msg = (double)ps_wire_msg_bytes((uint32_t)in->dim);
     const double copies = 1 + in->replicas; /* replicas = 1: a second table and endpoint, the pushes twice */
     double buffers =
-        copies * (2.0 * PLAN_RECV_BUFS * msg + rows_step * (8 + 4 * D)) + rows_step * D * in->wire_bytes;
+        copies * (2.0 * PLAN_RECV_BUFS * msg + rows_step * (8 + 4 * D + plan_undo_row(in))) +
+                     rows_step * D * in->wire_bytes;
     return copies * (regions + 9.0 * (double)rows + margin) + buffers; /* + row states, apply bookkeeping */
 }
 
@@ -104,8 +119,10 @@ static void step_terms(const plan_in *in, int S, plan_out *out)
     out->server_link_bytes = share * out->worker_link_bytes;
     out->link_s = fmax(worker_s, share * worker_s);
     out->server_rows = (double)in->workers * (double)out->k / S;
-    /* replicas = 1: a server also applies its backup copy's pushes (5 of the 7 passes) */
-    out->mem_s = out->server_rows * (mem_passes(in) + 5 * in->replicas) * 4 * D / (in->mem_gbs * 1e9);
+    /* replicas = 1: a server also applies its backup copy's pushes (5 of the 7 passes), and both copies write
+     * the undo log (PLAN_UNDO_PASSES, AdamW one more) */
+    out->mem_s = out->server_rows * (mem_passes(in) + 5 * in->replicas + undo_passes(in)) * 4 * D /
+                 (in->mem_gbs * 1e9);
     out->transfer_s = fmax(out->link_s, out->mem_s);
     out->step_s = fmax(in->backbone_s, out->transfer_s) + out->head_s;
     /* What sets the step: the largest of its terms. */
@@ -121,8 +138,8 @@ static void step_terms(const plan_in *in, int S, plan_out *out)
     double rs = rows_per_server(in, out->k, S);
     out->server_need_bytes = plan_server_need(in, S, rs);
     out->buffer_bytes =
-        (1 + in->replicas) *
-            (2.0 * PLAN_RECV_BUFS * (double)ps_wire_msg_bytes((uint32_t)in->dim) + rs * (8 + 4 * D)) +
+        (1 + in->replicas) * (2.0 * PLAN_RECV_BUFS * (double)ps_wire_msg_bytes((uint32_t)in->dim) +
+                              rs * (8 + 4 * D + plan_undo_row(in))) +
         rs * D * in->wire_bytes;
 }
 
@@ -178,7 +195,7 @@ int plan_compute(const plan_in *in, plan_out *out)
     out->servers_bw = PLAN_MAX_SERVERS;
     for (int S = 1 + in->replicas; S <= PLAN_MAX_SERVERS; S++) {
         double share = (double)W / S, rows = (double)W * kk / S;
-        double mem_s = rows * (mem_passes(in) + 5 * in->replicas) * 4 * D / (in->mem_gbs * 1e9);
+        double mem_s = rows * (mem_passes(in) + 5 * in->replicas + undo_passes(in)) * 4 * D / (in->mem_gbs * 1e9);
         double step = fmax(in->backbone_s, fmax(fmax(share, 1) * worker_s, mem_s)) + out->head_s;
         if (step <= PLAN_SERVER_SLACK * out->step_limit_s * (1 + 1e-12)) {
             out->servers_bw = S;

@@ -31,6 +31,8 @@
 
 #define PLAN_MEM_PASSES   7   /* server memory passes per row and step: 5 (push SGD) + 2 (pull gather) */
 #define PLAN_ADAMW_PASSES 2   /* more under optimizer = adamw: the push also reads and writes the second moment */
+#define PLAN_UNDO_PASSES  2   /* replicas = 1, per copy: the undo log's write of the old weights and momentum
+                                 (server/undo.c; AdamW one more, its second moment) */
 #define PLAN_RECV_BUFS    64  /* server/ps_server.c's receive (and send) buffers */
 #define PLAN_MARGIN_MIB   256 /* server/shard.c's start-up margin, beside 1/16 of the table */
 #define PLAN_MAX_SERVERS  1000000
@@ -52,7 +54,10 @@ typedef struct plan_in {
     int servers;           /* > 0: evaluate this many servers; 0: the plan's choice (see plan_out.servers) */
     double backbone_s; /* seconds of backbone forward + backward per step that hide the transfers (>= 0) */
     int replicas;      /* 0, or 1: each server also holds a hot-standby copy of another shard (its table,
-                          buffers and the pushes it applies twice; a worker pushes every row to both copies) */
+                          buffers and the pushes it applies twice; a worker pushes every row to both copies),
+                          and in global head mode each copy keeps an undo log of a step's pushes for
+                          replacing a lost worker in place: (2 D floats, AdamW 3 D, + 16 bytes) per pushed row, PLAN_UNDO_PASSES more
+                          memory passes per row and copy (AdamW 3) */
     int adamw;         /* 1: optimizer = adamw: a third region of rows x D x 4 bytes (AdamW's second moment),
                           12 D + 9 bytes per identity, PLAN_ADAMW_PASSES more memory passes per pushed row */
 } plan_in;

@@ -127,7 +127,20 @@ static void *watch_main(void *arg)
             int lost = -1;
             const char *text = "";
             uint32_t epoch = ctl_session_failover(w->sess, &lost, &text);
-            if (ctl_session_failover_kind(w->sess, NULL, NULL, NULL) != CTL_FO_LOST) {
+            const int kind = ctl_session_failover_kind(w->sess, NULL, NULL, NULL);
+            if (kind == CTL_FO_WORKER_LOST || kind == CTL_FO_REDO) {
+                /* A lost worker replaced in place needs every worker to go back to a common step (pfcps-worker
+                 * keeps two generations of its state); a torch script's own state is not pfcps's to restore,
+                 * so this worker stops: the rendezvous falls back to the checkpoint re-form. */
+                snprintf(w->broken_msg, sizeof w->broken_msg,
+                         "%s (epoch %u); pfcps.torch does not take part in a worker's replacement in place: the "
+                         "run re-forms from its checkpoint",
+                         text, epoch);
+                log_error("%s", w->broken_msg);
+                __atomic_store_n(&w->broken, 1, __ATOMIC_RELEASE);
+                break;
+            }
+            if (kind != CTL_FO_LOST) {
                 /* A restarted server's rejoin: its copy step is agreed in pfcps-worker's stop vote, which a
                  * torch script has no place for, so this worker takes no part; the learner finds no
                  * checkpoint to copy within ctl_timeout and the rejoin is aborted. */

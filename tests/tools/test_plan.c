@@ -170,7 +170,15 @@ static void test_local_sampled(void **state)
     assert_int_equal(p.servers, 4);
     /* Worker: 2 x 1000 x 16 = 32000; (3000 + 1003 x 4 + 6) x 4 = 28072; (12 + 1000) x 8 = 8096; push copy
      * 8000; sort 32000; no global buffers. */
-    assert_near(p.worker_head_bytes, 108168);
+    assert_near(p.worker_head_bytes, 108168);    /* replicas = 1: each server applies its backup's pushes too (5 passes); local mode keeps no undo logs (its
+     * workers are not replaced in place): 500 rows x (7 + 5) x 16 bytes / 1e9 = 96 us. In global mode both
+     * copies also write the undo log (2 passes each): x (7 + 5 + 4). */
+    in.replicas = 1;
+    assert_int_equal(plan_compute(&in, &p), 0);
+    assert_near(p.mem_s, 96e-6);
+    in.local_mode = 0; /* global: P = 500, k = min(2000, 500) = 500, 2 x 500 / 4 = 250 rows per server */
+    assert_int_equal(plan_compute(&in, &p), 0);
+    assert_near(p.mem_s, 250 * (7 + 5 + 4) * 16 / 1e9);
 }
 
 /* C = 100000, D = 512, r = 0.01, W = 1, B = 1: one server needs 842063328 bytes, two 622361328 each. */
@@ -188,10 +196,11 @@ static void test_servers_for_memory(void **state)
     assert_near(plan_server_need(&in, 1, 1000), 842863328.0);
     /* S = 2: 2 x 102400000 + 50000 x 9 + 12800000 + 268435456 + 134223872 + 500 x (2056 + 2048). */
     assert_near(plan_server_need(&in, 2, 500), 622761328.0);
-    /* replicas = 1 at S = 2: the table, margin, message buffers and push chunks twice, the pull replies once:
-     * 2 x (204800000 + 450000 + 12800000 + 268435456 + 134223872 + 500 x 2056) + 500 x 2048. */
+    /* replicas = 1 at S = 2: the table, margin, message buffers, push chunks and undo logs (2 x 512 x 4 + 16
+     * bytes per pushed row) twice, the pull replies once:
+     * 2 x (204800000 + 450000 + 12800000 + 268435456 + 134223872 + 500 x (2056 + 4112)) + 500 x 2048. */
     in.replicas = 1;
-    assert_near(plan_server_need(&in, 2, 500), 1244498656.0);
+    assert_near(plan_server_need(&in, 2, 500), 1248610656.0);
     in.replicas = 0;
     in.server_mem_gib = 0.75; /* 805306368 bytes: between the two */
     plan_out p;

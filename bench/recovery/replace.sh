@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Worker replacement soak (docs/architecture.md, "Worker replacement in place"): ROUNDS rounds (default 5) of a
+# run on 10 ORL identities (snapshot_every 4, 6 epochs) with SERVERS servers (default 2), WORKERS workers
+# (default 3) and replicas = 1, each with kill -9 of a random worker other than 0 (--victim N: always worker N;
+# worker 0's loss changes the BN running statistics model.ckpt saves, see below) at a random moment: a random
+# delay of 0..0.5 s after worker 0 logged a random step in 3..WORKERS-dependent end - 4, so kills fall anywhere in
+# a step. The script then starts the killed worker again with the same command line at once (as its supervisor
+# would: launch.sh --max-restarts, Kubernetes, systemd); it joins as its own replacement. Every round must end
+# with every member exiting 0 and a model.ckpt and final checkpoint (pfcps ckpt-info table and worker 0's
+# backbone SHA-256) identical to an uninterrupted replicas = 0 run's. Prints per round where the workers stood
+# and what the servers held (the rendezvous' decision line), the time from the kill to the rendezvous'
+# "replaced in place" line (the restart's start-up included) and to the first step worker 0 completes after its
+# redo; then a summary; first, the whole-run wall time of an uninterrupted run with replicas = 0 and = 1.
+# With --victim 0 the table digest must be identical and model.ckpt may differ only in its BN running statistics
+# (the replacement takes worker 1's): the round counts as identical when the table digest is.
+# --classes N: the 10-identity run with a class-center table of N classes, D = 512, sample_rate 0.1, one
+# checkpoint at the end (N = 2000000: 8.2 GB, 16.4 GB with both copies).
+# usage: bench/recovery/replace.sh [-b BUILD] [--victim N] [--classes N] [ROUNDS [SERVERS [WORKERS]]]
+set -uo pipefail
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=$SRC/build
+[ "${1:-}" = -b ] && { BUILD=$2; shift 2; }
+VICTIM=
+[ "${1:-}" = --victim ] && { VICTIM=$2; shift 2; }
+CLASSES=
+[ "${1:-}" = --classes ] && { CLASSES=$2; shift 2; }
+ROUNDS=${1:-5}
+SERVERS=${2:-2}
+WORKERS=${3:-3}
+PFCPS=$BUILD/tools/pfcps
+export OMP_NUM_THREADS=1 PFCPS_SECRET=replace-secret
+TMP=$(mktemp -d)
+trap 'pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
+. "$SRC/bench/recovery/common.sh"
+recovery_stage || exit 1
+# cfg NAME REPLICAS
+cfg() {
+  cat >"$TMP/$1.ini" <<INI
+[train]
+network = r18_w8
+embedding_size = 32
+margin_list = 1.0, 0.0, 0.35
+batch_size = 8
+lr = 0.1
+num_epoch = 6
+warmup_epoch = 1
+output = $TMP/$1
+seed = 7
+sample_rate = 0.25
+pfc_update = dense
+[data]
+rec = $TMP/train
+num_classes = 40
+num_workers = 1
+frequent = 1
+[cluster]
+servers = $SERVERS
+workers = $WORKERS
+rendezvous = 127.0.0.1:$(port)
+ctl_timeout = 20
+[server]
+snapshot_every = 4
+replicas = $2
+INI
+  [ -z "$CLASSES" ] ||
+    printf '[train]\nnum_classes = %s\nembedding_size = 512\nsample_rate = 0.1\n[server]\nsnapshot_every = 1000\nsnapshot_keep = 1\n' \
+      "$CLASSES" >>"$TMP/$1.ini"
+}
+elapsed() { python3 -c "print(f'{$(date +%s.%N) - $1:.1f}')"; }
+cfg ref 0
+t0=$(date +%s.%N)
+"$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/ref.ini" >"$TMP/ref.out" 2>&1 || { tail "$TMP/ref.out"; exit 1; }
+t_ref=$(elapsed "$t0")
+REF=$(final "$TMP/ref")
+TOTAL=$(sed -n 's/^step \([0-9]*\):.*/\1/p' <<<"$REF")
+echo "reference (replicas = 0, uninterrupted): $t_ref s, $TOTAL steps; $REF"
+cfg rep 1
+t0=$(date +%s.%N)
+"$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/rep.ini" >"$TMP/rep.out" 2>&1 || { tail "$TMP/rep.out"; exit 1; }
+t_rep=$(elapsed "$t0")
+same=no
+[ "$(final "$TMP/rep")" = "$REF" ] && cmp -s "$TMP/ref/model.ckpt" "$TMP/rep/model.ckpt" && same=yes
+echo "replicas = 1, uninterrupted: $t_rep s (x$(python3 -c "print(round($t_rep / $t_ref, 2))") of replicas = 0, whole run" \
+  "with start-up); identical: $same"
+rm -rf "$TMP/rep"
+RANDOM=$$
+pass=0; sum_rep=0; sum_step=0; n_t=0
+for ((k = 1; k <= ROUNDS; k++)); do
+  name=r$k
+  cfg "$name" 1
+  pids=()
+  for ((r = 0; r < SERVERS; r++)); do
+    "$BUILD/server/pfcps-server" --config "$TMP/$name.ini" --rank "$r" >"$TMP/$name.s$r.log" 2>&1 &
+    pids+=($!)
+  done
+  wp=()
+  for ((r = 0; r < WORKERS; r++)); do
+    "$BUILD/worker/pfcps-worker" --config "$TMP/$name.ini" --rank "$r" >"$TMP/$name.w$r.log" 2>&1 &
+    wp+=($!)
+  done
+  at=$((3 + RANDOM % (TOTAL - 6)))
+  victim=${VICTIM:-$((1 + RANDOM % (WORKERS - 1)))}
+  delay=$(python3 -c "print($RANDOM % 500 / 1000)")
+  for ((i = 0; i < 1200; i++)); do grep -q "Global Step: $at " "$TMP/$name.w0.log" && break; sleep 0.1; done
+  sleep "$delay"
+  t_kill=$(date -u +%s.%N)
+  kill -KILL "${wp[$victim]}"
+  wait "${wp[$victim]}" 2>/dev/null
+  "$BUILD/worker/pfcps-worker" --config "$TMP/$name.ini" --rank "$victim" >"$TMP/$name.w$victim.again.log" 2>&1 &
+  wp[$victim]=$!
+  rc=0
+  for p in "${wp[@]}"; do wait "$p" || rc=$?; done
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  w0=$TMP/$name.w0.log
+  [ "$victim" = 0 ] && w0=$TMP/$name.w1.log
+  t_rep=$(first_after "$TMP/$name.s0.log" "worker\[$victim\] replaced in place" "$t_kill")
+  t_redo=$(first_after "$w0" "redoing from step" "$t_kill")
+  t_step=$([ -n "$t_redo" ] && first_after "$w0" "Global Step: " "$t_redo")
+  decision=$(sed -n 's/.*every worker redoes \(step [0-9]* (workers stood at steps [0-9.]*, the servers held [0-9]* of its pushes)\).*/\1/p' "$TMP/$name.s0.log" | head -1)
+  got=$(final "$TMP/$name")
+  ok=no
+  if [ "$victim" = 0 ]; then
+    [ "$rc" -eq 0 ] && [ "${got%%  backbone*}" = "${REF%%  backbone*}" ] && ok="yes (table; rank 0's BN statistics are worker 1's)"
+  else
+    [ "$rc" -eq 0 ] && [ "$got" = "$REF" ] && cmp -s "$TMP/ref/model.ckpt" "$TMP/$name/model.ckpt" && ok=yes
+  fi
+  [ "${ok%% *}" = yes ] && pass=$((pass + 1))
+  if [ -n "$t_rep" ] && [ -n "$t_step" ]; then
+    d_rep=$(python3 -c "print(f'{$t_rep - $t_kill:.2f}')"); d_step=$(python3 -c "print(f'{$t_step - $t_kill:.2f}')")
+    sum_rep=$(python3 -c "print($sum_rep + $d_rep)"); sum_step=$(python3 -c "print($sum_step + $d_step)"); n_t=$((n_t + 1))
+  else
+    d_rep=never; d_step=never
+  fi
+  echo "round $k: kill -9 of worker $victim of $WORKERS ${delay} s after step $at: ${decision:-no decision}; replaced" \
+    "after $d_rep s, next step completed after $d_step s; exit $rc; identical: $ok"
+  rm -rf "$TMP/$name"
+done
+[ "$n_t" -gt 0 ] || n_t=1
+echo "summary: $pass/$ROUNDS rounds identical to the uninterrupted run; mean kill -> replaced in place" \
+  "$(python3 -c "print(round($sum_rep / $n_t, 2))") s, kill -> next completed step $(python3 -c "print(round($sum_step / $n_t, 2))") s (restart included)"
+[ "$pass" -eq "$ROUNDS" ]
