@@ -749,32 +749,16 @@ int train_rewind(trainer *t, int64_t step)
     return 0;
 }
 
-int train_run(trainer *t)
+/* The epochs from global step *step to `total` (train_run's loop): each step's state kept (a run that replaces
+ * lost workers), the stop vote, the step, its logs, verification, checkpoints, a rejoin's hold; model.ckpt at
+ * each epoch end (rank 0). *step: the steps done (on an error, the step that failed); *stop: a stop was voted.
+ * Returns 0 or the first error. */
+static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, int *stop_io)
 {
     const pf_config *run = &t->run;
-    const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * run->num_epoch;
-    /* steps done; the step being run is `step` (0-based), arcface_torch's global_step + 1 */
-    int64_t step = t->start_step;
+    int64_t step = *step_io;
     int rc = 0, stop = 0;
     uint32_t rejoin = 0;
-    progress p = {.t_start = pf_now_s(), .first_loss = NAN, .last_loss = NAN, .step_log = step};
-    p.t_log = p.t_start;
-    if (step > 0) {
-        int64_t n = 0;
-        wresume_get_f64(&t->resumed, "first_loss", &p.first_loss);
-        wresume_get_f64(&t->resumed, "log.loss_sum", &p.loss_sum);
-        if (wresume_get_i64(&t->resumed, "log.loss_n", &n) == 0)
-            p.loss_n = (int)n;
-        if (step >= total)
-            log_info("checkpoint step %lld is the last step: nothing left to train", (long long)step);
-    }
-    metrics_register(t);
-    if (step % t->acc_k != 0)
-        return pf_err(-EINVAL, "resuming at global step %lld, inside a gradient_acc = %d window",
-                      (long long)step, t->acc_k);
-
-    uint32_t replaced = 0; /* the newest worker-lost epoch a replacement was set up for */
-again:
     for (int64_t epoch = step / t->steps_per_epoch;
          rc == 0 && !stop && step < total && epoch < run->num_epoch; epoch++) {
         int64_t first = epoch == step / t->steps_per_epoch ? step % t->steps_per_epoch : 0;
@@ -814,18 +798,18 @@ again:
                 break;
             step++;
             metrics_step(t, step, epoch, loss, lr, pf_now_s() - t_step);
-            if ((rc = check_loss(&p, loss, step, epoch)) < 0)
+            if ((rc = check_loss(p, loss, step, epoch)) < 0)
                 break;
-            log_step(t, &p, step, total, epoch, loss, lr);
+            log_step(t, p, step, total, epoch, loss, lr);
             if (t->n_val && step % run->verbose == 0) {
                 double el = 0;
                 if ((rc = verify_sets(t, step, &el)) < 0)
                     break;
-                p.t_log += el;
-                p.val_s += el;
+                p->t_log += el;
+                p->val_s += el;
             }
             if (flags)
-                save_checkpoint(t, &p, step);
+                save_checkpoint(t, p, step);
             if (step == t->rj_ckpt) {
                 t->rj_ckpt = -1;
                 if ((rc = rejoin_hold(t, step)) < 0)
@@ -838,14 +822,45 @@ again:
             log_info("epoch %lld done: backbone saved to %s/model.ckpt", (long long)epoch, run->output);
         }
     }
-    if (rc < 0 && t->wr_on && atomic_load(&t->wr_lost_epoch) > replaced) {
+    *step_io = step;
+    *stop_io = stop;
+    return rc;
+}
+
+int train_run(trainer *t)
+{
+    const pf_config *run = &t->run;
+    const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * run->num_epoch;
+    /* steps done; the step being run is `step` (0-based), arcface_torch's global_step + 1 */
+    int64_t step = t->start_step;
+    int rc = 0, stop = 0;
+    progress p = {.t_start = pf_now_s(), .first_loss = NAN, .last_loss = NAN, .step_log = step};
+    p.t_log = p.t_start;
+    if (step > 0) {
+        int64_t n = 0;
+        wresume_get_f64(&t->resumed, "first_loss", &p.first_loss);
+        wresume_get_f64(&t->resumed, "log.loss_sum", &p.loss_sum);
+        if (wresume_get_i64(&t->resumed, "log.loss_n", &n) == 0)
+            p.loss_n = (int)n;
+        if (step >= total)
+            log_info("checkpoint step %lld is the last step: nothing left to train", (long long)step);
+    }
+    metrics_register(t);
+    if (step % t->acc_k != 0)
+        return pf_err(-EINVAL, "resuming at global step %lld, inside a gradient_acc = %d window",
+                      (long long)step, t->acc_k);
+
+    uint32_t replaced = 0; /* the newest worker-lost epoch a replacement was set up for */
+    for (;;) {
+        rc = run_epochs(t, &p, total, &step, &stop);
+        if (rc >= 0 || !t->wr_on || atomic_load(&t->wr_lost_epoch) <= replaced)
+            break;
         /* A worker was lost: redo from the step the rendezvous decides, with its replacement. */
         replaced = atomic_load(&t->wr_lost_epoch);
         int64_t redo = 0;
-        if ((rc = train_replace(t, step, p.first_loss, p.loss_sum, p.loss_n, &redo)) == 0) {
-            step = redo;
-            goto again;
-        }
+        if ((rc = train_replace(t, step, p.first_loss, p.loss_sum, p.loss_n, &redo)) < 0)
+            break;
+        step = redo;
     }
     if (rc < 0) {
         if (t->trace)
