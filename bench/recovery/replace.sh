@@ -111,10 +111,12 @@ for ((k = 1; k <= ROUNDS; k++)); do
   rc=0
   for p in "${wp[@]}"; do wait "$p" || rc=$?; done
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-  w0=$TMP/$name.w0.log
-  [ "$victim" = 0 ] && w0=$TMP/$name.w1.log
+  # Worker 0 logs the steps; a survivor logs the redo (worker 1 when worker 0 was the victim, whose replacement
+  # then logs the steps).
+  w0=$TMP/$name.w0.log wr=$TMP/$name.w0.log
+  [ "$victim" = 0 ] && { w0=$TMP/$name.w0.again.log; wr=$TMP/$name.w1.log; }
   t_rep=$(first_after "$TMP/$name.s0.log" "worker\[$victim\] replaced in place" "$t_kill")
-  t_redo=$(first_after "$w0" "redoing from step" "$t_kill")
+  t_redo=$(first_after "$wr" "redoing from step" "$t_kill")
   t_step=$([ -n "$t_redo" ] && first_after "$w0" "Global Step: " "$t_redo")
   decision=$(sed -n 's/.*every worker redoes \(step [0-9]* (workers stood at steps [0-9.]*, the servers held [0-9]* of its pushes)\).*/\1/p' "$TMP/$name.s0.log" | head -1)
   got=$(final "$TMP/$name")
