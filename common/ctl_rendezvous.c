@@ -539,6 +539,20 @@ static void count_single(ctl_rendezvous *rv)
     metrics_set(rv->m_single, single);
 }
 
+/* c joins the formed run without a seat yet (a rejoining server, a worker's replacement): role, rank, its
+ * book entry from the join. */
+static void join_unseated(conn *c, ctl_role role, const Pfcps__Join *j)
+{
+    c->joined = 1;
+    c->role = role;
+    c->rank = j->rank;
+    c->seat = -1;
+    c->addr_len = j->fabric_addr.len;
+    if (c->addr_len)
+        memcpy(c->addr, j->fabric_addr.data, c->addr_len);
+    c->deadline = 0;
+}
+
 /* replicas = 1: a join for a failed-over server rank is that server restarted. In head_mode = global it joins
  * as the learner of its two shards (docs/architecture.md, "Hot-standby shards", Rejoin): the epoch goes up,
  * every member is told (the workers then agree on a checkpoint step, CTL_FO_REJOIN_STEP), and the learner
@@ -566,15 +580,8 @@ static void rejoin_begin(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         conn_refuse(rv, c, EAGAIN, msg);
         return;
     }
-    c->joined = 1;
+    join_unseated(c, CTL_ROLE_SERVER, j);
     c->learning = 1;
-    c->role = CTL_ROLE_SERVER;
-    c->rank = j->rank;
-    c->seat = -1;
-    c->addr_len = j->fabric_addr.len;
-    if (c->addr_len)
-        memcpy(c->addr, j->fabric_addr.data, c->addr_len);
-    c->deadline = 0;
     rv->learner = c;
     rv->learner_step = 0;
     rv->learner_t0 = pf_now_s();
@@ -626,6 +633,40 @@ static void reply_base(const ctl_rendezvous *rv, Pfcps__JoinReply *r, Pfcps__Mem
     r->run_nonce.len = sizeof rv->run_nonce;
 }
 
+/* Sends c, which joined the formed run without a seat, its join reply: the book (extra listed in its server
+ * seat when it holds none: a learner), the run's config and token nonce, its run id, resume step `step` (why:
+ * `reason`), the current epoch as rejoin_epoch and `donor` (a worker's replacement). Returns 0, or -1 after
+ * refusing c (out of memory). */
+static int send_late_reply(ctl_rendezvous *rv, conn *c, const conn *extra, int64_t step, const char *reason,
+                           int donor)
+{
+    int n = ctl_roster_size(&rv->roster);
+    Pfcps__Member *mem = calloc((size_t)n, sizeof *mem);
+    Pfcps__Member **ptr = calloc((size_t)n, sizeof *ptr);
+    if (!mem || !ptr) {
+        free(mem);
+        free(ptr);
+        conn_refuse(rv, c, EIO, "out of memory building the join reply");
+        return -1;
+    }
+    reply_members(rv, extra, mem, ptr);
+    Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
+    reply_base(rv, &r, ptr, n);
+    r.resume_step = step;
+    r.resume_reason = (char *)reason;
+    r.run_id.data = rv->run_id;
+    r.run_id.len = sizeof rv->run_id;
+    r.rejoin_epoch = rv->epoch;
+    r.donor = donor;
+    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
+    m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
+    m.join_reply = &r;
+    conn_send_msg(rv, c, &m);
+    free(mem);
+    free(ptr);
+    return 0;
+}
+
 /* A worker said which checkpoint step the learner copies from: the learner gets its book (the run's config,
  * token nonce and run id, resume_step = that step, rejoin_epoch). Later reports of the same rejoin are
  * ignored. */
@@ -635,37 +676,16 @@ static void rejoin_step(ctl_rendezvous *rv, const conn *from, int64_t step)
     if (!l || rv->learner_step > 0 || step <= 0)
         return;
     rv->learner_step = step;
-    int n = ctl_roster_size(&rv->roster);
-    Pfcps__Member *mem = calloc((size_t)n, sizeof *mem);
-    Pfcps__Member **ptr = calloc((size_t)n, sizeof *ptr);
-    if (!mem || !ptr) {
-        free(mem);
-        free(ptr);
-        conn_refuse(rv, l, EIO, "out of memory building the join reply");
-        return;
-    }
-    reply_members(rv, l, mem, ptr);
     char reason[200];
     snprintf(reason, sizeof reason,
              "rejoin: copying shards %d and %d from checkpoint step %lld, which the workers took for it",
              l->rank, (l->rank + rv->num_servers - 1) % rv->num_servers, (long long)step);
-    Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
-    reply_base(rv, &r, ptr, n);
-    r.resume_step = step;
-    r.resume_reason = reason;
-    r.run_id.data = rv->run_id;
-    r.run_id.len = sizeof rv->run_id;
-    r.rejoin_epoch = rv->epoch;
-    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-    m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
-    m.join_reply = &r;
-    conn_send_msg(rv, l, &m);
+    if (send_late_reply(rv, l, l, step, reason, 0) < 0)
+        return;
     log_info(
         "control plane: rejoin: %s[%d] says the workers took checkpoint step %lld for server[%d]'s copy; "
         "its book sent",
         ctl_role_name(from->role), from->rank, (long long)step, l->rank);
-    free(mem);
-    free(ptr);
 }
 
 /* The learner loaded both copies and serves them: it takes its seat again, the epoch goes up and every member
@@ -766,9 +786,11 @@ static void replace_fallback(ctl_rendezvous *rv, const char *why)
     metrics_add(rv->m_reforms, 1);
     queue_member_lost(rv, r, CTL_ROLE_WORKER, d, rv->wr_peer, what);
     if (r) {
+        char msg[640];
+        snprintf(msg, sizeof msg, "worker[%d] %s", d, what);
         r->replacing = 0;
         r->joined = 0;
-        conn_refuse(rv, r, ENOLINK, what);
+        conn_refuse(rv, r, ENOLINK, msg);
     }
 }
 
@@ -906,33 +928,13 @@ static void replace_done(ctl_rendezvous *rv)
     c->replacing = 0;
     join_metrics(rv, c);
     metrics_set(rv->m_members, rv->roster.held);
-    int n = ctl_roster_size(&rv->roster);
-    Pfcps__Member *mem = calloc((size_t)n, sizeof *mem);
-    Pfcps__Member **ptr = calloc((size_t)n, sizeof *ptr);
-    if (!mem || !ptr) {
-        free(mem);
-        free(ptr);
-        replace_fallback(rv, "out of memory building the join reply");
-        return;
-    }
-    reply_members(rv, NULL, mem, ptr);
     char reason[200];
     snprintf(reason, sizeof reason, "replacing worker[%d]: loading worker[%d]'s state of step %lld",
              rv->wr_rank, rv->wr_donor, (long long)rv->wr_step);
-    Pfcps__JoinReply r = PFCPS__JOIN_REPLY__INIT;
-    reply_base(rv, &r, ptr, n);
-    r.resume_step = rv->wr_step;
-    r.resume_reason = reason;
-    r.run_id.data = rv->run_id;
-    r.run_id.len = sizeof rv->run_id;
-    r.rejoin_epoch = rv->epoch;
-    r.donor = rv->wr_donor;
-    Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
-    m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
-    m.join_reply = &r;
-    conn_send_msg(rv, c, &m);
-    free(mem);
-    free(ptr);
+    if (send_late_reply(rv, c, NULL, rv->wr_step, reason, rv->wr_donor) < 0) {
+        replace_fallback(rv, "out of memory building the join reply");
+        return;
+    }
     log_warn("control plane: worker[%d] replaced in place from %s, %.2f s after its loss: the run redoes step "
              "%lld (epoch %u)",
              rv->wr_rank, c->peer, pf_now_s() - rv->wr_t0, (long long)rv->wr_step, rv->epoch);
@@ -993,15 +995,8 @@ static int replace_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         conn_refuse(rv, c, EEXIST, "a replacement for this worker rank joined already");
         return 1;
     }
-    c->joined = 1;
+    join_unseated(c, CTL_ROLE_WORKER, j);
     c->replacing = 1;
-    c->role = CTL_ROLE_WORKER;
-    c->rank = j->rank;
-    c->seat = -1;
-    c->addr_len = j->fabric_addr.len;
-    if (c->addr_len)
-        memcpy(c->addr, j->fabric_addr.data, c->addr_len);
-    c->deadline = 0;
     rv->wr_repl = c;
     log_warn("control plane: worker[%d]'s replacement joined from %s, %.2f s after its loss", j->rank, c->peer,
              pf_now_s() - rv->wr_t0);

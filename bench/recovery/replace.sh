@@ -30,7 +30,8 @@ WORKERS=${3:-3}
 PFCPS=$BUILD/tools/pfcps
 export OMP_NUM_THREADS=1 PFCPS_SECRET=replace-secret
 TMP=$(mktemp -d)
-trap 'pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
+# PFCPS_KEEP_TMP=1 keeps the scratch folder (logs of every round) for a look after a failed round.
+trap 'pkill -KILL -f "$TMP/" 2>/dev/null; if [ -n "${PFCPS_KEEP_TMP:-}" ]; then echo "kept $TMP"; else rm -rf "$TMP"; fi' EXIT
 . "$SRC/bench/recovery/common.sh"
 recovery_stage || exit 1
 # cfg NAME REPLICAS
@@ -135,7 +136,7 @@ for ((k = 1; k <= ROUNDS; k++)); do
   fi
   echo "round $k: kill -9 of worker $victim of $WORKERS ${delay} s after step $at: ${decision:-no decision}; replaced" \
     "after $d_rep s, next step completed after $d_step s; exit $rc; identical: $ok"
-  rm -rf "$TMP/$name"
+  [ -n "${PFCPS_KEEP_TMP:-}" ] || rm -rf "$TMP/$name"
 done
 [ "$n_t" -gt 0 ] || n_t=1
 echo "summary: $pass/$ROUNDS rounds identical to the uninterrupted run; mean kill -> replaced in place" \
