@@ -32,3 +32,40 @@ last_step_before() {
   done < <(grep -E "Global Step: " "$1")
   echo "${n:-0}"
 }
+# recovery_ini NAME SERVERS WORKERS REPLICAS CLASSES [LINE...]: $TMP/NAME.ini, the recovery benchmarks' run: the
+# 10 ORL identities of recovery_stage in a table of CLASSES classes, r18_w8 with 32-d embeddings and a CosFace
+# margin, batch 8, 6 epochs, a log line every step, snapshot_every 4, ctl_timeout 20, output $TMP/NAME, a free
+# rendezvous port; each LINE (e.g. "sample_rate = 0.25") appended last, where it overrides.
+recovery_ini() {
+  local name=$1 s=$2 w=$3 rep=$4 classes=$5; shift 5
+  {
+    cat <<INI
+[train]
+network = r18_w8
+embedding_size = 32
+margin_list = 1.0, 0.0, 0.35
+batch_size = 8
+lr = 0.1
+num_epoch = 6
+warmup_epoch = 1
+output = $TMP/$name
+seed = 7
+[data]
+rec = $TMP/train
+num_classes = $classes
+num_workers = 1
+frequent = 1
+[cluster]
+servers = $s
+workers = $w
+rendezvous = 127.0.0.1:$(port)
+ctl_timeout = 20
+[server]
+snapshot_every = 4
+replicas = $rep
+[train]
+INI
+    local l
+    for l in "$@"; do echo "$l"; done
+  } >"$TMP/$name.ini"
+}

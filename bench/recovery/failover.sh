@@ -56,35 +56,12 @@ cfg() {
         "$TMP/$1" "$TMP/train" "$2" "$(port)" "$3"; } >"$TMP/$1.ini"
     return
   fi
-  cat >"$TMP/$1.ini" <<INI
-[train]
-network = r18_w8
-embedding_size = 32
-margin_list = 1.0, 0.0, 0.35
-batch_size = 8
-lr = 0.1
-num_epoch = 6
-warmup_epoch = 1
-output = $TMP/$1
-seed = 7
-sample_rate = 0.25
-[data]
-rec = $TMP/train
-num_classes = 40
-num_workers = 1
-frequent = 1
-[cluster]
-servers = $2
-workers = 2
-rendezvous = 127.0.0.1:$(port)
-ctl_timeout = 20
-[server]
-snapshot_every = 4
-replicas = $3
-INI
-  [ -z "$CLASSES" ] ||
-    printf '[train]\nnum_classes = %s\nembedding_size = 512\nsample_rate = 0.1\n[server]\nsnapshot_every = 36\nsnapshot_keep = 1\n' \
-      "$CLASSES" >>"$TMP/$1.ini"
+  if [ -z "$CLASSES" ]; then
+    recovery_ini "$1" "$2" 2 "$3" 40 "sample_rate = 0.25"
+  else
+    recovery_ini "$1" "$2" 2 "$3" "$CLASSES" "embedding_size = 512" "sample_rate = 0.1" "snapshot_every = 36" \
+      "snapshot_keep = 1"
+  fi
 }
 cfg ref "$SERVERS" 0
 t0=$(date +%s.%N)

@@ -36,36 +36,12 @@ trap 'pkill -KILL -f "$TMP/" 2>/dev/null; if [ -n "${PFCPS_KEEP_TMP:-}" ]; then 
 recovery_stage || exit 1
 # cfg NAME REPLICAS
 cfg() {
-  cat >"$TMP/$1.ini" <<INI
-[train]
-network = r18_w8
-embedding_size = 32
-margin_list = 1.0, 0.0, 0.35
-batch_size = 8
-lr = 0.1
-num_epoch = 6
-warmup_epoch = 1
-output = $TMP/$1
-seed = 7
-sample_rate = 0.25
-pfc_update = dense
-[data]
-rec = $TMP/train
-num_classes = 40
-num_workers = 1
-frequent = 1
-[cluster]
-servers = $SERVERS
-workers = $WORKERS
-rendezvous = 127.0.0.1:$(port)
-ctl_timeout = 20
-[server]
-snapshot_every = 4
-replicas = $2
-INI
-  [ -z "$CLASSES" ] ||
-    printf '[train]\nnum_classes = %s\nembedding_size = 512\nsample_rate = 0.1\n[server]\nsnapshot_every = 1000\nsnapshot_keep = 1\n' \
-      "$CLASSES" >>"$TMP/$1.ini"
+  if [ -z "$CLASSES" ]; then
+    recovery_ini "$1" "$SERVERS" "$WORKERS" "$2" 40 "sample_rate = 0.25" "pfc_update = dense"
+  else
+    recovery_ini "$1" "$SERVERS" "$WORKERS" "$2" "$CLASSES" "pfc_update = dense" "embedding_size = 512" \
+      "sample_rate = 0.1" "snapshot_every = 1000" "snapshot_keep = 1"
+  fi
 }
 elapsed() { python3 -c "print(f'{$(date +%s.%N) - $1:.1f}')"; }
 cfg ref 0

@@ -30,30 +30,7 @@ trap 'pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
 recovery_stage || exit 1
 # cfg NAME REPLICAS
 cfg() {
-  cat >"$TMP/$1.ini" <<INI
-[train]
-network = r18_w8
-embedding_size = 32
-margin_list = 1.0, 0.0, 0.35
-batch_size = 8
-lr = 0.1
-num_epoch = 6
-warmup_epoch = 1
-output = $TMP/$1
-seed = 7
-[data]
-rec = $TMP/train
-num_classes = 10
-num_workers = 1
-frequent = 1
-[cluster]
-servers = 2
-workers = 2
-rendezvous = 127.0.0.1:$(port)
-[server]
-snapshot_every = 4
-replicas = $2
-INI
+  recovery_ini "$1" 2 2 "$2" 10 "ctl_timeout = 30"
 }
 cfg ref 0
 t0=$(date +%s.%N)
