@@ -1297,10 +1297,11 @@ static void conn_read(ctl_rendezvous *rv, conn *c, double now)
         c->rlen -= off;
     }
     /* Joined members have no deadline while idle, only while a frame is half received; with replicas, one
-     * that heartbeats must go on doing so (a stopped or hung member is lost as a killed one is). */
+     * that heartbeats must go on doing so (a stopped or hung member is lost as a killed one is) until it left
+     * the run (a server then writes its last shard without heartbeats). */
     if (c->joined && !c->closing) {
         if (c->rlen == 0)
-            c->deadline = rv->replicas && c->hb_seen ? now + ctl_member_silence_s(rv->timeout_s) : 0;
+            c->deadline = rv->replicas && c->hb_seen && !c->left ? now + ctl_member_silence_s(rv->timeout_s) : 0;
         else if (c->deadline == 0)
             c->deadline = now + rv->timeout_s;
     }

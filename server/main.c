@@ -67,6 +67,7 @@ typedef struct server_daemon {
     double orphan_t;   /* when serve_until_stop first saw the rendezvous lost with server 0 (0: not yet) */
     double quiet_s;    /* without a rendezvous: workers silent this long end the run (workers_quiet) */
     int rollback_failed; /* a worker replacement's rollback could not be done: the run re-forms */
+    int left;            /* say_done: the shutdown broadcast (server 0) and the leave are sent */
     char root[4096];  /* checkpoint root of the run */
     snapfile_key key; /* the checkpoint key, from the join secret (shard files carry its HMAC) */
 } server_daemon;
@@ -737,6 +738,20 @@ static void stop_serving(server_daemon *d)
              (long long)st.bad_requests);
 }
 
+/* Training is over (exit 0): server 0 broadcasts the shutdown and every server leaves the run in order, once.
+ * Said before the shard's last snapshot is waited for (stop_serving): that wait sends no heartbeat and may
+ * outlast the rendezvous' silence limit (8 GB at 0.7 GB/s), which would report this member lost. */
+static void say_done(server_daemon *d)
+{
+    if (d->left)
+        return;
+    d->left = 1;
+    if (d->rv)
+        ctl_rendezvous_broadcast_shutdown(d->rv);
+    if (d->sess)
+        ctl_session_leave(d->sess); /* an orderly stop: not reported to the others as a lost member */
+}
+
 /* Leaves the run and releases what start-up took; returns exit_code (does not return after a clean stop of
  * a started shard). */
 static int finish(server_daemon *d, int exit_code)
@@ -744,8 +759,8 @@ static int finish(server_daemon *d, int exit_code)
     /* The shutdown broadcast is an orderly stop: members that get it stop and exit 0. When server 0 fails
      * (its own join timed out because a member never came, the shard does not fit, ...) the rendezvous just
      * closes, so that the other members stop with an error instead of reporting a clean stop. */
-    if (d->rv && exit_code == 0)
-        ctl_rendezvous_broadcast_shutdown(d->rv);
+    if (exit_code == 0)
+        say_done(d);
     /* A failure of this server's own (its shard, pretrained_centers, a checkpoint it cannot load): the other
      * members are told its error message, not only that it went. */
     if (d->sess && exit_code != 0 && exit_code != DAEMON_EXIT_REFORM) {
@@ -756,8 +771,6 @@ static int finish(server_daemon *d, int exit_code)
         else
             ctl_session_fail(d->sess, why);
     }
-    if (d->sess && exit_code == 0)
-        ctl_session_leave(d->sess); /* an orderly stop: not reported to the others as a lost member */
     if (d->sess)
         ctl_session_close(d->sess);
     if (d->rv)
@@ -788,6 +801,8 @@ int main(int argc, char **argv)
         exit_code = 0; /* stopped before the run formed */
     } else if (rc == 0 && start_serving(&d) == 0) {
         exit_code = serve_until_stop(&d);
+        if (exit_code == 0)
+            say_done(&d);
         stop_serving(&d);
     }
     return finish(&d, exit_code);

@@ -13,8 +13,12 @@
 #             the last rank); launch.sh exits 0 with the reference's bits;
 #   timeout:  kill -9 of worker 1, not restarted: after ctl_timeout the rendezvous falls back to the checkpoint
 #             re-form, named in its log, and every member stops (nobody hangs).
-# A sixth argument names the cases (default "kill launcher timeout").
-CASES=${6:-kill launcher timeout}
+#   slow_end: replicas = 1 with the last checkpoint's shard write slowed past the rendezvous' silence limit
+#             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
+#             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
+#             exits 0: the servers leave the run before they wait for their shards, so none is reported lost).
+# A sixth argument names the cases (default "kill launcher timeout slow_end").
+CASES=${6:-kill launcher timeout slow_end}
 set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=replace-secret
@@ -98,5 +102,19 @@ for p in "${WPIDS[0]}" "${WPIDS[2]}" "${SPIDS[@]}"; do
   wait_exit "$p" 90 || { show_logs; die "timeout: pid $p still runs after the fallback"; }
 done
 ok "timeout: every member stopped after the fallback to the re-form"
+fi
+# --- slow_end: the last shard write outlasts the silence limit ----------------------------------------------------
+if has slow_end; then
+write_cfg slow 1
+s=0
+PFCPS_SNAPSHOT_THROTTLE_MS=3000 "$SRC/deploy/local/launch.sh" -c "$TMP/slow.ini" -b "$BUILD" --set snapshot_every=20 \
+  --set ctl_timeout=4 >"$TMP/slow.out" 2>&1 || s=$?
+expect_eq "slow_end: launch.sh exits 0 although the last shard write took longer than the silence limit" "$s" 0
+[ "$s" -eq 0 ] || tail -20 "$TMP/slow.out"
+if grep -q "silent member" "$TMP/slow/logs/server0.log"; then
+  fail "slow_end: the rendezvous removed a silent member"
+else
+  ok "slow_end: no member removed for silence"
+fi
 fi
 expect_summary
