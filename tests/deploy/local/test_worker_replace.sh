@@ -11,8 +11,8 @@
 #   launcher: the same under deploy/local/launch.sh --max-restarts 1, which starts worker 2 again alone after
 #             its kill -9 (the lowest rank's state is then loaded from worker 0 and the ring rebuilt around
 #             the last rank); launch.sh exits 0 with the reference's bits;
-#   timeout:  kill -9 of worker 1, not restarted: after ctl_timeout the rendezvous falls back to the checkpoint
-#             re-form, named in its log, and every member stops (nobody hangs).
+#   timeout:  kill -9 of worker 1, not restarted: after ctl_timeout (4 s here) the rendezvous falls back to the
+#             checkpoint re-form, named in its log, and every member stops (nobody hangs).
 #   slow_end: replicas = 1 with the last checkpoint's shard write slowed past the rendezvous' silence limit
 #             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
 #             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
@@ -92,6 +92,7 @@ fi
 # --- timeout: no replacement comes ----------------------------------------------------------------------------------
 if has timeout; then
 write_cfg timeout 1
+echo "ctl_timeout = 4" >>"$TMP/timeout.ini" # the fallback 4 s after the loss (a later key overrides)
 rm -f "$TMP"/*.log
 start_cluster "$TMP/timeout.ini" 2 3
 wait_log "$TMP/worker0.log" "Global Step: 5 " 120 || { show_logs; die "timeout: worker 0 did not reach step 5"; }
