@@ -16,28 +16,16 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/fabric.h"
 #include "common/log.h"
+#include "common/splitmix64.h"
 #include "proto/ps_wire.h"
 #include "server/ps_server.h"
 #include "server/ps_server_internal.h"
 #include "server/shard.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
 
 static int64_t gcd(int64_t a, int64_t b)
 {
@@ -98,7 +86,7 @@ static void push_step(ps_server *S, const params *p, int w, int64_t t, uint8_t *
     const int64_t own = 2 * p->rows / p->workers, n = p->rows / p->workers;
     const uint32_t per = ps_wire_rows_per_msg((uint32_t)p->dim, PS_DT_FP32);
     const uint16_t nchunks = (uint16_t)((n + per - 1) / per);
-    int64_t stride = 1 + (int64_t)(mix((uint64_t)t * 31 + (uint64_t)w) % (uint64_t)own), off = (int64_t)t * 7919;
+    int64_t stride = 1 + (int64_t)(splitmix64((uint64_t)t * 31 + (uint64_t)w) % (uint64_t)own), off = (int64_t)t * 7919;
     while (gcd(stride, own) != 1)
         stride++;
     for (uint16_t ci = 0; ci < nchunks; ci++) {
@@ -121,9 +109,9 @@ static double step(ps_server *S, const params *p, int64_t t, uint8_t *msg, const
 {
     for (int w = 0; w < p->workers; w++)
         push_step(S, p, w, t, msg, grads);
-    double t0 = now();
+    double t0 = pf_now_s();
     pss_apply_drain(S);
-    double dt = now() - t0;
+    double dt = pf_now_s() - t0;
     for (pending *q = S->pq_head; q;) { /* the acknowledgements: nobody to send them to */
         pending *nx = q->next;
         pss_pend_put(S, q);
@@ -179,7 +167,7 @@ int main(int argc, char **argv)
     if (!msg || !grads || !toff || !ton)
         return 1;
     for (size_t i = 0; i < (size_t)per * (size_t)p.dim; i++)
-        grads[i] = (float)((int)(mix(i) % 2001) - 1000) * 1e-5f;
+        grads[i] = (float)((int)(splitmix64(i) % 2001) - 1000) * 1e-5f;
     int64_t t = 0;
     for (; t < 2; t++) /* warm-up */
         step(off, &p, t, msg, grads), step(on, &p, t, msg, grads);
@@ -190,9 +178,9 @@ int main(int argc, char **argv)
             before = shard_checksum(&on->sh);
         ton[i] = step(on, &p, t, msg, grads);
     }
-    double r0 = now();
+    double r0 = pf_now_s();
     int rc = ps_server_rollback(on, t - 1, 1, -1);
-    const double trb = now() - r0;
+    const double trb = pf_now_s() - r0;
     const int restored = rc == 0 && shard_checksum(&on->sh) == before;
     qsort(toff, (size_t)p.steps, sizeof(double), cmp);
     qsort(ton, (size_t)p.steps, sizeof(double), cmp);
