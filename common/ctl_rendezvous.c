@@ -580,6 +580,12 @@ static void rejoin_begin(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         conn_refuse(rv, c, EAGAIN, msg);
         return;
     }
+    if (rv->wr_rank >= 0) {
+        snprintf(msg, sizeof msg, "worker[%d] is being replaced now; server[%d] rejoins after it", rv->wr_rank,
+                 j->rank);
+        conn_refuse(rv, c, EAGAIN, msg);
+        return;
+    }
     join_unseated(c, CTL_ROLE_SERVER, j);
     c->learning = 1;
     rv->learner = c;
@@ -809,6 +815,16 @@ static int try_replace(ctl_rendezvous *rv, const conn *c)
         return 0;
     }
     const int S = rv->num_servers, W = rv->num_workers;
+    /* A replacement would start from a book without the lost server's copies (the survivors retired them at
+     * its failover): not built, so the run re-forms (it has every server again then). */
+    for (int s = 0; s < S; s++)
+        if (rv->srv_lost[s]) {
+            log_error("control plane: worker[%d] lost while server[%d] is failed over (not rejoined): a worker "
+                      "is replaced in place only while every server holds its copies; falling back to the "
+                      "checkpoint re-form",
+                      c->rank, s);
+            return 0;
+        }
     rv->wr_rank = c->rank;
     snprintf(rv->wr_peer, sizeof rv->wr_peer, "%s", c->peer);
     rv->wr_phase = WR_REPORTS;

@@ -13,7 +13,9 @@
  *             refused;
  *   timeout:  no replacement joins within ctl_timeout (2 s): the fallback, naming it;
  *   early:    a join for rank 1 while worker 1 is still a member is asked to retry (EAGAIN), then taken;
- *   off:      replace_workers = 0: the loss is told at once as a re-form (-ENOLINK). */
+ *   off:      replace_workers = 0: the loss is told at once as a re-form (-ENOLINK);
+ *   server_lost: 2 servers: server 1 failed over, then worker 1 lost: no replacement (the re-form); worker 1
+ *             lost, then server 1 during its replacement: the re-form, naming both. */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -48,10 +50,10 @@ static void *join_main(void *arg)
     return NULL;
 }
 
-static ctl_rendezvous *start(int replace, double timeout_s)
+static ctl_rendezvous *start_n(int servers, int replace, double timeout_s)
 {
     ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
-                             .num_servers = 1,
+                             .num_servers = servers,
                              .num_workers = 2,
                              .secret = SECRET,
                              .max_frame = MAXF,
@@ -65,6 +67,11 @@ static ctl_rendezvous *start(int replace, double timeout_s)
         DIE("rendezvous: %s", pf_errmsg());
     port = ctl_rendezvous_port(rv);
     return rv;
+}
+
+static ctl_rendezvous *start(int replace, double timeout_s)
+{
+    return start_n(1, replace, timeout_s);
 }
 
 /* server 0, worker 0, worker 1 joined into m[3]. */
@@ -238,6 +245,65 @@ static void case_off(void)
     ctl_rendezvous_stop(rv);
 }
 
+/* 2 servers + 2 workers: server 1 lost first (failed over), then worker 1: no replacement (the replacement's
+ * book would lack server 1's copies): the re-form; and worker 1 lost first, then server 1 during its
+ * replacement: the re-form, naming both. */
+static void case_server_lost(void)
+{
+    ctl_rendezvous *rv = start_n(2, 1, 8);
+    member m[4] = {{.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10},
+                   {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10},
+                   {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10},
+                   {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1", .timeout = 10}};
+    for (int i = 0; i < 4; i++)
+        pthread_create(&m[i].th, NULL, join_main, &m[i]);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(m[i].th, NULL);
+        if (m[i].rc < 0)
+            DIE("member %d did not join: %s", i, pf_errmsg());
+    }
+    ctl_session_close(m[1].s); /* server 1 lost: failed over */
+    m[1].s = NULL;
+    int rank = -1;
+    uint32_t e = 0;
+    int64_t st = 0;
+    int k = next_notice(m[2].s, &rank, &e, &st);
+    check(k == CTL_FO_LOST && rank == 1, "server_lost: server 1 failed over first (kind %d, rank %d)", k, rank);
+    next_notice(m[0].s, &rank, &e, &st);
+    ctl_session_close(m[3].s); /* then worker 1 */
+    m[3].s = NULL;
+    for (int i = 0; i < 3; i += 2) {
+        int r = ctl_session_wait_shutdown(m[i].s, 5.0);
+        check(r == -ENOLINK && strstr(pf_errmsg(), "worker[1]"), "server_lost: member %d is told worker 1's loss "
+              "as a re-form (%d: %s)", i, r, pf_errmsg());
+    }
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[2].s);
+    ctl_rendezvous_stop(rv);
+
+    /* A server lost while a worker is being replaced. */
+    rv = start_n(2, 1, 8);
+    for (int i = 0; i < 4; i++)
+        pthread_create(&m[i].th, NULL, join_main, &m[i]);
+    for (int i = 0; i < 4; i++) {
+        pthread_join(m[i].th, NULL);
+        if (m[i].rc < 0)
+            DIE("member %d did not join: %s", i, pf_errmsg());
+    }
+    ctl_session_close(m[3].s); /* worker 1 lost: its replacement under way */
+    m[3].s = NULL;
+    k = next_notice(m[2].s, &rank, &e, &st);
+    check(k == CTL_FO_WORKER_LOST && rank == 1, "server_lost: worker 1's replacement began (kind %d)", k);
+    ctl_session_close(m[1].s); /* server 1 lost during it: the re-form */
+    m[1].s = NULL;
+    int r = ctl_session_wait_shutdown(m[2].s, 5.0);
+    check(r == -ENOLINK && strstr(pf_errmsg(), "server[1]") && strstr(pf_errmsg(), "was lost too"),
+          "server_lost: a server lost during a worker's replacement re-forms the run (%d: %s)", r, pf_errmsg());
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[2].s);
+    ctl_rendezvous_stop(rv);
+}
+
 int main(void)
 {
     case_happy();
@@ -245,5 +311,6 @@ int main(void)
     case_timeout();
     case_early();
     case_off();
+    case_server_lost();
     return check_summary();
 }
