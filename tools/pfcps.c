@@ -50,6 +50,7 @@ static const pfcps_command commands[] = {
      "plan --identities C --workers W --link-gbps G [--dim D] [--sample-rate R | --sampled K]\n"
      "        [--batch B] [--wire fp32|fp16|bf16] [--head-mode global|local] [--servers S]\n"
      "        [--server-mem GIB] [--mem-bw GB/S] [--gemm-gflops GFLOP/S] [--backbone-ms MS]\n"
+     "        [--replicas 0|1] [--optimizer sgd|adamw]\n"
      "        servers needed (memory, bandwidth), bytes per step per link, step time bounded by link,\n"
      "        server memory and head compute (tools/plan.h)",
      0},
