@@ -165,13 +165,16 @@ int wdev_backbone(wdev *d, const ops_device *dev, ops_ctx *ctx, size_t nparams, 
     return 0;
 }
 
-/* The backbone's collective: broadcast from rank 0 (bcast != 0) or allreduce (sum). */
-static int bb_collective(wdev *d, float *buf, int bcast)
+/* The backbone's collective over n floats at buf (n <= nparams: the staging buffer's size): broadcast from
+ * rank 0 (bcast != 0) or allreduce (sum). */
+static int bb_collective(wdev *d, float *buf, size_t n, int bcast)
 {
-    size_t n = d->nparams, bytes = n * sizeof(float);
+    size_t bytes = n * sizeof(float);
     pf_coll *c = d->have_nccl ? &d->nccl : d->ring;
     if (d->have_nccl || d->direct)
         return bcast ? coll_broadcast(c, buf, bytes, 0) : coll_allreduce(c, buf, n, COLL_F32, COLL_SUM);
+    if (n > d->nparams)
+        return pf_err(-EINVAL, "backbone collective of %zu floats: the staging buffer holds %zu", n, d->nparams);
     int rc = d->dev->mem_d2h(d->ctx, d->h_stage, buf, bytes);
     if (rc == 0)
         rc = bcast ? coll_broadcast(c, d->h_stage, bytes, 0)
@@ -183,12 +186,17 @@ static int bb_collective(wdev *d, float *buf, int bcast)
 
 int wdev_bcast(wdev *d, float *buf)
 {
-    return bb_collective(d, buf, 1);
+    return bb_collective(d, buf, d->nparams, 1);
+}
+
+int wdev_bcast_floats(wdev *d, float *buf, size_t n)
+{
+    return bb_collective(d, buf, n, 1);
 }
 
 int wdev_allreduce(wdev *d, float *buf)
 {
-    return bb_collective(d, buf, 0);
+    return bb_collective(d, buf, d->nparams, 0);
 }
 
 /* fp16 gradient mean (coll_allreduce_fp16_mean's arithmetic) over NCCL on device buffers: the cast and div_ by

@@ -10,6 +10,7 @@
  *                          head (pfc_step) on host copies of the embeddings elsewhere
  *   wdev_head_step         one head step, the same call for both heads
  *   wdev_bcast / wdev_allreduce   the backbone's parameter broadcast and gradient allreduce
+ *   wdev_bcast_floats      a broadcast from worker 0 of fewer floats (worker 0's BN statistics)
  *
  * This file pair is the only place in the worker's loop that knows whether the device is a GPU: train.c
  * has no #ifdef. Without the CUDA device (no PFCPS_HAVE_CUDA_OPS) the CUDA paths refuse with -ENODEV. */
@@ -93,6 +94,11 @@ int wdev_backbone(wdev *d, const ops_device *dev, ops_ctx *ctx, size_t nparams, 
  * Returns 0 or the collective's / device's negative code. */
 int wdev_bcast(wdev *d, float *buf);
 int wdev_allreduce(wdev *d, float *buf);
+
+/* Broadcast from worker 0 of n floats at buf (device memory, n <= nparams), over the backbone's collective
+ * (wdev_bcast's paths). Returns 0, -EINVAL when n exceeds the host staging buffer, or the collective's /
+ * device's negative code. */
+int wdev_bcast_floats(wdev *d, float *buf, size_t n);
 
 /* The backbone gradients' collective (nparams floats at buf, device memory), the result the mean over the W
  * workers. fp16 = 0: wdev_allreduce's float32 sum, then the caller multiplies by 1/W. fp16 = 1: torch DDP's

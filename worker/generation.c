@@ -12,7 +12,8 @@
  * accumulating, in that order) and the host state. */
 typedef struct wgen_slot {
     int64_t step; /* the step whose start this holds; -1: empty */
-    float *dev;   /* device: params (np) | buffers (nb) | opt[0..n_opt) (np each) | grads (np, acc_k > 1) */
+    float *dev;   /* device: params (np) | buffers (nb) | opt[0..n_opt) (np each) | grads (np, acc_k > 1) |
+                     worker 0's buffers (nb, src.bn0) */
     int64_t opt_steps;
     loss_scaler scaler;
     uint64_t rng;
@@ -32,7 +33,7 @@ struct wgen {
 /* Floats of a slot's device allocation. */
 static size_t dev_floats(const wgen *g)
 {
-    return g->np * (size_t)(1 + g->src.n_opt + (g->src.acc_k > 1)) + g->nb;
+    return g->np * (size_t)(1 + g->src.n_opt + (g->src.acc_k > 1)) + g->nb * (size_t)(1 + !!g->src.bn0);
 }
 
 int wgen_create(wgen **out, const wgen_src *src)
@@ -103,8 +104,8 @@ static int copy_state(wgen *g, wgen_slot *s, int64_t step, int to_slot)
 {
     const wgen_src *src = &g->src;
     model *m = src->m;
-    float *live[5] = {model_params(m), model_buffers(m)};
-    size_t n[5] = {g->np, g->nb};
+    float *live[6] = {model_params(m), model_buffers(m)};
+    size_t n[6] = {g->np, g->nb};
     int k = 2;
     for (int i = 0; i < src->n_opt; i++, k++) {
         live[k] = src->opt[i];
@@ -113,6 +114,10 @@ static int copy_state(wgen *g, wgen_slot *s, int64_t step, int to_slot)
     if (in_window(g, step)) {
         live[k] = model_grads(m);
         n[k++] = g->np;
+    }
+    if (src->bn0) {
+        live[k] = src->bn0;
+        n[k++] = g->nb;
     }
     float *at = s->dev;
     for (int i = 0; i < k; i++) {
@@ -219,7 +224,8 @@ int wgen_restore(wgen *g, int64_t step)
 
 size_t wgen_keep_bytes(const wgen *g, int64_t step)
 {
-    size_t b = (g->np * (size_t)(1 + g->src.n_opt + in_window(g, step)) + g->nb) * sizeof(float);
+    size_t b = (g->np * (size_t)(1 + g->src.n_opt + in_window(g, step)) + g->nb * (size_t)(1 + !!g->src.bn0)) *
+               sizeof(float);
     b += sizeof(int64_t) + sizeof(loss_scaler) + sizeof(uint64_t);
     if (g->src.acc_k > 1)
         b += (size_t)*g->src.acc_n * (sizeof(int64_t) + (size_t)g->src.row_floats * sizeof(float));

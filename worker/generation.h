@@ -5,8 +5,9 @@
  *
  * A generation is everything a training step changes that later steps read:
  *   device: backbone parameters (model_params), BN running statistics (model_buffers), the optimizer's
- *           arrays (SGD momentum, or AdamW's two moments), and under gradient accumulation the gradients
- *           summed so far in the window (model_grads)
+ *           arrays (SGD momentum, or AdamW's two moments), under gradient accumulation the gradients summed
+ *           so far in the window (model_grads), and on workers 1.. the copy of worker 0's BN running
+ *           statistics when the source has one (wgen_src.bn0)
  *   host:   the optimizer step count, the loss scaler (scale, growth tracker), the dropout generator's
  *           counter (model_rng_state), and under gradient accumulation the window's class-center gradient
  *           sums (ids, rows, their count)
@@ -36,6 +37,9 @@ typedef struct wgen_src {
     int n_opt;           /* 0, 1 or 2 */
     int64_t *opt_steps;  /* optimizer steps applied (AdamW's bias-correction count) */
     loss_scaler *scaler; /* the dynamic loss scaler, or NULL without loss scaling */
+    float *bn0;          /* device, model_num_buffer_floats floats, or NULL: worker 0's BN running statistics
+                            as this worker holds them (workers 1.. of a run that replaces lost workers: worker 0's
+                            are the ones model.ckpt saves, so its replacement must get them back) */
     /* Gradient accumulation (acc_k > 1; 1: none): the model's gradients are kept for steps inside a window
      * (step % acc_k != 0), and the window's class-center gradient sums: *acc_n rows, ids at *acc_ids and
      * rows of row_floats floats at *acc_rows (host memory; pointers to the pointers, which the merge swaps),

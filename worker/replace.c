@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "worker/device.h"
 #include "worker/generation.h"
 #include "worker/ps_client.h"
 #include "worker/train_state.h"
@@ -46,15 +47,40 @@ static int wait_redo(trainer *t, uint32_t after, double limit_s)
     return 0;
 }
 
+/* Exchanges the model's BN running statistics with t->bn0 (worker 0's, as this worker holds them), through
+ * device scratch. Returns 0 or the device's negative code (the two then possibly mixed: the caller gives up). */
+static int swap_rank0_buffers(trainer *t)
+{
+    const size_t bytes = model_num_buffer_floats(t->m) * sizeof(float);
+    float *own = model_buffers(t->m), *tmp = NULL;
+    if (!t->bn0 || bytes == 0)
+        return 0;
+    int rc = t->wd.dev->mem_alloc(t->wd.ctx, (void **)&tmp, bytes);
+    if (rc == 0 && (rc = t->wd.dev->mem_d2d(t->wd.ctx, tmp, own, bytes)) == 0 &&
+        (rc = t->wd.dev->mem_d2d(t->wd.ctx, own, t->bn0, bytes)) == 0)
+        rc = t->wd.dev->mem_d2d(t->wd.ctx, t->bn0, tmp, bytes);
+    if (tmp)
+        t->wd.dev->mem_free(t->wd.ctx, tmp);
+    return rc < 0 ? pf_err_wrap(rc, "worker 0's BN statistics (%zu bytes)", bytes) : 0;
+}
+
 /* The donor: its state of the redo step, restored already, goes to <checkpoint root>/replace for the
- * replacement (a folder of its own, so no checkpoint of the run is made to look complete or pruned). */
+ * replacement (a folder of its own, so no checkpoint of the run is made to look complete or pruned), with
+ * worker 0's BN running statistics in place of its own: they are the ones model.ckpt saves, so a lost worker 0
+ * gets its own back, and any other replacement a copy it keeps for a later loss of worker 0 (a worker's own
+ * statistics reach no output but worker 0's). */
 static int write_for_replacement(trainer *t, int64_t step, uint32_t epoch, double first_loss, double loss_sum,
                                  int loss_n)
 {
     char root[4200];
     snprintf(root, sizeof root, "%s/replace", t->ckpt_root);
     const double t0 = pf_now_s();
-    int rc = train_write_state(t, root, step, first_loss, loss_sum, loss_n);
+    int rc = swap_rank0_buffers(t);
+    if (rc == 0) {
+        rc = train_write_state(t, root, step, first_loss, loss_sum, loss_n);
+        int rc2 = swap_rank0_buffers(t);
+        rc = rc < 0 ? rc : rc2;
+    }
     if (rc < 0)
         return pf_err_wrap(rc, "worker replacement: writing this worker's state of step %lld", (long long)step);
     wresume_prune(root, t->rank, 1, step);

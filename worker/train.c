@@ -217,6 +217,10 @@ static int train_step(trainer *t, int64_t step, double lr, uint32_t push_flags, 
         rc = backbone_grads(t, step, last, &ss, &skip);
     if (rc == 0 && last && !skip)
         rc = backbone_apply(t, (float)lr, ss);
+    /* worker 0's BN statistics after this step's forward, on every worker (train_state.h: bn0) */
+    if (rc == 0 && t->wr_on && t->W > 1)
+        rc = wdev_bcast_floats(&t->wd, t->rank == 0 ? model_buffers(t->m) : t->bn0,
+                               model_num_buffer_floats(t->m));
     if (b && t->trace_keys) {
         memcpy(t->trace_keys, b->keys, (size_t)b->n * sizeof *b->keys);
         memcpy(t->trace_flips, b->flips, (size_t)b->n);

@@ -614,14 +614,42 @@ static int setup_import(trainer *t, const ctl_book *book)
     return 0;
 }
 
+/* Workers 1.. of a run that replaces lost workers: t->bn0, their copy of worker 0's BN running statistics
+ * (train_state.h), filled by a broadcast from worker 0 at the start (every worker, after its resume), or for a
+ * replacement from the state it loaded (the donor wrote worker 0's statistics there; the others do not
+ * broadcast). Worker 0 joins the broadcast and keeps no copy. */
+static int setup_rank0_buffers(trainer *t, const ctl_book *book)
+{
+    const size_t nb = model_num_buffer_floats(t->m);
+    float *buf = model_buffers(t->m);
+    int rc = 0;
+    if (t->rank != 0) {
+        if ((rc = t->wd.dev->mem_alloc(t->wd.ctx, (void **)&t->bn0, (nb ? nb : 1) * sizeof(float))) < 0)
+            return pf_err_wrap(rc, "%zu bytes for worker 0's BN statistics", nb * sizeof(float));
+        if (book->rejoin_epoch)
+            rc = t->wd.dev->mem_d2d(t->wd.ctx, t->bn0, buf, nb * sizeof(float));
+        buf = t->bn0;
+    }
+    if (rc == 0 && !book->rejoin_epoch && nb)
+        rc = wdev_bcast_floats(&t->wd, buf, nb);
+    return rc < 0 ? pf_err_wrap(rc, "worker 0's BN statistics (%zu floats)", nb) : 0;
+}
+
 /* Set-up 8 (opts.keep_generations): memory for the two generations of the state a step changes
- * (worker/generation.h), reading and writing the trainer's own fields. */
-static int setup_generations(trainer *t)
+ * (worker/generation.h), reading and writing the trainer's own fields; with them, in a run that replaces
+ * lost workers, the copy of worker 0's BN statistics (setup_rank0_buffers). */
+static int setup_generations(trainer *t, const ctl_book *book)
 {
     if (!t->opts.keep_generations)
         return 0;
+    /* With a control session, a run whose lost workers are replaced in place (common/config.h) takes the
+     * rendezvous' notices for it (worker/replace.c). */
+    t->wr_on = t->opts.sess && cfg_replaces_workers(&t->run, NULL, 0);
+    int rc = t->wr_on && t->W > 1 ? setup_rank0_buffers(t, book) : 0;
+    if (rc < 0)
+        return rc;
     wgen_src src = {.m = t->m, .opt_steps = &t->opt_steps, .scaler = t->loss_scaling ? &t->scaler : NULL,
-                    .acc_k = t->acc_k};
+                    .acc_k = t->acc_k, .bn0 = t->bn0};
     src.n_opt = train_opt_arrays(t, src.opt);
     if (t->acc_k > 1) {
         src.acc_ids = &t->acc_ids;
@@ -630,12 +658,9 @@ static int setup_generations(trainer *t)
         src.acc_cap = t->acc_cap;
         src.row_floats = t->run.embedding_size;
     }
-    int rc = wgen_create(&t->gen, &src);
+    rc = wgen_create(&t->gen, &src);
     if (rc < 0)
         return pf_err_wrap(rc, "keep_generations");
-    /* With a control session, a run whose lost workers are replaced in place (common/config.h) takes the
-     * rendezvous' notices for it (worker/replace.c). */
-    t->wr_on = t->opts.sess && cfg_replaces_workers(&t->run, NULL, 0);
     log_info("generations kept for in-place recovery: %.1f MB for two, %.1f MB copied per step",
              (double)wgen_alloc_bytes(t->gen) / 1e6, (double)wgen_keep_bytes(t->gen, 0) / 1e6);
     return 0;
@@ -659,7 +684,7 @@ int train_setup(trainer *t, const pf_config *run, const ctl_book *book, const tr
                                 t->opts.secret ? t->opts.secret : t->run.secret)) < 0 ||
         (rc = setup_data(t)) < 0 || (rc = setup_backbone(t, book)) < 0 || (rc = setup_head(t)) < 0 ||
         (rc = setup_resume(t, book)) < 0 || (rc = setup_import(t, book)) < 0 ||
-        (rc = setup_generations(t)) < 0)
+        (rc = setup_generations(t, book)) < 0)
         return rc;
     return setup_outputs(t);
 }
@@ -686,6 +711,8 @@ void train_close(trainer *t)
         ops_ctx *ctx = model_ctx(t->m);
         const ops_device *dev = t->wd.dev;
         if (dev) {
+            if (t->bn0)
+                dev->mem_free(ctx, t->bn0);
             if (t->mom)
                 dev->mem_free(ctx, t->mom);
             if (t->adam_m)

@@ -82,6 +82,10 @@ struct trainer {
     /* opts.keep_generations: the state at the start of the current and the previous step (train_rewind);
      * NULL when off. */
     wgen *gen;
+    /* A run that replaces lost workers, workers 1..W-1: worker 0's BN running statistics as of this worker's
+     * last finished step (device, model_num_buffer_floats floats; broadcast from worker 0 at the end of every
+     * step, kept in the generations), for a lost worker 0's replacement; NULL elsewhere. */
+    float *bn0;
 
     /* Head: the Partial FC sampler (and, off the GPU, the CPU head). */
     pfc head;

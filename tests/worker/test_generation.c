@@ -14,7 +14,9 @@
  * array and scalar (optimizer steps, loss scale and tracker, dropout counter) and every step's push equals
  * the uninterrupted run's bit for bit. A restore of a step not held returns -ENOENT naming the steps held and
  * changes nothing. Cases: SGD with momentum; AdamW with loss scaling; SGD with loss scaling and
- * gradient_acc = 2 (restores inside a window).
+ * gradient_acc = 2 (restores inside a window). The first and third also keep a copy of worker 0's BN
+ * statistics (wgen_src.bn0), updated at every step's end from the buffers and its own previous value (as the
+ * trainer's broadcast rewrites it), so a copy restored from the wrong step shows in the redo's result.
  *
  * --bench NET D B: the cost of wgen_keep for backbone NET (embedding size D, SGD momentum) on the CPU device
  * against a training step (forward, backward, optimizer) at batch B; prints bytes and milliseconds. */
@@ -34,7 +36,7 @@ enum { B = 4, D = 16, N = 8, ACC_CAP = 64, GROWTH = 2, OVERFLOW_STEP = 3 };
 
 typedef struct rcase {
     const char *name;
-    int adamw, scaling, acc_k;
+    int adamw, scaling, acc_k, bn0;
 } rcase;
 
 /* One worker's training state and the run's record of its pushes. */
@@ -50,6 +52,7 @@ typedef struct rig {
     double pushed[N]; /* per step: the checksum of what the window's last step pushed (0: nothing) */
     wgen *g;
     float *x, *gemb;
+    float *bn0; /* rcase.bn0: the copy of worker 0's BN statistics (model_num_buffer_floats), else NULL */
 } rig;
 
 static void rig_open(rig *r, const rcase *c)
@@ -76,6 +79,8 @@ static void rig_open(rig *r, const rcase *c)
         DIE("loss_scaler_init");
     r->acc_ids = xmalloc(ACC_CAP * sizeof *r->acc_ids);
     r->acc_rows = xmalloc(ACC_CAP * D * sizeof *r->acc_rows);
+    if (c->bn0)
+        r->bn0 = calloc(model_num_buffer_floats(r->m), sizeof(float));
     wgen_src src = {.m = r->m,
                     .opt = {c->adamw ? r->o.adam_m : r->o.mom, r->o.adam_v},
                     .n_opt = c->adamw ? 2 : 1,
@@ -86,7 +91,8 @@ static void rig_open(rig *r, const rcase *c)
                     .acc_rows = &r->acc_rows,
                     .acc_n = &r->acc_n,
                     .acc_cap = ACC_CAP,
-                    .row_floats = D};
+                    .row_floats = D,
+                    .bn0 = r->bn0};
     if (wgen_create(&r->g, &src) < 0)
         DIE("wgen_create");
     r->x = xmalloc((size_t)B * 3 * 112 * 112 * sizeof(float));
@@ -105,6 +111,7 @@ static void rig_close(rig *r)
     free(r->acc_rows);
     free(r->x);
     free(r->gemb);
+    free(r->bn0);
 }
 
 /* The window's class-center sums: the row of class `id` gets `row` added (a new id goes in at the end). */
@@ -176,6 +183,16 @@ static void step_apply(rig *r, int64_t step, float scale)
     r->acc_n = 0;
 }
 
+/* The end of every step with rcase.bn0: the copy of worker 0's statistics becomes the mean of the buffers
+ * and its previous value. */
+static void bn0_update(rig *r)
+{
+    const size_t nb = model_num_buffer_floats(r->m);
+    const float *buf = model_buffers(r->m); /* host device */
+    for (size_t i = 0; r->bn0 && i < nb; i++)
+        r->bn0[i] = 0.5f * (r->bn0[i] + buf[i]);
+}
+
 static void keep(rig *r, int64_t step)
 {
     if (wgen_keep(r->g, step) < 0)
@@ -188,6 +205,7 @@ static void run_steps(rig *r, int64_t from, int64_t to)
     for (int64_t s = from; s < to; s++) {
         keep(r, s);
         step_apply(r, s, step_grads(r, s));
+        bn0_update(r);
     }
 }
 
@@ -204,7 +222,9 @@ typedef struct snap {
 static snap take(rig *r)
 {
     const size_t np = model_num_params(r->m), nb = model_num_buffer_floats(r->m);
-    snap s = {.n = 4 * np + nb}; /* params, buffers, grads, two optimizer arrays (the second 0 for SGD) */
+    /* params, buffers, grads, two optimizer arrays (the second 0 for SGD), the copy of worker 0's buffers (0
+     * without) */
+    snap s = {.n = 4 * np + 2 * nb};
     s.f = xmalloc(s.n * sizeof(float));
     if (model_get_params(r->m, s.f) < 0 || model_get_buffers(r->m, s.f + np) < 0 ||
         model_get_grads(r->m, s.f + np + nb) < 0)
@@ -214,6 +234,10 @@ static snap take(rig *r)
         memcpy(s.f + 3 * np + nb, r->o.adam_v, np * sizeof(float));
     else
         memset(s.f + 3 * np + nb, 0, np * sizeof(float));
+    if (r->bn0)
+        memcpy(s.f + 4 * np + nb, r->bn0, nb * sizeof(float));
+    else
+        memset(s.f + 4 * np + nb, 0, nb * sizeof(float));
     s.opt_steps = r->opt_steps;
     s.acc_n = r->acc_n;
     s.sc = r->sc;
@@ -240,8 +264,10 @@ static void interrupted(const rcase *c, const snap *ref, int64_t k, int where, i
     run_steps(&r, 0, k);
     keep(&r, k);
     float scale = step_grads(&r, k);
-    if (where < 2)
+    if (where < 2) {
         step_apply(&r, k, scale);
+        bn0_update(&r);
+    }
     if (where == 1) {
         keep(&r, k + 1);
         step_grads(&r, k + 1);
@@ -298,7 +324,7 @@ static void run_case(const rcase *c)
 /* A fresh wgen: nothing held, -ENOENT naming none; step < 0 refused. */
 static void empty_case(void)
 {
-    static const rcase c = {"empty", 0, 0, 1};
+    static const rcase c = {"empty", 0, 0, 1, 0};
     rig r;
     rig_open(&r, &c);
     int rc = wgen_restore(r.g, 0);
@@ -367,9 +393,9 @@ int main(int argc, char **argv)
         return bench(argv[2], atoi(argv[3]), atoi(argv[4]));
     empty_case();
     static const rcase cases[] = {
-        {"sgd", 0, 0, 1},
-        {"adamw+scaling", 1, 1, 1},
-        {"sgd+scaling+acc2", 0, 1, 2},
+        {"sgd+bn0", 0, 0, 1, 1},
+        {"adamw+scaling", 1, 1, 1, 0},
+        {"sgd+scaling+acc2+bn0", 0, 1, 2, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_case(&cases[i]);

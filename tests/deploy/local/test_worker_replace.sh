@@ -3,11 +3,11 @@
 # restarts, no checkpoint is loaded, and the run ends with the uninterrupted run's bits.
 # Reference: 2 servers + 3 workers, replicas = 0, 10 ORL identities in a table of 40 classes sampled at 0.25
 # (pfc_update = dense), 20 steps (5 epochs of 4), snapshot_every 4, under the launcher. Then, replicas = 1:
-#   kill:     kill -9 of worker 1 once worker 0 logged a random step in 4..14; worker 1 started again with the
-#             same command line joins as its replacement, loads worker 0's state of the redo step, and every
-#             worker redoes that step: every member exits 0, the rendezvous names the replacement and no re-form,
-#             and model.ckpt and the final checkpoint (`pfcps ckpt-info` table and worker 0's backbone SHA-256)
-#             equal the reference's;
+#   kill:     kill -9 of worker 0 once it logged a random step in 4..14; worker 0 started again with the
+#             same command line joins as its replacement, loads worker 1's state of the redo step (with worker
+#             1's copy of worker 0's BN statistics, the ones model.ckpt saves), and every worker redoes that step:
+#             every member exits 0, the rendezvous names the replacement and no re-form, and model.ckpt and the
+#             final checkpoint (`pfcps ckpt-info` table and worker 0's backbone SHA-256) equal the reference's;
 #   launcher: the same under deploy/local/launch.sh --max-restarts 1, which starts worker 2 again alone after
 #             its kill -9 (the lowest rank's state is then loaded from worker 0 and the ring rebuilt around
 #             the last rank); launch.sh exits 0 with the reference's bits;
@@ -38,22 +38,22 @@ expect_grep "reference: 20 steps, final checkpoint complete" "^step 20: table [0
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
 
-# --- kill: worker 1 killed and started again by hand ----------------------------------------------------------
+# --- kill: worker 0 killed and started again by hand -----------------------------------------------------------
 if has kill; then
 at=$((4 + RANDOM % 11))
 write_cfg kill 1
 rm -f "$TMP"/*.log
 start_cluster "$TMP/kill.ini" 2 3
 wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "kill: worker 0 did not reach step $at"; }
-kill -KILL "${WPIDS[1]}"
+kill -KILL "${WPIDS[0]}"
 t0=$(date +%s.%N)
-wait_log "$TMP/server0.log" "worker\[1\] .* lost: the other workers stop" 30 ||
-  { show_logs; die "kill: the rendezvous did not take worker 1's loss for a replacement"; }
-start_daemon "$TMP/worker1-again.log" "$WORKER" --config "$TMP/kill.ini" --rank 1
-wait_log "$TMP/server0.log" "worker\[1\] replaced in place" 60 || { show_logs; die "kill: worker 1 was not replaced"; }
-echo "kill: worker 1 killed at step $at; replaced $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') s after the kill (its restart included)"
+wait_log "$TMP/server0.log" "worker\[0\] .* lost: the other workers stop" 30 ||
+  { show_logs; die "kill: the rendezvous did not take worker 0's loss for a replacement"; }
+start_daemon "$TMP/worker0-again.log" "$WORKER" --config "$TMP/kill.ini" --rank 0
+wait_log "$TMP/server0.log" "worker\[0\] replaced in place" 60 || { show_logs; die "kill: worker 0 was not replaced"; }
+echo "kill: worker 0 killed at step $at; replaced $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') s after the kill (its restart included)"
 RC=0
-wait_all "${WPIDS[0]}" "${WPIDS[2]}" "$DPID" || RC=$?
+wait_all "${WPIDS[1]}" "${WPIDS[2]}" "$DPID" || RC=$?
 for p in "${SPIDS[@]}"; do
   wait_exit "$p" 60 || { show_logs; die "kill: server pid $p did not stop after the workers"; }
   s=0; wait "$p" || s=$?
@@ -64,8 +64,8 @@ expect_grep "kill: the servers undid the redo step's pushes" "rolled back \(epoc
   "$TMP/server1.log"
 expect_grep "kill: worker 2 redid from the decided step" "worker replacement \(epoch [0-9]+\): redoing from step [0-9]+" \
   "$TMP/worker2.log"
-expect_grep "kill: the replacement loaded worker 0's state" "replacing worker\[1\]: loading worker\[0\]'s state of step" \
-  "$TMP/worker1-again.log"
+expect_grep "kill: the replacement loaded worker 1's state" "replacing worker\[0\]: loading worker\[1\]'s state of step" \
+  "$TMP/worker0-again.log"
 if grep -q "re-form" "$TMP/server0.log"; then fail "kill: the run fell back to the re-form"; else ok "kill: no re-form"; fi
 ckpt_check_same kill
 fi
