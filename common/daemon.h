@@ -22,6 +22,12 @@
  * EX_TEMPFAIL of sysexits.h. */
 #define DAEMON_EXIT_REFORM 75
 
+/* Exit status of a worker that the rendezvous removed from a run that replaces lost workers in place and goes
+ * on without it (its silence passed ctl_member_silence_s: the process was stopped, SIGSTOP, or cut off): the
+ * supervisor starts it again alone, with the same command line, and it joins as its own replacement
+ * (launch.sh --max-restarts does; a restart policy on failure does the same). */
+#define DAEMON_EXIT_REPLACED 76
+
 /* First thing in a daemon's main: log_init(role, -1) (the rank is not known yet), daemon_tune_malloc, then
  * daemon_signals_install(stop). role: "server" or "worker", the log lines' role. */
 void daemon_start(const char *role, volatile sig_atomic_t *stop);

@@ -53,6 +53,7 @@ typedef struct ctl_watch {
     int interrupt;       /* __atomic; fab_set_interrupt's flag: raised when the run broke, so that the waits of
                             the step in progress (pulls, pushes, ring collectives) give up at once */
     double grace_s;
+    int replaces; /* the run replaces lost workers in place (cfg_replaces_workers) */
 } ctl_watch;
 
 static void *ctl_watch_main(void *arg)
@@ -94,6 +95,16 @@ static void *ctl_watch_main(void *arg)
             if (pc && ps_client_server_lost(pc, lost, epoch) < 0)
                 log_error("failover: %s", pf_errmsg());
             continue;
+        }
+        if (r == -ETIMEDOUT && w->replaces) {
+            /* The rendezvous removed this worker for its silence (it was stopped or cut off) and the run goes
+             * on without it: a new process of this rank joins as its replacement. Nothing of this one is of
+             * use any more (the others redo from a step before its last one), so it exits now. */
+            log_error("removed from the run (%s), which replaces lost workers in place: exiting %d so that the "
+                      "supervisor starts this worker again alone (it then joins as its own replacement)",
+                      pf_errmsg(), DAEMON_EXIT_REPLACED);
+            log_close_file();
+            _exit(DAEMON_EXIT_REPLACED);
         }
         /* Said before the interrupt below: the training thread then fails at once and the process may exit
          * before this thread logs anything more. */
@@ -407,7 +418,7 @@ static int train_watched(worker_daemon *d)
     /* A lost worker is replaced in place: every worker keeps the state of its last two step starts. */
     char why[64];
     if (cfg_replaces_workers(&d->run, why, sizeof why))
-        d->topts.keep_generations = 1;
+        d->topts.keep_generations = watch.replaces = 1;
     else if (d->run.replicas && d->rank == 0)
         log_info("a lost worker re-forms the run from its checkpoint (%s: no replacement in place)", why);
     int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);

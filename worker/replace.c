@@ -47,6 +47,22 @@ static int wait_redo(trainer *t, uint32_t after, double limit_s)
     return 0;
 }
 
+int train_replace_await(trainer *t, uint32_t after)
+{
+    if (!t->wr_on)
+        return 0;
+    const double limit = ctl_member_silence_s(t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30) + 2,
+                 t0 = pf_now_s();
+    while (atomic_load(&t->wr_lost_epoch) <= after) {
+        if ((t->opts.stop_flag && *t->opts.stop_flag) || pf_now_s() - t0 > limit)
+            return 0;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    log_info("a worker-lost notice came %.3f s after this worker's step failed", pf_now_s() - t0);
+    return 1;
+}
+
 /* Exchanges the model's BN running statistics with t->bn0 (worker 0's, as this worker holds them), through
  * device scratch. Returns 0 or the device's negative code (the two then possibly mixed: the caller gives up). */
 static int swap_rank0_buffers(trainer *t)

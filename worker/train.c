@@ -857,7 +857,8 @@ int train_run(trainer *t)
     uint32_t replaced = 0; /* the newest worker-lost epoch a replacement was set up for */
     for (;;) {
         rc = run_epochs(t, &p, total, &step, &stop);
-        if (rc >= 0 || !t->wr_on || atomic_load(&t->wr_lost_epoch) <= replaced)
+        if (rc >= 0 || !t->wr_on ||
+            (atomic_load(&t->wr_lost_epoch) <= replaced && !train_replace_await(t, replaced)))
             break;
         /* A worker was lost: redo from the step the rendezvous decides, with its replacement. */
         replaced = atomic_load(&t->wr_lost_epoch);

@@ -153,6 +153,13 @@ int train_write_state(trainer *t, const char *root, int64_t step, double first_l
  * from, or a negative code (the run then re-forms from its checkpoint). */
 int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, int loss_n, int64_t *redo);
 
+/* A step failed in a run that replaces lost workers and no worker-lost notice newer than epoch `after` has
+ * come: a lost worker's peers on the ring can see its connections close before the rendezvous' notice
+ * arrives. Waits for that notice up to the rendezvous' silence limit plus 2 s (ctl_member_silence_s of
+ * ctl_timeout), or until a stop is asked for (the run broke: the watcher's verdict). Returns 1 when the notice
+ * came (train_replace then takes over), 0 when not. The step's error message is kept. */
+int train_replace_await(trainer *t, uint32_t after);
+
 /* mkdir -p: creates `path` and its parents (mode 0755). Returns 0 or -errno, the message naming the path. */
 int train_mkdir_p(const char *path);
 

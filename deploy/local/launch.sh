@@ -14,9 +14,10 @@
 #   restart counted the same way): it rejoins the running run (docs/architecture.md, "Hot-standby shards").
 #   So is server 0 (the rendezvous' host) when it died: its new rendezvous adopts the running run from the
 #   members, which reconnect, and it rejoins; without a restart the run goes on without it to its end.
-#   A worker killed by a signal is started again alone too when the run replaces workers in place (replicas =
-#   1, head_mode = global, gradient_acc = 1, device not cuda; docs/architecture.md, "Worker replacement in
-#   place"): it joins as its own replacement while the others wait.
+#   A worker killed by a signal, or one that exits 76 (removed from the run: stopped past the silence limit),
+#   is started again alone too when the run replaces workers in place (replicas = 1, head_mode = global,
+#   gradient_acc = 1, device not cuda; docs/architecture.md, "Worker replacement in place"): it joins as its
+#   own replacement while the others wait.
 #   Logs: <output>/logs/server<r>.log and worker<r>.log (output from the config / --set).
 #   These values are asked from the daemons' own config parser (`pfcps config-get`), so quoting, inline
 #   comments and sections mean here exactly what they mean to the daemons.
@@ -159,9 +160,10 @@ run_once() {
       p=${worker_pids[$i]}
       if exited "$p"; then
         if [ -z "${codes[$i]:-}" ]; then s=0; wait "$p" || s=$?; codes[$i]=$s
-          # A worker killed (a signal) in a run that replaces workers in place: started again alone, with the
-          # same command line, it joins as its own replacement and the others redo the step it was lost in.
-          if [ "$s" -gt 128 ] && [ "$replace_workers" -eq 1 ] && [ "$restarts" -lt "$max_restarts" ]; then
+          # A worker killed (a signal) in a run that replaces workers in place, or removed from it (76: stopped
+          # past the silence limit, the run went on without it): started again alone, with the same command
+          # line, it joins as its own replacement and the others redo the step it was lost in.
+          if { [ "$s" -gt 128 ] || [ "$s" -eq 76 ]; } && [ "$replace_workers" -eq 1 ] && [ "$restarts" -lt "$max_restarts" ]; then
             restarts=$((restarts + 1))
             echo "launch: worker $i exited with status $s (see $out/logs/worker$i.log); restart $restarts/$max_restarts of worker $i alone, with the same command line: it replaces itself in place" >&2
             "$worker_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/worker$i.log" 2>&1 &

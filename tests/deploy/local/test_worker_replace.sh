@@ -3,22 +3,30 @@
 # restarts, no checkpoint is loaded, and the run ends with the uninterrupted run's bits.
 # Reference: 2 servers + 3 workers, replicas = 0, 10 ORL identities in a table of 40 classes sampled at 0.25
 # (pfc_update = dense), 20 steps (5 epochs of 4), snapshot_every 4, under the launcher. Then, replicas = 1:
-#   kill:     kill -9 of worker 0 once it logged a random step in 4..14; worker 0 started again with the
-#             same command line joins as its replacement, loads worker 1's state of the redo step (with worker
-#             1's copy of worker 0's BN statistics, the ones model.ckpt saves), and every worker redoes that step:
-#             every member exits 0, the rendezvous names the replacement and no re-form, and model.ckpt and the
-#             final checkpoint (`pfcps ckpt-info` table and worker 0's backbone SHA-256) equal the reference's;
+#   kill:     kill -9 of worker 0 once it logged a random step in 4..14, while server 0 (the rendezvous) is
+#             stopped for 1 s (SIGSTOP, SIGCONT): when the kill lands while worker 0 sends on the ring (about
+#             one round in three), its neighbour's receive fails at once, before the worker-lost notice can
+#             come, and it must wait for the notice instead of exiting (printed when it happened); worker 0
+#             started again with the same command line joins as its replacement, loads worker 1's state of the
+#             redo step (with worker 1's copy of worker 0's BN statistics, the ones model.ckpt saves), and
+#             every worker redoes that step: every member exits 0, the rendezvous names the replacement and no
+#             re-form, and model.ckpt and the final checkpoint (`pfcps ckpt-info` table and worker 0's
+#             backbone SHA-256) equal the reference's;
 #   launcher: the same under deploy/local/launch.sh --max-restarts 1, which starts worker 2 again alone after
 #             its kill -9 (the lowest rank's state is then loaded from worker 0 and the ring rebuilt around
 #             the last rank); launch.sh exits 0 with the reference's bits;
+#   pause:    under launch.sh --max-restarts 1, worker 1 stopped (SIGSTOP) past the silence limit (ctl_timeout
+#             10: 2.5 s) and continued (SIGCONT) 4 s later: the rendezvous removed it, it exits 76 on finding
+#             so, launch.sh starts it again alone and it replaces itself; launch.sh exits 0 with the reference's
+#             bits;
 #   timeout:  kill -9 of worker 1, not restarted: after ctl_timeout (4 s here) the rendezvous falls back to the
 #             checkpoint re-form, named in its log, and every member stops (nobody hangs).
 #   slow_end: replicas = 1 with the last checkpoint's shard write slowed past the rendezvous' silence limit
 #             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
 #             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
 #             exits 0: the servers leave the run before they wait for their shards, so none is reported lost).
-# A sixth argument names the cases (default "kill launcher timeout slow_end").
-CASES=${6:-kill launcher timeout slow_end}
+# A sixth argument names the cases (default "kill launcher pause timeout slow_end").
+CASES=${6:-kill launcher pause timeout slow_end}
 set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=replace-secret
@@ -45,8 +53,11 @@ write_cfg kill 1
 rm -f "$TMP"/*.log
 start_cluster "$TMP/kill.ini" 2 3
 wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "kill: worker 0 did not reach step $at"; }
+kill -STOP "${SPIDS[0]}"
 kill -KILL "${WPIDS[0]}"
 t0=$(date +%s.%N)
+sleep 1
+kill -CONT "${SPIDS[0]}"
 wait_log "$TMP/server0.log" "worker\[0\] .* lost: the other workers stop" 30 ||
   { show_logs; die "kill: the rendezvous did not take worker 0's loss for a replacement"; }
 start_daemon "$TMP/worker0-again.log" "$WORKER" --config "$TMP/kill.ini" --rank 0
@@ -67,6 +78,9 @@ expect_grep "kill: worker 2 redid from the decided step" "worker replacement \(e
 expect_grep "kill: the replacement loaded worker 1's state" "replacing worker\[0\]: loading worker\[1\]'s state of step" \
   "$TMP/worker0-again.log"
 if grep -q "re-form" "$TMP/server0.log"; then fail "kill: the run fell back to the re-form"; else ok "kill: no re-form"; fi
+early=$(grep -h -m 1 -E "a worker-lost notice came [0-9.]+ s after this worker's step failed" "$TMP/worker1.log" \
+  "$TMP/worker2.log" || true)
+echo "kill: ${early:-no step of a survivor failed before the notice came (the kill fell between ring messages)}"
 ckpt_check_same kill
 fi
 
@@ -87,6 +101,29 @@ expect_grep "launcher: it starts worker 2 again alone" "restart 1/1 of worker 2 
   "$TMP/launch.out"
 expect_grep "launcher: worker 2 was replaced in place" "worker\[2\] replaced in place" "$TMP/launcher/logs/server0.log"
 ckpt_check_same launcher
+fi
+
+# --- pause: a worker stopped past the silence limit ------------------------------------------------------------
+if has pause; then
+write_cfg pause 1
+setsid "$SRC/deploy/local/launch.sh" -c "$TMP/pause.ini" -b "$BUILD" --max-restarts 1 >"$TMP/pause.out" 2>&1 &
+LP=$!
+at=$((4 + RANDOM % 11))
+wait_log "$TMP/pause/logs/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/pause.out"; die "pause: worker 0 did not reach step $at"; }
+victim=$(pgrep -f -- "pfcps-worker --config $TMP/pause.ini --rank 1" | head -1)
+[ -n "$victim" ] || die "pause: worker 1's pid not found"
+kill -STOP "$victim"
+sleep 4
+kill -CONT "$victim"
+s=0; wait "$LP" || s=$?
+LP=
+expect_eq "pause: launch.sh exits 0" "$s" 0
+expect_grep "pause: the stopped worker exits 76 on finding itself removed" "removed from the run .*exiting 76" \
+  "$TMP/pause/logs/worker1.log"
+expect_grep "pause: launch.sh starts it again alone" "worker 1 exited with status 76 .*restart 1/1 of worker 1 alone" \
+  "$TMP/pause.out"
+expect_grep "pause: worker 1 was replaced in place" "worker\[1\] replaced in place" "$TMP/pause/logs/server0.log"
+ckpt_check_same pause
 fi
 
 # --- timeout: no replacement comes ----------------------------------------------------------------------------------
