@@ -168,6 +168,10 @@ run_once() {
             echo "launch: worker $i exited with status $s (see $out/logs/worker$i.log); restart $restarts/$max_restarts of worker $i alone, with the same command line: it replaces itself in place" >&2
             "$worker_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/worker$i.log" 2>&1 &
             worker_pids[$i]=$!; pids+=($!)
+            if [ "$i" -eq 0 ]; then # follow the new worker 0's lines in its log (the old tail ends with its pid)
+              tail -n 0 -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
+              tail_pid=$!
+            fi
             unset "codes[$i]"
             alive=1
             continue
