@@ -480,6 +480,9 @@ static int setup_resume(trainer *t, const ctl_book *book)
     log_info("resuming at checkpoint step %lld (%s): epoch %lld, batch %lld of %lld", (long long)T,
              book->resume_reason, (long long)(T / t->steps_per_epoch), (long long)(T % t->steps_per_epoch),
              (long long)t->steps_per_epoch);
+    /* The donor's files served this replacement only (a later one gets a new write): they go now. */
+    if (book->rejoin_epoch)
+        ckpt_prune(root, "worker", from, 0);
     return 0;
 }
 

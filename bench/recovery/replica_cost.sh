@@ -5,7 +5,8 @@
 # pfc_update dense, no checkpoint, 3 epochs, with SERVERS servers (default 2) and WORKERS workers (default 1);
 # odd pairs run replicas = 0 first, even pairs replicas = 1 first. Per run: the steady step time, the median of
 # worker 0's step-to-step log intervals after the first WARMUP steps (default 8; the warm-up apart, its median
-# too), and the servers' and workers' CPU seconds per step; then the ratios replicas 1 / 0 per pair.
+# too), and the CPU seconds of all members over the whole run (start-up and the table's fill included) per
+# step; then the ratios replicas 1 / 0 per pair.
 # --pin: the servers run on the host's last CPU and the workers on the others (taskset), as when servers have
 # cores of their own (the issue's setting); without it every process shares every core.
 # usage: bench/recovery/replica_cost.sh [-b BUILD] [--pin] [--classes N] [--pairs P] [--warmup K]
@@ -33,7 +34,7 @@ TMP=$(mktemp -d)
 trap 'pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
 . "$SRC/bench/recovery/common.sh"
 recovery_stage || exit 1
-ncpu=$(nproc)
+ncpu=$(getconf _NPROCESSORS_ONLN) # (nproc obeys OMP_NUM_THREADS)
 [ "$PIN" = 1 ] && [ "$ncpu" -lt 2 ] && { echo "replica_cost.sh: --pin needs 2 CPUs" >&2; exit 2; }
 srv_pin=() wrk_pin=()
 [ "$PIN" = 1 ] && srv_pin=(taskset -c $((ncpu - 1))) wrk_pin=(taskset -c 0-$((ncpu - 2)))
@@ -79,9 +80,9 @@ print(f"{statistics.median(d[warm:]):.3f} {statistics.median(d[:warm]):.3f} {cpu
 PY
 }
 
-echo "replica cost: $CLASSES classes, D = 512, sample_rate 0.1, $SERVERS servers + $WORKERS workers, $(nproc) CPUs," \
+echo "replica cost: $CLASSES classes, D = 512, sample_rate 0.1, $SERVERS servers + $WORKERS workers, $ncpu CPUs," \
   "$([ "$PIN" = 1 ] && echo "servers pinned to CPU $((ncpu - 1)), workers to the others" || echo "no pinning")"
-echo "| pair | replicas | steady s / step | warm-up s / step | CPU s / step (all members) | steps |"
+echo "| pair | replicas | steady s / step | warm-up s / step | CPU s / step (all members, whole run with start-up) | steps |"
 echo "|---|---|---|---|---|---|"
 for ((k = 1; k <= PAIRS; k++)); do
   order=(0 1)
