@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/ckpt.h"
 #include "common/checked.h"
@@ -481,8 +482,10 @@ static int setup_resume(trainer *t, const ctl_book *book)
              book->resume_reason, (long long)(T / t->steps_per_epoch), (long long)(T % t->steps_per_epoch),
              (long long)t->steps_per_epoch);
     /* The donor's files served this replacement only (a later one gets a new write): they go now. */
-    if (book->rejoin_epoch)
+    if (book->rejoin_epoch) {
         ckpt_prune(root, "worker", from, 0);
+        rmdir(root); /* when empty */
+    }
     return 0;
 }
 
