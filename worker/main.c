@@ -410,17 +410,17 @@ static int train_watched(worker_daemon *d)
             return 1;
         }
     }
-    fab_set_interrupt(&watch.interrupt);
-    pthread_t watcher;
-    int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
-    d->topts.sess = d->sess;
-    d->topts.interrupt = &watch.interrupt;
     /* A lost worker is replaced in place: every worker keeps the state of its last two step starts. */
     char why[64];
     if (cfg_replaces_workers(&d->run, why, sizeof why))
         d->topts.keep_generations = watch.replaces = 1;
     else if (d->run.replicas && d->rank == 0)
         log_info("a lost worker re-forms the run from its checkpoint (%s: no replacement in place)", why);
+    fab_set_interrupt(&watch.interrupt);
+    pthread_t watcher;
+    int watching = pthread_create(&watcher, NULL, ctl_watch_main, &watch) == 0;
+    d->topts.sess = d->sess;
+    d->topts.interrupt = &watch.interrupt;
     int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);
     if (rc_train == 0)
         rc_train = train_run(d->t);
