@@ -14,6 +14,7 @@
 #include "common/ckpt_marker.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/snapfile.h"
 
 const char *const ckpt_ident_keys[] = {"seed",        "network",   "embedding_size",
                                        "num_classes", "num_image", "batch_size",
@@ -380,7 +381,42 @@ static void remove_files(const char *root, int64_t step, const char *role, int r
     closedir(d);
 }
 
-void ckpt_prune(const char *root, const char *role, int rank, int keep)
+/* Does step `step` hold a member file of another run than `run`: a .snap whose header, or a .module marker
+ * whose text, names another run id? Files that cannot be read (torn, being replaced, refused) do not count
+ * either way. */
+static int step_foreign(const char *root, int64_t step, const ckpt_ident *run)
+{
+    char dir[4200];
+    ckpt_step_dir(root, step, dir, sizeof dir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return 0;
+    int foreign = 0;
+    struct dirent *e;
+    while (!foreign && (e = readdir(d))) {
+        static const char *const roles[2] = {"shard", "worker"};
+        for (int k = 0; k < 2 && !foreign; k++) {
+            int r, n;
+            char p[4600];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            if (parse_member(e->d_name, roles[k], ".snap", &r, &n) == 0) {
+                snapfile_reader rd;
+                if (snapfile_open(&rd, p, NULL) == 0) {
+                    foreign = memcmp(rd.m.id.run_id, run->run_id, CKPT_RUN_ID_BYTES) != 0;
+                    snapfile_close(&rd);
+                }
+            } else if (k == 1 && parse_member(e->d_name, roles[k], ".module", &r, &n) == 0) {
+                ckpt_ident id;
+                if (ckpt_module_marker_read(p, step, r, n, &id) == 0)
+                    foreign = memcmp(id.run_id, run->run_id, CKPT_RUN_ID_BYTES) != 0;
+            }
+        }
+    }
+    closedir(d);
+    return foreign;
+}
+
+void ckpt_prune(const char *root, const char *role, int rank, int keep, const ckpt_ident *run)
 {
     int64_t *steps;
     int n = list_steps(root, &steps, 0);
@@ -388,6 +424,12 @@ void ckpt_prune(const char *root, const char *role, int rank, int keep)
         free(steps);
         return;
     }
+    /* Another run's steps are left out of everything below. */
+    int own = 0;
+    for (int i = 0; i < n; i++)
+        if (!run || !step_foreign(root, steps[i], run))
+            steps[own++] = steps[i];
+    n = own;
     /* A shared folder: a step counts once every member's files are there (complete); only steps older than
      * the `keep` newest complete ones go, so a step that failed on some member never costs the last complete
      * one. A private folder (only this member's files): its own newest `keep`. */

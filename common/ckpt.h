@@ -125,8 +125,11 @@ int ckpt_scan_members(const char *root, int64_t step, const char *role, const ch
  * longer has), and every incomplete step older than the newest complete one: the files a failed checkpoint
  * (disk full) left behind, which no member writes to any more. In a private folder, this member's own
  * files beyond its newest `keep`. A checkpoint that failed on some member never costs the last complete
- * one. */
-void ckpt_prune(const char *root, const char *role, int rank, int keep);
+ * one. With `run` (not NULL), a step that holds a member file of another run (a .snap header or a .module
+ * marker naming another run id: an earlier run in the same output folder, whose files a resume refused) is
+ * neither counted nor removed: it is not this run's to judge, and counting it as a newer complete checkpoint
+ * would prune this run's own steps as they are written. NULL: every step counts (files not read). */
+void ckpt_prune(const char *root, const char *role, int rank, int keep, const ckpt_ident *run);
 
 /* Removes empty step folders under root (rmdir leaves non-empty ones). */
 void ckpt_remove_empty(const char *root);

@@ -376,7 +376,7 @@ void pss_snap_wait(ps_server *S)
     metrics_set(S->m.snap_last_step, (double)out.step);
     metrics_set(S->m.snap_bytes, (double)out.bytes);
     metrics_add(S->m.snapshots, 1);
-    snap_prune(S->o.snapshot_root, S->o.rank, S->o.snapshot_keep > 0 ? S->o.snapshot_keep : 2, out.step);
+    snap_prune(S->o.snapshot_root, S->o.rank, S->o.snapshot_keep > 0 ? S->o.snapshot_keep : 2, &S->o.ckpt_id);
 }
 
 /* Starts checkpoint `step` of the shard (after waiting for the previous one). Nothing changes the table while

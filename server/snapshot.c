@@ -316,10 +316,9 @@ int snap_finish_ex(snap_job *j, snap_outcome *out)
     return rc;
 }
 
-void snap_prune(const char *root, int rank, int keep, int64_t protect)
+void snap_prune(const char *root, int rank, int keep, const ckpt_ident *run)
 {
-    (void)protect; /* the step just written is never older than the newest complete ones */
-    ckpt_prune(root, "shard", rank, keep);
+    ckpt_prune(root, "shard", rank, keep, run);
 }
 
 /* The S0 of checkpoint `step`'s shard files, checking that all S0 are present. */

@@ -77,9 +77,10 @@ int snap_finish(snap_job *j);
 /* snap_finish, and *out (not NULL) gets its step, duration and file size. */
 int snap_finish_ex(snap_job *j, snap_outcome *out);
 
-/* Removes this server's shard files of every checkpoint under root but the newest `keep` (>= 1) that hold
- * one, and step folders left empty. Never touches the checkpoint `protect` (the one just written). */
-void snap_prune(const char *root, int rank, int keep, int64_t protect);
+/* Prunes old checkpoints after this server (rank) wrote one: ckpt_prune (common/ckpt.h) for role "shard",
+ * keeping the newest `keep` (>= 1) complete ones; steps holding another run's files (run: this run's
+ * identity) are left alone. */
+void snap_prune(const char *root, int rank, int keep, const ckpt_ident *run);
 
 /* Checks that checkpoint `step` under root is usable by a server of a run with C classes of dimension D:
  * every file it needs (all shard-<i>-of-<S0>.snap of one S0) is present, a regular file, with a header whose

@@ -99,7 +99,7 @@ static int write_for_replacement(trainer *t, int64_t step, uint32_t epoch, doubl
     }
     if (rc < 0)
         return pf_err_wrap(rc, "worker replacement: writing this worker's state of step %lld", (long long)step);
-    wresume_prune(root, t->rank, 1, step);
+    wresume_prune(root, t->rank, 1, &t->ckpt_id);
     log_info("worker replacement: this worker's state of step %lld written to %s for worker %d's replacement "
              "in %.2f s",
              (long long)step, root, t->wr_lost, pf_now_s() - t0);

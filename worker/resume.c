@@ -270,8 +270,7 @@ int wresume_load(const char *root, int64_t step, int rank, int W, const snapfile
     return 0;
 }
 
-void wresume_prune(const char *root, int rank, int keep, int64_t protect)
+void wresume_prune(const char *root, int rank, int keep, const ckpt_ident *run)
 {
-    (void)protect; /* the step just written is never older than the newest complete ones */
-    ckpt_prune(root, "worker", rank, keep);
+    ckpt_prune(root, "worker", rank, keep, run);
 }

@@ -67,8 +67,9 @@ int wresume_load(const char *root, int64_t step, int rank, int W, const snapfile
                  const ckpt_ident *expect, model *m, wresume_state *st, float *const *arrays, int narrays,
                  size_t nparams);
 
-/* Removes this worker's files from every checkpoint under root but the newest `keep` holding them (and the
- * checkpoint `protect`), then empty step folders. */
-void wresume_prune(const char *root, int rank, int keep, int64_t protect);
+/* Prunes old checkpoints after this worker (rank) wrote one: ckpt_prune (common/ckpt.h) for role "worker",
+ * keeping the newest `keep` complete ones; steps holding another run's files (run: this run's identity) are
+ * left alone. */
+void wresume_prune(const char *root, int rank, int keep, const ckpt_ident *run);
 
 #endif

@@ -397,7 +397,7 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
              pf_now_s() - t0);
     metrics_set(t->mx.ckpt_ts, wall_s());
     metrics_set(t->mx.ckpt_step, (double)step);
-    wresume_prune(t->ckpt_root, t->rank, t->run.snapshot_keep, step);
+    wresume_prune(t->ckpt_root, t->rank, t->run.snapshot_keep, &t->ckpt_id);
 }
 
 /* Every rank agrees on stopping (a signal reaches the ranks at different times) and on a rejoining server's

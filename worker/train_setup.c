@@ -483,7 +483,7 @@ static int setup_resume(trainer *t, const ctl_book *book)
              (long long)t->steps_per_epoch);
     /* The donor's files served this replacement only (a later one gets a new write): they go now. */
     if (book->rejoin_epoch) {
-        ckpt_prune(root, "worker", from, 0);
+        ckpt_prune(root, "worker", from, 0, NULL);
         rmdir(root); /* when empty */
     }
     return 0;

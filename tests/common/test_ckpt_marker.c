@@ -2,10 +2,15 @@
  * lines of the format, written out by hand here; it reads back to the same identity; every malformed variant
  * (each line, a NUL, a sign, a leading zero, 2^64, upper-case hex, a seventh line, > 1 KiB, another step or
  * rank, a FIFO, a folder) is refused naming the file; and with every rank's marker present a shared folder's
- * old steps are pruned to snapshot_keep, while without them (shard files only) nothing is. */
+ * old steps are pruned to snapshot_keep, while without them (shard files only) nothing is. Another run's
+ * steps in the same folder (real shard .snap files and markers carrying another run id, newer than this
+ * run's) are neither counted nor removed when the prune is given this run's identity: this run keeps its own
+ * snapshot_keep newest; without the identity they would count as newer complete steps and this run's own
+ * would go. */
 #include "common/ckpt.h"
 #include "common/ckpt_marker.h"
 #include "common/err.h"
+#include "common/snapfile.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -59,6 +64,33 @@ static void make_steps(const ckpt_ident *id, int ranks)
         for (int r = 0; r < ranks; r++)
             ckpt_module_marker_write(root, t, r, 2, id);
     }
+}
+
+/* A real shard file of checkpoint `step` of run `id`: 2 classes on 2 servers, D = 1 (one row per shard). */
+static void make_shard(int64_t step, int s, const ckpt_ident *id)
+{
+    char p[600];
+    ckpt_member_path(root, step, "shard", s, 2, ".snap", p, sizeof p);
+    snapfile_writer w;
+    snapfile_meta m = {.rank = s, .servers = 2, .workers = 2, .dim = 1, .num_classes = 2, .step = step,
+                       .rows = 1, .block_rows = 1, .id = *id};
+    memcpy(m.role, "shard", sizeof "shard");
+    const double row = 0.5;
+    if (snapfile_create(&w, p, "test shard") < 0 || snapfile_write(&w, &row, sizeof row) < 0 ||
+        snapfile_commit(&w, &m, NULL) < 0)
+        fprintf(stderr, "shard file %s: %s\n", p, pf_errmsg());
+}
+
+/* Checkpoint `step` of run `id`, complete: both shard files and both module ranks' markers. */
+static void make_run_step(int64_t step, const ckpt_ident *id)
+{
+    char d[512];
+    ckpt_step_dir(root, step, d, sizeof d);
+    mkdir(d, 0755);
+    for (int s = 0; s < 2; s++)
+        make_shard(step, s, id);
+    for (int r = 0; r < 2; r++)
+        ckpt_module_marker_write(root, step, r, 2, id);
 }
 
 int main(void)
@@ -160,18 +192,47 @@ int main(void)
 
     /* 4. pruning a shared folder (2 servers' shards + 2 module ranks' markers), snapshot_keep = 2 */
     make_steps(&id, 0);
-    ckpt_prune(root, "shard", 0, 2);
+    ckpt_prune(root, "shard", 0, 2, NULL);
     CHECK(exists(1) && exists(2) && exists(3) && exists(4), "shard files alone: a step was pruned (%d %d %d %d)",
           exists(1), exists(2), exists(3), exists(4));
     make_steps(&id, 1);
-    ckpt_prune(root, "shard", 0, 2);
+    ckpt_prune(root, "shard", 0, 2, NULL);
     CHECK(exists(1) && exists(2) && exists(3) && exists(4), "one of two markers: a step was pruned");
     make_steps(&id, 2);
-    ckpt_prune(root, "shard", 0, 2);
+    ckpt_prune(root, "shard", 0, 2, NULL);
     CHECK(!exists(1) && !exists(2) && exists(3) && exists(4), "every marker: steps %d %d %d %d left (want 3, 4)",
           exists(1), exists(2), exists(3), exists(4));
     printf("markers: exact text, read back, %zu malformed variants + FIFO + folder refused; pruning keeps 3 and 4\n",
            sizeof bad / sizeof *bad + 4);
+
+    /* 5. another run's newer steps 3 and 4 in the folder (an earlier run in the same output); this run (id2)
+     * writes steps 1, 2, then 5, each followed by its prune with snapshot_keep = 2 */
+    ckpt_ident id2 = id;
+    id2.run_id[0] ^= 0xff;
+    char cmd0[400];
+    snprintf(cmd0, sizeof cmd0, "rm -rf %s/step-*", root);
+    CHECK(system(cmd0) == 0, "clearing the steps");
+    make_run_step(3, &id);
+    make_run_step(4, &id);
+    make_run_step(1, &id2);
+    ckpt_prune(root, "shard", 0, 2, &id2);
+    make_run_step(2, &id2);
+    ckpt_prune(root, "shard", 0, 2, &id2);
+    CHECK(exists(1) && exists(2) && exists(3) && exists(4),
+          "another run's newer steps pruned this run's own: steps %d %d %d %d left (want all)", exists(1), exists(2),
+          exists(3), exists(4));
+    make_run_step(5, &id2);
+    ckpt_prune(root, "shard", 0, 2, &id2);
+    CHECK(!exists(1) && exists(2) && exists(3) && exists(4) && exists(5),
+          "this run's step 5: steps %d %d %d %d %d left (want 2 and 5 of this run, 3 and 4 of the other)", exists(1),
+          exists(2), exists(3), exists(4), exists(5));
+    /* the same files judged without an identity: the other run's 4 counts among the newest two, and this
+     * run's 2 goes (with the other's 3) */
+    ckpt_prune(root, "shard", 0, 2, NULL);
+    CHECK(!exists(2) && !exists(3) && exists(4) && exists(5),
+          "without an identity: steps %d %d %d %d left (want 4 and 5: the case the identity guards against)",
+          exists(2), exists(3), exists(4), exists(5));
+    printf("another run's steps: left alone and not counted; this run keeps its newest two\n");
 
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);

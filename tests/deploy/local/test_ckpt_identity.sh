@@ -18,7 +18,9 @@
 #            secret: ckpt-info (with and without the secret) and every server refuse naming the file and
 #            block_rows; the run resumes at step 8;
 #   secret:  the checkpoints read under another secret: ckpt-info shows every step INCOMPLETE ("forged or
-#            written by another run's secret"), the members refuse every step and the run starts afresh;
+#            written by another run's secret"), the members refuse every step and the run starts afresh; with
+#            the old steps renamed 20 and 24 (a longer earlier run), the fresh run's own checkpoints all succeed
+#            and end complete (steps 8, 12), and the old run's are left alone;
 #   without the secret ckpt-info verifies the digests only and says it could not authenticate.
 # The smaller cases: a checkpoint root that is a regular file or under one is an error for ckpt-info (exit 1,
 # the reason named) and for a resuming member (it refuses to start, naming the root), not a silent fresh start;
@@ -125,16 +127,31 @@ resumed_at forged 8
 
 # --- secret: the checkpoints under another secret -----------------------------------------------------------
 damaged secret
+# as steps 20 and 24, later than any the fresh run below writes (a longer earlier run in the same output)
+mv "$TMP/secret/snapshots/step-8" "$TMP/secret/snapshots/step-20" && mv "$TMP/secret/snapshots/step-12" "$TMP/secret/snapshots/step-24" ||
+  die "rename"
 expect_rc "secret: ckpt-info under another secret" 0 "HMAC does not verify: forged or written by another run's secret" \
   env PFCPS_SECRET=another-secret "$PFCPS" ckpt-info "$TMP/secret"
 expect_grep "secret: no step complete" "^no complete checkpoint$" - <<<"$OUT"
 PFCPS_SECRET=another-secret ckpt_launch secret
-log_has secret worker0 "checkpoint step 12 not usable by this worker: .*worker-0-of-2\.snap: HMAC does not verify: forged or written by another run's secret" \
-  "refuses step 12 as forged"
+log_has secret worker0 "checkpoint step 24 not usable by this worker: .*worker-0-of-2\.snap: HMAC does not verify: forged or written by another run's secret" \
+  "refuses step 24 as forged"
 log_has secret server0 "no checkpoint is complete on all 4 members: starting from scratch; run id [0-9a-f]{32} \(new: the run starts afresh\)" \
   "starts afresh with a new run id"
 cmp -s "$TMP/b/model.ckpt" "$TMP/secret/model.ckpt" && ok "secret: the fresh start equals run b (seeded)" ||
   fail "secret: model.ckpt differs from run b's"
+# The fresh run writes steps 4, 8 and 12 beside the old run's 20 and 24: its pruning leaves the old run's files
+# out (they would count as newer complete steps and its own would be pruned while being written).
+if grep -q "checkpoint steps failed" "$TMP/secret.out"; then
+  fail "secret: checkpoint writes failed: $(grep -m1 "checkpoint steps failed" "$TMP/secret.out")"
+else
+  ok "secret: every checkpoint write of the fresh run succeeded"
+fi
+expect_rc "secret: the fresh run's checkpoints under its secret" 0 "step 12: complete" \
+  env PFCPS_SECRET=another-secret "$PFCPS" ckpt-info "$TMP/secret"
+expect_grep "secret: its step 8 complete too (snapshot_keep 2)" "^step 8: complete" - <<<"$OUT"
+[ -d "$TMP/secret/snapshots/step-20" ] && [ -d "$TMP/secret/snapshots/step-24" ] &&
+  ok "secret: the old run's steps 20 and 24 left alone" || fail "secret: the old run's steps 20 and 24 were removed"
 
 # --- the checkpoint root: a regular file, a path under one, no permission -----------------------------------
 echo x >"$TMP/plain"
