@@ -134,6 +134,14 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
         return 1;
     }
     log_error("%s", pf_errmsg());
+    if (rc == -ENOLINK) {
+        /* The rendezvous answered the join with a member's loss (e.g. a worker replacement that failed as it was
+         * being seated): the run re-forms, and this member with it. */
+        log_error("the run re-forms after a lost member: exiting %d so that it can re-form from its newest "
+                  "complete checkpoint",
+                  DAEMON_EXIT_REFORM);
+        return 2;
+    }
     return rc;
 }
 

@@ -91,7 +91,8 @@ int daemon_metrics_start(const pf_config *cfg, const char *role, int rank);
  * loads the run config into *run. A stop before the run formed, SIGTERM/SIGINT while waiting or the
  * rendezvous shutting the run down, is a normal stop: it is logged ("stopping: ...", with `stop_note`
  * appended to the signal case, "" for none; then "stopped before the run formed"). Returns 0 with *sess
- * joined, 1 after such a stop (exit 0), or a negative code after logging the error (exit 1). */
+ * joined, 1 after such a stop (exit 0), 2 when the rendezvous answered with a member's loss (-ENOLINK: the
+ * run re-forms; logged, exit DAEMON_EXIT_REFORM), or a negative code after logging the error (exit 1). */
 int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role, int rank, const void *addr,
                 size_t alen, const char *secret, const char *stop_note, ctl_session **sess, pf_config *run);
 

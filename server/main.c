@@ -799,6 +799,8 @@ int main(int argc, char **argv)
     rc = join_run(&d);
     if (rc == 1) {
         exit_code = 0; /* stopped before the run formed */
+    } else if (rc == 2) {
+        exit_code = DAEMON_EXIT_REFORM; /* answered with a member's loss: the run re-forms */
     } else if (rc == 0 && start_serving(&d) == 0) {
         exit_code = serve_until_stop(&d);
         if (exit_code == 0)

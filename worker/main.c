@@ -496,6 +496,8 @@ int main(int argc, char **argv)
     rc = join_run(&d);
     if (rc == 1) {
         exit_code = 0; /* stopped before the run formed */
+    } else if (rc == 2) {
+        exit_code = DAEMON_EXIT_REFORM; /* answered with a member's loss: the run re-forms */
     } else if (rc == 0 && accept_run_config(&d) == 0 && (exit_code = train_watched(&d)) == 0) {
         tell_servers_done(&d);
         /* Done (or stopped on request) in order: say so, so that the rendezvous does not report us lost. */

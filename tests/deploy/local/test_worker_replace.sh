@@ -20,12 +20,16 @@
 #             reference's bits;
 #   timeout:  kill -9 of worker 1, not restarted: after ctl_timeout (4 s here) the rendezvous falls back to the
 #             checkpoint re-form, named in its log, and every member stops (nobody hangs).
+#   second:   worker 2 stopped (SIGSTOP: it will not report), worker 1 killed and started again: its replacement
+#             joins and waits; then worker 2 killed: a second loss, so the rendezvous falls back to the re-form
+#             and refuses the waiting replacement, which exits 75 (the re-form's status, not 1), as do the
+#             others; nobody hangs;
 #   slow_end: replicas = 1 with the last checkpoint's shard write slowed past the rendezvous' silence limit
 #             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
 #             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
 #             exits 0: the servers leave the run before they wait for their shards, so none is reported lost).
-# A sixth argument names the cases (default "kill launcher timeout slow_end").
-CASES=${6:-kill launcher timeout slow_end}
+# A sixth argument names the cases (default "kill launcher timeout second slow_end").
+CASES=${6:-kill launcher timeout second slow_end}
 set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1 PFCPS_SECRET=replace-secret
@@ -130,6 +134,32 @@ for p in "${WPIDS[0]}" "${WPIDS[2]}" "${SPIDS[@]}"; do
 done
 ok "timeout: every member stopped after the fallback to the re-form"
 fi
+# --- second: a second worker lost while the replacement waits ---------------------------------------------------
+if has second; then
+write_cfg second 1
+rm -f "$TMP"/*.log
+start_cluster "$TMP/second.ini" 2 3
+wait_log "$TMP/worker0.log" "Global Step: 5 " 120 || { show_logs; die "second: worker 0 did not reach step 5"; }
+kill -STOP "${WPIDS[2]}"
+kill -KILL "${WPIDS[1]}"
+start_daemon "$TMP/worker1-again.log" "$WORKER" --config "$TMP/second.ini" --rank 1
+REPL=$DPID
+wait_log "$TMP/server0.log" "worker\[1\]'s replacement joined" 60 || { show_logs; die "second: the replacement did not join"; }
+kill -KILL "${WPIDS[2]}"
+wait_exit "$REPL" 60 || { show_logs; die "second: the replacement still runs after the second loss"; }
+s=0; wait "$REPL" || s=$?
+expect_eq "second: the refused replacement exits 75 (the re-form)" "$s" 75
+expect_grep "second: it says the run re-forms" "the run re-forms after a lost member: exiting 75" "$TMP/worker1-again.log"
+expect_grep "second: the rendezvous fell back naming the second loss" \
+  "worker\[1\] was lost and its replacement failed: worker\[2\] .* was lost too" "$TMP/server0.log"
+for p in "${WPIDS[0]}" "${SPIDS[@]}"; do
+  wait_exit "$p" 90 || { show_logs; die "second: pid $p still runs after the fallback"; }
+  s=0; wait "$p" || s=$?
+  [ "$s" -eq 75 ] || fail "second: pid $p exited $s, not 75"
+done
+ok "second: every other member stopped for the re-form"
+fi
+
 # --- slow_end: the last shard write outlasts the silence limit ----------------------------------------------------
 if has slow_end; then
 write_cfg slow 1
