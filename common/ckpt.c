@@ -394,23 +394,22 @@ static int step_foreign(const char *root, int64_t step, const ckpt_ident *run)
     int foreign = 0;
     struct dirent *e;
     while (!foreign && (e = readdir(d))) {
-        static const char *const roles[2] = {"shard", "worker"};
-        for (int k = 0; k < 2 && !foreign; k++) {
-            int r, n;
-            char p[4600];
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            if (parse_member(e->d_name, roles[k], ".snap", &r, &n) == 0) {
-                snapfile_reader rd;
-                if (snapfile_open(&rd, p, NULL) == 0) {
-                    foreign = memcmp(rd.m.id.run_id, run->run_id, CKPT_RUN_ID_BYTES) != 0;
-                    snapfile_close(&rd);
-                }
-            } else if (k == 1 && parse_member(e->d_name, roles[k], ".module", &r, &n) == 0) {
-                ckpt_ident id;
-                if (ckpt_module_marker_read(p, step, r, n, &id) == 0)
-                    foreign = memcmp(id.run_id, run->run_id, CKPT_RUN_ID_BYTES) != 0;
+        const char *nm = e->d_name;
+        int r, n;
+        char p[4600];
+        snprintf(p, sizeof p, "%s/%s", dir, nm);
+        ckpt_ident id;
+        int have = 0;
+        if (parse_member(nm, "shard", ".snap", &r, &n) == 0 || parse_member(nm, "worker", ".snap", &r, &n) == 0) {
+            snapfile_reader rd;
+            if ((have = snapfile_open(&rd, p, NULL) == 0)) {
+                id = rd.m.id;
+                snapfile_close(&rd);
             }
+        } else if (parse_member(nm, "worker", ".module", &r, &n) == 0) {
+            have = ckpt_module_marker_read(p, step, r, n, &id) == 0;
         }
+        foreign = have && memcmp(id.run_id, run->run_id, CKPT_RUN_ID_BYTES) != 0;
     }
     closedir(d);
     return foreign;

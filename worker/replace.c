@@ -31,19 +31,31 @@ int train_replace_notice(trainer *t, int kind, int rank, uint32_t epoch, int64_t
     return 1;
 }
 
-/* Waits for a redo notice newer than `after`, up to limit_s seconds or until a stop is asked for (the run
- * then re-forms: the rendezvous said the replacement failed). Returns 0 or -ETIMEDOUT / -ECANCELED. */
-static int wait_redo(trainer *t, uint32_t after, double limit_s)
+/* Waits until *epoch (a notice's epoch, stored by the control watcher) is newer than `after`, up to limit_s
+ * seconds or until a stop is asked for. Returns 0, -ECANCELED (a stop) or -ETIMEDOUT, without a message. */
+static int wait_notice(const trainer *t, _Atomic uint32_t *epoch, uint32_t after, double limit_s)
 {
     const double t0 = pf_now_s();
-    while (atomic_load(&t->wr_redo_epoch) <= after) {
+    while (atomic_load(epoch) <= after) {
         if (t->opts.stop_flag && *t->opts.stop_flag)
-            return pf_err(-ECANCELED, "worker replacement: the run stopped while waiting for the redo");
+            return -ECANCELED;
         if (pf_now_s() - t0 > limit_s)
-            return pf_err(-ETIMEDOUT, "worker replacement: no redo from the rendezvous within %.0f s", limit_s);
+            return -ETIMEDOUT;
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
+    return 0;
+}
+
+/* Waits for a redo notice newer than `after` (wait_notice; a stop means the rendezvous said the replacement
+ * failed and the run re-forms). Returns 0 or -ETIMEDOUT / -ECANCELED with a message. */
+static int wait_redo(trainer *t, uint32_t after, double limit_s)
+{
+    int rc = wait_notice(t, &t->wr_redo_epoch, after, limit_s);
+    if (rc == -ECANCELED)
+        return pf_err(rc, "worker replacement: the run stopped while waiting for the redo");
+    if (rc == -ETIMEDOUT)
+        return pf_err(rc, "worker replacement: no redo from the rendezvous within %.0f s", limit_s);
     return 0;
 }
 
@@ -51,14 +63,10 @@ int train_replace_await(trainer *t, uint32_t after)
 {
     if (!t->wr_on)
         return 0;
-    const double limit = ctl_member_silence_s(t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30) + 2,
-                 t0 = pf_now_s();
-    while (atomic_load(&t->wr_lost_epoch) <= after) {
-        if ((t->opts.stop_flag && *t->opts.stop_flag) || pf_now_s() - t0 > limit)
-            return 0;
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    const double t0 = pf_now_s();
+    if (wait_notice(t, &t->wr_lost_epoch, after,
+                    ctl_member_silence_s(t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30) + 2) < 0)
+        return 0;
     log_info("a worker-lost notice came %.3f s after this worker's step failed", pf_now_s() - t0);
     return 1;
 }

@@ -8,7 +8,7 @@
 # too), and the CPU seconds of all members over the whole run (start-up and the table's fill included) per
 # step; then the ratios replicas 1 / 0 per pair.
 # --pin: the servers run on the host's last CPU and the workers on the others (taskset), as when servers have
-# cores of their own (the setting); without it every process shares every core.
+# cores of their own; without it every process shares every core.
 # usage: bench/recovery/replica_cost.sh [-b BUILD] [--pin] [--classes N] [--pairs P] [--warmup K]
 #                                        [SERVERS [WORKERS]]
 set -uo pipefail
