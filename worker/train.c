@@ -757,6 +757,25 @@ int train_rewind(trainer *t, int64_t step)
  * lost workers), the stop vote, the step, its logs, verification, checkpoints, a rejoin's hold; model.ckpt at
  * each epoch end (rank 0). *step: the steps done (on an error, the step that failed); *stop: a stop was voted.
  * Returns 0 or the first error. */
+#ifdef PFCPS_TEST_HOOKS
+/* In the tests' build of the worker only (pfcps-worker-test-hooks, -DPFCPS_TEST_HOOKS): with
+ * PFCPS_TEST_STEP_FAILS_AT=N, step N (0-based, its first try only) fails at its start with -EIO, as a ring
+ * receive fails when the worker on the left dies inside a message, before any worker-lost notice can have
+ * come (the replacement test's deterministic form of that race; test_worker_replace.sh). Returns 0 otherwise. */
+static int hook_step_fails(int64_t step)
+{
+    static int fired;
+    const char *at = getenv("PFCPS_TEST_STEP_FAILS_AT");
+    if (fired || !at || !*at || strtoll(at, NULL, 10) != step)
+        return 0;
+    fired = 1;
+    log_warn("test hook PFCPS_TEST_STEP_FAILS_AT=%lld: failing step %lld", (long long)step, (long long)step);
+    return pf_err(-EIO, "test hook PFCPS_TEST_STEP_FAILS_AT=%lld: step %lld fails as a ring receive does when "
+                        "the worker on the left dies inside a message",
+                  (long long)step, (long long)step);
+}
+#endif
+
 static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, int *stop_io)
 {
     const pf_config *run = &t->run;
@@ -798,6 +817,10 @@ static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, 
             double loss = 0;
             uint32_t flags =
                 is_ckpt_step(t, step + 1, total) || step + 1 == t->rj_ckpt ? PS_PUSH_SNAPSHOT : 0;
+#ifdef PFCPS_TEST_HOOKS
+            if ((rc = hook_step_fails(step)) < 0)
+                break;
+#endif
             if ((rc = train_step(t, step, lr, flags, &loss)) < 0)
                 break;
             step++;

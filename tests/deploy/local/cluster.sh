@@ -247,3 +247,46 @@ ckpt_check_same() {
 ckpt_hashes() {
   "$PFCPS" ckpt-info "$1" | sed -n "s/^step $2: complete .*\(table [0-9a-f]\{64\}  backbone [0-9a-f]\{64\}\).*/\1/p"
 }
+
+# recovery_ref: the uninterrupted reference run the recovery tests (test_replicas.sh, test_server0.sh,
+# test_rejoin.sh) compare with: $TMP/ref.ini (ckpt_ini: 6 epochs = 36 steps, 2 servers + 2 workers, keep 2, 40
+# classes at 0.25, dense updates, a log line every step, replicas = 0), trained uninterrupted with worker 0's
+# --trace. Leaves $TMP/ref/model.ckpt, $TMP/ref-trace0 and REF (ckpt_final_line of its final checkpoint).
+# The run is done once per build for the same binaries, data and config: the three files are kept under
+# $BUILD/tests/recovery-ref/KEY (KEY: SHA-256 of the three binaries, the packed data, OMP_NUM_THREADS and the
+# run file without its per-test paths and port), written under a lock, so that the tests running at the same
+# time or after it reuse them instead of training the same 36 steps again.
+recovery_ref() {
+  ckpt_ini ref 6 2 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1"
+  local key dir lock
+  key=$({ sha256sum "$SERVER" "$WORKER" "$PFCPS" "$TMP/train.rec" "$TMP/train.idx" | cut -d' ' -f1
+    echo "OMP_NUM_THREADS=${OMP_NUM_THREADS:-}"
+    grep -v "^\(output\|rec\|rendezvous\) = " "$TMP/ref.ini"; } | sha256sum | cut -c1-16)
+  dir=$BUILD/tests/recovery-ref/$key
+  mkdir -p "$BUILD/tests/recovery-ref" || die "reference: cannot create $BUILD/tests/recovery-ref"
+  lock=$BUILD/tests/recovery-ref/$key.lock
+  exec {lockfd}>"$lock" || die "reference: cannot open $lock"
+  flock "$lockfd" || die "reference: cannot lock $lock"
+  if [ -s "$dir/final" ] && [ -s "$dir/model.ckpt" ] && [ -s "$dir/trace0" ]; then
+    echo "reference: the uninterrupted run trained earlier for these binaries, data and config ($dir)"
+  else
+    start_cluster "$TMP/ref.ini" 2 2 --trace "$TMP/ref-trace{r}"
+    wait_all "${WPIDS[@]}" || { show_logs; die "reference: a worker failed"; }
+    local p s
+    for p in "${SPIDS[@]}"; do
+      s=0; wait "$p" || s=$?
+      [ "$s" -eq 0 ] || { show_logs; die "reference: server pid $p exited $s"; }
+    done
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp" &&
+      cp "$TMP/ref/model.ckpt" "$dir.tmp/model.ckpt" && cp "$TMP/ref-trace0" "$dir.tmp/trace0" &&
+      ckpt_final_line "$TMP/ref" >"$dir.tmp/final" && rm -rf "$dir" && mv "$dir.tmp" "$dir" ||
+      die "reference: cannot keep it in $dir"
+  fi
+  mkdir -p "$TMP/ref" && cp "$dir/model.ckpt" "$TMP/ref/model.ckpt" && cp "$dir/trace0" "$TMP/ref-trace0" ||
+    die "reference: cannot copy it from $dir"
+  REF=$(cat "$dir/final")
+  exec {lockfd}>&-
+  expect_grep "reference: 36 steps, final checkpoint complete" \
+    "^step 36: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
+  expect_eq "reference: worker 0's trace has 36 lines" "$(wc -l <"$TMP/ref-trace0")" 36
+}
