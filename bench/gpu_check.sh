@@ -161,7 +161,7 @@ elif [ "${PFCPS_GPU_SKIP_E2E:-0}" = 0 ]; then
     E2E=$(mktemp -d)
     stamp "end to end: device = cuda, fp16 = true, r50 batch 64, ORL 40 identities, 30 steps (in $E2E)"
     if "$BUILD/tools/pfcps" pack --quiet "$ROOT/data/orl" "$E2E/train" >"$E2E/pack.log" 2>&1; then
-        PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()')
+        PORT=$(python3 "$ROOT/tests/free_port.py") # below the ephemeral range (that file says why)
         cat >"$E2E/run.ini" <<INI
 [train]
 network = r50

@@ -18,7 +18,7 @@ mkdir -p "$TMP/stage"
 for i in $(seq 1 10); do ln -sfn "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
 "$BUILD/tools/pfcps" pack --quiet "$TMP/stage" "$TMP/train" >/dev/null || exit 1
 cfg() {
-  PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  PORT=$(python3 "$SRC/tests/free_port.py") # below the ephemeral range (that file says why)
   cat >"$TMP/$1.ini" <<INI
 [train]
 network = r18_w8

@@ -5,8 +5,8 @@ recovery_stage() {
   for i in $(seq 1 10); do ln -sfn "$SRC/data/orl/s$i" "$TMP/stage/s$i"; done
   "$PFCPS" pack --quiet "$TMP/stage" "$TMP/train"
 }
-# port: a free TCP port on 127.0.0.1.
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# port: a free TCP port on 127.0.0.1, from below the ephemeral range (tests/free_port.py says why).
+port() { python3 "$SRC/tests/free_port.py"; }
 # final DIR: the newest complete checkpoint's `pfcps ckpt-info` line (table and backbone digests), sizes removed.
 final() {
   local s; s=$("$PFCPS" ckpt-info --newest "$1")

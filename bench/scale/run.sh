@@ -101,7 +101,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 mem_avail() { awk '/^MemAvailable:/ {print $2 * 1024}' /proc/meminfo; }
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { "$PY" "$here/../../tests/free_port.py"; } # below the ephemeral range (see that file)
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; } # field KEY "RESULT ... KEY=V ..."
 gib() { awk -v b="$1" 'BEGIN { printf "%.2f", b / 1073741824 }'; }
 

@@ -50,7 +50,7 @@ out=${PFCPS_SCALE_OUT:-$(mktemp -d)}
 mkdir -p "$out"
 pids=()
 trap 'for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done' EXIT
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() { "$PY" "$here/../../tests/free_port.py"; } # below the ephemeral range (see that file)
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
 
 # one TAG KIND C: servers + the C worker (KIND c) or the torch module (KIND torch); prints its RESULT line.

@@ -69,19 +69,35 @@ double pst_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* A TCP port of 127.0.0.1 nothing is bound to, drawn at random from below the kernel's ephemeral range (the
+ * policy and its reason: tests/free_port.py; a port from bind(0) can be taken by a connection's source port
+ * before the rendezvous binds it). Returns the port or -1. */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK), .sin_port = 0};
-    socklen_t l = sizeof(a);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof(a)) < 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &l) < 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
+    int lo = 32768, hi = 60999;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d %d", &lo, &hi) != 2)
+            lo = 32768, hi = 60999;
+        fclose(f);
     }
-    close(fd);
-    return ntohs(a.sin_port);
+    const int first = lo > 11000 ? 10000 : hi + 1, last = lo > 11000 ? lo - 1 : 65535;
+    if (first > last)
+        return -1;
+    unsigned seed = (unsigned)getpid() ^ (unsigned)(pst_now() * 1e6);
+    for (int i = 0; i < 500; i++) {
+        int port = first + (int)(rand_r(&seed) % (unsigned)(last - first + 1));
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0)
+            return -1;
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+                                .sin_port = htons((uint16_t)port)};
+        int rc = bind(fd, (struct sockaddr *)&a, sizeof(a));
+        close(fd);
+        if (rc == 0)
+            return port;
+    }
+    return -1;
 }
 
 int pst_start(pst_cluster *cl, int S, int W, int64_t C, int D, const char *extra, int seconds)

@@ -20,7 +20,7 @@ else
 fi
 TMP=$(mktemp -d)
 trap 'rmdir "$CG" 2>/dev/null; rm -rf "$TMP"' EXIT
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(python3 "$(dirname "$0")/../free_port.py") # below the ephemeral range: see free_port.py
 cat >"$TMP/run.ini" <<INI
 [train]
 embedding_size = 128

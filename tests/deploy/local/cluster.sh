@@ -57,10 +57,9 @@ margin_list = 1.0, 0.0, 0.35
 batch_size = 8
 lr = 0.1"
 
-# free_port: a TCP port nobody listens on (the rendezvous binds it).
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
+# free_port: a TCP port nobody is bound to, from below the kernel's ephemeral range (tests/free_port.py: no
+# connection's source port takes it before the rendezvous binds it).
+free_port() { python3 "$SRC/tests/free_port.py"; }
 
 # run_ini FILE SERVERS WORKERS SECRET [LINE...] < TRAIN_AND_DATA: writes the run file FILE: the [train] and
 # [data] sections read from stdin, then [cluster] with servers and workers (omitted when "-"), a rendezvous
