@@ -101,6 +101,8 @@ struct ctl_rendezvous {
     atomic_int joined;       /* ctl_rendezvous_joined: the seats held until the run formed, then S + W */
     atomic_int workers_left; /* workers that left in order (ctl_session_leave) */
     int shutdown_sent;
+    int reform_sent; /* every member was told the run re-forms (queue_member_lost): later losses are its
+                      * members stopping for it, not failures to act on */
     conn **conns;
     int nconns, max_conns;
     ctl_roster roster; /* the run's seats and forming state; the service thread's alone */
@@ -400,7 +402,10 @@ static void release_seat(ctl_rendezvous *rv, conn *c)
     }
     ctl_gone gone = ctl_roster_release(&rv->roster, c->seat, c, c->left, rv->shutdown_sent);
     metrics_set(rv->m_members, rv->roster.held);
-    if (gone == CTL_GONE_FREED) {
+    if (gone == CTL_GONE_LOST && rv->reform_sent) {
+        log_info("control plane: %s[%d] (%s) stopped for the checkpoint re-form", ctl_role_name(c->role), c->rank,
+                 c->peer);
+    } else if (gone == CTL_GONE_FREED) {
         atomic_fetch_sub(&rv->joined, 1);
         log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
                  ctl_role_name(c->role), c->rank, c->peer);
@@ -1225,7 +1230,7 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
         log_info("control plane: %s[%d] left the run", ctl_role_name(c->role), c->rank);
         /* A server that stops (SIGTERM) while workers still need it: the run cannot go on without its shard.
          */
-        if (c->role == CTL_ROLE_SERVER &&
+        if (c->role == CTL_ROLE_SERVER && !rv->reform_sent &&
             ctl_roster_server_leave_is_loss(&rv->roster, atomic_load(&rv->workers_left), rv->shutdown_sent))
             queue_member_lost(rv, c, c->role, c->rank, c->peer,
                               "stopped while the workers still need its shard");
@@ -1522,6 +1527,7 @@ static void queue_member_lost(ctl_rendezvous *rv, const conn *except, ctl_role r
 {
     char text[800];
     metrics_add(rv->m_lost, 1);
+    rv->reform_sent = 1;
     snprintf(text, sizeof text, "%s[%d] (%s) %s", ctl_role_name(role), rank, peer, what);
     Pfcps__Error e;
     Pfcps__CtlMessage m;
