@@ -153,7 +153,7 @@ run_once() {
   tail_pid=$!
 
   rc=0
-  local codes=() scodes=() i p s
+  local codes=() scodes=() i p s how
   while :; do
     local alive=0 failed=-1
     for i in "${!worker_pids[@]}"; do
@@ -165,7 +165,12 @@ run_once() {
           # line, it joins as its own replacement and the others redo the step it was lost in.
           if { [ "$s" -gt 128 ] || [ "$s" -eq 76 ]; } && [ "$replace_workers" -eq 1 ] && [ "$restarts" -lt "$max_restarts" ]; then
             restarts=$((restarts + 1))
-            echo "launch: worker $i exited with status $s (see $out/logs/worker$i.log); restart $restarts/$max_restarts of worker $i alone, with the same command line: it replaces itself in place" >&2
+            # Its log says whether the run had formed with it ("joined:", logged when the join is answered with
+            # the address book); before that, the restarted worker just takes the rank its loss freed.
+            how="it replaces itself in place"
+            grep -q " INFO joined: " "$out/logs/worker$i.log" 2>/dev/null ||
+              how="it joins the run, which had not formed with it yet"
+            echo "launch: worker $i exited with status $s (see $out/logs/worker$i.log); restart $restarts/$max_restarts of worker $i alone, with the same command line: $how" >&2
             "$worker_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/worker$i.log" 2>&1 &
             worker_pids[$i]=$!; pids+=($!)
             if [ "$i" -eq 0 ]; then # follow the new worker 0's lines in its log (the old tail ends with its pid)

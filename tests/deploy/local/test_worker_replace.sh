@@ -122,7 +122,7 @@ s=0; wait "$LP" || s=$?
 LP=
 expect_eq "launcher: launch.sh exits 0" "$s" 0
 expect_grep "launcher: it starts the killed worker 2 again alone" \
-  "worker 2 exited with status 137 .*restart 1/2 of worker 2 alone, with the same command line" "$TMP/launch.out"
+  "worker 2 exited with status 137 .*restart 1/2 of worker 2 alone, with the same command line: it replaces itself in place" "$TMP/launch.out"
 expect_grep "launcher: the stopped worker 1 exits 76 on finding itself removed" "removed from the run .*exiting 76" \
   "$TMP/launcher/logs/worker1.log"
 expect_grep "launcher: it starts worker 1 again alone" "worker 1 exited with status 76 .*restart 2/2 of worker 1 alone" \
