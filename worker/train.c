@@ -753,10 +753,6 @@ int train_rewind(trainer *t, int64_t step)
     return 0;
 }
 
-/* The epochs from global step *step to `total` (train_run's loop): each step's state kept (a run that replaces
- * lost workers), the stop vote, the step, its logs, verification, checkpoints, a rejoin's hold; model.ckpt at
- * each epoch end (rank 0). *step: the steps done (on an error, the step that failed); *stop: a stop was voted.
- * Returns 0 or the first error. */
 #ifdef PFCPS_TEST_HOOKS
 /* In the tests' build of the worker only (pfcps-worker-test-hooks, -DPFCPS_TEST_HOOKS): with
  * PFCPS_TEST_STEP_FAILS_AT=N, step N (0-based, its first try only) fails at its start with -EIO, as a ring
@@ -776,6 +772,10 @@ static int hook_step_fails(int64_t step)
 }
 #endif
 
+/* The epochs from global step *step to `total` (train_run's loop): each step's state kept (a run that replaces
+ * lost workers), the stop vote, the step, its logs, verification, checkpoints, a rejoin's hold; model.ckpt at
+ * each epoch end (rank 0). *step: the steps done (on an error, the step that failed); *stop: a stop was voted.
+ * Returns 0 or the first error. */
 static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, int *stop_io)
 {
     const pf_config *run = &t->run;
