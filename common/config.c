@@ -848,7 +848,6 @@ int cfg_replaces_workers(const pf_config *cfg, char *why, size_t n)
 {
     const char *no = !cfg->replicas                          ? "replicas = 0"
                      : strcmp(cfg->head_mode, "local") == 0  ? "head_mode = local"
-                     : cfg->gradient_acc != 1                ? "gradient_acc > 1"
                      : strcmp(cfg->device, "cuda") == 0      ? "device = cuda"
                                                              : NULL;
     if (why && n)

@@ -52,6 +52,8 @@ typedef struct ctl_rendezvous_opts {
                             "Worker replacement in place": the survivors and servers report, a restarted worker
                             of its rank joins, the servers undo the pushes of the redo step and after, every
                             worker redoes it); 0: a lost worker re-forms the run */
+    int gradient_acc;    /* the run's gradient_acc (0 is taken as 1): the redo step is a window start, the
+                            lost worker's class-center sums of the window being lost with it */
     int metrics;              /* 1: export the rendezvous series (docs/metrics.md, "Rendezvous") and serve
                                  /targets on the process' metrics endpoint (ctl_rendezvous_start); 0: neither
                                  (tests running several services in one process) */

@@ -117,6 +117,7 @@ struct ctl_rendezvous {
     /* worker replacement in place (ctl_rendezvous_opts.replace_workers; docs/architecture.md, "Worker
      * replacement in place") */
     int replace;      /* opts.replace_workers */
+    int acc_k;        /* opts.gradient_acc (>= 1) */
     int wr_rank;      /* the lost worker being replaced, or -1 */
     int wr_phase;     /* WR_REPORTS, WR_ROLLBACK, WR_STATE */
     double wr_t0;     /* when it was lost (pf_now_s) */
@@ -856,8 +857,10 @@ static int try_replace(ctl_rendezvous *rv, const conn *c)
 }
 
 /* Every report and the replacement are in: the redo step R is the smallest of the survivors' first
- * unfinished steps and the servers' counts of the lost worker's whole pushes; every server rolls back the
- * pushes of steps >= R (both its copies) and takes the replacement's address. */
+ * unfinished steps and the servers' counts of the lost worker's whole pushes, taken back to the start of its
+ * gradient_acc window (the lost worker's class-center sums of the window are lost with it; a survivor keeps
+ * its state at its current and its previous window's start); every server rolls back the pushes of steps
+ * >= R (both its copies) and takes the replacement's address. */
 static void replace_decide(ctl_rendezvous *rv)
 {
     const int S = rv->num_servers, W = rv->num_workers;
@@ -869,12 +872,13 @@ static void replace_decide(ctl_rendezvous *rv)
     for (int w = 0; w < W; w++)
         if (w != rv->wr_rank && !rv->wr_in[S + w])
             return;
-    int64_t R = rv->wr_umin < rv->wr_pmin ? rv->wr_umin : rv->wr_pmin;
-    if (rv->wr_umax - R > 1) {
-        char why[200];
+    const int64_t k = rv->acc_k, R0 = rv->wr_umin < rv->wr_pmin ? rv->wr_umin : rv->wr_pmin;
+    const int64_t R = R0 - R0 % k, umax_start = rv->wr_umax - rv->wr_umax % k;
+    if (umax_start - R > k) {
+        char why[240];
         snprintf(why, sizeof why,
-                 "a worker stands at step %lld, more than one step past the redo step %lld (each keeps two)",
-                 (long long)rv->wr_umax, (long long)R);
+                 "a worker stands at step %lld, more than one %s past the redo step %lld (each keeps two)",
+                 (long long)rv->wr_umax, k > 1 ? "gradient_acc window" : "step", (long long)R);
         replace_fallback(rv, why);
         return;
     }
@@ -1846,6 +1850,7 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->replicas = o->replicas;
     rv->rejoin = o->replicas && o->rejoin;
     rv->replace = o->replicas && o->rejoin && o->replace_workers;
+    rv->acc_k = o->gradient_acc > 1 ? o->gradient_acc : 1;
     rv->wr_rank = -1;
     if (!(rv->srv_lost = calloc((size_t)o->num_servers, 1)) ||
         !(rv->wr_in = calloc((size_t)o->num_servers + (size_t)o->num_workers, 1))) {

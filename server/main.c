@@ -186,6 +186,7 @@ static int start_rendezvous(server_daemon *d)
                               .replicas = cfg->replicas,
                               .rejoin = strcmp(cfg->head_mode, "local") != 0,
                               .replace_workers = cfg_replaces_workers(cfg, NULL, 0),
+                              .gradient_acc = cfg->gradient_acc,
                               .metrics = 1};
     int rc = d->ini ? ctl_rendezvous_start(&ro, &d->rv) : -ENOMEM;
     if (rc == -EINTR) {

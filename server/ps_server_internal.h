@@ -95,7 +95,12 @@ typedef struct entry {
  * threads start (grown, never shrunk: no allocation once a step's worth of rows fits); each segment of the
  * apply writes its own slot, so the apply threads share no lock. */
 typedef struct undo_log {
-    int64_t step; /* the step of the push the log undoes, or -1: none (nothing applied, undone, or no memory) */
+    int64_t step;   /* the step of the push the log undoes, or -1: none (nothing applied, undone, or no memory) */
+    int64_t newest; /* the step of the worker's newest applied push that moved rows, or -1: none. Pushes
+                     * without rows (a gradient_acc window's steps before its last, a step the loss scaler
+                     * skipped) leave the log as it is: they change nothing to undo */
+    int64_t prev;   /* the step of its row-moving push before `newest`, -1: none, or INT64_MAX: unknown (after a
+                     * restore) */
     uint64_t seq; /* the apply that wrote it (S->useq): logs are restored newest apply first */
     size_t n;     /* rows in the log */
     size_t cap;   /* rows allocated */

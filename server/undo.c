@@ -10,10 +10,12 @@
  * is logged once, in the log of the first of them; a rollback restores every log of its step, newest apply
  * first, so the rows come back as they were before the oldest of them either way.
  *
- * A rollback to step R (pss_rollback) restores the logs of the pushes of step R that were applied, discards
- * every other push of a step >= R and sets the step clock back to R. It is refused, with nothing changed, when
- * a worker has an applied push of a step >= R that its log cannot undo (two applied steps >= R, or a log of
- * another step). */
+ * A push that moves no row (a gradient_acc window's steps before its last, a step the loss scaler skipped)
+ * leaves its worker's log as it is. A rollback to step R (pss_rollback) restores the logs of the applied pushes
+ * of steps >= R, discards every other push of a step >= R and sets the step clock back to R. It is refused,
+ * with nothing changed, when a worker has applied pushes of steps >= R that its log cannot undo (two of them
+ * that moved rows, or a log lost to a failed allocation). Under gradient_acc = k a worker pushes rows once per
+ * window, so a rollback to a window start undoes at most its window-end push. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -48,7 +50,7 @@ int pss_undo_init(ps_server *S)
     if (!S->ulog || !S->uapply || !S->useg0)
         return pf_err(-ENOMEM, "out of memory for %d workers' undo logs", W);
     for (int w = 0; w < W; w++)
-        S->ulog[w].step = -1;
+        S->ulog[w].step = S->ulog[w].newest = S->ulog[w].prev = -1;
     S->urow_floats = (size_t)(S->o.adamw ? 3 : 2) * (size_t)S->o.dim;
     log_info("shard %d: undo logs on: %zu bytes per row of each worker's newest applied push (allocated as pushes "
              "arrive), one copy of each updated row per apply",
@@ -113,6 +115,15 @@ void pss_undo_begin(ps_server *S, int64_t t, push *const *ps, int np)
             s++;
         undo_log *L = &S->ulog[ps[i]->client];
         const size_t n = s - S->useg0[i];
+        size_t rows = 0;
+        for (int ci = 0; ci < ps[i]->nchunks; ci++)
+            rows += ps[i]->slot[ci]->n;
+        if (rows == 0) { /* moves no row: the log keeps the worker's newest push that did */
+            S->uapply[i] = NULL;
+            continue;
+        }
+        L->prev = L->newest;
+        L->newest = t;
         if (undo_reserve(S, L, n) < 0) {
             log_error("step %lld: out of memory for worker %d's undo log of %zu rows: a rollback to this step "
                       "will be refused",
@@ -192,48 +203,54 @@ static void undo_restore(ps_server *S, const undo_log *L)
     }
 }
 
-/* Whether every worker's applied pushes of steps >= step can be undone (see the file's header). Returns 0, or
- * -ERANGE naming the first worker that cannot. */
+/* Whether every worker's applied pushes of steps >= step can be undone (see the file's header): each worker's
+ * pushes that moved rows among them are at most one, its newest, and its log holds that one. Pushes without
+ * rows need nothing undone. Returns 0, or -ERANGE naming the first worker that cannot. */
 static int rollback_check(const ps_server *S, int64_t step)
 {
     for (int w = 0; w < S->o.workers; w++) {
         const int64_t a = S->applied_push[w];
-        if (a <= step)
-            continue;
         const undo_log *L = &S->ulog[w];
-        if (a > step + 1)
+        if (a <= step || L->newest < step)
+            continue;
+        if (L->prev >= step)
             return pf_err(-ERANGE,
-                          "rollback to step %lld: worker %d's pushes of steps %lld..%lld are applied; only its "
-                          "newest applied push (step %lld) can be undone",
-                          (long long)step, w, (long long)step, (long long)a - 1, (long long)a - 1);
-        if (L->step != step)
+                          "rollback to step %lld: worker %d's pushes of steps %lld..%lld are applied and more than "
+                          "one of them moved rows; only its newest (step %lld) can be undone",
+                          (long long)step, w, (long long)step, (long long)a - 1, (long long)L->newest);
+        if (L->step != L->newest)
             return pf_err(-ERANGE,
                           "rollback to step %lld: worker %d's push of step %lld is applied but its undo log "
                           "holds %s%lld",
-                          (long long)step, w, (long long)step, L->step < 0 ? "no step: " : "step ",
+                          (long long)step, w, (long long)L->newest, L->step < 0 ? "no step: " : "step ",
                           (long long)L->step);
     }
     return 0;
 }
 
-/* Restores every applied push of step `step` (newest apply first) and marks its log used up. */
+/* Restores every worker's applied push of a step >= `step` that moved rows (newest apply first) and marks its
+ * log used up (rollback_do then sets every worker's applied count back to `step`). */
 static long rollback_restore(ps_server *S, int64_t step)
 {
     long rows = 0;
     for (;;) {
         int best = -1;
         for (int w = 0; w < S->o.workers; w++)
-            if (S->applied_push[w] > step && S->ulog[w].step == step &&
+            if (S->applied_push[w] > step && S->ulog[w].step >= step && S->ulog[w].step == S->ulog[w].newest &&
                 (best < 0 || S->ulog[w].seq > S->ulog[best].seq))
                 best = w;
         if (best < 0)
-            return rows;
-        undo_restore(S, &S->ulog[best]);
-        rows += (long)S->ulog[best].n;
-        S->ulog[best].step = -1;
-        S->ulog[best].n = 0;
+            break;
+        undo_log *L = &S->ulog[best];
+        undo_restore(S, L);
+        rows += (long)L->n;
+        L->step = -1;
+        L->n = 0;
+        L->newest = L->prev;
+        L->prev = L->newest < 0 ? -1 : INT64_MAX; /* the one before it is no longer known */
         S->applied_push[best] = step;
     }
+    return rows;
 }
 
 /* Discards the received pushes of steps >= step (complete and partial) and the queued replies of pulls and

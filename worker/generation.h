@@ -1,7 +1,9 @@
 /* Two generations of a worker's training state, for in-place recovery (docs/architecture.md, worker
  * replacement): the state at the start of the current step and at the start of the previous one, so that
  * after a worker is lost mid-step every survivor can go back to a common step R (the current step's start or
- * the previous step's) and redo from there.
+ * the previous step's) and redo from there. The trainer keeps one at each gradient_acc window's start (every
+ * step without accumulation), so its two are the current and the previous window's starts; a generation
+ * inside a window is also kept and restored whole (the window's sums so far), for callers that keep one there.
  *
  * A generation is everything a training step changes that later steps read:
  *   device: backbone parameters (model_params), BN running statistics (model_buffers), the optimizer's

@@ -789,9 +789,11 @@ static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, 
             break;
         while (step < total) {
             const double t_step = pf_now_s();
-            /* The state at the step's start, before its first collective: a worker lost in this step's stop
-             * vote or later leaves every survivor able to go back to here. */
-            if (t->gen && (rc = wgen_keep(t->gen, step)) < 0)
+            /* The state at the start of the step's gradient_acc window (every step without accumulation),
+             * before its first collective: a worker lost in this window's stop vote or later leaves every
+             * survivor able to go back to here. A window's later steps are not kept: a redo starts at a window
+             * start, since the lost worker's class-center sums of the window are lost with it. */
+            if (t->gen && step % t->acc_k == 0 && (rc = wgen_keep(t->gen, step)) < 0)
                 break;
             /* a stop at the start of a gradient_acc window only: its gradients would be lost */
             if (step % t->acc_k == 0 && (rc = stop_vote(t, &stop, &rejoin)) < 0)

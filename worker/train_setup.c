@@ -667,8 +667,11 @@ static int setup_generations(trainer *t, const ctl_book *book)
     rc = wgen_create(&t->gen, &src);
     if (rc < 0)
         return pf_err_wrap(rc, "keep_generations");
-    log_info("generations kept for in-place recovery: %.1f MB for two, %.1f MB copied per step",
-             (double)wgen_alloc_bytes(t->gen) / 1e6, (double)wgen_keep_bytes(t->gen, 0) / 1e6);
+    char per[64] = "per step";
+    if (t->acc_k > 1)
+        snprintf(per, sizeof per, "per gradient_acc window (every %d steps)", t->acc_k);
+    log_info("generations kept for in-place recovery: %.1f MB for two, %.1f MB copied %s",
+             (double)wgen_alloc_bytes(t->gen) / 1e6, (double)wgen_keep_bytes(t->gen, 0) / 1e6, per);
     return 0;
 }
 

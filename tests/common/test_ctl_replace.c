@@ -11,6 +11,8 @@
  *   too_far:  a survivor reports step 9 while the server holds 4 pushes (R = 4, the survivor 5 steps past it:
  *             it keeps two): the fallback to the re-form, told to every member (-ENOLINK) and the replacement
  *             refused;
+ *   acc:      gradient_acc = 3: reports of step 7 and 8 pushes give the redo step 6 (the window's start); a
+ *             survivor at step 13 with the redo step 6 is more than one window past it: the fallback;
  *   timeout:  no replacement joins within ctl_timeout (2 s): the fallback, naming it;
  *   early:    a join for rank 1 while worker 1 is still a member is asked to retry (EAGAIN), then taken;
  *   off:      replace_workers = 0: the loss is told at once as a re-form (-ENOLINK);
@@ -31,6 +33,7 @@
 #define MAXF   65536
 
 static int port;
+static int g_acc; /* the rendezvous' gradient_acc (0: none) */
 
 typedef struct member {
     ctl_role role;
@@ -61,7 +64,8 @@ static ctl_rendezvous *start_n(int servers, int replace, double timeout_s)
                              .config_text = "[cluster]\nreplicas = 1\n",
                              .replicas = 1,
                              .rejoin = 1,
-                             .replace_workers = replace};
+                             .replace_workers = replace,
+                             .gradient_acc = g_acc};
     ctl_rendezvous *rv;
     if (ctl_rendezvous_start(&o, &rv) < 0)
         DIE("rendezvous: %s", pf_errmsg());
@@ -197,6 +201,48 @@ static void case_too_far(void)
     ctl_rendezvous_stop(rv);
 }
 
+/* acc: gradient_acc = 3: worker 0 reports step 7, the server 8 whole pushes: the redo step is 6, the start of
+ * the window holding 7 (told to the server); then worker 0 at step 13 with the server at 7: the redo step 6 is
+ * more than one window behind 13's window (12): the fallback. */
+static void case_acc(void)
+{
+    g_acc = 3;
+    ctl_rendezvous *rv = start(1, 8);
+    member m[3];
+    join_all(m);
+    lose_worker1(m, "acc");
+    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 0, 1, 7, "fab-w0-new", 10) == 0, "report");
+    CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 1, 8, NULL, 0) == 0, "report");
+    member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 10};
+    pthread_create(&r.th, NULL, join_main, &r);
+    int rank = -1;
+    uint32_t e = 0;
+    int64_t st = -1;
+    int k = next_notice(m[0].s, &rank, &e, &st);
+    check(k == CTL_FO_ROLLBACK && st == 6, "acc: the server rolls back to step 6, the start of step 7's window of "
+          "3 (kind %d, step %lld)", k, (long long)st);
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    pthread_join(r.th, NULL);
+    if (r.rc == 0)
+        ctl_session_close(r.s);
+    ctl_rendezvous_stop(rv);
+
+    rv = start(1, 8);
+    join_all(m);
+    lose_worker1(m, "acc far");
+    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 0, 1, 13, "fab-w0-new", 10) == 0, "report");
+    CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 1, 7, NULL, 0) == 0, "report");
+    r = (member){.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 5};
+    join_main(&r);
+    check(r.rc < 0, "acc far: the replacement is refused (%d)", r.rc);
+    expect_fallback(m, "acc far", "more than one gradient_acc window past the redo step 6");
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    ctl_rendezvous_stop(rv);
+    g_acc = 0;
+}
+
 static void case_timeout(void)
 {
     ctl_rendezvous *rv = start(1, 2);
@@ -308,6 +354,7 @@ int main(void)
 {
     case_happy();
     case_too_far();
+    case_acc();
     case_timeout();
     case_early();
     case_off();

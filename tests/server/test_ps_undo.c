@@ -22,6 +22,8 @@
  * (h) (a) with checkpoint K asked by step K - 1's pushes (written on its own thread while step K's pushes
  *     apply): the rollback waits for it, the redo equals the reference, and the checkpoint loads into a
  *     server whose checksum equals that of one that ran steps 0 .. K - 1;
+ * (i) a rollback to step SKIP after its empty pushes and step SKIP + 1's (another attempt's) pushes: the empty
+ *     ones need nothing undone, so it is done, and the redo equals the reference;
  * (f) (a) and (b) again with 3 apply threads (ps_server_inject_pool: the rows of one push, and so the slots of
  *     its log, split among them), against a reference server without undo logs.
  * And once: (d) SGD, one row of worker 0 pushed at step K: after the rollback it holds the bits it had before
@@ -274,6 +276,26 @@ static void case_refused(const cfg *k, ps_server *ref)
     ps_server_destroy(same);
 }
 
+/* (i): pushes that move no row leave the logs as they are (a gradient_acc window's steps before its last push
+ * none). After step SKIP (every push empty) and step SKIP + 1's abandoned attempt, every worker has two applied
+ * steps >= SKIP, only the second of them moving rows: a rollback to SKIP undoes it, and the redo from SKIP
+ * equals the uninterrupted run. */
+static void case_over_empty(const cfg *k, ps_server *ref)
+{
+    ps_server *s = make(k, 1, 1);
+    run_steps(s, 0, SKIP + 1, 0);
+    for (int w = 0; w < W; w++)
+        push_full(s, w, SKIP + 1, 0, 1);
+    int rc = ps_server_rollback(s, SKIP, 1, 10.0);
+    check(rc == 0 && ps_server_worker_pushed(s, 0) == SKIP,
+          "%s: rollback to step %d over an applied step without rows (%d) and one with rows (%d): %d %s", k->name,
+          SKIP, SKIP, SKIP + 1, rc, rc ? pf_errmsg() : "");
+    run_steps(s, SKIP, N, 1);
+    check(same_table(s, ref) && same_checksum(s, ref, N),
+          "%s: rolled back over the empty step and redone: every bit equals the uninterrupted run's", k->name);
+    ps_server_destroy(s);
+}
+
 /* (g): a started server (progress thread, 2 apply threads) fed over the fabric by W clients: the abandoned
  * attempt of step K, a rollback from this thread while it serves, a late chunk of the old epoch, the redo. */
 static void case_fabric(const cfg *k, ps_server *ref)
@@ -385,6 +407,7 @@ int main(void)
         case_rollback(&cfgs[i], ref, 0);
         case_rollback(&cfgs[i], ref, 1);
         case_refused(&cfgs[i], ref);
+        case_over_empty(&cfgs[i], ref);
         case_fabric(&cfgs[i], ref);
         case_snapshot(&cfgs[i], ref);
         ps_server_destroy(ref);

@@ -27,6 +27,11 @@
 #             joins and waits; then worker 2 killed: a second loss, so the rendezvous falls back to the re-form
 #             and refuses the waiting replacement, which exits 75 (the re-form's status, not 1), as do the
 #             others; nobody hangs;
+#   acc:      (only when asked for: its own test, train_worker_replace_acc) gradient_acc = 2 against a reference
+#             with gradient_acc = 2: kill -9 of worker 1 once worker 0 logged a random odd step in 5..13 (so
+#             that it lands inside a window, mostly; test_ctl_replace checks the rounding), started again: the
+#             redo starts at the start of the gradient_acc window (an even step: the lost worker's class-center
+#             sums of the window are lost with it), and the run ends with the reference's bits;
 #   slow_end: replicas = 1 with the last checkpoint's shard write slowed past the rendezvous' silence limit
 #             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
 #             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
@@ -48,12 +53,14 @@ write_cfg() {
     "ctl_timeout = 10"
 }
 
+RANDOM=$$
+has() { [[ " $CASES " == *" $1 "* ]]; }
+if has kill || has launcher; then
 write_cfg ref 0
 ckpt_launch ref
 REF=$(ckpt_final_line "$TMP/ref")
 expect_grep "reference: 20 steps, final checkpoint complete" "^step 20: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
-RANDOM=$$
-has() { [[ " $CASES " == *" $1 "* ]]; }
+fi
 
 # --- kill: worker 0 killed and started again by hand -----------------------------------------------------------
 if has kill; then
@@ -178,6 +185,47 @@ for p in "${WPIDS[0]}" "${SPIDS[@]}"; do
   [ "$s" -eq 75 ] || fail "second: pid $p exited $s, not 75"
 done
 ok "second: every other member stopped for the re-form"
+fi
+
+# --- acc: gradient_acc = 2, worker 1 killed and started again by hand ---------------------------------------------
+if has acc; then
+ckpt_ini ref_acc 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 0" \
+  "ctl_timeout = 10" "gradient_acc = 2"
+ckpt_launch ref_acc
+REF=$(ckpt_final_line "$TMP/ref_acc")
+expect_grep "acc: reference (gradient_acc = 2): 20 steps, final checkpoint complete" \
+  "^step 20: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
+at=$((5 + 2 * (RANDOM % 5))) # odd: the kill lands inside a window (steps at - 1, at), mostly
+ckpt_ini acc 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" \
+  "ctl_timeout = 10" "gradient_acc = 2"
+rm -f "$TMP"/*.log
+start_cluster "$TMP/acc.ini" 2 3
+wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "acc: worker 0 did not reach step $at"; }
+kill -KILL "${WPIDS[1]}"
+wait_log "$TMP/server0.log" "worker\[1\] .* lost: the other workers stop" 30 ||
+  { show_logs; die "acc: the rendezvous did not take worker 1's loss for a replacement"; }
+start_daemon "$TMP/worker1-again.log" "$WORKER" --config "$TMP/acc.ini" --rank 1
+wait_log "$TMP/server0.log" "worker\[1\] replaced in place" 60 || { show_logs; die "acc: worker 1 was not replaced"; }
+RC=0
+wait_all "${WPIDS[0]}" "${WPIDS[2]}" "$DPID" || RC=$?
+for p in "${SPIDS[@]}"; do
+  wait_exit "$p" 60 || { show_logs; die "acc: server pid $p did not stop after the workers"; }
+  s=0; wait "$p" || s=$?
+  [ "$s" -eq 0 ] || RC=$s
+done
+expect_eq "acc: every member exits 0" "$RC" 0
+redo=$(grep -o -m1 "redoing from step [0-9]*" "$TMP/worker0.log" | awk '{print $4}')
+echo "acc: worker 1 killed after worker 0 logged step $at; the run redid from step ${redo:-?}" \
+  "($(grep -o -m1 "workers stood at steps [0-9.]*" "$TMP/server0.log"))"
+if [ -n "$redo" ] && [ $((redo % 2)) -eq 0 ]; then
+  ok "acc: the redo starts at a gradient_acc window's start (step $redo)"
+else
+  fail "acc: the redo step '${redo}' is not a window start"
+fi
+if grep -q "re-form" "$TMP/server0.log"; then fail "acc: the run fell back to the re-form"; else ok "acc: no re-form"; fi
+cmp -s "$TMP/ref_acc/model.ckpt" "$TMP/acc/model.ckpt" && ok "acc: model.ckpt equals the uninterrupted run's" ||
+  fail "acc: model.ckpt differs from the uninterrupted run's"
+expect_eq "acc: final checkpoint (table and backbone SHA-256)" "$(ckpt_final_line "$TMP/acc")" "$REF"
 fi
 
 # --- slow_end: the last shard write outlasts the silence limit ----------------------------------------------------
