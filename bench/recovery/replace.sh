@@ -12,7 +12,8 @@
 # redo; then a summary; first, the whole-run wall time of an uninterrupted run with replicas = 0 and = 1.
 # --classes N: the 10-identity run with a class-center table of N classes, D = 512, sample_rate 0.1, one
 # checkpoint at the end (N = 2000000: 8.2 GB, 16.4 GB with both copies).
-# usage: bench/recovery/replace.sh [-b BUILD] [--victim N] [--classes N] [ROUNDS [SERVERS [WORKERS]]]
+# --acc K: gradient_acc = K in every run (the reference's too): the redo starts at a window start.
+# usage: bench/recovery/replace.sh [-b BUILD] [--victim N] [--classes N] [--acc K] [ROUNDS [SERVERS [WORKERS]]]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$SRC/build
@@ -21,6 +22,8 @@ VICTIM=
 [ "${1:-}" = --victim ] && { VICTIM=$2; shift 2; }
 CLASSES=
 [ "${1:-}" = --classes ] && { CLASSES=$2; shift 2; }
+ACC=1
+[ "${1:-}" = --acc ] && { ACC=$2; shift 2; }
 ROUNDS=${1:-5}
 SERVERS=${2:-2}
 WORKERS=${3:-3}
@@ -34,10 +37,11 @@ recovery_stage || exit 1
 # cfg NAME REPLICAS
 cfg() {
   if [ -z "$CLASSES" ]; then
-    recovery_ini "$1" "$SERVERS" "$WORKERS" "$2" 40 "sample_rate = 0.25" "pfc_update = dense"
+    recovery_ini "$1" "$SERVERS" "$WORKERS" "$2" 40 "sample_rate = 0.25" "pfc_update = dense" \
+      "gradient_acc = $ACC"
   else
     recovery_ini "$1" "$SERVERS" "$WORKERS" "$2" "$CLASSES" "pfc_update = dense" "embedding_size = 512" \
-      "sample_rate = 0.1" "snapshot_every = 1000" "snapshot_keep = 1"
+      "sample_rate = 0.1" "snapshot_every = 1000" "snapshot_keep = 1" "gradient_acc = $ACC"
   fi
 }
 elapsed() { python3 -c "print(f'{$(date +%s.%N) - $1:.1f}')"; }
