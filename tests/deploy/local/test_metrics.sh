@@ -124,21 +124,22 @@ for m in server0 server1 worker0 worker1; do
     "$TMP/server0.prom" || die "server 0: no pfcps_rendezvous_member_info for $m at ${ADDR[$m]}"
 done
 
-# still MEMBER: scrapes MEMBER (a worker) until its rows pulled, rows pushed and step are the same in three
-# scrapes 0.3 s apart (it is blocked), at most 20 s; leaves them in P, Q, ST.
+# still MEMBER: scrapes MEMBER (a worker) until its rows pulled, rows pushed and step are the same in seven
+# scrapes 0.3 s apart (it is blocked: a worker slowed by a loaded host, with a pull in flight, can look still
+# for three), at most 30 s; leaves them in P, Q, ST.
 still() {
   local prev="" cur i n=0
-  for ((i = 0; i < 60; i++)); do
+  for ((i = 0; i < 100; i++)); do
     value "$1" pfcps_worker_pulled_rows_total; P=$V
     value "$1" pfcps_worker_pushed_rows_total; Q=$V
     value "$1" pfcps_worker_step; ST=$V
     cur="$P $Q $ST"
     if [ "$cur" = "$prev" ]; then n=$((n + 1)); else n=0; fi
-    [ "$n" -ge 2 ] && return 0
+    [ "$n" -ge 6 ] && return 0
     prev=$cur
     sleep 0.3
   done
-  die "$1 did not hold still within 20 s"
+  die "$1 did not hold still within 30 s"
 }
 kill -STOP "${WPIDS[1]}"
 still worker0; p0=$P q0=$Q st0=$ST
