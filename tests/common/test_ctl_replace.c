@@ -184,21 +184,28 @@ static void expect_fallback(member m[3], const char *name, const char *why)
     }
 }
 
-static void case_too_far(void)
+/* Worker 1 lost; worker 0 reports step u, the server p whole pushes; the replacement is refused and every
+ * member told the re-form, naming `why`. */
+static void far_fallback(const char *name, int64_t u, int64_t p, const char *why)
 {
     ctl_rendezvous *rv = start(1, 8);
     member m[3];
     join_all(m);
-    lose_worker1(m, "too_far");
-    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 0, 1, 9, "fab-w0-new", 10) == 0, "report");
-    CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 1, 4, NULL, 0) == 0, "report");
+    lose_worker1(m, name);
+    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 0, 1, u, "fab-w0-new", 10) == 0, "report");
+    CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 1, p, NULL, 0) == 0, "report");
     member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 5};
     join_main(&r);
-    check(r.rc < 0, "too_far: the replacement is refused (%d)", r.rc);
-    expect_fallback(m, "too_far", "more than one step past the redo step 4");
+    check(r.rc < 0, "%s: the replacement is refused (%d)", name, r.rc);
+    expect_fallback(m, name, why);
     ctl_session_close(m[0].s);
     ctl_session_close(m[1].s);
     ctl_rendezvous_stop(rv);
+}
+
+static void case_too_far(void)
+{
+    far_fallback("too_far", 9, 4, "more than one step past the redo step 4");
 }
 
 /* acc: gradient_acc = 3: worker 0 reports step 7, the server 8 whole pushes: the redo step is 6, the start of
@@ -228,18 +235,7 @@ static void case_acc(void)
         ctl_session_close(r.s);
     ctl_rendezvous_stop(rv);
 
-    rv = start(1, 8);
-    join_all(m);
-    lose_worker1(m, "acc far");
-    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 0, 1, 13, "fab-w0-new", 10) == 0, "report");
-    CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 1, 7, NULL, 0) == 0, "report");
-    r = (member){.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 5};
-    join_main(&r);
-    check(r.rc < 0, "acc far: the replacement is refused (%d)", r.rc);
-    expect_fallback(m, "acc far", "more than one gradient_acc window past the redo step 6");
-    ctl_session_close(m[0].s);
-    ctl_session_close(m[1].s);
-    ctl_rendezvous_stop(rv);
+    far_fallback("acc far", 13, 7, "more than one gradient_acc window past the redo step 6");
     g_acc = 0;
 }
 

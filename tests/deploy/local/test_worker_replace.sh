@@ -53,6 +53,19 @@ write_cfg() {
     "ctl_timeout = 10"
 }
 
+# all_exit_0 NAME WORKER_PIDS...: waits for those workers, then for every server (at most 60 s each after the
+# workers); every one of them must exit 0.
+all_exit_0() {
+  local name=$1 p s rc=0; shift
+  wait_all "$@" || rc=$?
+  for p in "${SPIDS[@]}"; do
+    wait_exit "$p" 60 || { show_logs; die "$name: server pid $p did not stop after the workers"; }
+    s=0; wait "$p" || s=$?
+    [ "$s" -eq 0 ] || rc=$s
+  done
+  expect_eq "$name: every member exits 0" "$rc" 0
+}
+
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
 if has kill || has launcher; then
@@ -86,14 +99,7 @@ wait_log "$TMP/server0.log" "worker\[0\] .* lost: the other workers stop" 30 ||
 start_daemon "$TMP/worker0-again.log" "$WORKER" --config "$TMP/kill.ini" --rank 0
 wait_log "$TMP/server0.log" "worker\[0\] replaced in place" 60 || { show_logs; die "kill: worker 0 was not replaced"; }
 echo "kill: worker 0 killed at step $at; replaced $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') s after the kill (its restart included)"
-RC=0
-wait_all "${WPIDS[1]}" "${WPIDS[2]}" "$DPID" || RC=$?
-for p in "${SPIDS[@]}"; do
-  wait_exit "$p" 60 || { show_logs; die "kill: server pid $p did not stop after the workers"; }
-  s=0; wait "$p" || s=$?
-  [ "$s" -eq 0 ] || RC=$s
-done
-expect_eq "kill: every member exits 0" "$RC" 0
+all_exit_0 kill "${WPIDS[1]}" "${WPIDS[2]}" "$DPID"
 expect_grep "kill: the servers undid the redo step's pushes" "rolled back \(epoch [0-9]+\): every push of step [0-9]+ and later undone on both copies" \
   "$TMP/server1.log"
 expect_grep "kill: worker 2 redid from the decided step" "worker replacement \(epoch [0-9]+\): redoing from step [0-9]+" \
@@ -206,14 +212,7 @@ wait_log "$TMP/server0.log" "worker\[1\] .* lost: the other workers stop" 30 ||
   { show_logs; die "acc: the rendezvous did not take worker 1's loss for a replacement"; }
 start_daemon "$TMP/worker1-again.log" "$WORKER" --config "$TMP/acc.ini" --rank 1
 wait_log "$TMP/server0.log" "worker\[1\] replaced in place" 60 || { show_logs; die "acc: worker 1 was not replaced"; }
-RC=0
-wait_all "${WPIDS[0]}" "${WPIDS[2]}" "$DPID" || RC=$?
-for p in "${SPIDS[@]}"; do
-  wait_exit "$p" 60 || { show_logs; die "acc: server pid $p did not stop after the workers"; }
-  s=0; wait "$p" || s=$?
-  [ "$s" -eq 0 ] || RC=$s
-done
-expect_eq "acc: every member exits 0" "$RC" 0
+all_exit_0 acc "${WPIDS[0]}" "${WPIDS[2]}" "$DPID"
 redo=$(grep -o -m1 "redoing from step [0-9]*" "$TMP/worker0.log" | awk '{print $4}')
 echo "acc: worker 1 killed after worker 0 logged step $at; the run redid from step ${redo:-?}" \
   "($(grep -o -m1 "workers stood at steps [0-9.]*" "$TMP/server0.log"))"
