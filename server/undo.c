@@ -115,10 +115,8 @@ void pss_undo_begin(ps_server *S, int64_t t, push *const *ps, int np)
             s++;
         undo_log *L = &S->ulog[ps[i]->client];
         const size_t n = s - S->useg0[i];
-        size_t rows = 0;
-        for (int ci = 0; ci < ps[i]->nchunks; ci++)
-            rows += ps[i]->slot[ci]->n;
-        if (rows == 0) { /* moves no row: the log keeps the worker's newest push that did */
+        if (n == 0) { /* moves no row (global mode: every row of a push is its own segment): the log keeps
+                       * the worker's newest push that did */
             S->uapply[i] = NULL;
             continue;
         }
