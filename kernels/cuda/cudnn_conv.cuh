@@ -11,6 +11,7 @@
 #include <stddef.h>
 
 #include "kernels/conv_cache.h"
+#include "common/log.h"
 #include "kernels/cuda/cuda_check.h"
 
 struct cudnn_conv {
@@ -126,6 +127,9 @@ static int cudnn_conv_build_fwd(void *cfg, void *entry, const ops_conv_shape *sh
         return pf_err(-EIO, "cuDNN: no forward convolution algorithm %s", g->which);
     e->fwd = perf[i].algo;
     CUDNN_TRY(cudnnSetConvolutionMathType(e->cf, perf[i].mathType));
+    log_debug("cuDNN conv %dx%dx%dx%d -> %d k%d s%d g%d (%s): forward algorithm %d, math %d, %.3f ms", s->B,
+              s->C, s->H, s->W, s->OC, s->K, s->stride, s->groups, g->which, (int)e->fwd,
+              (int)perf[i].mathType, (double)perf[i].time);
     size_t bytes = 0;
     CUDNN_TRY(cudnnGetConvolutionForwardWorkspaceSize(g->dnn, e->x, e->w, e->cf, e->y, e->fwd, &bytes));
     return cudnn_conv_ws(g, bytes);
@@ -154,6 +158,10 @@ static int cudnn_conv_build_bwd(void *cfg, void *entry)
         return pf_err(-EIO, "cuDNN: no backward-filter convolution algorithm %s", g->which);
     e->bwd_filter = pf[i].algo;
     CUDNN_TRY(cudnnSetConvolutionMathType(e->cbf, pf[i].mathType));
+    log_debug("cuDNN conv %dx%dx%dx%d -> %d k%d s%d g%d (%s): backward-data algorithm %d, backward-filter "
+              "algorithm %d, math %d",
+              e->s.B, e->s.C, e->s.H, e->s.W, e->s.OC, e->s.K, e->s.stride, e->s.groups, g->which,
+              (int)e->bwd_data, (int)e->bwd_filter, (int)pf[i].mathType);
     size_t b1 = 0, b2 = 0;
     CUDNN_TRY(
         cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, e->w, e->y, e->cbd, e->x, e->bwd_data, &b1));

@@ -27,8 +27,9 @@
 # run against the references without accumulation, and the AdamW run against references whose class centers
 # train with SGD (AdamW for the backbone only); and the w1_s1 step through
 # pfcps.torch.PartialFC (python/) against the same references.
-# PFCPS_PARITY_RUNS=name,name restricts the runs; PFCPS_PARITY_STEPS (default 30) sets their length. The
-# deviations are printed.
+# PFCPS_PARITY_RUNS=name,name restricts the runs; PFCPS_PARITY_STEPS (default 30) sets their length;
+# PFCPS_PARITY_DEVICE (default cpu) is pfcps's `device` (cuda: the CUDA device and GPU head, fp32, on a machine
+# with a GPU; one GPU runs the one-worker runs only). The deviations are printed.
 source "$(dirname "$0")/cluster.sh" "$@"
 ref_python torch numpy PIL safetensors
 export OMP_NUM_THREADS=1
@@ -55,6 +56,7 @@ parity() {
   if [ -n "$from" ]; then bb=$from/checkpoint_gpu_0.pt centers=$from/checkpoint_gpu_0.pt; fi
   run_ini "$dir/run.ini" "$S" "$W" "parity-test-secret-0123456789abcdef" <<INI
 [train]
+device = ${PFCPS_PARITY_DEVICE:-cpu}
 network = $NET
 embedding_size = $DIM
 batch_size = $BATCH
