@@ -11,8 +11,10 @@
 #include <stddef.h>
 
 #include "kernels/conv_cache.h"
-#include "common/log.h"
 #include "kernels/cuda/cuda_check.h"
+extern "C" {
+#include "common/log.h"
+}
 
 struct cudnn_conv {
     ops_conv_shape s;
