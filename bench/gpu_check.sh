@@ -9,6 +9,8 @@
 # Meant to finish well inside 10 minutes: each stage has its own timeout, cut to what is left of a total
 # budget (PFCPS_GPU_BUDGET seconds, 540); a stage with under 10 s left is skipped and says so.
 #
+# A GPU machine that cannot build pfcps (no -dev packages, no network) runs the same checks from a bundle made
+# here: bench/gpu/bundle.sh, then bench/gpu/device_check.sh there (those files say how).
 # Usage: bench/gpu_check.sh [build-dir]        (from anywhere; default build dir: build-gpu)
 # Env:   PFCPS_GPU_ITERS (timed steps, 20), PFCPS_GPU_K (centers, 100000), PFCPS_GPU_BATCH (128),
 #        PFCPS_TORCH_PYTHON (a python with CUDA torch), PFCPS_GPU_SKIP_TESTS=1 (timing only),
