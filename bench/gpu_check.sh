@@ -160,57 +160,8 @@ RC_E2E=1
 if [ "${PFCPS_GPU_SKIP_E2E:-0}" = 0 ] && [ "$(tmo 120)" -lt 30 ]; then
     echo "gpu_check: no time left for the end-to-end run"
 elif [ "${PFCPS_GPU_SKIP_E2E:-0}" = 0 ]; then
-    E2E=$(mktemp -d)
-    stamp "end to end: device = cuda, fp16 = true, r50 batch 64, ORL 40 identities, 30 steps (in $E2E)"
-    if "$BUILD/tools/pfcps" pack --quiet "$ROOT/data/orl" "$E2E/train" >"$E2E/pack.log" 2>&1; then
-        PORT=$(python3 "$ROOT/tests/free_port.py") # below the ephemeral range (that file says why)
-        cat >"$E2E/run.ini" <<INI
-[train]
-network = r50
-embedding_size = 512
-margin_list = 1.0, 0.0, 0.35
-batch_size = 64
-lr = 0.1
-num_epoch = 6
-frequent = 10
-device = cuda
-fp16 = true
-output = $E2E/out
-[data]
-rec = $E2E/train
-num_classes = 40
-num_workers = 4
-[cluster]
-servers = 1
-workers = 1
-rendezvous = 127.0.0.1:$PORT
-secret = gpu-check-e2e
-INI
-        PEAK_FILE=$E2E/mem
-        ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1 >>"$PEAK_FILE"; sleep 0.5; done ) &
-        POLL=$!
-        "$BUILD/server/pfcps-server" --config "$E2E/run.ini" --rank 0 >"$E2E/server.log" 2>&1 &
-        SPID=$!
-        timeout "$(tmo 120)" "$BUILD/worker/pfcps-worker" --config "$E2E/run.ini" --rank 0 --max-steps 30 --trace "$E2E/trace" \
-            >"$E2E/worker.log" 2>&1
-        RC_W=$?
-        kill -TERM "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null
-        kill "$POLL" 2>/dev/null; wait "$POLL" 2>/dev/null
-        grep -E "device |class-center rows|backbone collectives|loss scaling|Speed|GPU memory|training done|ERROR" "$E2E/worker.log" | sed 's/^/  /' | cut -c1-220
-        PEAK=$(sort -n "$PEAK_FILE" 2>/dev/null | tail -1)
-        if [ "$RC_W" = 0 ] && [ -s "$E2E/trace" ]; then
-            F5=$(awk '{l[NR]=$2} END {f=0; for(i=1;i<=5;i++) f+=l[i]; print f/5}' "$E2E/trace")
-            L5=$(awk '{l[NR]=$2} END {e=0; for(i=1;i<=5;i++) e+=l[NR-5+i]; print e/5}' "$E2E/trace")
-            SPS=$(sed -n 's/.*Speed \([0-9.]*\) samples\/sec.*Global Step: 30 .*/\1/p' "$E2E/worker.log" | tail -1)
-            echo "RESULT e2e cuda fp16 r50 batch 64: loss $F5 -> $L5 (mean of first / last 5 of 30 steps), steps 21-30 ${SPS:-?} samples/s, peak GPU memory ${PEAK:-?} MiB (nvidia-smi, whole GPU)"
-            awk -v f="$F5" -v l="$L5" 'BEGIN {exit !(l < 0.8 * f)}' && RC_E2E=0 || echo "gpu_check: e2e loss did not fall"
-        else
-            echo "gpu_check: e2e worker failed (exit $RC_W); last lines:"; tail -15 "$E2E/worker.log"; tail -5 "$E2E/server.log"
-        fi
-    else
-        cat "$E2E/pack.log"; echo "gpu_check: packing ORL failed"
-    fi
-    rm -rf "$E2E"
+    stamp "end to end: device = cuda, fp16 = true, r50 batch 64, ORL 40 identities, 30 steps (bench/gpu/e2e.sh)"
+    "$ROOT/bench/gpu/e2e.sh" "$BUILD" "$(tmo 120)" && RC_E2E=0
 else
     RC_E2E=0
 fi

@@ -91,49 +91,11 @@ if [ "$S" -gt 0 ]; then
 fi
 
 stamp "5. end to end: device = cuda, fp16 = true, r50 batch 64, ORL, 30 steps"
-E=$(mktemp -d)
-if [ "$(left 120)" -ge 30 ] && build-gpu/tools/pfcps pack --quiet data/orl "$E/train" >"$E/pack.log" 2>&1; then
-  port=$(python3 tests/free_port.py)
-  cat >"$E/run.ini" <<INI
-[train]
-network = r50
-embedding_size = 512
-margin_list = 1.0, 0.0, 0.35
-batch_size = 64
-lr = 0.1
-num_epoch = 6
-frequent = 10
-device = cuda
-fp16 = true
-output = $E/out
-[data]
-rec = $E/train
-num_classes = 40
-num_workers = 4
-[cluster]
-servers = 1
-workers = 1
-rendezvous = 127.0.0.1:$port
-secret = gpu-check-e2e
-INI
-  build-gpu/server/pfcps-server --config "$E/run.ini" --rank 0 >"$E/server.log" 2>&1 &
-  sp=$!
-  timeout "$(left 120)" build-gpu/worker/pfcps-worker --config "$E/run.ini" --rank 0 --max-steps 30 --trace "$E/trace" \
-    >"$OUT/worker.log" 2>&1
-  wrc=$?
-  kill -TERM "$sp" 2>/dev/null
-  wait "$sp" 2>/dev/null
-  grep -E "Speed|training done|GPU memory|ERROR" "$OUT/worker.log" | cut -c1-200
-  if [ "$wrc" = 0 ] && awk '{l[NR] = $2} END {f = 0; e = 0; for (i = 1; i <= 5; i++) {f += l[i]; e += l[NR - 5 + i]}
-      printf "RESULT e2e: loss %.3f -> %.3f (means of the first and last 5 steps)\n", f / 5, e / 5; exit !(e < 0.8 * f)}' "$E/trace"; then
-    :
-  else
-    echo "device_check: the end-to-end run failed (worker exit $wrc) or its loss did not fall"; RC=1
-  fi
+if [ "$(left 120)" -ge 30 ]; then
+  bench/gpu/e2e.sh build-gpu "$(left 120)" || RC=1
 else
-  echo "device_check: no time left for the end-to-end run, or packing ORL failed"; RC=1
+  echo "device_check: no time left for the end-to-end run"; RC=1
 fi
-rm -rf "$E"
 
 stamp "6. compute-sanitizer memcheck"
 for t in test_cuda_head test_cuda_pfc test_cuda_ops; do
