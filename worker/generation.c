@@ -30,10 +30,16 @@ struct wgen {
     wgen_slot slot[2];
 };
 
+/* Whether generations hold a window's gradients and class-center sums (kept inside windows). */
+static int holds_window(const wgen_src *src)
+{
+    return src->acc_k > 1 && !src->starts_only;
+}
+
 /* Floats of a slot's device allocation. */
 static size_t dev_floats(const wgen *g)
 {
-    return g->np * (size_t)(1 + g->src.n_opt + (g->src.acc_k > 1)) + g->nb * (size_t)(1 + !!g->src.bn0);
+    return g->np * (size_t)(1 + g->src.n_opt + holds_window(&g->src)) + g->nb * (size_t)(1 + !!g->src.bn0);
 }
 
 int wgen_create(wgen **out, const wgen_src *src)
@@ -62,7 +68,7 @@ int wgen_create(wgen **out, const wgen_src *src)
             rc = pf_err_wrap(rc, "generations: %zu bytes of device memory", bytes);
             break;
         }
-        if (src->acc_k > 1) {
+        if (holds_window(src)) {
             const size_t cap = src->acc_cap > 0 ? (size_t)src->acc_cap : 1;
             g->slot[i].acc_ids = malloc(cap * sizeof(int64_t));
             g->slot[i].acc_rows = malloc((cap * (size_t)src->row_floats + 1) * sizeof(float));
@@ -138,7 +144,12 @@ static int copy_state(wgen *g, wgen_slot *s, int64_t step, int to_slot)
             *src->scaler = s->scaler;
         model_set_rng_state(m, s->rng);
     }
-    if (src->acc_k > 1) {
+    if (src->acc_k > 1 && src->starts_only) {
+        if (to_slot)
+            s->acc_n = 0; /* wgen_keep checked that the sums are empty */
+        else
+            *src->acc_n = 0;
+    } else if (src->acc_k > 1) {
         const int64_t rows = to_slot ? *src->acc_n : s->acc_n;
         const size_t rf = (size_t)src->row_floats;
         int64_t *ids_from = to_slot ? *src->acc_ids : s->acc_ids,
@@ -161,6 +172,14 @@ int wgen_keep(wgen *g, int64_t step)
 {
     if (step < 0)
         return pf_err(-EINVAL, "generations: step %lld", (long long)step);
+    if (g->src.starts_only && in_window(g, step))
+        return pf_err(-EINVAL,
+                      "generations: step %lld is inside a gradient_acc = %d window (kept at window starts "
+                      "only)",
+                      (long long)step, g->src.acc_k);
+    if (g->src.starts_only && g->src.acc_k > 1 && *g->src.acc_n != 0)
+        return pf_err(-EINVAL, "generations: %lld class-center sums left at the start of window step %lld",
+                      (long long)*g->src.acc_n, (long long)step);
     wgen_slot *s = NULL;
     for (int i = 0; i < 2; i++)
         if (g->slot[i].step > step)
@@ -224,8 +243,9 @@ int wgen_restore(wgen *g, int64_t step)
 
 size_t wgen_keep_bytes(const wgen *g, int64_t step)
 {
-    size_t b = (g->np * (size_t)(1 + g->src.n_opt + in_window(g, step)) + g->nb * (size_t)(1 + !!g->src.bn0)) *
-               sizeof(float);
+    size_t b =
+        (g->np * (size_t)(1 + g->src.n_opt + in_window(g, step)) + g->nb * (size_t)(1 + !!g->src.bn0)) *
+        sizeof(float);
     b += sizeof(int64_t) + sizeof(loss_scaler) + sizeof(uint64_t);
     if (g->src.acc_k > 1)
         b += (size_t)*g->src.acc_n * (sizeof(int64_t) + (size_t)g->src.row_floats * sizeof(float));
@@ -235,7 +255,7 @@ size_t wgen_keep_bytes(const wgen *g, int64_t step)
 size_t wgen_alloc_bytes(const wgen *g)
 {
     size_t b = 2 * dev_floats(g) * sizeof(float);
-    if (g->src.acc_k > 1) {
+    if (holds_window(&g->src)) {
         const size_t cap = g->src.acc_cap > 0 ? (size_t)g->src.acc_cap : 1;
         b += 2 * (cap * sizeof(int64_t) + (cap * (size_t)g->src.row_floats + 1) * sizeof(float));
     }

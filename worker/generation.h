@@ -2,8 +2,9 @@
  * replacement): the state at the start of the current step and at the start of the previous one, so that
  * after a worker is lost mid-step every survivor can go back to a common step R (the current step's start or
  * the previous step's) and redo from there. The trainer keeps one at each gradient_acc window's start (every
- * step without accumulation), so its two are the current and the previous window's starts; a generation
- * inside a window is also kept and restored whole (the window's sums so far), for callers that keep one there.
+ * step without accumulation), so its two are the current and the previous window's starts, and it sets
+ * wgen_src.starts_only: no room for a window's sums. Without starts_only a generation inside a window is also
+ * kept and restored whole (the window's gradients and class-center sums so far).
  *
  * A generation is everything a training step changes that later steps read:
  *   device: backbone parameters (model_params), BN running statistics (model_buffers), the optimizer's
@@ -47,6 +48,9 @@ typedef struct wgen_src {
      * rows of row_floats floats at *acc_rows (host memory; pointers to the pointers, which the merge swaps),
      * room for acc_cap rows. */
     int acc_k;
+    int starts_only; /* with acc_k > 1: generations are kept only at window starts (step % acc_k == 0), where
+                        the window's gradients are zero and its class-center sums empty, so no room is
+                        allocated for either (the trainer's use; inside a window wgen_keep is refused) */
     int64_t **acc_ids;
     float **acc_rows;
     int64_t *acc_n;
@@ -68,8 +72,9 @@ void wgen_free(wgen *g);
 /* At the start of global step `step` (0-based, >= 0): copies the live state into a generation labelled
  * `step`: the one already labelled `step` if any (a step redone after wgen_restore), else an empty one, else
  * the one with the lower step. Generations labelled after `step` (the steps of an abandoned future, after a
- * restore) are emptied. On CUDA the device copies are queued, not waited for. Returns 0, -EINVAL (step < 0),
- * or the device's error (that generation is then empty). */
+ * restore) are emptied. On CUDA the device copies are queued, not waited for. Returns 0, -EINVAL (step < 0;
+ * with starts_only, a step inside a window or class-center sums left at a window's start), or the device's
+ * error (that generation is then empty). */
 int wgen_keep(wgen *g, int64_t step);
 
 /* Whether a generation holds the state at the start of global step `step` (1) or not (0). */

@@ -655,7 +655,7 @@ static int setup_generations(trainer *t, const ctl_book *book)
     if (rc < 0)
         return rc;
     wgen_src src = {.m = t->m, .opt_steps = &t->opt_steps, .scaler = t->loss_scaling ? &t->scaler : NULL,
-                    .acc_k = t->acc_k, .bn0 = t->bn0};
+                    .acc_k = t->acc_k, .starts_only = 1, .bn0 = t->bn0};
     src.n_opt = train_opt_arrays(t, src.opt);
     if (t->acc_k > 1) {
         src.acc_ids = &t->acc_ids;

@@ -37,6 +37,7 @@ enum { B = 4, D = 16, N = 8, ACC_CAP = 64, GROWTH = 2, OVERFLOW_STEP = 3 };
 typedef struct rcase {
     const char *name;
     int adamw, scaling, acc_k, bn0;
+    int starts_only; /* wgen_src.starts_only: keeps at window starts only (the trainer's use) */
 } rcase;
 
 /* One worker's training state and the run's record of its pushes. */
@@ -87,6 +88,7 @@ static void rig_open(rig *r, const rcase *c)
                     .opt_steps = &r->opt_steps,
                     .scaler = c->scaling ? &r->sc : NULL,
                     .acc_k = c->acc_k,
+                    .starts_only = c->starts_only,
                     .acc_ids = &r->acc_ids,
                     .acc_rows = &r->acc_rows,
                     .acc_n = &r->acc_n,
@@ -193,8 +195,11 @@ static void bn0_update(rig *r)
         r->bn0[i] = 0.5f * (r->bn0[i] + buf[i]);
 }
 
+/* A keep at the start of `step` (with starts_only, at window starts only, as the trainer keeps). */
 static void keep(rig *r, int64_t step)
 {
+    if (r->c->starts_only && step % r->c->acc_k != 0)
+        return;
     if (wgen_keep(r->g, step) < 0)
         DIE("wgen_keep %lld", (long long)step);
 }
@@ -272,11 +277,14 @@ static void interrupted(const rcase *c, const snap *ref, int64_t k, int where, i
         keep(&r, k + 1);
         step_grads(&r, k + 1);
     }
+    if (c->starts_only)
+        R -= R % c->acc_k; /* only window starts are held: the rollback goes to the window's start */
     int rc = wgen_restore(r.g, R);
     check(rc == 0 && wgen_has(r.g, R), "%s: k = %lld, %s: restore of step %lld: %d", c->name, (long long)k,
           wh[where], (long long)R, rc);
-    /* a step not held (after k + 1 began, k - 1 is gone): -ENOENT, nothing changes */
-    const int64_t gone = where == 1 ? k - 1 : R - 2;
+    /* a step not held (after k + 1 began, k - 1 is gone; with starts_only the window start before the two
+     * held): -ENOENT, nothing changes */
+    const int64_t gone = c->starts_only ? R - 2 * c->acc_k : where == 1 ? k - 1 : R - 2;
     snap before = take(&r);
     rc = wgen_restore(r.g, gone);
     snap after = take(&r);
@@ -324,7 +332,7 @@ static void run_case(const rcase *c)
 /* A fresh wgen: nothing held, -ENOENT naming none; step < 0 refused. */
 static void empty_case(void)
 {
-    static const rcase c = {"empty", 0, 0, 1, 0};
+    static const rcase c = {"empty", 0, 0, 1, 0, 0};
     rig r;
     rig_open(&r, &c);
     int rc = wgen_restore(r.g, 0);
@@ -332,6 +340,37 @@ static void empty_case(void)
           pf_errmsg());
     check(wgen_keep(r.g, -1) == -EINVAL, "keep of step -1 refused");
     rig_close(&r);
+}
+
+/* starts_only under gradient_acc = 2: no room for a window's gradients (np floats) or class-center sums
+ * (ACC_CAP rows) in either generation; a keep inside a window, or at a window start with sums left, is
+ * refused, naming why, and changes nothing held. */
+static void starts_only_case(void)
+{
+    static const rcase full = {"acc2", 0, 0, 2, 0, 0}, starts = {"acc2 starts_only", 0, 0, 2, 0, 1};
+    rig a, b;
+    rig_open(&a, &full);
+    rig_open(&b, &starts);
+    const size_t np = model_num_params(a.m);
+    const size_t saved =
+        2 * (np * sizeof(float) + ACC_CAP * sizeof(int64_t) + (ACC_CAP * D + 1) * sizeof(float));
+    check(wgen_alloc_bytes(a.g) - wgen_alloc_bytes(b.g) == saved,
+          "starts_only allocates %zu bytes less (%zu vs %zu): two gradient copies and two rooms for the sums",
+          wgen_alloc_bytes(a.g) - wgen_alloc_bytes(b.g), wgen_alloc_bytes(b.g), wgen_alloc_bytes(a.g));
+    keep(&b, 0);
+    int rc = wgen_keep(b.g, 1);
+    check(rc == -EINVAL && strstr(pf_errmsg(), "inside a gradient_acc = 2 window") && !wgen_has(b.g, 1) &&
+              wgen_has(b.g, 0),
+          "starts_only: keep of step 1 -> %d (%s)", rc, pf_errmsg());
+    b.acc_n = 3;
+    rc = wgen_keep(b.g, 2);
+    check(rc == -EINVAL && strstr(pf_errmsg(), "3 class-center sums left") && !wgen_has(b.g, 2),
+          "starts_only: keep of step 2 with 3 sums left -> %d (%s)", rc, pf_errmsg());
+    rc = wgen_restore(b.g, 0);
+    check(rc == 0 && b.acc_n == 0, "starts_only: restore of step 0 empties the sums (%lld)",
+          (long long)b.acc_n);
+    rig_close(&a);
+    rig_close(&b);
 }
 
 static int bench(const char *net, int d, int batch)
@@ -392,10 +431,12 @@ int main(int argc, char **argv)
     if (argc == 5 && !strcmp(argv[1], "--bench"))
         return bench(argv[2], atoi(argv[3]), atoi(argv[4]));
     empty_case();
+    starts_only_case();
     static const rcase cases[] = {
-        {"sgd+bn0", 0, 0, 1, 1},
-        {"adamw+scaling", 1, 1, 1, 0},
-        {"sgd+scaling+acc2+bn0", 0, 1, 2, 1},
+        {"sgd+bn0", 0, 0, 1, 1, 0},
+        {"adamw+scaling", 1, 1, 1, 0, 0},
+        {"sgd+scaling+acc2+bn0", 0, 1, 2, 1, 0},
+        {"adamw+scaling+acc2+bn0 starts_only", 1, 1, 2, 1, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_case(&cases[i]);
