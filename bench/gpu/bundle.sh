@@ -9,7 +9,9 @@
 #   tests.txt      the cuda suite, one test a line: NAME TIMEOUT COMMAND... (paths under this build folder)
 # Then, on the GPU machine, from a checkout of the same commit with OUT beside it (bench/gpu/device_check.sh
 # says how): bench/gpu/device_check.sh OUT.
-# Usage: bench/gpu/bundle.sh [BUILD (default build-gpu)] [OUT (default .gpu)] [GENCODE (default sm_90)]
+# Usage: bench/gpu/bundle.sh [BUILD (default build-gpu)] [OUT (default .gpu)] [GENCODE]
+#   GENCODE: nvcc's architecture flags for a new BUILD (meson option gpu_gencode; default
+#   '-gencode=arch=compute_90,code=sm_90', Hopper: H100, H200); an existing BUILD keeps its own.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"

@@ -151,7 +151,8 @@ static int cudnn_conv_build_bwd(void *cfg, void *entry)
     if (i < 0)
         return pf_err(-EIO, "cuDNN: no backward-data convolution algorithm %s", g->which);
     e->bwd_data = pd[i].algo;
-    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbd, pd[i].mathType));
+    const cudnnMathType_t data_math = pd[i].mathType;
+    CUDNN_TRY(cudnnSetConvolutionMathType(e->cbd, data_math));
     got = 0;
     CUDNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithm(g->dnn, e->x, e->y, e->cbf, e->w,
                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, pf));
@@ -160,10 +161,10 @@ static int cudnn_conv_build_bwd(void *cfg, void *entry)
         return pf_err(-EIO, "cuDNN: no backward-filter convolution algorithm %s", g->which);
     e->bwd_filter = pf[i].algo;
     CUDNN_TRY(cudnnSetConvolutionMathType(e->cbf, pf[i].mathType));
-    log_debug("cuDNN conv %dx%dx%dx%d -> %d k%d s%d g%d (%s): backward-data algorithm %d, backward-filter "
-              "algorithm %d, math %d",
+    log_debug("cuDNN conv %dx%dx%dx%d -> %d k%d s%d g%d (%s): backward-data algorithm %d (math %d), "
+              "backward-filter algorithm %d (math %d)",
               e->s.B, e->s.C, e->s.H, e->s.W, e->s.OC, e->s.K, e->s.stride, e->s.groups, g->which,
-              (int)e->bwd_data, (int)e->bwd_filter, (int)pf[i].mathType);
+              (int)e->bwd_data, (int)data_math, (int)e->bwd_filter, (int)pf[i].mathType);
     size_t b1 = 0, b2 = 0;
     CUDNN_TRY(
         cudnnGetConvolutionBackwardDataWorkspaceSize(g->dnn, e->w, e->y, e->cbd, e->x, e->bwd_data, &b1));

@@ -282,9 +282,13 @@ static void interrupted(const rcase *c, const snap *ref, int64_t k, int where, i
     int rc = wgen_restore(r.g, R);
     check(rc == 0 && wgen_has(r.g, R), "%s: k = %lld, %s: restore of step %lld: %d", c->name, (long long)k,
           wh[where], (long long)R, rc);
-    /* a step not held (after k + 1 began, k - 1 is gone; with starts_only the window start before the two
-     * held): -ENOENT, nothing changes */
-    const int64_t gone = c->starts_only ? R - 2 * c->acc_k : where == 1 ? k - 1 : R - 2;
+    /* a step not held (after k + 1 began, k - 1 is gone; with starts_only the window start before the older
+     * of the two held): -ENOENT, nothing changes */
+    int64_t held[2];
+    int nheld;
+    wgen_steps(r.g, held, &nheld);
+    const int64_t gone = c->starts_only ? held[0] - c->acc_k : where == 1 ? k - 1 : R - 2;
+    check(gone >= 0 && !wgen_has(r.g, gone), "%s: step %lld is a step not held", c->name, (long long)gone);
     snap before = take(&r);
     rc = wgen_restore(r.g, gone);
     snap after = take(&r);
