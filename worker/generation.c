@@ -144,7 +144,7 @@ static int copy_state(wgen *g, wgen_slot *s, int64_t step, int to_slot)
             *src->scaler = s->scaler;
         model_set_rng_state(m, s->rng);
     }
-    if (src->acc_k > 1 && src->starts_only) {
+    if (src->acc_k > 1 && !holds_window(src)) {
         if (to_slot)
             s->acc_n = 0; /* wgen_keep checked that the sums are empty */
         else
@@ -177,7 +177,7 @@ int wgen_keep(wgen *g, int64_t step)
                       "generations: step %lld is inside a gradient_acc = %d window (kept at window starts "
                       "only)",
                       (long long)step, g->src.acc_k);
-    if (g->src.starts_only && g->src.acc_k > 1 && *g->src.acc_n != 0)
+    if (g->src.acc_k > 1 && !holds_window(&g->src) && *g->src.acc_n != 0)
         return pf_err(-EINVAL, "generations: %lld class-center sums left at the start of window step %lld",
                       (long long)*g->src.acc_n, (long long)step);
     wgen_slot *s = NULL;
