@@ -846,10 +846,9 @@ const char *cfg_secret(const pf_config *cfg)
 
 int cfg_replaces_workers(const pf_config *cfg, char *why, size_t n)
 {
-    const char *no = !cfg->replicas                          ? "replicas = 0"
-                     : strcmp(cfg->head_mode, "local") == 0  ? "head_mode = local"
-                     : strcmp(cfg->device, "cuda") == 0      ? "device = cuda"
-                                                             : NULL;
+    const char *no = !cfg->replicas                     ? "replicas = 0"
+                     : strcmp(cfg->device, "cuda") == 0 ? "device = cuda"
+                                                        : NULL;
     if (why && n)
         snprintf(why, n, "%s", no ? no : "");
     return no == NULL;

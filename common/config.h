@@ -162,9 +162,9 @@ const char *cfg_secret(const pf_config *cfg);
 int cfg_format_key(const pf_config *cfg, const char *name, char *out, size_t cap);
 
 /* 1 when a lost worker of a run with this config is replaced in place (docs/architecture.md, "Worker
- * replacement in place"): replicas = 1, head_mode = global (each class center has one owning worker, so the
- * servers can undo each worker's newest push; under gradient_acc the redo starts at a window start) and a
- * device other than cuda (the NCCL communicator is not rebuilt). Else 0,
+ * replacement in place"): replicas = 1 (the servers keep undo logs of the newest applied step's rows; under
+ * gradient_acc the redo starts at a window start), either head_mode, and a device other than cuda (the NCCL
+ * communicator is not rebuilt). Else 0,
  * with the first reason in why[n] (why may be NULL): such a loss re-forms the run from its checkpoint. */
 int cfg_replaces_workers(const pf_config *cfg, char *why, size_t n);
 

@@ -48,7 +48,7 @@ typedef struct ctl_rendezvous_opts {
     int rejoin;   /* with replicas: 1 (head_mode = global) lets a failed-over server that restarts rejoin the
                      run as a learner of its two shards (docs/architecture.md, "Hot-standby shards", Rejoin);
                      0 refuses it (EEXIST) naming why */
-    int replace_workers; /* with replicas and rejoin: 1 replaces a lost worker in place (docs/architecture.md,
+    int replace_workers; /* with replicas: 1 replaces a lost worker in place (docs/architecture.md,
                             "Worker replacement in place": the survivors and servers report, a restarted worker
                             of its rank joins, the servers undo the pushes of the redo step and after, every
                             worker redoes it); 0: a lost worker re-forms the run */

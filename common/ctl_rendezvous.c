@@ -1849,7 +1849,7 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     rv->timeout_s = o->timeout_s;
     rv->replicas = o->replicas;
     rv->rejoin = o->replicas && o->rejoin;
-    rv->replace = o->replicas && o->rejoin && o->replace_workers;
+    rv->replace = o->replicas && o->replace_workers;
     rv->acc_k = o->gradient_acc > 1 ? o->gradient_acc : 1;
     rv->wr_rank = -1;
     if (!(rv->srv_lost = calloc((size_t)o->num_servers, 1)) ||

@@ -313,9 +313,6 @@ int ps_server_create(const ps_server_opts *opts, ps_server **out)
         return pf_err(-EINVAL, "workers %d must be positive", opts->workers);
     if (opts->max_staleness < 0)
         return pf_err(-EINVAL, "max_staleness %d must be >= 0", opts->max_staleness);
-    if (opts->undo && !opts->global_mode)
-        return pf_err(-EINVAL, "undo logs need head_mode = global (each row one owner, so each worker's newest "
-                               "push can be undone alone); this server is in local mode");
     ps_server *S = calloc(1, sizeof(*S));
     if (!S)
         return pf_err(-ENOMEM, "out of memory");

@@ -82,16 +82,18 @@ typedef struct ps_server_opts {
                                   rank + 1 (docs/architecture.md, "Hot-standby shards"): it applies the same
                                   pushes as the primary, exports no metrics of its own and writes snapshots only
                                   once promoted (ps_server_promote) */
-    int undo;                  /* global_mode only: keep, per worker, the rows its newest applied push changed
-                                  as they were before (weights, optimizer state, dense row step), so that
-                                  ps_server_rollback can undo that push (docs/architecture.md, "The rest of
-                                  in-place recovery"); costs (2 D floats, AdamW 3 D, + 16 bytes) per row of
-                                  each worker's newest push, and a copy of those rows at every apply */
+    int undo;                  /* keep, per worker, the rows its newest applied push changed as they were
+                                  before (weights, optimizer state, dense row step; local mode: a row several
+                                  pushes of the step changed, in the first one's log), so that
+                                  ps_server_rollback can undo the newest applied step (docs/architecture.md,
+                                  "Worker replacement in place"); costs (2 D floats, AdamW 3 D, + 16 bytes)
+                                  per row of each worker's newest push, and a copy of those rows at every
+                                  apply */
 } ps_server_opts;
 
 /* Allocates and initialises the shard (logs bytes per identity and total; -ENOMEM when it would not fit),
  * opens the fabric endpoint and registers the table and message buffers. Returns 0 or a negative code
- * with pf_errmsg() (-EINVAL: opts.undo without opts.global_mode). */
+ * with pf_errmsg(). */
 int ps_server_create(const ps_server_opts *opts, ps_server **out);
 
 /* The server's fabric address for the address book. *len: capacity in, bytes out. */
@@ -175,13 +177,14 @@ int ps_server_worker_done(const ps_server *srv, int rank);
  * NULL). Safe from any thread. */
 double ps_server_last_request(const ps_server *srv);
 
-/* ---------- in-place worker replacement (opts.undo; docs/architecture.md, "The rest of in-place recovery")
+/* ---------- in-place worker replacement (opts.undo; docs/architecture.md, "Worker replacement in place")
  * ---------- */
 
 /* Takes back every push of steps >= `step` so that the workers can redo from `step` and end bit-identical to
  * an uninterrupted run. For every worker w:
  *   - a push of w of step >= step that was applied is restored from w's undo log: it must be w's newest applied
- *     push, of step `step` exactly (applied steps of w = step + 1), and the log must hold that step; otherwise
+ *     push, of step `step` exactly (applied steps of w = step + 1), and the log must hold that step (local
+ *     mode: or hold an older step, when every row of w's push was logged in another worker's log); otherwise
  *     -ERANGE names the worker and the steps, and NOTHING is changed (every worker is checked first);
  *   - pushes of steps >= step received completely but not applied, or in part, are discarded;
  *   - w's pushed and applied step counts become min(their value, step); the step clock follows;

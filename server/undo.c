@@ -1,14 +1,15 @@
-/* Parameter server: undo logs and rollback (opts.undo, global head mode; docs/architecture.md, "The rest of
- * in-place recovery"; ps_server.h: ps_server_rollback).
+/* Parameter server: undo logs and rollback (opts.undo, either head mode; docs/architecture.md, "Worker
+ * replacement in place"; ps_server.h: ps_server_rollback).
  *
  * Each worker has one undo log, the rows its newest applied push changed as they were before that apply: the
  * weights, the optimizer state (SGD momentum, or AdamW's two moments) and, under pfc_update = dense, the row's
  * step. apply_start (apply.c) points each push of an apply at its worker's log (pss_undo_begin), which from
  * then on holds that push's rows instead of the worker's previous push's; the apply threads copy each row into
  * its own slot before they update it (pss_undo_save), so restoring the slots puts back exactly the bits the
- * apply found. A row several pushes of one apply update (never in global mode, where each row has one owner)
- * is logged once, in the log of the first of them; a rollback restores every log of its step, newest apply
- * first, so the rows come back as they were before the oldest of them either way.
+ * apply found. A row several pushes of one apply update (local mode; never in global mode, where each row has
+ * one owner) is logged once, in the log of the first of them (a push all of whose rows are logged so keeps
+ * its worker's log as it was); a rollback restores every log of its step, newest apply first, so the rows
+ * come back as they were before the oldest of them either way.
  *
  * A push that moves no row (a gradient_acc window's steps before its last, a step the loss scaler skipped)
  * leaves its worker's log as it is. A rollback to step R (pss_rollback) restores the logs of the applied pushes

@@ -157,7 +157,10 @@ static const bad_case bad_cases[] = {
     {BASE "margin_list = 1.0, 0.5\n", NULL, -EINVAL, {"margin_list", "exactly 3 numbers", NULL}},
     {BASE "margin_list = 1.0, x, 0.0\n", NULL, -EINVAL, {"margin_list", "'x'", "not a number"}},
     {BASE "margin_list = 1, 0.5, 0, 7\n", NULL, -EINVAL, {"margin_list", "exactly 3", NULL}},
-    {BASE "margin_list = 1.35, 0.0, 0.0\n", NULL, -EINVAL, {"'margin_list': (1.35, 0, 0)", "m1 must be 1", "margin_combine = full"}},
+    {BASE "margin_list = 1.35, 0.0, 0.0\n",
+     NULL,
+     -EINVAL,
+     {"'margin_list': (1.35, 0, 0)", "m1 must be 1", "margin_combine = full"}},
     {BASE "servers = 0\n", NULL, -ERANGE, {"servers", "out of range", NULL}},
     {BASE "workers = -1\n", NULL, -ERANGE, {"workers", "out of range", NULL}},
     {BASE "wire_dtype = fp8\n", NULL, -EINVAL, {"wire_dtype", "'fp8'", "fp32 fp16 bf16"}},
@@ -172,7 +175,10 @@ static const bad_case bad_cases[] = {
     {BASE "this line has no equals sign\n", NULL, -EINVAL, {"bad.ini:3", "syntax error", NULL}},
     {BASE "num_epoch = 2\nwarmup_epoch = 3\n", NULL, -ERANGE, {"warmup_epoch", "num_epoch", NULL}},
     {BASE "warmup_epoch = -2e6\n", NULL, -ERANGE, {"warmup_epoch", "out of range", NULL}},
-    {BASE "lr_scheduler = cosine\n", NULL, -EINVAL, {"lr_scheduler", "'cosine'", "polynomial_lr_warmup poly_scheduler"}},
+    {BASE "lr_scheduler = cosine\n",
+     NULL,
+     -EINVAL,
+     {"lr_scheduler", "'cosine'", "polynomial_lr_warmup poly_scheduler"}},
     {"rec = synthetic\nlr = 0.1\n", NULL, -EINVAL, {"missing required key 'num_classes'", NULL, NULL}},
     {"num_classes = 7\n", NULL, -EINVAL, {"missing required key 'rec'", NULL, NULL}},
     {NULL,
@@ -561,6 +567,32 @@ static void test_cli(void **state)
 }
 
 /* docs/configuration.md has a table row for every known key. */
+/* cfg_replaces_workers: replicas = 1 and a device other than cuda, in either head mode; the reason otherwise.
+ */
+static void test_replaces_workers(void **state)
+{
+    (void)state;
+    const struct {
+        const char *sets[3];
+        int yes;
+        const char *why;
+    } cases[] = {
+        {{"replicas=1", "head_mode=global", "device=cpu"}, 1, ""},
+        {{"replicas=1", "head_mode=local", "device=cpu"}, 1, ""},
+        {{"replicas=0", "head_mode=global", "device=cpu"}, 0, "replicas = 0"},
+        {{"replicas=1", "head_mode=local", "device=cuda"}, 0, "device = cuda"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *sets[6] = {"num_classes=10", "rec=synthetic",  "servers=2",
+                               cases[i].sets[0], cases[i].sets[1], cases[i].sets[2]};
+        pf_config c;
+        assert_int_equal(cfg_load(&c, NULL, sets, 6), 0);
+        char why[64] = "unset";
+        assert_int_equal(cfg_replaces_workers(&c, why, sizeof why), cases[i].yes);
+        assert_string_equal(why, cases[i].why);
+    }
+}
+
 static void test_docs_list_every_key(void **state)
 {
     (void)state;
@@ -601,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_late_checks),
         cmocka_unit_test(test_log_format),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_replaces_workers),
         cmocka_unit_test(test_docs_list_every_key),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,7 @@
-/* Undo logs and rollback on the parameter server (opts.undo, head_mode = global; server/ps_server.h:
- * ps_server_rollback), in process: pushes go through the test hook ps_server_inject (a server never started,
- * applies on this thread), and one case rolls back through a started server's progress thread. W = 3 workers,
+/* Undo logs and rollback on the parameter server (opts.undo, head_mode = global, then local;
+ * server/ps_server.h: ps_server_rollback), in process: pushes go through the test hook ps_server_inject (a
+ * server never started, applies on this thread), and one case rolls back through a started server's progress
+ * thread. W = 3 workers,
  * C = 24 classes (class c owned by worker c mod 3, 8 rows each, about 6 pushed per step in 2 chunks), D = 7,
  * steps 0 .. N - 1 with step 2 skipped by the loss scaler (empty pushes flagged PS_PUSH_SKIPPED), for four
  * optimizers: SGD with momentum and weight decay (sparse), SGD with pfc_update = dense, AdamW (sparse), AdamW
@@ -28,8 +29,8 @@
  *     its log, split among them), against a reference server without undo logs.
  * And once: (d) SGD, one row of worker 0 pushed at step K: after the rollback it holds the bits it had before
  * step K, and after the redo it equals a float64 step computed here from those values (torch.optim.SGD,
- * dampening 0: v = mu v + (g + wd w); w = w - lr v) within float32 rounding; opts.undo without global mode is
- * refused with -EINVAL, and so is a rollback on a server without undo logs. */
+ * dampening 0: v = mu v + (g + wd w); w = w - lr v) within float32 rounding; a rollback on a server without
+ * undo logs is refused with -EINVAL. Then (j), head_mode = local, for the four optimizers (case_local). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,10 +61,18 @@ static float lr_of(int64_t t, int attempt)
     return attempt ? 0.37f : (float)(0.1 - 0.005 * (double)t);
 }
 
-/* Whether worker w pushes class c at step t (its own classes only: global mode). */
+static int g_local; /* 1: head_mode = local: the servers made in local mode, the workers' rows shared */
+
+/* Whether worker w pushes class c at step t. Global mode: its own classes only (c mod W == w). Local mode:
+ * workers 0 and 1 push overlapping sets of any class and worker 2 a subset of worker 0's, so every row of
+ * worker 2's push (and some of worker 1's) is logged in another worker's undo log. */
 static int pushes(int w, int64_t t, int64_t c)
 {
-    if (t == SKIP || c % W != w)
+    if (t == SKIP)
+        return 0;
+    if (g_local)
+        return w == 1 ? (c * 5 + t) % 3 != 0 : (c * 7 + t * 3) % 4 != 0 && (w == 0 || c % 2 == 0);
+    if (c % W != w)
         return 0;
     return c == ROW_D || (c * 7 + t * 3) % 4 != 0;
 }
@@ -359,6 +368,63 @@ static void case_snapshot(const cfg *k, ps_server *ref)
         printf("warning: %s failed\n", cmd);
 }
 
+/* (j) head_mode = local: the W pushes of a step are summed per row and applied together once all are in, and
+ * a row several workers pushed is logged once, in the first one's log (worker 2's pushes log nothing). The
+ * abandoned attempt: steps 0 .. K - 1, step K from every worker (applied), then step K + 1 from worker 0
+ * (chunk 0 only) and worker 1 (whole; waits for worker 2's). A rollback to K (on this thread, or on a started
+ * server's progress thread) restores step K's rows and drops the rest; a late chunk of the old epoch is
+ * dropped; the redo equals the uninterrupted local run. A rollback to K - 1 after step K was applied is
+ * refused (two of worker 0's applied steps moved rows), changing nothing. */
+static void case_local(const cfg *k, ps_server *ref, int started)
+{
+    const char *how = started ? "progress thread" : inject_pool ? "3 apply threads" : "caller's thread";
+    ps_server *s = make(k, 0, 1);
+    if (!s)
+        DIE("%s (local): %s", k->name, pf_errmsg());
+    run_steps(s, 0, K, 0);
+    for (int w = 0; w < W; w++)
+        push_full(s, w, K, 0, 1);
+    push_chunk(s, 0, K + 1, 0, 0, 1);
+    push_full(s, 1, K + 1, 0, 1);
+    ps_stat st;
+    ps_server_stat(s, &st);
+    CHECK(st.steps_done == K + 1, "%s (local): step %d applied before the rollback (%lld done)", k->name, K,
+          (long long)st.steps_done);
+    if (!started) {
+        ps_server *same = make(k, 0, 1);
+        run_steps(same, 0, K, 0);
+        for (int w = 0; w < W; w++)
+            push_full(same, w, K, 0, 1);
+        int rc = ps_server_rollback(s, K - 1, 1, 10.0);
+        const char *why = rc ? pf_errmsg() : "";
+        check(rc == -ERANGE && strstr(why, "worker 0") && same_table(s, same) && ps_server_epoch(s) == 0,
+              "%s (local): rollback to %d over applied steps %d and %d refused, nothing changed: %d (%s)",
+              k->name, K - 1, K - 1, K, rc, why);
+        ps_server_destroy(same);
+    }
+    if (started && ps_server_start(s) < 0)
+        DIE("start: %s", pf_errmsg());
+    int rc = ps_server_rollback(s, K, 1, 10.0);
+    if (started)
+        ps_server_stop(s);
+    ps_server_stat(s, &st);
+    check(rc == 0 && st.steps_done == K && st.partial_chunks == 0 && ps_server_worker_pushed(s, 1) == K,
+          "%s (local, %s): rollback to step %d after step %d applied and step %d in part: %d %s", k->name,
+          how, K, K, K + 1, rc, rc ? pf_errmsg() : "");
+    if (!started) {
+        push_chunk(s, 0, K + 1, 1, 0, 1);
+        ps_stat st2;
+        ps_server_stat(s, &st2);
+        check(st2.bad_requests == st.bad_requests + 1 && st2.partial_chunks == 0,
+              "%s (local): a late chunk of epoch 0 after the rollback is dropped", k->name);
+    }
+    run_steps(s, K, N, 1);
+    check(same_table(s, ref) && same_checksum(s, ref, N),
+          "%s (local, %s): rolled back at step %d and redone: every bit equals the uninterrupted run's",
+          k->name, how, K);
+    ps_server_destroy(s);
+}
+
 /* (d): one row, SGD, by hand in float64. */
 static void case_by_hand(void)
 {
@@ -395,8 +461,6 @@ static void case_by_hand(void)
 int main(void)
 {
     log_set_level(LOG_ERROR);
-    ps_server *bad = make(&(cfg){"sgd", 0, 0}, 0, 1);
-    check(bad == NULL && strstr(pf_errmsg(), "global"), "undo without global mode refused: %s", pf_errmsg());
     ps_server *plain = make(&(cfg){"sgd", 0, 0}, 1, 0);
     check(ps_server_rollback(plain, 0, 1, 1.0) == -EINVAL, "rollback without undo logs refused: %s", pf_errmsg());
     ps_server_destroy(plain);
@@ -423,6 +487,21 @@ int main(void)
     }
     apply_threads = 1;
     inject_pool = 0;
+    /* (j) head_mode = local, against a local reference without undo logs */
+    g_local = 1;
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++) {
+        ps_server *ref = make(&cfgs[i], 0, 0);
+        run_steps(ref, 0, N, 0);
+        case_local(&cfgs[i], ref, 0);
+        case_local(&cfgs[i], ref, 1);
+        apply_threads = 3;
+        inject_pool = 1;
+        case_local(&cfgs[i], ref, 0);
+        apply_threads = 1;
+        inject_pool = 0;
+        ps_server_destroy(ref);
+    }
+    g_local = 0;
     case_by_hand();
     return check_summary();
 }

@@ -28,7 +28,9 @@ trap cleanup EXIT
 #   one loader thread) of a run that trains until it is stopped;
 # ONE_STEP_NET / ONE_STEP_DATA: [train] (TINY_BACKBONE, batch 2) and [data] (synthetic, 4 classes, 8 images,
 #   one loader thread) of the runs that train a single step (--max-steps 1);
-# ORL_NET: [train] of the ORL training runs (r18_w8, 32-d embeddings, CosFace margin, batch 8, lr 0.1).
+# ORL_NET: [train] of the ORL training runs (r18_w8, 32-d embeddings, CosFace margin, batch 8, lr 0.1);
+# CKPT_NET: [train] of the checkpoint and recovery runs (ckpt_ini): ORL_NET with r18_w2, whose steps take 0.6x
+#   r18_w8's on 2 cores (those tests compare runs with each other bit for bit; none needs a model that learns).
 TINY_BACKBONE="network = r18_w8
 embedding_size = 16"
 TINY_NET="$TINY_BACKBONE
@@ -56,6 +58,7 @@ embedding_size = 32
 margin_list = 1.0, 0.0, 0.35
 batch_size = 8
 lr = 0.1"
+CKPT_NET=${ORL_NET/r18_w8/r18_w2}
 
 # free_port: a TCP port nobody is bound to, from below the kernel's ephemeral range (tests/free_port.py: no
 # connection's source port takes it before the rendezvous binds it).
@@ -199,14 +202,14 @@ stop_servers() {
 
 show_logs() { for f in "$TMP"/*.log; do echo "--- $f"; tail -15 "$f"; done; }
 
-# ckpt_ini NAME EPOCHS S W KEEP CLASSES [LINE...]: the checkpoint tests' run file $TMP/NAME.ini: ORL_NET, seed
+# ckpt_ini NAME EPOCHS S W KEEP CLASSES [LINE...]: the checkpoint tests' run file $TMP/NAME.ini: CKPT_NET, seed
 # 7, one warmup epoch, EPOCHS epochs, output $TMP/NAME, data $TMP/train (pack_orl) with CLASSES classes, S
 # servers and W workers, snapshot_every 4, snapshot_keep KEEP, then each LINE (a later key overrides).
 ckpt_ini() {
   local name=$1 epochs=$2 s=$3 w=$4 keep=$5 classes=$6; shift 6
   run_ini "$TMP/$name.ini" "$s" "$w" "" "$@" <<INI
 [train]
-$ORL_NET
+$CKPT_NET
 num_epoch = $epochs
 warmup_epoch = 1
 output = $TMP/$name

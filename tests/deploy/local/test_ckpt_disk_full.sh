@@ -18,6 +18,8 @@
 #     checkpoint 8 left (incomplete and older than a complete checkpoint) and checkpoint 4 (beyond
 #     snapshot_keep), and the launcher warns of nothing.
 source "$(dirname "$0")/cluster.sh" "$@"
+# The tmpfs sizes above are those of r18_w8's files (ORL_NET), not of the checkpoint tests' smaller r18_w2.
+CKPT_NET=$ORL_NET
 export OMP_NUM_THREADS=1 PFCPS_SECRET=disk-full-secret
 MNT=$TMP/mnt
 mkdir -p "$MNT"

@@ -32,6 +32,11 @@
 #             that it lands inside a window, mostly; test_ctl_replace checks the rounding), started again: the
 #             redo starts at the start of the gradient_acc window (an even step: the lost worker's class-center
 #             sums of the window are lost with it), and the run ends with the reference's bits;
+#   local:    (only when asked for: its own test, train_worker_replace_local) head_mode = local (every worker
+#             samples from all class centers, rows shared; the servers apply a step once its 3 pushes are in)
+#             against a reference with head_mode = local: kill -9 of worker 2 once worker 0 logged a random step in
+#             4..14, started again: replaced in place (the servers undo the redo step's rows, logged once per row
+#             whichever workers pushed it), and the run ends with the reference's bits;
 #   slow_end: replicas = 1 with the last checkpoint's shard write slowed past the rendezvous' silence limit
 #             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
 #             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
@@ -225,6 +230,36 @@ if grep -q "re-form" "$TMP/server0.log"; then fail "acc: the run fell back to th
 cmp -s "$TMP/ref_acc/model.ckpt" "$TMP/acc/model.ckpt" && ok "acc: model.ckpt equals the uninterrupted run's" ||
   fail "acc: model.ckpt differs from the uninterrupted run's"
 expect_eq "acc: final checkpoint (table and backbone SHA-256)" "$(ckpt_final_line "$TMP/acc")" "$REF"
+fi
+
+# --- local: head_mode = local, worker 2 killed and started again by hand ------------------------------------------
+if has local; then
+ckpt_ini ref_local 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 0" \
+  "ctl_timeout = 10" "head_mode = local"
+ckpt_launch ref_local
+REF=$(ckpt_final_line "$TMP/ref_local")
+expect_grep "local: reference (head_mode = local): 20 steps, final checkpoint complete" \
+  "^step 20: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
+at=$((4 + RANDOM % 11))
+ckpt_ini local 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" \
+  "ctl_timeout = 10" "head_mode = local"
+rm -f "$TMP"/*.log
+start_cluster "$TMP/local.ini" 2 3
+wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "local: worker 0 did not reach step $at"; }
+kill -KILL "${WPIDS[2]}"
+wait_log "$TMP/server0.log" "worker\[2\] .* lost: the other workers stop" 30 ||
+  { show_logs; die "local: the rendezvous did not take worker 2's loss for a replacement"; }
+start_daemon "$TMP/worker2-again.log" "$WORKER" --config "$TMP/local.ini" --rank 2
+wait_log "$TMP/server0.log" "worker\[2\] replaced in place" 60 || { show_logs; die "local: worker 2 was not replaced"; }
+all_exit_0 local "${WPIDS[0]}" "${WPIDS[1]}" "$DPID"
+echo "local: worker 2 killed after worker 0 logged step $at; $(grep -o -m1 "redoing from step [0-9]*" "$TMP/worker0.log")" \
+  "($(grep -o -m1 "workers stood at steps [0-9.]*" "$TMP/server0.log"))"
+expect_grep "local: the servers rolled back" "rolled back to step [0-9]+ at epoch [0-9]+: [0-9]+ rows restored" \
+  "$TMP/server1.log"
+if grep -q "re-form" "$TMP/server0.log"; then fail "local: the run fell back to the re-form"; else ok "local: no re-form"; fi
+cmp -s "$TMP/ref_local/model.ckpt" "$TMP/local/model.ckpt" && ok "local: model.ckpt equals the uninterrupted run's" ||
+  fail "local: model.ckpt differs from the uninterrupted run's"
+expect_eq "local: final checkpoint (table and backbone SHA-256)" "$(ckpt_final_line "$TMP/local")" "$REF"
 fi
 
 # --- slow_end: the last shard write outlasts the silence limit ----------------------------------------------------
