@@ -17,7 +17,7 @@
 #          running run from the members' reconnects (Resume), server 0 rejoins as a learner (it copies shard 0
 #          from server 1 and shard 2 from server 2 at a checkpoint the workers take) and every shard has two
 #          copies again; launch.sh exits 0 with the reference's model.ckpt and final checkpoint;
-#   worker: (only when asked for: its own test, train_server0_worker) replicas = 1, ctl_timeout = 3: kill -9 of
+#   worker: (only when asked for: its own test, train_server0_worker) replicas = 1, ctl_timeout = 2: kill -9 of
 #          server 0, then of worker 1: no rendezvous is left to say so, so server 1 waits for the workers' done
 #          notices until no worker sent anything for 4 x ctl_timeout, then is fenced and exits 75 (the re-form),
 #          and worker 0 stops with an error (75 or 1); nobody hangs.
@@ -141,7 +141,7 @@ fi
 if has worker; then
 # --- worker: kill -9 of server 0, then of worker 1 ----------------------------------------------------------------
 # 30 epochs (180 steps): the run must outlast both kills.
-ckpt_ini worker 30 2 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" "ctl_timeout = 3"
+ckpt_ini worker 30 2 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" "ctl_timeout = 2"
 rm -f "$TMP"/trace* "$TMP"/*.log
 start_cluster "$TMP/worker.ini" 2 2
 wait_log "$TMP/worker0.log" "Global Step: 6 " 120 || { show_logs; die "worker: worker 0 did not reach step 6"; }
@@ -153,7 +153,7 @@ wait_exit "${SPIDS[1]}" 40 || { show_logs; die "worker: server 1 did not stop af
 s=0; wait "${SPIDS[1]}" || s=$?
 expect_eq "worker: server 1 exits 75 (re-form)" "$s" 75
 echo "worker: server 1 stopped $(($(date +%s) - t0)) s after worker 1 was killed"
-expect_grep "worker: server 1 names why" "no worker sent anything for 12 s .* it is fenced and stops" "$TMP/server1.log"
+expect_grep "worker: server 1 names why" "no worker sent anything for 8 s .* it is fenced and stops" "$TMP/server1.log"
 wait_exit "${WPIDS[0]}" 40 || { show_logs; die "worker: worker 0 did not stop"; }
 s=0; wait "${WPIDS[0]}" || s=$?
 if [ "$s" -eq 75 ] || [ "$s" -eq 1 ]; then ok "worker: worker 0 stopped with $s"; else fail "worker: worker 0 exited $s, not 75 or 1"; fi
