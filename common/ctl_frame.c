@@ -194,6 +194,13 @@ int ctl_msg_check(const Pfcps__CtlMessage *m)
             return pf_err(-EPROTO, "join_reply: missing config text");
         if (r->donor < 0 || r->donor >= r->num_workers)
             return pf_err(-EPROTO, "join_reply: donor worker %d outside [0, %d)", r->donor, r->num_workers);
+        if (r->n_lost_servers > (size_t)r->num_servers)
+            return pf_err(-EPROTO, "join_reply: %zu lost servers listed for %d servers", r->n_lost_servers,
+                          r->num_servers);
+        for (size_t i = 0; i < r->n_lost_servers; i++)
+            if (r->lost_servers[i] < 0 || r->lost_servers[i] >= r->num_servers)
+                return pf_err(-EPROTO, "join_reply: lost server %d outside [0, %d)", r->lost_servers[i],
+                              r->num_servers);
         return 0;
     }
     case PFCPS__CTL_MESSAGE__BODY_HEARTBEAT:
@@ -279,6 +286,7 @@ void ctl_book_free(ctl_book *book)
     free(book->servers);
     free(book->workers);
     free(book->config_text);
+    free(book->lost);
     memset(book, 0, sizeof *book);
 }
 
@@ -328,8 +336,11 @@ int ctl_book_from_reply(const Pfcps__JoinReply *r, ctl_book *book)
     book->workers = calloc((size_t)r->num_workers, sizeof(ctl_member));
     book->config_text = strdup(r->config_text);
     char *seen = calloc((size_t)r->num_servers + (size_t)r->num_workers, 1);
-    if (!book->servers || !book->workers || !book->config_text || !seen)
+    book->lost = calloc(r->n_lost_servers ? r->n_lost_servers : 1, sizeof(int));
+    if (!book->servers || !book->workers || !book->config_text || !seen || !book->lost)
         rc = pf_err(-ENOMEM, "out of memory building the address book");
+    for (size_t i = 0; i < r->n_lost_servers && rc == 0; i++)
+        book->lost[book->nlost++] = r->lost_servers[i];
     for (size_t i = 0; i < r->n_members && rc == 0; i++)
         rc = book_place_member(book, r->members[i], seen);
     /* n_members == S + W and no slot twice, so every slot is filled. */

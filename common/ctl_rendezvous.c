@@ -120,6 +120,8 @@ struct ctl_rendezvous {
     int acc_k;        /* opts.gradient_acc (>= 1) */
     int wr_rank;      /* the lost worker being replaced, or -1 */
     int wr_phase;     /* WR_REPORTS, WR_ROLLBACK, WR_STATE */
+    uint32_t wr_epoch; /* the epoch of the notice the phase's reports answer (a failover meanwhile raises
+                          the run's epoch, not this) */
     double wr_t0;     /* when it was lost (pf_now_s) */
     int64_t wr_umin, wr_umax, wr_pmin; /* reports: the survivors' first unfinished steps, the servers' push counts */
     int64_t wr_step;  /* the redo step, once decided */
@@ -366,7 +368,8 @@ static int try_failover(ctl_rendezvous *rv, const conn *c)
     ctl_msg_set_failover(&m, &f, rv->epoch, c->rank, text);
     for (int i = 0; i < rv->nconns; i++) {
         conn *o = rv->conns[i];
-        if (o != c && o->joined && !o->closing && !o->dead)
+        /* A worker's replacement waiting for its seat is told in its join reply (lost_servers) instead. */
+        if (o != c && o->joined && !o->replacing && !o->closing && !o->dead)
             conn_send_msg(rv, o, &m);
     }
     return 1;
@@ -375,6 +378,7 @@ static int try_failover(ctl_rendezvous *rv, const conn *c)
 static void rejoin_aborted(ctl_rendezvous *rv, conn *c);
 static void replace_fallback(ctl_rendezvous *rv, const char *why);
 static int try_replace(ctl_rendezvous *rv, const conn *c);
+static void replace_progress(ctl_rendezvous *rv);
 
 /* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
  * member that goes without saying so (crash, kill -9, network) is reported to every other member
@@ -411,9 +415,17 @@ static void release_seat(ctl_rendezvous *rv, conn *c)
         log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
                  ctl_role_name(c->role), c->rank, c->peer);
     } else if (gone == CTL_GONE_LOST && rv->wr_rank >= 0) {
-        char why[300];
-        snprintf(why, sizeof why, "%s[%d] (%s) was lost too", ctl_role_name(c->role), c->rank, c->peer);
-        replace_fallback(rv, why);
+        /* A server lost while a worker is replaced (both on one machine that died, say) is failed over like
+         * any other, and the replacement goes on without it; anything else re-forms the run. */
+        if (c->role == CTL_ROLE_SERVER && try_failover(rv, c)) {
+            log_warn("control plane: worker[%d]'s replacement goes on without server[%d]", rv->wr_rank,
+                     c->rank);
+            replace_progress(rv);
+        } else {
+            char why[300];
+            snprintf(why, sizeof why, "%s[%d] (%s) was lost too", ctl_role_name(c->role), c->rank, c->peer);
+            replace_fallback(rv, why);
+        }
     } else if (gone == CTL_GONE_LOST && !try_failover(rv, c) && !try_replace(rv, c)) {
         char what[sizeof c->failed + 48];
         snprintf(what, sizeof what, "%s%s", c->failed[0] ? "failed: " : "disconnected without leaving the run",
@@ -670,10 +682,25 @@ static int send_late_reply(ctl_rendezvous *rv, conn *c, const conn *extra, int64
     r.run_id.len = sizeof rv->run_id;
     r.rejoin_epoch = rv->epoch;
     r.donor = donor;
+    int32_t *lost = NULL;
+    if (c->role == CTL_ROLE_WORKER) { /* a replacement: the servers failed over and not rejoined */
+        lost = calloc((size_t)rv->num_servers, sizeof *lost);
+        if (!lost) {
+            free(mem);
+            free(ptr);
+            conn_refuse(rv, c, EIO, "out of memory building the join reply");
+            return -1;
+        }
+        for (int s = 0; s < rv->num_servers; s++)
+            if (rv->srv_lost[s])
+                lost[r.n_lost_servers++] = s;
+        r.lost_servers = lost;
+    }
     Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
     m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
     m.join_reply = &r;
     conn_send_msg(rv, c, &m);
+    free(lost);
     free(mem);
     free(ptr);
     return 0;
@@ -821,16 +848,8 @@ static int try_replace(ctl_rendezvous *rv, const conn *c)
         return 0;
     }
     const int S = rv->num_servers, W = rv->num_workers;
-    /* A replacement would start from a book without the lost server's copies (the survivors retired them at
-     * its failover): not built, so the run re-forms (it has every server again then). */
-    for (int s = 0; s < S; s++)
-        if (rv->srv_lost[s]) {
-            log_error("control plane: worker[%d] lost while server[%d] is failed over (not rejoined): a worker "
-                      "is replaced in place only while every server holds its copies; falling back to the "
-                      "checkpoint re-form",
-                      c->rank, s);
-            return 0;
-        }
+    /* Servers failed over and not rejoined take no part: the survivors retired their copies at each
+     * failover, and the replacement's join reply lists them (lost_servers) so that it retires them too. */
     rv->wr_rank = c->rank;
     snprintf(rv->wr_peer, sizeof rv->wr_peer, "%s", c->peer);
     rv->wr_phase = WR_REPORTS;
@@ -840,6 +859,7 @@ static int try_replace(ctl_rendezvous *rv, const conn *c)
     rv->wr_repl = NULL;
     memset(rv->wr_in, 0, (size_t)(S + W));
     rv->epoch++;
+    rv->wr_epoch = rv->epoch;
     metrics_add(rv->m_lost, 1);
     metrics_set(rv->m_epoch, rv->epoch);
     char text[400];
@@ -886,6 +906,7 @@ static void replace_decide(ctl_rendezvous *rv)
     rv->wr_phase = WR_ROLLBACK;
     memset(rv->wr_in, 0, (size_t)(S + W));
     rv->epoch++;
+    rv->wr_epoch = rv->epoch;
     metrics_set(rv->m_epoch, rv->epoch);
     char text[300];
     snprintf(text, sizeof text,
@@ -927,6 +948,7 @@ static void replace_redo(ctl_rendezvous *rv)
             rv->wr_donor = w;
     }
     rv->wr_phase = WR_STATE;
+    rv->wr_epoch = rv->epoch; /* the donor's "state ready" answers the redo notice, sent at this epoch */
     char text[200];
     snprintf(text, sizeof text, "redo from step %lld; worker[%d] hands its state to worker[%d]'s replacement",
              (long long)rv->wr_step, rv->wr_donor, rv->wr_rank);
@@ -937,6 +959,16 @@ static void replace_redo(ctl_rendezvous *rv)
             send_wr_notice(rv, o, CTL_FO_REDO, rv->wr_donor, rv->wr_step, text, NULL, 0, wa, (size_t)W);
     }
     free(wa);
+}
+
+/* After a failover during the replacement: the phase may now have every report it waits for (the lost
+ * server's is no longer needed). */
+static void replace_progress(ctl_rendezvous *rv)
+{
+    if (rv->wr_phase == WR_REPORTS)
+        replace_decide(rv);
+    else if (rv->wr_phase == WR_ROLLBACK)
+        replace_redo(rv);
 }
 
 /* The donor's state is written: the replacement takes the lost worker's seat and gets its book. */
@@ -973,7 +1005,7 @@ static void replace_done(ctl_rendezvous *rv)
 static void replace_report(ctl_rendezvous *rv, conn *c, const Pfcps__Failover *f)
 {
     const int S = rv->num_servers;
-    if (rv->wr_rank < 0 || c->replacing || f->epoch != rv->epoch)
+    if (rv->wr_rank < 0 || c->replacing || f->epoch != rv->wr_epoch)
         return;
     const int idx = c->role == CTL_ROLE_SERVER ? c->rank : S + c->rank;
     if (f->kind == CTL_FO_WORKER_REPORT && rv->wr_phase == WR_REPORTS && !rv->wr_in[idx]) {

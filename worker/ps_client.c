@@ -1005,7 +1005,7 @@ static int check_servers(ps_client *c)
 {
     char name[96];
     for (int s = 0; s < c->ntgt; s++)
-        if (!c->srv_known[s])
+        if (!c->srv_known[s] && !c->tgt_gone[s]) /* gone: removed from the run before it was ever added */
             return pf_err(-ENOTCONN, "%s's address was never added", tgt_name(c, s, name, sizeof name));
     return 0;
 }
@@ -1250,14 +1250,16 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
 static int simple_req(ps_client *c, int s, int op, void *result, ps_req **out)
 {
     *out = NULL;
-    if (s < 0 || s >= c->o.servers || !c->srv_known[s])
+    if (s < 0 || s >= c->o.servers)
         return pf_err(-ERANGE, "server %d unknown", s);
+    if (op != RQ_RAW)
+        s = c->route[s]; /* shard s's serving copy (ps_raw talks to server s itself) */
+    if (!c->srv_known[s])
+        return pf_err(-ERANGE, "server %d unknown", tgt_host(c, s));
     ps_req *r = req_alloc(c, op, 0);
     if (!r)
         return pf_err(-ENOMEM, "out of memory");
     r->result = result;
-    if (op != RQ_RAW)
-        s = c->route[s]; /* shard s's serving copy (ps_raw talks to server s itself) */
     if (c->srv_dead[s]) {
         int rc = dead_err(c, s, op_name(r));
         req_free(r);
@@ -1314,7 +1316,10 @@ int ps_checksum(ps_client *c, int s, uint64_t *out, double timeout_s)
 
 int ps_client_warmup(ps_client *c, double timeout_s)
 {
+    take_lost(c); /* copies of servers posted lost before (a replacement's lost_servers) are not warmed up */
     for (int s = 0; s < c->ntgt; s++) {
+        if (c->tgt_gone[s])
+            continue;
         ps_stat st;
         ps_req *r;
         int rc = simple_req(c, tgt_shard(c, s), RQ_STAT, &st, &r);

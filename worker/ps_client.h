@@ -117,8 +117,9 @@ int ps_client_server_back(ps_client *c, int server, const void *const addr[2], c
 /* The membership epoch the client's messages carry (0 until a failover). */
 uint32_t ps_client_epoch(const ps_client *c);
 
-/* Opens the connection to every server (a stat round trip each) so the first step does not pay for it.
- * Returns 0 or the first error (-ETIMEDOUT after timeout_s seconds). */
+/* Opens the connection to every server copy (a stat round trip each) so the first step does not pay for it;
+ * the copies of servers posted lost before (ps_client_server_lost) are retired first and skipped. Returns 0
+ * or the first error (-ETIMEDOUT after timeout_s seconds). */
 int ps_client_warmup(ps_client *c, double timeout_s);
 
 /* Starts pulling rows ids[0..n) into out (n x D floats, row i of out = class ids[i]; converted from the

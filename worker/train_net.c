@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/log.h"
 #include "common/member_addr.h"
 
 int train_net_open(train_net *n, const pf_config *local, int rank)
@@ -77,6 +78,11 @@ static int connect_servers(train_net *n, const pf_config *run, const ctl_book *b
     if ((rc = ps_client_metrics_on(n->ps)) < 0)
         return rc;
     for (int s = 0; s < run->servers; s++) {
+        int lost = 0; /* a replacement's book: failed over and not rejoined (no address) */
+        for (int i = 0; i < book->nlost; i++)
+            lost |= book->lost[i] == s;
+        if (lost)
+            continue;
         if (!run->replicas) {
             if ((rc = ps_client_add_server(n->ps, s, book->servers[s].addr, book->servers[s].addr_len)) < 0)
                 return pf_err_wrap(rc, "server %d address", s);
@@ -94,6 +100,14 @@ static int connect_servers(train_net *n, const pf_config *run, const ctl_book *b
                 return pf_err_wrap(rc, "server %d address (part %d)", s, part);
         }
     }
+    /* A replacement of a lost worker: the servers failed over and not rejoined are retired from the start, as
+     * the other workers retired them at each failover. */
+    for (int i = 0; i < book->nlost; i++)
+        if ((rc = ps_client_server_lost(n->ps, book->lost[i], book->rejoin_epoch)) < 0)
+            return pf_err_wrap(rc, "lost server %d", book->lost[i]);
+    if (book->nlost)
+        log_info("servers failed over and not rejoined: %d of %d (their copies retired from the start)",
+                 book->nlost, run->servers);
     if ((rc = ps_client_warmup(n->ps, run->ctl_timeout > 0 ? run->ctl_timeout : 30)) < 0)
         return pf_err_wrap(rc, "warming up the connections to %d servers", run->servers);
     return 0;

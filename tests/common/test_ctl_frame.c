@@ -322,7 +322,28 @@ static void test_book_from_reply(void **state)
     assert_memory_equal(b.workers[1].addr, "w1", 2);
     assert_int_equal(b.workers[1].rank, 1);
     assert_string_equal(b.config_text, "num_classes = 77\n");
+    assert_int_equal(b.nlost, 0);
     ctl_book_free(&b);
+
+    /* A replacement's lost servers: copied; one outside [0, num_servers), or more than num_servers: refused */
+    int32_t lost[2] = {0, 0};
+    r.lost_servers = lost;
+    r.n_lost_servers = 1;
+    assert_int_equal(ctl_book_from_reply(&r, &b), 0);
+    assert_int_equal(b.nlost, 1);
+    assert_int_equal(b.lost[0], 0);
+    ctl_book_free(&b);
+    lost[0] = 1;
+    assert_int_equal(ctl_book_from_reply(&r, &b), -EPROTO);
+    assert_non_null(strstr(pf_errmsg(), "lost server 1 outside [0, 1)"));
+    lost[0] = -1;
+    assert_int_equal(ctl_book_from_reply(&r, &b), -EPROTO);
+    lost[0] = 0;
+    r.n_lost_servers = 2;
+    assert_int_equal(ctl_book_from_reply(&r, &b), -EPROTO);
+    assert_non_null(strstr(pf_errmsg(), "2 lost servers listed for 1 servers"));
+    r.n_lost_servers = 0;
+    r.lost_servers = NULL;
 
     mem[2].rank = 0; /* worker 0 twice, worker 1 missing */
     assert_int_equal(ctl_book_from_reply(&r, &b), -EPROTO);

@@ -1,23 +1,22 @@
 /* The rendezvous' side of a worker's replacement in place (docs/architecture.md, "Worker replacement in
  * place"), with members that are control sessions only (no data plane): 1 server + 2 workers, replicas = 1,
  * head_mode = global, replace_workers = 1, the rendezvous in this process. Cases:
- *   happy:    worker 1's session closes without leaving: the server and worker 0 are told "worker[1] ... lost"
- *             (kind 6, epoch 1); a report of another epoch changes nothing; worker 0 reports step 5 with a new
- *             book entry, the server 4 whole pushes; a replacement for rank 1 joins (a second one is refused,
- *             EEXIST); the server is told to roll back to step 4 = min(5, 4) at epoch 2 with the replacement's
- *             entry; once it says rolled back, worker 0 gets the redo (step 4, donor 0, both workers' entries:
- *             its new one, the replacement's) and its session's book follows; once it says its state is ready,
- *             the replacement's join returns with resume step 4, epoch 2, donor 0 and worker 0's new entry;
- *   too_far:  a survivor reports step 9 while the server holds 4 pushes (R = 4, the survivor 5 steps past it:
- *             it keeps two): the fallback to the re-form, told to every member (-ENOLINK) and the replacement
- *             refused;
- *   acc:      gradient_acc = 3: reports of step 7 and 8 pushes give the redo step 6 (the window's start); a
- *             survivor at step 13 with the redo step 6 is more than one window past it: the fallback;
- *   timeout:  no replacement joins within ctl_timeout (2 s): the fallback, naming it;
- *   early:    a join for rank 1 while worker 1 is still a member is asked to retry (EAGAIN), then taken;
- *   off:      replace_workers = 0: the loss is told at once as a re-form (-ENOLINK);
- *   server_lost: 2 servers: server 1 failed over, then worker 1 lost: no replacement (the re-form); worker 1
- *             lost, then server 1 during its replacement: the re-form, naming both. */
+ *   happy:    worker 1's session closes without leaving: the server and worker 0 are told "worker[1] ...
+ * lost" (kind 6, epoch 1); a report of another epoch changes nothing; worker 0 reports step 5 with a new book
+ * entry, the server 4 whole pushes; a replacement for rank 1 joins (a second one is refused, EEXIST); the
+ * server is told to roll back to step 4 = min(5, 4) at epoch 2 with the replacement's entry; once it says
+ * rolled back, worker 0 gets the redo (step 4, donor 0, both workers' entries: its new one, the
+ * replacement's) and its session's book follows; once it says its state is ready, the replacement's join
+ * returns with resume step 4, epoch 2, donor 0 and worker 0's new entry; too_far:  a survivor reports step 9
+ * while the server holds 4 pushes (R = 4, the survivor 5 steps past it: it keeps two): the fallback to the
+ * re-form, told to every member (-ENOLINK) and the replacement refused; acc:      gradient_acc = 3: reports
+ * of step 7 and 8 pushes give the redo step 6 (the window's start); a survivor at step 13 with the redo step
+ * 6 is more than one window past it: the fallback; timeout:  no replacement joins within ctl_timeout (2 s):
+ * the fallback, naming it; early:    a join for rank 1 while worker 1 is still a member is asked to retry
+ * (EAGAIN), then taken; off:      replace_workers = 0: the loss is told at once as a re-form (-ENOLINK);
+ *   server_lost: 2 servers: a server failed over before a worker's loss, or lost during its replacement
+ *             (before or after the decision), leaves the replacement going on without it; a second worker
+ * lost during a replacement re-forms the run (case_server_lost says how each is checked). */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -290,59 +289,151 @@ static void case_off(void)
 /* 2 servers + 2 workers: server 1 lost first (failed over), then worker 1: no replacement (the replacement's
  * book would lack server 1's copies): the re-form; and worker 1 lost first, then server 1 during its
  * replacement: the re-form, naming both. */
-static void case_server_lost(void)
+/* Four members (2 servers, 2 workers) joined to a fresh rendezvous with 2 servers. */
+static ctl_rendezvous *start_four(member m[4])
 {
     ctl_rendezvous *rv = start_n(2, 1, 8);
-    member m[4] = {{.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10},
-                   {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10},
-                   {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10},
-                   {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1", .timeout = 10}};
-    for (int i = 0; i < 4; i++)
+    const member init[4] = {{.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10},
+                            {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10},
+                            {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10},
+                            {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1", .timeout = 10}};
+    for (int i = 0; i < 4; i++) {
+        m[i] = init[i];
         pthread_create(&m[i].th, NULL, join_main, &m[i]);
+    }
     for (int i = 0; i < 4; i++) {
         pthread_join(m[i].th, NULL);
         if (m[i].rc < 0)
             DIE("member %d did not join: %s", i, pf_errmsg());
     }
+    return rv;
+}
+
+/* Expects notice `kind` about `rank` at epoch `epoch` on s (step in *st). */
+static void expect_notice(ctl_session *s, int kind, int rank, uint32_t epoch, int64_t *st, const char *what)
+{
+    int r = -1;
+    uint32_t e = 0;
+    int64_t step = -1;
+    int k = next_notice(s, &r, &e, &step);
+    check(k == kind && r == rank && e == epoch, "%s (kind %d, rank %d, epoch %u)", what, k, r, e);
+    if (st)
+        *st = step;
+}
+
+/* The rest of a replacement of worker 1 with server 1 failed over (m[0]: server 0, m[2]: worker 0, r: the
+ * replacement joining): server 0 is told to roll back at epoch `rb`, says so; worker 0 gets the redo, says
+ * its state is ready; the replacement's join returns with server 1 listed as lost. */
+static void finish_without_server1(const char *name, member m[4], member *r, uint32_t rb, int64_t step)
+{
+    int64_t st = -1;
+    expect_notice(m[0].s, CTL_FO_ROLLBACK, 1, rb, &st, name);
+    check(st == step, "%s: roll back to step %lld (%lld)", name, (long long)step, (long long)st);
+    CHECK(ctl_session_report(m[0].s, CTL_FO_ROLLED_BACK, 0, rb, step, NULL, 0) == 0, "rolled back");
+    expect_notice(m[2].s, CTL_FO_REDO, 0, rb, &st, name);
+    CHECK(ctl_session_report(m[2].s, CTL_FO_STATE_READY, 0, rb, step, NULL, 0) == 0, "state ready");
+    pthread_join(r->th, NULL);
+    check(r->rc == 0, "%s: the replacement's join returns (%s)", name, r->rc ? pf_errmsg() : "");
+    if (r->rc == 0) {
+        const ctl_book *b = ctl_session_book(r->s);
+        check(b->rejoin_epoch == rb && b->resume_step == step && b->nlost == 1 && b->lost[0] == 1 &&
+                  b->servers[1].addr_len == 0,
+              "%s: the replacement's book: epoch %u, step %lld, lost servers %d (first %d), server 1's entry "
+              "%zu bytes",
+              name, b->rejoin_epoch, (long long)b->resume_step, b->nlost, b->nlost ? b->lost[0] : -1,
+              b->servers[1].addr_len);
+        ctl_session_close(r->s);
+    }
+}
+
+/* server_lost: 2 servers. (a) Server 1 failed over (epoch 1), then worker 1 lost: its replacement goes on
+ * without server 1 (epoch 2; server 0 and worker 0 report, the replacement joins, the rollback and the redo
+ * at epoch 3 go to the live members only; the replacement's book lists server 1 as lost). (b) Worker 1 lost
+ * (epoch 1), server 0 and worker 0 report and the replacement joins, then server 1 is lost before its report:
+ * it is failed over (epoch 2) and the decision is taken without its report (epoch 3). (c) The same with
+ * server 1 lost after the decision, before it rolled back: the redo goes out once server 0 rolled back. (d)
+ * Worker 1 lost, then worker 0: the re-form, naming the second loss. */
+static void case_server_lost(void)
+{
+    member m[4];
+    /* (a) */
+    ctl_rendezvous *rv = start_four(m);
     ctl_session_close(m[1].s); /* server 1 lost: failed over */
     m[1].s = NULL;
-    int rank = -1;
-    uint32_t e = 0;
-    int64_t st = 0;
-    int k = next_notice(m[2].s, &rank, &e, &st);
-    check(k == CTL_FO_LOST && rank == 1, "server_lost: server 1 failed over first (kind %d, rank %d)", k, rank);
-    next_notice(m[0].s, &rank, &e, &st);
+    expect_notice(m[2].s, CTL_FO_LOST, 1, 1, NULL, "server_lost (a): worker 0 told server 1's failover");
+    expect_notice(m[0].s, CTL_FO_LOST, 1, 1, NULL, "server_lost (a): server 0 told server 1's failover");
     ctl_session_close(m[3].s); /* then worker 1 */
     m[3].s = NULL;
-    for (int i = 0; i < 3; i += 2) {
-        int r = ctl_session_wait_shutdown(m[i].s, 5.0);
-        check(r == -ENOLINK && strstr(pf_errmsg(), "worker[1]"), "server_lost: member %d is told worker 1's loss "
-              "as a re-form (%d: %s)", i, r, pf_errmsg());
-    }
+    expect_notice(m[0].s, CTL_FO_WORKER_LOST, 1, 2, NULL, "server_lost (a): server 0 told worker 1's loss");
+    expect_notice(m[2].s, CTL_FO_WORKER_LOST, 1, 2, NULL, "server_lost (a): worker 0 told worker 1's loss");
+    CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 2, 6, NULL, 0) == 0, "report");
+    CHECK(ctl_session_report(m[2].s, CTL_FO_WORKER_REPORT, 0, 2, 6, "fab-w0-new", 10) == 0, "report");
+    member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 10};
+    pthread_create(&r.th, NULL, join_main, &r);
+    finish_without_server1("server_lost (a)", m, &r, 3, 6);
     ctl_session_close(m[0].s);
     ctl_session_close(m[2].s);
     ctl_rendezvous_stop(rv);
 
-    /* A server lost while a worker is being replaced. */
-    rv = start_n(2, 1, 8);
-    for (int i = 0; i < 4; i++)
-        pthread_create(&m[i].th, NULL, join_main, &m[i]);
-    for (int i = 0; i < 4; i++) {
-        pthread_join(m[i].th, NULL);
-        if (m[i].rc < 0)
-            DIE("member %d did not join: %s", i, pf_errmsg());
+    /* (b) and (c) */
+    for (int after_decision = 0; after_decision < 2; after_decision++) {
+        const char *name = after_decision ? "server_lost (c)" : "server_lost (b)";
+        rv = start_four(m);
+        ctl_session_close(m[3].s); /* worker 1 lost: its replacement under way */
+        m[3].s = NULL;
+        for (int i = 0; i < 3; i++)
+            expect_notice(m[i].s, CTL_FO_WORKER_LOST, 1, 1, NULL, name);
+        CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 1, 5, NULL, 0) == 0, "report");
+        CHECK(ctl_session_report(m[2].s, CTL_FO_WORKER_REPORT, 0, 1, 5, "fab-w0-new", 10) == 0, "report");
+        r = (member){.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 10};
+        pthread_create(&r.th, NULL, join_main, &r);
+        uint32_t rb = 3;
+        if (after_decision) { /* server 1 reports too: the decision (epoch 2), then it is lost */
+            usleep(300000);
+            CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 1, 1, 5, NULL, 0) == 0, "report");
+            expect_notice(m[1].s, CTL_FO_ROLLBACK, 1, 2, NULL, name);
+            rb = 2;
+        }
+        ctl_session_close(m[1].s); /* server 1 lost */
+        m[1].s = NULL;
+        if (!after_decision)
+            expect_notice(m[0].s, CTL_FO_LOST, 1, 2, NULL, name);
+        if (after_decision) { /* server 0's rollback notice (epoch 2) came before the failover (epoch 3) */
+            int64_t st = -1;
+            expect_notice(m[0].s, CTL_FO_ROLLBACK, 1, 2, &st, name);
+            expect_notice(m[0].s, CTL_FO_LOST, 1, 3, NULL, name);
+            CHECK(ctl_session_report(m[0].s, CTL_FO_ROLLED_BACK, 0, 2, 5, NULL, 0) == 0, "rolled back");
+            expect_notice(m[2].s, CTL_FO_LOST, 1, 3, NULL, name);
+            expect_notice(m[2].s, CTL_FO_REDO, 0, 3, NULL, name);
+            CHECK(ctl_session_report(m[2].s, CTL_FO_STATE_READY, 0, 3, 5, NULL, 0) == 0, "state ready");
+            pthread_join(r.th, NULL);
+            check(r.rc == 0 && ctl_session_book(r.s)->nlost == 1 && ctl_session_book(r.s)->rejoin_epoch == 3,
+                  "%s: the replacement joins with server 1 listed as lost, at epoch 3 (%s)", name,
+                  r.rc ? pf_errmsg() : "");
+            if (r.rc == 0)
+                ctl_session_close(r.s);
+        } else {
+            expect_notice(m[2].s, CTL_FO_LOST, 1, 2, NULL, name);
+            finish_without_server1(name, m, &r, rb, 5);
+        }
+        ctl_session_close(m[0].s);
+        ctl_session_close(m[2].s);
+        ctl_rendezvous_stop(rv);
     }
-    ctl_session_close(m[3].s); /* worker 1 lost: its replacement under way */
+
+    /* (d) */
+    rv = start_four(m);
+    ctl_session_close(m[3].s);
     m[3].s = NULL;
-    k = next_notice(m[2].s, &rank, &e, &st);
-    check(k == CTL_FO_WORKER_LOST && rank == 1, "server_lost: worker 1's replacement began (kind %d)", k);
-    ctl_session_close(m[1].s); /* server 1 lost during it: the re-form */
-    m[1].s = NULL;
-    int r = ctl_session_wait_shutdown(m[2].s, 5.0);
-    check(r == -ENOLINK && strstr(pf_errmsg(), "server[1]") && strstr(pf_errmsg(), "was lost too"),
-          "server_lost: a server lost during a worker's replacement re-forms the run (%d: %s)", r, pf_errmsg());
+    expect_notice(m[0].s, CTL_FO_WORKER_LOST, 1, 1, NULL, "server_lost (d)");
+    ctl_session_close(m[2].s); /* worker 0 lost during it: the re-form */
+    m[2].s = NULL;
+    int rc = ctl_session_wait_shutdown(m[0].s, 5.0);
+    check(rc == -ENOLINK && strstr(pf_errmsg(), "worker[0]") && strstr(pf_errmsg(), "was lost too"),
+          "server_lost (d): a worker lost during another's replacement re-forms the run (%d: %s)", rc,
+          pf_errmsg());
     ctl_session_close(m[0].s);
-    ctl_session_close(m[2].s);
+    ctl_session_close(m[1].s);
     ctl_rendezvous_stop(rv);
 }
 

@@ -5,15 +5,17 @@
 # (pfc_update = dense), 20 steps (5 epochs of 4), snapshot_every 4, under the launcher. Then, replicas = 1:
 #   kill:     worker 1 is the tests' build of the worker (pfcps-worker-test-hooks) with
 #             PFCPS_TEST_STEP_FAILS_AT at a random step in 4..14: that step fails at its start as a ring receive
-#             does when the worker on its left dies inside a message; once it logged so, kill -9 of worker 0:
-#             worker 1's step failed before the worker-lost notice could come, and it must wait for the notice
-#             (it logs how long it waited) instead of exiting, which the rendezvous would take for a second
-#             loss and re-form; worker 0
-#             started again with the same command line joins as its replacement, loads worker 1's state of the
-#             redo step (with worker 1's copy of worker 0's BN statistics, the ones model.ckpt saves), and
-#             every worker redoes that step: every member exits 0, the rendezvous names the replacement and no
-#             re-form, and model.ckpt and the final checkpoint (`pfcps ckpt-info` table and worker 0's
-#             backbone SHA-256) equal the reference's;
+#             does when the worker on its left dies inside a message; once it logged so, kill -9 of worker 0
+#             and server 1 together (a machine holding both died): worker 1's step failed before the
+#             worker-lost notice could come, and it must wait for the notice (it logs how long it waited)
+#             instead of exiting, which the rendezvous would take for a second loss and re-form; the rendezvous
+#             fails server 1 over, in whichever order it sees the two losses. Worker 0 started again with the
+#             same command line joins as its replacement (its book lists server 1 as failed over), loads worker
+#             1's state of the redo step (with worker 1's copy of worker 0's BN statistics, the ones model.ckpt
+#             saves), and every worker redoes that step; server 1 started again rejoins once the replacement is
+#             done (unless the run ended first): every member exits 0, the rendezvous names the failover, the
+#             replacement and no re-form, and model.ckpt and the final checkpoint (`pfcps ckpt-info` table and
+#             worker 0's backbone SHA-256) equal the reference's;
 #   launcher: under deploy/local/launch.sh --max-restarts 2: kill -9 of worker 2 at a random step in 4..8,
 #             which launch.sh starts again alone (its state is then loaded from worker 0 and the ring rebuilt
 #             around the last rank); 5 steps later worker 1 stopped (SIGSTOP) past the silence limit
@@ -97,21 +99,36 @@ for r in 0 1 2; do
 done
 wait_log "$TMP/worker1.log" "test hook PFCPS_TEST_STEP_FAILS_AT=$at: failing step $at" 120 ||
   { show_logs; die "kill: worker 1's step $at did not fail"; }
-kill -KILL "${WPIDS[0]}"
+kill -KILL "${WPIDS[0]}" "${SPIDS[1]}"
 t0=$(date +%s.%N)
 wait_log "$TMP/server0.log" "worker\[0\] .* lost: the other workers stop" 30 ||
   { show_logs; die "kill: the rendezvous did not take worker 0's loss for a replacement"; }
+wait_log "$TMP/server0.log" "failover: server\[1\]" 30 || { show_logs; die "kill: server 1 was not failed over"; }
 start_daemon "$TMP/worker0-again.log" "$WORKER" --config "$TMP/kill.ini" --rank 0
+W0=$DPID
+start_daemon "$TMP/server1-again.log" "$SERVER" --config "$TMP/kill.ini" --rank 1
+SPIDS[1]=$DPID
 wait_log "$TMP/server0.log" "worker\[0\] replaced in place" 60 || { show_logs; die "kill: worker 0 was not replaced"; }
-echo "kill: worker 0 killed at step $at; replaced $(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') s after the kill (its restart included)"
-all_exit_0 kill "${WPIDS[1]}" "${WPIDS[2]}" "$DPID"
+first=$(grep -o -m1 "failover: server\[1\]\|worker\[0\] ([^)]*) lost" "$TMP/server0.log")
+echo "kill: worker 0 and server 1 killed at step $at (the rendezvous saw '${first}' first); worker 0 replaced" \
+  "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') s after the kill (its restart included)"
+all_exit_0 kill "${WPIDS[1]}" "${WPIDS[2]}" "$W0"
+{ grep -m1 "rejoin: both copies loaded\|stopped before the run formed\|ERROR" "$TMP/server1-again.log" ||
+  echo "(did not rejoin before the run ended)"; } | sed "s/^/info: server 1 started again: /"
+expect_grep "kill: the replacement retired the failed-over server's copies from its start" \
+  "servers failed over and not rejoined: 1 of 2" "$TMP/worker0-again.log"
 expect_grep "kill: the servers undid the redo step's pushes" "rolled back \(epoch [0-9]+\): every push of step [0-9]+ and later undone on both copies" \
-  "$TMP/server1.log"
+  "$TMP/server0.log"
 expect_grep "kill: worker 2 redid from the decided step" "worker replacement \(epoch [0-9]+\): redoing from step [0-9]+" \
   "$TMP/worker2.log"
 expect_grep "kill: the replacement loaded worker 1's state" "replacing worker\[0\]: loading worker\[1\]'s state of step" \
   "$TMP/worker0-again.log"
-if grep -q "re-form" "$TMP/server0.log"; then fail "kill: the run fell back to the re-form"; else ok "kill: no re-form"; fi
+if grep -q "falling back to the checkpoint re-form\|the run is broken" "$TMP/server0.log"; then
+  fail "kill: the run fell back to the re-form"
+else
+  ok "kill: no re-form"
+fi
+expect_grep "kill: server 1 was failed over" "failover: server\[1\] .* lost: shard 1 goes on on its backup" "$TMP/server0.log"
 expect_grep "kill: worker 1, whose step failed before the notice, waited for it" \
   "a worker-lost notice came [0-9.]+ s after this worker's step failed" "$TMP/worker1.log"
 ckpt_check_same kill
