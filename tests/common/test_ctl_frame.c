@@ -325,7 +325,7 @@ static void test_book_from_reply(void **state)
     assert_int_equal(b.nlost, 0);
     ctl_book_free(&b);
 
-    /* A replacement's lost servers: copied; one outside [0, num_servers), or more than num_servers: refused */
+    /* A replacement's lost servers: copied; one outside [0, num_servers), or too many: refused. */
     int32_t lost[2] = {0, 0};
     r.lost_servers = lost;
     r.n_lost_servers = 1;
