@@ -13,7 +13,11 @@
 # --classes N: the 10-identity run with a class-center table of N classes, D = 512, sample_rate 0.1, one
 # checkpoint at the end (N = 2000000: 8.2 GB, 16.4 GB with both copies).
 # --acc K: gradient_acc = K in every run (the reference's too): the redo starts at a window start.
-# usage: bench/recovery/replace.sh [-b BUILD] [--victim N] [--classes N] [--acc K] [ROUNDS [SERVERS [WORKERS]]]
+# --with-server: each kill also takes a random server other than 0 (one kill: the machine holding both died);
+# both are started again at once, the server after the worker: the server is failed over, the worker replaced
+# in place, and the server rejoins after the replacement (or stops with the run, exiting 0, if it ended first).
+# usage: bench/recovery/replace.sh [-b BUILD] [--victim N] [--classes N] [--acc K] [--with-server]
+#                                  [ROUNDS [SERVERS [WORKERS]]]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$SRC/build
@@ -24,9 +28,12 @@ CLASSES=
 [ "${1:-}" = --classes ] && { CLASSES=$2; shift 2; }
 ACC=1
 [ "${1:-}" = --acc ] && { ACC=$2; shift 2; }
+WITH_SERVER=0
+[ "${1:-}" = --with-server ] && { WITH_SERVER=1; shift; }
 ROUNDS=${1:-5}
 SERVERS=${2:-2}
 WORKERS=${3:-3}
+[ "$WITH_SERVER" = 1 ] && [ "$SERVERS" -lt 2 ] && { echo "replace.sh: --with-server needs 2 servers or more" >&2; exit 2; }
 PFCPS=$BUILD/tools/pfcps
 export OMP_NUM_THREADS=1 PFCPS_SECRET=replace-secret
 TMP=$(mktemp -d)
@@ -81,11 +88,18 @@ for ((k = 1; k <= ROUNDS; k++)); do
   delay=$(python3 -c "print($RANDOM % 500 / 1000)")
   for ((i = 0; i < 1200; i++)); do grep -q "Global Step: $at " "$TMP/$name.w0.log" && break; sleep 0.1; done
   sleep "$delay"
+  sv=
+  [ "$WITH_SERVER" = 1 ] && sv=$((1 + RANDOM % (SERVERS - 1)))
   t_kill=$(date -u +%s.%N)
-  kill -KILL "${wp[$victim]}"
+  kill -KILL "${wp[$victim]}" ${sv:+"${pids[$sv]}"}
   wait "${wp[$victim]}" 2>/dev/null
   "$BUILD/worker/pfcps-worker" --config "$TMP/$name.ini" --rank "$victim" >"$TMP/$name.w$victim.again.log" 2>&1 &
   wp[$victim]=$!
+  if [ -n "$sv" ]; then
+    wait "${pids[$sv]}" 2>/dev/null
+    "$BUILD/server/pfcps-server" --config "$TMP/$name.ini" --rank "$sv" >"$TMP/$name.s$sv.again.log" 2>&1 &
+    pids[$sv]=$!
+  fi
   rc=0
   for p in "${wp[@]}"; do wait "$p" || rc=$?; done
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
@@ -107,8 +121,11 @@ for ((k = 1; k <= ROUNDS; k++)); do
   else
     d_rep=never; d_step=never
   fi
-  echo "round $k: kill -9 of worker $victim of $WORKERS ${delay} s after step $at: ${decision:-no decision}; replaced" \
-    "after $d_rep s, next step completed after $d_step s; exit $rc; identical: $ok"
+  rejoined=
+  [ -n "$sv" ] && rejoined=$(grep -q "rejoin: both copies loaded" "$TMP/$name.s$sv.again.log" && echo ", server $sv rejoined" || echo ", server $sv did not rejoin before the end")
+  echo "round $k: kill -9 of worker $victim of $WORKERS${sv:+ and server $sv of $SERVERS} ${delay} s after step $at:" \
+    "${decision:-no decision}; replaced after $d_rep s, next step completed after $d_step s$rejoined; exit $rc;" \
+    "identical: $ok"
   [ -n "${PFCPS_KEEP_TMP:-}" ] || rm -rf "$TMP/$name"
 done
 [ "$n_t" -gt 0 ] || n_t=1
