@@ -32,7 +32,7 @@ static const char plan_usage[] =
     "  Prints the servers needed for memory and for bandwidth, bytes per step per link, and the step time\n"
     "  bounded by link, server memory and head compute (docs/architecture.md, Performance model; the model\n"
     "  in tools/plan.h). --replicas 1: every shard also has a hot-standby copy on another server\n"
-    "  (config key replicas): twice the table memory and push traffic, and (global head mode) each copy\n"
+    "  (config key replicas): twice the table memory and push traffic, and each copy\n"
     "  keeps an undo log of a step's pushes for replacing a lost worker in place (2 D floats + 16 bytes per\n"
     "  pushed row; the workers' two kept step states are not counted here: each worker logs them at start).\n"
     "  --optimizer adamw (config key optimizer): the servers also keep AdamW's second moment, 12 D + 9\n"
@@ -279,7 +279,7 @@ int cmd_plan(int argc, char **argv)
         "GiB = %.2f GiB of %g GiB\n",
         p.servers, p.servers > 1 ? "s" : "", in->servers ? " (--servers)" : " (the larger of the two)",
         gib(p.shard_bytes), gib(p.server_need_bytes - p.shard_bytes - p.buffer_bytes),
-        in->replicas && !in->local_mode ? " and undo logs" : "", gib(p.buffer_bytes), gib(p.server_need_bytes),
+        in->replicas ? " and undo logs" : "", gib(p.buffer_bytes), gib(p.server_need_bytes),
         in->server_mem_gib);
     printf(
         "bytes per step at %d server%s: worker link: pull %s out + %s in, push %s out + %s in = %s; server "

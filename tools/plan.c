@@ -31,18 +31,18 @@ static int mem_passes(const plan_in *in)
     return PLAN_MEM_PASSES + (in->adamw ? PLAN_ADAMW_PASSES : 0);
 }
 
-/* replicas = 1 in global head mode (a lost worker replaced in place, server/undo.c): the undo log's bytes per
- * row of a step's pushes, per copy: the old weights and momentum (AdamW: both moments) and 16 bytes of row id and step. */
-/* replicas = 1 in global head mode (workers replaced in place): memory passes per pushed row for the undo
- * logs of both copies. */
+/* replicas = 1 (workers replaced in place, server/undo.c): memory passes per pushed row for the undo logs of
+ * both copies (in local mode a row several workers pushed is logged once: an upper bound there). */
 static double undo_passes(const plan_in *in)
 {
-    return in->replicas && !in->local_mode ? 2.0 * (PLAN_UNDO_PASSES + in->adamw) : 0;
+    return in->replicas ? 2.0 * (PLAN_UNDO_PASSES + in->adamw) : 0;
 }
 
+/* replicas = 1: the undo log's bytes per row of a step's pushes, per copy: the old weights and momentum
+ * (AdamW: both moments) and 16 bytes of row id and step. */
 static double plan_undo_row(const plan_in *in)
 {
-    return in->replicas && !in->local_mode ? (in->adamw ? 3 : 2) * 4.0 * in->dim + 16 : 0;
+    return in->replicas ? (in->adamw ? 3 : 2) * 4.0 * in->dim + 16 : 0;
 }
 
 double plan_server_need(const plan_in *in, int S, double rows_step)

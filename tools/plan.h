@@ -55,7 +55,7 @@ typedef struct plan_in {
     double backbone_s; /* seconds of backbone forward + backward per step that hide the transfers (>= 0) */
     int replicas;      /* 0, or 1: each server also holds a hot-standby copy of another shard (its table,
                           buffers and the pushes it applies twice; a worker pushes every row to both copies),
-                          and in global head mode each copy keeps an undo log of a step's pushes for
+                          and each copy keeps an undo log of a step's pushes for
                           replacing a lost worker in place: (2 D floats, AdamW 3 D, + 16 bytes) per pushed row, PLAN_UNDO_PASSES more
                           memory passes per row and copy (AdamW 3) */
     int adamw;         /* 1: optimizer = adamw: a third region of rows x D x 4 bytes (AdamW's second moment),

@@ -15,8 +15,8 @@
 #   So is server 0 (the rendezvous' host) when it died: its new rendezvous adopts the running run from the
 #   members, which reconnect, and it rejoins; without a restart the run goes on without it to its end.
 #   A worker killed by a signal, or one that exits 76 (removed from the run: stopped past the silence limit),
-#   is started again alone too when the run replaces workers in place (replicas = 1, head_mode = global,
-#   device not cuda; docs/architecture.md, "Worker replacement in place"): it joins as its
+#   is started again alone too when the run replaces workers in place (replicas = 1, device not cuda;
+#   docs/architecture.md, "Worker replacement in place"): it joins as its
 #   own replacement while the others wait.
 #   Logs: <output>/logs/server<r>.log and worker<r>.log (output from the config / --set).
 #   These values are asked from the daemons' own config parser (`pfcps config-get`), so quoting, inline
@@ -58,17 +58,17 @@ done
 
 # Effective values of the keys the launcher itself needs, from the real parser (file, then every --set in
 # order, defaults for keys not given): one line per key. A config the daemons would refuse stops here.
-if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every metrics_address replicas head_mode device); then
+if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every metrics_address replicas device); then
   echo "launch: config '$config' refused (see above)" >&2
   exit 2
 fi
 mapfile -t v <<<"$vals"
 S=${v[0]}; W=${v[1]}; out=${v[2]}; snapdir=${v[3]:-$out/snapshots}; snap_every=${v[4]}; maddr=${v[5]:-}
 replicas=${v[6]:-0}
-# A lost worker is replaced in place (common/config.h cfg_replaces_workers): replicas = 1, head_mode = global,
-# a device other than cuda.
+# A lost worker is replaced in place (common/config.h cfg_replaces_workers): replicas = 1, a device other than
+# cuda.
 replace_workers=0
-[ "$replicas" -ge 1 ] && [ "${v[7]}" != local ] && [ "${v[8]}" != cuda ] && replace_workers=1
+[ "$replicas" -ge 1 ] && [ "${v[7]}" != cuda ] && replace_workers=1
 [ -n "$snapdir" ] || snapdir=$out/snapshots
 if [ "$max_restarts" -gt 0 ] && [ "$snap_every" = 0 ]; then
   echo "launch: --max-restarts $max_restarts with snapshot_every = 0: a restart starts over from step 0" >&2

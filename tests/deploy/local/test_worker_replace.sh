@@ -36,9 +36,10 @@
 #             sums of the window are lost with it), and the run ends with the reference's bits;
 #   local:    (only when asked for: its own test, train_worker_replace_local) head_mode = local (every worker
 #             samples from all class centers, rows shared; the servers apply a step once its 3 pushes are in)
-#             against a reference with head_mode = local: kill -9 of worker 2 once worker 0 logged a random step in
-#             4..14, started again: replaced in place (the servers undo the redo step's rows, logged once per row
-#             whichever workers pushed it), and the run ends with the reference's bits;
+#             against a reference with head_mode = local, under deploy/local/launch.sh --max-restarts 1: kill -9
+#             of worker 2 once worker 0 logged a random step in 4..14; launch.sh starts it again alone and it is
+#             replaced in place (the servers undo the redo step's rows, logged once per row whichever workers
+#             pushed it); launch.sh exits 0 and the run ends with the reference's bits;
 #   slow_end: replicas = 1 with the last checkpoint's shard write slowed past the rendezvous' silence limit
 #             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
 #             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
@@ -260,20 +261,28 @@ expect_grep "local: reference (head_mode = local): 20 steps, final checkpoint co
 at=$((4 + RANDOM % 11))
 ckpt_ini local 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" \
   "ctl_timeout = 10" "head_mode = local"
-rm -f "$TMP"/*.log
-start_cluster "$TMP/local.ini" 2 3
-wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "local: worker 0 did not reach step $at"; }
-kill -KILL "${WPIDS[2]}"
-wait_log "$TMP/server0.log" "worker\[2\] .* lost: the other workers stop" 30 ||
-  { show_logs; die "local: the rendezvous did not take worker 2's loss for a replacement"; }
-start_daemon "$TMP/worker2-again.log" "$WORKER" --config "$TMP/local.ini" --rank 2
-wait_log "$TMP/server0.log" "worker\[2\] replaced in place" 60 || { show_logs; die "local: worker 2 was not replaced"; }
-all_exit_0 local "${WPIDS[0]}" "${WPIDS[1]}" "$DPID"
-echo "local: worker 2 killed after worker 0 logged step $at; $(grep -o -m1 "redoing from step [0-9]*" "$TMP/worker0.log")" \
-  "($(grep -o -m1 "workers stood at steps [0-9.]*" "$TMP/server0.log"))"
+setsid "$SRC/deploy/local/launch.sh" -c "$TMP/local.ini" -b "$BUILD" --max-restarts 1 >"$TMP/local.out" 2>&1 &
+LP=$!
+wait_log "$TMP/local/logs/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/local.out"; die "local: worker 0 did not reach step $at"; }
+victim=$(pgrep -f -- "pfcps-worker --config $TMP/local.ini --rank 2" | head -1)
+[ -n "$victim" ] || die "local: worker 2's pid not found"
+kill -KILL "$victim"
+s=0; wait "$LP" || s=$?
+LP=
+expect_eq "local: launch.sh exits 0" "$s" 0
+expect_grep "local: it starts the killed worker 2 again alone" \
+  "worker 2 exited with status 137 .*restart 1/1 of worker 2 alone, with the same command line: it replaces itself in place" \
+  "$TMP/local.out"
+expect_grep "local: worker 2 was replaced in place" "worker\[2\] replaced in place" "$TMP/local/logs/server0.log"
+echo "local: worker 2 killed after worker 0 logged step $at; $(grep -o -m1 "redoing from step [0-9]*" "$TMP/local/logs/worker0.log")" \
+  "($(grep -o -m1 "workers stood at steps [0-9.]*" "$TMP/local/logs/server0.log"))"
 expect_grep "local: the servers rolled back" "rolled back to step [0-9]+ at epoch [0-9]+: [0-9]+ rows restored" \
-  "$TMP/server1.log"
-if grep -q "re-form" "$TMP/server0.log"; then fail "local: the run fell back to the re-form"; else ok "local: no re-form"; fi
+  "$TMP/local/logs/server1.log"
+if grep -q "falling back to the checkpoint re-form\|the run is broken" "$TMP/local/logs/server0.log"; then
+  fail "local: the run fell back to the re-form"
+else
+  ok "local: no re-form"
+fi
 cmp -s "$TMP/ref_local/model.ckpt" "$TMP/local/model.ckpt" && ok "local: model.ckpt equals the uninterrupted run's" ||
   fail "local: model.ckpt differs from the uninterrupted run's"
 expect_eq "local: final checkpoint (table and backbone SHA-256)" "$(ckpt_final_line "$TMP/local")" "$REF"
