@@ -54,11 +54,23 @@ HOOKS_WORKER=$BUILD/worker/pfcps-worker-test-hooks
 export OMP_NUM_THREADS=1 PFCPS_SECRET=replace-secret
 pack_orl 10
 
-# write_cfg NAME REPLICAS: $TMP/NAME.ini (5 epochs, 2 servers + 3 workers, keep 2, 40 classes at 0.25, dense
-# updates, a log line every step).
+# write_cfg NAME REPLICAS [LINE...]: $TMP/NAME.ini (5 epochs, 2 servers + 3 workers, keep 2, 40 classes at
+# 0.25, dense updates, a log line every step, ctl_timeout 10), then each LINE.
 write_cfg() {
-  ckpt_ini "$1" 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = $2" \
-    "ctl_timeout = 10"
+  local name=$1 rep=$2; shift 2
+  ckpt_ini "$name" 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = $rep" \
+    "ctl_timeout = 10" "$@"
+}
+
+# reference NAME WHAT [LINE...]: the uninterrupted replicas = 0 run $TMP/NAME (write_cfg with each LINE) under
+# the launcher; REF is its final checkpoint line, which must be complete at step 20.
+reference() {
+  local name=$1 what=$2; shift 2
+  write_cfg "$name" 0 "$@"
+  ckpt_launch "$name"
+  REF=$(ckpt_final_line "$TMP/$name")
+  expect_grep "$what: 20 steps, final checkpoint complete" "^step 20: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - \
+    <<<"$REF"
 }
 
 # all_exit_0 NAME WORKER_PIDS...: waits for those workers, then for every server (at most 60 s each after the
@@ -77,10 +89,7 @@ all_exit_0() {
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
 if has kill || has launcher; then
-write_cfg ref 0
-ckpt_launch ref
-REF=$(ckpt_final_line "$TMP/ref")
-expect_grep "reference: 20 steps, final checkpoint complete" "^step 20: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
+  reference ref reference
 fi
 
 # --- kill: worker 0 killed and started again by hand -----------------------------------------------------------
@@ -218,15 +227,9 @@ fi
 
 # --- acc: gradient_acc = 2, worker 1 killed and started again by hand ---------------------------------------------
 if has acc; then
-ckpt_ini ref_acc 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 0" \
-  "ctl_timeout = 10" "gradient_acc = 2"
-ckpt_launch ref_acc
-REF=$(ckpt_final_line "$TMP/ref_acc")
-expect_grep "acc: reference (gradient_acc = 2): 20 steps, final checkpoint complete" \
-  "^step 20: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
+reference ref_acc "acc: reference (gradient_acc = 2)" "gradient_acc = 2"
 at=$((5 + 2 * (RANDOM % 5))) # odd: the kill lands inside a window (steps at - 1, at), mostly
-ckpt_ini acc 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" \
-  "ctl_timeout = 10" "gradient_acc = 2"
+write_cfg acc 1 "gradient_acc = 2"
 rm -f "$TMP"/*.log
 start_cluster "$TMP/acc.ini" 2 3
 wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "acc: worker 0 did not reach step $at"; }
@@ -250,17 +253,11 @@ cmp -s "$TMP/ref_acc/model.ckpt" "$TMP/acc/model.ckpt" && ok "acc: model.ckpt eq
 expect_eq "acc: final checkpoint (table and backbone SHA-256)" "$(ckpt_final_line "$TMP/acc")" "$REF"
 fi
 
-# --- local: head_mode = local, worker 2 killed and started again by hand ------------------------------------------
+# --- local: head_mode = local, worker 2 killed under launch.sh --max-restarts 1 ---------------------------------------
 if has local; then
-ckpt_ini ref_local 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 0" \
-  "ctl_timeout = 10" "head_mode = local"
-ckpt_launch ref_local
-REF=$(ckpt_final_line "$TMP/ref_local")
-expect_grep "local: reference (head_mode = local): 20 steps, final checkpoint complete" \
-  "^step 20: table [0-9a-f]{64}  backbone [0-9a-f]{64}$" - <<<"$REF"
+reference ref_local "local: reference (head_mode = local)" "head_mode = local"
 at=$((4 + RANDOM % 11))
-ckpt_ini local 5 2 3 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" \
-  "ctl_timeout = 10" "head_mode = local"
+write_cfg local 1 "head_mode = local"
 setsid "$SRC/deploy/local/launch.sh" -c "$TMP/local.ini" -b "$BUILD" --max-restarts 1 >"$TMP/local.out" 2>&1 &
 LP=$!
 wait_log "$TMP/local/logs/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/local.out"; die "local: worker 0 did not reach step $at"; }
