@@ -62,7 +62,8 @@ typedef struct ctl_book {
                               loads worker `donor`'s state of step resume_step (docs/architecture.md, "Worker
                               replacement in place"); 0: a member of the run as it forms */
     int donor;
-    int nlost; /* a replacing worker: the servers failed over and not rejoined, lost[0..nlost) */
+    int nlost; /* a replacing worker or a rejoining server: the servers failed over and not rejoined (but
+                  itself), lost[0..nlost) */
     int *lost;
 } ctl_book;
 

@@ -659,8 +659,9 @@ static void reply_base(const ctl_rendezvous *rv, Pfcps__JoinReply *r, Pfcps__Mem
 
 /* Sends c, which joined the formed run without a seat, its join reply: the book (extra listed in its server
  * seat when it holds none: a learner), the run's config and token nonce, its run id, resume step `step` (why:
- * `reason`), the current epoch as rejoin_epoch and `donor` (a worker's replacement). Returns 0, or -1 after
- * refusing c (out of memory). */
+ * `reason`), the current epoch as rejoin_epoch, `donor` (a worker's replacement) and the servers failed over
+ * and not rejoined, c's own rank excepted (lost_servers: it was told of no failover before). Returns 0, or -1
+ * after refusing c (out of memory). */
 static int send_late_reply(ctl_rendezvous *rv, conn *c, const conn *extra, int64_t step, const char *reason,
                            int donor)
 {
@@ -682,20 +683,18 @@ static int send_late_reply(ctl_rendezvous *rv, conn *c, const conn *extra, int64
     r.run_id.len = sizeof rv->run_id;
     r.rejoin_epoch = rv->epoch;
     r.donor = donor;
-    int32_t *lost = NULL;
-    if (c->role == CTL_ROLE_WORKER) { /* a replacement: the servers failed over and not rejoined */
-        lost = calloc((size_t)rv->num_servers, sizeof *lost);
-        if (!lost) {
-            free(mem);
-            free(ptr);
-            conn_refuse(rv, c, EIO, "out of memory building the join reply");
-            return -1;
-        }
-        for (int s = 0; s < rv->num_servers; s++)
-            if (rv->srv_lost[s])
-                lost[r.n_lost_servers++] = s;
-        r.lost_servers = lost;
+    /* The servers failed over and not rejoined (a learner: but itself), of which c was told nothing. */
+    int32_t *lost = calloc((size_t)rv->num_servers, sizeof *lost);
+    if (!lost) {
+        free(mem);
+        free(ptr);
+        conn_refuse(rv, c, EIO, "out of memory building the join reply");
+        return -1;
     }
+    for (int s = 0; s < rv->num_servers; s++)
+        if (rv->srv_lost[s] && !(c->role == CTL_ROLE_SERVER && s == c->rank))
+            lost[r.n_lost_servers++] = s;
+    r.lost_servers = lost;
     Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
     m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
     m.join_reply = &r;

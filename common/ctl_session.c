@@ -893,6 +893,11 @@ int ctl_session_survive_rendezvous_loss(ctl_session *s, const uint8_t *config_di
         s->srv_lost = calloc((size_t)S, 1);
         if (!s->srv_lost)
             return pf_err(-ENOMEM, "out of memory");
+        /* A member that joined the running run late (a worker's replacement, a rejoining server) was not told
+         * of the failovers before it: its join reply lists the servers failed over and not rejoined. */
+        for (int i = 0; i < s->book.nlost; i++)
+            if (s->book.lost[i] >= 0 && s->book.lost[i] < S)
+                s->srv_lost[s->book.lost[i]] = 1;
     }
     /* A server that rejoined holds the rejoin's epoch until the next notice. */
     if (s->fo_epoch == 0 && s->book.rejoin_epoch > 0)

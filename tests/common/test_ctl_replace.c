@@ -26,6 +26,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define SECRET "replace-test-secret"
@@ -289,10 +291,9 @@ static void case_off(void)
 /* 2 servers + 2 workers: server 1 lost first (failed over), then worker 1: no replacement (the replacement's
  * book would lack server 1's copies): the re-form; and worker 1 lost first, then server 1 during its
  * replacement: the re-form, naming both. */
-/* Four members (2 servers, 2 workers) joined to a fresh rendezvous with 2 servers. */
-static ctl_rendezvous *start_four(member m[4])
+/* Four members (2 servers, 2 workers) joined to the rendezvous on `port`. */
+static void join_four(member m[4])
 {
-    ctl_rendezvous *rv = start_n(2, 1, 8);
     const member init[4] = {{.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10},
                             {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10},
                             {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10},
@@ -306,6 +307,13 @@ static ctl_rendezvous *start_four(member m[4])
         if (m[i].rc < 0)
             DIE("member %d did not join: %s", i, pf_errmsg());
     }
+}
+
+/* join_four to a fresh rendezvous with 2 servers in this process. */
+static ctl_rendezvous *start_four(member m[4])
+{
+    ctl_rendezvous *rv = start_n(2, 1, 8);
+    join_four(m);
     return rv;
 }
 
@@ -323,7 +331,7 @@ static void expect_notice(ctl_session *s, int kind, int rank, uint32_t epoch, in
 
 /* The rest of a replacement of worker 1 with server 1 failed over (m[0]: server 0, m[2]: worker 0, r: the
  * replacement joining): server 0 is told to roll back at epoch `rb`, says so; worker 0 gets the redo, says
- * its state is ready; the replacement's join returns with server 1 listed as lost. */
+ * its state is ready; the replacement's join returns with server 1 listed as lost (its session left open). */
 static void finish_without_server1(const char *name, member m[4], member *r, uint32_t rb, int64_t step)
 {
     int64_t st = -1;
@@ -342,7 +350,6 @@ static void finish_without_server1(const char *name, member m[4], member *r, uin
               "%zu bytes",
               name, b->rejoin_epoch, (long long)b->resume_step, b->nlost, b->nlost ? b->lost[0] : -1,
               b->servers[1].addr_len);
-        ctl_session_close(r->s);
     }
 }
 
@@ -352,7 +359,10 @@ static void finish_without_server1(const char *name, member m[4], member *r, uin
  * (epoch 1), server 0 and worker 0 report and the replacement joins, then server 1 is lost before its report:
  * it is failed over (epoch 2) and the decision is taken without its report (epoch 3). (c) The same with
  * server 1 lost after the decision, before it rolled back: the redo goes out once server 0 rolled back. (d)
- * Worker 1 lost, then worker 0: the re-form, naming the second loss. */
+ * Worker 1 lost, then worker 0: the re-form, naming the second loss. (e) (a) with the rendezvous in a child
+ * process, killed once the replacement is seated (server 0's process gone): the replacement, told of server
+ * 1's failover only in its join reply, concludes like worker 0 that shard 0 has no copy left (the re-form),
+ * not that the run goes on. */
 static void case_server_lost(void)
 {
     member m[4];
@@ -371,9 +381,69 @@ static void case_server_lost(void)
     member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 10};
     pthread_create(&r.th, NULL, join_main, &r);
     finish_without_server1("server_lost (a)", m, &r, 3, 6);
+    if (r.rc == 0)
+        ctl_session_close(r.s);
     ctl_session_close(m[0].s);
     ctl_session_close(m[2].s);
     ctl_rendezvous_stop(rv);
+
+    /* (e) (a) with the rendezvous in a child process, killed once the replacement is seated. */
+    int up[2];
+    if (pipe(up) < 0)
+        DIE("pipe");
+    pid_t child = fork();
+    if (child < 0)
+        DIE("fork");
+    if (child == 0) {
+        close(up[0]);
+        start_n(2, 1, 8);
+        if (write(up[1], &port, sizeof port) != (ssize_t)sizeof port)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(up[1]);
+    if (read(up[0], &port, sizeof port) != (ssize_t)sizeof port)
+        DIE("the rendezvous' process did not start");
+    close(up[0]);
+    join_four(m);
+    /* As the daemons do at their start, before any notice (the notices after it keep its lost set). */
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, NULL) == 0, "survive");
+    ctl_session_close(m[1].s);
+    m[1].s = NULL;
+    expect_notice(m[2].s, CTL_FO_LOST, 1, 1, NULL, "server_lost (e): server 1 failed over");
+    expect_notice(m[0].s, CTL_FO_LOST, 1, 1, NULL, "server_lost (e): server 1 failed over");
+    ctl_session_close(m[3].s);
+    m[3].s = NULL;
+    expect_notice(m[0].s, CTL_FO_WORKER_LOST, 1, 2, NULL, "server_lost (e): worker 1 lost");
+    expect_notice(m[2].s, CTL_FO_WORKER_LOST, 1, 2, NULL, "server_lost (e): worker 1 lost");
+    CHECK(ctl_session_report(m[0].s, CTL_FO_WORKER_REPORT, 0, 2, 6, NULL, 0) == 0, "report");
+    CHECK(ctl_session_report(m[2].s, CTL_FO_WORKER_REPORT, 0, 2, 6, "fab-w0-new", 10) == 0, "report");
+    r = (member){.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 10};
+    pthread_create(&r.th, NULL, join_main, &r);
+    finish_without_server1("server_lost (e)", m, &r, 3, 6);
+    if (r.rc == 0) {
+        /* at the replacement's start, as pfcps-worker does */
+        CHECK(ctl_session_survive_rendezvous_loss(r.s, NULL) == 0, "survive");
+        kill(child, SIGKILL); /* server 0's process gone */
+        waitpid(child, NULL, 0);
+        child = 0;
+        const char *who[2] = {"worker 0", "the replacement"};
+        ctl_session *ss[2] = {m[2].s, r.s};
+        for (int i = 0; i < 2; i++) {
+            int w = ctl_session_wait_shutdown(ss[i], 5.0);
+            check(w < 0 && w != -ETIMEDOUT && strstr(pf_errmsg(), "both copies of shard 0"),
+                  "server_lost (e): server 0 lost after the replacement: %s concludes the re-form (%d: %s)",
+                  who[i], w, w < 0 ? pf_errmsg() : "a failover");
+        }
+        ctl_session_close(r.s);
+    }
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+    }
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[2].s);
 
     /* (b) and (c) */
     for (int after_decision = 0; after_decision < 2; after_decision++) {
@@ -415,6 +485,8 @@ static void case_server_lost(void)
         } else {
             expect_notice(m[2].s, CTL_FO_LOST, 1, 2, NULL, name);
             finish_without_server1(name, m, &r, rb, 5);
+            if (r.rc == 0)
+                ctl_session_close(r.s);
         }
         ctl_session_close(m[0].s);
         ctl_session_close(m[2].s);
