@@ -207,6 +207,13 @@ int ctl_session_survive_rendezvous_loss(ctl_session *s, const uint8_t *config_di
  * is left that could hand this member's role to another, so a server's lease holds). Safe from any thread. */
 int ctl_session_orphaned(const ctl_session *s);
 
+/* 1 while this member counts server `r` as failed over and not rejoined (the Failover notices it got, its
+ * join reply's lost servers, and server 0 from the close of its control connection on: then until server 0
+ * rejoins, a restarted rendezvous decides what the run's lost one did). 0 otherwise, also for a session that
+ * does not survive the rendezvous' loss (ctl_session_survive_rendezvous_loss not called) or r out of range.
+ * Safe from any thread (a notice being taken may be seen a moment late). */
+int ctl_session_server_lost(const ctl_session *s, int r);
+
 /* Says this member leaves the run in order (its work is done, or it stops on request), so that its
  * disconnect is not reported as a loss. A member that disconnects without it after the run formed (a
  * crash, kill -9) is reported to every other member: their ctl_session_wait_shutdown returns -ENOLINK

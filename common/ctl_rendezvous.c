@@ -132,6 +132,7 @@ struct ctl_rendezvous {
     double last_pass;  /* pf_now_s() of the previous service pass (a long gap: the process was stopped) */
     int adopting;      /* 1: a member resumed a running run here (handle_resume) and the others are coming;
                           2: every member but server 0 resumed: the run is adopted (formed) */
+    double adopt_last; /* pf_now_s() of the newest Resume while adopting */
     int metrics;       /* ctl_rendezvous_opts.metrics: the series below are registered, /targets served */
     pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms, *m_epoch, *m_single;
 };
@@ -378,6 +379,7 @@ static int try_failover(ctl_rendezvous *rv, const conn *c)
 static void rejoin_aborted(ctl_rendezvous *rv, conn *c);
 static void replace_fallback(ctl_rendezvous *rv, const char *why);
 static int try_replace(ctl_rendezvous *rv, const conn *c);
+static int start_replace(ctl_rendezvous *rv, int rank, const char *peer, const conn *except);
 static void replace_progress(ctl_rendezvous *rv);
 
 /* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
@@ -838,19 +840,29 @@ static void replace_fallback(ctl_rendezvous *rv, const char *why)
  * replacement began, 0 when the loss must re-form the run. */
 static int try_replace(ctl_rendezvous *rv, const conn *c)
 {
-    if (!rv->replace || c->role != CTL_ROLE_WORKER || rv->shutdown_sent || atomic_load(&rv->workers_left) > 0)
+    if (c->role != CTL_ROLE_WORKER)
+        return 0;
+    return start_replace(rv, c->rank, c->peer, c);
+}
+
+/* The replacement of worker[rank] (last seen at `peer`) begins: try_replace's work for a worker that may hold
+ * no connection here (lost while no rendezvous ran, adopt_missing_worker); every joined member but `except`
+ * and a learner is told. Returns 1 when it began, 0 when the loss must re-form the run. */
+static int start_replace(ctl_rendezvous *rv, int rank, const char *peer, const conn *except)
+{
+    if (!rv->replace || rv->shutdown_sent || atomic_load(&rv->workers_left) > 0)
         return 0;
     if (rv->learner) {
         log_error("control plane: worker[%d] lost while server[%d] rejoins: falling back to the checkpoint "
                   "re-form",
-                  c->rank, rv->learner->rank);
+                  rank, rv->learner->rank);
         return 0;
     }
     const int S = rv->num_servers, W = rv->num_workers;
     /* Servers failed over and not rejoined take no part: the survivors retired their copies at each
      * failover, and the replacement's join reply lists them (lost_servers) so that it retires them too. */
-    rv->wr_rank = c->rank;
-    snprintf(rv->wr_peer, sizeof rv->wr_peer, "%s", c->peer);
+    rv->wr_rank = rank;
+    snprintf(rv->wr_peer, sizeof rv->wr_peer, "%s", peer);
     rv->wr_phase = WR_REPORTS;
     rv->wr_t0 = pf_now_s();
     rv->wr_umin = rv->wr_pmin = INT64_MAX;
@@ -865,12 +877,12 @@ static int try_replace(ctl_rendezvous *rv, const conn *c)
     snprintf(text, sizeof text,
              "worker[%d] (%s) lost: the other workers stop where they stand and wait up to %.0f s for its "
              "replacement (its supervisor restarts it), then redo the step it was lost in; epoch %u",
-             c->rank, c->peer, rv->timeout_s, rv->epoch);
+             rank, peer, rv->timeout_s, rv->epoch);
     log_warn("control plane: %s", text);
     for (int i = 0; i < rv->nconns; i++) {
         conn *o = rv->conns[i];
-        if (o != c && o->joined && !o->learning && !o->closing && !o->dead)
-            send_wr_notice(rv, o, CTL_FO_WORKER_LOST, c->rank, 0, text, NULL, 0, NULL, 0);
+        if (o != except && o->joined && !o->learning && !o->closing && !o->dead)
+            send_wr_notice(rv, o, CTL_FO_WORKER_LOST, rank, 0, text, NULL, 0, NULL, 0);
     }
     return 1;
 }
@@ -1099,6 +1111,8 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
     else if (rv->adopting && (memcmp(r->run_id.data, rv->run_id, CKPT_RUN_ID_BYTES) != 0 ||
                               memcmp(r->run_nonce.data, rv->run_nonce, sizeof rv->run_nonce) != 0))
         bad = "a member of another run (its run id or nonce is not the run's being adopted here)";
+    else if (role == CTL_ROLE_WORKER && r->rank == rv->wr_rank)
+        bad = "its rank was taken for lost (no resume within the silence limit) and is being replaced";
     else if (rv->roster.seats[seat].holder)
         bad = "its rank resumed already";
     if (bad) {
@@ -1108,6 +1122,78 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
         return 0;
     }
     return 1;
+}
+
+/* The adoption is complete: every member but server 0 resumed (missing < 0), or every member but server 0 and
+ * worker[missing], whose replacement begins at once (adopt_missing_worker). The run counts as formed at a
+ * new epoch; server 0's join is then a failed-over server's rejoin (rejoin_begin), after the replacement. */
+static void adopt_complete(ctl_rendezvous *rv, int missing)
+{
+    char hex[2 * CKPT_RUN_ID_BYTES + 1];
+    ckpt_run_id_hex(rv->run_id, hex);
+    rv->adopting = 2;
+    rv->roster.formed = 1;
+    rv->epoch++;
+    metrics_set(rv->m_epoch, rv->epoch);
+    metrics_set(rv->m_members, rv->roster.held);
+    count_single(rv);
+    if (missing < 0) {
+        log_warn("control plane: adopted the running run %s: every member but server 0 resumed; epoch %u; "
+                 "server 0 rejoins as a learner (it copies its shards at a checkpoint the workers take)",
+                 hex, rv->epoch);
+        return;
+    }
+    log_warn("control plane: adopted the running run %s: every member but server 0 and worker[%d] resumed; "
+             "epoch %u; worker[%d] was lost while no rendezvous ran (with server 0, or since): it is replaced "
+             "in place, then server 0 rejoins as a learner",
+             hex, missing, rv->epoch, missing);
+    if (!start_replace(rv, missing, "lost while no rendezvous ran", NULL)) {
+        metrics_add(rv->m_reforms, 1);
+        queue_member_lost(rv, NULL, CTL_ROLE_WORKER, missing, "lost while no rendezvous ran",
+                          "did not resume and cannot be replaced in place: the run re-forms from the newest "
+                          "complete checkpoint");
+    }
+}
+
+/* replace_workers, while adopting: the worker rank whose seat alone is empty besides server 0's (a worker
+ * lost together with server 0, one machine holding both, or while no rendezvous ran), or -1 (another seat is
+ * empty too, or worker replacement is off). */
+static int adopt_missing_worker(const ctl_rendezvous *rv)
+{
+    if (!rv->replace || rv->adopting != 1 || rv->roster.seats[0].holder ||
+        rv->roster.held != rv->num_servers + rv->num_workers - 2)
+        return -1;
+    for (int w = 0; w < rv->num_workers; w++) {
+        int seat = ctl_roster_seat(&rv->roster, CTL_ROLE_WORKER, w);
+        if (seat >= 0 && !rv->roster.seats[seat].holder)
+            return w;
+    }
+    return -1;
+}
+
+/* While adopting: a join of worker rank d whose seat alone is empty besides server 0's is d's replacement (the
+ * process its supervisor started again; a member of the run resumes, it does not join), so the adoption
+ * completes without d and d's replacement begins with this join in it. Returns 1 when c was taken, 0 when it
+ * is to retry. */
+static int adopt_replacement_join(ctl_rendezvous *rv, conn *c, ctl_role role, const Pfcps__Join *j)
+{
+    int d = adopt_missing_worker(rv);
+    if (d < 0 || role != CTL_ROLE_WORKER || j->rank != d)
+        return 0;
+    adopt_complete(rv, d);
+    return rv->wr_rank == d && replace_join(rv, c, j);
+}
+
+/* While adopting, once a pass: a worker whose seat alone is empty besides server 0's and which did not resume
+ * within the silence limit of the newest Resume (an orphaned member tries every 0.25 s) was lost: the adoption
+ * completes without it and its replacement begins, waiting up to ctl_timeout for the restarted process. */
+static void adopt_expire(ctl_rendezvous *rv, double now)
+{
+    if (rv->adopting != 1 || now - rv->adopt_last <= ctl_member_silence_s(rv->timeout_s))
+        return;
+    int d = adopt_missing_worker(rv);
+    if (d >= 0)
+        adopt_complete(rv, d);
 }
 
 /* replicas = 1: a member of a running run whose rendezvous was lost with server 0 reconnects to this one, a
@@ -1168,17 +1254,9 @@ static void handle_resume(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r)
     const int all = rv->num_servers + rv->num_workers;
     log_info("control plane: %s[%d] resumed from %s at epoch %u (%d/%d; server 0 rejoins)", ctl_role_name((int)role),
              r->rank, c->peer, r->epoch, held, all - 1);
-    if (held == all - 1 && !rv->roster.seats[0].holder) {
-        rv->adopting = 2;
-        rv->roster.formed = 1;
-        rv->epoch++;
-        metrics_set(rv->m_epoch, rv->epoch);
-        metrics_set(rv->m_members, rv->roster.held);
-        count_single(rv);
-        log_warn("control plane: adopted the running run %s: every member but server 0 resumed; epoch %u; "
-                 "server 0 rejoins as a learner (it copies its shards at a checkpoint the workers take)",
-                 hex, rv->epoch);
-    }
+    rv->adopt_last = pf_now_s();
+    if (held == all - 1 && !rv->roster.seats[0].holder)
+        adopt_complete(rv, -1);
 }
 
 /* A join message: authenticated (join_authentic), then admitted or refused by the forming policy
@@ -1190,8 +1268,9 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         return;
     ctl_role role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
     if (rv->adopting == 1) {
-        conn_refuse(rv, c, EAGAIN,
-                    "this rendezvous is adopting a running run: waiting for its members to resume it");
+        if (!adopt_replacement_join(rv, c, role, j))
+            conn_refuse(rv, c, EAGAIN,
+                        "this rendezvous is adopting a running run: waiting for its members to resume it");
         return;
     }
     if (role == CTL_ROLE_SERVER && j->rank >= 0 && j->rank < rv->num_servers && rv->srv_lost[j->rank]) {
@@ -1631,6 +1710,7 @@ static void serve_ready(ctl_rendezvous *rv, const struct pollfd *pfd, int nc, do
 /* Refuses the connections whose read deadline passed, and sends what this pass queued. */
 static void expire_and_flush(ctl_rendezvous *rv, double now)
 {
+    adopt_expire(rv, now);
     if (rv->wr_rank >= 0 && now - rv->wr_t0 > rv->timeout_s) {
         char why[160];
         snprintf(why, sizeof why, "%s within ctl_timeout (%.0f s)",

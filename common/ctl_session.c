@@ -545,9 +545,9 @@ static void take_failover(ctl_session *s, const Pfcps__Failover *f)
     const int S = s->book.num_servers;
     if (s->srv_lost && f->server >= 0 && f->server < S) {
         if (f->kind == CTL_FO_LOST)
-            s->srv_lost[f->server] = 1;
+            __atomic_store_n(&s->srv_lost[f->server], 1, __ATOMIC_RELAXED);
         else if (f->kind == CTL_FO_REJOINED)
-            s->srv_lost[f->server] = 0;
+            __atomic_store_n(&s->srv_lost[f->server], 0, __ATOMIC_RELAXED);
     }
     /* A worker's replacement under way counts as a rejoin: server 0's loss meanwhile re-forms the run. */
     if (f->kind == CTL_FO_REJOIN_BEGIN || f->kind == CTL_FO_WORKER_LOST)
@@ -621,7 +621,7 @@ static int rendezvous_lost(ctl_session *s, int rc)
     close(s->fd);
     s->fd = -1;
     pthread_mutex_unlock(&s->send_mu);
-    s->srv_lost[0] = 1;
+    __atomic_store_n(&s->srv_lost[0], 1, __ATOMIC_RELAXED);
     s->fo_epoch++;
     s->fo_server = 0;
     s->fo_kind = CTL_FO_LOST;
@@ -909,6 +909,13 @@ int ctl_session_survive_rendezvous_loss(ctl_session *s, const uint8_t *config_di
 int ctl_session_orphaned(const ctl_session *s)
 {
     return atomic_load(&((ctl_session *)s)->orphan);
+}
+
+int ctl_session_server_lost(const ctl_session *s, int r)
+{
+    if (!s || !s->srv_lost || r < 0 || r >= s->book.num_servers)
+        return 0;
+    return __atomic_load_n(&s->srv_lost[r], __ATOMIC_RELAXED) != 0;
 }
 
 int ctl_session_leave(ctl_session *s)

@@ -431,6 +431,13 @@ static int train_watched(worker_daemon *d)
     fab_set_interrupt(NULL);
     if (rc_train < 0) {
         log_error("%s", pf_errmsg());
+        if (!watch.broken && d->run.replicas && ctl_session_server_lost(d->sess, 0)) {
+            log_error("training failed while server 0 and its rendezvous are lost (no restarted rendezvous said a "
+                      "member was lost and replaced): exiting %d so that the run can re-form from its newest "
+                      "complete checkpoint",
+                      DAEMON_EXIT_REFORM);
+            return DAEMON_EXIT_REFORM;
+        }
         if (watch.broken) {
             log_error("a member of the run was lost: exiting %d so that the run can re-form from its newest "
                       "complete checkpoint (restart every member with resume = true)",

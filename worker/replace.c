@@ -63,9 +63,18 @@ int train_replace_await(trainer *t, uint32_t after)
 {
     if (!t->wr_on)
         return 0;
-    const double t0 = pf_now_s();
-    if (wait_notice(t, &t->wr_lost_epoch, after,
-                    ctl_member_silence_s(t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30) + 2) < 0)
+    const double t0 = pf_now_s(), tmo = t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30;
+    double limit = ctl_member_silence_s(tmo) + 2;
+    if (t->opts.sess && ctl_session_server_lost(t->opts.sess, 0)) {
+        /* The rendezvous is lost with server 0 (or a restarted one has not seen server 0 rejoin): a worker lost
+         * now is told once server 0 is started again and its rendezvous finds the worker missing among those
+         * that resume (the silence limit after the last of them): wait for that, up to 2 x ctl_timeout. */
+        limit = 2 * tmo;
+        log_warn("this worker's step failed (%s) while the rendezvous is lost with server 0: waiting up to %.0f s "
+                 "for a restarted rendezvous to say whether a worker was lost",
+                 pf_errmsg(), limit);
+    }
+    if (wait_notice(t, &t->wr_lost_epoch, after, limit) < 0)
         return 0;
     log_info("a worker-lost notice came %.3f s after this worker's step failed", pf_now_s() - t0);
     return 1;

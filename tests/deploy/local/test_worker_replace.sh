@@ -16,6 +16,12 @@
 #             done (unless the run ended first): every member exits 0, the rendezvous names the failover, the
 #             replacement and no re-form, and model.ckpt and the final checkpoint (`pfcps ckpt-info` table and
 #             worker 0's backbone SHA-256) equal the reference's;
+#   server0:  kill -9 of server 0 (the rendezvous' host) and worker 1 together, once worker 0 logged a random
+#             step in 4..14 (one machine holding both died), then both started again by hand (server 0 first):
+#             the members take the close as server 0's failover, resume at the restarted rendezvous, which finds
+#             worker 1 alone missing besides server 0 and takes its new process' join as its replacement; every
+#             worker redoes the decided step, server 0 then rejoins (unless the run ended first); every member
+#             exits 0, no re-form, and the run ends with the reference's bits;
 #   launcher: under deploy/local/launch.sh --max-restarts 2: kill -9 of worker 2 at a random step in 4..8,
 #             which launch.sh starts again alone (its state is then loaded from worker 0 and the ring rebuilt
 #             around the last rank); 5 steps later worker 1 stopped (SIGSTOP) past the silence limit
@@ -44,8 +50,8 @@
 #             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
 #             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
 #             exits 0: the servers leave the run before they wait for their shards, so none is reported lost).
-# A sixth argument names the cases (default "kill launcher timeout second slow_end").
-CASES=${6:-kill launcher timeout second slow_end}
+# A sixth argument names the cases (default "kill server0 launcher timeout second slow_end").
+CASES=${6:-kill server0 launcher timeout second slow_end}
 set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 # The training loop's failure hook PFCPS_TEST_STEP_FAILS_AT (worker/train.c) exists only in the tests' build.
@@ -88,7 +94,7 @@ all_exit_0() {
 
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
-if has kill || has launcher; then
+if has kill || has server0 || has launcher; then
   reference ref reference
 fi
 
@@ -142,6 +148,43 @@ expect_grep "kill: server 1 was failed over" "failover: server\[1\] .* lost: sha
 expect_grep "kill: worker 1, whose step failed before the notice, waited for it" \
   "a worker-lost notice came [0-9.]+ s after this worker's step failed" "$TMP/worker1.log"
 ckpt_check_same kill
+fi
+
+# --- server0: server 0 and worker 1 killed together, both started again by hand --------------------------------
+if has server0; then
+at=$((4 + RANDOM % 11))
+write_cfg server0 1
+rm -f "$TMP"/*.log
+start_cluster "$TMP/server0.ini" 2 3
+wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "server0: worker 0 did not reach step $at"; }
+kill -KILL "${SPIDS[0]}" "${WPIDS[1]}"
+t0=$(date +%s.%N)
+start_daemon "$TMP/server0-again.log" "$SERVER" --config "$TMP/server0.ini" --rank 0
+SPIDS[0]=$DPID
+start_daemon "$TMP/worker1-again.log" "$WORKER" --config "$TMP/server0.ini" --rank 1
+W1=$DPID
+wait_log "$TMP/server0-again.log" "worker\[1\] replaced in place" 60 ||
+  { show_logs; tail -30 "$TMP/server0-again.log" "$TMP/worker1-again.log"; die "server0: worker 1 was not replaced"; }
+echo "server0: server 0 and worker 1 killed after worker 0 logged step $at; worker 1 replaced" \
+  "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') s after the kill (both restarts included);" \
+  "$(grep -o -m1 "redoing from step [0-9]*" "$TMP/worker0.log")"
+all_exit_0 server0 "${WPIDS[0]}" "${WPIDS[2]}" "$W1"
+expect_grep "server0: the restarted rendezvous adopted the run without worker 1" \
+  "adopted the running run [0-9a-f]+: every member but server 0 and worker\[1\] resumed" "$TMP/server0-again.log"
+expect_grep "server0: worker 0 took the close for server 0's failover" "failover \(epoch [0-9]+\): server\[0\] lost" \
+  "$TMP/worker0.log"
+expect_grep "server0: the servers undid the redo step's pushes" \
+  "rolled back \(epoch [0-9]+\): every push of step [0-9]+ and later undone on both copies" "$TMP/server1.log"
+expect_grep "server0: the replacement retired server 0's copies from its start" \
+  "servers failed over and not rejoined: 1 of 2" "$TMP/worker1-again.log"
+if grep -q "falling back to the checkpoint re-form\|the run is broken" "$TMP/server0-again.log" "$TMP/server1.log"; then
+  fail "server0: the run fell back to the re-form"
+else
+  ok "server0: no re-form"
+fi
+grep -m1 "rejoined\|rejoin aborted" "$TMP/server0-again.log" | sed "s/^/info: server 0 started again: /" ||
+  echo "info: server 0 started again: did not rejoin before the run ended"
+ckpt_check_same server0
 fi
 
 # --- launcher: launch.sh --max-restarts starts the lost worker again (killed; then another one stopped) -------
