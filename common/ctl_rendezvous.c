@@ -133,6 +133,8 @@ struct ctl_rendezvous {
     int adopting;      /* 1: a member resumed a running run here (handle_resume) and the others are coming;
                           2: every member but server 0 resumed: the run is adopted (formed) */
     double adopt_last; /* pf_now_s() of the newest Resume while adopting */
+    conn *adopt_cand;  /* while adopting: a worker's join held as the replacement of a rank not resumed, or
+                          NULL */
     int metrics;       /* ctl_rendezvous_opts.metrics: the series below are registered, /targets served */
     pf_metric *m_members, *m_expected, *m_joins, *m_lost, *m_reforms, *m_epoch, *m_single;
 };
@@ -396,6 +398,8 @@ static void release_seat(ctl_rendezvous *rv, conn *c)
     if (c->replacing) {
         c->joined = 0;
         c->replacing = 0;
+        if (rv->adopt_cand == c)
+            rv->adopt_cand = NULL;
         if (rv->wr_repl == c) {
             rv->wr_repl = NULL;
             replace_fallback(rv, "its replacement was lost too");
@@ -1129,6 +1133,16 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
  * new epoch; server 0's join is then a failed-over server's rejoin (rejoin_begin), after the replacement. */
 static void adopt_complete(ctl_rendezvous *rv, int missing)
 {
+    conn *cand = rv->adopt_cand;
+    rv->adopt_cand = NULL;
+    if (cand && cand->rank != missing) {
+        /* its rank resumed: the old process lives on */
+        cand->replacing = 0;
+        cand->joined = 0;
+        conn_refuse(rv, cand, EEXIST,
+                    "this worker rank resumed the running run: a second process is not needed");
+        cand = NULL;
+    }
     char hex[2 * CKPT_RUN_ID_BYTES + 1];
     ckpt_run_id_hex(rv->run_id, hex);
     rv->adopting = 2;
@@ -1147,11 +1161,20 @@ static void adopt_complete(ctl_rendezvous *rv, int missing)
              "epoch %u; worker[%d] was lost while no rendezvous ran (with server 0, or since): it is replaced "
              "in place, then server 0 rejoins as a learner",
              hex, missing, rv->epoch, missing);
-    if (!start_replace(rv, missing, "lost while no rendezvous ran", NULL)) {
+    if (!start_replace(rv, missing, "lost while no rendezvous ran", cand)) {
         metrics_add(rv->m_reforms, 1);
         queue_member_lost(rv, NULL, CTL_ROLE_WORKER, missing, "lost while no rendezvous ran",
                           "did not resume and cannot be replaced in place: the run re-forms from the newest "
                           "complete checkpoint");
+        return;
+    }
+    if (cand) {
+        rv->wr_repl = cand;
+        log_warn(
+            "control plane: worker[%d]'s replacement (joined from %s while the run was being adopted) takes "
+            "part",
+            missing, cand->peer);
+        replace_decide(rv);
     }
 }
 
@@ -1171,17 +1194,57 @@ static int adopt_missing_worker(const ctl_rendezvous *rv)
     return -1;
 }
 
-/* While adopting: a join of worker rank d whose seat alone is empty besides server 0's is d's replacement (the
- * process its supervisor started again; a member of the run resumes, it does not join), so the adoption
- * completes without d and d's replacement begins with this join in it. Returns 1 when c was taken, 0 when it
- * is to retry. */
-static int adopt_replacement_join(ctl_rendezvous *rv, conn *c, ctl_role role, const Pfcps__Join *j)
+/* While adopting: a join of worker rank d whose seat is empty (a member of the run resumes, so this is the
+ * process its supervisor started again) is held, without a seat, as d's replacement: once every member but
+ * server 0 and d resumed (adopt_progress) the adoption completes without d and d's replacement begins with
+ * it; should d resume instead, it is refused (EEXIST). Returns 1 when c was held, 0 when it is to retry. */
+static int adopt_hold_join(ctl_rendezvous *rv, conn *c, ctl_role role, const Pfcps__Join *j)
+{
+    int seat = role == CTL_ROLE_WORKER ? ctl_roster_seat(&rv->roster, role, j->rank) : -1;
+    if (!rv->replace || seat < 0 || rv->roster.seats[seat].holder || rv->adopt_cand)
+        return 0;
+    join_unseated(c, CTL_ROLE_WORKER, j);
+    c->replacing = 1; /* told nothing until it is seated: its join reply carries what it needs */
+    rv->adopt_cand = c;
+    log_warn(
+        "control plane: worker[%d] joined from %s while the running run is adopted here and has not resumed "
+        "it: held as its replacement (unless it resumes)",
+        j->rank, c->peer);
+    return 1;
+}
+
+/* The first Resume: worker c joined here for a new run before it (a restarted worker whose join came before
+ * the members' Resumes) gives its seat back and is held as its rank's replacement, as adopt_hold_join holds a
+ * later join. Returns 1 when held, 0 when c is to be asked to join again. */
+static int adopt_hold_joined(ctl_rendezvous *rv, conn *c)
+{
+    if (!rv->replace || c->role != CTL_ROLE_WORKER || c->seat < 0 || c->learning || c->replacing ||
+        rv->adopt_cand)
+        return 0;
+    if (rv->metrics) {
+        metrics_remove(c->info);
+        c->info = NULL;
+        targets_set(c->seat, c->role, c->rank, NULL);
+    }
+    ctl_roster_release(&rv->roster, c->seat, c, 0, 0);
+    atomic_fetch_sub(&rv->joined, 1);
+    c->seat = -1;
+    c->replacing = 1;
+    rv->adopt_cand = c;
+    log_warn("control plane: worker[%d] (%s) joined before the running run was resumed here: held as its "
+             "replacement (unless it resumes)",
+             c->rank, c->peer);
+    return 1;
+}
+
+/* While adopting, after a Resume or a held join: every member but server 0 and worker d resumed and d's
+ * replacement is held: the adoption completes without d and d is replaced now (no wait for the silence
+ * limit). */
+static void adopt_progress(ctl_rendezvous *rv)
 {
     int d = adopt_missing_worker(rv);
-    if (d < 0 || role != CTL_ROLE_WORKER || j->rank != d)
-        return 0;
-    adopt_complete(rv, d);
-    return rv->wr_rank == d && replace_join(rv, c, j);
+    if (d >= 0 && rv->adopt_cand && rv->adopt_cand->rank == d)
+        adopt_complete(rv, d);
 }
 
 /* While adopting, once a pass: a worker whose seat alone is empty besides server 0's and which did not resume
@@ -1220,7 +1283,7 @@ static void handle_resume(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r)
                  ctl_role_name((int)role), r->rank, c->peer, hex);
         for (int i = 0; i < rv->nconns; i++) {
             conn *o = rv->conns[i];
-            if (o != c && o->joined && !o->closing && !o->dead)
+            if (o != c && o->joined && !o->closing && !o->dead && !adopt_hold_joined(rv, o))
                 conn_refuse(rv, o, EAGAIN,
                             "this rendezvous adopts a running run (a member resumed it): join again once it has");
         }
@@ -1257,6 +1320,8 @@ static void handle_resume(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r)
     rv->adopt_last = pf_now_s();
     if (held == all - 1 && !rv->roster.seats[0].holder)
         adopt_complete(rv, -1);
+    else
+        adopt_progress(rv);
 }
 
 /* A join message: authenticated (join_authentic), then admitted or refused by the forming policy
@@ -1268,7 +1333,9 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         return;
     ctl_role role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
     if (rv->adopting == 1) {
-        if (!adopt_replacement_join(rv, c, role, j))
+        if (adopt_hold_join(rv, c, role, j))
+            adopt_progress(rv);
+        else
             conn_refuse(rv, c, EAGAIN,
                         "this rendezvous is adopting a running run: waiting for its members to resume it");
         return;

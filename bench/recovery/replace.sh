@@ -16,7 +16,10 @@
 # --with-server: each kill also takes a random server other than 0 (one kill: the machine holding both died);
 # both are started again at once, the server after the worker: the server is failed over, the worker replaced
 # in place, and the server rejoins after the replacement (or stops with the run, exiting 0, if it ended first).
-# usage: bench/recovery/replace.sh [-b BUILD] [--victim N] [--classes N] [--acc K] [--with-server]
+# --with-server0: the same with server 0, the rendezvous' host: the members take the close as server 0's
+# failover, resume at its restarted rendezvous, which adopts the run without the worker and replaces it in
+# place; server 0 then rejoins.
+# usage: bench/recovery/replace.sh [-b BUILD] [--victim N] [--classes N] [--acc K] [--with-server | --with-server0]
 #                                  [ROUNDS [SERVERS [WORKERS]]]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,11 +33,14 @@ ACC=1
 [ "${1:-}" = --acc ] && { ACC=$2; shift 2; }
 WITH_SERVER=0
 [ "${1:-}" = --with-server ] && { WITH_SERVER=1; shift; }
+[ "${1:-}" = --with-server0 ] && { WITH_SERVER=0; SERVER0=1; shift; }
+SERVER0=${SERVER0:-0}
 ROUNDS=${1:-5}
 SERVERS=${2:-2}
 WORKERS=${3:-3}
 [ "$WITH_SERVER" = 1 ] && [ "$SERVERS" -lt 2 ] && { echo "replace.sh: --with-server needs 2 servers or more" >&2; exit 2; }
-PFCPS=$BUILD/tools/pfcps
+PFCPS=$BUILD/tools/pfcps # used by common.sh (final)
+export PFCPS
 export OMP_NUM_THREADS=1 PFCPS_SECRET=replace-secret
 TMP=$(mktemp -d)
 # PFCPS_KEEP_TMP=1 keeps the scratch folder (logs of every round) for a look after a failed round.
@@ -90,6 +96,7 @@ for ((k = 1; k <= ROUNDS; k++)); do
   sleep "$delay"
   sv=
   [ "$WITH_SERVER" = 1 ] && sv=$((1 + RANDOM % (SERVERS - 1)))
+  [ "$SERVER0" = 1 ] && sv=0
   t_kill=$(date -u +%s.%N)
   kill -KILL "${wp[$victim]}" ${sv:+"${pids[$sv]}"}
   wait "${wp[$victim]}" 2>/dev/null
@@ -107,10 +114,12 @@ for ((k = 1; k <= ROUNDS; k++)); do
   # then logs the steps).
   w0=$TMP/$name.w0.log wr=$TMP/$name.w0.log
   [ "$victim" = 0 ] && { w0=$TMP/$name.w0.again.log; wr=$TMP/$name.w1.log; }
-  t_rep=$(first_after "$TMP/$name.s0.log" "worker\[$victim\] replaced in place" "$t_kill")
+  rvlog=$TMP/$name.s0.log # the rendezvous' log: server 0's (its restarted process' when it was killed)
+  [ "$sv" = 0 ] && rvlog=$TMP/$name.s0.again.log
+  t_rep=$(first_after "$rvlog" "worker\[$victim\] replaced in place" "$t_kill")
   t_redo=$(first_after "$wr" "redoing from step" "$t_kill")
   t_step=$([ -n "$t_redo" ] && first_after "$w0" "Global Step: " "$t_redo")
-  decision=$(sed -n 's/.*every worker redoes \(step [0-9]* (workers stood at steps [0-9.]*, the servers held [0-9]* of its pushes)\).*/\1/p' "$TMP/$name.s0.log" | head -1)
+  decision=$(sed -n 's/.*every worker redoes \(step [0-9]* (workers stood at steps [0-9.]*, the servers held [0-9]* of its pushes)\).*/\1/p' "$rvlog" | head -1)
   got=$(final "$TMP/$name")
   ok=no
   [ "$rc" -eq 0 ] && [ "$got" = "$REF" ] && cmp -s "$TMP/ref/model.ckpt" "$TMP/$name/model.ckpt" && ok=yes
@@ -126,7 +135,7 @@ for ((k = 1; k <= ROUNDS; k++)); do
   echo "round $k: kill -9 of worker $victim of $WORKERS${sv:+ and server $sv of $SERVERS} ${delay} s after step $at:" \
     "${decision:-no decision}; replaced after $d_rep s, next step completed after $d_step s$rejoined; exit $rc;" \
     "identical: $ok"
-  [ -n "${PFCPS_KEEP_TMP:-}" ] || rm -rf "$TMP/$name"
+  [ -n "${PFCPS_KEEP_TMP:-}" ] || rm -rf "${TMP:?}/$name"
 done
 [ "$n_t" -gt 0 ] || n_t=1
 echo "summary: $pass/$ROUNDS rounds identical to the uninterrupted run; mean kill -> replaced in place" \

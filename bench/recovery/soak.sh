@@ -7,8 +7,8 @@
 # With --replicas 1 every shard also has a hot-standby copy (config key replicas): a killed server, server 0
 # included (every member then fails it over itself: docs/architecture.md, "Server 0 and the rendezvous"), fails
 # over to the backups and is started again by the launcher, which it rejoins (server 0 through a new
-# rendezvous that adopts the run); a killed worker re-forms the run as without replicas; the reference stays
-# an uninterrupted replicas = 0 run.
+# rendezvous that adopts the run); a killed worker, started again alone by the launcher, is replaced in place
+# (the others redo the step it was lost in); the reference stays an uninterrupted replicas = 0 run.
 # Prints one line per round and a summary: rounds passed, restarts, the step resumed from, the time from the
 # kill to the next step worker 0 completes (its log line's time; after a re-form, the first step of the
 # restarted run) and the steps computed again (the last step
@@ -68,14 +68,21 @@ for ((k = 1; k <= ROUNDS; k++)); do
   t_step=$(first_after "$w0" "Global Step: " "${t_from:-$t_kill}")
   d_step=$(python3 -c "print(f'{${t_step:-0} - $t_kill:.2f}')")
   at=$(last_step_before "$w0" "$t_kill")
+  # a worker replaced in place: the survivors redo from step R (0-based), so the steps done past R run again
+  redo=$(grep -ho "redoing from step [0-9]*" "$TMP/$name/logs/"worker*.log 2>/dev/null | head -1 | awk '{print $4}')
+  how=re-form
+  [ -n "$redo" ] && { how="replaced in place"; from=; }
+  grep -q "failover (epoch" "$w0" && [ -z "$redo" ] && ! grep -q "from checkpoint step" "$TMP/$name.out" && how=failover
   again=$(( n > 0 ? at - ${from:-$at} : 0 ))
+  [ -n "$redo" ] && again=$(( at > redo ? at - redo : 0 ))
   got=$(final "$TMP/$name")
   ok=no
   [ "$rc" -eq 0 ] && [ "$got" = "$REF" ] && cmp -s "$TMP/ref/model.ckpt" "$TMP/$name/model.ckpt" && ok=yes
   [ $ok = yes ] && pass=$((pass + 1))
   restarts=$((restarts + n))
-  echo "round $k: kill -9 of ${v%% *} rank ${v##* } ${pid:+(pid $pid)} after step $at: exit $rc, $n restart(s)" \
-    "${from:+from step $from }($again step(s) again), next step completed after $d_step s, $t s, identical: $ok"
+  echo "round $k: kill -9 of ${v%% *} rank ${v##* } ${pid:+(pid $pid)} after step $at: exit $rc, $how, $n restart(s)" \
+    "${from:+from step $from }${redo:+redo from step $redo }($again step(s) again), next step completed after $d_step s," \
+    "$t s, identical: $ok"
   t_sum=$(python3 -c "print($t_sum + $t)")
   sum_step=$(python3 -c "print($sum_step + $d_step)"); sum_again=$((sum_again + again))
   rm -rf "$TMP/$name"

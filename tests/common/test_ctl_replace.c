@@ -16,7 +16,9 @@
  * (EAGAIN), then taken; off:      replace_workers = 0: the loss is told at once as a re-form (-ENOLINK);
  *   server_lost: 2 servers: a server failed over before a worker's loss, or lost during its replacement
  *             (before or after the decision), leaves the replacement going on without it; a second worker
- * lost during a replacement re-forms the run (case_server_lost says how each is checked). */
+ * lost during a replacement re-forms the run (case_server_lost says how each is checked);
+ *   adopt:    worker 1 lost together with server 0 (the rendezvous' process): the restarted rendezvous adopts
+ *             the run without it and replaces it in place (case_adopt says how). */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -34,6 +36,7 @@
 #define MAXF   65536
 
 static int port;
+static int g_port_at; /* the port start_n binds (0: a free one) */
 static int g_acc; /* the rendezvous' gradient_acc (0: none) */
 
 typedef struct member {
@@ -57,6 +60,7 @@ static void *join_main(void *arg)
 static ctl_rendezvous *start_n(int servers, int replace, double timeout_s)
 {
     ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
+                             .port = g_port_at,
                              .num_servers = servers,
                              .num_workers = 2,
                              .secret = SECRET,
@@ -332,25 +336,33 @@ static void expect_notice(ctl_session *s, int kind, int rank, uint32_t epoch, in
 /* The rest of a replacement of worker 1 with server 1 failed over (m[0]: server 0, m[2]: worker 0, r: the
  * replacement joining): server 0 is told to roll back at epoch `rb`, says so; worker 0 gets the redo, says
  * its state is ready; the replacement's join returns with server 1 listed as lost (its session left open). */
-static void finish_without_server1(const char *name, member m[4], member *r, uint32_t rb, int64_t step)
+static void finish_without(const char *name, ctl_session *srv, int srv_rank, ctl_session *w0, member *r,
+                           uint32_t rb, int64_t step, int lost)
 {
     int64_t st = -1;
-    expect_notice(m[0].s, CTL_FO_ROLLBACK, 1, rb, &st, name);
+    expect_notice(srv, CTL_FO_ROLLBACK, 1, rb, &st, name);
     check(st == step, "%s: roll back to step %lld (%lld)", name, (long long)step, (long long)st);
-    CHECK(ctl_session_report(m[0].s, CTL_FO_ROLLED_BACK, 0, rb, step, NULL, 0) == 0, "rolled back");
-    expect_notice(m[2].s, CTL_FO_REDO, 0, rb, &st, name);
-    CHECK(ctl_session_report(m[2].s, CTL_FO_STATE_READY, 0, rb, step, NULL, 0) == 0, "state ready");
+    CHECK(ctl_session_report(srv, CTL_FO_ROLLED_BACK, srv_rank, rb, step, NULL, 0) == 0, "rolled back");
+    expect_notice(w0, CTL_FO_REDO, 0, rb, &st, name);
+    CHECK(ctl_session_report(w0, CTL_FO_STATE_READY, 0, rb, step, NULL, 0) == 0, "state ready");
     pthread_join(r->th, NULL);
     check(r->rc == 0, "%s: the replacement's join returns (%s)", name, r->rc ? pf_errmsg() : "");
     if (r->rc == 0) {
         const ctl_book *b = ctl_session_book(r->s);
-        check(b->rejoin_epoch == rb && b->resume_step == step && b->nlost == 1 && b->lost[0] == 1 &&
-                  b->servers[1].addr_len == 0,
-              "%s: the replacement's book: epoch %u, step %lld, lost servers %d (first %d), server 1's entry "
-              "%zu bytes",
-              name, b->rejoin_epoch, (long long)b->resume_step, b->nlost, b->nlost ? b->lost[0] : -1,
-              b->servers[1].addr_len);
+        check(
+            b->rejoin_epoch == rb && b->resume_step == step && b->nlost == 1 && b->lost[0] == lost &&
+                b->servers[lost].addr_len == 0,
+            "%s: the replacement's book: epoch %u, step %lld, lost servers %d (first %d), server %d's entry "
+            "%zu bytes",
+            name, b->rejoin_epoch, (long long)b->resume_step, b->nlost, b->nlost ? b->lost[0] : -1, lost,
+            b->servers[lost].addr_len);
     }
+}
+
+/* finish_without with server 0 (m[0]) live and server 1 lost. */
+static void finish_without_server1(const char *name, member m[4], member *r, uint32_t rb, int64_t step)
+{
+    finish_without(name, m[0].s, 0, m[2].s, r, rb, step, 1);
 }
 
 /* server_lost: 2 servers. (a) Server 1 failed over (epoch 1), then worker 1 lost: its replacement goes on
@@ -509,6 +521,128 @@ static void case_server_lost(void)
     ctl_rendezvous_stop(rv);
 }
 
+/* One wait of 0.05 s on s (heartbeats go out); a notice that comes is recorded in *kind, *rank, *epoch unless
+ * one is recorded already (*kind >= 0). */
+static void poll_one(ctl_session *s, int *kind, int *rank, uint32_t *epoch)
+{
+    if (ctl_session_wait_shutdown(s, 0.05) == 2 && *kind < 0) {
+        *epoch = ctl_session_failover(s, rank, NULL);
+        *kind = ctl_session_failover_kind(s, NULL, NULL, NULL);
+    }
+}
+
+/* Polls s[0..n) in turn (poll_one; every session keeps heartbeating) for up to limit_s until each recorded a
+ * notice (kind[i] >= 0; set kind[i] = -1 first to wait for a new one). Returns the seconds until the last one
+ * came. */
+static double poll_notices(ctl_session **s, int n, double limit_s, int *kind, int *rank, uint32_t *epoch)
+{
+    const double t0 = pf_now_s();
+    for (;;) {
+        int got = 0;
+        for (int i = 0; i < n; i++)
+            got += kind[i] >= 0;
+        if (got == n || pf_now_s() - t0 >= limit_s)
+            break;
+        for (int i = 0; i < n; i++)
+            poll_one(s[i], &kind[i], &rank[i], &epoch[i]);
+    }
+    return pf_now_s() - t0;
+}
+
+/* adopt: worker 1 lost together with server 0 (the rendezvous in a child process, killed with worker 1's
+ * session closed: one machine held both). Server 1 and worker 0 take the close as server 0's failover (epoch
+ * 1) and resume at a new rendezvous on the same port (server 0 restarted; in this process). (a) The restarted
+ * worker 1's join comes once both resumed: the adoption completes at once without worker 1 (epoch 2) and its
+ * replacement begins with that join in it: both are told "worker[1] lost" at epoch 3 within 1.5 s of the join
+ * (sooner than the silence limit, 2 s); server 1 reports 6 pushes, worker 0 step 6; the rollback to step 6
+ * goes to server 1 alone, the redo to worker 0, and the replacement's book lists server 0 as lost. (b) No
+ * join comes: the adoption completes the silence limit after the last resume (2 s, not before), worker 1's
+ * replacement begins (the notice at epoch 3) and a join that comes later is taken as it, as in (a). (c) The
+ * join comes before the members resume: it is held, and the adoption completes with it as soon as the last
+ * member resumed (the notice within 1.5 s of the resumes), as in (a). */
+static void case_adopt(void)
+{
+    for (int variant = 0; variant < 3; variant++) {
+        const char *name = variant == 0 ? "adopt (a)" : variant == 1 ? "adopt (b)" : "adopt (c)";
+        int up[2];
+        if (pipe(up) < 0)
+            DIE("pipe");
+        g_port_at = 0;
+        pid_t child = fork();
+        if (child < 0)
+            DIE("fork");
+        if (child == 0) {
+            close(up[0]);
+            start_n(2, 1, 8);
+            if (write(up[1], &port, sizeof port) != (ssize_t)sizeof port)
+                _exit(1);
+            for (;;)
+                pause();
+        }
+        close(up[1]);
+        if (read(up[0], &port, sizeof port) != (ssize_t)sizeof port)
+            DIE("the rendezvous' process did not start");
+        close(up[0]);
+        member m[4];
+        join_four(m);
+        static const uint8_t digest[32];
+        CHECK(ctl_session_survive_rendezvous_loss(m[1].s, digest) == 0, "survive");
+        CHECK(ctl_session_survive_rendezvous_loss(m[2].s, digest) == 0, "survive");
+        kill(child, SIGKILL);
+        ctl_session_close(m[3].s); /* worker 1, on the same machine */
+        m[3].s = NULL;
+        waitpid(child, NULL, 0);
+        ctl_session_close(m[0].s);
+        m[0].s = NULL;
+        ctl_session *ss[2] = {m[1].s, m[2].s};
+        int kind[2] = {-1, -1}, rank[2];
+        uint32_t ep[2];
+        poll_notices(ss, 2, 5, kind, rank, ep);
+        for (int i = 0; i < 2; i++)
+            check(kind[i] == CTL_FO_LOST && rank[i] == 0 && ep[i] == 1 && ctl_session_orphaned(ss[i]),
+                  "%s: member %d took the close for server 0's failover (kind %d, rank %d, epoch %u)", name,
+                  i, kind[i], rank[i], ep[i]);
+        g_port_at = port;
+        ctl_rendezvous *rv = start_n(2, 1, 8);
+        g_port_at = 0;
+        member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 10};
+        if (variant == 2) {
+            pthread_create(&r.th, NULL, join_main, &r);
+            usleep(300000); /* the join is in before the members try to resume (0.25 s after the close) */
+        }
+        double t0 = pf_now_s();
+        kind[0] = kind[1] = -1; /* the next notice: worker 1's loss, which may come with the last resume */
+        while (pf_now_s() - t0 < 5 && (ctl_session_orphaned(ss[0]) || ctl_session_orphaned(ss[1])))
+            for (int i = 0; i < 2; i++)
+                poll_one(ss[i], &kind[i], &rank[i], &ep[i]);
+        check(!ctl_session_orphaned(ss[0]) && !ctl_session_orphaned(ss[1]),
+              "%s: both members resumed at the restarted rendezvous", name);
+        if (variant == 0)
+            pthread_create(&r.th, NULL, join_main, &r);
+        double waited = poll_notices(ss, 2, 6, kind, rank, ep);
+        for (int i = 0; i < 2; i++)
+            check(kind[i] == CTL_FO_WORKER_LOST && rank[i] == 1 && ep[i] == 3,
+                  "%s: member %d told worker 1 lost (kind %d, rank %d, epoch %u)", name, i, kind[i], rank[i],
+                  ep[i]);
+        if (variant != 1)
+            check(waited < 1.5, "%s: the notice came %.2f s after the %s", name, waited,
+                  variant == 0 ? "replacement's join started" : "resumes");
+        else
+            check(waited >= 1.5, "%s: the notice came %.2f s after the resumes (the silence limit: 2 s)",
+                  name, waited);
+        CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 1, 3, 6, NULL, 0) == 0, "report");
+        CHECK(ctl_session_report(m[2].s, CTL_FO_WORKER_REPORT, 0, 3, 6, "fab-w0-new", 10) == 0, "report");
+        if (variant == 1)
+            pthread_create(&r.th, NULL, join_main, &r);
+        finish_without(name, m[1].s, 1, m[2].s, &r, 4, 6, 0);
+        if (r.rc == 0)
+            ctl_session_close(r.s);
+        ctl_session_close(m[1].s);
+        ctl_session_close(m[2].s);
+        ctl_rendezvous_stop(rv);
+    }
+}
+
 int main(void)
 {
     case_happy();
@@ -518,5 +652,6 @@ int main(void)
     case_early();
     case_off();
     case_server_lost();
+    case_adopt();
     return check_summary();
 }
