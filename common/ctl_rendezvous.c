@@ -595,7 +595,8 @@ static void rejoin_begin(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
                               : "under head_mode = local (rows shared by workers need one copy step for "
                                 "all workers, which is not built; head_mode = global rejoins)");
         log_warn("control plane: refused %s: %s", c->peer, msg);
-        conn_refuse(rv, c, EEXIST, msg);
+        /* A run that ended needs nothing more of it: ECANCELED is its join's normal stop (exit 0). */
+        conn_refuse(rv, c, rv->shutdown_sent ? ECANCELED : EEXIST, msg);
         return;
     }
     if (rv->learner) {

@@ -393,9 +393,12 @@ static int accept_run_config(worker_daemon *d)
     return 0;
 }
 
+static int train_outcome(const worker_daemon *d, int broken, int rc_train);
+static void tell_servers_done(worker_daemon *d);
+
 /* Trains (worker/train.h) with the control watcher running beside. Returns 0 when the run ended or was
- * stopped on request, DAEMON_EXIT_REFORM (logged) when a member of the run was lost, 1 (logged) on a
- * training error. */
+ * stopped on request (the servers are then told this worker is done: tell_servers_done), DAEMON_EXIT_REFORM
+ * (logged) when a member of the run was lost, 1 (logged) on a training error. */
 static int train_watched(worker_daemon *d)
 {
     ctl_watch watch = {.sess = d->sess, .t = d->t, .grace_s = 10};
@@ -424,21 +427,33 @@ static int train_watched(worker_daemon *d)
     int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);
     if (rc_train == 0)
         rc_train = train_run(d->t);
+    int code = train_outcome(d, watch.broken, rc_train);
+    /* The watcher still runs while the servers are told: a server lost meanwhile is failed over (the done notice
+     * goes to its shard's other copy) and the heartbeats go on (the rendezvous would remove a silent worker). */
+    if (code == 0)
+        tell_servers_done(d);
     if (watching) {
         watch.done = 1;
         pthread_join(watcher, NULL);
     }
     fab_set_interrupt(NULL);
+    return code;
+}
+
+/* train_watched's exit code from the training's result rc_train and whether the control watcher saw the run
+ * break (`broken`); logs why when it is not 0. */
+static int train_outcome(const worker_daemon *d, int broken, int rc_train)
+{
     if (rc_train < 0) {
         log_error("%s", pf_errmsg());
-        if (!watch.broken && d->run.replicas && ctl_session_server_lost(d->sess, 0)) {
+        if (!broken && d->run.replicas && ctl_session_server_lost(d->sess, 0)) {
             log_error("training failed while server 0 and its rendezvous are lost (no restarted rendezvous said a "
                       "member was lost and replaced): exiting %d so that the run can re-form from its newest "
                       "complete checkpoint",
                       DAEMON_EXIT_REFORM);
             return DAEMON_EXIT_REFORM;
         }
-        if (watch.broken) {
+        if (broken) {
             log_error("a member of the run was lost: exiting %d so that the run can re-form from its newest "
                       "complete checkpoint (restart every member with resume = true)",
                       DAEMON_EXIT_REFORM);
@@ -446,7 +461,7 @@ static int train_watched(worker_daemon *d)
         }
         return 1;
     }
-    if (watch.broken && !daemon_signalled()) {
+    if (broken && !daemon_signalled()) {
         /* The step in progress finished (e.g. a server stopped by SIGTERM answered it first), but a member
          * is gone: the run stopped short of its end, which is a failure, not a requested stop. (When this
          * worker was itself asked to stop, as when a whole job is stopped at once, it is a requested stop.)
@@ -506,7 +521,6 @@ int main(int argc, char **argv)
     } else if (rc == 2) {
         exit_code = DAEMON_EXIT_REFORM; /* answered with a member's loss: the run re-forms */
     } else if (rc == 0 && accept_run_config(&d) == 0 && (exit_code = train_watched(&d)) == 0) {
-        tell_servers_done(&d);
         /* Done (or stopped on request) in order: say so, so that the rendezvous does not report us lost. */
         ctl_session_leave(d.sess);
     }
