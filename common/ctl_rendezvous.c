@@ -1104,6 +1104,7 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
         return 0;
     }
     const char *bad = NULL;
+    int code = seat < 0 ? ERANGE : EEXIST;
     if (!rv->replicas)
         bad = "this rendezvous runs with replicas = 0: it adopts no running run";
     else if (rv->roster.has_expect &&
@@ -1116,14 +1117,17 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
     else if (rv->adopting && (memcmp(r->run_id.data, rv->run_id, CKPT_RUN_ID_BYTES) != 0 ||
                               memcmp(r->run_nonce.data, rv->run_nonce, sizeof rv->run_nonce) != 0))
         bad = "a member of another run (its run id or nonce is not the run's being adopted here)";
-    else if (role == CTL_ROLE_WORKER && r->rank == rv->wr_rank)
+    else if (role == CTL_ROLE_WORKER && r->rank == rv->wr_rank) {
+        /* ETIMEDOUT: removed as a silent member is; the worker exits for its supervisor to start it again,
+         * and that process joins as its own replacement. */
         bad = "its rank was taken for lost (no resume within the silence limit) and is being replaced";
-    else if (rv->roster.seats[seat].holder)
+        code = ETIMEDOUT;
+    } else if (rv->roster.seats[seat].holder)
         bad = "its rank resumed already";
     if (bad) {
         snprintf(msg, sizeof msg, "resume as %s rank %d refused: %s", who, r->rank, bad);
         log_warn("control plane: %s: %s", c->peer, msg);
-        conn_refuse(rv, c, seat < 0 ? ERANGE : EEXIST, msg);
+        conn_refuse(rv, c, code, msg);
         return 0;
     }
     return 1;

@@ -785,7 +785,17 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
             if (kind == PFCPS__CTL_MESSAGE__BODY_ERROR) {
                 char why[600];
                 snprintf(why, sizeof why, "%s", m->error->message);
+                const int code = (int)m->error->code;
                 pfcps__ctl_message__free_unpacked(m, NULL);
+                if (code == ETIMEDOUT) {
+                    /* This member was taken for lost while no rendezvous ran (a worker whose replacement the
+                     * restarted rendezvous began): it is out of the run, as a silent member removed. */
+                    become_orphan(s);
+                    s->can_resume = 0;
+                    return pf_err(-ETIMEDOUT,
+                                  "the restarted rendezvous at %s:%d refused this member's resume: %s",
+                                  s->host, s->port, why);
+                }
                 resume_refused(s, why);
                 continue;
             }

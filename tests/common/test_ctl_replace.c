@@ -557,9 +557,11 @@ static double poll_notices(ctl_session **s, int n, double limit_s, int *kind, in
  * (sooner than the silence limit, 2 s); server 1 reports 6 pushes, worker 0 step 6; the rollback to step 6
  * goes to server 1 alone, the redo to worker 0, and the replacement's book lists server 0 as lost. (b) No
  * join comes: the adoption completes the silence limit after the last resume (2 s, not before), worker 1's
- * replacement begins (the notice at epoch 3) and a join that comes later is taken as it, as in (a). (c) The
- * join comes before the members resume: it is held, and the adoption completes with it as soon as the last
- * member resumed (the notice within 1.5 s of the resumes), as in (a). */
+ * replacement begins (the notice at epoch 3); worker 1's process, had it been stopped (not killed) until
+ * then, has its resume refused with ETIMEDOUT (taken for lost, as a silent member); a join that comes later
+ * is taken as the replacement, as in (a). (c) The join comes before the members resume: it is held, and the
+ * adoption completes with it as soon as the last member resumed (the notice within 1.5 s of the resumes), as
+ * in (a). */
 static void case_adopt(void)
 {
     for (int variant = 0; variant < 3; variant++) {
@@ -589,8 +591,13 @@ static void case_adopt(void)
         CHECK(ctl_session_survive_rendezvous_loss(m[1].s, digest) == 0, "survive");
         CHECK(ctl_session_survive_rendezvous_loss(m[2].s, digest) == 0, "survive");
         kill(child, SIGKILL);
-        ctl_session_close(m[3].s); /* worker 1, on the same machine */
-        m[3].s = NULL;
+        if (variant == 1) {
+            /* (b): worker 1's process lives on but is stopped (not polled) until it was taken for lost */
+            CHECK(ctl_session_survive_rendezvous_loss(m[3].s, digest) == 0, "survive");
+        } else {
+            ctl_session_close(m[3].s); /* worker 1, on the same machine */
+            m[3].s = NULL;
+        }
         waitpid(child, NULL, 0);
         ctl_session_close(m[0].s);
         m[0].s = NULL;
@@ -630,6 +637,19 @@ static void case_adopt(void)
         else
             check(waited >= 1.5, "%s: the notice came %.2f s after the resumes (the silence limit: 2 s)",
                   name, waited);
+        if (variant == 1) {
+            /* The stopped worker 1 runs again: its resume is refused as a removed member's (ETIMEDOUT), so
+             * that it exits for its supervisor to start it again. */
+            int w = 0;
+            t0 = pf_now_s();
+            while (pf_now_s() - t0 < 4 && w >= 0)
+                w = ctl_session_wait_shutdown(m[3].s, 0.2);
+            check(w == -ETIMEDOUT && strstr(pf_errmsg(), "being replaced"),
+                  "%s: the old worker 1's resume is refused as taken for lost (%d: %s)", name, w,
+                  w < 0 ? pf_errmsg() : "");
+            ctl_session_close(m[3].s);
+            m[3].s = NULL;
+        }
         CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 1, 3, 6, NULL, 0) == 0, "report");
         CHECK(ctl_session_report(m[2].s, CTL_FO_WORKER_REPORT, 0, 3, 6, "fab-w0-new", 10) == 0, "report");
         if (variant == 1)
