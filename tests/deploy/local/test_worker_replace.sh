@@ -25,10 +25,10 @@
 #   launcher: under deploy/local/launch.sh --max-restarts 2: kill -9 of worker 2 at a random step in 4..8,
 #             which launch.sh starts again alone (its state is then loaded from worker 0 and the ring rebuilt
 #             around the last rank); 5 steps later worker 1 stopped (SIGSTOP) past the silence limit
-#             (ctl_timeout 10: 2.5 s) and continued (SIGCONT) 4 s later: the rendezvous removed it, it exits 76
+#             (ctl_timeout 10: 2.5 s) and continued (SIGCONT) 3.2 s later: the rendezvous removed it, it exits 76
 #             on finding so, launch.sh starts it again alone and it replaces itself; launch.sh exits 0 with the
 #             reference's bits;
-#   timeout:  kill -9 of worker 1, not restarted: after ctl_timeout (4 s here) the rendezvous falls back to the
+#   timeout:  kill -9 of worker 1, not restarted: after ctl_timeout (3 s here) the rendezvous falls back to the
 #             checkpoint re-form, named in its log, and every member stops (nobody hangs); the rendezvous logs
 #             the members stopping for it as such, not as losses to fail over.
 #   second:   worker 2 stopped (SIGSTOP: it will not report), worker 1 killed and started again: its replacement
@@ -204,7 +204,7 @@ wait_log "$TMP/launcher/logs/worker0.log" "Global Step: $((at + 5)) " 120 ||
 victim=$(pgrep -f -- "pfcps-worker --config $TMP/launcher.ini --rank 1" | head -1)
 [ -n "$victim" ] || die "launcher: worker 1's pid not found"
 kill -STOP "$victim" # past the silence limit (2.5 s), back within ctl_timeout (10 s)
-sleep 4
+sleep 3.2
 kill -CONT "$victim"
 s=0; wait "$LP" || s=$?
 LP=
@@ -222,7 +222,7 @@ fi
 # --- timeout: no replacement comes ----------------------------------------------------------------------------------
 if has timeout; then
 write_cfg timeout 1
-echo "ctl_timeout = 4" >>"$TMP/timeout.ini" # the fallback 4 s after the loss (a later key overrides)
+echo "ctl_timeout = 3" >>"$TMP/timeout.ini" # the fallback 3 s after the loss (a later key overrides)
 rm -f "$TMP"/*.log
 start_cluster "$TMP/timeout.ini" 2 3
 wait_log "$TMP/worker0.log" "Global Step: 5 " 120 || { show_logs; die "timeout: worker 0 did not reach step 5"; }
