@@ -365,6 +365,31 @@ static void finish_without_server1(const char *name, member m[4], member *r, uin
     finish_without(name, m[0].s, 0, m[2].s, r, rb, step, 1);
 }
 
+/* A rendezvous of 2 servers + 2 workers (start_n, ctl_timeout 8) in a child process, as in server 0's process,
+ * on a free port (set in `port`). Returns the child's pid (to kill it: server 0's process lost). */
+static pid_t fork_rendezvous(void)
+{
+    int up[2];
+    if (pipe(up) < 0)
+        DIE("pipe");
+    pid_t child = fork();
+    if (child < 0)
+        DIE("fork");
+    if (child == 0) {
+        close(up[0]);
+        start_n(2, 1, 8);
+        if (write(up[1], &port, sizeof port) != (ssize_t)sizeof port)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(up[1]);
+    if (read(up[0], &port, sizeof port) != (ssize_t)sizeof port)
+        DIE("the rendezvous' process did not start");
+    close(up[0]);
+    return child;
+}
+
 /* server_lost: 2 servers. (a) Server 1 failed over (epoch 1), then worker 1 lost: its replacement goes on
  * without server 1 (epoch 2; server 0 and worker 0 report, the replacement joins, the rollback and the redo
  * at epoch 3 go to the live members only; the replacement's book lists server 1 as lost). (b) Worker 1 lost
@@ -400,24 +425,7 @@ static void case_server_lost(void)
     ctl_rendezvous_stop(rv);
 
     /* (e) (a) with the rendezvous in a child process, killed once the replacement is seated. */
-    int up[2];
-    if (pipe(up) < 0)
-        DIE("pipe");
-    pid_t child = fork();
-    if (child < 0)
-        DIE("fork");
-    if (child == 0) {
-        close(up[0]);
-        start_n(2, 1, 8);
-        if (write(up[1], &port, sizeof port) != (ssize_t)sizeof port)
-            _exit(1);
-        for (;;)
-            pause();
-    }
-    close(up[1]);
-    if (read(up[0], &port, sizeof port) != (ssize_t)sizeof port)
-        DIE("the rendezvous' process did not start");
-    close(up[0]);
+    pid_t child = fork_rendezvous();
     join_four(m);
     /* As the daemons do at their start, before any notice (the notices after it keep its lost set). */
     CHECK(ctl_session_survive_rendezvous_loss(m[2].s, NULL) == 0, "survive");
@@ -566,25 +574,8 @@ static void case_adopt(void)
 {
     for (int variant = 0; variant < 3; variant++) {
         const char *name = variant == 0 ? "adopt (a)" : variant == 1 ? "adopt (b)" : "adopt (c)";
-        int up[2];
-        if (pipe(up) < 0)
-            DIE("pipe");
         g_port_at = 0;
-        pid_t child = fork();
-        if (child < 0)
-            DIE("fork");
-        if (child == 0) {
-            close(up[0]);
-            start_n(2, 1, 8);
-            if (write(up[1], &port, sizeof port) != (ssize_t)sizeof port)
-                _exit(1);
-            for (;;)
-                pause();
-        }
-        close(up[1]);
-        if (read(up[0], &port, sizeof port) != (ssize_t)sizeof port)
-            DIE("the rendezvous' process did not start");
-        close(up[0]);
+        pid_t child = fork_rendezvous();
         member m[4];
         join_four(m);
         static const uint8_t digest[32];
