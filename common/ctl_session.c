@@ -549,11 +549,13 @@ static void take_failover(ctl_session *s, const Pfcps__Failover *f)
         else if (f->kind == CTL_FO_REJOINED)
             __atomic_store_n(&s->srv_lost[f->server], 0, __ATOMIC_RELAXED);
     }
-    /* A worker's replacement under way counts as a rejoin: server 0's loss meanwhile re-forms the run. */
-    if (f->kind == CTL_FO_REJOIN_BEGIN || f->kind == CTL_FO_WORKER_LOST)
+    /* A server's rejoin under way: server 0's loss meanwhile re-forms the run (the learner's copy needs the
+     * rendezvous). A worker's replacement under way does not count: server 0's loss then is its failover as
+     * at any other time, and the restarted rendezvous, finding the worker missing, begins its replacement
+     * again (docs/architecture.md, "A worker lost with server 0"). */
+    if (f->kind == CTL_FO_REJOIN_BEGIN)
         s->rejoin_pending = 1;
-    else if (f->kind == CTL_FO_REJOINED || f->kind == CTL_FO_REJOIN_ABORTED || f->kind == CTL_FO_REDO ||
-             f->kind == CTL_FO_ROLLBACK)
+    else if (f->kind == CTL_FO_REJOINED || f->kind == CTL_FO_REJOIN_ABORTED)
         s->rejoin_pending = 0;
     /* The book follows the replacement: a redo lists every worker's entry (new collectives endpoints), a
      * rollback the replacement's. */

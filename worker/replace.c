@@ -47,16 +47,55 @@ static int wait_notice(const trainer *t, _Atomic uint32_t *epoch, uint32_t after
     return 0;
 }
 
-/* Waits for a redo notice newer than `after` (wait_notice; a stop means the rendezvous said the replacement
- * failed and the run re-forms). Returns 0 or -ETIMEDOUT / -ECANCELED with a message. */
-static int wait_redo(trainer *t, uint32_t after, double limit_s)
+/* Reports this worker's first unfinished step and its new ring endpoint for the worker-lost notice of
+ * `epoch`. A rendezvous lost with server 0 (-ENOTCONN) is no failure: its restarted one begins the
+ * replacement again with a new notice, reported then. Returns 0 or the send's negative code. */
+static int report_step(trainer *t, uint32_t epoch, int64_t step, const uint8_t *addr, size_t alen)
 {
-    int rc = wait_notice(t, &t->wr_redo_epoch, after, limit_s);
-    if (rc == -ECANCELED)
-        return pf_err(rc, "worker replacement: the run stopped while waiting for the redo");
-    if (rc == -ETIMEDOUT)
-        return pf_err(rc, "worker replacement: no redo from the rendezvous within %.0f s", limit_s);
-    return 0;
+    int rc = ctl_session_report(t->opts.sess, CTL_FO_WORKER_REPORT, t->rank, epoch, step, addr, alen);
+    if (rc == -ENOTCONN) {
+        log_warn(
+            "worker replacement: the rendezvous is lost with server 0 before this worker's report: waiting "
+            "for a restarted one to begin the replacement again");
+        return 0;
+    }
+    return rc;
+}
+
+/* Waits for a redo notice newer than the worker-lost notice reported (*reported), up to limit_s after the
+ * newest report. A newer worker-lost notice (a restarted rendezvous that begins the replacement again, its
+ * predecessor lost with server 0 before the redo) is reported in turn (report_step, the same step and
+ * endpoint) and the wait goes on. A stop means the rendezvous said the replacement failed and the run
+ * re-forms. Returns 0 or -ETIMEDOUT / -ECANCELED / the report's code, with a message. */
+static int wait_redo(trainer *t, uint32_t *reported, uint32_t seen_redo, int64_t step, const uint8_t *addr,
+                     size_t alen, double limit_s)
+{
+    double t0 = pf_now_s();
+    for (;;) {
+        const uint32_t after = seen_redo > *reported ? seen_redo : *reported;
+        if (atomic_load(&t->wr_redo_epoch) > after)
+            return 0;
+        const uint32_t lost = atomic_load(&t->wr_lost_epoch);
+        if (lost > *reported) {
+            log_warn("worker replacement: worker %d lost (epoch %u) again told by a restarted rendezvous: "
+                     "reporting "
+                     "step %lld again",
+                     t->wr_lost, lost, (long long)step);
+            *reported = lost;
+            int rc = report_step(t, lost, step, addr, alen);
+            if (rc < 0)
+                return rc;
+            t0 = pf_now_s();
+            continue;
+        }
+        if (t->opts.stop_flag && *t->opts.stop_flag)
+            return pf_err(-ECANCELED, "worker replacement: the run stopped while waiting for the redo");
+        if (pf_now_s() - t0 > limit_s)
+            return pf_err(-ETIMEDOUT, "worker replacement: no redo from the rendezvous within %.0f s",
+                          limit_s);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 int train_replace_await(trainer *t, uint32_t after)
@@ -123,7 +162,8 @@ static int write_for_replacement(trainer *t, int64_t step, uint32_t epoch, doubl
     return ctl_session_report(t->opts.sess, CTL_FO_STATE_READY, t->rank, epoch, step, NULL, 0);
 }
 
-int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, int loss_n, int64_t *redo)
+int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, int loss_n, int64_t *redo,
+                  uint32_t *handled)
 {
     const uint32_t lost_epoch = atomic_load(&t->wr_lost_epoch);
     const uint32_t seen_redo = atomic_load(&t->wr_redo_epoch);
@@ -138,12 +178,21 @@ int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, 
     uint8_t addr[CTL_MAX_ADDR];
     size_t alen = sizeof addr;
     int rc = train_net_ring_reopen(&t->net, t->local.provider, addr, &alen);
+    uint32_t reported = lost_epoch;
     if (rc == 0)
-        rc = ctl_session_report(t->opts.sess, CTL_FO_WORKER_REPORT, t->rank, lost_epoch, step, addr, alen);
+        rc = report_step(t, lost_epoch, step, addr, alen);
     if (rc == 0)
-        rc = wait_redo(t, seen_redo > lost_epoch ? seen_redo : lost_epoch, 2 * tmo);
+        rc = wait_redo(t, &reported, seen_redo, step, addr, alen, 2 * tmo);
     if (rc < 0)
         return rc;
+    *handled = reported;
+    /* A notice told again while waiting raised the fabric interrupt once more: cleared, unless a newer loss
+     * (after the redo) came meanwhile, whose interrupt stays raised. */
+    if (t->opts.interrupt) {
+        __atomic_store_n(t->opts.interrupt, 0, __ATOMIC_RELEASE);
+        if (atomic_load(&t->wr_lost_epoch) > reported)
+            __atomic_store_n(t->opts.interrupt, 1, __ATOMIC_RELEASE);
+    }
     const uint32_t epoch = atomic_load(&t->wr_redo_epoch);
     const int64_t R = t->wr_redo_step;
     if ((rc = train_rewind(t, R)) < 0)

@@ -888,7 +888,7 @@ int train_run(trainer *t)
         /* A worker was lost: redo from the step the rendezvous decides, with its replacement. */
         replaced = atomic_load(&t->wr_lost_epoch);
         int64_t redo = 0;
-        if ((rc = train_replace(t, step, p.first_loss, p.loss_sum, p.loss_n, &redo)) < 0)
+        if ((rc = train_replace(t, step, p.first_loss, p.loss_sum, p.loss_n, &redo, &replaced)) < 0)
             break;
         step = redo;
     }

@@ -149,9 +149,12 @@ int train_write_state(trainer *t, const char *root, int64_t step, double first_l
  * by train_run when a step failed while a worker-lost notice is pending. Reopens the collectives endpoint,
  * reports this worker's first unfinished step `step` and its new book entry, waits for the redo, restores the
  * state of the redo step, connects the new ring and, as the donor, writes its state for the replacement.
- * first_loss, loss_sum, loss_n: the log's, for the donor's state. Returns 0 with *redo = the step to go on
- * from, or a negative code (the run then re-forms from its checkpoint). */
-int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, int loss_n, int64_t *redo);
+ * first_loss, loss_sum, loss_n: the log's, for the donor's state. A restarted rendezvous (the previous one
+ * lost with server 0 before the redo) that tells the loss again is reported to again. Returns 0 with *redo =
+ * the step to go on from and *handled = the newest worker-lost epoch this redo answers, or a negative code
+ * (the run then re-forms from its checkpoint). */
+int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, int loss_n, int64_t *redo,
+                  uint32_t *handled);
 
 /* A step failed in a run that replaces lost workers and no worker-lost notice newer than epoch `after` has
  * come: a lost worker's peers on the ring can see its connections close before the rendezvous' notice

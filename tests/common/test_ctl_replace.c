@@ -18,7 +18,9 @@
  *             (before or after the decision), leaves the replacement going on without it; a second worker
  * lost during a replacement re-forms the run (case_server_lost says how each is checked);
  *   adopt:    worker 1 lost together with server 0 (the rendezvous' process): the restarted rendezvous adopts
- *             the run without it and replaces it in place (case_adopt says how). */
+ *             the run without it and replaces it in place (case_adopt says how);
+ *   adopt_mid: server 0 lost during worker 1's replacement: the restarted rendezvous begins it again
+ *             (case_adopt_mid). */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -654,6 +656,73 @@ static void case_adopt(void)
     }
 }
 
+/* adopt_mid: worker 1 lost first, then server 0 (the rendezvous' process) in the middle of worker 1's
+ * replacement: server 1 and worker 0 were told "worker[1] lost" (epoch 1) and reported (6 pushes; step 6) and
+ * the replacement joined, waiting for its seat. The close of the rendezvous is server 0's failover for both
+ * (epoch 2), not the re-form: a replacement under way needs nothing of the lost rendezvous. At the restarted
+ * one both resume, the replacement's join (retried after the close) is held, the adoption completes without
+ * worker 1 (epoch 3) and its replacement begins again: "worker[1] lost" at epoch 4, reported again, the
+ * rollback to step 6 (epoch 5) to server 1 alone, the redo to worker 0, and the replacement's book lists
+ * server 0 as lost. */
+static void case_adopt_mid(void)
+{
+    const char *name = "adopt_mid";
+    g_port_at = 0;
+    pid_t child = fork_rendezvous();
+    member m[4];
+    join_four(m);
+    static const uint8_t digest[32];
+    CHECK(ctl_session_survive_rendezvous_loss(m[1].s, digest) == 0, "survive");
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, digest) == 0, "survive");
+    ctl_session_close(m[3].s); /* worker 1 lost */
+    m[3].s = NULL;
+    expect_notice(m[1].s, CTL_FO_WORKER_LOST, 1, 1, NULL, "adopt_mid: server 1 told worker 1's loss");
+    expect_notice(m[2].s, CTL_FO_WORKER_LOST, 1, 1, NULL, "adopt_mid: worker 0 told worker 1's loss");
+    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 1, 1, 6, NULL, 0) == 0, "report");
+    CHECK(ctl_session_report(m[2].s, CTL_FO_WORKER_REPORT, 0, 1, 6, "fab-w0-new", 10) == 0, "report");
+    member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 10};
+    pthread_create(&r.th, NULL, join_main, &r);
+    usleep(200000); /* the replacement's join is in; server 0 (with server 1's report) holds the decision */
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    ctl_session_close(m[0].s);
+    m[0].s = NULL;
+    ctl_session *ss[2] = {m[1].s, m[2].s};
+    int kind[2] = {-1, -1}, rank[2];
+    uint32_t ep[2];
+    poll_notices(ss, 2, 5, kind, rank, ep);
+    for (int i = 0; i < 2; i++)
+        check(
+            kind[i] == CTL_FO_LOST && rank[i] == 0 && ep[i] == 2 && ctl_session_orphaned(ss[i]),
+            "%s: member %d took the close for server 0's failover during the replacement (kind %d, rank %d, "
+            "epoch %u)",
+            name, i, kind[i], rank[i], ep[i]);
+    g_port_at = port;
+    ctl_rendezvous *rv = start_n(2, 1, 8);
+    g_port_at = 0;
+    double t0 = pf_now_s();
+    kind[0] = kind[1] = -1;
+    while (pf_now_s() - t0 < 5 && (ctl_session_orphaned(ss[0]) || ctl_session_orphaned(ss[1])))
+        for (int i = 0; i < 2; i++)
+            poll_one(ss[i], &kind[i], &rank[i], &ep[i]);
+    double waited = poll_notices(ss, 2, 6, kind, rank, ep);
+    for (int i = 0; i < 2; i++)
+        check(
+            kind[i] == CTL_FO_WORKER_LOST && rank[i] == 1 && ep[i] == 4,
+            "%s: member %d told worker 1 lost again by the restarted rendezvous (kind %d, rank %d, epoch %u)",
+            name, i, kind[i], rank[i], ep[i]);
+    check(waited < 1.5, "%s: the notice came %.2f s after the resumes (the replacement's join held)", name,
+          waited);
+    CHECK(ctl_session_report(m[1].s, CTL_FO_WORKER_REPORT, 1, 4, 6, NULL, 0) == 0, "report");
+    CHECK(ctl_session_report(m[2].s, CTL_FO_WORKER_REPORT, 0, 4, 6, "fab-w0-new", 10) == 0, "report");
+    finish_without(name, m[1].s, 1, m[2].s, &r, 5, 6, 0);
+    if (r.rc == 0)
+        ctl_session_close(r.s);
+    ctl_session_close(m[1].s);
+    ctl_session_close(m[2].s);
+    ctl_rendezvous_stop(rv);
+}
+
 int main(void)
 {
     case_happy();
@@ -664,5 +733,6 @@ int main(void)
     case_off();
     case_server_lost();
     case_adopt();
+    case_adopt_mid();
     return check_summary();
 }

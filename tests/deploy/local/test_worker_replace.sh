@@ -21,7 +21,9 @@
 #             the members take the close as server 0's failover, resume at the restarted rendezvous, which finds
 #             worker 1 alone missing besides server 0 and takes its new process' join as its replacement; every
 #             worker redoes the decided step, server 0 then rejoins (unless the run ended first); every member
-#             exits 0, no re-form, and the run ends with the reference's bits;
+#             exits 0, no re-form, and the run ends with the reference's bits. In half the runs at random
+#             (S0_ORDER=1 always, 0 never) worker 1 is killed first and server 0 0.2 s after the rendezvous
+#             began its replacement: the restarted rendezvous begins it again and the survivors report again;
 #   launcher: under deploy/local/launch.sh --max-restarts 2: kill -9 of worker 2 at a random step in 4..8,
 #             which launch.sh starts again alone (its state is then loaded from worker 0 and the ring rebuilt
 #             around the last rank); 5 steps later worker 1 stopped (SIGSTOP) past the silence limit
@@ -157,7 +159,18 @@ write_cfg server0 1
 rm -f "$TMP"/*.log
 start_cluster "$TMP/server0.ini" 2 3
 wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "server0: worker 0 did not reach step $at"; }
-kill -KILL "${SPIDS[0]}" "${WPIDS[1]}"
+if [ "${S0_ORDER:-$((RANDOM % 2))}" = 1 ]; then
+  # worker 1 first: the rendezvous begins its replacement, then server 0 is lost in the middle of it
+  order="worker 1, then server 0 0.2 s later (inside the replacement)"
+  kill -KILL "${WPIDS[1]}"
+  wait_log "$TMP/server0.log" "worker\[1\] .* lost: the other workers stop" 30 ||
+    { show_logs; die "server0: the rendezvous did not take worker 1's loss for a replacement"; }
+  sleep 0.2
+  kill -KILL "${SPIDS[0]}"
+else
+  order="server 0 and worker 1 in one kill"
+  kill -KILL "${SPIDS[0]}" "${WPIDS[1]}"
+fi
 t0=$(date +%s.%N)
 start_daemon "$TMP/server0-again.log" "$SERVER" --config "$TMP/server0.ini" --rank 0
 SPIDS[0]=$DPID
@@ -165,7 +178,7 @@ start_daemon "$TMP/worker1-again.log" "$WORKER" --config "$TMP/server0.ini" --ra
 W1=$DPID
 wait_log "$TMP/server0-again.log" "worker\[1\] replaced in place" 60 ||
   { show_logs; tail -30 "$TMP/server0-again.log" "$TMP/worker1-again.log"; die "server0: worker 1 was not replaced"; }
-echo "server0: server 0 and worker 1 killed after worker 0 logged step $at; worker 1 replaced" \
+echo "server0: $order, killed after worker 0 logged step $at; worker 1 replaced" \
   "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') s after the kill (both restarts included);" \
   "$(grep -o -m1 "redoing from step [0-9]*" "$TMP/worker0.log")"
 all_exit_0 server0 "${WPIDS[0]}" "${WPIDS[2]}" "$W1"
