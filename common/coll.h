@@ -116,7 +116,9 @@ typedef struct fab_ctx fab_ctx;
 
 typedef struct coll_fabric_opts {
     size_t chunk_bytes; /* payload bytes per message, default 1 MiB (0 = default) */
-    double timeout_s;   /* wait for one message at most this long, default 60 s (0 = default) */
+    double timeout_s;   /* wait for one message at most this long, default 60 s (0 = default); also the
+                           endpoint's post bound (fab_set_timeout): a send that cannot go out for this long
+                           fails with -ECOMM */
 } coll_fabric_opts;
 
 /* Creates this rank's handle of a ring over `f`, an endpoint opened with fab_open and dedicated to the

@@ -368,6 +368,9 @@ int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *
     r->f = f;
     r->chunk = opts && opts->chunk_bytes ? opts->chunk_bytes : DEFAULT_CHUNK;
     r->timeout_s = opts && opts->timeout_s > 0 ? opts->timeout_s : DEFAULT_TIMEOUT;
+    /* A send that cannot go out (the right neighbour's endpoint closed: its process died) gives up after the
+     * same bound as a receive, not the endpoint's default post bound. */
+    fab_set_timeout(f, r->timeout_s);
     r->left = mod(rank - 1, world_size);
     out->ops = &fabric_ops;
     out->rank = rank;

@@ -1,7 +1,7 @@
 /* Ring collectives over libfabric (tcp;ofi_rxm on 127.0.0.1), W = 2 and 3 processes: allreduce sum
  * and max (several chunks), reduce_scatter, allgather, broadcast, barrier, against values computed by
  * formula in each process; a count mismatch (W=3) and a hostile 7-byte message (W=2) give -EPROTO
- * naming the sender on the rank that receives them.
+ * naming the sender on the rank that receives them; the ring's timeout is also its endpoint's post bound.
  * The parent forks the ranks, passes the endpoint names through pipes, and kills every child on every
  * exit path (timeout 60 s). Exits 77 when the tcp provider is not available. */
 #include <math.h>
@@ -136,6 +136,9 @@ static int child(mp_rank *mr, void *arg)
     coll_destroy(&c);
     coll_fabric_opts o2 = {.chunk_bytes = 4096, .timeout_s = 2};
     CHECK(coll_fabric_create(f, rank, W, addrs, lens, &o2, &c) == 0, "second ring: %s", pf_errmsg());
+    /* A send to a right neighbour whose endpoint is gone gives up after the ring's bound too, not after the
+     * endpoint's default post bound (FAB_DEFAULT_TIMEOUT_S, 120 s). */
+    CHECK(fab_timeout(f) == 2.0, "the endpoint's post bound is %.1f s, not the ring's 2 s", fab_timeout(f));
     float m[6] = {1, 1, 1, 1, 1, 1};
     if (W == 3) {
         rc = coll_allreduce(&c, m, rank == 0 ? 5 : 6, COLL_F32, COLL_SUM);
