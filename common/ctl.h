@@ -80,6 +80,13 @@ int ctl_rendezvous_joined(const ctl_rendezvous *rv);
  * request): the run is over and server 0 can shut it down. */
 int ctl_rendezvous_workers_done(const ctl_rendezvous *rv);
 
+/* replicas = 1: 0 while this rendezvous runs no adopted run (a run of its own, or none yet); 1 while it
+ * adopts or adopted a running run (its members resumed it here: docs/architecture.md, "Server 0 and the
+ * rendezvous") that neither re-forms nor shuts down, so that its host's own join, refused (EAGAIN) while the
+ * members are busy (a worker's replacement) or waiting for its copy step, is worth trying again; 2 once such
+ * a run was told to re-form (its host then exits for the re-form too). Safe from any thread. */
+int ctl_rendezvous_adopting(const ctl_rendezvous *rv);
+
 /* Tells every joined member that the member (role, rank) living in this process (server 0, which runs the
  * rendezvous) failed, with `why` (its error message, truncated to 511 bytes): their ctl_session_wait_shutdown
  * returns -ENOLINK with "server[0] (the rendezvous' host) failed: <why>". Sent by the service thread, before

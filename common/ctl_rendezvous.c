@@ -133,6 +133,7 @@ struct ctl_rendezvous {
     int adopting;      /* 1: a member resumed a running run here (handle_resume) and the others are coming;
                           2: every member but server 0 resumed: the run is adopted (formed) */
     double adopt_last; /* pf_now_s() of the newest Resume while adopting */
+    double adopt_t0;   /* pf_now_s() of the first Resume */
     conn *adopt_cand;  /* while adopting: a worker's join held as the replacement of a rank not resumed, or
                           NULL */
     int metrics;       /* ctl_rendezvous_opts.metrics: the series below are registered, /targets served */
@@ -1150,7 +1151,7 @@ static void adopt_complete(ctl_rendezvous *rv, int missing)
     }
     char hex[2 * CKPT_RUN_ID_BYTES + 1];
     ckpt_run_id_hex(rv->run_id, hex);
-    rv->adopting = 2;
+    __atomic_store_n(&rv->adopting, 2, __ATOMIC_RELEASE);
     rv->roster.formed = 1;
     rv->epoch++;
     metrics_set(rv->m_epoch, rv->epoch);
@@ -1260,8 +1261,40 @@ static void adopt_expire(ctl_rendezvous *rv, double now)
     if (rv->adopting != 1 || now - rv->adopt_last <= ctl_member_silence_s(rv->timeout_s))
         return;
     int d = adopt_missing_worker(rv);
-    if (d >= 0)
+    if (d >= 0) {
         adopt_complete(rv, d);
+        return;
+    }
+    if (now - rv->adopt_t0 <= rv->timeout_s + ctl_member_silence_s(rv->timeout_s))
+        return;
+    /* Members still missing ctl_timeout past the silence limit, and not one worker alone: the run cannot be
+     * adopted (a server lost while no rendezvous ran, two workers, ...): the re-form, told to every member.
+     */
+    char missing[400] = "";
+    size_t len = 0;
+    for (int i = 0; i < ctl_roster_size(&rv->roster) && len + 32 < sizeof missing; i++)
+        if (!rv->roster.seats[i].holder && !(i == ctl_roster_seat(&rv->roster, CTL_ROLE_SERVER, 0)))
+            len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s[%d]", len ? ", " : "",
+                                    ctl_role_name(ctl_roster_role(&rv->roster, i)),
+                                    ctl_roster_rank(&rv->roster, i));
+    char text[600];
+    snprintf(
+        text, sizeof text,
+        "the running run could not be adopted here: %s did not resume within ctl_timeout (%.0f s) past the "
+        "silence limit; falling back to the checkpoint re-form",
+        missing[0] ? missing : "a member", rv->timeout_s);
+    log_error("control plane: %s", text);
+    metrics_add(rv->m_reforms, 1);
+    __atomic_store_n(&rv->reform_sent, 1, __ATOMIC_RELEASE);
+    Pfcps__Error e;
+    Pfcps__CtlMessage m;
+    ctl_msg_set_error(&m, &e, ENOLINK, text);
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *c = rv->conns[i];
+        if (c->joined && !c->closing && !c->dead)
+            conn_send_msg(rv, c, &m);
+    }
+    __atomic_store_n(&rv->adopting, 2, __ATOMIC_RELEASE); /* given up: no further adoption */
 }
 
 /* replicas = 1: a member of a running run whose rendezvous was lost with server 0 reconnects to this one, a
@@ -1280,7 +1313,8 @@ static void handle_resume(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r)
     char hex[2 * CKPT_RUN_ID_BYTES + 1];
     ckpt_run_id_hex(r->run_id.data, hex);
     if (!rv->adopting) {
-        rv->adopting = 1;
+        __atomic_store_n(&rv->adopting, 1, __ATOMIC_RELEASE);
+        rv->adopt_t0 = pf_now_s();
         memcpy(rv->run_id, r->run_id.data, CKPT_RUN_ID_BYTES);
         memcpy(rv->run_nonce, r->run_nonce.data, sizeof rv->run_nonce);
         log_warn("control plane: %s[%d] (%s) resumes the running run %s here (its rendezvous was lost with "
@@ -1337,6 +1371,11 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     if (!join_authentic(rv, c, j) || !join_metrics_address(rv, c, j))
         return;
     ctl_role role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+    if (rv->adopting && rv->reform_sent) {
+        conn_refuse(rv, c, ENOLINK,
+                    "the running run adopted here re-forms from its newest complete checkpoint");
+        return;
+    }
     if (rv->adopting == 1) {
         if (adopt_hold_join(rv, c, role, j))
             adopt_progress(rv);
@@ -1700,7 +1739,7 @@ static void queue_shutdown(ctl_rendezvous *rv)
             n++;
         }
     }
-    rv->shutdown_sent = 1;
+    __atomic_store_n(&rv->shutdown_sent, 1, __ATOMIC_RELEASE);
     log_info("control plane: shutdown sent to %d members", n);
 }
 
@@ -1713,7 +1752,7 @@ static void queue_member_lost(ctl_rendezvous *rv, const conn *except, ctl_role r
 {
     char text[800];
     metrics_add(rv->m_lost, 1);
-    rv->reform_sent = 1;
+    __atomic_store_n(&rv->reform_sent, 1, __ATOMIC_RELEASE);
     snprintf(text, sizeof text, "%s[%d] (%s) %s", ctl_role_name(role), rank, peer, what);
     Pfcps__Error e;
     Pfcps__CtlMessage m;
@@ -1923,7 +1962,7 @@ static void service_drain(ctl_rendezvous *rv)
         poll(NULL, 0, 10);
     }
     rv->roster.formed = 1; /* closing members below is not "left before the run formed" */
-    rv->shutdown_sent = 1;
+    __atomic_store_n(&rv->shutdown_sent, 1, __ATOMIC_RELEASE);
     for (int i = 0; i < rv->nconns; i++)
         conn_close(rv, rv->conns[i]);
     rv->nconns = 0;
@@ -2149,6 +2188,15 @@ int ctl_rendezvous_start(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
 int ctl_rendezvous_port(const ctl_rendezvous *rv)
 {
     return rv->port;
+}
+
+int ctl_rendezvous_adopting(const ctl_rendezvous *rv)
+{
+    if (!__atomic_load_n(&rv->adopting, __ATOMIC_ACQUIRE))
+        return 0;
+    if (__atomic_load_n(&rv->reform_sent, __ATOMIC_ACQUIRE))
+        return 2;
+    return __atomic_load_n(&rv->shutdown_sent, __ATOMIC_ACQUIRE) ? 0 : 1;
 }
 
 int ctl_rendezvous_workers_done(const ctl_rendezvous *rv)

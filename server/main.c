@@ -210,6 +210,28 @@ static int shard_step_usable(const char *root, int64_t step, void *arg, ckpt_ide
     return snap_check(root, step, d->cfg.num_classes, d->cfg.embedding_size, &d->key, &S0, id);
 }
 
+/* Server 0 restarted under head_mode = local, where a failed-over server cannot rejoin (its rejoin refused,
+ * EEXIST): its rendezvous adopted the running run, which goes on without server 0's copies, and stays its
+ * rendezvous (a worker lost later is still replaced in place) until the run ends. Returns 1 (exit 0) when the
+ * adopted run ended in order or a stop was asked for, 2 (exit DAEMON_EXIT_REFORM) when it re-forms. */
+static int host_rendezvous_only(server_daemon *d)
+{
+    log_warn(
+        "head_mode = local: server 0 cannot rejoin the running run (its shards go on on their other copies); "
+        "it hosts the run's rendezvous, holding no shard, until the run ends");
+    while (!g_stop && ctl_rendezvous_adopting(d->rv) == 1) {
+        struct timespec ts = {0, 100000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!g_stop && ctl_rendezvous_adopting(d->rv) == 2) {
+        log_error("the adopted run re-forms from its newest complete checkpoint: exiting %d",
+                  DAEMON_EXIT_REFORM);
+        return 2;
+    }
+    log_info("the adopted run ended%s: stopping its rendezvous", g_stop ? " (or a stop was asked for)" : "");
+    return 1;
+}
+
 /* Start-up up to the formed run: checks, endpoint, rendezvous (rank 0), then the join (retrying through the
  * whole ctl_timeout), which takes the run config from the address book. Returns 0 joined, 1 stopped before
  * the run formed (a normal stop; rank 0 tells the members that joined when it stops), or -1 (logged). */
@@ -232,8 +254,30 @@ static int join_run(server_daemon *d)
         return -1;
     if ((rc = start_rendezvous(d)) != 0)
         return rc;
-    rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
-                     d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
+    /* Server 0 whose rendezvous adopts a running run (restarted: its members resumed it there) joins it as a
+     * learner once the members are ready for it: a worker's replacement under way refuses its join (EAGAIN)
+     * and the copy step may take a while, so a join that runs out of time is tried again while the adopted
+     * run neither re-forms nor ends, within the workers' own bound (4 x ctl_timeout). */
+    const double t0 = pf_now_s(), bound = 4 * (d->cfg.ctl_timeout > 0 ? d->cfg.ctl_timeout : 30);
+    for (;;) {
+        rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
+                         d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
+        if (rc != -ETIMEDOUT || !d->rv || ctl_rendezvous_adopting(d->rv) != 1 || g_stop ||
+            pf_now_s() - t0 > bound)
+            break;
+        log_warn(
+            "join: this server's rendezvous adopted the running run, which is not ready for this server yet "
+            "(a worker's replacement, or the copy step of its rejoin): joining again");
+    }
+    if (rc == -EEXIST && d->rv && ctl_rendezvous_adopting(d->rv) == 1 && !strcmp(d->cfg.head_mode, "local"))
+        return host_rendezvous_only(d);
+    if (rc < 0 && d->rv && ctl_rendezvous_adopting(d->rv) != 0) {
+        log_error(
+            "this server could not rejoin the running run its rendezvous adopted: exiting %d so that the "
+            "run re-forms from its newest complete checkpoint",
+            DAEMON_EXIT_REFORM);
+        return 2;
+    }
     return rc < 0 ? -1 : rc;
 }
 

@@ -49,7 +49,7 @@ typedef struct ctl_watch {
     ctl_session *sess;
     trainer *t; /* replicas = 1: its client is told of failovers (ps_client_server_lost) */
     volatile int done;
-    volatile int broken; /* a member was lost or the control connection broke: the run did not complete */
+    int broken; /* __atomic: a member was lost or the control connection broke: the run did not complete */
     int interrupt;       /* __atomic; fab_set_interrupt's flag: raised when the run broke, so that the waits of
                             the step in progress (pulls, pushes, ring collectives) give up at once */
     double grace_s;
@@ -117,7 +117,7 @@ static void *ctl_watch_main(void *arg)
         if (r != 1) {
             /* A member was lost (or server 0 with the control connection): the servers stop for the re-form,
              * so the step in progress cannot finish. End its waits now instead of after the grace. */
-            w->broken = 1;
+            __atomic_store_n(&w->broken, 1, __ATOMIC_RELEASE);
             __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE);
         }
         g_stop = 1;
@@ -127,7 +127,7 @@ static void *ctl_watch_main(void *arg)
             /* Stopped on request (SIGTERM / SIGINT, e.g. the whole job stopped at once) while a server also
              * left: the step in progress cannot finish, but the stop was asked for, so it is not a failure. */
             int asked = daemon_signalled();
-            int code = asked ? 0 : w->broken ? DAEMON_EXIT_REFORM : 1;
+            int code = asked ? 0 : __atomic_load_n(&w->broken, __ATOMIC_ACQUIRE) ? DAEMON_EXIT_REFORM : 1;
             log_error("the step in progress did not finish within %.0f s of the run's shutdown: exiting %d%s",
                       w->grace_s, code, asked ? " (a stop was requested)" : "");
             log_close_file();
@@ -427,7 +427,9 @@ static int train_watched(worker_daemon *d)
     int rc_train = train_setup(d->t, &d->run, ctl_session_book(d->sess), &d->topts);
     if (rc_train == 0)
         rc_train = train_run(d->t);
-    int code = train_outcome(d, watch.broken, rc_train);
+    /* The verdict is the training's: a loss told while the servers are told below (the outputs written) does
+     * not turn a finished run into a failed one. */
+    int code = train_outcome(d, __atomic_load_n(&watch.broken, __ATOMIC_ACQUIRE), rc_train);
     /* The watcher still runs while the servers are told: a server lost meanwhile is failed over (the done notice
      * goes to its shard's other copy) and the heartbeats go on (the rendezvous would remove a silent worker). */
     if (code == 0)
