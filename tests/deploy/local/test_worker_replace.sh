@@ -44,10 +44,13 @@
 #             sums of the window are lost with it), and the run ends with the reference's bits;
 #   local:    (only when asked for: its own test, train_worker_replace_local) head_mode = local (every worker
 #             samples from all class centers, rows shared; the servers apply a step once its 3 pushes are in)
-#             against a reference with head_mode = local, under deploy/local/launch.sh --max-restarts 1: kill -9
+#             against a reference with head_mode = local, under deploy/local/launch.sh --max-restarts 2: kill -9
 #             of worker 2 once worker 0 logged a random step in 4..14; launch.sh starts it again alone and it is
 #             replaced in place (the servers undo the redo step's rows, logged once per row whichever workers
-#             pushed it); launch.sh exits 0 and the run ends with the reference's bits;
+#             pushed it); launch.sh exits 0 and the run ends with the reference's bits. In half the runs at random
+#             (LOCAL_S0=1 always, 0 never) server 0 is killed in the same kill: its restarted rendezvous adopts
+#             the run and replaces worker 2, and server 0, which cannot rejoin in local mode, hosts the
+#             rendezvous without shards until the run ends;
 #   slow_end: replicas = 1 with the last checkpoint's shard write slowed past the rendezvous' silence limit
 #             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
 #             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
@@ -314,20 +317,30 @@ if has local; then
 reference ref_local "local: reference (head_mode = local)" "head_mode = local"
 at=$((4 + RANDOM % 11))
 write_cfg local 1 "head_mode = local"
-setsid "$SRC/deploy/local/launch.sh" -c "$TMP/local.ini" -b "$BUILD" --max-restarts 1 >"$TMP/local.out" 2>&1 &
+with_s0=${LOCAL_S0:-$((RANDOM % 2))}
+setsid "$SRC/deploy/local/launch.sh" -c "$TMP/local.ini" -b "$BUILD" --max-restarts 2 >"$TMP/local.out" 2>&1 &
 LP=$!
 wait_log "$TMP/local/logs/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/local.out"; die "local: worker 0 did not reach step $at"; }
 victim=$(pgrep -f -- "pfcps-worker --config $TMP/local.ini --rank 2" | head -1)
 [ -n "$victim" ] || die "local: worker 2's pid not found"
-kill -KILL "$victim"
+s0=
+if [ "$with_s0" = 1 ]; then
+  s0=$(pgrep -f -- "pfcps-server --config $TMP/local.ini --rank 0" | head -1)
+  [ -n "$s0" ] || die "local: server 0's pid not found"
+fi
+kill -KILL ${s0:+"$s0"} "$victim"
 s=0; wait "$LP" || s=$?
 LP=
 expect_eq "local: launch.sh exits 0" "$s" 0
 expect_grep "local: it starts the killed worker 2 again alone" \
-  "worker 2 exited with status 137 .*restart 1/1 of worker 2 alone, with the same command line: it replaces itself in place" \
+  "worker 2 exited with status 137 .*restart [12]/2 of worker 2 alone, with the same command line: it replaces itself in place" \
   "$TMP/local.out"
+if [ "$with_s0" = 1 ]; then
+  expect_grep "local: the restarted server 0 hosts the adopted run's rendezvous without shards (no rejoin in local mode)" \
+    "it hosts the run's rendezvous, holding no shard, until the run ends" "$TMP/local/logs/server0.log"
+fi
 expect_grep "local: worker 2 was replaced in place" "worker\[2\] replaced in place" "$TMP/local/logs/server0.log"
-echo "local: worker 2 killed after worker 0 logged step $at; $(grep -o -m1 "redoing from step [0-9]*" "$TMP/local/logs/worker0.log")" \
+echo "local: worker 2${s0:+ and server 0} killed after worker 0 logged step $at; $(grep -o -m1 "redoing from step [0-9]*" "$TMP/local/logs/worker0.log")" \
   "($(grep -o -m1 "workers stood at steps [0-9.]*" "$TMP/local/logs/server0.log"))"
 expect_grep "local: the servers rolled back" "rolled back to step [0-9]+ at epoch [0-9]+: [0-9]+ rows restored" \
   "$TMP/local/logs/server1.log"
