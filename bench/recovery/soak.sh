@@ -22,7 +22,8 @@ BUILD=$SRC/build
 REPLICAS=0
 [ "${1:-}" = --replicas ] && { REPLICAS=$2; shift 2; }
 ROUNDS=${1:-20}
-PFCPS=$BUILD/tools/pfcps
+PFCPS=$BUILD/tools/pfcps # used by common.sh (final, recovery_stage)
+export PFCPS
 export OMP_NUM_THREADS=1 PFCPS_SECRET=soak-secret
 TMP=$(mktemp -d)
 trap 'pkill -KILL -f "$TMP/" 2>/dev/null; rm -rf "$TMP"' EXIT
@@ -39,7 +40,7 @@ t_ref=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
 REF=$(final "$TMP/ref")
 echo "reference: $t_ref s; $REF"
 RANDOM=$$
-pass=0; restarts=0; t_sum=0; sum_step=0; sum_again=0
+pass=0; restarts=0; t_sum=0; sum_step=0; n_step=0; sum_again=0
 victims=("pfcps-server --config X --rank 0" "pfcps-server --config X --rank 1" "pfcps-worker --config X --rank 0" "pfcps-worker --config X --rank 1")
 for ((k = 1; k <= ROUNDS; k++)); do
   name=r$k
@@ -66,13 +67,16 @@ for ((k = 1; k <= ROUNDS; k++)); do
   t_from=$t_kill
   [ "$n" -gt 0 ] && t_from=$(first_after "$w0" "joined: " "$t_kill")
   t_step=$(first_after "$w0" "Global Step: " "${t_from:-$t_kill}")
-  d_step=$(python3 -c "print(f'{${t_step:-0} - $t_kill:.2f}')")
+  d_step=none # no step after the kill: the run had ended (a kill during its shutdown)
+  [ -n "$t_step" ] && d_step=$(python3 -c "print(f'{$t_step - $t_kill:.2f}')")
   at=$(last_step_before "$w0" "$t_kill")
   # a worker replaced in place: the survivors redo from step R (0-based), so the steps done past R run again
   redo=$(grep -ho "redoing from step [0-9]*" "$TMP/$name/logs/"worker*.log 2>/dev/null | head -1 | awk '{print $4}')
-  how=re-form
-  [ -n "$redo" ] && { how="replaced in place"; from=; }
-  grep -q "failover (epoch" "$w0" && [ -z "$redo" ] && ! grep -q "from checkpoint step" "$TMP/$name.out" && how=failover
+  how="no recovery needed"
+  if grep -q "from checkpoint step" "$TMP/$name.out"; then how=re-form
+  elif [ -n "$redo" ]; then how="replaced in place"; from=
+  elif grep -q "failover (epoch" "$w0"; then how=failover
+  fi
   again=$(( n > 0 ? at - ${from:-$at} : 0 ))
   [ -n "$redo" ] && again=$(( at > redo ? at - redo : 0 ))
   got=$(final "$TMP/$name")
@@ -84,10 +88,11 @@ for ((k = 1; k <= ROUNDS; k++)); do
     "${from:+from step $from }${redo:+redo from step $redo }($again step(s) again), next step completed after $d_step s," \
     "$t s, identical: $ok"
   t_sum=$(python3 -c "print($t_sum + $t)")
-  sum_step=$(python3 -c "print($sum_step + $d_step)"); sum_again=$((sum_again + again))
-  rm -rf "$TMP/$name"
+  [ "$d_step" != none ] && { sum_step=$(python3 -c "print($sum_step + $d_step)"); n_step=$((n_step + 1)); }
+  sum_again=$((sum_again + again))
+  rm -rf "${TMP:?}/$name"
 done
 echo "summary (replicas = $REPLICAS): $pass/$ROUNDS rounds identical to the uninterrupted run, $restarts restarts," \
-  "$sum_again steps computed again, mean kill -> next completed step $(python3 -c "print(round($sum_step / $ROUNDS, 2))") s," \
+  "$sum_again steps computed again, mean kill -> next completed step $(python3 -c "print(round($sum_step / max($n_step, 1), 2))") s ($n_step rounds with a step after the kill)," \
   "mean round $(python3 -c "print(round($t_sum / $ROUNDS, 1))") s vs $t_ref s uninterrupted"
 [ "$pass" -eq "$ROUNDS" ]
