@@ -1157,16 +1157,20 @@ static void adopt_complete(ctl_rendezvous *rv, int missing)
     metrics_set(rv->m_epoch, rv->epoch);
     metrics_set(rv->m_members, rv->roster.held);
     count_single(rv);
+    const char *s0 = rv->rejoin
+                         ? "server 0 rejoins as a learner (it copies its shards at a checkpoint the workers "
+                           "take)"
+                         : "server 0 hosts the rendezvous without shards (no rejoin under head_mode = local)";
     if (missing < 0) {
-        log_warn("control plane: adopted the running run %s: every member but server 0 resumed; epoch %u; "
-                 "server 0 rejoins as a learner (it copies its shards at a checkpoint the workers take)",
-                 hex, rv->epoch);
+        log_warn("control plane: adopted the running run %s: every member but server 0 resumed; epoch %u; %s",
+                 hex, rv->epoch, s0);
         return;
     }
-    log_warn("control plane: adopted the running run %s: every member but server 0 and worker[%d] resumed; "
-             "epoch %u; worker[%d] was lost while no rendezvous ran (with server 0, or since): it is replaced "
-             "in place, then server 0 rejoins as a learner",
-             hex, missing, rv->epoch, missing);
+    log_warn(
+        "control plane: adopted the running run %s: every member but server 0 and worker[%d] resumed; "
+        "epoch %u; worker[%d] was lost while no rendezvous ran (with server 0, or since): it is replaced "
+        "in place, then %s",
+        hex, missing, rv->epoch, missing, s0);
     if (!start_replace(rv, missing, "lost while no rendezvous ran", cand)) {
         metrics_add(rv->m_reforms, 1);
         queue_member_lost(rv, NULL, CTL_ROLE_WORKER, missing, "lost while no rendezvous ran",
