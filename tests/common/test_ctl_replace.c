@@ -559,6 +559,65 @@ static double poll_notices(ctl_session **s, int n, double limit_s, int *kind, in
     return pf_now_s() - t0;
 }
 
+/* Server 0's process `child` is gone (killed by the caller, reaped here) and server 0's own session m[0] is
+ * closed: server 1 (m[1]) and worker 0 (m[2]), which survive the rendezvous' loss, take the close for server
+ * 0's failover at epoch `epoch` and are orphaned (checked as `name`). */
+static void server0_gone(pid_t child, member m[4], uint32_t epoch, const char *name)
+{
+    waitpid(child, NULL, 0);
+    ctl_session_close(m[0].s);
+    m[0].s = NULL;
+    ctl_session *ss[2] = {m[1].s, m[2].s};
+    int kind[2] = {-1, -1}, rank[2];
+    uint32_t ep[2];
+    poll_notices(ss, 2, 5, kind, rank, ep);
+    for (int i = 0; i < 2; i++)
+        check(kind[i] == CTL_FO_LOST && rank[i] == 0 && ep[i] == epoch && ctl_session_orphaned(ss[i]),
+              "%s: member %d took the close for server 0's failover (kind %d, rank %d, epoch %u)", name, i,
+              kind[i], rank[i], ep[i]);
+}
+
+/* Server 0 restarted: a rendezvous on the same port in this process (returned), and m[1], m[2] polled until
+ * both resumed there (checked as `name`); the first notice each got meanwhile or after, up to 6 s, in kind[],
+ * rank[], ep[]. `early` (if set) runs once the rendezvous listens, `resumed` once both resumed, each with
+ * `arg`. Returns the rendezvous; *waited = the seconds from the resumes to the last of those notices. */
+static ctl_rendezvous *server0_back(member m[4], void (*early)(void *), void (*resumed)(void *), void *arg,
+                                    int kind[2], int rank[2], uint32_t ep[2], double *waited,
+                                    const char *name)
+{
+    g_port_at = port;
+    ctl_rendezvous *rv = start_n(2, 1, 8);
+    g_port_at = 0;
+    if (early)
+        early(arg);
+    ctl_session *ss[2] = {m[1].s, m[2].s};
+    double t0 = pf_now_s();
+    kind[0] = kind[1] = -1; /* the next notice: worker 1's loss, which may come with the last resume */
+    while (pf_now_s() - t0 < 5 && (ctl_session_orphaned(ss[0]) || ctl_session_orphaned(ss[1])))
+        for (int i = 0; i < 2; i++)
+            poll_one(ss[i], &kind[i], &rank[i], &ep[i]);
+    check(!ctl_session_orphaned(ss[0]) && !ctl_session_orphaned(ss[1]),
+          "%s: both members resumed at the restarted rendezvous", name);
+    if (resumed)
+        resumed(arg);
+    *waited = poll_notices(ss, 2, 6, kind, rank, ep);
+    return rv;
+}
+
+/* server0_back's hooks for adopt: the replacement's join starts (once the members resumed: variant (a)), or
+ * starts and is in 0.3 s later, before the members try to resume 0.25 s after the close (variant (c)). */
+static void start_join(void *arg)
+{
+    member *r = arg;
+    pthread_create(&r->th, NULL, join_main, r);
+}
+
+static void start_join_early(void *arg)
+{
+    start_join(arg);
+    usleep(300000);
+}
+
 /* adopt: worker 1 lost together with server 0 (the rendezvous in a child process, killed with worker 1's
  * session closed: one machine held both). Server 1 and worker 0 take the close as server 0's failover (epoch
  * 1) and resume at a new rendezvous on the same port (server 0 restarted; in this process). (a) The restarted
@@ -591,35 +650,14 @@ static void case_adopt(void)
             ctl_session_close(m[3].s); /* worker 1, on the same machine */
             m[3].s = NULL;
         }
-        waitpid(child, NULL, 0);
-        ctl_session_close(m[0].s);
-        m[0].s = NULL;
-        ctl_session *ss[2] = {m[1].s, m[2].s};
-        int kind[2] = {-1, -1}, rank[2];
-        uint32_t ep[2];
-        poll_notices(ss, 2, 5, kind, rank, ep);
-        for (int i = 0; i < 2; i++)
-            check(kind[i] == CTL_FO_LOST && rank[i] == 0 && ep[i] == 1 && ctl_session_orphaned(ss[i]),
-                  "%s: member %d took the close for server 0's failover (kind %d, rank %d, epoch %u)", name,
-                  i, kind[i], rank[i], ep[i]);
-        g_port_at = port;
-        ctl_rendezvous *rv = start_n(2, 1, 8);
-        g_port_at = 0;
+        server0_gone(child, m, 1, name);
         member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 10};
-        if (variant == 2) {
-            pthread_create(&r.th, NULL, join_main, &r);
-            usleep(300000); /* the join is in before the members try to resume (0.25 s after the close) */
-        }
-        double t0 = pf_now_s();
-        kind[0] = kind[1] = -1; /* the next notice: worker 1's loss, which may come with the last resume */
-        while (pf_now_s() - t0 < 5 && (ctl_session_orphaned(ss[0]) || ctl_session_orphaned(ss[1])))
-            for (int i = 0; i < 2; i++)
-                poll_one(ss[i], &kind[i], &rank[i], &ep[i]);
-        check(!ctl_session_orphaned(ss[0]) && !ctl_session_orphaned(ss[1]),
-              "%s: both members resumed at the restarted rendezvous", name);
-        if (variant == 0)
-            pthread_create(&r.th, NULL, join_main, &r);
-        double waited = poll_notices(ss, 2, 6, kind, rank, ep);
+        int kind[2], rank[2];
+        uint32_t ep[2];
+        double waited = 0;
+        ctl_rendezvous *rv =
+            server0_back(m, variant == 2 ? start_join_early : NULL, variant == 0 ? start_join : NULL, &r,
+                         kind, rank, ep, &waited, name);
         for (int i = 0; i < 2; i++)
             check(kind[i] == CTL_FO_WORKER_LOST && rank[i] == 1 && ep[i] == 3,
                   "%s: member %d told worker 1 lost (kind %d, rank %d, epoch %u)", name, i, kind[i], rank[i],
@@ -634,7 +672,7 @@ static void case_adopt(void)
             /* The stopped worker 1 runs again: its resume is refused as a removed member's (ETIMEDOUT), so
              * that it exits for its supervisor to start it again. */
             int w = 0;
-            t0 = pf_now_s();
+            const double t0 = pf_now_s();
             while (pf_now_s() - t0 < 4 && w >= 0)
                 w = ctl_session_wait_shutdown(m[3].s, 0.2);
             check(w == -ETIMEDOUT && strstr(pf_errmsg(), "being replaced"),
@@ -684,28 +722,11 @@ static void case_adopt_mid(void)
     pthread_create(&r.th, NULL, join_main, &r);
     usleep(200000); /* the replacement's join is in; server 0 (with server 1's report) holds the decision */
     kill(child, SIGKILL);
-    waitpid(child, NULL, 0);
-    ctl_session_close(m[0].s);
-    m[0].s = NULL;
-    ctl_session *ss[2] = {m[1].s, m[2].s};
-    int kind[2] = {-1, -1}, rank[2];
+    server0_gone(child, m, 2, name);
+    int kind[2], rank[2];
     uint32_t ep[2];
-    poll_notices(ss, 2, 5, kind, rank, ep);
-    for (int i = 0; i < 2; i++)
-        check(
-            kind[i] == CTL_FO_LOST && rank[i] == 0 && ep[i] == 2 && ctl_session_orphaned(ss[i]),
-            "%s: member %d took the close for server 0's failover during the replacement (kind %d, rank %d, "
-            "epoch %u)",
-            name, i, kind[i], rank[i], ep[i]);
-    g_port_at = port;
-    ctl_rendezvous *rv = start_n(2, 1, 8);
-    g_port_at = 0;
-    double t0 = pf_now_s();
-    kind[0] = kind[1] = -1;
-    while (pf_now_s() - t0 < 5 && (ctl_session_orphaned(ss[0]) || ctl_session_orphaned(ss[1])))
-        for (int i = 0; i < 2; i++)
-            poll_one(ss[i], &kind[i], &rank[i], &ep[i]);
-    double waited = poll_notices(ss, 2, 6, kind, rank, ep);
+    double waited = 0;
+    ctl_rendezvous *rv = server0_back(m, NULL, NULL, NULL, kind, rank, ep, &waited, name);
     for (int i = 0; i < 2; i++)
         check(
             kind[i] == CTL_FO_WORKER_LOST && rank[i] == 1 && ep[i] == 4,
