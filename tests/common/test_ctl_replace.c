@@ -559,6 +559,21 @@ static double poll_notices(ctl_session **s, int n, double limit_s, int *kind, in
     return pf_now_s() - t0;
 }
 
+static const uint8_t g_digest[32]; /* the members' run config digest (a restarted rendezvous checks none) */
+
+/* The four members (join_four) of a rendezvous in a child process (fork_rendezvous), server 1's and worker
+ * 0's sessions surviving the rendezvous' loss (ctl_session_survive_rendezvous_loss). Returns the child's pid.
+ */
+static pid_t fork_four(member m[4])
+{
+    g_port_at = 0;
+    pid_t child = fork_rendezvous();
+    join_four(m);
+    CHECK(ctl_session_survive_rendezvous_loss(m[1].s, g_digest) == 0, "survive");
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, g_digest) == 0, "survive");
+    return child;
+}
+
 /* Server 0's process `child` is gone (killed by the caller, reaped here) and server 0's own session m[0] is
  * closed: server 1 (m[1]) and worker 0 (m[2]), which survive the rendezvous' loss, take the close for server
  * 0's failover at epoch `epoch` and are orphaned (checked as `name`). */
@@ -635,17 +650,12 @@ static void case_adopt(void)
 {
     for (int variant = 0; variant < 3; variant++) {
         const char *name = variant == 0 ? "adopt (a)" : variant == 1 ? "adopt (b)" : "adopt (c)";
-        g_port_at = 0;
-        pid_t child = fork_rendezvous();
         member m[4];
-        join_four(m);
-        static const uint8_t digest[32];
-        CHECK(ctl_session_survive_rendezvous_loss(m[1].s, digest) == 0, "survive");
-        CHECK(ctl_session_survive_rendezvous_loss(m[2].s, digest) == 0, "survive");
+        pid_t child = fork_four(m);
         kill(child, SIGKILL);
         if (variant == 1) {
             /* (b): worker 1's process lives on but is stopped (not polled) until it was taken for lost */
-            CHECK(ctl_session_survive_rendezvous_loss(m[3].s, digest) == 0, "survive");
+            CHECK(ctl_session_survive_rendezvous_loss(m[3].s, g_digest) == 0, "survive");
         } else {
             ctl_session_close(m[3].s); /* worker 1, on the same machine */
             m[3].s = NULL;
@@ -705,13 +715,8 @@ static void case_adopt(void)
 static void case_adopt_mid(void)
 {
     const char *name = "adopt_mid";
-    g_port_at = 0;
-    pid_t child = fork_rendezvous();
     member m[4];
-    join_four(m);
-    static const uint8_t digest[32];
-    CHECK(ctl_session_survive_rendezvous_loss(m[1].s, digest) == 0, "survive");
-    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, digest) == 0, "survive");
+    pid_t child = fork_four(m);
     ctl_session_close(m[3].s); /* worker 1 lost */
     m[3].s = NULL;
     expect_notice(m[1].s, CTL_FO_WORKER_LOST, 1, 1, NULL, "adopt_mid: server 1 told worker 1's loss");
