@@ -336,6 +336,7 @@ static void conn_refuse(ctl_rendezvous *rv, conn *c, int code, const char *msg)
 
 static void queue_member_lost(ctl_rendezvous *rv, const conn *except, ctl_role role, int rank,
                               const char *peer, const char *what);
+static void queue_reform(ctl_rendezvous *rv, const conn *except, const char *text);
 
 /* replicas = 1: a lost server whose shards all keep a live copy (ctl_failover_possible) is failed over: the
  * membership epoch goes up and every other member gets a Failover notice (workers switch to the copies,
@@ -1050,6 +1051,16 @@ static void replace_report(ctl_rendezvous *rv, conn *c, const Pfcps__Failover *f
     }
 }
 
+/* c (joined, no seat) is the replacement of the worker being replaced: it takes part in the decision. */
+static void take_replacement(ctl_rendezvous *rv, conn *c)
+{
+    c->replacing = 1;
+    rv->wr_repl = c;
+    log_warn("control plane: worker[%d]'s replacement joined from %s, %.2f s after its loss", rv->wr_rank,
+             c->peer, pf_now_s() - rv->wr_t0);
+    replace_decide(rv);
+}
+
 /* A worker joining for the rank being replaced is its replacement: it waits (no seat) until the redo is set
  * up. Returns 1 when c was taken (or refused) here. */
 static int replace_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
@@ -1070,11 +1081,7 @@ static int replace_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         return 1;
     }
     join_unseated(c, CTL_ROLE_WORKER, j);
-    c->replacing = 1;
-    rv->wr_repl = c;
-    log_warn("control plane: worker[%d]'s replacement joined from %s, %.2f s after its loss", j->rank, c->peer,
-             pf_now_s() - rv->wr_t0);
-    replace_decide(rv);
+    take_replacement(rv, c);
     return 1;
 }
 
@@ -1178,14 +1185,8 @@ static void adopt_complete(ctl_rendezvous *rv, int missing)
                           "complete checkpoint");
         return;
     }
-    if (cand) {
-        rv->wr_repl = cand;
-        log_warn(
-            "control plane: worker[%d]'s replacement (joined from %s while the run was being adopted) takes "
-            "part",
-            missing, cand->peer);
-        replace_decide(rv);
-    }
+    if (cand)
+        take_replacement(rv, cand); /* held while the run was adopted */
 }
 
 /* replace_workers, while adopting: the worker rank whose seat alone is empty besides server 0's (a worker
@@ -1277,7 +1278,7 @@ static void adopt_expire(ctl_rendezvous *rv, double now)
     char missing[400] = "";
     size_t len = 0;
     for (int i = 0; i < ctl_roster_size(&rv->roster) && len + 32 < sizeof missing; i++)
-        if (!rv->roster.seats[i].holder && !(i == ctl_roster_seat(&rv->roster, CTL_ROLE_SERVER, 0)))
+        if (i != 0 && !rv->roster.seats[i].holder) /* seat 0: server 0's */
             len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%s[%d]", len ? ", " : "",
                                     ctl_role_name(ctl_roster_role(&rv->roster, i)),
                                     ctl_roster_rank(&rv->roster, i));
@@ -1289,15 +1290,7 @@ static void adopt_expire(ctl_rendezvous *rv, double now)
         missing[0] ? missing : "a member", rv->timeout_s);
     log_error("control plane: %s", text);
     metrics_add(rv->m_reforms, 1);
-    __atomic_store_n(&rv->reform_sent, 1, __ATOMIC_RELEASE);
-    Pfcps__Error e;
-    Pfcps__CtlMessage m;
-    ctl_msg_set_error(&m, &e, ENOLINK, text);
-    for (int i = 0; i < rv->nconns; i++) {
-        conn *c = rv->conns[i];
-        if (c->joined && !c->closing && !c->dead)
-            conn_send_msg(rv, c, &m);
-    }
+    queue_reform(rv, NULL, text);
     __atomic_store_n(&rv->adopting, 2, __ATOMIC_RELEASE); /* given up: no further adoption */
 }
 
@@ -1756,8 +1749,15 @@ static void queue_member_lost(ctl_rendezvous *rv, const conn *except, ctl_role r
 {
     char text[800];
     metrics_add(rv->m_lost, 1);
-    __atomic_store_n(&rv->reform_sent, 1, __ATOMIC_RELEASE);
     snprintf(text, sizeof text, "%s[%d] (%s) %s", ctl_role_name(role), rank, peer, what);
+    queue_reform(rv, except, text);
+}
+
+/* Tells every joined member but `except` that the run re-forms, with `text` (Error, code ENOLINK;
+ * ctl_session_wait_shutdown returns -ENOLINK with it), and marks it told (reform_sent). */
+static void queue_reform(ctl_rendezvous *rv, const conn *except, const char *text)
+{
+    __atomic_store_n(&rv->reform_sent, 1, __ATOMIC_RELEASE);
     Pfcps__Error e;
     Pfcps__CtlMessage m;
     ctl_msg_set_error(&m, &e, ENOLINK, text);

@@ -78,8 +78,7 @@ static int wait_redo(trainer *t, uint32_t *reported, uint32_t seen_redo, int64_t
         const uint32_t lost = atomic_load(&t->wr_lost_epoch);
         if (lost > *reported) {
             log_warn("worker replacement: worker %d lost (epoch %u) again told by a restarted rendezvous: "
-                     "reporting "
-                     "step %lld again",
+                     "reporting step %lld again",
                      t->wr_lost, lost, (long long)step);
             *reported = lost;
             int rc = report_step(t, lost, step, addr, alen);
