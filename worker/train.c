@@ -401,13 +401,11 @@ static void save_checkpoint(trainer *t, const progress *p, int64_t step)
 }
 
 /* Every rank agrees on stopping (a signal reaches the ranks at different times) and on a rejoining server's
- * copy (its notice reaches the ranks at different times too): allreduce (max) of the stop flag and of the
- * epoch of a rejoin this rank was told began and not yet ended (epochs are small integers, exact in float).
- * *stop = 1 when any rank asked; *rejoin = the newest such epoch on any rank (0: none). */
+ * copy (its notice reaches the ranks at different times too): allreduce (max) of the stop flag and of
+ * rejoin_vote. *stop = 1 when any rank asked; *rejoin = the newest begun rejoin on any rank (0: none). */
 static int stop_vote(trainer *t, int *stop, uint32_t *rejoin)
 {
-    const uint32_t b = atomic_load(&t->rj_begin_epoch), e = atomic_load(&t->rj_end_epoch);
-    float f[2] = {t->opts.stop_flag && *t->opts.stop_flag ? 1.f : 0.f, b > e ? (float)b : 0.f};
+    float f[2] = {t->opts.stop_flag && *t->opts.stop_flag ? 1.f : 0.f, rejoin_vote(&t->rj)};
     int rc = coll_allreduce(&t->net.coll, f, 2, COLL_F32, COLL_MAX);
     *stop = rc == 0 && f[0] > 0;
     *rejoin = rc == 0 && f[1] > 0 ? (uint32_t)f[1] : 0;
@@ -416,67 +414,14 @@ static int stop_vote(trainer *t, int *stop, uint32_t *rejoin)
 
 void train_rejoin_notice(trainer *t, int kind, int server, uint32_t epoch, const void *addr, size_t len)
 {
-    /* A rejoined notice the training thread has not taken yet is kept until it has (it holds its pushes
-     * until then, polling every millisecond). */
-    for (int i = 0; i < 10000 && !atomic_load(&t->rj_taken); i++) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-    if (kind == CTL_FO_REJOIN_BEGIN) {
-        t->rj_server = server;
-        atomic_store(&t->rj_begin_epoch, epoch);
-        return;
-    }
-    t->rj_end.kind = kind;
-    t->rj_end.server = server;
-    t->rj_end.len = len <= sizeof t->rj_end.addr ? len : 0;
-    if (t->rj_end.len)
-        memcpy(t->rj_end.addr, addr, t->rj_end.len);
-    atomic_store(&t->rj_taken, kind != CTL_FO_REJOINED);
-    atomic_store(&t->rj_end_epoch, epoch);
+    rejoin_notice(&t->rj, kind, server, epoch, addr, len);
 }
 
-/* After the push of checkpoint step `step`, the one the workers agreed to take for a rejoining server: worker
- * 0 tells the rendezvous the step (the learner copies its shards from that checkpoint's files), and every
- * worker holds its next push until the rendezvous says the learner holds its copies (they get every push from
- * the next step on, as the placement was before the failover) or was lost (the run goes on as it was).
- * Returns 0, or -ETIMEDOUT after 4 x ctl_timeout without either, or the client's error. */
-static int rejoin_hold(trainer *t, int64_t step)
+/* rejoin_hold's stop: a stop asked for ends the hold (the next stop vote stops every worker). */
+static int hold_stop(void *arg)
 {
-    const double t0 = pf_now_s(), limit = 4 * (t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30);
-    int rc = 0;
-    if (t->rank == 0 && t->opts.sess &&
-        (rc = ctl_session_rejoin_report(t->opts.sess, CTL_FO_REJOIN_STEP, t->rj_server, t->rj_wait_epoch,
-                                        step)) < 0)
-        return pf_err_wrap(rc, "rejoin: telling the rendezvous the copy's checkpoint step %lld",
-                           (long long)step);
-    while (atomic_load(&t->rj_end_epoch) < t->rj_wait_epoch) {
-        if (t->opts.stop_flag && *t->opts.stop_flag)
-            return 0; /* the next stop vote stops every worker */
-        if (pf_now_s() - t0 > limit)
-            return pf_err(-ETIMEDOUT,
-                          "rejoin: server %d did not become a copy (nor was it lost) within %.0f s of "
-                          "checkpoint step %lld",
-                          t->rj_server, limit, (long long)step);
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-    const int kind = t->rj_end.kind, server = t->rj_end.server;
-    if (kind == CTL_FO_REJOINED) {
-        const void *a[2] = {NULL, NULL};
-        size_t l[2] = {0, 0};
-        for (int i = 0; i < 2 && rc == 0; i++)
-            rc = member_addr_part(t->rj_end.addr, t->rj_end.len, i, &a[i], &l[i]);
-        if (rc == 0)
-            rc = ps_client_server_back(t->net.ps, server, a, l, atomic_load(&t->rj_end_epoch));
-        atomic_store(&t->rj_taken, 1); /* the watcher may write the next notice from here on */
-        if (rc < 0)
-            return pf_err_wrap(rc, "rejoin of server %d", server);
-    }
-    log_info("rejoin of server %d: %s after checkpoint step %lld; pushes held %.3f s", server,
-             kind == CTL_FO_REJOINED ? "it holds its copies again" : "aborted, the run goes on as it was",
-             (long long)step, pf_now_s() - t0);
-    return 0;
+    const trainer *t = arg;
+    return t->opts.stop_flag && *t->opts.stop_flag;
 }
 
 /* The loss of global step `step` (1-based) in `epoch`: -EDOM when it is not finite, -EPROTO when it sat at
@@ -798,14 +743,8 @@ static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, 
             /* a stop at the start of a gradient_acc window only: its gradients would be lost */
             if (step % t->acc_k == 0 && (rc = stop_vote(t, &stop, &rejoin)) < 0)
                 break;
-            if (rejoin > t->rj_wait_epoch && t->rj_ckpt < 0 && !stop) {
-                t->rj_wait_epoch = rejoin;
-                t->rj_ckpt = step + t->acc_k;
-                log_info(
-                    "server %d rejoins (epoch %u): every worker checkpoints at step %lld for its copy and "
-                    "holds its pushes after it until the copy is done",
-                    t->rj_server, rejoin, (long long)t->rj_ckpt);
-            }
+            if (!stop)
+                rejoin_agree(&t->rj, rejoin, step + t->acc_k);
             if (stop) {
                 log_info("stop requested: finishing after %lld steps", (long long)step);
                 break;
@@ -818,7 +757,7 @@ static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, 
             const double lr = lr_schedule_at(&t->sched, step);
             double loss = 0;
             uint32_t flags =
-                is_ckpt_step(t, step + 1, total) || step + 1 == t->rj_ckpt ? PS_PUSH_SNAPSHOT : 0;
+                is_ckpt_step(t, step + 1, total) || rejoin_snapshot_push(&t->rj, step) ? PS_PUSH_SNAPSHOT : 0;
 #ifdef PFCPS_TEST_HOOKS
             if ((rc = hook_step_fails(step)) < 0)
                 break;
@@ -839,11 +778,9 @@ static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, 
             }
             if (flags)
                 save_checkpoint(t, p, step);
-            if (step == t->rj_ckpt) {
-                t->rj_ckpt = -1;
-                if ((rc = rejoin_hold(t, step)) < 0)
-                    break;
-            }
+            if (step == t->rj.ckpt && (rc = rejoin_hold(&t->rj, t->rank == 0 ? t->opts.sess : NULL, t->net.ps,
+                                                        t->rank, step, t->run.ctl_timeout, hold_stop, t)) < 0)
+                break;
         }
         if (rc == 0 && !stop && t->rank == 0 && t->opts.max_steps == 0) {
             if ((rc = save_model(t)) < 0)

@@ -50,8 +50,7 @@ int train_open_endpoints(trainer **out, const pf_config *local, int rank, uint8_
         return pf_err(-ENOMEM, "out of memory");
     t->rank = rank;
     t->local = *local;
-    t->rj_ckpt = -1;
-    atomic_store(&t->rj_taken, 1);
+    rejoin_init(&t->rj);
     int rc = train_net_open(&t->net, local, rank);
     /* The device may add a third part to the address (worker 0 of a cuda run: the NCCL unique id). */
     int has_id = 0;

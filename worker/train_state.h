@@ -19,6 +19,7 @@
 #include "worker/loss_scale.h"
 #include "worker/lr_schedule.h"
 #include "worker/model/model.h"
+#include "worker/rejoin.h"
 #include "worker/resume.h"
 #include "worker/tb_writer.h"
 #include "worker/train.h"
@@ -116,18 +117,7 @@ struct trainer {
 
     /* A failed-over server rejoining (replicas = 1; docs/architecture.md, "Hot-standby shards", Rejoin). The
      * control watcher writes the notices (train_rejoin_notice), the training thread reads them. */
-    _Atomic uint32_t rj_begin_epoch; /* epoch of the newest rejoin-begins notice (0: none) */
-    _Atomic uint32_t rj_end_epoch;   /* epoch of the newest rejoined / aborted notice, stored after rj_end */
-    atomic_int rj_taken;             /* the training thread took the newest rejoined notice */
-    struct {
-        int kind; /* CTL_FO_REJOINED or CTL_FO_REJOIN_ABORTED */
-        int server;
-        size_t len;
-        uint8_t addr[CTL_MAX_ADDR]; /* the rejoined server's book entry */
-    } rj_end;
-    int rj_server;          /* the rejoining server (from the begins notice) */
-    uint32_t rj_wait_epoch; /* the begins epoch the workers agreed to copy for (0: none) */
-    int64_t rj_ckpt;        /* the checkpoint step of that copy (-1: none) */
+    rejoin_state rj;
 
     /* A lost worker replaced in place (cfg_replaces_workers; docs/architecture.md, "Worker replacement in
      * place"). The control watcher writes the notices (train_replace_notice), the training thread reads them. */

@@ -23,6 +23,9 @@
  *   empty push flagged PS_PUSH_SKIPPED;
  * - Worker.checkpoint(): sends the queued push flagged PS_PUSH_SNAPSHOT (the servers snapshot their shards
  *   as checkpoint `step`) and returns that step.
+ * Under replicas = 1 the control watcher follows a lost server's failover (ps_client_server_lost) and a
+ * restarted server's rejoin, in which the ranks agree at a step's start (step_rejoin) and hold for its copy
+ * (worker/rejoin.h, the code pfcps-worker runs).
  *
  * Errors raise pfcps.PfcpsError (a RuntimeError) carrying pf_errmsg() and the negative code in .code. A
  * failure after the step's pull was posted leaves the worker broken (every later call raises, naming the
@@ -54,6 +57,7 @@
 #include "proto/ps_wire.h"
 #include "worker/head/pfc.h"
 #include "worker/ps_client.h"
+#include "worker/rejoin.h"
 #include "worker/train_net.h"
 
 static PyObject *PfcpsError;
@@ -110,6 +114,8 @@ typedef struct {
     double phase_s[4]; /* the last step's sample, pull, head (forward) and push (backward) wall seconds */
     int failed;        /* a step failed after its pull was posted: failed_msg */
     char failed_msg[2 * PF_ERRMSG_MAX + 128];
+    rejoin_state
+        rj; /* a failed-over server's rejoin (replicas = 1): the watcher's notices, the agreed copy */
 } Worker;
 
 static void *watch_main(void *arg)
@@ -127,7 +133,9 @@ static void *watch_main(void *arg)
             int lost = -1;
             const char *text = "";
             uint32_t epoch = ctl_session_failover(w->sess, &lost, &text);
-            const int kind = ctl_session_failover_kind(w->sess, NULL, NULL, NULL);
+            const uint8_t *addr = NULL;
+            size_t alen = 0;
+            const int kind = ctl_session_failover_kind(w->sess, NULL, &addr, &alen);
             if (kind == CTL_FO_WORKER_LOST || kind == CTL_FO_REDO) {
                 /* A lost worker replaced in place needs every worker to go back to a common step (pfcps-worker
                  * keeps two generations of its state); a torch script's own state is not pfcps's to restore,
@@ -141,14 +149,12 @@ static void *watch_main(void *arg)
                 break;
             }
             if (kind != CTL_FO_LOST) {
-                /* A restarted server's rejoin: its copy step is agreed in pfcps-worker's stop vote, which a
-                 * torch script has no place for, so this worker takes no part; the learner finds no
-                 * checkpoint to copy within ctl_timeout and the rejoin is aborted. */
-                log_warn("rejoin notice (epoch %u): %s (pfcps.torch takes no part in a rejoin: the run goes on "
-                         "with single copies of server %d's shards)",
-                         epoch, text, lost);
+                /* A restarted server's rejoin: the ranks agree on its copy's checkpoint step at a step's
+                 * start (step_begin), as pfcps-worker's ranks do in their stop vote. */
+                log_warn("%s (epoch %u): %s", kind == CTL_FO_REJOINED ? "rejoined" : "rejoin", epoch, text);
                 if (w->net.ps)
                     ps_client_set_epoch(w->net.ps, epoch);
+                rejoin_notice(&w->rj, kind, lost, epoch, addr, alen);
                 continue;
             }
             log_warn("failover (epoch %u): %s", epoch, text);
@@ -259,6 +265,7 @@ static int Worker_init(Worker *w, PyObject *args, PyObject *kw)
     w->rank = rank;
     w->world_size = world;
     w->snap_step = -1;
+    rejoin_init(&w->rj);
     log_init("torch", rank);
     /* As pfcps-worker: per-step buffers (the sampled ids, the messages' rows) reuse heap pages instead of
      * fresh zeroed mmaps every step (common/daemon.h). Process-wide: the training process' malloc. */
@@ -583,13 +590,15 @@ static void queue_skipped(Worker *w)
     w->step++;
 }
 
-/* Sends the queued push of step `step - 1` (if any) with `extra` flags added (PS_PUSH_SNAPSHOT) and waits
- * for every server to take it. 0 or a negative code (pf_errmsg). Runs without the GIL. */
+/* Sends the queued push of step `step - 1` (if any) with `extra` flags added (PS_PUSH_SNAPSHOT; also when
+ * it is the push before a rejoining server's copy, rejoin_snapshot_push) and waits for every server to take
+ * it. 0 or a negative code (pf_errmsg). Runs without the GIL. */
 static int flush_push(Worker *w, uint32_t extra)
 {
     if (!w->queued)
         return 0;
-    uint32_t flags = w->queued_flags | extra;
+    uint32_t flags =
+        w->queued_flags | extra | (rejoin_snapshot_push(&w->rj, w->step - 1) ? PS_PUSH_SNAPSHOT : 0);
     /* A skipped step has no rows, but real buffers: the client borrows the gradients (train_net_connect)
      * and refuses NULL. */
     size_t n = (flags & PS_PUSH_SKIPPED) ? 0 : (size_t)w->last_k;
@@ -623,10 +632,38 @@ static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t n, Py_ssize_t itemsize,
     return 0;
 }
 
+/* rejoin_hold's stop: the run broke (the watcher's report) while the pushes are held. */
+static int hold_broken(void *arg)
+{
+    Worker *w = arg;
+    return __atomic_load_n(&w->broken, __ATOMIC_ACQUIRE) ? pf_err(-ENOLINK, "%s", w->broken_msg) : 0;
+}
+
+/* A failed-over server's rejoin at the start of step w->step (replicas = 1; worker/rejoin.h): the ranks
+ * allreduce (max) their rejoin_vote over the ring, so that all agree at the same step on a rejoin begun,
+ * whose copy is then checkpoint step + 1 (the push of this step asks for it); at the start of that
+ * checkpoint's step, its push acknowledged, every rank holds until the learner holds its copies. 0 or a
+ * negative code. */
+static int step_rejoin(Worker *w)
+{
+    if (!w->run.replicas)
+        return 0;
+    float v = rejoin_vote(&w->rj);
+    int rc = 0;
+    if (w->net.have_coll && w->world_size > 1 &&
+        (rc = coll_allreduce(&w->net.coll, &v, 1, COLL_F32, COLL_MAX)) < 0)
+        return rc;
+    rejoin_agree(&w->rj, v > 0 ? (uint32_t)v : 0, w->step + 1);
+    if (w->rj.ckpt < 0 || w->step != w->rj.ckpt || w->queued)
+        return 0;
+    return rejoin_hold(&w->rj, w->sess, w->net.ps, w->rank, w->step, w->run.ctl_timeout, hold_broken, w);
+}
+
 /* The start of a step, for forward and pull: ends a forward without backward (skipped), sends the queued
- * push of the step before, samples (labels: this worker's batch; the labels of all workers are allgathered)
- * and pulls the sampled rows into `centers`. Runs without the GIL. 0, or a negative code with *stage: 0 the
- * push of the step before, 1 sampling, 2 the pull. */
+ * push of the step before, takes part in a server's rejoin (step_rejoin), samples (labels: this worker's
+ * batch; the labels of all workers are allgathered) and pulls the sampled rows into `centers`. Runs without
+ * the GIL. 0, or a negative code with *stage: 0 the push of the step before, 1 sampling, 2 the pull, 4 the
+ * rejoin. */
 static int step_begin(Worker *w, const int64_t *labels, int64_t *k, int *stage)
 {
     const int64_t *ids = NULL;
@@ -634,6 +671,10 @@ static int step_begin(Worker *w, const int64_t *labels, int64_t *k, int *stage)
         queue_skipped(w);
     *stage = 0;
     int rc = flush_push(w, 0);
+    if (rc == 0) {
+        *stage = 4;
+        rc = step_rejoin(w);
+    }
     double t0 = pf_now_s(), t1 = t0;
     if (rc == 0) {
         *stage = 1;
@@ -662,6 +703,7 @@ static PyObject *step_error(Worker *w, int rc, int stage)
                      stage == 0   ? "the push of the step before"
                      : stage == 1 ? "sampling"
                      : stage == 2 ? "pull"
+                     : stage == 4 ? "a server's rejoin"
                                   : "head");
 }
 

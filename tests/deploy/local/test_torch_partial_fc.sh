@@ -16,7 +16,9 @@
 #   - optimizer.step() not called at two steps (GradScaler's skip): the class centers stay as they were, against
 #     a reference skipping the same steps (and differing from one whose table still takes them);
 #   - replicas = 1: server 1, then server 0 (the rendezvous' host) killed mid-run, the module follows the
-#     failover and ends with the uninterrupted run's losses and backbone, bit for bit;
+#     failover and ends with the uninterrupted run's losses and backbone, bit for bit; and, with 2 ranks, both
+#     servers killed and restarted in turn: each rejoins (server 0 after adopting the run), the ranks holding
+#     for its copy, and the run ends with the uninterrupted run's losses, backbone and table, bit for bit;
 #   - checkpoint and resume (each checkpoint complete for ckpt-info with the ranks' .module markers): 20 steps
 #     uninterrupted against 10 steps, arcface_torch-style checkpoint files,
 #     every process killed, fresh servers with resume = true and new processes loading the files: the losses
@@ -386,6 +388,53 @@ for t in 10 $STEPS; do
     { echo "$info"; fail "ckpt-info: checkpoint $t of the module run is not complete with both ranks' markers"; }
 done
 ok "ckpt-info: the module run's checkpoints 10 and $STEPS complete (2 shards, 2 module ranks' markers)"
+
+# replicas = 1, both servers lost and restarted in turn while 2 ranks train (the module's part in a rejoin):
+# server 1 killed (SIGKILL) while the script pauses after step 6 and started again with its command line; the
+# ranks agree on its copy's checkpoint at a step's start and hold until it holds its two shards again. Then,
+# in the pause after step 13, server 0 (the rendezvous' host): its restarted process adopts the run from the
+# ranks' Resume messages and rejoins the same way. Server 0's loss is a failover only because server 1's
+# rejoin gave shard 0 its second copy back. The run ends with the uninterrupted replicas = 0 run's (full's)
+# losses, backbone and table of checkpoint 20, bit for bit, and every server exits 0.
+write_run rj 2 30 "replicas = 1"
+start_servers rj
+mport=$(free_port)
+JPIDS=()
+for r in 0 1; do
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
+    timeout 300 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/rj.ini" --C $C --D $D --batch $BATCH \
+    --steps $STEPS --sample-rate 0.5 --save "$TMP/rj.state" --save-at $STEPS --pause-after 6,13 --pause-s 3 \
+    --out "$TMP/rj.json" >"$TMP/rj.rank$r.log" 2>&1 &
+  JPIDS+=($!); PIDS+=($!)
+done
+# restart_server R AFTER: kills server R once rank 0 paused after AFTER steps and starts it again
+restart_server() {
+  wait_log "$TMP/rj.rank0.log" "^PAUSE after $2 steps" 120 || { show_logs; die "rj: rank 0 did not pause after $2"; }
+  kill -9 "${SPIDS[$1]}"; wait "${SPIDS[$1]}" 2>/dev/null
+  "$SERVER" --config "$TMP/rj.ini" --rank "$1" >"$TMP/rj.server$1.again.log" 2>&1 &
+  SPIDS[$1]=$!; PIDS+=($!)
+}
+restart_server 1 6
+restart_server 0 13
+wait_all "${JPIDS[@]}" || { show_logs; die "rj: a torch rank failed after the servers' restarts"; }
+for r in 0 1; do
+  expect_grep "rj: rank 0 took part in server $r's rejoin" "rejoin of server $r: it holds its copies again" \
+    "$TMP/rj.rank0.log"
+  wait_exit "${SPIDS[$r]}" 30 || fail "rj: restarted server $r still runs after the ranks left"
+  s=0; wait "${SPIDS[$r]}" || s=$?
+  [ "$s" -eq 0 ] || { tail -5 "$TMP/rj.server$r.again.log"; fail "rj: restarted server $r exited $s"; }
+done
+expect_grep "rj: server 0 adopted the run" "adopted the running run" "$TMP/rj.server0.again.log"
+"$PFCPS_PYTHON" - "$TMP/full.json" "$TMP/rj.json" <<'PY' || fail "rj: losses or backbone differ from the uninterrupted run"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+print(f"  losses {'identical' if a['losses'] == b['losses'] else 'differ'}, backbone "
+      f"{'identical' if a['backbone_sha256'] == b['backbone_sha256'] else 'differs'}")
+sys.exit(0 if a["losses"] == b["losses"] and a["backbone_sha256"] == b["backbone_sha256"] else 1)
+PY
+t_rj=$("$PFCPS_PYTHON" "$SRC/tests/deploy/local/ckpt_table.py" digest "$TMP/rj.out/snapshots" $STEPS) ||
+  die "rj: no checkpoint $STEPS"
+expect_eq "rj: the table of checkpoint $STEPS after both servers' rejoins (weights and momentum)" "$t_rj" "$t_full"
 
 # A state the servers cannot continue raises PfcpsError naming the problem, at the first forward (the join):
 # resume_fail NAME STATE_PREFIX NEEDLE [LINE...]: fresh servers on a copy of half's step-10 checkpoint (or none

@@ -16,8 +16,8 @@ The two lines that differ between the head implementations are marked "the two-l
         --skip-opt-at T1,T2: optimizer.step() is not called at those steps (what GradScaler does on an inf
             gradient); the scheduler still steps. Reference: --skip-centers skipped (default: the table stays as
             it was too) or stepped (the table still takes its step: the negative control)
-        --pause-after N --pause-s S: after N global steps print "PAUSE" and sleep S seconds, then train on
-            (the test kills a server meanwhile)
+        --pause-after N[,N...] --pause-s S: after N global steps print "PAUSE" and sleep S seconds, then
+            train on (the test kills or restarts a server meanwhile)
         --hang-after N: after N global steps print "HANG" and sleep (the test kills the processes)
         --table-out F (reference): the final class-center table (float64, C x D) to F (torch.save)
     torch_train_v2.py errors --run RUN.ini --bad-rendezvous RUN2.ini   (the error cases of tests/deploy/local/
@@ -233,7 +233,7 @@ def train(a):
             torch.save({"epoch": 0, "global_step": step + 1, "state_dict_backbone": net.state_dict(),
                         "state_dict_softmax_fc": module.state_dict(), "state_optimizer": opt.state_dict(),
                         "state_lr_scheduler": sched.state_dict()}, f"{a.save}.rank{rank}.pt")
-        if a.pause_after and step + 1 == a.pause_after:
+        if step + 1 in a.pause_after:
             print(f"PAUSE after {step + 1} steps", flush=True)
             time.sleep(a.pause_s)
         if a.hang_after and step + 1 == a.hang_after:
@@ -413,7 +413,7 @@ def main():
             t.add_argument("--save-at", type=int, default=0)
             t.add_argument("--resume")
             t.add_argument("--hang-after", type=int, default=0)
-            t.add_argument("--pause-after", type=int, default=0)
+            t.add_argument("--pause-after", type=lambda v: {int(x) for x in v.split(",")}, default=set())
             t.add_argument("--pause-s", type=float, default=3.0)
             t.add_argument("--table-out")
         else:
