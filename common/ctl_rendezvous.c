@@ -40,6 +40,9 @@
 #define CTL_STRAY_LOG_S   5.0 /* at most one summary line about unauthenticated connections this often */
 #define CTL_CLOSE_GRACE_S 1.0 /* time to flush an error reply before the socket is closed */
 #define CTL_PEER_LEN      64  /* bytes of a peer's "host:port" (INET6_ADDRSTRLEN + ':' + port fit) */
+/* A rejoining server must be ready within this many ctl_timeouts of its book (its own wait for the files is
+ * one; the workers hold their pushes for at most 4 from about the same moment, worker/rejoin.h). */
+#define CTL_LEARNER_READY_TIMEOUTS 3
 
 static int set_nonblock(int fd)
 {
@@ -113,6 +116,8 @@ struct ctl_rendezvous {
     conn *learner;     /* the server rejoining now (at most one at a time), or NULL */
     int64_t learner_step; /* the checkpoint step its copy is taken at (0: the workers have not said yet) */
     double learner_t0;    /* when it joined (pf_now_s), for the log */
+    double learner_book;  /* when it was sent its book (pf_now_s; 0: not yet): it must be ready within
+                             CTL_LEARNER_READY_TIMEOUTS x ctl_timeout of it */
     uint8_t run_id[CKPT_RUN_ID_BYTES]; /* the run id the book carried when the run formed */
     /* worker replacement in place (ctl_rendezvous_opts.replace_workers; docs/architecture.md, "Worker
      * replacement in place") */
@@ -618,6 +623,7 @@ static void rejoin_begin(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     rv->learner = c;
     rv->learner_step = 0;
     rv->learner_t0 = pf_now_s();
+    rv->learner_book = 0;
     rv->epoch++;
     metrics_set(rv->m_epoch, rv->epoch);
     const int S = rv->num_servers, r = j->rank;
@@ -729,6 +735,7 @@ static void rejoin_step(ctl_rendezvous *rv, const conn *from, int64_t step)
              l->rank, (l->rank + rv->num_servers - 1) % rv->num_servers, (long long)step);
     if (send_late_reply(rv, l, l, step, reason, 0) < 0)
         return;
+    rv->learner_book = pf_now_s();
     log_info(
         "control plane: rejoin: %s[%d] says the workers took checkpoint step %lld for server[%d]'s copy; "
         "its book sent",
@@ -1822,10 +1829,31 @@ static void serve_ready(ctl_rendezvous *rv, const struct pollfd *pfd, int nc, do
     }
 }
 
+/* A learner that got its book and is not ready within CTL_LEARNER_READY_TIMEOUTS x ctl_timeout (stopped or
+ * hung while copying: it sends no heartbeat before it serves, so its silence is not timed) is dropped, which
+ * aborts its rejoin (release_seat): the workers, holding their pushes since the copy step, go on with single
+ * copies before their own bound (4 x ctl_timeout, worker/rejoin.h) ends the run. A late ready of it finds its
+ * connection refused and changes nothing. */
+static void expire_learner(ctl_rendezvous *rv, double now)
+{
+    conn *l = rv->learner;
+    const double limit = CTL_LEARNER_READY_TIMEOUTS * rv->timeout_s;
+    if (!l || rv->learner_book <= 0 || now - rv->learner_book <= limit || l->closing || l->dead)
+        return;
+    char msg[200];
+    snprintf(
+        msg, sizeof msg,
+        "rejoin: not ready within %.0f s of its book (%d x ctl_timeout): its rejoin is aborted and the run "
+        "goes on without it",
+        limit, CTL_LEARNER_READY_TIMEOUTS);
+    conn_refuse(rv, l, ETIMEDOUT, msg);
+}
+
 /* Refuses the connections whose read deadline passed, and sends what this pass queued. */
 static void expire_and_flush(ctl_rendezvous *rv, double now)
 {
     adopt_expire(rv, now);
+    expire_learner(rv, now);
     if (rv->wr_rank >= 0 && now - rv->wr_t0 > rv->timeout_s) {
         char why[160];
         snprintf(why, sizeof why, "%s within ctl_timeout (%.0f s)",

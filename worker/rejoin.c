@@ -2,6 +2,7 @@
 #include "worker/rejoin.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -41,6 +42,15 @@ void rejoin_notice(rejoin_state *r, int kind, int server, uint32_t epoch, const 
     atomic_store(&r->end_epoch, epoch);
 }
 
+/* "server N", or "a server" while this worker agreed through the vote before its own notice came. */
+static const char *server_name(const rejoin_state *r, char *buf, size_t n)
+{
+    if (atomic_load(&r->begin_epoch) < r->wait_epoch)
+        return "a server (its notice not here yet)";
+    snprintf(buf, n, "server %d", r->server);
+    return buf;
+}
+
 float rejoin_vote(const rejoin_state *r)
 {
     const uint32_t b = atomic_load(&r->begin_epoch), e = atomic_load(&r->end_epoch);
@@ -53,9 +63,10 @@ int rejoin_agree(rejoin_state *r, uint32_t agreed, int64_t ckpt)
         return 0;
     r->wait_epoch = agreed;
     r->ckpt = ckpt;
-    log_info("server %d rejoins (epoch %u): every worker checkpoints at step %lld for its copy and holds its "
-             "pushes after it until the copy is done",
-             r->server, agreed, (long long)ckpt);
+    char nm[32];
+    log_info("%s rejoins (epoch %u): every worker checkpoints at step %lld for its copy and holds its pushes "
+             "after it until the copy is done",
+             server_name(r, nm, sizeof nm), agreed, (long long)ckpt);
     return 1;
 }
 
@@ -73,11 +84,13 @@ int rejoin_hold(rejoin_state *r, ctl_session *sess, ps_client *ps, int rank, int
         int s = stop ? stop(arg) : 0;
         if (s)
             return s > 0 ? 0 : s;
-        if (pf_now_s() - t0 > limit)
+        if (pf_now_s() - t0 > limit) {
+            char nm[32];
             return pf_err(-ETIMEDOUT,
-                          "rejoin: server %d did not become a copy (nor was it lost) within %.0f s of "
+                          "rejoin: %s did not become a copy (nor was its rejoin aborted) within %.0f s of "
                           "checkpoint step %lld",
-                          r->server, limit, (long long)step);
+                          server_name(r, nm, sizeof nm), limit, (long long)step);
+        }
         sleep_ms();
     }
     const int kind = r->end.kind, server = r->end.server;

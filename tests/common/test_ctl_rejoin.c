@@ -1,0 +1,173 @@
+/* The rendezvous' side of a failed-over server's rejoin (docs/architecture.md, "Hot-standby shards", Rejoin),
+ * with members that are control sessions only (no data plane): 2 servers + 1 worker, replicas = 1, the
+ * rendezvous in this process, ctl_timeout 2 s. Server 1's session closes without leaving (a crash): the
+ * others are told it failed over (epoch 1). A restarted server 1 joins as a learner: the worker is told
+ * "rejoin begins" (epoch 2), reports the copy step 4, and the learner's join returns with its book (rejoin
+ * epoch 2, resume step 4). Cases: ready: the learner says it is ready: the worker is told "rejoined" (epoch
+ * 3) with the learner's address; hang:  the learner never says it is ready (stopped or hung while copying; it
+ * heartbeats only once it serves): the rendezvous drops it 3 x ctl_timeout (6 s) after its book, not before,
+ * and the worker is told "rejoin aborted" (epoch 2: nothing changed) well within its own hold bound (4 x
+ * ctl_timeout, 8 s); a ready the learner sends afterwards changes nothing (no "rejoined" follows). */
+#include "common/clock.h"
+#include "common/ctl.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "tests/check.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#define SECRET  "rejoin-test-secret"
+#define MAXF    65536
+#define TIMEOUT 2.0
+
+static int port;
+
+typedef struct member {
+    ctl_role role;
+    int rank;
+    const char *addr;
+    pthread_t th;
+    int rc;
+    ctl_session *s;
+} member;
+
+static void *join_main(void *arg)
+{
+    member *m = arg;
+    m->rc =
+        ctl_join("127.0.0.1", port, m->role, m->rank, m->addr, strlen(m->addr), SECRET, MAXF, 10.0, &m->s);
+    return NULL;
+}
+
+static ctl_rendezvous *start(void)
+{
+    ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
+                             .num_servers = 2,
+                             .num_workers = 1,
+                             .secret = SECRET,
+                             .max_frame = MAXF,
+                             .timeout_s = TIMEOUT,
+                             .config_text = "[cluster]\nreplicas = 1\n",
+                             .replicas = 1,
+                             .rejoin = 1};
+    ctl_rendezvous *rv;
+    if (ctl_rendezvous_start(&o, &rv) < 0)
+        DIE("rendezvous: %s", pf_errmsg());
+    port = ctl_rendezvous_port(rv);
+    return rv;
+}
+
+/* The next notice on s within `limit` seconds, serving the heartbeats of `other` meanwhile: its kind (-1:
+ * none came), rank in *rank, epoch in *epoch. */
+static int next_notice(ctl_session *s, ctl_session *other, double limit, int *rank, uint32_t *epoch)
+{
+    const double t0 = pf_now_s();
+    while (pf_now_s() - t0 < limit) {
+        if (other)
+            ctl_session_wait_shutdown(other, 0.02);
+        int r = ctl_session_wait_shutdown(s, 0.1);
+        if (r == 2) {
+            *epoch = ctl_session_failover(s, rank, NULL);
+            return ctl_session_failover_kind(s, NULL, NULL, NULL);
+        }
+        if (r != 0)
+            return -1;
+    }
+    return -1;
+}
+
+/* Forms the run (m[0] server 0, m[1] server 1, m[2] worker 0), loses server 1 and starts its learner through
+ * the copy step: on return the learner `l` holds its book. */
+static void to_book(member m[3], member *l, const char *name)
+{
+    m[0] = (member){.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0"};
+    m[1] = (member){.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1"};
+    m[2] = (member){.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0"};
+    for (int i = 0; i < 3; i++)
+        pthread_create(&m[i].th, NULL, join_main, &m[i]);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(m[i].th, NULL);
+        if (m[i].rc < 0)
+            DIE("%s: member %d did not join: %s", name, i, pf_errmsg());
+    }
+    ctl_session_close(m[1].s); /* without leaving: a crash */
+    m[1].s = NULL;
+    int rank = -1, k;
+    uint32_t e = 0;
+    k = next_notice(m[2].s, m[0].s, 5.0, &rank, &e);
+    CHECK(k == CTL_FO_LOST && rank == 1 && e == 1,
+          "%s: the worker is told server 1 failed over at epoch 1 (kind %d, "
+          "rank %d, epoch %u)",
+          name, k, rank, e);
+    *l = (member){.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-again"};
+    pthread_create(&l->th, NULL, join_main, l);
+    k = next_notice(m[2].s, m[0].s, 5.0, &rank, &e);
+    CHECK(k == CTL_FO_REJOIN_BEGIN && rank == 1 && e == 2,
+          "%s: the worker is told server 1 rejoins at epoch 2 "
+          "(kind %d, rank %d, epoch %u)",
+          name, k, rank, e);
+    CHECK(ctl_session_rejoin_report(m[2].s, CTL_FO_REJOIN_STEP, 1, 2, 4) == 0, "%s: copy step: %s", name,
+          pf_errmsg());
+    pthread_join(l->th, NULL);
+    CHECK(l->rc == 0, "%s: the learner got its book: %s", name, l->rc < 0 ? pf_errmsg() : "");
+    const ctl_book *b = ctl_session_book(l->s);
+    check(b->rejoin_epoch == 2 && b->resume_step == 4,
+          "%s: the learner's book: rejoin epoch %u, copy step %lld", name, b->rejoin_epoch,
+          (long long)b->resume_step);
+}
+
+static void case_ready(void)
+{
+    ctl_rendezvous *rv = start();
+    member m[3], l;
+    to_book(m, &l, "ready");
+    check(ctl_session_rejoin_report(l.s, CTL_FO_REJOIN_READY, 1, 2, 4) == 0, "ready: the learner says ready");
+    int rank = -1;
+    uint32_t e = 0;
+    int k = next_notice(m[2].s, m[0].s, 5.0, &rank, &e);
+    check(k == CTL_FO_REJOINED && rank == 1 && e == 3,
+          "ready: the worker is told server 1 rejoined at epoch 3 "
+          "(kind %d, rank %d, epoch %u)",
+          k, rank, e);
+    ctl_session_close(l.s);
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[2].s);
+    ctl_rendezvous_stop(rv);
+}
+
+static void case_hang(void)
+{
+    ctl_rendezvous *rv = start();
+    member m[3], l;
+    to_book(m, &l, "hang");
+    const double t0 = pf_now_s();
+    int rank = -1;
+    uint32_t e = 0;
+    int k = next_notice(m[2].s, m[0].s, 4 * TIMEOUT + 1, &rank, &e);
+    const double dt = pf_now_s() - t0;
+    check(k == CTL_FO_REJOIN_ABORTED && rank == 1 && e == 2,
+          "hang: the worker is told server 1's rejoin aborted, epoch 2 (kind %d, rank %d, epoch %u)", k, rank,
+          e);
+    check(dt > 3 * TIMEOUT - 0.3 && dt < 4 * TIMEOUT - 0.5,
+          "hang: %.2f s after the book: past 3 x ctl_timeout, within the workers' 4 x ctl_timeout", dt);
+    /* The learner wakes up: its ready changes nothing (its connection was refused). */
+    ctl_session_rejoin_report(l.s, CTL_FO_REJOIN_READY, 1, 2, 4);
+    k = next_notice(m[2].s, m[0].s, 1.0, &rank, &e);
+    check(k == -1, "hang: the learner's late ready tells the worker nothing (kind %d)", k);
+    ctl_session_close(l.s);
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[2].s);
+    ctl_rendezvous_stop(rv);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    log_init("test", 0);
+    case_ready();
+    case_hang();
+    return check_summary();
+}
