@@ -36,8 +36,9 @@
 #define SECRET "orphan-test-secret"
 #define MAXF   65536
 
+#include "tests/common/ctl_member.h"
+
 static pid_t child;
-static int port;
 
 static void kill_child(void)
 {
@@ -100,29 +101,12 @@ static void start_child_at(int *cmd, int at_port)
     *cmd = down[1];
 }
 
-typedef struct member {
-    ctl_role role;
-    int rank;
-    pthread_t th;
-    int rc;
-    ctl_session *s;
-} member;
-
-static void *join_main(void *arg)
-{
-    member *m = arg;
-    char addr[32];
-    snprintf(addr, sizeof addr, "fab-%s-%d", ctl_role_name(m->role), m->rank);
-    m->rc = ctl_join("127.0.0.1", port, m->role, m->rank, addr, strlen(addr), SECRET, MAXF, 10.0, &m->s);
-    return NULL;
-}
-
 /* Joins server 0, server 1 and worker 0 (threads: the run forms once all three are in) into m[3]. */
 static void join_all(member m[3])
 {
-    m[0] = (member){.role = CTL_ROLE_SERVER, .rank = 0};
-    m[1] = (member){.role = CTL_ROLE_SERVER, .rank = 1};
-    m[2] = (member){.role = CTL_ROLE_WORKER, .rank = 0};
+    m[0] = (member){.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-server-0", .timeout = 10};
+    m[1] = (member){.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-server-1", .timeout = 10};
+    m[2] = (member){.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-worker-0", .timeout = 10};
     for (int i = 0; i < 3; i++)
         pthread_create(&m[i].th, NULL, join_main, &m[i]);
     for (int i = 0; i < 3; i++) {

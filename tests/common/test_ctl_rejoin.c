@@ -26,24 +26,7 @@
 #define MAXF    65536
 #define TIMEOUT 1.0
 
-static int port;
-
-typedef struct member {
-    ctl_role role;
-    int rank;
-    const char *addr;
-    pthread_t th;
-    int rc;
-    ctl_session *s;
-} member;
-
-static void *join_main(void *arg)
-{
-    member *m = arg;
-    m->rc =
-        ctl_join("127.0.0.1", port, m->role, m->rank, m->addr, strlen(m->addr), SECRET, MAXF, 10.0, &m->s);
-    return NULL;
-}
+#include "tests/common/ctl_member.h"
 
 static ctl_rendezvous *start(void)
 {
@@ -86,9 +69,9 @@ static int next_notice(ctl_session *s, ctl_session *other, double limit, int *ra
  * the copy step: on return the learner `l` holds its book. */
 static void to_book(member m[3], member *l, const char *name)
 {
-    m[0] = (member){.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0"};
-    m[1] = (member){.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1"};
-    m[2] = (member){.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0"};
+    m[0] = (member){.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10};
+    m[1] = (member){.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10};
+    m[2] = (member){.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10};
     for (int i = 0; i < 3; i++)
         pthread_create(&m[i].th, NULL, join_main, &m[i]);
     for (int i = 0; i < 3; i++) {
@@ -105,7 +88,7 @@ static void to_book(member m[3], member *l, const char *name)
           "%s: the worker is told server 1 failed over at epoch 1 (kind %d, "
           "rank %d, epoch %u)",
           name, k, rank, e);
-    *l = (member){.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-again"};
+    *l = (member){.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-again", .timeout = 10};
     pthread_create(&l->th, NULL, join_main, l);
     k = next_notice(m[2].s, m[0].s, 5.0, &rank, &e);
     CHECK(k == CTL_FO_REJOIN_BEGIN && rank == 1 && e == 2,

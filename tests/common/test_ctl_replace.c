@@ -37,27 +37,10 @@
 #define SECRET "replace-test-secret"
 #define MAXF   65536
 
-static int port;
+#include "tests/common/ctl_member.h"
+
 static int g_port_at; /* the port start_n binds (0: a free one) */
 static int g_acc; /* the rendezvous' gradient_acc (0: none) */
-
-typedef struct member {
-    ctl_role role;
-    int rank;
-    const char *addr;
-    double timeout;
-    pthread_t th;
-    int rc;
-    ctl_session *s;
-} member;
-
-static void *join_main(void *arg)
-{
-    member *m = arg;
-    m->rc = ctl_join("127.0.0.1", port, m->role, m->rank, m->addr, strlen(m->addr), SECRET, MAXF, m->timeout,
-                     &m->s);
-    return NULL;
-}
 
 static ctl_rendezvous *start_n(int servers, int replace, double timeout_s)
 {
