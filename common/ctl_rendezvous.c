@@ -755,6 +755,11 @@ static void rejoin_done(ctl_rendezvous *rv, conn *c)
     ctl_roster_take(&rv->roster, seat, c, c->peer, NULL, NULL, 0);
     c->seat = seat;
     c->learning = 0;
+    /* Its silence is timed from now on, as a member's after its first heartbeat: it serves (its heartbeats
+     * begin right after its ready), so one that hangs from here is lost like any other, not only once it
+     * heartbeated. */
+    c->hb_seen = 1;
+    c->deadline = pf_now_s() + ctl_member_silence_s(rv->timeout_s);
     join_metrics(rv, c); /* counted, and listed in /targets with its metrics endpoint */
     rv->learner = NULL;
     rv->srv_lost[r] = 0;

@@ -124,10 +124,12 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
         metrics_set_run(hex);
         return 0;
     }
-    if ((rc == -EINTR && g_stop && *g_stop) || rc == -ECANCELED) {
-        /* Stopped on request, or server 0 shut the run down, before it formed: a normal stop. */
-        if (rc == -EINTR)
-            log_info("stopping: SIGTERM/SIGINT while waiting for the run to form%s", stop_note);
+    if ((g_stop && *g_stop) || rc == -ECANCELED) {
+        /* Stopped on request (whatever ended the join then: the interrupt, or its deadline passed while this
+         * process was stopped), or server 0 shut the run down, before it formed: a normal stop. */
+        if (rc != -ECANCELED)
+            log_info("stopping: SIGTERM/SIGINT while waiting for the run to form%s (the join: %s)", stop_note,
+                     pf_errmsg());
         else
             log_info("stopping: %s", pf_errmsg());
         log_info("stopped before the run formed");

@@ -310,7 +310,11 @@ static int rejoin_wait_file(const server_daemon *d, int shard, int from)
     const double t0 = pf_now_s(), limit = d->run.ctl_timeout > 0 ? d->run.ctl_timeout : 30;
     struct stat st;
     while (stat(p, &st) != 0) {
-        if (g_stop || pf_now_s() - t0 > limit) {
+        if (g_stop) {
+            log_info("rejoin: stopping on request while waiting for shard %d's copy %s", shard, p);
+            return -1;
+        }
+        if (pf_now_s() - t0 > limit) {
             log_error("rejoin: shard %d's copy %s did not appear within %.0f s (server %d writes it)", shard,
                       p, limit, from);
             return -1;
@@ -851,6 +855,11 @@ int main(int argc, char **argv)
         if (exit_code == 0)
             say_done(&d);
         stop_serving(&d);
+    } else if (rc == 0 && g_stop) {
+        /* SIGTERM/SIGINT while starting to serve (a rejoining server stopped before it held a copy, a fill
+         * cut short): a stop asked for, as before the run formed. */
+        log_info("stopped on request before this server served");
+        exit_code = 0;
     }
     return finish(&d, exit_code);
 }

@@ -107,13 +107,19 @@ wait_gone() {
   done
   return 1
 }
+# term PID...: asks each daemon to stop (SIGTERM), then continues it (SIGCONT), as systemd does: a stopped
+# daemon (SIGSTOP, a debugger) can only act on the SIGTERM once it runs again.
+term() {
+  local p
+  for p in "$@"; do kill -TERM "$p" 2>/dev/null && kill -CONT "$p" 2>/dev/null; done
+}
 on_signal() {
   echo "launch: signal received, stopping ${#worker_pids[@]} workers, then ${#server_pids[@]} servers" >&2
   # Workers first: they agree to stop after the step in progress and exit 0. Then the servers they
   # were talking to. Whatever is still alive 5 s later is killed.
-  for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  term "${worker_pids[@]}"
   wait_gone 5 "${worker_pids[@]}"
-  for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  term "${server_pids[@]}"
   wait_gone 5 "${server_pids[@]}"
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
   wait 2>/dev/null
@@ -226,18 +232,21 @@ run_once() {
       echo "launch: worker $failed exited with status $rc (see $out/logs/worker$failed.log); stopping the others" >&2
     fi
     if [ "$failed" -ge 0 ]; then
-      for p in "${worker_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+      term "${worker_pids[@]}"
       wait_gone 15 "${worker_pids[@]}" || for p in "${worker_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
       break
     fi
     sleep 0.2
   done
   for i in "${!worker_pids[@]}"; do
-    if [ -z "${codes[$i]:-}" ]; then s=0; wait "${worker_pids[$i]}" || s=$?; [ "$s" -ne 0 ] && [ "$rc" -eq 0 ] && rc=$s; fi
+    if [ -z "${codes[$i]:-}" ]; then
+      s=0; wait "${worker_pids[$i]}" || s=$?
+      [ "$s" -ne 0 ] && [ "$rc" -eq 0 ] && { rc=$s; culprit="worker $i (status $s)"; }
+    fi
   done
   wait "$tail_pid" 2>/dev/null
   # Workers are done (or one failed): stop the servers cleanly and collect their exit codes.
-  for p in "${server_pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  term "${server_pids[@]}"
   wait_gone 30 "${server_pids[@]}" || for p in "${server_pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
   for i in "${!server_pids[@]}"; do
     # a server whose exit was already taken above (the one that failed first, or one replicas made up for)
@@ -246,8 +255,8 @@ run_once() {
     wait "${server_pids[$i]}" 2>/dev/null || s=$?
     # 127: already waited for above.
     if [ "$s" -ne 0 ] && [ "$s" -ne 127 ] && [ "$rc" -eq 0 ]; then
-      echo "launch: a server exited with status $s (see $out/logs)" >&2
-      rc=$s
+      echo "launch: server $i exited with status $s when the run ended (see $out/logs/server$i.log)" >&2
+      rc=$s; culprit="server $i (status $s, when the run ended)"
     fi
   done
 }

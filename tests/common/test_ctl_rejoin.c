@@ -5,7 +5,9 @@
  * "rejoin begins" (epoch 2), reports the copy step 4, and the learner's join returns with its book (rejoin
  * epoch 2, resume step 4).
  *
- * Case ready: the learner says it is ready, and the worker is told "rejoined" (epoch 3).
+ * Case ready: the learner says it is ready, and the worker is told "rejoined" (epoch 3). The rejoined server
+ * then sends no heartbeat (it hangs right after its ready): it is lost like any member, the worker told it
+ * failed over (epoch 4) within the silence limit (2 s) and a tick.
  *
  * Case hang: the learner never says it is ready (stopped or hung while copying; it heartbeats only once it
  * serves). The rendezvous drops it 3 x ctl_timeout (3 s) after its book, not before, and the worker is told
@@ -118,6 +120,14 @@ static void case_ready(void)
           "ready: the worker is told server 1 rejoined at epoch 3 "
           "(kind %d, rank %d, epoch %u)",
           k, rank, e);
+    const double t0 = pf_now_s();
+    k = next_notice(m[2].s, m[0].s, ctl_member_silence_s(TIMEOUT) + 2.0, &rank, &e);
+    const double dt = pf_now_s() - t0;
+    check(k == CTL_FO_LOST && rank == 1 && e == 4 && dt < ctl_member_silence_s(TIMEOUT) + 0.5,
+          "ready: the rejoined server, silent from its ready on, is failed over at epoch 4 after %.2f s "
+          "(kind %d, "
+          "rank %d, epoch %u)",
+          dt, k, rank, e);
     ctl_session_close(l.s);
     ctl_session_close(m[0].s);
     ctl_session_close(m[2].s);
@@ -141,7 +151,7 @@ static void case_hang(void)
           "hang: %.2f s after the book: past 3 x ctl_timeout, within the workers' 4 x ctl_timeout", dt);
     /* The learner wakes up: its ready changes nothing (its connection was refused). */
     ctl_session_rejoin_report(l.s, CTL_FO_REJOIN_READY, 1, 2, 4);
-    k = next_notice(m[2].s, m[0].s, 1.0, &rank, &e);
+    k = next_notice(m[2].s, m[0].s, 0.5, &rank, &e);
     check(k == -1, "hang: the learner's late ready tells the worker nothing (kind %d)", k);
     ctl_session_close(l.s);
     ctl_session_close(m[0].s);
