@@ -1,8 +1,8 @@
 /* A member of the control-plane tests (test_ctl_*.c): a control session joined to the rendezvous at
  * 127.0.0.1:`port` from a thread (join_main) or inline. The including file defines SECRET (the join secret)
  * and MAXF (the frame bound) first, and sets `port` once its rendezvous listens. */
-#ifndef PFCPS_TESTS_CTL_MEMBER_H
-#define PFCPS_TESTS_CTL_MEMBER_H
+#ifndef PFCPS_TESTS_COMMON_CTL_MEMBER_H
+#define PFCPS_TESTS_COMMON_CTL_MEMBER_H
 
 #include <pthread.h>
 #include <string.h>
