@@ -32,8 +32,9 @@ int cli_member_check(const pf_config *cfg, long rank, int count, const char *wha
                      int *port, const char **secret);
 
 /* Joins the run at host:port as (role, rank) with fabric address addr (ctl_join, waiting up to
- * cfg->ctl_timeout, default 30 s) and loads the run config the rendezvous sent (server 0's) into *run.
- * Returns 0 with *sess, or a negative code with pf_errmsg() saying which of the two failed. */
+ * cfg->join_timeout, default 600 s, for the rendezvous to answer and the whole run to join) and loads the run
+ * config the rendezvous sent (server 0's) into *run. Returns 0 with *sess, or a negative code with
+ * pf_errmsg() saying which of the two failed. */
 int cli_join_run(const pf_config *cfg, const char *host, int port, int role, int rank, const void *addr,
                  size_t alen, const char *secret, ctl_session **sess, pf_config *run);
 

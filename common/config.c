@@ -100,6 +100,7 @@ static const key_def keys[] = {
     {"data_address", "cluster", K_STR, OFF(data_address), "auto", 0, 0, 0, 0, NULL, 0, 1},
     {"metrics_address", "cluster", K_STR, OFF(metrics_address), "", 0, 0, 0, 0, NULL, 0, 0},
     {"ctl_timeout", "cluster", K_DOUBLE, OFF(ctl_timeout), "30", 0, 86400, 1, 0, NULL, 0, 0},
+    {"join_timeout", "cluster", K_DOUBLE, OFF(join_timeout), "600", 0, 86400, 1, 0, NULL, 0, 0},
     /* [server] */
     {"snapshot_dir", "server", K_STR, OFF(snapshot_dir), "", 0, 0, 0, 0, NULL, 0, 0},
     {"snapshot_every", "server", K_INT, OFF(snapshot_every), "0", 0, INT_MAX, 0, 0, NULL, 0, 0},

@@ -92,6 +92,8 @@ typedef struct pf_config {
     char secret[CFG_STR];     /* shared join secret; default "" = read PFCPS_SECRET from the environment */
     int ctl_max_frame;        /* control-plane frame limit, bytes, default 1 MiB */
     double ctl_timeout;       /* control-plane read timeout, seconds, default 30 */
+    double join_timeout;      /* how long a member waits to reach the rendezvous and for the run to form,
+                                 seconds, default 600 (torchrun's rendezvous join_timeout). Member-local */
     /* --- server --- */
     char snapshot_dir[CFG_STR]; /* default "" = <output>/snapshots */
     int snapshot_every;         /* steps between checkpoints, 0 = off (default); one is also written at the end */

@@ -37,6 +37,7 @@ typedef struct ctl_rendezvous_opts {
     const char *secret;       /* shared secret, non-empty */
     size_t max_frame;         /* bytes; frames longer than this are refused */
     double timeout_s;         /* per-read timeout */
+    double bind_timeout_s;    /* how long bind_host may take to resolve (published late); 0: timeout_s */
     const char *config_text;  /* sent to every member */
     int64_t num_classes;      /* shard map's C, sent in the join reply (0 = unknown) */
     int resume;               /* pick the newest checkpoint step every member holds (book.resume_step) */

@@ -92,6 +92,7 @@ struct ctl_rendezvous {
     double stray_log_t, accept_pause_until;
     size_t max_frame;
     double timeout_s;
+    double bind_timeout_s; /* ctl_rendezvous_opts.bind_timeout_s */
     int lfd, port;
     int wake[2];
     pthread_t thread;
@@ -2106,6 +2107,7 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     }
     rv->max_frame = o->max_frame;
     rv->timeout_s = o->timeout_s;
+    rv->bind_timeout_s = o->bind_timeout_s;
     rv->replicas = o->replicas;
     rv->rejoin = o->replicas && o->rejoin;
     rv->replace = o->replicas && o->replace_workers;
@@ -2129,7 +2131,7 @@ static int rv_listen(ctl_rendezvous *rv, int port)
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
     int gr = pf_resolve("the rendezvous bind host", rv->bind_host, portstr, &hints,
-                        pf_now_s() + rv->timeout_s, &ai);
+                        pf_now_s() + (rv->bind_timeout_s > 0 ? rv->bind_timeout_s : rv->timeout_s), &ai);
     if (gr < 0)
         return gr;
     int err = 0;

@@ -301,14 +301,20 @@ static int join_recv(ctl_session *s, double deadline, Pfcps__CtlMessage **out)
     }
 }
 
+/* Seconds between the "still waiting" lines of a join (connecting, or joined and waiting for the run). */
+#define CTL_JOIN_PROGRESS_S 10.0
+
 /* Connects to the rendezvous at host:port by `deadline`, resolving the name (pf_resolve) and retrying a
- * refused connection every 0.1 s (the rendezvous may not be up yet). Returns 0 with *out_fd (non-blocking,
- * TCP_NODELAY), -EINTR when interrupted, or the last connect error named with host:port. */
+ * refused connection every 0.1 s (the rendezvous may not be up yet), saying so every CTL_JOIN_PROGRESS_S.
+ * Returns 0 with *out_fd (non-blocking, TCP_NODELAY), -EINTR when interrupted, or the last connect error
+ * named with host:port. */
 static int connect_by(const char *host, int port, double deadline, int *out_fd)
 {
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
     int last = ECONNREFUSED;
+    const double t0 = pf_now_s();
+    double t_log = t0;
     for (;;) {
         struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
         struct addrinfo *ai = NULL;
@@ -349,11 +355,18 @@ static int connect_by(const char *host, int port, double deadline, int *out_fd)
         int irc = join_interrupted();
         if (irc < 0)
             return irc;
-        if (pf_now_s() + 0.1 > deadline)
+        const double now = pf_now_s();
+        if (now + 0.1 > deadline)
             break;
+        if (now - t_log >= CTL_JOIN_PROGRESS_S) {
+            log_info("join: waiting for the rendezvous at %s:%d (%s) for %.0f s; giving up in %.0f s", host,
+                     port, strerror(last), now - t0, deadline - now);
+            t_log = now;
+        }
         poll(NULL, 0, 100); /* the rendezvous may not be up yet */
     }
-    return pf_err(-last, "cannot connect to the rendezvous at %s:%d: %s", host, port, strerror(last));
+    return pf_err(-last, "cannot connect to the rendezvous at %s:%d within join_timeout (%.0f s): %s", host,
+                  port, deadline - t0, strerror(last));
 }
 
 /* The first exchange: the service's hello (its nonce and protocol version), answered with this member's
@@ -416,18 +429,28 @@ static int take_book(ctl_session *s, const Pfcps__JoinReply *reply, ctl_role rol
     return 0;
 }
 
-/* Waits for the join reply (heartbeats may come first) and takes its book. Returns 0, -ETIMEDOUT when the
- * run did not form within timeout_s, -ECANCELED when it was shut down first, or another negative code. */
+/* Waits for the join reply (heartbeats may come first) and takes its book, saying every CTL_JOIN_PROGRESS_S
+ * that it still waits. Returns 0, -ETIMEDOUT when the run did not form within timeout_s (join_timeout),
+ * -ECANCELED when it was shut down first, or another negative code. */
 static int join_wait_book(ctl_session *s, ctl_role role, int rank, const void *addr, size_t addr_len,
                           double deadline, double timeout_s)
 {
+    const double t0 = pf_now_s();
     for (;;) {
+        const double now = pf_now_s();
+        const double until = now + CTL_JOIN_PROGRESS_S < deadline ? now + CTL_JOIN_PROGRESS_S : deadline;
         Pfcps__CtlMessage *m = NULL;
-        int rc = join_recv(s, deadline, &m);
+        int rc = join_recv(s, until, &m);
+        if (rc == -ETIMEDOUT && until < deadline) {
+            log_info(
+                "join: in at the rendezvous, waiting for the other members for %.0f s; giving up in %.0f s",
+                pf_now_s() - t0, deadline - pf_now_s());
+            continue;
+        }
         if (rc == -ETIMEDOUT)
             return pf_err(-ETIMEDOUT,
-                          "no address book from the rendezvous within %g s (not every member "
-                          "joined?)",
+                          "no address book from the rendezvous within join_timeout (%g s): not every member "
+                          "joined",
                           timeout_s);
         if (rc < 0)
             return rc;
@@ -500,7 +523,7 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
         char why[PF_ERRMSG_MAX];
         snprintf(why, sizeof why, "%s", pf_errmsg());
         if (now + 0.5 >= deadline)
-            return pf_err(-ETIMEDOUT, "join: %s (gave up after %g s)", why, timeout_s);
+            return pf_err(-ETIMEDOUT, "join: %s (gave up after join_timeout, %g s)", why, timeout_s);
         if (now - t_log >= 5.0) {
             log_info("join: %s; retrying", why);
             t_log = now;

@@ -117,6 +117,8 @@ int daemon_signalled(void)
 int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role, int rank, const void *addr,
                 size_t alen, const char *secret, const char *stop_note, ctl_session **sess, pf_config *run)
 {
+    log_info("joining the run at %s:%d as %s %d (waiting up to join_timeout, %g s, for the whole run)", host,
+             port, role == CTL_ROLE_SERVER ? "server" : "worker", rank, cfg->join_timeout);
     int rc = cli_join_run(cfg, host, port, role, rank, addr, alen, secret, sess, run);
     if (rc == 0) {
         char hex[2 * CKPT_RUN_ID_BYTES + 1];
@@ -187,7 +189,7 @@ int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port)
     if (strcmp(cfg->data_address, "auto") != 0) {
         snprintf(addr, sizeof addr, "%s", cfg->data_address);
     } else {
-        int rc = pf_route_source(host, port, pf_now_s() + (cfg->ctl_timeout > 0 ? cfg->ctl_timeout : 30),
+        int rc = pf_route_source(host, port, pf_now_s() + (cfg->join_timeout > 0 ? cfg->join_timeout : 600),
                                  addr, sizeof addr);
         if (rc == -EINTR) {
             log_info("stopping: SIGTERM/SIGINT while waiting for the rendezvous host's name to resolve");

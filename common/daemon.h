@@ -76,7 +76,7 @@ void daemon_tune_malloc(void);
  * workers (fab_set_universe) and logs it; an FI_UNIVERSE_SIZE in the environment that is not a positive
  * integer is an error (-EINVAL, logged). Call before opening the fabric endpoints. Returns 0, -EINTR
  * when a stop signal came while the rendezvous name did not resolve yet (a normal stop, logged), or another
- * negative code after logging (no route to the rendezvous within ctl_timeout). */
+ * negative code after logging (no route to the rendezvous within join_timeout). */
 int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port);
 
 /* Starts this member's Prometheus endpoint when its config (its own --config / --set: metrics_address is
@@ -87,7 +87,7 @@ int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port);
  * (address in use, malformed or not of this host): the daemon exits with status 1. */
 int daemon_metrics_start(const pf_config *cfg, const char *role, int rank);
 
-/* Joins the run (cli_join_run: host:port as (role, rank) with fabric address addr, up to ctl_timeout) and
+/* Joins the run (cli_join_run: host:port as (role, rank) with fabric address addr, up to join_timeout) and
  * loads the run config into *run. A stop before the run formed, SIGTERM/SIGINT while waiting or the
  * rendezvous shutting the run down, is a normal stop: it is logged ("stopping: ...", with `stop_note`
  * appended to the signal case, "" for none; then "stopped before the run formed"). Returns 0 with *sess

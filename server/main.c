@@ -179,6 +179,7 @@ static int start_rendezvous(server_daemon *d)
                               .secret = d->secret,
                               .max_frame = (size_t)cfg->ctl_max_frame,
                               .timeout_s = cfg->ctl_timeout,
+                              .bind_timeout_s = cfg->join_timeout,
                               .config_text = d->ini,
                               .num_classes = cfg->num_classes,
                               .resume = cfg->resume,
@@ -233,7 +234,7 @@ static int host_rendezvous_only(server_daemon *d)
 }
 
 /* Start-up up to the formed run: checks, endpoint, rendezvous (rank 0), then the join (retrying through the
- * whole ctl_timeout), which takes the run config from the address book. Returns 0 joined, 1 stopped before
+ * whole join_timeout), which takes the run config from the address book. Returns 0 joined, 1 stopped before
  * the run formed (a normal stop; rank 0 tells the members that joined when it stops), or -1 (logged). */
 static int join_run(server_daemon *d)
 {

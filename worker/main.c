@@ -140,8 +140,8 @@ static void *ctl_watch_main(void *arg)
 
 /* The run trains with server 0's config. Keys this worker's own config (file and --set) sets to a value that
  * is neither the default nor the run's are not used: say so, instead of ignoring e.g. a worker's --set lr
- * silently. `rendezvous` is left out (each host may reach server 0 by its own address), and so is the
- * member-local `metrics_address` (this worker's own endpoint). */
+ * silently. `rendezvous` is left out (each host may reach server 0 by its own address), and so are the
+ * member-local `metrics_address` (this worker's own endpoint) and `join_timeout` (its own join's bound). */
 static void warn_unused_local_keys(const pf_config *local, const pf_config *run)
 {
     pf_config def;
@@ -156,7 +156,7 @@ static void warn_unused_local_keys(const pf_config *local, const pf_config *run)
         for (; la && lb && ld;
              la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb), ld = strtok_r(NULL, "\n", &sd)) {
             if (!strcmp(la, lb) || !strcmp(la, ld) || !strncmp(la, "rendezvous ", 11) ||
-                !strncmp(la, "metrics_address ", 16))
+                !strncmp(la, "metrics_address ", 16) || !strncmp(la, "join_timeout ", 13))
                 continue;
             if (o < sizeof msg)
                 o += (size_t)snprintf(msg + o, sizeof msg - o, "%s'%s' (the run has '%s')", n ? ", " : "", la,

@@ -34,8 +34,8 @@ last_step_before() {
 }
 # recovery_ini NAME SERVERS WORKERS REPLICAS CLASSES [LINE...]: $TMP/NAME.ini, the recovery benchmarks' run: the
 # 10 ORL identities of recovery_stage in a table of CLASSES classes, r18_w8 with 32-d embeddings and a CosFace
-# margin, batch 8, 6 epochs, a log line every step, snapshot_every 4, ctl_timeout 20, output $TMP/NAME, a free
-# rendezvous port; each LINE (e.g. "sample_rate = 0.25") appended last, where it overrides.
+# margin, batch 8, 6 epochs, a log line every step, snapshot_every 4, ctl_timeout and join_timeout 20, output
+# $TMP/NAME, a free rendezvous port; each LINE (e.g. "sample_rate = 0.25") appended last, where it overrides.
 recovery_ini() {
   local name=$1 s=$2 w=$3 rep=$4 classes=$5; shift 5
   {
@@ -60,6 +60,7 @@ servers = $s
 workers = $w
 rendezvous = 127.0.0.1:$(port)
 ctl_timeout = 20
+join_timeout = 20
 [server]
 snapshot_every = 4
 replicas = $rep

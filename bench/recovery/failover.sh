@@ -52,7 +52,7 @@ cfg() {
   if [ "$QUICK" = 1 ]; then
     # The quick start's config, then this run's keys (a later key overrides; sections do not matter).
     { cat "$SRC/deploy/configs/quickstart.ini"
-      printf '[train]\noutput = %s\nfrequent = 1\n[data]\nrec = %s\n[cluster]\nservers = %s\nrendezvous = 127.0.0.1:%s\nctl_timeout = 20\n[server]\nsnapshot_every = 4\nreplicas = %s\n' \
+      printf '[train]\noutput = %s\nfrequent = 1\n[data]\nrec = %s\n[cluster]\nservers = %s\nrendezvous = 127.0.0.1:%s\nctl_timeout = 20\njoin_timeout = 20\n[server]\nsnapshot_every = 4\nreplicas = %s\n' \
         "$TMP/$1" "$TMP/train" "$2" "$(port)" "$3"; } >"$TMP/$1.ini"
     return
   fi

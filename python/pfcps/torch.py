@@ -268,7 +268,8 @@ class PartialFC(torch.nn.Module):
     step raises PfcpsError.
     Every refusal raises pfcps.PfcpsError (a RuntimeError) naming the problem: the config against the module
     (embedding_size, num_classes, workers against the torch world size, the margin, head_mode) before joining;
-    the join (servers or rendezvous unreachable within ctl_timeout, wrong secret); the run against the
+    the join (rendezvous unreachable or run not formed within join_timeout, servers unreachable within
+    ctl_timeout, wrong secret); the run against the
     module. A margin_loss without s, m1, m2, m3 raises TypeError."""
 
     def __init__(self, margin_loss, embedding_size, num_classes, sample_rate=1.0, fp16=False, *, run,

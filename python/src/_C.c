@@ -330,7 +330,7 @@ static int parse_ident(PyObject *o, ckpt_ident *id)
 
 /* join(resume_step=0, ident=None): joins the run as worker `rank` exactly as pfcps-worker does: the data
  * plane's interface (daemon_bind_data_plane), the two endpoints (train_net_open / train_net_address), the
- * join (cli_join_run, up to ctl_timeout), the run config's check against this one (train_net_check_run;
+ * join (cli_join_run, up to join_timeout), the run config's check against this one (train_net_check_run;
  * the run's workers must equal world_size), the connections to every server and the ring
  * (train_net_connect). resume_step > 0 with ident (run_id, seed, config_digest) is the one checkpoint this
  * member can resume from, listed at join as pfcps-worker lists the steps of its files: the rendezvous resumes
@@ -338,7 +338,7 @@ static int parse_ident(PyObject *o, ckpt_ident *id)
  * from scratch), else PfcpsError says what the run did and why (the rendezvous's reason) and this member
  * disconnects without leaving, so that the servers stop instead of training a run this member cannot follow.
  * Raises PfcpsError with pfcps's message on any failure (servers unreachable, wrong secret: "... within
- * ctl_timeout"). */
+ * join_timeout"). */
 static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"resume_step", "ident", NULL};

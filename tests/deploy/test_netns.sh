@@ -9,7 +9,7 @@
 # pf_resolve) until it resolves. Checks: every daemon logged the wait and then the name resolving; every member
 # joined from its own host's address; the run trained (loss fell, model.ckpt written); the servers stopped in
 # order (exit 0); the data plane went over the links (bytes through every host's tbf); a name that never
-# resolves is refused after ctl_timeout with the reason. Namespaces, veths, bridge and /etc/netns entries are
+# resolves is refused after join_timeout with the reason. Namespaces, veths, bridge and /etc/netns entries are
 # this test's own and removed on exit (also on failure). Skips (77) without root, ip, tc or namespace support.
 # Arguments: SERVER WORKER PFCPS SRC BUILD (tests/deploy/local/cluster.sh).
 . "$(dirname "$0")/../expect.sh"
@@ -152,17 +152,17 @@ for h in "${HOSTS[@]}"; do
   esac
 done
 
-# A name that is never published: refused after ctl_timeout (3 s here), naming it.
+# A name that is never published: refused after join_timeout (3 s here), naming it.
 t0=$(date +%s)
 launch wk1 "$TMP/never.log" "$WORKER" --config "$cfg" --rank 0 "${sets[@]}" --set rendezvous=never-published:29500 \
-  --set ctl_timeout=3
+  --set join_timeout=3
 wait_exit "$DPID" 20 || die "a worker waiting for a name that never resolves still runs after 20 s"
 rc=0; wait "$DPID" || rc=$?
 t1=$(date +%s)
 [ "$rc" -eq 1 ] || { cat "$TMP/never.log"; die "never-published: exit $rc, expected 1"; }
 grep -Eq "cannot resolve (the )?rendezvous host 'never-published': .*\(retried for" "$TMP/never.log" ||
   { cat "$TMP/never.log"; die "never-published: no 'cannot resolve ... (retried for' message"; }
-[ $((t1 - t0)) -ge 2 ] || die "never-published: gave up after $((t1 - t0)) s, before ctl_timeout (3 s)"
+[ $((t1 - t0)) -ge 2 ] || die "never-published: gave up after $((t1 - t0)) s, before join_timeout (3 s)"
 
 awk -v s="$steps" -v f="$first" -v l="$last" -v a="$start" -v p="$published" -v t="$trained" 'BEGIN {
   printf "netns: %s steps, loss %s -> %s; ps0 published %.1f s after start, trained %.1f s later\n",

@@ -1042,8 +1042,8 @@ static double reap_server(pst_cluster *cl, int s, double bound, int *code)
 
 static int t_forming(void)
 {
-    /* ctl_timeout 60 s: without the fix a server waiting for the run to form ignored SIGTERM that long. */
-    const char *extra = "ctl_timeout = 60\n";
+    /* join_timeout 60 s: a server waiting for the run to form that ignored SIGTERM would wait that long. */
+    const char *extra = "join_timeout = 60\n";
     for (int first = 1; first >= 0; first--) {
         pst_cluster cl;
         int rc = pst_start(&cl, 2, 1, 1000, 16, extra, 40);

@@ -169,7 +169,7 @@ check(prefix == '/opt/pfcps', 'Dockerfile installs with meson -Dprefix=/opt/pfcp
 
 KEYS = ['servers', 'workers', 'provider', 'rendezvous', 'resume', 'snapshot_every', 'snapshot_dir', 'output',
         'rec', 'num_classes', 'embedding_size', 'sample_rate', 'batch_size', 'wire_dtype', 'head_mode',
-        'ctl_timeout', 'data_address']
+        'ctl_timeout', 'join_timeout', 'data_address']
 
 
 def config_of(f, cm):
@@ -322,6 +322,12 @@ for f in files:
             probe = c.get('startupProbe', {}).get('exec', {}).get('command')
             check(probe == ['/bin/sh', '/etc/pfcps/run.sh', 'probe-rendezvous'],
                   '%s: startup probe = run.sh probe-rendezvous (got %s)' % (jn, probe))
+            # Server 0 may wait join_timeout for its own name to resolve before it listens: the probe must not
+            # give up (and restart the container) before that.
+            sp = c.get('startupProbe', {})
+            patience = sp.get('periodSeconds', 10) * sp.get('failureThreshold', 3)
+            check(patience >= float(cfg['join_timeout']),
+                  '%s: startup probe waits %s s, at least join_timeout (%s s)' % (jn, patience, cfg['join_timeout']))
             # Memory derived from the table: a shard (ceil(C/S) x (8 D + 9) bytes), as much again for the rows a
             # checkpoint copies aside, and the request buffers; at most 4x that (no 200Gi for a 1.5 GB table).
             C, D, S = int(cfg['num_classes']), int(cfg['embedding_size']), int(cfg['servers'])

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A run that never forms (server 1 is never started): server 0's own join times out after ctl_timeout and it
+# A run that never forms (server 1 is never started): server 0's own join times out after join_timeout and it
 # exits 1, naming the member that never joined; the worker that did join must exit 1 as well, not 0 as after
 # an orderly stop ("stopped before the run formed"): a scheduler must not see a worker succeed in a run that
 # never trained.
 source "$(dirname "$0")/cluster.sh" "$@"
 export OMP_NUM_THREADS=1
-run_ini "$TMP/run.ini" 2 1 form-secret "ctl_timeout = 3" <<INI
+run_ini "$TMP/run.ini" 2 1 form-secret "join_timeout = 3" <<INI
 [train]
 $TINY_BACKBONE
 output = $TMP/out

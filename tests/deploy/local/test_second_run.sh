@@ -3,16 +3,16 @@
 # start twice with PFCPS_SECRET exported): its members' joins are refused while the seats' members are
 # connected, and the running run goes on. 1 server + 1 worker train an endless run; then a second server 0
 # (its rendezvous port is taken: it fails to bind it) and a second worker 0 start on the same config with
-# ctl_timeout = 3.
-#  - The second worker gives up after its ctl_timeout (exit 1) naming the cause: "worker rank 0 is held by a
+# join_timeout = 3.
+#  - The second worker gives up after its join_timeout (exit 1) naming the cause: "worker rank 0 is held by a
 #    live member of the formed run (...): is another run using this rendezvous and secret?".
 #  - The first run does not re-form: its server logs no rejoin, its worker keeps training (its trace grows by
 #    at least 5 steps after the second worker gave up) and stops in order on SIGTERM (exit 0).
 source "$(dirname "$0")/cluster.sh" "$@"
 start_endless 1 1 second-run-secret "the first run did not train a step"
-"$SERVER" --config "$TMP/run.ini" --rank 0 --set ctl_timeout=3 >"$TMP/server0.second.log" 2>&1 &
+"$SERVER" --config "$TMP/run.ini" --rank 0 --set join_timeout=3 >"$TMP/server0.second.log" 2>&1 &
 s2=$!; PIDS+=($s2)
-"$WORKER" --config "$TMP/run.ini" --rank 0 --set ctl_timeout=3 >"$TMP/worker0.second.log" 2>&1 &
+"$WORKER" --config "$TMP/run.ini" --rank 0 --set join_timeout=3 >"$TMP/worker0.second.log" 2>&1 &
 w2=$!; PIDS+=($w2)
 wait_exit "$w2" 60 || { show_logs; die "the second worker still runs after 60 s"; }
 rc=0; wait "$w2" || rc=$?

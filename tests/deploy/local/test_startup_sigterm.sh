@@ -7,7 +7,7 @@
 # Also: a daemon stopped (SIGSTOP) past its join's deadline, then SIGTERM + SIGCONT, stops in order (exit 0).
 source "$(dirname "$0")/cluster.sh" "$@"
 # Nothing listens at the rendezvous: each daemon keeps trying to join until stopped.
-run_ini "$TMP/run.ini" 2 1 startup-secret "ctl_timeout = 20" <<INI
+run_ini "$TMP/run.ini" 2 1 startup-secret "join_timeout = 20" <<INI
 [train]
 $TINY_BACKBONE
 output = $TMP/out
@@ -37,7 +37,7 @@ for who in server worker; do
 done
 [ "$ok" -ge 8 ] || die "only $ok of 14 stops reached the daemons' own handler"
 # A daemon stopped (SIGSTOP) while its join waits for the run to form (server 0's rendezvous listens and took
-# the join; the run lacks a member), past its join's deadline (ctl_timeout 2 on that daemon), then asked to
+# the join; the run lacks a member), past its join's deadline (join_timeout 2 on that daemon), then asked to
 # stop and continued (SIGTERM, then SIGCONT, as launch.sh and systemd stop a daemon): the stop asked for is what
 # ends it, exit 0 with "stopped before the run formed", not the join's timeout (exit 1).
 start_daemon "$TMP/rendezvous.log" "$SERVER" --config "$TMP/run.ini" --rank 0 --set workers=2
@@ -45,7 +45,7 @@ rv=$DPID
 wait_log "$TMP/rendezvous.log" "rendezvous listening" 20 || { cat "$TMP/rendezvous.log"; die "server 0's rendezvous did not start"; }
 for who in server worker; do
   if [ "$who" = server ]; then bin=$SERVER; else bin=$WORKER; fi
-  start_daemon "$TMP/$who-stopped.log" "$bin" --config "$TMP/run.ini" --rank 1 --set workers=2 --set ctl_timeout=2
+  start_daemon "$TMP/$who-stopped.log" "$bin" --config "$TMP/run.ini" --rank 1 --set workers=2 --set join_timeout=2
   p=$DPID
   wait_log "$TMP/rendezvous.log" "$who\[1\] joined" 20 || { cat "$TMP/rendezvous.log"; die "$who 1 did not join"; }
   kill -STOP "$p"

@@ -30,7 +30,7 @@
 #   - a server failing at its start after the run formed (a NaN row in pretrained_centers): the module raises
 #     PfcpsError with that server's own message, within 10 s;
 #   - the error cases raise pfcps.PfcpsError with pfcps's message: a missing config file, an unreachable
-#     rendezvous (within ctl_timeout), a wrong secret, labels C and -1 (the module stays usable), a batch-size
+#     rendezvous (within join_timeout), a wrong secret, labels C and -1 (the module stays usable), a batch-size
 #     change, the backward of a step a later forward already ended, a server killed mid-run, and every call
 #     after that; before joining: num_classes other than the config's, workers other than the torch world
 #     size, the margin (1.35, 0, 0), head_mode = local, gradient_acc = 3; forwards under no_grad end their
@@ -86,11 +86,11 @@ ok "import pfcps keeps Python's SIGINT / SIGTERM handling"
 
 "$PFCPS_PYTHON" "$SCRIPT" make-centers "$TMP/centers.safetensors" $C $D 5 || die "cannot write the centers"
 
-# write_run NAME W CTL_TIMEOUT [LINE...]: $TMP/NAME.ini, 2 servers, W workers, the centers file, output (and the
-# servers' checkpoints) in $TMP/NAME.out; a LINE may override any of it.
+# write_run NAME W TIMEOUT [LINE...]: $TMP/NAME.ini (ctl_timeout and join_timeout TIMEOUT), 2 servers, W workers,
+# the centers file, output (and the servers' checkpoints) in $TMP/NAME.out; a LINE may override any of it.
 write_run() {
   local name=$1 w=$2 t=$3; shift 3
-  run_ini "$TMP/$name.ini" 2 "$w" torch-secret "ctl_timeout = $t" "output = $TMP/$name.out" "$@" <<INI
+  run_ini "$TMP/$name.ini" 2 "$w" torch-secret "ctl_timeout = $t" "join_timeout = $t" "output = $TMP/$name.out" "$@" <<INI
 [train]
 embedding_size = $D
 num_classes = $C
@@ -578,7 +578,7 @@ if [ $nan_ok = 1 ]; then ok "a server's start failure reaches the module: $(grep
 else tail -5 "$TMP/nanrun.log"; fail "a server's start failure: no PfcpsError with its message within 10 s"; fi
 kill -KILL "${SPIDS[@]}" 2>/dev/null; wait "${SPIDS[@]}" 2>/dev/null
 
-# The error cases: a rendezvous nobody listens at (ctl_timeout 2), then the run of err.ini (ctl_timeout 10).
+# The error cases: a rendezvous nobody listens at (join_timeout 2), then the run of err.ini (join_timeout 10).
 write_run bad 1 2
 write_run err 1 10
 start_servers err

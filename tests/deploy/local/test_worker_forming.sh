@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A worker that gets SIGTERM/SIGINT while the run is still forming stops at once with exit 0 (a normal
-# stop, as the servers do: tests/server ps_mp_forming), instead of waiting out ctl_timeout (60 s here):
+# stop, as the servers do: tests/server ps_mp_forming), instead of waiting out join_timeout (60 s here):
 #   A: nothing listens at the rendezvous yet (the worker keeps retrying the join): SIGTERM;
 #   B: server 0 is up and the worker has joined, the second worker never comes: SIGINT to the worker,
 #      then the server is stopped with SIGTERM (exit 0 as well).
 source "$(dirname "$0")/cluster.sh" "$@"
-run_ini "$TMP/run.ini" 1 2 forming-secret "ctl_timeout = 60" <<INI
+run_ini "$TMP/run.ini" 1 2 forming-secret "join_timeout = 60" <<INI
 [train]
 $TINY_NET
 output = $TMP/out

@@ -294,11 +294,11 @@ def errors(a):
     mk = lambda run, sets=(): pfcps.torch.PartialFC(margin, a.D, a.C, 1.0, run=run, sets=sets)
     # A config file that is not there: pfcps's config loader names it.
     fails += expect_error("missing_config", lambda: mk(a.run + ".missing"), ".missing")
-    # Nobody listens at the rendezvous of a.bad_rendezvous (ctl_timeout = 2 there).
+    # Nobody listens at the rendezvous of a.bad_rendezvous (join_timeout = 2 there).
     fails += expect_error("unreachable", lambda: mk(a.bad_rendezvous), "", max_s=2 + 8)
     # A wrong secret: the rendezvous refuses the join.
     fails += expect_error("wrong_secret", lambda: mk(a.run, ["secret=not-the-run-secret"]), "secret", max_s=30)
-    # Refused before joining (within 2 s, far below a join's ctl_timeout of 10 s), each naming the problem: the
+    # Refused before joining (within 2 s, far below a join's join_timeout of 10 s), each naming the problem: the
     # run's num_classes other than the module's; the config's workers other than the torch world size (1 here);
     # a margin arcface_torch's CombinedMarginLoss has no formula for; head_mode = local; gradient_acc != 1.
     fails += expect_error("class_mismatch", lambda: pfcps.torch.PartialFC(margin, a.D, a.C + 1, 1.0, run=a.run),
