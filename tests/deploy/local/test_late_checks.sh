@@ -14,7 +14,7 @@ $TINY_DATA
 output = $TMP/out
 [cluster]
 rendezvous = 127.0.0.1:1
-ctl_timeout = 2
+join_timeout = 2
 secret = x
 INI
 # config-get: warmup as long as training, an unknown network (with file and line), a bad width suffix.
