@@ -35,7 +35,8 @@ enum {
     CTL_FO_ROLLED_BACK = 9,
     CTL_FO_REDO = 10,
     CTL_FO_STATE_READY = 11,
-    CTL_FO_KIND_MAX = 11
+    CTL_FO_NO_REDO = 12,
+    CTL_FO_KIND_MAX = 12
 };
 
 typedef struct ctl_member {

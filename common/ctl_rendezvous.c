@@ -1032,13 +1032,22 @@ static void replace_done(ctl_rendezvous *rv)
 }
 
 /* A member's report for the replacement under way (CTL_FO_WORKER_REPORT, CTL_FO_ROLLED_BACK,
- * CTL_FO_STATE_READY); reports of another phase or epoch are ignored. */
+ * CTL_FO_STATE_READY, CTL_FO_NO_REDO); reports of another phase or epoch are ignored. */
 static void replace_report(ctl_rendezvous *rv, conn *c, const Pfcps__Failover *f)
 {
     const int S = rv->num_servers;
     if (rv->wr_rank < 0 || c->replacing || f->epoch != rv->wr_epoch)
         return;
     const int idx = c->role == CTL_ROLE_SERVER ? c->rank : S + c->rank;
+    if (f->kind == CTL_FO_NO_REDO && rv->wr_phase == WR_REPORTS && c->role == CTL_ROLE_WORKER) {
+        /* A survivor still in its set-up (the initial parameters' broadcast, the data set): it has no step
+         * start to go back to, and would only end its set-up when the run breaks. */
+        char why[160];
+        snprintf(why, sizeof why,
+                 "worker[%d] was still in its set-up (no step begun): it has no step to redo", c->rank);
+        replace_fallback(rv, why);
+        return;
+    }
     if (f->kind == CTL_FO_WORKER_REPORT && rv->wr_phase == WR_REPORTS && !rv->wr_in[idx]) {
         rv->wr_in[idx] = 1;
         if (c->role == CTL_ROLE_SERVER) {
@@ -1471,6 +1480,14 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
                               "stopped while the workers still need its shard");
         if (c->role == CTL_ROLE_WORKER && atomic_fetch_add(&rv->workers_left, 1) + 1 == rv->num_workers)
             log_info("control plane: every worker left the run in order: training is over");
+        /* A survivor that finished training (the lost worker was in the last step or the final save) cannot
+         * redo a step with a replacement: fall back now rather than after ctl_timeout. */
+        if (c->role == CTL_ROLE_WORKER && rv->wr_rank >= 0 && c->rank != rv->wr_rank) {
+            char why[160];
+            snprintf(why, sizeof why, "worker[%d] left the run (its training is done) and cannot redo a step",
+                     c->rank);
+            replace_fallback(rv, why);
+        }
         return;
     }
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_ERROR && m->error) {
@@ -1481,7 +1498,8 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
     if (c->joined && m->body_case == PFCPS__CTL_MESSAGE__BODY_FAILOVER) {
         /* A rejoin's reports: a worker's copy step, the learner's ready. Others are ignored. */
         const Pfcps__Failover *f = m->failover;
-        if (f->kind == CTL_FO_WORKER_REPORT || f->kind == CTL_FO_ROLLED_BACK || f->kind == CTL_FO_STATE_READY)
+        if (f->kind == CTL_FO_WORKER_REPORT || f->kind == CTL_FO_ROLLED_BACK ||
+            f->kind == CTL_FO_STATE_READY || f->kind == CTL_FO_NO_REDO)
             replace_report(rv, c, f);
         else if (f->kind == CTL_FO_REJOIN_STEP && c->role == CTL_ROLE_WORKER && !c->learning)
             rejoin_step(rv, c, f->step);

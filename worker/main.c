@@ -54,6 +54,7 @@ typedef struct ctl_watch {
                             the step in progress (pulls, pushes, ring collectives) give up at once */
     double grace_s;
     int replaces; /* the run replaces lost workers in place (cfg_replaces_workers) */
+    int rank;     /* this worker's rank */
 } ctl_watch;
 
 static void *ctl_watch_main(void *arg)
@@ -80,8 +81,19 @@ static void *ctl_watch_main(void *arg)
                 ctl_session_failover_kind(w->sess, &step, NULL, NULL);
                 if (kind == CTL_FO_WORKER_LOST)
                     log_warn("worker lost (epoch %u): %s", epoch, text);
-                if (train_replace_notice(w->t, kind, lost, epoch, step) && kind == CTL_FO_WORKER_LOST)
-                    __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE); /* end the step's waits now */
+                if (train_replace_notice(w->t, kind, lost, epoch, step)) {
+                    if (kind == CTL_FO_WORKER_LOST)
+                        __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE); /* end the step's waits now */
+                } else if (kind == CTL_FO_WORKER_LOST && w->replaces) {
+                    /* Still in the set-up (no step start kept yet): this worker cannot redo a step, so the
+                     * replacement cannot happen; say so at once instead of leaving the rendezvous to wait
+                     * ctl_timeout for a report that its set-up (blocked on the lost worker) never sends. */
+                    log_warn("worker lost before this worker's first step began: it has no step to redo (the "
+                             "run re-forms)");
+                    if (ctl_session_report(w->sess, CTL_FO_NO_REDO, w->rank, epoch, 0, NULL, 0) < 0 &&
+                        !ctl_session_orphaned(w->sess))
+                        log_error("worker replacement: %s", pf_errmsg());
+                }
                 continue;
             }
             if (kind != CTL_FO_LOST) {
@@ -401,7 +413,7 @@ static void tell_servers_done(worker_daemon *d);
  * (logged) when a member of the run was lost, 1 (logged) on a training error. */
 static int train_watched(worker_daemon *d)
 {
-    ctl_watch watch = {.sess = d->sess, .t = d->t, .grace_s = 10};
+    ctl_watch watch = {.sess = d->sess, .t = d->t, .grace_s = 10, .rank = (int)d->rank};
     if (d->run.replicas) { /* the rendezvous removes members silent for ctl_member_silence_s: heartbeat often */
         ctl_session_set_heartbeat(d->sess, ctl_member_silence_s(d->run.ctl_timeout) / 8);
         /* A close of the control connection is server 0's failover when the shards keep their copies; a

@@ -1292,18 +1292,33 @@ int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s)
 
 int ps_client_done(ps_client *c, double timeout_s)
 {
+    /* One bound for the whole exchange, the posts' retrying included (a copy whose process is gone refuses
+     * every post until the fabric's timeout, set here to the time left): each shard is still tried, with at
+     * least PS_DONE_MIN_S. */
+    const double saved = c->timeout, end = pf_now_s() + timeout_s;
     int first = 0;
+    char first_msg[PF_ERRMSG_MAX] = "";
     for (int s = 0; s < c->o.servers; s++) {
+        double left = end - pf_now_s();
+        if (left < PS_DONE_MIN_S)
+            left = PS_DONE_MIN_S;
+        ps_client_set_timeout(c, left);
         ps_stat st;
         ps_req *r;
         int rc = simple_req(c, s, RQ_STAT, &st, &r);
         if (rc == 0) {
             r->flags = PS_STAT_DONE;
-            rc = simple_run(c, r, timeout_s);
+            rc = simple_run(c, r, left);
         }
-        if (rc < 0 && first == 0)
-            first = pf_err_wrap(rc, "telling shard %d's serving copy this worker is done", s);
+        if (rc < 0 && first == 0) {
+            first = pf_err_wrap(rc, "telling shard %d's serving copy this worker is done (within %g s)", s,
+                                timeout_s);
+            snprintf(first_msg, sizeof first_msg, "%s", pf_errmsg());
+        }
     }
+    ps_client_set_timeout(c, saved);
+    if (first < 0)
+        pf_err(first, "%s", first_msg); /* the first failure's message, not a later shard's */
     return first;
 }
 

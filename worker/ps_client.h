@@ -159,9 +159,13 @@ int ps_test(ps_client *c, ps_req *req);
 int ps_stat_get(ps_client *c, int s, ps_stat *out, double timeout_s);
 
 /* Tells every shard's serving copy that this worker finished training (a stat request with PS_STAT_DONE,
- * proto/ps_wire.h), waiting up to timeout_s for each reply: servers that lost the rendezvous with server 0
- * stop once every worker said so. Call after the last request completed. Returns 0, or the first failure's
- * negative code (named in pf_errmsg(); the other shards are still told). */
+ * proto/ps_wire.h), waiting up to timeout_s for all the replies together (a copy whose process is gone
+ * refuses the posts to it: the exchange still ends by then; every shard is tried for at least PS_DONE_MIN_S):
+ * servers that lost the rendezvous with server 0 stop once every worker said so. Call after the last request
+ * completed. Returns 0, or the first failure's negative code (named in pf_errmsg(); the other shards are
+ * still told). */
+#define PS_DONE_MIN_S 0.5
+
 int ps_client_done(ps_client *c, double timeout_s);
 
 /* Server s's table checksum (shard_checksum over weights then momentum). */

@@ -210,7 +210,10 @@ run_once() {
             local how="it rejoins the running run"
             [ "$i" -eq 0 ] && how="its rendezvous adopts the running run from its members, then it rejoins"
             echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: restart $restarts/$max_restarts of server $i alone, with the same command line: $how" >&2
-            "$server_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/server$i.log" 2>&1 &
+            # The same command line as run_once's: server 0 keeps metrics_address's fixed port.
+            local ms=()
+            [ "$i" -eq 0 ] || ms=("${msets[@]}")
+            "$server_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${ms[@]}" >>"$out/logs/server$i.log" 2>&1 &
             server_pids[$i]=$!; pids+=($!)
             unset "scodes[$i]"
             continue

@@ -20,7 +20,9 @@
  *   adopt:    worker 1 lost together with server 0 (the rendezvous' process): the restarted rendezvous adopts
  *             the run without it and replaces it in place (case_adopt says how);
  *   adopt_mid: server 0 lost during worker 1's replacement: the restarted rendezvous begins it again
- *             (case_adopt_mid). */
+ *             (case_adopt_mid);
+ *   setup:    a survivor still in its set-up says it has no step to redo: the fallback at once (case_setup);
+ *   left:     a survivor leaves in order (training done) during the replacement: the fallback at once. */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -239,6 +241,45 @@ static void case_timeout(void)
     expect_fallback(m, "timeout", "no replacement joined within ctl_timeout");
     double dt = pf_now_s() - t0;
     check(dt > 0.9 && dt < 4, "timeout: given up after ctl_timeout (%.2f s)", dt);
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    ctl_rendezvous_stop(rv);
+}
+
+/* setup: worker 1 lost while worker 0 is in its set-up (no step begun): worker 0 says it has no step to redo
+ * (CTL_FO_NO_REDO) and the fallback comes at once, naming it, not after ctl_timeout (8 s here). */
+static void case_setup(void)
+{
+    ctl_rendezvous *rv = start(1, 8);
+    member m[3];
+    join_all(m);
+    lose_worker1(m, "setup");
+    double t0 = pf_now_s();
+    CHECK(ctl_session_report(m[1].s, CTL_FO_NO_REDO, 0, 1, 0, NULL, 0) == 0, "no-redo report");
+    expect_fallback(m, "setup", "worker[0] was still in its set-up (no step begun)");
+    double dt = pf_now_s() - t0;
+    check(dt < 2, "setup: the fallback %.2f s after the report (ctl_timeout 8 s)", dt);
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    ctl_rendezvous_stop(rv);
+}
+
+/* left: worker 1 lost, then worker 0 leaves the run in order (its training is done: worker 1 was lost in the
+ * last step or the final save): the server is told the fallback at once, naming it, not after ctl_timeout. */
+static void case_left(void)
+{
+    ctl_rendezvous *rv = start(1, 8);
+    member m[3];
+    join_all(m);
+    lose_worker1(m, "left");
+    double t0 = pf_now_s();
+    CHECK(ctl_session_leave(m[1].s) == 0, "worker 0 leaves: %s", pf_errmsg());
+    int r = ctl_session_wait_shutdown(m[0].s, 6.0);
+    double dt = pf_now_s() - t0;
+    check(r == -ENOLINK && strstr(pf_errmsg(), "worker[0] left the run (its training is done)") &&
+              strstr(pf_errmsg(), "re-form"),
+          "left: the server is told the re-form (%d: %s)", r, pf_errmsg());
+    check(dt < 2, "left: the fallback %.2f s after worker 0 left (ctl_timeout 8 s)", dt);
     ctl_session_close(m[0].s);
     ctl_session_close(m[1].s);
     ctl_rendezvous_stop(rv);
@@ -739,6 +780,8 @@ int main(void)
     case_acc();
     case_timeout();
     case_early();
+    case_setup();
+    case_left();
     case_off();
     case_server_lost();
     case_adopt();

@@ -300,6 +300,43 @@ static int t_midpush(void)
     return finish(&cl, 0);
 }
 
+/* done: S = 2, W = 1, client timeout 30 s (a worker's 4 x ctl_timeout). After a pull from both, both
+ * servers are killed (a run whose servers stopped first); ps_client_done(c, 3) must fail within its 3 s plus
+ * PS_DONE_MIN_S for the second shard (bound 6 s), naming shard 0: before, each shard's post retried for the
+ * client's 30 s, so a worker stopping in order lingered 60 s (4 x ctl_timeout each, 240 s, in training). */
+static int t_done(void)
+{
+    pst_cluster cl;
+    int rc = pst_start(&cl, 2, 1, 2 * N, 16, NULL, 90);
+    if (rc)
+        return rc == 77 ? 77 : 1;
+    ps_client *c = pst_join(&cl, 0, PS_DT_FP32);
+    if (!c)
+        return finish(&cl, 1);
+    ps_client_set_timeout(c, 30);
+    int64_t ids[N];
+    for (int i = 0; i < N; i++)
+        ids[i] = i; /* both servers' rows */
+    float *rows = malloc(sizeof(float) * N * 16);
+    double dt;
+    char msg[PF_ERRMSG_MAX];
+    rc = timed(c, 0, ids, N, rows, 0, 20, &dt, msg);
+    CHECK(rc == 0, "pull from both servers: %s", msg);
+    kill_server(&cl, 0);
+    kill_server(&cl, 1);
+    double t0 = pst_now();
+    rc = ps_client_done(c, 3);
+    dt = pst_now() - t0;
+    printf("done with both servers killed: rc %d after %.3f s: %s\n", rc, dt, rc ? pf_errmsg() : "");
+    CHECK(rc < 0, "ps_client_done succeeded with both servers killed");
+    CHECK(dt < 6, "ps_client_done took %.2f s (bound 3 s + %.1f s for the second shard)", dt, PS_DONE_MIN_S);
+    CHECK(rc == 0 || strstr(pf_errmsg(), "shard 0") != NULL, "the message does not name shard 0: %s",
+          pf_errmsg());
+    free(rows);
+    ps_client_destroy(c);
+    return finish(&cl, 0);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -311,8 +348,10 @@ int main(int argc, char **argv)
         rc = t_inflight();
     else if (!strcmp(t, "midpush"))
         rc = t_midpush();
+    else if (!strcmp(t, "done"))
+        rc = t_done();
     else {
-        printf("usage: test_ps_dead_server after|inflight|midpush\n");
+        printf("usage: test_ps_dead_server after|inflight|midpush|done\n");
         return 2;
     }
     if (rc == 77)

@@ -118,7 +118,10 @@ fi
 
 if has launcher; then
 # --- launcher: kill -9 of server 0 of 3 under deploy/local/launch.sh --max-restarts 1: it restarts and rejoins --------
-ckpt_ini launch 6 3 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" "ctl_timeout = 20"
+# Server 0's metrics on a fixed port (the others' on free ones): its restart keeps that port.
+MPORT=$(free_port)
+ckpt_ini launch 6 3 2 2 40 "sample_rate = 0.25" "pfc_update = dense" "frequent = 1" "replicas = 1" "ctl_timeout = 20" \
+  "metrics_address = 127.0.0.1:$MPORT"
 setsid "$SRC/deploy/local/launch.sh" -c "$TMP/launch.ini" -b "$BUILD" --max-restarts 1 >"$TMP/launch.out" 2>&1 &
 LP=$!
 wait_log "$TMP/launch/logs/worker0.log" "Global Step: 8 " 120 || { tail -20 "$TMP/launch.out"; die "launcher: worker 0 did not reach step 8"; }
@@ -136,6 +139,8 @@ expect_grep "launcher: server 0 copied shard 0 from server 1" "rejoin: copying s
 expect_grep "launcher: server 0 copied shard 2 from server 2" "rejoin: copying shard 2 from server 2 \(its serving copy\)" "$L/server0.log"
 expect_grep "launcher: server 0 rejoined: every shard has two copies again" "rejoin: server\[0\] .* rejoined at epoch .*every shard has two copies again" "$L/server0.log"
 expect_grep "launcher: worker 1 resumed with the restarted rendezvous" "the rendezvous at .* took this member's resume" "$L/worker1.log"
+n=$(grep -c "metrics on 127.0.0.1:$MPORT\b" "$L/server0.log")
+expect_eq "launcher: server 0 served its metrics on port $MPORT before and after its restart" "$n" 2
 ckpt_check_same launch
 fi
 
