@@ -99,7 +99,7 @@ static const key_def keys[] = {
     {"ctl_max_frame", "cluster", K_INT, OFF(ctl_max_frame), "1048576", 1024, 1 << 30, 0, 0, NULL, 0, 0},
     {"data_address", "cluster", K_STR, OFF(data_address), "auto", 0, 0, 0, 0, NULL, 0, 1},
     {"metrics_address", "cluster", K_STR, OFF(metrics_address), "", 0, 0, 0, 0, NULL, 0, 0},
-    {"ctl_timeout", "cluster", K_DOUBLE, OFF(ctl_timeout), "30", 0, 86400, 1, 0, NULL, 0, 0},
+    {"ctl_timeout", "cluster", K_DOUBLE, OFF(ctl_timeout), "30", 1, 86400, 0, 0, NULL, 0, 0},
     {"join_timeout", "cluster", K_DOUBLE, OFF(join_timeout), "600", 0, 86400, 1, 0, NULL, 0, 0},
     /* [server] */
     {"snapshot_dir", "server", K_STR, OFF(snapshot_dir), "", 0, 0, 0, 0, NULL, 0, 0},

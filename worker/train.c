@@ -614,7 +614,10 @@ static int finish(trainer *t, const progress *p, int64_t step, int64_t total, in
         log_info("training %s: %lld of %lld steps%s, first loss %.4f, final loss %.4f, %.2f samples/sec over "
                  "%.1f s, outputs in %s",
                  stopped ? "stopped on request" : "done", (long long)step, (long long)total,
-                 t->start_step > 0 ? " (resumed at a checkpoint: speed over this process' steps)" : "",
+                 t->replacing        ? " (replaced a lost worker from a live one's state: speed over this "
+                                       "process' steps)"
+                 : t->start_step > 0 ? " (resumed at a checkpoint: speed over this process' steps)"
+                                     : "",
                  p->first_loss, p->last_loss, el > 0 ? (double)here * run->batch_size * t->W / el : 0.0, el,
                  run->output);
     return 0;

@@ -477,6 +477,7 @@ static int setup_resume(trainer *t, const ctl_book *book)
         wresume_get_f64(&t->resumed, name, &t->val_highest[i]);
     }
     t->start_step = T;
+    t->replacing = book->rejoin_epoch != 0;
     log_info("resuming at checkpoint step %lld (%s): epoch %lld, batch %lld of %lld", (long long)T,
              book->resume_reason, (long long)(T / t->steps_per_epoch), (long long)(T % t->steps_per_epoch),
              (long long)t->steps_per_epoch);

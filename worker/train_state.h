@@ -107,7 +107,8 @@ struct trainer {
 
     /* Checkpoint state. */
     char ckpt_root[4096];  /* checkpoints (common/ckpt.h) */
-    int64_t start_step;    /* > 0: resumed from this checkpoint step */
+    int64_t start_step;    /* > 0: resumed from this checkpoint step (replacing: a live worker's state) */
+    int replacing;         /* this process replaces a lost worker in place */
     wresume_state resumed; /* the scalars loaded with it */
     char pretrained_path[CFG_STR + 32]; /* train_setup.c pretrained_file: this rank's checkpoint_gpu file */
     ckpt_ident ckpt_id;    /* the run identity its files carry: the book's run id, the run config's seed and

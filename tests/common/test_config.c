@@ -163,6 +163,9 @@ static const bad_case bad_cases[] = {
      {"'margin_list': (1.35, 0, 0)", "m1 must be 1", "margin_combine = full"}},
     {BASE "servers = 0\n", NULL, -ERANGE, {"servers", "out of range", NULL}},
     {BASE "workers = -1\n", NULL, -ERANGE, {"workers", "out of range", NULL}},
+    /* Below 1 s every scheduling hiccup would count as a lost member. */
+    {BASE "[cluster]\nctl_timeout = 0.5\n", NULL, -ERANGE, {"ctl_timeout", "out of range", "[1, 86400]"}},
+    {BASE "[cluster]\njoin_timeout = 0\n", NULL, -ERANGE, {"join_timeout", "out of range", "(0, 86400]"}},
     {BASE "wire_dtype = fp8\n", NULL, -EINVAL, {"wire_dtype", "'fp8'", "fp32 fp16 bf16"}},
     {BASE "head_mode = both\n", NULL, -EINVAL, {"head_mode", "global local", NULL}},
     {BASE "provider = udp\n", NULL, -EINVAL, {"provider", "tcp shm verbs", NULL}},

@@ -144,6 +144,8 @@ expect_grep "kill: worker 2 redid from the decided step" "worker replacement \(e
   "$TMP/worker2.log"
 expect_grep "kill: the replacement loaded worker 1's state" "replacing worker\[0\]: loading worker\[1\]'s state of step" \
   "$TMP/worker0-again.log"
+expect_grep "kill: the replacement's last line says it replaced a lost worker (not a checkpoint resume)" \
+  "training done: .*replaced a lost worker from a live one's state" "$TMP/worker0-again.log"
 if grep -q "falling back to the checkpoint re-form\|the run is broken" "$TMP/server0.log"; then
   fail "kill: the run fell back to the re-form"
 else
