@@ -302,8 +302,8 @@ static int t_midpush(void)
 
 /* done: S = 2, W = 1, client timeout 30 s (a worker's 4 x ctl_timeout). After a pull from both, both
  * servers are killed (a run whose servers stopped first); ps_client_done(c, 3) must fail within its 3 s plus
- * PS_DONE_MIN_S for the second shard (bound 6 s), naming shard 0: before, each shard's post retried for the
- * client's 30 s, so a worker stopping in order lingered 60 s (4 x ctl_timeout each, 240 s, in training). */
+ * PS_DONE_MIN_S for the second shard (bound 6 s), naming shard 0. A post to a killed server is retried until
+ * the fabric's timeout: were that the client's 30 s per shard, the call would take over 60 s. */
 static int t_done(void)
 {
     pst_cluster cl;
