@@ -100,7 +100,7 @@ int cli_join_run(const pf_config *cfg, const char *host, int port, int role, int
                  size_t alen, const char *secret, ctl_session **sess, pf_config *run)
 {
     int rc = ctl_join(host, port, (ctl_role)role, rank, addr, alen, secret, (size_t)cfg->ctl_max_frame,
-                      cfg->join_timeout > 0 ? cfg->join_timeout : 600, sess);
+                      cfg->join_timeout, sess);
     if (rc < 0)
         return pf_err_wrap(rc, "join");
     cfg_defaults(run);

@@ -189,8 +189,7 @@ int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port)
     if (strcmp(cfg->data_address, "auto") != 0) {
         snprintf(addr, sizeof addr, "%s", cfg->data_address);
     } else {
-        int rc = pf_route_source(host, port, pf_now_s() + (cfg->join_timeout > 0 ? cfg->join_timeout : 600),
-                                 addr, sizeof addr);
+        int rc = pf_route_source(host, port, pf_now_s() + cfg->join_timeout, addr, sizeof addr);
         if (rc == -EINTR) {
             log_info("stopping: SIGTERM/SIGINT while waiting for the rendezvous host's name to resolve");
             return rc;
