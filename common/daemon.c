@@ -115,7 +115,8 @@ int daemon_signalled(void)
 }
 
 int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role, int rank, const void *addr,
-                size_t alen, const char *secret, const char *stop_note, ctl_session **sess, pf_config *run)
+                size_t alen, const char *secret, const char *stop_note, unsigned flags, ctl_session **sess,
+                pf_config *run)
 {
     log_info("joining the run at %s:%d as %s %d (waiting up to join_timeout, %g s, for the whole run)", host,
              port, role == CTL_ROLE_SERVER ? "server" : "worker", rank, cfg->join_timeout);
@@ -137,6 +138,8 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
         log_info("stopped before the run formed");
         return 1;
     }
+    if (rc == -EEXIST && (flags & DAEMON_JOIN_EEXIST_TO_CALLER))
+        return rc;
     log_error("%s", pf_errmsg());
     if (rc == -ENOLINK) {
         /* The rendezvous answered the join with a member's loss (e.g. a worker replacement that failed as it was

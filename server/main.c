@@ -260,9 +260,13 @@ static int join_run(server_daemon *d)
      * and the copy step may take a while, so a join that runs out of time is tried again while the adopted
      * run neither re-forms nor ends, within the workers' own bound (4 x ctl_timeout). */
     const double t0 = pf_now_s(), bound = 4 * (d->cfg.ctl_timeout > 0 ? d->cfg.ctl_timeout : 30);
+    /* Under head_mode = local the adopted run refuses server 0's rejoin (EEXIST) as a matter of course: that
+     * refusal is logged here, as what follows from it, not as an error. */
+    const int local = !strcmp(d->cfg.head_mode, "local");
     for (;;) {
         rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_SERVER, d->rank, d->addr, d->alen, d->secret,
-                         d->rv ? " (telling the members that joined)" : "", &d->sess, &d->run);
+                         d->rv ? " (telling the members that joined)" : "",
+                         d->rv && local ? DAEMON_JOIN_EEXIST_TO_CALLER : 0, &d->sess, &d->run);
         if (rc != -ETIMEDOUT || !d->rv || ctl_rendezvous_adopting(d->rv) != 1 || g_stop ||
             pf_now_s() - t0 > bound)
             break;
@@ -270,8 +274,14 @@ static int join_run(server_daemon *d)
             "join: this server's rendezvous adopted the running run, which is not ready for this server yet "
             "(a worker's replacement, or the copy step of its rejoin): joining again");
     }
-    if (rc == -EEXIST && d->rv && ctl_rendezvous_adopting(d->rv) == 1 && !strcmp(d->cfg.head_mode, "local"))
-        return host_rendezvous_only(d);
+    if (rc == -EEXIST && d->rv && local) {
+        if (ctl_rendezvous_adopting(d->rv) == 1) {
+            log_info("%s", pf_errmsg());
+            return host_rendezvous_only(d);
+        }
+        log_error("%s",
+                  pf_errmsg()); /* not the adopted run's refusal: daemon_join left it to be logged here */
+    }
     if (rc < 0 && d->rv && ctl_rendezvous_adopting(d->rv) != 0) {
         log_error(
             "this server could not rejoin the running run its rendezvous adopted: exiting %d so that the "

@@ -370,7 +370,7 @@ static int join_run(worker_daemon *d)
         return -1;
     log_info("fabric provider %s; joining the run at %s:%d", d->cfg.provider, d->host, d->port);
     int rc = daemon_join(&d->cfg, d->host, d->port, CTL_ROLE_WORKER, (int)d->rank, addr, alen, d->secret, "",
-                         &d->sess, &d->run);
+                         0, &d->sess, &d->run);
     return rc < 0 ? -1 : rc;
 }
 

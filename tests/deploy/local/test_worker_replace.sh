@@ -340,6 +340,13 @@ expect_grep "local: it starts the killed worker 2 again alone" \
 if [ "$with_s0" = 1 ]; then
   expect_grep "local: the restarted server 0 hosts the adopted run's rendezvous without shards (no rejoin in local mode)" \
     "it hosts the run's rendezvous, holding no shard, until the run ends" "$TMP/local/logs/server0.log"
+  # The refused rejoin is the expected way on here: logged as such, never as an error.
+  s0pid=$(grep -m1 -o "pid=[0-9]* .*holding no shard" "$TMP/local/logs/server0.log" | cut -d' ' -f1)
+  if grep "$s0pid .* ERROR " "$TMP/local/logs/server0.log"; then
+    fail "local: the restarted server 0 logged an ERROR in a run that went on"
+  else
+    ok "local: the restarted server 0 logged no ERROR"
+  fi
 fi
 expect_grep "local: worker 2 was replaced in place" "worker\[2\] replaced in place" "$TMP/local/logs/server0.log"
 echo "local: worker 2${s0:+ and server 0} killed after worker 0 logged step $at; $(grep -o -m1 "redoing from step [0-9]*" "$TMP/local/logs/worker0.log")" \
