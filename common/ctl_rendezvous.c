@@ -1979,14 +1979,23 @@ static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
 }
 
 /* The run never formed: name the members that never joined (the usual cause: not started, wrong rendezvous
- * address or port, or refused). */
+ * address or port, or refused). Under replicas = 1 a server 0 started again after its loss waits here for the
+ * running run's members to resume; when none ever did, its run may have ended (or re-formed) without it,
+ * which the line says too. */
 static void log_never_joined(const ctl_rendezvous *rv)
 {
     char miss[512];
+    const int total = rv->num_servers + rv->num_workers;
     int n = ctl_roster_never_joined(&rv->roster, miss, sizeof miss);
-    if (n)
-        log_warn("control plane: the run did not form: %d of %d members never joined: %s", n,
-                 rv->num_servers + rv->num_workers, miss);
+    if (!n)
+        return;
+    if (rv->replicas && !rv->adopting && n == total - 1 && rv->roster.seats[0].ever_joined)
+        log_warn("control plane: the run did not form here: no other member joined or resumed (%s); with "
+                 "replicas = 1 that is also how a server 0 started again after its loss stops when its run "
+                 "ended, or re-formed, without it",
+                 miss);
+    else
+        log_warn("control plane: the run did not form: %d of %d members never joined: %s", n, total, miss);
 }
 
 /* Stopping: a shutdown requested just before the stop still goes out; pending replies get a moment (0.5 s)
