@@ -27,7 +27,7 @@
 #   launcher: under deploy/local/launch.sh --max-restarts 2: kill -9 of worker 2 at a random step in 4..8,
 #             which launch.sh starts again alone (its state is then loaded from worker 0 and the ring rebuilt
 #             around the last rank); 5 steps later worker 1 stopped (SIGSTOP) past the silence limit
-#             (ctl_timeout 10: 2.5 s) and continued (SIGCONT) 3.2 s later: the rendezvous removed it, it exits 76
+#             (ctl_timeout 10: 2.5 s) and continued (SIGCONT) once the rendezvous removed it: it exits 76
 #             on finding so, launch.sh starts it again alone and it replaces itself; launch.sh exits 0 with the
 #             reference's bits;
 #   timeout:  kill -9 of worker 1, not restarted: after ctl_timeout (3 s here) the rendezvous falls back to the
@@ -221,8 +221,9 @@ wait_log "$TMP/launcher/logs/worker0.log" "Global Step: $((at + 5)) " 120 ||
   { tail -20 "$TMP/launch.out"; die "launcher: worker 0 did not reach step $((at + 5))"; }
 victim=$(pgrep -f -- "pfcps-worker --config $TMP/launcher.ini --rank 1" | head -1)
 [ -n "$victim" ] || die "launcher: worker 1's pid not found"
-kill -STOP "$victim" # past the silence limit (2.5 s), back within ctl_timeout (10 s)
-sleep 3.2
+kill -STOP "$victim" # past the silence limit (2.5 s): continued once the rendezvous removed it
+wait_log "$TMP/launcher/logs/server0.log" "worker\[1\] ([0-9.:]*) lost" 30 ||
+  { kill -CONT "$victim"; tail -20 "$TMP/launch.out"; die "launcher: the stopped worker 1 was not removed"; }
 kill -CONT "$victim"
 s=0; wait "$LP" || s=$?
 LP=
