@@ -5,6 +5,7 @@
  * specifics are behind worker/device.h. */
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -606,10 +607,10 @@ static int finish(trainer *t, const progress *p, int64_t step, int64_t total, in
     if (step == 0)
         log_info("training stopped before the first step: no loss, outputs in %s", run->output);
     else if (here == 0)
-        log_info(
-            "training %s: %lld of %lld steps (all before the checkpoint it resumed from; none trained now), "
-            "outputs in %s",
-            stopped ? "stopped on request" : "done", (long long)step, (long long)total, run->output);
+        log_info("training %s: %lld of %lld steps (all before the %s; none trained now), outputs in %s",
+                 stopped ? "stopped on request" : "done", (long long)step, (long long)total,
+                 t->replacing ? "live worker's state this process took over" : "checkpoint it resumed from",
+                 run->output);
     else
         log_info("training %s: %lld of %lld steps%s, first loss %.4f, final loss %.4f, %.2f samples/sec over "
                  "%.1f s, outputs in %s",
@@ -718,7 +719,48 @@ static int hook_step_fails(int64_t step)
                         "the worker on the left dies inside a message",
                   (long long)step, (long long)step);
 }
+
+/* With PFCPS_TEST_DIES_AT_END=1 (tests' build only) the worker kills itself (SIGKILL) once its last step is
+ * done, before its part of the final checkpoint and model.ckpt: a worker lost in the final save, made certain
+ * (test_worker_replace.sh, case end). */
+static void hook_dies_at_end(void)
+{
+    const char *e = getenv("PFCPS_TEST_DIES_AT_END");
+    if (!e || strcmp(e, "1") != 0)
+        return;
+    log_warn("test hook PFCPS_TEST_DIES_AT_END=1: killing this worker after its last step, before its final "
+             "checkpoint part and model.ckpt");
+    raise(SIGKILL);
+}
 #endif
+
+/* The end of training as a step boundary, in a run that replaces lost workers in place (t->wr_on): the state
+ * of `total` is kept as a generation and every worker votes once more (an allreduce) after its last step, its
+ * part of the final checkpoint and model.ckpt. A worker lost in those writes then finds the others at this
+ * vote rather than gone: they report step `total` (or one step back, when its last push is not whole on the
+ * servers) and its replacement takes the usual way in. A replacement seated at `total` itself (nothing left
+ * to train) first writes what the lost worker may not have: its part of the final checkpoint, and model.ckpt
+ * at rank 0. Without replacement, or with `total` inside a gradient_acc window (not a state the generations
+ * keep), nothing is done. Returns 0, or the vote's error (a worker lost: train_run's replacement). */
+static int end_vote(trainer *t, const progress *p, int64_t total)
+{
+    if (!t->wr_on || !t->gen || total % t->acc_k != 0)
+        return 0;
+    int rc;
+    if (t->replacing && t->start_step == total) {
+        if (is_ckpt_step(t, total, total))
+            save_checkpoint(t, p, total);
+        if (t->rank == 0 && t->opts.max_steps == 0) {
+            if ((rc = train_mkdir_p(t->run.output)) < 0 || (rc = save_model(t)) < 0)
+                return rc;
+            log_info("training over: backbone saved to %s/model.ckpt", t->run.output);
+        }
+    }
+    if ((rc = wgen_keep(t->gen, total)) < 0)
+        return rc;
+    float f = 0.f;
+    return coll_allreduce(&t->net.coll, &f, 1, COLL_F32, COLL_MAX);
+}
 
 /* The epochs from global step *step to `total` (train_run's loop): each step's state kept (a run that replaces
  * lost workers), the stop vote, the step, its logs, verification, checkpoints, a rejoin's hold; model.ckpt at
@@ -779,6 +821,10 @@ static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, 
                 p->t_log += el;
                 p->val_s += el;
             }
+#ifdef PFCPS_TEST_HOOKS
+            if (step == total)
+                hook_dies_at_end();
+#endif
             if (flags)
                 save_checkpoint(t, p, step);
             if (step == t->rj.ckpt && (rc = rejoin_hold(&t->rj, t->rank == 0 ? t->opts.sess : NULL, t->net.ps,
@@ -791,6 +837,8 @@ static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, 
             log_info("epoch %lld done: backbone saved to %s/model.ckpt", (long long)epoch, run->output);
         }
     }
+    if (rc == 0 && !stop && step == total)
+        rc = end_vote(t, p, total);
     *step_io = step;
     *stop_io = stop;
     return rc;
@@ -811,7 +859,10 @@ int train_run(trainer *t)
         wresume_get_f64(&t->resumed, "log.loss_sum", &p.loss_sum);
         if (wresume_get_i64(&t->resumed, "log.loss_n", &n) == 0)
             p.loss_n = (int)n;
-        if (step >= total)
+        if (step >= total && t->replacing)
+            log_info("the live worker's state taken over is of step %lld, the last: nothing left to train",
+                     (long long)step);
+        else if (step >= total)
             log_info("checkpoint step %lld is the last step: nothing left to train", (long long)step);
     }
     metrics_register(t);

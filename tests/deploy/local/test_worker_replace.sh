@@ -55,8 +55,14 @@
 #             (PFCPS_SNAPSHOT_THROTTLE_MS; ctl_timeout 4: 2 s): training over, server 0 writes its shard for 3 s
 #             after the workers left, sending no heartbeat meanwhile; the run still ends in order (launch.sh
 #             exits 0: the servers leave the run before they wait for their shards, so none is reported lost).
-# A sixth argument names the cases (default "kill server0 launcher timeout second slow_end").
-CASES=${6:-kill server0 launcher timeout second slow_end}
+#   end:      worker 0 is the tests' build of the worker with PFCPS_TEST_DIES_AT_END=1: it kills itself (SIGKILL)
+#             once its last step is done, before its part of the final checkpoint and model.ckpt (a worker lost
+#             in the final save); the others wait at the end of training (its vote) instead of leaving, worker 0
+#             started again by hand replaces it at step 20 (nothing left to train: it writes its part of the
+#             final checkpoint and model.ckpt from worker 1's state), every member exits 0, no re-form, no step
+#             computed again, and the run ends with the reference's bits.
+# A sixth argument names the cases (default "kill server0 launcher timeout second slow_end end").
+CASES=${6:-kill server0 launcher timeout second slow_end end}
 set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 # The training loop's failure hook PFCPS_TEST_STEP_FAILS_AT (worker/train.c) exists only in the tests' build.
@@ -99,7 +105,7 @@ all_exit_0() {
 
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
-if has kill || has server0 || has launcher; then
+if has kill || has server0 || has launcher || has end; then
   reference ref reference
 fi
 
@@ -155,6 +161,46 @@ expect_grep "kill: server 1 was failed over" "failover: server\[1\] .* lost: sha
 expect_grep "kill: worker 1, whose step failed before the notice, waited for it" \
   "a worker-lost notice came [0-9.]+ s after this worker's step failed" "$TMP/worker1.log"
 ckpt_check_same kill
+fi
+
+# --- end: worker 0 lost after its last step, in the final save, and started again by hand ---------------------
+if has end; then
+write_cfg end 1
+rm -f "$TMP"/*.log
+start_cluster "$TMP/end.ini" 2 0
+start_daemon "$TMP/worker0.log" env PFCPS_TEST_DIES_AT_END=1 "$HOOKS_WORKER" --config "$TMP/end.ini" --rank 0
+W0=$DPID
+WPIDS=()
+for r in 1 2; do
+  start_daemon "$TMP/worker$r.log" "$WORKER" --config "$TMP/end.ini" --rank "$r"
+  WPIDS+=("$DPID")
+done
+wait_exit "$W0" 120 || { show_logs; die "end: worker 0 did not end after its last step"; }
+s=0; wait "$W0" || s=$?
+expect_eq "end: worker 0 killed itself after its last step (SIGKILL)" "$s" 137
+wait_log "$TMP/server0.log" "worker\[0\] .* lost: the other workers stop" 30 ||
+  { show_logs; die "end: the rendezvous did not take worker 0's loss for a replacement"; }
+start_daemon "$TMP/worker0-again.log" "$WORKER" --config "$TMP/end.ini" --rank 0
+W0=$DPID
+wait_log "$TMP/server0.log" "worker\[0\] replaced in place" 60 || { show_logs; die "end: worker 0 was not replaced"; }
+all_exit_0 end "${WPIDS[@]}" "$W0"
+expect_grep "end: the others waited at the end of training: every worker redoes from step 20, none trained again" \
+  "every worker redoes step 20 \(workers stood at steps 20\.\.20, the servers held 20 of its pushes\)" "$TMP/server0.log"
+expect_grep "end: the replacement has nothing left to train" \
+  "the live worker's state taken over is of step 20, the last: nothing left to train" "$TMP/worker0-again.log"
+expect_grep "end: the replacement's last line says so" \
+  "training done: 20 of 20 steps \(all before the live worker's state this process took over; none trained now\)" \
+  "$TMP/worker0-again.log"
+expect_grep "end: the replacement wrote its part of the final checkpoint" "checkpoint step 20: worker state written" \
+  "$TMP/worker0-again.log"
+expect_grep "end: the replacement wrote model.ckpt" "training over: backbone saved to .*/model.ckpt" \
+  "$TMP/worker0-again.log"
+if grep -q "falling back to the checkpoint re-form\|the run is broken" "$TMP/server0.log"; then
+  fail "end: the run fell back to the re-form"
+else
+  ok "end: no re-form"
+fi
+ckpt_check_same end
 fi
 
 # --- server0: server 0 and worker 1 killed together, both started again by hand --------------------------------
