@@ -854,3 +854,36 @@ int cfg_replaces_workers(const pf_config *cfg, char *why, size_t n)
         snprintf(why, n, "%s", no ? no : "");
     return no == NULL;
 }
+
+const char *const cfg_member_local_keys[] = {"rendezvous",   "metrics_address", "join_timeout",
+                                             "data_address", "apply_threads",   NULL};
+
+static int in_list(const char *name, const char *const *list)
+{
+    for (int i = 0; list && list[i]; i++)
+        if (!strcmp(name, list[i]))
+            return 1;
+    return 0;
+}
+
+int cfg_diff(const pf_config *a, const pf_config *b, const pf_config *unset, const char *const *skip,
+             char *out, size_t cap)
+{
+    size_t o = 0;
+    int n = 0;
+    if (cap)
+        out[0] = '\0';
+    for (int i = 0; i < NKEYS; i++) {
+        const char *name = keys[i].name;
+        char va[CFG_STR + 8], vb[CFG_STR + 8], vu[CFG_STR + 8];
+        if (!strcmp(name, "secret") || in_list(name, skip) || cfg_format_key(a, name, va, sizeof va) < 0 ||
+            cfg_format_key(b, name, vb, sizeof vb) < 0 || !strcmp(va, vb))
+            continue;
+        if (unset && cfg_format_key(unset, name, vu, sizeof vu) == 0 && !strcmp(va, vu))
+            continue;
+        if (o < cap)
+            o += (size_t)snprintf(out + o, cap - o, "%s%s = %s (%s)", n ? ", " : "", name, va, vb);
+        n++;
+    }
+    return n;
+}

@@ -170,6 +170,19 @@ int cfg_format_key(const pf_config *cfg, const char *name, char *out, size_t cap
  * with the first reason in why[n] (why may be NULL): such a loss re-forms the run from its checkpoint. */
 int cfg_replaces_workers(const pf_config *cfg, char *why, size_t n);
 
+/* The keys whose values a and b do not share, in table order, as "key = <a's> (<b's>)" joined by ", " into
+ * out[cap] (cut at cap, "" when none): a key named in `skip` (NULL-terminated, may be NULL) is left out, and
+ * so is, when `unset` is not NULL, a key whose value in a equals unset's (a config file that does not set
+ * it). The secret is never compared (no run config carries it: cfg_to_ini leaves it out). Returns the
+ * number of such keys. */
+int cfg_diff(const pf_config *a, const pf_config *b, const pf_config *unset, const char *const *skip,
+             char *out, size_t cap);
+
+/* Member-local keys: each daemon takes them from its own --config / --set, never from the run config the
+ * rendezvous sends (rendezvous, metrics_address, join_timeout, data_address, apply_threads). NULL-terminated.
+ */
+extern const char *const cfg_member_local_keys[];
+
 /* The known keys, in table order (for docs and tests): count, and name of key i (NULL out of range). */
 int cfg_key_count(void);
 const char *cfg_key_name(int i);

@@ -231,3 +231,16 @@ int daemon_metrics_start(const pf_config *cfg, const char *role, int rank)
         log_error("%s", pf_errmsg());
     return rc;
 }
+
+void daemon_warn_unused_local_keys(const char *role, const pf_config *local, const pf_config *run)
+{
+    pf_config def;
+    cfg_defaults(&def);
+    char msg[1024];
+    int n = cfg_diff(local, run, &def, cfg_member_local_keys, msg, sizeof msg);
+    if (n)
+        log_warn(
+            "this %s's config sets %d key%s that the run does not use (every process trains with server 0's "
+            "config; the run's value in parentheses): %s",
+            role, n, n > 1 ? "s" : "", msg);
+}

@@ -87,6 +87,12 @@ int daemon_bind_data_plane(const pf_config *cfg, const char *host, int port);
  * (address in use, malformed or not of this host): the daemon exits with status 1. */
 int daemon_metrics_start(const pf_config *cfg, const char *role, int rank);
 
+/* The run trains with server 0's config (the book's). Keys the member's own config (file and --set) sets to
+ * a value that is neither the default nor the run's are not used: one warning names each with both values
+ * ("this <role>'s config sets 2 keys that the run does not use ...: lr = 0.3 (0.05), ..."), instead of
+ * ignoring them silently. The member-local keys (cfg_member_local_keys) are left out. */
+void daemon_warn_unused_local_keys(const char *role, const pf_config *local, const pf_config *run);
+
 /* Joins the run (cli_join_run: host:port as (role, rank) with fabric address addr, up to join_timeout) and
  * loads the run config into *run. A stop before the run formed, SIGTERM/SIGINT while waiting or the
  * rendezvous shutting the run down, is a normal stop: it is logged ("stopping: ...", with `stop_note`

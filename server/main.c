@@ -475,6 +475,7 @@ static int start_serving(server_daemon *d)
 {
     const ctl_book *book = ctl_session_book(d->sess);
     const pf_config *run = &d->run;
+    daemon_warn_unused_local_keys("server", &d->cfg, run);
     ps_dtype dtype = PS_DT_FP32;
     if (ps_dtype_parse(run->wire_dtype, &dtype) < 0) {
         log_error("inconsistent run config: %s", pf_errmsg());

@@ -150,42 +150,6 @@ static void *ctl_watch_main(void *arg)
     return NULL;
 }
 
-/* The run trains with server 0's config. Keys this worker's own config (file and --set) sets to a value that
- * is neither the default nor the run's are not used: say so, instead of ignoring e.g. a worker's --set lr
- * silently. `rendezvous` is left out (each host may reach server 0 by its own address), and so are the
- * member-local `metrics_address` (this worker's own endpoint) and `join_timeout` (its own join's bound). */
-static void warn_unused_local_keys(const pf_config *local, const pf_config *run)
-{
-    pf_config def;
-    cfg_defaults(&def);
-    char *a = cfg_to_ini(local), *b = cfg_to_ini(run), *d = cfg_to_ini(&def);
-    char msg[1024] = "";
-    size_t o = 0;
-    int n = 0;
-    if (a && b && d) {
-        char *sa, *sb, *sd;
-        char *la = strtok_r(a, "\n", &sa), *lb = strtok_r(b, "\n", &sb), *ld = strtok_r(d, "\n", &sd);
-        for (; la && lb && ld;
-             la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb), ld = strtok_r(NULL, "\n", &sd)) {
-            if (!strcmp(la, lb) || !strcmp(la, ld) || !strncmp(la, "rendezvous ", 11) ||
-                !strncmp(la, "metrics_address ", 16) || !strncmp(la, "join_timeout ", 13))
-                continue;
-            if (o < sizeof msg)
-                o += (size_t)snprintf(msg + o, sizeof msg - o, "%s'%s' (the run has '%s')", n ? ", " : "", la,
-                                      lb);
-            n++;
-        }
-    }
-    if (n)
-        log_warn("this worker's config sets %d key%s that the run does not use (every process trains with "
-                 "server 0's "
-                 "config): %s",
-                 n, n > 1 ? "s" : "", msg);
-    free(a);
-    free(b);
-    free(d);
-}
-
 static const char usage[] =
     "usage: pfcps-worker --config FILE --rank W [--set key=value ...]\n"
     "  --rank W              this worker's rank in [0, workers)\n"
@@ -382,7 +346,7 @@ static int accept_run_config(worker_daemon *d)
     const ctl_book *book = ctl_session_book(d->sess);
     pf_config *run = &d->run;
     log_info("joined: %d servers, %d workers", book->num_servers, book->num_workers);
-    warn_unused_local_keys(&d->cfg, run);
+    daemon_warn_unused_local_keys("worker", &d->cfg, run);
     /* The secret never travels, so the run config from the book has none: show where this worker's came from.
      */
     snprintf(run->secret, sizeof run->secret, "%s", d->cfg.secret);
