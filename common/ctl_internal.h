@@ -17,11 +17,11 @@
 
 /* The MAC of a Resume message (proto/ctl.proto): ctl_join_mac over addr || "\0pfcps resume\0" || run_id (16
  * bytes) || run_nonce (16) || config_digest (32) || u32le(epoch) || u32le(lost[i]) for each of the nlost lost
- * servers. Returns 0 or -ENOMEM / -EIO. */
+ * servers || config_text (its bytes, no terminator; NULL counts as ""). Returns 0 or -ENOMEM / -EIO. */
 int ctl_resume_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, int role, int rank,
                    const uint8_t *addr, size_t addr_len, const uint8_t *run_id, const uint8_t *run_nonce,
                    const uint8_t *config_digest, uint32_t epoch, const int32_t *lost, size_t nlost,
-                   uint8_t mac[32]);
+                   const char *config_text, uint8_t mac[32]);
 
 /* The join MAC of (role, rank, fabric address addr[addr_len], metrics address maddr) over the hello's nonce:
  * ctl_join_mac over addr alone when maddr is NULL or "", else over addr || "\0pfcps metrics\0" || maddr, so

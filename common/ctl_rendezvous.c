@@ -1107,7 +1107,69 @@ static int replace_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     return 1;
 }
 
-/* A Resume's checks (protocol, MAC, replicas, config digest, rank) and, once adopting, its run. Returns 1 when
+/* The keys the rendezvous runs a run with (its roster, its failure detection, its failover and replacement
+ * rules): a running run whose config differs from this rendezvous' own in one of them cannot be adopted. */
+static const char *const rv_run_keys[] = {"servers",     "workers",       "replicas",
+                                          "head_mode",   "device",        "gradient_acc",
+                                          "ctl_timeout", "ctl_max_frame", NULL};
+
+/* The first Resume of a running run: its run config (the members' book's, config_text) is the run's, whatever
+ * this rendezvous' own config (server 0's, restarted perhaps with an edited file) says, so that a restart
+ * never changes what the run trains with (the members already run with theirs, and a replacement or server
+ * 0 itself later joins with the text kept here). Keys the rendezvous itself runs with (rv_run_keys) must
+ * agree: else the refusal's reason, naming them, in why[cap]. Other differences are logged, once, and the
+ * run's values kept. Returns NULL (text kept as the run's) or why. */
+static const char *adopt_run_config(ctl_rendezvous *rv, const char *text, char *why, size_t cap)
+{
+    if (!text)
+        text = "";
+    if (!strcmp(text, rv->config_text))
+        return NULL;
+    pf_config run, own;
+    if (cfg_load_text(&run, text) < 0) {
+        snprintf(why, cap, "its run config does not parse: %s", pf_errmsg());
+        return why;
+    }
+    if (cfg_load_text(&own, rv->config_text) < 0) {
+        snprintf(why, cap, "this rendezvous' own config does not parse: %s", pf_errmsg());
+        return why;
+    }
+    size_t o = 0;
+    int n = 0;
+    for (int i = 0; rv_run_keys[i]; i++) {
+        char a[CFG_STR + 8], b[CFG_STR + 8];
+        if (cfg_format_key(&run, rv_run_keys[i], a, sizeof a) < 0 ||
+            cfg_format_key(&own, rv_run_keys[i], b, sizeof b) < 0 || !strcmp(a, b))
+            continue;
+        if (n++ == 0)
+            o = (size_t)snprintf(
+                why, cap,
+                "the running run's config differs from this rendezvous' own (server 0's) in keys "
+                "it runs the run with (start server 0 with the run's config): ");
+        if (o < cap)
+            o += (size_t)snprintf(why + o, cap - o, "%s%s = %s (%s here)", n > 1 ? ", " : "", rv_run_keys[i],
+                                  a, b);
+    }
+    if (n)
+        return why;
+    char diff[1024];
+    int nd = cfg_diff(&run, &own, NULL, cfg_member_local_keys, diff, sizeof diff);
+    char *keep = strdup(text);
+    if (!keep) {
+        snprintf(why, cap, "out of memory keeping the run's config");
+        return why;
+    }
+    if (nd)
+        log_warn(
+            "control plane: this server 0's config differs from the running run's in %d key%s: the run keeps "
+            "its own (the run's value first, this server 0's in parentheses): %s",
+            nd, nd > 1 ? "s" : "", diff);
+    free(rv->config_text);
+    rv->config_text = keep;
+    return NULL;
+}
+
+/* A Resume's checks (protocol, MAC, replicas, run config, rank) and, once adopting, its run. Returns 1 when
  * it may take its seat, 0 when c was refused. */
 static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r, ctl_role role, int seat)
 {
@@ -1127,19 +1189,19 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
     if (r->mac.len != CTL_MAC_LEN ||
         ctl_resume_mac(rv->secret, c->nonce, sizeof c->nonce, (int)r->role, r->rank, r->fabric_addr.data,
                        r->fabric_addr.len, r->run_id.data, r->run_nonce.data, r->config_digest.data, r->epoch,
-                       r->lost_servers, r->n_lost_servers, mac) < 0 ||
+                       r->lost_servers, r->n_lost_servers, r->config_text, mac) < 0 ||
         CRYPTO_memcmp(mac, r->mac.data, CTL_MAC_LEN) != 0) {
         snprintf(msg, sizeof msg, "resume as %s rank %d refused: bad secret (HMAC does not match)", who, r->rank);
         conn_refuse(rv, c, EACCES, msg);
         return 0;
     }
     const char *bad = NULL;
+    char why[PF_ERRMSG_MAX / 2];
     int code = seat < 0 ? ERANGE : EEXIST;
     if (!rv->replicas)
         bad = "this rendezvous runs with replicas = 0: it adopts no running run";
-    else if (rv->roster.has_expect &&
-             memcmp(r->config_digest.data, rv->roster.expect.config_digest, CKPT_DIGEST_BYTES) != 0)
-        bad = "a run with another config (its config digest is not this rendezvous' config's)";
+    else if (rv->adopting && strcmp(r->config_text ? r->config_text : "", rv->config_text) != 0)
+        bad = "a member with another run config than the run adopted here";
     else if (seat < 0 || (role == CTL_ROLE_SERVER && r->rank == 0))
         bad = "a rank outside the run (or server 0, which rejoins by a join)";
     else if (rv->adopting == 0 && rv->roster.formed)
@@ -1154,6 +1216,8 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
         code = ETIMEDOUT;
     } else if (rv->roster.seats[seat].holder)
         bad = "its rank resumed already";
+    else if (!rv->adopting)
+        bad = adopt_run_config(rv, r->config_text, why, sizeof why);
     if (bad) {
         snprintf(msg, sizeof msg, "resume as %s rank %d refused: %s", who, r->rank, bad);
         log_warn("control plane: %s: %s", c->peer, msg);

@@ -246,9 +246,10 @@ static const char resume_sep[] = "\0pfcps resume";
 int ctl_resume_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, int role, int rank,
                    const uint8_t *addr, size_t addr_len, const uint8_t *run_id, const uint8_t *run_nonce,
                    const uint8_t *config_digest, uint32_t epoch, const int32_t *lost, size_t nlost,
-                   uint8_t mac[32])
+                   const char *config_text, uint8_t mac[32])
 {
-    size_t n = addr_len + sizeof resume_sep + 16 + 16 + CKPT_DIGEST_BYTES + 4 + 4 * nlost;
+    const size_t tlen = config_text ? strlen(config_text) : 0;
+    size_t n = addr_len + sizeof resume_sep + 16 + 16 + CKPT_DIGEST_BYTES + 4 + 4 * nlost + tlen;
     uint8_t *buf = malloc(n), *p = buf;
     if (!buf)
         return pf_err(-ENOMEM, "out of memory computing the resume mac");
@@ -265,6 +266,8 @@ int ctl_resume_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, i
         uint32_t v = i == 0 ? epoch : (uint32_t)lost[i - 1];
         p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
     }
+    if (tlen)
+        memcpy(p, config_text, tlen);
     int rc = ctl_join_mac(secret, nonce, nonce_len, role, rank, buf, n, mac);
     free(buf);
     return rc;
@@ -688,9 +691,9 @@ static int try_resume(ctl_session *s)
             lost[nlost++] = i;
     uint8_t mac[CTL_MAC_LEN];
     if (rc == 0)
-        rc = ctl_resume_mac(s->secret, m->hello->nonce.data, m->hello->nonce.len, (int)s->role, s->rank, s->addr,
-                            s->addr_len, s->book.run_id, s->book.run_nonce, s->digest, s->fo_epoch, lost, nlost,
-                            mac);
+        rc = ctl_resume_mac(s->secret, m->hello->nonce.data, m->hello->nonce.len, (int)s->role, s->rank,
+                            s->addr, s->addr_len, s->book.run_id, s->book.run_nonce, s->digest, s->fo_epoch,
+                            lost, nlost, s->book.config_text, mac);
     if (m)
         pfcps__ctl_message__free_unpacked(m, NULL);
     if (rc == 0) {
@@ -711,6 +714,7 @@ static int try_resume(ctl_session *s)
         r.epoch = s->fo_epoch;
         r.lost_servers = lost;
         r.n_lost_servers = nlost;
+        r.config_text = s->book.config_text ? s->book.config_text : (char *)"";
         Pfcps__CtlMessage rm = PFCPS__CTL_MESSAGE__INIT;
         rm.body_case = PFCPS__CTL_MESSAGE__BODY_RESUME;
         rm.resume = &r;

@@ -240,7 +240,7 @@ void daemon_warn_unused_local_keys(const char *role, const pf_config *local, con
     int n = cfg_diff(local, run, &def, cfg_member_local_keys, msg, sizeof msg);
     if (n)
         log_warn(
-            "this %s's config sets %d key%s that the run does not use (every process trains with server 0's "
-            "config; the run's value in parentheses): %s",
+            "this %s's config sets %d key%s that the run does not use (every process trains with the run's "
+            "config, server 0's when the run formed; the run's value in parentheses): %s",
             role, n, n > 1 ? "s" : "", msg);
 }

@@ -269,16 +269,19 @@ static void test_resume(void **state)
     }
     /* The MAC changes with every field it covers. */
     uint8_t base[32], other[32], nonce[32] = {7};
-    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b, b, b, 3, lost, 2, base), 0);
-    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b, b, b, 4, lost, 2, other), 0);
+    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b, b, b, 3, lost, 2, "lr = 0.1", base), 0);
+    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b, b, b, 4, lost, 2, "lr = 0.1", other), 0);
     assert_memory_not_equal(base, other, 32);
-    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b, b, b, 3, lost, 1, other), 0);
+    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b, b, b, 3, lost, 1, "lr = 0.1", other), 0);
     assert_memory_not_equal(base, other, 32);
-    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b + 1, b, b, 3, lost, 2, other), 0);
+    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b + 1, b, b, 3, lost, 2, "lr = 0.1", other),
+                     0);
     assert_memory_not_equal(base, other, 32);
-    assert_int_equal(ctl_resume_mac("t", nonce, 32, 1, 1, b, 8, b, b, b, 3, lost, 2, other), 0);
+    assert_int_equal(ctl_resume_mac("t", nonce, 32, 1, 1, b, 8, b, b, b, 3, lost, 2, "lr = 0.1", other), 0);
     assert_memory_not_equal(base, other, 32);
-    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b, b, b, 3, lost, 2, other), 0);
+    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b, b, b, 3, lost, 2, "lr = 0.2", other), 0);
+    assert_memory_not_equal(base, other, 32); /* the run config text */
+    assert_int_equal(ctl_resume_mac("s", nonce, 32, 1, 1, b, 8, b, b, b, 3, lost, 2, "lr = 0.1", other), 0);
     assert_memory_equal(base, other, 32);
 }
 

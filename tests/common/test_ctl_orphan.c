@@ -255,7 +255,7 @@ static int raw_resume(int rank, const uint8_t *run_id, const uint8_t *nonce, con
     int32_t lost[1] = {0};
     uint8_t mac[32];
     if (ctl_resume_mac(secret, h->hello->nonce.data, h->hello->nonce.len, CTL_ROLE_WORKER, rank,
-                       (const uint8_t *)addr, strlen(addr), run_id, nonce, digest, 1, lost, 1, mac) < 0)
+                       (const uint8_t *)addr, strlen(addr), run_id, nonce, digest, 1, lost, 1, "", mac) < 0)
         DIE("mac");
     pfcps__ctl_message__free_unpacked(h, NULL);
     Pfcps__Resume r = PFCPS__RESUME__INIT;

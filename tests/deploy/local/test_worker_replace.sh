@@ -21,7 +21,8 @@
 #             the members take the close as server 0's failover, resume at the restarted rendezvous, which finds
 #             worker 1 alone missing besides server 0 and takes its new process' join as its replacement; every
 #             worker redoes the decided step, server 0 then rejoins (unless the run ended first); every member
-#             exits 0, no re-form, and the run ends with the reference's bits. In half the runs at random
+#             exits 0, no re-form, and the run ends with the reference's bits, though server 0 was started again
+#             with another lr, momentum and seed (the run keeps its config, and says what differs). In half the runs at random
 #             (S0_ORDER=1 always, 0 never) worker 1 is killed first and server 0 0.2 s after the rendezvous
 #             began its replacement: the restarted rendezvous begins it again and the survivors report again;
 #   launcher: under deploy/local/launch.sh --max-restarts 2: kill -9 of worker 2 at a random step in 4..8,
@@ -223,7 +224,10 @@ else
   kill -KILL "${SPIDS[0]}" "${WPIDS[1]}"
 fi
 t0=$(date +%s.%N)
-start_daemon "$TMP/server0-again.log" "$SERVER" --config "$TMP/server0.ini" --rank 0
+# Server 0 comes back with an edited config (another lr, momentum and seed): the run keeps its own, which the
+# members hand the restarted rendezvous, and the replacement trains with it (else the bits differ).
+start_daemon "$TMP/server0-again.log" "$SERVER" --config "$TMP/server0.ini" --rank 0 --set lr=0.2 --set momentum=0.5 \
+  --set seed=1
 SPIDS[0]=$DPID
 start_daemon "$TMP/worker1-again.log" "$WORKER" --config "$TMP/server0.ini" --rank 1
 W1=$DPID
@@ -233,6 +237,9 @@ echo "server0: $order, killed after worker 0 logged step $at; worker 1 replaced"
   "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') s after the kill (both restarts included);" \
   "$(grep -o -m1 "redoing from step [0-9]*" "$TMP/worker0.log")"
 all_exit_0 server0 "${WPIDS[0]}" "${WPIDS[2]}" "$W1"
+expect_grep "server0: the restarted rendezvous kept the run's config, naming what its own changes" \
+  "config differs from the running run's in 3 keys: the run keeps its own .*: lr = 0.1 \(0.2\), momentum = 0.9 \(0.5\), seed = 7 \(1\)" \
+  "$TMP/server0-again.log"
 expect_grep "server0: the restarted rendezvous adopted the run without worker 1" \
   "adopted the running run [0-9a-f]+: every member but server 0 and worker\[1\] resumed" "$TMP/server0-again.log"
 expect_grep "server0: worker 0 took the close for server 0's failover" "failover \(epoch [0-9]+\): server\[0\] lost" \
