@@ -1,19 +1,20 @@
 /* A member's session when the rendezvous' process goes (replicas = 1; docs/architecture.md, "Hot-standby
- * shards", "Server 0 and the rendezvous"). The rendezvous (2 servers + 1 worker, replicas = 1) runs in a forked
- * child, as in server 0's process; the three members join from threads of this process. Cases:
- *   kill:   the child is killed (SIGKILL): the worker's and server 1's sessions (ctl_session_survive_rendezvous_loss)
- *           take the close as server 0's failover (wait returns 2: server 0, epoch 1, the text naming the lost
- *           rendezvous), are orphaned, keep a lease (lease base = now), leave without error, refuse rejoin
- *           reports and failure reports (-ENOTCONN) and then only wait out their timeouts; server 0's session,
- *           which does not survive it, gets the close as an error;
- *   both:   server 1 goes first (its session closed without leaving: the rendezvous fails it over); then the
- *           child is killed: shard 0 would have no copy left, so the worker's session returns the close as an
- *           error naming the fallback to the checkpoint re-form, not orphaned;
- *   stop:   the child stops its rendezvous without a shutdown (ctl_rendezvous_stop, as server 0 exiting for a
- *           re-form): every member is told before its connection closes (-ENOLINK), none is orphaned;
- *   resume: the child is killed, then a new one starts at the same address (server 0 restarted): the members
- *           reconnect and resume the run there, strangers' Resumes are refused naming why, and server 0's join
- *           becomes a rejoin that gets its learner's book once the worker says the copy step. */
+ * shards", "Server 0 and the rendezvous"). The rendezvous (2 servers + 1 worker, replicas = 1) runs in a
+ * forked child, as in server 0's process; the three members join from threads of this process. Cases: kill:
+ * the child is killed (SIGKILL): the worker's and server 1's sessions (ctl_session_survive_rendezvous_loss)
+ *           take the close as server 0's failover (wait returns 2: server 0, epoch 1, the text naming the
+ * lost rendezvous), are orphaned, keep a lease (lease base = now), leave without error, refuse rejoin reports
+ * and failure reports (-ENOTCONN) and then only wait out their timeouts; server 0's session, which does not
+ * survive it, gets the close as an error; both:   server 1 goes first (its session closed without leaving:
+ * the rendezvous fails it over); then the child is killed: shard 0 would have no copy left, so the worker's
+ * session returns the close as an error naming the fallback to the checkpoint re-form, not orphaned; stop:
+ * the child stops its rendezvous without a shutdown (ctl_rendezvous_stop, as server 0 exiting for a re-form):
+ * every member is told before its connection closes (-ENOLINK), none is orphaned; resume: the child is
+ * killed, then a new one starts at the same address (server 0 restarted): the members reconnect and resume
+ * the run there, strangers' Resumes are refused naming why, and server 0's join becomes a rejoin that gets
+ * its learner's book once the worker says the copy step; keys:   the restarted rendezvous' own config differs
+ * from the run's in a key it runs the run with (servers): the run's Resume is refused naming the key with
+ * both values. */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/ctl_frame.h"
@@ -58,6 +59,10 @@ static void start_child(int *cmd)
     start_child_at(cmd, 0);
 }
 
+/* The run config text the child's rendezvous starts with (server 0's config). */
+#define RUN_DATA "[data]\nrec = synthetic\nnum_classes = 4\n"
+static const char *child_config = RUN_DATA "[cluster]\nservers = 2\nreplicas = 1\n";
+
 /* start_child on port at_port (0: a free one). */
 static void start_child_at(int *cmd, int at_port)
 {
@@ -79,7 +84,7 @@ static void start_child_at(int *cmd, int at_port)
                                  .secret = SECRET,
                                  .max_frame = MAXF,
                                  .timeout_s = 8,
-                                 .config_text = "[cluster]\nreplicas = 1\n",
+                                 .config_text = child_config,
                                  .replicas = 1,
                                  .rejoin = 1};
         ctl_rendezvous *rv;
@@ -240,7 +245,7 @@ static Pfcps__CtlMessage *raw_recv(int fd)
  * config digest `digest` (32 bytes), with the MAC under `secret`. Returns the refusal's code (the Error's), 0
  * when it was taken (the acknowledgement came), or -1 when nothing came; the refusal's text in why[cap]. */
 static int raw_resume(int rank, const uint8_t *run_id, const uint8_t *nonce, const uint8_t *digest,
-                      const char *secret, char *why, size_t cap)
+                      const char *text, const char *secret, char *why, size_t cap)
 {
     why[0] = 0;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -255,7 +260,7 @@ static int raw_resume(int rank, const uint8_t *run_id, const uint8_t *nonce, con
     int32_t lost[1] = {0};
     uint8_t mac[32];
     if (ctl_resume_mac(secret, h->hello->nonce.data, h->hello->nonce.len, CTL_ROLE_WORKER, rank,
-                       (const uint8_t *)addr, strlen(addr), run_id, nonce, digest, 1, lost, 1, "", mac) < 0)
+                       (const uint8_t *)addr, strlen(addr), run_id, nonce, digest, 1, lost, 1, text, mac) < 0)
         DIE("mac");
     pfcps__ctl_message__free_unpacked(h, NULL);
     Pfcps__Resume r = PFCPS__RESUME__INIT;
@@ -272,6 +277,7 @@ static int raw_resume(int rank, const uint8_t *run_id, const uint8_t *nonce, con
     r.run_nonce.len = 16;
     r.config_digest.data = (uint8_t *)digest;
     r.config_digest.len = 32;
+    r.config_text = (char *)text;
     r.epoch = 1;
     r.lost_servers = lost;
     r.n_lost_servers = 1;
@@ -346,16 +352,19 @@ static void case_resume(void)
     uint8_t other[32];
     memset(other, 0x5a, sizeof other);
     char why[600];
-    int rc = raw_resume(0, book->run_id, book->run_nonce, digest, "not-the-secret", why, sizeof why);
+    const char *text = book->config_text;
+    int rc = raw_resume(0, book->run_id, book->run_nonce, digest, text, "not-the-secret", why, sizeof why);
     check(rc == EACCES && strstr(why, "bad secret"), "resume: a bad secret is refused (%d: %s)", rc, why);
-    rc = raw_resume(0, book->run_id, book->run_nonce, other, SECRET, why, sizeof why);
-    check(rc == EEXIST && strstr(why, "another config"), "resume: another config is refused (%d: %s)", rc, why);
-    rc = raw_resume(0, other, book->run_nonce, digest, SECRET, why, sizeof why);
+    rc = raw_resume(0, book->run_id, book->run_nonce, other, "[cluster]\nreplicas = 1\n[train]\nlr = 0.3\n",
+                    SECRET, why, sizeof why);
+    check(rc == EEXIST && strstr(why, "another run config"), "resume: another config is refused (%d: %s)", rc,
+          why);
+    rc = raw_resume(0, other, book->run_nonce, digest, text, SECRET, why, sizeof why);
     check(rc == EEXIST && strstr(why, "another run"), "resume: another run is refused (%d: %s)", rc, why);
-    rc = raw_resume(0, book->run_id, book->run_nonce, digest, SECRET, why, sizeof why);
+    rc = raw_resume(0, book->run_id, book->run_nonce, digest, text, SECRET, why, sizeof why);
     check(rc == EEXIST && strstr(why, "resumed already"), "resume: a rank that resumed is refused (%d: %s)", rc,
           why);
-    rc = raw_resume(7, book->run_id, book->run_nonce, digest, SECRET, why, sizeof why);
+    rc = raw_resume(7, book->run_id, book->run_nonce, digest, text, SECRET, why, sizeof why);
     check(rc == ERANGE, "resume: a rank outside the run is refused (%d: %s)", rc, why);
     check(!ctl_session_orphaned(m[1].s) && !ctl_session_orphaned(m[2].s), "resume: the members stay connected");
     learner l = {0};
@@ -389,6 +398,37 @@ static void case_resume(void)
     kill_child();
 }
 
+/* keys: the child is killed, then a new one starts whose own config differs from the run's in `servers`, a
+ * key the rendezvous runs the run with: a Resume with the run's config is refused naming it with both values,
+ * and the members are not taken (they stay orphaned). */
+static void case_keys(void)
+{
+    int cmd;
+    start_child(&cmd);
+    const int at = port;
+    member m[3];
+    join_all(m);
+    CHECK(ctl_session_survive_rendezvous_loss(m[1].s, NULL) == 0, "survive");
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, NULL) == 0, "survive");
+    kill(child, SIGKILL);
+    reap();
+    close(cmd);
+    for (int i = 1; i < 3; i++)
+        ctl_session_wait_shutdown(m[i].s, 5.0);
+    child_config = RUN_DATA "[cluster]\nreplicas = 1\nservers = 3\n";
+    start_child_at(&cmd, at);
+    const ctl_book *book = ctl_session_book(m[2].s);
+    uint8_t digest[32] = {0};
+    char why[600];
+    int rc = raw_resume(0, book->run_id, book->run_nonce, digest, book->config_text, SECRET, why, sizeof why);
+    check(rc == EEXIST && strstr(why, "keys it runs the run with") && strstr(why, "servers = 2 (3 here)"),
+          "keys: a run whose servers differ from this rendezvous' is refused naming them (%d: %s)", rc, why);
+    child_config = RUN_DATA "[cluster]\nservers = 2\nreplicas = 1\n";
+    close_all(m);
+    close(cmd);
+    kill_child();
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -398,5 +438,6 @@ int main(void)
     case_both();
     case_stop();
     case_resume();
+    case_keys();
     return check_summary();
 }
