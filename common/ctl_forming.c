@@ -197,7 +197,7 @@ static int step_mismatch(const ctl_roster *r, int64_t t, ckpt_ident *id, char *w
         if (ckpt_ident_diff(id, &want, diff, sizeof diff) != 0) {
             snprintf(why, cap, "written by a run with another config: %s (the files vs this run's config)",
                      diff);
-            return 1;
+            return 2;
         }
     }
     return 0;
@@ -211,7 +211,7 @@ int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
         snprintf(reason, cap, "resume = false: starting from scratch");
         return 0;
     }
-    int64_t best = 0;
+    int64_t best = 0, foreign = 0;
     size_t len = 0;
     if (cap)
         reason[0] = '\0';
@@ -221,11 +221,14 @@ int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
         int missing = seat_missing_step(r, cand);
         char why[400];
         ckpt_ident id;
-        if (missing < 0 && !step_mismatch(r, cand, &id, why, sizeof why)) {
+        int mismatch = missing < 0 ? step_mismatch(r, cand, &id, why, sizeof why) : 0;
+        if (missing < 0 && !mismatch) {
             best = cand;
             memcpy(run_id, id.run_id, CKPT_RUN_ID_BYTES);
             break;
         }
+        if (mismatch == 2 && !foreign)
+            foreign = cand;
         if (missing >= 0)
             snprintf(why, sizeof why, "not complete on %s[%d]",
                      ctl_role_name((int)ctl_roster_role(r, missing)), ctl_roster_rank(r, missing));
@@ -236,11 +239,18 @@ int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
         if (best)
             snprintf(reason + len, cap - len, "step %lld is the newest checkpoint complete on all %d members",
                      (long long)best, n);
+        else if (foreign)
+            snprintf(
+                reason + len, cap - len,
+                "resume = true, but no checkpoint can be resumed, and step %lld, complete on all %d members, "
+                "is of a run with another config: a new run would overwrite its checkpoints: move them away, "
+                "set resume = false to start over there, or give the run the config that wrote them",
+                (long long)foreign, n);
         else
             snprintf(reason + len, cap - len,
                      "no checkpoint is complete on all %d members: starting from scratch", n);
     }
-    return best;
+    return best ? best : foreign ? -1 : 0;
 }
 
 int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap)

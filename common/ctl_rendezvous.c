@@ -1786,6 +1786,16 @@ static void form_run(ctl_rendezvous *rv)
     uint8_t run_id[CKPT_RUN_ID_BYTES];
     memcpy(run_id, rv->new_run_id, sizeof run_id);
     r.resume_step = ctl_roster_resume_step(&rv->roster, reason, sizeof reason, run_id);
+    if (r.resume_step < 0) {
+        /* Another config's checkpoints only: forming would start a new run over them. Every member is refused
+         * (exit 1), naming them; nothing is written. */
+        log_error("control plane: the run does not form: %s", reason);
+        for (int i = 0; i < n; i++)
+            conn_refuse(rv, rv->roster.seats[i].holder, EINVAL, reason);
+        free(mem);
+        free(ptr);
+        return;
+    }
     r.resume_reason = reason;
     r.run_id.data = run_id;
     r.run_id.len = sizeof run_id;

@@ -264,8 +264,8 @@ static void test_resume_identity(void **state)
                            "step 8 is the newest checkpoint complete on all 3 members"));
     ctl_roster_free(&r);
 
-    /* Every seat agrees, but on another config than the run's: nothing is resumed; the run id is untouched.
-     */
+    /* Every seat agrees, but on another config than the run's: nothing is resumed, and the run must not form
+     * (a new run would write over those checkpoints); the run id is untouched. */
     assert_int_equal(ctl_roster_init(&r, 1, 1, 1), 0);
     r.has_expect = 1;
     r.expect = cur;
@@ -275,13 +275,16 @@ static void test_resume_identity(void **state)
         ctl_roster_take(&r, adm.seat, &holder[adm.seat], "127.0.0.1:4000", steps, foreign_both, 2);
     }
     memset(run_id, 0x11, sizeof run_id);
-    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), 0);
+    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), -1);
     assert_int_equal(run_id[0], 0x11);
     assert_non_null(strstr(reason,
                            "step 12 skipped: written by a run with another config: seed 7 vs 2048, "
                            "config_digest 0202020202020202... vs 0101010101010101... (the files vs this "
                            "run's config); step 8 skipped"));
-    assert_non_null(strstr(reason, "no checkpoint is complete on all 2 members: starting from scratch"));
+    assert_non_null(strstr(reason,
+                           "resume = true, but no checkpoint can be resumed, and step 12, complete on all 2 "
+                           "members, is of a run with another config: a new run would overwrite its "
+                           "checkpoints"));
     ctl_roster_free(&r);
 }
 

@@ -14,6 +14,8 @@
 #            (run_id, seed) and resumes at step 8; ckpt-info names the file;
 #   config:  all of run a's step 12 in place of run b's: the files agree with each other, but the rendezvous
 #            skips step 12 as "written by a run with another config" (seed 7 vs 2048), resumes at step 8;
+#   config_only: run a's step 12 alone: no step can be resumed, and a new run would overwrite run a's files
+#            (same step names): the run does not form (launch.sh fails, every member names why), files untouched;
 #   forged:  block_rows = 2^54 in both shard files of step 12, their digests and HMAC recomputed with the
 #            secret: ckpt-info (with and without the secret) and every server refuse naming the file and
 #            block_rows; the run resumes at step 8;
@@ -109,6 +111,21 @@ ckpt_launch config
 log_has config server0 "step 12 skipped: written by a run with another config: seed 7 vs 2048, config_digest [0-9a-f]{16}\.\.\. vs [0-9a-f]{16}\.\.\. \(the files vs this run's config\); step 8 is the newest" \
   "the rendezvous skips step 12 as another config's"
 resumed_at config 8
+
+# --- config_only: run a's step 12 alone in run b's snapshots (step 8 gone): resume = true has nothing to resume,
+# and a new run would write its steps 4, 8, 12 over run a's: the run does not form, every member exits 1 naming
+# why, and run a's files stay as they were.
+damaged config_only
+rm -rf "$TMP/config_only/snapshots/step-12" "$TMP/config_only/snapshots/step-8"
+cp -r "$TMP/a/snapshots/step-12" "$TMP/config_only/snapshots/" || die "copy"
+before=$(cd "$TMP/config_only/snapshots" && find . -type f | sort | xargs sha256sum)
+s=0; "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/config_only.ini" >"$TMP/config_only.out" 2>&1 || s=$?
+[ "$s" -ne 0 ] && ok "config_only: the launcher fails (status $s)" || fail "config_only: the launcher exits 0"
+log_has config_only server0 "the run does not form: .*resume = true, but no checkpoint can be resumed, and step 12, complete on all 4 members, is of a run with another config: a new run would overwrite its checkpoints" \
+  "the rendezvous refuses to start a new run over another config's checkpoints"
+log_has config_only worker1 "ERROR .*a new run would overwrite its checkpoints" "worker 1 is told why"
+after=$(cd "$TMP/config_only/snapshots" && find . -type f | sort | xargs sha256sum)
+expect_eq "config_only: run a's checkpoint files are untouched and nothing was added" "$after" "$before"
 
 # --- forged: block_rows = 2^54 in both shard files, digests and HMAC recomputed -----------------------------
 damaged forged
