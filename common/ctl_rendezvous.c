@@ -791,6 +791,12 @@ static void rejoin_aborted(ctl_rendezvous *rv, conn *c)
     if (rv->learner != c)
         return;
     rv->learner = NULL;
+    if (rv->reform_sent || rv->fail_sent) {
+        /* The run re-forms (or failed) already: the learner stops with the others; nothing goes on. */
+        log_info("control plane: rejoin: server[%d] (%s), rejoining, stopped for the checkpoint re-form",
+                 c->rank, c->peer);
+        return;
+    }
     char text[300];
     snprintf(
         text, sizeof text,

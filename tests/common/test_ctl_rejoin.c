@@ -12,7 +12,10 @@
  * Case hang: the learner never says it is ready (stopped or hung while copying; it heartbeats only once it
  * serves). The rendezvous drops it 3 x ctl_timeout (3 s) after its book, not before, and the worker is told
  * "rejoin aborted" (epoch 2: nothing changed) within its own hold bound (4 x ctl_timeout, 4 s); a ready the
- * learner sends afterwards changes nothing (no "rejoined" follows). */
+ * learner sends afterwards changes nothing (no "rejoined" follows).
+ *
+ * Case reform: the worker is lost while the learner holds its book: the run re-forms, and the learner's going
+ * is logged as a stop for the re-form, not as a rejoin aborted while "the run goes on as before". */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -23,6 +26,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 #define SECRET  "rejoin-test-secret"
 #define MAXF    65536
@@ -159,11 +165,54 @@ static void case_hang(void)
     ctl_rendezvous_stop(rv);
 }
 
+/* 1 when the file at path has a line containing `what`. */
+static int file_has(const char *path, const char *what)
+{
+    FILE *f = fopen(path, "r");
+    char line[2048];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f))
+        found = strstr(line, what) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* Case reform: the worker is lost (no replacement in this run) while the learner holds its book, so the run
+ * re-forms; the learner then stops with the others. Its going is logged as a stop for the re-form, not as a
+ * rejoin aborted with "the run goes on as before" (which it does not). */
+static void case_reform(void)
+{
+    char path[] = "/tmp/pfcps-test-ctl-rejoin-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && log_open_file(path) == 0, "reform: log file");
+    close(fd);
+    ctl_rendezvous *rv = start();
+    member m[3], l;
+    to_book(m, &l, "reform");
+    ctl_session_close(m[2].s); /* the worker, without leaving: the run re-forms */
+    int r = 0;
+    const double t0 = pf_now_s();
+    while (pf_now_s() - t0 < 5 && (r = ctl_session_wait_shutdown(m[0].s, 0.1)) == 0)
+        ;
+    check(r == -ENOLINK, "reform: server 0 is told the run re-forms (%d)", r);
+    ctl_session_close(l.s); /* the learner stops for the re-form */
+    usleep(300000);
+    ctl_session_close(m[0].s);
+    ctl_rendezvous_stop(rv);
+    log_close_file();
+    check(file_has(path, "rejoining, stopped for the checkpoint re-form"),
+          "reform: the learner's going is logged as a stop for the re-form");
+    check(!file_has(path, "the run goes on as before"), "reform: no line says the run goes on as before");
+    unlink(path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     log_init("test", 0);
     case_ready();
     case_hang();
+    case_reform();
     return check_summary();
 }
