@@ -71,10 +71,12 @@ int ctl_roster_admit(ctl_roster *r, ctl_role role, int rank, ctl_admission *out)
          * connection is gone, or goes at its read deadline) but another process with the run's secret, such
          * as a second run started on the same rendezvous. Refused; the run goes on. */
         out->code = EAGAIN;
-        snprintf(out->reason, sizeof out->reason,
-                 "%s rank %d is held by a live member of the formed run (%s): is another run using this "
-                 "rendezvous and secret? retry",
-                 who, rank, s->peer ? s->peer : "?");
+        snprintf(
+            out->reason, sizeof out->reason,
+            "%s rank %d is held by a live member of the formed run (%s): is a second process of this rank "
+            "running (started twice, or by two supervisors), or another run using this rendezvous and "
+            "secret? retry",
+            who, rank, s->peer ? s->peer : "?");
         return out->code;
     }
     if (r->formed) {

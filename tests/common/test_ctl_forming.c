@@ -124,8 +124,10 @@ static void test_after_forming(void **state)
     assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_WORKER, 1, &adm), EAGAIN);
     assert_int_equal(adm.restarted, 0);
     assert_int_equal(r.reforming, 0);
-    assert_string_equal(adm.reason, "worker rank 1 is held by a live member of the formed run (127.0.0.1:4000): "
-                                    "is another run using this rendezvous and secret? retry");
+    assert_string_equal(adm.reason,
+                        "worker rank 1 is held by a live member of the formed run (127.0.0.1:4000): "
+                        "is a second process of this rank running (started twice, or by two "
+                        "supervisors), or another run using this rendezvous and secret? retry");
     assert_int_equal(ctl_roster_admit(&r, CTL_ROLE_SERVER, 1, &adm), ERANGE); /* range comes first */
 
     /* Seats: server 0 = 0, worker 0 = 1, worker 1 = 2 (holder[seat], set by join). Worker 1 crashes; its

@@ -5,7 +5,8 @@
 # (its rendezvous port is taken: it fails to bind it) and a second worker 0 start on the same config with
 # join_timeout = 3.
 #  - The second worker gives up after its join_timeout (exit 1) naming the cause: "worker rank 0 is held by a
-#    live member of the formed run (...): is another run using this rendezvous and secret?".
+#    live member of the formed run (...): is a second process of this rank running (...), or another run using
+#    this rendezvous and secret?".
 #  - The first run does not re-form: its server logs no rejoin, its worker keeps training (its trace grows by
 #    at least 5 steps after the second worker gave up) and stops in order on SIGTERM (exit 0).
 source "$(dirname "$0")/cluster.sh" "$@"
@@ -18,7 +19,7 @@ wait_exit "$w2" 60 || { show_logs; die "the second worker still runs after 60 s"
 rc=0; wait "$w2" || rc=$?
 expect_eq "second worker's exit" "$rc" 1
 expect_grep "second worker names the cause" \
-  "worker rank 0 is held by a live member of the formed run .*: is another run using this rendezvous and secret" \
+  "worker rank 0 is held by a live member of the formed run .*: is a second process of this rank running .*, or another run using this rendezvous and secret" \
   "$TMP/worker0.second.log"
 wait_exit "$s2" 30 || die "the second server 0 still runs after 30 s"
 rc=0; wait "$s2" || rc=$?
