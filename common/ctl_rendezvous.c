@@ -1595,7 +1595,10 @@ static void conn_read(ctl_rendezvous *rv, conn *c, double now)
     ssize_t r = recv(c->fd, tmp, sizeof tmp, 0);
     if (r < 0) {
         if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-            log_warn("control plane: read from %s failed: %s", c->peer, strerror(errno));
+            /* A member that said it leaves may exit with unread bytes (the shutdown broadcast): its reset is
+             * its orderly exit, not a fault. */
+            if (!c->left)
+                log_warn("control plane: read from %s failed: %s", c->peer, strerror(errno));
             c->dead = 1;
         }
         return;
