@@ -35,8 +35,10 @@ static int config_value(const char *ini, const char *key, char *out, size_t cap)
 static const char config_get_usage[] =
     "usage: pfcps config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]\n"
     "  Prints each KEY's value, one per line, as the daemons will see it: FILE parsed by the same parser\n"
-    "  (quotes, inline comments, sections, defaults), then every --set in order. The secret is never "
-    "printed.\n"
+    "  (quotes, inline comments, sections, defaults), then every --set in order. The secret is never\n"
+    "  printed: KEY `secret` prints `set` or `unset` (in FILE, a --set or $PFCPS_SECRET: the daemons refuse "
+    "to\n"
+    "  start without one).\n"
     "  Exit 2 for an unknown key or a config the daemons would refuse (message on stderr).";
 
 int cmd_config_get(int argc, char **argv)
@@ -69,6 +71,8 @@ int cmd_config_get(int argc, char **argv)
         if (!known) {
             fprintf(stderr, "pfcps config-get: unknown key '%s' (docs/configuration.md lists them)\n", key);
             status = 2;
+        } else if (!strcmp(key, "secret")) {
+            snprintf(vals[i], sizeof vals[i], "%s", cfg_secret(&cfg) ? "set" : "unset");
         } else if (config_value(ini, key, vals[i], sizeof vals[i]) < 0) {
             fprintf(stderr, "pfcps config-get: key '%s' is never printed\n", key);
             status = 2;

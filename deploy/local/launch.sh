@@ -58,13 +58,19 @@ done
 
 # Effective values of the keys the launcher itself needs, from the real parser (file, then every --set in
 # order, defaults for keys not given): one line per key. A config the daemons would refuse stops here.
-if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every metrics_address replicas device); then
+if ! vals=$("$tool_bin" config-get --config "$config" "${sets[@]}" servers workers output snapshot_dir snapshot_every metrics_address replicas device secret); then
   echo "launch: config '$config' refused (see above)" >&2
   exit 2
 fi
 mapfile -t v <<<"$vals"
 S=${v[0]}; W=${v[1]}; out=${v[2]}; snapdir=${v[3]:-$out/snapshots}; snap_every=${v[4]}; maddr=${v[5]:-}
 replicas=${v[6]:-0}
+# Every daemon refuses to start without a join secret: say so once, here, rather than after a failed start (and
+# every restart --max-restarts allows).
+if [ "${v[8]}" != set ]; then
+  echo "launch: no join secret: set 'secret' in $config, pass --set secret=..., or export PFCPS_SECRET (every daemon refuses to start without one)" >&2
+  exit 2
+fi
 # A lost worker is replaced in place (common/config.h cfg_replaces_workers): replicas = 1, a device other than
 # cuda.
 replace_workers=0

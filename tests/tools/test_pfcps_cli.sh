@@ -42,7 +42,10 @@ expect_refusal "--first-class needs an integer in [0, 281474976710655]" pack --f
 expect_refusal "--identities needs an integer in [1," pack --identities 0 in out
 expect_refusal "unexpected argument '--bogus'" pack --bogus in out
 expect_refusal "unknown key 'serverz'" config-get serverz
-expect_refusal "key 'secret' is never printed" config-get secret
+# The secret: whether one is set (the file, a --set or $PFCPS_SECRET), never its value.
+expect_eq "config-get secret without one" "$(env -u PFCPS_SECRET "$PFCPS" config-get secret)" unset
+expect_eq "config-get secret from --set" "$(env -u PFCPS_SECRET "$PFCPS" config-get --set secret=hush-123 secret)" set
+expect_eq "config-get secret from PFCPS_SECRET" "$(PFCPS_SECRET=hush-456 "$PFCPS" config-get secret)" set
 expect_refusal "needs at least one KEY" config-get
 
 # config-get against the parser's accepted forms.
