@@ -89,6 +89,8 @@ struct ctl_rendezvous {
     uint8_t new_run_id[CKPT_RUN_ID_BYTES]; /* random: the run id when the run starts afresh */
     /* Unauthenticated connections (never joined): counted, summarised at most every CTL_STRAY_LOG_S. */
     long stray_evicted, stray_dropped, stray_logged;
+    long resumes_refused; /* Resumes refused (resume_acceptable): the never-formed report names the last */
+    char resume_refused[PF_ERRMSG_MAX]; /* its reason */
     double stray_log_t, accept_pause_until;
     size_t max_frame;
     double timeout_s;
@@ -1225,8 +1227,11 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
     else if (!rv->adopting)
         bad = adopt_run_config(rv, r->config_text, why, sizeof why);
     if (bad) {
+        /* Logged by conn_refuse as a connection without a join (the first few, then a summary now and then):
+         * a refused member tries again every 0.25 s. */
         snprintf(msg, sizeof msg, "resume as %s rank %d refused: %s", who, r->rank, bad);
-        log_warn("control plane: %s: %s", c->peer, msg);
+        rv->resumes_refused++;
+        snprintf(rv->resume_refused, sizeof rv->resume_refused, "%s", msg);
         conn_refuse(rv, c, code, msg);
         return 0;
     }
@@ -2072,7 +2077,12 @@ static void log_never_joined(const ctl_rendezvous *rv)
     int n = ctl_roster_never_joined(&rv->roster, miss, sizeof miss);
     if (!n)
         return;
-    if (rv->replicas && !rv->adopting && n == total - 1 && rv->roster.seats[0].ever_joined)
+    if (rv->resumes_refused)
+        log_warn(
+            "control plane: the run did not form here: the running run's members tried to resume here and "
+            "were refused (%ld times; the last: %s)",
+            rv->resumes_refused, rv->resume_refused);
+    else if (rv->replicas && !rv->adopting && n == total - 1 && rv->roster.seats[0].ever_joined)
         log_warn("control plane: the run did not form here: no other member joined or resumed (%s); with "
                  "replicas = 1 that is also how a server 0 started again after its loss stops when its run "
                  "ended, or re-formed, without it",

@@ -416,6 +416,10 @@ static void case_keys(void)
     for (int i = 1; i < 3; i++)
         ctl_session_wait_shutdown(m[i].s, 5.0);
     child_config = RUN_DATA "[cluster]\nreplicas = 1\nservers = 3\n";
+    char path[] = "/tmp/pfcps-test-ctl-orphan-XXXXXX";
+    int lfd = mkstemp(path);
+    CHECK(lfd >= 0 && log_open_file(path) == 0, "keys: log file"); /* the child's lines too */
+    close(lfd);
     start_child_at(&cmd, at);
     const ctl_book *book = ctl_session_book(m[2].s);
     uint8_t digest[32] = {0};
@@ -424,6 +428,22 @@ static void case_keys(void)
     check(rc == EEXIST && strstr(why, "keys it runs the run with") && strstr(why, "servers = 2 (3 here)"),
           "keys: a run whose servers differ from this rendezvous' is refused naming them (%d: %s)", rc, why);
     child_config = RUN_DATA "[cluster]\nservers = 2\nreplicas = 1\n";
+    /* Stopped without a run: its report names the refused resumes, not members that never came. */
+    CHECK(write(cmd, "x", 1) == 1, "keys: stop the child");
+    reap();
+    log_close_file();
+    FILE *f = fopen(path, "r");
+    char line[2048];
+    int named = 0;
+    while (f && !named && fgets(line, sizeof line, f))
+        named =
+            strstr(line, "the run did not form here: the running run's members tried to resume here and were "
+                         "refused") &&
+            strstr(line, "servers = 2 (3 here)");
+    if (f)
+        fclose(f);
+    unlink(path);
+    check(named, "keys: the never-formed report names the refused resumes and why");
     close_all(m);
     close(cmd);
     kill_child();
