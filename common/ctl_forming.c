@@ -238,21 +238,22 @@ int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
             len += (size_t)snprintf(reason + len, cap - len, "step %lld skipped: %s; ", (long long)cand, why);
     }
     if (len < cap) {
-        if (best)
-            snprintf(reason + len, cap - len, "step %lld is the newest checkpoint complete on all %d members",
-                     (long long)best, n);
-        else if (foreign)
+        if (foreign > best)
             snprintf(
                 reason + len, cap - len,
-                "resume = true, but no checkpoint can be resumed, and step %lld, complete on all %d members, "
-                "is of a run with another config: a new run would overwrite its checkpoints: move them away, "
-                "set resume = false to start over there, or give the run the config that wrote them",
-                (long long)foreign, n);
+                "resume = true, but step %lld, complete on all %d members, is of a run with another config, "
+                "newer than any step this run can resume (%s%lld): training from there would overwrite its "
+                "checkpoints: move them away, set resume = false to start over there, or give the run the "
+                "config that wrote them",
+                (long long)foreign, n, best ? "step " : "none: ", (long long)best);
+        else if (best)
+            snprintf(reason + len, cap - len, "step %lld is the newest checkpoint complete on all %d members",
+                     (long long)best, n);
         else
             snprintf(reason + len, cap - len,
                      "no checkpoint is complete on all %d members: starting from scratch", n);
     }
-    return best ? best : foreign ? -1 : 0;
+    return foreign > best ? -1 : best;
 }
 
 int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap)

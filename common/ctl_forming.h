@@ -103,11 +103,11 @@ int ctl_roster_complete(const ctl_roster *r);
  * run than ROLE[RANK]'s: <fields>" (ckpt_ident_diff), or "written by a run with another config: <fields> (the
  * files vs this run's config)"; then "step T is the newest checkpoint complete on all N members", or "no
  * checkpoint is complete on all N members: starting from scratch", or without resume "resume = false:
- * starting from scratch". Returns -1 when no step can be resumed and yet a step complete on every seat, of
- * one run, was skipped only for another config's seed or digest: a new run would write over that run's
- * checkpoints (same step names), so the run must not form; the reason then ends with what to do ("...: a new
- * run would overwrite them: move them away, set resume = false to start over there, or give the run the
- * config that wrote them"). */
+ * starting from scratch". Returns -1 when a step complete on every seat, of one run, was skipped only for
+ * another config's seed or digest and is newer than the step taken (or none is): training on would write over
+ * that run's checkpoints (same step names, then pruned), so the run must not form; the reason then ends with
+ * what to do ("...: move them away, set resume = false to start over there, or give the run the config that
+ * wrote them"). */
 int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
                                uint8_t run_id[CKPT_RUN_ID_BYTES]);
 

@@ -284,9 +284,26 @@ static void test_resume_identity(void **state)
                            "config_digest 0202020202020202... vs 0101010101010101... (the files vs this "
                            "run's config); step 8 skipped"));
     assert_non_null(strstr(reason,
-                           "resume = true, but no checkpoint can be resumed, and step 12, complete on all 2 "
-                           "members, is of a run with another config: a new run would overwrite its "
-                           "checkpoints"));
+                           "resume = true, but step 12, complete on all 2 members, is of a run with another "
+                           "config, newer than any step this run can resume (none: 0): training from "
+                           "there would overwrite its checkpoints"));
+    ctl_roster_free(&r);
+
+    /* Every seat holds step 12 of another config and step 8 of this one: resuming at 8 would write step 12
+     * over the other run's, so the run does not form either. */
+    const ckpt_ident mixed[] = {b, a};
+    assert_int_equal(ctl_roster_init(&r, 1, 1, 1), 0);
+    r.has_expect = 1;
+    r.expect = cur;
+    for (int i = 0; i < 2; i++) {
+        ctl_admission adm;
+        assert_int_equal(ctl_roster_admit(&r, i < 1 ? CTL_ROLE_SERVER : CTL_ROLE_WORKER, 0, &adm), 0);
+        ctl_roster_take(&r, adm.seat, &holder[adm.seat], "127.0.0.1:4000", steps, mixed, 2);
+    }
+    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), -1);
+    assert_non_null(strstr(reason,
+                           "resume = true, but step 12, complete on all 2 members, is of a run with another "
+                           "config, newer than any step this run can resume (step 8)"));
     ctl_roster_free(&r);
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoint files that lie: every file of a checkpoint carries the run identity (run id, seed, config digest)
 # and, under the join secret, an HMAC; a step whose files disagree, come from another run or config, or were
-# forged is refused with the file and the field named, and the resume takes the newest step that is sound.
+# forged is refused with the file and the field named, and the resume takes the newest step that is sound (a
+# run with another config's newer steps is not resumed over: the run does not form).
 # Two runs of 2 servers + 2 workers on 10 ORL identities (12 steps, snapshot_every 4, snapshot_keep 2: steps 8
 # and 12), one with seed = 7 (run a), one with seed = 2048 (run b). Each case damages a copy of run b's
 # checkpoints and resumes from it under the launcher; a resume that falls back to step 8 must end with run b's
@@ -13,7 +14,9 @@
 #            lists step 12; the rendezvous skips it as "worker[1]'s files are of another run than server[0]'s"
 #            (run_id, seed) and resumes at step 8; ckpt-info names the file;
 #   config:  all of run a's step 12 in place of run b's: the files agree with each other, but the rendezvous
-#            skips step 12 as "written by a run with another config" (seed 7 vs 2048), resumes at step 8;
+#            skips step 12 as "written by a run with another config" (seed 7 vs 2048); resuming at step 8 would
+#            write step 12 over run a's files, so the run does not form (launch.sh fails, naming step 12 and step
+#            8), and every file is untouched;
 #   config_only: run a's step 12 alone: no step can be resumed, and a new run would overwrite run a's files
 #            (same step names): the run does not form (launch.sh fails, every member names why), files untouched;
 #   forged:  block_rows = 2^54 in both shard files of step 12, their digests and HMAC recomputed with the
@@ -107,10 +110,13 @@ damaged config
 rm -rf "$TMP/config/snapshots/step-12"
 cp -r "$TMP/a/snapshots/step-12" "$TMP/config/snapshots/" || die "copy"
 expect_grep "config: ckpt-info: step 12's files agree among themselves" "^step 12: complete" <("$PFCPS" ckpt-info "$TMP/config")
-ckpt_launch config
-log_has config server0 "step 12 skipped: written by a run with another config: seed 7 vs 2048, config_digest [0-9a-f]{16}\.\.\. vs [0-9a-f]{16}\.\.\. \(the files vs this run's config\); step 8 is the newest" \
-  "the rendezvous skips step 12 as another config's"
-resumed_at config 8
+before=$(cd "$TMP/config/snapshots" && find . -type f | sort | xargs sha256sum)
+s=0; "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/config.ini" >"$TMP/config.out" 2>&1 || s=$?
+[ "$s" -ne 0 ] && ok "config: the launcher fails (status $s)" || fail "config: the launcher exits 0"
+log_has config server0 "step 12 skipped: written by a run with another config: seed 7 vs 2048, config_digest [0-9a-f]{16}\.\.\. vs [0-9a-f]{16}\.\.\. \(the files vs this run's config\); resume = true, but step 12, complete on all 4 members, is of a run with another config, newer than any step this run can resume \(step 8\): training from there would overwrite its checkpoints" \
+  "the rendezvous names step 12 as another config's, newer than step 8, and does not form the run"
+after=$(cd "$TMP/config/snapshots" && find . -type f | sort | xargs sha256sum)
+expect_eq "config: both steps' files are untouched and nothing was added" "$after" "$before"
 
 # --- config_only: run a's step 12 alone in run b's snapshots (step 8 gone): resume = true has nothing to resume,
 # and a new run would write its steps 4, 8, 12 over run a's: the run does not form, every member exits 1 naming
@@ -121,9 +127,9 @@ cp -r "$TMP/a/snapshots/step-12" "$TMP/config_only/snapshots/" || die "copy"
 before=$(cd "$TMP/config_only/snapshots" && find . -type f | sort | xargs sha256sum)
 s=0; "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/config_only.ini" >"$TMP/config_only.out" 2>&1 || s=$?
 [ "$s" -ne 0 ] && ok "config_only: the launcher fails (status $s)" || fail "config_only: the launcher exits 0"
-log_has config_only server0 "the run does not form: .*resume = true, but no checkpoint can be resumed, and step 12, complete on all 4 members, is of a run with another config: a new run would overwrite its checkpoints" \
+log_has config_only server0 "the run does not form: .*resume = true, but step 12, complete on all 4 members, is of a run with another config, newer than any step this run can resume \(none: 0\): training from there would overwrite its checkpoints" \
   "the rendezvous refuses to start a new run over another config's checkpoints"
-log_has config_only worker1 "ERROR .*a new run would overwrite its checkpoints" "worker 1 is told why"
+log_has config_only worker1 "ERROR .*training from there would overwrite its checkpoints" "worker 1 is told why"
 after=$(cd "$TMP/config_only/snapshots" && find . -type f | sort | xargs sha256sum)
 expect_eq "config_only: run a's checkpoint files are untouched and nothing was added" "$after" "$before"
 
