@@ -793,10 +793,11 @@ static void rejoin_aborted(ctl_rendezvous *rv, conn *c)
     if (rv->learner != c)
         return;
     rv->learner = NULL;
-    if (rv->reform_sent || rv->fail_sent) {
-        /* The run re-forms (or failed) already: the learner stops with the others; nothing goes on. */
-        log_info("control plane: rejoin: server[%d] (%s), rejoining, stopped for the checkpoint re-form",
-                 c->rank, c->peer);
+    if (rv->reform_sent || rv->fail_sent || rv->shutdown_sent) {
+        /* The run re-forms (or failed, or ended) already: the learner stops with the others; nothing goes on.
+         */
+        log_info("control plane: rejoin: server[%d] (%s), rejoining, stopped %s", c->rank, c->peer,
+                 rv->shutdown_sent ? "with the run's end" : "for the checkpoint re-form");
         return;
     }
     char text[300];
