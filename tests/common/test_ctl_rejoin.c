@@ -15,7 +15,8 @@
  * learner sends afterwards changes nothing (no "rejoined" follows).
  *
  * Case reform: the worker is lost while the learner holds its book: the run re-forms, and the learner's going
- * is logged as a stop for the re-form, not as a rejoin aborted while "the run goes on as before". */
+ * is logged as a stop for the re-form, not as a rejoin aborted while "the run goes on as before". Case end:
+ * likewise when the run ends while the learner holds its book. */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -207,6 +208,37 @@ static void case_reform(void)
     unlink(path);
 }
 
+/* Case end: the run ends (the worker leaves, server 0 broadcasts the shutdown) while the learner holds its
+ * book; the learner then stops too: logged as stopping with the run's end, not as "the run goes on as
+ * before". */
+static void case_end(void)
+{
+    char path[] = "/tmp/pfcps-test-ctl-rejoin-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && log_open_file(path) == 0, "end: log file");
+    close(fd);
+    ctl_rendezvous *rv = start();
+    member m[3], l;
+    to_book(m, &l, "end");
+    ctl_session_leave(m[2].s);
+    ctl_rendezvous_broadcast_shutdown(rv);
+    int r = 0;
+    const double t0 = pf_now_s();
+    while (pf_now_s() - t0 < 5 && (r = ctl_session_wait_shutdown(m[0].s, 0.1)) == 0)
+        ;
+    check(r == 1, "end: server 0 is told the run shut down (%d)", r);
+    ctl_session_close(l.s); /* the learner stops with the run */
+    usleep(300000);
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[2].s);
+    ctl_rendezvous_stop(rv);
+    log_close_file();
+    check(file_has(path, "rejoining, stopped with the run's end"),
+          "end: the learner's going is logged as such");
+    check(!file_has(path, "the run goes on as before"), "end: no line says the run goes on as before");
+    unlink(path);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -214,5 +246,6 @@ int main(void)
     case_ready();
     case_hang();
     case_reform();
+    case_end();
     return check_summary();
 }
