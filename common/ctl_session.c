@@ -63,6 +63,8 @@ struct ctl_session {
     int can_resume;   /* the digest is set: an orphaned session reconnects to resume */
     int resuming;     /* a Resume went out on this connection and was not acknowledged yet */
     double next_try;  /* orphaned: when to try the rendezvous' address again */
+    long refusals; /* Resumes refused in a row (resume_refused; the log says the first and then a summary) */
+    double refusal_log_t; /* pf_now_s() of the last refusal line */
     ctl_book book;
 };
 
@@ -732,19 +734,30 @@ static int try_resume(ctl_session *s)
     atomic_store(&s->lease_base, now); /* a new rendezvous removes nobody before a whole silence limit */
     s->next_hb = now + (s->hb_every > 0 ? s->hb_every : 1.0);
     atomic_store(&s->orphan, 0);
-    log_info("reached a rendezvous at %s:%d again: resuming the run there (epoch %u, %zu lost servers)", s->host,
-             s->port, s->fo_epoch, nlost);
+    if (s->refusals == 0)
+        log_info("reached a rendezvous at %s:%d again: resuming the run there (epoch %u, %zu lost servers)",
+                 s->host, s->port, s->fo_epoch, nlost);
     return 0;
 }
+
+/* Seconds between two lines about a member's resume refused again and again. */
+#define CTL_REFUSAL_LOG_S 30.0
 
 /* The connection on which a Resume went out was refused (an Error) or closed before its acknowledgement:
  * back to waiting, the next try in a second. */
 static void resume_refused(ctl_session *s, const char *why)
 {
     become_orphan(s);
-    s->next_try = pf_now_s() + 1.0;
-    log_warn("the rendezvous at %s:%d did not take this member's resume: %s; trying again", s->host, s->port,
-             why);
+    const double now = pf_now_s();
+    s->next_try = now + 1.0;
+    /* Tried every second: the first refusal is said, then one line every CTL_REFUSAL_LOG_S. */
+    if (++s->refusals == 1 || now - s->refusal_log_t >= CTL_REFUSAL_LOG_S) {
+        log_warn(
+            "the rendezvous at %s:%d did not take this member's resume (%ld time%s): %s; trying again every "
+            "second",
+            s->host, s->port, s->refusals, s->refusals > 1 ? "s" : "", why);
+        s->refusal_log_t = now;
+    }
 }
 
 /* A send or receive on the control connection failed with rc < 0. A session that may survive the close
@@ -829,8 +842,9 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
                 continue;
             }
             s->resuming = 0;
-            log_info("the rendezvous at %s:%d took this member's resume (its epoch %u)", s->host, s->port,
-                     m->resume->epoch);
+            log_info("the rendezvous at %s:%d took this member's resume (its epoch %u%s)", s->host, s->port,
+                     m->resume->epoch, s->refusals ? ", after refusals" : "");
+            s->refusals = 0;
             pfcps__ctl_message__free_unpacked(m, NULL);
             continue;
         }

@@ -408,8 +408,9 @@ static void case_keys(void)
     const int at = port;
     member m[3];
     join_all(m);
-    CHECK(ctl_session_survive_rendezvous_loss(m[1].s, NULL) == 0, "survive");
-    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, NULL) == 0, "survive");
+    uint8_t digest[32] = {0};
+    CHECK(ctl_session_survive_rendezvous_loss(m[1].s, digest) == 0, "survive");
+    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, digest) == 0, "survive");
     kill(child, SIGKILL);
     reap();
     close(cmd);
@@ -421,8 +422,13 @@ static void case_keys(void)
     CHECK(lfd >= 0 && log_open_file(path) == 0, "keys: log file"); /* the child's lines too */
     close(lfd);
     start_child_at(&cmd, at);
+    /* The two members try to resume every second and are refused each time: each says so once, not at
+     * every try (CTL_REFUSAL_LOG_S). */
+    const double t0 = pf_now_s();
+    while (pf_now_s() - t0 < 3.5)
+        for (int i = 1; i < 3; i++)
+            ctl_session_wait_shutdown(m[i].s, 0.05);
     const ctl_book *book = ctl_session_book(m[2].s);
-    uint8_t digest[32] = {0};
     char why[600];
     int rc = raw_resume(0, book->run_id, book->run_nonce, digest, book->config_text, SECRET, why, sizeof why);
     check(rc == EEXIST && strstr(why, "keys it runs the run with") && strstr(why, "servers = 2 (3 here)"),
@@ -442,8 +448,20 @@ static void case_keys(void)
             strstr(line, "servers = 2 (3 here)");
     if (f)
         fclose(f);
+    int said = 0, reached = 0;
+    f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        said += strstr(line, "did not take this member's resume") != NULL;
+        reached += strstr(line, "again: resuming the run there") != NULL;
+    }
+    if (f)
+        fclose(f);
     unlink(path);
     check(named, "keys: the never-formed report names the refused resumes and why");
+    check(said == 2 && reached == 2,
+          "keys: each member said its refused resume once in 3.5 s of tries (%d refusal lines, %d resume "
+          "lines)",
+          said, reached);
     close_all(m);
     close(cmd);
     kill_child();
