@@ -201,9 +201,16 @@ int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, 
         return pf_err_wrap(rc, "worker replacement: the new ring");
     if (t->wr_donor == t->rank && (rc = write_for_replacement(t, R, epoch, first_loss, loss_sum, loss_n)) < 0)
         return rc;
-    log_warn("worker replacement (epoch %u): redoing from step %lld with worker %d's replacement (%.2f s "
-             "since the notice)",
-             epoch, (long long)R, t->wr_lost, pf_now_s() - t0);
+    const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * t->run.num_epoch;
+    if (R >= total)
+        log_warn(
+            "worker replacement (epoch %u): every step was done; worker %d's replacement writes its part of "
+            "the final outputs and the run ends with it (%.2f s since the notice)",
+            epoch, t->wr_lost, pf_now_s() - t0);
+    else
+        log_warn("worker replacement (epoch %u): redoing from step %lld with worker %d's replacement (%.2f s "
+                 "since the notice)",
+                 epoch, (long long)R, t->wr_lost, pf_now_s() - t0);
     *redo = R;
     return 0;
 }

@@ -191,6 +191,8 @@ wait_log "$TMP/server0.log" "worker\[0\] replaced in place" 60 || { show_logs; d
 all_exit_0 end "${WPIDS[@]}" "$W0"
 expect_grep "end: the others waited at the end of training: every worker redoes from step 20, none trained again" \
   "every worker redoes step 20 \(workers stood at steps 20\.\.20, the servers held 20 of its pushes\)" "$TMP/server0.log"
+expect_grep "end: worker 1 says there is nothing to redo" \
+  "every step was done; worker 0's replacement writes its part of the final outputs" "$TMP/worker1.log"
 expect_grep "end: the replacement has nothing left to train" \
   "the live worker's state taken over is of step 20, the last: nothing left to train" "$TMP/worker0-again.log"
 expect_grep "end: the replacement's last line says so" \
