@@ -1225,8 +1225,16 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
         code = ETIMEDOUT;
     } else if (rv->roster.seats[seat].holder)
         bad = "its rank resumed already";
-    else if (!rv->adopting)
-        bad = adopt_run_config(rv, r->config_text, why, sizeof why);
+    else if (!rv->adopting && (bad = adopt_run_config(rv, r->config_text, why, sizeof why)) != NULL) {
+        /* The running run cannot be adopted here, ever: the members that joined this rendezvous for a new run
+         * (server 0's own join, a restarted member's) are refused with the reason now, so that server 0 exits
+         * at once, naming it, rather than hosting a run that cannot form while the running one stalls. */
+        for (int i = 0; i < rv->nconns; i++) {
+            conn *o = rv->conns[i];
+            if (o != c && o->joined && !o->closing && !o->dead)
+                conn_refuse(rv, o, EINVAL, bad);
+        }
+    }
     if (bad) {
         /* Logged by conn_refuse as a connection without a join (the first few, then a summary now and then):
          * a refused member tries again every 0.25 s. */

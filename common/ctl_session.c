@@ -168,6 +168,7 @@ static int error_reply(const Pfcps__Error *e)
     case EEXIST:
     case ERANGE:
     case EPROTO:
+    case EINVAL:
     case EMSGSIZE:
     case ETIMEDOUT:
     case EIO:
