@@ -1,20 +1,23 @@
 /* A member's session when the rendezvous' process goes (replicas = 1; docs/architecture.md, "Hot-standby
  * shards", "Server 0 and the rendezvous"). The rendezvous (2 servers + 1 worker, replicas = 1) runs in a
- * forked child, as in server 0's process; the three members join from threads of this process. Cases: kill:
- * the child is killed (SIGKILL): the worker's and server 1's sessions (ctl_session_survive_rendezvous_loss)
- *           take the close as server 0's failover (wait returns 2: server 0, epoch 1, the text naming the
- * lost rendezvous), are orphaned, keep a lease (lease base = now), leave without error, refuse rejoin reports
- * and failure reports (-ENOTCONN) and then only wait out their timeouts; server 0's session, which does not
- * survive it, gets the close as an error; both:   server 1 goes first (its session closed without leaving:
- * the rendezvous fails it over); then the child is killed: shard 0 would have no copy left, so the worker's
- * session returns the close as an error naming the fallback to the checkpoint re-form, not orphaned; stop:
- * the child stops its rendezvous without a shutdown (ctl_rendezvous_stop, as server 0 exiting for a re-form):
- * every member is told before its connection closes (-ENOLINK), none is orphaned; resume: the child is
- * killed, then a new one starts at the same address (server 0 restarted): the members reconnect and resume
- * the run there, strangers' Resumes are refused naming why, and server 0's join becomes a rejoin that gets
- * its learner's book once the worker says the copy step; keys:   the restarted rendezvous' own config differs
- * from the run's in a key it runs the run with (servers): the run's Resume is refused naming the key with
- * both values. */
+ * forked child, as in server 0's process; the three members join from threads of this process. Cases:
+ * - kill: the child is killed (SIGKILL): the worker's and server 1's sessions
+ *   (ctl_session_survive_rendezvous_loss) take the close as server 0's failover (wait returns 2: server 0,
+ *   epoch 1, the text naming the lost rendezvous), are orphaned, keep a lease (lease base = now), leave
+ *   without error, refuse rejoin reports and failure reports (-ENOTCONN) and then only wait out their
+ *   timeouts; server 0's session, which does not survive it, gets the close as an error.
+ * - both: server 1 goes first (its session closed without leaving: the rendezvous fails it over); then the
+ *   child is killed: shard 0 would have no copy left, so the worker's session returns the close as an error
+ *   naming the fallback to the checkpoint re-form, not orphaned.
+ * - stop: the child stops its rendezvous without a shutdown (ctl_rendezvous_stop, as server 0 exiting for a
+ *   re-form): every member is told before its connection closes (-ENOLINK), none is orphaned.
+ * - resume: the child is killed, then a new one starts at the same address (server 0 restarted): the members
+ *   reconnect and resume the run there, strangers' Resumes are refused naming why (another run config among
+ *   them), and server 0's join becomes a rejoin that gets its learner's book once the worker says the copy
+ *   step.
+ * - keys: the restarted rendezvous' own config differs from the run's in a key it runs the run with
+ *   (servers): the run's Resume is refused naming the key with both values, server 0's own join with it
+ *   (EINVAL), each member says its refusal once, and the stopped rendezvous names the refusals. */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/ctl_frame.h"
