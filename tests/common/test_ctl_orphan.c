@@ -327,14 +327,17 @@ static void *learner_main(void *arg)
  * the worker is told "rejoin begins" for server 0, says the copy step, and the learner gets its book (rejoin
  * epoch and that step). A stranger's Resume is refused naming why: a bad secret, another config, another
  * run, a rank that resumed already, a rank outside the run. */
-static void case_resume(void)
+/* Forms the run in a child (m: server 0, server 1, worker 0), lets server 1 and the worker survive the
+ * rendezvous' loss (a zero config digest: they resume), kills the child and waits for both to take it as
+ * server 0's failover (checked, named by `name`). Returns the child's port, at which a restarted one can
+ * start. */
+static int orphan_members(member m[3], uint8_t digest[32], const char *name)
 {
     int cmd;
     start_child(&cmd);
     const int at = port;
-    member m[3];
     join_all(m);
-    uint8_t digest[32] = {0};
+    memset(digest, 0, 32);
     CHECK(ctl_session_survive_rendezvous_loss(m[1].s, digest) == 0, "survive");
     CHECK(ctl_session_survive_rendezvous_loss(m[2].s, digest) == 0, "survive");
     kill(child, SIGKILL);
@@ -342,7 +345,16 @@ static void case_resume(void)
     close(cmd);
     for (int i = 1; i < 3; i++)
         check(ctl_session_wait_shutdown(m[i].s, 5.0) == 2 && ctl_session_orphaned(m[i].s),
-              "resume: member %d failed server 0 over", i);
+              "%s: member %d failed server 0 over", name, i);
+    return at;
+}
+
+static void case_resume(void)
+{
+    int cmd;
+    member m[3];
+    uint8_t digest[32];
+    const int at = orphan_members(m, digest, "resume");
     start_child_at(&cmd, at);
     double t0 = pf_now_s();
     while (pf_now_s() - t0 < 5 && (ctl_session_orphaned(m[1].s) || ctl_session_orphaned(m[2].s)))
@@ -408,18 +420,9 @@ static void case_resume(void)
 static void case_keys(void)
 {
     int cmd;
-    start_child(&cmd);
-    const int at = port;
     member m[3];
-    join_all(m);
-    uint8_t digest[32] = {0};
-    CHECK(ctl_session_survive_rendezvous_loss(m[1].s, digest) == 0, "survive");
-    CHECK(ctl_session_survive_rendezvous_loss(m[2].s, digest) == 0, "survive");
-    kill(child, SIGKILL);
-    reap();
-    close(cmd);
-    for (int i = 1; i < 3; i++)
-        ctl_session_wait_shutdown(m[i].s, 5.0);
+    uint8_t digest[32];
+    const int at = orphan_members(m, digest, "keys");
     child_config = RUN_DATA "[cluster]\nreplicas = 1\nservers = 3\n";
     char path[] = "/tmp/pfcps-test-ctl-orphan-XXXXXX";
     int lfd = mkstemp(path);

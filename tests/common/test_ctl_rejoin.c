@@ -179,63 +179,44 @@ static int file_has(const char *path, const char *what)
     return found;
 }
 
-/* Case reform: the worker is lost (no replacement in this run) while the learner holds its book, so the run
- * re-forms; the learner then stops with the others. Its going is logged as a stop for the re-form, not as a
- * rejoin aborted with "the run goes on as before" (which it does not). */
-static void case_reform(void)
+/* Cases reform and end: while the learner holds its book the run re-forms (the worker lost; no replacement in
+ * this run) or ends (the worker leaves, server 0 broadcasts the shutdown); the learner then stops with the
+ * others. Its going is logged as such ("rejoining, stopped <how>"), not as a rejoin aborted with "the run
+ * goes on as before" (which it does not). */
+static void learner_stops(const char *name, int end)
 {
     char path[] = "/tmp/pfcps-test-ctl-rejoin-XXXXXX";
     int fd = mkstemp(path);
-    CHECK(fd >= 0 && log_open_file(path) == 0, "reform: log file");
+    CHECK(fd >= 0 && log_open_file(path) == 0, "%s: log file", name);
     close(fd);
     ctl_rendezvous *rv = start();
     member m[3], l;
-    to_book(m, &l, "reform");
-    ctl_session_close(m[2].s); /* the worker, without leaving: the run re-forms */
+    to_book(m, &l, name);
+    if (end) {
+        ctl_session_leave(m[2].s);
+        ctl_rendezvous_broadcast_shutdown(rv);
+    } else {
+        ctl_session_close(m[2].s); /* the worker, without leaving: the run re-forms */
+        m[2].s = NULL;
+    }
     int r = 0;
     const double t0 = pf_now_s();
     while (pf_now_s() - t0 < 5 && (r = ctl_session_wait_shutdown(m[0].s, 0.1)) == 0)
         ;
-    check(r == -ENOLINK, "reform: server 0 is told the run re-forms (%d)", r);
-    ctl_session_close(l.s); /* the learner stops for the re-form */
+    check(r == (end ? 1 : -ENOLINK), "%s: server 0 is told the run %s (%d)", name, end ? "ended" : "re-forms",
+          r);
+    ctl_session_close(l.s); /* the learner stops with the others */
     usleep(300000);
     ctl_session_close(m[0].s);
+    if (m[2].s)
+        ctl_session_close(m[2].s);
     ctl_rendezvous_stop(rv);
     log_close_file();
-    check(file_has(path, "rejoining, stopped for the checkpoint re-form"),
-          "reform: the learner's going is logged as a stop for the re-form");
-    check(!file_has(path, "the run goes on as before"), "reform: no line says the run goes on as before");
-    unlink(path);
-}
-
-/* Case end: the run ends (the worker leaves, server 0 broadcasts the shutdown) while the learner holds its
- * book; the learner then stops too: logged as stopping with the run's end, not as "the run goes on as
- * before". */
-static void case_end(void)
-{
-    char path[] = "/tmp/pfcps-test-ctl-rejoin-XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0 && log_open_file(path) == 0, "end: log file");
-    close(fd);
-    ctl_rendezvous *rv = start();
-    member m[3], l;
-    to_book(m, &l, "end");
-    ctl_session_leave(m[2].s);
-    ctl_rendezvous_broadcast_shutdown(rv);
-    int r = 0;
-    const double t0 = pf_now_s();
-    while (pf_now_s() - t0 < 5 && (r = ctl_session_wait_shutdown(m[0].s, 0.1)) == 0)
-        ;
-    check(r == 1, "end: server 0 is told the run shut down (%d)", r);
-    ctl_session_close(l.s); /* the learner stops with the run */
-    usleep(300000);
-    ctl_session_close(m[0].s);
-    ctl_session_close(m[2].s);
-    ctl_rendezvous_stop(rv);
-    log_close_file();
-    check(file_has(path, "rejoining, stopped with the run's end"),
-          "end: the learner's going is logged as such");
-    check(!file_has(path, "the run goes on as before"), "end: no line says the run goes on as before");
+    check(file_has(path, end ? "rejoining, stopped with the run's end"
+                             : "rejoining, stopped for the checkpoint re-form"),
+          "%s: the learner's going is logged as a stop %s", name,
+          end ? "with the run's end" : "for the re-form");
+    check(!file_has(path, "the run goes on as before"), "%s: no line says the run goes on as before", name);
     unlink(path);
 }
 
@@ -245,7 +226,7 @@ int main(void)
     log_init("test", 0);
     case_ready();
     case_hang();
-    case_reform();
-    case_end();
+    learner_stops("reform", 0);
+    learner_stops("end", 1);
     return check_summary();
 }
