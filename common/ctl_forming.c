@@ -175,10 +175,12 @@ static int seat_missing_step(const ctl_roster *r, int64_t t)
     return -1;
 }
 
-/* Why step t (listed by every seat) cannot be resumed: its seats' identities differ, or differ from the
- * run config's. Writes "ROLE[RANK]'s files are of another run than ROLE[RANK]'s: <fields>" or "written by
- * a run with another config: <fields> (the files vs this run's config)" into why[cap] and returns 1; 0 when
- * the step is fine (*id: its identity). */
+enum { STEP_OK = 0, STEP_RUNS_DIFFER = 1, STEP_OTHER_CONFIG = 2 };
+
+/* Why step t (listed by every seat) cannot be resumed: its seats' identities differ (STEP_RUNS_DIFFER:
+ * "ROLE[RANK]'s files are of another run than ROLE[RANK]'s: <fields>"), or all agree on another config than
+ * the run's (STEP_OTHER_CONFIG: "written by a run with another config: <fields> (the files vs this run's
+ * config)"), the reason into why[cap]; STEP_OK when the step is fine (*id: its identity). */
 static int step_mismatch(const ctl_roster *r, int64_t t, ckpt_ident *id, char *why, size_t cap)
 {
     char diff[300];
@@ -190,7 +192,7 @@ static int step_mismatch(const ctl_roster *r, int64_t t, ckpt_ident *id, char *w
             snprintf(why, cap, "%s[%d]'s files are of another run than %s[0]'s: %s",
                      ctl_role_name((int)ctl_roster_role(r, i)), ctl_roster_rank(r, i),
                      ctl_role_name((int)ctl_roster_role(r, 0)), diff);
-            return 1;
+            return STEP_RUNS_DIFFER;
         }
     }
     if (r->has_expect) {
@@ -199,10 +201,10 @@ static int step_mismatch(const ctl_roster *r, int64_t t, ckpt_ident *id, char *w
         if (ckpt_ident_diff(id, &want, diff, sizeof diff) != 0) {
             snprintf(why, cap, "written by a run with another config: %s (the files vs this run's config)",
                      diff);
-            return 2;
+            return STEP_OTHER_CONFIG;
         }
     }
-    return 0;
+    return STEP_OK;
 }
 
 int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
@@ -223,13 +225,13 @@ int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
         int missing = seat_missing_step(r, cand);
         char why[400];
         ckpt_ident id;
-        int mismatch = missing < 0 ? step_mismatch(r, cand, &id, why, sizeof why) : 0;
-        if (missing < 0 && !mismatch) {
+        int mismatch = missing < 0 ? step_mismatch(r, cand, &id, why, sizeof why) : STEP_OK;
+        if (missing < 0 && mismatch == STEP_OK) {
             best = cand;
             memcpy(run_id, id.run_id, CKPT_RUN_ID_BYTES);
             break;
         }
-        if (mismatch == 2 && !foreign)
+        if (mismatch == STEP_OTHER_CONFIG && !foreign)
             foreign = cand;
         if (missing >= 0)
             snprintf(why, sizeof why, "not complete on %s[%d]",

@@ -279,8 +279,8 @@ static int join_run(server_daemon *d)
             log_info("%s", pf_errmsg());
             return host_rendezvous_only(d);
         }
-        log_error("%s",
-                  pf_errmsg()); /* not the adopted run's refusal: daemon_join left it to be logged here */
+        /* not the adopted run's refusal: daemon_join left it to be logged here */
+        log_error("%s", pf_errmsg());
     }
     if (rc < 0 && d->rv && ctl_rendezvous_adopting(d->rv) != 0) {
         log_error(

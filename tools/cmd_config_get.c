@@ -36,9 +36,8 @@ static const char config_get_usage[] =
     "usage: pfcps config-get [-c FILE] [--set KEY=VALUE ...] KEY [KEY ...]\n"
     "  Prints each KEY's value, one per line, as the daemons will see it: FILE parsed by the same parser\n"
     "  (quotes, inline comments, sections, defaults), then every --set in order. The secret is never\n"
-    "  printed: KEY `secret` prints `set` or `unset` (in FILE, a --set or $PFCPS_SECRET: the daemons refuse "
-    "to\n"
-    "  start without one).\n"
+    "  printed: KEY `secret` prints `set` or `unset` (in FILE, a --set or $PFCPS_SECRET: the daemons\n"
+    "  refuse to start without one).\n"
     "  Exit 2 for an unknown key or a config the daemons would refuse (message on stderr).";
 
 int cmd_config_get(int argc, char **argv)

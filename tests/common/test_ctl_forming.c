@@ -231,6 +231,20 @@ static void test_resume_from_scratch(void **state)
     ctl_roster_free(&r);
 }
 
+/* A 1 server + 1 worker roster resuming with the run identity *cur, both seats listing steps[0..1] with the
+ * identities ids[0..1]. */
+static void expect_pair(ctl_roster *r, const ckpt_ident *cur, const int64_t *steps, const ckpt_ident *ids)
+{
+    assert_int_equal(ctl_roster_init(r, 1, 1, 1), 0);
+    r->has_expect = 1;
+    r->expect = *cur;
+    for (int i = 0; i < 2; i++) {
+        ctl_admission adm;
+        assert_int_equal(ctl_roster_admit(r, i < 1 ? CTL_ROLE_SERVER : CTL_ROLE_WORKER, 0, &adm), 0);
+        ctl_roster_take(r, adm.seat, &holder[adm.seat], "127.0.0.1:4000", steps, ids, 2);
+    }
+}
+
 /* Identities: a step whose files are of another run on some seat, or of another config than the run's, is
  * skipped with the seat and the fields named; the chosen step's run id comes back. */
 static void test_resume_identity(void **state)
@@ -268,14 +282,7 @@ static void test_resume_identity(void **state)
 
     /* Every seat agrees, but on another config than the run's: nothing is resumed, and the run must not form
      * (a new run would write over those checkpoints); the run id is untouched. */
-    assert_int_equal(ctl_roster_init(&r, 1, 1, 1), 0);
-    r.has_expect = 1;
-    r.expect = cur;
-    for (int i = 0; i < 2; i++) {
-        ctl_admission adm;
-        assert_int_equal(ctl_roster_admit(&r, i < 1 ? CTL_ROLE_SERVER : CTL_ROLE_WORKER, 0, &adm), 0);
-        ctl_roster_take(&r, adm.seat, &holder[adm.seat], "127.0.0.1:4000", steps, foreign_both, 2);
-    }
+    expect_pair(&r, &cur, steps, foreign_both);
     memset(run_id, 0x11, sizeof run_id);
     assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), -1);
     assert_int_equal(run_id[0], 0x11);
@@ -292,14 +299,7 @@ static void test_resume_identity(void **state)
     /* Every seat holds step 12 of another config and step 8 of this one: resuming at 8 would write step 12
      * over the other run's, so the run does not form either. */
     const ckpt_ident mixed[] = {b, a};
-    assert_int_equal(ctl_roster_init(&r, 1, 1, 1), 0);
-    r.has_expect = 1;
-    r.expect = cur;
-    for (int i = 0; i < 2; i++) {
-        ctl_admission adm;
-        assert_int_equal(ctl_roster_admit(&r, i < 1 ? CTL_ROLE_SERVER : CTL_ROLE_WORKER, 0, &adm), 0);
-        ctl_roster_take(&r, adm.seat, &holder[adm.seat], "127.0.0.1:4000", steps, mixed, 2);
-    }
+    expect_pair(&r, &cur, steps, mixed);
     assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), -1);
     assert_non_null(strstr(reason,
                            "resume = true, but step 12, complete on all 2 members, is of a run with another "
