@@ -36,7 +36,11 @@ enum {
     CTL_FO_REDO = 10,
     CTL_FO_STATE_READY = 11,
     CTL_FO_NO_REDO = 12,
-    CTL_FO_KIND_MAX = 12
+    /* the end of training (docs/architecture.md, "The end of training"): a worker passed the end vote (every
+     * worker's final outputs are written); the rendezvous calls off a replacement that is no longer needed */
+    CTL_FO_END_VOTED = 13,
+    CTL_FO_RUN_ENDED = 14,
+    CTL_FO_KIND_MAX = 14
 };
 
 typedef struct ctl_member {

@@ -137,6 +137,8 @@ struct ctl_rendezvous {
     conn *wr_repl;    /* the replacement (joined, no seat yet), or NULL */
     int wr_donor;     /* the survivor whose state the replacement loads */
     char wr_peer[sizeof ((conn *)0)->peer]; /* the lost worker's address, for the logs */
+    int64_t end_step; /* > 0: a worker passed the end vote after this step, the last (CTL_FO_END_VOTED): every
+                         worker's final outputs are written, and a worker lost from then on is not replaced */
     double last_pass;  /* pf_now_s() of the previous service pass (a long gap: the process was stopped) */
     int adopting;      /* 1: a member resumed a running run here (handle_resume) and the others are coming;
                           2: every member but server 0 resumed: the run is adopted (formed) */
@@ -393,6 +395,7 @@ static void replace_fallback(ctl_rendezvous *rv, const char *why);
 static int try_replace(ctl_rendezvous *rv, const conn *c);
 static int start_replace(ctl_rendezvous *rv, int rank, const char *peer, const conn *except);
 static void replace_progress(ctl_rendezvous *rv);
+static void worker_gone_after_end(ctl_rendezvous *rv, int rank, const char *peer);
 
 /* A member leaving (dropped or disconnected): before the run formed its rank is free again; after, a
  * member that goes without saying so (crash, kill -9, network) is reported to every other member
@@ -430,6 +433,8 @@ static void release_seat(ctl_rendezvous *rv, conn *c)
         atomic_fetch_sub(&rv->joined, 1);
         log_warn("control plane: %s[%d] (%s) left before the run formed; its rank is free again",
                  ctl_role_name(c->role), c->rank, c->peer);
+    } else if (gone == CTL_GONE_LOST && c->role == CTL_ROLE_WORKER && rv->end_step > 0) {
+        worker_gone_after_end(rv, c->rank, c->peer);
     } else if (gone == CTL_GONE_LOST && rv->wr_rank >= 0) {
         /* A server lost while a worker is replaced (both on one machine that died, say) is failed over like
          * any other, and the replacement goes on without it; anything else re-forms the run. */
@@ -863,6 +868,63 @@ static void replace_fallback(ctl_rendezvous *rv, const char *why)
     }
 }
 
+/* A worker lost after the end vote (rv->end_step > 0): it is counted as gone in order (its final outputs are
+ * written), and every worker that has not left is told the run ended (CTL_FO_RUN_ENDED): one whose own vote
+ * failed with this loss, waiting for a replacement, finishes instead. */
+static void worker_gone_after_end(ctl_rendezvous *rv, int rank, const char *peer)
+{
+    log_warn("control plane: worker[%d] (%s) was lost after the end of training (every worker passed the end vote "
+             "at step %lld: the final checkpoint, model.ckpt and class centers are written): nothing to redo, the "
+             "run ends without it",
+             rank, peer, (long long)rv->end_step);
+    if (atomic_fetch_add(&rv->workers_left, 1) + 1 == rv->num_workers)
+        log_info("control plane: every worker left the run or was lost after the end of training: training is "
+                 "over");
+    char text[200];
+    snprintf(text, sizeof text,
+             "worker[%d] was lost after every worker passed the end vote at step %lld: no replacement; the run "
+             "ends",
+             rank, (long long)rv->end_step);
+    for (int i = 0; i < rv->nconns; i++) {
+        conn *o = rv->conns[i];
+        if (o->joined && o->role == CTL_ROLE_WORKER && !o->left && !o->replacing && !o->closing && !o->dead)
+            send_wr_notice(rv, o, CTL_FO_RUN_ENDED, rank, rv->end_step, text, NULL, 0, NULL, 0);
+    }
+}
+
+/* A worker passed the end vote after `step` (CTL_FO_END_VOTED): every worker's final outputs are written. A
+ * replacement under way (a worker lost in the vote or after it) is called off: the lost worker is gone after
+ * the end (worker_gone_after_end), and its replacement, if it joined, is told the training is over (ESHUTDOWN:
+ * it exits 0). */
+static void end_voted(ctl_rendezvous *rv, const conn *c, int64_t step)
+{
+    if (rv->end_step == 0) {
+        rv->end_step = step > 0 ? step : 1;
+        log_info("control plane: worker[%d] passed the end vote at step %lld: every worker's final outputs are "
+                 "written",
+                 c->rank, (long long)step);
+    }
+    if (rv->wr_rank < 0)
+        return;
+    const int d = rv->wr_rank;
+    conn *r = rv->wr_repl;
+    rv->wr_rank = -1;
+    rv->wr_phase = 0;
+    rv->wr_repl = NULL;
+    log_warn("control plane: worker[%d]'s replacement is called off: the others passed the end vote", d);
+    worker_gone_after_end(rv, d, rv->wr_peer);
+    if (r) {
+        char msg[200];
+        snprintf(msg, sizeof msg,
+                 "training is over: every worker passed the end vote at step %lld before worker[%d] was lost; "
+                 "nothing left to replace",
+                 (long long)rv->end_step, d);
+        r->replacing = 0;
+        r->joined = 0;
+        conn_refuse(rv, r, ESHUTDOWN, msg);
+    }
+}
+
 /* replace_workers: a lost worker (kill -9, a crash, silence) is replaced in place instead of re-forming the run:
  * the epoch goes up and every member is told; the survivors stop where they stand and report, the servers
  * report their push counts, and a restarted worker of that rank joins as its replacement. Returns 1 when the
@@ -1103,6 +1165,15 @@ static int replace_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         /* Its previous process' loss is not seen yet (a close on its way, or silence not yet past the limit):
          * the join is retried, and is then this worker's replacement. */
         conn_refuse(rv, c, EAGAIN, "this worker rank is still a member of the run (its loss is not seen yet)");
+        return 1;
+    }
+    if (rv->end_step > 0) {
+        /* Its previous process was lost after the end vote (a supervisor restarted it): nothing to replace. */
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "training is over: every worker passed the end vote at step %lld; nothing left to replace",
+                 (long long)rv->end_step);
+        conn_refuse(rv, c, ESHUTDOWN, msg);
         return 1;
     }
     if (rv->wr_rank < 0 || j->rank != rv->wr_rank)
@@ -1585,6 +1656,8 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
         if (f->kind == CTL_FO_WORKER_REPORT || f->kind == CTL_FO_ROLLED_BACK ||
             f->kind == CTL_FO_STATE_READY || f->kind == CTL_FO_NO_REDO)
             replace_report(rv, c, f);
+        else if (f->kind == CTL_FO_END_VOTED && c->role == CTL_ROLE_WORKER && !c->replacing && !c->learning)
+            end_voted(rv, c, f->step);
         else if (f->kind == CTL_FO_REJOIN_STEP && c->role == CTL_ROLE_WORKER && !c->learning)
             rejoin_step(rv, c, f->step);
         else if (f->kind == CTL_FO_REJOIN_READY && c->learning && c == rv->learner && rv->learner_step > 0)

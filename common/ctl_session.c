@@ -173,7 +173,8 @@ static int error_reply(const Pfcps__Error *e)
     case ETIMEDOUT:
     case EIO:
     case EAGAIN:
-    case EBUSY: break;
+    case EBUSY:
+    case ESHUTDOWN: break; /* a worker's restart after the end of training: nothing to join */
     default: code = EPROTO;
     }
     return pf_err(-code, "rendezvous refused: %s", e->message);
@@ -898,7 +899,8 @@ int ctl_session_report(ctl_session *s, int kind, int rank, uint32_t epoch, int64
     static const char *const what[CTL_FO_KIND_MAX + 1] = {
         [CTL_FO_REJOIN_STEP] = "copy step",   [CTL_FO_REJOIN_READY] = "learner ready",
         [CTL_FO_WORKER_REPORT] = "report",    [CTL_FO_ROLLED_BACK] = "rolled back",
-        [CTL_FO_STATE_READY] = "state ready", [CTL_FO_NO_REDO] = "no step to redo"};
+        [CTL_FO_STATE_READY] = "state ready", [CTL_FO_NO_REDO] = "no step to redo",
+        [CTL_FO_END_VOTED] = "end voted"};
     if (kind < 0 || kind > CTL_FO_KIND_MAX || !what[kind])
         return pf_err(-EINVAL, "control report: kind %d is not a member's report", kind);
     if (addr_len > CTL_MAX_ADDR)

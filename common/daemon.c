@@ -140,6 +140,11 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
     }
     if (rc == -EEXIST && (flags & DAEMON_JOIN_EEXIST_TO_CALLER))
         return rc;
+    if (rc == -ESHUTDOWN) {
+        /* A worker restarted after the training of its run ended (lost after the end vote): a normal stop. */
+        log_info("%s: nothing to do; exiting 0", pf_errmsg());
+        return 1;
+    }
     log_error("%s", pf_errmsg());
     if (rc == -ENOLINK) {
         /* The rendezvous answered the join with a member's loss (e.g. a worker replacement that failed as it was

@@ -96,8 +96,9 @@ void daemon_warn_unused_local_keys(const char *role, const pf_config *local, con
 /* Joins the run (cli_join_run: host:port as (role, rank) with fabric address addr, up to join_timeout) and
  * loads the run config into *run. A stop before the run formed, SIGTERM/SIGINT while waiting or the
  * rendezvous shutting the run down, is a normal stop: it is logged ("stopping: ...", with `stop_note`
- * appended to the signal case, "" for none; then "stopped before the run formed"). Returns 0 with *sess
- * joined, 1 after such a stop (exit 0), 2 when the rendezvous answered with a member's loss (-ENOLINK: the
+ * appended to the signal case, "" for none; then "stopped before the run formed"), as is a worker's join
+ * refused because its run's training is over (-ESHUTDOWN: restarted after it was lost past the end vote).
+ * Returns 0 with *sess joined, 1 after such a stop (exit 0), 2 when the rendezvous answered with a member's loss (-ENOLINK: the
  * run re-forms; logged, exit DAEMON_EXIT_REFORM), or a negative code after logging the error (exit 1).
  * flags: DAEMON_JOIN_EEXIST_TO_CALLER returns a refused seat (-EEXIST, the refusal in pf_errmsg()) without
  * logging it, for a caller that has a normal way on from it (server 0 restarted under head_mode = local). */

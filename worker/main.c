@@ -76,12 +76,20 @@ static void *ctl_watch_main(void *arg)
             size_t alen = 0;
             int kind = ctl_session_failover_kind(w->sess, NULL, &addr, &alen);
             ps_client *pc = train_ps_client(w->t);
-            if (kind == CTL_FO_WORKER_LOST || kind == CTL_FO_REDO) {
+            if (kind == CTL_FO_WORKER_LOST || kind == CTL_FO_REDO || kind == CTL_FO_RUN_ENDED) {
                 int64_t step = 0;
                 ctl_session_failover_kind(w->sess, &step, NULL, NULL);
+                int taken = train_replace_notice(w->t, kind, lost, epoch, step);
+                if (taken == 2) {
+                    /* This worker passed the end vote: every final output is written, nothing to redo. */
+                    log_info("after the end vote (epoch %u): %s", epoch, text);
+                    continue;
+                }
                 if (kind == CTL_FO_WORKER_LOST)
                     log_warn("worker lost (epoch %u): %s", epoch, text);
-                if (train_replace_notice(w->t, kind, lost, epoch, step)) {
+                else if (kind == CTL_FO_RUN_ENDED)
+                    log_warn("run ended (epoch %u): %s", epoch, text);
+                if (taken) {
                     if (kind == CTL_FO_WORKER_LOST)
                         __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE); /* end the step's waits now */
                 } else if (kind == CTL_FO_WORKER_LOST && w->replaces) {

@@ -20,6 +20,15 @@ int train_replace_notice(trainer *t, int kind, int rank, uint32_t epoch, int64_t
 {
     if (!t || !t->wr_on)
         return 0;
+    if (atomic_load(&t->end_voted))
+        return 2;
+    if (kind == CTL_FO_RUN_ENDED) {
+        t->wr_lost = rank;
+        atomic_store(&t->wr_run_ended, 1);
+        if (atomic_load(&t->wr_lost_epoch) < epoch)
+            atomic_store(&t->wr_lost_epoch, epoch);
+        return 1;
+    }
     if (kind == CTL_FO_WORKER_LOST) {
         t->wr_lost = rank;
         atomic_store(&t->wr_lost_epoch, epoch);
@@ -66,13 +75,16 @@ static int report_step(trainer *t, uint32_t epoch, int64_t step, const uint8_t *
  * newest report. A newer worker-lost notice (a restarted rendezvous that begins the replacement again, its
  * predecessor lost with server 0 before the redo) is reported in turn (report_step, the same step and
  * endpoint) and the wait goes on. A stop means the rendezvous said the replacement failed and the run
- * re-forms. Returns 0 or -ETIMEDOUT / -ECANCELED / the report's code, with a message. */
+ * re-forms. Returns 0, 1 when the rendezvous said the run ended instead (CTL_FO_RUN_ENDED), or -ETIMEDOUT /
+ * -ECANCELED / the report's code, with a message. */
 static int wait_redo(trainer *t, uint32_t *reported, uint32_t seen_redo, int64_t step, const uint8_t *addr,
                      size_t alen, double limit_s)
 {
     double t0 = pf_now_s();
     for (;;) {
         const uint32_t after = seen_redo > *reported ? seen_redo : *reported;
+        if (atomic_load(&t->wr_run_ended))
+            return 1;
         if (atomic_load(&t->wr_redo_epoch) > after)
             return 0;
         const uint32_t lost = atomic_load(&t->wr_lost_epoch);
@@ -114,7 +126,8 @@ int train_replace_await(trainer *t, uint32_t after)
     }
     if (wait_notice(t, &t->wr_lost_epoch, after, limit) < 0)
         return 0;
-    log_info("a worker-lost notice came %.3f s after this worker's step failed", pf_now_s() - t0);
+    if (!atomic_load(&t->wr_run_ended))
+        log_info("a worker-lost notice came %.3f s after this worker's step failed", pf_now_s() - t0);
     return 1;
 }
 
@@ -161,6 +174,26 @@ static int write_for_replacement(trainer *t, int64_t step, uint32_t epoch, doubl
     return ctl_session_report(t->opts.sess, CTL_FO_STATE_READY, t->rank, epoch, step, NULL, 0);
 }
 
+/* The rendezvous said the run ended (CTL_FO_RUN_ENDED): a worker was lost after the others passed the end
+ * vote, which this worker's own vote failed with. Its outputs are written (it voted after writing them), so
+ * training is done at `step`, the last. Returns 1 with *redo = step, or -EPROTO when `step` is not the last. */
+static int run_ended(trainer *t, int64_t step, int64_t *redo)
+{
+    const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * t->run.num_epoch;
+    if (step != total)
+        return pf_err(-EPROTO,
+                      "worker replacement: the rendezvous said the run ended (the others passed the end vote) "
+                      "while this worker stands at step %lld of %lld",
+                      (long long)step, (long long)total);
+    if (t->opts.interrupt)
+        __atomic_store_n(t->opts.interrupt, 0, __ATOMIC_RELEASE);
+    log_warn("worker %d was lost after the others passed the end vote at step %lld, this worker's vote failing "
+             "with it: every worker's final outputs are written; training is done",
+             t->wr_lost, (long long)step);
+    *redo = step;
+    return 1;
+}
+
 int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, int loss_n, int64_t *redo,
                   uint32_t *handled)
 {
@@ -169,6 +202,8 @@ int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, 
     const double t0 = pf_now_s(), tmo = t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30;
     if (!t->wr_on || lost_epoch == 0 || !t->opts.sess)
         return pf_err(-EINVAL, "worker replacement: no worker-lost notice");
+    if (atomic_load(&t->wr_run_ended))
+        return run_ended(t, step, redo);
     log_warn("worker %d lost (epoch %u): stopping at step %lld (%s) to redo with its replacement",
              t->wr_lost, lost_epoch, (long long)step, pf_errmsg());
     /* The abandoned step's requests were released by their failed waits; its ring is unusable. */
@@ -182,6 +217,8 @@ int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, 
         rc = report_step(t, lost_epoch, step, addr, alen);
     if (rc == 0)
         rc = wait_redo(t, &reported, seen_redo, step, addr, alen, 2 * tmo);
+    if (rc == 1)
+        return run_ended(t, step, redo);
     if (rc < 0)
         return rc;
     *handled = reported;

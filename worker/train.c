@@ -595,7 +595,7 @@ static int finish(trainer *t, const progress *p, int64_t step, int64_t total, in
         return rc;
     if (t->opts.dump_centers && (rc = dump_partition(t, t->opts.dump_centers, step)) < 0)
         return rc;
-    if (run->save_centers && (rc = save_centers(t, step)) < 0)
+    if (run->save_centers && !t->centers_saved && (rc = save_centers(t, step)) < 0)
         return rc;
     if (t->trace)
         fflush(t->trace);
@@ -720,17 +720,26 @@ static int hook_step_fails(int64_t step)
                   (long long)step, (long long)step);
 }
 
-/* With PFCPS_TEST_DIES_AT_END=1 (tests' build only) the worker kills itself (SIGKILL) once its last step is
- * done, before its part of the final checkpoint and model.ckpt: a worker lost in the final save, made certain
- * (test_worker_replace.sh, case end). */
-static void hook_dies_at_end(void)
+/* PFCPS_TEST_DIES_AT_END (tests' build only; test_worker_replace.sh, cases end and after_end), checked at
+ * `where`: "1", the worker kills itself (SIGKILL) once its last step is done, before its part of the final
+ * checkpoint and model.ckpt (a worker lost in the final save, made certain); "after", once it passed the end
+ * vote (a worker lost after every final output is written); "vote_fails", its end vote, done, is reported
+ * failed (-EIO) as when the ring fails under a worker lost inside it. Returns 0, or -EIO for vote_fails. */
+static int hook_at_end(const char *where)
 {
     const char *e = getenv("PFCPS_TEST_DIES_AT_END");
-    if (!e || strcmp(e, "1") != 0)
-        return;
-    log_warn("test hook PFCPS_TEST_DIES_AT_END=1: killing this worker after its last step, before its final "
-             "checkpoint part and model.ckpt");
+    if (!e || strcmp(e, where) != 0)
+        return 0;
+    if (strcmp(where, "vote_fails") == 0) {
+        log_warn("test hook PFCPS_TEST_DIES_AT_END=vote_fails: this worker's end vote fails");
+        return pf_err(-EIO, "test hook PFCPS_TEST_DIES_AT_END=vote_fails: the end vote fails as a ring receive "
+                            "does when a worker dies inside it");
+    }
+    log_warn("test hook PFCPS_TEST_DIES_AT_END=%s: killing this worker %s", where,
+             strcmp(where, "1") == 0 ? "after its last step, before its final checkpoint part and model.ckpt"
+                                     : "after the end vote");
     raise(SIGKILL);
+    return 0;
 }
 #endif
 
@@ -740,8 +749,12 @@ static void hook_dies_at_end(void)
  * vote rather than gone: they report step `total` (or one step back, when its last push is not whole on the
  * servers) and its replacement takes the usual way in. A replacement seated at `total` itself (nothing left
  * to train) first writes what the lost worker may not have: its part of the final checkpoint, and model.ckpt
- * at rank 0. Without replacement, or with `total` inside a gradient_acc window (not a state the generations
- * keep), nothing is done. Returns 0, or the vote's error (a worker lost: train_run's replacement). */
+ * at rank 0. Every worker writes its class-center partition (save_centers) before it votes. A worker that
+ * passed the vote knows every worker's final outputs are written: it tells the rendezvous (CTL_FO_END_VOTED),
+ * so that a worker lost from then on ends the run instead of being replaced, and ignores later worker-lost
+ * notices (train_replace_notice). Without replacement, or with `total` inside a gradient_acc window (not a
+ * state the generations keep), nothing is done. Returns 0, or the vote's error (a worker lost: train_run's
+ * replacement). */
 static int end_vote(trainer *t, const progress *p, int64_t total)
 {
     if (!t->wr_on || !t->gen || total % t->acc_k != 0)
@@ -756,10 +769,30 @@ static int end_vote(trainer *t, const progress *p, int64_t total)
             log_info("training over: backbone saved to %s/model.ckpt", t->run.output);
         }
     }
+    if (t->run.save_centers) {
+        if ((rc = save_centers(t, total)) < 0)
+            return rc;
+        t->centers_saved = 1;
+    }
     if ((rc = wgen_keep(t->gen, total)) < 0)
         return rc;
     float f = 0.f;
-    return coll_allreduce(&t->net.coll, &f, 1, COLL_F32, COLL_MAX);
+    if ((rc = coll_allreduce(&t->net.coll, &f, 1, COLL_F32, COLL_MAX)) < 0)
+        return rc;
+#ifdef PFCPS_TEST_HOOKS
+    if ((rc = hook_at_end("vote_fails")) < 0)
+        return rc;
+#endif
+    atomic_store(&t->end_voted, 1);
+    if (t->opts.sess) {
+        rc = ctl_session_report(t->opts.sess, CTL_FO_END_VOTED, t->rank, 0, total, NULL, 0);
+        if (rc < 0 && rc != -ENOTCONN) /* -ENOTCONN: the rendezvous is lost with server 0, nobody to tell */
+            log_warn("end of training: %s", pf_errmsg());
+    }
+#ifdef PFCPS_TEST_HOOKS
+    hook_at_end("after");
+#endif
+    return 0;
 }
 
 /* The epochs from global step *step to `total` (train_run's loop): each step's state kept (a run that replaces
@@ -823,7 +856,7 @@ static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, 
             }
 #ifdef PFCPS_TEST_HOOKS
             if (step == total)
-                hook_dies_at_end();
+                hook_at_end("1");
 #endif
             if (flags)
                 save_checkpoint(t, p, step);
@@ -882,6 +915,10 @@ int train_run(trainer *t)
         if ((rc = train_replace(t, step, p.first_loss, p.loss_sum, p.loss_n, &redo, &replaced)) < 0)
             break;
         step = redo;
+        if (rc == 1) { /* the run ended (a worker lost after the others passed the end vote) */
+            rc = 0;
+            break;
+        }
     }
     if (rc < 0) {
         if (t->trace)

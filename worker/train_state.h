@@ -128,6 +128,11 @@ struct trainer {
     int wr_lost;                     /* the lost worker's rank */
     int64_t wr_redo_step;            /* the step every worker redoes */
     int wr_donor;                    /* the worker whose state the replacement loads */
+    /* The end of training (end_vote): set once this worker passed the end vote (every worker's final outputs
+     * are written), and once the rendezvous said a worker lost after it ends the run (CTL_FO_RUN_ENDED). */
+    atomic_int end_voted;
+    atomic_int wr_run_ended;
+    int centers_saved; /* save_centers: this worker's partition was written before the end vote */
 };
 
 /* Writes this worker's state (worker/resume.h: the backbone with its BN statistics, the optimizer arrays, the
@@ -142,16 +147,19 @@ int train_write_state(trainer *t, const char *root, int64_t step, double first_l
  * state of the redo step, connects the new ring and, as the donor, writes its state for the replacement.
  * first_loss, loss_sum, loss_n: the log's, for the donor's state. A restarted rendezvous (the previous one
  * lost with server 0 before the redo) that tells the loss again is reported to again. Returns 0 with *redo =
- * the step to go on from and *handled = the newest worker-lost epoch this redo answers, or a negative code
- * (the run then re-forms from its checkpoint). */
+ * the step to go on from and *handled = the newest worker-lost epoch this redo answers; 1 when the rendezvous
+ * said the run ended instead (CTL_FO_RUN_ENDED: this worker's vote at the last step, `step`, failed with a
+ * worker lost after the others passed it; *redo = step: training is done); or a negative code (the run then
+ * re-forms from its checkpoint). */
 int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, int loss_n, int64_t *redo,
                   uint32_t *handled);
 
 /* A step failed in a run that replaces lost workers and no worker-lost notice newer than epoch `after` has
  * come: a lost worker's peers on the ring can see its connections close before the rendezvous' notice
  * arrives. Waits for that notice up to the rendezvous' silence limit plus 2 s (ctl_member_silence_s of
- * ctl_timeout), or until a stop is asked for (the run broke: the watcher's verdict). Returns 1 when the notice
- * came (train_replace then takes over), 0 when not. The step's error message is kept. */
+ * ctl_timeout), or until a stop is asked for (the run broke: the watcher's verdict). A run-ended notice
+ * (CTL_FO_RUN_ENDED) counts as such a notice. Returns 1 when the notice came (train_replace then takes over),
+ * 0 when not. The step's error message is kept. */
 int train_replace_await(trainer *t, uint32_t after);
 
 /* mkdir -p: creates `path` and its parents (mode 0755). Returns 0 or -errno, the message naming the path. */

@@ -165,7 +165,7 @@ run_once() {
   tail_pid=$!
 
   rc=0
-  local codes=() scodes=() i p s how
+  local codes=() scodes=() restarted=() i p s how
   while :; do
     local alive=0 failed=-1
     for i in "${!worker_pids[@]}"; do
@@ -184,7 +184,7 @@ run_once() {
               how="it joins the run, which had not formed with it yet"
             echo "launch: worker $i exited with status $s (see $out/logs/worker$i.log); restart $restarts/$max_restarts of worker $i alone, with the same command line: $how" >&2
             "$worker_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/worker$i.log" 2>&1 &
-            worker_pids[$i]=$!; pids+=($!)
+            worker_pids[$i]=$!; pids+=($!); restarted[$i]=1
             if [ "$i" -eq 0 ]; then # follow the new worker 0's lines in its log (the old tail ends with its pid)
               tail -n 0 -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
               tail_pid=$!
@@ -237,6 +237,19 @@ run_once() {
           break
         fi
       done
+      # Every server exited 0: the run ended in order. A restarted worker still running found no run to join
+      # (lost after the end of training, it was started again as the run shut down): stopped, it exits 0.
+      local ended=1
+      for i in "${!server_pids[@]}"; do [ "${scodes[$i]:-x}" = 0 ] || ended=0; done
+      if [ "$ended" -eq 1 ]; then
+        for i in "${!worker_pids[@]}"; do
+          if [ "${restarted[$i]:-0}" = 1 ] && [ -z "${codes[$i]:-}" ] && ! exited "${worker_pids[$i]}"; then
+            echo "launch: every server exited 0 (the run ended) while the restarted worker $i waits to join: stopping it" >&2
+            term "${worker_pids[$i]}"
+            restarted[$i]=2
+          fi
+        done
+      fi
     else
       echo "launch: worker $failed exited with status $rc (see $out/logs/worker$failed.log); stopping the others" >&2
     fi

@@ -136,6 +136,11 @@ static void *watch_main(void *arg)
             const uint8_t *addr = NULL;
             size_t alen = 0;
             const int kind = ctl_session_failover_kind(w->sess, NULL, &addr, &alen);
+            if (kind == CTL_FO_RUN_ENDED) {
+                /* Sent only to workers of a run whose workers vote at the end (pfcps-worker's): nothing to do. */
+                log_info("%s (epoch %u)", text, epoch);
+                continue;
+            }
             if (kind == CTL_FO_WORKER_LOST || kind == CTL_FO_REDO) {
                 /* A lost worker replaced in place needs every worker to go back to a common step (pfcps-worker
                  * keeps two generations of its state); a torch script's own state is not pfcps's to restore,

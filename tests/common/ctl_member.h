@@ -5,9 +5,11 @@
 #define PFCPS_TESTS_COMMON_CTL_MEMBER_H
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/ctl.h"
+#include "common/err.h"
 
 static int port;
 
@@ -19,14 +21,17 @@ typedef struct member {
     pthread_t th;
     int rc; /* ctl_join's */
     ctl_session *s;
+    char msg[512]; /* pf_errmsg() of the joining thread when rc < 0 */
 } member;
 
-/* Joins m (a member *) as its role and rank: m->rc and m->s. */
+/* Joins m (a member *) as its role and rank: m->rc and m->s (m->msg: the error, when it failed). */
 static void *join_main(void *arg)
 {
     member *m = arg;
     m->rc = ctl_join("127.0.0.1", port, m->role, m->rank, m->addr, strlen(m->addr), SECRET, MAXF, m->timeout,
                      &m->s);
+    if (m->rc < 0)
+        snprintf(m->msg, sizeof m->msg, "%s", pf_errmsg());
     return NULL;
 }
 

@@ -22,7 +22,9 @@
  *   adopt_mid: server 0 lost during worker 1's replacement: the restarted rendezvous begins it again
  *             (case_adopt_mid);
  *   setup:    a survivor still in its set-up says it has no step to redo: the fallback at once (case_setup);
- *   left:     a survivor leaves in order (training done) during the replacement: the fallback at once. */
+ *   left:     a survivor leaves in order (training done) during the replacement: the fallback at once;
+ *   end_voted: a worker passed the end vote: a worker lost before or after that is not replaced and re-forms
+ *             nothing; the run ends (case_end_voted says how). */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -280,6 +282,54 @@ static void case_left(void)
               strstr(pf_errmsg(), "re-form"),
           "left: the server is told the re-form (%d: %s)", r, pf_errmsg());
     check(dt < 2, "left: the fallback %.2f s after worker 0 left (ctl_timeout 8 s)", dt);
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[1].s);
+    ctl_rendezvous_stop(rv);
+}
+
+/* The end of the run as seen by the others (every worker's final outputs are written once one of them passed
+ * the end vote, CTL_FO_END_VOTED): with `lost_first`, worker 1 is lost before worker 0 says it passed the vote
+ * (its replacement under way, a replacement joined and waiting), else after. Either way: no re-form (the
+ * server is told nothing more), worker 0, not yet left, is told the run ended (kind 14, worker 1, step 20), a
+ * replacement for rank 1 (the one waiting, or one joining later) is refused as "training is over"
+ * (-ESHUTDOWN), and once worker 0 leaves every worker is counted gone (ctl_rendezvous_workers_done). */
+static void case_end_voted(int lost_first)
+{
+    const char *name = lost_first ? "end_voted (lost first)" : "end_voted (vote first)";
+    ctl_rendezvous *rv = start(1, 8);
+    member m[3];
+    join_all(m);
+    member r = {.role = CTL_ROLE_WORKER, .rank = 1, .addr = "fab-w1-again", .timeout = 5};
+    if (lost_first) {
+        lose_worker1(m, name);
+        pthread_create(&r.th, NULL, join_main, &r);
+        usleep(300000);
+        CHECK(ctl_session_report(m[1].s, CTL_FO_END_VOTED, 0, 0, 20, NULL, 0) == 0, "end-voted report");
+        pthread_join(r.th, NULL);
+    } else {
+        CHECK(ctl_session_report(m[1].s, CTL_FO_END_VOTED, 0, 0, 20, NULL, 0) == 0, "end-voted report");
+        usleep(200000);
+        ctl_session_close(m[2].s); /* without leaving: a crash */
+        m[2].s = NULL;
+    }
+    int rank = -1;
+    uint32_t e = 0;
+    int64_t st = 0;
+    int k = next_notice(m[1].s, &rank, &e, &st);
+    check(k == CTL_FO_RUN_ENDED && rank == 1 && st == 20,
+          "%s: worker 0 is told the run ended (kind %d, rank %d, step %lld)", name, k, rank, (long long)st);
+    if (!lost_first)
+        join_main(&r);
+    check(r.rc == -ESHUTDOWN && strstr(r.msg, "training is over"),
+          "%s: a replacement for worker 1 is told training is over (%d: %s)", name, r.rc, r.msg);
+    int sr = ctl_session_wait_shutdown(m[0].s, 0.5);
+    check(sr == 0, "%s: the server is told of no re-form (%d: %s)", name, sr, sr < 0 ? pf_errmsg() : "");
+    check(!ctl_rendezvous_workers_done(rv), "%s: worker 0 has not left yet", name);
+    CHECK(ctl_session_leave(m[1].s) == 0, "worker 0 leaves: %s", pf_errmsg());
+    double t0 = pf_now_s();
+    while (!ctl_rendezvous_workers_done(rv) && pf_now_s() - t0 < 5)
+        usleep(10000);
+    check(ctl_rendezvous_workers_done(rv), "%s: every worker is gone once worker 0 left", name);
     ctl_session_close(m[0].s);
     ctl_session_close(m[1].s);
     ctl_rendezvous_stop(rv);
@@ -782,6 +832,8 @@ int main(void)
     case_early();
     case_setup();
     case_left();
+    case_end_voted(1);
+    case_end_voted(0);
     case_off();
     case_server_lost();
     case_adopt();

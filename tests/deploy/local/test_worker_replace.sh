@@ -62,8 +62,16 @@
 #             started again by hand replaces it at step 20 (nothing left to train: it writes its part of the
 #             final checkpoint and model.ckpt from worker 1's state), every member exits 0, no re-form, no step
 #             computed again, and the run ends with the reference's bits.
-# A sixth argument names the cases (default "kill server0 launcher timeout second slow_end end").
-CASES=${6:-kill server0 launcher timeout second slow_end end}
+#   after_end: under deploy/local/launch.sh --max-restarts 2 with save_centers = true, worker 1's first process
+#             (the tests' build, PFCPS_TEST_DIES_AT_END=after) kills itself once it passed the end vote, and
+#             worker 2's end vote (PFCPS_TEST_DIES_AT_END=vote_fails) is reported failed as when the ring fails
+#             under that loss: the rendezvous counts worker 1 as gone after the end (no replacement, no
+#             re-form), worker 2 is told the run ended and finishes, worker 1's restart is told training is over
+#             (or, when the run had shut down already, launch.sh stops it); launch.sh exits 0, every class-center
+#             partition is written (`pfcps export --centers` reads them), no ERROR is logged, and the run ends
+#             with the reference's bits.
+# A sixth argument names the cases (default "kill server0 launcher timeout second slow_end end after_end").
+CASES=${6:-kill server0 launcher timeout second slow_end end after_end}
 set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 # The training loop's failure hook PFCPS_TEST_STEP_FAILS_AT (worker/train.c) exists only in the tests' build.
@@ -110,7 +118,7 @@ all_exit_0() {
 
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
-if has kill || has server0 || has launcher || has end; then
+if has kill || has server0 || has launcher || has end || has after_end; then
   reference ref reference
 fi
 
@@ -208,6 +216,49 @@ else
   ok "end: no re-form"
 fi
 ckpt_check_same end
+fi
+
+# --- after_end: worker 1 lost after the end vote, worker 2's vote failing with it, under launch.sh -----------------
+if has after_end; then
+write_cfg after_end 1 "save_centers = true"
+# A build folder whose worker is a wrapper (exec: launch.sh's pids stay the daemons'): rank 1's first process
+# dies after the end vote, rank 2's vote fails; every other process is the plain worker.
+mkdir -p "$TMP/lb/worker"
+ln -sfn "$(cd "$BUILD" && pwd)/server" "$TMP/lb/server"
+ln -sfn "$(cd "$BUILD" && pwd)/tools" "$TMP/lb/tools"
+cat >"$TMP/lb/worker/pfcps-worker" <<EOF
+#!/bin/sh
+case " \$* " in
+*" --rank 1 "*) [ -e "$TMP/lb/rank1-once" ] || { : >"$TMP/lb/rank1-once"; PFCPS_TEST_DIES_AT_END=after exec "$HOOKS_WORKER" "\$@"; } ;;
+*" --rank 2 "*) PFCPS_TEST_DIES_AT_END=vote_fails exec "$HOOKS_WORKER" "\$@" ;;
+esac
+exec "$WORKER" "\$@"
+EOF
+chmod +x "$TMP/lb/worker/pfcps-worker"
+s=0; "$SRC/deploy/local/launch.sh" -c "$TMP/after_end.ini" -b "$TMP/lb" --max-restarts 2 >"$TMP/after_end.out" 2>&1 || s=$?
+L=$TMP/after_end/logs
+expect_eq "after_end: launch.sh exits 0" "$s" 0
+expect_grep "after_end: worker 1 killed itself after the end vote" \
+  "PFCPS_TEST_DIES_AT_END=after: killing this worker after the end vote" "$L/worker1.log"
+expect_grep "after_end: the rendezvous counts worker 1 as gone after the end" \
+  "worker\[1\] \(.*\) was lost after the end of training \(every worker passed the end vote at step 20" "$L/server0.log"
+expect_grep "after_end: worker 2, whose vote failed, is told the run ended and finishes" \
+  "worker 1 was lost after the others passed the end vote at step 20, this worker's vote failing with it" \
+  "$L/worker2.log"
+expect_grep "after_end: launch.sh starts worker 1 again" \
+  "worker 1 exited with status 137 .*restart 1/2 of worker 1 alone" "$TMP/after_end.out"
+expect_grep "after_end: the restart finds training over (told by the rendezvous, or stopped by launch.sh)" \
+  "training is over: every worker passed the end vote at step 20; nothing left to replace: nothing to do; exiting 0|restarted worker 1 waits to join: stopping it" \
+  <(cat "$L/worker1.log" "$TMP/after_end.out")
+if grep -n " ERROR \|falling back to the checkpoint re-form" "$L"/*.log; then
+  fail "after_end: an ERROR or a re-form was logged"
+else
+  ok "after_end: no ERROR, no re-form"
+fi
+s=0
+"$PFCPS" export --centers "$TMP/after_end" "$TMP/after_end-centers.safetensors" >"$TMP/after_end-export.out" 2>&1 || s=$?
+expect_eq "after_end: every class-center partition was written (pfcps export --centers reads them)" "$s" 0
+ckpt_check_same after_end
 fi
 
 # --- server0: server 0 and worker 1 killed together, both started again by hand --------------------------------
