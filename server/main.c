@@ -745,7 +745,8 @@ static int serve_until_stop(server_daemon *d)
                 return DAEMON_EXIT_REFORM;
             }
         }
-        int r = ctl_session_wait_shutdown(d->sess, 0.2);
+        /* 0.02 s: how soon server 0 sees every worker gone (ctl_rendezvous_workers_done) and stops the run */
+        int r = ctl_session_wait_shutdown(d->sess, 0.02);
         if (d->run.replicas)
             renew_lease(d);
         if (r == 1) {

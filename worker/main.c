@@ -57,11 +57,15 @@ typedef struct ctl_watch {
     int rank;     /* this worker's rank */
 } ctl_watch;
 
+/* How long one wait of the watcher lasts: the longest it takes to see `done` once training ended, which the
+ * worker's exit waits for (pthread_join). */
+#define WATCH_POLL_S 0.02
+
 static void *ctl_watch_main(void *arg)
 {
     ctl_watch *w = arg;
     while (!w->done) {
-        int r = ctl_session_wait_shutdown(w->sess, 0.5);
+        int r = ctl_session_wait_shutdown(w->sess, WATCH_POLL_S);
         if (r == 0)
             continue;
         if (w->done)

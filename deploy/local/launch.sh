@@ -158,10 +158,10 @@ run_once() {
     fi
     pids+=($!); worker_pids+=($!)
   done
-  # Show worker 0's log here while it runs (tail ends by itself when worker 0 exits).
+  # Show worker 0's log here while it runs (tail ends by itself within 0.1 s of worker 0's exit).
   local from=+1
   [ "$mode" = ">>" ] && from=0
-  tail -n "$from" -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
+  tail -s 0.1 -n "$from" -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
   tail_pid=$!
 
   rc=0
@@ -186,7 +186,7 @@ run_once() {
             "$worker_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/worker$i.log" 2>&1 &
             worker_pids[$i]=$!; pids+=($!); restarted[$i]=1
             if [ "$i" -eq 0 ]; then # follow the new worker 0's lines in its log (the old tail ends with its pid)
-              tail -n 0 -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
+              tail -s 0.1 -n 0 -F --pid="${worker_pids[0]}" "$out/logs/worker0.log" 2>/dev/null &
               tail_pid=$!
             fi
             unset "codes[$i]"

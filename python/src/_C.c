@@ -122,7 +122,7 @@ static void *watch_main(void *arg)
 {
     Worker *w = arg;
     while (!__atomic_load_n(&w->watch_done, __ATOMIC_ACQUIRE)) {
-        int r = ctl_session_wait_shutdown(w->sess, 0.5);
+        int r = ctl_session_wait_shutdown(w->sess, 0.02); /* how long the close waits for watch_done seen */
         if (r == 0)
             continue;
         if (__atomic_load_n(&w->watch_done, __ATOMIC_ACQUIRE))
