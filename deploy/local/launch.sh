@@ -172,6 +172,9 @@ run_once() {
       p=${worker_pids[$i]}
       if exited "$p"; then
         if [ -z "${codes[$i]:-}" ]; then s=0; wait "$p" || s=$?; codes[$i]=$s
+          # A restarted worker this launcher stopped once the run had ended (below): a SIGTERM that came before
+          # its handler was set ends it with 143; either way it had nothing to do.
+          if [ "${restarted[$i]:-0}" = 2 ] && { [ "$s" -eq 0 ] || [ "$s" -eq 143 ]; }; then codes[$i]=0; continue; fi
           # A worker killed (a signal) in a run that replaces workers in place, or removed from it (76: stopped
           # past the silence limit, the run went on without it): started again alone, with the same command
           # line, it joins as its own replacement and the others redo the step it was lost in.
