@@ -166,12 +166,12 @@ int ctl_session_rejoin_report(ctl_session *s, int kind, int server, uint32_t epo
  * this session's entry from then on; a server: how many steps' pushes of the lost worker `rank` it holds
  * whole), CTL_FO_ROLLED_BACK (a server undid the pushes of steps >= step), CTL_FO_STATE_READY (the donor
  * wrote its state of `step` for the replacement), CTL_FO_NO_REDO (a worker told of a lost worker before its
- * first step began: it cannot redo a step, and the replacement falls back to the re-form), CTL_FO_END_VOTED (a
- * worker passed the end vote at step `step`, the last: every worker's final outputs are written, so a worker
- * lost from then on needs no replacement). `epoch`: the
- * sender's membership epoch. Safe beside a thread waiting in ctl_session_wait_shutdown. Returns 0, -EINVAL
- * (another kind, an address over CTL_MAX_ADDR), -ENOTCONN (the rendezvous is lost with server 0) or the
- * send's -errno. Design: docs/architecture.md, "Worker replacement in place". */
+ * first step began: it cannot redo a step, and the replacement falls back to the re-form), CTL_FO_END_VOTED
+ * (a worker passed the end vote at step `step`, the last: every worker's final outputs are written, so a
+ * worker lost from then on needs no replacement). `epoch`: the sender's membership epoch. Safe beside a
+ * thread waiting in ctl_session_wait_shutdown. Returns 0, -EINVAL (another kind, an address over
+ * CTL_MAX_ADDR), -ENOTCONN (the rendezvous is lost with server 0) or the send's -errno. Design:
+ * docs/architecture.md, "Worker replacement in place". */
 int ctl_session_report(ctl_session *s, int kind, int rank, uint32_t epoch, int64_t step, const void *addr,
                        size_t addr_len);
 

@@ -873,18 +873,21 @@ static void replace_fallback(ctl_rendezvous *rv, const char *why)
  * failed with this loss, waiting for a replacement, finishes instead. */
 static void worker_gone_after_end(ctl_rendezvous *rv, int rank, const char *peer)
 {
-    log_warn("control plane: worker[%d] (%s) was lost after the end of training (every worker passed the end vote "
-             "at step %lld: the final checkpoint, model.ckpt and class centers are written): nothing to redo, the "
-             "run ends without it",
-             rank, peer, (long long)rv->end_step);
+    log_warn(
+        "control plane: worker[%d] (%s) was lost after the end of training (every worker passed the end vote "
+        "at step %lld: the final checkpoint, model.ckpt and class centers are written): nothing to redo, the "
+        "run ends without it",
+        rank, peer, (long long)rv->end_step);
     if (atomic_fetch_add(&rv->workers_left, 1) + 1 == rv->num_workers)
-        log_info("control plane: every worker left the run or was lost after the end of training: training is "
-                 "over");
+        log_info(
+            "control plane: every worker left the run or was lost after the end of training: training is "
+            "over");
     char text[200];
-    snprintf(text, sizeof text,
-             "worker[%d] was lost after every worker passed the end vote at step %lld: no replacement; the run "
-             "ends",
-             rank, (long long)rv->end_step);
+    snprintf(
+        text, sizeof text,
+        "worker[%d] was lost after every worker passed the end vote at step %lld: no replacement; the run "
+        "ends",
+        rank, (long long)rv->end_step);
     for (int i = 0; i < rv->nconns; i++) {
         conn *o = rv->conns[i];
         if (o->joined && o->role == CTL_ROLE_WORKER && !o->left && !o->replacing && !o->closing && !o->dead)
@@ -894,15 +897,16 @@ static void worker_gone_after_end(ctl_rendezvous *rv, int rank, const char *peer
 
 /* A worker passed the end vote after `step` (CTL_FO_END_VOTED): every worker's final outputs are written. A
  * replacement under way (a worker lost in the vote or after it) is called off: the lost worker is gone after
- * the end (worker_gone_after_end), and its replacement, if it joined, is told the training is over (ESHUTDOWN:
- * it exits 0). */
+ * the end (worker_gone_after_end), and its replacement, if it joined, is told the training is over
+ * (ESHUTDOWN: it exits 0). */
 static void end_voted(ctl_rendezvous *rv, const conn *c, int64_t step)
 {
     if (rv->end_step == 0) {
         rv->end_step = step > 0 ? step : 1;
-        log_info("control plane: worker[%d] passed the end vote at step %lld: every worker's final outputs are "
-                 "written",
-                 c->rank, (long long)step);
+        log_info(
+            "control plane: worker[%d] passed the end vote at step %lld: every worker's final outputs are "
+            "written",
+            c->rank, (long long)step);
     }
     if (rv->wr_rank < 0)
         return;
@@ -915,10 +919,11 @@ static void end_voted(ctl_rendezvous *rv, const conn *c, int64_t step)
     worker_gone_after_end(rv, d, rv->wr_peer);
     if (r) {
         char msg[200];
-        snprintf(msg, sizeof msg,
-                 "training is over: every worker passed the end vote at step %lld before worker[%d] was lost; "
-                 "nothing left to replace",
-                 (long long)rv->end_step, d);
+        snprintf(
+            msg, sizeof msg,
+            "training is over: every worker passed the end vote at step %lld before worker[%d] was lost; "
+            "nothing left to replace",
+            (long long)rv->end_step, d);
         r->replacing = 0;
         r->joined = 0;
         conn_refuse(rv, r, ESHUTDOWN, msg);
@@ -1168,7 +1173,7 @@ static int replace_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         return 1;
     }
     if (rv->end_step > 0) {
-        /* Its previous process was lost after the end vote (a supervisor restarted it): nothing to replace. */
+        /* Its previous process was lost after the end vote (restarted by a supervisor): nothing to do. */
         char msg[160];
         snprintf(msg, sizeof msg,
                  "training is over: every worker passed the end vote at step %lld; nothing left to replace",

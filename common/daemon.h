@@ -98,10 +98,11 @@ void daemon_warn_unused_local_keys(const char *role, const pf_config *local, con
  * rendezvous shutting the run down, is a normal stop: it is logged ("stopping: ...", with `stop_note`
  * appended to the signal case, "" for none; then "stopped before the run formed"), as is a worker's join
  * refused because its run's training is over (-ESHUTDOWN: restarted after it was lost past the end vote).
- * Returns 0 with *sess joined, 1 after such a stop (exit 0), 2 when the rendezvous answered with a member's loss (-ENOLINK: the
- * run re-forms; logged, exit DAEMON_EXIT_REFORM), or a negative code after logging the error (exit 1).
- * flags: DAEMON_JOIN_EEXIST_TO_CALLER returns a refused seat (-EEXIST, the refusal in pf_errmsg()) without
- * logging it, for a caller that has a normal way on from it (server 0 restarted under head_mode = local). */
+ * Returns 0 with *sess joined, 1 after such a stop (exit 0), 2 when the rendezvous answered with a member's
+ * loss (-ENOLINK: the run re-forms; logged, exit DAEMON_EXIT_REFORM), or a negative code after logging the
+ * error (exit 1). flags: DAEMON_JOIN_EEXIST_TO_CALLER returns a refused seat (-EEXIST, the refusal in
+ * pf_errmsg()) without logging it, for a caller that has a normal way on from it (server 0 restarted under
+ * head_mode = local). */
 enum { DAEMON_JOIN_EEXIST_TO_CALLER = 1u };
 int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role, int rank, const void *addr,
                 size_t alen, const char *secret, const char *stop_note, unsigned flags, ctl_session **sess,

@@ -176,20 +176,23 @@ static int write_for_replacement(trainer *t, int64_t step, uint32_t epoch, doubl
 
 /* The rendezvous said the run ended (CTL_FO_RUN_ENDED): a worker was lost after the others passed the end
  * vote, which this worker's own vote failed with. Its outputs are written (it voted after writing them), so
- * training is done at `step`, the last. Returns 1 with *redo = step, or -EPROTO when `step` is not the last. */
+ * training is done at `step`, the last. Returns 1 with *redo = step, or -EPROTO when `step` is not the
+ * last. */
 static int run_ended(trainer *t, int64_t step, int64_t *redo)
 {
     const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * t->run.num_epoch;
     if (step != total)
-        return pf_err(-EPROTO,
-                      "worker replacement: the rendezvous said the run ended (the others passed the end vote) "
-                      "while this worker stands at step %lld of %lld",
-                      (long long)step, (long long)total);
+        return pf_err(
+            -EPROTO,
+            "worker replacement: the rendezvous said the run ended (the others passed the end vote) "
+            "while this worker stands at step %lld of %lld",
+            (long long)step, (long long)total);
     if (t->opts.interrupt)
         __atomic_store_n(t->opts.interrupt, 0, __ATOMIC_RELEASE);
-    log_warn("worker %d was lost after the others passed the end vote at step %lld, this worker's vote failing "
-             "with it: every worker's final outputs are written; training is done",
-             t->wr_lost, (long long)step);
+    log_warn(
+        "worker %d was lost after the others passed the end vote at step %lld, this worker's vote failing "
+        "with it: every worker's final outputs are written; training is done",
+        t->wr_lost, (long long)step);
     *redo = step;
     return 1;
 }

@@ -732,8 +732,9 @@ static int hook_at_end(const char *where)
         return 0;
     if (strcmp(where, "vote_fails") == 0) {
         log_warn("test hook PFCPS_TEST_DIES_AT_END=vote_fails: this worker's end vote fails");
-        return pf_err(-EIO, "test hook PFCPS_TEST_DIES_AT_END=vote_fails: the end vote fails as a ring receive "
-                            "does when a worker dies inside it");
+        return pf_err(-EIO,
+                      "test hook PFCPS_TEST_DIES_AT_END=vote_fails: the end vote fails as a ring receive "
+                      "does when a worker dies inside it");
     }
     log_warn("test hook PFCPS_TEST_DIES_AT_END=%s: killing this worker %s", where,
              strcmp(where, "1") == 0 ? "after its last step, before its final checkpoint part and model.ckpt"

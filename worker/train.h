@@ -98,12 +98,12 @@ void train_rejoin_notice(trainer *t, int kind, int server, uint32_t epoch, const
 
 /* The control watcher's worker-replacement notices (docs/architecture.md, "Worker replacement in place"):
  * kind CTL_FO_WORKER_LOST (worker `rank` was lost at `epoch`: the caller then raises the fabric interrupt,
- * and the training thread, once its step fails, reports and waits; train_replace) or CTL_FO_REDO (every worker
- * redoes step `step`; `rank` is the donor) or CTL_FO_RUN_ENDED (worker `rank` was lost after the end vote: a
- * worker whose own vote failed with that loss, waiting in train_replace, finishes instead). Safe from the
- * watcher thread while train_run runs. Returns 2 when this worker passed the end vote already (the notice is
- * of no use to it: the caller leaves the fabric alone), 1 when this run replaces workers in place (the notice
- * was taken), 0 when it does not (a loss then re-forms). */
+ * and the training thread, once its step fails, reports and waits; train_replace) or CTL_FO_REDO (every
+ * worker redoes step `step`; `rank` is the donor) or CTL_FO_RUN_ENDED (worker `rank` was lost after the end
+ * vote: a worker whose own vote failed with that loss, waiting in train_replace, finishes instead). Safe from
+ * the watcher thread while train_run runs. Returns 2 when this worker passed the end vote already (the notice
+ * is of no use to it: the caller leaves the fabric alone), 1 when this run replaces workers in place (the
+ * notice was taken), 0 when it does not (a loss then re-forms). */
 int train_replace_notice(trainer *t, int kind, int rank, uint32_t epoch, int64_t step);
 
 /* Frees everything. NULL is a no-op. */

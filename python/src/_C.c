@@ -137,7 +137,7 @@ static void *watch_main(void *arg)
             size_t alen = 0;
             const int kind = ctl_session_failover_kind(w->sess, NULL, &addr, &alen);
             if (kind == CTL_FO_RUN_ENDED) {
-                /* Sent only to workers of a run whose workers vote at the end (pfcps-worker's): nothing to do. */
+                /* Sent only to runs whose workers vote at the end (pfcps-worker's): nothing to do. */
                 log_info("%s (epoch %u)", text, epoch);
                 continue;
             }

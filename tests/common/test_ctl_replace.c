@@ -288,8 +288,8 @@ static void case_left(void)
 }
 
 /* The end of the run as seen by the others (every worker's final outputs are written once one of them passed
- * the end vote, CTL_FO_END_VOTED): with `lost_first`, worker 1 is lost before worker 0 says it passed the vote
- * (its replacement under way, a replacement joined and waiting), else after. Either way: no re-form (the
+ * the end vote, CTL_FO_END_VOTED): with `lost_first`, worker 1 is lost before worker 0 says it passed the
+ * vote (its replacement under way, a replacement joined and waiting), else after. Either way: no re-form (the
  * server is told nothing more), worker 0, not yet left, is told the run ended (kind 14, worker 1, step 20), a
  * replacement for rank 1 (the one waiting, or one joining later) is refused as "training is over"
  * (-ESHUTDOWN), and once worker 0 leaves every worker is counted gone (ctl_rendezvous_workers_done). */
