@@ -19,8 +19,14 @@
 # --with-server0: the same with server 0, the rendezvous' host: the members take the close as server 0's
 # failover, resume at its restarted rendezvous, which adopts the run without the worker and replaces it in
 # place; server 0 then rejoins.
+# --at-end: each kill lands at the end of training instead, a random 0..0.3 s after worker 0 logged the last step
+# (in the final save, the end vote, or after it): a worker lost before the vote is replaced and its replacement
+# writes its final outputs; one lost after it ends the run without it (docs/architecture.md, "The end of training
+# is a step boundary too"). The restarted worker, when the run ended before it could join, is stopped once every
+# other member exited (as launch.sh does). Prints which way each round went and the time from the kill to the
+# last member's exit.
 # usage: bench/recovery/replace.sh [-b BUILD] [--victim N] [--classes N] [--acc K] [--with-server | --with-server0]
-#                                  [ROUNDS [SERVERS [WORKERS]]]
+#                                  [--at-end] [ROUNDS [SERVERS [WORKERS]]]
 set -uo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$SRC/build
@@ -35,6 +41,8 @@ WITH_SERVER=0
 [ "${1:-}" = --with-server ] && { WITH_SERVER=1; shift; }
 [ "${1:-}" = --with-server0 ] && { WITH_SERVER=0; SERVER0=1; shift; }
 SERVER0=${SERVER0:-0}
+AT_END=0
+[ "${1:-}" = --at-end ] && { AT_END=1; shift; }
 ROUNDS=${1:-5}
 SERVERS=${2:-2}
 WORKERS=${3:-3}
@@ -92,13 +100,42 @@ for ((k = 1; k <= ROUNDS; k++)); do
   at=$((3 + RANDOM % (TOTAL - 6)))
   victim=${VICTIM:-$((RANDOM % WORKERS))}
   delay=$(python3 -c "print($RANDOM % 500 / 1000)")
-  for ((i = 0; i < 1200; i++)); do grep -q "Global Step: $at " "$TMP/$name.w0.log" && break; sleep 0.1; done
-  sleep "$delay"
   sv=
   [ "$WITH_SERVER" = 1 ] && sv=$((1 + RANDOM % (SERVERS - 1)))
   [ "$SERVER0" = 1 ] && sv=0
+  if [ "$AT_END" = 1 ]; then
+    # The end of a run takes tens of milliseconds: the log is watched every 0.5 ms and the kill comes 0..25 ms
+    # after worker 0's last step line (its time printed by the watcher).
+    delay=$(python3 -c "print($RANDOM % 26 / 1000)")
+    t_kill=$(python3 - "$TMP/$name.w0.log" "Global Step: $TOTAL " "$delay" "${wp[$victim]}" <<'PY'
+import os, signal, sys, time
+log, pat, delay, pid = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+end = time.time() + 600
+while time.time() < end:
+    try:
+        with open(log, errors="replace") as f:
+            if pat in f.read():
+                break
+    except FileNotFoundError:
+        pass
+    time.sleep(0.0005)
+time.sleep(delay)
+t = time.time()
+try:
+    os.kill(pid, signal.SIGKILL)
+    print(f"{t:.6f}")
+except ProcessLookupError:
+    print(f"{t:.6f} gone")
+PY
+)
+    gone=
+    [[ "$t_kill" == *gone ]] && { gone=" (it had exited already)"; t_kill=${t_kill% gone}; }
+  else
+  for ((i = 0; i < 1200; i++)); do grep -q "Global Step: $at " "$TMP/$name.w0.log" && break; sleep 0.1; done
+  sleep "$delay"
   t_kill=$(date -u +%s.%N)
-  kill -KILL "${wp[$victim]}" ${sv:+"${pids[$sv]}"}
+  fi
+  kill -KILL "${wp[$victim]}" ${sv:+"${pids[$sv]}"} 2>/dev/null
   wait "${wp[$victim]}" 2>/dev/null
   "$BUILD/worker/pfcps-worker" --config "$TMP/$name.ini" --rank "$victim" >"$TMP/$name.w$victim.again.log" 2>&1 &
   wp[$victim]=$!
@@ -108,8 +145,20 @@ for ((k = 1; k <= ROUNDS; k++)); do
     pids[$sv]=$!
   fi
   rc=0
-  for p in "${wp[@]}"; do wait "$p" || rc=$?; done
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  if [ "$AT_END" = 1 ]; then
+    # The others first; the restarted worker last: when the run ended before it joined, it is stopped (SIGTERM,
+    # as launch.sh does: exit 0, or 143 when the signal came before its handler).
+    for r in "${!wp[@]}"; do [ "$r" = "$victim" ] || wait "${wp[$r]}" || rc=$?; done
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+    stopped=
+    if kill -0 "${wp[$victim]}" 2>/dev/null; then kill -TERM "${wp[$victim]}"; stopped=" (its restart stopped: the run had ended)"; fi
+    s=0; wait "${wp[$victim]}" || s=$?
+    [ "$s" -eq 0 ] || { [ -n "$stopped" ] && [ "$s" -eq 143 ]; } || rc=$s
+    t_end=$(date -u +%s.%N)
+  else
+    for p in "${wp[@]}"; do wait "$p" || rc=$?; done
+    for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  fi
   # Worker 0 logs the steps; a survivor logs the redo (worker 1 when worker 0 was the victim, whose replacement
   # then logs the steps).
   w0=$TMP/$name.w0.log wr=$TMP/$name.w0.log
@@ -130,6 +179,21 @@ for ((k = 1; k <= ROUNDS; k++)); do
   else
     d_rep=never; d_step=never
   fi
+  if [ "$AT_END" = 1 ]; then
+    how="another way (see $TMP/$name.*)"
+    [ -n "$gone" ] && how="nothing lost"
+    if grep -q "worker\[$victim\] replaced in place" "$rvlog"; then
+      how="lost before the end vote: replaced, its replacement wrote its final outputs"
+    elif grep -q "worker\[$victim\] (.*) was lost after the end of training" "$rvlog"; then
+      how="lost after the end vote: the run ended without it"
+    fi
+    grep -q "control plane: worker\[$victim\] left the run" "$rvlog" && how="killed after it left the run: nothing lost"
+    grep -q "falling back to the checkpoint re-form" "$rvlog" && how="$how; RE-FORMED"
+    echo "round $k: kill -9 of worker $victim of $WORKERS ${delay} s after the last step ($TOTAL)$gone: $how$stopped;" \
+      "last member out $(python3 -c "print(f'{$t_end - $t_kill:.2f}')") s after the kill; exit $rc; identical: $ok"
+    [ -n "${PFCPS_KEEP_TMP:-}" ] || rm -rf "${TMP:?}/$name"
+    continue
+  fi
   rejoined=
   [ -n "$sv" ] && rejoined=$(grep -q "rejoin: both copies loaded" "$TMP/$name.s$sv.again.log" && echo ", server $sv rejoined" || echo ", server $sv did not rejoin before the end")
   echo "round $k: kill -9 of worker $victim of $WORKERS${sv:+ and server $sv of $SERVERS} ${delay} s after step $at:" \
@@ -138,6 +202,11 @@ for ((k = 1; k <= ROUNDS; k++)); do
   [ -n "${PFCPS_KEEP_TMP:-}" ] || rm -rf "${TMP:?}/$name"
 done
 [ "$n_t" -gt 0 ] || n_t=1
+if [ "$AT_END" = 1 ]; then
+  echo "summary: $pass/$ROUNDS rounds identical to the uninterrupted run, each with a worker killed at the end"
+  [ "$pass" -eq "$ROUNDS" ]
+  exit
+fi
 echo "summary: $pass/$ROUNDS rounds identical to the uninterrupted run; mean kill -> replaced in place" \
   "$(python3 -c "print(round($sum_rep / $n_t, 2))") s, kill -> next completed step $(python3 -c "print(round($sum_step / $n_t, 2))") s (restart included)"
 [ "$pass" -eq "$ROUNDS" ]
