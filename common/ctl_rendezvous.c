@@ -105,7 +105,7 @@ struct ctl_rendezvous {
     int fail_rank;
     char fail_text[512];
     atomic_int joined;       /* ctl_rendezvous_joined: the seats held until the run formed, then S + W */
-    atomic_int workers_left; /* workers that left in order (ctl_session_leave) */
+    atomic_int workers_left; /* workers that left in order (ctl_session_leave) or lost after the end vote */
     int shutdown_sent;
     int reform_sent; /* every member was told the run re-forms (queue_member_lost): later losses are its
                       * members stopping for it, not failures to act on */
@@ -137,6 +137,7 @@ struct ctl_rendezvous {
     conn *wr_repl;    /* the replacement (joined, no seat yet), or NULL */
     int wr_donor;     /* the survivor whose state the replacement loads */
     char wr_peer[sizeof ((conn *)0)->peer]; /* the lost worker's address, for the logs */
+    int lost_after_end; /* workers counted as gone after the end vote (worker_gone_after_end) */
     int64_t end_step; /* > 0: a worker passed the end vote after this step, the last (CTL_FO_END_VOTED): every
                          worker's final outputs are written, and a worker lost from then on is not replaced */
     double last_pass;  /* pf_now_s() of the previous service pass (a long gap: the process was stopped) */
@@ -878,10 +879,9 @@ static void worker_gone_after_end(ctl_rendezvous *rv, int rank, const char *peer
         "at step %lld: the final checkpoint, model.ckpt and class centers are written): nothing to redo, the "
         "run ends without it",
         rank, peer, (long long)rv->end_step);
+    rv->lost_after_end++;
     if (atomic_fetch_add(&rv->workers_left, 1) + 1 == rv->num_workers)
-        log_info(
-            "control plane: every worker left the run or was lost after the end of training: training is "
-            "over");
+        log_info("control plane: every worker left the run or was lost after the end vote: training is over");
     char text[200];
     snprintf(
         text, sizeof text,
@@ -1639,7 +1639,9 @@ static void handle_msg(ctl_rendezvous *rv, conn *c, const Pfcps__CtlMessage *m)
             queue_member_lost(rv, c, c->role, c->rank, c->peer,
                               "stopped while the workers still need its shard");
         if (c->role == CTL_ROLE_WORKER && atomic_fetch_add(&rv->workers_left, 1) + 1 == rv->num_workers)
-            log_info("control plane: every worker left the run in order: training is over");
+            log_info("control plane: every worker %s: training is over",
+                     rv->lost_after_end ? "left the run or was lost after the end vote"
+                                        : "left the run in order");
         /* A survivor that finished training (the lost worker was in the last step or the final save) cannot
          * redo a step with a replacement: fall back now rather than after ctl_timeout. */
         if (c->role == CTL_ROLE_WORKER && rv->wr_rank >= 0 && c->rank != rv->wr_rank) {

@@ -724,7 +724,7 @@ static int serve_until_stop(server_daemon *d)
     }
     while (!g_stop) {
         if (d->rv && ctl_rendezvous_workers_done(d->rv)) {
-            log_info("every worker left the run in order: training is over; shutting the run down");
+            log_info("every worker is done: training is over; shutting the run down");
             return 0; /* finish() broadcasts the shutdown: the other servers stop with 0 */
         }
         if (ctl_session_orphaned(d->sess)) {

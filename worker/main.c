@@ -94,8 +94,10 @@ static void *ctl_watch_main(void *arg)
                 else if (kind == CTL_FO_RUN_ENDED)
                     log_warn("run ended (epoch %u): %s", epoch, text);
                 if (taken) {
-                    if (kind == CTL_FO_WORKER_LOST)
-                        __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE); /* end the step's waits now */
+                    /* End the step's waits now (a run-ended notice: the end vote's ring receive from the
+                     * worker lost after the others passed it). */
+                    if (kind == CTL_FO_WORKER_LOST || kind == CTL_FO_RUN_ENDED)
+                        __atomic_store_n(&w->interrupt, 1, __ATOMIC_RELEASE);
                 } else if (kind == CTL_FO_WORKER_LOST && w->replaces) {
                     /* Still in the set-up (no step start kept yet): this worker cannot redo a step, so the
                      * replacement cannot happen; say so at once instead of leaving the rendezvous to wait

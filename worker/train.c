@@ -584,7 +584,7 @@ static int finish(trainer *t, const progress *p, int64_t step, int64_t total, in
 {
     const pf_config *run = &t->run;
     int rc = 0;
-    if (t->rank == 0 && t->opts.max_steps > 0) {
+    if (t->rank == 0 && t->opts.max_steps > 0 && !t->model_saved) {
         if ((rc = train_mkdir_p(run->output)) < 0 || (rc = save_model(t)) < 0)
             return rc;
         log_info("backbone saved to %s/model.ckpt after %lld steps", run->output, (long long)step);
@@ -724,8 +724,11 @@ static int hook_step_fails(int64_t step)
  * `where`: "1", the worker kills itself (SIGKILL) once its last step is done, before its part of the final
  * checkpoint and model.ckpt (a worker lost in the final save, made certain); "after", once it passed the end
  * vote (a worker lost after every final output is written); "vote_fails", its end vote, done, is reported
- * failed (-EIO) as when the ring fails under a worker lost inside it. Returns 0, or -EIO for vote_fails. */
-static int hook_at_end(const char *where)
+ * failed (-EIO) as when the ring fails under a worker lost inside it; "vote_hangs", done, it then waits in a
+ * second allreduce that no other worker enters (a ring receive blocked on a worker lost inside the vote)
+ * until the fabric interrupt ends it; "linger", once it passed the end vote it waits 2 s before it goes on
+ * (the run stays open meanwhile). Returns 0, or the vote's error for vote_fails and vote_hangs. */
+static int hook_at_end(trainer *t, const char *where)
 {
     const char *e = getenv("PFCPS_TEST_DIES_AT_END");
     if (!e || strcmp(e, where) != 0)
@@ -735,6 +738,21 @@ static int hook_at_end(const char *where)
         return pf_err(-EIO,
                       "test hook PFCPS_TEST_DIES_AT_END=vote_fails: the end vote fails as a ring receive "
                       "does when a worker dies inside it");
+    }
+    if (strcmp(where, "linger") == 0) {
+        log_warn("test hook PFCPS_TEST_DIES_AT_END=linger: waiting 2 s after the end vote");
+        struct timespec ts = {2, 0};
+        nanosleep(&ts, NULL);
+        return 0;
+    }
+    if (strcmp(where, "vote_hangs") == 0) {
+        log_warn(
+            "test hook PFCPS_TEST_DIES_AT_END=vote_hangs: this worker's end vote waits on a ring receive "
+            "that no other worker answers");
+        float f = 0.f;
+        int rc = coll_allreduce(&t->net.coll, &f, 1, COLL_F32, COLL_MAX);
+        return rc < 0 ? rc
+                      : pf_err(-EIO, "test hook PFCPS_TEST_DIES_AT_END=vote_hangs: a second vote completed");
     }
     log_warn("test hook PFCPS_TEST_DIES_AT_END=%s: killing this worker %s", where,
              strcmp(where, "1") == 0 ? "after its last step, before its final checkpoint part and model.ckpt"
@@ -750,25 +768,30 @@ static int hook_at_end(const char *where)
  * vote rather than gone: they report step `total` (or one step back, when its last push is not whole on the
  * servers) and its replacement takes the usual way in. A replacement seated at `total` itself (nothing left
  * to train) first writes what the lost worker may not have: its part of the final checkpoint, and model.ckpt
- * at rank 0. Every worker writes its class-center partition (save_centers) before it votes. A worker that
- * passed the vote knows every worker's final outputs are written: it tells the rendezvous (CTL_FO_END_VOTED),
- * so that a worker lost from then on ends the run instead of being replaced, and ignores later worker-lost
- * notices (train_replace_notice). Without replacement, or with `total` inside a gradient_acc window (not a
- * state the generations keep), nothing is done. Returns 0, or the vote's error (a worker lost: train_run's
- * replacement). */
+ * at rank 0. Every worker writes its class-center partition (save_centers), and rank 0 of a --max-steps run
+ * its model.ckpt, before it votes. A worker that passed the vote knows every worker's final outputs are
+ * written: it tells the rendezvous (CTL_FO_END_VOTED), so that a worker lost from then on ends the run
+ * instead of being replaced, and ignores later worker-lost notices (train_replace_notice). Without
+ * replacement, or with `total` inside a gradient_acc window (not a state the generations keep), nothing is
+ * done. Returns 0, or the vote's error (a worker lost: train_run's replacement). */
 static int end_vote(trainer *t, const progress *p, int64_t total)
 {
     if (!t->wr_on || !t->gen || total % t->acc_k != 0)
         return 0;
     int rc;
-    if (t->replacing && t->start_step == total) {
-        if (is_ckpt_step(t, total, total))
-            save_checkpoint(t, p, total);
-        if (t->rank == 0 && t->opts.max_steps == 0) {
-            if ((rc = train_mkdir_p(t->run.output)) < 0 || (rc = save_model(t)) < 0)
-                return rc;
+    const int seated_at_end = t->replacing && t->start_step == total;
+    if (seated_at_end && is_ckpt_step(t, total, total))
+        save_checkpoint(t, p, total);
+    /* model.ckpt: written at each epoch end (run_epochs) unless the run stops at --max-steps, or this process
+     * trained nothing (a replacement seated at the end) */
+    if (t->rank == 0 && (seated_at_end || t->opts.max_steps > 0)) {
+        if ((rc = train_mkdir_p(t->run.output)) < 0 || (rc = save_model(t)) < 0)
+            return rc;
+        t->model_saved = 1;
+        if (t->opts.max_steps > 0)
+            log_info("backbone saved to %s/model.ckpt after %lld steps", t->run.output, (long long)total);
+        else
             log_info("training over: backbone saved to %s/model.ckpt", t->run.output);
-        }
     }
     if (t->run.save_centers) {
         if ((rc = save_centers(t, total)) < 0)
@@ -781,7 +804,7 @@ static int end_vote(trainer *t, const progress *p, int64_t total)
     if ((rc = coll_allreduce(&t->net.coll, &f, 1, COLL_F32, COLL_MAX)) < 0)
         return rc;
 #ifdef PFCPS_TEST_HOOKS
-    if ((rc = hook_at_end("vote_fails")) < 0)
+    if ((rc = hook_at_end(t, "vote_fails")) < 0 || (rc = hook_at_end(t, "vote_hangs")) < 0)
         return rc;
 #endif
     atomic_store(&t->end_voted, 1);
@@ -791,7 +814,8 @@ static int end_vote(trainer *t, const progress *p, int64_t total)
             log_warn("end of training: %s", pf_errmsg());
     }
 #ifdef PFCPS_TEST_HOOKS
-    hook_at_end("after");
+    hook_at_end(t, "after");
+    hook_at_end(t, "linger");
 #endif
     return 0;
 }
@@ -857,7 +881,7 @@ static int run_epochs(trainer *t, progress *p, int64_t total, int64_t *step_io, 
             }
 #ifdef PFCPS_TEST_HOOKS
             if (step == total)
-                hook_at_end("1");
+                hook_at_end(t, "1");
 #endif
             if (flags)
                 save_checkpoint(t, p, step);

@@ -133,6 +133,7 @@ struct trainer {
     atomic_int end_voted;
     atomic_int wr_run_ended;
     int centers_saved; /* save_centers: this worker's partition was written before the end vote */
+    int model_saved;   /* rank 0, --max-steps: model.ckpt was written before the end vote */
 };
 
 /* Writes this worker's state (worker/resume.h: the backbone with its BN statistics, the optimizer arrays, the

@@ -133,12 +133,26 @@ on_signal() {
 }
 trap on_signal INT TERM
 
+# lost_after_end I: server 0's log, since this run_once began, says worker I was lost after the end vote (the
+# rendezvous logs it as it sees the loss: waited for up to 1 s).
+lost_after_end() {
+  local k
+  for ((k = 0; k < 10; k++)); do
+    tail -c +$((s0_log_at + 1)) "$out/logs/server0.log" 2>/dev/null |
+      grep -q "control plane: worker\[$1\] (.*) was lost after the end of training" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 # run_once [MODE]: starts every daemon (MODE ">>": logs appended, after a restart), waits for the workers,
 # then stops the servers. A daemon that exits non-zero first (a start-up refusal, a crash, kill -9) stops the
 # others: the run cannot go on without it. Sets rc (0, or the first failure's status) and `culprit`.
 run_once() {
   local mode=${1:-">"}
   pids=(); server_pids=(); worker_pids=(); culprit=
+  s0_log_at=0 # server 0's log size before this run_once (a restart appends to it)
+  [ "$mode" = ">>" ] && s0_log_at=$(stat -c %s "$out/logs/server0.log" 2>/dev/null || echo 0)
   for ((r = 0; r < S; r++)); do
     local ms=()
     [ "$r" -eq 0 ] || ms=("${msets[@]}")
@@ -165,7 +179,7 @@ run_once() {
   tail_pid=$!
 
   rc=0
-  local codes=() scodes=() restarted=() i p s how
+  local codes=() scodes=() restarted=() srestarted=() i p s how
   while :; do
     local alive=0 failed=-1
     for i in "${!worker_pids[@]}"; do
@@ -175,6 +189,12 @@ run_once() {
           # A restarted worker this launcher stopped once the run had ended (below): a SIGTERM that came before
           # its handler was set ends it with 143; either way it had nothing to do.
           if [ "${restarted[$i]:-0}" = 2 ] && { [ "$s" -eq 0 ] || [ "$s" -eq 143 ]; }; then codes[$i]=0; continue; fi
+          # A worker killed after the end vote (every final output written): the rendezvous ends the run without
+          # it, and it has nothing to do if started again.
+          if [ "$s" -gt 128 ] && [ "$replace_workers" -eq 1 ] && lost_after_end "$i"; then
+            echo "launch: worker $i exited with status $s after the end of training (every worker had passed the end vote; see $out/logs/server0.log): the run ends without it" >&2
+            codes[$i]=0; continue
+          fi
           # A worker killed (a signal) in a run that replaces workers in place, or removed from it (76: stopped
           # past the silence limit, the run went on without it): started again alone, with the same command
           # line, it joins as its own replacement and the others redo the step it was lost in.
@@ -223,7 +243,7 @@ run_once() {
             local ms=()
             [ "$i" -eq 0 ] || ms=("${msets[@]}")
             "$server_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${ms[@]}" >>"$out/logs/server$i.log" 2>&1 &
-            server_pids[$i]=$!; pids+=($!)
+            server_pids[$i]=$!; pids+=($!); srestarted[$i]=1
             unset "scodes[$i]"
             continue
           fi
@@ -279,6 +299,12 @@ run_once() {
     s=0
     wait "${server_pids[$i]}" 2>/dev/null || s=$?
     # 127: already waited for above.
+    [ "$s" -eq 143 ] && [ "${srestarted[$i]:-0}" = 1 ] && s=0 # a restart stopped above before its handler was set
+    if [ "$s" -gt 128 ] && [ "$s" -ne 143 ] && [ "$replicas" -ge 1 ] && [ "$rc" -eq 0 ]; then
+      # Killed as the run ended, every worker done: with replicas the run never needed it to end.
+      echo "launch: server $i exited with status $s after every worker finished (see $out/logs/server$i.log); replicas = $replicas: the run had ended (its part of the last checkpoint may be missing: pfcps ckpt-info $snapdir)" >&2
+      s=0
+    fi
     if [ "$s" -ne 0 ] && [ "$s" -ne 127 ] && [ "$rc" -eq 0 ]; then
       echo "launch: server $i exited with status $s when the run ended (see $out/logs/server$i.log)" >&2
       rc=$s; culprit="server $i (status $s, when the run ended)"

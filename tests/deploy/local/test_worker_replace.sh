@@ -62,16 +62,22 @@
 #             started again by hand replaces it at step 20 (nothing left to train: it writes its part of the
 #             final checkpoint and model.ckpt from worker 1's state), every member exits 0, no re-form, no step
 #             computed again, and the run ends with the reference's bits.
-#   after_end: under deploy/local/launch.sh --max-restarts 2 with save_centers = true, worker 1's first process
-#             (the tests' build, PFCPS_TEST_DIES_AT_END=after) kills itself once it passed the end vote, and
-#             worker 2's end vote (PFCPS_TEST_DIES_AT_END=vote_fails) is reported failed as when the ring fails
-#             under that loss: the rendezvous counts worker 1 as gone after the end (no replacement, no
-#             re-form), worker 2 is told the run ended and finishes, worker 1's restart is told training is over
-#             (or, when the run had shut down already, launch.sh stops it); launch.sh exits 0, every class-center
-#             partition is written (`pfcps export --centers` reads them), no ERROR is logged, and the run ends
-#             with the reference's bits.
-# A sixth argument names the cases (default "kill server0 launcher timeout second slow_end end after_end").
-CASES=${6:-kill server0 launcher timeout second slow_end end after_end}
+#   after_end: under deploy/local/launch.sh --max-restarts 2 with save_centers = true, worker 1 (the tests'
+#             build, PFCPS_TEST_DIES_AT_END=after) kills itself once it passed the end vote, and worker 2
+#             (PFCPS_TEST_DIES_AT_END=vote_hangs), its vote done, waits in a ring receive that only worker 1
+#             could answer (as when a worker dies inside the vote): the rendezvous counts worker 1 as gone after
+#             the end (no replacement, no re-form), worker 2 is told the run ended and finishes within 2 s (the
+#             notice ends its receive), launch.sh does not restart worker 1 (server 0's log says it was lost
+#             after the end) and exits 0, every class-center partition is written (`pfcps export --centers`
+#             reads them), no ERROR is logged, and the run ends with the reference's bits.
+#   after_steps: the run by hand with --max-steps 20 (model.ckpt is then written at the last step, not at an
+#             epoch end): worker 0 (PFCPS_TEST_DIES_AT_END=after) kills itself once it passed the end vote, and
+#             is started again while worker 2 (PFCPS_TEST_DIES_AT_END=linger) keeps the run open 2 s after
+#             the vote: the restart is told training is over and exits 0, every other member exits 0, and
+#             model.ckpt (written before the vote) and the final checkpoint equal the reference's.
+# A sixth argument names the cases (default "kill server0 launcher timeout second slow_end end after_end
+# after_steps").
+CASES=${6:-kill server0 launcher timeout second slow_end end after_end after_steps}
 set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 # The training loop's failure hook PFCPS_TEST_STEP_FAILS_AT (worker/train.c) exists only in the tests' build.
@@ -118,7 +124,7 @@ all_exit_0() {
 
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
-if has kill || has server0 || has launcher || has end || has after_end; then
+if has kill || has server0 || has launcher || has end || has after_end || has after_steps; then
   reference ref reference
 fi
 
@@ -218,19 +224,19 @@ fi
 ckpt_check_same end
 fi
 
-# --- after_end: worker 1 lost after the end vote, worker 2's vote failing with it, under launch.sh -----------------
+# --- after_end: worker 1 lost after the end vote, worker 2's vote blocked by that loss, under launch.sh -----------
 if has after_end; then
 write_cfg after_end 1 "save_centers = true"
-# A build folder whose worker is a wrapper (exec: launch.sh's pids stay the daemons'): rank 1's first process
-# dies after the end vote, rank 2's vote fails; every other process is the plain worker.
+# A build folder whose worker is a wrapper (exec: launch.sh's pids stay the daemons'): rank 1 dies after the end
+# vote, rank 2's vote then waits on a ring receive; rank 0 is the plain worker.
 mkdir -p "$TMP/lb/worker"
 ln -sfn "$(cd "$BUILD" && pwd)/server" "$TMP/lb/server"
 ln -sfn "$(cd "$BUILD" && pwd)/tools" "$TMP/lb/tools"
 cat >"$TMP/lb/worker/pfcps-worker" <<EOF
 #!/bin/sh
 case " \$* " in
-*" --rank 1 "*) [ -e "$TMP/lb/rank1-once" ] || { : >"$TMP/lb/rank1-once"; PFCPS_TEST_DIES_AT_END=after exec "$HOOKS_WORKER" "\$@"; } ;;
-*" --rank 2 "*) PFCPS_TEST_DIES_AT_END=vote_fails exec "$HOOKS_WORKER" "\$@" ;;
+*" --rank 1 "*) PFCPS_TEST_DIES_AT_END=after exec "$HOOKS_WORKER" "\$@" ;;
+*" --rank 2 "*) PFCPS_TEST_DIES_AT_END=vote_hangs exec "$HOOKS_WORKER" "\$@" ;;
 esac
 exec "$WORKER" "\$@"
 EOF
@@ -242,14 +248,21 @@ expect_grep "after_end: worker 1 killed itself after the end vote" \
   "PFCPS_TEST_DIES_AT_END=after: killing this worker after the end vote" "$L/worker1.log"
 expect_grep "after_end: the rendezvous counts worker 1 as gone after the end" \
   "worker\[1\] \(.*\) was lost after the end of training \(every worker passed the end vote at step 20" "$L/server0.log"
-expect_grep "after_end: worker 2, whose vote failed, is told the run ended and finishes" \
+expect_grep "after_end: worker 2, whose vote waited on worker 1, is told the run ended and finishes" \
   "worker 1 was lost after the others passed the end vote at step 20, this worker's vote failing with it" \
   "$L/worker2.log"
-expect_grep "after_end: launch.sh starts worker 1 again" \
-  "worker 1 exited with status 137 .*restart 1/2 of worker 1 alone" "$TMP/after_end.out"
-expect_grep "after_end: the restart finds training over (told by the rendezvous, or stopped by launch.sh)" \
-  "training is over: every worker passed the end vote at step 20; nothing left to replace: nothing to do; exiting 0|restarted worker 1 waits to join: stopping it" \
-  <(cat "$L/worker1.log" "$TMP/after_end.out")
+# At once: the run-ended notice ends the ring receive (the fabric interrupt), not its 4 x ctl_timeout bound.
+t_lost=$(grep -m1 -o "^[0-9T:.-]*Z.* was lost after the end of training" "$L/server0.log" | cut -d' ' -f1)
+t_done=$(grep -m1 -o "^[0-9T:.-]*Z.* this worker's vote failing with it" "$L/worker2.log" | cut -d' ' -f1)
+dt=$(python3 -c "from datetime import datetime as d; f=lambda s: d.strptime(s, '%Y-%m-%dT%H:%M:%S.%fZ');
+print(f'{(f(\"$t_done\") - f(\"$t_lost\")).total_seconds():.3f}')")
+if python3 -c "import sys; sys.exit(0 if $dt < 2 else 1)"; then
+  ok "after_end: worker 2 finished $dt s after the loss (its ring receive ended by the notice)"
+else
+  fail "after_end: worker 2 finished $dt s after the loss (2 s at most: the notice must end its ring receive)"
+fi
+expect_grep "after_end: launch.sh does not restart worker 1: the run ends without it" \
+  "worker 1 exited with status 137 after the end of training .*: the run ends without it" "$TMP/after_end.out"
 if grep -n " ERROR \|falling back to the checkpoint re-form" "$L"/*.log; then
   fail "after_end: an ERROR or a re-form was logged"
 else
@@ -259,6 +272,33 @@ s=0
 "$PFCPS" export --centers "$TMP/after_end" "$TMP/after_end-centers.safetensors" >"$TMP/after_end-export.out" 2>&1 || s=$?
 expect_eq "after_end: every class-center partition was written (pfcps export --centers reads them)" "$s" 0
 ckpt_check_same after_end
+fi
+
+# --- after_steps: --max-steps 20, worker 0 lost after the end vote and started again by hand -----------------------
+if has after_steps; then
+write_cfg after_steps 1
+rm -f "$TMP"/*.log
+start_cluster "$TMP/after_steps.ini" 2 0
+start_daemon "$TMP/worker0.log" env PFCPS_TEST_DIES_AT_END=after "$HOOKS_WORKER" --config "$TMP/after_steps.ini" \
+  --rank 0 --max-steps 20
+W0=$DPID
+start_daemon "$TMP/worker1.log" "$WORKER" --config "$TMP/after_steps.ini" --rank 1 --max-steps 20
+WPIDS=("$DPID")
+start_daemon "$TMP/worker2.log" env PFCPS_TEST_DIES_AT_END=linger "$HOOKS_WORKER" --config "$TMP/after_steps.ini" \
+  --rank 2 --max-steps 20
+WPIDS+=("$DPID")
+wait_exit "$W0" 120 || { show_logs; die "after_steps: worker 0 did not end"; }
+s=0; wait "$W0" || s=$?
+expect_eq "after_steps: worker 0 killed itself after the end vote (SIGKILL)" "$s" 137
+# Started again while worker 2 lingers (the run is still open): told training is over, it exits 0.
+start_daemon "$TMP/worker0-again.log" "$WORKER" --config "$TMP/after_steps.ini" --rank 0 --max-steps 20
+all_exit_0 after_steps "${WPIDS[@]}" "$DPID"
+expect_grep "after_steps: the restarted worker 0 is told training is over" \
+  "training is over: every worker passed the end vote at step 20; nothing left to replace: nothing to do; exiting 0" \
+  "$TMP/worker0-again.log"
+expect_grep "after_steps: worker 0 wrote model.ckpt before the vote" "backbone saved to .*/model.ckpt after 20 steps" \
+  "$TMP/worker0.log"
+ckpt_check_same after_steps
 fi
 
 # --- server0: server 0 and worker 1 killed together, both started again by hand --------------------------------
