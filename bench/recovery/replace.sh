@@ -186,8 +186,9 @@ PY
       how="lost before the end vote: replaced, its replacement wrote its final outputs"
     elif grep -q "worker\[$victim\] (.*) was lost after the end of training" "$rvlog"; then
       how="lost after the end vote: the run ended without it"
+    elif grep -q "control plane: worker\[$victim\] left the run" "$rvlog"; then
+      how="killed after it left the run: nothing lost"
     fi
-    grep -q "control plane: worker\[$victim\] left the run" "$rvlog" && how="killed after it left the run: nothing lost"
     grep -q "falling back to the checkpoint re-form" "$rvlog" && how="$how; RE-FORMED"
     echo "round $k: kill -9 of worker $victim of $WORKERS ${delay} s after the last step ($TOTAL)$gone: $how$stopped;" \
       "last member out $(python3 -c "print(f'{$t_end - $t_kill:.2f}')") s after the kill; exit $rc; identical: $ok"
