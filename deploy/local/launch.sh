@@ -133,13 +133,18 @@ on_signal() {
 }
 trap on_signal INT TERM
 
-# lost_after_end I: server 0's log, since this run_once began, says worker I was lost after the end vote (the
-# rendezvous logs it as it sees the loss: waited for up to 1 s).
+# lost_after_end I: server 0's log, since this run_once began, says worker I was lost after the end vote. The
+# rendezvous logs its verdict on a loss as it sees it: waited for, up to 1 s, until it names worker I lost after
+# the end (0) or lost otherwise (1: a replacement begins, or the run re-forms).
 lost_after_end() {
-  local k
+  local k v
   for ((k = 0; k < 10; k++)); do
-    tail -c +$((s0_log_at + 1)) "$out/logs/server0.log" 2>/dev/null |
-      grep -q "control plane: worker\[$1\] (.*) was lost after the end of training" && return 0
+    v=$(tail -c +$((s0_log_at + 1)) "$out/logs/server0.log" 2>/dev/null |
+      grep -o -m1 -E "control plane: worker\[$1\] \([^)]*\) (was lost after the end of training|lost:|disconnected|failed|stopped for)")
+    case "$v" in
+      *"was lost after the end of training") return 0 ;;
+      ?*) return 1 ;;
+    esac
     sleep 0.1
   done
   return 1
