@@ -227,7 +227,10 @@ run_once() {
         alive=1
       fi
     done
-    [ "$alive" -eq 0 ] && break
+    if [ "$alive" -eq 0 ]; then
+      [ "$failed" -ge 0 ] && echo "launch: worker $failed exited with status $rc (see $out/logs/worker$failed.log)" >&2
+      break
+    fi
     if [ "$failed" -lt 0 ]; then
       for i in "${!server_pids[@]}"; do
         [ -n "${scodes[$i]:-}" ] && continue
@@ -265,14 +268,25 @@ run_once() {
           break
         fi
       done
-      # Every server exited 0: the run ended in order. A restarted worker still running found no run to join
-      # (lost after the end of training, it was started again as the run shut down): stopped, it exits 0.
-      local ended=1
+      # The run ended in order: every server exited 0, or every worker this launcher did not restart exited 0
+      # (a worker exits 0 only once training is over). A restarted worker still running found no run to join
+      # (lost after the end of training, it was started again as the run shut down, or with server 0): stopped,
+      # it exits 0; a restarted server still waiting is stopped with the servers below.
+      local ended=1 firsts=0
       for i in "${!server_pids[@]}"; do [ "${scodes[$i]:-x}" = 0 ] || ended=0; done
+      if [ "$ended" -eq 0 ]; then
+        ended=1
+        for i in "${!worker_pids[@]}"; do
+          [ "${restarted[$i]:-0}" = 0 ] || continue
+          firsts=$((firsts + 1))
+          [ "${codes[$i]:-x}" = 0 ] || ended=0
+        done
+        [ "$firsts" -gt 0 ] || ended=0
+      fi
       if [ "$ended" -eq 1 ]; then
         for i in "${!worker_pids[@]}"; do
           if [ "${restarted[$i]:-0}" = 1 ] && [ -z "${codes[$i]:-}" ] && ! exited "${worker_pids[$i]}"; then
-            echo "launch: every server exited 0 (the run ended) while the restarted worker $i waits to join: stopping it" >&2
+            echo "launch: the run ended (every server, or every worker not restarted, exited 0) while the restarted worker $i waits to join: stopping it" >&2
             term "${worker_pids[$i]}"
             restarted[$i]=2
           fi

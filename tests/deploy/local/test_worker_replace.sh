@@ -70,14 +70,18 @@
 #             notice ends its receive), launch.sh does not restart worker 1 (server 0's log says it was lost
 #             after the end) and exits 0, every class-center partition is written (`pfcps export --centers`
 #             reads them), no ERROR is logged, and the run ends with the reference's bits.
+#   end_server0: under launch.sh --max-restarts 2, worker 1 (PFCPS_TEST_DIES_AT_END=linger: it waits 2 s after the
+#             end vote) and server 0 killed together while it waits: no rendezvous says what the loss was, so
+#             launch.sh restarts both; once workers 0 and 2 (not restarted) exited 0 it stops them: exit 0 within
+#             60 s, with the reference's bits.
 #   after_steps: the run by hand with --max-steps 20 (model.ckpt is then written at the last step, not at an
 #             epoch end): worker 0 (PFCPS_TEST_DIES_AT_END=after) kills itself once it passed the end vote, and
 #             is started again while worker 2 (PFCPS_TEST_DIES_AT_END=linger) keeps the run open 2 s after
 #             the vote: the restart is told training is over and exits 0, every other member exits 0, and
 #             model.ckpt (written before the vote) and the final checkpoint equal the reference's.
-# A sixth argument names the cases (default "kill server0 launcher timeout second slow_end end after_end
+# A sixth argument names the cases (default "kill server0 launcher timeout second slow_end end after_end end_server0
 # after_steps").
-CASES=${6:-kill server0 launcher timeout second slow_end end after_end after_steps}
+CASES=${6:-kill server0 launcher timeout second slow_end end after_end end_server0 after_steps}
 set -- "${@:1:5}"
 source "$(dirname "$0")/cluster.sh" "$@"
 # The training loop's failure hook PFCPS_TEST_STEP_FAILS_AT (worker/train.c) exists only in the tests' build.
@@ -124,7 +128,7 @@ all_exit_0() {
 
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
-if has kill || has server0 || has launcher || has end || has after_end || has after_steps; then
+if has kill || has server0 || has launcher || has end || has after_end || has after_steps || has end_server0; then
   reference ref reference
 fi
 
@@ -299,6 +303,40 @@ expect_grep "after_steps: the restarted worker 0 is told training is over" \
 expect_grep "after_steps: worker 0 wrote model.ckpt before the vote" "backbone saved to .*/model.ckpt after 20 steps" \
   "$TMP/worker0.log"
 ckpt_check_same after_steps
+fi
+
+# --- end_server0: worker 1 and server 0 killed together after the end vote, under launch.sh -------------------------
+if has end_server0; then
+write_cfg end_server0 1
+mkdir -p "$TMP/lb0/worker"
+ln -sfn "$(cd "$BUILD" && pwd)/server" "$TMP/lb0/server"
+ln -sfn "$(cd "$BUILD" && pwd)/tools" "$TMP/lb0/tools"
+cat >"$TMP/lb0/worker/pfcps-worker" <<EOF
+#!/bin/sh
+case " \$* " in
+*" --rank 1 "*) PFCPS_TEST_DIES_AT_END=linger exec "$HOOKS_WORKER" "\$@" ;;
+esac
+exec "$WORKER" "\$@"
+EOF
+chmod +x "$TMP/lb0/worker/pfcps-worker"
+setsid "$SRC/deploy/local/launch.sh" -c "$TMP/end_server0.ini" -b "$TMP/lb0" --max-restarts 2 >"$TMP/end_server0.out" 2>&1 &
+LP=$!
+L=$TMP/end_server0/logs
+wait_log "$L/worker1.log" "PFCPS_TEST_DIES_AT_END=linger" 120 || { tail -20 "$TMP/end_server0.out"; die "end_server0: worker 1 did not reach the end vote"; }
+victims=$(pgrep -f -- "--config $TMP/end_server0.ini --rank [01]\$" | tr '\n' ' ')
+w1=$(pgrep -f -- "pfcps-worker-test-hooks --config $TMP/end_server0.ini --rank 1" | head -1)
+s0=$(pgrep -f -- "pfcps-server --config $TMP/end_server0.ini --rank 0" | head -1)
+[ -n "$w1" ] && [ -n "$s0" ] || die "end_server0: the pids of worker 1 ($w1) and server 0 ($s0) not found (${victims:-none})"
+kill -KILL "$w1" "$s0"
+t0=$(date +%s)
+wait_exit "$LP" 60 || { tail -20 "$TMP/end_server0.out"; kill -TERM "$LP"; die "end_server0: launch.sh still runs 60 s after the kill"; }
+s=0; wait "$LP" || s=$?
+LP=
+expect_eq "end_server0: launch.sh exits 0 ($(($(date +%s) - t0)) s after the kill; no run left to join)" "$s" 0
+expect_grep "end_server0: it stops what it restarted once the others ended" \
+  "the run ended \(every server, or every worker not restarted, exited 0\) while the restarted worker 1 waits to join: stopping it" \
+  "$TMP/end_server0.out"
+ckpt_check_same end_server0
 fi
 
 # --- server0: server 0 and worker 1 killed together, both started again by hand --------------------------------
