@@ -180,7 +180,7 @@ static int write_for_replacement(trainer *t, int64_t step, uint32_t epoch, doubl
  * last. */
 static int run_ended(trainer *t, int64_t step, int64_t *redo)
 {
-    const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * t->run.num_epoch;
+    const int64_t total = train_total_steps(t);
     if (step != total)
         return pf_err(
             -EPROTO,
@@ -241,7 +241,7 @@ int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, 
         return pf_err_wrap(rc, "worker replacement: the new ring");
     if (t->wr_donor == t->rank && (rc = write_for_replacement(t, R, epoch, first_loss, loss_sum, loss_n)) < 0)
         return rc;
-    const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * t->run.num_epoch;
+    const int64_t total = train_total_steps(t);
     if (R >= total)
         log_warn(
             "worker replacement (epoch %u): every step was done; worker %d's replacement writes its part of "

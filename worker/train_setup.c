@@ -559,7 +559,7 @@ static int setup_import(trainer *t, const ctl_book *book)
     if (prog.present) {
         /* Global steps count from the start of arcface_torch's run (num_epoch's epochs, --max-steps): a set at
          * or past this run's last step leaves nothing to train, and the schedule has no lr for it. */
-        const int64_t total = t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * run->num_epoch;
+        const int64_t total = train_total_steps(t);
         if (prog.global_step >= total)
             return pf_err(-ERANGE,
                           "config key 'pretrained_centers' = %s: arcface_torch's run stopped at global_step %lld "

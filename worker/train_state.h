@@ -136,6 +136,12 @@ struct trainer {
     int model_saved;   /* rank 0, --max-steps: model.ckpt was written before the end vote */
 };
 
+/* The global steps the run trains: --max-steps when given, else num_epoch epochs. */
+static inline int64_t train_total_steps(const trainer *t)
+{
+    return t->opts.max_steps > 0 ? t->opts.max_steps : t->steps_per_epoch * t->run.num_epoch;
+}
+
 /* Writes this worker's state (worker/resume.h: the backbone with its BN statistics, the optimizer arrays, the
  * scalars, with the log's first loss and loss sums) as checkpoint `step` under `root`. Returns 0 or
  * wresume_save's error (naming the file). */

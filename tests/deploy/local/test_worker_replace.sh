@@ -126,6 +126,24 @@ all_exit_0() {
   expect_eq "$name: every member exits 0" "$rc" 0
 }
 
+# hooks_build DIR RANK=HOOK...: a build folder for launch.sh (-b DIR) whose server and tools are $BUILD's and
+# whose worker is a wrapper that execs (launch.sh's pids stay the daemons'): each RANK listed runs the tests'
+# build with PFCPS_TEST_DIES_AT_END=HOOK, every other rank the plain worker.
+hooks_build() {
+  local dir=$1 r; shift
+  mkdir -p "$dir/worker"
+  ln -sfn "$(cd "$BUILD" && pwd)/server" "$dir/server"
+  ln -sfn "$(cd "$BUILD" && pwd)/tools" "$dir/tools"
+  {
+    printf '#!/bin/sh\ncase " $* " in\n'
+    for r in "$@"; do
+      printf '*" --rank %s "*) PFCPS_TEST_DIES_AT_END=%s exec "%s" "$@" ;;\n' "${r%%=*}" "${r#*=}" "$HOOKS_WORKER"
+    done
+    printf 'esac\nexec "%s" "$@"\n' "$WORKER"
+  } >"$dir/worker/pfcps-worker"
+  chmod +x "$dir/worker/pfcps-worker"
+}
+
 RANDOM=$$
 has() { [[ " $CASES " == *" $1 "* ]]; }
 if has kill || has server0 || has launcher || has end || has after_end || has after_steps || has end_server0; then
@@ -231,20 +249,8 @@ fi
 # --- after_end: worker 1 lost after the end vote, worker 2's vote blocked by that loss, under launch.sh -----------
 if has after_end; then
 write_cfg after_end 1 "save_centers = true"
-# A build folder whose worker is a wrapper (exec: launch.sh's pids stay the daemons'): rank 1 dies after the end
-# vote, rank 2's vote then waits on a ring receive; rank 0 is the plain worker.
-mkdir -p "$TMP/lb/worker"
-ln -sfn "$(cd "$BUILD" && pwd)/server" "$TMP/lb/server"
-ln -sfn "$(cd "$BUILD" && pwd)/tools" "$TMP/lb/tools"
-cat >"$TMP/lb/worker/pfcps-worker" <<EOF
-#!/bin/sh
-case " \$* " in
-*" --rank 1 "*) PFCPS_TEST_DIES_AT_END=after exec "$HOOKS_WORKER" "\$@" ;;
-*" --rank 2 "*) PFCPS_TEST_DIES_AT_END=vote_hangs exec "$HOOKS_WORKER" "\$@" ;;
-esac
-exec "$WORKER" "\$@"
-EOF
-chmod +x "$TMP/lb/worker/pfcps-worker"
+# rank 1 dies after the end vote, rank 2's vote then waits on a ring receive; rank 0 is the plain worker
+hooks_build "$TMP/lb" 1=after 2=vote_hangs
 s=0; "$SRC/deploy/local/launch.sh" -c "$TMP/after_end.ini" -b "$TMP/lb" --max-restarts 2 >"$TMP/after_end.out" 2>&1 || s=$?
 L=$TMP/after_end/logs
 expect_eq "after_end: launch.sh exits 0" "$s" 0
@@ -308,17 +314,7 @@ fi
 # --- end_server0: worker 1 and server 0 killed together after the end vote, under launch.sh -------------------------
 if has end_server0; then
 write_cfg end_server0 1
-mkdir -p "$TMP/lb0/worker"
-ln -sfn "$(cd "$BUILD" && pwd)/server" "$TMP/lb0/server"
-ln -sfn "$(cd "$BUILD" && pwd)/tools" "$TMP/lb0/tools"
-cat >"$TMP/lb0/worker/pfcps-worker" <<EOF
-#!/bin/sh
-case " \$* " in
-*" --rank 1 "*) PFCPS_TEST_DIES_AT_END=linger exec "$HOOKS_WORKER" "\$@" ;;
-esac
-exec "$WORKER" "\$@"
-EOF
-chmod +x "$TMP/lb0/worker/pfcps-worker"
+hooks_build "$TMP/lb0" 1=linger
 setsid "$SRC/deploy/local/launch.sh" -c "$TMP/end_server0.ini" -b "$TMP/lb0" --max-restarts 2 >"$TMP/end_server0.out" 2>&1 &
 LP=$!
 L=$TMP/end_server0/logs
