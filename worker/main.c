@@ -436,6 +436,15 @@ static int train_watched(worker_daemon *d)
  * break (`broken`); logs why when it is not 0. */
 static int train_outcome(const worker_daemon *d, int broken, int rc_train)
 {
+    if (rc_train < 0 && broken && daemon_signalled()) {
+        /* Asked to stop (SIGTERM, as when a whole job is stopped at once) while a member also left: the step
+         * in progress broke with it, but the stop was requested, as in the watcher's grace. */
+        log_info(
+            "stopped on request while a member of the run also left (the step in progress did not finish: "
+            "%s): exiting 0",
+            pf_errmsg());
+        return 0;
+    }
     if (rc_train < 0) {
         log_error("%s", pf_errmsg());
         if (!broken && d->run.replicas && ctl_session_server_lost(d->sess, 0)) {
