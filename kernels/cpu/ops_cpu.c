@@ -379,6 +379,51 @@ static int cpu_from_plain(ops_ctx *c, float *dst, int acc, const float *src, int
     return 0;
 }
 
+/* The per-channel kernels below (batch norm, PReLU) work on one channel block of bs lanes at a
+ * time (cpu_act_block: 8 in nChw8c, 1 in NCHW). Each block body is inlined with bs a constant
+ * (BLOCKED picks 8 or 1), so that the lane loops unroll and the per-lane float64 sums stay in
+ * registers; each lane's sum still adds its terms in the same order (over b, then hw), so the
+ * results do not depend on the lane count. */
+#define BLOCK_INLINE static inline __attribute__((always_inline))
+#define BLOCKED(bs, body)                                                                                    \
+    do {                                                                                                     \
+        if ((bs) == 8) {                                                                                     \
+            enum { BS = 8 };                                                                                 \
+            body;                                                                                            \
+        } else {                                                                                             \
+            enum { BS = 1 };                                                                                 \
+            body;                                                                                            \
+        }                                                                                                    \
+    } while (0)
+
+/* Mean and biased variance of channel block cb (bs lanes) of inp (B, nb blocks, HW, bs). */
+BLOCK_INLINE void bn_stats_block(double *mean, double *var, const float *inp, int B, int nb, int cb, int HW,
+                                 const int bs)
+{
+    const double n = (double)B * HW;
+    double s[8] = {0}, s2[8] = {0}, mu[8];
+    for (int b = 0; b < B; b++) {
+        const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+        for (int hw = 0; hw < HW; hw++)
+            for (int l = 0; l < bs; l++)
+                s[l] += x[(size_t)hw * bs + l];
+    }
+    for (int l = 0; l < bs; l++)
+        mu[l] = s[l] / n;
+    for (int b = 0; b < B; b++) {
+        const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+        for (int hw = 0; hw < HW; hw++)
+            for (int l = 0; l < bs; l++) {
+                double d = (double)x[(size_t)hw * bs + l] - mu[l];
+                s2[l] += d * d;
+            }
+    }
+    for (int l = 0; l < bs; l++) {
+        mean[cb * bs + l] = mu[l];
+        var[cb * bs + l] = s2[l] / n;
+    }
+}
+
 /* Per-channel batch mean and biased variance of inp (B,C,HW) (device layout), two passes in
  * float64. oneDNN 2.6's training-mode batch norm sums in float32: on 112x112 maps its statistics
  * are off by ~1e-6 relative, enough to move activations across PReLU kinks and to put the
@@ -386,30 +431,21 @@ static int cpu_from_plain(ops_ctx *c, float *dst, int acc, const float *src, int
 static void bn_batch_stats(double *mean, double *var, const float *inp, int B, int C, int HW)
 {
     const int bs = cpu_act_block(C), nb = C / bs;
-    const double n = (double)B * HW;
 #pragma omp parallel for schedule(static)
-    for (int cb = 0; cb < nb; cb++) {
-        double s[8] = {0}, s2[8] = {0}, mu[8];
-        for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
-            for (int hw = 0; hw < HW; hw++)
-                for (int l = 0; l < bs; l++)
-                    s[l] += x[(size_t)hw * bs + l];
-        }
-        for (int l = 0; l < bs; l++)
-            mu[l] = s[l] / n;
-        for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
-            for (int hw = 0; hw < HW; hw++)
-                for (int l = 0; l < bs; l++) {
-                    double d = (double)x[(size_t)hw * bs + l] - mu[l];
-                    s2[l] += d * d;
-                }
-        }
-        for (int l = 0; l < bs; l++) {
-            mean[cb * bs + l] = mu[l];
-            var[cb * bs + l] = s2[l] / n;
-        }
+    for (int cb = 0; cb < nb; cb++)
+        BLOCKED(bs, bn_stats_block(mean, var, inp, B, nb, cb, HW, BS));
+}
+
+/* out = (x - mean)*k + q on channel block cb (bs lanes), k and q per lane. */
+BLOCK_INLINE void bn_affine_block(float *out, const float *inp, const double *mean, const double *k,
+                                  const double *q, int B, int nb, int cb, int HW, const int bs)
+{
+    for (int b = 0; b < B; b++) {
+        const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+        float *y = out + ((size_t)b * nb + cb) * HW * bs;
+        for (int hw = 0; hw < HW; hw++)
+            for (int l = 0; l < bs; l++)
+                y[(size_t)hw * bs + l] = (float)(((double)x[(size_t)hw * bs + l] - mean[l]) * k[l] + q[l]);
     }
 }
 
@@ -440,14 +476,7 @@ static int cpu_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sav
             k[l] = (double)weight[ch] / sqrt(var + (double)eps);
             q[l] = bias[ch];
         }
-        for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
-            float *y = out + ((size_t)b * nb + cb) * HW * bs;
-            for (int hw = 0; hw < HW; hw++)
-                for (int l = 0; l < bs; l++)
-                    y[(size_t)hw * bs + l] =
-                        (float)(((double)x[(size_t)hw * bs + l] - mean[l]) * k[l] + q[l]);
-        }
+        BLOCKED(bs, bn_affine_block(out, inp, mean, k, q, B, nb, cb, HW, BS));
     }
     if (train && running_mean && running_var) {
         double n = (double)B * HW;
@@ -458,6 +487,45 @@ static int cpu_bn_forward(ops_ctx *c, float *out, double *save_mean, double *sav
         }
     }
     return 0;
+}
+
+/* Per-lane sums of dy and dy*(x - mean) over channel block cb (bs lanes). */
+BLOCK_INLINE void bn_grad_sums_block(double *sdy, double *sdyx, const float *dout, const float *inp,
+                                     const double *mean, int B, int nb, int cb, int HW, const int bs)
+{
+    double a[8] = {0}, ax[8] = {0};
+    for (int b = 0; b < B; b++) {
+        const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+        const float *dy = dout + ((size_t)b * nb + cb) * HW * bs;
+        for (int hw = 0; hw < HW; hw++)
+            for (int l = 0; l < bs; l++) {
+                size_t o = (size_t)hw * bs + l;
+                a[l] += dy[o];
+                ax[l] += (double)dy[o] * ((double)x[o] - mean[l]);
+            }
+    }
+    for (int l = 0; l < bs; l++) {
+        sdy[l] = a[l];
+        sdyx[l] = ax[l];
+    }
+}
+
+/* dx (+)= k*(dy - mdy - (x - mean)*kx) on channel block cb (bs lanes). */
+BLOCK_INLINE void bn_dx_block(float *dinp, int acc, const float *dout, const float *inp, const double *mean,
+                              const double *k, const double *mdy, const double *kx, int B, int nb, int cb,
+                              int HW, const int bs)
+{
+    for (int b = 0; b < B; b++) {
+        const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
+        const float *dy = dout + ((size_t)b * nb + cb) * HW * bs;
+        float *dx = dinp + ((size_t)b * nb + cb) * HW * bs;
+        for (int hw = 0; hw < HW; hw++)
+            for (int l = 0; l < bs; l++) {
+                size_t o = (size_t)hw * bs + l;
+                float v = (float)(k[l] * ((double)dy[o] - mdy[l] - ((double)x[o] - mean[l]) * kx[l]));
+                dx[o] = acc ? dx[o] + v : v;
+            }
+    }
 }
 
 /* Batch-norm backward in plain C with float64 per-channel sums. oneDNN 2.6's backward sums
@@ -477,21 +545,12 @@ static int cpu_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, flo
     const int bs = cpu_act_block(C), nb = C / bs;
 #pragma omp parallel for schedule(static)
     for (int cb = 0; cb < nb; cb++) {
-        double mean[8], rstd[8], sdy[8] = {0}, sdyx[8] = {0}, k[8], mdy[8], kx[8];
+        double mean[8], rstd[8], sdy[8], sdyx[8], k[8], mdy[8], kx[8];
         for (int l = 0; l < bs; l++) {
             mean[l] = save_mean[cb * bs + l];
             rstd[l] = 1.0 / sqrt(save_var[cb * bs + l] + (double)eps);
         }
-        for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
-            const float *dy = dout + ((size_t)b * nb + cb) * HW * bs;
-            for (int hw = 0; hw < HW; hw++)
-                for (int l = 0; l < bs; l++) {
-                    size_t o = (size_t)hw * bs + l;
-                    sdy[l] += dy[o];
-                    sdyx[l] += (double)dy[o] * ((double)x[o] - mean[l]);
-                }
-        }
+        BLOCKED(bs, bn_grad_sums_block(sdy, sdyx, dout, inp, mean, B, nb, cb, HW, BS));
         for (int l = 0; l < bs; l++) {
             int ch = cb * bs + l;
             sdyx[l] *= rstd[l]; /* sum dy * xhat */
@@ -503,24 +562,23 @@ static int cpu_bn_backward(ops_ctx *c, float *dinp, int acc, float *dweight, flo
             mdy[l] = sdy[l] / n;
             kx[l] = rstd[l] * (sdyx[l] / n);
         }
-        if (!dinp)
-            continue;
-        for (int b = 0; b < B; b++) {
-            const float *x = inp + ((size_t)b * nb + cb) * HW * bs;
-            const float *dy = dout + ((size_t)b * nb + cb) * HW * bs;
-            float *dx = dinp + ((size_t)b * nb + cb) * HW * bs;
-            for (int hw = 0; hw < HW; hw++)
-                for (int l = 0; l < bs; l++) {
-                    size_t o = (size_t)hw * bs + l;
-                    float v = (float)(k[l] * ((double)dy[o] - mdy[l] - ((double)x[o] - mean[l]) * kx[l]));
-                    dx[o] = acc ? dx[o] + v : v;
-                }
-        }
+        if (dinp)
+            BLOCKED(bs, bn_dx_block(dinp, acc, dout, inp, mean, k, mdy, kx, B, nb, cb, HW, BS));
     }
     return 0;
 }
 
 /* ---- plain C layers ---- */
+
+/* PReLU of one (sample, channel block) plane x (HW, bs) into y, slopes a per lane. */
+BLOCK_INLINE void prelu_block(float *y, const float *x, const float *a, int HW, const int bs)
+{
+    for (int hw = 0; hw < HW; hw++)
+        for (int l = 0; l < bs; l++) {
+            float v = x[(size_t)hw * bs + l];
+            y[(size_t)hw * bs + l] = v > 0.0f ? v : a[l] * v;
+        }
+}
 
 static int cpu_prelu_forward(ops_ctx *c, float *out, const float *inp, const float *alpha, int B, int C,
                              int HW)
@@ -530,18 +588,28 @@ static int cpu_prelu_forward(ops_ctx *c, float *out, const float *inp, const flo
 #pragma omp parallel for schedule(static)
     for (int bc = 0; bc < B * nb; bc++) {
         const int cb = bc % nb;
-        const float *x = inp + (size_t)bc * HW * bs;
-        float *y = out + (size_t)bc * HW * bs;
-        float a[8];
-        for (int l = 0; l < bs; l++)
-            a[l] = alpha[cb * bs + l];
-        for (int hw = 0; hw < HW; hw++)
-            for (int l = 0; l < bs; l++) {
-                float v = x[(size_t)hw * bs + l];
-                y[(size_t)hw * bs + l] = v > 0.0f ? v : a[l] * v;
-            }
+        BLOCKED(bs,
+                prelu_block(out + (size_t)bc * HW * bs, inp + (size_t)bc * HW * bs, alpha + cb * bs, HW, BS));
     }
     return 0;
+}
+
+/* PReLU backward on one (sample, channel block) plane: dinp (+)= dy or a*dy (if dinp), and s[l] =
+ * the float32 sum over the plane of dy*x where x <= 0 (the slope gradient). */
+BLOCK_INLINE void prelu_grad_block(float *dinp, int acc, float *s, const float *x, const float *g,
+                                   const float *a, int HW, const int bs)
+{
+    float t[8] = {0};
+    for (int hw = 0; hw < HW; hw++)
+        for (int l = 0; l < bs; l++) {
+            size_t o = (size_t)hw * bs + l;
+            float d = x[o] > 0.0f ? g[o] : a[l] * g[o];
+            t[l] += x[o] > 0.0f ? 0.0f : g[o] * x[o];
+            if (dinp)
+                dinp[o] = acc ? dinp[o] + d : d;
+        }
+    for (int l = 0; l < bs; l++)
+        s[l] = t[l];
 }
 
 static int cpu_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, const float *dout,
@@ -551,22 +619,12 @@ static int cpu_prelu_backward(ops_ctx *c, float *dinp, int acc, float *dalpha, c
     const int bs = cpu_act_block(C), nb = C / bs;
 #pragma omp parallel for schedule(static)
     for (int cb = 0; cb < nb; cb++) {
-        float a[8];
         double da[8] = {0};
-        for (int l = 0; l < bs; l++)
-            a[l] = alpha[cb * bs + l];
         for (int b = 0; b < B; b++) {
             size_t base = ((size_t)b * nb + cb) * HW * bs;
-            const float *x = inp + base, *g = dout + base;
-            float s[8] = {0};
-            for (int hw = 0; hw < HW; hw++)
-                for (int l = 0; l < bs; l++) {
-                    size_t o = (size_t)hw * bs + l;
-                    float d = x[o] > 0.0f ? g[o] : a[l] * g[o];
-                    s[l] += x[o] > 0.0f ? 0.0f : g[o] * x[o];
-                    if (dinp)
-                        dinp[base + o] = acc ? dinp[base + o] + d : d;
-                }
+            float s[8];
+            BLOCKED(bs, prelu_grad_block(dinp ? dinp + base : NULL, acc, s, inp + base, dout + base,
+                                         alpha + cb * bs, HW, BS));
             for (int l = 0; l < bs; l++)
                 da[l] += s[l];
         }
