@@ -15,7 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CTL_PROTOCOL_VERSION 1
+/* The control protocol's version: a member and a rendezvous of different versions refuse each other at
+ * the join. 2: Failover kinds 13 (end voted) and 14 (run ended). */
+#define CTL_PROTOCOL_VERSION 2
 #define CTL_NONCE_LEN        32    /* bytes of the service's random join nonce */
 #define CTL_MAC_LEN          32    /* HMAC-SHA256 output bytes */
 #define CTL_MAX_MEMBERS      65536 /* per role; matches the config's servers/workers limit */

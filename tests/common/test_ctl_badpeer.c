@@ -399,10 +399,15 @@ int main(void)
     free(frame);
     expect_error_and_drop("heartbeat before join", fd, e_proto, 1, "expected join");
 
-    /* Wrong protocol version. */
-    fd = raw_hello(nonce);
-    send_join(fd, nonce, SECRET, 1, 0, "v2-member", 2);
-    expect_error_and_drop("wrong protocol version", fd, e_proto, 1, "protocol version 2");
+    /* A member of another build (older or newer protocol version). */
+    for (int d = -1; d <= 1; d += 2) {
+        char want[96];
+        snprintf(want, sizeof want, "protocol version %d, this service speaks %d", CTL_PROTOCOL_VERSION + d,
+                 CTL_PROTOCOL_VERSION);
+        fd = raw_hello(nonce);
+        send_join(fd, nonce, SECRET, 1, 0, "other-build", (uint32_t)(CTL_PROTOCOL_VERSION + d));
+        expect_error_and_drop(d < 0 ? "older protocol version" : "newer protocol version", fd, e_proto, 1, want);
+    }
 
     /* Metrics addresses: one changed on the way (the MAC covers another) is a bad secret; with a valid MAC,
      * one that is not host:port, has port 0 or is 256 bytes long is refused as malformed. */
