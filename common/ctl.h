@@ -116,6 +116,11 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
  * CTL_MAX_METRICS_ADDR (256) bytes or longer. */
 int ctl_set_metrics_address(const char *address);
 
+/* The member's replicas (its config's, 0 or 1) sent with every later ctl_join. A server whose value differs
+ * from the run's is refused (-EINVAL, with the reason) when it joins to rejoin a failed-over rank: its
+ * endpoints (one, or two with the backup copy's) could not serve the run's copies. */
+void ctl_set_replicas(int replicas);
+
 /* Makes every later ctl_join in this process give up with -EINTR once *flag is non-zero (a daemon passes
  * the flag its SIGTERM/SIGINT handler sets, so a stop request is honoured while the run is still forming
  * instead of after the whole join timeout). NULL turns it off. Set it once, before joining. */

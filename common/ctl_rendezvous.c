@@ -486,7 +486,7 @@ static int join_authentic(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     }
     uint8_t mac[CTL_MAC_LEN];
     if (ctl_member_mac(rv->secret, c->nonce, sizeof c->nonce, (int)j->role, j->rank, j->fabric_addr.data,
-                       j->fabric_addr.len, j->metrics_address, mac) < 0 ||
+                       j->fabric_addr.len, j->metrics_address, j->replicas, mac) < 0 ||
         CRYPTO_memcmp(mac, j->mac.data, CTL_MAC_LEN) != 0) {
         snprintf(msg, sizeof msg, "join as %s rank %d refused: bad secret (HMAC does not match)", who,
                  j->rank);
@@ -613,6 +613,15 @@ static void rejoin_begin(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         log_warn("control plane: refused %s: %s", c->peer, msg);
         /* A run that ended needs nothing more of it: ECANCELED is its join's normal stop (exit 0). */
         conn_refuse(rv, c, rv->shutdown_sent ? ECANCELED : EEXIST, msg);
+        return;
+    }
+    if (j->replicas != (uint32_t)rv->replicas) {
+        /* Refused before anything starts: its endpoints could not serve both copies of its shards. */
+        snprintf(msg, sizeof msg,
+                 "server[%d] was started with replicas = %u, the run has replicas = %d: it cannot serve its "
+                 "shards' copies; start it with the run's config",
+                 j->rank, j->replicas, rv->replicas);
+        conn_refuse(rv, c, EINVAL, msg);
         return;
     }
     if (rv->learner) {

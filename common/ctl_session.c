@@ -223,23 +223,42 @@ int ctl_set_metrics_address(const char *address)
     return 0;
 }
 
-/* The separator between the fabric and the metrics address in the MAC's input (ctl_member_mac). */
-static const char mac_sep[] = "\0pfcps metrics"; /* with its terminating NUL: "\0pfcps metrics\0" */
+/* ctl_set_replicas's value, sent at join. */
+static uint32_t g_replicas;
+
+void ctl_set_replicas(int replicas)
+{
+    g_replicas = replicas > 0 ? (uint32_t)replicas : 0;
+}
+
+/* The separators before the metrics address and the replicas in the MAC's input (ctl_member_mac), each with
+ * its terminating NUL: "\0pfcps metrics\0", "\0pfcps replicas\0". */
+static const char mac_sep[] = "\0pfcps metrics", rep_sep[] = "\0pfcps replicas";
 
 int ctl_member_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, int role, int rank,
-                   const uint8_t *addr, size_t addr_len, const char *maddr, uint8_t mac[32])
+                   const uint8_t *addr, size_t addr_len, const char *maddr, uint32_t replicas, uint8_t mac[32])
 {
     size_t ml = maddr ? strlen(maddr) : 0;
-    if (ml == 0)
+    if (ml == 0 && replicas == 0)
         return ctl_join_mac(secret, nonce, nonce_len, role, rank, addr, addr_len, mac);
-    uint8_t *buf = malloc(addr_len + sizeof mac_sep + ml);
+    uint8_t *buf = malloc(addr_len + sizeof mac_sep + ml + sizeof rep_sep + 4), *p = buf;
     if (!buf)
         return pf_err(-ENOMEM, "out of memory computing the join mac");
     if (addr_len)
-        memcpy(buf, addr, addr_len);
-    memcpy(buf + addr_len, mac_sep, sizeof mac_sep);
-    memcpy(buf + addr_len + sizeof mac_sep, maddr, ml);
-    int rc = ctl_join_mac(secret, nonce, nonce_len, role, rank, buf, addr_len + sizeof mac_sep + ml, mac);
+        memcpy(p, addr, addr_len);
+    p += addr_len;
+    if (ml) {
+        memcpy(p, mac_sep, sizeof mac_sep);
+        memcpy(p + sizeof mac_sep, maddr, ml);
+        p += sizeof mac_sep + ml;
+    }
+    if (replicas) {
+        memcpy(p, rep_sep, sizeof rep_sep);
+        p += sizeof rep_sep;
+        for (int b = 0; b < 4; b++)
+            *p++ = (uint8_t)(replicas >> (8 * b));
+    }
+    int rc = ctl_join_mac(secret, nonce, nonce_len, role, rank, buf, (size_t)(p - buf), mac);
     free(buf);
     return rc;
 }
@@ -393,7 +412,7 @@ static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *a
     if (rc == 0) {
         uint8_t mac[CTL_MAC_LEN];
         rc = ctl_member_mac(secret, m->hello->nonce.data, m->hello->nonce.len, (int)role, rank, addr,
-                            addr_len, g_metrics_address, mac);
+                            addr_len, g_metrics_address, g_replicas, mac);
         if (rc == 0) {
             Pfcps__Join j = PFCPS__JOIN__INIT;
             j.role = role == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
@@ -408,6 +427,7 @@ static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *a
             j.resume_idents = g_resume_ptrs;
             j.n_resume_idents = g_n_resume_steps;
             j.metrics_address = g_metrics_address;
+            j.replicas = g_replicas;
             Pfcps__CtlMessage jm = PFCPS__CTL_MESSAGE__INIT;
             jm.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
             jm.join = &j;

@@ -120,6 +120,7 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
 {
     log_info("joining the run at %s:%d as %s %d (waiting up to join_timeout, %g s, for the whole run)", host,
              port, role == CTL_ROLE_SERVER ? "server" : "worker", rank, cfg->join_timeout);
+    ctl_set_replicas(cfg->replicas);
     int rc = cli_join_run(cfg, host, port, role, rank, addr, alen, secret, sess, run);
     if (rc == 0) {
         char hex[2 * CKPT_RUN_ID_BYTES + 1];

@@ -1,6 +1,6 @@
 /* Bad peers against a live rendezvous (1 server + 2 workers, read timeout 1 s, frame limit 4 KiB):
  * a silent connection, a truncated frame, a length over the maximum, random bytes, a valid frame
- * with garbage protobuf, a non-join message first, a wrong protocol version, a metrics address altered on
+ * with garbage protobuf, a non-join message first, a wrong protocol version, a metrics address or replicas altered on
  * the way or malformed (no port, port 0, 256 bytes), a wrong secret, a rank
  * out of range, a taken rank, and a connection that joins twice. Each must get its error reply (code
  * and message checked) and be dropped, while the three honest members, joined as threads around the
@@ -168,16 +168,18 @@ static void expect_error_and_drop(const char *what, int fd, const int *codes, in
     close(fd);
 }
 
-/* A join carrying metrics address maddr ("" for none) whose MAC covers mac_maddr: equal to maddr for an
- * honest member, another text for a join altered on the way. */
-static void send_join_metrics(int fd, const uint8_t *nonce, const char *secret, int role, int rank,
-                              const char *addr, uint32_t version, const char *maddr, const char *mac_maddr)
+/* A join carrying metrics address maddr ("" for none) and replicas whose MAC covers mac_maddr and
+ * mac_replicas: equal to them for an honest member, other values for a join altered on the way. */
+static void send_join_fields(int fd, const uint8_t *nonce, const char *secret, int role, int rank,
+                             const char *addr, uint32_t version, const char *maddr, const char *mac_maddr,
+                             uint32_t replicas, uint32_t mac_replicas)
 {
     uint8_t mac[CTL_MAC_LEN];
     ctl_member_mac(secret, nonce, CTL_NONCE_LEN, role, rank, (const uint8_t *)addr, strlen(addr), mac_maddr,
-                   mac);
+                   mac_replicas, mac);
     Pfcps__Join j = PFCPS__JOIN__INIT;
     j.metrics_address = (char *)maddr;
+    j.replicas = replicas;
     j.role = (Pfcps__Role)role;
     j.rank = rank;
     j.fabric_addr.data = (uint8_t *)addr;
@@ -194,6 +196,12 @@ static void send_join_metrics(int fd, const uint8_t *nonce, const char *secret, 
         raw_send(fd, frame, len);
         free(frame);
     }
+}
+
+static void send_join_metrics(int fd, const uint8_t *nonce, const char *secret, int role, int rank,
+                              const char *addr, uint32_t version, const char *maddr, const char *mac_maddr)
+{
+    send_join_fields(fd, nonce, secret, role, rank, addr, version, maddr, mac_maddr, 0, 0);
 }
 
 static void send_join(int fd, const uint8_t *nonce, const char *secret, int role, int rank, const char *addr,
@@ -428,6 +436,15 @@ int main(void)
     send_join_metrics(fd, nonce, SECRET, 1, 1, "w1", CTL_PROTOCOL_VERSION, longaddr, longaddr);
     expect_error_and_drop("metrics address 256 bytes", fd, e_proto, 1, "longer than 255 bytes");
     CHECK(ctl_rendezvous_joined(rv) == seated, "a refused metrics address took a seat (%d joined, %d before)",
+          ctl_rendezvous_joined(rv), seated);
+    /* The replicas a member sends are authenticated too: changed on the way either way, a bad secret. */
+    for (uint32_t r = 0; r <= 1; r++) {
+        fd = raw_hello(nonce);
+        send_join_fields(fd, nonce, SECRET, 1, 1, "w1", CTL_PROTOCOL_VERSION, "", "", r, 1 - r);
+        expect_error_and_drop(r ? "replicas altered 0 -> 1" : "replicas altered 1 -> 0", fd, e_acces, 1,
+                              "bad secret");
+    }
+    CHECK(ctl_rendezvous_joined(rv) == seated, "a join with altered replicas took a seat (%d joined, %d before)",
           ctl_rendezvous_joined(rv), seated);
 
     /* Wrong secret, rank out of range, taken rank: through the client API. */

@@ -16,7 +16,8 @@
  *
  * Case reform: the worker is lost while the learner holds its book: the run re-forms, and the learner's going
  * is logged as a stop for the re-form, not as a rejoin aborted while "the run goes on as before". Case end:
- * likewise when the run ends while the learner holds its book. */
+ * likewise when the run ends while the learner holds its book. Case replicas: a learner started with
+ * replicas = 0 is refused at its join, before anything starts; with the run's replicas it then rejoins. */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -74,9 +75,9 @@ static int next_notice(ctl_session *s, ctl_session *other, double limit, int *ra
     return -1;
 }
 
-/* Forms the run (m[0] server 0, m[1] server 1, m[2] worker 0), loses server 1 and starts its learner through
- * the copy step: on return the learner `l` holds its book. */
-static void to_book(member m[3], member *l, const char *name)
+/* Forms the run (m[0] server 0, m[1] server 1, m[2] worker 0) and loses server 1: the worker is told it failed
+ * over (epoch 1). */
+static void form_and_lose(member m[3], const char *name)
 {
     m[0] = (member){.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10};
     m[1] = (member){.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10};
@@ -97,6 +98,15 @@ static void to_book(member m[3], member *l, const char *name)
           "%s: the worker is told server 1 failed over at epoch 1 (kind %d, "
           "rank %d, epoch %u)",
           name, k, rank, e);
+}
+
+/* Forms the run, loses server 1 (form_and_lose) and starts its learner through the copy step: on return the
+ * learner `l` holds its book. */
+static void to_book(member m[3], member *l, const char *name)
+{
+    form_and_lose(m, name);
+    int rank = -1, k;
+    uint32_t e = 0;
     *l = (member){.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-again", .timeout = 10};
     pthread_create(&l->th, NULL, join_main, l);
     k = next_notice(m[2].s, m[0].s, 5.0, &rank, &e);
@@ -112,6 +122,41 @@ static void to_book(member m[3], member *l, const char *name)
     check(b->rejoin_epoch == 2 && b->resume_step == 4,
           "%s: the learner's book: rejoin epoch %u, copy step %lld", name, b->rejoin_epoch,
           (long long)b->resume_step);
+}
+
+/* Case replicas: server 1 started again with replicas = 0 (one endpoint: it could not serve both copies) is
+ * refused when it joins (EINVAL, naming both values), before anything starts: the worker is told nothing, and
+ * the epoch stays 1. Started with the run's replicas = 1, it then rejoins at epoch 2. */
+static void case_replicas(void)
+{
+    ctl_rendezvous *rv = start();
+    member m[3];
+    form_and_lose(m, "replicas");
+    ctl_set_replicas(0);
+    member bad = {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-one-endpoint", .timeout = 10};
+    pthread_create(&bad.th, NULL, join_main, &bad);
+    pthread_join(bad.th, NULL);
+    check(bad.rc == -EINVAL && strstr(bad.msg, "started with replicas = 0, the run has replicas = 1"),
+          "replicas: server 1 with replicas = 0 is refused at its join (rc %d: %s)", bad.rc, bad.msg);
+    int rank = -1;
+    uint32_t e = 0;
+    int k = next_notice(m[2].s, m[0].s, 0.5, &rank, &e);
+    check(k == -1, "replicas: the worker is told nothing of the refused join (kind %d)", k);
+    ctl_set_replicas(1);
+    member l = {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-again", .timeout = 10};
+    pthread_create(&l.th, NULL, join_main, &l);
+    k = next_notice(m[2].s, m[0].s, 5.0, &rank, &e);
+    check(k == CTL_FO_REJOIN_BEGIN && rank == 1 && e == 2,
+          "replicas: started with the run's replicas, server 1 rejoins at epoch 2 (kind %d, rank %d, epoch %u)", k,
+          rank, e);
+    ctl_session_rejoin_report(m[2].s, CTL_FO_REJOIN_STEP, 1, 2, 4);
+    pthread_join(l.th, NULL);
+    check(l.rc == 0, "replicas: the learner got its book");
+    if (l.s)
+        ctl_session_close(l.s);
+    ctl_session_close(m[0].s);
+    ctl_session_close(m[2].s);
+    ctl_rendezvous_stop(rv);
 }
 
 static void case_ready(void)
@@ -224,9 +269,11 @@ int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     log_init("test", 0);
+    ctl_set_replicas(1); /* the members' config: replicas = 1, as the run's */
     case_ready();
     case_hang();
     learner_stops("reform", 0);
     learner_stops("end", 1);
+    case_replicas();
     return check_summary();
 }
