@@ -488,6 +488,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     atexit(kill_child);
     log_init("test", 0);
+    ctl_set_replicas(1); /* the members' config: replicas = 1, as the run's (a rejoining server sends it) */
     case_kill();
     case_both();
     case_stop();
