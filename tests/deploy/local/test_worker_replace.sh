@@ -191,6 +191,15 @@ expect_grep "kill: worker 2 redid from the decided step" "worker replacement \(e
   "$TMP/worker2.log"
 expect_grep "kill: the replacement loaded worker 1's state" "replacing worker\[0\]: loading worker\[1\]'s state of step" \
   "$TMP/worker0-again.log"
+# step_losses LOG: "N LOSS" for each log line (frequent = 1: every step's global mean loss).
+step_losses() { sed -n 's/.*Loss \([0-9.]*\) .*Global Step: \([0-9]*\).*/\2 \1/p' "$1"; }
+# The loss is the global mean, the same on every rank: the replacement of worker 0, which took over worker 1's
+# running sums, logs the uninterrupted run's losses at every step it logs.
+got=$(step_losses "$TMP/worker0-again.log")
+want=$(join <(step_losses "$TMP/ref/logs/worker0.log" | sort) <(awk '{print $1}' <<<"$got" | sort) | sort -n)
+[ -n "$got" ] || fail "kill: the replacement logged no step"
+expect_eq "kill: the replacement's logged losses (step loss) are the uninterrupted run's" \
+  "$(sort -n <<<"$got" | tr '\n' ' ')" "$(tr '\n' ' ' <<<"$want")"
 expect_grep "kill: the replacement's last line says it replaced a lost worker (not a checkpoint resume)" \
   "training done: .*replaced a lost worker from a live one's state" "$TMP/worker0-again.log"
 if grep -q "falling back to the checkpoint re-form\|the run is broken" "$TMP/server0.log"; then
