@@ -48,14 +48,16 @@ static const key_def keys[] = {
     {"scale", "train", K_DOUBLE, OFF(scale), "64", 0, 1e6, 1, 0, NULL, 0, 0},
     {"interclass_filtering_threshold", "train", K_DOUBLE, OFF(interclass_filtering_threshold), "0", 0, 1, 0,
      1, NULL, 0, 0},
-    {"margin_grad", "train", K_STR, OFF(margin_grad), "straight_through", 0, 0, 0, 0, "straight_through exact", 0,
-     1},
+    {"margin_grad", "train", K_STR, OFF(margin_grad), "straight_through", 0, 0, 0, 0,
+     "straight_through exact", 0, 1},
     {"sample_rounding", "train", K_STR, OFF(sample_rounding), "floor", 0, 0, 0, 0, "floor ceil", 0, 1},
-    {"margin_combine", "train", K_STR, OFF(margin_combine), "arcface_torch", 0, 0, 0, 0, "arcface_torch full", 0, 1},
+    {"margin_combine", "train", K_STR, OFF(margin_combine), "arcface_torch", 0, 0, 0, 0, "arcface_torch full",
+     0, 1},
     {"pfc_update", "train", K_STR, OFF(pfc_update), "dense", 0, 0, 0, 0, "dense sparse", 0, 1},
     {"fp16", "train", K_BOOL, OFF(fp16), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"bf16", "train", K_BOOL, OFF(bf16), "false", 0, 1, 0, 0, NULL, 0, 0},
-    {"fp16_overflow_skip", "train", K_STR, OFF(fp16_overflow_skip), "step", 0, 0, 0, 0, "step backbone", 0, 1},
+    {"fp16_overflow_skip", "train", K_STR, OFF(fp16_overflow_skip), "step", 0, 0, 0, 0, "step backbone", 0,
+     1},
     {"backbone_grad_comm", "train", K_STR, OFF(backbone_grad_comm), "fp16", 0, 0, 0, 0, "fp16 fp32", 0, 1},
     {"device", "train", K_STR, OFF(device), "cpu", 0, 0, 0, 0, "cpu cuda cpu-fenced cpu-bf16", 0, 1},
     {"optimizer", "train", K_STR, OFF(optimizer), "sgd", 0, 0, 0, 0, "sgd adamw", 0, 1},
@@ -81,6 +83,7 @@ static const key_def keys[] = {
     {"seed", "data", K_I64, OFF(seed), "2048", 0, 9.2e18, 0, 0, NULL, 0, 0},
     {"num_workers", "data", K_INT, OFF(num_workers), "2", 0, 256, 0, 0, NULL, 0, 0},
     {"resume", "data", K_BOOL, OFF(resume), "false", 0, 1, 0, 0, NULL, 0, 0},
+    {"resume_run", "data", K_STR, OFF(resume_run), "", 0, 0, 0, 0, NULL, 0, 0},
     {"save_all_states", "data", K_BOOL, OFF(save_all_states), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"skip_bad_records", "data", K_BOOL, OFF(skip_bad_records), "false", 0, 1, 0, 0, NULL, 0, 0},
     {"resize", "data", K_BOOL, OFF(resize), "false", 0, 1, 0, 0, NULL, 0, 0},
@@ -573,6 +576,12 @@ static int validate(const pf_config *cfg, int check_required)
     if (cfg->num_classes > 0 && cfg->num_classes < cfg->servers)
         return pf_err(-ERANGE, "key 'servers': %d servers for num_classes %lld leaves a shard empty",
                       cfg->servers, (long long)cfg->num_classes);
+    if (cfg->resume_run[0] &&
+        (strlen(cfg->resume_run) != 32 || strspn(cfg->resume_run, "0123456789abcdefABCDEF") != 32))
+        return pf_err(-EINVAL,
+                      "key 'resume_run': '%.80s' is not a run id (32 hex digits, as `pfcps ckpt-info` and "
+                      "server 0's \"run id\" log line give it)",
+                      cfg->resume_run);
     if (cfg->replicas > 0 && cfg->servers < 2)
         return pf_err(-ERANGE,
                       "key 'replicas': a hot-standby copy of each shard lives on another server, so "

@@ -69,6 +69,9 @@ typedef struct pf_config {
     int64_t seed;         /* default 2048 */
     int num_workers;      /* data loader threads per worker, default 2 */
     int resume;           /* default false */
+    char resume_run[CFG_STR]; /* with resume = true: the run id (32 hex digits, `pfcps ckpt-info`, server 0's
+                                 "run id" log line) whose checkpoints alone count; "" (default): any run's
+                                 with this config */
     int save_all_states;  /* default false */
     int skip_bad_records; /* default false: a bad record stops the loader */
     int resize;           /* default false: images not 112x112 are an error; true: resized */

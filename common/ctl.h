@@ -41,6 +41,8 @@ typedef struct ctl_rendezvous_opts {
     const char *config_text;  /* sent to every member */
     int64_t num_classes;      /* shard map's C, sent in the join reply (0 = unknown) */
     int resume;               /* pick the newest checkpoint step every member holds (book.resume_step) */
+    const uint8_t *resume_run; /* NULL, or the run id (CKPT_RUN_ID_BYTES) whose checkpoints alone count when
+                                * resuming (config resume_run); a run formed from none of them keeps it */
     const ckpt_ident *expect; /* the run config's seed and config digest (run_id unused): a step whose files
                                  carry others is not resumed (NULL: not compared) */
     int replicas; /* 1: a lost server whose shards keep a copy is failed over (Failover notice, new

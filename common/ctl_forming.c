@@ -175,11 +175,12 @@ static int seat_missing_step(const ctl_roster *r, int64_t t)
     return -1;
 }
 
-enum { STEP_OK = 0, STEP_RUNS_DIFFER = 1, STEP_OTHER_CONFIG = 2 };
+enum { STEP_OK = 0, STEP_RUNS_DIFFER = 1, STEP_OTHER_CONFIG = 2, STEP_OTHER_RUN = 3 };
 
 /* Why step t (listed by every seat) cannot be resumed: its seats' identities differ (STEP_RUNS_DIFFER:
- * "ROLE[RANK]'s files are of another run than ROLE[RANK]'s: <fields>"), or all agree on another config than
- * the run's (STEP_OTHER_CONFIG: "written by a run with another config: <fields> (the files vs this run's
+ * "ROLE[RANK]'s files are of another run than ROLE[RANK]'s: <fields>"), are of another run than the pinned
+ * one (STEP_OTHER_RUN, resume_run: "of run <id>..., not resume_run <id>..."), or all agree on another config
+ * than the run's (STEP_OTHER_CONFIG: "written by a run with another config: <fields> (the files vs this run's
  * config)"), the reason into why[cap]; STEP_OK when the step is fine (*id: its identity). */
 static int step_mismatch(const ctl_roster *r, int64_t t, ckpt_ident *id, char *why, size_t cap)
 {
@@ -194,6 +195,13 @@ static int step_mismatch(const ctl_roster *r, int64_t t, ckpt_ident *id, char *w
                      ctl_role_name((int)ctl_roster_role(r, 0)), diff);
             return STEP_RUNS_DIFFER;
         }
+    }
+    if (r->has_run && memcmp(id->run_id, r->run, CKPT_RUN_ID_BYTES) != 0) {
+        char got[2 * CKPT_RUN_ID_BYTES + 1], want[2 * CKPT_RUN_ID_BYTES + 1];
+        ckpt_run_id_hex(id->run_id, got);
+        ckpt_run_id_hex(r->run, want);
+        snprintf(why, cap, "of run %.8s..., not resume_run %.8s...", got, want);
+        return STEP_OTHER_RUN;
     }
     if (r->has_expect) {
         ckpt_ident want = r->expect;

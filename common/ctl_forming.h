@@ -31,6 +31,8 @@ typedef struct ctl_roster {
     int resume;        /* resume from the newest checkpoint every member holds (ctl_roster_resume_step) */
     int has_expect;    /* expect is set: a step's identity must carry its seed and config digest */
     ckpt_ident expect; /* the run config's seed and config digest (run_id unused) */
+    int has_run;       /* run is set (resume_run): only that run's checkpoints count */
+    uint8_t run[CKPT_RUN_ID_BYTES];
     int held;          /* seats held now */
     int formed;        /* the run formed: the address book went out */
     int reforming;     /* a member of the formed run joined again (it restarted): the run must re-form */
@@ -98,10 +100,11 @@ int ctl_roster_complete(const ctl_roster *r);
 /* The step the run resumes from: 0 (from scratch) without r->resume; else the newest checkpoint step that
  * every seat's holder listed (a free seat lists none) with the same identity on every seat, and (has_expect)
  * the seed and config digest of r->expect; 0 when there is none. *run_id gets the chosen step's run id
- * (untouched when 0). The reason goes into reason[cap] (truncated to fit): one "step T skipped: ...; " per
- * newer step: "not complete on ROLE[RANK]" (the first seat lacking it), "ROLE[RANK]'s files are of another
- * run than ROLE[RANK]'s: <fields>" (ckpt_ident_diff), or "written by a run with another config: <fields> (the
- * files vs this run's config)"; then "step T is the newest checkpoint complete on all N members", or "no
+ * (untouched when 0). With has_run, a step of another run than r->run does not count. The reason goes into
+ * reason[cap] (truncated to fit): one "step T skipped: ...; " per newer step: "not complete on ROLE[RANK]"
+ * (the first seat lacking it), "ROLE[RANK]'s files are of another run than ROLE[RANK]'s: <fields>"
+ * (ckpt_ident_diff), "of run <id>, not resume_run <id>", or "written by a run with another config: <fields>
+ * (the files vs this run's config)"; then "step T is the newest checkpoint complete on all N members", or "no
  * checkpoint is complete on all N members: starting from scratch", or without resume "resume = false:
  * starting from scratch". Returns -1 when a step complete on every seat, of one run, was skipped only for
  * another config's seed or digest and is newer than the step taken (or none is): training on would write over

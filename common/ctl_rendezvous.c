@@ -1896,7 +1896,8 @@ static void form_run(ctl_rendezvous *rv)
     reply_base(rv, &r, ptr, n);
     char reason[1024];
     uint8_t run_id[CKPT_RUN_ID_BYTES];
-    memcpy(run_id, rv->new_run_id, sizeof run_id);
+    /* A pinned run (resume_run) that resumes from none of its checkpoints starts over as itself. */
+    memcpy(run_id, rv->roster.has_run ? rv->roster.run : rv->new_run_id, sizeof run_id);
     r.resume_step = ctl_roster_resume_step(&rv->roster, reason, sizeof reason, run_id);
     if (r.resume_step < 0) {
         /* Another config's checkpoints only: forming would start a new run over them. Every member is refused
@@ -2317,6 +2318,10 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     if (o->expect) {
         rv->roster.has_expect = 1;
         rv->roster.expect = *o->expect;
+    }
+    if (o->resume_run) {
+        rv->roster.has_run = 1;
+        memcpy(rv->roster.run, o->resume_run, CKPT_RUN_ID_BYTES);
     }
     if (RAND_bytes(rv->run_nonce, sizeof rv->run_nonce) != 1 ||
         RAND_bytes(rv->new_run_id, sizeof rv->new_run_id) != 1) {

@@ -8,8 +8,10 @@
 # usage: deploy/local/launch.sh -c CONFIG [-b BUILD_DIR] [--max-restarts N] [--set key=value ...]
 #   servers/workers counts come from the config (keys `servers`, `workers`) or --set overrides.
 #   --max-restarts N (torchrun's flag, default 0): when any daemon dies (non-zero exit, kill -9), stop the
-#   others and start all again with resume = true, at most N times; each restart is printed with the
-#   checkpoint step it resumes from (`pfcps ckpt-info --newest`). Checkpoints need snapshot_every > 0.
+#   others and start all again with resume = true and resume_run = the id of the run this launch formed (so
+#   that only its checkpoints count, not another run's in the same folder), at most N times; each restart is
+#   printed with the checkpoint step it resumes from (that run's newest complete one, `pfcps ckpt-info`).
+#   Checkpoints need snapshot_every > 0. When no restart is left the launch fails, saying so.
 #   With replicas = 1 a server other than 0 that dies is started again alone, with the same command line (a
 #   restart counted the same way): it rejoins the running run (docs/architecture.md, "Hot-standby shards").
 #   So is server 0 (the rendezvous' host) when it died: its new rendezvous adopts the running run from the
@@ -369,13 +371,27 @@ restarts=0
 run_once ">"
 while [ "$rc" -ne 0 ] && [ "$restarts" -lt "$max_restarts" ]; do
   restarts=$((restarts + 1))
-  step=$("$tool_bin" ckpt-info --newest "$snapdir" 2>/dev/null || echo 0)
-  echo "launch: restart $restarts/$max_restarts after $culprit: every member again with resume = true, from checkpoint step ${step:-0}" >&2
-  extra=(--set resume=true)
+  # The run this launch formed (server 0 logs its id each time it forms): only its checkpoints count, not those
+  # another run left in the same folder. None formed: the config's own resume setting stands.
+  run=$(grep -ao "; run id [0-9a-f]\{32\}" "$out/logs/server0.log" 2>/dev/null | tail -n 1 | awk '{print $4}')
+  if [ -n "$run" ]; then
+    extra=(--set resume=true --set "resume_run=$run")
+    # ckpt-info lists the steps newest first, each followed by its run id.
+    step=$("$tool_bin" ckpt-info "$snapdir" 2>/dev/null |
+      awk -v run="$run" '/^step [0-9]+: complete/ { t = $2; sub(":", "", t); next }
+                         /^  run / { if ($2 == run && t != "") { print t; exit } t = "" }')
+    echo "launch: restart $restarts/$max_restarts after $culprit: every member again with resume = true and resume_run = $run (this launch's run), from checkpoint step ${step:-0}" >&2
+  else
+    extra=()
+    echo "launch: restart $restarts/$max_restarts after $culprit: the run never formed; every member again with the same config" >&2
+  fi
   run_once ">>"
 done
 ckpt_report
 if [ "$rc" -ne 0 ]; then
+  if [ "$max_restarts" -gt 0 ] && [ "$restarts" -ge "$max_restarts" ]; then
+    echo "launch: no restart left: all $max_restarts of --max-restarts were used (each member started again alone counts one, as does each restart of the whole run)" >&2
+  fi
   echo "launch: failed with status $rc; logs in $out/logs" >&2
   # This run's logs only: the folder may hold more from an earlier run with more servers or workers.
   for ((r = 0; r < S; r++)); do echo "--- tail $out/logs/server$r.log" >&2; tail -5 "$out/logs/server$r.log" >&2; done

@@ -243,6 +243,19 @@ static void test_validation_errors(void **state)
     assert_non_null(strstr(pf_errmsg(), "huge.ini:3: line longer than"));
     free(huge);
 
+    /* resume_run: 32 hex digits or nothing. */
+    const char *bad_runs[] = {"resume_run=xyz", "resume_run=0123456789abcdef0123456789abcdeg",
+                              "resume_run=0123456789abcdef0123456789abcdef0"};
+    for (int i = 0; i < 3; i++) {
+        const char *one[] = {"rec=x", "num_classes=10", bad_runs[i]};
+        assert_int_equal(cfg_load(&c, NULL, one, 3), -EINVAL);
+        assert_non_null(strstr(pf_errmsg(), "key 'resume_run'"));
+        assert_non_null(strstr(pf_errmsg(), "is not a run id (32 hex digits"));
+    }
+    const char *good_run[] = {"rec=x", "num_classes=10", "resume_run=0123456789ABCDEF0123456789abcdef"};
+    assert_int_equal(cfg_load(&c, NULL, good_run, 3), 0);
+    assert_string_equal(c.resume_run, "0123456789ABCDEF0123456789abcdef");
+
     /* cfg_set refuses without changing the value. */
     cfg_defaults(&c);
     assert_int_equal(cfg_set(&c, "embedding_size", "-3"), -ERANGE);
@@ -286,6 +299,7 @@ static void assert_same_config(const pf_config *a, const pf_config *b)
     SAME_NUM(seed);
     SAME_NUM(num_workers);
     SAME_NUM(resume);
+    SAME_STR(resume_run);
     SAME_NUM(save_all_states);
     SAME_NUM(skip_bad_records);
     SAME_NUM(servers);

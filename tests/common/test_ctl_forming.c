@@ -307,6 +307,49 @@ static void test_resume_identity(void **state)
     ctl_roster_free(&r);
 }
 
+/* resume_run: with the run pinned, a newer step of another run with the same config (its checkpoints left in
+ * the same folder) does not count: the pinned run's own newest step is chosen, the other named; with none of
+ * the pinned run's steps, nothing is resumed. */
+static void test_resume_pinned_run(void **state)
+{
+    (void)state;
+    ckpt_ident mine = {.seed = 2048}, other = {.seed = 2048};
+    memset(mine.run_id, 0xaa, sizeof mine.run_id);
+    memset(other.run_id, 0xbb, sizeof other.run_id);
+    memset(mine.config_digest, 1, sizeof mine.config_digest);
+    memset(other.config_digest, 1, sizeof other.config_digest);
+    const int64_t steps[] = {36, 8};
+    const ckpt_ident ids[] = {other, mine}, only_other[] = {other, other};
+    char reason[1024];
+    uint8_t run_id[CKPT_RUN_ID_BYTES] = {0};
+    ctl_roster r;
+
+    /* Not pinned: the newest step every member holds, the other run's 36. */
+    expect_pair(&r, &mine, steps, ids);
+    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), 36);
+    assert_memory_equal(run_id, other.run_id, sizeof run_id);
+    ctl_roster_free(&r);
+
+    expect_pair(&r, &mine, steps, ids);
+    r.has_run = 1;
+    memcpy(r.run, mine.run_id, sizeof r.run);
+    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), 8);
+    assert_memory_equal(run_id, mine.run_id, sizeof run_id);
+    assert_non_null(strstr(reason,
+                           "step 36 skipped: of run bbbbbbbb..., not resume_run aaaaaaaa...; step 8 is the "
+                           "newest checkpoint complete on all 2 members"));
+    ctl_roster_free(&r);
+
+    expect_pair(&r, &mine, steps, only_other);
+    r.has_run = 1;
+    memcpy(r.run, mine.run_id, sizeof r.run);
+    memset(run_id, 0x11, sizeof run_id);
+    assert_int_equal(ctl_roster_resume_step(&r, reason, sizeof reason, run_id), 0);
+    assert_int_equal(run_id[0], 0x11);
+    assert_non_null(strstr(reason, "no checkpoint is complete on all 2 members: starting from scratch"));
+    ctl_roster_free(&r);
+}
+
 /* A reason longer than its buffer is cut to fit (the step is still right). */
 static void test_resume_reason_truncated(void **state)
 {
@@ -413,6 +456,7 @@ int main(void)
         cmocka_unit_test(test_resume_newest_common),
         cmocka_unit_test(test_resume_from_scratch),
         cmocka_unit_test(test_resume_identity),
+        cmocka_unit_test(test_resume_pinned_run),
         cmocka_unit_test(test_resume_reason_truncated),
         cmocka_unit_test(test_never_joined),
         cmocka_unit_test(test_failover_possible),

@@ -3,6 +3,8 @@
 # A reference run (2 servers + 2 workers on 10 ORL identities, snapshot_every 4) trains uninterrupted. Then:
 #   launcher cases: `launch.sh --max-restarts 2`, kill -9 of server 0 (the rendezvous), of server 1 and of
 #     worker 1 after a random number of checkpoints; the launcher restarts every member with resume = true;
+#     in server 1's case the folder also holds another run's checkpoints (the reference's, to its last step):
+#     the restart resumes this launch's run (resume_run), not the folder's newest checkpoint;
 #     after the worker's kill the restarted run resumes within 10 s (the rendezvous' report ends the surviving
 #     worker's wait in the ring collective at once; its grace for the step in progress is 10 s);
 #   self-restart case: no launcher; every daemon runs under its own supervisor loop that restarts it when it
@@ -60,10 +62,23 @@ RANDOM=$$
 for victim in "server --rank 0" "server --rank 1" "worker --rank 1"; do
   name=kill_$(echo "$victim" | tr -dc 'a-z0-9')
   write_cfg "$name"
+  if [ "$victim" = "server --rank 1" ]; then
+    # Another run's checkpoints in the folder (the reference's: same config, other run id, up to the last step):
+    # the restart resumes this launch's run (resume_run), not the folder's newest checkpoint.
+    mkdir -p "$TMP/$name" && cp -r "$TMP/ref/snapshots" "$TMP/$name/"
+  fi
   setsid "$SRC/deploy/local/launch.sh" -b "$BUILD" --max-restarts 2 -c "$TMP/$name.ini" >"$TMP/$name.out" 2>&1 &
   LP=$!
   at=$((4 * (1 + RANDOM % 3)))
-  wait_ckpt "$TMP/$name" "$at" 120 || { tail -20 "$TMP/$name.out"; die "$name: no checkpoint $at"; }
+  if [ "$victim" = "server --rank 1" ]; then
+    # This run's checkpoint $at (the folder's listing has the other run's steps from the start).
+    for m in server0 server1 worker0 worker1; do
+      wait_log "$TMP/$name/logs/$m.log" "snapshot step $at written\|checkpoint step $at: worker state written" 120 ||
+        { tail -20 "$TMP/$name.out"; die "$name: no checkpoint $at from $m"; }
+    done
+  else
+    wait_ckpt "$TMP/$name" "$at" 120 || { tail -20 "$TMP/$name.out"; die "$name: no checkpoint $at"; }
+  fi
   sleep "0.$((RANDOM % 10))"
   role=${victim%% *}
   pid=$(pgrep -f "pfcps-$role --config $TMP/$name.ini ${victim#* }" | head -1)
@@ -89,6 +104,14 @@ print(f'{t.replace(tzinfo=d.timezone.utc).timestamp() - float(sys.argv[2]):.2f}'
     echo "ok: the restarted run resumed $dt s after the kill of worker 1"
   fi
   grep -q "restart 1/2 .* from checkpoint step [1-9]" "$TMP/$name.out" || { cat "$TMP/$name.out"; die "$name: no restart line"; }
+  if [ "$victim" = "server --rank 1" ]; then
+    run=$(grep -o "run id [0-9a-f]\{32\} (new" "$TMP/$name/logs/server0.log" | head -1 | awk '{print $3}')
+    from=$(sed -n 's/.*restart 1\/2 .* from checkpoint step \([0-9]*\).*/\1/p' "$TMP/$name.out")
+    grep -q "restart 1/2 .*resume_run = $run (this launch's run)" "$TMP/$name.out" && [ -n "$run" ] &&
+      [ "${from:-0}" -lt "$TOTAL" ] ||
+      { cat "$TMP/$name.out"; die "$name: the restart did not resume this launch's run ${run:-?} (from step ${from:-?}; the other run's checkpoints reach $TOTAL)"; }
+    echo "ok: with another run's checkpoints in the folder (to step $TOTAL), the restart resumed this launch's run $run from step $from"
+  fi
   check_same "$name"
   echo "ok: kill -9 of $victim after checkpoint $at: $(grep -m1 'restart 1/2' "$TMP/$name.out" | sed 's/^launch: //'); result identical"
 done
