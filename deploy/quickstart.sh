@@ -37,24 +37,31 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 echo "quickstart: training ($config) with 2 servers + 2 workers on 127.0.0.1"
 start=$(date +%s)
+log=$out/training.log
+# training.log is appended to by every run in $out: the summary reads this run's part only.
+log_at=$(stat -c %s "$log" 2>/dev/null || echo 0)
 rc=0
 deploy/local/launch.sh -c "$config" -b "$build" "$@" || rc=$?
 end=$(date +%s)
 
-log=$out/training.log
 # A failed launch (a refused config, a daemon that died) has no summary: the training log may be a previous
 # run's. The launcher has said why on stderr.
 if [ "$rc" -ne 0 ]; then
-  echo "quickstart: the launcher failed (exit $rc, its message above); no summary" >&2
+  if [ "$rc" -gt 128 ]; then
+    echo "quickstart: the launcher stopped on a signal (exit $rc); no summary" >&2
+  else
+    echo "quickstart: the launcher failed (exit $rc, its message above); no summary" >&2
+  fi
   if [ -f "$log" ] && [ "$(stat -c %Y "$log")" -ge "$start" ]; then
     echo "quickstart: this run's training log: $log; daemon logs: $out/logs/" >&2
   fi
   exit "$rc"
 fi
-first=$(grep -m1 -o 'Loss [0-9.]*' "$log" | awk '{print $2}')
-last=$(grep -o 'Loss [0-9.]*' "$log" | tail -n 1 | awk '{print $2}')
-steps=$(grep -o 'Global Step: [0-9]*' "$log" | tail -n 1 | awk '{print $3}')
-speed=$(grep -o 'training done: .*' "$log" | tail -n 1 | grep -o '[0-9.]* samples/sec' || true)
+this_run=$(tail -c +$((log_at + 1)) "$log")
+first=$(grep -m1 -o 'Loss [0-9.]*' <<<"$this_run" | awk '{print $2}')
+last=$(grep -o 'Loss [0-9.]*' <<<"$this_run" | tail -n 1 | awk '{print $2}')
+steps=$(grep -o 'Global Step: [0-9]*' <<<"$this_run" | tail -n 1 | awk '{print $3}')
+speed=$(grep -o 'training done: .*' <<<"$this_run" | tail -n 1 | grep -o '[0-9.]* samples/sec' || true)
 echo
 echo "quickstart summary"
 echo "  steps          ${steps:-0} (2 workers x batch 8)"
