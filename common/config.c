@@ -582,6 +582,10 @@ static int validate(const pf_config *cfg, int check_required)
                       "key 'resume_run': '%.80s' is not a run id (32 hex digits, as `pfcps ckpt-info` and "
                       "server 0's \"run id\" log line give it)",
                       cfg->resume_run);
+    if (cfg->resume_run[0] && !cfg->resume)
+        return pf_err(-EINVAL,
+                      "key 'resume_run' is set but resume = false: it names the run whose checkpoints a "
+                      "resume takes (set resume = true, or leave resume_run empty to start a new run)");
     if (cfg->replicas > 0 && cfg->servers < 2)
         return pf_err(-ERANGE,
                       "key 'replicas': a hot-standby copy of each shard lives on another server, so "

@@ -1916,7 +1916,10 @@ static void form_run(ctl_rendezvous *rv)
     char hexid[2 * CKPT_RUN_ID_BYTES + 1];
     ckpt_run_id_hex(run_id, hexid);
     log_info("control plane: %s; run id %s (%s)", reason, hexid,
-             r.resume_step > 0 ? "the resumed checkpoint's" : "new: the run starts afresh");
+             r.resume_step > 0 ? "the resumed checkpoint's"
+             : rv->roster.has_run
+                 ? "resume_run's: none of its checkpoints is usable, the run starts over as it"
+                 : "new: the run starts afresh");
     Pfcps__CtlMessage m = PFCPS__CTL_MESSAGE__INIT;
     m.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN_REPLY;
     m.join_reply = &r;

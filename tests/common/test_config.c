@@ -247,13 +247,17 @@ static void test_validation_errors(void **state)
     const char *bad_runs[] = {"resume_run=xyz", "resume_run=0123456789abcdef0123456789abcdeg",
                               "resume_run=0123456789abcdef0123456789abcdef0"};
     for (int i = 0; i < 3; i++) {
-        const char *one[] = {"rec=x", "num_classes=10", bad_runs[i]};
-        assert_int_equal(cfg_load(&c, NULL, one, 3), -EINVAL);
+        const char *one[] = {"rec=x", "num_classes=10", "resume=true", bad_runs[i]};
+        assert_int_equal(cfg_load(&c, NULL, one, 4), -EINVAL);
         assert_non_null(strstr(pf_errmsg(), "key 'resume_run'"));
         assert_non_null(strstr(pf_errmsg(), "is not a run id (32 hex digits"));
     }
-    const char *good_run[] = {"rec=x", "num_classes=10", "resume_run=0123456789ABCDEF0123456789abcdef"};
-    assert_int_equal(cfg_load(&c, NULL, good_run, 3), 0);
+    const char *no_resume[] = {"rec=x", "num_classes=10", "resume_run=0123456789ABCDEF0123456789abcdef"};
+    assert_int_equal(cfg_load(&c, NULL, no_resume, 3), -EINVAL);
+    assert_non_null(strstr(pf_errmsg(), "key 'resume_run' is set but resume = false"));
+    const char *good_run[] = {"rec=x", "num_classes=10", "resume=true",
+                              "resume_run=0123456789ABCDEF0123456789abcdef"};
+    assert_int_equal(cfg_load(&c, NULL, good_run, 4), 0);
     assert_string_equal(c.resume_run, "0123456789ABCDEF0123456789abcdef");
 
     /* cfg_set refuses without changing the value. */
