@@ -62,6 +62,18 @@ void ckpt_run_id_hex(const uint8_t run_id[CKPT_RUN_ID_BYTES], char out[2 * CKPT_
     hex(run_id, CKPT_RUN_ID_BYTES, out);
 }
 
+int ckpt_unhex(const char *s, uint8_t *out, size_t n, int lower_only)
+{
+    if (strlen(s) != 2 * n || strspn(s, lower_only ? "0123456789abcdef" : "0123456789abcdefABCDEF") != 2 * n)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v = 0;
+        sscanf(s + 2 * i, "%2x", &v);
+        out[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
 int ckpt_ident_diff(const ckpt_ident *a, const ckpt_ident *b, char *out, size_t cap)
 {
     int n = 0;

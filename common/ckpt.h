@@ -49,6 +49,11 @@ int ckpt_ident_of(const pf_config *cfg, const uint8_t run_id[CKPT_RUN_ID_BYTES],
 /* The 32 lowercase hex digits of a run id, NUL-terminated. */
 void ckpt_run_id_hex(const uint8_t run_id[CKPT_RUN_ID_BYTES], char out[2 * CKPT_RUN_ID_BYTES + 1]);
 
+/* The n bytes written as the 2n hex digits of s and nothing after (lowercase only when lower_only; the run
+ * ids and digests ckpt_run_id_hex and the markers write are lowercase, a config's resume_run may be either)
+ * into out. Returns 0, or -EINVAL (out untouched) for any other text. */
+int ckpt_unhex(const char *s, uint8_t *out, size_t n, int lower_only);
+
 /* Compares two identities field by field. Returns 0 when equal, else the number of fields that differ, with
  * "<field> <a> vs <b>" for each ("run_id 5f3a... vs 9c2b..., seed 7 vs 2048, config_digest 0d1e2f3a vs
  * 77aa10bc"; the header field names) in out[cap] (truncated to fit). */

@@ -172,12 +172,8 @@ static int start_rendezvous(server_daemon *d)
         return -1;
     }
     d->ini = cfg_to_ini(cfg);
-    uint8_t pin[CKPT_RUN_ID_BYTES]; /* resume_run: 32 hex digits (cfg_validate checked them) */
-    for (int i = 0; cfg->resume_run[0] && i < CKPT_RUN_ID_BYTES; i++) {
-        unsigned v = 0;
-        sscanf(cfg->resume_run + 2 * i, "%2x", &v);
-        pin[i] = (uint8_t)v;
-    }
+    uint8_t pin[CKPT_RUN_ID_BYTES]; /* resume_run (cfg_validate checked it is a run id) */
+    const int pinned = cfg->resume_run[0] && ckpt_unhex(cfg->resume_run, pin, CKPT_RUN_ID_BYTES, 0) == 0;
     ctl_rendezvous_opts ro = {.bind_host = d->host,
                               .port = d->port,
                               .num_servers = cfg->servers,
@@ -190,7 +186,7 @@ static int start_rendezvous(server_daemon *d)
                               .num_classes = cfg->num_classes,
                               .resume = cfg->resume,
                               .expect = &expect,
-                              .resume_run = cfg->resume_run[0] ? pin : NULL,
+                              .resume_run = pinned ? pin : NULL,
                               .replicas = cfg->replicas,
                               .rejoin = strcmp(cfg->head_mode, "local") != 0,
                               .replace_workers = cfg_replaces_workers(cfg, NULL, 0),

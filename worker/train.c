@@ -517,43 +517,8 @@ static void trace_step(trainer *t, int64_t step, double loss, double lr)
     fputc('\n', t->trace);
 }
 
-/* The trace line of global step `step` (trace_step), and on rank 0 arcface_torch's log line every `frequent`
- * steps and at the last step (`total`): speed since the last line, mean loss since the last line, lr, epoch,
- * step, the loss scale with fp16, hours left. Under log_format = arcface_torch the lines are
- * CallBackLogging's own: none at the first frequent step (it starts the clock) nor at a last step that is not a
- * multiple of frequent, the next step's lr, and its hours-left formula. */
-static void log_line(trainer *t, progress *p, int64_t step, int64_t total, int64_t epoch, double lr,
-                     double now, int upstream);
-
-static void log_step(trainer *t, progress *p, int64_t step, int64_t total, int64_t epoch, double loss,
-                     double lr)
-{
-    const pf_config *run = &t->run;
-    if (t->trace)
-        trace_step(t, step, loss, lr);
-    const int upstream = strcmp(run->log_format, "arcface_torch") == 0;
-    if (step % run->frequent != 0 && (upstream || step != total))
-        return;
-    double now = pf_now_s();
-    /* CallBackLogging: its first frequent step only starts the clock (the losses keep accumulating). */
-    if (upstream && !p->tic_set) {
-        p->tic_set = 1;
-        p->t_log = now;
-        p->step_log = step;
-        return;
-    }
-    /* Every rank keeps the same running sums (the loss is the global mean, the same on every rank), so that a
-     * worker 0 replaced in place from another worker's state logs the losses it would have. */
-    if (t->rank == 0)
-        log_line(t, p, step, total, epoch, lr, now, upstream);
-    p->loss_sum = 0;
-    p->loss_n = 0;
-    p->t_log = now;
-    p->step_log = step;
-}
-
 /* Rank 0's log line and TensorBoard scalars of log_step at global step `step` (time `now`). */
-static void log_line(trainer *t, progress *p, int64_t step, int64_t total, int64_t epoch, double lr,
+static void log_line(trainer *t, const progress *p, int64_t step, int64_t total, int64_t epoch, double lr,
                      double now, int upstream)
 {
     const pf_config *run = &t->run;
@@ -583,6 +548,38 @@ static void log_line(trainer *t, progress *p, int64_t step, int64_t total, int64
     const char *tags[5] = {"loss", "learning_rate", "time_for_end", "samples_per_sec", "loss_scale"};
     double v[5] = {p->loss_sum / p->loss_n, lr, hours, speed, t->loss_scaling ? t->scaler.scale : 1.0};
     tb_scalars(t, step, t->loss_scaling ? 5 : 4, tags, v);
+}
+
+/* The trace line of global step `step` (trace_step), and on rank 0 arcface_torch's log line every `frequent`
+ * steps and at the last step (`total`): speed since the last line, mean loss since the last line, lr, epoch,
+ * step, the loss scale with fp16, hours left. Under log_format = arcface_torch the lines are
+ * CallBackLogging's own: none at the first frequent step (it starts the clock) nor at a last step that is not
+ * a multiple of frequent, the next step's lr, and its hours-left formula. */
+static void log_step(trainer *t, progress *p, int64_t step, int64_t total, int64_t epoch, double loss,
+                     double lr)
+{
+    const pf_config *run = &t->run;
+    if (t->trace)
+        trace_step(t, step, loss, lr);
+    const int upstream = strcmp(run->log_format, "arcface_torch") == 0;
+    if (step % run->frequent != 0 && (upstream || step != total))
+        return;
+    double now = pf_now_s();
+    /* CallBackLogging: its first frequent step only starts the clock (the losses keep accumulating). */
+    if (upstream && !p->tic_set) {
+        p->tic_set = 1;
+        p->t_log = now;
+        p->step_log = step;
+        return;
+    }
+    /* Every rank keeps the same running sums (the loss is the global mean, the same on every rank), so that a
+     * worker 0 replaced in place from another worker's state logs the losses it would have. */
+    if (t->rank == 0)
+        log_line(t, p, step, total, epoch, lr, now, upstream);
+    p->loss_sum = 0;
+    p->loss_n = 0;
+    p->t_log = now;
+    p->step_log = step;
 }
 
 /* Rank 0: the backbone to <output>/model.ckpt. */
