@@ -2,7 +2,6 @@
  * writer and arcface_torch's startup dump. See common/config.h and docs/configuration.md. */
 #include "common/config.h"
 
-#include "common/ckpt.h"
 #include "common/err.h"
 #include "common/file.h"
 #include "common/netname.h"
@@ -577,8 +576,8 @@ static int validate(const pf_config *cfg, int check_required)
     if (cfg->num_classes > 0 && cfg->num_classes < cfg->servers)
         return pf_err(-ERANGE, "key 'servers': %d servers for num_classes %lld leaves a shard empty",
                       cfg->servers, (long long)cfg->num_classes);
-    uint8_t run_id[CKPT_RUN_ID_BYTES];
-    if (cfg->resume_run[0] && ckpt_unhex(cfg->resume_run, run_id, CKPT_RUN_ID_BYTES, 0) < 0)
+    if (cfg->resume_run[0] &&
+        (strlen(cfg->resume_run) != 32 || strspn(cfg->resume_run, "0123456789abcdefABCDEF") != 32))
         return pf_err(-EINVAL,
                       "key 'resume_run': '%.80s' is not a run id (32 hex digits, as `pfcps ckpt-info` and "
                       "server 0's \"run id\" log line give it)",
