@@ -6,8 +6,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/ckpt.h"
 #include "common/err.h"
+
+/* Two lowercase hex digits per byte, n bytes, nothing after: 0 or -1. */
+static int unhex(const char *s, uint8_t *out, size_t n)
+{
+    if (strlen(s) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < 2 * n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v = 0;
+        sscanf(s + 2 * i, "%2x", &v);
+        out[i] = (uint8_t)v;
+    }
+    return 0;
+}
 
 int ckpt_module_marker_format(char *buf, size_t cap, int64_t step, int rank, int workers, const ckpt_ident *id)
 {
@@ -79,8 +94,7 @@ int ckpt_module_marker_parse(const char *text, size_t n, const char *name, int64
         return pf_err(-EINVAL, "%s: names step %llu, rank %llu of %llu (its place says step %lld, rank %d of %d)",
                       name, (unsigned long long)t, (unsigned long long)r, (unsigned long long)w, (long long)step,
                       rank, workers);
-    if (ckpt_unhex(line[3], id->run_id, CKPT_RUN_ID_BYTES, 1) < 0 ||
-        ckpt_unhex(line[5], id->config_digest, CKPT_DIGEST_BYTES, 1) < 0)
+    if (unhex(line[3], id->run_id, CKPT_RUN_ID_BYTES) < 0 || unhex(line[5], id->config_digest, CKPT_DIGEST_BYTES) < 0)
         return pf_err(-EINVAL, "%s: run_id or config_digest is not %d / %d lowercase hex digits", name,
                       2 * CKPT_RUN_ID_BYTES, 2 * CKPT_DIGEST_BYTES);
     id->seed = seed;
