@@ -34,6 +34,7 @@ struct fab_ctx {
     double post_timeout; /* seconds a posting call retries -FI_EAGAIN before giving up */
     uint8_t *dead;       /* dead[i]: a post to fi_addr i timed out before; later posts to it fail at once */
     size_t ndead;
+    int waitable;         /* the CQ has a wait object: fab_wait blocks in fi_cq_sread */
     pthread_mutex_t lock; /* guards the backlog, next_key and dead */
     fab_comp backlog[FAB_BACKLOG];
     int bl_head, bl_count;
@@ -188,8 +189,18 @@ int fab_open(const char *provider, fab_ctx **out)
         rc = fab_fail(rc, "fi_domain");
         goto fail;
     }
-    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_NONE, .size = 0};
-    if ((rc = fi_cq_open(f->domain, &cq_attr, &f->cq, NULL))) {
+    /* A CQ with a wait object lets an idle thread sleep until a completion comes (fab_wait); a provider
+     * without one gets a CQ that is polled only. */
+    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_UNSPEC, .size = 0};
+    if (getenv("PFCPS_FABRIC_NO_WAIT") && *getenv("PFCPS_FABRIC_NO_WAIT"))
+        cq_attr.wait_obj = FI_WAIT_NONE;
+    rc = fi_cq_open(f->domain, &cq_attr, &f->cq, NULL);
+    f->waitable = rc == 0 && cq_attr.wait_obj != FI_WAIT_NONE;
+    if (rc && cq_attr.wait_obj != FI_WAIT_NONE) {
+        cq_attr.wait_obj = FI_WAIT_NONE;
+        rc = fi_cq_open(f->domain, &cq_attr, &f->cq, NULL);
+    }
+    if (rc) {
         rc = fab_fail(rc, "fi_cq_open");
         goto fail;
     }
@@ -450,13 +461,18 @@ void fab_mr_remote(const fab_mr *mr, size_t offset, uint64_t *raddr, uint64_t *r
     *rkey = mr->key;
 }
 
-/* Reads completions from the CQ into out (max n), translating errors. Returns count or negative. */
-static int cq_read(fab_ctx *f, fab_comp *out, int n)
+/* Reads completions from the CQ into out (max n), translating errors; with timeout_ms >= 0 (a waitable CQ
+ * only) sleeps up to that long in fi_cq_sread for the first one. Returns count (0: none, also when woken by
+ * fab_wake or a signal) or negative. */
+static int cq_take(fab_ctx *f, fab_comp *out, int n, int timeout_ms)
 {
     struct fi_cq_data_entry e[64];
     if (n > 64)
         n = 64;
-    ssize_t got = fi_cq_read(f->cq, e, (size_t)n);
+    ssize_t got = timeout_ms >= 0 ? fi_cq_sread(f->cq, e, (size_t)n, NULL, timeout_ms)
+                                  : fi_cq_read(f->cq, e, (size_t)n);
+    if (timeout_ms >= 0 && (got == -FI_ECANCELED || got == -FI_EINTR || got == -FI_ETIMEDOUT))
+        return 0;
     if (got > 0) {
         for (ssize_t i = 0; i < got; i++) {
             out[i] = (fab_comp){.context = e[i].op_context,
@@ -493,9 +509,11 @@ static int make_progress(fab_ctx *f)
     int rc = 0;
     if (room > 0) {
         fab_comp tmp[64];
-        rc = cq_read(f, tmp, room < 64 ? room : 64);
+        rc = cq_take(f, tmp, room < 64 ? room : 64, -1);
         for (int i = 0; i < rc; i++)
             f->backlog[(f->bl_head + f->bl_count++) % FAB_BACKLOG] = tmp[i];
+        if (rc > 0 && f->waitable)
+            fi_cq_signal(f->cq); /* a thread asleep in fab_wait: its completions may be among these */
     } else {
         /* Backlog full: still drive the provider so the post can eventually go. */
         fi_cq_read(f->cq, NULL, 0);
@@ -697,10 +715,29 @@ int fab_poll(fab_ctx *f, fab_comp *out, int max)
     }
     pthread_mutex_unlock(&f->lock);
     if (n < max) {
-        int rc = cq_read(f, out + n, max - n);
+        int rc = cq_take(f, out + n, max - n, -1);
         if (rc < 0)
             return n > 0 ? n : rc;
         n += rc;
     }
     return n;
+}
+
+int fab_can_wait(const fab_ctx *f)
+{
+    return f->waitable;
+}
+
+int fab_wait(fab_ctx *f, fab_comp *out, int max, int timeout_ms)
+{
+    int n = fab_poll(f, out, max);
+    if (n != 0 || !f->waitable || timeout_ms < 0)
+        return n;
+    return cq_take(f, out, max, timeout_ms);
+}
+
+void fab_wake(fab_ctx *f)
+{
+    if (f && f->waitable)
+        fi_cq_signal(f->cq);
 }

@@ -10,9 +10,9 @@
  * FI_MR_VIRT_ADDR, FI_MR_PROV_KEY, FI_MR_ALLOCATED, FI_MR_ENDPOINT): callers always pass the fab_mr of a
  * buffer to every data call and always address remote memory through fab_mr_remote().
  *
- * Progress is manual (FI_PROGRESS_MANUAL): nothing moves unless someone calls fab_poll(). The parameter
- * server runs a progress thread that polls its CQ continuously (even when it expects nothing); clients
- * progress inside their wait calls. A posting call that meets -FI_EAGAIN drains the CQ into an internal
+ * Progress is manual (FI_PROGRESS_MANUAL): nothing moves unless someone calls fab_poll() or fab_wait(). The
+ * parameter server runs a progress thread that polls its CQ continuously and, when idle, sleeps in fab_wait
+ * until a completion (or fab_wake) comes; clients progress inside their wait calls. A posting call that meets -FI_EAGAIN drains the CQ into an internal
  * backlog (returned by later fab_poll calls, in order) and retries, so posts never fail for lack of
  * progress. The retrying is bounded: a post still refused after the context's timeout (fab_set_timeout,
  * default FAB_DEFAULT_TIMEOUT_S) fails with -ECOMM naming the peer, which is then marked so that later posts
@@ -195,5 +195,19 @@ int fab_read(fab_ctx *f, fi_addr_t dest, void *buf, size_t len, const fab_mr *mr
  * Failed operations come back as completions with err < 0; the return value is negative only when the
  * CQ itself failed. */
 int fab_poll(fab_ctx *f, fab_comp *out, int max);
+
+/* Whether this context's completion queue has a wait object (the provider offered one: libfabric 1.17's
+ * tcp;ofi_rxm, shm and verbs;ofi_rxm do), so fab_wait sleeps instead of returning at once. The environment
+ * variable PFCPS_FABRIC_NO_WAIT (non-empty) opens every later context without one (polled only). */
+int fab_can_wait(const fab_ctx *f);
+
+/* As fab_poll, but when nothing is ready sleeps up to timeout_ms milliseconds (fi_cq_sread, which drives
+ * progress while it waits) for the first completion. Returns early with 0 when another thread calls
+ * fab_wake. Without a wait object (fab_can_wait false) it is fab_poll and never sleeps: the caller naps. */
+int fab_wait(fab_ctx *f, fab_comp *out, int max, int timeout_ms);
+
+/* Wakes a thread sleeping in fab_wait on f (fi_cq_signal), or makes the next fab_wait return at once.
+ * Safe from any thread; a no-op without a wait object or for NULL. */
+void fab_wake(fab_ctx *f);
 
 #endif

@@ -171,8 +171,10 @@ static void *apply_main(void *arg)
         if (g)
             apply_segments(S, n * (size_t)a->idx / T, n * ((size_t)a->idx + 1) / T, g, &dc);
         pthread_mutex_lock(&S->am);
-        if (--S->aremaining == 0)
+        if (--S->aremaining == 0) {
             pthread_cond_signal(&S->a_done);
+            fab_wake(S->fab); /* the progress thread may sleep in fab_wait */
+        }
     }
     pthread_mutex_unlock(&S->am);
     free(g);

@@ -119,7 +119,13 @@ static void *progress_main(void *arg)
             nanosleep(&ts, NULL);
             continue;
         }
-        int n = fab_poll(S->fab, comps, 32);
+        /* Idle (a few hundred empty polls): sleep in the completion queue until a message comes, woken at
+         * once by the end of an apply, a rollback asked for or the stop (fab_wake); at most 1 ms while an
+         * apply or a snapshot runs (its end is also seen by the loop below), 10 ms otherwise (the lease
+         * and the fence are checked that often when nothing comes). */
+        int n = idle > 200 && fab_can_wait(S->fab)
+                    ? fab_wait(S->fab, comps, 32, S->applying || S->snap || S->snap_at >= 0 ? 1 : 10)
+                    : fab_poll(S->fab, comps, 32);
         if (n < 0) {
             log_error("progress: %s", pf_errmsg());
             n = 0;
@@ -160,15 +166,17 @@ static void *progress_main(void *arg)
         }
         metrics_set(S->m.queue_depth, (double)(S->queued + S->ncomplete));
         if (n == 0) {
-            /* Keep polling (manual progress) but give the core away when idle: spin briefly, then sleep
-             * 10 us between polls, 100 us after a thousand empty polls (the worker is computing: the wakeups
-             * would take its cores), and 500 us after a few thousand (an idle server
+            /* Without a wait object, keep polling (manual progress) but give the core away when idle: spin
+             * briefly, then sleep 10 us between polls, 100 us after a thousand empty polls (the worker is
+             * computing: the wakeups would take its cores), and 500 us after a few thousand (an idle server
              * costs ~0 CPU; the first request after a long pause waits at most ~0.5 ms more). */
-            if (++idle > 200 && S->applying) {
+            if (++idle <= 200 || fab_can_wait(S->fab)) {
+                /* spinning, or slept in fab_wait above */
+            } else if (S->applying) {
                 /* The apply threads have the cores: wait for their end (woken at once by it), polling the
                  * endpoint every 20 us for the first few waits and every 200 us after. */
                 pss_apply_wait_for(S, idle <= 250 ? 20000 : 200000);
-            } else if (idle > 200) {
+            } else {
                 struct timespec ts = {0, idle <= 1000 ? 10000 : idle > 3000 ? 500000 : 100000};
                 nanosleep(&ts, NULL);
             }
@@ -413,6 +421,7 @@ void ps_server_stop(ps_server *srv)
     if (!srv)
         return;
     atomic_store(&srv->stop, 1);
+    fab_wake(srv->fab);
     if (srv->started) {
         pthread_join(srv->progress, NULL);
         srv->started = 0;

@@ -399,6 +399,7 @@ int ps_server_rollback(ps_server *S, int64_t step, uint32_t epoch, double timeou
     S->rb_step = step;
     S->rb_epoch = epoch;
     atomic_store(&S->rb_flag, 1);
+    fab_wake(S->fab);
     int rc = rollback_wait(S, timeout_s >= 0 ? &dl : NULL);
     char msg[sizeof S->rb_msg];
     snprintf(msg, sizeof msg, "%s", S->rb_msg);

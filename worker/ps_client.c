@@ -888,11 +888,14 @@ static void take_lost(ps_client *c)
             failover_server(c, h);
 }
 
-static int progress(ps_client *c)
+/* Drives the fabric and handles what completed; with wait_ms >= 0 sleeps up to that long for the first
+ * completion when none is ready (fab_wait). Returns the completions handled, or negative when the CQ
+ * failed. */
+static int progress(ps_client *c, int wait_ms)
 {
     take_lost(c);
     fab_comp comps[32];
-    int n = fab_poll(c->fab, comps, 32);
+    int n = wait_ms >= 0 ? fab_wait(c->fab, comps, 32, wait_ms) : fab_poll(c->fab, comps, 32);
     if (n < 0)
         return n;
     for (int i = 0; i < n; i++) {
@@ -1124,7 +1127,7 @@ int ps_push_ex(ps_client *c, const int64_t *ids, size_t n, const float *grads, f
 
 int ps_test(ps_client *c, ps_req *r)
 {
-    progress(c);
+    progress(c, -1);
     return r->remaining <= 0 || r->fatal;
 }
 
@@ -1194,7 +1197,9 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
             c->wait_last[s] = 0;
     }
     while (r->remaining > 0 && !r->fatal) {
-        int n = progress(c);
+        /* After a hundred empty polls: sleep in the completion queue (1 ms at most, so the checks below
+         * still run that often) where the provider can, else nap below. */
+        int n = progress(c, idle > 100 && fab_can_wait(c->fab) ? 1 : -1);
         if (n < 0) {
             /* CQ failure: the request cannot complete. Its messages in flight still reference it. */
             wait_account(c, r, t0, 0);
@@ -1226,11 +1231,13 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
                          op_name(r), (long long)r->step, now - t0, r->remaining);
                 next_log = now + (timeout_s > 0 ? timeout_s / 16 : 30);
             }
-            /* Nothing for a while: give the core away briefly (servers may share it), longer after a thousand
-             * empty polls (a server busy applying or gathering needs the core more than this wait needs
-             * its latency). */
-            struct timespec ts = {0, idle > 1000 ? 50000 : 5000};
-            nanosleep(&ts, NULL);
+            /* Without a wait object: give the core away briefly (servers may share it), longer after a
+             * thousand empty polls (a server busy applying or gathering needs the core more than this wait
+             * needs its latency). */
+            if (!fab_can_wait(c->fab)) {
+                struct timespec ts = {0, idle > 1000 ? 50000 : 5000};
+                nanosleep(&ts, NULL);
+            }
         } else if (n > 0) {
             idle = 0;
         }
