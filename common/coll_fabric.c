@@ -61,7 +61,9 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
     unsigned idle = 0;
     while (need_send || need_recv) {
         fab_comp comp[4];
-        int n = fab_poll(r->f, comp, 4);
+        /* After a couple of hundred empty polls: sleep in the completion queue (up to 1 ms, so the checks
+         * below run that often) where the provider can, else nap below. */
+        int n = idle > 200 && fab_can_wait(r->f) ? fab_wait(r->f, comp, 4, 1) : fab_poll(r->f, comp, 4);
         if (n < 0)
             return pf_err_wrap(n, "ring rank %d: polling the completion queue", c->rank);
         for (int i = 0; i < n; i++) {
@@ -96,7 +98,9 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
             /* A peer may still be computing (backward pass) for a long time: spin briefly, then sleep
              * between polls so this rank does not take the core from the computing processes that share
              * the machine (sched_yield alone keeps it busy under CFS). */
-            if (++idle > 200) {
+            if (++idle > 200 && fab_can_wait(r->f)) {
+                /* slept in fab_wait above */
+            } else if (idle > 200) {
                 struct timespec ts = {0, idle > 2000 ? 200000 : 10000};
                 nanosleep(&ts, NULL);
             } else {

@@ -191,7 +191,7 @@ int fab_open(const char *provider, fab_ctx **out)
     }
     /* A CQ with a wait object lets an idle thread sleep until a completion comes (fab_wait); a provider
      * without one gets a CQ that is polled only. */
-    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_UNSPEC, .size = 0};
+    struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_FD, .size = 0};
     if (getenv("PFCPS_FABRIC_NO_WAIT") && *getenv("PFCPS_FABRIC_NO_WAIT"))
         cq_attr.wait_obj = FI_WAIT_NONE;
     rc = fi_cq_open(f->domain, &cq_attr, &f->cq, NULL);

@@ -292,7 +292,9 @@ static int transport_open(ps_server *S)
         return rc;
     char modes[256];
     fab_mr_mode_str(fab_mr_mode(S->fab), modes, sizeof(modes));
-    log_info("fabric provider %s, mr_mode %s", fab_provider(S->fab), modes);
+    log_info("fabric provider %s, mr_mode %s, %s", fab_provider(S->fab), modes,
+             fab_can_wait(S->fab) ? "idle progress sleeps on the completion queue's wait object"
+                                  : "idle progress polls (no wait object)");
     /* The table is registered for local access only: no peer can write (or read) it remotely; rows
      * change only through the push path. */
     if ((rc = fab_mr_reg(S->fab, S->sh.base, S->sh.bytes, FI_SEND | FI_RECV, &S->mr_table)) < 0)

@@ -1,6 +1,7 @@
 /* Unit tests of common/fabric: two endpoints in one process (tcp;ofi_rxm, and shm when available):
  * send/recv, RMA write and read through fab_mr_remote, truncated receive reported as an error completion,
- * bad provider / bad address errors. Prints the mr_mode bits each provider asked for. */
+ * bad provider / bad address errors, fab_wait's sleep and wake-ups. Prints the mr_mode bits each provider
+ * asked for. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +73,91 @@ static int wait_ctx(fab_ctx *who, void *ctx, fab_comp *out)
     return -1;
 }
 
+static double thread_cpu(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A send b -> a posted from its own thread 50 ms after start: the test thread is then asleep in fab_wait on
+ * a, which also progresses a (the connection's handshake needs both ends). */
+typedef struct {
+    fab_ctx *b;
+    fi_addr_t to_a;
+    uint8_t *buf;
+    fab_mr *mr;
+    int ctx, rc;
+} send_later_args;
+
+static void *send_later(void *arg)
+{
+    send_later_args *s = arg;
+    usleep(50000);
+    s->rc = fab_send(s->b, s->to_a, s->buf, 100, s->mr, &s->ctx);
+    return NULL;
+}
+
+static void *wake_later(void *arg)
+{
+    usleep(50000);
+    fab_wake(arg);
+    return NULL;
+}
+
+/* fab_wait on a (b is progressed by its thread): with nothing coming it sleeps the whole timeout without
+ * spinning (the thread's CPU time stays a small part of the wall time), fab_wake from another thread ends
+ * the sleep early, and a message sent by b ends it with its completion. Providers without a wait object
+ * (fab_can_wait false) must return at once instead. */
+static void wait_checks(const char *prov, fab_ctx *a, fab_ctx *b, fi_addr_t to_a, uint8_t *sa, fab_mr *ma,
+                        uint8_t *rb, fab_mr *mb)
+{
+    fab_comp c[8];
+    int can = fab_can_wait(a);
+    printf("%s: completion queue %s\n", prov, can ? "has a wait object (fab_wait sleeps)" : "is polled only");
+    if (!strcmp(prov, "tcp"))
+        CHECK(can, "tcp;ofi_rxm of libfabric 1.17 offers a wait object; fab_open did not get one");
+    double t0 = now(), c0 = thread_cpu();
+    int n = fab_wait(a, c, 8, 300);
+    double wall = now() - t0, cpu = thread_cpu() - c0;
+    printf("%s: fab_wait(300 ms) with nothing coming: %d after %.3f s wall, %.3f s CPU\n", prov, n, wall, cpu);
+    CHECK(n == 0, "a completion from nowhere (%d)", n);
+    if (can)
+        CHECK(wall >= 0.25 && wall < 2 && cpu < 0.1 * wall, "did not sleep: %.3f s wall, %.3f s CPU", wall, cpu);
+    else
+        CHECK(wall < 0.1, "no wait object, yet fab_wait took %.3f s", wall);
+    if (!can)
+        return;
+    pthread_t w;
+    t0 = now();
+    pthread_create(&w, NULL, wake_later, a);
+    n = fab_wait(a, c, 8, 5000);
+    wall = now() - t0;
+    pthread_join(w, NULL);
+    printf("%s: fab_wait(5 s) woken by fab_wake 50 ms later: %d after %.3f s\n", prov, n, wall);
+    CHECK(n == 0 && wall >= 0.04 && wall < 1, "fab_wake did not end the wait (%d after %.3f s)", n, wall);
+    int ctx_r;
+    CHECK(fab_recv(a, sa, 4096, ma, &ctx_r) == 0, "recv on a: %s", pf_errmsg());
+    memset(rb, 0x77, 100);
+    send_later_args sl = {.b = b, .to_a = to_a, .buf = rb, .mr = mb, .rc = 1};
+    t0 = now();
+    pthread_create(&w, NULL, send_later, &sl);
+    int seen = 0;
+    while (!seen && now() - t0 < 5) {
+        n = fab_wait(a, c, 8, 5000);
+        for (int i = 0; i < n; i++)
+            if (c[i].context == &ctx_r && c[i].err == 0 && c[i].len == 100 && sa[99] == 0x77)
+                seen = 1;
+    }
+    wall = now() - t0;
+    pthread_join(w, NULL);
+    printf("%s: fab_wait(5 s) ended by a 100-byte message sent 50 ms in, after %.4f s\n", prov, wall);
+    CHECK(sl.rc == 0, "send b -> a: %s", pf_errmsg());
+    CHECK(seen && wall >= 0.04 && wall < 1, "the message did not end the wait (%.3f s)", wall);
+    fab_comp sc;
+    CHECK(wait_ctx(b, &sl.ctx, &sc) == 0 && sc.err == 0, "send completion on b");
+}
+
 static void run(const char *prov)
 {
     fab_ctx *a = NULL, *b = NULL;
@@ -138,6 +224,7 @@ static void run(const char *prov)
            c.err ? fi_strerror(-c.err) : "none");
     CHECK(got == 0 && c.err != 0, "truncation not reported");
     wait_ctx(a, &ctx_s, &c);
+    wait_checks(prov, a, b, to_a, sa, &ma, rb, &mb);
     g_quit = 1;
     pthread_join(th, NULL);
     fab_mr_close(&ma);
