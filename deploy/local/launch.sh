@@ -152,6 +152,17 @@ lost_after_end() {
   return 1
 }
 
+# blame WHO S: the failure's cause. A daemon that exited 75 was told by the rendezvous to re-form after a loss;
+# a daemon that died of a signal other than this launcher's SIGTERM (kill -9, a crash) is the loss itself, so
+# it takes the name from a 75 seen first. Sets rc and culprit when no failure was named yet.
+blame() {
+  if [ "$rc" -eq 0 ]; then
+    rc=$2; culprit="$1 (status $2)"
+  elif [ "$rc" -eq 75 ] && [ "$2" -gt 128 ] && [ "$2" -ne 143 ]; then
+    culprit="$1 (status $2; the others exited 75 to re-form)"
+  fi
+}
+
 # run_once [MODE]: starts every daemon (MODE ">>": logs appended, after a restart), waits for the workers,
 # then stops the servers. A daemon that exits non-zero first (a start-up refusal, a crash, kill -9) stops the
 # others: the run cannot go on without it. Sets rc (0, or the first failure's status) and `culprit`.
@@ -223,7 +234,10 @@ run_once() {
             alive=1
             continue
           fi
-          [ "$s" -ne 0 ] && [ "$failed" -lt 0 ] && { failed=$i; culprit="worker $i (status $s)"; rc=$s; }
+          if [ "$s" -ne 0 ]; then
+            [ "$failed" -lt 0 ] && failed=$i
+            blame "worker $i" "$s"
+          fi
         fi
       else
         alive=1
@@ -265,7 +279,7 @@ run_once() {
             echo "launch: server 0 died (status $s; see $out/logs/server0.log); replicas = $replicas: the run goes on without its rendezvous, with its shards' backups (when they have no copy left, the workers stop for the re-form), one server failure away from the checkpoint re-form" >&2
             continue
           fi
-          culprit="server $i (status $s)"; rc=$s; failed=$i
+          blame "server $i" "$s"; failed=$i
           echo "launch: server $i exited with status $s before the workers finished (see $out/logs/server$i.log); stopping the others" >&2
           break
         fi
@@ -307,7 +321,7 @@ run_once() {
   for i in "${!worker_pids[@]}"; do
     if [ -z "${codes[$i]:-}" ]; then
       s=0; wait "${worker_pids[$i]}" || s=$?
-      [ "$s" -ne 0 ] && [ "$rc" -eq 0 ] && { rc=$s; culprit="worker $i (status $s)"; }
+      [ "$s" -ne 0 ] && blame "worker $i" "$s"
     fi
   done
   wait "$tail_pid" 2>/dev/null
@@ -329,6 +343,8 @@ run_once() {
     if [ "$s" -ne 0 ] && [ "$s" -ne 127 ] && [ "$rc" -eq 0 ]; then
       echo "launch: server $i exited with status $s when the run ended (see $out/logs/server$i.log)" >&2
       rc=$s; culprit="server $i (status $s, when the run ended)"
+    elif [ "$s" -ne 127 ]; then
+      blame "server $i" "$s"
     fi
   done
 }

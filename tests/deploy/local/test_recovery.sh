@@ -104,6 +104,9 @@ print(f'{t.replace(tzinfo=d.timezone.utc).timestamp() - float(sys.argv[2]):.2f}'
     echo "ok: the restarted run resumed $dt s after the kill of worker 1"
   fi
   grep -q "restart 1/2 .* from checkpoint step [1-9]" "$TMP/$name.out" || { cat "$TMP/$name.out"; die "$name: no restart line"; }
+  # The line names the killed daemon, not a member that exited 75 when told to re-form.
+  grep -q "restart 1/2 after $role ${victim##* } (status 137" "$TMP/$name.out" ||
+    { cat "$TMP/$name.out"; die "$name: the restart line does not name $role ${victim##* } (killed, status 137) as the cause"; }
   if [ "$victim" = "server --rank 1" ]; then
     run=$(grep -o "run id [0-9a-f]\{32\} (new" "$TMP/$name/logs/server0.log" | head -1 | awk '{print $3}')
     from=$(sed -n 's/.*restart 1\/2 .* from checkpoint step \([0-9]*\).*/\1/p' "$TMP/$name.out")
