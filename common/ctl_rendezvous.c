@@ -615,15 +615,6 @@ static void rejoin_begin(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         conn_refuse(rv, c, rv->shutdown_sent ? ECANCELED : EEXIST, msg);
         return;
     }
-    if (j->replicas != (uint32_t)rv->replicas) {
-        /* Refused before anything starts: its endpoints could not serve both copies of its shards. */
-        snprintf(msg, sizeof msg,
-                 "server[%d] was started with replicas = %u, the run has replicas = %d: it cannot serve its "
-                 "shards' copies; start it with the run's config",
-                 j->rank, j->replicas, rv->replicas);
-        conn_refuse(rv, c, EINVAL, msg);
-        return;
-    }
     if (rv->learner) {
         snprintf(msg, sizeof msg, "server[%d] is rejoining now; server[%d] rejoins after it",
                  rv->learner->rank, j->rank);
@@ -1559,6 +1550,19 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     if (!join_authentic(rv, c, j) || !join_metrics_address(rv, c, j))
         return;
     ctl_role role = j->role == PFCPS__ROLE__SERVER ? CTL_ROLE_SERVER : CTL_ROLE_WORKER;
+    if (role == CTL_ROLE_SERVER && j->replicas != (uint32_t)rv->replicas) {
+        /* Refused before it takes a seat, at the run's forming as at a rejoin: a server opens its copies'
+         * endpoints from its own config before it joins, so it could not serve the run's copies. (Workers
+         * take the run's value from the join reply.) */
+        char msg[PF_ERRMSG_MAX];
+        snprintf(msg, sizeof msg,
+                 "server[%d] was started with replicas = %u, the run has replicas = %d (server 0's config): it "
+                 "cannot serve the run's copies of its shards; start it with the run's config",
+                 j->rank, j->replicas, rv->replicas);
+        log_warn("control plane: refused %s: %s", c->peer, msg);
+        conn_refuse(rv, c, EINVAL, msg);
+        return;
+    }
     if (rv->adopting && rv->reform_sent) {
         conn_refuse(rv, c, ENOLINK,
                     "the running run adopted here re-forms from its newest complete checkpoint");

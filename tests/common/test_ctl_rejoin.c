@@ -17,7 +17,8 @@
  * Case reform: the worker is lost while the learner holds its book: the run re-forms, and the learner's going
  * is logged as a stop for the re-form, not as a rejoin aborted while "the run goes on as before". Case end:
  * likewise when the run ends while the learner holds its book. Case replicas: a learner started with
- * replicas = 0 is refused at its join, before anything starts; with the run's replicas it then rejoins. */
+ * replicas = 0 is refused at its join, before anything starts; with the run's replicas it then rejoins. Case
+ * forming: the same refusal at the run's first forming. */
 #include "common/clock.h"
 #include "common/ctl.h"
 #include "common/err.h"
@@ -122,6 +123,36 @@ static void to_book(member m[3], member *l, const char *name)
     check(b->rejoin_epoch == 2 && b->resume_step == 4,
           "%s: the learner's book: rejoin epoch %u, copy step %lld", name, b->rejoin_epoch,
           (long long)b->resume_step);
+}
+
+/* Case forming: at the run's first forming, server 1 started with replicas = 0 (its config differs from
+ * server 0's) is refused at its join (EINVAL, naming both values) before it takes a seat; the run then forms
+ * with a server 1 started with the run's replicas. */
+static void case_forming(void)
+{
+    ctl_rendezvous *rv = start();
+    ctl_set_replicas(0);
+    member bad = {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-one-endpoint", .timeout = 10};
+    pthread_create(&bad.th, NULL, join_main, &bad);
+    pthread_join(bad.th, NULL);
+    check(bad.rc == -EINVAL && strstr(bad.msg, "started with replicas = 0, the run has replicas = 1"),
+          "forming: server 1 with replicas = 0 is refused at its join (rc %d: %s)", bad.rc, bad.msg);
+    if (bad.s)
+        ctl_session_close(bad.s);
+    ctl_set_replicas(1);
+    member m[3] = {{.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10},
+                   {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10},
+                   {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10}};
+    for (int i = 0; i < 3; i++)
+        pthread_create(&m[i].th, NULL, join_main, &m[i]);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(m[i].th, NULL);
+        check(m[i].rc == 0, "forming: member %d joins once server 1 has the run's replicas (rc %d)", i, m[i].rc);
+    }
+    for (int i = 0; i < 3; i++)
+        if (m[i].s)
+            ctl_session_close(m[i].s);
+    ctl_rendezvous_stop(rv);
 }
 
 /* Case replicas: server 1 started again with replicas = 0 (one endpoint: it could not serve both copies) is
@@ -274,6 +305,7 @@ int main(void)
     case_hang();
     learner_stops("reform", 0);
     learner_stops("end", 1);
+    case_forming();
     case_replicas();
     return check_summary();
 }

@@ -825,6 +825,7 @@ static void case_adopt_mid(void)
 
 int main(void)
 {
+    ctl_set_replicas(1); /* the members' config: replicas = 1, as the run's (a server's join carries it) */
     case_happy();
     case_too_far();
     case_acc();
