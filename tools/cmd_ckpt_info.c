@@ -1,4 +1,4 @@
-/* `pfcps ckpt-info [--newest] DIR`: the checkpoints of a run (usage in tools/commands.h). */
+/* `pfcps ckpt-info [--newest] [--run ID] DIR`: the checkpoints of a run (usage in tools/commands.h). */
 #include "tools/commands.h"
 
 #include <errno.h>
@@ -19,7 +19,7 @@
 #include "worker/model/model.h"
 
 static const char ckpt_info_usage[] =
-    "usage: pfcps ckpt-info [--newest] DIR\n"
+    "usage: pfcps ckpt-info [--newest] [--run ID] DIR\n"
     "  DIR: a run's output folder (its snapshots/ is read) or a checkpoint root (snapshot_dir).\n"
     "  One line per checkpoint step, newest first: complete or not (every member's files present,\n"
     "  valid and of one run: the same run id, seed and config digest), members present, bytes, the\n"
@@ -32,7 +32,9 @@ static const char ckpt_info_usage[] =
     "  of an incomplete checkpoint is named (file and field). With PFCPS_SECRET set, every .snap's HMAC\n"
     "  is verified too (a file forged or written under another secret is refused); without it only the\n"
     "  digests are, and a line says so.\n"
-    "  --newest: print only the newest complete step (0: none).";
+    "  --newest: print only the newest complete step (0: none).\n"
+    "  --run ID: only the checkpoints of run ID (32 hex digits, as server 0 logs it: \"run id ...\");\n"
+    "  steps written by another run are left out (--newest: the newest complete step of that run).";
 
 static void hex(const uint8_t *d, char *out)
 {
@@ -311,15 +313,22 @@ static int find_root(const char *dir, char *root, size_t cap)
 
 int cmd_ckpt_info(int argc, char **argv)
 {
-    int newest = 0, k;
+    int newest = 0, k, want_run = 0;
+    uint8_t run[CKPT_RUN_ID_BYTES];
     const char *dir = NULL;
-    static const tool_opt opts[] = {{"--newest", 0}, {NULL, 0}};
+    static const tool_opt opts[] = {{"--newest", 0}, {"--run", 1}, {NULL, 0}};
     tool_args a;
     tool_args_init(&a, "ckpt-info", opts, argc, argv);
     while ((k = tool_args_next(&a)) != TOOL_END) {
         if (k == 0)
             newest = 1;
-        else if (k == TOOL_UNKNOWN || dir)
+        else if (k == 1) {
+            if (!a.arg || ckpt_unhex(a.arg, run, CKPT_RUN_ID_BYTES, 0) < 0) {
+                tool_opt_bad(&a, "a run id of 32 hex digits");
+                return 2;
+            }
+            want_run = 1;
+        } else if (k == TOOL_UNKNOWN || dir)
             return tool_unexpected(&a, k == TOOL_UNKNOWN ? a.opt : a.arg, ckpt_info_usage);
         else
             dir = a.arg;
@@ -348,8 +357,11 @@ int cmd_ckpt_info(int argc, char **argv)
         fprintf(stderr, "pfcps ckpt-info: %s\n", pf_errmsg());
         return 1;
     }
+    char want_hex[2 * CKPT_RUN_ID_BYTES + 1] = "";
+    if (want_run)
+        ckpt_run_id_hex(run, want_hex);
     if (!newest) {
-        printf("checkpoints in %s: %d\n", root, n);
+        printf("checkpoints in %s: %d%s%s\n", root, n, want_run ? "; listed: those of run " : "", want_hex);
         printf("%s\n",
                kp ? "authenticated: every .snap's HMAC verified with the key of PFCPS_SECRET"
                   : "not authenticated: PFCPS_SECRET is not set, so only the digests were verified (a "
@@ -381,6 +393,10 @@ int cmd_ckpt_info(int argc, char **argv)
             rc = wrc;
             snprintf(why, sizeof why, "%s", pf_errmsg());
         }
+        /* --run: a step known to be another run's is left out (one whose run is unknown, a problem found
+         * before any member's header was read, stays listed). */
+        if (want_run && si.set && memcmp(si.id.run_id, run, CKPT_RUN_ID_BYTES) != 0)
+            continue;
         if (rc == 0 && best == 0)
             best = steps[i];
         if (newest)
@@ -409,6 +425,6 @@ int cmd_ckpt_info(int argc, char **argv)
     if (newest)
         printf("%lld\n", (long long)best);
     else if (!best)
-        printf("no complete checkpoint\n");
+        printf("no complete checkpoint%s%s\n", want_run ? " of run " : "", want_hex);
     return 0;
 }

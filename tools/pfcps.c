@@ -55,7 +55,7 @@ static const pfcps_command commands[] = {
      "        server memory and head compute (tools/plan.h)",
      0},
     {"ckpt-info", cmd_ckpt_info,
-     "ckpt-info [--newest] DIR\n"
+     "ckpt-info [--newest] [--run ID] DIR\n"
      "        a run's checkpoints (DIR/snapshots): complete or not, members, bytes, table and backbone "
      "SHA-256",
      0},

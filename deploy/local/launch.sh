@@ -392,10 +392,7 @@ while [ "$rc" -ne 0 ] && [ "$restarts" -lt "$max_restarts" ]; do
   run=$(grep -ao "; run id [0-9a-f]\{32\}" "$out/logs/server0.log" 2>/dev/null | tail -n 1 | awk '{print $4}')
   if [ -n "$run" ]; then
     extra=(--set resume=true --set "resume_run=$run")
-    # ckpt-info lists the steps newest first, each followed by its run id.
-    step=$("$tool_bin" ckpt-info "$snapdir" 2>/dev/null |
-      awk -v run="$run" '/^step [0-9]+: complete/ { t = $2; sub(":", "", t); next }
-                         /^  run / { if ($2 == run && t != "") { print t; exit } t = "" }')
+    step=$("$tool_bin" ckpt-info --newest --run "$run" "$snapdir" 2>/dev/null)
     echo "launch: restart $restarts/$max_restarts after $culprit: every member again with resume = true and resume_run = $run (this launch's run), from checkpoint step ${step:-0}" >&2
   else
     extra=()

@@ -55,6 +55,26 @@ expect_eq "stop10: the newest checkpoint is step 10" "$("$PFCPS" ckpt-info --new
 info=$("$PFCPS" ckpt-info "$TMP/stop10" | sed -n 's/^step 10: complete .*table \([0-9a-f]\{64\}\).*/\1/p')
 own=$(python3 "$TABLE" digest "$TMP/stop10/snapshots" 10) || die "ckpt_table.py could not read checkpoint 10"
 expect_eq "stop10: checkpoint 10's table digest, ckpt_table.py vs ckpt-info" "$own" "$info"
+# ckpt-info --run: a folder with two runs' checkpoints (the reference's step 32, stop10's steps 8 and 10); the
+# run ids are the ones server 0 logged when each run formed.
+ref_run=$(grep -ao "; run id [0-9a-f]\{32\}" "$TMP/ref/logs/server0.log" | tail -n 1 | awk '{print $4}')
+stop_run=$(grep -ao "; run id [0-9a-f]\{32\}" "$TMP/server0.log" | tail -n 1 | awk '{print $4}')
+[ -n "$ref_run" ] && [ -n "$stop_run" ] && [ "$ref_run" != "$stop_run" ] ||
+  die "run ids from server 0's logs: reference '$ref_run', stop10 '$stop_run'"
+mkdir -p "$TMP/mixed/snapshots"
+cp -r "$TMP/ref/snapshots/step-32" "$TMP/stop10/snapshots/step-8" "$TMP/stop10/snapshots/step-10" "$TMP/mixed/snapshots/" ||
+  die "copy of the checkpoints"
+expect_eq "mixed: the newest complete step of any run" "$("$PFCPS" ckpt-info --newest "$TMP/mixed")" 32
+expect_eq "mixed: --run of stop10's id" "$("$PFCPS" ckpt-info --newest --run "$stop_run" "$TMP/mixed")" 10
+expect_eq "mixed: --run of the reference's id (upper case)" \
+  "$("$PFCPS" ckpt-info --newest --run "${ref_run^^}" "$TMP/mixed")" 32
+expect_eq "mixed: --run of an id no checkpoint has" \
+  "$("$PFCPS" ckpt-info --newest --run 0123456789abcdef0123456789abcdef "$TMP/mixed")" 0
+listed=$("$PFCPS" ckpt-info --run "$stop_run" "$TMP/mixed" | grep -o "^step [0-9]*" | tr '\n' ' ')
+expect_eq "mixed: the listing of stop10's run" "$listed" "step 10 step 8 "
+rc=0; err=$("$PFCPS" ckpt-info --newest --run "${stop_run}0" "$TMP/mixed" 2>&1 >/dev/null) || rc=$?
+expect_eq "mixed: a run id of 33 digits is a usage error (exit 2)" "$rc" 2
+expect_grep "mixed: the error names --run" "--run needs a run id of 32 hex digits" - <<<"$err"
 for case in "s2 2" "s3 3" "every3 2 snapshot_every = 3"; do
   read -r name servers extra <<<"$case"
   mkdir -p "$TMP/$name"
