@@ -1100,8 +1100,9 @@ static void replace_done(ctl_rendezvous *rv)
         return;
     }
     log_warn("control plane: worker[%d] replaced in place from %s, %.2f s after its loss: the run redoes step "
-             "%lld (epoch %u)",
-             rv->wr_rank, c->peer, pf_now_s() - rv->wr_t0, (long long)rv->wr_step, rv->epoch);
+             "%lld (counted from 0: the workers log it as Global Step: %lld) (epoch %u)",
+             rv->wr_rank, c->peer, pf_now_s() - rv->wr_t0, (long long)rv->wr_step, (long long)rv->wr_step + 1,
+             rv->epoch);
     rv->wr_rank = -1;
     rv->wr_phase = 0;
     rv->wr_repl = NULL;
