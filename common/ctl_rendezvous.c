@@ -1099,10 +1099,11 @@ static void replace_done(ctl_rendezvous *rv)
         replace_fallback(rv, "out of memory building the join reply");
         return;
     }
-    log_warn("control plane: worker[%d] replaced in place from %s, %.2f s after its loss: the run redoes step "
-             "%lld (counted from 0: the workers log it as Global Step: %lld) (epoch %u)",
-             rv->wr_rank, c->peer, pf_now_s() - rv->wr_t0, (long long)rv->wr_step, (long long)rv->wr_step + 1,
-             rv->epoch);
+    log_warn(
+        "control plane: worker[%d] replaced in place from %s, %.2f s after its loss: the run redoes step "
+        "%lld (counted from 0: the workers log it as Global Step: %lld) (epoch %u)",
+        rv->wr_rank, c->peer, pf_now_s() - rv->wr_t0, (long long)rv->wr_step, (long long)rv->wr_step + 1,
+        rv->epoch);
     rv->wr_rank = -1;
     rv->wr_phase = 0;
     rv->wr_repl = NULL;
@@ -1556,10 +1557,11 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
          * endpoints from its own config before it joins, so it could not serve the run's copies. (Workers
          * take the run's value from the join reply.) */
         char msg[PF_ERRMSG_MAX];
-        snprintf(msg, sizeof msg,
-                 "server[%d] was started with replicas = %u, the run has replicas = %d (server 0's config): it "
-                 "cannot serve the run's copies of its shards; start it with the run's config",
-                 j->rank, j->replicas, rv->replicas);
+        snprintf(
+            msg, sizeof msg,
+            "server[%d] was started with replicas = %u, the run has replicas = %d (server 0's config): it "
+            "cannot serve the run's copies of its shards; start it with the run's config",
+            j->rank, j->replicas, rv->replicas);
         log_warn("control plane: refused %s: %s", c->peer, msg);
         conn_refuse(rv, c, EINVAL, msg);
         return;

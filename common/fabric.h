@@ -12,12 +12,12 @@
  *
  * Progress is manual (FI_PROGRESS_MANUAL): nothing moves unless someone calls fab_poll() or fab_wait(). The
  * parameter server runs a progress thread that polls its CQ continuously and, when idle, sleeps in fab_wait
- * until a completion (or fab_wake) comes; clients progress inside their wait calls. A posting call that meets -FI_EAGAIN drains the CQ into an internal
- * backlog (returned by later fab_poll calls, in order) and retries, so posts never fail for lack of
- * progress. The retrying is bounded: a post still refused after the context's timeout (fab_set_timeout,
- * default FAB_DEFAULT_TIMEOUT_S) fails with -ECOMM naming the peer, which is then marked so that later posts
- * to it fail at once (a killed peer makes libfabric 1.17's tcp;ofi_rxm answer -FI_EAGAIN forever).
- * The domain is opened FI_THREAD_SAFE; the backlog is mutex-protected.
+ * until a completion (or fab_wake) comes; clients progress inside their wait calls. A posting call that meets
+ * -FI_EAGAIN drains the CQ into an internal backlog (returned by later fab_poll calls, in order) and retries,
+ * so posts never fail for lack of progress. The retrying is bounded: a post still refused after the context's
+ * timeout (fab_set_timeout, default FAB_DEFAULT_TIMEOUT_S) fails with -ECOMM naming the peer, which is then
+ * marked so that later posts to it fail at once (a killed peer makes libfabric 1.17's tcp;ofi_rxm answer
+ * -FI_EAGAIN forever). The domain is opened FI_THREAD_SAFE; the backlog is mutex-protected.
  *
  * Errors: negative errno codes, pf_errmsg() names the libfabric call and its fi_strerror text. */
 #ifndef PFCPS_COMMON_FABRIC_H

@@ -49,13 +49,13 @@ int cmd_export(int argc, char **argv);
  * compute (tools/plan.h). Exit 1 when no server count fits (or --servers is too few). */
 int cmd_plan(int argc, char **argv);
 
-/* `pfcps ckpt-info [--newest] [--run ID] DIR`: the checkpoints under a run's output (DIR/snapshots) or a checkpoint
- * root: per step, complete or not (every member's files present, verified and of one run: common/snapfile.h,
- * common/ckpt.h; with PFCPS_SECRET set, every .snap's HMAC too), members, bytes, the SHA-256 of the
- * class-center table in class order (independent of the number of servers), of worker 0's backbone (its
- * tensors), below it the run id, seed and config digest; --newest prints only the newest complete step (0:
- * none); --run ID (32 hex digits) leaves out the steps another run wrote. Exit 1 when DIR is missing, not a
- * folder or cannot be read; 2 for a usage error (a run id that is not 32 hex digits). */
+/* `pfcps ckpt-info [--newest] [--run ID] DIR`: the checkpoints under a run's output (DIR/snapshots) or a
+ * checkpoint root: per step, complete or not (every member's files present, verified and of one run:
+ * common/snapfile.h, common/ckpt.h; with PFCPS_SECRET set, every .snap's HMAC too), members, bytes, the
+ * SHA-256 of the class-center table in class order (independent of the number of servers), of worker 0's
+ * backbone (its tensors), below it the run id, seed and config digest; --newest prints only the newest
+ * complete step (0: none); --run ID (32 hex digits) leaves out the steps another run wrote. Exit 1 when DIR
+ * is missing, not a folder or cannot be read; 2 for a usage error (a run id that is not 32 hex digits). */
 int cmd_ckpt_info(int argc, char **argv);
 
 /* `pfcps top [--interval SECONDS] [--count N | --once] URL [URL ...]`: a running job's view from its daemons'

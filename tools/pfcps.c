@@ -64,7 +64,8 @@ static const pfcps_command commands[] = {
      "        a running job's members (a URL's /targets, or the URL), one row each every SECONDS (1): step,\n"
      "        rates, loss, lr, wait (a worker's seconds waited per step; a server's median apply time),\n"
      "        memory (% of its limit), a server's rows pulled / pushed per second, queue, snapshot age;\n"
-     "        'down' and why for a member that does not answer. --count N: N refreshes (0, the default: until\n"
+     "        'down' and why for a member that does not answer. --count N: N refreshes (0, the default: "
+     "until\n"
      "        Ctrl-C); --once: one, no rates. Exit 1 when no member answered at the last refresh",
      0},
 };

@@ -209,7 +209,8 @@ int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, 
         return run_ended(t, step, redo);
     /* Steps are counted from 0 here, as "steps completed before it": the log lines' "Global Step: N" counts
      * the steps finished, so step s is the one logged as Global Step s + 1. */
-    log_warn("worker %d lost (epoch %u): stopping at step %lld (logged as Global Step: %lld) (%s) to redo with its "
+    log_warn("worker %d lost (epoch %u): stopping at step %lld (logged as Global Step: %lld) (%s) to redo "
+             "with its "
              "replacement",
              t->wr_lost, lost_epoch, (long long)step, (long long)step + 1, pf_errmsg());
     /* The abandoned step's requests were released by their failed waits; its ring is unusable. */
@@ -251,9 +252,10 @@ int train_replace(trainer *t, int64_t step, double first_loss, double loss_sum, 
             "the final outputs and the run ends with it (%.2f s since the notice)",
             epoch, t->wr_lost, pf_now_s() - t0);
     else
-        log_warn("worker replacement (epoch %u): redoing from step %lld (logged as Global Step: %lld) with worker "
-                 "%d's replacement (%.2f s since the notice)",
-                 epoch, (long long)R, (long long)R + 1, t->wr_lost, pf_now_s() - t0);
+        log_warn(
+            "worker replacement (epoch %u): redoing from step %lld (logged as Global Step: %lld) with worker "
+            "%d's replacement (%.2f s since the notice)",
+            epoch, (long long)R, (long long)R + 1, t->wr_lost, pf_now_s() - t0);
     *redo = R;
     return 0;
 }

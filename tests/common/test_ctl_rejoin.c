@@ -147,7 +147,8 @@ static void case_forming(void)
         pthread_create(&m[i].th, NULL, join_main, &m[i]);
     for (int i = 0; i < 3; i++) {
         pthread_join(m[i].th, NULL);
-        check(m[i].rc == 0, "forming: member %d joins once server 1 has the run's replicas (rc %d)", i, m[i].rc);
+        check(m[i].rc == 0, "forming: member %d joins once server 1 has the run's replicas (rc %d)", i,
+              m[i].rc);
     }
     for (int i = 0; i < 3; i++)
         if (m[i].s)

@@ -120,10 +120,12 @@ static void wait_checks(const char *prov, fab_ctx *a, fab_ctx *b, fi_addr_t to_a
     double t0 = now(), c0 = thread_cpu();
     int n = fab_wait(a, c, 8, 300);
     double wall = now() - t0, cpu = thread_cpu() - c0;
-    printf("%s: fab_wait(300 ms) with nothing coming: %d after %.3f s wall, %.3f s CPU\n", prov, n, wall, cpu);
+    printf("%s: fab_wait(300 ms) with nothing coming: %d after %.3f s wall, %.3f s CPU\n", prov, n, wall,
+           cpu);
     CHECK(n == 0, "a completion from nowhere (%d)", n);
     if (can)
-        CHECK(wall >= 0.25 && wall < 2 && cpu < 0.1 * wall, "did not sleep: %.3f s wall, %.3f s CPU", wall, cpu);
+        CHECK(wall >= 0.25 && wall < 2 && cpu < 0.1 * wall, "did not sleep: %.3f s wall, %.3f s CPU", wall,
+              cpu);
     else
         CHECK(wall < 0.1, "no wait object, yet fab_wait took %.3f s", wall);
     if (!can)
