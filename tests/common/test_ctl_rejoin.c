@@ -125,21 +125,28 @@ static void to_book(member m[3], member *l, const char *name)
           (long long)b->resume_step);
 }
 
+/* Server 1 started with replicas = 0 joins the run of start() (replicas = 1): it must be refused (EINVAL,
+ * naming both values); the members' config is the run's again on return. */
+static void join_one_endpoint(const char *name)
+{
+    ctl_set_replicas(0);
+    member bad = {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-one-endpoint", .timeout = 10};
+    pthread_create(&bad.th, NULL, join_main, &bad);
+    pthread_join(bad.th, NULL);
+    check(bad.rc == -EINVAL && strstr(bad.msg, "started with replicas = 0, the run has replicas = 1"),
+          "%s: server 1 with replicas = 0 is refused at its join (rc %d: %s)", name, bad.rc, bad.msg);
+    if (bad.s)
+        ctl_session_close(bad.s);
+    ctl_set_replicas(1);
+}
+
 /* Case forming: at the run's first forming, server 1 started with replicas = 0 (its config differs from
  * server 0's) is refused at its join (EINVAL, naming both values) before it takes a seat; the run then forms
  * with a server 1 started with the run's replicas. */
 static void case_forming(void)
 {
     ctl_rendezvous *rv = start();
-    ctl_set_replicas(0);
-    member bad = {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-one-endpoint", .timeout = 10};
-    pthread_create(&bad.th, NULL, join_main, &bad);
-    pthread_join(bad.th, NULL);
-    check(bad.rc == -EINVAL && strstr(bad.msg, "started with replicas = 0, the run has replicas = 1"),
-          "forming: server 1 with replicas = 0 is refused at its join (rc %d: %s)", bad.rc, bad.msg);
-    if (bad.s)
-        ctl_session_close(bad.s);
-    ctl_set_replicas(1);
+    join_one_endpoint("forming");
     member m[3] = {{.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10},
                    {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10},
                    {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10}};
@@ -164,17 +171,11 @@ static void case_replicas(void)
     ctl_rendezvous *rv = start();
     member m[3];
     form_and_lose(m, "replicas");
-    ctl_set_replicas(0);
-    member bad = {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-one-endpoint", .timeout = 10};
-    pthread_create(&bad.th, NULL, join_main, &bad);
-    pthread_join(bad.th, NULL);
-    check(bad.rc == -EINVAL && strstr(bad.msg, "started with replicas = 0, the run has replicas = 1"),
-          "replicas: server 1 with replicas = 0 is refused at its join (rc %d: %s)", bad.rc, bad.msg);
+    join_one_endpoint("replicas");
     int rank = -1;
     uint32_t e = 0;
     int k = next_notice(m[2].s, m[0].s, 0.5, &rank, &e);
     check(k == -1, "replicas: the worker is told nothing of the refused join (kind %d)", k);
-    ctl_set_replicas(1);
     member l = {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1-again", .timeout = 10};
     pthread_create(&l.th, NULL, join_main, &l);
     k = next_notice(m[2].s, m[0].s, 5.0, &rank, &e);
