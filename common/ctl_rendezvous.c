@@ -91,6 +91,8 @@ struct ctl_rendezvous {
     long stray_evicted, stray_dropped, stray_logged;
     long resumes_refused; /* Resumes refused (resume_acceptable): the never-formed report names the last */
     char resume_refused[PF_ERRMSG_MAX]; /* its reason */
+    long joins_refused;                 /* joins refused for their config (a server's replicas) */
+    char join_refused[PF_ERRMSG_MAX];   /* the last one's reason: the never-formed report names it */
     double stray_log_t, accept_pause_until;
     size_t max_frame;
     double timeout_s;
@@ -1557,12 +1559,12 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
          * endpoints from its own config before it joins, so it could not serve the run's copies. (Workers
          * take the run's value from the join reply.) */
         char msg[PF_ERRMSG_MAX];
-        snprintf(
-            msg, sizeof msg,
-            "server[%d] was started with replicas = %u, the run has replicas = %d (server 0's config): it "
-            "cannot serve the run's copies of its shards; start it with the run's config",
-            j->rank, j->replicas, rv->replicas);
-        log_warn("control plane: refused %s: %s", c->peer, msg);
+        snprintf(msg, sizeof msg,
+                 "server[%d] was started with replicas = %u, the run has replicas = %d (server 0's config): a "
+                 "server's endpoints (one per copy it holds) follow it; start it with the run's config",
+                 j->rank, j->replicas, rv->replicas);
+        rv->joins_refused++;
+        snprintf(rv->join_refused, sizeof rv->join_refused, "%s", msg);
         conn_refuse(rv, c, EINVAL, msg);
         return;
     }
@@ -2196,6 +2198,10 @@ static void log_never_joined(const ctl_rendezvous *rv)
                  "replicas = 1 that is also how a server 0 started again after its loss stops when its run "
                  "ended, or re-formed, without it",
                  miss);
+    else if (rv->joins_refused)
+        log_warn("control plane: the run did not form: %d of %d members never joined: %s; joins refused for "
+                 "their config: %ld (the last: %s)",
+                 n, total, miss, rv->joins_refused, rv->join_refused);
     else
         log_warn("control plane: the run did not form: %d of %d members never joined: %s", n, total, miss);
 }

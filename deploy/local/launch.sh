@@ -153,13 +153,14 @@ lost_after_end() {
 }
 
 # blame WHO S: the failure's cause. A daemon that exited 75 was told by the rendezvous to re-form after a loss;
-# a daemon that died of a signal other than this launcher's SIGTERM (kill -9, a crash) is the loss itself, so
-# it takes the name from a 75 seen first. Sets rc and culprit when no failure was named yet.
+# one that failed otherwise (killed by a signal other than this launcher's SIGTERM, a crash, an error exit) is
+# the loss itself, so it takes the name from a 75 seen first (the first such one keeps it). Sets rc (the
+# launch's status: the first failure's) and culprit.
 blame() {
   if [ "$rc" -eq 0 ]; then
     rc=$2; culprit="$1 (status $2)"
-  elif [ "$rc" -eq 75 ] && [ "$2" -gt 128 ] && [ "$2" -ne 143 ]; then
-    culprit="$1 (status $2; the others exited 75 to re-form)"
+  elif [ "$rc" -eq 75 ] && [ "$2" -ne 0 ] && [ "$2" -ne 75 ] && [ "$2" -ne 143 ] && [ -z "$blamed" ]; then
+    culprit="$1 (status $2; the others exited 75 to re-form)"; blamed=1
   fi
 }
 
@@ -168,7 +169,7 @@ blame() {
 # others: the run cannot go on without it. Sets rc (0, or the first failure's status) and `culprit`.
 run_once() {
   local mode=${1:-">"}
-  pids=(); server_pids=(); worker_pids=(); culprit=
+  pids=(); server_pids=(); worker_pids=(); culprit=; blamed=
   s0_log_at=0 # server 0's log size before this run_once (a restart appends to it)
   [ "$mode" = ">>" ] && s0_log_at=$(stat -c %s "$out/logs/server0.log" 2>/dev/null || echo 0)
   for ((r = 0; r < S; r++)); do
@@ -405,7 +406,7 @@ if [ "$rc" -ne 0 ]; then
   if [ "$max_restarts" -gt 0 ] && [ "$restarts" -ge "$max_restarts" ]; then
     echo "launch: no restart left: all $max_restarts of --max-restarts were used (each member started again alone counts one, as does each restart of the whole run)" >&2
   fi
-  echo "launch: failed with status $rc; logs in $out/logs" >&2
+  echo "launch: failed with status $rc (the cause: $culprit); logs in $out/logs" >&2
   # This run's logs only: the folder may hold more from an earlier run with more servers or workers.
   for ((r = 0; r < S; r++)); do echo "--- tail $out/logs/server$r.log" >&2; tail -5 "$out/logs/server$r.log" >&2; done
   for ((r = 0; r < W; r++)); do echo "--- tail $out/logs/worker$r.log" >&2; tail -5 "$out/logs/worker$r.log" >&2; done

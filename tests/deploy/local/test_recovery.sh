@@ -119,6 +119,22 @@ print(f'{t.replace(tzinfo=d.timezone.utc).timestamp() - float(sys.argv[2]):.2f}'
   echo "ok: kill -9 of $victim after checkpoint $at: $(grep -m1 'restart 1/2' "$TMP/$name.out" | sed 's/^launch: //'); result identical"
 done
 
+# No restart left: kill -9 of server 1 under a launch without --max-restarts fails the launch, and its last line
+# names the killed server as the cause (the others exit 75 when told to re-form).
+write_cfg norestart
+setsid "$SRC/deploy/local/launch.sh" -b "$BUILD" -c "$TMP/norestart.ini" >"$TMP/norestart.out" 2>&1 &
+LP=$!
+wait_ckpt "$TMP/norestart" 4 120 || { tail -20 "$TMP/norestart.out"; die "norestart: no checkpoint 4"; }
+pid=$(pgrep -f "pfcps-server --config $TMP/norestart.ini --rank 1" | head -1)
+[ -n "$pid" ] || die "norestart: server 1 not found"
+kill -KILL "$pid"
+rc=0; wait "$LP" || rc=$?
+LP=
+[ "$rc" -ne 0 ] || die "norestart: the launch exited 0 after server 1 was killed"
+grep -q "launch: failed with status $rc (the cause: server 1 (status 137" "$TMP/norestart.out" ||
+  { cat "$TMP/norestart.out"; die "norestart: the launch's last line does not name server 1 (status 137) as the cause"; }
+echo "ok: without restarts, $(grep -m1 "^launch: failed with status" "$TMP/norestart.out" | sed 's/^launch: //')"
+
 # Self-restart: every daemon under its own supervisor (restart on non-zero exit, at most 5 times).
 write_cfg self "resume = true"
 supervise() {
