@@ -189,10 +189,13 @@ int fab_open(const char *provider, fab_ctx **out)
         rc = fab_fail(rc, "fi_domain");
         goto fail;
     }
-    /* A CQ with a wait object lets an idle thread sleep until a completion comes (fab_wait); a provider
-     * without one gets a CQ that is polled only. */
+    /* With PFCPS_FABRIC_WAIT set, a CQ with a wait object lets an idle thread sleep until a completion comes
+     * (fab_wait); otherwise, or for a provider without one, the CQ is polled only. Not the default: under CPU
+     * oversubscription (two workers with two OpenMP threads each on 2 cores, test train_metrics) steps were
+     * seen taking seconds with it, cause not found yet. */
     struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_FD, .size = 0};
-    if (getenv("PFCPS_FABRIC_NO_WAIT") && *getenv("PFCPS_FABRIC_NO_WAIT"))
+    const char *want_wait = getenv("PFCPS_FABRIC_WAIT");
+    if (!want_wait || !*want_wait || !strcmp(want_wait, "0"))
         cq_attr.wait_obj = FI_WAIT_NONE;
     rc = fi_cq_open(f->domain, &cq_attr, &f->cq, NULL);
     f->waitable = rc == 0 && cq_attr.wait_obj != FI_WAIT_NONE;

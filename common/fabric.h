@@ -196,9 +196,9 @@ int fab_read(fab_ctx *f, fi_addr_t dest, void *buf, size_t len, const fab_mr *mr
  * CQ itself failed. */
 int fab_poll(fab_ctx *f, fab_comp *out, int max);
 
-/* Whether this context's completion queue has a wait object (the provider offered one: libfabric 1.17's
- * tcp;ofi_rxm, shm and verbs;ofi_rxm do), so fab_wait sleeps instead of returning at once. The environment
- * variable PFCPS_FABRIC_NO_WAIT (non-empty) opens every later context without one (polled only). */
+/* Whether this context's completion queue has a wait object, so fab_wait sleeps instead of returning at once.
+ * Only when the environment variable PFCPS_FABRIC_WAIT is set (not empty, not "0") at fab_open and the provider
+ * offers an FD wait object (libfabric 1.17's tcp;ofi_rxm does, shm does not); otherwise every CQ is polled. */
 int fab_can_wait(const fab_ctx *f);
 
 /* As fab_poll, but when nothing is ready sleeps up to timeout_ms milliseconds (fi_cq_sread, which drives

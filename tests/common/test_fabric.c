@@ -264,6 +264,7 @@ static void stale_shm_region(void)
 
 int main(void)
 {
+    setenv("PFCPS_FABRIC_WAIT", "1", 1); /* the wait object is opt-in: this test covers fab_wait's sleep */
     setvbuf(stdout, NULL, _IOLBF, 0);
     stale_shm_region(); /* before any other shm endpoint of this process */
     run("tcp");
