@@ -184,8 +184,10 @@ if grep -q $'[\e\a]' "$TMP/once"; then fail "--once: control characters written"
 # 2. Two refreshes two seconds apart: scrapes 1 and 2; rates over the time between them.
 start=$(date +%s.%N)
 "$PFCPS" top --count 2 --interval 2 "$S0" >"$TMP/two" 2>&1; rc=$?
-# 2 s between the refreshes, then 0.8 s for the silent members.
-below "--count 2 --interval 2 with three silent members" "$(seconds_since "$start")" 4
+# 0.8 s for the silent members, 2 s between the refreshes, 0.8 s again: about 3.8 s with the tool's start. The
+# limit leaves 1.7 s for a loaded machine (4.12 s was seen with the test suite running two at a time) and is
+# still below what one silent member after another would take (2 + 2 x 2.4 s).
+below "--count 2 --interval 2 with three silent members" "$(seconds_since "$start")" 5.5
 expect_eq "--count 2: exit" "$rc" 0
 sed 's/^/     | /' "$TMP/two"
 expect_eq "--count 2: two refreshes" "$(grep -c '^pfcps top ' "$TMP/two")" 2
