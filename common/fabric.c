@@ -190,9 +190,9 @@ int fab_open(const char *provider, fab_ctx **out)
         goto fail;
     }
     /* With PFCPS_FABRIC_WAIT set, a CQ with a wait object lets an idle thread sleep until a completion comes
-     * (fab_wait); otherwise, or for a provider without one, the CQ is polled only. Not the default: under CPU
-     * oversubscription (two workers with two OpenMP threads each on 2 cores, test train_metrics) steps were
-     * seen taking seconds with it, cause not found yet. */
+     * (fab_wait); otherwise, or for a provider without one, the CQ is polled only. Off by default: under CPU
+     * oversubscription (two workers with two OpenMP threads each on 2 cores, test train_metrics) steps take
+     * seconds with it (bench/RESULTS.md). */
     struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_FD, .size = 0};
     const char *want_wait = getenv("PFCPS_FABRIC_WAIT");
     if (!want_wait || !*want_wait || !strcmp(want_wait, "0"))
