@@ -1,7 +1,9 @@
 /* libfabric wrapper: see fabric.h. */
 #include "common/fabric.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -189,13 +191,11 @@ int fab_open(const char *provider, fab_ctx **out)
         rc = fab_fail(rc, "fi_domain");
         goto fail;
     }
-    /* With PFCPS_FABRIC_WAIT set, a CQ with a wait object lets an idle thread sleep until a completion comes
-     * (fab_wait); otherwise, or for a provider without one, the CQ is polled only. Off by default: under CPU
-     * oversubscription (two workers with two OpenMP threads each on 2 cores, test train_metrics) steps take
-     * seconds with it (bench/RESULTS.md). */
+    /* A CQ with a wait object lets an idle thread sleep until a completion comes (fab_wait); without one (a
+     * provider that has none, or PFCPS_FABRIC_WAIT=0 in the environment) the CQ is polled only. */
     struct fi_cq_attr cq_attr = {.format = FI_CQ_FORMAT_DATA, .wait_obj = FI_WAIT_FD, .size = 0};
     const char *want_wait = getenv("PFCPS_FABRIC_WAIT");
-    if (!want_wait || !*want_wait || !strcmp(want_wait, "0"))
+    if (want_wait && !strcmp(want_wait, "0"))
         cq_attr.wait_obj = FI_WAIT_NONE;
     rc = fi_cq_open(f->domain, &cq_attr, &f->cq, NULL);
     f->waitable = rc == 0 && cq_attr.wait_obj != FI_WAIT_NONE;
@@ -402,6 +402,33 @@ int fab_getname(fab_ctx *f, void *addr, size_t *len)
     if (rc)
         return fab_fail(rc, "fi_getname");
     return 0;
+}
+
+int fab_addr_host(const fab_ctx *f, const void *addr, size_t addr_len, char *out, size_t len)
+{
+    if (!strcmp(f->info->fabric_attr->prov_name, "shm")) {
+        snprintf(out, len, "local");
+        return 0;
+    }
+    uint32_t fmt = f->info->addr_format;
+    sa_family_t fam = 0;
+    if (fmt == FI_SOCKADDR && addr_len >= sizeof fam)
+        memcpy(&fam, addr, sizeof fam);
+    if (fmt == FI_SOCKADDR_IN || fam == AF_INET) {
+        struct sockaddr_in sa;
+        if (addr_len < sizeof sa)
+            return -EINVAL;
+        memcpy(&sa, addr, sizeof sa);
+        return inet_ntop(AF_INET, &sa.sin_addr, out, (socklen_t)len) ? 0 : -EINVAL;
+    }
+    if (fmt == FI_SOCKADDR_IN6 || fam == AF_INET6) {
+        struct sockaddr_in6 sa;
+        if (addr_len < sizeof sa)
+            return -EINVAL;
+        memcpy(&sa, addr, sizeof sa);
+        return inet_ntop(AF_INET6, &sa.sin6_addr, out, (socklen_t)len) ? 0 : -EINVAL;
+    }
+    return -ENOTSUP;
 }
 
 int fab_av_insert(fab_ctx *f, const void *addr, size_t len, fi_addr_t *out)

@@ -151,6 +151,12 @@ void fab_mr_mode_str(uint64_t mode, char *buf, size_t len);
  * *len is the capacity in, bytes written out. Returns 0 or -ENOSPC / -EIO. */
 int fab_getname(fab_ctx *f, void *addr, size_t *len);
 
+/* The host of an endpoint name of f's provider, as a key comparable between names: the IP address for the
+ * socket address formats (tcp; verbs over IPoIB), "local" for shm (its endpoints are all on this host).
+ * Writes a NUL-terminated key of at most len bytes into out. Returns 0, -EINVAL (a name too short for its
+ * format) or -ENOTSUP (a format whose host is not known: InfiniBand GIDs, ...). */
+int fab_addr_host(const fab_ctx *f, const void *addr, size_t addr_len, char *out, size_t len);
+
 /* Inserts a peer's endpoint name into the AV; *out is the fi_addr to use in data calls.
  * Returns 0 or -EINVAL (the provider rejected the address). */
 int fab_av_insert(fab_ctx *f, const void *addr, size_t len, fi_addr_t *out);
@@ -197,8 +203,8 @@ int fab_read(fab_ctx *f, fi_addr_t dest, void *buf, size_t len, const fab_mr *mr
 int fab_poll(fab_ctx *f, fab_comp *out, int max);
 
 /* Whether this context's completion queue has a wait object, so fab_wait sleeps instead of returning at once.
- * Only when the environment variable PFCPS_FABRIC_WAIT is set (not empty, not "0") at fab_open and the provider
- * offers an FD wait object (libfabric 1.17's tcp;ofi_rxm does, shm does not); otherwise every CQ is polled. */
+ * True when the provider offers an FD wait object (libfabric 1.17's tcp;ofi_rxm does, shm does not) and the
+ * environment variable PFCPS_FABRIC_WAIT was not "0" at fab_open; otherwise the CQ is polled only. */
 int fab_can_wait(const fab_ctx *f);
 
 /* As fab_poll, but when nothing is ready sleeps up to timeout_ms milliseconds (fi_cq_sread, which drives

@@ -139,6 +139,28 @@ int train_net_ring_connect(train_net *n, const ctl_book *book, int rank)
     return rc;
 }
 
+int train_net_workers_on_host(const train_net *n, const ctl_book *book, int rank)
+{
+    char mine[64], theirs[64];
+    const void *a = NULL;
+    size_t al = 0;
+    if (rank < 0 || rank >= book->num_workers)
+        return -EINVAL;
+    int rc = member_addr_part(book->workers[rank].addr, book->workers[rank].addr_len, 1, &a, &al);
+    if (rc == 0)
+        rc = fab_addr_host(n->coll_fab, a, al, mine, sizeof mine);
+    if (rc < 0)
+        return rc;
+    int same = 0;
+    for (int w = 0; w < book->num_workers; w++) {
+        if ((rc = member_addr_part(book->workers[w].addr, book->workers[w].addr_len, 1, &a, &al)) < 0 ||
+            (rc = fab_addr_host(n->coll_fab, a, al, theirs, sizeof theirs)) < 0)
+            return rc;
+        same += !strcmp(mine, theirs);
+    }
+    return same;
+}
+
 int train_net_connect(train_net *n, const pf_config *run, const ctl_book *book, int rank, const char *secret)
 {
     /* Under BSP a pull waits for the slowest worker's push, so allow several control timeouts. */

@@ -54,7 +54,6 @@ int train_net_check_run(const pf_config *local, const pf_config *run);
  * server or worker that failed named otherwise. */
 int train_net_connect(train_net *n, const pf_config *run, const ctl_book *book, int rank, const char *secret);
 
-/* Releases the ring, its endpoint and the client. A zeroed or partly opened *n is fine. */
 /* The collectives ring over every worker's second endpoint (part 1 of its book entry in `book`), this worker
  * at `rank`. Returns 0 or coll_fabric_create's error. */
 int train_net_ring_connect(train_net *n, const ctl_book *book, int rank);
@@ -66,6 +65,12 @@ int train_net_ring_connect(train_net *n, const ctl_book *book, int rank);
  * error. */
 int train_net_ring_reopen(train_net *n, const char *provider, uint8_t *addr, size_t *addr_len);
 
+/* How many of the run's workers (this one included) run on this worker's host: those whose ring endpoint in
+ * `book` has the same host as worker `rank`'s (fab_addr_host). Returns the count (>= 1), or -ENOTSUP when the
+ * provider's names do not tell the host, or -EINVAL for a malformed book entry. */
+int train_net_workers_on_host(const train_net *n, const ctl_book *book, int rank);
+
+/* Releases the ring, its endpoint and the client. A zeroed or partly opened *n is fine. */
 void train_net_close(train_net *n);
 
 #endif

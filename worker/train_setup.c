@@ -8,6 +8,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "common/ckpt.h"
 #include "common/checked.h"
@@ -175,6 +178,45 @@ static const char *pretrained_file(trainer *t)
 }
 /* Set-up 3: the backbone on the configured device, its collective, the same initial parameters on every
  * worker, the optimizer state and the loss scaler. */
+/* OpenMP threads of this worker's CPU kernels (oneDNN, the CPU ops and head), set on this thread, which runs
+ * them. OMP_NUM_THREADS set: it rules. Unset: the cores this process may use (omp_get_num_procs, which obeys
+ * its CPU affinity) split evenly between the run's workers on this host (train_net_workers_on_host), at least
+ * one each, as torchrun's default of one thread per process avoids oversubscription: OpenMP's default of a
+ * thread per core in every worker makes workers that share a host take the cores from each other (libgomp's
+ * threads spin while they wait), 2.5x slower per step on 2 cores, 5.8x with idle threads sleeping on the
+ * completion queue (bench/RESULTS.md, "Idle progress sleeps on the completion queue"). */
+static void setup_threads(trainer *t, const ctl_book *book)
+{
+#ifdef _OPENMP
+    const char *env = getenv("OMP_NUM_THREADS");
+    int cores = omp_get_num_procs(), here = train_net_workers_on_host(&t->net, book, t->rank);
+    if (env && *env) {
+        int n = omp_get_max_threads();
+        log_info("OpenMP: %d thread%s (OMP_NUM_THREADS=%s)", n, n == 1 ? "" : "s", env);
+        if (here >= 1 && (long)n * here > cores)
+            log_warn("OMP_NUM_THREADS=%s with %d workers on this host of %d cores: %d OpenMP threads for %d "
+                     "cores; workers whose waiting OpenMP threads spin take the cores from each other (steps "
+                     "several times slower): give each worker its share (%d), or unset OMP_NUM_THREADS to "
+                     "have it chosen",
+                     env, here, cores, n * here, cores, cores / here > 1 ? cores / here : 1);
+        return;
+    }
+    if (here < 1) {
+        log_info("OpenMP: %d threads (OMP_NUM_THREADS unset; the workers sharing this host are not known for "
+                 "provider %s: set OMP_NUM_THREADS to cores / workers on the host)",
+                 omp_get_max_threads(), t->local.provider);
+        return;
+    }
+    int n = cores / here > 1 ? cores / here : 1;
+    omp_set_num_threads(n);
+    log_info("OpenMP: %d thread%s (OMP_NUM_THREADS unset: %d cores / %d worker%s on this host)", n,
+             n == 1 ? "" : "s", cores, here, here == 1 ? "" : "s");
+#else
+    (void)t;
+    (void)book;
+#endif
+}
+
 static int setup_backbone(trainer *t, const ctl_book *book)
 {
     const pf_config *run = &t->run;
@@ -193,6 +235,7 @@ static int setup_backbone(trainer *t, const ctl_book *book)
         log_warn("%s", di.warning);
     if ((rc = wdev_open(&t->wd, &di, t->rank, t->W)) < 0)
         return rc;
+    setup_threads(t, book);
     const ops_device *dev = ops_device_by_name(di.name);
     if (!dev)
         return pf_err_wrap(-ENODEV, "device '%s'", di.name);

@@ -2,6 +2,9 @@
  * send/recv, RMA write and read through fab_mr_remote, truncated receive reported as an error completion,
  * bad provider / bad address errors, fab_wait's sleep and wake-ups. Prints the mr_mode bits each provider
  * asked for. */
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,8 +118,20 @@ static void wait_checks(const char *prov, fab_ctx *a, fab_ctx *b, fi_addr_t to_a
     fab_comp c[8];
     int can = fab_can_wait(a);
     printf("%s: completion queue %s\n", prov, can ? "has a wait object (fab_wait sleeps)" : "is polled only");
-    if (!strcmp(prov, "tcp"))
+    if (!strcmp(prov, "tcp")) {
         CHECK(can, "tcp;ofi_rxm of libfabric 1.17 offers a wait object; fab_open did not get one");
+        /* PFCPS_FABRIC_WAIT=0 turns it off: that CQ is polled only */
+        fab_ctx *off = NULL;
+        setenv("PFCPS_FABRIC_WAIT", "0", 1);
+        int rc = fab_open(prov, &off);
+        unsetenv("PFCPS_FABRIC_WAIT");
+        CHECK(rc == 0 && !fab_can_wait(off), "with PFCPS_FABRIC_WAIT=0: open %d, wait object %d", rc,
+              off ? fab_can_wait(off) : -1);
+        printf("%s: with PFCPS_FABRIC_WAIT=0 the completion queue %s\n", prov,
+               off && fab_can_wait(off) ? "has a wait object" : "is polled only");
+        if (off)
+            fab_close(off);
+    }
     double t0 = now(), c0 = thread_cpu();
     int n = fab_wait(a, c, 8, 300);
     double wall = now() - t0, cpu = thread_cpu() - c0;
@@ -160,6 +175,40 @@ static void wait_checks(const char *prov, fab_ctx *a, fab_ctx *b, fi_addr_t to_a
     CHECK(wait_ctx(b, &sl.ctx, &sc) == 0 && sc.err == 0, "send completion on b");
 }
 
+/* fab_addr_host on the endpoint names na, nb of two endpoints of this process: the same host, an IPv4
+ * address for tcp (on loopback: 127.0.0.1), "local" for shm; a hand-made sockaddr_in of 10.1.2.3 gives
+ * "10.1.2.3" on tcp, and a name cut short is refused. */
+static void host_checks(const char *prov, fab_ctx *a, const uint8_t *na, size_t la, const uint8_t *nb,
+                        size_t lb)
+{
+    char ha[64] = "", hb[64] = "";
+    int ra = fab_addr_host(a, na, la, ha, sizeof ha), rb = fab_addr_host(a, nb, lb, hb, sizeof hb);
+    printf("%s: endpoint hosts '%s' (%d), '%s' (%d)\n", prov, ha, ra, hb, rb);
+    CHECK(ra == 0 && rb == 0 && !strcmp(ha, hb), "two endpoints of one process on different hosts");
+    if (!strcmp(prov, "shm")) {
+        CHECK(!strcmp(ha, "local"), "shm host '%s', expected 'local'", ha);
+        return;
+    }
+    struct in_addr ip;
+    CHECK(inet_pton(AF_INET, ha, &ip) == 1, "tcp host '%s' is not an IPv4 address", ha);
+    /* the endpoint's own address: one of this machine's interfaces, not the wildcard */
+    struct ifaddrs *ifs = NULL, *i;
+    int mine = 0;
+    CHECK(getifaddrs(&ifs) == 0, "getifaddrs");
+    for (i = ifs; i; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+            ((struct sockaddr_in *)(void *)i->ifa_addr)->sin_addr.s_addr == ip.s_addr)
+            mine = 1;
+    freeifaddrs(ifs);
+    CHECK(mine, "tcp host '%s' is not an address of this machine's interfaces", ha);
+    struct sockaddr_in other = {.sin_family = AF_INET, .sin_port = htons(4242)};
+    inet_pton(AF_INET, "10.1.2.3", &other.sin_addr);
+    char ho[64] = "";
+    int ro = fab_addr_host(a, &other, sizeof other, ho, sizeof ho);
+    CHECK(ro == 0 && !strcmp(ho, "10.1.2.3"), "sockaddr_in of 10.1.2.3: %d '%s'", ro, ho);
+    CHECK(fab_addr_host(a, na, 3, ho, sizeof ho) == -EINVAL, "a 3-byte name accepted");
+}
+
 static void run(const char *prov)
 {
     fab_ctx *a = NULL, *b = NULL;
@@ -181,6 +230,7 @@ static void run(const char *prov)
     CHECK(fab_getname(a, na, &la) == 0 && fab_getname(b, nb, &lb) == 0, "getname");
     CHECK(fab_av_insert(a, nb, lb, &to_b) == 0 && fab_av_insert(b, na, la, &to_a) == 0, "av insert: %s",
           pf_errmsg());
+    host_checks(prov, a, na, la, nb, lb);
     g_b = b;
     g_a = a;
     g_nac = 0;
@@ -264,7 +314,7 @@ static void stale_shm_region(void)
 
 int main(void)
 {
-    setenv("PFCPS_FABRIC_WAIT", "1", 1); /* the wait object is opt-in: this test covers fab_wait's sleep */
+    unsetenv("PFCPS_FABRIC_WAIT"); /* the default: a wait object where the provider has one */
     setvbuf(stdout, NULL, _IOLBF, 0);
     stale_shm_region(); /* before any other shm endpoint of this process */
     run("tcp");
