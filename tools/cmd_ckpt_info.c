@@ -311,6 +311,15 @@ static int find_root(const char *dir, char *root, size_t cap)
     return 0;
 }
 
+/* The run that wrote a complete step, on a line of its own (the step line is the same for equal results). */
+static void print_run_line(const step_ident *si)
+{
+    char rid[2 * CKPT_RUN_ID_BYTES + 1], cd[65];
+    ckpt_run_id_hex(si->id.run_id, rid);
+    hex(si->id.config_digest, cd);
+    printf("  run %s  seed %llu  config digest %.16s\n", rid, (unsigned long long)si->id.seed, cd);
+}
+
 int cmd_ckpt_info(int argc, char **argv)
 {
     int newest = 0, k, want_run = 0;
@@ -368,6 +377,7 @@ int cmd_ckpt_info(int argc, char **argv)
                     "file forged with recomputed digests is not caught)");
     }
     int64_t best = 0;
+    int listed = 0;
     for (int i = 0; i < n; i++) {
         int count = 0, S0 = 0, W0 = 0, wpresent = 0, module = 0;
         long long bytes = 0;
@@ -399,6 +409,7 @@ int cmd_ckpt_info(int argc, char **argv)
             continue;
         if (rc == 0 && best == 0)
             best = steps[i];
+        listed++;
         if (newest)
             continue;
         char th[65] = "-", bh[65] = "-";
@@ -413,15 +424,12 @@ int cmd_ckpt_info(int argc, char **argv)
                (long long)steps[i], rc == 0 ? "complete" : "INCOMPLETE", count, S0 > 0 ? S0 : 0,
                module ? "module ranks" : "workers", wpresent,
                W0 > 0 ? W0 : 0, (double)bytes / 1e6, th, bh, rc == 0 ? "" : "  problem: ", why);
-        if (rc == 0) {
-            /* The run that wrote it, on a line of its own: the step line is the same for equal results. */
-            char rid[2 * CKPT_RUN_ID_BYTES + 1], cd[65];
-            ckpt_run_id_hex(si.id.run_id, rid);
-            hex(si.id.config_digest, cd);
-            printf("  run %s  seed %llu  config digest %.16s\n", rid, (unsigned long long)si.id.seed, cd);
-        }
+        if (rc == 0)
+            print_run_line(&si);
     }
     free(steps);
+    if (!newest && want_run)
+        printf("%d of the %d steps listed: run %s's (or of an unknown run)\n", listed, n, want_hex);
     if (newest)
         printf("%lld\n", (long long)best);
     else if (!best)

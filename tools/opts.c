@@ -27,6 +27,20 @@ int tool_args_next(tool_args *a)
         return TOOL_POSITIONAL;
     }
     a->opt = s;
+    /* --name=value: the option's value follows the '=' (options that take one only) */
+    const char *eq = s[1] == '-' ? strchr(s, '=') : NULL;
+    if (eq && (size_t)(eq - s) < sizeof a->name) {
+        memcpy(a->name, s, (size_t)(eq - s));
+        a->name[eq - s] = 0;
+        for (int k = 0; a->opts[k].name; k++) {
+            if (strcmp(a->name, a->opts[k].name) != 0 || !a->opts[k].has_value)
+                continue;
+            a->opt = a->name;
+            a->arg = eq + 1;
+            return k;
+        }
+        return TOOL_UNKNOWN;
+    }
     for (int k = 0; a->opts[k].name; k++) {
         if (strcmp(s, a->opts[k].name) != 0)
             continue;

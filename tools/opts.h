@@ -8,7 +8,8 @@
  *       switch (k) { case 0: ...; case 1: if (tool_opt_int(&a, 1, 1024, NULL, &batch) < 0) return 2; ... }
  *
  * Rules, the same for every command: an option is an argument that starts with '-' and is longer than "-";
- * an option that takes a value takes the next argument, whatever it looks like (`--link-gbps -3`); "-" and
+ * an option that takes a value takes the next argument, whatever it looks like (`--link-gbps -3`), or the
+ * text after '=' in `--name=value` (which an option without a value refuses as unknown); "-" and
  * every argument after "--" are positional; options and positional arguments may come in any order. */
 #ifndef PFCPS_TOOLS_OPTS_H
 #define PFCPS_TOOLS_OPTS_H
@@ -30,6 +31,7 @@ typedef struct tool_args {
     int i;           /* the next argument to read */
     int only_pos;    /* "--" seen: the rest is positional */
     const char *opt; /* the option (or the unknown one) just read */
+    char name[64];   /* the option's name of a --name=value argument (opt points here then) */
     const char *arg; /* its value (NULL when it takes one and none is left), or the positional argument */
 } tool_args;
 

@@ -708,8 +708,10 @@ int train_rewind(trainer *t, int64_t step)
     metrics_set(t->mx.step, (double)step);
     metrics_set(t->mx.epoch, (double)epoch);
     metrics_set(t->mx.loss_scale, t->loss_scaling ? (double)t->scaler.scale : 1.0);
-    log_info("rewound to the start of global step %lld (epoch %lld, batch %lld)", (long long)step,
-             (long long)epoch, (long long)first);
+    log_info(
+        "rewound to the start of step %lld (counted from 0: logged as Global Step: %lld), training epoch "
+        "%lld, batch %lld",
+        (long long)step, (long long)step + 1, (long long)epoch, (long long)first);
     return 0;
 }
 

@@ -41,6 +41,13 @@ expect_refusal "--first-class needs an integer" pack --first-class x in out
 expect_refusal "--first-class needs an integer in [0, 281474976710655]" pack --first-class 281474976710656 in out
 expect_refusal "--identities needs an integer in [1," pack --identities 0 in out
 expect_refusal "unexpected argument '--bogus'" pack --bogus in out
+# --name=value: the same option as --name value, errors name the option alone; a flag refuses a value
+expect_refusal "--quality needs an integer in [1, 100], got '0'" pack --quality=0 in out
+expect_refusal "--quality needs an integer in [1, 100], got ''" pack --quality= in out
+expect_eq "config-get --set=KEY=VALUE" "$(env -u PFCPS_SECRET "$PFCPS" config-get --set=servers=3 servers)" 3
+expect_eq "config-get --set=secret=... (a value holding '=')" \
+  "$(env -u PFCPS_SECRET "$PFCPS" config-get --set=secret=a=b secret)" set
+expect_refusal "unexpected argument '--newest=1'" ckpt-info --newest=1 "$TMP"
 expect_refusal "unknown key 'serverz'" config-get serverz
 # The secret: whether one is set (the file, a --set or $PFCPS_SECRET), never its value.
 expect_eq "config-get secret without one" "$(env -u PFCPS_SECRET "$PFCPS" config-get secret)" unset
