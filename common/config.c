@@ -871,6 +871,59 @@ int cfg_replaces_workers(const pf_config *cfg, char *why, size_t n)
 const char *const cfg_member_local_keys[] = {"rendezvous",   "metrics_address", "join_timeout",
                                              "data_address", "apply_threads",   NULL};
 
+const char *const cfg_worker_endpoint_keys[] = {"servers",  "num_classes", "embedding_size", "wire_dtype",
+                                                "provider", "replicas",    "device",         "fp16",
+                                                "bf16",     NULL};
+
+int cfg_keys_text(const pf_config *cfg, const char *const *list, char *out, size_t cap)
+{
+    size_t o = 0;
+    if (cap)
+        out[0] = '\0';
+    for (int i = 0; list[i]; i++) {
+        char v[CFG_STR + 8];
+        if (cfg_format_key(cfg, list[i], v, sizeof v) < 0)
+            return -EINVAL;
+        int n = snprintf(out + o, cap > o ? cap - o : 0, "%s = %s\n", list[i], v);
+        if (n < 0 || o + (size_t)n >= cap)
+            return pf_err(-ENOSPC, "the keys' text does not fit %zu bytes", cap);
+        o += (size_t)n;
+    }
+    return (int)o;
+}
+
+int cfg_keys_text_diff(const char *text, const pf_config *cfg, char *out, size_t cap)
+{
+    size_t o = 0;
+    int n = 0;
+    if (cap)
+        out[0] = '\0';
+    const char *end = text + strnlen(text, 4096);
+    for (const char *p = text; p < end;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *le = nl ? nl : end, *eq = NULL;
+        for (const char *q = p; q + 3 <= le; q++)
+            if (q[0] == ' ' && q[1] == '=' && q[2] == ' ') {
+                eq = q;
+                break;
+            }
+        char name[64], va[CFG_STR + 8], vb[CFG_STR + 8];
+        if (eq && (size_t)(eq - p) < sizeof name && (size_t)(le - eq - 3) < sizeof va) {
+            memcpy(name, p, (size_t)(eq - p));
+            name[eq - p] = '\0';
+            memcpy(va, eq + 3, (size_t)(le - eq - 3));
+            va[le - eq - 3] = '\0';
+            if (cfg_format_key(cfg, name, vb, sizeof vb) == 0 && strcmp(va, vb)) {
+                if (o < cap)
+                    o += (size_t)snprintf(out + o, cap - o, "%s%s = %s (%s)", n ? ", " : "", name, va, vb);
+                n++;
+            }
+        }
+        p = le + 1;
+    }
+    return n;
+}
+
 static int in_list(const char *name, const char *const *list)
 {
     for (int i = 0; list && list[i]; i++)

@@ -186,6 +186,22 @@ int cfg_diff(const pf_config *a, const pf_config *b, const pf_config *unset, con
  */
 extern const char *const cfg_member_local_keys[];
 
+/* The keys a worker opens its endpoints and sizes its buffers with from its own config, before the run's
+ * arrives (servers, num_classes, embedding_size, wire_dtype, provider, replicas, device, fp16, bf16): a
+ * worker whose values differ from the run's cannot take part (worker/train_net.c train_net_check_run; the
+ * rendezvous refuses its join). NULL-terminated. */
+extern const char *const cfg_worker_endpoint_keys[];
+
+/* cfg's values of the keys in `list` (NULL-terminated) as "key = value" lines (cfg_format_key's text) into
+ * out[cap]. Returns the length, or -EINVAL (an unknown key) / -ENOSPC. */
+int cfg_keys_text(const pf_config *cfg, const char *const *list, char *out, size_t cap);
+
+/* The keys of `text` ("key = value" lines, cfg_keys_text's) whose values differ from cfg's, as
+ * "key = <text's> (<cfg's>)" joined by ", " into out[cap] (cut at cap, "" when none). A line without " = " or
+ * naming an unknown key is skipped (a member that knows more keys); at most `text`'s first 4096 bytes are
+ * read. Returns the number of differing keys. */
+int cfg_keys_text_diff(const char *text, const pf_config *cfg, char *out, size_t cap);
+
 /* The known keys, in table order (for docs and tests): count, and name of key i (NULL out of range). */
 int cfg_key_count(void);
 const char *cfg_key_name(int i);

@@ -119,9 +119,16 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
 int ctl_set_metrics_address(const char *address);
 
 /* The member's replicas (its config's, 0 or 1) sent with every later ctl_join. A server whose value differs
- * from the run's is refused (-EINVAL, with the reason) when it joins to rejoin a failed-over rank: its
- * endpoints (one, or two with the backup copy's) could not serve the run's copies. */
+ * from the run's is refused (-EINVAL, with the reason) at its join: its endpoints (one, or two with the
+ * backup copy's) could not serve the run's copies. */
 void ctl_set_replicas(int replicas);
+
+/* A worker's values of the keys its endpoints were opened with (cfg_keys_text of cfg_worker_endpoint_keys),
+ * sent with every later ctl_join (copied; NULL or "" sends none). The rendezvous refuses a worker whose
+ * values differ from the run's (-EINVAL, naming each key) before it takes a seat. Returns 0, or -EINVAL when
+ * it is CTL_MAX_ENDPOINT_KEYS (2048) bytes or longer. */
+#define CTL_MAX_ENDPOINT_KEYS 2048
+int ctl_set_endpoint_keys(const char *text);
 
 /* Makes every later ctl_join in this process give up with -EINTR once *flag is non-zero (a daemon passes
  * the flag its SIGTERM/SIGINT handler sets, so a stop request is honoured while the run is still forming

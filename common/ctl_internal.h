@@ -23,12 +23,14 @@ int ctl_resume_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, i
                    const uint8_t *config_digest, uint32_t epoch, const int32_t *lost, size_t nlost,
                    const char *config_text, uint8_t mac[32]);
 
-/* The join MAC of (role, rank, fabric address addr[addr_len], metrics address maddr, replicas) over the
- * hello's nonce: ctl_join_mac over addr, then "\0pfcps metrics\0" || maddr when maddr is not NULL or "", then
- * "\0pfcps replicas\0" || u32le(replicas) when replicas is not 0; so both are authenticated with the rest
- * while a member without them computes the MAC over addr alone. Returns 0 or -EIO / -ENOMEM (ctl_session.c). */
+/* The join MAC of (role, rank, fabric address addr[addr_len], metrics address maddr, replicas, endpoint keys)
+ * over the hello's nonce: ctl_join_mac over addr, then "\0pfcps metrics\0" || maddr when maddr is not NULL or
+ * "", then "\0pfcps replicas\0" || u32le(replicas) when replicas is not 0, then "\0pfcps endpoint keys\0" ||
+ * keys when keys is not NULL or ""; so they are authenticated with the rest while a member without them
+ * computes the MAC over addr alone. Returns 0 or -EIO / -ENOMEM (ctl_session.c). */
 int ctl_member_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, int role, int rank,
-                   const uint8_t *addr, size_t addr_len, const char *maddr, uint32_t replicas, uint8_t mac[32]);
+                   const uint8_t *addr, size_t addr_len, const char *maddr, uint32_t replicas,
+                   const char *keys, uint8_t mac[32]);
 
 /* "server" or "worker" (role: a ctl_role), for logs and errors. */
 static inline const char *ctl_role_name(int role)

@@ -91,7 +91,7 @@ struct ctl_rendezvous {
     long stray_evicted, stray_dropped, stray_logged;
     long resumes_refused; /* Resumes refused (resume_acceptable): the never-formed report names the last */
     char resume_refused[PF_ERRMSG_MAX]; /* its reason */
-    long joins_refused;                 /* joins refused for their config (a server's replicas) */
+    long joins_refused; /* joins refused for their config (a server's replicas, a worker's endpoint keys) */
     char join_refused[PF_ERRMSG_MAX];   /* the last one's reason: the never-formed report names it */
     double stray_log_t, accept_pause_until;
     size_t max_frame;
@@ -488,7 +488,7 @@ static int join_authentic(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
     }
     uint8_t mac[CTL_MAC_LEN];
     if (ctl_member_mac(rv->secret, c->nonce, sizeof c->nonce, (int)j->role, j->rank, j->fabric_addr.data,
-                       j->fabric_addr.len, j->metrics_address, j->replicas, mac) < 0 ||
+                       j->fabric_addr.len, j->metrics_address, j->replicas, j->endpoint_keys, mac) < 0 ||
         CRYPTO_memcmp(mac, j->mac.data, CTL_MAC_LEN) != 0) {
         snprintf(msg, sizeof msg, "join as %s rank %d refused: bad secret (HMAC does not match)", who,
                  j->rank);
@@ -972,10 +972,11 @@ static int start_replace(ctl_rendezvous *rv, int rank, const char *peer, const c
     metrics_add(rv->m_lost, 1);
     metrics_set(rv->m_epoch, rv->epoch);
     char text[400];
-    snprintf(text, sizeof text,
-             "worker[%d] (%s) lost: the other workers stop where they stand and wait up to %.0f s for its "
-             "replacement (its supervisor restarts it), then redo the step it was lost in; epoch %u",
-             rank, peer, rv->timeout_s, rv->epoch);
+    snprintf(
+        text, sizeof text,
+        "worker[%d] (%s) lost: the other workers stop where they stand and wait up to %.0f s for its "
+        "replacement (its supervisor restarts it), then redo the step it was lost in; membership epoch %u",
+        rank, peer, rv->timeout_s, rv->epoch);
     log_warn("control plane: %s", text);
     for (int i = 0; i < rv->nconns; i++) {
         conn *o = rv->conns[i];
@@ -1017,13 +1018,13 @@ static void replace_decide(ctl_rendezvous *rv)
     rv->epoch++;
     rv->wr_epoch = rv->epoch;
     metrics_set(rv->m_epoch, rv->epoch);
-    char text[300];
+    char text[500];
     snprintf(text, sizeof text,
              "worker[%d]'s replacement joined from %s: every worker redoes step %lld (workers stood at steps "
-             "%lld..%lld, the servers held %lld of its pushes); the servers undo the pushes of steps >= %lld, "
-             "epoch %u",
+             "%lld..%lld, the servers held %lld of its pushes); the servers undo the pushes of steps >= %lld "
+             "(steps counted from 0: step %lld is logged as Global Step: %lld); membership epoch %u",
              rv->wr_rank, rv->wr_repl->peer, (long long)R, (long long)rv->wr_umin, (long long)rv->wr_umax,
-             (long long)rv->wr_pmin, (long long)R, rv->epoch);
+             (long long)rv->wr_pmin, (long long)R, (long long)R, (long long)R + 1, rv->epoch);
     log_warn("control plane: %s", text);
     for (int s = 0; s < S; s++) {
         int seat = ctl_roster_seat(&rv->roster, CTL_ROLE_SERVER, s);
@@ -1103,7 +1104,7 @@ static void replace_done(ctl_rendezvous *rv)
     }
     log_warn(
         "control plane: worker[%d] replaced in place from %s, %.2f s after its loss: the run redoes step "
-        "%lld (counted from 0: the workers log it as Global Step: %lld) (epoch %u)",
+        "%lld (counted from 0: the workers log it as Global Step: %lld; membership epoch %u)",
         rv->wr_rank, c->peer, pf_now_s() - rv->wr_t0, (long long)rv->wr_step, (long long)rv->wr_step + 1,
         rv->epoch);
     rv->wr_rank = -1;
@@ -1567,6 +1568,29 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         snprintf(rv->join_refused, sizeof rv->join_refused, "%s", msg);
         conn_refuse(rv, c, EINVAL, msg);
         return;
+    }
+    if (role == CTL_ROLE_WORKER && j->endpoint_keys && j->endpoint_keys[0]) {
+        /* Refused before it takes a seat, at the forming as for a replacement: a worker opens its endpoints
+         * and sizes its buffers from its own config before it joins (train_net_check_run would stop it after
+         * the join, and its loss would stop the others). A run config that does not parse (never the case
+         * for server 0's own) leaves the check to the worker. */
+        pf_config run;
+        char diff[300], msg[PF_ERRMSG_MAX];
+        int nd = cfg_load_text(&run, rv->config_text) < 0
+                     ? 0
+                     : cfg_keys_text_diff(j->endpoint_keys, &run, diff, sizeof diff);
+        if (nd > 0) {
+            snprintf(
+                msg, sizeof msg,
+                "worker[%d] was started with a config that differs from the run's (server 0's) in %d key%s "
+                "its endpoints are opened with (the worker's value first, the run's in parentheses): %s; "
+                "start it with the run's config",
+                j->rank, nd, nd > 1 ? "s" : "", diff);
+            rv->joins_refused++;
+            snprintf(rv->join_refused, sizeof rv->join_refused, "%s", msg);
+            conn_refuse(rv, c, EINVAL, msg);
+            return;
+        }
     }
     if (rv->adopting && rv->reform_sent) {
         conn_refuse(rv, c, ENOLINK,

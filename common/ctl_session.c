@@ -231,17 +231,35 @@ void ctl_set_replicas(int replicas)
     g_replicas = replicas > 0 ? (uint32_t)replicas : 0;
 }
 
-/* The separators before the metrics address and the replicas in the MAC's input (ctl_member_mac), each with
- * its terminating NUL: "\0pfcps metrics\0", "\0pfcps replicas\0". */
-static const char mac_sep[] = "\0pfcps metrics", rep_sep[] = "\0pfcps replicas";
+/* ctl_set_endpoint_keys's text, sent at join ("" when none). */
+static char g_endpoint_keys[CTL_MAX_ENDPOINT_KEYS];
+
+int ctl_set_endpoint_keys(const char *text)
+{
+    if (!text)
+        text = "";
+    if (strlen(text) >= sizeof g_endpoint_keys)
+        return pf_err(-EINVAL, "endpoint keys' text of %zu bytes: at most %zu", strlen(text),
+                      sizeof g_endpoint_keys - 1);
+    snprintf(g_endpoint_keys, sizeof g_endpoint_keys, "%s", text);
+    return 0;
+}
+
+/* The separators before the metrics address, the replicas and the endpoint keys in the MAC's input
+ * (ctl_member_mac), each with its terminating NUL: "\0pfcps metrics\0", "\0pfcps replicas\0",
+ * "\0pfcps endpoint keys\0". */
+static const char mac_sep[] = "\0pfcps metrics", rep_sep[] = "\0pfcps replicas",
+                  keys_sep[] = "\0pfcps endpoint keys";
 
 int ctl_member_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, int role, int rank,
-                   const uint8_t *addr, size_t addr_len, const char *maddr, uint32_t replicas, uint8_t mac[32])
+                   const uint8_t *addr, size_t addr_len, const char *maddr, uint32_t replicas,
+                   const char *keys, uint8_t mac[32])
 {
-    size_t ml = maddr ? strlen(maddr) : 0;
-    if (ml == 0 && replicas == 0)
+    size_t ml = maddr ? strlen(maddr) : 0, kl = keys ? strlen(keys) : 0;
+    if (ml == 0 && replicas == 0 && kl == 0)
         return ctl_join_mac(secret, nonce, nonce_len, role, rank, addr, addr_len, mac);
-    uint8_t *buf = malloc(addr_len + sizeof mac_sep + ml + sizeof rep_sep + 4), *p = buf;
+    uint8_t *buf = malloc(addr_len + sizeof mac_sep + ml + sizeof rep_sep + 4 + sizeof keys_sep + kl),
+            *p = buf;
     if (!buf)
         return pf_err(-ENOMEM, "out of memory computing the join mac");
     if (addr_len)
@@ -257,6 +275,11 @@ int ctl_member_mac(const char *secret, const uint8_t *nonce, size_t nonce_len, i
         p += sizeof rep_sep;
         for (int b = 0; b < 4; b++)
             *p++ = (uint8_t)(replicas >> (8 * b));
+    }
+    if (kl) {
+        memcpy(p, keys_sep, sizeof keys_sep);
+        memcpy(p + sizeof keys_sep, keys, kl);
+        p += sizeof keys_sep + kl;
     }
     int rc = ctl_join_mac(secret, nonce, nonce_len, role, rank, buf, (size_t)(p - buf), mac);
     free(buf);
@@ -412,7 +435,7 @@ static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *a
     if (rc == 0) {
         uint8_t mac[CTL_MAC_LEN];
         rc = ctl_member_mac(secret, m->hello->nonce.data, m->hello->nonce.len, (int)role, rank, addr,
-                            addr_len, g_metrics_address, g_replicas, mac);
+                            addr_len, g_metrics_address, g_replicas, g_endpoint_keys, mac);
         if (rc == 0) {
             Pfcps__Join j = PFCPS__JOIN__INIT;
             j.role = role == CTL_ROLE_SERVER ? PFCPS__ROLE__SERVER : PFCPS__ROLE__WORKER;
@@ -428,6 +451,7 @@ static int join_handshake(ctl_session *s, ctl_role role, int rank, const void *a
             j.n_resume_idents = g_n_resume_steps;
             j.metrics_address = g_metrics_address;
             j.replicas = g_replicas;
+            j.endpoint_keys = g_endpoint_keys;
             Pfcps__CtlMessage jm = PFCPS__CTL_MESSAGE__INIT;
             jm.body_case = PFCPS__CTL_MESSAGE__BODY_JOIN;
             jm.join = &j;

@@ -121,6 +121,12 @@ int daemon_join(const pf_config *cfg, const char *host, int port, ctl_role role,
     log_info("joining the run at %s:%d as %s %d (waiting up to join_timeout, %g s, for the whole run)", host,
              port, role == CTL_ROLE_SERVER ? "server" : "worker", rank, cfg->join_timeout);
     ctl_set_replicas(cfg->replicas);
+    char keys[CTL_MAX_ENDPOINT_KEYS] = "";
+    if (role == CTL_ROLE_WORKER && cfg_keys_text(cfg, cfg_worker_endpoint_keys, keys, sizeof keys) < 0)
+        return pf_err_wrap(-EINVAL, "the worker's endpoint keys");
+    int krc = ctl_set_endpoint_keys(keys);
+    if (krc < 0)
+        return krc;
     int rc = cli_join_run(cfg, host, port, role, rank, addr, alen, secret, sess, run);
     if (rc == 0) {
         char hex[2 * CKPT_RUN_ID_BYTES + 1];

@@ -31,8 +31,6 @@ fi
 "$build/tools/pfcps" rec-info "$data"
 
 export PFCPS_SECRET=${PFCPS_SECRET:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}
-# Two workers share this machine's cores: one compute thread each.
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Servers and CPU workers share these cores: OpenBLAS's idle threads sleep at once instead of spinning ~0.1 s.
 export OPENBLAS_THREAD_TIMEOUT=${OPENBLAS_THREAD_TIMEOUT:-4}
 echo "quickstart: training ($config) with 2 servers + 2 workers on 127.0.0.1"

@@ -666,6 +666,41 @@ static void test_diff(void **state)
     assert_int_equal(strlen(out), 7);
 }
 
+/* cfg_keys_text / cfg_keys_text_diff: a worker's endpoint keys as text, compared with a run's config; lines
+ * without " = " or of unknown keys skipped, a value that does not fit skipped, a short buffer cut. */
+static void test_keys_text(void **state)
+{
+    (void)state;
+    pf_config w, run;
+    cfg_defaults(&w);
+    cfg_defaults(&run);
+    assert_int_equal(cfg_set(&w, "num_classes", "1000"), 0);
+    assert_int_equal(cfg_set(&w, "embedding_size", "128"), 0);
+    assert_int_equal(cfg_set(&run, "num_classes", "1000"), 0);
+    assert_int_equal(cfg_set(&run, "embedding_size", "512"), 0);
+    assert_int_equal(cfg_set(&run, "lr", "0.3"), 0); /* not an endpoint key */
+    const char *const two[] = {"num_classes", "embedding_size", NULL};
+    char text[256], out[256];
+    assert_int_equal(cfg_keys_text(&w, two, text, sizeof text), 40);
+    assert_string_equal(text, "num_classes = 1000\nembedding_size = 128\n");
+    assert_int_equal(cfg_keys_text(&w, two, text, 20), -ENOSPC);
+    const char *const bad[] = {"no_such_key", NULL};
+    assert_int_equal(cfg_keys_text(&w, bad, text, sizeof text), -EINVAL);
+    assert_true(cfg_keys_text(&w, cfg_worker_endpoint_keys, text, sizeof text) > 0);
+    assert_int_equal(cfg_keys_text_diff(text, &run, out, sizeof out), 1);
+    assert_string_equal(out, "embedding_size = 128 (512)");
+    assert_int_equal(cfg_keys_text_diff(text, &w, out, sizeof out), 0);
+    assert_string_equal(out, "");
+    /* skipped: a line without " = ", an unknown key, an empty line; no newline at the end */
+    assert_int_equal(
+        cfg_keys_text_diff("garbage\nfuture_key = 3\n\nprovider = shm\nservers = 7", &run, out, sizeof out),
+        2);
+    assert_string_equal(out, "provider = shm (tcp), servers = 7 (1)");
+    assert_int_equal(cfg_keys_text_diff("", &run, out, sizeof out), 0);
+    assert_int_equal(cfg_keys_text_diff("servers = 7\nprovider = shm\n", &run, out, 12), 2);
+    assert_int_equal(strlen(out), 11);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/pfcps-test-config-XXXXXX");
@@ -685,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_replaces_workers),
         cmocka_unit_test(test_docs_list_every_key),
         cmocka_unit_test(test_diff),
+        cmocka_unit_test(test_keys_text),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[600];

@@ -168,18 +168,20 @@ static void expect_error_and_drop(const char *what, int fd, const int *codes, in
     close(fd);
 }
 
-/* A join carrying metrics address maddr ("" for none) and replicas whose MAC covers mac_maddr and
- * mac_replicas: equal to them for an honest member, other values for a join altered on the way. */
+/* A join carrying metrics address maddr ("" for none), replicas and endpoint keys whose MAC covers mac_maddr,
+ * mac_replicas and mac_keys: equal to them for an honest member, other values for a join altered on the way.
+ */
 static void send_join_fields(int fd, const uint8_t *nonce, const char *secret, int role, int rank,
                              const char *addr, uint32_t version, const char *maddr, const char *mac_maddr,
-                             uint32_t replicas, uint32_t mac_replicas)
+                             uint32_t replicas, uint32_t mac_replicas, const char *keys, const char *mac_keys)
 {
     uint8_t mac[CTL_MAC_LEN];
     ctl_member_mac(secret, nonce, CTL_NONCE_LEN, role, rank, (const uint8_t *)addr, strlen(addr), mac_maddr,
-                   mac_replicas, mac);
+                   mac_replicas, mac_keys, mac);
     Pfcps__Join j = PFCPS__JOIN__INIT;
     j.metrics_address = (char *)maddr;
     j.replicas = replicas;
+    j.endpoint_keys = (char *)keys;
     j.role = (Pfcps__Role)role;
     j.rank = rank;
     j.fabric_addr.data = (uint8_t *)addr;
@@ -201,7 +203,7 @@ static void send_join_fields(int fd, const uint8_t *nonce, const char *secret, i
 static void send_join_metrics(int fd, const uint8_t *nonce, const char *secret, int role, int rank,
                               const char *addr, uint32_t version, const char *maddr, const char *mac_maddr)
 {
-    send_join_fields(fd, nonce, secret, role, rank, addr, version, maddr, mac_maddr, 0, 0);
+    send_join_fields(fd, nonce, secret, role, rank, addr, version, maddr, mac_maddr, 0, 0, "", "");
 }
 
 static void send_join(int fd, const uint8_t *nonce, const char *secret, int role, int rank, const char *addr,
@@ -440,12 +442,27 @@ int main(void)
     /* The replicas a member sends are authenticated too: changed on the way either way, a bad secret. */
     for (uint32_t r = 0; r <= 1; r++) {
         fd = raw_hello(nonce);
-        send_join_fields(fd, nonce, SECRET, 1, 1, "w1", CTL_PROTOCOL_VERSION, "", "", r, 1 - r);
+        send_join_fields(fd, nonce, SECRET, 1, 1, "w1", CTL_PROTOCOL_VERSION, "", "", r, 1 - r, "", "");
         expect_error_and_drop(r ? "replicas altered 0 -> 1" : "replicas altered 1 -> 0", fd, e_acces, 1,
                               "bad secret");
     }
     CHECK(ctl_rendezvous_joined(rv) == seated, "a join with altered replicas took a seat (%d joined, %d before)",
           ctl_rendezvous_joined(rv), seated);
+    /* So are a worker's endpoint keys: altered, added or removed on the way, a bad secret. */
+    const char *sent[] = {"embedding_size = 32\n", "embedding_size = 32\n", ""},
+               *maced[] = {"embedding_size = 512\n", "", "embedding_size = 512\n"};
+    for (int k = 0; k < 3; k++) {
+        fd = raw_hello(nonce);
+        send_join_fields(fd, nonce, SECRET, 1, 1, "w1", CTL_PROTOCOL_VERSION, "", "", 0, 0, sent[k],
+                         maced[k]);
+        expect_error_and_drop(k == 0   ? "endpoint keys altered"
+                              : k == 1 ? "endpoint keys added"
+                                       : "endpoint keys removed",
+                              fd, e_acces, 1, "bad secret");
+    }
+    CHECK(ctl_rendezvous_joined(rv) == seated,
+          "a join with altered endpoint keys took a seat (%d joined, %d before)", ctl_rendezvous_joined(rv),
+          seated);
 
     /* Wrong secret, rank out of range, taken rank: through the client API. */
     ctl_session *s = NULL;

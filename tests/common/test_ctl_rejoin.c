@@ -39,7 +39,8 @@
 
 #include "tests/common/ctl_member.h"
 
-static ctl_rendezvous *start(void)
+/* A rendezvous of 2 servers and 1 worker with replicas = 1 whose run config is `text`. */
+static ctl_rendezvous *start_text(const char *text)
 {
     ctl_rendezvous_opts o = {.bind_host = "127.0.0.1",
                              .num_servers = 2,
@@ -47,7 +48,7 @@ static ctl_rendezvous *start(void)
                              .secret = SECRET,
                              .max_frame = MAXF,
                              .timeout_s = TIMEOUT,
-                             .config_text = "[cluster]\nreplicas = 1\n",
+                             .config_text = text,
                              .replicas = 1,
                              .rejoin = 1};
     ctl_rendezvous *rv;
@@ -55,6 +56,11 @@ static ctl_rendezvous *start(void)
         DIE("rendezvous: %s", pf_errmsg());
     port = ctl_rendezvous_port(rv);
     return rv;
+}
+
+static ctl_rendezvous *start(void)
+{
+    return start_text("[cluster]\nreplicas = 1\n");
 }
 
 /* The next notice on s within `limit` seconds, serving the heartbeats of `other` meanwhile: its kind (-1:
@@ -141,12 +147,29 @@ static void join_one_endpoint(const char *name)
 }
 
 /* Case forming: at the run's first forming, server 1 started with replicas = 0 (its config differs from
- * server 0's) is refused at its join (EINVAL, naming both values) before it takes a seat; the run then forms
- * with a server 1 started with the run's replicas. */
+ * server 0's) is refused at its join (EINVAL, naming both values) before it takes a seat, and so is worker 0
+ * started with another embedding_size (its endpoint keys); the run then forms with a server 1 started with
+ * the run's replicas and a worker with the run's endpoint keys. */
 static void case_forming(void)
 {
-    ctl_rendezvous *rv = start();
+    /* a complete run config, as server 0's (the rendezvous compares a worker's endpoint keys with it) */
+    ctl_rendezvous *rv =
+        start_text("[cluster]\nreplicas = 1\nservers = 2\nworkers = 1\n[data]\nrec = synthetic\n"
+                   "num_classes = 20\n");
     join_one_endpoint("forming");
+    /* a worker whose endpoint keys differ from the run's (replicas = 1, embedding_size the default 512) */
+    ctl_set_endpoint_keys("replicas = 1\nembedding_size = 32\n");
+    member bad = {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0-d32", .timeout = 10};
+    pthread_create(&bad.th, NULL, join_main, &bad);
+    pthread_join(bad.th, NULL);
+    check(bad.rc == -EINVAL &&
+              strstr(bad.msg, "worker[0] was started with a config that differs from the run's") &&
+              strstr(bad.msg, "in 1 key ") && strstr(bad.msg, "embedding_size = 32 (512)"),
+          "forming: worker 0 with embedding_size 32 is refused at its join (rc %d: %s)", bad.rc, bad.msg);
+    if (bad.s)
+        ctl_session_close(bad.s);
+    /* the run's values, and a key this rendezvous does not know: admitted (below) */
+    ctl_set_endpoint_keys("replicas = 1\nembedding_size = 512\nfuture_key = 3\n");
     member m[3] = {{.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10},
                    {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10},
                    {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10}};
@@ -160,6 +183,7 @@ static void case_forming(void)
     for (int i = 0; i < 3; i++)
         if (m[i].s)
             ctl_session_close(m[i].s);
+    ctl_set_endpoint_keys(NULL);
     ctl_rendezvous_stop(rv);
 }
 
