@@ -95,7 +95,7 @@ for ((k = 1; k <= ROUNDS; k++)); do
     pkill -KILL -f "$TMP/" 2>/dev/null
   done
 done
-# medians over the rounds, ratio to share
+# the median over the rounds (the lower middle one of an even count), ratio to share
 med() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 base=$(echo "${steady[share]}" | med)
 for n in "${names[@]}"; do
