@@ -83,6 +83,12 @@ int ctl_rendezvous_joined(const ctl_rendezvous *rv);
  * request): the run is over and server 0 can shut it down. */
 int ctl_rendezvous_workers_done(const ctl_rendezvous *rv);
 
+/* replicas = 1: 1 once this rendezvous fenced itself: its service did not run for longer than the silence
+ * limit in a formed run (its process was stopped), so the members took server 0 for lost; it closed every
+ * connection and stopped. Its host must stop serving and exit (server/main.c: DAEMON_EXIT_REPLACED). Safe
+ * from any thread. */
+int ctl_rendezvous_fenced(const ctl_rendezvous *rv);
+
 /* replicas = 1: 0 while this rendezvous runs no adopted run (a run of its own, or none yet); 1 while it
  * adopts or adopted a running run (its members resumed it here: docs/architecture.md, "Server 0 and the
  * rendezvous") that neither re-forms nor shuts down, so that its host's own join, refused (EAGAIN) while the
@@ -224,6 +230,13 @@ static inline double ctl_member_silence_s(double ctl_timeout)
  * that rendezvous, and a refusal (another run, another config) is logged and tried again. NULL: it never
  * reconnects. Call once, after ctl_join. Returns 0 or -ENOMEM. */
 int ctl_session_survive_rendezvous_loss(ctl_session *s, const uint8_t *config_digest);
+
+/* With ctl_session_survive_rendezvous_loss: a rendezvous that echoes none of this member's heartbeats for
+ * `seconds` (the lease base, ctl_session_lease_base, that old) is taken as lost exactly as a closed
+ * connection is (server 0 stopped, hung or cut off). The daemons pass twice ctl_member_silence_s: a
+ * rendezvous that did not run for longer than that limit fences itself when it runs again
+ * (ctl_rendezvous_fenced). 0 (the default): only a close counts. */
+void ctl_session_set_rendezvous_silence(ctl_session *s, double seconds);
 
 /* 1 once the session took the close of its connection as server 0's failover
  * (ctl_session_survive_rendezvous_loss) and no rendezvous took it back yet. ctl_session_wait_shutdown then

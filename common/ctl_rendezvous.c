@@ -101,6 +101,8 @@ struct ctl_rendezvous {
     int wake[2];
     pthread_t thread;
     atomic_int stop, shutdown_req;
+    atomic_int
+        fenced; /* ctl_rendezvous_fenced: it stopped past the silence limit and closed every connection */
     atomic_int fail_req; /* ctl_rendezvous_member_failed: fail_text is to be told to every member */
     int fail_sent;
     ctl_role fail_role;
@@ -2140,11 +2142,32 @@ static void queue_failure(ctl_rendezvous *rv)
 
 /* replicas = 1: the service did not run for `gap` seconds, longer than a quarter of the silence limit (this
  * process was stopped: SIGSTOP, a VM pause, a swap storm). Its members kept heartbeating into their sockets
- * and its own host's session could not: every joined member's silence counts from now, so that a pause of
- * the rendezvous is a pause of the run and never removes the members it could not hear. */
+ * and its own host's session could not: every joined member's silence counts from now, so that a short pause
+ * of the rendezvous is a pause of the run and never removes the members it could not hear. A pause longer
+ * than the silence limit, in a formed run, is server 0's loss: the members take a rendezvous that echoes
+ * nothing for twice that limit as lost (ctl_session_set_rendezvous_silence) and go on with shard 0's backup,
+ * so this rendezvous fences itself before it serves anything: it closes every connection without a message
+ * (a close is server 0's loss to the members that did not give up yet) and stops; its host's own session sees
+ * the close and server 0 exits (DAEMON_EXIT_REPLACED), so that a restart's rendezvous adopts the run and
+ * server 0 rejoins. */
 static void resumed_after_gap(ctl_rendezvous *rv, double now, double gap)
 {
     const double silence = ctl_member_silence_s(rv->timeout_s);
+    if (gap > silence && rv->roster.formed && !rv->adopting && !rv->shutdown_sent) {
+        log_error(
+            "control plane: the rendezvous did not run for %.2f s, longer than the silence limit (%.1f s): "
+            "the members take server 0 for lost and train on with its shards' backups; this rendezvous "
+            "closes every connection and stops (fenced), and server 0 exits for a restart to rejoin",
+            gap, silence);
+        atomic_store(&rv->fenced,
+                     1); /* before the closes: its host sees the flag when its own session closes */
+        __atomic_store_n(&rv->shutdown_sent, 1, __ATOMIC_RELEASE); /* nothing more is told to anyone */
+        for (int i = 0; i < rv->nconns; i++)
+            conn_close(rv, rv->conns[i]);
+        rv->nconns = 0;
+        atomic_store(&rv->stop, 1);
+        return;
+    }
     int n = 0;
     for (int i = 0; i < rv->nconns; i++) {
         conn *c = rv->conns[i];
@@ -2170,8 +2193,11 @@ static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
         log_error("control plane: poll failed: %s", strerror(errno));
         return -1;
     }
-    if (rv->replicas && rv->last_pass > 0 && now - rv->last_pass > ctl_member_silence_s(rv->timeout_s) / 4)
+    if (rv->replicas && rv->last_pass > 0 && now - rv->last_pass > ctl_member_silence_s(rv->timeout_s) / 4) {
         resumed_after_gap(rv, now, now - rv->last_pass);
+        if (atomic_load(&rv->fenced))
+            return -1;
+    }
     rv->last_pass = now;
     if (pr > 0 && (pfd[1].revents & POLLIN)) {
         char b[64];
@@ -2499,6 +2525,11 @@ int ctl_rendezvous_adopting(const ctl_rendezvous *rv)
     if (__atomic_load_n(&rv->reform_sent, __ATOMIC_ACQUIRE))
         return 2;
     return __atomic_load_n(&rv->shutdown_sent, __ATOMIC_ACQUIRE) ? 0 : 1;
+}
+
+int ctl_rendezvous_fenced(const ctl_rendezvous *rv)
+{
+    return atomic_load(&((ctl_rendezvous *)rv)->fenced);
 }
 
 int ctl_rendezvous_workers_done(const ctl_rendezvous *rv)

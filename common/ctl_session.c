@@ -36,6 +36,8 @@ struct ctl_session {
     uint64_t hb_seq;
     double next_hb; /* when the next heartbeat is due (kept across short wait calls) */
     double hb_every;             /* seconds between heartbeats (ctl_session_set_heartbeat; 1 by default) */
+    double rv_silence;           /* > 0: a rendezvous that echoes nothing this long is lost (survive only) */
+    double last_pass, own_gap;   /* the wait loop's last pass; when it last ran after a gap of its own */
     double hb_sent[CTL_HB_RING]; /* hb_sent[seq % CTL_HB_RING]: when heartbeat seq went out */
     _Atomic double lease_base;   /* when the newest heartbeat the rendezvous echoed went out (0: none) */
     uint32_t fo_epoch;           /* the last failover notice: its epoch and lost server */
@@ -859,6 +861,26 @@ int ctl_session_wait_shutdown(ctl_session *s, double timeout_s)
             }
             s->next_hb = t + hb_every;
         }
+        /* A rendezvous that echoed no heartbeat for rv_silence (its process stopped or hung, its host cut
+         * off) is lost as if its connection closed; a rendezvous stopped that long fences itself when it runs
+         * again (ctl_rendezvous.c resumed_after_gap), so it never serves on behind the members' backs. */
+        /* Silence is counted from the newest echo, or from this loop's own last gap (this process stopped, or
+         * not waiting here for a while: no heartbeat went out meanwhile, so none could be echoed). */
+        if (s->last_pass > 0 && t - s->last_pass > 2 * hb_every + 0.5)
+            s->own_gap = t;
+        s->last_pass = t;
+        double base = atomic_load(&s->lease_base);
+        if (s->own_gap > base)
+            base = s->own_gap;
+        if (s->survive && s->rv_silence > 0 && !s->resuming && base > 0 && t - base > s->rv_silence) {
+            int lost = pf_err(-ECONNABORTED,
+                              "the rendezvous at %s:%d echoed no heartbeat for %.1f s (server 0 "
+                              "stopped, hung or cut off)",
+                              s->host, s->port, t - base);
+            if ((lost = connection_failed(s, lost)) == 3)
+                continue;
+            return lost;
+        }
         Pfcps__CtlMessage *m = NULL;
         int rc = recv_msg(s, s->next_hb < end ? s->next_hb : end, &m);
         if (rc == -ETIMEDOUT)
@@ -980,6 +1002,11 @@ double ctl_session_lease_base(const ctl_session *s)
     if (atomic_load(&((ctl_session *)s)->orphan))
         return pf_now_s(); /* no rendezvous is left that could hand this member's role to another */
     return atomic_load(&((ctl_session *)s)->lease_base);
+}
+
+void ctl_session_set_rendezvous_silence(ctl_session *s, double seconds)
+{
+    s->rv_silence = seconds > 0 ? seconds : 0;
 }
 
 int ctl_session_survive_rendezvous_loss(ctl_session *s, const uint8_t *config_digest)

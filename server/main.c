@@ -715,6 +715,8 @@ static int serve_until_stop(server_daemon *d)
             log_error("%s", pf_errmsg());
             return 1;
         }
+        /* and so is a rendezvous that echoes nothing for twice the silence limit (server 0 stopped, hung) */
+        ctl_session_set_rendezvous_silence(d->sess, 2 * ctl_member_silence_s(d->run.ctl_timeout));
     }
     if (d->run.replicas) {
         /* The lease ends before the rendezvous removes a silent member (ctl_member_silence_s); heartbeats
@@ -764,6 +766,19 @@ static int serve_until_stop(server_daemon *d)
         }
         if (r < 0 && g_stop)
             return 0; /* asked to stop too: members stopping together are not a broken run */
+        if (d->rv && ctl_rendezvous_fenced(d->rv)) {
+            /* This process was stopped past the silence limit: the members took server 0 for lost and train
+             * on with its shards' backups; its rendezvous closed every connection. */
+            ps_server_fence(d->srv);
+            if (d->backup)
+                ps_server_fence(d->backup);
+            log_error(
+                "this server 0 was stopped longer than the silence limit and the members went on without "
+                "it: it is fenced (its shards' backups serve them) and exits %d so that its supervisor "
+                "starts it again: its rendezvous then adopts the run and it rejoins",
+                DAEMON_EXIT_REPLACED);
+            return DAEMON_EXIT_REPLACED;
+        }
         if (r == -ENOLINK && !strcmp(d->cfg.on_member_loss, "serve")) {
             log_warn("%s; serving on (on_member_loss = serve)", pf_errmsg());
             continue;

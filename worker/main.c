@@ -402,6 +402,8 @@ static int train_watched(worker_daemon *d)
             log_error("%s", pf_errmsg());
             return 1;
         }
+        /* and so is a rendezvous that echoes nothing for twice the silence limit (server 0 stopped, hung) */
+        ctl_session_set_rendezvous_silence(d->sess, 2 * ctl_member_silence_s(d->run.ctl_timeout));
     }
     /* A lost worker is replaced in place: every worker keeps the state of its last two step starts. */
     char why[64];

@@ -258,8 +258,10 @@ run_once() {
           [ "$s" -eq 0 ] && continue
           # replicas = 1: the run goes on with the backups of a lost server (the rendezvous fails its shards
           # over, or for server 0 each member does; when it cannot, the workers exit and stop the run below).
-          # Server 0 counts only when it died (a signal): exiting on its own, it told the members to re-form.
-          if [ "$replicas" -ge 1 ] && { [ "$i" -ne 0 ] || [ "$s" -gt 128 ]; } && [ "$restarts" -lt "$max_restarts" ]; then
+          # Server 0 counts only when it died (a signal) or was fenced after a stop past the silence limit (76):
+          # exiting on its own otherwise, it told the members to re-form.
+          if [ "$replicas" -ge 1 ] && { [ "$i" -ne 0 ] || [ "$s" -gt 128 ] || [ "$s" -eq 76 ]; } &&
+            [ "$restarts" -lt "$max_restarts" ]; then
             restarts=$((restarts + 1))
             local how="it rejoins the running run"
             [ "$i" -eq 0 ] && how="its rendezvous adopts the running run from its members, then it rejoins"

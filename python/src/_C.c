@@ -446,6 +446,8 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
             /* a close of the control connection is server 0's failover when the shards keep their copies,
              * and a restarted server 0's rendezvous is resumed with the run config's digest */
             rc = ctl_session_survive_rendezvous_loss(w->sess, w->ident.config_digest);
+            /* and so is a rendezvous that echoes nothing for twice the silence limit (server 0 stopped) */
+            ctl_session_set_rendezvous_silence(w->sess, 2 * ctl_member_silence_s(w->run.ctl_timeout));
         }
         w->watching = pthread_create(&w->watcher, NULL, watch_main, w) == 0;
         if (rc == 0)

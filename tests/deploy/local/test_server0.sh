@@ -8,10 +8,17 @@
 #          member takes the close of its control connection as server 0's failover: shard 0 goes on on its
 #          backup on server 1, the run trains to its end without a rendezvous and every process exits 0 (the
 #          workers tell the live servers they are done over the data plane);
-#   stop:  replicas = 1, 2 servers: SIGSTOP of server 0 at a random step, SIGCONT 4 s later (longer than the
-#          silence limit of 3 s at ctl_timeout = 12, shorter than the workers' data-plane bound): the run
-#          pauses (server 1's lease runs out, so it answers nothing meanwhile) and goes on; the rendezvous
-#          removes nobody (it counts the members' silence from when it runs again) and every process exits 0.
+#   stop:  replicas = 1, 2 servers: SIGSTOP of server 0 at a random step, SIGCONT 2 s later (shorter than the
+#          silence limit of 3 s at ctl_timeout = 12): the run pauses (server 1's lease runs out, so it answers
+#          nothing meanwhile) and goes on; the rendezvous removes nobody (it counts the members' silence from
+#          when it runs again) and every process exits 0.
+#   stoplong: replicas = 1, 2 servers, under deploy/local/launch.sh --max-restarts 1: SIGSTOP of server 0 at a
+#          random step for longer than twice the silence limit: every member takes the rendezvous that echoes
+#          nothing for 6 s as lost, as if its connection closed (server 0's failover: shard 0 goes on on server
+#          1) while server 0 is still stopped; then SIGCONT: server 0 finds it did not run for longer than the
+#          silence limit, closes every connection, is fenced and exits 76; the launcher starts it again alone
+#          (its rendezvous adopts the run); launch.sh exits 0 with the reference's model.ckpt and final
+#          checkpoint (the stale primary changed nothing).
 #   launcher: replicas = 1, 3 servers, under deploy/local/launch.sh --max-restarts 1: kill -9 of server 0 at step
 #          8; the launcher starts it again alone with the same command line; its new rendezvous adopts the
 #          running run from the members' reconnects (Resume), server 0 rejoins as a learner (it copies shard 0
@@ -26,9 +33,9 @@
 # --trace equal to the reference's), no checkpoint loaded, and a model.ckpt and final checkpoint (`pfcps
 # ckpt-info` table and backbone SHA-256, computed from the files) equal to the reference's. The time from the
 # kill to the next step worker 0 completes is printed.
-# usage: test_server0.sh SERVER WORKER PFCPS SRC BUILD [CASES] (CASES: default "kill stop launcher")
+# usage: test_server0.sh SERVER WORKER PFCPS SRC BUILD [CASES] (CASES: default "kill stop stoplong launcher")
 source "$(dirname "$0")/cluster.sh" "$@"
-CASES=${6:-kill stop launcher}
+CASES=${6:-kill stop stoplong launcher}
 has() { [[ " $CASES " == *" $1 "* ]]; }
 export OMP_NUM_THREADS=1 PFCPS_SECRET=server0-secret
 pack_orl 10
@@ -68,7 +75,7 @@ check_run() {
   fi
 }
 
-if has kill || has stop || has launcher; then
+if has kill || has stop || has stoplong || has launcher; then
 recovery_ref
 fi
 
@@ -99,14 +106,14 @@ expect_grep "kill: server 1 stopped once every worker was done" "every worker sa
 fi
 
 if has stop; then
-# --- stop: SIGSTOP of server 0 of 2, SIGCONT 4 s later --------------------------------------------------------------
+# --- stop: SIGSTOP of server 0 of 2, SIGCONT 2 s later (within the silence limit) -----------------------------------
 at=$((6 + RANDOM % 15))
 write_cfg stop "replicas = 1" "ctl_timeout = 12"
 rm -f "$TMP"/trace* "$TMP"/*.log
 start_cluster "$TMP/stop.ini" 2 2 --trace "$TMP/trace{r}"
 wait_log "$TMP/worker0.log" "Global Step: $at " 120 || { show_logs; die "stop: worker 0 did not reach step $at"; }
 kill -STOP "${SPIDS[0]}"
-sleep 4
+sleep 2
 kill -CONT "${SPIDS[0]}"
 for p in "${WPIDS[@]}"; do wait_member stop "$p" worker; done
 for p in "${SPIDS[@]}"; do wait_member stop "$p" server; done
@@ -114,6 +121,40 @@ check_run stop
 expect_grep "stop: the rendezvous counted the members' silence from when it ran again" \
   "the rendezvous did not run for [0-9.]+ s" "$TMP/server0.log"
 if grep -q "failover" "$TMP"/*.log; then fail "stop: a failover was decided"; else ok "stop: no failover"; fi
+fi
+
+if has stoplong; then
+# --- stoplong: SIGSTOP of server 0 of 2 past twice the silence limit under launch.sh --max-restarts 1 ---------------
+at=$((6 + RANDOM % 8))
+write_cfg stoplong "replicas = 1" "ctl_timeout = 12"
+setsid "$SRC/deploy/local/launch.sh" -c "$TMP/stoplong.ini" -b "$BUILD" --max-restarts 1 >"$TMP/stoplong.out" 2>&1 &
+LP=$!
+L=$TMP/stoplong/logs
+wait_log "$L/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/stoplong.out"; die "stoplong: worker 0 did not reach step $at"; }
+victim=$(pgrep -f -- "pfcps-server --config $TMP/stoplong.ini --rank 0" | head -1)
+[ -n "$victim" ] || die "stoplong: server 0's pid not found"
+kill -STOP "$victim"
+t_stop=$(date +%s.%N)
+# silence limit 3 s: the members give up 6 s after their last echoed heartbeat
+wait_log "$L/worker1.log" "failover (epoch 1): server\\[0\\] lost" 20 ||
+  { kill -CONT "$victim"; tail -20 "$TMP/stoplong.out"; die "stoplong: worker 1 did not fail the stopped server 0 over"; }
+echo "stoplong: worker 1 failed server 0 over $(awk -v a="$(date +%s.%N)" -v b="$t_stop" 'BEGIN {printf "%.1f", a - b}') s after its SIGSTOP"
+for f in worker0 worker1 server1; do
+  wait_log "$L/$f.log" "failover (epoch 1)" 10 || true
+  expect_grep "stoplong: $f took the silent rendezvous for lost, server 0 still stopped" \
+    "failover \\(epoch 1\\): server\\[0\\] lost \\(the rendezvous at .* echoed no heartbeat for [0-9.]+ s" "$L/$f.log"
+done
+kill -CONT "$victim"
+s=0; wait "$LP" || s=$?
+LP=
+expect_eq "stoplong: launch.sh exits 0" "$s" 0
+expect_grep "stoplong: server 0, continued after the others failed it over, is fenced" \
+  "stopped longer than the silence limit .* it is fenced .* exits 76" "$L/server0.log"
+expect_grep "stoplong: launch.sh restarts server 0 alone after its exit 76" \
+  "server 0 exited with status 76 .*restart 1/1 of server 0 alone" "$TMP/stoplong.out"
+expect_grep "stoplong: server 1 promoted its backup of shard 0" "shard 0: its primary is lost: this copy now serves it" \
+  "$L/server1.log"
+ckpt_check_same stoplong
 fi
 
 if has launcher; then
