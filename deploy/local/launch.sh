@@ -14,7 +14,8 @@
 #   Checkpoints need snapshot_every > 0. When no restart is left the launch fails, saying so.
 #   With replicas = 1 a server other than 0 that dies is started again alone, with the same command line (a
 #   restart counted the same way): it rejoins the running run (docs/architecture.md, "Hot-standby shards").
-#   So is server 0 (the rendezvous' host) when it died: its new rendezvous adopts the running run from the
+#   So is server 0 (the rendezvous' host) when it died, or exited 76 (stopped past the silence limit, the
+#   members failed it over and it fenced itself): its new rendezvous adopts the running run from the
 #   members, which reconnect, and it rejoins; without a restart the run goes on without it to its end.
 #   A worker killed by a signal, or one that exits 76 (removed from the run: stopped past the silence limit),
 #   is started again alone too when the run replaces workers in place (replicas = 1, device not cuda;
