@@ -2144,16 +2144,16 @@ static void queue_failure(ctl_rendezvous *rv)
  * process was stopped: SIGSTOP, a VM pause, a swap storm). Its members kept heartbeating into their sockets
  * and its own host's session could not: every joined member's silence counts from now, so that a short pause
  * of the rendezvous is a pause of the run and never removes the members it could not hear. A pause longer
- * than the silence limit, in a formed run, is server 0's loss: the members take a rendezvous that echoes
- * nothing for twice that limit as lost (ctl_session_set_rendezvous_silence) and go on with shard 0's backup,
- * so this rendezvous fences itself before it serves anything: it closes every connection without a message
- * (a close is server 0's loss to the members that did not give up yet) and stops; its host's own session sees
- * the close and server 0 exits (DAEMON_EXIT_REPLACED), so that a restart's rendezvous adopts the run and
- * server 0 rejoins. */
+ * than the silence limit, in a formed run (its own, or one it adopted), is server 0's loss: the members take
+ * a rendezvous that echoes nothing for twice that limit as lost (ctl_session_set_rendezvous_silence) and go
+ * on with shard 0's backup, so this rendezvous fences itself before it serves anything: it closes every
+ * connection without a message (a close is server 0's loss to the members that did not give up yet) and
+ * stops; its host's own session sees the close and server 0 exits (DAEMON_EXIT_REPLACED), so that a restart's
+ * rendezvous adopts the run and server 0 rejoins. */
 static void resumed_after_gap(ctl_rendezvous *rv, double now, double gap)
 {
     const double silence = ctl_member_silence_s(rv->timeout_s);
-    if (gap > silence && rv->roster.formed && !rv->adopting && !rv->shutdown_sent) {
+    if (gap > silence && rv->roster.formed && rv->adopting != 1 && !rv->shutdown_sent) {
         log_error(
             "control plane: the rendezvous did not run for %.2f s, longer than the silence limit (%.1f s): "
             "the members take server 0 for lost and train on with its shards' backups; this rendezvous "

@@ -773,9 +773,9 @@ static int serve_until_stop(server_daemon *d)
             if (d->backup)
                 ps_server_fence(d->backup);
             log_error(
-                "this server 0 was stopped longer than the silence limit and the members went on without "
-                "it: it is fenced (its shards' backups serve them) and exits %d so that its supervisor "
-                "starts it again: its rendezvous then adopts the run and it rejoins",
+                "this server 0 was stopped longer than the silence limit, so the members take it for lost "
+                "(its shards' backups serve them): it is fenced and exits %d so that its supervisor starts "
+                "it again: its rendezvous then adopts the run and it rejoins",
                 DAEMON_EXIT_REPLACED);
             return DAEMON_EXIT_REPLACED;
         }

@@ -279,8 +279,8 @@ run_once() {
             echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: the run goes on with its shards' backups, one server failure away from the checkpoint re-form" >&2
             continue
           fi
-          if [ "$replicas" -ge 1 ] && [ "$s" -gt 128 ]; then
-            echo "launch: server 0 died (status $s; see $out/logs/server0.log); replicas = $replicas: the run goes on without its rendezvous, with its shards' backups (when they have no copy left, the workers stop for the re-form), one server failure away from the checkpoint re-form" >&2
+          if [ "$replicas" -ge 1 ] && { [ "$s" -gt 128 ] || [ "$s" -eq 76 ]; }; then
+            echo "launch: server 0 died (status $s; 76: stopped past the silence limit, failed over and fenced; see $out/logs/server0.log); replicas = $replicas: the run goes on without its rendezvous, with its shards' backups (when they have no copy left, the workers stop for the re-form), one server failure away from the checkpoint re-form" >&2
             continue
           fi
           blame "server $i" "$s"; failed=$i

@@ -18,7 +18,8 @@
 #          1) while server 0 is still stopped; then SIGCONT: server 0 finds it did not run for longer than the
 #          silence limit, closes every connection, is fenced and exits 76; the launcher starts it again alone
 #          (its rendezvous adopts the run); launch.sh exits 0 with the reference's model.ckpt and final
-#          checkpoint (the stale primary changed nothing).
+#          checkpoint (the stale primary changed nothing). Then the same without --max-restarts: server 0 exits 76,
+#          launch.sh lets the run go on without its rendezvous, and it ends with the reference's bytes.
 #   launcher: replicas = 1, 3 servers, under deploy/local/launch.sh --max-restarts 1: kill -9 of server 0 at step
 #          8; the launcher starts it again alone with the same command line; its new rendezvous adopts the
 #          running run from the members' reconnects (Resume), server 0 rejoins as a learner (it copies shard 0
@@ -149,12 +150,31 @@ s=0; wait "$LP" || s=$?
 LP=
 expect_eq "stoplong: launch.sh exits 0" "$s" 0
 expect_grep "stoplong: server 0, continued after the others failed it over, is fenced" \
-  "stopped longer than the silence limit .* it is fenced .* exits 76" "$L/server0.log"
+  "stopped longer than the silence limit, so the members take it for lost .* it is fenced and exits 76" "$L/server0.log"
 expect_grep "stoplong: launch.sh restarts server 0 alone after its exit 76" \
   "server 0 exited with status 76 .*restart 1/1 of server 0 alone" "$TMP/stoplong.out"
 expect_grep "stoplong: server 1 promoted its backup of shard 0" "shard 0: its primary is lost: this copy now serves it" \
   "$L/server1.log"
 ckpt_check_same stoplong
+
+# --- the same without a restart: server 0 exits 76 and the run goes on without its rendezvous to its end -------
+write_cfg stopnorestart "replicas = 1" "ctl_timeout = 12"
+setsid "$SRC/deploy/local/launch.sh" -c "$TMP/stopnorestart.ini" -b "$BUILD" >"$TMP/stopnorestart.out" 2>&1 &
+LP=$!
+L=$TMP/stopnorestart/logs
+wait_log "$L/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/stopnorestart.out"; die "stopnorestart: worker 0 did not reach step $at"; }
+victim=$(pgrep -f -- "pfcps-server --config $TMP/stopnorestart.ini --rank 0" | head -1)
+[ -n "$victim" ] || die "stopnorestart: server 0's pid not found"
+kill -STOP "$victim"
+wait_log "$L/worker1.log" "failover (epoch 1): server\\[0\\] lost" 20 ||
+  { kill -CONT "$victim"; tail -20 "$TMP/stopnorestart.out"; die "stopnorestart: worker 1 did not fail the stopped server 0 over"; }
+kill -CONT "$victim"
+s=0; wait "$LP" || s=$?
+LP=
+expect_eq "stopnorestart: launch.sh exits 0" "$s" 0
+expect_grep "stopnorestart: the run goes on after server 0's exit 76" \
+  "server 0 died \\(status 76.*the run goes on without its rendezvous" "$TMP/stopnorestart.out"
+ckpt_check_same stopnorestart
 fi
 
 if has launcher; then
