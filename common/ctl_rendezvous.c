@@ -1584,7 +1584,7 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
         if (nd > 0) {
             snprintf(
                 msg, sizeof msg,
-                "worker[%d] was started with a config that differs from the run's (server 0's) in %d key%s "
+                "worker[%d] was started with a config that differs from the run's in %d key%s "
                 "its endpoints are opened with (the worker's value first, the run's in parentheses): %s; "
                 "start it with the run's config",
                 j->rank, nd, nd > 1 ? "s" : "", diff);

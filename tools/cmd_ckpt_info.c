@@ -320,32 +320,47 @@ static void print_run_line(const step_ident *si)
     printf("  run %s  seed %llu  config digest %.16s\n", rid, (unsigned long long)si->id.seed, cd);
 }
 
-int cmd_ckpt_info(int argc, char **argv)
+/* The command line: --newest into *newest, --run's id into run[] (*want_run 1), the folder into *dir. Returns
+ * 0, or the exit status of a usage error (2, printed). */
+static int parse_args(int argc, char **argv, int *newest, int *want_run, uint8_t *run, const char **dir)
 {
-    int newest = 0, k, want_run = 0;
-    uint8_t run[CKPT_RUN_ID_BYTES];
-    const char *dir = NULL;
     static const tool_opt opts[] = {{"--newest", 0}, {"--run", 1}, {NULL, 0}};
     tool_args a;
+    int k;
     tool_args_init(&a, "ckpt-info", opts, argc, argv);
     while ((k = tool_args_next(&a)) != TOOL_END) {
         if (k == 0)
-            newest = 1;
+            *newest = 1;
         else if (k == 1) {
+            if (*want_run) {
+                fprintf(stderr, "pfcps ckpt-info: --run given twice (one run at a time)\n");
+                return 2;
+            }
             if (!a.arg || ckpt_unhex(a.arg, run, CKPT_RUN_ID_BYTES, 0) < 0) {
                 tool_opt_bad(&a, "a run id of 32 hex digits");
                 return 2;
             }
-            want_run = 1;
-        } else if (k == TOOL_UNKNOWN || dir)
+            *want_run = 1;
+        } else if (k == TOOL_UNKNOWN || *dir)
             return tool_unexpected(&a, k == TOOL_UNKNOWN ? a.opt : a.arg, ckpt_info_usage);
         else
-            dir = a.arg;
+            *dir = a.arg;
     }
-    if (!dir) {
+    if (!*dir) {
         fprintf(stderr, "%s\n", ckpt_info_usage);
         return 2;
     }
+    return 0;
+}
+
+int cmd_ckpt_info(int argc, char **argv)
+{
+    int newest = 0, want_run = 0;
+    uint8_t run[CKPT_RUN_ID_BYTES];
+    const char *dir = NULL;
+    int prc = parse_args(argc, argv, &newest, &want_run, run, &dir);
+    if (prc)
+        return prc;
     char root[4096];
     if (find_root(dir, root, sizeof root))
         return 1;
@@ -377,7 +392,7 @@ int cmd_ckpt_info(int argc, char **argv)
                     "file forged with recomputed digests is not caught)");
     }
     int64_t best = 0;
-    int listed = 0;
+    int listed = 0, unknown = 0;
     for (int i = 0; i < n; i++) {
         int count = 0, S0 = 0, W0 = 0, wpresent = 0, module = 0;
         long long bytes = 0;
@@ -410,6 +425,7 @@ int cmd_ckpt_info(int argc, char **argv)
         if (rc == 0 && best == 0)
             best = steps[i];
         listed++;
+        unknown += !si.set;
         if (newest)
             continue;
         char th[65] = "-", bh[65] = "-";
@@ -429,7 +445,8 @@ int cmd_ckpt_info(int argc, char **argv)
     }
     free(steps);
     if (!newest && want_run)
-        printf("%d of the %d steps listed: run %s's (or of an unknown run)\n", listed, n, want_hex);
+        printf("%d of the %d steps listed: run %s's%s\n", listed, n, want_hex,
+               unknown ? " (or, for those whose files could not be read, of an unknown run)" : "");
     if (newest)
         printf("%lld\n", (long long)best);
     else if (!best)

@@ -48,6 +48,7 @@ expect_eq "config-get --set=KEY=VALUE" "$(env -u PFCPS_SECRET "$PFCPS" config-ge
 expect_eq "config-get --set=secret=... (a value holding '=')" \
   "$(env -u PFCPS_SECRET "$PFCPS" config-get --set=secret=a=b secret)" set
 expect_refusal "unexpected argument '--newest=1'" ckpt-info --newest=1 "$TMP"
+expect_refusal "--run given twice" ckpt-info --run 0123456789abcdef0123456789abcdef --run=0123456789abcdef0123456789abcdef "$TMP"
 expect_refusal "unknown key 'serverz'" config-get serverz
 # The secret: whether one is set (the file, a --set or $PFCPS_SECRET), never its value.
 expect_eq "config-get secret without one" "$(env -u PFCPS_SECRET "$PFCPS" config-get secret)" unset

@@ -67,7 +67,7 @@ cp -r "$TMP/ref/snapshots/step-32" "$TMP/stop10/snapshots/step-8" "$TMP/stop10/s
 expect_eq "mixed: the newest complete step of any run" "$("$PFCPS" ckpt-info --newest "$TMP/mixed")" 32
 expect_eq "mixed: --run of stop10's id" "$("$PFCPS" ckpt-info --newest --run "$stop_run" "$TMP/mixed")" 10
 expect_eq "mixed: --run=ID" "$("$PFCPS" ckpt-info --newest --run="$stop_run" "$TMP/mixed")" 10
-expect_grep "mixed: the listing of one run counts its steps" "^2 of the 3 steps listed: run $stop_run's" - \
+expect_grep "mixed: the listing of one run counts its steps" "^2 of the 3 steps listed: run $stop_run's$" - \
   <<<"$("$PFCPS" ckpt-info --run "$stop_run" "$TMP/mixed")"
 expect_eq "mixed: --run of the reference's id (upper case)" \
   "$("$PFCPS" ckpt-info --newest --run "${ref_run^^}" "$TMP/mixed")" 32
