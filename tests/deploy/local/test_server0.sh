@@ -125,56 +125,47 @@ if grep -q "failover" "$TMP"/*.log; then fail "stop: a failover was decided"; el
 fi
 
 if has stoplong; then
-# --- stoplong: SIGSTOP of server 0 of 2 past twice the silence limit under launch.sh --max-restarts 1 ---------------
+# stop_long NAME [LAUNCH ARGS...]: a launch.sh run of NAME.ini (replicas = 1, ctl_timeout = 12: silence limit 3 s)
+# whose server 0 is stopped at step $at until worker 1 fails it over (the members give up 6 s after their last
+# echoed heartbeat), then continued: every member named the silent rendezvous, launch.sh exits 0, server 0 says
+# it is fenced and exits 76, and the run ends with the reference's bytes. launch.sh's output in $TMP/NAME.out.
+stop_long() {
+  local name=$1 L=$TMP/$1/logs victim t_stop f s=0; shift
+  write_cfg "$name" "replicas = 1" "ctl_timeout = 12"
+  setsid "$SRC/deploy/local/launch.sh" -c "$TMP/$name.ini" -b "$BUILD" "$@" >"$TMP/$name.out" 2>&1 &
+  LP=$!
+  wait_log "$L/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/$name.out"; die "$name: worker 0 did not reach step $at"; }
+  victim=$(pgrep -f -- "pfcps-server --config $TMP/$name.ini --rank 0" | head -1)
+  [ -n "$victim" ] || die "$name: server 0's pid not found"
+  kill -STOP "$victim"
+  t_stop=$(date +%s.%N)
+  wait_log "$L/worker1.log" "failover (epoch 1): server\\[0\\] lost" 20 ||
+    { kill -CONT "$victim"; tail -20 "$TMP/$name.out"; die "$name: worker 1 did not fail the stopped server 0 over"; }
+  echo "$name: worker 1 failed server 0 over $(awk -v a="$(date +%s.%N)" -v b="$t_stop" 'BEGIN {printf "%.1f", a - b}') s after its SIGSTOP"
+  for f in worker0 worker1 server1; do
+    wait_log "$L/$f.log" "failover (epoch 1)" 10 || true
+    expect_grep "$name: $f took the silent rendezvous for lost, server 0 still stopped" \
+      "failover \\(epoch 1\\): server\\[0\\] lost \\(the rendezvous at .* echoed no heartbeat for [0-9.]+ s" "$L/$f.log"
+  done
+  kill -CONT "$victim"
+  wait "$LP" || s=$?
+  LP=
+  expect_eq "$name: launch.sh exits 0" "$s" 0
+  expect_grep "$name: server 0, continued after the others failed it over, is fenced" \
+    "stopped longer than the silence limit, so the members take it for lost .* it is fenced and exits 76" "$L/server0.log"
+  expect_grep "$name: server 1 promoted its backup of shard 0" "shard 0: its primary is lost: this copy now serves it" \
+    "$L/server1.log"
+  ckpt_check_same "$name"
+}
 at=$((6 + RANDOM % 8))
-write_cfg stoplong "replicas = 1" "ctl_timeout = 12"
-setsid "$SRC/deploy/local/launch.sh" -c "$TMP/stoplong.ini" -b "$BUILD" --max-restarts 1 >"$TMP/stoplong.out" 2>&1 &
-LP=$!
-L=$TMP/stoplong/logs
-wait_log "$L/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/stoplong.out"; die "stoplong: worker 0 did not reach step $at"; }
-victim=$(pgrep -f -- "pfcps-server --config $TMP/stoplong.ini --rank 0" | head -1)
-[ -n "$victim" ] || die "stoplong: server 0's pid not found"
-kill -STOP "$victim"
-t_stop=$(date +%s.%N)
-# silence limit 3 s: the members give up 6 s after their last echoed heartbeat
-wait_log "$L/worker1.log" "failover (epoch 1): server\\[0\\] lost" 20 ||
-  { kill -CONT "$victim"; tail -20 "$TMP/stoplong.out"; die "stoplong: worker 1 did not fail the stopped server 0 over"; }
-echo "stoplong: worker 1 failed server 0 over $(awk -v a="$(date +%s.%N)" -v b="$t_stop" 'BEGIN {printf "%.1f", a - b}') s after its SIGSTOP"
-for f in worker0 worker1 server1; do
-  wait_log "$L/$f.log" "failover (epoch 1)" 10 || true
-  expect_grep "stoplong: $f took the silent rendezvous for lost, server 0 still stopped" \
-    "failover \\(epoch 1\\): server\\[0\\] lost \\(the rendezvous at .* echoed no heartbeat for [0-9.]+ s" "$L/$f.log"
-done
-kill -CONT "$victim"
-s=0; wait "$LP" || s=$?
-LP=
-expect_eq "stoplong: launch.sh exits 0" "$s" 0
-expect_grep "stoplong: server 0, continued after the others failed it over, is fenced" \
-  "stopped longer than the silence limit, so the members take it for lost .* it is fenced and exits 76" "$L/server0.log"
+# --- stoplong: under launch.sh --max-restarts 1: server 0 is restarted alone, adopts the run and rejoins ---------
+stop_long stoplong --max-restarts 1
 expect_grep "stoplong: launch.sh restarts server 0 alone after its exit 76" \
   "server 0 exited with status 76 .*restart 1/1 of server 0 alone" "$TMP/stoplong.out"
-expect_grep "stoplong: server 1 promoted its backup of shard 0" "shard 0: its primary is lost: this copy now serves it" \
-  "$L/server1.log"
-ckpt_check_same stoplong
-
 # --- the same without a restart: server 0 exits 76 and the run goes on without its rendezvous to its end -------
-write_cfg stopnorestart "replicas = 1" "ctl_timeout = 12"
-setsid "$SRC/deploy/local/launch.sh" -c "$TMP/stopnorestart.ini" -b "$BUILD" >"$TMP/stopnorestart.out" 2>&1 &
-LP=$!
-L=$TMP/stopnorestart/logs
-wait_log "$L/worker0.log" "Global Step: $at " 120 || { tail -20 "$TMP/stopnorestart.out"; die "stopnorestart: worker 0 did not reach step $at"; }
-victim=$(pgrep -f -- "pfcps-server --config $TMP/stopnorestart.ini --rank 0" | head -1)
-[ -n "$victim" ] || die "stopnorestart: server 0's pid not found"
-kill -STOP "$victim"
-wait_log "$L/worker1.log" "failover (epoch 1): server\\[0\\] lost" 20 ||
-  { kill -CONT "$victim"; tail -20 "$TMP/stopnorestart.out"; die "stopnorestart: worker 1 did not fail the stopped server 0 over"; }
-kill -CONT "$victim"
-s=0; wait "$LP" || s=$?
-LP=
-expect_eq "stopnorestart: launch.sh exits 0" "$s" 0
+stop_long stopnorestart
 expect_grep "stopnorestart: the run goes on after server 0's exit 76" \
   "server 0 died \\(status 76.*the run goes on without its rendezvous" "$TMP/stopnorestart.out"
-ckpt_check_same stopnorestart
 fi
 
 if has launcher; then
