@@ -106,6 +106,22 @@ static int hold_messages(ps_server *S)
     return 1;
 }
 
+/* The progress loop's pause after `idle` (> 200) empty polls of an endpoint without a wait object: it keeps
+ * polling (manual progress) but gives the core away: 10 us between polls, 100 us after a thousand empty polls
+ * (the worker is computing: the wakeups would take its cores) and 500 us after a few thousand (an idle server
+ * costs ~0 CPU; the first request after a long pause waits at most ~0.5 ms more). While an apply runs its
+ * threads have the cores: the loop waits for its end (woken at once by it), polling the endpoint every 20 us
+ * for the first few waits and every 200 us after. */
+static void idle_nap(ps_server *S, int idle)
+{
+    if (S->applying) {
+        pss_apply_wait_for(S, idle <= 250 ? 20000 : 200000);
+        return;
+    }
+    struct timespec ts = {0, idle <= 1000 ? 10000 : idle > 3000 ? 500000 : 100000};
+    nanosleep(&ts, NULL);
+}
+
 static void *progress_main(void *arg)
 {
     ps_server *S = arg;
@@ -165,24 +181,10 @@ static void *progress_main(void *arg)
                 pss_snap_wait(S);
         }
         metrics_set(S->m.queue_depth, (double)(S->queued + S->ncomplete));
-        if (n == 0) {
-            /* Without a wait object, keep polling (manual progress) but give the core away when idle: spin
-             * briefly, then sleep 10 us between polls, 100 us after a thousand empty polls (the worker is
-             * computing: the wakeups would take its cores), and 500 us after a few thousand (an idle server
-             * costs ~0 CPU; the first request after a long pause waits at most ~0.5 ms more). */
-            if (++idle <= 200 || fab_can_wait(S->fab)) {
-                /* spinning, or slept in fab_wait above */
-            } else if (S->applying) {
-                /* The apply threads have the cores: wait for their end (woken at once by it), polling the
-                 * endpoint every 20 us for the first few waits and every 200 us after. */
-                pss_apply_wait_for(S, idle <= 250 ? 20000 : 200000);
-            } else {
-                struct timespec ts = {0, idle <= 1000 ? 10000 : idle > 3000 ? 500000 : 100000};
-                nanosleep(&ts, NULL);
-            }
-        } else {
+        if (n > 0)
             idle = 0;
-        }
+        else if (++idle > 200 && !fab_can_wait(S->fab))
+            idle_nap(S, idle); /* with a wait object the next loop sleeps in fab_wait instead */
     }
     /* Stopping: every step whose pushes are all in is applied (they were acknowledged), a snapshot asked for
      * is started (ps_server_stop waits for it); a server removed from the run changes nothing more. */
@@ -292,7 +294,8 @@ static int transport_open(ps_server *S)
         return rc;
     char modes[256];
     fab_mr_mode_str(fab_mr_mode(S->fab), modes, sizeof(modes));
-    log_info("fabric provider %s, mr_mode %s, %s", fab_provider(S->fab), modes,
+    log_info("shard %d%s: fabric provider %s, mr_mode %s, %s", S->o.rank,
+             S->o.backup ? " (hot-standby copy)" : "", fab_provider(S->fab), modes,
              fab_can_wait(S->fab) ? "idle progress sleeps on the completion queue's wait object"
                                   : "idle progress polls (no wait object)");
     /* The table is registered for local access only: no peer can write (or read) it remotely; rows

@@ -34,7 +34,7 @@ write_cfg() {
 # iso_s LINE: the seconds since the epoch of a log line's leading ISO time.
 iso_s() { date -u -d "$(cut -d' ' -f1 <<<"$1" | sed 's/Z$//; s/T/ /')" +%s.%N; }
 
-# check_run NAME VICTIM: the checks every case shares (see the top).
+# check_run NAME VICTIM SERVERS: the checks every case shares (see the top).
 check_run() {
   local name=$1 victim=$2
   ckpt_check_same "$name"
@@ -46,6 +46,10 @@ check_run() {
   expect_grep "$name: the log says the run is one failure away from the re-form" \
     "one server failure away from the checkpoint re-form" "$TMP/server0.log"
   expect_grep "$name: worker 1 took the failover" "failover \(epoch 1\)" "$TMP/worker1.log"
+  # Server 0 holds shard 0 and the hot-standby copy of the last shard: one provider line for each endpoint.
+  expect_eq "$name: server 0's provider lines name each copy once" \
+    "$(grep -o "shard [0-9]*[^:]*: fabric provider" "$TMP/server0.log" | LC_ALL=C sort | tr '\n' ';')" \
+    "shard 0: fabric provider;shard $(($3 - 1)) (hot-standby copy): fabric provider;"
   if grep -q "resuming at checkpoint\|loading checkpoint" "$TMP"/worker*.log "$TMP"/server*.log; then
     fail "$name: a member loaded a checkpoint"
   else
@@ -86,7 +90,7 @@ grep -m1 "rejoin: both copies loaded\|stopped before the run formed" "$TMP/serve
 next=$(awk -v t="$t_kill" '/Global Step: / {print}' "$TMP/worker0.log" | while read -r line; do
   s=$(iso_s "$line"); if awk -v a="$s" -v b="$t_kill" 'BEGIN {exit !(a > b)}'; then echo "$s"; break; fi; done)
 [ -n "$next" ] && echo "kill: killed at step $at; worker 0 completed its next step $(awk -v a="$next" -v b="$t_kill" 'BEGIN {printf "%.2f", a - b}') s after the kill"
-check_run kill 1
+check_run kill 1 2
 
 # --- stop: SIGSTOP of server 1 of 3, SIGCONT after it was removed -----------------------------------------------
 at=$((6 + RANDOM % 15))
@@ -108,7 +112,7 @@ grep -m1 "taking no message until it answers" "$TMP/server1.log" | sed "s/^/info
 wait_all "${WPIDS[@]}" || { show_logs; die "stop: a worker failed after server 1 was stopped"; }
 wait_servers stop "${SPIDS[0]}" "${SPIDS[2]}"
 expect_grep "stop: server 2's copy of shard 1 took over" "shard 1: its primary is lost: this copy now serves it" "$TMP/server2.log"
-check_run stop 1
+check_run stop 1 3
 
 # --- launcher: the kill of server 1 under deploy/local/launch.sh, which reports it and goes on ---------------------
 write_cfg launch 2 "replicas = 1" "ctl_timeout = 20"
