@@ -871,6 +871,9 @@ int cfg_replaces_workers(const pf_config *cfg, char *why, size_t n)
 const char *const cfg_member_local_keys[] = {"rendezvous",   "metrics_address", "join_timeout",
                                              "data_address", "apply_threads",   NULL};
 
+const char *const cfg_data_plane_keys[] = {
+    "servers", "num_classes", "embedding_size", "wire_dtype", "provider", "replicas", NULL};
+
 const char *const cfg_worker_endpoint_keys[] = {"servers",  "num_classes", "embedding_size", "wire_dtype",
                                                 "provider", "replicas",    "device",         "fp16",
                                                 "bf16",     NULL};

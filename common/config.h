@@ -186,10 +186,15 @@ int cfg_diff(const pf_config *a, const pf_config *b, const pf_config *unset, con
  */
 extern const char *const cfg_member_local_keys[];
 
-/* The keys a worker opens its endpoints and sizes its buffers with from its own config, before the run's
- * arrives (servers, num_classes, embedding_size, wire_dtype, provider, replicas, device, fp16, bf16): a
- * worker whose values differ from the run's cannot take part (worker/train_net.c train_net_check_run; the
- * rendezvous refuses its join). NULL-terminated. */
+/* The keys a worker's parameter-server endpoints and message buffers are opened and sized with from its own
+ * config, before the run's arrives (servers, num_classes, embedding_size, wire_dtype, provider, replicas): a
+ * member whose values differ from the run's cannot take part (worker/train_net.c train_net_check_run).
+ * pfcps.torch sends them at its join, whose rendezvous refuses a mismatch. NULL-terminated. */
+extern const char *const cfg_data_plane_keys[];
+
+/* cfg_data_plane_keys, in the same order, then the keys pfcps-worker sets up its device and ring with before
+ * the run's config arrives (device, fp16, bf16): pfcps-worker sends them at its join, whose rendezvous
+ * refuses a mismatch (common/daemon.c daemon_join). NULL-terminated. */
 extern const char *const cfg_worker_endpoint_keys[];
 
 /* cfg's values of the keys in `list` (NULL-terminated) as "key = value" lines (cfg_format_key's text) into

@@ -47,19 +47,27 @@ int train_net_address(train_net *n, const void *extra, size_t extra_len, uint8_t
 
 int train_net_check_run(const pf_config *local, const pf_config *run)
 {
-    if (local->servers != run->servers || local->num_classes != run->num_classes ||
-        local->embedding_size != run->embedding_size || strcmp(local->wire_dtype, run->wire_dtype) ||
-        strcmp(local->provider, run->provider) || local->replicas != run->replicas)
+    char text[CTL_MAX_ENDPOINT_KEYS], diff[300];
+    int rc = cfg_keys_text(local, cfg_data_plane_keys, text, sizeof text);
+    if (rc < 0)
+        return pf_err_wrap(rc, "the worker's data-plane keys");
+    const int nd = cfg_keys_text_diff(text, run, diff, sizeof diff);
+    if (nd > 0)
         return pf_err(
             -EINVAL,
-            "this worker's config (servers %d, num_classes %lld, embedding_size %d, wire_dtype %s, "
-            "provider %s, replicas %d) differs from the run's (servers %d, num_classes %lld, "
-            "embedding_size %d, wire_dtype %s, provider %s, replicas %d): give every process the same "
-            "config",
-            local->servers, (long long)local->num_classes, local->embedding_size, local->wire_dtype,
-            local->provider, local->replicas, run->servers, (long long)run->num_classes, run->embedding_size,
-            run->wire_dtype, run->provider, run->replicas);
+            "this worker's config differs from the run's in %d key%s its endpoints are opened with (this "
+            "worker's value first, the run's in parentheses): %s; give every process the same config",
+            nd, nd > 1 ? "s" : "", diff);
     return 0;
+}
+
+int train_net_set_join_keys(const pf_config *cfg)
+{
+    char text[CTL_MAX_ENDPOINT_KEYS];
+    int rc = cfg_keys_text(cfg, cfg_data_plane_keys, text, sizeof text);
+    if (rc < 0)
+        return pf_err_wrap(rc, "the worker's data-plane keys");
+    return ctl_set_endpoint_keys(text);
 }
 
 /* The servers: the client's timeout and token, their addresses from the book, connections opened before

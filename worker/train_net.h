@@ -41,9 +41,17 @@ int train_net_open(train_net *n, const pf_config *local, int rank);
 int train_net_address(train_net *n, const void *extra, size_t extra_len, uint8_t *addr, size_t *addr_len);
 
 /* The client was created before the run config was known (its address had to go into the join): checks that
- * what it was created with (servers, num_classes, embedding_size, wire_dtype, provider) matches the run's.
- * Returns 0 or -EINVAL naming both sets of values. */
+ * the keys it was created with (common/config.h cfg_data_plane_keys: servers, num_classes, embedding_size,
+ * wire_dtype, provider, replicas) have the run's values. Returns 0, or -EINVAL naming each differing key with
+ * both values. */
 int train_net_check_run(const pf_config *local, const pf_config *run);
+
+/* Has the next join of this process (common/ctl.h ctl_set_endpoint_keys) carry cfg's values of
+ * cfg_data_plane_keys, so that the rendezvous refuses a mismatch before the member takes a seat (a worker
+ * refused after it joined would leave, and its loss stop the run). For joins through cli_join_run
+ * (pfcps.torch, bench/scale); pfcps-worker's daemon_join sends the longer cfg_worker_endpoint_keys. Returns 0
+ * or a negative code (-ENOSPC). */
+int train_net_set_join_keys(const pf_config *cfg);
 
 /* Connects both endpoints with the run config and the address book: the client's timeout (wait_s), the
  * run's data-plane token (ctl_data_token from `secret` and the book's nonce), borrowed push gradients (the

@@ -293,6 +293,8 @@ static int setup(bench *b)
     if (rc == 0)
         rc = daemon_bind_data_plane(cfg, b->host, b->port);
     if (rc == 0)
+        rc = train_net_set_join_keys(cfg);
+    if (rc == 0)
         rc = train_net_open(&b->net, cfg, rank);
     uint8_t packed[CTL_MAX_ADDR];
     size_t plen = sizeof packed;

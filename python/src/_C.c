@@ -374,6 +374,8 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
     Py_BEGIN_ALLOW_THREADS
     rc = daemon_bind_data_plane(&w->cfg, w->host, w->port);
     if (rc == 0)
+        rc = train_net_set_join_keys(&w->cfg); /* a mismatch is refused before the rank takes a seat */
+    if (rc == 0)
         rc = train_net_open(&w->net, &w->cfg, rank);
     if (rc == 0)
         rc = train_net_address(&w->net, NULL, 0, packed, &plen);
@@ -387,7 +389,8 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
         }
     }
     if (rc == 0)
-        rc = train_net_check_run(&w->cfg, &w->run); /* C, D, servers, wire dtype, provider: the run's */
+        rc = train_net_check_run(&w->cfg, &w->run); /* refused at the join already; kept for a rendezvous
+                                                       that does not parse its run config */
     if (rc == 0 && w->run.workers != world)
         rc = pf_err(-EINVAL, "the run has workers = %d, but torch.distributed has world_size %d",
                     w->run.workers, world);

@@ -686,6 +686,15 @@ static void test_keys_text(void **state)
     assert_int_equal(cfg_keys_text(&w, two, text, 20), -ENOSPC);
     const char *const bad[] = {"no_such_key", NULL};
     assert_int_equal(cfg_keys_text(&w, bad, text, sizeof text), -EINVAL);
+    /* pfcps-worker's join list is pfcps.torch's (the data plane's) and then the device's keys */
+    int nd = 0;
+    for (; cfg_data_plane_keys[nd]; nd++)
+        assert_string_equal(cfg_worker_endpoint_keys[nd], cfg_data_plane_keys[nd]);
+    assert_int_equal(nd, 6);
+    assert_string_equal(cfg_worker_endpoint_keys[nd], "device");
+    assert_true(cfg_keys_text(&w, cfg_data_plane_keys, text, sizeof text) > 0);
+    assert_int_equal(cfg_keys_text_diff(text, &run, out, sizeof out), 1);
+    assert_string_equal(out, "embedding_size = 128 (512)");
     assert_true(cfg_keys_text(&w, cfg_worker_endpoint_keys, text, sizeof text) > 0);
     assert_int_equal(cfg_keys_text_diff(text, &run, out, sizeof out), 1);
     assert_string_equal(out, "embedding_size = 128 (512)");

@@ -33,7 +33,8 @@
 #     rendezvous (within join_timeout), a wrong secret, labels C and -1 (the module stays usable), a batch-size
 #     change, the backward of a step a later forward already ended, a server killed mid-run, and every call
 #     after that; before joining: num_classes other than the config's, workers other than the torch world
-#     size, the margin (1.35, 0, 0), head_mode = local, gradient_acc = 3; forwards under no_grad end their
+#     size, the margin (1.35, 0, 0), head_mode = local, gradient_acc = 3; at the join, servers = 3 against the
+#     run's 2 (refused before the rank takes a seat: the run stays formed for the cases after it); forwards under no_grad end their
 #     steps skipped (two in a row give the same loss: no row moved).
 #   - importing pfcps leaves Python's SIGINT / SIGTERM handling in place;
 # Skips (77, or fails under PFCPS_REQUIRE_REFERENCES=1) when PFCPS_PYTHON lacks torch, numpy, safetensors or
@@ -589,7 +590,7 @@ wait_log "$TMP/errors.log" KILL-SERVER-1 60 || { cat "$TMP/errors.log"; die "the
 kill -KILL "${SPIDS[1]}"
 s=0; wait "$EP" || s=$?
 grep -E "^(ok|FAIL) " "$TMP/errors.log"
-for c in missing_config class_mismatch world_mismatch margin_refused head_mode_local gradient_acc unreachable wrong_secret label_high label_negative batch_change no_checkpoints stale_backward no_grad_skip server_lost after_failure; do
+for c in missing_config class_mismatch world_mismatch margin_refused head_mode_local gradient_acc endpoint_keys unreachable wrong_secret label_high label_negative batch_change no_checkpoints stale_backward no_grad_skip server_lost after_failure; do
   grep -q "^ok   $c:" "$TMP/errors.log" || fail "error case $c"
 done
 [ "$s" -eq 0 ] || { tail -20 "$TMP/errors.log"; fail "the error script exited $s"; }

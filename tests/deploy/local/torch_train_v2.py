@@ -312,6 +312,13 @@ def errors(a):
     fails += expect_error("head_mode_local", lambda: mk(a.run, ["head_mode=local"]), "'head_mode' = local",
                           max_s=2)
     fails += expect_error("gradient_acc", lambda: mk(a.run, ["gradient_acc=3"]), "'gradient_acc' = 3", max_s=2)
+    # A key the module's endpoints are opened with (servers), other than the run's: the rendezvous refuses the
+    # join before the rank takes a seat, naming the key with both values, so the run stays formed and the
+    # cases below join it.
+    fails += expect_error("endpoint_keys", lambda: mk(a.run, ["servers=3"]),
+                          "worker[0] was started with a config that differs from the run's in 1 key its endpoints "
+                          "are opened with (the worker's value first, the run's in parentheses): servers = 3 (2)",
+                          max_s=5)
     # The module of the cases below pushes at each backward (checkpoints=False); the training runs cover the
     # default, pushes sent at the next forward.
     m = pfcps.torch.PartialFC(margin, a.D, a.C, 1.0, run=a.run, checkpoints=False)
