@@ -292,7 +292,7 @@ for victim in 1 0; do
   start_servers $name
   timeout 300 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/$name.ini" --C $C --D $D --batch $BATCH \
     --steps $STEPS --out "$TMP/$name.json" --pause-after 8 --pause-s 4 >"$TMP/$name.rank0.log" 2>&1 &
-  fpid=$!; PIDS+=($fpid)
+  fpid=$!; PIDS+=("$fpid")
   wait_log "$TMP/$name.rank0.log" PAUSE 120 || { cat "$TMP/$name.rank0.log"; die "$name: the script did not pause"; }
   kill -9 "${SPIDS[$victim]}"
   s=0; wait "$fpid" || s=$?
@@ -530,7 +530,7 @@ num_workers = 1
 INI
   "$SERVER" --config "$TMP/past.ini" --rank 0 >"$TMP/past.server0.log" 2>&1 &
   local sp=$! s=0
-  PIDS+=($sp)
+  PIDS+=("$sp")
   timeout 120 "$WORKER" --config "$TMP/past.ini" --rank 0 --max-steps "$1" --trace "$TMP/past.trace" \
     >"$TMP/past.worker0.log" 2>&1 || s=$?
   kill -KILL $sp 2>/dev/null; wait $sp 2>/dev/null
@@ -585,7 +585,7 @@ write_run err 1 10
 start_servers err
 "$PFCPS_PYTHON" "$SCRIPT" errors --run "$TMP/err.ini" --bad-rendezvous "$TMP/bad.ini" --C $C --D $D \
   --batch $BATCH >"$TMP/errors.log" 2>&1 &
-EP=$!; PIDS+=($EP)
+EP=$!; PIDS+=("$EP")
 wait_log "$TMP/errors.log" KILL-SERVER-1 60 || { cat "$TMP/errors.log"; die "the error script did not get to the lost server"; }
 kill -KILL "${SPIDS[1]}"
 s=0; wait "$EP" || s=$?
