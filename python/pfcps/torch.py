@@ -36,6 +36,7 @@ centers as they were (the module counts the optimizer's steps and drops that ste
 checkpoints=True; with checkpoints=False the push has already gone at backward.
 """
 import atexit
+import sys
 import gc
 import math
 import os
@@ -86,9 +87,13 @@ _live = weakref.WeakSet()
 
 @atexit.register
 def _close_all():
+    # An exception that ended the script (KeyboardInterrupt included: the interpreter sets sys.last_value, or
+    # sys.last_exc from 3.12, before the exit handlers run) is not the end of training: the modules close
+    # without leaving in order, so that the run takes this rank as lost and re-forms rather than ending.
+    in_order = getattr(sys, "last_exc", None) is None and getattr(sys, "last_value", None) is None
     for m in list(_live):
         try:
-            m.close()
+            m.close(in_order=in_order)
         except Exception:
             pass
 
@@ -570,12 +575,18 @@ class PartialFC(torch.nn.Module):
         b = self._worker.sampled_ids()
         return torch.frombuffer(bytearray(b), dtype=torch.int64) if b else torch.empty(0, dtype=torch.int64)
 
-    def close(self):
-        """Leaves the run in order (the last step's push goes; the servers end the run when every worker has
-        left)."""
-        if self._worker.joined:
-            self._settle()
-        self._worker.close()
+    def close(self, in_order=True):
+        """Leaves the run in order: the last step's push goes, the ranks meet at a barrier, and the servers end
+        the run when every worker has left. With in_order=False (a script that stops on an error it caught),
+        or when the module failed or a rank is still inside a step, it closes without that leave: the run
+        takes this rank as lost and re-forms from its newest checkpoint instead of ending."""
+        if in_order and self._worker.joined:
+            try:
+                self._settle()
+            except Exception:
+                self._worker.close(in_order=False)
+                raise
+        self._worker.close(in_order=in_order)
 
     def extra_repr(self):
         return (f"embedding_size={self.embedding_size}, num_classes={self.num_classes}, "

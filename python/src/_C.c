@@ -973,21 +973,37 @@ static PyObject *Worker_fail(Worker *w, PyObject *args)
     return raise_code(-EPROTO, w->failed_msg);
 }
 
-/* Stops the watcher, leaves the run in order (when the run is healthy: a forward without backward ends
- * skipped, the queued push goes, and every worker meets at a ring barrier) and closes the control session. The fabric endpoints stay open
- * until the process exits (as pfcps-worker: common/daemon.h daemon_exit_now). */
-static void worker_leave(Worker *w)
+/* Stops the watcher, closes the control session and, when `in_order` and the module is healthy, leaves the
+ * run in order first: a forward without backward ends skipped, the queued push goes, every rank meets at a
+ * ring barrier (a rank still inside a step fails it instead), and under replicas = 1 every live server hears
+ * this rank is done. A leave in order tells the rendezvous this worker's training is over (the run ends once
+ * every worker left); otherwise the session closes without it, which the run takes as this worker's loss (it
+ * re-forms: exit 75). Not in order: the caller says so (an exception ends the script), the module failed
+ * (a step's error, a lost member), or a step of the leave failed. The fabric endpoints stay open until the
+ * process exits (as pfcps-worker: common/daemon.h daemon_exit_now). */
+static void worker_leave(Worker *w, int in_order)
 {
     if (!w->joined)
         return;
-    int healthy = !w->failed && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE);
+    int healthy = in_order && !w->failed && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE);
+    if (!healthy)
+        log_warn("leaving the run not in order (%s): the run takes this worker as lost",
+                 !in_order   ? "the script ends with an exception"
+                 : w->failed ? w->failed_msg
+                             : "the run broke");
     Py_BEGIN_ALLOW_THREADS
     if (healthy && w->pending)
         queue_skipped(w);
-    if (healthy && flush_push(w, 0) < 0)
-        log_error("leaving the run: the last step's push failed: %s", pf_errmsg());
-    if (healthy && w->net.have_coll)
-        coll_barrier(&w->net.coll);
+    if (healthy && flush_push(w, 0) < 0) {
+        log_error("leaving the run: the last step's push failed: %s; not leaving in order", pf_errmsg());
+        healthy = 0;
+    }
+    if (healthy && w->net.have_coll && coll_barrier(&w->net.coll) < 0) {
+        log_error("leaving the run: the ranks' barrier failed (another rank is still inside a step, or "
+                  "lost): %s; not leaving in order",
+                  pf_errmsg());
+        healthy = 0;
+    }
     /* replicas = 1: every live server hears that this worker is done, so that servers which lost the
      * rendezvous with server 0 stop once every worker is (with the rendezvous its shutdown does that too) */
     if (healthy && w->run.replicas && w->net.ps && ps_client_done(w->net.ps, w->run.ctl_timeout) < 0)
@@ -996,7 +1012,8 @@ static void worker_leave(Worker *w)
     if (w->watching)
         pthread_join(w->watcher, NULL);
     w->watching = 0;
-    ctl_session_leave(w->sess);
+    if (healthy)
+        ctl_session_leave(w->sess);
     ctl_session_close(w->sess);
     Py_END_ALLOW_THREADS
     w->sess = NULL;
@@ -1004,16 +1021,21 @@ static void worker_leave(Worker *w)
     w->secret[0] = '\0'; /* no second join: the endpoints of this one stay open until the process exits */
 }
 
-static PyObject *Worker_close(Worker *w, PyObject *noargs)
+/* close(in_order=True): leaves the run (worker_leave); in_order=False closes without the leave, so that the
+ * run takes this worker as lost. */
+static PyObject *Worker_close(Worker *w, PyObject *args, PyObject *kw)
 {
-    (void)noargs;
-    worker_leave(w);
+    static char *kwlist[] = {"in_order", NULL};
+    int in_order = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", kwlist, &in_order))
+        return NULL;
+    worker_leave(w, in_order);
     Py_RETURN_NONE;
 }
 
 static void Worker_dealloc(Worker *w)
 {
-    worker_leave(w);
+    worker_leave(w, 1);
     fab_set_interrupt(NULL); /* the flag is this Worker's */
     pfc_free(&w->x);
     free(w->centers);
@@ -1130,7 +1152,8 @@ static PyMethodDef Worker_methods[] = {
     {"skip", (PyCFunction)Worker_skip, METH_NOARGS, "skip(): end a forward that gets no backward"},
     {"drop_queued", (PyCFunction)Worker_drop_queued, METH_NOARGS,
      "drop_queued() -> bool: the queued push becomes an empty skipped one (the optimizer step did not run)"},
-    {"close", (PyCFunction)Worker_close, METH_NOARGS, "close(): leave the run in order"},
+    {"close", (PyCFunction)(void (*)(void))Worker_close, METH_VARARGS | METH_KEYWORDS,
+     "close(in_order=True): leave the run in order, or (in_order=False) close as a lost worker"},
     {"sampled_ids", (PyCFunction)Worker_sampled_ids, METH_NOARGS,
      "sampled_ids() -> bytes: the last forward's sampled class ids (int64, ascending)"},
     {NULL, NULL, 0, NULL},

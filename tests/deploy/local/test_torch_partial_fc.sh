@@ -317,6 +317,50 @@ PY
   else fail "replicas = 1: the run after server $victim's failover differs from the uninterrupted one"; fi
 done
 
+# A script that ends with an uncaught exception has not finished training: the module closes without leaving
+# the run in order, so the servers take the rank as lost and exit 75 (the checkpoint re-form), not 0 (the run
+# over). raise_case NAME WORLD RANK: WORLD ranks, RANK's script (every rank's with RANK "all") raises
+# RuntimeError after 5 steps; with 2 ranks the other one must fail naming the lost member, not a ring protocol
+# error of the leaving rank's barrier.
+raise_case() {
+  local name=$1 world=$2 who=$3 r s mport pids=() extra=()
+  [ "$who" = all ] || extra=(--raise-rank "$who")
+  write_run "$name" "$world" 30
+  start_servers "$name"
+  mport=$(free_port)
+  for ((r = 0; r < world; r++)); do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=$world RANK=$r \
+      timeout 120 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/$name.ini" --C $C --D $D \
+      --batch $BATCH --steps $STEPS --out "$TMP/$name.json" --raise-after 5 \
+      "${extra[@]}" >"$TMP/$name.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for ((r = 0; r < world; r++)); do
+    s=0; wait "${pids[$r]}" || s=$?
+    if [ "$who" = all ] || [ "$who" = "$r" ]; then
+      expect_grep "$name: rank $r's script raised" "RuntimeError: the script fails after 5 steps" "$TMP/$name.rank$r.log"
+    else
+      expect_grep "$name: rank $r fails naming the lost rank" \
+        "PfcpsError: .*worker\[$who\] .*disconnected without leaving the run" "$TMP/$name.rank$r.log"
+      if grep -q "ring rank .* a [0-9]*-byte message from rank" "$TMP/$name.rank$r.log"; then
+        fail "$name: rank $r got a ring protocol error from the leaving rank"
+      fi
+    fi
+    [ "$s" -ne 0 ] || fail "$name: rank $r exited 0"
+  done
+  r=0
+  for p in "${SPIDS[@]}"; do
+    wait_exit "$p" 60 || { tail -5 "$TMP/$name.server$r.log"; die "$name: server $r still runs"; }
+    s=0; wait "$p" || s=$?
+    expect_eq "$name: server $r exits 75 (the re-form), not 0 (the run over)" "$s" 75
+    r=$((r + 1))
+  done
+  expect_grep "$name: the rendezvous took the rank as lost" "worker\[${who/all/0}\] .*disconnected without leaving the run" \
+    "$TMP/$name.server0.log"
+}
+raise_case raise1 1 all
+raise_case raise2 2 1
+
 # Checkpoint and resume, bit for bit: 2 ranks at sample_rate 0.5 (most rows skip most steps: the servers' dense
 # closed form), 20 steps uninterrupted (state saved at step 20) against: 10 steps, arcface_torch's checkpoint
 # files at step 10 (each rank its own, the module's state_dict naming the servers' checkpoint 10), 3 steps

@@ -19,6 +19,8 @@ The two lines that differ between the head implementations are marked "the two-l
         --pause-after N[,N...] --pause-s S: after N global steps print "PAUSE" and sleep S seconds, then
             train on (the test kills or restarts a server meanwhile)
         --hang-after N: after N global steps print "HANG" and sleep (the test kills the processes)
+        --raise-after N [--raise-rank R]: after N global steps rank R (default: every rank) raises RuntimeError
+            out of the script (an uncaught exception: the module closes without leaving the run in order)
         --table-out F (reference): the final class-center table (float64, C x D) to F (torch.save)
     torch_train_v2.py errors --run RUN.ini --bad-rendezvous RUN2.ini   (the error cases of tests/deploy/local/
                                                                        test_torch_partial_fc.sh)
@@ -239,6 +241,8 @@ def train(a):
         if a.hang_after and step + 1 == a.hang_after:
             print(f"HANG after {step + 1} steps", flush=True)
             time.sleep(600)
+        if a.raise_after and step + 1 == a.raise_after and a.raise_rank in (None, rank):
+            raise RuntimeError(f"the script fails after {step + 1} steps")
     secs = time.time() - t0
     module_step = None
     if a.head == "pfcps":
@@ -420,6 +424,8 @@ def main():
             t.add_argument("--save-at", type=int, default=0)
             t.add_argument("--resume")
             t.add_argument("--hang-after", type=int, default=0)
+            t.add_argument("--raise-after", type=int, default=0)
+            t.add_argument("--raise-rank", type=int, default=None)
             t.add_argument("--pause-after", type=lambda v: {int(x) for x in v.split(",")}, default=set())
             t.add_argument("--pause-s", type=float, default=3.0)
             t.add_argument("--table-out")
