@@ -141,6 +141,11 @@ int ctl_set_endpoint_keys(const char *text);
  * instead of after the whole join timeout). NULL turns it off. Set it once, before joining. */
 void ctl_set_interrupt(const volatile sig_atomic_t *flag);
 
+/* As ctl_set_interrupt, with a function the join calls at each of its ticks (about every 0.1 s) from the
+ * joining thread: non-zero makes the join give up with -EINTR (pfcps.torch runs Python's signal handlers
+ * there, so that Ctrl-C ends a join as it ends any Python call). NULL turns it off. */
+void ctl_set_interrupt_check(int (*check)(void));
+
 /* The checkpoint steps (common/ckpt.h) this process holds complete and valid, with the run identity their
  * files carry (ids[i] of steps[i]), sent with every later ctl_join (copied; n <= CTL_MAX_RESUME_STEPS, steps
  * > 0). When the rendezvous resumes (ctl_rendezvous_opts.resume) it picks the newest step every member listed

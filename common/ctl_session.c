@@ -329,11 +329,22 @@ void ctl_set_interrupt(const volatile sig_atomic_t *flag)
     g_join_interrupt = flag;
 }
 
-/* -EINTR (named) once ctl_set_interrupt's flag is raised, else 0. */
+/* ctl_set_interrupt_check's function. */
+static int (*g_join_check)(void);
+
+void ctl_set_interrupt_check(int (*check)(void))
+{
+    g_join_check = check;
+}
+
+/* -EINTR (named) once ctl_set_interrupt's flag is raised or ctl_set_interrupt_check's function says so, else
+ * 0. */
 static int join_interrupted(void)
 {
     if (g_join_interrupt && *g_join_interrupt)
         return pf_err(-EINTR, "interrupted (SIGTERM/SIGINT) while waiting for the run to form");
+    if (g_join_check && g_join_check())
+        return pf_err(-EINTR, "interrupted (a signal) while waiting for the run to form");
     return 0;
 }
 
@@ -358,8 +369,8 @@ static int join_recv(ctl_session *s, double deadline, Pfcps__CtlMessage **out)
 /* Connects to the rendezvous at host:port by `deadline`, resolving the name (pf_resolve) and retrying a
  * refused connection every 0.1 s (the rendezvous may not be up yet), saying so every CTL_JOIN_PROGRESS_S.
  * Returns 0 with *out_fd (non-blocking, TCP_NODELAY), -EINTR when interrupted, or the last connect error
- * named with host:port. */
-static int connect_by(const char *host, int port, double deadline, int *out_fd)
+ * named with host:port and `limit` (what bounded the tries, e.g. "join_timeout (30 s)"). */
+static int connect_by(const char *host, int port, double deadline, const char *limit, int *out_fd)
 {
     char portstr[16];
     snprintf(portstr, sizeof portstr, "%d", port);
@@ -416,8 +427,8 @@ static int connect_by(const char *host, int port, double deadline, int *out_fd)
         }
         poll(NULL, 0, 100); /* the rendezvous may not be up yet */
     }
-    return pf_err(-last, "cannot connect to the rendezvous at %s:%d within join_timeout (%.0f s): %s", host,
-                  port, deadline - t0, strerror(last));
+    return pf_err(-last, "cannot connect to the rendezvous at %s:%d within %s: %s", host, port, limit,
+                  strerror(last));
 }
 
 /* The first exchange: the service's hello (its nonce and protocol version), answered with this member's
@@ -544,7 +555,9 @@ int ctl_join(const char *host, int port, ctl_role role, int rank, const void *ad
             return pf_err(-ENOMEM, "join: out of memory");
         s->max_frame = max_frame;
         pthread_mutex_init(&s->send_mu, NULL);
-        int rc = connect_by(host, port, deadline, &s->fd);
+        char limit[64];
+        snprintf(limit, sizeof limit, "join_timeout (%.0f s)", timeout_s);
+        int rc = connect_by(host, port, deadline, limit, &s->fd);
         if (rc < 0) {
             pthread_mutex_destroy(&s->send_mu);
             free(s);
@@ -723,7 +736,7 @@ static int try_resume(ctl_session *s)
 {
     int fd = -1;
     double now = pf_now_s();
-    if (connect_by(s->host, s->port, now + 0.2, &fd) < 0)
+    if (connect_by(s->host, s->port, now + 0.2, "0.2 s", &fd) < 0)
         return -1;
     pthread_mutex_lock(&s->send_mu);
     s->fd = fd;

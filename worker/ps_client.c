@@ -57,6 +57,9 @@ typedef struct slot {
 struct ps_req {
     struct ps_req *next; /* in the client's list of requests with messages still to send */
     double t_start;      /* when it was made (pf_now_s) */
+    double wait_t0;      /* when the first ps_wait on it began (0: none yet): a wait in several calls (a
+                            caller's slices) is said and bounded in its messages from there */
+    double next_log;     /* when ps_wait says next that it still waits */
     int op;
     int status;
     char err[PF_ERRMSG_MAX];
@@ -1189,7 +1192,11 @@ static void wait_account(ps_client *c, const ps_req *r, double t0, int done)
 
 int ps_wait(ps_client *c, ps_req *r, double timeout_s)
 {
-    double t0 = pf_now_s(), next_log = t0 + (timeout_s > 0 ? timeout_s / 16 : 30);
+    const double t0 = pf_now_s(), log_every = c->timeout > 0 ? c->timeout / 16 : 30;
+    if (r->wait_t0 == 0) {
+        r->wait_t0 = t0;
+        r->next_log = t0 + log_every;
+    }
     int idle = 0;
     if (c->m_wait) {
         c->waiting = r;
@@ -1217,19 +1224,20 @@ int ps_wait(ps_client *c, ps_req *r, double timeout_s)
                 abandon(c, r);
                 return rc;
             }
-            if ((timeout_s >= 0 && now - t0 > timeout_s) || now >= next_log) {
+            if ((timeout_s >= 0 && now - t0 > timeout_s) || now >= r->next_log) {
                 char who[600];
                 waiting_for(c, r, who, sizeof who);
                 if (timeout_s >= 0 && now - t0 > timeout_s) {
                     wait_account(c, r, t0, 0);
                     return pf_err(-ETIMEDOUT,
                                   "no reply from %s within %.1f s (%s of step %lld, %d messages outstanding)",
-                                  who, timeout_s, op_name(r), (long long)r->step, r->remaining);
+                                  who, now - r->wait_t0, op_name(r), (long long)r->step, r->remaining);
                 }
-                /* A stall is said while it lasts (every timeout / 16: ctl_timeout / 4 for the workers). */
-                log_warn("still waiting for %s: %s of step %lld, %.0f s so far, %d messages outstanding", who,
-                         op_name(r), (long long)r->step, now - t0, r->remaining);
-                next_log = now + (timeout_s > 0 ? timeout_s / 16 : 30);
+                /* A stall is said while it lasts (every client timeout / 16: ctl_timeout / 4 for the
+                 * workers), counted from the request's first wait. */
+                log_warn("still waiting for %s: %s of step %lld, %.1f s so far, %d messages outstanding", who,
+                         op_name(r), (long long)r->step, now - r->wait_t0, r->remaining);
+                r->next_log = now + log_every;
             }
             /* Without a wait object: give the core away briefly (servers may share it), longer after a
              * thousand empty polls (a server busy applying or gathering needs the core more than this wait

@@ -141,14 +141,17 @@ int ps_push(ps_client *c, const int64_t *ids, size_t n, const float *grads, floa
 int ps_push_ex(ps_client *c, const int64_t *ids, size_t n, const float *grads, float lr, int64_t step,
                uint32_t flags, ps_req **req);
 
-/* Waits up to timeout_s seconds (< 0: no limit) for req. Returns 0 when every server answered OK, the first
+/* Waits up to timeout_s seconds (< 0: no limit) for req; while it waits it logs "still waiting" every client
+ * timeout / 16 (ps_client_set_timeout), counted from the first ps_wait on req, so that a caller waiting in
+ * several calls is told of the whole stall once per period, and a -ETIMEDOUT's message gives the time since
+ * that first wait. Returns 0 when every server answered OK, the first
  * server error (pf_errmsg has the server's text), -ECOMM as soon as a server the request needs is found
  * unreachable (see "Dead servers" above; so even with no limit a dead server ends the wait within about the
  * client's timeout, while a live server holding a pull for its step is waited for), -ECANCELED once the
  * process' fab_set_interrupt flag is raised (common/fabric.h: its control watcher saw the run break), another
- * negative code for a failure on this side, or -ETIMEDOUT (req stays valid: wait again). Any return other than -ETIMEDOUT
- * releases req: replies still due from other servers are dropped when they come, never written to the
- * request's buffers, so they may be freed at once. */
+ * negative code for a failure on this side, or -ETIMEDOUT (req stays valid: wait again). Any return other
+ * than -ETIMEDOUT releases req: replies still due from other servers are dropped when they come, never
+ * written to the request's buffers, so they may be freed at once. */
 int ps_wait(ps_client *c, ps_req *req, double timeout_s);
 
 /* Makes progress; returns 1 when req is complete or has failed (then call ps_wait to collect it), 0 if not

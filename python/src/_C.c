@@ -65,6 +65,8 @@ static PyObject *PfcpsError;
 /* Raises PfcpsError(msg) with .code = code (a negative errno). Returns NULL. */
 static PyObject *raise_code(int code, const char *msg)
 {
+    if (PyErr_Occurred())
+        return NULL; /* an exception a signal handler raised during the call (py_signalled) goes first */
     PyObject *exc = PyObject_CallFunction(PfcpsError, "s", msg);
     if (!exc)
         return NULL;
@@ -76,6 +78,22 @@ static PyObject *raise_code(int code, const char *msg)
     PyErr_SetObject(PfcpsError, exc);
     Py_DECREF(exc);
     return NULL;
+}
+
+/* The thread that imported the module (the main thread: Python runs signal handlers there only). */
+static pthread_t g_main_thread;
+
+/* Runs Python's signal handlers from a wait that runs without the GIL (a join's tick, a pull's or push's
+ * slice): 1 when one raised (KeyboardInterrupt on Ctrl-C; the exception stays set, so that the call returns
+ * it: raise_code keeps it), else 0. Only in the main thread (others: 0, without taking the GIL). */
+static int py_signalled(void)
+{
+    if (!pthread_equal(pthread_self(), g_main_thread))
+        return 0;
+    PyGILState_STATE g = PyGILState_Ensure();
+    int raised = PyErr_CheckSignals() < 0;
+    PyGILState_Release(g);
+    return raised;
 }
 
 typedef struct {
@@ -573,10 +591,11 @@ static PyObject *Worker_head_init(Worker *w, PyObject *args)
                          hp.margin_grad == HEAD_MARGIN_GRAD_EXACT ? "exact" : "straight_through");
 }
 
-/* ps_wait for req up to the client's bound (net.wait_s), in slices of 0.25 s, giving up with -ENOLINK and the
- * control watcher's report as soon as the run broke (a server that failed says why there, long before the data
- * plane's own bound). The request is then abandoned with the worker broken: no later call makes progress on
- * the client, so no late reply lands in its buffers. Runs without the GIL. */
+/* ps_wait for req up to the client's bound (net.wait_s), in slices of 0.25 s, giving up with -EINTR when a
+ * Python signal handler raised between two slices (Ctrl-C: py_signalled), or with -ENOLINK and the
+ * control watcher's report as soon as the run broke (a server that failed says why there, long before the
+ * data plane's own bound). The request is then abandoned with the worker broken: no later call makes progress
+ * on the client, so no late reply lands in its buffers. Runs without the GIL. */
 static int wait_req(Worker *w, ps_req *req)
 {
     const double slice = 0.25, until = pf_now_s() + w->net.wait_s;
@@ -587,6 +606,8 @@ static int wait_req(Worker *w, ps_req *req)
             return rc;
         if (__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE))
             return pf_err(-ENOLINK, "%s", w->broken_msg);
+        if (py_signalled())
+            return pf_err(-EINTR, "interrupted by a signal while waiting for the servers");
     }
 }
 
@@ -1208,6 +1229,8 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__C(void)
 {
+    g_main_thread = pthread_self();
+    ctl_set_interrupt_check(py_signalled); /* Ctrl-C ends a join (ctl_join's ticks) */
     if (PyType_Ready(&WorkerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);

@@ -36,7 +36,10 @@
 #     size, the margin (1.35, 0, 0), head_mode = local, gradient_acc = 3; at the join, servers = 3 against the
 #     run's 2 (refused before the rank takes a seat: the run stays formed for the cases after it); forwards under no_grad end their
 #     steps skipped (two in a row give the same loss: no row moved).
-#   - importing pfcps leaves Python's SIGINT / SIGTERM handling in place;
+#   - importing pfcps leaves Python's SIGINT / SIGTERM handling in place; Ctrl-C (SIGINT) in the join and in a
+#     step stalled on a stopped server raises KeyboardInterrupt within 2 s, and the servers take the rank as lost;
+#   - a script that ends with an uncaught exception (1 rank; rank 1 of 2) is not the end of the run: the servers
+#     exit 75 (the re-form), and the other rank's error names the lost rank;
 # Skips (77, or fails under PFCPS_REQUIRE_REFERENCES=1) when PFCPS_PYTHON lacks torch, numpy, safetensors or
 # mesonpy (meson-python; tests/pyenv.sh installs them), or ninja is missing.
 source "$(dirname "$0")/cluster.sh" "$@"
@@ -639,4 +642,30 @@ for c in missing_config class_mismatch world_mismatch margin_refused head_mode_l
 done
 [ "$s" -eq 0 ] || { tail -20 "$TMP/errors.log"; fail "the error script exited $s"; }
 kill -KILL "${SPIDS[0]}" 2>/dev/null
+
+# Ctrl-C while the module waits (torch_train_v2.py sigint: SIGINT 1 s into the call): in its join (nobody
+# listens at sigj's rendezvous, join_timeout 30 s), and in a step whose server 1 is stopped (ctl_timeout 10 s:
+# the data plane would wait 40 s). KeyboardInterrupt must come out within 2 s with its traceback, Python's exit
+# for it (130), and the servers must take the interrupted rank as lost (exit 75), not the run as done.
+sigint_case() {
+  local name=$1 s=0; shift
+  timeout 60 "$PFCPS_PYTHON" "$SCRIPT" sigint --run "$TMP/$name.ini" --C $C --D $D --batch $BATCH "$@" \
+    >"$TMP/$name.log" 2>&1 || s=$?
+  grep -E "^(ok|FAIL) " "$TMP/$name.log"
+  grep -q "^ok   sigint_" "$TMP/$name.log" || { tail -5 "$TMP/$name.log"; fail "$name: no KeyboardInterrupt within 2 s"; }
+  expect_grep "$name: the KeyboardInterrupt's traceback is printed" "^KeyboardInterrupt" "$TMP/$name.log"
+  expect_eq "$name: the script's exit status (Python's for KeyboardInterrupt)" "$s" 130
+}
+write_run sigj 1 30
+sigint_case sigj
+write_run sigs 1 10
+start_servers sigs
+sigint_case sigs --stop-pid "${SPIDS[1]}"
+r=0
+for p in "${SPIDS[@]}"; do
+  wait_exit "$p" 60 || { tail -5 "$TMP/sigs.server$r.log"; die "sigs: server $r still runs"; }
+  s=0; wait "$p" || s=$?
+  expect_eq "sigs: server $r exits 75 (the interrupted rank is lost), not 0" "$s" 75
+  r=$((r + 1))
+done
 expect_summary

@@ -41,6 +41,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
 import time
 
@@ -384,6 +385,54 @@ def errors(a):
     return 1 if fails else 0
 
 
+def sigint(a):
+    """Ctrl-C (SIGINT to this process, 1 s after the call began) while the module waits: in its join (nobody at
+    the rendezvous, join_timeout 30 s), or, with --stop-pid P, in a step (server P stopped with SIGSTOP after 3
+    steps; ctl_timeout 10 s, so the data plane waits 40 s). KeyboardInterrupt must come out of the call within
+    2 s of the signal, with its traceback (the script prints "ok   NAME" first, then re-raises it)."""
+    import pfcps.torch
+    import threading
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # background jobs of a shell start ignoring it
+    torch.set_num_threads(1)
+    margin = Margin(64.0, 1.0, 0.5, 0.0)
+    name = "sigint_step" if a.stop_pid else "sigint_join"
+
+    def interrupted(fn):
+        t = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+        t0 = time.time()
+        t.start()
+        try:
+            fn()
+        except KeyboardInterrupt:
+            dt = time.time() - t0 - 1.0
+            print(f"{'ok  ' if dt < 2 else 'FAIL'} {name}: KeyboardInterrupt {dt:.2f} s after the SIGINT", flush=True)
+            raise
+        print(f"FAIL {name}: the call returned without KeyboardInterrupt after {time.time() - t0:.1f} s", flush=True)
+        return 1
+
+    if not a.stop_pid:
+        return interrupted(lambda: pfcps.torch.PartialFC(margin, a.D, a.C, 1.0, run=a.run))
+    m = pfcps.torch.PartialFC(margin, a.D, a.C, 1.0, run=a.run)
+    net = backbone(a.D, torch.float32)
+    opt = torch.optim.SGD([{"params": net.parameters()}, {"params": m.parameters()}], lr=0.1, momentum=0.9,
+                          weight_decay=5e-4)
+
+    def step(s):
+        images, labels = batch(7, s, 0, a.batch, a.C, torch.float32)
+        loss = m(net(images), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    for s in range(3):
+        step(s)
+    os.kill(a.stop_pid, signal.SIGSTOP)
+    try:
+        return interrupted(lambda: [step(s) for s in range(3, 10)])
+    finally:
+        os.kill(a.stop_pid, signal.SIGCONT)
+
+
 def main():
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -392,7 +441,7 @@ def main():
     c.add_argument("C", type=int)
     c.add_argument("D", type=int)
     c.add_argument("seed", type=int)
-    for name in ("train", "errors"):
+    for name in ("train", "errors", "sigint"):
         t = sub.add_parser(name)
         t.add_argument("--run")
         t.add_argument("--C", type=int, required=True)
@@ -429,9 +478,11 @@ def main():
             t.add_argument("--pause-after", type=lambda v: {int(x) for x in v.split(",")}, default=set())
             t.add_argument("--pause-s", type=float, default=3.0)
             t.add_argument("--table-out")
-        else:
+        elif name == "errors":
             t.add_argument("--bad-rendezvous", required=True)
             t.add_argument("--kill-wait", default="2")
+        else:
+            t.add_argument("--stop-pid", type=int, default=0)
     a = p.parse_args()
     if a.cmd == "make-centers":
         make_centers(a)
@@ -439,6 +490,8 @@ def main():
     if a.cmd == "train":
         train(a)
         return 0
+    if a.cmd == "sigint":
+        return sigint(a)
     return errors(a)
 
 
