@@ -349,12 +349,15 @@ void fab_close(fab_ctx *f)
 
 void fab_set_timeout(fab_ctx *f, double seconds)
 {
-    f->post_timeout = seconds > 0 ? seconds : FAB_DEFAULT_TIMEOUT_S;
+    double v = seconds > 0 ? seconds : FAB_DEFAULT_TIMEOUT_S;
+    __atomic_store(&f->post_timeout, &v, __ATOMIC_RELAXED); /* also while another thread's post retries */
 }
 
 double fab_timeout(const fab_ctx *f)
 {
-    return f->post_timeout;
+    double v;
+    __atomic_load(&f->post_timeout, &v, __ATOMIC_RELAXED);
+    return v;
 }
 
 const char *fab_provider(const fab_ctx *f)
@@ -647,10 +650,10 @@ int fab_interrupted(void)
             if (t0_ == 0)                                                                                    \
                 t0_ = now_;                                                                                  \
             if (interrupted())                                                                               \
-                return pf_err(-ECANCELED, "%s: given up: the run broke", name);                          \
+                return pf_err(-ECANCELED, "%s: given up: the run broke", name);                              \
             if (peer_dead(f, (dest)))                                                                        \
                 return post_failed(f, (name), (dest), now_ - t0_, 2);                                        \
-            if (now_ - t0_ > f->post_timeout) {                                                              \
+            if (now_ - t0_ > fab_timeout(f)) {                                                               \
                 mark_dead(f, (dest));                                                                        \
                 return post_failed(f, (name), (dest), now_ - t0_, 0);                                        \
             }                                                                                                \
@@ -691,7 +694,7 @@ static int post_failed(fab_ctx *f, const char *call, fi_addr_t dest, double wait
             -ECOMM,
             "%s to %s: the peer is marked gone (an earlier post to it could not go out for %.1f s, or "
             "its loss was announced); the peer's endpoint is closed or not progressing",
-            call, peer, f->post_timeout);
+            call, peer, fab_timeout(f));
     return pf_err(-ECOMM,
                   "%s to %s: still -FI_EAGAIN after %.1f s of retries (provider %s); the peer's "
                   "endpoint is closed or not progressing",

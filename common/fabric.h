@@ -113,7 +113,8 @@ int fab_shm_unlink_regions(long pid);
 void fab_close(fab_ctx *f);
 
 /* Sets how long a posting call (fab_send, fab_recv, fab_write, fab_read) keeps retrying -FI_EAGAIN before it
- * fails with -ECOMM; seconds <= 0 restores FAB_DEFAULT_TIMEOUT_S. Daemons pass 4 x their ctl_timeout. */
+ * fails with -ECOMM; seconds <= 0 restores FAB_DEFAULT_TIMEOUT_S. Daemons pass 4 x their ctl_timeout. Safe
+ * while another thread posts (the bound is read at each retry). */
 void fab_set_timeout(fab_ctx *f, double seconds);
 
 /* Makes every post of this process that is retrying -FI_EAGAIN give up with -ECANCELED once *flag is

@@ -80,6 +80,8 @@ static void *ctl_watch_main(void *arg)
             size_t alen = 0;
             int kind = ctl_session_failover_kind(w->sess, NULL, &addr, &alen);
             ps_client *pc = train_ps_client(w->t);
+            if (pc) /* whether a rendezvous decides the failovers from here on (ps_client_set_rendezvous) */
+                ps_client_set_rendezvous(pc, !ctl_session_orphaned(w->sess));
             if (kind == CTL_FO_WORKER_LOST || kind == CTL_FO_REDO || kind == CTL_FO_RUN_ENDED) {
                 int64_t step = 0;
                 ctl_session_failover_kind(w->sess, &step, NULL, NULL);

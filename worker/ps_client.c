@@ -106,6 +106,7 @@ struct ps_client {
                             none): its messages wait for the control plane's failover, up to the timeout */
     _Atomic uint32_t epoch; /* membership epoch (ps_client_server_lost) */
     atomic_int lost_any;    /* a server was posted lost and progress() has not taken it yet */
+    atomic_int no_rendezvous; /* ps_client_set_rendezvous(c, 0): no rendezvous decides failovers now */
     atomic_int *lost_post;  /* [S]: posted lost by ps_client_server_lost */
     long fenced_replies;    /* replies of an older epoch that named no live message (dropped) */
     double fenced_log_t;
@@ -411,6 +412,15 @@ static void slot_done(ps_client *c, uint32_t si)
     }
 }
 
+/* How long a target may stay suspect or leave a liveness probe unanswered before it is dead: the client's
+ * timeout, or, while no rendezvous is left to fail a server over (ps_client_set_rendezvous), an eighth of it
+ * (twice the rendezvous' silence limit, ctl_member_silence_s, for a worker's 4 x ctl_timeout): a lost server
+ * is then found only here. */
+static double loss_timeout(const ps_client *c)
+{
+    return atomic_load(&c->no_rendezvous) ? c->timeout / 8 : c->timeout;
+}
+
 /* Target s is unreachable (a send to it failed, or it stopped answering probes): every message in flight to
  * it fails its request with -ECOMM "server s: <why>", and every later request touching it fails at once.
  * With replicas, while its shard has another copy that is neither gone nor suspect, it is only suspect: its
@@ -427,10 +437,10 @@ static void server_dead(ps_client *c, int s, const char *why)
         c->tgt_suspect[s] == 0) {
         c->tgt_suspect[s] = pf_now_s();
         log_warn("%s: %s; waiting up to %.0f s for the rendezvous to fail it over to shard %d's other copy",
-                 tgt_name(c, s, name, sizeof name), why, c->timeout, tgt_shard(c, s));
+                 tgt_name(c, s, name, sizeof name), why, loss_timeout(c), tgt_shard(c, s));
         return;
     }
-    if (c->tgt_suspect[s] > 0 && pf_now_s() - c->tgt_suspect[s] <= c->timeout)
+    if (c->tgt_suspect[s] > 0 && pf_now_s() - c->tgt_suspect[s] <= loss_timeout(c))
         return; /* still waiting for the failover */
     c->srv_dead[s] = 1;
     c->srv_why[s] = strdup(why);
@@ -783,22 +793,32 @@ static void check_liveness(ps_client *c)
     if (now - c->last_check < CHECK_EVERY_S)
         return;
     c->last_check = now;
-    double after = c->timeout / 4 < PROBE_AFTER_S ? c->timeout / 4 : PROBE_AFTER_S;
+    const double tmo = loss_timeout(c);
+    double after = tmo / 4 < PROBE_AFTER_S ? tmo / 4 : PROBE_AFTER_S;
     for (int s = 0; s < c->ntgt; s++) {
         if (c->srv_dead[s] || !c->srv_known[s] || c->tgt_gone[s])
             continue;
         if (c->tgt_suspect[s] > 0) {
-            if (now - c->tgt_suspect[s] > c->timeout)
+            const int o = s < c->o.servers ? s + c->o.servers : s - c->o.servers;
+            if (atomic_load(&c->no_rendezvous) && (c->tgt_gone[o] || c->srv_dead[o])) {
+                c->tgt_suspect[s] = 0;
+                server_dead(
+                    c, s,
+                    "unreachable, its shard's other copy is lost too, and no rendezvous is left to fail it "
+                    "over (server 0 is lost)");
+                continue;
+            }
+            if (now - c->tgt_suspect[s] > tmo)
                 server_dead(c, s, "no failover came from the rendezvous after a transport error");
             continue;
         }
         if (c->srv_probe[s]) {
-            if (now - c->srv_probe_t[s] > c->timeout) {
+            if (now - c->srv_probe_t[s] > tmo) {
                 char why[PF_ERRMSG_MAX];
                 snprintf(why, sizeof(why),
                          "no reply to a liveness probe (stat) within %.1f s while %d request "
                          "messages waited for it",
-                         c->timeout, c->srv_out[s]);
+                         tmo, c->srv_out[s]);
                 server_dead(c, s, why);
             }
         } else if (c->srv_out[s] > 0 && now - c->srv_heard[s] > after) {
@@ -862,7 +882,11 @@ static void failover_server(ps_client *c, int host)
         if (t < 0 || c->tgt_gone[t])
             continue;
         const int s = tgt_shard(c, t), other = t < S ? t + S : t - S;
-        const int to = c->o.replicas && !c->tgt_gone[other] && !c->srv_dead[other] ? other : -1;
+        /* A suspect other copy is no copy to go on on when no rendezvous is left to fail it over either. */
+        const int to = c->o.replicas && !c->tgt_gone[other] && !c->srv_dead[other] &&
+                               !(c->tgt_suspect[other] > 0 && atomic_load(&c->no_rendezvous))
+                           ? other
+                           : -1;
         char name[96];
         if (to < 0) {
             c->tgt_suspect[t] = 0; /* the rendezvous decided: no wait for a failover */
@@ -1469,6 +1493,31 @@ int ps_client_server_lost(ps_client *c, int server, uint32_t epoch)
     atomic_store(&c->lost_post[server], 1);
     atomic_store(&c->lost_any, 1);
     return 0;
+}
+
+void ps_client_set_rendezvous(ps_client *c, int present)
+{
+    if (atomic_exchange(&c->no_rendezvous, !present) == !present)
+        return;
+    /* Posts that cannot go out, probes unanswered and suspect copies are given up after an eighth of the
+     * timeout while no rendezvous is left (see ps_client.h). */
+    fab_set_timeout(c->fab, present ? c->timeout : c->timeout / 8);
+    if (!present)
+        log_info("no rendezvous decides failovers now: a server unreachable or silent for %.1f s is taken as "
+                 "lost (the run then re-forms from its checkpoint), not after %.1f s",
+                 c->timeout / 8, c->timeout);
+}
+
+int ps_client_shard_without_copy(const ps_client *c)
+{
+    for (int s = 0; s < c->o.servers; s++) {
+        int live = 0;
+        for (int t = s; t < c->ntgt; t += c->o.servers)
+            live |= !c->tgt_gone[t] && !c->srv_dead[t];
+        if (!live)
+            return s;
+    }
+    return -1;
 }
 
 void ps_client_set_epoch(ps_client *c, uint32_t epoch)

@@ -102,6 +102,17 @@ int ps_client_add_copy(ps_client *c, int s, int copy, const void *addr, size_t l
  * calls it while the training thread waits in ps_wait). Returns 0 or -ERANGE. */
 int ps_client_server_lost(ps_client *c, int server, uint32_t epoch);
 
+/* Whether a rendezvous decides this member's failovers now (1, the default) or none does (0: the rendezvous
+ * was lost with server 0 and the member failed server 0 over itself). Without one, no failover can come for a
+ * copy that is only suspect (a transport error: see server_dead in ps_client.c): a shard whose other copy is
+ * removed, lost or dead while this copy is suspect has no copy left, and its requests fail at once (-ECOMM)
+ * instead of after the client's timeout. Safe from any thread (the control watcher sets it). */
+void ps_client_set_rendezvous(ps_client *c, int present);
+
+/* The first shard none of whose copies is live (each removed from the run or found dead), or -1. Call from
+ * the thread that makes progress. */
+int ps_client_shard_without_copy(const ps_client *c);
+
 /* Raises the membership epoch the client's messages carry to `epoch` (never lowers it). Any thread. */
 void ps_client_set_epoch(ps_client *c, uint32_t epoch);
 

@@ -115,6 +115,15 @@ int train_replace_await(trainer *t, uint32_t after)
         return 0;
     const double t0 = pf_now_s(), tmo = t->run.ctl_timeout > 0 ? t->run.ctl_timeout : 30;
     double limit = ctl_member_silence_s(tmo) + 2;
+    const int shard = t->net.ps ? ps_client_shard_without_copy(t->net.ps) : -1;
+    if (shard >= 0) {
+        /* Both copies of a shard are gone: replacing a worker cannot save the run (the re-form can). */
+        log_warn(
+            "this worker's step failed (%s) and shard %d has no live copy left: no worker replacement can "
+            "go on",
+            pf_errmsg(), shard);
+        return 0;
+    }
     if (t->opts.sess && ctl_session_server_lost(t->opts.sess, 0)) {
         /* The rendezvous is lost with server 0 (or a restarted one has not seen server 0 rejoin): a worker lost
          * now is told once server 0 is started again and its rendezvous finds the worker missing among those

@@ -175,8 +175,10 @@ static void *watch_main(void *arg)
                 /* A restarted server's rejoin: the ranks agree on its copy's checkpoint step at a step's
                  * start (step_begin), as pfcps-worker's ranks do in their stop vote. */
                 log_warn("%s (epoch %u): %s", kind == CTL_FO_REJOINED ? "rejoined" : "rejoin", epoch, text);
-                if (w->net.ps)
+                if (w->net.ps) {
+                    ps_client_set_rendezvous(w->net.ps, !ctl_session_orphaned(w->sess));
                     ps_client_set_epoch(w->net.ps, epoch);
+                }
                 rejoin_notice(&w->rj, kind, lost, epoch, addr, alen);
                 continue;
             }
@@ -184,7 +186,8 @@ static void *watch_main(void *arg)
             if (!w->net.ps)
                 log_error("failover before this worker's connections were open: server %d's copies were never "
                           "used here", lost);
-            else if (ps_client_server_lost(w->net.ps, lost, epoch) < 0)
+            else if (ps_client_set_rendezvous(w->net.ps, !ctl_session_orphaned(w->sess)),
+                     ps_client_server_lost(w->net.ps, lost, epoch) < 0)
                 log_error("failover: %s", pf_errmsg());
             continue;
         }
