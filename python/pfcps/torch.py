@@ -236,7 +236,7 @@ class _TorchHeadFunction(torch.autograd.Function):
             w.fail(f"{missing} rows of the global batch found their target class on no worker (a label or "
                    f"sampling fault)")
         if not math.isfinite(float(loss)):
-            w.fail(f"loss is {float(loss)} at step {w.step}")
+            w.nonfinite(float(loss))  # the step goes on; its push goes empty (the centers keep no inf or NaN)
         module._grad_rows_from(gw, k, D)
         if W > 1:
             dist.all_reduce(ge_all)

@@ -35,6 +35,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -120,6 +121,7 @@ typedef struct {
     int host_head;                 /* 1: pfc_step runs here (forward); 0: the caller's head (pull) */
     int64_t step;                  /* the step of the next forward (0-based global step) */
     int pending;                   /* forward of `step` done, its backward not yet */
+    int nonfinite;                 /* the pending step's loss is not finite: its push goes empty, skipped */
     int queued;                    /* the push of step - 1 is queued (backward or skip), not sent yet */
     double queued_lr;
     uint32_t queued_flags; /* PS_PUSH_SKIPPED for a skipped step */
@@ -620,8 +622,22 @@ static void queue_skipped(Worker *w)
     w->queued = 1;
     w->queued_lr = 0.0;
     w->queued_flags = PS_PUSH_SKIPPED;
+    w->nonfinite = 0;
     w->pending = 0;
     w->step++;
+}
+
+/* The pending step's loss is `loss`, not finite (an inf or NaN in the embeddings, as fp16 under autocast
+ * gives, or in the pulled rows): the step goes on, its loss and gradients as they are (GradScaler finds the
+ * inf or NaN and skips the optimizer's step, as with PartialFC_V2), but its push goes empty and flagged
+ * skipped, whether optimizer.step() runs or not, so that the class centers shared by every rank keep no inf
+ * or NaN. */
+static void mark_nonfinite(Worker *w, double loss)
+{
+    w->nonfinite = 1;
+    log_warn("step %lld: the loss is %s (an inf or NaN in the embeddings or the class centers): this step "
+             "pushes nothing, the class centers stay as they were (GradScaler skips the backbone's step)",
+             (long long)w->step, isnan(loss) ? "nan" : "inf");
 }
 
 /* Sends the queued push of step `step - 1` (if any) with `extra` flags added (PS_PUSH_SNAPSHOT; also when
@@ -785,8 +801,11 @@ static PyObject *Worker_forward(Worker *w, PyObject *args)
     PyBuffer_Release(&eb);
     PyBuffer_Release(&lb);
     PyBuffer_Release(&gb);
-    if (rc < 0)
+    const int nonfinite = rc == -ERANGE && stage == 3 && !isfinite(loss);
+    if (rc < 0 && !nonfinite)
         return step_error(w, rc, stage);
+    if (nonfinite)
+        mark_nonfinite(w, loss);
     w->pending = 1;
     w->last_k = k;
     return PyFloat_FromDouble(loss);
@@ -877,7 +896,8 @@ static PyObject *Worker_backward(Worker *w, PyObject *args)
                           "pfcps worker: backward without a forward (each forward has one backward)");
     w->queued = 1;
     w->queued_lr = lr;
-    w->queued_flags = 0;
+    w->queued_flags = w->nonfinite ? PS_PUSH_SKIPPED : 0;
+    w->nonfinite = 0;
     w->pending = 0;
     w->step++;
     if (send) {
@@ -982,6 +1002,19 @@ static PyObject *Worker_checkpoint(Worker *w, PyObject *noargs)
         return fail_step(w, rc, "the checkpoint's push");
     mark_checkpoint(w);
     return PyLong_FromLongLong((long long)w->step);
+}
+
+/* nonfinite(loss): the caller's head (head = "torch") found the pending step's loss not finite
+ * (mark_nonfinite). */
+static PyObject *Worker_nonfinite(Worker *w, PyObject *args)
+{
+    double loss;
+    if (!PyArg_ParseTuple(args, "d", &loss))
+        return NULL;
+    if (check_usable(w) < 0)
+        return NULL;
+    mark_nonfinite(w, loss);
+    Py_RETURN_NONE;
 }
 
 /* fail(message): marks the worker broken after a failure inside a step that the caller's head found (the
@@ -1171,6 +1204,8 @@ static PyMethodDef Worker_methods[] = {
     {"backward", (PyCFunction)Worker_backward, METH_VARARGS,
      "backward(lr): queue the push of the sampled rows' gradients at lr"},
     {"fail", (PyCFunction)Worker_fail, METH_VARARGS, "fail(message): mark the worker broken and raise"},
+    {"nonfinite", (PyCFunction)Worker_nonfinite, METH_VARARGS,
+     "nonfinite(loss): the pending step's loss is not finite: its push goes empty, flagged skipped"},
     {"checkpoint", (PyCFunction)Worker_checkpoint, METH_NOARGS,
      "checkpoint() -> T: ask the servers for checkpoint T (the steps done) and return T"},
     {"skip", (PyCFunction)Worker_skip, METH_NOARGS, "skip(): end a forward that gets no backward"},

@@ -637,7 +637,7 @@ wait_log "$TMP/errors.log" KILL-SERVER-1 60 || { cat "$TMP/errors.log"; die "the
 kill -KILL "${SPIDS[1]}"
 s=0; wait "$EP" || s=$?
 grep -E "^(ok|FAIL) " "$TMP/errors.log"
-for c in missing_config class_mismatch world_mismatch margin_refused head_mode_local gradient_acc endpoint_keys unreachable wrong_secret label_high label_negative batch_change no_checkpoints stale_backward no_grad_skip server_lost after_failure; do
+for c in missing_config class_mismatch world_mismatch margin_refused head_mode_local gradient_acc endpoint_keys unreachable wrong_secret label_high label_negative batch_change no_checkpoints stale_backward no_grad_skip nonfinite server_lost after_failure; do
   grep -q "^ok   $c:" "$TMP/errors.log" || fail "error case $c"
 done
 [ "$s" -eq 0 ] || { tail -20 "$TMP/errors.log"; fail "the error script exited $s"; }

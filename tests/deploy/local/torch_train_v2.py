@@ -369,6 +369,27 @@ def errors(a):
         l1, l2 = float(m(net(images), torch.tensor(good))), float(m(net(images), torch.tensor(good)))
     print(f"{'ok  ' if l1 == l2 else 'FAIL'} no_grad_skip: two no_grad forwards: {l1!r} and {l2!r}")
     fails += 0 if l1 == l2 else 1
+    # An inf in the embeddings (fp16 overflow under autocast): the loss comes back not finite, nothing raises,
+    # and even with optimizer.step() called (only the module's group has a gradient: the backbone's are
+    # dropped) the step pushes nothing: a no_grad forward on the same batch gives the same loss, bit for bit.
+    try:
+        emb = net(images).detach().clone()
+        emb[0, 0] = float("inf")
+        bad_loss = m(emb.requires_grad_(), torch.tensor(good))
+        bad_loss.backward()
+        for p in net.parameters():
+            p.grad = None
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            l3 = float(m(net(images), torch.tensor(good)))
+        same = not math.isfinite(float(bad_loss)) and l3 == l1
+        print(f"{'ok  ' if same else 'FAIL'} nonfinite: the loss was {float(bad_loss)!r}; the next no_grad forward "
+              f"{l3!r} (before: {l1!r})")
+        fails += 0 if same else 1
+    except Exception as e:
+        print(f"FAIL nonfinite: {type(e).__name__}: {e}")
+        fails += 1
     opt.zero_grad()
     try:  # and the module trains on
         print(f"after the stale backward: loss {step(good):.4f}")
