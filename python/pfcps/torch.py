@@ -93,7 +93,10 @@ def _close_all():
     in_order = getattr(sys, "last_exc", None) is None and getattr(sys, "last_value", None) is None
     for m in list(_live):
         try:
-            m.close(in_order=in_order)
+            if in_order:
+                m.close()
+            else:
+                m._worker.close(in_order=False, reason="the script ends with an exception")
         except Exception:
             pass
 
@@ -577,9 +580,12 @@ class PartialFC(torch.nn.Module):
 
     def close(self, in_order=True):
         """Leaves the run in order: the last step's push goes, the ranks meet at a barrier, and the servers end
-        the run when every worker has left. With in_order=False (a script that stops on an error it caught),
-        or when the module failed or a rank is still inside a step, it closes without that leave: the run
-        takes this rank as lost and re-forms from its newest checkpoint instead of ending."""
+        the run when every worker has left. With in_order=False (a script that stops on an error it caught,
+        or calls sys.exit with a non-zero code: the exit handler cannot see that code) it closes without that
+        leave: the run takes this rank as lost and re-forms from its newest checkpoint instead of ending. When
+        the leave cannot be in order (the module failed, another rank was lost or is still inside a step) it
+        closes the same way and raises PfcpsError saying why, so the script does not end as if training
+        finished."""
         if in_order and self._worker.joined:
             try:
                 self._settle()

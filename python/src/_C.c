@@ -1030,37 +1030,38 @@ static PyObject *Worker_fail(Worker *w, PyObject *args)
     return raise_code(-EPROTO, w->failed_msg);
 }
 
-/* Stops the watcher, closes the control session and, when `in_order` and the module is healthy, leaves the
- * run in order first: a forward without backward ends skipped, the queued push goes, every rank meets at a
- * ring barrier (a rank still inside a step fails it instead), and under replicas = 1 every live server hears
- * this rank is done. A leave in order tells the rendezvous this worker's training is over (the run ends once
- * every worker left); otherwise the session closes without it, which the run takes as this worker's loss (it
- * re-forms: exit 75). Not in order: the caller says so (an exception ends the script), the module failed
- * (a step's error, a lost member), or a step of the leave failed. The fabric endpoints stay open until the
- * process exits (as pfcps-worker: common/daemon.h daemon_exit_now). */
-static void worker_leave(Worker *w, int in_order)
+/* Stops the watcher, closes the control session and, unless `not_in_order` (the reason it is not) and when
+ * the module is healthy, leaves the run in order first: a forward without backward ends skipped, the queued
+ * push goes, every rank meets at a ring barrier (a rank still inside a step fails it instead), and under
+ * replicas = 1 every live server hears this rank is done. A leave in order tells the rendezvous this worker's
+ * training is over (the run ends once every worker left); otherwise the session closes without it, which the
+ * run takes as this worker's loss (it re-forms: exit 75). Not in order: the caller says so (an exception ends
+ * the script), the module failed (a step's error, a lost member), or a step of the leave failed. Returns 1
+ * when it left in order (or was not joined), else 0 with why[n] saying why not. The fabric endpoints stay
+ * open until the process exits (as pfcps-worker: common/daemon.h daemon_exit_now). */
+static int worker_leave(Worker *w, const char *not_in_order, char *why, size_t n)
 {
     if (!w->joined)
-        return;
-    int healthy = in_order && !w->failed && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE);
+        return 1;
+    int healthy = !not_in_order && !w->failed && !__atomic_load_n(&w->broken, __ATOMIC_ACQUIRE);
     if (!healthy)
-        log_warn("leaving the run not in order (%s): the run takes this worker as lost",
-                 !in_order   ? "the script ends with an exception"
-                 : w->failed ? w->failed_msg
-                             : "the run broke");
+        snprintf(why, n, "%s", not_in_order ? not_in_order : w->failed ? w->failed_msg : w->broken_msg);
     Py_BEGIN_ALLOW_THREADS
     if (healthy && w->pending)
         queue_skipped(w);
     if (healthy && flush_push(w, 0) < 0) {
-        log_error("leaving the run: the last step's push failed: %s; not leaving in order", pf_errmsg());
+        snprintf(why, n, "the last step's push failed: %s", pf_errmsg());
         healthy = 0;
     }
     if (healthy && w->net.have_coll && coll_barrier(&w->net.coll) < 0) {
-        log_error("leaving the run: the ranks' barrier failed (another rank is still inside a step, or "
-                  "lost): %s; not leaving in order",
-                  pf_errmsg());
+        const int broke = __atomic_load_n(&w->broken, __ATOMIC_ACQUIRE);
+        snprintf(why, n,
+                 "the ranks' barrier failed (another rank is still inside a step, or lost): %.400s%s%.400s%s",
+                 pf_errmsg(), broke ? " (" : "", broke ? w->broken_msg : "", broke ? ")" : "");
         healthy = 0;
     }
+    if (!healthy)
+        log_warn("leaving the run not in order (%s): the run takes this worker as lost", why);
     /* replicas = 1: every live server hears that this worker is done, so that servers which lost the
      * rendezvous with server 0 stop once every worker is (with the rendezvous its shutdown does that too) */
     if (healthy && w->run.replicas && w->net.ps && ps_client_done(w->net.ps, w->run.ctl_timeout) < 0)
@@ -1076,23 +1077,40 @@ static void worker_leave(Worker *w, int in_order)
     w->sess = NULL;
     w->joined = 0;
     w->secret[0] = '\0'; /* no second join: the endpoints of this one stay open until the process exits */
+    return healthy;
 }
 
-/* close(in_order=True): leaves the run (worker_leave); in_order=False closes without the leave, so that the
- * run takes this worker as lost. */
+/* close(in_order=True, reason=None): leaves the run (worker_leave); in_order=False closes without the leave,
+ * so that the run takes this worker as lost (`reason` says why in the log; default "close(in_order=False)").
+ * Raises PfcpsError when a leave in order was asked for but could not be (the module failed, the run broke,
+ * the last push or the ranks' barrier failed): the run then takes this rank as lost too. */
 static PyObject *Worker_close(Worker *w, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"in_order", NULL};
+    static char *kwlist[] = {"in_order", "reason", NULL};
     int in_order = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", kwlist, &in_order))
+    const char *reason = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|pz", kwlist, &in_order, &reason))
         return NULL;
-    worker_leave(w, in_order);
-    Py_RETURN_NONE;
+    char why[sizeof w->failed_msg + 64] = "";
+    if (worker_leave(w,
+                     in_order ? NULL
+                     : reason ? reason
+                              : "close(in_order=False)",
+                     why, sizeof why) ||
+        !in_order)
+        Py_RETURN_NONE;
+    char msg[sizeof why + 160];
+    snprintf(msg, sizeof msg,
+             "pfcps worker: close(): could not leave the run in order (%s): the run takes this rank as lost "
+             "and re-forms from its newest checkpoint",
+             why);
+    return raise_code(-ENOLINK, msg);
 }
 
 static void Worker_dealloc(Worker *w)
 {
-    worker_leave(w, 1);
+    char why[sizeof w->failed_msg + 64];
+    worker_leave(w, NULL, why, sizeof why);
     fab_set_interrupt(NULL); /* the flag is this Worker's */
     pfc_free(&w->x);
     free(w->centers);
@@ -1212,7 +1230,8 @@ static PyMethodDef Worker_methods[] = {
     {"drop_queued", (PyCFunction)Worker_drop_queued, METH_NOARGS,
      "drop_queued() -> bool: the queued push becomes an empty skipped one (the optimizer step did not run)"},
     {"close", (PyCFunction)(void (*)(void))Worker_close, METH_VARARGS | METH_KEYWORDS,
-     "close(in_order=True): leave the run in order, or (in_order=False) close as a lost worker"},
+     "close(in_order=True, reason=None): leave the run in order (raises when it cannot), or (in_order=False) "
+     "close as a lost worker"},
     {"sampled_ids", (PyCFunction)Worker_sampled_ids, METH_NOARGS,
      "sampled_ids() -> bytes: the last forward's sampled class ids (int64, ascending)"},
     {NULL, NULL, 0, NULL},

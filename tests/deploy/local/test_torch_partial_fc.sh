@@ -117,6 +117,18 @@ start_servers() {
   done
 }
 
+# servers_reform NAME: both servers must exit 75 (a worker lost: the checkpoint re-form), not 0 (the run over),
+# within 60 s.
+servers_reform() {
+  local r=0 p s
+  for p in "${SPIDS[@]}"; do
+    wait_exit "$p" 60 || { tail -5 "$TMP/$1.server$r.log"; die "$1: server $r still runs"; }
+    s=0; wait "$p" || s=$?
+    expect_eq "$1: server $r exits 75 (the re-form), not 0 (the run over)" "$s" 75
+    r=$((r + 1))
+  done
+}
+
 # servers_done NAME: both servers must exit 0 by themselves within 30 s of the last worker leaving.
 servers_done() {
   local r=0 p s
@@ -322,11 +334,11 @@ done
 
 # A script that ends with an uncaught exception has not finished training: the module closes without leaving
 # the run in order, so the servers take the rank as lost and exit 75 (the checkpoint re-form), not 0 (the run
-# over). raise_case NAME WORLD RANK: WORLD ranks, RANK's script (every rank's with RANK "all") raises
-# RuntimeError after 5 steps; with 2 ranks the other one must fail naming the lost member, not a ring protocol
-# error of the leaving rank's barrier.
+# over). raise_case NAME WORLD RANK [AFTER]: WORLD ranks, RANK's script (every rank's with RANK "all") raises
+# RuntimeError after AFTER steps (default 5); with 2 ranks the other one must fail naming the lost member (in a
+# step, or in its close() after the last step), not with a ring protocol error of the leaving rank's barrier.
 raise_case() {
-  local name=$1 world=$2 who=$3 r s mport pids=() extra=()
+  local name=$1 world=$2 who=$3 after=${4:-5} r s mport pids=() extra=()
   [ "$who" = all ] || extra=(--raise-rank "$who")
   write_run "$name" "$world" 30
   start_servers "$name"
@@ -334,14 +346,15 @@ raise_case() {
   for ((r = 0; r < world; r++)); do
     MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=$world RANK=$r \
       timeout 120 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/$name.ini" --C $C --D $D \
-      --batch $BATCH --steps $STEPS --out "$TMP/$name.json" --raise-after 5 \
+      --batch $BATCH --steps $STEPS --out "$TMP/$name.json" --raise-after "$after" \
       "${extra[@]}" >"$TMP/$name.rank$r.log" 2>&1 &
     pids+=($!)
   done
   for ((r = 0; r < world; r++)); do
     s=0; wait "${pids[$r]}" || s=$?
     if [ "$who" = all ] || [ "$who" = "$r" ]; then
-      expect_grep "$name: rank $r's script raised" "RuntimeError: the script fails after 5 steps" "$TMP/$name.rank$r.log"
+      expect_grep "$name: rank $r's script raised" "RuntimeError: the script fails after $after steps" \
+        "$TMP/$name.rank$r.log"
     else
       expect_grep "$name: rank $r fails naming the lost rank" \
         "PfcpsError: .*worker\[$who\] .*disconnected without leaving the run" "$TMP/$name.rank$r.log"
@@ -351,18 +364,14 @@ raise_case() {
     fi
     [ "$s" -ne 0 ] || fail "$name: rank $r exited 0"
   done
-  r=0
-  for p in "${SPIDS[@]}"; do
-    wait_exit "$p" 60 || { tail -5 "$TMP/$name.server$r.log"; die "$name: server $r still runs"; }
-    s=0; wait "$p" || s=$?
-    expect_eq "$name: server $r exits 75 (the re-form), not 0 (the run over)" "$s" 75
-    r=$((r + 1))
-  done
+  servers_reform "$name"
   expect_grep "$name: the rendezvous took the rank as lost" "worker\[${who/all/0}\] .*disconnected without leaving the run" \
     "$TMP/$name.server0.log"
 }
 raise_case raise1 1 all
 raise_case raise2 2 1
+# rank 1 raises after its last step: rank 0's close() must raise (it could not leave in order), not return
+raise_case raise2end 2 1 $STEPS
 
 # Checkpoint and resume, bit for bit: 2 ranks at sample_rate 0.5 (most rows skip most steps: the servers' dense
 # closed form), 20 steps uninterrupted (state saved at step 20) against: 10 steps, arcface_torch's checkpoint
@@ -661,11 +670,5 @@ sigint_case sigj
 write_run sigs 1 10
 start_servers sigs
 sigint_case sigs --stop-pid "${SPIDS[1]}"
-r=0
-for p in "${SPIDS[@]}"; do
-  wait_exit "$p" 60 || { tail -5 "$TMP/sigs.server$r.log"; die "sigs: server $r still runs"; }
-  s=0; wait "$p" || s=$?
-  expect_eq "sigs: server $r exits 75 (the interrupted rank is lost), not 0" "$s" 75
-  r=$((r + 1))
-done
+servers_reform sigs
 expect_summary
