@@ -421,6 +421,12 @@ static double loss_timeout(const ps_client *c)
     return atomic_load(&c->no_rendezvous) ? c->timeout / 8 : c->timeout;
 }
 
+/* The target holding the other copy of target t's shard (replicas = 1). */
+static int other_copy(const ps_client *c, int t)
+{
+    return t < c->o.servers ? t + c->o.servers : t - c->o.servers;
+}
+
 /* Target s is unreachable (a send to it failed, or it stopped answering probes): every message in flight to
  * it fails its request with -ECOMM "server s: <why>", and every later request touching it fails at once.
  * With replicas, while its shard has another copy that is neither gone nor suspect, it is only suspect: its
@@ -431,7 +437,7 @@ static void server_dead(ps_client *c, int s, const char *why)
 {
     if (c->srv_dead[s] || c->tgt_gone[s])
         return;
-    const int S = c->o.servers, other = s < S ? s + S : s - S;
+    const int other = other_copy(c, s);
     char name[96];
     if (c->o.replicas && !c->tgt_gone[other] && !c->srv_dead[other] && c->tgt_suspect[other] == 0 &&
         c->tgt_suspect[s] == 0) {
@@ -799,7 +805,7 @@ static void check_liveness(ps_client *c)
         if (c->srv_dead[s] || !c->srv_known[s] || c->tgt_gone[s])
             continue;
         if (c->tgt_suspect[s] > 0) {
-            const int o = s < c->o.servers ? s + c->o.servers : s - c->o.servers;
+            const int o = other_copy(c, s);
             if (atomic_load(&c->no_rendezvous) && (c->tgt_gone[o] || c->srv_dead[o])) {
                 c->tgt_suspect[s] = 0;
                 server_dead(
@@ -881,7 +887,7 @@ static void failover_server(ps_client *c, int host)
         const int t = held[i];
         if (t < 0 || c->tgt_gone[t])
             continue;
-        const int s = tgt_shard(c, t), other = t < S ? t + S : t - S;
+        const int s = tgt_shard(c, t), other = other_copy(c, t);
         /* A suspect other copy is no copy to go on on when no rendezvous is left to fail it over either. */
         const int to = c->o.replicas && !c->tgt_gone[other] && !c->srv_dead[other] &&
                                !(c->tgt_suspect[other] > 0 && atomic_load(&c->no_rendezvous))
@@ -1501,11 +1507,11 @@ void ps_client_set_rendezvous(ps_client *c, int present)
         return;
     /* Posts that cannot go out, probes unanswered and suspect copies are given up after an eighth of the
      * timeout while no rendezvous is left (see ps_client.h). */
-    fab_set_timeout(c->fab, present ? c->timeout : c->timeout / 8);
+    fab_set_timeout(c->fab, loss_timeout(c));
     if (!present)
         log_info("no rendezvous decides failovers now: a server unreachable or silent for %.1f s is taken as "
                  "lost (the run then re-forms from its checkpoint), not after %.1f s",
-                 c->timeout / 8, c->timeout);
+                 loss_timeout(c), c->timeout);
 }
 
 int ps_client_shard_without_copy(const ps_client *c)

@@ -1017,9 +1017,9 @@ static PyObject *Worker_nonfinite(Worker *w, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* fail(message): marks the worker broken after a failure inside a step that the caller's head found (the
- * loss not finite, a row without its target class): every later call raises naming it, as after a failure
- * of forward's own head. Raises PfcpsError(message) itself. */
+/* fail(message): marks the worker broken after a failure inside a step that the caller's head found (a row
+ * without its target class; a loss that is not finite is nonfinite's, not a failure): every later call raises
+ * naming it, as after a failure of forward's own head. Raises PfcpsError(message) itself. */
 static PyObject *Worker_fail(Worker *w, PyObject *args)
 {
     const char *msg;
