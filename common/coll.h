@@ -139,4 +139,14 @@ typedef struct coll_fabric_opts {
 int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *addrs,
                        const size_t *addr_lens, const coll_fabric_opts *opts, pf_coll *out);
 
+/* Has every wait of the ring handle c (made by coll_fabric_create) that has gone a second without a
+ * completion call check(arg) on the waiting thread, then once a second while the wait lasts: a negative
+ * return ends the collective with that code, the text check set (pf_errmsg) prefixed with what the ring was
+ * waiting for (the group is then unusable, as after a timeout). For what the waiting process can find out on
+ * its own that its ring peers cannot tell it (pfcps-worker: that no server is left to hold a shard, while no
+ * rendezvous is left to say so; worker/train_net.c). It runs between polls of the completion queue, not while
+ * a send waits for the provider to take it (fab_send's retry, bounded by the ring's timeout). check = NULL
+ * removes it. */
+void coll_fabric_set_idle_check(pf_coll *c, int (*check)(void *arg), void *arg);
+
 #endif

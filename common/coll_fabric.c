@@ -35,6 +35,8 @@ typedef struct ring {
     int sctx, rctx;         /* their addresses tell send and receive completions apart */
     int send_out, recv_out; /* a send / receive posted and not completed (after an error) */
     size_t recv_len;        /* bytes of the last completed receive */
+    int (*idle_check)(void *arg); /* coll_fabric_set_idle_check */
+    void *idle_arg;
 } ring;
 
 static ring *ring_of(pf_coll *c)
@@ -57,7 +59,8 @@ static uint32_t get32(const uint8_t *p)
 static int ring_wait(pf_coll *c, int need_send, int need_recv)
 {
     ring *r = ring_of(c);
-    double deadline = pf_now_s() + r->timeout_s;
+    const double t0 = pf_now_s(), deadline = t0 + r->timeout_s;
+    double next_check = t0 + 1.0; /* coll_fabric_set_idle_check: after a second without a completion */
     unsigned idle = 0;
     while (need_send || need_recv) {
         fab_comp comp[4];
@@ -87,7 +90,16 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
                               "ring rank %d: collective %u step %u: stopped waiting for worker %d: the run broke "
                               "(the control plane reported a lost member)",
                               c->rank, r->seq, r->step, need_recv ? r->left : (c->rank + 1) % c->world_size);
-            if (pf_now_s() > deadline)
+            const double now = pf_now_s();
+            if (r->idle_check && now >= next_check) {
+                int rc = r->idle_check(r->idle_arg);
+                if (rc < 0)
+                    return pf_err_wrap(
+                        rc, "ring rank %d: collective %u step %u: stopped waiting for worker %d", c->rank,
+                        r->seq, r->step, need_recv ? r->left : (c->rank + 1) % c->world_size);
+                next_check = pf_now_s() + 1.0;
+            }
+            if (now > deadline)
                 return pf_err(-ETIMEDOUT,
                               "ring rank %d: collective %u step %u: no %s within %.0f s: worker %d died, "
                               "hung, left the run, or is itself stuck waiting for a server (its log names "
@@ -108,6 +120,7 @@ static int ring_wait(pf_coll *c, int need_send, int need_recv)
             }
         } else {
             idle = 0;
+            next_check = pf_now_s() + 1.0;
         }
     }
     return 0;
@@ -400,4 +413,13 @@ int coll_fabric_create(fab_ctx *f, int rank, int world_size, const void *const *
         return pf_err_wrap(rc, "ring rank %d: setting up the link to rank %d", rank, right);
     }
     return 0;
+}
+
+void coll_fabric_set_idle_check(pf_coll *c, int (*check)(void *arg), void *arg)
+{
+    if (!c || c->ops != &fabric_ops)
+        return;
+    ring *r = ring_of(c);
+    r->idle_check = check;
+    r->idle_arg = arg;
 }

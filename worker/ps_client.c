@@ -1526,6 +1526,20 @@ int ps_client_shard_without_copy(const ps_client *c)
     return -1;
 }
 
+int ps_client_check_copies(ps_client *c)
+{
+    if (!atomic_load(&c->no_rendezvous))
+        return -1;
+    const double now = pf_now_s();
+    for (int t = 0; t < c->ntgt; t++)
+        if (c->srv_known[t] && !c->srv_dead[t] && !c->tgt_gone[t] && !c->srv_probe[t])
+            send_probe(c, t, now);
+    c->last_check = 0; /* the probes' deadlines are checked now, not after CHECK_EVERY_S */
+    if (progress(c, -1) < 0)
+        return -1; /* a failed completion queue: the next request says so */
+    return ps_client_shard_without_copy(c);
+}
+
 void ps_client_set_epoch(ps_client *c, uint32_t epoch)
 {
     uint32_t cur = atomic_load(&c->epoch);

@@ -113,6 +113,15 @@ void ps_client_set_rendezvous(ps_client *c, int present);
  * the thread that makes progress. */
 int ps_client_shard_without_copy(const ps_client *c);
 
+/* While no rendezvous is left (ps_client_set_rendezvous(c, 0)): sends a liveness probe (a stat) to every copy
+ * not known lost that has none in flight, takes the replies and errors that have arrived without waiting for
+ * more, and returns ps_client_shard_without_copy; with a rendezvous it does nothing and returns -1. A probe
+ * left unanswered for the client's loss bound (an eighth of its timeout without a rendezvous) marks its copy
+ * dead, so calling this about once a second finds a shard whose servers are all gone within about that bound.
+ * For a thread that owns the client and waits on something else (the ring, train_net.c); it may block in a
+ * post for up to that bound. */
+int ps_client_check_copies(ps_client *c);
+
 /* Raises the membership epoch the client's messages carry to `epoch` (never lowers it). Any thread. */
 void ps_client_set_epoch(ps_client *c, uint32_t epoch);
 

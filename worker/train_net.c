@@ -121,6 +121,23 @@ static int connect_servers(train_net *n, const pf_config *run, const ctl_book *b
     return 0;
 }
 
+/* The ring's idle check (coll_fabric_set_idle_check): while no rendezvous is left to say that both servers
+ * of a shard are lost (server 0, its host, is one of those lost), a ring peer that waits on them stops
+ * answering like a slow one would, and this worker would wait out the ring's whole bound; its own probes of
+ * the servers (ps_client_check_copies) tell it instead. */
+static int ring_idle_check(void *arg)
+{
+    train_net *n = arg;
+    int s = ps_client_check_copies(n->ps);
+    if (s < 0)
+        return 0;
+    return pf_err(
+        -ECOMM,
+        "shard %d has no live copy left (its servers stopped answering this worker's probes, and no "
+        "rendezvous is left to say more): the run re-forms from its checkpoint",
+        s);
+}
+
 int train_net_ring_connect(train_net *n, const ctl_book *book, int rank)
 {
     const int W = book->num_workers;
@@ -141,6 +158,8 @@ int train_net_ring_connect(train_net *n, const ctl_book *book, int rank)
         coll_fabric_opts co = {.timeout_s = n->wait_s};
         rc = coll_fabric_create(n->coll_fab, rank, W, addrs, lens, &co, &n->coll);
         n->have_coll = rc == 0;
+        if (rc == 0 && n->ps)
+            coll_fabric_set_idle_check(&n->coll, ring_idle_check, n);
     }
     free(addrs);
     free(lens);

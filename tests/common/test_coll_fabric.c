@@ -1,9 +1,11 @@
 /* Ring collectives over libfabric (tcp;ofi_rxm on 127.0.0.1), W = 2 and 3 processes: allreduce sum
  * and max (several chunks), reduce_scatter, allgather, broadcast, barrier, against values computed by
  * formula in each process; a count mismatch (W=3) and a hostile 7-byte message (W=2) give -EPROTO
- * naming the sender on the rank that receives them; the ring's timeout is also its endpoint's post bound.
- * The parent forks the ranks, passes the endpoint names through pipes, and kills every child on every
- * exit path (timeout 60 s). Exits 77 when the tcp provider is not available. */
+ * naming the sender on the rank that receives them; the ring's timeout is also its endpoint's post bound; a
+ * wait for a rank that never sends calls the idle check after 1 s, then once a second, and ends with its
+ * error (coll_fabric_set_idle_check), well before the ring's timeout. The parent forks the ranks, passes the
+ * endpoint names through pipes, and kills every child on every exit path (timeout 60 s). Exits 77 when the
+ * tcp provider is not available. */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -189,6 +191,56 @@ static int child(mp_rank *mr, void *arg)
     return fails ? 1 : 0;
 }
 
+/* coll_fabric_set_idle_check: rank 0's check is called with its argument, says nothing the first time and
+ * fails the second. */
+static int idle_calls;
+static int idle_check(void *arg)
+{
+    if (arg != &idle_calls)
+        return pf_err(-EINVAL, "the idle check got the wrong argument");
+    if (++idle_calls < 2)
+        return 0;
+    return pf_err(-ECOMM, "shard 3 has no live copy left");
+}
+
+/* W = 2: rank 1 never enters a collective (it drives its endpoint for 8 s, so rank 0's send goes out, and
+ * returns), rank 0 waits in a barrier for its message with a 20 s ring timeout and the idle check above. */
+static int idle_child(mp_rank *mr, void *arg)
+{
+    (void)arg;
+    const int rank = mr->rank;
+    if (rank != 0) {
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        fab_comp comp;
+        while (elapsed(&t0) < 8 && fab_poll(mr->f, &comp, 1) >= 0)
+            usleep(1000);
+        return 0;
+    }
+    pf_coll c;
+    coll_fabric_opts o = {.chunk_bytes = 4096, .timeout_s = 20};
+    if (coll_fabric_create(mr->f, rank, mr->world, mr->addrs, mr->lens, &o, &c) < 0) {
+        printf("FAIL rank 0: coll_fabric_create: %s\n", pf_errmsg());
+        return 1;
+    }
+    coll_fabric_set_idle_check(&c, idle_check, &idle_calls);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int rc = coll_barrier(&c);
+    const double dt = elapsed(&t0);
+    CHECK(rc == -ECOMM, "barrier with a failing idle check returned %d (%s), not -ECOMM", rc, pf_errmsg());
+    CHECK(idle_calls == 2, "the idle check was called %d times, not 2", idle_calls);
+    /* first call after 1 s without a completion, the second a second later */
+    CHECK(dt >= 1.9 && dt < 6, "the barrier ended after %.2f s, not about 2 s", dt);
+    CHECK(strstr(pf_errmsg(), "stopped waiting for worker 1: shard 3 has no live copy left") != NULL,
+          "message '%s' does not name the rank waited for and the check's text", pf_errmsg());
+    if (fails == 0)
+        printf("ok   W=2 idle check ended the wait for a silent rank after %.2f s: %s\n", dt, pf_errmsg());
+    fflush(stdout);
+    coll_destroy(&c);
+    return fails ? 1 : 0;
+}
+
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -198,7 +250,8 @@ int main(void)
         return 77;
     }
     int r3 = mp_ring_run(3, child, NULL, 60);
-    printf("%s: ring collectives over tcp;ofi_rxm, W=2 %s, W=3 %s\n", (r2 || r3) ? "FAIL" : "PASS",
-           r2 ? "FAIL" : "ok", r3 ? "FAIL" : "ok");
-    return (r2 || r3) ? 1 : 0;
+    int ri = mp_ring_run(2, idle_child, NULL, 60);
+    printf("%s: ring collectives over tcp;ofi_rxm, W=2 %s, W=3 %s, idle check %s\n",
+           (r2 || r3 || ri) ? "FAIL" : "PASS", r2 ? "FAIL" : "ok", r3 ? "FAIL" : "ok", ri ? "FAIL" : "ok");
+    return (r2 || r3 || ri) ? 1 : 0;
 }

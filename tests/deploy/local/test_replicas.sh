@@ -17,6 +17,9 @@
 #          rendezvous names the loss of both copies and every member exits 75 for the checkpoint re-form;
 #   bothnow: replicas = 1, 2 servers killed at once (server 0 too: no rendezvous is left): a worker finds server
 #          1 lost after an eighth of its data-plane timeout and exits 75 within 15 s (not after 48 s).
+#   bothring: as bothnow, with worker 1 stopped (SIGSTOP) just before the kill: worker 0 waits for it in a ring
+#          collective, where it asks no server; its own probes of the servers there find the shard without a copy
+#          and it exits 75 within 12 s (not after the ring's 32 s and 16 s more).
 # Each run must end with every worker exiting 0, the surviving servers exiting 0, every step trained once
 # (worker 0's --trace lists steps 1..36 once each), no checkpoint loaded, the failover and the "one server
 # failure away" warning logged, and a model.ckpt and final checkpoint (`pfcps ckpt-info` table and backbone
@@ -183,4 +186,35 @@ expect_grep "bothnow: the workers say no rendezvous is left to fail a server ove
 cat "$TMP"/worker*.log |
   expect_grep "bothnow: the first worker names the shard without a copy" "shard [01] has no live copy left" -
 for p in "${WPIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+
+# --- bothring: worker 1 stopped, then both servers killed: worker 0 waits in a ring collective ---------------
+# Worker 1 (SIGSTOP) answers nothing, as a worker that exited or waits on a dead server would. Worker 0 goes on
+# until its next ring collective (the step's embedding allgather or gradient allreduce: it cannot reach a pull
+# that waits for worker 1's push before the allreduce worker 1 is not in), where it asks no server. While it
+# waits there its own probes of the servers find a shard without a live copy, and it exits 75 after about the
+# loss bound (4 s), not after the ring's bound (32 s) and then 2 x ctl_timeout for a restarted rendezvous.
+write_cfg bothring 2 "replicas = 1" "ctl_timeout = 8"
+rm -f "$TMP"/*.log
+start_cluster "$TMP/bothring.ini" 2 2
+wait_log "$TMP/worker0.log" "Global Step: 6 " 120 || { show_logs; die "bothring: worker 0 did not reach step 6"; }
+kill -STOP "${WPIDS[1]}"
+sleep 0.5 # under the rendezvous' silence limit (2 s): worker 1 is not removed before the kill
+t_kill=$(date +%s.%N)
+kill -KILL "${SPIDS[1]}" "${SPIDS[0]}"
+for _ in $(seq 1 300); do kill -0 "${WPIDS[0]}" 2>/dev/null || break; sleep 0.1; done
+dt=$(echo "$(date +%s.%N) - $t_kill" | bc)
+if kill -0 "${WPIDS[0]}" 2>/dev/null; then
+  show_logs
+  fail "bothring: worker 0 still runs 30 s after the kill"
+else
+  s=0; wait "${WPIDS[0]}" || s=$?
+  expect_eq "bothring: worker 0 exits 75 (re-form)" "$s" 75
+  if awk -v d="$dt" 'BEGIN {exit !(d < 12)}'; then ok "bothring: worker 0 stopped $dt s after the kill (< 12 s)"
+  else fail "bothring: worker 0 stopped $dt s after the kill (want < 12 s)"; fi
+fi
+expect_grep "bothring: worker 0 stopped waiting in the ring when its probes found a shard without a copy" \
+  "ring rank 0: collective [0-9]* step [0-9]*: stopped waiting for worker 1: shard [01] has no live copy left" \
+  "$TMP/worker0.log"
+kill -KILL "${WPIDS[@]}" 2>/dev/null
+kill -CONT "${WPIDS[1]}" 2>/dev/null
 expect_summary
