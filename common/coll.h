@@ -129,7 +129,8 @@ typedef struct coll_fabric_opts {
  * allgather (2 (W-1)/W of the data sent per rank), reduce_scatter and allgather = one ring phase,
  * broadcast = chain from the root, barrier = allreduce of one float. Results are bitwise identical on
  * all ranks (each segment is reduced once, then copied). Every message carries (collective number, step,
- * length): a peer out of step gives -EPROTO naming both; no message within timeout_s gives -ETIMEDOUT;
+ * length, kind): a peer out of step, or in another kind of collective (its barrier against this rank's
+ * allreduce of one float), gives -EPROTO naming both; no message within timeout_s gives -ETIMEDOUT;
  * a failed completion -EIO. After an error the group is unusable: coll_destroy, fab_close, end the run
  * (a staging buffer with an operation still posted is then left allocated, not freed). A rank must not
  * close its endpoint while a peer may still send to it (libfabric's tcp provider then retries the

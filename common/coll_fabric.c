@@ -1,10 +1,10 @@
 /* Ring collectives over the libfabric transport (see coll.h for the algorithms and the contract).
  *
  * Every rank sends only to its right neighbour (rank + 1) and receives only from its left one, one
- * message at a time: post the receive, post the send, wait for both. A message is a 16-byte header
- * (magic, collective number, step, payload length) and at most chunk_bytes of payload, staged in two
- * buffers registered once at creation, so the data calls work under FI_MR_LOCAL. Large buffers are
- * processed in rounds of W chunks. Progress is manual: the waits poll the CQ. */
+ * message at a time: post the receive, post the send, wait for both. A message is a 20-byte header
+ * (magic, collective number, step, payload length, the collective's kind) and at most chunk_bytes of payload,
+ * staged in two buffers registered once at creation, so the data calls work under FI_MR_LOCAL. Large buffers
+ * are processed in rounds of W chunks. Progress is manual: the waits poll the CQ. */
 #include "common/coll.h"
 
 #include <sched.h>
@@ -18,7 +18,7 @@
 #include "common/fabric.h"
 
 #define RING_MAGIC      0x52434650u /* "PFCR" */
-#define HDR             16
+#define HDR             20
 #define DEFAULT_CHUNK   (1024u * 1024u)
 #define DEFAULT_TIMEOUT 60.0
 
@@ -32,12 +32,29 @@ typedef struct ring {
     fab_mr smr, rmr;
     uint32_t seq;           /* collective number, same on every rank */
     uint32_t step;          /* message number within the collective */
+    uint32_t kind;          /* the collective's kind (coll_kind) */
     int sctx, rctx;         /* their addresses tell send and receive completions apart */
     int send_out, recv_out; /* a send / receive posted and not completed (after an error) */
     size_t recv_len;        /* bytes of the last completed receive */
     int (*idle_check)(void *arg); /* coll_fabric_set_idle_check */
     void *idle_arg;
 } ring;
+
+/* What a message belongs to: every rank calls the same collectives in the same order, so a message of
+ * another kind means a rank left the sequence (pfcps.torch's close() barrier while the others train on). */
+enum coll_kind { K_ALLREDUCE = 1, K_ALLGATHER, K_REDUCE_SCATTER, K_BROADCAST, K_BARRIER };
+
+static const char *kind_name(uint32_t k)
+{
+    switch (k) {
+    case K_ALLREDUCE: return "allreduce";
+    case K_ALLGATHER: return "allgather";
+    case K_REDUCE_SCATTER: return "reduce-scatter";
+    case K_BROADCAST: return "broadcast";
+    case K_BARRIER: return "barrier";
+    default: return "unknown collective";
+    }
+}
 
 static ring *ring_of(pf_coll *c)
 {
@@ -142,6 +159,7 @@ static int post_send(pf_coll *c, const void *data, size_t len)
     put32(r->sbuf + 4, r->seq);
     put32(r->sbuf + 8, r->step);
     put32(r->sbuf + 12, (uint32_t)len);
+    put32(r->sbuf + 16, r->kind);
     if (len)
         memcpy(r->sbuf + HDR, data, len);
     int rc = fab_send(r->f, r->right, r->sbuf, HDR + len, &r->smr, &r->sctx);
@@ -154,11 +172,18 @@ static int post_send(pf_coll *c, const void *data, size_t len)
 static int check_recv(pf_coll *c, size_t len, const uint8_t **payload)
 {
     ring *r = ring_of(c);
+    if (r->recv_len >= HDR && get32(r->rbuf) == RING_MAGIC && get32(r->rbuf + 16) != r->kind)
+        return pf_err(
+            -EPROTO,
+            "ring rank %d: collective %u: rank %d called %s (its collective %u) while this rank called %s: "
+            "the ranks left the same sequence of collectives (a rank that ends its training, "
+            "pfcps.torch's close(), meets the others in a barrier)",
+            c->rank, r->seq, r->left, kind_name(get32(r->rbuf + 16)), get32(r->rbuf + 4), kind_name(r->kind));
     if (r->recv_len != HDR + len)
         return pf_err(-EPROTO,
                       "ring rank %d: collective %u step %u: a %zu-byte message from rank %d, expected %zu "
-                      "(16-byte header + %zu)",
-                      c->rank, r->seq, r->step, r->recv_len, r->left, HDR + len, len);
+                      "(%d-byte header + %zu)",
+                      c->rank, r->seq, r->step, r->recv_len, r->left, HDR + len, HDR, len);
     uint32_t magic = get32(r->rbuf), seq = get32(r->rbuf + 4), step = get32(r->rbuf + 8),
              n = get32(r->rbuf + 12);
     if (magic != RING_MAGIC || seq != r->seq || step != r->step || n != len)
@@ -229,22 +254,23 @@ static int phase_allgather(pf_coll *c, uint8_t *base, const size_t *start, const
     return 0;
 }
 
-static int begin(pf_coll *c)
+static void begin(pf_coll *c, enum coll_kind kind)
 {
     ring *r = ring_of(c);
     r->seq++;
     r->step = 0;
-    return 0;
+    r->kind = kind;
 }
 
-static int f_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
+/* An allreduce under the kind `kind` (K_ALLREDUCE, or K_BARRIER for f_barrier). */
+static int allreduce_as(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op, enum coll_kind kind)
 {
     if (!coll_valid(dt, COLL_SUM))
         return pf_err(-EINVAL, "ring allreduce: bad dtype %d", (int)dt);
     if (op != COLL_SUM && op != COLL_MAX)
         return pf_err(-EINVAL, "ring allreduce: bad op %d", (int)op);
     int W = c->world_size;
-    begin(c);
+    begin(c, kind);
     if (W == 1 || count == 0)
         return 0;
     size_t esz = coll_dtype_size(dt), ce = ring_of(c)->chunk / esz;
@@ -265,13 +291,18 @@ static int f_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_
     return 0;
 }
 
+static int f_allreduce(pf_coll *c, void *buf, size_t count, coll_dtype dt, coll_op op)
+{
+    return allreduce_as(c, buf, count, dt, op, K_ALLREDUCE);
+}
+
 static int f_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t count, coll_dtype dt)
 {
     if (!coll_valid(dt, COLL_SUM))
         return pf_err(-EINVAL, "ring reduce_scatter: bad dtype %d", (int)dt);
     int W = c->world_size;
     size_t esz = coll_dtype_size(dt);
-    begin(c);
+    begin(c, K_REDUCE_SCATTER);
     if (W == 1 || count == 0) {
         if (count)
             memmove(recv, send, count * esz);
@@ -296,7 +327,7 @@ static int f_reduce_scatter(pf_coll *c, const void *send, void *recv, size_t cou
 static int f_allgather(pf_coll *c, const void *send, void *recv, size_t bytes)
 {
     int W = c->world_size;
-    begin(c);
+    begin(c, K_ALLGATHER);
     uint8_t *own = (uint8_t *)recv + (size_t)c->rank * bytes;
     if (bytes && own != send)
         memmove(own, send, bytes);
@@ -317,7 +348,7 @@ static int f_broadcast(pf_coll *c, void *buf, size_t bytes, int root)
     int W = c->world_size;
     if (root < 0 || root >= W)
         return pf_err(-EINVAL, "ring broadcast: root %d outside [0, %d)", root, W);
-    begin(c);
+    begin(c, K_BROADCAST);
     if (W == 1 || bytes == 0)
         return 0;
     ring *r = ring_of(c);
@@ -341,7 +372,7 @@ static int f_broadcast(pf_coll *c, void *buf, size_t bytes, int root)
 static int f_barrier(pf_coll *c)
 {
     float one = 1.0f;
-    return f_allreduce(c, &one, 1, COLL_F32, COLL_SUM);
+    return allreduce_as(c, &one, 1, COLL_F32, COLL_SUM, K_BARRIER);
 }
 
 static void f_destroy(pf_coll *c)

@@ -427,12 +427,22 @@ static int other_copy(const ps_client *c, int t)
     return t < c->o.servers ? t + c->o.servers : t - c->o.servers;
 }
 
+/* replicas = 1: the target on the same server as target t (its other endpoint: server/main.c serves a primary
+ * and a backup copy in one process). */
+static int sibling_target(const ps_client *c, int t)
+{
+    const int S = c->o.servers, h = tgt_host(c, t);
+    return t < S ? S + (h + S - 1) % S : h;
+}
+
 /* Target s is unreachable (a send to it failed, or it stopped answering probes): every message in flight to
  * it fails its request with -ECOMM "server s: <why>", and every later request touching it fails at once.
  * With replicas, while its shard has another copy that is neither gone nor suspect, it is only suspect: its
  * messages wait for the rendezvous' failover (ps_client_server_lost), which decides for every member alike
  * which copy serves; it is dead only if none comes within the client's timeout (check_liveness), as without
- * replicas. */
+ * replicas. While no rendezvous is left to say a server's process is gone, the other endpoint of a dead
+ * target's server is then taken as unreachable too (as a suspect while its shard has another copy), not after
+ * its own posts' retries or probe, another loss bound later. */
 static void server_dead(ps_client *c, int s, const char *why)
 {
     if (c->srv_dead[s] || c->tgt_gone[s])
@@ -459,6 +469,13 @@ static void server_dead(ps_client *c, int s, const char *why)
             continue;
         req_fail_fatal(sl->req, -ECOMM, msg);
         slot_done(c, si);
+    }
+    const int sib = c->o.replicas ? sibling_target(c, s) : -1;
+    if (sib >= 0 && atomic_load(&c->no_rendezvous) && c->srv_known[sib] && !c->srv_dead[sib] &&
+        !c->tgt_gone[sib]) {
+        char sw[PF_ERRMSG_MAX];
+        snprintf(sw, sizeof sw, "its server's other endpoint (%s) is unreachable: %.300s", name, why);
+        server_dead(c, sib, sw);
     }
 }
 

@@ -121,13 +121,15 @@ static int connect_servers(train_net *n, const pf_config *run, const ctl_book *b
     return 0;
 }
 
-/* The ring's idle check (coll_fabric_set_idle_check): while no rendezvous is left to say that both servers
- * of a shard are lost (server 0, its host, is one of those lost), a ring peer that waits on them stops
- * answering like a slow one would, and this worker would wait out the ring's whole bound; its own probes of
- * the servers (ps_client_check_copies) tell it instead. */
+/* The ring's idle check (coll_fabric_set_idle_check): n->interrupted first; then, while no rendezvous is left
+ * to say that both servers of a shard are lost (server 0, its host, is one of those lost), a ring peer that
+ * waits on them stops answering like a slow one would, and this worker would wait out the ring's whole bound;
+ * its own probes of the servers (ps_client_check_copies) tell it instead. */
 static int ring_idle_check(void *arg)
 {
     train_net *n = arg;
+    if (n->interrupted && n->interrupted())
+        return pf_err(-EINTR, "interrupted by a signal");
     int s = ps_client_check_copies(n->ps);
     if (s < 0)
         return 0;

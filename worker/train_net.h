@@ -24,6 +24,9 @@ typedef struct train_net {
     fab_ctx *coll_fab; /* endpoint 2: the ring */
     pf_coll coll;      /* the fabric ring among the workers (valid when have_coll) */
     int have_coll;
+    int (*interrupted)(void); /* or NULL: the ring's waits call it once a second after a second without a
+                                 message (with the idle check below); nonzero ends the collective with -EINTR
+                                 (pfcps.torch: a Python signal handler raised, Ctrl-C) */
     double wait_s; /* seconds: the longest wait for a server's answer or a ring peer before the run is
                       declared broken (4 x ctl_timeout; 120 when ctl_timeout is not set) */
 } train_net;

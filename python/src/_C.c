@@ -400,6 +400,8 @@ static PyObject *Worker_join(Worker *w, PyObject *args, PyObject *kw)
         rc = train_net_set_join_keys(&w->cfg); /* a mismatch is refused before the rank takes a seat */
     if (rc == 0)
         rc = train_net_open(&w->net, &w->cfg, rank);
+    w->net.interrupted =
+        py_signalled; /* Ctrl-C ends a wait in the ring (the close's barrier, a step's collective) */
     if (rc == 0)
         rc = train_net_address(&w->net, NULL, 0, packed, &plen);
     if (rc == 0) {

@@ -2,6 +2,7 @@
  * and max (several chunks), reduce_scatter, allgather, broadcast, barrier, against values computed by
  * formula in each process; a count mismatch (W=3) and a hostile 7-byte message (W=2) give -EPROTO
  * naming the sender on the rank that receives them; the ring's timeout is also its endpoint's post bound; a
+ * barrier against an allreduce of one float gives -EPROTO naming both kinds on both ranks; a
  * wait for a rank that never sends calls the idle check after 1 s, then once a second, and ends with its
  * error (coll_fabric_set_idle_check), well before the ring's timeout. The parent forks the ranks, passes the
  * endpoint names through pipes, and kills every child on every exit path (timeout 60 s). Exits 77 when the
@@ -191,6 +192,32 @@ static int child(mp_rank *mr, void *arg)
     return fails ? 1 : 0;
 }
 
+/* W = 2: rank 0 calls a barrier, rank 1 an allreduce of one float (the same bytes on the wire): each receives
+ * the other's message and must refuse it naming both kinds, not take the barrier's 1 as the allreduce's. */
+static int kind_child(mp_rank *mr, void *arg)
+{
+    (void)arg;
+    const int rank = mr->rank;
+    pf_coll c;
+    coll_fabric_opts o = {.chunk_bytes = 4096, .timeout_s = 20};
+    if (coll_fabric_create(mr->f, rank, mr->world, mr->addrs, mr->lens, &o, &c) < 0) {
+        printf("FAIL rank %d: coll_fabric_create: %s\n", rank, pf_errmsg());
+        return 1;
+    }
+    float v = 5.0f;
+    int rc = rank == 0 ? coll_barrier(&c) : coll_allreduce(&c, &v, 1, COLL_F32, COLL_SUM);
+    const char *want = rank == 0
+                           ? "rank 1 called allreduce (its collective 1) while this rank called barrier"
+                           : "rank 0 called barrier (its collective 1) while this rank called allreduce";
+    CHECK(rc == -EPROTO && strstr(pf_errmsg(), want), "kind mismatch: rc %d '%s'", rc, pf_errmsg());
+    CHECK(v == 5.0f, "rank 1's allreduce changed its buffer to %g", v);
+    if (rc == -EPROTO && rank == 1)
+        printf("ok   W=2 barrier against allreduce refused: %s\n", pf_errmsg());
+    fflush(stdout);
+    coll_destroy(&c);
+    return fails ? 1 : 0;
+}
+
 /* coll_fabric_set_idle_check: rank 0's check is called with its argument, says nothing the first time and
  * fails the second. */
 static int idle_calls;
@@ -250,8 +277,10 @@ int main(void)
         return 77;
     }
     int r3 = mp_ring_run(3, child, NULL, 60);
+    int rk = mp_ring_run(2, kind_child, NULL, 60);
     int ri = mp_ring_run(2, idle_child, NULL, 60);
-    printf("%s: ring collectives over tcp;ofi_rxm, W=2 %s, W=3 %s, idle check %s\n",
-           (r2 || r3 || ri) ? "FAIL" : "PASS", r2 ? "FAIL" : "ok", r3 ? "FAIL" : "ok", ri ? "FAIL" : "ok");
-    return (r2 || r3 || ri) ? 1 : 0;
+    printf("%s: ring collectives over tcp;ofi_rxm, W=2 %s, W=3 %s, kinds %s, idle check %s\n",
+           (r2 || r3 || rk || ri) ? "FAIL" : "PASS", r2 ? "FAIL" : "ok", r3 ? "FAIL" : "ok",
+           rk ? "FAIL" : "ok", ri ? "FAIL" : "ok");
+    return (r2 || r3 || rk || ri) ? 1 : 0;
 }

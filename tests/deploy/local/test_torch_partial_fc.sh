@@ -37,7 +37,8 @@
 #     run's 2 (refused before the rank takes a seat: the run stays formed for the cases after it); forwards under no_grad end their
 #     steps skipped (two in a row give the same loss: no row moved).
 #   - importing pfcps leaves Python's SIGINT / SIGTERM handling in place; Ctrl-C (SIGINT) in the join and in a
-#     step stalled on a stopped server raises KeyboardInterrupt within 2 s, and the servers take the rank as lost;
+#     step stalled on a stopped server raises KeyboardInterrupt within 2 s, in close()'s barrier with a rank
+#     that hangs within 3 s, and the servers take the rank as lost;
 #   - a script that ends with an uncaught exception (1 rank; rank 1 of 2) is not the end of the run: the servers
 #     exit 75 (the re-form), and the other rank's error names the lost rank;
 # Skips (77, or fails under PFCPS_REQUIRE_REFERENCES=1) when PFCPS_PYTHON lacks torch, numpy, safetensors or
@@ -373,6 +374,32 @@ raise_case raise2 2 1
 # rank 1 raises after its last step: rank 0's close() must raise (it could not leave in order), not return
 raise_case raise2end 2 1 $STEPS
 
+# A rank that ends its script early without an error (sys.exit(0) after 5 of the steps, replicas = 1): its exit
+# handler closes in order, so it meets the others in the ranks' barrier while they are in the next step's
+# rejoin vote, an allreduce of one float (the same bytes as the barrier's). The ring must refuse the mix on
+# both ranks, naming the collectives (a sum taken as the vote would start a rejoin nobody began, and the
+# leaving rank would leave in order from a run still training): rank 0 raises naming rank 1, rank 1 leaves not
+# in order, the servers exit 75.
+write_run exit2 2 30 "replicas = 1"
+start_servers exit2
+mport=$(free_port)
+pids=()
+for r in 0 1; do
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
+    timeout 120 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/exit2.ini" --C $C --D $D --batch $BATCH \
+    --steps $STEPS --out "$TMP/exit2.json" --exit-after 5 --exit-rank 1 >"$TMP/exit2.rank$r.log" 2>&1 &
+  pids+=($!)
+done
+s=0; wait "${pids[0]}" || s=$?
+[ "$s" -ne 0 ] || fail "exit2: rank 0 exited 0 (its run lost a rank)"
+expect_grep "exit2: rank 0 raises naming rank 1's barrier" \
+  "PfcpsError: .*rank 1 called barrier \\(its collective [0-9]*\\) while this rank called allreduce" "$TMP/exit2.rank0.log"
+wait "${pids[1]}" || true
+expect_grep "exit2: rank 1 ended its script" "^EXIT after 5 steps" "$TMP/exit2.rank1.log"
+expect_grep "exit2: rank 1 leaves not in order, naming rank 0's allreduce" \
+  "leaving the run not in order \\(the ranks' barrier failed.*rank 0 called allreduce" "$TMP/exit2.rank1.log"
+servers_reform exit2
+
 # Checkpoint and resume, bit for bit: 2 ranks at sample_rate 0.5 (most rows skip most steps: the servers' dense
 # closed form), 20 steps uninterrupted (state saved at step 20) against: 10 steps, arcface_torch's checkpoint
 # files at step 10 (each rank its own, the module's state_dict naming the servers' checkpoint 10), 3 steps
@@ -671,4 +698,35 @@ write_run sigs 1 10
 start_servers sigs
 sigint_case sigs --stop-pid "${SPIDS[1]}"
 servers_reform sigs
+
+# Ctrl-C in close()'s barrier: rank 1 of 2 hangs after its last step (a script stuck before its close), rank 0
+# closes and waits for it in the ranks' barrier (bounded by 4 x ctl_timeout = 120 s). SIGINT to rank 0 once it
+# waits there must raise KeyboardInterrupt within 3 s (the ring's wait runs Python's signal handlers once a
+# second after a second without a message), exit 130, and the servers take the rank as lost.
+write_run sigb 2 30
+start_servers sigb
+mport=$(free_port)
+pids=()
+for r in 0 1; do
+  extra=(); [ $r = 1 ] && extra=(--hang-after "$STEPS")
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
+    timeout 200 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/sigb.ini" --C $C --D $D --batch $BATCH \
+    --steps $STEPS --out "$TMP/sigb.json" --interruptible "${extra[@]}" >"$TMP/sigb.rank$r.log" 2>&1 &
+  pids+=($!)
+done
+wait_log "$TMP/sigb.rank1.log" "^HANG after $STEPS steps" 120 || { show_logs; die "sigb: rank 1 did not train"; }
+sleep 2 # rank 0 is in close()'s barrier: its last step needed rank 1's backward (DDP), its close nothing more
+t_int=$(date +%s.%N)
+kill -INT "${pids[0]}"
+wait_exit "${pids[0]}" 20 || fail "sigb: rank 0 still runs 20 s after its SIGINT"
+dt=$(echo "$(date +%s.%N) - $t_int" | bc)
+s=0; wait "${pids[0]}" || s=$?
+expect_eq "sigb: rank 0's exit status (Python's for KeyboardInterrupt)" "$s" 130
+if awk -v d="$dt" 'BEGIN {exit !(d < 3)}'; then ok "sigb: rank 0 stopped $dt s after its SIGINT in close() (< 3 s)"
+else fail "sigb: rank 0 stopped $dt s after its SIGINT in close() (want < 3 s)"; fi
+expect_grep "sigb: the KeyboardInterrupt's traceback is printed" "^KeyboardInterrupt" "$TMP/sigb.rank0.log"
+expect_grep "sigb: rank 0 names the barrier it left" "leaving the run not in order \\(the ranks' barrier failed.*interrupted by a signal" \
+  "$TMP/sigb.rank0.log"
+kill -KILL "${pids[1]}" 2>/dev/null
+servers_reform sigb
 expect_summary

@@ -19,6 +19,10 @@ The two lines that differ between the head implementations are marked "the two-l
         --pause-after N[,N...] --pause-s S: after N global steps print "PAUSE" and sleep S seconds, then
             train on (the test kills or restarts a server meanwhile)
         --hang-after N: after N global steps print "HANG" and sleep (the test kills the processes)
+        --exit-after N --exit-rank R: after N global steps rank R calls sys.exit(0) (a script that ends early
+            without an error: the exit handler closes the module in order, as a finished script's)
+        --interruptible: Ctrl-C (SIGINT) raises KeyboardInterrupt, though a shell's background job starts with
+            SIGINT ignored
         --raise-after N [--raise-rank R]: after N global steps rank R (default: every rank) raises RuntimeError
             out of the script (an uncaught exception: the module closes without leaving the run in order)
         --table-out F (reference): the final class-center table (float64, C x D) to F (torch.save)
@@ -244,6 +248,9 @@ def train(a):
             time.sleep(600)
         if a.raise_after and step + 1 == a.raise_after and a.raise_rank in (None, rank):
             raise RuntimeError(f"the script fails after {step + 1} steps")
+        if a.exit_after and step + 1 == a.exit_after and a.exit_rank == rank:
+            print(f"EXIT after {step + 1} steps", flush=True)
+            sys.exit(0)
     secs = time.time() - t0
     module_step = None
     if a.head == "pfcps":
@@ -494,6 +501,9 @@ def main():
             t.add_argument("--save-at", type=int, default=0)
             t.add_argument("--resume")
             t.add_argument("--hang-after", type=int, default=0)
+            t.add_argument("--interruptible", action="store_true")
+            t.add_argument("--exit-after", type=int, default=0)
+            t.add_argument("--exit-rank", type=int, default=0)
             t.add_argument("--raise-after", type=int, default=0)
             t.add_argument("--raise-rank", type=int, default=None)
             t.add_argument("--pause-after", type=lambda v: {int(x) for x in v.split(",")}, default=set())
@@ -509,6 +519,8 @@ def main():
         make_centers(a)
         return 0
     if a.cmd == "train":
+        if a.interruptible:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         train(a)
         return 0
     if a.cmd == "sigint":
