@@ -266,14 +266,15 @@ int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
     return foreign > best ? -1 : best;
 }
 
-int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap)
+/* Lists the seats for which skip(seat) is 0 (ctl_roster_never_joined, ctl_roster_missing). */
+static int list_seats(const ctl_roster *r, int (*skip)(const ctl_seat *), char *out, size_t cap)
 {
     size_t o = 0;
     int n = 0;
     if (cap)
         out[0] = '\0';
     for (int i = 0; i < ctl_roster_size(r); i++) {
-        if (r->seats[i].ever_joined)
+        if (skip(&r->seats[i]))
             continue;
         if (o < cap)
             o += (size_t)snprintf(out + o, cap - o, "%s%s[%d]", n ? ", " : "",
@@ -281,6 +282,26 @@ int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap)
         n++;
     }
     return n;
+}
+
+static int seat_ever_joined(const ctl_seat *s)
+{
+    return s->ever_joined;
+}
+
+static int seat_held(const ctl_seat *s)
+{
+    return s->holder != NULL;
+}
+
+int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap)
+{
+    return list_seats(r, seat_ever_joined, out, cap);
+}
+
+int ctl_roster_missing(const ctl_roster *r, char *out, size_t cap)
+{
+    return list_seats(r, seat_held, out, cap);
 }
 
 int ctl_failover_possible(const uint8_t *lost, int num_servers, int rank, char *why, size_t cap)

@@ -118,6 +118,10 @@ int64_t ctl_roster_resume_step(const ctl_roster *r, char *reason, size_t cap,
  * none). Returns how many. */
 int ctl_roster_never_joined(const ctl_roster *r, char *out, size_t cap);
 
+/* Lists the seats nobody holds now as "server[1], worker[0]" in out[cap] (truncated to fit; "" when none).
+ * Returns how many. */
+int ctl_roster_missing(const ctl_roster *r, char *out, size_t cap);
+
 /* 1 when a server's orderly leave still ends the run for the others: the run formed, the shutdown was not
  * broadcast, and not every worker has left yet (workers_left of num_workers): the workers still need its
  * shard. */

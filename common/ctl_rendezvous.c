@@ -38,6 +38,7 @@
 #define CTL_JOIN_DEADLINE_S                                                                                  \
     5.0 /* a new connection must have joined by then (or the read timeout, if shorter) */
 #define CTL_STRAY_LOG_S   5.0 /* at most one summary line about unauthenticated connections this often */
+#define CTL_FORMING_LOG_S 10.0 /* while the run forms: a line naming the members it waits for this often */
 #define CTL_CLOSE_GRACE_S 1.0 /* time to flush an error reply before the socket is closed */
 #define CTL_PEER_LEN      64  /* bytes of a peer's "host:port" (INET6_ADDRSTRLEN + ':' + port fit) */
 /* A rejoining server must be ready within this many ctl_timeouts of its book (its own wait for the files is
@@ -94,6 +95,7 @@ struct ctl_rendezvous {
     long joins_refused; /* joins refused for their config (a server's replicas, a worker's endpoint keys) */
     char join_refused[PF_ERRMSG_MAX];   /* the last one's reason: the never-formed report names it */
     double stray_log_t, accept_pause_until;
+    double t_start, next_forming_log; /* the service's start; the next log_forming (CTL_FORMING_LOG_S) */
     size_t max_frame;
     double timeout_s;
     double bind_timeout_s; /* ctl_rendezvous_opts.bind_timeout_s */
@@ -2182,6 +2184,30 @@ static void resumed_after_gap(ctl_rendezvous *rv, double now, double gap)
              gap, n);
 }
 
+/* While the run forms (every CTL_FORMING_LOG_S): which seats nobody holds, and the joins refused for their
+ * config or their resume (a member refused waits for nothing: its own log says why and it exits; the others
+ * wait for its seat up to their join_timeout, and this line says what they wait for). */
+static void log_forming(const ctl_rendezvous *rv, double now)
+{
+    char miss[512], refused[2 * PF_ERRMSG_MAX + 160] = "";
+    const int total = rv->num_servers + rv->num_workers,
+              n = ctl_roster_missing(&rv->roster, miss, sizeof miss);
+    if (n == 0)
+        return;
+    size_t o = 0;
+    if (rv->joins_refused)
+        o += (size_t)snprintf(refused, sizeof refused, "; joins refused for their config: %ld (the last: %s)",
+                              rv->joins_refused, rv->join_refused);
+    if (rv->resumes_refused && o < sizeof refused)
+        snprintf(refused + o, sizeof refused - o, "; resumes refused: %ld (the last: %s)",
+                 rv->resumes_refused, rv->resume_refused);
+    log_write(
+        refused[0] ? LOG_WARN : LOG_INFO,
+        "control plane: waiting for the run to form: %d of %d members joined, %s missing (%.0f s since the "
+        "rendezvous started)%s",
+        total - n, total, miss, now - rv->t_start, refused);
+}
+
 /* One pass of the service loop: wait up to CTL_TICK_MS for activity, serve it, form the run once every
  * member is in. Returns 0, or -1 when poll() failed (the service stops). */
 static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
@@ -2218,6 +2244,10 @@ static int service_pass(ctl_rendezvous *rv, struct pollfd *pfd)
         accept_new(rv, now);
     expire_and_flush(rv, now);
     sweep(rv, now);
+    if (!rv->roster.formed && !rv->adopting && now >= rv->next_forming_log) {
+        rv->next_forming_log = now + CTL_FORMING_LOG_S;
+        log_forming(rv, now);
+    }
     if (ctl_roster_complete(&rv->roster)) {
         form_run(rv);
         for (int i = 0; i < rv->nconns; i++)
@@ -2367,6 +2397,8 @@ static int rv_new(const ctl_rendezvous_opts *o, ctl_rendezvous **out)
     if (!rv)
         return pf_err(-ENOMEM, "rendezvous: out of memory");
     rv->lfd = rv->wake[0] = rv->wake[1] = -1;
+    rv->t_start = pf_now_s();
+    rv->next_forming_log = rv->t_start + CTL_FORMING_LOG_S;
     rv->bind_host = strdup(o->bind_host ? o->bind_host : "127.0.0.1");
     rv->secret = strdup(o->secret);
     rv->config_text = strdup(o->config_text ? o->config_text : "");

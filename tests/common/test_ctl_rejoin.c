@@ -148,14 +148,27 @@ static void join_one_endpoint(const char *name)
 
 /* Case forming: at the run's first forming, server 1 started with replicas = 0 (its config differs from
  * server 0's) is refused at its join (EINVAL, naming both values) before it takes a seat, and so is worker 0
- * started with another embedding_size (its endpoint keys); the run then forms with a server 1 started with
- * the run's replicas and a worker with the run's endpoint keys. */
+ * started with another embedding_size (its endpoint keys), while server 0 waits in its join; 10 s after the
+ * rendezvous started it logs the seats it waits for and the last refusal; the run then forms with a server 1
+ * started with the run's replicas and a worker with the run's endpoint keys. */
 static void case_forming(void)
 {
+    char logp[] = "/tmp/pfcps-ctl-forming-XXXXXX";
+    int fd = mkstemp(logp);
+    check(fd >= 0 && log_open_file(logp) == 0, "forming: log file %s", logp);
+    const double t0 = pf_now_s();
     /* a complete run config, as server 0's (the rendezvous compares a worker's endpoint keys with it) */
     ctl_rendezvous *rv =
         start_text("[cluster]\nreplicas = 1\nservers = 2\nworkers = 1\n[data]\nrec = synthetic\n"
                    "num_classes = 20\n");
+    member m[3] = {{.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 30},
+                   {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10},
+                   {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10}};
+    pthread_create(&m[0].th, NULL, join_main, &m[0]);
+    for (int i = 0; i < 100 && ctl_rendezvous_joined(rv) < 1; i++)
+        usleep(50000); /* server 0 in before the others' configs change (ctl_set_replicas is process-wide) */
+    check(ctl_rendezvous_joined(rv) == 1, "forming: server 0 joined (%d members in)",
+          ctl_rendezvous_joined(rv));
     join_one_endpoint("forming");
     /* a worker whose endpoint keys differ from the run's (replicas = 1, embedding_size the default 512) */
     ctl_set_endpoint_keys("replicas = 1\nembedding_size = 32\n");
@@ -168,12 +181,29 @@ static void case_forming(void)
           "forming: worker 0 with embedding_size 32 is refused at its join (rc %d: %s)", bad.rc, bad.msg);
     if (bad.s)
         ctl_session_close(bad.s);
+    /* The rendezvous' line while it waits (CTL_FORMING_LOG_S = 10 s after its start): server 0 joined, the
+     * refused seats missing, the last refusal named. */
+    while (pf_now_s() - t0 < 11)
+        usleep(100000);
+    char text[8192] = "";
+    FILE *lf = fopen(logp, "r");
+    size_t got = lf ? fread(text, 1, sizeof text - 1, lf) : 0;
+    text[got] = '\0';
+    if (lf)
+        fclose(lf);
+    check(
+        strstr(text, "waiting for the run to form: 1 of 3 members joined, server[1], worker[0] missing (1") &&
+            strstr(text, "s since the rendezvous started); joins refused for their config: 2 (the last: "
+                         "worker[0] was started with a config that differs from the run's"),
+        "forming: the rendezvous names the missing seats and the last refusal 10 s after its start:\n%s",
+        text);
+    log_close_file();
+    unlink(logp);
+    if (fd >= 0)
+        close(fd);
     /* the run's values, and a key this rendezvous does not know: admitted (below) */
     ctl_set_endpoint_keys("replicas = 1\nembedding_size = 512\nfuture_key = 3\n");
-    member m[3] = {{.role = CTL_ROLE_SERVER, .rank = 0, .addr = "fab-s0", .timeout = 10},
-                   {.role = CTL_ROLE_SERVER, .rank = 1, .addr = "fab-s1", .timeout = 10},
-                   {.role = CTL_ROLE_WORKER, .rank = 0, .addr = "fab-w0", .timeout = 10}};
-    for (int i = 0; i < 3; i++)
+    for (int i = 1; i < 3; i++)
         pthread_create(&m[i].th, NULL, join_main, &m[i]);
     for (int i = 0; i < 3; i++) {
         pthread_join(m[i].th, NULL);
