@@ -176,8 +176,8 @@ static int check_recv(pf_coll *c, size_t len, const uint8_t **payload)
         return pf_err(
             -EPROTO,
             "ring rank %d: collective %u: rank %d called %s (its collective %u) while this rank called %s: "
-            "the ranks left the same sequence of collectives (a rank that ends its training, "
-            "pfcps.torch's close(), meets the others in a barrier)",
+            "the ranks' sequences of collectives diverged (a rank that ended its training early and "
+            "met the others in its closing barrier, as a PyTorch script's exit does)",
             c->rank, r->seq, r->left, kind_name(get32(r->rbuf + 16)), get32(r->rbuf + 4), kind_name(r->kind));
     if (r->recv_len != HDR + len)
         return pf_err(-EPROTO,

@@ -16,8 +16,10 @@
 #include <stdint.h>
 
 /* The control protocol's version: a member and a rendezvous of different versions refuse each other at
- * the join. 2: Failover kinds 13 (end voted) and 14 (run ended). */
-#define CTL_PROTOCOL_VERSION 2
+ * the join. It also covers the data plane the members it admits speak with each other (a run of one build):
+ * 2: Failover kinds 13 (end voted) and 14 (run ended); 3: the workers' ring messages carry their collective's
+ * kind (a 20-byte header, common/coll_fabric.c). */
+#define CTL_PROTOCOL_VERSION 3
 #define CTL_NONCE_LEN        32    /* bytes of the service's random join nonce */
 #define CTL_MAC_LEN          32    /* HMAC-SHA256 output bytes */
 #define CTL_MAX_MEMBERS      65536 /* per role; matches the config's servers/workers limit */

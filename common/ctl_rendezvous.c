@@ -94,6 +94,7 @@ struct ctl_rendezvous {
     char resume_refused[PF_ERRMSG_MAX]; /* its reason */
     long joins_refused; /* joins refused for their config (a server's replicas, a worker's endpoint keys) */
     char join_refused[PF_ERRMSG_MAX];   /* the last one's reason: the never-formed report names it */
+    double join_refused_t, resume_refused_t; /* when the last join / resume was refused (log_forming) */
     double stray_log_t, accept_pause_until;
     double t_start, next_forming_log; /* the service's start; the next log_forming (CTL_FORMING_LOG_S) */
     size_t max_frame;
@@ -1325,6 +1326,7 @@ static int resume_acceptable(ctl_rendezvous *rv, conn *c, const Pfcps__Resume *r
          * a refused member tries again every 0.25 s. */
         snprintf(msg, sizeof msg, "resume as %s rank %d refused: %s", who, r->rank, bad);
         rv->resumes_refused++;
+        rv->resume_refused_t = pf_now_s();
         snprintf(rv->resume_refused, sizeof rv->resume_refused, "%s", msg);
         conn_refuse(rv, c, code, msg);
         return 0;
@@ -1569,6 +1571,7 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
                  "server's endpoints (one per copy it holds) follow it; start it with the run's config",
                  j->rank, j->replicas, rv->replicas);
         rv->joins_refused++;
+        rv->join_refused_t = pf_now_s();
         snprintf(rv->join_refused, sizeof rv->join_refused, "%s", msg);
         conn_refuse(rv, c, EINVAL, msg);
         return;
@@ -1591,6 +1594,7 @@ static void handle_join(ctl_rendezvous *rv, conn *c, const Pfcps__Join *j)
                 "start it with the run's config",
                 j->rank, nd, nd > 1 ? "s" : "", diff);
             rv->joins_refused++;
+            rv->join_refused_t = pf_now_s();
             snprintf(rv->join_refused, sizeof rv->join_refused, "%s", msg);
             conn_refuse(rv, c, EINVAL, msg);
             return;
@@ -2185,8 +2189,9 @@ static void resumed_after_gap(ctl_rendezvous *rv, double now, double gap)
 }
 
 /* While the run forms (every CTL_FORMING_LOG_S): which seats nobody holds, and the joins refused for their
- * config or their resume (a member refused waits for nothing: its own log says why and it exits; the others
- * wait for its seat up to their join_timeout, and this line says what they wait for). */
+ * config or their resume, the last with its age (a member refused waits for nothing: its own log says why and
+ * it exits; the others wait for its seat up to their join_timeout, and this line says what they wait for; a
+ * refused member started again with the right config takes its seat, and its old refusal then ages here). */
 static void log_forming(const ctl_rendezvous *rv, double now)
 {
     char miss[512], refused[2 * PF_ERRMSG_MAX + 160] = "";
@@ -2196,11 +2201,12 @@ static void log_forming(const ctl_rendezvous *rv, double now)
         return;
     size_t o = 0;
     if (rv->joins_refused)
-        o += (size_t)snprintf(refused, sizeof refused, "; joins refused for their config: %ld (the last: %s)",
-                              rv->joins_refused, rv->join_refused);
+        o += (size_t)snprintf(refused, sizeof refused,
+                              "; joins refused for their config: %ld (the last, %.0f s ago: %s)",
+                              rv->joins_refused, now - rv->join_refused_t, rv->join_refused);
     if (rv->resumes_refused && o < sizeof refused)
-        snprintf(refused + o, sizeof refused - o, "; resumes refused: %ld (the last: %s)",
-                 rv->resumes_refused, rv->resume_refused);
+        snprintf(refused + o, sizeof refused - o, "; resumes refused: %ld (the last, %.0f s ago: %s)",
+                 rv->resumes_refused, now - rv->resume_refused_t, rv->resume_refused);
     log_write(
         refused[0] ? LOG_WARN : LOG_INFO,
         "control plane: waiting for the run to form: %d of %d members joined, %s missing (%.0f s since the "

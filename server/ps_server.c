@@ -55,10 +55,14 @@ static void serve_pending(ps_server *S)
     S->ngj = 0;
     while (*pp && S->nsend_free > 0) {
         pending *p = *pp;
-        if (!pss_reply_ready(S, p)) {
+        /* The last free send buffer is kept for the small replies (push acknowledgements, stats, errors): a
+         * worker that does not progress for a while (a long forward) holds the buffers of its pull replies in
+         * flight, and a liveness probe (a stat) must still be answered at once. */
+        const int reserved = S->nsend > 1 && S->nsend_free == 1 && p->status == 0 && p->req.op == PS_OP_PULL;
+        if (reserved || !pss_reply_ready(S, p)) {
             prev = p;
             pp = &p->next;
-            continue; /* waits for its step */
+            continue; /* waits for its step, or for a buffer */
         }
         int b = S->send_free[--S->nsend_free];
         uint8_t *rows = NULL;

@@ -452,8 +452,14 @@ static void server_dead(ps_client *c, int s, const char *why)
     if (c->o.replicas && !c->tgt_gone[other] && !c->srv_dead[other] && c->tgt_suspect[other] == 0 &&
         c->tgt_suspect[s] == 0) {
         c->tgt_suspect[s] = pf_now_s();
-        log_warn("%s: %s; waiting up to %.0f s for the rendezvous to fail it over to shard %d's other copy",
-                 tgt_name(c, s, name, sizeof name), why, loss_timeout(c), tgt_shard(c, s));
+        if (atomic_load(&c->no_rendezvous))
+            log_warn("%s: %s; no rendezvous is left to fail it over to shard %d's other copy: taken as lost "
+                     "after %.0f s",
+                     tgt_name(c, s, name, sizeof name), why, tgt_shard(c, s), loss_timeout(c));
+        else
+            log_warn(
+                "%s: %s; waiting up to %.0f s for the rendezvous to fail it over to shard %d's other copy",
+                tgt_name(c, s, name, sizeof name), why, loss_timeout(c), tgt_shard(c, s));
         return;
     }
     if (c->tgt_suspect[s] > 0 && pf_now_s() - c->tgt_suspect[s] <= loss_timeout(c))
@@ -587,11 +593,13 @@ static int send_chunk(ps_client *c, ps_req *r, int s, int k)
         c->free_slots[c->nfree_slots++] = si;
         put_buf(c, sb);
         char why[PF_ERRMSG_MAX];
-        if (r->probe)
+        if (r->probe && c->srv_out[s] > 0)
             snprintf(why, sizeof(why),
                      "no reply for %.1f s while %d request messages waited, and a liveness probe "
                      "(stat) could not be sent: %s",
                      pf_now_s() - c->srv_heard[s], c->srv_out[s], pf_errmsg());
+        else if (r->probe) /* ps_client_check_copies' probe: nothing else waits for this server */
+            snprintf(why, sizeof(why), "a liveness probe (stat) could not be sent: %s", pf_errmsg());
         else
             snprintf(why, sizeof(why), "%s request send failed: %s", op_name(r), pf_errmsg());
         if (rc == -ECOMM)
@@ -838,10 +846,13 @@ static void check_liveness(ps_client *c)
         if (c->srv_probe[s]) {
             if (now - c->srv_probe_t[s] > tmo) {
                 char why[PF_ERRMSG_MAX];
-                snprintf(why, sizeof(why),
-                         "no reply to a liveness probe (stat) within %.1f s while %d request "
-                         "messages waited for it",
-                         tmo, c->srv_out[s]);
+                if (c->srv_out[s] > 0)
+                    snprintf(why, sizeof(why),
+                             "no reply to a liveness probe (stat) within %.1f s while %d request "
+                             "messages waited for it",
+                             tmo, c->srv_out[s]);
+                else
+                    snprintf(why, sizeof(why), "no reply to a liveness probe (stat) within %.1f s", tmo);
                 server_dead(c, s, why);
             }
         } else if (c->srv_out[s] > 0 && now - c->srv_heard[s] > after) {
@@ -899,7 +910,7 @@ static void retire_target(ps_client *c, int t, int to)
 static void failover_server(ps_client *c, int host)
 {
     const int S = c->o.servers;
-    const int held[2] = {host, c->o.replicas ? S + (host + S - 1) % S : -1};
+    const int held[2] = {host, c->o.replicas ? sibling_target(c, host) : -1};
     for (int i = 0; i < 2; i++) {
         const int t = held[i];
         if (t < 0 || c->tgt_gone[t])
@@ -1505,12 +1516,11 @@ int ps_client_server_lost(ps_client *c, int server, uint32_t epoch)
     uint32_t cur = atomic_load(&c->epoch);
     while (epoch > cur && !atomic_compare_exchange_weak(&c->epoch, &cur, epoch))
         ;
-    const int S = c->o.servers;
     /* Posts towards its endpoints give up now, so the training thread is not held in one until the timeout.
      */
     if (c->srv_known[server])
         fab_mark_peer_dead(c->fab, c->srv_addr[server]);
-    const int b = S + (server + S - 1) % S;
+    const int b = sibling_target(c, server);
     if (c->o.replicas && c->srv_known[b])
         fab_mark_peer_dead(c->fab, c->srv_addr[b]);
     atomic_store(&c->lost_post[server], 1);
@@ -1547,6 +1557,7 @@ int ps_client_check_copies(ps_client *c)
 {
     if (!atomic_load(&c->no_rendezvous))
         return -1;
+    take_lost(c); /* a server the control watcher found lost is retired first, not probed */
     const double now = pf_now_s();
     for (int t = 0; t < c->ntgt; t++)
         if (c->srv_known[t] && !c->srv_dead[t] && !c->tgt_gone[t] && !c->srv_probe[t])
@@ -1572,7 +1583,7 @@ int ps_client_server_back(ps_client *c, int server, const void *const addr[2], c
         return pf_err(-ERANGE, "server rank %d out of range (%d servers) or replicas off", server, S);
     /* Failovers posted meanwhile are taken at the next progress, after this: a server lost after this one
      * rejoined may leave a shard on this server's copies alone. */
-    const int held[2] = {server, S + (server + S - 1) % S};
+    const int held[2] = {server, sibling_target(c, server)};
     for (int i = 0; i < 2; i++)
         if (!c->tgt_gone[held[i]] && !c->srv_dead[held[i]])
             return pf_err(-EEXIST, "server %d: copy %d was never removed from the run", server, i);

@@ -118,6 +118,22 @@ start_servers() {
   done
 }
 
+# start_ranks RUN LOG LIMIT ARG...: torch_train_v2.py train with the pfcps head on 2 torch ranks (gloo) against
+# $TMP/RUN.ini for $STEPS steps, ARG... on both, each under `timeout LIMIT` (0: none, so that a SIGKILL reaches
+# the Python process itself); logs $TMP/LOG.rank<r>.log, rank 0's results $TMP/LOG.json; pids in RPIDS and PIDS.
+start_ranks() {
+  local run=$1 log=$2 limit=$3 r mport wrap=(); shift 3
+  [ "$limit" = 0 ] || wrap=(timeout "$limit")
+  mport=$(free_port)
+  RPIDS=()
+  for r in 0 1; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
+      "${wrap[@]}" "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/$run.ini" --C $C --D $D \
+      --batch $BATCH --steps $STEPS --out "$TMP/$log.json" "$@" >"$TMP/$log.rank$r.log" 2>&1 &
+    RPIDS+=($!); PIDS+=($!)
+  done
+}
+
 # servers_reform NAME: both servers must exit 75 (a worker lost: the checkpoint re-form), not 0 (the run over),
 # within 60 s.
 servers_reform() {
@@ -382,19 +398,12 @@ raise_case raise2end 2 1 $STEPS
 # in order, the servers exit 75.
 write_run exit2 2 30 "replicas = 1"
 start_servers exit2
-mport=$(free_port)
-pids=()
-for r in 0 1; do
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
-    timeout 120 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/exit2.ini" --C $C --D $D --batch $BATCH \
-    --steps $STEPS --out "$TMP/exit2.json" --exit-after 5 --exit-rank 1 >"$TMP/exit2.rank$r.log" 2>&1 &
-  pids+=($!)
-done
-s=0; wait "${pids[0]}" || s=$?
+start_ranks exit2 exit2 120 --exit-after 5 --exit-rank 1
+s=0; wait "${RPIDS[0]}" || s=$?
 [ "$s" -ne 0 ] || fail "exit2: rank 0 exited 0 (its run lost a rank)"
 expect_grep "exit2: rank 0 raises naming rank 1's barrier" \
   "PfcpsError: .*rank 1 called barrier \\(its collective [0-9]*\\) while this rank called allreduce" "$TMP/exit2.rank0.log"
-wait "${pids[1]}" || true
+wait "${RPIDS[1]}" || true
 expect_grep "exit2: rank 1 ended its script" "^EXIT after 5 steps" "$TMP/exit2.rank1.log"
 expect_grep "exit2: rank 1 leaves not in order, naming rank 0's allreduce" \
   "leaving the run not in order \\(the ranks' barrier failed.*rank 0 called allreduce" "$TMP/exit2.rank1.log"
@@ -411,15 +420,9 @@ RUN_LINES=("resume = true")
 train_pfcps full 2 --sample-rate 0.5 --save "$TMP/full.state" --save-at $STEPS
 write_run half 2 30 "resume = true"
 start_servers half
-mport=$(free_port)
-HPIDS=()
-for r in 0 1; do  # no `timeout` wrapper: the SIGKILL below must reach the Python process itself
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
-    "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/half.ini" --C $C --D $D --batch $BATCH \
-    --steps $STEPS --sample-rate 0.5 --save "$TMP/half.state" --save-at 10 --hang-after 13 \
-    --out "$TMP/half.json" >"$TMP/half.rank$r.log" 2>&1 &
-  HPIDS+=($!); PIDS+=($!)
-done
+# no `timeout` wrapper: the SIGKILL below must reach the Python process itself
+start_ranks half half 0 --sample-rate 0.5 --save "$TMP/half.state" --save-at 10 --hang-after 13
+HPIDS=("${RPIDS[@]}")
 for r in 0 1; do
   wait_log "$TMP/half.rank$r.log" "^HANG after 13 steps" 120 || { show_logs; die "half: rank $r did not train 13 steps"; }
 done
@@ -434,15 +437,8 @@ wait "${HPIDS[@]}" "${SPIDS[@]}" 2>/dev/null
 cp -r "$TMP/half.out" "$TMP/half.out.copy"
 # the resumed run: same run file (resume = true), fresh servers, new script processes
 start_servers half
-mport=$(free_port)
-RPIDS=()
-for r in 0 1; do
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
-    timeout 300 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/half.ini" --C $C --D $D --batch $BATCH \
-    --steps $STEPS --sample-rate 0.5 --resume "$TMP/half.state" --save "$TMP/resumed.state" --save-at $STEPS \
-    --out "$TMP/resumed.json" >"$TMP/resumed.rank$r.log" 2>&1 &
-  RPIDS+=($!)
-done
+start_ranks half resumed 300 --sample-rate 0.5 --resume "$TMP/half.state" --save "$TMP/resumed.state" \
+  --save-at $STEPS
 wait_all "${RPIDS[@]}" || { show_logs; die "resumed: a torch rank failed"; }
 servers_done half
 "$PFCPS_PYTHON" - "$TMP/full.json" "$TMP/resumed.json" <<'PY' || fail "resume: losses or backbone differ"
@@ -482,15 +478,8 @@ ok "ckpt-info: the module run's checkpoints 10 and $STEPS complete (2 shards, 2 
 # losses, backbone and table of checkpoint 20, bit for bit, and every server exits 0.
 write_run rj 2 30 "replicas = 1"
 start_servers rj
-mport=$(free_port)
-JPIDS=()
-for r in 0 1; do
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
-    timeout 300 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/rj.ini" --C $C --D $D --batch $BATCH \
-    --steps $STEPS --sample-rate 0.5 --save "$TMP/rj.state" --save-at $STEPS --pause-after 6,13 --pause-s 3 \
-    --out "$TMP/rj.json" >"$TMP/rj.rank$r.log" 2>&1 &
-  JPIDS+=($!); PIDS+=($!)
-done
+start_ranks rj rj 300 --sample-rate 0.5 --save "$TMP/rj.state" --save-at $STEPS --pause-after 6,13 --pause-s 3
+JPIDS=("${RPIDS[@]}")
 # restart_server R AFTER: kills server R once rank 0 paused after AFTER steps and starts it again
 restart_server() {
   wait_log "$TMP/rj.rank0.log" "^PAUSE after $2 steps" 120 || { show_logs; die "rj: rank 0 did not pause after $2"; }
@@ -529,15 +518,8 @@ resume_fail() {
   cp -r "$TMP/half.out.copy" "$TMP/$name.out"
   write_run "$name" 2 10 "resume = true" "$@"
   start_servers "$name"
-  mport=$(free_port)
-  local pids=()
-  for r in 0 1; do
-    MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
-      timeout 120 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/$name.ini" --C $C --D $D \
-      --batch $BATCH --steps $STEPS --sample-rate 0.5 --resume "$state" --out "$TMP/$name.json" \
-      >"$TMP/$name.rank$r.log" 2>&1 &
-    pids+=($!)
-  done
+  start_ranks "$name" "$name" 120 --sample-rate 0.5 --resume "$state"
+  local pids=("${RPIDS[@]}")
   # A rank refused at its join disconnects and the servers stop (exit 75), so the other rank, when its join
   # comes after that, finds no rendezvous: it must then fail naming that, and at least one rank the reason.
   local named=0
@@ -705,15 +687,8 @@ servers_reform sigs
 # second after a second without a message), exit 130, and the servers take the rank as lost.
 write_run sigb 2 30
 start_servers sigb
-mport=$(free_port)
-pids=()
-for r in 0 1; do
-  extra=(); [ $r = 1 ] && extra=(--hang-after "$STEPS")
-  MASTER_ADDR=127.0.0.1 MASTER_PORT=$mport WORLD_SIZE=2 RANK=$r \
-    timeout 200 "$PFCPS_PYTHON" "$SCRIPT" train --head pfcps --run "$TMP/sigb.ini" --C $C --D $D --batch $BATCH \
-    --steps $STEPS --out "$TMP/sigb.json" --interruptible "${extra[@]}" >"$TMP/sigb.rank$r.log" 2>&1 &
-  pids+=($!)
-done
+start_ranks sigb sigb 200 --interruptible --hang-after "$STEPS" --hang-rank 1
+pids=("${RPIDS[@]}")
 wait_log "$TMP/sigb.rank1.log" "^HANG after $STEPS steps" 120 || { show_logs; die "sigb: rank 1 did not train"; }
 sleep 2 # rank 0 is in close()'s barrier: its last step needed rank 1's backward (DDP), its close nothing more
 t_int=$(date +%s.%N)

@@ -18,7 +18,8 @@ The two lines that differ between the head implementations are marked "the two-l
             it was too) or stepped (the table still takes its step: the negative control)
         --pause-after N[,N...] --pause-s S: after N global steps print "PAUSE" and sleep S seconds, then
             train on (the test kills or restarts a server meanwhile)
-        --hang-after N: after N global steps print "HANG" and sleep (the test kills the processes)
+        --hang-after N [--hang-rank R]: after N global steps rank R (default: every rank) prints "HANG" and sleeps
+            (the test kills the processes)
         --exit-after N --exit-rank R: after N global steps rank R calls sys.exit(0) (a script that ends early
             without an error: the exit handler closes the module in order, as a finished script's)
         --interruptible: Ctrl-C (SIGINT) raises KeyboardInterrupt, though a shell's background job starts with
@@ -243,7 +244,7 @@ def train(a):
         if step + 1 in a.pause_after:
             print(f"PAUSE after {step + 1} steps", flush=True)
             time.sleep(a.pause_s)
-        if a.hang_after and step + 1 == a.hang_after:
+        if a.hang_after and step + 1 == a.hang_after and a.hang_rank in (None, rank):
             print(f"HANG after {step + 1} steps", flush=True)
             time.sleep(600)
         if a.raise_after and step + 1 == a.raise_after and a.raise_rank in (None, rank):
@@ -501,6 +502,7 @@ def main():
             t.add_argument("--save-at", type=int, default=0)
             t.add_argument("--resume")
             t.add_argument("--hang-after", type=int, default=0)
+            t.add_argument("--hang-rank", type=int, default=None)
             t.add_argument("--interruptible", action="store_true")
             t.add_argument("--exit-after", type=int, default=0)
             t.add_argument("--exit-rank", type=int, default=0)
