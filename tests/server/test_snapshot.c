@@ -482,16 +482,24 @@ int main(int argc, char **argv)
     char logpath[300];
     snprintf(logpath, sizeof logpath, "%s.log", root);
     log_open_file(logpath);
-    setenv("PFCPS_SNAPSHOT_THROTTLE_MS", "30", 1);
+    setenv("PFCPS_SNAPSHOT_THROTTLE_MS", "60", 1);
 
     /* 1. point in time */
     ps_server *live = make(root), *ref = make(NULL);
     for (int64_t t = 0; t < 3; t++)
-        for (int w = 0; w < W; w++) {
-            push(live, w, t, 0, t == 2 ? PS_PUSH_SNAPSHOT : 0);
+        for (int w = 0; w < W; w++)
             push(ref, w, t, 0, 0);
-        }
-    for (int64_t t = 3; t < 6; t++) /* while checkpoint 3 is written: every row changes */
+    for (int64_t t = 0; t < 2; t++)
+        for (int w = 0; w < W; w++)
+            push(live, w, t, 0, 0);
+    /* Worker 0's step-3 push (every row) is in before worker 1's push completes step 2, whose apply begins
+     * checkpoint 3: step 3 is then applied as soon as worker 1's step-3 push follows, while the (throttled)
+     * write goes on, however slowly this process builds its messages (a sanitizer build on loaded cores). */
+    push(live, 0, 2, 0, PS_PUSH_SNAPSHOT);
+    push(live, 0, 3, 1, 0);
+    push(live, 1, 2, 0, PS_PUSH_SNAPSHOT);
+    push(live, 1, 3, 1, 0);
+    for (int64_t t = 4; t < 6; t++) /* while checkpoint 3 is written: every row changes */
         for (int w = 0; w < W; w++)
             push(live, w, t, 1, 0);
     ps_server_destroy(live); /* waits for the snapshot */
