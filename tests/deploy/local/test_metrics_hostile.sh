@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hostile clients of the metrics endpoints leave training untouched: 1 server + 1 worker train TINY_NET for
-# 100 steps twice, first with metrics off, then with metrics_address = 127.0.0.1:0 on both members while a
+# 400 steps twice, first with metrics off, then with metrics_address = 127.0.0.1:0 on both members while a
 # client hammers both endpoints for the whole run: unknown paths, POST, a 64 KiB header, garbage bytes,
 # slow-loris requests (one byte every 0.2 s) and floods of 100 idle connections from 127.0.0.2.
 #  - The run with the attacks trains the same steps to the same losses and lrs, bit for bit (the --trace
@@ -22,7 +22,9 @@ output = $TMP/out
 $TINY_DATA
 INI
 }
-STEPS=100
+# 400 steps (about 10 s here): the GETs at step 50 find the worker still training (at 100 steps it could end
+# within a second of step 50, and a GET then met a closed endpoint).
+STEPS=400
 write_run "$TMP/quiet.ini"
 run_cluster "the run without metrics failed" "$TMP/quiet.ini" 1 1 --trace "$TMP/trace.quiet" --max-steps "$STEPS"
 
@@ -99,6 +101,7 @@ for i in 0 1; do
   for try in 1 2 3; do
     code=$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "http://${addrs[$i]}/metrics") || true
     [ "$code" != 200 ] || break
+    sleep 1
   done
   expect_eq "$([ "$i" = 0 ] && echo server || echo worker) GET /metrics under attack (try $try of 3)" "$code" 200
 done
