@@ -13,8 +13,10 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
+#include "common/ckpt.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -221,6 +223,7 @@ static long apply_start(ps_server *S, int64_t t)
     push **ps = S->aps; /* at most one push per worker and step */
     int np = 0;
     size_t nrows = 0;
+    S->snap_left_moved = 1;
     for (push *p = S->complete; p; p = p->next)
         if (p->step == t && np < S->o.workers) {
             ps[np++] = p;
@@ -381,6 +384,13 @@ void pss_snap_wait(ps_server *S)
     snap_prune(S->o.snapshot_root, S->o.rank, S->o.snapshot_keep > 0 ? S->o.snapshot_keep : 2, &S->o.ckpt_id);
 }
 
+/* Whether this copy writes its shard's snapshots now: a primary unless quiet (a rejoined primary whose
+ * promoted backup writes them), a backup once promoted. */
+static int writes_snapshots(ps_server *S)
+{
+    return S->o.backup ? atomic_load(&S->promoted) : !atomic_load(&S->quiet);
+}
+
 /* Starts checkpoint `step` of the shard (after waiting for the previous one). Nothing changes the table while
  * this runs: it is called between applies, on the thread that applies. */
 static void snap_begin(ps_server *S, int64_t step)
@@ -390,9 +400,11 @@ static void snap_begin(ps_server *S, int64_t step)
                  (long long)step);
         return;
     }
-    if (S->o.backup ? !atomic_load(&S->promoted) : atomic_load(&S->quiet)) {
+    if (!writes_snapshots(S)) {
         log_debug("step %lld: snapshot of shard %d left to its other copy (this one does not write it now)",
                   (long long)step, S->o.rank);
+        S->snap_left = step;
+        S->snap_left_moved = 0;
         return;
     }
     if (S->snap) {
@@ -413,6 +425,30 @@ static void snap_begin(ps_server *S, int64_t step)
     }
     metrics_set(S->m.snap_progress, 0);
     metrics_set(S->m.snap_in_progress, 1);
+}
+
+void pss_snap_left(ps_server *S)
+{
+    if (S->snap_left < 0 || S->applying || !writes_snapshots(S))
+        return;
+    const int64_t step = S->snap_left;
+    S->snap_left = -1;
+    char path[4200];
+    struct stat st;
+    ckpt_member_path(S->o.snapshot_root, step, "shard", S->sh.rank, S->sh.servers, ".snap", path, sizeof path);
+    if (stat(path, &st) == 0)
+        return; /* the other copy wrote it */
+    if (S->snap_left_moved) {
+        log_warn("checkpoint %lld has no file of shard %d: its other copy was lost before it wrote it, and this "
+                 "copy has applied later steps since; that checkpoint stays incomplete (never loaded) and the "
+                 "next one has the shard",
+                 (long long)step, S->o.rank);
+        return;
+    }
+    log_warn("checkpoint %lld has no file of shard %d: its other copy was lost before it wrote it; this copy, "
+             "still at that step, writes it",
+             (long long)step, S->o.rank);
+    snap_begin(S, step);
 }
 
 /* Global mode: the slowest worker's count of applied steps. */

@@ -178,6 +178,7 @@ static void *progress_main(void *arg)
             pss_try_apply(S);
             serve_pending(S); /* pulls that waited for an apply */
         }
+        pss_snap_left(S); /* after a promotion: a checkpoint the lost copy did not write */
         if (S->snap) {
             metrics_set(S->m.snap_progress, snap_progress(S->snap));
             /* The apply threads read S->snap (snap_before_update): finished only between applies. */
@@ -192,8 +193,10 @@ static void *progress_main(void *arg)
     }
     /* Stopping: every step whose pushes are all in is applied (they were acknowledged), a snapshot asked for
      * is started (ps_server_stop waits for it); a server removed from the run changes nothing more. */
-    if (!atomic_load(&S->fenced))
+    if (!atomic_load(&S->fenced)) {
+        pss_snap_left(S);
         pss_apply_drain(S);
+    }
     return NULL;
 }
 

@@ -475,6 +475,7 @@ int pss_request_init(ps_server *S)
     if (ps_wire_rows_per_msg((uint32_t)S->o.dim, PS_DT_FP32) > S->chunk_cap)
         S->chunk_cap = ps_wire_rows_per_msg((uint32_t)S->o.dim, PS_DT_FP32);
     S->snap_at = -1;
+    S->snap_left = -1;
     S->steps_done = S->o.start_step;
     for (int w = 0; w < W; w++)
         S->next_push[w] = S->applied_push[w] = S->o.start_step;

@@ -321,6 +321,7 @@ static int rollback_do(ps_server *S, int64_t step, uint32_t epoch)
     metrics_set(S->m.step, (double)done);
     if (S->snap_at >= step)
         S->snap_at = -1;
+    S->snap_left_moved = 1;
     if (S->sh.dense || S->sh.adam)
         shard_dense_truncate_lr(&S->sh, step);
     log_info("shard %d: rolled back to step %lld at epoch %u: %ld rows restored, %d received pushes discarded",
