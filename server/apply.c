@@ -435,19 +435,22 @@ void pss_snap_left(ps_server *S)
     S->snap_left = -1;
     char path[4200];
     struct stat st;
-    ckpt_member_path(S->o.snapshot_root, step, "shard", S->sh.rank, S->sh.servers, ".snap", path, sizeof path);
+    ckpt_member_path(S->o.snapshot_root, step, "shard", S->sh.rank, S->sh.servers, ".snap", path,
+                     sizeof path);
     if (stat(path, &st) == 0)
         return; /* the other copy wrote it */
     if (S->snap_left_moved) {
-        log_warn("checkpoint %lld has no file of shard %d: its other copy was lost before it wrote it, and this "
-                 "copy has applied later steps since; that checkpoint stays incomplete (never loaded) and the "
-                 "next one has the shard",
-                 (long long)step, S->o.rank);
+        log_warn(
+            "checkpoint %lld has no file of shard %d: its other copy was lost before it wrote it, and this "
+            "copy has applied later steps since; that checkpoint stays incomplete (never loaded) and the "
+            "next one has the shard",
+            (long long)step, S->o.rank);
         return;
     }
-    log_warn("checkpoint %lld has no file of shard %d: its other copy was lost before it wrote it; this copy, "
-             "still at that step, writes it",
-             (long long)step, S->o.rank);
+    log_warn(
+        "checkpoint %lld has no file of shard %d: its other copy was lost before it wrote it; this copy, "
+        "still at that step, writes it",
+        (long long)step, S->o.rank);
     snap_begin(S, step);
 }
 

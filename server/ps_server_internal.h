@@ -295,12 +295,12 @@ void pss_snap_wait(ps_server *S);
 /* Finishes the running apply, if any, waiting for its threads; starts no other. */
 void pss_apply_settle(ps_server *S);
 
-/* A checkpoint this copy left to its other copy while it did not write snapshots (S->snap_left), once this copy
- * writes them (a promoted backup, or a rejoined primary whose backup was lost): when that checkpoint has no
- * file of this shard (the other copy was lost before or while it wrote it), starts it from this copy if the
- * table is still that step's (nothing applied or rolled back since: the last checkpoint of a run, asked for
- * with its last push), else logs that the checkpoint stays without this shard (an incomplete checkpoint, never
- * loaded; the next one has the shard). Progress thread, between applies; a no-op otherwise. */
+/* A checkpoint this copy left to its other copy while it did not write snapshots (S->snap_left), once this
+ * copy writes them (a promoted backup, or a rejoined primary whose backup was lost): when that checkpoint has
+ * no file of this shard (the other copy was lost before or while it wrote it), starts it from this copy if
+ * the table is still that step's (nothing applied or rolled back since: the last checkpoint of a run, asked
+ * for with its last push), else logs that the checkpoint stays without this shard (an incomplete checkpoint,
+ * never loaded; the next one has the shard). Progress thread, between applies; a no-op otherwise. */
 void pss_snap_left(ps_server *S);
 
 /* ---------- undo.c: undo logs and rollback (opts.undo) ---------- */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Local launcher: starts S pfcps-server and W pfcps-worker daemons on this machine (127.0.0.1),
 # waits for the workers to finish, then stops the servers with SIGTERM (a server that exits first makes it stop
-# the workers and fail, naming that server; with replicas = 1 a server that dies is only reported, and the run
-# goes on with its shards' backups; a dead server 0 is failed over by every member, docs/architecture.md).
+# the workers and fail, naming that server; with replicas = 1 a server that dies once the run formed is only
+# reported, and the run goes on with its shards' backups; a dead server 0 is failed over by every member,
+# docs/architecture.md).
 # Ctrl-C (SIGINT) or SIGTERM is passed on to every daemon; none is left behind.
 #
 # usage: deploy/local/launch.sh -c CONFIG [-b BUILD_DIR] [--max-restarts N] [--set key=value ...]
@@ -137,6 +138,12 @@ on_signal() {
 trap on_signal INT TERM
 
 # lost_after_end I: server 0's log, since this run_once began, says worker I was lost after the end vote. The
+# run_formed: whether server 0's rendezvous formed the run since this run_once began (it logs the run id when
+# it does).
+run_formed() {
+  tail -c +$((s0_log_at + 1)) "$out/logs/server0.log" 2>/dev/null | grep -aq "; run id [0-9a-f]\{32\}"
+}
+
 # rendezvous logs its verdict on a loss as it sees it: waited for, up to 1 s, until it names worker I lost after
 # the end (0) or lost otherwise (1: a replacement begins, or the run re-forms).
 lost_after_end() {
@@ -155,11 +162,13 @@ lost_after_end() {
 
 # blame WHO S: the failure's cause. A daemon that exited 75 was told by the rendezvous to re-form after a loss;
 # one that failed otherwise (killed by a signal other than this launcher's SIGTERM, a crash, an error exit) is
-# the loss itself, so it takes the name from a 75 seen first (the first such one keeps it). Sets rc (the
-# launch's status: the first failure's) and culprit.
+# the loss itself, so it takes the name from a 75 seen first (the first such one keeps it). A 75 after members
+# this launcher started again alone (lost_alone) names those losses: the run re-forms because of them. Sets rc
+# (the launch's status: the first failure's) and culprit.
 blame() {
   if [ "$rc" -eq 0 ]; then
     rc=$2; culprit="$1 (status $2)"
+    [ "$2" -eq 75 ] && [ -n "$lost_alone" ] && culprit="$1 (status 75: the run re-forms after the loss of $lost_alone)"
   elif [ "$rc" -eq 75 ] && [ "$2" -ne 0 ] && [ "$2" -ne 75 ] && [ "$2" -ne 143 ] && [ -z "$blamed" ]; then
     culprit="$1 (status $2; the others exited 75 to re-form)"; blamed=1
   fi
@@ -170,7 +179,7 @@ blame() {
 # others: the run cannot go on without it. Sets rc (0, or the first failure's status) and `culprit`.
 run_once() {
   local mode=${1:-">"}
-  pids=(); server_pids=(); worker_pids=(); culprit=; blamed=
+  pids=(); server_pids=(); worker_pids=(); culprit=; blamed=; lost_alone=
   s0_log_at=0 # server 0's log size before this run_once (a restart appends to it)
   [ "$mode" = ">>" ] && s0_log_at=$(stat -c %s "$out/logs/server0.log" 2>/dev/null || echo 0)
   for ((r = 0; r < S; r++)); do
@@ -226,6 +235,7 @@ run_once() {
             grep -q " INFO joined: " "$out/logs/worker$i.log" 2>/dev/null ||
               how="it joins the run, which had not formed with it yet"
             echo "launch: worker $i exited with status $s (see $out/logs/worker$i.log); restart $restarts/$max_restarts of worker $i alone, with the same command line: $how" >&2
+            lost_alone="${lost_alone:+$lost_alone, }worker $i (status $s)"
             "$worker_bin" --config "$config" --rank "$i" "${sets[@]}" "${extra[@]}" "${msets[@]}" >>"$out/logs/worker$i.log" 2>&1 &
             worker_pids[$i]=$!; pids+=($!); restarted[$i]=1
             if [ "$i" -eq 0 ]; then # follow the new worker 0's lines in its log (the old tail ends with its pid)
@@ -267,6 +277,7 @@ run_once() {
             local how="it rejoins the running run"
             [ "$i" -eq 0 ] && how="its rendezvous adopts the running run from its members, then it rejoins"
             echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: restart $restarts/$max_restarts of server $i alone, with the same command line: $how" >&2
+            lost_alone="${lost_alone:+$lost_alone, }server $i (status $s)"
             # The same command line as run_once's: server 0 keeps metrics_address's fixed port.
             local ms=()
             [ "$i" -eq 0 ] || ms=("${msets[@]}")
@@ -275,12 +286,20 @@ run_once() {
             unset "scodes[$i]"
             continue
           fi
+          # Before the run formed there is nothing to fail over to: the rendezvous would wait join_timeout for it.
+          if [ "$replicas" -ge 1 ] && ! run_formed; then
+            blame "server $i" "$s"; failed=$i
+            echo "launch: server $i exited with status $s before the run formed (see $out/logs/server$i.log); the run cannot form without it (a server is started again alone only while --max-restarts has restarts left): stopping the others" >&2
+            break
+          fi
           if [ "$replicas" -ge 1 ] && [ "$i" -ne 0 ]; then
             echo "launch: server $i exited with status $s (see $out/logs/server$i.log); replicas = $replicas: the run goes on with its shards' backups, one server failure away from the checkpoint re-form" >&2
             continue
           fi
           if [ "$replicas" -ge 1 ] && { [ "$s" -gt 128 ] || [ "$s" -eq 76 ]; }; then
-            echo "launch: server 0 died (status $s; 76: stopped past the silence limit, failed over and fenced; see $out/logs/server0.log); replicas = $replicas: the run goes on without its rendezvous, with its shards' backups (when they have no copy left, the workers stop for the re-form), one server failure away from the checkpoint re-form" >&2
+            local why="status $s"
+            [ "$s" -eq 76 ] && why="status 76: stopped past the silence limit, failed over and fenced"
+            echo "launch: server 0 died ($why; see $out/logs/server0.log); replicas = $replicas: the run goes on without its rendezvous, with its shards' backups (when they have no copy left, the workers stop for the re-form), one server failure away from the checkpoint re-form" >&2
             continue
           fi
           blame "server $i" "$s"; failed=$i

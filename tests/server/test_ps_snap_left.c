@@ -1,13 +1,13 @@
 /* A checkpoint the lost copy did not write, in one process (replicas = 1; docs/architecture.md, "Hot-standby
- * shards", Fencing and snapshots): 2 servers, each a primary ps_server of shard s and a backup ps_server of shard
- * (s - 1) mod 2, 1 client with replicas = 1, head_mode = global, dense updates; beside them an unreplicated
- * reference system fed the same pushes. The client pushes steps 0 .. T - 1, the last asking for checkpoint T
- * (as a run's last push asks for its final checkpoint). Shard 0's backup leaves that checkpoint to its primary
- * (it does not write snapshots until promoted); the primary is "lost" before it writes its file (here: it
- * has no snapshot folder), and the backup is promoted. Cases:
- *  - end: nothing is pushed after checkpoint T's push: the promoted backup writes shard 0's file of checkpoint
- *    T, and the file holds the reference's shard 0 after step T - 1 (loaded into a new server: the same
- *    table checksum);
+ * shards", Fencing and snapshots): 2 servers, each a primary ps_server of shard s and a backup ps_server of
+ * shard (s - 1) mod 2, 1 client with replicas = 1, head_mode = global, dense updates; beside them an
+ * unreplicated reference system fed the same pushes. The client pushes steps 0 .. T - 1, the last asking for
+ * checkpoint T (as a run's last push asks for its final checkpoint). Shard 0's backup leaves that checkpoint
+ * to its primary (it does not write snapshots until promoted); the primary is "lost" before it writes its
+ * file (here: it has no snapshot folder), and the backup is promoted. Cases:
+ *  - end: nothing is pushed after checkpoint T's push: the promoted backup writes shard 0's file of
+ * checkpoint T, and the file holds the reference's shard 0 after step T - 1 (loaded into a new server: the
+ * same table checksum);
  *  - moved: step T is pushed and applied by the backup before the promotion: the backup's table is no longer
  *    checkpoint T's, and no file of shard 0 is written for T (a checkpoint holding a later step's rows would
  *    be wrong);
@@ -78,7 +78,8 @@ static void connect(sys *y, ps_server *srv, int s, int copy)
         DIE("connecting shard %d copy %d: %s", s, copy, pf_errmsg());
 }
 
-/* replicas = 1: shard 0's primary writes snapshots only when primary_writes (else it has no snapshot folder). */
+/* replicas = 1: shard 0's primary writes snapshots only when primary_writes (else it has no snapshot folder).
+ */
 static void make(sys *y, int replicas, int primary_writes)
 {
     memset(y, 0, sizeof *y);
@@ -192,7 +193,8 @@ static void run(const char *name)
     if (written) {
         CHECK(wait_file(0, T, 10000) && stat(p, &before) == 0, "written: shard 0's primary did not write it");
     } else {
-        CHECK(stat(p, &before) != 0, "%s: shard 0's backup wrote checkpoint %d before it was promoted", name, T);
+        CHECK(stat(p, &before) != 0, "%s: shard 0's backup wrote checkpoint %d before it was promoted", name,
+              T);
     }
     if (moved) {
         push(&rep, T, 0);
@@ -202,16 +204,20 @@ static void run(const char *name)
     if (written) {
         nap_ms(1000);
         CHECK(stat(p, &after) == 0 && after.st_ino == before.st_ino &&
-                  after.st_mtim.tv_sec == before.st_mtim.tv_sec && after.st_mtim.tv_nsec == before.st_mtim.tv_nsec,
+                  after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+                  after.st_mtim.tv_nsec == before.st_mtim.tv_nsec,
               "written: the promoted backup rewrote the primary's file of checkpoint %d", T);
     } else if (moved) {
-        CHECK(!wait_file(0, T, 1000), "moved: the promoted backup wrote checkpoint %d from a later step's table", T);
+        CHECK(!wait_file(0, T, 1000),
+              "moved: the promoted backup wrote checkpoint %d from a later step's table", T);
     } else {
-        CHECK(wait_file(0, T, 10000), "end: the promoted backup did not write shard 0's file of checkpoint %d", T);
+        CHECK(wait_file(0, T, 10000),
+              "end: the promoted backup did not write shard 0's file of checkpoint %d", T);
         ps_server_stop(rep.back[0]); /* waits for the write */
         ps_server_stop(ref.prim[0]);
         ps_server *fresh = server(0, 0, g_root, T);
-        CHECK(ps_server_load(fresh, g_root, T) == 0, "end: loading checkpoint %d's shard 0: %s", T, pf_errmsg());
+        CHECK(ps_server_load(fresh, g_root, T) == 0, "end: loading checkpoint %d's shard 0: %s", T,
+              pf_errmsg());
         uint64_t got = shard_checksum_at((shard *)ps_server_shard(fresh), T);
         uint64_t want = shard_checksum_at((shard *)ps_server_shard(ref.prim[0]), T);
         CHECK(got == want, "end: the file's shard 0 %016llx, the unreplicated run's after step %d %016llx",
