@@ -56,7 +56,7 @@ while [ "$n2_port" = "$ctld_port" ] || [ "$n2_port" = "$n1_port" ]; do n2_port=$
 # Two GPUs on n2 for Slurm's bookkeeping (gres needs character devices: links to /dev/null; the workers run on
 # the CPU, as the quick start's config says).
 ln -s /dev/null "$D/dev/nvidia0"; ln -s /dev/null "$D/dev/nvidia1"
-cpus=$(nproc)
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) # (nproc obeys OMP_NUM_THREADS, which the tests set)
 cat >"$SLURM_CONF" <<EOF
 ClusterName=pfcpstest
 SlurmctldHost=localhost(127.0.0.1)
@@ -130,6 +130,7 @@ end=$(date +%s)
 show_job() {
   echo "--- job output"; cat "$D/job.out"
   echo "--- slurmctld"; grep -i "JobId=$jobid" "$D/log/slurmctld.log"
+  echo "--- queue (state, reason) and nodes"; squeue -h -j "$jobid" -o '%i %T %r' 2>&1; sinfo -N -o '%N %P %T %E' 2>&1
 }
 [ "$done_" -eq 1 ] || { show_job; die "job $jobid still in the queue after 240 s"; }
 
