@@ -180,6 +180,17 @@ wait_log "$TMP/launch/logs/worker0.log" "Global Step: 8 " 120 || { tail -20 "$TM
 victim=$(pgrep -f -- "pfcps-server --config $TMP/launch.ini --rank 0" | head -1)
 [ -n "$victim" ] || die "launcher: server 0's pid not found"
 kill -KILL "$victim"
+# The workers wait (SIGSTOP, below the servers' 4 x ctl_timeout fence) until server 0's second process listens,
+# so that the remaining 28 steps leave its rejoin time to happen however slowly a loaded host restarts it.
+wpids=$(pgrep -f -- "pfcps-worker --config $TMP/launch.ini")
+# shellcheck disable=SC2086
+kill -STOP $wpids
+for ((i = 0; i < 300; i++)); do
+  [ "$(grep -c "rendezvous listening on" "$TMP/launch/logs/server0.log")" -ge 2 ] && break
+  sleep 0.1
+done
+# shellcheck disable=SC2086
+kill -CONT $wpids
 s=0; wait "$LP" || s=$?
 LP=
 expect_eq "launcher: launch.sh exits 0 after server 0 was killed" "$s" 0
